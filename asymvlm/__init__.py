@@ -1,0 +1,9 @@
+"""AsymVLM: asymmetric probabilistic adaptation of vision-language models (Ju et al., NeurIPS 2025).
+
+The science lives here and runs without Ray: spherical distributions (:mod:`asymvlm.distributions`),
+every method of the paper behind one registry (:mod:`asymvlm.methods`), the paper's metrics
+(:mod:`asymvlm.metrics`), the embedding-table contract (:mod:`asymvlm.tables`), a synthetic world
+(:mod:`asymvlm.synthetic`) and the single-process trainer (:mod:`asymvlm.training`).
+"""
+
+__version__ = "0.1.0"
