@@ -1,0 +1,234 @@
+"""The ``asymvlm`` command line: train, evaluate and score on cached embedding tables.
+
+Single process, CPU or one GPU; the Ray pipelines in ``pipelines/`` wrap the same functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+import pyarrow.parquet as pq
+
+from asymvlm import __version__
+from asymvlm.methods import METHODS
+from asymvlm.training import TrainConfig, load_checkpoint, load_split, resolve_device, train
+
+_DEFAULTS = TrainConfig()
+
+
+def _json_default(obj: object) -> object:
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _write_json(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(payload, fh, indent=2, default=_json_default, allow_nan=False)
+    os.replace(tmp, path)
+
+
+def _parse_kv(items: Sequence[str]) -> dict[str, object]:
+    """``key=value`` pairs; values parsed as JSON when possible (numbers, true/false)."""
+    out: dict[str, object] = {}
+    for item in items:
+        if "=" not in item:
+            raise argparse.ArgumentTypeError(f"--method-arg expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    cfg = TrainConfig(
+        method=args.method,
+        epochs=args.epochs,
+        lr=args.lr,
+        optimizer=args.optimizer,
+        momentum=args.momentum,
+        weight_decay=args.weight_decay,
+        batch_size=args.batch_size,
+        min_lr=args.min_lr,
+        hidden_dim=args.hidden_dim,
+        depth=args.depth,
+        seed=args.seed,
+        adapter_input=args.adapter_input,
+        device=args.device,
+        precision=args.precision,
+        method_kwargs=_parse_kv(args.method_arg),
+    )
+    print(
+        f"[asymvlm] training {cfg.method} on {args.embeddings}/{args.split} "
+        f"({cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr}, batch {cfg.batch_size}, "
+        f"device {resolve_device(cfg.device)})",
+        file=sys.stderr,
+    )
+    _, history = train(
+        args.embeddings, args.split, cfg, output=args.output, progress=not args.quiet
+    )
+    if history:
+        last = history[-1]
+        print(f"[asymvlm] final train_loss {last['train_loss']:.4f}", file=sys.stderr)
+    print(f"[asymvlm] checkpoint written to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _load(args: argparse.Namespace):
+    device = resolve_device(args.device)
+    method, meta = load_checkpoint(args.checkpoint, device)
+    adapter_input = args.adapter_input or meta.get("adapter_input", "raw")
+    data = load_split(args.embeddings, args.split, adapter_input, device)
+    if data.dim != meta["dim"]:
+        raise SystemExit(
+            f"error: checkpoint {args.checkpoint} expects dim {meta['dim']}, "
+            f"but {args.embeddings}/{args.split} has dim {data.dim}"
+        )
+    return method, data
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from asymvlm.evaluation import evaluate_retrieval
+
+    method, data = _load(args)
+    result = evaluate_retrieval(
+        method, data, n_bins=args.levels, chunk_size=args.chunk_size, progress=not args.quiet
+    )
+    result.update(checkpoint=args.checkpoint, embeddings=args.embeddings, split=args.split)
+    _write_json(args.output, result)
+    for direction in ("t2i", "i2t"):
+        r = result[direction]
+        s = "n/a" if r["spearman"] is None else f"{r['spearman']:+.3f}"
+        r2 = "n/a" if r["r2"] is None else f"{r['r2']:.3f}"
+        print(
+            f"{direction}: R@1 {r['recall@1']:.4f}  R@5 {r['recall@5']:.4f}  "
+            f"R@10 {r['recall@10']:.4f}  S {s}  R2 {r2}"
+        )
+    print(f"[asymvlm] metrics written to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from asymvlm.evaluation import caption_scores
+
+    method, data = _load(args)
+    table = caption_scores(method, data)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    tmp = args.output + ".tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, args.output)
+    unc = table.column("uncertainty")
+    if unc.null_count == len(unc):
+        print(f"[asymvlm] {method.name} defines no caption uncertainty (column is null)")
+    print(f"[asymvlm] {table.num_rows} captions scored -> {args.output}", file=sys.stderr)
+    return 0
+
+
+def _add_data_args(p: argparse.ArgumentParser, split_default: str) -> None:
+    p.add_argument("--embeddings", required=True, metavar="ROOT", help="embedding table root")
+    p.add_argument("--split", default=split_default, help=f"split name (default {split_default})")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asymvlm",
+        description="Probabilistic adapters for frozen VLM embeddings (AsymVLM and baselines).",
+    )
+    parser.add_argument("--version", action="version", version=f"asymvlm {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "train",
+        help="train a method on cached embeddings",
+        description="Train one method; paper defaults: SGD momentum 0.9, cosine to 1e-6, "
+        "batch 2048 (App. B.4).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_data_args(p, "train")
+    p.add_argument("--method", required=True, choices=sorted(METHODS), help="method name")
+    p.add_argument("--epochs", type=int, default=_DEFAULTS.epochs)
+    p.add_argument("--lr", type=float, default=_DEFAULTS.lr)
+    p.add_argument("--optimizer", choices=["sgd", "adamw"], default=_DEFAULTS.optimizer)
+    p.add_argument("--momentum", type=float, default=_DEFAULTS.momentum)
+    p.add_argument("--weight-decay", type=float, default=_DEFAULTS.weight_decay)
+    p.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size)
+    p.add_argument("--min-lr", type=float, default=_DEFAULTS.min_lr)
+    p.add_argument("--hidden-dim", type=int, default=_DEFAULTS.hidden_dim)
+    p.add_argument("--depth", type=int, default=_DEFAULTS.depth, help="hidden layers")
+    p.add_argument("--seed", type=int, default=_DEFAULTS.seed)
+    p.add_argument(
+        "--adapter-input",
+        choices=["raw", "unit"],
+        default=_DEFAULTS.adapter_input,
+        help="raw = unnormalised text projection (embedding * norm), as the official code",
+    )
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto")
+    p.add_argument(
+        "--method-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra method constructor argument (repeatable)",
+    )
+    p.add_argument("--output", required=True, metavar="DIR", help="checkpoint directory")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser(
+        "evaluate",
+        help="retrieval + uncertainty metrics of a checkpoint",
+        description="Recall@{1,5,10} both ways, binned Recall@1 by uncertainty, Spearman S, R2.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_data_args(p, "test")
+    p.add_argument("--checkpoint", required=True, metavar="DIR")
+    p.add_argument("--levels", type=int, default=10, help="uncertainty bins")
+    p.add_argument("--chunk-size", type=int, default=1024, help="captions scored at once")
+    p.add_argument("--adapter-input", choices=["raw", "unit"], default=None)
+    p.add_argument("--output", required=True, metavar="FILE.json")
+    p.set_defaults(func=_cmd_evaluate)
+
+    p = sub.add_parser(
+        "score",
+        help="per-caption kappa and uncertainty as Parquet",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_data_args(p, "test")
+    p.add_argument("--checkpoint", required=True, metavar="DIR")
+    p.add_argument("--adapter-input", choices=["raw", "unit"], default=None)
+    p.add_argument("--output", required=True, metavar="FILE.parquet")
+    p.set_defaults(func=_cmd_score)
+
+    p = sub.add_parser("methods", help="list the registered methods and their uncertainty")
+    p.set_defaults(func=_cmd_methods)
+    return parser
+
+
+def _cmd_methods(args: argparse.Namespace) -> int:
+    for name in sorted(METHODS):
+        cls = METHODS[name]
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        print(f"{name:22s} {doc}\n{'':22s} uncertainty: {cls.uncertainty_doc}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from asymvlm.tables import TableError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (TableError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

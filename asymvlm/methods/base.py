@@ -1,0 +1,153 @@
+"""One interface for every method, and the registry that names them.
+
+Every method is an ``nn.Module`` working on cached, frozen VLM embeddings:
+
+* ``image_emb`` -- [n_image, d] unit-norm image embeddings z_I (images are only normalised).
+* ``text_emb``  -- [n_text, d] text features f_T(t): the adapter input, either the raw
+  (unnormalised) text projection or its unit vector (``--adapter-input``). Methods that need
+  the unit vector normalise it themselves.
+
+and offers
+
+* ``encode_texts`` / ``encode_images`` -> a dict of tensors (the per-item parameters: mu, kappa,
+  variances ...), computed once per gallery;
+* ``score(texts, images)`` -> [n_text, n_image] retrieval scores from two encodings (for the
+  probabilistic methods: the log-likelihood, App. A.2), so evaluation can score chunks;
+* ``log_likelihood(image_emb, text_emb)`` = ``score(encode_texts(t), encode_images(i))``;
+* ``text_uncertainty`` / ``image_uncertainty`` -> [n] scalar per item, higher = more uncertain,
+  or ``None`` where the method does not define one;
+* ``loss(image_emb, text_emb, epoch=...)`` on a paired batch (row r of both is a pair).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+Encoding = dict[str, torch.Tensor]
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register(name: str) -> Callable[[type[Method]], type[Method]]:
+    """Class decorator: make a method available as ``build_method(name, ...)``."""
+
+    def deco(cls: type[Method]) -> type[Method]:
+        if name in METHODS:
+            raise ValueError(f"method {name!r} registered twice")
+        cls.name = name
+        METHODS[name] = cls
+        return cls
+
+    return deco
+
+
+def build_method(name: str, dim: int, **kwargs: Any) -> Method:
+    """Instantiate a registered method for embeddings of dimension ``dim``."""
+    try:
+        cls = METHODS[name]
+    except KeyError:
+        known = ", ".join(sorted(METHODS))
+        raise ValueError(f"unknown method {name!r}; known methods: {known}") from None
+    return cls(dim=dim, **kwargs)
+
+
+def mlp(d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3) -> nn.Sequential:
+    """The adapter MLP of App. B.1: ``depth`` hidden ReLU layers of width ``hidden_dim``.
+
+    The official code uses three hidden layers (a four-layer perceptron, as App. B.1 calls it);
+    no residual, normalisation or dropout.
+    """
+    layers: list[nn.Module] = []
+    width = d_in
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden_dim), nn.ReLU()]
+        width = hidden_dim
+    layers.append(nn.Linear(width, d_out))
+    return nn.Sequential(*layers)
+
+
+def unit(x: torch.Tensor) -> torch.Tensor:
+    """Project onto the unit sphere."""
+    return nn.functional.normalize(x, dim=-1, eps=1e-12)
+
+
+def info_nce(logits: torch.Tensor) -> torch.Tensor:
+    """Symmetric InfoNCE (paper Eq. 2) over a [B, B] logit matrix whose diagonal holds the pairs.
+
+    Captions of the same image in one batch are negatives, as in the official code.
+    """
+    labels = torch.arange(logits.shape[0], device=logits.device)
+    return 0.5 * (
+        nn.functional.cross_entropy(logits, labels) + nn.functional.cross_entropy(logits.T, labels)
+    )
+
+
+def sigmoid_pair_loss(logits: torch.Tensor) -> torch.Tensor:
+    """SigLIP's pairwise log-sigmoid loss (App. A.3): -1/B sum_{r,s} ln sigmoid(y_rs logits_rs)."""
+    signs = 2.0 * torch.eye(logits.shape[0], device=logits.device, dtype=logits.dtype) - 1.0
+    return -nn.functional.logsigmoid(signs * logits).sum() / logits.shape[0]
+
+
+class Method(nn.Module):
+    """Base class; see the module docstring for the contract."""
+
+    name: ClassVar[str] = "base"
+    #: False for reference methods without parameters (nothing to train).
+    trainable: ClassVar[bool] = True
+    #: What ``text_uncertainty`` returns, for documentation and reports.
+    uncertainty_doc: ClassVar[str] = "none"
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    # -- encodings ---------------------------------------------------------------------------
+    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
+        return {"mu": unit(text_emb)}
+
+    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
+        return {"mu": unit(image_emb)}
+
+    def score(self, texts: Encoding, images: Encoding) -> torch.Tensor:
+        """[n_text, n_image] retrieval scores (higher = better match)."""
+        return texts["mu"] @ images["mu"].T
+
+    def log_likelihood(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """The retrieval score matrix [n_text, n_image] of App. A.2."""
+        return self.score(self.encode_texts(text_emb), self.encode_images(image_emb))
+
+    # -- uncertainty -------------------------------------------------------------------------
+    def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor | None:
+        return None
+
+    def image_uncertainty_from(self, images: Encoding) -> torch.Tensor | None:
+        return None
+
+    def text_uncertainty(self, text_emb: torch.Tensor) -> torch.Tensor | None:
+        """[n_text] scalar uncertainty per caption (higher = more uncertain), or None."""
+        return self.text_uncertainty_from(self.encode_texts(text_emb))
+
+    def image_uncertainty(self, image_emb: torch.Tensor) -> torch.Tensor | None:
+        """[n_image] scalar uncertainty per image (symmetric methods), or None."""
+        return self.image_uncertainty_from(self.encode_images(image_emb))
+
+    # -- training ----------------------------------------------------------------------------
+    def loss(
+        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
+    ) -> torch.Tensor:
+        raise NotImplementedError(f"{self.name} has no training loss")
+
+    def fit_start(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> None:
+        """Hook called once with the whole training set before the first step."""
+
+    def kappa(self, text_emb: torch.Tensor) -> torch.Tensor | None:
+        """Concentration per caption where the method defines one (vMF/PS), else None."""
+        return None
+
+    def training_stats(self) -> dict[str, float]:
+        """Scalars worth logging per epoch (e.g. the temperature)."""
+        return {}

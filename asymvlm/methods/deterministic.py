@@ -1,0 +1,45 @@
+"""Deterministic references: the frozen model itself and deterministic fine-tuning.
+
+* ``clip``: no parameters, cosine similarity of the frozen embeddings (the pre-trained VLM).
+* ``determ-ft``: the AsymVLM text adapter MLP without kappa: t' = g_T(f_T(t)) / ||.||, CLIP's
+  InfoNCE on tau * cos with a trainable tau (Tables 2-3, "Determ. FT").
+Neither defines an uncertainty.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from asymvlm.methods.base import Encoding, Method, info_nce, mlp, register, unit
+
+
+@register("clip")
+class FrozenCLIP(Method):
+    """The frozen VLM: cosine scores, nothing to train, no uncertainty."""
+
+    trainable = False
+
+
+@register("determ-ft")
+class DeterministicFT(Method):
+    """Deterministic fine-tuning of the text side with the same adapter MLP (App. B.1)."""
+
+    def __init__(
+        self, dim: int, hidden_dim: int = 1024, depth: int = 3, init_temperature: float = 1 / 0.07
+    ) -> None:
+        super().__init__(dim)
+        self.text_adapter = mlp(dim, dim, hidden_dim, depth)
+        self.temperature = nn.Parameter(torch.tensor(float(init_temperature)))
+
+    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
+        return {"mu": unit(self.text_adapter(text_emb))}
+
+    def loss(
+        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
+    ) -> torch.Tensor:
+        scaled = self.temperature * self.encode_texts(text_emb)["mu"]
+        return info_nce(scaled @ unit(image_emb).T)  # tau * cos in one matrix product
+
+    def training_stats(self) -> dict[str, float]:
+        return {"temperature": float(self.temperature.detach())}

@@ -1,0 +1,311 @@
+"""Single-process training on cached embeddings (paper App. B.4), usable without Ray.
+
+The whole split lives on the device as tensors; every epoch draws one permutation and slices
+batches out of it -- no per-sample Python, no DataLoader. Optimiser and schedule follow the
+protocol: SGD with momentum (or AdamW), cosine annealing to 1e-6 stepped per iteration.
+``Trainer`` keeps everything resumable in ``state_dict`` (adapter, optimiser, scheduler, RNG,
+epoch), which the Ray Train wrapper (pipelines/) reuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from asymvlm import tables
+from asymvlm.methods import Method, build_method
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.pt"
+HISTORY_FILE = "history.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters; defaults are the paper's protocol (App. B.4, Table A.1)."""
+
+    method: str = "asymvlm-vmf"
+    epochs: int = 200
+    lr: float = 1e-2
+    optimizer: str = "sgd"  # "sgd" (momentum) or "adamw"
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    batch_size: int = 2048
+    min_lr: float = 1e-6
+    hidden_dim: int = 1024
+    depth: int = 3
+    seed: int = 0
+    adapter_input: str = "raw"  # "raw" (embedding * norm, official) or "unit"
+    device: str = "auto"  # "auto" = cuda when available
+    precision: str = "auto"  # "auto" = bf16 autocast on cuda, fp32 on cpu; or "fp32", "bf16"
+    method_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def method_args(self) -> dict[str, Any]:
+        return {"hidden_dim": self.hidden_dim, "depth": self.depth, **self.method_kwargs}
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+@dataclass
+class SplitTensors:
+    """One split on the device: what training and evaluation consume."""
+
+    image_emb: torch.Tensor  # [n_image, d] unit
+    text_emb: torch.Tensor  # [n_text, d] adapter input (raw or unit)
+    text_to_image: torch.Tensor  # [n_text] long
+    split: tables.EmbeddingSplit
+
+    @property
+    def dim(self) -> int:
+        return self.image_emb.shape[1]
+
+
+def load_split(
+    root: str, split: str, adapter_input: str = "raw", device: str | torch.device = "cpu"
+) -> SplitTensors:
+    """Read and validate ``ROOT/<split>`` and move it to ``device``."""
+    data = tables.read_split(root, split)
+    device = torch.device(device)
+    return SplitTensors(
+        image_emb=torch.tensor(data.image_embeddings, dtype=torch.float32, device=device),
+        text_emb=torch.tensor(data.text_inputs(adapter_input), dtype=torch.float32, device=device),
+        text_to_image=torch.tensor(data.text_image_index, dtype=torch.long, device=device),
+        split=data,
+    )
+
+
+def make_optimizer(method: Method, cfg: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in method.parameters() if p.requires_grad]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {cfg.optimizer!r}")
+
+
+def steps_per_epoch(n_items: int, batch_size: int) -> int:
+    """Full batches per epoch; the ragged tail is dropped unless it is the only batch."""
+    return max(1, n_items // batch_size)
+
+
+class Trainer:
+    """Trains one method on one split held in device memory."""
+
+    def __init__(self, method: Method, cfg: TrainConfig, data: SplitTensors) -> None:
+        self.method, self.cfg, self.data = method, cfg, data
+        self.device = data.image_emb.device
+        self.method.to(self.device)
+        self.batch_size = min(cfg.batch_size, data.text_emb.shape[0])
+        self.steps = steps_per_epoch(data.text_emb.shape[0], self.batch_size)
+        self.epoch = 0
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.autocast = _autocast_dtype(cfg.precision, self.device)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        if method.trainable:
+            self.optimizer = make_optimizer(method, cfg)
+            self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
+                self.optimizer, T_max=max(1, cfg.epochs * self.steps), eta_min=cfg.min_lr
+            )
+        # A fixed caption subsample to summarise kappa every epoch.
+        probe = torch.randperm(data.text_emb.shape[0], generator=torch.Generator().manual_seed(0))
+        self._probe = probe[:4096].to(self.device)
+
+    # -- the algorithm ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Called once before the first epoch of a fresh run."""
+        self.method.fit_start(self.data.image_emb, self.data.text_emb)
+
+    def train_epoch(self) -> dict[str, float]:
+        """One pass over a fresh permutation of the captions; returns the epoch's statistics."""
+        assert self.optimizer is not None and self.scheduler is not None
+        self.method.train()
+        perm = torch.randperm(
+            self.data.text_emb.shape[0], generator=self.generator, device=self.device
+        )
+        total = torch.zeros((), device=self.device)
+        for step in range(self.steps):
+            idx = perm[step * self.batch_size : (step + 1) * self.batch_size]
+            loss = self.step(
+                self.data.image_emb[self.data.text_to_image[idx]], self.data.text_emb[idx]
+            )
+            total += loss.detach()
+        self.epoch += 1
+        return {"epoch": self.epoch, "train_loss": float(total) / self.steps, **self.stats()}
+
+    def step(self, image_batch: torch.Tensor, text_batch: torch.Tensor) -> torch.Tensor:
+        """One optimisation step on a paired batch."""
+        assert self.optimizer is not None and self.scheduler is not None
+        with torch.autocast(
+            self.device.type,
+            dtype=self.autocast or torch.float32,
+            enabled=self.autocast is not None,
+        ):
+            loss = self.method.loss(image_batch, text_batch, epoch=self.epoch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss
+
+    @torch.no_grad()
+    def stats(self) -> dict[str, float]:
+        """Learning rate, learnable scalars and kappa quantiles on a fixed caption sample."""
+        out: dict[str, float] = {}
+        if self.optimizer is not None:
+            out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        out.update(self.method.training_stats())
+        self.method.eval()
+        kappa = self.method.kappa(self.data.text_emb[self._probe])
+        if kappa is not None:
+            q = torch.quantile(kappa.float(), torch.tensor([0.05, 0.5, 0.95], device=kappa.device))
+            out.update(
+                kappa_mean=float(kappa.mean()),
+                kappa_p05=float(q[0]),
+                kappa_p50=float(q[1]),
+                kappa_p95=float(q[2]),
+            )
+        return out
+
+    def fit(
+        self,
+        progress: bool = True,
+        on_epoch_end: Callable[[dict[str, float]], None] | None = None,
+    ) -> list[dict[str, float]]:
+        """Train for the remaining epochs (all of them for a fresh trainer)."""
+        history: list[dict[str, float]] = []
+        if not self.method.trainable:
+            return history
+        if self.epoch == 0:
+            self.start()
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            range(self.epoch, self.cfg.epochs),
+            desc=f"train {self.method.name}",
+            unit="epoch",
+            disable=not progress,
+        )
+        for _ in bar:
+            t0 = time.perf_counter()
+            row = self.train_epoch()
+            row["epoch_seconds"] = time.perf_counter() - t0
+            history.append(row)
+            bar.set_postfix(loss=f"{row['train_loss']:.4f}")
+            if on_epoch_end is not None:
+                on_epoch_end(row)
+        return history
+
+    # -- resumability -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "generator": self.generator.get_state(),
+            "epoch": self.epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.method.load_state_dict(state["method"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+        self.epoch = int(state["epoch"])
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+def save_checkpoint(
+    directory: str, method: Method, cfg: TrainConfig, dim: int, extra: dict[str, Any] | None = None
+) -> None:
+    """Write ``config.json`` (everything needed to rebuild the method) and ``model.pt``."""
+    os.makedirs(directory, exist_ok=True)
+    meta = {
+        "method": method.name,
+        "dim": dim,
+        "method_kwargs": cfg.method_args(),
+        "adapter_input": cfg.adapter_input,
+        "train_config": asdict(cfg),
+        **(extra or {}),
+    }
+    tmp = os.path.join(directory, WEIGHTS_FILE + ".tmp")
+    torch.save({k: v.detach().cpu() for k, v in method.state_dict().items()}, tmp)
+    os.replace(tmp, os.path.join(directory, WEIGHTS_FILE))
+    with open(os.path.join(directory, CONFIG_FILE), "w") as fh:
+        json.dump(meta, fh, indent=2)
+
+
+def load_checkpoint(
+    directory: str, device: str | torch.device = "cpu"
+) -> tuple[Method, dict[str, Any]]:
+    """Rebuild the method saved by :func:`save_checkpoint`; returns (method, config dict)."""
+    path = os.path.join(directory, CONFIG_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: not a checkpoint directory (no {CONFIG_FILE})")
+    with open(path) as fh:
+        meta = json.load(fh)
+    method = build_method(meta["method"], meta["dim"], **meta.get("method_kwargs", {}))
+    weights = os.path.join(directory, WEIGHTS_FILE)
+    method.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    method.to(torch.device(device)).eval()
+    return method, meta
+
+
+def train(
+    root: str,
+    split: str,
+    cfg: TrainConfig,
+    output: str | None = None,
+    progress: bool = True,
+) -> tuple[Method, list[dict[str, float]]]:
+    """Load a split, build the method, train it and (optionally) save a checkpoint."""
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    data = load_split(root, split, cfg.adapter_input, device)
+    method = build_method(cfg.method, data.dim, **cfg.method_args())
+    trainer = Trainer(method, cfg, data)
+    log = None
+    if output is not None:
+        os.makedirs(output, exist_ok=True)
+        log = open(os.path.join(output, HISTORY_FILE), "w")  # noqa: SIM115
+
+    def on_epoch_end(row: dict[str, float]) -> None:
+        if log is not None:
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+
+    try:
+        history = trainer.fit(progress=progress, on_epoch_end=on_epoch_end)
+    finally:
+        if log is not None:
+            log.close()
+    method.eval()
+    if output is not None:
+        manifest = data.split.manifest
+        save_checkpoint(
+            output,
+            method,
+            cfg,
+            data.dim,
+            extra={"embeddings": root, "split": split, "embedding_model": manifest.model},
+        )
+    return method, history
