@@ -20,6 +20,10 @@ class FrozenCLIP(Method):
 
     trainable = False
 
+    def __init__(self, dim: int, **adapter_kwargs: object) -> None:
+        """Adapter sizes (``hidden_dim``, ``depth``) are accepted and ignored: nothing to adapt."""
+        super().__init__(dim)
+
 
 @register("determ-ft")
 class DeterministicFT(Method):

@@ -1,0 +1,50 @@
+"""Figures in the paper's style (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_binned_recall(
+    results: Mapping[str, Mapping[str, Any]], path: str, title: str = ""
+) -> str:
+    """Fig. 3 style: Recall@1 per uncertainty level, t2i and i2t side by side.
+
+    ``results`` maps a method name to the dict returned by ``evaluate_retrieval``; methods
+    without uncertainty are drawn as a dashed horizontal line at their overall Recall@1.
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=False)
+    for ax, direction in zip(axes, ("t2i", "i2t"), strict=True):
+        for name, res in results.items():
+            r = res[direction]
+            curve = r.get("binned_recall@1")
+            if curve:
+                label = name
+                if r.get("spearman") is not None:
+                    label += f" (S={r['spearman']:+.2f}, R²={r['r2']:.2f})"
+                ax.plot(range(1, len(curve) + 1), curve, marker="o", label=label)
+            else:
+                ax.axhline(r["recall@1"], linestyle="--", linewidth=1, color="grey")
+                ax.annotate(
+                    f"{name} (no uncertainty)",
+                    (1, r["recall@1"]),
+                    textcoords="offset points",
+                    xytext=(2, 3),
+                    fontsize=8,
+                    color="grey",
+                )
+        ax.set_xlabel("uncertainty level (1 = most certain)")
+        ax.set_ylabel("Recall@1")
+        ax.set_title(f"{direction} {title}".strip())
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,27 @@
+"""Shared fixtures: small synthetic worlds written as embedding tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from asymvlm.synthetic import WorldConfig, write_world
+
+
+def small_world_config(**overrides) -> WorldConfig:
+    """A world small enough for unit tests (seconds on a CPU)."""
+    base = dict(dim=16, splits={"train": 300, "val": 60, "test": 60}, captions_per_image=3)
+    base.update(overrides)
+    return WorldConfig(**base)
+
+
+@pytest.fixture
+def world_config():
+    """Factory for small world configurations: ``world_config(seed=1)``."""
+    return small_world_config
+
+
+@pytest.fixture(scope="session")
+def small_world(tmp_path_factory) -> str:
+    """Root of a tiny synthetic embedding table (train/val/test)."""
+    root = tmp_path_factory.mktemp("world") / "tables"
+    return write_world(str(root), small_world_config())

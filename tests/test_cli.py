@@ -1,0 +1,135 @@
+"""The `asymvlm` command line, end to end on a tiny synthetic world."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from asymvlm import tables
+from asymvlm.cli import main
+
+
+def _train(world: str, out: str, method: str = "asymvlm-vmf", *extra: str) -> int:
+    return main(
+        [
+            "train", "--embeddings", world, "--split", "train", "--method", method,
+            "--epochs", "2", "--lr", "1e-3", "--optimizer", "adamw", "--batch-size", "128",
+            "--hidden-dim", "32", "--depth", "2", "--seed", "0", "--output", out, "--quiet",
+            *extra,
+        ]
+    )  # fmt: skip
+
+
+def test_train_evaluate_score(small_world, tmp_path, capsys) -> None:
+    ckpt = str(tmp_path / "ckpt")
+    assert _train(small_world, ckpt) == 0
+    assert os.path.exists(os.path.join(ckpt, "model.pt"))
+
+    metrics_path = str(tmp_path / "metrics.json")
+    args = ["--embeddings", small_world, "--split", "test", "--checkpoint", ckpt, "--quiet"]
+    assert main(["evaluate", *args, "--levels", "10", "--output", metrics_path]) == 0
+    result = json.loads(open(metrics_path).read())
+    for direction in ("t2i", "i2t"):
+        r = result[direction]
+        for key in ("recall@1", "recall@5", "recall@10", "binned_recall@1", "spearman", "r2"):
+            assert key in r
+        assert 0.0 <= r["recall@1"] <= r["recall@5"] <= r["recall@10"] <= 1.0
+        assert len(r["binned_recall@1"]) == 10
+    out = capsys.readouterr().out
+    assert "t2i: R@1" in out and "i2t: R@1" in out
+
+    scores_path = str(tmp_path / "scores.parquet")
+    assert main(["score", *args, "--output", scores_path]) == 0
+    table = pq.read_table(scores_path)
+    split = tables.read_split(small_world, "test")
+    assert table.column("caption_id").to_pylist() == split.caption_ids
+    kappa = table.column("kappa").to_numpy()
+    unc = table.column("uncertainty").to_numpy()
+    assert np.all(kappa > 0)
+    np.testing.assert_allclose(unc, 1.0 / kappa, rtol=1e-5)
+    assert table.column("level").to_pylist() == split.extra_text_columns["level"].tolist()
+
+
+def test_training_is_reproducible_from_the_cli(small_world, tmp_path) -> None:
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    assert _train(small_world, a, "asymvlm-ps") == 0
+    assert _train(small_world, b, "asymvlm-ps") == 0
+    assert open(os.path.join(a, "history.jsonl")).read().split('"epoch_seconds"')[0] == (
+        open(os.path.join(b, "history.jsonl")).read().split('"epoch_seconds"')[0]
+    )
+
+
+def test_score_for_a_method_without_uncertainty(small_world, tmp_path) -> None:
+    ckpt = str(tmp_path / "clip")
+    assert _train(small_world, ckpt, "clip") == 0
+    out = str(tmp_path / "s.parquet")
+    args = ["--embeddings", small_world, "--checkpoint", ckpt, "--quiet", "--output", out]
+    assert main(["score", *args]) == 0
+    table = pq.read_table(out)
+    assert table.column("uncertainty").null_count == table.num_rows
+    metrics = str(tmp_path / "m.json")
+    assert main(["evaluate", "--embeddings", small_world, "--checkpoint", ckpt, "--quiet",
+                 "--output", metrics]) == 0  # fmt: skip
+    r = json.loads(open(metrics).read())["t2i"]
+    assert r["binned_recall@1"] is None and r["spearman"] is None
+
+
+def test_method_arguments_reach_the_constructor(small_world, tmp_path) -> None:
+    ckpt = str(tmp_path / "ckpt")
+    assert _train(small_world, ckpt, "elip", "--method-arg", "gallery_size=50") == 0
+    meta = json.loads(open(os.path.join(ckpt, "config.json")).read())
+    assert meta["method_kwargs"]["gallery_size"] == 50
+
+
+def test_bad_table_gives_a_clear_error_naming_the_file(small_world, tmp_path, capsys) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(small_world, broken)
+    path = broken / "train" / "texts" / "part-00000.parquet"
+    table = pq.read_table(path)
+    emb = table.column("embedding").combine_chunks()
+    values = emb.values.to_numpy().copy()
+    values[5 * emb.type.list_size] = np.nan
+    bad = pa.FixedSizeListArray.from_arrays(pa.array(values, pa.float32()), emb.type.list_size)
+    table = table.set_column(table.schema.get_field_index("embedding"), "embedding", bad)
+    pq.write_table(table, path)
+    code = _train(str(broken), str(tmp_path / "ckpt"))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "part-00000.parquet" in err and "row 5" in err
+    assert not os.path.exists(tmp_path / "ckpt" / "model.pt")
+
+
+def test_dimension_mismatch_between_checkpoint_and_table(small_world, tmp_path) -> None:
+    other = tmp_path / "other"
+    from asymvlm.synthetic import WorldConfig, write_world
+
+    write_world(str(other), WorldConfig(dim=8, splits={"test": 20}, captions_per_image=2))
+    ckpt = str(tmp_path / "ckpt")
+    assert _train(small_world, ckpt) == 0
+    with pytest.raises(SystemExit, match="expects dim 16"):
+        main(["evaluate", "--embeddings", str(other), "--checkpoint", ckpt, "--output",
+              str(tmp_path / "m.json")])  # fmt: skip
+
+
+@pytest.mark.parametrize("sub", [[], ["train"], ["evaluate"], ["score"], ["methods"]])
+def test_help_everywhere(sub) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "asymvlm.cli", *sub, "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and "usage: asymvlm" in proc.stdout
+
+
+def test_console_script_is_installed() -> None:
+    exe = shutil.which("asymvlm") or os.path.join(os.path.dirname(sys.executable), "asymvlm")
+    proc = subprocess.run([exe, "methods"], capture_output=True, text=True)
+    assert proc.returncode == 0
+    for name in ("asymvlm-vmf", "asymvlm-ps", "probvlm", "elip", "clip"):
+        assert name in proc.stdout

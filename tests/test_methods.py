@@ -1,0 +1,656 @@
+"""Tests for the method registry, the AsymVLM kernels and methods (Sec. 4, 5.2, App. A) and the
+deterministic references (``clip``, ``determ-ft``).
+
+Every kernel is checked against the corresponding ``torch.distributions`` log-density for all
+pairs, every loss against a formula written out here from the encodings, and every trainable
+registered method is trained briefly on synthetic pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from scipy import special
+from torch.nn import functional as F
+
+from asymvlm.distributions import (
+    PowerSpherical,
+    VonMisesFisher,
+    vmf_log_normalizer,
+    vmf_log_normalizer_approx,
+)
+from asymvlm.methods import METHODS, Method, build_method
+from asymvlm.methods import asymvlm as asym_module
+from asymvlm.methods.asymvlm import (
+    gaussian_log_likelihood,
+    ps_log_likelihood,
+    vmf_log_likelihood,
+)
+from asymvlm.methods.base import register, unit
+
+F64 = torch.float64
+D = 16
+SMALL = {"hidden_dim": 64, "depth": 2}
+EXPECTED = {
+    "asymvlm-vmf",
+    "asymvlm-ps",
+    "asymvlm-vmf-siglip",
+    "asymvlm-ps-siglip",
+    "asymvlm-image",
+    "symvlm",
+    "asymvlm-gauss",
+    "probvlm",
+    "pfe",
+    "pcmepp",
+    "prolip",
+    "elip",
+    "determ-ft",
+    "clip",
+}
+TRAINABLE = sorted(name for name, cls in METHODS.items() if cls.trainable)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny models run fastest single-threaded; restore the setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def rotated_pairs(
+    n: int = 128, d: int = D, seed: int = 0, noise: float = 0.1, scale: float = 5.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit images and RAW texts: scale * (a fixed rotation of the image + noise)."""
+    g = torch.Generator().manual_seed(seed)
+    img = unit(torch.randn(n, d, generator=g))
+    q, _ = torch.linalg.qr(torch.randn(d, d, generator=g))
+    txt = img @ q.T + noise * torch.randn(n, d, generator=g)
+    return img, scale * txt
+
+
+def pairs64(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotated_pairs`` in float64, images re-normalised in float64."""
+    img, txt = rotated_pairs(n, seed=seed)
+    return unit(img.double()), txt.double()
+
+
+def random_unit(n: int, d: int, seed: int, dtype: torch.dtype = F64) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return unit(torch.randn(n, d, generator=g, dtype=dtype))
+
+
+def build64(name: str, seed: int = 0, **kwargs) -> Method:
+    torch.manual_seed(seed)
+    return build_method(name, D, **SMALL, **kwargs).double()
+
+
+def f_d(kappa: torch.Tensor, d: int) -> torch.Tensor:
+    """F_d(kappa) of App. A.1 (Eq. 4), written out from the paper (up to its constant)."""
+    a, b = (d - 1) / 2.0, (d + 1) / 2.0
+    ra = torch.sqrt(a**2 + kappa**2)
+    rb = torch.sqrt(b**2 + kappa**2)
+    return (
+        (d - 1) / 4.0 * torch.log(a + ra) - 0.5 * ra + (d - 1) / 4.0 * torch.log(a + rb) - 0.5 * rb
+    )
+
+
+def info_nce_by_hand(logits: torch.Tensor) -> torch.Tensor:
+    """Eq. 2: 1/2 (mean_r -ln softmax_row(r)[r] + mean_c -ln softmax_col(c)[c])."""
+    rows = -(logits.diagonal() - torch.logsumexp(logits, dim=1)).mean()
+    cols = -(logits.diagonal() - torch.logsumexp(logits, dim=0)).mean()
+    return 0.5 * (rows + cols)
+
+
+def vmf_pairs(mu: torch.Tensor, kappa: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """[n_mu, n_z] ln vMF(mu_m, kappa_m)(z_n) via the distribution class."""
+    return VonMisesFisher(mu[:, None, :], kappa[:, None]).log_prob(z[None, :, :])
+
+
+def ps_pairs(mu: torch.Tensor, kappa: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    return PowerSpherical(mu[:, None, :], kappa[:, None]).log_prob(z[None, :, :])
+
+
+# --------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------
+
+
+def test_registry_names_exactly() -> None:
+    assert set(METHODS) == EXPECTED
+    assert len(METHODS) == len(EXPECTED)
+    for name, cls in METHODS.items():
+        assert cls.name == name
+        assert issubclass(cls, Method)
+    assert TRAINABLE == sorted(EXPECTED - {"clip"})
+
+
+def test_build_method_unknown_lists_known_names() -> None:
+    with pytest.raises(ValueError, match="unknown method 'nope'") as info:
+        build_method("nope", 8)
+    for name in EXPECTED:
+        assert name in str(info.value)
+
+
+def test_build_method_returns_instance_of_dim() -> None:
+    for name in ("asymvlm-vmf", "clip", "determ-ft"):
+        m = build_method(name, 8, **({} if name == "clip" else {"hidden_dim": 4, "depth": 1}))
+        assert isinstance(m, METHODS[name]) and m.dim == 8 and m.name == name
+
+
+def test_register_duplicate_raises_and_leaves_registry_intact() -> None:
+    before = dict(METHODS)
+
+    with pytest.raises(ValueError, match="registered twice"):
+
+        @register("clip")
+        class Impostor(Method):
+            pass
+
+    assert METHODS == before
+    assert METHODS["clip"].__name__ == "FrozenCLIP"
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [16, 512])
+def test_vmf_kernel_exact_equals_distribution(d: int) -> None:
+    mu = random_unit(7, d, seed=1)
+    z = random_unit(9, d, seed=2)
+    kappa = torch.tensor([0.3, 1.0, 4.0, 20.0, 90.0, 400.0, 2000.0], dtype=F64)
+    got = vmf_log_likelihood(mu, kappa, z, exact=True)
+    assert got.shape == (7, 9) and got.dtype == F64
+    torch.testing.assert_close(got, vmf_pairs(mu, kappa, z), rtol=1e-12, atol=1e-9)
+
+
+def test_vmf_kernel_normaliser_matches_scipy_bessel() -> None:
+    """Independent oracle: ln C_d = v ln k - d/2 ln 2pi - (ln ive_v(k) + k), v = d/2 - 1."""
+    d = 16
+    v = d / 2 - 1
+    mu = random_unit(5, d, seed=3)
+    z = random_unit(4, d, seed=4)
+    kappa = torch.tensor([0.5, 2.0, 10.0, 50.0, 300.0], dtype=F64)
+    k = kappa.numpy()
+    log_c = v * np.log(k) - d / 2 * math.log(2 * math.pi) - (np.log(special.ive(v, k)) + k)
+    want = torch.from_numpy(log_c)[:, None] + kappa[:, None] * (mu @ z.T)
+    torch.testing.assert_close(vmf_log_likelihood(mu, kappa, z), want, rtol=1e-9, atol=1e-9)
+
+
+def test_vmf_kernel_approx_is_exact_plus_constant() -> None:
+    """F_d(kappa) - ln C_d(kappa) is (almost) constant: spread < 0.07 over kappa in [0.5, 500]
+    at d = 512 (App. A.1); and the difference never depends on z."""
+    d = 512
+    kappa = torch.logspace(math.log10(0.5), math.log10(500.0), 60, dtype=F64)
+    mu = random_unit(60, d, seed=5)
+    z = random_unit(11, d, seed=6)
+    diff = vmf_log_likelihood(mu, kappa, z, exact=False) - vmf_log_likelihood(mu, kappa, z)
+    # independent of z: every row constant to rounding
+    assert (diff.max(dim=1).values - diff.min(dim=1).values).max() < 1e-9
+    # the approximation is F_d of Eq. 4
+    torch.testing.assert_close(diff[:, 0], f_d(kappa, d) - vmf_log_normalizer(kappa, d))
+    spread = diff.max() - diff.min()
+    assert spread < 0.07
+    # ... while ln C_d itself varies by hundreds of nats over the same range: not a trivial pass
+    exact = vmf_log_normalizer(kappa, d)
+    assert exact.max() - exact.min() > 100.0
+
+
+def test_ps_kernel_equals_distribution() -> None:
+    d = 16
+    mu = random_unit(6, d, seed=7)
+    z = random_unit(8, d, seed=8)
+    z[0] = mu[0]  # mode
+    z[1] = unit(-mu[1] + 0.01 * z[1])  # close to the antipode (1 + cos ~ 5e-5)
+    kappa = torch.tensor([0.0, 0.5, 3.0, 25.0, 150.0, 1e4], dtype=F64)
+    for exact in (True, False):  # closed form: ``exact`` is ignored
+        got = ps_log_likelihood(mu, kappa, z, exact=exact)
+        torch.testing.assert_close(got, ps_pairs(mu, kappa, z), rtol=1e-12, atol=1e-9)
+    # independent closed form of the normaliser (De Cao & Aziz 2020)
+    a, b = (d - 1) / 2 + kappa, (d - 1) / 2
+    log_c = -((a + b) * math.log(2) + b * math.log(math.pi) + torch.lgamma(a) - torch.lgamma(a + b))
+    at_mode = ps_log_likelihood(mu, kappa, mu).diagonal()
+    torch.testing.assert_close(at_mode, log_c + kappa * math.log(2.0))
+    # at the exact antipode the density is 0 (ln = -inf for kappa > 0); the kernel floors
+    # 1 + cos at 1e-6 so that training never sees -inf
+    at_antipode = ps_log_likelihood(mu, kappa, -mu).diagonal()
+    assert torch.isfinite(at_antipode).all()
+    torch.testing.assert_close(at_antipode, log_c + kappa * math.log(1e-6), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", [vmf_log_likelihood, ps_log_likelihood])
+@pytest.mark.parametrize("exact", [True, False])
+def test_kernel_scale_multiplies(kernel, exact: bool) -> None:
+    mu = random_unit(5, 16, seed=9)
+    z = random_unit(6, 16, seed=10)
+    kappa = torch.tensor([0.7, 3.0, 11.0, 60.0, 250.0], dtype=F64)
+    base = kernel(mu, kappa, z, exact=exact)
+    for s in (0.37, 2.5, torch.tensor(13.0, dtype=F64)):
+        torch.testing.assert_close(kernel(mu, kappa, z, exact=exact, scale=s), s * base)
+
+
+def test_gaussian_kernel_equals_normal() -> None:
+    d = 16
+    g = torch.Generator().manual_seed(11)
+    mean = torch.randn(5, d, generator=g, dtype=F64)
+    var = torch.tensor([0.01, 0.3, 1.0, 2.5, 40.0], dtype=F64)
+    z = random_unit(7, d, seed=12)
+    normal = torch.distributions.Normal(mean[:, None, :], var.sqrt()[:, None, None])
+    want = normal.log_prob(z[None]).sum(-1)
+    got = gaussian_log_likelihood(mean, var, z)
+    assert got.shape == (5, 7)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-9)
+
+
+# --------------------------------------------------------------------------------------------
+# AsymVLM-vMF / -PS (Sec. 4)
+# --------------------------------------------------------------------------------------------
+
+SPHERICAL_TEXT = ["asymvlm-vmf", "asymvlm-ps", "asymvlm-vmf-siglip", "asymvlm-ps-siglip"]
+PAIRS_OF = {"vmf": vmf_pairs, "ps": ps_pairs}
+
+
+@pytest.mark.parametrize("name", SPHERICAL_TEXT)
+def test_asymvlm_encodings_and_uncertainty(name: str) -> None:
+    model = build64(name)
+    img, txt = pairs64(12)
+    with torch.no_grad():
+        enc = model.encode_texts(txt)
+        eta = model.text_adapter(txt)
+        torch.testing.assert_close(enc["mu"].norm(dim=-1), torch.ones(12, dtype=F64))
+        torch.testing.assert_close(enc["kappa"], eta.norm(dim=-1))
+        torch.testing.assert_close(enc["kappa"][:, None] * enc["mu"], eta)
+        torch.testing.assert_close(model.text_uncertainty(txt), 1.0 / enc["kappa"])
+        torch.testing.assert_close(model.kappa(txt), enc["kappa"])
+        assert model.image_uncertainty(img) is None
+        # images stay deterministic: encode_images only normalises
+        torch.testing.assert_close(model.encode_images(3.0 * img)["mu"], img)
+
+
+@pytest.mark.parametrize("name", SPHERICAL_TEXT)
+def test_asymvlm_log_likelihood_is_exact_log_prob(name: str) -> None:
+    model = build64(name)
+    img, txt = pairs64(10)
+    img = img[:7]
+    with torch.no_grad():
+        ll = model.log_likelihood(img, txt)
+        enc = model.encode_texts(txt)
+    assert ll.shape == (10, 7)
+    want = PAIRS_OF[model.distribution](enc["mu"], enc["kappa"], img)
+    torch.testing.assert_close(ll, want, rtol=1e-10, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", ["asymvlm-vmf", "asymvlm-ps"])
+def test_asymvlm_infonce_loss_by_hand(name: str) -> None:
+    model = build64(name, init_temperature=1.7)
+    img, txt = pairs64(32)
+    loss = model.loss(img, txt)
+    with torch.no_grad():
+        t = model.encode_texts(txt)
+        mu, kappa = t["mu"], t["kappa"]
+        if name == "asymvlm-vmf":
+            ll = kappa[:, None] * (mu @ img.T) + f_d(kappa, D)[:, None]
+        else:
+            ll = ps_pairs(mu, kappa, img)
+        tau = model.temperature.detach()  # float32-rounded 1.7
+        assert float(tau) == pytest.approx(1.7)
+        want = info_nce_by_hand(tau * ll)
+    torch.testing.assert_close(loss.detach(), want, rtol=1e-10, atol=1e-10)
+    # and it is differentiable in tau
+    loss.backward()
+    assert model.temperature.grad is not None and model.temperature.grad != 0
+
+
+def test_asymvlm_vmf_infonce_invariant_to_normaliser_constant(monkeypatch) -> None:
+    """Why the F_d approximation is harmless for InfoNCE.
+
+    tau * L(m, n) = tau * (kappa_m mu_m^T z_n + ln C(kappa_m)). In the ROW softmax (caption m
+    over images n) ln C(kappa_m) is the same for the whole row and cancels whatever it is. In
+    the COLUMN softmax (image n over captions m) ln C(kappa_m) varies with m and does NOT cancel
+    -- but F_d(kappa) - ln C_d(kappa) = const + eps(kappa) with eps tiny, so exact and
+    approximate normalisers give the same loss up to eps's spread over the batch's kappas. A pure
+    constant shift of ln C leaves the loss unchanged exactly.
+    """
+    model = build64("asymvlm-vmf", init_temperature=2.0)
+    img, txt = pairs64(64)
+    with torch.no_grad():
+        approx_loss = model.loss(img, txt)
+        t = model.encode_texts(txt)
+        exact_ll = vmf_log_likelihood(t["mu"], t["kappa"], img, exact=True)
+        exact_loss = info_nce_by_hand(model.temperature * exact_ll)
+        # the logits differ by ~13.9 nats (the constant), yet the loss agrees to ~1e-4
+        approx_ll = vmf_log_likelihood(t["mu"], t["kappa"], img, exact=False)
+        assert (approx_ll - exact_ll).abs().min() > 10.0
+    assert abs(float(approx_loss - exact_loss)) < 1e-4 * abs(float(exact_loss))
+
+    # a pure constant added to ln C: identical loss (to rounding)
+    original = asym_module.vmf_log_normalizer_approx
+    monkeypatch.setattr(
+        asym_module, "vmf_log_normalizer_approx", lambda k, d: original(k, d) + 123.0
+    )
+    with torch.no_grad():
+        shifted_loss = model.loss(img, txt)
+    torch.testing.assert_close(shifted_loss, approx_loss, rtol=1e-12, atol=1e-12)
+
+    # while a kappa-dependent change of ln C (not a constant) does change the loss: the column
+    # softmax sees it, so the invariance above is not vacuous
+    monkeypatch.setattr(
+        asym_module, "vmf_log_normalizer_approx", lambda k, d: original(k, d) + 5.0 * k
+    )
+    with torch.no_grad():
+        tilted_loss = model.loss(img, txt)
+    assert abs(float(tilted_loss - approx_loss)) > 1e-3
+
+
+def test_vmf_infonce_exact_vs_approx_bounded_by_approximation_error() -> None:
+    """With kappas spread over [1, 50] at d = 16 the approximation error eps(kappa) varies by
+    ~0.09 nats, and exact vs approximate InfoNCE differ by up to ~1% -- but never by more than
+    tau * spread(eps) / 2: the rows are unaffected and each column's log-sum-exp moves by at
+    most the spread of the per-caption shifts (the ~1e-4 agreement above needs a batch whose
+    kappas lie close together, as at initialisation)."""
+    n, tau = 64, 1.0
+    mu = random_unit(n, D, seed=21)
+    z = unit(mu + 0.3 * random_unit(n, D, seed=22))
+    kappa = torch.linspace(1.0, 50.0, n, dtype=F64)[
+        torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    ]
+    approx = info_nce_by_hand(tau * vmf_log_likelihood(mu, kappa, z, exact=False))
+    exact = info_nce_by_hand(tau * vmf_log_likelihood(mu, kappa, z, exact=True))
+    eps = vmf_log_normalizer_approx(kappa, D) - vmf_log_normalizer(kappa, D)
+    spread = float(eps.max() - eps.min())
+    assert 0.05 < spread < 0.1
+    assert abs(float(approx - exact)) <= 0.5 * tau * spread
+    assert abs(float(approx - exact)) < 0.02 * float(exact)
+
+
+def test_row_softmax_ignores_normaliser_entirely() -> None:
+    """Row-wise (text -> image) cross entropy is the same for ANY per-caption normaliser."""
+    g = torch.Generator().manual_seed(13)
+    logits = torch.randn(8, 8, generator=g, dtype=F64)
+    per_row = torch.randn(8, 1, generator=g, dtype=F64) * 10
+    labels = torch.arange(8)
+    torch.testing.assert_close(
+        F.cross_entropy(logits + per_row, labels), F.cross_entropy(logits, labels)
+    )
+    assert (
+        abs(
+            float(F.cross_entropy((logits + per_row).T, labels) - F.cross_entropy(logits.T, labels))
+        )
+        > 1e-3
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Retrieval = argmax log-likelihood (App. A.2)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["asymvlm-vmf", "asymvlm-ps"])
+def test_t2i_argmax_is_image_the_caption_points_at(name: str) -> None:
+    """End to end: an adapter whose output is always 80 * z_I,3 (zero last weight, bias set)."""
+    model = build64(name)
+    images = random_unit(10, D, seed=14)
+    last = model.text_adapter[-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.copy_(80.0 * images[3])
+    txt = 5.0 * random_unit(4, D, seed=15)
+    with torch.no_grad():
+        ll = model.log_likelihood(images, txt)
+        torch.testing.assert_close(model.kappa(txt), torch.full((4,), 80.0, dtype=F64))
+    assert ll.shape == (4, 10)
+    assert ll.argmax(dim=1).tolist() == [3, 3, 3, 3]
+    # the ranking of images is the ranking by cosine to mu
+    cos = images @ images[3]
+    assert ll[0].argsort().tolist() == cos.argsort().tolist()
+
+
+@pytest.mark.parametrize("name", ["asymvlm-vmf", "asymvlm-ps"])
+def test_i2t_prefers_concentrated_caption_at_the_image(name: str) -> None:
+    model = build64(name)
+    images = random_unit(5, D, seed=16)
+    z = images[0]
+    other = images[1]
+    kappas = torch.tensor([1.0, 2.0, 5.0, 10.0, 50.0, 200.0], dtype=F64)
+    texts = {
+        "mu": torch.cat([z.expand(6, D), other[None]]),
+        "kappa": torch.cat([kappas, kappas[-1:]]),
+    }
+    score = model.score(texts, {"mu": images})  # [7 captions, 5 images]
+    # at the mode, the log-density grows with kappa: d/dk (k + ln C_d(k)) = 1 - A_d(k) > 0
+    at_mode = score[:6, 0]
+    assert (at_mode.diff() > 0).all()
+    # i2t for image 0: the most concentrated caption pointing at it wins (over the diffuse one
+    # with the same mu and over a concentrated caption pointing elsewhere)
+    assert int(score[:, 0].argmax()) == 5
+    # away from the mean the order reverses: at the antipode, the diffuse caption is likelier
+    antipode = model.score(texts, {"mu": -z[None]})[:6, 0]
+    assert (antipode.diff() < 0).all()
+
+
+# --------------------------------------------------------------------------------------------
+# SigLIP variants (App. A.3)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["asymvlm-vmf-siglip", "asymvlm-ps-siglip"])
+def test_siglip_loss_by_hand_and_trainable_bias_temperature(name: str) -> None:
+    model = build64(name, init_temperature=1.3, init_bias=-4.0)
+    img, txt = pairs64(24)
+    loss = model.loss(img, txt)
+    with torch.no_grad():
+        t = model.encode_texts(txt)
+        mu, kappa = t["mu"], t["kappa"]
+        if model.distribution == "vmf":
+            ll = kappa[:, None] * (mu @ img.T) + f_d(kappa, D)[:, None]
+        else:
+            ll = ps_pairs(mu, kappa, img)
+        log_uniform = math.lgamma(D / 2) - math.log(2.0) - D / 2 * math.log(math.pi)
+        tau, b = model.temperature.detach(), model.bias.detach()
+        assert (float(tau), float(b)) == pytest.approx((1.3, -4.0))
+        logits = tau * (ll - log_uniform) + b
+        y = 2.0 * torch.eye(24, dtype=F64) - 1.0
+        want = -F.logsigmoid(y * logits).sum() / 24
+    torch.testing.assert_close(loss.detach(), want, rtol=1e-10, atol=1e-10)
+
+    params = dict(model.named_parameters())
+    assert params["bias"] is model.bias and params["temperature"] is model.temperature
+    assert model.bias.requires_grad and model.temperature.requires_grad
+    loss.backward()
+    assert model.bias.grad is not None and float(model.bias.grad) != 0.0
+    assert model.temperature.grad is not None and float(model.temperature.grad) != 0.0
+    assert set(model.training_stats()) == {"temperature", "bias"}
+    assert model.training_stats()["bias"] == pytest.approx(-4.0)
+
+
+def test_infonce_variants_have_no_bias() -> None:
+    for name in ("asymvlm-vmf", "asymvlm-ps", "asymvlm-image", "symvlm", "asymvlm-gauss"):
+        assert "bias" not in dict(build64(name).named_parameters())
+
+
+# --------------------------------------------------------------------------------------------
+# Ablations: asymvlm-image, symvlm, asymvlm-gauss (Sec. 5.2)
+# --------------------------------------------------------------------------------------------
+
+
+def test_asymvlm_image() -> None:
+    model = build64("asymvlm-image", init_temperature=1.5)
+    img, txt = pairs64(16)
+    with torch.no_grad():
+        eta = model.image_adapter(img)
+        kappa = eta.norm(dim=-1)
+        mu_i = eta / kappa[:, None]
+        torch.testing.assert_close(model.image_uncertainty(img), 1.0 / kappa)
+        assert model.text_uncertainty(txt) is None
+        score = model.log_likelihood(img, txt)
+        assert score.shape == (16, 16)
+        want = vmf_pairs(mu_i, kappa, unit(txt)).T  # [t, i] = ln p_{z_I,i}(unit(text_t))
+        torch.testing.assert_close(score, want, rtol=1e-10, atol=1e-8)
+        loss = model.loss(img, txt)
+        ll = (kappa[None, :] * (unit(txt) @ mu_i.T)) + f_d(kappa, D)[None, :]
+        tau = model.temperature
+        torch.testing.assert_close(loss, info_nce_by_hand(tau * ll), rtol=1e-10, atol=1e-10)
+
+
+def test_symvlm() -> None:
+    model = build64("symvlm", init_temperature=0.8)
+    img, txt = pairs64(16)
+    with torch.no_grad():
+        t = model.encode_texts(txt)
+        i = model.encode_images(img)
+        torch.testing.assert_close(t["kappa"], model.text_adapter(txt).norm(dim=-1))
+        torch.testing.assert_close(i["kappa"], model.image_adapter(img).norm(dim=-1))
+        torch.testing.assert_close(model.text_uncertainty(txt), 1.0 / t["kappa"])
+        torch.testing.assert_close(model.image_uncertainty(img), 1.0 / i["kappa"])
+        score = model.log_likelihood(img, txt)
+        want = 0.5 * (
+            vmf_pairs(t["mu"], t["kappa"], i["mu"]) + vmf_pairs(i["mu"], i["kappa"], t["mu"]).T
+        )
+        torch.testing.assert_close(score, want, rtol=1e-10, atol=1e-8)
+        cos = t["mu"] @ i["mu"].T
+        ll = 0.5 * (
+            t["kappa"][:, None] * cos
+            + f_d(t["kappa"], D)[:, None]
+            + i["kappa"][None, :] * cos
+            + f_d(i["kappa"], D)[None, :]
+        )
+        torch.testing.assert_close(
+            model.loss(img, txt), info_nce_by_hand(model.temperature * ll), rtol=1e-10, atol=1e-10
+        )
+
+
+def test_asymvlm_gauss() -> None:
+    model = build64("asymvlm-gauss", init_temperature=0.5)
+    img, txt = pairs64(16)
+    with torch.no_grad():
+        out = model.text_adapter(txt)
+        assert out.shape == (16, D + 1)
+        mean, var = out[:, :D], F.softplus(out[:, D]) + 1e-6
+        enc = model.encode_texts(txt)
+        torch.testing.assert_close(enc["var"], var)
+        torch.testing.assert_close(enc["mean"], mean)
+        torch.testing.assert_close(enc["mu"], unit(mean))
+        u = model.text_uncertainty(txt)
+        assert (u > 0).all()
+        torch.testing.assert_close(u, var)
+        assert model.image_uncertainty(img) is None
+        score = model.log_likelihood(img, txt)
+        normal = torch.distributions.Normal(mean[:, None, :], var.sqrt()[:, None, None])
+        want = normal.log_prob(img[None]).sum(-1)
+        torch.testing.assert_close(score, want, rtol=1e-10, atol=1e-8)
+        torch.testing.assert_close(
+            model.loss(img, txt), info_nce_by_hand(model.temperature * want), rtol=1e-10, atol=1e-10
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Deterministic references
+# --------------------------------------------------------------------------------------------
+
+
+def test_determ_ft() -> None:
+    model = build64("determ-ft")
+    assert float(model.temperature.detach()) == pytest.approx(1 / 0.07)
+    img, txt = pairs64(16)
+    with torch.no_grad():
+        t = unit(model.text_adapter(txt))
+        cos = t @ img.T
+        torch.testing.assert_close(model.log_likelihood(img, txt), cos)
+        assert model.text_uncertainty(txt) is None
+        assert model.image_uncertainty(img) is None
+        assert model.kappa(txt) is None
+        torch.testing.assert_close(
+            model.loss(img, txt), info_nce_by_hand(model.temperature * cos), rtol=1e-10, atol=1e-10
+        )
+    assert set(model.training_stats()) == {"temperature"}
+
+
+def test_clip_reference() -> None:
+    model = build_method("clip", D)
+    assert model.trainable is False
+    assert list(model.parameters()) == []
+    img, txt = rotated_pairs(16)
+    score = model.log_likelihood(img, txt)  # raw, scaled texts
+    cos = F.cosine_similarity(txt[:, None, :], img[None, :, :], dim=-1)
+    torch.testing.assert_close(score, cos, rtol=1e-5, atol=1e-6)
+    assert (txt.norm(dim=-1) > 4.0).all()  # the inputs really were raw
+    assert model.text_uncertainty(txt) is None and model.image_uncertainty(img) is None
+    with pytest.raises(NotImplementedError):
+        model.loss(img, txt)
+
+
+# --------------------------------------------------------------------------------------------
+# Every trainable method: a short training run lowers the loss
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TRAINABLE)
+def test_training_lowers_loss(name: str) -> None:
+    img, txt = rotated_pairs(128, seed=3)
+    torch.manual_seed(0)
+    model = build_method(name, D, **SMALL)
+    assert model.trainable
+    model.fit_start(img, txt)  # ELIP draws its gallery; a no-op elsewhere
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert params
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    losses = []
+    for _ in range(60):
+        opt.zero_grad()
+        loss = model.loss(img, txt)
+        assert loss.ndim == 0 and torch.isfinite(loss)
+        loss.backward()
+        for p in params:
+            assert p.grad is None or torch.isfinite(p.grad).all(), name
+        opt.step()
+        losses.append(float(loss.detach()))
+    with torch.no_grad():
+        final = float(model.loss(img, txt))
+    initial = losses[0]
+    assert math.isfinite(final)
+    assert initial - final > 0.1 * abs(initial), (name, initial, final)
+    # the trained model still scores and (where defined) gives finite uncertainties
+    with torch.no_grad():
+        score = model.log_likelihood(img[:8], txt[:8])
+        assert score.shape == (8, 8) and torch.isfinite(score).all()
+        for u in (model.text_uncertainty(txt[:8]), model.image_uncertainty(img[:8])):
+            assert u is None or (u.shape == (8,) and torch.isfinite(u).all())
+
+
+# --------------------------------------------------------------------------------------------
+# Raw vs unit adapter input
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["asymvlm-vmf", "asymvlm-ps"])
+def test_asymvlm_sees_the_raw_norm(name: str) -> None:
+    model = build64(name)
+    img, txt = pairs64(8)
+    with torch.no_grad():
+        raw, uni = model.encode_texts(txt), model.encode_texts(unit(txt))
+        assert (raw["kappa"] - uni["kappa"]).abs().max() > 1e-3
+        assert (raw["mu"] - uni["mu"]).abs().max() > 1e-3
+        assert (
+            model.log_likelihood(img, txt) - model.log_likelihood(img, unit(txt))
+        ).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["clip", "pfe"])
+def test_frozen_mean_scores_ignore_the_norm(name: str) -> None:
+    torch.manual_seed(0)
+    model = build_method(name, D) if name == "clip" else build_method(name, D, **SMALL)
+    img, txt = rotated_pairs(8)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.log_likelihood(img, txt), model.log_likelihood(img, unit(txt))
+        )
+        torch.testing.assert_close(
+            model.log_likelihood(img, txt), unit(txt) @ img.T, rtol=1e-5, atol=1e-6
+        )
