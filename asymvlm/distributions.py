@@ -10,7 +10,8 @@ mu, unit norm) and ``scale`` (the concentration kappa >= 0):
 
 The training kernel of AsymVLM uses the paper's approximation F_d(kappa) of ln C_d(kappa)
 (App. A.1, Eq. 4): :func:`vmf_log_normalizer_approx`. It differs from the exact log-normaliser
-by a constant in kappa (which cancels in the InfoNCE loss), so the exact form is the oracle.
+by a constant plus a small kappa-dependent error (at d=512 within 0.07 nats for kappa in
+[0.5, 500]); the constant cancels in the InfoNCE loss, so the exact form is the test oracle.
 """
 
 from __future__ import annotations

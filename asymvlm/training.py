@@ -91,14 +91,18 @@ def load_split(
 
 
 def make_optimizer(method: Method, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """SGD with momentum or AdamW over the trainable parameters (fused kernels when available)."""
     params = [p for p in method.parameters() if p.requires_grad]
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {cfg.optimizer!r}")
+        cls, kwargs = torch.optim.SGD, {"momentum": cfg.momentum}
+    elif cfg.optimizer == "adamw":
+        cls, kwargs = torch.optim.AdamW, {}
+    else:
+        raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {cfg.optimizer!r}")
+    try:
+        return cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):  # older torch / unsupported device
+        return cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **kwargs)
 
 
 def steps_per_epoch(n_items: int, batch_size: int) -> int:

@@ -397,7 +397,7 @@ def test_t2i_argmax_is_image_the_caption_points_at(name: str) -> None:
     """End to end: an adapter whose output is always 80 * z_I,3 (zero last weight, bias set)."""
     model = build64(name)
     images = random_unit(10, D, seed=14)
-    last = model.text_adapter[-1]
+    last = model.text_adapter.net[-1]
     with torch.no_grad():
         last.weight.zero_()
         last.bias.copy_(80.0 * images[3])

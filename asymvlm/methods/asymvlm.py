@@ -27,9 +27,9 @@ from asymvlm.distributions import (
 )
 from asymvlm.methods.base import (
     Encoding,
+    Adapter,
     Method,
     info_nce,
-    mlp,
     register,
     sigmoid_pair_loss,
     unit,
@@ -101,8 +101,10 @@ class _Spherical(Method):
         init_temperature: float = 1.0,
         init_bias: float = -10.0,
         distribution: str | None = None,
+        calibrate_input: bool = True,
     ) -> None:
         super().__init__(dim)
+        self.calibrate_input = calibrate_input
         if distribution is not None:
             self.distribution = distribution
         if self.distribution not in KERNELS:
@@ -156,7 +158,7 @@ class AsymVLM(_Spherical):
 
     def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
         super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.text_adapter = mlp(dim, dim, hidden_dim, depth)
+        self.text_adapter = Adapter(dim, dim, hidden_dim, depth)
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
         return spherical_head(self.text_adapter(text_emb))
@@ -214,7 +216,7 @@ class AsymVLMImage(_Spherical):
 
     def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
         super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.image_adapter = mlp(dim, dim, hidden_dim, depth)
+        self.image_adapter = Adapter(dim, dim, hidden_dim, depth)
 
     def encode_images(self, image_emb: torch.Tensor) -> Encoding:
         return spherical_head(self.image_adapter(image_emb))
@@ -251,8 +253,8 @@ class SymVLM(_Spherical):
 
     def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
         super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.text_adapter = mlp(dim, dim, hidden_dim, depth)
-        self.image_adapter = mlp(dim, dim, hidden_dim, depth)
+        self.text_adapter = Adapter(dim, dim, hidden_dim, depth)
+        self.image_adapter = Adapter(dim, dim, hidden_dim, depth)
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
         return spherical_head(self.text_adapter(text_emb))
@@ -309,7 +311,7 @@ class AsymVLMGauss(_Spherical):
 
     def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
         super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.text_adapter = mlp(dim, dim + 1, hidden_dim, depth)
+        self.text_adapter = Adapter(dim, dim + 1, hidden_dim, depth)
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
         out = self.text_adapter(text_emb)

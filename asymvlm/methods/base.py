@@ -70,6 +70,31 @@ def mlp(d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3) -> nn.Seq
     return nn.Sequential(*layers)
 
 
+class Adapter(nn.Module):
+    """The adapter MLP of App. B.1 behind a fixed input scale.
+
+    ``calibrate`` (called once on the training set by :meth:`Method.fit_start`) sets the scale
+    to sqrt(d / mean ||x||^2), so inputs reach the first layer with unit RMS per coordinate.
+    It is one constant: the function class is the MLP's own (the first layer absorbs it) and
+    relative norms -- the information in the raw text norm -- are kept. It spares the optimiser
+    a badly scaled start when inputs are unit vectors (coordinates ~ 1/sqrt(d)). Scale 1, the
+    value before calibration, is the official code.
+    """
+
+    def __init__(self, d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3) -> None:
+        super().__init__()
+        self.net = mlp(d_in, d_out, hidden_dim, depth)
+        self.register_buffer("input_scale", torch.ones(()))
+
+    @torch.no_grad()
+    def calibrate(self, x: torch.Tensor) -> None:
+        mean_sq = x.float().pow(2).sum(-1).mean().clamp_min(1e-12)
+        self.input_scale.fill_(float(torch.sqrt(x.shape[-1] / mean_sq)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x * self.input_scale)
+
+
 def unit(x: torch.Tensor) -> torch.Tensor:
     """Project onto the unit sphere."""
     return nn.functional.normalize(x, dim=-1, eps=1e-12)
@@ -80,10 +105,11 @@ def info_nce(logits: torch.Tensor) -> torch.Tensor:
 
     Captions of the same image in one batch are negatives, as in the official code.
     """
-    labels = torch.arange(logits.shape[0], device=logits.device)
-    return 0.5 * (
-        nn.functional.cross_entropy(logits, labels) + nn.functional.cross_entropy(logits.T, labels)
-    )
+    # = 1/2 (CE(rows) + CE(columns)) with labels = arange, written on the diagonals of the two
+    # log-softmaxes: no transposed copy of the [B, B] matrix, no one-hot scatter.
+    rows = logits.log_softmax(dim=1).diagonal()
+    cols = logits.log_softmax(dim=0).diagonal()
+    return -0.5 * (rows.mean() + cols.mean())
 
 
 def sigmoid_pair_loss(logits: torch.Tensor) -> torch.Tensor:
@@ -141,8 +167,20 @@ class Method(nn.Module):
     ) -> torch.Tensor:
         raise NotImplementedError(f"{self.name} has no training loss")
 
+    #: Calibrate the input scale of the adapters (see :class:`Adapter`) in ``fit_start``.
+    calibrate_input: bool = True
+
     def fit_start(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> None:
-        """Hook called once with the whole training set before the first step."""
+        """Hook called once with the whole training set before the first step.
+
+        By default it calibrates the input scale of ``text_adapter`` / ``image_adapter``.
+        """
+        if not self.calibrate_input:
+            return
+        for attr, data in (("text_adapter", text_emb), ("image_adapter", image_emb)):
+            adapter = getattr(self, attr, None)
+            if isinstance(adapter, Adapter):
+                adapter.calibrate(data)
 
     def kappa(self, text_emb: torch.Tensor) -> torch.Tensor | None:
         """Concentration per caption where the method defines one (vMF/PS), else None."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from asymvlm.methods.base import Encoding, Method, info_nce, mlp, register, unit
+from asymvlm.methods.base import Adapter, Encoding, Method, info_nce, register, unit
 
 
 @register("clip")
@@ -30,10 +30,16 @@ class DeterministicFT(Method):
     """Deterministic fine-tuning of the text side with the same adapter MLP (App. B.1)."""
 
     def __init__(
-        self, dim: int, hidden_dim: int = 1024, depth: int = 3, init_temperature: float = 1 / 0.07
+        self,
+        dim: int,
+        hidden_dim: int = 1024,
+        depth: int = 3,
+        init_temperature: float = 1 / 0.07,
+        calibrate_input: bool = True,
     ) -> None:
         super().__init__(dim)
-        self.text_adapter = mlp(dim, dim, hidden_dim, depth)
+        self.calibrate_input = calibrate_input
+        self.text_adapter = Adapter(dim, dim, hidden_dim, depth)
         self.temperature = nn.Parameter(torch.tensor(float(init_temperature)))
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
