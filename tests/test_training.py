@@ -165,3 +165,23 @@ def test_adapter_input_raw_uses_the_stored_norm(small_world) -> None:
     split = tables.read_split(small_world, "test")
     np.testing.assert_allclose(norms.numpy(), split.text_norms, rtol=1e-5)
     torch.testing.assert_close(unit.text_emb.norm(dim=-1), torch.ones(len(norms)))
+
+
+def test_fit_start_calibrates_the_adapter_input_scale(tmp_path) -> None:
+    data = _toy_split()
+    trainer = Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), data)
+    adapter = trainer.method.text_adapter
+    assert float(adapter.input_scale) == 1.0  # the official code's scale before calibration
+    trainer.start()
+    expected = (8 / data.text_emb.pow(2).sum(-1).mean()).sqrt()
+    torch.testing.assert_close(adapter.input_scale, expected)
+    # Unit RMS per coordinate at the first layer.
+    scaled = data.text_emb * adapter.input_scale
+    assert abs(float(scaled.pow(2).mean()) - 1.0) < 1e-5
+    save_checkpoint(str(tmp_path), trainer.method, _cfg(), dim=8)
+    loaded, _ = load_checkpoint(str(tmp_path))
+    torch.testing.assert_close(loaded.text_adapter.input_scale, expected)
+
+    off = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2, calibrate_input=False)
+    off.fit_start(data.image_emb, data.text_emb)
+    assert float(off.text_adapter.input_scale) == 1.0

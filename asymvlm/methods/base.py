@@ -59,7 +59,11 @@ def mlp(d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3) -> nn.Seq
     """The adapter MLP of App. B.1: ``depth`` hidden ReLU layers of width ``hidden_dim``.
 
     The official code uses three hidden layers (a four-layer perceptron, as App. B.1 calls it);
-    no residual, normalisation or dropout.
+    no residual, normalisation or dropout. Weights get He (Kaiming) normal initialisation for
+    ReLU (linear gain on the output layer) and zero biases, so activations keep their scale
+    through the depth: with unit-RMS inputs the output starts at unit RMS per coordinate
+    (kappa ~ sqrt(d) for AsymVLM) instead of shrinking ~2.5x per layer as under PyTorch's
+    default init, which leaves kappa near 0 and costs many epochs to recover.
     """
     layers: list[nn.Module] = []
     width = d_in
@@ -67,6 +71,11 @@ def mlp(d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3) -> nn.Seq
         layers += [nn.Linear(width, hidden_dim), nn.ReLU()]
         width = hidden_dim
     layers.append(nn.Linear(width, d_out))
+    for layer in layers:
+        if isinstance(layer, nn.Linear):
+            gain = "linear" if layer is layers[-1] else "relu"
+            nn.init.kaiming_normal_(layer.weight, nonlinearity=gain)
+            nn.init.zeros_(layer.bias)
     return nn.Sequential(*layers)
 
 
