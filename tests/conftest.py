@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from asymvlm.synthetic import WorldConfig, write_world
 
@@ -25,3 +26,12 @@ def small_world(tmp_path_factory) -> str:
     """Root of a tiny synthetic embedding table (train/val/test)."""
     root = tmp_path_factory.mktemp("world") / "tables"
     return write_world(str(root), small_world_config())
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest single-threaded; restore the setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

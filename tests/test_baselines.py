@@ -4,7 +4,6 @@ each registered baseline (probvlm, pfe, pcmepp, prolip, elip) on small synthetic
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -29,6 +28,7 @@ from asymvlm.methods.baselines import (
     mutual_likelihood_score,
     probabilistic_cosine,
 )
+from tests.helpers import rotated_pairs
 
 F64 = torch.float64
 BASELINES = ["probvlm", "pfe", "pcmepp", "prolip", "elip"]
@@ -36,24 +36,7 @@ POST_HOC = ["pfe", "pcmepp", "prolip"]
 SMALL = {"hidden_dim": 64, "depth": 2}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest single-threaded; restore the setting afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def rotated_pairs(
-    n: int = 64, d: int = 16, seed: int = 0, noise: float = 0.1, scale: float = 5.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unit images and RAW texts: scale * (a fixed rotation of the image + noise)."""
-    g = torch.Generator().manual_seed(seed)
-    img = unit(torch.randn(n, d, generator=g))
-    q, _ = torch.linalg.qr(torch.randn(d, d, generator=g))
-    txt = img @ q.T + noise * torch.randn(n, d, generator=g)
-    return img, scale * txt
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def half_noisy_pairs(

@@ -62,8 +62,9 @@ def test_training_is_reproducible_from_the_cli(small_world, tmp_path) -> None:
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     assert _train(small_world, a, "asymvlm-ps") == 0
     assert _train(small_world, b, "asymvlm-ps") == 0
-    assert open(os.path.join(a, "history.jsonl")).read().split('"epoch_seconds"')[0] == (
-        open(os.path.join(b, "history.jsonl")).read().split('"epoch_seconds"')[0]
+    assert (
+        open(os.path.join(a, "history.jsonl")).read().split('"epoch_seconds"')[0]
+        == (open(os.path.join(b, "history.jsonl")).read().split('"epoch_seconds"')[0])
     )
 
 

@@ -9,7 +9,6 @@ registered method is trained briefly on synthetic pairs.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -31,6 +30,7 @@ from asymvlm.methods.asymvlm import (
     vmf_log_likelihood,
 )
 from asymvlm.methods.base import register, unit
+from tests.helpers import rotated_pairs
 
 F64 = torch.float64
 D = 16
@@ -54,24 +54,7 @@ EXPECTED = {
 TRAINABLE = sorted(name for name, cls in METHODS.items() if cls.trainable)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest single-threaded; restore the setting afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def rotated_pairs(
-    n: int = 128, d: int = D, seed: int = 0, noise: float = 0.1, scale: float = 5.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unit images and RAW texts: scale * (a fixed rotation of the image + noise)."""
-    g = torch.Generator().manual_seed(seed)
-    img = unit(torch.randn(n, d, generator=g))
-    q, _ = torch.linalg.qr(torch.randn(d, d, generator=g))
-    txt = img @ q.T + noise * torch.randn(n, d, generator=g)
-    return img, scale * txt
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def pairs64(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

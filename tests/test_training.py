@@ -100,7 +100,9 @@ def test_training_is_deterministic_and_resume_matches_uninterrupted() -> None:
     resumed.load_state_dict(state)
     history = resumed.fit(progress=False)
     assert [row["epoch"] for row in history] == [3, 4]
-    for a, b in zip(full.method.state_dict().values(), resumed.method.state_dict().values(), strict=True):
+    for a, b in zip(
+        full.method.state_dict().values(), resumed.method.state_dict().values(), strict=True
+    ):
         assert torch.equal(a, b)
 
 
@@ -120,7 +122,9 @@ def test_loss_falls_and_stats_are_logged() -> None:
 
 def test_bad_optimizer_is_rejected() -> None:
     with pytest.raises(ValueError, match="optimizer"):
-        Trainer(build_method("pfe", 8, hidden_dim=8, depth=1), _cfg(optimizer="lbfgs"), _toy_split())
+        Trainer(
+            build_method("pfe", 8, hidden_dim=8, depth=1), _cfg(optimizer="lbfgs"), _toy_split()
+        )
 
 
 def test_checkpoint_round_trip(tmp_path) -> None:

@@ -26,8 +26,8 @@ from asymvlm.distributions import (
     vmf_log_normalizer_approx,
 )
 from asymvlm.methods.base import (
-    Encoding,
     Adapter,
+    Encoding,
     Method,
     info_nce,
     register,
@@ -138,6 +138,18 @@ class _Spherical(Method):
         shift = self.bias - self.temperature * uniform_log_density(self.dim)
         return sigmoid_pair_loss(scaled_log_lik + shift)
 
+    def loss(
+        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
+    ) -> torch.Tensor:
+        """tau * L on the batch (training kernel: F_d for vMF), then Eq. 2 or App. A.3."""
+        tau_l = self.score(
+            self.encode_texts(text_emb),
+            self.encode_images(image_emb),
+            exact=False,
+            scale=self.temperature,
+        )
+        return self.objective_loss(tau_l)
+
     def training_stats(self) -> dict[str, float]:
         stats = {"temperature": float(self.temperature.detach())}
         if self.objective == "siglip":
@@ -163,24 +175,17 @@ class AsymVLM(_Spherical):
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
         return spherical_head(self.text_adapter(text_emb))
 
-    def score(self, texts: Encoding, images: Encoding) -> torch.Tensor:
-        """Exact log-likelihood ln p_{z_T}(z_I) (App. A.2)."""
-        return self.kernel(texts["mu"], texts["kappa"], images["mu"])
+    def score(
+        self, texts: Encoding, images: Encoding, *, exact: bool = True, scale: float = 1.0
+    ) -> torch.Tensor:
+        """Log-likelihood ln p_{z_T}(z_I) (App. A.2), exact normaliser unless ``exact=False``."""
+        return self.kernel(texts["mu"], texts["kappa"], images["mu"], exact=exact, scale=scale)
 
     def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
         return 1.0 / texts["kappa"]
 
     def kappa(self, text_emb: torch.Tensor) -> torch.Tensor:
         return self.encode_texts(text_emb)["kappa"]
-
-    def loss(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-    ) -> torch.Tensor:
-        t = self.encode_texts(text_emb)
-        tau_l = self.kernel(
-            t["mu"], t["kappa"], unit(image_emb), exact=False, scale=self.temperature
-        )
-        return self.objective_loss(tau_l)
 
 
 @register("asymvlm-ps")
@@ -229,17 +234,6 @@ class AsymVLMImage(_Spherical):
     def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
         return 1.0 / images["kappa"]
 
-    def loss(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-    ) -> torch.Tensor:
-        tau_l = self.score(
-            self.encode_texts(text_emb),
-            self.encode_images(image_emb),
-            exact=False,
-            scale=self.temperature,
-        )
-        return self.objective_loss(tau_l)
-
 
 @register("symvlm")
 class SymVLM(_Spherical):
@@ -279,17 +273,6 @@ class SymVLM(_Spherical):
     def kappa(self, text_emb: torch.Tensor) -> torch.Tensor:
         return self.encode_texts(text_emb)["kappa"]
 
-    def loss(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-    ) -> torch.Tensor:
-        tau_l = self.score(
-            self.encode_texts(text_emb),
-            self.encode_images(image_emb),
-            exact=False,
-            scale=self.temperature,
-        )
-        return self.objective_loss(tau_l)
-
 
 def gaussian_log_likelihood(mean: torch.Tensor, var: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """ln N(z_n; m_m, sigma_m^2 I) for all pairs, [n_m, n_z] (AsymVLM(G), Sec. 5.2)."""
@@ -319,14 +302,10 @@ class AsymVLMGauss(_Spherical):
         var = nn.functional.softplus(out[..., self.dim]) + 1e-6
         return {"mean": mean, "mu": unit(mean), "var": var}
 
-    def score(self, texts: Encoding, images: Encoding) -> torch.Tensor:
-        return gaussian_log_likelihood(texts["mean"], texts["var"], images["mu"])
+    def score(
+        self, texts: Encoding, images: Encoding, *, exact: bool = True, scale: float = 1.0
+    ) -> torch.Tensor:
+        return scale * gaussian_log_likelihood(texts["mean"], texts["var"], images["mu"])
 
     def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
         return texts["var"]
-
-    def loss(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-    ) -> torch.Tensor:
-        log_lik = self.score(self.encode_texts(text_emb), self.encode_images(image_emb))
-        return self.objective_loss(self.temperature * log_lik)
