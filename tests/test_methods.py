@@ -440,13 +440,23 @@ def test_siglip_loss_by_hand_and_trainable_bias_temperature(name: str) -> None:
             ll = kappa[:, None] * (mu @ img.T) + f_d(kappa, D)[:, None]
         else:
             ll = ps_pairs(mu, kappa, img)
+        # The zero point is the training kernel's own log-normaliser at kappa = 0: the uniform
+        # density for PS, F_d(0) for vMF (F_d is ln C_d up to a constant; ~470 nats at d=512).
         log_uniform = math.lgamma(D / 2) - math.log(2.0) - D / 2 * math.log(math.pi)
+        zero = torch.zeros(1, dtype=F64)
+        reference = float(f_d(zero, D)) if model.distribution == "vmf" else log_uniform
+        assert model.reference_log_density() == pytest.approx(reference, abs=1e-12)
         tau, b = model.temperature.detach(), model.bias.detach()
         assert (float(tau), float(b)) == pytest.approx((1.3, -4.0))
-        logits = tau * (ll - log_uniform) + b
+        logits = tau * (ll - reference) + b
         y = 2.0 * torch.eye(24, dtype=F64) - 1.0
         want = -F.logsigmoid(y * logits).sum() / 24
     torch.testing.assert_close(loss.detach(), want, rtol=1e-10, atol=1e-10)
+
+    # At kappa -> 0 the shifted kernel vanishes: the logits start at the bias, as in SigLIP.
+    tiny = torch.full((3,), 1e-6, dtype=F64)
+    near_zero = model.kernel(mu[:3], tiny, img, exact=False) - model.reference_log_density()
+    assert near_zero.abs().max() < 1e-4
 
     params = dict(model.named_parameters())
     assert params["bias"] is model.bias and params["temperature"] is model.temperature
@@ -646,3 +656,26 @@ def test_frozen_mean_scores_ignore_the_norm(name: str) -> None:
         torch.testing.assert_close(
             model.log_likelihood(img, txt), unit(txt) @ img.T, rtol=1e-5, atol=1e-6
         )
+
+
+# --------------------------------------------------------------------------------------------
+# Mixed precision: what the GPU path (bf16 autocast) computes
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["asymvlm-vmf", "asymvlm-ps", "asymvlm-vmf-siglip", "symvlm", "asymvlm-image"]
+)
+def test_bf16_autocast_loss_matches_fp32_at_d512(name: str) -> None:
+    """The normalisers (~1e3 nats at d=512) stay in float32 under autocast; only the matmuls
+    run in bf16. Checked with CPU autocast, which casts like CUDA autocast."""
+    torch.manual_seed(0)
+    img, txt = rotated_pairs(128, d=512, seed=2, scale=8.0)
+    model = build_method(name, 512, hidden_dim=128, depth=2)
+    model.fit_start(img, txt)  # kappa ~ sqrt(d): where bf16 would break ln C
+    with torch.no_grad():
+        full = model.loss(img, txt)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = model.loss(img, txt)
+    assert half.dtype == torch.float32
+    assert abs(float(half - full)) < 2e-3 * abs(float(full))

@@ -57,7 +57,12 @@ def vmf_log_likelihood(
     dim = mu.shape[-1]
     log_c = vmf_log_normalizer(kappa, dim) if exact else vmf_log_normalizer_approx(kappa, dim)
     eta = (scale * kappa).unsqueeze(-1) * mu
-    return torch.addmm((scale * log_c).unsqueeze(-1), eta, z.T)
+    bias = (scale * log_c).unsqueeze(-1)
+    if torch.is_autocast_enabled(z.device.type):
+        # Half-precision matmul, but ln C (~1e3 at d=512) is added in float32: in bf16 it
+        # would swamp the kappa mu^T z differences.
+        return (eta @ z.T).float() + bias
+    return torch.addmm(bias, eta, z.T)
 
 
 def ps_log_likelihood(
@@ -82,7 +87,12 @@ KERNELS = {"vmf": vmf_log_likelihood, "ps": ps_log_likelihood}
 
 
 def spherical_head(eta: torch.Tensor) -> Encoding:
-    """Decompose the adapter output eta = kappa * mu (App. B.1)."""
+    """Decompose the adapter output eta = kappa * mu (App. B.1).
+
+    In float32 even under autocast: the normalisers of kappa (lgamma, Bessel, F_d) are of
+    order 1e3 at d=512 and need the precision.
+    """
+    eta = eta.to(torch.promote_types(eta.dtype, torch.float32))
     kappa = eta.norm(dim=-1).clamp_min(_MIN_KAPPA)
     return {"mu": eta / kappa.unsqueeze(-1), "kappa": kappa}
 
@@ -135,8 +145,16 @@ class _Spherical(Method):
         """
         if self.objective == "infonce":
             return info_nce(scaled_log_lik)
-        shift = self.bias - self.temperature * uniform_log_density(self.dim)
+        shift = self.bias - self.temperature * self.reference_log_density()
         return sigmoid_pair_loss(scaled_log_lik + shift)
+
+    def reference_log_density(self) -> float:
+        """The training kernel's log-normaliser at kappa = 0: the uniform density on the sphere
+        (for vMF up to F_d's constant offset, since the training kernel uses F_d)."""
+        if self.distribution == "vmf":
+            zero = torch.zeros(1, dtype=torch.float64)
+            return float(vmf_log_normalizer_approx(zero, self.dim))
+        return uniform_log_density(self.dim)
 
     def loss(
         self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
@@ -156,10 +174,6 @@ class _Spherical(Method):
             stats["bias"] = float(self.bias.detach())
         return stats
 
-    def _approx_exact_shift(self) -> float:
-        """Constant F_d(kappa) - ln C_d(kappa) (the approximation's offset), for reports."""
-        one = torch.ones(1, dtype=torch.float64)
-        return float(vmf_log_normalizer_approx(one, self.dim) - vmf_log_normalizer(one, self.dim))
 
 
 @register("asymvlm-vmf")
