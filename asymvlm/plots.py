@@ -11,9 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_binned_recall(
-    results: Mapping[str, Mapping[str, Any]], path: str, title: str = ""
-) -> str:
+def plot_binned_recall(results: Mapping[str, Mapping[str, Any]], path: str, title: str = "") -> str:
     """Fig. 3 style: Recall@1 per uncertainty level, t2i and i2t side by side.
 
     ``results`` maps a method name to the dict returned by ``evaluate_retrieval``; methods

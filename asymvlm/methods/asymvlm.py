@@ -175,7 +175,6 @@ class _Spherical(Method):
         return stats
 
 
-
 @register("asymvlm-vmf")
 class AsymVLM(_Spherical):
     """Text ~ vMF(mu(t), kappa(t)), images deterministic (Sec. 4). Uncertainty 1/kappa."""
