@@ -10,11 +10,19 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
-"$VPY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+LOG=.venv/setup.log
+: > "$LOG"
+pip_install() {
+  if ! "$VPY" -m pip install "$@" >>"$LOG" 2>&1; then
+    echo "[setup] pip install $* failed; last lines of $LOG:" >&2
+    tail -n 30 "$LOG" >&2
+    exit 1
+  fi
+}
 if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   echo "[setup] installing torch==2.13.0"
-  "$VPY" -m pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
+  pip_install "torch==2.13.0"
 fi
-echo "[setup] installing asymvlm[dev]"
-"$VPY" -m pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored" || true
+echo "[setup] installing asymvlm[dev] (log: $LOG)"
+pip_install -e ".[dev]"
 "$VPY" -c "import asymvlm, torch, ray; print(f'[setup] ok: asymvlm {asymvlm.__version__}, torch {torch.__version__}, ray {ray.__version__}')"
