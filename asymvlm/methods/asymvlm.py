@@ -249,7 +249,7 @@ class AsymVLMImage(_Spherical):
 
 
 @register("symvlm")
-class SymVLM(_Spherical):
+class SymVLM(AsymVLM):
     """Ablation (Sec. 5.2): both modalities spherical; symmetrised kernel.
 
     L(m, n) = 1/2 [ln p_{z_T,m}(mu_I,n) + ln p_{z_I,n}(mu_T,m)], each density evaluated at the
@@ -260,11 +260,7 @@ class SymVLM(_Spherical):
 
     def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
         super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.text_adapter = Adapter(dim, dim, hidden_dim, depth)
         self.image_adapter = Adapter(dim, dim, hidden_dim, depth)
-
-    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        return spherical_head(self.text_adapter(text_emb))
 
     def encode_images(self, image_emb: torch.Tensor) -> Encoding:
         return spherical_head(self.image_adapter(image_emb))
@@ -277,14 +273,8 @@ class SymVLM(_Spherical):
         i2t = self.kernel(images["mu"], images["kappa"], texts["mu"], exact=exact, scale=half)
         return t2i + i2t.T
 
-    def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
-        return 1.0 / texts["kappa"]
-
     def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
         return 1.0 / images["kappa"]
-
-    def kappa(self, text_emb: torch.Tensor) -> torch.Tensor:
-        return self.encode_texts(text_emb)["kappa"]
 
 
 def gaussian_log_likelihood(mean: torch.Tensor, var: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
