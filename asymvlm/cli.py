@@ -206,9 +206,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, metavar="FILE.parquet")
     p.set_defaults(func=_cmd_score)
 
+    p = sub.add_parser(
+        "embed",
+        help="embed a data set into tables with a frozen CLIP/SigLIP (Ray Data)",
+        description="Read a data set, embed images and captions with a frozen CLIP/SigLIP on a "
+        "Ray Data actor pool, write ROOT/manifest.json and ROOT/<split>/{images,texts,errors}. "
+        "Re-running resumes an interrupted job and leaves a finished one untouched.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    from asymvlm.data.sources import READERS
+
+    p.add_argument("--dataset", required=True, choices=sorted(READERS))
+    p.add_argument("--annotations", default=None, help="annotation file / folder (local or s3://)")
+    p.add_argument("--images", default=None, help="image folder (local or s3://)")
+    p.add_argument("--model", default="openai/clip-vit-base-patch32", help="hub id or local dir")
+    p.add_argument("--split", required=True)
+    p.add_argument("--output", required=True, metavar="ROOT")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--num-actors", type=int, default=1, help="encoder actors (1 GPU each)")
+    p.add_argument("--device", default="auto", help="auto (GPU when the cluster has one) or cpu")
+    p.add_argument("--dtype", default="auto", help="auto: bf16/fp16 on GPU, fp32 on CPU")
+    p.add_argument("--sample", type=int, default=None, help="CC: sample N pairs (CC-200k)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--id-list", default=None, help="CC: restrict to the ids in this file")
+    p.add_argument("--shard-size", type=int, default=2048, help="images per output part")
+    p.set_defaults(func=_cmd_embed)
+
     p = sub.add_parser("methods", help="list the registered methods and their uncertainty")
     p.set_defaults(func=_cmd_methods)
     return parser
+
+
+def _cmd_embed(args: argparse.Namespace) -> int:
+    from asymvlm.data.embed import EmbedConfig, run_embed
+
+    cfg = EmbedConfig(
+        dataset=args.dataset,
+        annotations=args.annotations,
+        images=args.images,
+        model=args.model,
+        split=args.split,
+        output=args.output,
+        batch_size=args.batch_size,
+        num_actors=args.num_actors,
+        device=args.device,
+        dtype=args.dtype,
+        sample=args.sample,
+        seed=args.seed,
+        id_list=args.id_list,
+        shard_size=args.shard_size,
+    )
+    summary = run_embed(cfg)
+    print(json.dumps(summary, indent=2))
+    return 0
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:

@@ -179,6 +179,43 @@ def _remove_quietly(fs: pafs.FileSystem, path: str) -> None:
         pass
 
 
+def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> str:
+    """Atomically write ``ROOT/split/kind/part.parquet`` (any table, e.g. ``errors``)."""
+    fs, base = _filesystem(root)
+    folder = _join(base, split, kind)
+    fs.create_dir(folder, recursive=True)
+    path = _join(folder, f"{part}.parquet")
+    _atomic_write_table(fs, path, table)
+    return _display(root, path)
+
+
+def read_parts(root: str, split: str, kind: str) -> pa.Table | None:
+    """All ``ROOT/split/kind/*.parquet`` concatenated in name order, or None if there are none."""
+    fs, base = _filesystem(root)
+    files = _list_parquet(fs, _join(base, split, kind))
+    if not files:
+        return None
+    return pa.concat_tables([pq.read_table(f, filesystem=fs) for f in files])
+
+
+def write_json(root: str, relative: str, payload: dict[str, Any]) -> None:
+    """Atomically write a JSON file at ``ROOT/relative``."""
+    fs, base = _filesystem(root)
+    path = _join(base, relative)
+    fs.create_dir(posixpath.dirname(path), recursive=True)
+    _atomic_write_bytes(fs, path, json.dumps(payload, indent=2, sort_keys=True).encode())
+
+
+def read_json(root: str, relative: str) -> dict[str, Any] | None:
+    """``ROOT/relative`` parsed as JSON, or None if the file does not exist."""
+    fs, base = _filesystem(root)
+    path = _join(base, relative)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as fh:
+        return json.loads(fh.read().decode())
+
+
 def write_manifest(root: str, manifest: Manifest | dict[str, Any]) -> None:
     """Write ``ROOT/manifest.json`` atomically (validates ``dim`` and ``model`` first)."""
     if not isinstance(manifest, Manifest):

@@ -35,3 +35,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray cluster per test session: 2 CPUs, no dashboard."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,1 @@
+"""Data ingestion: encoders and tiny offline models for tests and demos."""

@@ -1,0 +1,515 @@
+"""The embedding stage: an image-caption data set -> embedding tables, on Ray Data.
+
+The paper caches frozen-encoder embeddings once and trains only on them (App. B.5); this is
+that cache. ``run_embed`` reads a data set (:mod:`asymvlm.data.sources`), then streams
+
+    image bytes --(CPU tasks: read, decode, preprocess)--> pixels
+                --(actor pool, GPU when present: frozen CLIP/SigLIP)--> unit embeddings + norms
+
+and the captions through the same encoder, and writes ``ROOT/<split>/{images,texts,errors}``
+as described in :mod:`asymvlm.tables`.
+
+Robustness:
+
+* A corrupt, truncated or missing image never stops the job: it becomes a row of
+  ``ROOT/<split>/errors/*.parquet`` (kind, id, path, reason), and its captions are left out
+  (recorded there too). Empty captions likewise.
+* Work is cut into deterministic shards of images (sorted ids); shard k is written as
+  ``part-k`` of every folder, each file atomically, and a marker ``_parts/part-k.json`` is
+  written last. A re-run skips marked shards and rewrites unmarked ones whole, so an
+  interrupted job resumes without duplicates or lost rows, and a finished one
+  (``_SUCCESS.json`` with the same fingerprint) is left untouched.
+
+Ray wiring lives here rather than in ``pipelines/`` because the ``asymvlm embed`` command is
+this stage; the pieces it runs (readers, the encoder) are plain Python.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from asymvlm import tables
+from asymvlm.data.sources import SourceData, open_fs, read_source
+
+SUCCESS = "_SUCCESS.json"
+PARTS_DIR = "_parts"
+ERRORS_DIR = "errors"
+PROMPTS_DIR = "prompts"
+ERROR_SCHEMA = pa.schema(
+    [("kind", pa.string()), ("id", pa.string()), ("path", pa.string()), ("reason", pa.string())]
+)
+
+
+@dataclass
+class EmbedConfig:
+    """Everything that defines one embedding job (the CLI flags / the YAML keys)."""
+
+    dataset: str
+    model: str
+    split: str
+    output: str
+    annotations: str | None = None
+    images: str | None = None
+    batch_size: int = 64
+    num_actors: int = 1
+    device: str = "auto"
+    dtype: str = "auto"
+    sample: int | None = None
+    seed: int = 0
+    id_list: str | None = None
+    shard_size: int = 2048
+    shards_per_round: int = 8
+    decode_cpus: float = 1.0
+    actor_cpus: float = 1.0
+
+    def fingerprint(self, source: SourceData) -> dict[str, Any]:
+        """What makes two runs the same job (output location and scheduling excluded)."""
+        keys = ("dataset", "model", "split", "annotations", "images", "sample", "seed", "id_list")
+        fp = {k: getattr(self, k) for k in keys}
+        fp.update(
+            shard_size=self.shard_size,
+            n_images=source.images.num_rows,
+            n_captions=source.captions.num_rows,
+        )
+        return fp
+
+
+# -- per-row work (plain Python, run inside Ray tasks / actors) -------------------------------
+@functools.lru_cache(maxsize=4)
+def _preprocessor(model: str):
+    """Processor-only encoder (no weights), cached per worker process."""
+    from asymvlm.data.encoder import Encoder
+
+    return Encoder(model, device="cpu", load_model=False)
+
+
+def _read_bytes(path: str, offset: Any, length: Any) -> bytes:
+    fs, fpath = open_fs(path)
+    with fs.open(fpath, "rb") as fh:
+        if offset is None:
+            return fh.read()
+        fh.seek(int(offset))
+        return fh.read(int(length))
+
+
+def _load_image(row: dict[str, Any]):
+    from PIL import Image
+
+    data = row.get("data")
+    if data is None:
+        data = _read_bytes(row["path"], row.get("offset"), row.get("length"))
+    image = Image.open(io.BytesIO(data))
+    image.load()  # raises on truncated files
+    return image.convert("RGB")
+
+
+def decode_batch(batch: pa.Table, model: str) -> dict[str, np.ndarray]:
+    """Read, decode and preprocess a batch of image rows; failures become ``error`` strings."""
+    preprocessor = _preprocessor(model)
+    rows = batch.to_pylist()
+    images, errors = [], []
+    for row in rows:
+        try:
+            images.append(_load_image(row))
+            errors.append("")
+        except Exception as exc:  # any unreadable image is data, not a crash
+            images.append(None)
+            errors.append(f"{type(exc).__name__}: {exc}")
+    ok = [im for im in images if im is not None]
+    pixels = preprocessor.preprocess_images(ok) if ok else None
+    shape = pixels.shape[1:] if pixels is not None else (1,)
+    out = np.zeros((len(rows), *shape), dtype=np.float32)
+    if pixels is not None:
+        out[[i for i, im in enumerate(images) if im is not None]] = pixels
+    return {
+        "image_id": np.array([r["image_id"] for r in rows], dtype=object),
+        "path": np.array([r.get("path") or "" for r in rows], dtype=object),
+        "shard": np.array([r["shard"] for r in rows], dtype=np.int64),
+        "pixel_values": out,
+        "error": np.array(errors, dtype=object),
+    }
+
+
+class ImageEncoderActor:
+    """Ray Data actor: holds the frozen encoder, embeds pixel batches (errors pass through)."""
+
+    def __init__(self, model: str, device: str, dtype: str) -> None:
+        from asymvlm.data.encoder import Encoder
+
+        self.encoder = Encoder(model, device=device, dtype=dtype)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ok = batch["error"] == ""
+        dim = self.encoder.info.dim
+        emb = np.zeros((len(ok), dim), dtype=np.float32)
+        norm = np.zeros(len(ok), dtype=np.float32)
+        if ok.any():
+            emb[ok], norm[ok] = self.encoder.encode_pixels(batch["pixel_values"][ok])
+        return {
+            "image_id": batch["image_id"],
+            "path": batch["path"],
+            "shard": batch["shard"],
+            "embedding": emb,
+            "norm": norm,
+            "error": batch["error"],
+        }
+
+
+class TextEncoderActor:
+    """Ray Data actor: embeds caption batches with the frozen text encoder."""
+
+    def __init__(self, model: str, device: str, dtype: str) -> None:
+        from asymvlm.data.encoder import Encoder
+
+        self.encoder = Encoder(model, device=device, dtype=dtype)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        emb, norm = self.encoder.encode_texts([str(t) for t in batch["text"]])
+        return {"caption_id": batch["caption_id"], "embedding": emb, "norm": norm}
+
+
+# -- orchestration ----------------------------------------------------------------------------
+def _log(msg: str) -> None:
+    print(f"[embed] {msg}", file=sys.stderr, flush=True)
+
+
+def _ensure_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init()
+    else:
+        ray.init(include_dashboard=False)
+
+
+def _blocks(table: pa.Table, rows_per_block: int) -> list[pa.Table]:
+    return [table.slice(i, rows_per_block) for i in range(0, table.num_rows, rows_per_block)]
+
+
+def _has_gpu(device: str) -> bool:
+    if device == "cpu":
+        return False
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+_FORWARDED_ENV = ("AWS_", "S3_", "FSSPEC_", "HF_", "TRANSFORMERS_")
+
+
+def _runtime_env() -> dict[str, Any]:
+    """Storage credentials/endpoints and hub settings of the driver, for every task/actor."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV)}
+    return {"env_vars": env} if env else {}
+
+
+def _map_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
+    import ray
+
+    gpu = _has_gpu(cfg.device)
+    return {
+        "runtime_env": _runtime_env(),
+        "fn_constructor_kwargs": {
+            "model": cfg.model,
+            "device": "cuda" if gpu else "cpu",
+            "dtype": cfg.dtype,
+        },
+        "compute": ray.data.ActorPoolStrategy(size=cfg.num_actors),
+        "num_gpus": 1 if gpu else 0,
+        "num_cpus": cfg.actor_cpus,
+        "batch_size": cfg.batch_size,
+        "batch_format": "numpy",
+    }
+
+
+def _embed_images(cfg: EmbedConfig, images: pa.Table) -> pa.Table:
+    import ray
+
+    ds = ray.data.from_arrow(_blocks(images, max(cfg.batch_size, 16)))
+    ds = ds.map_batches(
+        decode_batch,
+        fn_kwargs={"model": cfg.model},
+        batch_format="pyarrow",
+        batch_size=cfg.batch_size,
+        num_cpus=cfg.decode_cpus,
+        runtime_env=_runtime_env(),
+    )
+    return _to_arrow(ds.map_batches(ImageEncoderActor, **_map_kwargs(cfg)))
+
+
+def _embed_texts(cfg: EmbedConfig, captions: pa.Table) -> pa.Table:
+    import ray
+
+    rows = max(cfg.batch_size * 4, 256)
+    ds = ray.data.from_arrow(_blocks(captions.select(["caption_id", "text"]), rows))
+    return _to_arrow(ds.map_batches(TextEncoderActor, **_map_kwargs(cfg)))
+
+
+def _to_arrow(ds) -> pa.Table:
+    """Materialise a dataset's blocks on the driver (one group of shards at a time)."""
+    import ray
+
+    return pa.concat_tables(ray.get(ds.to_arrow_refs()))
+
+
+def _part(shard: int) -> str:
+    return f"part-{shard:05d}"
+
+
+def _errors_table(rows: list[dict[str, str]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=ERROR_SCHEMA)
+
+
+def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
+    """Embed one split of one data set into ``cfg.output``; returns a summary dict."""
+    t0 = time.perf_counter()
+    source = read_source(
+        cfg.dataset,
+        annotations=cfg.annotations,
+        images=cfg.images,
+        split=cfg.split,
+        sample=cfg.sample,
+        seed=cfg.seed,
+        id_list=cfg.id_list,
+    )
+    fingerprint = cfg.fingerprint(source)
+    done = tables.read_json(cfg.output, f"{cfg.split}/{SUCCESS}")
+    if done is not None:
+        if done.get("fingerprint") != fingerprint:
+            raise tables.TableError(
+                f"{cfg.output}/{cfg.split} already holds a finished embedding of another job "
+                f"({done.get('fingerprint')}); choose another --output or --split"
+            )
+        _log(f"{cfg.output}/{cfg.split} is complete and matches this job: nothing to do")
+        return {**done["summary"], "skipped": True}
+
+    images = source.images.sort_by("image_id")
+    n_img = images.num_rows
+    shard_of = np.arange(n_img) // cfg.shard_size
+    images = images.append_column("shard", pa.array(shard_of, pa.int64()))
+    image_shard = dict(zip(images.column("image_id").to_pylist(), shard_of.tolist(), strict=True))
+    captions = source.captions.sort_by([("image_id", "ascending"), ("caption_id", "ascending")])
+    n_shards = int(shard_of.max()) + 1 if n_img else 0
+    pending = [
+        k
+        for k in range(n_shards)
+        if tables.read_json(cfg.output, f"{cfg.split}/{PARTS_DIR}/{_part(k)}.json") is None
+    ]
+    _log(
+        f"{cfg.dataset}/{cfg.split}: {n_img} images, {captions.num_rows} captions, "
+        f"{n_shards} shards ({n_shards - len(pending)} already written)"
+    )
+    if pending:
+        _ensure_ray()
+    for start in range(0, len(pending), cfg.shards_per_round):
+        group = pending[start : start + cfg.shards_per_round]
+        _embed_group(cfg, images, captions, image_shard, group)
+
+    if source.prompts is not None and source.prompts.num_rows:
+        _embed_prompts(cfg, source.prompts)
+    totals = _totals(cfg)
+    summary = {
+        "dataset": cfg.dataset,
+        "split": cfg.split,
+        "output": cfg.output,
+        **totals,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    manifest = tables.read_manifest(cfg.output).to_dict()
+    manifest.setdefault("splits", {})[cfg.split] = {**source.description, **totals}
+    tables.write_manifest(cfg.output, manifest)
+    tables.write_json(
+        cfg.output, f"{cfg.split}/{SUCCESS}", {"fingerprint": fingerprint, "summary": summary}
+    )
+    _log(
+        f"done: {totals['n_images']} images, {totals['n_captions']} captions, "
+        f"{totals['n_image_errors']} image errors, {totals['n_caption_errors']} caption errors "
+        f"-> {cfg.output}/{cfg.split}"
+    )
+    return summary
+
+
+def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table) -> None:
+    """Classification sets: class-name prompts (class x template) -> ``ROOT/split/prompts``."""
+    if tables.read_parts(cfg.output, cfg.split, PROMPTS_DIR) is not None:
+        return
+    _ensure_ray()
+    ids = [
+        f"class{c}-t{t}"
+        for c, t in zip(
+            prompts.column("class_index").to_pylist(), range(prompts.num_rows), strict=True
+        )
+    ]
+    keyed = prompts.append_column("caption_id", pa.array(ids, pa.string()))
+    out = _embed_texts(cfg, keyed)
+    pos = {cid: i for i, cid in enumerate(out.column("caption_id").to_pylist())}
+    order = pa.array([pos[c] for c in ids], pa.int64())
+    emb = _matrix(out.column("embedding"))[np.asarray(order)]
+    table = (
+        keyed.drop_columns(["caption_id"])
+        .append_column(
+            "embedding", pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel()), emb.shape[1])
+        )
+        .append_column("norm", out.column("norm").take(order))
+    )
+    tables.write_part(cfg.output, cfg.split, PROMPTS_DIR, "part-00000", table)
+
+
+def _totals(cfg: EmbedConfig) -> dict[str, int]:
+    counts = defaultdict(int)
+    fs_root = cfg.output
+    for kind in (tables.IMAGES_DIR, tables.TEXTS_DIR):
+        t = tables.read_parts(fs_root, cfg.split, kind)
+        counts[f"n_{'images' if kind == tables.IMAGES_DIR else 'captions'}"] = (
+            0 if t is None else t.num_rows
+        )
+    errors = tables.read_parts(fs_root, cfg.split, ERRORS_DIR)
+    if errors is not None:
+        kinds = errors.column("kind").to_pylist()
+        counts["n_image_errors"] = kinds.count("image")
+        counts["n_caption_errors"] = kinds.count("caption")
+    counts.setdefault("n_image_errors", 0)
+    counts.setdefault("n_caption_errors", 0)
+    return dict(counts)
+
+
+def _embed_group(
+    cfg: EmbedConfig,
+    images: pa.Table,
+    captions: pa.Table,
+    image_shard: dict[str, int],
+    group: list[int],
+) -> None:
+    """Embed the images and captions of some shards and write them (marker last)."""
+    import pyarrow.compute as pc
+
+    wanted = pa.array(group, pa.int64())
+    todo = images.filter(pc.is_in(images.column("shard"), wanted))
+    _log(f"shards {group[0]}..{group[-1]}: embedding {todo.num_rows} images")
+    img_out = _embed_images(cfg, todo)
+    ok_mask = pc.equal(img_out.column("error"), "")
+    ok_images = img_out.filter(ok_mask)
+    failed = img_out.filter(pc.invert(ok_mask))
+
+    errors: dict[int, list[dict[str, str]]] = defaultdict(list)
+    failed_ids = set()
+    for row in failed.select(["image_id", "path", "shard", "error"]).to_pylist():
+        failed_ids.add(row["image_id"])
+        errors[row["shard"]].append(
+            {"kind": "image", "id": row["image_id"], "path": row["path"], "reason": row["error"]}
+        )
+
+    cap_ids = captions.column("image_id").to_pylist()
+    cap_shard = np.array([image_shard.get(i, -1) for i in cap_ids], dtype=np.int64)
+    in_group = np.isin(cap_shard, np.array(group))
+    group_caps = captions.filter(pa.array(in_group))
+    keep = []
+    for i, row in enumerate(group_caps.select(["caption_id", "image_id", "text"]).to_pylist()):
+        shard = image_shard[row["image_id"]]
+        if row["image_id"] in failed_ids:
+            reason = f"image {row['image_id']} failed"
+        elif not (row["text"] or "").strip():
+            reason = "empty caption"
+        else:
+            keep.append(i)
+            continue
+        errors[shard].append(
+            {"kind": "caption", "id": row["caption_id"], "path": "", "reason": reason}
+        )
+    group_caps = group_caps.take(pa.array(keep, pa.int64()))
+    _log(f"shards {group[0]}..{group[-1]}: embedding {group_caps.num_rows} captions")
+    txt_out = _embed_texts(cfg, group_caps) if group_caps.num_rows else None
+
+    # Join results back by id and write shard by shard.
+    text_by_id: dict[str, int] = {}
+    if txt_out is not None:
+        text_by_id = {cid: i for i, cid in enumerate(txt_out.column("caption_id").to_pylist())}
+    img_ids = ok_images.column("image_id").to_pylist()
+    img_pos = {iid: i for i, iid in enumerate(img_ids)}
+    img_emb = _matrix(ok_images.column("embedding"))
+    img_norm = ok_images.column("norm").to_numpy()
+    txt_emb = _matrix(txt_out.column("embedding")) if txt_out is not None else None
+    txt_norm = txt_out.column("norm").to_numpy() if txt_out is not None else None
+    dim = img_emb.shape[1] if img_emb.size else (txt_emb.shape[1] if txt_emb is not None else 0)
+
+    _write_manifest_once(cfg, dim)
+    extra_names = [
+        c for c in group_caps.column_names if c not in ("caption_id", "image_id", "text")
+    ]
+    for shard in group:
+        shard_ids = sorted(i for i in img_ids if image_shard[i] == shard)
+        rows_i = np.array([img_pos[i] for i in shard_ids], dtype=np.int64)
+        caps = group_caps.filter(
+            pc.is_in(group_caps.column("image_id"), pa.array(shard_ids, pa.string()))
+        )
+        rows_t = np.array(
+            [text_by_id[c] for c in caps.column("caption_id").to_pylist()], dtype=np.int64
+        )
+        part = _part(shard)
+        tables.write_part(
+            cfg.output, cfg.split, ERRORS_DIR, part, _errors_table(errors.get(shard, []))
+        )
+        tables.write_split(
+            cfg.output,
+            cfg.split,
+            image_ids=shard_ids,
+            image_embeddings=img_emb[rows_i].reshape(len(rows_i), dim),
+            extra_image_columns={"norm": img_norm[rows_i]},
+            caption_ids=caps.column("caption_id").to_pylist(),
+            caption_image_ids=caps.column("image_id").to_pylist(),
+            texts=caps.column("text").to_pylist(),
+            text_embeddings=(
+                txt_emb[rows_t] if txt_emb is not None else np.zeros((0, dim), np.float32)
+            ).reshape(len(rows_t), dim),
+            text_norms=txt_norm[rows_t] if txt_norm is not None else np.zeros(0, np.float32),
+            extra_text_columns={
+                c: caps.column(c).to_numpy(zero_copy_only=False) for c in extra_names
+            },
+            part=part,
+        )
+        tables.write_json(
+            cfg.output,
+            f"{cfg.split}/{PARTS_DIR}/{part}.json",
+            {"images": len(shard_ids), "captions": caps.num_rows,
+             "errors": len(errors.get(shard, []))},
+        )  # fmt: skip
+
+
+def _matrix(column: pa.ChunkedArray) -> np.ndarray:
+    arr = column.combine_chunks()
+    if isinstance(arr, pa.ExtensionArray):
+        return np.asarray(arr.to_numpy_ndarray(), dtype=np.float32)
+    width = arr.type.list_size if pa.types.is_fixed_size_list(arr.type) else None
+    values = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    if width is None:
+        width = values.size // max(len(arr), 1)
+    return values.reshape(len(arr), width)
+
+
+def _write_manifest_once(cfg: EmbedConfig, dim: int) -> None:
+    """Write (or check) ``ROOT/manifest.json`` before the first parquet part of this job."""
+    existing = tables.read_json(cfg.output, tables.MANIFEST_NAME)
+    if existing is not None:
+        if existing.get("model") != cfg.model or int(existing.get("dim", -1)) != dim:
+            raise tables.TableError(
+                f"{cfg.output} holds embeddings of model {existing.get('model')!r} "
+                f"(dim {existing.get('dim')}); refusing to add {cfg.model!r} (dim {dim})"
+            )
+        return
+    from asymvlm.data.encoder import Encoder
+
+    info = Encoder(cfg.model, device="cpu", load_model=False).info.to_dict()
+    info.update(model=cfg.model, dim=dim, embedding_dtype="float32", normalised=True)
+    tables.write_manifest(cfg.output, info)

@@ -1,0 +1,362 @@
+"""Frozen CLIP / SigLIP encoders: images and captions to unit embeddings plus raw norms.
+
+:class:`Encoder` wraps a Hugging Face ``CLIPModel`` or ``SiglipModel`` (from a hub id or a local
+directory) and its processor. Preprocessing (:meth:`Encoder.preprocess_images`) is kept apart from
+inference (:meth:`Encoder.encode_pixels`) so that CPU workers can decode and resize images while
+accelerator workers only run the model. Every output is float32: the projection is cast to float32,
+its norm is taken (the *raw* norm, which AsymVLM's text adapter consumes), and the unit vector is
+the projection divided by that norm.
+
+Text handling follows how each family was trained: CLIP pads to the longest caption of the batch
+with an attention mask (causal attention and first-EOS pooling make the result independent of the
+padding) and truncates to 77 tokens; SigLIP pads every caption to ``max_length`` (64) and is
+given no attention mask, because it pools the last position and was trained that way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Encoder", "EncoderInfo", "files_sha256"]
+
+FAMILIES = ("clip", "siglip")
+_HASHED_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".tiktoken")
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+@dataclass
+class EncoderInfo:
+    """Provenance of the embeddings an :class:`Encoder` produces (stored beside the tables)."""
+
+    model: str
+    revision: str | None
+    files_sha256: str | None
+    family: str
+    dim: int
+    dtype: str
+    device: str
+    preprocessing: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def files_sha256(directory: str | os.PathLike) -> str:
+    """SHA-256 over the sorted (name, bytes) of a model directory's weight/config/tokenizer files.
+
+    Only top-level files ending in .safetensors, .bin, .json, .txt, .model or .tiktoken count;
+    each contributes its name, its length and its bytes, so renames and edits both change it.
+    """
+    directory = os.fspath(directory)
+    names = sorted(
+        name
+        for name in os.listdir(directory)
+        if not name.startswith(".")
+        and name.endswith(_HASHED_SUFFIXES)
+        and os.path.isfile(os.path.join(directory, name))
+    )
+    digest = hashlib.sha256()
+    for name in names:
+        path = os.path.join(directory, name)
+        digest.update(name.encode("utf-8") + b"\0")
+        digest.update(os.path.getsize(path).to_bytes(8, "little"))
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    try:
+        return _DTYPES[dtype.lower()]
+    except KeyError:
+        raise ValueError(
+            f"Unknown dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPES)}"
+        ) from None
+
+
+def _looks_like_path(model: str) -> bool:
+    return os.path.isabs(model) or model.startswith(("./", "../", "~", ".\\", "..\\"))
+
+
+def _offline() -> bool:
+    try:
+        from huggingface_hub import constants
+
+        return bool(constants.HF_HUB_OFFLINE)
+    except ImportError:
+        return False
+
+
+def _hub_commit(model: str, revision: str | None) -> str | None:
+    """The commit hash of the cached hub snapshot the files were loaded from, if any."""
+    try:
+        from transformers.utils.hub import cached_file, extract_commit_hash
+
+        resolved = cached_file(model, "config.json", revision=revision)
+        return extract_commit_hash(resolved, None)
+    except Exception:  # provenance only: never fail a load because of it
+        return None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return str(value)
+
+
+def _projection(output: Any) -> torch.Tensor:
+    """The projected embedding from ``get_*_features`` (a tensor in transformers 4, a ModelOutput
+    whose ``pooler_output`` is the projection in transformers 5)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    pooled = getattr(output, "pooler_output", None)
+    if isinstance(pooled, torch.Tensor):
+        return pooled
+    raise TypeError(f"Cannot find the projected embedding in {type(output).__name__}")
+
+
+class Encoder:
+    """A frozen CLIP or SigLIP model that maps images / captions to unit embeddings + raw norms.
+
+    ``model`` is a hub id (resolved through the Hugging Face cache; with ``HF_HUB_OFFLINE=1`` it
+    must already be cached) or a local directory holding model + processor. ``device="auto"``
+    picks CUDA when available; ``dtype="auto"`` is bf16 on CUDA (fp16 where bf16 is unsupported)
+    and fp32 elsewhere. ``max_text_length`` defaults to the text model's position limit (77 for
+    CLIP, 64 for SigLIP). ``load_model=False`` loads only the processor and config, enough for
+    :meth:`preprocess_images` in CPU workers.
+    """
+
+    def __init__(
+        self,
+        model: str = "openai/clip-vit-base-patch32",
+        device: str = "auto",
+        dtype: str = "auto",
+        max_text_length: int | None = None,
+        *,
+        revision: str | None = None,
+        load_model: bool = True,
+    ) -> None:
+        import transformers
+        from transformers import AutoConfig, AutoProcessor
+
+        model = os.path.expanduser(os.fspath(model))
+        local = os.path.isdir(model)
+        if not local and (_looks_like_path(model) or os.path.exists(model)):
+            raise FileNotFoundError(f"Encoder model directory {model!r} does not exist")
+        self.model_name = model
+        self.device = _resolve_device(device)
+        self.dtype = _resolve_dtype(dtype, self.device)
+
+        try:
+            config = AutoConfig.from_pretrained(model, revision=revision)
+            family = config.model_type
+            if family not in FAMILIES:
+                raise ValueError(
+                    f"Encoder model {model!r} has model_type {family!r}; "
+                    f"supported families: {', '.join(FAMILIES)}"
+                )
+            self.processor = AutoProcessor.from_pretrained(model, revision=revision)
+            self.model = None
+            if load_model:
+                cls = transformers.CLIPModel if family == "clip" else transformers.SiglipModel
+                major = int(transformers.__version__.split(".")[0])
+                dtype_kw = {"dtype" if major >= 5 else "torch_dtype": self.dtype}
+                self.model = cls.from_pretrained(model, revision=revision, **dtype_kw)
+                self.model.to(self.device).eval().requires_grad_(False)
+        except (OSError, ImportError) as err:
+            hint = (
+                " (offline mode: a hub id must already be in the Hugging Face cache)"
+                if _offline()
+                else ""
+            )
+            raise OSError(f"Could not load encoder model {model!r}{hint}: {err}") from err
+        except ValueError as err:
+            if model in str(err):
+                raise
+            raise ValueError(f"Could not load encoder model {model!r}: {err}") from err
+
+        self.family = family
+        self.config = config
+        self.tokenizer = self.processor.tokenizer
+        self.image_processor = self.processor.image_processor
+        text_limit = int(config.text_config.max_position_embeddings)
+        if max_text_length is None:
+            max_text_length = text_limit
+        if not 0 < max_text_length <= text_limit:
+            raise ValueError(
+                f"max_text_length must be in [1, {text_limit}] for {model!r}, got {max_text_length}"
+            )
+        self.max_text_length = int(max_text_length)
+        if family == "clip":
+            dim = int(config.projection_dim)
+            self._padding: str | bool = True
+            self._use_attention_mask = True
+        else:
+            text = config.text_config
+            dim = int(getattr(text, "projection_size", None) or text.hidden_size)
+            self._padding = "max_length"
+            self._use_attention_mask = False
+        self.image_size = int(config.vision_config.image_size)
+
+        self.info = EncoderInfo(
+            model=model,
+            revision=None
+            if local
+            else (revision if _is_sha(revision) else _hub_commit(model, revision)),
+            files_sha256=files_sha256(model) if local else None,
+            family=family,
+            dim=dim,
+            dtype=str(self.dtype).removeprefix("torch."),
+            device=str(self.device),
+            preprocessing=self._preprocessing(),
+        )
+
+    @property
+    def dim(self) -> int:
+        return self.info.dim
+
+    def _preprocessing(self) -> dict[str, Any]:
+        ip = self.image_processor
+        keys = (
+            "do_convert_rgb",
+            "do_resize",
+            "size",
+            "resample",
+            "do_center_crop",
+            "crop_size",
+            "do_rescale",
+            "rescale_factor",
+            "do_normalize",
+            "image_mean",
+            "image_std",
+        )
+        settings = ip.to_dict()  # plain JSON types, unlike the live attributes (SizeDict)
+        out: dict[str, Any] = {
+            "image_size": self.image_size,
+            "image_processor": type(ip).__name__,
+        }
+        for key in keys:
+            if settings.get(key) is not None:
+                out[key] = _jsonable(settings[key])
+        if isinstance(out.get("resample"), int):
+            try:
+                from PIL import Image
+
+                out["resample"] = Image.Resampling(out["resample"]).name.lower()
+            except ValueError:
+                pass
+        out.update(
+            tokenizer=type(self.tokenizer).__name__,
+            max_text_length=self.max_text_length,
+            text_padding="max_length" if self._padding == "max_length" else "longest",
+            text_truncation=True,
+            text_attention_mask=self._use_attention_mask,
+        )
+        return out
+
+    # ------------------------------------------------------------------ images
+    def preprocess_images(self, images: list) -> np.ndarray:
+        """PIL images to float32 ``pixel_values`` [n, 3, H, W] with the model's processor (CPU)."""
+        images = list(images)
+        if not images:
+            return np.zeros((0, 3, self.image_size, self.image_size), dtype=np.float32)
+        pixels = self.image_processor(images=images, return_tensors="np")["pixel_values"]
+        return np.ascontiguousarray(pixels, dtype=np.float32)
+
+    def encode_pixels(self, pixel_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``pixel_values`` [n, 3, H, W] to (unit embeddings float32 [n, d], raw norms [n])."""
+        model = self._require_model()
+        if len(pixel_values) == 0:
+            return self._empty()
+        pixels = torch.as_tensor(np.asarray(pixel_values), dtype=self.dtype, device=self.device)
+        if pixels.ndim != 4:
+            raise ValueError(f"pixel_values must be [n, 3, H, W], got shape {tuple(pixels.shape)}")
+        with torch.inference_mode():
+            projected = _projection(model.get_image_features(pixel_values=pixels))
+        return _unit_and_norm(projected)
+
+    # ------------------------------------------------------------------- texts
+    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """Token tensors exactly as :meth:`encode_texts` feeds them to the model."""
+        batch = self.tokenizer(
+            [str(t) for t in texts],
+            padding=self._padding,
+            truncation=True,
+            max_length=self.max_text_length,
+            return_tensors="pt",
+        )
+        inputs = {"input_ids": batch["input_ids"]}
+        if self._use_attention_mask and "attention_mask" in batch:
+            inputs["attention_mask"] = batch["attention_mask"]
+        return inputs
+
+    def encode_texts(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Captions to (unit embeddings float32 [n, d], raw projection norms float32 [n])."""
+        model = self._require_model()
+        texts = list(texts)
+        if not texts:
+            return self._empty()
+        inputs = {k: v.to(self.device) for k, v in self.tokenize(texts).items()}
+        with torch.inference_mode():
+            projected = _projection(model.get_text_features(**inputs))
+        return _unit_and_norm(projected)
+
+    # ----------------------------------------------------------------- helpers
+    def _require_model(self):
+        if self.model is None:
+            raise RuntimeError(
+                f"Encoder for {self.model_name!r} was built with load_model=False: "
+                "it can preprocess but not encode"
+            )
+        return self.model
+
+    def _empty(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros((0, self.dim), dtype=np.float32), np.zeros((0,), dtype=np.float32)
+
+    def __repr__(self) -> str:
+        i = self.info
+        return f"Encoder({i.model!r}, family={i.family}, dim={i.dim}, {i.dtype} on {i.device})"
+
+
+def _is_sha(revision: str | None) -> bool:
+    return (
+        revision is not None
+        and len(revision) == 40
+        and all(c in "0123456789abcdef" for c in revision.lower())
+    )
+
+
+def _unit_and_norm(projected: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    projected = projected.float()
+    norms = torch.linalg.vector_norm(projected, dim=-1)
+    unit = projected / norms.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
+    return unit.cpu().numpy(), norms.cpu().numpy()

@@ -1,0 +1,147 @@
+"""The Ray Data embedding stage on real HierarCaps files and generated data sets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from asymvlm import tables
+from asymvlm.data.embed import EmbedConfig, run_embed
+
+HIERARCAPS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "hierarcaps")
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir(HIERARCAPS), reason="../shared/data/hierarcaps not present"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory) -> str:
+    from asymvlm.data.tiny import save_tiny_clip
+
+    return save_tiny_clip(str(tmp_path_factory.mktemp("tiny-clip")))
+
+
+@pytest.fixture(scope="module")
+def hierarcaps_copy(tmp_path_factory) -> dict[str, str]:
+    """The real HierarCaps images and captions, with one image truncated and one deleted."""
+    root = tmp_path_factory.mktemp("hierarcaps")
+    shutil.copy(os.path.join(HIERARCAPS, "hierarcaps_test.csv"), root / "hierarcaps_test.csv")
+    shutil.copytree(os.path.join(HIERARCAPS, "images"), root / "images")
+    names = sorted(os.listdir(root / "images"))
+    truncated, deleted = names[10], names[20]
+    data = (root / "images" / truncated).read_bytes()
+    (root / "images" / truncated).write_bytes(data[: len(data) // 3])
+    os.remove(root / "images" / deleted)
+    return {
+        "csv": str(root / "hierarcaps_test.csv"),
+        "images": str(root / "images"),
+        "truncated": truncated,
+        "deleted": deleted,
+    }
+
+
+def _snapshot(root: str) -> dict[str, bytes]:
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            out[os.path.relpath(path, root)] = open(path, "rb").read()
+    return out
+
+
+@pytest.mark.slow
+def test_hierarcaps_acceptance(ray_session, tiny_clip, hierarcaps_copy, tmp_path) -> None:
+    out = str(tmp_path / "tables")
+    cfg = EmbedConfig(
+        dataset="hierarcaps",
+        annotations=hierarcaps_copy["csv"],
+        images=hierarcaps_copy["images"],
+        model=tiny_clip,
+        split="test",
+        output=out,
+        batch_size=64,
+        shard_size=300,
+    )
+    summary = run_embed(cfg)
+    assert summary["n_images"] == 998 and summary["n_image_errors"] == 2
+    split = tables.read_split(out, "test")  # validates ids, norms, dims
+    assert split.n_images == 998 and split.n_texts == 998 * 4
+    levels = split.extra_text_columns["level"]
+    assert sorted(set(levels.tolist())) == [0, 1, 2, 3]
+    assert np.bincount(levels).tolist() == [998] * 4
+    np.testing.assert_allclose(np.linalg.norm(split.image_embeddings, axis=1), 1, atol=1e-5)
+    assert split.text_norms is not None and np.all(split.text_norms > 0)
+    manifest = tables.read_manifest(out)
+    assert manifest.dim == split.image_embeddings.shape[1] == 24
+    assert manifest.model == tiny_clip
+
+    errors = tables.read_parts(out, "test", "errors").to_pylist()
+    image_errors = {
+        os.path.basename(e["path"]): e["reason"] for e in errors if e["kind"] == "image"
+    }
+    assert set(image_errors) == {hierarcaps_copy["truncated"], hierarcaps_copy["deleted"]}
+    assert "truncated" in image_errors[hierarcaps_copy["truncated"]].lower()
+    assert "FileNotFoundError" in image_errors[hierarcaps_copy["deleted"]]
+    caption_errors = [e for e in errors if e["kind"] == "caption"]
+    assert len(caption_errors) == 8 and all("failed" in e["reason"] for e in caption_errors)
+
+    before = _snapshot(out)
+    again = run_embed(cfg)
+    assert again["skipped"] is True
+    assert _snapshot(out) == before
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_without_duplicates(
+    ray_session, tiny_clip, hierarcaps_copy, tmp_path
+) -> None:
+    """Losing shard 1 (its marker and one file) and re-running restores exactly that shard."""
+    csv = tmp_path / "small.csv"
+    lines = open(hierarcaps_copy["csv"]).read().splitlines()
+    csv.write_text("\n".join(lines[:121]) + "\n")  # header + 120 hierarchies
+    out = str(tmp_path / "tables")
+    cfg = EmbedConfig(
+        dataset="hierarcaps",
+        annotations=str(csv),
+        images=hierarcaps_copy["images"],
+        model=tiny_clip,
+        split="test",
+        output=out,
+        batch_size=32,
+        shard_size=40,
+    )
+    run_embed(cfg)
+    complete = tables.read_split(out, "test")
+    # Simulate a crash in shard 1: marker and texts part gone, success marker gone.
+    os.remove(os.path.join(out, "test", "_parts", "part-00001.json"))
+    os.remove(os.path.join(out, "test", "texts", "part-00001.parquet"))
+    os.remove(os.path.join(out, "test", "_SUCCESS.json"))
+    untouched = open(os.path.join(out, "test", "images", "part-00000.parquet"), "rb").read()
+    summary = run_embed(cfg)
+    assert "skipped" not in summary
+    resumed = tables.read_split(out, "test")
+    assert resumed.caption_ids == complete.caption_ids
+    assert resumed.image_ids == complete.image_ids
+    np.testing.assert_allclose(resumed.text_embeddings, complete.text_embeddings, atol=1e-6)
+    assert open(os.path.join(out, "test", "images", "part-00000.parquet"), "rb").read() == untouched
+
+
+def test_a_different_job_into_a_finished_output_is_refused(
+    ray_session, tiny_clip, hierarcaps_copy, tmp_path
+) -> None:
+    csv = tmp_path / "small.csv"
+    lines = open(hierarcaps_copy["csv"]).read().splitlines()
+    csv.write_text("\n".join(lines[:9]) + "\n")
+    out = str(tmp_path / "tables")
+    base = dict(dataset="hierarcaps", images=hierarcaps_copy["images"], model=tiny_clip,
+                split="test", output=out, batch_size=8)  # fmt: skip
+    run_embed(EmbedConfig(annotations=str(csv), **base))
+    csv2 = tmp_path / "other.csv"
+    csv2.write_text("\n".join(lines[:5]) + "\n")
+    with pytest.raises(tables.TableError, match="another job"):
+        run_embed(EmbedConfig(annotations=str(csv2), **base))
+    assert pq.read_table(os.path.join(out, "test", "texts", "part-00000.parquet")).num_rows == 32

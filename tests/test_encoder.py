@@ -1,0 +1,292 @@
+"""The frozen-encoder wrapper, on tiny random CLIP / SigLIP checkpoints built offline.
+
+Real HierarCaps images and captions go through the tiny models, so the plumbing (processors,
+tokenisers, truncation, batching, provenance) is exercised on real inputs; the embeddings
+themselves mean nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from asymvlm.data.encoder import Encoder, EncoderInfo, files_sha256  # noqa: E402
+from asymvlm.data.tiny import save_tiny_clip, save_tiny_siglip  # noqa: E402
+
+HIERARCAPS = Path("/work/shared/data/hierarcaps")
+DIMS = {"clip": 24, "siglip": 32}
+MAX_TEXT = {"clip": 77, "siglip": 64}
+BUILDERS = {"clip": save_tiny_clip, "siglip": save_tiny_siglip}
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    """huggingface_hub reads HF_HUB_OFFLINE at import; force it in case it was imported first."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture(scope="session")
+def captions() -> list[str]:
+    """Real HierarCaps captions, every level of the first rows (1 to ~20 words)."""
+    path = HIERARCAPS / "hierarcaps_test.csv"
+    if not path.exists():
+        pytest.skip("HierarCaps test captions not available")
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = [row["captions"] for _, row in zip(range(6), csv.DictReader(handle), strict=False)]
+    return [level.strip() for row in rows for level in row.split("=>")]
+
+
+@pytest.fixture(scope="session")
+def images() -> list[Image.Image]:
+    """A few real COCO images (opened read-only)."""
+    folder = HIERARCAPS / "images"
+    if not folder.is_dir():
+        pytest.skip("HierarCaps images not available")
+    paths = sorted(folder.glob("*.jpg"))[:4]
+    out = []
+    for path in paths:
+        with Image.open(path) as img:
+            out.append(img.convert("RGB"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory, captions) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("tiny_encoders")
+    return {family: build(root / family, captions) for family, build in BUILDERS.items()}
+
+
+@pytest.fixture(scope="session")
+def encoders(tiny_dirs) -> dict[str, Encoder]:
+    return {family: Encoder(path, device="cpu") for family, path in tiny_dirs.items()}
+
+
+@pytest.fixture(params=sorted(BUILDERS))
+def family(request) -> str:
+    return request.param
+
+
+def _assert_unit(unit: np.ndarray, norms: np.ndarray, n: int, dim: int) -> None:
+    assert unit.shape == (n, dim) and unit.dtype == np.float32
+    assert norms.shape == (n,) and norms.dtype == np.float32
+    assert np.isfinite(unit).all() and np.isfinite(norms).all()
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)
+    assert (norms > 0).all()
+
+
+# --------------------------------------------------------------------------- tiny checkpoints
+def test_tiny_checkpoints_load_with_auto_classes(tiny_dirs):
+    from transformers import AutoModel, AutoProcessor, CLIPModel, SiglipModel
+
+    expected = {"clip": (CLIPModel, "CLIPProcessor"), "siglip": (SiglipModel, "SiglipProcessor")}
+    for family, path in tiny_dirs.items():
+        model_cls, processor_name = expected[family]
+        assert isinstance(AutoModel.from_pretrained(path), model_cls)
+        processor = AutoProcessor.from_pretrained(path)
+        assert type(processor).__name__ == processor_name
+        ids = processor.tokenizer(["a dog on a table"])["input_ids"][0]
+        assert ids[-1] == processor.tokenizer.eos_token_id
+
+
+def test_tiny_checkpoints_are_deterministic(tmp_path, family):
+    build = BUILDERS[family]
+    first = build(tmp_path / "a", ["a man with a dog"], seed=3)
+    again = build(tmp_path / "b", ["a man with a dog"], seed=3)
+    other = build(tmp_path / "c", ["a man with a dog"], seed=4)
+    assert files_sha256(first) == files_sha256(again)
+    assert files_sha256(first) != files_sha256(other)
+
+
+# ------------------------------------------------------------------------------- embeddings
+def test_images_and_texts_give_unit_vectors_and_raw_norms(encoders, family, images, captions):
+    encoder = encoders[family]
+    assert encoder.dim == DIMS[family]
+    pixels = encoder.preprocess_images(images)
+    assert pixels.shape == (len(images), 3, 64, 64) and pixels.dtype == np.float32
+    _assert_unit(*encoder.encode_pixels(pixels), len(images), DIMS[family])
+    _assert_unit(*encoder.encode_texts(captions), len(captions), DIMS[family])
+
+
+def test_encoding_is_deterministic(encoders, family, images, captions):
+    encoder = encoders[family]
+    pixels = encoder.preprocess_images(images)
+    np.testing.assert_array_equal(pixels, encoder.preprocess_images(images))
+    for a, b in zip(encoder.encode_pixels(pixels), encoder.encode_pixels(pixels), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(encoder.encode_texts(captions), encoder.encode_texts(captions), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_batch_invariance(encoders, family, images, captions):
+    encoder = encoders[family]
+    pixels = encoder.preprocess_images(images[:2])
+    together = encoder.encode_pixels(pixels)
+    apart = [encoder.encode_pixels(pixels[i : i + 1]) for i in range(2)]
+    for k in range(2):  # unit vectors, then norms
+        np.testing.assert_allclose(together[k], np.concatenate([a[k] for a in apart]), atol=1e-5)
+    # Captions of different lengths: CLIP pads to the longest, so padding must not leak in.
+    texts = [captions[0], captions[3]]
+    assert len(texts[0].split()) != len(texts[1].split())
+    together = encoder.encode_texts(texts)
+    apart = [encoder.encode_texts([t]) for t in texts]
+    for k in range(2):
+        np.testing.assert_allclose(
+            together[k], np.concatenate([a[k] for a in apart]), atol=1e-5, rtol=1e-5
+        )
+
+
+def test_matches_transformers_directly(tiny_dirs, encoders, family, images, captions):
+    from transformers import AutoProcessor, CLIPModel, SiglipModel
+
+    encoder = encoders[family]
+    path = tiny_dirs[family]
+    model = (CLIPModel if family == "clip" else SiglipModel).from_pretrained(path).eval()
+    processor = AutoProcessor.from_pretrained(path)
+    with torch.no_grad():
+        pixels = processor(images=images, return_tensors="pt")["pixel_values"]
+        image_out = model.get_image_features(pixel_values=pixels)
+        if family == "clip":
+            tokens = processor.tokenizer(captions, padding=True, return_tensors="pt")
+            text_out = model.get_text_features(**tokens)
+        else:  # SigLIP: padded to max_length, no attention mask, as it was trained
+            tokens = processor.tokenizer(captions, padding="max_length", return_tensors="pt")
+            text_out = model.get_text_features(input_ids=tokens["input_ids"])
+    for out, (unit, norms) in [
+        (image_out, encoder.encode_pixels(encoder.preprocess_images(images))),
+        (text_out, encoder.encode_texts(captions)),
+    ]:
+        projected = out.pooler_output if not isinstance(out, torch.Tensor) else out
+        assert projected.shape[-1] == DIMS[family]
+        raw = projected.norm(dim=-1)
+        np.testing.assert_allclose(norms, raw.numpy(), rtol=1e-5)
+        np.testing.assert_allclose(unit, (projected / raw[:, None]).numpy(), atol=1e-5)
+
+
+def test_long_captions_are_truncated(encoders, family, captions):
+    encoder = encoders[family]
+    words = f"{captions[-1]} and a dog".split()
+    long_caption = " ".join(words[i % len(words)] for i in range(200))
+    tokens = encoder.tokenize([long_caption, captions[0]])["input_ids"]
+    assert tokens.shape[1] == MAX_TEXT[family]
+    assert tokens[0, -1].item() == encoder.tokenizer.eos_token_id
+    unit, norms = encoder.encode_texts([long_caption, long_caption + " with more words", "", "a"])
+    _assert_unit(unit, norms, 4, DIMS[family])
+    np.testing.assert_allclose(unit[0], unit[1], atol=1e-6)  # the tail was cut off
+
+
+def test_shorter_max_text_length(tiny_dirs):
+    encoder = Encoder(tiny_dirs["clip"], device="cpu", max_text_length=8)
+    assert encoder.tokenize(["a " * 50])["input_ids"].shape[1] == 8
+    assert encoder.info.preprocessing["max_text_length"] == 8
+    with pytest.raises(ValueError, match="max_text_length"):
+        Encoder(tiny_dirs["clip"], device="cpu", max_text_length=500)
+
+
+def test_empty_batches_and_grayscale(encoders, family, images):
+    encoder = encoders[family]
+    unit, norms = encoder.encode_texts([])
+    assert unit.shape == (0, DIMS[family]) and norms.shape == (0,)
+    assert encoder.preprocess_images([]).shape == (0, 3, 64, 64)
+    assert encoder.encode_pixels(encoder.preprocess_images([]))[0].shape == (0, DIMS[family])
+    gray = encoder.preprocess_images([images[0].convert("L")])
+    assert gray.shape == (1, 3, 64, 64)
+
+
+def test_projection_accepts_tensor_or_model_output():
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    from asymvlm.data.encoder import _projection
+
+    x = torch.randn(2, 5)
+    assert _projection(x) is x
+    assert _projection(BaseModelOutputWithPooling(pooler_output=x)) is x
+    with pytest.raises(TypeError):
+        _projection(BaseModelOutputWithPooling(last_hidden_state=x))
+
+
+# ------------------------------------------------------------------------------- provenance
+def test_info_fields(encoders, tiny_dirs, family):
+    info = encoders[family].info
+    assert isinstance(info, EncoderInfo)
+    assert info.model == tiny_dirs[family]
+    assert info.family == family and info.dim == DIMS[family]
+    assert info.dtype == "float32" and info.device == "cpu"
+    assert info.revision is None  # a local directory, not a hub snapshot
+    assert info.preprocessing["image_size"] == 64
+    assert info.preprocessing["max_text_length"] == MAX_TEXT[family]
+    assert len(info.preprocessing["image_mean"]) == 3 and len(info.preprocessing["image_std"]) == 3
+    json.dumps(info.to_dict())  # stored beside the embedding tables
+
+
+def test_files_sha256_is_stable_and_tracks_changes(tiny_dirs, tmp_path, family):
+    source = tiny_dirs[family]
+    first = Encoder(source, device="cpu", load_model=False).info.files_sha256
+    second = Encoder(source, device="cpu", load_model=False).info.files_sha256
+    assert first == second and len(first) == 64
+    copy = shutil.copytree(source, tmp_path / "copy")
+    assert files_sha256(copy) == first  # content, not location
+    (copy / "unrelated.log").write_text("not a model file")
+    assert files_sha256(copy) == first
+    with open(copy / "config.json", "a", encoding="utf-8") as handle:
+        handle.write("\n")
+    assert files_sha256(copy) != first
+
+
+def test_processor_only_encoder(tiny_dirs, images):
+    encoder = Encoder(tiny_dirs["siglip"], device="cpu", load_model=False)
+    assert encoder.preprocess_images(images[:1]).shape == (1, 3, 64, 64)
+    with pytest.raises(RuntimeError, match="load_model=False"):
+        encoder.encode_texts(["a dog"])
+
+
+# ----------------------------------------------------------------------------------- errors
+def test_missing_local_directory(tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(OSError, match="no-such-model"):
+        Encoder(missing, device="cpu")
+
+
+def test_unknown_hub_id_offline():
+    with pytest.raises(OSError, match="asymvlm-test/definitely-not-a-model"):
+        Encoder("asymvlm-test/definitely-not-a-model", device="cpu")
+
+
+def test_unsupported_model_type(tmp_path):
+    from transformers import BertConfig
+
+    BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="bert"):
+        Encoder(str(tmp_path), device="cpu")
+
+
+def test_bad_dtype(tiny_dirs):
+    with pytest.raises(ValueError, match="dtype"):
+        Encoder(tiny_dirs["clip"], device="cpu", dtype="float8")
+
+
+def test_hub_id_from_cache_records_commit(tmp_path, monkeypatch):
+    """A hub id resolved from a (fake, offline) Hugging Face cache records its snapshot commit."""
+    import huggingface_hub.constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--asymvlm-test--tiny-clip"
+    save_tiny_clip(repo / "snapshots" / commit, seed=1)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    info = Encoder("asymvlm-test/tiny-clip", device="cpu").info
+    assert info.revision == commit
+    assert info.family == "clip" and info.dim == DIMS["clip"]
