@@ -45,6 +45,7 @@ SUCCESS = "_SUCCESS.json"
 PARTS_DIR = "_parts"
 ERRORS_DIR = "errors"
 PROMPTS_DIR = "prompts"
+_SOURCE_IMAGE_COLUMNS = frozenset({"image_id", "path", "offset", "length", "data", "shard"})
 ERROR_SCHEMA = pa.schema(
     [("kind", pa.string()), ("id", pa.string()), ("path", pa.string()), ("reason", pa.string())]
 )
@@ -445,6 +446,9 @@ def _embed_group(
     dim = img_emb.shape[1] if img_emb.size else (txt_emb.shape[1] if txt_emb is not None else 0)
 
     _write_manifest_once(cfg, dim)
+    # Source image columns worth keeping (e.g. `label` of classification sets), by image id.
+    carried = [c for c in todo.column_names if c not in _SOURCE_IMAGE_COLUMNS]
+    todo_pos = {iid: i for i, iid in enumerate(todo.column("image_id").to_pylist())}
     extra_names = [
         c for c in group_caps.column_names if c not in ("caption_id", "image_id", "text")
     ]
@@ -466,7 +470,15 @@ def _embed_group(
             cfg.split,
             image_ids=shard_ids,
             image_embeddings=img_emb[rows_i].reshape(len(rows_i), dim),
-            extra_image_columns={"norm": img_norm[rows_i]},
+            extra_image_columns={
+                "norm": img_norm[rows_i],
+                **{
+                    c: todo.column(c)
+                    .take(pa.array([todo_pos[i] for i in shard_ids], pa.int64()))
+                    .to_numpy(zero_copy_only=False)
+                    for c in carried
+                },
+            },
             caption_ids=caps.column("caption_id").to_pylist(),
             caption_image_ids=caps.column("image_id").to_pylist(),
             texts=caps.column("text").to_pylist(),

@@ -70,6 +70,7 @@ naming the file and the 1-based line (text formats) or the JSON key path, e.g.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import importlib
@@ -806,29 +807,21 @@ def _numpy_global(module: str, name: str) -> Any:
     raise ImportError(f"numpy has no {module}.{name}")
 
 
-_PICKLE_GLOBALS: dict[tuple[str, str], Callable[[], Any]] = {
-    ("numpy", "ndarray"): lambda: np.ndarray,
-    ("numpy", "dtype"): lambda: np.dtype,
-    ("_codecs", "encode"): lambda: __import__("codecs").encode,
-}
-for _mod in ("numpy.core", "numpy._core"):
-    for _name in ("_reconstruct", "scalar"):
-        _PICKLE_GLOBALS[(f"{_mod}.multiarray", _name)] = lambda n=_name: _numpy_global(
-            "multiarray", n
-        )
-    _PICKLE_GLOBALS[(f"{_mod}.numeric", "_frombuffer")] = lambda: _numpy_global(
-        "numeric", "_frombuffer"
-    )
+_NUMPY_PICKLE_NAMES = {"multiarray": ("_reconstruct", "scalar"), "numeric": ("_frombuffer",)}
 
 
 class _SafeUnpickler(pickle.Unpickler):
     """Unpickles plain containers and numpy arrays only (no arbitrary code from a data file)."""
 
     def find_class(self, module: str, name: str) -> Any:
-        try:
-            return _PICKLE_GLOBALS[(module, name)]()
-        except KeyError:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name}") from None
+        if module == "numpy" and name in ("ndarray", "dtype"):
+            return getattr(np, name)
+        if (module, name) == ("_codecs", "encode"):  # bytes in protocol-2 pickles from Python 3
+            return codecs.encode
+        package, _, sub = module.rpartition(".")
+        if package in ("numpy.core", "numpy._core") and name in _NUMPY_PICKLE_NAMES.get(sub, ()):
+            return _numpy_global(sub, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
 
 def _unpickle(url: str) -> dict:

@@ -1,0 +1,152 @@
+"""The embedding stage end to end on generated data sets, SigLIP, the CLI and s3:// storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from asymvlm import tables
+from asymvlm.cli import main as cli_main
+from asymvlm.data.embed import EmbedConfig, run_embed
+from tests.test_sources import cifar_rows, dump, write_shards
+
+HIERARCAPS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "hierarcaps")
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory) -> dict[str, str]:
+    from asymvlm.data.tiny import save_tiny_clip, save_tiny_siglip
+
+    base = tmp_path_factory.mktemp("models")
+    return {
+        "clip": save_tiny_clip(str(base / "clip")),
+        "siglip": save_tiny_siglip(str(base / "siglip")),
+    }
+
+
+def test_cc_webdataset_shards_with_siglip(ray_session, tiny_models, tmp_path) -> None:
+    expected = write_shards(tmp_path / "shards")
+    out = str(tmp_path / "tables")
+    summary = run_embed(
+        EmbedConfig(dataset="cc", annotations=str(tmp_path / "shards"), model=tiny_models["siglip"],
+                    split="train", output=out, batch_size=4)  # fmt: skip
+    )
+    split = tables.read_split(out, "train")
+    assert summary["n_images"] == split.n_images == len(expected) == 8
+    assert sorted(split.image_ids) == sorted(expected)
+    assert sorted(split.texts) == sorted(caption for _, caption in expected.values())
+    manifest = tables.read_manifest(out)
+    assert manifest.dim == 32 and manifest.extra["family"] == "siglip"
+    np.testing.assert_allclose(np.linalg.norm(split.text_embeddings, axis=1), 1, atol=1e-5)
+
+
+def _write_cifar10(folder) -> None:
+    root = folder / "cifar-10-batches-py"
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    dump(root / "batches.meta", {b"label_names": [b"cat", b"dog", b"ship"]})
+    for b in range(1, 6):
+        _, flat = cifar_rows(rng, 2)
+        dump(root / f"data_batch_{b}", {b"labels": [0, 1], b"data": flat})
+    _, flat = cifar_rows(rng, 6)
+    dump(root / "test_batch", {b"labels": [0, 1, 2, 2, 1, 0], b"data": flat})
+
+
+def test_cifar10_images_with_labels_and_class_prompts(ray_session, tiny_models, tmp_path) -> None:
+    _write_cifar10(tmp_path / "cifar")
+    out = str(tmp_path / "tables")
+    run_embed(
+        EmbedConfig(dataset="cifar10", images=str(tmp_path / "cifar"), model=tiny_models["clip"],
+                    split="test", output=out, batch_size=4)  # fmt: skip
+    )
+    images = tables.read_parts(out, "test", "images")
+    assert images.num_rows == 6
+    assert images.column("label").to_pylist() == [0, 1, 2, 2, 1, 0]
+    prompts = tables.read_parts(out, "test", "prompts")
+    assert set(prompts.column("class_name").to_pylist()) == {"cat", "dog", "ship"}
+    assert prompts.num_rows % 3 == 0 and "a photo of a cat." in prompts.column("text").to_pylist()
+    emb = np.stack(prompts.column("embedding").to_numpy(zero_copy_only=False))
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
+
+
+def _small_hierarcaps(folder, n: int = 6) -> tuple[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = open(os.path.join(HIERARCAPS, "hierarcaps_test.csv")).read().splitlines()[: n + 1]
+    (folder / "hierarcaps_test.csv").write_text("\n".join(lines) + "\n")
+    (folder / "images").mkdir()
+    for line in lines[1:]:
+        name = line.rsplit("/", 1)[1]
+        shutil.copy(os.path.join(HIERARCAPS, "images", name), folder / "images" / name)
+    return str(folder / "hierarcaps_test.csv"), str(folder / "images")
+
+
+def test_cli_embed_and_pipeline_config(ray_session, tiny_models, tmp_path, capsys) -> None:
+    csv, images = _small_hierarcaps(tmp_path / "hc")
+    out = str(tmp_path / "cli-tables")
+    code = cli_main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images", images,
+                     "--model", tiny_models["clip"], "--split", "test", "--output", out,
+                     "--batch-size", "8"])  # fmt: skip
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["n_captions"] == 24
+
+    from pipelines.embed import load_jobs, main as pipeline_main
+
+    config = tmp_path / "embed.yaml"
+    config.write_text(
+        f"defaults: {{model: {tiny_models['clip']}, batch_size: 8}}\n"
+        f"jobs:\n  - {{dataset: hierarcaps, annotations: {csv}, images: {images}, "
+        f"split: test, output: {tmp_path / 'yaml-tables'}}}\n"
+    )
+    assert pipeline_main(["--config", str(config)]) == 0
+    a = tables.read_split(out, "test")
+    b = tables.read_split(str(tmp_path / "yaml-tables"), "test")
+    np.testing.assert_allclose(a.text_embeddings, b.text_embeddings, atol=1e-6)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("dataset: hierarcaps\nmodel: x\nsplit: t\noutput: o\nbatchsize: 3\n")
+    with pytest.raises(ValueError, match="bad.yaml: jobs\\[0\\]: unknown keys \\['batchsize'\\]"):
+        load_jobs(str(bad))
+
+
+@pytest.fixture
+def s3_server(monkeypatch):
+    """A local S3-compatible server (moto's server mode) on 127.0.0.1."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }.items():
+        monkeypatch.setenv(key, value)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield endpoint
+    server.stop()
+
+
+def test_s3_input_and_output(ray_session, tiny_models, tmp_path, s3_server) -> None:
+    import s3fs
+
+    csv, images = _small_hierarcaps(tmp_path / "hc", n=5)
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server})
+    fs.mkdir("data")
+    fs.put(os.path.dirname(csv) + "/", "data/hc/", recursive=True)
+    cfg = EmbedConfig(dataset="hierarcaps", annotations="s3://data/hc/hierarcaps_test.csv",
+                      images="s3://data/hc/images", model=tiny_models["clip"], split="test",
+                      output="s3://data/tables", batch_size=4)  # fmt: skip
+    summary = run_embed(cfg)
+    assert summary["n_images"] == 5 and summary["n_captions"] == 20
+    split = tables.read_split("s3://data/tables", "test")
+    assert split.n_images == 5 and sorted(set(split.extra_text_columns["level"])) == [0, 1, 2, 3]
+    assert fs.exists("data/tables/manifest.json") and fs.exists("data/tables/test/_SUCCESS.json")
+    assert run_embed(cfg)["skipped"] is True
