@@ -32,8 +32,14 @@ def test_cc_webdataset_shards_with_siglip(ray_session, tiny_models, tmp_path) ->
     expected = write_shards(tmp_path / "shards")
     out = str(tmp_path / "tables")
     summary = run_embed(
-        EmbedConfig(dataset="cc", annotations=str(tmp_path / "shards"), model=tiny_models["siglip"],
-                    split="train", output=out, batch_size=4)  # fmt: skip
+        EmbedConfig(
+            dataset="cc",
+            annotations=str(tmp_path / "shards"),
+            model=tiny_models["siglip"],
+            split="train",
+            output=out,
+            batch_size=4,
+        )  # fmt: skip
     )
     split = tables.read_split(out, "train")
     assert summary["n_images"] == split.n_images == len(expected) == 8
@@ -60,8 +66,14 @@ def test_cifar10_images_with_labels_and_class_prompts(ray_session, tiny_models, 
     _write_cifar10(tmp_path / "cifar")
     out = str(tmp_path / "tables")
     run_embed(
-        EmbedConfig(dataset="cifar10", images=str(tmp_path / "cifar"), model=tiny_models["clip"],
-                    split="test", output=out, batch_size=4)  # fmt: skip
+        EmbedConfig(
+            dataset="cifar10",
+            images=str(tmp_path / "cifar"),
+            model=tiny_models["clip"],
+            split="test",
+            output=out,
+            batch_size=4,
+        )  # fmt: skip
     )
     images = tables.read_parts(out, "test", "images")
     assert images.num_rows == 6
@@ -93,7 +105,8 @@ def test_cli_embed_and_pipeline_config(ray_session, tiny_models, tmp_path, capsy
     assert code == 0
     assert json.loads(capsys.readouterr().out)["n_captions"] == 24
 
-    from pipelines.embed import load_jobs, main as pipeline_main
+    from pipelines.embed import load_jobs
+    from pipelines.embed import main as pipeline_main
 
     config = tmp_path / "embed.yaml"
     config.write_text(
