@@ -271,3 +271,28 @@ def save_tiny_siglip(
     )
     processor.save_pretrained(directory)
     return directory
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m asymvlm.data.tiny --output DIR [--family siglip]``: a random offline model."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="Write a tiny, randomly initialised CLIP/SigLIP with its processor (offline; "
+        "for tests and demos -- its embeddings carry no meaning)."
+    )
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--family", choices=["clip", "siglip"], default="clip")
+    parser.add_argument("--captions", default=None, help="CSV/text file to train the tokenizer on")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    captions = None
+    if args.captions:
+        with open(args.captions) as fh:
+            captions = [line.strip() for line in fh if line.strip()]
+    save = save_tiny_clip if args.family == "clip" else save_tiny_siglip
+    print(save(args.output, captions=captions, seed=args.seed))
+
+
+if __name__ == "__main__":
+    main()
