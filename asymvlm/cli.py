@@ -230,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--id-list", default=None, help="CC: restrict to the ids in this file")
     p.add_argument("--shard-size", type=int, default=2048, help="images per output part")
+    p.add_argument(
+        "--decode-in",
+        choices=["auto", "tasks", "actor"],
+        default="auto",
+        help="decode images in CPU tasks (GPU clusters) or in the encoder actor (CPU only)",
+    )
     p.set_defaults(func=_cmd_embed)
 
     p = sub.add_parser("methods", help="list the registered methods and their uncertainty")
@@ -255,6 +261,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
         seed=args.seed,
         id_list=args.id_list,
         shard_size=args.shard_size,
+        decode_in=args.decode_in,
     )
     summary = run_embed(cfg)
     print(json.dumps(summary, indent=2))

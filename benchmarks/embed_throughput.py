@@ -247,6 +247,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--actor-cpus", type=float, default=1.0)
     p.add_argument("--num-cpus", type=int, default=2, help="ray.init(num_cpus=...)")
     p.add_argument(
+        "--worker-omp-threads",
+        type=int,
+        default=None,
+        help="export OMP_NUM_THREADS=N before ray.init: Ray then keeps it for every worker, "
+        "so the encoder actor's torch uses N threads instead of floor(actor num_cpus)",
+    )
+    p.add_argument(
         "--threads",
         type=lambda v: sorted({int(x) for x in v.split(",")}),
         default=None,
@@ -279,6 +286,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with open(path, "rb") as fh:
                 fh.read()
 
+        if args.worker_omp_threads:
+            os.environ["OMP_NUM_THREADS"] = str(args.worker_omp_threads)
         t0 = time.perf_counter()
         ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
         ray_init_s = time.perf_counter() - t0
@@ -356,6 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "decode_cpus": args.decode_cpus,
             "actor_cpus": args.actor_cpus,
             "ray_num_cpus": args.num_cpus,
+            "worker_omp_threads": args.worker_omp_threads or "unset (Ray: floor(num_cpus))",
             "plain_torch_threads": threads,
             "repeats": args.repeats,
             "data": args.data,

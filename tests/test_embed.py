@@ -113,6 +113,7 @@ def test_interrupted_run_resumes_without_duplicates(
         output=out,
         batch_size=32,
         shard_size=40,
+        decode_in="tasks",  # the GPU-cluster layout: decode in CPU tasks, stream to the actors
     )
     run_embed(cfg)
     complete = tables.read_split(out, "test")

@@ -72,6 +72,9 @@ class EmbedConfig:
     shards_per_round: int = 8
     decode_cpus: float = 1.0
     actor_cpus: float = 1.0
+    #: Where images are decoded: "tasks" (CPU tasks streaming into the encoder actors, for GPU
+    #: clusters), "actor" (inside the encoder actor, best on CPU-only machines) or "auto".
+    decode_in: str = "auto"
 
     def fingerprint(self, source: SourceData) -> dict[str, Any]:
         """What makes two runs the same job (output location and scheduling excluded)."""
@@ -141,13 +144,21 @@ def decode_batch(batch: pa.Table, model: str) -> dict[str, np.ndarray]:
     }
 
 
+def _load_encoder(model: str, device: str, dtype: str, threads: int | None):
+    import torch
+
+    from asymvlm.data.encoder import Encoder
+
+    if threads:  # Ray pins OMP threads to the actor's num_cpus; on CPU-only nodes use the node
+        torch.set_num_threads(threads)
+    return Encoder(model, device=device, dtype=dtype)
+
+
 class ImageEncoderActor:
     """Ray Data actor: holds the frozen encoder, embeds pixel batches (errors pass through)."""
 
-    def __init__(self, model: str, device: str, dtype: str) -> None:
-        from asymvlm.data.encoder import Encoder
-
-        self.encoder = Encoder(model, device=device, dtype=dtype)
+    def __init__(self, model: str, device: str, dtype: str, threads: int | None = None) -> None:
+        self.encoder = _load_encoder(model, device, dtype, threads)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ok = batch["error"] == ""
@@ -166,13 +177,23 @@ class ImageEncoderActor:
         }
 
 
+class DecodeEncodeActor(ImageEncoderActor):
+    """CPU-only clusters: decode inside the encoder actor (no pixel arrays through the object
+    store; the encoder is CPU-bound anyway, so separate decode tasks would only add copies)."""
+
+    def __init__(self, model: str, device: str, dtype: str, threads: int | None = None) -> None:
+        super().__init__(model, device, dtype, threads)
+        self.model = model
+
+    def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:  # type: ignore[override]
+        return super().__call__(decode_batch(batch, self.model))
+
+
 class TextEncoderActor:
     """Ray Data actor: embeds caption batches with the frozen text encoder."""
 
-    def __init__(self, model: str, device: str, dtype: str) -> None:
-        from asymvlm.data.encoder import Encoder
-
-        self.encoder = Encoder(model, device=device, dtype=dtype)
+    def __init__(self, model: str, device: str, dtype: str, threads: int | None = None) -> None:
+        self.encoder = _load_encoder(model, device, dtype, threads)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         emb, norm = self.encoder.encode_texts([str(t) for t in batch["text"]])
@@ -220,12 +241,14 @@ def _map_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
     import ray
 
     gpu = _has_gpu(cfg.device)
+    threads = None if gpu else max(1, int(ray.cluster_resources().get("CPU", 1)))
     return {
         "runtime_env": _runtime_env(),
         "fn_constructor_kwargs": {
             "model": cfg.model,
             "device": "cuda" if gpu else "cpu",
             "dtype": cfg.dtype,
+            "threads": threads,
         },
         "compute": ray.data.ActorPoolStrategy(size=cfg.num_actors),
         "num_gpus": 1 if gpu else 0,
@@ -239,6 +262,12 @@ def _embed_images(cfg: EmbedConfig, images: pa.Table) -> pa.Table:
     import ray
 
     ds = ray.data.from_arrow(_blocks(images, max(cfg.batch_size, 16)))
+    decode_in = cfg.decode_in
+    if decode_in == "auto":
+        decode_in = "tasks" if _has_gpu(cfg.device) else "actor"
+    if decode_in == "actor":
+        kwargs = {**_map_kwargs(cfg), "batch_format": "pyarrow"}
+        return _to_arrow(ds.map_batches(DecodeEncodeActor, **kwargs))
     ds = ds.map_batches(
         decode_batch,
         fn_kwargs={"model": cfg.model},
