@@ -26,6 +26,12 @@ CLIP of that vision width is written to a temporary folder instead, e.g. the ViT
     .venv/bin/python benchmarks/embed_throughput.py --hidden-size 768 --image-size 224 \\
         --patch-size 32 --layers 12 --n-images 300                         # ViT-B/32-shaped
 
+The plain loop is timed with 1 torch thread and with torch's default (= cores); the faster is
+the baseline of each repeat (``--threads``). The stage runs as ``run_embed`` configures itself
+(on a CPU-only cluster: ``decode_in="auto"`` = decode inside the encoder actor, whose torch
+uses the node's CPUs); ``--decode-in tasks`` times the GPU-cluster layout (decode in CPU tasks
+streaming into the actor pool) instead.
+
 One JSON object goes to stdout, progress to stderr.
 """
 
@@ -146,6 +152,7 @@ def run_stage(args: argparse.Namespace, model: str, out: str) -> dict[str, Any]:
         sample=args.sample,
         decode_cpus=args.decode_cpus,
         actor_cpus=args.actor_cpus,
+        **({"decode_in": args.decode_in} if args.decode_in else {}),
     )
     t0 = time.perf_counter()
     summary = run_embed(cfg)
@@ -247,11 +254,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--actor-cpus", type=float, default=1.0)
     p.add_argument("--num-cpus", type=int, default=2, help="ray.init(num_cpus=...)")
     p.add_argument(
-        "--worker-omp-threads",
-        type=int,
+        "--decode-in",
+        choices=["auto", "tasks", "actor"],
         default=None,
-        help="export OMP_NUM_THREADS=N before ray.init: Ray then keeps it for every worker, "
-        "so the encoder actor's torch uses N threads instead of floor(actor num_cpus)",
+        help="EmbedConfig.decode_in (default: the stage's own default)",
     )
     p.add_argument(
         "--threads",
@@ -286,8 +292,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with open(path, "rb") as fh:
                 fh.read()
 
-        if args.worker_omp_threads:
-            os.environ["OMP_NUM_THREADS"] = str(args.worker_omp_threads)
         t0 = time.perf_counter()
         ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
         ray_init_s = time.perf_counter() - t0
@@ -365,7 +369,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "decode_cpus": args.decode_cpus,
             "actor_cpus": args.actor_cpus,
             "ray_num_cpus": args.num_cpus,
-            "worker_omp_threads": args.worker_omp_threads or "unset (Ray: floor(num_cpus))",
+            "decode_in": args.decode_in or "(EmbedConfig default)",
             "plain_torch_threads": threads,
             "repeats": args.repeats,
             "data": args.data,
