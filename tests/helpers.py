@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
 import torch
 
 from asymvlm.methods.base import unit
@@ -16,3 +20,21 @@ def rotated_pairs(
     q, _ = torch.linalg.qr(torch.randn(d, d, generator=g))
     txt = img @ q.T + noise * torch.randn(n, d, generator=g)
     return img, scale * txt
+
+
+def _find_hierarcaps() -> Path | None:
+    """The read-only HierarCaps copy: $ASYMVLM_HIERARCAPS, else ../shared beside the checkout."""
+    repo = Path(__file__).resolve().parent.parent
+    candidates = [os.environ.get("ASYMVLM_HIERARCAPS"), repo.parent / "shared/data/hierarcaps"]
+    candidates.append(Path("/work/shared/data/hierarcaps"))
+    for c in candidates:
+        if c and (Path(c) / "hierarcaps_test.csv").is_file():
+            return Path(c)
+    return None
+
+
+#: Folder with hierarcaps_test.csv and images/ (None when the shared data is not present).
+HIERARCAPS = _find_hierarcaps()
+requires_hierarcaps = pytest.mark.skipif(
+    HIERARCAPS is None, reason="real HierarCaps data not found (../shared/data/hierarcaps)"
+)

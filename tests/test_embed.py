@@ -11,11 +11,9 @@ import pytest
 
 from asymvlm import tables
 from asymvlm.data.embed import EmbedConfig, run_embed
+from tests.helpers import HIERARCAPS, requires_hierarcaps
 
-HIERARCAPS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "hierarcaps")
-pytestmark = pytest.mark.skipif(
-    not os.path.isdir(HIERARCAPS), reason="../shared/data/hierarcaps not present"
-)
+pytestmark = requires_hierarcaps
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,8 @@ import pytest
 from asymvlm import tables
 from asymvlm.cli import main as cli_main
 from asymvlm.data.embed import EmbedConfig, run_embed
+from tests.helpers import HIERARCAPS, requires_hierarcaps
 from tests.test_sources import cifar_rows, dump, write_shards
-
-HIERARCAPS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "hierarcaps")
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +95,7 @@ def _small_hierarcaps(folder, n: int = 6) -> tuple[str, str]:
     return str(folder / "hierarcaps_test.csv"), str(folder / "images")
 
 
+@requires_hierarcaps
 def test_cli_embed_and_pipeline_config(ray_session, tiny_models, tmp_path, capsys) -> None:
     csv, images = _small_hierarcaps(tmp_path / "hc")
     out = str(tmp_path / "cli-tables")
@@ -147,6 +147,7 @@ def s3_server(monkeypatch):
     server.stop()
 
 
+@requires_hierarcaps
 def test_s3_input_and_output(ray_session, tiny_models, tmp_path, s3_server) -> None:
     import s3fs
 

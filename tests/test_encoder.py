@@ -11,7 +11,6 @@ import csv
 import json
 import os
 import shutil
-from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -23,8 +22,8 @@ from PIL import Image  # noqa: E402
 
 from asymvlm.data.encoder import Encoder, EncoderInfo, files_sha256  # noqa: E402
 from asymvlm.data.tiny import save_tiny_clip, save_tiny_siglip  # noqa: E402
+from tests.helpers import HIERARCAPS
 
-HIERARCAPS = Path("/work/shared/data/hierarcaps")
 DIMS = {"clip": 24, "siglip": 32}
 MAX_TEXT = {"clip": 77, "siglip": 64}
 BUILDERS = {"clip": save_tiny_clip, "siglip": save_tiny_siglip}
@@ -41,6 +40,8 @@ def _offline(monkeypatch):
 @pytest.fixture(scope="session")
 def captions() -> list[str]:
     """Real HierarCaps captions, every level of the first rows (1 to ~20 words)."""
+    if HIERARCAPS is None:
+        pytest.skip("HierarCaps test captions not available")
     path = HIERARCAPS / "hierarcaps_test.csv"
     if not path.exists():
         pytest.skip("HierarCaps test captions not available")
@@ -52,6 +53,8 @@ def captions() -> list[str]:
 @pytest.fixture(scope="session")
 def images() -> list[Image.Image]:
     """A few real COCO images (opened read-only)."""
+    if HIERARCAPS is None:
+        pytest.skip("HierarCaps images not available")
     folder = HIERARCAPS / "images"
     if not folder.is_dir():
         pytest.skip("HierarCaps images not available")

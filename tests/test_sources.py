@@ -27,8 +27,7 @@ from asymvlm.data.sources import (
     open_fs,
     read_source,
 )
-
-HIERARCAPS = Path("/work/shared/data/hierarcaps")
+from tests.helpers import HIERARCAPS
 
 
 def write_json(path: Path, obj) -> str:
@@ -538,7 +537,7 @@ def test_rereads_are_identical(tmp_path):
 
 
 # -- HierarCaps (real data) --------------------------------------------------------------------
-@pytest.mark.skipif(not HIERARCAPS.is_dir(), reason="no real HierarCaps copy")
+@pytest.mark.skipif(HIERARCAPS is None, reason="no real HierarCaps copy")
 def test_hierarcaps_real(tmp_path):
     ann = tmp_path / "hierarcaps_test.csv"
     shutil.copy(HIERARCAPS / "hierarcaps_test.csv", ann)
