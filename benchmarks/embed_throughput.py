@@ -4,19 +4,21 @@ Both sides embed the same HierarCaps images *and* their captions (4 per image) w
 local CLIP checkpoint and the same batch size, and write the embeddings to a fresh temporary
 folder:
 
-* **stage** -- ``asymvlm.data.embed.run_embed`` (decode/preprocess in Ray CPU tasks -> encoder
-  actor pool -> sharded parquet tables; the captions go through a second actor pool);
+* **stage** -- ``asymvlm.data.embed.run_embed`` (one Ray Data pass: decode/preprocess ->
+  encoder actor pool that embeds each batch's images and their captions -> sharded parquet);
 * **plain** -- one process: ``read_source`` (the same image/caption list), ``Encoder(model)``,
   then per batch ``PIL.Image.open`` + ``Encoder.preprocess_images`` + ``Encoder.encode_pixels``,
   then the captions through ``Encoder.encode_texts`` in batches of the same size, and one parquet
   file each for images and texts.
 
-``images/s`` is ``n_images / wall seconds`` of the whole job (source read, model load, images,
-captions, writing) on each side. The repeats are interleaved (stage, plain, stage, plain, ...)
-so machine noise hits both. Ray is started once, before any timing
-(``ray.init(num_cpus=..., include_dashboard=False)``); its start-up time is reported apart and
-is not part of the stage's wall time. The image files are read once before timing so that
-neither side pays for a cold page cache.
+Each side is the command a user would run, in a fresh process timed from launch to exit (Python
+start-up, imports, source read, model load, images, captions, writing): the stage is
+``python -m asymvlm.cli embed ...`` against an already running Ray cluster (as ``ray job
+submit`` finds one; this script starts it with ``ray.init(num_cpus=..., include_dashboard=False)``
+before any timing and reports ``ray_init_seconds`` apart), the plain loop is this script
+re-invoked with ``--plain-job``. ``images/s`` is ``n_images / wall seconds``. The repeats are
+interleaved (stage, plain, stage, plain, ...) so machine noise hits both. The image files are
+read once before timing so that neither side pays for a cold page cache.
 
 The model is a local directory (no network): by default a tiny random CLIP
 (:func:`asymvlm.data.tiny.save_tiny_clip`, 64 px, hidden 32); with ``--hidden-size`` a random
@@ -32,6 +34,10 @@ the baseline of each repeat (``--threads``). The stage runs as ``run_embed`` con
 uses the node's CPUs); ``--decode-in tasks`` times the GPU-cluster layout (decode in CPU tasks
 streaming into the actor pool) instead.
 
+``ratio`` compares with that plain loop (what a user would write). The stage also batches
+captions by token length; ``plain_sorted`` runs the plain loop with that same batching, so
+``plain_sorted.ratio_stage_over_this`` is the cost of Ray alone.
+
 One JSON object goes to stdout, progress to stderr.
 """
 
@@ -44,6 +50,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -135,32 +142,64 @@ def build_model(args: argparse.Namespace, root: str) -> tuple[str, dict[str, Any
 
 
 # -- the two contenders -------------------------------------------------------------------------
-def run_stage(args: argparse.Namespace, model: str, out: str) -> dict[str, Any]:
-    from asymvlm.data.embed import EmbedConfig, run_embed
-
-    cfg = EmbedConfig(
-        dataset="hierarcaps",
-        model=model,
-        split="test",
-        output=out,
-        annotations=args.csv,
-        images=args.images,
-        batch_size=args.batch_size,
-        num_actors=args.num_actors,
-        device="cpu",
-        dtype="float32",
-        sample=args.sample,
-        decode_cpus=args.decode_cpus,
-        actor_cpus=args.actor_cpus,
-        **({"decode_in": args.decode_in} if args.decode_in else {}),
-    )
+def run_stage(args: argparse.Namespace, model: str, out: str, ray_address: str) -> dict[str, Any]:
+    """``asymvlm embed`` as a user runs it: a fresh process, against the running cluster."""
+    cmd = [
+        sys.executable, "-m", "asymvlm.cli", "embed", "--dataset", "hierarcaps",
+        "--annotations", args.csv, "--images", args.images, "--model", model,
+        "--split", "test", "--output", out, "--batch-size", str(args.batch_size),
+        "--num-actors", str(args.num_actors), "--device", "cpu", "--dtype", "float32",
+    ]  # fmt: skip
+    if args.sample:
+        cmd += ["--sample", str(args.sample)]
+    if args.decode_in:
+        cmd += ["--decode-in", args.decode_in]
+    env = {**os.environ, "RAY_ADDRESS": ray_address}
     t0 = time.perf_counter()
-    summary = run_embed(cfg)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "summary": summary}
+    if proc.returncode:
+        raise RuntimeError(f"stage failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return {"seconds": seconds, "summary": json.loads(proc.stdout)}
 
 
-def run_plain(args: argparse.Namespace, model: str, out: str) -> dict[str, Any]:
+def run_plain_process(
+    args: argparse.Namespace, model: str, out: str, threads: int, sort_captions: bool
+) -> dict[str, Any]:
+    """The plain loop as a user runs it: a fresh ``python`` process (imports included)."""
+    job = {
+        "model": model, "out": out, "threads": threads, "sort_captions": sort_captions,
+        "csv": args.csv, "images": args.images, "sample": args.sample,
+        "batch_size": args.batch_size,
+    }  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--plain-job", json.dumps(job)],
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.perf_counter() - t0
+    if proc.returncode:
+        raise RuntimeError(f"plain loop failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout)
+    result["phases"] = {"start_and_imports": round(seconds - result["seconds"], 3),
+                        **result["phases"]}  # fmt: skip
+    return {**result, "seconds": seconds}
+
+
+def plain_job(job: dict[str, Any]) -> None:
+    """Entry point of the plain process: imports are timed by the caller."""
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    args = argparse.Namespace(**job)
+    os.makedirs(job["out"], exist_ok=True)
+    print(json.dumps(run_plain(args, job["model"], job["out"], job["sort_captions"])))
+
+
+def run_plain(
+    args: argparse.Namespace, model: str, out: str, sort_captions: bool = False
+) -> dict[str, Any]:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -200,10 +239,17 @@ def run_plain(args: argparse.Namespace, model: str, out: str) -> dict[str, Any]:
     phases["decode_preprocess"], phases["encode_images"] = decode, encode
     t3 = time.perf_counter()
     txt_emb, txt_norm = [], []
-    for start in range(0, len(texts), bs):
-        emb, norm = enc.encode_texts(texts[start : start + bs])
+    if sort_captions:  # the stage's own caption batching: length-sorted chunks
+        from asymvlm.data.embed import encode_texts_by_length
+
+        emb, norm = encode_texts_by_length(enc, texts, max(4 * bs, 256))
         txt_emb.append(emb)
         txt_norm.append(norm)
+    else:
+        for start in range(0, len(texts), bs):
+            emb, norm = enc.encode_texts(texts[start : start + bs])
+            txt_emb.append(emb)
+            txt_norm.append(norm)
     t4 = time.perf_counter()
     phases["encode_texts"] = t4 - t3
 
@@ -266,6 +312,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch thread counts to time the plain loop with, e.g. 1,2 (default: 1 and "
         "torch's own = cores); the fastest is the baseline",
     )
+    p.add_argument(
+        "--no-sorted",
+        action="store_true",
+        help="skip the plain loop with the stage's length-sorted caption batches",
+    )
     p.add_argument("--tmp", default=None, help="parent folder for temporary files")
     args = p.parse_args(argv)
     args.csv = os.path.join(args.data, "hierarcaps_test.csv")
@@ -273,7 +324,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--plain-job":
+        plain_job(json.loads(sys.argv[2]))
+        return None
     args = parse_args(argv)
     import ray
     import torch
@@ -293,28 +347,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 fh.read()
 
         t0 = time.perf_counter()
-        ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+        context = ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
         ray_init_s = time.perf_counter() - t0
-        log(f"ray.init: {ray_init_s:.2f}s")
+        address = context.address_info["gcs_address"]
+        log(f"ray.init: {ray_init_s:.2f}s (cluster at {address})")
         load_before = loadavg()
 
         stage: list[dict[str, Any]] = []
         plain: dict[int, list[dict[str, Any]]] = {t: [] for t in threads}
+        plain_sorted: list[dict[str, Any]] = []
         for r in range(args.repeats):
             out = os.path.join(root, f"stage-{r}")
             log(f"repeat {r + 1}/{args.repeats}: stage")
-            s = run_stage(args, model, out)
-            stage.append(s)
-            log(f"  stage {s['seconds']:.2f}s")
+            st = run_stage(args, model, out, address)
+            stage.append(st)
+            log(f"  stage {st['seconds']:.2f}s")
             shutil.rmtree(out, ignore_errors=True)
 
-            for t in threads:
-                out = os.path.join(root, f"plain-{r}-{t}")
-                os.makedirs(out)
-                log(f"repeat {r + 1}/{args.repeats}: plain, {t} torch thread(s)")
-                torch.set_num_threads(t)
-                q = run_plain(args, model, out)
-                plain[t].append(q)
+            variants = [(t, False) for t in threads]
+            if not args.no_sorted:
+                variants.append((max(threads), True))
+            for t, sort in variants:
+                out = os.path.join(root, f"plain-{r}-{t}-{int(sort)}")
+                what = "length-sorted captions" if sort else "captions in order"
+                log(f"repeat {r + 1}/{args.repeats}: plain, {t} torch thread(s), {what}")
+                q = run_plain_process(args, model, out, t, sort)
+                (plain_sorted if sort else plain[t]).append(q)
                 log(f"  plain {q['seconds']:.2f}s {q['phases']}")
                 shutil.rmtree(out, ignore_errors=True)
         load_after = loadavg()
@@ -358,6 +416,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "stage_images_per_s_median": round(n_img / statistics.median(s_secs), 2),
         "plain_images_per_s_median": round(n_img / statistics.median(p_secs), 2),
         "plain_by_torch_threads": by_threads,
+        "plain_sorted": (
+            {
+                "note": "the plain loop with the stage's caption batching (length-sorted chunks "
+                "of max(4 x batch, 256)), torch threads = max(--threads): isolates Ray's cost",
+                "images_per_s": round(n_img / min(q["seconds"] for q in plain_sorted), 2),
+                "seconds": [round(q["seconds"], 2) for q in plain_sorted],
+                "ratio_stage_over_this": round(
+                    statistics.median(
+                        q["seconds"] / s for q, s in zip(plain_sorted, s_secs, strict=True)
+                    ),
+                    3,
+                ),
+                "phases_seconds_best": min(plain_sorted, key=lambda q: q["seconds"])["phases"],
+            }
+            if plain_sorted
+            else None
+        ),
         "ray_init_seconds": round(ray_init_s, 2),
         "config": {
             "model": model if args.model else "(temporary) " + model_info["kind"],

@@ -87,6 +87,27 @@ def test_hierarcaps_acceptance(ray_session, tiny_clip, hierarcaps_copy, tmp_path
     caption_errors = [e for e in errors if e["kind"] == "caption"]
     assert len(caption_errors) == 8 and all("failed" in e["reason"] for e in caption_errors)
 
+    # Every row is what the frozen encoder gives for that very image / caption.
+    from PIL import Image
+
+    from asymvlm.data.encoder import Encoder
+
+    encoder = Encoder(tiny_clip, device="cpu")
+    rng = np.random.default_rng(0)
+    rows = rng.choice(split.n_images, 12, replace=False)
+    pictures = [
+        Image.open(os.path.join(hierarcaps_copy["images"], f"{split.image_ids[i]}.jpg"))
+        .convert("RGB")
+        for i in rows
+    ]
+    unit, norm = encoder.encode_pixels(encoder.preprocess_images(pictures))
+    np.testing.assert_allclose(split.image_embeddings[rows], unit, atol=1e-5)
+    np.testing.assert_allclose(split.extra_image_columns["norm"][rows], norm, rtol=1e-5)
+    rows = rng.choice(split.n_texts, 40, replace=False)
+    unit, norm = encoder.encode_texts([split.texts[i] for i in rows])
+    np.testing.assert_allclose(split.text_embeddings[rows], unit, atol=1e-5)
+    np.testing.assert_allclose(split.text_norms[rows], norm, rtol=1e-5)
+
     before = _snapshot(out)
     again = run_embed(cfg)
     assert again["skipped"] is True

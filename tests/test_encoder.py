@@ -151,6 +151,19 @@ def test_batch_invariance(encoders, family, images, captions):
         )
 
 
+def test_length_sorted_chunks_keep_order_and_values(encoders, family, captions):
+    from asymvlm.data.embed import encode_texts_by_length
+
+    encoder = encoders[family]
+    texts = captions + ["", "a"]
+    one_by_one = [encoder.encode_texts([t]) for t in texts]
+    unit, norms = encode_texts_by_length(encoder, texts, batch_size=5)
+    np.testing.assert_allclose(unit, np.concatenate([u for u, _ in one_by_one]), atol=1e-5)
+    np.testing.assert_allclose(norms, np.concatenate([n for _, n in one_by_one]), rtol=1e-5)
+    empty_unit, empty_norms = encode_texts_by_length(encoder, [], batch_size=5)
+    assert empty_unit.shape == (0, DIMS[family]) and empty_norms.shape == (0,)
+
+
 def test_matches_transformers_directly(tiny_dirs, encoders, family, images, captions):
     from transformers import AutoProcessor, CLIPModel, SiglipModel
 

@@ -3,10 +3,13 @@
 The paper caches frozen-encoder embeddings once and trains only on them (App. B.5); this is
 that cache. ``run_embed`` reads a data set (:mod:`asymvlm.data.sources`), then streams
 
-    image bytes --(CPU tasks: read, decode, preprocess)--> pixels
-                --(actor pool, GPU when present: frozen CLIP/SigLIP)--> unit embeddings + norms
+    image rows (+ their captions) --(read, decode, preprocess: CPU tasks on GPU clusters,
+                                    inside the actor on CPU-only ones)--> pixels (+ captions)
+        --(one actor pool, GPU when present: frozen CLIP/SigLIP)--> image and caption rows
+                                                                    (unit embeddings + norms)
 
-and the captions through the same encoder, and writes ``ROOT/<split>/{images,texts,errors}``
+in a single Ray Data pass (one model load per actor serves both modalities; captions are
+encoded in chunks of similar token length), and writes ``ROOT/<split>/{images,texts,errors}``
 as described in :mod:`asymvlm.tables`.
 
 Robustness:
@@ -28,10 +31,12 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import os
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,6 +146,7 @@ def decode_batch(batch: pa.Table, model: str) -> dict[str, np.ndarray]:
         "shard": np.array([r["shard"] for r in rows], dtype=np.int64),
         "pixel_values": out,
         "error": np.array(errors, dtype=object),
+        "captions": np.array([r.get("captions") or "[]" for r in rows], dtype=object),
     }
 
 
@@ -154,11 +160,23 @@ def _load_encoder(model: str, device: str, dtype: str, threads: int | None):
     return Encoder(model, device=device, dtype=dtype)
 
 
-class ImageEncoderActor:
-    """Ray Data actor: holds the frozen encoder, embeds pixel batches (errors pass through)."""
+class EncoderActor:
+    """Ray Data actor: holds the frozen encoder and embeds a batch of decoded images **and the
+    captions attached to them** (``captions``: JSON ``[[caption_id, text], ...]``), so one actor
+    pool and one model load serve both modalities. Output rows are ``kind`` "image" (failed
+    images pass through with their ``error``) and ``kind`` "caption" (captions of images that
+    decoded; those of failed images are left out)."""
 
-    def __init__(self, model: str, device: str, dtype: str, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        device: str,
+        dtype: str,
+        threads: int | None = None,
+        text_batch_size: int = 256,
+    ) -> None:
         self.encoder = _load_encoder(model, device, dtype, threads)
+        self.text_batch_size = text_batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ok = batch["error"] == ""
@@ -167,22 +185,35 @@ class ImageEncoderActor:
         norm = np.zeros(len(ok), dtype=np.float32)
         if ok.any():
             emb[ok], norm[ok] = self.encoder.encode_pixels(batch["pixel_values"][ok])
+        cap_ids, cap_images, texts = [], [], []
+        for image_id, captions, good in zip(
+            batch["image_id"], batch.get("captions", [None] * len(ok)), ok, strict=True
+        ):
+            if good and captions:
+                for caption_id, text in json.loads(captions):
+                    cap_ids.append(caption_id)
+                    cap_images.append(image_id)
+                    texts.append(text)
+        cap_emb, cap_norm = encode_texts_by_length(self.encoder, texts, self.text_batch_size)
+        n_cap = len(cap_ids)
         return {
-            "image_id": batch["image_id"],
-            "path": batch["path"],
-            "shard": batch["shard"],
-            "embedding": emb,
-            "norm": norm,
-            "error": batch["error"],
+            "kind": np.array(["image"] * len(ok) + ["caption"] * n_cap, dtype=object),
+            "id": np.concatenate([batch["image_id"], np.array(cap_ids, dtype=object)]),
+            "image_id": np.concatenate([batch["image_id"], np.array(cap_images, dtype=object)]),
+            "path": np.concatenate([batch["path"], np.full(n_cap, "", dtype=object)]),
+            "shard": np.concatenate([batch["shard"], np.full(n_cap, -1, dtype=np.int64)]),
+            "embedding": np.concatenate([emb, cap_emb.reshape(n_cap, dim)]),
+            "norm": np.concatenate([norm, cap_norm]),
+            "error": np.concatenate([batch["error"], np.full(n_cap, "", dtype=object)]),
         }
 
 
-class DecodeEncodeActor(ImageEncoderActor):
+class DecodeEncodeActor(EncoderActor):
     """CPU-only clusters: decode inside the encoder actor (no pixel arrays through the object
     store; the encoder is CPU-bound anyway, so separate decode tasks would only add copies)."""
 
-    def __init__(self, model: str, device: str, dtype: str, threads: int | None = None) -> None:
-        super().__init__(model, device, dtype, threads)
+    def __init__(self, model: str, device: str, dtype: str, **kwargs: Any) -> None:
+        super().__init__(model, device, dtype, **kwargs)
         self.model = model
 
     def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:  # type: ignore[override]
@@ -190,14 +221,45 @@ class DecodeEncodeActor(ImageEncoderActor):
 
 
 class TextEncoderActor:
-    """Ray Data actor: embeds caption batches with the frozen text encoder."""
+    """Ray Data actor: embeds text-only batches (class prompts) with the frozen text encoder."""
 
-    def __init__(self, model: str, device: str, dtype: str, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        device: str,
+        dtype: str,
+        threads: int | None = None,
+        text_batch_size: int = 256,
+    ) -> None:
         self.encoder = _load_encoder(model, device, dtype, threads)
+        self.text_batch_size = text_batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        emb, norm = self.encoder.encode_texts([str(t) for t in batch["text"]])
+        texts = [str(t) for t in batch["text"]]
+        emb, norm = encode_texts_by_length(self.encoder, texts, self.text_batch_size)
         return {"caption_id": batch["caption_id"], "embedding": emb, "norm": norm}
+
+
+def encode_texts_by_length(
+    encoder, texts: list[str], batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encoder.encode_texts`` over chunks of captions of similar length, in input order.
+
+    Sorting by token count before chunking keeps padding (wasted compute when a batch is padded
+    to its longest caption, as CLIP is) small; CLIP's causal attention with a mask makes each
+    embedding independent of its batch, so the result is the same up to float rounding.
+    """
+    if not texts:
+        dim = encoder.info.dim
+        return np.zeros((0, dim), np.float32), np.zeros(0, np.float32)
+    lengths = [len(ids) for ids in encoder.tokenizer(texts, truncation=True)["input_ids"]]
+    order = np.argsort(np.asarray(lengths), kind="stable")
+    emb = np.empty((len(texts), encoder.info.dim), dtype=np.float32)
+    norm = np.empty(len(texts), dtype=np.float32)
+    for start in range(0, len(texts), batch_size):
+        rows = order[start : start + batch_size]
+        emb[rows], norm[rows] = encoder.encode_texts([texts[i] for i in rows])
+    return emb, norm
 
 
 # -- orchestration ----------------------------------------------------------------------------
@@ -205,15 +267,17 @@ def _log(msg: str) -> None:
     print(f"[embed] {msg}", file=sys.stderr, flush=True)
 
 
-def _ensure_ray() -> None:
+def _ensure_ray() -> bool:
+    """Connect to ``$RAY_ADDRESS`` or start a local Ray; True when this call did it."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
     else:
         ray.init(include_dashboard=False)
+    return True
 
 
 def _blocks(table: pa.Table, rows_per_block: int) -> list[pa.Table]:
@@ -249,6 +313,7 @@ def _map_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
             "device": "cuda" if gpu else "cpu",
             "dtype": cfg.dtype,
             "threads": threads,
+            "text_batch_size": _text_batch_size(cfg),
         },
         "compute": ray.data.ActorPoolStrategy(size=cfg.num_actors),
         "num_gpus": 1 if gpu else 0,
@@ -258,7 +323,12 @@ def _map_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
     }
 
 
-def _embed_images(cfg: EmbedConfig, images: pa.Table) -> pa.Table:
+def _text_batch_size(cfg: EmbedConfig) -> int:
+    return max(cfg.batch_size * 4, 256)
+
+
+def _embed_images_and_captions(cfg: EmbedConfig, images: pa.Table) -> pa.Table:
+    """One Ray Data pass: image rows (with their captions as JSON) -> image and caption rows."""
     import ray
 
     ds = ray.data.from_arrow(_blocks(images, max(cfg.batch_size, 16)))
@@ -276,14 +346,15 @@ def _embed_images(cfg: EmbedConfig, images: pa.Table) -> pa.Table:
         num_cpus=cfg.decode_cpus,
         runtime_env=_runtime_env(),
     )
-    return _to_arrow(ds.map_batches(ImageEncoderActor, **_map_kwargs(cfg)))
+    return _to_arrow(ds.map_batches(EncoderActor, **_map_kwargs(cfg)))
 
 
 def _embed_texts(cfg: EmbedConfig, captions: pa.Table) -> pa.Table:
     import ray
 
-    rows = max(cfg.batch_size * 4, 256)
-    ds = ray.data.from_arrow(_blocks(captions.select(["caption_id", "text"]), rows))
+    ds = ray.data.from_arrow(
+        _blocks(captions.select(["caption_id", "text"]), _text_batch_size(cfg))
+    )
     return _to_arrow(ds.map_batches(TextEncoderActor, **_map_kwargs(cfg)))
 
 
@@ -341,14 +412,23 @@ def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
         f"{cfg.dataset}/{cfg.split}: {n_img} images, {captions.num_rows} captions, "
         f"{n_shards} shards ({n_shards - len(pending)} already written)"
     )
-    if pending:
-        _ensure_ray()
-    for start in range(0, len(pending), cfg.shards_per_round):
-        group = pending[start : start + cfg.shards_per_round]
-        _embed_group(cfg, images, captions, image_shard, group)
+    started_ray = False
+    with ThreadPoolExecutor(1) as pool:
+        # The manifest's provenance (processor settings, file hashes) is read while Ray works.
+        info = pool.submit(_encoder_info, cfg.model)
+        try:
+            if pending:
+                started_ray = _ensure_ray()
+            for start in range(0, len(pending), cfg.shards_per_round):
+                group = pending[start : start + cfg.shards_per_round]
+                _embed_group(cfg, images, captions, image_shard, group, info)
+            if source.prompts is not None and source.prompts.num_rows:
+                started_ray |= _embed_prompts(cfg, source.prompts)
+        finally:
+            if started_ray:  # an explicit shutdown is ~1 s faster than Ray's exit hooks
+                import ray
 
-    if source.prompts is not None and source.prompts.num_rows:
-        _embed_prompts(cfg, source.prompts)
+                ray.shutdown()
     totals = _totals(cfg)
     summary = {
         "dataset": cfg.dataset,
@@ -371,11 +451,13 @@ def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
     return summary
 
 
-def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table) -> None:
-    """Classification sets: class-name prompts (class x template) -> ``ROOT/split/prompts``."""
+def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table) -> bool:
+    """Classification sets: class-name prompts (class x template) -> ``ROOT/split/prompts``.
+
+    Returns whether it had to start Ray."""
     if tables.read_parts(cfg.output, cfg.split, PROMPTS_DIR) is not None:
-        return
-    _ensure_ray()
+        return False
+    started = _ensure_ray()
     ids = [
         f"class{c}-t{t}"
         for c, t in zip(
@@ -395,6 +477,7 @@ def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table) -> None:
         .append_column("norm", out.column("norm").take(order))
     )
     tables.write_part(cfg.output, cfg.split, PROMPTS_DIR, "part-00000", table)
+    return started
 
 
 def _totals(cfg: EmbedConfig) -> dict[str, int]:
@@ -421,51 +504,71 @@ def _embed_group(
     captions: pa.Table,
     image_shard: dict[str, int],
     group: list[int],
+    info: Future,
 ) -> None:
     """Embed the images and captions of some shards and write them (marker last)."""
     import pyarrow.compute as pc
 
     wanted = pa.array(group, pa.int64())
     todo = images.filter(pc.is_in(images.column("shard"), wanted))
-    _log(f"shards {group[0]}..{group[-1]}: embedding {todo.num_rows} images")
-    img_out = _embed_images(cfg, todo)
+    errors: dict[int, list[dict[str, str]]] = defaultdict(list)
+
+    # This group's captions ride with their image (JSON [[caption_id, text], ...]); empty
+    # captions become errors before any work is done.
+    cap_ids = captions.column("image_id").to_pylist()
+    cap_shard = np.array([image_shard.get(i, -1) for i in cap_ids], dtype=np.int64)
+    group_caps = captions.filter(pa.array(np.isin(cap_shard, np.array(group))))
+    attached: dict[str, list[list[str]]] = defaultdict(list)
+    keep = []
+    for i, row in enumerate(group_caps.select(["caption_id", "image_id", "text"]).to_pylist()):
+        if (row["text"] or "").strip():
+            attached[row["image_id"]].append([row["caption_id"], row["text"]])
+            keep.append(i)
+        else:
+            errors[image_shard[row["image_id"]]].append(
+                {"kind": "caption", "id": row["caption_id"], "path": "", "reason": "empty caption"}
+            )
+    group_caps = group_caps.take(pa.array(keep, pa.int64()))
+    todo_ids = todo.column("image_id").to_pylist()
+    payload = [json.dumps(attached.get(i, []), ensure_ascii=False) for i in todo_ids]
+    _log(
+        f"shards {group[0]}..{group[-1]}: embedding {todo.num_rows} images and "
+        f"{group_caps.num_rows} captions"
+    )
+    out = _embed_images_and_captions(
+        cfg, todo.append_column("captions", pa.array(payload, pa.string()))
+    )
+    is_image = pc.equal(out.column("kind"), "image")
+    img_out = out.filter(is_image)
+    txt_out = out.filter(pc.invert(is_image))
     ok_mask = pc.equal(img_out.column("error"), "")
     ok_images = img_out.filter(ok_mask)
     failed = img_out.filter(pc.invert(ok_mask))
 
-    errors: dict[int, list[dict[str, str]]] = defaultdict(list)
     failed_ids = set()
     for row in failed.select(["image_id", "path", "shard", "error"]).to_pylist():
         failed_ids.add(row["image_id"])
         errors[row["shard"]].append(
             {"kind": "image", "id": row["image_id"], "path": row["path"], "reason": row["error"]}
         )
-
-    cap_ids = captions.column("image_id").to_pylist()
-    cap_shard = np.array([image_shard.get(i, -1) for i in cap_ids], dtype=np.int64)
-    in_group = np.isin(cap_shard, np.array(group))
-    group_caps = captions.filter(pa.array(in_group))
-    keep = []
-    for i, row in enumerate(group_caps.select(["caption_id", "image_id", "text"]).to_pylist()):
-        shard = image_shard[row["image_id"]]
-        if row["image_id"] in failed_ids:
-            reason = f"image {row['image_id']} failed"
-        elif not (row["text"] or "").strip():
-            reason = "empty caption"
-        else:
-            keep.append(i)
-            continue
-        errors[shard].append(
-            {"kind": "caption", "id": row["caption_id"], "path": "", "reason": reason}
+        for caption_id, _ in attached.get(row["image_id"], []):
+            errors[row["shard"]].append(
+                {"kind": "caption", "id": caption_id, "path": "",
+                 "reason": f"image {row['image_id']} failed"}
+            )  # fmt: skip
+    for rows in errors.values():
+        rows.sort(key=lambda r: (r["kind"] != "image", r["id"]))
+    if failed_ids:
+        group_caps = group_caps.filter(
+            pc.invert(pc.is_in(group_caps.column("image_id"), pa.array(sorted(failed_ids))))
         )
-    group_caps = group_caps.take(pa.array(keep, pa.int64()))
-    _log(f"shards {group[0]}..{group[-1]}: embedding {group_caps.num_rows} captions")
-    txt_out = _embed_texts(cfg, group_caps) if group_caps.num_rows else None
+    if not txt_out.num_rows:
+        txt_out = None
 
     # Join results back by id and write shard by shard.
     text_by_id: dict[str, int] = {}
     if txt_out is not None:
-        text_by_id = {cid: i for i, cid in enumerate(txt_out.column("caption_id").to_pylist())}
+        text_by_id = {cid: i for i, cid in enumerate(txt_out.column("id").to_pylist())}
     img_ids = ok_images.column("image_id").to_pylist()
     img_pos = {iid: i for i, iid in enumerate(img_ids)}
     img_emb = _matrix(ok_images.column("embedding"))
@@ -474,7 +577,7 @@ def _embed_group(
     txt_norm = txt_out.column("norm").to_numpy() if txt_out is not None else None
     dim = img_emb.shape[1] if img_emb.size else (txt_emb.shape[1] if txt_emb is not None else 0)
 
-    _write_manifest_once(cfg, dim)
+    _write_manifest_once(cfg, dim, info)
     # Source image columns worth keeping (e.g. `label` of classification sets), by image id.
     carried = [c for c in todo.column_names if c not in _SOURCE_IMAGE_COLUMNS]
     todo_pos = {iid: i for i, iid in enumerate(todo.column("image_id").to_pylist())}
@@ -539,7 +642,13 @@ def _matrix(column: pa.ChunkedArray) -> np.ndarray:
     return values.reshape(len(arr), width)
 
 
-def _write_manifest_once(cfg: EmbedConfig, dim: int) -> None:
+def _encoder_info(model: str) -> dict[str, Any]:
+    from asymvlm.data.encoder import Encoder
+
+    return Encoder(model, device="cpu", load_model=False).info.to_dict()
+
+
+def _write_manifest_once(cfg: EmbedConfig, dim: int, info: Future) -> None:
     """Write (or check) ``ROOT/manifest.json`` before the first parquet part of this job."""
     existing = tables.read_json(cfg.output, tables.MANIFEST_NAME)
     if existing is not None:
@@ -549,8 +658,6 @@ def _write_manifest_once(cfg: EmbedConfig, dim: int) -> None:
                 f"(dim {existing.get('dim')}); refusing to add {cfg.model!r} (dim {dim})"
             )
         return
-    from asymvlm.data.encoder import Encoder
-
-    info = Encoder(cfg.model, device="cpu", load_model=False).info.to_dict()
-    info.update(model=cfg.model, dim=dim, embedding_dtype="float32", normalised=True)
-    tables.write_manifest(cfg.output, info)
+    manifest = dict(info.result())
+    manifest.update(model=cfg.model, dim=dim, embedding_dtype="float32", normalised=True)
+    tables.write_manifest(cfg.output, manifest)
