@@ -289,6 +289,28 @@ class EmbeddingSplit:
     def n_texts(self) -> int:
         return len(self.caption_ids)
 
+    def subset(self, images: np.ndarray, texts: np.ndarray) -> EmbeddingSplit:
+        """The split restricted to image rows ``images`` and caption rows ``texts`` (captions
+        must belong to those images); caption-to-image indices are renumbered."""
+        images, texts = np.asarray(images, dtype=np.int64), np.asarray(texts, dtype=np.int64)
+        new_index = np.full(self.n_images, -1, dtype=np.int64)
+        new_index[images] = np.arange(len(images))
+        owner = new_index[self.text_image_index[texts]]
+        if (owner < 0).any():
+            raise ValueError("subset: some captions belong to images left out")
+        return EmbeddingSplit(
+            image_ids=[self.image_ids[i] for i in images],
+            image_embeddings=self.image_embeddings[images],
+            caption_ids=[self.caption_ids[t] for t in texts],
+            text_image_index=owner,
+            texts=[self.texts[t] for t in texts],
+            text_embeddings=self.text_embeddings[texts],
+            text_norms=None if self.text_norms is None else self.text_norms[texts],
+            extra_text_columns={k: v[texts] for k, v in self.extra_text_columns.items()},
+            manifest=self.manifest,
+            extra_image_columns={k: v[images] for k, v in self.extra_image_columns.items()},
+        )
+
     def text_inputs(self, adapter_input: str = "raw") -> np.ndarray:
         """Text-side adapter input, ``[n_text, dim]`` float32.
 

@@ -9,6 +9,7 @@ epoch), which the Ray Train wrapper (pipelines/) reuses.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -16,9 +17,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from asymvlm import tables
+from asymvlm.distributed import GlobalBatchLoss, epoch_generator, shard_rows
 from asymvlm.methods import Method, build_method
 
 CONFIG_FILE = "config.json"
@@ -90,6 +93,36 @@ def load_split(
     )
 
 
+def hold_out_images(
+    data: SplitTensors, fraction: float, seed: int = 0
+) -> tuple[SplitTensors, SplitTensors]:
+    """Split one split into (rest, held-out) by image: a seeded ``fraction`` of the images and
+    all their captions form the held-out part -- a validation split for data sets that ship
+    only train and test (COCO 2017, CC). The choice depends only on the image ids and seed."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"hold-out fraction must be in (0, 1), got {fraction}")
+    ids = data.split.image_ids
+    n_image = len(ids)
+    order = np.argsort([hashlib.sha256(f"{seed}:{i}".encode()).hexdigest() for i in ids])
+    held = np.zeros(n_image, dtype=bool)
+    held[order[: max(1, int(round(fraction * n_image)))]] = True
+    owner = data.text_to_image.cpu().numpy()
+    device = data.image_emb.device
+    parts = []
+    for keep in (~held, held):
+        images, texts = np.flatnonzero(keep), np.flatnonzero(keep[owner])
+        split = data.split.subset(images, texts)
+        parts.append(
+            SplitTensors(
+                image_emb=data.image_emb[torch.as_tensor(images, device=device)],
+                text_emb=data.text_emb[torch.as_tensor(texts, device=device)],
+                text_to_image=torch.as_tensor(split.text_image_index, device=device),
+                split=split,
+            )
+        )
+    return parts[0], parts[1]
+
+
 def make_optimizer(method: Method, cfg: TrainConfig) -> torch.optim.Optimizer:
     """SGD with momentum or AdamW over the trainable parameters (fused kernels when available)."""
     params = [p for p in method.parameters() if p.requires_grad]
@@ -111,40 +144,85 @@ def steps_per_epoch(n_items: int, batch_size: int) -> int:
 
 
 class Trainer:
-    """Trains one method on one split held in device memory."""
+    """Trains one method on one split held in device memory.
 
-    def __init__(self, method: Method, cfg: TrainConfig, data: SplitTensors) -> None:
-        self.method, self.cfg, self.data = method, cfg, data
+    With ``world_size`` > 1 (inside a ``torch.distributed`` process group, e.g. a Ray Train
+    worker) this worker trains on its shard of the captions (:func:`shard_rows`) with a local
+    batch of ``batch_size / world_size``; the objective spans the global batch and gradients are
+    averaged by DDP (:mod:`asymvlm.distributed`), so N workers equal one process with the full
+    batch. ``data`` is the whole split: :meth:`start` calibrates on all of it, identically on
+    every worker, and only the shard is kept afterwards.
+    """
+
+    def __init__(
+        self,
+        method: Method,
+        cfg: TrainConfig,
+        data: SplitTensors,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.method, self.cfg = method, cfg
+        self.rank, self.world_size = rank, world_size
         self.device = data.image_emb.device
         self.method.to(self.device)
-        self.batch_size = min(cfg.batch_size, data.text_emb.shape[0])
-        self.steps = steps_per_epoch(data.text_emb.shape[0], self.batch_size)
+        n_text = data.text_emb.shape[0]
+        global_batch = min(cfg.batch_size, n_text)
+        if global_batch % world_size:
+            raise ValueError(f"batch_size {global_batch} is not divisible by {world_size} workers")
+        self.batch_size = global_batch // world_size  # per worker
+        rows = shard_rows(n_text, rank, world_size, cfg.seed).to(self.device)
+        self._full_data: SplitTensors | None = data
+        self.data = SplitTensors(
+            image_emb=data.image_emb,
+            text_emb=data.text_emb[rows] if world_size > 1 else data.text_emb,
+            text_to_image=data.text_to_image[rows] if world_size > 1 else data.text_to_image,
+            split=data.split,
+        )
+        # Same number of steps on every worker (collectives must match): the smallest shard.
+        self.steps = steps_per_epoch(n_text // world_size, self.batch_size)
         self.epoch = 0
-        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.autocast = _autocast_dtype(cfg.precision, self.device)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.loss_module: torch.nn.Module = GlobalBatchLoss(method)
         if method.trainable:
             self.optimizer = make_optimizer(method, cfg)
             self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
                 self.optimizer, T_max=max(1, cfg.epochs * self.steps), eta_min=cfg.min_lr
             )
         # A fixed caption subsample to summarise kappa every epoch.
-        probe = torch.randperm(data.text_emb.shape[0], generator=torch.Generator().manual_seed(0))
+        n_local = self.data.text_emb.shape[0]
+        probe = torch.randperm(n_local, generator=torch.Generator().manual_seed(0))
         self._probe = probe[:4096].to(self.device)
 
     # -- the algorithm ------------------------------------------------------------------------
     def start(self) -> None:
-        """Called once before the first epoch of a fresh run."""
-        self.method.fit_start(self.data.image_emb, self.data.text_emb)
+        """Called once before the first epoch of a fresh run (with the whole training split)."""
+        assert self._full_data is not None, "start() belongs before the first epoch"
+        self.method.fit_start(self._full_data.image_emb, self._full_data.text_emb)
+        self._ready()
+
+    def _ready(self) -> None:
+        """Drop the whole split (only the shard is trained on) and wrap the loss for DDP."""
+        self._full_data = None
+        if self.world_size > 1 and self.method.trainable:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.loss_module = DistributedDataParallel(
+                GlobalBatchLoss(self.method), device_ids=device_ids
+            )
 
     def train_epoch(self) -> dict[str, float]:
         """One pass over a fresh permutation of the captions; returns the epoch's statistics."""
         assert self.optimizer is not None and self.scheduler is not None
+        if self._full_data is not None:
+            self._ready()
         self.method.train()
-        perm = torch.randperm(
-            self.data.text_emb.shape[0], generator=self.generator, device=self.device
-        )
+        generator = epoch_generator(self.cfg.seed, self.rank, self.epoch, self.device)
+        perm = torch.randperm(self.data.text_emb.shape[0], generator=generator, device=self.device)
         total = torch.zeros((), device=self.device)
         for step in range(self.steps):
             idx = perm[step * self.batch_size : (step + 1) * self.batch_size]
@@ -163,7 +241,7 @@ class Trainer:
             dtype=self.autocast or torch.float32,
             enabled=self.autocast is not None,
         ):
-            loss = self.method.loss(image_batch, text_batch, epoch=self.epoch)
+            loss = self.loss_module(image_batch, text_batch, self.epoch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -220,21 +298,36 @@ class Trainer:
 
     # -- resumability -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs. The random state is (seed, rank, epoch): every
+        epoch's permutation is drawn from :func:`epoch_generator`; the global torch RNG, which
+        nothing in an epoch draws from, is saved too for code that does."""
         return {
             "method": self.method.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-            "generator": self.generator.get_state(),
             "epoch": self.epoch,
+            "rng": {
+                "seed": self.cfg.seed,
+                "world_size": self.world_size,
+                "torch": torch.get_rng_state(),
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        rng = state.get("rng", {})
+        if rng.get("seed", self.cfg.seed) != self.cfg.seed:
+            raise ValueError(
+                f"checkpoint was trained with seed {rng['seed']}, this run has {self.cfg.seed}"
+            )
         self.method.load_state_dict(state["method"])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
-        self.generator.set_state(state["generator"])
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
         self.epoch = int(state["epoch"])
+        if self._full_data is not None:
+            self._ready()
 
 
 # -- checkpoints ------------------------------------------------------------------------------

@@ -242,7 +242,7 @@ def run_plain(
     if sort_captions:  # the stage's own caption batching: length-sorted chunks
         from asymvlm.data.embed import encode_texts_by_length
 
-        emb, norm = encode_texts_by_length(enc, texts, max(4 * bs, 256))
+        emb, norm = encode_texts_by_length(enc, texts, bs)
         txt_emb.append(emb)
         txt_norm.append(norm)
     else:
@@ -418,8 +418,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "plain_by_torch_threads": by_threads,
         "plain_sorted": (
             {
-                "note": "the plain loop with the stage's caption batching (length-sorted chunks "
-                "of max(4 x batch, 256)), torch threads = max(--threads): isolates Ray's cost",
+                "note": "the plain loop with the stage's caption batching (chunks of --batch-size "
+                "captions of similar length), torch threads = max(--threads)",
                 "images_per_s": round(n_img / min(q["seconds"] for q in plain_sorted), 2),
                 "seconds": [round(q["seconds"], 2) for q in plain_sorted],
                 "ratio_stage_over_this": round(

@@ -47,13 +47,13 @@ def test_each_epoch_visits_distinct_captions_with_their_images() -> None:
     data = _toy_split()
     method = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2)
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-    original = method.loss
+    original = method.loss_features
 
-    def spy(image_emb, text_emb, *, epoch=0):
+    def spy(image_emb, text_emb):
         seen.append((image_emb.clone(), text_emb.clone()))
-        return original(image_emb, text_emb, epoch=epoch)
+        return original(image_emb, text_emb)
 
-    method.loss = spy  # type: ignore[method-assign]
+    method.loss_features = spy  # type: ignore[method-assign]
     trainer = Trainer(method, _cfg(), data)
     trainer.train_epoch()
     assert len(seen) == 3 and all(t.shape == (32, 8) for _, t in seen)

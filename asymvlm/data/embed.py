@@ -324,7 +324,9 @@ def _map_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
 
 
 def _text_batch_size(cfg: EmbedConfig) -> int:
-    return max(cfg.batch_size * 4, 256)
+    """Captions per forward pass: the image batch size. An actor call holds the captions of
+    ``batch_size`` images (~5 each), sorted by length into chunks of this size."""
+    return cfg.batch_size
 
 
 def _embed_images_and_captions(cfg: EmbedConfig, images: pa.Table) -> pa.Table:

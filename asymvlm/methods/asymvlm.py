@@ -156,16 +156,9 @@ class _Spherical(Method):
             return float(vmf_log_normalizer_approx(zero, self.dim))
         return uniform_log_density(self.dim)
 
-    def loss(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-    ) -> torch.Tensor:
+    def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
         """tau * L on the batch (training kernel: F_d for vMF), then Eq. 2 or App. A.3."""
-        tau_l = self.score(
-            self.encode_texts(text_emb),
-            self.encode_images(image_emb),
-            exact=False,
-            scale=self.temperature,
-        )
+        tau_l = self.score(texts, images, exact=False, scale=self.temperature)
         return self.objective_loss(tau_l)
 
     def training_stats(self) -> dict[str, float]:

@@ -16,7 +16,11 @@ and offers
 * ``log_likelihood(image_emb, text_emb)`` = ``score(encode_texts(t), encode_images(i))``;
 * ``text_uncertainty`` / ``image_uncertainty`` -> [n] scalar per item, higher = more uncertain,
   or ``None`` where the method does not define one;
-* ``loss(image_emb, text_emb, epoch=...)`` on a paired batch (row r of both is a pair).
+* ``loss(image_emb, text_emb, epoch=...)`` on a paired batch (row r of both is a pair), which
+  is ``pair_loss(*loss_features(image_emb, text_emb), epoch=...)``: per-item encodings first,
+  then the batch objective over them -- so data-parallel training can all-gather the encodings
+  in between and every worker's objective spans the global batch
+  (:mod:`asymvlm.distributed`).
 """
 
 from __future__ import annotations
@@ -171,10 +175,21 @@ class Method(nn.Module):
         return self.image_uncertainty_from(self.encode_images(image_emb))
 
     # -- training ----------------------------------------------------------------------------
+    def loss_features(
+        self, image_emb: torch.Tensor, text_emb: torch.Tensor
+    ) -> tuple[Encoding, Encoding]:
+        """Per-item encodings of a paired batch (rows = items) that :meth:`pair_loss` needs."""
+        return self.encode_images(image_emb), self.encode_texts(text_emb)
+
+    def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
+        """The batch objective over encodings whose row r is a matched pair."""
+        raise NotImplementedError(f"{self.name} has no training loss")
+
     def loss(
         self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
     ) -> torch.Tensor:
-        raise NotImplementedError(f"{self.name} has no training loss")
+        """Training loss on a paired batch: :meth:`pair_loss` of :meth:`loss_features`."""
+        return self.pair_loss(*self.loss_features(image_emb, text_emb), epoch=epoch)
 
     #: Calibrate the input scale of the adapters (see :class:`Adapter`) in ``fit_start``.
     calibrate_input: bool = True

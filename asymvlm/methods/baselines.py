@@ -134,14 +134,19 @@ class ProbVLM(Method):
     def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
         return ggd_variance(images["inv_alpha"], images["beta"]).mean(-1)
 
-    def loss(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-    ) -> torch.Tensor:
-        z_i, z_t = unit(image_emb), unit(text_emb)
-        img, txt = self.encode_images(image_emb), self.encode_texts(text_emb)
+    def loss_features(
+        self, image_emb: torch.Tensor, text_emb: torch.Tensor
+    ) -> tuple[Encoding, Encoding]:
+        """The heads' outputs plus each frozen unit embedding ``z`` (the regression target)."""
+        img = {**self.encode_images(image_emb), "z": unit(image_emb)}
+        txt = {**self.encode_texts(text_emb), "z": unit(text_emb)}
+        return img, txt
+
+    def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
         w = (self.l1_weight, self.nll_weight)
-        own = probvlm_criterion(img, z_i, *w) + probvlm_criterion(txt, z_t, *w)
-        cross = probvlm_criterion(img, z_t, *w) + probvlm_criterion(txt, z_i, *w)
+        z_i, z_t = images["z"], texts["z"]
+        own = probvlm_criterion(images, z_i, *w) + probvlm_criterion(texts, z_t, *w)
+        cross = probvlm_criterion(images, z_t, *w) + probvlm_criterion(texts, z_i, *w)
         return own + self.cross_weight * cross
 
 
@@ -272,11 +277,6 @@ class _PostHocGaussian(Method):
     def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
         return images["var"].mean(-1)
 
-    def _encode_pair(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor
-    ) -> tuple[Encoding, Encoding]:
-        return self.encode_images(image_emb), self.encode_texts(text_emb)
-
 
 @register("pfe")
 class PFE(_PostHocGaussian):
@@ -293,10 +293,8 @@ class PFE(_PostHocGaussian):
         var = F.softplus(head(x)) + self.min_var
         return {"mu": unit(x), "var": var, "log_var": torch.log(var)}
 
-    def loss(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-    ) -> torch.Tensor:
-        img, txt = self._encode_pair(image_emb, text_emb)
+    def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
+        img, txt = images, texts
         return -mutual_likelihood_score(img["mu"], img["var"], txt["mu"], txt["var"]).mean()
 
 
@@ -344,10 +342,8 @@ class PCMEPP(_LogVarianceHeads):
     def scale(self) -> torch.Tensor:
         return F.softplus(self.scale_raw)
 
-    def loss(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-    ) -> torch.Tensor:
-        img, txt = self._encode_pair(image_emb, text_emb)
+    def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
+        img, txt = images, texts
         logits = -self.scale * csd(img["mu"], img["var"], txt["mu"], txt["var"]) + self.shift
         target = torch.eye(logits.shape[0], dtype=logits.dtype, device=logits.device)
         return 2.0 * F.binary_cross_entropy_with_logits(logits, target)
@@ -387,10 +383,8 @@ class ProLIP(_LogVarianceHeads):
         self.inclusion_scale = inclusion_scale
         self.inclusion_log_eps = inclusion_log_eps
 
-    def loss(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-    ) -> torch.Tensor:
-        img, txt = self._encode_pair(image_emb, text_emb)
+    def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
+        img, txt = images, texts
         sim = probabilistic_cosine(img["mu"], img["var"], txt["mu"], txt["var"])
         total = sigmoid_pair_loss(self.log_scale.exp() * sim + self.bias)
         if self.inclusion_weight:
@@ -539,10 +533,8 @@ class ELIP(Method):
             return 1.0
         return min(1.0, epoch / self.kl_anneal_epochs)
 
-    def loss(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-    ) -> torch.Tensor:
-        cos = self.encode_images(image_emb)["mu"] @ self.encode_texts(text_emb)["mu"].T
+    def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
+        cos = images["mu"] @ texts["mu"].T
         alpha = dirichlet_alpha(cos, self.temperature)  # rows: image queries
         y = torch.eye(cos.shape[0], dtype=cos.dtype, device=cos.device)
         lam = self.kl_weight(epoch)

@@ -45,11 +45,9 @@ class DeterministicFT(Method):
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
         return {"mu": unit(self.text_adapter(text_emb))}
 
-    def loss(
-        self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-    ) -> torch.Tensor:
-        scaled = self.temperature * self.encode_texts(text_emb)["mu"]
-        return info_nce(scaled @ unit(image_emb).T)  # tau * cos in one matrix product
+    def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
+        scaled = self.temperature * texts["mu"]
+        return info_nce(scaled @ images["mu"].T)  # tau * cos in one matrix product
 
     def training_stats(self) -> dict[str, float]:
         return {"temperature": float(self.temperature.detach())}

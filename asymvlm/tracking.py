@@ -1,0 +1,224 @@
+"""MLflow tracking of training runs and sweeps (names, artifacts, the adapter as a model).
+
+Plain MLflow, no Ray: the sweep driver in ``pipelines/`` is the only writer (one writer keeps a
+SQLite store free of lock contention), and ``asymvlm report`` reads what is written here.
+
+* Per-epoch metrics: ``train_loss``, ``temperature``, ``kappa_mean``, ``kappa_p05/p50/p95``
+  (whatever :meth:`asymvlm.training.Trainer.stats` gives), with ``step`` = epoch.
+* Final metrics (:func:`retrieval_metric_names`): ``t2i_recall_at_1/5/10``, ``t2i_spearman``,
+  ``t2i_r2`` and the same for ``i2t``; validation-split copies carry a ``val_`` prefix.
+* Artifacts: the binned Recall@1 curves as JSON and a Fig. 3-style PNG; the adapter as an MLflow
+  pyfunc model (:class:`CaptionUncertaintyModel`) that scores caption uncertainty from
+  embeddings; on the sweep's parent run, the mean ± std table over seeds (Table A.2 layout).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CaptionUncertaintyModel",
+    "DIRECTIONS",
+    "default_tracking_uri",
+    "git_commit",
+    "log_history",
+    "log_uncertainty_model",
+    "retrieval_metric_names",
+    "seed_summary",
+    "summary_csv",
+    "summary_markdown",
+]
+
+DIRECTIONS = ("t2i", "i2t")
+_FINAL_KEYS = {"recall@1": "recall_at_1", "recall@5": "recall_at_5", "recall@10": "recall_at_10",
+               "spearman": "spearman", "r2": "r2"}  # fmt: skip
+
+
+def default_tracking_uri(output: str) -> str:
+    """A local SQLite store beside the outputs (MLflow >= 3.13 refuses a bare ./mlruns)."""
+    return "sqlite:///" + os.path.join(os.path.abspath(output), "mlflow.db")
+
+
+def git_commit(path: str | None = None) -> str:
+    """The commit of the checkout holding ``path`` (this package by default), or "unknown"."""
+    where = path or os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(
+            ["git", "-C", where, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def retrieval_metric_names(evaluation: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Flatten :func:`asymvlm.evaluation.evaluate_retrieval` output into MLflow metric names.
+
+    ``{"t2i": {"recall@1": .3, "spearman": -.9, ...}}`` -> ``{"t2i_recall_at_1": .3,
+    "t2i_spearman": -.9, ...}``; undefined values (no uncertainty: spearman/r2 None) are left out.
+    """
+    out: dict[str, float] = {}
+    for direction in DIRECTIONS:
+        for key, name in _FINAL_KEYS.items():
+            value = evaluation.get(direction, {}).get(key)
+            if value is not None and math.isfinite(float(value)):
+                out[f"{prefix}{direction}_{name}"] = float(value)
+    return out
+
+
+def log_history(client, run_id: str, history: Sequence[Mapping[str, float]]) -> None:
+    """Per-epoch scalars with step = epoch, in batches (one request per 1000 values)."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics = [
+        Metric(key, float(value), now, int(row["epoch"]))
+        for row in history
+        for key, value in row.items()
+        if key != "epoch" and isinstance(value, int | float) and math.isfinite(float(value))
+    ]
+    for start in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[start : start + 1000])
+
+
+# -- the adapter as an MLflow model ------------------------------------------------------------
+try:  # mlflow is a dependency, but keep `import asymvlm.tracking` cheap to fail clearly
+    from mlflow.pyfunc import PythonModel as _PythonModel
+except ImportError:  # pragma: no cover
+    _PythonModel = object  # type: ignore[assignment,misc]
+
+
+class CaptionUncertaintyModel(_PythonModel):
+    """Scores caption uncertainty from frozen text embeddings with a trained adapter.
+
+    Input: a DataFrame with ``embedding`` (unit text embedding, a list of d floats per row) and,
+    for adapters trained on raw features (``adapter_input = "raw"``, the default), ``norm`` (the
+    raw projection norm, as in the embedding tables). Output: ``uncertainty`` (the method's
+    per-caption uncertainty, e.g. 1/kappa) and ``kappa`` where the method has one.
+    """
+
+    def load_context(self, context) -> None:
+        from asymvlm.training import load_checkpoint
+
+        self.method, self.meta = load_checkpoint(context.artifacts["checkpoint"])
+
+    def predict(self, context, model_input, params=None):
+        import pandas as pd
+        import torch
+
+        frame = pd.DataFrame(model_input)
+        if "embedding" not in frame:
+            raise ValueError("input needs an 'embedding' column (one list of floats per caption)")
+        emb = np.stack([np.asarray(v, dtype=np.float32) for v in frame["embedding"]])
+        if emb.shape[1] != self.meta["dim"]:
+            raise ValueError(f"embeddings have dim {emb.shape[1]}, the adapter {self.meta['dim']}")
+        if self.meta.get("adapter_input", "raw") == "raw":
+            if "norm" not in frame:
+                raise ValueError("this adapter reads raw text features: add a 'norm' column")
+            emb = emb * frame["norm"].to_numpy(dtype=np.float32)[:, None]
+        with torch.no_grad():
+            texts = self.method.encode_texts(torch.from_numpy(emb))
+            unc = self.method.text_uncertainty_from(texts)
+        out = {"uncertainty": unc.float().numpy() if unc is not None else np.nan}
+        kappa = texts.get("kappa")
+        out["kappa"] = kappa.float().numpy() if kappa is not None else np.nan
+        return pd.DataFrame(out, index=frame.index)
+
+
+def log_uncertainty_model(checkpoint_dir: str, dim: int, name: str = "adapter"):
+    """Log the checkpoint as a pyfunc model of the active run (this package travels with it)."""
+    import mlflow
+    import pandas as pd
+    from mlflow.models import infer_signature
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    example = pd.DataFrame({"embedding": [[0.0] * dim], "norm": [1.0]})
+    example.at[0, "embedding"] = list(np.eye(dim, dtype=float)[0])
+    return mlflow.pyfunc.log_model(
+        name=name,
+        python_model=CaptionUncertaintyModel(),
+        artifacts={"checkpoint": checkpoint_dir},
+        code_paths=[package],
+        signature=infer_signature(example, pd.DataFrame({"uncertainty": [1.0], "kappa": [1.0]})),
+    )
+
+
+# -- mean ± std over seeds (Table A.2 layout) ---------------------------------------------------
+SUMMARY_COLUMNS = [f"{d}_{m}" for d in ("i2t", "t2i") for m in ("recall_at_1", "spearman", "r2")]
+
+
+def seed_summary(runs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per method: mean, std (sample, ddof=1) and n over seeds of every summary column.
+
+    ``runs`` are dicts with ``method`` and the flat final metrics of one seed each.
+    """
+    by_method: dict[str, list[Mapping[str, Any]]] = {}
+    for run in runs:
+        by_method.setdefault(run["method"], []).append(run)
+    out: dict[str, dict[str, Any]] = {}
+    for method, rows in by_method.items():
+        cells: dict[str, Any] = {"n_seeds": len(rows)}
+        for col in SUMMARY_COLUMNS:
+            values = [float(r[col]) for r in rows if r.get(col) is not None]
+            if values:
+                cells[col] = {
+                    "mean": statistics.fmean(values),
+                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                    "n": len(values),
+                }
+        out[method] = cells
+    return out
+
+
+def _cell(stats: Mapping[str, float] | None, scale: float) -> str:
+    if not stats:
+        return "–"
+    return f"{scale * stats['mean']:.2f} ± {scale * stats['std']:.2f}"
+
+
+def summary_markdown(summary: Mapping[str, Mapping[str, Any]], title: str = "") -> str:
+    """The table as markdown: R@1 in %, S and R² as is, mean ± std over n seeds."""
+    head = ["Method", "seeds"] + [
+        f"{d} {m}" for d in ("i2t", "t2i") for m in ("R@1 (%)", "S", "R²")
+    ]
+    lines = [f"### {title}", ""] if title else []
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method, cells in summary.items():
+        row = [method, str(cells["n_seeds"])]
+        for col in SUMMARY_COLUMNS:
+            row.append(_cell(cells.get(col), 100.0 if "recall" in col else 1.0))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_csv(summary: Mapping[str, Mapping[str, Any]]) -> str:
+    """The table as CSV: one row per method, ``<col>_mean`` / ``<col>_std`` columns."""
+    buf = io.StringIO()
+    fields = ["method", "n_seeds"] + [f"{c}_{s}" for c in SUMMARY_COLUMNS for s in ("mean", "std")]
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    for method, cells in summary.items():
+        row: dict[str, Any] = {"method": method, "n_seeds": cells["n_seeds"]}
+        for col in SUMMARY_COLUMNS:
+            stats = cells.get(col)
+            row[f"{col}_mean"] = "" if not stats else repr(stats["mean"])
+            row[f"{col}_std"] = "" if not stats else repr(stats["std"])
+        writer.writerow(row)
+    return buf.getvalue()
+
+
+def write_json(path: str, payload: Any) -> str:
+    with open(path, "w") as fh:
+        json.dump(payload, fh, indent=2)
+    return path

@@ -1,0 +1,224 @@
+"""Ray Train runs and the Ray Tune sweep, tracked in MLflow, on a small synthetic world."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from asymvlm import tracking
+from asymvlm.synthetic import write_world
+from asymvlm.training import TrainConfig, hold_out_images, load_split
+from tests.conftest import small_world_config
+
+EPOCHS = 4
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("sweep-world") / "tables"
+    cfg = small_world_config(splits={"train": 400, "val": 80, "test": 80})
+    return write_world(str(root), cfg)
+
+
+def _run_cfg(world: str, **extra):
+    from pipelines.train import run_config_dict
+
+    train = TrainConfig(method="asymvlm-vmf", epochs=EPOCHS, lr=5e-3, optimizer="adamw",
+                        batch_size=128, hidden_dim=32, seed=3)  # fmt: skip
+    return run_config_dict(world, train, checkpoint_every=2, **extra)
+
+
+@pytest.mark.slow
+def test_killed_worker_resumes_to_the_same_result(ray_session, world, tmp_path) -> None:
+    from pipelines.train import run_training
+
+    plain = run_training(_run_cfg(world), name="plain", storage_path=str(tmp_path / "ray"),
+                         num_workers=2)  # fmt: skip
+    marker = tmp_path / "killed.txt"
+    broken = run_training(
+        _run_cfg(world, fail_at_epoch=3, fail_marker=str(marker), fail_rank=1),
+        name="broken",
+        storage_path=str(tmp_path / "ray"),
+        num_workers=2,
+        max_failures=1,
+    )
+    assert marker.exists(), "the failure was injected"
+    assert [row["epoch"] for row in broken["history"]] == list(range(1, EPOCHS + 1))
+    for a, b in zip(plain["history"], broken["history"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6, abs=1e-7)
+    for split in ("val", "test"):
+        for direction in ("t2i", "i2t"):
+            assert plain[split][direction] == broken[split][direction]
+    # ... and the run really learnt something: AsymVLM beats chance by far.
+    assert plain["test"]["t2i"]["recall@1"] > 5 / 80
+
+
+@pytest.mark.slow
+def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
+    ray_session, world, tmp_path
+) -> None:
+    import mlflow
+    from mlflow import MlflowClient
+
+    from pipelines.sweep import resolve_config, run_sweep
+
+    cfg = resolve_config(
+        {
+            "embeddings": world,
+            "methods": ["asymvlm-vmf", "determ-ft"],
+            "lr": [1e-3, 1e-2],
+            "seeds": [0, 1],
+            "epochs": 3,
+            "batch_size": 128,
+            "optimizer": "adamw",
+            "num_workers": 2,
+            "hidden_dim": 32,
+            "checkpoint_every": 2,
+            "output": str(tmp_path / "sweep"),
+            "mlflow": {"experiment": "ci-sweep"},
+            "extra_key_for_other_stages": {"ignored": True},
+        }
+    )
+    out = run_sweep(cfg)
+    assert out["tracking_uri"] == "sqlite:///" + str(tmp_path / "sweep" / "mlflow.db")
+    client = MlflowClient(out["tracking_uri"])
+    children = client.search_runs(
+        [out["experiment_id"]], f"tags.mlflow.parentRunId = '{out['parent_run_id']}'"
+    )
+    assert len(children) == 8  # 2 methods x 2 lrs (seed 0) + 2 methods x 2 seeds
+    assert sorted(c.data.tags["stage"] for c in children).count("seeds") == 4
+    names = [f"{d}_{m}" for d in ("t2i", "i2t")
+             for m in ("recall_at_1", "recall_at_5", "recall_at_10")]  # fmt: skip
+    for child in children:
+        metrics, params = child.data.metrics, child.data.params
+        assert set(names) <= set(metrics)
+        assert {"method", "lr", "seed", "dataset", "embedding_model", "git_commit"} <= set(params)
+        if params["method"] == "asymvlm-vmf":  # has uncertainty: S and R² of the bin curve
+            assert {"t2i_spearman", "t2i_r2", "i2t_spearman", "i2t_r2"} <= set(metrics)
+            kappa = client.get_metric_history(child.info.run_id, "kappa_mean")
+            assert [m.step for m in kappa] == [1, 2, 3]
+        loss = client.get_metric_history(child.info.run_id, "train_loss")
+        assert [m.step for m in loss] == [1, 2, 3]
+        artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert {"binned_recall.json", "binned_recall.png"} <= artifacts
+    parent = client.get_run(out["parent_run_id"])
+    artifacts = {a.path for a in client.list_artifacts(out["parent_run_id"])}
+    assert {"summary.md", "summary.csv", "selection.json", "config.yaml"} <= artifacts
+    assert parent.data.params["best_lr/asymvlm-vmf"] in ("0.001", "0.01")
+
+    # The lr was chosen on validation: the winner has the best val score of its method.
+    grid = [c for c in children if c.data.tags["stage"] == "grid"]
+    for method, pick in out["selection"].items():
+        scores = {float(c.data.params["lr"]): c.data.metrics["val_mean_recall_at_1"]
+                  for c in grid if c.data.params["method"] == method}  # fmt: skip
+        assert pick["lr"] == max(scores, key=lambda lr: (scores[lr], -lr))
+
+    # The summary is the mean ± std of the seed runs' test metrics.
+    seeds = [c for c in children if c.data.tags["stage"] == "seeds"]
+    for method in ("asymvlm-vmf", "determ-ft"):
+        values = [c.data.metrics["t2i_recall_at_1"] for c in seeds
+                  if c.data.params["method"] == method]  # fmt: skip
+        assert len(values) == 2
+        want_mean, want_std = np.mean(values), np.std(values, ddof=1)
+        got = out["summary"][method]["t2i_recall_at_1"]
+        assert got["mean"] == pytest.approx(want_mean) and got["std"] == pytest.approx(want_std)
+        assert parent.data.metrics[f"{method}/t2i_recall_at_1_mean"] == pytest.approx(want_mean)
+    table = open(os.path.join(cfg["output"], "summary.md")).read()
+    assert "asymvlm-vmf" in table and "determ-ft" in table and "±" in table
+
+    # The logged adapter scores caption uncertainty from embeddings.
+    vmf = next(c for c in seeds if c.data.params["method"] == "asymvlm-vmf")
+    model = mlflow.pyfunc.load_model(f"runs:/{vmf.info.run_id}/adapter")
+    test = load_split(world, "test")
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {"embedding": list(test.split.text_embeddings[:5]), "norm": test.split.text_norms[:5]}
+    )
+    scored = model.predict(frame)
+    assert list(scored.columns) == ["uncertainty", "kappa"]
+    np.testing.assert_allclose(scored["uncertainty"], 1.0 / scored["kappa"], rtol=1e-5)
+    assert np.all(scored["kappa"] > 0)
+
+
+def test_hold_out_images_keeps_captions_with_their_image(small_world) -> None:
+    data = load_split(small_world, "train")
+    rest, held = hold_out_images(data, 0.2, seed=0)
+    assert held.split.n_images == 60 and rest.split.n_images == 240
+    assert held.split.n_texts + rest.split.n_texts == data.split.n_texts
+    assert not set(held.split.image_ids) & set(rest.split.image_ids)
+    for part in (rest, held):  # every caption still points at its own image's embedding
+        owner = [part.split.image_ids[i] for i in part.text_to_image.tolist()]
+        by_id = dict(zip(data.split.caption_ids, data.split.text_image_index, strict=True))
+        want = [data.split.image_ids[by_id[c]] for c in part.split.caption_ids]
+        assert owner == want
+        assert torch.equal(part.image_emb[part.text_to_image[:3]],
+                           torch.as_tensor(np.stack([data.split.image_embeddings[
+                               data.split.image_ids.index(i)] for i in owner[:3]])))  # fmt: skip
+    again = hold_out_images(data, 0.2, seed=0)[1]
+    assert again.split.image_ids == held.split.image_ids
+    with pytest.raises(ValueError, match="fraction"):
+        hold_out_images(data, 1.0)
+
+
+def test_lr_selection_and_summary_numbers() -> None:
+    from pipelines.sweep import SELECTION_METRIC, select_lr
+
+    grid = [
+        {"method": "a", "lr": 1e-3, SELECTION_METRIC: 0.2},
+        {"method": "a", "lr": 1e-2, SELECTION_METRIC: 0.3},
+        {"method": "b", "lr": 1e-3, SELECTION_METRIC: 0.5},
+        {"method": "b", "lr": 1e-2, SELECTION_METRIC: 0.5},  # tie: the smaller lr
+    ]
+    picks = select_lr(grid)
+    assert picks["a"]["lr"] == 1e-2 and picks["b"]["lr"] == 1e-3
+    summary = tracking.seed_summary(
+        [{"method": "a", "t2i_recall_at_1": v, "i2t_recall_at_1": 0.5} for v in (0.1, 0.2, 0.6)]
+    )
+    cell = summary["a"]["t2i_recall_at_1"]
+    assert cell["mean"] == pytest.approx(0.3) and cell["std"] == pytest.approx(np.std(
+        [0.1, 0.2, 0.6], ddof=1))  # fmt: skip
+    md = tracking.summary_markdown(summary)
+    assert "| a | 3 | 50.00 ± 0.00 | – | – | 30.00 ± 26.46 | – | – |" in md
+    csv_text = tracking.summary_csv(summary)
+    assert csv_text.splitlines()[0].startswith("method,n_seeds,i2t_recall_at_1_mean")
+
+
+def test_config_errors_name_the_problem(tmp_path) -> None:
+    from pipelines.sweep import load_config, main
+
+    path = tmp_path / "space.yaml"
+    path.write_text("methods: [asymvlm-vmf]\nlr: [0.001]\n")
+    with pytest.raises(ValueError, match="missing keys"):
+        load_config(str(path))
+    path.write_text(
+        "embeddings: x\nmethods: [nope]\nlr: [0.001]\nseeds: [0]\nepochs: 1\nbatch_size: 8\n"
+        "optimizer: sgd\nnum_workers: 1\nmlflow: {experiment: e}\n"
+    )
+    with pytest.raises(ValueError, match="unknown methods \\['nope'\\]"):
+        load_config(str(path))
+    cfg = load_config(str(path), {"methods": ["determ-ft"], "mlflow.experiment": "other"})
+    assert cfg["methods"] == ["determ-ft"] and cfg["mlflow"]["experiment"] == "other"
+    assert cfg["mlflow"]["tracking_uri"].startswith("sqlite:///")
+    assert main(["--config", str(tmp_path / "absent.yaml")]) == 2
+
+
+def test_shipped_tune_spaces_parse() -> None:
+    from pipelines.sweep import load_config
+
+    folder = os.path.join(os.path.dirname(__file__), "..", "tune_spaces")
+    names = sorted(f for f in os.listdir(folder) if f.endswith(".yaml"))
+    assert {"coco-clip.yaml", "flickr30k-siglip.yaml", "cc200k-clip.yaml", "cpu-small.yaml"} <= set(
+        names
+    )
+    for name in names:
+        cfg = load_config(os.path.join(folder, name))
+        if name != "cpu-small.yaml":  # the paper's protocol
+            assert cfg["lr"] == [1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2]
+            assert cfg["seeds"] == [0, 1, 2, 3, 4] and cfg["epochs"] == 200
+            assert cfg["batch_size"] == 2048 and cfg["optimizer"] == "sgd"
+        json.dumps(cfg)  # plain types only: it travels to every trial
