@@ -41,7 +41,8 @@ def plot_binned_recall(results: Mapping[str, Mapping[str, Any]], path: str, titl
         ax.set_ylabel("Recall@1")
         ax.set_title(f"{direction} {title}".strip())
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 __all__ = [
     "CaptionUncertaintyModel",
@@ -113,8 +114,7 @@ class CaptionUncertaintyModel(_PythonModel):
 
         self.method, self.meta = load_checkpoint(context.artifacts["checkpoint"])
 
-    def predict(self, context, model_input, params=None):
-        import pandas as pd
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         import torch
 
         frame = pd.DataFrame(model_input)
@@ -139,7 +139,6 @@ class CaptionUncertaintyModel(_PythonModel):
 def log_uncertainty_model(checkpoint_dir: str, dim: int, name: str = "adapter"):
     """Log the checkpoint as a pyfunc model of the active run (this package travels with it)."""
     import mlflow
-    import pandas as pd
     from mlflow.models import infer_signature
 
     package = os.path.dirname(os.path.abspath(__file__))

@@ -47,7 +47,6 @@ import argparse
 import glob
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -56,29 +55,12 @@ import tempfile
 import time
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import cpu_model, loadavg, logger  # noqa: E402
+
+log = logger("embed_throughput")
+
 DEFAULT_DATA = "/work/shared/data/hierarcaps"
-
-
-def log(msg: str) -> None:
-    print(f"[embed_throughput] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def loadavg() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 # -- models -------------------------------------------------------------------------------------

@@ -70,6 +70,10 @@ def run_ray(args: argparse.Namespace, world: str, out: str, cpus: int) -> dict[s
     return {"wall": wall, "epoch_seconds": [row["epoch_seconds"] for row in result["history"]]}
 
 
+def _rounded(values: list[float]) -> list[float]:
+    return [round(v, 2) for v in values]
+
+
 def steady(epoch_seconds: list[float]) -> float:
     return statistics.median(epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds)
 
@@ -105,10 +109,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for r in range(args.repeats):
             log(f"repeat {r + 1}/{args.repeats}: asymvlm train")
             single.append(run_single(args, world, os.path.join(root, f"single-{r}")))
-            log(f"  {single[-1]['wall']:.1f}s, epochs {[round(s, 2) for s in single[-1]['epoch_seconds']]}")
+            log(f"  {single[-1]['wall']:.1f}s, epochs {_rounded(single[-1]['epoch_seconds'])}")
             log(f"repeat {r + 1}/{args.repeats}: Ray Train, 1 worker")
             via_ray.append(run_ray(args, world, os.path.join(root, f"ray-{r}"), cpus))
-            log(f"  {via_ray[-1]['wall']:.1f}s, epochs {[round(s, 2) for s in via_ray[-1]['epoch_seconds']]}")
+            log(f"  {via_ray[-1]['wall']:.1f}s, epochs {_rounded(via_ray[-1]['epoch_seconds'])}")
         load_after = loadavg()
         ray.shutdown()
     finally:
@@ -127,27 +131,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "overheads_per_repeat": [round(x, 4) for x in overheads],
         "end_to_end_seconds_single": [round(s["wall"], 2) for s in single],
         "end_to_end_seconds_ray": [round(s["wall"], 2) for s in via_ray],
-        "end_to_end_per_epoch_overhead": round(
-            statistics.median(r["wall"] / s["wall"] - 1 for s, r in zip(single, via_ray,
-                                                                         strict=True)), 4
+        "end_to_end_overhead": round(
+            statistics.median(
+                r["wall"] / s["wall"] - 1 for s, r in zip(single, via_ray, strict=True)
+            ),
+            4,
         ),  # fmt: skip
         "ray_fixed_seconds": round(
             statistics.median(
                 r["wall"] - s["wall"] - args.epochs * (pr - ps)
-                for s, r, ps, pr in zip(single, via_ray, per_epoch_single, per_epoch_ray,
-                                        strict=True)
-            ), 2
+                for s, r, ps, pr in zip(
+                    single, via_ray, per_epoch_single, per_epoch_ray, strict=True
+                )
+            ),
+            2,
         ),  # fmt: skip
         "ray_init_seconds": round(ray_init, 2),
         "config": {
-            "dim": args.dim, "train_images": args.train_images, "captions": 5 * args.train_images,
-            "method": args.method, "epochs": args.epochs, "batch_size": args.batch_size,
-            "hidden_dim": args.hidden_dim, "checkpoint_every": args.checkpoint_every,
-            "repeats": args.repeats, "torch_threads": cpus, "ray_workers": 1,
+            "dim": args.dim,
+            "train_images": args.train_images,
+            "captions": 5 * args.train_images,
+            "method": args.method,
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "hidden_dim": args.hidden_dim,
+            "checkpoint_every": args.checkpoint_every,
+            "repeats": args.repeats,
+            "torch_threads": cpus,
+            "ray_workers": 1,
         },  # fmt: skip
         "loadavg_1min_before_after": [load_before, load_after],
-        "machine": {"cpu": cpu_model(), "cores": cpus, "torch": torch.__version__,
-                    "ray": ray.__version__},  # fmt: skip
+        "machine": {
+            "cpu": cpu_model(),
+            "cores": cpus,
+            "torch": torch.__version__,
+            "ray": ray.__version__,
+        },  # fmt: skip
     }
     print(json.dumps(result, indent=2))
     return result

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -36,25 +35,15 @@ from torch.utils.data import DataLoader, TensorDataset
 from asymvlm.methods import Method, build_method
 from asymvlm.training import SplitTensors, TrainConfig, Trainer, make_optimizer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import cpu_model, logger  # noqa: E402
 
-def log(msg: str) -> None:
-    print(f"[train_throughput] {msg}", file=sys.stderr, flush=True)
+log = logger("train_throughput")
 
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # -- data ---------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ here (the full pipeline reads them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -46,10 +47,16 @@ from asymvlm import tables, tracking  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
 from pipelines.train import run_config_dict, run_training  # noqa: E402
 
+if __name__ != "__main__":  # see pipelines/train.py
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 REQUIRED = ("embeddings", "methods", "lr", "seeds", "epochs", "batch_size", "optimizer",
             "num_workers", "mlflow")  # fmt: skip
 _TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"method", "lr", "seed", "method_kwargs"}
 SELECTION_METRIC = "val_mean_recall_at_1"
+TRIAL_DRIVER_MEMORY = 256 * 1024**2  # bytes (a logical reservation)
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -87,7 +94,10 @@ def resolve_config(doc: dict[str, Any], source: str = "<config>") -> dict[str, A
     mlflow_cfg.setdefault("experiment", "asymvlm")
     cfg["mlflow"] = mlflow_cfg
     cfg.setdefault("output", os.path.join("runs", mlflow_cfg["experiment"]))
-    cfg["output"] = os.path.abspath(cfg["output"])
+    # Trials run in their own working directories: local paths become absolute here.
+    for key in ("output", "embeddings", "test_embeddings"):
+        if cfg.get(key) and "://" not in str(cfg[key]):
+            cfg[key] = os.path.abspath(cfg[key])
     if not mlflow_cfg.get("tracking_uri"):
         mlflow_cfg["tracking_uri"] = tracking.default_tracking_uri(cfg["output"])
     for key, default in (("train_split", "train"), ("val_split", "val"), ("test_split", "test"),
@@ -155,7 +165,9 @@ def _concurrency(cfg: dict[str, Any]) -> int:
 
 def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[int], logger):
     tuner = tune.Tuner(
-        tune.with_resources(sweep_trial, {"cpu": 0}),  # the trial only drives its TorchTrainer
+        # The trial only drives its TorchTrainer, whose workers ask for their own CPUs/GPUs:
+        # it reserves no CPU (Tune needs some resource in a request: a little memory).
+        tune.with_resources(sweep_trial, {"cpu": 0, "memory": TRIAL_DRIVER_MEMORY}),
         param_space={
             "sweep": cfg,
             "stage": stage,
@@ -170,7 +182,8 @@ def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[in
             verbose=1,
         ),
     )
-    results = tuner.fit()
+    with contextlib.redirect_stdout(sys.stderr):  # Tune's tables: stdout carries the result
+        results = tuner.fit()
     failed = [r for r in results if r.error is not None]
     if failed:
         raise RuntimeError(f"{len(failed)} {stage} trial(s) failed; first: {failed[0].error}")
@@ -276,6 +289,7 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
     import ray
     from mlflow import MlflowClient
 
+    check_tables(cfg)
     os.makedirs(cfg["output"], exist_ok=True)
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
@@ -345,6 +359,11 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
         raise
     with open(os.path.join(cfg["output"], "summary.md"), "w") as fh:
         fh.write(markdown)
+    tracking.write_json(
+        os.path.join(cfg["output"], "sweep.json"),
+        {"parent_run_id": parent_id, "experiment_id": experiment_id, "tracking_uri": uri,
+         "selection": selection, "summary": summary},
+    )  # fmt: skip
     _print(markdown)
     _print(f"open the runs: mlflow ui --backend-store-uri {uri}")
     return {
@@ -355,6 +374,25 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
         "summary": summary,
         "child_run_ids": list(logger.child_ids.values()),
     }
+
+
+def check_tables(cfg: dict[str, Any]) -> None:
+    """Fail before any trial starts when the tables or splits the sweep needs are missing."""
+    needs = [(cfg["embeddings"], cfg["train_split"])]
+    if cfg.get("test_split"):
+        needs.append((cfg.get("test_embeddings") or cfg["embeddings"], cfg["test_split"]))
+    for root, split in needs:
+        tables.read_manifest(root)  # raises TableError naming the missing manifest
+        if split not in tables.list_splits(root):
+            raise tables.TableError(
+                f"{root}: no split {split!r} (found {tables.list_splits(root)})"
+            )
+    val = cfg.get("val_split")
+    if val and val not in tables.list_splits(cfg["embeddings"]) and not cfg.get("val_fraction"):
+        raise tables.TableError(
+            f"{cfg['embeddings']}: no validation split {val!r}; add one or set val_fraction "
+            "to hold out training images for the lr selection"
+        )
 
 
 def select_lr(grid: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -399,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, _parse_set(args.set))
-    except (OSError, ValueError) as err:
+        check_tables(cfg)
+    except (OSError, ValueError, tables.TableError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = run_sweep(cfg)

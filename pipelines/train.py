@@ -36,6 +36,13 @@ from asymvlm.training import (
     save_checkpoint,
 )
 
+if __name__ != "__main__":
+    # Workers may not have this folder on their path (a cluster without --working-dir): ship
+    # this module's functions by value rather than by reference.
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 STATE_FILE = "trainer.pt"
 HISTORY_FILE = "history.json"
 MODEL_DIR = "model"

@@ -96,8 +96,9 @@ def test_hierarcaps_acceptance(ray_session, tiny_clip, hierarcaps_copy, tmp_path
     rng = np.random.default_rng(0)
     rows = rng.choice(split.n_images, 12, replace=False)
     pictures = [
-        Image.open(os.path.join(hierarcaps_copy["images"], f"{split.image_ids[i]}.jpg"))
-        .convert("RGB")
+        Image.open(os.path.join(hierarcaps_copy["images"], f"{split.image_ids[i]}.jpg")).convert(
+            "RGB"
+        )
         for i in rows
     ]
     unit, norm = encoder.encode_pixels(encoder.preprocess_images(pictures))

@@ -127,6 +127,8 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
         got = out["summary"][method]["t2i_recall_at_1"]
         assert got["mean"] == pytest.approx(want_mean) and got["std"] == pytest.approx(want_std)
         assert parent.data.metrics[f"{method}/t2i_recall_at_1_mean"] == pytest.approx(want_mean)
+    with open(os.path.join(cfg["output"], "sweep.json")) as fh:
+        assert json.load(fh)["parent_run_id"] == out["parent_run_id"]
     table = open(os.path.join(cfg["output"], "summary.md")).read()
     assert "asymvlm-vmf" in table and "determ-ft" in table and "±" in table
 
@@ -188,7 +190,7 @@ def test_lr_selection_and_summary_numbers() -> None:
     assert csv_text.splitlines()[0].startswith("method,n_seeds,i2t_recall_at_1_mean")
 
 
-def test_config_errors_name_the_problem(tmp_path) -> None:
+def test_config_errors_name_the_problem(tmp_path, capsys) -> None:
     from pipelines.sweep import load_config, main
 
     path = tmp_path / "space.yaml"
@@ -205,6 +207,13 @@ def test_config_errors_name_the_problem(tmp_path) -> None:
     assert cfg["methods"] == ["determ-ft"] and cfg["mlflow"]["experiment"] == "other"
     assert cfg["mlflow"]["tracking_uri"].startswith("sqlite:///")
     assert main(["--config", str(tmp_path / "absent.yaml")]) == 2
+    # Missing tables fail before any trial starts, naming the path; relative paths are made
+    # absolute (trials run in their own working directories).
+    assert cfg["embeddings"] == os.path.abspath("x")
+    capsys.readouterr()
+    args = ["--config", str(path), "--set", "methods=[determ-ft]"]
+    assert main([*args, "--set", f"embeddings={tmp_path / 'nowhere'}"]) == 2
+    assert str(tmp_path / "nowhere") in capsys.readouterr().err
 
 
 def test_shipped_tune_spaces_parse() -> None:
