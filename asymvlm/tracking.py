@@ -31,6 +31,7 @@ import pandas as pd
 __all__ = [
     "CaptionUncertaintyModel",
     "DIRECTIONS",
+    "default_artifact_location",
     "default_tracking_uri",
     "git_commit",
     "log_history",
@@ -49,6 +50,16 @@ _FINAL_KEYS = {"recall@1": "recall_at_1", "recall@5": "recall_at_5", "recall@10"
 def default_tracking_uri(output: str) -> str:
     """A local SQLite store beside the outputs (MLflow >= 3.13 refuses a bare ./mlruns)."""
     return "sqlite:///" + os.path.join(os.path.abspath(output), "mlflow.db")
+
+
+def default_artifact_location(tracking_uri: str) -> str | None:
+    """Artifacts of a local SQLite store go beside the database (``mlartifacts/``), not into
+    ``./mlruns`` of whatever directory the run started in; servers choose their own (None)."""
+    if tracking_uri.startswith("sqlite:///"):
+        database = tracking_uri.removeprefix("sqlite:///")
+        folder = os.path.join(os.path.dirname(os.path.abspath(database)), "mlartifacts")
+        return "file://" + folder
+    return None
 
 
 def git_commit(path: str | None = None) -> str:
@@ -149,8 +160,21 @@ def log_uncertainty_model(checkpoint_dir: str, dim: int, name: str = "adapter"):
         python_model=CaptionUncertaintyModel(),
         artifacts={"checkpoint": checkpoint_dir},
         code_paths=[package],
+        pip_requirements=_requirements(),  # given: inferring them costs a subprocess per model
         signature=infer_signature(example, pd.DataFrame({"uncertainty": [1.0], "kappa": [1.0]})),
     )
+
+
+def _requirements() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for package in ("torch", "numpy", "pandas", "scipy", "pyarrow", "mlflow"):
+        try:
+            out.append(f"{package}=={version(package).split('+')[0]}")
+        except PackageNotFoundError:
+            out.append(package)
+    return out
 
 
 # -- mean ± std over seeds (Table A.2 layout) ---------------------------------------------------

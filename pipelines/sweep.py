@@ -300,7 +300,11 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
     experiment_id = (
         experiment.experiment_id
         if experiment is not None
-        else client.create_experiment(cfg["mlflow"]["experiment"])
+        else client.create_experiment(
+            cfg["mlflow"]["experiment"],
+            artifact_location=cfg["mlflow"].get("artifact_location")
+            or tracking.default_artifact_location(uri),
+        )
     )
     base = _base_params(cfg)
     parent = client.create_run(experiment_id, run_name=cfg.get("name") or "sweep",

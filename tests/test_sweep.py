@@ -86,6 +86,8 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     out = run_sweep(cfg)
     assert out["tracking_uri"] == "sqlite:///" + str(tmp_path / "sweep" / "mlflow.db")
     client = MlflowClient(out["tracking_uri"])
+    location = client.get_experiment(out["experiment_id"]).artifact_location
+    assert location == "file://" + str(tmp_path / "sweep" / "mlartifacts")  # not ./mlruns
     children = client.search_runs(
         [out["experiment_id"]], f"tags.mlflow.parentRunId = '{out['parent_run_id']}'"
     )

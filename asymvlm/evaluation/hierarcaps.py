@@ -1,0 +1,141 @@
+"""What the learned uncertainty means: the HierarCaps analysis (paper Sec. 5.3, Fig. 5).
+
+HierarCaps gives every image four captions from general (level 0, "an animal") to detailed
+(level 3). A faithful caption uncertainty falls as the caption gets more specific. Per method:
+
+* uncertainty per level (mean, quartiles) and Spearman S between level and uncertainty;
+* the log-likelihood of the paired image per level (App. A.2 score of the true pair);
+* caption length (words) against uncertainty (Spearman);
+* the fraction of hierarchies (images) whose uncertainty falls strictly with every level step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from asymvlm.evaluation.retrieval import encode_split
+from asymvlm.methods import Method
+from asymvlm.training import SplitTensors
+
+__all__ = ["hierarchy_analysis", "plot_hierarchy"]
+
+
+@torch.no_grad()
+def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "level") -> dict:
+    """The Fig. 5 statistics of ``method`` on a split whose captions carry ``level`` (0 = general).
+
+    Returns ``None`` values for the uncertainty statistics of methods without a caption
+    uncertainty; the paired log-likelihood is reported for every method.
+    """
+    levels_all = data.split.extra_text_columns.get(level_column)
+    if levels_all is None:
+        raise ValueError(f"the split has no caption column {level_column!r} (HierarCaps levels)")
+    levels = np.asarray(levels_all, dtype=np.int64)
+    texts, images = encode_split(method, data)
+    owner = data.text_to_image
+    paired = _paired_scores(method, texts, images, owner).cpu().numpy()
+    unc_t = method.text_uncertainty_from(texts)
+    unc = None if unc_t is None else unc_t.double().cpu().numpy()
+    words = np.array([len(t.split()) for t in data.split.texts])
+
+    per_level: dict[str, dict[str, Any]] = {}
+    for level in sorted(set(levels.tolist())):
+        rows = levels == level
+        cell: dict[str, Any] = {
+            "n": int(rows.sum()),
+            "paired_log_likelihood_mean": float(paired[rows].mean()),
+            "words_mean": float(words[rows].mean()),
+        }
+        if unc is not None:
+            q = np.quantile(unc[rows], [0.25, 0.5, 0.75])
+            cell.update(uncertainty_mean=float(unc[rows].mean()), uncertainty_q25=float(q[0]),
+                        uncertainty_median=float(q[1]), uncertainty_q75=float(q[2]))  # fmt: skip
+        per_level[str(level)] = cell
+
+    out: dict[str, Any] = {
+        "method": method.name,
+        "per_level": per_level,
+        "n_captions": int(len(levels)),
+        "spearman_level_uncertainty": None,
+        "spearman_words_uncertainty": None,
+        "monotone_fraction": None,
+        "n_hierarchies": 0,
+    }
+    if unc is not None:
+        out["spearman_level_uncertainty"] = float(stats.spearmanr(levels, unc).statistic)
+        out["spearman_words_uncertainty"] = float(stats.spearmanr(words, unc).statistic)
+        fraction, n = _monotone_fraction(owner.cpu().numpy(), levels, unc)
+        out["monotone_fraction"], out["n_hierarchies"] = fraction, n
+    return out
+
+
+def _paired_scores(method: Method, texts, images, owner: torch.Tensor, chunk: int = 4096):
+    """score(caption m, its own image) for every caption, without an all-pairs matrix."""
+    out = []
+    for start in range(0, owner.shape[0], chunk):
+        rows = slice(start, start + chunk)
+        t = {k: v[rows] for k, v in texts.items()}
+        idx = owner[rows]
+        i = {k: v[idx] for k, v in images.items()}
+        out.append(torch.diagonal(method.score(t, i)))  # chunk x chunk: bounded by `chunk`
+    return torch.cat(out)
+
+
+def _monotone_fraction(owner: np.ndarray, levels: np.ndarray, unc: np.ndarray) -> tuple[float, int]:
+    """Fraction of images whose captions, ordered by level, have strictly falling uncertainty.
+
+    Only images with one caption per level of at least two levels count.
+    """
+    order = np.lexsort((levels, owner))
+    hits = total = 0
+    start = 0
+    while start < len(order):
+        stop = start
+        while stop < len(order) and owner[order[stop]] == owner[order[start]]:
+            stop += 1
+        group = order[start:stop]
+        lv = levels[group]
+        if len(group) >= 2 and len(set(lv.tolist())) == len(group):
+            total += 1
+            hits += bool(np.all(np.diff(unc[group]) < 0))
+        start = stop
+    return (hits / total if total else float("nan")), total
+
+
+def plot_hierarchy(results: dict[str, dict], path: str, title: str = "") -> str:
+    """Fig. 5 style: uncertainty per level, paired log-likelihood per level, per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, res in results.items():
+        levels = sorted(res["per_level"], key=int)
+        x = [int(level) for level in levels]
+        cells = [res["per_level"][level] for level in levels]
+        if "uncertainty_median" in cells[0]:
+            med = [c["uncertainty_median"] for c in cells]
+            lo = [c["uncertainty_median"] - c["uncertainty_q25"] for c in cells]
+            hi = [c["uncertainty_q75"] - c["uncertainty_median"] for c in cells]
+            frac = res.get("monotone_fraction")
+            label = f"{name} (monotone {frac:.0%})" if frac is not None else name
+            axes[0].errorbar(x, med, yerr=[lo, hi], marker="o", capsize=3, label=label)
+        axes[1].plot(x, [c["paired_log_likelihood_mean"] for c in cells], marker="o", label=name)
+    axes[0].set_title(f"caption uncertainty by level {title}".strip())
+    axes[0].set_ylabel("uncertainty (median, IQR)")
+    axes[1].set_title("score of the paired image by level")
+    axes[1].set_ylabel("mean log-likelihood / score")
+    for ax in axes:
+        ax.set_xlabel("level (0 = general, 3 = detailed)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,81 @@
+"""The HierarCaps analysis on hand-built hierarchies whose uncertainty must (not) fall."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from asymvlm import tables
+from asymvlm.evaluation.hierarcaps import hierarchy_analysis, plot_hierarchy
+from asymvlm.methods import build_method
+from asymvlm.training import load_split
+from tests.test_zeroshot import IdentityVMF
+
+D, N_IMAGES = 8, 6
+
+
+def _write(root: str, kappas: np.ndarray) -> None:
+    """N_IMAGES images; caption (image i, level l) points at image i with concentration
+    kappas[i, l] and has l + 1 words."""
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((N_IMAGES, D))
+    images /= np.linalg.norm(images, axis=1, keepdims=True)
+    ids = [f"img{i}" for i in range(N_IMAGES)]
+    caps = [(i, level) for i in range(N_IMAGES) for level in range(4)]
+    texts = images[[i for i, _ in caps]] + 0.05 * rng.standard_normal((len(caps), D))
+    texts /= np.linalg.norm(texts, axis=1, keepdims=True)
+    tables.write_manifest(root, {"dim": D, "model": "hand-built"})
+    tables.write_split(
+        root, "test", image_ids=ids, image_embeddings=images,
+        caption_ids=[f"c{i}-{level}" for i, level in caps],
+        caption_image_ids=[ids[i] for i, _ in caps],
+        texts=[" ".join(["word"] * (level + 1)) for _, level in caps],
+        text_embeddings=texts,
+        text_norms=np.array([kappas[i, level] for i, level in caps]),
+        extra_text_columns={"level": np.array([level for _, level in caps])},
+    )  # fmt: skip
+
+
+def test_uncertainty_falling_with_level_is_recognised(tmp_path) -> None:
+    kappas = np.tile([2.0, 5.0, 12.0, 30.0], (N_IMAGES, 1))  # detailed = concentrated
+    _write(str(tmp_path), kappas)
+    data = load_split(str(tmp_path), "test", adapter_input="raw")
+    res = hierarchy_analysis(IdentityVMF(D), data)
+    assert res["monotone_fraction"] == 1.0 and res["n_hierarchies"] == N_IMAGES
+    # Perfectly falling; not exactly -1 since levels tie within a level and the uncertainties
+    # (float32 kappas) do not.
+    assert res["spearman_level_uncertainty"] < -0.95
+    assert res["spearman_words_uncertainty"] < -0.95
+    means = [res["per_level"][str(level)]["uncertainty_mean"] for level in range(4)]
+    np.testing.assert_allclose(means, 1 / kappas[0], rtol=1e-6)
+    # The paired score is the model's own log-likelihood of the true pair.
+    method = IdentityVMF(D)
+    texts = method.encode_texts(data.text_emb)
+    ll = method.score(texts, method.encode_images(data.image_emb))
+    want = ll[torch.arange(len(ll)), data.text_to_image].numpy()
+    levels = data.split.extra_text_columns["level"]
+    got = res["per_level"]["2"]["paired_log_likelihood_mean"]
+    assert got == pytest.approx(want[levels == 2].mean())
+    png = plot_hierarchy({"identity-vmf": res}, str(tmp_path / "fig5.png"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_half_of_the_hierarchies_reversed(tmp_path) -> None:
+    kappas = np.tile([2.0, 5.0, 12.0, 30.0], (N_IMAGES, 1))
+    kappas[::2] = kappas[::2, ::-1]  # images 0, 2, 4: general captions most concentrated
+    _write(str(tmp_path), kappas)
+    res = hierarchy_analysis(IdentityVMF(D), load_split(str(tmp_path), "test"))
+    assert res["monotone_fraction"] == 0.5
+    assert abs(res["spearman_level_uncertainty"]) < 0.1  # symmetric up to float ties
+
+
+def test_methods_without_uncertainty_and_missing_levels(tmp_path, small_world) -> None:
+    _write(str(tmp_path), np.ones((N_IMAGES, 4)))
+    res = hierarchy_analysis(build_method("clip", D), load_split(str(tmp_path), "test"))
+    assert res["monotone_fraction"] is None and res["spearman_level_uncertainty"] is None
+    assert set(res["per_level"]) == {"0", "1", "2", "3"}
+    data = load_split(small_world, "test")
+    data.split.extra_text_columns.pop("level", None)
+    with pytest.raises(ValueError, match="level"):
+        hierarchy_analysis(build_method("clip", data.dim), data)
