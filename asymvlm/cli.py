@@ -236,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="decode images in CPU tasks (GPU clusters) or in the encoder actor (CPU only)",
     )
+    p.add_argument("--image-perturbation", default=None, metavar="KIND:SEVERITY",
+                   help="OOD suite: perturb images first (gaussian_noise, rotation, zoom_blur, "
+                        "jpeg, low_resolution; severity 1-5)")  # fmt: skip
+    p.add_argument("--text-perturbation", default=None, metavar="KIND:SEVERITY",
+                   help="OOD suite: perturb captions first (typos, word_order, synonyms, "
+                        "casing; severity 1-5); the original stays in clean_text")  # fmt: skip
+    p.add_argument("--perturbation-seed", type=int, default=0)
     p.set_defaults(func=_cmd_embed)
 
     p = sub.add_parser("methods", help="list the registered methods and their uncertainty")
@@ -262,6 +269,9 @@ def _cmd_embed(args: argparse.Namespace) -> int:
         id_list=args.id_list,
         shard_size=args.shard_size,
         decode_in=args.decode_in,
+        image_perturbation=args.image_perturbation,
+        text_perturbation=args.text_perturbation,
+        perturbation_seed=args.perturbation_seed,
     )
     summary = run_embed(cfg)
     print(json.dumps(summary, indent=2))

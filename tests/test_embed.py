@@ -166,3 +166,28 @@ def test_a_different_job_into_a_finished_output_is_refused(
     with pytest.raises(tables.TableError, match="another job"):
         run_embed(EmbedConfig(annotations=str(csv2), **base))
     assert pq.read_table(os.path.join(out, "test", "texts", "part-00000.parquet")).num_rows == 32
+
+
+@pytest.mark.slow
+def test_perturbed_copies_for_the_ood_suite(ray_session, tiny_clip, hierarcaps_copy, tmp_path):
+    base = dict(
+        dataset="hierarcaps",
+        annotations=hierarcaps_copy["csv"],
+        images=hierarcaps_copy["images"],
+        model=tiny_clip,
+        split="test",
+        sample=24,
+    )
+    clean = str(tmp_path / "clean")
+    run_embed(EmbedConfig(output=clean, **base))
+    noisy = str(tmp_path / "noisy")
+    run_embed(EmbedConfig(output=noisy, image_perturbation="jpeg:5", text_perturbation="typos:5",
+                          **base))  # fmt: skip
+    a, b = tables.read_split(clean, "test"), tables.read_split(noisy, "test")
+    assert a.image_ids == b.image_ids and a.caption_ids == b.caption_ids
+    assert b.extra_text_columns["clean_text"].tolist() == a.texts
+    assert sum(x != y for x, y in zip(a.texts, b.texts, strict=True)) > len(a.texts) // 2
+    moved = np.linalg.norm(a.image_embeddings - b.image_embeddings, axis=1)
+    assert np.all(moved > 1e-4)  # every image was re-encoded from its perturbed pixels
+    with pytest.raises(ValueError, match="KIND:SEVERITY"):
+        EmbedConfig(output=noisy, image_perturbation="blur:9", **base)

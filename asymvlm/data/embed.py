@@ -80,10 +80,24 @@ class EmbedConfig:
     #: Where images are decoded: "tasks" (CPU tasks streaming into the encoder actors, for GPU
     #: clusters), "actor" (inside the encoder actor, best on CPU-only machines) or "auto".
     decode_in: str = "auto"
+    #: OOD robustness: perturb images / captions before embedding ("kind:severity", see
+    #: :mod:`asymvlm.data.perturb`), seeded per item by ``perturbation_seed`` and its id.
+    image_perturbation: str | None = None
+    text_perturbation: str | None = None
+    perturbation_seed: int = 0
+
+    def __post_init__(self) -> None:
+        from asymvlm.data import perturb
+
+        if self.image_perturbation:
+            perturb.parse_perturbation(self.image_perturbation, perturb.IMAGE_PERTURBATIONS)
+        if self.text_perturbation:
+            perturb.parse_perturbation(self.text_perturbation, perturb.CAPTION_PERTURBATIONS)
 
     def fingerprint(self, source: SourceData) -> dict[str, Any]:
         """What makes two runs the same job (output location and scheduling excluded)."""
-        keys = ("dataset", "model", "split", "annotations", "images", "sample", "seed", "id_list")
+        keys = ("dataset", "model", "split", "annotations", "images", "sample", "seed", "id_list",
+                "image_perturbation", "text_perturbation", "perturbation_seed")  # fmt: skip
         fp = {k: getattr(self, k) for k in keys}
         fp.update(
             shard_size=self.shard_size,
@@ -122,14 +136,22 @@ def _load_image(row: dict[str, Any]):
     return image.convert("RGB")
 
 
-def decode_batch(batch: pa.Table, model: str) -> dict[str, np.ndarray]:
-    """Read, decode and preprocess a batch of image rows; failures become ``error`` strings."""
+def decode_batch(
+    batch: pa.Table, model: str, perturbation: str | None = None, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Read, decode (perturb) and preprocess a batch of image rows; failures become ``error``
+    strings."""
+    from asymvlm.data.perturb import item_seed, perturb_image
+
     preprocessor = _preprocessor(model)
     rows = batch.to_pylist()
     images, errors = [], []
     for row in rows:
         try:
-            images.append(_load_image(row))
+            image = _load_image(row)
+            if perturbation:
+                image = perturb_image(image, perturbation, item_seed(seed, row["image_id"]))
+            images.append(image)
             errors.append("")
         except Exception as exc:  # any unreadable image is data, not a crash
             images.append(None)
@@ -212,12 +234,21 @@ class DecodeEncodeActor(EncoderActor):
     """CPU-only clusters: decode inside the encoder actor (no pixel arrays through the object
     store; the encoder is CPU-bound anyway, so separate decode tasks would only add copies)."""
 
-    def __init__(self, model: str, device: str, dtype: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        device: str,
+        dtype: str,
+        image_perturbation: str | None = None,
+        perturbation_seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(model, device, dtype, **kwargs)
         self.model = model
+        self.perturbation, self.seed = image_perturbation, perturbation_seed
 
     def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:  # type: ignore[override]
-        return super().__call__(decode_batch(batch, self.model))
+        return super().__call__(decode_batch(batch, self.model, self.perturbation, self.seed))
 
 
 class TextEncoderActor:
@@ -339,10 +370,19 @@ def _embed_images_and_captions(cfg: EmbedConfig, images: pa.Table) -> pa.Table:
         decode_in = "tasks" if _has_gpu(cfg.device) else "actor"
     if decode_in == "actor":
         kwargs = {**_map_kwargs(cfg), "batch_format": "pyarrow"}
+        kwargs["fn_constructor_kwargs"] = {
+            **kwargs["fn_constructor_kwargs"],
+            "image_perturbation": cfg.image_perturbation,
+            "perturbation_seed": cfg.perturbation_seed,
+        }
         return _to_arrow(ds.map_batches(DecodeEncodeActor, **kwargs))
     ds = ds.map_batches(
         decode_batch,
-        fn_kwargs={"model": cfg.model},
+        fn_kwargs={
+            "model": cfg.model,
+            "perturbation": cfg.image_perturbation,
+            "seed": cfg.perturbation_seed,
+        },
         batch_format="pyarrow",
         batch_size=cfg.batch_size,
         num_cpus=cfg.decode_cpus,
@@ -365,6 +405,21 @@ def _to_arrow(ds) -> pa.Table:
     import ray
 
     return pa.concat_tables(ray.get(ds.to_arrow_refs()))
+
+
+def _perturb_captions(captions: pa.Table, spec: str, seed: int) -> pa.Table:
+    """Replace ``text`` by its perturbed version; the original is kept as ``clean_text``."""
+    from asymvlm.data.perturb import item_seed, perturb_caption
+
+    clean = captions.column("text").to_pylist()
+    ids = captions.column("caption_id").to_pylist()
+    noisy = [
+        perturb_caption(text or "", spec, item_seed(seed, cid))
+        for text, cid in zip(clean, ids, strict=True)
+    ]
+    index = captions.column_names.index("text")
+    captions = captions.set_column(index, "text", pa.array(noisy, pa.string()))
+    return captions.append_column("clean_text", pa.array(clean, pa.string()))
 
 
 def _part(shard: int) -> str:
@@ -404,6 +459,8 @@ def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
     images = images.append_column("shard", pa.array(shard_of, pa.int64()))
     image_shard = dict(zip(images.column("image_id").to_pylist(), shard_of.tolist(), strict=True))
     captions = source.captions.sort_by([("image_id", "ascending"), ("caption_id", "ascending")])
+    if cfg.text_perturbation:
+        captions = _perturb_captions(captions, cfg.text_perturbation, cfg.perturbation_seed)
     n_shards = int(shard_of.max()) + 1 if n_img else 0
     pending = [
         k

@@ -1,0 +1,133 @@
+"""Perturbations (deterministic, graded by severity) and the OOD retrieval measures."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from asymvlm import tables
+from asymvlm.data.perturb import (
+    CAPTION_PERTURBATIONS,
+    IMAGE_PERTURBATIONS,
+    perturb_caption,
+    perturb_image,
+)
+from asymvlm.evaluation.ood import mmi, ood_retrieval, plot_severity, uncertainty_auroc
+from asymvlm.methods import build_method
+from asymvlm.training import load_split
+from tests.helpers import HIERARCAPS, requires_hierarcaps
+from tests.test_zeroshot import IdentityVMF
+
+CAPTION = "A young man riding a bike next to a large white dog on the street."
+
+
+@pytest.fixture(scope="module")
+def photo():
+    from PIL import Image
+
+    if HIERARCAPS is None:
+        pytest.skip("HierarCaps images not available")
+    name = sorted(os.listdir(HIERARCAPS / "images"))[0]
+    with Image.open(HIERARCAPS / "images" / name) as im:
+        return im.convert("RGB").resize((96, 96))
+
+
+@requires_hierarcaps
+@pytest.mark.parametrize("kind", sorted(IMAGE_PERTURBATIONS))
+def test_image_perturbations_are_seeded_and_graded(photo, kind) -> None:
+    base = np.asarray(photo, dtype=np.float64)
+    a = perturb_image(photo, f"{kind}:3", seed=1)
+    assert a.size == photo.size and a.mode == "RGB"
+    assert np.array_equal(np.asarray(a), np.asarray(perturb_image(photo, f"{kind}:3", seed=1)))
+    errors = [np.mean((np.asarray(perturb_image(photo, f"{kind}:{s}", seed=1)) - base) ** 2)
+              for s in (1, 5)]  # fmt: skip
+    assert 0 < errors[0] < errors[1], errors
+
+
+@pytest.mark.parametrize("kind", sorted(CAPTION_PERTURBATIONS))
+def test_caption_perturbations_are_seeded_and_graded(kind) -> None:
+    outs = {s: perturb_caption(CAPTION, f"{kind}:{s}", seed=4) for s in (1, 5)}
+    assert outs[1] == perturb_caption(CAPTION, f"{kind}:1", seed=4)
+    assert outs[5] != CAPTION
+
+    def changed(text: str) -> int:
+        return sum(a != b for a, b in zip(text.split(), CAPTION.split(), strict=False))
+
+    many = [changed(perturb_caption(CAPTION, f"{kind}:5", seed=k)) for k in range(20)]
+    few = [changed(perturb_caption(CAPTION, f"{kind}:1", seed=k)) for k in range(20)]
+    assert np.mean(many) > np.mean(few)
+
+
+def test_caption_perturbations_keep_what_they_should() -> None:
+    swapped = perturb_caption(CAPTION, "word_order:5", seed=0)
+    assert sorted(swapped.split()) == sorted(CAPTION.split()) and swapped != CAPTION
+    synonyms = perturb_caption(CAPTION, "synonyms:5", seed=0)  # every known word replaced
+    for word in ("man", "bike", "large", "white", "dog", "street"):
+        assert f" {word} " not in f" {synonyms} "
+    with pytest.raises(ValueError, match="typos"):
+        perturb_caption(CAPTION, "typo:2", seed=0)
+    with pytest.raises(ValueError, match="SEVERITY"):
+        perturb_caption(CAPTION, "typos:6", seed=0)
+
+
+def _pair(tmp_path, noise: float, kappa_scale: float = 1.0):
+    """A clean split and a caption-perturbed copy (noisier directions, lower kappa)."""
+    rng = np.random.default_rng(0)
+    n, d = 40, 16
+    images = rng.standard_normal((n, d))
+    images /= np.linalg.norm(images, axis=1, keepdims=True)
+    ids = [f"i{k}" for k in range(n)]
+    for name, eps, scale in (("clean", 0.05, 1.0), ("typos", noise, kappa_scale)):
+        texts = images + eps * rng.standard_normal((n, d))
+        texts /= np.linalg.norm(texts, axis=1, keepdims=True)
+        root = str(tmp_path / name)
+        tables.write_manifest(root, {"dim": d, "model": "hand-built"})
+        tables.write_split(root, "test", image_ids=ids, image_embeddings=images,
+                           caption_ids=[f"c{k}" for k in range(n)], caption_image_ids=ids,
+                           texts=["x"] * n, text_embeddings=texts,
+                           text_norms=np.full(n, 20.0 * scale))  # fmt: skip
+    return load_split(str(tmp_path / "clean"), "test"), load_split(str(tmp_path / "typos"), "test")
+
+
+def test_mmi_and_auroc_see_the_damage(tmp_path) -> None:
+    clean, noisy = _pair(tmp_path, noise=3.0, kappa_scale=0.2)
+    out = ood_retrieval(IdentityVMF(16), clean, text_ood=noisy)
+    assert set(out["cases"]) == {"clean", "text_ood"}
+    assert out["cases"]["clean"]["t2i"]["recall@1"] == 1.0
+    assert out["mmi_text_ood"]["t2i_mmi_at_1"] > 0.5  # most captions lost their image
+    assert out["uncertainty_auroc"] == 1.0  # every perturbed caption is less concentrated
+
+
+def test_identical_copies_have_no_impact(tmp_path) -> None:
+    clean, _ = _pair(tmp_path, noise=0.05)
+    out = ood_retrieval(build_method("clip", 16), clean, image_ood=clean, text_ood=clean)
+    assert set(out["cases"]) == {"clean", "image_ood", "text_ood", "both_ood"}
+    for case in ("image_ood", "text_ood", "both_ood"):
+        assert out[f"mmi_{case}"]["t2i_mmi"] == 0.0 and out[f"mmi_{case}"]["i2t_mmi"] == 0.0
+    assert out["uncertainty_auroc"] is None  # clip has no uncertainty
+    assert uncertainty_auroc(IdentityVMF(16), clean, clean) == 0.5
+
+
+def test_mmi_by_hand_and_the_severity_plot(tmp_path) -> None:
+    clean = {d: {"recall@1": 0.5, "recall@5": 0.8, "recall@10": 1.0} for d in ("t2i", "i2t")}
+    ood = {d: {"recall@1": 0.25, "recall@5": 0.8, "recall@10": 0.5} for d in ("t2i", "i2t")}
+    got = mmi(clean, ood)
+    assert got["t2i_mmi_at_1"] == 0.5 and got["t2i_mmi_at_5"] == 0.0
+    assert got["t2i_mmi"] == pytest.approx((0.5 + 0.0 + 0.5) / 3)
+    png = plot_severity({"a": {0: 0.5, 1: 0.4, 3: 0.2}}, str(tmp_path / "ood.png"))
+    assert open(png, "rb").read(4) == b"\x89PNG"
+
+
+def test_alignment_drops_what_the_perturbation_lost(tmp_path) -> None:
+    clean, noisy = _pair(tmp_path, noise=0.05)
+    keep = np.arange(1, 40)
+    fewer = noisy.split.subset(keep, keep)
+    from asymvlm.training import SplitTensors
+
+    noisy = SplitTensors(noisy.image_emb[1:], noisy.text_emb[1:],
+                         torch.as_tensor(fewer.text_image_index), fewer)  # fmt: skip
+    out = ood_retrieval(build_method("clip", 16), clean, text_ood=noisy)
+    assert out["cases"]["clean"]["n_text"] == 39 == out["cases"]["text_ood"]["n_text"]
