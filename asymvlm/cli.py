@@ -245,9 +245,125 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--perturbation-seed", type=int, default=0)
     p.set_defaults(func=_cmd_embed)
 
+    p = sub.add_parser(
+        "analyze",
+        help="the paper's evaluations: zeroshot, nota, hierarcaps, ood",
+        description="Run one evaluation of the paper (Tables 2-3, Fig. 5) or the OOD suite on "
+        "embedding tables, for adapters from checkpoint folders or a sweep's seed runs; "
+        "prints JSON, optionally logs an MLflow run that `asymvlm report` picks up. "
+        "Locations are ROOT:SPLIT.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("kind", choices=["zeroshot", "nota", "hierarcaps", "ood"])
+    p.add_argument("--checkpoint", action="append", default=[], help="adapter folder (repeat)")
+    p.add_argument("--sweep", default=None, help="sweep parent run id: use its seed adapters")
+    p.add_argument("--frozen", action="store_true", help="also evaluate the frozen model (clip)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=ROOT:SPLIT",
+                   help="zeroshot: an evaluation set (repeat)")  # fmt: skip
+    p.add_argument("--fine-tuned-on", default=None, help="zeroshot: training data set name")
+    p.add_argument("--positives", default=None, metavar="ROOT:SPLIT", help="nota: CIFAR-10")
+    p.add_argument("--negatives", default=None, metavar="ROOT:SPLIT", help="nota: CIFAR-100")
+    p.add_argument("--data", default=None, metavar="ROOT:SPLIT", help="hierarcaps / ood clean")
+    p.add_argument("--perturbed", action="append", default=[], metavar="KIND:SEV=ROOT:SPLIT",
+                   help="ood: a perturbed copy of --data (repeat)")  # fmt: skip
+    p.add_argument("--output", default=None, help="write the JSON here too")
+    p.add_argument("--mlflow-uri", default=None, help="log the result to this tracking store")
+    p.add_argument("--experiment", default="asymvlm", help="MLflow experiment")
+    p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser(
+        "report",
+        help="gather an MLflow experiment into report.md with tables and figures",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--mlflow-uri", required=True, help="tracking URI, e.g. sqlite:///.../mlflow.db")
+    p.add_argument("--experiment", required=True)
+    p.add_argument("--output", required=True, help="folder for report.md and the figures")
+    p.set_defaults(func=_cmd_report)
+
     p = sub.add_parser("methods", help="list the registered methods and their uncertainty")
     p.set_defaults(func=_cmd_methods)
     return parser
+
+
+def _location(value: str | None, flag: str) -> tuple[str, str]:
+    if not value or ":" not in value.replace("://", ""):
+        raise ValueError(f"{flag} expects ROOT:SPLIT, got {value!r}")
+    root, _, split = value.rpartition(":")
+    return root, split
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from asymvlm.evaluation import suite
+
+    methods = {}
+    for path in args.checkpoint:
+        method, meta = load_checkpoint(path)
+        method.adapter_input = meta.get("adapter_input", "raw")
+        seed = meta.get("train_config", {}).get("seed", 0)
+        methods[f"{meta['method']}/seed{seed}"] = method
+    if args.sweep:
+        if not args.mlflow_uri:
+            raise ValueError("--sweep needs --mlflow-uri")
+        methods.update(suite.adapters_from_sweep(args.mlflow_uri, args.sweep))
+    if args.frozen or not methods:
+        dim = None
+        if methods:
+            dim = next(iter(methods.values())).dim
+        elif args.kind in ("zeroshot",) and args.sets:
+            dim = suite.load_classification(*_location(args.sets[0].split("=", 1)[1], "--set")
+                                            ).image_emb.shape[1]  # fmt: skip
+        elif args.kind == "nota":
+            dim = suite.load_classification(*_location(args.positives, "--positives")
+                                            ).image_emb.shape[1]  # fmt: skip
+        else:
+            from asymvlm.tables import read_manifest
+
+            dim = read_manifest(_location(args.data, "--data")[0]).dim
+        frozen = METHODS["clip"](dim=dim)
+        frozen.adapter_input = "unit"
+        methods["clip"] = frozen
+    params = {"kind": args.kind}
+    if args.kind == "zeroshot":
+        sets = {}
+        for item in args.sets:
+            name, _, where = item.partition("=")
+            sets[name] = _location(where, "--set")
+        if not sets:
+            raise ValueError("zeroshot needs at least one --set NAME=ROOT:SPLIT")
+        result = suite.evaluate_zero_shot(methods, sets)
+        params["fine_tuned_on"] = args.fine_tuned_on or "?"
+    elif args.kind == "nota":
+        result = suite.evaluate_none_of_the_above(
+            methods, _location(args.positives, "--positives"),
+            _location(args.negatives, "--negatives"))  # fmt: skip
+    elif args.kind == "hierarcaps":
+        result = suite.evaluate_hierarcaps(methods, *_location(args.data, "--data"))
+    else:
+        perturbed = {}
+        for item in args.perturbed:
+            spec, _, where = item.partition("=")
+            perturbed[spec] = _location(where, "--perturbed")
+        result = suite.evaluate_ood(methods, _location(args.data, "--data"), perturbed)
+    text = json.dumps(result, indent=2, default=float)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text + "\n")
+    if args.mlflow_uri:
+        kind = {"zeroshot": "zero_shot", "nota": "none_of_the_above"}.get(args.kind, args.kind)
+        run_id = suite.log_evaluation(args.mlflow_uri, args.experiment, kind, result,
+                                      params=params)  # fmt: skip
+        print(f"[asymvlm] logged as MLflow run {run_id}", file=sys.stderr)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from asymvlm.report import build_report
+
+    path = build_report(args.mlflow_uri, args.experiment, args.output)
+    print(f"[asymvlm] report written to {path}", file=sys.stderr)
+    return 0
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:

@@ -7,6 +7,8 @@ import os
 import shutil
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401
 import pytest
 
 from asymvlm import tables
@@ -78,8 +80,15 @@ def test_cifar10_images_with_labels_and_class_prompts(ray_session, tiny_models, 
     assert images.num_rows == 6
     assert images.column("label").to_pylist() == [0, 1, 2, 2, 1, 0]
     prompts = tables.read_parts(out, "test", "prompts")
-    assert set(prompts.column("class_name").to_pylist()) == {"cat", "dog", "ship"}
-    assert prompts.num_rows % 3 == 0 and "a photo of a cat." in prompts.column("text").to_pylist()
+    classes = prompts.column("class_index").to_pylist()
+    assert set(prompts.filter(pa.compute.greater_equal(prompts.column("class_index"), 0))
+               .column("class_name").to_pylist()) == {"cat", "dog", "ship"}  # fmt: skip
+    dummies = [t for t, c in zip(prompts.column("text").to_pylist(), classes, strict=True)
+               if c == -1]  # fmt: skip
+    assert dummies == ["a photo", "a photo of an object", "a photo of something"]
+    assert (prompts.num_rows - 3) % 3 == 0 and "a photo of a cat." in prompts.column(
+        "text"
+    ).to_pylist()
     emb = np.stack(prompts.column("embedding").to_numpy(zero_copy_only=False))
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
 

@@ -134,6 +134,13 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     table = open(os.path.join(cfg["output"], "summary.md")).read()
     assert "asymvlm-vmf" in table and "determ-ft" in table and "±" in table
 
+    # The report shows the sweep (Table 1 analogue, Fig. 3 analogue).
+    from asymvlm.report import build_report
+
+    report = open(build_report(out["tracking_uri"], "ci-sweep", str(tmp_path / "report"))).read()
+    assert "Table 1 analogue" in report and "| asymvlm-vmf | 2 |" in report
+    assert (tmp_path / "report" / "fig3_synthetic.png").exists()
+
     # The logged adapter scores caption uncertainty from embeddings.
     vmf = next(c for c in seeds if c.data.params["method"] == "asymvlm-vmf")
     model = mlflow.pyfunc.load_model(f"runs:/{vmf.info.run_id}/adapter")

@@ -51,6 +51,7 @@ PARTS_DIR = "_parts"
 ERRORS_DIR = "errors"
 PROMPTS_DIR = "prompts"
 _SOURCE_IMAGE_COLUMNS = frozenset({"image_id", "path", "offset", "length", "data", "shard"})
+DUMMY_PROMPTS = ("a photo", "a photo of an object", "a photo of something")
 ERROR_SCHEMA = pa.schema(
     [("kind", pa.string()), ("id", pa.string()), ("path", pa.string()), ("reason", pa.string())]
 )
@@ -82,6 +83,9 @@ class EmbedConfig:
     decode_in: str = "auto"
     #: OOD robustness: perturb images / captions before embedding ("kind:severity", see
     #: :mod:`asymvlm.data.perturb`), seeded per item by ``perturbation_seed`` and its id.
+    #: Classification sets: prompts embedded beside the class prompts as class_index -1, the
+    #: "none-of-the-above" candidates of Table 2.
+    dummy_prompts: tuple[str, ...] = DUMMY_PROMPTS
     image_perturbation: str | None = None
     text_perturbation: str | None = None
     perturbation_seed: int = 0
@@ -517,6 +521,22 @@ def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table) -> bool:
     if tables.read_parts(cfg.output, cfg.split, PROMPTS_DIR) is not None:
         return False
     started = _ensure_ray()
+    if cfg.dummy_prompts:
+        extra = (
+            pa.table(
+                {
+                    "class_index": pa.array(
+                        [-1] * len(cfg.dummy_prompts), prompts.schema.field("class_index").type
+                    ),
+                    "class_name": pa.array([""] * len(cfg.dummy_prompts), pa.string()),
+                    "template": pa.array([""] * len(cfg.dummy_prompts), pa.string()),
+                    "text": pa.array(list(cfg.dummy_prompts), pa.string()),
+                }
+            )
+            .select(prompts.column_names)
+            .cast(prompts.schema)
+        )
+        prompts = pa.concat_tables([prompts, extra])
     ids = [
         f"class{c}-t{t}"
         for c, t in zip(

@@ -1,0 +1,232 @@
+"""The paper's evaluations on embedding tables, for one or more trained methods, logged to MLflow.
+
+Each ``evaluate_*`` takes ``methods`` (name -> trained :class:`Method`, e.g. one per seed as
+"asymvlm-vmf/seed1") and table locations, and returns plain dicts; :func:`log_evaluation` puts
+one result into MLflow as a run tagged ``kind=eval-<name>`` with ``results.json`` and figures,
+which ``asymvlm report`` gathers. Trained adapters come from a sweep's MLflow runs
+(:func:`adapters_from_sweep`) or from checkpoint folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from asymvlm import tables
+from asymvlm.evaluation.hierarcaps import hierarchy_analysis
+from asymvlm.evaluation.ood import ood_retrieval
+from asymvlm.evaluation.zeroshot import (
+    ClassPrompts,
+    none_of_the_above,
+    rejection_baselines,
+    zero_shot_accuracy,
+)
+from asymvlm.methods import Method, build_method
+from asymvlm.training import load_checkpoint, load_split
+
+__all__ = [
+    "ClassificationSet",
+    "adapters_from_sweep",
+    "evaluate_hierarcaps",
+    "evaluate_none_of_the_above",
+    "evaluate_ood",
+    "evaluate_zero_shot",
+    "load_classification",
+    "log_evaluation",
+]
+
+
+class ClassificationSet:
+    """A classification split from the tables: images with labels, class and dummy prompts."""
+
+    def __init__(self, root: str, split: str) -> None:
+        self.root, self.split = root, split
+        images = tables.read_parts(root, split, tables.IMAGES_DIR)
+        prompts = tables.read_parts(root, split, "prompts")
+        if images is None or prompts is None or "label" not in images.column_names:
+            raise tables.TableError(
+                f"{root}/{split}: not a classification split (needs images with 'label' and "
+                "prompts/ -- embed CIFAR/STL/ImageNet with `asymvlm embed`)"
+            )
+        self.image_emb = torch.as_tensor(_matrix(images.column("embedding")))
+        self.labels = torch.as_tensor(np.asarray(images.column("label").to_pylist()))
+        self.prompt_class = np.asarray(prompts.column("class_index").to_pylist())
+        self.prompt_text = prompts.column("text").to_pylist()
+        self._unit = _matrix(prompts.column("embedding"))
+        self._norm = np.asarray(prompts.column("norm").to_pylist(), dtype=np.float32)
+
+    def prompt_inputs(self, adapter_input: str) -> torch.Tensor:
+        x = self._unit * self._norm[:, None] if adapter_input == "raw" else self._unit
+        return torch.as_tensor(x, dtype=torch.float32)
+
+    def class_prompts(self, adapter_input: str) -> ClassPrompts:
+        rows = self.prompt_class >= 0
+        return ClassPrompts(
+            inputs=self.prompt_inputs(adapter_input)[torch.as_tensor(rows)],
+            class_index=torch.as_tensor(self.prompt_class[rows]),
+            n_classes=int(self.prompt_class.max()) + 1,
+        )
+
+    def dummy_inputs(self, adapter_input: str) -> dict[str, torch.Tensor]:
+        inputs = self.prompt_inputs(adapter_input)
+        return {t: inputs[i : i + 1] for i, t in enumerate(self.prompt_text)
+                if self.prompt_class[i] < 0}  # fmt: skip
+
+
+def load_classification(root: str, split: str) -> ClassificationSet:
+    return ClassificationSet(root, split)
+
+
+def _matrix(column) -> np.ndarray:
+    arr = column.combine_chunks()
+    values = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+    return values.reshape(len(arr), -1)
+
+
+def _adapter_input(method: Method, default: str = "raw") -> str:
+    return getattr(method, "adapter_input", default)
+
+
+# -- evaluations --------------------------------------------------------------------------------
+def evaluate_zero_shot(
+    methods: Mapping[str, Method], sets: Mapping[str, tuple[str, str]]
+) -> dict[str, dict[str, float]]:
+    """Table 3: method -> evaluation set -> zero-shot accuracy."""
+    loaded = {name: load_classification(*where) for name, where in sets.items()}
+    return {
+        name: {
+            s: zero_shot_accuracy(m, data.image_emb, data.labels,
+                                  data.class_prompts(_adapter_input(m)))
+            for s, data in loaded.items()
+        }
+        for name, m in methods.items()
+    }  # fmt: skip
+
+
+def evaluate_none_of_the_above(
+    methods: Mapping[str, Method],
+    positives: tuple[str, str],
+    negatives: tuple[str, str],
+) -> dict[str, Any]:
+    """Table 2: per dummy prompt and method, positive / negative accuracy; plus the frozen
+    model's threshold- and margin-based rejection (Table 2, "None")."""
+    pos, neg = load_classification(*positives), load_classification(*negatives)
+    out: dict[str, Any] = {"dummy": {}, "rejection": {}}
+    for name, m in methods.items():
+        ai = _adapter_input(m)
+        prompts = pos.class_prompts(ai)
+        for text, dummy in pos.dummy_inputs(ai).items():
+            out["dummy"].setdefault(text, {})[name] = none_of_the_above(
+                m, pos.image_emb, pos.labels, neg.image_emb, prompts, dummy
+            )
+    frozen = build_method("clip", pos.image_emb.shape[1])
+    out["rejection"] = rejection_baselines(
+        frozen, pos.image_emb, pos.labels, neg.image_emb, pos.class_prompts("unit")
+    )
+    return out
+
+
+def evaluate_hierarcaps(methods: Mapping[str, Method], root: str, split: str) -> dict[str, Any]:
+    """Fig. 5: per method, the statistics of :func:`hierarchy_analysis`."""
+    out = {}
+    for name, m in methods.items():
+        out[name] = hierarchy_analysis(m, load_split(root, split, _adapter_input(m)))
+    return out
+
+
+def evaluate_ood(
+    methods: Mapping[str, Method],
+    clean: tuple[str, str],
+    perturbed: Mapping[str, tuple[str, str]],
+) -> dict[str, Any]:
+    """OOD suite: ``perturbed`` maps "kind:severity" to the tables of that perturbed copy
+    (image kinds perturb images, caption kinds captions)."""
+    from asymvlm.data.perturb import IMAGE_PERTURBATIONS
+
+    out: dict[str, Any] = {}
+    for name, m in methods.items():
+        ai = _adapter_input(m)
+        base = load_split(*clean, adapter_input=ai)
+        per: dict[str, Any] = {}
+        for spec, where in perturbed.items():
+            other = load_split(*where, adapter_input=ai)
+            image_kind = spec.split(":")[0] in IMAGE_PERTURBATIONS
+            res = ood_retrieval(m, base, image_ood=other if image_kind else None,
+                                text_ood=None if image_kind else other)  # fmt: skip
+            case = "image_ood" if image_kind else "text_ood"
+            per[spec] = {
+                "clean_t2i_recall_at_1": res["cases"]["clean"]["t2i"]["recall@1"],
+                "clean_i2t_recall_at_1": res["cases"]["clean"]["i2t"]["recall@1"],
+                "t2i_recall_at_1": res["cases"][case]["t2i"]["recall@1"],
+                "i2t_recall_at_1": res["cases"][case]["i2t"]["recall@1"],
+                **res[f"mmi_{case}"],
+                "uncertainty_auroc": res.get("uncertainty_auroc"),
+            }
+        out[name] = per
+    return out
+
+
+# -- adapters and MLflow ------------------------------------------------------------------------
+def adapters_from_sweep(tracking_uri: str, parent_run_id: str) -> dict[str, Method]:
+    """The stage-2 (seed) adapters of a sweep, as "method/seed<k>" -> method (with its
+    ``adapter_input`` attribute set), loaded from the runs' MLflow models."""
+    from mlflow import MlflowClient
+    from mlflow.artifacts import download_artifacts
+
+    client = MlflowClient(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.stage = 'seeds'",
+    )
+    out: dict[str, Method] = {}
+    for child in sorted(children, key=lambda c: (c.data.params["method"], c.data.params["seed"])):
+        local = download_artifacts(run_id=child.info.run_id, artifact_path="adapter",
+                                   tracking_uri=tracking_uri)  # fmt: skip
+        checkpoint = os.path.join(local, "artifacts", "checkpoint")
+        method, meta = load_checkpoint(checkpoint)
+        method.adapter_input = meta.get("adapter_input", "raw")
+        out[f"{child.data.params['method']}/seed{child.data.params['seed']}"] = method
+    return out
+
+
+def log_evaluation(
+    tracking_uri: str,
+    experiment: str,
+    kind: str,
+    results: Mapping[str, Any],
+    *,
+    figures: Mapping[str, str] | None = None,
+    params: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, float] | None = None,
+) -> str:
+    """One MLflow run ``kind=eval-<kind>`` holding ``results.json``, figures and metrics."""
+    from mlflow import MlflowClient
+
+    from asymvlm.tracking import default_artifact_location
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(
+        experiment, artifact_location=default_artifact_location(tracking_uri))  # fmt: skip
+    run = client.create_run(exp_id, run_name=f"eval {kind}", tags={"kind": f"eval-{kind}"})
+    for key, value in (params or {}).items():
+        client.log_param(run.info.run_id, key, value)
+    for key, value in (metrics or {}).items():
+        if value is not None and np.isfinite(value):
+            client.log_metric(run.info.run_id, key, float(value))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "results.json")
+        with open(path, "w") as fh:
+            json.dump(results, fh, indent=2, default=float)
+        client.log_artifact(run.info.run_id, path)
+    for path in (figures or {}).values():
+        client.log_artifact(run.info.run_id, path)
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
