@@ -42,6 +42,9 @@ __all__ = [
     "summary_markdown",
 ]
 
+# Artifact downloads inside reports and evaluations: no per-file progress bars.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
 DIRECTIONS = ("t2i", "i2t")
 _FINAL_KEYS = {"recall@1": "recall_at_1", "recall@5": "recall_at_5", "recall@10": "recall_at_10",
                "spearman": "spearman", "r2": "r2"}  # fmt: skip

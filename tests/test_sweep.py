@@ -139,7 +139,16 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
 
     report = open(build_report(out["tracking_uri"], "ci-sweep", str(tmp_path / "report"))).read()
     assert "Table 1 analogue" in report and "| asymvlm-vmf | 2 |" in report
-    assert (tmp_path / "report" / "fig3_synthetic.png").exists()
+    assert len(list((tmp_path / "report").glob("fig3_*.png"))) == 1
+
+    # The seed adapters come back from MLflow for the evaluations (here: the world's levels).
+    from asymvlm.evaluation.suite import adapters_from_sweep, evaluate_hierarcaps
+
+    adapters = adapters_from_sweep(out["tracking_uri"], out["parent_run_id"])
+    assert set(adapters) == {f"{m}/seed{s}" for m in ("asymvlm-vmf", "determ-ft") for s in (0, 1)}
+    hier = evaluate_hierarcaps(adapters, world, "test")
+    assert hier["asymvlm-vmf/seed0"]["monotone_fraction"] is not None
+    assert hier["determ-ft/seed0"]["monotone_fraction"] is None
 
     # The logged adapter scores caption uncertainty from embeddings.
     vmf = next(c for c in seeds if c.data.params["method"] == "asymvlm-vmf")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asymvlm import tables
+from asymvlm import tables, tracking  # noqa: F401  (MLflow settings)
 from asymvlm.evaluation.hierarcaps import hierarchy_analysis
 from asymvlm.evaluation.ood import ood_retrieval
 from asymvlm.evaluation.zeroshot import (
@@ -28,7 +28,7 @@ from asymvlm.evaluation.zeroshot import (
     zero_shot_accuracy,
 )
 from asymvlm.methods import Method, build_method
-from asymvlm.training import load_checkpoint, load_split
+from asymvlm.training import load_split
 
 __all__ = [
     "ClassificationSet",
@@ -176,8 +176,8 @@ def evaluate_ood(
 def adapters_from_sweep(tracking_uri: str, parent_run_id: str) -> dict[str, Method]:
     """The stage-2 (seed) adapters of a sweep, as "method/seed<k>" -> method (with its
     ``adapter_input`` attribute set), loaded from the runs' MLflow models."""
+    import mlflow
     from mlflow import MlflowClient
-    from mlflow.artifacts import download_artifacts
 
     client = MlflowClient(tracking_uri)
     parent = client.get_run(parent_run_id)
@@ -185,13 +185,13 @@ def adapters_from_sweep(tracking_uri: str, parent_run_id: str) -> dict[str, Meth
         [parent.info.experiment_id],
         f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.stage = 'seeds'",
     )
+    mlflow.set_tracking_uri(tracking_uri)
     out: dict[str, Method] = {}
     for child in sorted(children, key=lambda c: (c.data.params["method"], c.data.params["seed"])):
-        local = download_artifacts(run_id=child.info.run_id, artifact_path="adapter",
-                                   tracking_uri=tracking_uri)  # fmt: skip
-        checkpoint = os.path.join(local, "artifacts", "checkpoint")
-        method, meta = load_checkpoint(checkpoint)
-        method.adapter_input = meta.get("adapter_input", "raw")
+        model = mlflow.pyfunc.load_model(f"runs:/{child.info.run_id}/adapter")
+        adapter = model.unwrap_python_model()  # a tracking.CaptionUncertaintyModel
+        method = adapter.method
+        method.adapter_input = adapter.meta.get("adapter_input", "raw")
         out[f"{child.data.params['method']}/seed{child.data.params['seed']}"] = method
     return out
 
