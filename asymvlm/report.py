@@ -67,7 +67,10 @@ def _sweep_section(
     dataset, model = params.get("dataset"), params.get("embedding_model")
     rows = [{"method": c.data.params["method"], **c.data.metrics} for c in children]
     summary = tracking.seed_summary(rows)
-    lines = [tracking.summary_markdown(summary, title=f"Table 1 analogue — {dataset} ({model})")]
+    title = f"Table 1 analogue — {parent.info.run_name}: {dataset} ({model})"
+    lines = [tracking.summary_markdown(summary, title=title)]
+    if parent.data.tags.get("note"):
+        lines.append(f"> {parent.data.tags['note']}\n")
     paper = paper_numbers.TABLE1.get(dataset or "")
     if paper and paper_numbers.matches_paper(model, dataset):
         lines.append(f"*Paper (Ju et al. 2025, Table 1, CLIP ViT-B/32 on {dataset}), for "
@@ -164,28 +167,34 @@ def _table3(runs: list[tuple[dict, dict]]) -> list[str]:
     return lines + [""]
 
 
-def _hierarchy(res: dict, output: str) -> tuple[list[str], dict]:
+def _heading(params: dict) -> str:
+    parts = [p for p in (params.get("sweep"), params.get("note")) if p]
+    return f" — {', '.join(parts)}" if parts else ""
+
+
+def _hierarchy(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dict]:
     first: dict[str, dict] = {}
     grouped: dict[str, list[dict]] = defaultdict(list)
     for name, cell in res.items():
         grouped[_base(name)].append(cell)
         first.setdefault(_base(name), cell)
-    lines = ["### HierarCaps analysis (Fig. 5 analogue)", "",
+    lines = [f"### HierarCaps analysis (Fig. 5 analogue){_heading(params)}", "",
              "| method | S(level, uncertainty) | S(words, uncertainty) | monotone hierarchies |",
              "|---|---|---|---|"]  # fmt: skip
     for method, cells in grouped.items():
         lines.append(f"| {method} | {_mean_std(c['spearman_level_uncertainty'] for c in cells)} "
                      f"| {_mean_std(c['spearman_words_uncertainty'] for c in cells)} | "
                      f"{_mean_std(c['monotone_fraction'] for c in cells)} |")  # fmt: skip
-    path = os.path.join(output, "fig5_hierarcaps.png")
+    name = f"fig5_{tag}.png"
+    path = os.path.join(output, name)
     plot_hierarchy(first, path)
-    lines += ["", "![Fig. 5 analogue — uncertainty and paired score per caption level]"
-              "(fig5_hierarcaps.png)", ""]  # fmt: skip
+    lines += ["", f"![Fig. 5 analogue — uncertainty and paired score per caption level]({name})",
+              ""]  # fmt: skip
     return lines, {path: "fig5"}
 
 
-def _ood(res: dict, output: str) -> tuple[list[str], dict]:
-    lines = ["### OOD robustness (beyond the paper)", "",
+def _ood(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dict]:
+    lines = [f"### OOD robustness (beyond the paper){_heading(params)}", "",
              "| method | perturbation | t2i R@1 | i2t R@1 | t2i MMI | i2t MMI | unc. AUROC |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     grouped: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
@@ -206,10 +215,11 @@ def _ood(res: dict, output: str) -> tuple[list[str], dict]:
             curve[int(severity)] = statistics.fmean(c["t2i_recall_at_1"] for c in cells)
     figures = {}
     for kind, per_method in curves.items():
-        path = os.path.join(output, f"fig_ood_{kind}.png")
+        name = f"fig_ood_{kind}{tag}.png"
+        path = os.path.join(output, name)
         plot_severity(per_method, path, ylabel="t2i Recall@1", title=kind)
         figures[path] = kind
-        lines.append(f"![OOD: t2i Recall@1 vs {kind} severity](fig_ood_{kind}.png)")
+        lines.append(f"![OOD: t2i Recall@1 vs {kind} severity]({name})\n")
     return lines + [""], figures
 
 
@@ -245,12 +255,16 @@ def build_report(tracking_uri: str, experiment: str, output: str) -> str:
         lines += _table2([res for res, _ in evals["eval-none_of_the_above"]])
     if evals.get("eval-zero_shot"):
         lines += _table3(evals["eval-zero_shot"])
-    if evals.get("eval-hierarcaps"):
-        section, figs = _hierarchy(evals["eval-hierarcaps"][-1][0], output)
+    hier = evals.get("eval-hierarcaps", [])
+    for k, (res, params) in enumerate(hier):
+        tag = "hierarcaps" if len(hier) == 1 else f"hierarcaps_{params.get('sweep') or k}"
+        section, figs = _hierarchy(res, output, params, tag)
         lines += section
         figures.update(figs)
-    if evals.get("eval-ood"):
-        section, figs = _ood(evals["eval-ood"][-1][0], output)
+    ood = evals.get("eval-ood", [])
+    for k, (res, params) in enumerate(ood):
+        tag = "" if len(ood) == 1 else f"_{params.get('sweep') or k}"
+        section, figs = _ood(res, output, params, tag)
         lines += section
         figures.update(figs)
     if len(lines) <= 5:

@@ -33,6 +33,7 @@ __all__ = [
     "DIRECTIONS",
     "default_artifact_location",
     "default_tracking_uri",
+    "experiment_id",
     "git_commit",
     "log_history",
     "log_uncertainty_model",
@@ -63,6 +64,14 @@ def default_artifact_location(tracking_uri: str) -> str | None:
         folder = os.path.join(os.path.dirname(os.path.abspath(database)), "mlartifacts")
         return "file://" + folder
     return None
+
+
+def experiment_id(client, name: str, tracking_uri: str) -> str:
+    """The id of experiment ``name``, created (artifacts beside a SQLite store) if missing."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    return client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri))
 
 
 def git_commit(path: str | None = None) -> str:

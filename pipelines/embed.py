@@ -27,8 +27,18 @@ def load_jobs(path: str, overrides: dict[str, Any] | None = None) -> list[EmbedC
     """Parse the YAML into embedding jobs; unknown keys are an error naming the file."""
     with open(path) as fh:
         doc = yaml.safe_load(fh) or {}
+    return jobs_from_doc(doc, path, overrides)
+
+
+def jobs_from_doc(
+    doc: Any, source: str, overrides: dict[str, Any] | None = None
+) -> list[EmbedConfig]:
+    """Embedding jobs from a parsed document (one job, or ``defaults`` + ``jobs``)."""
+    path = source
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
+    if not doc:
+        return []
     defaults = dict(doc.get("defaults", {}))
     jobs = doc.get("jobs") or [{k: v for k, v in doc.items() if k not in ("defaults", "jobs")}]
     out = []

@@ -296,19 +296,10 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
     uri = cfg["mlflow"]["tracking_uri"]
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(cfg["mlflow"]["experiment"])
-    experiment_id = (
-        experiment.experiment_id
-        if experiment is not None
-        else client.create_experiment(
-            cfg["mlflow"]["experiment"],
-            artifact_location=cfg["mlflow"].get("artifact_location")
-            or tracking.default_artifact_location(uri),
-        )
-    )
+    experiment_id = tracking.experiment_id(client, cfg["mlflow"]["experiment"], uri)
     base = _base_params(cfg)
-    parent = client.create_run(experiment_id, run_name=cfg.get("name") or "sweep",
-                               tags={"kind": "sweep"})  # fmt: skip
+    tags = {"kind": "sweep", "note": str(cfg.get("note") or "")}
+    parent = client.create_run(experiment_id, run_name=cfg.get("name") or "sweep", tags=tags)
     parent_id = parent.info.run_id
     for key in ("methods", "lr", "seeds"):
         client.log_param(parent_id, key, json.dumps(cfg[key]))
@@ -324,9 +315,14 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
 
     try:
         arms = [{"method": m, "lr": lr} for m in cfg["methods"] for lr in cfg["lr"]]
-        _print(f"stage 1: {len(arms)} trials (method x lr, seed {cfg['seeds'][0]})")
-        grid = _run_stage(cfg, "grid", arms, [cfg["seeds"][0]], logger)
-        selection = select_lr(grid)
+        if len(cfg["lr"]) > 1:
+            _print(f"stage 1: {len(arms)} trials (method x lr, seed {cfg['seeds'][0]})")
+            grid = _run_stage(cfg, "grid", arms, [cfg["seeds"][0]], logger)
+            selection = select_lr(grid)
+        else:  # one lr: nothing to select
+            _print(f"stage 1 skipped: a single lr ({cfg['lr'][0]:g})")
+            selection = {m: {"lr": cfg["lr"][0], "score": float("nan"), "scores_by_lr": {}}
+                         for m in cfg["methods"]}  # fmt: skip
         for method, pick in selection.items():
             client.log_param(parent_id, f"best_lr/{method}", pick["lr"])
             _print(f"  {method}: best lr {pick['lr']:g} ({SELECTION_METRIC} {pick['score']:.4f})")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asymvlm import tables, tracking  # noqa: F401  (MLflow settings)
+from asymvlm import tables, tracking
 from asymvlm.evaluation.hierarcaps import hierarchy_analysis
 from asymvlm.evaluation.ood import ood_retrieval
 from asymvlm.evaluation.zeroshot import (
@@ -209,12 +209,8 @@ def log_evaluation(
     """One MLflow run ``kind=eval-<kind>`` holding ``results.json``, figures and metrics."""
     from mlflow import MlflowClient
 
-    from asymvlm.tracking import default_artifact_location
-
     client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(
-        experiment, artifact_location=default_artifact_location(tracking_uri))  # fmt: skip
+    exp_id = tracking.experiment_id(client, experiment, tracking_uri)
     run = client.create_run(exp_id, run_name=f"eval {kind}", tags={"kind": f"eval-{kind}"})
     for key, value in (params or {}).items():
         client.log_param(run.info.run_id, key, value)

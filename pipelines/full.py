@@ -1,0 +1,285 @@
+"""The whole pipeline on Ray: prepare -> embed -> sweep -> evaluate -> report.
+
+    python pipelines/full.py                               # configs/demo.yaml: offline demo
+    ray job submit --working-dir . -- python pipelines/full.py --config configs/coco.yaml
+    python pipelines/full.py --config configs/coco.yaml --stages sweep,evaluate,report \\
+        --set sweeps.0.epochs=50
+
+Every stage is resumable: embedding jobs skip finished tables (and finish interrupted ones),
+a sweep with a ``sweep.json`` in its folder is done, an evaluation with its result file is
+done, and the report is rebuilt from MLflow. ``--stages`` runs a subset. The resolved config
+and the git commit are logged to MLflow (a run ``kind=pipeline``), and at the end the script
+prints where the report and the MLflow store are, and the ``mlflow ui`` command to open them.
+
+Config keys (see ``configs/*.yaml``): ``name``, ``output``, ``mlflow: {tracking_uri,
+experiment}``, ``prepare`` (``tiny_clip``, ``synthetic``, ``hierarcaps_cifar``: offline
+stand-ins), ``embed`` (``defaults`` + ``jobs``, the keys of ``pipelines/embed.py``), ``sweeps``
+(a list of ``pipelines/sweep.py`` configs with a ``name``; ``mlflow`` and ``output`` are filled
+in), ``evaluations`` (a list of ``{kind: zeroshot|nota|hierarcaps|ood, sweep: <name>, ...}``,
+see ``asymvlm analyze``), ``report: {output}``. Relative paths are relative to the working
+directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import yaml
+
+if __package__ in (None, ""):  # run as a script: make `pipelines` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asymvlm import tracking  # noqa: E402
+
+STAGES = ("embed", "sweep", "evaluate", "report")
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "configs", "demo.yaml")  # fmt: skip
+
+
+def _log(msg: str) -> None:
+    print(f"[pipeline] {msg}", file=sys.stderr, flush=True)
+
+
+# -- configuration ------------------------------------------------------------------------------
+def _set(doc: Any, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    target = doc
+    for part in parents:
+        target = target[int(part)] if isinstance(target, list) else target.setdefault(part, {})
+    if isinstance(target, list):
+        target[int(leaf)] = value
+    else:
+        target[leaf] = value
+
+
+def load_config(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    with open(path) as fh:
+        cfg = yaml.safe_load(fh) or {}
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        _set(cfg, key, yaml.safe_load(value))
+    cfg.setdefault("name", os.path.splitext(os.path.basename(path))[0])
+    cfg["output"] = os.path.abspath(cfg.get("output") or os.path.join("runs", cfg["name"]))
+    mlflow_cfg = dict(cfg.get("mlflow") or {})
+    mlflow_cfg.setdefault("experiment", f"asymvlm-{cfg['name']}")
+    if not mlflow_cfg.get("tracking_uri"):
+        mlflow_cfg["tracking_uri"] = tracking.default_tracking_uri(cfg["output"])
+    cfg["mlflow"] = mlflow_cfg
+    names = [s.get("name") for s in cfg.get("sweeps", [])]
+    if len(set(names)) != len(names) or None in names:
+        raise ValueError(f"{path}: every sweep needs a unique name, got {names}")
+    for i, ev in enumerate(cfg.get("evaluations", [])):
+        if ev.get("kind") not in ("zeroshot", "nota", "hierarcaps", "ood"):
+            raise ValueError(f"{path}: evaluations[{i}].kind must be zeroshot, nota, "
+                             f"hierarcaps or ood, got {ev.get('kind')!r}")  # fmt: skip
+        if ev.get("sweep") and ev["sweep"] not in names:
+            raise ValueError(f"{path}: evaluations[{i}] names unknown sweep {ev['sweep']!r}")
+    return cfg
+
+
+# -- stages -------------------------------------------------------------------------------------
+def stage_prepare(cfg: dict[str, Any]) -> None:
+    """Offline stand-ins: a tiny random CLIP, the synthetic world, CIFAR-format sets."""
+    prep = cfg.get("prepare") or {}
+    if prep.get("tiny_clip"):
+        path = os.path.abspath(prep["tiny_clip"])
+        if not os.path.exists(os.path.join(path, "config.json")):
+            from asymvlm.data.tiny import save_tiny_clip
+
+            _log(f"writing a tiny random CLIP (not meaningful science) to {path}")
+            save_tiny_clip(path)
+    if prep.get("synthetic"):
+        syn = dict(prep["synthetic"])
+        root = os.path.abspath(syn.pop("output"))
+        if not os.path.exists(os.path.join(root, "manifest.json")):
+            from asymvlm.synthetic import WorldConfig, write_world
+
+            splits = {"train": syn.pop("train_images", 8000), "val": syn.pop("val_images", 1000),
+                      "test": syn.pop("test_images", 1000)}  # fmt: skip
+            _log(f"writing the synthetic world to {root}")
+            write_world(root, WorldConfig(splits=splits, **syn))
+    if prep.get("hierarcaps_cifar"):
+        hc = prep["hierarcaps_cifar"]
+        out = os.path.abspath(hc["output"])
+        if not os.path.exists(os.path.join(out, "cifar100")):
+            from asymvlm.data.demo_sets import write_hierarcaps_cifar
+
+            _log(f"building CIFAR-format stand-ins from HierarCaps images in {out}")
+            write_hierarcaps_cifar(hc["hierarcaps"], out, int(hc.get("n_classes", 5)))
+
+
+def stage_embed(cfg: dict[str, Any]) -> None:
+    from pipelines.embed import jobs_from_doc
+
+    doc = cfg.get("embed") or {}
+    for job in jobs_from_doc(doc, source="embed"):
+        from asymvlm.data.embed import run_embed
+
+        _log(f"embed: {job.dataset}/{job.split} -> {job.output}")
+        run_embed(job)
+
+
+def _sweep_config(cfg: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
+    from pipelines.sweep import resolve_config
+
+    doc = copy.deepcopy(sweep)
+    doc["mlflow"] = dict(cfg["mlflow"])
+    doc.setdefault("output", os.path.join(cfg["output"], "sweeps", sweep["name"]))
+    return resolve_config(doc, source=f"sweeps[{sweep['name']}]")
+
+
+def stage_sweep(cfg: dict[str, Any]) -> None:
+    from pipelines.sweep import run_sweep
+
+    for sweep in cfg.get("sweeps", []):
+        scfg = _sweep_config(cfg, sweep)
+        if os.path.exists(os.path.join(scfg["output"], "sweep.json")):
+            _log(f"sweep {sweep['name']}: done already ({scfg['output']}/sweep.json)")
+            continue
+        _log(f"sweep {sweep['name']}: {len(scfg['methods'])} methods x {len(scfg['lr'])} lrs, "
+             f"seeds {scfg['seeds']}")  # fmt: skip
+        run_sweep(scfg)
+
+
+def _location(value: str) -> tuple[str, str]:
+    root, _, split = str(value).rpartition(":")
+    if not root:
+        raise ValueError(f"expected ROOT:SPLIT, got {value!r}")
+    return os.path.abspath(root) if "://" not in root else root, split
+
+
+def stage_evaluate(cfg: dict[str, Any]) -> None:
+    from asymvlm.evaluation import suite
+    from asymvlm.methods import METHODS
+
+    uri, experiment = cfg["mlflow"]["tracking_uri"], cfg["mlflow"]["experiment"]
+    folder = os.path.join(cfg["output"], "evaluations")
+    os.makedirs(folder, exist_ok=True)
+    for i, ev in enumerate(cfg.get("evaluations", [])):
+        marker = os.path.join(folder, f"{i:02d}-{ev['kind']}.json")
+        if os.path.exists(marker):
+            _log(f"evaluation {i} ({ev['kind']}): done already")
+            continue
+        methods: dict[str, Any] = {}
+        if ev.get("sweep"):
+            scfg = _sweep_config(cfg, next(s for s in cfg["sweeps"] if s["name"] == ev["sweep"]))
+            with open(os.path.join(scfg["output"], "sweep.json")) as fh:
+                parent = json.load(fh)["parent_run_id"]
+            methods.update(suite.adapters_from_sweep(uri, parent))
+        if ev.get("frozen"):
+            dim = next(iter(methods.values())).dim if methods else int(ev["dim"])
+            frozen = METHODS["clip"](dim=dim)
+            frozen.adapter_input = "unit"
+            methods["clip"] = frozen
+        kind = ev["kind"]
+        _log(f"evaluation {i}: {kind} ({len(methods)} models)")
+        params = {"kind": kind, "sweep": ev.get("sweep", ""), "note": ev.get("note", "")}
+        if kind == "zeroshot":
+            sets = {name: _location(where) for name, where in ev["sets"].items()}
+            result = suite.evaluate_zero_shot(methods, sets)
+            params["fine_tuned_on"] = ev.get("fine_tuned_on", ev.get("sweep", "?"))
+            params["embedding_model"] = ev.get("embedding_model", "")
+        elif kind == "nota":
+            result = suite.evaluate_none_of_the_above(
+                methods, _location(ev["positives"]), _location(ev["negatives"]))  # fmt: skip
+        elif kind == "hierarcaps":
+            result = suite.evaluate_hierarcaps(methods, *_location(ev["data"]))
+        else:
+            perturbed = {spec: _location(where) for spec, where in ev["perturbed"].items()}
+            result = suite.evaluate_ood(methods, _location(ev["data"]), perturbed)
+        name = {"zeroshot": "zero_shot", "nota": "none_of_the_above"}.get(kind, kind)
+        suite.log_evaluation(uri, experiment, name, result, params=params)
+        tracking.write_json(marker, result)
+
+
+def stage_report(cfg: dict[str, Any]) -> str:
+    from asymvlm.report import build_report
+
+    out = os.path.abspath((cfg.get("report") or {}).get("output")
+                          or os.path.join(cfg["output"], "report"))  # fmt: skip
+    return build_report(cfg["mlflow"]["tracking_uri"], cfg["mlflow"]["experiment"], out)
+
+
+def _log_pipeline_run(cfg: dict[str, Any], stages: list[str]) -> None:
+    import tempfile
+
+    from mlflow import MlflowClient
+
+    uri = cfg["mlflow"]["tracking_uri"]
+    client = MlflowClient(uri)
+    exp_id = tracking.experiment_id(client, cfg["mlflow"]["experiment"], uri)
+    run = client.create_run(exp_id, run_name=f"pipeline {cfg['name']}", tags={"kind": "pipeline"})
+    client.log_param(run.info.run_id, "git_commit", tracking.git_commit())
+    client.log_param(run.info.run_id, "stages", ",".join(stages))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "resolved_config.yaml")
+        with open(path, "w") as fh:
+            yaml.safe_dump(cfg, fh, sort_keys=False)
+        client.log_artifact(run.info.run_id, path)
+    client.set_terminated(run.info.run_id)
+
+
+def run_pipeline(cfg: dict[str, Any], stages: list[str]) -> dict[str, Any]:
+    import ray
+
+    t0 = time.perf_counter()
+    os.makedirs(cfg["output"], exist_ok=True)
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
+    _log_pipeline_run(cfg, stages)
+    out: dict[str, Any] = {"output": cfg["output"], "tracking_uri": cfg["mlflow"]["tracking_uri"]}
+    if "embed" in stages:
+        stage_prepare(cfg)
+        stage_embed(cfg)
+    if "sweep" in stages:
+        stage_sweep(cfg)
+    if "evaluate" in stages:
+        stage_evaluate(cfg)
+    if "report" in stages:
+        out["report"] = stage_report(cfg)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML (default: the demo)")
+    parser.add_argument("--stages", default=",".join(STAGES),
+                        help=f"comma-separated subset of {','.join(STAGES)}")  # fmt: skip
+    parser.add_argument("--output", default=None, help="override the config's output folder")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key (dots, list indices: sweeps.0.epochs=5)")  # fmt: skip
+    args = parser.parse_args(argv)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = [s for s in stages if s not in STAGES]
+    try:
+        if unknown:
+            raise ValueError(f"unknown stages {unknown}; choose from {list(STAGES)}")
+        overrides = list(args.set) + ([f"output={args.output}"] if args.output else [])
+        cfg = load_config(args.config, overrides)
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = run_pipeline(cfg, stages)
+    print(json.dumps(out, indent=2))
+    uri = cfg["mlflow"]["tracking_uri"]
+    _log(f"finished in {out['seconds']:.0f} s")
+    if out.get("report"):
+        _log(f"report: {out['report']}")
+    _log(f"MLflow store: {uri} (experiment {cfg['mlflow']['experiment']!r})")
+    _log(f"open it with: mlflow ui --backend-store-uri {uri}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
