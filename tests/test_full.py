@@ -51,3 +51,25 @@ def test_finished_sweeps_and_evaluations_are_skipped(tmp_path, capsys) -> None:
     full.stage_evaluate(cfg)
     err = capsys.readouterr().err
     assert err.count("done already") == len(cfg["sweeps"]) + len(cfg["evaluations"])
+
+
+@pytest.mark.parametrize("name", ["coco", "flickr30k", "cc200k", "paper", "demo"])
+def test_shipped_pipeline_configs_resolve(name, tmp_path) -> None:
+    path = os.path.join(os.path.dirname(DEMO), f"{name}.yaml")
+    cfg = full.load_config(path, [f"output={tmp_path}"])
+    from pipelines.embed import jobs_from_doc
+
+    jobs = jobs_from_doc(cfg.get("embed") or {}, source=name)
+    assert jobs and all(job.model for job in jobs)
+    for sweep in cfg["sweeps"]:
+        scfg = full._sweep_config(cfg, sweep)
+        assert scfg["methods"] and scfg["seeds"]
+        if name != "demo":  # the paper's protocol
+            assert scfg["epochs"] == 200 and scfg["batch_size"] == 2048
+            assert scfg["lr"] == [1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2] and len(scfg["seeds"]) == 5
+    if name == "paper":
+        models = {job.model for job in jobs}
+        assert models == {"openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"}
+        assert {s["name"] for s in cfg["sweeps"]} == {
+            f"{d}-{b}" for d in ("coco", "flickr30k", "cc200k") for b in ("clip", "siglip")
+        }
