@@ -112,9 +112,12 @@ def plot_hierarchy(results: dict[str, dict], path: str, title: str = "") -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, res in results.items():
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, (name, res) in enumerate(results.items()):
+        color = colors[k % len(colors)]  # the same method has the same colour in both panels
         levels = sorted(res["per_level"], key=int)
         x = [int(level) for level in levels]
         cells = [res["per_level"][level] for level in levels]
@@ -124,14 +127,17 @@ def plot_hierarchy(results: dict[str, dict], path: str, title: str = "") -> str:
             hi = [c["uncertainty_q75"] - c["uncertainty_median"] for c in cells]
             frac = res.get("monotone_fraction")
             label = f"{name} (monotone {frac:.0%})" if frac is not None else name
-            axes[0].errorbar(x, med, yerr=[lo, hi], marker="o", capsize=3, label=label)
-        axes[1].plot(x, [c["paired_log_likelihood_mean"] for c in cells], marker="o", label=name)
+            axes[0].errorbar(x, med, yerr=[lo, hi], marker="o", capsize=3, label=label,
+                             color=color)  # fmt: skip
+        axes[1].plot(x, [c["paired_log_likelihood_mean"] for c in cells], marker="o", label=name,
+                     color=color)  # fmt: skip
     axes[0].set_title(f"caption uncertainty by level {title}".strip())
     axes[0].set_ylabel("uncertainty (median, IQR)")
     axes[1].set_title("score of the paired image by level")
     axes[1].set_ylabel("mean log-likelihood / score")
     for ax in axes:
         ax.set_xlabel("level (0 = general, 3 = detailed)")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
