@@ -1,11 +1,16 @@
 # The two front-door commands: `make demo` (set up + main job) and `make test`.
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo quick-demo test lint bench
 setup:
 	bash scripts/setup.sh
 
+# The whole pipeline on configs/demo.yaml: local Ray + MLflow, offline, < 10 min on 2 CPUs.
 demo: setup
+	$(PY) pipelines/full.py
+
+# Synthetic world only, single process (~4 min): the science without Ray.
+quick-demo: setup
 	$(PY) -m asymvlm.demo
 
 test: setup
