@@ -58,7 +58,25 @@ def _set(doc: Any, dotted: str, value: Any) -> None:
         target[leaf] = value
 
 
+def _expand(value: Any) -> Any:
+    """``${VAR}`` in strings from the environment (e.g. ``${ASYMVLM_HIERARCAPS}``)."""
+    if isinstance(value, str):
+        return os.path.expandvars(value)
+    if isinstance(value, list):
+        return [_expand(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _expand(v) for k, v in value.items()}
+    return value
+
+
 def load_config(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Read the YAML, apply ``--set`` overrides and expand ``${VAR}``; ``ASYMVLM_HIERARCAPS``
+    defaults to the HierarCaps copy found beside the checkout."""
+    from asymvlm.data.demo_sets import find_hierarcaps
+
+    found = find_hierarcaps()
+    if found:
+        os.environ.setdefault("ASYMVLM_HIERARCAPS", found)
     with open(path) as fh:
         cfg = yaml.safe_load(fh) or {}
     if not isinstance(cfg, dict):
@@ -68,6 +86,7 @@ def load_config(path: str, overrides: list[str] | None = None) -> dict[str, Any]
         if not sep:
             raise ValueError(f"--set expects key=value, got {item!r}")
         _set(cfg, key, yaml.safe_load(value))
+    cfg = _expand(cfg)
     cfg.setdefault("name", os.path.splitext(os.path.basename(path))[0])
     cfg["output"] = os.path.abspath(cfg.get("output") or os.path.join("runs", cfg["name"]))
     mlflow_cfg = dict(cfg.get("mlflow") or {})

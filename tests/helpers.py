@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -23,14 +22,11 @@ def rotated_pairs(
 
 
 def _find_hierarcaps() -> Path | None:
-    """The read-only HierarCaps copy: $ASYMVLM_HIERARCAPS, else ../shared beside the checkout."""
-    repo = Path(__file__).resolve().parent.parent
-    candidates = [os.environ.get("ASYMVLM_HIERARCAPS"), repo.parent / "shared/data/hierarcaps"]
-    candidates.append(Path("/work/shared/data/hierarcaps"))
-    for c in candidates:
-        if c and (Path(c) / "hierarcaps_test.csv").is_file():
-            return Path(c)
-    return None
+    """The read-only HierarCaps copy (see :func:`asymvlm.data.demo_sets.find_hierarcaps`)."""
+    from asymvlm.data.demo_sets import find_hierarcaps
+
+    found = find_hierarcaps()
+    return Path(found) if found else None
 
 
 #: Folder with hierarcaps_test.csv and images/ (None when the shared data is not present).

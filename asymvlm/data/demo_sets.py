@@ -17,7 +17,23 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["write_hierarcaps_cifar"]
+__all__ = ["find_hierarcaps", "write_hierarcaps_cifar"]
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def find_hierarcaps() -> str | None:
+    """The read-only HierarCaps copy: ``$ASYMVLM_HIERARCAPS``, else ``../shared/data/hierarcaps``
+    beside this checkout, else ``/work/shared/data/hierarcaps``; None when none has the csv."""
+    candidates = [
+        os.environ.get("ASYMVLM_HIERARCAPS"),
+        os.path.join(os.path.dirname(_REPO), "shared", "data", "hierarcaps"),
+        "/work/shared/data/hierarcaps",
+    ]
+    for c in candidates:
+        if c and os.path.isfile(os.path.join(c, "hierarcaps_test.csv")):
+            return os.path.abspath(c)
+    return None
 
 
 def _rows(folder: str, names: list[str]) -> np.ndarray:
