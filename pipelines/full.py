@@ -16,7 +16,8 @@ experiment}``, ``prepare`` (``tiny_clip``, ``synthetic``, ``hierarcaps_cifar``: 
 stand-ins), ``embed`` (``defaults`` + ``jobs``, the keys of ``pipelines/embed.py``), ``sweeps``
 (a list of ``pipelines/sweep.py`` configs with a ``name``; ``mlflow`` and ``output`` are filled
 in), ``evaluations`` (a list of ``{kind: zeroshot|nota|hierarcaps|ood, sweep: <name>, ...}``,
-see ``asymvlm analyze``), ``report: {output}``. Relative paths are relative to the working
+see ``asymvlm analyze``), ``report: {output}``. ``${output}`` in any value is the output
+folder, ``${VAR}`` an environment variable; other relative paths are relative to the working
 directory.
 """
 
@@ -58,14 +59,15 @@ def _set(doc: Any, dotted: str, value: Any) -> None:
         target[leaf] = value
 
 
-def _expand(value: Any) -> Any:
-    """``${VAR}`` in strings from the environment (e.g. ``${ASYMVLM_HIERARCAPS}``)."""
+def _expand(value: Any, output: str) -> Any:
+    """``${output}`` -> the resolved output folder; other ``${VAR}`` from the environment
+    (e.g. ``${ASYMVLM_HIERARCAPS}``)."""
     if isinstance(value, str):
-        return os.path.expandvars(value)
+        return os.path.expandvars(value.replace("${output}", output))
     if isinstance(value, list):
-        return [_expand(v) for v in value]
+        return [_expand(v, output) for v in value]
     if isinstance(value, dict):
-        return {k: _expand(v) for k, v in value.items()}
+        return {k: _expand(v, output) for k, v in value.items()}
     return value
 
 
@@ -86,9 +88,10 @@ def load_config(path: str, overrides: list[str] | None = None) -> dict[str, Any]
         if not sep:
             raise ValueError(f"--set expects key=value, got {item!r}")
         _set(cfg, key, yaml.safe_load(value))
-    cfg = _expand(cfg)
     cfg.setdefault("name", os.path.splitext(os.path.basename(path))[0])
-    cfg["output"] = os.path.abspath(cfg.get("output") or os.path.join("runs", cfg["name"]))
+    output = os.path.abspath(os.path.expandvars(cfg.get("output") or f"runs/{cfg['name']}"))
+    cfg = _expand(cfg, output)
+    cfg["output"] = output
     mlflow_cfg = dict(cfg.get("mlflow") or {})
     mlflow_cfg.setdefault("experiment", f"asymvlm-{cfg['name']}")
     if not mlflow_cfg.get("tracking_uri"):

@@ -16,6 +16,10 @@ def test_demo_config_resolves(tmp_path) -> None:
     assert cfg["output"] == str(tmp_path)
     assert cfg["mlflow"]["tracking_uri"] == "sqlite:///" + str(tmp_path / "mlflow.db")
     assert cfg["sweeps"][0]["epochs"] == 3 and cfg["sweeps"][0]["name"] == "synthetic"
+    # --output moves everything: models, tables, sweeps, evaluations and the report.
+    assert cfg["prepare"]["tiny_clip"] == str(tmp_path / "models" / "tiny-clip")
+    assert cfg["report"]["output"] == str(tmp_path / "report")
+    assert all(str(tmp_path) in job["output"] for job in cfg["embed"]["jobs"])
     kinds = [e["kind"] for e in cfg["evaluations"]]
     assert {"hierarcaps", "zeroshot", "nota", "ood"} <= set(kinds)
     scfg = full._sweep_config(cfg, cfg["sweeps"][1])
