@@ -16,9 +16,9 @@ fi
 ray stop --force >/dev/null 2>&1 || true
 ray start --head --num-cpus 2 --dashboard-host 127.0.0.1 --disable-usage-stats
 trap 'ray stop --force >/dev/null 2>&1 || true' EXIT
-# Ray >= 2.59 protects local clusters with a token.
+# Ray >= 2.59 protects local clusters with a token; the client sends it in token mode.
 RAY_AUTH_TOKEN="$(ray get-auth-token 2>/dev/null | tail -1 || true)"
-export RAY_AUTH_TOKEN
+export RAY_AUTH_TOKEN RAY_AUTH_MODE=token
 # The job runs in a copy of this folder: data and outputs are given as absolute paths.
 ray job submit --address http://127.0.0.1:8265 --working-dir . \
     --runtime-env-json "{\"env_vars\": {\"ASYMVLM_HIERARCAPS\": \"$HIERARCAPS\"}}" \
