@@ -255,18 +255,15 @@ def build_report(tracking_uri: str, experiment: str, output: str) -> str:
         lines += _table2([res for res, _ in evals["eval-none_of_the_above"]])
     if evals.get("eval-zero_shot"):
         lines += _table3(evals["eval-zero_shot"])
-    hier = evals.get("eval-hierarcaps", [])
-    for k, (res, params) in enumerate(hier):
-        tag = "hierarcaps" if len(hier) == 1 else f"hierarcaps_{params.get('sweep') or k}"
-        section, figs = _hierarchy(res, output, params, tag)
-        lines += section
-        figures.update(figs)
-    ood = evals.get("eval-ood", [])
-    for k, (res, params) in enumerate(ood):
-        tag = "" if len(ood) == 1 else f"_{params.get('sweep') or k}"
-        section, figs = _ood(res, output, params, tag)
-        lines += section
-        figures.update(figs)
+    # One section per evaluation run; figure names get the sweep when there are several.
+    for kind, section_fn, prefix in (("eval-hierarcaps", _hierarchy, "hierarcaps"),
+                                     ("eval-ood", _ood, "")):  # fmt: skip
+        runs_of_kind = evals.get(kind, [])
+        for k, (res, params) in enumerate(runs_of_kind):
+            tag = prefix if len(runs_of_kind) == 1 else f"{prefix}_{params.get('sweep') or k}"
+            section, figs = section_fn(res, output, params, tag)
+            lines += section
+            figures.update(figs)
     if len(lines) <= 5:
         lines.append("*No sweeps or evaluations in this experiment yet.*")
     path = os.path.join(output, "report.md")

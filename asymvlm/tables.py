@@ -189,6 +189,19 @@ def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> 
     return _display(root, path)
 
 
+def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """``[n, width]`` float32 from a list / fixed-size-list / tensor column (no validation:
+    for tables this package wrote itself, e.g. ``read_parts`` output)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(arr, pa.ExtensionArray):
+        return np.asarray(arr.to_numpy_ndarray(), dtype=np.float32)
+    width = arr.type.list_size if pa.types.is_fixed_size_list(arr.type) else None
+    values = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    if width is None:
+        width = values.size // max(len(arr), 1)
+    return values.reshape(len(arr), width)
+
+
 def read_parts(root: str, split: str, kind: str) -> pa.Table | None:
     """All ``ROOT/split/kind/*.parquet`` concatenated in name order, or None if there are none."""
     fs, base = _filesystem(root)

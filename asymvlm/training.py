@@ -78,6 +78,17 @@ class SplitTensors:
     def dim(self) -> int:
         return self.image_emb.shape[1]
 
+    def subset(self, images: np.ndarray, texts: np.ndarray) -> SplitTensors:
+        """Image rows ``images`` and caption rows ``texts`` (of those images), renumbered."""
+        split = self.split.subset(images, texts)
+        device = self.image_emb.device
+        return SplitTensors(
+            image_emb=self.image_emb[torch.as_tensor(images, device=device)],
+            text_emb=self.text_emb[torch.as_tensor(texts, device=device)],
+            text_to_image=torch.as_tensor(split.text_image_index, device=device),
+            split=split,
+        )
+
 
 def load_split(
     root: str, split: str, adapter_input: str = "raw", device: str | torch.device = "cpu"
@@ -107,20 +118,9 @@ def hold_out_images(
     held = np.zeros(n_image, dtype=bool)
     held[order[: max(1, int(round(fraction * n_image)))]] = True
     owner = data.text_to_image.cpu().numpy()
-    device = data.image_emb.device
-    parts = []
-    for keep in (~held, held):
-        images, texts = np.flatnonzero(keep), np.flatnonzero(keep[owner])
-        split = data.split.subset(images, texts)
-        parts.append(
-            SplitTensors(
-                image_emb=data.image_emb[torch.as_tensor(images, device=device)],
-                text_emb=data.text_emb[torch.as_tensor(texts, device=device)],
-                text_to_image=torch.as_tensor(split.text_image_index, device=device),
-                split=split,
-            )
-        )
-    return parts[0], parts[1]
+    rest, out = (data.subset(np.flatnonzero(keep), np.flatnonzero(keep[owner]))
+                 for keep in (~held, held))  # fmt: skip
+    return rest, out
 
 
 def make_optimizer(method: Method, cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -141,12 +141,11 @@ def stage_prepare(cfg: dict[str, Any]) -> None:
 
 
 def stage_embed(cfg: dict[str, Any]) -> None:
+    from asymvlm.data.embed import run_embed
     from pipelines.embed import jobs_from_doc
 
     doc = cfg.get("embed") or {}
     for job in jobs_from_doc(doc, source="embed"):
-        from asymvlm.data.embed import run_embed
-
         _log(f"embed: {job.dataset}/{job.split} -> {job.output}")
         run_embed(job)
 

@@ -186,12 +186,8 @@ def _load_encoder(model: str, device: str, dtype: str, threads: int | None):
     return Encoder(model, device=device, dtype=dtype)
 
 
-class EncoderActor:
-    """Ray Data actor: holds the frozen encoder and embeds a batch of decoded images **and the
-    captions attached to them** (``captions``: JSON ``[[caption_id, text], ...]``), so one actor
-    pool and one model load serve both modalities. Output rows are ``kind`` "image" (failed
-    images pass through with their ``error``) and ``kind`` "caption" (captions of images that
-    decoded; those of failed images are left out)."""
+class _EncoderHolder:
+    """The frozen encoder an actor holds (loaded once per actor) and its caption chunk size."""
 
     def __init__(
         self,
@@ -203,6 +199,14 @@ class EncoderActor:
     ) -> None:
         self.encoder = _load_encoder(model, device, dtype, threads)
         self.text_batch_size = text_batch_size
+
+
+class EncoderActor(_EncoderHolder):
+    """Ray Data actor: holds the frozen encoder and embeds a batch of decoded images **and the
+    captions attached to them** (``captions``: JSON ``[[caption_id, text], ...]``), so one actor
+    pool and one model load serve both modalities. Output rows are ``kind`` "image" (failed
+    images pass through with their ``error``) and ``kind`` "caption" (captions of images that
+    decoded; those of failed images are left out)."""
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ok = batch["error"] == ""
@@ -255,19 +259,8 @@ class DecodeEncodeActor(EncoderActor):
         return super().__call__(decode_batch(batch, self.model, self.perturbation, self.seed))
 
 
-class TextEncoderActor:
+class TextEncoderActor(_EncoderHolder):
     """Ray Data actor: embeds text-only batches (class prompts) with the frozen text encoder."""
-
-    def __init__(
-        self,
-        model: str,
-        device: str,
-        dtype: str,
-        threads: int | None = None,
-        text_batch_size: int = 256,
-    ) -> None:
-        self.encoder = _load_encoder(model, device, dtype, threads)
-        self.text_batch_size = text_batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = [str(t) for t in batch["text"]]
@@ -547,7 +540,7 @@ def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table) -> bool:
     out = _embed_texts(cfg, keyed)
     pos = {cid: i for i, cid in enumerate(out.column("caption_id").to_pylist())}
     order = pa.array([pos[c] for c in ids], pa.int64())
-    emb = _matrix(out.column("embedding"))[np.asarray(order)]
+    emb = tables.column_matrix(out.column("embedding"))[np.asarray(order)]
     table = (
         keyed.drop_columns(["caption_id"])
         .append_column(
@@ -650,9 +643,9 @@ def _embed_group(
         text_by_id = {cid: i for i, cid in enumerate(txt_out.column("id").to_pylist())}
     img_ids = ok_images.column("image_id").to_pylist()
     img_pos = {iid: i for i, iid in enumerate(img_ids)}
-    img_emb = _matrix(ok_images.column("embedding"))
+    img_emb = tables.column_matrix(ok_images.column("embedding"))
     img_norm = ok_images.column("norm").to_numpy()
-    txt_emb = _matrix(txt_out.column("embedding")) if txt_out is not None else None
+    txt_emb = tables.column_matrix(txt_out.column("embedding")) if txt_out is not None else None
     txt_norm = txt_out.column("norm").to_numpy() if txt_out is not None else None
     dim = img_emb.shape[1] if img_emb.size else (txt_emb.shape[1] if txt_emb is not None else 0)
 
@@ -708,17 +701,6 @@ def _embed_group(
             {"images": len(shard_ids), "captions": caps.num_rows,
              "errors": len(errors.get(shard, []))},
         )  # fmt: skip
-
-
-def _matrix(column: pa.ChunkedArray) -> np.ndarray:
-    arr = column.combine_chunks()
-    if isinstance(arr, pa.ExtensionArray):
-        return np.asarray(arr.to_numpy_ndarray(), dtype=np.float32)
-    width = arr.type.list_size if pa.types.is_fixed_size_list(arr.type) else None
-    values = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    if width is None:
-        width = values.size // max(len(arr), 1)
-    return values.reshape(len(arr), width)
 
 
 def _encoder_info(model: str) -> dict[str, Any]:

@@ -108,11 +108,9 @@ def _monotone_fraction(owner: np.ndarray, levels: np.ndarray, unc: np.ndarray) -
 
 def plot_hierarchy(results: dict[str, dict], path: str, title: str = "") -> str:
     """Fig. 5 style: uncertainty per level, paired log-likelihood per level, per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
+
+    from asymvlm.plots import plt, save_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -138,10 +136,4 @@ def plot_hierarchy(results: dict[str, dict], path: str, title: str = "") -> str:
     for ax in axes:
         ax.set_xlabel("level (0 = general, 3 = detailed)")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, axes, path)

@@ -46,16 +46,7 @@ def align(clean: SplitTensors, other: SplitTensors) -> tuple[SplitTensors, Split
         rows_t = np.array(
             [pos_c[c] for c in captions if data.split.image_ids[owner[pos_c[c]]] in kept]
         )
-        split = data.split.subset(rows_i, rows_t)
-        device = data.image_emb.device
-        out.append(
-            SplitTensors(
-                image_emb=data.image_emb[torch.as_tensor(rows_i, device=device)],
-                text_emb=data.text_emb[torch.as_tensor(rows_t, device=device)],
-                text_to_image=torch.as_tensor(split.text_image_index, device=device),
-                split=split,
-            )
-        )
+        out.append(data.subset(rows_i, rows_t))
     if out[0].split.caption_ids != out[1].split.caption_ids:  # pragma: no cover - guarded above
         raise ValueError("caption order differs after alignment")
     return out[0], out[1]
@@ -135,10 +126,7 @@ def plot_severity(
     curves: dict[str, dict[int, float]], path: str, ylabel: str = "Recall@1", title: str = ""
 ) -> str:
     """One line per method: a metric against perturbation severity (0 = clean)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from asymvlm.plots import plt, save_figure
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for name, curve in curves.items():
@@ -147,10 +135,4 @@ def plot_severity(
     ax.set_xlabel("severity (0 = clean)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, [ax], path)

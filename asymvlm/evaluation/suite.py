@@ -9,6 +9,7 @@ which ``asymvlm report`` gathers. Trained adapters come from a sweep's MLflow ru
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -54,11 +55,11 @@ class ClassificationSet:
                 f"{root}/{split}: not a classification split (needs images with 'label' and "
                 "prompts/ -- embed CIFAR/STL/ImageNet with `asymvlm embed`)"
             )
-        self.image_emb = torch.as_tensor(_matrix(images.column("embedding")))
+        self.image_emb = torch.as_tensor(tables.column_matrix(images.column("embedding")))
         self.labels = torch.as_tensor(np.asarray(images.column("label").to_pylist()))
         self.prompt_class = np.asarray(prompts.column("class_index").to_pylist())
         self.prompt_text = prompts.column("text").to_pylist()
-        self._unit = _matrix(prompts.column("embedding"))
+        self._unit = tables.column_matrix(prompts.column("embedding"))
         self._norm = np.asarray(prompts.column("norm").to_pylist(), dtype=np.float32)
 
     def prompt_inputs(self, adapter_input: str) -> torch.Tensor:
@@ -83,10 +84,10 @@ def load_classification(root: str, split: str) -> ClassificationSet:
     return ClassificationSet(root, split)
 
 
-def _matrix(column) -> np.ndarray:
-    arr = column.combine_chunks()
-    values = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-    return values.reshape(len(arr), -1)
+def _split_loader():
+    """``load(root, split, adapter_input)``, reading each distinct split once per call site
+    (several seeds of a method share the same tables)."""
+    return functools.lru_cache(maxsize=None)(load_split)
 
 
 def _adapter_input(method: Method, default: str = "raw") -> str:
@@ -134,9 +135,9 @@ def evaluate_none_of_the_above(
 
 def evaluate_hierarcaps(methods: Mapping[str, Method], root: str, split: str) -> dict[str, Any]:
     """Fig. 5: per method, the statistics of :func:`hierarchy_analysis`."""
-    out = {}
+    load, out = _split_loader(), {}
     for name, m in methods.items():
-        out[name] = hierarchy_analysis(m, load_split(root, split, _adapter_input(m)))
+        out[name] = hierarchy_analysis(m, load(root, split, _adapter_input(m)))
     return out
 
 
@@ -149,13 +150,13 @@ def evaluate_ood(
     (image kinds perturb images, caption kinds captions)."""
     from asymvlm.data.perturb import IMAGE_PERTURBATIONS
 
-    out: dict[str, Any] = {}
+    load, out = _split_loader(), {}
     for name, m in methods.items():
         ai = _adapter_input(m)
-        base = load_split(*clean, adapter_input=ai)
+        base = load(*clean, ai)
         per: dict[str, Any] = {}
         for spec, where in perturbed.items():
-            other = load_split(*where, adapter_input=ai)
+            other = load(*where, ai)
             image_kind = spec.split(":")[0] in IMAGE_PERTURBATIONS
             res = ood_retrieval(m, base, image_ood=other if image_kind else None,
                                 text_ood=None if image_kind else other)  # fmt: skip
