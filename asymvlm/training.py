@@ -12,16 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
+from pydantic import ConfigDict, Field, field_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from asymvlm import tables
 from asymvlm.distributed import GlobalBatchLoss, epoch_generator, shard_rows
+from asymvlm.errors import ConfigError
 from asymvlm.methods import Method, build_method
 
 CONFIG_FILE = "config.json"
@@ -29,34 +33,73 @@ WEIGHTS_FILE = "model.pt"
 HISTORY_FILE = "history.jsonl"
 
 
-@dataclass
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+@pydantic_dataclass(config=ConfigDict(extra="forbid"))
 class TrainConfig:
-    """Hyper-parameters; defaults are the paper's protocol (App. B.4, Table A.1)."""
+    """Hyper-parameters; defaults are the paper's protocol (App. B.4, Table A.1).
+
+    Validated on construction (pydantic): unknown fields, wrong types and out-of-range values
+    (epochs < 1, lr <= 0 or NaN, batch < 1, unknown method/optimizer ...) raise
+    :class:`pydantic.ValidationError`, which every entry point reports as one line
+    (:func:`asymvlm.config.validation_message`).
+    """
 
     method: str = "asymvlm-vmf"
-    epochs: int = 200
-    lr: float = 1e-2
-    optimizer: str = "sgd"  # "sgd" (momentum) or "adamw"
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    batch_size: int = 2048
-    min_lr: float = 1e-6
-    hidden_dim: int = 1024
-    depth: int = 3
-    seed: int = 0
-    adapter_input: str = "raw"  # "raw" (embedding * norm, official) or "unit"
+    epochs: Annotated[int, Field(ge=1)] = 200
+    lr: PositiveFloat = 1e-2
+    optimizer: Literal["sgd", "adamw"] = "sgd"  # SGD with momentum, or AdamW
+    momentum: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.9
+    weight_decay: NonNegativeFloat = 5e-4
+    batch_size: Annotated[int, Field(ge=1)] = 2048
+    min_lr: NonNegativeFloat = 1e-6
+    hidden_dim: Annotated[int, Field(ge=1)] = 1024
+    depth: Annotated[int, Field(ge=1)] = 3
+    seed: Annotated[int, Field(ge=0)] = 0
+    adapter_input: Literal["raw", "unit"] = "raw"  # raw = embedding * norm (official)
     device: str = "auto"  # "auto" = cuda when available
-    precision: str = "auto"  # "auto" = bf16 autocast on cuda, fp32 on cpu; or "fp32", "bf16"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on cuda
     method_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, value: str) -> str:
+        from asymvlm.methods import METHODS
+
+        if value not in METHODS:
+            raise ValueError(f"unknown method {value!r}; known: {', '.join(sorted(METHODS))}")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
+        return value
 
     def method_args(self) -> dict[str, Any]:
         return {"hidden_dim": self.hidden_dim, "depth": self.depth, **self.method_kwargs}
 
 
 def resolve_device(device: str = "auto") -> torch.device:
+    """``auto`` = CUDA when available; an explicit device that this machine lacks is a
+    :class:`~asymvlm.errors.ConfigError`."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    if not _DEVICE.match(device):
+        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: CUDA is not available on this machine")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} GPU(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {device}: MPS is not available on this machine")
+    return dev
 
 
 def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
