@@ -8,6 +8,10 @@ always names what is wrong: the file, row, key or epoch/step.
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Callable
+
 __all__ = [
     "EXIT_DIVERGED",
     "EXIT_USER_ERROR",
@@ -16,6 +20,8 @@ __all__ = [
     "ConfigError",
     "LockError",
     "NonFiniteError",
+    "exit_code",
+    "guarded",
 ]
 
 EXIT_USER_ERROR = 2
@@ -40,3 +46,45 @@ class LockError(AsymVLMError, RuntimeError):
 
 class NonFiniteError(AsymVLMError, FloatingPointError):
     """A loss, gradient or model output became NaN/inf (a diverged run). Never a score."""
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    from pydantic import ValidationError
+
+    from asymvlm.data.sources import SourceError
+    from asymvlm.tables import TableError
+
+    return (AsymVLMError, TableError, SourceError, ValidationError, OSError, ValueError)
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The exit code for an error shown to users as one line, or None for a bug."""
+    if isinstance(exc, NonFiniteError):
+        return EXIT_DIVERGED
+    if isinstance(exc, _user_error_types()):
+        return EXIT_USER_ERROR
+    return None
+
+
+def guarded(main: Callable[[], int], prefix: str = "error") -> int:
+    """Run an entry point: user errors print ``error: <message>`` (one line) and give their
+    exit code instead of a traceback; ``ASYMVLM_TRACEBACK=1`` re-raises them for debugging."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print(f"{prefix}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        code = exit_code(exc)
+        if code is None or os.environ.get("ASYMVLM_TRACEBACK"):
+            raise
+        from pydantic import ValidationError
+
+        if isinstance(exc, ValidationError):
+            from asymvlm.config import validation_message
+
+            message = validation_message(exc, exc.title)
+        else:
+            message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"{prefix}: {message}", file=sys.stderr)
+        return code

@@ -4,8 +4,9 @@
 
 The YAML holds ``EmbedConfig`` keys (see ``asymvlm/data/embed.py``): either one job at the top
 level, or ``defaults:`` plus a list of ``jobs:`` (e.g. train and test splits of one data set).
-``--set key=value`` overrides a key in every job. Connects to the cluster given by
-``RAY_ADDRESS`` (set by ``ray job submit``) or starts a local one.
+``--set key.sub=value`` overrides a key of the document (``defaults.batch_size=32``,
+``jobs.0.split=val``); every job is validated before the first one starts. Connects to the
+cluster given by ``RAY_ADDRESS`` (set by ``ray job submit``) or starts a local one.
 """
 
 from __future__ import annotations
@@ -13,64 +14,61 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import fields
 from typing import Any
 
-import yaml
-
+from asymvlm import config
 from asymvlm.data.embed import EmbedConfig, run_embed
-
-_KEYS = {f.name for f in fields(EmbedConfig)}
-
-
-def load_jobs(path: str, overrides: dict[str, Any] | None = None) -> list[EmbedConfig]:
-    """Parse the YAML into embedding jobs; unknown keys are an error naming the file."""
-    with open(path) as fh:
-        doc = yaml.safe_load(fh) or {}
-    return jobs_from_doc(doc, path, overrides)
+from asymvlm.errors import ConfigError, guarded
 
 
-def jobs_from_doc(
-    doc: Any, source: str, overrides: dict[str, Any] | None = None
-) -> list[EmbedConfig]:
-    """Embedding jobs from a parsed document (one job, or ``defaults`` + ``jobs``)."""
-    path = source
+def load_jobs(path: str, overrides: list[str] | None = None) -> list[EmbedConfig]:
+    """Parse the YAML (plus ``--set key.sub=value`` overrides) into validated jobs."""
+    doc = config.apply_overrides(config.load_yaml(path), overrides or [])
+    config.check_no_credentials(doc, path)
+    return jobs_from_doc(config.expand_env(doc, path), path)
+
+
+def jobs_from_doc(doc: Any, source: str) -> list[EmbedConfig]:
+    """Embedding jobs from a parsed document (one job, or ``defaults`` + ``jobs``), each
+    validated as an :class:`EmbedConfig` (unknown keys, types, ranges -> ConfigError naming
+    ``source`` and the job)."""
     if not isinstance(doc, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
-    if not doc:
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    if not doc or (not doc.get("jobs") and set(doc) <= {"defaults", "jobs"}):
         return []
-    defaults = dict(doc.get("defaults", {}))
-    jobs = doc.get("jobs") or [{k: v for k, v in doc.items() if k not in ("defaults", "jobs")}]
+    defaults = dict(doc.get("defaults") or {})
+    if "jobs" in doc or "defaults" in doc:
+        extra = sorted(set(doc) - {"defaults", "jobs"})
+        if extra:
+            raise ConfigError(f"{source}: with defaults/jobs, other top-level keys are not "
+                              f"allowed: {extra}")  # fmt: skip
+        jobs = list(doc.get("jobs") or [])
+    else:
+        jobs = [doc]
     out = []
     for i, job in enumerate(jobs):
-        merged = {**defaults, **job, **(overrides or {})}
-        unknown = set(merged) - _KEYS
-        if unknown:
-            raise ValueError(f"{path}: jobs[{i}]: unknown keys {sorted(unknown)}")
-        missing = {"dataset", "model", "split", "output"} - set(merged)
-        if missing:
-            raise ValueError(f"{path}: jobs[{i}]: missing keys {sorted(missing)}")
-        out.append(EmbedConfig(**merged))
-    return out
-
-
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        out[key] = yaml.safe_load(value)
+        if not isinstance(job, dict):
+            raise ConfigError(f"{source}: jobs[{i}] must be a mapping")
+        out.append(config.validate(EmbedConfig, {**defaults, **job}, f"{source}: jobs[{i}]"))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML file with the embedding job(s)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key (YAML value; dots and list indices: "
+                             "defaults.batch_size=32, jobs.0.split=val)")  # fmt: skip
     args = parser.parse_args(argv)
-    summaries = [run_embed(job) for job in load_jobs(args.config, _parse_set(args.set))]
-    json.dump(summaries, sys.stdout, indent=2)
-    print()
-    return 0
+
+    def run() -> int:
+        jobs = load_jobs(args.config, args.set)  # every job validated before any starts
+        summaries = [run_embed(job) for job in jobs]
+        json.dump(summaries, sys.stdout, indent=2)
+        print()
+        return 0
+
+    return guarded(run)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ import yaml
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm import tracking  # noqa: E402
+from asymvlm import config, tracking  # noqa: E402
+from asymvlm.errors import ConfigError, guarded  # noqa: E402
 
 STAGES = ("embed", "sweep", "evaluate", "report")
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -48,65 +49,84 @@ def _log(msg: str) -> None:
 
 
 # -- configuration ------------------------------------------------------------------------------
-def _set(doc: Any, dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    target = doc
-    for part in parents:
-        target = target[int(part)] if isinstance(target, list) else target.setdefault(part, {})
-    if isinstance(target, list):
-        target[int(leaf)] = value
-    else:
-        target[leaf] = value
-
-
-def _expand(value: Any, output: str) -> Any:
-    """``${output}`` -> the resolved output folder; other ``${VAR}`` from the environment
-    (e.g. ``${ASYMVLM_HIERARCAPS}``)."""
-    if isinstance(value, str):
-        return os.path.expandvars(value.replace("${output}", output))
-    if isinstance(value, list):
-        return [_expand(v, output) for v in value]
-    if isinstance(value, dict):
-        return {k: _expand(v, output) for k, v in value.items()}
-    return value
-
-
 def load_config(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Read the YAML, apply ``--set`` overrides and expand ``${VAR}``; ``ASYMVLM_HIERARCAPS``
-    defaults to the HierarCaps copy found beside the checkout."""
+    """Read the YAML, apply ``--set`` overrides, expand ``${VAR}`` and validate **everything**
+    (every stage, every sweep, every embedding job; :mod:`asymvlm.config`) -- before Ray or any
+    stage starts, so a bad value deep in the config fails in seconds.
+
+    ``${output}`` is the output folder; ``ASYMVLM_HIERARCAPS`` defaults to the HierarCaps copy
+    found beside the checkout. Returns a plain dict with every default filled."""
     from asymvlm.data.demo_sets import find_hierarcaps
+    from pipelines.embed import jobs_from_doc
 
     found = find_hierarcaps()
     if found:
         os.environ.setdefault("ASYMVLM_HIERARCAPS", found)
-    with open(path) as fh:
-        cfg = yaml.safe_load(fh) or {}
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
-    for item in overrides or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        _set(cfg, key, yaml.safe_load(value))
-    cfg.setdefault("name", os.path.splitext(os.path.basename(path))[0])
-    output = os.path.abspath(os.path.expandvars(cfg.get("output") or f"runs/{cfg['name']}"))
-    cfg = _expand(cfg, output)
-    cfg["output"] = output
-    mlflow_cfg = dict(cfg.get("mlflow") or {})
-    mlflow_cfg.setdefault("experiment", f"asymvlm-{cfg['name']}")
+    doc = config.apply_overrides(config.load_yaml(path), overrides or [])
+    config.check_no_credentials(doc, path)
+    name = doc.get("name") or os.path.splitext(os.path.basename(path))[0]
+    raw_output = config.expand_env(doc.get("output") or f"runs/{name}", f"{path}: output")
+    output = os.path.abspath(raw_output) if "://" not in raw_output else raw_output.rstrip("/")
+    doc = config.expand_env(doc, path, extra={"output": output})
+    cfg = config.validate(config.PipelineConfig, doc, path).model_dump()
+    cfg["name"], cfg["output"] = name, output
+    mlflow_cfg = cfg["mlflow"]
+    mlflow_cfg["experiment"] = mlflow_cfg.get("experiment") or f"asymvlm-{name}"
     if not mlflow_cfg.get("tracking_uri"):
-        mlflow_cfg["tracking_uri"] = tracking.default_tracking_uri(cfg["output"])
-    cfg["mlflow"] = mlflow_cfg
-    names = [s.get("name") for s in cfg.get("sweeps", [])]
-    if len(set(names)) != len(names) or None in names:
-        raise ValueError(f"{path}: every sweep needs a unique name, got {names}")
-    for i, ev in enumerate(cfg.get("evaluations", [])):
-        if ev.get("kind") not in ("zeroshot", "nota", "hierarcaps", "ood"):
-            raise ValueError(f"{path}: evaluations[{i}].kind must be zeroshot, nota, "
-                             f"hierarcaps or ood, got {ev.get('kind')!r}")  # fmt: skip
-        if ev.get("sweep") and ev["sweep"] not in names:
-            raise ValueError(f"{path}: evaluations[{i}] names unknown sweep {ev['sweep']!r}")
+        mlflow_cfg["tracking_uri"] = tracking.default_tracking_uri(output)
+    # Every sweep and every embedding job, fully resolved, fails here rather than mid-run.
+    for sweep in cfg["sweeps"]:
+        _sweep_config(cfg, sweep, source=f"{path}: sweeps[{sweep['name']}]")
+    jobs_from_doc(cfg["embed"], source=f"{path}: embed")
+    check_inputs(cfg, path)
     return cfg
+
+
+def _produced(cfg: dict[str, Any]) -> list[str]:
+    """Local folders that the pipeline's own stages write (prepare, embed)."""
+    prep = cfg["prepare"]
+    out = [prep.get("tiny_clip")]
+    out += [(prep.get("synthetic") or {}).get("output")]
+    out += [(prep.get("hierarcaps_cifar") or {}).get("output")]
+    defaults = cfg["embed"].get("defaults") or {}
+    out += [{**defaults, **job}.get("output") for job in cfg["embed"].get("jobs") or []]
+    return [os.path.abspath(p) for p in out if p and "://" not in p]
+
+
+def check_inputs(cfg: dict[str, Any], source: str) -> None:
+    """Every local input path exists, or is written by an earlier stage of this pipeline."""
+    made = _produced(cfg)
+
+    def check(value: str | None, key: str) -> None:
+        if not value or "://" in value:
+            return
+        path = os.path.abspath(value)
+        if os.path.exists(path) or any(path == m or path.startswith(m + os.sep) for m in made):
+            return
+        raise ConfigError(f"{source}: {key}: {value} does not exist, and no stage of this "
+                          "pipeline writes it")  # fmt: skip
+
+    hc = cfg["prepare"].get("hierarcaps_cifar") or {}
+    check(hc.get("hierarcaps"), "prepare.hierarcaps_cifar.hierarcaps")
+    defaults = cfg["embed"].get("defaults") or {}
+    for i, job in enumerate(cfg["embed"].get("jobs") or []):
+        merged = {**defaults, **job}
+        for key in ("annotations", "images", "id_list", "model"):
+            value = merged.get(key)
+            if key == "model" and value and not os.path.exists(value) and "/" in value \
+                    and not value.startswith((".", "/", "~")):  # fmt: skip
+                continue  # a hub id (org/name), not a path
+            check(value, f"embed.jobs[{i}].{key}")
+    for sweep in cfg["sweeps"]:
+        for key in ("embeddings", "test_embeddings"):
+            check(sweep.get(key), f"sweeps[{sweep['name']}].{key}")
+    for i, ev in enumerate(cfg["evaluations"]):
+        locations = [ev.get("data"), ev.get("positives"), ev.get("negatives")]
+        locations += list((ev.get("sets") or {}).values())
+        locations += list((ev.get("perturbed") or {}).values())
+        for where in locations:
+            if where:
+                check(str(where).rpartition(":")[0], f"evaluations[{i}] ({ev['kind']})")
 
 
 # -- stages -------------------------------------------------------------------------------------
@@ -150,13 +170,17 @@ def stage_embed(cfg: dict[str, Any]) -> None:
         run_embed(job)
 
 
-def _sweep_config(cfg: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
+def _sweep_config(
+    cfg: dict[str, Any], sweep: dict[str, Any], source: str | None = None
+) -> dict[str, Any]:
+    """A sweep section resolved as ``pipelines/sweep.py`` would: the pipeline's MLflow store,
+    output under ``<output>/sweeps/<name>`` unless the section names one."""
     from pipelines.sweep import resolve_config
 
     doc = copy.deepcopy(sweep)
     doc["mlflow"] = dict(cfg["mlflow"])
-    doc.setdefault("output", os.path.join(cfg["output"], "sweeps", sweep["name"]))
-    return resolve_config(doc, source=f"sweeps[{sweep['name']}]")
+    doc["output"] = doc.get("output") or os.path.join(cfg["output"], "sweeps", sweep["name"])
+    return resolve_config(doc, source=source or f"sweeps[{sweep['name']}]")
 
 
 def stage_sweep(cfg: dict[str, Any]) -> None:
@@ -279,27 +303,28 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated subset of {','.join(STAGES)}")  # fmt: skip
     parser.add_argument("--output", default=None, help="override the config's output folder")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a key (dots, list indices: sweeps.0.epochs=5)")  # fmt: skip
+                        help="override a key (YAML value; dots and list indices: "
+                             "sweeps.0.epochs=5)")  # fmt: skip
     args = parser.parse_args(argv)
-    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-    unknown = [s for s in stages if s not in STAGES]
-    try:
+
+    def run() -> int:
+        stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+        unknown = [s for s in stages if s not in STAGES]
         if unknown:
-            raise ValueError(f"unknown stages {unknown}; choose from {list(STAGES)}")
+            raise ConfigError(f"--stages: unknown stages {unknown}; choose from {list(STAGES)}")
         overrides = list(args.set) + ([f"output={args.output}"] if args.output else [])
-        cfg = load_config(args.config, overrides)
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = run_pipeline(cfg, stages)
-    print(json.dumps(out, indent=2))
-    uri = cfg["mlflow"]["tracking_uri"]
-    _log(f"finished in {out['seconds']:.0f} s")
-    if out.get("report"):
-        _log(f"report: {out['report']}")
-    _log(f"MLflow store: {uri} (experiment {cfg['mlflow']['experiment']!r})")
-    _log(f"open it with: mlflow ui --backend-store-uri {uri}")
-    return 0
+        cfg = load_config(args.config, overrides)  # everything validated before Ray starts
+        out = run_pipeline(cfg, stages)
+        print(json.dumps({**out, "tracking_uri": config.redact(out["tracking_uri"])}, indent=2))
+        uri = config.redact(cfg["mlflow"]["tracking_uri"])
+        _log(f"finished in {out['seconds']:.0f} s")
+        if out.get("report"):
+            _log(f"report: {out['report']}")
+        _log(f"MLflow store: {uri} (experiment {cfg['mlflow']['experiment']!r})")
+        _log(f"open it with: mlflow ui --backend-store-uri {uri}")
+        return 0
+
+    return guarded(run)
 
 
 if __name__ == "__main__":

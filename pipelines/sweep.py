@@ -31,7 +31,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
+import re
 import sys
 import tempfile
 from dataclasses import fields
@@ -43,7 +45,8 @@ from ray import tune
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm import tables, tracking  # noqa: E402
+from asymvlm import config, tables, tracking  # noqa: E402
+from asymvlm.errors import AsymVLMError, ConfigError, guarded  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
 from pipelines.train import run_config_dict, run_training  # noqa: E402
 
@@ -52,58 +55,32 @@ if __name__ != "__main__":  # see pipelines/train.py
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-REQUIRED = ("embeddings", "methods", "lr", "seeds", "epochs", "batch_size", "optimizer",
-            "num_workers", "mlflow")  # fmt: skip
 _TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"method", "lr", "seed", "method_kwargs"}
 SELECTION_METRIC = "val_mean_recall_at_1"
 TRIAL_DRIVER_MEMORY = 256 * 1024**2  # bytes (a logical reservation)
 
 
 # -- configuration ------------------------------------------------------------------------------
-def load_config(path: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Read the YAML (plus ``--set`` overrides), check it and fill the defaults."""
-    with open(path) as fh:
-        doc = yaml.safe_load(fh) or {}
-    if not isinstance(doc, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
-    for key, value in (overrides or {}).items():
-        target = doc
-        *parents, leaf = key.split(".")
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[leaf] = value
+def load_config(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Read the YAML, apply ``--set key.sub=value`` overrides, validate and fill the defaults."""
+    doc = config.apply_overrides(config.load_yaml(path), overrides or [])
     return resolve_config(doc, source=path)
 
 
 def resolve_config(doc: dict[str, Any], source: str = "<config>") -> dict[str, Any]:
-    missing = [k for k in REQUIRED if k not in doc]
-    if missing:
-        raise ValueError(f"{source}: missing keys {missing}")
-    cfg = dict(doc)
-    for key in ("methods", "lr", "seeds"):
-        if not isinstance(cfg[key], list) or not cfg[key]:
-            raise ValueError(f"{source}: {key!r} must be a non-empty list, got {cfg[key]!r}")
-    from asymvlm.methods import METHODS
-
-    unknown = [m for m in cfg["methods"] if m not in METHODS]
-    if unknown:
-        raise ValueError(f"{source}: unknown methods {unknown}; known: {sorted(METHODS)}")
-    cfg["lr"] = [float(v) for v in cfg["lr"]]
-    cfg["seeds"] = [int(v) for v in cfg["seeds"]]
-    mlflow_cfg = dict(cfg.get("mlflow") or {})
-    mlflow_cfg.setdefault("experiment", "asymvlm")
-    cfg["mlflow"] = mlflow_cfg
-    cfg.setdefault("output", os.path.join("runs", mlflow_cfg["experiment"]))
-    # Trials run in their own working directories: local paths become absolute here.
+    """Validate a sweep document (:class:`asymvlm.config.SweepConfig`: unknown keys, types and
+    ranges are :class:`~asymvlm.errors.ConfigError`) and return it as a plain dict with every
+    default filled and local paths made absolute (trials run in their own directories)."""
+    config.check_no_credentials(doc, source)
+    cfg = config.validate(config.SweepConfig, doc, source).model_dump()
+    mlflow_cfg = cfg["mlflow"]
+    mlflow_cfg["experiment"] = mlflow_cfg.get("experiment") or "asymvlm"
+    cfg["output"] = cfg.get("output") or os.path.join("runs", mlflow_cfg["experiment"])
     for key in ("output", "embeddings", "test_embeddings"):
         if cfg.get(key) and "://" not in str(cfg[key]):
             cfg[key] = os.path.abspath(cfg[key])
     if not mlflow_cfg.get("tracking_uri"):
         mlflow_cfg["tracking_uri"] = tracking.default_tracking_uri(cfg["output"])
-    for key, default in (("train_split", "train"), ("val_split", "val"), ("test_split", "test"),
-                         ("checkpoint_every", 5), ("max_failures", 1), ("cpus_per_worker", 1.0),
-                         ("gpus_per_worker", 1.0), ("method_kwargs", {})):  # fmt: skip
-        cfg.setdefault(key, default)
     return cfg
 
 
@@ -112,6 +89,44 @@ def _train_config(cfg: dict[str, Any], method: str, lr: float, seed: int) -> dic
     train.update(method=method, lr=lr, seed=seed)
     train["method_kwargs"] = dict(cfg["method_kwargs"].get(method, {}))
     return train
+
+
+# -- failures -----------------------------------------------------------------------------------
+class TrialFailed(RuntimeError):
+    """A trial that did not produce a result; the message is the reason, in one line."""
+
+
+def failure_reason(exc: BaseException | str | None) -> str:
+    """The root cause of a failed trial as one line: our own errors (e.g. "non-finite loss at
+    epoch 2, step 3 ...") verbatim, others as ``Type: first line``; digs through Ray's
+    wrappers (task errors, Train worker-group errors, Tune errors)."""
+    from asymvlm.errors import AsymVLMError
+
+    if exc is None:
+        return "unknown error"
+    if isinstance(exc, str):  # Tune's text trace: the last "Error: message" line
+        lines = [ln.strip() for ln in exc.strip().splitlines() if ln.strip()]
+        hits = [ln for ln in lines if "non-finite" in ln] or [
+            ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Failed)\b", ln)
+        ]
+        return (hits[-1] if hits else (lines[-1] if lines else "unknown error"))[:500]
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    chain: list[BaseException] = []
+    while stack:
+        err = stack.pop(0)
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        chain.append(err)
+        if isinstance(err, TrialFailed | AsymVLMError):
+            return " ".join(str(err).split())[:500]
+        stack += list(getattr(err, "worker_failures", {}).values())
+        stack += [e for e in (getattr(err, "cause", None), err.__cause__, err.__context__)
+                  if isinstance(e, BaseException)]  # fmt: skip
+    root = chain[-1]
+    first = (str(root).strip().splitlines() or [""])[0]
+    return f"{type(root).__name__}: {first}"[:500]
 
 
 # -- one trial ----------------------------------------------------------------------------------
@@ -128,15 +143,18 @@ def sweep_trial(config: dict[str, Any]) -> None:
         checkpoint_every=cfg["checkpoint_every"],
         **{k: cfg[k] for k in ("val_fraction", "test_embeddings") if cfg.get(k)},
     )
-    out = run_training(
-        run,
-        name=f"{config['stage']}-{method}-lr{lr:g}-seed{seed}",
-        storage_path=os.path.join(cfg["output"], "ray"),
-        num_workers=cfg["num_workers"],
-        cpus_per_worker=cfg["cpus_per_worker"],
-        gpus_per_worker=cfg["gpus_per_worker"],
-        max_failures=cfg["max_failures"],
-    )
+    try:
+        out = run_training(
+            run,
+            name=f"{config['stage']}-{method}-lr{lr:g}-seed{seed}",
+            storage_path=os.path.join(cfg["output"], "ray"),
+            num_workers=cfg["num_workers"],
+            cpus_per_worker=cfg["cpus_per_worker"],
+            gpus_per_worker=cfg["gpus_per_worker"],
+            max_failures=cfg["max_failures"],
+        )
+    except Exception as exc:  # the trial fails (Tune error state) with a readable reason
+        raise TrialFailed(failure_reason(exc)) from None
     val = tracking.retrieval_metric_names(out.get("val", {}), prefix="val_")
     score = [val[k] for k in ("val_t2i_recall_at_1", "val_i2t_recall_at_1") if k in val]
     tune.report(
@@ -184,10 +202,17 @@ def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[in
     )
     with contextlib.redirect_stdout(sys.stderr):  # Tune's tables: stdout carries the result
         results = tuner.fit()
-    failed = [r for r in results if r.error is not None]
-    if failed:
-        raise RuntimeError(f"{len(failed)} {stage} trial(s) failed; first: {failed[0].error}")
-    return [r.metrics for r in results]
+    done, failed = [], []
+    for r in results:
+        if r.error is None and r.metrics and "outcome" in r.metrics:
+            done.append(r.metrics)
+            continue
+        failed.append({"stage": stage, "method": r.config["arm"]["method"],
+                       "lr": r.config["arm"]["lr"], "seed": r.config["seed"],
+                       "reason": failure_reason(r.error)})  # fmt: skip
+    for f in failed:
+        _print(f"  FAILED {f['method']} lr={f['lr']:g} seed={f['seed']}: {f['reason']}")
+    return done, failed
 
 
 # -- MLflow (driver only) -----------------------------------------------------------------------
@@ -204,6 +229,16 @@ class MlflowTrialLogger(tune.Callback):
             self.child_ids[trial.trial_id] = log_child_run(
                 self.cfg, self.parent_id, self.base_params, result
             )
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        """A failed trial (any cause) is an MLflow run with status FAILED and its reason."""
+        try:
+            error: BaseException | str | None = trial.get_pickled_error() or trial.get_error()
+        except Exception:  # the error file may be unreadable; the run is logged regardless
+            error = None
+        self.child_ids[trial.trial_id] = log_failed_run(
+            self.cfg, self.parent_id, self.base_params, trial.config, failure_reason(error)
+        )
 
 
 def log_child_run(
@@ -261,6 +296,34 @@ def log_child_run(
     return run_id
 
 
+def log_failed_run(
+    cfg: dict[str, Any],
+    parent_id: str,
+    base_params: dict[str, Any],
+    trial_config: dict[str, Any],
+    reason: str,
+) -> str:
+    """A nested child run with status FAILED, the trial's params and the reason (tag
+    ``failure_reason`` and the run description): visible beside the finished trials."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(cfg["mlflow"]["tracking_uri"])
+    experiment = client.get_run(parent_id).info.experiment_id
+    method, lr = trial_config["arm"]["method"], trial_config["arm"]["lr"]
+    seed, stage = trial_config["seed"], trial_config["stage"]
+    run = client.create_run(
+        experiment,
+        run_name=f"{method} lr={lr:g} seed={seed}",
+        tags={"mlflow.parentRunId": parent_id, "stage": stage, "method": method,
+              "failure_reason": reason[:5000], "mlflow.note.content": f"FAILED: {reason}"},
+    )  # fmt: skip
+    params = {**base_params, "method": method, "lr": lr, "seed": seed, "stage": stage}
+    for key, value in params.items():
+        client.log_param(run.info.run_id, key, value)
+    client.set_terminated(run.info.run_id, status="FAILED")
+    return run.info.run_id
+
+
 def _base_params(cfg: dict[str, Any]) -> dict[str, Any]:
     try:
         manifest = tables.read_manifest(cfg["embeddings"])
@@ -311,24 +374,35 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
             yaml.safe_dump(cfg, fh, sort_keys=False)
         client.log_artifact(parent_id, path)
     logger = MlflowTrialLogger(cfg, parent_id, base)
-    _print(f"MLflow: {uri} (experiment {cfg['mlflow']['experiment']!r}, parent run {parent_id})")
+    _print(f"MLflow: {config.redact(uri)} (experiment {cfg['mlflow']['experiment']!r}, "
+           f"parent run {parent_id})")
 
+    failed: list[dict[str, Any]] = []
     try:
         arms = [{"method": m, "lr": lr} for m in cfg["methods"] for lr in cfg["lr"]]
         if len(cfg["lr"]) > 1:
             _print(f"stage 1: {len(arms)} trials (method x lr, seed {cfg['seeds'][0]})")
-            grid = _run_stage(cfg, "grid", arms, [cfg["seeds"][0]], logger)
+            grid, grid_failed = _run_stage(cfg, "grid", arms, [cfg["seeds"][0]], logger)
+            failed += grid_failed
             selection = select_lr(grid)
         else:  # one lr: nothing to select
             _print(f"stage 1 skipped: a single lr ({cfg['lr'][0]:g})")
-            selection = {m: {"lr": cfg["lr"][0], "score": float("nan"), "scores_by_lr": {}}
+            selection = {m: {"lr": cfg["lr"][0], "score": None, "scores_by_lr": {}}
                          for m in cfg["methods"]}  # fmt: skip
+        dropped = [m for m in cfg["methods"] if m not in selection]
+        for method in dropped:
+            _print(f"  {method}: every lr failed; left out of stage 2")
         for method, pick in selection.items():
             client.log_param(parent_id, f"best_lr/{method}", pick["lr"])
-            _print(f"  {method}: best lr {pick['lr']:g} ({SELECTION_METRIC} {pick['score']:.4f})")
-        best = [{"method": m, "lr": selection[m]["lr"]} for m in cfg["methods"]]
+            score = "" if pick["score"] is None else f" ({SELECTION_METRIC} {pick['score']:.4f})"
+            _print(f"  {method}: best lr {pick['lr']:g}{score}")
+        if not selection:
+            raise NoResults(f"sweep {cfg.get('name') or cfg['output']}: every trial failed; "
+                            f"first reason: {failed[0]['reason']}")  # fmt: skip
+        best = [{"method": m, "lr": selection[m]["lr"]} for m in selection]
         _print(f"stage 2: {len(best)} methods x {len(cfg['seeds'])} seeds")
-        repeats = _run_stage(cfg, "seeds", best, cfg["seeds"], logger)
+        repeats, seed_failed = _run_stage(cfg, "seeds", best, cfg["seeds"], logger)
+        failed += seed_failed
 
         flat = [
             {"method": r["method"], "seed": r["seed"],
@@ -337,7 +411,9 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
         ]  # fmt: skip
         summary = tracking.seed_summary(flat)
         title = f"{base['dataset']} ({base['embedding_model']}), mean ± std over seeds"
-        markdown = tracking.summary_markdown(summary, title=title)
+        markdown = tracking.summary_markdown(summary, title=title) + failures_markdown(failed)
+        client.log_metric(parent_id, "failed_trials", len(failed))
+        client.set_tag(parent_id, "failed_trials", str(len(failed)))
         with tempfile.TemporaryDirectory() as tmp:
             for name, text in (
                 ("summary.md", markdown),
@@ -348,6 +424,8 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
                 client.log_artifact(parent_id, os.path.join(tmp, name))
             client.log_artifact(parent_id, tracking.write_json(
                 os.path.join(tmp, "selection.json"), selection))  # fmt: skip
+            client.log_artifact(parent_id, tracking.write_json(
+                os.path.join(tmp, "failures.json"), failed))  # fmt: skip
         for method, cells in summary.items():
             for col, stats in cells.items():
                 if isinstance(stats, dict):
@@ -361,19 +439,38 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
         fh.write(markdown)
     tracking.write_json(
         os.path.join(cfg["output"], "sweep.json"),
-        {"parent_run_id": parent_id, "experiment_id": experiment_id, "tracking_uri": uri,
-         "selection": selection, "summary": summary},
+        {"parent_run_id": parent_id, "experiment_id": experiment_id,
+         "tracking_uri": config.redact(uri), "selection": selection, "summary": summary,
+         "failed": failed},
     )  # fmt: skip
     _print(markdown)
-    _print(f"open the runs: mlflow ui --backend-store-uri {uri}")
+    _print(f"open the runs: mlflow ui --backend-store-uri {config.redact(uri)}")
     return {
         "parent_run_id": parent_id,
         "experiment_id": experiment_id,
         "tracking_uri": uri,
         "selection": selection,
         "summary": summary,
+        "failed": failed,
         "child_run_ids": list(logger.child_ids.values()),
     }
+
+
+class NoResults(AsymVLMError):
+    """Every trial of a sweep failed: nothing to select or summarise."""
+
+
+def failures_markdown(failed: list[dict[str, Any]]) -> str:
+    """The failed trials under the summary table: how many, which, and why."""
+    if not failed:
+        return ""
+    lines = ["", f"**{len(failed)} trial(s) failed** and are left out of the selection and "
+             "the table above:", "", "| stage | method | lr | seed | reason |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for f in failed:
+        reason = f["reason"].replace("|", "\\|")
+        lines.append(f"| {f['stage']} | {f['method']} | {f['lr']:g} | {f['seed']} | {reason} |")
+    return "\n".join(lines) + "\n"
 
 
 def check_tables(cfg: dict[str, Any]) -> None:
@@ -388,6 +485,11 @@ def check_tables(cfg: dict[str, Any]) -> None:
                 f"{root}: no split {split!r} (found {tables.list_splits(root)})"
             )
     val = cfg.get("val_split")
+    if len(cfg["lr"]) > 1 and not val and not cfg.get("val_fraction"):
+        raise ConfigError(
+            f"{len(cfg['lr'])} learning rates but no validation data to choose among them: "
+            "set val_split or val_fraction (the test split never takes part in the choice)"
+        )
     if val and val not in tables.list_splits(cfg["embeddings"]) and not cfg.get("val_fraction"):
         raise tables.TableError(
             f"{cfg['embeddings']}: no validation split {val!r}; add one or set val_fraction "
@@ -396,11 +498,15 @@ def check_tables(cfg: dict[str, Any]) -> None:
 
 
 def select_lr(grid: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per method, the lr with the best validation score (ties: the smaller lr)."""
+    """Per method, the lr with the best validation score (ties: the smaller lr). Only trials
+    that finished with a finite score take part: a diverged or failed trial is never chosen,
+    and a method none of whose lrs finished is absent from the result."""
     best: dict[str, dict[str, Any]] = {}
     scores: dict[str, dict[str, float]] = {}
     for r in sorted(grid, key=lambda r: (r["method"], r["lr"])):
         score = float(r[SELECTION_METRIC])
+        if not math.isfinite(score):
+            continue
         scores.setdefault(r["method"], {})[f"{r['lr']:g}"] = score
         current = best.get(r["method"])
         if current is None or score > current["score"]:
@@ -414,16 +520,6 @@ def _print(msg: str) -> None:
     print(f"[sweep] {msg}", file=sys.stderr, flush=True)
 
 
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
-        out[key] = yaml.safe_load(value)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="a YAML of tune_spaces/")
@@ -432,20 +528,22 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a key (dots for nesting: mlflow.experiment=x)",
+        help="override a key (YAML value; dots for nesting: mlflow.experiment=x)",
     )
     args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.config, _parse_set(args.set))
+
+    def run() -> int:
+        cfg = load_config(args.config, args.set)
         check_tables(cfg)
-    except (OSError, ValueError, tables.TableError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = run_sweep(cfg)
-    json.dump({k: out[k] for k in ("parent_run_id", "tracking_uri", "selection")}, sys.stdout,
-              indent=2)  # fmt: skip
-    print()
-    return 0
+        out = run_sweep(cfg)
+        json.dump({"parent_run_id": out["parent_run_id"],
+                   "tracking_uri": config.redact(out["tracking_uri"]),
+                   "selection": out["selection"], "failed_trials": len(out["failed"])},
+                  sys.stdout, indent=2)  # fmt: skip
+        print()
+        return 0
+
+    return guarded(run)
 
 
 if __name__ == "__main__":

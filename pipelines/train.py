@@ -260,33 +260,52 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("method", "epochs", "lr", "optimizer", "batch_size", "hidden_dim", "seed"):
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(getattr(defaults, key)),
                             default=getattr(defaults, key))  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other TrainConfig key (YAML value; dots: "
+                             "method_kwargs.calibrate_input=false)")  # fmt: skip
     args = parser.parse_args(argv)
-    train = TrainConfig(**{k: getattr(args, k) for k in
-                           ("method", "epochs", "lr", "optimizer", "batch_size", "hidden_dim",
-                            "seed")})  # fmt: skip
-    config = run_config_dict(
-        args.embeddings,
-        train,
-        train_split=args.train_split,
-        val_split=args.val_split or None,
-        test_split=args.test_split or None,
-        checkpoint_every=args.checkpoint_every,
-    )
-    import ray
 
-    ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
-    out = run_training(
-        config,
-        name=args.name or f"{args.method}-lr{args.lr:g}-seed{args.seed}",
-        storage_path=args.output,
-        num_workers=args.num_workers,
-        cpus_per_worker=args.cpus_per_worker,
-        max_failures=args.max_failures,
-    )
-    summary = {k: v for k, v in out.items() if k != "history"}
-    json.dump(summary, sys.stdout, indent=2, default=str)
-    print()
-    return 0
+    def run() -> int:
+        from asymvlm import config
+        from asymvlm.errors import ConfigError
+
+        for flag in ("num_workers", "checkpoint_every"):
+            if getattr(args, flag) < 1:
+                raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1")
+        if args.max_failures < 0 or not args.cpus_per_worker > 0:
+            raise ConfigError("--max-failures must be >= 0 and --cpus-per-worker > 0")
+        doc = {k: getattr(args, k) for k in
+               ("method", "epochs", "lr", "optimizer", "batch_size", "hidden_dim", "seed")}
+        train = config.validate(TrainConfig, config.apply_overrides(doc, args.set),
+                                "pipelines/train.py", flags=True)  # fmt: skip
+        tables.read_manifest(args.embeddings)  # a missing table fails before Ray starts
+        run_cfg = run_config_dict(
+            args.embeddings,
+            train,
+            train_split=args.train_split,
+            val_split=args.val_split or None,
+            test_split=args.test_split or None,
+            checkpoint_every=args.checkpoint_every,
+        )
+        import ray
+
+        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
+        out = run_training(
+            run_cfg,
+            name=args.name or f"{args.method}-lr{args.lr:g}-seed{args.seed}",
+            storage_path=args.output,
+            num_workers=args.num_workers,
+            cpus_per_worker=args.cpus_per_worker,
+            max_failures=args.max_failures,
+        )
+        summary = {k: v for k, v in out.items() if k != "history"}
+        json.dump(summary, sys.stdout, indent=2, default=str)
+        print()
+        return 0
+
+    from asymvlm.errors import guarded
+
+    return guarded(run)
 
 
 if __name__ == "__main__":

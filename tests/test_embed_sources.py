@@ -129,7 +129,8 @@ def test_cli_embed_and_pipeline_config(ray_session, tiny_models, tmp_path, capsy
     np.testing.assert_allclose(a.text_embeddings, b.text_embeddings, atol=1e-6)
     bad = tmp_path / "bad.yaml"
     bad.write_text("dataset: hierarcaps\nmodel: x\nsplit: t\noutput: o\nbatchsize: 3\n")
-    with pytest.raises(ValueError, match="bad.yaml: jobs\\[0\\]: unknown keys \\['batchsize'\\]"):
+    with pytest.raises(ValueError, match="bad.yaml: jobs\\[0\\]: batchsize: unknown key "
+                       "\\(did you mean 'batch_size'\\?\\)"):  # fmt: skip
         load_jobs(str(bad))
 
 

@@ -29,14 +29,16 @@ def test_demo_config_resolves(tmp_path) -> None:
 
 def test_bad_configs_fail_naming_the_problem(tmp_path, capsys) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text("sweeps: [{name: a}, {name: a}]\n")
-    with pytest.raises(ValueError, match="unique name"):
+    sweep = f"{{embeddings: {tmp_path}, methods: [clip], lr: [0.1], seeds: [0]"
+    path.write_text(f"sweeps: [{sweep}, name: a}}, {sweep}, name: a}}]\n")
+    with pytest.raises(ValueError, match="unique name; repeated: \\['a'\\]"):
         full.load_config(str(path))
-    path.write_text("sweeps: [{name: a}]\nevaluations: [{kind: hierarcaps, sweep: b}]\n")
+    path.write_text(f"sweeps: [{sweep}, name: a}}]\n"
+                    f"evaluations: [{{kind: hierarcaps, sweep: b, data: '{tmp_path}:test'}}]\n")
     with pytest.raises(ValueError, match="unknown sweep 'b'"):
         full.load_config(str(path))
     path.write_text("evaluations: [{kind: tables}]\n")
-    with pytest.raises(ValueError, match="evaluations\\[0\\].kind"):
+    with pytest.raises(ValueError, match="evaluations\\[0\\].kind = 'tables': must be one of"):
         full.load_config(str(path))
     assert full.main(["--config", DEMO, "--stages", "embed,dance"]) == 2
     assert "unknown stages ['dance']" in capsys.readouterr().err

@@ -249,3 +249,51 @@ def test_shipped_tune_spaces_parse() -> None:
             assert cfg["seeds"] == [0, 1, 2, 3, 4] and cfg["epochs"] == 200
             assert cfg["batch_size"] == 2048 and cfg["optimizer"] == "sgd"
         json.dumps(cfg)  # plain types only: it travels to every trial
+
+
+@pytest.mark.slow
+def test_diverged_trials_fail_visibly_and_are_never_selected(ray_session, world, tmp_path) -> None:
+    """The issue's case: SGD over lr [1e-3, 0.5] -- 0.5 diverges. It must end as a FAILED trial
+    (Tune error state, MLflow status FAILED with the reason), never be selected, and leave no
+    diverged number in the summary."""
+    from mlflow import MlflowClient
+
+    from pipelines.sweep import resolve_config, run_sweep
+
+    cfg = resolve_config(
+        {"embeddings": world, "methods": ["asymvlm-vmf"], "lr": [1e-3, 0.5], "seeds": [0, 1],
+         "epochs": 5, "batch_size": 128, "optimizer": "sgd", "hidden_dim": 64,
+         "num_workers": 1, "checkpoint_every": 5, "output": str(tmp_path / "sweep"),
+         "mlflow": {"experiment": "diverge"}}
+    )  # fmt: skip
+    out = run_sweep(cfg)
+    assert out["selection"]["asymvlm-vmf"]["lr"] == 1e-3
+    assert [(f["stage"], f["lr"]) for f in out["failed"]] == [("grid", 0.5)]
+    assert "non-finite" in out["failed"][0]["reason"]
+    assert "epoch" in out["failed"][0]["reason"]
+
+    client = MlflowClient(out["tracking_uri"])
+    runs = client.search_runs(
+        [out["experiment_id"]], f"tags.mlflow.parentRunId = '{out['parent_run_id']}'"
+    )
+    by_status = {}
+    for run in runs:
+        by_status.setdefault(run.info.status, []).append(run)
+    assert len(by_status["FAILED"]) == 1 and len(by_status["FINISHED"]) == 3
+    failed = by_status["FAILED"][0]
+    assert failed.data.params["lr"] == "0.5" and failed.data.tags["stage"] == "grid"
+    assert "non-finite" in failed.data.tags["failure_reason"]
+    assert "non-finite" in failed.data.tags["mlflow.note.content"]
+    for run in by_status["FINISHED"]:
+        assert run.data.params["lr"] == "0.001"
+        assert all(np.isfinite(v) for v in run.data.metrics.values())
+        assert run.data.metrics["t2i_recall_at_1"] < 1.0
+
+    parent = client.get_run(out["parent_run_id"])
+    assert parent.data.metrics["failed_trials"] == 1
+    summary = (tmp_path / "sweep" / "summary.md").read_text()
+    assert "1 trial(s) failed" in summary and "non-finite" in summary
+    assert "nan" not in summary.lower().replace("non-finite", "")
+    assert "100.00 ± 0.00" not in summary
+    cells = out["summary"]["asymvlm-vmf"]
+    assert cells["n_seeds"] == 2 and 0 < cells["t2i_recall_at_1"]["mean"] < 1
