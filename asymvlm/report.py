@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from asymvlm import paper_numbers, tracking
+from asymvlm.config import redact
 from asymvlm.evaluation.hierarcaps import plot_hierarchy
 from asymvlm.evaluation.ood import plot_severity
 from asymvlm.plots import plot_binned_recall
@@ -59,7 +60,8 @@ def _sweep_section(
 ) -> tuple[list[str], dict]:
     children = client.search_runs(
         [experiment_id],
-        f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.stage = 'seeds'",
+        f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.stage = 'seeds' "
+        "and attributes.status = 'FINISHED'",
     )
     if not children:
         return [], {}
@@ -71,6 +73,11 @@ def _sweep_section(
     lines = [tracking.summary_markdown(summary, title=title)]
     if parent.data.tags.get("note"):
         lines.append(f"> {parent.data.tags['note']}\n")
+    n_failed = int(parent.data.metrics.get("failed_trials", 0))
+    if n_failed:
+        lines.append(f"> {n_failed} trial(s) of this sweep failed (e.g. a diverged learning "
+                     "rate) and are left out; the sweep's `summary.md` lists them with the "
+                     "reason.\n")  # fmt: skip
     paper = paper_numbers.TABLE1.get(dataset or "")
     if paper and paper_numbers.matches_paper(model, dataset):
         lines.append(f"*Paper (Ju et al. 2025, Table 1, CLIP ViT-B/32 on {dataset}), for "
@@ -235,8 +242,8 @@ def build_report(tracking_uri: str, experiment: str, output: str) -> str:
     os.makedirs(output, exist_ok=True)
     runs = client.search_runs([exp.experiment_id], max_results=10000)
     lines = [f"# AsymVLM report — experiment `{experiment}`", "",
-             f"Tracking store: `{tracking_uri}`. Values are mean ± std over seeds where there "
-             "are several. Rows marked *(paper)* are the numbers published by Ju et al. "
+             f"Tracking store: `{redact(tracking_uri)}`. Values are mean ± std over seeds where "
+             "there are several. Rows marked *(paper)* are the numbers published by Ju et al. "
              "(NeurIPS 2025) for CLIP ViT-B/32, shown only where our set-up matches theirs.",
              ""]  # fmt: skip
     figures: dict[str, str] = {}

@@ -184,7 +184,8 @@ def adapters_from_sweep(tracking_uri: str, parent_run_id: str) -> dict[str, Meth
     parent = client.get_run(parent_run_id)
     children = client.search_runs(
         [parent.info.experiment_id],
-        f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.stage = 'seeds'",
+        f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.stage = 'seeds' "
+        "and attributes.status = 'FINISHED'",  # failed (e.g. diverged) trials have no adapter
     )
     mlflow.set_tracking_uri(tracking_uri)
     out: dict[str, Method] = {}
