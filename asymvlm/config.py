@@ -121,7 +121,28 @@ def _walk(value: Any, path: str) -> Iterable[tuple[str, Any]]:
             yield from _walk(v, f"{path}[{i}]")
 
 
-# -- overrides and files ------------------------------------------------------------------------
+# -- overrides and files ----------------------------------------------------------------------
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 with YAML 1.2 floats: ``1e-3`` is a number (PyYAML reads it as a string)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """``yaml.safe_load`` with YAML 1.2 floats (see :class:`_Loader`)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+# ----------------------------------------------------------------------
 def apply_overrides(doc: dict[str, Any], items: Iterable[str]) -> dict[str, Any]:
     """Apply ``key.sub=value`` overrides in place (YAML-typed values; integers index lists:
     ``sweeps.0.epochs=5``). The one ``--set`` syntax of every entry point."""
@@ -130,7 +151,7 @@ def apply_overrides(doc: dict[str, Any], items: Iterable[str]) -> dict[str, Any]
         if not sep or not key.strip():
             raise ConfigError(f"--set expects key=value, got {item!r}")
         try:
-            value = yaml.safe_load(raw)
+            value = parse_yaml(raw)
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {item!r}: the value is not valid YAML ({exc})") from None
         parts = key.strip().split(".")
@@ -166,7 +187,7 @@ def load_yaml(path: str) -> dict[str, Any]:
     """A YAML mapping from ``path``; unreadable files and bad YAML are ConfigErrors."""
     try:
         with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh)
+            doc = parse_yaml(fh.read())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config ({exc.strerror or exc})") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

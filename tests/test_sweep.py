@@ -297,3 +297,59 @@ def test_diverged_trials_fail_visibly_and_are_never_selected(ray_session, world,
     assert "100.00 ± 0.00" not in summary
     cells = out["summary"]["asymvlm-vmf"]
     assert cells["n_seeds"] == 2 and 0 < cells["t2i_recall_at_1"]["mean"] < 1
+
+
+def test_failure_reasons_dig_through_ray_wrappers() -> None:
+    from ray.exceptions import RayTaskError
+    from ray.train import WorkerGroupError
+
+    from asymvlm.errors import NonFiniteError
+    from pipelines.sweep import TrialFailed, failure_reason
+
+    diverged = NonFiniteError("non-finite loss at epoch 2, step 3 of 4 (asymvlm-vmf, lr 0.5)")
+    group = WorkerGroupError("rank 0 failed", {0: diverged})
+    assert failure_reason(group) == str(diverged)
+    wrapped = RuntimeError("trial failed")
+    wrapped.__cause__ = group
+    assert failure_reason(wrapped) == str(diverged)
+    task = RayTaskError("sweep_trial", "Traceback ...", TrialFailed("worker died twice"))
+    assert failure_reason(task) == "worker died twice"
+    assert failure_reason(KeyError("x")) == "KeyError: 'x'"
+    trace = "Traceback (most recent call last):\n  File x\nray.exceptions.ActorDiedError: died\n"
+    assert failure_reason(trace) == "ray.exceptions.ActorDiedError: died"
+    assert failure_reason(None) == "unknown error"
+
+
+def test_selection_ignores_failed_and_non_finite_trials() -> None:
+    from pipelines.sweep import SELECTION_METRIC, failures_markdown, select_lr
+
+    grid = [{"method": "a", "lr": 0.5, SELECTION_METRIC: float("nan")},
+            {"method": "a", "lr": 1e-3, SELECTION_METRIC: 0.2},
+            {"method": "a", "lr": 1e-2, SELECTION_METRIC: float("inf")},
+            {"method": "b", "lr": 1e-3, SELECTION_METRIC: float("nan")}]  # fmt: skip
+    picked = select_lr(grid)
+    assert picked == {"a": {"lr": 1e-3, "score": 0.2, "scores_by_lr": {"0.001": 0.2}}}
+    text = failures_markdown([{"stage": "grid", "method": "b", "lr": 1e-3, "seed": 0,
+                               "reason": "non-finite loss | x"}])  # fmt: skip
+    assert "1 trial(s) failed" in text
+    assert "| grid | b | 0.001 | 0 | non-finite loss \\| x |" in text
+    assert failures_markdown([]) == ""
+
+
+def test_failed_trials_are_failed_mlflow_runs(tmp_path) -> None:
+    from mlflow import MlflowClient
+
+    from pipelines.sweep import log_failed_run
+
+    uri = tracking.default_tracking_uri(str(tmp_path))
+    client = MlflowClient(uri)
+    parent = client.create_run(tracking.experiment_id(client, "e", uri), run_name="sweep")
+    cfg = {"mlflow": {"tracking_uri": uri}}
+    trial = {"arm": {"method": "asymvlm-vmf", "lr": 0.5}, "seed": 0, "stage": "grid"}
+    run_id = log_failed_run(cfg, parent.info.run_id, {"dataset": "d"}, trial, "worker died")
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert run.data.tags["failure_reason"] == "worker died"
+    assert run.data.params == {"dataset": "d", "method": "asymvlm-vmf", "lr": "0.5",
+                               "seed": "0", "stage": "grid"}  # fmt: skip

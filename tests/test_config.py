@@ -1,0 +1,163 @@
+"""One validated configuration for every entry point: unknown keys with suggestions, types and
+ranges, one ``--set`` syntax, and a pipeline that fails in seconds on a bad deep value."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import pytest
+import torch
+
+from asymvlm import config
+from asymvlm.cli import main as cli_main
+from asymvlm.errors import ConfigError
+from pipelines import full, sweep
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(REPO, "configs", "demo.yaml")
+
+
+def _sweep_doc(tmp_path, **extra):
+    doc = {"embeddings": str(tmp_path), "methods": ["asymvlm-vmf"], "lr": [1e-3], "seeds": [0],
+           "epochs": 2, "batch_size": 64, "optimizer": "adamw", "output": str(tmp_path / "o")}
+    doc.update(extra)
+    return doc  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("hiden_dim", 64, "hiden_dim: unknown key (did you mean 'hidden_dim'?)"),
+        ("epochs", 0, "epochs = 0: Input should be greater than or equal to 1"),
+        ("lr", [float("nan")], "lr[0] = nan: Input should be a finite number"),
+        ("lr", [-1e-3], "lr[0] = -0.001: Input should be greater than 0"),
+        ("lr", [], "lr: List should have at least 1 item"),
+        ("batch_size", -5, "batch_size = -5: Input should be greater than or equal to 1"),
+        ("hidden_dim", 0, "hidden_dim = 0: Input should be greater than or equal to 1"),
+        ("depth", 0, "depth = 0: Input should be greater than or equal to 1"),
+        ("num_workers", 0, "num_workers = 0: Input should be greater than or equal to 1"),
+        ("optimizer", "adam", "optimizer = 'adam': Input should be 'sgd' or 'adamw'"),
+        ("methods", ["asymvlm-vfm"], "methods[0] = 'asymvlm-vfm': unknown method"),
+        ("seeds", [0, 0], "seeds has duplicates"),
+        ("val_fraction", 1.5, "val_fraction = 1.5: Input should be less than 1"),
+        ("gpus_per_worker", 2, "gpus_per_worker = 2: Input should be less than or equal to 1"),
+        ("precision", "fp8", "precision = 'fp8': Input should be"),
+        ("mlflow", {"experimnt": "x"}, "mlflow.experimnt: unknown key (did you mean 'experim"),
+        ("method_kwargs", {"probvlm": {}}, "method_kwargs names methods that are not swept"),
+    ],
+)
+def test_sweep_values_are_checked(tmp_path, key, value, message) -> None:
+    with pytest.raises(ConfigError) as err:
+        sweep.resolve_config(_sweep_doc(tmp_path, **{key: value}), source="space.yaml")
+    assert str(err.value).startswith("space.yaml: ")
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_sweep_defaults_are_the_papers_protocol(tmp_path) -> None:
+    doc = {"embeddings": str(tmp_path), "methods": ["asymvlm-vmf"], "lr": [1e-2], "seeds": [0]}
+    cfg = sweep.resolve_config(doc)
+    assert (cfg["epochs"], cfg["batch_size"], cfg["optimizer"]) == (200, 2048, "sgd")
+    assert (cfg["momentum"], cfg["weight_decay"], cfg["min_lr"]) == (0.9, 5e-4, 1e-6)
+    assert cfg["hidden_dim"] == 1024 and cfg["depth"] == 3
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "tune_spaces", "*.yaml"))))
+def test_shipped_tune_spaces_validate(path, tmp_path) -> None:
+    cfg = sweep.load_config(path, [f"output={tmp_path}"])
+    assert cfg["methods"] and cfg["lr"] and cfg["seeds"]
+
+
+def test_one_set_syntax() -> None:
+    doc = {"sweeps": [{"name": "a", "lr": [1]}, {"name": "b"}], "mlflow": None}
+    config.apply_overrides(doc, ["sweeps.1.epochs=5", "sweeps.0.lr=[1e-3, 0.5]",
+                                 "mlflow.experiment=x", "sweeps.-1.note=yes: a note",
+                                 "name=null"])  # fmt: skip
+    assert doc["sweeps"][1]["epochs"] == 5 and doc["sweeps"][0]["lr"] == [1e-3, 0.5]
+    assert doc["mlflow"] == {"experiment": "x"} and doc["name"] is None
+    assert doc["sweeps"][1]["note"] == "yes: a note"
+    for bad, message in [("sweeps.2.epochs=1", "index 2 is out of range"),
+                         ("sweeps.x.epochs=1", "indexes a list"),
+                         ("name.sub=1", "name is not a mapping"),
+                         ("epochs", "expects key=value"),
+                         ("a=[1, 2", "not valid YAML")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            config.apply_overrides({"sweeps": [{}], "name": "n"}, [bad])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("sweeps.1.hiden_dim=3", "sweeps[1].hiden_dim: unknown key (did you mean 'hidden_dim'?)"),
+        ("sweeps.0.epochs=0", "sweeps[0].epochs = 0"),
+        ("sweeps.1.lr=[.nan]", "sweeps[1].lr[0] = nan: Input should be a finite number"),
+        ("evaluations.1.dat=x", "evaluations[1].dat: unknown key (did you mean 'data'?)"),
+        ("evaluations.0.data=nosplit", "expected ROOT:SPLIT"),
+        ("prepare.synthetic.dimm=3", "unknown key 'dimm' (did you mean 'dim'?)"),
+        ("repot={output: x}", "repot: unknown key (did you mean 'report'?)"),
+        ("embed.jobs.0.batch_size=0", "embed: jobs[0]: batch_size = 0"),
+        ("embed.jobs.1.datset=coco", "jobs[1]: datset: unknown key (did you mean 'dataset'?)"),
+        ("sweeps.0.embeddings=/nonexistent/tables", "/nonexistent/tables does not exist"),
+    ],
+)
+def test_pipeline_fails_in_seconds_before_ray(override, message, capsys) -> None:
+    import ray
+
+    assert not ray.is_initialized()
+    t0 = time.perf_counter()
+    code = full.main(["--config", DEMO, "--set", override, "--output", "/tmp/never-written"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert time.perf_counter() - t0 < 20
+    assert not ray.is_initialized()
+    assert not os.path.exists("/tmp/never-written")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--epochs", "0"], "--epochs = 0: Input should be greater than or equal to 1"),
+        (["--lr", "nan"], "--lr = nan: Input should be a finite number"),
+        (["--batch-size", "-5"], "--batch-size = -5"),
+        (["--hidden-dim", "0"], "--hidden-dim = 0"),
+        (["--depth", "0"], "--depth = 0"),
+    ],
+)
+def test_cli_train_values(small_world, tmp_path, capsys, flags, message) -> None:
+    code = cli_main(["train", "--embeddings", small_world, "--method", "asymvlm-vmf",
+                     "--output", str(tmp_path / "ckpt"), "--quiet", *flags])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert [ln for ln in err.splitlines() if ln.startswith("error:")] == err.strip().splitlines()
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cli_device_without_cuda(small_world, tmp_path, capsys) -> None:
+    code = cli_main(["train", "--embeddings", small_world, "--method", "asymvlm-vmf",
+                     "--device", "cuda", "--output", str(tmp_path / "c"), "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "CUDA is not available" in err and "Traceback" not in err
+
+
+def test_cli_output_that_is_a_file(small_world, tmp_path, capsys) -> None:
+    target = tmp_path / "file.txt"
+    target.write_text("keep me")
+    code = cli_main(["train", "--embeddings", small_world, "--method", "asymvlm-vmf",
+                     "--epochs", "1", "--output", str(target), "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and str(target) in err and "Traceback" not in err
+    assert target.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("flags", [["--levels", "0"], ["--chunk-size", "0"]])
+def test_cli_evaluate_values(small_world, tmp_path, capsys, flags) -> None:
+    code = cli_main(["evaluate", "--embeddings", small_world, "--checkpoint", str(tmp_path),
+                     "--output", str(tmp_path / "m.json"), *flags])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and flags[0] in err and "Traceback" not in err
