@@ -15,6 +15,30 @@ are unit-norm; the optional ``norm`` column keeps the raw norm of the CLIP text 
 
 Validation is vectorised (numpy / pyarrow compute); Python only loops to format the message of the
 first bad row, which always names the parquet file, the 0-based row index within it and the id.
+:func:`read_split` refuses (:class:`TableError`):
+
+* a split whose ``images`` or ``texts`` folder has parquet files but **no rows**;
+* string columns (ids, ``text``, extra string columns) that are not valid UTF-8 (file, row,
+  column);
+* parts that disagree: a column present in one file of a folder but not in another, or a column
+  (``embedding``, ``norm``, extra columns) with another type -- the message names both files;
+* (``validate=True``) a raw text ``norm`` that is not finite and > 0, or that lies outside
+  ``[median / NORM_SPREAD, median * NORM_SPREAD]`` of the split's median norm, or above
+  ``NORM_MAX``. Real CLIP/SigLIP text projections have norms of order 1-100 (CLIP ViT-B/32: about
+  5-15) and vary by well under 10x within a data set; the adapters take ``embedding * norm`` as
+  input, so one corrupt row (say ``1e30``) would overflow float32 or dominate any scale fitted
+  to the inputs. ``NORM_SPREAD = 1e4`` leaves four orders of magnitude to legitimate data, and
+  ``NORM_MAX = 1e6`` keeps squared norms summed over 10^8 rows finite in float32.
+
+One writer at a time (:class:`OutputLock`): a job holds ``ROOT/<split>`` while it writes. On a
+local disk that is an OS lock (``flock``) on ``ROOT/<split>/_LOCK``, released by the kernel when
+the process ends, however it ends. On object stores (``s3://`` ...) it is a lease object
+``ROOT/<split>/_LEASE.json`` (owner id, host, pid, expiry) renewed by a background thread every
+``LEASE_RENEW`` seconds and valid for ``LEASE_TTL`` seconds: a writer that finds an unexpired
+lease of another owner is refused, an expired one (its holder died) is taken over. Leases assume
+clocks synchronised to well within ``LEASE_TTL``; two writers starting within the same second on
+an empty output are separated by a write-wait-reread handshake (``LEASE_SETTLE``), and a job that
+finds its lease taken stops before its next write (:meth:`OutputLock.check`).
 """
 
 from __future__ import annotations
@@ -22,6 +46,10 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import socket
+import sys
+import threading
+import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
@@ -33,9 +61,17 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from asymvlm.errors import LockError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: local outputs use the lease object too
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = [
     "EmbeddingSplit",
     "Manifest",
+    "OutputLock",
     "TableError",
     "list_splits",
     "read_manifest",
@@ -51,6 +87,14 @@ IMAGE_COLUMNS = ("image_id", "embedding")
 TEXT_COLUMNS = ("caption_id", "image_id", "text", "embedding")
 _TEXT_RESERVED = frozenset(TEXT_COLUMNS) | {"norm"}
 _IMAGE_RESERVED = frozenset(IMAGE_COLUMNS)
+#: Bounds on the raw text ``norm`` column (see the module docstring).
+NORM_SPREAD = 1e4
+NORM_MAX = 1e6
+LOCK_NAME = "_LOCK"
+LEASE_NAME = "_LEASE.json"
+LEASE_TTL = 120.0
+LEASE_RENEW = 30.0
+LEASE_SETTLE = 1.0
 
 
 class TableError(ValueError):
@@ -227,6 +271,213 @@ def read_json(root: str, relative: str) -> dict[str, Any] | None:
         return None
     with fs.open_input_stream(path) as fh:
         return json.loads(fh.read().decode())
+
+
+# --------------------------------------------------------------------------------------------
+# one writer at a time
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+
+
+def _holder(info: dict[str, Any] | None) -> str:
+    """``pid 123 on host-a since ...`` from a lock file's / lease's JSON (or "unknown")."""
+    if not info:
+        return "holder unknown"
+    text = f"pid {info.get('pid', '?')} on {info.get('host', '?')}"
+    if isinstance(info.get("since"), int | float):
+        text += f", since {_when(info['since'])}"
+    return text
+
+
+class OutputLock:
+    """Exclusive hold of ``ROOT/folder`` by one writer (see the module docstring).
+
+    ``with OutputLock(root, "test"):`` raises :class:`~asymvlm.errors.LockError` naming the
+    output and the holder when another writer has it. ``wait`` > 0 retries for that many seconds
+    first (for short critical sections such as the manifest update). :meth:`check` raises when an
+    object-store lease was lost (taken over after it could not be renewed in time).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        folder: str,
+        *,
+        name: str = "",
+        wait: float = 0.0,
+        ttl: float | None = None,
+        renew_every: float | None = None,
+        settle: float | None = None,
+        log=None,
+    ) -> None:
+        self.root, self.folder = os.fspath(root), folder
+        self.fs, base = _filesystem(self.root)
+        self.dir = _join(base, folder) if folder else base
+        suffix = f".{name}" if name else ""
+        self.local = isinstance(self.fs, pafs.LocalFileSystem) and fcntl is not None
+        stem, ext = posixpath.splitext(LEASE_NAME)
+        self.path = _join(self.dir, LOCK_NAME + suffix if self.local else stem + suffix + ext)
+        self.shown = _display(self.root, self.dir)
+        self.wait = wait
+        self.ttl = LEASE_TTL if ttl is None else ttl
+        self.renew_every = LEASE_RENEW if renew_every is None else renew_every
+        self.settle = LEASE_SETTLE if settle is None else settle
+        self.owner = uuid.uuid4().hex
+        self._log = log or (lambda msg: print(f"[lock] {msg}", file=sys.stderr, flush=True))
+        self._fd: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lost: str | None = None
+        self._expires = 0.0
+        self._since = 0.0
+
+    # -- public ------------------------------------------------------------------------------
+    def acquire(self) -> OutputLock:
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                self._acquire_local() if self.local else self._acquire_lease()
+                return self
+            except LockError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                time.sleep(min(0.2, left))
+
+    def check(self) -> None:
+        """Raise :class:`LockError` if this writer no longer holds the output."""
+        if self._lost is not None:
+            raise LockError(
+                f"{self.shown}: this job lost its write lease ({self._lost}); stopped before "
+                "writing more -- re-run it once the other writer is done"
+            )
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.ftruncate(fd, 0)
+            finally:
+                os.close(fd)  # closing the descriptor drops the flock
+            return
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        try:
+            current = self._read_lease()
+            if current is not None and current.get("owner") == self.owner:
+                self.fs.delete_file(self.path)
+        except Exception as exc:  # the lease expires by itself
+            self._log(f"could not remove {_display(self.root, self.path)}: {exc}")
+
+    def __enter__(self) -> OutputLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # -- local: flock ------------------------------------------------------------------------
+    def _info(self) -> dict[str, Any]:
+        return {"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
+                "since": time.time()}  # fmt: skip
+
+    def _acquire_local(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                raw = os.pread(fd, 4096, 0)
+                info = json.loads(raw.decode()) if raw.strip() else None
+            except (OSError, ValueError):
+                info = None
+            os.close(fd)
+            raise LockError(
+                f"{self.shown} is being written by another job ({_holder(info)}); wait for it "
+                "to finish or choose another --output"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(self._info()).encode(), 0)
+        self._fd = fd
+
+    # -- object stores: a renewed lease ------------------------------------------------------
+    def _read_lease(self) -> dict[str, Any] | None:
+        # Through fsspec when possible: one plain GET, no listing cache (other processes write
+        # the lease) and no ETag precondition (it may be rewritten while being read).
+        inner = getattr(getattr(self.fs, "handler", None), "fs", None)
+        try:
+            if inner is not None and hasattr(inner, "cat_file"):
+                if hasattr(inner, "invalidate_cache"):
+                    inner.invalidate_cache(self.path)
+                raw = inner.cat_file(self.path)
+            else:
+                with self.fs.open_input_stream(self.path) as fh:
+                    raw = fh.read()
+        except FileNotFoundError:
+            return None
+        try:
+            info = json.loads(raw.decode())
+        except ValueError:
+            return {}
+        return info if isinstance(info, dict) else {}
+
+    def _write_lease(self) -> None:
+        self._expires = time.time() + self.ttl
+        info = {**self._info(), "since": self._since, "expires": self._expires,
+                "expires_utc": _when(self._expires), "ttl": self.ttl}  # fmt: skip
+        with self.fs.open_output_stream(self.path) as out:
+            out.write(json.dumps(info, indent=2).encode())
+
+    def _acquire_lease(self) -> None:
+        self.fs.create_dir(self.dir, recursive=True)
+        current = self._read_lease()
+        now = time.time()
+        if current is not None and current.get("owner") != self.owner:
+            expires = current.get("expires")
+            if isinstance(expires, int | float) and expires > now:
+                raise LockError(
+                    f"{self.shown} is being written by another job ({_holder(current)}); its "
+                    f"lease expires at {_when(expires)} ({expires - now:.0f} s from now) unless "
+                    "renewed -- wait for it to finish or choose another --output"
+                )
+            self._log(
+                f"taking over the expired lease on {self.shown} ({_holder(current)}, "
+                + (f"expired at {_when(expires)})" if isinstance(expires, int | float)
+                   else "unreadable lease)")
+            )  # fmt: skip
+        self._since = time.time()
+        self._write_lease()
+        if self.settle > 0:
+            time.sleep(self.settle)
+        current = self._read_lease()
+        if current is None or current.get("owner") != self.owner:
+            raise LockError(
+                f"{self.shown} is being written by another job ({_holder(current)}), which "
+                "took the lease at the same time; wait for it to finish or choose another --output"
+            )
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew, name="lease-renewal", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.renew_every):
+            try:
+                current = self._read_lease()
+                if current is None or current.get("owner") != self.owner:
+                    self._lost = f"now held by {_holder(current)}"
+                    self._log(f"{self.shown}: lease lost ({self._lost})")
+                    return
+                self._write_lease()
+            except Exception as exc:  # network trouble: retry until the lease would expire
+                self._log(f"{self.shown}: could not renew the lease ({exc})")
+                if time.time() >= self._expires:
+                    self._lost = "it expired while it could not be renewed"
+                    return
 
 
 def write_manifest(root: str, manifest: Manifest | dict[str, Any]) -> None:
@@ -477,11 +728,37 @@ def _string_column(table: pa.Table, name: str, shown: str, id_name: str, ids: An
     if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
         raise TableError(f"{shown}: column {name!r} has type {col.type}, expected string")
     arr = col.cast(pa.string()).combine_chunks() if len(col) else pa.array([], pa.string())
+    _check_utf8(arr, name, shown, id_name, ids)
     if arr.null_count:
         row = _first(np.asarray(arr.is_null().to_numpy(zero_copy_only=False)))
         ref = ids if ids is not None else arr
         raise _row_error(shown, row, id_name, ref, f"{name} is null")
     return arr
+
+
+def _check_utf8(arr: pa.Array, name: str, shown: str, id_name: str, ids: Any) -> None:
+    """:class:`TableError` naming file, row and column if a string column holds invalid UTF-8
+    (parquet does not check it on write; Python would fail later on that row)."""
+    try:
+        arr.validate(full=True)
+        return
+    except pa.ArrowInvalid:
+        pass
+    raw = arr.cast(pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary())
+    for row, value in enumerate(raw.to_pylist()):
+        if value is None:
+            continue
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            what = (
+                f"column {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start}: "
+                f"{value[max(0, exc.start - 16) : exc.start + 4]!r})"
+            )
+            if ids is None:  # the id column itself: its value cannot be shown
+                raise TableError(f"{shown} row {row}: {what}") from None
+            raise _row_error(shown, row, id_name, ids, what) from None
+    raise TableError(f"{shown}: column {name!r} is not a valid string column")
 
 
 def _embedding_matrix(
@@ -576,16 +853,39 @@ def _read_parts(
     files = _list_parquet(fs, folder)
     if not files:
         raise TableError(f"{_display(root, folder)}: no parquet files in this folder")
-    parts = []
+    parts: list[_Part] = []
     for path in files:
         shown = _display(root, path)
         table = _read_table(fs, path, shown, required)
+        if parts:
+            _same_kind(parts[0], shown, table, "embedding", _value_type)
         ids = _string_column(table, id_name, shown, id_name, None)
         emb = _embedding_matrix(table.column("embedding"), dim, shown, id_name, ids)
         if validate:
             _check_unit(emb, norm_atol, shown, id_name, ids)
         parts.append(_Part(shown, ids, emb, table))
+    if not sum(len(p.ids) for p in parts):
+        raise TableError(
+            f"{_display(root, folder)}: no rows ({len(parts)} parquet file(s), all empty)"
+        )
     return parts
+
+
+def _value_type(typ: pa.DataType) -> pa.DataType:
+    """What must agree between the parts of a folder for the embedding column: the value type
+    (float32 vs float64 ...); list or fixed-size list and the child's name may differ between
+    writers, and every row's length is checked against the manifest anyway."""
+    return typ.value_type if hasattr(typ, "value_type") else typ
+
+
+def _same_kind(first: _Part, shown: str, table: pa.Table, name: str, key=lambda t: t) -> None:
+    """:class:`TableError` naming both files when column ``name`` differs in type."""
+    a, b = first.table.schema.field(name).type, table.schema.field(name).type
+    if key(a) != key(b):
+        raise TableError(
+            f"{shown}: column {name!r} has type {b}, but {a} in {first.shown} "
+            "(all files of a folder must share one schema)"
+        )
 
 
 def _locate(parts: list[_Part], row: int) -> tuple[_Part, int]:
@@ -615,37 +915,48 @@ def _concat_ids(parts: list[_Part]) -> pa.Array:
     return pa.concat_arrays([p.ids for p in parts]) if parts else pa.array([], pa.string())
 
 
-def _extra(parts: list[_Part], reserved: frozenset[str]) -> dict[str, np.ndarray]:
-    names = [c for c in parts[0].table.column_names if c not in reserved]
+def _same_columns(parts: list[_Part], names: list[str]) -> None:
+    """Every file holds each of ``names`` (or none does); else name a file with and without."""
+    for name in names:
+        has = [name in p.table.column_names for p in parts]
+        if any(has) and not all(has):
+            with_, without = parts[has.index(True)], parts[has.index(False)]
+            raise TableError(
+                f"{without.shown}: missing column {name!r} present in {with_.shown} "
+                "(all files of a folder must share one schema)"
+            )
+
+
+def _extra(parts: list[_Part], reserved: frozenset[str], id_name: str) -> dict[str, np.ndarray]:
+    names = list(dict.fromkeys(c for p in parts for c in p.table.column_names))
+    names = [c for c in names if c not in reserved]
+    _same_columns(parts, names)
     out: dict[str, np.ndarray] = {}
     for name in names:
-        for p in parts:
-            if name not in p.table.column_names:
-                raise TableError(f"{p.shown}: missing column {name!r} present in {parts[0].shown}")
+        for p in parts[1:]:
+            _same_kind(parts[0], p.shown, p.table, name)
         cols = [p.table.column(name) for p in parts]
-        for p, col in zip(parts, cols, strict=True):
-            if col.type != cols[0].type:
-                raise TableError(
-                    f"{p.shown}: column {name!r} has type {col.type}, "
-                    f"but {cols[0].type} in {parts[0].shown}"
-                )
-        arr = pa.chunked_array([c for col in cols for c in col.chunks], type=cols[0].type)
+        typ = cols[0].type
+        value_type = typ.value_type if pa.types.is_dictionary(typ) else typ
+        if pa.types.is_string(value_type) or pa.types.is_large_string(value_type):
+            for p, col in zip(parts, cols, strict=True):
+                arr = col.cast(value_type).combine_chunks() if len(col) else pa.array([], typ)
+                _check_utf8(arr, name, p.shown, id_name, p.ids)
+        arr = pa.chunked_array([c for col in cols for c in col.chunks], type=typ)
         out[name] = arr.to_numpy()
     return out
 
 
 def _text_norms(parts: list[_Part], validate: bool) -> np.ndarray | None:
-    has = [("norm" in p.table.column_names) for p in parts]
-    if not any(has):
+    if not any("norm" in p.table.column_names for p in parts):
         return None
-    if not all(has):
-        missing = parts[has.index(False)]
-        raise TableError(f"{missing.shown}: missing column 'norm' present in other text files")
+    _same_columns(parts, ["norm"])
     blocks = []
     for p in parts:
         col = p.table.column("norm")
         if not (pa.types.is_floating(col.type) or pa.types.is_integer(col.type)):
             raise TableError(f"{p.shown}: column 'norm' has type {col.type}, expected float32")
+        _same_kind(parts[0], p.shown, p.table, "norm")
         vals = col.cast(pa.float64()).to_numpy() if len(col) else np.zeros(0)
         if validate:
             bad = _first(~(np.isfinite(vals) & (vals > 0)))
@@ -657,8 +968,33 @@ def _text_norms(parts: list[_Part], validate: bool) -> np.ndarray | None:
                     p.ids,
                     f"norm is {vals[bad]!r}, must be finite and > 0",
                 )
-        blocks.append(vals.astype(np.float32))
-    return np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+        blocks.append(vals)
+    if validate:
+        _check_norm_spread(parts, blocks)
+    norms = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+    return norms.astype(np.float32)
+
+
+def _check_norm_spread(parts: list[_Part], blocks: list[np.ndarray]) -> None:
+    """Raw norms within ``NORM_SPREAD`` of the split's median and at most ``NORM_MAX``."""
+    everything = np.concatenate(blocks)
+    if not everything.size:
+        return
+    median = float(np.median(everything))
+    low, high = median / NORM_SPREAD, min(median * NORM_SPREAD, NORM_MAX)
+    for p, vals in zip(parts, blocks, strict=True):
+        bad = _first((vals < low) | (vals > high))
+        if bad is not None:
+            raise _row_error(
+                p.shown,
+                bad,
+                "caption_id",
+                p.ids,
+                f"norm is {vals[bad]:.6g}, outside [{low:.3g}, {high:.3g}] (within a factor "
+                f"{NORM_SPREAD:g} of the split's median norm {median:.6g}, at most "
+                f"{NORM_MAX:g}); such a row would dominate the raw adapter input "
+                "(embedding * norm)",
+            )
 
 
 def read_split(
@@ -722,9 +1058,9 @@ def read_split(
         texts=texts,
         text_embeddings=_stack([p.embeddings for p in txt_parts], dim),
         text_norms=_text_norms(txt_parts, validate),
-        extra_text_columns=_extra(txt_parts, _TEXT_RESERVED),
+        extra_text_columns=_extra(txt_parts, _TEXT_RESERVED, "caption_id"),
         manifest=manifest,
-        extra_image_columns=_extra(img_parts, _IMAGE_RESERVED),
+        extra_image_columns=_extra(img_parts, _IMAGE_RESERVED, "image_id"),
     )
 
 

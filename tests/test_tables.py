@@ -458,3 +458,148 @@ def test_stray_temp_files_are_ignored(root: str) -> None:
     stray = os.path.join(os.path.dirname(img), ".part-00001.parquet.tmp-deadbeef")
     Path(stray).write_bytes(b"half a file")
     assert read_split(root, "test").image_ids == _data()["image_ids"]
+
+
+# --------------------------------------------------------------------------------------------
+# bad input that used to pass or crash: empty splits, norm outliers, invalid UTF-8, parts that
+# disagree
+
+
+@pytest.mark.parametrize("kind", ["images", "texts"])
+def test_split_with_files_but_no_rows(root: str, kind: str) -> None:
+    d = _data()
+    write_split(root, "test", **d)
+    empty = _data(n_img=0 if kind == "images" else 5, n_txt=0)
+    if kind == "images":  # captions must point at images: only the (empty) image side here
+        write_split(root, "empty", **{**empty, "text_embeddings": np.zeros((0, DIM))})
+        write_split(root, "empty", **d, part="part-00001")
+        os.remove(os.path.join(root, "empty", "images", "part-00001.parquet"))
+        os.remove(os.path.join(root, "empty", "texts", "part-00000.parquet"))
+    else:
+        write_split(root, "empty", **empty)
+    with pytest.raises(TableError) as exc:
+        read_split(root, "empty")
+    assert str(exc.value) == f"{os.path.join(root, 'empty', kind)}: no rows (1 parquet file(s), " \
+        "all empty)"  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [1e30, 1e-30, 2e6])
+def test_norm_outlier_is_named(root: str, bad: float) -> None:
+    d = _data(n_txt=12)
+    d["text_norms"] = np.full(12, 1e3 if bad == 2e6 else 8.0, np.float32)  # 2e6 < 1e4 x median
+    write_split(root, "test", **d)
+    read_split(root, "test")
+    _, txt = _split_files(root)
+    norms = d["text_norms"].copy()
+    norms[7] = bad
+    _write_texts(txt, d, norm=pa.array(norms, pa.float32()))
+    with pytest.raises(TableError) as exc:
+        read_split(root, "test")
+    _assert_row_error(exc, txt, 7, "c7", f"norm is {bad:.6g}, outside [")
+    assert "the split's median norm" in str(exc.value)
+    assert read_split(root, "test", validate=False).text_norms[7] == np.float32(bad)
+
+
+def test_synthetic_and_clip_like_norms_pass(small_world: str) -> None:
+    split = read_split(small_world, "train")
+    assert split.text_norms is not None and split.text_norms.max() < 20
+
+
+def _invalid_utf8(values: list[bytes]) -> pa.Array:
+    return pa.array(values, pa.binary()).view(pa.string())  # parquet does not check UTF-8
+
+
+@pytest.mark.parametrize("column", ["text", "caption_id", "clean_text"])
+def test_invalid_utf8_is_named(root: str, column: str) -> None:
+    d = _data()
+    write_split(root, "test", **d)
+    _, txt = _split_files(root)
+    key = {"text": "texts", "caption_id": "caption_ids"}.get(column, "texts")
+    values = [v.encode() for v in d[key]]
+    values[4] = b"caf\xe9 au lait"  # latin-1, not UTF-8
+    if column == "clean_text":
+        _write_texts(txt, d, clean_text=_invalid_utf8(values))
+    else:
+        table = pq.read_table(txt)
+        index = table.column_names.index(column)
+        pq.write_table(table.set_column(index, column, _invalid_utf8(values)), txt)
+    with pytest.raises(TableError) as exc:
+        read_split(root, "test")
+    message = str(exc.value)
+    assert message.startswith(f"{txt} row 4")
+    assert f"column {column!r} is not valid UTF-8 (invalid continuation byte at byte 3" in message
+    if column != "caption_id":
+        assert "(caption_id 'c4')" in message
+
+
+def _two_parts(root: str) -> tuple[dict, dict]:
+    a, b = _data(seed=0, n_img=3, n_txt=4), _data(seed=1, n_img=3, n_txt=4)
+    b["image_ids"] = [f"b{i}" for i in range(3)]
+    b["caption_ids"] = [f"bc{j}" for j in range(4)]
+    b["caption_image_ids"] = [f"b{j % 3}" for j in range(4)]
+    a["caption_image_ids"] = [f"img{j % 3}" for j in range(4)]
+    a["image_ids"] = [f"img{i}" for i in range(3)]
+    write_split(root, "test", **a, part="part-00000")
+    write_split(root, "test", **b, part="part-00001")
+    return a, b
+
+
+def _part(root: str, kind: str, k: int) -> str:
+    return os.path.join(root, "test", kind, f"part-{k:05d}.parquet")
+
+
+def test_parts_with_another_embedding_type_name_both_files(root: str) -> None:
+    a, b = _two_parts(root)
+    for kind, emb in (("images", "image_embeddings"), ("texts", "text_embeddings")):
+        first, second = _part(root, kind, 0), _part(root, kind, 1)
+        table = pq.read_table(second)
+        index = table.column_names.index("embedding")
+        # A variable-length list<float32> beside fixed-size ones is the same contract ...
+        pq.write_table(table.set_column(index, "embedding", _emb_col(b[emb])), second)
+        read_split(root, "test")
+        # ... float64 values are not.
+        wide = pa.array([list(map(float, r)) for r in b[emb]], pa.list_(pa.float64()))
+        pq.write_table(table.set_column(index, "embedding", wide), second)
+        with pytest.raises(TableError) as exc:
+            read_split(root, "test")
+        message = str(exc.value)
+        assert message.startswith(f"{second}: column 'embedding' has type list<")
+        assert "double>, but fixed_size_list<" in message
+        assert message.endswith(f"in {first} (all files of a folder must share one schema)")
+        write_split(root, "test", **b, part="part-00001")
+
+
+def test_parts_with_other_columns_name_both_files(root: str) -> None:
+    a, b = _two_parts(root)
+    first, second = _part(root, "texts", 0), _part(root, "texts", 1)
+    # An extra column only in the second part (it used to be dropped silently).
+    _write_texts(second, b, norm=pa.array(b["text_norms"]), level=pa.array(np.arange(4)),
+                 source=pa.array(["x"] * 4))  # fmt: skip
+    with pytest.raises(TableError) as exc:
+        read_split(root, "test")
+    assert str(exc.value).startswith(f"{first}: missing column 'source' present in {second}")
+    # An extra column of another type.
+    _write_texts(second, b, norm=pa.array(b["text_norms"]),
+                 level=pa.array(np.arange(4, dtype=np.int32)))  # fmt: skip
+    with pytest.raises(TableError) as exc:
+        read_split(root, "test")
+    assert str(exc.value).startswith(
+        f"{second}: column 'level' has type int32, but int64 in {first}"
+    )
+    # `norm` in one part only, then as float64 beside float32.
+    _write_texts(second, b, level=pa.array(np.arange(4)))
+    with pytest.raises(TableError) as exc:
+        read_split(root, "test")
+    assert str(exc.value).startswith(f"{second}: missing column 'norm' present in {first}")
+    _write_texts(second, b, level=pa.array(np.arange(4)),
+                 norm=pa.array(b["text_norms"].astype(np.float64)))  # fmt: skip
+    with pytest.raises(TableError) as exc:
+        read_split(root, "test")
+    assert str(exc.value).startswith(f"{second}: column 'norm' has type double, but float in")
+    # Image side: an extra image column missing in one part.
+    write_split(root, "test", **b, part="part-00001")
+    write_split(root, "test", **a, part="part-00000", extra_image_columns={"label": np.arange(3)})
+    with pytest.raises(TableError) as exc:
+        read_split(root, "test")
+    img0, img1 = _part(root, "images", 0), _part(root, "images", 1)
+    assert str(exc.value).startswith(f"{img1}: missing column 'label' present in {img0}")
