@@ -834,3 +834,34 @@ def test_templates_must_hold_a_slot(tmp_path):
     write_imagenet(root)
     with pytest.raises(ValueError, match="templates must each hold one"):
         read_source("imagenet", annotations=None, images=str(root), split="val", templates=["x"])
+
+
+def test_csv_field_over_the_csv_limit_names_file_and_line(tmp_path):
+    """An unbalanced quote swallows the rest of the file into one field: a SourceError naming
+    the line where the record starts, not a bare ``_csv.Error``."""
+    ann = tmp_path / "hierarcaps_test.csv"
+    rows = ["id,captions,image_url", "0,a => b => c => d,http://x/COCO_val2014_1.jpg",
+            '1,"a => b => c => d,http://x/COCO_val2014_2.jpg']  # fmt: skip
+    rows += [f"{i},{'word ' * 20} => b => c => d,http://x/{i}.jpg" for i in range(2, 2000)]
+    ann.write_text("\n".join(rows) + "\n")
+    with pytest.raises(SourceError) as exc:
+        read_source("hierarcaps", annotations=str(ann), images=None, split="test")
+    message = str(exc.value)
+    assert message.startswith(f"{ann}: line 3: malformed CSV (field larger than field limit")
+    assert "usually a quote opened on line 3 that is never closed" in message
+
+
+def test_invalid_utf8_in_a_parquet_annotation_names_row_and_column(tmp_path):
+    ann = tmp_path / "cc.parquet"
+    captions = pa.array([b"fine", b"caf\xe9"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"caption": captions, "path": ["/x/1.jpg", "/x/2.jpg"]}), ann)
+    with pytest.raises(SourceError, match=r"cc\.parquet: row 1: column 'caption' is not UTF-8"):
+        read_source("cc", annotations=str(ann), images=None, split="train")
+
+
+def test_invalid_utf8_in_class_names_is_named(tmp_path):
+    root = tmp_path / "cifar-10-batches-py"
+    root.mkdir()
+    dump(root / "batches.meta", {b"label_names": [b"cat", b"d\xf6g"]})
+    with pytest.raises(SourceError, match=r"batches\.meta: label_names\[1\]: class name is not"):
+        read_source("cifar10", annotations=None, images=str(tmp_path), split="test")

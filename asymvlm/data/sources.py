@@ -650,9 +650,9 @@ def _cc_parquet(req: _Request) -> SourceData:
             raise SourceError(f"{ann}: needs columns 'caption' and 'path' (or 'url'), has {names}")
         columns = ["caption", location] + ([key] if key else [])
         table = pq.read_table(f, columns=columns)
-    captions = table["caption"].cast(pa.string()).to_pylist()
-    locations = table[location].cast(pa.string()).to_pylist()
-    keys = table[key].cast(pa.string()).to_pylist() if key else [None] * len(captions)
+    captions = _utf8_column(table, "caption", ann)
+    locations = _utf8_column(table, location, ann)
+    keys = _utf8_column(table, key, ann) if key else [None] * len(captions)
 
     def rows() -> Iterator[tuple[str, str, str, str | None]]:
         for r, (caption, loc, k) in enumerate(zip(captions, locations, keys, strict=True)):
@@ -663,6 +663,29 @@ def _cc_parquet(req: _Request) -> SourceData:
             yield f"row {r}", caption or "", loc.strip(), k
 
     return _cc_rows(req, ann, rows(), "cc-parquet")
+
+
+def _utf8_column(table: pa.Table, name: str, url: str) -> list[str | None]:
+    """A parquet column as Python strings; invalid UTF-8 (parquet does not check it) is a
+    :class:`SourceError` naming the file, row and column."""
+    try:
+        col = table[name].cast(pa.string())
+    except pa.ArrowInvalid as e:
+        raise SourceError(f"{url}: column {name!r} is not a string column ({e})") from None
+    row = 0
+    for chunk in col.chunks:
+        try:
+            chunk.validate(full=True)
+        except pa.ArrowInvalid:
+            for k, value in enumerate(chunk.cast(pa.binary()).to_pylist()):
+                try:
+                    (value or b"").decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise SourceError(
+                        f"{url}: row {row + k}: column {name!r} is not UTF-8 ({e.reason})"
+                    ) from None
+        row += len(chunk)
+    return col.to_pylist()
 
 
 def _list_shards(url: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
@@ -745,10 +768,34 @@ def _read_cc(req: _Request) -> SourceData:
 
 
 # -- HierarCaps --------------------------------------------------------------------------------
+def _csv_records(url: str, text: str) -> Iterator[tuple[int, list[str]]]:
+    """``(1-based line where the record starts, fields)`` of a CSV text; a malformed record
+    (e.g. a field over :func:`csv.field_size_limit`, usually an unbalanced quote) is a
+    :class:`SourceError` naming the file and that line instead of a bare ``csv.Error``."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    start = 1
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            hint = ""
+            if "field limit" in str(e):
+                hint = (
+                    f": a field longer than {csv.field_size_limit()} characters, usually a quote "
+                    f"opened on line {start} that is never closed (error found on line "
+                    f"{reader.line_num})"
+                )
+            raise SourceError(f"{url}: line {start}: malformed CSV ({e}){hint}") from None
+        yield start, row
+        start = reader.line_num + 1
+
+
 def _read_hierarcaps(req: _Request) -> SourceData:
     ann = req.need("annotations")
-    reader = csv.reader(io.StringIO(_read_text(ann), newline=""))
-    header = next(reader, None)
+    records = _csv_records(ann, _read_text(ann))
+    _, header = next(records, (1, None))
     columns = ("id", "captions", "image_url")
     if header is None or any(c not in header for c in columns):
         raise SourceError(f"{ann}: line 1: expected a header with columns {columns}, got {header}")
@@ -756,9 +803,7 @@ def _read_hierarcaps(req: _Request) -> SourceData:
     images: dict[str, str] = {}
     line_of: dict[str, int] = {}
     caption_ids, caption_images, texts, levels = [], [], [], []
-    start = reader.line_num + 1
-    for row in reader:
-        number, start = start, reader.line_num + 1
+    for number, row in records:
         if not any(cell.strip() for cell in row):
             continue
         if len(row) != len(header):
@@ -844,7 +889,13 @@ def _pickled(obj: dict, key: str, url: str) -> Any:
 def _names(values: Any, where: str) -> list[str]:
     if not isinstance(values, list | tuple) or not values:
         raise SourceError(f"{where}: expected a non-empty list of class names")
-    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values]
+    names = []
+    for k, v in enumerate(values):
+        try:
+            names.append(v.decode("utf-8") if isinstance(v, bytes) else str(v))
+        except UnicodeDecodeError as e:
+            raise SourceError(f"{where}[{k}]: class name is not UTF-8 ({e.reason})") from None
+    return names
 
 
 def _png(hwc: np.ndarray) -> bytes:
