@@ -16,6 +16,13 @@ Everything is memory-bounded: :func:`retrieval_metrics` asks ``score_fn`` for bl
 
 Tie-breaking is deterministic and independent of ``chunk_size``: among equal scores the lower
 index (image for t2i, caption for i2t) ranks first.
+
+Non-finite scores (NaN, +inf, -inf) are never hits: they rank below every finite score, a caption
+whose paired image scores non-finite is a miss at every K (t2i), and a caption with a non-finite
+score never counts for an image (i2t), even when all of that image's candidates are non-finite.
+A broken model therefore scores Recall@K = 0, not 1 (``NaN > x`` is false for every ``x``, so
+counting better-scoring items would rank a NaN target first). Finite scores rank exactly as they
+would without the non-finite ones.
 """
 
 from __future__ import annotations
@@ -190,6 +197,9 @@ def retrieval_metrics(
           Images without any caption are excluded from i2t (recall and binning). Binning uses
           the uncertainty of the image's top-1 retrieved caption (``"retrieved_text"``, the
           official protocol), else the image's own uncertainty (``"image"``).
+        * A non-finite score (NaN, +inf, -inf) ranks below every finite one and is never a hit:
+          a caption whose paired image scores non-finite misses at every K, and a caption scoring
+          non-finite against an image never counts for it in i2t.
     """
     if n_text < 1 or n_image < 1:
         raise ValueError(f"need n_text >= 1 and n_image >= 1, got {n_text}, {n_image}")
@@ -237,6 +247,11 @@ def retrieval_metrics(
         if pairs_dev is None or pairs_dev.device != device:
             pairs_dev = text_to_image.to(device)
         target = pairs_dev[start:stop]
+        # Non-finite scores become -inf: below every finite score, so they never outrank one
+        # (a copy, never the caller's tensor; only made when the chunk has a non-finite entry).
+        finite = torch.isfinite(scores)
+        if not bool(finite.all()):
+            scores = scores.masked_fill(~finite, -math.inf)
 
         # --- t2i: rank of the paired image (ties: lower image index first) -------------------
         target_score = scores.gather(1, target[:, None])
@@ -244,6 +259,8 @@ def retrieval_metrics(
         rank = (scores > target_score).sum(dim=1) + (
             (scores == target_score) & (image_ids[None, :] < target[:, None])
         ).sum(dim=1)
+        # A non-finite paired score is a miss at every K (rank k_max is outside every top-K).
+        rank = torch.where(target_score[:, 0] == -math.inf, k_max, rank)
         t2i_rank[start:stop] = rank.cpu()
         t2i_top1[start:stop] = scores.argmax(dim=1).cpu()  # first maximum = lowest index
 
@@ -262,12 +279,14 @@ def retrieval_metrics(
         run_idx = cand_idx.gather(0, order)
         del scores, cand_vals, cand_idx, order
 
-    assert run_idx is not None
+    assert run_idx is not None and run_vals is not None
     top_captions = run_idx.cpu()  # [k_i2t, n_image]
 
-    # i2t rank of the first paired caption among the top-k (k_max when none is there).
+    # i2t rank of the first paired caption among the top-k (k_max when none is there); a
+    # non-finite score (-inf here, sorted after every finite one) is never a hit.
     image_ids = torch.arange(n_image)
     is_pair = text_to_image[top_captions] == image_ids[None, :]  # [k_i2t, n_image]
+    is_pair &= run_vals.cpu() != -math.inf
     pos = torch.arange(top_captions.shape[0])[:, None].expand_as(is_pair)
     i2t_rank = torch.where(is_pair, pos, torch.full_like(pos, k_max)).min(dim=0).values
     has_caption = torch.bincount(text_to_image, minlength=n_image) > 0

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from asymvlm import tables
+from asymvlm.errors import CheckpointError
 from asymvlm.methods import build_method
 from asymvlm.training import (
     SplitTensors,
@@ -139,7 +140,7 @@ def test_checkpoint_round_trip(tmp_path) -> None:
         loaded.log_likelihood(data.image_emb, data.text_emb),
         method.log_likelihood(data.image_emb, data.text_emb),
     )
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(CheckpointError, match="nope: no checkpoint there"):
         load_checkpoint(str(tmp_path / "nope"))
 
 

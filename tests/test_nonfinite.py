@@ -1,0 +1,349 @@
+"""Non-finite numbers never pass as results: retrieval metrics, evaluation, training."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from asymvlm import tables
+from asymvlm.errors import ConfigError, NonFiniteError
+from asymvlm.evaluation import caption_scores, evaluate_retrieval
+from asymvlm.methods import build_method
+from asymvlm.metrics import retrieval_metrics
+from asymvlm.synthetic import WorldConfig, write_world
+from asymvlm.training import (
+    SplitTensors,
+    TrainConfig,
+    Trainer,
+    load_split,
+    steps_per_epoch,
+)
+
+NAN, INF = float("nan"), float("inf")
+
+# The hand example of test_metrics: 3 images, captions 0,1 -> img0; 2,3 -> img1; 4,5 -> img2.
+# Finite: t2i R@1 4/6, R@2 5/6, R@5 1; i2t R@1 2/3, R@2 1, R@5 1.
+SCORES = torch.tensor(
+    [
+        [0.9, 0.1, 0.0],
+        [0.2, 0.8, 0.1],
+        [0.1, 0.7, 0.3],
+        [0.6, 0.2, 0.5],
+        [0.0, 0.3, 0.4],
+        [0.5, 0.4, 0.7],
+    ]
+)
+PAIRS = torch.tensor([0, 0, 1, 1, 2, 2])
+KS = (1, 2, 5)
+
+
+def _metrics(scores: torch.Tensor, pairs: torch.Tensor = PAIRS, chunk_size: int = 4, **kw):
+    return retrieval_metrics(
+        lambda a, b: scores[a:b], scores.shape[0], scores.shape[1], pairs,
+        ks=kw.pop("ks", KS), chunk_size=chunk_size, **kw,
+    )  # fmt: skip
+
+
+def _recalls(res: dict) -> dict[str, list[float]]:
+    return {d: [res[d][f"recall@{k}"] for k in KS] for d in ("t2i", "i2t")}
+
+
+# -- retrieval_metrics ------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [NAN, INF, -INF])
+@pytest.mark.parametrize("chunk_size", [1, 4, 100])
+def test_an_all_non_finite_matrix_has_zero_recall(value, chunk_size) -> None:
+    res = _metrics(torch.full((6, 3), value), chunk_size=chunk_size)
+    # K=5 exceeds the gallery: today's "rank < K" would count every caption as a hit.
+    assert _recalls(res) == {"t2i": [0.0, 0.0, 0.0], "i2t": [0.0, 0.0, 0.0]}
+
+
+@pytest.mark.parametrize("value", [NAN, INF, -INF])
+def test_non_finite_paired_scores_are_misses(value) -> None:
+    scores = SCORES.clone()
+    scores[torch.arange(6), PAIRS] = value
+    res = _metrics(scores)
+    assert _recalls(res) == {"t2i": [0.0, 0.0, 0.0], "i2t": [0.0, 0.0, 0.0]}
+
+
+def test_one_nan_pair_costs_exactly_its_caption() -> None:
+    scores = SCORES.clone()
+    scores[0, 0] = NAN  # c0 was a t2i hit@1 and img0's only i2t hit@1 (c0 tops its column)
+    res = _metrics(scores)
+    # t2i: c0 misses at every K -> R@1 3/6, R@2 4/6, R@5 5/6.
+    # i2t: img0's column without c0: c3 .6 (img1), c5 .5 (img2), c1 .2 (img0) -> rank 2.
+    assert res["t2i"]["recall@1"] == pytest.approx(3 / 6)
+    assert res["t2i"]["recall@2"] == pytest.approx(4 / 6)
+    assert res["t2i"]["recall@5"] == pytest.approx(5 / 6)
+    assert res["i2t"]["recall@1"] == pytest.approx(1 / 3)
+    assert res["i2t"]["recall@2"] == pytest.approx(2 / 3)
+    assert res["i2t"]["recall@5"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 100])
+def test_inf_entries_do_not_win(chunk_size) -> None:
+    scores = SCORES.clone()
+    scores[0, 1] = INF  # c0 (img0, .9) against img1: would outrank c0's pair and top img1
+    scores[3, 2] = NAN  # c3 (img1, .2) against img2 (.5 before): no longer above c3's pair
+    before = scores.clone()
+    res = _metrics(scores, chunk_size=chunk_size)
+    assert torch.equal(scores.nan_to_num(), before.nan_to_num())  # the caller's tensor as it was
+    assert scores[3, 2].isnan()
+    # t2i: c0 still hits@1; c3's pair now ranks 2nd (img0 .6 above) -> R@2 = 6/6.
+    # i2t: img1's column is c1 .8, c2 .7 (hit@2) as before; img2's top is still c5.
+    assert _recalls(res) == {"t2i": [4 / 6, 1.0, 1.0], "i2t": [2 / 3, 1.0, 1.0]}
+    # Non-finite entries act exactly like the worst finite score.
+    worst = SCORES.clone()
+    worst[0, 1] = worst[3, 2] = -1e9
+    assert _recalls(res) == _recalls(_metrics(worst, chunk_size=chunk_size))
+
+
+def _reference(scores: torch.Tensor, pairs: torch.Tensor, ks) -> dict[str, list[float]]:
+    """Full-matrix reference: non-finite entries are dropped from every ranking."""
+    s, p = scores.double().numpy(), pairs.numpy()
+    fin = np.isfinite(s)
+    n_text, n_image = s.shape
+    t2i = []
+    for m in range(n_text):
+        target = s[m, p[m]]
+        if not fin[m, p[m]]:
+            t2i.append(math.inf)
+            continue
+        better = fin[m] & ((s[m] > target) | ((s[m] == target) & (np.arange(n_image) < p[m])))
+        t2i.append(int(better.sum()))
+    i2t = []
+    for n in sorted(set(p.tolist())):
+        ranked = sorted((-s[m, n], m) for m in range(n_text) if fin[m, n])
+        hits = [i for i, (_, m) in enumerate(ranked) if p[m] == n]
+        i2t.append(hits[0] if hits else math.inf)
+    return {
+        "t2i": [float(np.mean(np.asarray(t2i) < k)) for k in ks],
+        "i2t": [float(np.mean(np.asarray(i2t) < k)) for k in ks],
+    }
+
+
+@pytest.mark.parametrize("quantize", [False, True])
+def test_random_non_finite_entries_match_the_reference_for_every_chunk_size(quantize) -> None:
+    g = torch.Generator().manual_seed(7)
+    n_text, n_image = 120, 30
+    pairs = torch.randint(0, n_image - 2, (n_text,), generator=g)
+    pairs[: n_image - 2] = torch.arange(n_image - 2)
+    scores = torch.randn(n_text, n_image, generator=g)
+    scores[torch.arange(n_text), pairs] += 1.5
+    if quantize:  # many exact ties
+        scores = (scores * 2).round() / 2
+    kind = torch.randint(0, 12, scores.shape, generator=g)
+    scores[kind == 0] = NAN
+    scores[kind == 1] = INF
+    scores[kind == 2] = -INF
+    scores[:, 5] = NAN  # one image that every caption scores NaN
+    ks = (1, 5, 10, 40)  # 40 > n_image: only finite pairs may count
+    ref = _reference(scores, pairs, ks)
+    assert 0.0 < ref["t2i"][0] < ref["t2i"][3] < 1.0  # not degenerate
+    for chunk_size in (1, 7, 64, 1000):
+        res = retrieval_metrics(lambda a, b: scores[a:b], n_text, n_image, pairs, ks=ks,
+                                chunk_size=chunk_size)  # fmt: skip
+        for direction in ("t2i", "i2t"):
+            got = [res[direction][f"recall@{k}"] for k in ks]
+            assert got == pytest.approx(ref[direction], abs=1e-12), (direction, chunk_size)
+
+
+# -- evaluation refuses a broken adapter ------------------------------------------------------
+@pytest.fixture(scope="module")
+def test_split(tmp_path_factory) -> SplitTensors:
+    root = tmp_path_factory.mktemp("nf-world") / "tables"
+    write_world(str(root), WorldConfig(dim=8, splits={"test": 12}, captions_per_image=2))
+    return load_split(str(root), "test")
+
+
+def _corrupt(method, attr: str, key: str, row: int):
+    original = getattr(method, attr)
+
+    def broken(x):
+        out = original(x)
+        value = out[key].clone()
+        value[row] = NAN
+        return {**out, key: value}
+
+    setattr(method, attr, broken)
+
+
+def test_non_finite_kappa_names_the_caption(test_split) -> None:
+    method = build_method("asymvlm-vmf", 8, hidden_dim=8, depth=1)
+    _corrupt(method, "encode_texts", "kappa", 17)
+    caption = test_split.split.caption_ids[17]
+    expected = f"asymvlm-vmf: non-finite kappa for caption '{caption}' (row 17)"
+    with pytest.raises(NonFiniteError) as err:
+        evaluate_retrieval(method, test_split)
+    assert str(err.value) == expected
+    with pytest.raises(NonFiniteError) as err:
+        caption_scores(method, test_split)
+    assert str(err.value) == expected
+
+
+def test_non_finite_image_encoding_names_the_image(test_split) -> None:
+    method = build_method("symvlm", 8, hidden_dim=8, depth=1)
+    _corrupt(method, "encode_images", "mu", 5)
+    image = test_split.split.image_ids[5]
+    with pytest.raises(NonFiniteError) as err:
+        evaluate_retrieval(method, test_split)
+    assert str(err.value) == f"symvlm: non-finite mu for image '{image}' (row 5)"
+
+
+def test_non_finite_score_names_caption_and_image(test_split) -> None:
+    method = build_method("clip", 8)
+    original = method.score
+
+    def score(texts, images):
+        out = original(texts, images)
+        out[-1, 3] = INF  # the last caption of the chunk against image 3
+        return out
+
+    method.score = score
+    caption, image = test_split.split.caption_ids[9], test_split.split.image_ids[3]
+    with pytest.raises(NonFiniteError) as err:
+        evaluate_retrieval(method, test_split, chunk_size=10)
+    assert str(err.value) == (
+        f"clip: non-finite score for caption '{caption}' (row 9) against image '{image}' (row 3)"
+    )
+
+
+def test_no_registered_method_raises_a_false_alarm(test_split) -> None:
+    from asymvlm.methods import METHODS
+
+    for name in sorted(METHODS):
+        torch.manual_seed(0)
+        method = build_method(name, 8, hidden_dim=8, depth=1)
+        method.fit_start(test_split.image_emb, test_split.text_emb)
+        res = evaluate_retrieval(method, test_split)
+        assert 0.0 <= res["t2i"]["recall@1"] <= 1.0 and res["n_text"] == 24, name
+        assert caption_scores(method, test_split).num_rows == 24
+
+
+# -- training stops at the first non-finite step -----------------------------------------------
+def _toy_split(n_image: int = 40, n_text: int = 100, dim: int = 8) -> SplitTensors:
+    g = torch.Generator().manual_seed(0)
+    images = torch.nn.functional.normalize(torch.randn(n_image, dim, generator=g), dim=-1)
+    t2i = torch.randint(0, n_image, (n_text,), generator=g)
+    texts = 5.0 * (images[t2i] + 0.3 * torch.randn(n_text, dim, generator=g))
+    return SplitTensors(image_emb=images, text_emb=texts, text_to_image=t2i, split=None)
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(epochs=4, lr=1e-2, batch_size=32, hidden_dim=16, depth=2, optimizer="sgd")
+    return TrainConfig(**{**base, **kw})
+
+
+def test_a_real_divergence_stops_with_epoch_step_method_and_lr(small_world, one_thread) -> None:
+    data = load_split(small_world, "train")
+    cfg = TrainConfig(method="asymvlm-vmf", epochs=5, lr=5.0, optimizer="sgd", batch_size=128,
+                      hidden_dim=16, depth=2)  # fmt: skip
+    torch.manual_seed(0)
+    trainer = Trainer(build_method("asymvlm-vmf", data.dim, **cfg.method_args()), cfg, data)
+    with pytest.raises(NonFiniteError) as err:
+        trainer.fit(progress=False)
+    message = str(err.value)
+    assert message.startswith("non-finite loss")
+    assert "at epoch 1 of 5, step " in message and " of 7 " in message  # 900 captions / 128
+    assert "(asymvlm-vmf, sgd lr 5)" in message and "lower the learning rate" in message
+    assert trainer.epoch == 0  # the diverged epoch was not counted
+    # On the CPU the run stops before the bad step's update: the parameters stay finite.
+    assert all(torch.isfinite(p).all() for p in trainer.method.parameters())
+
+
+def _inject_nan_at_call(method, call: int) -> list[int]:
+    """Make the ``call``-th batch (1-based) carry a NaN caption embedding."""
+    calls = [0]
+    original = method.loss_features
+
+    def spy(image_emb, text_emb):
+        calls[0] += 1
+        if calls[0] == call:
+            text_emb = text_emb.clone()
+            text_emb[3, 0] = NAN
+        return original(image_emb, text_emb)
+
+    method.loss_features = spy
+    return calls
+
+
+def test_the_exact_step_is_named_and_its_update_skipped_on_cpu() -> None:
+    torch.manual_seed(0)
+    method = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2)
+    trainer = Trainer(method, _cfg(), _toy_split())  # 100 captions, batch 32: 3 steps/epoch
+    _inject_nan_at_call(method, 5)  # epoch 2, step 2
+    snapshots = []
+    trainer.optimizer.register_step_post_hook(
+        lambda *_: snapshots.append({k: v.clone() for k, v in method.state_dict().items()})
+    )
+    with pytest.raises(NonFiniteError) as err:
+        trainer.fit(progress=False)
+    assert str(err.value).startswith(
+        "non-finite loss and gradient at epoch 2 of 4, step 2 of 3 (asymvlm-vmf, sgd lr 0.01)"
+    )
+    assert len(snapshots) == 4  # steps 1-4 updated, the bad 5th did not
+    for key, value in method.state_dict().items():
+        assert torch.equal(value, snapshots[-1][key])
+
+
+def test_accelerators_record_the_first_bad_step_and_stop_at_the_epoch_end() -> None:
+    # The device-side path (no host sync per step), exercised on the CPU.
+    torch.manual_seed(0)
+    method = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2)
+    trainer = Trainer(method, _cfg(), _toy_split())
+    trainer.sync_free = False
+    calls = _inject_nan_at_call(method, 5)
+    with pytest.raises(NonFiniteError) as err:
+        trainer.fit(progress=False)
+    assert str(err.value).startswith(
+        "non-finite loss and gradient at epoch 2 of 4, step 2 of 3 (detected at the end of the "
+        "epoch) (asymvlm-vmf, sgd lr 0.01)"
+    )
+    assert calls[0] == 6 and trainer.epoch == 1  # ran to the end of epoch 2, which is dropped
+
+
+def test_a_non_finite_gradient_with_a_finite_loss() -> None:
+    torch.manual_seed(0)
+    method = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2)
+    trainer = Trainer(method, _cfg(), _toy_split())
+    calls = [0]
+
+    def poison(grad: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        return grad * INF if calls[0] == 3 else grad
+
+    next(p for p in method.parameters() if p.requires_grad).register_hook(poison)
+    with pytest.raises(NonFiniteError, match=r"^non-finite gradient at epoch 1 of 4, step 3 of 3 "):
+        trainer.fit(progress=False)
+
+
+def test_a_nan_embedding_given_to_the_trainer_is_named() -> None:
+    data = _toy_split()
+    data.text_emb[17, 2] = NAN
+    with pytest.raises(NonFiniteError, match="non-finite caption embedding for caption row 17 "):
+        Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), data)
+
+
+def test_finite_training_is_unchanged() -> None:
+    torch.manual_seed(0)
+    trainer = Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), _toy_split())
+    history = trainer.fit(progress=False)
+    assert [row["epoch"] for row in history] == [1, 2, 3, 4]
+    assert all(math.isfinite(v) for row in history for v in row.values())
+
+
+# -- empty splits -------------------------------------------------------------------------------
+def test_an_empty_split_is_named_instead_of_dividing_by_zero(tmp_path) -> None:
+    root = str(tmp_path / "tables")
+    write_world(root, WorldConfig(dim=8, splits={"train": 0, "test": 4}, captions_per_image=2))
+    with pytest.raises(tables.TableError, match=re.escape(f"{root}/train")):
+        load_split(root, "train")
+    empty = SplitTensors(image_emb=torch.zeros(0, 8), text_emb=torch.zeros(0, 8),
+                         text_to_image=torch.zeros(0, dtype=torch.long), split=None)  # fmt: skip
+    with pytest.raises(ConfigError, match="empty split"):
+        Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), empty)
+    with pytest.raises(ValueError, match="at least one item"):
+        steps_per_epoch(0, 32)
