@@ -47,6 +47,11 @@ def _parse_kv(items: Sequence[str]) -> dict[str, object]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from asymvlm.errors import ConfigError
+    from asymvlm.training import check_resumable, checkpoint_to_resume
+
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise ConfigError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
     cfg = TrainConfig(
         method=args.method,
         epochs=args.epochs,
@@ -64,14 +69,31 @@ def _cmd_train(args: argparse.Namespace) -> int:
         precision=args.precision,
         method_kwargs=_parse_kv(args.method_arg),
     )
+    device = resolve_device(cfg.device)
+    previous = checkpoint_to_resume(args.output, resume=args.resume, overwrite=args.overwrite)
+    if previous is not None:
+        check_resumable(args.output, previous, cfg, args.embeddings, args.split)
+        where = f"epoch {previous.get('epoch')} of {previous.get('epochs')}"
+        if previous["complete"]:
+            print(f"[asymvlm] {args.output} already holds a complete checkpoint ({where}); "
+                  "nothing to do", file=sys.stderr)  # fmt: skip
+            return 0
+        print(f"[asymvlm] resuming {args.output} from {where}", file=sys.stderr)
     print(
         f"[asymvlm] training {cfg.method} on {args.embeddings}/{args.split} "
         f"({cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr}, batch {cfg.batch_size}, "
-        f"device {resolve_device(cfg.device)})",
+        f"device {device})",
         file=sys.stderr,
     )
     _, history = train(
-        args.embeddings, args.split, cfg, output=args.output, progress=not args.quiet
+        args.embeddings,
+        args.split,
+        cfg,
+        output=args.output,
+        progress=not args.quiet,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        overwrite=args.overwrite,
     )
     if history:
         last = history[-1]
@@ -82,7 +104,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace):
     device = resolve_device(args.device)
-    method, meta = load_checkpoint(args.checkpoint, device)
+    method, meta = load_checkpoint(args.checkpoint, device, allow_incomplete=args.allow_incomplete)
     adapter_input = args.adapter_input or meta.get("adapter_input", "raw")
     data = load_split(args.embeddings, args.split, adapter_input, device)
     if data.dim != meta["dim"]:
@@ -178,7 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="extra method constructor argument (repeatable)",
     )
-    p.add_argument("--output", required=True, metavar="DIR", help="checkpoint directory")
+    p.add_argument("--output", required=True, metavar="DIR",
+                   help="checkpoint folder (config.json, model.pt, history.jsonl, trainer.pt), "
+                        "written as a whole")  # fmt: skip
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="also write an incomplete checkpoint every N epochs, to --resume from "
+                        "(default: only the final one)")  # fmt: skip
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue the checkpoint in --output (same flags, --epochs too); a "
+                            "complete one is left as it is; without one, start fresh")  # fmt: skip
+    again.add_argument("--overwrite", action="store_true",
+                       help="replace a checkpoint already in --output")  # fmt: skip
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser(
@@ -192,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--levels", type=int, default=10, help="uncertainty bins")
     p.add_argument("--chunk-size", type=int, default=1024, help="captions scored at once")
     p.add_argument("--adapter-input", choices=["raw", "unit"], default=None)
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="accept an incomplete checkpoint (a run in progress, killed or diverged)",
+    )
     p.add_argument("--output", required=True, metavar="FILE.json")
     p.set_defaults(func=_cmd_evaluate)
 
@@ -203,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_args(p, "test")
     p.add_argument("--checkpoint", required=True, metavar="DIR")
     p.add_argument("--adapter-input", choices=["raw", "unit"], default=None)
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="accept an incomplete checkpoint (a run in progress, killed or diverged)",
+    )
     p.add_argument("--output", required=True, metavar="FILE.parquet")
     p.set_defaults(func=_cmd_score)
 

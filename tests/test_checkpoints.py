@@ -1,0 +1,401 @@
+"""Checkpoint folders: written as a whole, refused when unsafe, resumed bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from asymvlm.cli import main
+from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
+from asymvlm.methods import build_method
+from asymvlm.training import (
+    TrainConfig,
+    load_checkpoint,
+    publish_folder,
+    read_history,
+    recover_checkpoint,
+    save_checkpoint,
+    train,
+)
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(method="asymvlm-vmf", epochs=4, lr=1e-3, optimizer="adamw", batch_size=128,
+                hidden_dim=16, depth=2, seed=0)  # fmt: skip
+    return TrainConfig(**{**base, **kw})
+
+
+def _weights(folder) -> dict[str, torch.Tensor]:
+    return torch.load(os.path.join(folder, "model.pt"), weights_only=True)
+
+
+def _assert_same_weights(a, b) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+def _rows(folder) -> list[dict]:
+    """history.jsonl without the wall-clock column."""
+    return [{k: v for k, v in r.items() if k != "epoch_seconds"} for r in read_history(folder)]
+
+
+def _meta(folder) -> dict:
+    with open(os.path.join(folder, "config.json")) as fh:
+        return json.load(fh)
+
+
+def _save(folder, method: str = "symvlm", **kw) -> None:
+    cfg = _cfg(method=method, hidden_dim=8, depth=1)
+    save_checkpoint(str(folder), build_method(method, 8, **cfg.method_args()), cfg, 8, **kw)
+
+
+# -- the folder and its atomic publication -----------------------------------------------------
+def test_a_run_writes_the_whole_folder(small_world, tmp_path) -> None:
+    out = tmp_path / "ckpt"
+    _, history = train(small_world, "train", _cfg(), output=str(out), progress=False)
+    assert sorted(os.listdir(out)) == ["config.json", "history.jsonl", "model.pt", "trainer.pt"]
+    meta = _meta(out)
+    assert (meta["complete"], meta["epoch"], meta["epochs"]) == (True, 4, 4)
+    assert meta["train_config"]["lr"] == 1e-3 and meta["split"] == "train"
+    assert meta["embeddings"] == os.path.abspath(small_world)
+    assert [r["epoch"] for r in read_history(out)] == [1, 2, 3, 4] == [r["epoch"] for r in history]
+    assert torch.load(out / "trainer.pt", weights_only=True)["epoch"] == 4
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]  # no hidden leftovers beside it
+
+
+def test_a_crash_while_writing_leaves_the_old_checkpoint(tmp_path) -> None:
+    folder = tmp_path / "ckpt"
+    _save(folder)
+    before = {name: (folder / name).read_bytes() for name in os.listdir(folder)}
+
+    def dies_halfway(staging: str) -> None:
+        with open(os.path.join(staging, "model.pt"), "wb") as fh:
+            fh.write(b"half a file")
+        raise KeyboardInterrupt  # as a kill would, mid-write
+
+    with pytest.raises(KeyboardInterrupt):
+        publish_folder(str(folder), dies_halfway)
+    assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_a_crash_between_the_renames_is_recovered(tmp_path) -> None:
+    folder = tmp_path / "ckpt"
+    _save(folder)
+    # Killed after the old folder went aside and before the new one took its place:
+    os.rename(folder, tmp_path / ".ckpt.previous")
+    os.mkdir(tmp_path / ".ckpt.writing")
+    with pytest.raises(CheckpointError, match=r"\.ckpt\.previous; `asymvlm train --resume`"):
+        load_checkpoint(str(folder))
+    recover_checkpoint(str(folder))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+    loaded, meta = load_checkpoint(str(folder))
+    assert meta["method"] == "symvlm" and meta["complete"] is True
+
+
+# -- load_checkpoint ---------------------------------------------------------------------------
+def test_weights_of_another_method_are_named(tmp_path) -> None:
+    folder = tmp_path / "ckpt"
+    _save(folder)
+    meta = _meta(folder)
+    meta["method"] = "determ-ft"  # config.json edited or mixed up with another run's weights
+    (folder / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(str(folder))
+    message = str(err.value)
+    assert message.startswith(f"{folder}: model.pt does not match config.json, which names "
+                              "method 'determ-ft' (dim 8): ")  # fmt: skip
+    assert "the weights fit symvlm" in message
+
+
+def test_missing_weights_and_incomplete_checkpoints(tmp_path) -> None:
+    folder = tmp_path / "ckpt"
+    _save(folder, epoch=2)
+    meta = _meta(folder)
+    assert (meta["complete"], meta["epoch"], meta["epochs"]) == (False, 2, 4)
+    with pytest.raises(CheckpointError, match=r"incomplete checkpoint \(epoch 2 of 4\)"):
+        load_checkpoint(str(folder))
+    loaded, _ = load_checkpoint(str(folder), allow_incomplete=True)
+    assert loaded.name == "symvlm"
+    os.remove(folder / "model.pt")
+    with pytest.raises(CheckpointError, match="config.json but no model.pt"):
+        load_checkpoint(str(folder), allow_incomplete=True)
+    (folder / "model.pt").write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match="model.pt: unreadable"):
+        load_checkpoint(str(folder), allow_incomplete=True)
+
+
+def test_checkpoints_from_before_the_flag_load_as_complete(tmp_path) -> None:
+    folder = tmp_path / "ckpt"
+    _save(folder)
+    meta = _meta(folder)
+    for key in ("complete", "epoch", "epochs"):
+        del meta[key]
+    (folder / "config.json").write_text(json.dumps(meta))
+    _, loaded = load_checkpoint(str(folder))
+    assert loaded["complete"] is True
+
+
+# -- train(): refusal, overwrite, resume -----------------------------------------------------
+def test_an_existing_checkpoint_is_refused_without_resume_or_overwrite(small_world, tmp_path):
+    out = str(tmp_path / "ckpt")
+    train(small_world, "train", _cfg(epochs=1), output=out, progress=False)
+    before = _weights(out)
+    with pytest.raises(CheckpointError) as err:
+        train(small_world, "train", _cfg(epochs=1, seed=1), output=out, progress=False)
+    assert str(err.value) == (f"{out} already holds a checkpoint; pass --resume to continue it "
+                              "or --overwrite to replace it")  # fmt: skip
+    _, history = train(small_world, "train", _cfg(epochs=2, seed=1), output=out, progress=False,
+                       overwrite=True)  # fmt: skip
+    assert len(history) == 2 and _meta(out)["train_config"]["seed"] == 1
+    assert not torch.equal(_weights(out)["text_adapter.net.0.weight"],
+                           before["text_adapter.net.0.weight"])  # fmt: skip
+    with pytest.raises(ConfigError, match="exclude each other"):
+        train(small_world, "train", _cfg(), output=out, resume=True, overwrite=True)
+
+
+def test_unusable_outputs_are_refused(small_world, tmp_path, monkeypatch) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(CheckpointError, match="is a file, not a checkpoint folder"):
+        train(small_world, "train", _cfg(), output=str(a_file))
+    with pytest.raises(CheckpointError, match=f"{a_file} is a file, not a folder"):
+        train(small_world, "train", _cfg(), output=str(a_file / "ckpt"))
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match=r"not part of a checkpoint \(notes.txt\)"):
+        train(small_world, "train", _cfg(), output=str(busy))
+    assert (busy / "notes.txt").read_text() == "mine"
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == str(locked) else
+                        real_access(p, m))  # fmt: skip
+    with pytest.raises(CheckpointError, match=f"\\({locked} is read-only"):
+        train(small_world, "train", _cfg(), output=str(locked / "ckpt"))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_folder_is_refused(small_world, tmp_path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(CheckpointError, match="is read-only"):
+            train(small_world, "train", _cfg(), output=str(locked / "ckpt"))
+    finally:
+        locked.chmod(0o700)
+
+
+class _Killed(Exception):
+    pass
+
+
+def _die_before_epoch(monkeypatch, epoch: int) -> None:
+    """The process 'dies' as epoch ``epoch`` (1-based) would start."""
+    from asymvlm.training import Trainer
+
+    original = Trainer.train_epoch
+
+    def train_epoch(self):
+        if self.epoch + 1 == epoch:
+            raise _Killed
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_epoch", train_epoch)
+
+
+def test_resume_ends_bit_for_bit_where_an_uninterrupted_run_ends(
+    small_world, tmp_path, monkeypatch, one_thread
+) -> None:
+    cfg = _cfg(epochs=5)
+    plain = str(tmp_path / "plain")
+    train(small_world, "train", cfg, output=plain, progress=False)
+    out = str(tmp_path / "resumed")
+    with monkeypatch.context() as patch:
+        _die_before_epoch(patch, 4)
+        with pytest.raises(_Killed):
+            train(small_world, "train", cfg, output=out, progress=False, checkpoint_every=2)
+    meta = _meta(out)
+    assert (meta["complete"], meta["epoch"]) == (False, 2)  # epoch 3 was lost with the process
+    assert [r["epoch"] for r in read_history(out)] == [1, 2]
+    _, history = train(small_world, "train", cfg, output=out, progress=False,
+                       checkpoint_every=2, resume=True)  # fmt: skip
+    assert [r["epoch"] for r in history] == [1, 2, 3, 4, 5]
+    assert _meta(out)["complete"] is True
+    _assert_same_weights(plain, out)
+    assert _rows(out) == _rows(plain)
+
+
+def test_resume_of_a_complete_checkpoint_changes_nothing(small_world, tmp_path) -> None:
+    out = str(tmp_path / "ckpt")
+    train(small_world, "train", _cfg(epochs=2), output=out, progress=False)
+    stamps = {name: os.stat(os.path.join(out, name)).st_mtime_ns for name in os.listdir(out)}
+    method, history = train(small_world, "train", _cfg(epochs=2), output=out, progress=False,
+                            resume=True)  # fmt: skip
+    assert [r["epoch"] for r in history] == [1, 2] and method.name == "asymvlm-vmf"
+    assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in os.listdir(out)} == stamps
+
+
+def test_resume_with_other_settings_names_them(small_world, tmp_path) -> None:
+    out = str(tmp_path / "ckpt")
+    train(small_world, "train", _cfg(epochs=2), output=out, progress=False)
+    with pytest.raises(CheckpointError) as err:
+        train(small_world, "train", _cfg(epochs=3, lr=2e-3), output=out, resume=True)
+    assert str(err.value) == (
+        f"{out}: cannot resume with other settings: epochs 2 (checkpoint) vs 3 (now); lr 0.001 "
+        "(checkpoint) vs 0.002 (now). Resume with the checkpoint's settings, or pass "
+        "--overwrite to start over"
+    )
+    with pytest.raises(CheckpointError, match=r"split 'train' \(checkpoint\) vs 'val' \(now\)"):
+        train(small_world, "val", _cfg(epochs=2), output=out, resume=True)
+
+
+def test_resume_without_a_checkpoint_starts_fresh(small_world, tmp_path) -> None:
+    out = str(tmp_path / "ckpt")
+    _, history = train(small_world, "train", _cfg(epochs=2), output=out, progress=False,
+                       resume=True)  # fmt: skip
+    assert [r["epoch"] for r in history] == [1, 2] and _meta(out)["complete"] is True
+
+
+def _diverge_from_epoch(monkeypatch, epoch: int) -> None:
+    """Every loss from epoch ``epoch`` (1-based) on is NaN."""
+    from asymvlm.distributed import GlobalBatchLoss
+
+    original = GlobalBatchLoss.forward
+
+    def forward(self, image_emb, text_emb, e=0):
+        loss = original(self, image_emb, text_emb, e)
+        return loss * float("nan") if e + 1 >= epoch else loss
+
+    monkeypatch.setattr(GlobalBatchLoss, "forward", forward)
+
+
+def test_a_diverged_run_marks_nothing_complete(small_world, tmp_path, monkeypatch) -> None:
+    out = str(tmp_path / "ckpt")
+    _diverge_from_epoch(monkeypatch, 3)
+    with pytest.raises(NonFiniteError) as err:
+        train(small_world, "train", _cfg(), output=out, progress=False, checkpoint_every=1)
+    message = str(err.value)
+    assert message.startswith("non-finite loss and gradient at epoch 3 of 4, step 1 of 7 "
+                              "(asymvlm-vmf, adamw lr 0.001): the run diverged")  # fmt: skip
+    assert message.endswith(f"; {out} keeps the last good checkpoint (epoch 2 of 4, incomplete)")
+    meta = _meta(out)
+    assert (meta["complete"], meta["epoch"]) == (False, 2)
+    assert [r["epoch"] for r in read_history(out)] == [1, 2]
+    with pytest.raises(CheckpointError, match="incomplete checkpoint"):
+        load_checkpoint(out)
+
+    fresh = str(tmp_path / "fresh")
+    with pytest.raises(NonFiniteError, match=f"; no checkpoint was written to {fresh}$"):
+        train(small_world, "train", _cfg(), output=fresh, progress=False)
+    assert not os.path.exists(fresh)
+
+
+# -- the command line ---------------------------------------------------------------------------
+def _argv(world: str, out: str, *extra: str) -> list[str]:
+    return ["train", "--embeddings", world, "--method", "asymvlm-vmf", "--epochs", "2",
+            "--lr", "1e-3", "--optimizer", "adamw", "--batch-size", "128", "--hidden-dim", "16",
+            "--depth", "2", "--quiet", "--output", out, *extra]  # fmt: skip
+
+
+def test_cli_refuses_an_existing_checkpoint_in_one_line(small_world, tmp_path, capsys) -> None:
+    out = str(tmp_path / "ckpt")
+    assert main(_argv(small_world, out)) == 0
+    capsys.readouterr()
+    assert main(_argv(small_world, out)) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {out} already holds a checkpoint; pass --resume to continue it or "
+                   "--overwrite to replace it\n")  # fmt: skip
+    assert main(_argv(small_world, out, "--resume")) == 0
+    assert "already holds a complete checkpoint (epoch 2 of 2); nothing to do" in (
+        capsys.readouterr().err
+    )
+    assert main(_argv(small_world, out, "--overwrite", "--seed", "3")) == 0
+    assert _meta(out)["train_config"]["seed"] == 3
+    with pytest.raises(SystemExit) as exit_:  # argparse: the two flags exclude each other
+        main(_argv(small_world, out, "--overwrite", "--resume"))
+    assert exit_.value.code == 2
+
+
+def test_cli_evaluate_refuses_an_incomplete_checkpoint(small_world, tmp_path, capsys) -> None:
+    out = tmp_path / "ckpt"
+    save_checkpoint(str(out), build_method("asymvlm-vmf", 16, hidden_dim=16, depth=2),
+                    _cfg(), 16, epoch=1)  # fmt: skip
+    metrics = str(tmp_path / "m.json")
+    args = ["evaluate", "--embeddings", small_world, "--checkpoint", str(out), "--quiet",
+            "--output", metrics]  # fmt: skip
+    assert main(args) == 2
+    assert "incomplete checkpoint (epoch 1 of 4)" in capsys.readouterr().err
+    assert not os.path.exists(metrics)
+    assert main([*args, "--allow-incomplete"]) == 0 and os.path.exists(metrics)
+
+
+def _cli(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "asymvlm.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kw)  # fmt: skip
+
+
+def test_cli_diverged_run_exits_3_without_a_complete_checkpoint(small_world, tmp_path) -> None:
+    out = str(tmp_path / "ckpt")
+    argv = _argv(small_world, out, "--checkpoint-every", "1")
+    argv[argv.index("adamw")] = "sgd"
+    argv[argv.index("1e-3")] = "5"
+    _, err = (proc := _cli(*argv)).communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert "non-finite" in line and "epoch 1 of 2, step" in line and "lr 5" in line
+    assert line.endswith(f"no checkpoint was written to {out}")
+    assert not os.path.exists(os.path.join(out, "config.json"))
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_gives_the_uninterrupted_result(small_world, tmp_path) -> None:
+    """A real kill -9 after the first checkpoint, then ``--resume``: same weights, history."""
+    epochs = "60"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def argv(out: str) -> list[str]:
+        a = _argv(small_world, out, "--checkpoint-every", "1", "--batch-size", "32")
+        a[a.index("--epochs") + 1] = epochs
+        return a
+
+    plain, out = str(tmp_path / "plain"), str(tmp_path / "killed")
+    proc = _cli(*argv(out), env=env)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(out, "config.json")):
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    # Whatever the kill hit, there is a whole checkpoint (put back in place if the kill came
+    # between publish_folder's two renames, as --resume does).
+    recover_checkpoint(out)
+    load_checkpoint(out, allow_incomplete=True)
+    killed_at = _meta(out)["epoch"]
+    assert _meta(out)["complete"] is False and 1 <= killed_at < int(epochs)
+
+    resumed = _cli(*argv(out), "--resume", env=env)
+    _, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err
+    assert "resuming" in err
+    _, err = (proc := _cli(*argv(plain), env=env)).communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert _meta(out)["complete"] is True
+    _assert_same_weights(plain, out)
+    assert _rows(out) == _rows(plain)
+    assert [r["epoch"] for r in _rows(out)] == list(range(1, int(epochs) + 1))
