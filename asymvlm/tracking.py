@@ -129,7 +129,13 @@ class CaptionUncertaintyModel(_PythonModel):
     Input: a DataFrame with ``embedding`` (unit text embedding, a list of d floats per row) and,
     for adapters trained on raw features (``adapter_input = "raw"``, the default), ``norm`` (the
     raw projection norm, as in the embedding tables). Output: ``uncertainty`` (the method's
-    per-caption uncertainty, e.g. 1/kappa) and ``kappa`` where the method has one.
+    per-caption uncertainty, e.g. 1/kappa) and ``kappa`` where the method has one (null where
+    it has none).
+
+    Bad input -- a missing column, an embedding that is not ``d`` numbers, a NaN/inf embedding
+    value, a norm that is not a positive finite number -- raises
+    ``MlflowException(INVALID_PARAMETER_VALUE)`` naming the row, which the scoring server answers
+    with HTTP 400 and that message; a response never holds NaN.
     """
 
     def load_context(self, context) -> None:
@@ -139,23 +145,61 @@ class CaptionUncertaintyModel(_PythonModel):
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         import torch
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+        def invalid(message: str) -> MlflowException:
+            return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
 
         frame = pd.DataFrame(model_input)
-        if "embedding" not in frame:
-            raise ValueError("input needs an 'embedding' column (one list of floats per caption)")
-        emb = np.stack([np.asarray(v, dtype=np.float32) for v in frame["embedding"]])
-        if emb.shape[1] != self.meta["dim"]:
-            raise ValueError(f"embeddings have dim {emb.shape[1]}, the adapter {self.meta['dim']}")
-        if self.meta.get("adapter_input", "raw") == "raw":
-            if "norm" not in frame:
-                raise ValueError("this adapter reads raw text features: add a 'norm' column")
-            emb = emb * frame["norm"].to_numpy(dtype=np.float32)[:, None]
+        dim = int(self.meta["dim"])
+        raw = self.meta.get("adapter_input", "raw") == "raw"
+        needed = {"embedding": "one list of floats per caption"}
+        if raw:
+            needed["norm"] = "the raw projection norm per caption: this adapter reads raw features"
+        for column, what in needed.items():
+            if column not in frame:
+                raise invalid(f"input needs a {column!r} column ({what})")
+        if len(frame) == 0:
+            raise invalid("input has no rows")
+        emb = np.empty((len(frame), dim), dtype=np.float32)
+        for row, value in enumerate(frame["embedding"]):
+            try:
+                vector = np.asarray(value, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise invalid(f"row {row}: 'embedding' must be a list of {dim} numbers") from None
+            if vector.shape != (dim,):
+                got = f"{vector.shape[0]} values" if vector.ndim == 1 else f"shape {vector.shape}"
+                raise invalid(f"row {row}: 'embedding' has {got}; this adapter expects dim {dim}")
+            if not np.isfinite(vector).all():
+                raise invalid(f"row {row}: 'embedding' holds a NaN or infinite value")
+            emb[row] = vector
+        if not np.isfinite(emb).all():  # finite float64 beyond the float32 range
+            row = int(np.flatnonzero(~np.isfinite(emb).all(axis=1))[0])
+            raise invalid(f"row {row}: 'embedding' holds a value beyond float32's range")
+        if raw:
+            norm = pd.to_numeric(frame["norm"], errors="coerce").to_numpy(dtype=np.float64)
+            bad = ~(np.isfinite(norm) & (norm > 0) & (norm < np.finfo(np.float32).max))
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0])
+                value = frame["norm"].iloc[row]
+                shown = repr(value) if isinstance(value, str) else str(value)
+                raise invalid(f"row {row}: 'norm' must be a positive finite number, got {shown}")
+            emb = emb * norm.astype(np.float32)[:, None]
         with torch.no_grad():
             texts = self.method.encode_texts(torch.from_numpy(emb))
             unc = self.method.text_uncertainty_from(texts)
-        out = {"uncertainty": unc.float().numpy() if unc is not None else np.nan}
         kappa = texts.get("kappa")
-        out["kappa"] = kappa.float().numpy() if kappa is not None else np.nan
+        out: dict[str, Any] = {}
+        for name, value in (("uncertainty", unc), ("kappa", kappa)):
+            if value is None:
+                out[name] = [None] * len(frame)
+                continue
+            array = value.float().numpy().astype(np.float64)
+            if not np.isfinite(array).all():
+                row = int(np.flatnonzero(~np.isfinite(array))[0])
+                raise invalid(f"row {row}: the adapter gives a non-finite {name} for this input")
+            out[name] = array
         return pd.DataFrame(out, index=frame.index)
 
 
