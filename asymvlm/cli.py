@@ -274,6 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id-list", default=None, help="CC: restrict to the ids in this file")
     p.add_argument("--shard-size", type=int, default=2048, help="images per output part")
     p.add_argument(
+        "--shards-per-round",
+        type=int,
+        default=8,
+        help="shards embedded per Ray Data pass (1 = a resume point after every shard)",
+    )
+    p.add_argument(
         "--decode-in",
         choices=["auto", "tasks", "actor"],
         default="auto",
@@ -427,6 +433,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
         seed=args.seed,
         id_list=args.id_list,
         shard_size=args.shard_size,
+        shards_per_round=args.shards_per_round,
         decode_in=args.decode_in,
         image_perturbation=args.image_perturbation,
         text_perturbation=args.text_perturbation,

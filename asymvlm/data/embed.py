@@ -22,6 +22,19 @@ Robustness:
   written last. A re-run skips marked shards and rewrites unmarked ones whole, so an
   interrupted job resumes without duplicates or lost rows, and a finished one
   (``_SUCCESS.json`` with the same fingerprint) is left untouched.
+* The job's identity (:meth:`EmbedConfig.fingerprint`: inputs as normalised absolute paths or
+  URIs, a hash of the rows read from them, model, precision, perturbations, sampling, shard
+  size) is written to ``ROOT/<split>/_JOB.json`` before the first shard. Resuming into an
+  output written by another job -- interrupted (``_JOB.json``) or finished (``_SUCCESS.json``)
+  -- is refused, naming the fields that differ; so are parts without a job record.
+* One writer at a time: the job holds ``ROOT/<split>`` for its whole run
+  (:class:`asymvlm.tables.OutputLock`: ``_LOCK`` on local disks, a renewed ``_LEASE.json`` on
+  object stores); a second writer is refused with :class:`~asymvlm.errors.LockError`.
+  ``ROOT/manifest.json``, shared by the splits, is updated under a short lock of its own.
+* Credentials never travel with the job: Ray tasks and actors get no ``runtime_env`` from this
+  module (Ray shows it in its dashboard and logs). Workers read storage credentials and
+  endpoints (``AWS_*``, ``HF_*`` ...) from their node -- for a local Ray, the environment of the
+  process that started it; on a cluster, the instance/pod environment or role.
 
 Ray wiring lives here rather than in ``pipelines/`` because the ``asymvlm embed`` command is
 this stage; the pieces it runs (readers, the encoder) are plain Python.
@@ -30,23 +43,30 @@ this stage; the pieces it runs (readers, the encoder) are plain Python.
 from __future__ import annotations
 
 import functools
+import glob
+import hashlib
 import io
 import json
 import os
+import re
+import socket
 import sys
 import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pyarrow as pa
+from pydantic import ConfigDict, Field, field_validator
+from pydantic.dataclasses import dataclass
 
 from asymvlm import tables
-from asymvlm.data.sources import SourceData, open_fs, read_source
+from asymvlm.data.sources import READERS, SourceData, open_fs, read_source
+from asymvlm.errors import ConfigError
 
 SUCCESS = "_SUCCESS.json"
+JOB = "_JOB.json"
 PARTS_DIR = "_parts"
 ERRORS_DIR = "errors"
 PROMPTS_DIR = "prompts"
@@ -57,30 +77,47 @@ ERROR_SCHEMA = pa.schema(
 )
 
 
-@dataclass
+#: Encoder precisions (``asymvlm.data.encoder`` accepts these names, case-insensitively).
+DTYPES = ("auto", "fp32", "float32", "fp16", "float16", "half", "bf16", "bfloat16")
+_DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
+#: Keys of the fingerprint that are locations (compared in normalised form).
+_PATH_KEYS = ("model", "annotations", "images", "id_list")
+FINGERPRINT_VERSION = 2
+PositiveInt = Annotated[int, Field(ge=1)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+@dataclass(config=ConfigDict(extra="forbid"))
 class EmbedConfig:
-    """Everything that defines one embedding job (the CLI flags / the YAML keys)."""
+    """Everything that defines one embedding job (the CLI flags / the YAML keys).
+
+    Validated on construction (pydantic): unknown keys, wrong types and out-of-range values raise
+    :class:`pydantic.ValidationError` naming the key. Input paths are checked separately, by
+    :meth:`check_inputs` at the start of :func:`run_embed` (a pipeline may create them later).
+    """
 
     dataset: str
-    model: str
-    split: str
-    output: str
+    model: NonEmpty
+    split: NonEmpty
+    output: NonEmpty
     annotations: str | None = None
     images: str | None = None
-    batch_size: int = 64
-    num_actors: int = 1
-    device: str = "auto"
+    batch_size: PositiveInt = 64
+    num_actors: PositiveInt = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: str = "auto"
-    sample: int | None = None
-    seed: int = 0
+    sample: PositiveInt | None = None
+    seed: NonNegativeInt = 0
     id_list: str | None = None
-    shard_size: int = 2048
-    shards_per_round: int = 8
-    decode_cpus: float = 1.0
-    actor_cpus: float = 1.0
+    shard_size: PositiveInt = 2048
+    shards_per_round: PositiveInt = 8
+    decode_cpus: PositiveFloat = 1.0
+    actor_cpus: PositiveFloat = 1.0
     #: Where images are decoded: "tasks" (CPU tasks streaming into the encoder actors, for GPU
     #: clusters), "actor" (inside the encoder actor, best on CPU-only machines) or "auto".
-    decode_in: str = "auto"
+    decode_in: Literal["auto", "tasks", "actor"] = "auto"
     #: OOD robustness: perturb images / captions before embedding ("kind:severity", see
     #: :mod:`asymvlm.data.perturb`), seeded per item by ``perturbation_seed`` and its id.
     #: Classification sets: prompts embedded beside the class prompts as class_index -1, the
@@ -88,18 +125,96 @@ class EmbedConfig:
     dummy_prompts: tuple[str, ...] = DUMMY_PROMPTS
     image_perturbation: str | None = None
     text_perturbation: str | None = None
-    perturbation_seed: int = 0
+    perturbation_seed: NonNegativeInt = 0
 
-    def __post_init__(self) -> None:
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        if value not in READERS:
+            raise ValueError(f"unknown data set {value!r}; known: {', '.join(sorted(READERS))}")
+        return value
+
+    @field_validator("split")
+    @classmethod
+    def _folder_name(cls, value: str) -> str:
+        if "/" in value or "\\" in value or value.startswith((".", "_")):
+            raise ValueError(
+                f"split {value!r} names a folder under the output: no '/', no leading '.' or '_'"
+            )
+        return value
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value.lower() not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {value!r}")
+        return _DTYPE_ALIASES.get(value.lower(), value.lower())
+
+    @field_validator("image_perturbation")
+    @classmethod
+    def _image_perturbation(cls, value: str | None) -> str | None:
         from asymvlm.data import perturb
 
-        if self.image_perturbation:
-            perturb.parse_perturbation(self.image_perturbation, perturb.IMAGE_PERTURBATIONS)
-        if self.text_perturbation:
-            perturb.parse_perturbation(self.text_perturbation, perturb.CAPTION_PERTURBATIONS)
+        if value:
+            perturb.parse_perturbation(value, perturb.IMAGE_PERTURBATIONS)
+        return value or None
+
+    @field_validator("text_perturbation")
+    @classmethod
+    def _text_perturbation(cls, value: str | None) -> str | None:
+        from asymvlm.data import perturb
+
+        if value:
+            perturb.parse_perturbation(value, perturb.CAPTION_PERTURBATIONS)
+        return value or None
+
+    def check_inputs(self) -> None:
+        """:class:`~asymvlm.errors.ConfigError` naming the key when a local input path
+        (``annotations``, ``images``, ``id_list``, a ``model`` directory) does not exist.
+        URIs (``s3://`` ...) are left to the readers; a ``model`` that is not path-like is a
+        hub id."""
+        for key in ("annotations", "images", "id_list", "model"):
+            value = getattr(self, key)
+            if value is None or "://" in value and not value.lower().startswith("file://"):
+                continue
+            path = os.path.expanduser(value.removeprefix("file://"))
+            if key == "model" and not _path_like(value) and not os.path.exists(path):
+                continue  # e.g. openai/clip-vit-base-patch32
+            if key == "annotations" and glob.has_magic(path):  # WebDataset shards
+                if not glob.glob(path):
+                    raise ConfigError(f"{key} {value!r}: no file matches this pattern")
+                continue
+            if not os.path.exists(path):
+                raise ConfigError(f"{key} {value!r}: no such file or directory")
 
     def fingerprint(self, source: SourceData) -> dict[str, Any]:
-        """What makes two runs the same job (output location and scheduling excluded)."""
+        """What makes two runs the same job (output location and scheduling excluded): the
+        inputs (normalised locations and a hash of the rows read from them), the model and its
+        precision, perturbations, sampling and the shard size."""
+        fp: dict[str, Any] = {"version": FINGERPRINT_VERSION}
+        for key in ("dataset", "split", "sample", "seed", "image_perturbation",
+                    "text_perturbation", "perturbation_seed", "shard_size", "dtype"):  # fmt: skip
+            fp[key] = getattr(self, key)
+        for key in _PATH_KEYS:
+            fp[key] = _location(getattr(self, key), model=key == "model")
+        fp.update(
+            n_images=source.images.num_rows,
+            n_captions=source.captions.num_rows,
+            source_sha256=_source_digest(source, self._roots()),
+            dummy_prompts=list(self.dummy_prompts) if source.prompts is not None else None,
+        )
+        return fp
+
+    def _roots(self) -> list[str]:
+        """The locations, as written, that readers prefix to image paths (the ``images``
+        folder, else the annotation file's folder)."""
+        roots = [r.rstrip("/") for r in (self.images, self.annotations) if r]
+        if self.annotations:
+            roots[-1] = roots[-1].rpartition("/")[0]
+        return sorted({r for r in roots if r}, key=len, reverse=True)
+
+    def _legacy_fingerprint(self, source: SourceData) -> dict[str, Any]:
+        """The fingerprint as written before ``_JOB.json`` existed (finished outputs)."""
         keys = ("dataset", "model", "split", "annotations", "images", "sample", "seed", "id_list",
                 "image_perturbation", "text_perturbation", "perturbation_seed")  # fmt: skip
         fp = {k: getattr(self, k) for k in keys}
@@ -109,6 +224,74 @@ class EmbedConfig:
             n_captions=source.captions.num_rows,
         )
         return fp
+
+
+def _path_like(value: str) -> bool:
+    """A model name that can only be a local directory (as the encoder decides)."""
+    return os.path.isabs(value) or value.startswith(("./", "../", "~", ".\\", "..\\"))
+
+
+def _location(value: str | None, model: bool = False) -> str | None:
+    """A location in one spelling: local paths absolute and normalised (``file://`` URIs too),
+    other URIs without a trailing slash; hub model ids as they are."""
+    if value is None:
+        return None
+    if "://" in value and not value.lower().startswith("file://"):
+        return value.rstrip("/") or value
+    path = os.path.expanduser(value[len("file://") :] if "://" in value else value)
+    if model and not _path_like(value) and not os.path.exists(path):
+        return value
+    return os.path.normpath(os.path.abspath(path))
+
+
+def _source_digest(source: SourceData, roots: list[str]) -> str:
+    """SHA-256 of the rows read (ids, image locations below ``roots``, labels, captions): an
+    annotation file edited in place makes another job. Image paths are hashed without the
+    ``roots`` prefix as written (the fingerprint holds those normalised), so a relative and an
+    absolute spelling of the same input agree. Hashes Arrow buffers, not Python objects."""
+    import pyarrow.compute as pc
+
+    digest = hashlib.sha256()
+    for table in (source.images, source.captions, source.prompts):
+        if table is None:
+            digest.update(b"\0none")
+            continue
+        for name in table.column_names:
+            column = table.column(name)
+            if table is source.images and name == "path":
+                for root in roots:
+                    pattern = "^" + re.escape(root) + "/"
+                    column = pc.replace_substring_regex(column, pattern, "<root>/")
+            digest.update(f"\0{name}:{table.schema.field(name).type}".encode())
+            _digest_column(digest, column)
+    return digest.hexdigest()
+
+
+_BYTES_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                pa.types.is_large_binary)  # fmt: skip
+
+
+def _digest_column(digest, column: pa.ChunkedArray) -> None:
+    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    n = len(arr)
+    digest.update(n.to_bytes(8, "little"))
+    if not n:
+        return
+    digest.update(np.packbits(arr.is_null().to_numpy(zero_copy_only=False)).tobytes())
+    typ = arr.type
+    if pa.types.is_dictionary(typ):
+        arr, typ = arr.cast(typ.value_type), typ.value_type
+    if any(test(typ) for test in _BYTES_TYPES):
+        arr = arr.cast(pa.large_binary())
+        _, offsets_buf, data_buf = arr.buffers()
+        offsets = np.frombuffer(offsets_buf, np.int64)[arr.offset : arr.offset + n + 1]
+        digest.update((offsets - offsets[0]).tobytes())
+        if data_buf is not None:
+            digest.update(memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])])
+    elif pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ):
+        digest.update(arr.fill_null(0).to_numpy(zero_copy_only=False).tobytes())
+    else:
+        digest.update(json.dumps(arr.to_pylist(), default=str).encode())
 
 
 # -- per-row work (plain Python, run inside Ray tasks / actors) -------------------------------
@@ -320,22 +503,14 @@ def _has_gpu(device: str) -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
 
 
-_FORWARDED_ENV = ("AWS_", "S3_", "FSSPEC_", "HF_", "TRANSFORMERS_")
-
-
-def _runtime_env() -> dict[str, Any]:
-    """Storage credentials/endpoints and hub settings of the driver, for every task/actor."""
-    env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV)}
-    return {"env_vars": env} if env else {}
-
-
 def _map_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
+    """``map_batches`` arguments of the encoder actor pool. No ``runtime_env``: credentials and
+    endpoints come from each node's environment, never from the job (see the module doc)."""
     import ray
 
     gpu = _has_gpu(cfg.device)
     threads = None if gpu else max(1, int(ray.cluster_resources().get("CPU", 1)))
     return {
-        "runtime_env": _runtime_env(),
         "fn_constructor_kwargs": {
             "model": cfg.model,
             "device": "cuda" if gpu else "cpu",
@@ -373,19 +548,22 @@ def _embed_images_and_captions(cfg: EmbedConfig, images: pa.Table) -> pa.Table:
             "perturbation_seed": cfg.perturbation_seed,
         }
         return _to_arrow(ds.map_batches(DecodeEncodeActor, **kwargs))
-    ds = ds.map_batches(
-        decode_batch,
-        fn_kwargs={
+    ds = ds.map_batches(decode_batch, **_decode_kwargs(cfg))
+    return _to_arrow(ds.map_batches(EncoderActor, **_map_kwargs(cfg)))
+
+
+def _decode_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
+    """``map_batches`` arguments of the CPU decode tasks (no ``runtime_env`` either)."""
+    return {
+        "fn_kwargs": {
             "model": cfg.model,
             "perturbation": cfg.image_perturbation,
             "seed": cfg.perturbation_seed,
         },
-        batch_format="pyarrow",
-        batch_size=cfg.batch_size,
-        num_cpus=cfg.decode_cpus,
-        runtime_env=_runtime_env(),
-    )
-    return _to_arrow(ds.map_batches(EncoderActor, **_map_kwargs(cfg)))
+        "batch_format": "pyarrow",
+        "batch_size": cfg.batch_size,
+        "num_cpus": cfg.decode_cpus,
+    }
 
 
 def _embed_texts(cfg: EmbedConfig, captions: pa.Table) -> pa.Table:
@@ -428,8 +606,19 @@ def _errors_table(rows: list[dict[str, str]]) -> pa.Table:
 
 
 def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
-    """Embed one split of one data set into ``cfg.output``; returns a summary dict."""
+    """Embed one split of one data set into ``cfg.output``; returns a summary dict.
+
+    Raises :class:`~asymvlm.errors.ConfigError` for a missing input,
+    :class:`~asymvlm.errors.LockError` when another writer holds ``ROOT/<split>`` and
+    :class:`~asymvlm.tables.TableError` when the output belongs to another job.
+    """
     t0 = time.perf_counter()
+    cfg.check_inputs()
+    with tables.OutputLock(cfg.output, cfg.split, log=_log) as lock:
+        return _run_locked(cfg, lock, t0)
+
+
+def _run_locked(cfg: EmbedConfig, lock: tables.OutputLock, t0: float) -> dict[str, Any]:
     source = read_source(
         cfg.dataset,
         annotations=cfg.annotations,
@@ -440,13 +629,8 @@ def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
         id_list=cfg.id_list,
     )
     fingerprint = cfg.fingerprint(source)
-    done = tables.read_json(cfg.output, f"{cfg.split}/{SUCCESS}")
+    done = _claim(cfg, source, fingerprint, lock)
     if done is not None:
-        if done.get("fingerprint") != fingerprint:
-            raise tables.TableError(
-                f"{cfg.output}/{cfg.split} already holds a finished embedding of another job "
-                f"({done.get('fingerprint')}); choose another --output or --split"
-            )
         _log(f"{cfg.output}/{cfg.split} is complete and matches this job: nothing to do")
         return {**done["summary"], "skipped": True}
 
@@ -477,9 +661,9 @@ def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
                 started_ray = _ensure_ray()
             for start in range(0, len(pending), cfg.shards_per_round):
                 group = pending[start : start + cfg.shards_per_round]
-                _embed_group(cfg, images, captions, image_shard, group, info)
+                _embed_group(cfg, images, captions, image_shard, group, info, lock)
             if source.prompts is not None and source.prompts.num_rows:
-                started_ray |= _embed_prompts(cfg, source.prompts)
+                started_ray |= _embed_prompts(cfg, source.prompts, lock)
         finally:
             if started_ray:  # an explicit shutdown is ~1 s faster than Ray's exit hooks
                 import ray
@@ -493,9 +677,12 @@ def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
         **totals,
         "seconds": round(time.perf_counter() - t0, 2),
     }
-    manifest = tables.read_manifest(cfg.output).to_dict()
-    manifest.setdefault("splits", {})[cfg.split] = {**source.description, **totals}
-    tables.write_manifest(cfg.output, manifest)
+    lock.check()
+    with _manifest_lock(cfg):
+        manifest = tables.read_manifest(cfg.output).to_dict()
+        manifest.setdefault("splits", {})[cfg.split] = {**source.description, **totals}
+        tables.write_manifest(cfg.output, manifest)
+    lock.check()
     tables.write_json(
         cfg.output, f"{cfg.split}/{SUCCESS}", {"fingerprint": fingerprint, "summary": summary}
     )
@@ -507,7 +694,88 @@ def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
     return summary
 
 
-def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table) -> bool:
+def _manifest_lock(cfg: EmbedConfig) -> tables.OutputLock:
+    """``ROOT/manifest.json`` is shared by the splits: read-modify-write it under a short lock
+    (waiting for a job on another split that is updating it)."""
+    return tables.OutputLock(cfg.output, "", name="manifest", wait=60.0, ttl=30.0,
+                             renew_every=10.0, log=_log)  # fmt: skip
+
+
+def _claim(
+    cfg: EmbedConfig, source: SourceData, fingerprint: dict[str, Any], lock: tables.OutputLock
+) -> dict[str, Any] | None:
+    """Check the output's identity before any write (refusing another job's output) and record
+    this job's in ``_JOB.json``; returns ``_SUCCESS.json`` when this very job is complete."""
+    shown = f"{cfg.output.rstrip('/')}/{cfg.split}"
+    done = tables.read_json(cfg.output, f"{cfg.split}/{SUCCESS}")
+    if done is not None:
+        stored = done.get("fingerprint") or {}
+        ours = fingerprint if "version" in stored else cfg._legacy_fingerprint(source)
+        _refuse_other_job(shown, "holds a finished embedding of another job", ours, stored)
+        return done
+    job = tables.read_json(cfg.output, f"{cfg.split}/{JOB}")
+    if job is not None:
+        _refuse_other_job(shown, "was written by another job", fingerprint,
+                          job.get("fingerprint") or {})  # fmt: skip
+        _log(f"resuming the job recorded in {shown}/{JOB}")
+        return None
+    stray = _written_parts(cfg)
+    if stray:
+        raise tables.TableError(
+            f"{shown} holds {stray} but no {JOB} saying which job wrote it (an output of an "
+            "older version, or copied files); cannot tell whether it belongs to this job -- "
+            "choose another --output, or delete that folder to start over"
+        )
+    lock.check()
+    tables.write_json(
+        cfg.output,
+        f"{cfg.split}/{JOB}",
+        {
+            "fingerprint": fingerprint,
+            "created": time.time(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        },
+    )
+    return None
+
+
+def _refuse_other_job(shown: str, what: str, ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+    """:class:`TableError` listing the fields that differ, this job's value first."""
+    diffs = []
+    for key in sorted(set(ours) | set(theirs)):
+        if key == "version":
+            continue
+        a, b = ours.get(key), theirs.get(key)
+        if key in _PATH_KEYS and a is not None and b is not None:
+            a_norm, b_norm = _location(a, model=key == "model"), _location(b, model=key == "model")
+            if a == b or a_norm == b_norm:
+                continue
+        if a != b and key in theirs:
+            if key == "source_sha256":
+                a, b = f"{a}"[:12] + "...", f"{b}"[:12] + "..."
+            diffs.append(f"{key} {a!r} here vs {b!r} there")
+    if diffs:
+        raise tables.TableError(
+            f"{shown} {what}: {'; '.join(diffs)}; choose another --output (or --split)"
+        )
+
+
+def _written_parts(cfg: EmbedConfig) -> str | None:
+    """What an output already holds (parquet parts or shard markers), or None if nothing."""
+    fs, base = tables._filesystem(cfg.output)
+    for kind in (tables.IMAGES_DIR, tables.TEXTS_DIR, ERRORS_DIR, PROMPTS_DIR):
+        if tables._list_parquet(fs, tables._join(base, cfg.split, kind)):
+            return f"{kind}/ parts"
+    markers = fs.get_file_info(
+        tables.pafs.FileSelector(tables._join(base, cfg.split, PARTS_DIR), allow_not_found=True)
+    )
+    if any(m.base_name.endswith(".json") for m in markers):
+        return f"{PARTS_DIR}/ markers"
+    return None
+
+
+def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table, lock: tables.OutputLock) -> bool:
     """Classification sets: class-name prompts (class x template) -> ``ROOT/split/prompts``.
 
     Returns whether it had to start Ray."""
@@ -548,6 +816,7 @@ def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table) -> bool:
         )
         .append_column("norm", out.column("norm").take(order))
     )
+    lock.check()
     tables.write_part(cfg.output, cfg.split, PROMPTS_DIR, "part-00000", table)
     return started
 
@@ -577,6 +846,7 @@ def _embed_group(
     image_shard: dict[str, int],
     group: list[int],
     info: Future,
+    lock: tables.OutputLock,
 ) -> None:
     """Embed the images and captions of some shards and write them (marker last)."""
     import pyarrow.compute as pc
@@ -648,8 +918,18 @@ def _embed_group(
     txt_emb = tables.column_matrix(txt_out.column("embedding")) if txt_out is not None else None
     txt_norm = txt_out.column("norm").to_numpy() if txt_out is not None else None
     dim = img_emb.shape[1] if img_emb.size else (txt_emb.shape[1] if txt_emb is not None else 0)
+    if not dim:  # every image of these shards failed: the model still says what dim is
+        dim = int(info.result()["dim"])
+        if failed.num_rows:
+            _log(
+                f"every image of shards {group[0]}..{group[-1]} failed to load, e.g. "
+                f"{failed.column('path')[0].as_py()}: {failed.column('error')[0].as_py()} "
+                "(check --images and the storage credentials of the Ray nodes)"
+            )
 
-    _write_manifest_once(cfg, dim, info)
+    lock.check()
+    with _manifest_lock(cfg):
+        _write_manifest_once(cfg, dim, info)
     # Source image columns worth keeping (e.g. `label` of classification sets), by image id.
     carried = [c for c in todo.column_names if c not in _SOURCE_IMAGE_COLUMNS]
     todo_pos = {iid: i for i, iid in enumerate(todo.column("image_id").to_pylist())}
@@ -666,6 +946,7 @@ def _embed_group(
             [text_by_id[c] for c in caps.column("caption_id").to_pylist()], dtype=np.int64
         )
         part = _part(shard)
+        lock.check()
         tables.write_part(
             cfg.output, cfg.split, ERRORS_DIR, part, _errors_table(errors.get(shard, []))
         )
