@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import pyarrow.parquet as pq
 
 from asymvlm import __version__
+from asymvlm.errors import guarded
 from asymvlm.methods import METHODS
 from asymvlm.training import TrainConfig, load_checkpoint, load_split, resolve_device, train
 
@@ -453,14 +454,10 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from asymvlm.tables import TableError
-
+    """Entry point: bad input (flags, paths, tables, checkpoints) prints one ``error:`` line and
+    exits 2; a diverged training run exits 3 (:mod:`asymvlm.errors`); no traceback."""
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (TableError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return guarded(lambda: args.func(args))
 
 
 if __name__ == "__main__":

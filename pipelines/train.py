@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from asymvlm import tables
+from asymvlm.errors import NonFiniteError
 from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.methods import build_method
 from asymvlm.training import (
@@ -82,35 +83,41 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
         trainer.start()
 
     every = max(1, int(config.get("checkpoint_every", 1)))
-    while method.trainable and trainer.epoch < cfg.epochs:
-        t0 = time.perf_counter()
-        row = trainer.train_epoch()
-        row["epoch_seconds"] = time.perf_counter() - t0
-        history.append(row)
-        if rank == 0 and (trainer.epoch % max(1, cfg.epochs // 10) == 0 or trainer.epoch == 1):
-            _log(rank, f"{cfg.method} lr={cfg.lr:g} seed={cfg.seed} epoch {trainer.epoch}/"
-                       f"{cfg.epochs} loss {row['train_loss']:.4f}")  # fmt: skip
-        last = trainer.epoch == cfg.epochs
-        if trainer.epoch % every == 0 or last:
-            _report_with_checkpoint(row, trainer, history, rank)
-        else:
-            ray.train.report(row)
-        _maybe_inject_failure(config, trainer.epoch, rank)
-
-    if rank != 0:
-        return None
-    method.eval()
-    out: dict[str, Any] = {"history": history, "dim": dim, "epochs_run": trainer.epoch}
-    if held_out is not None:
-        out["val"] = evaluate_retrieval(method, held_out)
-    elif config.get("val_split"):
-        val = load_split(config["embeddings"], config["val_split"], cfg.adapter_input, device)
-        out["val"] = evaluate_retrieval(method, val)
-    if config.get("test_split"):
-        root = config.get("test_embeddings") or config["embeddings"]
-        test = load_split(root, config["test_split"], cfg.adapter_input, device)
-        out["test"] = evaluate_retrieval(method, test)
-    return out
+    try:
+        while method.trainable and trainer.epoch < cfg.epochs:
+            t0 = time.perf_counter()
+            row = trainer.train_epoch()
+            row["epoch_seconds"] = time.perf_counter() - t0
+            history.append(row)
+            if rank == 0 and (trainer.epoch % max(1, cfg.epochs // 10) == 0 or trainer.epoch == 1):
+                _log(rank, f"{cfg.method} lr={cfg.lr:g} seed={cfg.seed} epoch {trainer.epoch}/"
+                           f"{cfg.epochs} loss {row['train_loss']:.4f}")  # fmt: skip
+            last = trainer.epoch == cfg.epochs
+            if trainer.epoch % every == 0 or last:
+                _report_with_checkpoint(row, trainer, history, rank)
+            else:
+                ray.train.report(row)
+            _maybe_inject_failure(config, trainer.epoch, rank)
+        if rank != 0:
+            return None
+        method.eval()
+        out: dict[str, Any] = {"history": history, "dim": dim, "epochs_run": trainer.epoch}
+        if held_out is not None:
+            out["val"] = evaluate_retrieval(method, held_out)
+        elif config.get("val_split"):
+            val = load_split(config["embeddings"], config["val_split"], cfg.adapter_input, device)
+            out["val"] = evaluate_retrieval(method, val)
+        if config.get("test_split"):
+            root = config.get("test_embeddings") or config["embeddings"]
+            test = load_split(root, config["test_split"], cfg.adapter_input, device)
+            out["test"] = evaluate_retrieval(method, test)
+        return out
+    except NonFiniteError as exc:
+        # Deterministic: every rank sees the same global-batch loss and the same all-reduced
+        # gradient, so all stop at the same step. Returned rather than raised: a Ray Train
+        # retry from the last checkpoint would only diverge again.
+        _log(rank, str(exc))
+        return {"diverged": str(exc), "history": history} if rank == 0 else None
 
 
 def _training_data(config: dict[str, Any], adapter_input: str, device: torch.device):
@@ -239,6 +246,8 @@ def run_training(
     if result.error is not None:
         raise result.error
     out = dict(result.return_value or {})
+    if out.get("diverged"):
+        raise NonFiniteError(out["diverged"])
     out["path"] = result.path
     out["checkpoint"] = result.checkpoint.path if result.checkpoint is not None else None
     return out
