@@ -190,6 +190,17 @@ def test_finished_output_of_an_older_version_is_still_recognised(small) -> None:
         run_embed(other)
 
 
+def test_manifest_of_the_same_model_in_another_spelling_is_accepted(small, monkeypatch) -> None:
+    from asymvlm.data.embed import _check_manifest
+
+    monkeypatch.chdir(Path(small["model"]).parent)
+    tables.write_manifest(small["output"], {"dim": 24, "model": "./model"})
+    assert _check_manifest(EmbedConfig(**BASE, **small), 24)  # absolute spelling, same dir
+    with pytest.raises(tables.TableError, match="refusing to add 'openai/clip-vit-base-patch32'"):
+        _check_manifest(EmbedConfig(**BASE, **{**small, "model": "openai/clip-vit-base-patch32"}),
+                        24)  # fmt: skip
+
+
 def test_parts_without_a_job_record_are_refused(small) -> None:
     cfg = EmbedConfig(**BASE, **small)
     tables.write_json(cfg.output, "test/_parts/part-00000.json", {"images": 3})

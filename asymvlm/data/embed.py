@@ -928,8 +928,7 @@ def _embed_group(
             )
 
     lock.check()
-    with _manifest_lock(cfg):
-        _write_manifest_once(cfg, dim, info)
+    _write_manifest_once(cfg, dim, info)
     # Source image columns worth keeping (e.g. `label` of classification sets), by image id.
     carried = [c for c in todo.column_names if c not in _SOURCE_IMAGE_COLUMNS]
     todo_pos = {iid: i for i, iid in enumerate(todo.column("image_id").to_pylist())}
@@ -991,15 +990,31 @@ def _encoder_info(model: str) -> dict[str, Any]:
 
 
 def _write_manifest_once(cfg: EmbedConfig, dim: int, info: Future) -> None:
-    """Write (or check) ``ROOT/manifest.json`` before the first parquet part of this job."""
-    existing = tables.read_json(cfg.output, tables.MANIFEST_NAME)
-    if existing is not None:
-        if existing.get("model") != cfg.model or int(existing.get("dim", -1)) != dim:
-            raise tables.TableError(
-                f"{cfg.output} holds embeddings of model {existing.get('model')!r} "
-                f"(dim {existing.get('dim')}); refusing to add {cfg.model!r} (dim {dim})"
-            )
+    """Write (or check) ``ROOT/manifest.json`` before the first parquet part of this job; the
+    manifest lock is only taken when there is none yet (then checked again under it)."""
+    if _check_manifest(cfg, dim):
         return
-    manifest = dict(info.result())
-    manifest.update(model=cfg.model, dim=dim, embedding_dtype="float32", normalised=True)
-    tables.write_manifest(cfg.output, manifest)
+    with _manifest_lock(cfg):
+        if _check_manifest(cfg, dim):
+            return
+        manifest = dict(info.result())
+        manifest.update(model=cfg.model, dim=dim, embedding_dtype="float32", normalised=True)
+        tables.write_manifest(cfg.output, manifest)
+
+
+def _check_manifest(cfg: EmbedConfig, dim: int) -> bool:
+    """True if ``ROOT/manifest.json`` exists and matches this model and dim; raises if it
+    belongs to another model (spellings of one local model directory are the same model)."""
+    existing = tables.read_json(cfg.output, tables.MANIFEST_NAME)
+    if existing is None:
+        return False
+    model = existing.get("model")
+    same = model == cfg.model or (
+        isinstance(model, str) and _location(model, model=True) == _location(cfg.model, True)
+    )
+    if not same or int(existing.get("dim", -1)) != dim:
+        raise tables.TableError(
+            f"{cfg.output} holds embeddings of model {model!r} (dim {existing.get('dim')}); "
+            f"refusing to add {cfg.model!r} (dim {dim})"
+        )
+    return True
