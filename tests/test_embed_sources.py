@@ -157,8 +157,20 @@ def s3_server(monkeypatch):
     server.stop()
 
 
+@pytest.fixture
+def ray_on_s3_nodes(ray_session, s3_server):
+    """Ray restarted after the S3 settings are in the environment: workers get credentials from
+    their node's environment (as on a cluster), never through a runtime_env."""
+    ray_session.shutdown()
+    ray_session.init(num_cpus=2, include_dashboard=False)
+    yield s3_server
+    ray_session.shutdown()
+    ray_session.init(num_cpus=2, include_dashboard=False)
+
+
 @requires_hierarcaps
-def test_s3_input_and_output(ray_session, tiny_models, tmp_path, s3_server) -> None:
+def test_s3_input_and_output(ray_on_s3_nodes, tiny_models, tmp_path) -> None:
+    s3_server = ray_on_s3_nodes
     import s3fs
 
     csv, images = _small_hierarcaps(tmp_path / "hc", n=5)
