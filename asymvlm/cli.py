@@ -74,12 +74,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     previous = checkpoint_to_resume(args.output, resume=args.resume, overwrite=args.overwrite)
     if previous is not None:
         check_resumable(args.output, previous, cfg, args.embeddings, args.split)
-        where = f"epoch {previous.get('epoch')} of {previous.get('epochs')}"
+        epoch = previous.get("epoch")
+        where = "" if epoch is None else f" (epoch {epoch} of {previous.get('epochs')})"
         if previous["complete"]:
-            print(f"[asymvlm] {args.output} already holds a complete checkpoint ({where}); "
+            print(f"[asymvlm] {args.output} already holds a complete checkpoint{where}; "
                   "nothing to do", file=sys.stderr)  # fmt: skip
             return 0
-        print(f"[asymvlm] resuming {args.output} from {where}", file=sys.stderr)
+        print(f"[asymvlm] resuming {args.output}{where}", file=sys.stderr)
     print(
         f"[asymvlm] training {cfg.method} on {args.embeddings}/{args.split} "
         f"({cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr}, batch {cfg.batch_size}, "

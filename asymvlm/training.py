@@ -799,6 +799,8 @@ def check_output(directory: str) -> None:
     target, _, _, _ = _sibling_paths(directory)
     if os.path.lexists(target) and not os.path.isdir(target):
         raise CheckpointError(f"{directory} is a file, not a checkpoint folder")
+    if target == os.path.realpath(os.getcwd()):
+        raise CheckpointError(f"{directory} is the current folder; name a new folder for it")
     ancestor = os.path.dirname(target)
     while not os.path.lexists(ancestor):
         ancestor = os.path.dirname(ancestor)
@@ -864,9 +866,12 @@ def check_resumable(
         for key in sorted(set(ours) | set(theirs))
         if key not in RESUME_MAY_DIFFER and theirs.get(key) != ours.get(key)
     ]
-    for key, now in (("embeddings", _location(root)), ("split", split)):
-        if key in meta and meta[key] != now:
-            diffs.append(f"{key} {meta[key]!r} (checkpoint) vs {now!r} (now)")
+    for key, then, now in (
+        ("embeddings", _location(str(meta.get("embeddings"))), _location(root)),
+        ("split", meta.get("split"), split),
+    ):
+        if key in meta and then != now:
+            diffs.append(f"{key} {then!r} (checkpoint) vs {now!r} (now)")
     if diffs:
         raise CheckpointError(
             f"{directory}: cannot resume with other settings: {'; '.join(diffs)}. Resume with "

@@ -176,6 +176,9 @@ def test_unusable_outputs_are_refused(small_world, tmp_path, monkeypatch) -> Non
     with pytest.raises(CheckpointError, match=r"not part of a checkpoint \(notes.txt\)"):
         train(small_world, "train", _cfg(), output=str(busy))
     assert (busy / "notes.txt").read_text() == "mine"
+    monkeypatch.chdir(busy.parent)
+    with pytest.raises(CheckpointError, match=r"^\. is the current folder"):
+        train(small_world, "train", _cfg(), output=".")
     locked = tmp_path / "locked"
     locked.mkdir()
     real_access = os.access
@@ -326,6 +329,21 @@ def test_cli_refuses_an_existing_checkpoint_in_one_line(small_world, tmp_path, c
     with pytest.raises(SystemExit) as exit_:  # argparse: the two flags exclude each other
         main(_argv(small_world, out, "--overwrite", "--resume"))
     assert exit_.value.code == 2
+
+
+def test_cli_resume_of_a_checkpoint_from_before_the_flag(small_world, tmp_path, capsys) -> None:
+    out = str(tmp_path / "ckpt")
+    assert main(_argv(small_world, out)) == 0
+    meta = _meta(out)
+    for key in ("complete", "epoch", "epochs"):
+        del meta[key]
+    with open(os.path.join(out, "config.json"), "w") as fh:
+        json.dump(meta, fh)
+    capsys.readouterr()
+    assert main(_argv(small_world, out, "--resume")) == 0
+    assert capsys.readouterr().err == (
+        f"[asymvlm] {out} already holds a complete checkpoint; nothing to do\n"
+    )
 
 
 def test_cli_evaluate_refuses_an_incomplete_checkpoint(small_world, tmp_path, capsys) -> None:

@@ -305,6 +305,20 @@ def test_accelerators_record_the_first_bad_step_and_stop_at_the_epoch_end() -> N
     assert calls[0] == 6 and trainer.epoch == 1  # ran to the end of epoch 2, which is dropped
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_real_divergence_on_cuda_is_caught_by_the_end_of_the_epoch(small_world) -> None:
+    data = load_split(small_world, "train", device="cuda")
+    cfg = TrainConfig(method="asymvlm-vmf", epochs=5, lr=5.0, optimizer="sgd", batch_size=128,
+                      hidden_dim=16, depth=2, device="cuda", precision="fp32")  # fmt: skip
+    torch.manual_seed(0)
+    trainer = Trainer(build_method("asymvlm-vmf", data.dim, **cfg.method_args()), cfg, data)
+    assert not trainer.sync_free
+    with pytest.raises(NonFiniteError, match=r"^non-finite .* at epoch 1 of 5, step \d of 7 "
+                                             r"\(detected at the end of the epoch\)"):  # fmt: skip
+        trainer.fit(progress=False)
+    assert trainer.epoch == 0
+
+
 def test_a_non_finite_gradient_with_a_finite_loss() -> None:
     torch.manual_seed(0)
     method = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2)
