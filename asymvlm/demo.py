@@ -53,7 +53,8 @@ def run(output: str, epochs: int = 40, methods: tuple[str, ...] = DEMO_METHODS) 
     for name in methods:
         t0 = time.perf_counter()
         cfg = TrainConfig(method=name, epochs=epochs, lr=1e-3, optimizer="adamw", hidden_dim=256)
-        model, _ = train(world, "train", cfg, output=os.path.join(output, "checkpoints", name))
+        model, _ = train(world, "train", cfg, output=os.path.join(output, "checkpoints", name),
+                         overwrite=True)  # a re-run of the demo replaces its checkpoints
         res = evaluate_retrieval(model, test)
         unc = model.text_uncertainty(test.text_emb)
         res["spearman_uncertainty_abstraction"] = (

@@ -20,6 +20,7 @@ __all__ = [
     "ConfigError",
     "LockError",
     "NonFiniteError",
+    "TrialFailed",
     "exit_code",
     "guarded",
 ]
@@ -46,6 +47,11 @@ class LockError(AsymVLMError, RuntimeError):
 
 class NonFiniteError(AsymVLMError, FloatingPointError):
     """A loss, gradient or model output became NaN/inf (a diverged run). Never a score."""
+
+
+class TrialFailed(RuntimeError):
+    """A sweep trial that produced no result; the message is the reason, in one line. (Defined
+    here, in the installed package, so that it unpickles as this class on the driver.)"""
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:

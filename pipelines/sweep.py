@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from asymvlm import config, tables, tracking  # noqa: E402
-from asymvlm.errors import AsymVLMError, ConfigError, guarded  # noqa: E402
+from asymvlm.errors import AsymVLMError, ConfigError, TrialFailed, guarded  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
 from pipelines.train import run_config_dict, run_training  # noqa: E402
 
@@ -92,10 +92,6 @@ def _train_config(cfg: dict[str, Any], method: str, lr: float, seed: int) -> dic
 
 
 # -- failures -----------------------------------------------------------------------------------
-class TrialFailed(RuntimeError):
-    """A trial that did not produce a result; the message is the reason, in one line."""
-
-
 def failure_reason(exc: BaseException | str | None) -> str:
     """The root cause of a failed trial as one line: our own errors (e.g. "non-finite loss at
     epoch 2, step 3 ...") verbatim, others as ``Type: first line``; digs through Ray's
@@ -119,11 +115,14 @@ def failure_reason(exc: BaseException | str | None) -> str:
             continue
         seen.add(id(err))
         chain.append(err)
+        cause = getattr(err, "cause", None)  # RayTaskError(X) is also an X: use its cause
+        if isinstance(cause, BaseException):
+            stack.insert(0, cause)
+            continue
         if isinstance(err, TrialFailed | AsymVLMError):
             return " ".join(str(err).split())[:500]
         stack += list(getattr(err, "worker_failures", {}).values())
-        stack += [e for e in (getattr(err, "cause", None), err.__cause__, err.__context__)
-                  if isinstance(e, BaseException)]  # fmt: skip
+        stack += [e for e in (err.__cause__, err.__context__) if isinstance(e, BaseException)]
     root = chain[-1]
     first = (str(root).strip().splitlines() or [""])[0]
     return f"{type(root).__name__}: {first}"[:500]
@@ -232,13 +231,26 @@ class MlflowTrialLogger(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         """A failed trial (any cause) is an MLflow run with status FAILED and its reason."""
-        try:
-            error: BaseException | str | None = trial.get_pickled_error() or trial.get_error()
-        except Exception:  # the error file may be unreadable; the run is logged regardless
-            error = None
         self.child_ids[trial.trial_id] = log_failed_run(
-            self.cfg, self.parent_id, self.base_params, trial.config, failure_reason(error)
-        )
+            self.cfg, self.parent_id, self.base_params, trial.config,
+            failure_reason(_trial_error(trial)),
+        )  # fmt: skip
+
+
+def _trial_error(trial) -> BaseException | str | None:
+    """The error Tune just wrote beside the trial (local files: the copies in the experiment's
+    storage are synced later)."""
+    import ray.cloudpickle
+
+    for path, read in ((trial.pickled_error_file, ray.cloudpickle.load),
+                       (trial.error_file, lambda fh: fh.read().decode(errors="replace"))):
+        if path and os.path.exists(path):
+            try:
+                with open(path, "rb") as fh:
+                    return read(fh)
+            except Exception:  # unreadable: try the next form; the run is logged regardless
+                continue
+    return None
 
 
 def log_child_run(

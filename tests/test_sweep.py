@@ -80,7 +80,6 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
             "checkpoint_every": 2,
             "output": str(tmp_path / "sweep"),
             "mlflow": {"experiment": "ci-sweep"},
-            "extra_key_for_other_stages": {"ignored": True},
         }
     )
     out = run_sweep(cfg)
@@ -213,15 +212,15 @@ def test_config_errors_name_the_problem(tmp_path, capsys) -> None:
 
     path = tmp_path / "space.yaml"
     path.write_text("methods: [asymvlm-vmf]\nlr: [0.001]\n")
-    with pytest.raises(ValueError, match="missing keys"):
+    with pytest.raises(ValueError, match="space.yaml: embeddings: required key is missing"):
         load_config(str(path))
     path.write_text(
         "embeddings: x\nmethods: [nope]\nlr: [0.001]\nseeds: [0]\nepochs: 1\nbatch_size: 8\n"
         "optimizer: sgd\nnum_workers: 1\nmlflow: {experiment: e}\n"
     )
-    with pytest.raises(ValueError, match="unknown methods \\['nope'\\]"):
+    with pytest.raises(ValueError, match="methods\\[0\\] = 'nope': unknown method 'nope'"):
         load_config(str(path))
-    cfg = load_config(str(path), {"methods": ["determ-ft"], "mlflow.experiment": "other"})
+    cfg = load_config(str(path), ["methods=[determ-ft]", "mlflow.experiment=other"])
     assert cfg["methods"] == ["determ-ft"] and cfg["mlflow"]["experiment"] == "other"
     assert cfg["mlflow"]["tracking_uri"].startswith("sqlite:///")
     assert main(["--config", str(tmp_path / "absent.yaml")]) == 2
@@ -303,8 +302,8 @@ def test_failure_reasons_dig_through_ray_wrappers() -> None:
     from ray.exceptions import RayTaskError
     from ray.train import WorkerGroupError
 
-    from asymvlm.errors import NonFiniteError
-    from pipelines.sweep import TrialFailed, failure_reason
+    from asymvlm.errors import NonFiniteError, TrialFailed
+    from pipelines.sweep import failure_reason
 
     diverged = NonFiniteError("non-finite loss at epoch 2, step 3 of 4 (asymvlm-vmf, lr 0.5)")
     group = WorkerGroupError("rank 0 failed", {0: diverged})
@@ -314,6 +313,8 @@ def test_failure_reasons_dig_through_ray_wrappers() -> None:
     assert failure_reason(wrapped) == str(diverged)
     task = RayTaskError("sweep_trial", "Traceback ...", TrialFailed("worker died twice"))
     assert failure_reason(task) == "worker died twice"
+    dual = task.as_instanceof_cause()  # what Tune hands back: a RayTaskError(TrialFailed)
+    assert isinstance(dual, TrialFailed) and failure_reason(dual) == "worker died twice"
     assert failure_reason(KeyError("x")) == "KeyError: 'x'"
     trace = "Traceback (most recent call last):\n  File x\nray.exceptions.ActorDiedError: died\n"
     assert failure_reason(trace) == "ray.exceptions.ActorDiedError: died"
