@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import pyarrow.parquet as pq
 
 from asymvlm import __version__
-from asymvlm.errors import guarded
+from asymvlm.config import validate
+from asymvlm.errors import CheckpointError, ConfigError, guarded
 from asymvlm.methods import METHODS
 from asymvlm.training import TrainConfig, load_checkpoint, load_split, resolve_device, train
 
@@ -38,7 +39,7 @@ def _parse_kv(items: Sequence[str]) -> dict[str, object]:
     out: dict[str, object] = {}
     for item in items:
         if "=" not in item:
-            raise argparse.ArgumentTypeError(f"--method-arg expects key=value, got {item!r}")
+            raise ConfigError(f"--method-arg expects key=value, got {item!r}")
         key, value = item.split("=", 1)
         try:
             out[key] = json.loads(value)
@@ -48,28 +49,15 @@ def _parse_kv(items: Sequence[str]) -> dict[str, object]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from asymvlm.errors import ConfigError
     from asymvlm.training import check_resumable, checkpoint_to_resume
 
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ConfigError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
-    cfg = TrainConfig(
-        method=args.method,
-        epochs=args.epochs,
-        lr=args.lr,
-        optimizer=args.optimizer,
-        momentum=args.momentum,
-        weight_decay=args.weight_decay,
-        batch_size=args.batch_size,
-        min_lr=args.min_lr,
-        hidden_dim=args.hidden_dim,
-        depth=args.depth,
-        seed=args.seed,
-        adapter_input=args.adapter_input,
-        device=args.device,
-        precision=args.precision,
-        method_kwargs=_parse_kv(args.method_arg),
-    )
+    fields = ("method", "epochs", "lr", "optimizer", "momentum", "weight_decay", "batch_size",
+              "min_lr", "hidden_dim", "depth", "seed", "adapter_input", "device", "precision")
+    cfg = validate(TrainConfig, {**{k: getattr(args, k) for k in fields},
+                                 "method_kwargs": _parse_kv(args.method_arg)},
+                   "asymvlm train", flags=True)  # fmt: skip
     device = resolve_device(cfg.device)
     previous = checkpoint_to_resume(args.output, resume=args.resume, overwrite=args.overwrite)
     if previous is not None:
@@ -110,8 +98,8 @@ def _load(args: argparse.Namespace):
     adapter_input = args.adapter_input or meta.get("adapter_input", "raw")
     data = load_split(args.embeddings, args.split, adapter_input, device)
     if data.dim != meta["dim"]:
-        raise SystemExit(
-            f"error: checkpoint {args.checkpoint} expects dim {meta['dim']}, "
+        raise CheckpointError(
+            f"checkpoint {args.checkpoint} expects dim {meta['dim']}, "
             f"but {args.embeddings}/{args.split} has dim {data.dim}"
         )
     return method, data
@@ -120,6 +108,9 @@ def _load(args: argparse.Namespace):
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from asymvlm.evaluation import evaluate_retrieval
 
+    for flag, value in (("--levels", args.levels), ("--chunk-size", args.chunk_size)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
     method, data = _load(args)
     result = evaluate_retrieval(
         method, data, n_bins=args.levels, chunk_size=args.chunk_size, progress=not args.quiet

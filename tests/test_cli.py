@@ -108,16 +108,18 @@ def test_bad_table_gives_a_clear_error_naming_the_file(small_world, tmp_path, ca
     assert not os.path.exists(tmp_path / "ckpt" / "model.pt")
 
 
-def test_dimension_mismatch_between_checkpoint_and_table(small_world, tmp_path) -> None:
+def test_dimension_mismatch_between_checkpoint_and_table(small_world, tmp_path, capsys) -> None:
     other = tmp_path / "other"
     from asymvlm.synthetic import WorldConfig, write_world
 
     write_world(str(other), WorldConfig(dim=8, splits={"test": 20}, captions_per_image=2))
     ckpt = str(tmp_path / "ckpt")
     assert _train(small_world, ckpt) == 0
-    with pytest.raises(SystemExit, match="expects dim 16"):
-        main(["evaluate", "--embeddings", str(other), "--checkpoint", ckpt, "--output",
-              str(tmp_path / "m.json")])  # fmt: skip
+    code = main(["evaluate", "--embeddings", str(other), "--checkpoint", ckpt, "--output",
+                 str(tmp_path / "m.json")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "expects dim 16" in err and "has dim 8" in err
+    assert not (tmp_path / "m.json").exists()
 
 
 @pytest.mark.parametrize("sub", [[], ["train"], ["evaluate"], ["score"], ["methods"]])

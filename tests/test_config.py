@@ -73,11 +73,11 @@ def test_shipped_tune_spaces_validate(path, tmp_path) -> None:
 def test_one_set_syntax() -> None:
     doc = {"sweeps": [{"name": "a", "lr": [1]}, {"name": "b"}], "mlflow": None}
     config.apply_overrides(doc, ["sweeps.1.epochs=5", "sweeps.0.lr=[1e-3, 0.5]",
-                                 "mlflow.experiment=x", "sweeps.-1.note=yes: a note",
+                                 "mlflow.experiment=x", "sweeps.-1.note=a note, with a comma",
                                  "name=null"])  # fmt: skip
     assert doc["sweeps"][1]["epochs"] == 5 and doc["sweeps"][0]["lr"] == [1e-3, 0.5]
     assert doc["mlflow"] == {"experiment": "x"} and doc["name"] is None
-    assert doc["sweeps"][1]["note"] == "yes: a note"
+    assert doc["sweeps"][1]["note"] == "a note, with a comma"
     for bad, message in [("sweeps.2.epochs=1", "index 2 is out of range"),
                          ("sweeps.x.epochs=1", "indexes a list"),
                          ("name.sub=1", "name is not a mapping"),
