@@ -275,12 +275,11 @@ def _log_pipeline_run(cfg: dict[str, Any], stages: list[str]) -> None:
 
 
 def run_pipeline(cfg: dict[str, Any], stages: list[str]) -> dict[str, Any]:
-    import ray
+    from pipelines.ray_session import init_ray
 
     t0 = time.perf_counter()
     os.makedirs(cfg["output"], exist_ok=True)
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
+    init_ray()  # joins $RAY_ADDRESS or starts a local Ray; credentials stay on the nodes
     _log_pipeline_run(cfg, stages)
     out: dict[str, Any] = {"output": cfg["output"], "tracking_uri": cfg["mlflow"]["tracking_uri"]}
     if "embed" in stages:

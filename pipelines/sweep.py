@@ -361,13 +361,13 @@ def _base_params(cfg: dict[str, Any]) -> dict[str, Any]:
 def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
     """Stage 1 (grid, seed 0) -> lr selection on validation -> stage 2 (seeds) -> summary."""
     import mlflow
-    import ray
     from mlflow import MlflowClient
+
+    from pipelines.ray_session import init_ray
 
     check_tables(cfg)
     os.makedirs(cfg["output"], exist_ok=True)
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
+    init_ray()  # joins $RAY_ADDRESS or starts a local Ray; credentials stay on the nodes
     uri = cfg["mlflow"]["tracking_uri"]
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)

@@ -296,9 +296,9 @@ def main(argv: list[str] | None = None) -> int:
             test_split=args.test_split or None,
             checkpoint_every=args.checkpoint_every,
         )
-        import ray
+        from pipelines.ray_session import init_ray
 
-        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
+        init_ray()
         out = run_training(
             run_cfg,
             name=args.name or f"{args.method}-lr{args.lr:g}-seed{args.seed}",

@@ -127,3 +127,21 @@ evaluations:
         assert not leaks, leaks
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_tune_does_not_copy_aws_credentials_into_trial_runtime_envs(monkeypatch) -> None:
+    """Ray Tune's class cache copies the driver's AWS credentials into every trial actor's
+    runtime_env (shown in Ray's logs and dashboard); the pipelines switch that off."""
+    from ray.tune.execution import class_cache
+
+    from pipelines.ray_session import CREDENTIAL_VARIABLES, keep_credentials_on_nodes
+
+    import inspect
+
+    source = inspect.getsource(class_cache)  # what this Ray does (even if patched already)
+    assert "AWS_SECRET_ACCESS_KEY" in source and "ENV_VARS_TO_PROPAGATE" in source
+    monkeypatch.setattr(class_cache, "ENV_VARS_TO_PROPAGATE",
+                        set(class_cache.ENV_VARS_TO_PROPAGATE) | set(CREDENTIAL_VARIABLES))
+    keep_credentials_on_nodes()
+    assert not CREDENTIAL_VARIABLES & set(class_cache.ENV_VARS_TO_PROPAGATE)
+    assert "TUNE_ORIG_WORKING_DIR" not in CREDENTIAL_VARIABLES

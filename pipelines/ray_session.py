@@ -1,0 +1,40 @@
+"""Starting or joining Ray for the pipelines, with credentials kept on the nodes.
+
+Ray Tune copies the driver's ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN`` and ``AWS_SECURITY_TOKEN`` into the ``runtime_env`` of every trial actor
+(``ray.tune.execution.class_cache``), and Ray's runtime-env agent writes runtime_envs into its
+log; the dashboard shows them too. Credentials belong to the nodes' own environment (instance
+roles, Kubernetes secrets; a local ``ray.init()`` hands the driver's environment to its workers
+anyway), so :func:`keep_credentials_on_nodes` removes those names from Tune's propagation list
+before any trial starts. Tested in ``tests/test_credentials.py`` (which fails if a Ray upgrade
+moves the list).
+"""
+
+from __future__ import annotations
+
+import os
+
+CREDENTIAL_VARIABLES = frozenset(
+    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
+)
+
+
+def keep_credentials_on_nodes() -> None:
+    """Stop Ray Tune from copying the driver's AWS credentials into trial runtime_envs."""
+    from ray.tune.execution import class_cache
+
+    class_cache.ENV_VARS_TO_PROPAGATE = (
+        frozenset(class_cache.ENV_VARS_TO_PROPAGATE) - CREDENTIAL_VARIABLES
+    )
+
+
+def init_ray() -> bool:
+    """Join the cluster at ``$RAY_ADDRESS`` (set by ``ray job submit``) or start a local Ray;
+    True when this call started or joined it (False: already initialised)."""
+    import ray
+
+    keep_credentials_on_nodes()
+    if ray.is_initialized():
+        return False
+    ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
+    return True
