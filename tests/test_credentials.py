@@ -132,11 +132,11 @@ evaluations:
 def test_tune_does_not_copy_aws_credentials_into_trial_runtime_envs(monkeypatch) -> None:
     """Ray Tune's class cache copies the driver's AWS credentials into every trial actor's
     runtime_env (shown in Ray's logs and dashboard); the pipelines switch that off."""
+    import inspect
+
     from ray.tune.execution import class_cache
 
     from pipelines.ray_session import CREDENTIAL_VARIABLES, keep_credentials_on_nodes
-
-    import inspect
 
     source = inspect.getsource(class_cache)  # what this Ray does (even if patched already)
     assert "AWS_SECRET_ACCESS_KEY" in source and "ENV_VARS_TO_PROPAGATE" in source
