@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Create ./.venv and install asymvlm with its dev extras.
-# Torch first: where no torch is present we install the pinned 2.13.0 (a CPU build is on local
-# disk on our dev/CI machines; elsewhere pip resolves it from PyPI), so that the `torch>=2.4`
-# range in pyproject.toml is already satisfied and pip never pulls a second, multi-GB build.
+# Create ./.venv and install asymvlm with its dev extras, every package at the version pinned in
+# constraints.txt (the same pins as the cluster image, cluster/Dockerfile).
+# Torch first: where no torch is present we install the pinned torch (a CPU build is on local
+# disk on our dev/CI machines; elsewhere pip resolves it from PyPI). The pin has no local label
+# (torch==2.13.0), so 2.13.0+cpu and PyPI's CUDA build both satisfy it, and pip never pulls a
+# second, multi-GB build when one of them is already installed (a torch of another version in
+# an existing .venv is replaced by the pinned one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,16 +16,17 @@ VPY=.venv/bin/python
 LOG=.venv/setup.log
 : > "$LOG"
 pip_install() {
-  if ! "$VPY" -m pip install "$@" >>"$LOG" 2>&1; then
-    echo "[setup] pip install $* failed; last lines of $LOG:" >&2
+  if ! "$VPY" -m pip install -c constraints.txt "$@" >>"$LOG" 2>&1; then
+    echo "[setup] pip install -c constraints.txt $* failed; last lines of $LOG:" >&2
     tail -n 30 "$LOG" >&2
     exit 1
   fi
 }
+TORCH_PIN=$(grep -E '^torch==' constraints.txt) || { echo "[setup] constraints.txt pins no torch" >&2; exit 1; }
 if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
-  echo "[setup] installing torch==2.13.0"
-  pip_install "torch==2.13.0"
+  echo "[setup] installing $TORCH_PIN"
+  pip_install torch
 fi
-echo "[setup] installing asymvlm[dev] (log: $LOG)"
+echo "[setup] installing asymvlm[dev] with constraints.txt (log: $LOG)"
 pip_install -e ".[dev]"
 "$VPY" -c "import asymvlm, torch, ray; print(f'[setup] ok: asymvlm {asymvlm.__version__}, torch {torch.__version__}, ray {ray.__version__}')"
