@@ -105,20 +105,26 @@ def expand_env(value: Any, where: str = "config", extra: Mapping[str, str] | Non
         if isinstance(item, list):
             return [walk(v, f"{path}[{i}]") for i, v in enumerate(item)]
         if isinstance(item, dict):
-            return {k: walk(v, f"{path}.{k}") for k, v in item.items()}
+            return {k: walk(v, _child(path, k, where)) for k, v in item.items()}
         return item
 
     return walk(value, where)
 
 
-def _walk(value: Any, path: str) -> Iterable[tuple[str, Any]]:
+def _child(path: str, key: Any, root: str) -> str:
+    """``root: key`` at the top, ``path.key`` below."""
+    return f"{root}: {key}" if path == root else f"{path}.{key}"
+
+
+def _walk(value: Any, path: str, root: str | None = None) -> Iterable[tuple[str, Any]]:
+    root = path if root is None else root
     yield path, value
     if isinstance(value, dict):
         for k, v in value.items():
-            yield from _walk(v, f"{path}.{k}")
+            yield from _walk(v, _child(path, k, root), root)
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
-            yield from _walk(v, f"{path}[{i}]")
+            yield from _walk(v, f"{path}[{i}]", root)
 
 
 # -- overrides and files ----------------------------------------------------------------------
