@@ -30,27 +30,14 @@ first bad row, which always names the parquet file, the 0-based row index within
   to the inputs. ``NORM_SPREAD = 1e4`` leaves four orders of magnitude to legitimate data, and
   ``NORM_MAX = 1e6`` keeps squared norms summed over 10^8 rows finite in float32.
 
-One writer at a time (:class:`OutputLock`): a job holds ``ROOT/<split>`` while it writes. On a
-local disk that is an OS lock (``flock``) on ``ROOT/<split>/_LOCK``, released by the kernel when
-the process ends, however it ends. On object stores (``s3://`` ...) it is a lease object
-``ROOT/<split>/_LEASE.json`` (owner id, host, pid, expiry) renewed by a background thread every
-``LEASE_RENEW`` seconds and valid for ``LEASE_TTL`` seconds: a writer that finds an unexpired
-lease of another owner is refused, an expired one (its holder died) is taken over. Leases assume
-clocks synchronised to well within ``LEASE_TTL``; two writers starting within the same second on
-an empty output are separated by a write-wait-reread handshake (``LEASE_SETTLE``), and a job that
-finds its lease taken stops before its next write (:meth:`OutputLock.check`).
+Files are read and written through :mod:`asymvlm.storage` (local paths and object-store URIs,
+atomic writes, :class:`~asymvlm.storage.OutputLock` for one writer at a time).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import posixpath
-import socket
-import sys
-import threading
-import time
-import uuid
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,12 +48,16 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from asymvlm.errors import LockError
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: local outputs use the lease object too
-    fcntl = None  # type: ignore[assignment]
+from asymvlm.storage import (  # noqa: F401 - OutputLock, read_json, write_json: re-exported
+    OutputLock,
+    read_json,
+    write_json,
+)
+from asymvlm.storage import atomic_write_bytes as _atomic_write_bytes
+from asymvlm.storage import atomic_write_table as _atomic_write_table
+from asymvlm.storage import display as _display
+from asymvlm.storage import filesystem as _filesystem
+from asymvlm.storage import join as _join
 
 __all__ = [
     "EmbeddingSplit",
@@ -90,11 +81,6 @@ _IMAGE_RESERVED = frozenset(IMAGE_COLUMNS)
 #: Bounds on the raw text ``norm`` column (see the module docstring).
 NORM_SPREAD = 1e4
 NORM_MAX = 1e6
-LOCK_NAME = "_LOCK"
-LEASE_NAME = "_LEASE.json"
-LEASE_TTL = 120.0
-LEASE_RENEW = 30.0
-LEASE_SETTLE = 1.0
 
 
 class TableError(ValueError):
@@ -134,43 +120,8 @@ class Manifest:
         extra = {k: v for k, v in data.items() if k not in ("dim", "model")}
         return cls(dim=dim, model=model, extra=extra)
 
-
 # --------------------------------------------------------------------------------------------
-# filesystem helpers
-
-
-def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
-    """Return ``(filesystem, path)`` for a local path or a URI (``file://``, ``s3://``, ...).
-
-    ``s3://`` goes through s3fs (wrapped for pyarrow) so that ``AWS_ENDPOINT_URL`` and fsspec's
-    s3 configuration apply; other schemes use :func:`pyarrow.fs.FileSystem.from_uri`.
-    """
-    root = os.fspath(root)
-    if "://" not in root:
-        return pafs.LocalFileSystem(), os.path.abspath(root).replace(os.sep, "/")
-    scheme, rest = root.split("://", 1)
-    if scheme.lower() == "s3":
-        import s3fs
-
-        kwargs: dict[str, Any] = {}
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            kwargs["endpoint_url"] = endpoint
-        fs = s3fs.S3FileSystem(**kwargs)
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), rest.rstrip("/")
-    fs, path = pafs.FileSystem.from_uri(root)
-    return fs, path.rstrip("/") or path
-
-
-def _display(root: str, path: str) -> str:
-    """How a filesystem path is shown in messages: with the root's scheme if it had one."""
-    root = os.fspath(root)
-    if "://" in root and not root.lower().startswith("file://"):
-        return f"{root.split('://', 1)[0]}://{path}"
-    return path
-
-
-_join = posixpath.join
+# files
 
 
 def _list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
@@ -184,43 +135,6 @@ def _list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
         and not info.base_name.startswith((".", "_"))
     ]
     return sorted(files, key=posixpath.basename)
-
-
-def _tmp_name(path: str) -> str:
-    """Hidden temporary name in the same folder (never matched by :func:`_list_parquet`)."""
-    folder, name = posixpath.split(path)
-    return _join(folder, f".{name}.tmp-{uuid.uuid4().hex}")
-
-
-def _atomic_write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """Write ``data`` to a temporary name next to ``path``, then rename it onto ``path``."""
-    tmp = _tmp_name(path)
-    try:
-        with fs.open_output_stream(tmp) as out:
-            out.write(data)
-        fs.move(tmp, path)
-    except BaseException:
-        _remove_quietly(fs, tmp)
-        raise
-
-
-def _atomic_write_table(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:
-    """Write ``table`` to a temporary name next to ``path``, then rename it onto ``path``."""
-    tmp = _tmp_name(path)
-    try:
-        pq.write_table(table, tmp, filesystem=fs)
-        fs.move(tmp, path)
-    except BaseException:
-        _remove_quietly(fs, tmp)
-        raise
-
-
-def _remove_quietly(fs: pafs.FileSystem, path: str) -> None:
-    try:
-        if fs.get_file_info(path).type == pafs.FileType.File:
-            fs.delete_file(path)
-    except Exception:  # best-effort cleanup while another error propagates
-        pass
 
 
 def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> str:
@@ -253,231 +167,6 @@ def read_parts(root: str, split: str, kind: str) -> pa.Table | None:
     if not files:
         return None
     return pa.concat_tables([pq.read_table(f, filesystem=fs) for f in files])
-
-
-def write_json(root: str, relative: str, payload: dict[str, Any]) -> None:
-    """Atomically write a JSON file at ``ROOT/relative``."""
-    fs, base = _filesystem(root)
-    path = _join(base, relative)
-    fs.create_dir(posixpath.dirname(path), recursive=True)
-    _atomic_write_bytes(fs, path, json.dumps(payload, indent=2, sort_keys=True).encode())
-
-
-def read_json(root: str, relative: str) -> dict[str, Any] | None:
-    """``ROOT/relative`` parsed as JSON, or None if the file does not exist."""
-    fs, base = _filesystem(root)
-    path = _join(base, relative)
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return None
-    with fs.open_input_stream(path) as fh:
-        return json.loads(fh.read().decode())
-
-
-# --------------------------------------------------------------------------------------------
-# one writer at a time
-
-
-def _when(seconds: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
-
-
-def _holder(info: dict[str, Any] | None) -> str:
-    """``pid 123 on host-a since ...`` from a lock file's / lease's JSON (or "unknown")."""
-    if not info:
-        return "holder unknown"
-    text = f"pid {info.get('pid', '?')} on {info.get('host', '?')}"
-    if isinstance(info.get("since"), int | float):
-        text += f", since {_when(info['since'])}"
-    return text
-
-
-class OutputLock:
-    """Exclusive hold of ``ROOT/folder`` by one writer (see the module docstring).
-
-    ``with OutputLock(root, "test"):`` raises :class:`~asymvlm.errors.LockError` naming the
-    output and the holder when another writer has it. ``wait`` > 0 retries for that many seconds
-    first (for short critical sections such as the manifest update). :meth:`check` raises when an
-    object-store lease was lost (taken over after it could not be renewed in time).
-    """
-
-    def __init__(
-        self,
-        root: str,
-        folder: str,
-        *,
-        name: str = "",
-        wait: float = 0.0,
-        ttl: float | None = None,
-        renew_every: float | None = None,
-        settle: float | None = None,
-        log=None,
-    ) -> None:
-        self.root, self.folder = os.fspath(root), folder
-        self.fs, base = _filesystem(self.root)
-        self.dir = _join(base, folder) if folder else base
-        suffix = f".{name}" if name else ""
-        self.local = isinstance(self.fs, pafs.LocalFileSystem) and fcntl is not None
-        stem, ext = posixpath.splitext(LEASE_NAME)
-        self.path = _join(self.dir, LOCK_NAME + suffix if self.local else stem + suffix + ext)
-        self.shown = _display(self.root, self.dir)
-        self.wait = wait
-        self.ttl = LEASE_TTL if ttl is None else ttl
-        self.renew_every = LEASE_RENEW if renew_every is None else renew_every
-        self.settle = LEASE_SETTLE if settle is None else settle
-        self.owner = uuid.uuid4().hex
-        self._log = log or (lambda msg: print(f"[lock] {msg}", file=sys.stderr, flush=True))
-        self._fd: int | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lost: str | None = None
-        self._expires = 0.0
-        self._since = 0.0
-
-    # -- public ------------------------------------------------------------------------------
-    def acquire(self) -> OutputLock:
-        deadline = time.monotonic() + self.wait
-        while True:
-            try:
-                self._acquire_local() if self.local else self._acquire_lease()
-                return self
-            except LockError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                time.sleep(min(0.2, left))
-
-    def check(self) -> None:
-        """Raise :class:`LockError` if this writer no longer holds the output."""
-        if self._lost is not None:
-            raise LockError(
-                f"{self.shown}: this job lost its write lease ({self._lost}); stopped before "
-                "writing more -- re-run it once the other writer is done"
-            )
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                os.ftruncate(fd, 0)
-            finally:
-                os.close(fd)  # closing the descriptor drops the flock
-            return
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join()
-        self._thread = None
-        try:
-            current = self._read_lease()
-            if current is not None and current.get("owner") == self.owner:
-                self.fs.delete_file(self.path)
-        except Exception as exc:  # the lease expires by itself
-            self._log(f"could not remove {_display(self.root, self.path)}: {exc}")
-
-    def __enter__(self) -> OutputLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    # -- local: flock ------------------------------------------------------------------------
-    def _info(self) -> dict[str, Any]:
-        return {"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
-                "since": time.time()}  # fmt: skip
-
-    def _acquire_local(self) -> None:
-        os.makedirs(self.dir, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            try:
-                raw = os.pread(fd, 4096, 0)
-                info = json.loads(raw.decode()) if raw.strip() else None
-            except (OSError, ValueError):
-                info = None
-            os.close(fd)
-            raise LockError(
-                f"{self.shown} is being written by another job ({_holder(info)}); wait for it "
-                "to finish or choose another --output"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(self._info()).encode(), 0)
-        self._fd = fd
-
-    # -- object stores: a renewed lease ------------------------------------------------------
-    def _read_lease(self) -> dict[str, Any] | None:
-        # Through fsspec when possible: one plain GET, no listing cache (other processes write
-        # the lease) and no ETag precondition (it may be rewritten while being read).
-        inner = getattr(getattr(self.fs, "handler", None), "fs", None)
-        try:
-            if inner is not None and hasattr(inner, "cat_file"):
-                if hasattr(inner, "invalidate_cache"):
-                    inner.invalidate_cache(self.path)
-                raw = inner.cat_file(self.path)
-            else:
-                with self.fs.open_input_stream(self.path) as fh:
-                    raw = fh.read()
-        except FileNotFoundError:
-            return None
-        try:
-            info = json.loads(raw.decode())
-        except ValueError:
-            return {}
-        return info if isinstance(info, dict) else {}
-
-    def _write_lease(self) -> None:
-        self._expires = time.time() + self.ttl
-        info = {**self._info(), "since": self._since, "expires": self._expires,
-                "expires_utc": _when(self._expires), "ttl": self.ttl}  # fmt: skip
-        with self.fs.open_output_stream(self.path) as out:
-            out.write(json.dumps(info, indent=2).encode())
-
-    def _acquire_lease(self) -> None:
-        self.fs.create_dir(self.dir, recursive=True)
-        current = self._read_lease()
-        now = time.time()
-        if current is not None and current.get("owner") != self.owner:
-            expires = current.get("expires")
-            if isinstance(expires, int | float) and expires > now:
-                raise LockError(
-                    f"{self.shown} is being written by another job ({_holder(current)}); its "
-                    f"lease expires at {_when(expires)} ({expires - now:.0f} s from now) unless "
-                    "renewed -- wait for it to finish or choose another --output"
-                )
-            self._log(
-                f"taking over the expired lease on {self.shown} ({_holder(current)}, "
-                + (f"expired at {_when(expires)})" if isinstance(expires, int | float)
-                   else "unreadable lease)")
-            )  # fmt: skip
-        self._since = time.time()
-        self._write_lease()
-        if self.settle > 0:
-            time.sleep(self.settle)
-        current = self._read_lease()
-        if current is None or current.get("owner") != self.owner:
-            raise LockError(
-                f"{self.shown} is being written by another job ({_holder(current)}), which "
-                "took the lease at the same time; wait for it to finish or choose another --output"
-            )
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._renew, name="lease-renewal", daemon=True)
-        self._thread.start()
-
-    def _renew(self) -> None:
-        while not self._stop.wait(self.renew_every):
-            try:
-                current = self._read_lease()
-                if current is None or current.get("owner") != self.owner:
-                    self._lost = f"now held by {_holder(current)}"
-                    self._log(f"{self.shown}: lease lost ({self._lost})")
-                    return
-                self._write_lease()
-            except Exception as exc:  # network trouble: retry until the lease would expire
-                self._log(f"{self.shown}: could not renew the lease ({exc})")
-                if time.time() >= self._expires:
-                    self._lost = "it expired while it could not be renewed"
-                    return
 
 
 def write_manifest(root: str, manifest: Manifest | dict[str, Any]) -> None:

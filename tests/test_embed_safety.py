@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from asymvlm import tables
+from asymvlm import storage, tables
 from asymvlm.data.embed import JOB, SUCCESS, EmbedConfig, run_embed
 from asymvlm.errors import ConfigError, LockError
 from tests.helpers import HIERARCAPS, requires_hierarcaps
@@ -146,7 +146,7 @@ def test_job_record_is_written_before_the_first_shard(small, monkeypatch) -> Non
     assert job["fingerprint"] == cfg.fingerprint(_source(cfg))
     assert job["fingerprint"]["text_perturbation"] == "typos:3"
     assert job["fingerprint"]["n_images"] == 6 and len(job["fingerprint"]["source_sha256"]) == 64
-    assert sorted(os.listdir(os.path.join(cfg.output, "test"))) == sorted([tables.LOCK_NAME, JOB])
+    assert sorted(os.listdir(os.path.join(cfg.output, "test"))) == sorted([storage.LOCK_NAME, JOB])
 
 
 @pytest.mark.parametrize("record", [JOB, SUCCESS])
@@ -211,7 +211,7 @@ def test_parts_without_a_job_record_are_refused(small) -> None:
 # -- 3. one writer at a time ------------------------------------------------------------------
 _HOLDER = """
 import sys, time
-from asymvlm.tables import OutputLock
+from asymvlm.storage import OutputLock
 OutputLock(sys.argv[1], sys.argv[2]).acquire()
 print("held", flush=True)
 time.sleep(600)
@@ -300,7 +300,7 @@ def _lease(root: str, **kw) -> tables.OutputLock:
 def test_object_store_lease_refuses_a_second_writer_until_released(s3) -> None:
     first = _lease("s3://bucket/out", ttl=60.0).acquire()
     try:
-        held = tables.read_json("s3://bucket/out", "test/" + tables.LEASE_NAME)
+        held = tables.read_json("s3://bucket/out", "test/" + storage.LEASE_NAME)
         assert held["owner"] == first.owner and held["pid"] == os.getpid()
         assert held["expires"] == pytest.approx(time.time() + 60, abs=5)
         with pytest.raises(LockError) as exc:
@@ -312,7 +312,7 @@ def test_object_store_lease_refuses_a_second_writer_until_released(s3) -> None:
         assert f"lease expires at {held['expires_utc']}" in message
     finally:
         first.release()
-    assert tables.read_json("s3://bucket/out", "test/" + tables.LEASE_NAME) is None
+    assert tables.read_json("s3://bucket/out", "test/" + storage.LEASE_NAME) is None
     with _lease("s3://bucket/out"):
         pass
 
@@ -320,7 +320,7 @@ def test_object_store_lease_refuses_a_second_writer_until_released(s3) -> None:
 def test_object_store_lease_is_renewed_taken_over_when_expired_and_lost_loudly(s3) -> None:
     logs: list[str] = []
     first = _lease("s3://bucket/out", ttl=1.0, renew_every=0.2).acquire()
-    path = "test/" + tables.LEASE_NAME
+    path = "test/" + storage.LEASE_NAME
     try:
         before = tables.read_json("s3://bucket/out", path)["expires"]
         time.sleep(1.5)  # longer than the ttl: only renewal keeps the lease

@@ -61,7 +61,7 @@ import pyarrow as pa
 from pydantic import ConfigDict, Field, field_validator
 from pydantic.dataclasses import dataclass
 
-from asymvlm import tables
+from asymvlm import storage, tables
 from asymvlm.data.sources import READERS, SourceData, open_fs, read_source
 from asymvlm.errors import ConfigError
 
@@ -763,7 +763,7 @@ def _refuse_other_job(shown: str, what: str, ours: dict[str, Any], theirs: dict[
 
 def _written_parts(cfg: EmbedConfig) -> str | None:
     """What an output already holds (parquet parts or shard markers), or None if nothing."""
-    fs, base = tables._filesystem(cfg.output)
+    fs, base = storage.filesystem(cfg.output)
     for kind in (tables.IMAGES_DIR, tables.TEXTS_DIR, ERRORS_DIR, PROMPTS_DIR):
         if tables._list_parquet(fs, tables._join(base, cfg.split, kind)):
             return f"{kind}/ parts"

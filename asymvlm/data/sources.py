@@ -2,8 +2,9 @@
 
 Nothing here decodes or even stats image files (a missing or corrupt image is a per-row error of
 the embedding stage); only the pixel-in-annotation sets (CIFAR, STL-10) are turned into PNG bytes.
-Every path may be local or an fsspec URL (``s3://bucket/key``, ...); :func:`open_fs` is the one
-place that opens them (it honours ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for s3).
+Every path may be local or an fsspec URL (``s3://bucket/key``, ...); :func:`open_fs` (the storage
+layer's :func:`asymvlm.storage.fsspec_filesystem`) is the one place that opens them (it honours
+``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for s3).
 
 Contract::
 
@@ -91,6 +92,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from asymvlm.storage import fsspec_filesystem
+
 __all__ = [
     "CAPTION_SCHEMA",
     "DEFAULT_TEMPLATES",
@@ -159,15 +162,7 @@ class SourceData:
 
 
 # -- file systems ------------------------------------------------------------------------------
-def open_fs(url: str | os.PathLike) -> tuple[fsspec.AbstractFileSystem, str]:
-    """``(filesystem, path)`` for a local path or fsspec URL; s3 honours ``AWS_ENDPOINT_URL``."""
-    url = os.fspath(url)
-    options: dict[str, Any] = {}
-    if fsspec.utils.get_protocol(url) in ("s3", "s3a"):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            options["client_kwargs"] = {"endpoint_url": endpoint}
-    return fsspec.core.url_to_fs(url, **options)
+open_fs = fsspec_filesystem  # the storage layer's resolver (s3 honours AWS_ENDPOINT_URL)
 
 
 def _read_bytes(url: str) -> bytes:
