@@ -40,6 +40,7 @@ from pydantic import (
 )
 
 from asymvlm.errors import ConfigError
+from asymvlm.methods import check_method_name
 from asymvlm.training import TrainConfig
 
 __all__ = [
@@ -325,15 +326,7 @@ def validate(model: Any, data: Any, source: str, flags: bool = False) -> Any:
 
 
 # -- shared field types -------------------------------------------------------------------------
-def _known_method(name: str) -> str:
-    from asymvlm.methods import METHODS
-
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
-    return name
-
-
-MethodName = Annotated[str, AfterValidator(_known_method)]
+MethodName = Annotated[str, AfterValidator(check_method_name)]
 PositiveInt = Annotated[int, Field(ge=1)]
 Fraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
 

@@ -650,13 +650,8 @@ def _text_norms(parts: list[_Part], validate: bool) -> np.ndarray | None:
         if validate:
             bad = _first(~(np.isfinite(vals) & (vals > 0)))
             if bad is not None:
-                raise _row_error(
-                    p.shown,
-                    bad,
-                    "caption_id",
-                    p.ids,
-                    f"norm is {vals[bad]!r}, must be finite and > 0",
-                )
+                msg = f"norm is {vals[bad]!r}, must be finite and > 0"
+                raise _row_error(p.shown, bad, "caption_id", p.ids, msg)
         blocks.append(vals)
     if validate:
         _check_norm_spread(parts, blocks)

@@ -35,7 +35,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from asymvlm import tables
 from asymvlm.distributed import GlobalBatchLoss, epoch_generator, shard_rows
 from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
-from asymvlm.methods import Method, build_method
+from asymvlm.methods import Method, build_method, check_method_name
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.pt"
@@ -79,11 +79,7 @@ class TrainConfig:
     @field_validator("method")
     @classmethod
     def _known_method(cls, value: str) -> str:
-        from asymvlm.methods import METHODS
-
-        if value not in METHODS:
-            raise ValueError(f"unknown method {value!r}; known: {', '.join(sorted(METHODS))}")
-        return value
+        return check_method_name(value)
 
     @field_validator("device")
     @classmethod

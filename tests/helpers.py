@@ -34,3 +34,18 @@ HIERARCAPS = _find_hierarcaps()
 requires_hierarcaps = pytest.mark.skipif(
     HIERARCAPS is None, reason="real HierarCaps data not found (../shared/data/hierarcaps)"
 )
+
+
+def hierarcaps_subset(folder: Path, n: int = 6) -> tuple[str, str]:
+    """The first ``n`` HierarCaps hierarchies and their images copied to ``folder``; returns
+    (csv path, image folder)."""
+    import shutil
+
+    folder = Path(folder)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    lines = (HIERARCAPS / "hierarcaps_test.csv").read_text().splitlines()[: n + 1]
+    (folder / "hierarcaps_test.csv").write_text("\n".join(lines) + "\n")
+    for line in lines[1:]:
+        name = line.rsplit("/", 1)[1]
+        shutil.copy(HIERARCAPS / "images" / name, folder / "images" / name)
+    return str(folder / "hierarcaps_test.csv"), str(folder / "images")

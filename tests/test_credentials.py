@@ -14,7 +14,7 @@ import pytest
 from asymvlm import config
 from asymvlm.errors import ConfigError
 from pipelines import full
-from tests.helpers import HIERARCAPS
+from tests.helpers import HIERARCAPS, hierarcaps_subset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKE = {
@@ -81,13 +81,7 @@ def test_no_credential_reaches_outputs_mlflow_tune_or_ray_logs(tmp_path) -> None
     """A small pipeline (embed with Ray Data, a Tune sweep of Ray Train runs, an evaluation,
     the report) with fake credentials in the environment: none of them may appear in any
     output, the MLflow store and artifacts, Tune's and Train's folders or Ray's session logs."""
-    hc = tmp_path / "hc"
-    (hc / "images").mkdir(parents=True)
-    lines = open(os.path.join(HIERARCAPS, "hierarcaps_test.csv")).read().splitlines()[:9]
-    (hc / "hierarcaps_test.csv").write_text("\n".join(lines) + "\n")
-    for line in lines[1:]:
-        name = line.rsplit("/", 1)[1]
-        shutil.copy(os.path.join(HIERARCAPS, "images", name), hc / "images" / name)
+    csv, images = hierarcaps_subset(tmp_path / "hc", 8)
     out = tmp_path / "out"
     cfg = tmp_path / "pipeline.yaml"
     cfg.write_text(f"""
@@ -99,7 +93,7 @@ prepare:
               val_images: 40, test_images: 40, captions_per_image: 3}}
 embed:
   jobs:
-    - {{dataset: hierarcaps, annotations: {hc}/hierarcaps_test.csv, images: {hc}/images,
+    - {{dataset: hierarcaps, annotations: {csv}, images: {images},
        model: "${{output}}/models/tiny-clip", split: test, output: "${{output}}/tables/hc",
        batch_size: 8}}
 sweeps:

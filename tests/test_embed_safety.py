@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pydantic import ValidationError
 from asymvlm import storage, tables
 from asymvlm.data.embed import JOB, SUCCESS, EmbedConfig, run_embed
 from asymvlm.errors import ConfigError, LockError
-from tests.helpers import HIERARCAPS, requires_hierarcaps
+from tests.helpers import hierarcaps_subset, requires_hierarcaps
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = dict(dataset="hierarcaps", split="test")
@@ -373,17 +372,6 @@ def test_ray_stage_arguments_carry_no_environment(small, monkeypatch) -> None:
 
 
 # -- 6. real signals: the CLI, SIGKILLed between shards, and s3:// ----------------------------
-def _hierarcaps_subset(folder: Path, n: int) -> tuple[str, str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    lines = open(os.path.join(HIERARCAPS, "hierarcaps_test.csv")).read().splitlines()[: n + 1]
-    (folder / "hierarcaps_test.csv").write_text("\n".join(lines) + "\n")
-    (folder / "images").mkdir()
-    for line in lines[1:]:
-        name = line.rsplit("/", 1)[1]
-        shutil.copy(os.path.join(HIERARCAPS, "images", name), folder / "images" / name)
-    return str(folder / "hierarcaps_test.csv"), str(folder / "images")
-
-
 def _embed_command(csv: str, images: str, model: str, output: str) -> list[str]:
     return [sys.executable, "-m", "asymvlm.cli", "embed", "--dataset", "hierarcaps",
             "--annotations", csv, "--images", images, "--model", model, "--split", "test",
@@ -409,7 +397,7 @@ def _rows(root: str) -> dict[str, dict[str, np.ndarray]]:
 @pytest.mark.slow
 @requires_hierarcaps
 def test_sigkilled_embed_resumes_to_the_uninterrupted_result(tiny_clip, tmp_path) -> None:
-    csv, images = _hierarcaps_subset(tmp_path / "hc", 6)  # 3 shards of 2 images
+    csv, images = hierarcaps_subset(tmp_path / "hc", 6)  # 3 shards of 2 images
     reference = str(tmp_path / "reference")
     _run(_embed_command(csv, images, tiny_clip, reference))
 
@@ -450,7 +438,7 @@ def test_cli_embed_to_s3_takes_credentials_from_the_environment(tiny_clip, tmp_p
     the credentials of the environment (none travel in runtime_env); the lease is released."""
     import s3fs
 
-    csv, images = _hierarcaps_subset(tmp_path / "hc", 4)
+    csv, images = hierarcaps_subset(tmp_path / "hc", 4)
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3["AWS_ENDPOINT_URL"]})
     fs.put(str(tmp_path / "hc") + "/", "bucket/hc/", recursive=True)
     command = _embed_command("s3://bucket/hc/hierarcaps_test.csv", "s3://bucket/hc/images",

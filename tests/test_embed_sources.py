@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +13,7 @@ import pytest
 from asymvlm import tables
 from asymvlm.cli import main as cli_main
 from asymvlm.data.embed import EmbedConfig, run_embed
-from tests.helpers import HIERARCAPS, requires_hierarcaps
+from tests.helpers import hierarcaps_subset, requires_hierarcaps
 from tests.test_sources import cifar_rows, dump, write_shards
 
 
@@ -93,20 +92,9 @@ def test_cifar10_images_with_labels_and_class_prompts(ray_session, tiny_models, 
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
 
 
-def _small_hierarcaps(folder, n: int = 6) -> tuple[str, str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    lines = open(os.path.join(HIERARCAPS, "hierarcaps_test.csv")).read().splitlines()[: n + 1]
-    (folder / "hierarcaps_test.csv").write_text("\n".join(lines) + "\n")
-    (folder / "images").mkdir()
-    for line in lines[1:]:
-        name = line.rsplit("/", 1)[1]
-        shutil.copy(os.path.join(HIERARCAPS, "images", name), folder / "images" / name)
-    return str(folder / "hierarcaps_test.csv"), str(folder / "images")
-
-
 @requires_hierarcaps
 def test_cli_embed_and_pipeline_config(ray_session, tiny_models, tmp_path, capsys) -> None:
-    csv, images = _small_hierarcaps(tmp_path / "hc")
+    csv, images = hierarcaps_subset(tmp_path / "hc")
     out = str(tmp_path / "cli-tables")
     code = cli_main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images", images,
                      "--model", tiny_models["clip"], "--split", "test", "--output", out,
@@ -173,7 +161,7 @@ def test_s3_input_and_output(ray_on_s3_nodes, tiny_models, tmp_path) -> None:
     s3_server = ray_on_s3_nodes
     import s3fs
 
-    csv, images = _small_hierarcaps(tmp_path / "hc", n=5)
+    csv, images = hierarcaps_subset(tmp_path / "hc", n=5)
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server})
     fs.mkdir("data")
     fs.put(os.path.dirname(csv) + "/", "data/hc/", recursive=True)

@@ -22,22 +22,13 @@ from asymvlm.training import (
     load_split,
     steps_per_epoch,
 )
+from tests.test_metrics import PAIRS, SCORES
+from tests.test_training import _cfg, _toy_split
 
 NAN, INF = float("nan"), float("inf")
 
 # The hand example of test_metrics: 3 images, captions 0,1 -> img0; 2,3 -> img1; 4,5 -> img2.
 # Finite: t2i R@1 4/6, R@2 5/6, R@5 1; i2t R@1 2/3, R@2 1, R@5 1.
-SCORES = torch.tensor(
-    [
-        [0.9, 0.1, 0.0],
-        [0.2, 0.8, 0.1],
-        [0.1, 0.7, 0.3],
-        [0.6, 0.2, 0.5],
-        [0.0, 0.3, 0.4],
-        [0.5, 0.4, 0.7],
-    ]
-)
-PAIRS = torch.tensor([0, 0, 1, 1, 2, 2])
 KS = (1, 2, 5)
 
 
@@ -224,17 +215,6 @@ def test_no_registered_method_raises_a_false_alarm(test_split) -> None:
 
 
 # -- training stops at the first non-finite step -----------------------------------------------
-def _toy_split(n_image: int = 40, n_text: int = 100, dim: int = 8) -> SplitTensors:
-    g = torch.Generator().manual_seed(0)
-    images = torch.nn.functional.normalize(torch.randn(n_image, dim, generator=g), dim=-1)
-    t2i = torch.randint(0, n_image, (n_text,), generator=g)
-    texts = 5.0 * (images[t2i] + 0.3 * torch.randn(n_text, dim, generator=g))
-    return SplitTensors(image_emb=images, text_emb=texts, text_to_image=t2i, split=None)
-
-
-def _cfg(**kw) -> TrainConfig:
-    base = dict(epochs=4, lr=1e-2, batch_size=32, hidden_dim=16, depth=2, optimizer="sgd")
-    return TrainConfig(**{**base, **kw})
 
 
 def test_a_real_divergence_stops_with_epoch_step_method_and_lr(small_world, one_thread) -> None:

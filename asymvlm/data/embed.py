@@ -58,7 +58,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import pyarrow as pa
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass
 
 from asymvlm import storage, tables
@@ -150,22 +150,15 @@ class EmbedConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {value!r}")
         return _DTYPE_ALIASES.get(value.lower(), value.lower())
 
-    @field_validator("image_perturbation")
+    @field_validator("image_perturbation", "text_perturbation")
     @classmethod
-    def _image_perturbation(cls, value: str | None) -> str | None:
+    def _perturbation(cls, value: str | None, info: ValidationInfo) -> str | None:
         from asymvlm.data import perturb
 
+        kinds = (perturb.IMAGE_PERTURBATIONS if info.field_name == "image_perturbation"
+                 else perturb.CAPTION_PERTURBATIONS)  # fmt: skip
         if value:
-            perturb.parse_perturbation(value, perturb.IMAGE_PERTURBATIONS)
-        return value or None
-
-    @field_validator("text_perturbation")
-    @classmethod
-    def _text_perturbation(cls, value: str | None) -> str | None:
-        from asymvlm.data import perturb
-
-        if value:
-            perturb.parse_perturbation(value, perturb.CAPTION_PERTURBATIONS)
+            perturb.parse_perturbation(value, kinds)
         return value or None
 
     def check_inputs(self) -> None:

@@ -49,14 +49,17 @@ def register(name: str) -> Callable[[type[Method]], type[Method]]:
     return deco
 
 
+def check_method_name(name: str) -> str:
+    """``name`` if it is registered, else a ValueError listing the known names (the one check
+    behind every config schema and :func:`build_method`)."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
+    return name
+
+
 def build_method(name: str, dim: int, **kwargs: Any) -> Method:
     """Instantiate a registered method for embeddings of dimension ``dim``."""
-    try:
-        cls = METHODS[name]
-    except KeyError:
-        known = ", ".join(sorted(METHODS))
-        raise ValueError(f"unknown method {name!r}; known methods: {known}") from None
-    return cls(dim=dim, **kwargs)
+    return METHODS[check_method_name(name)](dim=dim, **kwargs)
 
 
 def mlp(d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3) -> nn.Sequential:
