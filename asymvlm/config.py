@@ -313,6 +313,37 @@ def validation_message(
     return f"{source}: " + "; ".join(lines) + more
 
 
+def check_output_storage(output: str, tracking_uri: str | None, source: str) -> None:
+    """An object-store output needs a tracking server: MLflow's SQLite store is a local file."""
+    from asymvlm.storage import is_remote
+
+    if is_remote(output) and not tracking_uri:
+        raise ConfigError(
+            f"{source}: output {output} is on an object store, where MLflow's default SQLite "
+            "store cannot live: set mlflow.tracking_uri to a tracking server (http(s)://...; "
+            "its artifacts may go to the same bucket)"
+        )
+
+
+def check_shared_output(output: str, shared_filesystem: bool) -> None:
+    """On a Ray cluster of more than one node, a local ``output`` must be declared shared: Ray
+    Train uploads checkpoints from whichever node reports them, and every stage reads back what
+    another node wrote. Call after Ray is up, before any work."""
+    import ray
+
+    from asymvlm.storage import is_remote
+
+    if is_remote(output) or shared_filesystem or not ray.is_initialized():
+        return
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) > 1:
+        raise ConfigError(
+            f"output {output} is a local path, but this Ray cluster has {len(nodes)} nodes: "
+            "shared storage is needed. Use an object store (--output s3://bucket/run) or a "
+            "mount every node shares, declared with storage.shared_filesystem=true"
+        )
+
+
 def validate(model: Any, data: Any, source: str, flags: bool = False) -> Any:
     """``model(**data)`` (a pydantic model or dataclass), errors as one ConfigError line."""
     try:
@@ -333,6 +364,13 @@ Fraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class StorageSettings(_Strict):
+    """Where ``output`` lives: a local folder (one node), an object-store URI, or a mount that
+    every node shares (NFS, EFS ...), which must be declared with ``shared_filesystem: true``."""
+
+    shared_filesystem: bool = False
 
 
 class MlflowSettings(_Strict):
@@ -361,6 +399,7 @@ class _SweepBase(_Strict):
     num_workers: PositiveInt = 1
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
     output: str | None = None
+    storage: StorageSettings = Field(default_factory=StorageSettings)
     train_split: str = "train"
     val_split: str | None = "val"
     test_split: str | None = "test"
@@ -504,6 +543,7 @@ class PipelineConfig(_Strict):
 
     name: str | None = None
     output: str | None = None
+    storage: StorageSettings = Field(default_factory=StorageSettings)
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
     prepare: PrepareConfig = Field(default_factory=PrepareConfig)
     embed: EmbedSection = Field(default_factory=EmbedSection)

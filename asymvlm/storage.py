@@ -383,3 +383,84 @@ class OutputLock:
                     self._lost = "it expired while it could not be renewed"
                     return
 
+
+
+# -- whole files and folders by URI -------------------------------------------------------------
+def uri_join(root: str, *parts: str) -> str:
+    """``root/part/...`` for local paths (made absolute) and URIs alike."""
+    root = os.fspath(root)
+    if "://" in root:
+        return "/".join([root.rstrip("/"), *[p.strip("/") for p in parts if p]])
+    return os.path.join(os.path.abspath(root), *parts)
+
+
+def exists(uri: str) -> bool:
+    """Whether a file or folder exists at ``uri``."""
+    fs, path = filesystem(uri)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def write_text(uri: str, text: str) -> str:
+    """Atomically write ``text`` (UTF-8) to ``uri``; returns ``uri``."""
+    fs, path = filesystem(uri)
+    fs.create_dir(posixpath.dirname(path), recursive=True)
+    atomic_write_bytes(fs, path, text.encode("utf-8"))
+    return uri
+
+
+def read_text(uri: str) -> str:
+    fs, path = filesystem(uri)
+    with fs.open_input_stream(path) as fh:
+        return fh.read().decode("utf-8")
+
+
+def upload_dir(local: str, uri: str) -> str:
+    """Copy the files of the local folder ``local`` to ``uri`` (a no-op when they are the same
+    local folder); returns ``uri``."""
+    if not is_remote(uri) and os.path.abspath(uri) == os.path.abspath(local):
+        return uri
+    fs, base = filesystem(uri)
+    for folder, _, files in os.walk(local):
+        rel = os.path.relpath(folder, local)
+        target = base if rel == "." else join(base, *rel.split(os.sep))
+        fs.create_dir(target, recursive=True)
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as fh:
+                atomic_write_bytes(fs, join(target, name), fh.read())
+    return uri
+
+
+def uri_of(fs: pafs.FileSystem, path: str) -> str:
+    """The URI of ``path`` on ``fs`` (inverse of :func:`filesystem` for the usual stores)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return path
+    name = fs.type_name
+    if isinstance(fs, pafs.PyFileSystem):  # fsspec behind pyarrow (s3fs)
+        protocol = getattr(getattr(fs.handler, "fs", None), "protocol", "s3")
+        name = protocol[0] if isinstance(protocol, tuple | list) else protocol
+    scheme = {"s3": "s3", "s3a": "s3", "gcs": "gs", "gs": "gs", "abfs": "abfs", "hdfs": "hdfs"}
+    return f"{scheme.get(name, name)}://{path.lstrip('/')}"
+
+
+def ray_storage(uri: str) -> tuple[str, pafs.FileSystem | None]:
+    """``(storage_path, storage_filesystem)`` for Ray Train/Tune ``RunConfig``: a local folder as
+    an absolute path; ``s3://`` with a custom endpoint (``AWS_ENDPOINT_URL``, e.g. MinIO or a
+    test server) as ``bucket/prefix`` on a pyarrow S3 filesystem pointed at it; any other URI
+    as it is (Ray resolves it with pyarrow)."""
+    uri = os.fspath(uri)
+    if not is_remote(uri):
+        return (os.path.abspath(uri.removeprefix("file://")), None)
+    scheme, rest = uri.split("://", 1)
+    endpoint = _endpoint()
+    if scheme.lower() in ("s3", "s3a") and endpoint:
+        from urllib.parse import urlparse
+
+        parsed = urlparse(endpoint)
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        fs = pafs.S3FileSystem(
+            endpoint_override=parsed.netloc or parsed.path,
+            scheme=parsed.scheme or "https",
+            **({"region": region} if region else {}),
+        )
+        return rest.rstrip("/"), fs
+    return uri.rstrip("/"), None

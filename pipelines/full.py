@@ -36,7 +36,7 @@ import yaml
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm import config, tracking  # noqa: E402
+from asymvlm import config, storage, tracking  # noqa: E402
 from asymvlm.errors import ConfigError, guarded  # noqa: E402
 
 STAGES = ("embed", "sweep", "evaluate", "report")
@@ -72,6 +72,14 @@ def load_config(path: str, overrides: list[str] | None = None) -> dict[str, Any]
     cfg["name"], cfg["output"] = name, output
     mlflow_cfg = cfg["mlflow"]
     mlflow_cfg["experiment"] = mlflow_cfg.get("experiment") or f"asymvlm-{name}"
+    config.check_output_storage(output, mlflow_cfg.get("tracking_uri"), path)
+    if storage.is_remote(output):
+        for key in ("tiny_clip", "hierarcaps_cifar"):
+            where = cfg["prepare"].get(key)
+            where = where.get("output") if isinstance(where, dict) else where
+            if where and storage.is_remote(where):
+                raise ConfigError(f"{path}: prepare.{key} writes local files; give it a local "
+                                  f"folder, not {where}")  # fmt: skip
     if not mlflow_cfg.get("tracking_uri"):
         mlflow_cfg["tracking_uri"] = tracking.default_tracking_uri(output)
     # Every sweep and every embedding job, fully resolved, fails here rather than mid-run.
@@ -179,17 +187,18 @@ def _sweep_config(
 
     doc = copy.deepcopy(sweep)
     doc["mlflow"] = dict(cfg["mlflow"])
-    doc["output"] = doc.get("output") or os.path.join(cfg["output"], "sweeps", sweep["name"])
+    doc["storage"] = dict(cfg["storage"])
+    doc["output"] = doc.get("output") or storage.uri_join(cfg["output"], "sweeps", sweep["name"])
     return resolve_config(doc, source=source or f"sweeps[{sweep['name']}]")
 
 
 def stage_sweep(cfg: dict[str, Any]) -> None:
-    from pipelines.sweep import run_sweep
+    from pipelines.sweep import SWEEP_RECORD, run_sweep
 
     for sweep in cfg.get("sweeps", []):
         scfg = _sweep_config(cfg, sweep)
-        if os.path.exists(os.path.join(scfg["output"], "sweep.json")):
-            _log(f"sweep {sweep['name']}: done already ({scfg['output']}/sweep.json)")
+        if storage.exists(storage.uri_join(scfg["output"], SWEEP_RECORD)):
+            _log(f"sweep {sweep['name']}: done already ({scfg['output']}/{SWEEP_RECORD})")
             continue
         _log(f"sweep {sweep['name']}: {len(scfg['methods'])} methods x {len(scfg['lr'])} lrs, "
              f"seeds {scfg['seeds']}")  # fmt: skip
@@ -206,20 +215,20 @@ def _location(value: str) -> tuple[str, str]:
 def stage_evaluate(cfg: dict[str, Any]) -> None:
     from asymvlm.evaluation import suite
     from asymvlm.methods import METHODS
+    from pipelines.sweep import SWEEP_RECORD
 
     uri, experiment = cfg["mlflow"]["tracking_uri"], cfg["mlflow"]["experiment"]
-    folder = os.path.join(cfg["output"], "evaluations")
-    os.makedirs(folder, exist_ok=True)
+    folder = storage.uri_join(cfg["output"], "evaluations")
     for i, ev in enumerate(cfg.get("evaluations", [])):
-        marker = os.path.join(folder, f"{i:02d}-{ev['kind']}.json")
-        if os.path.exists(marker):
+        marker = storage.uri_join(folder, f"{i:02d}-{ev['kind']}.json")
+        if storage.exists(marker):
             _log(f"evaluation {i} ({ev['kind']}): done already")
             continue
         methods: dict[str, Any] = {}
         if ev.get("sweep"):
             scfg = _sweep_config(cfg, next(s for s in cfg["sweeps"] if s["name"] == ev["sweep"]))
-            with open(os.path.join(scfg["output"], "sweep.json")) as fh:
-                parent = json.load(fh)["parent_run_id"]
+            record = storage.read_text(storage.uri_join(scfg["output"], SWEEP_RECORD))
+            parent = json.loads(record)["parent_run_id"]
             methods.update(suite.adapters_from_sweep(uri, parent))
         if ev.get("frozen"):
             dim = next(iter(methods.values())).dim if methods else int(ev["dim"])
@@ -244,15 +253,22 @@ def stage_evaluate(cfg: dict[str, Any]) -> None:
             result = suite.evaluate_ood(methods, _location(ev["data"]), perturbed)
         name = {"zeroshot": "zero_shot", "nota": "none_of_the_above"}.get(kind, kind)
         suite.log_evaluation(uri, experiment, name, result, params=params)
-        tracking.write_json(marker, result)
+        storage.write_text(marker, json.dumps(result, indent=2, default=float))
 
 
 def stage_report(cfg: dict[str, Any]) -> str:
     from asymvlm.report import build_report
 
-    out = os.path.abspath((cfg.get("report") or {}).get("output")
-                          or os.path.join(cfg["output"], "report"))  # fmt: skip
-    return build_report(cfg["mlflow"]["tracking_uri"], cfg["mlflow"]["experiment"], out)
+    out = (cfg.get("report") or {}).get("output") or storage.uri_join(cfg["output"], "report")
+    if not storage.is_remote(out):
+        return build_report(cfg["mlflow"]["tracking_uri"], cfg["mlflow"]["experiment"],
+                            os.path.abspath(out))  # fmt: skip
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:  # built here, then uploaded as a whole
+        local = build_report(cfg["mlflow"]["tracking_uri"], cfg["mlflow"]["experiment"], tmp)
+        storage.upload_dir(tmp, out)
+    return storage.uri_join(out, os.path.basename(local))
 
 
 def _log_pipeline_run(cfg: dict[str, Any], stages: list[str]) -> None:
@@ -278,8 +294,10 @@ def run_pipeline(cfg: dict[str, Any], stages: list[str]) -> dict[str, Any]:
     from pipelines.ray_session import init_ray
 
     t0 = time.perf_counter()
-    os.makedirs(cfg["output"], exist_ok=True)
+    if not storage.is_remote(cfg["output"]):
+        os.makedirs(cfg["output"], exist_ok=True)
     init_ray()  # joins $RAY_ADDRESS or starts a local Ray; credentials stay on the nodes
+    config.check_shared_output(cfg["output"], cfg["storage"]["shared_filesystem"])
     _log_pipeline_run(cfg, stages)
     out: dict[str, Any] = {"output": cfg["output"], "tracking_uri": cfg["mlflow"]["tracking_uri"]}
     if "embed" in stages:

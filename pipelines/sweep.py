@@ -45,7 +45,7 @@ from ray import tune
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm import config, tables, tracking  # noqa: E402
+from asymvlm import config, storage, tables, tracking  # noqa: E402
 from asymvlm.errors import AsymVLMError, ConfigError, TrialFailed, guarded  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
 from pipelines.train import run_config_dict, run_training  # noqa: E402
@@ -57,6 +57,7 @@ if __name__ != "__main__":  # see pipelines/train.py
 
 _TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"method", "lr", "seed", "method_kwargs"}
 SELECTION_METRIC = "val_mean_recall_at_1"
+SWEEP_RECORD = "sweep.json"  # written last: a sweep with it is done
 TRIAL_DRIVER_MEMORY = 256 * 1024**2  # bytes (a logical reservation)
 
 
@@ -79,6 +80,7 @@ def resolve_config(doc: dict[str, Any], source: str = "<config>") -> dict[str, A
     for key in ("output", "embeddings", "test_embeddings"):
         if cfg.get(key) and "://" not in str(cfg[key]):
             cfg[key] = os.path.abspath(cfg[key])
+    config.check_output_storage(cfg["output"], mlflow_cfg.get("tracking_uri"), source)
     if not mlflow_cfg.get("tracking_uri"):
         mlflow_cfg["tracking_uri"] = tracking.default_tracking_uri(cfg["output"])
     return cfg
@@ -146,7 +148,7 @@ def sweep_trial(config: dict[str, Any]) -> None:
         out = run_training(
             run,
             name=f"{config['stage']}-{method}-lr{lr:g}-seed{seed}",
-            storage_path=os.path.join(cfg["output"], "ray"),
+            storage_path=storage.uri_join(cfg["output"], "ray"),
             num_workers=cfg["num_workers"],
             cpus_per_worker=cfg["cpus_per_worker"],
             gpus_per_worker=cfg["gpus_per_worker"],
@@ -181,6 +183,7 @@ def _concurrency(cfg: dict[str, Any]) -> int:
 
 
 def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[int], logger):
+    tune_path, tune_fs = storage.ray_storage(storage.uri_join(cfg["output"], "tune"))
     tuner = tune.Tuner(
         # The trial only drives its TorchTrainer, whose workers ask for their own CPUs/GPUs:
         # it reserves no CPU (Tune needs some resource in a request: a little memory).
@@ -194,7 +197,8 @@ def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[in
         tune_config=tune.TuneConfig(max_concurrent_trials=_concurrency(cfg)),
         run_config=tune.RunConfig(
             name=stage,
-            storage_path=os.path.join(cfg["output"], "tune"),
+            storage_path=tune_path,
+            storage_filesystem=tune_fs,
             callbacks=[logger],
             verbose=1,
         ),
@@ -235,6 +239,12 @@ class MlflowTrialLogger(tune.Callback):
             self.cfg, self.parent_id, self.base_params, trial.config,
             failure_reason(_trial_error(trial)),
         )  # fmt: skip
+
+
+def _on_storage(uri: str) -> tuple[str, Any]:
+    """``(path, filesystem)`` of a checkpoint URI for ``ray.train.Checkpoint``: the filesystem
+    Ray Train wrote it with (pyarrow's own, for object stores)."""
+    return storage.ray_storage(uri)
 
 
 def _trial_error(trial) -> BaseException | str | None:
@@ -299,7 +309,7 @@ def log_child_run(
         from ray.train import Checkpoint
 
         with (
-            Checkpoint(out["checkpoint"]).as_directory() as directory,
+            Checkpoint(*_on_storage(out["checkpoint"])).as_directory() as directory,
             mlflow.start_run(run_id=run_id),
         ):
             mlflow.set_tracking_uri(cfg["mlflow"]["tracking_uri"])
@@ -366,8 +376,10 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
     from pipelines.ray_session import init_ray
 
     check_tables(cfg)
-    os.makedirs(cfg["output"], exist_ok=True)
+    if not storage.is_remote(cfg["output"]):
+        os.makedirs(cfg["output"], exist_ok=True)
     init_ray()  # joins $RAY_ADDRESS or starts a local Ray; credentials stay on the nodes
+    config.check_shared_output(cfg["output"], cfg["storage"]["shared_filesystem"])
     uri = cfg["mlflow"]["tracking_uri"]
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
@@ -447,13 +459,12 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
     except BaseException:
         client.set_terminated(parent_id, status="FAILED")
         raise
-    with open(os.path.join(cfg["output"], "summary.md"), "w") as fh:
-        fh.write(markdown)
-    tracking.write_json(
-        os.path.join(cfg["output"], "sweep.json"),
-        {"parent_run_id": parent_id, "experiment_id": experiment_id,
-         "tracking_uri": config.redact(uri), "selection": selection, "summary": summary,
-         "failed": failed},
+    storage.write_text(storage.uri_join(cfg["output"], "summary.md"), markdown)
+    storage.write_text(
+        storage.uri_join(cfg["output"], SWEEP_RECORD),
+        json.dumps({"parent_run_id": parent_id, "experiment_id": experiment_id,
+                    "tracking_uri": config.redact(uri), "selection": selection,
+                    "summary": summary, "failed": failed}, indent=2),
     )  # fmt: skip
     _print(markdown)
     _print(f"open the runs: mlflow ui --backend-store-uri {config.redact(uri)}")

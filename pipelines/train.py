@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from asymvlm import tables
+from asymvlm import storage, tables
 from asymvlm.errors import NonFiniteError
 from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.methods import build_method
@@ -225,6 +225,9 @@ def run_training(
 
     if use_gpu is None:
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    # Local folder, or an object store every node reaches (Ray Train needs storage that all
+    # workers share: checkpoints are uploaded there from whichever node reports them).
+    storage_path, storage_filesystem = storage.ray_storage(storage_path)
     resources = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if use_gpu else {})}
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -235,9 +238,8 @@ def run_training(
         ),
         run_config=RunConfig(
             name=name,
-            storage_path=os.path.abspath(storage_path)
-            if "://" not in storage_path
-            else storage_path,
+            storage_path=storage_path,
+            storage_filesystem=storage_filesystem,
             failure_config=FailureConfig(max_failures=max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
         ),
@@ -248,8 +250,9 @@ def run_training(
     out = dict(result.return_value or {})
     if out.get("diverged"):
         raise NonFiniteError(out["diverged"])
-    out["path"] = result.path
-    out["checkpoint"] = result.checkpoint.path if result.checkpoint is not None else None
+    out["path"] = storage.uri_of(result.filesystem, result.path)
+    ckpt = result.checkpoint
+    out["checkpoint"] = storage.uri_of(ckpt.filesystem, ckpt.path) if ckpt is not None else None
     return out
 
 

@@ -45,3 +45,37 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def s3_server(monkeypatch):
+    """A local S3-compatible server (moto's server mode) on 127.0.0.1."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }.items():
+        monkeypatch.setenv(key, value)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture
+def ray_on_s3_nodes(ray_session, s3_server):
+    """Ray restarted after the S3 settings are in the environment: workers get credentials from
+    their node's environment (as on a cluster), never through a runtime_env."""
+    ray_session.shutdown()
+    ray_session.init(num_cpus=2, include_dashboard=False)
+    yield s3_server
+    ray_session.shutdown()
+    ray_session.init(num_cpus=2, include_dashboard=False)
