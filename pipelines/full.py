@@ -150,8 +150,9 @@ def stage_prepare(cfg: dict[str, Any]) -> None:
             save_tiny_clip(path)
     if prep.get("synthetic"):
         syn = dict(prep["synthetic"])
-        root = os.path.abspath(syn.pop("output"))
-        if not os.path.exists(os.path.join(root, "manifest.json")):
+        root = syn.pop("output")
+        root = root if storage.is_remote(root) else os.path.abspath(root)
+        if not storage.exists(storage.uri_join(root, "manifest.json")):
             from asymvlm.synthetic import WorldConfig, write_world
 
             splits = {"train": syn.pop("train_images", 8000), "val": syn.pop("val_images", 1000),

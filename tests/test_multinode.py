@@ -1,15 +1,14 @@
 """The pipeline on a real two-node Ray cluster on this one machine (`tests/multinode/cluster.sh`).
 
-Everything runs inside a fresh network namespace (only loopback): a moto S3 server (the only
+Everything runs inside fresh network and PID namespaces (only loopback; the harness's
+``ray stop`` sees no other Ray on the machine): a moto S3 server (the only
 shared storage), an MLflow tracking server with its artifacts in the bucket, a Ray head offering
 0 CPUs and a worker with 2 CPUs in its own mount and PID namespaces with a private tmpfs over its
 scratch directory. ``ray job submit`` runs ``pipelines/full.py`` with an ``s3://`` output (it
 must succeed, and every output must land in the bucket), then with a local output (it must fail
 fast: shared storage is needed).
-
-The synthetic world is written to the bucket by the harness rather than by
-``prepare.synthetic``: ``pipelines/full.py::stage_prepare`` passes its output through
-``os.path.abspath``, which turns an ``s3://`` URI into a local path on the driver.
+The pipeline's ``prepare.synthetic`` writes the synthetic world to the bucket; training runs on
+the worker (the only node offering CPUs).
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ def _namespaces_allowed() -> str | None:
     """None when `unshare` can make the namespaces the harness needs, else why not."""
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return "unshare or ip is not installed"
-    probe = ["unshare", "--net", "unshare", "--mount", "--pid", "--fork", "sh", "-c",
+    probe = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "unshare", "--mount",
+             "--pid", "--fork", "sh", "-c",
              "mount -t tmpfs tmpfs /mnt && ip link set lo up"]  # fmt: skip
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
@@ -48,7 +48,8 @@ def test_the_pipeline_on_two_nodes_with_an_object_store(tmp_path) -> None:
     if not os.path.exists(os.path.join(REPO, ".venv", "bin", "ray")):
         pytest.skip("the project's virtualenv (.venv) is needed on the nodes")
     results = tmp_path / "results"
-    done = subprocess.run(["unshare", "--net", "bash", HARNESS, str(results)], cwd=REPO,
+    command = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", HARNESS]
+    done = subprocess.run([*command, str(results)], cwd=REPO,
                           capture_output=True, text=True, timeout=540)  # fmt: skip
 
     def read(name: str) -> str:

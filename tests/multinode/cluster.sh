@@ -8,7 +8,10 @@
 #     directory (a local path written on one node does not exist on the other).
 # Then the pipeline is submitted with `ray job submit`, once with an s3:// output (must succeed)
 # and once with a local output (must fail: shared storage is needed). Findings go to $RESULTS.
-# Usage (from the repository root): unshare --net bash tests/multinode/cluster.sh RESULTS_DIR
+# Usage (from the repository root):
+#   unshare --net --pid --fork --mount-proc bash tests/multinode/cluster.sh RESULTS_DIR
+# Its own PID namespace (with /proc remounted) keeps `ray stop` from seeing, let alone stopping,
+# any other Ray on the machine; RAY_TMPDIR keeps Ray's "current cluster" file private.
 set -uo pipefail
 RESULTS="$1"
 mkdir -p "$RESULTS"
@@ -19,6 +22,7 @@ ip link set lo up
 T="$(mktemp -d /tmp/amn.XXXXXX)"   # short: Ray's socket paths must fit
 mkdir -p "$T/head" "$T/wk" "$T/home"
 export HOME="$T/home"              # a private ~/.ray (auth token) for this cluster
+export RAY_TMPDIR="$T/tmp" && mkdir -p "$RAY_TMPDIR"
 export PATH="$BIN:$PATH"
 export RAY_USAGE_STATS_ENABLED=0
 S3=5555 MLF=5556 GCS=6390 DASH=8270
@@ -55,11 +59,7 @@ log "S3 server"
 wait_port "$S3" || exit 3
 "$PY" - <<'PYEOF' || exit 3
 import s3fs
-from asymvlm.synthetic import WorldConfig, write_world
 s3fs.S3FileSystem().mkdir("bucket")
-# Written here, not by prepare.synthetic (see the test's docstring).
-write_world("s3://bucket/run/tables/synthetic", WorldConfig(
-    dim=16, splits={"train": 200, "val": 40, "test": 40}, captions_per_image=3))
 PYEOF
 
 log "MLflow server"
@@ -107,7 +107,8 @@ start=$(date +%s)
 submit s3://bucket/run "$RESULTS/job-s3.log"; echo $? >"$RESULTS/job-s3.rc"
 echo $(( $(date +%s) - start )) >"$RESULTS/job-s3.seconds"
 log "job: local output"
-# The inputs stay in the bucket (they exist), so the only fault is the local output.
+# The inputs stay in the bucket (the first job wrote them), so the only fault is the local
+# output.
 submit "$T/head/local-run" "$RESULTS/job-local.log" \
     --set sweeps.0.embeddings=s3://bucket/run/tables/synthetic \
     --set evaluations.0.data=s3://bucket/run/tables/synthetic:test; echo $? >"$RESULTS/job-local.rc"
