@@ -58,9 +58,11 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import cpu_model, loadavg, logger  # noqa: E402
 
+from asymvlm.data.demo_sets import find_hierarcaps  # noqa: E402
+
 log = logger("embed_throughput")
 
-DEFAULT_DATA = "/work/shared/data/hierarcaps"
+DEFAULT_DATA = find_hierarcaps()  # $ASYMVLM_HIERARCAPS or ../shared/data/hierarcaps
 
 
 # -- models -------------------------------------------------------------------------------------

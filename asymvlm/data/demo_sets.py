@@ -24,11 +24,10 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 def find_hierarcaps() -> str | None:
     """The read-only HierarCaps copy: ``$ASYMVLM_HIERARCAPS``, else ``../shared/data/hierarcaps``
-    beside this checkout, else ``/work/shared/data/hierarcaps``; None when none has the csv."""
+    beside this checkout; None when neither has the csv."""
     candidates = [
         os.environ.get("ASYMVLM_HIERARCAPS"),
         os.path.join(os.path.dirname(_REPO), "shared", "data", "hierarcaps"),
-        "/work/shared/data/hierarcaps",
     ]
     for c in candidates:
         if c and os.path.isfile(os.path.join(c, "hierarcaps_test.csv")):
