@@ -52,7 +52,7 @@ def s3_server(monkeypatch):
     """A local S3-compatible server (moto's server mode) on 127.0.0.1."""
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
@@ -67,10 +67,12 @@ def s3_server(monkeypatch):
         "AWS_ENDPOINT_URL": endpoint,
     }.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
     yield endpoint
+    s3fs.S3FileSystem.clear_instance_cache()
     server.stop()
 
 

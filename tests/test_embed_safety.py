@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -265,31 +264,14 @@ def test_cli_embed_is_refused_while_another_process_writes_the_output(small) -> 
 
 
 @pytest.fixture
-def s3(monkeypatch):
-    """A local S3-compatible server (moto's server mode) on 127.0.0.1 with a bucket."""
+def s3(s3_server):
+    """The shared local S3 server (tests/conftest.py), empty, with a bucket; yields its
+    environment."""
     import s3fs
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-    # moto keeps its buckets per Python process, across servers: start from an empty store.
-    reset = urllib.request.Request(f"{env['AWS_ENDPOINT_URL']}/moto-api/reset", method="POST")
-    urllib.request.urlopen(reset).close()
-    s3fs.S3FileSystem.clear_instance_cache()
-    s3fs.S3FileSystem(client_kwargs={"endpoint_url": env["AWS_ENDPOINT_URL"]}).mkdir("bucket")
-    yield env
-    s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
+    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server}).mkdir("bucket")
+    keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")
+    yield {key: os.environ[key] for key in keys}
 
 
 def _lease(root: str, **kw) -> tables.OutputLock:
