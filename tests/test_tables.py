@@ -335,14 +335,21 @@ def test_no_files(root: str) -> None:
     assert "no parquet files" in str(exc.value)
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, np.nan, np.inf])
-def test_bad_norm_column(root: str, bad: float) -> None:
-    d = _data()
+def _with_norm(root: str, d: dict, row: int, value: float) -> tuple[str, np.ndarray]:
+    """Write ``d``, then rewrite its texts file with ``norm[row] = value`` (past write_split's
+    own check); returns (texts file, the norms)."""
     write_split(root, "test", **d)
     _, txt = _split_files(root)
     norms = d["text_norms"].copy()
-    norms[6] = bad
+    norms[row] = value
     _write_texts(txt, d, norm=pa.array(norms, pa.float32()))
+    return txt, norms
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, np.nan, np.inf])
+def test_bad_norm_column(root: str, bad: float) -> None:
+    d = _data()
+    txt, norms = _with_norm(root, d, 6, bad)
     with pytest.raises(TableError) as exc:
         read_split(root, "test")
     _assert_row_error(exc, txt, 6, "c6", "norm is")
@@ -488,11 +495,8 @@ def test_norm_outlier_is_named(root: str, bad: float) -> None:
     d = _data(n_txt=12)
     d["text_norms"] = np.full(12, 1e3 if bad == 2e6 else 8.0, np.float32)  # 2e6 < 1e4 x median
     write_split(root, "test", **d)
-    read_split(root, "test")
-    _, txt = _split_files(root)
-    norms = d["text_norms"].copy()
-    norms[7] = bad
-    _write_texts(txt, d, norm=pa.array(norms, pa.float32()))
+    read_split(root, "test")  # the clean split passes
+    txt, _ = _with_norm(root, d, 7, bad)
     with pytest.raises(TableError) as exc:
         read_split(root, "test")
     _assert_row_error(exc, txt, 7, "c7", f"norm is {bad:.6g}, outside [")
