@@ -27,6 +27,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import fields, is_dataclass
+from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
@@ -239,11 +240,7 @@ def _unwrap(tp: Any) -> list[Any]:
     origin = get_origin(tp)
     if origin is Annotated:
         return _unwrap(get_args(tp)[0])
-    if origin in (Union, list, tuple, dict) or (origin is not None and str(origin) == "|"):
-        return [t for arg in get_args(tp) for t in _unwrap(arg)]
-    import types
-
-    if isinstance(tp, types.UnionType):
+    if origin in (Union, UnionType, list, tuple, dict):  # X | Y has origin UnionType
         return [t for arg in get_args(tp) for t in _unwrap(arg)]
     return [tp] if _field_names(tp) else []
 
