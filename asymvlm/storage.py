@@ -121,7 +121,6 @@ def display(root: str, path: str) -> str:
     return path
 
 
-
 def tmp_name(path: str) -> str:
     """Hidden temporary name in the same folder (never matched by :func:`_list_parquet`)."""
     folder, name = posixpath.split(path)
@@ -159,7 +158,6 @@ def remove_quietly(fs: pafs.FileSystem, path: str) -> None:
         pass
 
 
-
 def write_json(root: str, relative: str, payload: dict[str, Any]) -> None:
     """Atomically write a JSON file at ``ROOT/relative``."""
     fs, base = filesystem(root)
@@ -171,13 +169,30 @@ def write_json(root: str, relative: str, payload: dict[str, Any]) -> None:
 def read_json(root: str, relative: str) -> dict[str, Any] | None:
     """``ROOT/relative`` parsed as JSON, or None if the file does not exist."""
     fs, base = filesystem(root)
-    path = _join(base, relative)
-    if fs.get_file_info(path).type != pafs.FileType.File:
+    raw = read_bytes(fs, _join(base, relative))
+    return None if raw is None else json.loads(raw.decode())
+
+
+def read_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
+    """The whole file at ``path``, or None if there is none.
+
+    Object stores are read with one plain GET through fsspec when possible: no listing cache
+    (other processes write these files) and no ETag precondition, so a file replaced by another
+    writer while it is read (a renewed lease, a rewritten record) gives the old or the new
+    content, never an error.
+    """
+    inner = getattr(getattr(fs, "handler", None), "fs", None)
+    try:
+        if inner is not None and hasattr(inner, "cat_file"):
+            if hasattr(inner, "invalidate_cache"):
+                inner.invalidate_cache(path)
+            return inner.cat_file(path)
+        if fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        with fs.open_input_stream(path) as fh:
+            return fh.read()
+    except FileNotFoundError:
         return None
-    with fs.open_input_stream(path) as fh:
-        return json.loads(fh.read().decode())
-
-
 
 
 # -- one writer at a time ----------------------------------------------------------------------
@@ -311,18 +326,8 @@ class OutputLock:
 
     # -- object stores: a renewed lease ------------------------------------------------------
     def _read_lease(self) -> dict[str, Any] | None:
-        # Through fsspec when possible: one plain GET, no listing cache (other processes write
-        # the lease) and no ETag precondition (it may be rewritten while being read).
-        inner = getattr(getattr(self.fs, "handler", None), "fs", None)
-        try:
-            if inner is not None and hasattr(inner, "cat_file"):
-                if hasattr(inner, "invalidate_cache"):
-                    inner.invalidate_cache(self.path)
-                raw = inner.cat_file(self.path)
-            else:
-                with self.fs.open_input_stream(self.path) as fh:
-                    raw = fh.read()
-        except FileNotFoundError:
+        raw = read_bytes(self.fs, self.path)  # the lease may be rewritten while it is read
+        if raw is None:
             return None
         try:
             info = json.loads(raw.decode())
@@ -384,7 +389,6 @@ class OutputLock:
                     return
 
 
-
 # -- whole files and folders by URI -------------------------------------------------------------
 def uri_join(root: str, *parts: str) -> str:
     """``root/part/...`` for local paths (made absolute) and URIs alike."""
@@ -410,8 +414,10 @@ def write_text(uri: str, text: str) -> str:
 
 def read_text(uri: str) -> str:
     fs, path = filesystem(uri)
-    with fs.open_input_stream(path) as fh:
-        return fh.read().decode("utf-8")
+    raw = read_bytes(fs, path)
+    if raw is None:
+        raise FileNotFoundError(uri)
+    return raw.decode("utf-8")
 
 
 def upload_dir(local: str, uri: str) -> str:

@@ -52,6 +52,38 @@ def test_s3_with_a_custom_endpoint(s3_server, tmp_path) -> None:
     assert storage.uri_of(s3fs_fs, s3_path) == "s3://bucket/run/sweep.json"
 
 
+def test_a_record_rewritten_while_it_is_read_reads_whole(s3_server) -> None:
+    """Another process rewriting a JSON record (a renewed lease, sweep.json) never makes a
+    concurrent read fail: it sees the old or the new content."""
+    import threading
+
+    import s3fs
+
+    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server}).mkdir("bucket")
+    storage.write_json("s3://bucket/run", "rec.json", {"n": 0, "pad": "x" * 4096})
+    stop, seen = threading.Event(), set()
+
+    def rewrite() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            storage.write_json("s3://bucket/run", "rec.json", {"n": n, "pad": "x" * 4096})
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        for _ in range(60):
+            seen.add(storage.read_json("s3://bucket/run", "rec.json")["n"])
+            json.loads(storage.read_text("s3://bucket/run/rec.json"))
+    finally:
+        stop.set()
+        writer.join()
+    assert len(seen) > 1  # the reads really overlapped the rewrites
+    assert storage.read_json("s3://bucket/run", "missing.json") is None
+    with pytest.raises(FileNotFoundError):
+        storage.read_text("s3://bucket/run/missing.json")
+
+
 def test_object_store_output_needs_a_tracking_server(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("name: x\noutput: s3://bucket/run\n")
