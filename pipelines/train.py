@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -156,16 +157,29 @@ def _report_with_checkpoint(
         ray.train.report(row, checkpoint=checkpoint)
 
 
+FAULT_ENV = "ASYMVLM_FAULT_INJECTION"
+
+
 def _maybe_inject_failure(config: dict[str, Any], epoch: int, rank: int) -> None:
-    """Tests: the last worker's process dies once after ``fail_at_epoch`` (marker file)."""
-    fail_at, marker = config.get("fail_at_epoch"), config.get("fail_marker")
-    if fail_at is None or epoch != fail_at or rank != config.get("fail_rank", 0):
+    """Fault-injection for tests: worker ``fail_rank`` SIGKILLs its own process once, right
+    after the checkpoint of epoch ``fail_at_epoch`` was reported (a marker file makes it once).
+
+    Set in the run config (``fail_at_epoch``, ``fail_rank``, ``fail_marker``) or, for a submitted
+    job, in the environment: ``ASYMVLM_FAULT_INJECTION="epoch=2,rank=0,marker=/tmp/killed"``
+    (e.g. through ``ray job submit --runtime-env-json '{"env_vars": {...}}'``).
+    """
+    spec = {"epoch": config.get("fail_at_epoch"), "rank": config.get("fail_rank", 0),
+            "marker": config.get("fail_marker")}  # fmt: skip
+    if spec["epoch"] is None and os.environ.get(FAULT_ENV):
+        spec |= dict(item.split("=", 1) for item in os.environ[FAULT_ENV].split(",") if item)
+    if spec["epoch"] is None or epoch != int(spec["epoch"]) or rank != int(spec["rank"]):
         return
+    marker = spec["marker"]
     if marker and not os.path.exists(marker):
         with open(marker, "w") as fh:
             fh.write(f"worker {rank} killed after epoch {epoch}\n")
-        _log(rank, f"injected failure: worker {rank} exits after epoch {epoch}")
-        os._exit(1)
+        _log(rank, f"injected failure: worker {rank} is killed after epoch {epoch}")
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _absolute(path: str) -> str:

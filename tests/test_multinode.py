@@ -6,7 +6,8 @@ shared storage), an MLflow tracking server with its artifacts in the bucket, a R
 0 CPUs and a worker with 2 CPUs in its own mount and PID namespaces with a private tmpfs over its
 scratch directory. ``ray job submit`` runs ``pipelines/full.py`` with an ``s3://`` output (it
 must succeed, and every output must land in the bucket), then with a local output (it must fail
-fast: shared storage is needed).
+fast: shared storage is needed). In the first job the training worker is killed once after
+epoch 2 and resumes from the checkpoint in the bucket.
 The pipeline's ``prepare.synthetic`` writes the synthetic world to the bucket; training runs on
 the worker (the only node offering CPUs).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -69,6 +71,11 @@ def test_the_pipeline_on_two_nodes_with_an_object_store(tmp_path) -> None:
     assert "bucket/run/evaluations/00-hierarcaps.json" in keys
     assert "bucket/run/report/report.md" in keys
     assert any(k.startswith("bucket/mlartifacts/") for k in keys)
+    # The training worker was killed after epoch 2 and resumed from the checkpoint in the bucket.
+    job_log = read("job-s3.log")
+    assert "injected failure: worker 0 is killed after epoch 2" in job_log, job_log[-6000:]
+    assert re.search(r"resumed asymvlm-vmf from epoch [12]\b", job_log), job_log[-6000:]
+    assert [row["epoch"] for row in found["history"]] == [1, 2, 3], found["history"]
     runs = found["runs"]
     assert runs and all(r["status"] == "FINISHED" for r in runs), runs
     assert {r["tags"].get("kind") for r in runs} >= {"pipeline"}

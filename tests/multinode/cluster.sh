@@ -95,16 +95,21 @@ else:
 print(ray.cluster_resources(), file=sys.stderr)
 PYEOF
 
-submit() {  # OUTPUT LOGFILE [extra --set ...]
-    local output="$1" logfile="$2"
+submit() {  # OUTPUT LOGFILE [--runtime-env-json JSON] [extra --set ...]
+    local output="$1" logfile="$2" env=()
     shift 2
-    ray job submit --address "http://127.0.0.1:$DASH" --working-dir . -- \
+    if [ "${1:-}" = "--runtime-env-json" ]; then env=("$1" "$2"); shift 2; fi
+    ray job submit --address "http://127.0.0.1:$DASH" --working-dir . "${env[@]}" -- \
         python pipelines/full.py --config tests/multinode/config.yaml --output "$output" \
         --set "mlflow.tracking_uri=http://127.0.0.1:$MLF" "$@" >"$logfile" 2>&1
 }
 log "job: s3 output"
 start=$(date +%s)
-submit s3://bucket/run "$RESULTS/job-s3.log"; echo $? >"$RESULTS/job-s3.rc"
+# The training worker SIGKILLs itself once after reporting the checkpoint of epoch 2 (the marker
+# lives on the worker's private tmpfs); Ray Train restarts it from the checkpoint in the bucket.
+FAULT="{\"env_vars\": {\"ASYMVLM_FAULT_INJECTION\": \"epoch=2,rank=0,marker=$T/wk/killed\"}}"
+submit s3://bucket/run "$RESULTS/job-s3.log" --runtime-env-json "$FAULT"
+echo $? >"$RESULTS/job-s3.rc"
 echo $(( $(date +%s) - start )) >"$RESULTS/job-s3.seconds"
 log "job: local output"
 # The inputs stay in the bucket (the first job wrote them), so the only fault is the local
@@ -120,7 +125,12 @@ import json, sys
 import s3fs
 from mlflow import MlflowClient
 out, uri = sys.argv[1], sys.argv[2]
-keys = s3fs.S3FileSystem().find("bucket")
+fs = s3fs.S3FileSystem()
+keys = fs.find("bucket")
+# The history in the last checkpoint of the (killed and resumed) training run.
+last = sorted(k for k in keys if k.startswith("bucket/run/sweeps/tiny/ray/")
+              and k.endswith("/history.json"))
+history = json.loads(fs.cat_file(last[-1])) if last else []
 client = MlflowClient(uri)
 runs = []
 for exp in client.search_experiments():
@@ -128,6 +138,6 @@ for exp in client.search_experiments():
         runs.append({"experiment": exp.name, "run_id": run.info.run_id,
                      "status": run.info.status, "artifact_uri": run.info.artifact_uri,
                      "tags": dict(run.data.tags)})
-json.dump({"keys": keys, "runs": runs}, open(f"{out}/found.json", "w"), indent=1)
+json.dump({"keys": keys, "runs": runs, "history": history}, open(f"{out}/found.json", "w"), indent=1)
 PYEOF
 log "done"
