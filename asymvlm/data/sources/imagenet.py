@@ -1,0 +1,98 @@
+"""ImageNet-style class folders: one folder per class, sorted folder names = class index.
+
+* ``imagenet``: ``images`` = a folder of class folders (sorted folder names = class index),
+  image_id = the path relative to it; optional ``annotations`` maps folder -> class name
+  (``LOC_synset_mapping.txt`` / ``words.txt`` lines, first comma-separated name, or JSON
+  ``{folder: name}`` / Keras ``{"0": [wnid, name]}``).
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from ._common import (
+    SourceData,
+    SourceError,
+    _empty_captions,
+    _images_table,
+    _join,
+    _jtype,
+    _lines,
+    _load_json,
+    _prompts_table,
+    _read_text,
+    _Request,
+    open_fs,
+)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+def _class_mapping(url: str) -> dict[str, str]:
+    """Folder name -> human class name, from a text or JSON mapping file."""
+    if url.lower().endswith(".json"):
+        doc = _load_json(url)
+        if not isinstance(doc, dict):
+            raise SourceError(f"{url}: expected an object, got {_jtype(doc)}")
+        mapping = {}
+        for key, value in doc.items():
+            if isinstance(value, str):
+                mapping[key] = value
+            elif (
+                isinstance(value, list)
+                and len(value) == 2
+                and all(isinstance(v, str) for v in value)
+            ):
+                mapping[value[0]] = value[1]  # Keras imagenet_class_index.json
+            else:
+                raise SourceError(f"{url}: {key}: expected a name or [folder, name], got {value!r}")
+        return mapping
+    mapping = {}
+    for number, line in _lines(_read_text(url)):
+        sep = "\t" if "\t" in line else None
+        parts = line.strip().split(sep, 1)
+        if len(parts) != 2 or not parts[1].strip():
+            raise SourceError(f"{url}: line {number}: expected 'folder name', got {line[:80]!r}")
+        mapping[parts[0].strip()] = parts[1].split(",")[0].strip()
+    return mapping
+
+
+def _read_imagenet(req: _Request) -> SourceData:
+    root_url = req.need("images")
+    fs, root = open_fs(root_url)
+    root = root.rstrip("/")
+    folders = sorted(
+        posixpath.basename(e["name"].rstrip("/"))
+        for e in fs.ls(root, detail=True)
+        if e["type"] == "directory"
+    )
+    folders = [f for f in folders if not f.startswith(".")]
+    if not folders:
+        raise SourceError(f"{root_url}: no class folders")
+    index = {f: k for k, f in enumerate(folders)}
+    ids, paths, labels = [], [], []
+    for found in sorted(fs.find(root)):
+        rel = found[len(root) + 1 :]
+        folder, _, rest = rel.partition("/")
+        if folder in index and rest and rel.lower().endswith(IMAGE_EXTENSIONS):
+            ids.append(rel)
+            paths.append(_join(root_url, rel))
+            labels.append(index[folder])
+    names = folders
+    if req.annotations is not None:
+        mapping = _class_mapping(req.annotations)
+        missing = [f for f in folders if f not in mapping]
+        if missing:
+            raise SourceError(f"{req.annotations}: no class name for folder {missing[0]!r}")
+        names = [mapping[f] for f in folders]
+    return SourceData(
+        _images_table(ids, path=paths, label=labels),
+        _empty_captions(),
+        _prompts_table(names, req.templates),
+        description={
+            "format": "image-folders",
+            "folders": folders,
+            "classes": names,
+            "templates": list(req.templates),
+        },
+    )
