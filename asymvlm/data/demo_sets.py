@@ -24,7 +24,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 def find_hierarcaps() -> str | None:
     """The read-only HierarCaps copy: ``$ASYMVLM_HIERARCAPS``, else ``../shared/data/hierarcaps``
-    beside this checkout; None when neither has the csv."""
+    beside this checkout; None when neither has the csv. A local lookup only: no cache, no
+    network (:func:`asymvlm.data.hierarcaps_fetch.locate_hierarcaps` adds those)."""
     candidates = [
         os.environ.get("ASYMVLM_HIERARCAPS"),
         os.path.join(os.path.dirname(_REPO), "shared", "data", "hierarcaps"),
