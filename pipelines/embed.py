@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
-from asymvlm import config
-from asymvlm.data.embed import EmbedConfig, run_embed
-from asymvlm.errors import ConfigError, guarded
+if __package__ in (None, ""):  # run as a script: make `pipelines` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asymvlm import config  # noqa: E402
+from asymvlm.data.embed import EmbedConfig  # noqa: E402
+from asymvlm.errors import ConfigError, guarded  # noqa: E402
+from pipelines.embedding import run_embed  # noqa: E402
 
 
 def load_jobs(path: str, overrides: list[str] | None = None) -> list[EmbedConfig]:

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from asymvlm import tables
-from asymvlm.data.embed import EmbedConfig, run_embed
+from asymvlm.data.embed import EmbedConfig
+from pipelines.embedding import run_embed
 from tests.helpers import HIERARCAPS, requires_hierarcaps
 
 pytestmark = requires_hierarcaps

@@ -17,8 +17,9 @@ import pytest
 from pydantic import ValidationError
 
 from asymvlm import storage, tables
-from asymvlm.data.embed import JOB, SUCCESS, EmbedConfig, run_embed
+from asymvlm.data.embed import EmbedConfig
 from asymvlm.errors import ConfigError, LockError
+from pipelines.embedding import JOB, SUCCESS, run_embed
 from tests.helpers import hierarcaps_subset, requires_hierarcaps
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,13 +131,13 @@ def test_missing_local_inputs_are_named_before_anything_is_written(small) -> Non
 
 # -- 2. job identity --------------------------------------------------------------------------
 def test_job_record_is_written_before_the_first_shard(small, monkeypatch) -> None:
-    from asymvlm.data import embed
+    from pipelines.embedding import stage
 
     def no_ray() -> bool:
         raise RuntimeError("stopped where Ray would start")
 
-    monkeypatch.setattr(embed, "_ensure_ray", no_ray)
-    monkeypatch.setattr(embed, "_encoder_info", lambda model: {})
+    monkeypatch.setattr(stage, "_ensure_ray", no_ray)
+    monkeypatch.setattr(stage, "_encoder_info", lambda model: {})
     cfg = EmbedConfig(**BASE, **small, text_perturbation="typos:3")
     with pytest.raises(RuntimeError, match="stopped where Ray"):
         run_embed(cfg)
@@ -189,7 +190,7 @@ def test_finished_output_of_an_older_version_is_still_recognised(small) -> None:
 
 
 def test_manifest_of_the_same_model_in_another_spelling_is_accepted(small, monkeypatch) -> None:
-    from asymvlm.data.embed import _check_manifest
+    from pipelines.embedding.shards import _check_manifest
 
     monkeypatch.chdir(Path(small["model"]).parent)
     tables.write_manifest(small["output"], {"dim": 24, "model": "./model"})
@@ -341,14 +342,14 @@ def test_run_embed_holds_the_output_for_the_whole_job(small) -> None:
 def test_ray_stage_arguments_carry_no_environment(small, monkeypatch) -> None:
     import ray
 
-    from asymvlm.data import embed
+    from pipelines.embedding import ray_data
 
     secret = "wJalrXUtnFEMI-not-a-real-key"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     monkeypatch.setenv("HF_TOKEN", "hf_" + secret)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     cfg = EmbedConfig(**BASE, **small)
-    for kwargs in (embed._map_kwargs(cfg), embed._decode_kwargs(cfg)):
+    for kwargs in (ray_data._map_kwargs(cfg), ray_data._decode_kwargs(cfg)):
         assert "runtime_env" not in kwargs
         assert secret not in repr(kwargs)
 

@@ -12,7 +12,8 @@ import pytest
 
 from asymvlm import tables
 from asymvlm.cli import main as cli_main
-from asymvlm.data.embed import EmbedConfig, run_embed
+from asymvlm.data.embed import EmbedConfig
+from pipelines.embedding import run_embed
 from tests.helpers import hierarcaps_subset, requires_hierarcaps
 from tests.test_sources import cifar_rows, dump, write_shards
 

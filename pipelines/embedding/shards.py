@@ -1,0 +1,170 @@
+"""An embedding output's layout and identity: shard parts and markers, ``_JOB.json`` checked
+and written before the first shard, ``_SUCCESS.json``, ``ROOT/manifest.json`` under its own lock,
+and the totals of what was written (see :mod:`pipelines.embedding`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import Future
+from typing import Any
+
+import pyarrow as pa
+
+from asymvlm import storage, tables
+from asymvlm.data.embed import _PATH_KEYS, EmbedConfig, _location
+from asymvlm.data.sources import SourceData
+
+SUCCESS = "_SUCCESS.json"
+JOB = "_JOB.json"
+PARTS_DIR = "_parts"
+ERRORS_DIR = "errors"
+PROMPTS_DIR = "prompts"
+ERROR_SCHEMA = pa.schema(
+    [("kind", pa.string()), ("id", pa.string()), ("path", pa.string()), ("reason", pa.string())]
+)
+
+
+def _log(msg: str) -> None:
+    print(f"[embed] {msg}", file=sys.stderr, flush=True)
+
+
+def _part(shard: int) -> str:
+    return f"part-{shard:05d}"
+
+
+def _errors_table(rows: list[dict[str, str]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=ERROR_SCHEMA)
+
+
+def _manifest_lock(cfg: EmbedConfig) -> tables.OutputLock:
+    """``ROOT/manifest.json`` is shared by the splits: read-modify-write it under a short lock
+    (waiting for a job on another split that is updating it)."""
+    return tables.OutputLock(cfg.output, "", name="manifest", wait=60.0, ttl=30.0,
+                             renew_every=10.0, log=_log)  # fmt: skip
+
+
+def _claim(
+    cfg: EmbedConfig, source: SourceData, fingerprint: dict[str, Any], lock: tables.OutputLock
+) -> dict[str, Any] | None:
+    """Check the output's identity before any write (refusing another job's output) and record
+    this job's in ``_JOB.json``; returns ``_SUCCESS.json`` when this very job is complete."""
+    shown = f"{cfg.output.rstrip('/')}/{cfg.split}"
+    done = tables.read_json(cfg.output, f"{cfg.split}/{SUCCESS}")
+    if done is not None:
+        stored = done.get("fingerprint") or {}
+        ours = fingerprint if "version" in stored else cfg._legacy_fingerprint(source)
+        _refuse_other_job(shown, "holds a finished embedding of another job", ours, stored)
+        return done
+    job = tables.read_json(cfg.output, f"{cfg.split}/{JOB}")
+    if job is not None:
+        _refuse_other_job(shown, "was written by another job", fingerprint,
+                          job.get("fingerprint") or {})  # fmt: skip
+        _log(f"resuming the job recorded in {shown}/{JOB}")
+        return None
+    stray = _written_parts(cfg)
+    if stray:
+        raise tables.TableError(
+            f"{shown} holds {stray} but no {JOB} saying which job wrote it (an output of an "
+            "older version, or copied files); cannot tell whether it belongs to this job -- "
+            "choose another --output, or delete that folder to start over"
+        )
+    lock.check()
+    tables.write_json(
+        cfg.output,
+        f"{cfg.split}/{JOB}",
+        {
+            "fingerprint": fingerprint,
+            "created": time.time(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        },
+    )
+    return None
+
+
+def _refuse_other_job(shown: str, what: str, ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+    """:class:`TableError` listing the fields that differ, this job's value first."""
+    diffs = []
+    for key in sorted(set(ours) | set(theirs)):
+        if key == "version":
+            continue
+        a, b = ours.get(key), theirs.get(key)
+        if key in _PATH_KEYS and a is not None and b is not None:
+            a_norm, b_norm = _location(a, model=key == "model"), _location(b, model=key == "model")
+            if a == b or a_norm == b_norm:
+                continue
+        if a != b and key in theirs:
+            if key == "source_sha256":
+                a, b = f"{a}"[:12] + "...", f"{b}"[:12] + "..."
+            diffs.append(f"{key} {a!r} here vs {b!r} there")
+    if diffs:
+        raise tables.TableError(
+            f"{shown} {what}: {'; '.join(diffs)}; choose another --output (or --split)"
+        )
+
+
+def _written_parts(cfg: EmbedConfig) -> str | None:
+    """What an output already holds (parquet parts or shard markers), or None if nothing."""
+    fs, base = storage.filesystem(cfg.output)
+    for kind in (tables.IMAGES_DIR, tables.TEXTS_DIR, ERRORS_DIR, PROMPTS_DIR):
+        if tables._list_parquet(fs, tables._join(base, cfg.split, kind)):
+            return f"{kind}/ parts"
+    markers = fs.get_file_info(
+        tables.pafs.FileSelector(tables._join(base, cfg.split, PARTS_DIR), allow_not_found=True)
+    )
+    if any(m.base_name.endswith(".json") for m in markers):
+        return f"{PARTS_DIR}/ markers"
+    return None
+
+
+def _totals(cfg: EmbedConfig) -> dict[str, int]:
+    counts = defaultdict(int)
+    fs_root = cfg.output
+    for kind in (tables.IMAGES_DIR, tables.TEXTS_DIR):
+        t = tables.read_parts(fs_root, cfg.split, kind)
+        counts[f"n_{'images' if kind == tables.IMAGES_DIR else 'captions'}"] = (
+            0 if t is None else t.num_rows
+        )
+    errors = tables.read_parts(fs_root, cfg.split, ERRORS_DIR)
+    if errors is not None:
+        kinds = errors.column("kind").to_pylist()
+        counts["n_image_errors"] = kinds.count("image")
+        counts["n_caption_errors"] = kinds.count("caption")
+    counts.setdefault("n_image_errors", 0)
+    counts.setdefault("n_caption_errors", 0)
+    return dict(counts)
+
+
+def _write_manifest_once(cfg: EmbedConfig, dim: int, info: Future) -> None:
+    """Write (or check) ``ROOT/manifest.json`` before the first parquet part of this job; the
+    manifest lock is only taken when there is none yet (then checked again under it)."""
+    if _check_manifest(cfg, dim):
+        return
+    with _manifest_lock(cfg):
+        if _check_manifest(cfg, dim):
+            return
+        manifest = dict(info.result())
+        manifest.update(model=cfg.model, dim=dim, embedding_dtype="float32", normalised=True)
+        tables.write_manifest(cfg.output, manifest)
+
+
+def _check_manifest(cfg: EmbedConfig, dim: int) -> bool:
+    """True if ``ROOT/manifest.json`` exists and matches this model and dim; raises if it
+    belongs to another model (spellings of one local model directory are the same model)."""
+    existing = tables.read_json(cfg.output, tables.MANIFEST_NAME)
+    if existing is None:
+        return False
+    model = existing.get("model")
+    same = model == cfg.model or (
+        isinstance(model, str) and _location(model, model=True) == _location(cfg.model, True)
+    )
+    if not same or int(existing.get("dim", -1)) != dim:
+        raise tables.TableError(
+            f"{cfg.output} holds embeddings of model {model!r} (dim {existing.get('dim')}); "
+            f"refusing to add {cfg.model!r} (dim {dim})"
+        )
+    return True
