@@ -136,7 +136,7 @@ def test_job_record_is_written_before_the_first_shard(small, monkeypatch) -> Non
     def no_ray() -> bool:
         raise RuntimeError("stopped where Ray would start")
 
-    monkeypatch.setattr(stage, "_ensure_ray", no_ray)
+    monkeypatch.setattr(stage, "init_ray", no_ray)
     monkeypatch.setattr(stage, "_encoder_info", lambda model: {})
     cfg = EmbedConfig(**BASE, **small, text_perturbation="typos:3")
     with pytest.raises(RuntimeError, match="stopped where Ray"):

@@ -40,7 +40,8 @@ The job's definition (:class:`asymvlm.data.embed.EmbedConfig`) and the row-level
 (readers, decode, the frozen encoder: :mod:`asymvlm.data.encode`) are plain Python in
 ``asymvlm/``; this package is the Ray wiring: :mod:`.stage` (``run_embed``, groups of shards),
 :mod:`.ray_data` (the Ray Data passes) and :mod:`.shards` (the output's layout, job identity and
-manifest).
+manifest). Ray is joined (``$RAY_ADDRESS``) or started by :func:`pipelines.ray_session.init_ray`,
+as for every pipeline, and shut down again at the end when this stage started it.
 """
 
 from __future__ import annotations

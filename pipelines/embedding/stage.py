@@ -4,7 +4,6 @@ group by shard group (see :mod:`pipelines.embedding`)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,21 +30,9 @@ from pipelines.embedding.shards import (
     _totals,
     _write_manifest_once,
 )
+from pipelines.ray_session import init_ray
 
 _SOURCE_IMAGE_COLUMNS = frozenset({"image_id", "path", "offset", "length", "data", "shard"})
-
-
-def _ensure_ray() -> bool:
-    """Connect to ``$RAY_ADDRESS`` or start a local Ray; True when this call did it."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init()
-    else:
-        ray.init(include_dashboard=False)
-    return True
 
 
 def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
@@ -101,7 +88,7 @@ def _run_locked(cfg: EmbedConfig, lock: tables.OutputLock, t0: float) -> dict[st
         info = pool.submit(_encoder_info, cfg.model)
         try:
             if pending:
-                started_ray = _ensure_ray()
+                started_ray = init_ray()
             for start in range(0, len(pending), cfg.shards_per_round):
                 group = pending[start : start + cfg.shards_per_round]
                 _embed_group(cfg, images, captions, image_shard, group, info, lock)
@@ -143,7 +130,7 @@ def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table, lock: tables.OutputLock)
     Returns whether it had to start Ray."""
     if tables.read_parts(cfg.output, cfg.split, PROMPTS_DIR) is not None:
         return False
-    started = _ensure_ray()
+    started = init_ray()
     if cfg.dummy_prompts:
         extra = (
             pa.table(
