@@ -4,9 +4,9 @@ and the totals of what was written (see :mod:`pipelines.embedding`)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
-import sys
 import time
 from collections import defaultdict
 from concurrent.futures import Future
@@ -27,9 +27,7 @@ ERROR_SCHEMA = pa.schema(
     [("kind", pa.string()), ("id", pa.string()), ("path", pa.string()), ("reason", pa.string())]
 )
 
-
-def _log(msg: str) -> None:
-    print(f"[embed] {msg}", file=sys.stderr, flush=True)
+log = logging.getLogger(__name__)
 
 
 def _part(shard: int) -> str:
@@ -44,7 +42,7 @@ def _manifest_lock(cfg: EmbedConfig) -> tables.OutputLock:
     """``ROOT/manifest.json`` is shared by the splits: read-modify-write it under a short lock
     (waiting for a job on another split that is updating it)."""
     return tables.OutputLock(cfg.output, "", name="manifest", wait=60.0, ttl=30.0,
-                             renew_every=10.0, log=_log)  # fmt: skip
+                             renew_every=10.0, log=log.warning)  # fmt: skip
 
 
 def _claim(
@@ -63,7 +61,7 @@ def _claim(
     if job is not None:
         _refuse_other_job(shown, "was written by another job", fingerprint,
                           job.get("fingerprint") or {})  # fmt: skip
-        _log(f"resuming the job recorded in {shown}/{JOB}")
+        log.info(f"resuming the job recorded in {shown}/{JOB}")
         return None
     stray = _written_parts(cfg)
     if stray:

@@ -4,6 +4,7 @@ group by shard group (see :mod:`pipelines.embedding`)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,7 +25,6 @@ from pipelines.embedding.shards import (
     SUCCESS,
     _claim,
     _errors_table,
-    _log,
     _manifest_lock,
     _part,
     _totals,
@@ -32,6 +32,7 @@ from pipelines.embedding.shards import (
 )
 from pipelines.ray_session import init_ray
 
+log = logging.getLogger(__name__)
 _SOURCE_IMAGE_COLUMNS = frozenset({"image_id", "path", "offset", "length", "data", "shard"})
 
 
@@ -44,7 +45,7 @@ def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     cfg.check_inputs()
-    with tables.OutputLock(cfg.output, cfg.split, log=_log) as lock:
+    with tables.OutputLock(cfg.output, cfg.split, log=log.warning) as lock:
         return _run_locked(cfg, lock, t0)
 
 
@@ -61,7 +62,7 @@ def _run_locked(cfg: EmbedConfig, lock: tables.OutputLock, t0: float) -> dict[st
     fingerprint = cfg.fingerprint(source)
     done = _claim(cfg, source, fingerprint, lock)
     if done is not None:
-        _log(f"{cfg.output}/{cfg.split} is complete and matches this job: nothing to do")
+        log.info(f"{cfg.output}/{cfg.split} is complete and matches this job: nothing to do")
         return {**done["summary"], "skipped": True}
 
     images = source.images.sort_by("image_id")
@@ -78,7 +79,7 @@ def _run_locked(cfg: EmbedConfig, lock: tables.OutputLock, t0: float) -> dict[st
         for k in range(n_shards)
         if tables.read_json(cfg.output, f"{cfg.split}/{PARTS_DIR}/{_part(k)}.json") is None
     ]
-    _log(
+    log.info(
         f"{cfg.dataset}/{cfg.split}: {n_img} images, {captions.num_rows} captions, "
         f"{n_shards} shards ({n_shards - len(pending)} already written)"
     )
@@ -116,7 +117,7 @@ def _run_locked(cfg: EmbedConfig, lock: tables.OutputLock, t0: float) -> dict[st
     tables.write_json(
         cfg.output, f"{cfg.split}/{SUCCESS}", {"fingerprint": fingerprint, "summary": summary}
     )
-    _log(
+    log.info(
         f"done: {totals['n_images']} images, {totals['n_captions']} captions, "
         f"{totals['n_image_errors']} image errors, {totals['n_caption_errors']} caption errors "
         f"-> {cfg.output}/{cfg.split}"
@@ -204,7 +205,7 @@ def _embed_group(
     group_caps = group_caps.take(pa.array(keep, pa.int64()))
     todo_ids = todo.column("image_id").to_pylist()
     payload = [json.dumps(attached.get(i, []), ensure_ascii=False) for i in todo_ids]
-    _log(
+    log.info(
         f"shards {group[0]}..{group[-1]}: embedding {todo.num_rows} images and "
         f"{group_caps.num_rows} captions"
     )
@@ -252,7 +253,7 @@ def _embed_group(
     if not dim:  # every image of these shards failed: the model still says what dim is
         dim = int(info.result()["dim"])
         if failed.num_rows:
-            _log(
+            log.warning(
                 f"every image of shards {group[0]}..{group[-1]} failed to load, e.g. "
                 f"{failed.column('path')[0].as_py()}: {failed.column('error')[0].as_py()} "
                 "(check --images and the storage credentials of the Ray nodes)"
