@@ -1,0 +1,105 @@
+"""Result tables: final retrieval metrics under MLflow-safe names and the mean ± std over seeds
+(Table A.2 layout, markdown and CSV). Plain Python, no MLflow: the sweep, the report and the
+tests share them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "DIRECTIONS",
+    "SUMMARY_COLUMNS",
+    "retrieval_metric_names",
+    "seed_summary",
+    "summary_csv",
+    "summary_markdown",
+]
+
+DIRECTIONS = ("t2i", "i2t")
+_FINAL_KEYS = {"recall@1": "recall_at_1", "recall@5": "recall_at_5", "recall@10": "recall_at_10",
+               "spearman": "spearman", "r2": "r2"}  # fmt: skip
+
+
+def retrieval_metric_names(evaluation: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Flatten :func:`asymvlm.evaluation.evaluate_retrieval` output into MLflow metric names.
+
+    ``{"t2i": {"recall@1": .3, "spearman": -.9, ...}}`` -> ``{"t2i_recall_at_1": .3,
+    "t2i_spearman": -.9, ...}``; undefined values (no uncertainty: spearman/r2 None) are left out.
+    """
+    out: dict[str, float] = {}
+    for direction in DIRECTIONS:
+        for key, name in _FINAL_KEYS.items():
+            value = evaluation.get(direction, {}).get(key)
+            if value is not None and math.isfinite(float(value)):
+                out[f"{prefix}{direction}_{name}"] = float(value)
+    return out
+
+
+# -- mean ± std over seeds (Table A.2 layout) ---------------------------------------------------
+SUMMARY_COLUMNS = [f"{d}_{m}" for d in ("i2t", "t2i") for m in ("recall_at_1", "spearman", "r2")]
+
+
+def seed_summary(runs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per method: mean, std (sample, ddof=1) and n over seeds of every summary column.
+
+    ``runs`` are dicts with ``method`` and the flat final metrics of one seed each.
+    """
+    by_method: dict[str, list[Mapping[str, Any]]] = {}
+    for run in runs:
+        by_method.setdefault(run["method"], []).append(run)
+    out: dict[str, dict[str, Any]] = {}
+    for method, rows in by_method.items():
+        cells: dict[str, Any] = {"n_seeds": len(rows)}
+        for col in SUMMARY_COLUMNS:
+            values = [float(r[col]) for r in rows if r.get(col) is not None]
+            if values:
+                cells[col] = {
+                    "mean": statistics.fmean(values),
+                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                    "n": len(values),
+                }
+        out[method] = cells
+    return out
+
+
+def _cell(stats: Mapping[str, float] | None, scale: float) -> str:
+    if not stats:
+        return "–"
+    return f"{scale * stats['mean']:.2f} ± {scale * stats['std']:.2f}"
+
+
+def summary_markdown(summary: Mapping[str, Mapping[str, Any]], title: str = "") -> str:
+    """The table as markdown: R@1 in %, S and R² as is, mean ± std over n seeds."""
+    head = ["Method", "seeds"] + [
+        f"{d} {m}" for d in ("i2t", "t2i") for m in ("R@1 (%)", "S", "R²")
+    ]
+    lines = [f"### {title}", ""] if title else []
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method, cells in summary.items():
+        row = [method, str(cells["n_seeds"])]
+        for col in SUMMARY_COLUMNS:
+            row.append(_cell(cells.get(col), 100.0 if "recall" in col else 1.0))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_csv(summary: Mapping[str, Mapping[str, Any]]) -> str:
+    """The table as CSV: one row per method, ``<col>_mean`` / ``<col>_std`` columns."""
+    buf = io.StringIO()
+    fields = ["method", "n_seeds"] + [f"{c}_{s}" for c in SUMMARY_COLUMNS for s in ("mean", "std")]
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    for method, cells in summary.items():
+        row: dict[str, Any] = {"method": method, "n_seeds": cells["n_seeds"]}
+        for col in SUMMARY_COLUMNS:
+            stats = cells.get(col)
+            row[f"{col}_mean"] = "" if not stats else repr(stats["mean"])
+            row[f"{col}_std"] = "" if not stats else repr(stats["std"])
+        writer.writerow(row)
+    return buf.getvalue()

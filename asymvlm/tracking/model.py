@@ -1,0 +1,154 @@
+"""The trained adapter as an MLflow pyfunc model, and adapters loaded back from a sweep's runs.
+
+:class:`CaptionUncertaintyModel` scores caption uncertainty from frozen text embeddings (served
+by ``mlflow models serve``); :func:`load_sweep_adapters` gives the evaluations the stage-2
+(seed) adapters of a sweep.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["CaptionUncertaintyModel", "load_sweep_adapters", "log_uncertainty_model"]
+
+# The package that travels with a logged model (``code_paths``): asymvlm itself.
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# -- the adapter as an MLflow model ------------------------------------------------------------
+try:  # mlflow is a dependency, but keep `import asymvlm.tracking` cheap to fail clearly
+    from mlflow.pyfunc import PythonModel as _PythonModel
+except ImportError:  # pragma: no cover
+    _PythonModel = object  # type: ignore[assignment,misc]
+
+
+class CaptionUncertaintyModel(_PythonModel):
+    """Scores caption uncertainty from frozen text embeddings with a trained adapter.
+
+    Input: a DataFrame with ``embedding`` (unit text embedding, a list of d floats per row) and,
+    for adapters trained on raw features (``adapter_input = "raw"``, the default), ``norm`` (the
+    raw projection norm, as in the embedding tables). Output: ``uncertainty`` (the method's
+    per-caption uncertainty, e.g. 1/kappa) and ``kappa`` where the method has one (null where
+    it has none).
+
+    Bad input -- a missing column, an embedding that is not ``d`` numbers, a NaN/inf embedding
+    value, a norm that is not a positive finite number -- raises
+    ``MlflowException(INVALID_PARAMETER_VALUE)`` naming the row, which the scoring server answers
+    with HTTP 400 and that message; a response never holds NaN.
+    """
+
+    def load_context(self, context) -> None:
+        from asymvlm.training import load_checkpoint
+
+        self.method, self.meta = load_checkpoint(context.artifacts["checkpoint"])
+
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        import torch
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+        def invalid(message: str) -> MlflowException:
+            return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+
+        frame = pd.DataFrame(model_input)
+        dim = int(self.meta["dim"])
+        raw = self.meta.get("adapter_input", "raw") == "raw"
+        needed = {"embedding": "one list of floats per caption"}
+        if raw:
+            needed["norm"] = "the raw projection norm per caption: this adapter reads raw features"
+        for column, what in needed.items():
+            if column not in frame:
+                raise invalid(f"input needs a {column!r} column ({what})")
+        if len(frame) == 0:
+            raise invalid("input has no rows")
+        emb = np.empty((len(frame), dim), dtype=np.float32)
+        for row, value in enumerate(frame["embedding"]):
+            try:
+                vector = np.asarray(value, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise invalid(f"row {row}: 'embedding' must be a list of {dim} numbers") from None
+            if vector.shape != (dim,):
+                got = f"{vector.shape[0]} values" if vector.ndim == 1 else f"shape {vector.shape}"
+                raise invalid(f"row {row}: 'embedding' has {got}; this adapter expects dim {dim}")
+            if not np.isfinite(vector).all():
+                raise invalid(f"row {row}: 'embedding' holds a NaN or infinite value")
+            emb[row] = vector
+        if not np.isfinite(emb).all():  # finite float64 beyond the float32 range
+            row = int(np.flatnonzero(~np.isfinite(emb).all(axis=1))[0])
+            raise invalid(f"row {row}: 'embedding' holds a value beyond float32's range")
+        if raw:
+            norm = pd.to_numeric(frame["norm"], errors="coerce").to_numpy(dtype=np.float64)
+            bad = ~(np.isfinite(norm) & (norm > 0) & (norm < np.finfo(np.float32).max))
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0])
+                value = frame["norm"].iloc[row]
+                shown = repr(value) if isinstance(value, str) else str(value)
+                raise invalid(f"row {row}: 'norm' must be a positive finite number, got {shown}")
+            emb = emb * norm.astype(np.float32)[:, None]
+        with torch.no_grad():
+            texts = self.method.encode_texts(torch.from_numpy(emb))
+            unc = self.method.text_uncertainty_from(texts)
+        kappa = texts.get("kappa")
+        out: dict[str, Any] = {}
+        for name, value in (("uncertainty", unc), ("kappa", kappa)):
+            if value is None:
+                out[name] = [None] * len(frame)
+                continue
+            array = value.float().numpy().astype(np.float64)
+            if not np.isfinite(array).all():
+                row = int(np.flatnonzero(~np.isfinite(array))[0])
+                raise invalid(f"row {row}: the adapter gives a non-finite {name} for this input")
+            out[name] = array
+        return pd.DataFrame(out, index=frame.index)
+
+
+def log_uncertainty_model(checkpoint_dir: str, dim: int, name: str = "adapter"):
+    """Log the checkpoint as a pyfunc model of the active run (this package travels with it)."""
+    import mlflow
+    from mlflow.models import infer_signature
+
+    example = pd.DataFrame({"embedding": [[0.0] * dim], "norm": [1.0]})
+    example.at[0, "embedding"] = list(np.eye(dim, dtype=float)[0])
+    return mlflow.pyfunc.log_model(
+        name=name,
+        python_model=CaptionUncertaintyModel(),
+        artifacts={"checkpoint": checkpoint_dir},
+        code_paths=[PACKAGE],
+        pip_requirements=_requirements(),  # given: inferring them costs a subprocess per model
+        signature=infer_signature(example, pd.DataFrame({"uncertainty": [1.0], "kappa": [1.0]})),
+    )
+
+
+def _requirements() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for package in ("torch", "numpy", "pandas", "scipy", "pyarrow", "mlflow"):
+        try:
+            out.append(f"{package}=={version(package).split('+')[0]}")
+        except PackageNotFoundError:
+            out.append(package)
+    return out
+
+
+def load_sweep_adapters(tracking_uri: str, parent_run_id: str) -> dict[str, Any]:
+    """The stage-2 (seed) adapters of a sweep, as "method/seed<k>" -> method (with its
+    ``adapter_input`` attribute set), loaded from the runs' MLflow models. Only FINISHED runs
+    take part: a failed (e.g. diverged) trial has no adapter."""
+    import mlflow
+
+    from asymvlm.tracking.queries import child_runs
+
+    mlflow.set_tracking_uri(tracking_uri)
+    out: dict[str, Any] = {}
+    children = child_runs(tracking_uri, parent_run_id, stage="seeds")
+    for child in sorted(children, key=lambda c: (c.data.params["method"], c.data.params["seed"])):
+        model = mlflow.pyfunc.load_model(f"runs:/{child.info.run_id}/adapter")
+        adapter = model.unwrap_python_model()  # a CaptionUncertaintyModel
+        method = adapter.method
+        method.adapter_input = adapter.meta.get("adapter_input", "raw")
+        out[f"{child.data.params['method']}/seed{child.data.params['seed']}"] = method
+    return out

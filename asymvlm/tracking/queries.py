@@ -1,0 +1,50 @@
+"""Reading runs back: a sweep's trials, an experiment's runs, a run's JSON artifacts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["child_runs", "experiment_runs", "json_artifact"]
+
+
+def child_runs(
+    tracking_uri: str, parent_run_id: str, *, stage: str | None = None, status: str = "FINISHED"
+) -> list[Any]:
+    """The runs nested under ``parent_run_id`` (a sweep's trials; ``stage`` "grid"/"seeds"),
+    with ``status`` (FINISHED by default: failed trials have no adapter or results)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    query = f"tags.mlflow.parentRunId = '{parent_run_id}'"
+    if stage:
+        query += f" and tags.stage = '{stage}'"
+    if status:
+        query += f" and attributes.status = '{status}'"
+    return client.search_runs([parent.info.experiment_id], query, max_results=10000)
+
+
+def experiment_runs(tracking_uri: str, experiment: str) -> tuple[str, list[Any]]:
+    """(experiment id, its runs, oldest first); ValueError if there is no such experiment."""
+    from mlflow import MlflowClient
+
+    from asymvlm.config import redact
+    from asymvlm.tracking.store import relocate_local_store
+
+    relocate_local_store(tracking_uri)
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ValueError(f"no MLflow experiment {experiment!r} at {redact(tracking_uri)}")
+    runs = client.search_runs([exp.experiment_id], max_results=10000)
+    return exp.experiment_id, sorted(runs, key=lambda r: r.info.start_time)
+
+
+def json_artifact(tracking_uri: str, run_id: str, path: str) -> Any:
+    """A run's JSON artifact, parsed."""
+    from mlflow.artifacts import download_artifacts
+
+    local = download_artifacts(run_id=run_id, artifact_path=path, tracking_uri=tracking_uri)
+    with open(local) as fh:
+        return json.load(fh)

@@ -1,0 +1,224 @@
+"""MLflow runs: the one place that creates, fills and ends them.
+
+:func:`run` is a context manager for a run with a name, a ``kind`` tag, an optional parent and
+MLflow's standard tags filled (``mlflow.source.git.commit``, ``mlflow.source.name``,
+``mlflow.source.type``, ``mlflow.user``, ``mlflow.note.content`` for the description); it ends
+FINISHED, or FAILED with the reason (tag ``failure_reason`` and the description) when the block
+raises, or KILLED on Ctrl-C. :func:`open_run` starts one whose end comes later (a Tune trial's
+run opens when the trial starts and ends when it finishes). The pipeline run is the root: its
+sweeps, their trials, its evaluations and its report are nested under it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from asymvlm.tracking.store import experiment_id, git_commit
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Run", "open_run", "run", "source_name"]
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_MAX_PARAM = 6000  # MLflow's limit on a param value
+
+
+def source_name() -> str:
+    """The entry point, as MLflow's Source column shows it: ``pipelines/full.py``,
+    ``asymvlm analyze``..."""
+    script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if os.path.basename(script) == "asymvlm" or script.endswith(os.path.join("asymvlm", "cli.py")):
+        sub = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        return f"asymvlm {sub}".strip()
+    if script.startswith(_REPO + os.sep):
+        return os.path.relpath(script, _REPO)
+    return os.path.basename(script) or "python"
+
+
+def standard_tags(description: str | None = None, source: str | None = None) -> dict[str, str]:
+    """MLflow's own tags, which fill the UI's Source, User and Description."""
+    tags = {
+        "mlflow.source.git.commit": git_commit(),
+        "mlflow.source.name": source or source_name(),
+        "mlflow.source.type": "JOB" if os.environ.get("RAY_JOB_ID") else "LOCAL",
+        "mlflow.user": _user(),
+    }
+    if description:
+        tags["mlflow.note.content"] = description
+    return tags
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry (containers)
+        return "unknown"
+
+
+class Run:
+    """One MLflow run, written through :class:`mlflow.MlflowClient` (no global active run, so
+    any number can be open at once, e.g. one per running trial)."""
+
+    def __init__(self, client, run_id: str, tracking_uri: str) -> None:
+        self.client, self.id, self.tracking_uri = client, run_id, tracking_uri
+        self.ended = False
+
+    # -- values --------------------------------------------------------------------------------
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(str(k), _param(v)) for k, v in params.items()]
+        for start in range(0, len(items), 100):
+            self.client.log_batch(self.id, params=items[start : start + 100])
+
+    def log_metrics(
+        self, metrics: Mapping[str, Any], step: int = 0, timestamp: float | None = None
+    ) -> None:
+        """Finite numbers only (None, NaN and non-numbers are left out); ``timestamp`` in
+        seconds (default: now)."""
+        from mlflow.entities import Metric
+
+        ms = int(1000 * (time.time() if timestamp is None else timestamp))
+        items = [Metric(str(k), float(v), ms, int(step)) for k, v in metrics.items()
+                 if _finite(v)]  # fmt: skip
+        for start in range(0, len(items), 1000):
+            self.client.log_batch(self.id, metrics=items[start : start + 1000])
+
+    def log_history(self, history: Sequence[Mapping[str, Any]]) -> None:
+        """Per-epoch rows after the fact (step = epoch); live runs use :meth:`log_metrics`."""
+        for row in history:
+            self.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(str(k), str(v)[:5000]) for k, v in tags.items() if v is not None]
+        for start in range(0, len(items), 100):
+            self.client.log_batch(self.id, tags=items[start : start + 100])
+
+    # -- files ---------------------------------------------------------------------------------
+    def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.id, path, artifact_path)
+
+    def log_text(self, name: str, text: str, artifact_path: str | None = None) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, name)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            self.log_artifact(path, artifact_path)
+
+    def log_json(self, name: str, payload: Any, artifact_path: str | None = None) -> None:
+        self.log_text(name, json.dumps(payload, indent=2, default=_json_default), artifact_path)
+
+    def log_model(self, checkpoint_dir: str, dim: int) -> None:
+        """The adapter as a pyfunc model
+        (:class:`~asymvlm.tracking.model.CaptionUncertaintyModel`)."""
+        import mlflow
+
+        from asymvlm.tracking.model import log_uncertainty_model
+
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(self.tracking_uri)
+        try:
+            with mlflow.start_run(run_id=self.id, log_system_metrics=False):
+                log_uncertainty_model(checkpoint_dir, dim)
+            # Leaving start_run ended the run; it is still being written: RUNNING again.
+            self.client.update_run(self.id, status="RUNNING")
+        finally:
+            mlflow.set_tracking_uri(previous)
+
+    # -- the end -------------------------------------------------------------------------------
+    def end(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        """FINISHED, FAILED (with ``reason`` as tag ``failure_reason`` and description) or
+        KILLED; a second call does nothing."""
+        if self.ended:
+            return
+        if reason:
+            self.set_tags({"failure_reason": reason, "mlflow.note.content": f"{status}: {reason}"})
+        self.client.set_terminated(self.id, status=status)
+        self.ended = True
+
+
+def _param(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text[:_MAX_PARAM]
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _json_default(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def open_run(
+    tracking_uri: str,
+    experiment: str,
+    name: str,
+    *,
+    kind: str,
+    parent: str | Run | None = None,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    description: str | None = None,
+    source: str | None = None,
+) -> Run:
+    """Start a run (status RUNNING) in ``experiment``; the caller ends it with :meth:`Run.end`."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    parent_id = parent.id if isinstance(parent, Run) else parent
+    all_tags = {**standard_tags(description, source), "kind": kind, **(tags or {})}
+    if parent_id:
+        all_tags["mlflow.parentRunId"] = parent_id
+    created = client.create_run(
+        experiment_id(client, experiment, tracking_uri),
+        run_name=name,
+        tags={k: str(v)[:5000] for k, v in all_tags.items() if v is not None},
+    )
+    out = Run(client, created.info.run_id, tracking_uri)
+    if params:
+        out.log_params(params)
+    return out
+
+
+@contextmanager
+def run(
+    tracking_uri: str,
+    experiment: str,
+    name: str,
+    *,
+    kind: str,
+    parent: str | Run | None = None,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    description: str | None = None,
+    source: str | None = None,
+) -> Iterator[Run]:
+    """A run for the block: FINISHED at its end, FAILED with the reason if it raises, KILLED on
+    Ctrl-C."""
+    handle = open_run(tracking_uri, experiment, name, kind=kind, parent=parent, params=params,
+                      tags=tags, description=description, source=source)  # fmt: skip
+    try:
+        yield handle
+    except KeyboardInterrupt:
+        handle.end("KILLED", "interrupted")
+        raise
+    except BaseException as exc:
+        handle.end("FAILED", " ".join(str(exc).split())[:500] or type(exc).__name__)
+        raise
+    handle.end("FINISHED")
