@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -18,6 +19,8 @@ from asymvlm.config import validate
 from asymvlm.errors import CheckpointError, ConfigError, guarded
 from asymvlm.methods import METHODS
 from asymvlm.training import TrainConfig, load_checkpoint, load_split, resolve_device, train
+
+logger = logging.getLogger("asymvlm.cli")
 
 _DEFAULTS = TrainConfig()
 
@@ -53,8 +56,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ConfigError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
-    fields = ("method", "epochs", "lr", "optimizer", "momentum", "weight_decay", "batch_size",
-              "min_lr", "hidden_dim", "depth", "seed", "adapter_input", "device", "precision")
+    fields = (
+        "method",
+        "epochs",
+        "lr",
+        "optimizer",
+        "momentum",
+        "weight_decay",
+        "batch_size",
+        "min_lr",
+        "hidden_dim",
+        "depth",
+        "seed",
+        "adapter_input",
+        "device",
+        "precision",
+    )
     cfg = validate(TrainConfig, {**{k: getattr(args, k) for k in fields},
                                  "method_kwargs": _parse_kv(args.method_arg)},
                    "asymvlm train", flags=True)  # fmt: skip
@@ -65,16 +82,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         epoch = previous.get("epoch")
         where = "" if epoch is None else f" (epoch {epoch} of {previous.get('epochs')})"
         if previous["complete"]:
-            print(f"[asymvlm] {args.output} already holds a complete checkpoint{where}; "
-                  "nothing to do", file=sys.stderr)  # fmt: skip
+            logger.info("%s already holds a complete checkpoint%s; nothing to do", args.output,
+                        where)  # fmt: skip
             return 0
-        print(f"[asymvlm] resuming {args.output}{where}", file=sys.stderr)
-    print(
-        f"[asymvlm] training {cfg.method} on {args.embeddings}/{args.split} "
-        f"({cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr}, batch {cfg.batch_size}, "
-        f"device {device})",
-        file=sys.stderr,
-    )
+        logger.info("resuming %s%s", args.output, where)
+    logger.info(
+        "training %s on %s/%s (%d epochs, %s lr=%g, batch %d, device %s)", cfg.method,
+        args.embeddings, args.split, cfg.epochs, cfg.optimizer, cfg.lr, cfg.batch_size, device,
+    )  # fmt: skip
     _, history = train(
         args.embeddings,
         args.split,
@@ -87,8 +102,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     )
     if history:
         last = history[-1]
-        print(f"[asymvlm] final train_loss {last['train_loss']:.4f}", file=sys.stderr)
-    print(f"[asymvlm] checkpoint written to {args.output}", file=sys.stderr)
+        logger.info("final train_loss %.4f", last["train_loss"])
+    logger.info("checkpoint written to %s", args.output)
     return 0
 
 
@@ -125,7 +140,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             f"{direction}: R@1 {r['recall@1']:.4f}  R@5 {r['recall@5']:.4f}  "
             f"R@10 {r['recall@10']:.4f}  S {s}  R2 {r2}"
         )
-    print(f"[asymvlm] metrics written to {args.output}", file=sys.stderr)
+    logger.info("metrics written to %s", args.output)
     return 0
 
 
@@ -140,8 +155,8 @@ def _cmd_score(args: argparse.Namespace) -> int:
     os.replace(tmp, args.output)
     unc = table.column("uncertainty")
     if unc.null_count == len(unc):
-        print(f"[asymvlm] {method.name} defines no caption uncertainty (column is null)")
-    print(f"[asymvlm] {table.num_rows} captions scored -> {args.output}", file=sys.stderr)
+        logger.info("%s defines no caption uncertainty (column is null)", method.name)
+    logger.info("%d captions scored -> %s", table.num_rows, args.output)
     return 0
 
 
@@ -158,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Probabilistic adapters for frozen VLM embeddings (AsymVLM and baselines).",
     )
     parser.add_argument("--version", action="version", version=f"asymvlm {__version__}")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every library's messages (Ray, MLflow...) too")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -287,57 +304,91 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--perturbation-seed", type=int, default=0)
     p.set_defaults(func=_cmd_embed)
 
-    p = sub.add_parser(
-        "analyze",
-        help="the paper's evaluations: zeroshot, nota, hierarcaps, ood",
-        description="Run one evaluation of the paper (Tables 2-3, Fig. 5) or the OOD suite on "
-        "embedding tables, for adapters from checkpoint folders or a sweep's seed runs; "
-        "prints JSON, optionally logs an MLflow run that `asymvlm report` picks up. "
-        "Locations are ROOT:SPLIT.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("kind", choices=["zeroshot", "nota", "hierarcaps", "ood"])
-    p.add_argument("--checkpoint", action="append", default=[], help="adapter folder (repeat)")
-    p.add_argument("--sweep", default=None, help="sweep parent run id: use its seed adapters")
-    p.add_argument("--frozen", action="store_true", help="also evaluate the frozen model (clip)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=ROOT:SPLIT",
-                   help="zeroshot: an evaluation set (repeat)")  # fmt: skip
-    p.add_argument("--fine-tuned-on", default=None, help="zeroshot: training data set name")
-    p.add_argument("--positives", default=None, metavar="ROOT:SPLIT", help="nota: CIFAR-10")
-    p.add_argument("--negatives", default=None, metavar="ROOT:SPLIT", help="nota: CIFAR-100")
-    p.add_argument("--data", default=None, metavar="ROOT:SPLIT", help="hierarcaps / ood clean")
-    p.add_argument("--perturbed", action="append", default=[], metavar="KIND:SEV=ROOT:SPLIT",
-                   help="ood: a perturbed copy of --data (repeat)")  # fmt: skip
-    p.add_argument("--output", default=None, help="write the JSON here too")
-    p.add_argument("--mlflow-uri", default=None, help="log the result to this tracking store")
-    p.add_argument("--experiment", default="asymvlm", help="MLflow experiment")
-    p.set_defaults(func=_cmd_analyze)
+    _add_analyze(sub)
 
     p = sub.add_parser(
         "report",
-        help="gather an MLflow experiment into report.md with tables and figures",
+        help="gather an MLflow experiment into report.md / report.html with tables and figures",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--mlflow-uri", required=True, help="tracking URI, e.g. sqlite:///.../mlflow.db")
+    p.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                   help="tracking URI, e.g. sqlite:///runs/demo/mlflow.db (default: "
+                        "$MLFLOW_TRACKING_URI)")  # fmt: skip
     p.add_argument("--experiment", required=True)
     p.add_argument("--output", required=True, help="folder for report.md and the figures")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser(
+        "ui",
+        help="open a pipeline's MLflow store in the MLflow UI",
+        description="Runs `mlflow ui` on OUTPUT/mlflow.db (a store copied or moved elsewhere "
+        "is pointed at the mlartifacts folder beside it first).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("output", help="the pipeline's output folder (holding mlflow.db)")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--host", default="127.0.0.1")
+    p.set_defaults(func=_cmd_ui)
 
     p = sub.add_parser("methods", help="list the registered methods and their uncertainty")
     p.set_defaults(func=_cmd_methods)
     return parser
 
 
-def _location(value: str | None, flag: str) -> tuple[str, str]:
-    if not value or ":" not in value.replace("://", ""):
-        raise ValueError(f"{flag} expects ROOT:SPLIT, got {value!r}")
-    root, _, split = value.rpartition(":")
-    return root, split
+def _add_analyze(sub) -> None:
+    """``asymvlm analyze <kind>``: one sub-command per evaluation of the registry, each with
+    only its own options."""
+    from asymvlm.evaluation.registry import EVALUATIONS
+
+    p = sub.add_parser(
+        "analyze",
+        help="the paper's evaluations: " + ", ".join(EVALUATIONS),
+        description="Run one evaluation of the paper (Tables 2-3, Fig. 5) or the OOD suite on "
+        "embedding tables, for adapters from checkpoint folders or a sweep's seed runs; "
+        "prints JSON, optionally logs an MLflow run that `asymvlm report` picks up. "
+        "`asymvlm analyze KIND --help` lists the options of one.",
+    )
+    kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
+    for ev in EVALUATIONS.values():
+        k = kinds.add_parser(ev.kind, help=ev.title, description=ev.title[0].upper()
+                             + ev.title[1:] + ". Locations are ROOT:SPLIT of embedding tables.",
+                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+        for inp in ev.inputs:
+            repeat = inp.form == "named"
+            k.add_argument(inp.flag, dest=inp.key, required=inp.required and not repeat,
+                           action="append" if repeat else "store", default=None,
+                           metavar=inp.metavar or ("ROOT:SPLIT" if inp.form == "location"
+                                                   else "TEXT"),
+                           help=inp.help)  # fmt: skip
+        k.add_argument("--checkpoint", action="append", default=[],
+                       help="adapter folder (repeat)")  # fmt: skip
+        k.add_argument("--sweep", default=None, help="a sweep's MLflow run id: its seed adapters")
+        k.add_argument("--frozen", action="store_true", help="also the frozen model (clip)")
+        k.add_argument("--output", default=None, help="write the JSON here too")
+        k.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                       help="log the result to this tracking store (default: "
+                            "$MLFLOW_TRACKING_URI; none: not logged)")  # fmt: skip
+        k.add_argument("--experiment", default="asymvlm", help="MLflow experiment")
+        k.set_defaults(func=_cmd_analyze)
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from asymvlm.evaluation import suite
+    from asymvlm import tracking
+    from asymvlm.evaluation import registry
 
+    ev = registry.EVALUATIONS[args.kind]
+    spec: dict[str, object] = {}
+    for inp in ev.inputs:
+        value = getattr(args, inp.key)
+        if inp.form == "named" and value:
+            pairs = {}
+            for item in value:
+                name, eq, where = item.partition("=")
+                if not eq:
+                    raise ConfigError(f"{inp.flag} expects {inp.metavar}, got {item!r}")
+                pairs[name] = where
+            value = pairs
+        spec[inp.key] = value
     methods = {}
     for path in args.checkpoint:
         method, meta = load_checkpoint(path)
@@ -346,66 +397,50 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         methods[f"{meta['method']}/seed{seed}"] = method
     if args.sweep:
         if not args.mlflow_uri:
-            raise ValueError("--sweep needs --mlflow-uri")
-        methods.update(suite.adapters_from_sweep(args.mlflow_uri, args.sweep))
+            raise ConfigError("--sweep needs --mlflow-uri (or $MLFLOW_TRACKING_URI)")
+        methods.update(tracking.load_sweep_adapters(args.mlflow_uri, args.sweep))
     if args.frozen or not methods:
-        dim = None
-        if methods:
-            dim = next(iter(methods.values())).dim
-        elif args.kind in ("zeroshot",) and args.sets:
-            dim = suite.load_classification(*_location(args.sets[0].split("=", 1)[1], "--set")
-                                            ).image_emb.shape[1]  # fmt: skip
-        elif args.kind == "nota":
-            dim = suite.load_classification(*_location(args.positives, "--positives")
-                                            ).image_emb.shape[1]  # fmt: skip
-        else:
-            from asymvlm.tables import read_manifest
-
-            dim = read_manifest(_location(args.data, "--data")[0]).dim
-        frozen = METHODS["clip"](dim=dim)
-        frozen.adapter_input = "unit"
-        methods["clip"] = frozen
-    params = {"kind": args.kind}
-    if args.kind == "zeroshot":
-        sets = {}
-        for item in args.sets:
-            name, _, where = item.partition("=")
-            sets[name] = _location(where, "--set")
-        if not sets:
-            raise ValueError("zeroshot needs at least one --set NAME=ROOT:SPLIT")
-        result = suite.evaluate_zero_shot(methods, sets)
-        params["fine_tuned_on"] = args.fine_tuned_on or "?"
-    elif args.kind == "nota":
-        result = suite.evaluate_none_of_the_above(
-            methods, _location(args.positives, "--positives"),
-            _location(args.negatives, "--negatives"))  # fmt: skip
-    elif args.kind == "hierarcaps":
-        result = suite.evaluate_hierarcaps(methods, *_location(args.data, "--data"))
-    else:
-        perturbed = {}
-        for item in args.perturbed:
-            spec, _, where = item.partition("=")
-            perturbed[spec] = _location(where, "--perturbed")
-        result = suite.evaluate_ood(methods, _location(args.data, "--data"), perturbed)
+        methods = registry.with_frozen(args.kind, methods, spec)
+    result = registry.evaluate(args.kind, methods, spec)
     text = json.dumps(result, indent=2, default=float)
     print(text)
     if args.output:
         with open(args.output, "w") as fh:
             fh.write(text + "\n")
     if args.mlflow_uri:
-        kind = {"zeroshot": "zero_shot", "nota": "none_of_the_above"}.get(args.kind, args.kind)
-        run_id = suite.log_evaluation(args.mlflow_uri, args.experiment, kind, result,
-                                      params=params)  # fmt: skip
-        print(f"[asymvlm] logged as MLflow run {run_id}", file=sys.stderr)
+        params = {k: v for k, v in spec.items() if isinstance(v, str)}
+        if args.kind == "zeroshot":
+            params.setdefault("fine_tuned_on", "?")
+        run_id = registry.log_evaluation(args.mlflow_uri, args.experiment, args.kind, result,
+                                         params=params)  # fmt: skip
+        logger.info("logged as MLflow run %s", run_id)
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from asymvlm.report import build_report
 
+    if not args.mlflow_uri:
+        raise ConfigError("report: give --mlflow-uri or set MLFLOW_TRACKING_URI")
     path = build_report(args.mlflow_uri, args.experiment, args.output)
-    print(f"[asymvlm] report written to {path}", file=sys.stderr)
+    logger.info("report written to %s (and report.html beside it)", path)
     return 0
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    from asymvlm import tracking
+
+    database = os.path.join(os.path.abspath(args.output), "mlflow.db")
+    if not os.path.isfile(database):
+        raise ConfigError(f"{args.output}: no mlflow.db here (a pipeline's output folder holds "
+                          "one when it ran with the local default store)")  # fmt: skip
+    uri = "sqlite:///" + database
+    tracking.relocate_local_store(uri)
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+               "--host", args.host, "--port", str(args.port)]  # fmt: skip
+    logger.info("MLflow UI on http://%s:%d (Ctrl-C stops it)", args.host, args.port)
+    os.execv(sys.executable, command)
+    return 0  # not reached
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
@@ -449,6 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: bad input (flags, paths, tables, checkpoints) prints one ``error:`` line and
     exits 2; a diverged training run exits 3 (:mod:`asymvlm.errors`); no traceback."""
     args = build_parser().parse_args(argv)
+    from asymvlm import logs
+
+    logs.configure(verbose=args.verbose)
     return guarded(lambda: args.func(args))
 
 

@@ -10,19 +10,23 @@ Reads the sweeps (parent runs ``kind=sweep`` and their seed runs) and the evalua
 * Table 2 analogue (none-of-the-above), Table 3 analogue (zero-shot after fine-tuning);
 * the HierarCaps analysis (``fig5_hierarcaps.png``) and the OOD suite (``fig_ood_<kind>.png``).
 
-The report and its figures are also logged to MLflow as a run ``kind=report``.
+The report (markdown, and HTML with the figures inline, which the MLflow UI shows) and its
+figures are also logged to MLflow as a run ``kind=report``, nested under the pipeline run when
+there is one.
 """
 
 from __future__ import annotations
 
-import json
+import base64
+import html
 import os
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
 
 from asymvlm import paper_numbers, tracking
+from asymvlm import results as tables_of_results
 from asymvlm.config import redact
 from asymvlm.evaluation.hierarcaps import plot_hierarchy
 from asymvlm.evaluation.ood import plot_severity
@@ -46,31 +50,17 @@ def _base(name: str) -> str:
     return name.split("/", 1)[0]
 
 
-def _json_artifact(tracking_uri: str, run_id: str, path: str) -> Any:
-    from mlflow.artifacts import download_artifacts
-
-    local = download_artifacts(run_id=run_id, artifact_path=path, tracking_uri=tracking_uri)
-    with open(local) as fh:
-        return json.load(fh)
-
-
 # -- Table 1, Fig. 3, Fig. 4 ----------------------------------------------------------------------
-def _sweep_section(
-    client, uri: str, experiment_id: str, parent, output: str
-) -> tuple[list[str], dict]:
-    children = client.search_runs(
-        [experiment_id],
-        f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.stage = 'seeds' "
-        "and attributes.status = 'FINISHED'",
-    )
+def _sweep_section(uri: str, parent, output: str) -> tuple[list[str], dict]:
+    children = tracking.child_runs(uri, parent.info.run_id, stage="seeds")
     if not children:
         return [], {}
     params = children[0].data.params
     dataset, model = params.get("dataset"), params.get("embedding_model")
     rows = [{"method": c.data.params["method"], **c.data.metrics} for c in children]
-    summary = tracking.seed_summary(rows)
+    summary = tables_of_results.seed_summary(rows)
     title = f"Table 1 analogue — {parent.info.run_name}: {dataset} ({model})"
-    lines = [tracking.summary_markdown(summary, title=title)]
+    lines = [tables_of_results.summary_markdown(summary, title=title)]
     if parent.data.tags.get("note"):
         lines.append(f"> {parent.data.tags['note']}\n")
     n_failed = int(parent.data.metrics.get("failed_trials", 0))
@@ -95,7 +85,7 @@ def _sweep_section(
     curves: dict[str, dict[str, list[list[float]]]] = defaultdict(lambda: defaultdict(list))
     for child in children:
         try:
-            data = _json_artifact(uri, child.info.run_id, "binned_recall.json")
+            data = tracking.json_artifact(uri, child.info.run_id, "binned_recall.json")
         except Exception:  # a run without the artifact is shown in the table only
             continue
         for direction, curve in (data.get("test") or {}).items():
@@ -231,16 +221,13 @@ def _ood(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dic
 
 
 # -- entry point --------------------------------------------------------------------------------
-def build_report(tracking_uri: str, experiment: str, output: str) -> str:
-    """Write ``output/report.md`` (+ figures) from the experiment; returns the report path."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise ValueError(f"no MLflow experiment {experiment!r} at {tracking_uri}")
+def build_report(
+    tracking_uri: str, experiment: str, output: str, *, parent: str | None = None
+) -> str:
+    """Write ``output/report.md`` and ``report.html`` (+ figures) from the experiment and log
+    them as a run ``kind=report`` (nested under ``parent``); returns the markdown's path."""
+    _, runs = tracking.experiment_runs(tracking_uri, experiment)
     os.makedirs(output, exist_ok=True)
-    runs = client.search_runs([exp.experiment_id], max_results=10000)
     lines = [f"# AsymVLM report — experiment `{experiment}`", "",
              f"Tracking store: `{redact(tracking_uri)}`. Values are mean ± std over seeds where "
              "there are several. Rows marked *(paper)* are the numbers published by Ju et al. "
@@ -248,20 +235,20 @@ def build_report(tracking_uri: str, experiment: str, output: str) -> str:
              ""]  # fmt: skip
     figures: dict[str, str] = {}
     sweeps = [r for r in runs if r.data.tags.get("kind") == "sweep"]
-    for parent in sorted(sweeps, key=lambda r: r.info.start_time):
-        section, figs = _sweep_section(client, tracking_uri, exp.experiment_id, parent, output)
+    for sweep in sweeps:
+        section, figs = _sweep_section(tracking_uri, sweep, output)
         lines += section
         figures.update(figs)
     evals: dict[str, list] = defaultdict(list)
-    for run in sorted(runs, key=lambda r: r.info.start_time):
+    for run in runs:
         kind = run.data.tags.get("kind", "")
-        if kind.startswith("eval-"):
-            evals[kind].append((_json_artifact(tracking_uri, run.info.run_id, "results.json"),
-                                run.data.params))  # fmt: skip
-    if evals.get("eval-none_of_the_above"):
-        lines += _table2([res for res, _ in evals["eval-none_of_the_above"]])
-    if evals.get("eval-zero_shot"):
-        lines += _table3(evals["eval-zero_shot"])
+        if kind.startswith("eval-") and run.info.status == "FINISHED":
+            result = tracking.json_artifact(tracking_uri, run.info.run_id, "results.json")
+            evals[kind].append((result, run.data.params))
+    if evals.get("eval-nota"):
+        lines += _table2([res for res, _ in evals["eval-nota"]])
+    if evals.get("eval-zeroshot"):
+        lines += _table3(evals["eval-zeroshot"])
     # One section per evaluation run; figure names get the sweep when there are several.
     for kind, section_fn, prefix in (("eval-hierarcaps", _hierarchy, "hierarcaps"),
                                      ("eval-ood", _ood, "")):  # fmt: skip
@@ -273,12 +260,46 @@ def build_report(tracking_uri: str, experiment: str, output: str) -> str:
             figures.update(figs)
     if len(lines) <= 5:
         lines.append("*No sweeps or evaluations in this experiment yet.*")
+    text = "\n".join(lines) + "\n"
     path = os.path.join(output, "report.md")
     with open(path, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    run = client.create_run(exp.experiment_id, run_name="report", tags={"kind": "report"})
-    client.log_artifact(run.info.run_id, path)
-    for fig in figures:
-        client.log_artifact(run.info.run_id, fig)
-    client.set_terminated(run.info.run_id)
+        fh.write(text)
+    page = os.path.join(output, "report.html")
+    with open(page, "w") as fh:
+        fh.write(report_html(text, output, title=f"AsymVLM report — {experiment}"))
+    about = f"Tables and figures of experiment {experiment}"
+    with tracking.run(
+        tracking_uri, experiment, "report", kind="report", parent=parent, description=about
+    ) as run:
+        run.log_artifact(path)
+        run.log_artifact(page)
+        for fig in figures:
+            run.log_artifact(fig)
     return path
+
+
+_IMAGE = re.compile(r'<img src="([^"/:]+\.png)"')
+
+
+def report_html(markdown_text: str, folder: str, title: str) -> str:
+    """The report as one self-contained HTML page: markdown rendered (tables included) by
+    markdown-it, figures from ``folder`` inlined as data URIs, so it shows whole in the MLflow
+    UI's artifact viewer."""
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark").enable("table").render(markdown_text)
+
+    def inline(match: re.Match) -> str:
+        path = os.path.join(folder, match.group(1))
+        if not os.path.isfile(path):
+            return match.group(0)
+        with open(path, "rb") as fh:
+            data = base64.b64encode(fh.read()).decode()
+        return f'<img src="data:image/png;base64,{data}"'
+
+    body = _IMAGE.sub(inline, body)
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
+             "padding:3px 8px}img{max-width:100%}blockquote{color:#555}")  # fmt: skip
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+            f"</title><style>{style}</style></head><body>{body}</body></html>\n")  # fmt: skip

@@ -342,7 +342,7 @@ def test_cli_resume_of_a_checkpoint_from_before_the_flag(small_world, tmp_path, 
     capsys.readouterr()
     assert main(_argv(small_world, out, "--resume")) == 0
     assert capsys.readouterr().err == (
-        f"[asymvlm] {out} already holds a complete checkpoint; nothing to do\n"
+        f"{out} already holds a complete checkpoint; nothing to do\n"
     )
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from asymvlm import tables
 from asymvlm.cli import main
-from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood, log_evaluation
+from asymvlm.evaluation.registry import log_evaluation
+from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
 from asymvlm.methods import build_method
 from asymvlm.report import build_report
 from asymvlm.training import TrainConfig, save_checkpoint
@@ -34,10 +35,10 @@ def test_report_gathers_tables_figures_and_paper_numbers(tmp_path) -> None:
         }},
         "rejection": {"threshold": {"pos_acc": 0.7, "neg_acc": 0.5, "cut": 0.3}},
     }  # fmt: skip
-    log_evaluation(uri, exp, "none_of_the_above", nota)
+    log_evaluation(uri, exp, "nota", nota)
     zero = {"asymvlm-vmf/seed0": {"cifar10": 0.5, "stl10": 0.9},
             "asymvlm-vmf/seed1": {"cifar10": 0.7, "stl10": 0.9}}  # fmt: skip
-    log_evaluation(uri, exp, "zero_shot", zero, params={
+    log_evaluation(uri, exp, "zeroshot", zero, params={
         "fine_tuned_on": "coco", "embedding_model": "openai/clip-vit-base-patch32"})  # fmt: skip
     write_hierarchy(str(tmp_path / "hc"), np.tile([2.0, 5.0, 12.0, 30.0], (6, 1)))
     from asymvlm.training import load_split
@@ -125,6 +126,16 @@ def test_cli_analyze_logs_runs_that_the_report_shows(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main(["report", "--mlflow-uri", uri, "--experiment", "cli",
                  "--output", str(tmp_path / "rep")]) == 0  # fmt: skip
-    text = open(tmp_path / "rep" / "report.md").read()
+    text = (tmp_path / "rep" / "report.md").read_text()
     assert "Table 2 analogue" in text and "Table 3 analogue" in text
-    assert main(["analyze", "nota", "--positives", "nowhere"]) == 2
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "<table>" in page and "Table 2 analogue" in page
+    capsys.readouterr()
+    assert main(["analyze", "nota", "--positives", "nowhere", "--negatives", f"{neg}:test"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: nota: --positives: expected ROOT:SPLIT, got 'nowhere'"
+    )
+    with pytest.raises(SystemExit) as exc:  # argparse: a missing option, with the usage
+        main(["analyze", "nota", "--positives", f"{pos}:test"])
+    assert exc.value.code == 2
+    assert "--negatives" in capsys.readouterr().err

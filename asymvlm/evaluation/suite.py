@@ -1,25 +1,22 @@
-"""The paper's evaluations on embedding tables, for one or more trained methods, logged to MLflow.
+"""The paper's evaluations on embedding tables, for one or more trained methods.
 
 Each ``evaluate_*`` takes ``methods`` (name -> trained :class:`Method`, e.g. one per seed as
-"asymvlm-vmf/seed1") and table locations, and returns plain dicts; :func:`log_evaluation` puts
-one result into MLflow as a run tagged ``kind=eval-<name>`` with ``results.json`` and figures,
-which ``asymvlm report`` gathers. Trained adapters come from a sweep's MLflow runs
-(:func:`adapters_from_sweep`) or from checkpoint folders.
+"asymvlm-vmf/seed1") and table locations, and returns plain dicts. The registry
+(:mod:`asymvlm.evaluation.registry`) names them for the CLI and the pipeline and logs results
+to MLflow; trained adapters come from a sweep's runs (:func:`asymvlm.tracking.load_sweep_adapters`)
+or from checkpoint folders.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from asymvlm import tables, tracking
+from asymvlm import tables
 from asymvlm.evaluation.hierarcaps import hierarchy_analysis
 from asymvlm.evaluation.ood import ood_retrieval
 from asymvlm.evaluation.zeroshot import (
@@ -33,13 +30,11 @@ from asymvlm.training import load_split
 
 __all__ = [
     "ClassificationSet",
-    "adapters_from_sweep",
     "evaluate_hierarcaps",
     "evaluate_none_of_the_above",
     "evaluate_ood",
     "evaluate_zero_shot",
     "load_classification",
-    "log_evaluation",
 ]
 
 
@@ -55,7 +50,7 @@ class ClassificationSet:
                 f"{root}/{split}: not a classification split (needs images with 'label' and "
                 "prompts/ -- embed CIFAR/STL/ImageNet with `asymvlm embed`)"
             )
-        self.image_emb = torch.as_tensor(tables.column_matrix(images.column("embedding")))
+        self.image_emb = torch.tensor(tables.column_matrix(images.column("embedding")))
         self.labels = torch.as_tensor(np.asarray(images.column("label").to_pylist()))
         self.prompt_class = np.asarray(prompts.column("class_index").to_pylist())
         self.prompt_text = prompts.column("text").to_pylist()
@@ -171,60 +166,3 @@ def evaluate_ood(
             }
         out[name] = per
     return out
-
-
-# -- adapters and MLflow ------------------------------------------------------------------------
-def adapters_from_sweep(tracking_uri: str, parent_run_id: str) -> dict[str, Method]:
-    """The stage-2 (seed) adapters of a sweep, as "method/seed<k>" -> method (with its
-    ``adapter_input`` attribute set), loaded from the runs' MLflow models."""
-    import mlflow
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    parent = client.get_run(parent_run_id)
-    children = client.search_runs(
-        [parent.info.experiment_id],
-        f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.stage = 'seeds' "
-        "and attributes.status = 'FINISHED'",  # failed (e.g. diverged) trials have no adapter
-    )
-    mlflow.set_tracking_uri(tracking_uri)
-    out: dict[str, Method] = {}
-    for child in sorted(children, key=lambda c: (c.data.params["method"], c.data.params["seed"])):
-        model = mlflow.pyfunc.load_model(f"runs:/{child.info.run_id}/adapter")
-        adapter = model.unwrap_python_model()  # a tracking.CaptionUncertaintyModel
-        method = adapter.method
-        method.adapter_input = adapter.meta.get("adapter_input", "raw")
-        out[f"{child.data.params['method']}/seed{child.data.params['seed']}"] = method
-    return out
-
-
-def log_evaluation(
-    tracking_uri: str,
-    experiment: str,
-    kind: str,
-    results: Mapping[str, Any],
-    *,
-    figures: Mapping[str, str] | None = None,
-    params: Mapping[str, Any] | None = None,
-    metrics: Mapping[str, float] | None = None,
-) -> str:
-    """One MLflow run ``kind=eval-<kind>`` holding ``results.json``, figures and metrics."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    exp_id = tracking.experiment_id(client, experiment, tracking_uri)
-    run = client.create_run(exp_id, run_name=f"eval {kind}", tags={"kind": f"eval-{kind}"})
-    for key, value in (params or {}).items():
-        client.log_param(run.info.run_id, key, value)
-    for key, value in (metrics or {}).items():
-        if value is not None and np.isfinite(value):
-            client.log_metric(run.info.run_id, key, float(value))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "results.json")
-        with open(path, "w") as fh:
-            json.dump(results, fh, indent=2, default=float)
-        client.log_artifact(run.info.run_id, path)
-    for path in (figures or {}).values():
-        client.log_artifact(run.info.run_id, path)
-    client.set_terminated(run.info.run_id)
-    return run.info.run_id

@@ -1,0 +1,96 @@
+"""The console and the log file: what a person running the pipeline sees.
+
+By default the console shows this project's own messages (loggers ``asymvlm`` and
+``pipelines``) at INFO, one line each, and its warnings; everything else -- Ray, Tune, Train,
+Ray Data, MLflow, Python warnings -- goes at WARNING and above into a log file (under the
+output when it is local). ``verbose`` shows everything, on the console too, at INFO.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+__all__ = ["configure", "log_file_for", "quiet_third_party"]
+
+OURS = ("asymvlm", "pipelines")
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_state: dict[str, object] = {"verbose": False, "file": None}
+
+
+class _Console(logging.Formatter):
+    """``message`` for INFO, ``warning: message`` / ``error: message`` above."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            text = f"{record.levelname.lower()}: {text}"
+        return text
+
+
+class _Ours(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.split(".")[0] in OURS
+
+
+def log_file_for(output: str | None, name: str) -> str:
+    """``<output>/logs/<name>.log`` for a local output, else one in the temp folder."""
+    if output and "://" not in output:
+        folder = os.path.join(os.path.abspath(output), "logs")
+    else:
+        import tempfile
+
+        folder = os.path.join(tempfile.gettempdir(), "asymvlm-logs")
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"{name}.log")
+
+
+def configure(verbose: bool = False, log_file: str | None = None) -> None:
+    """Console and file handlers on the root logger (idempotent: a second call replaces them)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_asymvlm", False):
+            root.removeHandler(handler)
+            handler.close()
+    console = logging.StreamHandler(sys.stderr)
+    console._asymvlm = True  # type: ignore[attr-defined]
+    if verbose:
+        console.setFormatter(logging.Formatter(_FORMAT))
+        console.setLevel(logging.INFO)
+    else:
+        console.setFormatter(_Console())
+        console.addFilter(_Ours())
+    root.addHandler(console)
+    if log_file:
+        to_file = logging.FileHandler(log_file)
+        to_file._asymvlm = True  # type: ignore[attr-defined]
+        to_file.setFormatter(logging.Formatter(_FORMAT))
+        to_file.setLevel(logging.INFO if verbose else logging.WARNING)
+        root.addHandler(to_file)
+    root.setLevel(logging.INFO)
+    for name in OURS:
+        logging.getLogger(name).setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    if not verbose:
+        warnings.simplefilter("default")
+    _state.update(verbose=verbose, file=log_file)
+    quiet_third_party()
+
+
+def verbose() -> bool:
+    return bool(_state["verbose"])
+
+
+def quiet_third_party() -> None:
+    """Ray's and MLflow's loggers bring their own console handlers: send their records to ours
+    (the file, or everything when verbose) instead. Call again after ``ray.init``."""
+    level = logging.INFO if _state["verbose"] else logging.WARNING
+    for name in ("ray", "ray.data", "ray.tune", "ray.train", "mlflow", "alembic", "urllib3",
+                 "filelock", "py.warnings"):  # fmt: skip
+        lg = logging.getLogger(name)
+        for handler in list(lg.handlers):
+            lg.removeHandler(handler)
+        lg.propagate = True
+        lg.setLevel(level)
