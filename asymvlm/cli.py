@@ -444,7 +444,8 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
-    from asymvlm.data.embed import EmbedConfig, run_embed
+    from asymvlm.data.embed import EmbedConfig
+    from pipelines.embedding import run_embed
 
     cfg = EmbedConfig(
         dataset=args.dataset,

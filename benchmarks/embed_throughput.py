@@ -4,7 +4,7 @@ Both sides embed the same HierarCaps images *and* their captions (4 per image) w
 local CLIP checkpoint and the same batch size, and write the embeddings to a fresh temporary
 folder:
 
-* **stage** -- ``asymvlm.data.embed.run_embed`` (one Ray Data pass: decode/preprocess ->
+* **stage** -- ``pipelines.embedding.run_embed`` (one Ray Data pass: decode/preprocess ->
   encoder actor pool that embeds each batch's images and their captions -> sharded parquet);
 * **plain** -- one process: ``read_source`` (the same image/caption list), ``Encoder(model)``,
   then per batch ``PIL.Image.open`` + ``Encoder.preprocess_images`` + ``Encoder.encode_pixels``,
@@ -224,7 +224,7 @@ def run_plain(
     t3 = time.perf_counter()
     txt_emb, txt_norm = [], []
     if sort_captions:  # the stage's own caption batching: length-sorted chunks
-        from asymvlm.data.embed import encode_texts_by_length
+        from asymvlm.data.encode import encode_texts_by_length
 
         emb, norm = encode_texts_by_length(enc, texts, bs)
         txt_emb.append(emb)

@@ -20,7 +20,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm import config  # noqa: E402
+from asymvlm import config, logs  # noqa: E402
 from asymvlm.data.embed import EmbedConfig  # noqa: E402
 from asymvlm.errors import ConfigError, guarded  # noqa: E402
 from pipelines.embedding import run_embed  # noqa: E402
@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key (YAML value; dots and list indices: "
                              "defaults.batch_size=32, jobs.0.split=val)")  # fmt: skip
+    parser.add_argument("--verbose", action="store_true",
+                        help="everything on the console (Ray Data and its bars)")  # fmt: skip
     args = parser.parse_args(argv)
+    logs.configure(verbose=args.verbose)
 
     def run() -> int:
         jobs = load_jobs(args.config, args.set)  # every job validated before any starts

@@ -244,18 +244,3 @@ def _digest_column(digest, column: pa.ChunkedArray) -> None:
         digest.update(arr.fill_null(0).to_numpy(zero_copy_only=False).tobytes())
     else:
         digest.update(json.dumps(arr.to_pylist(), default=str).encode())
-
-
-#: Names of the Ray stage that lived here, still importable from this module: loaded from
-#: :mod:`pipelines.embedding` on first use (``asymvlm`` itself imports neither it nor Ray).
-_STAGE_NAMES = frozenset(
-    {"run_embed", "SUCCESS", "JOB", "PARTS_DIR", "ERRORS_DIR", "PROMPTS_DIR", "ERROR_SCHEMA"}
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _STAGE_NAMES:
-        import importlib
-
-        return getattr(importlib.import_module("pipelines.embedding"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,9 +46,6 @@ as for every pipeline, and shut down again at the end when this stage started it
 
 from __future__ import annotations
 
-import logging
-import sys
-
 from pipelines.embedding.shards import (
     ERROR_SCHEMA,
     ERRORS_DIR,
@@ -60,24 +57,3 @@ from pipelines.embedding.shards import (
 from pipelines.embedding.stage import run_embed
 
 __all__ = ["ERRORS_DIR", "ERROR_SCHEMA", "JOB", "PARTS_DIR", "PROMPTS_DIR", "SUCCESS", "run_embed"]
-
-
-class _StderrUntilConfigured(logging.Handler):
-    """``[embed] <message>`` on the current ``sys.stderr`` (as the stage has always reported its
-    progress) while the program has configured no logging, i.e. the root logger has no handler
-    (``asymvlm embed``, ``pipelines/embed.py``); once it has one, the records go there instead."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if logging.getLogger().handlers:
-            return
-        try:
-            sys.stderr.write(f"[embed] {self.format(record)}\n")
-            sys.stderr.flush()
-        except Exception:
-            self.handleError(record)
-
-
-_logger = logging.getLogger(__name__)
-_logger.addHandler(_StderrUntilConfigured())
-if _logger.level == logging.NOTSET:  # progress lines are INFO
-    _logger.setLevel(logging.INFO)
