@@ -30,6 +30,21 @@ class _Console(logging.Formatter):
         return text
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (test capture, redirection)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 class _Ours(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return record.name.split(".")[0] in OURS
@@ -54,7 +69,7 @@ def configure(verbose: bool = False, log_file: str | None = None) -> None:
         if getattr(handler, "_asymvlm", False):
             root.removeHandler(handler)
             handler.close()
-    console = logging.StreamHandler(sys.stderr)
+    console = _CurrentStderr()
     console._asymvlm = True  # type: ignore[attr-defined]
     if verbose:
         console.setFormatter(logging.Formatter(_FORMAT))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import logging
 import os
 import sys
 import time
@@ -36,7 +37,7 @@ import yaml
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm import config, storage, tracking  # noqa: E402
+from asymvlm import config, logs, storage, tracking  # noqa: E402
 from asymvlm.errors import ConfigError, guarded  # noqa: E402
 
 STAGES = ("embed", "sweep", "evaluate", "report")
@@ -44,8 +45,7 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
                               "configs", "demo.yaml")  # fmt: skip
 
 
-def _log(msg: str) -> None:
-    print(f"[pipeline] {msg}", file=sys.stderr, flush=True)
+logger = logging.getLogger("pipelines.full")
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -54,16 +54,27 @@ def load_config(path: str, overrides: list[str] | None = None) -> dict[str, Any]
     (every stage, every sweep, every embedding job; :mod:`asymvlm.config`) -- before Ray or any
     stage starts, so a bad value deep in the config fails in seconds.
 
-    ``${output}`` is the output folder; ``ASYMVLM_HIERARCAPS`` defaults to the HierarCaps copy
-    found beside the checkout. Returns a plain dict with every default filled."""
-    from asymvlm.data.demo_sets import find_hierarcaps
+    ``${output}`` is the output folder. Items with ``requires: [hierarcaps]`` get the HierarCaps
+    test set from ``$ASYMVLM_HIERARCAPS``, a copy beside the checkout, the download cache, or a
+    download from its public sources (:func:`asymvlm.data.hierarcaps_fetch.locate_hierarcaps`);
+    without any of these they are left out, with one line saying so. Returns a plain dict with
+    every default filled."""
     from pipelines.embed import jobs_from_doc
 
-    found = find_hierarcaps()
-    if found:
-        os.environ.setdefault("ASYMVLM_HIERARCAPS", found)
     doc = config.apply_overrides(config.load_yaml(path), overrides or [])
     config.check_no_credentials(doc, path)
+    available = {}
+    if "hierarcaps" in config.required_data(doc):
+        from asymvlm.data.hierarcaps_fetch import locate_hierarcaps
+
+        found = locate_hierarcaps()
+        if found:
+            os.environ["ASYMVLM_HIERARCAPS"] = found
+        available["hierarcaps"] = found is not None
+    doc, dropped = config.drop_unavailable(doc, available, path)
+    if dropped:
+        logger.warning("without HierarCaps, these parts of %s are left out: %s", path,
+                       ", ".join(dropped))  # fmt: skip
     name = doc.get("name") or os.path.splitext(os.path.basename(path))[0]
     raw_output = config.expand_env(doc.get("output") or f"runs/{name}", f"{path}: output")
     output = os.path.abspath(raw_output) if "://" not in raw_output else raw_output.rstrip("/")
@@ -146,7 +157,7 @@ def stage_prepare(cfg: dict[str, Any]) -> None:
         if not os.path.exists(os.path.join(path, "config.json")):
             from asymvlm.data.tiny import save_tiny_clip
 
-            _log(f"writing a tiny random CLIP (not meaningful science) to {path}")
+            logger.info("prepare: a tiny random CLIP (not meaningful science) -> %s", path)
             save_tiny_clip(path)
     if prep.get("synthetic"):
         syn = dict(prep["synthetic"])
@@ -157,7 +168,7 @@ def stage_prepare(cfg: dict[str, Any]) -> None:
 
             splits = {"train": syn.pop("train_images", 8000), "val": syn.pop("val_images", 1000),
                       "test": syn.pop("test_images", 1000)}  # fmt: skip
-            _log(f"writing the synthetic world to {root}")
+            logger.info("prepare: the synthetic world -> %s", root)
             write_world(root, WorldConfig(splits=splits, **syn))
     if prep.get("hierarcaps_cifar"):
         hc = prep["hierarcaps_cifar"]
@@ -165,17 +176,17 @@ def stage_prepare(cfg: dict[str, Any]) -> None:
         if not os.path.exists(os.path.join(out, "cifar100")):
             from asymvlm.data.demo_sets import write_hierarcaps_cifar
 
-            _log(f"building CIFAR-format stand-ins from HierarCaps images in {out}")
+            logger.info("prepare: CIFAR-format stand-ins from HierarCaps images -> %s", out)
             write_hierarcaps_cifar(hc["hierarcaps"], out, int(hc.get("n_classes", 5)))
 
 
 def stage_embed(cfg: dict[str, Any]) -> None:
-    from asymvlm.data.embed import run_embed
     from pipelines.embed import jobs_from_doc
+    from pipelines.embedding import run_embed
 
     doc = cfg.get("embed") or {}
     for job in jobs_from_doc(doc, source="embed"):
-        _log(f"embed: {job.dataset}/{job.split} -> {job.output}")
+        logger.info("embed: %s/%s -> %s", job.dataset, job.split, job.output)
         run_embed(job)
 
 
@@ -193,105 +204,85 @@ def _sweep_config(
     return resolve_config(doc, source=source or f"sweeps[{sweep['name']}]")
 
 
-def stage_sweep(cfg: dict[str, Any]) -> None:
+def stage_sweep(cfg: dict[str, Any], parent: str | None = None) -> None:
     from pipelines.sweep import SWEEP_RECORD, run_sweep
 
     for sweep in cfg.get("sweeps", []):
         scfg = _sweep_config(cfg, sweep)
         if storage.exists(storage.uri_join(scfg["output"], SWEEP_RECORD)):
-            _log(f"sweep {sweep['name']}: done already ({scfg['output']}/{SWEEP_RECORD})")
+            logger.info("sweep %s: done already", sweep["name"])
             continue
-        _log(f"sweep {sweep['name']}: {len(scfg['methods'])} methods x {len(scfg['lr'])} lrs, "
-             f"seeds {scfg['seeds']}")  # fmt: skip
-        run_sweep(scfg)
+        t0 = time.perf_counter()
+        logger.info("sweep %s: %d methods x %d lrs x %d seeds", sweep["name"],
+                    len(scfg["methods"]), len(scfg["lr"]), len(scfg["seeds"]))  # fmt: skip
+        out = run_sweep(scfg, parent=parent)
+        failed = f", {len(out['failed'])} trial(s) failed" if out["failed"] else ""
+        logger.info("sweep %s: done in %.0f s%s", sweep["name"], time.perf_counter() - t0, failed)
 
 
-def _location(value: str) -> tuple[str, str]:
-    root, _, split = str(value).rpartition(":")
-    if not root:
-        raise ValueError(f"expected ROOT:SPLIT, got {value!r}")
-    return os.path.abspath(root) if "://" not in root else root, split
-
-
-def stage_evaluate(cfg: dict[str, Any]) -> None:
-    from asymvlm.evaluation import suite
-    from asymvlm.methods import METHODS
+def stage_evaluate(cfg: dict[str, Any], parent: str | None = None) -> None:
+    """Every evaluation of the config, through the one registry
+    (:mod:`asymvlm.evaluation.registry`), logged as a run nested under ``parent``; a marker file
+    per finished one."""
+    from asymvlm.evaluation import registry
     from pipelines.sweep import SWEEP_RECORD
 
     uri, experiment = cfg["mlflow"]["tracking_uri"], cfg["mlflow"]["experiment"]
     folder = storage.uri_join(cfg["output"], "evaluations")
     for i, ev in enumerate(cfg.get("evaluations", [])):
-        marker = storage.uri_join(folder, f"{i:02d}-{ev['kind']}.json")
+        kind = ev["kind"]
+        label = f"{kind} ({ev['sweep']})" if ev.get("sweep") else kind
+        marker = storage.uri_join(folder, f"{i:02d}-{kind}.json")
         if storage.exists(marker):
-            _log(f"evaluation {i} ({ev['kind']}): done already")
+            logger.info("evaluation %s: done already", label)
             continue
+        t0 = time.perf_counter()
         methods: dict[str, Any] = {}
         if ev.get("sweep"):
             scfg = _sweep_config(cfg, next(s for s in cfg["sweeps"] if s["name"] == ev["sweep"]))
-            record = storage.read_text(storage.uri_join(scfg["output"], SWEEP_RECORD))
-            parent = json.loads(record)["parent_run_id"]
-            methods.update(suite.adapters_from_sweep(uri, parent))
+            record = json.loads(storage.read_text(storage.uri_join(scfg["output"], SWEEP_RECORD)))
+            methods.update(tracking.load_sweep_adapters(uri, record["parent_run_id"]))
         if ev.get("frozen"):
-            dim = next(iter(methods.values())).dim if methods else int(ev["dim"])
-            frozen = METHODS["clip"](dim=dim)
-            frozen.adapter_input = "unit"
-            methods["clip"] = frozen
-        kind = ev["kind"]
-        _log(f"evaluation {i}: {kind} ({len(methods)} models)")
-        params = {"kind": kind, "sweep": ev.get("sweep", ""), "note": ev.get("note", "")}
+            methods = registry.with_frozen(kind, methods, ev, dim=ev.get("dim"))
+        result = registry.evaluate(kind, methods, ev)
+        params = {"sweep": ev.get("sweep") or "", "note": ev.get("note") or "",
+                  "models": len(methods)}  # fmt: skip
+        params.update({k: ev[k] for k in ("fine_tuned_on", "embedding_model") if ev.get(k)})
         if kind == "zeroshot":
-            sets = {name: _location(where) for name, where in ev["sets"].items()}
-            result = suite.evaluate_zero_shot(methods, sets)
-            params["fine_tuned_on"] = ev.get("fine_tuned_on", ev.get("sweep", "?"))
-            params["embedding_model"] = ev.get("embedding_model", "")
-        elif kind == "nota":
-            result = suite.evaluate_none_of_the_above(
-                methods, _location(ev["positives"]), _location(ev["negatives"]))  # fmt: skip
-        elif kind == "hierarcaps":
-            result = suite.evaluate_hierarcaps(methods, *_location(ev["data"]))
-        else:
-            perturbed = {spec: _location(where) for spec, where in ev["perturbed"].items()}
-            result = suite.evaluate_ood(methods, _location(ev["data"]), perturbed)
-        name = {"zeroshot": "zero_shot", "nota": "none_of_the_above"}.get(kind, kind)
-        suite.log_evaluation(uri, experiment, name, result, params=params)
+            params.setdefault("fine_tuned_on", ev.get("sweep") or "?")
+        registry.log_evaluation(uri, experiment, kind, result, params=params, parent=parent,
+                                name=f"eval {label}")  # fmt: skip
         storage.write_text(marker, json.dumps(result, indent=2, default=float))
+        logger.info("evaluation %s: %d models, %.0f s", label, len(methods),
+                    time.perf_counter() - t0)  # fmt: skip
 
 
-def stage_report(cfg: dict[str, Any]) -> str:
+def stage_report(cfg: dict[str, Any], parent: str | None = None) -> str:
     from asymvlm.report import build_report
 
+    uri, experiment = cfg["mlflow"]["tracking_uri"], cfg["mlflow"]["experiment"]
     out = (cfg.get("report") or {}).get("output") or storage.uri_join(cfg["output"], "report")
     if not storage.is_remote(out):
-        return build_report(cfg["mlflow"]["tracking_uri"], cfg["mlflow"]["experiment"],
-                            os.path.abspath(out))  # fmt: skip
+        return build_report(uri, experiment, os.path.abspath(out), parent=parent)
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:  # built here, then uploaded as a whole
-        local = build_report(cfg["mlflow"]["tracking_uri"], cfg["mlflow"]["experiment"], tmp)
+        local = build_report(uri, experiment, tmp, parent=parent)
         storage.upload_dir(tmp, out)
     return storage.uri_join(out, os.path.basename(local))
 
 
-def _log_pipeline_run(cfg: dict[str, Any], stages: list[str]) -> None:
-    import tempfile
-
-    from mlflow import MlflowClient
-
-    uri = cfg["mlflow"]["tracking_uri"]
-    client = MlflowClient(uri)
-    exp_id = tracking.experiment_id(client, cfg["mlflow"]["experiment"], uri)
-    run = client.create_run(exp_id, run_name=f"pipeline {cfg['name']}", tags={"kind": "pipeline"})
-    client.log_param(run.info.run_id, "git_commit", tracking.git_commit())
-    client.log_param(run.info.run_id, "stages", ",".join(stages))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "resolved_config.yaml")
-        with open(path, "w") as fh:
-            yaml.safe_dump(cfg, fh, sort_keys=False)
-        client.log_artifact(run.info.run_id, path)
-    client.set_terminated(run.info.run_id)
+def _final_tables(cfg: dict[str, Any]) -> None:
+    """Every sweep's mean ± std table (its summary.md), on the console."""
+    for sweep in cfg.get("sweeps", []):
+        where = storage.uri_join(_sweep_config(cfg, sweep)["output"], "summary.md")
+        if storage.exists(where):
+            logger.info("\nsweep %s\n%s", sweep["name"], storage.read_text(where).strip())
 
 
 def run_pipeline(cfg: dict[str, Any], stages: list[str]) -> dict[str, Any]:
+    """The stages in order under one MLflow run, the root: sweeps, their trials, evaluations
+    and the report are nested under it."""
     from pipelines.ray_session import init_ray
 
     t0 = time.perf_counter()
@@ -299,18 +290,25 @@ def run_pipeline(cfg: dict[str, Any], stages: list[str]) -> dict[str, Any]:
         os.makedirs(cfg["output"], exist_ok=True)
     init_ray()  # joins $RAY_ADDRESS or starts a local Ray; credentials stay on the nodes
     config.check_shared_output(cfg["output"], cfg["storage"]["shared_filesystem"])
-    _log_pipeline_run(cfg, stages)
-    out: dict[str, Any] = {"output": cfg["output"], "tracking_uri": cfg["mlflow"]["tracking_uri"]}
-    if "embed" in stages:
-        stage_prepare(cfg)
-        stage_embed(cfg)
-    if "sweep" in stages:
-        stage_sweep(cfg)
-    if "evaluate" in stages:
-        stage_evaluate(cfg)
-    if "report" in stages:
-        out["report"] = stage_report(cfg)
-    out["seconds"] = round(time.perf_counter() - t0, 1)
+    uri = cfg["mlflow"]["tracking_uri"]
+    out: dict[str, Any] = {"output": cfg["output"], "tracking_uri": uri}
+    about = f"The {cfg['name']} pipeline: {' -> '.join(stages)}"
+    params = {"stages": ",".join(stages), "output": cfg["output"]}
+    with tracking.run(uri, cfg["mlflow"]["experiment"], f"pipeline {cfg['name']}",
+                      kind="pipeline", params=params, description=about) as root:  # fmt: skip
+        root.log_text("resolved_config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+        out["run_id"] = root.id
+        if "embed" in stages:
+            stage_prepare(cfg)
+            stage_embed(cfg)
+        if "sweep" in stages:
+            stage_sweep(cfg, parent=root.id)
+        if "evaluate" in stages:
+            stage_evaluate(cfg, parent=root.id)
+        if "report" in stages:
+            out["report"] = stage_report(cfg, parent=root.id)
+        out["seconds"] = round(time.perf_counter() - t0, 1)
+        root.log_metrics({"seconds": out["seconds"]})
     return out
 
 
@@ -323,7 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key (YAML value; dots and list indices: "
                              "sweeps.0.epochs=5)")  # fmt: skip
+    parser.add_argument("--verbose", action="store_true",
+                        help="show everything on the console: Ray, Tune, Train, MLflow and the "
+                             "workers' output (default: this project's lines; the rest goes "
+                             "to OUTPUT/logs/pipeline.log at WARNING)")  # fmt: skip
     args = parser.parse_args(argv)
+    logs.configure(verbose=args.verbose)
 
     def run() -> int:
         stages = [s.strip() for s in args.stages.split(",") if s.strip()]
@@ -332,14 +335,21 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--stages: unknown stages {unknown}; choose from {list(STAGES)}")
         overrides = list(args.set) + ([f"output={args.output}"] if args.output else [])
         cfg = load_config(args.config, overrides)  # everything validated before Ray starts
+        log_file = logs.log_file_for(cfg["output"], "pipeline")
+        logs.configure(verbose=args.verbose, log_file=log_file)
+        logger.info("pipeline %s: stages %s -> %s", cfg["name"], ",".join(stages), cfg["output"])
         out = run_pipeline(cfg, stages)
-        print(json.dumps({**out, "tracking_uri": config.redact(out["tracking_uri"])}, indent=2))
+        _final_tables(cfg)
         uri = config.redact(cfg["mlflow"]["tracking_uri"])
-        _log(f"finished in {out['seconds']:.0f} s")
+        logger.info("finished in %.0f s", out["seconds"])
         if out.get("report"):
-            _log(f"report: {out['report']}")
-        _log(f"MLflow store: {uri} (experiment {cfg['mlflow']['experiment']!r})")
-        _log(f"open it with: mlflow ui --backend-store-uri {uri}")
+            logger.info("report:   %s (and report.html)", out["report"])
+        logger.info("MLflow:   %s, experiment %r, pipeline run %s", uri,
+                    cfg["mlflow"]["experiment"], out["run_id"])  # fmt: skip
+        if uri.startswith("sqlite:///"):
+            logger.info("open it:  asymvlm ui %s", cfg["output"])
+        logger.info("log file: %s", log_file)
+        print(json.dumps({**out, "tracking_uri": uri}))
         return 0
 
     return guarded(run)

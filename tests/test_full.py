@@ -27,6 +27,41 @@ def test_demo_config_resolves(tmp_path) -> None:
     assert scfg["val_fraction"] == 0.2 and scfg["mlflow"] == cfg["mlflow"]
 
 
+def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypatch, caplog):
+    """No local copy, an empty cache and no network: the HierarCaps items (and the evaluations
+    of the sweep that needs it) are left out, with one line saying so; what stays validates."""
+    import socket
+
+    from asymvlm.data import demo_sets, hierarcaps_fetch
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there
+    monkeypatch.delenv("ASYMVLM_HIERARCAPS", raising=False)
+    monkeypatch.setenv("ASYMVLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ASYMVLM_HIERARCAPS_CSV_URL", f"http://127.0.0.1:{port}/h.csv")
+    monkeypatch.setenv("ASYMVLM_COCO_IMAGES_URL", f"http://127.0.0.1:{port}/")
+    monkeypatch.setattr(demo_sets, "_REPO", str(tmp_path / "nowhere" / "repo"))
+    monkeypatch.setattr(hierarcaps_fetch, "RETRIES", 1)
+    cfg = full.load_config(DEMO, [f"output={tmp_path / 'out'}"])
+    assert [s["name"] for s in cfg["sweeps"]] == ["synthetic"]
+    assert [e.get("sweep") for e in cfg["evaluations"]] == ["synthetic"]
+    assert cfg["embed"]["jobs"] == [] and not cfg["prepare"]["hierarcaps_cifar"]
+    assert cfg["prepare"]["synthetic"]["output"] == str(tmp_path / "out" / "tables" / "synthetic")
+    left_out = [r.getMessage() for r in caplog.records if "are left out" in r.getMessage()]
+    assert len(left_out) == 1 and "sweeps[hierarcaps-tiny]" in left_out[0]
+    how = [r.getMessage() for r in caplog.records if "ASYMVLM_HIERARCAPS" in r.getMessage()]
+    assert len(how) == 1  # one line on how to get it
+
+
+def test_requires_names_known_data_sets(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("prepare: {synthetic: {output: x, requires: [coco]}}\n")
+    with pytest.raises(ValueError, match=r"prepare.synthetic.requires: expected a list of"):
+        full.load_config(str(path))
+
+
 def test_bad_configs_fail_naming_the_problem(tmp_path, capsys) -> None:
     path = tmp_path / "c.yaml"
     sweep = f"{{embeddings: {tmp_path}, methods: [clip], lr: [0.1], seeds: [0]"
