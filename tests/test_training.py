@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -13,11 +17,15 @@ from asymvlm import tables
 from asymvlm.errors import CheckpointError
 from asymvlm.methods import build_method
 from asymvlm.training import (
+    RunSpec,
+    RunState,
     SplitTensors,
     TrainConfig,
     Trainer,
+    hold_out_images,
     load_checkpoint,
     load_split,
+    run_protocol,
     save_checkpoint,
     steps_per_epoch,
     train,
@@ -190,3 +198,104 @@ def test_fit_start_calibrates_the_adapter_input_scale(tmp_path) -> None:
     off = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2, calibrate_input=False)
     off.fit_start(data.image_emb, data.text_emb)
     assert float(off.text_adapter.input_scale) == 1.0
+
+
+# -- the protocol: one run of the paper's protocol, without Ray ---------------------------------
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _spec(root: str, epochs: int = 4, **kw) -> RunSpec:
+    train = TrainConfig(method="asymvlm-vmf", epochs=epochs, lr=5e-3, optimizer="adamw",
+                        batch_size=64, hidden_dim=16, depth=2, seed=3, device="cpu")  # fmt: skip
+    return RunSpec(embeddings=root, train=train, **kw)
+
+
+def _losses(history: list[dict[str, float]]) -> list[float]:
+    return [row["train_loss"] for row in history]
+
+
+def _recalls(out: dict) -> dict[tuple[str, str, str], float]:
+    return {(split, d, f"recall@{k}"): out[split][d][f"recall@{k}"]
+            for split in ("val", "test") for d in ("t2i", "i2t") for k in (1, 5, 10)}  # fmt: skip
+
+
+def test_the_protocol_runs_without_ray_and_trains_like_asymvlm_train(small_world, one_thread):
+    script = textwrap.dedent("""
+        import json, sys
+        import torch
+        torch.set_num_threads(1)
+        from asymvlm.training import RunSpec, run_protocol
+        out = run_protocol(RunSpec.from_dict(json.loads(sys.argv[1])))
+        assert not [m for m in sys.modules if m.split(".")[0] == "ray"], "ray was imported"
+        json.dump(out, sys.stdout)
+    """)
+    spec = _spec(small_world)
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(spec.to_dict())], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert sorted(out) == ["dim", "epochs_run", "history", "test", "val"]
+    assert (out["dim"], out["epochs_run"]) == (16, 4)
+    assert [row["epoch"] for row in out["history"]] == [1, 2, 3, 4]
+    assert (out["val"]["n_image"], out["test"]["n_image"]) == (60, 60)
+    _, history = train(small_world, "train", spec.train, progress=False)
+    assert _losses(out["history"]) == pytest.approx(_losses(history), rel=1e-6, abs=1e-7)
+
+
+def test_the_protocol_reports_every_epoch_and_resumes_to_the_same_outcome(small_world, one_thread):
+    spec = _spec(small_world, epochs=5, checkpoint_every=2)
+    calls, saved = [], {}
+
+    def on_epoch(row, trainer, history, due) -> None:
+        calls.append((row["epoch"], trainer.epoch, len(history), due))
+        if due and trainer.epoch == 2:  # what a checkpoint holds
+            saved["state"] = RunState(copy.deepcopy(trainer.state_dict()), copy.deepcopy(history))
+
+    whole = run_protocol(spec, on_epoch=on_epoch)
+    assert calls == [(1, 1, 1, False), (2, 2, 2, True), (3, 3, 3, False), (4, 4, 4, True),
+                     (5, 5, 5, True)]  # fmt: skip
+    rest: list[int] = []
+    resumed = run_protocol(spec, state=saved["state"], on_epoch=lambda row, *_: rest.append(
+        row["epoch"]))  # fmt: skip
+    assert rest == [3, 4, 5] and resumed["epochs_run"] == 5
+
+    def timeless(history):
+        return [{k: v for k, v in row.items() if k != "epoch_seconds"} for row in history]
+
+    assert timeless(resumed["history"]) == timeless(whole["history"])
+    assert _recalls(resumed) == _recalls(whole)
+
+
+def test_the_protocol_holds_out_validation_images_when_the_tables_have_none(small_world) -> None:
+    shards: list[int] = []
+
+    def on_epoch(row, trainer, history, due) -> None:
+        shards.append(len(trainer.data.text_emb))
+
+    spec = _spec(small_world, epochs=1, val_split="nope", val_fraction=0.2, test_split=None)
+    out = run_protocol(spec, on_epoch=on_epoch)
+    rest, held = hold_out_images(load_split(small_world, "train"), 0.2, seed=0)
+    assert shards == [rest.split.n_texts] and "test" not in out
+    assert out["val"]["n_image"] == held.split.n_images
+    assert out["val"]["n_text"] == held.split.n_texts
+    # With a validation split in the tables the fraction is not used.
+    spec = _spec(small_world, epochs=1, val_fraction=0.2, test_split=None)
+    out = run_protocol(spec, on_epoch=on_epoch)
+    assert shards[1] == load_split(small_world, "train").split.n_texts
+    assert out["val"]["n_image"] == 60
+
+
+def test_a_diverged_protocol_run_returns_the_reason_and_history(small_world, monkeypatch) -> None:
+    from asymvlm.distributed import GlobalBatchLoss
+
+    original = GlobalBatchLoss.forward
+
+    def forward(self, image_emb, text_emb, epoch=0):
+        loss = original(self, image_emb, text_emb, epoch)
+        return loss * float("nan") if epoch >= 1 else loss  # from the second epoch on
+
+    monkeypatch.setattr(GlobalBatchLoss, "forward", forward)
+    out = run_protocol(_spec(small_world, epochs=3))
+    assert sorted(out) == ["diverged", "history"]
+    assert out["diverged"].startswith("non-finite loss and gradient at epoch 2 of 3, step 1 ")
+    assert [row["epoch"] for row in out["history"]] == [1]

@@ -4,7 +4,9 @@ The whole split lives on the device as tensors; every epoch draws one permutatio
 batches out of it -- no per-sample Python, no DataLoader. Optimiser and schedule follow the
 protocol: SGD with momentum (or AdamW), cosine annealing to 1e-6 stepped per iteration.
 ``Trainer`` keeps everything resumable in ``state_dict`` (adapter, optimiser, scheduler, RNG,
-epoch), which the Ray Train wrapper (pipelines/) reuses.
+epoch). :func:`run_protocol` is the paper's whole protocol for one run (train, evaluate on the
+validation and test splits); the Ray Train wrapper (``pipelines/train.py``) runs it on every
+worker.
 
 A diverged run stops: a non-finite loss, gradient or parameter raises
 :class:`~asymvlm.errors.NonFiniteError` naming the method, learning rate, epoch and step
@@ -15,7 +17,8 @@ resumes one bit for bit.
 Modules: :mod:`~asymvlm.training.config` (hyper-parameters, devices),
 :mod:`~asymvlm.training.data` (splits on the device, hold-out),
 :mod:`~asymvlm.training.trainer` (the trainer), :mod:`~asymvlm.training.checkpoint`
-(checkpoint folders) and :mod:`~asymvlm.training.protocol` (a whole run).
+(checkpoint folders) and :mod:`~asymvlm.training.protocol` (a whole run: the
+protocol, and ``asymvlm train``'s run into a checkpoint folder).
 """
 
 from asymvlm.training.checkpoint import (
@@ -38,7 +41,14 @@ from asymvlm.training.checkpoint import (
 )
 from asymvlm.training.config import TrainConfig, autocast_dtype, resolve_device
 from asymvlm.training.data import SplitTensors, hold_out_images, load_split, steps_per_epoch
-from asymvlm.training.protocol import train
+from asymvlm.training.protocol import (
+    RunSpec,
+    RunState,
+    TrainingRun,
+    run_protocol,
+    train,
+    training_data,
+)
 from asymvlm.training.trainer import Trainer, make_optimizer
 
 __all__ = [
@@ -46,11 +56,14 @@ __all__ = [
     "CONFIG_FILE",
     "HISTORY_FILE",
     "RESUME_MAY_DIFFER",
+    "RunSpec",
+    "RunState",
     "TRAINER_FILE",
     "WEIGHTS_FILE",
     "SplitTensors",
     "TrainConfig",
     "Trainer",
+    "TrainingRun",
     "autocast_dtype",
     "check_output",
     "check_resumable",
@@ -65,7 +78,9 @@ __all__ = [
     "read_history",
     "recover_checkpoint",
     "resolve_device",
+    "run_protocol",
     "save_checkpoint",
     "steps_per_epoch",
     "train",
+    "training_data",
 ]
