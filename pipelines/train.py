@@ -2,25 +2,27 @@
 
     python pipelines/train.py --embeddings ROOT --method asymvlm-vmf --lr 1e-2 --num-workers 2
 
-Each worker loads the split, keeps its shard of the captions as tensors on its device (GPU when
-the cluster has them: NCCL, bf16 autocast; else gloo, fp32) and runs
-:class:`asymvlm.training.Trainer`, whose contrastive objective spans the global batch. Every
-``checkpoint_every`` epochs rank 0 writes a ``ray.train.Checkpoint`` (adapter, optimiser,
-scheduler, RNG state, epoch, history); with ``FailureConfig(max_failures)`` a run whose worker
-dies resumes from the latest checkpoint and ends exactly where an uninterrupted run ends. At the
-end rank 0 evaluates on the validation split (for model selection) and the test split and
-returns everything (``Result.return_value``).
+The run itself is :func:`asymvlm.training.run_protocol` (the paper's protocol, App. B.4: train,
+then evaluate on the validation split -- for model selection -- and the test split), run on
+every worker: each keeps its shard of the captions as tensors on its device (GPU when the
+cluster has them: NCCL, bf16 autocast; else gloo, fp32); the contrastive objective spans the
+global batch. This module adds only what Ray brings: after every epoch each worker reports to
+Ray Train, and when a checkpoint is due (every ``checkpoint_every`` epochs and after the last)
+rank 0 attaches a ``ray.train.Checkpoint`` (adapter, optimiser, scheduler, RNG state, epoch,
+history); with ``FailureConfig(max_failures)`` a run whose worker dies resumes from the latest
+checkpoint and ends exactly where an uninterrupted run ends. Rank 0's results are the run's
+``Result.return_value``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
 import tempfile
-import time
 from dataclasses import asdict, fields
 from typing import Any
 
@@ -28,13 +30,12 @@ import torch
 
 from asymvlm import storage, tables
 from asymvlm.errors import NonFiniteError
-from asymvlm.evaluation import evaluate_retrieval
-from asymvlm.methods import build_method
 from asymvlm.training import (
+    RunSpec,
+    RunState,
     TrainConfig,
     Trainer,
-    hold_out_images,
-    load_split,
+    run_protocol,
     save_checkpoint,
 )
 
@@ -45,6 +46,9 @@ if __name__ != "__main__":
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
+logger = logging.getLogger(__name__)
+
+# A Ray Train checkpoint folder holds these (the two-node test looks for the first two).
 STATE_FILE = "trainer.pt"
 HISTORY_FILE = "history.json"
 MODEL_DIR = "model"
@@ -52,86 +56,47 @@ _TRAIN_KEYS = {f.name for f in fields(TrainConfig)}
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
-    """The paper's protocol (App. B.4) on this worker's shard; rank 0 returns the results."""
+    """:func:`run_protocol` on this worker (rank, world size and device from Ray Train),
+    continued from the run's latest checkpoint if there is one; rank 0 returns the results."""
     import ray.train
     import ray.train.torch
 
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     device = ray.train.torch.get_device()
-    cfg = TrainConfig(**config["train"])
-    cfg.device = str(device)
-
-    torch.manual_seed(cfg.seed)
-    data, held_out = _training_data(config, cfg.adapter_input, device)
-    method = build_method(cfg.method, data.dim, **cfg.method_args())
-    trainer = Trainer(method, cfg, data, rank=rank, world_size=world_size)
-    dim = data.dim
-    del data  # the trainer keeps this worker's shard
-
-    history: list[dict[str, float]] = []
+    _worker_logging(rank)
+    state = None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            state = torch.load(
-                os.path.join(directory, STATE_FILE), map_location=device, weights_only=False
-            )
-            trainer.load_state_dict(state)
-            with open(os.path.join(directory, HISTORY_FILE)) as fh:
-                history = json.load(fh)
-        _log(rank, f"resumed {cfg.method} from epoch {trainer.epoch}")
-    elif method.trainable:
-        trainer.start()
+            state = _read_state(directory, device)
 
-    every = max(1, int(config.get("checkpoint_every", 1)))
-    try:
-        while method.trainable and trainer.epoch < cfg.epochs:
-            t0 = time.perf_counter()
-            row = trainer.train_epoch()
-            row["epoch_seconds"] = time.perf_counter() - t0
-            history.append(row)
-            if rank == 0 and (trainer.epoch % max(1, cfg.epochs // 10) == 0 or trainer.epoch == 1):
-                _log(rank, f"{cfg.method} lr={cfg.lr:g} seed={cfg.seed} epoch {trainer.epoch}/"
-                           f"{cfg.epochs} loss {row['train_loss']:.4f}")  # fmt: skip
-            last = trainer.epoch == cfg.epochs
-            if trainer.epoch % every == 0 or last:
-                _report_with_checkpoint(row, trainer, history, rank)
-            else:
-                ray.train.report(row)
-            _maybe_inject_failure(config, trainer.epoch, rank)
-        if rank != 0:
-            return None
-        method.eval()
-        out: dict[str, Any] = {"history": history, "dim": dim, "epochs_run": trainer.epoch}
-        if held_out is not None:
-            out["val"] = evaluate_retrieval(method, held_out)
-        elif config.get("val_split"):
-            val = load_split(config["embeddings"], config["val_split"], cfg.adapter_input, device)
-            out["val"] = evaluate_retrieval(method, val)
-        if config.get("test_split"):
-            root = config.get("test_embeddings") or config["embeddings"]
-            test = load_split(root, config["test_split"], cfg.adapter_input, device)
-            out["test"] = evaluate_retrieval(method, test)
-        return out
-    except NonFiniteError as exc:
-        # Deterministic: every rank sees the same global-batch loss and the same all-reduced
-        # gradient, so all stop at the same step. Returned rather than raised: a Ray Train
-        # retry from the last checkpoint would only diverge again.
-        _log(rank, str(exc))
-        return {"diverged": str(exc), "history": history} if rank == 0 else None
+    def on_epoch(
+        row: dict[str, float], trainer: Trainer, history: list[dict[str, float]], due: bool
+    ) -> None:
+        if due:
+            _report_with_checkpoint(row, trainer, history, rank)
+        else:
+            ray.train.report(row)
+        _maybe_inject_failure(config, trainer.epoch, rank)
+
+    return run_protocol(
+        RunSpec.from_dict(config),
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        state=state,
+        on_epoch=on_epoch,
+    )
 
 
-def _training_data(config: dict[str, Any], adapter_input: str, device: torch.device):
-    """(train split, held-out validation or None): a ``val_fraction`` of the training images is
-    held out when the tables have no ``val_split`` (COCO 2017, CC). The hold-out is the same
-    for every worker, seed and method (it depends only on the image ids)."""
-    root = config["embeddings"]
-    data = load_split(root, config["train_split"], adapter_input, device)
-    fraction = config.get("val_fraction")
-    val_split = config.get("val_split")
-    if fraction and (not val_split or val_split not in tables.list_splits(root)):
-        return hold_out_images(data, float(fraction), seed=0)
-    return data, None
+def _read_state(directory: str, device: torch.device) -> RunState:
+    """The trainer state and history of a checkpoint written by :func:`_report_with_checkpoint`."""
+    trainer = torch.load(os.path.join(directory, STATE_FILE), map_location=device,
+                         weights_only=False)  # fmt: skip
+    with open(os.path.join(directory, HISTORY_FILE)) as fh:
+        history = json.load(fh)
+    return RunState(trainer=trainer, history=history)
 
 
 def _report_with_checkpoint(
@@ -178,17 +143,43 @@ def _maybe_inject_failure(config: dict[str, Any], epoch: int, rank: int) -> None
     if marker and not os.path.exists(marker):
         with open(marker, "w") as fh:
             fh.write(f"worker {rank} killed after epoch {epoch}\n")
-        _log(rank, f"injected failure: worker {rank} is killed after epoch {epoch}")
+        logger.warning("injected failure: worker %d is killed after epoch %d", rank, epoch)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (Ray redirects it)."""
+
+    worker_handler = True  # marks ours (the class itself may be shipped anew by value)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def _worker_logging(rank: int) -> None:
+    """This run's log records (``asymvlm.*`` and this module's, INFO and up) go to the worker's
+    stderr as ``[train rank N] message``, which Ray streams to the driver's (the job's) log.
+    Ray leaves other loggers to the root logger, which may drop INFO; they do not propagate
+    there, so no record shows twice. Idempotent."""
+    formatter = logging.Formatter(f"[train rank {rank}] %(message)s")
+    for log in (logging.getLogger("asymvlm"), logger):
+        for old in [h for h in log.handlers if getattr(h, "worker_handler", False)]:
+            log.removeHandler(old)
+        handler = _StderrHandler()
+        handler.setFormatter(formatter)
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def _absolute(path: str) -> str:
     """Local paths made absolute (workers run elsewhere); URIs (s3://...) as they are."""
     return path if "://" in path else os.path.abspath(path)
-
-
-def _log(rank: int, msg: str) -> None:
-    print(f"[train rank {rank}] {msg}", file=sys.stderr, flush=True)
 
 
 # -- the TorchTrainer ---------------------------------------------------------------------------
@@ -202,20 +193,25 @@ def run_config_dict(
     checkpoint_every: int = 1,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The ``train_loop_config`` of one run (plain JSON types: it travels to every worker)."""
+    """The ``train_loop_config`` of one run (plain JSON types: it travels to every worker):
+    a :class:`RunSpec` (``val_fraction`` and ``test_embeddings`` among ``extra``), validated
+    here, plus the rest of ``extra`` as it is (fault injection: ``fail_at_epoch`` ...)."""
     train = asdict(train) if isinstance(train, TrainConfig) else dict(train)
     unknown = set(train) - _TRAIN_KEYS
     if unknown:
         raise ValueError(f"unknown training keys {sorted(unknown)}")
-    return {
-        "embeddings": _absolute(embeddings),
-        "train": train,
-        "train_split": train_split,
-        "val_split": val_split,
-        "test_split": test_split,
-        "checkpoint_every": checkpoint_every,
-        **extra,
-    }
+    spec = RunSpec.from_dict(
+        {
+            **extra,
+            "embeddings": _absolute(embeddings),
+            "train": train,
+            "train_split": train_split,
+            "val_split": val_split,
+            "test_split": test_split,
+            "checkpoint_every": checkpoint_every,
+        }
+    )
+    return {**extra, **spec.to_dict()}
 
 
 def run_training(
@@ -228,10 +224,13 @@ def run_training(
     cpus_per_worker: float = 1.0,
     gpus_per_worker: float = 1.0,
     max_failures: int = 0,
+    callbacks: list | None = None,
 ) -> dict[str, Any]:
     """Run one training as a TorchTrainer; returns rank 0's results plus where they are stored.
 
     ``use_gpu=None`` uses GPUs when the cluster has them (NCCL), else gloo on CPUs.
+    ``callbacks``: Ray Train callbacks of the run (``RunConfig(callbacks=...)``), e.g. to pass
+    every epoch's report on.
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -256,6 +255,7 @@ def run_training(
             storage_filesystem=storage_filesystem,
             failure_config=FailureConfig(max_failures=max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
+            callbacks=callbacks,
         ),
     )
     result = trainer.fit()
@@ -300,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1")
         if args.max_failures < 0 or not args.cpus_per_worker > 0:
             raise ConfigError("--max-failures must be >= 0 and --cpus-per-worker > 0")
-        doc = {k: getattr(args, k) for k in
-               ("method", "epochs", "lr", "optimizer", "batch_size", "hidden_dim", "seed")}
+        doc = {
+            k: getattr(args, k)
+            for k in ("method", "epochs", "lr", "optimizer", "batch_size", "hidden_dim", "seed")
+        }
         train = config.validate(TrainConfig, config.apply_overrides(doc, args.set),
                                 "pipelines/train.py", flags=True)  # fmt: skip
         tables.read_manifest(args.embeddings)  # a missing table fails before Ray starts
@@ -325,8 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             max_failures=args.max_failures,
         )
         summary = {k: v for k, v in out.items() if k != "history"}
-        json.dump(summary, sys.stdout, indent=2, default=str)
-        print()
+        sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
         return 0
 
     from asymvlm.errors import guarded

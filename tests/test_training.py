@@ -299,3 +299,20 @@ def test_a_diverged_protocol_run_returns_the_reason_and_history(small_world, mon
     assert sorted(out) == ["diverged", "history"]
     assert out["diverged"].startswith("non-finite loss and gradient at epoch 2 of 3, step 1 ")
     assert [row["epoch"] for row in out["history"]] == [1]
+
+
+@pytest.mark.slow
+def test_the_protocol_gives_the_outcome_of_the_ray_train_run(
+    ray_session, small_world, tmp_path, one_thread
+) -> None:
+    from pipelines.train import run_config_dict, run_training
+
+    config = run_config_dict(small_world, _spec(small_world).train, checkpoint_every=2)
+    on_ray = run_training(config, name="protocol", storage_path=str(tmp_path / "ray"),
+                          num_workers=1)  # fmt: skip
+    local = run_protocol(RunSpec.from_dict(config))
+    assert [row["epoch"] for row in local["history"]] == [row["epoch"] for row in on_ray["history"]]
+    assert _losses(local["history"]) == pytest.approx(_losses(on_ray["history"]), rel=1e-6,
+                                                      abs=1e-7)  # fmt: skip
+    assert _recalls(local) == pytest.approx(_recalls(on_ray), abs=1e-9)
+    assert (local["dim"], local["epochs_run"]) == (on_ray["dim"], on_ray["epochs_run"])
