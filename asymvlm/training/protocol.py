@@ -143,16 +143,25 @@ class TrainingRun:
         self.history = list(state.history)
         logger.info("resumed %s from epoch %d", self.cfg.method, self.trainer.epoch)
 
-    def fit(self, on_epoch: EpochHook | None = None, *, progress: bool = False) -> History:
-        """Train the remaining epochs (:meth:`Trainer.fit`); after each, the row joins the
-        history and ``on_epoch(row, trainer, history, checkpoint_due)`` is called. A diverged
-        run raises :class:`NonFiniteError`; the history keeps the epochs before it."""
+    def fit(
+        self,
+        on_epoch: EpochHook | None = None,
+        *,
+        progress: bool = False,
+        log_epochs: bool = True,
+    ) -> History:
+        """Train the remaining epochs (:meth:`Trainer.fit`, with a progress bar if ``progress``);
+        after each, the row joins the history and ``on_epoch(row, trainer, history,
+        checkpoint_due)`` is called. With ``log_epochs`` rank 0 logs the loss (INFO) after the
+        first epoch and every tenth of the run. A diverged run raises :class:`NonFiniteError`;
+        the history keeps the epochs before it."""
         trainer, cfg = self.trainer, self.cfg
 
         def after_epoch(row: dict[str, float]) -> None:
             self.history.append(row)
             epoch = trainer.epoch
-            if self.rank == 0 and (epoch % max(1, cfg.epochs // 10) == 0 or epoch == 1):
+            tenth = epoch % max(1, cfg.epochs // 10) == 0 or epoch == 1
+            if log_epochs and self.rank == 0 and tenth:
                 logger.info("%s lr=%g seed=%d epoch %d/%d loss %.4f", cfg.method, cfg.lr,
                             cfg.seed, epoch, cfg.epochs, row["train_loss"])  # fmt: skip
             if on_epoch is not None:
@@ -291,7 +300,7 @@ def train(
             last_good = f"epoch {trainer.epoch} of {cfg.epochs}"
 
     try:
-        run.fit(on_epoch, progress=progress)
+        run.fit(on_epoch, progress=progress, log_epochs=False)  # the bar shows progress
     except NonFiniteError as exc:
         if output is None:
             raise
