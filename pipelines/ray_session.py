@@ -12,6 +12,7 @@ moves the list).
 
 from __future__ import annotations
 
+import logging
 import os
 
 CREDENTIAL_VARIABLES = frozenset(
@@ -30,11 +31,30 @@ def keep_credentials_on_nodes() -> None:
 
 def init_ray() -> bool:
     """Join the cluster at ``$RAY_ADDRESS`` (set by ``ray job submit``) or start a local Ray;
-    True when this call started or joined it (False: already initialised)."""
+    True when this call started or joined it (False: already initialised).
+
+    Quiet unless ``--verbose`` (:mod:`asymvlm.logs`): the workers' output is not streamed to
+    the driver (each finished trial is one line from the driver instead), Ray's own logging goes
+    to the log file at WARNING, Ray Data shows no progress bars and Tune writes no CSV/JSON/
+    TensorBoard files of its own (MLflow has the story)."""
     import ray
 
+    from asymvlm import logs
+
     keep_credentials_on_nodes()
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if ray.is_initialized():
         return False
-    ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False)
+    verbose = logs.verbose()
+    ray.init(
+        address=os.environ.get("RAY_ADDRESS"),
+        include_dashboard=False,
+        log_to_driver=verbose,
+        logging_level=logging.INFO if verbose else logging.WARNING,
+    )
+    logs.quiet_third_party()
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = verbose
     return True

@@ -9,11 +9,13 @@ repeats each method at its best lr with every seed in ``seeds``. Every trial is 
 run (:mod:`pipelines.train`, DDP over ``num_workers`` workers); with GPUs, trials are packed on
 fractional GPUs (``gpus_per_worker``, e.g. 0.25 puts four single-worker trials on one GPU).
 
-MLflow (the driver is the only writer): one parent run per sweep with the resolved config, the
-git commit, the lr selection and the mean ± std table over seeds (Table A.2 layout, markdown and
-CSV); one nested child run per trial with params, per-epoch curves, final metrics, the binned
-Recall@1 curves (JSON + PNG) and the adapter as an MLflow model. Default store:
-``sqlite:///<output>/mlflow.db`` -- open it with ``mlflow ui --backend-store-uri <that URI>``.
+MLflow (through :mod:`asymvlm.tracking`; the driver is the only writer): one run per sweep
+(nested under the pipeline run when there is one) with the resolved config, the git commit, the
+lr selection and the mean ± std table over seeds (Table A.2 layout, markdown and CSV); one
+nested run per trial, live: it opens when the trial starts, gets every epoch's metrics as the
+epoch ends (step = epoch), then the final metrics, the binned Recall@1 curves (JSON + PNG) and
+the adapter as an MLflow model, and ends FINISHED or FAILED with the reason. Default store:
+``sqlite:///<output>/mlflow.db`` -- open it with ``asymvlm ui <output>``.
 
 YAML keys: ``embeddings, methods, lr, seeds, epochs, batch_size, optimizer, num_workers,
 mlflow: {tracking_uri, experiment}``; optional ``output`` (default ``runs/<experiment>``),
@@ -31,21 +33,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import os
 import re
 import sys
 import tempfile
+import time
 from dataclasses import fields
 from typing import Any
 
 import yaml
 from ray import tune
+from ray.tune.result import AUTO_RESULT_KEYS
 
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm import config, storage, tables, tracking  # noqa: E402
+from asymvlm import config, logs, results, storage, tables, tracking  # noqa: E402
 from asymvlm.errors import AsymVLMError, ConfigError, TrialFailed, guarded  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
 from pipelines.train import run_config_dict, run_training  # noqa: E402
@@ -54,6 +59,8 @@ if __name__ != "__main__":  # see pipelines/train.py
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+logger = logging.getLogger(__name__)
 
 _TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"method", "lr", "seed", "method_kwargs"}
 SELECTION_METRIC = "val_mean_recall_at_1"
@@ -144,9 +151,12 @@ def sweep_trial(config: dict[str, Any]) -> None:
         checkpoint_every=cfg["checkpoint_every"],
         **{k: cfg[k] for k in ("val_fraction", "test_embeddings") if cfg.get(k)},
     )
+    from ray.tune.integration.ray_train import TuneReportCallback
+
     try:
         out = run_training(
             run,
+            callbacks=[TuneReportCallback()],  # every epoch's report reaches the driver live
             name=f"{config['stage']}-{method}-lr{lr:g}-seed{seed}",
             storage_path=storage.uri_join(cfg["output"], "ray"),
             num_workers=cfg["num_workers"],
@@ -156,7 +166,7 @@ def sweep_trial(config: dict[str, Any]) -> None:
         )
     except Exception as exc:  # the trial fails (Tune error state) with a readable reason
         raise TrialFailed(failure_reason(exc)) from None
-    val = tracking.retrieval_metric_names(out.get("val", {}), prefix="val_")
+    val = results.retrieval_metric_names(out.get("val", {}), prefix="val_")
     score = [val[k] for k in ("val_t2i_recall_at_1", "val_i2t_recall_at_1") if k in val]
     tune.report(
         {
@@ -182,7 +192,7 @@ def _concurrency(cfg: dict[str, Any]) -> int:
     return max(1, min(fits))
 
 
-def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[int], logger):
+def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[int], trial_logger):
     tune_path, tune_fs = storage.ray_storage(storage.uri_join(cfg["output"], "tune"))
     tuner = tune.Tuner(
         # The trial only drives its TorchTrainer, whose workers ask for their own CPUs/GPUs:
@@ -199,8 +209,8 @@ def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[in
             name=stage,
             storage_path=tune_path,
             storage_filesystem=tune_fs,
-            callbacks=[logger],
-            verbose=1,
+            callbacks=[trial_logger],
+            verbose=0,  # one line per finished trial comes from the MLflow callback
         ),
     )
     with contextlib.redirect_stdout(sys.stderr):  # Tune's tables: stdout carries the result
@@ -213,32 +223,77 @@ def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[in
         failed.append({"stage": stage, "method": r.config["arm"]["method"],
                        "lr": r.config["arm"]["lr"], "seed": r.config["seed"],
                        "reason": failure_reason(r.error)})  # fmt: skip
-    for f in failed:
-        _print(f"  FAILED {f['method']} lr={f['lr']:g} seed={f['seed']}: {f['reason']}")
     return done, failed
 
 
 # -- MLflow (driver only) -----------------------------------------------------------------------
-class MlflowTrialLogger(tune.Callback):
-    """Tune callback on the driver: one nested child run per finished trial, as it finishes."""
+_NOT_METRICS = frozenset(AUTO_RESULT_KEYS) | {"checkpoint_path", "epoch", "trial_id", "done"}
 
-    def __init__(self, cfg: dict[str, Any], parent_id: str, base_params: dict[str, Any]) -> None:
-        self.cfg, self.parent_id, self.base_params = cfg, parent_id, base_params
+
+def _trial_label(config: dict[str, Any]) -> tuple[str, float, int, str]:
+    return config["arm"]["method"], config["arm"]["lr"], config["seed"], config["stage"]
+
+
+class MlflowTrialLogger(tune.Callback):
+    """Tune callback on the driver: every trial is a nested MLflow run from its start, with each
+    epoch's metrics as the epoch ends (step = epoch), the final metrics and artifacts, and the
+    status FINISHED or FAILED (with the reason) at its end; one console line per finished
+    trial."""
+
+    def __init__(self, cfg: dict[str, Any], parent: tracking.Run, base_params: dict[str, Any]):
+        self.cfg, self.parent, self.base_params = cfg, parent, base_params
+        self.runs: dict[str, tracking.Run] = {}
+        self.started: dict[str, float] = {}
         self.child_ids: dict[str, str] = {}
 
-    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        result = trial.last_result or {}
+    def _run(self, trial) -> tracking.Run:
+        if trial.trial_id not in self.runs:
+            method, lr, seed, stage = _trial_label(trial.config)
+            self.started[trial.trial_id] = time.monotonic()
+            self.runs[trial.trial_id] = tracking.open_run(
+                self.cfg["mlflow"]["tracking_uri"], self.cfg["mlflow"]["experiment"],
+                f"{method} lr={lr:g} seed={seed}", kind="trial", parent=self.parent,
+                params={**self.base_params, "method": method, "lr": lr, "seed": seed,
+                        "stage": stage},
+                tags={"stage": stage, "method": method},
+            )  # fmt: skip
+            self.child_ids[trial.trial_id] = self.runs[trial.trial_id].id
+        return self.runs[trial.trial_id]
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self._run(trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        run = self._run(trial)
         if "outcome" in result:
-            self.child_ids[trial.trial_id] = log_child_run(
-                self.cfg, self.parent_id, self.base_params, result
-            )
+            log_outcome(run, self.cfg, result)
+        elif "epoch" in result:
+            metrics = {k: v for k, v in result.items() if k not in _NOT_METRICS}
+            run.log_metrics(metrics, step=int(result["epoch"]))
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        run = self._run(trial)
+        if run.ended:
+            return
+        result = trial.last_result or {}
+        method, lr, seed, _ = _trial_label(trial.config)
+        seconds = time.monotonic() - self.started.get(trial.trial_id, time.monotonic())
+        score = result.get(SELECTION_METRIC)
+        if "outcome" not in result:  # ended without a result: nothing to select
+            run.end("FAILED", "the trial ended without reporting a result")
+            logger.warning("trial %s lr=%g seed=%s FAILED: no result", method, lr, seed)
+            return
+        run.end("FINISHED")
+        shown = "–" if score is None or not math.isfinite(score) else f"{score:.3f}"
+        logger.info("trial %-14s lr=%-7g seed=%d  val R@1 %s  FINISHED  %4.0f s",
+                    method, lr, seed, shown, seconds)  # fmt: skip
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         """A failed trial (any cause) is an MLflow run with status FAILED and its reason."""
-        self.child_ids[trial.trial_id] = log_failed_run(
-            self.cfg, self.parent_id, self.base_params, trial.config,
-            failure_reason(_trial_error(trial)),
-        )  # fmt: skip
+        reason = failure_reason(_trial_error(trial))
+        self._run(trial).end("FAILED", reason)
+        method, lr, seed, _ = _trial_label(trial.config)
+        logger.warning("trial %s lr=%g seed=%d FAILED: %s", method, lr, seed, reason)
 
 
 def _on_storage(uri: str) -> tuple[str, Any]:
@@ -252,8 +307,10 @@ def _trial_error(trial) -> BaseException | str | None:
     storage are synced later)."""
     import ray.cloudpickle
 
-    for path, read in ((trial.pickled_error_file, ray.cloudpickle.load),
-                       (trial.error_file, lambda fh: fh.read().decode(errors="replace"))):
+    for path, read in (
+        (trial.pickled_error_file, ray.cloudpickle.load),
+        (trial.error_file, lambda fh: fh.read().decode(errors="replace")),
+    ):
         if path and os.path.exists(path):
             try:
                 with open(path, "rb") as fh:
@@ -263,87 +320,34 @@ def _trial_error(trial) -> BaseException | str | None:
     return None
 
 
-def log_child_run(
-    cfg: dict[str, Any], parent_id: str, base_params: dict[str, Any], result: dict[str, Any]
-) -> str:
-    import mlflow
-    from mlflow import MlflowClient
-
+def log_outcome(run: tracking.Run, cfg: dict[str, Any], result: dict[str, Any]) -> None:
+    """A finished trial's final metrics, binned Recall@1 curves (JSON + PNG) and adapter."""
     from asymvlm.plots import plot_binned_recall
 
-    client = MlflowClient(cfg["mlflow"]["tracking_uri"])
-    experiment = client.get_run(parent_id).info.experiment_id
     out = result["outcome"]
-    method, lr, seed, stage = result["method"], result["lr"], result["seed"], result["stage"]
-    run = client.create_run(
-        experiment,
-        run_name=f"{method} lr={lr:g} seed={seed}",
-        tags={"mlflow.parentRunId": parent_id, "stage": stage, "method": method},
-    )
-    run_id = run.info.run_id
-    params = {**base_params, "method": method, "lr": lr, "seed": seed, "stage": stage}
-    for key, value in params.items():
-        client.log_param(run_id, key, value)
-    tracking.log_history(client, run_id, out.get("history", []))
-    final = {
-        **tracking.retrieval_metric_names(out.get("test", {})),
-        **tracking.retrieval_metric_names(out.get("val", {}), prefix="val_"),
+    method, lr, seed = result["method"], result["lr"], result["seed"]
+    run.log_metrics({
+        **results.retrieval_metric_names(out.get("test", {})),
+        **results.retrieval_metric_names(out.get("val", {}), prefix="val_"),
         SELECTION_METRIC: result[SELECTION_METRIC],
+    })  # fmt: skip
+    curves = {
+        split: {d: out[split][d].get("binned_recall@1") for d in results.DIRECTIONS}
+        for split in ("val", "test")
+        if split in out
     }
-    for key, value in final.items():
-        client.log_metric(run_id, key, value)
-    with tempfile.TemporaryDirectory() as tmp:
-        curves = {
-            split: {d: out[split][d].get("binned_recall@1") for d in tracking.DIRECTIONS}
-            for split in ("val", "test")
-            if split in out
-        }
-        client.log_artifact(run_id, tracking.write_json(os.path.join(tmp, "binned_recall.json"),
-                                                        curves))  # fmt: skip
-        shown = out.get("test") or out.get("val")
-        if shown:
+    run.log_json("binned_recall.json", curves)
+    shown = out.get("test") or out.get("val")
+    if shown:
+        with tempfile.TemporaryDirectory() as tmp:
             png = plot_binned_recall({method: shown}, os.path.join(tmp, "binned_recall.png"),
                                      title=f"{method} lr={lr:g} seed={seed}")  # fmt: skip
-            client.log_artifact(run_id, png)
+            run.log_artifact(png)
     if out.get("checkpoint"):
         from ray.train import Checkpoint
 
-        with (
-            Checkpoint(*_on_storage(out["checkpoint"])).as_directory() as directory,
-            mlflow.start_run(run_id=run_id),
-        ):
-            mlflow.set_tracking_uri(cfg["mlflow"]["tracking_uri"])
-            tracking.log_uncertainty_model(os.path.join(directory, "model"), int(out["dim"]))
-    client.set_terminated(run_id)
-    return run_id
-
-
-def log_failed_run(
-    cfg: dict[str, Any],
-    parent_id: str,
-    base_params: dict[str, Any],
-    trial_config: dict[str, Any],
-    reason: str,
-) -> str:
-    """A nested child run with status FAILED, the trial's params and the reason (tag
-    ``failure_reason`` and the run description): visible beside the finished trials."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(cfg["mlflow"]["tracking_uri"])
-    experiment = client.get_run(parent_id).info.experiment_id
-    method, lr = trial_config["arm"]["method"], trial_config["arm"]["lr"]
-    seed, stage = trial_config["seed"], trial_config["stage"]
-    run = client.create_run(
-        experiment,
-        run_name=f"{method} lr={lr:g} seed={seed}",
-        tags={"mlflow.parentRunId": parent_id, "stage": stage, "method": method,
-              "failure_reason": reason[:5000], "mlflow.note.content": f"FAILED: {reason}"},
-    )  # fmt: skip
-    params = {**base_params, "method": method, "lr": lr, "seed": seed, "stage": stage}
-    for key, value in params.items():
-        client.log_param(run.info.run_id, key, value)
-    client.set_terminated(run.info.run_id, status="FAILED")
-    return run.info.run_id
+        with Checkpoint(*_on_storage(out["checkpoint"])).as_directory() as directory:
+            run.log_model(os.path.join(directory, "model"), int(out["dim"]))
 
 
 def _base_params(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -368,11 +372,10 @@ def _base_params(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- the sweep ----------------------------------------------------------------------------------
-def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Stage 1 (grid, seed 0) -> lr selection on validation -> stage 2 (seeds) -> summary."""
-    import mlflow
-    from mlflow import MlflowClient
+def run_sweep(cfg: dict[str, Any], parent: str | None = None) -> dict[str, Any]:
+    """Stage 1 (grid, seed 0) -> lr selection on validation -> stage 2 (seeds) -> summary.
 
+    The sweep's MLflow run is nested under ``parent`` (the pipeline run) when given."""
     from pipelines.ray_session import init_ray
 
     check_tables(cfg)
@@ -380,103 +383,86 @@ def run_sweep(cfg: dict[str, Any]) -> dict[str, Any]:
         os.makedirs(cfg["output"], exist_ok=True)
     init_ray()  # joins $RAY_ADDRESS or starts a local Ray; credentials stay on the nodes
     config.check_shared_output(cfg["output"], cfg["storage"]["shared_filesystem"])
-    uri = cfg["mlflow"]["tracking_uri"]
-    mlflow.set_tracking_uri(uri)
-    client = MlflowClient(uri)
-    experiment_id = tracking.experiment_id(client, cfg["mlflow"]["experiment"], uri)
+    uri, experiment = cfg["mlflow"]["tracking_uri"], cfg["mlflow"]["experiment"]
     base = _base_params(cfg)
-    tags = {"kind": "sweep", "note": str(cfg.get("note") or "")}
-    parent = client.create_run(experiment_id, run_name=cfg.get("name") or "sweep", tags=tags)
-    parent_id = parent.info.run_id
-    for key in ("methods", "lr", "seeds"):
-        client.log_param(parent_id, key, json.dumps(cfg[key]))
-    for key, value in base.items():
-        client.log_param(parent_id, key, value)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "config.yaml")
-        with open(path, "w") as fh:
-            yaml.safe_dump(cfg, fh, sort_keys=False)
-        client.log_artifact(parent_id, path)
-    logger = MlflowTrialLogger(cfg, parent_id, base)
-    _print(f"MLflow: {config.redact(uri)} (experiment {cfg['mlflow']['experiment']!r}, "
-           f"parent run {parent_id})")
-
-    failed: list[dict[str, Any]] = []
-    try:
-        arms = [{"method": m, "lr": lr} for m in cfg["methods"] for lr in cfg["lr"]]
-        if len(cfg["lr"]) > 1:
-            _print(f"stage 1: {len(arms)} trials (method x lr, seed {cfg['seeds'][0]})")
-            grid, grid_failed = _run_stage(cfg, "grid", arms, [cfg["seeds"][0]], logger)
-            failed += grid_failed
-            selection = select_lr(grid)
-        else:  # one lr: nothing to select
-            _print(f"stage 1 skipped: a single lr ({cfg['lr'][0]:g})")
-            selection = {m: {"lr": cfg["lr"][0], "score": None, "scores_by_lr": {}}
-                         for m in cfg["methods"]}  # fmt: skip
-        dropped = [m for m in cfg["methods"] if m not in selection]
-        for method in dropped:
-            _print(f"  {method}: every lr failed; left out of stage 2")
-        for method, pick in selection.items():
-            client.log_param(parent_id, f"best_lr/{method}", pick["lr"])
-            score = "" if pick["score"] is None else f" ({SELECTION_METRIC} {pick['score']:.4f})"
-            _print(f"  {method}: best lr {pick['lr']:g}{score}")
-        if not selection:
-            raise NoResults(f"sweep {cfg.get('name') or cfg['output']}: every trial failed; "
-                            f"first reason: {failed[0]['reason']}")  # fmt: skip
-        best = [{"method": m, "lr": selection[m]["lr"]} for m in selection]
-        _print(f"stage 2: {len(best)} methods x {len(cfg['seeds'])} seeds")
-        repeats, seed_failed = _run_stage(cfg, "seeds", best, cfg["seeds"], logger)
-        failed += seed_failed
-
-        flat = [
-            {"method": r["method"], "seed": r["seed"],
-             **tracking.retrieval_metric_names(r["outcome"].get("test", {}))}
-            for r in repeats
-        ]  # fmt: skip
-        summary = tracking.seed_summary(flat)
-        title = f"{base['dataset']} ({base['embedding_model']}), mean ± std over seeds"
-        markdown = tracking.summary_markdown(summary, title=title) + failures_markdown(failed)
-        client.log_metric(parent_id, "failed_trials", len(failed))
-        client.set_tag(parent_id, "failed_trials", str(len(failed)))
-        with tempfile.TemporaryDirectory() as tmp:
-            for name, text in (
-                ("summary.md", markdown),
-                ("summary.csv", tracking.summary_csv(summary)),
-            ):
-                with open(os.path.join(tmp, name), "w") as fh:
-                    fh.write(text)
-                client.log_artifact(parent_id, os.path.join(tmp, name))
-            client.log_artifact(parent_id, tracking.write_json(
-                os.path.join(tmp, "selection.json"), selection))  # fmt: skip
-            client.log_artifact(parent_id, tracking.write_json(
-                os.path.join(tmp, "failures.json"), failed))  # fmt: skip
-        for method, cells in summary.items():
-            for col, stats in cells.items():
-                if isinstance(stats, dict):
-                    client.log_metric(parent_id, f"{method}/{col}_mean", stats["mean"])
-                    client.log_metric(parent_id, f"{method}/{col}_std", stats["std"])
-        client.set_terminated(parent_id)
-    except BaseException:
-        client.set_terminated(parent_id, status="FAILED")
-        raise
+    params = {**{k: json.dumps(cfg[k]) for k in ("methods", "lr", "seeds")}, **base}
+    name = cfg.get("name") or "sweep"
+    with tracking.run(uri, experiment, f"sweep {name}", kind="sweep", parent=parent,
+                      params=params, tags={"note": str(cfg.get("note") or ""), "sweep": name},
+                      description=cfg.get("note") or None) as sweep_run:  # fmt: skip
+        sweep_run.log_text("config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+        logger.info("sweep %s: MLflow run %s in %s (experiment %r)", name, sweep_run.id,
+                    config.redact(uri), experiment)  # fmt: skip
+        trial_logger = MlflowTrialLogger(cfg, sweep_run, base)
+        selection, summary, failed, markdown = _stages(cfg, sweep_run, trial_logger, base)
     storage.write_text(storage.uri_join(cfg["output"], "summary.md"), markdown)
     storage.write_text(
         storage.uri_join(cfg["output"], SWEEP_RECORD),
-        json.dumps({"parent_run_id": parent_id, "experiment_id": experiment_id,
+        json.dumps({"parent_run_id": sweep_run.id, "experiment": experiment,
                     "tracking_uri": config.redact(uri), "selection": selection,
                     "summary": summary, "failed": failed}, indent=2),
     )  # fmt: skip
-    _print(markdown)
-    _print(f"open the runs: mlflow ui --backend-store-uri {config.redact(uri)}")
     return {
-        "parent_run_id": parent_id,
-        "experiment_id": experiment_id,
+        "parent_run_id": sweep_run.id,
+        "experiment_id": sweep_run.client.get_run(sweep_run.id).info.experiment_id,
         "tracking_uri": uri,
         "selection": selection,
         "summary": summary,
         "failed": failed,
-        "child_run_ids": list(logger.child_ids.values()),
+        "markdown": markdown,
+        "child_run_ids": list(trial_logger.child_ids.values()),
     }
+
+
+def _stages(cfg: dict[str, Any], sweep_run: tracking.Run, trial_logger, base: dict[str, Any]):
+    """Both stages and the summary, logged on ``sweep_run``; (selection, summary, failed,
+    summary markdown)."""
+    failed: list[dict[str, Any]] = []
+    name = cfg.get("name") or "sweep"
+    arms = [{"method": m, "lr": lr} for m in cfg["methods"] for lr in cfg["lr"]]
+    if len(cfg["lr"]) > 1:
+        logger.info("sweep %s, stage 1: %d trials (method x lr, seed %d)", name, len(arms),
+                    cfg["seeds"][0])  # fmt: skip
+        grid, grid_failed = _run_stage(cfg, "grid", arms, [cfg["seeds"][0]], trial_logger)
+        failed += grid_failed
+        selection = select_lr(grid)
+        for method, pick in selection.items():
+            logger.info("sweep %s: %s best lr %g (%s %.4f)", name, method, pick["lr"],
+                        SELECTION_METRIC, pick["score"])  # fmt: skip
+    else:  # one lr: nothing to select
+        selection = {m: {"lr": cfg["lr"][0], "score": None, "scores_by_lr": {}}
+                     for m in cfg["methods"]}  # fmt: skip
+    for method in [m for m in cfg["methods"] if m not in selection]:
+        logger.warning("sweep %s: %s failed at every lr; left out of stage 2", name, method)
+    sweep_run.log_params({f"best_lr/{m}": pick["lr"] for m, pick in selection.items()})
+    if not selection:
+        raise NoResults(f"sweep {name}: every trial failed; first reason: "
+                        f"{failed[0]['reason']}")  # fmt: skip
+    best = [{"method": m, "lr": selection[m]["lr"]} for m in selection]
+    logger.info("sweep %s, stage 2: %d methods x %d seeds", name, len(best), len(cfg["seeds"]))
+    repeats, seed_failed = _run_stage(cfg, "seeds", best, cfg["seeds"], trial_logger)
+    failed += seed_failed
+    flat = [
+        {"method": r["method"], "seed": r["seed"],
+         **results.retrieval_metric_names(r["outcome"].get("test", {}))}
+        for r in repeats
+    ]  # fmt: skip
+    summary = results.seed_summary(flat)
+    title = f"{base['dataset']} ({base['embedding_model']}), mean ± std over seeds"
+    markdown = results.summary_markdown(summary, title=title) + failures_markdown(failed)
+    sweep_run.log_metrics({"failed_trials": len(failed)})
+    sweep_run.set_tags({"failed_trials": str(len(failed))})
+    sweep_run.log_text("summary.md", markdown)
+    sweep_run.log_text("summary.csv", results.summary_csv(summary))
+    sweep_run.log_json("selection.json", selection)
+    sweep_run.log_json("failures.json", failed)
+    sweep_run.log_metrics({
+        f"{method}/{col}_{stat}": stats[stat]
+        for method, cells in summary.items()
+        for col, stats in cells.items() if isinstance(stats, dict)
+        for stat in ("mean", "std")
+    })  # fmt: skip
+    return selection, summary, failed, markdown
 
 
 class NoResults(AsymVLMError):
@@ -539,10 +525,6 @@ def select_lr(grid: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return best
 
 
-def _print(msg: str) -> None:
-    print(f"[sweep] {msg}", file=sys.stderr, flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="a YAML of tune_spaces/")
@@ -553,12 +535,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="override a key (YAML value; dots for nesting: mlflow.experiment=x)",
     )
+    parser.add_argument("--verbose", action="store_true",
+                        help="everything on the console (Ray, Tune, Train, MLflow)")  # fmt: skip
     args = parser.parse_args(argv)
+    logs.configure(verbose=args.verbose)
 
     def run() -> int:
         cfg = load_config(args.config, args.set)
+        logs.configure(verbose=args.verbose, log_file=logs.log_file_for(cfg["output"], "sweep"))
         check_tables(cfg)
         out = run_sweep(cfg)
+        logger.info("\n%s", out["markdown"])
+        logger.info("open the runs: asymvlm ui %s", cfg["output"])
         json.dump({"parent_run_id": out["parent_run_id"],
                    "tracking_uri": config.redact(out["tracking_uri"]),
                    "selection": out["selection"], "failed_trials": len(out["failed"])},

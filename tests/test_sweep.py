@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from asymvlm import tracking
+from asymvlm import results, tracking
 from asymvlm.synthetic import write_world
 from asymvlm.training import TrainConfig, hold_out_images, load_split
 from tests.conftest import small_world_config
@@ -141,7 +141,8 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     assert len(list((tmp_path / "report").glob("fig3_*.png"))) == 1
 
     # The seed adapters come back from MLflow for the evaluations (here: the world's levels).
-    from asymvlm.evaluation.suite import adapters_from_sweep, evaluate_hierarcaps
+    from asymvlm.evaluation.suite import evaluate_hierarcaps
+    from asymvlm.tracking import load_sweep_adapters as adapters_from_sweep
 
     adapters = adapters_from_sweep(out["tracking_uri"], out["parent_run_id"])
     assert set(adapters) == {f"{m}/seed{s}" for m in ("asymvlm-vmf", "determ-ft") for s in (0, 1)}
@@ -195,15 +196,15 @@ def test_lr_selection_and_summary_numbers() -> None:
     ]
     picks = select_lr(grid)
     assert picks["a"]["lr"] == 1e-2 and picks["b"]["lr"] == 1e-3
-    summary = tracking.seed_summary(
+    summary = results.seed_summary(
         [{"method": "a", "t2i_recall_at_1": v, "i2t_recall_at_1": 0.5} for v in (0.1, 0.2, 0.6)]
     )
     cell = summary["a"]["t2i_recall_at_1"]
     assert cell["mean"] == pytest.approx(0.3) and cell["std"] == pytest.approx(np.std(
         [0.1, 0.2, 0.6], ddof=1))  # fmt: skip
-    md = tracking.summary_markdown(summary)
+    md = results.summary_markdown(summary)
     assert "| a | 3 | 50.00 ± 0.00 | – | – | 30.00 ± 26.46 | – | – |" in md
-    csv_text = tracking.summary_csv(summary)
+    csv_text = results.summary_csv(summary)
     assert csv_text.splitlines()[0].startswith("method,n_seeds,i2t_recall_at_1_mean")
 
 
@@ -338,19 +339,33 @@ def test_selection_ignores_failed_and_non_finite_trials() -> None:
 
 
 def test_failed_trials_are_failed_mlflow_runs(tmp_path) -> None:
+    """The Tune callback opens a trial's run when it starts and ends it FAILED with the reason
+    (read from Tune's error file) when it errs."""
+    from types import SimpleNamespace
+
     from mlflow import MlflowClient
 
-    from pipelines.sweep import log_failed_run
+    from pipelines.sweep import MlflowTrialLogger
 
     uri = tracking.default_tracking_uri(str(tmp_path))
+    cfg = {"mlflow": {"tracking_uri": uri, "experiment": "e"}}
+    parent = tracking.open_run(uri, "e", "sweep", kind="sweep")
+    error = tmp_path / "error.txt"
+    error.write_text("Traceback (most recent call last):\n  ...\nRuntimeError: worker died\n")
+    trial = SimpleNamespace(
+        trial_id="t1", last_result={}, pickled_error_file=None, error_file=str(error),
+        config={"arm": {"method": "asymvlm-vmf", "lr": 0.5}, "seed": 0, "stage": "grid"},
+    )  # fmt: skip
+    callback = MlflowTrialLogger(cfg, parent, {"dataset": "d"})
+    callback.on_trial_start(0, [], trial)
+    run_id = callback.child_ids["t1"]
     client = MlflowClient(uri)
-    parent = client.create_run(tracking.experiment_id(client, "e", uri), run_name="sweep")
-    cfg = {"mlflow": {"tracking_uri": uri}}
-    trial = {"arm": {"method": "asymvlm-vmf", "lr": 0.5}, "seed": 0, "stage": "grid"}
-    run_id = log_failed_run(cfg, parent.info.run_id, {"dataset": "d"}, trial, "worker died")
+    assert client.get_run(run_id).info.status == "RUNNING"
+    callback.on_trial_error(0, [], trial)
     run = client.get_run(run_id)
-    assert run.info.status == "FAILED"
-    assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
-    assert run.data.tags["failure_reason"] == "worker died"
+    assert run.info.status == "FAILED" and run.info.end_time >= run.info.start_time
+    assert run.data.tags["mlflow.parentRunId"] == parent.id
+    assert run.data.tags["failure_reason"] == "RuntimeError: worker died"
+    assert run.data.tags["mlflow.note.content"] == "FAILED: RuntimeError: worker died"
     assert run.data.params == {"dataset": "d", "method": "asymvlm-vmf", "lr": "0.5",
                                "seed": "0", "stage": "grid"}  # fmt: skip

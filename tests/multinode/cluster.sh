@@ -101,7 +101,7 @@ submit() {  # OUTPUT LOGFILE [--runtime-env-json JSON] [extra --set ...]
     if [ "${1:-}" = "--runtime-env-json" ]; then env=("$1" "$2"); shift 2; fi
     ray job submit --address "http://127.0.0.1:$DASH" --working-dir . "${env[@]}" -- \
         python pipelines/full.py --config tests/multinode/config.yaml --output "$output" \
-        --set "mlflow.tracking_uri=http://127.0.0.1:$MLF" "$@" >"$logfile" 2>&1
+        --verbose --set "mlflow.tracking_uri=http://127.0.0.1:$MLF" "$@" >"$logfile" 2>&1
 }
 log "job: s3 output"
 start=$(date +%s)
