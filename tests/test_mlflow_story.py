@@ -1,0 +1,168 @@
+"""The whole story of a pipeline run in MLflow: its shape, statuses, tags and live curves.
+
+One small pipeline (the synthetic world, a two-lr sweep with two seeds, one evaluation, the
+report) runs as a user runs it, ``python pipelines/full.py``; then the MLflow store is read back.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from asymvlm import tracking
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EPOCHS = 3
+
+CONFIG = f"""
+name: story
+mlflow: {{experiment: story}}
+prepare:
+  synthetic: {{output: "${{output}}/tables/synthetic", dim: 16, train_images: 240,
+              val_images: 60, test_images: 60, captions_per_image: 3}}
+sweeps:
+  - name: tiny
+    note: "a two-lr sweep"
+    embeddings: "${{output}}/tables/synthetic"
+    methods: [asymvlm-vmf]
+    lr: [1.0e-3, 4.0e-3]
+    seeds: [0, 1]
+    epochs: {EPOCHS}
+    batch_size: 64
+    optimizer: adamw
+    num_workers: 1
+    hidden_dim: 16
+evaluations:
+  - {{kind: hierarcaps, sweep: tiny, data: "${{output}}/tables/synthetic:test"}}
+"""
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("story")
+    path = folder / "story.yaml"
+    path.write_text(CONFIG)
+    output = folder / "out"
+    done = subprocess.run(
+        [sys.executable, "pipelines/full.py", "--config", str(path), "--output", str(output)],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    from mlflow import MlflowClient
+
+    uri = tracking.default_tracking_uri(str(output))
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("story")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    return {"client": client, "runs": runs, "stderr": done.stderr, "output": output, "uri": uri}
+
+
+def _kind(runs, kind):
+    return [r for r in runs if r.data.tags.get("kind") == kind]
+
+
+@pytest.mark.slow
+def test_the_pipeline_run_is_the_root_of_everything(story) -> None:
+    runs = story["runs"]
+    by_id = {r.info.run_id: r for r in runs}
+    (root,) = _kind(runs, "pipeline")
+    assert "mlflow.parentRunId" not in root.data.tags and root.info.status == "FINISHED"
+    (sweep,) = _kind(runs, "sweep")
+    assert sweep.data.tags["mlflow.parentRunId"] == root.info.run_id
+    trials = _kind(runs, "trial")
+    assert len(trials) == 2 + 2  # grid: 2 lrs; seeds: 2 seeds at the chosen lr
+    assert {t.data.tags["mlflow.parentRunId"] for t in trials} == {sweep.info.run_id}
+    (evaluation,) = _kind(runs, "eval-hierarcaps")
+    (report,) = _kind(runs, "report")
+    for run in (evaluation, report):
+        assert run.data.tags["mlflow.parentRunId"] == root.info.run_id
+    assert all(r.info.status == "FINISHED" for r in runs), [
+        (r.info.run_name, r.info.status) for r in runs
+    ]
+    # Every run but the root hangs under another run of this experiment.
+    for run in runs:
+        parent = run.data.tags.get("mlflow.parentRunId")
+        assert parent is None or parent in by_id
+    assert evaluation.info.run_name == "eval hierarcaps (tiny)"
+
+
+@pytest.mark.slow
+def test_standard_tags_descriptions_and_eval_metrics(story) -> None:
+    runs = story["runs"]
+    commit = tracking.git_commit()
+    for run in runs:
+        tags = run.data.tags
+        assert tags["mlflow.source.git.commit"] == commit
+        assert tags["mlflow.source.name"] == "pipelines/full.py"
+        assert tags["mlflow.user"]
+    (root,) = _kind(runs, "pipeline")
+    assert root.data.tags["mlflow.note.content"].startswith("The story pipeline")
+    (sweep,) = _kind(runs, "sweep")
+    assert sweep.data.tags["mlflow.note.content"] == "a two-lr sweep"
+    (evaluation,) = _kind(runs, "eval-hierarcaps")
+    metrics = evaluation.data.metrics
+    assert any(k.endswith("/spearman_level_uncertainty") for k in metrics), sorted(metrics)
+    assert len([k for k in metrics if k.startswith("asymvlm-vmf/seed")]) >= 2
+    (report,) = _kind(runs, "report")
+    names = {a.path for a in story["client"].list_artifacts(report.info.run_id)}
+    assert {"report.md", "report.html"} <= names
+    html = open(story["output"] / "report" / "report.html").read()
+    assert "data:image/png;base64," in html and "<table>" in html
+
+
+@pytest.mark.slow
+def test_trials_are_live_runs_with_per_epoch_curves(story) -> None:
+    client = story["client"]
+    for trial in _kind(story["runs"], "trial"):
+        history = client.get_metric_history(trial.info.run_id, "train_loss")
+        assert [m.step for m in sorted(history, key=lambda m: m.step)] == list(range(1, EPOCHS + 1))
+        stamps = [m.timestamp for m in sorted(history, key=lambda m: m.step)]
+        assert len(set(stamps)) == EPOCHS and stamps == sorted(stamps)  # logged as they happened
+        # The run existed before its first epoch ended and ended after its last.
+        assert trial.info.start_time < stamps[0] and trial.info.end_time >= stamps[-1]
+        assert "val_mean_recall_at_1" in trial.data.metrics
+        assert "t2i_recall_at_1" in trial.data.metrics
+
+
+@pytest.mark.slow
+def test_the_console_is_short_and_says_where_everything_is(story) -> None:
+    lines = story["stderr"].splitlines()
+    assert len(lines) <= 40, "\n".join(lines)
+    assert not [ln for ln in lines if "Warning" in ln or "warning:" in ln], "\n".join(lines)
+    text = story["stderr"]
+    assert text.count("trial asymvlm-vmf") == 4  # one line per finished trial
+    assert f"asymvlm ui {story['output']}" in text
+    assert os.path.isfile(os.path.join(story["output"], "logs", "pipeline.log"))
+
+
+@pytest.mark.slow
+def test_a_copied_store_keeps_its_artifacts(story, tmp_path) -> None:
+    """The local store and its mlartifacts, copied elsewhere (the original gone), still open."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(story["output"] / "mlflow.db", copy / "mlflow.db")
+    shutil.copytree(story["output"] / "mlartifacts", copy / "mlartifacts")
+    original = story["output"] / "mlartifacts"
+    moved_away = story["output"] / "mlartifacts-away"
+    original.rename(moved_away)
+    try:
+        uri = tracking.default_tracking_uri(str(copy))
+        assert tracking.relocate_local_store(uri) > 0
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name("story").experiment_id
+        (report,) = _kind(client.search_runs([experiment]), "report")
+        from mlflow.artifacts import download_artifacts
+
+        local = download_artifacts(run_id=report.info.run_id, artifact_path="report.md",
+                                   tracking_uri=uri, dst_path=str(tmp_path / "dl"))  # fmt: skip
+        assert open(local).read().startswith("# AsymVLM report")
+        assert tracking.relocate_local_store(uri) == 0  # once is enough
+    finally:
+        moved_away.rename(original)
