@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
 
+from asymvlm import logs
 from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.metrics import spearman_uncertainty
 from asymvlm.plots import plot_binned_recall
@@ -20,6 +22,8 @@ from asymvlm.synthetic import WorldConfig, write_world
 from asymvlm.training import TrainConfig, load_split, train
 
 DEMO_METHODS = ("clip", "determ-ft", "asymvlm-vmf", "asymvlm-ps")
+
+logger = logging.getLogger(__name__)
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -45,7 +49,7 @@ def results_table(results: dict[str, dict]) -> str:
 def run(output: str, epochs: int = 40, methods: tuple[str, ...] = DEMO_METHODS) -> dict:
     world = os.path.join(output, "world")
     if not os.path.exists(os.path.join(world, "manifest.json")):
-        print(f"[demo] writing the synthetic world to {world}")
+        logger.info("writing the synthetic world to %s", world)
         write_world(world, WorldConfig())
     test = load_split(world, "test")
     abstraction = -test.split.extra_text_columns["level"]  # level 0 = most general
@@ -53,8 +57,9 @@ def run(output: str, epochs: int = 40, methods: tuple[str, ...] = DEMO_METHODS) 
     for name in methods:
         t0 = time.perf_counter()
         cfg = TrainConfig(method=name, epochs=epochs, lr=1e-3, optimizer="adamw", hidden_dim=256)
-        model, _ = train(world, "train", cfg, output=os.path.join(output, "checkpoints", name),
-                         overwrite=True)  # a re-run of the demo replaces its checkpoints
+        model, _ = train(
+            world, "train", cfg, output=os.path.join(output, "checkpoints", name), overwrite=True
+        )  # a re-run of the demo replaces its checkpoints
         res = evaluate_retrieval(model, test)
         unc = model.text_uncertainty(test.text_emb)
         res["spearman_uncertainty_abstraction"] = (
@@ -62,17 +67,15 @@ def run(output: str, epochs: int = 40, methods: tuple[str, ...] = DEMO_METHODS) 
         )
         res["seconds"] = time.perf_counter() - t0
         results[name] = res
-        print(
-            f"[demo] {name}: t2i R@1 {res['t2i']['recall@1']:.3f}, i2t R@1 "
-            f"{res['i2t']['recall@1']:.3f} ({res['seconds']:.0f} s)"
-        )
+        logger.info("%s: t2i R@1 %.3f, i2t R@1 %.3f (%.0f s)", name, res["t2i"]["recall@1"],
+                    res["i2t"]["recall@1"], res["seconds"])  # fmt: skip
     with open(os.path.join(output, "results.json"), "w") as fh:
         json.dump(results, fh, indent=2)
     table = results_table(results)
     with open(os.path.join(output, "results.md"), "w") as fh:
         fh.write("# AsymVLM demo on the synthetic world (test split)\n\n" + table + "\n")
     fig = plot_binned_recall(results, os.path.join(output, "fig3_synthetic.png"), "(synthetic)")
-    print("\n" + table + f"\n\n[demo] results: {output}/results.md, figure: {fig}")
+    logger.info("\n%s\n\nresults: %s/results.md, figure: %s", table, output, fig)
     return results
 
 
@@ -80,7 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", default="outputs/demo", help="output directory")
     parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--verbose", action="store_true", help="every library's messages too")
     args = parser.parse_args(argv)
+    logs.configure(verbose=args.verbose)
     run(args.output, args.epochs)
 
 

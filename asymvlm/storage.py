@@ -24,10 +24,10 @@ finds its lease taken stops before its next write (:meth:`OutputLock.check`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import posixpath
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -56,6 +56,8 @@ __all__ = [
     "read_json",
     "write_json",
 ]
+
+logger = logging.getLogger(__name__)
 
 LOCK_NAME = "_LOCK"
 LEASE_NAME = "_LEASE.json"
@@ -244,7 +246,7 @@ class OutputLock:
         self.renew_every = LEASE_RENEW if renew_every is None else renew_every
         self.settle = LEASE_SETTLE if settle is None else settle
         self.owner = uuid.uuid4().hex
-        self._log = log or (lambda msg: print(f"[lock] {msg}", file=sys.stderr, flush=True))
+        self._log = log or logger.warning
         self._fd: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -256,6 +256,8 @@ class MlflowTrialLogger(tune.Callback):
                 params={**self.base_params, "method": method, "lr": lr, "seed": seed,
                         "stage": stage},
                 tags={"stage": stage, "method": method},
+                description=f"{'lr grid' if stage == 'grid' else 'seed'} trial: {method} at "
+                f"lr {lr:g}, seed {seed}",
             )  # fmt: skip
             self.child_ids[trial.trial_id] = self.runs[trial.trial_id].id
         return self.runs[trial.trial_id]
