@@ -197,22 +197,11 @@ def open_run(
 
 
 @contextmanager
-def run(
-    tracking_uri: str,
-    experiment: str,
-    name: str,
-    *,
-    kind: str,
-    parent: str | Run | None = None,
-    params: Mapping[str, Any] | None = None,
-    tags: Mapping[str, Any] | None = None,
-    description: str | None = None,
-    source: str | None = None,
-) -> Iterator[Run]:
-    """A run for the block: FINISHED at its end, FAILED with the reason if it raises, KILLED on
+def run(tracking_uri: str, experiment: str, name: str, **options: Any) -> Iterator[Run]:
+    """A run for the block (``options`` as for :func:`open_run`: kind, parent, params, tags,
+    description, source): FINISHED at its end, FAILED with the reason if it raises, KILLED on
     Ctrl-C."""
-    handle = open_run(tracking_uri, experiment, name, kind=kind, parent=parent, params=params,
-                      tags=tags, description=description, source=source)  # fmt: skip
+    handle = open_run(tracking_uri, experiment, name, **options)
     try:
         yield handle
     except KeyboardInterrupt:

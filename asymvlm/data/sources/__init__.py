@@ -27,51 +27,10 @@ Contract::
     SourceData.description  JSON-serialisable dict for the manifest: dataset, split,
         annotations, images, format, counts, sample, seed, id_list (+ sampled_ids, classes ...)
 
-Data sets (``READERS``; ``split`` is only a label unless said otherwise):
-
-* ``coco``: official ``captions_{train,val}2017.json``; ``images`` = the image folder.
-  image_id = str(image id), caption_id = str(annotation id), path = images/file_name.
-* ``coco-karpathy``: ``dataset_coco.json``; ``split`` selects train (= train + restval), restval,
-  val or test. image_id = str(cocoid), caption_id = str(sentid),
-  path = images/filepath/filename.
-* ``flickr30k``: by extension -- Karpathy ``dataset_flickr30k.json`` (split selects as above,
-  image_id = file-name stem, caption_id = str(sentid)); ``results.csv`` (``image_name|
-  comment_number| comment`` with a header; the Kaggle copy's one line that lacks the second
-  ``|`` is accepted) or ``results_20130124.token`` (``NAME.jpg#N<TAB>caption``): all images,
-  image_id = stem, caption_id = f"{stem}#{N}".
-* ``cc`` (Conceptual Captions): ``*.tsv`` (``caption<TAB>path``, no header, like the GCC TSV
-  but naming downloaded files; relative paths are resolved against ``images`` or else the TSV's
-  folder), ``*.parquet`` (``caption`` + ``path`` or ``url``, optional ``key``/``image_id``),
-  or img2dataset WebDataset shards (``annotations`` = a ``.tar``, a folder of ``*.tar`` or a
-  glob): ``KEY.jpg|jpeg|png|webp`` + ``KEY.txt``; path = the shard, offset/length = the
-  member's data bytes, image_id = KEY. TSV/parquet rows without a key get image_id =
-  sha1(path as written)[:16], stable when rows are dropped or reordered; a path listed twice is
-  one image with two captions. caption_id = f"{image_id}-{n}" (n-th caption of that image).
-* ``hierarcaps``: ``hierarcaps_test.csv`` (id, captions joined by " => ", image_url); one caption
-  per level (``level`` 0..3), image_id = file stem, caption_id = f"{id}-{level}",
-  path = images/<last component of image_url> (the URL itself when ``images`` is None).
-* ``cifar10`` / ``cifar100``: the python pickle batches (``images`` or ``annotations`` = the
-  ``cifar-10-batches-py`` / ``cifar-100-python`` folder or its parent); split train/test;
-  image_id = f"cifar10-{split}-{index:05d}"; PNG bytes + label; fine labels for CIFAR-100.
-* ``stl10``: ``stl10_binary`` (or its parent); split train/test/unlabeled; labels 0-based.
-* ``imagenet``: ``images`` = a folder of class folders (sorted folder names = class index),
-  image_id = the path relative to it; optional ``annotations`` maps folder -> class name
-  (``LOC_synset_mapping.txt`` / ``words.txt`` lines, first comma-separated name, or JSON
-  ``{folder: name}`` / Keras ``{"0": [wnid, name]}``).
-
-Selection (any data set): ``id_list`` (a text file, one image id per line) keeps exactly those
-ids (an unknown id is an error naming it); then ``sample=N`` keeps
-``ids[numpy.random.default_rng(seed).choice(len(ids), N, replace=False)]`` of the sorted
-remaining ids, recorded in ``description["sampled_ids"]`` (sorted). Captions follow their images.
-
-Errors: a malformed annotation file raises :class:`SourceError` (a ``ValueError``) at once,
-naming the file and the 1-based line (text formats) or the JSON key path, e.g.
-``dataset_coco.json: images[17].sentences[0]: missing 'raw'``.
-
-Modules: :mod:`._common` (schemas, errors, reading helpers, table builders, selection),
-:mod:`.coco` (COCO, COCO-Karpathy, Flickr30k), :mod:`.conceptual` (CC), :mod:`.hierarcaps`,
-:mod:`.pixels` (CIFAR-10/100, STL-10), :mod:`.imagenet`; this package holds :data:`READERS` and
-:func:`read_source`.
+Data sets (``READERS``; ``split`` is only a label unless said otherwise), each documented in
+its module: ``coco``, ``coco-karpathy``, ``flickr30k`` (:mod:`.coco`); ``cc`` (Conceptual
+Captions, :mod:`.conceptual`); ``hierarcaps`` (:mod:`.hierarcaps`); ``cifar10``, ``cifar100``,
+``stl10`` (:mod:`.pixels`); ``imagenet`` (:mod:`.imagenet`).
 """
 
 from __future__ import annotations
