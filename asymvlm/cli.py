@@ -22,6 +22,18 @@ from asymvlm.training import TrainConfig, load_checkpoint, load_split, resolve_d
 
 logger = logging.getLogger("asymvlm.cli")
 
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown once: appended unless the help already speaks of its default, and never
+    for options without one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
 _DEFAULTS = TrainConfig()
 
 
@@ -162,8 +174,8 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
 def _add_data_args(p: argparse.ArgumentParser, split_default: str) -> None:
     p.add_argument("--embeddings", required=True, metavar="ROOT", help="embedding table root")
-    p.add_argument("--split", default=split_default, help=f"split name (default {split_default})")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
+    p.add_argument("--split", default=split_default, help="split of the tables")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... or auto")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -182,27 +194,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a method on cached embeddings",
         description="Train one method; paper defaults: SGD momentum 0.9, cosine to 1e-6, "
         "batch 2048 (App. B.4).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
     )
     _add_data_args(p, "train")
     p.add_argument("--method", required=True, choices=sorted(METHODS), help="method name")
-    p.add_argument("--epochs", type=int, default=_DEFAULTS.epochs)
-    p.add_argument("--lr", type=float, default=_DEFAULTS.lr)
-    p.add_argument("--optimizer", choices=["sgd", "adamw"], default=_DEFAULTS.optimizer)
-    p.add_argument("--momentum", type=float, default=_DEFAULTS.momentum)
-    p.add_argument("--weight-decay", type=float, default=_DEFAULTS.weight_decay)
-    p.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size)
-    p.add_argument("--min-lr", type=float, default=_DEFAULTS.min_lr)
-    p.add_argument("--hidden-dim", type=int, default=_DEFAULTS.hidden_dim)
+    p.add_argument("--epochs", type=int, default=_DEFAULTS.epochs, help="passes over the data")
+    p.add_argument("--lr", type=float, default=_DEFAULTS.lr, help="peak learning rate")
+    p.add_argument("--optimizer", choices=["sgd", "adamw"], default=_DEFAULTS.optimizer,
+                   help="sgd with momentum (the paper) or adamw")  # fmt: skip
+    p.add_argument("--momentum", type=float, default=_DEFAULTS.momentum, help="SGD momentum")
+    p.add_argument("--weight-decay", type=float, default=_DEFAULTS.weight_decay,
+                   help="L2 weight decay")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size,
+                   help="pairs per step (the global batch of the contrastive loss)")  # fmt: skip
+    p.add_argument("--min-lr", type=float, default=_DEFAULTS.min_lr,
+                   help="end of the cosine schedule")  # fmt: skip
+    p.add_argument("--hidden-dim", type=int, default=_DEFAULTS.hidden_dim,
+                   help="width of the adapter's hidden layers")  # fmt: skip
     p.add_argument("--depth", type=int, default=_DEFAULTS.depth, help="hidden layers")
-    p.add_argument("--seed", type=int, default=_DEFAULTS.seed)
+    p.add_argument("--seed", type=int, default=_DEFAULTS.seed, help="initialisation and order")
     p.add_argument(
         "--adapter-input",
         choices=["raw", "unit"],
         default=_DEFAULTS.adapter_input,
         help="raw = unnormalised text projection (embedding * norm), as the official code",
     )
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                   help="auto: bf16 autocast on CUDA, fp32 on CPU")  # fmt: skip
     p.add_argument(
         "--method-arg",
         action="append",
@@ -228,35 +246,38 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate",
         help="retrieval + uncertainty metrics of a checkpoint",
         description="Recall@{1,5,10} both ways, binned Recall@1 by uncertainty, Spearman S, R2.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
     )
     _add_data_args(p, "test")
-    p.add_argument("--checkpoint", required=True, metavar="DIR")
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder")
     p.add_argument("--levels", type=int, default=10, help="uncertainty bins")
     p.add_argument("--chunk-size", type=int, default=1024, help="captions scored at once")
-    p.add_argument("--adapter-input", choices=["raw", "unit"], default=None)
+    p.add_argument("--adapter-input", choices=["raw", "unit"], default=None,
+                   help="override what the checkpoint says it reads")  # fmt: skip
     p.add_argument(
         "--allow-incomplete",
         action="store_true",
         help="accept an incomplete checkpoint (a run in progress, killed or diverged)",
     )
-    p.add_argument("--output", required=True, metavar="FILE.json")
+    p.add_argument("--output", required=True, metavar="FILE.json", help="metrics as JSON")
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser(
         "score",
         help="per-caption kappa and uncertainty as Parquet",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
     )
     _add_data_args(p, "test")
-    p.add_argument("--checkpoint", required=True, metavar="DIR")
-    p.add_argument("--adapter-input", choices=["raw", "unit"], default=None)
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder")
+    p.add_argument("--adapter-input", choices=["raw", "unit"], default=None,
+                   help="override what the checkpoint says it reads")  # fmt: skip
     p.add_argument(
         "--allow-incomplete",
         action="store_true",
         help="accept an incomplete checkpoint (a run in progress, killed or diverged)",
     )
-    p.add_argument("--output", required=True, metavar="FILE.parquet")
+    p.add_argument("--output", required=True, metavar="FILE.parquet",
+                   help="one row per caption: kappa, uncertainty")  # fmt: skip
     p.set_defaults(func=_cmd_score)
 
     p = sub.add_parser(
@@ -265,17 +286,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read a data set, embed images and captions with a frozen CLIP/SigLIP on a "
         "Ray Data actor pool, write ROOT/manifest.json and ROOT/<split>/{images,texts,errors}. "
         "Re-running resumes an interrupted job and leaves a finished one untouched.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
     )
     from asymvlm.data.sources import READERS
 
-    p.add_argument("--dataset", required=True, choices=sorted(READERS))
+    p.add_argument("--dataset", required=True, choices=sorted(READERS), help="the reader")
     p.add_argument("--annotations", default=None, help="annotation file / folder (local or s3://)")
     p.add_argument("--images", default=None, help="image folder (local or s3://)")
     p.add_argument("--model", default="openai/clip-vit-base-patch32", help="hub id or local dir")
-    p.add_argument("--split", required=True)
-    p.add_argument("--output", required=True, metavar="ROOT")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--split", required=True, help="split to read (train, val, test...)")
+    p.add_argument("--output", required=True, metavar="ROOT", help="tables root (or s3://)")
+    p.add_argument("--batch-size", type=int, default=64, help="images per encoder batch")
     p.add_argument("--num-actors", type=int, default=1, help="encoder actors (1 GPU each)")
     p.add_argument("--device", default="auto", help="auto (GPU when the cluster has one) or cpu")
     p.add_argument("--dtype", default="auto", help="auto: bf16/fp16 on GPU, fp32 on CPU")
@@ -301,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-perturbation", default=None, metavar="KIND:SEVERITY",
                    help="OOD suite: perturb captions first (typos, word_order, synonyms, "
                         "casing; severity 1-5); the original stays in clean_text")  # fmt: skip
-    p.add_argument("--perturbation-seed", type=int, default=0)
+    p.add_argument("--perturbation-seed", type=int, default=0, help="seed of the perturbations")
     p.set_defaults(func=_cmd_embed)
 
     _add_analyze(sub)
@@ -309,12 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "report",
         help="gather an MLflow experiment into report.md / report.html with tables and figures",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
     )
     p.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
                    help="tracking URI, e.g. sqlite:///runs/demo/mlflow.db (default: "
                         "$MLFLOW_TRACKING_URI)")  # fmt: skip
-    p.add_argument("--experiment", required=True)
+    p.add_argument("--experiment", required=True, help="MLflow experiment to gather")
     p.add_argument("--output", required=True, help="folder for report.md and the figures")
     p.set_defaults(func=_cmd_report)
 
@@ -323,11 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="open a pipeline's MLflow store in the MLflow UI",
         description="Runs `mlflow ui` on OUTPUT/mlflow.db (a store copied or moved elsewhere "
         "is pointed at the mlartifacts folder beside it first).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
     )
     p.add_argument("output", help="the pipeline's output folder (holding mlflow.db)")
-    p.add_argument("--port", type=int, default=5000)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5000, help="port of the UI")
+    p.add_argument("--host", default="127.0.0.1", help="address the UI listens on")
     p.set_defaults(func=_cmd_ui)
 
     p = sub.add_parser("methods", help="list the registered methods and their uncertainty")
@@ -352,7 +373,7 @@ def _add_analyze(sub) -> None:
     for ev in EVALUATIONS.values():
         k = kinds.add_parser(ev.kind, help=ev.title, description=ev.title[0].upper()
                              + ev.title[1:] + ". Locations are ROOT:SPLIT of embedding tables.",
-                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+                             formatter_class=_Help)  # fmt: skip
         for inp in ev.inputs:
             repeat = inp.form == "named"
             k.add_argument(inp.flag, dest=inp.key, required=inp.required and not repeat,
