@@ -44,6 +44,17 @@ class _CurrentStderr(logging.StreamHandler):
     def stream(self, value) -> None:
         pass
 
+    def emit(self, record: logging.LogRecord) -> None:
+        """Above a progress bar when one is showing (tqdm), else a plain line."""
+        bars = sys.modules.get("tqdm")
+        if bars is not None and getattr(bars.tqdm, "_instances", None):
+            try:
+                bars.tqdm.write(self.format(record), file=sys.stderr)
+                return
+            except Exception:  # fall back to a plain line
+                pass
+        super().emit(record)
+
 
 class _Ours(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:

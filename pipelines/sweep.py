@@ -213,7 +213,10 @@ def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[in
             verbose=0,  # one line per finished trial comes from the MLflow callback
         ),
     )
-    with contextlib.redirect_stdout(sys.stderr):  # Tune's tables: stdout carries the result
+    with (
+        contextlib.redirect_stdout(sys.stderr),  # stdout carries the result
+        trial_logger.progress(f"{cfg.get('name') or 'sweep'} {stage}", len(arms) * len(seeds)),
+    ):
         results = tuner.fit()
     done, failed = [], []
     for r in results:
@@ -262,6 +265,24 @@ class MlflowTrialLogger(tune.Callback):
             self.child_ids[trial.trial_id] = self.runs[trial.trial_id].id
         return self.runs[trial.trial_id]
 
+    @contextlib.contextmanager
+    def progress(self, label: str, total: int):
+        """A progress bar of finished trials on a terminal (none in logs and pipes); the log
+        lines print above it."""
+        from tqdm import tqdm
+
+        with tqdm(total=total, desc=label, unit="trial", leave=False,
+                  disable=not sys.stderr.isatty()) as bar:  # fmt: skip
+            self._bar = bar
+            try:
+                yield bar
+            finally:
+                self._bar = None
+
+    def _advance(self) -> None:
+        if getattr(self, "_bar", None) is not None:
+            self._bar.update(1)
+
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self._run(trial)
 
@@ -286,6 +307,7 @@ class MlflowTrialLogger(tune.Callback):
             logger.warning("trial %s lr=%g seed=%s FAILED: no result", method, lr, seed)
             return
         run.end("FINISHED")
+        self._advance()
         shown = "–" if score is None or not math.isfinite(score) else f"{score:.3f}"
         logger.info("trial %-14s lr=%-7g seed=%d  val R@1 %s  FINISHED  %4.0f s",
                     method, lr, seed, shown, seconds)  # fmt: skip
@@ -294,6 +316,7 @@ class MlflowTrialLogger(tune.Callback):
         """A failed trial (any cause) is an MLflow run with status FAILED and its reason."""
         reason = failure_reason(_trial_error(trial))
         self._run(trial).end("FAILED", reason)
+        self._advance()
         method, lr, seed, _ = _trial_label(trial.config)
         logger.warning("trial %s lr=%g seed=%d FAILED: %s", method, lr, seed, reason)
 

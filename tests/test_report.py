@@ -124,8 +124,11 @@ def test_cli_analyze_logs_runs_that_the_report_shows(tmp_path, capsys) -> None:
                "--fine-tuned-on", "coco", "--mlflow-uri", uri, "--experiment", "cli"])  # fmt: skip
     assert rc == 0
     capsys.readouterr()
-    assert main(["report", "--mlflow-uri", uri, "--experiment", "cli",
-                 "--output", str(tmp_path / "rep")]) == 0  # fmt: skip
+    os.environ["MLFLOW_TRACKING_URI"] = uri  # asymvlm report honours it (no --mlflow-uri)
+    try:
+        assert main(["report", "--experiment", "cli", "--output", str(tmp_path / "rep")]) == 0
+    finally:
+        del os.environ["MLFLOW_TRACKING_URI"]
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "Table 2 analogue" in text and "Table 3 analogue" in text
     page = (tmp_path / "rep" / "report.html").read_text()
