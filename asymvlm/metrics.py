@@ -10,6 +10,12 @@ Protocol (App. B and the official code):
   summarised by Spearman's S between bin index and per-bin Recall@1 (``-1``: recall falls
   monotonically as uncertainty rises) and by the R^2 of a least-squares line through it.
 
+Selective retrieval (beyond the paper; the numbers the field reports): with the top-1 error of
+each query as the event and the query's uncertainty as the predictor, :func:`error_auroc` is the
+AUROC (0.5: the uncertainty says nothing about errors, 1: every error is more uncertain than
+every hit), :func:`aurc` the area under the risk-coverage curve (Geifman & El-Yaniv, 2017;
+lower is better) and ``e_aurc`` its excess over the best order of the same errors.
+
 Everything is memory-bounded: :func:`retrieval_metrics` asks ``score_fn`` for blocks of at most
 ``chunk_size`` captions against all images and never materialises the full
 ``n_text x n_image`` score matrix (peak memory ``O(chunk_size * n_image)``).
@@ -38,7 +44,9 @@ from tqdm.auto import tqdm
 
 __all__ = [
     "ScoreFn",
+    "aurc",
     "binned_recall",
+    "error_auroc",
     "curve_statistics",
     "retrieval_metrics",
     "spearman_uncertainty",
@@ -129,6 +137,36 @@ def spearman_uncertainty(
         return float(stats.spearmanr(u, r).statistic)
 
 
+def error_auroc(uncertainty, error) -> float | None:
+    """AUROC of ``uncertainty`` as a predictor of ``error`` (a bool per query): the probability
+    that an erring query is more uncertain than a correct one, ties counting half
+    (Mann-Whitney U). None when every query errs or none does."""
+    u = _to_numpy_1d(uncertainty, "uncertainty")
+    e = _to_numpy_1d(error, "error").astype(bool)
+    if u.shape != e.shape:
+        raise ValueError(f"lengths differ: {u.shape[0]} vs {e.shape[0]}")
+    n_err, n_ok = int(e.sum()), int((~e).sum())
+    if n_err == 0 or n_ok == 0:
+        return None
+    ranks = stats.rankdata(u)  # average ranks: ties count half
+    return float((ranks[e].sum() - n_err * (n_err + 1) / 2) / (n_err * n_ok))
+
+
+def aurc(uncertainty, error) -> tuple[float, float]:
+    """(AURC, E-AURC): the mean selective risk over coverages 1/n..n/n when queries are kept in
+    order of increasing ``uncertainty`` (ties: the order given), and its excess over the best
+    possible order of the same errors (every error last)."""
+    u = _to_numpy_1d(uncertainty, "uncertainty")
+    e = _to_numpy_1d(error, "error")
+    if u.shape != e.shape or u.size == 0:
+        raise ValueError(f"need equal, non-zero lengths, got {u.shape[0]} and {e.shape[0]}")
+    kept = np.arange(1, u.size + 1)
+    risk = np.cumsum(e[np.argsort(u, kind="stable")]) / kept
+    best = np.cumsum(np.sort(e)) / kept
+    value = float(risk.mean())
+    return value, value - float(best.mean())
+
+
 def _direction_result(
     hit_rank: torch.Tensor,
     ks: Sequence[int],
@@ -144,6 +182,7 @@ def _direction_result(
         out["binned_recall@1"] = None
         out["spearman"] = None
         out["r2"] = None
+        out["auroc"] = out["aurc"] = out["e_aurc"] = None
         out["uncertainty_source"] = None
     else:
         binned = binned_recall(hit_rank == 0, uncertainty, n_bins)
@@ -151,6 +190,9 @@ def _direction_result(
         out["binned_recall@1"] = binned
         out["spearman"] = rho
         out["r2"] = r2
+        error = hit_rank != 0
+        out["auroc"] = error_auroc(uncertainty, error)
+        out["aurc"], out["e_aurc"] = aurc(uncertainty, error.double())
         out["uncertainty_source"] = source
     return out
 
@@ -186,7 +228,8 @@ def retrieval_metrics(
 
     Returns:
         ``{"t2i": {...}, "i2t": {...}}``; each holds ``"recall@K"`` per K, ``"binned_recall@1"``
-        (list or ``None``), ``"spearman"``, ``"r2"`` (float or ``None``) and
+        (list or ``None``), ``"spearman"``, ``"r2"``, ``"auroc"``, ``"aurc"``, ``"e_aurc"``
+        (top-1 errors against the binning uncertainty; float or ``None``) and
         ``"uncertainty_source"``.
 
     Semantics:

@@ -23,7 +23,8 @@ __all__ = [
 
 DIRECTIONS = ("t2i", "i2t")
 _FINAL_KEYS = {"recall@1": "recall_at_1", "recall@5": "recall_at_5", "recall@10": "recall_at_10",
-               "spearman": "spearman", "r2": "r2"}  # fmt: skip
+               "spearman": "spearman", "r2": "r2", "auroc": "auroc", "aurc": "aurc",
+               "e_aurc": "e_aurc"}  # fmt: skip
 
 
 def retrieval_metric_names(evaluation: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

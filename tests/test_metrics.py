@@ -89,6 +89,9 @@ def test_default_ks_keys():
         "binned_recall@1",
         "spearman",
         "r2",
+        "auroc",
+        "aurc",
+        "e_aurc",
         "uncertainty_source",
     }
     # k larger than the gallery: everything is a hit
@@ -397,3 +400,37 @@ def test_memory_bound_large():
     assert res["t2i"]["recall@1"] > 0.99
     assert res["i2t"]["recall@1"] > 0.99
     assert len(res["t2i"]["binned_recall@1"]) == 10
+
+
+def test_error_auroc_and_aurc_by_hand():
+    from asymvlm.metrics import aurc, error_auroc
+
+    unc = [0.1, 0.2, 0.3, 0.4]
+    # Errors on the two most uncertain queries: a perfect predictor.
+    assert error_auroc(unc, [False, False, True, True]) == 1.0
+    assert aurc(unc, [0, 0, 1, 1]) == pytest.approx(((0 + 0 + 1 / 3 + 2 / 4) / 4, 0.0))
+    # Errors on the two most confident ones: the worst order.
+    assert error_auroc(unc, [True, True, False, False]) == 0.0
+    value, excess = aurc(unc, [1, 1, 0, 0])
+    assert value == pytest.approx((1 + 1 + 2 / 3 + 2 / 4) / 4)
+    assert excess == pytest.approx(value - (1 / 3 + 2 / 4) / 4)
+    # Ties count half; one error among equal uncertainties.
+    assert error_auroc([0.5, 0.5, 0.5], [True, False, False]) == 0.5
+    assert error_auroc(unc, [False] * 4) is None and error_auroc(unc, [True] * 4) is None
+
+
+def test_retrieval_reports_selective_metrics_from_top1_errors():
+    res = retrieval_metrics(matrix_fn(SCORES), 6, 3, PAIRS, text_uncertainty=torch.arange(6.0),
+                           n_bins=2)  # fmt: skip
+    from asymvlm.metrics import aurc, error_auroc
+
+    t2i = res["t2i"]
+    errors = [r != 0 for r in _t2i_ranks(SCORES, PAIRS)]
+    assert t2i["auroc"] == error_auroc(torch.arange(6.0), errors)
+    assert (t2i["aurc"], t2i["e_aurc"]) == aurc(torch.arange(6.0), [float(x) for x in errors])
+    assert 0.0 <= t2i["e_aurc"] <= t2i["aurc"] <= 1.0
+
+
+def _t2i_ranks(scores, pairs):
+    s = torch.as_tensor(scores)
+    return [int((s[m] > s[m, int(pairs[m])]).sum()) for m in range(s.shape[0])]
