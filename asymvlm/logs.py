@@ -17,7 +17,7 @@ __all__ = ["configure", "log_file_for", "quiet_third_party"]
 
 OURS = ("asymvlm", "pipelines")
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_state: dict[str, object] = {"verbose": False, "file": None}
+_state = {"verbose": False}
 
 
 class _Console(logging.Formatter):
@@ -101,12 +101,12 @@ def configure(verbose: bool = False, log_file: str | None = None) -> None:
     logging.captureWarnings(True)
     if not verbose:
         warnings.simplefilter("default")
-    _state.update(verbose=verbose, file=log_file)
+    _state["verbose"] = verbose
     quiet_third_party()
 
 
 def verbose() -> bool:
-    return bool(_state["verbose"])
+    return _state["verbose"]
 
 
 def quiet_third_party() -> None:

@@ -247,7 +247,12 @@ class MlflowTrialLogger(tune.Callback):
         self.cfg, self.parent, self.base_params = cfg, parent, base_params
         self.runs: dict[str, tracking.Run] = {}
         self.started: dict[str, float] = {}
-        self.child_ids: dict[str, str] = {}
+        self._bar = None  # the progress bar of the stage running, if any
+
+    @property
+    def child_ids(self) -> dict[str, str]:
+        """Trial id -> MLflow run id."""
+        return {trial_id: run.id for trial_id, run in self.runs.items()}
 
     def _run(self, trial) -> tracking.Run:
         if trial.trial_id not in self.runs:
@@ -262,7 +267,6 @@ class MlflowTrialLogger(tune.Callback):
                 description=f"{'lr grid' if stage == 'grid' else 'seed'} trial: {method} at "
                 f"lr {lr:g}, seed {seed}",
             )  # fmt: skip
-            self.child_ids[trial.trial_id] = self.runs[trial.trial_id].id
         return self.runs[trial.trial_id]
 
     @contextlib.contextmanager
@@ -280,7 +284,7 @@ class MlflowTrialLogger(tune.Callback):
                 self._bar = None
 
     def _advance(self) -> None:
-        if getattr(self, "_bar", None) is not None:
+        if self._bar is not None:
             self._bar.update(1)
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
@@ -298,6 +302,7 @@ class MlflowTrialLogger(tune.Callback):
         run = self._run(trial)
         if run.ended:
             return
+        self._advance()
         result = trial.last_result or {}
         method, lr, seed, _ = _trial_label(trial.config)
         seconds = time.monotonic() - self.started.get(trial.trial_id, time.monotonic())
@@ -307,7 +312,6 @@ class MlflowTrialLogger(tune.Callback):
             logger.warning("trial %s lr=%g seed=%s FAILED: no result", method, lr, seed)
             return
         run.end("FINISHED")
-        self._advance()
         shown = "–" if score is None or not math.isfinite(score) else f"{score:.3f}"
         logger.info("trial %-14s lr=%-7g seed=%d  val R@1 %s  FINISHED  %4.0f s",
                     method, lr, seed, shown, seconds)  # fmt: skip
@@ -319,12 +323,6 @@ class MlflowTrialLogger(tune.Callback):
         self._advance()
         method, lr, seed, _ = _trial_label(trial.config)
         logger.warning("trial %s lr=%g seed=%d FAILED: %s", method, lr, seed, reason)
-
-
-def _on_storage(uri: str) -> tuple[str, Any]:
-    """``(path, filesystem)`` of a checkpoint URI for ``ray.train.Checkpoint``: the filesystem
-    Ray Train wrote it with (pyarrow's own, for object stores)."""
-    return storage.ray_storage(uri)
 
 
 def _trial_error(trial) -> BaseException | str | None:
@@ -371,7 +369,8 @@ def log_outcome(run: tracking.Run, cfg: dict[str, Any], result: dict[str, Any]) 
     if out.get("checkpoint"):
         from ray.train import Checkpoint
 
-        with Checkpoint(*_on_storage(out["checkpoint"])).as_directory() as directory:
+        # (path, filesystem) as Ray Train wrote it (pyarrow's own, for object stores)
+        with Checkpoint(*storage.ray_storage(out["checkpoint"])).as_directory() as directory:
             run.log_model(os.path.join(directory, "model"), int(out["dim"]))
 
 

@@ -30,9 +30,9 @@ def experiment_runs(tracking_uri: str, experiment: str) -> tuple[str, list[Any]]
     from mlflow import MlflowClient
 
     from asymvlm.config import redact
-    from asymvlm.tracking.store import relocate_local_store
+    from asymvlm.tracking.store import relocate_once
 
-    relocate_local_store(tracking_uri)
+    relocate_once(tracking_uri)
     client = MlflowClient(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:

@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -93,11 +93,6 @@ class Run:
                  if _finite(v)]  # fmt: skip
         for start in range(0, len(items), 1000):
             self.client.log_batch(self.id, metrics=items[start : start + 1000])
-
-    def log_history(self, history: Sequence[Mapping[str, Any]]) -> None:
-        """Per-epoch rows after the fact (step = epoch); live runs use :meth:`log_metrics`."""
-        for row in history:
-            self.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag

@@ -14,7 +14,7 @@ import logging
 import os
 import sqlite3
 import subprocess
-from functools import lru_cache
+from functools import cache, lru_cache
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def default_artifact_location(tracking_uri: str) -> str | None:
 
 def experiment_id(client, name: str, tracking_uri: str) -> str:
     """The id of experiment ``name``, created (artifacts beside a SQLite store) if missing."""
-    relocate_local_store(tracking_uri)
+    relocate_once(tracking_uri)
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
@@ -111,6 +111,13 @@ def relocate_local_store(tracking_uri: str) -> int:
         if moved:
             logger.info("MLflow store %s moved: artifact locations now under %s", database, here)
     return moved
+
+
+@cache
+def relocate_once(tracking_uri: str) -> int:
+    """:func:`relocate_local_store`, once per store and process (every run opened goes through
+    :func:`experiment_id`; the store does not move under a running process)."""
+    return relocate_local_store(tracking_uri)
 
 
 @lru_cache(maxsize=8)
