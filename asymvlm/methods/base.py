@@ -216,3 +216,16 @@ class Method(nn.Module):
     def training_stats(self) -> dict[str, float]:
         """Scalars worth logging per epoch (e.g. the temperature)."""
         return {}
+
+    #: The logit scale of methods without a trained one: CLIP's (its learned logit scale is
+    #: clamped at 100, Radford et al. 2021).
+    default_calibration_scale: ClassVar[float] = 100.0
+
+    def calibration_scale(self) -> float:
+        """tau such that softmax(tau * score) is the method's predictive distribution over a
+        gallery (the ECE of that softmax is reported): the trained temperature where the method
+        has one (AsymVLM's tau multiplies L, Eq. 2), else :attr:`default_calibration_scale`."""
+        temperature = getattr(self, "temperature", None)
+        if isinstance(temperature, torch.Tensor):
+            return float(temperature.detach())
+        return self.default_calibration_scale
