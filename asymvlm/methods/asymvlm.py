@@ -28,6 +28,7 @@ from asymvlm.distributions import (
 from asymvlm.methods.base import (
     Adapter,
     Encoding,
+    Init,
     Method,
     info_nce,
     register,
@@ -98,7 +99,17 @@ def spherical_head(eta: torch.Tensor) -> Encoding:
 
 
 class _Spherical(Method):
-    """Shared machinery: a kernel, a trainable temperature, and InfoNCE or SigLIP loss."""
+    """Shared machinery: a kernel, a trainable temperature, and InfoNCE or SigLIP loss.
+
+    Protocol ``official`` (the authors' code): PyTorch's default init, inputs unscaled, and
+    retrieval scores with the training kernel (for vMF the approximate normaliser F_d, App. A.1,
+    whose values differ from the exact log-likelihood by a constant plus <= 0.07 nats);
+    ``improved``: He init, calibrated input scale, the exact log-likelihood.
+    """
+
+    PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
+        "official": {"init": "default", "calibrate_input": False, "exact_scores": False},
+    }
 
     distribution: ClassVar[str] = "vmf"
     objective: ClassVar[str] = "infonce"
@@ -112,9 +123,12 @@ class _Spherical(Method):
         init_bias: float = -10.0,
         distribution: str | None = None,
         calibrate_input: bool = True,
+        init: Init = "he",
+        exact_scores: bool = True,
     ) -> None:
         super().__init__(dim)
         self.calibrate_input = calibrate_input
+        self.init, self.exact_scores = init, exact_scores
         if distribution is not None:
             self.distribution = distribution
         if self.distribution not in KERNELS:
@@ -131,9 +145,11 @@ class _Spherical(Method):
         kappa: torch.Tensor,
         z: torch.Tensor,
         *,
-        exact: bool = True,
+        exact: bool | None = None,
         scale: torch.Tensor | float = 1.0,
     ) -> torch.Tensor:
+        """The kernel L (Sec. 4.2); ``exact`` None: the protocol's retrieval kernel."""
+        exact = self.exact_scores if exact is None else exact
         return KERNELS[self.distribution](mu, kappa, z, exact=exact, scale=scale)
 
     def objective_loss(self, scaled_log_lik: torch.Tensor) -> torch.Tensor:
@@ -176,13 +192,13 @@ class AsymVLM(_Spherical):
 
     def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
         super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.text_adapter = Adapter(dim, dim, hidden_dim, depth)
+        self.text_adapter = Adapter(dim, dim, hidden_dim, depth, self.init)
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
         return spherical_head(self.text_adapter(text_emb))
 
     def score(
-        self, texts: Encoding, images: Encoding, *, exact: bool = True, scale: float = 1.0
+        self, texts: Encoding, images: Encoding, *, exact: bool | None = None, scale: float = 1.0
     ) -> torch.Tensor:
         """Log-likelihood ln p_{z_T}(z_I) (App. A.2), exact normaliser unless ``exact=False``."""
         return self.kernel(texts["mu"], texts["kappa"], images["mu"], exact=exact, scale=scale)
@@ -227,13 +243,13 @@ class AsymVLMImage(_Spherical):
 
     def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
         super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.image_adapter = Adapter(dim, dim, hidden_dim, depth)
+        self.image_adapter = Adapter(dim, dim, hidden_dim, depth, self.init)
 
     def encode_images(self, image_emb: torch.Tensor) -> Encoding:
         return spherical_head(self.image_adapter(image_emb))
 
     def score(
-        self, texts: Encoding, images: Encoding, *, exact: bool = True, scale: float = 1.0
+        self, texts: Encoding, images: Encoding, *, exact: bool | None = None, scale: float = 1.0
     ) -> torch.Tensor:
         return self.kernel(images["mu"], images["kappa"], texts["mu"], exact=exact, scale=scale).T
 
@@ -253,13 +269,13 @@ class SymVLM(AsymVLM):
 
     def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
         super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.image_adapter = Adapter(dim, dim, hidden_dim, depth)
+        self.image_adapter = Adapter(dim, dim, hidden_dim, depth, self.init)
 
     def encode_images(self, image_emb: torch.Tensor) -> Encoding:
         return spherical_head(self.image_adapter(image_emb))
 
     def score(
-        self, texts: Encoding, images: Encoding, *, exact: bool = True, scale: float = 1.0
+        self, texts: Encoding, images: Encoding, *, exact: bool | None = None, scale: float = 1.0
     ) -> torch.Tensor:
         half = 0.5 * scale
         t2i = self.kernel(texts["mu"], texts["kappa"], images["mu"], exact=exact, scale=half)
@@ -290,7 +306,7 @@ class AsymVLMGauss(_Spherical):
 
     def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
         super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.text_adapter = Adapter(dim, dim + 1, hidden_dim, depth)
+        self.text_adapter = Adapter(dim, dim + 1, hidden_dim, depth, self.init)
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
         out = self.text_adapter(text_emb)
@@ -299,7 +315,7 @@ class AsymVLMGauss(_Spherical):
         return {"mean": mean, "mu": unit(mean), "var": var}
 
     def score(
-        self, texts: Encoding, images: Encoding, *, exact: bool = True, scale: float = 1.0
+        self, texts: Encoding, images: Encoding, *, exact: bool | None = None, scale: float = 1.0
     ) -> torch.Tensor:
         return scale * gaussian_log_likelihood(texts["mean"], texts["var"], images["mu"])
 

@@ -26,7 +26,7 @@ and offers
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -57,20 +57,48 @@ def check_method_name(name: str) -> str:
     return name
 
 
-def build_method(name: str, dim: int, **kwargs: Any) -> Method:
-    """Instantiate a registered method for embeddings of dimension ``dim``."""
-    return METHODS[check_method_name(name)](dim=dim, **kwargs)
+#: The two protocols (README "Protocols"): ``official`` reproduces the authors' code for every
+#: method (architecture, PyTorch's default init, clamps, loss form, uncertainty as their
+#: evaluation ranks it); ``improved`` is this project's (He init, input calibration, exact GGD
+#: term, variance as uncertainty ...).
+PROTOCOLS = ("improved", "official")
 
 
-def mlp(d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3) -> nn.Sequential:
+def check_protocol(protocol: str) -> str:
+    """``protocol`` if it is one of :data:`PROTOCOLS`, else a ValueError naming them."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
+    return protocol
+
+
+def build_method(name: str, dim: int, protocol: str = "improved", **kwargs: Any) -> Method:
+    """Instantiate a registered method for embeddings of dimension ``dim`` under ``protocol``.
+
+    The class's :meth:`Method.protocol_kwargs` give the constructor arguments that make the
+    protocol; explicit ``kwargs`` override them.
+    """
+    cls = METHODS[check_method_name(name)]
+    method = cls(dim=dim, **{**cls.protocol_kwargs(check_protocol(protocol)), **kwargs})
+    method.protocol = protocol
+    return method
+
+
+Init = Literal["he", "default"]
+
+
+def mlp(
+    d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3, init: Init = "he"
+) -> nn.Sequential:
     """The adapter MLP of App. B.1: ``depth`` hidden ReLU layers of width ``hidden_dim``.
 
     The official code uses three hidden layers (a four-layer perceptron, as App. B.1 calls it);
-    no residual, normalisation or dropout. Weights get He (Kaiming) normal initialisation for
-    ReLU (linear gain on the output layer) and zero biases, so activations keep their scale
-    through the depth: with unit-RMS inputs the output starts at unit RMS per coordinate
-    (kappa ~ sqrt(d) for AsymVLM) instead of shrinking ~2.5x per layer as under PyTorch's
-    default init, which leaves kappa near 0 and costs many epochs to recover.
+    no residual, normalisation or dropout. ``init="he"`` (protocol ``improved``): He (Kaiming)
+    normal weights for ReLU (linear gain on the output layer) and zero biases, so activations
+    keep their scale through the depth: with unit-RMS inputs the output starts at unit RMS per
+    coordinate (kappa ~ sqrt(d) for AsymVLM) instead of shrinking ~2.5x per layer as under
+    PyTorch's default init, which leaves kappa near 0.55 and costs many epochs to recover.
+    ``init="default"`` keeps PyTorch's default ``nn.Linear`` init, as the authors' code does
+    (protocol ``official``; the layers draw from the generator in construction order).
     """
     layers: list[nn.Module] = []
     width = d_in
@@ -78,11 +106,14 @@ def mlp(d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3) -> nn.Seq
         layers += [nn.Linear(width, hidden_dim), nn.ReLU()]
         width = hidden_dim
     layers.append(nn.Linear(width, d_out))
-    for layer in layers:
-        if isinstance(layer, nn.Linear):
-            gain = "linear" if layer is layers[-1] else "relu"
-            nn.init.kaiming_normal_(layer.weight, nonlinearity=gain)
-            nn.init.zeros_(layer.bias)
+    if init == "he":
+        for layer in layers:
+            if isinstance(layer, nn.Linear):
+                gain = "linear" if layer is layers[-1] else "relu"
+                nn.init.kaiming_normal_(layer.weight, nonlinearity=gain)
+                nn.init.zeros_(layer.bias)
+    elif init != "default":
+        raise ValueError(f"init must be 'he' or 'default', got {init!r}")
     return nn.Sequential(*layers)
 
 
@@ -97,9 +128,11 @@ class Adapter(nn.Module):
     value before calibration, is the official code.
     """
 
-    def __init__(self, d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3) -> None:
+    def __init__(
+        self, d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3, init: Init = "he"
+    ) -> None:
         super().__init__()
-        self.net = mlp(d_in, d_out, hidden_dim, depth)
+        self.net = mlp(d_in, d_out, hidden_dim, depth, init)
         self.register_buffer("input_scale", torch.ones(()))
 
     @torch.no_grad()
@@ -142,6 +175,16 @@ class Method(nn.Module):
     trainable: ClassVar[bool] = True
     #: What ``text_uncertainty`` returns, for documentation and reports.
     uncertainty_doc: ClassVar[str] = "none"
+    #: Constructor arguments per protocol (see :data:`PROTOCOLS`), e.g. ``{"official":
+    #: {"init": "default"}}``; a protocol not listed builds the method with its defaults.
+    PROTOCOL_KWARGS: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: The protocol the method was built under (set by :func:`build_method`).
+    protocol: str = "improved"
+
+    @classmethod
+    def protocol_kwargs(cls, protocol: str) -> dict[str, Any]:
+        """Constructor arguments that make ``protocol`` for this method."""
+        return dict(cls.PROTOCOL_KWARGS.get(protocol, {}))
 
     def __init__(self, dim: int) -> None:
         super().__init__()

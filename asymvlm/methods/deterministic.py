@@ -8,10 +8,12 @@ Neither defines an uncertainty.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
-from asymvlm.methods.base import Adapter, Encoding, Method, info_nce, register, unit
+from asymvlm.methods.base import Adapter, Encoding, Init, Method, info_nce, register, unit
 
 
 @register("clip")
@@ -27,7 +29,14 @@ class FrozenCLIP(Method):
 
 @register("determ-ft")
 class DeterministicFT(Method):
-    """Deterministic fine-tuning of the text side with the same adapter MLP (App. B.1)."""
+    """Deterministic fine-tuning of the text side with the same adapter MLP (App. B.1).
+
+    Protocol ``official``: PyTorch's default init and unscaled inputs, as the authors' adapters.
+    """
+
+    PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
+        "official": {"init": "default", "calibrate_input": False},
+    }
 
     def __init__(
         self,
@@ -36,10 +45,11 @@ class DeterministicFT(Method):
         depth: int = 3,
         init_temperature: float = 1 / 0.07,
         calibrate_input: bool = True,
+        init: Init = "he",
     ) -> None:
         super().__init__(dim)
         self.calibrate_input = calibrate_input
-        self.text_adapter = Adapter(dim, dim, hidden_dim, depth)
+        self.text_adapter = Adapter(dim, dim, hidden_dim, depth, init)
         self.temperature = nn.Parameter(torch.tensor(float(init_temperature)))
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:

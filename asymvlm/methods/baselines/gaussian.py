@@ -1,0 +1,358 @@
+"""Post-hoc Gaussian baselines on cached embeddings (paper Sec. 5, App. B.3): PFE*, PCME++*,
+ProLIP*. Frozen means, a per-dimension variance head per modality; retrieval is the frozen
+model's cosine, so only the uncertainty depends on training.
+
+* ``pfe``: PFE* (Shi & Jain 2019) -- sigma^2 = softplus(mlp(x)), the mutual likelihood score
+  (MLS) of matched pairs.
+* ``pcmepp``: PCME++* (Chun 2024) -- ln sigma^2 = mlp(mu), BCE over the pair matrix with
+  logits -a * CSD + b (ProLIP Eq. 1).
+* ``prolip``: ProLIP* (Chun et al. 2025) -- the same heads, the probabilistic pairwise
+  contrastive loss (PPCL, ProLIP Eq. 2), plus the inclusion loss (Eq. 3-5, ``improved``) or
+  the official port's small VIB term (``official``).
+
+Protocols (README "Protocols"): ``official`` is the authors' port (PyTorch's default init; PFE
+with raw means and the loss without the 1/2; PCME++ with raw a and b; ProLIP with s = 1, b = 0
+fixed and a 1e-5 VIB term); ``improved`` is this project's (He init; PFE on unit means;
+a = softplus(a_raw) > 0; ProLIP's learnt s and b, ln sigma^2 starting at -10, inclusion loss).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from asymvlm.methods.base import Encoding, Init, Method, mlp, register, sigmoid_pair_loss, unit
+
+
+def mutual_likelihood_score(
+    mu1: torch.Tensor, var1: torch.Tensor, mu2: torch.Tensor, var2: torch.Tensor
+) -> torch.Tensor:
+    """PFE's MLS, -1/2 sum_l [(mu1 - mu2)^2 / (s1^2 + s2^2) + ln(s1^2 + s2^2)] (constant dropped).
+
+    Broadcasts over leading dimensions and sums the last one.
+    """
+    var = var1 + var2
+    return -0.5 * ((mu1 - mu2) ** 2 / var + torch.log(var)).sum(-1)
+
+
+def csd(
+    mu1: torch.Tensor, var1: torch.Tensor, mu2: torch.Tensor, var2: torch.Tensor
+) -> torch.Tensor:
+    """Closed-form sampled distance (ProLIP Eq. 1), all pairs: [n1, n2].
+
+    d(Z1, Z2) = ||mu1 - mu2||^2 + sum(sigma1^2 + sigma2^2).
+    """
+    sq = (mu1 * mu1).sum(-1, keepdim=True) - 2.0 * mu1 @ mu2.T + (mu2 * mu2).sum(-1)
+    return sq + var1.sum(-1, keepdim=True) + var2.sum(-1)
+
+
+def probabilistic_cosine(
+    mu1: torch.Tensor, var1: torch.Tensor, mu2: torch.Tensor, var2: torch.Tensor
+) -> torch.Tensor:
+    """mu1^T mu2 - 1/2 sum(sigma1^2 + sigma2^2), all pairs [n1, n2] (ProLIP Eq. 2, App. A.4).
+
+    Equals 1 - CSD / 2 for unit means.
+    """
+    return mu1 @ mu2.T - 0.5 * (var1.sum(-1, keepdim=True) + var2.sum(-1))
+
+
+#: ln of the constant of int p1^2 p2 dx per dimension: -ln(2 pi) - 1/2 ln(2 pi) + 1/2 ln(pi).
+_INCLUSION_CONST = -1.5 * math.log(2.0 * math.pi) + 0.5 * math.log(math.pi)
+
+
+def log_inclusion(
+    mu1: torch.Tensor,
+    log_var1: torch.Tensor,
+    mu2: torch.Tensor,
+    log_var2: torch.Tensor,
+    *,
+    log_eps: float = 0.0,
+) -> torch.Tensor:
+    """inc(Z1, Z2) = ln int p1(x)^2 p2(x) dx for diagonal Gaussians, summed over dims (Eq. 3).
+
+    Derived afresh (ProLIP's printed Eq. 3 doubles the log-variance coefficients): per dim
+    -ln s1^2 - 1/2 ln s2^2 - 1/2 ln A + B^2 / (4A) - C + const with A = 1/s1^2 + 1/(2 s2^2),
+    B = 2 mu1/s1^2 + mu2/s2^2, C = mu1^2/s1^2 + mu2^2/(2 s2^2); the constant is kept, so this
+    is the exact log-integral. ``log_eps`` < 0 scales the precisions in A, B, C by e^log_eps
+    (ProLIP's stabiliser, Sec. 3.3); 0 gives the exact value.
+    """
+    p1 = torch.exp(log_eps - log_var1)
+    p2 = torch.exp(log_eps - log_var2)
+    a = p1 + 0.5 * p2
+    b = 2.0 * mu1 * p1 + mu2 * p2
+    c = mu1**2 * p1 + 0.5 * mu2**2 * p2
+    per_dim = -log_var1 - 0.5 * log_var2 - 0.5 * torch.log(a) + b**2 / (4.0 * a) - c
+    return (per_dim + _INCLUSION_CONST).sum(-1)
+
+
+def inclusion_hypothesis(
+    mu1: torch.Tensor,
+    log_var1: torch.Tensor,
+    mu2: torch.Tensor,
+    log_var2: torch.Tensor,
+    *,
+    log_eps: float = 0.0,
+) -> torch.Tensor:
+    """H(Z1 in Z2) = inc(Z1, Z2) - inc(Z2, Z1) (ProLIP Eq. 4): > 0 when Z1 lies inside Z2."""
+    return log_inclusion(mu1, log_var1, mu2, log_var2, log_eps=log_eps) - log_inclusion(
+        mu2, log_var2, mu1, log_var1, log_eps=log_eps
+    )
+
+
+def inclusion_loss(
+    mu1: torch.Tensor,
+    log_var1: torch.Tensor,
+    mu2: torch.Tensor,
+    log_var2: torch.Tensor,
+    *,
+    scale: float = 10.0,
+    log_eps: float = 0.0,
+) -> torch.Tensor:
+    """L_inc(Z1 in Z2) = -ln sigmoid(c * H(Z1 in Z2)), averaged over rows (ProLIP Eq. 5)."""
+    h = inclusion_hypothesis(mu1, log_var1, mu2, log_var2, log_eps=log_eps)
+    return -F.logsigmoid(scale * h).mean()
+
+
+def vib_kl(mu: torch.Tensor, log_var: torch.Tensor, cap: float = 1e4) -> torch.Tensor:
+    """The official ProLIP port's VIB term: -1/2 mean(1 + v/2 - mu^2 - exp(v/2)), v = ln sigma^2.
+
+    It reads half the head's output as ln sigma (the KL of N(mu, sigma) to N(0, 1) up to its
+    form) and returns 0 when the value exceeds ``cap``, as the port does.
+    """
+    half = 0.5 * log_var
+    kl = -0.5 * (1.0 + half - mu**2 - torch.exp(half)).mean()
+    return torch.where(kl > cap, torch.zeros_like(kl), kl)
+
+
+def _inverse_softplus(y: float) -> float:
+    return y + math.log(-math.expm1(-y))
+
+
+class _PostHocGaussian(Method):
+    """Frozen means mu = unit(x); a per-dimension variance head per modality (App. B.3).
+
+    ``encode_*`` return ``mu`` (frozen mean), ``var`` (sigma^2) and ``log_var``.
+    Score: cosine of the frozen means. Uncertainty (both modalities): mean sigma^2 over dims.
+    """
+
+    uncertainty_doc = "mean sigma^2 over dimensions (both modalities)"
+    PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {"official": {"init": "default"}}
+
+    def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, init: Init = "he") -> None:
+        super().__init__(dim)
+        self.image_var_head = mlp(dim, dim, hidden_dim, depth, init)
+        self.text_var_head = mlp(dim, dim, hidden_dim, depth, init)
+
+    def _gaussian(self, head: nn.Module, x: torch.Tensor) -> Encoding:
+        raise NotImplementedError
+
+    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
+        return self._gaussian(self.text_var_head, text_emb)
+
+    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
+        return self._gaussian(self.image_var_head, image_emb)
+
+    def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
+        return texts["var"].mean(-1)
+
+    def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
+        return images["var"].mean(-1)
+
+
+@register("pfe")
+class PFE(_PostHocGaussian):
+    """PFE*: sigma^2 = softplus(mlp(x)) per dimension, means frozen.
+
+    Loss: ``loss_scale`` * -mean over matched pairs of MLS(image, text) (PFE's mutual
+    likelihood score): 1 (``improved``: unit means, a 1e-6 floor on sigma^2) or 2 (``official``:
+    the port's sum_d[(x_i - x_t)^2 / (s_i^2 + s_t^2) + ln(s_i^2 + s_t^2)] on the raw inputs, no
+    floor). Score: frozen cosine. Uncertainty: mean sigma^2, both modalities.
+    """
+
+    PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
+        "official": {"init": "default", "raw_means": True, "min_var": 0.0, "loss_scale": 2.0},
+    }
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int = 1024,
+        depth: int = 3,
+        init: Init = "he",
+        raw_means: bool = False,
+        min_var: float = 1e-6,
+        loss_scale: float = 1.0,
+    ) -> None:
+        super().__init__(dim, hidden_dim, depth, init)
+        self.raw_means, self.min_var, self.loss_scale = raw_means, min_var, loss_scale
+
+    def _gaussian(self, head: nn.Module, x: torch.Tensor) -> Encoding:
+        var = F.softplus(head(x)) + self.min_var
+        mu = unit(x)
+        mean = x if self.raw_means else mu  # the Gaussian's mean in the loss
+        return {"mu": mu, "mean": mean, "var": var, "log_var": torch.log(var)}
+
+    def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
+        img, txt = images, texts
+        mls = mutual_likelihood_score(img["mean"], img["var"], txt["mean"], txt["var"])
+        return -self.loss_scale * mls.mean()
+
+
+class _LogVarianceHeads(_PostHocGaussian):
+    """PCME++-style heads: ln sigma^2 = mlp(mu) on the frozen unit embedding."""
+
+    def _init_log_var(self, value: float | None) -> None:
+        """Set the heads' output bias, so ln sigma^2 starts near ``value`` (None: leave it)."""
+        if value is not None:
+            for head in (self.image_var_head, self.text_var_head):
+                nn.init.constant_(head[-1].bias, value)
+
+    def _gaussian(self, head: nn.Module, x: torch.Tensor) -> Encoding:
+        mu = unit(x)
+        log_var = head(mu)
+        return {"mu": mu, "var": torch.exp(log_var), "log_var": log_var}
+
+
+@register("pcmepp")
+class PCMEPP(_LogVarianceHeads):
+    """PCME++*: ln sigma^2 = mlp(mu), means frozen; probabilistic matching loss.
+
+    Logits -a * CSD(image, text) + b over the B x B pair matrix, BCE with positives on the
+    diagonal, doubled as the official code does (i2t + t2i). a = softplus(a_raw) stays positive
+    (``improved``) or is the raw parameter (``official``); both start at 5, b too.
+    ``init_log_var`` optionally sets the heads' output bias (the official port leaves the
+    default init). Score: frozen cosine. Uncertainty: mean exp(ln sigma^2), both modalities.
+    """
+
+    PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
+        "official": {"init": "default", "positive_scale": False},
+    }
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int = 1024,
+        depth: int = 3,
+        init_scale: float = 5.0,
+        init_shift: float = 5.0,
+        init_log_var: float | None = None,
+        init: Init = "he",
+        positive_scale: bool = True,
+    ) -> None:
+        super().__init__(dim, hidden_dim, depth, init)
+        self._init_log_var(init_log_var)
+        self.positive_scale = positive_scale
+        raw = _inverse_softplus(init_scale) if positive_scale else float(init_scale)
+        self.scale_raw = nn.Parameter(torch.tensor(raw))
+        self.shift = nn.Parameter(torch.tensor(float(init_shift)))
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """a of the logits: softplus(a_raw) (``improved``) or a_raw itself (``official``)."""
+        return F.softplus(self.scale_raw) if self.positive_scale else self.scale_raw
+
+    def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
+        img, txt = images, texts
+        logits = -self.scale * csd(img["mu"], img["var"], txt["mu"], txt["var"]) + self.shift
+        target = torch.eye(logits.shape[0], dtype=logits.dtype, device=logits.device)
+        return 2.0 * F.binary_cross_entropy_with_logits(logits, target)
+
+    def calibration_scale(self) -> float:
+        """2a: -a * CSD = 2a cos + terms constant per pair of items, for unit means."""
+        return 2.0 * float(self.scale.detach())
+
+    def training_stats(self) -> dict[str, float]:
+        return {"scale": float(self.scale.detach()), "shift": float(self.shift.detach())}
+
+
+@register("prolip")
+class ProLIP(_LogVarianceHeads):
+    """ProLIP*: the PCME++ heads with ProLIP's objective, means frozen.
+
+    Loss: PPCL (Eq. 2), logits s * (mu_v^T mu_t - 1/2 sum(sigma_v^2 + sigma_t^2)) + b with the
+    pairwise log-sigmoid loss, plus ``inclusion_weight`` * L_inc(Z_v in Z_t) on matched pairs
+    (Eq. 3-5, c = ``inclusion_scale``; 0 disables) and ``vib_weight`` * the official port's VIB
+    term (:func:`vib_kl`, both modalities; 0 disables). ``learn_scale``: s = exp(ln s) (init
+    10) and b (init -10) are learnt (``improved``); else s = 1 and b = 0 are fixed
+    (``official``). The heads' output bias starts at ``init_log_var`` (-10, as ProLIP
+    initialises ln sigma^2, Sec. 4.1; None: the default init). Score: frozen cosine.
+    Uncertainty: mean sigma^2 (both modalities).
+    """
+
+    PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
+        "official": {
+            "init": "default",
+            "init_log_var": None,
+            "learn_scale": False,
+            "inclusion_weight": 0.0,
+            "vib_weight": 1e-5,
+        },
+    }
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int = 1024,
+        depth: int = 3,
+        init_scale: float = 10.0,
+        init_bias: float = -10.0,
+        inclusion_weight: float = 0.01,
+        inclusion_scale: float = 10.0,
+        inclusion_log_eps: float = 0.0,
+        init_log_var: float | None = -10.0,
+        init: Init = "he",
+        learn_scale: bool = True,
+        vib_weight: float = 0.0,
+    ) -> None:
+        super().__init__(dim, hidden_dim, depth, init)
+        self._init_log_var(init_log_var)
+        self.learn_scale = learn_scale
+        if learn_scale:
+            self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
+            self.bias = nn.Parameter(torch.tensor(float(init_bias)))
+        self.inclusion_weight = inclusion_weight
+        self.inclusion_scale = inclusion_scale
+        self.inclusion_log_eps = inclusion_log_eps
+        self.vib_weight = vib_weight
+
+    def logit_scale_bias(self) -> tuple[torch.Tensor | float, torch.Tensor | float]:
+        """(s, b) of the PPCL logits: learnt, or the official port's fixed (1, 0)."""
+        if self.learn_scale:
+            return self.log_scale.exp(), self.bias
+        return 1.0, 0.0
+
+    def loss_terms(self, images: Encoding, texts: Encoding) -> dict[str, torch.Tensor]:
+        """``ppcl`` (Eq. 2), ``inclusion`` (Eq. 5, weighted) and ``vib`` (weighted)."""
+        img, txt = images, texts
+        s, b = self.logit_scale_bias()
+        sim = probabilistic_cosine(img["mu"], img["var"], txt["mu"], txt["var"])
+        terms = {"ppcl": sigmoid_pair_loss(s * sim + b)}
+        if self.inclusion_weight:
+            terms["inclusion"] = self.inclusion_weight * inclusion_loss(
+                img["mu"],
+                img["log_var"],
+                txt["mu"],
+                txt["log_var"],
+                scale=self.inclusion_scale,
+                log_eps=self.inclusion_log_eps,
+            )
+        if self.vib_weight:
+            kl = vib_kl(img["mu"], img["log_var"]) + vib_kl(txt["mu"], txt["log_var"])
+            terms["vib"] = self.vib_weight * kl
+        return terms
+
+    def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
+        return sum(self.loss_terms(images, texts).values())
+
+    def calibration_scale(self) -> float:
+        """s: the PPCL logits are s * cos + terms constant per pair of items."""
+        return float(self.logit_scale_bias()[0])
+
+    def training_stats(self) -> dict[str, float]:
+        if not self.learn_scale:
+            return {}
+        return {"scale": float(self.log_scale.detach().exp()), "bias": float(self.bias.detach())}
