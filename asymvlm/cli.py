@@ -70,6 +70,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
     fields = (
         "method",
+        "protocol",
         "epochs",
         "lr",
         "optimizer",
@@ -138,10 +139,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     for flag, value in (("--levels", args.levels), ("--chunk-size", args.chunk_size)):
         if value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if args.fold_size is not None and args.fold_size < 1:
+        raise ConfigError(f"--fold-size must be >= 1, got {args.fold_size}")
     method, data = _load(args)
     result = evaluate_retrieval(
-        method, data, n_bins=args.levels, chunk_size=args.chunk_size, progress=not args.quiet
-    )
+        method, data, n_bins=args.levels, chunk_size=args.chunk_size, progress=not args.quiet,
+        fold_size=args.fold_size,
+    )  # fmt: skip
     result.update(checkpoint=args.checkpoint, embeddings=args.embeddings, split=args.split)
     _write_json(args.output, result)
     for direction in ("t2i", "i2t"):
@@ -172,6 +176,48 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import_official(args: argparse.Namespace) -> int:
+    import torch
+
+    from asymvlm.methods import official
+    from asymvlm.training import (
+        TrainConfig,
+        check_output,
+        checkpoint_to_resume,
+        save_checkpoint,
+    )
+
+    try:
+        method = official.method_name(args.method)
+    except KeyError as err:
+        raise ConfigError(f"--method: {err.args[0]}") from None
+    if not os.path.isfile(args.checkpoint):
+        raise CheckpointError(f"--checkpoint {args.checkpoint}: no such file")
+    try:
+        state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle/zip errors of a file that is not a torch checkpoint
+        raise CheckpointError(
+            f"{args.checkpoint}: not a torch state dict ({type(err).__name__}: {err})"
+        ) from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{args.checkpoint}: expected a state dict of tensors")
+    try:
+        model = official.load_official(method, state)
+    except (KeyError, ValueError, StopIteration) as err:
+        detail = err.args[0] if err.args else "no layer found"
+        raise CheckpointError(f"{args.checkpoint}: {detail}") from None
+    check_output(args.output)
+    checkpoint_to_resume(args.output, resume=False, overwrite=args.overwrite)  # refuses one
+    cfg = TrainConfig(method=method, protocol="official", device="cpu")
+    save_checkpoint(args.output, model, cfg, official.official_dim(method, state),
+                    {"imported_from": os.path.abspath(args.checkpoint)})  # fmt: skip
+    logger.info("%s (official %s, %d parameters) -> %s", method, args.method,
+                sum(p.numel() for p in model.parameters()), args.output)  # fmt: skip
+    return 0
+
+
 def _add_data_args(p: argparse.ArgumentParser, split_default: str) -> None:
     p.add_argument("--embeddings", required=True, metavar="ROOT", help="embedding table root")
     p.add_argument("--split", default=split_default, help="split of the tables")
@@ -199,19 +245,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_args(p, "train")
     p.add_argument("--method", required=True, choices=sorted(METHODS), help="method name")
     p.add_argument("--epochs", type=int, default=_DEFAULTS.epochs, help="passes over the data")
-    p.add_argument("--lr", type=float, default=_DEFAULTS.lr, help="peak learning rate")
-    p.add_argument("--optimizer", choices=["sgd", "adamw"], default=_DEFAULTS.optimizer,
-                   help="sgd with momentum (the paper) or adamw")  # fmt: skip
-    p.add_argument("--momentum", type=float, default=_DEFAULTS.momentum, help="SGD momentum")
-    p.add_argument("--weight-decay", type=float, default=_DEFAULTS.weight_decay,
-                   help="L2 weight decay")  # fmt: skip
+    p.add_argument("--protocol", choices=["improved", "official"], default=_DEFAULTS.protocol,
+                   help="official = the authors' code for the method (architecture, init, loss, "
+                        "uncertainty, optimiser defaults); improved = this project's (README "
+                        "'Protocols')")  # fmt: skip
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default: the protocol's for the method; improved: "
+                        "1e-2)")  # fmt: skip
+    p.add_argument("--optimizer", choices=["sgd", "adamw"], default=None,
+                   help="sgd with momentum or adamw (default: the protocol's for the method; "
+                        "improved: sgd, as the paper)")  # fmt: skip
+    p.add_argument("--momentum", type=float, default=None,
+                   help="SGD momentum (default: 0.9)")  # fmt: skip
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help="L2 weight decay (default: the protocol's for the method; improved: "
+                        "5e-4)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size,
                    help="pairs per step (the global batch of the contrastive loss)")  # fmt: skip
     p.add_argument("--min-lr", type=float, default=_DEFAULTS.min_lr,
                    help="end of the cosine schedule")  # fmt: skip
-    p.add_argument("--hidden-dim", type=int, default=_DEFAULTS.hidden_dim,
-                   help="width of the adapter's hidden layers")  # fmt: skip
-    p.add_argument("--depth", type=int, default=_DEFAULTS.depth, help="hidden layers")
+    p.add_argument("--hidden-dim", type=int, default=None,
+                   help="width of the adapter's hidden layers (default: 1024)")  # fmt: skip
+    p.add_argument("--depth", type=int, default=None,
+                   help="hidden layers (default: 3; the official ProbVLM backbone: 2)")  # fmt: skip
     p.add_argument("--seed", type=int, default=_DEFAULTS.seed, help="initialisation and order")
     p.add_argument(
         "--adapter-input",
@@ -252,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder")
     p.add_argument("--levels", type=int, default=10, help="uncertainty bins")
     p.add_argument("--chunk-size", type=int, default=1024, help="captions scored at once")
+    p.add_argument("--fold-size", type=int, default=None, metavar="N",
+                   help="also average the metrics over folds of N consecutive images and "
+                        "their captions (1000 on the COCO 5K test split: COCO 1K)")  # fmt: skip
     p.add_argument("--adapter-input", choices=["raw", "unit"], default=None,
                    help="override what the checkpoint says it reads")  # fmt: skip
     p.add_argument(
@@ -350,6 +409,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=5000, help="port of the UI")
     p.add_argument("--host", default="127.0.0.1", help="address the UI listens on")
     p.set_defaults(func=_cmd_ui)
+
+    p = sub.add_parser(
+        "import-official",
+        help="turn a checkpoint of the authors' train.py into one of this project",
+        description="Reads torch.save(adaptor.state_dict()) of the authors' code "
+        "(li-ju666/asymvlm) and writes a complete checkpoint of the same method under "
+        "protocol official, for asymvlm evaluate/score.",
+        formatter_class=_Help,
+    )
+    p.add_argument("--method", required=True,
+                   help="the official --method key (asymvlm-vmf, asymvlm-psd, probvlm, pfe, "
+                        "pcmepp, prolip) or this project's name")  # fmt: skip
+    p.add_argument("--checkpoint", required=True, metavar="FILE",
+                   help="the official .pt (checkpoints/<data>/<seed>/<method>.pt)")  # fmt: skip
+    p.add_argument("--output", required=True, metavar="DIR", help="checkpoint folder to write")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a checkpoint already in --output")  # fmt: skip
+    p.set_defaults(func=_cmd_import_official)
 
     p = sub.add_parser("methods", help="list the registered methods and their uncertainty")
     p.set_defaults(func=_cmd_methods)

@@ -262,12 +262,19 @@ class MlflowTrialLogger(tune.Callback):
                 self.cfg["mlflow"]["tracking_uri"], self.cfg["mlflow"]["experiment"],
                 f"{method} lr={lr:g} seed={seed}", kind="trial", parent=self.parent,
                 params={**self.base_params, "method": method, "lr": lr, "seed": seed,
-                        "stage": stage},
+                        "stage": stage, "optimizer": self._optimizer(method)},
                 tags={"stage": stage, "method": method},
                 description=f"{'lr grid' if stage == 'grid' else 'seed'} trial: {method} at "
                 f"lr {lr:g}, seed {seed}",
             )  # fmt: skip
         return self.runs[trial.trial_id]
+
+    def _optimizer(self, method: str) -> str:
+        """The optimiser the trial of ``method`` uses (the sweep's, or its protocol default)."""
+        from asymvlm.methods.official import optimizer_defaults
+
+        protocol = self.cfg.get("protocol", "improved")
+        return self.cfg.get("optimizer") or optimizer_defaults(method, protocol)["optimizer"]
 
     @contextlib.contextmanager
     def progress(self, label: str, total: int):
@@ -389,7 +396,8 @@ def _base_params(cfg: dict[str, Any]) -> dict[str, Any]:
         "git_commit": tracking.git_commit(),
         "epochs": cfg["epochs"],
         "batch_size": cfg["batch_size"],
-        "optimizer": cfg["optimizer"],
+        "protocol": cfg.get("protocol", "improved"),
+        "optimizer": cfg.get("optimizer") or "per method (protocol default)",
         "num_workers": cfg["num_workers"],
         **{k: cfg[k] for k in ("hidden_dim", "depth", "adapter_input") if k in cfg},
     }

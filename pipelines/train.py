@@ -270,6 +270,9 @@ def run_training(
     return out
 
 
+#: Flags with a fixed default; the others default to the protocol's value for the method.
+_FIXED = ("method", "protocol", "epochs", "batch_size", "seed")
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--embeddings", required=True, help="embedding tables ROOT")
@@ -283,9 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-failures", type=int, default=0)
     parser.add_argument("--checkpoint-every", type=int, default=1)
     defaults = TrainConfig()
-    for key in ("method", "epochs", "lr", "optimizer", "batch_size", "hidden_dim", "seed"):
-        parser.add_argument(f"--{key.replace('_', '-')}", type=type(getattr(defaults, key)),
-                            default=getattr(defaults, key))  # fmt: skip
+    flags = {"method": str, "protocol": str, "epochs": int, "lr": float, "optimizer": str,
+             "batch_size": int, "hidden_dim": int, "seed": int}  # fmt: skip
+    for key, kind in flags.items():  # None: the protocol's default for the method
+        parser.add_argument(f"--{key.replace('_', '-')}", type=kind,
+                            default=getattr(defaults, key) if key in _FIXED else None)  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any other TrainConfig key (YAML value; dots: "
                              "method_kwargs.calibrate_input=false)")  # fmt: skip
@@ -300,10 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1")
         if args.max_failures < 0 or not args.cpus_per_worker > 0:
             raise ConfigError("--max-failures must be >= 0 and --cpus-per-worker > 0")
-        doc = {
-            k: getattr(args, k)
-            for k in ("method", "epochs", "lr", "optimizer", "batch_size", "hidden_dim", "seed")
-        }
+        doc = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
         train = config.validate(TrainConfig, config.apply_overrides(doc, args.set),
                                 "pipelines/train.py", flags=True)  # fmt: skip
         tables.read_manifest(args.embeddings)  # a missing table fails before Ray starts

@@ -136,3 +136,25 @@ def test_console_script_is_installed() -> None:
     assert proc.returncode == 0
     for name in ("asymvlm-vmf", "asymvlm-ps", "probvlm", "elip", "clip"):
         assert name in proc.stdout
+
+
+@pytest.mark.parametrize(("method", "optimizer", "lr", "depth"),
+                         [("probvlm", "adamw", 1e-4, 2), ("pfe", "sgd", 1e-3, None)])  # fmt: skip
+def test_official_protocol_from_the_cli(small_world, tmp_path, method, optimizer, lr, depth):
+    """--protocol official: the authors' optimiser and architecture for the method unless given;
+    the checkpoint rebuilds the official model."""
+    from asymvlm.training import load_checkpoint
+
+    out = str(tmp_path / "ckpt")
+    args = ["train", "--embeddings", small_world, "--split", "train", "--method", method,
+            "--protocol", "official", "--epochs", "1", "--batch-size", "128", "--hidden-dim",
+            "16", "--output", out, "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    model, meta = load_checkpoint(out)
+    cfg = meta["train_config"]
+    assert (cfg["protocol"], cfg["optimizer"], cfg["lr"]) == ("official", optimizer, lr)
+    assert model.protocol == "official"
+    if method == "probvlm":  # the official two-hidden-layer backbone, precision as uncertainty
+        assert len(model.text_adapter.backbone) == 2 * depth + 1 and model.official
+    else:  # raw means in the loss, no variance floor
+        assert model.raw_means and model.min_var == 0.0

@@ -59,9 +59,38 @@ def test_sweep_values_are_checked(tmp_path, key, value, message) -> None:
 def test_sweep_defaults_are_the_papers_protocol(tmp_path) -> None:
     doc = {"embeddings": str(tmp_path), "methods": ["asymvlm-vmf"], "lr": [1e-2], "seeds": [0]}
     cfg = sweep.resolve_config(doc)
-    assert (cfg["epochs"], cfg["batch_size"], cfg["optimizer"]) == (200, 2048, "sgd")
-    assert (cfg["momentum"], cfg["weight_decay"], cfg["min_lr"]) == (0.9, 5e-4, 1e-6)
-    assert cfg["hidden_dim"] == 1024 and cfg["depth"] == 3
+    assert (cfg["epochs"], cfg["batch_size"], cfg["min_lr"]) == (200, 2048, 1e-6)
+    assert cfg["protocol"] == "improved"
+    # optimiser and sizes: the protocol's per method, resolved where each trial is built
+    assert cfg["optimizer"] is None and cfg["hidden_dim"] is None
+
+
+@pytest.mark.parametrize(
+    ("method", "protocol", "expected"),
+    [
+        ("asymvlm-vmf", "improved", ("sgd", 1e-2, 0.9, 5e-4)),
+        ("probvlm", "improved", ("sgd", 1e-2, 0.9, 5e-4)),
+        ("asymvlm-ps", "official", ("sgd", 1e-2, 0.9, 5e-4)),
+        ("probvlm", "official", ("adamw", 1e-4, 0.9, 5e-4)),
+        ("pfe", "official", ("sgd", 1e-3, 0.9, 5e-4)),
+        ("pcmepp", "official", ("adamw", 5e-4, 0.9, 1e-4)),
+        ("prolip", "official", ("adamw", 5e-4, 0.9, 5e-4)),
+        ("elip", "official", ("sgd", 1e-2, 0.9, 5e-4)),
+    ],
+)
+def test_optimizer_defaults_follow_the_protocol(method, protocol, expected) -> None:
+    from asymvlm.training import TrainConfig
+
+    cfg = TrainConfig(method=method, protocol=protocol)
+    assert (cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay) == expected
+    explicit = TrainConfig(method=method, protocol=protocol, optimizer="sgd", lr=0.3)
+    assert (explicit.optimizer, explicit.lr) == ("sgd", 0.3)  # what is given wins
+    assert cfg.method_args() == {"protocol": protocol}
+
+
+def test_unknown_protocol_is_refused(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="protocol"):
+        sweep.resolve_config(_sweep_doc(tmp_path, protocol="paper"), source="space.yaml")
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "tune_spaces", "*.yaml"))))

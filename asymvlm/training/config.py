@@ -12,6 +12,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from asymvlm.errors import ConfigError
 from asymvlm.methods import check_method_name
+from asymvlm.methods.official import optimizer_defaults
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -22,6 +23,10 @@ NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 class TrainConfig:
     """Hyper-parameters; defaults are the paper's protocol (App. B.4, Table A.1).
 
+    ``protocol``: ``improved`` (this project's defaults) or ``official`` (the authors' code:
+    architecture, init, loss form, uncertainty and the per-method optimiser defaults of their
+    train.py); README "Protocols" lists every difference.
+
     Validated on construction (pydantic): unknown fields, wrong types and out-of-range values
     (epochs < 1, lr <= 0 or NaN, batch < 1, unknown method/optimizer ...) raise
     :class:`pydantic.ValidationError`, which every entry point reports as one line
@@ -29,15 +34,19 @@ class TrainConfig:
     """
 
     method: str = "asymvlm-vmf"
+    protocol: Literal["improved", "official"] = "improved"
     epochs: Annotated[int, Field(ge=1)] = 200
-    lr: PositiveFloat = 1e-2
-    optimizer: Literal["sgd", "adamw"] = "sgd"  # SGD with momentum, or AdamW
-    momentum: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.9
-    weight_decay: NonNegativeFloat = 5e-4
+    # None: the protocol's default for the method (asymvlm.methods.official.optimizer_defaults)
+    lr: PositiveFloat | None = None
+    optimizer: Literal["sgd", "adamw"] | None = None  # SGD with momentum, or AdamW
+    momentum: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = None
+    weight_decay: NonNegativeFloat | None = None
     batch_size: Annotated[int, Field(ge=1)] = 2048
     min_lr: NonNegativeFloat = 1e-6
-    hidden_dim: Annotated[int, Field(ge=1)] = 1024
-    depth: Annotated[int, Field(ge=1)] = 3
+    # None: the method's architecture under the protocol (1024 wide, 3 hidden layers, except
+    # the official ProbVLM backbone's 2)
+    hidden_dim: Annotated[int, Field(ge=1)] | None = None
+    depth: Annotated[int, Field(ge=1)] | None = None
     seed: Annotated[int, Field(ge=0)] = 0
     adapter_input: Literal["raw", "unit"] = "raw"  # raw = embedding * norm (official)
     device: str = "auto"  # "auto" = cuda when available
@@ -56,8 +65,16 @@ class TrainConfig:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
         return value
 
+    def __post_init__(self) -> None:
+        """Fill the optimiser settings left None with the protocol's defaults for the method."""
+        for key, value in optimizer_defaults(self.method, self.protocol).items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+
     def method_args(self) -> dict[str, Any]:
-        return {"hidden_dim": self.hidden_dim, "depth": self.depth, **self.method_kwargs}
+        """``build_method`` arguments: the protocol, the sizes that were set, method_kwargs."""
+        sizes = {k: getattr(self, k) for k in ("hidden_dim", "depth") if getattr(self, k)}
+        return {"protocol": self.protocol, **sizes, **self.method_kwargs}
 
 
 def resolve_device(device: str = "auto") -> torch.device:
