@@ -19,7 +19,6 @@ from PIL import Image
 
 from asymvlm.data.sources import (
     CAPTION_SCHEMA,
-    DEFAULT_TEMPLATES,
     IMAGE_SCHEMA,
     PROMPT_SCHEMA,
     READERS,
@@ -27,6 +26,7 @@ from asymvlm.data.sources import (
     open_fs,
     read_source,
 )
+from asymvlm.data.templates import CIFAR_TEMPLATES, IMAGENET_TEMPLATES, STL10_TEMPLATES
 from tests.helpers import HIERARCAPS
 
 
@@ -639,15 +639,15 @@ def test_cifar10(tmp_path):
         np.testing.assert_array_equal(decode_png(png), want[i])
     assert data.captions.num_rows == 0
     assert data.prompts.schema == PROMPT_SCHEMA
-    assert data.prompts.num_rows == 3 * len(DEFAULT_TEMPLATES)
-    assert rows(data.prompts)[len(DEFAULT_TEMPLATES)] == {
+    assert data.prompts.num_rows == 3 * 18  # CLIP's 18 CIFAR templates
+    assert rows(data.prompts)[len(CIFAR_TEMPLATES)] == {
         "class_index": 1,
         "class_name": "automobile",
-        "template": DEFAULT_TEMPLATES[0],
+        "template": CIFAR_TEMPLATES[0],
         "text": "a photo of a automobile.",
     }
     assert data.description["classes"] == ["airplane", "automobile", "bird"]
-    assert data.description["counts"]["prompts"] == 15
+    assert data.description["counts"]["prompts"] == 54
 
     test = read_source(
         "cifar10",
@@ -744,7 +744,7 @@ def test_stl10(tmp_path):
     assert data.images["label"].to_pylist() == [0, 2, 1, 2]
     for i, png in enumerate(data.images["data"].to_pylist()):
         np.testing.assert_array_equal(decode_png(png), hwc[i])
-    assert data.prompts.num_rows == 3 * len(DEFAULT_TEMPLATES)
+    assert data.prompts.num_rows == 3 * len(STL10_TEMPLATES)
     assert data.description["classes"] == ["airplane", "bird", "car"]
 
     write_stl10(folder, "test", hwc, [1, 3, 4, 3])
@@ -803,8 +803,8 @@ def test_imagenet(tmp_path):
         },
     ]
     assert data.description["classes"] == ["tench", "goldfish", "great white shark"]
-    assert data.prompts.num_rows == 3 * len(DEFAULT_TEMPLATES)
-    assert data.prompts["text"][-1].as_py() == "itap of a great white shark."
+    assert data.prompts.num_rows == 3 * len(IMAGENET_TEMPLATES)
+    assert data.prompts["text"][-1].as_py() == "a tattoo of the great white shark."
 
     keras = write_json(
         tmp_path / "imagenet_class_index.json",
@@ -815,9 +815,9 @@ def test_imagenet(tmp_path):
         },
     )
     data = read_source("imagenet", annotations=keras, images=str(root), split="val")
-    assert data.prompts["text"][-1].as_py() == "itap of a great white shark."
+    assert data.prompts["text"][-1].as_py() == "a tattoo of the great white shark."
     plain = read_source("imagenet", annotations=None, images=str(root), split="val")
-    assert plain.description["classes"] == ["n01440764", "n01443537", "n01484850"]
+    assert plain.description["classes"] == ["tench", "goldfish", "great white shark"]  # CLIP's
 
     mapping.write_text("n01440764 tench\nn01443537\n")
     with pytest.raises(

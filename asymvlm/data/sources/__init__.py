@@ -23,7 +23,9 @@ Contract::
         text string (whitespace-stripped; empty captions are kept, the pipeline reports them);
         extra columns, e.g. ``level: int64`` for HierarCaps (0 = most general)
     SourceData.prompts    classification sets only, else None (PROMPT_SCHEMA): class_index,
-        class_name, template, text -- one row per class x template, in that order
+        class_name, template, text -- one row per class x template, in that order; the
+        templates are the data set's zero-shot templates as CLIP's evaluation uses them
+        (``templates=None``: :func:`asymvlm.data.templates.templates_for`)
     SourceData.description  JSON-serialisable dict for the manifest: dataset, split,
         annotations, images, format, counts, sample, seed, id_list (+ sampled_ids, classes ...)
 
@@ -39,6 +41,8 @@ import os
 from collections.abc import Callable, Sequence
 
 import pyarrow.compute as pc
+
+from asymvlm.data.templates import templates_for
 
 from ._common import (
     CAPTION_SCHEMA,
@@ -100,7 +104,7 @@ def read_source(
         reader = READERS[dataset]
     except KeyError:
         raise ValueError(f"unknown data set {dataset!r}; known: {sorted(READERS)}") from None
-    templates = DEFAULT_TEMPLATES if templates is None else tuple(templates)
+    templates = templates_for(dataset) if templates is None else tuple(templates)
     bad = [t for t in templates if t.count("{}") != 1]
     if not templates or bad:
         raise ValueError(f"templates must each hold one '{{}}', got {list(templates)}")

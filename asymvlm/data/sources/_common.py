@@ -30,15 +30,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from asymvlm.data.templates import GENERIC_TEMPLATES
 from asymvlm.storage import fsspec_filesystem
 
-DEFAULT_TEMPLATES: tuple[str, ...] = (
-    "a photo of a {}.",
-    "a blurry photo of a {}.",
-    "a photo of the large {}.",
-    "a photo of the small {}.",
-    "itap of a {}.",
-)
+#: Templates of data sets without their own list (:func:`asymvlm.data.templates.templates_for`).
+DEFAULT_TEMPLATES: tuple[str, ...] = GENERIC_TEMPLATES
 
 IMAGE_SCHEMA = pa.schema(
     [

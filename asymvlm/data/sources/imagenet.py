@@ -3,12 +3,16 @@
 * ``imagenet``: ``images`` = a folder of class folders (sorted folder names = class index),
   image_id = the path relative to it; optional ``annotations`` maps folder -> class name
   (``LOC_synset_mapping.txt`` / ``words.txt`` lines, first comma-separated name, or JSON
-  ``{folder: name}`` / Keras ``{"0": [wnid, name]}``).
+  ``{folder: name}`` / Keras ``{"0": [wnid, name]}``); without it, ILSVRC-2012 synset folders
+  get CLIP's curated class names (:func:`asymvlm.data.templates.imagenet_class_names`), other
+  folders their own name.
 """
 
 from __future__ import annotations
 
 import posixpath
+
+from asymvlm.data.templates import imagenet_class_names
 
 from ._common import (
     SourceData,
@@ -78,7 +82,7 @@ def _read_imagenet(req: _Request) -> SourceData:
             ids.append(rel)
             paths.append(_join(root_url, rel))
             labels.append(index[folder])
-    names = folders
+    names = imagenet_class_names(folders) or folders
     if req.annotations is not None:
         mapping = _class_mapping(req.annotations)
         missing = [f for f in folders if f not in mapping]
