@@ -9,6 +9,7 @@ from asymvlm.evaluation.zeroshot import (
     ClassPrompts,
     class_scores,
     none_of_the_above,
+    prompt_ensemble,
     rejection_baselines,
     zero_shot_accuracy,
 )
@@ -53,21 +54,41 @@ def test_a_concentrated_dummy_prompt_does_not_win() -> None:
     assert sharp["neg_acc"] == 0.0
 
 
-def test_class_score_is_the_mean_over_templates() -> None:
+def test_cosine_methods_score_against_clips_prompt_ensemble() -> None:
+    """CLIP's ensemble: a class's unit prompt embeddings averaged, then re-normalised."""
     clip = build_method("clip", D)
-    basis = torch.eye(D)
-    prompts = ClassPrompts(
-        inputs=torch.stack([basis[0], basis[1], basis[2], basis[3]]),
-        class_index=torch.tensor([0, 0, 1, 1]),
-        n_classes=2,
-    )
-    image = unit(torch.tensor([[1.0, 0.5, 0.0, 0.2, 0, 0, 0, 0]]))
-    got = class_scores(clip, image, prompts)
-    want = torch.stack([(image[0, 0] + image[0, 1]) / 2, (image[0, 2] + image[0, 3]) / 2])
-    torch.testing.assert_close(got[0], want)
-    assert zero_shot_accuracy(clip, image, torch.tensor([0]), prompts) == 1.0
+    g = torch.Generator().manual_seed(3)
+    raw = torch.randn(5, D, generator=g)
+    prompts = ClassPrompts(inputs=raw, class_index=torch.tensor([0, 1, 0, 1, 1]), n_classes=2)
+    image = unit(torch.randn(4, D, generator=g))
+    unit_prompts = raw / raw.norm(dim=1, keepdim=True)
+    weights = []
+    for c in range(2):  # as CLIP's notebook: normalise, mean, normalise
+        mean = unit_prompts[prompts.class_index == c].mean(0)
+        weights.append(mean / mean.norm())
+    want = image @ torch.stack(weights).T
+    torch.testing.assert_close(class_scores(clip, image, prompts), want)
+    torch.testing.assert_close(prompt_ensemble(unit_prompts, prompts.class_index, 2),
+                               torch.stack(weights))  # fmt: skip
+    # Not the mean of the cosines: a class whose prompts disagree is not penalised for it.
+    mean_cos = torch.stack([(image @ unit_prompts[prompts.class_index == c].T).mean(1)
+                            for c in range(2)], 1)  # fmt: skip
+    assert not torch.allclose(class_scores(clip, image, prompts), mean_cos)
+    assert zero_shot_accuracy(clip, image, want.argmax(1), prompts) == 1.0
     with pytest.raises(ValueError, match="every class"):
-        ClassPrompts(inputs=basis[:2], class_index=torch.tensor([0, 2]), n_classes=3)
+        ClassPrompts(inputs=raw[:2], class_index=torch.tensor([0, 2]), n_classes=3)
+
+
+def test_probabilistic_methods_average_the_log_likelihood_over_templates() -> None:
+    method = IdentityVMF(D)
+    basis = torch.eye(D, dtype=torch.float64)
+    inputs = torch.stack([20 * basis[0], 5 * basis[1], 10 * basis[2], 30 * basis[3]])
+    prompts = ClassPrompts(inputs=inputs, class_index=torch.tensor([0, 0, 1, 1]), n_classes=2)
+    image = unit(torch.tensor([[1.0, 0.5, 0.0, 0.2, 0, 0, 0, 0]], dtype=torch.float64))
+    per_prompt = method.log_likelihood(image, inputs)[:, 0]  # [n_prompts]
+    want = torch.stack([per_prompt[:2].mean(), per_prompt[2:].mean()])
+    got = class_scores(method, image, prompts)[0].double()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # scores are float32
 
 
 def test_zero_shot_accuracy_counts_maximum_likelihood_hits() -> None:

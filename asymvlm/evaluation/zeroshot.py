@@ -1,9 +1,15 @@
 """Zero-shot classification with adapted VLMs (paper Sec. 5.4, Tables 2 and 3).
 
-Every class c is described by prompts (one per template, "a photo of a {c}."). A method scores
-an image against a class by the mean over that class's templates of its retrieval score -- the
-log-likelihood ln p(z_I | prompt) for the probabilistic methods (App. A.2), the cosine for CLIP
-and Determ. FT -- and predicts the best class (maximum likelihood).
+Every class c is described by prompts (one per template, "a photo of a {c}."; the data set's
+templates as CLIP's evaluation uses them, :mod:`asymvlm.data.templates`). A method scores an
+image against a class and predicts the best class:
+
+* methods that score by the cosine of unit embeddings (the frozen model, Determ. FT and the
+  baselines that retrieve by the cosine of their means) use CLIP's prompt ensemble: the class
+  embedding is the mean of the class's unit prompt embeddings, re-normalised
+  (:func:`prompt_ensemble`), and the score its cosine;
+* the probabilistic methods scoring by the log-likelihood ln p(z_I | prompt) (App. A.2) use the
+  mean over the class's prompts of that log-likelihood (maximum likelihood over classes).
 
 * :func:`zero_shot_accuracy`: robust fine-tuning (Table 3): accuracy of an adapter trained on
   COCO/Flickr/CC on CIFAR-10/100, STL-10, ImageNet, against the frozen model.
@@ -23,11 +29,13 @@ import numpy as np
 import torch
 
 from asymvlm.methods import Method
+from asymvlm.methods.base import unit
 
 __all__ = [
     "ClassPrompts",
     "class_scores",
     "none_of_the_above",
+    "prompt_ensemble",
     "rejection_baselines",
     "zero_shot_accuracy",
 ]
@@ -49,20 +57,44 @@ class ClassPrompts:
             raise ValueError(f"every class 0..{self.n_classes - 1} needs at least one prompt")
 
 
+def prompt_ensemble(mu: torch.Tensor, class_index: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """CLIP's prompt ensemble (Radford et al. 2021, Sec. 3.1.4; its ImageNet notebook): per
+    class c, w_c = m_c / ||m_c|| with m_c the mean of the class's unit prompt embeddings mu_k.
+
+    ``mu`` [n_prompts, d] unit rows, ``class_index`` [n_prompts] -> [n_classes, d] unit rows.
+    """
+    summed = torch.zeros(n_classes, mu.shape[1], dtype=mu.dtype, device=mu.device)
+    summed.index_add_(0, class_index.to(mu.device), mu)
+    return unit(summed)  # the mean's direction: dividing by the count first changes nothing
+
+
+def _scores_by_cosine(method: Method) -> bool:
+    """Whether ``method`` scores by the cosine of unit ``mu`` (the base :meth:`Method.score`)."""
+    return type(method).score is Method.score
+
+
 @torch.no_grad()
 def class_scores(
     method: Method, image_emb: torch.Tensor, prompts: ClassPrompts, chunk_size: int = 4096
 ) -> torch.Tensor:
-    """[n_image, n_classes]: per class, the mean of the method's score over its prompts."""
+    """[n_image, n_classes]: the cosine to the class's :func:`prompt_ensemble` for methods that
+    score by the cosine, else the mean of the method's score (log-likelihood) over the class's
+    prompts."""
     method.eval()
     texts = method.encode_texts(prompts.inputs)
+    cosine = _scores_by_cosine(method)
+    if cosine:
+        texts = {"mu": prompt_ensemble(texts["mu"], prompts.class_index, prompts.n_classes)}
     counts = torch.bincount(prompts.class_index, minlength=prompts.n_classes).to(image_emb.dtype)
     out = []
     for start in range(0, image_emb.shape[0], chunk_size):
         images = method.encode_images(image_emb[start : start + chunk_size])
-        per_prompt = method.score(texts, images).T.float()  # [chunk, n_prompts]
-        summed = torch.zeros(per_prompt.shape[0], prompts.n_classes, dtype=per_prompt.dtype)
-        summed.index_add_(1, prompts.class_index, per_prompt)
+        per_text = method.score(texts, images).T.float()  # [chunk, n_classes or n_prompts]
+        if cosine:
+            out.append(per_text)
+            continue
+        summed = torch.zeros(per_text.shape[0], prompts.n_classes, dtype=per_text.dtype)
+        summed.index_add_(1, prompts.class_index, per_text)
         out.append(summed / counts)
     return torch.cat(out)
 
