@@ -43,6 +43,36 @@ def plot_binned_recall(results: Mapping[str, Mapping[str, Any]], path: str, titl
     return save_figure(fig, axes, path)
 
 
+def plot_risk_coverage(
+    results: Mapping[str, Mapping[str, Any]], path: str, title: str = ""
+) -> str:
+    """Risk-coverage curves (Geifman & El-Yaniv, 2017), t2i and i2t side by side.
+
+    ``results[method][direction]`` holds ``risk_coverage`` (``{"coverage": [...], "risk":
+    [...]}``: the top-1 error rate of the most certain queries kept, per fraction kept) and
+    ``recall@1``; a method without a curve (no uncertainty to rank by) is drawn as a dashed
+    horizontal line at its overall top-1 risk 1 - Recall@1, what keeping a random subset gives.
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=False)
+    for ax, direction in zip(axes, ("t2i", "i2t"), strict=True):
+        for name, res in results.items():
+            r = res.get(direction) or {}
+            curve = r.get("risk_coverage")
+            if curve and curve.get("coverage"):
+                label = name if r.get("aurc") is None else f"{name} (AURC={r['aurc']:.3f})"
+                ax.plot(curve["coverage"], curve["risk"], marker=".", label=label)
+            elif r.get("recall@1") is not None and r["recall@1"] == r["recall@1"]:
+                risk = 1.0 - r["recall@1"]
+                ax.axhline(risk, linestyle="--", linewidth=1, color="grey")
+                ax.annotate(f"{name} (no uncertainty)", (0, risk), textcoords="offset points",
+                            xytext=(2, 3), fontsize=8, color="grey")  # fmt: skip
+        ax.set_xlim(0.0, 1.0)
+        ax.set_xlabel("coverage (fraction of queries kept, most certain first)")
+        ax.set_ylabel("top-1 risk (error rate)")
+        ax.set_title(f"{direction} {title}".strip())
+    return save_figure(fig, axes, path)
+
+
 def save_figure(fig, axes, path: str) -> str:
     """The house style's last steps: grid, a legend where something is labelled, tight layout,
     PNG at 120 dpi; closes the figure and returns ``path``."""

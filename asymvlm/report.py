@@ -3,10 +3,15 @@
 Reads the sweeps (parent runs ``kind=sweep`` and their seed runs) and the evaluation runs
 (``kind=eval-*``, :mod:`asymvlm.evaluation.suite`), and writes to ``DIR``:
 
-* Table 1 analogue per data set / embedding model: mean ± std over seeds of Recall@1, S, R²
-  in both directions, with the paper's CLIP ViT-B/32 numbers beside ours where the set-up
-  matches (clearly labelled); ``fig3_<dataset>.png`` (seed-averaged binned Recall@1 curves);
-  ``fig4_<dataset>.png`` for the ablations (AsymVLM, AsymVLM(image), SymVLM, AsymVLM(G));
+* Table 1 analogue per sweep: mean ± std over seeds (test split) of Recall@1, S, R², AUROC,
+  AURC and ECE in both directions and RSUM (a trial's MLflow metrics, else its
+  ``results.json``; "–" where a run predates a number), captioned with the sweep's protocol
+  (``official`` / ``improved``, param ``protocol``), with the paper's CLIP ViT-B/32 numbers
+  beside ours where the set-up matches (clearly labelled); ``fig3_<dataset>.png``
+  (seed-averaged binned Recall@1 curves); ``fig4_<dataset>.png`` for the ablations (AsymVLM,
+  AsymVLM(image), SymVLM, AsymVLM(G)); ``fig_risk_coverage_<dataset>.png`` (seed-averaged
+  risk-coverage curves per method, t2i and i2t); a second sweep of the same data set adds
+  its name to its figures' names;
 * Table 2 analogue (none-of-the-above), Table 3 analogue (zero-shot after fine-tuning);
 * the HierarCaps analysis (``fig5_hierarcaps.png``) and the OOD suite (``fig_ood_<kind>.png``).
 
@@ -19,20 +24,24 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 import os
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
 
 from asymvlm import paper_numbers, tracking
 from asymvlm import results as tables_of_results
 from asymvlm.config import redact
 from asymvlm.evaluation.hierarcaps import plot_hierarchy
 from asymvlm.evaluation.ood import plot_severity
-from asymvlm.plots import plot_binned_recall
+from asymvlm.plots import plot_binned_recall, plot_risk_coverage
 
-__all__ = ["build_report"]
+__all__ = ["PROTOCOL_LABELS", "build_report", "protocol_label", "table1_markdown", "trial_values"]
 
 ABLATIONS = ("asymvlm-vmf", "asymvlm-image", "symvlm", "asymvlm-gauss")
 
@@ -50,17 +59,221 @@ def _base(name: str) -> str:
     return name.split("/", 1)[0]
 
 
-# -- Table 1, Fig. 3, Fig. 4 ----------------------------------------------------------------------
-def _sweep_section(uri: str, parent, output: str) -> tuple[list[str], dict]:
+# -- Table 1, Fig. 3, Fig. 4, risk-coverage ------------------------------------------------------
+#: Table 1 cells per direction: (metric suffix, key in a trial's results, heading, scale, digits).
+TABLE1_CELLS = (
+    ("recall_at_1", "recall@1", "R@1 (%)", 100.0, 2),
+    ("spearman", "spearman", "S", 1.0, 2),
+    ("r2", "r2", "R²", 1.0, 2),
+    ("auroc", "auroc", "AUROC", 1.0, 3),
+    ("aurc", "aurc", "AURC", 1.0, 3),
+    ("ece", "ece", "ECE", 1.0, 3),
+)
+RSUM_DIGITS = 2
+PROTOCOL_LABELS = {
+    "official": "Protocol: official (the authors' code)",
+    "improved": "Protocol: improved (this project's defaults; see README 'Protocols')",
+}
+
+
+def protocol_label(params: Mapping[str, str]) -> str:
+    """The caption line naming a sweep's protocol (param ``protocol``; "improved" when a run
+    predates it)."""
+    value = str(params.get("protocol") or "improved").strip().strip('"') or "improved"
+    return PROTOCOL_LABELS.get(value, f"Protocol: {value}")
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _first(*values: Any) -> float | None:
+    return next((v for v in map(_finite, values) if v is not None), None)
+
+
+def _test_results(results: Any) -> dict:
+    """A trial's test-split results from its ``results.json`` (``{"test": {...}, "val": ...}``
+    or the test results themselves); {} when there are none."""
+    if not isinstance(results, dict):
+        return {}
+    test = results.get("test")
+    return test if isinstance(test, dict) else results
+
+
+def trial_values(metrics: Mapping[str, float], results: Any) -> dict[str, float | None]:
+    """One trial's Table 1 numbers (test split): ``<direction>_<metric>`` and ``rsum``.
+
+    From its MLflow metrics (``t2i_ece``, ``rsum``; a ``test_`` prefix is read too), else from
+    its ``results.json`` (``results[direction]["ece"]``, ``results["rsum"]``); None where
+    neither has the value (older runs).
+    """
+    test = _test_results(results)
+    out: dict[str, float | None] = {}
+    for direction in tables_of_results.DIRECTIONS:
+        cell = test.get(direction) if isinstance(test.get(direction), dict) else {}
+        for name, key, *_ in TABLE1_CELLS:
+            out[f"{direction}_{name}"] = _first(metrics.get(f"{direction}_{name}"),
+                                                metrics.get(f"test_{direction}_{name}"),
+                                                cell.get(key))  # fmt: skip
+    top = results if isinstance(results, dict) else {}
+    out["rsum"] = _first(metrics.get("rsum"), metrics.get("test_rsum"), test.get("rsum"),
+                         top.get("rsum"))  # fmt: skip
+    return out
+
+
+def _stat_cell(values: Iterable[float | None], scale: float, digits: int) -> str:
+    """mean ± std (sample; 0 for one seed) of the values present, scaled; "–" if none."""
+    vals = [scale * v for v in values if v is not None]
+    if not vals:
+        return "–"
+    std = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return f"{statistics.fmean(vals):.{digits}f} ± {std:.{digits}f}"
+
+
+def table1_markdown(rows: Sequence[Mapping[str, Any]], title: str, caption: str) -> str:
+    """Table 1 analogue: per method (``rows``: one per seed, ``method`` + :func:`trial_values`)
+    the seed count and mean ± std of R@1 (%), S, R², AUROC, AURC and ECE per direction, and
+    RSUM."""
+    by_method: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_method[row["method"]].append(row)
+    head = (["Method", "seeds"]
+            + [f"{d} {cell[2]}" for d in ("i2t", "t2i") for cell in TABLE1_CELLS] + ["RSUM"])
+    lines = [f"### {title}", "", caption, "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]  # fmt: skip
+    for method, seeds in by_method.items():
+        cells = [method, str(len(seeds))]
+        for d in ("i2t", "t2i"):
+            for name, _, _, scale, digits in TABLE1_CELLS:
+                cells.append(_stat_cell((r.get(f"{d}_{name}") for r in seeds), scale, digits))
+        cells.append(_stat_cell((r.get("rsum") for r in seeds), 1.0, RSUM_DIGITS))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _optional_json(uri: str, run_id: str, name: str) -> Any:
+    try:
+        return tracking.json_artifact(uri, run_id, name)
+    except Exception:  # an older run without the artifact: its numbers show as "–"
+        return None
+
+
+def _mean_curve(curves: Sequence[Mapping[str, Sequence[float]]]) -> dict[str, list[float]]:
+    """Seed-averaged risk-coverage curve: each seed's risk read (linearly interpolated) at the
+    first seed's coverages, then averaged."""
+    grid = np.asarray(curves[0]["coverage"], dtype=float)
+    risks = []
+    for curve in curves:
+        x, y = np.asarray(curve["coverage"], float), np.asarray(curve["risk"], float)
+        order = np.argsort(x)
+        risks.append(np.interp(grid, x[order], y[order]))
+    return {"coverage": grid.tolist(), "risk": np.mean(risks, axis=0).tolist()}
+
+
+def _risk_coverage(test: Mapping[str, Any], direction: str) -> dict | None:
+    """A trial's test risk-coverage curve in ``direction`` (``results[direction]
+    ["risk_coverage"]``), None where it has none."""
+    cell = test.get(direction)
+    curve = cell.get("risk_coverage") if isinstance(cell, dict) else None
+    if not isinstance(curve, dict):
+        return None
+    x, y = curve.get("coverage"), curve.get("risk")
+    if not x or not y or len(x) != len(y):
+        return None
+    return {"coverage": [float(v) for v in x], "risk": [float(v) for v in y]}
+
+
+def _paper_table1(dataset: str | None, model: str | None) -> list[str]:
+    """The paper's Table 1 rows where model and data set match theirs, else nothing."""
+    paper = paper_numbers.TABLE1.get(dataset or "")
+    if not paper or not paper_numbers.matches_paper(model, dataset):
+        return []
+    lines = [f"*Paper (Ju et al. 2025, Table 1, CLIP ViT-B/32 on {dataset}), for comparison — "
+             "not produced here:*\n",
+             "| Method | i2t R@1 (%) | i2t S | i2t R² | t2i R@1 (%) | t2i S | t2i R² |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for method, v in paper.items():
+        lines.append(f"| {method} (paper) | {100 * v['i2t_recall_at_1']:.1f} | "
+                     f"{v['i2t_spearman']:.3f} | {v['i2t_r2']:.3f} | "
+                     f"{100 * v['t2i_recall_at_1']:.1f} | {v['t2i_spearman']:.3f} | "
+                     f"{v['t2i_r2']:.3f} |")  # fmt: skip
+    return lines + [""]
+
+
+def _gather_trials(uri: str, children: Sequence[Any]) -> tuple[list[dict], dict]:
+    """Per seed run: its Table 1 numbers (a row) and its test curves, ``curves[method]
+    [direction]["binned" | "risk_coverage"]`` = one curve per seed that has it."""
+    rows: list[dict] = []
+    curves: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for child in children:
+        method = child.data.params["method"]
+        trial = _optional_json(uri, child.info.run_id, "results.json")
+        rows.append({"method": method, **trial_values(child.data.metrics, trial)})
+        binned = _optional_json(uri, child.info.run_id, "binned_recall.json") or {}
+        for direction in tables_of_results.DIRECTIONS:
+            curve = (binned.get("test") or {}).get(direction)
+            if curve:
+                curves[method][direction]["binned"].append(curve)
+            curve = _risk_coverage(_test_results(trial), direction)
+            if curve:
+                curves[method][direction]["risk_coverage"].append(curve)
+    return rows, curves
+
+
+def _seed_means(rows: Sequence[Mapping[str, Any]], curves: Mapping) -> dict[str, dict]:
+    """Per method and direction, the seed means the figures draw (``plot_binned_recall`` /
+    ``plot_risk_coverage`` input)."""
+    out: dict[str, dict] = {}
+    for method in dict.fromkeys(r["method"] for r in rows):
+        seeds = [r for r in rows if r["method"] == method]
+        out[method] = {}
+        for direction in tables_of_results.DIRECTIONS:
+            means = {}
+            for name in ("recall_at_1", "spearman", "r2", "aurc"):
+                vals = [r[f"{direction}_{name}"] for r in seeds]
+                vals = [v for v in vals if v is not None]
+                means[name] = statistics.fmean(vals) if vals else None
+            got = curves.get(method, {}).get(direction, {})
+            binned, rc = got.get("binned"), got.get("risk_coverage")
+            out[method][direction] = {
+                "recall@1": float("nan") if means["recall_at_1"] is None
+                else means["recall_at_1"],
+                "binned_recall@1": [statistics.fmean(v) for v in zip(*binned, strict=True)]
+                if binned else None,
+                "spearman": means["spearman"],
+                "r2": means["r2"],
+                "aurc": means["aurc"],
+                "risk_coverage": _mean_curve(rc) if rc else None,
+            }  # fmt: skip
+    return out
+
+
+def _figure_tag(dataset: str | None, parent, used: set[str]) -> str:
+    """``<dataset>``, with the sweep's name when another sweep of the report took it."""
+    tag = (dataset or "data").replace("/", "_")
+    if tag in used:  # another sweep of the same data set (e.g. under the other protocol)
+        name = parent.info.run_name or parent.info.run_id
+        tag = f"{tag}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}"
+    used.add(tag)
+    return tag
+
+
+def _sweep_section(uri: str, parent, output: str, used: set[str]) -> tuple[list[str], dict]:
+    """Table 1 analogue of one sweep (its protocol in the caption), the paper's numbers where
+    they apply, Fig. 3 / Fig. 4 analogues and the risk-coverage figure."""
     children = tracking.child_runs(uri, parent.info.run_id, stage="seeds")
     if not children:
         return [], {}
     params = children[0].data.params
     dataset, model = params.get("dataset"), params.get("embedding_model")
-    rows = [{"method": c.data.params["method"], **c.data.metrics} for c in children]
-    summary = tables_of_results.seed_summary(rows)
+    rows, curves = _gather_trials(uri, children)
     title = f"Table 1 analogue — {parent.info.run_name}: {dataset} ({model})"
-    lines = [tables_of_results.summary_markdown(summary, title=title)]
+    caption = f"*{protocol_label({**params, **parent.data.params})}.*"
+    lines = [table1_markdown(rows, title, caption)]
     if parent.data.tags.get("note"):
         lines.append(f"> {parent.data.tags['note']}\n")
     n_failed = int(parent.data.metrics.get("failed_trials", 0))
@@ -68,44 +281,10 @@ def _sweep_section(uri: str, parent, output: str) -> tuple[list[str], dict]:
         lines.append(f"> {n_failed} trial(s) of this sweep failed (e.g. a diverged learning "
                      "rate) and are left out; the sweep's `summary.md` lists them with the "
                      "reason.\n")  # fmt: skip
-    paper = paper_numbers.TABLE1.get(dataset or "")
-    if paper and paper_numbers.matches_paper(model, dataset):
-        lines.append(f"*Paper (Ju et al. 2025, Table 1, CLIP ViT-B/32 on {dataset}), for "
-                     "comparison — not produced here:*\n")  # fmt: skip
-        lines.append("| Method | i2t R@1 (%) | i2t S | i2t R² | t2i R@1 (%) | t2i S | t2i R² |")
-        lines.append("|---|---|---|---|---|---|---|")
-        for method, v in paper.items():
-            lines.append(
-                f"| {method} (paper) | {100 * v['i2t_recall_at_1']:.1f} | {v['i2t_spearman']:.3f}"
-                f" | {v['i2t_r2']:.3f} | {100 * v['t2i_recall_at_1']:.1f} | "
-                f"{v['t2i_spearman']:.3f} | {v['t2i_r2']:.3f} |"
-            )
-        lines.append("")
-    # Seed-averaged binned curves (test split).
-    curves: dict[str, dict[str, list[list[float]]]] = defaultdict(lambda: defaultdict(list))
-    for child in children:
-        try:
-            data = tracking.json_artifact(uri, child.info.run_id, "binned_recall.json")
-        except Exception:  # a run without the artifact is shown in the table only
-            continue
-        for direction, curve in (data.get("test") or {}).items():
-            if curve:
-                curves[child.data.params["method"]][direction].append(curve)
-    results: dict[str, dict] = {}
-    for method, cells in summary.items():
-        entry = {}
-        for direction in ("t2i", "i2t"):
-            got = curves.get(method, {}).get(direction)
-            mean_curve = [statistics.fmean(v) for v in zip(*got, strict=True)] if got else None
-            entry[direction] = {
-                "recall@1": cells.get(f"{direction}_recall_at_1", {}).get("mean", float("nan")),
-                "binned_recall@1": mean_curve,
-                "spearman": cells.get(f"{direction}_spearman", {}).get("mean"),
-                "r2": cells.get(f"{direction}_r2", {}).get("mean"),
-            }
-        results[method] = entry
+    lines += _paper_table1(dataset, model)
+    results = _seed_means(rows, curves)
+    tag = _figure_tag(dataset, parent, used)
     figures = {}
-    tag = (dataset or "data").replace("/", "_")
     fig3 = os.path.join(output, f"fig3_{tag}.png")
     plot_binned_recall(results, fig3, title=f"{dataset}")
     figures[fig3] = f"Fig. 3 analogue — Recall@1 per uncertainty level, {dataset}"
@@ -114,6 +293,11 @@ def _sweep_section(uri: str, parent, output: str) -> tuple[list[str], dict]:
         fig4 = os.path.join(output, f"fig4_{tag}.png")
         plot_binned_recall(ablations, fig4, title=f"ablations, {dataset}")
         figures[fig4] = f"Fig. 4 analogue — ablations, {dataset}"
+    if any(d.get("risk_coverage") for r in results.values() for d in r.values()):
+        path = os.path.join(output, f"fig_risk_coverage_{tag}.png")
+        plot_risk_coverage(results, path, title=f"{dataset}")
+        figures[path] = (f"Risk-coverage — top-1 risk of the most certain queries kept, "
+                         f"{dataset}, mean over seeds")  # fmt: skip
     for path, caption in figures.items():
         lines.append(f"![{caption}]({os.path.basename(path)})\n")
     return lines, figures
@@ -235,8 +419,9 @@ def build_report(
              ""]  # fmt: skip
     figures: dict[str, str] = {}
     sweeps = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    used_tags: set[str] = set()
     for sweep in sweeps:
-        section, figs = _sweep_section(tracking_uri, sweep, output)
+        section, figs = _sweep_section(tracking_uri, sweep, output, used_tags)
         lines += section
         figures.update(figs)
     evals: dict[str, list] = defaultdict(list)

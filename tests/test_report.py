@@ -142,3 +142,140 @@ def test_cli_analyze_logs_runs_that_the_report_shows(tmp_path, capsys) -> None:
         main(["analyze", "nota", "--positives", f"{pos}:test"])
     assert exc.value.code == 2
     assert "--negatives" in capsys.readouterr().err
+
+
+# -- Table 1 analogue: selective-retrieval columns, protocol, risk-coverage figure ---------------
+def _curve(scale: float) -> dict[str, list[float]]:
+    coverage = [(k + 1) / 20 for k in range(20)]
+    return {"coverage": coverage, "risk": [scale * c for c in coverage]}
+
+
+def _trial_metrics(r1: float, auroc: float, aurc: float, ece: float, rsum: float) -> dict:
+    out = {}
+    for d, shift in (("t2i", 0.0), ("i2t", 0.01)):
+        out.update({f"{d}_recall_at_1": r1 + shift, f"{d}_spearman": -0.9 + shift,
+                    f"{d}_r2": 0.8 + shift, f"{d}_auroc": auroc + shift,
+                    f"{d}_aurc": aurc + shift, f"{d}_e_aurc": 0.01, f"{d}_ece": ece + shift})
+    out["rsum"] = rsum
+    return out
+
+
+def _log_sweep(uri: str, exp: str, name: str, trials: list[tuple], protocol: str | None) -> None:
+    """A sweep run as the report reads it: a parent ``kind=sweep`` and one seed run per trial
+    (method, MLflow metrics, results.json or None)."""
+    from asymvlm import tracking
+
+    params = {"dataset": "synthetic", "embedding_model": "tiny"}
+    parent_params = {**params, **({"protocol": protocol} if protocol else {})}
+    with tracking.run(uri, exp, f"sweep {name}", kind="sweep", params=parent_params,
+                      tags={"sweep": name}) as parent:  # fmt: skip
+        for k, (method, metrics, results) in enumerate(trials):
+            with tracking.run(uri, exp, f"{method} seed{k}", kind="trial", parent=parent,
+                              params={**params, "method": method, "seed": k},
+                              tags={"stage": "seeds"}) as child:  # fmt: skip
+                child.log_metrics(metrics)
+                curves = {d: [metrics[f"{d}_recall_at_1"]] * 3 for d in ("t2i", "i2t")}
+                child.log_json("binned_recall.json", {"test": curves})
+                if results is not None:
+                    child.log_json("results.json", results)
+
+
+def _cells(text: str, method: str, after: str) -> list[str]:
+    """The cells of ``method``'s row in the first table after the line ``after``."""
+    lines = text.splitlines()
+    start = lines.index(after)
+    row = next(line for line in lines[start:] if line.startswith(f"| {method} |"))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def _ms(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
+    import statistics
+
+    vals = [scale * v for v in values]
+    return f"{statistics.fmean(vals):.{digits}f} ± {statistics.stdev(vals):.{digits}f}"
+
+
+@pytest.mark.slow
+def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(tmp_path) -> None:
+    uri, exp = _store(tmp_path), "table1"
+    vmf = [_trial_metrics(0.30, 0.70, 0.40, 0.10, 2.1), _trial_metrics(0.34, 0.76, 0.36, 0.14, 2.4)]
+    ft = [_trial_metrics(0.40, 0.5, 0.5, 0.2, 3.0), _trial_metrics(0.44, 0.5, 0.5, 0.3, 3.2)]
+    ft_ece = [m.pop("t2i_ece") for m in ft]  # t2i ECE only in results.json
+    ft_rsum = [m.pop("rsum") for m in ft]  # RSUM only in results.json, top level
+    trials = [("asymvlm-vmf", vmf[0], {"test": {"t2i": {"risk_coverage": _curve(0.2)},
+                                                "i2t": {"risk_coverage": _curve(0.4)}}}),
+              ("asymvlm-vmf", vmf[1], {"test": {"t2i": {"risk_coverage": _curve(0.4)},
+                                                "i2t": {"risk_coverage": _curve(0.6)}}})]
+    trials += [("determ-ft", m, {"t2i": {"ece": e}, "i2t": {}, "rsum": r})
+               for m, e, r in zip(ft, ft_ece, ft_rsum, strict=True)]
+    _log_sweep(uri, exp, "official", trials, protocol="official")
+    old = [{k: v for k, v in m.items() if k.split("_", 1)[-1] in
+            ("recall_at_1", "spearman", "r2")} for m in vmf]  # fmt: skip
+    _log_sweep(uri, exp, "old", [("asymvlm-vmf", m, None) for m in old], protocol=None)
+
+    out = tmp_path / "report"
+    text = open(build_report(uri, exp, str(out))).read()
+    first = "### Table 1 analogue — sweep official: synthetic (tiny)"
+    second = "### Table 1 analogue — sweep old: synthetic (tiny)"
+    assert text.index(first) < text.index(second)
+    lines = text.splitlines()
+    assert lines[lines.index(first) + 2] == "*Protocol: official (the authors' code).*"
+    assert lines[lines.index(second) + 2] == (
+        "*Protocol: improved (this project's defaults; see README 'Protocols').*"
+    )
+    head = _cells(text, "Method", first)
+    assert head == ["Method", "seeds", "i2t R@1 (%)", "i2t S", "i2t R²", "i2t AUROC", "i2t AURC",
+                    "i2t ECE", "t2i R@1 (%)", "t2i S", "t2i R²", "t2i AUROC", "t2i AURC",
+                    "t2i ECE", "RSUM"]  # fmt: skip
+    col = {name: k for k, name in enumerate(head)}
+    row = _cells(text, "asymvlm-vmf", first)
+    assert row[col["seeds"]] == "2"
+    for d in ("i2t", "t2i"):
+        assert row[col[f"{d} R@1 (%)"]] == _ms([m[f"{d}_recall_at_1"] for m in vmf], 100, 2)
+        for key, name in (("auroc", "AUROC"), ("aurc", "AURC"), ("ece", "ECE")):
+            assert row[col[f"{d} {name}"]] == _ms([m[f"{d}_{key}"] for m in vmf])
+    assert row[col["RSUM"]] == _ms([m["rsum"] for m in vmf], digits=2)
+    row = _cells(text, "determ-ft", first)
+    assert row[col["t2i ECE"]] == _ms(ft_ece)  # read from results.json
+    assert row[col["i2t ECE"]] == _ms([m["i2t_ece"] for m in ft])  # the MLflow metric
+    assert row[col["RSUM"]] == _ms(ft_rsum, digits=2)
+    row = _cells(text, "asymvlm-vmf", second)  # an older run: the new numbers are missing
+    for name in ("AUROC", "AURC", "ECE"):
+        assert row[col[f"t2i {name}"]] == row[col[f"i2t {name}"]] == "–"
+    assert row[col["RSUM"]] == "–"
+    assert row[col["t2i R@1 (%)"]] == _ms([m["t2i_recall_at_1"] for m in vmf], 100, 2)
+
+    # Figures: the risk-coverage figure beside fig3, only where a sweep has curves; the second
+    # sweep of the same data set gets its own names.
+    for name in ("fig3_synthetic.png", "fig_risk_coverage_synthetic.png",
+                 "fig3_synthetic_sweep_old.png"):  # fmt: skip
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+        assert f"]({name})" in text
+    assert not (out / "fig_risk_coverage_synthetic_sweep_old.png").exists()
+    page = (out / "report.html").read_text()
+    assert "fig_risk_coverage_synthetic.png" not in page  # inlined as a data URI
+    assert page.count('<img src="data:image/png;base64,') == text.count("![")
+    assert "Protocol: official (the authors" in page
+
+
+def test_trial_values_read_metrics_then_results_and_leave_missing_as_none() -> None:
+    from asymvlm.report import trial_values
+
+    got = trial_values({"t2i_ece": 0.2, "test_i2t_ece": 0.3, "t2i_recall_at_1": 0.5},
+                       {"test": {"t2i": {"ece": 0.9, "auroc": 0.6}, "rsum": 1.5}})  # fmt: skip
+    assert got["t2i_ece"] == 0.2 and got["i2t_ece"] == 0.3  # metrics first, test_ prefix too
+    assert got["t2i_auroc"] == 0.6 and got["rsum"] == 1.5  # else results.json
+    assert got["i2t_aurc"] is None and got["t2i_recall_at_1"] == 0.5
+    assert trial_values({"t2i_ece": float("nan")}, None)["t2i_ece"] is None
+
+
+def test_risk_coverage_is_averaged_over_seeds_on_the_first_grid() -> None:
+    from asymvlm.report import _mean_curve
+
+    a = {"coverage": [0.5, 1.0], "risk": [0.1, 0.3]}
+    b = {"coverage": [0.5, 1.0], "risk": [0.3, 0.5]}
+    mean = _mean_curve([a, b])
+    assert mean["coverage"] == [0.5, 1.0] and mean["risk"] == pytest.approx([0.2, 0.4])
+    c = {"coverage": [1.0, 0.25], "risk": [0.5, 0.2]}  # another grid, unsorted: interpolated
+    want = [(0.1 + 0.2 + (0.5 - 0.25) / 0.75 * 0.3) / 2, (0.3 + 0.5) / 2]
+    assert _mean_curve([a, c])["risk"] == pytest.approx(want)
