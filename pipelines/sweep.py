@@ -351,7 +351,8 @@ def _trial_error(trial) -> BaseException | str | None:
 
 
 def log_outcome(run: tracking.Run, cfg: dict[str, Any], result: dict[str, Any]) -> None:
-    """A finished trial's final metrics, binned Recall@1 curves (JSON + PNG) and adapter."""
+    """A finished trial's final metrics, binned Recall@1 curves (JSON + PNG), every number of
+    its evaluation (results.json) and adapter."""
     from asymvlm.plots import plot_binned_recall
 
     out = result["outcome"]
@@ -367,6 +368,8 @@ def log_outcome(run: tracking.Run, cfg: dict[str, Any], result: dict[str, Any]) 
         if split in out
     }
     run.log_json("binned_recall.json", curves)
+    # every number of the evaluation, lists too (risk-coverage curves for the report)
+    run.log_json("results.json", {split: out[split] for split in ("val", "test") if split in out})
     shown = out.get("test") or out.get("val")
     if shown:
         with tempfile.TemporaryDirectory() as tmp:
