@@ -104,7 +104,7 @@ def test_hierarcaps_acceptance(ray_session, tiny_clip, hierarcaps_copy, tmp_path
     ]
     unit, norm = encoder.encode_pixels(encoder.preprocess_images(pictures))
     np.testing.assert_allclose(split.image_embeddings[rows], unit, atol=1e-5)
-    np.testing.assert_allclose(split.extra_image_columns["norm"][rows], norm, rtol=1e-5)
+    np.testing.assert_allclose(split.image_norms[rows], norm, rtol=1e-5)
     rows = rng.choice(split.n_texts, 40, replace=False)
     unit, norm = encoder.encode_texts([split.texts[i] for i in rows])
     np.testing.assert_allclose(split.text_embeddings[rows], unit, atol=1e-5)

@@ -286,14 +286,12 @@ def _embed_group(
             cfg.split,
             image_ids=shard_ids,
             image_embeddings=img_emb[rows_i].reshape(len(rows_i), dim),
+            image_norms=img_norm[rows_i],
             extra_image_columns={
-                "norm": img_norm[rows_i],
-                **{
-                    c: todo.column(c)
-                    .take(pa.array([todo_pos[i] for i in shard_ids], pa.int64()))
-                    .to_numpy(zero_copy_only=False)
-                    for c in carried
-                },
+                c: todo.column(c)
+                .take(pa.array([todo_pos[i] for i in shard_ids], pa.int64()))
+                .to_numpy(zero_copy_only=False)
+                for c in carried
             },
             caption_ids=caps.column("caption_id").to_pylist(),
             caption_image_ids=caps.column("image_id").to_pylist(),

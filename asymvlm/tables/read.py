@@ -1,43 +1,8 @@
-"""The embedding-table contract shared by every pipeline stage.
-
-Layout under a root (a local path, a ``file://`` URI, ``s3://bucket/prefix`` or any URI that
-:func:`pyarrow.fs.FileSystem.from_uri` understands)::
-
-    ROOT/manifest.json                   {"dim": int, "model": str, ...extra keys}
-    ROOT/<split>/images/*.parquet        image_id: string, embedding: list<float32>[dim]
-    ROOT/<split>/texts/*.parquet         caption_id, image_id, text: string,
-                                         embedding: list<float32>[dim], optional norm: float32,
-                                         optional extra columns (e.g. level: int)
-
-Every folder may hold several parquet files; they are read in file-name order. Stored embeddings
-are unit-norm; the optional ``norm`` column keeps the raw norm of the CLIP text projection, so that
-``embedding * norm`` recovers the unnormalised projection that AsymVLM's adapters take as input.
-
-Validation is vectorised (numpy / pyarrow compute); Python only loops to format the message of the
-first bad row, which always names the parquet file, the 0-based row index within it and the id.
-:func:`read_split` refuses (:class:`TableError`):
-
-* a split whose ``images`` or ``texts`` folder has parquet files but **no rows**;
-* string columns (ids, ``text``, extra string columns) that are not valid UTF-8 (file, row,
-  column);
-* parts that disagree: a column present in one file of a folder but not in another, or a column
-  (``embedding``, ``norm``, extra columns) with another type -- the message names both files;
-* (``validate=True``) a raw text ``norm`` that is not finite and > 0, or that lies outside
-  ``[median / NORM_SPREAD, median * NORM_SPREAD]`` of the split's median norm, or above
-  ``NORM_MAX``. Real CLIP/SigLIP text projections have norms of order 1-100 (CLIP ViT-B/32: about
-  5-15) and vary by well under 10x within a data set; the adapters take ``embedding * norm`` as
-  input, so one corrupt row (say ``1e30``) would overflow float32 or dominate any scale fitted
-  to the inputs. ``NORM_SPREAD = 1e4`` leaves four orders of magnitude to legitimate data, and
-  ``NORM_MAX = 1e6`` keeps squared norms summed over 10^8 rows finite in float32.
-
-Files are read and written through :mod:`asymvlm.storage` (local paths and object-store URIs,
-atomic writes, :class:`~asymvlm.storage.OutputLock` for one writer at a time).
-"""
+"""Reading and validating a split: :class:`EmbeddingSplit` and :func:`read_split` (see
+:mod:`asymvlm.tables` for the contract and what is refused)."""
 
 from __future__ import annotations
 
-import json
-import posixpath
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,171 +13,25 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from asymvlm.storage import (  # noqa: F401 - OutputLock, read_json, write_json: re-exported
-    OutputLock,
-    read_json,
-    write_json,
-)
-from asymvlm.storage import atomic_write_bytes as _atomic_write_bytes
-from asymvlm.storage import atomic_write_table as _atomic_write_table
 from asymvlm.storage import display as _display
 from asymvlm.storage import filesystem as _filesystem
 from asymvlm.storage import join as _join
-
-__all__ = [
-    "EmbeddingSplit",
-    "Manifest",
-    "OutputLock",
-    "TableError",
-    "list_splits",
-    "read_manifest",
-    "read_split",
-    "write_manifest",
-    "write_split",
-]
-
-MANIFEST_NAME = "manifest.json"
-IMAGES_DIR = "images"
-TEXTS_DIR = "texts"
-IMAGE_COLUMNS = ("image_id", "embedding")
-TEXT_COLUMNS = ("caption_id", "image_id", "text", "embedding")
-_TEXT_RESERVED = frozenset(TEXT_COLUMNS) | {"norm"}
-_IMAGE_RESERVED = frozenset(IMAGE_COLUMNS)
-#: Bounds on the raw text ``norm`` column (see the module docstring).
-NORM_SPREAD = 1e4
-NORM_MAX = 1e6
-
-
-class TableError(ValueError):
-    """A table or manifest violates the contract; the message names the file and first bad row."""
-
-
-# --------------------------------------------------------------------------------------------
-# manifest
-
-
-@dataclass
-class Manifest:
-    """``manifest.json``: embedding dimension, embedding model name and any extra keys."""
-
-    dim: int
-    model: str
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Flat JSON object: ``dim``, ``model`` and the extra keys."""
-        return {**self.extra, "dim": int(self.dim), "model": str(self.model)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "manifest") -> Manifest:
-        """Parse a manifest object; raises :class:`TableError` (naming ``source``) if invalid."""
-        if not isinstance(data, dict):
-            raise TableError(f"{source}: manifest must be a JSON object, got {type(data).__name__}")
-        for key in ("dim", "model"):
-            if key not in data:
-                raise TableError(f"{source}: manifest has no {key!r} key")
-        dim = data["dim"]
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-            raise TableError(f"{source}: manifest 'dim' must be a positive int, got {dim!r}")
-        model = data["model"]
-        if not isinstance(model, str):
-            raise TableError(f"{source}: manifest 'model' must be a string, got {model!r}")
-        extra = {k: v for k, v in data.items() if k not in ("dim", "model")}
-        return cls(dim=dim, model=model, extra=extra)
-
-# --------------------------------------------------------------------------------------------
-# files
-
-
-def _list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
-    """Parquet files directly in ``folder`` sorted by name (hidden/temporary names skipped)."""
-    infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
-    files = [
-        info.path
-        for info in infos
-        if info.type == pafs.FileType.File
-        and info.base_name.endswith(".parquet")
-        and not info.base_name.startswith((".", "_"))
-    ]
-    return sorted(files, key=posixpath.basename)
-
-
-def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> str:
-    """Atomically write ``ROOT/split/kind/part.parquet`` (any table, e.g. ``errors``)."""
-    fs, base = _filesystem(root)
-    folder = _join(base, split, kind)
-    fs.create_dir(folder, recursive=True)
-    path = _join(folder, f"{part}.parquet")
-    _atomic_write_table(fs, path, table)
-    return _display(root, path)
-
-
-def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """``[n, width]`` float32 from a list / fixed-size-list / tensor column (no validation:
-    for tables this package wrote itself, e.g. ``read_parts`` output)."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if isinstance(arr, pa.ExtensionArray):
-        return np.asarray(arr.to_numpy_ndarray(), dtype=np.float32)
-    width = arr.type.list_size if pa.types.is_fixed_size_list(arr.type) else None
-    values = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    if width is None:
-        width = values.size // max(len(arr), 1)
-    return values.reshape(len(arr), width)
-
-
-def read_parts(root: str, split: str, kind: str) -> pa.Table | None:
-    """All ``ROOT/split/kind/*.parquet`` concatenated in name order, or None if there are none."""
-    fs, base = _filesystem(root)
-    files = _list_parquet(fs, _join(base, split, kind))
-    if not files:
-        return None
-    return pa.concat_tables([pq.read_table(f, filesystem=fs) for f in files])
-
-
-def write_manifest(root: str, manifest: Manifest | dict[str, Any]) -> None:
-    """Write ``ROOT/manifest.json`` atomically (validates ``dim`` and ``model`` first)."""
-    if not isinstance(manifest, Manifest):
-        manifest = Manifest.from_dict(manifest)
-    else:
-        manifest = Manifest.from_dict(manifest.to_dict())
-    fs, base = _filesystem(root)
-    fs.create_dir(base, recursive=True)
-    data = json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode() + b"\n"
-    _atomic_write_bytes(fs, _join(base, MANIFEST_NAME), data)
-
-
-def read_manifest(root: str) -> Manifest:
-    """Read ``ROOT/manifest.json``; :class:`TableError` if missing, not JSON, or lacking keys."""
-    fs, base = _filesystem(root)
-    path = _join(base, MANIFEST_NAME)
-    shown = _display(root, path)
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        raise TableError(f"{shown}: manifest not found")
-    with fs.open_input_stream(path) as f:
-        raw = f.read()
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TableError(f"{shown}: manifest is not valid JSON ({exc})") from exc
-    return Manifest.from_dict(data, source=shown)
-
-
-def list_splits(root: str) -> list[str]:
-    """Names of the splits under ``root`` (sub-folders holding ``images/`` or ``texts/``)."""
-    fs, base = _filesystem(root)
-    infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-    dirs = [i for i in infos if i.type == pafs.FileType.Directory]
-    if not dirs:
-        return []
-    wanted = [_join(d.path, sub) for d in dirs for sub in (IMAGES_DIR, TEXTS_DIR)]
-    present = {i.path for i in fs.get_file_info(wanted) if i.type == pafs.FileType.Directory}
-    names = {
-        d.base_name
-        for d in dirs
-        if _join(d.path, IMAGES_DIR) in present or _join(d.path, TEXTS_DIR) in present
-    }
-    return sorted(names)
-
+from asymvlm.tables.files import (
+    _IMAGE_RESERVED,
+    _TEXT_RESERVED,
+    IMAGE_COLUMNS,
+    IMAGE_PRE,
+    IMAGES_DIR,
+    NORM_MAX,
+    NORM_SPREAD,
+    TEXT_COLUMNS,
+    TEXT_PRE,
+    TEXTS_DIR,
+    Manifest,
+    TableError,
+    _list_parquet,
+    read_manifest,
+)
 
 # --------------------------------------------------------------------------------------------
 # the split
@@ -232,6 +51,12 @@ class EmbeddingSplit:
     extra_text_columns: dict[str, np.ndarray]
     manifest: Manifest
     extra_image_columns: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Raw image-projection norms (``embedding * norm`` is the unnormalised projection), as
+    #: ``text_norms`` for captions; None when the image tables have no ``norm`` column.
+    image_norms: np.ndarray | None = None
+    #: Pre-projection features ``[n, pre_dim.<modality>]`` (None when the column is absent).
+    image_features_pre: np.ndarray | None = None
+    text_features_pre: np.ndarray | None = None
     _warned_no_norm: bool = field(default=False, init=False, repr=False)
 
     @property
@@ -262,6 +87,9 @@ class EmbeddingSplit:
             extra_text_columns={k: v[texts] for k, v in self.extra_text_columns.items()},
             manifest=self.manifest,
             extra_image_columns={k: v[images] for k, v in self.extra_image_columns.items()},
+            image_norms=_rows(self.image_norms, images),
+            image_features_pre=_rows(self.image_features_pre, images),
+            text_features_pre=_rows(self.text_features_pre, texts),
         )
 
     def text_inputs(self, adapter_input: str = "raw") -> np.ndarray:
@@ -288,111 +116,8 @@ class EmbeddingSplit:
         return (self.text_embeddings * self.text_norms[:, None]).astype(np.float32, copy=False)
 
 
-# --------------------------------------------------------------------------------------------
-# writing
-
-
-def _as_matrix(name: str, values: Any) -> np.ndarray:
-    arr = np.asarray(values, dtype=np.float32)
-    if arr.ndim != 2 or arr.shape[1] < 1:
-        raise ValueError(f"{name} must be a 2-D [n, dim] array, got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        row = int(np.nonzero(~np.isfinite(arr).all(axis=1))[0][0])
-        raise ValueError(f"{name} row {row} has NaN/inf")
-    return np.ascontiguousarray(arr)
-
-
-def _as_ids(name: str, values: Any, n: int) -> pa.Array:
-    ids = [str(v) for v in values] if not isinstance(values, pa.Array) else values.to_pylist()
-    if len(ids) != n:
-        raise ValueError(f"{name} has {len(ids)} entries, expected {n}")
-    return pa.array(ids, type=pa.string())
-
-
-def _embedding_array(matrix: np.ndarray) -> pa.FixedSizeListArray:
-    return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
-
-
-def _extra_columns(
-    extra: dict[str, Any] | None, n: int, reserved: frozenset[str], what: str
-) -> dict[str, pa.Array]:
-    out: dict[str, pa.Array] = {}
-    for name, values in (extra or {}).items():
-        if name in reserved:
-            raise ValueError(f"{what} column name {name!r} is reserved")
-        arr = values if isinstance(values, pa.Array) else pa.array(np.asarray(values))
-        if len(arr) != n:
-            raise ValueError(f"{what} column {name!r} has {len(arr)} entries, expected {n}")
-        out[name] = arr
-    return out
-
-
-def write_split(
-    root: str,
-    split: str,
-    *,
-    image_ids: Any,
-    image_embeddings: Any,
-    caption_ids: Any,
-    caption_image_ids: Any,
-    texts: Any,
-    text_embeddings: Any,
-    text_norms: Any | None = None,
-    extra_text_columns: dict[str, Any] | None = None,
-    extra_image_columns: dict[str, Any] | None = None,
-    part: str = "part-00000",
-) -> None:
-    """Write ``ROOT/split/images/{part}.parquet`` and ``ROOT/split/texts/{part}.parquet``.
-
-    Embeddings are stored as fixed-size ``list<float32>[dim]``; each file is written to a hidden
-    temporary name in its folder and then renamed, so a crash never leaves a half-written file
-    under the final name. Shapes, finiteness and ``text_norms`` (positive, finite) are checked
-    here; unit norm and caption → image references are checked by :func:`read_split` (captions
-    may refer to images in another part). If a manifest exists, ``dim`` must match it.
-    """
-    img = _as_matrix("image_embeddings", image_embeddings)
-    txt = _as_matrix("text_embeddings", text_embeddings)
-    dim = img.shape[1]
-    if txt.shape[1] != dim:
-        raise ValueError(f"text_embeddings dim {txt.shape[1]} != image_embeddings dim {dim}")
-    n_img, n_txt = img.shape[0], txt.shape[0]
-    if "/" in part or part.startswith((".", "_")) or not part:
-        raise ValueError(f"invalid part name {part!r}")
-
-    fs, base = _filesystem(root)
-    manifest_path = _join(base, MANIFEST_NAME)
-    if fs.get_file_info(manifest_path).type == pafs.FileType.File:
-        manifest = read_manifest(root)
-        if manifest.dim != dim:
-            raise ValueError(f"embedding dim {dim} != manifest dim {manifest.dim} ({root})")
-
-    image_cols: dict[str, pa.Array] = {
-        "image_id": _as_ids("image_ids", image_ids, n_img),
-        "embedding": _embedding_array(img),
-    }
-    image_cols.update(_extra_columns(extra_image_columns, n_img, _IMAGE_RESERVED, "image"))
-
-    text_cols: dict[str, pa.Array] = {
-        "caption_id": _as_ids("caption_ids", caption_ids, n_txt),
-        "image_id": _as_ids("caption_image_ids", caption_image_ids, n_txt),
-        "text": _as_ids("texts", texts, n_txt),
-        "embedding": _embedding_array(txt),
-    }
-    if text_norms is not None:
-        norms = np.asarray(text_norms, dtype=np.float32).reshape(-1)
-        if norms.shape[0] != n_txt:
-            raise ValueError(f"text_norms has {norms.shape[0]} entries, expected {n_txt}")
-        bad = ~(np.isfinite(norms) & (norms > 0))
-        if bad.any():
-            row = int(np.nonzero(bad)[0][0])
-            raise ValueError(f"text_norms row {row} is {norms[row]!r}: must be finite and > 0")
-        text_cols["norm"] = pa.array(norms, type=pa.float32())
-    text_cols.update(_extra_columns(extra_text_columns, n_txt, _TEXT_RESERVED, "text"))
-
-    for sub, cols in ((IMAGES_DIR, image_cols), (TEXTS_DIR, text_cols)):
-        folder = _join(base, split, sub)
-        fs.create_dir(folder, recursive=True)
-        _atomic_write_table(fs, _join(folder, f"{part}.parquet"), pa.table(cols))
+def _rows(values: np.ndarray | None, rows: np.ndarray) -> np.ndarray | None:
+    return None if values is None else values[rows]
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,16 +176,23 @@ def _check_utf8(arr: pa.Array, name: str, shown: str, id_name: str, ids: Any) ->
 
 
 def _embedding_matrix(
-    col: pa.ChunkedArray, dim: int, shown: str, id_name: str, ids: pa.Array
+    col: pa.ChunkedArray,
+    dim: int,
+    shown: str,
+    id_name: str,
+    ids: pa.Array,
+    name: str = "embedding",
+    width_of: str = "manifest dim",
 ) -> np.ndarray:
-    """``[n, dim]`` float32 from a list column, chunk by chunk (no int32 offset overflow)."""
+    """``[n, dim]`` float32 from a list column ``name`` (``embedding`` or a pre-projection
+    column, whose width ``width_of`` names), chunk by chunk (no int32 offset overflow)."""
     typ = col.type
     if not (
         pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)
     ):
-        raise TableError(f"{shown}: column 'embedding' has type {typ}, expected list<float32>")
+        raise TableError(f"{shown}: column {name!r} has type {typ}, expected list<float32>")
     if not (pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type)):
-        raise TableError(f"{shown}: column 'embedding' has type {typ}, expected list<float32>")
+        raise TableError(f"{shown}: column {name!r} has type {typ}, expected list<float32>")
     blocks: list[np.ndarray] = []
     start = 0
     for chunk in col.chunks:
@@ -469,7 +201,7 @@ def _embedding_matrix(
             continue
         if chunk.null_count:
             row = start + _first(chunk.is_null().to_numpy(zero_copy_only=False))
-            raise _row_error(shown, row, id_name, ids, "embedding is null")
+            raise _row_error(shown, row, id_name, ids, f"{name} is null")
         lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False)
         bad = _first(lengths != dim)
         if bad is not None:
@@ -478,13 +210,13 @@ def _embedding_matrix(
                 start + bad,
                 id_name,
                 ids,
-                f"embedding has length {int(lengths[bad])}, manifest dim is {dim}",
+                f"{name} has length {int(lengths[bad])}, {width_of} is {dim}",
             )
         values = chunk.flatten()
         if values.null_count:
             flat_null = values.is_null().to_numpy(zero_copy_only=False)
             row = start + _first(flat_null) // dim
-            raise _row_error(shown, row, id_name, ids, "embedding has null values")
+            raise _row_error(shown, row, id_name, ids, f"{name} has null values")
         flat = values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
         blocks.append(flat.reshape(n, dim))
         start += n
@@ -636,7 +368,9 @@ def _extra(parts: list[_Part], reserved: frozenset[str], id_name: str) -> dict[s
     return out
 
 
-def _text_norms(parts: list[_Part], validate: bool) -> np.ndarray | None:
+def _norms(parts: list[_Part], validate: bool, id_name: str) -> np.ndarray | None:
+    """The raw projection norms of a folder (texts or images), or None without a ``norm``
+    column; ``validate``: finite, > 0 and within the spread bounds."""
     if not any("norm" in p.table.column_names for p in parts):
         return None
     _same_columns(parts, ["norm"])
@@ -651,15 +385,15 @@ def _text_norms(parts: list[_Part], validate: bool) -> np.ndarray | None:
             bad = _first(~(np.isfinite(vals) & (vals > 0)))
             if bad is not None:
                 msg = f"norm is {vals[bad]!r}, must be finite and > 0"
-                raise _row_error(p.shown, bad, "caption_id", p.ids, msg)
+                raise _row_error(p.shown, bad, id_name, p.ids, msg)
         blocks.append(vals)
     if validate:
-        _check_norm_spread(parts, blocks)
+        _check_norm_spread(parts, blocks, id_name)
     norms = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
     return norms.astype(np.float32)
 
 
-def _check_norm_spread(parts: list[_Part], blocks: list[np.ndarray]) -> None:
+def _check_norm_spread(parts: list[_Part], blocks: list[np.ndarray], id_name: str) -> None:
     """Raw norms within ``NORM_SPREAD`` of the split's median and at most ``NORM_MAX``."""
     everything = np.concatenate(blocks)
     if not everything.size:
@@ -672,13 +406,41 @@ def _check_norm_spread(parts: list[_Part], blocks: list[np.ndarray]) -> None:
             raise _row_error(
                 p.shown,
                 bad,
-                "caption_id",
+                id_name,
                 p.ids,
                 f"norm is {vals[bad]:.6g}, outside [{low:.3g}, {high:.3g}] (within a factor "
                 f"{NORM_SPREAD:g} of the split's median norm {median:.6g}, at most "
                 f"{NORM_MAX:g}); such a row would dominate the raw adapter input "
                 "(embedding * norm)",
             )
+
+
+def _pre_features(
+    parts: list[_Part], manifest: Manifest, modality: str, validate: bool, id_name: str
+) -> np.ndarray | None:
+    """The ``<modality>_features_pre`` column of a folder as ``[n, pre_dim]`` float32, or None
+    when no file has it; its width is the manifest's ``pre_dim.<modality>``."""
+    name = IMAGE_PRE if modality == "image" else TEXT_PRE
+    if not any(name in p.table.column_names for p in parts):
+        return None
+    _same_columns(parts, [name])
+    width = manifest.pre_dim.get(modality)
+    if width is None:
+        raise TableError(
+            f"{parts[0].shown}: column {name!r} is present but the manifest has no "
+            f"pre_dim.{modality} (its width)"
+        )
+    blocks = []
+    for p in parts:
+        _same_kind(parts[0], p.shown, p.table, name, _value_type)
+        matrix = _embedding_matrix(p.table.column(name), width, p.shown, id_name, p.ids, name,
+                                   f"manifest pre_dim.{modality}")  # fmt: skip
+        if validate:
+            bad = _first(~np.isfinite(matrix).all(axis=1))
+            if bad is not None:
+                raise _row_error(p.shown, bad, id_name, p.ids, f"{name} has NaN/inf")
+        blocks.append(matrix)
+    return _stack(blocks, width)
 
 
 def read_split(
@@ -688,7 +450,9 @@ def read_split(
 
     Structural problems (missing files or columns, wrong embedding length, nulls, captions of
     unknown images) always raise; ``validate`` adds NaN/inf, unit-norm (within ``norm_atol``),
-    duplicate-id and ``norm``-column checks.
+    duplicate-id and ``norm``-column checks. The optional ``norm`` (images and texts) and
+    pre-projection columns are read when present (``image_norms``, ``text_norms``,
+    ``image_features_pre``, ``text_features_pre``; None otherwise).
     """
     manifest = read_manifest(root)
     dim = manifest.dim
@@ -741,10 +505,13 @@ def read_split(
         text_image_index=np.concatenate(index_blocks) if index_blocks else np.zeros(0, np.int64),
         texts=texts,
         text_embeddings=_stack([p.embeddings for p in txt_parts], dim),
-        text_norms=_text_norms(txt_parts, validate),
+        text_norms=_norms(txt_parts, validate, "caption_id"),
         extra_text_columns=_extra(txt_parts, _TEXT_RESERVED, "caption_id"),
         manifest=manifest,
         extra_image_columns=_extra(img_parts, _IMAGE_RESERVED, "image_id"),
+        image_norms=_norms(img_parts, validate, "image_id"),
+        image_features_pre=_pre_features(img_parts, manifest, "image", validate, "image_id"),
+        text_features_pre=_pre_features(txt_parts, manifest, "text", validate, "caption_id"),
     )
 
 

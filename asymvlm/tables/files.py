@@ -1,0 +1,257 @@
+"""The files of a table root: names, ``manifest.json``, parquet parts and ``projection.npz``.
+
+Shared by the writer (:mod:`asymvlm.tables.write`) and the reader
+(:mod:`asymvlm.tables.read`); see :mod:`asymvlm.tables` for the contract.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from asymvlm.storage import atomic_write_bytes as _atomic_write_bytes
+from asymvlm.storage import atomic_write_table as _atomic_write_table
+from asymvlm.storage import display as _display
+from asymvlm.storage import filesystem as _filesystem
+from asymvlm.storage import join as _join
+from asymvlm.storage import read_bytes as _read_bytes
+
+MANIFEST_NAME = "manifest.json"
+#: The frozen model's projection matrices (``image`` [dim, pre_dim.image], ``text``
+#: [dim, pre_dim.text]), written once per root by an embedding job with pre-projection columns.
+PROJECTION_NAME = "projection.npz"
+IMAGES_DIR = "images"
+TEXTS_DIR = "texts"
+IMAGE_COLUMNS = ("image_id", "embedding")
+TEXT_COLUMNS = ("caption_id", "image_id", "text", "embedding")
+#: Optional pre-projection columns: the pooled encoder output that the projection maps to the
+#: raw embedding (``embedding * norm == projection @ pre``), list<float32>[pre_dim.<modality>].
+IMAGE_PRE = "image_features_pre"
+TEXT_PRE = "text_features_pre"
+PRE_COLUMNS = {"image": IMAGE_PRE, "text": TEXT_PRE}
+_TEXT_RESERVED = frozenset(TEXT_COLUMNS) | {"norm", TEXT_PRE}
+_IMAGE_RESERVED = frozenset(IMAGE_COLUMNS) | {"norm", IMAGE_PRE}
+#: Bounds on the raw ``norm`` columns (see the package docstring).
+NORM_SPREAD = 1e4
+NORM_MAX = 1e6
+
+
+class TableError(ValueError):
+    """A table or manifest violates the contract; the message names the file and first bad row."""
+
+
+# --------------------------------------------------------------------------------------------
+# manifest
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+@dataclass
+class Manifest:
+    """``manifest.json``: embedding dimension, embedding model name and any extra keys.
+
+    The optional ``pre_dim`` key (``{"image": int, "text": int}``, either may be absent) is the
+    width of the pre-projection columns; it must be there before such columns are written.
+    """
+
+    dim: int
+    model: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pre_dim(self) -> dict[str, int]:
+        """Width of the pre-projection features per modality (empty when there are none)."""
+        return dict(self.extra.get("pre_dim") or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON object: ``dim``, ``model`` and the extra keys."""
+        return {**self.extra, "dim": int(self.dim), "model": str(self.model)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "manifest") -> Manifest:
+        """Parse a manifest object; raises :class:`TableError` (naming ``source``) if invalid."""
+        if not isinstance(data, dict):
+            raise TableError(f"{source}: manifest must be a JSON object, got {type(data).__name__}")
+        for key in ("dim", "model"):
+            if key not in data:
+                raise TableError(f"{source}: manifest has no {key!r} key")
+        dim = data["dim"]
+        if not _positive_int(dim):
+            raise TableError(f"{source}: manifest 'dim' must be a positive int, got {dim!r}")
+        model = data["model"]
+        if not isinstance(model, str):
+            raise TableError(f"{source}: manifest 'model' must be a string, got {model!r}")
+        pre_dim = data.get("pre_dim")
+        if pre_dim is not None and not (
+            isinstance(pre_dim, dict)
+            and set(pre_dim) <= set(PRE_COLUMNS)
+            and all(_positive_int(v) for v in pre_dim.values())
+        ):
+            raise TableError(
+                f"{source}: manifest 'pre_dim' must map 'image' and/or 'text' to positive ints, "
+                f"got {pre_dim!r}"
+            )
+        extra = {k: v for k, v in data.items() if k not in ("dim", "model")}
+        return cls(dim=dim, model=model, extra=extra)
+
+
+def write_manifest(root: str, manifest: Manifest | dict[str, Any]) -> None:
+    """Write ``ROOT/manifest.json`` atomically (validates ``dim`` and ``model`` first)."""
+    if not isinstance(manifest, Manifest):
+        manifest = Manifest.from_dict(manifest)
+    else:
+        manifest = Manifest.from_dict(manifest.to_dict())
+    fs, base = _filesystem(root)
+    fs.create_dir(base, recursive=True)
+    data = json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode() + b"\n"
+    _atomic_write_bytes(fs, _join(base, MANIFEST_NAME), data)
+
+
+def read_manifest(root: str) -> Manifest:
+    """Read ``ROOT/manifest.json``; :class:`TableError` if missing, not JSON, or lacking keys."""
+    fs, base = _filesystem(root)
+    path = _join(base, MANIFEST_NAME)
+    shown = _display(root, path)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        raise TableError(f"{shown}: manifest not found")
+    with fs.open_input_stream(path) as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TableError(f"{shown}: manifest is not valid JSON ({exc})") from exc
+    return Manifest.from_dict(data, source=shown)
+
+
+# --------------------------------------------------------------------------------------------
+# the projection matrices
+
+
+def _projection_matrix(name: str, value: Any) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float32)
+    if arr.ndim != 2 or 0 in arr.shape:
+        raise ValueError(f"{name} projection must be a 2-D [dim, pre_dim] array, got {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} projection has NaN/inf")
+    return np.ascontiguousarray(arr)
+
+
+def write_projection(root: str, **matrices: Any) -> None:
+    """Write ``ROOT/projection.npz`` atomically: the frozen model's projection per modality
+    (``image=`` / ``text=``, each [dim, pre_dim], float32), so that
+    ``embedding * norm == matrix @ features_pre`` row by row."""
+    unknown = sorted(set(matrices) - set(PRE_COLUMNS))
+    if unknown or not matrices:
+        raise ValueError(f"write_projection takes image= and/or text=, got {sorted(matrices)}")
+    arrays = {k: _projection_matrix(k, v) for k, v in matrices.items()}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    fs, base = _filesystem(root)
+    fs.create_dir(base, recursive=True)
+    _atomic_write_bytes(fs, _join(base, PROJECTION_NAME), buffer.getvalue())
+
+
+def read_projection(root: str, manifest: Manifest | None = None) -> dict[str, np.ndarray] | None:
+    """``ROOT/projection.npz`` as ``{"image": [dim, pre_dim.image], "text": ...}`` float32, or
+    None when the root has none. :class:`TableError` naming the file when it cannot be read or
+    a matrix disagrees with the manifest's ``dim`` / ``pre_dim``."""
+    fs, base = _filesystem(root)
+    path = _join(base, PROJECTION_NAME)
+    raw = _read_bytes(fs, path)
+    if raw is None:
+        return None
+    shown = _display(root, path)
+    manifest = manifest if manifest is not None else read_manifest(root)
+    try:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
+            out = {k: np.asarray(npz[k], dtype=np.float32) for k in npz.files}
+    except (OSError, ValueError, EOFError) as exc:
+        raise TableError(f"{shown}: not a readable .npz file ({exc})") from exc
+    for key, matrix in out.items():
+        if key not in PRE_COLUMNS:
+            raise TableError(f"{shown}: unexpected array {key!r} (expected image, text)")
+        expected = (manifest.dim, manifest.pre_dim.get(key))
+        if matrix.ndim != 2 or matrix.shape != expected:
+            raise TableError(
+                f"{shown}: {key} projection has shape {list(matrix.shape)}, the manifest says "
+                f"[dim, pre_dim.{key}] = {list(expected)}"
+            )
+        if not np.isfinite(matrix).all():
+            raise TableError(f"{shown}: {key} projection has NaN/inf")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# parts
+
+
+def _list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
+    """Parquet files directly in ``folder`` sorted by name (hidden/temporary names skipped)."""
+    infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+    files = [
+        info.path
+        for info in infos
+        if info.type == pafs.FileType.File
+        and info.base_name.endswith(".parquet")
+        and not info.base_name.startswith((".", "_"))
+    ]
+    return sorted(files, key=posixpath.basename)
+
+
+def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> str:
+    """Atomically write ``ROOT/split/kind/part.parquet`` (any table, e.g. ``errors``)."""
+    fs, base = _filesystem(root)
+    folder = _join(base, split, kind)
+    fs.create_dir(folder, recursive=True)
+    path = _join(folder, f"{part}.parquet")
+    _atomic_write_table(fs, path, table)
+    return _display(root, path)
+
+
+def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """``[n, width]`` float32 from a list / fixed-size-list / tensor column (no validation:
+    for tables this package wrote itself, e.g. ``read_parts`` output)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(arr, pa.ExtensionArray):
+        return np.asarray(arr.to_numpy_ndarray(), dtype=np.float32)
+    width = arr.type.list_size if pa.types.is_fixed_size_list(arr.type) else None
+    values = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    if width is None:
+        width = values.size // max(len(arr), 1)
+    return values.reshape(len(arr), width)
+
+
+def read_parts(root: str, split: str, kind: str) -> pa.Table | None:
+    """All ``ROOT/split/kind/*.parquet`` concatenated in name order, or None if there are none."""
+    fs, base = _filesystem(root)
+    files = _list_parquet(fs, _join(base, split, kind))
+    if not files:
+        return None
+    return pa.concat_tables([pq.read_table(f, filesystem=fs) for f in files])
+
+
+def list_splits(root: str) -> list[str]:
+    """Names of the splits under ``root`` (sub-folders holding ``images/`` or ``texts/``)."""
+    fs, base = _filesystem(root)
+    infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+    dirs = [i for i in infos if i.type == pafs.FileType.Directory]
+    if not dirs:
+        return []
+    wanted = [_join(d.path, sub) for d in dirs for sub in (IMAGES_DIR, TEXTS_DIR)]
+    present = {i.path for i in fs.get_file_info(wanted) if i.type == pafs.FileType.Directory}
+    names = {
+        d.base_name
+        for d in dirs
+        if _join(d.path, IMAGES_DIR) in present or _join(d.path, TEXTS_DIR) in present
+    }
+    return sorted(names)
