@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -24,21 +25,51 @@ __all__ = [
 DIRECTIONS = ("t2i", "i2t")
 _FINAL_KEYS = {"recall@1": "recall_at_1", "recall@5": "recall_at_5", "recall@10": "recall_at_10",
                "spearman": "spearman", "r2": "r2", "auroc": "auroc", "aurc": "aurc",
-               "e_aurc": "e_aurc"}  # fmt: skip
+               "e_aurc": "e_aurc", "ece": "ece"}  # fmt: skip
+# ECCV Caption / CxC (asymvlm.metrics.eccv): result key -> "<group>_<direction>_<name>"
+_ECCV_KEYS = {"eccv_map_at_r": ("eccv", "map_at_r"), "eccv_rprecision": ("eccv", "rprecision"),
+              "eccv_r1": ("eccv", "r1"), "cxc_r1": ("cxc", "r1")}  # fmt: skip
+_FOLDS = re.compile(r"(coco_1k|folds_\d+)")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _directions(evaluation: Mapping[str, Any], prefix: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for direction in DIRECTIONS:
+        for key, name in _FINAL_KEYS.items():
+            value = _number((evaluation.get(direction) or {}).get(key))
+            if value is not None:
+                out[f"{prefix}{direction}_{name}"] = value
+    value = _number(evaluation.get("rsum"))
+    if value is not None:
+        out[f"{prefix}rsum"] = value
+    return out
 
 
 def retrieval_metric_names(evaluation: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     """Flatten :func:`asymvlm.evaluation.evaluate_retrieval` output into MLflow metric names.
 
-    ``{"t2i": {"recall@1": .3, "spearman": -.9, ...}}`` -> ``{"t2i_recall_at_1": .3,
-    "t2i_spearman": -.9, ...}``; undefined values (no uncertainty: spearman/r2 None) are left out.
+    ``{"t2i": {"recall@1": .3, "spearman": -.9, "ece": .1, ...}, "rsum": 250.0}`` ->
+    ``{"t2i_recall_at_1": .3, "t2i_spearman": -.9, "t2i_ece": .1, ..., "rsum": 250.0}``; the
+    COCO 1K fold means as ``coco1k_t2i_recall_at_1``, ``coco1k_rsum`` ... (other fold sizes:
+    ``folds<size>_...``); ECCV Caption as ``eccv_i2t_map_at_r``, ``eccv_i2t_rprecision``,
+    ``eccv_i2t_r1`` and CxC as ``cxc_i2t_r1`` (and ``t2i``). Undefined values (no uncertainty:
+    spearman/r2 None) are left out, and so are curves (``risk_coverage``, binned recall).
     """
-    out: dict[str, float] = {}
-    for direction in DIRECTIONS:
-        for key, name in _FINAL_KEYS.items():
-            value = evaluation.get(direction, {}).get(key)
-            if value is not None and math.isfinite(float(value)):
-                out[f"{prefix}{direction}_{name}"] = float(value)
+    out = _directions(evaluation, prefix)
+    for key, value in evaluation.items():
+        if _FOLDS.fullmatch(str(key)) and isinstance(value, Mapping):
+            out.update(_directions(value, f"{prefix}{str(key).replace('_', '')}_"))
+    for direction, scores in (evaluation.get("eccv") or {}).items():
+        for key, (group, name) in _ECCV_KEYS.items():
+            value = _number((scores or {}).get(key))
+            if value is not None:
+                out[f"{prefix}{group}_{direction}_{name}"] = value
     return out
 
 

@@ -1,7 +1,9 @@
 """Cross-modal retrieval with uncertainty (paper Sec. 5.1, Table 1, Fig. 3).
 
-Encodes a split once (captions in chunks), then hands :func:`asymvlm.metrics.retrieval_metrics`
-a score function over caption chunks, so memory stays O(chunk x n_image).
+Encodes a split once (captions in chunks), then hands :func:`asymvlm.metrics.rank_pass` a score
+function over caption chunks, so memory stays O(chunk x n_image). On the COCO Karpathy 5k test
+split the same pass keeps the best few items per query for ECCV Caption / CxC
+(:mod:`asymvlm.metrics.eccv`); the COCO 1K folds are evaluated as splits of their own.
 
 A broken adapter is refused rather than scored: a non-finite encoding (kappa, mu, means,
 variances ...), uncertainty or score raises :class:`~asymvlm.errors.NonFiniteError` naming the
@@ -18,9 +20,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from asymvlm.errors import NonFiniteError
+from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import Encoding, Method
-from asymvlm.metrics import retrieval_metrics
+from asymvlm.metrics import average_folds, fold_key, image_folds, rank_pass, ranking_metrics
+from asymvlm.metrics import eccv as eccv_caption
 from asymvlm.training import SplitTensors
 
 
@@ -79,6 +82,51 @@ def encode_split(
     return texts, images
 
 
+def coco_karpathy_test(data: SplitTensors) -> eccv_caption.KarpathyTest | None:
+    """The ECCV Caption row maps when ``data`` is the COCO Karpathy 5k test split: its tables'
+    manifest records a ``coco-karpathy`` split ``test`` (``splits.<name>.dataset`` / ``.split``,
+    written by ``asymvlm embed``) and its ids are the test split's (a sample is not)."""
+    split = data.split
+    described = getattr(getattr(split, "manifest", None), "extra", {}).get("splits")
+    if not isinstance(described, dict) or not any(
+        isinstance(d, dict) and d.get("dataset") == "coco-karpathy" and d.get("split") == "test"
+        for d in described.values()
+    ):
+        return None
+    return eccv_caption.karpathy_test(split.image_ids, split.caption_ids)
+
+
+def _subset(data: SplitTensors, images: np.ndarray, texts: np.ndarray) -> SplitTensors:
+    """Image rows ``images`` and caption rows ``texts`` (of those images), renumbered."""
+    if data.split is not None:
+        return data.subset(images, texts)
+    device = data.image_emb.device
+    index = torch.full((data.image_emb.shape[0],), -1, dtype=torch.long, device=device)
+    index[torch.as_tensor(images, device=device)] = torch.arange(len(images), device=device)
+    rows = torch.as_tensor(texts, device=device)
+    return SplitTensors(image_emb=data.image_emb[torch.as_tensor(images, device=device)],
+                        text_emb=data.text_emb[rows], text_to_image=index[data.text_to_image[rows]],
+                        split=None)  # fmt: skip
+
+
+def _folds(
+    data: SplitTensors, fold_size: int, karpathy: eccv_caption.KarpathyTest | None
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(image rows, caption rows) per fold: COCO 1K's standard folds on the Karpathy test split,
+    else runs of ``fold_size`` consecutive images with all their captions."""
+    if karpathy is not None and fold_size == 1000:
+        return list(karpathy.folds)
+    n_image = data.image_emb.shape[0]
+    try:
+        folds = image_folds(n_image, fold_size)
+    except ValueError:
+        raise ConfigError(
+            f"fold size {fold_size}: the split has {n_image} images, not a multiple of it"
+        ) from None
+    owner = data.text_to_image.cpu().numpy()
+    return [(rows, np.flatnonzero(np.isin(owner, rows))) for rows in folds]
+
+
 @torch.no_grad()
 def evaluate_retrieval(
     method: Method,
@@ -87,8 +135,24 @@ def evaluate_retrieval(
     ks: tuple[int, ...] = (1, 5, 10),
     chunk_size: int = 1024,
     progress: bool = False,
+    fold_size: int | None = None,
+    eccv: bool = True,
 ) -> dict[str, Any]:
-    """Recall@K both ways, binned Recall@1 by uncertainty, Spearman S and R^2 (App. B).
+    """Recall@K both ways, binned Recall@1 by uncertainty, Spearman S and R^2 (App. B), with
+    AUROC / AURC / E-AURC, risk-coverage points and ECE per direction and RSUM.
+
+    Args:
+        method: the adapter; its ``calibration_scale()`` is the logit scale of the softmax
+            whose ECE is reported.
+        data: the split.
+        n_bins, ks, chunk_size, progress: as :func:`asymvlm.metrics.retrieval_metrics`.
+        fold_size: also report the metrics averaged over folds of ``fold_size`` consecutive
+            images with their captions, under ``coco_1k`` for 1000 (COCO 1K; on the Karpathy test
+            split its standard folds: the Karpathy order, five captions per image) and
+            ``folds_<size>`` otherwise. A :class:`ConfigError` when the images do not split
+            evenly.
+        eccv: on the COCO Karpathy 5k test split (:func:`coco_karpathy_test`), add ``eccv``:
+            ECCV Caption mAP@R, R-Precision, R@1 and CxC R@1 per direction.
 
     Raises :class:`NonFiniteError` for a non-finite encoding, uncertainty or score (a broken
     adapter), naming the method, the quantity and the first caption/image id it hit.
@@ -99,6 +163,10 @@ def evaluate_retrieval(
             f"{method.name}: cannot evaluate retrieval on a split with {n_image} images and "
             f"{n_text} captions"
         )
+    if fold_size is not None and fold_size < 1:
+        raise ConfigError(f"fold size must be >= 1, got {fold_size}")
+    karpathy = coco_karpathy_test(data) if eccv or fold_size == 1000 else None
+    folds = _folds(data, fold_size, karpathy) if fold_size is not None else None
     texts, images = encode_split(method, data)
     caption_ids, image_ids = _ids(data, "caption"), _ids(data, "image")
     text_unc = method.text_uncertainty_from(texts)
@@ -117,18 +185,28 @@ def evaluate_retrieval(
             )
         return scores
 
-    result = retrieval_metrics(
+    with_eccv = eccv and karpathy is not None
+    ranking = rank_pass(
         score_fn,
-        n_text=n_text,
-        n_image=n_image,
-        text_to_image=data.text_to_image,
-        text_uncertainty=text_unc,
-        image_uncertainty=image_unc,
-        ks=ks,
-        n_bins=n_bins,
+        n_text,
+        n_image,
+        data.text_to_image,
+        depth=max(max(ks), karpathy.i2t_depth if with_eccv else 0),
+        top_t2i=karpathy.t2i_depth if with_eccv else 1,
+        scale=method.calibration_scale(),
         chunk_size=chunk_size,
         progress=progress,
     )
+    result = ranking_metrics(ranking, ks, text_unc, image_unc, n_bins)
+    if with_eccv:
+        result["eccv"] = eccv_caption.eccv_metrics(ranking.t2i_top, ranking.i2t_top, karpathy)
+    if folds is not None:
+        per_fold = [
+            evaluate_retrieval(method, _subset(data, images, captions), n_bins=n_bins, ks=ks,
+                               chunk_size=chunk_size, eccv=False)
+            for images, captions in folds
+        ]  # fmt: skip
+        result[fold_key(fold_size)] = {**average_folds(per_fold), "fold_size": fold_size}
     result["method"] = method.name
     result["n_text"] = int(data.text_emb.shape[0])
     result["n_image"] = int(data.image_emb.shape[0])

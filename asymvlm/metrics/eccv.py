@@ -1,0 +1,138 @@
+"""ECCV Caption and CxC metrics on the COCO Karpathy 5k test split (Chun et al., ECCV 2022).
+
+COCO's retrieval ground truth marks one image per caption and five captions per image as
+positives, although many other pairs match. ECCV Caption adds machine- and human-verified
+positives for a subset of the test queries (1,332 captions, 1,261 images) and scores rankings by
+mAP@R and R-Precision over those positives (R = the query's number of positives) besides R@1;
+CxC (Crisscrossed Captions, Parekh et al., 2021) adds human-rated positives for every query
+and is reported as R@1. The ground truth ships with the ``eccv_caption`` package (no download);
+its :class:`eccv_caption.Metrics` computes the numbers from the ranked ids of each query.
+
+A table qualifies when it holds exactly the 5,000 Karpathy test images and all 25,000 captions
+of the ground truth, under COCO's ids (``coco-karpathy`` tables: image_id = the COCO image id,
+caption_id = the Karpathy sentid, which is COCO's caption annotation id). The gallery is the
+ground truth's 25,000 captions, five per image, as in the package's protocol: the split's few
+further captions (two of them ECCV positives, which thus can never be retrieved) are dropped
+from the i2t rankings (the ranking of the other captions is unchanged) and are no queries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["KarpathyTest", "eccv_metrics", "karpathy_test"]
+
+FOLD_CAPTIONS = 5000  # COCO 1K: five folds of 1000 images with their 5000 ground-truth captions
+
+
+@functools.cache
+def _ground_truth() -> Any:
+    """The ``eccv_caption.Metrics`` object (loads the package's ground-truth JSON files)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "failed to import `ujson`": the json module is used
+        from eccv_caption import Metrics
+
+        return Metrics()
+
+
+@dataclass(frozen=True)
+class KarpathyTest:
+    """How the rows of a table map onto the ECCV Caption ground truth."""
+
+    image_ids: np.ndarray  # [n_image] COCO image id of each image row
+    caption_ids: np.ndarray  # [n_text] COCO caption id of each caption row; -1: not in the GT
+    folds: tuple[tuple[np.ndarray, np.ndarray], ...]  # COCO 1K: (image rows, caption rows)
+    t2i_depth: int  # images needed per caption query (its most ECCV positives)
+    i2t_depth: int  # captions needed per image query, with the rows outside the GT
+
+
+def _as_int(ids: Sequence[str]) -> np.ndarray | None:
+    try:
+        return np.asarray([int(i) for i in ids], dtype=np.int64)
+    except (TypeError, ValueError):
+        return None
+
+
+def karpathy_test(image_ids: Sequence[str], caption_ids: Sequence[str]) -> KarpathyTest | None:
+    """The row maps of a table that holds the COCO Karpathy 5k test split, else None.
+
+    The images must be exactly the ground truth's 5,000 and the captions must include all of its
+    25,000 (by COCO id). ``folds`` are COCO 1K's: the ground truth's caption order (the Karpathy
+    test order, five captions per image) cut into five runs of 5000 captions and their images.
+    """
+    images, captions = _as_int(image_ids), _as_int(caption_ids)
+    if images is None or captions is None:
+        return None
+    gt = _ground_truth()
+    gt_captions = np.asarray(gt.coco_ids, dtype=np.int64)
+    caption_to_image = gt.coco_gts["t2i"]
+    if len(images) != len(gt.coco_gts["i2t"]) or not set(images.tolist()) == set(
+        gt.coco_gts["i2t"]
+    ):
+        return None
+    caption_row = {int(c): row for row, c in enumerate(captions.tolist())}
+    if len(caption_row) != len(captions) or any(int(c) not in caption_row for c in gt_captions):
+        return None
+    in_gt = np.isin(captions, gt_captions)
+    image_row = {int(i): row for row, i in enumerate(images.tolist())}
+    folds = []
+    for start in range(0, len(gt_captions), FOLD_CAPTIONS):
+        fold = gt_captions[start : start + FOLD_CAPTIONS]
+        owners = dict.fromkeys(caption_to_image[int(c)][0] for c in fold)  # ordered, unique
+        folds.append((np.asarray([image_row[i] for i in owners], dtype=np.int64),
+                      np.asarray([caption_row[int(c)] for c in fold], dtype=np.int64)))  # fmt: skip
+    eccv = gt.eccv_gts
+    return KarpathyTest(
+        image_ids=images,
+        caption_ids=np.where(in_gt, captions, -1),
+        folds=tuple(folds),
+        t2i_depth=max(len(v) for v in eccv["t2i"].values()),
+        i2t_depth=max(len(v) for v in eccv["i2t"].values()) + int((~in_gt).sum()),
+    )
+
+
+def eccv_metrics(
+    t2i_top: torch.Tensor, i2t_top: torch.Tensor, test: KarpathyTest
+) -> dict[str, dict[str, float]]:
+    """ECCV Caption mAP@R, R-Precision and R@1, and CxC R@1, in both directions.
+
+    Args:
+        t2i_top: ``[n_text, >= test.t2i_depth]`` image rows per caption row, best first.
+        i2t_top: ``[n_image, >= test.i2t_depth]`` caption rows per image row, best first.
+        test: the table's :func:`karpathy_test` maps.
+
+    Returns:
+        ``{"i2t": {"eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1"}, "t2i": {...}}``.
+    """
+    if t2i_top.shape[1] < test.t2i_depth or i2t_top.shape[1] < test.i2t_depth:
+        raise ValueError(
+            f"ECCV Caption needs the best {test.t2i_depth} images per caption and "
+            f"{test.i2t_depth} captions per image, got {t2i_top.shape[1]} and {i2t_top.shape[1]}"
+        )
+    image_ids, caption_ids = test.image_ids, test.caption_ids
+    t2i_ids = image_ids[t2i_top.cpu().numpy()]
+    i2t_ids = caption_ids[i2t_top.cpu().numpy()]
+    retrieved = {
+        "t2i": {int(c): t2i_ids[row].tolist() for row, c in enumerate(caption_ids) if c >= 0},
+        "i2t": {int(i): [c for c in i2t_ids[row].tolist() if c >= 0]
+                for row, i in enumerate(image_ids)},
+    }  # fmt: skip
+    gt = _ground_truth()
+    with contextlib.redirect_stderr(io.StringIO()):  # the package's unconditional tqdm bars
+        eccv = gt.eccv_metrics(retrieved, "all")
+        cxc = gt.cxc_recalls(retrieved, "all", K=1)
+    out: dict[str, dict[str, float]] = {}
+    for direction in ("i2t", "t2i"):
+        out[direction] = {key: float(eccv[key][direction])
+                          for key in ("eccv_map_at_r", "eccv_rprecision", "eccv_r1")}  # fmt: skip
+        out[direction]["cxc_r1"] = float(cxc[direction])
+    return out

@@ -1,0 +1,439 @@
+"""Cross-modal retrieval metrics (paper App. B) and the field's summaries of them.
+
+* Recall@K for text-to-image (t2i) and image-to-text (i2t) retrieval with several captions per
+  image. For i2t an image counts as a hit at K when *any* of its captions is among the K
+  best-scoring captions.
+* Per direction, from the same pass: the uncertainty-binned Recall@1 curve and its Spearman S /
+  R^2 (App. B, :mod:`asymvlm.metrics.uncertainty`), the selective-retrieval numbers AUROC,
+  AURC, E-AURC and risk-coverage points, and the ECE of the predictive softmax over the gallery
+  (:mod:`asymvlm.metrics.selective`).
+* RSUM, the sum of R@1, R@5 and R@10 of both directions in percent (0-600), and the COCO 1K
+  protocol: the metrics averaged over folds of 1000 images (:func:`average_folds`).
+
+Everything is memory-bounded: :func:`rank_pass` asks ``score_fn`` for blocks of at most
+``chunk_size`` captions against all images and never materialises the full
+``n_text x n_image`` score matrix (peak memory ``O(chunk_size * n_image)``). What it keeps per
+query (ranks, the best few items, the softmax normaliser) is ``O(n_text + n_image)`` times the
+number of items kept.
+
+Tie-breaking is deterministic and independent of ``chunk_size``: among equal scores the lower
+index (image for t2i, caption for i2t) ranks first.
+
+Non-finite scores (NaN, +inf, -inf) are never hits: they rank below every finite score, a caption
+whose paired image scores non-finite is a miss at every K (t2i), and a caption with a non-finite
+score never counts for an image (i2t), even when all of that image's candidates are non-finite.
+A broken model therefore scores Recall@K = 0, not 1 (``NaN > x`` is false for every ``x``, so
+counting better-scoring items would rank a NaN target first). Finite scores rank exactly as they
+would without the non-finite ones; in the predictive softmax they have probability 0 (a query
+with no finite score at all gets the uniform distribution).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from asymvlm.metrics.selective import (
+    aurc,
+    error_auroc,
+    expected_calibration_error,
+    risk_coverage,
+)
+from asymvlm.metrics.uncertainty import binned_recall, curve_statistics
+
+__all__ = [
+    "DIRECTIONS",
+    "ECE_BINS",
+    "RSUM_KS",
+    "Ranking",
+    "ScoreFn",
+    "average_folds",
+    "fold_key",
+    "image_folds",
+    "rank_pass",
+    "ranking_metrics",
+    "retrieval_metrics",
+    "rsum",
+]
+
+ScoreFn = Callable[[int, int], torch.Tensor]
+"""``score_fn(start, stop) -> [stop - start, n_image]`` scores of captions ``start..stop-1``
+against all images; higher means a better match."""
+
+DIRECTIONS = ("t2i", "i2t")
+ECE_BINS = 15  # Guo et al. (2017)
+RSUM_KS = (1, 5, 10)
+COVERAGE_POINTS = 20  # risk-coverage points at coverage 0.05, 0.10, ..., 1.0
+
+
+@dataclass
+class Ranking:
+    """What one pass over the caption chunks keeps (all on the CPU).
+
+    ``miss`` is the rank recorded for a query without a hit among its ``depth`` best items (or
+    with a non-finite paired score); every K of Recall@K must be ``<= depth``.
+    """
+
+    depth: int
+    t2i_rank: torch.Tensor  # [n_text] rank of the paired image, 0-based (``depth``: miss)
+    t2i_top: torch.Tensor  # [n_text, top_t2i] the best images per caption, best first
+    t2i_confidence: torch.Tensor  # [n_text] max of softmax(scale * scores) over the images
+    i2t_rank: torch.Tensor  # [n_image] rank of the first paired caption (``depth``: none)
+    i2t_top: torch.Tensor  # [n_image, min(depth, n_text)] the best captions, best first
+    i2t_confidence: torch.Tensor  # [n_image] max of softmax(scale * scores) over the captions
+    has_caption: torch.Tensor  # [n_image] bool; images without captions are left out of i2t
+
+
+def _lse_confidence(top: torch.Tensor, lse: torch.Tensor, n: int) -> torch.Tensor:
+    """max softmax = exp(top - logsumexp); uniform ``1 / n`` where no score is finite."""
+    conf = torch.exp(top - lse)
+    return torch.where(torch.isfinite(lse), conf, torch.full_like(conf, 1.0 / n))
+
+
+@torch.no_grad()
+def rank_pass(
+    score_fn: ScoreFn,
+    n_text: int,
+    n_image: int,
+    text_to_image: torch.Tensor,
+    *,
+    depth: int = 10,
+    top_t2i: int = 1,
+    scale: float = 100.0,
+    chunk_size: int = 1024,
+    progress: bool = False,
+) -> Ranking:
+    """One pass over caption chunks: ranks, the best items per query and softmax confidences.
+
+    Args:
+        score_fn: ``score_fn(start, stop)`` returns the ``[stop - start, n_image]`` scores of
+            captions ``start..stop-1`` against all images (higher = better). It is called once
+            per chunk, with at most ``chunk_size`` captions.
+        n_text: number of captions.
+        n_image: number of images.
+        text_to_image: ``[n_text]`` index of each caption's paired image.
+        depth: captions kept per image (a running top-``depth`` across chunks); the largest K
+            of Recall@K that the ranking answers.
+        top_t2i: images kept per caption in :attr:`Ranking.t2i_top`.
+        scale: logit scale of the predictive distribution ``softmax(scale * scores)`` over the
+            gallery whose top-1 probability is the confidence (a method's
+            ``calibration_scale()``). For i2t the softmax runs over all captions, so its
+            normaliser (a log-sum-exp per image) is accumulated across chunks.
+        chunk_size: captions scored per ``score_fn`` call.
+        progress: show a tqdm bar over chunks.
+    """
+    if n_text < 1 or n_image < 1:
+        raise ValueError(f"need n_text >= 1 and n_image >= 1, got {n_text}, {n_image}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if depth < 1 or top_t2i < 1:
+        raise ValueError(f"depth and top_t2i must be >= 1, got {depth}, {top_t2i}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive number, got {scale}")
+    text_to_image = torch.as_tensor(text_to_image).long().reshape(-1).cpu()
+    if text_to_image.shape[0] != n_text:
+        raise ValueError(f"text_to_image has {text_to_image.shape[0]} entries, expected {n_text}")
+    if int(text_to_image.min()) < 0 or int(text_to_image.max()) >= n_image:
+        raise ValueError("text_to_image has indices outside [0, n_image)")
+
+    k_i2t = min(depth, n_text)  # captions kept per image in the running top-k
+    k_t2i = min(top_t2i, n_image)
+
+    t2i_rank = torch.empty(n_text, dtype=torch.long)  # rank of the paired image, 0-based
+    t2i_top = torch.empty(n_text, k_t2i, dtype=torch.long)
+    t2i_conf = torch.empty(n_text, dtype=torch.float64)
+    run_vals: torch.Tensor | None = None  # [<= k_i2t, n_image] best caption scores per image
+    run_idx: torch.Tensor | None = None  # [<= k_i2t, n_image] their caption indices
+    run_lse: torch.Tensor | None = None  # [n_image] logsumexp over captions of scale * score
+    pairs_dev: torch.Tensor | None = None
+
+    starts = range(0, n_text, chunk_size)
+    for start in tqdm(starts, desc="retrieval", disable=not progress, leave=False):
+        stop = min(start + chunk_size, n_text)
+        scores = score_fn(start, stop)
+        if tuple(scores.shape) != (stop - start, n_image):
+            raise ValueError(
+                f"score_fn({start}, {stop}) returned shape {tuple(scores.shape)}, "
+                f"expected {(stop - start, n_image)}"
+            )
+        scores = scores.detach()
+        if not scores.is_floating_point():
+            scores = scores.float()
+        device = scores.device
+        if pairs_dev is None or pairs_dev.device != device:
+            pairs_dev = text_to_image.to(device)
+        target = pairs_dev[start:stop]
+        # Non-finite scores become -inf: below every finite score, so they never outrank one
+        # (a copy, never the caller's tensor; only made when the chunk has a non-finite entry).
+        finite = torch.isfinite(scores)
+        if not bool(finite.all()):
+            scores = scores.masked_fill(~finite, -math.inf)
+
+        # --- t2i: rank of the paired image (ties: lower image index first) -------------------
+        target_score = scores.gather(1, target[:, None])
+        image_ids = torch.arange(n_image, device=device)
+        rank = (scores > target_score).sum(dim=1) + (
+            (scores == target_score) & (image_ids[None, :] < target[:, None])
+        ).sum(dim=1)
+        # A non-finite paired score is a miss at every K (rank `depth` is outside every top-K).
+        rank = torch.where(target_score[:, 0] == -math.inf, depth, rank)
+        t2i_rank[start:stop] = rank.cpu()
+        if k_t2i == 1:
+            t2i_top[start:stop, 0] = scores.argmax(dim=1).cpu()  # first maximum = lowest index
+        else:
+            order = torch.sort(scores, dim=1, descending=True, stable=True).indices
+            t2i_top[start:stop] = order[:, :k_t2i].cpu()
+            del order
+
+        # --- predictive softmax(scale * scores): t2i per caption, i2t normaliser per image ---
+        logits = scores.double() * scale
+        row_lse = torch.logsumexp(logits, dim=1)
+        t2i_conf[start:stop] = _lse_confidence(logits.max(dim=1).values, row_lse, n_image).cpu()
+        col_lse = torch.logsumexp(logits, dim=0)
+        run_lse = col_lse if run_lse is None else torch.logaddexp(run_lse.to(device), col_lse)
+        del logits
+
+        # --- i2t: merge the chunk into the running top-k captions per image ------------------
+        chunk_ids = torch.arange(start, stop, device=device)[:, None].expand(-1, n_image)
+        if run_vals is None:
+            cand_vals, cand_idx = scores, chunk_ids
+        else:
+            # Running entries come first and have lower caption indices, so a stable sort
+            # keeps "lower caption index first" among ties regardless of chunking.
+            cand_vals = torch.cat([run_vals.to(device), scores], dim=0)
+            cand_idx = torch.cat([run_idx.to(device), chunk_ids], dim=0)
+        keep = min(k_i2t, cand_vals.shape[0])
+        order = torch.sort(cand_vals, dim=0, descending=True, stable=True).indices[:keep]
+        run_vals = cand_vals.gather(0, order)
+        run_idx = cand_idx.gather(0, order)
+        del scores, cand_vals, cand_idx, order
+
+    assert run_idx is not None and run_vals is not None and run_lse is not None
+    top_captions = run_idx.cpu()  # [k_i2t, n_image]
+    top_scores = run_vals.cpu()
+
+    # i2t rank of the first paired caption among the top-k (`depth` when none is there); a
+    # non-finite score (-inf here, sorted after every finite one) is never a hit.
+    image_ids = torch.arange(n_image)
+    is_pair = text_to_image[top_captions] == image_ids[None, :]  # [k_i2t, n_image]
+    is_pair &= top_scores != -math.inf
+    pos = torch.arange(top_captions.shape[0])[:, None].expand_as(is_pair)
+    i2t_rank = torch.where(is_pair, pos, torch.full_like(pos, depth)).min(dim=0).values
+    i2t_conf = _lse_confidence(top_scores[0].double() * scale, run_lse.cpu(), n_text)
+    return Ranking(
+        depth=depth,
+        t2i_rank=t2i_rank,
+        t2i_top=t2i_top,
+        t2i_confidence=t2i_conf,
+        i2t_rank=i2t_rank,
+        i2t_top=top_captions.T.contiguous(),
+        i2t_confidence=i2t_conf,
+        has_caption=torch.bincount(text_to_image, minlength=n_image) > 0,
+    )
+
+
+def _direction_result(
+    hit_rank: torch.Tensor,
+    confidence: torch.Tensor,
+    ks: Sequence[int],
+    uncertainty: torch.Tensor | None,
+    source: str | None,
+    n_bins: int,
+) -> dict:
+    """Assemble one direction's result from the rank of the first hit (``>= max(ks)``: none)."""
+    out: dict = {}
+    for k in ks:
+        out[f"recall@{k}"] = float((hit_rank < k).double().mean())
+    hit = hit_rank == 0
+    out["ece"] = expected_calibration_error(confidence, hit, ECE_BINS)
+    if uncertainty is None:
+        out["binned_recall@1"] = None
+        out["spearman"] = None
+        out["r2"] = None
+        out["auroc"] = out["aurc"] = out["e_aurc"] = None
+        out["risk_coverage"] = None
+        out["uncertainty_source"] = None
+    else:
+        binned = binned_recall(hit, uncertainty, n_bins)
+        rho, r2 = curve_statistics(binned)
+        out["binned_recall@1"] = binned
+        out["spearman"] = rho
+        out["r2"] = r2
+        error = ~hit
+        out["auroc"] = error_auroc(uncertainty, error)
+        out["aurc"], out["e_aurc"] = aurc(uncertainty, error.double())
+        out["risk_coverage"] = risk_coverage(uncertainty, error.double(), COVERAGE_POINTS)
+        out["uncertainty_source"] = source
+    return out
+
+
+def ranking_metrics(
+    ranking: Ranking,
+    ks: Sequence[int] = (1, 5, 10),
+    text_uncertainty: torch.Tensor | None = None,
+    image_uncertainty: torch.Tensor | None = None,
+    n_bins: int = 10,
+) -> dict[str, Any]:
+    """The metrics of :func:`retrieval_metrics` from a :class:`Ranking` (see there)."""
+    ks = [int(k) for k in ks]
+    if not ks or min(ks) < 1:
+        raise ValueError(f"ks must be non-empty positive integers, got {ks}")
+    if max(ks) > ranking.depth:
+        raise ValueError(f"K = {max(ks)} exceeds the ranking's depth {ranking.depth}")
+    n_text, n_image = ranking.t2i_rank.shape[0], ranking.i2t_rank.shape[0]
+    if text_uncertainty is not None:
+        text_uncertainty = torch.as_tensor(text_uncertainty).detach().reshape(-1).cpu()
+        if text_uncertainty.shape[0] != n_text:
+            raise ValueError("text_uncertainty must have n_text entries")
+    if image_uncertainty is not None:
+        image_uncertainty = torch.as_tensor(image_uncertainty).detach().reshape(-1).cpu()
+        if image_uncertainty.shape[0] != n_image:
+            raise ValueError("image_uncertainty must have n_image entries")
+    has_caption = ranking.has_caption
+
+    # --- uncertainty sources -----------------------------------------------------------------
+    if text_uncertainty is not None:
+        t2i_unc, t2i_src = text_uncertainty, "text"
+        i2t_unc = text_uncertainty[ranking.i2t_top[:, 0]][has_caption]
+        i2t_src = "retrieved_text"
+    elif image_uncertainty is not None:
+        t2i_unc, t2i_src = image_uncertainty[ranking.t2i_top[:, 0]], "retrieved_image"
+        i2t_unc, i2t_src = image_uncertainty[has_caption], "image"
+    else:
+        t2i_unc = t2i_src = i2t_unc = i2t_src = None
+
+    out: dict[str, Any] = {
+        "t2i": _direction_result(ranking.t2i_rank, ranking.t2i_confidence, ks, t2i_unc, t2i_src,
+                                 n_bins),
+        "i2t": _direction_result(ranking.i2t_rank[has_caption],
+                                 ranking.i2t_confidence[has_caption], ks, i2t_unc, i2t_src,
+                                 n_bins),
+    }  # fmt: skip
+    out["rsum"] = rsum(out)
+    return out
+
+
+@torch.no_grad()
+def retrieval_metrics(
+    score_fn: ScoreFn,
+    n_text: int,
+    n_image: int,
+    text_to_image: torch.Tensor,
+    text_uncertainty: torch.Tensor | None = None,
+    image_uncertainty: torch.Tensor | None = None,
+    ks: Sequence[int] = (1, 5, 10),
+    n_bins: int = 10,
+    chunk_size: int = 1024,
+    progress: bool = False,
+    scale: float = 100.0,
+) -> dict[str, Any]:
+    """Recall@K, uncertainty-binned Recall@1, selective risk and ECE in both directions.
+
+    Args:
+        score_fn: ``score_fn(start, stop)`` returns the ``[stop - start, n_image]`` scores of
+            captions ``start..stop-1`` against all images (higher = better). It is called once
+            per chunk, with at most ``chunk_size`` captions.
+        n_text: number of captions.
+        n_image: number of images.
+        text_to_image: ``[n_text]`` index of each caption's paired image.
+        text_uncertainty: optional ``[n_text]`` caption uncertainty (higher = more uncertain).
+        image_uncertainty: optional ``[n_image]`` image uncertainty.
+        ks: the K of Recall@K.
+        n_bins: number of equal-count uncertainty bins.
+        chunk_size: captions scored per ``score_fn`` call.
+        progress: show a tqdm bar over chunks.
+        scale: logit scale of the predictive softmax whose ECE is reported (a method's
+            ``calibration_scale()``: its trained temperature, else CLIP's 100).
+
+    Returns:
+        ``{"t2i": {...}, "i2t": {...}, "rsum": float | None}``; each direction holds
+        ``"recall@K"`` per K, ``"ece"`` (15 equal-width confidence bins), ``"binned_recall@1"``
+        (list or ``None``), ``"spearman"``, ``"r2"``, ``"auroc"``, ``"aurc"``, ``"e_aurc"``
+        (top-1 errors against the binning uncertainty; float or ``None``), ``"risk_coverage"``
+        (``{"coverage": [0.05, ..., 1.0], "risk": [...]}`` or ``None``) and
+        ``"uncertainty_source"``. ``"rsum"`` is R@1 + R@5 + R@10 of both directions in percent
+        (``None`` unless ``ks`` include 1, 5 and 10).
+
+    Semantics:
+        * t2i: caption m hits at K when its paired image is among the K best images.
+          Binning uses the caption's own uncertainty (``"text"``), else the uncertainty of its
+          top-1 retrieved image (``"retrieved_image"``).
+        * i2t: image n hits at K when any caption paired with n is among the K best captions.
+          Images without any caption are excluded from i2t (recall, ECE and binning). Binning
+          uses the uncertainty of the image's top-1 retrieved caption (``"retrieved_text"``,
+          the official protocol), else the image's own uncertainty (``"image"``).
+        * ECE: the predictive distribution of a query is ``softmax(scale * scores)`` over the
+          gallery (t2i: over the images, per caption; i2t: over the captions, per image), its
+          confidence the top-1 probability and it is correct on a top-1 hit (i2t: the best
+          caption belongs to the image).
+        * A non-finite score (NaN, +inf, -inf) ranks below every finite one and is never a hit:
+          a caption whose paired image scores non-finite misses at every K, and a caption scoring
+          non-finite against an image never counts for it in i2t.
+    """
+    ks = [int(k) for k in ks]
+    if not ks or min(ks) < 1:
+        raise ValueError(f"ks must be non-empty positive integers, got {ks}")
+    ranking = rank_pass(score_fn, n_text, n_image, text_to_image, depth=max(ks), scale=scale,
+                        chunk_size=chunk_size, progress=progress)  # fmt: skip
+    return ranking_metrics(ranking, ks, text_uncertainty, image_uncertainty, n_bins)
+
+
+def rsum(result: Mapping[str, Any]) -> float | None:
+    """RSUM: R@1 + R@5 + R@10 of t2i and i2t in percent (0-600), the field's one-number summary
+    of retrieval; None when a direction lacks one of these recalls."""
+    values = [result.get(d, {}).get(f"recall@{k}") for d in DIRECTIONS for k in RSUM_KS]
+    if any(v is None for v in values):
+        return None
+    return float(100.0 * sum(values))
+
+
+def image_folds(n_image: int, fold_size: int) -> list[np.ndarray]:
+    """Image rows of the folds: ``n_image // fold_size`` runs of ``fold_size`` consecutive
+    images (COCO 1K: five folds of 1000 of the 5K test images); :class:`ValueError` unless
+    ``fold_size`` divides ``n_image``."""
+    if fold_size < 1 or n_image % fold_size:
+        raise ValueError(f"{n_image} images do not split into folds of {fold_size}")
+    return [np.arange(s, s + fold_size) for s in range(0, n_image, fold_size)]
+
+
+def fold_key(fold_size: int) -> str:
+    """The result key of fold-averaged metrics: ``coco_1k`` for folds of 1000, else
+    ``folds_<size>``."""
+    return "coco_1k" if fold_size == 1000 else f"folds_{fold_size}"
+
+
+_NOT_AVERAGED = frozenset({"binned_recall@1", "risk_coverage", "uncertainty_source"})
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def average_folds(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The mean over folds of every number in each direction (``None`` when a fold has none),
+    and the RSUM of the mean recalls; curves, lists and names are left out.
+
+    Returns:
+        ``{"t2i": {...}, "i2t": {...}, "rsum": float | None, "n_folds": int}``.
+    """
+    if not results:
+        raise ValueError("no folds to average")
+    out: dict[str, Any] = {}
+    for direction in DIRECTIONS:
+        means: dict[str, float | None] = {}
+        for key in results[0][direction]:
+            if key in _NOT_AVERAGED:
+                continue
+            values = [r[direction].get(key) for r in results]
+            numbers = [float(v) for v in values if _is_number(v)]
+            means[key] = float(np.mean(numbers)) if len(numbers) == len(values) else None
+        out[direction] = means
+    out["rsum"] = rsum(out)
+    out["n_folds"] = len(results)
+    return out

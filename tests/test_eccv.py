@@ -1,0 +1,247 @@
+"""ECCV Caption / CxC and the COCO 1K folds on a fake COCO Karpathy 5k test table.
+
+The table carries the real test ids (read from the ``eccv_caption`` package's ground truth) plus
+ten captions outside it (as the Karpathy split's sixth and seventh captions), in our readers'
+order (images and captions sorted by id string). Its scores are a closed-form function of
+(caption row, image row): deterministic noise in [0, 1) plus a bonus for chosen pairs, so the
+answers are known (or computable without the code under test).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from asymvlm import tables
+from asymvlm.evaluation import evaluate_retrieval
+from asymvlm.evaluation.retrieval import coco_karpathy_test
+from asymvlm.methods.base import Method
+from asymvlm.metrics import eccv, rank_pass
+from asymvlm.results import retrieval_metric_names
+from asymvlm.training import SplitTensors
+
+GT = eccv._ground_truth()
+N_EXTRA = 10
+
+
+def _pairs(relation: str) -> dict[int, set[int]]:
+    """caption id -> image ids of ``relation`` ("eccv", "cxc", "original") in both directions."""
+    gts = {"eccv": GT.eccv_gts, "cxc": GT.cxc_gts, "original": GT.coco_gts}[relation]
+    out: dict[int, set[int]] = {}
+    for c, images in gts["t2i"].items():
+        out.setdefault(c, set()).update(images)
+    for i, captions in gts["i2t"].items():
+        for c in captions:
+            out.setdefault(c, set()).add(i)
+    return out
+
+
+class _Table:
+    """Row order of the fake table: images by id string, captions by (image, caption) string."""
+
+    def __init__(self) -> None:
+        images = sorted(GT.coco_gts["i2t"], key=str)
+        owner = {c: ids[0] for c, ids in GT.coco_gts["t2i"].items()}
+        # Captions outside the 25,000: the two ECCV positives that are not among them (given to
+        # the image they are positive for) and made-up ids.
+        for i, captions in GT.eccv_gts["i2t"].items():
+            owner.update({c: i for c in captions if c not in owner})
+        fake = 10**9
+        owner.update({fake + k: images[k] for k in range(N_EXTRA - len(owner) + 25000)})
+        captions = sorted(owner, key=lambda c: (str(owner[c]), str(c)))
+        self.image_ids = [str(i) for i in images]
+        self.caption_ids = [str(c) for c in captions]
+        self.image_row = {i: r for r, i in enumerate(images)}
+        self.caption_row = {c: r for r, c in enumerate(captions)}
+        self.text_to_image = torch.tensor([self.image_row[owner[c]] for c in captions])
+        self.n_text, self.n_image = len(captions), len(images)
+
+    def pairs(self, relation: str) -> torch.Tensor:
+        """``[n_text, n_image]`` bool: the relation's pairs (caption row, image row)."""
+        rows = [(self.caption_row[c], self.image_row[i])
+                for c, images in _pairs(relation).items() for i in images]  # fmt: skip
+        mask = torch.zeros(self.n_text, self.n_image, dtype=torch.bool)
+        mask[tuple(torch.tensor(rows).T)] = True
+        return mask
+
+
+TABLE = _Table()
+
+
+def _noise(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """A fixed pseudo-random number in [0, 1) per (caption row, image row)."""
+    x = torch.sin(rows.double()[:, None] * 12.9898 + cols.double()[None, :] * 78.233)
+    return torch.frac(torch.abs(x * 43758.5453))
+
+
+def _scores(rows: torch.Tensor, cols: torch.Tensor, pairs: torch.Tensor, bonus: float):
+    return _noise(rows, cols) + bonus * pairs[rows][:, cols].double()
+
+
+def _score_fn(pairs: torch.Tensor, bonus: float):
+    cols = torch.arange(TABLE.n_image)
+    return lambda start, stop: _scores(torch.arange(start, stop), cols, pairs, bonus)
+
+
+def _eccv(relation: str, bonus: float) -> dict:
+    test = eccv.karpathy_test(TABLE.image_ids, TABLE.caption_ids)
+    assert test is not None
+    ranking = rank_pass(_score_fn(TABLE.pairs(relation), bonus), TABLE.n_text, TABLE.n_image,
+                        TABLE.text_to_image, depth=test.i2t_depth, top_t2i=test.t2i_depth,
+                        chunk_size=4096)  # fmt: skip
+    return eccv.eccv_metrics(ranking.t2i_top, ranking.i2t_top, test)
+
+
+def test_the_table_maps_onto_the_ground_truth() -> None:
+    test = eccv.karpathy_test(TABLE.image_ids, TABLE.caption_ids)
+    assert test is not None
+    assert (test.caption_ids == -1).sum() == N_EXTRA
+    assert sorted(test.caption_ids[test.caption_ids >= 0].tolist()) == sorted(GT.coco_ids.tolist())
+    assert [len(i) for i, _ in test.folds] == [1000] * 5
+    assert [len(c) for _, c in test.folds] == [5000] * 5
+    # Fold 0 is the first 1000 images of the Karpathy order, with their five captions each.
+    first = [int(c) for c in GT.coco_ids[:5000]]
+    assert [int(TABLE.caption_ids[r]) for r in test.folds[0][1]] == first
+    owners = {GT.coco_gts["t2i"][c][0] for c in first}
+    assert {int(TABLE.image_ids[r]) for r in test.folds[0][0]} == owners
+    # Depths: the most ECCV positives of a query (+ the captions outside the ground truth).
+    assert test.t2i_depth == max(len(v) for v in GT.eccv_gts["t2i"].values())
+    assert test.i2t_depth == max(len(v) for v in GT.eccv_gts["i2t"].values()) + N_EXTRA
+
+
+def test_other_tables_do_not_qualify() -> None:
+    assert eccv.karpathy_test(TABLE.image_ids[:-1], TABLE.caption_ids) is None  # an image short
+    missing = [c for c in TABLE.caption_ids if c != str(GT.coco_ids[7])]
+    assert eccv.karpathy_test(TABLE.image_ids, missing) is None  # a ground-truth caption short
+    assert eccv.karpathy_test(["a"] * 5000, TABLE.caption_ids) is None  # not COCO ids
+
+
+def _best_eccv() -> dict[str, dict[str, float]]:
+    """ECCV metrics when every query's positives rank first. i2t: a query whose R positives
+    include captions outside the 25,000 (never ranked, as in the package's protocol) gets m / R
+    with its m rankable positives first."""
+    gallery = {int(c) for c in GT.coco_ids}
+    share = [len(set(v) & gallery) / len(v) for v in GT.eccv_gts["i2t"].values()]
+    assert min(share) < 1.0  # the ground truth has such queries
+    i2t = float(np.mean(share))
+    return {"i2t": {"eccv_map_at_r": i2t, "eccv_rprecision": i2t, "eccv_r1": 1.0},
+            "t2i": {"eccv_map_at_r": 1.0, "eccv_rprecision": 1.0, "eccv_r1": 1.0}}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_eccv_positives_last_score_zero() -> None:
+    worst = _eccv("eccv", -2.0)
+    for direction in ("i2t", "t2i"):
+        assert set(worst[direction]) == {"eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1"}
+        for key in ("eccv_map_at_r", "eccv_rprecision", "eccv_r1"):
+            assert worst[direction][key] == 0.0, (direction, key)
+
+
+@pytest.mark.slow
+def test_cxc_positives_first_give_cxc_recall_one() -> None:
+    res = _eccv("cxc", 2.0)
+    assert res["i2t"]["cxc_r1"] == 1.0 and res["t2i"]["cxc_r1"] == 1.0
+    # The noise alone does not rank ECCV positives first.
+    assert res["t2i"]["eccv_map_at_r"] < 1.0
+
+
+# -- through evaluate_retrieval: manifest detection, the COCO 1K folds, MLflow names ----------
+class _RowScores(Method):
+    """Scores by row index (the embedding's first coordinate): :func:`_scores`."""
+
+    name = "row-scores"
+
+    def __init__(self, pairs: torch.Tensor, bonus: float) -> None:
+        super().__init__(dim=1)
+        self.pairs, self.bonus = pairs, bonus
+
+    def encode_texts(self, text_emb):
+        return {"row": text_emb[:, 0]}
+
+    def encode_images(self, image_emb):
+        return {"row": image_emb[:, 0]}
+
+    def score(self, texts, images):
+        rows, cols = texts["row"].long(), images["row"].long()
+        return _scores(rows, cols, self.pairs, self.bonus).float()
+
+
+def _data(dataset: str = "coco-karpathy", split: str = "test") -> SplitTensors:
+    described = {"dataset": dataset, "split": split, "karpathy_splits": [split]}
+    manifest = tables.Manifest(dim=1, model="fake", extra={"splits": {"test": described}})
+    image_rows = np.arange(TABLE.n_image, dtype=np.float32)[:, None]
+    text_rows = np.arange(TABLE.n_text, dtype=np.float32)[:, None]
+    emb = tables.EmbeddingSplit(
+        image_ids=TABLE.image_ids, image_embeddings=image_rows, caption_ids=TABLE.caption_ids,
+        text_image_index=TABLE.text_to_image.numpy(), texts=[""] * TABLE.n_text,
+        text_embeddings=text_rows, text_norms=None, extra_text_columns={}, manifest=manifest,
+    )  # fmt: skip
+    return SplitTensors(image_emb=torch.from_numpy(image_rows),
+                        text_emb=torch.from_numpy(text_rows), text_to_image=TABLE.text_to_image,
+                        split=emb)  # fmt: skip
+
+
+def _fold_top10(test: eccv.KarpathyTest, pairs: torch.Tensor, bonus: float):
+    """Independent COCO 1K rankings: per query, its fold's 10 best items (COCO ids)."""
+    t2i, i2t = {}, {}
+    for images, captions in test.folds:
+        rows, cols = torch.from_numpy(captions), torch.from_numpy(images)
+        s = _scores(rows, cols, pairs, bonus)
+        top_images = cols[torch.sort(s, dim=1, descending=True, stable=True).indices[:, :10]]
+        for r, top in zip(captions.tolist(), top_images.tolist(), strict=True):
+            t2i[int(TABLE.caption_ids[r])] = [int(TABLE.image_ids[i]) for i in top]
+        top_captions = rows[torch.sort(s, dim=0, descending=True, stable=True).indices[:10]]
+        for i, top in zip(images.tolist(), top_captions.T.tolist(), strict=True):
+            i2t[int(TABLE.image_ids[i])] = [int(TABLE.caption_ids[c]) for c in top]
+    return {"i2t": i2t, "t2i": t2i}
+
+
+@pytest.mark.slow
+def test_evaluate_adds_eccv_and_coco_1k_on_the_karpathy_test_split() -> None:
+    pairs = TABLE.pairs("eccv")
+    method = _RowScores(pairs, 2.0)  # ECCV positives first
+    res = evaluate_retrieval(method, _data(), fold_size=1000, chunk_size=4096)
+    json.dumps(res, allow_nan=False)
+    assert res["n_text"] == 25000 + N_EXTRA and res["n_image"] == 5000
+    best = _best_eccv()
+    for direction in ("i2t", "t2i"):
+        for key, value in best[direction].items():
+            assert res["eccv"][direction][key] == pytest.approx(value, abs=1e-12), key
+        assert 0.0 < res["eccv"][direction]["cxc_r1"] < 1.0
+    # COCO 1K = the package's five-fold recall over independently ranked folds.
+    coco = res["coco_1k"]
+    assert coco["n_folds"] == 5 and coco["fold_size"] == 1000
+    test = eccv.karpathy_test(TABLE.image_ids, TABLE.caption_ids)
+    retrieved = _fold_top10(test, pairs, 2.0)
+    for k in (1, 5, 10):
+        ref = GT.coco_1k_recalls(retrieved, "all", K=k)
+        for direction in ("i2t", "t2i"):
+            assert coco[direction][f"recall@{k}"] == pytest.approx(ref[direction], abs=1e-12)
+    assert 0.0 < coco["t2i"]["recall@1"] < 1.0 and 0.0 < coco["i2t"]["recall@1"] < 1.0
+    recalls = [coco[d][f"recall@{k}"] for d in ("t2i", "i2t") for k in (1, 5, 10)]
+    assert coco["rsum"] == pytest.approx(100 * sum(recalls))
+    names = retrieval_metric_names(res)
+    assert names["eccv_i2t_map_at_r"] == res["eccv"]["i2t"]["eccv_map_at_r"]
+    assert names["eccv_t2i_rprecision"] == res["eccv"]["t2i"]["eccv_rprecision"]
+    assert names["eccv_t2i_r1"] == res["eccv"]["t2i"]["eccv_r1"]
+    assert names["cxc_t2i_r1"] == res["eccv"]["t2i"]["cxc_r1"]
+    assert names["coco1k_t2i_recall_at_1"] == coco["t2i"]["recall@1"]
+    assert names["coco1k_i2t_ece"] == coco["i2t"]["ece"]
+    assert names["coco1k_rsum"] == coco["rsum"] and names["rsum"] == res["rsum"]
+
+
+@pytest.mark.parametrize(("dataset", "split"), [("coco", "test"), ("coco-karpathy", "val")])
+def test_a_manifest_of_another_split_gets_no_eccv(dataset, split) -> None:
+    """The ids are the test split's, but the manifest records another data set or split."""
+    assert coco_karpathy_test(_data()) is not None
+    assert coco_karpathy_test(_data(dataset, split)) is None
+
+
+def test_a_sample_of_the_karpathy_test_split_gets_no_eccv() -> None:
+    method = _RowScores(TABLE.pairs("original"), 0.4)
+    sub = _data().subset(np.arange(100), np.flatnonzero(TABLE.text_to_image.numpy() < 100))
+    assert eccv.karpathy_test(sub.split.image_ids, sub.split.caption_ids) is None
+    assert "eccv" not in evaluate_retrieval(method, sub)
