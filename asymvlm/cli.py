@@ -382,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="OOD suite: perturb captions first (typos, word_order, synonyms, "
                         "casing; severity 1-5); the original stays in clean_text")  # fmt: skip
     p.add_argument("--perturbation-seed", type=int, default=0, help="seed of the perturbations")
+    p.add_argument("--pre-projection", action="store_true",
+                   help="also write the pre-projection features and ROOT/projection.npz (CLIP "
+                        "only), which the bayesvlm method needs")  # fmt: skip
     p.set_defaults(func=_cmd_embed)
 
     _add_analyze(sub)
@@ -565,6 +568,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
         image_perturbation=args.image_perturbation,
         text_perturbation=args.text_perturbation,
         perturbation_seed=args.perturbation_seed,
+        pre_projection=args.pre_projection,
     )
     summary = run_embed(cfg)
     print(json.dumps(summary, indent=2))

@@ -192,3 +192,57 @@ def test_perturbed_copies_for_the_ood_suite(ray_session, tiny_clip, hierarcaps_c
     assert np.all(moved > 1e-4)  # every image was re-encoded from its perturbed pixels
     with pytest.raises(ValueError, match="KIND:SEVERITY"):
         EmbedConfig(output=noisy, image_perturbation="blur:9", **base)
+
+
+def test_pre_projection_columns_and_projection(ray_session, tiny_clip, tmp_path) -> None:
+    """--pre-projection: W @ pre is the raw projection (embedding * norm) of every row, the
+    columns round-trip through read_split / load_split, and the manifest records pre_dim."""
+    from asymvlm.cli import main as cli_main
+    from asymvlm.training import load_split
+    from tests.helpers import hierarcaps_subset
+
+    csv, images = hierarcaps_subset(tmp_path / "hc", n=6)
+    out = str(tmp_path / "tables")
+    code = cli_main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images", images,
+                     "--model", tiny_clip, "--split", "test", "--output", out, "--batch-size", "4",
+                     "--shard-size", "4", "--pre-projection"])  # fmt: skip
+    assert code == 0
+    manifest = tables.read_manifest(out)
+    assert manifest.pre_dim == {"image": 32, "text": 32}  # the tiny CLIP's hidden sizes
+    projection = tables.read_projection(out)
+    assert projection["image"].shape == projection["text"].shape == (manifest.dim, 32)
+    split = tables.read_split(out, "test")
+    assert split.image_features_pre.shape == (6, 32)
+    assert split.text_features_pre.shape == (24, 32)
+    raw_images = split.image_embeddings * split.image_norms[:, None]
+    raw_texts = split.text_embeddings * split.text_norms[:, None]
+    np.testing.assert_allclose(split.image_features_pre @ projection["image"].T, raw_images,
+                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(split.text_features_pre @ projection["text"].T, raw_texts,
+                               atol=1e-5)  # fmt: skip
+    # The features are the frozen encoder's for that very caption.
+    from asymvlm.data.encoder import Encoder
+
+    encoder = Encoder(tiny_clip, device="cpu")
+    _, _, pre = encoder.encode_texts(split.texts[:5], pre=True)
+    np.testing.assert_allclose(split.text_features_pre[:5], pre, atol=1e-5)
+    data = load_split(out, "test")
+    np.testing.assert_array_equal(data.text_pre.numpy(), split.text_features_pre)
+    np.testing.assert_array_equal(data.image_pre.numpy(), split.image_features_pre)
+    np.testing.assert_array_equal(data.image_projection.numpy(), projection["image"])
+    np.testing.assert_array_equal(data.image_norm.numpy(), split.image_norms)
+
+
+def test_pre_projection_is_refused_for_siglip(tmp_path, capsys) -> None:
+    from asymvlm.cli import main as cli_main
+    from asymvlm.data.tiny import save_tiny_siglip
+
+    siglip = save_tiny_siglip(str(tmp_path / "siglip"))
+    csv, images = os.path.join(HIERARCAPS, "hierarcaps_test.csv"), str(tmp_path)
+    code = cli_main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images", images,
+                     "--model", siglip, "--split", "test", "--output", str(tmp_path / "out"),
+                     "--pre-projection"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "pre_projection" in err and "CLIP models only" in err and "Traceback" not in err
+    assert not os.path.exists(tmp_path / "out")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -607,3 +608,136 @@ def test_parts_with_other_columns_name_both_files(root: str) -> None:
         read_split(root, "test")
     img0, img1 = _part(root, "images", 0), _part(root, "images", 1)
     assert str(exc.value).startswith(f"{img1}: missing column 'label' present in {img0}")
+
+
+# -- image norms, pre-projection columns and the projection file ------------------------------
+
+PRE = {"image": 6, "text": 5}
+
+
+@pytest.fixture
+def pre_root(tmp_path: Path) -> str:
+    r = str(tmp_path / "pre")
+    write_manifest(r, {"dim": DIM, "model": "m", "pre_dim": PRE})
+    return r
+
+
+def _pre_data(seed: int = 0) -> dict:
+    d = _data(seed)
+    rng = np.random.default_rng(seed + 100)
+    d.update(
+        image_norms=rng.uniform(5.0, 15.0, 5).astype(np.float32),
+        image_features_pre=rng.standard_normal((5, PRE["image"])).astype(np.float32),
+        text_features_pre=rng.standard_normal((12, PRE["text"])).astype(np.float32),
+    )
+    return d
+
+
+def test_pre_projection_columns_round_trip(pre_root: str) -> None:
+    d = _pre_data()
+    write_split(pre_root, "test", **d)
+    s = read_split(pre_root, "test")
+    assert s.manifest.pre_dim == PRE
+    np.testing.assert_array_equal(s.image_norms, d["image_norms"])
+    np.testing.assert_array_equal(s.image_features_pre, d["image_features_pre"])
+    np.testing.assert_array_equal(s.text_features_pre, d["text_features_pre"])
+    assert s.extra_image_columns == {}  # norm and the features are contract columns
+    img_file, txt_file = _split_files(pre_root)
+    field = pq.read_schema(img_file).field("image_features_pre")
+    assert field.type == pa.list_(pa.float32(), PRE["image"])
+    sub = s.subset(np.array([3, 1]), np.flatnonzero(np.isin(s.text_image_index, [3, 1])))
+    np.testing.assert_array_equal(sub.image_features_pre, d["image_features_pre"][[3, 1]])
+    np.testing.assert_array_equal(sub.image_norms, d["image_norms"][[3, 1]])
+    rows = np.flatnonzero(np.isin(s.text_image_index, [3, 1]))
+    np.testing.assert_array_equal(sub.text_features_pre, d["text_features_pre"][rows])
+    # absent columns cost nothing and read as None
+    plain = str(Path(pre_root).parent / "plain")
+    write_manifest(plain, {"dim": DIM, "model": "m"})
+    write_split(plain, "test", **_data())
+    s = read_split(plain, "test")
+    assert s.image_norms is s.image_features_pre is s.text_features_pre is None
+
+
+def test_pre_projection_wrong_width_nan_and_missing_pre_dim(pre_root: str, root: str) -> None:
+    d = _pre_data()
+    write_split(pre_root, "test", **d)
+    img, txt = _split_files(pre_root)
+    table = pq.read_table(txt)
+    bad = d["text_features_pre"].tolist()
+    bad[4] = bad[4][:-1]
+    col = pa.array(bad, type=pa.list_(pa.float32()))
+    pq.write_table(table.set_column(table.column_names.index("text_features_pre"),
+                                    "text_features_pre", col), txt)  # fmt: skip
+    with pytest.raises(TableError) as exc:
+        read_split(pre_root, "test")
+    _assert_row_error(exc, txt, 4, "c4", "text_features_pre has length 4, manifest pre_dim.text")
+
+    write_split(pre_root, "test", **d)
+    table = pq.read_table(img)
+    nan = d["image_features_pre"].copy()
+    nan[2, 1] = np.nan
+    col = pa.FixedSizeListArray.from_arrays(pa.array(nan.ravel()), PRE["image"])
+    pq.write_table(table.set_column(table.column_names.index("image_features_pre"),
+                                    "image_features_pre", col), img)  # fmt: skip
+    with pytest.raises(TableError) as exc:
+        read_split(pre_root, "test")
+    _assert_row_error(exc, img, 2, "img2", "image_features_pre has NaN/inf")
+
+    # a manifest without pre_dim: refused on write, and on read of a foreign file
+    with pytest.raises(ValueError, match="no pre_dim.image"):
+        write_split(root, "test", **d)
+    write_split(pre_root, "test", **d)
+    shutil.copytree(os.path.join(pre_root, "test"), os.path.join(root, "test"))
+    with pytest.raises(TableError, match="present but the manifest has no pre_dim.image"):
+        read_split(root, "test")
+    with pytest.raises(ValueError, match="width 6, manifest pre_dim.text is 5"):
+        write_split(pre_root, "test", **{**d, "text_features_pre": np.zeros((12, 6))})
+    with pytest.raises(TableError, match="'pre_dim' must map"):
+        write_manifest(str(Path(root).parent / "x"), {"dim": 2, "model": "m", "pre_dim": [3]})
+
+
+@pytest.mark.parametrize("bad", [0.0, np.nan, 1e9])
+def test_bad_image_norm_is_named(pre_root: str, bad: float) -> None:
+    d = _pre_data()
+    write_split(pre_root, "test", **d)
+    img, _ = _split_files(pre_root)
+    table = pq.read_table(img)
+    norms = d["image_norms"].copy()
+    norms[3] = bad
+    pq.write_table(table.set_column(table.column_names.index("norm"), "norm",
+                                    pa.array(norms, pa.float32())), img)  # fmt: skip
+    with pytest.raises(TableError) as exc:
+        read_split(pre_root, "test")
+    _assert_row_error(exc, img, 3, "img3", "norm is")
+    if not bad > 0 or not np.isfinite(bad):  # the writer checks positivity; the spread is read's
+        with pytest.raises(ValueError, match="image_norms row 3"):
+            write_split(pre_root, "test", **{**d, "image_norms": norms})
+
+
+def _projection_round_trip(root: str) -> None:
+    rng = np.random.default_rng(3)
+    image = rng.standard_normal((DIM, PRE["image"])).astype(np.float32)
+    text = rng.standard_normal((DIM, PRE["text"])).astype(np.float32)
+    assert tables.read_projection(root) is None
+    tables.write_projection(root, image=image, text=text)
+    got = tables.read_projection(root)
+    np.testing.assert_array_equal(got["image"], image)
+    np.testing.assert_array_equal(got["text"], text)
+    tables.write_projection(root, image=image, text=text[:, :4])
+    with pytest.raises(TableError, match=r"text projection has shape \[8, 4\].*\[8, 5\]"):
+        tables.read_projection(root)
+
+
+def test_projection_file(pre_root: str) -> None:
+    _projection_round_trip(pre_root)
+    with pytest.raises(ValueError, match="NaN/inf"):
+        tables.write_projection(pre_root, image=np.full((DIM, 6), np.nan))
+
+
+def test_projection_file_on_s3(s3_server) -> None:
+    import s3fs
+
+    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server}).mkdir("bucket")
+    root = "s3://bucket/tables"
+    write_manifest(root, {"dim": DIM, "model": "m", "pre_dim": PRE})
+    _projection_round_trip(root)

@@ -85,6 +85,10 @@ class EmbedConfig:
     image_perturbation: str | None = None
     text_perturbation: str | None = None
     perturbation_seed: NonNegativeInt = 0
+    #: Also write the pre-projection features (``image_features_pre`` / ``text_features_pre``)
+    #: and the model's projections (``ROOT/projection.npz``), which BayesVLM's posterior needs.
+    #: CLIP models only (:func:`asymvlm.data.encoder.pre_projection_dims`).
+    pre_projection: bool = False
 
     @field_validator("dataset")
     @classmethod
@@ -138,6 +142,8 @@ class EmbedConfig:
                 continue
             if not os.path.exists(path):
                 raise ConfigError(f"{key} {value!r}: no such file or directory")
+        if self.pre_projection:
+            _check_pre_projection(self.model)
 
     def fingerprint(self, source: SourceData) -> dict[str, Any]:
         """What makes two runs the same job (output location and scheduling excluded): the
@@ -145,7 +151,8 @@ class EmbedConfig:
         precision, perturbations, sampling and the shard size."""
         fp: dict[str, Any] = {"version": FINGERPRINT_VERSION}
         for key in ("dataset", "split", "sample", "seed", "image_perturbation",
-                    "text_perturbation", "perturbation_seed", "shard_size", "dtype"):  # fmt: skip
+                    "text_perturbation", "perturbation_seed", "shard_size", "dtype",
+                    "pre_projection"):  # fmt: skip
             fp[key] = getattr(self, key)
         for key in _PATH_KEYS:
             fp[key] = _location(getattr(self, key), model=key == "model")
@@ -176,6 +183,23 @@ class EmbedConfig:
             n_captions=source.captions.num_rows,
         )
         return fp
+
+
+def _check_pre_projection(model: str) -> None:
+    """:class:`ConfigError` when ``model`` has no pre-projection features (not CLIP); a model
+    whose config cannot be read here is left to the encoder, which reports it."""
+    from transformers import AutoConfig
+
+    from asymvlm.data.encoder import pre_projection_dims
+
+    try:
+        config = AutoConfig.from_pretrained(os.path.expanduser(model.removeprefix("file://")))
+    except (OSError, ValueError):
+        return
+    try:
+        pre_projection_dims(config)
+    except ValueError as err:
+        raise ConfigError(f"pre_projection with model {model!r}: {err}") from None
 
 
 def _path_like(value: str) -> bool:

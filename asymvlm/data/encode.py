@@ -94,7 +94,8 @@ def _load_encoder(model: str, device: str, dtype: str, threads: int | None):
 
 
 class _EncoderHolder:
-    """The frozen encoder an actor holds (loaded once per actor) and its caption chunk size."""
+    """The frozen encoder an actor holds (loaded once per actor), its caption chunk size and
+    whether it also returns the pre-projection features (``pre_projection``)."""
 
     def __init__(
         self,
@@ -103,9 +104,11 @@ class _EncoderHolder:
         dtype: str,
         threads: int | None = None,
         text_batch_size: int = 256,
+        pre_projection: bool = False,
     ) -> None:
         self.encoder = _load_encoder(model, device, dtype, threads)
         self.text_batch_size = text_batch_size
+        self.pre_projection = pre_projection
 
 
 class EncoderActor(_EncoderHolder):
@@ -113,15 +116,22 @@ class EncoderActor(_EncoderHolder):
     captions attached to them** (``captions``: JSON ``[[caption_id, text], ...]``), so one actor
     pool and one model load serve both modalities. Output rows are ``kind`` "image" (failed
     images pass through with their ``error``) and ``kind`` "caption" (captions of images that
-    decoded; those of failed images are left out)."""
+    decoded; those of failed images are left out). With ``pre_projection`` the rows also get
+    ``image_pre`` and ``text_pre`` (the pre-projection features of the row's kind, zeros in the
+    other column)."""
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ok = batch["error"] == ""
         dim = self.encoder.info.dim
         emb = np.zeros((len(ok), dim), dtype=np.float32)
         norm = np.zeros(len(ok), dtype=np.float32)
+        pre_dims = self.encoder.pre_dims() if self.pre_projection else None
+        image_pre = np.zeros((len(ok), pre_dims["image"]), np.float32) if pre_dims else None
         if ok.any():
-            emb[ok], norm[ok] = self.encoder.encode_pixels(batch["pixel_values"][ok])
+            encoded = self.encoder.encode_pixels(batch["pixel_values"][ok], pre=bool(pre_dims))
+            emb[ok], norm[ok] = encoded[:2]
+            if image_pre is not None:
+                image_pre[ok] = encoded[2]
         cap_ids, cap_images, texts = [], [], []
         for image_id, captions, good in zip(
             batch["image_id"], batch.get("captions", [None] * len(ok)), ok, strict=True
@@ -131,9 +141,10 @@ class EncoderActor(_EncoderHolder):
                     cap_ids.append(caption_id)
                     cap_images.append(image_id)
                     texts.append(text)
-        cap_emb, cap_norm = encode_texts_by_length(self.encoder, texts, self.text_batch_size)
+        cap = encode_texts_by_length(self.encoder, texts, self.text_batch_size, bool(pre_dims))
+        cap_emb, cap_norm = cap[:2]
         n_cap = len(cap_ids)
-        return {
+        out = {
             "kind": np.array(["image"] * len(ok) + ["caption"] * n_cap, dtype=object),
             "id": np.concatenate([batch["image_id"], np.array(cap_ids, dtype=object)]),
             "image_id": np.concatenate([batch["image_id"], np.array(cap_images, dtype=object)]),
@@ -143,6 +154,15 @@ class EncoderActor(_EncoderHolder):
             "norm": np.concatenate([norm, cap_norm]),
             "error": np.concatenate([batch["error"], np.full(n_cap, "", dtype=object)]),
         }
+        if pre_dims:
+            n = len(ok)
+            out["image_pre"] = np.concatenate(
+                [image_pre, np.zeros((n_cap, pre_dims["image"]), np.float32)]
+            )
+            out["text_pre"] = np.concatenate(
+                [np.zeros((n, pre_dims["text"]), np.float32), cap[2].reshape(n_cap, -1)]
+            )
+        return out
 
 
 class DecodeEncodeActor(EncoderActor):
@@ -176,25 +196,30 @@ class TextEncoderActor(_EncoderHolder):
 
 
 def encode_texts_by_length(
-    encoder, texts: list[str], batch_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``encoder.encode_texts`` over chunks of captions of similar length, in input order.
+    encoder, texts: list[str], batch_size: int, pre: bool = False
+) -> tuple[np.ndarray, ...]:
+    """``encoder.encode_texts`` over chunks of captions of similar length, in input order:
+    (unit embeddings, raw norms), and with ``pre`` the pre-projection features.
 
     Sorting by token count before chunking keeps padding (wasted compute when a batch is padded
     to its longest caption, as CLIP is) small; CLIP's causal attention with a mask makes each
     embedding independent of its batch, so the result is the same up to float rounding.
     """
+    dim = encoder.info.dim
+    out = [np.empty((len(texts), dim), np.float32), np.empty(len(texts), np.float32)]
+    if pre:
+        out.append(np.empty((len(texts), encoder.pre_dims()["text"]), np.float32))
     if not texts:
-        dim = encoder.info.dim
-        return np.zeros((0, dim), np.float32), np.zeros(0, np.float32)
+        return tuple(out)
     lengths = [len(ids) for ids in encoder.tokenizer(texts, truncation=True)["input_ids"]]
     order = np.argsort(np.asarray(lengths), kind="stable")
-    emb = np.empty((len(texts), encoder.info.dim), dtype=np.float32)
-    norm = np.empty(len(texts), dtype=np.float32)
     for start in range(0, len(texts), batch_size):
         rows = order[start : start + batch_size]
-        emb[rows], norm[rows] = encoder.encode_texts([texts[i] for i in rows])
-    return emb, norm
+        for target, value in zip(
+            out, encoder.encode_texts([texts[i] for i in rows], pre=pre), strict=True
+        ):
+            target[rows] = value
+    return tuple(out)
 
 
 def _perturb_captions(captions: pa.Table, spec: str, seed: int) -> pa.Table:

@@ -7,6 +7,14 @@ accelerator workers only run the model. Every output is float32: the projection 
 its norm is taken (the *raw* norm, which AsymVLM's text adapter consumes), and the unit vector is
 the projection divided by that norm.
 
+With ``pre=True`` the encoders also return the *pre-projection* features (CLIP only): the pooled
+output of ``vision_model`` / ``text_model`` before ``visual_projection`` / ``text_projection``
+(bias-free linear maps; ViT-B/32: 768 -> 512 and 512 -> 512), so that the raw projection is
+``projection @ pre`` (:meth:`Encoder.projections`). BayesVLM's posterior is over those two
+matrices. SigLIP has no such final linear map on the image side (its embedding is the
+attention-pooling head's MLP output plus a residual; the text head is a biased Linear), so
+pre-projection features are refused for it (:func:`pre_projection_dims`).
+
 Text handling follows how each family was trained: CLIP pads to the longest caption of the batch
 with an attention mask (causal attention and first-EOS pooling make the result independent of the
 padding) and truncates to 77 tokens; SigLIP pads every caption to ``max_length`` (64) and is
@@ -23,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Encoder", "EncoderInfo", "files_sha256"]
+__all__ = ["Encoder", "EncoderInfo", "files_sha256", "pre_projection_dims"]
 
 FAMILIES = ("clip", "siglip")
 _HASHED_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".tiktoken")
@@ -142,6 +150,24 @@ def _projection(output: Any) -> torch.Tensor:
     if isinstance(pooled, torch.Tensor):
         return pooled
     raise TypeError(f"Cannot find the projected embedding in {type(output).__name__}")
+
+
+def pre_projection_dims(config: Any) -> dict[str, int]:
+    """Widths of the pre-projection features of a model config: ``{"image": vision hidden size,
+    "text": text hidden size}``. ValueError for a model without bias-free final projections
+    (SigLIP; see the module docstring)."""
+    family = getattr(config, "model_type", None)
+    if family != "clip":
+        raise ValueError(
+            f"pre-projection features are written for CLIP models only, not {family!r}: SigLIP's "
+            "image embedding is its attention-pooling head's MLP output plus a residual, not a "
+            "linear projection of a pooled feature (and its text head has a bias), so there is "
+            "no projection layer for BayesVLM's posterior in this form"
+        )
+    return {
+        "image": int(config.vision_config.hidden_size),
+        "text": int(config.text_config.hidden_size),
+    }
 
 
 class Encoder:
@@ -292,17 +318,22 @@ class Encoder:
         pixels = self.image_processor(images=images, return_tensors="np")["pixel_values"]
         return np.ascontiguousarray(pixels, dtype=np.float32)
 
-    def encode_pixels(self, pixel_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``pixel_values`` [n, 3, H, W] to (unit embeddings float32 [n, d], raw norms [n])."""
+    def encode_pixels(self, pixel_values: np.ndarray, pre: bool = False) -> tuple[np.ndarray, ...]:
+        """``pixel_values`` [n, 3, H, W] to (unit embeddings float32 [n, d], raw norms [n]);
+        with ``pre`` also the pre-projection features float32 [n, pre_dim.image]."""
         model = self._require_model()
         if len(pixel_values) == 0:
-            return self._empty()
+            return self._empty("image" if pre else None)
         pixels = torch.as_tensor(np.asarray(pixel_values), dtype=self.dtype, device=self.device)
         if pixels.ndim != 4:
             raise ValueError(f"pixel_values must be [n, 3, H, W], got shape {tuple(pixels.shape)}")
         with torch.inference_mode():
-            projected = _projection(model.get_image_features(pixel_values=pixels))
-        return _unit_and_norm(projected)
+            if not pre:
+                return _unit_and_norm(_projection(model.get_image_features(pixel_values=pixels)))
+            self.pre_dims()  # CLIP only
+            pooled = model.vision_model(pixel_values=pixels).pooler_output
+            projected = model.visual_projection(pooled)
+        return (*_unit_and_norm(projected), pooled.float().cpu().numpy())
 
     # ------------------------------------------------------------------- texts
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -319,16 +350,37 @@ class Encoder:
             inputs["attention_mask"] = batch["attention_mask"]
         return inputs
 
-    def encode_texts(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Captions to (unit embeddings float32 [n, d], raw projection norms float32 [n])."""
+    def encode_texts(self, texts: list[str], pre: bool = False) -> tuple[np.ndarray, ...]:
+        """Captions to (unit embeddings float32 [n, d], raw projection norms float32 [n]); with
+        ``pre`` also the pre-projection features float32 [n, pre_dim.text]."""
         model = self._require_model()
         texts = list(texts)
         if not texts:
-            return self._empty()
+            return self._empty("text" if pre else None)
         inputs = {k: v.to(self.device) for k, v in self.tokenize(texts).items()}
         with torch.inference_mode():
-            projected = _projection(model.get_text_features(**inputs))
-        return _unit_and_norm(projected)
+            if not pre:
+                return _unit_and_norm(_projection(model.get_text_features(**inputs)))
+            self.pre_dims()  # CLIP only
+            pooled = model.text_model(**inputs).pooler_output
+            projected = model.text_projection(pooled)
+        return (*_unit_and_norm(projected), pooled.float().cpu().numpy())
+
+    # ------------------------------------------------------- pre-projection
+    def pre_dims(self) -> dict[str, int]:
+        """Widths of the pre-projection features (:func:`pre_projection_dims`)."""
+        return pre_projection_dims(self.config)
+
+    def projections(self) -> dict[str, np.ndarray]:
+        """The frozen model's final projections as float32 ``{"image": [d, pre_dim.image],
+        "text": [d, pre_dim.text]}`` (``nn.Linear`` weights, no bias), so that the raw
+        projection of a pre-projection feature ``x`` is ``matrix @ x``."""
+        self.pre_dims()
+        model = self._require_model()
+        return {
+            "image": model.visual_projection.weight.detach().float().cpu().numpy(),
+            "text": model.text_projection.weight.detach().float().cpu().numpy(),
+        }
 
     # ----------------------------------------------------------------- helpers
     def _require_model(self):
@@ -339,8 +391,11 @@ class Encoder:
             )
         return self.model
 
-    def _empty(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.zeros((0, self.dim), dtype=np.float32), np.zeros((0,), dtype=np.float32)
+    def _empty(self, pre: str | None = None) -> tuple[np.ndarray, ...]:
+        empty = (np.zeros((0, self.dim), dtype=np.float32), np.zeros((0,), dtype=np.float32))
+        if pre is None:
+            return empty
+        return (*empty, np.zeros((0, self.pre_dims()[pre]), dtype=np.float32))
 
     def __repr__(self) -> str:
         i = self.info

@@ -39,6 +39,7 @@ def _map_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
             "dtype": cfg.dtype,
             "threads": threads,
             "text_batch_size": _text_batch_size(cfg),
+            "pre_projection": cfg.pre_projection,
         },
         "compute": ray.data.ActorPoolStrategy(size=cfg.num_actors),
         "num_gpus": 1 if gpu else 0,

@@ -150,6 +150,36 @@ def _write_manifest_once(cfg: EmbedConfig, dim: int, info: Future) -> None:
         tables.write_manifest(cfg.output, manifest)
 
 
+def _record_projection(cfg: EmbedConfig) -> None:
+    """With ``pre_projection``: record the width of the pre-projection features in the
+    manifest (``pre_dim``) and the model's projections in ``ROOT/projection.npz``, once per
+    root, before the first part with such columns. The model is loaded here (CPU, fp32) only
+    when either is missing; a root whose ``pre_dim`` differs is refused."""
+    manifest = tables.read_manifest(cfg.output)
+    if manifest.pre_dim and tables.read_projection(cfg.output, manifest) is not None:
+        return  # the manifest's model is this job's (_check_manifest)
+    from asymvlm.data.encoder import Encoder
+
+    encoder = Encoder(cfg.model, device="cpu", dtype="fp32")
+    pre_dim, matrices = encoder.pre_dims(), encoder.projections()
+    with _manifest_lock(cfg):
+        manifest = tables.read_manifest(cfg.output)
+        if manifest.pre_dim:
+            _check_pre_dim(cfg, manifest.pre_dim, pre_dim)
+        else:
+            tables.write_manifest(cfg.output, {**manifest.to_dict(), "pre_dim": pre_dim})
+        if tables.read_projection(cfg.output) is None:
+            tables.write_projection(cfg.output, **matrices)
+
+
+def _check_pre_dim(cfg: EmbedConfig, recorded: dict[str, int], ours: dict[str, int]) -> None:
+    if recorded != ours:
+        raise tables.TableError(
+            f"{cfg.output} records pre-projection widths {recorded} in its manifest, but "
+            f"{cfg.model!r} has {ours}; choose another --output"
+        )
+
+
 def _check_manifest(cfg: EmbedConfig, dim: int) -> bool:
     """True if ``ROOT/manifest.json`` exists and matches this model and dim; raises if it
     belongs to another model (spellings of one local model directory are the same model)."""

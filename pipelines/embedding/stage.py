@@ -27,6 +27,7 @@ from pipelines.embedding.shards import (
     _errors_table,
     _manifest_lock,
     _part,
+    _record_projection,
     _totals,
     _write_manifest_once,
 )
@@ -249,6 +250,11 @@ def _embed_group(
     img_norm = ok_images.column("norm").to_numpy()
     txt_emb = tables.column_matrix(txt_out.column("embedding")) if txt_out is not None else None
     txt_norm = txt_out.column("norm").to_numpy() if txt_out is not None else None
+    img_pre = txt_pre = None  # the pre-projection features of each row's kind
+    if cfg.pre_projection and ok_images.num_rows:
+        img_pre = tables.column_matrix(ok_images.column("image_pre"))
+    if cfg.pre_projection and txt_out is not None:
+        txt_pre = tables.column_matrix(txt_out.column("text_pre"))
     dim = img_emb.shape[1] if img_emb.size else (txt_emb.shape[1] if txt_emb is not None else 0)
     if not dim:  # every image of these shards failed: the model still says what dim is
         dim = int(info.result()["dim"])
@@ -261,6 +267,8 @@ def _embed_group(
 
     lock.check()
     _write_manifest_once(cfg, dim, info)
+    if cfg.pre_projection:
+        _record_projection(cfg)
     # Source image columns worth keeping (e.g. `label` of classification sets), by image id.
     carried = [c for c in todo.column_names if c not in _SOURCE_IMAGE_COLUMNS]
     todo_pos = {iid: i for i, iid in enumerate(todo.column("image_id").to_pylist())}
@@ -300,6 +308,8 @@ def _embed_group(
                 txt_emb[rows_t] if txt_emb is not None else np.zeros((0, dim), np.float32)
             ).reshape(len(rows_t), dim),
             text_norms=txt_norm[rows_t] if txt_norm is not None else np.zeros(0, np.float32),
+            image_features_pre=_pre_rows(img_pre, rows_i, cfg, "image"),
+            text_features_pre=_pre_rows(txt_pre, rows_t, cfg, "text"),
             extra_text_columns={
                 c: caps.column(c).to_numpy(zero_copy_only=False) for c in extra_names
             },
@@ -311,6 +321,19 @@ def _embed_group(
             {"images": len(shard_ids), "captions": caps.num_rows,
              "errors": len(errors.get(shard, []))},
         )  # fmt: skip
+
+
+def _pre_rows(
+    pre: np.ndarray | None, rows: np.ndarray, cfg: EmbedConfig, kind: str
+) -> np.ndarray | None:
+    """Rows of the pre-projection features (an empty matrix of the manifest's width for a
+    shard without rows); None without ``pre_projection``."""
+    if not cfg.pre_projection:
+        return None
+    if pre is None:
+        width = tables.read_manifest(cfg.output).pre_dim[kind]
+        return np.zeros((0, width), np.float32)
+    return pre[rows]
 
 
 def _encoder_info(model: str) -> dict[str, Any]:
