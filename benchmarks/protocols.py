@@ -8,7 +8,8 @@ authors' code: init, loss, uncertainty, their per-method optimiser and lr) and `
 (:class:`asymvlm.synthetic.WorldConfig`), and prints one JSON object: per method and protocol
 the test split's Recall@1, Spearman S and R² of the binned curve, AUROC and AURC in both
 directions, the Spearman of the caption uncertainty with the caption's specificity (level) and
-the seconds it took. Both protocols train the same number of epochs with the same adapter width
+the seconds it took; a run whose loss diverged is reported as such. Both protocols train the
+same number of epochs with the same adapter width
 (``--hidden-dim``; ProbVLM's official backbone keeps its two hidden layers).
 """
 
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 
+from asymvlm.errors import NonFiniteError
 from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.metrics import spearman_uncertainty
 from asymvlm.synthetic import WorldConfig, write_world
@@ -52,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
                               hidden_dim=args.hidden_dim, batch_size=args.batch_size,
                               device="cpu")  # fmt: skip
             ckpt = os.path.join(output, "checkpoints", f"{method}-{protocol}")
-            model, _ = train(world, "train", cfg, output=ckpt, overwrite=True)
+            try:
+                model, _ = train(world, "train", cfg, output=ckpt, overwrite=True)
+            except NonFiniteError as err:  # a result too: this protocol's defaults diverge
+                rows[f"{method}/{protocol}"] = {"optimizer": cfg.optimizer, "lr": cfg.lr,
+                                                "diverged": str(err).split(":")[0]}  # fmt: skip
+                print(f"{method}/{protocol}: diverged ({err})", file=sys.stderr, flush=True)
+                continue
             res = evaluate_retrieval(model, test)
             unc = model.text_uncertainty(test.text_emb)
             row = {f"{d}_{k}": res[d].get(k) for d in ("t2i", "i2t") for k in KEYS}
