@@ -11,6 +11,15 @@ few. Levels are stored like HierarCaps (0 = most general, 3 = most detailed).
 The frozen "VLM" is imperfect in the way a frozen model is on a new domain: its text encoder
 is misaligned with its image encoder by a fixed rotation, which an adapter can learn to undo,
 and it reports a raw text-projection norm (column ``norm``) that carries no information.
+
+With ``pre_dim`` set, the world also has what ``asymvlm embed --pre-projection`` writes for a
+real CLIP (for BayesVLM, :mod:`asymvlm.methods.bayesvlm`): each modality's encoder ends in a
+random linear projection ``W`` [dim, pre_dim] with orthonormal rows, and an item's
+pre-projection feature is ``phi = W^T (norm * embedding) + n``, where ``n`` is an isotropic
+nuisance in the null space of ``W`` (scale ``pre_noise`` relative to the raw norm), so that
+``W phi`` is exactly the raw projection ``norm * embedding``. Images get a raw norm too
+(uninformative, like the captions'). These draws come from generators of their own: every
+other output is bit-identical with and without ``pre_dim``.
 """
 
 from __future__ import annotations
@@ -42,6 +51,9 @@ class WorldConfig:
         default_factory=lambda: {"train": 8000, "val": 1000, "test": 1000}
     )
     seed: int = 0
+    #: Width of the pre-projection features (None: no pre-projection columns); > dim.
+    pre_dim: int | None = None
+    pre_noise: float = 0.5  # null-space nuisance of a pre-projection feature, per unit norm
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -51,6 +63,12 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def _offset(rng: np.random.Generator, centers: np.ndarray, scale: float) -> np.ndarray:
     """Points around ``centers`` at angle ~atan(scale): normalise(c + scale * random unit)."""
     return _unit(centers + scale * _unit(rng.standard_normal(centers.shape)))
+
+
+def _orthonormal_rows(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """[rows, cols] with orthonormal rows (rows <= cols), uniformly distributed."""
+    q, r = np.linalg.qr(rng.standard_normal((cols, rows)))
+    return (q * np.sign(np.diag(r))).T
 
 
 def _rotation(rng: np.random.Generator, dim: int, angle: float) -> np.ndarray:
@@ -83,6 +101,14 @@ class SyntheticWorld:
             name: int(s)
             for name, s in zip(cfg.splits, rng.integers(0, 2**31, len(cfg.splits)), strict=True)
         }
+        self.projections: dict[str, np.ndarray] = {}
+        if cfg.pre_dim is not None:
+            if cfg.pre_dim <= cfg.dim:
+                raise ValueError(f"pre_dim must exceed dim {cfg.dim}, got {cfg.pre_dim}")
+            pre_rng = np.random.default_rng([cfg.seed, 1])  # not the world's stream
+            self.projections = {
+                kind: _orthonormal_rows(pre_rng, cfg.dim, cfg.pre_dim) for kind in ("image", "text")
+            }
 
     @property
     def n_levels(self) -> int:
@@ -126,7 +152,7 @@ class SyntheticWorld:
             if level == len(self.concepts):
                 tags.append(f"object {i}")
             names.append("a photo of " + " / ".join(tags))
-        return {
+        out = {
             "image_ids": image_ids,
             "image_embeddings": images.astype(np.float32),
             "caption_ids": caption_ids,
@@ -136,18 +162,48 @@ class SyntheticWorld:
             "text_norms": norms.astype(np.float32),
             "extra_text_columns": {"level": levels.astype(np.int64)},
         }
+        if self.projections:
+            out.update(self._pre_projection(name, out))
+        return out
+
+    def _pre_projection(self, name: str, split: dict) -> dict[str, np.ndarray]:
+        """Image norms and the pre-projection features of a split (module docstring), drawn
+        from a generator of their own so the rest of the split does not change."""
+        cfg = self.config
+        rng = np.random.default_rng([self._split_seeds[name], 1])
+        image_emb = split["image_embeddings"].astype(np.float64)
+        image_norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * rng.standard_normal(len(image_emb)))
+        out: dict[str, np.ndarray] = {"image_norms": image_norms.astype(np.float32)}
+        for kind, emb, norms in (
+            ("image", image_emb, image_norms),
+            ("text", split["text_embeddings"].astype(np.float64), split["text_norms"]),
+        ):
+            w = self.projections[kind]
+            noise = rng.standard_normal((len(emb), cfg.pre_dim))
+            noise -= (noise @ w.T) @ w  # into the null space of W
+            noise *= cfg.pre_noise / np.sqrt(cfg.pre_dim - cfg.dim)
+            phi = (norms[:, None] * emb) @ w + norms[:, None] * noise
+            out[f"{kind}_features_pre"] = phi.astype(np.float32)
+        return out
 
     def write(self, root: str) -> str:
         """Write ``ROOT/manifest.json`` and every split; returns ``root``."""
         cfg = self.config
+        world = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
+        if cfg.pre_dim is None:  # the manifest of a world without them stays as it was
+            world = {k: v for k, v in world.items() if k not in ("pre_dim", "pre_noise")}
         manifest = {
             "dim": cfg.dim,
             "model": "synthetic-world",
             "dtype": "float32",
             "description": "asymvlm.synthetic toy world (known asymmetric uncertainty)",
-            "world": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+            "world": world,
         }
+        if self.projections:
+            manifest["pre_dim"] = {"image": cfg.pre_dim, "text": cfg.pre_dim}
         tables.write_manifest(root, manifest)
+        if self.projections:
+            tables.write_projection(root, **self.projections)
         for name, n_images in cfg.splits.items():
             tables.write_split(root, name, **self.sample_split(name, n_images))
         return root
@@ -165,11 +221,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=WorldConfig.seed)
     parser.add_argument("--train-images", type=int, default=8000)
     parser.add_argument("--test-images", type=int, default=1000)
+    parser.add_argument(
+        "--pre-dim",
+        type=int,
+        default=None,
+        help="also write pre-projection features of this width (> --dim) and projection.npz, "
+        "as `asymvlm embed --pre-projection` does (for bayesvlm)",
+    )
     args = parser.parse_args(argv)
     cfg = WorldConfig(
         dim=args.dim,
         seed=args.seed,
         splits={"train": args.train_images, "val": args.test_images, "test": args.test_images},
+        pre_dim=args.pre_dim,
     )
     write_world(args.output, cfg)
     print(f"wrote synthetic world to {args.output}")
