@@ -99,10 +99,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
                         where)  # fmt: skip
             return 0
         logger.info("resuming %s%s", args.output, where)
-    logger.info(
-        "training %s on %s/%s (%d epochs, %s lr=%g, batch %d, device %s)", cfg.method,
-        args.embeddings, args.split, cfg.epochs, cfg.optimizer, cfg.lr, cfg.batch_size, device,
-    )  # fmt: skip
+    if METHODS[cfg.method].trainable:
+        logger.info(
+            "training %s on %s/%s (%d epochs, %s lr=%g, batch %d, device %s)", cfg.method,
+            args.embeddings, args.split, cfg.epochs, cfg.optimizer, cfg.lr, cfg.batch_size, device,
+        )  # fmt: skip
+    else:  # nothing is trained: fitted post hoc (bayesvlm) or used as is (clip)
+        logger.info("fitting %s on %s/%s (no training; device %s)", cfg.method,
+                    args.embeddings, args.split, device)  # fmt: skip
     _, history = train(
         args.embeddings,
         args.split,

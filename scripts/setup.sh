@@ -29,4 +29,11 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
 fi
 echo "[setup] installing asymvlm[dev] with constraints.txt (log: $LOG)"
 pip_install -e ".[dev]"
+# The bayesvlm extra (laplace-torch) without its declared dependencies: laplace-torch and
+# backpack-for-pytorch declare torchvision, which they do not import at run time, and PyPI's
+# torchvision (a CUDA build) beside a CPU torch fails to load and breaks transformers' CLIP.
+# The packages it does need, all pinned in constraints.txt:
+echo "[setup] installing the bayesvlm extra (laplace-torch) without torchvision"
+pip_install --no-deps laplace-torch backpack-for-pytorch curvlinops-for-pytorch asdfghjkl \
+  torchmetrics lightning-utilities opt-einsum einops einconv linear_operator unfoldNd
 "$VPY" -c "import asymvlm, torch, ray; print(f'[setup] ok: asymvlm {asymvlm.__version__}, torch {torch.__version__}, ray {ray.__version__}')"

@@ -50,6 +50,7 @@ EXPECTED = {
     "elip",
     "determ-ft",
     "clip",
+    "bayesvlm",
 }
 TRAINABLE = sorted(name for name, cls in METHODS.items() if cls.trainable)
 
@@ -110,7 +111,7 @@ def test_registry_names_exactly() -> None:
     for name, cls in METHODS.items():
         assert cls.name == name
         assert issubclass(cls, Method)
-    assert TRAINABLE == sorted(EXPECTED - {"clip"})
+    assert TRAINABLE == sorted(EXPECTED - {"clip", "bayesvlm"})
 
 
 def test_build_method_unknown_lists_known_names() -> None:

@@ -206,6 +206,8 @@ def test_no_registered_method_raises_a_false_alarm(test_split) -> None:
     from asymvlm.methods import METHODS
 
     for name in sorted(METHODS):
+        if name == "bayesvlm":  # fitted post hoc on pre-projection features (test_bayesvlm.py)
+            continue
         torch.manual_seed(0)
         method = build_method(name, 8, hidden_dim=8, depth=1)
         method.fit_start(test_split.image_emb, test_split.text_emb)

@@ -73,8 +73,9 @@ def encode_split(
     Raises :class:`NonFiniteError` when any tensor of either encoding is non-finite.
     """
     method.eval()
-    texts = _encode_chunked(method.encode_texts, data.text_emb, chunk_size)
-    images = _encode_chunked(method.encode_images, data.image_emb, chunk_size)
+    image_rows, text_rows = method.split_inputs(data)
+    texts = _encode_chunked(method.encode_texts, text_rows, chunk_size)
+    images = _encode_chunked(method.encode_images, image_rows, chunk_size)
     for kind, encoding in (("caption", texts), ("image", images)):
         ids = _ids(data, kind)
         for name, value in encoding.items():

@@ -26,10 +26,13 @@ and offers
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from asymvlm.training.data import SplitTensors
 
 Encoding = dict[str, torch.Tensor]
 
@@ -251,6 +254,16 @@ class Method(nn.Module):
             adapter = getattr(self, attr, None)
             if isinstance(adapter, Adapter):
                 adapter.calibrate(data)
+
+    def fit_posthoc(self, data: SplitTensors) -> None:
+        """Hook of methods fitted post hoc instead of by SGD (``trainable = False``): called once
+        with the whole training split (its optional tensors included) when training starts.
+        Default: nothing."""
+
+    def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
+        """(image rows, text rows) of a split that :meth:`encode_images` / :meth:`encode_texts`
+        take: the embeddings ``data.image_emb``, ``data.text_emb`` by default."""
+        return data.image_emb, data.text_emb
 
     def kappa(self, text_emb: torch.Tensor) -> torch.Tensor | None:
         """Concentration per caption where the method defines one (vMF/PS), else None."""

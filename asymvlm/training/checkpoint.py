@@ -218,6 +218,12 @@ def read_history(directory: str) -> list[dict[str, float]]:
         raise CheckpointError(f"{path}: line {exc.lineno} is not JSON ({exc.msg})") from exc
 
 
+def _sized_by_fitting(fresh: torch.Tensor, saved: torch.Tensor) -> bool:
+    """An empty buffer of a fresh method, sized when the method is fitted (ELIP's galleries,
+    BayesVLM's posterior): the method takes the saved shape when it loads it."""
+    return fresh.numel() == 0 and fresh.ndim == saved.ndim
+
+
 def _state_mismatch(method: Method, state: Any) -> str | None:
     """What keeps ``state`` from loading into ``method`` (None when it fits)."""
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
@@ -228,7 +234,7 @@ def _state_mismatch(method: Method, state: Any) -> str | None:
     shapes = [
         f"{k} {list(state[k].shape)} vs {list(v.shape)}"
         for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
+        if k in state and state[k].shape != v.shape and not _sized_by_fitting(v, state[k])
     ]
     parts = []
     for label, items in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)):

@@ -277,6 +277,9 @@ class Trainer:
         """Train for the remaining epochs (all of them for a fresh trainer)."""
         history: list[dict[str, float]] = []
         if not self.method.trainable:
+            if self._full_data is not None:  # post-hoc methods: fitted once, on the whole split
+                self.method.fit_posthoc(self._full_data)
+                self._full_data = None
             return history
         if self.epoch == 0:
             self.start()

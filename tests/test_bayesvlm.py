@@ -1,0 +1,322 @@
+"""BayesVLM: the KFAC Laplace posterior over the projections, its trace uncertainty and
+ProbCosine, on hand-checked tiny problems and end to end on the synthetic world."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from scipy import stats
+
+from asymvlm import tables
+from asymvlm.cli import main
+from asymvlm.methods.base import unit
+from asymvlm.methods.bayesvlm import (
+    embedding_trace,
+    fit_projection_posterior,
+    kron_posterior_factors,
+    prob_cosine,
+)
+from asymvlm.synthetic import SyntheticWorld, write_world
+from tests.conftest import small_world_config
+
+pytest.importorskip("laplace")
+
+
+def _problem(n: int = 24, p: int = 5, d: int = 3, seed: int = 0, scale: float = 1.0):
+    """Pre-projection features [n, p], a projection [d, p] and unit targets [n, d] (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    phi = scale * torch.randn(n, p, generator=g, dtype=torch.float64)
+    w = torch.randn(d, p, generator=g, dtype=torch.float64)
+    targets = unit(torch.randn(n, d, generator=g, dtype=torch.float64))
+    return phi, w, targets
+
+
+def _fit(phi, w, targets, **kwargs):
+    options = dict(logit_scale=4.0, class_batch=6, fisher="type-2", prior_steps=200)
+    return fit_projection_posterior(phi, targets, w, **{**options, **kwargs})
+
+
+def _ggn_by_hand(phi, w, targets, logit_scale: float, class_batch: int, seed: int = 0):
+    """Sum over pairs of J^T (diag p - p p^T) J (J: the logits' Jacobian in g = W phi), with
+    the class batches fit_projection_posterior draws; sum of phi phi^T; and the variance of
+    the one-label Monte Carlo estimate of the first sum, sum_n E|g g^T - G_n|_F^2 with
+    g = J^T (p - e_y), y ~ p (sum_y p_y |g_y|^4 - |G_n|_F^2 per pair)."""
+    order = torch.randperm(len(phi), generator=torch.Generator().manual_seed(seed))
+    d = w.shape[0]
+    b = torch.zeros(d, d, dtype=torch.float64)
+    variance = 0.0
+    for start in range(0, len(phi), class_batch):
+        rows = order[start : start + class_batch]
+        t = targets[rows]
+
+        def logits(g, t=t):
+            return logit_scale * unit(g) @ t.T
+
+        for r in rows:
+            g = w @ phi[r]
+            jac = torch.autograd.functional.jacobian(logits, g)
+            prob = logits(g).softmax(-1)
+            term = jac.T @ (torch.diag(prob) - torch.outer(prob, prob)) @ jac
+            grads = (prob[None] - torch.eye(len(prob), dtype=prob.dtype)) @ jac  # g_y per row
+            variance += float((prob * grads.pow(2).sum(-1).pow(2)).sum() - term.pow(2).sum())
+            b += term
+    return b, phi.T @ phi, variance
+
+
+def test_kfac_factors_are_the_ggn_of_the_contrastive_likelihood() -> None:
+    """laplace-torch's KFAC of the cosine-softmax likelihood, balanced as BayesVLM's
+    (A / sqrt(n), B / sqrt(n) of summed factors), equals the GGN computed pair by pair."""
+    phi, w, targets = _problem()
+    fit = _fit(phi, w, targets)
+    b_sum, a_sum, _ = _ggn_by_hand(phi, w, targets, logit_scale=4.0, class_batch=6)
+    b, a = fit["laplace"].H_facs.kfacs[0]
+    n = len(phi)
+    torch.testing.assert_close(a, a_sum / np.sqrt(n), rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(b, b_sum / np.sqrt(n), rtol=1e-8, atol=1e-10)
+    # The posterior factors are the damped ones: A' = A + sqrt(lambda) I, B' likewise.
+    root = fit["prior_precision"].sqrt()
+    eye_a, eye_b = torch.eye(a.shape[0], dtype=a.dtype), torch.eye(b.shape[0], dtype=b.dtype)
+    torch.testing.assert_close(fit["a_inv"], torch.linalg.inv(a + root * eye_a))
+    torch.testing.assert_close(fit["b_inv"], torch.linalg.inv(b + root * eye_b))
+
+
+def test_trace_formula_matches_the_dense_covariance() -> None:
+    """tr Cov[W phi] = (phi^T A'^-1 phi) tr(B'^-1), against the dense posterior covariance of
+    vec W built from the Kronecker precision by hand, and against laplace-torch's own GLM
+    functional variance of g (its Jacobian in vec W is phi^T per output row)."""
+    phi, w, targets = _problem()
+    fit = _fit(phi, w, targets)
+    la = fit["laplace"]
+    d, p = w.shape
+    a_inv, b_inv = kron_posterior_factors(la)
+    root = fit["prior_precision"].sqrt()
+    b, a = la.H_facs.kfacs[0]
+    # row-major vec W (output-major): the precision is B' (x) A'
+    eye_b, eye_a = torch.eye(d, dtype=b.dtype), torch.eye(p, dtype=a.dtype)
+    precision = torch.kron(b + root * eye_b, a + root * eye_a)
+    covariance = torch.linalg.inv(precision)
+    x = torch.randn(7, p, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    jac = torch.stack([torch.kron(torch.eye(d, dtype=x.dtype), row[None]) for row in x])
+    dense = jac @ covariance @ jac.transpose(1, 2)  # [7, d, d]
+    formula = embedding_trace(x, a_inv, b_inv.trace())
+    torch.testing.assert_close(formula, dense.diagonal(dim1=1, dim2=2).sum(-1))
+    torch.testing.assert_close(dense, torch.einsum("n,ij->nij", ((x @ a_inv) * x).sum(-1), b_inv))
+    laplace_cov = la.functional_variance(jac)
+    torch.testing.assert_close(laplace_cov, dense)
+
+
+def test_prob_cosine_matches_monte_carlo_over_the_posterior() -> None:
+    """ProbCosine against the mean cosine of two independent embeddings g = W phi, W drawn
+    from laplace-torch's posterior (la.sample, two independent streams).
+
+    E[g_t . g_i] = mu_t . mu_i and E|g|^2 = |mu|^2 + tr Cov[g] are exact, so they must agree
+    within Monte Carlo error (4 standard errors). E[cos] is their ratio only to first order:
+    expanding 1/|g| around sqrt(E|g|^2) gives a correction bounded by about 2.5 (e_t + e_i),
+    e = lambda_max(Cov[g]) / E|g|^2, plus O(e^2); the tolerance is 4 standard errors plus
+    3 (e_t + e_i). With 24 output dimensions tr Cov >> lambda_max(Cov), so leaving the trace
+    terms out moves the value by more than the tolerance (asserted): the test can fail."""
+    n_samples = 20000
+    phi, w, targets = _problem(n=60, p=4, d=24)
+    fit = _fit(phi, w, targets, prior_steps=1)  # lambda stays 1: a broad posterior
+    b_max = torch.linalg.eigvalsh(fit["b_inv"]).max()
+    items = []
+    for seed, x in enumerate((phi[0], phi[0] + 0.3 * phi[1])):
+        mean = w @ x
+        s = x @ fit["a_inv"] @ x
+        trace = embedding_trace(x[None], fit["a_inv"], fit["b_inv"].trace())
+        draws = fit["laplace"].sample(n_samples, generator=torch.Generator().manual_seed(seed))
+        g = draws.reshape(n_samples, *w.shape) @ x
+        e = float(s * b_max / (mean.pow(2).sum() + trace))
+        items.append((mean[None], trace, g, e))
+    (mu_t, tr_t, g_t, e_t), (mu_i, tr_i, g_i, e_i) = items
+    for mu, tr, g, _ in items:
+        sq = g.pow(2).sum(-1)
+        expected = float(mu.pow(2).sum() + tr)
+        assert abs(float(sq.mean()) - expected) < 4 * float(sq.std()) / np.sqrt(n_samples)
+    dot = (g_t * g_i).sum(-1)
+    exact = float(mu_t @ mu_i.T)
+    assert abs(float(dot.mean()) - exact) < 4 * float(dot.std()) / np.sqrt(n_samples)
+
+    cos = (unit(g_t) * unit(g_i)).sum(-1)
+    mc, se = float(cos.mean()), float(cos.std()) / np.sqrt(n_samples)
+    closed = float(prob_cosine(mu_t, tr_t, mu_i, tr_i))
+    tolerance = 4 * se + 3 * (e_t + e_i)
+    assert abs(mc - closed) < tolerance, (mc, closed, tolerance)
+    without_trace = float(unit(mu_t) @ unit(mu_i).T)
+    assert abs(mc - without_trace) > tolerance, (mc, without_trace, tolerance)
+
+
+def test_prior_precision_maximises_the_marginal_likelihood_and_moves_with_the_data() -> None:
+    phi, w, targets = _problem(n=48)
+    small = _fit(phi, w, targets)
+    large = _fit(3.0 * phi, w, targets)  # the same data seen through larger features
+    lam_small, lam_large = float(small["prior_precision"]), float(large["prior_precision"])
+    assert lam_small > 0 and lam_large > 0
+    assert abs(np.log(lam_small / lam_large)) > 0.1, (lam_small, lam_large)
+    la = small["laplace"]
+    best = float(la.log_marginal_likelihood(torch.tensor([lam_small], dtype=torch.float64)))
+    for factor in (0.5, 2.0):
+        other = torch.tensor([lam_small * factor], dtype=torch.float64)
+        assert float(la.log_marginal_likelihood(other)) < best
+
+
+def test_monte_carlo_fisher_estimates_the_exact_ggn() -> None:
+    """The default curvature (fisher="mc") estimates the same GGN output factor: each pair
+    contributes g g^T, g = J^T (p - e_y) with y drawn from the model's softmax, whose mean is
+    that pair's GGN term. The estimate's mean squared Frobenius error is exactly
+    sigma^2 = sum_n Var_n / mc_samples (computed per pair); it is a sum of many independent
+    draws, so its square is close to sigma^2 / 16 times a chi^2 with 16 (= d^2) degrees of
+    freedom, and 3 sigma is exceeded with probability ~1e-20."""
+    phi, w, targets = _problem(n=480, p=6, d=4, seed=3)
+    n, k = len(phi), 64
+    mc = _fit(phi, w, targets, class_batch=16, prior_steps=1, fisher="mc", mc_samples=k)
+    exact, _, variance = _ggn_by_hand(phi, w, targets, logit_scale=4.0, class_batch=16)
+    estimate = mc["laplace"].H_facs.kfacs[0][0] * np.sqrt(n)  # undo the balancing
+    error = float(torch.linalg.matrix_norm(estimate - exact))
+    sigma = np.sqrt(variance / k)
+    assert error < 3 * sigma, (error, sigma)
+    assert 3 * sigma < 0.2 * float(torch.linalg.matrix_norm(exact))  # a test that can fail
+
+
+# -- the synthetic world and the command line ---------------------------------------------------
+
+
+def test_synthetic_pre_projection_leaves_the_world_unchanged() -> None:
+    plain = SyntheticWorld(small_world_config())
+    pre = SyntheticWorld(small_world_config(pre_dim=40))
+    a, b = plain.sample_split("train", 50), pre.sample_split("train", 50)
+    for key, value in a.items():
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(value, b[key])
+    raw_text = b["text_embeddings"] * b["text_norms"][:, None]
+    raw_image = b["image_embeddings"] * b["image_norms"][:, None]
+    np.testing.assert_allclose(b["text_features_pre"] @ pre.projections["text"].T, raw_text,
+                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(b["image_features_pre"] @ pre.projections["image"].T, raw_image,
+                               atol=1e-5)  # fmt: skip
+    assert b["text_features_pre"].shape == (150, 40)
+
+
+@pytest.fixture(scope="module")
+def pre_world(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("pre-world") / "tables"
+    return write_world(str(root), small_world_config(pre_dim=40))
+
+
+def test_missing_pre_projection_columns_exit_2(small_world, tmp_path, capsys) -> None:
+    out = str(tmp_path / "ckpt")
+    code = main(["train", "--embeddings", small_world, "--method", "bayesvlm", "--output", out,
+                 "--quiet"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "image_features_pre/text_features_pre" in err and "--pre-projection" in err
+    assert "Traceback" not in err and not os.path.exists(os.path.join(out, "model.pt"))
+
+
+def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:
+    from asymvlm.evaluation import evaluate_retrieval
+    from asymvlm.training import load_checkpoint, load_split
+
+    ckpt = str(tmp_path / "ckpt")
+    assert main(["train", "--embeddings", pre_world, "--method", "bayesvlm", "--output", ckpt,
+                 "--method-arg", "class_batch=256", "--quiet"]) == 0  # fmt: skip
+    method, meta = load_checkpoint(ckpt)
+    assert meta["method"] == "bayesvlm" and meta["complete"]
+    manifest = tables.read_manifest(pre_world)
+    assert method.text_a_inv.shape == (40, 40) and method.image_projection.shape == (16, 40)
+    np.testing.assert_array_equal(method.text_projection.numpy(),
+                                  tables.read_projection(pre_world, manifest)["text"])  # fmt: skip
+    assert float(method.text_prior_precision) > 0 and float(method.image_prior_precision) > 0
+
+    args = ["--embeddings", pre_world, "--split", "test", "--checkpoint", ckpt, "--quiet"]
+    metrics = str(tmp_path / "metrics.json")
+    assert main(["evaluate", *args, "--output", metrics]) == 0
+    with open(metrics) as fh:
+        result = json.load(fh)
+    test = load_split(pre_world, "test")
+    again = evaluate_retrieval(method, test)
+    for direction in ("t2i", "i2t"):
+        assert result[direction]["recall@1"] == again[direction]["recall@1"]
+        assert result[direction]["recall@1"] > 5 / 60  # 60 test images: chance is 1/60
+    scores = str(tmp_path / "scores.parquet")
+    assert main(["score", *args, "--output", scores]) == 0
+    table = pq.read_table(scores)
+    image_rows, text_rows = method.split_inputs(test)
+    trace = method.encode_texts(text_rows)["trace"]
+    np.testing.assert_allclose(table.column("uncertainty").to_numpy(), trace.numpy(), rtol=1e-6)
+    level = table.column("level").to_numpy()
+    s = stats.spearmanr(table.column("uncertainty").to_numpy(), level).statistic
+    print(f"bayesvlm Spearman(uncertainty, level) on the small world: {s:+.3f}")
+    assert np.isfinite(s)
+
+
+def test_inputs_without_pre_projection_features_are_refused(pre_world) -> None:
+    from asymvlm.errors import ConfigError
+    from asymvlm.training import SplitTensors, TrainConfig, load_split
+    from asymvlm.training.protocol import RunSpec, TrainingRun
+
+    cfg = TrainConfig(method="bayesvlm", device="cpu", method_kwargs={"class_batch": 256})
+    run = TrainingRun(RunSpec(embeddings=pre_world, train=cfg, val_split=None, test_split=None))
+    run.fit()
+    test = load_split(pre_world, "test")
+    plain = SplitTensors(test.image_emb, test.text_emb, test.text_to_image, test.split)
+    with pytest.raises(tables.TableError, match="--pre-projection"):
+        run.method.split_inputs(plain)
+    with pytest.raises(ConfigError, match="cannot be scored"):
+        run.method.encode_texts(test.text_emb)  # embeddings alone, as class prompts are
+
+
+# -- HierarCaps tables embedded with --pre-projection -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory) -> str:
+    from asymvlm.data.tiny import save_tiny_clip
+
+    return save_tiny_clip(str(tmp_path_factory.mktemp("tiny-clip")))
+
+
+@pytest.mark.slow
+def test_hierarcaps_tables_with_pre_projection(ray_session, tiny_clip, tmp_path, capsys) -> None:
+    """Real HierarCaps images and captions through a tiny CLIP with --pre-projection, then
+    bayesvlm fitted on them, evaluated, scored and analysed along the caption hierarchies."""
+    from asymvlm.training import load_checkpoint, load_split
+    from tests.helpers import hierarcaps_subset
+
+    csv, images = hierarcaps_subset(tmp_path / "hc", n=24)
+    out = str(tmp_path / "tables")
+    assert main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images", images,
+                 "--model", tiny_clip, "--split", "test", "--output", out, "--batch-size", "16",
+                 "--pre-projection"]) == 0  # fmt: skip
+    ckpt = str(tmp_path / "ckpt")
+    assert main(["train", "--embeddings", out, "--split", "test", "--method", "bayesvlm",
+                 "--output", ckpt, "--method-arg", "class_batch=32", "--quiet"]) == 0  # fmt: skip
+    method, _ = load_checkpoint(ckpt)
+    projection = tables.read_projection(out)
+    np.testing.assert_array_equal(method.image_projection.numpy(), projection["image"])
+    assert method.image_a_inv.shape == (32, 32)  # the tiny CLIP's pooled width
+
+    metrics = str(tmp_path / "metrics.json")
+    args = ["--embeddings", out, "--split", "test", "--checkpoint", ckpt, "--quiet"]
+    assert main(["evaluate", *args, "--output", metrics]) == 0
+    with open(metrics) as fh:
+        result = json.load(fh)
+    for direction in ("t2i", "i2t"):
+        assert 0 <= result[direction]["recall@1"] <= 1
+        assert np.isfinite(result[direction]["auroc"])
+    scores = str(tmp_path / "scores.parquet")
+    assert main(["score", *args, "--output", scores]) == 0
+    table = pq.read_table(scores)
+    test = load_split(out, "test")
+    trace = method.encode_texts(method.split_inputs(test)[1])["trace"].numpy()
+    np.testing.assert_allclose(table.column("uncertainty").to_numpy(), trace, rtol=1e-6)
+    assert np.all(trace > 0) and len(set(np.round(trace, 6))) > len(trace) // 2
+    capsys.readouterr()
+    assert main(["analyze", "hierarcaps", "--checkpoint", ckpt, "--data", f"{out}:test"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "bayesvlm" in json.dumps(report)
