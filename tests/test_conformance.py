@@ -19,7 +19,6 @@ import torch
 
 from asymvlm.methods import build_method
 from asymvlm.methods.official import from_official_state_dict
-
 from asymvlm.metrics import retrieval_metrics
 from tests import conformance
 

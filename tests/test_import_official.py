@@ -59,10 +59,11 @@ def test_imported_checkpoint_gives_the_official_numbers(method, tmp_path, capsys
     text = torch.as_tensor(inputs["input/text_emb"])
     image = torch.as_tensor(inputs["input/image_emb"])
     with torch.no_grad():
-        torch.testing.assert_close(model.text_uncertainty(text).numpy(),
-                                   arrays["out/text_uncertainty"], rtol=1e-6, atol=1e-9)  # fmt: skip
-        torch.testing.assert_close(model.log_likelihood(image, text).numpy(),
-                                   arrays["out/scores"], rtol=1e-6, atol=1e-9)  # fmt: skip
+        uncertainty = model.text_uncertainty(text).numpy()
+        scores = model.log_likelihood(image, text).numpy()
+    expected = arrays["out/text_uncertainty"]
+    torch.testing.assert_close(uncertainty, expected, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(scores, arrays["out/scores"], rtol=1e-6, atol=1e-9)
 
     # Through the CLI on a table of the test set: the ranking key of the official evaluation
     # (float32 here, as the authors evaluate).

@@ -368,5 +368,6 @@ def test_failed_trials_are_failed_mlflow_runs(tmp_path) -> None:
     assert run.data.tags["mlflow.parentRunId"] == parent.id
     assert run.data.tags["failure_reason"] == "RuntimeError: worker died"
     assert run.data.tags["mlflow.note.content"] == "FAILED: RuntimeError: worker died"
+    # the optimiser the trial used: the protocol's default for the method (SGD for AsymVLM)
     assert run.data.params == {"dataset": "d", "method": "asymvlm-vmf", "lr": "0.5",
-                               "seed": "0", "stage": "grid"}  # fmt: skip
+                               "seed": "0", "stage": "grid", "optimizer": "sgd"}  # fmt: skip
