@@ -55,6 +55,7 @@ def align(clean: SplitTensors, other: SplitTensors) -> tuple[SplitTensors, Split
 def _mix(images_from: SplitTensors, texts_from: SplitTensors) -> SplitTensors:
     return SplitTensors(
         image_emb=images_from.image_emb,
+        image_norm=images_from.image_norm,
         text_emb=texts_from.text_emb,
         text_to_image=texts_from.text_to_image,
         split=texts_from.split,

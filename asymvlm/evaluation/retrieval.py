@@ -105,7 +105,9 @@ def _subset(data: SplitTensors, images: np.ndarray, texts: np.ndarray) -> SplitT
     index = torch.full((data.image_emb.shape[0],), -1, dtype=torch.long, device=device)
     index[torch.as_tensor(images, device=device)] = torch.arange(len(images), device=device)
     rows = torch.as_tensor(texts, device=device)
-    return SplitTensors(image_emb=data.image_emb[torch.as_tensor(images, device=device)],
+    image_rows = torch.as_tensor(images, device=device)
+    norm = None if data.image_norm is None else data.image_norm[image_rows]
+    return SplitTensors(image_emb=data.image_emb[image_rows], image_norm=norm,
                         text_emb=data.text_emb[rows], text_to_image=index[data.text_to_image[rows]],
                         split=None)  # fmt: skip
 

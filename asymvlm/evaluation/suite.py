@@ -51,6 +51,11 @@ class ClassificationSet:
                 "prompts/ -- embed CIFAR/STL/ImageNet with `asymvlm embed`)"
             )
         self.image_emb = torch.tensor(tables.column_matrix(images.column("embedding")))
+        self.image_norm = (
+            torch.as_tensor(np.asarray(images.column("norm").to_pylist(), dtype=np.float32))
+            if "norm" in images.column_names
+            else None
+        )
         self.labels = torch.as_tensor(np.asarray(images.column("label").to_pylist()))
         self.prompt_class = np.asarray(prompts.column("class_index").to_pylist())
         self.prompt_text = prompts.column("text").to_pylist()
@@ -97,7 +102,7 @@ def evaluate_zero_shot(
     loaded = {name: load_classification(*where) for name, where in sets.items()}
     return {
         name: {
-            s: zero_shot_accuracy(m, data.image_emb, data.labels,
+            s: zero_shot_accuracy(m, m.image_rows(data.image_emb, data.image_norm), data.labels,
                                   data.class_prompts(_adapter_input(m)))
             for s, data in loaded.items()
         }
@@ -119,8 +124,9 @@ def evaluate_none_of_the_above(
         prompts = pos.class_prompts(ai)
         for text, dummy in pos.dummy_inputs(ai).items():
             out["dummy"].setdefault(text, {})[name] = none_of_the_above(
-                m, pos.image_emb, pos.labels, neg.image_emb, prompts, dummy
-            )
+                m, m.image_rows(pos.image_emb, pos.image_norm), pos.labels,
+                m.image_rows(neg.image_emb, neg.image_norm), prompts, dummy,
+            )  # fmt: skip
     frozen = build_method("clip", pos.image_emb.shape[1])
     out["rejection"] = rejection_baselines(
         frozen, pos.image_emb, pos.labels, neg.image_emb, pos.class_prompts("unit")

@@ -25,6 +25,7 @@ and offers
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from asymvlm.training.data import SplitTensors
 
 Encoding = dict[str, torch.Tensor]
+_log = logging.getLogger(__name__)
 
 METHODS: dict[str, type[Method]] = {}
 
@@ -183,6 +185,11 @@ class Method(nn.Module):
     PROTOCOL_KWARGS: ClassVar[dict[str, dict[str, Any]]] = {}
     #: The protocol the method was built under (set by :func:`build_method`).
     protocol: str = "improved"
+    #: True where the authors' code feeds this method the raw image projection and the norm
+    #: reaches its output (their embedding cache keeps raw projections; AsymVLM, PCME++ and
+    #: ProLIP normalise it first, PFE's means and variance head and ProbVLM's backbone and
+    #: targets do not): under ``official`` such a method takes ``image_emb * image_norm``.
+    OFFICIAL_RAW_IMAGES: ClassVar[bool] = False
 
     @classmethod
     def protocol_kwargs(cls, protocol: str) -> dict[str, Any]:
@@ -260,10 +267,32 @@ class Method(nn.Module):
         with the whole training split (its optional tensors included) when training starts.
         Default: nothing."""
 
+    @property
+    def raw_image_input(self) -> bool:
+        """Whether this method takes raw image projections (``official`` PFE and ProbVLM)."""
+        return self.OFFICIAL_RAW_IMAGES and self.protocol == "official"
+
+    def image_rows(self, image_emb: torch.Tensor, image_norm: torch.Tensor | None) -> torch.Tensor:
+        """The image input this method takes from unit embeddings and their raw norms: the unit
+        embeddings, or ``image_emb * image_norm`` where :attr:`raw_image_input`. Tables without
+        an image ``norm`` column give unit images then, with a warning (once per method)."""
+        if not self.raw_image_input:
+            return image_emb
+        if image_norm is None:
+            if not getattr(self, "_warned_unit_images", False):
+                self._warned_unit_images = True
+                _log.warning(
+                    "%s (protocol official) takes raw image projections, as the authors' code "
+                    "does, but these tables have no image `norm` column: using unit images "
+                    "(re-embed with this version to record the norm)", self.name,
+                )  # fmt: skip
+            return image_emb
+        return image_emb * image_norm.to(image_emb)[:, None]
+
     def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
         """(image rows, text rows) of a split that :meth:`encode_images` / :meth:`encode_texts`
-        take: the embeddings ``data.image_emb``, ``data.text_emb`` by default."""
-        return data.image_emb, data.text_emb
+        take: the image rows of :meth:`image_rows` and ``data.text_emb`` by default."""
+        return self.image_rows(data.image_emb, data.image_norm), data.text_emb
 
     def kappa(self, text_emb: torch.Tensor) -> torch.Tensor | None:
         """Concentration per caption where the method defines one (vMF/PS), else None."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -92,6 +93,10 @@ class Trainer:
                 f"cannot train {method.name} on an empty split ({n_image} images, "
                 f"{n_text} captions)"
             )
+        if method.trainable:  # the image input it takes: raw projections for official PFE/ProbVLM
+            image_rows = method.image_rows(data.image_emb, data.image_norm)
+            if image_rows is not data.image_emb:
+                data = replace(data, image_emb=image_rows)
         self._check_inputs(data)
         global_batch = min(cfg.batch_size, n_text)
         if global_batch % world_size:

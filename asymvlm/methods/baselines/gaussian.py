@@ -176,6 +176,7 @@ class PFE(_PostHocGaussian):
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "raw_means": True, "min_var": 0.0, "loss_scale": 2.0},
     }
+    OFFICIAL_RAW_IMAGES = True  # the means and the variance head see the image norm
 
     def __init__(
         self,

@@ -147,6 +147,7 @@ class ProbVLM(Method):
     """
 
     uncertainty_doc = "mean GGD variance alpha^2 Gamma(3/beta)/Gamma(1/beta) over dims (both)"
+    OFFICIAL_RAW_IMAGES = True  # the backbone and the targets see the image norm
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"depth": 2, "init": "default", "official": True},
     }

@@ -1,0 +1,83 @@
+"""protocol official: PFE* and ProbVLM take the raw image projection (the authors' embedding
+cache keeps it and those two ports do not normalise it); every other method, and every method
+under improved, takes the unit image embedding."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from asymvlm.methods import METHODS, build_method
+from asymvlm.synthetic import write_world
+from asymvlm.training import TrainConfig, Trainer, load_checkpoint, load_split, save_checkpoint
+from tests.conftest import small_world_config
+
+RAW = {"pfe", "probvlm"}
+
+
+@pytest.fixture(scope="module")
+def normed_world(tmp_path_factory) -> str:
+    """The small world with image norms (written with pre-projection features)."""
+    root = tmp_path_factory.mktemp("normed") / "tables"
+    return write_world(str(root), small_world_config(pre_dim=20))
+
+
+def test_only_official_pfe_and_probvlm_take_raw_images(normed_world) -> None:
+    data = load_split(normed_world, "test")
+    assert data.image_norm is not None and float(data.image_norm.std()) > 0
+    raw = data.image_emb * data.image_norm[:, None]
+    for name in sorted(METHODS):
+        if name == "bayesvlm":  # its rows are [embedding | pre-projection feature]
+            continue
+        for protocol in ("official", "improved"):
+            method = build_method(name, 16, protocol=protocol)
+            rows = method.split_inputs(data)[0]
+            expected = raw if (protocol == "official" and name in RAW) else data.image_emb
+            torch.testing.assert_close(rows, expected, msg=f"{name}/{protocol}")
+
+
+def test_tables_without_image_norms_fall_back_to_unit_with_one_warning(small_world, caplog) -> None:
+    data = load_split(small_world, "test")
+    assert data.image_norm is None
+    method = build_method("pfe", 16, protocol="official", hidden_dim=8, depth=1)
+    with caplog.at_level(logging.WARNING, logger="asymvlm.methods.base"):
+        first = method.split_inputs(data)[0]
+        method.split_inputs(data)
+    assert first is data.image_emb
+    warnings = [r for r in caplog.records if "no image `norm` column" in r.getMessage()]
+    assert len(warnings) == 1 and "pfe" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("name", sorted(RAW))
+def test_training_and_evaluation_see_the_raw_images(name, normed_world, tmp_path) -> None:
+    """Trained on the raw rows: the loss of the first batch is the loss of the raw images (and
+    not of the unit ones); a saved checkpoint comes back official and encodes raw rows."""
+    from asymvlm.evaluation.retrieval import encode_split
+
+    data = load_split(normed_world, "train")
+    cfg = TrainConfig(method=name, protocol="official", epochs=1, batch_size=64, hidden_dim=8,
+                      depth=1, device="cpu")  # fmt: skip
+    torch.manual_seed(0)
+    method = build_method(name, 16, protocol="official", hidden_dim=8, depth=1)
+    trainer = Trainer(method, cfg, data)
+    raw = data.image_emb * data.image_norm[:, None]
+    torch.testing.assert_close(trainer.data.image_emb, raw)
+    txt = data.text_emb[:32]
+    img = raw[data.text_to_image[:32]]
+    unit_img = data.image_emb[data.text_to_image[:32]]
+    with torch.no_grad():
+        assert abs(float(method.loss(img, txt)) - float(method.loss(unit_img, txt))) > 1e-3
+    trainer.fit()
+
+    folder = str(tmp_path / "ckpt")
+    save_checkpoint(folder, method, cfg, 16)
+    loaded, _ = load_checkpoint(folder)
+    assert loaded.protocol == "official" and loaded.raw_image_input
+    test = load_split(normed_world, "test")
+    _, images = encode_split(loaded, test)
+    with torch.no_grad():
+        expected = loaded.encode_images(test.image_emb * test.image_norm[:, None])
+    torch.testing.assert_close(loaded.image_uncertainty_from(images),
+                               loaded.image_uncertainty_from(expected))  # fmt: skip
