@@ -1,0 +1,107 @@
+"""A toy world with known, asymmetric uncertainty, written as embedding tables.
+
+The world follows Sec. 3 of the paper, whose spaces it makes explicit: objects ``O``, their
+representation ``psi(O)`` on S^{d-1}, images ``I``, texts ``T``, the one-to-many maps
+``Phi_T`` (text -> the objects it describes) and ``Phi_I`` (object -> its images), and a frozen
+VLM whose encoders approximate ``f_T ~ psi o Phi_T`` and ``f_I ~ psi o Phi_I^{-1}``. Each
+assumption below is named by a letter; the code refers to the letters.
+
+H (hierarchy of types). A concept hierarchy lives on S^{d-1}: a few abstract concepts (level 0),
+each with children (level 1), grandchildren (level 2). A child lies near its parent
+(``spread``). A concept is a *type* in the paper's sense: ``Phi_T("c")`` is every object under
+it.
+
+O (tokens). Every object (token) lies near one leaf (level-2) concept (``object_spread``);
+``psi(o)`` is that point.
+
+I (images). Every image shows exactly one object (``Phi_I^{-1}(i) = o``, the paper's ✕
+assumption), seen with a little view noise (``image_noise``); images are one-to-one with objects.
+The frozen image encoder is ``psi o Phi_I^{-1}`` up to that noise: images carry no abstraction.
+
+C (captions). A caption describes its image's object at an abstraction level drawn uniformly:
+levels 0-2 point at the object's ancestor concept, level 3 at the object itself, each with a
+little paraphrase noise (``caption_noise``). So an abstract caption's ``Phi_T`` holds many
+objects (high aleatoric uncertainty in text -> image), a detailed one few; an image has
+``captions_per_image`` captions (the image -> text one-to-many of linguistic diversity). Levels
+are stored like HierarCaps (column ``level``: 0 = most general, 3 = most detailed).
+
+E (the frozen text encoder's error). The frozen "VLM" is imperfect the way a frozen model is on
+a new domain: its text encoder is misaligned with its image encoder by a fixed rotation
+(``misalignment``), which an adapter can learn to undo, and it reports a raw text-projection
+norm (column ``norm``) that carries no information.
+
+P (pre-projection features, ``pre_dim``). What ``asymvlm embed --pre-projection`` writes for a
+real CLIP (for BayesVLM, :mod:`asymvlm.methods.bayesvlm`): each modality's encoder ends in a
+random linear projection ``W`` [dim, pre_dim] with orthonormal rows, and an item's
+pre-projection feature is ``phi = W^T (norm * embedding) + n``, where ``n`` is an isotropic
+nuisance in the null space of ``W`` (scale ``pre_noise`` relative to the raw norm), so that
+``W phi`` is exactly the raw projection ``norm * embedding``. Images get a raw norm too
+(uninformative, like the captions').
+
+W (caption words, ``caption_words``). A caption names the concept path down to its level, one
+word per level, and the object by its own name at the object level ("a dog" / "a golden
+retriever" / "the neighbour's golden retriever"); besides, it carries style words -- an opening
+phrase of 1-4 words and Poisson(``filler_words``) adjectives -- whose number does not depend on
+the level and which do not narrow ``Phi_T`` (nor move the embedding). So the word count grows
+with the level but is not a function of it: Spearman(words, uncertainty) is below
+Spearman(level, uncertainty) for an estimator that tracks the level. Off by default: today's
+tag captions ("a photo of c1 / c7") have a word count that is a function of the level.
+
+G (the most general texts). "a photo", "a photo of an object", "a photo of something" describe
+every object: ``Phi_T(t) = O``. Their meaning is the hierarchy's root, the direction of the
+level-0 concepts' mean (``SyntheticWorld.generic``), with paraphrase noise; the encoder makes
+only its shared error on them (they belong to no domain, D). They are not among the fine-tuning
+captions, as "a photo" is rare among COCO's; they serve as the dummy prompts of the
+none-of-the-above evaluation (Table 2).
+
+K (classification). The classes of a classification set are concepts of one level; an image of
+a class is an object under that concept, seen as in I; a class prompt is the text naming the
+concept (the concept plus paraphrase noise, as C) under a template, and a template adds a
+direction of its own shared by every class ("a photo of a {}" vs "a drawing of a {}"), so that a
+prompt ensemble averages template noise out. Positives are images of the chosen classes,
+negatives images of the other concepts of the same level -- disjoint, like CIFAR-10 against
+CIFAR-100 (:mod:`asymvlm.synthetic.classes`).
+
+D (domains, ``finetune_roots``, ``domain_misalignment``). The level-0 concepts are split into a
+fine-tuning domain (the first ``finetune_roots``; the retrieval splits show only its objects,
+the analogue of COCO) and a zero-shot domain (the rest; the analogue of the classification sets
+a fine-tuned model is tested on in Table 3). The text encoder's error on a text of domain ``k``
+is the shared rotation E after a rotation of its own, ``R_shared R_k`` (each ``R_k`` turning
+every vector by ``domain_misalignment`` in d/2 random planes; generic texts get ``R_shared``
+only). An adapter fitted on the fine-tuning domain can learn the shared part, which helps the
+zero-shot domain, and that domain's own part, which does not -- so fine-tuning may help or
+hurt zero-shot accuracy elsewhere; nothing in the world decides which.
+
+Random streams and memory are described in :mod:`asymvlm.synthetic.world`: every feature added
+after the first worlds draws from a generator of its own, so a world of today's knobs is
+bit-identical to what it was; ``block_images`` draws a split in blocks so that the writer holds
+one part file at a time (presets ``demo`` and ``coco``: :data:`PRESETS`).
+"""
+
+from asymvlm.synthetic.classes import (
+    DUMMY_PROMPTS,
+    TEMPLATES,
+    ClassificationSpec,
+    write_classification_sets,
+)
+from asymvlm.synthetic.cli import main
+from asymvlm.synthetic.world import (
+    DEFAULT_SHARD_IMAGES,
+    PRESETS,
+    SyntheticWorld,
+    WorldConfig,
+    write_world,
+)
+
+__all__ = [
+    "DEFAULT_SHARD_IMAGES",
+    "DUMMY_PROMPTS",
+    "PRESETS",
+    "TEMPLATES",
+    "ClassificationSpec",
+    "SyntheticWorld",
+    "WorldConfig",
+    "main",
+    "write_classification_sets",
+    "write_world",
+]

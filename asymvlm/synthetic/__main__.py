@@ -1,0 +1,6 @@
+"""``python -m asymvlm.synthetic``: write a synthetic world (see :mod:`asymvlm.synthetic.cli`)."""
+
+from asymvlm.synthetic.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,418 @@
+"""The synthetic world's generative process: :class:`WorldConfig`, :class:`SyntheticWorld`,
+:func:`write_world` (the assumptions are stated in the package docstring, :mod:`asymvlm.synthetic`).
+
+Random streams. Everything a world of today's knobs writes comes from the world's generator
+(``default_rng(seed)``: concepts, the shared text rotation, one seed per split) and, per split,
+``default_rng(split_seed)``: leaves, objects, views, levels, paraphrase noise, norms -- in that
+order, over the whole split. Every later feature draws from a generator of its own, so turning it
+on leaves every other output bit-identical:
+
+* ``[split_seed, 1]`` pre-projection features and image norms;
+* ``[split_seed, 3]`` caption words (``caption_words``);
+* ``[seed, 5]`` the domain-specific text rotations (``domain_misalignment``);
+* ``[seed, 4, ...]`` classification sets (:mod:`asymvlm.synthetic.classes`).
+
+Blocks (``block_images``, opt-in). Today's draws run over the whole split, so the split is built
+in memory (a COCO-sized world at d = 512: about 10 GB for a 1.5 GB table). With ``block_images =
+B`` the split is drawn in blocks of B images, block ``b`` from ``[split_seed, 2, b]`` (its pre-
+projection and word streams: ``[split_seed, 1, b]``, ``[split_seed, 3, b]``), so a part file is
+a run of whole blocks and the writer holds one part at a time; the tables read back are the same
+whatever the part size (:meth:`SyntheticWorld.iter_parts`). A blocked world is another world
+than the unblocked one of the same seed (other streams), which is why it is opt-in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+import numpy as np
+
+from asymvlm import tables
+from asymvlm.synthetic.captions import tag_texts, word_texts
+
+__all__ = ["DEFAULT_SHARD_IMAGES", "PRESETS", "SyntheticWorld", "WorldConfig", "write_world"]
+
+#: Images per part file when writing (a split this small or smaller is one ``part-00000``).
+DEFAULT_SHARD_IMAGES = 16384
+#: Second entry of a split's feature generators: ``default_rng([split_seed, TAG, ...])``.
+_PRE, _BLOCK, _WORDS = 1, 2, 3
+_DOMAIN_STREAM = 5
+#: Knobs added after the first worlds were written: left out of the manifest at their defaults,
+#: so that a world of today's knobs writes today's manifest.
+_LATER_KNOBS = ("block_images", "caption_words", "filler_words", "finetune_roots",
+                "domain_misalignment")  # fmt: skip
+
+
+@dataclass
+class WorldConfig:
+    """Knobs of the toy world (defaults: a small world that trains in seconds on a CPU)."""
+
+    dim: int = 64
+    branching: tuple[int, int, int] = (6, 4, 4)  # concepts per parent at levels 0, 1, 2
+    spread: tuple[float, float, float] = (1.0, 0.7, 0.5)  # child offset scale at levels 0..2
+    object_spread: float = 0.45  # object around its level-2 concept
+    image_noise: float = 0.08  # view noise of the image encoder
+    caption_noise: float = 0.12  # paraphrase noise of a caption
+    misalignment: float = 1.0  # rotation angle (rad) of the text encoder, in dim/2 planes
+    norm_mean: float = 8.0  # raw text-projection norm (uninformative, log-normal)
+    norm_log_sd: float = 0.1
+    captions_per_image: int = 5
+    splits: dict[str, int] = field(
+        default_factory=lambda: {"train": 8000, "val": 1000, "test": 1000}
+    )
+    seed: int = 0
+    #: Width of the pre-projection features (None: no pre-projection columns); > dim.
+    pre_dim: int | None = None
+    pre_noise: float = 0.5  # null-space nuisance of a pre-projection feature, per unit norm
+    #: Draw each split in blocks of this many images (bounded memory; module docstring).
+    block_images: int | None = None
+    #: Captions with words whose count follows the level with noise (assumption W).
+    caption_words: bool = False
+    filler_words: float = 1.5  # Poisson mean of a word caption's style words
+    #: Level-0 concepts whose objects the retrieval splits show (the fine-tuning domain); the
+    #: others form the zero-shot domain (assumption D). None: every concept, one domain.
+    finetune_roots: int | None = None
+    #: Angle (rad) of each domain's own text-encoder rotation, after the shared one (D).
+    domain_misalignment: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.branching = tuple(int(b) for b in self.branching)  # type: ignore[assignment]
+        self.spread = tuple(float(s) for s in self.spread)  # type: ignore[assignment]
+        if self.block_images is not None and self.block_images < 1:
+            raise ValueError(f"block_images must be >= 1, got {self.block_images}")
+        if self.finetune_roots is not None and not 1 <= self.finetune_roots <= self.branching[0]:
+            raise ValueError(
+                f"finetune_roots must be in 1..{self.branching[0]}, got {self.finetune_roots}"
+            )
+        if self.filler_words < 0 or self.domain_misalignment < 0:
+            raise ValueError("filler_words and domain_misalignment must be >= 0")
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> WorldConfig:
+        """A named world (:data:`PRESETS`) with ``overrides`` applied."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown world preset {name!r}; known: {', '.join(PRESETS)}")
+        return replace(PRESETS[name], **overrides)
+
+    @classmethod
+    def from_manifest(cls, root: str) -> WorldConfig:
+        """The configuration a world's ``manifest.json`` records (key ``world``)."""
+        world = tables.read_manifest(root).extra.get("world")
+        if not isinstance(world, dict):
+            raise tables.TableError(f"{root}: manifest has no 'world' (not a synthetic world)")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(world) - known)
+        if unknown:
+            raise tables.TableError(f"{root}: unknown world keys {unknown}")
+        return cls(**world)
+
+    def manifest_world(self) -> dict[str, Any]:
+        """The ``world`` entry of the manifest (later knobs only when not at their defaults)."""
+        world = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+        if self.pre_dim is None:  # the manifest of a world without them stays as it was
+            world = {k: v for k, v in world.items() if k not in ("pre_dim", "pre_noise")}
+        defaults = WorldConfig.__dataclass_fields__
+        return {k: v for k, v in world.items()
+                if k not in _LATER_KNOBS or v != defaults[k].default}  # fmt: skip
+
+
+#: Named worlds. ``demo``: the size of the offline demo's world (configs/demo.yaml
+#: ``prepare.synthetic``: d = 32, 1500/300/300 images, 4 captions), with word captions and a
+#: fine-tuning / zero-shot domain split (4 of 6 level-0 concepts fine-tuned on); written in about
+#: a second. ``coco``: MS-COCO's size (2017 train: 118,287 images, 5 captions each; 5,000 val and
+#: test) at CLIP ViT-B/32's width d = 512, written in blocks with bounded memory.
+PRESETS: dict[str, WorldConfig] = {
+    "demo": WorldConfig(
+        dim=32, captions_per_image=4, splits={"train": 1500, "val": 300, "test": 300},
+        block_images=512, caption_words=True, finetune_roots=4, domain_misalignment=0.5,
+    ),
+    "coco": WorldConfig(
+        dim=512, captions_per_image=5, splits={"train": 118_287, "val": 5000, "test": 5000},
+        block_images=2048, caption_words=True, finetune_roots=4, domain_misalignment=0.5,
+    ),
+}  # fmt: skip
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _offset(rng: np.random.Generator, centers: np.ndarray, scale: float) -> np.ndarray:
+    """Points around ``centers`` at angle ~atan(scale): normalise(c + scale * random unit)."""
+    return _unit(centers + scale * _unit(rng.standard_normal(centers.shape)))
+
+
+def _orthonormal_rows(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """[rows, cols] with orthonormal rows (rows <= cols), uniformly distributed."""
+    q, r = np.linalg.qr(rng.standard_normal((cols, rows)))
+    return (q * np.sign(np.diag(r))).T
+
+
+def _rotation(rng: np.random.Generator, dim: int, angle: float) -> np.ndarray:
+    """An orthogonal map rotating every vector by ``angle`` in dim/2 random orthogonal planes."""
+    basis, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
+    block = np.eye(dim)
+    c, s = math.cos(angle), math.sin(angle)
+    for i in range(0, dim - 1, 2):
+        block[i : i + 2, i : i + 2] = [[c, -s], [s, c]]
+    return basis @ block @ basis.T
+
+
+def concat_splits(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One split dict from consecutive chunks (lists joined, arrays stacked, dicts per key)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    out: dict[str, Any] = {}
+    for key, first in chunks[0].items():
+        values = [c[key] for c in chunks]
+        if isinstance(first, dict):
+            out[key] = {k: np.concatenate([v[k] for v in values]) for k in first}
+        elif isinstance(first, np.ndarray):
+            out[key] = np.concatenate(values)
+        else:
+            out[key] = [x for v in values for x in v]
+    return out
+
+
+class SyntheticWorld:
+    """The generative process; ``write(root)`` stores every split as an embedding table."""
+
+    def __init__(self, config: WorldConfig | None = None) -> None:
+        self.config = cfg = config or WorldConfig()
+        rng = np.random.default_rng(cfg.seed)
+        self.concepts: list[np.ndarray] = []  # per level: [n_concepts, dim]
+        self.parents: list[np.ndarray] = []  # per level: parent index in the level above
+        centers = _unit(rng.standard_normal((cfg.branching[0], cfg.dim)))
+        self.concepts.append(centers)
+        self.parents.append(np.zeros(cfg.branching[0], dtype=np.int64))
+        for level in range(1, len(cfg.branching)):
+            parent = np.repeat(np.arange(len(self.concepts[-1])), cfg.branching[level])
+            self.concepts.append(_offset(rng, self.concepts[-1][parent], cfg.spread[level]))
+            self.parents.append(parent)
+        self.text_rotation = _rotation(rng, cfg.dim, cfg.misalignment)
+        self._split_seeds = {
+            name: int(s)
+            for name, s in zip(cfg.splits, rng.integers(0, 2**31, len(cfg.splits)), strict=True)
+        }
+        self.projections: dict[str, np.ndarray] = {}
+        if cfg.pre_dim is not None:
+            if cfg.pre_dim <= cfg.dim:
+                raise ValueError(f"pre_dim must exceed dim {cfg.dim}, got {cfg.pre_dim}")
+            pre_rng = np.random.default_rng([cfg.seed, 1])  # not the world's stream
+            self.projections = {
+                kind: _orthonormal_rows(pre_rng, cfg.dim, cfg.pre_dim) for kind in ("image", "text")
+            }
+        # Assumption G: the most general text describes every object; its meaning is the
+        # direction of the level-0 concepts' mean (the hierarchy's root).
+        self.generic = _unit(self.concepts[0].mean(axis=0))
+        # Assumption D: domains of the level-0 concepts and their text-encoder errors.
+        self.root_domain = np.zeros(cfg.branching[0], dtype=np.int64)
+        if cfg.finetune_roots is not None:
+            self.root_domain[cfg.finetune_roots :] = 1
+        self.leaf_root = self.ancestors(np.arange(len(self.concepts[-1])))[0]
+        self.domain_rotations: list[np.ndarray] = []
+        if cfg.domain_misalignment > 0:
+            dom_rng = np.random.default_rng([cfg.seed, _DOMAIN_STREAM])
+            self.domain_rotations = [
+                _rotation(dom_rng, cfg.dim, cfg.domain_misalignment) for _ in range(2)
+            ]
+
+    @property
+    def n_levels(self) -> int:
+        return len(self.config.branching) + 1
+
+    def ancestors(self, leaf: np.ndarray) -> list[np.ndarray]:
+        """Concept index at every concept level (0..L-1) for level-(L-1) concept ids."""
+        path = [leaf]
+        for level in range(len(self.concepts) - 1, 0, -1):
+            path.append(self.parents[level][path[-1]])
+        return path[::-1]
+
+    def domain_leaves(self, domain: int) -> np.ndarray:
+        """Ids of the leaf (level L-1) concepts under the level-0 concepts of ``domain``
+        (0: fine-tuning, 1: zero-shot)."""
+        return np.nonzero(self.root_domain[self.leaf_root] == domain)[0]
+
+    def text_map(self, domain: int) -> np.ndarray:
+        """The frozen text encoder's error on texts of ``domain`` (-1: generic texts, of no
+        domain): the shared rotation, then (if any) the domain's own."""
+        if not self.domain_rotations or domain < 0:
+            return self.text_rotation
+        return self.text_rotation @ self.domain_rotations[domain]
+
+    def encode_text(self, true_text: np.ndarray, domain: np.ndarray | int) -> np.ndarray:
+        """The frozen text encoder: unit rows of ``text_map(domain) @ true`` (one domain per row,
+        or one for all)."""
+        if not self.domain_rotations:
+            return _unit(true_text @ self.text_rotation.T)
+        domain = np.broadcast_to(np.asarray(domain), (len(true_text),))
+        out = np.empty_like(true_text)
+        for d in np.unique(domain):
+            rows = domain == d
+            out[rows] = _unit(true_text[rows] @ self.text_map(int(d)).T)
+        return out
+
+    def draw_views(
+        self, rng: np.random.Generator, leaves: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Objects around their leaf concepts, and one image (view) of each."""
+        cfg = self.config
+        objects = _offset(rng, self.concepts[-1][leaves], cfg.object_spread)
+        return objects, _offset(rng, objects, cfg.image_noise)
+
+    def _stream(self, name: str, tag: int, block: tuple[int, ...]) -> np.random.Generator:
+        seed = self._split_seeds[name]
+        return np.random.default_rng([seed, tag, *block] if block or tag else seed)
+
+    def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> dict:
+        """Images ``start .. start+n_images`` of a split, drawn from the split's stream
+        (``block == ()``, the whole split) or from block ``block[0]``'s."""
+        cfg = self.config
+        rng = self._stream(name, _BLOCK if block else 0, block)
+        if cfg.finetune_roots is None:
+            leaves = rng.integers(0, len(self.concepts[-1]), n_images)
+        else:
+            allowed = self.domain_leaves(0)
+            leaves = allowed[rng.integers(0, len(allowed), n_images)]
+        objects, images = self.draw_views(rng, leaves)
+        path = self.ancestors(leaves)
+
+        n_cap = cfg.captions_per_image
+        cap_image = np.repeat(np.arange(n_images), n_cap)
+        levels = rng.integers(0, self.n_levels, n_images * n_cap)
+        targets = np.empty((len(cap_image), cfg.dim))
+        for level in range(self.n_levels):
+            rows = levels == level
+            if level < len(self.concepts):
+                targets[rows] = self.concepts[level][path[level][cap_image[rows]]]
+            else:
+                targets[rows] = objects[cap_image[rows]]
+        true_text = _offset(rng, targets, cfg.caption_noise)
+        del targets
+        domain = self.root_domain[path[0]][cap_image]
+        text = self.encode_text(true_text, domain)  # the frozen text encoder's error
+        del true_text
+        norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * rng.standard_normal(len(text)))
+
+        image_ids = [f"{name}-img{start + i:06d}" for i in range(n_images)]
+        caption_ids = [f"{image_ids[i]}-c{j}" for i in range(n_images) for j in range(n_cap)]
+        if cfg.caption_words:
+            words = self._stream(name, _WORDS, block)
+            names = word_texts(words, path, cap_image, levels, start, cfg.filler_words)
+        else:
+            names = tag_texts(path, cap_image, levels, start)
+        out = {
+            "image_ids": image_ids,
+            "image_embeddings": images.astype(np.float32),
+            "caption_ids": caption_ids,
+            "caption_image_ids": [image_ids[i] for i in cap_image],
+            "texts": names,
+            "text_embeddings": text.astype(np.float32),
+            "text_norms": norms.astype(np.float32),
+            "extra_text_columns": {"level": levels.astype(np.int64)},
+        }
+        if self.projections:
+            out.update(self._pre_projection(self._stream(name, _PRE, block), out))
+        return out
+
+    def iter_blocks(self, name: str, n_images: int) -> Iterator[dict]:
+        """The split as chunks: one (the whole split) without ``block_images``, else its
+        blocks in order."""
+        size = self.config.block_images
+        if size is None:
+            yield self._draw(name, 0, n_images, ())
+            return
+        for b, start in enumerate(range(0, n_images, size)):
+            yield self._draw(name, start, min(size, n_images - start), (b,))
+
+    def iter_parts(
+        self, name: str, n_images: int, shard_images: int = DEFAULT_SHARD_IMAGES
+    ) -> Iterator[dict]:
+        """The split as part files of about ``shard_images`` images (whole blocks each), built
+        one at a time; their concatenation is :meth:`sample_split`."""
+        if shard_images < 1:
+            raise ValueError(f"shard_images must be >= 1, got {shard_images}")
+        size = self.config.block_images
+        if size is None:  # drawn in one piece; only cut for writing
+            whole = self._draw(name, 0, n_images, ())
+            for start in range(0, max(n_images, 1), shard_images):
+                yield _slice_split(whole, start, min(start + shard_images, n_images),
+                                   self.config.captions_per_image)  # fmt: skip
+            return
+        per_part = max(1, shard_images // size)
+        chunk: list[dict] = []
+        for block in self.iter_blocks(name, n_images):
+            chunk.append(block)
+            if len(chunk) == per_part:
+                yield concat_splits(chunk)
+                chunk = []
+        if chunk:
+            yield concat_splits(chunk)
+
+    def sample_split(self, name: str, n_images: int) -> dict:
+        """Draw images, objects and captions for one split (deterministic per split name)."""
+        return concat_splits(list(self.iter_blocks(name, n_images)))
+
+    def _pre_projection(self, rng: np.random.Generator, split: dict) -> dict[str, np.ndarray]:
+        """Image norms and the pre-projection features of a split (package docstring), drawn
+        from a generator of their own so the rest of the split does not change."""
+        cfg = self.config
+        image_emb = split["image_embeddings"].astype(np.float64)
+        image_norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * rng.standard_normal(len(image_emb)))
+        out: dict[str, np.ndarray] = {"image_norms": image_norms.astype(np.float32)}
+        for kind, emb, norms in (
+            ("image", image_emb, image_norms),
+            ("text", split["text_embeddings"].astype(np.float64), split["text_norms"]),
+        ):
+            w = self.projections[kind]
+            noise = rng.standard_normal((len(emb), cfg.pre_dim))
+            noise -= (noise @ w.T) @ w  # into the null space of W
+            noise *= cfg.pre_noise / np.sqrt(cfg.pre_dim - cfg.dim)
+            phi = (norms[:, None] * emb) @ w + norms[:, None] * noise
+            out[f"{kind}_features_pre"] = phi.astype(np.float32)
+        return out
+
+    def write(self, root: str, shard_images: int = DEFAULT_SHARD_IMAGES) -> str:
+        """Write ``ROOT/manifest.json`` and every split, in part files of about
+        ``shard_images`` images each, one in memory at a time; returns ``root``."""
+        cfg = self.config
+        manifest = {
+            "dim": cfg.dim,
+            "model": "synthetic-world",
+            "dtype": "float32",
+            "description": "asymvlm.synthetic toy world (known asymmetric uncertainty)",
+            "world": cfg.manifest_world(),
+        }
+        if self.projections:
+            manifest["pre_dim"] = {"image": cfg.pre_dim, "text": cfg.pre_dim}
+        tables.write_manifest(root, manifest)
+        if self.projections:
+            tables.write_projection(root, **self.projections)
+        for name, n_images in cfg.splits.items():
+            for k, part in enumerate(self.iter_parts(name, n_images, shard_images)):
+                tables.write_split(root, name, part=f"part-{k:05d}", **part)
+                del part
+        return root
+
+
+def _slice_split(split: dict, start: int, stop: int, n_cap: int) -> dict:
+    """Images ``start:stop`` of an in-memory split and their captions (captions are stored
+    ``n_cap`` per image, in image order)."""
+    if start == 0 and stop == len(split["image_ids"]):
+        return split
+    out: dict[str, Any] = {}
+    for key, value in split.items():
+        lo, hi = (start, stop) if key.startswith("image") else (start * n_cap, stop * n_cap)
+        out[key] = {k: v[lo:hi] for k, v in value.items()} if isinstance(value, dict) \
+            else value[lo:hi]  # fmt: skip
+    return out
+
+
+def write_world(
+    root: str, config: WorldConfig | None = None, shard_images: int = DEFAULT_SHARD_IMAGES
+) -> str:
+    """Build the world from ``config`` and write it under ``root``."""
+    return SyntheticWorld(config).write(root, shard_images)

@@ -1,0 +1,321 @@
+"""The synthetic world's later features: today's worlds unchanged, blocked (sharded) writing,
+word captions, classification sets, domains and presets (:mod:`asymvlm.synthetic`)."""
+
+from __future__ import annotations
+
+import math
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from asymvlm import tables
+from asymvlm.evaluation.suite import load_classification
+from asymvlm.evaluation.zeroshot import ClassPrompts, zero_shot_accuracy
+from asymvlm.methods import build_method
+from asymvlm.synthetic import (
+    DUMMY_PROMPTS,
+    PRESETS,
+    ClassificationSpec,
+    SyntheticWorld,
+    WorldConfig,
+    main,
+    write_classification_sets,
+    write_world,
+)
+from asymvlm.synthetic.world import _offset, _unit
+from tests.conftest import small_world_config
+
+
+# -- today's worlds ------------------------------------------------------------------------------
+def _reference_split(world: SyntheticWorld, name: str, n_images: int) -> dict:
+    """The split as the first version of the world drew it (one stream over the whole split)."""
+    cfg = world.config
+    rng = np.random.default_rng(world._split_seeds[name])
+    leaves = rng.integers(0, len(world.concepts[-1]), n_images)
+    objects = _offset(rng, world.concepts[-1][leaves], cfg.object_spread)
+    images = _offset(rng, objects, cfg.image_noise)
+    path = world.ancestors(leaves)
+    cap_image = np.repeat(np.arange(n_images), cfg.captions_per_image)
+    levels = rng.integers(0, world.n_levels, len(cap_image))
+    targets = np.empty((len(cap_image), cfg.dim))
+    for level in range(world.n_levels):
+        rows = levels == level
+        source = world.concepts[level][path[level]] if level < len(world.concepts) else objects
+        targets[rows] = source[cap_image[rows]]
+    text = _unit(_offset(rng, targets, cfg.caption_noise) @ world.text_rotation.T)
+    norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * rng.standard_normal(len(text)))
+    return {"images": images.astype(np.float32), "text": text.astype(np.float32),
+            "norms": norms.astype(np.float32), "levels": levels}  # fmt: skip
+
+
+def test_a_world_of_todays_knobs_is_drawn_as_before() -> None:
+    world = SyntheticWorld(small_world_config())
+    got = world.sample_split("train", 300)
+    want = _reference_split(world, "train", 300)
+    np.testing.assert_array_equal(got["image_embeddings"], want["images"])
+    np.testing.assert_array_equal(got["text_embeddings"], want["text"])
+    np.testing.assert_array_equal(got["text_norms"], want["norms"])
+    np.testing.assert_array_equal(got["extra_text_columns"]["level"], want["levels"])
+    assert got["texts"][0].startswith("a photo of c")
+
+
+def test_later_features_leave_todays_outputs_and_manifest_alone(tmp_path) -> None:
+    """Word captions, domain rotations and classification sets draw from streams of their own:
+    with them off the manifest has no new key; with words on, only the text column changes."""
+    plain = write_world(str(tmp_path / "plain"), small_world_config())
+    world = tables.read_manifest(plain).extra["world"]
+    assert not {"block_images", "caption_words", "finetune_roots", "domain_misalignment",
+                "filler_words", "pre_dim"} & set(world)  # fmt: skip
+    assert WorldConfig.from_manifest(plain) == small_world_config()
+    words = write_world(str(tmp_path / "words"), small_world_config(caption_words=True))
+    a, b = tables.read_split(plain, "train"), tables.read_split(words, "train")
+    np.testing.assert_array_equal(a.text_embeddings, b.text_embeddings)
+    np.testing.assert_array_equal(a.image_embeddings, b.image_embeddings)
+    assert a.texts != b.texts
+    write_classification_sets(plain)
+    c = tables.read_split(plain, "train")
+    np.testing.assert_array_equal(a.text_embeddings, c.text_embeddings)
+
+
+# -- blocks and parts ----------------------------------------------------------------------------
+def _columns(root: str, split: str) -> dict:
+    s = tables.read_split(root, split)
+    return {"image_ids": s.image_ids, "caption_ids": s.caption_ids, "texts": s.texts,
+            "img": s.image_embeddings, "txt": s.text_embeddings, "norm": s.text_norms,
+            "level": s.extra_text_columns["level"]}  # fmt: skip
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    for key in a:
+        if isinstance(a[key], np.ndarray):
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        else:
+            assert list(a[key]) == list(b[key]), key
+
+
+@pytest.mark.parametrize("block", [None, 64])
+def test_sharded_writing_gives_the_tables_of_one_piece(tmp_path, block) -> None:
+    cfg = small_world_config(block_images=block, caption_words=True, pre_dim=24,
+                             splits={"train": 500, "test": 130})  # fmt: skip
+    one = write_world(str(tmp_path / "one"), cfg, shard_images=10_000)
+    many = write_world(str(tmp_path / "many"), cfg, shard_images=128)
+    parts = sorted(p.name for p in (tmp_path / "many" / "train" / "texts").iterdir())
+    assert parts == [f"part-{k:05d}.parquet" for k in range(4)]  # 128, 128, 128, 116 images
+    assert len(list((tmp_path / "one" / "train" / "texts").iterdir())) == 1
+    for split in ("train", "test"):
+        _assert_same(_columns(one, split), _columns(many, split))
+        a, b = tables.read_split(one, split), tables.read_split(many, split)
+        np.testing.assert_array_equal(a.text_features_pre, b.text_features_pre)
+        np.testing.assert_array_equal(a.image_norms, b.image_norms)
+    whole = SyntheticWorld(cfg).sample_split("train", 500)
+    np.testing.assert_array_equal(whole["text_embeddings"], tables.read_split(many, "train")
+                                  .text_embeddings)  # fmt: skip
+
+
+def test_a_blocked_world_has_the_structure_of_the_unblocked_one() -> None:
+    """Blocks are other draws of the same process: same level balance, ids run on."""
+    cfg = small_world_config(block_images=100, splits={"train": 1000})
+    s = SyntheticWorld(cfg).sample_split("train", 1000)
+    assert s["image_ids"][100] == "train-img000100" and len(set(s["image_ids"])) == 1000
+    levels = s["extra_text_columns"]["level"]
+    assert np.all(np.abs(np.bincount(levels) / len(levels) - 0.25) < 0.04)
+    blocks = s["image_embeddings"].reshape(10, 100, -1)
+    assert not np.array_equal(blocks[0], blocks[1])
+
+
+def test_blocked_writing_bounds_peak_memory(tmp_path) -> None:
+    """tracemalloc (numpy's allocations) on a medium world: drawn in one piece the peak grows
+    with the split; in blocks it stays near one part."""
+    peaks = {}
+    for block in (None, 250):
+        cfg = WorldConfig(dim=64, splits={"train": 3000}, block_images=block)
+        tracemalloc.start()
+        write_world(str(tmp_path / str(block)), cfg, shard_images=500)
+        peaks[block] = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+    # 3000 images x 5 captions x 64 dims: float64 temporaries of ~7 MiB each, in one piece.
+    assert peaks[None] > 25, peaks
+    assert peaks[250] < peaks[None] / 3 and peaks[250] < 12, peaks
+
+
+# -- word captions -------------------------------------------------------------------------------
+def test_word_counts_follow_the_level_with_noise() -> None:
+    cfg = WorldConfig(dim=16, splits={"test": 1500}, caption_words=True)
+    s = SyntheticWorld(cfg).sample_split("test", 1500)
+    words = np.array([len(t.split()) for t in s["texts"]])
+    level = s["extra_text_columns"]["level"]
+    rho = stats.spearmanr(words, level).statistic
+    assert 0.4 < rho < 0.75, rho
+    means = [words[level == k].mean() for k in range(4)]
+    assert all(b - a == pytest.approx(1.0, abs=0.2) for a, b in zip(means, means[1:], strict=False))
+    # Tag captions: the word count is a function of the level.
+    tags = SyntheticWorld(WorldConfig(dim=16, splits={"test": 300})).sample_split("test", 300)
+    tag_words = np.array([len(t.split()) for t in tags["texts"]])
+    tag_level = tags["extra_text_columns"]["level"]
+    assert all(len(set(tag_words[tag_level == k])) == 1 for k in range(4))
+    # An uncertainty that is exactly the abstraction: perfect with levels, not with words.
+    unc = -level.astype(float)
+    assert stats.spearmanr(-words, unc).statistic == pytest.approx(rho)
+
+
+# -- classification sets -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def class_sets(tmp_path_factory) -> tuple[WorldConfig, dict[str, str]]:
+    cfg = small_world_config(dim=32, finetune_roots=4, domain_misalignment=0.5)
+    root = write_world(str(tmp_path_factory.mktemp("classes") / "world"), cfg)
+    spec = ClassificationSpec(positives=400, negatives=300, zeroshot=300)
+    return cfg, write_classification_sets(root, spec=spec)
+
+
+def test_classification_sets_validate_through_the_readers(class_sets) -> None:
+    cfg, roots = class_sets
+    assert set(roots) == {"positives", "negatives", "zeroshot"}
+    assert roots["positives"].endswith("world-positives")
+    n_templates = len(ClassificationSpec().templates)
+    for role, n in (("positives", 400), ("negatives", 300), ("zeroshot", 300)):
+        data = load_classification(roots[role], "test")
+        manifest = tables.read_manifest(roots[role])
+        n_classes = len(manifest.extra["classification"]["concepts"])
+        assert data.image_emb.shape == (n, 32) and manifest.dim == 32
+        assert sorted(data.labels.unique().tolist()) == list(range(n_classes))
+        prompts = data.class_prompts("raw")
+        assert prompts.n_classes == n_classes
+        assert prompts.inputs.shape[0] == n_classes * n_templates
+        assert list(data.dummy_inputs("raw")) == list(DUMMY_PROMPTS)
+        torch.testing.assert_close(data.image_emb.norm(dim=1), torch.ones(n))
+
+
+def test_negatives_are_of_concepts_outside_the_positives(class_sets) -> None:
+    cfg, roots = class_sets
+    world = SyntheticWorld(cfg)
+    info = {r: tables.read_manifest(roots[r]).extra["classification"] for r in roots}
+    pos, neg, away = (set(info[r]["concepts"]) for r in ("positives", "negatives", "zeroshot"))
+    assert pos and neg and not pos & neg and not (pos | neg) & away
+    # 4 fine-tuning roots x 4 level-1 children: 8 classes, 8 negatives; 2 roots x 4 away.
+    assert (len(pos), len(neg), len(away)) == (8, 8, 8)
+    root_of = world.parents[1]
+    assert all(world.root_domain[root_of[c]] == 0 for c in pos | neg)
+    assert all(world.root_domain[root_of[c]] == 1 for c in away)
+
+
+def _accuracy(data, rotate: np.ndarray | None = None) -> float:
+    """CLIP's prompt-ensemble accuracy; ``rotate`` undoes an encoder error on the prompts."""
+    p = data.class_prompts("unit")
+    inputs = p.inputs if rotate is None else torch.as_tensor(p.inputs.numpy() @ rotate,
+                                                              dtype=torch.float32)  # fmt: skip
+    prompts = ClassPrompts(inputs=inputs, class_index=p.class_index, n_classes=p.n_classes)
+    return zero_shot_accuracy(build_method("clip", 32), data.image_emb, data.labels, prompts)
+
+
+def test_class_prompts_and_dummies_mean_what_they_say(class_sets) -> None:
+    cfg, roots = class_sets
+    world = SyntheticWorld(cfg)
+    pos = load_classification(roots["positives"], "test")
+    n_classes = int(pos.labels.max()) + 1
+    # With the encoder's error undone, the prompts name their classes: high accuracy; frozen
+    # (misaligned) CLIP is far worse but above chance.
+    oracle = _accuracy(pos, world.text_map(0))
+    frozen = _accuracy(pos)
+    assert oracle > 0.9 and 1.5 / n_classes < frozen < oracle - 0.2, (oracle, frozen)
+    # Dummies: after the shared error is undone, closer to the hierarchy's root than any class
+    # prompt is, and about as close to every level-0 concept.
+    rows = pos.prompt_class < 0
+    unit = pos.prompt_inputs("unit").numpy() @ world.text_rotation
+    to_root = unit @ world.generic
+    assert to_root[rows].min() > 0.95 and to_root[rows].min() > to_root[~rows].max()
+    to_concepts = unit[rows] @ world.concepts[0].T
+    assert to_concepts.std(axis=1).max() < 0.1
+
+
+def test_domain_shift_statistics(class_sets) -> None:
+    """Assumption D in numbers: the fine-tuning domain's ideal correction is exact there and
+    partial on the zero-shot domain; with a larger domain part it makes things worse."""
+    cfg, roots = class_sets
+    x = _unit(np.random.default_rng(0).standard_normal((2000, 32)))
+
+    def cosines(world: SyntheticWorld, domain: int) -> tuple[float, float]:
+        y = world.encode_text(x, domain)
+        frozen = float(np.mean(np.sum(y * x, 1)))
+        tuned = float(np.mean(np.sum((y @ world.text_map(0)) * x, 1)))
+        return frozen, tuned
+
+    world = SyntheticWorld(cfg)  # shared 1.0 rad, own 0.5 rad
+    f0, t0 = cosines(world, 0)
+    f1, t1 = cosines(world, 1)
+    assert t0 == pytest.approx(1.0) and 0.4 < f0 < 0.55 and 0.4 < f1 < 0.55
+    assert f1 + 0.2 < t1 < 0.9  # helps elsewhere, not fully
+    forget = SyntheticWorld(small_world_config(dim=32, finetune_roots=4, misalignment=0.3,
+                                               domain_misalignment=1.0))  # fmt: skip
+    f1, t1 = cosines(forget, 1)
+    assert t1 < f1 - 0.1  # fine-tuning's correction hurts the other domain
+    # On the zero-shot set: the fine-tuning correction helps CLIP, the exact one helps more.
+    away = load_classification(roots["zeroshot"], "test")
+    frozen, tuned, exact = (_accuracy(away, r) for r in (None, world.text_map(0),
+                                                          world.text_map(1)))  # fmt: skip
+    assert frozen < tuned < exact, (frozen, tuned, exact)
+
+
+def test_a_world_with_one_domain_has_no_zeroshot_set(tmp_path) -> None:
+    root = write_world(str(tmp_path / "w"), small_world_config())
+    out = write_classification_sets(root, spec=ClassificationSpec(positives=50, negatives=50))
+    assert set(out) == {"positives", "negatives"}
+    with pytest.raises(ValueError, match="n_classes"):
+        write_classification_sets(root, spec=ClassificationSpec(n_classes=24))
+
+
+# -- domains in the retrieval tables, presets, CLI -----------------------------------------------
+def test_finetuning_splits_show_only_the_finetuning_domain() -> None:
+    cfg = small_world_config(finetune_roots=2, splits={"train": 400})
+    world = SyntheticWorld(cfg)
+    s = world.sample_split("train", 400)
+    first = [int(t.split("of c")[1].split()[0]) for t in s["texts"]]
+    assert set(first) == {0, 1}
+
+
+def test_presets() -> None:
+    coco = WorldConfig.preset("coco")
+    assert coco.dim == 512 and coco.splits["train"] == 118_287 and coco.captions_per_image == 5
+    assert coco.block_images is not None
+    demo = WorldConfig.preset("demo", seed=3)
+    assert demo.seed == 3 and PRESETS["demo"].seed == 0
+    assert (demo.dim, demo.captions_per_image, demo.splits) == (
+        32,
+        4,
+        {"train": 1500, "val": 300, "test": 300},
+    )  # the demo's world size
+    with pytest.raises(ValueError, match="unknown world preset"):
+        WorldConfig.preset("imagenet")
+
+
+def test_cli_writes_the_demo_preset_and_its_sets_quickly(tmp_path, capsys) -> None:
+    t0 = time.perf_counter()
+    main(["--output", str(tmp_path / "w"), "--preset", "demo", "--classes",
+          "--class-images", "200"])  # fmt: skip
+    seconds = time.perf_counter() - t0
+    assert seconds < 10, seconds  # the demo's budget is minutes; this takes about a second
+    out = capsys.readouterr().out
+    assert "wrote positives" in out and "wrote zeroshot" in out
+    split = tables.read_split(str(tmp_path / "w"), "train")
+    assert split.n_images == 1500 and split.n_texts == 6000
+    assert load_classification(str(tmp_path / "w-negatives"), "test").labels.shape == (200,)
+    main(["--output", str(tmp_path / "w"), "--only-classes", "--class-images", "20"])
+    assert load_classification(str(tmp_path / "w-positives"), "test").labels.shape == (20,)
+
+
+@pytest.mark.slow
+def test_coco_preset_streams_with_bounded_memory(tmp_path) -> None:
+    """A COCO-sized split at d = 512 (118k images, 590k captions) written in parts: numpy's
+    peak stays near one part (tracemalloc), far below the table's 1.3 GB."""
+    cfg = WorldConfig.preset("coco", splits={"train": 118_287})
+    tracemalloc.start()
+    write_world(str(tmp_path / "coco"), cfg)
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    assert peak < 600, peak
+    split = tables.read_split(str(tmp_path / "coco"), "train", validate=False)
+    assert split.n_images == 118_287 and split.n_texts == 5 * 118_287
+    assert math.isclose(float(np.linalg.norm(split.text_embeddings[-1])), 1.0, rel_tol=1e-5)
