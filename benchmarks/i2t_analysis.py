@@ -20,8 +20,9 @@ statistics (drawn here, same concepts and text encoder, the same generative proc
 * images whose top-1 is vague versus detailed: do they have detailed captions of their own, are
   their own detailed captions retrieved in t2i, how close is their nearest other image;
 * counterfactual binnings: by the retrieved caption's true level (an oracle uncertainty), within
-  detailed retrievals only, and a "semantic" hit (the retrieved caption describes the image's
-  concept at its level, as ECCV Caption would count it);
+  detailed retrievals only, with captions ranked by mu^T z alone (kappa kept out of the
+  ranking, still used for the binning), and a "semantic" hit (the retrieved caption describes
+  the image's concept at its level, as ECCV Caption would count it);
 * test splits with 1-3 captions per image, a gallery of detailed captions only, a COCO-like
   level mix (``--coco-levels``), near-duplicate images (two views of each object);
 * ``--propose``: the proposed world change (the COCO-like level mix in training and test),
@@ -188,6 +189,8 @@ def _rankings(method: Method, data: SplitTensors, chunk: int = 2048) -> dict[str
     n_text = data.text_emb.shape[0]
     best_val = torch.full((data.image_emb.shape[0],), -torch.inf, dtype=torch.float64)
     best_idx = torch.zeros(data.image_emb.shape[0], dtype=torch.long)
+    cosine = "mu" in texts and "mu" in images  # rank by mu^T z alone, kappa left out
+    cos_val, cos_idx = best_val.clone(), best_idx.clone()
     t2i_top = torch.empty(n_text, dtype=torch.long)
     for start in range(0, n_text, chunk):
         stop = min(start + chunk, n_text)
@@ -197,9 +200,15 @@ def _rankings(method: Method, data: SplitTensors, chunk: int = 2048) -> dict[str
         better = val > best_val
         best_val = torch.where(better, val, best_val)
         best_idx = torch.where(better, idx + start, best_idx)
+        if cosine:
+            val, idx = (texts["mu"][start:stop] @ images["mu"].T).double().max(dim=0)
+            better = val > cos_val
+            cos_val = torch.where(better, val, cos_val)
+            cos_idx = torch.where(better, idx + start, cos_idx)
     kappa = texts.get("kappa")
     return {
         "i2t_top": best_idx.numpy(),
+        "i2t_top_cosine": cos_idx.numpy() if cosine else None,
         "t2i_top": t2i_top.numpy(),
         "uncertainty": unc.double().cpu().numpy(),
         "kappa": None if kappa is None else kappa.double().cpu().numpy(),
@@ -330,6 +339,15 @@ def analyse(method: Method, data: SplitTensors, n_bins: int = 10,
         "images_with_detailed_caption_only": _curve(hit[n_detailed > 0], top_unc[n_detailed > 0],
                                                     n_bins),
     }  # fmt: skip
+    if rk["i2t_top_cosine"] is not None:  # kappa out of the ranking, still used for binning
+        top_cos = rk["i2t_top_cosine"][images]
+        hit_cos = owner[top_cos] == images
+        cos_curve = _curve(hit_cos, unc[top_cos], n_bins)
+        cos_curve["recall@1"] = _mean(hit_cos)
+        cos_curve["retrieved_level_share"] = [
+            _r(np.mean(level[top_cos] == lv), 3) for lv in range(DETAILED + 1)
+        ]
+        out["i2t_counterfactual"]["cosine_ranking"] = cos_curve
     if path is not None:  # a vague caption of the image's concept is a correct description
         owner_path = path[owner[top]]
         lv_c = np.minimum(top_level, path.shape[1] - 1)
