@@ -17,6 +17,7 @@ from asymvlm.evaluation.suite import load_classification
 from asymvlm.evaluation.zeroshot import ClassPrompts, zero_shot_accuracy
 from asymvlm.methods import build_method
 from asymvlm.synthetic import (
+    COCO_LEVEL_PROBS,
     DUMMY_PROMPTS,
     PRESETS,
     ClassificationSpec,
@@ -69,7 +70,7 @@ def test_later_features_leave_todays_outputs_and_manifest_alone(tmp_path) -> Non
     plain = write_world(str(tmp_path / "plain"), small_world_config())
     world = tables.read_manifest(plain).extra["world"]
     assert not {"block_images", "caption_words", "finetune_roots", "domain_misalignment",
-                "filler_words", "pre_dim"} & set(world)  # fmt: skip
+                "filler_words", "pre_dim", "level_probs"} & set(world)  # fmt: skip
     assert WorldConfig.from_manifest(plain) == small_world_config()
     words = write_world(str(tmp_path / "words"), small_world_config(caption_words=True))
     a, b = tables.read_split(plain, "train"), tables.read_split(words, "train")
@@ -79,6 +80,50 @@ def test_later_features_leave_todays_outputs_and_manifest_alone(tmp_path) -> Non
     write_classification_sets(plain)
     c = tables.read_split(plain, "train")
     np.testing.assert_array_equal(a.text_embeddings, c.text_embeddings)
+
+
+# -- caption-level mix ---------------------------------------------------------------------------
+@pytest.mark.parametrize("block", [None, 500])
+def test_level_probs_set_the_level_frequencies(block) -> None:
+    """The COCO-like mix: each level's frequency within 4 standard errors of its probability
+    (20,000 captions), and a chi-square test does not reject it; images and objects come before
+    the levels in the stream, so they are those of the uniform world."""
+    knobs = {"splits": {"train": 4000}, "captions_per_image": 5, "block_images": block}
+    mixed = SyntheticWorld(small_world_config(**knobs, level_probs=COCO_LEVEL_PROBS))
+    plain = SyntheticWorld(small_world_config(**knobs))
+    got, base = mixed.sample_split("train", 4000), plain.sample_split("train", 4000)
+    levels = got["extra_text_columns"]["level"]
+    n = len(levels)
+    assert n == 20_000
+    p = np.asarray(COCO_LEVEL_PROBS)
+    freq = np.bincount(levels, minlength=4) / n
+    assert np.all(np.abs(freq - p) < 4 * np.sqrt(p * (1 - p) / n)), freq
+    assert stats.chisquare(np.bincount(levels, minlength=4), p * n).pvalue > 1e-3
+    # The uniform world's levels are uniform (the same test), and differ from the mix.
+    base_freq = np.bincount(base["extra_text_columns"]["level"], minlength=4) / n
+    assert np.all(np.abs(base_freq - 0.25) < 4 * np.sqrt(0.25 * 0.75 / n)), base_freq
+    np.testing.assert_array_equal(got["image_embeddings"], base["image_embeddings"])
+    # Images without a detailed caption of their own: 0.5^5 ~ 3 % (uniform: 0.75^5 ~ 24 %).
+    detailed = (levels == 3).reshape(4000, 5).any(axis=1)
+    assert abs((1 - detailed.mean()) - 0.5**5) < 0.012
+
+
+def test_level_probs_default_and_manifest(tmp_path) -> None:
+    """Off by default (the uniform draw: today's worlds); when set it is recorded in the
+    manifest and read back; bad mixes are refused."""
+    assert WorldConfig().level_probs is None
+    assert PRESETS["demo"].level_probs == COCO_LEVEL_PROBS == (0.05, 0.15, 0.30, 0.50)
+    assert PRESETS["coco"].level_probs == COCO_LEVEL_PROBS
+    cfg = small_world_config(level_probs=[0.1, 0.2, 0.3, 0.4])
+    assert cfg.level_probs == (0.1, 0.2, 0.3, 0.4)
+    root = write_world(str(tmp_path / "w"), cfg)
+    assert tables.read_manifest(root).extra["world"]["level_probs"] == [0.1, 0.2, 0.3, 0.4]
+    assert WorldConfig.from_manifest(root) == cfg
+    for bad, message in (((0.5, 0.5), "needs 4 probabilities"),
+                         ((0.5, 0.5, 0.5, -0.5), "sum to 1"),
+                         ((0.1, 0.1, 0.1, 0.1), "sum to 1")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            small_world_config(level_probs=bad)
 
 
 # -- blocks and parts ----------------------------------------------------------------------------
@@ -304,6 +349,13 @@ def test_cli_writes_the_demo_preset_and_its_sets_quickly(tmp_path, capsys) -> No
     assert load_classification(str(tmp_path / "w-negatives"), "test").labels.shape == (200,)
     main(["--output", str(tmp_path / "w"), "--only-classes", "--class-images", "20"])
     assert load_classification(str(tmp_path / "w-positives"), "test").labels.shape == (20,)
+    assert WorldConfig.from_manifest(str(tmp_path / "w")).level_probs == COCO_LEVEL_PROBS
+    main(["--output", str(tmp_path / "u"), "--preset", "demo", "--level-probs", "uniform",
+          "--train-images", "10", "--test-images", "5"])  # fmt: skip
+    assert WorldConfig.from_manifest(str(tmp_path / "u")).level_probs is None
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--output", str(tmp_path / "x"), "--level-probs", "0.5,0.6,0,0"])
+    assert exit_info.value.code == 2 and "sum to 1" in capsys.readouterr().err
 
 
 @pytest.mark.slow

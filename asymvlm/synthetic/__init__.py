@@ -18,12 +18,15 @@ I (images). Every image shows exactly one object (``Phi_I^{-1}(i) = o``, the pap
 assumption), seen with a little view noise (``image_noise``); images are one-to-one with objects.
 The frozen image encoder is ``psi o Phi_I^{-1}`` up to that noise: images carry no abstraction.
 
-C (captions). A caption describes its image's object at an abstraction level drawn uniformly:
-levels 0-2 point at the object's ancestor concept, level 3 at the object itself, each with a
-little paraphrase noise (``caption_noise``). So an abstract caption's ``Phi_T`` holds many
-objects (high aleatoric uncertainty in text -> image), a detailed one few; an image has
-``captions_per_image`` captions (the image -> text one-to-many of linguistic diversity). Levels
-are stored like HierarCaps (column ``level``: 0 = most general, 3 = most detailed).
+C (captions). A caption describes its image's object at an abstraction level drawn uniformly
+(or with the probabilities ``level_probs``; the presets use the COCO-like mix
+``COCO_LEVEL_PROBS`` = 0.05 / 0.15 / 0.30 / 0.50, mostly detailed captions, so that few images
+lack a detailed caption of their own, as in COCO): levels 0-2 point at the object's ancestor
+concept, level 3 at the object itself, each with a little paraphrase noise (``caption_noise``).
+So an abstract caption's ``Phi_T`` holds many objects (high aleatoric uncertainty in text ->
+image), a detailed one few; an image has ``captions_per_image`` captions (the image -> text
+one-to-many of linguistic diversity). Levels are stored like HierarCaps (column ``level``: 0 =
+most general, 3 = most detailed).
 
 E (the frozen text encoder's error). The frozen "VLM" is imperfect the way a frozen model is on
 a new domain: its text encoder is misaligned with its image encoder by a fixed rotation
@@ -86,6 +89,7 @@ from asymvlm.synthetic.classes import (
 )
 from asymvlm.synthetic.cli import main
 from asymvlm.synthetic.world import (
+    COCO_LEVEL_PROBS,
     DEFAULT_SHARD_IMAGES,
     PRESETS,
     SyntheticWorld,
@@ -94,6 +98,7 @@ from asymvlm.synthetic.world import (
 )
 
 __all__ = [
+    "COCO_LEVEL_PROBS",
     "DEFAULT_SHARD_IMAGES",
     "DUMMY_PROMPTS",
     "PRESETS",

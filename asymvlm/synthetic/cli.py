@@ -10,6 +10,17 @@ from asymvlm.synthetic.classes import ClassificationSpec, write_classification_s
 from asymvlm.synthetic.world import DEFAULT_SHARD_IMAGES, PRESETS, WorldConfig, write_world
 
 
+def _level_probs(parser: argparse.ArgumentParser, text: str) -> tuple[float, ...] | None:
+    """``--level-probs``: ``uniform`` -> None, ``0.05,0.15,0.3,0.5`` -> floats."""
+    if text.strip() == "uniform":
+        return None
+    try:
+        return tuple(float(p) for p in text.split(","))
+    except ValueError:
+        parser.error(f"--level-probs: expected comma-separated numbers or 'uniform', got {text!r}")
+        raise  # not reached: parser.error exits
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse ``argv`` and write the world (and, with ``--classes``, its classification sets)."""
     parser = argparse.ArgumentParser(description="Write the synthetic world's embedding tables.")
@@ -42,6 +53,13 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         default=None,
         help="captions whose word count follows the level with noise",
+    )
+    parser.add_argument(
+        "--level-probs",
+        default=None,
+        metavar="P0,P1,P2,P3",
+        help="probability of each caption level, most general first ('uniform': every level "
+        "equally likely; default: the preset's, else uniform)",
     )
     parser.add_argument(
         "--shard-images", type=int, default=DEFAULT_SHARD_IMAGES, help="images per part file"
@@ -81,7 +99,12 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k, v in (("dim", args.dim), ("seed", args.seed),
                  ("pre_dim", args.pre_dim), ("block_images", args.block_images),
                  ("caption_words", args.caption_words)) if v is not None}  # fmt: skip
-    cfg = replace(cfg, **overrides)
+    if args.level_probs is not None:
+        overrides["level_probs"] = _level_probs(parser, args.level_probs)
+    try:
+        cfg = replace(cfg, **overrides)
+    except ValueError as err:  # a knob out of range: one line, exit 2
+        parser.error(str(err))
     t0 = time.perf_counter()
     write_world(args.output, cfg, shard_images=args.shard_images)
     print(f"wrote synthetic world to {args.output} ({time.perf_counter() - t0:.1f} s)")

@@ -9,6 +9,9 @@ on leaves every other output bit-identical:
 
 * ``[split_seed, 1]`` pre-projection features and image norms;
 * ``[split_seed, 3]`` caption words (``caption_words``);
+* ``level_probs`` (a caption-level mix other than uniform) replaces the uniform level draw of the
+  split's (or block's) stream by a weighted one at the same place: a world with it set is
+  another world, one without it is drawn as before;
 * ``[seed, 5]`` the domain-specific text rotations (``domain_misalignment``);
 * ``[seed, 4, ...]`` classification sets (:mod:`asymvlm.synthetic.classes`).
 
@@ -33,7 +36,14 @@ import numpy as np
 from asymvlm import tables
 from asymvlm.synthetic.captions import tag_texts, word_texts
 
-__all__ = ["DEFAULT_SHARD_IMAGES", "PRESETS", "SyntheticWorld", "WorldConfig", "write_world"]
+__all__ = [
+    "COCO_LEVEL_PROBS",
+    "DEFAULT_SHARD_IMAGES",
+    "PRESETS",
+    "SyntheticWorld",
+    "WorldConfig",
+    "write_world",
+]
 
 #: Images per part file when writing (a split this small or smaller is one ``part-00000``).
 DEFAULT_SHARD_IMAGES = 16384
@@ -43,7 +53,10 @@ _DOMAIN_STREAM = 5
 #: Knobs added after the first worlds were written: left out of the manifest at their defaults,
 #: so that a world of today's knobs writes today's manifest.
 _LATER_KNOBS = ("block_images", "caption_words", "filler_words", "finetune_roots",
-                "domain_misalignment")  # fmt: skip
+                "domain_misalignment", "level_probs")  # fmt: skip
+#: The COCO-like caption-level mix (levels 0-3: mostly detailed captions, some vague ones),
+#: fixed before it was measured (docs/i2t-analysis.md).
+COCO_LEVEL_PROBS: tuple[float, float, float, float] = (0.05, 0.15, 0.30, 0.50)
 
 
 @dataclass
@@ -77,10 +90,24 @@ class WorldConfig:
     finetune_roots: int | None = None
     #: Angle (rad) of each domain's own text-encoder rotation, after the shared one (D).
     domain_misalignment: float = 0.0
+    #: Probability of each caption level 0..L (most general .. the object itself); None: every
+    #: level equally likely (assumption C). :data:`COCO_LEVEL_PROBS` is the COCO-like mix.
+    level_probs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         self.branching = tuple(int(b) for b in self.branching)  # type: ignore[assignment]
         self.spread = tuple(float(s) for s in self.spread)  # type: ignore[assignment]
+        if self.level_probs is not None:
+            probs = tuple(float(p) for p in self.level_probs)
+            n_levels = len(self.branching) + 1
+            if len(probs) != n_levels:
+                raise ValueError(
+                    f"level_probs needs {n_levels} probabilities (levels 0..{n_levels - 1}), "
+                    f"got {len(probs)}"
+                )
+            if not all(math.isfinite(p) and p >= 0 for p in probs) or abs(sum(probs) - 1) > 1e-6:
+                raise ValueError(f"level_probs must be >= 0 and sum to 1, got {list(probs)}")
+            self.level_probs = probs
         if self.block_images is not None and self.block_images < 1:
             raise ValueError(f"block_images must be >= 1, got {self.block_images}")
         if self.finetune_roots is not None and not 1 <= self.finetune_roots <= self.branching[0]:
@@ -123,15 +150,18 @@ class WorldConfig:
 #: ``prepare.synthetic``: d = 32, 1500/300/300 images, 4 captions), with word captions and a
 #: fine-tuning / zero-shot domain split (4 of 6 level-0 concepts fine-tuned on); written in about
 #: a second. ``coco``: MS-COCO's size (2017 train: 118,287 images, 5 captions each; 5,000 val and
-#: test) at CLIP ViT-B/32's width d = 512, written in blocks with bounded memory.
+#: test) at CLIP ViT-B/32's width d = 512, written in blocks with bounded memory. Both draw caption
+#: levels with the COCO-like mix :data:`COCO_LEVEL_PROBS` (most captions detailed).
 PRESETS: dict[str, WorldConfig] = {
     "demo": WorldConfig(
         dim=32, captions_per_image=4, splits={"train": 1500, "val": 300, "test": 300},
         block_images=512, caption_words=True, finetune_roots=4, domain_misalignment=0.5,
+        level_probs=COCO_LEVEL_PROBS,
     ),
     "coco": WorldConfig(
         dim=512, captions_per_image=5, splits={"train": 118_287, "val": 5000, "test": 5000},
         block_images=2048, caption_words=True, finetune_roots=4, domain_misalignment=0.5,
+        level_probs=COCO_LEVEL_PROBS,
     ),
 }  # fmt: skip
 
@@ -282,7 +312,10 @@ class SyntheticWorld:
 
         n_cap = cfg.captions_per_image
         cap_image = np.repeat(np.arange(n_images), n_cap)
-        levels = rng.integers(0, self.n_levels, n_images * n_cap)
+        if cfg.level_probs is None:
+            levels = rng.integers(0, self.n_levels, n_images * n_cap)
+        else:  # the same place in the stream, weighted (module docstring)
+            levels = rng.choice(self.n_levels, n_images * n_cap, p=np.asarray(cfg.level_probs))
         targets = np.empty((len(cap_image), cfg.dim))
         for level in range(self.n_levels):
             rows = levels == level
