@@ -38,6 +38,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -548,14 +549,46 @@ Evaluation = Annotated[
 ]
 
 
+class SyntheticClasses(_Strict):
+    """``prepare.synthetic.classes``: the classification sets written next to the world
+    (:class:`asymvlm.synthetic.ClassificationSpec`): ``ROOT-positives``, ``ROOT-negatives`` and,
+    for a world with two domains, ``ROOT-zeroshot`` (split ``test``)."""
+
+    level: Annotated[int, Field(ge=0)] = 1
+    n_classes: PositiveInt | None = None
+    positives: PositiveInt = 1000
+    negatives: PositiveInt = 1000
+    zeroshot: PositiveInt = 1000
+    templates: Annotated[list[str], Field(min_length=1)] | None = None
+
+
+#: The sets :func:`asymvlm.synthetic.write_classification_sets` writes, by role.
+CLASS_SET_ROLES = ("positives", "negatives", "zeroshot")
+
+
 class SyntheticPrepare(_Strict):
-    """``prepare.synthetic``: the synthetic world's output and its WorldConfig knobs."""
+    """``prepare.synthetic``: the synthetic world's output and its WorldConfig knobs.
+
+    ``preset`` names a world (:data:`asymvlm.synthetic.PRESETS`); the sizes and knobs given
+    beside it override the preset's. Without a preset the sizes default to 8000/1000/1000
+    images and the knobs to :class:`~asymvlm.synthetic.WorldConfig`'s. ``classes`` (``true``
+    or the keys of :class:`SyntheticClasses`) also writes the classification sets."""
 
     model_config = ConfigDict(extra="allow")
     output: str
-    train_images: PositiveInt = 8000
-    val_images: Annotated[int, Field(ge=0)] = 1000
-    test_images: Annotated[int, Field(ge=0)] = 1000
+    preset: Literal["demo", "coco"] | None = None
+    train_images: PositiveInt | None = None
+    val_images: Annotated[int, Field(ge=0)] | None = None
+    test_images: Annotated[int, Field(ge=0)] | None = None
+    classes: SyntheticClasses | None = None
+
+    @field_validator("classes", mode="before")
+    @classmethod
+    def _classes_flag(cls, value: Any) -> Any:
+        """``classes: true`` is every default of :class:`SyntheticClasses`; ``false``: none."""
+        if value is True:
+            return {}
+        return None if value is False else value
 
     @model_validator(mode="after")
     def _world_keys(self) -> SyntheticPrepare:
@@ -567,7 +600,47 @@ class SyntheticPrepare(_Strict):
                 hint = difflib.get_close_matches(key, known + list(type(self).model_fields), 1)
                 tip = f" (did you mean {hint[0]!r}?)" if hint else ""
                 raise ValueError(f"unknown key {key!r}{tip}")
+        self.world_config()  # every knob's value is checked here, not when the stage runs
         return self
+
+    def world_config(self) -> Any:
+        """The :class:`~asymvlm.synthetic.WorldConfig` this section describes."""
+        from dataclasses import replace
+
+        from asymvlm.synthetic import PRESETS, WorldConfig
+
+        base = PRESETS[self.preset] if self.preset else WorldConfig()
+        splits = dict(base.splits) if self.preset else {"train": 8000, "val": 1000, "test": 1000}
+        for split in ("train", "val", "test"):
+            given = getattr(self, f"{split}_images")
+            if given is not None:
+                splits[split] = given
+        try:
+            return replace(base, splits=splits, **(self.model_extra or {}))
+        except (TypeError, ValueError) as err:  # a knob's value out of range or of a bad type
+            raise ValueError(f"world knobs: {err}") from None
+
+    def classification_spec(self) -> Any:
+        """The :class:`~asymvlm.synthetic.ClassificationSpec` of ``classes`` (None: no sets)."""
+        if self.classes is None:
+            return None
+        from asymvlm.synthetic import ClassificationSpec
+
+        keys = self.classes.model_dump(exclude_none=True)
+        if "templates" in keys:
+            keys["templates"] = tuple(keys["templates"])
+        return ClassificationSpec(**keys)
+
+    def class_set_roots(self) -> dict[str, str]:
+        """Role -> table root of the classification sets this section writes (``{}``: none);
+        the zero-shot set only for a world with two domains."""
+        if self.classes is None:
+            return {}
+        world = self.world_config()
+        two_domains = world.finetune_roots is not None and world.finetune_roots < world.branching[0]
+        roles = CLASS_SET_ROLES if two_domains else CLASS_SET_ROLES[:2]
+        base = self.output.rstrip("/")
+        return {role: f"{base}-{role}" for role in roles}
 
 
 class HierarCapsCifarPrepare(_Strict):

@@ -13,11 +13,14 @@ prints where the report and the MLflow store are, and the ``mlflow ui`` command 
 
 Config keys (see ``configs/*.yaml``): ``name``, ``output``, ``mlflow: {tracking_uri,
 experiment}``, ``prepare`` (``tiny_clip``, ``synthetic``, ``hierarcaps_cifar``: offline
-stand-ins), ``embed`` (``defaults`` + ``jobs``, the keys of ``pipelines/embed.py``), ``sweeps``
-(a list of ``pipelines/sweep.py`` configs with a ``name``; ``mlflow`` and ``output`` are filled
-in), ``evaluations`` (a list of ``{kind: zeroshot|nota|hierarcaps|ood, sweep: <name>, ...}``,
-see ``asymvlm analyze``), ``report: {output}``. ``${output}`` in any value is the output
-folder, ``${VAR}`` an environment variable; other relative paths are relative to the working
+stand-ins; ``synthetic: {output, preset: demo|coco, <sizes and world knobs overriding the
+preset>, classes: true|{...}}`` also writes the world's classification sets
+``<output>-positives``, ``-negatives`` and, with two domains, ``-zeroshot``), ``embed``
+(``defaults`` + ``jobs``, the keys of ``pipelines/embed.py``), ``sweeps`` (a list of
+``pipelines/sweep.py`` configs with a ``name``; ``mlflow`` and ``output`` are filled in),
+``evaluations`` (a list of ``{kind: zeroshot|nota|hierarcaps|ood, sweep: <name>, ...}``, see
+``asymvlm analyze``), ``report: {output}``. ``${output}`` in any value is the output folder,
+``${VAR}`` an environment variable; other relative paths are relative to the working
 directory.
 """
 
@@ -105,7 +108,9 @@ def _produced(cfg: dict[str, Any]) -> list[str]:
     """Local folders that the pipeline's own stages write (prepare, embed)."""
     prep = cfg["prepare"]
     out = [prep.get("tiny_clip")]
-    out += [(prep.get("synthetic") or {}).get("output")]
+    if prep.get("synthetic"):
+        syn = config.SyntheticPrepare.model_validate(prep["synthetic"])
+        out += [syn.output, *syn.class_set_roots().values()]
     out += [(prep.get("hierarcaps_cifar") or {}).get("output")]
     defaults = cfg["embed"].get("defaults") or {}
     out += [{**defaults, **job}.get("output") for job in cfg["embed"].get("jobs") or []]
@@ -160,16 +165,7 @@ def stage_prepare(cfg: dict[str, Any]) -> None:
             logger.info("prepare: a tiny random CLIP (not meaningful science) -> %s", path)
             save_tiny_clip(path)
     if prep.get("synthetic"):
-        syn = dict(prep["synthetic"])
-        root = syn.pop("output")
-        root = root if storage.is_remote(root) else os.path.abspath(root)
-        if not storage.exists(storage.uri_join(root, "manifest.json")):
-            from asymvlm.synthetic import WorldConfig, write_world
-
-            splits = {"train": syn.pop("train_images", 8000), "val": syn.pop("val_images", 1000),
-                      "test": syn.pop("test_images", 1000)}  # fmt: skip
-            logger.info("prepare: the synthetic world -> %s", root)
-            write_world(root, WorldConfig(splits=splits, **syn))
+        prepare_synthetic(config.SyntheticPrepare.model_validate(prep["synthetic"]))
     if prep.get("hierarcaps_cifar"):
         hc = prep["hierarcaps_cifar"]
         out = os.path.abspath(hc["output"])
@@ -178,6 +174,25 @@ def stage_prepare(cfg: dict[str, Any]) -> None:
 
             logger.info("prepare: CIFAR-format stand-ins from HierarCaps images -> %s", out)
             write_hierarcaps_cifar(hc["hierarcaps"], out, int(hc.get("n_classes", 5)))
+
+
+def prepare_synthetic(syn: config.SyntheticPrepare) -> None:
+    """The synthetic world (its preset, with the section's knobs) and, with ``classes``, its
+    classification sets next to it; each skipped when its manifest is there already."""
+    from asymvlm.synthetic import write_classification_sets, write_world
+
+    root = syn.output if storage.is_remote(syn.output) else os.path.abspath(syn.output)
+    world = syn.world_config()
+    if not storage.exists(storage.uri_join(root, "manifest.json")):
+        preset = f" (preset {syn.preset})" if syn.preset else ""
+        logger.info("prepare: the synthetic world%s -> %s", preset, root)
+        write_world(root, world)
+    roots = syn.class_set_roots()
+    absolute = [r if storage.is_remote(r) else os.path.abspath(r) for r in roots.values()]
+    if roots and not all(storage.exists(storage.uri_join(r, "manifest.json")) for r in absolute):
+        logger.info("prepare: the synthetic classification sets (%s) -> %s-*", ", ".join(roots),
+                    root)  # fmt: skip
+        write_classification_sets(root, world, syn.classification_spec())
 
 
 def stage_embed(cfg: dict[str, Any]) -> None:

@@ -195,3 +195,70 @@ def test_cli_evaluate_values(small_world, tmp_path, capsys, flags) -> None:
                      "--output", str(tmp_path / "m.json"), *flags])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and flags[0] in err and "Traceback" not in err
+
+
+# -- prepare.synthetic: presets, knobs, classification sets --------------------------------------
+def _synthetic(**keys) -> config.SyntheticPrepare:
+    return config.validate(config.SyntheticPrepare, {"output": "w", **keys}, "c.yaml")
+
+
+def test_synthetic_prepare_presets_and_overrides() -> None:
+    from asymvlm.synthetic import COCO_LEVEL_PROBS, PRESETS, WorldConfig
+
+    assert set(PRESETS) == {"demo", "coco"}  # the schema's choices
+    # Without a preset: WorldConfig's knobs and 8000/1000/1000 images, as before.
+    assert _synthetic().world_config() == WorldConfig()
+    plain = _synthetic(dim=16, test_images=50).world_config()
+    assert plain.dim == 16 and plain.splits == {"train": 8000, "val": 1000, "test": 50}
+    # A preset, with the keys given beside it overriding it (sizes and knobs alike).
+    demo = _synthetic(preset="demo").world_config()
+    assert demo == PRESETS["demo"] and demo.level_probs == COCO_LEVEL_PROBS
+    small = _synthetic(preset="demo", train_images=200, seed=3, level_probs=None).world_config()
+    assert small.splits == {"train": 200, "val": 300, "test": 300}
+    assert (small.seed, small.level_probs, small.finetune_roots) == (3, None, 4)
+    assert _synthetic(preset="demo").classification_spec() is None
+    assert _synthetic(preset="demo").class_set_roots() == {}
+
+
+def test_synthetic_prepare_classes() -> None:
+    from asymvlm.synthetic import ClassificationSpec
+
+    spec = _synthetic(preset="demo", classes=True)
+    assert spec.classification_spec() == ClassificationSpec()
+    assert spec.class_set_roots() == {"positives": "w-positives", "negatives": "w-negatives",
+                                      "zeroshot": "w-zeroshot"}  # fmt: skip
+    custom = _synthetic(preset="demo", classes={"positives": 300, "level": 2, "n_classes": 5})
+    got = custom.classification_spec()
+    assert (got.positives, got.negatives, got.level, got.n_classes) == (300, 1000, 2, 5)
+    # One domain (no preset): no zero-shot set.
+    assert set(_synthetic(classes=True).class_set_roots()) == {"positives", "negatives"}
+    assert _synthetic(preset="demo", classes=False).class_set_roots() == {}
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"preset": "imagenet"}, "preset = 'imagenet': Input should be 'demo' or 'coco'"),
+        ({"presett": "demo"}, "unknown key 'presett' (did you mean 'preset'?)"),
+        ({"level_prob": [1, 0, 0, 0]}, "unknown key 'level_prob' (did you mean 'level_probs'?)"),
+        ({"level_probs": [0.5, 0.5]}, "level_probs needs 4 probabilities"),
+        ({"level_probs": [0.5, 0.6, 0, 0]}, "level_probs must be >= 0 and sum to 1"),
+        ({"finetune_roots": 9}, "finetune_roots must be in 1..6"),
+        ({"classes": {"positive": 10}}, "classes.positive: unknown key (did you mean 'positives'"),
+        ({"classes": {"zeroshot": 0}}, "classes.zeroshot = 0: Input should be greater than"),
+        ({"train_images": 0}, "train_images = 0: Input should be greater than or equal to 1"),
+    ],
+)
+def test_synthetic_prepare_refuses_bad_keys(keys, message) -> None:
+    with pytest.raises(ConfigError, match="c.yaml: ") as err:
+        _synthetic(**keys)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_pipeline_with_a_bad_world_knob_fails_in_one_line(capsys, tmp_path) -> None:
+    code = full.main(["--config", DEMO, "--set", "prepare.synthetic.level_probs=[1, 1, 0, 0]",
+                      "--output", str(tmp_path / "never"), "--stages", "embed"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "level_probs must be >= 0 and sum to 1" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "never").exists()

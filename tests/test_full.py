@@ -114,3 +114,60 @@ def test_shipped_pipeline_configs_resolve(name, tmp_path) -> None:
         assert {s["name"] for s in cfg["sweeps"]} == {
             f"{d}-{b}" for d in ("coco", "flickr30k", "cc200k") for b in ("clip", "siglip")
         }
+
+
+def _prepare_config(tmp_path, synthetic: str, evaluations: str = "[]") -> str:
+    path = tmp_path / "p.yaml"
+    path.write_text(f"output: {tmp_path / 'out'}\n"
+                    f"prepare: {{synthetic: {{output: '${{output}}/w', {synthetic}}}}}\n"
+                    f"evaluations: {evaluations}\n")  # fmt: skip
+    return str(path)
+
+
+def test_prepare_writes_the_preset_world_and_its_classification_sets(tmp_path, caplog) -> None:
+    """``preset`` + overrides + ``classes``: the world and the three sets next to it, readable
+    by the evaluations that name them; a second run writes nothing."""
+    import logging
+
+    from asymvlm import tables
+    from asymvlm.evaluation.suite import load_classification
+    from asymvlm.synthetic import COCO_LEVEL_PROBS, WorldConfig
+
+    sets = ("positives", "negatives", "zeroshot")
+    evals = ("[{kind: nota, frozen: true, dim: 32, positives: '${output}/w-positives:test', "
+             "negatives: '${output}/w-negatives:test'}, {kind: zeroshot, frozen: true, dim: 32, "
+             "sets: {z: '${output}/w-zeroshot:test'}}]")  # fmt: skip
+    path = _prepare_config(tmp_path, "preset: demo, train_images: 120, val_images: 20, "
+                           "test_images: 40, seed: 2, classes: {positives: 60, negatives: 50, "
+                           "zeroshot: 30}", evals)  # fmt: skip
+    cfg = full.load_config(path)  # the sets are inputs that the prepare stage writes
+    with caplog.at_level(logging.INFO, logger="pipelines.full"):
+        full.stage_prepare(cfg)
+    out = tmp_path / "out"
+    world = WorldConfig.from_manifest(str(out / "w"))
+    assert world.splits == {"train": 120, "val": 20, "test": 40} and world.seed == 2
+    assert world.level_probs == COCO_LEVEL_PROBS and world.finetune_roots == 4  # the preset's
+    assert tables.read_split(str(out / "w"), "test").n_texts == 40 * 4
+    for role, n in zip(sets, (60, 50, 30), strict=True):
+        data = load_classification(str(out / f"w-{role}"), "test")
+        assert data.labels.shape == (n,)
+        assert tables.read_manifest(str(out / f"w-{role}")).extra["world"]["seed"] == 2
+    assert sum("prepare: the synthetic" in r.getMessage() for r in caplog.records) == 2
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.parquet")}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipelines.full"):
+        full.stage_prepare(cfg)  # resumed: everything is there
+    assert not any("prepare:" in r.getMessage() for r in caplog.records)
+    assert stamps == {p: p.stat().st_mtime_ns for p in out.rglob("*.parquet")}
+
+
+def test_prepare_without_classes_or_domains_writes_no_sets(tmp_path) -> None:
+    """Evaluations naming sets that no stage writes fail at load time, naming the key."""
+    evals = "[{kind: zeroshot, frozen: true, dim: 8, sets: {z: '${output}/w-zeroshot:test'}}]"
+    for synthetic in ("preset: demo, train_images: 10", "dim: 8, classes: true"):
+        with pytest.raises(ValueError, match=r"evaluations\[0\] \(zeroshot\).*no stage"):
+            full.load_config(_prepare_config(tmp_path, synthetic, evals))
+    cfg = full.load_config(_prepare_config(tmp_path, "dim: 8, train_images: 30, val_images: 5, "
+                                                     "test_images: 5"))  # fmt: skip
+    full.stage_prepare(cfg)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["w"]
