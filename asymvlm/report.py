@@ -304,11 +304,36 @@ def _sweep_section(uri: str, parent, output: str, used: set[str]) -> tuple[list[
 
 
 # -- Tables 2 and 3, Fig. 5, OOD ----------------------------------------------------------------
-def _table2(results: list[dict]) -> list[str]:
-    lines = ["### Table 2 analogue — none-of-the-above (positives: CIFAR-10, negatives: "
-             "CIFAR-100)", "", "| dummy prompt | method | pos. acc. | neg. acc. | paper (pos., "
-             "neg.) |", "|---|---|---|---|---|"]  # fmt: skip
-    for res in results:
+#: What the paper's Table 2 / Table 3 numbers were measured on, for their column headings.
+PAPER_TABLE2_SETUP = "CLIP ViT-B/32 on real data: CIFAR-10 positives, CIFAR-100 negatives"
+PAPER_TABLE3_SETUP = ("CLIP ViT-B/32 fine-tuned on COCO, real data: "
+                      "CIFAR-10 / CIFAR-100 / STL-10 / ImageNet")  # fmt: skip
+
+
+def _set_name(location: str | None, default: str) -> str:
+    """``/x/tables/synthetic-positives:test`` -> ``synthetic-positives``."""
+    if not location:
+        return default
+    root = str(location).rpartition(":")[0] or str(location)
+    return os.path.basename(root.rstrip("/")) or default
+
+
+def _seed_count(cells: Sequence[Any]) -> str:
+    return str(len(cells))
+
+
+def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
+    """Table 2 analogue, one table per none-of-the-above run: per dummy prompt and method the
+    seed count and mean ± std (over seeds) of positive and negative accuracy, and the paper's
+    numbers (:data:`PAPER_TABLE2_SETUP`) beside them."""
+    lines: list[str] = []
+    for res, params in runs:
+        pos = _set_name(params.get("positives"), "CIFAR-10")
+        neg = _set_name(params.get("negatives"), "CIFAR-100")
+        lines += [f"### Table 2 analogue — none-of-the-above (positives: {pos}, negatives: "
+                  f"{neg}){_heading(params)}", "",
+                  "| dummy prompt | method | seeds | pos. acc. | neg. acc. | paper (pos., neg.)"
+                  " |", "|---|---|---|---|---|---|"]  # fmt: skip
         for dummy, per_method in res["dummy"].items():
             grouped: dict[str, list[dict]] = defaultdict(list)
             for name, cell in per_method.items():
@@ -316,36 +341,64 @@ def _table2(results: list[dict]) -> list[str]:
             for method, cells in grouped.items():
                 paper = paper_numbers.TABLE2.get(dummy, {}).get(method)
                 ref = f"{paper[0]:.3f}, {paper[1]:.3f}" if paper else "–"
-                lines.append(f"| \"{dummy}\" | {method} | "
+                lines.append(f"| \"{dummy}\" | {method} | {_seed_count(cells)} | "
                              f"{_mean_std(c['pos_acc'] for c in cells)} | "
                              f"{_mean_std(c['neg_acc'] for c in cells)} | {ref} |")  # fmt: skip
         for name, cell in res.get("rejection", {}).items():
             paper = paper_numbers.TABLE2["(none)"].get(name)
             ref = f"{paper[0]:.3f}, {paper[1]:.3f}" if paper else "–"
-            lines.append(f"| (none) | {name}-based (frozen) | {cell['pos_acc']:.3f} | "
+            lines.append(f"| (none) | {name}-based (frozen) | 1 | {cell['pos_acc']:.3f} | "
                          f"{cell['neg_acc']:.3f} | {ref} |")  # fmt: skip
-    return lines + ["", "*Paper numbers: Ju et al. 2025, Table 2 (CLIP ViT-B/32).*", ""]
+        lines += ["", f"*Ours: mean ± std over the sweep's seeds (one value for the frozen "
+                  f"model). Paper column: Ju et al. 2025, Table 2 — {PAPER_TABLE2_SETUP}; "
+                  "not produced here.*", ""]  # fmt: skip
+    return lines
+
+
+def _paper_table3_cell(method: str) -> str:
+    """The paper's Table 3 row of ``method`` (COCO fine-tuning; the frozen CLIP: no
+    fine-tuning) as ``a / b / c / d``, "–" where the paper has none."""
+    row = paper_numbers.TABLE3["none" if method == "clip" else "coco"].get(method)
+    if not row:
+        return "–"
+    return " / ".join(f"{row[s]:.3f}" for s in ("cifar10", "cifar100", "stl10", "imagenet"))
 
 
 def _table3(runs: list[tuple[dict, dict]]) -> list[str]:
-    lines = ["### Table 3 analogue — zero-shot accuracy after fine-tuning", ""]
-    sets = sorted({s for res, _ in runs for cells in res.values() for s in cells})
-    lines += ["| fine-tuned on | method | " + " | ".join(sets) + " |",
-              "|---|---|" + "---|" * len(sets)]  # fmt: skip
+    """Table 3 analogue, one table per zero-shot run: per method the seed count and mean ± std
+    (over seeds) of zero-shot accuracy on each set; the paper's rows where the set-up is theirs,
+    else their numbers (:data:`PAPER_TABLE3_SETUP`) in a column beside ours."""
+    lines: list[str] = []
     for res, params in runs:
         ft = params.get("fine_tuned_on", "?")
+        sets = sorted({s for cells in res.values() for s in cells})
+        matched = paper_numbers.matches_paper(params.get("embedding_model"), ft)
+        head = ["fine-tuned on", "method", "seeds", *sets]
+        head += [] if matched else [f"paper ({PAPER_TABLE3_SETUP})"]
+        lines += [f"### Table 3 analogue — zero-shot accuracy after fine-tuning"
+                  f"{_heading(params)}", "", "| " + " | ".join(head) + " |",
+                  "|" + "---|" * len(head)]  # fmt: skip
         grouped: dict[str, list[dict]] = defaultdict(list)
         for name, cells in res.items():
             grouped[_base(name)].append(cells)
         for method, cells in grouped.items():
-            row = [_mean_std(c.get(s) for c in cells) for s in sets]
-            lines.append(f"| {ft} | {method} | " + " | ".join(row) + " |")
+            tuned = "– (frozen)" if method == "clip" else ft
+            row = [tuned, method, _seed_count(cells), *(_mean_std(c.get(s) for c in cells)
+                                                        for s in sets)]  # fmt: skip
+            if not matched:
+                row.append(_paper_table3_cell(method))
+            lines.append("| " + " | ".join(row) + " |")
             paper = paper_numbers.TABLE3.get(ft, {}).get(method)
-            if paper and paper_numbers.matches_paper(params.get("embedding_model"), ft):
-                lines.append(f"| {ft} | {method} (paper) | "
+            if paper and matched:
+                lines.append(f"| {ft} | {method} (paper) | – | "
                              + " | ".join(f"{paper.get(s, float('nan')):.3f}" for s in sets)
                              + " |")  # fmt: skip
-    return lines + [""]
+        note = ("Paper rows: Ju et al. 2025, Table 3 (CLIP ViT-B/32)." if matched
+                else f"Paper column: Ju et al. 2025, Table 3 — {PAPER_TABLE3_SETUP} (the "
+                "frozen CLIP's row: no fine-tuning); other sets than ours, not produced here.")
+        lines += ["", f"*Ours: mean ± std over the sweep's seeds (one value for the frozen "
+                  f"model). {note}*", ""]  # fmt: skip
+    return lines
 
 
 def _heading(params: dict) -> str:
@@ -415,7 +468,9 @@ def build_report(
     lines = [f"# AsymVLM report — experiment `{experiment}`", "",
              f"Tracking store: `{redact(tracking_uri)}`. Values are mean ± std over seeds where "
              "there are several. Rows marked *(paper)* are the numbers published by Ju et al. "
-             "(NeurIPS 2025) for CLIP ViT-B/32, shown only where our set-up matches theirs.",
+             "(NeurIPS 2025) for CLIP ViT-B/32, shown only where our set-up matches theirs; "
+             "elsewhere a *paper* column beside ours names the set-up (model and real data) "
+             "they were measured on, for comparing trends, not values.",
              ""]  # fmt: skip
     figures: dict[str, str] = {}
     sweeps = [r for r in runs if r.data.tags.get("kind") == "sweep"]
@@ -431,7 +486,7 @@ def build_report(
             result = tracking.json_artifact(tracking_uri, run.info.run_id, "results.json")
             evals[kind].append((result, run.data.params))
     if evals.get("eval-nota"):
-        lines += _table2([res for res, _ in evals["eval-nota"]])
+        lines += _table2(evals["eval-nota"])
     if evals.get("eval-zeroshot"):
         lines += _table3(evals["eval-zeroshot"])
     # One section per evaluation run; figure names get the sweep when there are several.

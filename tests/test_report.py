@@ -55,11 +55,13 @@ def test_report_gathers_tables_figures_and_paper_numbers(tmp_path) -> None:
 
     path = build_report(uri, exp, str(tmp_path / "report"))
     text = open(path).read()
-    assert '| "a photo" | asymvlm-vmf | 0.850 ± 0.071 | 0.500 ± 0.141 | 0.857, 0.587 |' in text
-    assert '| "a photo" | clip | 0.950 | 0.000 | 0.888, 0.009 |' in text
-    assert "| (none) | threshold-based (frozen) | 0.700 | 0.500 | 0.646, 0.560 |" in text
-    assert "| coco | asymvlm-vmf | 0.600 ± 0.141 | 0.900 ± 0.000 |" in text
-    assert "| coco | asymvlm-vmf (paper) | 0.837 | 0.940 |" in text  # CIFAR-10, STL-10
+    assert '| "a photo" | asymvlm-vmf | 2 | 0.850 ± 0.071 | 0.500 ± 0.141 | 0.857, 0.587 |' in text
+    assert '| "a photo" | clip | 1 | 0.950 | 0.000 | 0.888, 0.009 |' in text
+    assert "| (none) | threshold-based (frozen) | 1 | 0.700 | 0.500 | 0.646, 0.560 |" in text
+    assert "(positives: CIFAR-10, negatives: CIFAR-100)" in text  # no set names logged
+    assert "CLIP ViT-B/32 on real data: CIFAR-10 positives, CIFAR-100 negatives" in text
+    assert "| coco | asymvlm-vmf | 2 | 0.600 ± 0.141 | 0.900 ± 0.000 |" in text
+    assert "| coco | asymvlm-vmf (paper) | – | 0.837 | 0.940 |" in text  # CIFAR-10, STL-10
     row = next(line for line in text.splitlines() if line.startswith("| identity | -0.9"))
     assert row.endswith("| 1.000 |")  # every hierarchy's uncertainty falls with level
     assert "| identity | typos:3 |" in text
@@ -74,6 +76,35 @@ def test_report_gathers_tables_figures_and_paper_numbers(tmp_path) -> None:
     assert {"report.md", "fig5_hierarcaps.png", "fig_ood_typos.png"} <= logged
     with pytest.raises(ValueError, match="no MLflow experiment"):
         build_report(uri, "nope", str(tmp_path / "r2"))
+
+
+def test_tables_2_and_3_of_a_synthetic_world_put_the_papers_real_data_numbers_beside(
+    tmp_path,
+) -> None:
+    """Set names from the evaluation's params, mean ± std over seeds with the seed count, the
+    frozen model marked as not fine-tuned, and the paper's CLIP ViT-B/32 numbers on real data
+    in a labelled column beside ours (the set-up is not theirs)."""
+    uri, exp = _store(tmp_path), "synthetic-tables"
+    nota = {"dummy": {"a photo": {"asymvlm-vmf/seed0": {"pos_acc": 0.6, "neg_acc": 0.3},
+                                  "asymvlm-vmf/seed1": {"pos_acc": 0.8, "neg_acc": 0.5}}},
+            "rejection": {}}  # fmt: skip
+    log_evaluation(uri, exp, "nota", nota, params={
+        "sweep": "synthetic", "positives": "/x/tables/synthetic-positives:test",
+        "negatives": "/x/tables/synthetic-negatives:test"})  # fmt: skip
+    zero = {"asymvlm-vmf/seed0": {"positives": 0.5, "zeroshot": 0.3},
+            "asymvlm-vmf/seed1": {"positives": 0.7, "zeroshot": 0.5},
+            "clip": {"positives": 0.4, "zeroshot": 0.2}}  # fmt: skip
+    log_evaluation(uri, exp, "zeroshot", zero, params={"fine_tuned_on": "synthetic",
+                                                       "sweep": "synthetic"})  # fmt: skip
+    text = open(build_report(uri, exp, str(tmp_path / "report"))).read()
+    assert ("### Table 2 analogue — none-of-the-above (positives: synthetic-positives, "
+            "negatives: synthetic-negatives) — synthetic") in text
+    assert '| "a photo" | asymvlm-vmf | 2 | 0.700 ± 0.141 | 0.400 ± 0.141 | 0.857, 0.587 |' in text
+    assert "| positives | zeroshot | paper (CLIP ViT-B/32 fine-tuned on COCO, real data: " in text
+    assert ("| synthetic | asymvlm-vmf | 2 | 0.600 ± 0.141 | 0.400 ± 0.141 | "
+            "0.837 / 0.477 / 0.940 / 0.507 |") in text
+    assert "| – (frozen) | clip | 1 | 0.400 | 0.200 | 0.888 / 0.642 / 0.974 / 0.632 |" in text
+    assert " (paper) |" not in text  # no paper rows pretending to be on our sets
 
 
 def _with_input(method, adapter_input: str = "raw"):
