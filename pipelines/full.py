@@ -262,7 +262,8 @@ def stage_evaluate(cfg: dict[str, Any], parent: str | None = None) -> None:
         result = registry.evaluate(kind, methods, ev)
         params = {"sweep": ev.get("sweep") or "", "note": ev.get("note") or "",
                   "models": len(methods)}  # fmt: skip
-        params.update({k: ev[k] for k in ("fine_tuned_on", "embedding_model") if ev.get(k)})
+        params.update({k: ev[k] for k in ("fine_tuned_on", "embedding_model", "positives",
+                                          "negatives") if ev.get(k)})  # fmt: skip
         if kind == "zeroshot":
             params.setdefault("fine_tuned_on", ev.get("sweep") or "?")
         registry.log_evaluation(uri, experiment, kind, result, params=params, parent=parent,

@@ -22,6 +22,25 @@ def test_demo_config_resolves(tmp_path) -> None:
     assert all(str(tmp_path) in job["output"] for job in cfg["embed"]["jobs"])
     kinds = [e["kind"] for e in cfg["evaluations"]]
     assert {"hierarcaps", "zeroshot", "nota", "ood"} <= set(kinds)
+    # Tables 2 and 3 and Fig. 5 come from the synthetic world (preset demo, its sets); the tiny
+    # random CLIP keeps Fig. 5 and OOD as plumbing, labelled so.
+    syn = cfg["prepare"]["synthetic"]
+    assert syn["preset"] == "demo" and syn["classes"] is not None
+    tables = str(tmp_path / "tables")
+    by_sweep = {(e["kind"], e["sweep"]): e for e in cfg["evaluations"]}
+    assert set(by_sweep) == {("hierarcaps", "synthetic"), ("nota", "synthetic"),
+                             ("zeroshot", "synthetic"), ("hierarcaps", "hierarcaps-tiny"),
+                             ("ood", "hierarcaps-tiny")}  # fmt: skip
+    nota, zero = by_sweep["nota", "synthetic"], by_sweep["zeroshot", "synthetic"]
+    assert nota["positives"] == f"{tables}/synthetic-positives:test" and nota["frozen"]
+    assert nota["negatives"] == f"{tables}/synthetic-negatives:test"
+    assert zero["frozen"] and zero["fine_tuned_on"] == "synthetic"
+    assert zero["sets"] == {"positives": f"{tables}/synthetic-positives:test",
+                            "zeroshot": f"{tables}/synthetic-zeroshot:test"}  # fmt: skip
+    assert by_sweep["hierarcaps", "synthetic"]["data"] == f"{tables}/synthetic:test"
+    assert all("PLUMBING" in e["note"] for e in cfg["evaluations"]
+               if e["sweep"] == "hierarcaps-tiny")  # fmt: skip
+    assert "PLUMBING" in cfg["sweeps"][1]["note"]
     scfg = full._sweep_config(cfg, cfg["sweeps"][1])
     assert scfg["output"] == str(tmp_path / "sweeps" / "hierarcaps-tiny")
     assert scfg["val_fraction"] == 0.2 and scfg["mlflow"] == cfg["mlflow"]
@@ -46,7 +65,8 @@ def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypat
     monkeypatch.setattr(hierarcaps_fetch, "RETRIES", 1)
     cfg = full.load_config(DEMO, [f"output={tmp_path / 'out'}"])
     assert [s["name"] for s in cfg["sweeps"]] == ["synthetic"]
-    assert [e.get("sweep") for e in cfg["evaluations"]] == ["synthetic"]
+    assert [(e["kind"], e["sweep"]) for e in cfg["evaluations"]] == [
+        ("hierarcaps", "synthetic"), ("nota", "synthetic"), ("zeroshot", "synthetic")]
     assert cfg["embed"]["jobs"] == [] and not cfg["prepare"]["hierarcaps_cifar"]
     assert cfg["prepare"]["synthetic"]["output"] == str(tmp_path / "out" / "tables" / "synthetic")
     left_out = [r.getMessage() for r in caplog.records if "are left out" in r.getMessage()]
