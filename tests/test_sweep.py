@@ -165,6 +165,46 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     assert np.all(scored["kappa"] > 0)
 
 
+@pytest.mark.slow
+def test_untrained_methods_of_a_sweep_come_back_for_the_evaluations(ray_session, tmp_path) -> None:
+    """``clip`` (frozen) and ``bayesvlm`` (fitted post hoc) have no epochs, yet their trials
+    keep a checkpoint and log an adapter: the evaluations load them like trained ones, and the
+    loaded BayesVLM is the fitted one (its test Recall@1 is the trial's)."""
+    from asymvlm.evaluation import evaluate_retrieval
+    from asymvlm.evaluation.suite import evaluate_hierarcaps
+    from pipelines.sweep import resolve_config, run_sweep
+
+    world = write_world(str(tmp_path / "tables"), small_world_config(pre_dim=24))
+    cfg = resolve_config({
+        "embeddings": world, "methods": ["clip", "bayesvlm"], "lr": [1e-3], "seeds": [0],
+        "epochs": 2, "batch_size": 64, "num_workers": 1, "output": str(tmp_path / "sweep"),
+        "mlflow": {"experiment": "ci-untrained"},
+    })  # fmt: skip
+    out = run_sweep(cfg)
+    assert not out["failed"]
+    adapters = tracking.load_sweep_adapters(out["tracking_uri"], out["parent_run_id"])
+    assert set(adapters) == {"bayesvlm/seed0", "clip/seed0"}
+    logged = out["summary"]["bayesvlm"]["t2i_recall_at_1"]["mean"]
+    test = load_split(world, "test", adapters["bayesvlm/seed0"].adapter_input)
+    got = evaluate_retrieval(adapters["bayesvlm/seed0"], test)["t2i"]["recall@1"]
+    assert got == pytest.approx(logged, abs=1e-9)
+    hier = evaluate_hierarcaps(adapters, world, "test")
+    assert hier["bayesvlm/seed0"]["monotone_fraction"] is not None  # it has an uncertainty
+    assert hier["clip/seed0"]["monotone_fraction"] is None
+
+
+def test_a_seed_run_without_an_adapter_is_left_out_with_a_warning(tmp_path, caplog) -> None:
+    uri = tracking.default_tracking_uri(str(tmp_path))
+    with tracking.run(uri, "ci-no-adapter", "sweep", kind="sweep") as sweep:
+        trial = tracking.open_run(uri, "ci-no-adapter", "clip", kind="trial", parent=sweep,
+                                  params={"method": "clip", "seed": 0},
+                                  tags={"stage": "seeds"})  # fmt: skip
+        trial.end("FINISHED")
+    with caplog.at_level("WARNING", logger="asymvlm.tracking.model"):
+        assert tracking.load_sweep_adapters(uri, sweep.id) == {}
+    assert "has no adapter model" in caplog.text and "clip, seed 0" in caplog.text
+
+
 def test_hold_out_images_keeps_captions_with_their_image(small_world) -> None:
     data = load_split(small_world, "train")
     rest, held = hold_out_images(data, 0.2, seed=0)

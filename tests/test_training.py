@@ -266,6 +266,34 @@ def test_the_protocol_reports_every_epoch_and_resumes_to_the_same_outcome(small_
     assert _recalls(resumed) == _recalls(whole)
 
 
+def test_an_untrained_method_reports_once_with_a_checkpoint_due(small_world, one_thread) -> None:
+    """The frozen ``clip`` has no epochs: the protocol reports it once, with a checkpoint due,
+    so that its Ray run keeps a checkpoint (and its sweep trial an adapter for the
+    evaluations); its outcome is the frozen model's cosine ranking."""
+    from asymvlm.evaluation import evaluate_retrieval
+
+    base = _spec(small_world, epochs=3, checkpoint_every=2)
+    spec = RunSpec(embeddings=small_world, train=TrainConfig(**{
+        **{k: getattr(base.train, k) for k in ("epochs", "lr", "seed", "device")},
+        "method": "clip"}), checkpoint_every=2)  # fmt: skip
+    calls = []
+
+    def on_epoch(row, trainer, history, due) -> None:
+        calls.append((dict(row), trainer.epoch, len(history), due))
+
+    out = run_protocol(spec, on_epoch=on_epoch)
+    assert calls == [({"epoch": 0}, 0, 0, True)]
+    assert (out["epochs_run"], out["history"]) == (0, [])
+    frozen = evaluate_retrieval(build_method("clip", 16), load_split(small_world, "test"))
+    for d in ("t2i", "i2t"):
+        assert out["test"][d]["recall@1"] == frozen[d]["recall@1"]
+    # Trained methods are unchanged: one report per epoch, none after the last.
+    trained = []
+    run_protocol(_spec(small_world, epochs=2),
+                 on_epoch=lambda row, *_: trained.append(row["epoch"]))  # fmt: skip
+    assert trained == [1, 2]
+
+
 def test_the_protocol_holds_out_validation_images_when_the_tables_have_none(small_world) -> None:
     shards: list[int] = []
 

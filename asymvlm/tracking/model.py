@@ -7,6 +7,7 @@ by ``mlflow models serve``); :func:`load_sweep_adapters` gives the evaluations t
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -14,6 +15,8 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["CaptionUncertaintyModel", "load_sweep_adapters", "log_uncertainty_model"]
+
+logger = logging.getLogger(__name__)
 
 # The package that travels with a logged model (``code_paths``): asymvlm itself.
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,8 +140,11 @@ def _requirements() -> list[str]:
 def load_sweep_adapters(tracking_uri: str, parent_run_id: str) -> dict[str, Any]:
     """The stage-2 (seed) adapters of a sweep, as "method/seed<k>" -> method (with its
     ``adapter_input`` attribute set), loaded from the runs' MLflow models. Only FINISHED runs
-    take part: a failed (e.g. diverged) trial has no adapter."""
+    take part: a failed (e.g. diverged) trial has no adapter. A finished run without one (the
+    frozen ``clip`` or ``bayesvlm`` of a sweep run before their trials saved a checkpoint) is
+    left out with a warning."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     from asymvlm.tracking.queries import child_runs
 
@@ -146,7 +152,13 @@ def load_sweep_adapters(tracking_uri: str, parent_run_id: str) -> dict[str, Any]
     out: dict[str, Any] = {}
     children = child_runs(tracking_uri, parent_run_id, stage="seeds")
     for child in sorted(children, key=lambda c: (c.data.params["method"], c.data.params["seed"])):
-        model = mlflow.pyfunc.load_model(f"runs:/{child.info.run_id}/adapter")
+        try:
+            model = mlflow.pyfunc.load_model(f"runs:/{child.info.run_id}/adapter")
+        except MlflowException:
+            logger.warning("trial run %s (%s, seed %s) has no adapter model: left out of the "
+                           "evaluations", child.info.run_id, child.data.params["method"],
+                           child.data.params["seed"])  # fmt: skip
+            continue
         adapter = model.unwrap_python_model()  # a CaptionUncertaintyModel
         method = adapter.method
         method.adapter_input = adapter.meta.get("adapter_input", "raw")

@@ -211,7 +211,10 @@ def run_protocol(
     Seeds, loads the training split (and the hold-out, :func:`training_data`), builds the
     method and the :class:`Trainer`, continues from ``state`` when given, trains the remaining
     epochs calling ``on_epoch(row, trainer, history, checkpoint_due)`` after each (on every
-    rank: a Ray wrapper reports there, with a checkpoint when due), then evaluates.
+    rank: a Ray wrapper reports there, with a checkpoint when due), then evaluates. A method
+    that is not trained by SGD (``trainable = False``: the frozen ``clip``, the post-hoc
+    ``bayesvlm``) has no epochs: ``on_epoch`` is called once after its fit, with the row
+    ``{"epoch": 0}`` and a checkpoint due.
 
     Returns, on rank 0, ``{"history", "dim", "epochs_run", "val", "test"}``
     (:meth:`TrainingRun.results`; ``val``/``test`` for the splits there are), or
@@ -225,6 +228,10 @@ def run_protocol(
         run.resume(state)
     try:
         run.fit(on_epoch, progress=progress)
+        if on_epoch is not None and not run.method.trainable:
+            # fitted post hoc (or nothing to fit), no epochs: one report of the fitted model
+            # with a checkpoint due, so that a Ray run has a checkpoint and a sweep an adapter
+            on_epoch({"epoch": 0}, run.trainer, run.history, True)
         return run.results() if rank == 0 else None
     except NonFiniteError as exc:
         logger.warning("%s", exc)
