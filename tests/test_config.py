@@ -122,7 +122,7 @@ def test_one_set_syntax() -> None:
         ("sweeps.1.hiden_dim=3", "sweeps[1].hiden_dim: unknown key (did you mean 'hidden_dim'?)"),
         ("sweeps.0.epochs=0", "sweeps[0].epochs = 0"),
         ("sweeps.1.lr=[.nan]", "sweeps[1].lr[0] = nan: Input should be a finite number"),
-        ("evaluations.1.dat=x", "evaluations[1].dat: unknown key (did you mean 'data'?)"),
+        ("evaluations.3.dat=x", "evaluations[3].dat: unknown key (did you mean 'data'?)"),
         ("evaluations.0.data=nosplit", "expected ROOT:SPLIT"),
         ("prepare.synthetic.dimm=3", "unknown key 'dimm' (did you mean 'dim'?)"),
         ("repot={output: x}", "repot: unknown key (did you mean 'report'?)"),
