@@ -190,6 +190,9 @@ class Method(nn.Module):
     #: ProLIP normalise it first, PFE's means and variance head and ProbVLM's backbone and
     #: targets do not): under ``official`` such a method takes ``image_emb * image_norm``.
     OFFICIAL_RAW_IMAGES: ClassVar[bool] = False
+    #: Buffers that stay empty until the method is fitted (ELIP's galleries, BayesVLM's
+    #: posterior): loading a state dict first gives them the saved shape.
+    FITTED_BUFFERS: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def protocol_kwargs(cls, protocol: str) -> dict[str, Any]:
@@ -261,6 +264,16 @@ class Method(nn.Module):
             adapter = getattr(self, attr, None)
             if isinstance(adapter, Adapter):
                 adapter.calibrate(data)
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        for name in self.FITTED_BUFFERS:
+            saved = state_dict.get(prefix + name)
+            if isinstance(saved, torch.Tensor):
+                buf = getattr(self, name)
+                setattr(self, name, torch.empty(saved.shape, dtype=buf.dtype, device=buf.device))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def fit_posthoc(self, data: SplitTensors) -> None:
         """Hook of methods fitted post hoc instead of by SGD (``trainable = False``): called once

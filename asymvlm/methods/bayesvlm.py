@@ -254,7 +254,7 @@ class BayesVLM(Method):
         "tr Cov of the embedding under the KFAC Laplace posterior over the projection (BayesVLM); "
         "score: its expected cosine (ProbCosine)"
     )
-    _sized = tuple(f"{m}_{n}" for m in MODALITIES for n in ("projection", "a_inv"))
+    FITTED_BUFFERS = tuple(f"{m}_{n}" for m in MODALITIES for n in ("projection", "a_inv"))
 
     def __init__(
         self,
@@ -330,17 +330,6 @@ class BayesVLM(Method):
                 "bayesvlm was fitted on (another embedding model?)"
             )
         return data.image_pre, data.text_pre
-
-    def _load_from_state_dict(
-        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
-    ) -> None:
-        # The p-sized buffers are only sized by fitting: take the checkpoint's shape first.
-        for name in self._sized:
-            saved = state_dict.get(prefix + name)
-            if isinstance(saved, torch.Tensor):
-                buf = getattr(self, name)
-                setattr(self, name, torch.empty(saved.shape, dtype=buf.dtype, device=buf.device))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # -- encodings ----------------------------------------------------------------------------
     def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:

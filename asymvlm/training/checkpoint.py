@@ -218,10 +218,10 @@ def read_history(directory: str) -> list[dict[str, float]]:
         raise CheckpointError(f"{path}: line {exc.lineno} is not JSON ({exc.msg})") from exc
 
 
-def _sized_by_fitting(fresh: torch.Tensor, saved: torch.Tensor) -> bool:
-    """An empty buffer of a fresh method, sized when the method is fitted (ELIP's galleries,
-    BayesVLM's posterior): the method takes the saved shape when it loads it."""
-    return fresh.numel() == 0 and fresh.ndim == saved.ndim
+def _sized_by_fitting(method: Method, name: str, fresh: torch.Tensor, saved: torch.Tensor) -> bool:
+    """A still-empty buffer of :attr:`Method.FITTED_BUFFERS` (ELIP's galleries, BayesVLM's
+    posterior): the method takes the saved shape when it loads it."""
+    return name in method.FITTED_BUFFERS and fresh.numel() == 0 and fresh.ndim == saved.ndim
 
 
 def _state_mismatch(method: Method, state: Any) -> str | None:
@@ -234,7 +234,9 @@ def _state_mismatch(method: Method, state: Any) -> str | None:
     shapes = [
         f"{k} {list(state[k].shape)} vs {list(v.shape)}"
         for k, v in expected.items()
-        if k in state and state[k].shape != v.shape and not _sized_by_fitting(v, state[k])
+        if k in state
+        and state[k].shape != v.shape
+        and not _sized_by_fitting(method, k, v, state[k])
     ]
     parts = []
     for label, items in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)):

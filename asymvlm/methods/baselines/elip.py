@@ -9,7 +9,7 @@ The authors' code has no ELIP; protocol ``official`` only applies their common c
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -67,7 +67,7 @@ class ELIP(Method):
 
     uncertainty_doc = "K / S over a fixed gallery of K items (ELIP Eq. 4), both modalities"
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {"official": {"init": "default"}}
-    _gallery_names = ("gallery_images", "gallery_texts")
+    FITTED_BUFFERS = ("gallery_images", "gallery_texts")
 
     def __init__(
         self,
@@ -88,7 +88,7 @@ class ELIP(Method):
         self.log_temperature = nn.Parameter(torch.tensor(math.log(init_temperature)))
         self.kl_anneal_epochs = kl_anneal_epochs
         self.gallery_size = gallery_size
-        for name in self._gallery_names:
+        for name in self.FITTED_BUFFERS:
             self.register_buffer(name, torch.empty(0, dim), persistent=True)
 
     @property
@@ -104,7 +104,7 @@ class ELIP(Method):
     # -- gallery -----------------------------------------------------------------------------
     def fit_start(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> None:
         """Draw the fixed reference galleries (raw embeddings, adapted when used)."""
-        for name, emb in zip(self._gallery_names, (image_emb, text_emb), strict=True):
+        for name, emb in zip(self.FITTED_BUFFERS, (image_emb, text_emb), strict=True):
             n = emb.shape[0]
             idx = torch.randperm(n, device=emb.device)[: min(self.gallery_size, n)]
             buf = getattr(self, name)
@@ -118,17 +118,6 @@ class ELIP(Method):
                 "text_emb) with the training set first (or load a state dict that has one)"
             )
         return gallery
-
-    def _load_from_state_dict(
-        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
-    ) -> None:
-        # The galleries' size is only known after fit_start: resize before copying.
-        for name in self._gallery_names:
-            saved = state_dict.get(prefix + name)
-            if isinstance(saved, torch.Tensor):
-                buf = getattr(self, name)
-                setattr(self, name, torch.empty(saved.shape, dtype=buf.dtype, device=buf.device))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # -- uncertainty -------------------------------------------------------------------------
     def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
