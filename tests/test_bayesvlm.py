@@ -23,6 +23,7 @@ from asymvlm.methods.bayesvlm import (
 )
 from asymvlm.synthetic import SyntheticWorld, write_world
 from tests.conftest import small_world_config
+from tests.helpers import requires_hierarcaps
 
 pytest.importorskip("laplace")
 
@@ -282,6 +283,7 @@ def tiny_clip(tmp_path_factory) -> str:
 
 
 @pytest.mark.slow
+@requires_hierarcaps
 def test_hierarcaps_tables_with_pre_projection(ray_session, tiny_clip, tmp_path, capsys) -> None:
     """Real HierarCaps images and captions through a tiny CLIP with --pre-projection, then
     bayesvlm fitted on them, evaluated, scored and analysed along the caption hierarchies."""
