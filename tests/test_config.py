@@ -116,6 +116,16 @@ def test_one_set_syntax() -> None:
             config.apply_overrides({"sweeps": [{}], "name": "n"}, [bad])
 
 
+@pytest.fixture
+def hierarcaps_standin(tmp_path, monkeypatch) -> None:
+    """The whole demo config validates whether or not the real HierarCaps data is here: a
+    stand-in folder with its csv keeps every part (none is left out, no download is tried)."""
+    hierarcaps = tmp_path / "hierarcaps-standin"
+    (hierarcaps / "images").mkdir(parents=True)
+    (hierarcaps / "hierarcaps_test.csv").write_text("")
+    monkeypatch.setenv("ASYMVLM_HIERARCAPS", str(hierarcaps))
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -131,24 +141,27 @@ def test_one_set_syntax() -> None:
         ("sweeps.0.embeddings=/nonexistent/tables", "/nonexistent/tables does not exist"),
     ],
 )
-def test_pipeline_fails_in_seconds_before_ray(override, message, capsys, monkeypatch) -> None:
+def test_pipeline_fails_in_seconds_before_ray(
+    override, message, capsys, monkeypatch, tmp_path, hierarcaps_standin
+) -> None:
     import ray
 
     import pipelines.ray_session
 
+    never = tmp_path / "never-written"
     # Any start of Ray is recorded (a Ray session of earlier tests may be up in this process).
     started: list[str] = []
     monkeypatch.setattr(pipelines.ray_session, "init_ray", lambda: started.append("init_ray"))
     monkeypatch.setattr(ray, "init", lambda *a, **k: started.append("ray.init"))
     t0 = time.perf_counter()
-    code = full.main(["--config", DEMO, "--set", override, "--output", "/tmp/never-written"])
+    code = full.main(["--config", DEMO, "--set", override, "--output", str(never)])
     err = capsys.readouterr().err
     assert code == 2, err
     assert message in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert time.perf_counter() - t0 < 20
     assert started == []
-    assert not os.path.exists("/tmp/never-written")
+    assert not never.exists()
 
 
 @pytest.mark.parametrize(
@@ -255,7 +268,9 @@ def test_synthetic_prepare_refuses_bad_keys(keys, message) -> None:
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_pipeline_with_a_bad_world_knob_fails_in_one_line(capsys, tmp_path) -> None:
+def test_pipeline_with_a_bad_world_knob_fails_in_one_line(
+    capsys, tmp_path, hierarcaps_standin
+) -> None:
     code = full.main(["--config", DEMO, "--set", "prepare.synthetic.level_probs=[1, 1, 0, 0]",
                       "--output", str(tmp_path / "never"), "--stages", "embed"])  # fmt: skip
     err = capsys.readouterr().err
