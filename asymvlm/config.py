@@ -468,6 +468,10 @@ class _SweepBase(_Strict):
     cpus_per_worker: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
     gpus_per_worker: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     method_kwargs: dict[MethodName, dict[str, Any]] = Field(default_factory=dict)
+    #: ``auto``: a one-worker trial runs the protocol inside the Tune trial itself (no
+    #: TorchTrainer start-up); ``num_workers > 1`` drives a TorchTrainer (DDP).
+    #: ``torch_trainer``: every trial through a TorchTrainer (as earlier versions did; to compare).
+    trial_runner: Literal["auto", "torch_trainer"] = "auto"
 
     @model_validator(mode="after")
     def _consistent(self) -> _SweepBase:

@@ -5,9 +5,14 @@
 
 Stage 1 grid-searches ``method x lr`` with seed 0; the best lr of every method is chosen on the
 **validation** split (mean of t2i and i2t Recall@1; the test split never takes part); stage 2
-repeats each method at its best lr with every seed in ``seeds``. Every trial is one Ray Train
-run (:mod:`pipelines.train`, DDP over ``num_workers`` workers); with GPUs, trials are packed on
-fractional GPUs (``gpus_per_worker``, e.g. 0.25 puts four single-worker trials on one GPU).
+repeats each method at its best lr with every seed in ``seeds`` -- except the first seed,
+which stage 1 already ran at that lr (that trial is reused, not run again).
+
+Trials (:mod:`pipelines.trials`): with ``num_workers: 1`` a trial runs the protocol inside
+the Tune trial on ``cpus_per_worker`` CPUs (or ``gpus_per_worker`` of a GPU: 0.25 puts four
+trials on one GPU), and the Tune actors are reused from trial to trial with the tables kept in
+memory -- no per-trial start-up; with ``num_workers > 1`` a trial is one Ray Train run
+(:mod:`pipelines.train`, DDP over ``num_workers`` workers).
 
 MLflow (through :mod:`asymvlm.tracking`; the driver is the only writer): one run per sweep
 (nested under the pipeline run when there is one) with the resolved config, the git commit, the
@@ -22,8 +27,9 @@ mlflow: {tracking_uri, experiment}``; optional ``output`` (default ``runs/<exper
 ``train_split/val_split/test_split``, any :class:`asymvlm.training.TrainConfig` field
 (``hidden_dim``, ``depth``, ``weight_decay``, ``momentum``, ``adapter_input``, ``precision``),
 ``method_kwargs: {method: {...}}``, ``checkpoint_every``, ``max_failures``, ``cpus_per_worker``,
-``gpus_per_worker``, ``val_fraction`` (hold out that share of the training images for lr
-selection when the tables have no validation split) and ``test_embeddings`` (test tables from
+``gpus_per_worker``, ``trial_runner`` (``torch_trainer``: every trial through a TorchTrainer),
+``val_fraction`` (hold out that share of the training images for lr selection when the tables
+have no validation split) and ``test_embeddings`` (test tables from
 another root, e.g. COCO for adapters trained on CC-200k). Other keys are allowed and ignored
 here (the full pipeline reads them).
 """
@@ -36,7 +42,6 @@ import json
 import logging
 import math
 import os
-import re
 import sys
 import tempfile
 import time
@@ -51,9 +56,15 @@ if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from asymvlm import config, logs, results, storage, tables, tracking  # noqa: E402
-from asymvlm.errors import AsymVLMError, ConfigError, TrialFailed, guarded  # noqa: E402
+from asymvlm.errors import AsymVLMError, ConfigError, guarded  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
-from pipelines.train import run_config_dict, run_training  # noqa: E402
+from pipelines.trials import (  # noqa: E402
+    SELECTION_METRIC,
+    direct_trial,
+    failure_reason,
+    torch_trainer_trial,
+    uses_torch_trainer,
+)
 
 if __name__ != "__main__":  # see pipelines/train.py
     import ray.cloudpickle
@@ -63,7 +74,6 @@ if __name__ != "__main__":  # see pipelines/train.py
 logger = logging.getLogger(__name__)
 
 _TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"method", "lr", "seed", "method_kwargs"}
-SELECTION_METRIC = "val_mean_recall_at_1"
 SWEEP_RECORD = "sweep.json"  # written last: a sweep with it is done
 TRIAL_DRIVER_MEMORY = 256 * 1024**2  # bytes (a logical reservation)
 
@@ -93,91 +103,12 @@ def resolve_config(doc: dict[str, Any], source: str = "<config>") -> dict[str, A
     return cfg
 
 
-def _train_config(cfg: dict[str, Any], method: str, lr: float, seed: int) -> dict[str, Any]:
+def train_config(cfg: dict[str, Any], method: str, lr: float, seed: int) -> dict[str, Any]:
+    """The :class:`TrainConfig` fields of one trial of sweep ``cfg``."""
     train = {k: cfg[k] for k in _TRAIN_KEYS if k in cfg}
     train.update(method=method, lr=lr, seed=seed)
     train["method_kwargs"] = dict(cfg["method_kwargs"].get(method, {}))
     return train
-
-
-# -- failures -----------------------------------------------------------------------------------
-def failure_reason(exc: BaseException | str | None) -> str:
-    """The root cause of a failed trial as one line: our own errors (e.g. "non-finite loss at
-    epoch 2, step 3 ...") verbatim, others as ``Type: first line``; digs through Ray's
-    wrappers (task errors, Train worker-group errors, Tune errors)."""
-    from asymvlm.errors import AsymVLMError
-
-    if exc is None:
-        return "unknown error"
-    if isinstance(exc, str):  # Tune's text trace: the last "Error: message" line
-        lines = [ln.strip() for ln in exc.strip().splitlines() if ln.strip()]
-        hits = [ln for ln in lines if "non-finite" in ln] or [
-            ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Failed)\b", ln)
-        ]
-        return (hits[-1] if hits else (lines[-1] if lines else "unknown error"))[:500]
-    seen: set[int] = set()
-    stack: list[BaseException] = [exc]
-    chain: list[BaseException] = []
-    while stack:
-        err = stack.pop(0)
-        if id(err) in seen:
-            continue
-        seen.add(id(err))
-        chain.append(err)
-        cause = getattr(err, "cause", None)  # RayTaskError(X) is also an X: use its cause
-        if isinstance(cause, BaseException):
-            stack.insert(0, cause)
-            continue
-        if isinstance(err, TrialFailed | AsymVLMError):
-            return " ".join(str(err).split())[:500]
-        stack += list(getattr(err, "worker_failures", {}).values())
-        stack += [e for e in (err.__cause__, err.__context__) if isinstance(e, BaseException)]
-    root = chain[-1]
-    first = (str(root).strip().splitlines() or [""])[0]
-    return f"{type(root).__name__}: {first}"[:500]
-
-
-# -- one trial ----------------------------------------------------------------------------------
-def sweep_trial(config: dict[str, Any]) -> None:
-    """Tune function trainable: one Ray Train run; reports the selection score and results."""
-    cfg = config["sweep"]
-    method, lr, seed = config["arm"]["method"], config["arm"]["lr"], config["seed"]
-    run = run_config_dict(
-        cfg["embeddings"],
-        _train_config(cfg, method, lr, seed),
-        train_split=cfg["train_split"],
-        val_split=cfg["val_split"],
-        test_split=cfg["test_split"],
-        checkpoint_every=cfg["checkpoint_every"],
-        **{k: cfg[k] for k in ("val_fraction", "test_embeddings") if cfg.get(k)},
-    )
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    try:
-        out = run_training(
-            run,
-            callbacks=[TuneReportCallback()],  # every epoch's report reaches the driver live
-            name=f"{config['stage']}-{method}-lr{lr:g}-seed{seed}",
-            storage_path=storage.uri_join(cfg["output"], "ray"),
-            num_workers=cfg["num_workers"],
-            cpus_per_worker=cfg["cpus_per_worker"],
-            gpus_per_worker=cfg["gpus_per_worker"],
-            max_failures=cfg["max_failures"],
-        )
-    except Exception as exc:  # the trial fails (Tune error state) with a readable reason
-        raise TrialFailed(failure_reason(exc)) from None
-    val = results.retrieval_metric_names(out.get("val", {}), prefix="val_")
-    score = [val[k] for k in ("val_t2i_recall_at_1", "val_i2t_recall_at_1") if k in val]
-    tune.report(
-        {
-            SELECTION_METRIC: sum(score) / len(score) if score else float("nan"),
-            "method": method,
-            "lr": lr,
-            "seed": seed,
-            "stage": config["stage"],
-            "outcome": out,
-        }
-    )
 
 
 def _concurrency(cfg: dict[str, Any]) -> int:
@@ -192,30 +123,43 @@ def _concurrency(cfg: dict[str, Any]) -> int:
     return max(1, min(fits))
 
 
-def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[int], trial_logger):
+def _run_stage(cfg: dict[str, Any], stage: str, trials: list[dict], trial_logger):
+    """Run ``trials`` (``{"method", "lr", "seed"}`` each) as one Tune experiment; returns
+    (finished trials' final rows, failed trials with their reasons)."""
     tune_path, tune_fs = storage.ray_storage(storage.uri_join(cfg["output"], "tune"))
-    tuner = tune.Tuner(
+    if uses_torch_trainer(cfg):
         # The trial only drives its TorchTrainer, whose workers ask for their own CPUs/GPUs:
         # it reserves no CPU (Tune needs some resource in a request: a little memory).
-        tune.with_resources(sweep_trial, {"cpu": 0, "memory": TRIAL_DRIVER_MEMORY}),
-        param_space={
-            "sweep": cfg,
-            "stage": stage,
-            "arm": tune.grid_search(arms),
-            "seed": tune.grid_search(seeds),
-        },
-        tune_config=tune.TuneConfig(max_concurrent_trials=_concurrency(cfg)),
+        trainable = tune.with_resources(torch_trainer_trial,
+                                        {"cpu": 0, "memory": TRIAL_DRIVER_MEMORY})  # fmt: skip
+        retries = tune.FailureConfig(max_failures=0)  # the TorchTrainer retries its workers
+    else:  # the protocol runs in the trial: it holds the worker's CPUs (or GPU share)
+        import ray
+
+        gpu = ray.cluster_resources().get("GPU", 0) > 0
+        resources = {"cpu": cfg["cpus_per_worker"], "gpu": cfg["gpus_per_worker"] if gpu else 0}
+        trainable = tune.with_resources(direct_trial, resources)
+        retries = tune.FailureConfig(max_failures=cfg["max_failures"])
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"sweep": cfg, "stage": stage, "trial": tune.grid_search(trials)},
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=_concurrency(cfg),
+            # one process runs trial after trial (its splits stay loaded: PROCESS_CACHE)
+            reuse_actors=not uses_torch_trainer(cfg),
+        ),
         run_config=tune.RunConfig(
             name=stage,
             storage_path=tune_path,
             storage_filesystem=tune_fs,
             callbacks=[trial_logger],
+            failure_config=retries,
             verbose=0,  # one line per finished trial comes from the MLflow callback
         ),
     )
     with (
         contextlib.redirect_stdout(sys.stderr),  # stdout carries the result
-        trial_logger.progress(f"{cfg.get('name') or 'sweep'} {stage}", len(arms) * len(seeds)),
+        trial_logger.progress(f"{cfg.get('name') or 'sweep'} {stage}", len(trials)),
     ):
         results = tuner.fit()
     done, failed = [], []
@@ -223,8 +167,7 @@ def _run_stage(cfg: dict[str, Any], stage: str, arms: list[dict], seeds: list[in
         if r.error is None and r.metrics and "outcome" in r.metrics:
             done.append(r.metrics)
             continue
-        failed.append({"stage": stage, "method": r.config["arm"]["method"],
-                       "lr": r.config["arm"]["lr"], "seed": r.config["seed"],
+        failed.append({"stage": stage, **r.config["trial"],
                        "reason": failure_reason(r.error)})  # fmt: skip
     return done, failed
 
@@ -234,7 +177,8 @@ _NOT_METRICS = frozenset(AUTO_RESULT_KEYS) | {"checkpoint_path", "epoch", "trial
 
 
 def _trial_label(config: dict[str, Any]) -> tuple[str, float, int, str]:
-    return config["arm"]["method"], config["arm"]["lr"], config["seed"], config["stage"]
+    trial = config["trial"]
+    return trial["method"], trial["lr"], trial["seed"], config["stage"]
 
 
 class MlflowTrialLogger(tune.Callback):
@@ -263,7 +207,8 @@ class MlflowTrialLogger(tune.Callback):
                 f"{method} lr={lr:g} seed={seed}", kind="trial", parent=self.parent,
                 params={**self.base_params, "method": method, "lr": lr, "seed": seed,
                         "stage": stage, "optimizer": self._optimizer(method)},
-                tags={"stage": stage, "method": method},
+                tags={"stage": stage, "method": method,
+                      **({"seed_stage": "true"} if stage == "seeds" else {})},
                 description=f"{'lr grid' if stage == 'grid' else 'seed'} trial: {method} at "
                 f"lr {lr:g}, seed {seed}",
             )  # fmt: skip
@@ -294,13 +239,21 @@ class MlflowTrialLogger(tune.Callback):
         if self._bar is not None:
             self._bar.update(1)
 
+    def join_seed_stage(self, reused: list[dict[str, Any]]) -> None:
+        """Stage-1 trials that are also stage 2's (the first seed at the chosen lr): their runs
+        get the ``seed_stage`` tag that stage 2's runs carry."""
+        for result in reused:
+            run = self.runs.get(result.get("trial_id", ""))
+            if run is not None:
+                run.set_tags({"seed_stage": "true"})
+
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self._run(trial)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         run = self._run(trial)
         if "outcome" in result:
-            log_outcome(run, self.cfg, result)
+            log_outcome(run, self.cfg, result, getattr(trial, "checkpoint", None))
         elif "epoch" in result:
             metrics = {k: v for k, v in result.items() if k not in _NOT_METRICS}
             run.log_metrics(metrics, step=int(result["epoch"]))
@@ -350,9 +303,12 @@ def _trial_error(trial) -> BaseException | str | None:
     return None
 
 
-def log_outcome(run: tracking.Run, cfg: dict[str, Any], result: dict[str, Any]) -> None:
+def log_outcome(
+    run: tracking.Run, cfg: dict[str, Any], result: dict[str, Any], checkpoint=None
+) -> None:
     """A finished trial's final metrics, binned Recall@1 curves (JSON + PNG), every number of
-    its evaluation (results.json) and adapter."""
+    its evaluation (results.json) and adapter: from its Ray Train run's checkpoint, or (a trial
+    that trained in place) from ``checkpoint``, the trial's latest Tune checkpoint."""
     from asymvlm.plots import plot_binned_recall
 
     out = result["outcome"]
@@ -380,7 +336,9 @@ def log_outcome(run: tracking.Run, cfg: dict[str, Any], result: dict[str, Any]) 
         from ray.train import Checkpoint
 
         # (path, filesystem) as Ray Train wrote it (pyarrow's own, for object stores)
-        with Checkpoint(*storage.ray_storage(out["checkpoint"])).as_directory() as directory:
+        checkpoint = Checkpoint(*storage.ray_storage(out["checkpoint"]))
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
             run.log_model(os.path.join(directory, "model"), int(out["dim"]))
 
 
@@ -454,11 +412,13 @@ def _stages(cfg: dict[str, Any], sweep_run: tracking.Run, trial_logger, base: di
     summary markdown)."""
     failed: list[dict[str, Any]] = []
     name = cfg.get("name") or "sweep"
-    arms = [{"method": m, "lr": lr} for m in cfg["methods"] for lr in cfg["lr"]]
+    first = cfg["seeds"][0]
+    grid: list[dict[str, Any]] = []
     if len(cfg["lr"]) > 1:
+        arms = [{"method": m, "lr": lr, "seed": first} for m in cfg["methods"] for lr in cfg["lr"]]
         logger.info("sweep %s, stage 1: %d trials (method x lr, seed %d)", name, len(arms),
-                    cfg["seeds"][0])  # fmt: skip
-        grid, grid_failed = _run_stage(cfg, "grid", arms, [cfg["seeds"][0]], trial_logger)
+                    first)  # fmt: skip
+        grid, grid_failed = _run_stage(cfg, "grid", arms, trial_logger)
         failed += grid_failed
         selection = select_lr(grid)
         for method, pick in selection.items():
@@ -473,9 +433,16 @@ def _stages(cfg: dict[str, Any], sweep_run: tracking.Run, trial_logger, base: di
     if not selection:
         raise NoResults(f"sweep {name}: every trial failed; first reason: "
                         f"{failed[0]['reason']}")  # fmt: skip
-    best = [{"method": m, "lr": selection[m]["lr"]} for m in selection]
-    logger.info("sweep %s, stage 2: %d methods x %d seeds", name, len(best), len(cfg["seeds"]))
-    repeats, seed_failed = _run_stage(cfg, "seeds", best, cfg["seeds"], trial_logger)
+    # Stage 1 already ran the first seed at the chosen lr: that trial is stage 2's first seed.
+    reused = [r for r in grid if selection.get(r["method"], {}).get("lr") == r["lr"]]
+    trial_logger.join_seed_stage(reused)
+    todo = [{"method": m, "lr": selection[m]["lr"], "seed": seed} for m in selection
+            for seed in cfg["seeds"] if not any(r["method"] == m and r["seed"] == seed
+                                                for r in reused)]  # fmt: skip
+    logger.info("sweep %s, stage 2: %d methods x %d seeds (%d from stage 1)", name,
+                len(selection), len(cfg["seeds"]), len(reused))  # fmt: skip
+    repeats, seed_failed = _run_stage(cfg, "seeds", todo, trial_logger) if todo else ([], [])
+    repeats = reused + repeats
     failed += seed_failed
     flat = [
         {"method": r["method"], "seed": r["seed"],

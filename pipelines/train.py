@@ -64,12 +64,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     device = ray.train.torch.get_device()
-    _worker_logging(rank)
+    worker_logging(rank)
     state = None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            state = _read_state(directory, device)
+            state = read_state(directory, device)
 
     def on_epoch(
         row: dict[str, float], trainer: Trainer, history: list[dict[str, float]], due: bool
@@ -78,7 +78,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
             _report_with_checkpoint(row, trainer, history, rank)
         else:
             ray.train.report(row)
-        _maybe_inject_failure(config, trainer.epoch, rank)
+        maybe_inject_failure(config, trainer.epoch, rank)
 
     return run_protocol(
         RunSpec.from_dict(config),
@@ -90,7 +90,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     )
 
 
-def _read_state(directory: str, device: torch.device) -> RunState:
+def read_state(directory: str, device: torch.device) -> RunState:
     """The trainer state and history of a checkpoint written by :func:`_report_with_checkpoint`."""
     trainer = torch.load(os.path.join(directory, STATE_FILE), map_location=device,
                          weights_only=False)  # fmt: skip
@@ -108,24 +108,30 @@ def _report_with_checkpoint(
     with tempfile.TemporaryDirectory() as directory:
         checkpoint = None
         if rank == 0:
-            torch.save(trainer.state_dict(), os.path.join(directory, STATE_FILE))
-            with open(os.path.join(directory, HISTORY_FILE), "w") as fh:
-                json.dump(history, fh)
-            save_checkpoint(
-                os.path.join(directory, MODEL_DIR),
-                trainer.method,
-                trainer.cfg,
-                trainer.data.dim,
-                extra={"epoch": trainer.epoch},
-            )
+            write_checkpoint(directory, trainer, history)
             checkpoint = ray.train.Checkpoint.from_directory(directory)
         ray.train.report(row, checkpoint=checkpoint)
+
+
+def write_checkpoint(directory: str, trainer: Trainer, history: list[dict[str, float]]) -> None:
+    """A Ray checkpoint folder: the trainer state (resume), the history and the adapter
+    (``model/``, a checkpoint folder :func:`asymvlm.training.load_checkpoint` reads)."""
+    torch.save(trainer.state_dict(), os.path.join(directory, STATE_FILE))
+    with open(os.path.join(directory, HISTORY_FILE), "w") as fh:
+        json.dump(history, fh)
+    save_checkpoint(
+        os.path.join(directory, MODEL_DIR),
+        trainer.method,
+        trainer.cfg,
+        trainer.data.dim,
+        extra={"epoch": trainer.epoch},
+    )
 
 
 FAULT_ENV = "ASYMVLM_FAULT_INJECTION"
 
 
-def _maybe_inject_failure(config: dict[str, Any], epoch: int, rank: int) -> None:
+def maybe_inject_failure(config: dict[str, Any], epoch: int, rank: int) -> None:
     """Fault-injection for tests: worker ``fail_rank`` SIGKILLs its own process once, right
     after the checkpoint of epoch ``fail_at_epoch`` was reported (a marker file makes it once).
 
@@ -161,12 +167,12 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def _worker_logging(rank: int) -> None:
+def worker_logging(rank: int, label: str = "train rank") -> None:
     """This run's log records (``asymvlm.*`` and this module's, INFO and up) go to the worker's
     stderr as ``[train rank N] message``, which Ray streams to the driver's (the job's) log.
     Ray leaves other loggers to the root logger, which may drop INFO; they do not propagate
     there, so no record shows twice. Idempotent."""
-    formatter = logging.Formatter(f"[train rank {rank}] %(message)s")
+    formatter = logging.Formatter(f"[{label} {rank}] %(message)s")
     for log in (logging.getLogger("asymvlm"), logger):
         for old in [h for h in log.handlers if getattr(h, "worker_handler", False)]:
             log.removeHandler(old)

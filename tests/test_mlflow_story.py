@@ -73,7 +73,9 @@ def test_the_pipeline_run_is_the_root_of_everything(story) -> None:
     (sweep,) = _kind(runs, "sweep")
     assert sweep.data.tags["mlflow.parentRunId"] == root.info.run_id
     trials = _kind(runs, "trial")
-    assert len(trials) == 2 + 2  # grid: 2 lrs; seeds: 2 seeds at the chosen lr
+    # grid: 2 lrs (seed 0); seeds: seed 1 at the chosen lr (seed 0 there is the grid's trial)
+    assert len(trials) == 2 + 1
+    assert sum(t.data.tags.get("seed_stage") == "true" for t in trials) == 2
     assert {t.data.tags["mlflow.parentRunId"] for t in trials} == {sweep.info.run_id}
     (evaluation,) = _kind(runs, "eval-hierarcaps")
     (report,) = _kind(runs, "report")
@@ -133,7 +135,7 @@ def test_the_console_is_short_and_says_where_everything_is(story) -> None:
     assert len(lines) <= 40, "\n".join(lines)
     assert not [ln for ln in lines if "Warning" in ln or "warning:" in ln], "\n".join(lines)
     text = story["stderr"]
-    assert text.count("trial asymvlm-vmf") == 4  # one line per finished trial
+    assert text.count("trial asymvlm-vmf") == 3  # one line per finished trial
     assert f"asymvlm ui {story['output']}" in text
     assert os.path.isfile(os.path.join(story["output"], "logs", "pipeline.log"))
 

@@ -90,8 +90,14 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     children = client.search_runs(
         [out["experiment_id"]], f"tags.mlflow.parentRunId = '{out['parent_run_id']}'"
     )
-    assert len(children) == 8  # 2 methods x 2 lrs (seed 0) + 2 methods x 2 seeds
-    assert sorted(c.data.tags["stage"] for c in children).count("seeds") == 4
+    # 2 methods x 2 lrs (seed 0) + 2 methods x seed 1: stage 2 reuses seed 0 at the best lr
+    assert len(children) == 6
+    assert sorted(c.data.tags["stage"] for c in children).count("seeds") == 2
+    members = [c for c in children if c.data.tags.get("seed_stage") == "true"]
+    assert sorted((c.data.params["method"], c.data.params["seed"]) for c in members) == [
+        ("asymvlm-vmf", "0"), ("asymvlm-vmf", "1"), ("determ-ft", "0"), ("determ-ft", "1")]
+    for c in members:  # the reused stage-1 trial is the one at the chosen lr
+        assert float(c.data.params["lr"]) == out["selection"][c.data.params["method"]]["lr"]
     names = [f"{d}_{m}" for d in ("t2i", "i2t")
              for m in ("recall_at_1", "recall_at_5", "recall_at_10")]  # fmt: skip
     for child in children:
@@ -119,7 +125,7 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
         assert pick["lr"] == max(scores, key=lambda lr: (scores[lr], -lr))
 
     # The summary is the mean ± std of the seed runs' test metrics.
-    seeds = [c for c in children if c.data.tags["stage"] == "seeds"]
+    seeds = members
     for method in ("asymvlm-vmf", "determ-ft"):
         values = [c.data.metrics["t2i_recall_at_1"] for c in seeds
                   if c.data.params["method"] == method]  # fmt: skip
@@ -320,7 +326,9 @@ def test_diverged_trials_fail_visibly_and_are_never_selected(ray_session, world,
     by_status = {}
     for run in runs:
         by_status.setdefault(run.info.status, []).append(run)
-    assert len(by_status["FAILED"]) == 1 and len(by_status["FINISHED"]) == 3
+    # lr 1e-3 seed 0 (stage 1, also stage 2's first seed) and seed 1 (stage 2)
+    assert len(by_status["FAILED"]) == 1 and len(by_status["FINISHED"]) == 2
+    assert {r.data.tags.get("seed_stage") for r in by_status["FINISHED"]} == {"true"}
     failed = by_status["FAILED"][0]
     assert failed.data.params["lr"] == "0.5" and failed.data.tags["stage"] == "grid"
     assert "non-finite" in failed.data.tags["failure_reason"]
@@ -395,7 +403,7 @@ def test_failed_trials_are_failed_mlflow_runs(tmp_path) -> None:
     error.write_text("Traceback (most recent call last):\n  ...\nRuntimeError: worker died\n")
     trial = SimpleNamespace(
         trial_id="t1", last_result={}, pickled_error_file=None, error_file=str(error),
-        config={"arm": {"method": "asymvlm-vmf", "lr": 0.5}, "seed": 0, "stage": "grid"},
+        config={"trial": {"method": "asymvlm-vmf", "lr": 0.5, "seed": 0}, "stage": "grid"},
     )  # fmt: skip
     callback = MlflowTrialLogger(cfg, parent, {"dataset": "d"})
     callback.on_trial_start(0, [], trial)

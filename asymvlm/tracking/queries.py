@@ -12,17 +12,25 @@ def child_runs(
     tracking_uri: str, parent_run_id: str, *, stage: str | None = None, status: str = "FINISHED"
 ) -> list[Any]:
     """The runs nested under ``parent_run_id`` (a sweep's trials; ``stage`` "grid"/"seeds"),
-    with ``status`` (FINISHED by default: failed trials have no adapter or results)."""
+    with ``status`` (FINISHED by default: failed trials have no adapter or results).
+
+    ``stage="seeds"`` means the runs of stage 2, tagged ``seed_stage``: the grid trial of the
+    first seed at the chosen lr is one of them (stage 2 does not run it again). Sweeps
+    recorded before that tag existed are found by their ``stage`` tag."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri)
     parent = client.get_run(parent_run_id)
-    query = f"tags.mlflow.parentRunId = '{parent_run_id}'"
-    if stage:
-        query += f" and tags.stage = '{stage}'"
+    base = f"tags.mlflow.parentRunId = '{parent_run_id}'"
     if status:
-        query += f" and attributes.status = '{status}'"
-    return client.search_runs([parent.info.experiment_id], query, max_results=10000)
+        base += f" and attributes.status = '{status}'"
+
+    def search(extra: str) -> list[Any]:
+        return client.search_runs([parent.info.experiment_id], base + extra, max_results=10000)
+
+    if stage == "seeds":
+        return search(" and tags.seed_stage = 'true'") or search(" and tags.stage = 'seeds'")
+    return search(f" and tags.stage = '{stage}'" if stage else "")
 
 
 def experiment_runs(tracking_uri: str, experiment: str) -> tuple[str, list[Any]]:

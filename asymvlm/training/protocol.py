@@ -24,6 +24,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from asymvlm import tables
 from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
 from asymvlm.methods import Method, build_method
+from asymvlm.training.cache import SplitCache
 from asymvlm.training.checkpoint import (
     HISTORY_FILE,
     TRAINER_FILE,
@@ -90,16 +91,22 @@ class RunState:
 
 
 def training_data(
-    spec: RunSpec, device: str | torch.device = "cpu"
+    spec: RunSpec, device: str | torch.device = "cpu", cache: SplitCache | None = None
 ) -> tuple[SplitTensors, SplitTensors | None]:
     """(training split, held-out validation or None): ``spec.val_fraction`` of the training
     images is held out when the tables have no ``val_split`` (COCO 2017, CC). The hold-out
-    depends only on the image ids: the same for every worker, seed and method."""
+    depends only on the image ids: the same for every worker, seed and method. With a
+    ``cache`` both are read (and held out) once per process."""
     cfg = spec.train
-    data = load_split(spec.embeddings, spec.train_split, cfg.adapter_input, device)
+    load = cache.load if cache is not None else load_split
+    data = load(spec.embeddings, spec.train_split, cfg.adapter_input, device)
     fraction, val_split = spec.val_fraction, spec.val_split
     if fraction and (not val_split or val_split not in tables.list_splits(spec.embeddings)):
-        return hold_out_images(data, float(fraction), seed=0)
+        if cache is None:
+            return hold_out_images(data, float(fraction), seed=0)
+        key = ("hold-out", spec.train_split, cfg.adapter_input, str(device), float(fraction))
+        return cache.memo(spec.embeddings, key,
+                          lambda: hold_out_images(data, float(fraction), seed=0))  # fmt: skip
     return data, None
 
 
@@ -120,6 +127,7 @@ class TrainingRun:
         rank: int = 0,
         world_size: int = 1,
         device: str | torch.device | None = None,
+        cache: SplitCache | None = None,
     ) -> None:
         self.spec = spec if isinstance(spec, RunSpec) else RunSpec.from_dict(spec)
         cfg = self.spec.train
@@ -130,12 +138,17 @@ class TrainingRun:
             cfg = replace(cfg, device=str(self.device))
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         torch.manual_seed(cfg.seed)
-        data, self.held_out = training_data(self.spec, self.device)
+        self.cache = cache
+        data, self.held_out = training_data(self.spec, self.device, cache)
         self.dim = data.dim
         self.method: Method = build_method(cfg.method, data.dim, **cfg.method_args())
         # The trainer keeps this worker's shard (and the whole split only until it starts).
         self.trainer = Trainer(self.method, cfg, data, rank=rank, world_size=world_size)
         self.history: History = []
+
+    @property
+    def _load(self) -> Callable[..., SplitTensors]:
+        return self.cache.load if self.cache is not None else load_split
 
     def resume(self, state: RunState) -> None:
         """Continue from ``state`` (the trainer's state and the history of its epochs)."""
@@ -187,11 +200,11 @@ class TrainingRun:
         if self.held_out is not None:
             out["val"] = evaluate_retrieval(self.method, self.held_out)
         elif spec.val_split:
-            val = load_split(spec.embeddings, spec.val_split, adapter_input, self.device)
+            val = self._load(spec.embeddings, spec.val_split, adapter_input, self.device)
             out["val"] = evaluate_retrieval(self.method, val)
         if spec.test_split:
             root = spec.test_embeddings or spec.embeddings
-            test = load_split(root, spec.test_split, adapter_input, self.device)
+            test = self._load(root, spec.test_split, adapter_input, self.device)
             out["test"] = evaluate_retrieval(self.method, test)
         return out
 
@@ -205,6 +218,7 @@ def run_protocol(
     state: RunState | None = None,
     on_epoch: EpochHook | None = None,
     progress: bool = False,
+    cache: SplitCache | None = None,
 ) -> dict[str, Any] | None:
     """The paper's protocol for one run (App. B.4), on this worker of ``world_size``.
 
@@ -223,7 +237,7 @@ def run_protocol(
     at the same step; returned rather than raised, since a retry would only diverge again).
     Other ranks return None.
     """
-    run = TrainingRun(spec, rank=rank, world_size=world_size, device=device)
+    run = TrainingRun(spec, rank=rank, world_size=world_size, device=device, cache=cache)
     if state is not None:
         run.resume(state)
     try:

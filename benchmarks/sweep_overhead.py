@@ -1,0 +1,177 @@
+"""What a Tune sweep costs over running the same trials one after another in plain Python.
+
+The same trials -- those a sweep of ``--config`` (default ``tune_spaces/cpu-small.yaml``) runs:
+stage 1 ``methods x lr`` at the first seed, stage 2 the other seeds at each method's chosen lr
+-- are run three ways, in one process, against one local Ray started before any timing:
+
+* **sweep** -- ``pipelines/sweep.py``'s ``run_sweep`` as a user runs it (both stages, lr
+  selection, MLflow runs with every epoch's metrics, curves and adapters, summary);
+* **sequential** -- a plain loop of :func:`asymvlm.training.run_protocol` over the same
+  (method, lr, seed) list, every run reading its tables (no Ray, no MLflow);
+* **torch_trainer** (unless ``--no-torch-trainer``) -- the sweep with
+  ``trial_runner: torch_trainer``: every trial a Ray Train ``TorchTrainer``, as earlier versions
+  ran them.
+
+Prints one JSON object: ``sweep_seconds``, ``sequential_seconds``, ``overhead_ratio`` (= sweep
+/ sequential; target <= 1.3 on 2 CPUs), ``torch_trainer_seconds`` and its ratio, the trials,
+and whether both sweeps selected the same lrs and got the same seed metrics. Progress goes to
+stderr::
+
+    .venv/bin/python benchmarks/sweep_overhead.py [--config tune_spaces/cpu-small.yaml]
+        [--set epochs=4 ...] [--tables runs/synthetic]
+
+``--tables`` (default: the config's ``embeddings``) is written as the synthetic ``demo`` world
+when it does not exist (into a temporary folder unless given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import cpu_model, loadavg, logger  # noqa: E402
+
+log = logger("sweep_overhead")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tables(args: argparse.Namespace, cfg: dict[str, Any], scratch: str) -> str:
+    from asymvlm import tables
+    from asymvlm.synthetic import PRESETS, write_world
+
+    root = args.tables or cfg["embeddings"]
+    try:
+        tables.read_manifest(root)
+        return os.path.abspath(root)
+    except Exception:  # not there: write the demo world
+        root = args.tables or os.path.join(scratch, "world")
+        log(f"writing the synthetic demo world to {root}")
+        write_world(root, PRESETS["demo"])
+        return os.path.abspath(root)
+
+
+def _sweep(cfg: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    from pipelines.sweep import run_sweep
+
+    t0 = time.perf_counter()
+    out = run_sweep(cfg)
+    return time.perf_counter() - t0, out
+
+
+def _trials_of(cfg: dict[str, Any], selection: dict[str, Any]) -> list[tuple[str, float, int]]:
+    """The (method, lr, seed) runs of the sweep: the grid, then the seeds it did not run."""
+    first = cfg["seeds"][0]
+    grid = [(m, lr, first) for m in cfg["methods"] for lr in cfg["lr"]]
+    grid = grid if len(cfg["lr"]) > 1 else []
+    rest = [(m, pick["lr"], s) for m, pick in selection.items() for s in cfg["seeds"]
+            if (m, pick["lr"], s) not in grid]  # fmt: skip
+    return grid + rest
+
+
+def _sequential(cfg: dict[str, Any], trials: list[tuple[str, float, int]]) -> float:
+    from asymvlm.training import RunSpec, run_protocol
+    from pipelines.trials import run_config
+
+    t0 = time.perf_counter()
+    for method, lr, seed in trials:
+        out = run_protocol(RunSpec.from_dict(run_config(cfg, method, lr, seed)), device="cpu")
+        assert out is not None and not out.get("diverged"), out
+    return time.perf_counter() - t0
+
+
+def _seed_metrics(out: dict[str, Any]) -> dict[str, Any]:
+    return {m: {k: v["mean"] for k, v in cells.items() if isinstance(v, dict)}
+            for m, cells in out["summary"].items()}  # fmt: skip
+
+
+def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """Largest |difference| of the seed-mean metrics of two summaries (None: other cells)."""
+    if a.keys() != b.keys() or any(a[m].keys() != b[m].keys() for m in a):
+        return None
+    diffs = [abs(a[m][k] - b[m][k]) for m in a for k in a[m]
+             if a[m][k] is not None and b[m][k] is not None]  # fmt: skip
+    return max(diffs, default=0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=os.path.join(REPO, "tune_spaces", "cpu-small.yaml"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--tables", default=None)
+    parser.add_argument("--no-torch-trainer", action="store_true")
+    args = parser.parse_args(argv)
+
+    from asymvlm import config, logs
+    from pipelines.ray_session import init_ray
+    from pipelines.sweep import resolve_config
+
+    logs.configure(verbose=False)
+    scratch = tempfile.mkdtemp(prefix="sweep-overhead-")
+    try:
+        doc = config.apply_overrides(config.load_yaml(args.config), args.set)
+        doc["output"] = os.path.join(scratch, "sweep")
+        doc["embeddings"] = _tables(args, {"embeddings": doc["embeddings"]}, scratch)
+        doc.setdefault("mlflow", {})
+        doc["mlflow"] = {**(doc["mlflow"] or {}), "tracking_uri": None}
+        cfg = resolve_config(doc, source=args.config)
+        t0 = time.perf_counter()
+        init_ray()
+        ray_start = time.perf_counter() - t0
+        load_before = loadavg()
+
+        log("sweep (trials in place) ...")
+        sweep_seconds, out = _sweep(cfg)
+        trials = _trials_of(cfg, out["selection"])
+        log(f"sweep: {sweep_seconds:.1f} s for {len(trials)} trials; sequential loop ...")
+        sequential_seconds = _sequential(cfg, trials)
+        log(f"sequential: {sequential_seconds:.1f} s")
+        result: dict[str, Any] = {
+            "config": os.path.relpath(args.config, REPO) if args.config.startswith(REPO)
+            else args.config,
+            "overrides": args.set,
+            "trials": len(trials),
+            "methods": cfg["methods"], "lr": cfg["lr"], "seeds": cfg["seeds"],
+            "epochs": cfg["epochs"], "batch_size": cfg["batch_size"],
+            "num_workers": cfg["num_workers"], "cpus_per_worker": cfg["cpus_per_worker"],
+            "sweep_seconds": round(sweep_seconds, 2),
+            "sequential_seconds": round(sequential_seconds, 2),
+            "overhead_ratio": round(sweep_seconds / sequential_seconds, 3),
+            "target_overhead_ratio": 1.3,
+            "ray_start_seconds": round(ray_start, 2),
+            "selection": {m: p["lr"] for m, p in out["selection"].items()},
+        }  # fmt: skip
+        if not args.no_torch_trainer:
+            log("sweep with every trial a TorchTrainer ...")
+            old = resolve_config({**doc, "trial_runner": "torch_trainer",
+                                  "output": os.path.join(scratch, "sweep-tt")},
+                                 source=args.config)  # fmt: skip
+            tt_seconds, tt_out = _sweep(old)
+            result.update(
+                torch_trainer_seconds=round(tt_seconds, 2),
+                torch_trainer_over_sequential=round(tt_seconds / sequential_seconds, 3),
+                speedup_over_torch_trainer=round(tt_seconds / sweep_seconds, 3),
+                same_selection={m: p["lr"] for m, p in tt_out["selection"].items()}
+                == result["selection"],
+                seed_metrics_max_abs_diff=_max_diff(_seed_metrics(tt_out), _seed_metrics(out)),
+            )
+        import torch
+
+        result.update(cpu=cpu_model(), cpus=os.cpu_count(), torch=torch.__version__,
+                      torch_threads=torch.get_num_threads(),
+                      loadavg_1min_before_after=[load_before, loadavg()])  # fmt: skip
+        print(json.dumps(result, indent=2))
+        return 0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

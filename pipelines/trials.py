@@ -1,0 +1,203 @@
+"""One sweep trial: the paper's protocol for one (method, lr, seed), as a Tune trainable.
+
+Two ways to run it, both reporting the same rows (every epoch, then the selection score and
+the outcome) and both resuming from their latest checkpoint when Tune retries them:
+
+* :func:`direct_trial` (``num_workers: 1``, the default way): the protocol runs inside the Tune
+  trial itself, on the CPUs (or fraction of a GPU) the trial reserves -- no Ray Train
+  ``TorchTrainer`` to start per trial. The Tune actors are reused from trial to trial, and the
+  splits a trial reads stay in its process (:data:`asymvlm.training.cache.PROCESS_CACHE`), so
+  the later trials on the same actor start training at once.
+* :func:`torch_trainer_trial` (``num_workers > 1``, or ``trial_runner: torch_trainer``): the
+  trial drives a ``TorchTrainer`` (:mod:`pipelines.train`), DDP over ``num_workers`` workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import tempfile
+from typing import Any
+
+import torch
+
+from asymvlm import results, storage
+from asymvlm.errors import AsymVLMError, TrialFailed
+from asymvlm.training import RunSpec, Trainer, run_protocol
+from pipelines.train import (
+    maybe_inject_failure,
+    read_state,
+    run_config_dict,
+    run_training,
+    worker_logging,
+    write_checkpoint,
+)
+
+if __name__ != "__main__":  # see pipelines/train.py
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+logger = logging.getLogger(__name__)
+
+SELECTION_METRIC = "val_mean_recall_at_1"
+#: Written beside a trial that failed for good (it diverged): a retry re-raises at once.
+FAILED_MARKER = "failed-for-good.txt"
+
+
+def trial_spec(trial: dict[str, Any]) -> tuple[str, float, int]:
+    """(method, lr, seed) of a trial's config."""
+    return trial["method"], float(trial["lr"]), int(trial["seed"])
+
+
+def run_config(cfg: dict[str, Any], method: str, lr: float, seed: int) -> dict[str, Any]:
+    """The run config (:func:`pipelines.train.run_config_dict`) of one trial of sweep ``cfg``."""
+    from pipelines.sweep import train_config
+
+    return run_config_dict(
+        cfg["embeddings"],
+        train_config(cfg, method, lr, seed),
+        train_split=cfg["train_split"],
+        val_split=cfg["val_split"],
+        test_split=cfg["test_split"],
+        checkpoint_every=cfg["checkpoint_every"],
+        **{k: cfg[k] for k in ("val_fraction", "test_embeddings") if cfg.get(k)},
+        **cfg.get("fault_injection", {}),
+    )
+
+
+def uses_torch_trainer(cfg: dict[str, Any]) -> bool:
+    """Whether the sweep's trials drive a ``TorchTrainer`` (DDP) rather than run in place."""
+    return int(cfg["num_workers"]) > 1 or cfg.get("trial_runner") == "torch_trainer"
+
+
+def final_report(config: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """The trial's last row: the selection score (mean validation Recall@1 of both directions)
+    and the whole outcome."""
+    method, lr, seed = trial_spec(config["trial"])
+    val = results.retrieval_metric_names(out.get("val", {}), prefix="val_")
+    score = [val[k] for k in ("val_t2i_recall_at_1", "val_i2t_recall_at_1") if k in val]
+    return {
+        SELECTION_METRIC: sum(score) / len(score) if score else float("nan"),
+        "method": method,
+        "lr": lr,
+        "seed": seed,
+        "stage": config["stage"],
+        "outcome": out,
+    }
+
+
+# -- in place -----------------------------------------------------------------------------------
+def direct_trial(config: dict[str, Any]) -> None:
+    """Tune function trainable: :func:`asymvlm.training.run_protocol` in this process.
+
+    Reports every epoch's row (with a checkpoint when due: the same files as a Ray Train run,
+    :func:`pipelines.train.write_checkpoint`), resumes from Tune's checkpoint on a retry, and
+    ends with :func:`final_report`. A diverged run fails the trial (Tune error state) with the
+    trainer's message; a retry of it fails at once instead of diverging again."""
+    from ray import tune
+
+    # Imported here, in the trial's process: the cache is that process's (this module's
+    # functions travel by value, and a global would travel as a copy).
+    from asymvlm.training.cache import PROCESS_CACHE
+
+    cfg = config["sweep"]
+    method, lr, seed = trial_spec(config["trial"])
+    trial_dir = tune.get_context().get_trial_dir()
+    marker = os.path.join(trial_dir, FAILED_MARKER) if trial_dir else None
+    if marker and os.path.exists(marker):
+        with open(marker) as fh:
+            raise TrialFailed(fh.read().strip())
+    worker_logging(0, label="trial")
+    run_cfg = run_config(cfg, method, lr, seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    state = None
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            state = read_state(directory, device)
+
+    def on_epoch(row: dict[str, float], trainer: Trainer, history: list, due: bool) -> None:
+        if due:
+            with tempfile.TemporaryDirectory() as directory:
+                write_checkpoint(directory, trainer, history)
+                tune.report(row, checkpoint=tune.Checkpoint.from_directory(directory))
+        else:
+            tune.report(row)
+        maybe_inject_failure(run_cfg, trainer.epoch, 0)
+
+    try:
+        out = run_protocol(RunSpec.from_dict(run_cfg), device=device, state=state,
+                           on_epoch=on_epoch, cache=PROCESS_CACHE)  # fmt: skip
+    except AsymVLMError as exc:
+        raise TrialFailed(failure_reason(exc)) from None
+    assert out is not None  # rank 0
+    if out.get("diverged"):
+        reason = " ".join(str(out["diverged"]).split())
+        if marker:
+            with open(marker, "w") as fh:
+                fh.write(reason + "\n")
+        raise TrialFailed(reason)
+    tune.report(final_report(config, out))
+
+
+# -- through a TorchTrainer ---------------------------------------------------------------------
+def torch_trainer_trial(config: dict[str, Any]) -> None:
+    """Tune function trainable: one Ray Train run (DDP over ``num_workers``); reports every
+    epoch live (``TuneReportCallback``) and ends with :func:`final_report`."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    cfg = config["sweep"]
+    method, lr, seed = trial_spec(config["trial"])
+    try:
+        out = run_training(
+            run_config(cfg, method, lr, seed),
+            callbacks=[TuneReportCallback()],  # every epoch's report reaches the driver live
+            name=f"{config['stage']}-{method}-lr{lr:g}-seed{seed}",
+            storage_path=storage.uri_join(cfg["output"], "ray"),
+            num_workers=cfg["num_workers"],
+            cpus_per_worker=cfg["cpus_per_worker"],
+            gpus_per_worker=cfg["gpus_per_worker"],
+            max_failures=cfg["max_failures"],
+        )
+    except Exception as exc:  # the trial fails (Tune error state) with a readable reason
+        raise TrialFailed(failure_reason(exc)) from None
+    tune.report(final_report(config, out))
+
+
+# -- failures -----------------------------------------------------------------------------------
+def failure_reason(exc: BaseException | str | None) -> str:
+    """The root cause of a failed trial as one line: our own errors (e.g. "non-finite loss at
+    epoch 2, step 3 ...") verbatim, others as ``Type: first line``; digs through Ray's
+    wrappers (task errors, Train worker-group errors, Tune errors)."""
+    if exc is None:
+        return "unknown error"
+    if isinstance(exc, str):  # Tune's text trace: the last "Error: message" line
+        lines = [ln.strip() for ln in exc.strip().splitlines() if ln.strip()]
+        hits = [ln for ln in lines if "non-finite" in ln] or [
+            ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Failed)\b", ln)
+        ]
+        return (hits[-1] if hits else (lines[-1] if lines else "unknown error"))[:500]
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    chain: list[BaseException] = []
+    while stack:
+        err = stack.pop(0)
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        chain.append(err)
+        cause = getattr(err, "cause", None)  # RayTaskError(X) is also an X: use its cause
+        if isinstance(cause, BaseException):
+            stack.insert(0, cause)
+            continue
+        if isinstance(err, TrialFailed | AsymVLMError):
+            return " ".join(str(err).split())[:500]
+        stack += list(getattr(err, "worker_failures", {}).values())
+        stack += [e for e in (err.__cause__, err.__context__) if isinstance(e, BaseException)]
+    root = chain[-1]
+    first = (str(root).strip().splitlines() or [""])[0]
+    return f"{type(root).__name__}: {first}"[:500]
