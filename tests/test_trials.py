@@ -108,3 +108,10 @@ def test_a_killed_trial_resumes_from_its_checkpoint(ray_session, world, tmp_path
     assert marker.exists(), "the failure was injected"
     assert not killed["failed"]
     assert killed["summary"] == plain["summary"]
+    # Resumed, not started over: epochs 1-2 before the kill, 3-4 after, each logged once.
+    from mlflow import MlflowClient
+
+    (run_id,) = killed["child_run_ids"]
+    steps = [m.step for m in MlflowClient(killed["tracking_uri"]).get_metric_history(
+        run_id, "train_loss")]  # fmt: skip
+    assert sorted(steps) == [1, 2, 3, 4]
