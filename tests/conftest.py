@@ -85,3 +85,13 @@ def ray_on_s3_nodes(ray_session, s3_server):
     yield s3_server
     ray_session.shutdown()
     ray_session.init(num_cpus=2, include_dashboard=False)
+
+
+@pytest.fixture
+def hierarcaps_standin(tmp_path, monkeypatch) -> None:
+    """The whole demo config validates whether or not the real HierarCaps data is here: a
+    stand-in folder with its csv keeps every part (none is left out, no download is tried)."""
+    hierarcaps = tmp_path / "hierarcaps-standin"
+    (hierarcaps / "images").mkdir(parents=True)
+    (hierarcaps / "hierarcaps_test.csv").write_text("")
+    monkeypatch.setenv("ASYMVLM_HIERARCAPS", str(hierarcaps))

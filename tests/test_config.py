@@ -116,16 +116,6 @@ def test_one_set_syntax() -> None:
             config.apply_overrides({"sweeps": [{}], "name": "n"}, [bad])
 
 
-@pytest.fixture
-def hierarcaps_standin(tmp_path, monkeypatch) -> None:
-    """The whole demo config validates whether or not the real HierarCaps data is here: a
-    stand-in folder with its csv keeps every part (none is left out, no download is tried)."""
-    hierarcaps = tmp_path / "hierarcaps-standin"
-    (hierarcaps / "images").mkdir(parents=True)
-    (hierarcaps / "hierarcaps_test.csv").write_text("")
-    monkeypatch.setenv("ASYMVLM_HIERARCAPS", str(hierarcaps))
-
-
 @pytest.mark.parametrize(
     ("override", "message"),
     [

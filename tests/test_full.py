@@ -11,7 +11,7 @@ from pipelines import full
 DEMO = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.yaml")
 
 
-def test_demo_config_resolves(tmp_path) -> None:
+def test_demo_config_resolves(tmp_path, hierarcaps_standin) -> None:
     cfg = full.load_config(DEMO, [f"output={tmp_path}", "sweeps.0.epochs=3"])
     assert cfg["output"] == str(tmp_path)
     assert cfg["mlflow"]["tracking_uri"] == "sqlite:///" + str(tmp_path / "mlflow.db")
@@ -115,7 +115,7 @@ def test_finished_sweeps_and_evaluations_are_skipped(tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize("name", ["coco", "flickr30k", "cc200k", "paper", "demo"])
-def test_shipped_pipeline_configs_resolve(name, tmp_path) -> None:
+def test_shipped_pipeline_configs_resolve(name, tmp_path, hierarcaps_standin) -> None:
     path = os.path.join(os.path.dirname(DEMO), f"{name}.yaml")
     cfg = full.load_config(path, [f"output={tmp_path}"])
     from pipelines.embed import jobs_from_doc
