@@ -45,6 +45,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -58,6 +59,7 @@ if __package__ in (None, ""):  # run as a script: make `pipelines` importable
 from asymvlm import config, logs, results, storage, tables, tracking  # noqa: E402
 from asymvlm.errors import AsymVLMError, ConfigError, guarded  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
+from pipelines.stages import StagedSearch  # noqa: E402
 from pipelines.trials import (  # noqa: E402
     SELECTION_METRIC,
     direct_trial,
@@ -123,9 +125,11 @@ def _concurrency(cfg: dict[str, Any]) -> int:
     return max(1, min(fits))
 
 
-def _run_stage(cfg: dict[str, Any], stage: str, trials: list[dict], trial_logger):
-    """Run ``trials`` (``{"method", "lr", "seed"}`` each) as one Tune experiment; returns
-    (finished trials' final rows, failed trials with their reasons)."""
+def _run_trials(
+    cfg: dict[str, Any], search: StagedSearch, trial_logger, label: str, total: int
+):
+    """Both stages as one Tune experiment (:class:`~pipelines.stages.StagedSearch` hands out
+    the trials); returns (finished trials' final rows, failed trials with their reasons)."""
     tune_path, tune_fs = storage.ray_storage(storage.uri_join(cfg["output"], "tune"))
     if uses_torch_trainer(cfg):
         # The trial only drives its TorchTrainer, whose workers ask for their own CPUs/GPUs:
@@ -142,14 +146,17 @@ def _run_stage(cfg: dict[str, Any], stage: str, trials: list[dict], trial_logger
         retries = tune.FailureConfig(max_failures=cfg["max_failures"])
     tuner = tune.Tuner(
         trainable,
-        param_space={"sweep": cfg, "stage": stage, "trial": tune.grid_search(trials)},
+        param_space={"sweep": cfg},
         tune_config=tune.TuneConfig(
+            search_alg=search,
+            num_samples=-1,  # until the search says it has finished
             max_concurrent_trials=_concurrency(cfg),
-            # one process runs trial after trial (its splits stay loaded: PROCESS_CACHE)
+            # one process runs trial after trial, stage 1 into stage 2 (its splits stay
+            # loaded: PROCESS_CACHE)
             reuse_actors=not uses_torch_trainer(cfg),
         ),
         run_config=tune.RunConfig(
-            name=stage,
+            name="trials",
             storage_path=tune_path,
             storage_filesystem=tune_fs,
             callbacks=[trial_logger],
@@ -159,15 +166,16 @@ def _run_stage(cfg: dict[str, Any], stage: str, trials: list[dict], trial_logger
     )
     with (
         contextlib.redirect_stdout(sys.stderr),  # stdout carries the result
-        trial_logger.progress(f"{cfg.get('name') or 'sweep'} {stage}", len(trials)),
+        trial_logger.progress(label, total),
     ):
-        results = tuner.fit()
+        grid = tuner.fit()
+    trial_logger.flush()
     done, failed = [], []
-    for r in results:
+    for r in grid:
         if r.error is None and r.metrics and "outcome" in r.metrics:
             done.append(r.metrics)
             continue
-        failed.append({"stage": stage, **r.config["trial"],
+        failed.append({"stage": r.config["stage"], **r.config["trial"],
                        "reason": failure_reason(r.error)})  # fmt: skip
     return done, failed
 
@@ -185,24 +193,76 @@ class MlflowTrialLogger(tune.Callback):
     """Tune callback on the driver: every trial is a nested MLflow run from its start, with each
     epoch's metrics as the epoch ends (step = epoch), the final metrics and artifacts, and the
     status FINISHED or FAILED (with the reason) at its end; one console line per finished
-    trial."""
+    trial.
+
+    The MLflow writes happen in order on one writer thread, so Tune's loop never waits for
+    the tracking store (an adapter and its plots take a second or two per trial): Tune goes on
+    starting trials and taking results meanwhile. :meth:`flush` waits for every write so far
+    (and raises the first that failed)."""
 
     def __init__(self, cfg: dict[str, Any], parent: tracking.Run, base_params: dict[str, Any]):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.cfg, self.parent, self.base_params = cfg, parent, base_params
         self.runs: dict[str, tracking.Run] = {}
         self.started: dict[str, float] = {}
+        #: Trial id -> the trial's final row (selection score and outcome), as it came.
+        self.final: dict[str, dict[str, Any]] = {}
         self._bar = None  # the progress bar of the stage running, if any
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
+        self._errors: list[BaseException] = []
+        self._closed = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Tune saves its callbacks with the experiment state: everything but the thread."""
+        state = dict(self.__dict__)
+        for key in ("_writer", "_bar", "_errors"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.__dict__.update(state)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
+        self._bar, self._errors, self._closed = None, [], False
+
+    # -- the writer thread -----------------------------------------------------------------
+    def submit(self, write: Callable[[], Any]) -> None:
+        """Run ``write`` on the writer thread, after every write submitted before it."""
+
+        def call() -> None:
+            try:
+                write()
+            except Exception as exc:  # kept for flush(): the sweep fails after its trials
+                self._errors.append(exc)
+
+        self._writer.submit(call)
+
+    def flush(self) -> None:
+        """Wait for every write submitted so far; raise the first one that failed."""
+        if not self._closed:
+            self._writer.submit(lambda: None).result()
+        if self._errors:
+            raise self._errors.pop(0)
+
+    def close(self) -> None:
+        """Finish the writes (failures were raised by :meth:`flush` already) and stop."""
+        if not self._closed:
+            self._writer.shutdown(wait=True)
+            self._closed = True
 
     @property
     def child_ids(self) -> dict[str, str]:
-        """Trial id -> MLflow run id."""
+        """Trial id -> MLflow run id (after every write so far)."""
+        self.flush()
         return {trial_id: run.id for trial_id, run in self.runs.items()}
 
-    def _run(self, trial) -> tracking.Run:
-        if trial.trial_id not in self.runs:
-            method, lr, seed, stage = _trial_label(trial.config)
-            self.started[trial.trial_id] = time.monotonic()
-            self.runs[trial.trial_id] = tracking.open_run(
+    def _run(self, trial_id: str, config: dict[str, Any]) -> tracking.Run:
+        """The trial's MLflow run, opened at its first write (on the writer thread)."""
+        if trial_id not in self.runs:
+            method, lr, seed, stage = _trial_label(config)
+            self.runs[trial_id] = tracking.open_run(
                 self.cfg["mlflow"]["tracking_uri"], self.cfg["mlflow"]["experiment"],
                 f"{method} lr={lr:g} seed={seed}", kind="trial", parent=self.parent,
                 params={**self.base_params, "method": method, "lr": lr, "seed": seed,
@@ -212,7 +272,7 @@ class MlflowTrialLogger(tune.Callback):
                 description=f"{'lr grid' if stage == 'grid' else 'seed'} trial: {method} at "
                 f"lr {lr:g}, seed {seed}",
             )  # fmt: skip
-        return self.runs[trial.trial_id]
+        return self.runs[trial_id]
 
     def _optimizer(self, method: str) -> str:
         """The optimiser the trial of ``method`` uses (the sweep's, or its protocol default)."""
@@ -233,6 +293,7 @@ class MlflowTrialLogger(tune.Callback):
             try:
                 yield bar
             finally:
+                self.flush()
                 self._bar = None
 
     def _advance(self) -> None:
@@ -242,30 +303,45 @@ class MlflowTrialLogger(tune.Callback):
     def join_seed_stage(self, reused: list[dict[str, Any]]) -> None:
         """Stage-1 trials that are also stage 2's (the first seed at the chosen lr): their runs
         get the ``seed_stage`` tag that stage 2's runs carry."""
-        for result in reused:
-            run = self.runs.get(result.get("trial_id", ""))
-            if run is not None:
-                run.set_tags({"seed_stage": "true"})
 
+        def tag() -> None:
+            for result in reused:
+                run = self.runs.get(result.get("trial_id", ""))
+                if run is not None:
+                    run.set_tags({"seed_stage": "true"})
+
+        self.submit(tag)
+
+    # -- Tune's events (driver thread: read the trial now, write later) ---------------------
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        self._run(trial)
+        trial_id, config = trial.trial_id, trial.config
+        self.started.setdefault(trial_id, time.monotonic())
+        self.submit(lambda: self._run(trial_id, config))
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        run = self._run(trial)
+        trial_id, config, result = trial.trial_id, trial.config, dict(result)
         if "outcome" in result:
-            log_outcome(run, self.cfg, result, getattr(trial, "checkpoint", None))
+            self.final[trial_id] = result
+            checkpoint = getattr(trial, "checkpoint", None)
+            self.submit(lambda: log_outcome(self._run(trial_id, config), self.cfg, result,
+                                            checkpoint))  # fmt: skip
         elif "epoch" in result:
             metrics = {k: v for k, v in result.items() if k not in _NOT_METRICS}
-            run.log_metrics(metrics, step=int(result["epoch"]))
+            self.submit(lambda: self._run(trial_id, config).log_metrics(
+                metrics, step=int(result["epoch"])))  # fmt: skip
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        run = self._run(trial)
+        trial_id, config = trial.trial_id, trial.config
+        result = dict(trial.last_result or {})
+        seconds = time.monotonic() - self.started.get(trial_id, time.monotonic())
+        self.submit(lambda: self._complete(trial_id, config, result, seconds))
+
+    def _complete(self, trial_id: str, config: dict, result: dict, seconds: float) -> None:
+        run = self._run(trial_id, config)
         if run.ended:
             return
         self._advance()
-        result = trial.last_result or {}
-        method, lr, seed, _ = _trial_label(trial.config)
-        seconds = time.monotonic() - self.started.get(trial.trial_id, time.monotonic())
+        method, lr, seed, _ = _trial_label(config)
         score = result.get(SELECTION_METRIC)
         if "outcome" not in result:  # ended without a result: nothing to select
             run.end("FAILED", "the trial ended without reporting a result")
@@ -278,11 +354,16 @@ class MlflowTrialLogger(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         """A failed trial (any cause) is an MLflow run with status FAILED and its reason."""
+        trial_id, config = trial.trial_id, trial.config
         reason = failure_reason(_trial_error(trial))
-        self._run(trial).end("FAILED", reason)
-        self._advance()
-        method, lr, seed, _ = _trial_label(trial.config)
-        logger.warning("trial %s lr=%g seed=%d FAILED: %s", method, lr, seed, reason)
+
+        def fail() -> None:
+            self._run(trial_id, config).end("FAILED", reason)
+            self._advance()
+            method, lr, seed, _ = _trial_label(config)
+            logger.warning("trial %s lr=%g seed=%d FAILED: %s", method, lr, seed, reason)
+
+        self.submit(fail)
 
 
 def _trial_error(trial) -> BaseException | str | None:
@@ -387,7 +468,10 @@ def run_sweep(cfg: dict[str, Any], parent: str | None = None) -> dict[str, Any]:
         logger.info("sweep %s: MLflow run %s in %s (experiment %r)", name, sweep_run.id,
                     config.redact(uri), experiment)  # fmt: skip
         trial_logger = MlflowTrialLogger(cfg, sweep_run, base)
-        selection, summary, failed, markdown = _stages(cfg, sweep_run, trial_logger, base)
+        try:
+            selection, summary, failed, markdown = _stages(cfg, sweep_run, trial_logger, base)
+        finally:
+            trial_logger.close()
     storage.write_text(storage.uri_join(cfg["output"], "summary.md"), markdown)
     storage.write_text(
         storage.uri_join(cfg["output"], SWEEP_RECORD),
@@ -410,40 +494,47 @@ def run_sweep(cfg: dict[str, Any], parent: str | None = None) -> dict[str, Any]:
 def _stages(cfg: dict[str, Any], sweep_run: tracking.Run, trial_logger, base: dict[str, Any]):
     """Both stages and the summary, logged on ``sweep_run``; (selection, summary, failed,
     summary markdown)."""
-    failed: list[dict[str, Any]] = []
     name = cfg.get("name") or "sweep"
     first = cfg["seeds"][0]
-    grid: list[dict[str, Any]] = []
-    if len(cfg["lr"]) > 1:
-        arms = [{"method": m, "lr": lr, "seed": first} for m in cfg["methods"] for lr in cfg["lr"]]
-        logger.info("sweep %s, stage 1: %d trials (method x lr, seed %d)", name, len(arms),
-                    first)  # fmt: skip
-        grid, grid_failed = _run_stage(cfg, "grid", arms, trial_logger)
-        failed += grid_failed
-        selection = select_lr(grid)
-        for method, pick in selection.items():
-            logger.info("sweep %s: %s best lr %g (%s %.4f)", name, method, pick["lr"],
-                        SELECTION_METRIC, pick["score"])  # fmt: skip
-    else:  # one lr: nothing to select
-        selection = {m: {"lr": cfg["lr"][0], "score": None, "scores_by_lr": {}}
-                     for m in cfg["methods"]}  # fmt: skip
-    for method in [m for m in cfg["methods"] if m not in selection]:
-        logger.warning("sweep %s: %s failed at every lr; left out of stage 2", name, method)
-    sweep_run.log_params({f"best_lr/{m}": pick["lr"] for m, pick in selection.items()})
+    grid = [{"method": m, "lr": lr, "seed": first} for m in cfg["methods"] for lr in cfg["lr"]]
+    grid = grid if len(cfg["lr"]) > 1 else []  # one lr: nothing to select
+    selection: dict[str, dict[str, Any]] = {}
+    reused: list[dict[str, Any]] = []
+
+    def select(method: str, trial_ids: list[str]) -> list[dict[str, Any]]:
+        """The grid of ``method`` is over: its best lr, and its stage-2 trials."""
+        rows = [r for r in map(trial_logger.final.get, trial_ids) if r and "outcome" in r]
+        if grid:
+            pick = select_lr(rows).get(method)
+        else:
+            pick = {"lr": cfg["lr"][0], "score": None, "scores_by_lr": {}}
+        if pick is None:
+            logger.warning("sweep %s: %s failed at every lr; left out of stage 2", name, method)
+            return []
+        selection[method] = pick
+        # Stage 1 already ran the first seed at the chosen lr: that trial is stage 2's.
+        mine = [r for r in rows if r["lr"] == pick["lr"]]
+        reused.extend(mine)
+        trial_logger.join_seed_stage(mine)
+        trial_logger.submit(lambda: sweep_run.log_params({f"best_lr/{method}": pick["lr"]}))
+        seeds = [s for s in cfg["seeds"] if s not in {r["seed"] for r in mine}]
+        if grid:
+            logger.info("sweep %s: %s best lr %g (%s %.4f); stage 2: seeds %s", name, method,
+                        pick["lr"], SELECTION_METRIC, pick["score"],
+                        ", ".join(map(str, seeds)) or "none left")  # fmt: skip
+        return [{"method": method, "lr": pick["lr"], "seed": s} for s in seeds]
+
+    if grid:
+        logger.info("sweep %s, stage 1: %d trials (method x lr, seed %d); each method's stage 2 "
+                    "follows its grid", name, len(grid), first)  # fmt: skip
+    total = len(grid) + len(cfg["methods"]) * (len(cfg["seeds"]) - (1 if grid else 0))
+    search = StagedSearch(cfg["methods"], grid, select)
+    done, failed = _run_trials(cfg, search, trial_logger, name, total)
+    selection = {m: selection[m] for m in cfg["methods"] if m in selection}  # config order
     if not selection:
         raise NoResults(f"sweep {name}: every trial failed; first reason: "
                         f"{failed[0]['reason']}")  # fmt: skip
-    # Stage 1 already ran the first seed at the chosen lr: that trial is stage 2's first seed.
-    reused = [r for r in grid if selection.get(r["method"], {}).get("lr") == r["lr"]]
-    trial_logger.join_seed_stage(reused)
-    todo = [{"method": m, "lr": selection[m]["lr"], "seed": seed} for m in selection
-            for seed in cfg["seeds"] if not any(r["method"] == m and r["seed"] == seed
-                                                for r in reused)]  # fmt: skip
-    logger.info("sweep %s, stage 2: %d methods x %d seeds (%d from stage 1)", name,
-                len(selection), len(cfg["seeds"]), len(reused))  # fmt: skip
-    repeats, seed_failed = _run_stage(cfg, "seeds", todo, trial_logger) if todo else ([], [])
-    repeats = reused + repeats
-    failed += seed_failed
+    repeats = reused + [r for r in done if r["stage"] == "seeds"]
     flat = [
         {"method": r["method"], "seed": r["seed"],
          **results.retrieval_metric_names(r["outcome"].get("test", {}))}

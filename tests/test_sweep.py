@@ -407,10 +407,11 @@ def test_failed_trials_are_failed_mlflow_runs(tmp_path) -> None:
     )  # fmt: skip
     callback = MlflowTrialLogger(cfg, parent, {"dataset": "d"})
     callback.on_trial_start(0, [], trial)
-    run_id = callback.child_ids["t1"]
+    run_id = callback.child_ids["t1"]  # after the writes so far
     client = MlflowClient(uri)
     assert client.get_run(run_id).info.status == "RUNNING"
     callback.on_trial_error(0, [], trial)
+    callback.flush()
     run = client.get_run(run_id)
     assert run.info.status == "FAILED" and run.info.end_time >= run.info.start_time
     assert run.data.tags["mlflow.parentRunId"] == parent.id
