@@ -413,19 +413,19 @@ class PackedTrainer:
                 self._params[k][j].grad = None if grad is None else grad[k]
         grads = [leaf.grad for leaf in self._leaves if leaf.grad is not None]
         if grads:
-            code = code + self._grad_bad(grads, alive).long() * _GRAD_BAD
+            code = code + self._grad_bad(grads, rows).long() * _GRAD_BAD
         return losses, code
 
-    def _grad_bad(self, grads: list[torch.Tensor], alive: Sequence[int]) -> torch.Tensor:
-        """[K] bool: whether a member's gradient holds a non-finite value (``Trainer``'s check:
-        a non-finite max-norm). On the CPU, where the max-norm is slow, the 2-norm screens
-        (it is finite when every entry is, barring overflow) and the max-norm decides."""
-        index = None if len(alive) == len(self) else torch.tensor(list(alive), device=self.device)
+    def _grad_bad(self, grads: list[torch.Tensor], rows: torch.Tensor | None) -> torch.Tensor:
+        """[K] bool: whether a live member's gradient (``rows`` of the stacked ones, None: all)
+        holds a non-finite value (``Trainer``'s check: a non-finite max-norm). On the CPU,
+        where the max-norm is slow, the 2-norm screens (finite when every entry is, barring
+        overflow) and the max-norm decides."""
 
         def norms(order: float) -> torch.Tensor:  # [K alive, n grads]
             flat = [g.reshape(g.shape[0], -1) for g in grads]
-            if index is not None:
-                flat = [f[index] for f in flat]
+            if rows is not None:
+                flat = [f[rows] for f in flat]
             return torch.stack([torch.linalg.vector_norm(f, order, dim=1) for f in flat], 1)
 
         if not self.trainers[0].sync_free:
