@@ -41,6 +41,12 @@ from asymvlm.training.checkpoint import (
 )
 from asymvlm.training.config import TrainConfig, autocast_dtype, resolve_device
 from asymvlm.training.data import SplitTensors, hold_out_images, load_split, steps_per_epoch
+from asymvlm.training.packed import (
+    PackedTrainer,
+    check_packable,
+    check_packable_specs,
+    run_packed_protocol,
+)
 from asymvlm.training.protocol import (
     RunSpec,
     RunState,
@@ -55,6 +61,7 @@ __all__ = [
     "CHECKPOINT_FILES",
     "CONFIG_FILE",
     "HISTORY_FILE",
+    "PackedTrainer",
     "RESUME_MAY_DIFFER",
     "RunSpec",
     "RunState",
@@ -66,6 +73,8 @@ __all__ = [
     "TrainingRun",
     "autocast_dtype",
     "check_output",
+    "check_packable",
+    "check_packable_specs",
     "check_resumable",
     "checkpoint_to_resume",
     "discard_checkpoint",
@@ -78,6 +87,7 @@ __all__ = [
     "read_history",
     "recover_checkpoint",
     "resolve_device",
+    "run_packed_protocol",
     "run_protocol",
     "save_checkpoint",
     "steps_per_epoch",

@@ -208,6 +208,13 @@ class Trainer:
                 self.data.image_emb[self.data.text_to_image[idx]], self.data.text_emb[idx]
             )
             total += loss.detach()
+        return self._end_epoch(total)
+
+    def _end_epoch(self, total: torch.Tensor) -> dict[str, float]:
+        """Close the running epoch whose summed step losses are ``total`` (0-d, on the device):
+        raise for a recorded bad step (``_first_bad``), non-finite parameters or statistics,
+        else count the epoch and return its row. (Also the end of a packed member's epoch,
+        :mod:`asymvlm.training.packed`.)"""
         # One read per epoch: the mean loss, the first bad step, the parameters' max-norm.
         norms = [n.float() for n in torch._foreach_norm(self._params, math.inf)]
         param_max = torch.stack(norms).max() if norms else total.new_zeros(())

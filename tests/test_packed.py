@@ -1,0 +1,239 @@
+"""Packed trials: K configurations trained as one batched model end as their unpacked runs do."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, replace
+from typing import Any
+
+import pytest
+import torch
+
+from asymvlm.errors import ConfigError, NonFiniteError
+from asymvlm.methods import build_method
+from asymvlm.methods.asymvlm import AsymVLM
+from asymvlm.training import (
+    PackedTrainer,
+    RunSpec,
+    TrainConfig,
+    Trainer,
+    check_packable,
+    load_split,
+    run_packed_protocol,
+    run_protocol,
+)
+
+RTOL = 1e-5
+#: (lr, seed) of the three members: different learning rates AND seeds.
+MEMBERS = ((5e-3, 1), (1e-2, 2), (2e-3, 3))
+
+
+def _cfg(method: str, lr: float, seed: int, **kw: Any) -> TrainConfig:
+    base = dict(method=method, epochs=3, lr=lr, seed=seed, batch_size=64, hidden_dim=16,
+                depth=2, device="cpu")  # fmt: skip
+    return TrainConfig(**{**base, **kw})
+
+
+def _specs(root: str, method: str, members=MEMBERS, **kw: Any) -> list[RunSpec]:
+    return [RunSpec(embeddings=root, train=_cfg(method, lr, seed, **kw)) for lr, seed in members]
+
+
+def _assert_rows_equal(packed: list[dict], alone: list[dict]) -> None:
+    """Epoch rows equal to float tolerance (``epoch_seconds`` is the pack's wall time)."""
+    assert [sorted(r) for r in packed] == [sorted(r) for r in alone]
+    assert len(alone) > 0
+    for p, a in zip(packed, alone, strict=True):
+        for key in a:
+            if key != "epoch_seconds":
+                assert p[key] == pytest.approx(a[key], rel=RTOL, abs=1e-7), key
+
+
+def _assert_nested_equal(packed: Any, alone: Any, path: str = "") -> None:
+    """Evaluation outputs (nested dicts / lists of numbers and strings) equal to tolerance."""
+    if isinstance(alone, dict):
+        assert sorted(packed) == sorted(alone), path
+        for key in alone:
+            _assert_nested_equal(packed[key], alone[key], f"{path}.{key}")
+    elif isinstance(alone, list):
+        assert len(packed) == len(alone), path
+        for i, (p, a) in enumerate(zip(packed, alone, strict=True)):
+            _assert_nested_equal(p, a, f"{path}[{i}]")
+    elif isinstance(alone, float) and not math.isfinite(alone):
+        assert str(packed) == str(alone), path
+    elif isinstance(alone, int | float) and not isinstance(alone, bool):
+        assert packed == pytest.approx(alone, rel=RTOL, abs=1e-7), path
+    else:
+        assert packed == alone, path
+
+
+def _unpacked(cfg: TrainConfig, data, method_cls=None) -> tuple[torch.nn.Module, list[dict]]:
+    """What TrainingRun does for one run: seed, build, train with a Trainer."""
+    torch.manual_seed(cfg.seed)
+    if method_cls is None:
+        method = build_method(cfg.method, data.dim, **cfg.method_args())
+    else:
+        method = method_cls(data.dim, hidden_dim=cfg.hidden_dim, depth=cfg.depth)
+    return method, Trainer(method, cfg, data).fit(progress=False)
+
+
+# -- equality with unpacked runs ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("method", "optimizer"),
+    [("asymvlm-vmf", "adamw"), ("asymvlm-ps", "sgd"), ("determ-ft", "adamw")],
+)
+def test_the_packed_protocol_equals_three_unpacked_runs(
+    small_world, one_thread, method, optimizer
+) -> None:
+    specs = _specs(small_world, method, optimizer=optimizer)
+    packed = run_packed_protocol(specs)
+    alone = [run_protocol(spec) for spec in specs]
+    assert len(packed) == 3
+    for p, a in zip(packed, alone, strict=True):
+        assert sorted(p) == sorted(a) == ["dim", "epochs_run", "history", "test", "val"]
+        assert p["epochs_run"] == a["epochs_run"] == 3
+        _assert_rows_equal(p["history"], a["history"])
+        _assert_nested_equal(p["val"], a["val"], "val")
+        _assert_nested_equal(p["test"], a["test"], "test")
+    # the members really differ (lr and seed reach them), so equality is not trivial
+    finals = [p["history"][-1]["train_loss"] for p in packed]
+    assert len({round(x, 6) for x in finals}) == 3
+
+
+@pytest.mark.parametrize("method", ["asymvlm-vmf", "asymvlm-ps", "determ-ft", "elip"])
+def test_packed_members_end_with_the_parameters_of_their_unpacked_runs(
+    small_world, one_thread, method
+) -> None:
+    # elip draws its galleries from the global RNG in fit_start: each member's own stream
+    data = load_split(small_world, "train", "raw", "cpu")
+    cfgs = [_cfg(method, lr, seed, epochs=2) for lr, seed in MEMBERS]
+    pack = PackedTrainer.build(cfgs, data)
+    histories = pack.fit()
+    assert pack.mode == "packed", pack.note
+    assert pack.errors == [None, None, None]
+    for k, cfg in enumerate(cfgs):
+        method_alone, history = _unpacked(cfg, data)
+        _assert_rows_equal(histories[k], history)
+        mine, theirs = pack.methods[k].state_dict(), method_alone.state_dict()
+        assert sorted(mine) == sorted(theirs)
+        for key in theirs:
+            torch.testing.assert_close(mine[key], theirs[key], rtol=RTOL, atol=1e-5, msg=key)
+    # after training every member owns its parameters again (not a row of the pack's)
+    for p in pack.methods[1].parameters():
+        assert p.untyped_storage().nbytes() == p.numel() * p.element_size()
+
+
+def test_the_frozen_reference_packs_as_its_own_runs(small_world, one_thread) -> None:
+    specs = _specs(small_world, "clip", members=((1e-2, 0), (1e-2, 1)))
+    packed = run_packed_protocol(specs)
+    for p, spec in zip(packed, specs, strict=True):
+        alone = run_protocol(spec)
+        assert p["history"] == alone["history"] == []
+        _assert_nested_equal(p["test"], alone["test"], "test")
+
+
+# -- divergence ----------------------------------------------------------------------------------
+def test_a_diverging_member_stops_alone_with_the_trainers_message(small_world, one_thread):
+    members = ((1e-2, 1), (1e6, 2), (5e-3, 3))
+    specs = _specs(small_world, "asymvlm-vmf", members=members, optimizer="sgd")
+    packed = run_packed_protocol(specs)
+    alone = [run_protocol(spec) for spec in specs]
+    assert "diverged" in alone[1], "the reference run must diverge for this test to mean much"
+    where = r"at epoch \d+ of 3, step \d+ of 14 \(asymvlm-vmf, sgd lr 1e\+06\)"
+    assert re.match(rf"non-finite .* {where}", alone[1]["diverged"])
+    assert packed[1] == alone[1]  # the same message, the same history before it
+    for k in (0, 2):
+        assert "diverged" not in packed[k]
+        _assert_rows_equal(packed[k]["history"], alone[k]["history"])
+        _assert_nested_equal(packed[k]["test"], alone[k]["test"], "test")
+
+
+def test_deferred_detection_names_the_first_bad_step_and_spares_the_others(
+    small_world, one_thread
+) -> None:
+    """The accelerator path (no host sync per step), forced on the CPU: the bad member runs
+    on to the end of the epoch, then stops with the deferred message; the others are exact."""
+    data = load_split(small_world, "train", "raw", "cpu")
+    cfgs = [_cfg("asymvlm-vmf", lr, seed, optimizer="sgd")
+            for lr, seed in ((1e-2, 1), (1e6, 2), (5e-3, 3))]  # fmt: skip
+    pack = PackedTrainer.build(cfgs, data)
+    for trainer in pack.trainers:
+        trainer.sync_free = False
+    pack.fit()
+    for k, cfg in enumerate(cfgs):
+        torch.manual_seed(cfg.seed)
+        method = build_method(cfg.method, data.dim, **cfg.method_args())
+        trainer = Trainer(method, cfg, data)
+        trainer.sync_free = False
+        history: list[dict] = []
+        try:
+            history = trainer.fit(progress=False)
+            error = None
+        except NonFiniteError as exc:
+            error = str(exc)
+        if k == 1:
+            assert error is not None and "(detected at the end of the epoch)" in error
+            assert pack.errors[1] == error
+        else:
+            assert error is None and pack.errors[k] is None
+            _assert_rows_equal(pack.histories[k], history)
+
+
+# -- what cannot be packed ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "change",
+    [{"epochs": 4}, {"batch_size": 32}, {"method": "asymvlm-ps"}, {"optimizer": "sgd"},
+     {"hidden_dim": 32}, {"precision": "bf16"}, {"method_kwargs": {"init_temperature": 2.0}}],
+)  # fmt: skip
+def test_configurations_differing_in_more_than_lr_and_seed_are_refused(small_world, change):
+    cfgs = [_cfg("asymvlm-vmf", 1e-2, 0, optimizer="adamw"),
+            _cfg("asymvlm-vmf", 2e-2, 1, optimizer="adamw")]  # fmt: skip
+    cfgs[1] = TrainConfig(**{**asdict(cfgs[1]), **change})
+    field = next(iter(change))
+    with pytest.raises(ConfigError, match=rf"configuration 1 differs .* in {field} "):
+        check_packable(cfgs)
+    data = load_split(small_world, "train", "raw", "cpu")
+    with pytest.raises(ConfigError, match=field):
+        PackedTrainer.build(cfgs, data)
+    with pytest.raises(ConfigError, match=field):
+        run_packed_protocol([RunSpec(embeddings=small_world, train=c) for c in cfgs])
+
+
+def test_runs_on_other_data_are_refused(small_world) -> None:
+    specs = _specs(small_world, "asymvlm-vmf", members=((1e-2, 0), (1e-2, 1)))
+    specs[1] = replace(specs[1], test_split=None)
+    with pytest.raises(ConfigError, match=r"run 1 differs from run 0 in test_split"):
+        run_packed_protocol(specs)
+    with pytest.raises(ConfigError, match="at least one"):
+        run_packed_protocol([])
+
+
+class _DataDependent(AsymVLM):
+    """AsymVLM-vMF whose loss reads a value on the host: not vmappable."""
+
+    def pair_loss(self, images, texts, *, epoch: int = 0) -> torch.Tensor:
+        loss = super().pair_loss(images, texts, epoch=epoch)
+        if float(loss.detach()) > 1e30:  # data-dependent Python control flow
+            raise AssertionError("never")
+        return loss
+
+
+def test_a_loss_that_cannot_be_vmapped_trains_its_members_one_after_another(
+    small_world, one_thread
+) -> None:
+    data = load_split(small_world, "train", "raw", "cpu")
+    cfgs = [_cfg("asymvlm-vmf", lr, seed, epochs=2) for lr, seed in MEMBERS[:2]]
+    members = []
+    for cfg in cfgs:
+        torch.manual_seed(cfg.seed)
+        members.append((_DataDependent(data.dim, hidden_dim=16, depth=2), cfg))
+    pack = PackedTrainer(members, data)
+    histories = pack.fit()
+    assert pack.mode == "sequential"
+    assert pack.note and "RuntimeError" in pack.note
+    for k, cfg in enumerate(cfgs):
+        method, history = _unpacked(cfg, data, _DataDependent)
+        _assert_rows_equal(histories[k], history)
+        for key, value in method.state_dict().items():
+            torch.testing.assert_close(pack.methods[k].state_dict()[key], value, rtol=RTOL,
+                                       atol=1e-6)  # fmt: skip
