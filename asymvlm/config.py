@@ -472,6 +472,11 @@ class _SweepBase(_Strict):
     #: TorchTrainer start-up); ``num_workers > 1`` drives a TorchTrainer (DDP).
     #: ``torch_trainer``: every trial through a TorchTrainer (as earlier versions did; to compare).
     trial_runner: Literal["auto", "torch_trainer"] = "auto"
+    #: Train up to this many trials of one method and stage (other lr and/or seed) in one
+    #: process as one batched model (:mod:`asymvlm.training.packed`); each keeps its own
+    #: optimiser, schedule, metrics and MLflow run. One-worker trials only; a pack that fails
+    #: (e.g. its process dies) is retried from its start.
+    pack: PositiveInt = 1
 
     @model_validator(mode="after")
     def _consistent(self) -> _SweepBase:
@@ -479,6 +484,9 @@ class _SweepBase(_Strict):
             values = getattr(self, field_name)
             if len(set(values)) != len(values):
                 raise ValueError(f"{field_name} has duplicates: {values}")
+        if self.pack > 1 and (self.num_workers > 1 or self.trial_runner != "auto"):
+            raise ValueError("pack > 1 packs one-worker trials: it needs num_workers: 1 and "
+                             "trial_runner: auto")  # fmt: skip
         extra = sorted(set(self.method_kwargs) - set(self.methods))
         if extra:
             raise ValueError(f"method_kwargs names methods that are not swept: {extra}")

@@ -20,19 +20,35 @@ from ray.tune.search import Searcher
 Select = Callable[[str, list[str]], list[dict[str, Any]]]
 
 
+def member_keys(trial_id: str, size: int) -> list[str]:
+    """The keys of a trial's runs: the trial id, or ``<trial id>#<k>`` for the members of a
+    pack of ``size`` > 1."""
+    return [trial_id] if size == 1 else [f"{trial_id}#{k}" for k in range(size)]
+
+
 class StagedSearch(Searcher):
     """Suggests ``{"stage": "grid", "trial": t}`` for every ``t`` of ``grid`` (``{"method",
     "lr", "seed"}``), and for each of ``methods``, once its grid trials have ended (at once for
     a method with none), ``{"stage": "seeds", "trial": t}`` for every ``t`` that ``select``
-    returns; then finishes."""
+    returns; then finishes. With ``pack`` > 1, up to that many consecutive trials of one
+    method in ``packable`` and one stage go out as one suggestion (``"pack"``: the members)."""
 
-    def __init__(self, methods: list[str], grid: list[dict[str, Any]], select: Select) -> None:
+    def __init__(
+        self,
+        methods: list[str],
+        grid: list[dict[str, Any]],
+        select: Select,
+        pack: int = 1,
+        packable: frozenset[str] = frozenset(),
+    ) -> None:
         super().__init__()
+        self._pack, self._packable = pack, packable
         self._queue: list[tuple[str, dict[str, Any]]] = [("grid", t) for t in grid]
         self._select = select
         self._waiting = {m: sum(t["method"] == m for t in grid) for m in methods}
         self._finished: dict[str, list[str]] = {m: [] for m in methods}
         self._method_of: dict[str, str] = {}
+        self._size: dict[str, int] = {}
         self._running: set[str] = set()
 
     def _release(self) -> None:
@@ -45,10 +61,18 @@ class StagedSearch(Searcher):
         self._release()
         if self._queue:
             stage, trial = self._queue.pop(0)
+            members = [trial]
+            if trial["method"] in self._packable:  # the next ones of this method and stage
+                while (len(members) < self._pack and self._queue and self._queue[0][0] == stage
+                       and self._queue[0][1]["method"] == trial["method"]):  # fmt: skip
+                    members.append(self._queue.pop(0)[1])
             self._running.add(trial_id)
             if stage == "grid":
                 self._method_of[trial_id] = trial["method"]
-            return {"stage": stage, "trial": trial}
+                self._size[trial_id] = len(members)
+            if len(members) == 1:
+                return {"stage": stage, "trial": trial}
+            return {"stage": stage, "trial": trial, "pack": members}
         return None if self._running or self._waiting else Searcher.FINISHED
 
     def on_trial_complete(
@@ -56,7 +80,8 @@ class StagedSearch(Searcher):
     ) -> None:
         self._running.discard(trial_id)
         method = self._method_of.pop(trial_id, None)
-        if method is not None:  # a grid trial
-            self._waiting[method] -= 1
+        if method is not None:  # a grid trial (or pack: its members are "<trial id>#<k>")
+            size = self._size.pop(trial_id, 1)
+            self._waiting[method] -= size
             if not error:
-                self._finished[method].append(trial_id)
+                self._finished[method] += member_keys(trial_id, size)

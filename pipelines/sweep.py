@@ -43,15 +43,11 @@ import logging
 import math
 import os
 import sys
-import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
 import yaml
 from ray import tune
-from ray.tune.result import AUTO_RESULT_KEYS
 
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,6 +56,7 @@ from asymvlm import config, logs, results, storage, tables, tracking  # noqa: E4
 from asymvlm.errors import AsymVLMError, ConfigError, guarded  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
 from pipelines.stages import StagedSearch  # noqa: E402
+from pipelines.trial_log import MlflowTrialLogger, log_outcome  # noqa: E402,F401
 from pipelines.trials import (  # noqa: E402
     SELECTION_METRIC,
     direct_trial,
@@ -172,255 +169,18 @@ def _run_trials(
     trial_logger.flush()
     done, failed = [], []
     for r in grid:
-        if r.error is None and r.metrics and "outcome" in r.metrics:
-            done.append(r.metrics)
-            continue
-        failed.append({"stage": r.config["stage"], **r.config["trial"],
-                       "reason": failure_reason(r.error)})  # fmt: skip
+        members = r.config.get("pack") or [r.config["trial"]]
+        outcomes = (r.metrics or {}).get("pack_outcomes") if r.error is None else None
+        if outcomes is None and r.error is None and r.metrics and "outcome" in r.metrics:
+            outcomes = [r.metrics]
+        outcomes = outcomes or [{"failed": failure_reason(r.error)}] * len(members)
+        for trial, row in zip(members, outcomes, strict=True):
+            if "outcome" in row:
+                done.append(row)
+            else:
+                failed.append({"stage": r.config["stage"], **trial,
+                               "reason": row.get("failed") or failure_reason(r.error)})  # fmt: skip
     return done, failed
-
-
-# -- MLflow (driver only) -----------------------------------------------------------------------
-_NOT_METRICS = frozenset(AUTO_RESULT_KEYS) | {"checkpoint_path", "epoch", "trial_id", "done"}
-
-
-def _trial_label(config: dict[str, Any]) -> tuple[str, float, int, str]:
-    trial = config["trial"]
-    return trial["method"], trial["lr"], trial["seed"], config["stage"]
-
-
-class MlflowTrialLogger(tune.Callback):
-    """Tune callback on the driver: every trial is a nested MLflow run from its start, with each
-    epoch's metrics as the epoch ends (step = epoch), the final metrics and artifacts, and the
-    status FINISHED or FAILED (with the reason) at its end; one console line per finished
-    trial.
-
-    The MLflow writes happen in order on one writer thread, so Tune's loop never waits for
-    the tracking store (an adapter and its plots take a second or two per trial): Tune goes on
-    starting trials and taking results meanwhile. :meth:`flush` waits for every write so far
-    (and raises the first that failed)."""
-
-    def __init__(self, cfg: dict[str, Any], parent: tracking.Run, base_params: dict[str, Any]):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.cfg, self.parent, self.base_params = cfg, parent, base_params
-        self.runs: dict[str, tracking.Run] = {}
-        self.started: dict[str, float] = {}
-        #: Trial id -> the trial's final row (selection score and outcome), as it came.
-        self.final: dict[str, dict[str, Any]] = {}
-        self._bar = None  # the progress bar of the stage running, if any
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
-        self._errors: list[BaseException] = []
-        self._closed = False
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Tune saves its callbacks with the experiment state: everything but the thread."""
-        state = dict(self.__dict__)
-        for key in ("_writer", "_bar", "_errors"):
-            state.pop(key, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.__dict__.update(state)
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
-        self._bar, self._errors, self._closed = None, [], False
-
-    # -- the writer thread -----------------------------------------------------------------
-    def submit(self, write: Callable[[], Any]) -> None:
-        """Run ``write`` on the writer thread, after every write submitted before it."""
-
-        def call() -> None:
-            try:
-                write()
-            except Exception as exc:  # kept for flush(): the sweep fails after its trials
-                self._errors.append(exc)
-
-        self._writer.submit(call)
-
-    def flush(self) -> None:
-        """Wait for every write submitted so far; raise the first one that failed."""
-        if not self._closed:
-            self._writer.submit(lambda: None).result()
-        if self._errors:
-            raise self._errors.pop(0)
-
-    def close(self) -> None:
-        """Finish the writes (failures were raised by :meth:`flush` already) and stop."""
-        if not self._closed:
-            self._writer.shutdown(wait=True)
-            self._closed = True
-
-    @property
-    def child_ids(self) -> dict[str, str]:
-        """Trial id -> MLflow run id (after every write so far)."""
-        self.flush()
-        return {trial_id: run.id for trial_id, run in self.runs.items()}
-
-    def _run(self, trial_id: str, config: dict[str, Any]) -> tracking.Run:
-        """The trial's MLflow run, opened at its first write (on the writer thread)."""
-        if trial_id not in self.runs:
-            method, lr, seed, stage = _trial_label(config)
-            self.runs[trial_id] = tracking.open_run(
-                self.cfg["mlflow"]["tracking_uri"], self.cfg["mlflow"]["experiment"],
-                f"{method} lr={lr:g} seed={seed}", kind="trial", parent=self.parent,
-                params={**self.base_params, "method": method, "lr": lr, "seed": seed,
-                        "stage": stage, "optimizer": self._optimizer(method)},
-                tags={"stage": stage, "method": method,
-                      **({"seed_stage": "true"} if stage == "seeds" else {})},
-                description=f"{'lr grid' if stage == 'grid' else 'seed'} trial: {method} at "
-                f"lr {lr:g}, seed {seed}",
-            )  # fmt: skip
-        return self.runs[trial_id]
-
-    def _optimizer(self, method: str) -> str:
-        """The optimiser the trial of ``method`` uses (the sweep's, or its protocol default)."""
-        from asymvlm.methods.official import optimizer_defaults
-
-        protocol = self.cfg.get("protocol", "improved")
-        return self.cfg.get("optimizer") or optimizer_defaults(method, protocol)["optimizer"]
-
-    @contextlib.contextmanager
-    def progress(self, label: str, total: int):
-        """A progress bar of finished trials on a terminal (none in logs and pipes); the log
-        lines print above it."""
-        from tqdm import tqdm
-
-        with tqdm(total=total, desc=label, unit="trial", leave=False,
-                  disable=not sys.stderr.isatty()) as bar:  # fmt: skip
-            self._bar = bar
-            try:
-                yield bar
-            finally:
-                self.flush()
-                self._bar = None
-
-    def _advance(self) -> None:
-        if self._bar is not None:
-            self._bar.update(1)
-
-    def join_seed_stage(self, reused: list[dict[str, Any]]) -> None:
-        """Stage-1 trials that are also stage 2's (the first seed at the chosen lr): their runs
-        get the ``seed_stage`` tag that stage 2's runs carry."""
-
-        def tag() -> None:
-            for result in reused:
-                run = self.runs.get(result.get("trial_id", ""))
-                if run is not None:
-                    run.set_tags({"seed_stage": "true"})
-
-        self.submit(tag)
-
-    # -- Tune's events (driver thread: read the trial now, write later) ---------------------
-    def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        trial_id, config = trial.trial_id, trial.config
-        self.started.setdefault(trial_id, time.monotonic())
-        self.submit(lambda: self._run(trial_id, config))
-
-    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        trial_id, config, result = trial.trial_id, trial.config, dict(result)
-        if "outcome" in result:
-            self.final[trial_id] = result
-            checkpoint = getattr(trial, "checkpoint", None)
-            self.submit(lambda: log_outcome(self._run(trial_id, config), self.cfg, result,
-                                            checkpoint))  # fmt: skip
-        elif "epoch" in result:
-            metrics = {k: v for k, v in result.items() if k not in _NOT_METRICS}
-            self.submit(lambda: self._run(trial_id, config).log_metrics(
-                metrics, step=int(result["epoch"])))  # fmt: skip
-
-    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        trial_id, config = trial.trial_id, trial.config
-        result = dict(trial.last_result or {})
-        seconds = time.monotonic() - self.started.get(trial_id, time.monotonic())
-        self.submit(lambda: self._complete(trial_id, config, result, seconds))
-
-    def _complete(self, trial_id: str, config: dict, result: dict, seconds: float) -> None:
-        run = self._run(trial_id, config)
-        if run.ended:
-            return
-        self._advance()
-        method, lr, seed, _ = _trial_label(config)
-        score = result.get(SELECTION_METRIC)
-        if "outcome" not in result:  # ended without a result: nothing to select
-            run.end("FAILED", "the trial ended without reporting a result")
-            logger.warning("trial %s lr=%g seed=%s FAILED: no result", method, lr, seed)
-            return
-        run.end("FINISHED")
-        shown = "–" if score is None or not math.isfinite(score) else f"{score:.3f}"
-        logger.info("trial %-14s lr=%-7g seed=%d  val R@1 %s  FINISHED  %4.0f s",
-                    method, lr, seed, shown, seconds)  # fmt: skip
-
-    def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        """A failed trial (any cause) is an MLflow run with status FAILED and its reason."""
-        trial_id, config = trial.trial_id, trial.config
-        reason = failure_reason(_trial_error(trial))
-
-        def fail() -> None:
-            self._run(trial_id, config).end("FAILED", reason)
-            self._advance()
-            method, lr, seed, _ = _trial_label(config)
-            logger.warning("trial %s lr=%g seed=%d FAILED: %s", method, lr, seed, reason)
-
-        self.submit(fail)
-
-
-def _trial_error(trial) -> BaseException | str | None:
-    """The error Tune just wrote beside the trial (local files: the copies in the experiment's
-    storage are synced later)."""
-    import ray.cloudpickle
-
-    for path, read in (
-        (trial.pickled_error_file, ray.cloudpickle.load),
-        (trial.error_file, lambda fh: fh.read().decode(errors="replace")),
-    ):
-        if path and os.path.exists(path):
-            try:
-                with open(path, "rb") as fh:
-                    return read(fh)
-            except Exception:  # unreadable: try the next form; the run is logged regardless
-                continue
-    return None
-
-
-def log_outcome(
-    run: tracking.Run, cfg: dict[str, Any], result: dict[str, Any], checkpoint=None
-) -> None:
-    """A finished trial's final metrics, binned Recall@1 curves (JSON + PNG), every number of
-    its evaluation (results.json) and adapter: from its Ray Train run's checkpoint, or (a trial
-    that trained in place) from ``checkpoint``, the trial's latest Tune checkpoint."""
-    from asymvlm.plots import plot_binned_recall
-
-    out = result["outcome"]
-    method, lr, seed = result["method"], result["lr"], result["seed"]
-    run.log_metrics({
-        **results.retrieval_metric_names(out.get("test", {})),
-        **results.retrieval_metric_names(out.get("val", {}), prefix="val_"),
-        SELECTION_METRIC: result[SELECTION_METRIC],
-    })  # fmt: skip
-    curves = {
-        split: {d: out[split][d].get("binned_recall@1") for d in results.DIRECTIONS}
-        for split in ("val", "test")
-        if split in out
-    }
-    run.log_json("binned_recall.json", curves)
-    # every number of the evaluation, lists too (risk-coverage curves for the report)
-    run.log_json("results.json", {split: out[split] for split in ("val", "test") if split in out})
-    shown = out.get("test") or out.get("val")
-    if shown:
-        with tempfile.TemporaryDirectory() as tmp:
-            png = plot_binned_recall({method: shown}, os.path.join(tmp, "binned_recall.png"),
-                                     title=f"{method} lr={lr:g} seed={seed}")  # fmt: skip
-            run.log_artifact(png)
-    if out.get("checkpoint"):
-        from ray.train import Checkpoint
-
-        # (path, filesystem) as Ray Train wrote it (pyarrow's own, for object stores)
-        checkpoint = Checkpoint(*storage.ray_storage(out["checkpoint"]))
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            run.log_model(os.path.join(directory, "model"), int(out["dim"]))
 
 
 def _base_params(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -503,7 +263,9 @@ def _stages(cfg: dict[str, Any], sweep_run: tracking.Run, trial_logger, base: di
 
     def select(method: str, trial_ids: list[str]) -> list[dict[str, Any]]:
         """The grid of ``method`` is over: its best lr, and its stage-2 trials."""
-        rows = [r for r in map(trial_logger.final.get, trial_ids) if r and "outcome" in r]
+        keyed = [(k, trial_logger.final.get(k)) for k in trial_ids]
+        keyed = [(k, r) for k, r in keyed if r and "outcome" in r]
+        rows = [r for _, r in keyed]
         if grid:
             pick = select_lr(rows).get(method)
         else:
@@ -515,7 +277,7 @@ def _stages(cfg: dict[str, Any], sweep_run: tracking.Run, trial_logger, base: di
         # Stage 1 already ran the first seed at the chosen lr: that trial is stage 2's.
         mine = [r for r in rows if r["lr"] == pick["lr"]]
         reused.extend(mine)
-        trial_logger.join_seed_stage(mine)
+        trial_logger.join_seed_stage([k for k, r in keyed if r["lr"] == pick["lr"]])
         trial_logger.submit(lambda: sweep_run.log_params({f"best_lr/{method}": pick["lr"]}))
         seeds = [s for s in cfg["seeds"] if s not in {r["seed"] for r in mine}]
         if grid:
@@ -528,7 +290,10 @@ def _stages(cfg: dict[str, Any], sweep_run: tracking.Run, trial_logger, base: di
         logger.info("sweep %s, stage 1: %d trials (method x lr, seed %d); each method's stage 2 "
                     "follows its grid", name, len(grid), first)  # fmt: skip
     total = len(grid) + len(cfg["methods"]) * (len(cfg["seeds"]) - (1 if grid else 0))
-    search = StagedSearch(cfg["methods"], grid, select)
+    from asymvlm.methods import METHODS
+
+    packable = frozenset(m for m in cfg["methods"] if METHODS[m].trainable)
+    search = StagedSearch(cfg["methods"], grid, select, cfg.get("pack", 1), packable)
     done, failed = _run_trials(cfg, search, trial_logger, name, total)
     selection = {m: selection[m] for m in cfg["methods"] if m in selection}  # config order
     if not selection:

@@ -8,6 +8,8 @@ the outcome) and both resuming from their latest checkpoint when Tune retries th
   ``TorchTrainer`` to start per trial. The Tune actors are reused from trial to trial, and the
   splits a trial reads stay in its process (:data:`asymvlm.training.cache.PROCESS_CACHE`), so
   the later trials on the same actor start training at once.
+* :func:`packed_trial` (``pack: K``): up to K trials of one method and stage trained as one
+  batched model in one trial (:mod:`asymvlm.training.packed`).
 * :func:`torch_trainer_trial` (``num_workers > 1``, or ``trial_runner: torch_trainer``): the
   trial drives a ``TorchTrainer`` (:mod:`pipelines.train`), DDP over ``num_workers`` workers.
 """
@@ -103,6 +105,8 @@ def direct_trial(config: dict[str, Any]) -> None:
     # functions travel by value, and a global would travel as a copy).
     from asymvlm.training.cache import PROCESS_CACHE
 
+    if "pack" in config:
+        return packed_trial(config)
     cfg = config["sweep"]
     method, lr, seed = trial_spec(config["trial"])
     trial_dir = tune.get_context().get_trial_dir()
@@ -141,6 +145,55 @@ def direct_trial(config: dict[str, Any]) -> None:
                 fh.write(reason + "\n")
         raise TrialFailed(reason)
     tune.report(final_report(config, out))
+
+
+# -- packed -------------------------------------------------------------------------------------
+#: The folder of member k's adapter in a pack's checkpoint: ``<checkpoint>/member<k>/model``.
+MEMBER_DIR = "member{k}"
+
+
+def packed_trial(config: dict[str, Any]) -> None:
+    """The trials ``config["pack"]`` (one method, one stage, other lr/seed) trained as one
+    batched model (:func:`asymvlm.training.packed.run_packed_protocol`). Every epoch of every
+    member is reported as ``{"member": k, **row}``; the end is one report with each member's
+    final row (:func:`final_report`) or failure (``{"failed": reason}``) under
+    ``"pack_outcomes"``, after a report whose checkpoint holds every finished member's adapter
+    (:data:`MEMBER_DIR`). A member that diverges fails alone; a pack is not resumed mid-run."""
+    from ray import tune
+
+    from asymvlm.training.cache import PROCESS_CACHE
+    from asymvlm.training.checkpoint import save_checkpoint
+    from asymvlm.training.packed import run_packed_protocol
+
+    cfg, members = config["sweep"], config["pack"]
+    worker_logging(0, label="pack")
+    specs = [RunSpec.from_dict(run_config(cfg, *trial_spec(t))) for t in members]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    trainers: dict[int, Trainer] = {}
+
+    def on_epoch(k: int, row: dict[str, float], trainer: Trainer, history: list) -> None:
+        trainers[k] = trainer
+        tune.report({"member": k, **row})
+
+    try:
+        outs = run_packed_protocol(specs, device=device, on_epoch=on_epoch, cache=PROCESS_CACHE)
+    except AsymVLMError as exc:
+        raise TrialFailed(failure_reason(exc)) from None
+    outcomes: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as directory:
+        for k, (trial, out) in enumerate(zip(members, outs, strict=True)):
+            if out.get("diverged"):
+                outcomes.append({"failed": " ".join(str(out["diverged"]).split())})
+                continue
+            trainer = trainers[k]
+            save_checkpoint(os.path.join(directory, MEMBER_DIR.format(k=k), "model"),
+                            trainer.method, trainer.cfg, trainer.data.dim,
+                            extra={"epoch": trainer.epoch})  # fmt: skip
+            outcomes.append(final_report({"trial": trial, "stage": config["stage"]}, out))
+        # The adapters first: a result's callbacks see the checkpoints reported before it.
+        tune.report({"pack_checkpoint": 1},
+                    checkpoint=tune.Checkpoint.from_directory(directory))  # fmt: skip
+    tune.report({"pack_outcomes": outcomes})
 
 
 # -- through a TorchTrainer ---------------------------------------------------------------------

@@ -115,3 +115,38 @@ def test_a_killed_trial_resumes_from_its_checkpoint(ray_session, world, tmp_path
     steps = [m.step for m in MlflowClient(killed["tracking_uri"]).get_metric_history(
         run_id, "train_loss")]  # fmt: skip
     assert sorted(steps) == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp_path) -> None:
+    """``pack: 3``: the grid (three lrs, one diverging) is one pack, stage 2 (two seeds)
+    another; each member keeps its own MLflow run, a diverging member fails alone, and the
+    selection, seed metrics and adapters equal those of one trial per run."""
+    from mlflow import MlflowClient
+
+    from asymvlm import tracking
+    from pipelines.sweep import run_sweep
+
+    space = {"methods": ["asymvlm-vmf"], "lr": [1e-3, 5e-3, 100.0], "seeds": [0, 1, 2],
+             "optimizer": "sgd", "epochs": 3}  # fmt: skip
+    single = run_sweep(_sweep_cfg(world, tmp_path, "single", **space))
+    packed = run_sweep(_sweep_cfg(world, tmp_path, "packed", pack=3, **space))
+    for out in (single, packed):
+        assert [(f["stage"], f["lr"]) for f in out["failed"]] == [("grid", 100.0)]
+        assert "non-finite" in out["failed"][0]["reason"]
+    assert packed["selection"]["asymvlm-vmf"]["lr"] == single["selection"]["asymvlm-vmf"]["lr"]
+    cells = single["summary"]["asymvlm-vmf"]
+    assert packed["summary"]["asymvlm-vmf"]["n_seeds"] == cells["n_seeds"] == 3
+    for metric, cell in cells.items():
+        if isinstance(cell, dict):
+            assert packed["summary"]["asymvlm-vmf"][metric]["mean"] == pytest.approx(
+                cell["mean"], abs=1e-6), metric  # fmt: skip
+
+    client = MlflowClient(packed["tracking_uri"])
+    runs = [client.get_run(i) for i in packed["child_run_ids"]]
+    assert sorted(r.info.status for r in runs) == ["FAILED"] + ["FINISHED"] * 4
+    for run in runs:  # every member has its own epochs
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+        assert steps == [1, 2, 3] or (run.info.status == "FAILED" and len(steps) < 3)
+    adapters = tracking.load_sweep_adapters(packed["tracking_uri"], packed["parent_run_id"])
+    assert set(adapters) == {f"asymvlm-vmf/seed{s}" for s in (0, 1, 2)}

@@ -49,8 +49,10 @@ from torch.func import functional_call, vmap
 from asymvlm.distributed import GlobalBatchLoss, epoch_generator, is_distributed
 from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import Method, build_method
+from asymvlm.training.cache import SplitCache
 from asymvlm.training.config import TrainConfig, resolve_device
-from asymvlm.training.data import SplitTensors, load_split
+from asymvlm.training.data import SplitTensors
+from asymvlm.training.data import load_split as _load_split
 from asymvlm.training.protocol import History, RunSpec, training_data
 from asymvlm.training.trainer import _GRAD_BAD, _LOSS_BAD, _NO_BAD_STEP, Trainer
 
@@ -516,6 +518,7 @@ def run_packed_protocol(
     on_epoch: PackedProtocolHook | None = None,
     progress: bool = False,
     vmap: bool = True,
+    cache: SplitCache | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`~asymvlm.training.run_protocol` (App. B.4) for K runs at once, trained packed.
 
@@ -524,6 +527,7 @@ def run_packed_protocol(
     members are built and trained by :class:`PackedTrainer`, then each is evaluated on the
     validation and test splits (loaded once) as :meth:`~asymvlm.training.TrainingRun.results`
     does. ``on_epoch(k, row, trainer, history)`` is called after every epoch of member k.
+    With a ``cache`` the splits are read once per process (:class:`SplitCache`).
 
     Returns one entry per spec, in order: what ``run_protocol(spec)`` returns on rank 0 --
     ``{"history", "dim", "epochs_run", "val", "test"}``, or ``{"diverged": reason, "history":
@@ -539,7 +543,7 @@ def run_packed_protocol(
         cfgs = [replace(cfg, device=str(dev)) for cfg in cfgs]
     # training_data draws nothing from the torch RNG, so loading it before the members are
     # seeded (TrainingRun seeds first) changes nothing.
-    data, held_out = training_data(runs[0], dev)
+    data, held_out = training_data(runs[0], dev, cache)
     pack = PackedTrainer.build(cfgs, data, vmap=vmap)
     epochs = cfgs[0].epochs
 
@@ -552,7 +556,7 @@ def run_packed_protocol(
             on_epoch(k, row, pack.trainers[k], pack.histories[k])
 
     pack.fit(progress=progress, on_epoch_end=after_epoch)
-    return _results(pack, runs[0], data.dim, held_out, dev)
+    return _results(pack, runs[0], data.dim, held_out, dev, cache)
 
 
 def _results(
@@ -561,10 +565,12 @@ def _results(
     dim: int,
     held_out: SplitTensors | None,
     device: torch.device,
+    cache: SplitCache | None = None,
 ) -> list[dict[str, Any]]:
     """Each member's :meth:`TrainingRun.results` (or its divergence), the splits loaded once."""
     from asymvlm.evaluation import evaluate_retrieval  # imports this package
 
+    load_split = cache.load if cache is not None else _load_split
     adapter_input = spec.train.adapter_input
     val = held_out
     if val is None and spec.val_split:

@@ -1,0 +1,312 @@
+"""A sweep's trials in MLflow (the driver is the only writer): :class:`MlflowTrialLogger`.
+
+Every trial -- and every member of a packed trial -- is a nested MLflow run under the sweep's
+run, opened when the trial starts, with each epoch's metrics as the epoch ends, the final
+metrics, curves and adapter, and the status FINISHED or FAILED with the reason. All writes go
+through :mod:`asymvlm.tracking`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ray import tune
+from ray.tune.result import AUTO_RESULT_KEYS
+
+from asymvlm import results, storage, tracking
+from pipelines.stages import member_keys
+from pipelines.trials import MEMBER_DIR, SELECTION_METRIC, failure_reason
+
+if __name__ != "__main__":  # see pipelines/train.py
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+logger = logging.getLogger("pipelines.sweep")  # its lines are the sweep's
+
+_NOT_METRICS = frozenset(AUTO_RESULT_KEYS) | {"checkpoint_path", "epoch", "trial_id", "done"}
+
+
+def _trial_label(config: dict[str, Any]) -> tuple[str, float, int, str]:
+    trial = config["trial"]
+    return trial["method"], trial["lr"], trial["seed"], config["stage"]
+
+
+class MlflowTrialLogger(tune.Callback):
+    """Tune callback on the driver: every trial is a nested MLflow run from its start, with each
+    epoch's metrics as the epoch ends (step = epoch), the final metrics and artifacts, and the
+    status FINISHED or FAILED (with the reason) at its end; one console line per finished
+    trial.
+
+    The MLflow writes happen in order on one writer thread, so Tune's loop never waits for
+    the tracking store (an adapter and its plots take a second or two per trial): Tune goes on
+    starting trials and taking results meanwhile. :meth:`flush` waits for every write so far
+    (and raises the first that failed)."""
+
+    def __init__(self, cfg: dict[str, Any], parent: tracking.Run, base_params: dict[str, Any]):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.cfg, self.parent, self.base_params = cfg, parent, base_params
+        self.runs: dict[str, tracking.Run] = {}
+        self.started: dict[str, float] = {}
+        #: Trial id -> the trial's final row (selection score and outcome), as it came.
+        self.final: dict[str, dict[str, Any]] = {}
+        self._bar = None  # the progress bar of the stage running, if any
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
+        self._errors: list[BaseException] = []
+        self._closed = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Tune saves its callbacks with the experiment state: everything but the thread."""
+        state = dict(self.__dict__)
+        for key in ("_writer", "_bar", "_errors"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.__dict__.update(state)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
+        self._bar, self._errors, self._closed = None, [], False
+
+    # -- the writer thread -----------------------------------------------------------------
+    def submit(self, write: Callable[[], Any]) -> None:
+        """Run ``write`` on the writer thread, after every write submitted before it."""
+
+        def call() -> None:
+            try:
+                write()
+            except Exception as exc:  # kept for flush(): the sweep fails after its trials
+                self._errors.append(exc)
+
+        self._writer.submit(call)
+
+    def flush(self) -> None:
+        """Wait for every write submitted so far; raise the first one that failed."""
+        if not self._closed:
+            self._writer.submit(lambda: None).result()
+        if self._errors:
+            raise self._errors.pop(0)
+
+    def close(self) -> None:
+        """Finish the writes (failures were raised by :meth:`flush` already) and stop."""
+        if not self._closed:
+            self._writer.shutdown(wait=True)
+            self._closed = True
+
+    @property
+    def child_ids(self) -> dict[str, str]:
+        """Trial id -> MLflow run id (after every write so far)."""
+        self.flush()
+        return {trial_id: run.id for trial_id, run in self.runs.items()}
+
+    def _run(self, trial_id: str, config: dict[str, Any]) -> tracking.Run:
+        """The trial's MLflow run, opened at its first write (on the writer thread)."""
+        if trial_id not in self.runs:
+            method, lr, seed, stage = _trial_label(config)
+            self.runs[trial_id] = tracking.open_run(
+                self.cfg["mlflow"]["tracking_uri"], self.cfg["mlflow"]["experiment"],
+                f"{method} lr={lr:g} seed={seed}", kind="trial", parent=self.parent,
+                params={**self.base_params, "method": method, "lr": lr, "seed": seed,
+                        "stage": stage, "optimizer": self._optimizer(method)},
+                tags={"stage": stage, "method": method,
+                      **({"seed_stage": "true"} if stage == "seeds" else {})},
+                description=f"{'lr grid' if stage == 'grid' else 'seed'} trial: {method} at "
+                f"lr {lr:g}, seed {seed}",
+            )  # fmt: skip
+        return self.runs[trial_id]
+
+    def _optimizer(self, method: str) -> str:
+        """The optimiser the trial of ``method`` uses (the sweep's, or its protocol default)."""
+        from asymvlm.methods.official import optimizer_defaults
+
+        protocol = self.cfg.get("protocol", "improved")
+        return self.cfg.get("optimizer") or optimizer_defaults(method, protocol)["optimizer"]
+
+    @contextlib.contextmanager
+    def progress(self, label: str, total: int):
+        """A progress bar of finished trials on a terminal (none in logs and pipes); the log
+        lines print above it."""
+        from tqdm import tqdm
+
+        with tqdm(total=total, desc=label, unit="trial", leave=False,
+                  disable=not sys.stderr.isatty()) as bar:  # fmt: skip
+            self._bar = bar
+            try:
+                yield bar
+            finally:
+                self.flush()
+                self._bar = None
+
+    def _advance(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def join_seed_stage(self, keys: list[str]) -> None:
+        """Stage-1 trials that are also stage 2's (the first seed at the chosen lr; their run
+        keys): their runs get the ``seed_stage`` tag that stage 2's runs carry."""
+
+        def tag() -> None:
+            for key in keys:
+                run = self.runs.get(key)
+                if run is not None:
+                    run.set_tags({"seed_stage": "true"})
+
+        self.submit(tag)
+
+    # -- Tune's events (driver thread: read the trial now, write later) ---------------------
+    @staticmethod
+    def _members(trial_id: str, config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """(run key, the member's config) of every run a trial makes: itself, or each member
+        of a pack (``<trial id>#<k>``)."""
+        pack = config.get("pack")
+        if not pack:
+            return [(trial_id, config)]
+        return [(key, {"stage": config["stage"], "trial": t})
+                for key, t in zip(member_keys(trial_id, len(pack)), pack, strict=True)]
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        for key, member in self._members(trial.trial_id, trial.config):
+            self.started.setdefault(key, time.monotonic())
+            self.submit(lambda key=key, member=member: self._run(key, member))
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        members = self._members(trial.trial_id, trial.config)
+        result = dict(result)
+        if "pack_outcomes" in result:  # a pack's end: every member's final row
+            checkpoint = getattr(trial, "checkpoint", None)
+            for k, ((key, config), row) in enumerate(
+                zip(members, result["pack_outcomes"], strict=True)
+            ):
+                if "outcome" in row:
+                    self.final[key] = row
+                    self.submit(lambda key=key, config=config, row=row, k=k: log_outcome(
+                        self._run(key, config), self.cfg, row, checkpoint,
+                        MEMBER_DIR.format(k=k)))  # fmt: skip
+            return
+        key, config = members[int(result.get("member", 0))]
+        if "outcome" in result:
+            self.final[key] = result
+            checkpoint = getattr(trial, "checkpoint", None)
+            self.submit(lambda: log_outcome(self._run(key, config), self.cfg, result,
+                                            checkpoint))  # fmt: skip
+        elif "epoch" in result:
+            metrics = {k: v for k, v in result.items() if k not in _NOT_METRICS | {"member"}}
+            self.submit(lambda: self._run(key, config).log_metrics(
+                metrics, step=int(result["epoch"])))  # fmt: skip
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        last = dict(trial.last_result or {})
+        members = self._members(trial.trial_id, trial.config)
+        outcomes = last.get("pack_outcomes") or [last] * len(members)
+        for (key, member), result in zip(members, outcomes, strict=False):
+            seconds = time.monotonic() - self.started.get(key, time.monotonic())
+            self.submit(lambda key=key, member=member, result=result, seconds=seconds:
+                        self._complete(key, member, result, seconds))  # fmt: skip
+
+    def _complete(self, trial_id: str, config: dict, result: dict, seconds: float) -> None:
+        run = self._run(trial_id, config)
+        if run.ended:
+            return
+        self._advance()
+        method, lr, seed, _ = _trial_label(config)
+        score = result.get(SELECTION_METRIC)
+        if "failed" in result:  # a member of a pack that diverged
+            run.end("FAILED", result["failed"])
+            logger.warning("trial %s lr=%g seed=%d FAILED: %s", method, lr, seed,
+                           result["failed"])  # fmt: skip
+            return
+        if "outcome" not in result:  # ended without a result: nothing to select
+            run.end("FAILED", "the trial ended without reporting a result")
+            logger.warning("trial %s lr=%g seed=%s FAILED: no result", method, lr, seed)
+            return
+        run.end("FINISHED")
+        shown = "–" if score is None or not math.isfinite(score) else f"{score:.3f}"
+        logger.info("trial %-14s lr=%-7g seed=%d  val R@1 %s  FINISHED  %4.0f s",
+                    method, lr, seed, shown, seconds)  # fmt: skip
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        """A failed trial (any cause) is an MLflow run with status FAILED and its reason."""
+        reason = failure_reason(_trial_error(trial))
+        for key, member in self._members(trial.trial_id, trial.config):
+
+            def fail(key: str = key, member: dict[str, Any] = member) -> None:
+                self._run(key, member).end("FAILED", reason)
+                self._advance()
+                method, lr, seed, _ = _trial_label(member)
+                logger.warning("trial %s lr=%g seed=%d FAILED: %s", method, lr, seed, reason)
+
+            self.submit(fail)
+
+
+def _trial_error(trial) -> BaseException | str | None:
+    """The error Tune just wrote beside the trial (local files: the copies in the experiment's
+    storage are synced later)."""
+    import ray.cloudpickle
+
+    for path, read in (
+        (trial.pickled_error_file, ray.cloudpickle.load),
+        (trial.error_file, lambda fh: fh.read().decode(errors="replace")),
+    ):
+        if path and os.path.exists(path):
+            try:
+                with open(path, "rb") as fh:
+                    return read(fh)
+            except Exception:  # unreadable: try the next form; the run is logged regardless
+                continue
+    return None
+
+
+def log_outcome(
+    run: tracking.Run,
+    cfg: dict[str, Any],
+    result: dict[str, Any],
+    checkpoint=None,
+    member_dir: str = "",
+) -> None:
+    """A finished trial's final metrics, binned Recall@1 curves (JSON + PNG), every number of
+    its evaluation (results.json) and adapter: from its Ray Train run's checkpoint, or (a trial
+    that trained in place) from ``checkpoint``, the trial's latest Tune checkpoint (a pack's
+    holds each member's adapter under ``member_dir``)."""
+    from asymvlm.plots import plot_binned_recall
+
+    out = result["outcome"]
+    method, lr, seed = result["method"], result["lr"], result["seed"]
+    run.log_metrics({
+        **results.retrieval_metric_names(out.get("test", {})),
+        **results.retrieval_metric_names(out.get("val", {}), prefix="val_"),
+        SELECTION_METRIC: result[SELECTION_METRIC],
+    })  # fmt: skip
+    curves = {
+        split: {d: out[split][d].get("binned_recall@1") for d in results.DIRECTIONS}
+        for split in ("val", "test")
+        if split in out
+    }
+    run.log_json("binned_recall.json", curves)
+    # every number of the evaluation, lists too (risk-coverage curves for the report)
+    run.log_json("results.json", {split: out[split] for split in ("val", "test") if split in out})
+    shown = out.get("test") or out.get("val")
+    if shown:
+        with tempfile.TemporaryDirectory() as tmp:
+            png = plot_binned_recall({method: shown}, os.path.join(tmp, "binned_recall.png"),
+                                     title=f"{method} lr={lr:g} seed={seed}")  # fmt: skip
+            run.log_artifact(png)
+    if out.get("checkpoint"):
+        from ray.train import Checkpoint
+
+        # (path, filesystem) as Ray Train wrote it (pyarrow's own, for object stores)
+        checkpoint = Checkpoint(*storage.ray_storage(out["checkpoint"]))
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            run.log_model(os.path.join(directory, member_dir, "model"), int(out["dim"]))
+
+
