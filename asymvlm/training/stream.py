@@ -50,7 +50,7 @@ import logging
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -80,7 +80,7 @@ HOST_SHARE = 0.25
 #: Share of the free accelerator memory the resident split may take before ``auto`` streams.
 DEVICE_SHARE = 0.5
 #: Captions drawn once at start-up for ``fit_start`` and the kappa probe.
-SAMPLE_SIZE = 65536
+SAMPLE_SIZE = 4096
 
 
 # -- the choice -----------------------------------------------------------------------------------
@@ -235,7 +235,7 @@ class CaptionStream:
             raise ValueError(f"batch_size {global_batch} is not divisible by {world_size} workers")
         self.batch_size = global_batch // world_size
         self.steps = steps_per_epoch(self.n_text // world_size, self.batch_size)
-        self.sample = self._validate_and_sample(max(sample_size, 2 * global_batch))
+        self.sample = self._validate_and_sample(sample_size)
 
     # -- reading ----------------------------------------------------------------------------------
     def _read_images(self) -> None:
@@ -312,12 +312,11 @@ class CaptionStream:
             words.extend(table.column("text").take(take).to_pylist())
         text = np.concatenate(texts) if texts else np.zeros((0, self.dim), np.float32)
         owner = np.concatenate(owners) if owners else np.zeros(0, np.int64)
-        unit = text / np.maximum(np.linalg.norm(text, axis=1, keepdims=True), 1e-12)
+        empty = np.zeros((0, self.dim), np.float32)  # the embeddings are held as tensors only
         split = tables.EmbeddingSplit(
-            image_ids=self.image_ids.to_pylist(),
-            image_embeddings=np.zeros((0, self.dim), np.float32),  # resident as a tensor
+            image_ids=self.image_ids.to_pylist(), image_embeddings=empty,
             caption_ids=ids, text_image_index=owner, texts=words,
-            text_embeddings=unit.astype(np.float32), text_norms=None,
+            text_embeddings=empty, text_norms=None,
             extra_text_columns={}, manifest=self.manifest,
         )  # fmt: skip
         return SplitTensors(
@@ -433,8 +432,10 @@ class StreamingTrainer(Trainer):
             raise ConfigError(f"{method.name} is not trained by SGD; it cannot stream")
         if (stream.rank, stream.world_size) != (rank, world_size):
             raise ValueError("the stream belongs to another worker")
-        super().__init__(method, cfg, stream.sample, rank=rank, world_size=world_size)
-        self.stream = stream
+        # The sample stands in for the split; its size must not bound the batch.
+        sample_cfg = replace(cfg, batch_size=world_size)
+        super().__init__(method, sample_cfg, stream.sample, rank=rank, world_size=world_size)
+        self.cfg, self.stream = cfg, stream
         self.batch_size, self.steps = stream.batch_size, stream.steps
         if self.optimizer is not None:  # the schedule spans the stream's steps, not the sample's
             self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
