@@ -134,3 +134,57 @@ def test_streamed_resume_restarts_the_epoch_bit_for_bit(parted_world, one_thread
     for a, b in zip(whole.method.state_dict().values(), resumed.method.state_dict().values(),
                     strict=True):  # fmt: skip
         assert torch.equal(a, b)
+
+
+def _write_big(root: str, parts: int = 25, images: int = 200, per_image: int = 10,
+               dim: int = 2048) -> None:  # fmt: skip
+    """About 460 MB of float32 (50,000 captions and 5,000 images at d = 2048) in 25 parts."""
+    rng = np.random.default_rng(0)
+    tables.write_manifest(root, {"dim": dim, "model": "random"})
+    for k in range(parts):
+        img = rng.standard_normal((images, dim), dtype=np.float32)
+        img /= np.linalg.norm(img, axis=1, keepdims=True)
+        ids = [f"i{k}-{j}" for j in range(images)]
+        owner = np.repeat(np.arange(images), per_image)
+        txt = img[owner] + rng.standard_normal((len(owner), dim), dtype=np.float32) / 64
+        txt /= np.linalg.norm(txt, axis=1, keepdims=True)
+        tables.write_split(root, "train", part=f"part-{k:05d}", image_ids=ids,
+                           image_embeddings=img,
+                           caption_ids=[f"c{k}-{j}" for j in range(len(owner))],
+                           caption_image_ids=[ids[o] for o in owner], texts=[""] * len(owner),
+                           text_embeddings=txt,
+                           text_norms=np.full(len(owner), 8.0, np.float32))  # fmt: skip
+
+
+#: The hard cap (RLIMIT_DATA) of the memory test: the process baseline (imports) is about
+#: 260 MB of data, the table about 460 MB of float32.
+CAP_BYTES = 1_300_000_000
+
+
+@pytest.mark.slow
+def test_streaming_trains_a_table_larger_than_the_memory_cap(tmp_path):
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    root = str(tmp_path / "big")
+    _write_big(root)
+    assert split_bytes(root, "train") > 450e6
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (CAP_BYTES, CAP_BYTES))
+
+    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "1"}
+    codes = {}
+    for mode, threshold in (("auto", "100000000"), ("never", "0")):
+        args = [sys.executable, "-m", "asymvlm.cli", "train", "--embeddings", root,
+                "--method", "determ-ft", "--epochs", "1", "--batch-size", "1024",
+                "--hidden-dim", "64", "--depth", "1", "--device", "cpu", "--quiet",
+                "--stream", mode, "--stream-memory-bytes", threshold, "--shuffle-buffer", "4096",
+                "--output", str(tmp_path / mode)]  # fmt: skip
+        done = subprocess.run(args, preexec_fn=cap, env=env, capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+        codes[mode] = (done.returncode, done.stderr[-400:])
+    assert codes["auto"][0] == 0, codes["auto"][1]  # streamed: fits under the cap
+    assert codes["never"][0] != 0 and "allocate" in codes["never"][1].lower()  # in memory: not
