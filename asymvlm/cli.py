@@ -84,6 +84,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         "adapter_input",
         "device",
         "precision",
+        "stream",
+        "stream_memory_bytes",
+        "shuffle_buffer",
     )
     cfg = validate(TrainConfig, {**{k: getattr(args, k) for k in fields},
                                  "method_kwargs": _parse_kv(args.method_arg)},
@@ -281,6 +284,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
                    help="auto: bf16 autocast on CUDA, fp32 on CPU")  # fmt: skip
+    p.add_argument("--stream", choices=["auto", "always", "never"], default=_DEFAULTS.stream,
+                   help="stream the training captions from the parquet parts instead of loading "
+                        "the split (docs/streaming.md); auto: when the split's float32 size "
+                        "exceeds --stream-memory-bytes")  # fmt: skip
+    p.add_argument("--stream-memory-bytes", type=int, default=None, metavar="BYTES",
+                   help="auto streams above this many bytes (default: a quarter of the free "
+                        "memory, at most half the free GPU memory)")  # fmt: skip
+    p.add_argument("--shuffle-buffer", type=int, default=_DEFAULTS.shuffle_buffer,
+                   metavar="ROWS", help="rows mixed across parts when streaming")  # fmt: skip
     p.add_argument(
         "--method-arg",
         action="append",

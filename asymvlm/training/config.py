@@ -52,6 +52,12 @@ class TrainConfig:
     device: str = "auto"  # "auto" = cuda when available
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on cuda
     method_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Tables bigger than memory (asymvlm.training.stream, docs/streaming.md): "auto" streams the
+    # training captions from the parquet parts when the split's float32 size exceeds
+    # stream_memory_bytes (None: a share of the free memory, stream.memory_budget).
+    stream: Literal["auto", "always", "never"] = "auto"
+    stream_memory_bytes: Annotated[int, Field(ge=0)] | None = None
+    shuffle_buffer: Annotated[int, Field(ge=0)] = 65536  # rows mixed across parts when streaming
 
     @field_validator("method")
     @classmethod

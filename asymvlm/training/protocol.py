@@ -38,6 +38,7 @@ from asymvlm.training.checkpoint import (
 )
 from asymvlm.training.config import TrainConfig, resolve_device
 from asymvlm.training.data import SplitTensors, hold_out_images, load_split
+from asymvlm.training.stream import StreamingTrainer, open_stream, streamed_hold_out
 from asymvlm.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -139,12 +140,22 @@ class TrainingRun:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         torch.manual_seed(cfg.seed)
         self.cache = cache
+        self.history: History = []
+        # Tables bigger than memory: the training captions stream from the parquet parts.
+        stream = open_stream(cfg, self.spec.embeddings, self.spec.train_split, rank=rank,
+                             world_size=world_size, device=self.device)  # fmt: skip
+        if stream is not None:
+            self.held_out = streamed_hold_out(self.spec, stream)
+            self.dim = stream.dim
+            self.method: Method = build_method(cfg.method, stream.dim, **cfg.method_args())
+            self.trainer: Trainer = StreamingTrainer(self.method, cfg, stream, rank=rank,
+                                                     world_size=world_size)  # fmt: skip
+            return
         data, self.held_out = training_data(self.spec, self.device, cache)
         self.dim = data.dim
-        self.method: Method = build_method(cfg.method, data.dim, **cfg.method_args())
+        self.method = build_method(cfg.method, data.dim, **cfg.method_args())
         # The trainer keeps this worker's shard (and the whole split only until it starts).
         self.trainer = Trainer(self.method, cfg, data, rank=rank, world_size=world_size)
-        self.history: History = []
 
     @property
     def _load(self) -> Callable[..., SplitTensors]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -197,16 +197,11 @@ class Trainer:
         if self._full_data is not None:
             self._ready()
         self.method.train()
-        generator = epoch_generator(self.cfg.seed, self.rank, self.epoch, self.device)
-        perm = torch.randperm(self.data.text_emb.shape[0], generator=generator, device=self.device)
         total = torch.zeros((), device=self.device)
         self._first_bad.fill_(_NO_BAD_STEP)
-        for step in range(self.steps):
+        for step, (image_batch, text_batch) in enumerate(self.epoch_batches()):
             self._step_index = step
-            idx = perm[step * self.batch_size : (step + 1) * self.batch_size]
-            loss = self.step(
-                self.data.image_emb[self.data.text_to_image[idx]], self.data.text_emb[idx]
-            )
+            loss = self.step(image_batch, text_batch)
             total += loss.detach()
         return self._end_epoch(total)
 
@@ -237,6 +232,16 @@ class Trainer:
                 f"{self._where()}: the run diverged; lower the learning rate"
             )
         return row
+
+    def epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This epoch's ``self.steps`` paired (image, text) batches: slices of one permutation
+        of the captions drawn from :func:`epoch_generator` (a subclass may stream them,
+        :class:`~asymvlm.training.stream.StreamingTrainer`)."""
+        generator = epoch_generator(self.cfg.seed, self.rank, self.epoch, self.device)
+        perm = torch.randperm(self.data.text_emb.shape[0], generator=generator, device=self.device)
+        for step in range(self.steps):
+            idx = perm[step * self.batch_size : (step + 1) * self.batch_size]
+            yield self.data.image_emb[self.data.text_to_image[idx]], self.data.text_emb[idx]
 
     def step(self, image_batch: torch.Tensor, text_batch: torch.Tensor) -> torch.Tensor:
         """One optimisation step on a paired batch; a non-finite loss or gradient is caught

@@ -1,0 +1,190 @@
+"""Streaming training (asymvlm.training.stream): order, pairing, the choice, learning, memory."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from asymvlm import tables
+from asymvlm.errors import ConfigError
+from asymvlm.synthetic import write_world
+from asymvlm.training import RunSpec, TrainConfig, TrainingRun, run_protocol
+from asymvlm.training.stream import CaptionStream, StreamingTrainer, split_bytes, use_streaming
+from tests.conftest import small_world_config
+
+
+@pytest.fixture(scope="module")
+def parted_world(tmp_path_factory) -> str:
+    """The small world written in 8 parts of about 40 images (with their captions) each."""
+    root = tmp_path_factory.mktemp("stream") / "tables"
+    return write_world(str(root), small_world_config(block_images=20), shard_images=40)
+
+
+def _stream(root: str, **kwargs) -> CaptionStream:
+    args = dict(batch_size=30, shuffle_buffer=50, seed=0, adapter_input="unit")
+    return CaptionStream(root, "train", **{**args, **kwargs})
+
+
+def _keys(text: np.ndarray) -> list[bytes]:
+    return [row.tobytes() for row in np.ascontiguousarray(text, dtype=np.float32)]
+
+
+def test_every_caption_once_per_epoch_with_its_own_image(parted_world):
+    split = tables.read_split(parted_world, "train")
+    owner = dict(zip(_keys(split.text_embeddings), split.text_image_index, strict=True))
+    stream = _stream(parted_world)
+    assert len(stream.parts) == 8 and stream.n_text == 900 and stream.steps == 30
+    for epoch in range(2):
+        seen: list[bytes] = []
+        for image_rows, text in stream.batches(epoch):
+            assert text.shape == (30, 16)
+            keys = _keys(text.numpy())
+            seen.extend(keys)
+            images = stream.image_emb[image_rows].numpy()
+            for key, row, image in zip(keys, image_rows.tolist(), images, strict=True):
+                assert stream.image_ids[row].as_py() == split.image_ids[owner[key]]
+                np.testing.assert_array_equal(image, split.image_embeddings[owner[key]])
+        assert sorted(seen) == sorted(owner)  # every caption exactly once
+
+
+def _order(stream: CaptionStream, epoch: int) -> list[bytes]:
+    return [k for _, text in stream.batches(epoch) for k in _keys(text.numpy())]
+
+
+def test_order_depends_on_seed_and_epoch_only(parted_world):
+    a, b = _stream(parted_world), _stream(parted_world, read_ahead=False)
+    assert _order(a, 0) == _order(b, 0)
+    assert _order(a, 0) != _order(a, 1)
+    assert _order(a, 0) != _order(_stream(parted_world, seed=1), 0)
+    assert len({tuple(a.part_order(epoch)) for epoch in range(6)}) > 1
+
+
+def test_ragged_tail_dropped_and_ranks_disjoint(parted_world):
+    single = _stream(parted_world, batch_size=64)
+    assert single.steps == 900 // 64 and len(_order(single, 0)) == 64 * (900 // 64)
+    ranks = [_stream(parted_world, batch_size=60, rank=r, world_size=2) for r in (0, 1)]
+    assert [s.batch_size for s in ranks] == [30, 30] and ranks[0].steps == ranks[1].steps == 15
+    rows = [_order(s, 3) for s in ranks]
+    assert not set(rows[0]) & set(rows[1]) and len(rows[0]) + len(rows[1]) == 900
+
+
+def test_auto_streams_above_the_threshold_only(parted_world):
+    size = split_bytes(parted_world, "train")
+    assert size == (300 + 900) * 16 * 4
+    cfg = TrainConfig(method="asymvlm-vmf", epochs=1, device="cpu")
+    assert use_streaming(replace(cfg, stream_memory_bytes=size - 1), parted_world, "train")
+    assert not use_streaming(replace(cfg, stream_memory_bytes=size), parted_world, "train")
+    never = replace(cfg, stream="never", stream_memory_bytes=0)
+    assert not use_streaming(never, parted_world, "train")
+    assert use_streaming(replace(cfg, stream="always"), parted_world, "train")
+    # methods fitted post hoc need the whole split
+    clip = TrainConfig(method="clip", stream_memory_bytes=0)
+    assert not use_streaming(clip, parted_world, "train")
+    with pytest.raises(ConfigError, match="not trained by SGD"):
+        use_streaming(replace(clip, stream="always"), parted_world, "train")
+    spec = dict(embeddings=parted_world, val_split=None, test_split=None)
+    low = TrainingRun(RunSpec(**spec, train=replace(cfg, stream_memory_bytes=1)))
+    high = TrainingRun(RunSpec(**spec, train=cfg))
+    assert isinstance(low.trainer, StreamingTrainer)
+    assert type(high.trainer).__name__ == "Trainer"
+
+
+def test_hold_out_is_refused_in_streaming_mode(parted_world):
+    cfg = TrainConfig(method="asymvlm-vmf", epochs=1, device="cpu", stream="always")
+    spec = RunSpec(embeddings=parted_world, train=cfg, val_split="none", val_fraction=0.1)
+    with pytest.raises(ConfigError, match="val_fraction"):
+        TrainingRun(spec)
+
+
+def _run(root: str, stream: str, epochs: int = 20) -> dict:
+    cfg = TrainConfig(method="asymvlm-vmf", epochs=epochs, batch_size=60, hidden_dim=64, depth=2,
+                      device="cpu", stream=stream, shuffle_buffer=60)  # fmt: skip
+    out = run_protocol(RunSpec(embeddings=root, train=cfg))
+    assert out is not None and "diverged" not in out
+    return out
+
+
+def test_streaming_run_learns_like_the_in_memory_run(parted_world, one_thread):
+    streamed, in_memory = _run(parted_world, "always"), _run(parted_world, "never")
+    history = streamed["history"]
+    assert len(history) == 20 and history[-1]["train_loss"] < 0.6 * history[0]["train_loss"]
+    for direction in ("i2t", "t2i"):
+        ours = streamed["test"][direction]["recall@1"]
+        theirs = in_memory["test"][direction]["recall@1"]
+        assert ours > 5 / 60  # well above chance (1/60 images, 1/180 captions)
+        assert abs(ours - theirs) < 0.15  # close, not bit-identical (docs/streaming.md)
+
+
+def test_streamed_resume_restarts_the_epoch_bit_for_bit(parted_world, one_thread):
+    cfg = TrainConfig(method="asymvlm-vmf", epochs=3, batch_size=60, hidden_dim=32, depth=1,
+                      device="cpu", stream="always", shuffle_buffer=60)  # fmt: skip
+    spec = RunSpec(embeddings=parted_world, train=cfg, val_split=None, test_split=None)
+    whole = TrainingRun(spec)
+    whole.fit()
+    first = TrainingRun(spec)
+    first.trainer.start()
+    first.trainer.train_epoch()
+    state = first.trainer.state_dict()
+    resumed = TrainingRun(spec)
+    resumed.trainer.load_state_dict(state)
+    resumed.fit()
+    for a, b in zip(whole.method.state_dict().values(), resumed.method.state_dict().values(),
+                    strict=True):  # fmt: skip
+        assert torch.equal(a, b)
+
+
+def _write_big(root: str, parts: int = 25, images: int = 200, per_image: int = 10,
+               dim: int = 2048) -> None:  # fmt: skip
+    """About 460 MB of float32 (50,000 captions and 5,000 images at d = 2048) in 25 parts."""
+    rng = np.random.default_rng(0)
+    tables.write_manifest(root, {"dim": dim, "model": "random"})
+    for k in range(parts):
+        img = rng.standard_normal((images, dim), dtype=np.float32)
+        img /= np.linalg.norm(img, axis=1, keepdims=True)
+        ids = [f"i{k}-{j}" for j in range(images)]
+        owner = np.repeat(np.arange(images), per_image)
+        txt = img[owner] + rng.standard_normal((len(owner), dim), dtype=np.float32) / 64
+        txt /= np.linalg.norm(txt, axis=1, keepdims=True)
+        tables.write_split(root, "train", part=f"part-{k:05d}", image_ids=ids,
+                           image_embeddings=img,
+                           caption_ids=[f"c{k}-{j}" for j in range(len(owner))],
+                           caption_image_ids=[ids[o] for o in owner], texts=[""] * len(owner),
+                           text_embeddings=txt,
+                           text_norms=np.full(len(owner), 8.0, np.float32))  # fmt: skip
+
+
+#: The hard cap (RLIMIT_DATA) of the memory test: the process baseline (imports) is about
+#: 260 MB of data, the table about 460 MB of float32.
+CAP_BYTES = 1_300_000_000
+
+
+@pytest.mark.slow
+def test_streaming_trains_a_table_larger_than_the_memory_cap(tmp_path):
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    root = str(tmp_path / "big")
+    _write_big(root)
+    assert split_bytes(root, "train") > 450e6
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (CAP_BYTES, CAP_BYTES))
+
+    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "1"}
+    codes = {}
+    for mode, threshold in (("auto", "100000000"), ("never", "0")):
+        args = [sys.executable, "-m", "asymvlm.cli", "train", "--embeddings", root,
+                "--method", "determ-ft", "--epochs", "1", "--batch-size", "1024",
+                "--hidden-dim", "64", "--depth", "1", "--device", "cpu", "--quiet",
+                "--stream", mode, "--stream-memory-bytes", threshold, "--shuffle-buffer", "4096",
+                "--output", str(tmp_path / mode)]  # fmt: skip
+        done = subprocess.run(args, preexec_fn=cap, env=env, capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+        codes[mode] = (done.returncode, done.stderr[-400:])
+    assert codes["auto"][0] == 0, codes["auto"][1]  # streamed: fits under the cap
+    assert codes["never"][0] != 0 and "allocate" in codes["never"][1].lower()  # in memory: not
