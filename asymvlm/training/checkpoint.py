@@ -317,7 +317,9 @@ def load_checkpoint(
 
 # -- a training run into a checkpoint folder ----------------------------------------------------
 #: Settings a resumed run may change: where it runs, not what it computes.
-RESUME_MAY_DIFFER = frozenset({"device"})
+RESUME_MAY_DIFFER = frozenset({"device", "stream_memory_bytes"})
+#: Fields every checkpoint has recorded: a missing one is a difference, not a default.
+_ALWAYS_RECORDED = frozenset({"method", "lr", "seed", "epochs", "batch_size", "optimizer"})
 
 
 def _location(root: str) -> str:
@@ -392,7 +394,10 @@ def check_resumable(
     included, since they shape the cosine schedule -- and on the same embeddings; the
     differing fields are named in the :class:`CheckpointError`."""
     ours = json.loads(json.dumps(asdict(cfg)))
-    theirs = dict(meta.get("train_config", {}))
+    # keys a checkpoint of an earlier version lacks were their defaults then
+    defaults = json.loads(json.dumps(asdict(TrainConfig())))
+    theirs = {**{k: v for k, v in defaults.items() if k not in _ALWAYS_RECORDED},
+              **dict(meta.get("train_config", {}))}  # fmt: skip
     diffs = [
         f"{key} {theirs.get(key)!r} (checkpoint) vs {ours.get(key)!r} (now)"
         for key in sorted(set(ours) | set(theirs))
