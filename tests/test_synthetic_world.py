@@ -172,19 +172,23 @@ def test_a_blocked_world_has_the_structure_of_the_unblocked_one() -> None:
     assert not np.array_equal(blocks[0], blocks[1])
 
 
-def test_blocked_writing_bounds_peak_memory(tmp_path) -> None:
-    """tracemalloc (numpy's allocations) on a medium world: drawn in one piece the peak grows
-    with the split; in blocks it stays near one part."""
+def test_writing_bounds_peak_memory(tmp_path) -> None:
+    """tracemalloc (numpy's allocations) on medium worlds: drawn in blocks or in one piece
+    (streamed window by window), the writer's peak stays near one piece and does not grow with
+    the split."""
+    write_world(str(tmp_path / "warm"), WorldConfig(dim=64, splits={"train": 300}))  # imports
     peaks = {}
     for block in (None, 250):
-        cfg = WorldConfig(dim=64, splits={"train": 3000}, block_images=block)
-        tracemalloc.start()
-        write_world(str(tmp_path / str(block)), cfg, shard_images=500)
-        peaks[block] = tracemalloc.get_traced_memory()[1] / 2**20
-        tracemalloc.stop()
-    # 3000 images x 5 captions x 64 dims: float64 temporaries of ~7 MiB each, in one piece.
-    assert peaks[None] > 25, peaks
-    assert peaks[250] < peaks[None] / 3 and peaks[250] < 12, peaks
+        for n in (3000, 9000):
+            cfg = WorldConfig(dim=64, splits={"train": n}, block_images=block)
+            tracemalloc.start()
+            write_world(str(tmp_path / f"{block}-{n}"), cfg, shard_images=500)
+            peaks[block, n] = tracemalloc.get_traced_memory()[1] / 2**20
+            tracemalloc.stop()
+    # In one piece, 9000 images x 5 captions x 64 dims would hold float64 temporaries of ~22 MiB
+    # each (~80 MiB at the peak); a window of 2048 images holds ~5 MiB each.
+    assert peaks[None, 9000] < 1.3 * peaks[None, 3000] and peaks[None, 9000] < 40, peaks
+    assert peaks[250, 9000] < 1.3 * peaks[250, 3000] and peaks[250, 9000] < 12, peaks
 
 
 # -- word captions -------------------------------------------------------------------------------

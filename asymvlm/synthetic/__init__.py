@@ -77,8 +77,9 @@ hurt zero-shot accuracy elsewhere; nothing in the world decides which.
 
 Random streams and memory are described in :mod:`asymvlm.synthetic.world`: every feature added
 after the first worlds draws from a generator of its own, so a world of today's knobs is
-bit-identical to what it was; ``block_images`` draws a split in blocks so that the writer holds
-one part file at a time (presets ``demo`` and ``coco``: :data:`PRESETS`).
+bit-identical to what it was; the writer streams a world a piece at a time (a block of
+``block_images``, or a window of the one-piece draw), so its memory does not grow with the
+world's size (presets ``demo`` and ``coco``: :data:`PRESETS`).
 """
 
 from asymvlm.synthetic.classes import (

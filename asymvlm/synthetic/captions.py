@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["FILLERS", "OPENERS", "tag_texts", "word_texts"]
+__all__ = ["FILLERS", "OPENERS", "compose_word_texts", "tag_texts", "word_texts"]
 
 #: Opening phrases of a word caption (1 to 4 words), equally likely.
 OPENERS: tuple[str, ...] = (
@@ -59,13 +59,29 @@ def word_texts(
     of the concept path (``c<id>``) and, at the object level, the object's name (``o<i>``).
 
     Word count = opener (1-4) + fillers + level + 1: it grows with the level, with noise that
-    is independent of it.
+    is independent of it. The draws (in this order, from ``rng``): the openers, the filler
+    counts, the fillers (:func:`compose_word_texts` builds the captions from them).
     """
-    n_concept_levels = len(path)
     n = len(levels)
     opener = rng.integers(0, len(OPENERS), n)
     n_fill = rng.poisson(filler_words, n)
     fill = rng.integers(0, len(FILLERS), int(n_fill.sum()))
+    return compose_word_texts(opener, n_fill, fill, path, cap_image, levels, start)
+
+
+def compose_word_texts(
+    opener: np.ndarray,
+    n_fill: np.ndarray,
+    fill: np.ndarray,
+    path: list[np.ndarray],
+    cap_image: np.ndarray,
+    levels: np.ndarray,
+    start: int,
+) -> list[str]:
+    """The word captions of :func:`word_texts` from its draws: ``opener`` (index into
+    :data:`OPENERS`) and ``n_fill`` per caption, ``fill`` (indices into :data:`FILLERS`, the
+    captions' fillers one after the other)."""
+    n_concept_levels = len(path)
     ends = np.cumsum(n_fill)
     out = []
     for c, (i, level) in enumerate(zip(cap_image, levels, strict=True)):

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         "--block-images",
         type=int,
         default=None,
-        help="draw each split in blocks of this many images (bounded memory)",
+        help="draw each split in blocks of this many images (a stream per block: another world)",
     )
     parser.add_argument(
         "--caption-words",

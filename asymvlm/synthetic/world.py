@@ -15,26 +15,37 @@ on leaves every other output bit-identical:
 * ``[seed, 5]`` the domain-specific text rotations (``domain_misalignment``);
 * ``[seed, 4, ...]`` classification sets (:mod:`asymvlm.synthetic.classes`).
 
-Blocks (``block_images``, opt-in). Today's draws run over the whole split, so the split is built
-in memory (a COCO-sized world at d = 512: about 10 GB for a 1.5 GB table). With ``block_images =
-B`` the split is drawn in blocks of B images, block ``b`` from ``[split_seed, 2, b]`` (its pre-
-projection and word streams: ``[split_seed, 1, b]``, ``[split_seed, 3, b]``), so a part file is
-a run of whole blocks and the writer holds one part at a time; the tables read back are the same
-whatever the part size (:meth:`SyntheticWorld.iter_parts`). A blocked world is another world
-than the unblocked one of the same seed (other streams), which is why it is opt-in.
+Blocks (``block_images``, opt-in). With ``block_images = B`` the split is drawn in blocks of B
+images, block ``b`` from ``[split_seed, 2, b]`` (its pre-projection and word streams:
+``[split_seed, 1, b]``, ``[split_seed, 3, b]``), so a part file is a run of whole blocks; the
+tables read back are the same whatever the part size (:meth:`SyntheticWorld.iter_parts`). A
+blocked world is another world than the unblocked one of the same seed (other streams), which
+is why it is opt-in.
+
+Memory. The writer streams either kind of world a piece at a time (:meth:`SyntheticWorld.
+iter_pieces`, one row group of a part file per piece): a block, or -- without blocks -- a window
+of about :data:`~asymvlm.synthetic.stream.WINDOW_IMAGES` images of the one-piece draw, whose
+numbers are found by restoring the generators' states recorded in one extra pass
+(:mod:`asymvlm.synthetic.stream`); the tables are those of the one-piece draw, bit for bit, and
+the peak does not grow with the world (a COCO-sized world at d = 512 once took about 10 GB
+unblocked). :meth:`SyntheticWorld.sample_split` still draws a split in memory.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterator
+import operator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from asymvlm import tables
-from asymvlm.synthetic.captions import tag_texts, word_texts
+from asymvlm.synthetic.captions import FILLERS, OPENERS, compose_word_texts, tag_texts
+from asymvlm.synthetic.stream import WINDOW_IMAGES, DrawFn, Phase, SplitStream, windows
 
 __all__ = [
     "COCO_LEVEL_PROBS",
@@ -80,7 +91,7 @@ class WorldConfig:
     #: Width of the pre-projection features (None: no pre-projection columns); > dim.
     pre_dim: int | None = None
     pre_noise: float = 0.5  # null-space nuisance of a pre-projection feature, per unit norm
-    #: Draw each split in blocks of this many images (bounded memory; module docstring).
+    #: Draw each split in blocks of this many images (a stream per block; module docstring).
     block_images: int | None = None
     #: Captions with words whose count follows the level with noise (assumption W).
     caption_words: bool = False
@@ -172,7 +183,12 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def _offset(rng: np.random.Generator, centers: np.ndarray, scale: float) -> np.ndarray:
     """Points around ``centers`` at angle ~atan(scale): normalise(c + scale * random unit)."""
-    return _unit(centers + scale * _unit(rng.standard_normal(centers.shape)))
+    return _toward(centers, scale, rng.standard_normal(centers.shape))
+
+
+def _toward(centers: np.ndarray, scale: float, noise: np.ndarray) -> np.ndarray:
+    """:func:`_offset` with its normal draws ``noise`` (same shape as ``centers``) given."""
+    return _unit(centers + scale * _unit(noise))
 
 
 def _orthonormal_rows(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -297,25 +313,78 @@ class SyntheticWorld:
         seed = self._split_seeds[name]
         return np.random.default_rng([seed, tag, *block] if block or tag else seed)
 
-    def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> dict:
-        """Images ``start .. start+n_images`` of a split, drawn from the split's stream
-        (``block == ()``, the whole split) or from block ``block[0]``'s."""
+    def _phases(self) -> dict[str, Phase]:
+        """Every random quantity of a split, in the order of the draws within its stream
+        (``main``: the split's or block's own stream; ``words``; ``pre``)."""
         cfg = self.config
-        rng = self._stream(name, _BLOCK if block else 0, block)
-        if cfg.finetune_roots is None:
-            leaves = rng.integers(0, len(self.concepts[-1]), n_images)
-        else:
-            allowed = self.domain_leaves(0)
-            leaves = allowed[rng.integers(0, len(allowed), n_images)]
-        objects, images = self.draw_views(rng, leaves)
+        n_leaves = len(self.concepts[-1] if cfg.finetune_roots is None else self.domain_leaves(0))
+        n_levels, probs = self.n_levels, cfg.level_probs
+
+        def normal(width: int | None) -> Callable[[np.random.Generator, int], np.ndarray]:
+            if width is None:
+                return lambda rng, n: rng.standard_normal(n)
+            return lambda rng, n: rng.standard_normal((n, width))
+
+        def levels(rng: np.random.Generator, n: int) -> np.ndarray:
+            if probs is None:
+                return rng.integers(0, n_levels, n)
+            # the same place in the stream, weighted (module docstring)
+            return rng.choice(n_levels, n, p=np.asarray(probs))
+
+        phases = {
+            "leaves": Phase("main", "image", lambda rng, n: rng.integers(0, n_leaves, n)),
+            "objects": Phase("main", "image", normal(cfg.dim)),
+            "views": Phase("main", "image", normal(cfg.dim)),
+            "levels": Phase("main", "caption", levels),
+            "caption_noise": Phase("main", "caption", normal(cfg.dim)),
+            "norms": Phase("main", "caption", normal(None)),
+        }
+        if cfg.caption_words:
+            fill = cfg.filler_words
+            phases["opener"] = Phase(
+                "words", "caption", lambda rng, n: rng.integers(0, len(OPENERS), n)
+            )
+            phases["n_fill"] = Phase("words", "caption", lambda rng, n: rng.poisson(fill, n))
+            phases["fill"] = Phase("words", "sum", lambda rng, n: rng.integers(0, len(FILLERS), n))
+        if self.projections:
+            phases["pre_image_norms"] = Phase("pre", "image", normal(None))
+            phases["pre_image_noise"] = Phase("pre", "image", normal(cfg.pre_dim))
+            phases["pre_text_noise"] = Phase("pre", "caption", normal(cfg.pre_dim))
+        return phases
+
+    def _generator(self, name: str, role: str, block: tuple[int, ...]) -> np.random.Generator:
+        """A role's generator as a draw starts it: the split's (``block == ()``) or a block's."""
+        tag = {"main": _BLOCK if block else 0, "words": _WORDS, "pre": _PRE}[role]
+        return self._stream(name, tag, block)
+
+    def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> dict:
+        """Images ``start .. start+n_images`` of a split, drawn from the split's streams
+        (``block == ()``, the whole split) or from block ``block[0]``'s."""
+        phases = self._phases()
+        generators: dict[str, np.random.Generator] = {}
+
+        def draw(phase: str, count: int) -> np.ndarray:
+            role = phases[phase].role
+            if role not in generators:
+                generators[role] = self._generator(name, role, block)
+            return phases[phase].draw(generators[role], count)
+
+        return self._compose(name, start, n_images, draw)
+
+    def _compose(self, name: str, start: int, n_images: int, draw: DrawFn) -> dict:
+        """Images ``start .. start+n_images`` of a split and their captions, from the numbers
+        ``draw(phase, count)`` gives (:meth:`_phases`, asked for in the order of the draws)."""
+        cfg = self.config
+        idx = draw("leaves", n_images)
+        leaves = idx if cfg.finetune_roots is None else self.domain_leaves(0)[idx]
+        objects = _toward(self.concepts[-1][leaves], cfg.object_spread,
+                          draw("objects", n_images))  # fmt: skip
+        images = _toward(objects, cfg.image_noise, draw("views", n_images))
         path = self.ancestors(leaves)
 
         n_cap = cfg.captions_per_image
         cap_image = np.repeat(np.arange(n_images), n_cap)
-        if cfg.level_probs is None:
-            levels = rng.integers(0, self.n_levels, n_images * n_cap)
-        else:  # the same place in the stream, weighted (module docstring)
-            levels = rng.choice(self.n_levels, n_images * n_cap, p=np.asarray(cfg.level_probs))
+        levels = draw("levels", n_images * n_cap)
         targets = np.empty((len(cap_image), cfg.dim))
         for level in range(self.n_levels):
             rows = levels == level
@@ -323,18 +392,20 @@ class SyntheticWorld:
                 targets[rows] = self.concepts[level][path[level][cap_image[rows]]]
             else:
                 targets[rows] = objects[cap_image[rows]]
-        true_text = _offset(rng, targets, cfg.caption_noise)
+        true_text = _toward(targets, cfg.caption_noise, draw("caption_noise", len(cap_image)))
         del targets
         domain = self.root_domain[path[0]][cap_image]
         text = self.encode_text(true_text, domain)  # the frozen text encoder's error
         del true_text
-        norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * rng.standard_normal(len(text)))
+        norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * draw("norms", len(text)))
 
         image_ids = [f"{name}-img{start + i:06d}" for i in range(n_images)]
         caption_ids = [f"{image_ids[i]}-c{j}" for i in range(n_images) for j in range(n_cap)]
         if cfg.caption_words:
-            words = self._stream(name, _WORDS, block)
-            names = word_texts(words, path, cap_image, levels, start, cfg.filler_words)
+            opener = draw("opener", len(levels))
+            n_fill = draw("n_fill", len(levels))
+            fill = draw("fill", int(n_fill.sum()))
+            names = compose_word_texts(opener, n_fill, fill, path, cap_image, levels, start)
         else:
             names = tag_texts(path, cap_image, levels, start)
         out = {
@@ -348,7 +419,7 @@ class SyntheticWorld:
             "extra_text_columns": {"level": levels.astype(np.int64)},
         }
         if self.projections:
-            out.update(self._pre_projection(self._stream(name, _PRE, block), out))
+            out.update(self._pre_projection(draw, out))
         return out
 
     def iter_blocks(self, name: str, n_images: int) -> Iterator[dict]:
@@ -361,47 +432,73 @@ class SyntheticWorld:
         for b, start in enumerate(range(0, n_images, size)):
             yield self._draw(name, start, min(size, n_images - start), (b,))
 
+    def iter_pieces(
+        self,
+        name: str,
+        n_images: int,
+        shard_images: int = DEFAULT_SHARD_IMAGES,
+        window_images: int = WINDOW_IMAGES,
+    ) -> Iterator[tuple[int, dict]]:
+        """The split as ``(part, piece)`` pairs in order: the part files of about
+        ``shard_images`` images are runs of pieces, and no piece is larger than a block (with
+        ``block_images``) or a window of about ``window_images`` images (without: the split's
+        one-piece draw, window by window, :mod:`asymvlm.synthetic.stream`). Memory stays that
+        of one piece whatever the size of the split."""
+        if shard_images < 1:
+            raise ValueError(f"shard_images must be >= 1, got {shard_images}")
+        size = self.config.block_images
+        if size is not None:
+            per_part = max(1, shard_images // size)
+            for b, block in enumerate(self.iter_blocks(name, n_images)):
+                yield b // per_part, block
+            return
+        if n_images < 1:  # one empty part, as the one-piece draw writes it
+            yield 0, self._draw(name, 0, n_images, ())
+            return
+        bounds = windows(n_images, window_images)
+        phases = self._phases()
+        roles = dict.fromkeys(phase.role for phase in phases.values())
+        stream = SplitStream({role: partial(self._generator, name, role, ()) for role in roles},
+                             phases, bounds, self.config.captions_per_image)  # fmt: skip
+        n_cap = self.config.captions_per_image
+        for start, stop in bounds:
+            window = self._compose(name, start, stop - start, stream.draws(start))
+            lo = start
+            while lo < stop:
+                part = lo // shard_images
+                hi = min(stop, (part + 1) * shard_images)
+                yield part, _slice_split(window, lo - start, hi - start, n_cap)
+                lo = hi
+            del window
+
     def iter_parts(
         self, name: str, n_images: int, shard_images: int = DEFAULT_SHARD_IMAGES
     ) -> Iterator[dict]:
         """The split as part files of about ``shard_images`` images (whole blocks each), built
         one at a time; their concatenation is :meth:`sample_split`."""
-        if shard_images < 1:
-            raise ValueError(f"shard_images must be >= 1, got {shard_images}")
-        size = self.config.block_images
-        if size is None:  # drawn in one piece; only cut for writing
-            whole = self._draw(name, 0, n_images, ())
-            for start in range(0, max(n_images, 1), shard_images):
-                yield _slice_split(whole, start, min(start + shard_images, n_images),
-                                   self.config.captions_per_image)  # fmt: skip
-            return
-        per_part = max(1, shard_images // size)
-        chunk: list[dict] = []
-        for block in self.iter_blocks(name, n_images):
-            chunk.append(block)
-            if len(chunk) == per_part:
-                yield concat_splits(chunk)
-                chunk = []
-        if chunk:
-            yield concat_splits(chunk)
+        for _, pieces in itertools.groupby(self.iter_pieces(name, n_images, shard_images),
+                                           key=operator.itemgetter(0)):  # fmt: skip
+            yield concat_splits([piece for _, piece in pieces])
 
     def sample_split(self, name: str, n_images: int) -> dict:
         """Draw images, objects and captions for one split (deterministic per split name)."""
         return concat_splits(list(self.iter_blocks(name, n_images)))
 
-    def _pre_projection(self, rng: np.random.Generator, split: dict) -> dict[str, np.ndarray]:
+    def _pre_projection(self, draw: DrawFn, split: dict) -> dict[str, np.ndarray]:
         """Image norms and the pre-projection features of a split (package docstring), drawn
-        from a generator of their own so the rest of the split does not change."""
+        from a stream of their own so the rest of the split does not change."""
         cfg = self.config
         image_emb = split["image_embeddings"].astype(np.float64)
-        image_norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * rng.standard_normal(len(image_emb)))
+        image_norms = cfg.norm_mean * np.exp(
+            cfg.norm_log_sd * draw("pre_image_norms", len(image_emb))
+        )
         out: dict[str, np.ndarray] = {"image_norms": image_norms.astype(np.float32)}
         for kind, emb, norms in (
             ("image", image_emb, image_norms),
             ("text", split["text_embeddings"].astype(np.float64), split["text_norms"]),
         ):
             w = self.projections[kind]
-            noise = rng.standard_normal((len(emb), cfg.pre_dim))
+            noise = draw(f"pre_{kind}_noise", len(emb))
             noise -= (noise @ w.T) @ w  # into the null space of W
             noise *= cfg.pre_noise / np.sqrt(cfg.pre_dim - cfg.dim)
             phi = (norms[:, None] * emb) @ w + norms[:, None] * noise
@@ -410,7 +507,8 @@ class SyntheticWorld:
 
     def write(self, root: str, shard_images: int = DEFAULT_SHARD_IMAGES) -> str:
         """Write ``ROOT/manifest.json`` and every split, in part files of about
-        ``shard_images`` images each, one in memory at a time; returns ``root``."""
+        ``shard_images`` images each, streamed a piece at a time (:meth:`iter_pieces`, one row
+        group each): memory does not grow with the size of the world; returns ``root``."""
         cfg = self.config
         manifest = {
             "dim": cfg.dim,
@@ -425,9 +523,10 @@ class SyntheticWorld:
         if self.projections:
             tables.write_projection(root, **self.projections)
         for name, n_images in cfg.splits.items():
-            for k, part in enumerate(self.iter_parts(name, n_images, shard_images)):
-                tables.write_split(root, name, part=f"part-{k:05d}", **part)
-                del part
+            pieces = self.iter_pieces(name, n_images, shard_images)
+            for k, run in itertools.groupby(pieces, key=operator.itemgetter(0)):
+                tables.write_split_pieces(root, name, (piece for _, piece in run),
+                                          part=f"part-{k:05d}")  # fmt: skip
         return root
 
 

@@ -49,8 +49,14 @@ first bad row, which always names the parquet file, the 0-based row index within
 
 Files are read and written through :mod:`asymvlm.storage` (local paths and object-store URIs,
 atomic writes, :class:`~asymvlm.storage.OutputLock` for one writer at a time). The package:
-:mod:`.files` (names, manifest, parts, projection), :mod:`.write` (:func:`write_split`),
-:mod:`.read` (:class:`EmbeddingSplit`, :func:`read_split`).
+:mod:`.files` (names, manifest, parts, projection), :mod:`.write` (:func:`write_split`,
+:func:`write_split_pieces`), :mod:`.split` (:class:`EmbeddingSplit`), :mod:`.read`
+(:func:`read_split`) and :mod:`.columns` (the reader's column helpers).
+
+Memory: :func:`read_split` copies each ``list<float>`` column once, batch by batch, into one
+preallocated float32 matrix per folder, and checks it block by block, so reading a split costs
+about its float32 matrices (plus one batch); the captions stay in Arrow memory
+(:class:`~asymvlm.tables.columns.StringColumn`).
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from asymvlm.storage import (  # noqa: F401 - OutputLock, read_json, write_json:
 )
 from asymvlm.storage import filesystem as _filesystem  # noqa: F401
 from asymvlm.storage import join as _join  # noqa: F401
+from asymvlm.tables.columns import StringColumn
 from asymvlm.tables.files import (  # noqa: F401 - the names every stage uses
     IMAGE_COLUMNS,
     IMAGE_PRE,
@@ -88,13 +95,15 @@ from asymvlm.tables.files import (  # noqa: F401 - the names every stage uses
     write_part,
     write_projection,
 )
-from asymvlm.tables.read import EmbeddingSplit, read_split
-from asymvlm.tables.write import write_split
+from asymvlm.tables.read import read_split
+from asymvlm.tables.split import EmbeddingSplit
+from asymvlm.tables.write import write_split, write_split_pieces
 
 __all__ = [
     "EmbeddingSplit",
     "Manifest",
     "OutputLock",
+    "StringColumn",
     "TableError",
     "list_splits",
     "read_manifest",
@@ -103,4 +112,5 @@ __all__ = [
     "write_manifest",
     "write_projection",
     "write_split",
+    "write_split_pieces",
 ]

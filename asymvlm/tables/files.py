@@ -220,15 +220,33 @@ def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """``[n, width]`` float32 from a list / fixed-size-list / tensor column (no validation:
-    for tables this package wrote itself, e.g. ``read_parts`` output)."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if isinstance(arr, pa.ExtensionArray):
-        return np.asarray(arr.to_numpy_ndarray(), dtype=np.float32)
-    width = arr.type.list_size if pa.types.is_fixed_size_list(arr.type) else None
-    values = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    if width is None:
-        width = values.size // max(len(arr), 1)
-    return values.reshape(len(arr), width)
+    for tables this package wrote itself, e.g. ``read_parts`` output).
+
+    One chunk of float32 values is viewed without a copy (read-only, like the column); several
+    chunks, or other value types, are copied chunk by chunk into one preallocated matrix
+    (no combined intermediate)."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    chunks = [c for c in chunks if len(c)] or chunks[:1]
+    if not chunks:  # a chunked array without chunks
+        typ = column.type
+        return np.zeros((0, typ.list_size if pa.types.is_fixed_size_list(typ) else 0), np.float32)
+    if isinstance(chunks[0], pa.ExtensionArray):
+        blocks = [np.asarray(c.to_numpy_ndarray(), dtype=np.float32) for c in chunks]
+        return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+    n = sum(len(c) for c in chunks)
+    flats = [c.flatten() for c in chunks]
+    typ = chunks[0].type
+    width = typ.list_size if pa.types.is_fixed_size_list(typ) else sum(map(len, flats)) // max(n, 1)
+    if len(chunks) == 1:
+        values = flats[0].to_numpy(zero_copy_only=False)
+        return values.astype(np.float32, copy=False).reshape(n, width)
+    out = np.empty((n, width), dtype=np.float32)
+    start = 0
+    for chunk, flat in zip(chunks, flats, strict=True):
+        rows = len(chunk)
+        out[start : start + rows] = flat.to_numpy(zero_copy_only=False).reshape(rows, width)
+        start += rows
+    return out
 
 
 def read_parts(root: str, split: str, kind: str) -> pa.Table | None:

@@ -1,11 +1,22 @@
-"""Reading and validating a split: :class:`EmbeddingSplit` and :func:`read_split` (see
-:mod:`asymvlm.tables` for the contract and what is refused)."""
+"""Reading and validating a split: :func:`read_split` (see :mod:`asymvlm.tables` for the
+contract and what is refused; :class:`EmbeddingSplit` lives in :mod:`asymvlm.tables.split`).
+
+Memory. Each ``list<float>`` column (``embedding`` and the pre-projection features) goes
+straight into one float32 matrix per folder, allocated once from the row counts in the parquet
+footers: a file's column is read in batches of at most about 32 MiB (``iter_batches``, buffered
+column-chunk reads), each batch's values buffer viewed by numpy without a copy and copied once
+into its rows of the matrix. Only the other columns (ids, captions, norms, extra columns) are
+kept as Arrow tables, and the checks run block by block, so reading a split peaks near the size
+of its matrices. The reader reports the same problem for a file as reading it whole would: the
+checks of a list column keep the order of the chunks ``pq.read_table`` gives (row groups, cut
+every 2^17 rows), and a pre-projection column's problems are reported at their turn, after the
+checks of the other columns, as before.
+"""
 
 from __future__ import annotations
 
-import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +27,19 @@ import pyarrow.parquet as pq
 from asymvlm.storage import display as _display
 from asymvlm.storage import filesystem as _filesystem
 from asymvlm.storage import join as _join
+from asymvlm.tables.columns import (
+    RowBuffer,
+    StringColumn,
+    _check_utf8,
+    _first,
+    _row_error,
+    _string_column,
+    check_list_type,
+    check_unit,
+    fill_matrix,
+    first_nonfinite,
+    is_list_of_numbers,
+)
 from asymvlm.tables.files import (
     _IMAGE_RESERVED,
     _TEXT_RESERVED,
@@ -32,236 +56,105 @@ from asymvlm.tables.files import (
     _list_parquet,
     read_manifest,
 )
+from asymvlm.tables.split import EmbeddingSplit
 
-# --------------------------------------------------------------------------------------------
-# the split
+__all__ = ["EmbeddingSplit", "read_split"]
 
-
-@dataclass(eq=False)
-class EmbeddingSplit:
-    """One split read from the tables: images, captions and their unit-norm embeddings."""
-
-    image_ids: list[str]
-    image_embeddings: np.ndarray
-    caption_ids: list[str]
-    text_image_index: np.ndarray
-    texts: list[str]
-    text_embeddings: np.ndarray
-    text_norms: np.ndarray | None
-    extra_text_columns: dict[str, np.ndarray]
-    manifest: Manifest
-    extra_image_columns: dict[str, np.ndarray] = field(default_factory=dict)
-    #: Raw image-projection norms (``embedding * norm`` is the unnormalised projection), as
-    #: ``text_norms`` for captions; None when the image tables have no ``norm`` column.
-    image_norms: np.ndarray | None = None
-    #: Pre-projection features ``[n, pre_dim.<modality>]`` (None when the column is absent).
-    image_features_pre: np.ndarray | None = None
-    text_features_pre: np.ndarray | None = None
-    _warned_no_norm: bool = field(default=False, init=False, repr=False)
-
-    @property
-    def n_images(self) -> int:
-        return len(self.image_ids)
-
-    @property
-    def n_texts(self) -> int:
-        return len(self.caption_ids)
-
-    def subset(self, images: np.ndarray, texts: np.ndarray) -> EmbeddingSplit:
-        """The split restricted to image rows ``images`` and caption rows ``texts`` (captions
-        must belong to those images); caption-to-image indices are renumbered."""
-        images, texts = np.asarray(images, dtype=np.int64), np.asarray(texts, dtype=np.int64)
-        new_index = np.full(self.n_images, -1, dtype=np.int64)
-        new_index[images] = np.arange(len(images))
-        owner = new_index[self.text_image_index[texts]]
-        if (owner < 0).any():
-            raise ValueError("subset: some captions belong to images left out")
-        return EmbeddingSplit(
-            image_ids=[self.image_ids[i] for i in images],
-            image_embeddings=self.image_embeddings[images],
-            caption_ids=[self.caption_ids[t] for t in texts],
-            text_image_index=owner,
-            texts=[self.texts[t] for t in texts],
-            text_embeddings=self.text_embeddings[texts],
-            text_norms=None if self.text_norms is None else self.text_norms[texts],
-            extra_text_columns={k: v[texts] for k, v in self.extra_text_columns.items()},
-            manifest=self.manifest,
-            extra_image_columns={k: v[images] for k, v in self.extra_image_columns.items()},
-            image_norms=_rows(self.image_norms, images),
-            image_features_pre=_rows(self.image_features_pre, images),
-            text_features_pre=_rows(self.text_features_pre, texts),
-        )
-
-    def text_inputs(self, adapter_input: str = "raw") -> np.ndarray:
-        """Text-side adapter input, ``[n_text, dim]`` float32.
-
-        ``"raw"``: ``embedding * norm``, the unnormalised CLIP text projection (the official
-        AsymVLM adapter input); without a ``norm`` column this warns once and falls back to the
-        unit embeddings. ``"unit"``: the stored unit embeddings (not copied).
-        """
-        if adapter_input == "unit":
-            return self.text_embeddings
-        if adapter_input != "raw":
-            raise ValueError(f"adapter_input must be 'raw' or 'unit', got {adapter_input!r}")
-        if self.text_norms is None:
-            if not self._warned_no_norm:
-                warnings.warn(
-                    "text table has no `norm` column: adapter_input='raw' falls back to the "
-                    "unit-norm text embeddings",
-                    UserWarning,
-                    stacklevel=2,
-                )
-                self._warned_no_norm = True
-            return self.text_embeddings
-        return (self.text_embeddings * self.text_norms[:, None]).astype(np.float32, copy=False)
-
-
-def _rows(values: np.ndarray | None, rows: np.ndarray) -> np.ndarray | None:
-    return None if values is None else values[rows]
+#: ``pq.read_table`` cuts a row group into chunks of this many rows; the checks of a list
+#: column report the first problem of the first chunk that has one, in this order.
+_READ_CHUNK = 1 << 17
+#: About this many bytes of float32 per batch read from a list column.
+_BATCH_BYTES = 1 << 25
+#: Buffered reads of a column chunk (not the whole chunk in memory at once).
+_BUFFER = 1 << 22
 
 
 # --------------------------------------------------------------------------------------------
-# reading and validation
-
-
-def _row_error(shown: str, row: int, id_name: str, ids: pa.ChunkedArray, msg: str) -> TableError:
-    ident = ids[row].as_py() if ids is not None and row < len(ids) else None
-    return TableError(f"{shown} row {row} ({id_name} {ident!r}): {msg}")
-
-
-def _first(mask: np.ndarray) -> int | None:
-    hits = np.flatnonzero(mask)
-    return int(hits[0]) if hits.size else None
-
-
-def _string_column(table: pa.Table, name: str, shown: str, id_name: str, ids: Any) -> pa.Array:
-    col = table.column(name)
-    typ = col.type
-    if pa.types.is_dictionary(typ):
-        typ = typ.value_type
-    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-        raise TableError(f"{shown}: column {name!r} has type {col.type}, expected string")
-    arr = col.cast(pa.string()).combine_chunks() if len(col) else pa.array([], pa.string())
-    _check_utf8(arr, name, shown, id_name, ids)
-    if arr.null_count:
-        row = _first(np.asarray(arr.is_null().to_numpy(zero_copy_only=False)))
-        ref = ids if ids is not None else arr
-        raise _row_error(shown, row, id_name, ref, f"{name} is null")
-    return arr
-
-
-def _check_utf8(arr: pa.Array, name: str, shown: str, id_name: str, ids: Any) -> None:
-    """:class:`TableError` naming file, row and column if a string column holds invalid UTF-8
-    (parquet does not check it on write; Python would fail later on that row)."""
-    try:
-        arr.validate(full=True)
-        return
-    except pa.ArrowInvalid:
-        pass
-    raw = arr.cast(pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary())
-    for row, value in enumerate(raw.to_pylist()):
-        if value is None:
-            continue
-        try:
-            value.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            what = (
-                f"column {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start}: "
-                f"{value[max(0, exc.start - 16) : exc.start + 4]!r})"
-            )
-            if ids is None:  # the id column itself: its value cannot be shown
-                raise TableError(f"{shown} row {row}: {what}") from None
-            raise _row_error(shown, row, id_name, ids, what) from None
-    raise TableError(f"{shown}: column {name!r} is not a valid string column")
-
-
-def _embedding_matrix(
-    col: pa.ChunkedArray,
-    dim: int,
-    shown: str,
-    id_name: str,
-    ids: pa.Array,
-    name: str = "embedding",
-    width_of: str = "manifest dim",
-) -> np.ndarray:
-    """``[n, dim]`` float32 from a list column ``name`` (``embedding`` or a pre-projection
-    column, whose width ``width_of`` names), chunk by chunk (no int32 offset overflow)."""
-    typ = col.type
-    if not (
-        pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)
-    ):
-        raise TableError(f"{shown}: column {name!r} has type {typ}, expected list<float32>")
-    if not (pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type)):
-        raise TableError(f"{shown}: column {name!r} has type {typ}, expected list<float32>")
-    blocks: list[np.ndarray] = []
-    start = 0
-    for chunk in col.chunks:
-        n = len(chunk)
-        if n == 0:
-            continue
-        if chunk.null_count:
-            row = start + _first(chunk.is_null().to_numpy(zero_copy_only=False))
-            raise _row_error(shown, row, id_name, ids, f"{name} is null")
-        lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False)
-        bad = _first(lengths != dim)
-        if bad is not None:
-            raise _row_error(
-                shown,
-                start + bad,
-                id_name,
-                ids,
-                f"{name} has length {int(lengths[bad])}, {width_of} is {dim}",
-            )
-        values = chunk.flatten()
-        if values.null_count:
-            flat_null = values.is_null().to_numpy(zero_copy_only=False)
-            row = start + _first(flat_null) // dim
-            raise _row_error(shown, row, id_name, ids, f"{name} has null values")
-        flat = values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        blocks.append(flat.reshape(n, dim))
-        start += n
-    if not blocks:
-        return np.zeros((0, dim), dtype=np.float32)
-    return blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=0)
-
-
-def _check_unit(emb: np.ndarray, norm_atol: float, shown: str, id_name: str, ids: pa.Array) -> None:
-    finite = np.isfinite(emb).all(axis=1)
-    bad = _first(~finite)
-    if bad is not None:
-        raise _row_error(shown, bad, id_name, ids, "embedding has NaN/inf")
-    norms = np.sqrt(np.einsum("ij,ij->i", emb, emb, dtype=np.float64))
-    bad = _first(np.abs(norms - 1.0) > norm_atol)
-    if bad is not None:
-        raise _row_error(
-            shown,
-            bad,
-            id_name,
-            ids,
-            f"embedding norm is {norms[bad]:.6g}, expected 1 within {norm_atol:g}",
-        )
-
-
-def _read_table(fs: pafs.FileSystem, path: str, shown: str, required: tuple[str, ...]) -> pa.Table:
-    try:
-        table = pq.read_table(path, filesystem=fs)
-    except (OSError, pa.ArrowException) as exc:
-        raise TableError(f"{shown}: cannot read parquet file ({exc})") from exc
-    missing = [c for c in required if c not in table.column_names]
-    if missing:
-        raise TableError(f"{shown}: missing required column(s) {', '.join(map(repr, missing))}")
-    return table
+# one folder (images/ or texts/)
 
 
 @dataclass
 class _Part:
+    """One parquet file of a folder: its schema, ids and the columns other than the list
+    columns (those are in the folder's matrices, from row ``start`` on)."""
+
     shown: str
     ids: pa.Array
-    embeddings: np.ndarray
+    schema: pa.Schema
     table: pa.Table
+    start: int
+    #: A pre-projection column's problem (structural, or NaN/inf with ``validate``), raised at
+    #: its turn by :func:`_pre_features`.
+    pre_error: TableError | None = None
+    pre_nonfinite: TableError | None = None
 
 
-def _read_parts(
+@dataclass
+class _Folder:
+    parts: list[_Part]
+    embeddings: np.ndarray
+    #: The pre-projection matrix when the column could be read from the files (else None).
+    pre: np.ndarray | None = None
+    rows: int = 0
+    pre_buffer: RowBuffer | None = field(default=None, repr=False)
+
+
+def _unreadable(fs: pafs.FileSystem, path: str, shown: str, exc: Exception) -> TableError:
+    """The reader's message for a file that cannot be read: pyarrow's own, as reading the whole
+    file gives it (that reading is only tried here, on the error path)."""
+    try:
+        pq.read_table(path, filesystem=fs)
+    except (OSError, pa.ArrowException) as whole:
+        exc = whole
+    return TableError(f"{shown}: cannot read parquet file ({exc})")
+
+
+def _open(fs: pafs.FileSystem, path: str, shown: str) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path, filesystem=fs, pre_buffer=False, buffer_size=_BUFFER)
+    except (OSError, pa.ArrowException) as exc:
+        raise _unreadable(fs, path, shown, exc) from exc
+
+
+def _footer_rows(fs: pafs.FileSystem, path: str) -> int:
+    """Rows of a file from its footer (0 when it cannot be read: the reader names it later)."""
+    try:
+        return int(pq.read_metadata(path, filesystem=fs).num_rows)
+    except (OSError, pa.ArrowException):
+        return 0
+
+
+def _chunks(
+    pf: pq.ParquetFile, name: str, shown: str, width: int
+) -> Iterator[tuple[pa.Array, bool]]:
+    """Column ``name`` of a file in batches, each with whether it ends one of the chunks
+    ``pq.read_table`` would give (a row group, cut every ``_READ_CHUNK`` rows)."""
+    rows = max(1, _BATCH_BYTES // (4 * max(width, 1)))
+    batch = 1 << min(17, max(0, rows.bit_length() - 1))  # a power of two dividing _READ_CHUNK
+    try:
+        for group in range(pf.num_row_groups):
+            in_group = 0
+            size = pf.metadata.row_group(group).num_rows
+            for record in pf.iter_batches(batch_size=batch, row_groups=[group], columns=[name],
+                                          use_threads=False):  # fmt: skip
+                col = record.column(0)
+                while len(col):
+                    take = min(len(col), _READ_CHUNK - in_group % _READ_CHUNK)
+                    piece, col = col.slice(0, take), col.slice(take)
+                    in_group += take
+                    yield piece, in_group % _READ_CHUNK == 0 or in_group >= size
+    except (OSError, pa.ArrowException) as exc:
+        raise TableError(f"{shown}: cannot read parquet file ({exc})") from exc
+
+
+def _read_small(pf: pq.ParquetFile, columns: list[str], shown: str) -> pa.Table:
+    try:
+        return pf.read(columns=columns, use_threads=False)
+    except (OSError, pa.ArrowException) as exc:
+        raise TableError(f"{shown}: cannot read parquet file ({exc})") from exc
+
+
+def _read_folder(
     fs: pafs.FileSystem,
     root: str,
     folder: str,
@@ -270,26 +163,86 @@ def _read_parts(
     dim: int,
     validate: bool,
     norm_atol: float,
-) -> list[_Part]:
+    pre: tuple[str, int | None, str],
+) -> _Folder:
+    """Read and check every file of a folder in name order; ``pre`` = (pre-projection column,
+    its width from the manifest or None, what names the width)."""
     files = _list_parquet(fs, folder)
     if not files:
         raise TableError(f"{_display(root, folder)}: no parquet files in this folder")
-    parts: list[_Part] = []
+    total = sum(_footer_rows(fs, path) for path in files)
+    emb = RowBuffer(total, dim)
+    pre_name, pre_width, pre_what = pre
+    out = _Folder(parts=[], embeddings=emb.data)
+    start = 0
     for path in files:
         shown = _display(root, path)
-        table = _read_table(fs, path, shown, required)
-        if parts:
-            _same_kind(parts[0], shown, table, "embedding", _value_type)
-        ids = _string_column(table, id_name, shown, id_name, None)
-        emb = _embedding_matrix(table.column("embedding"), dim, shown, id_name, ids)
-        if validate:
-            _check_unit(emb, norm_atol, shown, id_name, ids)
-        parts.append(_Part(shown, ids, emb, table))
-    if not sum(len(p.ids) for p in parts):
+        with _open(fs, path, shown) as pf:
+            schema = pf.schema_arrow
+            missing = [c for c in required if c not in schema.names]
+            if missing:
+                raise TableError(
+                    f"{shown}: missing required column(s) {', '.join(map(repr, missing))}"
+                )
+            if out.parts:
+                _same_kind(out.parts[0], shown, schema, "embedding", _value_type)
+            small = _read_small(pf, [c for c in schema.names if c not in ("embedding", pre_name)],
+                                shown)  # fmt: skip
+            ids = _string_column(small, id_name, shown, id_name, None)
+            n = len(ids)
+            check_list_type(schema.field("embedding").type, "embedding", shown)
+            rows = emb.rows(start, n)
+            report = fill_matrix(_chunks(pf, "embedding", shown, dim), rows, dim)
+            error = report.error(shown, id_name, ids, "embedding", dim, "manifest dim")
+            if error is not None:
+                raise error
+            if validate:
+                check_unit(rows, norm_atol, shown, id_name, ids)
+            part = _Part(shown, ids, schema, small, start)
+            if pre_name in schema.names and pre_width is not None:
+                _read_pre(pf, part, out, total, pre, id_name, validate)
+        out.parts.append(part)
+        start += n
+    if not start:
         raise TableError(
-            f"{_display(root, folder)}: no rows ({len(parts)} parquet file(s), all empty)"
+            f"{_display(root, folder)}: no rows ({len(out.parts)} parquet file(s), all empty)"
         )
-    return parts
+    out.rows = start
+    out.embeddings = emb.result(start)
+    if out.pre_buffer is not None:
+        out.pre = out.pre_buffer.result(start)
+        out.pre_buffer = None
+    # Arrow's allocator keeps the freed batches for reuse; hand them back (milliseconds).
+    pa.default_memory_pool().release_unused()
+    return out
+
+
+def _read_pre(
+    pf: pq.ParquetFile,
+    part: _Part,
+    folder: _Folder,
+    total: int,
+    pre: tuple[str, int | None, str],
+    id_name: str,
+    validate: bool,
+) -> None:
+    """Copy a file's pre-projection column into the folder's matrix; its problems are kept on
+    the part and raised at their turn (:func:`_pre_features`)."""
+    name, width, what = pre
+    assert width is not None
+    if not is_list_of_numbers(part.schema.field(name).type):
+        return  # refused at its turn, naming the type
+    if folder.pre_buffer is None:
+        folder.pre_buffer = RowBuffer(total, width)
+    n = len(part.ids)
+    rows = folder.pre_buffer.rows(part.start, n)
+    report = fill_matrix(_chunks(pf, name, part.shown, width), rows, width)
+    part.pre_error = report.error(part.shown, id_name, part.ids, name, width, what)
+    if part.pre_error is None and validate:
+        bad = first_nonfinite(rows)
+        if bad is not None:
+            part.pre_nonfinite = _row_error(part.shown, bad, id_name, part.ids,
+                                            f"{name} has NaN/inf")  # fmt: skip
 
 
 def _value_type(typ: pa.DataType) -> pa.DataType:
@@ -299,14 +252,18 @@ def _value_type(typ: pa.DataType) -> pa.DataType:
     return typ.value_type if hasattr(typ, "value_type") else typ
 
 
-def _same_kind(first: _Part, shown: str, table: pa.Table, name: str, key=lambda t: t) -> None:
+def _same_kind(first: _Part, shown: str, schema: pa.Schema, name: str, key=lambda t: t) -> None:
     """:class:`TableError` naming both files when column ``name`` differs in type."""
-    a, b = first.table.schema.field(name).type, table.schema.field(name).type
+    a, b = first.schema.field(name).type, schema.field(name).type
     if key(a) != key(b):
         raise TableError(
             f"{shown}: column {name!r} has type {b}, but {a} in {first.shown} "
             "(all files of a folder must share one schema)"
         )
+
+
+# --------------------------------------------------------------------------------------------
+# checks across the files of a folder
 
 
 def _locate(parts: list[_Part], row: int) -> tuple[_Part, int]:
@@ -339,7 +296,7 @@ def _concat_ids(parts: list[_Part]) -> pa.Array:
 def _same_columns(parts: list[_Part], names: list[str]) -> None:
     """Every file holds each of ``names`` (or none does); else name a file with and without."""
     for name in names:
-        has = [name in p.table.column_names for p in parts]
+        has = [name in p.schema.names for p in parts]
         if any(has) and not all(has):
             with_, without = parts[has.index(True)], parts[has.index(False)]
             raise TableError(
@@ -349,13 +306,13 @@ def _same_columns(parts: list[_Part], names: list[str]) -> None:
 
 
 def _extra(parts: list[_Part], reserved: frozenset[str], id_name: str) -> dict[str, np.ndarray]:
-    names = list(dict.fromkeys(c for p in parts for c in p.table.column_names))
+    names = list(dict.fromkeys(c for p in parts for c in p.schema.names))
     names = [c for c in names if c not in reserved]
     _same_columns(parts, names)
     out: dict[str, np.ndarray] = {}
     for name in names:
         for p in parts[1:]:
-            _same_kind(parts[0], p.shown, p.table, name)
+            _same_kind(parts[0], p.shown, p.schema, name)
         cols = [p.table.column(name) for p in parts]
         typ = cols[0].type
         value_type = typ.value_type if pa.types.is_dictionary(typ) else typ
@@ -371,7 +328,7 @@ def _extra(parts: list[_Part], reserved: frozenset[str], id_name: str) -> dict[s
 def _norms(parts: list[_Part], validate: bool, id_name: str) -> np.ndarray | None:
     """The raw projection norms of a folder (texts or images), or None without a ``norm``
     column; ``validate``: finite, > 0 and within the spread bounds."""
-    if not any("norm" in p.table.column_names for p in parts):
+    if not any("norm" in p.schema.names for p in parts):
         return None
     _same_columns(parts, ["norm"])
     blocks = []
@@ -379,7 +336,7 @@ def _norms(parts: list[_Part], validate: bool, id_name: str) -> np.ndarray | Non
         col = p.table.column("norm")
         if not (pa.types.is_floating(col.type) or pa.types.is_integer(col.type)):
             raise TableError(f"{p.shown}: column 'norm' has type {col.type}, expected float32")
-        _same_kind(parts[0], p.shown, p.table, "norm")
+        _same_kind(parts[0], p.shown, p.schema, "norm")
         vals = col.cast(pa.float64()).to_numpy() if len(col) else np.zeros(0)
         if validate:
             bad = _first(~(np.isfinite(vals) & (vals > 0)))
@@ -415,13 +372,13 @@ def _check_norm_spread(parts: list[_Part], blocks: list[np.ndarray], id_name: st
             )
 
 
-def _pre_features(
-    parts: list[_Part], manifest: Manifest, modality: str, validate: bool, id_name: str
-) -> np.ndarray | None:
-    """The ``<modality>_features_pre`` column of a folder as ``[n, pre_dim]`` float32, or None
-    when no file has it; its width is the manifest's ``pre_dim.<modality>``."""
+def _pre_features(folder: _Folder, manifest: Manifest, modality: str) -> np.ndarray | None:
+    """The ``<modality>_features_pre`` matrix of a folder ``[n, pre_dim]``, or None when no
+    file has the column; its width is the manifest's ``pre_dim.<modality>``. The problems found
+    while reading it are raised here, in the order of the checks."""
+    parts = folder.parts
     name = IMAGE_PRE if modality == "image" else TEXT_PRE
-    if not any(name in p.table.column_names for p in parts):
+    if not any(name in p.schema.names for p in parts):
         return None
     _same_columns(parts, [name])
     width = manifest.pre_dim.get(modality)
@@ -430,17 +387,19 @@ def _pre_features(
             f"{parts[0].shown}: column {name!r} is present but the manifest has no "
             f"pre_dim.{modality} (its width)"
         )
-    blocks = []
     for p in parts:
-        _same_kind(parts[0], p.shown, p.table, name, _value_type)
-        matrix = _embedding_matrix(p.table.column(name), width, p.shown, id_name, p.ids, name,
-                                   f"manifest pre_dim.{modality}")  # fmt: skip
-        if validate:
-            bad = _first(~np.isfinite(matrix).all(axis=1))
-            if bad is not None:
-                raise _row_error(p.shown, bad, id_name, p.ids, f"{name} has NaN/inf")
-        blocks.append(matrix)
-    return _stack(blocks, width)
+        _same_kind(parts[0], p.shown, p.schema, name, _value_type)
+        check_list_type(p.schema.field(name).type, name, p.shown)
+        if p.pre_error is not None:
+            raise p.pre_error
+        if p.pre_nonfinite is not None:
+            raise p.pre_nonfinite
+    assert folder.pre is not None  # every file's column was read into it
+    return folder.pre
+
+
+# --------------------------------------------------------------------------------------------
+# the split
 
 
 def read_split(
@@ -452,32 +411,23 @@ def read_split(
     unknown images) always raise; ``validate`` adds NaN/inf, unit-norm (within ``norm_atol``),
     duplicate-id and ``norm``-column checks. The optional ``norm`` (images and texts) and
     pre-projection columns are read when present (``image_norms``, ``text_norms``,
-    ``image_features_pre``, ``text_features_pre``; None otherwise).
+    ``image_features_pre``, ``text_features_pre``; None otherwise). The matrices are writable
+    float32 arrays of their own; ``texts`` is a :class:`~asymvlm.tables.columns.StringColumn`.
     """
     manifest = read_manifest(root)
     dim = manifest.dim
     fs, base = _filesystem(root)
+    pre_dim = manifest.pre_dim
 
-    img_parts = _read_parts(
-        fs,
-        root,
-        _join(base, split, IMAGES_DIR),
-        IMAGE_COLUMNS,
-        "image_id",
-        dim,
-        validate,
-        norm_atol,
-    )
-    txt_parts = _read_parts(
-        fs,
-        root,
-        _join(base, split, TEXTS_DIR),
-        TEXT_COLUMNS,
-        "caption_id",
-        dim,
-        validate,
-        norm_atol,
-    )
+    images = _read_folder(
+        fs, root, _join(base, split, IMAGES_DIR), IMAGE_COLUMNS, "image_id", dim, validate,
+        norm_atol, (IMAGE_PRE, pre_dim.get("image"), "manifest pre_dim.image"),
+    )  # fmt: skip
+    texts = _read_folder(
+        fs, root, _join(base, split, TEXTS_DIR), TEXT_COLUMNS, "caption_id", dim, validate,
+        norm_atol, (TEXT_PRE, pre_dim.get("text"), "manifest pre_dim.text"),
+    )  # fmt: skip
+    img_parts, txt_parts = images.parts, texts.parts
 
     image_ids = _concat_ids(img_parts)
     caption_ids = _concat_ids(txt_parts)
@@ -486,7 +436,7 @@ def read_split(
         _check_unique(txt_parts, caption_ids, "caption_id")
 
     index_blocks = []
-    texts: list[str] = []
+    text_arrays: list[pa.Array] = []
     for p in txt_parts:
         cap_img = _string_column(p.table, "image_id", p.shown, "caption_id", p.ids)
         idx = pc.index_in(cap_img, value_set=image_ids)
@@ -496,26 +446,20 @@ def read_split(
                 p.shown, row, "caption_id", p.ids, f"unknown image_id {cap_img[row].as_py()!r}"
             )
         index_blocks.append(idx.to_numpy(zero_copy_only=False).astype(np.int64))
-        texts.extend(_string_column(p.table, "text", p.shown, "caption_id", p.ids).to_pylist())
+        text_arrays.append(_string_column(p.table, "text", p.shown, "caption_id", p.ids))
 
     return EmbeddingSplit(
         image_ids=image_ids.to_pylist(),
-        image_embeddings=_stack([p.embeddings for p in img_parts], dim),
+        image_embeddings=images.embeddings,
         caption_ids=caption_ids.to_pylist(),
         text_image_index=np.concatenate(index_blocks) if index_blocks else np.zeros(0, np.int64),
-        texts=texts,
-        text_embeddings=_stack([p.embeddings for p in txt_parts], dim),
+        texts=StringColumn(pa.chunked_array(text_arrays, type=pa.string())),
+        text_embeddings=texts.embeddings,
         text_norms=_norms(txt_parts, validate, "caption_id"),
         extra_text_columns=_extra(txt_parts, _TEXT_RESERVED, "caption_id"),
         manifest=manifest,
         extra_image_columns=_extra(img_parts, _IMAGE_RESERVED, "image_id"),
         image_norms=_norms(img_parts, validate, "image_id"),
-        image_features_pre=_pre_features(img_parts, manifest, "image", validate, "image_id"),
-        text_features_pre=_pre_features(txt_parts, manifest, "text", validate, "caption_id"),
+        image_features_pre=_pre_features(images, manifest, "image"),
+        text_features_pre=_pre_features(texts, manifest, "text"),
     )
-
-
-def _stack(blocks: list[np.ndarray], dim: int) -> np.ndarray:
-    if not blocks:
-        return np.zeros((0, dim), dtype=np.float32)
-    return blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=0)

@@ -1,16 +1,22 @@
-"""Writing one part of a split: :func:`write_split` (see :mod:`asymvlm.tables`)."""
+"""Writing one part of a split: :func:`write_split` (see :mod:`asymvlm.tables`), and
+:func:`write_split_pieces`, which writes a part given as consecutive pieces, one row group
+each, holding one piece in memory at a time."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from asymvlm.storage import atomic_write_table as _atomic_write_table
 from asymvlm.storage import filesystem as _filesystem
 from asymvlm.storage import join as _join
+from asymvlm.storage import remove_quietly as _remove_quietly
+from asymvlm.storage import tmp_name as _tmp_name
 from asymvlm.tables.files import (
     _IMAGE_RESERVED,
     _TEXT_RESERVED,
@@ -90,6 +96,84 @@ def _extra_columns(
     return out
 
 
+def _check_part_name(part: str) -> None:
+    if "/" in part or part.startswith((".", "_")) or not part:
+        raise ValueError(f"invalid part name {part!r}")
+
+
+def _manifest_pre_dim(fs: pafs.FileSystem, base: str, root: str, dim: int) -> dict | None:
+    """The manifest's ``pre_dim`` (None without a manifest); ``dim`` must be the manifest's."""
+    if fs.get_file_info(_join(base, MANIFEST_NAME)).type != pafs.FileType.File:
+        return None
+    manifest = read_manifest(root)
+    if manifest.dim != dim:
+        raise ValueError(f"embedding dim {dim} != manifest dim {manifest.dim} ({root})")
+    return manifest.pre_dim
+
+
+def _matrices(
+    image_embeddings: Any, text_embeddings: Any, dim: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Both embedding matrices as checked float32 (``dim``: the width they must have)."""
+    img = _as_matrix("image_embeddings", image_embeddings)
+    txt = _as_matrix("text_embeddings", text_embeddings)
+    if dim is not None and img.shape[1] != dim:
+        raise ValueError(f"image_embeddings dim {img.shape[1]} != {dim} of the first piece")
+    if txt.shape[1] != img.shape[1]:
+        raise ValueError(
+            f"text_embeddings dim {txt.shape[1]} != image_embeddings dim {img.shape[1]}"
+        )
+    return img, txt
+
+
+def _split_tables(
+    img: np.ndarray,
+    txt: np.ndarray,
+    *,
+    image_ids: Any,
+    caption_ids: Any,
+    caption_image_ids: Any,
+    texts: Any,
+    text_norms: Any | None = None,
+    extra_text_columns: dict[str, Any] | None = None,
+    extra_image_columns: dict[str, Any] | None = None,
+    image_norms: Any | None = None,
+    image_features_pre: Any | None = None,
+    text_features_pre: Any | None = None,
+    pre_dim: dict | None = None,
+) -> tuple[pa.Table, pa.Table]:
+    """The images and texts tables of a part from its checked matrices (:func:`_matrices`)
+    and the other columns (checked as :func:`write_split` documents)."""
+    n_img, n_txt = img.shape[0], txt.shape[0]
+
+    image_cols: dict[str, pa.Array] = {
+        "image_id": _as_ids("image_ids", image_ids, n_img),
+        "embedding": _embedding_array(img),
+    }
+    if image_norms is not None:
+        image_cols["norm"] = _as_norms("image_norms", image_norms, n_img)
+    if image_features_pre is not None:
+        image_cols[IMAGE_PRE] = _pre_array(
+            "image_features_pre", image_features_pre, n_img, "image", pre_dim
+        )
+    image_cols.update(_extra_columns(extra_image_columns, n_img, _IMAGE_RESERVED, "image"))
+
+    text_cols: dict[str, pa.Array] = {
+        "caption_id": _as_ids("caption_ids", caption_ids, n_txt),
+        "image_id": _as_ids("caption_image_ids", caption_image_ids, n_txt),
+        "text": _as_ids("texts", texts, n_txt),
+        "embedding": _embedding_array(txt),
+    }
+    if text_norms is not None:
+        text_cols["norm"] = _as_norms("text_norms", text_norms, n_txt)
+    if text_features_pre is not None:
+        text_cols[TEXT_PRE] = _pre_array(
+            "text_features_pre", text_features_pre, n_txt, "text", pre_dim
+        )
+    text_cols.update(_extra_columns(extra_text_columns, n_txt, _TEXT_RESERVED, "text"))
+    return pa.table(image_cols), pa.table(text_cols)
+
+
 def write_split(
     root: str,
     split: str,
@@ -118,51 +202,78 @@ def write_split(
     manifest exists, ``dim`` must match it, and the widths of ``image_features_pre`` /
     ``text_features_pre`` its ``pre_dim``.
     """
-    img = _as_matrix("image_embeddings", image_embeddings)
-    txt = _as_matrix("text_embeddings", text_embeddings)
-    dim = img.shape[1]
-    if txt.shape[1] != dim:
-        raise ValueError(f"text_embeddings dim {txt.shape[1]} != image_embeddings dim {dim}")
-    n_img, n_txt = img.shape[0], txt.shape[0]
-    if "/" in part or part.startswith((".", "_")) or not part:
-        raise ValueError(f"invalid part name {part!r}")
-
+    img, txt = _matrices(image_embeddings, text_embeddings)
+    _check_part_name(part)
     fs, base = _filesystem(root)
-    manifest_path = _join(base, MANIFEST_NAME)
-    pre_dim = None
-    if fs.get_file_info(manifest_path).type == pafs.FileType.File:
-        manifest = read_manifest(root)
-        if manifest.dim != dim:
-            raise ValueError(f"embedding dim {dim} != manifest dim {manifest.dim} ({root})")
-        pre_dim = manifest.pre_dim
-
-    image_cols: dict[str, pa.Array] = {
-        "image_id": _as_ids("image_ids", image_ids, n_img),
-        "embedding": _embedding_array(img),
-    }
-    if image_norms is not None:
-        image_cols["norm"] = _as_norms("image_norms", image_norms, n_img)
-    if image_features_pre is not None:
-        image_cols[IMAGE_PRE] = _pre_array(
-            "image_features_pre", image_features_pre, n_img, "image", pre_dim
-        )
-    image_cols.update(_extra_columns(extra_image_columns, n_img, _IMAGE_RESERVED, "image"))
-
-    text_cols: dict[str, pa.Array] = {
-        "caption_id": _as_ids("caption_ids", caption_ids, n_txt),
-        "image_id": _as_ids("caption_image_ids", caption_image_ids, n_txt),
-        "text": _as_ids("texts", texts, n_txt),
-        "embedding": _embedding_array(txt),
-    }
-    if text_norms is not None:
-        text_cols["norm"] = _as_norms("text_norms", text_norms, n_txt)
-    if text_features_pre is not None:
-        text_cols[TEXT_PRE] = _pre_array(
-            "text_features_pre", text_features_pre, n_txt, "text", pre_dim
-        )
-    text_cols.update(_extra_columns(extra_text_columns, n_txt, _TEXT_RESERVED, "text"))
-
-    for sub, cols in ((IMAGES_DIR, image_cols), (TEXTS_DIR, text_cols)):
+    pre_dim = _manifest_pre_dim(fs, base, root, img.shape[1])
+    images, texts_table = _split_tables(
+        img, txt, image_ids=image_ids, caption_ids=caption_ids,
+        caption_image_ids=caption_image_ids, texts=texts, text_norms=text_norms,
+        extra_text_columns=extra_text_columns, extra_image_columns=extra_image_columns,
+        image_norms=image_norms, image_features_pre=image_features_pre,
+        text_features_pre=text_features_pre, pre_dim=pre_dim,
+    )  # fmt: skip
+    for sub, table in ((IMAGES_DIR, images), (TEXTS_DIR, texts_table)):
         folder = _join(base, split, sub)
         fs.create_dir(folder, recursive=True)
-        _atomic_write_table(fs, _join(folder, f"{part}.parquet"), pa.table(cols))
+        _atomic_write_table(fs, _join(folder, f"{part}.parquet"), table)
+
+
+def write_split_pieces(
+    root: str, split: str, pieces: Iterable[dict[str, Any]], *, part: str = "part-00000"
+) -> int:
+    """Write one part of a split given as consecutive ``pieces`` -- each the keyword arguments
+    of :func:`write_split` for a run of images and their captions -- one row group per piece,
+    holding one piece in memory at a time. Returns the number of pieces.
+
+    The files read back as :func:`write_split` of the pieces joined would write them; they
+    are written to hidden temporary names and renamed only after the last piece (a failure
+    leaves no part behind). Every piece must have the first one's columns and types.
+    """
+    _check_part_name(part)
+    fs, base = _filesystem(root)
+    folders = [_join(base, split, sub) for sub in (IMAGES_DIR, TEXTS_DIR)]
+    finals = [_join(folder, f"{part}.parquet") for folder in folders]
+    temps = [_tmp_name(path) for path in finals]
+    writers: list[pq.ParquetWriter] = []
+    pre_dim: dict | None = None
+    dim: int | None = None
+    count = 0
+    try:
+        for piece in pieces:
+            rest = dict(piece)
+            img, txt = _matrices(rest.pop("image_embeddings"), rest.pop("text_embeddings"), dim)
+            if dim is None:
+                dim = img.shape[1]
+                pre_dim = _manifest_pre_dim(fs, base, root, dim)
+            tables_ = _split_tables(img, txt, **rest, pre_dim=pre_dim)
+            del img, txt, rest
+            if not writers:
+                for folder, tmp, table in zip(folders, temps, tables_, strict=True):
+                    fs.create_dir(folder, recursive=True)
+                    writers.append(pq.ParquetWriter(tmp, table.schema, filesystem=fs))
+            for writer, table in zip(writers, tables_, strict=True):
+                if table.schema != writer.schema:
+                    diff = sorted(set(map(str, table.schema)) ^ set(map(str, writer.schema)))
+                    raise ValueError(
+                        f"piece {count} of part {part!r}: its columns differ from the first "
+                        f"piece's ({'; '.join(diff)})"
+                    )
+                writer.write_table(table)
+            count += 1
+        if not writers:
+            raise ValueError(f"part {part!r} of split {split!r} has no pieces")
+        for writer in writers:
+            writer.close()
+        for tmp, path in zip(temps, finals, strict=True):
+            fs.move(tmp, path)
+    except BaseException:
+        for writer in writers:
+            try:
+                writer.close()
+            except Exception:  # best-effort cleanup while another error propagates
+                pass
+        for tmp in temps:
+            _remove_quietly(fs, tmp)
+        raise
+    return count

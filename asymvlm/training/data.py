@@ -38,29 +38,68 @@ class SplitTensors:
         return self.image_emb.shape[1]
 
     def subset(self, images: np.ndarray, texts: np.ndarray) -> SplitTensors:
-        """Image rows ``images`` and caption rows ``texts`` (of those images), renumbered."""
-        split = self.split.subset(images, texts)
+        """Image rows ``images`` and caption rows ``texts`` (of those images), renumbered.
+
+        Tensors that share their memory with the split's arrays (a CPU split from
+        :func:`load_split`) share it with the subset split's arrays too: each row is copied
+        once, not once for the split and once more for the tensor."""
+        old = self.split
+        split = old.subset(images, texts)
         device = self.image_emb.device
         image_rows = torch.as_tensor(images, device=device)
         text_rows = torch.as_tensor(texts, device=device)
         return replace(
             self,
-            image_emb=self.image_emb[image_rows],
-            text_emb=self.text_emb[text_rows],
+            image_emb=_take(self.image_emb, image_rows, old.image_embeddings,
+                            split.image_embeddings),
+            text_emb=_take(self.text_emb, text_rows, old.text_matrix, split.text_matrix),
             text_to_image=torch.as_tensor(split.text_image_index, device=device),
             split=split,
-            image_norm=_rows(self.image_norm, image_rows),
-            image_pre=_rows(self.image_pre, image_rows),
-            text_pre=_rows(self.text_pre, text_rows),
-        )
+            image_norm=_take(self.image_norm, image_rows, old.image_norms, split.image_norms),
+            image_pre=_take(self.image_pre, image_rows, old.image_features_pre,
+                            split.image_features_pre),
+            text_pre=_take(self.text_pre, text_rows, old.text_features_pre,
+                           split.text_features_pre),
+        )  # fmt: skip
 
 
-def _rows(values: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
-    return None if values is None else values[rows]
+def _shares(tensor: torch.Tensor, array: np.ndarray | None) -> bool:
+    """Whether ``tensor`` is ``array``'s memory as is (a CPU tensor from ``torch.from_numpy``)."""
+    return (
+        array is not None
+        and array.size > 0
+        and tensor.device.type == "cpu"
+        and tuple(array.shape) == tuple(tensor.shape)
+        and array.dtype.itemsize == tensor.element_size()
+        and array.__array_interface__["data"][0] == tensor.data_ptr()
+    )
+
+
+def _take(
+    values: torch.Tensor | None,
+    rows: torch.Tensor,
+    old: np.ndarray | None,
+    new: np.ndarray | None,
+) -> torch.Tensor | None:
+    """``values[rows]``; when ``values`` is ``old``'s memory, the array ``new`` (``old[rows]``,
+    already made by the split's subset) is viewed instead of copying the rows again."""
+    if values is None:
+        return None
+    if new is not None and _shares(values, old):
+        return _as_tensor(new, values.dtype, values.device)
+    return values[rows]
+
+
+def _as_tensor(values: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a ``dtype`` tensor on ``device``: on the CPU a writable array of that
+    dtype is viewed (``torch.from_numpy``, no copy), otherwise one copy is made."""
+    if values.flags.writeable and values.dtype.isnative:
+        return torch.from_numpy(values).to(device=device, dtype=dtype)
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def _tensor(values: np.ndarray | None, device: torch.device) -> torch.Tensor | None:
-    return None if values is None else torch.tensor(values, dtype=torch.float32, device=device)
+    return None if values is None else _as_tensor(values, torch.float32, device)
 
 
 def load_split(
@@ -72,6 +111,12 @@ def load_split(
     naming it (nothing can be trained or evaluated on it). The optional columns (image
     ``norm``, pre-projection features) are loaded when the tables have them, and with the
     pre-projection features the root's ``projection.npz`` (None where absent).
+
+    Memory: on the CPU the tensors are the split's arrays (``torch.from_numpy``, no copy) and
+    the raw text inputs are computed in the memory of the unit text embeddings
+    (``text_inputs("raw", in_place=True)``; ``split.text_embeddings`` is then derived on
+    access), so a split costs its float32 matrices once. On another device the tensors are
+    copies and the host keeps the split's arrays as read.
     """
     data = tables.read_split(root, split)
     if len(data.image_ids) == 0 or len(data.caption_ids) == 0:
@@ -84,10 +129,11 @@ def load_split(
     if data.image_features_pre is not None or data.text_features_pre is not None:
         projection = tables.read_projection(root, data.manifest)
     projection = projection or {}
+    text = data.text_inputs(adapter_input, in_place=device.type == "cpu")
     return SplitTensors(
-        image_emb=torch.tensor(data.image_embeddings, dtype=torch.float32, device=device),
-        text_emb=torch.tensor(data.text_inputs(adapter_input), dtype=torch.float32, device=device),
-        text_to_image=torch.tensor(data.text_image_index, dtype=torch.long, device=device),
+        image_emb=_as_tensor(data.image_embeddings, torch.float32, device),
+        text_emb=_as_tensor(text, torch.float32, device),
+        text_to_image=_as_tensor(data.text_image_index, torch.long, device),
         split=data,
         image_norm=_tensor(data.image_norms, device),
         image_pre=_tensor(data.image_features_pre, device),
