@@ -88,21 +88,23 @@ def _paired_scores(method: Method, texts, images, owner: torch.Tensor, chunk: in
 def _monotone_fraction(owner: np.ndarray, levels: np.ndarray, unc: np.ndarray) -> tuple[float, int]:
     """Fraction of images whose captions, ordered by level, have strictly falling uncertainty.
 
-    Only images with one caption per level of at least two levels count.
+    Only images with one caption per level of at least two levels count. Vectorised over the
+    captions sorted by (image, level): one pass of neighbour comparisons, no loop per caption.
     """
+    if len(owner) == 0:
+        return float("nan"), 0
     order = np.lexsort((levels, owner))
-    hits = total = 0
-    start = 0
-    while start < len(order):
-        stop = start
-        while stop < len(order) and owner[order[stop]] == owner[order[start]]:
-            stop += 1
-        group = order[start:stop]
-        lv = levels[group]
-        if len(group) >= 2 and len(set(lv.tolist())) == len(group):
-            total += 1
-            hits += bool(np.all(np.diff(unc[group]) < 0))
-        start = stop
+    o, lv, u = owner[order], levels[order], unc[order]
+    same = o[1:] == o[:-1]  # neighbours within one image
+    group = np.concatenate([[0], np.cumsum(~same)])  # image group of each sorted caption
+    n_groups = int(group[-1]) + 1
+    size = np.bincount(group, minlength=n_groups)
+    repeated = np.bincount(group[1:][same & (lv[1:] == lv[:-1])], minlength=n_groups) > 0
+    # NaN uncertainties compare false: not falling, as np.all(np.diff(...) < 0) says.
+    rises = np.bincount(group[1:][same & ~(u[1:] < u[:-1])], minlength=n_groups) > 0
+    counted = (size >= 2) & ~repeated
+    total = int(counted.sum())
+    hits = int((counted & ~rises).sum())
     return (hits / total if total else float("nan")), total
 
 

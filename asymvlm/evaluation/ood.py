@@ -32,8 +32,9 @@ def align(clean: SplitTensors, other: SplitTensors) -> tuple[SplitTensors, Split
     """Both splits restricted to the images and captions they share, in the same order (a
     perturbation may have turned a caption empty or an image unreadable)."""
     a, b = clean.split, other.split
-    images = [i for i in a.image_ids if i in set(b.image_ids)]
-    captions = [c for c in a.caption_ids if c in set(b.caption_ids)]
+    other_images, other_captions = set(b.image_ids), set(b.caption_ids)  # once, not per id
+    images = [i for i in a.image_ids if i in other_images]
+    captions = [c for c in a.caption_ids if c in other_captions]
     if not images or not captions:
         raise ValueError("the clean and perturbed splits share no images or captions")
     out = []

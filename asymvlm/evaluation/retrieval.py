@@ -1,9 +1,11 @@
 """Cross-modal retrieval with uncertainty (paper Sec. 5.1, Table 1, Fig. 3).
 
 Encodes a split once (captions in chunks), then hands :func:`asymvlm.metrics.rank_pass` a score
-function over caption chunks, so memory stays O(chunk x n_image). On the COCO Karpathy 5k test
-split the same pass keeps the best few items per query for ECCV Caption / CxC
-(:mod:`asymvlm.metrics.eccv`); the COCO 1K folds are evaluated as splits of their own.
+function over caption chunks, so memory stays O(chunk x n_image): the chunk is sized from a
+memory budget (512 MiB of scores and temporaries by default) unless ``chunk_size`` is given.
+On the COCO Karpathy 5k test split the same pass keeps the best few items per query for ECCV
+Caption / CxC (:mod:`asymvlm.metrics.eccv`); the COCO 1K folds are evaluated as splits of
+their own.
 
 A broken adapter is refused rather than scored: a non-finite encoding (kappa, mu, means,
 variances ...), uncertainty or score raises :class:`~asymvlm.errors.NonFiniteError` naming the
@@ -13,7 +15,7 @@ method, the quantity and the first caption / image it hit. The check costs one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,12 +26,23 @@ from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import Encoding, Method
 from asymvlm.metrics import average_folds, fold_key, image_folds, rank_pass, ranking_metrics
 from asymvlm.metrics import eccv as eccv_caption
+from asymvlm.metrics.blocks import all_finite
 from asymvlm.training import SplitTensors
 
 
-def _encode_chunked(fn, x: torch.Tensor, chunk_size: int) -> Encoding:
-    parts = [fn(x[i : i + chunk_size]) for i in range(0, x.shape[0], chunk_size)]
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+def _encode_chunked(
+    fn: Callable[[torch.Tensor], Encoding], x: torch.Tensor, chunk_size: int
+) -> Encoding:
+    """``fn(x)`` in chunks of rows, written into tensors allocated once (no list of parts and
+    concatenated copy: the peak is the encoding plus one chunk's activations)."""
+    out: Encoding = {}
+    for i in range(0, x.shape[0], chunk_size):
+        part = fn(x[i : i + chunk_size])
+        if not out:
+            out = {k: v.new_empty((x.shape[0], *v.shape[1:])) for k, v in part.items()}
+        for k, v in part.items():
+            out[k][i : i + v.shape[0]] = v
+    return out
 
 
 def _ids(data: SplitTensors, kind: str) -> Sequence[str] | None:
@@ -136,10 +149,11 @@ def evaluate_retrieval(
     data: SplitTensors,
     n_bins: int = 10,
     ks: tuple[int, ...] = (1, 5, 10),
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     progress: bool = False,
     fold_size: int | None = None,
     eccv: bool = True,
+    memory_budget: int | None = None,
 ) -> dict[str, Any]:
     """Recall@K both ways, binned Recall@1 by uncertainty, Spearman S and R^2 (App. B), with
     AUROC / AURC / E-AURC, risk-coverage points and ECE per direction and RSUM.
@@ -148,7 +162,9 @@ def evaluate_retrieval(
         method: the adapter; its ``calibration_scale()`` is the logit scale of the softmax
             whose ECE is reported.
         data: the split.
-        n_bins, ks, chunk_size, progress: as :func:`asymvlm.metrics.retrieval_metrics`.
+        n_bins, ks, progress: as :func:`asymvlm.metrics.retrieval_metrics`.
+        chunk_size: captions scored against all images at once; None (default): as many as
+            fit ``memory_budget``.
         fold_size: also report the metrics averaged over folds of ``fold_size`` consecutive
             images with their captions, under ``coco_1k`` for 1000 (COCO 1K; on the Karpathy test
             split its standard folds: the Karpathy order, five captions per image) and
@@ -156,6 +172,10 @@ def evaluate_retrieval(
             evenly.
         eccv: on the COCO Karpathy 5k test split (:func:`coco_karpathy_test`), add ``eccv``:
             ECCV Caption mAP@R, R-Precision, R@1 and CxC R@1 per direction.
+        memory_budget: bytes of working memory of one caption chunk (its ``[chunk, n_image]``
+            scores and their temporaries, :func:`asymvlm.metrics.chunk_rows`); None: 512 MiB.
+            Beyond it the evaluation holds the tables: the split, its encodings and ``O(n_text
+            + n_image)`` results.
 
     Raises :class:`NonFiniteError` for a non-finite encoding, uncertainty or score (a broken
     adapter), naming the method, the quantity and the first caption/image id it hit.
@@ -179,7 +199,7 @@ def evaluate_retrieval(
 
     def score_fn(start: int, stop: int) -> torch.Tensor:
         scores = method.score({k: v[start:stop] for k, v in texts.items()}, images)
-        if not bool(torch.isfinite(scores).all()):
+        if not all_finite(scores):
             row = _first_bad_row(scores)
             col = int((~torch.isfinite(scores[row])).nonzero()[0, 0])
             raise NonFiniteError(
@@ -198,6 +218,7 @@ def evaluate_retrieval(
         top_t2i=karpathy.t2i_depth if with_eccv else 1,
         scale=method.calibration_scale(),
         chunk_size=chunk_size,
+        memory_budget=memory_budget,
         progress=progress,
     )
     result = ranking_metrics(ranking, ks, text_unc, image_unc, n_bins)
@@ -206,7 +227,7 @@ def evaluate_retrieval(
     if folds is not None:
         per_fold = [
             evaluate_retrieval(method, _subset(data, images, captions), n_bins=n_bins, ks=ks,
-                               chunk_size=chunk_size, eccv=False)
+                               chunk_size=chunk_size, eccv=False, memory_budget=memory_budget)
             for images, captions in folds
         ]  # fmt: skip
         result[fold_key(fold_size)] = {**average_folds(per_fold), "fold_size": fold_size}

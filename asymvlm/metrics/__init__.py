@@ -6,10 +6,13 @@ numbers the field reports beside them.
 * :mod:`~asymvlm.metrics.uncertainty`: Recall@1 per uncertainty bin, Spearman S and R^2;
 * :mod:`~asymvlm.metrics.selective`: AUROC of uncertainty for top-1 errors, AURC / E-AURC,
   risk-coverage points and the ECE of the predictive softmax;
+* :mod:`~asymvlm.metrics.blocks`: the chunk size from a memory budget and the exact top-k
+  that keep the ranking pass linear in the scores;
 * :mod:`~asymvlm.metrics.eccv`: ECCV Caption mAP@R, R-Precision, R@1 and CxC R@1 on the COCO
   Karpathy 5k test split (the ``eccv_caption`` package's ground truth).
 """
 
+from asymvlm.metrics.blocks import DEFAULT_MEMORY_BUDGET, SCORE_WORK_BYTES, chunk_rows
 from asymvlm.metrics.retrieval import (
     DIRECTIONS,
     Ranking,
@@ -31,12 +34,15 @@ from asymvlm.metrics.selective import (
 from asymvlm.metrics.uncertainty import binned_recall, curve_statistics, spearman_uncertainty
 
 __all__ = [
+    "DEFAULT_MEMORY_BUDGET",
     "DIRECTIONS",
     "Ranking",
+    "SCORE_WORK_BYTES",
     "ScoreFn",
     "aurc",
     "average_folds",
     "binned_recall",
+    "chunk_rows",
     "curve_statistics",
     "error_auroc",
     "expected_calibration_error",

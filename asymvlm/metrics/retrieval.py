@@ -12,9 +12,12 @@
 
 Everything is memory-bounded: :func:`rank_pass` asks ``score_fn`` for blocks of at most
 ``chunk_size`` captions against all images and never materialises the full
-``n_text x n_image`` score matrix (peak memory ``O(chunk_size * n_image)``). What it keeps per
-query (ranks, the best few items, the softmax normaliser) is ``O(n_text + n_image)`` times the
-number of items kept.
+``n_text x n_image`` score matrix (peak memory ``O(chunk_size * n_image)``, about
+:data:`~asymvlm.metrics.blocks.SCORE_WORK_BYTES` bytes per score of a chunk). Without an
+explicit ``chunk_size`` the chunk is as large as a memory budget allows
+(:func:`~asymvlm.metrics.blocks.chunk_rows`, 512 MiB by default). What it keeps per query
+(ranks, the best few items, the softmax normaliser) is ``O(n_text + n_image)`` times the number
+of items kept, and the work per chunk is linear in its scores (no sort over a chunk).
 
 Tie-breaking is deterministic and independent of ``chunk_size``: among equal scores the lower
 index (image for t2i, caption for i2t) ranks first.
@@ -39,6 +42,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from asymvlm.metrics.blocks import all_finite, chunk_rows, top_k
 from asymvlm.metrics.selective import (
     aurc,
     error_auroc,
@@ -106,7 +110,8 @@ def rank_pass(
     depth: int = 10,
     top_t2i: int = 1,
     scale: float = 100.0,
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
+    memory_budget: int | None = None,
     progress: bool = False,
 ) -> Ranking:
     """One pass over caption chunks: ranks, the best items per query and softmax confidences.
@@ -125,11 +130,22 @@ def rank_pass(
             gallery whose top-1 probability is the confidence (a method's
             ``calibration_scale()``). For i2t the softmax runs over all captions, so its
             normaliser (a log-sum-exp per image) is accumulated across chunks.
-        chunk_size: captions scored per ``score_fn`` call.
+        chunk_size: captions scored per ``score_fn`` call; None: as many as fit
+            ``memory_budget`` (:func:`~asymvlm.metrics.blocks.chunk_rows`).
+        memory_budget: working memory of one chunk in bytes (score block and temporaries,
+            :data:`~asymvlm.metrics.blocks.SCORE_WORK_BYTES` per score); None:
+            :data:`~asymvlm.metrics.blocks.DEFAULT_MEMORY_BUDGET`. Ignored with ``chunk_size``.
         progress: show a tqdm bar over chunks.
+
+    Per chunk the work is linear in its scores: two comparison passes for the t2i ranks, one
+    argmax, the float64 softmax normalisers of rows and columns, and for i2t one comparison
+    against the running ``depth``-th best caption of every image; only the images that some
+    caption of the chunk beats get a top-k and a merge (:func:`~asymvlm.metrics.blocks.top_k`).
     """
     if n_text < 1 or n_image < 1:
         raise ValueError(f"need n_text >= 1 and n_image >= 1, got {n_text}, {n_image}")
+    if chunk_size is None:
+        chunk_size = chunk_rows(n_image, memory_budget)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if depth < 1 or top_t2i < 1:
@@ -171,48 +187,75 @@ def rank_pass(
         target = pairs_dev[start:stop]
         # Non-finite scores become -inf: below every finite score, so they never outrank one
         # (a copy, never the caller's tensor; only made when the chunk has a non-finite entry).
-        finite = torch.isfinite(scores)
-        if not bool(finite.all()):
-            scores = scores.masked_fill(~finite, -math.inf)
+        if not all_finite(scores):
+            scores = scores.masked_fill(~torch.isfinite(scores), -math.inf)
 
         # --- t2i: rank of the paired image (ties: lower image index first) -------------------
         target_score = scores.gather(1, target[:, None])
-        image_ids = torch.arange(n_image, device=device)
-        rank = (scores > target_score).sum(dim=1) + (
-            (scores == target_score) & (image_ids[None, :] < target[:, None])
-        ).sum(dim=1)
+        # (int32 counts: summing bools into int64 is half as fast on the CPU)
+        rank = (scores > target_score).sum(dim=1, dtype=torch.int32)
+        # Rows where another image ties with the paired one also count the tied images of
+        # lower index (only those rows: two comparison passes for the others).
+        level = scores == target_score
+        ties = level.sum(dim=1, dtype=torch.int32) > 1
+        tied = (ties & (target_score[:, 0] != -math.inf)).nonzero()[:, 0]
+        if tied.numel():
+            image_ids = torch.arange(n_image, device=device)
+            lower = image_ids[None, :] < target[tied, None]
+            rank[tied] += (level.index_select(0, tied) & lower).sum(dim=1, dtype=torch.int32)
+            del lower
+        del level
         # A non-finite paired score is a miss at every K (rank `depth` is outside every top-K).
         rank = torch.where(target_score[:, 0] == -math.inf, depth, rank)
         t2i_rank[start:stop] = rank.cpu()
+        best = scores.argmax(dim=1, keepdim=True)  # first maximum = lowest index
         if k_t2i == 1:
-            t2i_top[start:stop, 0] = scores.argmax(dim=1).cpu()  # first maximum = lowest index
+            t2i_top[start:stop] = best.cpu()
         else:
-            order = torch.sort(scores, dim=1, descending=True, stable=True).indices
-            t2i_top[start:stop] = order[:, :k_t2i].cpu()
-            del order
+            t2i_top[start:stop] = top_k(scores.T, k_t2i)[1].T.cpu()
 
         # --- predictive softmax(scale * scores): t2i per caption, i2t normaliser per image ---
-        logits = scores.double() * scale
+        # max(scale * x) = scale * max(x) exactly (rounding is monotone), so the row maximum
+        # comes from the argmax instead of a pass over the float64 logits.
+        logits = scores.to(torch.float64, copy=True).mul_(scale)
         row_lse = torch.logsumexp(logits, dim=1)
-        t2i_conf[start:stop] = _lse_confidence(logits.max(dim=1).values, row_lse, n_image).cpu()
+        row_max = scores.gather(1, best)[:, 0].double() * scale
+        t2i_conf[start:stop] = _lse_confidence(row_max, row_lse, n_image).cpu()
         col_lse = torch.logsumexp(logits, dim=0)
         run_lse = col_lse if run_lse is None else torch.logaddexp(run_lse.to(device), col_lse)
         del logits
 
         # --- i2t: merge the chunk into the running top-k captions per image ------------------
-        chunk_ids = torch.arange(start, stop, device=device)[:, None].expand(-1, n_image)
+        # Ties go to the lower caption index, so a caption of this chunk enters an image's
+        # top-k only when it scores strictly above the image's k-th best caption so far.
         if run_vals is None:
-            cand_vals, cand_idx = scores, chunk_ids
+            run_vals, run_idx = top_k(scores, k_i2t)
+            run_idx += start
         else:
-            # Running entries come first and have lower caption indices, so a stable sort
-            # keeps "lower caption index first" among ties regardless of chunking.
-            cand_vals = torch.cat([run_vals.to(device), scores], dim=0)
-            cand_idx = torch.cat([run_idx.to(device), chunk_ids], dim=0)
-        keep = min(k_i2t, cand_vals.shape[0])
-        order = torch.sort(cand_vals, dim=0, descending=True, stable=True).indices[:keep]
-        run_vals = cand_vals.gather(0, order)
-        run_idx = cand_idx.gather(0, order)
-        del scores, cand_vals, cand_idx, order
+            run_vals, run_idx = run_vals.to(device), run_idx.to(device)
+            cols: torch.Tensor | None = None  # None: every image
+            if run_vals.shape[0] == k_i2t:
+                cols = (scores > run_vals[-1]).any(dim=0).nonzero()[:, 0]
+                if cols.numel() == n_image:
+                    cols = None
+            if cols is None or cols.numel():
+                part = scores if cols is None else scores.index_select(1, cols)
+                chunk_vals, chunk_idx = top_k(part, k_i2t)
+                del part
+                # Running entries come first and have lower caption indices, so a stable sort
+                # keeps "lower caption index first" among ties regardless of chunking.
+                old_vals = run_vals if cols is None else run_vals[:, cols]
+                old_idx = run_idx if cols is None else run_idx[:, cols]
+                cand_vals = torch.cat([old_vals, chunk_vals], dim=0)
+                cand_idx = torch.cat([old_idx, chunk_idx + start], dim=0)
+                keep = min(k_i2t, cand_vals.shape[0])
+                order = torch.sort(cand_vals, dim=0, descending=True, stable=True).indices[:keep]
+                new_vals, new_idx = cand_vals.gather(0, order), cand_idx.gather(0, order)
+                if cols is None:
+                    run_vals, run_idx = new_vals, new_idx
+                else:
+                    run_vals[:, cols], run_idx[:, cols] = new_vals, new_idx
+        del scores
 
     assert run_idx is not None and run_vals is not None and run_lse is not None
     top_captions = run_idx.cpu()  # [k_i2t, n_image]
@@ -329,9 +372,10 @@ def retrieval_metrics(
     image_uncertainty: torch.Tensor | None = None,
     ks: Sequence[int] = (1, 5, 10),
     n_bins: int = 10,
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     progress: bool = False,
     scale: float = 100.0,
+    memory_budget: int | None = None,
 ) -> dict[str, Any]:
     """Recall@K, uncertainty-binned Recall@1, selective risk and ECE in both directions.
 
@@ -346,10 +390,13 @@ def retrieval_metrics(
         image_uncertainty: optional ``[n_image]`` image uncertainty.
         ks: the K of Recall@K.
         n_bins: number of equal-count uncertainty bins.
-        chunk_size: captions scored per ``score_fn`` call.
+        chunk_size: captions scored per ``score_fn`` call; None: as many as fit
+            ``memory_budget``.
         progress: show a tqdm bar over chunks.
         scale: logit scale of the predictive softmax whose ECE is reported (a method's
             ``calibration_scale()``: its trained temperature, else CLIP's 100).
+        memory_budget: bytes of working memory per chunk when ``chunk_size`` is None
+            (see :func:`rank_pass`).
 
     Returns:
         ``{"t2i": {...}, "i2t": {...}, "rsum": float | None}``; each direction holds
@@ -380,7 +427,8 @@ def retrieval_metrics(
     if not ks or min(ks) < 1:
         raise ValueError(f"ks must be non-empty positive integers, got {ks}")
     ranking = rank_pass(score_fn, n_text, n_image, text_to_image, depth=max(ks), scale=scale,
-                        chunk_size=chunk_size, progress=progress)  # fmt: skip
+                        chunk_size=chunk_size, memory_budget=memory_budget,
+                        progress=progress)  # fmt: skip
     return ranking_metrics(ranking, ks, text_uncertainty, image_uncertainty, n_bins)
 
 
