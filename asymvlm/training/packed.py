@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
@@ -75,30 +75,35 @@ def check_packable(cfgs: Sequence[TrainConfig]) -> None:
     architecture, precision, device ...)."""
     if not cfgs:
         raise ConfigError("packed trials need at least one configuration")
-    shared = [{k: v for k, v in asdict(c).items() if k not in PACKABLE_FIELDS} for c in cfgs]
+    found = _first_difference([asdict(c) for c in cfgs], PACKABLE_FIELDS)
+    if found:
+        raise ConfigError(
+            f"packed trials must share every setting but {' and '.join(PACKABLE_FIELDS)}: "
+            f"configuration {found[0]} differs from configuration 0 in {found[1]}"
+        )
+
+
+def _first_difference(items: list[dict[str, Any]], free: Collection[str]) -> tuple[int, str] | None:
+    """(index, "key (a vs b), ...") of the first item that differs from item 0 outside
+    ``free``; None when all agree."""
+    shared = [{k: v for k, v in item.items() if k not in free} for item in items]
     for i, other in enumerate(shared[1:], start=1):
         diff = [k for k in shared[0] if shared[0][k] != other[k]]
         if diff:
-            what = ", ".join(f"{k} ({shared[0][k]!r} vs {other[k]!r})" for k in diff)
-            raise ConfigError(
-                f"packed trials must share every setting but {' and '.join(PACKABLE_FIELDS)}: "
-                f"configuration {i} differs from configuration 0 in {what}"
-            )
+            return i, ", ".join(f"{k} ({shared[0][k]!r} vs {other[k]!r})" for k in diff)
+    return None
 
 
 def check_packable_specs(specs: Sequence[RunSpec]) -> None:
     """:func:`check_packable` for run specs, which must also name the same tables and splits."""
     if not specs:
         raise ConfigError("packed trials need at least one run")
-    shared = [{k: v for k, v in asdict(s).items() if k not in _SPEC_FREE} for s in specs]
-    for i, other in enumerate(shared[1:], start=1):
-        diff = [k for k in shared[0] if shared[0][k] != other[k]]
-        if diff:
-            what = ", ".join(f"{k} ({shared[0][k]!r} vs {other[k]!r})" for k in diff)
-            raise ConfigError(
-                f"packed trials must train and evaluate on the same data: run {i} differs "
-                f"from run 0 in {what}"
-            )
+    found = _first_difference([asdict(s) for s in specs], _SPEC_FREE)
+    if found:
+        raise ConfigError(
+            f"packed trials must train and evaluate on the same data: run {found[0]} differs "
+            f"from run 0 in {found[1]}"
+        )
     check_packable([s.train for s in specs])
 
 
