@@ -6,7 +6,7 @@ shared storage), an MLflow tracking server with its artifacts in the bucket, a R
 0 CPUs and a worker with 2 CPUs in its own mount and PID namespaces with a private tmpfs over its
 scratch directory. ``ray job submit`` runs ``pipelines/full.py`` with an ``s3://`` output (it
 must succeed, and every output must land in the bucket), then with a local output (it must fail
-fast: shared storage is needed). In the first job the training worker is killed once after
+fast: shared storage is needed). In the first job the trial's process is killed once after
 epoch 2 and resumes from the checkpoint in the bucket.
 The pipeline's ``prepare.synthetic`` writes the synthetic world to the bucket; training runs on
 the worker (the only node offering CPUs).
@@ -65,8 +65,8 @@ def test_the_pipeline_on_two_nodes_with_an_object_store(tmp_path) -> None:
     keys = found["keys"]
     run = "bucket/run/sweeps/tiny"
     assert any(k.startswith(f"{run}/tune/") for k in keys), keys  # Tune state
-    assert any(k.startswith(f"{run}/ray/") and "/checkpoint_" in k and k.endswith("trainer.pt")
-               for k in keys), keys  # Train checkpoints, written by the worker  # fmt: skip
+    assert any(k.startswith(f"{run}/tune/trials/") and "/checkpoint_" in k
+               and k.endswith("trainer.pt") for k in keys), keys  # written by the trial  # fmt: skip
     assert f"{run}/sweep.json" in keys
     assert "bucket/run/evaluations/00-hierarcaps.json" in keys
     assert "bucket/run/report/report.md" in keys

@@ -112,7 +112,7 @@ def test_a_local_output_on_several_nodes_is_refused(monkeypatch, ray_session, tm
 
 @pytest.mark.slow
 def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, tmp_path) -> None:
-    """Tune state, Train checkpoints, the sweep record and summary land in the bucket; the
+    """Tune state, trial checkpoints, the sweep record and summary land in the bucket; the
     adapter logged to MLflow is read back from the checkpoint in the bucket (not a local path).
     """
     import s3fs
@@ -135,8 +135,10 @@ def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, tmp_path) -> N
     assert set(os.listdir(tmp_path)) - before <= {"mlartifacts", "mlflow.db"}  # MLflow only
     keys = fs.find("bucket/run/sweep")
     assert "bucket/run/sweep/sweep.json" in keys and "bucket/run/sweep/summary.md" in keys
-    assert any(k.startswith("bucket/run/sweep/tune/seeds/") for k in keys)  # Tune state
-    assert any("/ray/" in k and "/checkpoint_" in k and k.endswith("trainer.pt") for k in keys)
+    assert any(k.startswith("bucket/run/sweep/tune/trials/") for k in keys)  # Tune state
+    # the trial's checkpoints (it trained in place: Tune's checkpoints, beside its state)
+    assert any(k.startswith("bucket/run/sweep/tune/trials/") and "/checkpoint_" in k
+               and k.endswith("trainer.pt") for k in keys)  # fmt: skip
     record = json.loads(storage.read_text("s3://bucket/run/sweep/sweep.json"))
     assert record["parent_run_id"] == out["parent_run_id"]
     child = MlflowClient(uri).search_runs(

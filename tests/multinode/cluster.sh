@@ -105,8 +105,8 @@ submit() {  # OUTPUT LOGFILE [--runtime-env-json JSON] [extra --set ...]
 }
 log "job: s3 output"
 start=$(date +%s)
-# The training worker SIGKILLs itself once after reporting the checkpoint of epoch 2 (the marker
-# lives on the worker's private tmpfs); Ray Train restarts it from the checkpoint in the bucket.
+# The trial's process SIGKILLs itself once after reporting the checkpoint of epoch 2 (the marker
+# lives on the worker's private tmpfs); Tune restarts it from the checkpoint in the bucket.
 FAULT="{\"env_vars\": {\"ASYMVLM_FAULT_INJECTION\": \"epoch=2,rank=0,marker=$T/wk/killed\"}}"
 submit s3://bucket/run "$RESULTS/job-s3.log" --runtime-env-json "$FAULT"
 echo $? >"$RESULTS/job-s3.rc"
@@ -128,7 +128,7 @@ out, uri = sys.argv[1], sys.argv[2]
 fs = s3fs.S3FileSystem()
 keys = fs.find("bucket")
 # The history in the last checkpoint of the (killed and resumed) training run.
-last = sorted(k for k in keys if k.startswith("bucket/run/sweeps/tiny/ray/")
+last = sorted(k for k in keys if k.startswith("bucket/run/sweeps/tiny/tune/trials/")
               and k.endswith("/history.json"))
 history = json.loads(fs.cat_file(last[-1])) if last else []
 client = MlflowClient(uri)
