@@ -158,6 +158,8 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         f"threads {torch.get_num_threads()}, device {device}")  # fmt: skip
     rss_before = _status_bytes("VmRSS")
     reset = _reset_peak_rss()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     c0, t0 = time.process_time(), time.perf_counter()
     result = evaluate_retrieval(method, data, chunk_size=chunk)
     sync()
@@ -200,6 +202,10 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         "chunk_work_bytes_predicted": chunk * n_image * SCORE_WORK_BYTES,
         "chunk_bytes_per_score_measured": round(peak_minus_table / (chunk * n_image), 2),
         "recall_at_1": [result["t2i"]["recall@1"], result["i2t"]["recall@1"]],
+        # On a GPU the tables and chunks live in device memory: torch's allocator peak.
+        "cuda_peak_allocated_bytes": (
+            torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        ),
     }
 
 
