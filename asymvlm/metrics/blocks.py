@@ -22,9 +22,11 @@ DEFAULT_MEMORY_BUDGET = 512 * 2**20
 #: Bytes of working memory per score entry at the peak of a chunk of
 #: :func:`~asymvlm.metrics.rank_pass`: the float32 score block (4) and, while the predictive
 #: softmax is normalised, its float64 copy (8) and the float64 temporary of
-#: ``torch.logsumexp`` (8); rounded up for the bool masks, the scorer's own temporaries and the
-#: allocator. ``benchmarks/eval_scale.py`` measures 21-28 (peak RSS minus the tables).
-SCORE_WORK_BYTES = 32
+#: ``torch.logsumexp`` (8), 21-23 bytes measured with the bool masks; rounded up for the
+#: allocator: glibc keeps freed blocks below its (dynamic, up to 32 MiB) mmap threshold in the
+#: heap, which adds up to ~50 % over many chunks (``benchmarks/eval_scale.py``, peak RSS minus
+#: the tables).
+SCORE_WORK_BYTES = 40
 
 
 def chunk_rows(
