@@ -143,8 +143,9 @@ def _load(args: argparse.Namespace):
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from asymvlm.evaluation import evaluate_retrieval
 
-    for flag, value in (("--levels", args.levels), ("--chunk-size", args.chunk_size)):
-        if value < 1:
+    for flag, value in (("--levels", args.levels), ("--chunk-size", args.chunk_size),
+                        ("--memory-budget", args.memory_budget)):  # fmt: skip
+        if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     if args.fold_size is not None and args.fold_size < 1:
         raise ConfigError(f"--fold-size must be >= 1, got {args.fold_size}")
@@ -152,6 +153,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     result = evaluate_retrieval(
         method, data, n_bins=args.levels, chunk_size=args.chunk_size, progress=not args.quiet,
         fold_size=args.fold_size,
+        **({"memory_budget": args.memory_budget} if args.memory_budget else {}),
     )  # fmt: skip
     result.update(checkpoint=args.checkpoint, embeddings=args.embeddings, split=args.split)
     _write_json(args.output, result)
@@ -323,7 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_args(p, "test")
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder")
     p.add_argument("--levels", type=int, default=10, help="uncertainty bins")
-    p.add_argument("--chunk-size", type=int, default=1024, help="captions scored at once")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="captions scored at once (default: as many as --memory-budget allows)")
+    p.add_argument("--memory-budget", type=int, default=None, metavar="BYTES",
+                   help="working memory of one chunk of scores (default 512 MiB)")
     p.add_argument("--fold-size", type=int, default=None, metavar="N",
                    help="also average the metrics over folds of N consecutive images and "
                         "their captions (1000 on the COCO 5K test split: COCO 1K)")  # fmt: skip

@@ -66,7 +66,7 @@ def test_the_pipeline_on_two_nodes_with_an_object_store(tmp_path) -> None:
     run = "bucket/run/sweeps/tiny"
     assert any(k.startswith(f"{run}/tune/") for k in keys), keys  # Tune state
     assert any(k.startswith(f"{run}/tune/trials/") and "/checkpoint_" in k
-               and k.endswith("trainer.pt") for k in keys), keys  # written by the trial  # fmt: skip
+               and k.endswith("trainer.pt") for k in keys), keys  # fmt: skip
     assert f"{run}/sweep.json" in keys
     assert "bucket/run/evaluations/00-hierarcaps.json" in keys
     assert "bucket/run/report/report.md" in keys

@@ -112,11 +112,11 @@ def load_split(
     ``norm``, pre-projection features) are loaded when the tables have them, and with the
     pre-projection features the root's ``projection.npz`` (None where absent).
 
-    Memory: on the CPU the tensors are the split's arrays (``torch.from_numpy``, no copy) and
-    the raw text inputs are computed in the memory of the unit text embeddings
+    Memory: the raw text inputs are computed in the memory of the unit text embeddings
     (``text_inputs("raw", in_place=True)``; ``split.text_embeddings`` is then derived on
-    access), so a split costs its float32 matrices once. On another device the tensors are
-    copies and the host keeps the split's arrays as read.
+    access), and on the CPU the tensors are the split's arrays (``torch.from_numpy``, no
+    copy), so a split costs its float32 matrices once. On another device the tensors are
+    copies of the split's arrays, which stay on the host.
     """
     data = tables.read_split(root, split)
     if len(data.image_ids) == 0 or len(data.caption_ids) == 0:
@@ -129,7 +129,7 @@ def load_split(
     if data.image_features_pre is not None or data.text_features_pre is not None:
         projection = tables.read_projection(root, data.manifest)
     projection = projection or {}
-    text = data.text_inputs(adapter_input, in_place=device.type == "cpu")
+    text = data.text_inputs(adapter_input, in_place=True)
     return SplitTensors(
         image_emb=_as_tensor(data.image_embeddings, torch.float32, device),
         text_emb=_as_tensor(text, torch.float32, device),
