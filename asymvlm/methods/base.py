@@ -142,11 +142,18 @@ class Adapter(nn.Module):
 
     @torch.no_grad()
     def calibrate(self, x: torch.Tensor) -> None:
-        mean_sq = x.float().pow(2).sum(-1).mean().clamp_min(1e-12)
+        # in blocks: no full-size temporary (the same value as x.float().pow(2).sum(-1).mean())
+        mean_sq = torch.cat([b.float().pow(2).sum(-1) for b in x.split(_BLOCK_ROWS)])
+        mean_sq = mean_sq.mean().clamp_min(1e-12)
         self.input_scale.fill_(float(torch.sqrt(x.shape[-1] / mean_sq)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x * self.input_scale)
+
+
+#: Rows per block where a whole split is reduced (a full-size temporary of a COCO-size caption
+#: matrix would cost as much memory as the matrix).
+_BLOCK_ROWS = 65536
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:

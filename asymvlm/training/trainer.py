@@ -140,7 +140,8 @@ class Trainer:
             ("caption", data.text_emb, getattr(data.split, "caption_ids", None)),
             ("image", data.image_emb, getattr(data.split, "image_ids", None)),
         ):
-            if not bool(torch.isfinite(tensor).all()):
+            # in blocks: torch.isfinite on the whole split would build full-size temporaries
+            if not all(bool(torch.isfinite(b).all()) for b in tensor.split(65536)):
                 row = _first_bad_row(tensor)
                 name = f"{ids[row]!r} (row {row})" if ids is not None else f"row {row}"
                 raise NonFiniteError(
