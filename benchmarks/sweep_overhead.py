@@ -44,11 +44,12 @@ log = logger("sweep_overhead")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _tables(args: argparse.Namespace, cfg: dict[str, Any], scratch: str) -> str:
+def _tables(args: argparse.Namespace, configured: str, scratch: str) -> str:
+    """``--tables``, else the config's ``embeddings``; the demo world when it is not there."""
     from asymvlm import tables
     from asymvlm.synthetic import PRESETS, write_world
 
-    root = args.tables or cfg["embeddings"]
+    root = args.tables or configured
     try:
         tables.read_manifest(root)
         return os.path.abspath(root)
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = config.apply_overrides(config.load_yaml(args.config), args.set)
         doc["output"] = os.path.join(scratch, "sweep")
-        doc["embeddings"] = _tables(args, {"embeddings": doc["embeddings"]}, scratch)
+        doc["embeddings"] = _tables(args, doc["embeddings"], scratch)
         doc.setdefault("mlflow", {})
         doc["mlflow"] = {**(doc["mlflow"] or {}), "tracking_uri": None}
         cfg = resolve_config(doc, source=args.config)

@@ -43,7 +43,6 @@ import logging
 import math
 import os
 import sys
-from dataclasses import fields
 from typing import Any
 
 import yaml
@@ -54,7 +53,6 @@ if __package__ in (None, ""):  # run as a script: make `pipelines` importable
 
 from asymvlm import config, logs, results, storage, tables, tracking  # noqa: E402
 from asymvlm.errors import AsymVLMError, ConfigError, guarded  # noqa: E402
-from asymvlm.training import TrainConfig  # noqa: E402
 from pipelines.stages import StagedSearch  # noqa: E402
 from pipelines.trial_log import MlflowTrialLogger, log_outcome  # noqa: E402,F401
 from pipelines.trials import (  # noqa: E402
@@ -72,7 +70,6 @@ if __name__ != "__main__":  # see pipelines/train.py
 
 logger = logging.getLogger(__name__)
 
-_TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"method", "lr", "seed", "method_kwargs"}
 SWEEP_RECORD = "sweep.json"  # written last: a sweep with it is done
 TRIAL_DRIVER_MEMORY = 256 * 1024**2  # bytes (a logical reservation)
 
@@ -100,14 +97,6 @@ def resolve_config(doc: dict[str, Any], source: str = "<config>") -> dict[str, A
     if not mlflow_cfg.get("tracking_uri"):
         mlflow_cfg["tracking_uri"] = tracking.default_tracking_uri(cfg["output"])
     return cfg
-
-
-def train_config(cfg: dict[str, Any], method: str, lr: float, seed: int) -> dict[str, Any]:
-    """The :class:`TrainConfig` fields of one trial of sweep ``cfg``."""
-    train = {k: cfg[k] for k in _TRAIN_KEYS if k in cfg}
-    train.update(method=method, lr=lr, seed=seed)
-    train["method_kwargs"] = dict(cfg["method_kwargs"].get(method, {}))
-    return train
 
 
 def _concurrency(cfg: dict[str, Any]) -> int:
@@ -166,7 +155,6 @@ def _run_trials(
         trial_logger.progress(label, total),
     ):
         grid = tuner.fit()
-    trial_logger.flush()
     done, failed = [], []
     for r in grid:
         members = r.config.get("pack") or [r.config["trial"]]

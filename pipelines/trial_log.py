@@ -52,17 +52,13 @@ class MlflowTrialLogger(tune.Callback):
     (and raises the first that failed)."""
 
     def __init__(self, cfg: dict[str, Any], parent: tracking.Run, base_params: dict[str, Any]):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.cfg, self.parent, self.base_params = cfg, parent, base_params
         self.runs: dict[str, tracking.Run] = {}
         self.started: dict[str, float] = {}
         #: Trial id -> the trial's final row (selection score and outcome), as it came.
         self.final: dict[str, dict[str, Any]] = {}
         self._bar = None  # the progress bar of the stage running, if any
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
-        self._errors: list[BaseException] = []
-        self._closed = False
+        self._start_writer()
 
     def __getstate__(self) -> dict[str, Any]:
         """Tune saves its callbacks with the experiment state: everything but the thread."""
@@ -72,11 +68,16 @@ class MlflowTrialLogger(tune.Callback):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bar = None
+        self._start_writer()
+
+    def _start_writer(self) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        self.__dict__.update(state)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
-        self._bar, self._errors, self._closed = None, [], False
+        self._errors: list[BaseException] = []
+        self._closed = False
 
     # -- the writer thread -----------------------------------------------------------------
     def submit(self, write: Callable[[], Any]) -> None:

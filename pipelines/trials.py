@@ -21,13 +21,14 @@ import os
 import re
 import sys
 import tempfile
+from dataclasses import fields
 from typing import Any
 
 import torch
 
 from asymvlm import results, storage
 from asymvlm.errors import AsymVLMError, TrialFailed
-from asymvlm.training import RunSpec, Trainer, run_protocol
+from asymvlm.training import RunSpec, TrainConfig, Trainer, run_protocol
 from pipelines.train import (
     maybe_inject_failure,
     read_state,
@@ -54,10 +55,21 @@ def trial_spec(trial: dict[str, Any]) -> tuple[str, float, int]:
     return trial["method"], float(trial["lr"]), int(trial["seed"])
 
 
+#: The TrainConfig fields a sweep sets for all its trials (the rest vary per trial).
+_SHARED_TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"method", "lr", "seed",
+                                                             "method_kwargs"}  # fmt: skip
+
+
+def train_config(cfg: dict[str, Any], method: str, lr: float, seed: int) -> dict[str, Any]:
+    """The :class:`TrainConfig` fields of one trial of sweep ``cfg``."""
+    train = {k: cfg[k] for k in _SHARED_TRAIN_KEYS if k in cfg}
+    train.update(method=method, lr=lr, seed=seed)
+    train["method_kwargs"] = dict(cfg["method_kwargs"].get(method, {}))
+    return train
+
+
 def run_config(cfg: dict[str, Any], method: str, lr: float, seed: int) -> dict[str, Any]:
     """The run config (:func:`pipelines.train.run_config_dict`) of one trial of sweep ``cfg``."""
-    from pipelines.sweep import train_config
-
     return run_config_dict(
         cfg["embeddings"],
         train_config(cfg, method, lr, seed),
