@@ -209,17 +209,30 @@ def run_sweep(cfg: dict[str, Any], parent: str | None = None) -> dict[str, Any]:
     base = _base_params(cfg)
     params = {**{k: json.dumps(cfg[k]) for k in ("methods", "lr", "seeds")}, **base}
     name = cfg.get("name") or "sweep"
-    with tracking.run(uri, experiment, f"sweep {name}", kind="sweep", parent=parent,
-                      params=params, tags={"note": str(cfg.get("note") or ""), "sweep": name},
-                      description=cfg.get("note") or None) as sweep_run:  # fmt: skip
-        sweep_run.log_text("config.yaml", yaml.safe_dump(cfg, sort_keys=False))
-        logger.info("sweep %s: MLflow run %s in %s (experiment %r)", name, sweep_run.id,
-                    config.redact(uri), experiment)  # fmt: skip
-        trial_logger = MlflowTrialLogger(cfg, sweep_run, base)
+
+    def open_sweep_run() -> tracking.Run:
         try:
-            selection, summary, failed, markdown = _stages(cfg, sweep_run, trial_logger, base)
+            run = tracking.open_run(uri, experiment, f"sweep {name}", kind="sweep",
+                                    parent=parent, params=params,
+                                    tags={"note": str(cfg.get("note") or ""), "sweep": name},
+                                    description=cfg.get("note") or None)  # fmt: skip
+        except Exception as exc:  # stops the sweep at Tune's next event (MlflowTrialLogger)
+            raise ConfigError(f"mlflow.tracking_uri: cannot open the MLflow store "
+                              f"{config.redact(uri)}: {exc}") from None  # fmt: skip
+        run.log_text("config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+        logger.info("sweep %s: MLflow run %s in %s (experiment %r)", name, run.id,
+                    config.redact(uri), experiment)  # fmt: skip
+        return run
+
+    # The sweep's run is opened on the MLflow writer thread while Tune starts the first trials
+    # (creating a new SQLite store alone takes a second or two).
+    trial_logger = MlflowTrialLogger(cfg, open_sweep_run, base)
+    with tracking.ended(trial_logger.opened_parent):  # FINISHED, FAILED or KILLED
+        try:
+            selection, summary, failed, markdown = _stages(cfg, trial_logger, base)
         finally:
-            trial_logger.close()
+            trial_logger.close()  # every write done before the sweep's run ends
+    sweep_run = trial_logger.parent
     storage.write_text(storage.uri_join(cfg["output"], "summary.md"), markdown)
     storage.write_text(
         storage.uri_join(cfg["output"], SWEEP_RECORD),
@@ -239,9 +252,9 @@ def run_sweep(cfg: dict[str, Any], parent: str | None = None) -> dict[str, Any]:
     }
 
 
-def _stages(cfg: dict[str, Any], sweep_run: tracking.Run, trial_logger, base: dict[str, Any]):
-    """Both stages and the summary, logged on ``sweep_run``; (selection, summary, failed,
-    summary markdown)."""
+def _stages(cfg: dict[str, Any], trial_logger, base: dict[str, Any]):
+    """Both stages and the summary, logged on the sweep's run (``trial_logger.parent``);
+    (selection, summary, failed, summary markdown)."""
     name = cfg.get("name") or "sweep"
     first = cfg["seeds"][0]
     grid = [{"method": m, "lr": lr, "seed": first} for m in cfg["methods"] for lr in cfg["lr"]]
@@ -266,7 +279,8 @@ def _stages(cfg: dict[str, Any], sweep_run: tracking.Run, trial_logger, base: di
         mine = [r for r in rows if r["lr"] == pick["lr"]]
         reused.extend(mine)
         trial_logger.join_seed_stage([k for k, r in keyed if r["lr"] == pick["lr"]])
-        trial_logger.submit(lambda: sweep_run.log_params({f"best_lr/{method}": pick["lr"]}))
+        trial_logger.submit(
+            lambda: trial_logger.parent.log_params({f"best_lr/{method}": pick["lr"]}))
         seeds = [s for s in cfg["seeds"] if s not in {r["seed"] for r in mine}]
         if grid:
             logger.info("sweep %s: %s best lr %g (%s %.4f); stage 2: seeds %s", name, method,
@@ -296,6 +310,7 @@ def _stages(cfg: dict[str, Any], sweep_run: tracking.Run, trial_logger, base: di
     summary = results.seed_summary(flat)
     title = f"{base['dataset']} ({base['embedding_model']}), mean ± std over seeds"
     markdown = results.summary_markdown(summary, title=title) + failures_markdown(failed)
+    sweep_run = trial_logger.parent
     sweep_run.log_metrics({"failed_trials": len(failed)})
     sweep_run.set_tags({"failed_trials": str(len(failed))})
     sweep_run.log_text("summary.md", markdown)

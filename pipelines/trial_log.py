@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,19 +52,50 @@ class MlflowTrialLogger(tune.Callback):
     starting trials and taking results meanwhile. :meth:`flush` waits for every write so far
     (and raises the first that failed)."""
 
-    def __init__(self, cfg: dict[str, Any], parent: tracking.Run, base_params: dict[str, Any]):
-        self.cfg, self.parent, self.base_params = cfg, parent, base_params
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        parent: tracking.Run | Callable[[], tracking.Run],
+        base_params: dict[str, Any],
+    ):
+        """``parent``: the sweep's run, or a function that opens it -- called first on the
+        writer thread, so Tune starts its trials while the run (and a new store) is made."""
+        self.cfg, self.base_params = cfg, base_params
         self.runs: dict[str, tracking.Run] = {}
         self.started: dict[str, float] = {}
         #: Trial id -> the trial's final row (selection score and outcome), as it came.
         self.final: dict[str, dict[str, Any]] = {}
         self._bar = None  # the progress bar of the stage running, if any
         self._start_writer()
+        self._parent = parent if isinstance(parent, tracking.Run) else self._writer.submit(parent)
+
+    @property
+    def parent(self) -> tracking.Run:
+        """The sweep's run (waits until it is open; raises what opening it raised)."""
+        if not isinstance(self._parent, tracking.Run):
+            self._parent = self._parent.result()
+        return self._parent
+
+    def opened_parent(self) -> tracking.Run | None:
+        """The sweep's run, None if it could not be opened."""
+        try:
+            return self.parent
+        except Exception:
+            return None
+
+    def _check_parent(self) -> None:
+        """Raise (into Tune: the sweep stops) as soon as the sweep's run failed to open."""
+        pending = self._parent
+        if not isinstance(pending, tracking.Run) and pending.done():
+            self.parent  # noqa: B018 -- raises the error of opening it
 
     def __getstate__(self) -> dict[str, Any]:
-        """Tune saves its callbacks with the experiment state: everything but the thread."""
+        """Tune saves its callbacks with the experiment state: everything but the thread (and
+        the sweep's run while it is still being opened: Tune saves them as it starts)."""
         state = dict(self.__dict__)
-        for key in ("_writer", "_bar", "_errors"):
+        if not isinstance(self._parent, tracking.Run):
+            state["_parent"] = None
+        for key in ("_writer", "_bar", "_errors", "_lock", "_epochs"):
             state.pop(key, None)
         return state
 
@@ -76,6 +108,8 @@ class MlflowTrialLogger(tune.Callback):
         from concurrent.futures import ThreadPoolExecutor
 
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
+        self._lock = threading.Lock()
+        self._epochs: dict[str, list[tuple[int, dict[str, Any], float]]] = {}
         self._errors: list[BaseException] = []
         self._closed = False
 
@@ -176,11 +210,13 @@ class MlflowTrialLogger(tune.Callback):
                 for key, t in zip(member_keys(trial_id, len(pack)), pack, strict=True)]
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self._check_parent()
         for key, member in self._members(trial.trial_id, trial.config):
             self.started.setdefault(key, time.monotonic())
             self.submit(lambda key=key, member=member: self._run(key, member))
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self._check_parent()
         members = self._members(trial.trial_id, trial.config)
         result = dict(result)
         if "pack_outcomes" in result:  # a pack's end: every member's final row
@@ -202,8 +238,24 @@ class MlflowTrialLogger(tune.Callback):
                                             checkpoint))  # fmt: skip
         elif "epoch" in result:
             metrics = {k: v for k, v in result.items() if k not in _NOT_METRICS | {"member"}}
-            self.submit(lambda: self._run(key, config).log_metrics(
-                metrics, step=int(result["epoch"])))  # fmt: skip
+            self._log_epoch(key, config, int(result["epoch"]), metrics)
+
+    def _log_epoch(self, key: str, config: dict[str, Any], step: int, metrics: dict) -> None:
+        """An epoch's metrics wait in their run's queue; one write takes every row queued by
+        the time it runs (one MLflow request while the store is slower than the epochs, one
+        per epoch while it keeps up)."""
+        with self._lock:
+            queued = self._epochs.setdefault(key, [])
+            queued.append((step, metrics, time.time()))
+            if len(queued) > 1:
+                return  # a write of this run's queue is on its way
+
+        def write() -> None:
+            with self._lock:
+                rows = self._epochs.pop(key, [])
+            self._run(key, config).log_metric_rows(rows)
+
+        self.submit(write)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         last = dict(trial.last_result or {})

@@ -348,6 +348,35 @@ def test_diverged_trials_fail_visibly_and_are_never_selected(ray_session, world,
     assert cells["n_seeds"] == 2 and 0 < cells["t2i_recall_at_1"]["mean"] < 1
 
 
+@pytest.mark.slow
+def test_a_sweep_whose_mlflow_store_cannot_open_stops_with_the_reason(
+    ray_session, world, tmp_path
+) -> None:
+    """The sweep's run is opened on the MLflow writer thread while Tune starts; when that fails
+    the sweep stops at Tune's first event (no trial trains to its end) with the key and the
+    cause, as it did when the run was opened before Tune."""
+    from asymvlm.errors import ConfigError
+    from pipelines.sweep import resolve_config, run_sweep
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    cfg = resolve_config(
+        {"embeddings": world, "methods": ["asymvlm-vmf"], "lr": [1e-3, 5e-3], "seeds": [0],
+         "epochs": 300, "batch_size": 128, "optimizer": "adamw", "hidden_dim": 32,
+         "num_workers": 1, "checkpoint_every": 300, "output": str(tmp_path / "sweep"),
+         "mlflow": {"experiment": "no-store",
+                    "tracking_uri": f"sqlite:///{blocker}/mlflow.db"}}
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"mlflow.tracking_uri: cannot open the MLflow store "
+                       r"sqlite:///.*a-file/mlflow.db"):  # fmt: skip
+        run_sweep(cfg)
+    # a trial's only checkpoint comes after its 300 epochs: none was written
+    found = [d for d, _, _ in os.walk(tmp_path / "sweep")
+             if os.path.basename(d).startswith("checkpoint_0")]  # fmt: skip
+    assert found == []
+    assert not (tmp_path / "sweep" / "summary.md").exists()
+
+
 def test_failure_reasons_dig_through_ray_wrappers() -> None:
     from ray.exceptions import RayTaskError
     from ray.train import WorkerGroupError
@@ -420,3 +449,46 @@ def test_failed_trials_are_failed_mlflow_runs(tmp_path) -> None:
     # the optimiser the trial used: the protocol's default for the method (SGD for AsymVLM)
     assert run.data.params == {"dataset": "d", "method": "asymvlm-vmf", "lr": "0.5",
                                "seed": "0", "stage": "grid", "optimizer": "sgd"}  # fmt: skip
+
+
+def test_epoch_metrics_queued_behind_a_busy_writer_go_out_together(tmp_path, monkeypatch) -> None:
+    """Epoch rows that arrive while the MLflow writer is busy leave in one request, each at its
+    own step; a row that arrives while it keeps up leaves at once."""
+    import threading
+    from types import SimpleNamespace
+
+    from mlflow import MlflowClient
+
+    from pipelines.sweep import MlflowTrialLogger
+
+    uri = tracking.default_tracking_uri(str(tmp_path))
+    parent = tracking.open_run(uri, "e", "sweep", kind="sweep")
+    requests: list[list[int]] = []
+    original = tracking.Run.log_metric_rows
+
+    def counted(self, rows):
+        requests.append([step for step, _, _ in rows])
+        return original(self, rows)
+
+    monkeypatch.setattr(tracking.Run, "log_metric_rows", counted)
+    trial = SimpleNamespace(trial_id="t1", last_result={}, config={
+        "trial": {"method": "asymvlm-vmf", "lr": 1e-3, "seed": 0}, "stage": "grid"})  # fmt: skip
+    callback = MlflowTrialLogger({"mlflow": {"tracking_uri": uri, "experiment": "e"}}, parent,
+                                 {"dataset": "d"})  # fmt: skip
+    try:
+        callback.on_trial_start(0, [], trial)
+        gate = threading.Event()
+        callback.submit(gate.wait)  # the writer is busy (an adapter being logged, say)
+        for epoch in (1, 2, 3):
+            callback.on_trial_result(0, [], trial, {"epoch": epoch, "train_loss": 1.0 / epoch})
+        gate.set()
+        callback.flush()
+        callback.on_trial_result(0, [], trial, {"epoch": 4, "train_loss": 0.2})
+        callback.flush()
+        assert requests == [[1, 2, 3], [4]]
+        history = MlflowClient(uri).get_metric_history(callback.child_ids["t1"], "train_loss")
+        points = sorted((m.step, m.value) for m in history)
+        assert [step for step, _ in points] == [1, 2, 3, 4]
+        assert [value for _, value in points] == pytest.approx([1.0, 0.5, 1 / 3, 0.2])
+    finally:
+        callback.close()

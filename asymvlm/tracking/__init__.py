@@ -20,7 +20,7 @@ from asymvlm.tracking.model import (
     log_uncertainty_model,
 )
 from asymvlm.tracking.queries import child_runs, experiment_runs, json_artifact
-from asymvlm.tracking.runs import Run, open_run, run, source_name, standard_tags
+from asymvlm.tracking.runs import Run, ended, open_run, run, source_name, standard_tags
 from asymvlm.tracking.store import (
     default_artifact_location,
     default_tracking_uri,
@@ -35,6 +35,7 @@ __all__ = [
     "child_runs",
     "default_artifact_location",
     "default_tracking_uri",
+    "ended",
     "experiment_id",
     "experiment_runs",
     "git_commit",

@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -91,6 +91,17 @@ class Run:
         ms = int(1000 * (time.time() if timestamp is None else timestamp))
         items = [Metric(str(k), float(v), ms, int(step)) for k, v in metrics.items()
                  if _finite(v)]  # fmt: skip
+        for start in range(0, len(items), 1000):
+            self.client.log_batch(self.id, metrics=items[start : start + 1000])
+
+    def log_metric_rows(self, rows: list[tuple[int, Mapping[str, Any], float]]) -> None:
+        """Several steps' metrics at once: ``(step, metrics, timestamp in seconds)`` each, in
+        one request per 1000 values (finite numbers only, as :meth:`log_metrics`)."""
+        from mlflow.entities import Metric
+
+        items = [Metric(str(k), float(v), int(1000 * ts), int(step))
+                 for step, metrics, ts in rows
+                 for k, v in metrics.items() if _finite(v)]  # fmt: skip
         for start in range(0, len(items), 1000):
             self.client.log_batch(self.id, metrics=items[start : start + 1000])
 
@@ -197,12 +208,24 @@ def run(tracking_uri: str, experiment: str, name: str, **options: Any) -> Iterat
     description, source): FINISHED at its end, FAILED with the reason if it raises, KILLED on
     Ctrl-C."""
     handle = open_run(tracking_uri, experiment, name, **options)
-    try:
+    with ended(lambda: handle):
         yield handle
+
+
+@contextmanager
+def ended(handle: Callable[[], Run | None]) -> Iterator[None]:
+    """End the run ``handle()`` returns as the block ends: FINISHED, FAILED with the reason if
+    the block raises, KILLED on Ctrl-C (``handle`` is asked at the end, so a run still being
+    opened on another thread can be given; None: no run to end)."""
+    try:
+        yield
     except KeyboardInterrupt:
-        handle.end("KILLED", "interrupted")
+        if (run_ := handle()) is not None:
+            run_.end("KILLED", "interrupted")
         raise
     except BaseException as exc:
-        handle.end("FAILED", " ".join(str(exc).split())[:500] or type(exc).__name__)
+        if (run_ := handle()) is not None:
+            run_.end("FAILED", " ".join(str(exc).split())[:500] or type(exc).__name__)
         raise
-    handle.end("FINISHED")
+    if (run_ := handle()) is not None:
+        run_.end("FINISHED")
