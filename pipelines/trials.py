@@ -87,6 +87,14 @@ def uses_torch_trainer(cfg: dict[str, Any]) -> bool:
     return int(cfg["num_workers"]) > 1 or cfg.get("trial_runner") == "torch_trainer"
 
 
+def use_reserved_cpus(cfg: dict[str, Any]) -> None:
+    """Torch threads = the CPUs the trial reserved. Ray sets ``OMP_NUM_THREADS`` for a trial's
+    process, but a process that imported torch before (a reused actor, a worker that preloaded
+    torch) keeps the thread count it started with: two trials of one CPU each would then run
+    two threads each on two CPUs."""
+    torch.set_num_threads(max(1, int(float(cfg["cpus_per_worker"]))))
+
+
 def final_report(config: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     """The trial's last row: the selection score (mean validation Recall@1 of both directions)
     and the whole outcome."""
@@ -127,6 +135,7 @@ def direct_trial(config: dict[str, Any]) -> None:
         with open(marker) as fh:
             raise TrialFailed(fh.read().strip())
     worker_logging(0, label="trial")
+    use_reserved_cpus(cfg)
     run_cfg = run_config(cfg, method, lr, seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     state = None
@@ -179,6 +188,7 @@ def packed_trial(config: dict[str, Any]) -> None:
 
     cfg, members = config["sweep"], config["pack"]
     worker_logging(0, label="pack")
+    use_reserved_cpus(cfg)
     specs = [RunSpec.from_dict(run_config(cfg, *trial_spec(t))) for t in members]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     trainers: dict[int, Trainer] = {}

@@ -39,6 +39,24 @@ def test_the_cache_reads_a_split_once_per_process(world, tmp_path) -> None:
     assert cache.load(copy, "train").text_emb.shape[0] != old.text_emb.shape[0]
 
 
+def test_a_trial_runs_as_many_torch_threads_as_cpus_it_reserved() -> None:
+    """A process that imported torch before its trial (a reused actor, a preloaded worker)
+    keeps its first thread count unless the trial sets it."""
+    from pipelines.trials import use_reserved_cpus
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        use_reserved_cpus({"cpus_per_worker": 1.0})
+        assert torch.get_num_threads() == 1
+        use_reserved_cpus({"cpus_per_worker": 0.5})  # a fraction of a CPU: one thread
+        assert torch.get_num_threads() == 1
+        use_reserved_cpus({"cpus_per_worker": 3})
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_runs_on_cached_splits_equal_runs_that_read_their_own(world) -> None:
     """Two runs through one cache (the second trains on the first's tensors, hold-out
     included) end exactly where runs that read the tables themselves end."""
