@@ -40,8 +40,10 @@ Validation is lighter than :func:`~asymvlm.tables.read_split`: caption ``image_i
 be in the image table and embeddings finite (checked in one pass at start-up, which also draws
 the sample); unit norms, duplicate ids and the ``norm`` spread are not checked.
 
-The Ray paths may read the same parts through Ray Data instead (``pipelines/stream.py``:
-``read_parquet`` with file shuffling and ``iter_torch_batches`` with a local shuffle buffer).
+The Ray paths (Tune trials, Ray Train workers) stream with this same reader through
+:func:`~asymvlm.training.run_protocol`: the stream is part of the training protocol, which runs
+without Ray (docs/streaming.md says why it is not Ray Data's ``read_parquet`` /
+``iter_torch_batches``).
 """
 
 from __future__ import annotations
