@@ -62,7 +62,8 @@ class MlflowTrialLogger(tune.Callback):
         writer thread, so Tune starts its trials while the run (and a new store) is made."""
         self.cfg, self.base_params = cfg, base_params
         self.runs: dict[str, tracking.Run] = {}
-        self.started: dict[str, float] = {}
+        self.started: dict[str, float] = {}  # monotonic, for the trial's duration
+        self.started_at: dict[str, float] = {}  # wall clock, the MLflow run's start time
         #: Trial id -> the trial's final row (selection score and outcome), as it came.
         self.final: dict[str, dict[str, Any]] = {}
         self._bar = None  # the progress bar of the stage running, if any
@@ -157,6 +158,7 @@ class MlflowTrialLogger(tune.Callback):
                       **({"seed_stage": "true"} if stage == "seeds" else {})},
                 description=f"{'lr grid' if stage == 'grid' else 'seed'} trial: {method} at "
                 f"lr {lr:g}, seed {seed}",
+                start_time=self.started_at.get(trial_id),  # the trial's, not the writer's
             )  # fmt: skip
         return self.runs[trial_id]
 
@@ -213,6 +215,7 @@ class MlflowTrialLogger(tune.Callback):
         self._check_parent()
         for key, member in self._members(trial.trial_id, trial.config):
             self.started.setdefault(key, time.monotonic())
+            self.started_at.setdefault(key, time.time())
             self.submit(lambda key=key, member=member: self._run(key, member))
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:

@@ -182,8 +182,11 @@ def open_run(
     tags: Mapping[str, Any] | None = None,
     description: str | None = None,
     source: str | None = None,
+    start_time: float | None = None,
 ) -> Run:
-    """Start a run (status RUNNING) in ``experiment``; the caller ends it with :meth:`Run.end`."""
+    """Start a run (status RUNNING) in ``experiment``; the caller ends it with :meth:`Run.end`.
+    ``start_time`` (seconds; default now): when what the run records began, for a run opened
+    later by a writer thread."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -195,6 +198,7 @@ def open_run(
         experiment_id(client, experiment, tracking_uri),
         run_name=name,
         tags={k: str(v)[:5000] for k, v in all_tags.items() if v is not None},
+        start_time=None if start_time is None else int(1000 * start_time),
     )
     out = Run(client, created.info.run_id, tracking_uri)
     if params:
