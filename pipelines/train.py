@@ -35,6 +35,7 @@ from asymvlm.training import (
     RunState,
     TrainConfig,
     Trainer,
+    provenance,
     run_protocol,
     save_checkpoint,
 )
@@ -124,7 +125,7 @@ def write_checkpoint(directory: str, trainer: Trainer, history: list[dict[str, f
         trainer.method,
         trainer.cfg,
         trainer.data.dim,
-        extra={"epoch": trainer.epoch},
+        extra={"epoch": trainer.epoch, **provenance(trainer.data.split.manifest)},
     )
 
 

@@ -183,7 +183,7 @@ def packed_trial(config: dict[str, Any]) -> None:
     from ray import tune
 
     from asymvlm.training.cache import PROCESS_CACHE
-    from asymvlm.training.checkpoint import save_checkpoint
+    from asymvlm.training.checkpoint import provenance, save_checkpoint
     from asymvlm.training.packed import run_packed_protocol
 
     cfg, members = config["sweep"], config["pack"]
@@ -210,7 +210,8 @@ def packed_trial(config: dict[str, Any]) -> None:
             trainer = trainers[k]
             save_checkpoint(os.path.join(directory, MEMBER_DIR.format(k=k), "model"),
                             trainer.method, trainer.cfg, trainer.data.dim,
-                            extra={"epoch": trainer.epoch})  # fmt: skip
+                            extra={"epoch": trainer.epoch,
+                                   **provenance(trainer.data.split.manifest)})  # fmt: skip
             outcomes.append(final_report({"trial": trial, "stage": config["stage"]}, out))
         # The adapters first: a result's callbacks see the checkpoints reported before it.
         tune.report({"pack_checkpoint": 1},

@@ -200,6 +200,9 @@ class Method(nn.Module):
     #: Buffers that stay empty until the method is fitted (ELIP's galleries, BayesVLM's
     #: posterior): loading a state dict first gives them the saved shape.
     FITTED_BUFFERS: ClassVar[tuple[str, ...]] = ()
+    #: Whether :meth:`split_inputs` needs the pre-projection features and the frozen model's
+    #: projections (BayesVLM): a scorer of new inputs must then embed them too.
+    USES_PRE_FEATURES: ClassVar[bool] = False
 
     @classmethod
     def protocol_kwargs(cls, protocol: str) -> dict[str, Any]:

@@ -255,6 +255,7 @@ class BayesVLM(Method):
         "score: its expected cosine (ProbCosine)"
     )
     FITTED_BUFFERS = tuple(f"{m}_{n}" for m in MODALITIES for n in ("projection", "a_inv"))
+    USES_PRE_FEATURES = True
 
     def __init__(
         self,

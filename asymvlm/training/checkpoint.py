@@ -131,6 +131,22 @@ def discard_checkpoint(directory: str) -> None:
         _remove_tree(discarded)
 
 
+def provenance(manifest: Any) -> dict[str, Any]:
+    """What a checkpoint records of the tables it was trained on (``manifest``, a
+    :class:`~asymvlm.tables.Manifest` or None): ``embedding_model`` and, for tables written by
+    the embedding stage, ``encoder`` -- the frozen encoder to embed new captions and images
+    with (:class:`asymvlm.Scorer`): model id or folder, revision, family, SHA-256 of a local
+    model's files, width."""
+    if manifest is None:
+        return {}
+    info = manifest.to_dict()
+    out: dict[str, Any] = {"embedding_model": manifest.model}
+    if info.get("family"):
+        out["encoder"] = {k: info.get(k) for k in ("model", "revision", "family",
+                                                   "files_sha256", "dim")}  # fmt: skip
+    return out
+
+
 def save_checkpoint(
     directory: str,
     method: Method,

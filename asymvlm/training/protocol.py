@@ -33,6 +33,7 @@ from asymvlm.training.checkpoint import (
     checkpoint_to_resume,
     discard_checkpoint,
     load_checkpoint,
+    provenance,
     read_history,
     save_checkpoint,
 )
@@ -316,7 +317,7 @@ def train(
     extra = {
         "embeddings": _location(root),
         "split": split,
-        "embedding_model": trainer.data.split.manifest.model,
+        **provenance(trainer.data.split.manifest),
     }
 
     def write(complete: bool) -> None:
