@@ -7,3 +7,15 @@ every method of the paper behind one registry (:mod:`asymvlm.methods`), the pape
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["CaptionScores", "Scorer", "__version__"]
+
+
+def __getattr__(name: str):
+    """``asymvlm.Scorer`` (text in, uncertainty out: :mod:`asymvlm.scoring`), imported on first
+    use so that ``import asymvlm`` stays light."""
+    if name in ("Scorer", "CaptionScores"):
+        from asymvlm import scoring
+
+        return getattr(scoring, name)
+    raise AttributeError(f"module 'asymvlm' has no attribute {name!r}")

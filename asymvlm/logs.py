@@ -8,6 +8,7 @@ output when it is local). ``verbose`` shows everything, on the console too, at I
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -120,3 +121,23 @@ def quiet_third_party() -> None:
             lg.removeHandler(handler)
         lg.propagate = True
         lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers at ERROR and without its progress bars (weight loading, shards) for the
+    block, unless ``--verbose``; restored after it."""
+    from transformers.utils import logging as hf_logging
+
+    if _state["verbose"]:
+        yield
+        return
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -107,7 +107,8 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         ) from None
 
 
-def _looks_like_path(model: str) -> bool:
+def looks_like_path(model: str) -> bool:
+    """Whether a model name can only be a local folder (absolute, ./, ../ or ~)."""
     return os.path.isabs(model) or model.startswith(("./", "../", "~", ".\\", "..\\"))
 
 
@@ -196,7 +197,7 @@ class Encoder:
 
         model = os.path.expanduser(os.fspath(model))
         local = os.path.isdir(model)
-        if not local and (_looks_like_path(model) or os.path.exists(model)):
+        if not local and (looks_like_path(model) or os.path.exists(model)):
             raise FileNotFoundError(f"Encoder model directory {model!r} does not exist")
         self.model_name = model
         self.device = _resolve_device(device)

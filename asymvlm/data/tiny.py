@@ -9,13 +9,14 @@ with no network. Output is deterministic given ``captions`` and ``seed``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import string
 from collections import Counter
 from collections.abc import Iterable
 
 import torch
+
+from asymvlm import logs
 
 __all__ = ["save_tiny_clip", "save_tiny_siglip", "TINY_IMAGE_SIZE"]
 
@@ -159,23 +160,6 @@ def _siglip_tokenizer(captions: Iterable[str] | None, num_merges: int):
     )
 
 
-@contextlib.contextmanager
-def _quiet():
-    """Silence transformers while saving: ``save_pretrained`` builds a default SigLIP text config
-    whose own token ids trip a spurious vocabulary warning, and prints shard progress bars."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
 def _image_processor(kind: str, **kwargs):
     """The PIL-backed image processor when this transformers has one (no torchvision warning)."""
     import transformers
@@ -222,7 +206,7 @@ def save_tiny_clip(
     )
     torch.manual_seed(seed)
     model = CLIPModel(config).eval()
-    with _quiet():
+    with logs.quiet_transformers():
         model.save_pretrained(directory)
     processor = CLIPProcessor(
         image_processor=_image_processor(
@@ -260,7 +244,7 @@ def save_tiny_siglip(
     )
     torch.manual_seed(seed)
     model = SiglipModel(config).eval()
-    with _quiet():
+    with logs.quiet_transformers():
         model.save_pretrained(directory)
     processor = SiglipProcessor(
         image_processor=_image_processor(

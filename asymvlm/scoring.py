@@ -1,0 +1,312 @@
+"""Text in, uncertainty out: score new captions (and images) with a trained adapter.
+
+A checkpoint records the frozen encoder its tables were embedded with (``encoder`` in its
+``config.json``: the model id or local directory, revision, family, the SHA-256 of a local
+model's files, the embedding width; :func:`asymvlm.training.checkpoint.provenance`).
+:class:`Scorer` loads that encoder (:class:`asymvlm.data.encoder.Encoder`, the embedding stage's
+own) beside the adapter, so that a caption scored here gets the numbers ``asymvlm score`` gives
+for the same caption in a table embedded with the same encoder:
+
+    >>> scorer = Scorer.from_checkpoint("runs/demo/adapter")          # doctest: +SKIP
+    >>> scorer.caption_uncertainty(["a dog", "a golden retriever catching a red frisbee"])
+
+``from_checkpoint`` takes a checkpoint folder or an MLflow model URI (``runs:/<run>/adapter``,
+``models:/<name>/<version>``) of a model logged by a sweep (:mod:`asymvlm.tracking.model`).
+Captions and images go through in batches of ``batch_size`` on the scorer's device.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from asymvlm import logs
+from asymvlm.errors import AsymVLMError, CheckpointError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CaptionScores", "Scorer", "ScoringInputError", "resolve_checkpoint"]
+
+#: Models that are names of tables, not encoders (the synthetic worlds).
+NOT_AN_ENCODER = frozenset({"synthetic-world"})
+
+
+class ScoringInputError(AsymVLMError, ValueError):
+    """A caption or an image the scorer cannot take (names its position)."""
+
+
+@dataclass
+class CaptionScores:
+    """Per caption: the method's uncertainty, kappa where the method has one (vMF / Power
+    Spherical concentration; None otherwise) and the mean direction ``mu`` [n, d]."""
+
+    text: list[str]
+    uncertainty: np.ndarray | None
+    kappa: np.ndarray | None
+    mu: np.ndarray
+
+    def records(self) -> list[dict[str, Any]]:
+        """One JSON-ready object per caption: ``text``, ``kappa`` (where defined) and
+        ``uncertainty``."""
+        out = []
+        for i, text in enumerate(self.text):
+            row: dict[str, Any] = {"text": text}
+            if self.kappa is not None:
+                row["kappa"] = float(self.kappa[i])
+            row["uncertainty"] = None if self.uncertainty is None else float(self.uncertainty[i])
+            out.append(row)
+        return out
+
+
+def resolve_checkpoint(source: str, tracking_uri: str | None = None) -> str:
+    """A local checkpoint folder for ``source``: the folder itself, or -- for an MLflow model
+    URI (``runs:/...``, ``models:/...``, ``mlflow-artifacts:/...``) -- the adapter checkpoint
+    inside the downloaded model."""
+    if "://" not in source and not source.startswith(("runs:/", "models:/")):
+        if not os.path.isfile(os.path.join(source, "config.json")):
+            raise CheckpointError(f"{source}: not a checkpoint folder (no config.json)")
+        return source
+    import mlflow
+
+    previous = mlflow.get_tracking_uri()
+    if tracking_uri:  # runs:/ URIs of logged models resolve through the global tracking URI
+        mlflow.set_tracking_uri(tracking_uri)
+    try:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=source)
+    except Exception as exc:
+        raise CheckpointError(f"{source}: cannot download the model: {exc}") from None
+    finally:
+        mlflow.set_tracking_uri(previous)
+    for folder, _, files in sorted(os.walk(local)):
+        if "config.json" in files and "model.pt" in files:
+            return folder
+    raise CheckpointError(f"{source}: the model holds no adapter checkpoint (config.json and "
+                          "model.pt)")  # fmt: skip
+
+
+class Scorer:
+    """A trained adapter with the frozen encoder its tables were embedded with.
+
+    Build it with :meth:`from_checkpoint`; :meth:`caption_uncertainty` takes captions,
+    :meth:`score` images and captions. ``encoder`` is an
+    :class:`~asymvlm.data.encoder.Encoder` (loaded once; the scorer only runs it).
+    """
+
+    def __init__(
+        self,
+        method: Any,
+        meta: dict[str, Any],
+        encoder: Any,
+        *,
+        batch_size: int = 256,
+    ) -> None:
+        if int(encoder.dim) != int(meta["dim"]):
+            raise CheckpointError(
+                f"the encoder {encoder.info.model!r} embeds in {encoder.dim} dimensions, the "
+                f"adapter ({meta['method']}) takes {meta['dim']}"
+            )
+        self.method, self.meta, self.encoder = method.eval(), meta, encoder
+        self.batch_size = int(batch_size)
+        self.device = encoder.device
+        self.method.to(self.device)
+        self.raw_text = meta.get("adapter_input", "raw") == "raw"
+        self.uses_pre = bool(getattr(method, "USES_PRE_FEATURES", False))
+
+    # -- loading ------------------------------------------------------------------------------
+    @classmethod
+    def from_checkpoint(
+        cls,
+        source: str,
+        *,
+        encoder: str | None = None,
+        device: str = "auto",
+        dtype: str = "float32",
+        batch_size: int = 256,
+        tracking_uri: str | None = None,
+    ) -> Scorer:
+        """The adapter of ``source`` (a checkpoint folder or an MLflow model URI) with the
+        encoder its checkpoint names -- or ``encoder`` (a transformers id or local folder) when
+        given, e.g. for a model folder that moved. A local encoder folder whose files differ
+        from those the tables were embedded with is refused unless ``encoder`` names it."""
+        from asymvlm.data.encoder import Encoder, files_sha256, looks_like_path
+        from asymvlm.training import load_checkpoint
+
+        folder = resolve_checkpoint(source, tracking_uri)
+        method, meta = load_checkpoint(folder, "cpu")
+        recorded = meta.get("encoder") or {}
+        name = encoder or recorded.get("model") or meta.get("embedding_model")
+        if not name or name in NOT_AN_ENCODER:
+            what = name or "no model recorded"
+            raise CheckpointError(
+                f"{source}: the adapter was trained on tables without an encoder ({what}): "
+                "give the encoder to embed captions with (--encoder)"
+            )
+        local = os.path.isdir(name)
+        if not local and looks_like_path(name):
+            raise CheckpointError(
+                f"{source}: the encoder folder {name!r} the tables were embedded with is not "
+                "here: give its new place (--encoder)"
+            )
+        sha = recorded.get("files_sha256")
+        if local and sha and not encoder and files_sha256(name) != sha:
+            raise CheckpointError(
+                f"{source}: the encoder folder {name} differs from the one the tables were "
+                "embedded with (other files); give --encoder to use it anyway"
+            )
+        revision = recorded.get("revision") if not encoder else None
+        with logs.quiet_transformers():
+            loaded = Encoder(name, device=device, dtype=dtype, revision=revision)
+        return cls(method, meta, loaded, batch_size=batch_size)
+
+    # -- captions -----------------------------------------------------------------------------
+    def _check_captions(self, captions: Sequence[str]) -> list[str]:
+        if isinstance(captions, str):
+            captions = [captions]
+        out = []
+        for i, text in enumerate(captions):
+            if not isinstance(text, str):
+                raise ScoringInputError(f"caption {i}: not a string ({type(text).__name__})")
+            if not text.strip():
+                raise ScoringInputError(f"caption {i}: empty")
+            out.append(text)
+        return out
+
+    def _embed_captions(self, captions: list[str]) -> dict[str, torch.Tensor]:
+        """Unit embeddings, raw norms (and pre-projection features) of the captions."""
+        parts: list[tuple[np.ndarray, ...]] = []
+        for start in range(0, len(captions), self.batch_size):
+            parts.append(self.encoder.encode_texts(captions[start : start + self.batch_size],
+                                                   pre=self.uses_pre))  # fmt: skip
+        columns = [np.concatenate(c) for c in zip(*parts, strict=True)]
+        out = {"unit": torch.from_numpy(columns[0]), "norm": torch.from_numpy(columns[1])}
+        if self.uses_pre:
+            out["pre"] = torch.from_numpy(columns[2])
+        return {k: v.to(self.device) for k, v in out.items()}
+
+    def _text_rows(self, embedded: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The adapter's caption input, as the trainer builds it from tables
+        (``adapter_input``: raw = unit embedding x raw norm, or unit)."""
+        unit = embedded["unit"]
+        return unit * embedded["norm"][:, None] if self.raw_text else unit
+
+    def caption_uncertainty(self, captions: Sequence[str]) -> CaptionScores:
+        """κ, uncertainty and μ of each caption (in order)."""
+        captions = self._check_captions(captions)
+        if not captions:
+            empty = np.zeros((0, int(self.meta["dim"])), np.float32)
+            return CaptionScores([], None, None, empty)
+        embedded = self._embed_captions(captions)
+        data = self._split(texts=embedded)
+        _, text_rows = self.method.split_inputs(data)
+        with torch.no_grad():
+            texts = self.method.encode_texts(text_rows)
+            unc = self.method.text_uncertainty_from(texts)
+        kappa = texts.get("kappa")
+        result = CaptionScores(
+            text=captions,
+            uncertainty=None if unc is None else unc.float().cpu().numpy(),
+            kappa=None if kappa is None else kappa.float().cpu().numpy(),
+            mu=texts["mu"].float().cpu().numpy(),
+        )
+        for name in ("uncertainty", "kappa"):
+            value = getattr(result, name)
+            if value is not None and not np.isfinite(value).all():
+                bad = int(np.flatnonzero(~np.isfinite(value))[0])
+                raise ScoringInputError(f"caption {bad} ({captions[bad]!r}): the adapter gives a "
+                                        f"non-finite {name}")  # fmt: skip
+        return result
+
+    # -- images -------------------------------------------------------------------------------
+    @staticmethod
+    def _open_image(image: Any, index: int):
+        """A PIL image from a PIL image, a file path or encoded bytes."""
+        from PIL import Image, UnidentifiedImageError
+
+        if isinstance(image, Image.Image):
+            return image.convert("RGB")
+        try:
+            if isinstance(image, bytes | bytearray):
+                opened = Image.open(io.BytesIO(image))
+            elif isinstance(image, str | os.PathLike):
+                opened = Image.open(image)
+            else:
+                raise ScoringInputError(f"image {index}: give a PIL image, a path or bytes, "
+                                        f"not {type(image).__name__}")  # fmt: skip
+            opened.load()
+            return opened.convert("RGB")
+        except (UnidentifiedImageError, OSError) as exc:
+            raise ScoringInputError(f"image {index}: cannot be decoded ({exc})") from None
+
+    def _embed_images(self, images: Sequence[Any]) -> dict[str, torch.Tensor]:
+        parts: list[tuple[np.ndarray, ...]] = []
+        for start in range(0, len(images), self.batch_size):
+            batch = [self._open_image(im, start + i)
+                     for i, im in enumerate(images[start : start + self.batch_size])]  # fmt: skip
+            pixels = self.encoder.preprocess_images(batch)
+            parts.append(self.encoder.encode_pixels(pixels, pre=self.uses_pre))
+        columns = [np.concatenate(c) for c in zip(*parts, strict=True)]
+        out = {"unit": torch.from_numpy(columns[0]), "norm": torch.from_numpy(columns[1])}
+        if self.uses_pre:
+            out["pre"] = torch.from_numpy(columns[2])
+        return {k: v.to(self.device) for k, v in out.items()}
+
+    def score(self, images: Sequence[Any], captions: Sequence[str]) -> np.ndarray:
+        """[n_captions, n_images] retrieval scores: the log-likelihood of each image under each
+        caption's distribution for AsymVLM (Sec. 3; the method's own score for the others);
+        retrieval is the argmax."""
+        captions = self._check_captions(captions)
+        images = list(images)
+        if not captions or not images:
+            return np.zeros((len(captions), len(images)), np.float32)
+        data = self._split(texts=self._embed_captions(captions),
+                           images=self._embed_images(images))  # fmt: skip
+        image_rows, text_rows = self.method.split_inputs(data)
+        with torch.no_grad():
+            scores = self.method.score(self.method.encode_texts(text_rows),
+                                       self.method.encode_images(image_rows))  # fmt: skip
+        return scores.float().cpu().numpy()
+
+    # -- the split the methods take -----------------------------------------------------------
+    def _split(self, texts: dict[str, torch.Tensor],
+               images: dict[str, torch.Tensor] | None = None):  # fmt: skip
+        """A :class:`~asymvlm.training.SplitTensors` of these inputs, as the trainer builds
+        one from tables (so each method picks its own inputs: :meth:`Method.split_inputs`)."""
+        from asymvlm import tables
+        from asymvlm.training import SplitTensors
+
+        dim = int(self.meta["dim"])
+        if images is None:  # captions only: one placeholder image nothing is compared with
+            images = {"unit": torch.zeros(0, dim, device=self.device),
+                      "norm": torch.zeros(0, device=self.device)}  # fmt: skip
+            if self.uses_pre:
+                images["pre"] = torch.zeros(0, self.encoder.pre_dims()["image"],
+                                            device=self.device)  # fmt: skip
+        n_text, n_image = texts["unit"].shape[0], images["unit"].shape[0]
+        empty = np.zeros((0, dim), np.float32)
+        split = tables.EmbeddingSplit(
+            image_ids=[str(i) for i in range(n_image)], image_embeddings=empty,
+            caption_ids=[str(i) for i in range(n_text)],
+            text_image_index=np.zeros(n_text, np.int64), texts=[],
+            text_embeddings=empty, text_norms=None, extra_text_columns={}, manifest=None,
+        )  # fmt: skip
+        projections = {}
+        if self.uses_pre:
+            projections = {f"{m}_projection": torch.from_numpy(w).to(self.device)
+                           for m, w in self.encoder.projections().items()}  # fmt: skip
+        return SplitTensors(
+            image_emb=images["unit"],
+            text_emb=self._text_rows(texts),
+            text_to_image=torch.zeros(n_text, dtype=torch.long, device=self.device),
+            split=split,
+            image_norm=images["norm"],
+            image_pre=images.get("pre"),
+            text_pre=texts.get("pre"),
+            **projections,
+        )

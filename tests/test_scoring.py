@@ -1,0 +1,217 @@
+"""Text in, uncertainty out: asymvlm.Scorer and `asymvlm score-text` against `asymvlm score` on
+tables the embedding stage wrote with the same (tiny, random) CLIP."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from asymvlm import tables
+from asymvlm.cli import main as cli_main
+from asymvlm.errors import CheckpointError
+from tests.helpers import hierarcaps_subset, requires_hierarcaps
+
+pytestmark = [requires_hierarcaps, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def trained(ray_session, tmp_path_factory) -> dict[str, str]:
+    """Tables embedded by `asymvlm embed` with a tiny CLIP, and an adapter trained on them."""
+    from asymvlm.data.tiny import save_tiny_clip
+
+    base = tmp_path_factory.mktemp("scoring")
+    model = save_tiny_clip(str(base / "tiny-clip"))
+    csv, images = hierarcaps_subset(base / "hc", n=8)
+    root = str(base / "tables")
+    assert cli_main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images",
+                     images, "--model", model, "--split", "test", "--output", root,
+                     "--batch-size", "8"]) == 0  # fmt: skip
+    checkpoint = str(base / "adapter")
+    assert cli_main(["train", "--embeddings", root, "--split", "test", "--method",
+                     "asymvlm-vmf", "--epochs", "3", "--optimizer", "adamw", "--lr", "1e-2",
+                     "--output", checkpoint, "--quiet"]) == 0  # fmt: skip
+    scores = str(base / "scores.parquet")
+    assert cli_main(["score", "--embeddings", root, "--split", "test", "--checkpoint",
+                     checkpoint, "--output", scores, "--quiet"]) == 0  # fmt: skip
+    return {"model": model, "tables": root, "checkpoint": checkpoint, "scores": scores,
+            "images": images, "base": str(base)}  # fmt: skip
+
+
+def _table_captions(trained: dict[str, str]) -> tuple[list[str], pa.Table]:
+    split = tables.read_split(trained["tables"], "test")
+    scores = pq.read_table(trained["scores"])
+    assert scores.column("caption_id").to_pylist() == list(split.caption_ids)
+    return list(split.texts), scores
+
+
+def test_the_checkpoint_records_the_encoder_of_its_tables(trained) -> None:
+    meta = json.load(open(os.path.join(trained["checkpoint"], "config.json")))
+    manifest = tables.read_manifest(trained["tables"]).to_dict()
+    assert meta["encoder"] == {"model": trained["model"], "revision": None, "family": "clip",
+                               "files_sha256": manifest["files_sha256"], "dim": 24}  # fmt: skip
+    assert len(meta["encoder"]["files_sha256"]) == 64
+
+
+def test_scorer_gives_the_numbers_of_asymvlm_score_on_embedded_tables(trained) -> None:
+    from asymvlm import Scorer
+
+    texts, scores = _table_captions(trained)
+    scorer = Scorer.from_checkpoint(trained["checkpoint"], device="cpu", batch_size=5)
+    out = scorer.caption_uncertainty(texts)
+    np.testing.assert_allclose(out.kappa, scores.column("kappa").to_numpy(), rtol=2e-5)
+    np.testing.assert_allclose(out.uncertainty, scores.column("uncertainty").to_numpy(),
+                               rtol=2e-5)  # fmt: skip
+    np.testing.assert_allclose(np.linalg.norm(out.mu, axis=1), 1.0, atol=1e-5)
+    assert out.kappa.shape == (len(texts),) and (out.kappa > 0).all()
+    # a longer, more specific caption is another caption: its own kappa
+    two = scorer.caption_uncertainty(["a dog", "a golden retriever catching a red frisbee"])
+    assert two.kappa[0] != two.kappa[1]
+    assert [r["text"] for r in two.records()] == ["a dog",
+                                                  "a golden retriever catching a red frisbee"]
+    np.testing.assert_allclose([r["uncertainty"] for r in two.records()],
+                               1.0 / two.kappa, rtol=1e-6)  # fmt: skip
+
+
+def test_scorer_scores_images_against_captions_as_the_tables_do(trained) -> None:
+    from asymvlm import Scorer
+    from asymvlm.training import load_checkpoint, load_split
+
+    split = tables.read_split(trained["tables"], "test")
+    files = {os.path.splitext(name)[0]: name for name in os.listdir(trained["images"])}
+    paths = [os.path.join(trained["images"], files[i]) for i in split.image_ids]
+    scorer = Scorer.from_checkpoint(trained["checkpoint"], device="cpu")
+    got = scorer.score(paths, list(split.texts))
+    method, meta = load_checkpoint(trained["checkpoint"], "cpu")
+    data = load_split(trained["tables"], "test", meta["adapter_input"], "cpu")
+    images, texts = method.split_inputs(data)
+    with torch.no_grad():
+        want = method.score(method.encode_texts(texts), method.encode_images(images)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    # images as bytes give the same; bytes that are no image are refused by position
+    raw = [open(p, "rb").read() for p in paths[:2]]
+    np.testing.assert_allclose(scorer.score(raw, ["a dog"]), scorer.score(paths[:2], ["a dog"]),
+                               rtol=1e-6)  # fmt: skip
+    from asymvlm.scoring import ScoringInputError
+
+    with pytest.raises(ScoringInputError, match="image 1: cannot be decoded"):
+        scorer.score([raw[0], b"not an image"], ["a dog"])
+
+
+def test_score_text_prints_one_json_object_per_caption(trained, capsys) -> None:
+    from asymvlm import Scorer
+
+    captions = ["a dog", "a golden retriever catching a red frisbee", "a photo"]
+    code = cli_main(["score-text", "--checkpoint", trained["checkpoint"], "--device", "cpu",
+                     *captions])  # fmt: skip
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [sorted(r) for r in lines] == [["kappa", "text", "uncertainty"]] * 3
+    want = Scorer.from_checkpoint(trained["checkpoint"], device="cpu").caption_uncertainty(captions)
+    assert [r["text"] for r in lines] == captions
+    np.testing.assert_allclose([r["kappa"] for r in lines], want.kappa, rtol=1e-6)
+
+
+def test_score_text_files_to_parquet_equal_asymvlm_score(trained, tmp_path) -> None:
+    texts, scores = _table_captions(trained)
+    txt = tmp_path / "captions.txt"
+    txt.write_text("\n".join(texts) + "\n\n")  # trailing blank lines are no captions
+    out = tmp_path / "out" / "scored.parquet"
+    assert cli_main(["score-text", "--checkpoint", trained["checkpoint"], "--device", "cpu",
+                     "--input", str(txt), "--output", str(out), "--batch-size", "4",
+                     "--quiet"]) == 0  # fmt: skip
+    table = pq.read_table(out)
+    assert table.column("text").to_pylist() == texts
+    np.testing.assert_allclose(table.column("kappa").to_numpy(),
+                               scores.column("kappa").to_numpy(), rtol=2e-5)  # fmt: skip
+    parquet = tmp_path / "captions.parquet"
+    pq.write_table(pa.table({"caption": texts}), parquet)
+    out2 = tmp_path / "scored2.parquet"
+    assert cli_main(["score-text", "--checkpoint", trained["checkpoint"], "--device", "cpu",
+                     "--input", str(parquet), "--column", "caption", "--output", str(out2),
+                     "--quiet"]) == 0  # fmt: skip
+    again = pq.read_table(out2)  # another batch size: the same numbers to float32 rounding
+    assert again.column("text").to_pylist() == texts
+    for name in ("kappa", "uncertainty"):
+        np.testing.assert_allclose(again.column(name).to_numpy(), table.column(name).to_numpy(),
+                                   rtol=1e-6)  # fmt: skip
+
+
+def test_bad_captions_are_named_and_nothing_is_left_half_written(trained, tmp_path,
+                                                                 capsys) -> None:  # fmt: skip
+    ck = trained["checkpoint"]
+    assert cli_main(["score-text", "--checkpoint", ck, "--device", "cpu", "a dog", " "]) == 2
+    assert "error: caption 1: empty" in capsys.readouterr().err
+    txt = tmp_path / "c.txt"
+    txt.write_text("a dog\na cat\n\na bird\n")
+    out = tmp_path / "o.parquet"
+    assert cli_main(["score-text", "--checkpoint", ck, "--input", str(txt), "--output",
+                     str(out), "--quiet"]) == 2  # fmt: skip
+    assert f"{txt} line 3: empty caption" in capsys.readouterr().err
+    assert not out.exists() and not os.path.exists(str(out) + ".tmp")
+    parquet = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": ["a dog", None]}), parquet)
+    assert cli_main(["score-text", "--checkpoint", ck, "--input", str(parquet), "--quiet"]) == 2
+    assert f"{parquet} row 1: 'text' is not a caption (None)" in capsys.readouterr().err
+    assert cli_main(["score-text", "--checkpoint", ck, "--input", str(parquet), "--column",
+                     "caption"]) == 2  # fmt: skip
+    assert "no column 'caption' (columns: text)" in capsys.readouterr().err
+    assert cli_main(["score-text", "--checkpoint", ck]) == 2
+    assert "give captions on the command line or --input FILE" in capsys.readouterr().err
+
+
+def test_the_encoder_is_found_or_the_error_says_what_to_do(trained, small_world,
+                                                           tmp_path) -> None:  # fmt: skip
+    from asymvlm import Scorer
+
+    # a moved checkpoint whose encoder folder moved too: say so, take --encoder
+    moved = tmp_path / "adapter"
+    shutil.copytree(trained["checkpoint"], moved)
+    meta = json.loads((moved / "config.json").read_text())
+    meta["encoder"]["model"] = str(tmp_path / "gone" / "tiny-clip")
+    (moved / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="encoder folder .*gone/tiny-clip.* is not here: "
+                       "give its new place"):  # fmt: skip
+        Scorer.from_checkpoint(str(moved), device="cpu")
+    scorer = Scorer.from_checkpoint(str(moved), encoder=trained["model"], device="cpu")
+    assert scorer.caption_uncertainty(["a dog"]).kappa.shape == (1,)
+    # other weights in the recorded folder: refused (the numbers would be another encoder's)
+    other = tmp_path / "other-clip"
+    shutil.copytree(trained["model"], other)
+    from asymvlm.data.tiny import save_tiny_clip
+
+    save_tiny_clip(str(other), seed=1)
+    meta["encoder"]["model"] = str(other)
+    (moved / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="differs from the one the tables were embedded"):
+        Scorer.from_checkpoint(str(moved), device="cpu")
+    # an adapter of the synthetic world has no encoder to embed text with
+    synthetic = tmp_path / "synthetic-adapter"
+    assert cli_main(["train", "--embeddings", small_world, "--split", "train", "--method",
+                     "asymvlm-vmf", "--epochs", "1", "--output", str(synthetic),
+                     "--quiet"]) == 0  # fmt: skip
+    with pytest.raises(CheckpointError, match="without an encoder .*give the encoder"):
+        Scorer.from_checkpoint(str(synthetic), device="cpu")
+    assert cli_main(["score-text", "--checkpoint", str(synthetic), "a dog"]) == 2
+
+
+def test_a_logged_mlflow_model_is_a_checkpoint_source(trained, tmp_path) -> None:
+    from asymvlm import Scorer, tracking
+
+    uri = tracking.default_tracking_uri(str(tmp_path))
+    run = tracking.open_run(uri, "e", "trial", kind="trial")
+    run.log_model(trained["checkpoint"], 24)
+    run.end()
+    captions = ["a dog", "a red car"]
+    local = Scorer.from_checkpoint(trained["checkpoint"], device="cpu")
+    logged = Scorer.from_checkpoint(f"runs:/{run.id}/adapter", device="cpu", tracking_uri=uri)
+    np.testing.assert_array_equal(logged.caption_uncertainty(captions).kappa,
+                                  local.caption_uncertainty(captions).kappa)  # fmt: skip
+    with pytest.raises(CheckpointError, match="cannot download the model"):
+        Scorer.from_checkpoint(f"runs:/{'0' * 32}/adapter", tracking_uri=uri)
