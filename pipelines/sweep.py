@@ -229,7 +229,7 @@ def run_sweep(cfg: dict[str, Any], parent: str | None = None) -> dict[str, Any]:
     trial_logger = MlflowTrialLogger(cfg, open_sweep_run, base)
     with tracking.ended(trial_logger.opened_parent):  # FINISHED, FAILED or KILLED
         try:
-            selection, summary, failed, markdown = _stages(cfg, trial_logger, base)
+            selection, summary, failed, markdown, adapters = _stages(cfg, trial_logger, base)
         finally:
             trial_logger.close()  # every write done before the sweep's run ends
     sweep_run = trial_logger.parent
@@ -238,7 +238,7 @@ def run_sweep(cfg: dict[str, Any], parent: str | None = None) -> dict[str, Any]:
         storage.uri_join(cfg["output"], SWEEP_RECORD),
         json.dumps({"parent_run_id": sweep_run.id, "experiment": experiment,
                     "tracking_uri": config.redact(uri), "selection": selection,
-                    "summary": summary, "failed": failed}, indent=2),
+                    "summary": summary, "failed": failed, "adapters": adapters}, indent=2),
     )  # fmt: skip
     return {
         "parent_run_id": sweep_run.id,
@@ -247,6 +247,7 @@ def run_sweep(cfg: dict[str, Any], parent: str | None = None) -> dict[str, Any]:
         "selection": selection,
         "summary": summary,
         "failed": failed,
+        "adapters": adapters,
         "markdown": markdown,
         "child_run_ids": list(trial_logger.child_ids.values()),
     }
@@ -254,13 +255,14 @@ def run_sweep(cfg: dict[str, Any], parent: str | None = None) -> dict[str, Any]:
 
 def _stages(cfg: dict[str, Any], trial_logger, base: dict[str, Any]):
     """Both stages and the summary, logged on the sweep's run (``trial_logger.parent``);
-    (selection, summary, failed, summary markdown)."""
+    (selection, summary, failed, summary markdown, exported adapters)."""
     name = cfg.get("name") or "sweep"
     first = cfg["seeds"][0]
     grid = [{"method": m, "lr": lr, "seed": first} for m in cfg["methods"] for lr in cfg["lr"]]
     grid = grid if len(cfg["lr"]) > 1 else []  # one lr: nothing to select
     selection: dict[str, dict[str, Any]] = {}
     reused: list[dict[str, Any]] = []
+    seed_keys: list[str] = []  # the run keys of the seed stage's trials (reused ones first)
 
     def select(method: str, trial_ids: list[str]) -> list[dict[str, Any]]:
         """The grid of ``method`` is over: its best lr, and its stage-2 trials."""
@@ -278,6 +280,7 @@ def _stages(cfg: dict[str, Any], trial_logger, base: dict[str, Any]):
         # Stage 1 already ran the first seed at the chosen lr: that trial is stage 2's.
         mine = [r for r in rows if r["lr"] == pick["lr"]]
         reused.extend(mine)
+        seed_keys.extend(k for k, r in keyed if r["lr"] == pick["lr"])
         trial_logger.join_seed_stage([k for k, r in keyed if r["lr"] == pick["lr"]])
         trial_logger.submit(
             lambda: trial_logger.parent.log_params({f"best_lr/{method}": pick["lr"]}))
@@ -310,6 +313,8 @@ def _stages(cfg: dict[str, Any], trial_logger, base: dict[str, Any]):
     summary = results.seed_summary(flat)
     title = f"{base['dataset']} ({base['embedding_model']}), mean ± std over seeds"
     markdown = results.summary_markdown(summary, title=title) + failures_markdown(failed)
+    seed_keys += [k for k, r in trial_logger.final.items() if r.get("stage") == "seeds"]
+    adapters = export_adapters(cfg, trial_logger, seed_keys)
     sweep_run = trial_logger.parent
     sweep_run.log_metrics({"failed_trials": len(failed)})
     sweep_run.set_tags({"failed_trials": str(len(failed))})
@@ -323,7 +328,24 @@ def _stages(cfg: dict[str, Any], trial_logger, base: dict[str, Any]):
         for col, stats in cells.items() if isinstance(stats, dict)
         for stat in ("mean", "std")
     })  # fmt: skip
-    return selection, summary, failed, markdown
+    return selection, summary, failed, markdown, adapters
+
+
+#: Where a sweep leaves its seed-stage adapters: ``<output>/adapters/<method>/seed<k>``.
+ADAPTERS_DIR = "adapters"
+
+
+def export_adapters(cfg: dict[str, Any], trial_logger, keys: list[str]) -> dict[str, Any]:
+    """Every seed-stage adapter (the runs ``keys``) copied to
+    ``<output>/adapters/<method>/seed<seed>``, a checkpoint folder that ``asymvlm evaluate``,
+    ``score`` and ``score-text`` take; returns method -> seed -> its URI."""
+    out: dict[str, dict[str, str]] = {}
+    for key in dict.fromkeys(keys):
+        row = trial_logger.final[key]
+        uri = storage.uri_join(cfg["output"], ADAPTERS_DIR, row["method"], f"seed{row['seed']}")
+        if trial_logger.export_adapter(key, uri):
+            out.setdefault(row["method"], {})[str(row["seed"])] = uri
+    return out
 
 
 class NoResults(AsymVLMError):
@@ -408,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
         out = run_sweep(cfg)
         logger.info("\n%s", out["markdown"])
         logger.info("open the runs: asymvlm ui %s", cfg["output"])
+        if out["adapters"]:
+            where = storage.uri_join(cfg["output"], ADAPTERS_DIR)
+            logger.info("adapters: %s/<method>/seed<k> (asymvlm score-text --checkpoint DIR "
+                        "\"a caption\")", where)  # fmt: skip
         json.dump({"parent_run_id": out["parent_run_id"],
                    "tracking_uri": config.redact(out["tracking_uri"]),
                    "selection": out["selection"], "failed_trials": len(out["failed"])},

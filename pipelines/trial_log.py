@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ray import tune
@@ -66,6 +66,8 @@ class MlflowTrialLogger(tune.Callback):
         self.started_at: dict[str, float] = {}  # wall clock, the MLflow run's start time
         #: Trial id -> the trial's final row (selection score and outcome), as it came.
         self.final: dict[str, dict[str, Any]] = {}
+        #: Run key -> (the trial's last Tune checkpoint, the member's folder in it).
+        self.checkpoints: dict[str, tuple[Any, str]] = {}
         self._bar = None  # the progress bar of the stage running, if any
         self._start_writer()
         self._parent = parent if isinstance(parent, tracking.Run) else self._writer.submit(parent)
@@ -200,6 +202,15 @@ class MlflowTrialLogger(tune.Callback):
 
         self.submit(tag)
 
+    def export_adapter(self, key: str, uri: str) -> str | None:
+        """Copy the adapter of finished run ``key`` to ``uri`` (a checkpoint folder); the URI,
+        or None for a run without one."""
+        checkpoint, member_dir = self.checkpoints.get(key, (None, ""))
+        with adapter_directory(self.final[key]["outcome"], checkpoint, member_dir) as model:
+            if model is None or not os.path.isdir(model):
+                return None
+            return storage.upload_dir(model, uri)
+
     # -- Tune's events (driver thread: read the trial now, write later) ---------------------
     @staticmethod
     def _members(trial_id: str, config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -229,6 +240,7 @@ class MlflowTrialLogger(tune.Callback):
             ):
                 if "outcome" in row:
                     self.final[key] = row
+                    self.checkpoints[key] = (checkpoint, MEMBER_DIR.format(k=k))
                     self.submit(lambda key=key, config=config, row=row, k=k: log_outcome(
                         self._run(key, config), self.cfg, row, checkpoint,
                         MEMBER_DIR.format(k=k)))  # fmt: skip
@@ -237,6 +249,7 @@ class MlflowTrialLogger(tune.Callback):
         if "outcome" in result:
             self.final[key] = result
             checkpoint = getattr(trial, "checkpoint", None)
+            self.checkpoints[key] = (checkpoint, "")
             self.submit(lambda: log_outcome(self._run(key, config), self.cfg, result,
                                             checkpoint))  # fmt: skip
         elif "epoch" in result:
@@ -356,13 +369,28 @@ def log_outcome(
             png = plot_binned_recall({method: shown}, os.path.join(tmp, "binned_recall.png"),
                                      title=f"{method} lr={lr:g} seed={seed}")  # fmt: skip
             run.log_artifact(png)
+    with adapter_directory(out, checkpoint, member_dir) as model:
+        if model is not None:
+            run.log_model(model, int(out["dim"]))
+
+
+@contextlib.contextmanager
+def adapter_directory(
+    out: dict[str, Any], checkpoint=None, member_dir: str = ""
+) -> Iterator[str | None]:
+    """A local folder holding a finished trial's adapter (a checkpoint folder
+    :func:`asymvlm.training.load_checkpoint` reads) for the block: from its Ray Train run's
+    checkpoint (``out["checkpoint"]``), else from ``checkpoint``, the trial's latest Tune
+    checkpoint (a pack's holds each member's under ``member_dir``); None without either."""
     if out.get("checkpoint"):
         from ray.train import Checkpoint
 
         # (path, filesystem) as Ray Train wrote it (pyarrow's own, for object stores)
         checkpoint = Checkpoint(*storage.ray_storage(out["checkpoint"]))
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            run.log_model(os.path.join(directory, member_dir, "model"), int(out["dim"]))
+    if checkpoint is None:
+        yield None
+        return
+    with checkpoint.as_directory() as directory:
+        yield os.path.join(directory, member_dir, "model")
 
 

@@ -169,6 +169,20 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     assert list(scored.columns) == ["uncertainty", "kappa"]
     np.testing.assert_allclose(scored["uncertainty"], 1.0 / scored["kappa"], rtol=1e-5)
     assert np.all(scored["kappa"] > 0)
+    # ... and the sweep left every seed-stage adapter as a checkpoint folder: the same weights
+    from asymvlm.training import load_checkpoint
+
+    assert {m: sorted(s) for m, s in out["adapters"].items()} == {
+        "asymvlm-vmf": ["0", "1"], "determ-ft": ["0", "1"]}  # fmt: skip
+    assert out["adapters"]["asymvlm-vmf"]["1"] == str(tmp_path / "sweep" / "adapters" /
+                                                      "asymvlm-vmf" / "seed1")  # fmt: skip
+    exported, meta = load_checkpoint(out["adapters"]["asymvlm-vmf"]["1"], "cpu")
+    logged = model.unwrap_python_model().method.state_dict()
+    assert meta["train_config"]["seed"] == 1 and meta["embedding_model"] == "synthetic-world"
+    for name, value in exported.state_dict().items():
+        torch.testing.assert_close(value, logged[name].cpu(), rtol=0, atol=0)
+    record = json.load(open(tmp_path / "sweep" / "sweep.json"))
+    assert record["adapters"] == out["adapters"]
 
 
 @pytest.mark.slow
@@ -190,6 +204,8 @@ def test_untrained_methods_of_a_sweep_come_back_for_the_evaluations(ray_session,
     assert not out["failed"]
     adapters = tracking.load_sweep_adapters(out["tracking_uri"], out["parent_run_id"])
     assert set(adapters) == {"bayesvlm/seed0", "clip/seed0"}
+    assert {m: sorted(s) for m, s in out["adapters"].items()} == {"bayesvlm": ["0"],
+                                                                  "clip": ["0"]}  # fmt: skip
     logged = out["summary"]["bayesvlm"]["t2i_recall_at_1"]["mean"]
     test = load_split(world, "test", adapters["bayesvlm/seed0"].adapter_input)
     got = evaluate_retrieval(adapters["bayesvlm/seed0"], test)["t2i"]["recall@1"]
