@@ -680,6 +680,31 @@ class ReportConfig(_Strict):
     output: str | None = None
 
 
+class ServeConfig(_Strict):
+    """``pipelines/serve.py``: a scorer (:class:`asymvlm.Scorer`) behind Ray Serve."""
+
+    checkpoint: str  # a checkpoint folder or an MLflow model URI (runs:/..., models:/...)
+    encoder: str | None = None  # instead of the encoder the checkpoint names
+    tracking_uri: str | None = None  # the MLflow store of a runs:/ or models:/ URI
+    device: str = "auto"
+    name: str = "asymvlm-scorer"
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    route_prefix: str = "/"
+    replicas: PositiveInt = 1
+    cpus_per_replica: Annotated[float, Field(gt=0)] = 1.0
+    gpus_per_replica: Annotated[float, Field(ge=0)] = 0.0
+    #: Dynamic batching: requests that arrive within ``batch_wait_timeout_s`` of each other are
+    #: embedded together, up to ``max_batch_size`` requests (``batching: false``: one by one).
+    batching: bool = True
+    max_batch_size: PositiveInt = 32
+    batch_wait_timeout_s: Annotated[float, Field(ge=0)] = 0.01
+    encode_batch_size: PositiveInt = 256
+    max_caption_chars: PositiveInt = 1000
+    max_captions: PositiveInt = 1024  # per request
+    max_images: PositiveInt = 64  # per request
+
+
 class PipelineConfig(_Strict):
     """``pipelines/full.py``: prepare -> embed -> sweep -> evaluate -> report."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -215,3 +216,117 @@ def test_a_logged_mlflow_model_is_a_checkpoint_source(trained, tmp_path) -> None
                                   local.caption_uncertainty(captions).kappa)  # fmt: skip
     with pytest.raises(CheckpointError, match="cannot download the model"):
         Scorer.from_checkpoint(f"runs:/{'0' * 32}/adapter", tracking_uri=uri)
+
+
+# -- Ray Serve ----------------------------------------------------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, payload: Any) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+@pytest.fixture(scope="module")
+def served(trained):
+    """The demo-like adapter deployed with Ray Serve on 127.0.0.1 (batching on)."""
+    from ray import serve
+
+    from asymvlm.config import ServeConfig
+    from pipelines.serve import check, deploy
+
+    cfg = ServeConfig(checkpoint=trained["checkpoint"], device="cpu", port=_free_port(),
+                      name="test-scorer", max_caption_chars=200, max_captions=50,
+                      max_batch_size=8, batch_wait_timeout_s=0.05)  # fmt: skip
+    assert check(cfg)["method"] == "asymvlm-vmf"
+    url = deploy(cfg)
+    try:
+        yield url
+    finally:
+        serve.shutdown()
+
+
+def test_serve_answers_the_numbers_of_the_scorer_over_http(trained, served) -> None:
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asymvlm import Scorer
+
+    with urllib.request.urlopen(served + "/health", timeout=30) as response:
+        health = json.loads(response.read())
+    assert health == {"status": "ok", "method": "asymvlm-vmf", "dim": 24,
+                      "encoder": trained["model"]}  # fmt: skip
+    scorer = Scorer.from_checkpoint(trained["checkpoint"], device="cpu")
+    captions = ["a dog", "a golden retriever catching a red frisbee", "a red bus"]
+    status, body = _post(served + "/uncertainty", {"captions": captions})
+    assert status == 200
+    want = scorer.caption_uncertainty(captions).records()
+    assert [r["text"] for r in body["results"]] == captions
+    for got, ref in zip(body["results"], want, strict=True):
+        assert got["kappa"] == pytest.approx(ref["kappa"], rel=1e-5)
+        assert got["uncertainty"] == pytest.approx(ref["uncertainty"], rel=1e-5)
+    # concurrent requests are batched together and each gets its own answers back
+    many = [[f"caption number {i}", f"another caption {i}"] for i in range(12)]
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda c: _post(served + "/uncertainty", {"captions": c}), many))
+    for sent, (status, body) in zip(many, answers, strict=True):
+        assert status == 200 and [r["text"] for r in body["results"]] == sent
+        ref = scorer.caption_uncertainty(sent).kappa
+        np.testing.assert_allclose([r["kappa"] for r in body["results"]], ref, rtol=1e-5)
+    # images in base64: the scorer's log-likelihoods
+    import base64
+
+    names = sorted(os.listdir(trained["images"]))[:2]
+    raw = [open(os.path.join(trained["images"], n), "rb").read() for n in names]
+    status, body = _post(served + "/score", {"captions": captions[:2],
+                                             "images": [base64.b64encode(b).decode() for b in raw]})
+    assert status == 200
+    np.testing.assert_allclose(body["scores"], scorer.score(raw, captions[:2]), rtol=1e-4)
+
+
+def test_serve_refuses_bad_requests_with_a_4xx_and_the_reason(served) -> None:
+    import base64
+
+    cases = [
+        ({"captions": ["a dog", ""]}, 400, "caption 1: empty"),
+        ({"captions": ["a dog", "x" * 201]}, 400, "caption 1: 201 characters; at most 200"),
+        ({"captions": []}, 400, "no captions"),
+        ({"captions": ["a"] * 51}, 400, "51 captions; at most 50 a request"),
+        ({"captions": ["a dog", 3]}, 422, "captions"),
+        ({"text": "a dog"}, 422, "captions"),
+    ]
+    for payload, code, reason in cases:
+        status, body = _post(served + "/uncertainty", payload)
+        assert status == code, (payload, body)
+        assert reason in json.dumps(body), (payload, body)
+    not_an_image = base64.b64encode(b"GIF89a this is no image").decode()
+    status, body = _post(served + "/score", {"captions": ["a dog"], "images": [not_an_image]})
+    assert status == 400 and "image 0: cannot be decoded" in body["detail"]
+    status, body = _post(served + "/score", {"captions": ["a dog"], "images": ["%%%"]})
+    assert status == 400 and body["detail"] == "image 0: not base64"
+    # still serving after the bad requests
+    assert _post(served + "/uncertainty", {"captions": ["a dog"]})[0] == 200
+
+
+def test_serve_refuses_a_bad_checkpoint_before_deploying(tmp_path, capsys) -> None:
+    from pipelines.serve import main
+
+    assert main(["--checkpoint", str(tmp_path / "nothing"), "--no-block"]) == 2
+    assert "not a checkpoint folder (no config.json)" in capsys.readouterr().err
+    bad = tmp_path / "serve.yaml"
+    bad.write_text(f"checkpoint: {tmp_path}\nreplica: 2\n")
+    assert main(["--config", str(bad), "--no-block"]) == 2
+    assert "replica: unknown key (did you mean 'replicas'?)" in capsys.readouterr().err
