@@ -34,3 +34,13 @@ def loadavg() -> float | None:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
+
+
+def machine(load_before: float | None) -> dict[str, object]:
+    """What a benchmark's JSON says of the machine: CPU, cores, torch and its threads, and the
+    load average before (``load_before``) and after the runs."""
+    import torch
+
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "loadavg_1min_before_after": [load_before, loadavg()]}  # fmt: skip

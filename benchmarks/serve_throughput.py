@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import cpu_model, loadavg, logger  # noqa: E402
+from _common import loadavg, logger, machine  # noqa: E402
 
 log = logger("serve_throughput")
 WORDS = ("a dog cat red blue small large man woman child car bus tree street field beach "
@@ -123,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import socket
 
-    import torch
     from ray import serve
 
     from asymvlm import Scorer, logs
@@ -131,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.serve import deploy
 
     logs.configure(verbose=False)
+    # stdout carries the JSON alone: Ray prints some of its workers' messages (Serve's
+    # shutdown) to the driver's stdout, so everything else goes to stderr meanwhile.
+    stdout, sys.stdout = sys.stdout, sys.stderr
     scratch = tempfile.mkdtemp(prefix="serve-throughput-")
     try:
         checkpoint = args.checkpoint or _untrained_checkpoint(scratch)
@@ -164,11 +166,9 @@ def main(argv: list[str] | None = None) -> int:
                                          / result["serve_unbatched"]["requests_per_second"], 3),
             checkpoint=args.checkpoint or "untrained asymvlm-vmf over a tiny random CLIP",
             requests=args.requests, captions_per_request=args.captions,
-            concurrency=args.concurrency, device=args.device, cpu=cpu_model(),
-            cpus=os.cpu_count(), torch=torch.__version__,
-            loadavg_1min_before_after=[load_before, loadavg()],
+            concurrency=args.concurrency, device=args.device, **machine(load_before),
         )  # fmt: skip
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2), file=stdout, flush=True)
         return 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

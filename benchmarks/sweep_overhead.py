@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import cpu_model, loadavg, logger  # noqa: E402
+from _common import loadavg, logger, machine  # noqa: E402
 
 log = logger("sweep_overhead")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -180,11 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 == result["selection"],
                 seed_metrics_max_abs_diff=_max_diff(_seed_metrics(tt_out), _seed_metrics(out)),
             )
-        import torch
-
-        result.update(cpu=cpu_model(), cpus=os.cpu_count(), torch=torch.__version__,
-                      torch_threads=torch.get_num_threads(),
-                      loadavg_1min_before_after=[load_before, loadavg()])  # fmt: skip
+        result.update(machine(load_before))
         print(json.dumps(result, indent=2))
         return 0
     finally:
