@@ -32,6 +32,7 @@ import base64
 import binascii
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -189,6 +190,10 @@ def load_config(args: argparse.Namespace) -> ServeConfig:
     return config.validate(ServeConfig, doc, args.config or "serve options")
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="a YAML of ServeConfig keys")
@@ -210,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
               "/health); Ctrl-C stops", file=sys.stderr)  # fmt: skip
         if args.no_block:
             return 0
+        # Ctrl-C and SIGTERM (a container stopping) end the same way: the app is taken down,
+        # exit 130 with one line (not Ray's fatal-signal stack dump)
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)
         try:
             while True:
                 time.sleep(3600)
