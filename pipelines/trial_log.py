@@ -372,6 +372,19 @@ def log_outcome(
     with adapter_directory(out, checkpoint, member_dir) as model:
         if model is not None:
             run.log_model(model, int(out["dim"]))
+            if _names_encoder(model):  # tables of the embedding stage: captions in, too
+                run.log_model(model, int(out["dim"]), text=True)
+
+
+def _names_encoder(checkpoint_dir: str) -> bool:
+    """Whether an adapter's checkpoint records the encoder of its tables."""
+    import json
+
+    try:
+        with open(os.path.join(checkpoint_dir, "config.json")) as fh:
+            return bool(json.load(fh).get("encoder"))
+    except (OSError, ValueError):
+        return False
 
 
 @contextlib.contextmanager

@@ -370,3 +370,82 @@ def test_serve_stops_cleanly_on_sigterm(trained, tmp_path) -> None:
             proc.wait()
     assert proc.returncode == 130
     assert "error: interrupted" in err and "SIGTERM received" not in err
+
+
+def test_the_mlflow_text_model_gives_the_numbers_of_score_text(trained, tmp_path) -> None:
+    """The text-input model a trial logs beside the embedding-input one: captions in, the
+    Scorer's kappa and uncertainty out; a bad caption is an MlflowException naming the row."""
+    import mlflow
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    from asymvlm import Scorer, tracking
+
+    uri = tracking.default_tracking_uri(str(tmp_path))
+    run = tracking.open_run(uri, "e", "trial", kind="trial")
+    run.log_model(trained["checkpoint"], 24)
+    run.log_model(trained["checkpoint"], 24, text=True)
+    run.end()
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(f"runs:/{run.id}/text-adapter")
+    assert model.metadata.get_input_schema().input_names() == ["text"]
+    captions = ["a dog", "a golden retriever catching a red frisbee", "a red bus"]
+    got = model.predict(pd.DataFrame({"text": captions}))
+    want = Scorer.from_checkpoint(trained["checkpoint"], device="cpu").caption_uncertainty(captions)
+    assert list(got.columns) == ["uncertainty", "kappa"]
+    np.testing.assert_allclose(got["kappa"], want.kappa, rtol=1e-6)
+    np.testing.assert_allclose(got["uncertainty"], want.uncertainty, rtol=1e-6)
+    with pytest.raises(MlflowException, match="row 1: empty"):
+        model.predict(pd.DataFrame({"text": ["a dog", " "]}))
+    with pytest.raises(MlflowException, match=r"missing inputs \['text'\]"):  # its schema
+        model.predict(pd.DataFrame({"caption": ["a dog"]}))
+
+
+def test_the_text_model_served_by_mlflow_answers_over_http(trained, tmp_path) -> None:
+    """`mlflow models serve`'s app (in process, on 127.0.0.1) with the text model: captions in
+    a JSON request, the Scorer's numbers out; an empty caption is a 400 naming the row."""
+    import socket
+    import threading
+    import time
+
+    import mlflow
+    import uvicorn
+    from mlflow.pyfunc import scoring_server
+
+    from asymvlm import Scorer, tracking
+
+    uri = tracking.default_tracking_uri(str(tmp_path))
+    run = tracking.open_run(uri, "e", "trial", kind="trial")
+    run.log_model(trained["checkpoint"], 24, text=True)
+    run.end()
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        model = mlflow.pyfunc.load_model(f"runs:/{run.id}/text-adapter")
+    finally:
+        mlflow.set_tracking_uri(before)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/invocations"
+    server = uvicorn.Server(uvicorn.Config(scoring_server.init(model), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        captions = ["a dog", "a red bus"]
+        status, body = _post(url, {"dataframe_records": [{"text": c} for c in captions]})
+        assert status == 200
+        want = Scorer.from_checkpoint(trained["checkpoint"], device="cpu")
+        want = want.caption_uncertainty(captions)
+        np.testing.assert_allclose([r["kappa"] for r in body["predictions"]], want.kappa,
+                                   rtol=1e-6)  # fmt: skip
+        status, body = _post(url, {"dataframe_records": [{"text": "a dog"}, {"text": ""}]})
+        assert status == 400 and body["error_code"] == "INVALID_PARAMETER_VALUE"
+        assert "row 1: empty" in body["message"]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()

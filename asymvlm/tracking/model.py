@@ -14,7 +14,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["CaptionUncertaintyModel", "load_sweep_adapters", "log_uncertainty_model"]
+__all__ = [
+    "CaptionTextModel",
+    "CaptionUncertaintyModel",
+    "load_sweep_adapters",
+    "log_text_model",
+    "log_uncertainty_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +128,67 @@ def log_uncertainty_model(checkpoint_dir: str, dim: int, name: str = "adapter"):
         code_paths=[PACKAGE],
         pip_requirements=_requirements(),  # given: inferring them costs a subprocess per model
         signature=infer_signature(example, pd.DataFrame({"uncertainty": [1.0], "kappa": [1.0]})),
+    )
+
+
+class CaptionTextModel(_PythonModel):
+    """Text in, uncertainty out: the adapter with the frozen encoder its tables were embedded
+    with (:class:`asymvlm.Scorer`).
+
+    Input: a DataFrame with a ``text`` column (one caption a row). Output: ``uncertainty`` and
+    ``kappa`` (null where the method has none), the numbers of ``asymvlm score-text``. The
+    encoder is referenced, not copied into the model (a CLIP is hundreds of MB and every trial
+    logs one): its id or folder and the SHA-256 of a folder's files are in the adapter's
+    ``config.json``, so the server loads it by id (a hub download) or from the same folder, and
+    refuses a folder whose files changed. A missing ``text`` column, an empty or non-string
+    caption raises ``MlflowException(INVALID_PARAMETER_VALUE)`` naming the row (HTTP 400 from
+    ``mlflow models serve``).
+    """
+
+    def load_context(self, context) -> None:
+        from asymvlm.scoring import Scorer
+
+        self.scorer = Scorer.from_checkpoint(context.artifacts["checkpoint"], device="cpu")
+
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+        from asymvlm.scoring import ScoringInputError
+
+        frame = pd.DataFrame(model_input)
+        if "text" not in frame:
+            raise MlflowException("input needs a 'text' column (one caption a row)",
+                                  error_code=INVALID_PARAMETER_VALUE)  # fmt: skip
+        try:
+            result = self.scorer.caption_uncertainty(list(frame["text"]))
+        except ScoringInputError as exc:
+            message = str(exc).replace("caption ", "row ", 1)
+            raise MlflowException(message, error_code=INVALID_PARAMETER_VALUE) from None
+        n = len(frame)
+        return pd.DataFrame({
+            "uncertainty": result.uncertainty if result.uncertainty is not None else [None] * n,
+            "kappa": result.kappa if result.kappa is not None else [None] * n,
+        }, index=frame.index)  # fmt: skip
+
+
+def log_text_model(checkpoint_dir: str, name: str = "text-adapter"):
+    """Log the checkpoint as a text-input pyfunc model (:class:`CaptionTextModel`) of the
+    active run; the adapter's checkpoint must name its encoder (tables written by the
+    embedding stage)."""
+    import mlflow
+    from mlflow.models import infer_signature
+
+    example = pd.DataFrame({"text": ["a dog", "a golden retriever catching a red frisbee"]})
+    output = pd.DataFrame({"uncertainty": [1.0, 1.0], "kappa": [1.0, 1.0]})
+    return mlflow.pyfunc.log_model(
+        name=name,
+        python_model=CaptionTextModel(),
+        artifacts={"checkpoint": checkpoint_dir},
+        code_paths=[PACKAGE],
+        pip_requirements=[*_requirements(), "transformers", "pillow"],
+        signature=infer_signature(example, output),
+        input_example=example,
     )
 
 

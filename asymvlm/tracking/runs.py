@@ -126,18 +126,23 @@ class Run:
     def log_json(self, name: str, payload: Any, artifact_path: str | None = None) -> None:
         self.log_text(name, json.dumps(payload, indent=2, default=_json_default), artifact_path)
 
-    def log_model(self, checkpoint_dir: str, dim: int) -> None:
-        """The adapter as a pyfunc model
-        (:class:`~asymvlm.tracking.model.CaptionUncertaintyModel`)."""
+    def log_model(self, checkpoint_dir: str, dim: int, *, text: bool = False) -> None:
+        """The adapter as a pyfunc model: embeddings in
+        (:class:`~asymvlm.tracking.model.CaptionUncertaintyModel`, name ``adapter``), or with
+        ``text`` captions in (:class:`~asymvlm.tracking.model.CaptionTextModel`, name
+        ``text-adapter``; the checkpoint must name its encoder)."""
         import mlflow
 
-        from asymvlm.tracking.model import log_uncertainty_model
+        from asymvlm.tracking.model import log_text_model, log_uncertainty_model
 
         previous = mlflow.get_tracking_uri()
         mlflow.set_tracking_uri(self.tracking_uri)
         try:
             with mlflow.start_run(run_id=self.id, log_system_metrics=False):
-                log_uncertainty_model(checkpoint_dir, dim)
+                if text:
+                    log_text_model(checkpoint_dir)
+                else:
+                    log_uncertainty_model(checkpoint_dir, dim)
             # Leaving start_run ended the run; it is still being written: RUNNING again.
             self.client.update_run(self.id, status="RUNNING")
         finally:
