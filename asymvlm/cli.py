@@ -188,19 +188,17 @@ def _cmd_score(args: argparse.Namespace) -> int:
 def _read_captions(path: str, column: str) -> list[str]:
     """Captions of a ``.txt`` file (one a line) or a ``.parquet`` file (``column``); an empty or
     missing caption is an error naming its line or row."""
-    from asymvlm.scoring import ScoringInputError
-
     if path.endswith(".parquet"):
         schema = pq.read_schema(path)
         if column not in schema.names:
             names = ", ".join(schema.names)
-            raise ScoringInputError(f"{path}: no column {column!r} (columns: {names}); "
-                                    "choose one with --column")  # fmt: skip
+            raise ConfigError(f"{path}: no column {column!r} (columns: {names}); "
+                              "choose one with --column")  # fmt: skip
         values = pq.read_table(path, columns=[column]).column(column).to_pylist()
         for row, text in enumerate(values):
             if not isinstance(text, str) or not text.strip():
-                raise ScoringInputError(f"{path} row {row}: {column!r} is not a caption "
-                                        f"({text!r})")  # fmt: skip
+                raise ConfigError(f"{path} row {row}: {column!r} is not a caption "
+                                  f"({text!r})")  # fmt: skip
         return values
     with open(path, encoding="utf-8") as fh:
         lines = fh.read().splitlines()
@@ -208,14 +206,13 @@ def _read_captions(path: str, column: str) -> list[str]:
         lines.pop()
     for number, text in enumerate(lines, start=1):
         if not text.strip():
-            raise ScoringInputError(f"{path} line {number}: empty caption")
+            raise ConfigError(f"{path} line {number}: empty caption")
     return lines
 
 
 def _cmd_score_text(args: argparse.Namespace) -> int:
     import json
 
-    import pyarrow as pa
     from tqdm import tqdm
 
     from asymvlm.scoring import Scorer, ScoringInputError
@@ -239,16 +236,9 @@ def _cmd_score_text(args: argparse.Namespace) -> int:
                 try:
                     result = scorer.caption_uncertainty(captions[start : start + chunk])
                 except ScoringInputError as exc:  # positions are the file's, not the chunk's
-                    raise ScoringInputError(_shift(str(exc), start)) from None
+                    raise exc.moved(start) from None
                 if args.output:
-                    table = pa.table({
-                        "text": pa.array(result.text, pa.string()),
-                        "kappa": pa.array(result.kappa, pa.float32()) if result.kappa is not None
-                        else pa.nulls(len(result.text), pa.float32()),
-                        "uncertainty": pa.array(result.uncertainty, pa.float32())
-                        if result.uncertainty is not None
-                        else pa.nulls(len(result.text), pa.float32()),
-                    })  # fmt: skip
+                    table = result.table()
                     if writer is None:
                         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
                         tmp = args.output + ".tmp"
@@ -268,13 +258,6 @@ def _cmd_score_text(args: argparse.Namespace) -> int:
             writer.close()
             os.remove(tmp)
     return 0
-
-
-def _shift(message: str, offset: int) -> str:
-    """``caption k: ...`` of a chunk starting at ``offset`` as ``caption k+offset: ...``."""
-    import re
-
-    return re.sub(r"^caption (\d+)", lambda m: f"caption {int(m.group(1)) + offset}", message)
 
 
 def _cmd_import_official(args: argparse.Namespace) -> int:

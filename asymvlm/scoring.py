@@ -17,7 +17,6 @@ Captions and images go through in batches of ``batch_size`` on the scorer's devi
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from asymvlm import logs
@@ -39,7 +39,15 @@ NOT_AN_ENCODER = frozenset({"synthetic-world"})
 
 
 class ScoringInputError(AsymVLMError, ValueError):
-    """A caption or an image the scorer cannot take (names its position)."""
+    """A caption or an image the scorer cannot take: ``"<kind> <index>: <problem>"``."""
+
+    def __init__(self, kind: str, index: int, problem: str) -> None:
+        super().__init__(f"{kind} {index}: {problem}")
+        self.kind, self.index, self.problem = kind, index, problem
+
+    def moved(self, offset: int) -> ScoringInputError:
+        """The same error for inputs that started ``offset`` items later (a chunk's)."""
+        return ScoringInputError(self.kind, self.index + offset, self.problem)
 
 
 @dataclass
@@ -63,6 +71,17 @@ class CaptionScores:
             row["uncertainty"] = None if self.uncertainty is None else float(self.uncertainty[i])
             out.append(row)
         return out
+
+    def table(self) -> pa.Table:
+        """``text``, ``kappa`` and ``uncertainty`` as float32 columns (null where the method
+        defines none)."""
+        n = len(self.text)
+        columns: dict[str, pa.Array] = {"text": pa.array(self.text, pa.string())}
+        for name in ("kappa", "uncertainty"):
+            value = getattr(self, name)
+            columns[name] = pa.nulls(n, pa.float32()) if value is None else pa.array(value,
+                                                                                  pa.float32())
+        return pa.table(columns)
 
 
 def resolve_checkpoint(source: str, tracking_uri: str | None = None) -> str:
@@ -118,6 +137,11 @@ class Scorer:
         self.method.to(self.device)
         self.raw_text = meta.get("adapter_input", "raw") == "raw"
         self.uses_pre = bool(getattr(method, "USES_PRE_FEATURES", False))
+        #: The frozen model's projections, for methods on pre-projection features (once).
+        self.projections = {
+            f"{m}_projection": torch.from_numpy(w).to(self.device)
+            for m, w in (encoder.projections().items() if self.uses_pre else ())
+        }
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
@@ -172,23 +196,25 @@ class Scorer:
         out = []
         for i, text in enumerate(captions):
             if not isinstance(text, str):
-                raise ScoringInputError(f"caption {i}: not a string ({type(text).__name__})")
+                raise ScoringInputError("caption", i, f"not a string ({type(text).__name__})")
             if not text.strip():
-                raise ScoringInputError(f"caption {i}: empty")
+                raise ScoringInputError("caption", i, "empty")
             out.append(text)
         return out
 
     def _embed_captions(self, captions: list[str]) -> dict[str, torch.Tensor]:
         """Unit embeddings, raw norms (and pre-projection features) of the captions."""
-        parts: list[tuple[np.ndarray, ...]] = []
-        for start in range(0, len(captions), self.batch_size):
-            parts.append(self.encoder.encode_texts(captions[start : start + self.batch_size],
-                                                   pre=self.uses_pre))  # fmt: skip
-        columns = [np.concatenate(c) for c in zip(*parts, strict=True)]
-        out = {"unit": torch.from_numpy(columns[0]), "norm": torch.from_numpy(columns[1])}
-        if self.uses_pre:
-            out["pre"] = torch.from_numpy(columns[2])
-        return {k: v.to(self.device) for k, v in out.items()}
+        return self._on_device([
+            self.encoder.encode_texts(captions[start : start + self.batch_size],
+                                      pre=self.uses_pre)
+            for start in range(0, len(captions), self.batch_size)
+        ])  # fmt: skip
+
+    def _on_device(self, parts: list[tuple[np.ndarray, ...]]) -> dict[str, torch.Tensor]:
+        """The encoder's batches -- (unit, norm[, pre]) each -- joined, on the device."""
+        columns = [torch.from_numpy(np.concatenate(c)).to(self.device)
+                   for c in zip(*parts, strict=True)]  # fmt: skip
+        return dict(zip(("unit", "norm", "pre"), columns, strict=False))
 
     def _text_rows(self, embedded: dict[str, torch.Tensor]) -> torch.Tensor:
         """The adapter's caption input, as the trainer builds it from tables
@@ -219,30 +245,32 @@ class Scorer:
             value = getattr(result, name)
             if value is not None and not np.isfinite(value).all():
                 bad = int(np.flatnonzero(~np.isfinite(value))[0])
-                raise ScoringInputError(f"caption {bad} ({captions[bad]!r}): the adapter gives a "
-                                        f"non-finite {name}")  # fmt: skip
+                raise ScoringInputError("caption", bad, f"the adapter gives a non-finite {name} "
+                                        f"for {captions[bad]!r}")  # fmt: skip
         return result
 
     # -- images -------------------------------------------------------------------------------
     @staticmethod
     def _open_image(image: Any, index: int):
-        """A PIL image from a PIL image, a file path or encoded bytes."""
-        from PIL import Image, UnidentifiedImageError
+        """A PIL image from a PIL image, a path (any filesystem) or encoded bytes, decoded as
+        the embedding stage decodes (:func:`asymvlm.data.encode.load_image`)."""
+        from PIL import Image
+
+        from asymvlm.data.encode import load_image
 
         if isinstance(image, Image.Image):
             return image.convert("RGB")
+        if isinstance(image, bytes | bytearray):
+            row = {"data": bytes(image)}
+        elif isinstance(image, str | os.PathLike):
+            row = {"path": os.fspath(image)}
+        else:
+            raise ScoringInputError("image", index, "give a PIL image, a path or bytes, not "
+                                    f"{type(image).__name__}")  # fmt: skip
         try:
-            if isinstance(image, bytes | bytearray):
-                opened = Image.open(io.BytesIO(image))
-            elif isinstance(image, str | os.PathLike):
-                opened = Image.open(image)
-            else:
-                raise ScoringInputError(f"image {index}: give a PIL image, a path or bytes, "
-                                        f"not {type(image).__name__}")  # fmt: skip
-            opened.load()
-            return opened.convert("RGB")
-        except (UnidentifiedImageError, OSError) as exc:
-            raise ScoringInputError(f"image {index}: cannot be decoded ({exc})") from None
+            return load_image(row)
+        except OSError as exc:  # PIL's UnidentifiedImageError too
+            raise ScoringInputError("image", index, f"cannot be decoded ({exc})") from None
 
     def _embed_images(self, images: Sequence[Any]) -> dict[str, torch.Tensor]:
         parts: list[tuple[np.ndarray, ...]] = []
@@ -251,11 +279,7 @@ class Scorer:
                      for i, im in enumerate(images[start : start + self.batch_size])]  # fmt: skip
             pixels = self.encoder.preprocess_images(batch)
             parts.append(self.encoder.encode_pixels(pixels, pre=self.uses_pre))
-        columns = [np.concatenate(c) for c in zip(*parts, strict=True)]
-        out = {"unit": torch.from_numpy(columns[0]), "norm": torch.from_numpy(columns[1])}
-        if self.uses_pre:
-            out["pre"] = torch.from_numpy(columns[2])
-        return {k: v.to(self.device) for k, v in out.items()}
+        return self._on_device(parts)
 
     def score(self, images: Sequence[Any], captions: Sequence[str]) -> np.ndarray:
         """[n_captions, n_images] retrieval scores: the log-likelihood of each image under each
@@ -282,7 +306,7 @@ class Scorer:
         from asymvlm.training import SplitTensors
 
         dim = int(self.meta["dim"])
-        if images is None:  # captions only: one placeholder image nothing is compared with
+        if images is None:  # captions only: no images (nothing is compared)
             images = {"unit": torch.zeros(0, dim, device=self.device),
                       "norm": torch.zeros(0, device=self.device)}  # fmt: skip
             if self.uses_pre:
@@ -296,10 +320,6 @@ class Scorer:
             text_image_index=np.zeros(n_text, np.int64), texts=[],
             text_embeddings=empty, text_norms=None, extra_text_columns={}, manifest=None,
         )  # fmt: skip
-        projections = {}
-        if self.uses_pre:
-            projections = {f"{m}_projection": torch.from_numpy(w).to(self.device)
-                           for m, w in self.encoder.projections().items()}  # fmt: skip
         return SplitTensors(
             image_emb=images["unit"],
             text_emb=self._text_rows(texts),
@@ -308,5 +328,5 @@ class Scorer:
             image_norm=images["norm"],
             image_pre=images.get("pre"),
             text_pre=texts.get("pre"),
-            **projections,
+            **self.projections,
         )

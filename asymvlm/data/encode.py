@@ -36,7 +36,10 @@ def _read_bytes(path: str, offset: Any, length: Any) -> bytes:
         return fh.read(int(length))
 
 
-def _load_image(row: dict[str, Any]):
+def load_image(row: dict[str, Any]):
+    """The RGB image of a row: its encoded bytes (``data``), or the bytes at ``path`` (any
+    filesystem; ``offset``/``length`` for a member of a tar shard). Raises on files that do not
+    decode, truncated ones included."""
     from PIL import Image
 
     data = row.get("data")
@@ -59,7 +62,7 @@ def decode_batch(
     images, errors = [], []
     for row in rows:
         try:
-            image = _load_image(row)
+            image = load_image(row)
             if perturbation:
                 image = perturb_image(image, perturbation, item_seed(seed, row["image_id"]))
             images.append(image)

@@ -163,8 +163,8 @@ class CaptionTextModel(_PythonModel):
         try:
             result = self.scorer.caption_uncertainty(list(frame["text"]))
         except ScoringInputError as exc:
-            message = str(exc).replace("caption ", "row ", 1)
-            raise MlflowException(message, error_code=INVALID_PARAMETER_VALUE) from None
+            raise MlflowException(f"row {exc.index}: {exc.problem}",
+                                  error_code=INVALID_PARAMETER_VALUE) from None  # fmt: skip
         n = len(frame)
         return pd.DataFrame({
             "uncertainty": result.uncertainty if result.uncertainty is not None else [None] * n,
