@@ -94,15 +94,13 @@ def resolve_checkpoint(source: str, tracking_uri: str | None = None) -> str:
         return source
     import mlflow
 
-    previous = mlflow.get_tracking_uri()
-    if tracking_uri:  # runs:/ URIs of logged models resolve through the global tracking URI
-        mlflow.set_tracking_uri(tracking_uri)
-    try:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=source)
+    from asymvlm.tracking.store import global_tracking_uri
+
+    try:  # runs:/ URIs of logged models resolve through the global tracking URI
+        with global_tracking_uri(tracking_uri or None):
+            local = mlflow.artifacts.download_artifacts(artifact_uri=source)
     except Exception as exc:
         raise CheckpointError(f"{source}: cannot download the model: {exc}") from None
-    finally:
-        mlflow.set_tracking_uri(previous)
     for folder, _, files in sorted(os.walk(local)):
         if "config.json" in files and "model.pt" in files:
             return folder

@@ -62,8 +62,8 @@ class MlflowTrialLogger(tune.Callback):
         writer thread, so Tune starts its trials while the run (and a new store) is made."""
         self.cfg, self.base_params = cfg, base_params
         self.runs: dict[str, tracking.Run] = {}
-        self.started: dict[str, float] = {}  # monotonic, for the trial's duration
-        self.started_at: dict[str, float] = {}  # wall clock, the MLflow run's start time
+        #: Run key -> when its trial started (seconds): the MLflow run's start, the duration.
+        self.started_at: dict[str, float] = {}
         #: Trial id -> the trial's final row (selection score and outcome), as it came.
         self.final: dict[str, dict[str, Any]] = {}
         #: Run key -> (the trial's last Tune checkpoint, the member's folder in it).
@@ -225,7 +225,6 @@ class MlflowTrialLogger(tune.Callback):
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self._check_parent()
         for key, member in self._members(trial.trial_id, trial.config):
-            self.started.setdefault(key, time.monotonic())
             self.started_at.setdefault(key, time.time())
             self.submit(lambda key=key, member=member: self._run(key, member))
 
@@ -278,7 +277,7 @@ class MlflowTrialLogger(tune.Callback):
         members = self._members(trial.trial_id, trial.config)
         outcomes = last.get("pack_outcomes") or [last] * len(members)
         for (key, member), result in zip(members, outcomes, strict=False):
-            seconds = time.monotonic() - self.started.get(key, time.monotonic())
+            seconds = time.time() - self.started_at.get(key, time.time())
             self.submit(lambda key=key, member=member, result=result, seconds=seconds:
                         self._complete(key, member, result, seconds))  # fmt: skip
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from asymvlm.tracking.store import experiment_id, git_commit
+from asymvlm.tracking.store import experiment_id, git_commit, global_tracking_uri
 
 logger = logging.getLogger(__name__)
 
@@ -86,13 +86,7 @@ class Run:
     ) -> None:
         """Finite numbers only (None, NaN and non-numbers are left out); ``timestamp`` in
         seconds (default: now)."""
-        from mlflow.entities import Metric
-
-        ms = int(1000 * (time.time() if timestamp is None else timestamp))
-        items = [Metric(str(k), float(v), ms, int(step)) for k, v in metrics.items()
-                 if _finite(v)]  # fmt: skip
-        for start in range(0, len(items), 1000):
-            self.client.log_batch(self.id, metrics=items[start : start + 1000])
+        self.log_metric_rows([(step, metrics, time.time() if timestamp is None else timestamp)])
 
     def log_metric_rows(self, rows: list[tuple[int, Mapping[str, Any], float]]) -> None:
         """Several steps' metrics at once: ``(step, metrics, timestamp in seconds)`` each, in
@@ -135,18 +129,15 @@ class Run:
 
         from asymvlm.tracking.model import log_text_model, log_uncertainty_model
 
-        previous = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(self.tracking_uri)
-        try:
-            with mlflow.start_run(run_id=self.id, log_system_metrics=False):
-                if text:
-                    log_text_model(checkpoint_dir)
-                else:
-                    log_uncertainty_model(checkpoint_dir, dim)
-            # Leaving start_run ended the run; it is still being written: RUNNING again.
-            self.client.update_run(self.id, status="RUNNING")
-        finally:
-            mlflow.set_tracking_uri(previous)
+        with global_tracking_uri(self.tracking_uri), mlflow.start_run(
+            run_id=self.id, log_system_metrics=False
+        ):
+            if text:
+                log_text_model(checkpoint_dir)
+            else:
+                log_uncertainty_model(checkpoint_dir, dim)
+        # Leaving start_run ended the run; it is still being written: RUNNING again.
+        self.client.update_run(self.id, status="RUNNING")
 
     # -- the end -------------------------------------------------------------------------------
     def end(self, status: str = "FINISHED", reason: str | None = None) -> None:

@@ -14,6 +14,8 @@ import logging
 import os
 import sqlite3
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache, lru_cache
 
 logger = logging.getLogger(__name__)
@@ -131,3 +133,21 @@ def git_commit(path: str | None = None) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+@contextmanager
+def global_tracking_uri(tracking_uri: str | None) -> Iterator[None]:
+    """MLflow's global tracking URI set to ``tracking_uri`` for the block (None: unchanged),
+    for the APIs that only read the global one (``mlflow.start_run``, ``runs:/`` URIs of
+    logged models); restored after it."""
+    import mlflow
+
+    if tracking_uri is None:
+        yield
+        return
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous)
