@@ -52,20 +52,20 @@ def _captions(n_requests: int, per_request: int, seed: int = 0) -> list[list[str
 
 def _untrained_checkpoint(folder: str) -> str:
     """An asymvlm-vmf adapter (default init) over a tiny random CLIP, recorded as a checkpoint
-    of tables that CLIP embedded."""
-    from asymvlm.data.encoder import files_sha256
+    of tables that CLIP embedded (the manifest the embedding stage would write)."""
+    from asymvlm import tables
+    from asymvlm.data.encoder import Encoder
     from asymvlm.data.tiny import save_tiny_clip
     from asymvlm.methods import build_method
-    from asymvlm.training import TrainConfig, save_checkpoint
+    from asymvlm.training import TrainConfig, provenance, save_checkpoint
 
     model = save_tiny_clip(os.path.join(folder, "tiny-clip"))
+    info = Encoder(model, device="cpu", load_model=False).info
+    manifest = tables.Manifest(dim=info.dim, model=model, extra=info.to_dict())
     cfg = TrainConfig(method="asymvlm-vmf", epochs=1)
-    method = build_method("asymvlm-vmf", 24, **cfg.method_args())
+    method = build_method("asymvlm-vmf", info.dim, **cfg.method_args())
     out = os.path.join(folder, "adapter")
-    save_checkpoint(out, method, cfg, 24, complete=True, extra={
-        "embedding_model": model,
-        "encoder": {"model": model, "revision": None, "family": "clip",
-                    "files_sha256": files_sha256(model), "dim": 24}})  # fmt: skip
+    save_checkpoint(out, method, cfg, info.dim, complete=True, extra=provenance(manifest))
     return out
 
 
