@@ -473,7 +473,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", required=True, choices=sorted(READERS), help="the reader")
     p.add_argument("--annotations", default=None, help="annotation file / folder (local or s3://)")
     p.add_argument("--images", default=None, help="image folder (local or s3://)")
-    p.add_argument("--model", default="openai/clip-vit-base-patch32", help="hub id or local dir")
+    p.add_argument("--model", default="openai/clip-vit-base-patch32",
+                   help="transformers CLIP/SigLIP hub id or folder, or open_clip:ARCH/TAG "
+                   "(open_clip:ARCH/WEIGHTS-FILE, open_clip:hf-hub:ORG/REPO, "
+                   "open_clip:local-dir:FOLDER)")  # fmt: skip
     p.add_argument("--split", required=True, help="split to read (train, val, test...)")
     p.add_argument("--output", required=True, metavar="ROOT", help="tables root (or s3://)")
     p.add_argument("--batch-size", type=int, default=64, help="images per encoder batch")

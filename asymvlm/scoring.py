@@ -154,10 +154,11 @@ class Scorer:
         tracking_uri: str | None = None,
     ) -> Scorer:
         """The adapter of ``source`` (a checkpoint folder or an MLflow model URI) with the
-        encoder its checkpoint names -- or ``encoder`` (a transformers id or local folder) when
-        given, e.g. for a model folder that moved. A local encoder folder whose files differ
-        from those the tables were embedded with is refused unless ``encoder`` names it."""
-        from asymvlm.data.encoder import Encoder, files_sha256, looks_like_path
+        encoder its checkpoint names -- or ``encoder`` (a transformers id or folder, or an
+        ``open_clip:`` name) when given, e.g. for a model folder that moved. Local encoder files
+        that differ from those the tables were embedded with are refused unless ``encoder``
+        names them."""
+        from asymvlm.data.encoder import Encoder, files_sha256, local_source
         from asymvlm.training import load_checkpoint
 
         folder = resolve_checkpoint(source, tracking_uri)
@@ -170,17 +171,20 @@ class Scorer:
                 f"{source}: the adapter was trained on tables without an encoder ({what}): "
                 "give the encoder to embed captions with (--encoder)"
             )
-        local = os.path.isdir(name)
-        if not local and looks_like_path(name):
+        try:
+            files = local_source(name)
+        except ValueError as err:  # a malformed open_clip name
+            raise CheckpointError(f"{source}: {err}") from None
+        if files is not None and not os.path.exists(files):
             raise CheckpointError(
-                f"{source}: the encoder folder {name!r} the tables were embedded with is not "
-                "here: give its new place (--encoder)"
+                f"{source}: the encoder files {files} the tables were embedded with are not "
+                "here: give their new place (--encoder)"
             )
         sha = recorded.get("files_sha256")
-        if local and sha and not encoder and files_sha256(name) != sha:
+        if files is not None and sha and not encoder and files_sha256(files) != sha:
             raise CheckpointError(
-                f"{source}: the encoder folder {name} differs from the one the tables were "
-                "embedded with (other files); give --encoder to use it anyway"
+                f"{source}: the encoder files {files} differ from the ones the tables were "
+                "embedded with; give --encoder to use them anyway"
             )
         revision = recorded.get("revision") if not encoder else None
         with logs.quiet_transformers():

@@ -29,11 +29,25 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
 fi
 echo "[setup] installing asymvlm[dev] with constraints.txt (log: $LOG)"
 pip_install -e ".[dev]"
-# The bayesvlm extra (laplace-torch) without its declared dependencies: laplace-torch and
-# backpack-for-pytorch declare torchvision, which they do not import at run time, and PyPI's
-# torchvision (a CUDA build) beside a CPU torch fails to load and breaks transformers' CLIP.
-# The packages it does need, all pinned in constraints.txt:
-echo "[setup] installing the bayesvlm extra (laplace-torch) without torchvision"
+# torchvision (open_clip's dependency) beside a torch it was not built for: PyPI's torchvision
+# is a CUDA build, and beside the CPU torch of our machines its C++ operators cannot load, which
+# makes `import torchvision` fail (and with it transformers' CLIP and open_clip). Then install
+# scripts/torchvision_guard.py as a start-up hook, which lets its Python half (the transforms)
+# import; with a matching torchvision (a CUDA torch, or both from the CPU index) nothing is done.
+SITE=$("$VPY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+rm -f "$SITE/_asymvlm_torchvision_guard.py" "$SITE/_asymvlm_torchvision_guard.pth"
+if ! "$VPY" -c "import torchvision" >/dev/null 2>&1; then
+  if "$VPY" -c "import torchvision" 2>&1 | grep -q "operator torchvision::nms does not exist"; then
+    echo "[setup] torchvision's C++ operators do not load with this torch: installing the guard"
+    cp scripts/torchvision_guard.py "$SITE/_asymvlm_torchvision_guard.py"
+    echo "import _asymvlm_torchvision_guard" > "$SITE/_asymvlm_torchvision_guard.pth"
+  fi
+  "$VPY" -c "import torchvision, open_clip" >/dev/null || {
+    echo "[setup] torchvision does not import with this torch; see the error above" >&2; exit 1; }
+fi
+# The bayesvlm extra (laplace-torch) without its declared dependencies (they would pull more
+# than it uses). The packages it does need, all pinned in constraints.txt:
+echo "[setup] installing the bayesvlm extra (laplace-torch)"
 pip_install --no-deps laplace-torch backpack-for-pytorch curvlinops-for-pytorch asdfghjkl \
   torchmetrics lightning-utilities opt-einsum einops einconv linear_operator unfoldNd
-"$VPY" -c "import asymvlm, torch, ray; print(f'[setup] ok: asymvlm {asymvlm.__version__}, torch {torch.__version__}, ray {ray.__version__}')"
+"$VPY" -c "import asymvlm, torch, ray, open_clip; print(f'[setup] ok: asymvlm {asymvlm.__version__}, torch {torch.__version__}, ray {ray.__version__}, open_clip {open_clip.__version__}')"

@@ -224,7 +224,7 @@ def test_empty_batches_and_grayscale(encoders, family, images):
 def test_projection_accepts_tensor_or_model_output():
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    from asymvlm.data.encoder import _projection
+    from asymvlm.data.encoder.hf import _projection
 
     x = torch.randn(2, 5)
     assert _projection(x) is x
@@ -244,6 +244,10 @@ def test_info_fields(encoders, tiny_dirs, family):
     assert info.preprocessing["image_size"] == 64
     assert info.preprocessing["max_text_length"] == MAX_TEXT[family]
     assert len(info.preprocessing["image_mean"]) == 3 and len(info.preprocessing["image_std"]) == 3
+    # which of transformers' image backends ran (torchvision and PIL resize slightly differently)
+    backend = encoders[family].image_processor
+    assert info.preprocessing["image_backend"] in {c.__name__ for c in type(backend).__mro__}
+    assert info.preprocessing["image_backend"] in ("TorchvisionBackend", "PilBackend")
     json.dumps(info.to_dict())  # stored beside the embedding tables
 
 

@@ -177,8 +177,8 @@ def test_the_encoder_is_found_or_the_error_says_what_to_do(trained, small_world,
     meta = json.loads((moved / "config.json").read_text())
     meta["encoder"]["model"] = str(tmp_path / "gone" / "tiny-clip")
     (moved / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match="encoder folder .*gone/tiny-clip.* is not here: "
-                       "give its new place"):  # fmt: skip
+    with pytest.raises(CheckpointError, match="encoder files .*gone/tiny-clip.* are not here: "
+                       "give their new place"):  # fmt: skip
         Scorer.from_checkpoint(str(moved), device="cpu")
     scorer = Scorer.from_checkpoint(str(moved), encoder=trained["model"], device="cpu")
     assert scorer.caption_uncertainty(["a dog"]).kappa.shape == (1,)
@@ -190,7 +190,7 @@ def test_the_encoder_is_found_or_the_error_says_what_to_do(trained, small_world,
     save_tiny_clip(str(other), seed=1)
     meta["encoder"]["model"] = str(other)
     (moved / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match="differs from the one the tables were embedded"):
+    with pytest.raises(CheckpointError, match="differ from the ones the tables were embedded"):
         Scorer.from_checkpoint(str(moved), device="cpu")
     # an adapter of the synthetic world has no encoder to embed text with
     synthetic = tmp_path / "synthetic-adapter"

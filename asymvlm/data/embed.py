@@ -29,6 +29,7 @@ from asymvlm.data.encode import (  # noqa: F401 - row-level work, importable fro
     decode_batch,
     encode_texts_by_length,
 )
+from asymvlm.data.encoder.names import is_open_clip
 from asymvlm.data.sources import READERS, SourceData
 from asymvlm.errors import ConfigError
 
@@ -129,8 +130,12 @@ class EmbedConfig:
         (``annotations``, ``images``, ``id_list``, a ``model`` directory) does not exist.
         URIs (``s3://`` ...) are left to the readers; a ``model`` that is not path-like is a
         hub id."""
+        if is_open_clip(self.model):
+            _check_open_clip_name(self.model)
         for key in ("annotations", "images", "id_list", "model"):
             value = getattr(self, key)
+            if key == "model" and is_open_clip(value):
+                continue
             if value is None or "://" in value and not value.lower().startswith("file://"):
                 continue
             path = os.path.expanduser(value.removeprefix("file://"))
@@ -185,13 +190,38 @@ class EmbedConfig:
         return fp
 
 
+def _check_open_clip_name(model: str) -> None:
+    """:class:`ConfigError` for an ``open_clip:`` name that is malformed, whose local folder or
+    weights file does not exist, or when open_clip is not installed."""
+    import importlib.util
+
+    from asymvlm.data.encoder.names import parse_name
+
+    try:
+        local = parse_name(model).local
+    except ValueError as err:
+        raise ConfigError(f"model: {err}") from None
+    if importlib.util.find_spec("open_clip") is None:
+        raise ConfigError(
+            f"model {model!r}: open_clip models need the open_clip_torch package "
+            "(pip install open_clip_torch)"
+        )
+    if local is not None and not os.path.exists(local):
+        raise ConfigError(f"model {model!r}: no such file or directory ({local})")
+
+
 def _check_pre_projection(model: str) -> None:
-    """:class:`ConfigError` when ``model`` has no pre-projection features (not CLIP); a model
-    whose config cannot be read here is left to the encoder, which reports it."""
+    """:class:`ConfigError` when ``model`` has no pre-projection features (not transformers
+    CLIP); a model whose config cannot be read here is left to the encoder, which reports it."""
     from transformers import AutoConfig
 
     from asymvlm.data.encoder import pre_projection_dims
 
+    if is_open_clip(model):
+        raise ConfigError(
+            f"pre_projection with model {model!r}: pre-projection features (BayesVLM) are "
+            "written for transformers CLIP models only, not open_clip ones"
+        )
     try:
         config = AutoConfig.from_pretrained(os.path.expanduser(model.removeprefix("file://")))
     except (OSError, ValueError):
@@ -212,6 +242,10 @@ def _location(value: str | None, model: bool = False) -> str | None:
     other URIs without a trailing slash; hub model ids as they are."""
     if value is None:
         return None
+    if model and is_open_clip(value):
+        from asymvlm.data.encoder.names import parse_name
+
+        return parse_name(value).name  # local folders and weights files absolute
     if "://" in value and not value.lower().startswith("file://"):
         return value.rstrip("/") or value
     path = os.path.expanduser(value[len("file://") :] if "://" in value else value)

@@ -214,7 +214,7 @@ def encode_texts_by_length(
         out.append(np.empty((len(texts), encoder.pre_dims()["text"]), np.float32))
     if not texts:
         return tuple(out)
-    lengths = [len(ids) for ids in encoder.tokenizer(texts, truncation=True)["input_ids"]]
+    lengths = encoder.token_lengths(texts)
     order = np.argsort(np.asarray(lengths), kind="stable")
     for start in range(0, len(texts), batch_size):
         rows = order[start : start + batch_size]

@@ -1,10 +1,14 @@
-"""Tiny, randomly initialised CLIP / SigLIP checkpoints that load like hub models, offline.
+"""Tiny, randomly initialised CLIP / SigLIP / open_clip checkpoints that load like hub models,
+offline.
 
 They exist for tests and for the offline demo: the weights are random, so any number computed
 with them is clearly not meaningful science. Each builder trains a small tokenizer with the
 ``tokenizers`` library, builds the model from a config, and saves model + processor into one
 directory so that ``AutoModel.from_pretrained(d)`` and ``AutoProcessor.from_pretrained(d)`` work
-with no network. Output is deterministic given ``captions`` and ``seed``.
+with no network. :func:`save_tiny_open_clip` writes an open_clip folder instead
+(``open_clip_config.json`` + ``open_clip_model.safetensors``, loaded as
+``open_clip:local-dir:DIR``); it uses open_clip's own BPE tokenizer. Output is deterministic
+given ``captions`` and ``seed``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 
 from asymvlm import logs
 
-__all__ = ["save_tiny_clip", "save_tiny_siglip", "TINY_IMAGE_SIZE"]
+__all__ = ["save_tiny_clip", "save_tiny_open_clip", "save_tiny_siglip", "TINY_IMAGE_SIZE"]
 
 TINY_IMAGE_SIZE = 64
 _PATCH = 16
@@ -257,16 +261,51 @@ def save_tiny_siglip(
     return directory
 
 
+def save_tiny_open_clip(
+    directory: str | os.PathLike, seed: int = 0, embed_dim: int = 24, context_length: int = 32
+) -> str:
+    """Write a tiny random open_clip CLIP (ViT: width 32, 2 layers, 64 px, patch 16; text:
+    width 32, 2 layers, open_clip's 49,408-token BPE) as a ``local-dir`` folder; returns the
+    ``open_clip:local-dir:DIR`` name that loads it."""
+    import json
+
+    import open_clip
+    from safetensors.torch import save_file
+
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    config = {
+        "model_cfg": {
+            "embed_dim": embed_dim,
+            "vision_cfg": {"image_size": TINY_IMAGE_SIZE, "layers": 2, "width": _HIDDEN,
+                           "head_width": _HIDDEN // 2, "patch_size": _PATCH},
+            "text_cfg": {"context_length": context_length, "vocab_size": 49408,
+                         "width": _HIDDEN, "heads": 2, "layers": 2},
+        },
+        "preprocess_cfg": {"mean": [0.48145466, 0.4578275, 0.40821073],
+                           "std": [0.26862954, 0.26130258, 0.27577711],
+                           "interpolation": "bicubic", "resize_mode": "shortest"},
+    }  # fmt: skip
+    with open(os.path.join(directory, "open_clip_config.json"), "w") as fh:
+        json.dump(config, fh, indent=2)
+    torch.manual_seed(seed)
+    model = open_clip.CLIP(**config["model_cfg"]).eval()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, os.path.join(directory, "open_clip_model.safetensors"))
+    return f"open_clip:local-dir:{os.path.abspath(directory)}"
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m asymvlm.data.tiny --output DIR [--family siglip]``: a random offline model."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        description="Write a tiny, randomly initialised CLIP/SigLIP with its processor (offline; "
+        description="Write a tiny, randomly initialised CLIP/SigLIP with its processor, or an "
+        "open_clip folder (offline; "
         "for tests and demos -- its embeddings carry no meaning)."
     )
     parser.add_argument("--output", required=True)
-    parser.add_argument("--family", choices=["clip", "siglip"], default="clip")
+    parser.add_argument("--family", choices=["clip", "siglip", "open_clip"], default="clip")
     parser.add_argument("--captions", default=None, help="CSV/text file to train the tokenizer on")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -274,6 +313,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.captions:
         with open(args.captions) as fh:
             captions = [line.strip() for line in fh if line.strip()]
+    if args.family == "open_clip":
+        print(save_tiny_open_clip(args.output, seed=args.seed))
+        return
     save = save_tiny_clip if args.family == "clip" else save_tiny_siglip
     print(save(args.output, captions=captions, seed=args.seed))
 

@@ -1,17 +1,18 @@
-"""Frozen CLIP / SigLIP encoders: images and captions to unit embeddings plus raw norms.
+"""Frozen transformers CLIP / SigLIP encoders: images and captions to unit embeddings plus raw
+norms.
 
-:class:`Encoder` wraps a Hugging Face ``CLIPModel`` or ``SiglipModel`` (from a hub id or a local
-directory) and its processor. Preprocessing (:meth:`Encoder.preprocess_images`) is kept apart from
-inference (:meth:`Encoder.encode_pixels`) so that CPU workers can decode and resize images while
-accelerator workers only run the model. Every output is float32: the projection is cast to float32,
-its norm is taken (the *raw* norm, which AsymVLM's text adapter consumes), and the unit vector is
-the projection divided by that norm.
+:class:`TransformersEncoder` wraps a Hugging Face ``CLIPModel`` or ``SiglipModel`` (from a hub id
+or a local directory) and its processor. Preprocessing (:meth:`~TransformersEncoder.
+preprocess_images`) is kept apart from inference (:meth:`~TransformersEncoder.encode_pixels`) so
+that CPU workers can decode and resize images while accelerator workers only run the model. Every
+output is float32: the projection is cast to float32, its norm is taken (the *raw* norm, which
+AsymVLM's text adapter consumes), and the unit vector is the projection divided by that norm.
 
 With ``pre=True`` the encoders also return the *pre-projection* features (CLIP only): the pooled
 output of ``vision_model`` / ``text_model`` before ``visual_projection`` / ``text_projection``
 (bias-free linear maps; ViT-B/32: 768 -> 512 and 512 -> 512), so that the raw projection is
-``projection @ pre`` (:meth:`Encoder.projections`). BayesVLM's posterior is over those two
-matrices. SigLIP has no such final linear map on the image side (its embedding is the
+``projection @ pre`` (:meth:`~TransformersEncoder.projections`). BayesVLM's posterior is over
+those two matrices. SigLIP has no such final linear map on the image side (its embedding is the
 attention-pooling head's MLP output plus a residual; the text head is a biased Linear), so
 pre-projection features are refused for it (:func:`pre_projection_dims`).
 
@@ -23,93 +24,25 @@ given no attention mask, because it pools the last position and was trained that
 
 from __future__ import annotations
 
-import hashlib
 import os
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["Encoder", "EncoderInfo", "files_sha256", "pre_projection_dims"]
+from asymvlm.data.encoder.base import (
+    Encoder,
+    EncoderInfo,
+    files_sha256,
+    resolve_device,
+    resolve_dtype,
+    unit_and_norm,
+)
+from asymvlm.data.encoder.names import looks_like_path
+
+__all__ = ["FAMILIES", "TransformersEncoder", "pre_projection_dims"]
 
 FAMILIES = ("clip", "siglip")
-_HASHED_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".tiktoken")
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
-
-
-@dataclass
-class EncoderInfo:
-    """Provenance of the embeddings an :class:`Encoder` produces (stored beside the tables)."""
-
-    model: str
-    revision: str | None
-    files_sha256: str | None
-    family: str
-    dim: int
-    dtype: str
-    device: str
-    preprocessing: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def files_sha256(directory: str | os.PathLike) -> str:
-    """SHA-256 over the sorted (name, bytes) of a model directory's weight/config/tokenizer files.
-
-    Only top-level files ending in .safetensors, .bin, .json, .txt, .model or .tiktoken count;
-    each contributes its name, its length and its bytes, so renames and edits both change it.
-    """
-    directory = os.fspath(directory)
-    names = sorted(
-        name
-        for name in os.listdir(directory)
-        if not name.startswith(".")
-        and name.endswith(_HASHED_SUFFIXES)
-        and os.path.isfile(os.path.join(directory, name))
-    )
-    digest = hashlib.sha256()
-    for name in names:
-        path = os.path.join(directory, name)
-        digest.update(name.encode("utf-8") + b"\0")
-        digest.update(os.path.getsize(path).to_bytes(8, "little"))
-        with open(path, "rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    try:
-        return _DTYPES[dtype.lower()]
-    except KeyError:
-        raise ValueError(
-            f"Unknown dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPES)}"
-        ) from None
-
-
-def looks_like_path(model: str) -> bool:
-    """Whether a model name can only be a local folder (absolute, ./, ../ or ~)."""
-    return os.path.isabs(model) or model.startswith(("./", "../", "~", ".\\", "..\\"))
 
 
 def _offline() -> bool:
@@ -171,8 +104,8 @@ def pre_projection_dims(config: Any) -> dict[str, int]:
     }
 
 
-class Encoder:
-    """A frozen CLIP or SigLIP model that maps images / captions to unit embeddings + raw norms.
+class TransformersEncoder(Encoder):
+    """A frozen transformers CLIP or SigLIP model: images / captions to unit embeddings + norms.
 
     ``model`` is a hub id (resolved through the Hugging Face cache; with ``HF_HUB_OFFLINE=1`` it
     must already be cached) or a local directory holding model + processor. ``device="auto"``
@@ -200,8 +133,8 @@ class Encoder:
         if not local and (looks_like_path(model) or os.path.exists(model)):
             raise FileNotFoundError(f"Encoder model directory {model!r} does not exist")
         self.model_name = model
-        self.device = _resolve_device(device)
-        self.dtype = _resolve_dtype(dtype, self.device)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
 
         try:
             config = AutoConfig.from_pretrained(model, revision=revision)
@@ -267,10 +200,6 @@ class Encoder:
             preprocessing=self._preprocessing(),
         )
 
-    @property
-    def dim(self) -> int:
-        return self.info.dim
-
     def _preprocessing(self) -> dict[str, Any]:
         ip = self.image_processor
         keys = (
@@ -291,6 +220,11 @@ class Encoder:
             "image_size": self.image_size,
             "image_processor": type(ip).__name__,
         }
+        # transformers 5 picks a torchvision or a PIL backend (by what is installed): the two
+        # resize slightly differently, so which one ran belongs to the provenance
+        backend = [c.__name__ for c in type(ip).__mro__ if c.__name__.endswith("Backend")]
+        if backend:
+            out["image_backend"] = backend[0]
         for key in keys:
             if settings.get(key) is not None:
                 out[key] = _jsonable(settings[key])
@@ -330,11 +264,11 @@ class Encoder:
             raise ValueError(f"pixel_values must be [n, 3, H, W], got shape {tuple(pixels.shape)}")
         with torch.inference_mode():
             if not pre:
-                return _unit_and_norm(_projection(model.get_image_features(pixel_values=pixels)))
+                return unit_and_norm(_projection(model.get_image_features(pixel_values=pixels)))
             self.pre_dims()  # CLIP only
             pooled = model.vision_model(pixel_values=pixels).pooler_output
             projected = model.visual_projection(pooled)
-        return (*_unit_and_norm(projected), pooled.float().cpu().numpy())
+        return (*unit_and_norm(projected), pooled.float().cpu().numpy())
 
     # ------------------------------------------------------------------- texts
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -351,6 +285,13 @@ class Encoder:
             inputs["attention_mask"] = batch["attention_mask"]
         return inputs
 
+    def token_lengths(self, texts: list[str]) -> list[int]:
+        """Token count of each caption, truncated as :meth:`tokenize` truncates."""
+        ids = self.tokenizer(
+            [str(t) for t in texts], truncation=True, max_length=self.max_text_length
+        )["input_ids"]
+        return [len(row) for row in ids]
+
     def encode_texts(self, texts: list[str], pre: bool = False) -> tuple[np.ndarray, ...]:
         """Captions to (unit embeddings float32 [n, d], raw projection norms float32 [n]); with
         ``pre`` also the pre-projection features float32 [n, pre_dim.text]."""
@@ -361,11 +302,11 @@ class Encoder:
         inputs = {k: v.to(self.device) for k, v in self.tokenize(texts).items()}
         with torch.inference_mode():
             if not pre:
-                return _unit_and_norm(_projection(model.get_text_features(**inputs)))
+                return unit_and_norm(_projection(model.get_text_features(**inputs)))
             self.pre_dims()  # CLIP only
             pooled = model.text_model(**inputs).pooler_output
             projected = model.text_projection(pooled)
-        return (*_unit_and_norm(projected), pooled.float().cpu().numpy())
+        return (*unit_and_norm(projected), pooled.float().cpu().numpy())
 
     # ------------------------------------------------------- pre-projection
     def pre_dims(self) -> dict[str, int]:
@@ -383,25 +324,6 @@ class Encoder:
             "text": model.text_projection.weight.detach().float().cpu().numpy(),
         }
 
-    # ----------------------------------------------------------------- helpers
-    def _require_model(self):
-        if self.model is None:
-            raise RuntimeError(
-                f"Encoder for {self.model_name!r} was built with load_model=False: "
-                "it can preprocess but not encode"
-            )
-        return self.model
-
-    def _empty(self, pre: str | None = None) -> tuple[np.ndarray, ...]:
-        empty = (np.zeros((0, self.dim), dtype=np.float32), np.zeros((0,), dtype=np.float32))
-        if pre is None:
-            return empty
-        return (*empty, np.zeros((0, self.pre_dims()[pre]), dtype=np.float32))
-
-    def __repr__(self) -> str:
-        i = self.info
-        return f"Encoder({i.model!r}, family={i.family}, dim={i.dim}, {i.dtype} on {i.device})"
-
 
 def _is_sha(revision: str | None) -> bool:
     return (
@@ -409,10 +331,3 @@ def _is_sha(revision: str | None) -> bool:
         and len(revision) == 40
         and all(c in "0123456789abcdef" for c in revision.lower())
     )
-
-
-def _unit_and_norm(projected: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    projected = projected.float()
-    norms = torch.linalg.vector_norm(projected, dim=-1)
-    unit = projected / norms.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
-    return unit.cpu().numpy(), norms.cpu().numpy()
