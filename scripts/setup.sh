@@ -36,8 +36,8 @@ pip_install -e ".[dev]"
 # import; with a matching torchvision (a CUDA torch, or both from the CPU index) nothing is done.
 SITE=$("$VPY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 rm -f "$SITE/_asymvlm_torchvision_guard.py" "$SITE/_asymvlm_torchvision_guard.pth"
-if ! "$VPY" -c "import torchvision" >/dev/null 2>&1; then
-  if "$VPY" -c "import torchvision" 2>&1 | grep -q "operator torchvision::nms does not exist"; then
+if ! TV_ERROR=$("$VPY" -c "import torchvision" 2>&1); then
+  if [[ "$TV_ERROR" == *"operator torchvision::nms does not exist"* ]]; then
     echo "[setup] torchvision's C++ operators do not load with this torch: installing the guard"
     cp scripts/torchvision_guard.py "$SITE/_asymvlm_torchvision_guard.py"
     echo "import _asymvlm_torchvision_guard" > "$SITE/_asymvlm_torchvision_guard.pth"
