@@ -23,6 +23,12 @@ stderr::
 
 ``--tables`` (default: the config's ``embeddings``) is written as the synthetic ``demo`` world
 when it does not exist (into a temporary folder unless given).
+
+The sweep starts right after Ray, so its time includes the trial processes' start: a local Ray
+preloads torch and the training protocol into its prestarted workers (pipelines/ray_session.py),
+and the first trials wait for that. ``--warm-up SECONDS`` waits that long after Ray started
+before the sweep -- what a long-running cluster, or a pipeline whose earlier stages ran first,
+gives its sweeps; the JSON says which (``warm_up_seconds``).
 """
 
 from __future__ import annotations
@@ -118,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--tables", default=None)
     parser.add_argument("--no-torch-trainer", action="store_true")
+    parser.add_argument("--warm-up", type=float, default=0.0, metavar="SECONDS",
+                        help="wait this long after starting Ray before the sweep")
     args = parser.parse_args(argv)
 
     from asymvlm import config, logs
@@ -136,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         init_ray()
         ray_start = time.perf_counter() - t0
+        time.sleep(args.warm_up)
         load_before = loadavg()
 
         log("sweep (trials in place) ...")
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             "overhead_ratio": round(sweep_seconds / sequential_seconds, 3),
             "target_overhead_ratio": 1.3,
             "ray_start_seconds": round(ray_start, 2),
+            "warm_up_seconds": args.warm_up,
             "selection": {m: p["lr"] for m, p in out["selection"].items()},
         }  # fmt: skip
         if not args.no_torch_trainer:

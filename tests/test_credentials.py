@@ -139,3 +139,32 @@ def test_tune_does_not_copy_aws_credentials_into_trial_runtime_envs(monkeypatch)
     keep_credentials_on_nodes()
     assert not CREDENTIAL_VARIABLES & set(class_cache.ENV_VARS_TO_PROPAGATE)
     assert "TUNE_ORIG_WORKING_DIR" not in CREDENTIAL_VARIABLES
+
+
+def test_trial_actors_carry_no_runtime_env_so_they_take_prestarted_workers(monkeypatch) -> None:
+    """Tune gives trainable actors ``{"env_vars": {"PL_DISABLE_FORK": "1", ...}}``; an actor
+    with a non-empty runtime_env cannot take one of Ray's prestarted (preloaded) workers."""
+    from ray.tune.execution import class_cache
+
+    from pipelines.ray_session import keep_credentials_on_nodes
+
+    monkeypatch.setattr(class_cache, "DEFAULT_ENV_VARS", {"PL_DISABLE_FORK": "1"})
+    for name in class_cache.ENV_VARS_TO_PROPAGATE:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-trials")
+
+    class Trainable:
+        pass
+
+    monkeypatch.setattr(class_cache, "ENV_VARS_TO_PROPAGATE",
+                        set(class_cache.ENV_VARS_TO_PROPAGATE) | {"AWS_SECRET_ACCESS_KEY"})
+    before = class_cache._ActorClassCache().get(Trainable)
+    assert before._default_options["runtime_env"]["env_vars"] == {
+        "PL_DISABLE_FORK": "1", "AWS_SECRET_ACCESS_KEY": "not-for-trials"}
+    keep_credentials_on_nodes()
+
+    class Other:
+        pass
+
+    after = class_cache._ActorClassCache().get(Other)
+    assert not (after._default_options.get("runtime_env") or {}).get("env_vars")
