@@ -100,15 +100,15 @@ def test_embed_config_is_validated_on_construction(key, value) -> None:
 def test_embed_config_keeps_dataclass_tools_and_yaml_jobs(tmp_path) -> None:
     from dataclasses import asdict, fields
 
-    from asymvlm.data import encoder
     from asymvlm.data.embed import DTYPES
+    from asymvlm.data.encoder.base import _DTYPES
     from pipelines.embed import load_jobs
 
     cfg = EmbedConfig(**BASE, model="m", output="o", dtype="BFloat16", dummy_prompts=["a photo"])
     assert cfg.dtype == "bf16" and cfg.dummy_prompts == ("a photo",)  # one spelling per dtype
     assert "shards_per_round" in {f.name for f in fields(EmbedConfig)}
     assert asdict(cfg)["dummy_prompts"] == ("a photo",)
-    assert set(DTYPES) == {"auto", *encoder._DTYPES}  # the names the encoder accepts
+    assert set(DTYPES) == {"auto", *_DTYPES}  # the names the encoder accepts
     config = tmp_path / "embed.yaml"
     config.write_text("dataset: hierarcaps\nmodel: m\nsplit: test\noutput: o\nbatch_size: 0\n")
     with pytest.raises(ValueError, match="batch_size"):  # pipelines wrap it in a ConfigError
