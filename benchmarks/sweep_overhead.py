@@ -24,11 +24,10 @@ stderr::
 ``--tables`` (default: the config's ``embeddings``) is written as the synthetic ``demo`` world
 when it does not exist (into a temporary folder unless given).
 
-The sweep starts right after Ray, so its time includes the trial processes' start: a local Ray
-preloads torch and the training protocol into its prestarted workers (pipelines/ray_session.py),
-and the first trials wait for that. ``--warm-up SECONDS`` waits that long after Ray started
-before the sweep -- what a long-running cluster, or a pipeline whose earlier stages ran first,
-gives its sweeps; the JSON says which (``warm_up_seconds``).
+The sweep starts right after Ray, so its time includes the trial processes' start (their
+imports). ``--warm-up SECONDS`` waits that long after Ray started before the sweep -- what a
+long-running cluster, or a pipeline whose earlier stages ran first, gives its sweeps; the JSON
+says which (``warm_up_seconds``).
 """
 
 from __future__ import annotations

@@ -13,11 +13,7 @@ Trials start in Ray's prestarted workers: Tune gives every trainable actor a ``r
 (its ``DEFAULT_ENV_VARS``, ``PL_DISABLE_FORK`` for PyTorch Lightning, which this project does
 not use, plus the propagated variables), and an actor with a non-empty ``runtime_env`` cannot
 take a prestarted worker: Ray starts a new process for it. :func:`keep_credentials_on_nodes`
-therefore also empties ``DEFAULT_ENV_VARS``; and a local Ray started by :func:`init_ray`
-preloads the modules a trial imports (torch, the training protocol, scipy.stats) into its
-prestarted workers (``RAY_preload_python_modules``; where the machine's memory allows it), so
-that the first epoch of the first trials does not wait for ~2.5 s of imports per process
-(benchmarks/sweep_overhead.py).
+therefore also empties ``DEFAULT_ENV_VARS`` (benchmarks/sweep_overhead.py).
 """
 
 from __future__ import annotations
@@ -30,12 +26,6 @@ CREDENTIAL_VARIABLES = frozenset(
 )
 
 
-#: What a trial process imports before its first epoch (torch's optimisers import
-#: torch._dynamo; the metrics scipy.stats): preloaded into the prestarted workers of a local Ray.
-TRIAL_MODULES = ("torch", "torch._dynamo", "scipy.stats", "asymvlm.training", "pipelines.trials")
-PRELOAD_BYTES_PER_WORKER = 260 * 1024**2  # measured: private memory of TRIAL_MODULES, CPU torch
-
-
 def keep_credentials_on_nodes() -> None:
     """Stop Ray Tune from copying the driver's AWS credentials into trial runtime_envs, and
     from giving trial actors a runtime_env of its own (``PL_DISABLE_FORK``), so that trials can
@@ -46,21 +36,6 @@ def keep_credentials_on_nodes() -> None:
         frozenset(class_cache.ENV_VARS_TO_PROPAGATE) - CREDENTIAL_VARIABLES
     )
     class_cache.DEFAULT_ENV_VARS = {}
-
-
-def _preload_trial_modules() -> None:
-    """Set ``RAY_preload_python_modules`` (unless set: "" turns it off) for a local Ray whose
-    prestarted workers -- one per CPU -- can afford them: a worker with :data:`TRIAL_MODULES`
-    imported holds ~250 MB more private memory than an idle one, so preloading is left out where
-    that would take more than 1/16 of the machine's memory (many cores, little memory)."""
-    import importlib.util
-
-    cpus = os.cpu_count() or 1
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if cpus * PRELOAD_BYTES_PER_WORKER > memory / 16:
-        return
-    found = [m for m in TRIAL_MODULES if importlib.util.find_spec(m) is not None]
-    os.environ.setdefault("RAY_preload_python_modules", ",".join(found))
 
 
 def init_ray() -> bool:
@@ -80,8 +55,6 @@ def init_ray() -> bool:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if ray.is_initialized():
         return False
-    if not os.environ.get("RAY_ADDRESS"):  # a local Ray: its workers start with these imported
-        _preload_trial_modules()
     verbose = logs.verbose()
     ray.init(
         address=os.environ.get("RAY_ADDRESS"),
