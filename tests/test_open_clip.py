@@ -216,6 +216,22 @@ def test_the_scorer_reloads_the_open_clip_model_of_the_checkpoint(tiny, embedded
     assert cli_main(["score-text", "--checkpoint", checkpoint, "a dog"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["text"] == "a dog" and printed["kappa"] > 0
+    # the MLflow text model of such a checkpoint: the same numbers, open_clip in its requirements
+    import mlflow
+    import pandas as pd
+
+    from asymvlm import tracking
+
+    uri = tracking.default_tracking_uri(str(tmp_path))
+    run = tracking.open_run(uri, "e", "trial", kind="trial")
+    run.log_model(checkpoint, 24, text=True)
+    run.end()
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(f"runs:/{run.id}/text-adapter")
+    served = model.predict(pd.DataFrame({"text": ["a dog"]}))
+    np.testing.assert_allclose(served["kappa"], [printed["kappa"]], rtol=1e-6)
+    requirements = mlflow.pyfunc.get_model_dependencies(f"runs:/{run.id}/text-adapter")
+    assert "open_clip_torch" in open(requirements).read()
     # the weights changed in place: refused, named
     from safetensors.torch import load_file, save_file
 

@@ -7,6 +7,7 @@ by ``mlflow models serve``); :func:`load_sweep_adapters` gives the evaluations t
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
@@ -186,10 +187,20 @@ def log_text_model(checkpoint_dir: str, name: str = "text-adapter"):
         python_model=CaptionTextModel(),
         artifacts={"checkpoint": checkpoint_dir},
         code_paths=[PACKAGE],
-        pip_requirements=[*_requirements(), "transformers", "pillow"],
+        pip_requirements=[*_requirements(), *_encoder_requirements(checkpoint_dir), "pillow"],
         signature=infer_signature(example, output),
         input_example=example,
     )
+
+
+def _encoder_requirements(checkpoint_dir: str) -> list[str]:
+    """The library of the encoder the checkpoint names: open_clip_torch for ``open_clip:``
+    names, transformers otherwise."""
+    from asymvlm.data.encoder import is_open_clip
+
+    with open(os.path.join(checkpoint_dir, "config.json")) as fh:
+        model = (json.load(fh).get("encoder") or {}).get("model") or ""
+    return ["open_clip_torch"] if is_open_clip(model) else ["transformers"]
 
 
 def _requirements() -> list[str]:
