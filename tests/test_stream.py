@@ -175,7 +175,10 @@ def test_streaming_trains_a_table_larger_than_the_memory_cap(tmp_path):
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (CAP_BYTES, CAP_BYTES))
 
-    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "1"}
+    # one OpenMP thread: under the cap a thread's stack can be what fails to allocate first
+    # ("libgomp: Thread creation failed"), which hides the allocation error looked for below
+    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "1",
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
     codes = {}
     for mode, threshold in (("auto", "100000000"), ("never", "0")):
         args = [sys.executable, "-m", "asymvlm.cli", "train", "--embeddings", root,
