@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import ray  # noqa: E402
 from fastapi import FastAPI, HTTPException  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 from ray import serve  # noqa: E402
@@ -209,21 +210,35 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = load_config(args)
         meta = check(cfg)
-        url = deploy(cfg)
-        print(json.dumps({"url": url, "method": meta["method"], "name": cfg.name}), flush=True)
-        print(f"serving {meta['method']} at {url} (POST /uncertainty, POST /score, GET "
-              "/health); Ctrl-C stops", file=sys.stderr)  # fmt: skip
-        if args.no_block:
-            return 0
         # Ctrl-C and SIGTERM (a container stopping) end the same way: the app is taken down,
-        # exit 130 with one line (not Ray's fatal-signal stack dump)
-        signal.signal(signal.SIGTERM, _interrupt)
-        signal.signal(signal.SIGINT, _interrupt)
+        # exit 130 with one line (not Ray's fatal-signal stack dump: ray.init installs that
+        # handler, so ours are installed after it). While the app is being deployed the signal
+        # is only noted and acted on as soon as the deployment returns.
+        from pipelines.ray_session import init_ray
+
+        init_ray()
+        stop: list[int] = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+        signal.signal(signal.SIGINT, lambda signum, frame: stop.append(signum))
+        keep = False  # --no-block: the app stays up once deployed
         try:
+            url = deploy(cfg)
+            signal.signal(signal.SIGTERM, _interrupt)
+            signal.signal(signal.SIGINT, _interrupt)
+            if stop:
+                raise KeyboardInterrupt
+            print(json.dumps({"url": url, "method": meta["method"], "name": cfg.name}),
+                  flush=True)  # fmt: skip
+            print(f"serving {meta['method']} at {url} (POST /uncertainty, POST /score, GET "
+                  "/health); Ctrl-C stops", file=sys.stderr)  # fmt: skip
+            if args.no_block:
+                keep = True
+                return 0
             while True:
                 time.sleep(3600)
         finally:
-            serve.shutdown()
+            if not keep and ray.is_initialized():
+                serve.shutdown()
 
     return guarded(run)
 
