@@ -106,14 +106,10 @@ def _sequential(cfg: dict[str, Any], trials: list[tuple[str, float, int]], threa
 
 
 _LOOP_SCRIPT = """
-import json, sys, torch
-from asymvlm.training import RunSpec, run_protocol
-from pipelines.trials import run_config
-cfg, trials, threads = json.loads(sys.argv[1])
-torch.set_num_threads(threads)
-for method, lr, seed in trials:
-    out = run_protocol(RunSpec.from_dict(run_config(cfg, method, lr, seed)), device="cpu")
-    assert out is not None and not out.get("diverged"), out
+import json, sys
+sys.path.insert(0, "benchmarks")
+from sweep_overhead import _sequential
+_sequential(*json.loads(sys.argv[1]))
 """
 
 

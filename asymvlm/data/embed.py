@@ -29,7 +29,7 @@ from asymvlm.data.encode import (  # noqa: F401 - row-level work, importable fro
     decode_batch,
     encode_texts_by_length,
 )
-from asymvlm.data.encoder.names import is_open_clip
+from asymvlm.data.encoder.names import is_open_clip, looks_like_path
 from asymvlm.data.sources import READERS, SourceData
 from asymvlm.errors import ConfigError
 
@@ -139,7 +139,7 @@ class EmbedConfig:
             if value is None or "://" in value and not value.lower().startswith("file://"):
                 continue
             path = os.path.expanduser(value.removeprefix("file://"))
-            if key == "model" and not _path_like(value) and not os.path.exists(path):
+            if key == "model" and not looks_like_path(value) and not os.path.exists(path):
                 continue  # e.g. openai/clip-vit-base-patch32
             if key == "annotations" and glob.has_magic(path):  # WebDataset shards
                 if not glob.glob(path):
@@ -232,11 +232,6 @@ def _check_pre_projection(model: str) -> None:
         raise ConfigError(f"pre_projection with model {model!r}: {err}") from None
 
 
-def _path_like(value: str) -> bool:
-    """A model name that can only be a local directory (as the encoder decides)."""
-    return os.path.isabs(value) or value.startswith(("./", "../", "~", ".\\", "..\\"))
-
-
 def _location(value: str | None, model: bool = False) -> str | None:
     """A location in one spelling: local paths absolute and normalised (``file://`` URIs too),
     other URIs without a trailing slash; hub model ids as they are."""
@@ -249,7 +244,7 @@ def _location(value: str | None, model: bool = False) -> str | None:
     if "://" in value and not value.lower().startswith("file://"):
         return value.rstrip("/") or value
     path = os.path.expanduser(value[len("file://") :] if "://" in value else value)
-    if model and not _path_like(value) and not os.path.exists(path):
+    if model and not looks_like_path(value) and not os.path.exists(path):
         return value
     return os.path.normpath(os.path.abspath(path))
 
