@@ -16,7 +16,10 @@ stage 1 ``methods x lr`` at the first seed, stage 2 the other seeds at each meth
 Prints one JSON object: ``sweep_seconds``, ``sequential_seconds``, ``overhead_ratio`` (= sweep
 / sequential; target <= 1.3 on 2 CPUs), ``sequential_script_seconds`` (the faster loop again as a
 script of its own, a new process paying its imports, as a user's plain loop would) and
-``sweep_over_sequential_script``, ``torch_trainer_seconds`` and its ratio, the trials,
+``sweep_over_sequential_script``, ``sweep_again_existing_store_seconds`` (the same sweep
+run again into the MLflow store the first created: no store to create, the driver's logging
+imports done) and its ratio, ``trial_process_imports_seconds`` (what a fresh trial process
+imports, timed alone by part), ``torch_trainer_seconds`` and its ratio, the trials,
 and whether both sweeps selected the same lrs and got the same seed metrics. Progress goes to
 stderr::
 
@@ -125,6 +128,32 @@ def _sequential_script(cfg: dict[str, Any], trials: list[tuple[str, float, int]]
     return time.perf_counter() - t0
 
 
+_TRIAL_IMPORTS = """
+import json, sys, time
+import ray  # a Ray worker process has Ray imported before it runs anything
+t0 = time.perf_counter()
+import ray.tune  # unpickling the trainable
+t1 = time.perf_counter()
+import pipelines.trials  # the trainable's module: torch, the package
+t2 = time.perf_counter()
+import torch._dynamo  # torch.optim's first step imports it
+import scipy.stats  # the uncertainty metrics
+t3 = time.perf_counter()
+print(json.dumps({"ray.tune": t1 - t0, "pipelines.trials (torch, the package)": t2 - t1,
+                  "torch._dynamo + scipy.stats": t3 - t2, "total": t3 - t0}))
+"""
+
+
+def _trial_imports() -> dict[str, float]:
+    """Seconds a fresh trial process spends importing before (and at) its first epoch, by
+    part, measured alone in a new process (in a sweep two of them run at once)."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _TRIAL_IMPORTS], check=True, cwd=REPO,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    return {k: round(v, 2) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+
+
 def _seed_metrics(out: dict[str, Any]) -> dict[str, Any]:
     return {m: {k: v["mean"] for k, v in cells.items() if isinstance(v, dict)}
             for m, cells in out["summary"].items()}  # fmt: skip
@@ -182,6 +211,15 @@ def main(argv: list[str] | None = None) -> int:
         log(f"sequential: {by_threads} s by torch threads; the loop as a script of its own ...")
         best_threads = min(by_threads, key=by_threads.get)
         script_seconds = _sequential_script(cfg, trials, best_threads)
+        # The same sweep again into the MLflow store the first one created (a project's
+        # mlflow.db, or a tracking server, already exists): no new store to migrate, and
+        # this driver has imported what the first sweep's logging needed.
+        log("the sweep again, into the existing MLflow store ...")
+        again = resolve_config({**doc, "output": os.path.join(scratch, "sweep-again"),
+                                "mlflow": {**doc["mlflow"], "tracking_uri": cfg["mlflow"][
+                                    "tracking_uri"]}}, source=args.config)  # fmt: skip
+        again_seconds, _ = _sweep(again)
+        imports = _trial_imports()
         result: dict[str, Any] = {
             "config": os.path.relpath(args.config, REPO) if args.config.startswith(REPO)
             else args.config,
@@ -198,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
             # the loop as a user's own script: a new process, its imports included
             "sequential_script_seconds": round(script_seconds, 2),
             "sweep_over_sequential_script": round(sweep_seconds / script_seconds, 3),
+            "sweep_again_existing_store_seconds": round(again_seconds, 2),
+            "sweep_again_over_sequential": round(again_seconds / sequential_seconds, 3),
+            "trial_process_imports_seconds": imports,
             "ray_start_seconds": round(ray_start, 2),
             "warm_up_seconds": args.warm_up,
             "selection": {m: p["lr"] for m, p in out["selection"].items()},
