@@ -72,6 +72,7 @@ logger = logging.getLogger(__name__)
 
 SWEEP_RECORD = "sweep.json"  # written last: a sweep with it is done
 TRIAL_DRIVER_MEMORY = 256 * 1024**2  # bytes (a logical reservation)
+KEEP_CHECKPOINTS = 2  # per trial, the latest (a Ray Train run keeps as many of its own)
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -147,6 +148,9 @@ def _run_trials(
             storage_filesystem=tune_fs,
             callbacks=[trial_logger],
             failure_config=retries,
+            # a retry resumes from the latest; the older ones would pile up (a trial of 200
+            # epochs checkpoints every checkpoint_every of them)
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
             verbose=0,  # one line per finished trial comes from the MLflow callback
         ),
     )

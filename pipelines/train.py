@@ -93,7 +93,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
 
 def read_state(directory: str, device: torch.device) -> RunState:
     """The trainer state and history of a checkpoint written by :func:`_report_with_checkpoint`."""
-    trainer = torch.load(os.path.join(directory, STATE_FILE), map_location=device,
+    # Loaded on the CPU: the trainer moves the weights and optimiser state to its device, and
+    # the RNG state must stay a CPU tensor (torch.set_rng_state refuses a CUDA one).
+    trainer = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu",
                          weights_only=False)  # fmt: skip
     with open(os.path.join(directory, HISTORY_FILE)) as fh:
         history = json.load(fh)
@@ -120,6 +122,12 @@ def write_checkpoint(directory: str, trainer: Trainer, history: list[dict[str, f
     torch.save(trainer.state_dict(), os.path.join(directory, STATE_FILE))
     with open(os.path.join(directory, HISTORY_FILE), "w") as fh:
         json.dump(history, fh)
+    save_adapter(directory, trainer)
+
+
+def save_adapter(directory: str, trainer: Trainer) -> None:
+    """The trainer's adapter as ``<directory>/model``, a checkpoint folder
+    :func:`asymvlm.training.load_checkpoint` reads (its epoch, the tables' encoder)."""
     save_checkpoint(
         os.path.join(directory, MODEL_DIR),
         trainer.method,

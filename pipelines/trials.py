@@ -22,7 +22,7 @@ import re
 import sys
 import tempfile
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,9 +34,13 @@ from pipelines.train import (
     read_state,
     run_config_dict,
     run_training,
+    save_adapter,
     worker_logging,
     write_checkpoint,
 )
+
+if TYPE_CHECKING:
+    from asymvlm.training.packed import PackedTrainer
 
 if __name__ != "__main__":  # see pipelines/train.py
     import ray.cloudpickle
@@ -171,52 +175,83 @@ def direct_trial(config: dict[str, Any]) -> None:
 # -- packed -------------------------------------------------------------------------------------
 #: The folder of member k's adapter in a pack's checkpoint: ``<checkpoint>/member<k>/model``.
 MEMBER_DIR = "member{k}"
+#: A pack's state in its checkpoints (:meth:`asymvlm.training.PackedTrainer.state_dict`).
+PACK_STATE_FILE = "pack_state.pt"
 
 
 def packed_trial(config: dict[str, Any]) -> None:
     """The trials ``config["pack"]`` (one method, one stage, other lr/seed) trained as one
     batched model (:func:`asymvlm.training.packed.run_packed_protocol`). Every epoch of every
-    member is reported as ``{"member": k, **row}``; the end is one report with each member's
-    final row (:func:`final_report`) or failure (``{"failed": reason}``) under
-    ``"pack_outcomes"``, after a report whose checkpoint holds every finished member's adapter
-    (:data:`MEMBER_DIR`). A member that diverges fails alone; a pack is not resumed mid-run."""
+    member is reported as ``{"member": k, **row}``; when a checkpoint is due
+    (``checkpoint_every``, and after a member's last epoch) the last report of the epoch carries
+    :func:`write_pack_checkpoint`, from which Tune's retry resumes the pack; the last one holds
+    every finished member's adapter. The end is one report with each member's final row
+    (:func:`final_report`) or failure (``{"failed": reason}``) under ``"pack_outcomes"``. A
+    member that diverges fails alone."""
     from ray import tune
 
     from asymvlm.training.cache import PROCESS_CACHE
-    from asymvlm.training.checkpoint import provenance, save_checkpoint
     from asymvlm.training.packed import run_packed_protocol
 
     cfg, members = config["sweep"], config["pack"]
     worker_logging(0, label="pack")
     use_reserved_cpus(cfg)
-    specs = [RunSpec.from_dict(run_config(cfg, *trial_spec(t))) for t in members]
+    run_cfgs = [run_config(cfg, *trial_spec(t)) for t in members]
+    specs = [RunSpec.from_dict(run_cfg) for run_cfg in run_cfgs]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    trainers: dict[int, Trainer] = {}
+    state = None
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            state = torch.load(os.path.join(directory, PACK_STATE_FILE), map_location="cpu",
+                               weights_only=False)  # fmt: skip
+    rows: list[dict[str, float]] = []  # the epoch's reports, sent when the pack is whole
 
     def on_epoch(k: int, row: dict[str, float], trainer: Trainer, history: list) -> None:
-        trainers[k] = trainer
-        tune.report({"member": k, **row})
+        rows.append({"member": k, **row})
+
+    def on_state(pack: PackedTrainer) -> None:
+        if not pack.trainable:  # fitted post hoc: no epochs, the adapters
+            with tempfile.TemporaryDirectory() as directory:
+                write_pack_checkpoint(directory, pack)
+                tune.report({"pack_checkpoint": 1},
+                            checkpoint=tune.Checkpoint.from_directory(directory))  # fmt: skip
+            return
+        if not rows:  # every member left in the pack diverged in this epoch
+            return
+        *before, last = rows
+        rows.clear()
+        for row in before:
+            tune.report(row)
+        epoch = int(last["epoch"])
+        if specs[0].checkpoint_due(epoch):
+            with tempfile.TemporaryDirectory() as directory:
+                write_pack_checkpoint(directory, pack)
+                tune.report(last, checkpoint=tune.Checkpoint.from_directory(directory))
+        else:
+            tune.report(last)
+        maybe_inject_failure(run_cfgs[0], epoch, 0)
 
     try:
-        outs = run_packed_protocol(specs, device=device, on_epoch=on_epoch, cache=PROCESS_CACHE)
+        outs = run_packed_protocol(specs, device=device, on_epoch=on_epoch, on_state=on_state,
+                                   cache=PROCESS_CACHE, state=state)  # fmt: skip
     except AsymVLMError as exc:
         raise TrialFailed(failure_reason(exc)) from None
-    outcomes: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as directory:
-        for k, (trial, out) in enumerate(zip(members, outs, strict=True)):
-            if out.get("diverged"):
-                outcomes.append({"failed": " ".join(str(out["diverged"]).split())})
-                continue
-            trainer = trainers[k]
-            save_checkpoint(os.path.join(directory, MEMBER_DIR.format(k=k), "model"),
-                            trainer.method, trainer.cfg, trainer.data.dim,
-                            extra={"epoch": trainer.epoch,
-                                   **provenance(trainer.data.split.manifest)})  # fmt: skip
-            outcomes.append(final_report({"trial": trial, "stage": config["stage"]}, out))
-        # The adapters first: a result's callbacks see the checkpoints reported before it.
-        tune.report({"pack_checkpoint": 1},
-                    checkpoint=tune.Checkpoint.from_directory(directory))  # fmt: skip
+    outcomes = [
+        {"failed": " ".join(str(out["diverged"]).split())} if out.get("diverged")
+        else final_report({"trial": trial, "stage": config["stage"]}, out)
+        for trial, out in zip(members, outs, strict=True)
+    ]  # fmt: skip
     tune.report({"pack_outcomes": outcomes})
+
+
+def write_pack_checkpoint(directory: str, pack: PackedTrainer) -> None:
+    """A pack's checkpoint folder: its state (:data:`PACK_STATE_FILE`, what a retry resumes
+    from) and the adapter of every member that has finished its epochs (:data:`MEMBER_DIR`)."""
+    torch.save(pack.state_dict(), os.path.join(directory, PACK_STATE_FILE))
+    for k, trainer in enumerate(pack.trainers):
+        if pack.errors[k] is None and (trainer.epoch == trainer.cfg.epochs or not pack.trainable):
+            save_adapter(os.path.join(directory, MEMBER_DIR.format(k=k)), trainer)
 
 
 # -- through a TorchTrainer ---------------------------------------------------------------------

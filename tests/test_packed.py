@@ -237,3 +237,76 @@ def test_a_loss_that_cannot_be_vmapped_trains_its_members_one_after_another(
         for key, value in method.state_dict().items():
             torch.testing.assert_close(pack.methods[k].state_dict()[key], value, rtol=RTOL,
                                        atol=1e-6)  # fmt: skip
+
+
+# -- resuming ------------------------------------------------------------------------------------
+class _Killed(Exception):
+    """Stands for the process dying right after a checkpoint."""
+
+
+def _roundtrip(state: dict) -> dict:
+    """Through a file, as a checkpoint travels (loaded on the CPU)."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, map_location="cpu", weights_only=False)
+
+
+@pytest.mark.parametrize("vmap", [True, False], ids=["packed", "one-after-another"])
+def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(
+    small_world, one_thread, vmap
+) -> None:
+    """Stopped after its 2nd state (packed: epoch 2 of 4; one after another: member 0's 2nd
+    epoch), saved, loaded into a freshly built pack and trained on: the same epoch rows and
+    parameters, bit for bit, as the pack that was never stopped -- a member that diverged
+    before the stop stays stopped."""
+    data = load_split(small_world, "train", "raw", "cpu")
+    members = ((5e-3, 1), (1e6, 2), (2e-3, 3))  # member 1 diverges in its first epoch
+    cfgs = [_cfg("asymvlm-vmf", lr, seed, epochs=4, optimizer="sgd") for lr, seed in members]
+    whole = PackedTrainer.build(cfgs, data, vmap=vmap)
+    whole.fit()
+    assert whole.errors[1] is not None and whole.errors[0] is whole.errors[2] is None
+
+    saved: list[dict] = []
+
+    def stop_at_second(pack: PackedTrainer) -> None:
+        saved.append(_roundtrip(pack.state_dict()))
+        if len(saved) == 2:
+            raise _Killed
+
+    first = PackedTrainer.build(cfgs, data, vmap=vmap)
+    with pytest.raises(_Killed):
+        first.fit(on_state=stop_at_second)
+    state = saved[-1]
+    # every tensor of the state owns its storage (not a view of the pack's stacked leaves)
+    for tensor in state["trainers"][2]["method"].values():
+        assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    resumed = PackedTrainer.build(cfgs, data, vmap=vmap)
+    resumed.load_state_dict(state)
+    resumed.fit()
+    assert resumed.mode == whole.mode == ("packed" if vmap else "sequential")
+    assert resumed.errors == whole.errors
+    assert resumed.histories[1] == whole.histories[1] == []  # diverged in its first epoch
+    for k in range(3):
+        epochs = [row["epoch"] for row in whole.histories[k]]
+        assert [row["epoch"] for row in resumed.histories[k]] == epochs
+        if epochs:
+            _assert_rows_equal(resumed.histories[k], whole.histories[k])
+        assert resumed.trainers[k].epoch == whole.trainers[k].epoch
+        mine, theirs = resumed.methods[k].state_dict(), whole.methods[k].state_dict()
+        for key in theirs:
+            torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=0, msg=key)
+    assert len(resumed.histories[0]) == 4
+
+
+def test_a_pack_refuses_the_state_of_another_pack(small_world) -> None:
+    from asymvlm.errors import CheckpointError
+
+    data = load_split(small_world, "train", "raw", "cpu")
+    cfgs = [_cfg("asymvlm-vmf", lr, seed, epochs=1) for lr, seed in MEMBERS]
+    state = PackedTrainer.build(cfgs, data).state_dict()
+    other = [_cfg("asymvlm-vmf", lr, seed + 10, epochs=1) for lr, seed in MEMBERS]
+    with pytest.raises(CheckpointError, match=r"pack of \(lr, seed\)"):
+        PackedTrainer.build(other, data).load_state_dict(state)

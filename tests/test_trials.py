@@ -4,6 +4,7 @@ as through a TorchTrainer, and resuming a killed trial."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -136,6 +137,39 @@ def test_a_killed_trial_resumes_from_its_checkpoint(ray_session, world, tmp_path
 
 
 @pytest.mark.slow
+def test_a_killed_pack_resumes_from_its_checkpoint(ray_session, world, tmp_path) -> None:
+    """A pack of two lrs is SIGKILLed right after epoch 2's checkpoint; Tune's retry resumes
+    it from there (``max_failures``): both members end as in the uninterrupted sweep, each
+    epoch in MLflow once, and the trial keeps only its latest checkpoints."""
+    import glob
+
+    from mlflow import MlflowClient
+
+    from pipelines.sweep import KEEP_CHECKPOINTS, run_sweep
+
+    space = {"methods": ["asymvlm-vmf"], "lr": [1e-3, 5e-3], "seeds": [0], "epochs": 4,
+             "checkpoint_every": 1, "max_failures": 1, "pack": 2}  # fmt: skip
+    plain = run_sweep(_sweep_cfg(world, tmp_path, "pack-plain", **space))
+    marker = tmp_path / "killed.txt"
+    cfg = _sweep_cfg(world, tmp_path, "pack-killed", **space)
+    cfg["fault_injection"] = {"fail_at_epoch": 2, "fail_rank": 0, "fail_marker": str(marker)}
+    killed = run_sweep(cfg)
+    assert marker.exists(), "the failure was injected"
+    assert not killed["failed"]
+    assert killed["selection"] == plain["selection"]
+    assert killed["summary"] == plain["summary"]
+    client = MlflowClient(killed["tracking_uri"])
+    assert len(killed["child_run_ids"]) == 2
+    for run_id in killed["child_run_ids"]:  # resumed at epoch 2, not started over
+        steps = [m.step for m in client.get_metric_history(run_id, "train_loss")]
+        assert sorted(steps) == [1, 2, 3, 4]
+    trial_dirs = glob.glob(str(tmp_path / "pack-killed" / "tune" / "trials" / "direct_trial_*"))
+    assert len(trial_dirs) == 1
+    kept = glob.glob(os.path.join(trial_dirs[0], "checkpoint_*"))
+    assert 0 < len(kept) <= KEEP_CHECKPOINTS, kept  # of the 4 epochs' checkpoints
+
+
+@pytest.mark.slow
 def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp_path) -> None:
     """``pack: 3``: the grid (three lrs, one diverging) is one pack, stage 2 (two seeds)
     another; each member keeps its own MLflow run, a diverging member fails alone, and the
@@ -168,3 +202,39 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
         assert steps == [1, 2, 3] or (run.info.status == "FAILED" and len(steps) < 3)
     adapters = tracking.load_sweep_adapters(packed["tracking_uri"], packed["parent_run_id"])
     assert set(adapters) == {f"asymvlm-vmf/seed{s}" for s in (0, 1, 2)}
+
+
+def test_a_trainer_state_is_read_on_the_cpu_whatever_the_device(world, tmp_path) -> None:
+    """Both resume paths load the trainer state on the CPU and let the trainer move it: the
+    RNG state must stay a CPU tensor (torch.set_rng_state refuses others). A device of "meta"
+    stands in for a GPU here: loaded there, the state could not be resumed."""
+    from types import SimpleNamespace
+
+    from asymvlm.methods import build_method
+    from asymvlm.training import Trainer
+    from asymvlm.training.checkpoint import save_checkpoint
+    from asymvlm.training.protocol import _resume_from_folder
+    from pipelines.train import read_state, write_checkpoint
+
+    data = load_split(world, "train", "raw", "cpu")
+    cfg = TrainConfig(method="asymvlm-vmf", epochs=2, batch_size=64, hidden_dim=16,
+                      device="cpu")  # fmt: skip
+    torch.manual_seed(0)
+    trainer = Trainer(build_method(cfg.method, data.dim, **cfg.method_args()), cfg, data)
+    history = trainer.fit(progress=False)[:1]
+    trainer.epoch = 1  # (the state of a run stopped after its first epoch)
+    (tmp_path / "ray").mkdir()
+    write_checkpoint(str(tmp_path / "ray"), trainer, history)
+    state = read_state(str(tmp_path / "ray"), torch.device("meta")).trainer
+    assert state["rng"]["torch"].device.type == "cpu"
+    assert {t.device.type for t in state["method"].values()} == {"cpu"}
+
+    save_checkpoint(str(tmp_path / "folder"), trainer.method, cfg, data.dim, epoch=1,
+                    trainer_state=trainer.state_dict(), history=history)  # fmt: skip
+    torch.manual_seed(1)
+    fresh = Trainer(build_method(cfg.method, data.dim, **cfg.method_args()), cfg, data)
+    run = SimpleNamespace(device=torch.device("meta"), trainer=fresh, history=[])
+    _resume_from_folder(str(tmp_path / "folder"), run)
+    assert fresh.epoch == 1 and run.history == history
+    for key, value in trainer.method.state_dict().items():
+        assert torch.equal(fresh.method.state_dict()[key], value), key

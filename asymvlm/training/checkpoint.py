@@ -186,7 +186,8 @@ def save_checkpoint(
     history_text = None
     if history is not None:
         history_text = "".join(json.dumps(row, allow_nan=False) + "\n" for row in history)
-    weights = {k: v.detach().cpu() for k, v in method.state_dict().items()}
+    # copies of their own: a packed member's parameters are views of the pack's stacked ones
+    weights = {k: v.detach().to("cpu", copy=True) for k, v in method.state_dict().items()}
 
     def write(folder: str) -> None:
         torch.save(weights, os.path.join(folder, WEIGHTS_FILE))

@@ -29,8 +29,9 @@ detected by a probe before the first step; the pack then trains its members one 
 (each with its own RNG stream, so still equal to the unpacked runs) and logs why. Methods
 without SGD training (``clip``, ``bayesvlm``) are fitted one after another as well.
 
-Single process only (``world_size`` 1): a packed member is never a DDP worker; packed trials
-cannot be resumed from a checkpoint (a pack is meant for short sweep trials).
+Single process only (``world_size`` 1): a packed member is never a DDP worker. A pack resumes
+between epochs from :meth:`PackedTrainer.state_dict` (every member's trainer state, RNG stream,
+history and failure) and ends where the uninterrupted pack ends.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from asymvlm.distributed import GlobalBatchLoss, epoch_generator, is_distributed
-from asymvlm.errors import ConfigError, NonFiniteError
+from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
 from asymvlm.methods import Method, build_method
 from asymvlm.training.cache import SplitCache
 from asymvlm.training.config import TrainConfig, resolve_device
@@ -66,6 +67,8 @@ _SPEC_FREE = ("train", "checkpoint_every")
 PackedEpochHook = Callable[[int, dict[str, float]], None]
 #: ``on_epoch(member, row, trainer, history)`` of :func:`run_packed_protocol`.
 PackedProtocolHook = Callable[[int, dict[str, float], Trainer, History], None]
+#: Called with the pack when its state is whole between epochs (:meth:`PackedTrainer.fit`).
+PackedStateHook = Callable[["PackedTrainer"], None]
 RngState = tuple[torch.Tensor, torch.Tensor | None]
 
 
@@ -117,6 +120,18 @@ def _set_rng_state(state: RngState, device: torch.device) -> None:
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)
+
+
+def _owned(obj: Any) -> Any:
+    """``obj`` with every tensor copied into storage of its own (a member's parameter is a view
+    of the pack's stacked leaf while it trains; saving the view would save the whole leaf)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {key: _owned(value) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_owned(value) for value in obj)
+    return obj
 
 
 def _signature(method: Method) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -217,14 +232,20 @@ class PackedTrainer:
 
     # -- training -----------------------------------------------------------------------------
     def fit(
-        self, progress: bool = False, on_epoch_end: PackedEpochHook | None = None
+        self,
+        progress: bool = False,
+        on_epoch_end: PackedEpochHook | None = None,
+        on_state: PackedStateHook | None = None,
     ) -> list[History]:
-        """Train every member for its epochs; returns the histories (``histories``).
+        """Train every member for its remaining epochs; returns the histories (``histories``).
 
         A member that diverges is stopped (``errors[k]``, also logged as a warning); its
-        history keeps the epochs before it.
+        history keeps the epochs before it. ``on_epoch_end(k, row)`` follows every epoch of
+        member k; ``on_state(pack)`` follows the last of them, when :meth:`state_dict` is whole
+        (packed: after each epoch of the pack; one after another: after each member's epoch).
         """
         hook = on_epoch_end or (lambda k, row: None)
+        whole = on_state or (lambda pack: None)
         if not self.trainable:  # nothing to batch: post-hoc fits (or none), one by one
             for k, trainer in enumerate(self.trainers):
                 with self.member_rng(k):
@@ -233,7 +254,7 @@ class PackedTrainer:
         if not self._started:
             self._start()
         if self.mode == "sequential":
-            self._fit_sequential(hook)
+            self._fit_sequential(hook, whole)
             return self.histories
         from tqdm.auto import tqdm
 
@@ -251,6 +272,7 @@ class PackedTrainer:
                 for k, row in rows.items():
                     self.histories[k].append(row)
                     hook(k, row)
+                whole(self)
                 losses = [f"{row['train_loss']:.4f}" for row in rows.values()]
                 bar.set_postfix(loss=",".join(losses), alive=len(rows))
         finally:
@@ -263,10 +285,7 @@ class PackedTrainer:
         for k, trainer in enumerate(self.trainers):
             with self.member_rng(k):
                 trainer.start()
-        self._started = True
-        self._buffer_names = [f"method.{n}" for n, _ in self.methods[0].named_buffers()]
-        self._params = [[p for _, p in m.named_parameters()] for m in self.methods]
-        self._buffers = [[b for _, b in m.named_buffers()] for m in self.methods]
+        self._collect()
         if self.mode == "packed":
             why = self._probe()
             if why is not None:
@@ -275,6 +294,54 @@ class PackedTrainer:
                     "%s cannot be trained packed (%s): training its %d members one after "
                     "another", self.methods[0].name, why, len(self),
                 )  # fmt: skip
+
+    def _collect(self) -> None:
+        """The members' parameter and buffer objects, in the template's order."""
+        self._started = True
+        self._buffer_names = [f"method.{n}" for n, _ in self.methods[0].named_buffers()]
+        self._params = [[p for _, p in m.named_parameters()] for m in self.methods]
+        self._buffers = [[b for _, b in m.named_buffers()] for m in self.methods]
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed pack needs, taken between epochs (``on_state`` of :meth:`fit`):
+        every member's :meth:`Trainer.state_dict` (its own copies of the tensors), global-RNG
+        stream, history and failure, and the pack's epoch and mode (the probe is not re-run)."""
+        return {
+            "members": [(cfg.lr, cfg.seed) for cfg in self.cfgs],
+            "trainers": [_owned(trainer.state_dict()) for trainer in self.trainers],
+            "rng": [_owned(state) for state in self._rng],
+            "histories": [[dict(row) for row in history] for history in self.histories],
+            "errors": list(self.errors),
+            "epoch": self.epoch,
+            "mode": self.mode,
+            "note": self.note,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (before :meth:`fit`; a state loaded on the CPU is
+        moved to the members' device by their trainers). The members must be the pack's: the
+        same (lr, seed) in the same order."""
+        if self._started:
+            raise RuntimeError("load_state_dict belongs before fit()")
+        members = [(float(lr), int(seed)) for lr, seed in state["members"]]
+        ours = [(cfg.lr, cfg.seed) for cfg in self.cfgs]
+        if members != ours:
+            raise CheckpointError(
+                f"the checkpoint holds a pack of (lr, seed) {members}; this pack is {ours}"
+            )
+        outer = _rng_state(self.device)
+        try:  # a trainer's state carries the global RNG of its save: the member's is ``rng``
+            for trainer, trainer_state in zip(self.trainers, state["trainers"], strict=True):
+                trainer.load_state_dict(trainer_state)
+        finally:
+            _set_rng_state(outer, self.device)
+        self._rng = [(cpu, cuda) for cpu, cuda in state["rng"]]
+        self.histories = [[dict(row) for row in history] for history in state["histories"]]
+        self.errors = list(state["errors"])
+        self.epoch, self.mode, self.note = int(state["epoch"]), state["mode"], state["note"]
+        if self.trainable:
+            self._collect()
 
     def _pack_leaves(self) -> None:
         """Stack each parameter of the K members into one [K, ...] leaf and make every
@@ -302,7 +369,7 @@ class PackedTrainer:
         self.errors[k] = str(exc)
         logger.warning("packed member %d: %s", k, exc)
 
-    def _fit_sequential(self, hook: PackedEpochHook) -> None:
+    def _fit_sequential(self, hook: PackedEpochHook, whole: PackedStateHook) -> None:
         """The fallback: each member's own ``Trainer`` epochs, member after member."""
         for k, trainer in enumerate(self.trainers):
             with self.member_rng(k):
@@ -316,6 +383,7 @@ class PackedTrainer:
                     row["epoch_seconds"] = time.perf_counter() - t0
                     self.histories[k].append(row)
                     hook(k, row)
+                    whole(self)
         self.epoch = max(t.epoch for t in self.trainers)
 
     def _autocast(self) -> torch.autocast:
@@ -524,6 +592,8 @@ def run_packed_protocol(
     progress: bool = False,
     vmap: bool = True,
     cache: SplitCache | None = None,
+    state: Mapping[str, Any] | None = None,
+    on_state: PackedStateHook | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`~asymvlm.training.run_protocol` (App. B.4) for K runs at once, trained packed.
 
@@ -531,7 +601,9 @@ def run_packed_protocol(
     :func:`check_packable_specs`). The training data (and the hold-out) are loaded once, the
     members are built and trained by :class:`PackedTrainer`, then each is evaluated on the
     validation and test splits (loaded once) as :meth:`~asymvlm.training.TrainingRun.results`
-    does. ``on_epoch(k, row, trainer, history)`` is called after every epoch of member k.
+    does. ``on_epoch(k, row, trainer, history)`` is called after every epoch of member k, and
+    ``on_state(pack)`` when the pack's :meth:`~PackedTrainer.state_dict` is whole after it (the
+    place to checkpoint); ``state``, such a state dict, resumes the pack where it was taken.
     With a ``cache`` the splits are read once per process (:class:`SplitCache`).
 
     Returns one entry per spec, in order: what ``run_protocol(spec)`` returns on rank 0 --
@@ -550,6 +622,8 @@ def run_packed_protocol(
     # seeded (TrainingRun seeds first) changes nothing.
     data, held_out = training_data(runs[0], dev, cache)
     pack = PackedTrainer.build(cfgs, data, vmap=vmap)
+    if state is not None:
+        pack.load_state_dict(state)
     epochs = cfgs[0].epochs
 
     def after_epoch(k: int, row: dict[str, float]) -> None:
@@ -560,7 +634,7 @@ def run_packed_protocol(
         if on_epoch is not None:
             on_epoch(k, row, pack.trainers[k], pack.histories[k])
 
-    pack.fit(progress=progress, on_epoch_end=after_epoch)
+    pack.fit(progress=progress, on_epoch_end=after_epoch, on_state=on_state)
     return _results(pack, runs[0], data.dim, held_out, dev, cache)
 
 

@@ -354,7 +354,8 @@ def _resume_from_folder(directory: str, run: TrainingRun) -> None:
     each file's problem is a :class:`CheckpointError` naming it."""
     path = os.path.join(directory, TRAINER_FILE)
     try:
-        state = torch.load(path, map_location=run.device, weights_only=True)
+        # on the CPU: the trainer moves the tensors to its device; the RNG state stays a CPU one
+        state = torch.load(path, map_location="cpu", weights_only=True)
         run.trainer.load_state_dict(state)
     except (RuntimeError, EOFError, KeyError, TypeError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"{path}: cannot resume from it ({exc})") from exc
