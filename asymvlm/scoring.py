@@ -159,6 +159,7 @@ class Scorer:
         that differ from those the tables were embedded with are refused unless ``encoder``
         names them."""
         from asymvlm.data.encoder import Encoder, files_sha256, local_source
+        from asymvlm.data.encoder.hub import check_hub_model
         from asymvlm.training import load_checkpoint
 
         folder = resolve_checkpoint(source, tracking_uri)
@@ -186,6 +187,10 @@ class Scorer:
                 f"{source}: the encoder files {files} differ from the ones the tables were "
                 "embedded with; give --encoder to use them anyway"
             )
+        try:  # a Hub model neither cached nor to be had: said at once, not after retries
+            check_hub_model(name)
+        except ValueError as err:
+            raise CheckpointError(f"{source}: the encoder {err}") from None
         revision = recorded.get("revision") if not encoder else None
         with logs.quiet_transformers():
             loaded = Encoder(name, device=device, dtype=dtype, revision=revision)

@@ -118,7 +118,11 @@ def _produced(cfg: dict[str, Any]) -> list[str]:
 
 
 def check_inputs(cfg: dict[str, Any], source: str) -> None:
-    """Every local input path exists, or is written by an earlier stage of this pipeline."""
+    """Every local input path exists, or is written by an earlier stage of this pipeline; every
+    embedding model that is not a local folder can be had (:func:`asymvlm.data.embed.\
+check_model`)."""
+    from asymvlm.data.embed import check_model
+
     made = _produced(cfg)
 
     def check(value: str | None, key: str) -> None:
@@ -139,7 +143,11 @@ def check_inputs(cfg: dict[str, Any], source: str) -> None:
             value = merged.get(key)
             if key == "model" and value and not os.path.exists(value) and "/" in value \
                     and not value.startswith((".", "/", "~")):  # fmt: skip
-                continue  # a hub id (org/name), not a path
+                try:  # a hub id (org/name) or an open_clip name, not a path
+                    check_model(value)
+                except ConfigError as err:
+                    raise ConfigError(f"{source}: embed.jobs[{i}].{err}") from None
+                continue
             check(value, f"embed.jobs[{i}].{key}")
     for sweep in cfg["sweeps"]:
         for key in ("embeddings", "test_embeddings"):

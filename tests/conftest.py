@@ -95,3 +95,34 @@ def hierarcaps_standin(tmp_path, monkeypatch) -> None:
     (hierarcaps / "images").mkdir(parents=True)
     (hierarcaps / "hierarcaps_test.csv").write_text("")
     monkeypatch.setenv("ASYMVLM_HIERARCAPS", str(hierarcaps))
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache (``HF_HUB_CACHE``) and no reachable Hub (its URLs point at
+    a closed port on 127.0.0.1); ``hub_cache(repo, *files)`` puts files into the cache, as a
+    download would, so that Hub model names count as there without a network."""
+    import socket
+
+    from huggingface_hub import constants
+
+    root = tmp_path / "hf-cache"
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        f"http://127.0.0.1:{port}/{{repo_id}}/resolve/{{revision}}/{{filename}}")
+
+    def add(repo: str, *files: str) -> None:
+        folder = root / ("models--" + repo.replace("/", "--"))
+        commit = "0" * 40
+        (folder / "refs").mkdir(parents=True, exist_ok=True)
+        (folder / "refs" / "main").write_text(commit)
+        snapshot = folder / "snapshots" / commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            (snapshot / name).write_text("{}")
+
+    return add

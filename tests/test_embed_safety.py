@@ -115,7 +115,7 @@ def test_embed_config_keeps_dataclass_tools_and_yaml_jobs(tmp_path) -> None:
         load_jobs(str(config))
 
 
-def test_missing_local_inputs_are_named_before_anything_is_written(small) -> None:
+def test_missing_local_inputs_are_named_before_anything_is_written(small, hub_cache) -> None:
     for key in ("annotations", "images", "id_list", "model"):
         cfg = EmbedConfig(**BASE, **{**small, key: small["images"] + "-missing"})
         with pytest.raises(ConfigError, match=rf"^{key} '.*images-missing': no such file"):
@@ -123,6 +123,7 @@ def test_missing_local_inputs_are_named_before_anything_is_written(small) -> Non
     assert not os.path.exists(small["output"])
     # URIs are the readers' business; a hub id is not a path; a glob must match something.
     EmbedConfig(**BASE, **{**small, "annotations": "s3://bucket/hc.csv"}).check_inputs()
+    hub_cache("openai/clip-vit-base-patch32", "config.json")
     EmbedConfig(**BASE, **{**small, "model": "openai/clip-vit-base-patch32"}).check_inputs()
     shards = {**small, "annotations": small["images"] + "/*.tar"}
     with pytest.raises(ConfigError, match="no file matches"):

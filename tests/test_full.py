@@ -115,7 +115,9 @@ def test_finished_sweeps_and_evaluations_are_skipped(tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize("name", ["coco", "flickr30k", "cc200k", "paper", "demo"])
-def test_shipped_pipeline_configs_resolve(name, tmp_path, hierarcaps_standin) -> None:
+def test_shipped_pipeline_configs_resolve(name, tmp_path, hierarcaps_standin, hub_cache) -> None:
+    for repo in ("openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"):
+        hub_cache(repo, "config.json")  # downloaded (the check asks the cache, then the Hub)
     path = os.path.join(os.path.dirname(DEMO), f"{name}.yaml")
     cfg = full.load_config(path, [f"output={tmp_path}"])
     from pipelines.embed import jobs_from_doc

@@ -202,6 +202,18 @@ def test_the_encoder_is_found_or_the_error_says_what_to_do(trained, small_world,
     assert cli_main(["score-text", "--checkpoint", str(synthetic), "a dog"]) == 2
 
 
+def test_a_hub_encoder_that_cannot_be_had_is_named_at_once(trained, hub_cache) -> None:
+    """Neither cached nor reachable (the Hub is a closed port): the scorer says so before
+    the encoder library's retries (score-text: exit 2 with that line)."""
+    from asymvlm import Scorer
+
+    with pytest.raises(CheckpointError, match=r": the encoder 'openai/clip-vit-base-patch32' "
+                       r"is not in the Hugging Face cache .* the Hub cannot be asked"):  # fmt: skip
+        Scorer.from_checkpoint(trained["checkpoint"], encoder="openai/clip-vit-base-patch32")
+    assert cli_main(["score-text", "--checkpoint", trained["checkpoint"], "--encoder",
+                     "openai/clip-vit-base-patch32", "a dog"]) == 2  # fmt: skip
+
+
 def test_a_logged_mlflow_model_is_a_checkpoint_source(trained, tmp_path) -> None:
     from asymvlm import Scorer, tracking
 

@@ -130,8 +130,7 @@ class EmbedConfig:
         (``annotations``, ``images``, ``id_list``, a ``model`` directory) does not exist.
         URIs (``s3://`` ...) are left to the readers; a ``model`` that is not path-like is a
         hub id."""
-        if is_open_clip(self.model):
-            _check_open_clip_name(self.model)
+        check_model(self.model)
         for key in ("annotations", "images", "id_list", "model"):
             value = getattr(self, key)
             if key == "model" and is_open_clip(value):
@@ -208,6 +207,22 @@ def _check_open_clip_name(model: str) -> None:
         )
     if local is not None and not os.path.exists(local):
         raise ConfigError(f"model {model!r}: no such file or directory ({local})")
+
+
+def check_model(model: str) -> None:
+    """:class:`ConfigError` when the encoder of ``model`` could not be loaded here: a malformed
+    ``open_clip:`` name or one whose local files do not exist, or a model the encoders fetch
+    from the Hugging Face Hub that is neither in the local cache nor to be had from the Hub
+    (asked once, here, rather than by every worker after its retries). Local folders are the
+    caller's to check."""
+    from asymvlm.data.encoder.hub import check_hub_model
+
+    if is_open_clip(model):
+        _check_open_clip_name(model)
+    try:
+        check_hub_model(model)
+    except ValueError as err:
+        raise ConfigError(f"model {err}") from None
 
 
 def _check_pre_projection(model: str) -> None:

@@ -1,0 +1,141 @@
+"""A Hub model that cannot be had here is named before any worker starts, with the reason and
+exit 2 -- not a worker's traceback after the Hub client's retries. The Hub is a local HTTP
+server on 127.0.0.1 (or a closed port); the cache a temporary folder."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from asymvlm.data.embed import EmbedConfig, check_model
+from asymvlm.data.encoder.hub import check_hub_model, hub_files
+from asymvlm.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAION = "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
+
+
+class _Hub(http.server.BaseHTTPRequestHandler):
+    """Answers HEAD /<repo>/resolve/<revision>/<file> as the Hub does: the file's metadata,
+    or 404 with the Hub's error code."""
+
+    files: dict[str, set[str]] = {}  # repo -> files it has
+
+    def do_HEAD(self) -> None:  # noqa: N802 (http.server's name)
+        repo, _, rest = self.path.lstrip("/").partition("/resolve/")
+        filename = rest.partition("/")[2]
+        if repo not in self.files:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "RepoNotFound")
+        elif filename not in self.files[repo]:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "EntryNotFound")
+        else:
+            self.send_response(200)
+            self.send_header("X-Repo-Commit", "0" * 40)
+            self.send_header("ETag", '"abc"')
+            self.send_header("Content-Length", "2")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def hub(hub_cache, monkeypatch) -> Iterator[dict[str, set[str]]]:
+    """A Hub on 127.0.0.1 serving the repositories put into the returned dict."""
+    from huggingface_hub import constants
+
+    files: dict[str, set[str]] = {}
+    handler = type("Hub", (_Hub,), {"files": files})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        f"http://127.0.0.1:{port}/{{repo_id}}/resolve/{{revision}}/{{filename}}")
+    try:
+        yield files
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_which_files_a_name_is_fetched_by(tmp_path) -> None:
+    assert hub_files("openai/clip-vit-base-patch32") == ("openai/clip-vit-base-patch32",
+                                                         ("config.json",))  # fmt: skip
+    assert hub_files("open_clip:ViT-B-32/laion2b_s34b_b79k") == (
+        LAION, ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"))  # fmt: skip
+    assert hub_files("open_clip:hf-hub:timm/ViT-B-16-SigLIP") == (
+        "timm/ViT-B-16-SigLIP", ("open_clip_config.json",))  # fmt: skip
+    # local folders and files are never the Hub's
+    assert hub_files(str(tmp_path)) is None
+    assert hub_files("./models/clip") is None
+    assert hub_files(f"open_clip:local-dir:{tmp_path}") is None
+    assert hub_files(f"open_clip:ViT-B-32/{tmp_path}/weights.pt") is None
+
+
+def test_a_cached_model_needs_no_hub(hub_cache) -> None:
+    """The Hub is a closed port: only the cache can answer."""
+    hub_cache("openai/clip-vit-base-patch32", "config.json")
+    check_hub_model("openai/clip-vit-base-patch32")
+    hub_cache(LAION, "open_clip_pytorch_model.bin")  # either weights file will do
+    check_hub_model("open_clip:ViT-B-32/laion2b_s34b_b79k")
+
+
+def test_an_unreachable_hub_is_named_at_once(hub_cache) -> None:
+    with pytest.raises(ValueError, match=r"is not in the Hugging Face cache \(.*hf-cache\) and "
+                       r"the Hub cannot be asked for it \(.*\); download it") as exc:  # fmt: skip
+        check_hub_model("openai/clip-vit-base-patch32")
+    assert "'openai/clip-vit-base-patch32'" in str(exc.value)
+
+
+def test_offline_mode_is_named(hub_cache, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE is set"):
+        check_hub_model("google/siglip-base-patch16-224")
+
+
+def test_the_hub_says_whether_it_has_the_model(hub) -> None:
+    hub["openai/clip-vit-base-patch32"] = {"config.json"}
+    check_hub_model("openai/clip-vit-base-patch32")
+    hub[LAION] = {"open_clip_pytorch_model.bin"}  # the second name open_clip tries
+    check_hub_model("open_clip:ViT-B-32/laion2b_s34b_b79k")
+    with pytest.raises(ValueError, match=r"the Hub has no repository 'someone/no-such-model'"):
+        check_hub_model("someone/no-such-model")
+    hub["someone/not-a-model"] = {"README.md"}
+    with pytest.raises(ValueError, match=r"'someone/not-a-model' has none of config\.json"):
+        check_hub_model("someone/not-a-model")
+
+
+def test_embed_names_the_model_with_exit_2_and_writes_nothing(hub_cache, tmp_path) -> None:
+    """The command, in a process of its own, offline: no Ray, no worker, no output."""
+    out = tmp_path / "tables"
+    cfg = EmbedConfig(dataset="hierarcaps", split="test", model="openai/clip-vit-base-patch32",
+                      output=str(out))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^model 'openai/clip-vit-base-patch32' is not in"):
+        cfg.check_inputs()
+    with pytest.raises(ConfigError, match=r"^model: 'open_clip:ViT-B-32' names no weights"):
+        check_model("open_clip:ViT-B-32")
+    annotations = tmp_path / "hc.csv"
+    annotations.write_text("caption\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "asymvlm.cli", "embed", "--dataset", "hierarcaps",
+         "--annotations", str(annotations), "--images", str(tmp_path), "--split", "test",
+         "--model", "openai/clip-vit-base-patch32", "--output", str(out)],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: model 'openai/clip-vit-base-patch32' is not in the Hugging Face cache")
+    assert "HF_HUB_OFFLINE is set" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
