@@ -1,7 +1,8 @@
 """Lean loading (:mod:`asymvlm.tables.read`, :func:`asymvlm.training.load_split`): a multi-part
 split reads as a plain pyarrow reading gives it, problems are reported as reading whole files
 reported them, the raw text inputs share the unit embeddings' memory, and reading allocates
-about the split's float32 matrices once."""
+about the split's float32 matrices once; and the synthetic generator's streamed windows are
+its one-piece draw."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 import torch
 
 from asymvlm import tables
+from asymvlm.synthetic import COCO_LEVEL_PROBS, SyntheticWorld, WorldConfig
+from asymvlm.synthetic.world import concat_splits
 from asymvlm.tables import StringColumn, TableError, read_split
 from asymvlm.training import hold_out_images, load_split
 
@@ -250,3 +253,34 @@ def test_reading_allocates_the_matrices_about_once(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert data.text_emb.shape == (3 * n_img * n_cap, dim)
     assert peak < 1.15 * matrices + 8 * 2**20, (peak / 2**20, matrices / 2**20)
+
+
+# -- the synthetic generator -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {},
+        {"caption_words": True, "pre_dim": 40, "level_probs": COCO_LEVEL_PROBS},
+        {"caption_words": True, "finetune_roots": 4, "domain_misalignment": 0.5},
+    ],
+)
+def test_an_unblocked_split_streamed_in_windows_is_the_one_piece_draw(knobs: dict) -> None:
+    """Windows of the one-piece draw (states recorded in one pass, then restored) hold its
+    numbers bit for bit, whatever the window and part sizes (a short tail joins a window)."""
+    n = 1300
+    world = SyntheticWorld(WorldConfig(dim=32, splits={"train": n}, **knobs))
+    whole = world.sample_split("train", n)
+    for shard, window in ((10_000, 300), (128, 300), (1, 512), (700, 1024)):
+        pieces = list(world.iter_pieces("train", n, shard, window_images=window))
+        parts = [k for k, _ in pieces]
+        assert parts == sorted(parts) and parts[-1] == (n - 1) // shard
+        assert max(len(p["image_ids"]) for _, p in pieces) <= max(window, 2 * 256)
+        got = concat_splits([piece for _, piece in pieces])
+        for key, value in whole.items():
+            if isinstance(value, dict):
+                for name, column in value.items():
+                    np.testing.assert_array_equal(got[key][name], column, err_msg=name)
+            elif isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(got[key], value, err_msg=key)
+            else:
+                assert got[key] == value, key

@@ -456,13 +456,18 @@ class SyntheticWorld:
             yield 0, self._draw(name, 0, n_images, ())
             return
         bounds = windows(n_images, window_images)
-        phases = self._phases()
-        roles = dict.fromkeys(phase.role for phase in phases.values())
-        stream = SplitStream({role: partial(self._generator, name, role, ()) for role in roles},
-                             phases, bounds, self.config.captions_per_image)  # fmt: skip
+        stream = None
+        if len(bounds) > 1:  # one window is the one-piece draw itself: no states to record
+            phases = self._phases()
+            roles = dict.fromkeys(phase.role for phase in phases.values())
+            generators = {role: partial(self._generator, name, role, ()) for role in roles}
+            stream = SplitStream(generators, phases, bounds, self.config.captions_per_image)
         n_cap = self.config.captions_per_image
         for start, stop in bounds:
-            window = self._compose(name, start, stop - start, stream.draws(start))
+            if stream is None:
+                window = self._draw(name, start, stop - start, ())
+            else:
+                window = self._compose(name, start, stop - start, stream.draws(start))
             lo = start
             while lo < stop:
                 part = lo // shard_images
