@@ -111,22 +111,30 @@ def test_trials_in_place_give_the_results_of_torch_trainer_trials(
         old["selection"]["asymvlm-vmf"]["scores_by_lr"], abs=1e-6)  # fmt: skip
 
 
-@pytest.mark.slow
-def test_a_killed_trial_resumes_from_its_checkpoint(ray_session, world, tmp_path) -> None:
-    """The trial's process is SIGKILLed after epoch 2's checkpoint; Tune retries it
-    (``max_failures``) from that checkpoint and it ends where an uninterrupted trial ends."""
+def _plain_and_killed(world: str, tmp_path, prefix: str, space: dict) -> tuple[dict, dict]:
+    """The sweep of ``space`` run plainly, then with its trial's process SIGKILLed right after
+    epoch 2's checkpoint; the second must finish with the first one's summary."""
     from pipelines.sweep import run_sweep
 
-    one = {"methods": ["asymvlm-vmf"], "lr": [5e-3], "seeds": [0], "epochs": 4,
-           "checkpoint_every": 1, "max_failures": 1}  # fmt: skip
-    plain = run_sweep(_sweep_cfg(world, tmp_path, "plain", **one))
-    marker = tmp_path / "killed.txt"
-    cfg = _sweep_cfg(world, tmp_path, "killed", **one)
+    plain = run_sweep(_sweep_cfg(world, tmp_path, prefix + "plain", **space))
+    marker = tmp_path / f"{prefix}killed.txt"
+    cfg = _sweep_cfg(world, tmp_path, prefix + "killed", **space)
     cfg["fault_injection"] = {"fail_at_epoch": 2, "fail_rank": 0, "fail_marker": str(marker)}
     killed = run_sweep(cfg)
     assert marker.exists(), "the failure was injected"
     assert not killed["failed"]
     assert killed["summary"] == plain["summary"]
+    return plain, killed
+
+
+@pytest.mark.slow
+def test_a_killed_trial_resumes_from_its_checkpoint(ray_session, world, tmp_path) -> None:
+    """The trial's process is SIGKILLed after epoch 2's checkpoint; Tune retries it
+    (``max_failures``) from that checkpoint and it ends where an uninterrupted trial ends."""
+
+    one = {"methods": ["asymvlm-vmf"], "lr": [5e-3], "seeds": [0], "epochs": 4,
+           "checkpoint_every": 1, "max_failures": 1}  # fmt: skip
+    _, killed = _plain_and_killed(world, tmp_path, "", one)
     # Resumed, not started over: epochs 1-2 before the kill, 3-4 after, each logged once.
     from mlflow import MlflowClient
 
@@ -145,19 +153,12 @@ def test_a_killed_pack_resumes_from_its_checkpoint(ray_session, world, tmp_path)
 
     from mlflow import MlflowClient
 
-    from pipelines.sweep import KEEP_CHECKPOINTS, run_sweep
+    from pipelines.sweep import KEEP_CHECKPOINTS
 
     space = {"methods": ["asymvlm-vmf"], "lr": [1e-3, 5e-3], "seeds": [0], "epochs": 4,
              "checkpoint_every": 1, "max_failures": 1, "pack": 2}  # fmt: skip
-    plain = run_sweep(_sweep_cfg(world, tmp_path, "pack-plain", **space))
-    marker = tmp_path / "killed.txt"
-    cfg = _sweep_cfg(world, tmp_path, "pack-killed", **space)
-    cfg["fault_injection"] = {"fail_at_epoch": 2, "fail_rank": 0, "fail_marker": str(marker)}
-    killed = run_sweep(cfg)
-    assert marker.exists(), "the failure was injected"
-    assert not killed["failed"]
+    plain, killed = _plain_and_killed(world, tmp_path, "pack-", space)
     assert killed["selection"] == plain["selection"]
-    assert killed["summary"] == plain["summary"]
     client = MlflowClient(killed["tracking_uri"])
     assert len(killed["child_run_ids"]) == 2
     for run_id in killed["child_run_ids"]:  # resumed at epoch 2, not started over
