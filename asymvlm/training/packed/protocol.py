@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from asymvlm.errors import ConfigError
 from asymvlm.training.cache import SplitCache
 from asymvlm.training.config import resolve_device
 from asymvlm.training.data import SplitTensors
@@ -17,8 +16,8 @@ from asymvlm.training.data import load_split as _load_split
 from asymvlm.training.packed.trainer import (
     PackedStateHook,
     PackedTrainer,
-    _first_difference,
     check_packable,
+    require_alike,
 )
 from asymvlm.training.protocol import History, RunSpec, training_data
 from asymvlm.training.trainer import Trainer
@@ -33,14 +32,8 @@ PackedProtocolHook = Callable[[int, dict[str, float], Trainer, History], None]
 
 def check_packable_specs(specs: Sequence[RunSpec]) -> None:
     """:func:`check_packable` for run specs, which must also name the same tables and splits."""
-    if not specs:
-        raise ConfigError("packed trials need at least one run")
-    found = _first_difference([asdict(s) for s in specs], _SPEC_FREE)
-    if found:
-        raise ConfigError(
-            f"packed trials must train and evaluate on the same data: run {found[0]} differs "
-            f"from run 0 in {found[1]}"
-        )
+    require_alike([asdict(s) for s in specs], _SPEC_FREE, "run",
+                  "train and evaluate on the same data")  # fmt: skip
     check_packable([s.train for s in specs])
 
 

@@ -36,25 +36,25 @@ def check_packable(cfgs: Sequence[TrainConfig]) -> None:
     """:class:`~asymvlm.errors.ConfigError` unless the configurations differ only in
     :data:`PACKABLE_FIELDS` (same method, protocol, epochs, batch size, optimiser,
     architecture, precision, device ...)."""
-    if not cfgs:
-        raise ConfigError("packed trials need at least one configuration")
-    found = _first_difference([asdict(c) for c in cfgs], PACKABLE_FIELDS)
-    if found:
-        raise ConfigError(
-            f"packed trials must share every setting but {' and '.join(PACKABLE_FIELDS)}: "
-            f"configuration {found[0]} differs from configuration 0 in {found[1]}"
-        )
+    require_alike(
+        [asdict(c) for c in cfgs], PACKABLE_FIELDS, "configuration",
+        f"share every setting but {' and '.join(PACKABLE_FIELDS)}",
+    )  # fmt: skip
 
 
-def _first_difference(items: list[dict[str, Any]], free: Collection[str]) -> tuple[int, str] | None:
-    """(index, "key (a vs b), ...") of the first item that differs from item 0 outside
-    ``free``; None when all agree."""
+def require_alike(items: list[dict[str, Any]], free: Collection[str], noun: str,
+                  must: str) -> None:  # fmt: skip
+    """:class:`ConfigError` ("packed trials must <must>: <noun> i differs from <noun> 0 in
+    key (a vs b), ...") unless ``items`` agree outside ``free``; also when there are none."""
+    if not items:
+        raise ConfigError(f"packed trials need at least one {noun}")
     shared = [{k: v for k, v in item.items() if k not in free} for item in items]
     for i, other in enumerate(shared[1:], start=1):
         diff = [k for k in shared[0] if shared[0][k] != other[k]]
         if diff:
-            return i, ", ".join(f"{k} ({shared[0][k]!r} vs {other[k]!r})" for k in diff)
-    return None
+            found = ", ".join(f"{k} ({shared[0][k]!r} vs {other[k]!r})" for k in diff)
+            raise ConfigError(f"packed trials must {must}: {noun} {i} differs from {noun} 0 "
+                              f"in {found}")  # fmt: skip
 
 
 def _rng_state(device: torch.device) -> RngState:
