@@ -456,7 +456,7 @@ def test_rayjob_runs_the_cluster_of_raycluster() -> None:
     )
 
 
-def test_rayjob_entrypoint_resolves_on_the_head(monkeypatch) -> None:
+def test_rayjob_entrypoint_resolves_on_the_head(monkeypatch, hub_cache) -> None:
     """The entrypoint as it really runs: KubeRay's submitter pod passes it through a shell
     without the secrets, `ray job submit` joins the words with shlex.join, and Ray's job
     supervisor runs that through a shell on the head, whose environment holds the secrets.
@@ -481,6 +481,8 @@ def test_rayjob_entrypoint_resolves_on_the_head(monkeypatch) -> None:
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", head_env["MLFLOW_TRACKING_URI"])
     monkeypatch.chdir(ROOT)  # the image's working directory is the project
+    for repo in ("openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"):
+        hub_cache(repo, "config.json")  # the head has them (or the Hub)
     monkeypatch.setattr(full, "run_pipeline", capture)
     with pytest.raises(Resolved) as caught:
         full.main(argv[2:])
