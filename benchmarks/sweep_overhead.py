@@ -30,7 +30,10 @@ stderr::
 when it does not exist (into a temporary folder unless given).
 
 The sweep starts right after Ray, so its time includes the trial processes' start (their
-imports). ``--warm-up SECONDS`` waits that long after Ray started before the sweep -- what a
+imports). ``--preload`` starts the local Ray with Ray's ``RAY_preload_python_modules`` set to
+what a trial imports (:data:`PRELOAD`: its workers import them as they start, before any task
+-- a cluster's nodes can be started so). ``--warm-up SECONDS`` waits that long after Ray
+started before the sweep -- what a
 long-running cluster, or a pipeline whose earlier stages ran first, gives its sweeps; the JSON
 says which (``warm_up_seconds``).
 """
@@ -52,6 +55,10 @@ from _common import loadavg, logger, machine  # noqa: E402
 
 log = logger("sweep_overhead")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+#: What a trial process imports before and at its first epoch (``--preload``).
+PRELOAD = ("torch", "ray.tune", "pipelines.trials", "torch._dynamo", "scipy.stats")
 
 
 def _tables(args: argparse.Namespace, configured: str, scratch: str) -> str:
@@ -174,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--tables", default=None)
     parser.add_argument("--no-torch-trainer", action="store_true")
+    parser.add_argument("--preload", action="store_true",
+                        help="Ray's workers import what a trial imports as they start")
     parser.add_argument("--warm-up", type=float, default=0.0, metavar="SECONDS",
                         help="wait this long after starting Ray before the sweep")
     args = parser.parse_args(argv)
@@ -191,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         doc.setdefault("mlflow", {})
         doc["mlflow"] = {**(doc["mlflow"] or {}), "tracking_uri": None}
         cfg = resolve_config(doc, source=args.config)
+        if args.preload:  # read by the raylet this process starts
+            os.environ["RAY_preload_python_modules"] = ",".join(PRELOAD)
         t0 = time.perf_counter()
         init_ray()
         ray_start = time.perf_counter() - t0
@@ -241,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             "trial_process_imports_seconds": imports,
             "ray_start_seconds": round(ray_start, 2),
             "warm_up_seconds": args.warm_up,
+            "preloaded_modules": list(PRELOAD) if args.preload else [],
             "selection": {m: p["lr"] for m, p in out["selection"].items()},
         }  # fmt: skip
         if not args.no_torch_trainer:
