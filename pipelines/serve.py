@@ -22,7 +22,8 @@ The API (JSON):
 
 An empty, over-long or non-string caption, too many captions or images, or an image that does
 not decode is a 4xx with the reason (naming its position); nothing else reaches the client as a
-server error. Runs until Ctrl-C (``--no-block``: deploy and return; on a cluster the app stays).
+server error. Runs until Ctrl-C or SIGTERM, then deletes its app (only its own: other Serve apps
+on the cluster stay); ``--no-block``: deploy and return, the app stays.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the request models from the
@@ -238,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(3600)
         finally:
             if not keep and ray.is_initialized():
-                serve.shutdown()
+                # this app only: Serve may host others on a shared cluster (serve.shutdown
+                # would take them down too, and it printed a failed-task line on stdout)
+                serve.delete(cfg.name)
 
     return guarded(run)
 
