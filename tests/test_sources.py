@@ -73,6 +73,12 @@ def test_registry_and_unknown_dataset():
         read_source("nope", annotations=None, images=None, split="test")
 
 
+@pytest.mark.parametrize("dataset", ["hierarcaps", "coco"])
+def test_a_folder_given_for_an_annotation_file_is_named(dataset, tmp_path):
+    with pytest.raises(SourceError, match=rf"^{tmp_path}: a folder; this reads a file"):
+        read_source(dataset, annotations=str(tmp_path), images=str(tmp_path), split="test")
+
+
 def test_open_fs_local_and_s3_endpoint(tmp_path, monkeypatch):
     (tmp_path / "a.txt").write_text("hi")
     fs, path = open_fs(str(tmp_path / "a.txt"))

@@ -80,8 +80,11 @@ open_fs = fsspec_filesystem  # the storage layer's resolver (s3 honours AWS_ENDP
 
 def _read_bytes(url: str) -> bytes:
     fs, path = open_fs(url)
-    with fs.open(path, "rb") as f:
-        return f.read()
+    try:
+        with fs.open(path, "rb") as f:
+            return f.read()
+    except IsADirectoryError:
+        raise SourceError(f"{url}: a folder; this reads a file (give the file in it)") from None
 
 
 def _read_text(url: str) -> str:
