@@ -146,7 +146,7 @@ def direct_trial(config: dict[str, Any]) -> None:
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            state = read_state(directory, device)
+            state = read_state(directory)
 
     def on_epoch(row: dict[str, float], trainer: Trainer, history: list, due: bool) -> None:
         if due:
@@ -187,7 +187,7 @@ def packed_trial(config: dict[str, Any]) -> None:
     :func:`write_pack_checkpoint`, from which Tune's retry resumes the pack; the last one holds
     every finished member's adapter. The end is one report with each member's final row
     (:func:`final_report`) or failure (``{"failed": reason}``) under ``"pack_outcomes"``. A
-    member that diverges fails alone."""
+    member that diverges fails alone. (A sweep packs only methods trained by SGD.)"""
     from ray import tune
 
     from asymvlm.training.cache import PROCESS_CACHE
@@ -211,12 +211,6 @@ def packed_trial(config: dict[str, Any]) -> None:
         rows.append({"member": k, **row})
 
     def on_state(pack: PackedTrainer) -> None:
-        if not pack.trainable:  # fitted post hoc: no epochs, the adapters
-            with tempfile.TemporaryDirectory() as directory:
-                write_pack_checkpoint(directory, pack)
-                tune.report({"pack_checkpoint": 1},
-                            checkpoint=tune.Checkpoint.from_directory(directory))  # fmt: skip
-            return
         if not rows:  # every member left in the pack diverged in this epoch
             return
         *before, last = rows
@@ -250,7 +244,7 @@ def write_pack_checkpoint(directory: str, pack: PackedTrainer) -> None:
     from) and the adapter of every member that has finished its epochs (:data:`MEMBER_DIR`)."""
     torch.save(pack.state_dict(), os.path.join(directory, PACK_STATE_FILE))
     for k, trainer in enumerate(pack.trainers):
-        if pack.errors[k] is None and (trainer.epoch == trainer.cfg.epochs or not pack.trainable):
+        if pack.errors[k] is None and trainer.epoch == trainer.cfg.epochs:
             save_adapter(os.path.join(directory, MEMBER_DIR.format(k=k)), trainer)
 
 

@@ -171,6 +171,24 @@ def test_a_killed_pack_resumes_from_its_checkpoint(ray_session, world, tmp_path)
 
 
 @pytest.mark.slow
+def test_a_packed_method_fitted_post_hoc_leaves_its_adapters(ray_session, world,
+                                                            tmp_path) -> None:  # fmt: skip
+    """``pack`` packs only methods trained by SGD: the frozen reference's trials run one by one
+    and every seed's adapter reaches MLflow and the sweep's adapter folders."""
+    from asymvlm import tracking
+    from pipelines.sweep import run_sweep
+
+    out = run_sweep(_sweep_cfg(world, tmp_path, "clip-pack", methods=["clip"], lr=[1e-3],
+                               seeds=[0, 1], pack=2))  # fmt: skip
+    assert not out["failed"]
+    adapters = tracking.load_sweep_adapters(out["tracking_uri"], out["parent_run_id"])
+    assert set(adapters) == {"clip/seed0", "clip/seed1"}
+    assert set(out["adapters"]["clip"]) == {"0", "1"}
+    for uri in out["adapters"]["clip"].values():
+        assert os.path.exists(os.path.join(uri, "config.json"))
+
+
+@pytest.mark.slow
 def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp_path) -> None:
     """``pack: 3``: the grid (three lrs, one diverging) is one pack, stage 2 (two seeds)
     another; each member keeps its own MLflow run, a diverging member fails alone, and the
@@ -207,8 +225,8 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
 
 def test_a_trainer_state_is_read_on_the_cpu_whatever_the_device(world, tmp_path) -> None:
     """Both resume paths load the trainer state on the CPU and let the trainer move it: the
-    RNG state must stay a CPU tensor (torch.set_rng_state refuses others). A device of "meta"
-    stands in for a GPU here: loaded there, the state could not be resumed."""
+    RNG state must stay a CPU tensor (torch.set_rng_state refuses others). A run on the "meta"
+    device stands in for a GPU here: loaded there, the state could not be resumed."""
     from types import SimpleNamespace
 
     from asymvlm.methods import build_method
@@ -226,7 +244,7 @@ def test_a_trainer_state_is_read_on_the_cpu_whatever_the_device(world, tmp_path)
     trainer.epoch = 1  # (the state of a run stopped after its first epoch)
     (tmp_path / "ray").mkdir()
     write_checkpoint(str(tmp_path / "ray"), trainer, history)
-    state = read_state(str(tmp_path / "ray"), torch.device("meta")).trainer
+    state = read_state(str(tmp_path / "ray")).trainer
     assert state["rng"]["torch"].device.type == "cpu"
     assert {t.device.type for t in state["method"].values()} == {"cpu"}
 
