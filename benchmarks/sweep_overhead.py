@@ -33,9 +33,8 @@ The sweep starts right after Ray, so its time includes the trial processes' star
 imports). ``--preload`` starts the local Ray with Ray's ``RAY_preload_python_modules`` set to
 what a trial imports (:data:`PRELOAD`: its workers import them as they start, before any task
 -- a cluster's nodes can be started so). ``--warm-up SECONDS`` waits that long after Ray
-started before the sweep -- what a
-long-running cluster, or a pipeline whose earlier stages ran first, gives its sweeps; the JSON
-says which (``warm_up_seconds``).
+started before the sweep -- what a long-running cluster, or a pipeline whose earlier stages ran
+first, gives its sweeps; the JSON says which (``warm_up_seconds``).
 """
 
 from __future__ import annotations

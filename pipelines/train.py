@@ -70,7 +70,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            state = read_state(directory, device)
+            state = read_state(directory)
 
     def on_epoch(
         row: dict[str, float], trainer: Trainer, history: list[dict[str, float]], due: bool
@@ -91,10 +91,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     )
 
 
-def read_state(directory: str, device: torch.device) -> RunState:
-    """The trainer state and history of a checkpoint written by :func:`_report_with_checkpoint`."""
-    # Loaded on the CPU: the trainer moves the weights and optimiser state to its device, and
-    # the RNG state must stay a CPU tensor (torch.set_rng_state refuses a CUDA one).
+def read_state(directory: str) -> RunState:
+    """The trainer state and history of a checkpoint written by :func:`_report_with_checkpoint`,
+    on the CPU whatever the run's device: the trainer moves the weights and optimiser state to
+    its device, and the RNG state must stay a CPU tensor (torch.set_rng_state refuses others)."""
     trainer = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu",
                          weights_only=False)  # fmt: skip
     with open(os.path.join(directory, HISTORY_FILE)) as fh:

@@ -73,7 +73,7 @@ def check_hub_model(model: str) -> None:
                                  "terms and log in (hf auth login)") from None  # fmt: skip
             raise ValueError(f"{model!r}: the Hub has no repository {repo!r} (or it is private: "
                              "log in with hf auth login)") from None  # fmt: skip
-        except Exception as err:  # no connection, a proxy, a gated repository...
+        except Exception as err:  # no connection, a proxy, an expired token...
             reason = " ".join(str(err).split())[:300] or type(err).__name__
             raise ValueError(
                 f"{model!r} is not in {where} and the Hub cannot be asked for it ({reason}); "

@@ -37,7 +37,6 @@ def check_packable_specs(specs: Sequence[RunSpec]) -> None:
     check_packable([s.train for s in specs])
 
 
-# -- the global RNG, per member -----------------------------------------------------------------
 def run_packed_protocol(
     specs: Sequence[RunSpec | Mapping[str, Any]],
     *,

@@ -57,6 +57,7 @@ def require_alike(items: list[dict[str, Any]], free: Collection[str], noun: str,
                               f"in {found}")  # fmt: skip
 
 
+# -- the global RNG, per member -----------------------------------------------------------------
 def _rng_state(device: torch.device) -> RngState:
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return torch.get_rng_state(), cuda
