@@ -13,11 +13,14 @@ demo: setup
 quick-demo: setup
 	$(PY) -m asymvlm.demo
 
+# The import contracts (pyproject.toml [tool.importlinter]) first: a broken layer fails at once.
 test: setup
+	.venv/bin/lint-imports
 	$(PY) -m pytest -q
 
 lint:
 	$(PY) -m ruff check .
+	.venv/bin/lint-imports
 
 bench: setup
 	$(PY) benchmarks/train_throughput.py

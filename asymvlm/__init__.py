@@ -3,7 +3,10 @@
 The science lives here and runs without Ray: spherical distributions (:mod:`asymvlm.distributions`),
 every method of the paper behind one registry (:mod:`asymvlm.methods`), the paper's metrics
 (:mod:`asymvlm.metrics`), the embedding-table contract (:mod:`asymvlm.tables`), a synthetic world
-(:mod:`asymvlm.synthetic`) and the single-process trainer (:mod:`asymvlm.training`).
+(:mod:`asymvlm.synthetic`), the trainers (:mod:`asymvlm.training`), the protocol of a run
+(:mod:`asymvlm.protocol`), its evaluations (:mod:`asymvlm.evaluation`) and checkpoints
+(:mod:`asymvlm.checkpoints`). The Ray layer is ``pipelines/``; the README's "Layout" gives the
+layers, which ``lint-imports`` holds.
 """
 
 __version__ = "0.1.0"

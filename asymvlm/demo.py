@@ -15,11 +15,13 @@ import os
 import time
 
 from asymvlm import logs
-from asymvlm.evaluation import evaluate_retrieval
+from asymvlm.evaluation.registry import evaluate_split
 from asymvlm.metrics import spearman_uncertainty
 from asymvlm.plots import plot_binned_recall
+from asymvlm.protocol import train
+from asymvlm.splits import load_split
 from asymvlm.synthetic import WorldConfig, write_world
-from asymvlm.training import TrainConfig, load_split, train
+from asymvlm.training import TrainConfig
 
 DEMO_METHODS = ("clip", "determ-ft", "asymvlm-vmf", "asymvlm-ps")
 
@@ -60,7 +62,7 @@ def run(output: str, epochs: int = 40, methods: tuple[str, ...] = DEMO_METHODS) 
         model, _ = train(
             world, "train", cfg, output=os.path.join(output, "checkpoints", name), overwrite=True
         )  # a re-run of the demo replaces its checkpoints
-        res = evaluate_retrieval(model, test)
+        res = evaluate_split("retrieval", model, test)
         unc = model.text_uncertainty(test.text_emb)
         res["spearman_uncertainty_abstraction"] = (
             None if unc is None else spearman_uncertainty(unc.detach(), abstraction)

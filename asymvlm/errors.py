@@ -1,9 +1,14 @@
-"""Errors that reach a user as one line (no traceback).
+"""The project's error types, and how an entry point shows them (a leaf: imports no project module).
 
-Every entry point (``asymvlm`` sub-commands, ``pipelines/*.py``) prints ``error: <message>`` for
-these and exits with :data:`EXIT_USER_ERROR` (bad input: config, paths, tables, checkpoints) or
+Every entry point (``asymvlm`` sub-commands, ``pipelines/*.py``) runs through :func:`guarded`:
+an error of the project's own types prints ``error: <message>`` (one line, no traceback) and
+exits with :data:`EXIT_USER_ERROR` (bad input: config, paths, tables, sources, checkpoints) or
 :data:`EXIT_DIVERGED` (a training run whose loss or gradient became non-finite). The message
-always names what is wrong: the file, row, key or epoch/step.
+always names what is wrong: the file, row, key or epoch/step. Anything else is a bug: its
+traceback is shown.
+
+The types of other layers subclass :class:`AsymVLMError` where they are defined
+(:class:`asymvlm.tables.TableError`, :class:`asymvlm.data.sources.SourceError`, ...).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ __all__ = [
     "TrialFailed",
     "exit_code",
     "guarded",
+    "one_line",
 ]
 
 EXIT_USER_ERROR = 2
@@ -49,32 +55,46 @@ class NonFiniteError(AsymVLMError, FloatingPointError):
     """A loss, gradient or model output became NaN/inf (a diverged run). Never a score."""
 
 
-class TrialFailed(RuntimeError):
+class TrialFailed(AsymVLMError, RuntimeError):
     """A sweep trial that produced no result; the message is the reason, in one line. (Defined
     here, in the installed package, so that it unpickles as this class on the driver.)"""
 
 
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    from pydantic import ValidationError
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line (its type's name when it has none)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
-    from asymvlm.data.sources import SourceError
-    from asymvlm.tables import TableError
 
-    return (AsymVLMError, TableError, SourceError, ValidationError, OSError, ValueError)
+def _validation_line(exc: BaseException) -> str | None:
+    """A pydantic ``ValidationError`` that escaped the config boundary (which turns them into
+    :class:`ConfigError`, :func:`asymvlm.config.validate`) as one line; None for other errors."""
+    try:
+        from pydantic import ValidationError
+    except ImportError:  # pragma: no cover - pydantic is a dependency
+        return None
+    if not isinstance(exc, ValidationError):
+        return None
+    problems = [
+        f"{'.'.join(map(str, e['loc'])) or exc.title}: {e['msg'].removeprefix('Value error, ')}"
+        for e in exc.errors()[:3]
+    ]
+    return f"{exc.title}: " + "; ".join(problems)
 
 
 def exit_code(exc: BaseException) -> int | None:
-    """The exit code for an error shown to users as one line, or None for a bug."""
+    """The exit code of an error shown to users as one line (the project's own types, and the
+    config boundary's validation errors), or None for a bug."""
     if isinstance(exc, NonFiniteError):
         return EXIT_DIVERGED
-    if isinstance(exc, _user_error_types()):
+    if isinstance(exc, AsymVLMError) or _validation_line(exc) is not None:
         return EXIT_USER_ERROR
     return None
 
 
 def guarded(main: Callable[[], int], prefix: str = "error") -> int:
-    """Run an entry point: user errors print ``error: <message>`` (one line) and give their
-    exit code instead of a traceback; ``ASYMVLM_TRACEBACK=1`` re-raises them for debugging."""
+    """Run an entry point: the project's errors print ``error: <message>`` (one line) and give
+    their exit code instead of a traceback; anything else (a bug) raises with its traceback.
+    ``ASYMVLM_TRACEBACK=1`` re-raises every error, for debugging."""
     try:
         return main()
     except KeyboardInterrupt:
@@ -84,13 +104,5 @@ def guarded(main: Callable[[], int], prefix: str = "error") -> int:
         code = exit_code(exc)
         if code is None or os.environ.get("ASYMVLM_TRACEBACK"):
             raise
-        from pydantic import ValidationError
-
-        if isinstance(exc, ValidationError):
-            from asymvlm.config import validation_message
-
-            message = validation_message(exc, exc.title)
-        else:
-            message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"{prefix}: {message}", file=sys.stderr)
+        print(f"{prefix}: {_validation_line(exc) or one_line(exc)}", file=sys.stderr)
         return code

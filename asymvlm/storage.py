@@ -46,6 +46,7 @@ except ImportError:  # not POSIX: local outputs use the lease object too
 
 __all__ = [
     "OutputLock",
+    "absolute",
     "display",
     "filesystem",
     "fsspec_filesystem",
@@ -66,7 +67,6 @@ LEASE_RENEW = 30.0
 LEASE_SETTLE = 1.0
 
 join = posixpath.join
-_join = join
 
 
 def is_remote(root: str) -> bool:
@@ -124,9 +124,9 @@ def display(root: str, path: str) -> str:
 
 
 def tmp_name(path: str) -> str:
-    """Hidden temporary name in the same folder (never matched by :func:`_list_parquet`)."""
+    """Hidden temporary name in the same folder (never matched by :func:`list_parquet`)."""
     folder, name = posixpath.split(path)
-    return _join(folder, f".{name}.tmp-{uuid.uuid4().hex}")
+    return join(folder, f".{name}.tmp-{uuid.uuid4().hex}")
 
 
 def atomic_write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
@@ -163,7 +163,7 @@ def remove_quietly(fs: pafs.FileSystem, path: str) -> None:
 def write_json(root: str, relative: str, payload: dict[str, Any]) -> None:
     """Atomically write a JSON file at ``ROOT/relative``."""
     fs, base = filesystem(root)
-    path = _join(base, relative)
+    path = join(base, relative)
     fs.create_dir(posixpath.dirname(path), recursive=True)
     atomic_write_bytes(fs, path, json.dumps(payload, indent=2, sort_keys=True).encode())
 
@@ -171,7 +171,7 @@ def write_json(root: str, relative: str, payload: dict[str, Any]) -> None:
 def read_json(root: str, relative: str) -> dict[str, Any] | None:
     """``ROOT/relative`` parsed as JSON, or None if the file does not exist."""
     fs, base = filesystem(root)
-    raw = read_bytes(fs, _join(base, relative))
+    raw = read_bytes(fs, join(base, relative))
     return None if raw is None else json.loads(raw.decode())
 
 
@@ -235,11 +235,11 @@ class OutputLock:
     ) -> None:
         self.root, self.folder = os.fspath(root), folder
         self.fs, base = filesystem(self.root)
-        self.dir = _join(base, folder) if folder else base
+        self.dir = join(base, folder) if folder else base
         suffix = f".{name}" if name else ""
         self.local = isinstance(self.fs, pafs.LocalFileSystem) and fcntl is not None
         stem, ext = posixpath.splitext(LEASE_NAME)
-        self.path = _join(self.dir, LOCK_NAME + suffix if self.local else stem + suffix + ext)
+        self.path = join(self.dir, LOCK_NAME + suffix if self.local else stem + suffix + ext)
         self.shown = display(self.root, self.dir)
         self.wait = wait
         self.ttl = LEASE_TTL if ttl is None else ttl
@@ -392,6 +392,15 @@ class OutputLock:
 
 
 # -- whole files and folders by URI -------------------------------------------------------------
+def absolute(location: str) -> str:
+    """A location in the one spelling every record uses: a local path absolute (``file://``
+    and ``~`` resolved), an object-store URI as it is without a trailing slash."""
+    location = os.fspath(location)
+    if is_remote(location):
+        return location.rstrip("/") or location
+    return os.path.abspath(os.path.expanduser(location.removeprefix("file://")))
+
+
 def uri_join(root: str, *parts: str) -> str:
     """``root/part/...`` for local paths (made absolute) and URIs alike."""
     root = os.fspath(root)

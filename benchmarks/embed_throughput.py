@@ -6,7 +6,7 @@ folder:
 
 * **stage** -- ``pipelines.embedding.run_embed`` (one Ray Data pass: decode/preprocess ->
   encoder actor pool that embeds each batch's images and their captions -> sharded parquet);
-* **plain** -- one process: ``read_source`` (the same image/caption list), ``Encoder(model)``,
+* **plain** -- one process: ``read_source`` (the same image/caption list), ``load_encoder(model)``,
   then per batch ``PIL.Image.open`` + ``Encoder.preprocess_images`` + ``Encoder.encode_pixels``,
   then the captions through ``Encoder.encode_texts`` in batches of the same size, and one parquet
   file each for images and texts.
@@ -189,7 +189,7 @@ def run_plain(
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from asymvlm.data.encoder import Encoder
+    from asymvlm.data.encoder import load_encoder
     from asymvlm.data.sources import read_source
 
     phases: dict[str, float] = {}
@@ -201,7 +201,7 @@ def run_plain(
     paths = source.images.column("path").to_pylist()
     texts = source.captions.column("text").to_pylist()
     t1 = time.perf_counter()
-    enc = Encoder(model, device="cpu", dtype="float32")
+    enc = load_encoder(model, device="cpu", dtype="float32")
     t2 = time.perf_counter()
     phases["source"], phases["load_model"] = t1 - t0, t2 - t1
     decode = encode = 0.0

@@ -94,7 +94,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     from asymvlm.evaluation import evaluate_retrieval
     from asymvlm.methods import build_method
     from asymvlm.metrics import SCORE_WORK_BYTES, chunk_rows
-    from asymvlm.training import SplitTensors
+    from asymvlm.splits import SplitTensors
 
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])

@@ -51,8 +51,10 @@ from asymvlm import tables
 from asymvlm.evaluation.retrieval import encode_split, evaluate_retrieval
 from asymvlm.methods import Method
 from asymvlm.metrics import binned_recall, curve_statistics
+from asymvlm.protocol import train
+from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import SyntheticWorld, WorldConfig, write_world
-from asymvlm.training import SplitTensors, TrainConfig, load_split, train
+from asymvlm.training import TrainConfig
 
 DETAILED = 3  # level of a caption that describes the object itself (0 = most general)
 COCO_LEVELS = (0.05, 0.15, 0.30, 0.50)  # proposed mix: mostly detailed, some generic captions

@@ -27,13 +27,13 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from asymvlm.methods import build_method
-from asymvlm.training import PackedTrainer, SplitTensors, TrainConfig, Trainer
+from asymvlm.splits import SplitTensors
+from asymvlm.training import PackedTrainer, TrainConfig, Trainer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import cpu_model, loadavg, logger  # noqa: E402
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"threads={torch.get_num_threads()} device={device}")  # fmt: skip
 
     log("warm-up (one epoch each way)")
-    warm = [replace(cfg, epochs=1) for cfg in cfgs[:2]]
+    warm = [cfg.model_copy(update={"epochs": 1}) for cfg in cfgs[:2]]
     run_packed(warm, data)
     run_sequential(warm, data)
 

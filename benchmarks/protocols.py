@@ -25,8 +25,10 @@ import time
 from asymvlm.errors import NonFiniteError
 from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.metrics import spearman_uncertainty
+from asymvlm.protocol import train
+from asymvlm.splits import load_split
 from asymvlm.synthetic import WorldConfig, write_world
-from asymvlm.training import TrainConfig, load_split, train
+from asymvlm.training import TrainConfig
 
 METHODS = ("asymvlm-vmf", "asymvlm-ps", "probvlm", "pfe", "pcmepp", "prolip")
 KEYS = ("recall@1", "spearman", "r2", "auroc", "aurc")

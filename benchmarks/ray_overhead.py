@@ -4,7 +4,7 @@ Writes a synthetic world (default d = 512, 8000 training images x 5 captions), t
 interleaved (single, ray, single, ray, ...):
 
 * **single** -- ``python -m asymvlm.cli train`` in a fresh process (what a user runs);
-* **ray** -- ``pipelines/train.py``'s ``run_training`` with one worker (``TorchTrainer``,
+* **ray** -- ``pipelines/ray_train.py``'s ``run_training`` with one worker (``TorchTrainer``,
   gloo, ``resources_per_worker`` = all cores so both sides use the same torch threads),
   against a Ray cluster started once before any timing.
 
@@ -56,15 +56,16 @@ def run_single(args: argparse.Namespace, world: str, out: str) -> dict[str, Any]
 
 
 def run_ray(args: argparse.Namespace, world: str, out: str, cpus: int) -> dict[str, Any]:
+    from asymvlm.protocol import RunSpec
     from asymvlm.training import TrainConfig
-    from pipelines.train import run_config_dict, run_training
+    from pipelines.ray_train import run_training
 
     train = TrainConfig(method=args.method, epochs=args.epochs, lr=1e-3, optimizer="adamw",
                         batch_size=args.batch_size, hidden_dim=args.hidden_dim, seed=0)  # fmt: skip
-    config = run_config_dict(world, train, val_split=None, test_split=None,
-                             checkpoint_every=args.checkpoint_every)  # fmt: skip
+    spec = RunSpec(embeddings=world, train=train, val_split=None, test_split=None,
+                   checkpoint_every=args.checkpoint_every)  # fmt: skip
     t0 = time.perf_counter()
-    result = run_training(config, name="bench", storage_path=out, num_workers=1,
+    result = run_training(spec, name="bench", storage_path=out, num_workers=1,
                           cpus_per_worker=cpus)  # fmt: skip
     wall = time.perf_counter() - t0
     return {"wall": wall, "epoch_seconds": [row["epoch_seconds"] for row in result["history"]]}

@@ -54,13 +54,14 @@ def _untrained_checkpoint(folder: str) -> str:
     """An asymvlm-vmf adapter (default init) over a tiny random CLIP, recorded as a checkpoint
     of tables that CLIP embedded (the manifest the embedding stage would write)."""
     from asymvlm import tables
-    from asymvlm.data.encoder import Encoder
+    from asymvlm.checkpoints import provenance, save_checkpoint
+    from asymvlm.data.encoder import load_encoder
     from asymvlm.data.tiny import save_tiny_clip
     from asymvlm.methods import build_method
-    from asymvlm.training import TrainConfig, provenance, save_checkpoint
+    from asymvlm.training import TrainConfig
 
     model = save_tiny_clip(os.path.join(folder, "tiny-clip"))
-    info = Encoder(model, device="cpu", load_model=False).info
+    info = load_encoder(model, device="cpu", load_model=False).info
     manifest = tables.Manifest(dim=info.dim, model=model, extra=info.to_dict())
     cfg = TrainConfig(method="asymvlm-vmf", epochs=1)
     method = build_method("asymvlm-vmf", info.dim, **cfg.method_args())

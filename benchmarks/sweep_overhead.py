@@ -4,7 +4,7 @@ The same trials -- those a sweep of ``--config`` (default ``tune_spaces/cpu-smal
 stage 1 ``methods x lr`` at the first seed, stage 2 the other seeds at each method's chosen lr
 -- are run three ways, in one process, against one local Ray started before any timing:
 
-* **sweep** -- ``pipelines/sweep.py``'s ``run_sweep`` as a user runs it (both stages, lr
+* **sweep** -- ``pipelines/tuning/sweep.py``'s ``run_sweep`` as a user runs it (both stages, lr
   selection, MLflow runs with every epoch's metrics, curves and adapters, summary);
 * **sequential** -- a plain loop of :func:`asymvlm.training.run_protocol` over the same
   (method, lr, seed) list, every run reading its tables (no Ray, no MLflow), once at torch's
@@ -57,7 +57,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 #: What a trial process imports before and at its first epoch (``--preload``).
-PRELOAD = ("torch", "ray.tune", "pipelines.trials", "torch._dynamo", "scipy.stats")
+PRELOAD = ("torch", "ray.tune", "pipelines.tuning.trials", "torch._dynamo", "scipy.stats")
 
 
 def _tables(args: argparse.Namespace, configured: str, scratch: str) -> str:
@@ -76,37 +76,40 @@ def _tables(args: argparse.Namespace, configured: str, scratch: str) -> str:
         return os.path.abspath(root)
 
 
-def _sweep(cfg: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    from pipelines.sweep import run_sweep
+def _sweep(cfg: Any) -> tuple[float, dict[str, Any]]:
+    from pipelines.tuning.sweep import run_sweep
 
     t0 = time.perf_counter()
     out = run_sweep(cfg)
     return time.perf_counter() - t0, out
 
 
-def _trials_of(cfg: dict[str, Any], selection: dict[str, Any]) -> list[tuple[str, float, int]]:
+def _trials_of(cfg: Any, selection: dict[str, Any]) -> list[tuple[str, float, int]]:
     """The (method, lr, seed) runs of the sweep: the grid, then the seeds it did not run."""
-    first = cfg["seeds"][0]
-    grid = [(m, lr, first) for m in cfg["methods"] for lr in cfg["lr"]]
-    grid = grid if len(cfg["lr"]) > 1 else []
-    rest = [(m, pick["lr"], s) for m, pick in selection.items() for s in cfg["seeds"]
+    first = cfg.seeds[0]
+    grid = [(m, lr, first) for m in cfg.methods for lr in cfg.lr]
+    grid = grid if len(cfg.lr) > 1 else []
+    rest = [(m, pick["lr"], s) for m, pick in selection.items() for s in cfg.seeds
             if (m, pick["lr"], s) not in grid]  # fmt: skip
     return grid + rest
 
 
-def _sequential(cfg: dict[str, Any], trials: list[tuple[str, float, int]], threads: int) -> float:
-    """Seconds of a plain loop of ``run_protocol`` over ``trials`` at ``threads`` torch threads."""
+def _sequential(cfg: Any, trials: list[tuple[str, float, int]], threads: int) -> float:
+    """Seconds of a plain loop of ``run_protocol`` over ``trials`` at ``threads`` torch threads
+    (``cfg``: the validated sweep, or its JSON document)."""
     import torch
 
-    from asymvlm.training import RunSpec, run_protocol
-    from pipelines.trials import run_config
+    from asymvlm.protocol import run_protocol
+    from pipelines.schema import sweep_config
+
+    cfg = sweep_config(cfg) if isinstance(cfg, dict) else cfg
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         t0 = time.perf_counter()
         for method, lr, seed in trials:
-            spec = RunSpec.from_dict(run_config(cfg, method, lr, seed))
+            spec = cfg.run_spec(method, lr, seed)
             out = run_protocol(spec, device="cpu")
             assert out is not None and not out.get("diverged"), out
         return time.perf_counter() - t0
@@ -122,14 +125,15 @@ _sequential(*json.loads(sys.argv[1]))
 """
 
 
-def _sequential_script(cfg: dict[str, Any], trials: list[tuple[str, float, int]],
+def _sequential_script(cfg: Any, trials: list[tuple[str, float, int]],
                        threads: int) -> float:  # fmt: skip
     """Seconds of the same loop as a script of its own: a new Python process that imports
     torch and the package first, as a user's plain loop would."""
     import subprocess
 
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", _LOOP_SCRIPT, json.dumps([cfg, trials, threads])],
+    doc = cfg.model_dump(mode="json", exclude_none=True)
+    subprocess.run([sys.executable, "-c", _LOOP_SCRIPT, json.dumps([doc, trials, threads])],
                    check=True, cwd=REPO, stdout=subprocess.DEVNULL)  # fmt: skip
     return time.perf_counter() - t0
 
@@ -140,12 +144,12 @@ import ray  # a Ray worker process has Ray imported before it runs anything
 t0 = time.perf_counter()
 import ray.tune  # unpickling the trainable
 t1 = time.perf_counter()
-import pipelines.trials  # the trainable's module: torch, the package
+import pipelines.tuning.trials  # the trainable's module: torch, the package
 t2 = time.perf_counter()
 import torch._dynamo  # torch.optim's first step imports it
 import scipy.stats  # the uncertainty metrics
 t3 = time.perf_counter()
-print(json.dumps({"ray.tune": t1 - t0, "pipelines.trials (torch, the package)": t2 - t1,
+print(json.dumps({"ray.tune": t1 - t0, "pipelines.tuning.trials (torch, the package)": t2 - t1,
                   "torch._dynamo + scipy.stats": t3 - t2, "total": t3 - t0}))
 """
 
@@ -187,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from asymvlm import config, logs
-    from pipelines.ray_session import init_ray
-    from pipelines.sweep import resolve_config
+    from pipelines.schema import sweep_config as resolve_config
+    from pipelines.session import RaySession
 
     logs.configure(verbose=False)
     scratch = tempfile.mkdtemp(prefix="sweep-overhead-")
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.preload:  # read by the raylet this process starts
             os.environ["RAY_preload_python_modules"] = ",".join(PRELOAD)
         t0 = time.perf_counter()
-        init_ray()
+        RaySession().require()  # left running: the script ends with the process
         ray_start = time.perf_counter() - t0
         time.sleep(args.warm_up)
         load_before = loadavg()
@@ -226,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         # this driver has imported what the first sweep's logging needed.
         log("the sweep again, into the existing MLflow store ...")
         again = resolve_config({**doc, "output": os.path.join(scratch, "sweep-again"),
-                                "mlflow": {**doc["mlflow"], "tracking_uri": cfg["mlflow"][
-                                    "tracking_uri"]}}, source=args.config)  # fmt: skip
+                                "mlflow": {**doc["mlflow"],
+                                           "tracking_uri": cfg.mlflow.tracking_uri}},
+                               source=args.config)  # fmt: skip
         again_seconds, _ = _sweep(again)
         imports = _trial_imports()
         result: dict[str, Any] = {
@@ -235,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             else args.config,
             "overrides": args.set,
             "trials": len(trials),
-            "methods": cfg["methods"], "lr": cfg["lr"], "seeds": cfg["seeds"],
-            "epochs": cfg["epochs"], "batch_size": cfg["batch_size"],
-            "num_workers": cfg["num_workers"], "cpus_per_worker": cfg["cpus_per_worker"],
+            "methods": cfg.methods, "lr": cfg.lr, "seeds": cfg.seeds,
+            "epochs": cfg.epochs, "batch_size": cfg.batch_size,
+            "num_workers": cfg.num_workers, "cpus_per_worker": cfg.cpus_per_worker,
             "sweep_seconds": round(sweep_seconds, 2),
             "sequential_seconds": round(sequential_seconds, 2),
             "sequential_seconds_by_threads": {n: round(v, 2) for n, v in by_threads.items()},

@@ -3,193 +3,38 @@
     python pipelines/serve.py --checkpoint runs/demo/sweeps/hierarcaps-tiny/adapters/<method>/seed0
     python pipelines/serve.py --config serve.yaml [--set replicas=2 --set gpus_per_replica=0.5]
 
-The keys (:class:`asymvlm.config.ServeConfig`): ``checkpoint`` (a checkpoint folder or an MLflow
-model URI such as ``runs:/<run>/adapter``), ``encoder``, ``tracking_uri``, ``device``,
+The keys (:class:`pipelines.schema.ServeConfig`): ``checkpoint`` (a checkpoint folder or an
+MLflow model URI such as ``runs:/<run>/adapter``), ``encoder``, ``tracking_uri``, ``device``,
 ``replicas``, ``cpus_per_replica``, ``gpus_per_replica``, dynamic batching (``batching``,
 ``max_batch_size``, ``batch_wait_timeout_s``: requests that arrive together are embedded
 together), limits per request (``max_captions``, ``max_images``, ``max_caption_chars``),
 ``host`` / ``port`` / ``route_prefix`` / ``name``. The adapter and its encoder are checked here
 before anything is deployed (a bad checkpoint is one line and exit 2, not a replica that
-never starts).
+never starts). The API is :mod:`pipelines.serving`'s (``POST /uncertainty``, ``POST /score``,
+``GET /health``).
 
-The API (JSON):
-
-* ``POST /uncertainty`` ``{"captions": ["a dog", ...]}`` -> ``{"results": [{"text", "kappa"
-  (where the method has one), "uncertainty"}, ...]}`` -- the numbers of ``asymvlm score-text``;
-* ``POST /score`` ``{"captions": [...], "images": ["<base64 of an encoded image>", ...]}`` ->
-  ``{"scores": [[...]]}``, captions x images (log-likelihoods for AsymVLM);
-* ``GET /health`` -> ``{"status": "ok", "method", "dim", "encoder"}``.
-
-An empty, over-long or non-string caption, too many captions or images, or an image that does
-not decode is a 4xx with the reason (naming its position); nothing else reaches the client as a
-server error. Runs until Ctrl-C or SIGTERM, then deletes its app (only its own: other Serve apps
-on the cluster stay); ``--no-block``: deploy and return, the app stays.
+Runs until Ctrl-C or SIGTERM, then deletes its app (only its own: other Serve apps on the
+cluster stay); ``--no-block``: deploy and return, the app stays.
 """
 
-# No ``from __future__ import annotations`` here: FastAPI reads the request models from the
-# endpoints' annotations at runtime.
+from __future__ import annotations
+
 import argparse
-import base64
-import binascii
 import json
 import os
 import signal
 import sys
+import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ""):  # run as a script: make `pipelines` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import ray  # noqa: E402
-from fastapi import FastAPI, HTTPException  # noqa: E402
-from pydantic import BaseModel  # noqa: E402
-from ray import serve  # noqa: E402
-
-from asymvlm import config, logs  # noqa: E402
-from asymvlm.config import ServeConfig  # noqa: E402
+from asymvlm import logs  # noqa: E402
 from asymvlm.errors import guarded  # noqa: E402
-
-if __name__ != "__main__":  # see pipelines/train.py: replicas may not have this folder
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-app = FastAPI(title="asymvlm scorer", description="caption uncertainty of a trained adapter")
-
-
-class UncertaintyRequest(BaseModel):
-    captions: list[str]
-
-
-class ScoreRequest(BaseModel):
-    captions: list[str]
-    images: list[str]  # base64 of encoded images (JPEG, PNG, ...)
-
-
-def _bad(message: str) -> HTTPException:
-    return HTTPException(status_code=400, detail=message)
-
-
-@serve.deployment
-@serve.ingress(app)
-class ScorerDeployment:
-    """One replica: the scorer on its device; batched ``/uncertainty`` when ``batching``."""
-
-    def __init__(self, settings: dict[str, Any]) -> None:
-        from asymvlm.scoring import Scorer
-
-        self.cfg = ServeConfig(**settings)
-        self.scorer = Scorer.from_checkpoint(
-            self.cfg.checkpoint, encoder=self.cfg.encoder, device=self.cfg.device,
-            batch_size=self.cfg.encode_batch_size, tracking_uri=self.cfg.tracking_uri,
-        )  # fmt: skip
-        self._batched.set_max_batch_size(self.cfg.max_batch_size)
-        self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
-
-    # -- checks -------------------------------------------------------------------------------
-    def _captions(self, captions: list[str]) -> list[str]:
-        if not captions:
-            raise _bad("no captions")
-        if len(captions) > self.cfg.max_captions:
-            raise _bad(f"{len(captions)} captions; at most {self.cfg.max_captions} a request")
-        for i, text in enumerate(captions):
-            if not text.strip():
-                raise _bad(f"caption {i}: empty")
-            if len(text) > self.cfg.max_caption_chars:
-                raise _bad(f"caption {i}: {len(text)} characters; at most "
-                           f"{self.cfg.max_caption_chars}")  # fmt: skip
-        return captions
-
-    def _images(self, images: list[str]) -> list[bytes]:
-        if not images:
-            raise _bad("no images")
-        if len(images) > self.cfg.max_images:
-            raise _bad(f"{len(images)} images; at most {self.cfg.max_images} a request")
-        out = []
-        for i, text in enumerate(images):
-            try:
-                out.append(base64.b64decode(text, validate=True))
-            except (binascii.Error, ValueError):
-                raise _bad(f"image {i}: not base64") from None
-        return out
-
-    def _records(self, captions: list[str]) -> list[dict[str, Any]]:
-        from asymvlm.scoring import ScoringInputError
-
-        try:
-            return self.scorer.caption_uncertainty(captions).records()
-        except ScoringInputError as exc:
-            raise _bad(str(exc)) from None
-
-    # -- the API ------------------------------------------------------------------------------
-    @app.get("/health")
-    def health(self) -> dict[str, Any]:
-        return {"status": "ok", "method": self.scorer.meta["method"],
-                "dim": int(self.scorer.meta["dim"]),
-                "encoder": self.scorer.encoder.info.model}  # fmt: skip
-
-    @app.post("/uncertainty")
-    async def uncertainty(self, request: UncertaintyRequest) -> dict[str, Any]:
-        captions = self._captions(request.captions)
-        if self.cfg.batching:
-            return {"results": await self._batched(captions)}
-        return {"results": self._records(captions)}
-
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
-    async def _batched(self, requests: list[list[str]]) -> list[list[dict[str, Any]]]:
-        """The captions of every request that came together, embedded as one batch."""
-        records = self._records([c for r in requests for c in r])
-        out, start = [], 0
-        for r in requests:
-            out.append(records[start : start + len(r)])
-            start += len(r)
-        return out
-
-    @app.post("/score")
-    async def score(self, request: ScoreRequest) -> dict[str, Any]:
-        from asymvlm.scoring import ScoringInputError
-
-        captions, images = self._captions(request.captions), self._images(request.images)
-        try:
-            scores = self.scorer.score(images, captions)
-        except ScoringInputError as exc:
-            raise _bad(str(exc)) from None
-        return {"scores": scores.tolist()}
-
-
-def check(cfg: ServeConfig) -> dict[str, Any]:
-    """Load the scorer once here: a bad checkpoint or encoder fails before any deployment.
-    Returns the adapter's ``config.json``."""
-    from asymvlm.scoring import Scorer
-
-    scorer = Scorer.from_checkpoint(cfg.checkpoint, encoder=cfg.encoder, device="cpu",
-                                    tracking_uri=cfg.tracking_uri)  # fmt: skip
-    return scorer.meta
-
-
-def deploy(cfg: ServeConfig) -> str:
-    """Start (or join) Ray and Serve's HTTP proxy on ``host:port`` and deploy the scorer;
-    returns its URL."""
-    from pipelines.ray_session import init_ray
-
-    init_ray()
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    options: dict[str, Any] = {"num_cpus": cfg.cpus_per_replica}
-    if cfg.gpus_per_replica:
-        options["num_gpus"] = cfg.gpus_per_replica
-    bound = ScorerDeployment.options(
-        name=cfg.name, num_replicas=cfg.replicas, ray_actor_options=options
-    ).bind(cfg.model_dump())
-    serve.run(bound, name=cfg.name, route_prefix=cfg.route_prefix, blocking=False)
-    prefix = cfg.route_prefix.rstrip("/")
-    return f"http://{cfg.host}:{cfg.port}{prefix}"
-
-
-def load_config(args: argparse.Namespace) -> ServeConfig:
-    doc: dict[str, Any] = config.load_yaml(args.config) if args.config else {}
-    doc = config.apply_overrides(doc, args.set)
-    if args.checkpoint:
-        doc["checkpoint"] = args.checkpoint
-    return config.validate(ServeConfig, doc, args.config or "serve options")
+from pipelines.schema import load_serve  # noqa: E402
+from pipelines.serving import check, deploy  # noqa: E402
+from pipelines.session import RaySession  # noqa: E402
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -207,41 +52,40 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(verbose=args.verbose)
 
     def run() -> int:
-        import time
+        import ray
+        from ray import serve
 
-        cfg = load_config(args)
+        cfg = load_serve(args.config, args.set, args.checkpoint)
         meta = check(cfg)
-        # Ctrl-C and SIGTERM (a container stopping) end the same way: the app is taken down,
-        # exit 130 with one line (not Ray's fatal-signal stack dump: ray.init installs that
-        # handler, so ours are installed after it). While the app is being deployed the signal
-        # is only noted and acted on as soon as the deployment returns.
-        from pipelines.ray_session import init_ray
-
-        init_ray()
-        stop: list[int] = []
-        signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
-        signal.signal(signal.SIGINT, lambda signum, frame: stop.append(signum))
-        keep = False  # --no-block: the app stays up once deployed
-        try:
-            url = deploy(cfg)
-            signal.signal(signal.SIGTERM, _interrupt)
-            signal.signal(signal.SIGINT, _interrupt)
-            if stop:
-                raise KeyboardInterrupt
-            print(json.dumps({"url": url, "method": meta["method"], "name": cfg.name}),
-                  flush=True)  # fmt: skip
-            print(f"serving {meta['method']} at {url} (POST /uncertainty, POST /score, GET "
-                  "/health); Ctrl-C stops", file=sys.stderr)  # fmt: skip
-            if args.no_block:
-                keep = True
-                return 0
-            while True:
-                time.sleep(3600)
-        finally:
-            if not keep and ray.is_initialized():
-                # this app only: Serve may host others on a shared cluster (serve.shutdown
-                # would take them down too, and it printed a failed-task line on stdout)
-                serve.delete(cfg.name)
+        with RaySession(eager=True):
+            # Ctrl-C and SIGTERM (a container stopping) end the same way: the app is taken
+            # down, exit 130 with one line (not Ray's fatal-signal stack dump: ray.init installs
+            # that handler, so ours are installed after it). While the app is being deployed
+            # the signal is only noted and acted on as soon as the deployment returns.
+            stop: list[int] = []
+            signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+            signal.signal(signal.SIGINT, lambda signum, frame: stop.append(signum))
+            keep = False  # --no-block: the app stays up once deployed
+            try:
+                url = deploy(cfg)
+                signal.signal(signal.SIGTERM, _interrupt)
+                signal.signal(signal.SIGINT, _interrupt)
+                if stop:
+                    raise KeyboardInterrupt
+                print(json.dumps({"url": url, "method": meta["method"], "name": cfg.name}),
+                      flush=True)  # fmt: skip
+                print(f"serving {meta['method']} at {url} (POST /uncertainty, POST /score, "
+                      "GET /health); Ctrl-C stops", file=sys.stderr)  # fmt: skip
+                if args.no_block:
+                    keep = True
+                    return 0
+                while True:
+                    time.sleep(3600)
+            finally:
+                if not keep and ray.is_initialized():
+                    # this app only: Serve may host others on a shared cluster (serve.shutdown
+                    # would take them down too, and it printed a failed-task line on stdout)
+                    serve.delete(cfg.name)
 
     return guarded(run)
 

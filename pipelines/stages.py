@@ -1,87 +1,187 @@
-"""Both stages of a sweep as one Tune experiment: :class:`StagedSearch`.
+"""The whole pipeline's stages, on the running Ray cluster: prepare -> embed -> sweep ->
+evaluate -> report (:func:`run_pipeline`; the entry point is ``pipelines/full.py``).
 
-Stage 1 (the lr grid at the first seed) and stage 2 (every other seed at each method's chosen
-lr) used to be two Tune experiments, one after the other. Here they are one, and a method's
-second stage starts as soon as *its* grid trials have ended (the lr of one method is chosen
-from that method's validation scores alone), while other methods' grid trials still run: the
-trial actors, and the tables they keep in memory, go on from trial to trial without a gap.
+Every stage is resumable: embedding jobs skip finished tables (and finish interrupted ones), a
+sweep with a ``sweep.json`` in its folder is done, an evaluation with its result file is done,
+and the report is rebuilt from MLflow. Everything runs under one MLflow run, the root: sweeps,
+their trials, evaluations and the report are nested under it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import logging
+import os
+import tempfile
+import time
 from typing import Any
 
-from ray.tune.search import Searcher
+import yaml
 
-#: ``select(method, grid_trial_ids) -> that method's stage-2 trials``: called once per method,
-#: when every grid trial of the method has ended, with the Tune trial ids of those that did not
-#: fail (Tune hands searchers flattened results: the caller keeps the trials' own rows).
-Select = Callable[[str, list[str]], list[dict[str, Any]]]
+from asymvlm import storage, tracking
+from asymvlm.evaluation import registry
+from pipelines.embedding import run_embed
+from pipelines.schema import PipelineConfig, SyntheticPrepare, check_shared_output
+from pipelines.session import RaySession
+from pipelines.tuning.sweep import SWEEP_RECORD, run_sweep
+
+__all__ = [
+    "STAGES",
+    "final_tables",
+    "prepare_synthetic",
+    "run_pipeline",
+    "stage_embed",
+    "stage_evaluate",
+    "stage_prepare",
+    "stage_report",
+    "stage_sweep",
+]
+
+STAGES = ("embed", "sweep", "evaluate", "report")
+
+logger = logging.getLogger("pipelines.full")
 
 
-def member_keys(trial_id: str, size: int) -> list[str]:
-    """The keys of a trial's runs: the trial id, or ``<trial id>#<k>`` for the members of a
-    pack of ``size`` > 1."""
-    return [trial_id] if size == 1 else [f"{trial_id}#{k}" for k in range(size)]
+def stage_prepare(cfg: PipelineConfig) -> None:
+    """Offline stand-ins: a tiny random CLIP, the synthetic world, CIFAR-format sets."""
+    prep = cfg.prepare
+    if prep.tiny_clip and not os.path.exists(os.path.join(prep.tiny_clip, "config.json")):
+        from asymvlm.data.tiny import save_tiny_clip
+
+        logger.info("prepare: a tiny random CLIP (not meaningful science) -> %s", prep.tiny_clip)
+        save_tiny_clip(prep.tiny_clip)
+    if prep.synthetic:
+        prepare_synthetic(prep.synthetic)
+    hc = prep.hierarcaps_cifar
+    if hc and not os.path.exists(os.path.join(hc.output, "cifar100")):
+        from asymvlm.data.demo_sets import write_hierarcaps_cifar
+
+        logger.info("prepare: CIFAR-format stand-ins from HierarCaps images -> %s", hc.output)
+        write_hierarcaps_cifar(hc.hierarcaps, hc.output, hc.n_classes)
 
 
-class StagedSearch(Searcher):
-    """Suggests ``{"stage": "grid", "trial": t}`` for every ``t`` of ``grid`` (``{"method",
-    "lr", "seed"}``), and for each of ``methods``, once its grid trials have ended (at once for
-    a method with none), ``{"stage": "seeds", "trial": t}`` for every ``t`` that ``select``
-    returns; then finishes. With ``pack`` > 1, up to that many consecutive trials of one
-    method in ``packable`` and one stage go out as one suggestion (``"pack"``: the members)."""
+def prepare_synthetic(syn: SyntheticPrepare) -> None:
+    """The synthetic world (its preset, with the section's knobs) and, with ``classes``, its
+    classification sets next to it; each skipped when its manifest is there already."""
+    from asymvlm.synthetic import write_classification_sets, write_world
 
-    def __init__(
-        self,
-        methods: list[str],
-        grid: list[dict[str, Any]],
-        select: Select,
-        pack: int = 1,
-        packable: frozenset[str] = frozenset(),
-    ) -> None:
-        super().__init__()
-        self._pack, self._packable = pack, packable
-        self._queue: list[tuple[str, dict[str, Any]]] = [("grid", t) for t in grid]
-        self._select = select
-        self._waiting = {m: sum(t["method"] == m for t in grid) for m in methods}
-        self._finished: dict[str, list[str]] = {m: [] for m in methods}
-        self._method_of: dict[str, str] = {}
-        self._size: dict[str, int] = {}
-        self._running: set[str] = set()
+    world = syn.world_config()
+    if not storage.exists(storage.uri_join(syn.output, "manifest.json")):
+        preset = f" (preset {syn.preset})" if syn.preset else ""
+        logger.info("prepare: the synthetic world%s -> %s", preset, syn.output)
+        write_world(syn.output, world)
+    roots = syn.class_set_roots()
+    if roots and not all(storage.exists(storage.uri_join(storage.absolute(r), "manifest.json"))
+                         for r in roots.values()):  # fmt: skip
+        logger.info("prepare: the synthetic classification sets (%s) -> %s-*", ", ".join(roots),
+                    syn.output)  # fmt: skip
+        write_classification_sets(syn.output, world, syn.classification_spec())
 
-    def _release(self) -> None:
-        """Queue the second stage of every method whose grid has ended."""
-        for method in [m for m, n in self._waiting.items() if n == 0]:
-            del self._waiting[method]
-            self._queue += [("seeds", t) for t in self._select(method, self._finished[method])]
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
-        self._release()
-        if self._queue:
-            stage, trial = self._queue.pop(0)
-            members = [trial]
-            if trial["method"] in self._packable:  # the next ones of this method and stage
-                while (len(members) < self._pack and self._queue and self._queue[0][0] == stage
-                       and self._queue[0][1]["method"] == trial["method"]):  # fmt: skip
-                    members.append(self._queue.pop(0)[1])
-            self._running.add(trial_id)
-            if stage == "grid":
-                self._method_of[trial_id] = trial["method"]
-                self._size[trial_id] = len(members)
-            if len(members) == 1:
-                return {"stage": stage, "trial": trial}
-            return {"stage": stage, "trial": trial, "pack": members}
-        return None if self._running or self._waiting else Searcher.FINISHED
+def stage_embed(cfg: PipelineConfig, session: RaySession) -> None:
+    for job in cfg.embed.jobs:
+        logger.info("embed: %s/%s -> %s", job.dataset, job.split, job.output)
+        run_embed(job, session)
 
-    def on_trial_complete(
-        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
-    ) -> None:
-        self._running.discard(trial_id)
-        method = self._method_of.pop(trial_id, None)
-        if method is not None:  # a grid trial (or pack: its members are "<trial id>#<k>")
-            size = self._size.pop(trial_id, 1)
-            self._waiting[method] -= size
-            if not error:
-                self._finished[method] += member_keys(trial_id, size)
+
+def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
+    for sweep in cfg.sweeps:
+        if storage.exists(storage.uri_join(sweep.output, SWEEP_RECORD)):
+            logger.info("sweep %s: done already", sweep.name)
+            continue
+        t0 = time.perf_counter()
+        logger.info("sweep %s: %d methods x %d lrs x %d seeds", sweep.name, len(sweep.methods),
+                    len(sweep.lr), len(sweep.seeds))  # fmt: skip
+        out = run_sweep(sweep, parent=parent)
+        failed = f", {len(out['failed'])} trial(s) failed" if out["failed"] else ""
+        logger.info("sweep %s: done in %.0f s%s", sweep.name, time.perf_counter() - t0, failed)
+
+
+def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
+    """Every evaluation of the config, through the one registry
+    (:mod:`asymvlm.evaluation.registry`), logged as a run nested under ``parent``; a marker file
+    per finished one."""
+    from asymvlm.evaluation.adapters import sweep_adapters
+
+    uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
+    folder = storage.uri_join(cfg.output, "evaluations")
+    for i, ev in enumerate(cfg.evaluations):
+        label = f"{ev.kind} ({ev.sweep})" if ev.sweep else ev.kind
+        marker = storage.uri_join(folder, f"{i:02d}-{ev.kind}.json")
+        if storage.exists(marker):
+            logger.info("evaluation %s: done already", label)
+            continue
+        t0 = time.perf_counter()
+        methods: dict[str, Any] = {}
+        if ev.sweep:
+            where = storage.uri_join(cfg.sweep(ev.sweep).output, SWEEP_RECORD)
+            record = json.loads(storage.read_text(where))
+            methods.update(sweep_adapters(uri, record["parent_run_id"]))
+        if ev.frozen:
+            methods = registry.with_frozen(methods, ev, dim=ev.dim)
+        result = registry.evaluate(ev, methods)
+        params: dict[str, Any] = {"sweep": ev.sweep or "", "note": ev.note or "",
+                                  "models": len(methods)}  # fmt: skip
+        inputs = ev.model_dump(mode="json", include=set(type(ev).model_fields) - {"kind"})
+        params.update({k: inputs[k] for k in ("fine_tuned_on", "embedding_model", "positives",
+                                              "negatives") if inputs.get(k)})  # fmt: skip
+        if ev.kind == "zeroshot":
+            params.setdefault("fine_tuned_on", ev.sweep or "?")
+        registry.log_evaluation(uri, experiment, ev.kind, result, params=params, parent=parent,
+                                name=f"eval {label}")  # fmt: skip
+        storage.write_text(marker, json.dumps(result, indent=2, default=float))
+        logger.info("evaluation %s: %d models, %.0f s", label, len(methods),
+                    time.perf_counter() - t0)  # fmt: skip
+
+
+def stage_report(cfg: PipelineConfig, parent: str | None = None) -> str:
+    from asymvlm.report import build_report
+
+    uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
+    out = cfg.report.output or storage.uri_join(cfg.output, "report")
+    if not storage.is_remote(out):
+        return build_report(uri, experiment, os.path.abspath(out), parent=parent)
+    with tempfile.TemporaryDirectory() as tmp:  # built here, then uploaded as a whole
+        local = build_report(uri, experiment, tmp, parent=parent)
+        storage.upload_dir(tmp, out)
+    return storage.uri_join(out, os.path.basename(local))
+
+
+def final_tables(cfg: PipelineConfig) -> None:
+    """Every sweep's mean ± std table (its summary.md), on the console."""
+    for sweep in cfg.sweeps:
+        where = storage.uri_join(sweep.output, "summary.md")
+        if storage.exists(where):
+            logger.info("\nsweep %s\n%s", sweep.name, storage.read_text(where).strip())
+
+
+def run_pipeline(cfg: PipelineConfig, stages: list[str], session: RaySession) -> dict[str, Any]:
+    """The stages in order under one MLflow run, the root: sweeps, their trials, evaluations
+    and the report are nested under it. Ray is asked of ``session`` (the entry point's)."""
+    t0 = time.perf_counter()
+    if not storage.is_remote(cfg.output):
+        os.makedirs(cfg.output, exist_ok=True)
+    session.require()
+    check_shared_output(cfg.output, cfg.storage.shared_filesystem)
+    uri = cfg.mlflow.tracking_uri
+    out: dict[str, Any] = {"output": cfg.output, "tracking_uri": uri}
+    about = f"The {cfg.name} pipeline: {' -> '.join(stages)}"
+    params = {"stages": ",".join(stages), "output": cfg.output}
+    with tracking.run(uri, cfg.mlflow.experiment, f"pipeline {cfg.name}",
+                      kind="pipeline", params=params, description=about) as root:  # fmt: skip
+        root.log_text("resolved_config.yaml",
+                      yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        out["run_id"] = root.id
+        if "embed" in stages:
+            stage_prepare(cfg)
+            stage_embed(cfg, session)
+        if "sweep" in stages:
+            stage_sweep(cfg, parent=root.id)
+        if "evaluate" in stages:
+            stage_evaluate(cfg, parent=root.id)
+        if "report" in stages:
+            out["report"] = stage_report(cfg, parent=root.id)
+        out["seconds"] = round(time.perf_counter() - t0, 1)
+        root.log_metrics({"seconds": out["seconds"]})
+    return out
+

@@ -220,8 +220,9 @@ def test_missing_pre_projection_columns_exit_2(small_world, tmp_path, capsys) ->
 
 
 def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:
+    from asymvlm.checkpoints import load_checkpoint
     from asymvlm.evaluation import evaluate_retrieval
-    from asymvlm.training import load_checkpoint, load_split
+    from asymvlm.splits import load_split
 
     ckpt = str(tmp_path / "ckpt")
     assert main(["train", "--embeddings", pre_world, "--method", "bayesvlm", "--output", ckpt,
@@ -258,8 +259,9 @@ def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:
 
 def test_inputs_without_pre_projection_features_are_refused(pre_world) -> None:
     from asymvlm.errors import ConfigError
-    from asymvlm.training import SplitTensors, TrainConfig, load_split
-    from asymvlm.training.protocol import RunSpec, TrainingRun
+    from asymvlm.protocol import RunSpec, TrainingRun
+    from asymvlm.splits import SplitTensors, load_split
+    from asymvlm.training import TrainConfig
 
     cfg = TrainConfig(method="bayesvlm", device="cpu", method_kwargs={"class_batch": 256})
     run = TrainingRun(RunSpec(embeddings=pre_world, train=cfg, val_split=None, test_split=None))
@@ -287,7 +289,8 @@ def tiny_clip(tmp_path_factory) -> str:
 def test_hierarcaps_tables_with_pre_projection(ray_session, tiny_clip, tmp_path, capsys) -> None:
     """Real HierarCaps images and captions through a tiny CLIP with --pre-projection, then
     bayesvlm fitted on them, evaluated, scored and analysed along the caption hierarchies."""
-    from asymvlm.training import load_checkpoint, load_split
+    from asymvlm.checkpoints import load_checkpoint
+    from asymvlm.splits import load_split
     from tests.helpers import hierarcaps_subset
 
     csv, images = hierarcaps_subset(tmp_path / "hc", n=24)

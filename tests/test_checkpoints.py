@@ -12,18 +12,18 @@ import time
 import pytest
 import torch
 
-from asymvlm.cli import main
-from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
-from asymvlm.methods import build_method
-from asymvlm.training import (
-    TrainConfig,
+from asymvlm.checkpoints import (
     load_checkpoint,
     publish_folder,
     read_history,
     recover_checkpoint,
     save_checkpoint,
-    train,
 )
+from asymvlm.cli import main
+from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
+from asymvlm.methods import build_method
+from asymvlm.protocol import train
+from asymvlm.training import TrainConfig
 
 
 def _cfg(**kw) -> TrainConfig:

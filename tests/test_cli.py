@@ -143,7 +143,7 @@ def test_console_script_is_installed() -> None:
 def test_official_protocol_from_the_cli(small_world, tmp_path, method, optimizer, lr, depth):
     """--protocol official: the authors' optimiser and architecture for the method unless given;
     the checkpoint rebuilds the official model."""
-    from asymvlm.training import load_checkpoint
+    from asymvlm.checkpoints import load_checkpoint
 
     out = str(tmp_path / "ckpt")
     args = ["train", "--embeddings", small_world, "--split", "train", "--method", method,

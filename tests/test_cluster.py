@@ -476,7 +476,7 @@ def test_rayjob_entrypoint_resolves_on_the_head(monkeypatch, hub_cache) -> None:
     class Resolved(Exception):
         pass
 
-    def capture(cfg, stages):
+    def capture(cfg, stages, session):
         raise Resolved(cfg)
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", head_env["MLFLOW_TRACKING_URI"])
@@ -487,8 +487,8 @@ def test_rayjob_entrypoint_resolves_on_the_head(monkeypatch, hub_cache) -> None:
     with pytest.raises(Resolved) as caught:
         full.main(argv[2:])
     cfg = caught.value.args[0]
-    assert cfg["mlflow"]["tracking_uri"] == "https://mlflow.example.com"
-    assert cfg["output"].startswith("s3://")
+    assert cfg.mlflow.tracking_uri == "https://mlflow.example.com"
+    assert cfg.output.startswith("s3://")
 
 
 # -- cluster launcher -----------------------------------------------------------------------

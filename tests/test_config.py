@@ -13,7 +13,7 @@ import torch
 from asymvlm import config
 from asymvlm.cli import main as cli_main
 from asymvlm.errors import ConfigError
-from pipelines import full, sweep
+from pipelines import full, schema
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.yaml")
@@ -50,7 +50,7 @@ def _sweep_doc(tmp_path, **extra):
 )
 def test_sweep_values_are_checked(tmp_path, key, value, message) -> None:
     with pytest.raises(ConfigError) as err:
-        sweep.resolve_config(_sweep_doc(tmp_path, **{key: value}), source="space.yaml")
+        schema.sweep_config(_sweep_doc(tmp_path, **{key: value}), source="space.yaml")
     assert str(err.value).startswith("space.yaml: ")
     assert message in str(err.value)
     assert "\n" not in str(err.value)
@@ -58,11 +58,15 @@ def test_sweep_values_are_checked(tmp_path, key, value, message) -> None:
 
 def test_sweep_defaults_are_the_papers_protocol(tmp_path) -> None:
     doc = {"embeddings": str(tmp_path), "methods": ["asymvlm-vmf"], "lr": [1e-2], "seeds": [0]}
-    cfg = sweep.resolve_config(doc)
-    assert (cfg["epochs"], cfg["batch_size"], cfg["min_lr"]) == (200, 2048, 1e-6)
-    assert cfg["protocol"] == "improved"
-    # optimiser and sizes: the protocol's per method, resolved where each trial is built
-    assert cfg["optimizer"] is None and cfg["hidden_dim"] is None
+    cfg = schema.sweep_config(doc)
+    assert (cfg.epochs, cfg.batch_size, cfg.min_lr) == (200, 2048, 1e-6)
+    assert cfg.protocol == "improved"
+    # optimiser and sizes: the protocol's per method, resolved once for each method's trials
+    assert cfg.optimizer is None and cfg.hidden_dim is None
+    assert cfg.train_config("asymvlm-vmf").optimizer == "sgd"
+    run = cfg.run_spec("asymvlm-vmf", 5e-3, 3)
+    assert (run.train.lr, run.train.seed, run.train.weight_decay) == (5e-3, 3, 5e-4)
+    assert run.embeddings == str(tmp_path) and run.checkpoint_every == 5
 
 
 @pytest.mark.parametrize(
@@ -90,13 +94,16 @@ def test_optimizer_defaults_follow_the_protocol(method, protocol, expected) -> N
 
 def test_unknown_protocol_is_refused(tmp_path) -> None:
     with pytest.raises(ConfigError, match="protocol"):
-        sweep.resolve_config(_sweep_doc(tmp_path, protocol="paper"), source="space.yaml")
+        schema.sweep_config(_sweep_doc(tmp_path, protocol="paper"), source="space.yaml")
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "tune_spaces", "*.yaml"))))
 def test_shipped_tune_spaces_validate(path, tmp_path) -> None:
-    cfg = sweep.load_config(path, [f"output={tmp_path}"])
-    assert cfg["methods"] and cfg["lr"] and cfg["seeds"]
+    cfg = schema.load_sweep(path, [f"output={tmp_path}"])
+    assert cfg.methods and cfg.lr and cfg.seeds
+    # every method's run is validated with the file (the trials only vary lr and seed)
+    assert {m: cfg.run_spec(m, cfg.lr[0], cfg.seeds[0]).train.method for m in cfg.methods} == {
+        m: m for m in cfg.methods}
 
 
 def test_one_set_syntax() -> None:
@@ -126,8 +133,8 @@ def test_one_set_syntax() -> None:
         ("evaluations.0.data=nosplit", "expected ROOT:SPLIT"),
         ("prepare.synthetic.dimm=3", "unknown key 'dimm' (did you mean 'dim'?)"),
         ("repot={output: x}", "repot: unknown key (did you mean 'report'?)"),
-        ("embed.jobs.0.batch_size=0", "embed: jobs[0]: batch_size = 0"),
-        ("embed.jobs.1.datset=coco", "jobs[1]: datset: unknown key (did you mean 'dataset'?)"),
+        ("embed.jobs.0.batch_size=0", "embed.jobs[0].batch_size = 0"),
+        ("embed.jobs.1.datset=coco", "embed.jobs[1].datset: unknown key (did you mean 'dataset'?)"),
         ("sweeps.0.embeddings=/nonexistent/tables", "/nonexistent/tables does not exist"),
     ],
 )
@@ -136,12 +143,12 @@ def test_pipeline_fails_in_seconds_before_ray(
 ) -> None:
     import ray
 
-    import pipelines.ray_session
+    import pipelines.session
 
     never = tmp_path / "never-written"
     # Any start of Ray is recorded (a Ray session of earlier tests may be up in this process).
     started: list[str] = []
-    monkeypatch.setattr(pipelines.ray_session, "init_ray", lambda: started.append("init_ray"))
+    monkeypatch.setattr(pipelines.session, "_init_ray", lambda: started.append("init_ray"))
     monkeypatch.setattr(ray, "init", lambda *a, **k: started.append("ray.init"))
     t0 = time.perf_counter()
     code = full.main(["--config", DEMO, "--set", override, "--output", str(never)])
@@ -201,8 +208,8 @@ def test_cli_evaluate_values(small_world, tmp_path, capsys, flags) -> None:
 
 
 # -- prepare.synthetic: presets, knobs, classification sets --------------------------------------
-def _synthetic(**keys) -> config.SyntheticPrepare:
-    return config.validate(config.SyntheticPrepare, {"output": "w", **keys}, "c.yaml")
+def _synthetic(**keys) -> schema.SyntheticPrepare:
+    return config.validate(schema.SyntheticPrepare, {"output": "w", **keys}, "c.yaml")
 
 
 def test_synthetic_prepare_presets_and_overrides() -> None:
@@ -228,8 +235,8 @@ def test_synthetic_prepare_classes() -> None:
 
     spec = _synthetic(preset="demo", classes=True)
     assert spec.classification_spec() == ClassificationSpec()
-    assert spec.class_set_roots() == {"positives": "w-positives", "negatives": "w-negatives",
-                                      "zeroshot": "w-zeroshot"}  # fmt: skip
+    assert spec.class_set_roots() == {role: os.path.abspath(f"w-{role}")
+                                      for role in ("positives", "negatives", "zeroshot")}
     custom = _synthetic(preset="demo", classes={"positives": 300, "level": 2, "n_classes": 5})
     got = custom.classification_spec()
     assert (got.positives, got.negatives, got.level, got.n_classes) == (300, 1000, 2, 5)

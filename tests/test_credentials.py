@@ -13,7 +13,7 @@ import pytest
 
 from asymvlm import config
 from asymvlm.errors import ConfigError
-from pipelines import full
+from pipelines import schema
 from tests.helpers import HIERARCAPS, hierarcaps_subset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,14 +33,14 @@ def test_credential_variables_are_not_expanded(name, tmp_path, monkeypatch) -> N
     path = tmp_path / "c.yaml"
     path.write_text(f"name: x\nmlflow: {{experiment: '${{{name}}}'}}\n")
     with pytest.raises(ConfigError, match=f"refusing to expand \\${{{name}}}"):
-        full.load_config(str(path))
+        schema.load_pipeline(str(path))
 
 
 def test_uris_with_passwords_are_refused_and_redacted(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("mlflow: {tracking_uri: 'http://alice:hunter2@mlflow.internal:5000'}\n")
     with pytest.raises(ConfigError) as err:
-        full.load_config(str(path))
+        schema.load_pipeline(str(path))
     assert "hunter2" not in str(err.value) and "alice:***@" in str(err.value)
     assert "mlflow.tracking_uri" in str(err.value)
     assert config.redact("s3://k:s@h/b and http://u:p@x") == "s3://k:***@h/b and http://u:***@x"
@@ -51,12 +51,12 @@ def test_plain_variables_expand_and_unset_ones_fail(tmp_path, monkeypatch) -> No
     monkeypatch.setenv("ASYMVLM_TEST_ROOT", str(tmp_path))
     path = tmp_path / "c.yaml"
     path.write_text("name: x\noutput: ${ASYMVLM_TEST_ROOT}/out\nreport: {output: '${output}/r'}\n")
-    cfg = full.load_config(str(path))
-    assert cfg["output"] == str(tmp_path / "out")
-    assert cfg["report"]["output"] == str(tmp_path / "out" / "r")
+    cfg = schema.load_pipeline(str(path))
+    assert cfg.output == str(tmp_path / "out")
+    assert cfg.report.output == str(tmp_path / "out" / "r")
     path.write_text("name: x\noutput: ${ASYMVLM_NOT_SET_ANYWHERE}/out\n")
     with pytest.raises(ConfigError, match="ASYMVLM_NOT_SET_ANYWHERE.*is not set"):
-        full.load_config(str(path))
+        schema.load_pipeline(str(path))
 
 
 def _grep(root: str, needles: list[str]) -> list[str]:
@@ -130,7 +130,7 @@ def test_tune_does_not_copy_aws_credentials_into_trial_runtime_envs(monkeypatch)
 
     from ray.tune.execution import class_cache
 
-    from pipelines.ray_session import CREDENTIAL_VARIABLES, keep_credentials_on_nodes
+    from pipelines.session import CREDENTIAL_VARIABLES, keep_credentials_on_nodes
 
     source = inspect.getsource(class_cache)  # what this Ray does (even if patched already)
     assert "AWS_SECRET_ACCESS_KEY" in source and "ENV_VARS_TO_PROPAGATE" in source
@@ -146,7 +146,7 @@ def test_trial_actors_carry_no_runtime_env_so_they_take_prestarted_workers(monke
     with a non-empty runtime_env cannot take one of Ray's prestarted (preloaded) workers."""
     from ray.tune.execution import class_cache
 
-    from pipelines.ray_session import keep_credentials_on_nodes
+    from pipelines.session import keep_credentials_on_nodes
 
     monkeypatch.setattr(class_cache, "DEFAULT_ENV_VARS", {"PL_DISABLE_FORK": "1"})
     for name in class_cache.ENV_VARS_TO_PROPAGATE:

@@ -13,7 +13,8 @@ import torch.multiprocessing as mp
 
 from asymvlm.distributed import epoch_generator, shard_rows
 from asymvlm.methods import build_method
-from asymvlm.training import SplitTensors, TrainConfig, Trainer
+from asymvlm.splits import SplitTensors
+from asymvlm.training import TrainConfig, Trainer
 from tests.helpers import rotated_pairs
 
 #: Every trainable objective family: InfoNCE / SigLIP kernels, Gaussian ablation, the image-side

@@ -21,7 +21,7 @@ from asymvlm.evaluation.retrieval import coco_karpathy_test
 from asymvlm.methods.base import Method
 from asymvlm.metrics import eccv, rank_pass
 from asymvlm.results import retrieval_metric_names
-from asymvlm.training import SplitTensors
+from asymvlm.splits import SplitTensors
 
 GT = eccv._ground_truth()
 N_EXTRA = 10

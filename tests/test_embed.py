@@ -91,9 +91,9 @@ def test_hierarcaps_acceptance(ray_session, tiny_clip, hierarcaps_copy, tmp_path
     # Every row is what the frozen encoder gives for that very image / caption.
     from PIL import Image
 
-    from asymvlm.data.encoder import Encoder
+    from asymvlm.data.encoder import load_encoder
 
-    encoder = Encoder(tiny_clip, device="cpu")
+    encoder = load_encoder(tiny_clip, device="cpu")
     rng = np.random.default_rng(0)
     rows = rng.choice(split.n_images, 12, replace=False)
     pictures = [
@@ -198,7 +198,7 @@ def test_pre_projection_columns_and_projection(ray_session, tiny_clip, tmp_path)
     """--pre-projection: W @ pre is the raw projection (embedding * norm) of every row, the
     columns round-trip through read_split / load_split, and the manifest records pre_dim."""
     from asymvlm.cli import main as cli_main
-    from asymvlm.training import load_split
+    from asymvlm.splits import load_split
     from tests.helpers import hierarcaps_subset
 
     csv, images = hierarcaps_subset(tmp_path / "hc", n=6)
@@ -221,9 +221,9 @@ def test_pre_projection_columns_and_projection(ray_session, tiny_clip, tmp_path)
     np.testing.assert_allclose(split.text_features_pre @ projection["text"].T, raw_texts,
                                atol=1e-5)  # fmt: skip
     # The features are the frozen encoder's for that very caption.
-    from asymvlm.data.encoder import Encoder
+    from asymvlm.data.encoder import load_encoder
 
-    encoder = Encoder(tiny_clip, device="cpu")
+    encoder = load_encoder(tiny_clip, device="cpu")
     _, _, pre = encoder.encode_texts(split.texts[:5], pre=True)
     np.testing.assert_allclose(split.text_features_pre[:5], pre, atol=1e-5)
     data = load_split(out, "test")

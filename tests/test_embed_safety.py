@@ -65,7 +65,7 @@ def _source(cfg: EmbedConfig):
 def _record(cfg: EmbedConfig, name: str, **extra) -> None:
     """Write ``_JOB.json`` / ``_SUCCESS.json`` as job ``cfg`` would have."""
     payload = {"fingerprint": cfg.fingerprint(_source(cfg)), **extra}
-    tables.write_json(cfg.output, f"{cfg.split}/{name}", payload)
+    storage.write_json(cfg.output, f"{cfg.split}/{name}", payload)
 
 
 # -- 1. the configuration ---------------------------------------------------------------------
@@ -102,7 +102,7 @@ def test_embed_config_keeps_dataclass_tools_and_yaml_jobs(tmp_path) -> None:
 
     from asymvlm.data.embed import DTYPES
     from asymvlm.data.encoder.base import _DTYPES
-    from pipelines.embed import load_jobs
+    from pipelines.schema import load_embed_jobs as load_jobs
 
     cfg = EmbedConfig(**BASE, model="m", output="o", dtype="BFloat16", dummy_prompts=["a photo"])
     assert cfg.dtype == "bf16" and cfg.dummy_prompts == ("a photo",)  # one spelling per dtype
@@ -132,17 +132,18 @@ def test_missing_local_inputs_are_named_before_anything_is_written(small, hub_ca
 
 # -- 2. job identity --------------------------------------------------------------------------
 def test_job_record_is_written_before_the_first_shard(small, monkeypatch) -> None:
+    from types import SimpleNamespace
+
     from pipelines.embedding import stage
 
-    def no_ray() -> bool:
+    def no_ray() -> None:
         raise RuntimeError("stopped where Ray would start")
 
-    monkeypatch.setattr(stage, "init_ray", no_ray)
     monkeypatch.setattr(stage, "_encoder_info", lambda model: {})
     cfg = EmbedConfig(**BASE, **small, text_perturbation="typos:3")
     with pytest.raises(RuntimeError, match="stopped where Ray"):
-        run_embed(cfg)
-    job = tables.read_json(cfg.output, f"test/{JOB}")
+        run_embed(cfg, SimpleNamespace(require=no_ray))  # the entry point's Ray session
+    job = storage.read_json(cfg.output, f"test/{JOB}")
     assert job["fingerprint"] == cfg.fingerprint(_source(cfg))
     assert job["fingerprint"]["text_perturbation"] == "typos:3"
     assert job["fingerprint"]["n_images"] == 6 and len(job["fingerprint"]["source_sha256"]) == 64
@@ -183,7 +184,7 @@ def test_finished_output_of_an_older_version_is_still_recognised(small) -> None:
     cfg = EmbedConfig(**BASE, **small)
     legacy = cfg._legacy_fingerprint(_source(cfg))
     assert "version" not in legacy and legacy["annotations"] == small["annotations"]
-    tables.write_json(cfg.output, f"test/{SUCCESS}", {"fingerprint": legacy, "summary": {}})
+    storage.write_json(cfg.output, f"test/{SUCCESS}", {"fingerprint": legacy, "summary": {}})
     assert run_embed(cfg) == {"skipped": True}
     other = EmbedConfig(**BASE, **small, sample=2)
     with pytest.raises(tables.TableError, match="sample 2 here vs None there"):
@@ -191,19 +192,19 @@ def test_finished_output_of_an_older_version_is_still_recognised(small) -> None:
 
 
 def test_manifest_of_the_same_model_in_another_spelling_is_accepted(small, monkeypatch) -> None:
-    from pipelines.embedding.shards import _check_manifest
+    from pipelines.embedding.shards import check_manifest
 
     monkeypatch.chdir(Path(small["model"]).parent)
     tables.write_manifest(small["output"], {"dim": 24, "model": "./model"})
-    assert _check_manifest(EmbedConfig(**BASE, **small), 24)  # absolute spelling, same dir
+    assert check_manifest(EmbedConfig(**BASE, **small), 24)  # absolute spelling, same dir
     with pytest.raises(tables.TableError, match="refusing to add 'openai/clip-vit-base-patch32'"):
-        _check_manifest(EmbedConfig(**BASE, **{**small, "model": "openai/clip-vit-base-patch32"}),
+        check_manifest(EmbedConfig(**BASE, **{**small, "model": "openai/clip-vit-base-patch32"}),
                         24)  # fmt: skip
 
 
 def test_parts_without_a_job_record_are_refused(small) -> None:
     cfg = EmbedConfig(**BASE, **small)
-    tables.write_json(cfg.output, "test/_parts/part-00000.json", {"images": 3})
+    storage.write_json(cfg.output, "test/_parts/part-00000.json", {"images": 3})
     with pytest.raises(tables.TableError, match=r"holds _parts/ markers but no _JOB\.json"):
         run_embed(cfg)
 
@@ -230,17 +231,17 @@ def test_local_lock_excludes_other_processes_and_dies_with_its_holder(tmp_path) 
     child = _hold_in_child(root, "test")
     try:
         with pytest.raises(LockError) as exc:
-            tables.OutputLock(root, "test").acquire()
+            storage.OutputLock(root, "test").acquire()
         assert str(exc.value).startswith(
             f"{root}/test is being written by another job (pid {child.pid} on "
         )
         assert "wait for it to finish or choose another --output" in str(exc.value)
-        with tables.OutputLock(root, "train"):  # other splits are free
+        with storage.OutputLock(root, "train"):  # other splits are free
             pass
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
-    with tables.OutputLock(root, "test"):  # SIGKILL leaves no stale lock
+    with storage.OutputLock(root, "test"):  # SIGKILL leaves no stale lock
         pass
 
 
@@ -276,14 +277,14 @@ def s3(s3_server):
     yield {key: os.environ[key] for key in keys}
 
 
-def _lease(root: str, **kw) -> tables.OutputLock:
-    return tables.OutputLock(root, "test", settle=0.05, **kw)
+def _lease(root: str, **kw) -> storage.OutputLock:
+    return storage.OutputLock(root, "test", settle=0.05, **kw)
 
 
 def test_object_store_lease_refuses_a_second_writer_until_released(s3) -> None:
     first = _lease("s3://bucket/out", ttl=60.0).acquire()
     try:
-        held = tables.read_json("s3://bucket/out", "test/" + storage.LEASE_NAME)
+        held = storage.read_json("s3://bucket/out", "test/" + storage.LEASE_NAME)
         assert held["owner"] == first.owner and held["pid"] == os.getpid()
         assert held["expires"] == pytest.approx(time.time() + 60, abs=5)
         with pytest.raises(LockError) as exc:
@@ -295,7 +296,7 @@ def test_object_store_lease_refuses_a_second_writer_until_released(s3) -> None:
         assert f"lease expires at {held['expires_utc']}" in message
     finally:
         first.release()
-    assert tables.read_json("s3://bucket/out", "test/" + storage.LEASE_NAME) is None
+    assert storage.read_json("s3://bucket/out", "test/" + storage.LEASE_NAME) is None
     with _lease("s3://bucket/out"):
         pass
 
@@ -305,16 +306,16 @@ def test_object_store_lease_is_renewed_taken_over_when_expired_and_lost_loudly(s
     first = _lease("s3://bucket/out", ttl=1.0, renew_every=0.2).acquire()
     path = "test/" + storage.LEASE_NAME
     try:
-        before = tables.read_json("s3://bucket/out", path)["expires"]
+        before = storage.read_json("s3://bucket/out", path)["expires"]
         time.sleep(1.5)  # longer than the ttl: only renewal keeps the lease
-        assert tables.read_json("s3://bucket/out", path)["expires"] > before + 1.0
+        assert storage.read_json("s3://bucket/out", path)["expires"] > before + 1.0
         with pytest.raises(LockError):
             _lease("s3://bucket/out").acquire()
     finally:
         first.release()
     # A holder that died (no renewal) leaves a lease that expires and is then taken over.
     dead = {"owner": "dead", "host": "node-7", "pid": 4242, "expires": time.time() - 5}
-    tables.write_json("s3://bucket/out", path, dead)
+    storage.write_json("s3://bucket/out", path, dead)
     second = _lease("s3://bucket/out", ttl=30.0, renew_every=0.2, log=logs.append).acquire()
     try:
         assert logs and logs[0].startswith(
@@ -322,18 +323,18 @@ def test_object_store_lease_is_renewed_taken_over_when_expired_and_lost_loudly(s
         )
         second.check()
         # Someone else overwrites the lease: the holder notices at its next renewal and stops.
-        tables.write_json("s3://bucket/out", path, {**dead, "expires": time.time() + 60})
+        storage.write_json("s3://bucket/out", path, {**dead, "expires": time.time() + 60})
         time.sleep(0.6)
         with pytest.raises(LockError, match="this job lost its write lease .*pid 4242 on node-7"):
             second.check()
     finally:
         second.release()
-    assert tables.read_json("s3://bucket/out", path)["owner"] == "dead"  # not ours to delete
+    assert storage.read_json("s3://bucket/out", path)["owner"] == "dead"  # not ours to delete
 
 
 def test_run_embed_holds_the_output_for_the_whole_job(small) -> None:
     cfg = EmbedConfig(**BASE, **small)
-    with tables.OutputLock(cfg.output, "test"):
+    with storage.OutputLock(cfg.output, "test"):
         with pytest.raises(LockError, match="is being written by another job"):
             run_embed(cfg)
     assert not os.path.exists(os.path.join(cfg.output, "test", JOB))

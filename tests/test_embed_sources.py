@@ -103,8 +103,8 @@ def test_cli_embed_and_pipeline_config(ray_session, tiny_models, tmp_path, capsy
     assert code == 0
     assert json.loads(capsys.readouterr().out)["n_captions"] == 24
 
-    from pipelines.embed import load_jobs
     from pipelines.embed import main as pipeline_main
+    from pipelines.schema import load_embed_jobs as load_jobs
 
     config = tmp_path / "embed.yaml"
     config.write_text(
@@ -118,7 +118,7 @@ def test_cli_embed_and_pipeline_config(ray_session, tiny_models, tmp_path, capsy
     np.testing.assert_allclose(a.text_embeddings, b.text_embeddings, atol=1e-6)
     bad = tmp_path / "bad.yaml"
     bad.write_text("dataset: hierarcaps\nmodel: x\nsplit: t\noutput: o\nbatchsize: 3\n")
-    with pytest.raises(ValueError, match="bad.yaml: jobs\\[0\\]: batchsize: unknown key "
+    with pytest.raises(ValueError, match="bad.yaml: batchsize: unknown key "
                        "\\(did you mean 'batch_size'\\?\\)"):  # fmt: skip
         load_jobs(str(bad))
 

@@ -20,7 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from asymvlm.data.encoder import Encoder, EncoderInfo, files_sha256  # noqa: E402
+from asymvlm.data.encoder import Encoder, EncoderInfo, files_sha256, load_encoder  # noqa: E402
 from asymvlm.data.tiny import save_tiny_clip, save_tiny_siglip  # noqa: E402
 from tests.helpers import HIERARCAPS
 
@@ -74,7 +74,7 @@ def tiny_dirs(tmp_path_factory, captions) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def encoders(tiny_dirs) -> dict[str, Encoder]:
-    return {family: Encoder(path, device="cpu") for family, path in tiny_dirs.items()}
+    return {family: load_encoder(path, device="cpu") for family, path in tiny_dirs.items()}
 
 
 @pytest.fixture(params=sorted(BUILDERS))
@@ -204,11 +204,11 @@ def test_long_captions_are_truncated(encoders, family, captions):
 
 
 def test_shorter_max_text_length(tiny_dirs):
-    encoder = Encoder(tiny_dirs["clip"], device="cpu", max_text_length=8)
+    encoder = load_encoder(tiny_dirs["clip"], device="cpu", max_text_length=8)
     assert encoder.tokenize(["a " * 50])["input_ids"].shape[1] == 8
     assert encoder.info.preprocessing["max_text_length"] == 8
     with pytest.raises(ValueError, match="max_text_length"):
-        Encoder(tiny_dirs["clip"], device="cpu", max_text_length=500)
+        load_encoder(tiny_dirs["clip"], device="cpu", max_text_length=500)
 
 
 def test_empty_batches_and_grayscale(encoders, family, images):
@@ -253,8 +253,8 @@ def test_info_fields(encoders, tiny_dirs, family):
 
 def test_files_sha256_is_stable_and_tracks_changes(tiny_dirs, tmp_path, family):
     source = tiny_dirs[family]
-    first = Encoder(source, device="cpu", load_model=False).info.files_sha256
-    second = Encoder(source, device="cpu", load_model=False).info.files_sha256
+    first = load_encoder(source, device="cpu", load_model=False).info.files_sha256
+    second = load_encoder(source, device="cpu", load_model=False).info.files_sha256
     assert first == second and len(first) == 64
     copy = shutil.copytree(source, tmp_path / "copy")
     assert files_sha256(copy) == first  # content, not location
@@ -266,7 +266,7 @@ def test_files_sha256_is_stable_and_tracks_changes(tiny_dirs, tmp_path, family):
 
 
 def test_processor_only_encoder(tiny_dirs, images):
-    encoder = Encoder(tiny_dirs["siglip"], device="cpu", load_model=False)
+    encoder = load_encoder(tiny_dirs["siglip"], device="cpu", load_model=False)
     assert encoder.preprocess_images(images[:1]).shape == (1, 3, 64, 64)
     with pytest.raises(RuntimeError, match="load_model=False"):
         encoder.encode_texts(["a dog"])
@@ -276,12 +276,12 @@ def test_processor_only_encoder(tiny_dirs, images):
 def test_missing_local_directory(tmp_path):
     missing = str(tmp_path / "no-such-model")
     with pytest.raises(OSError, match="no-such-model"):
-        Encoder(missing, device="cpu")
+        load_encoder(missing, device="cpu")
 
 
 def test_unknown_hub_id_offline():
     with pytest.raises(OSError, match="asymvlm-test/definitely-not-a-model"):
-        Encoder("asymvlm-test/definitely-not-a-model", device="cpu")
+        load_encoder("asymvlm-test/definitely-not-a-model", device="cpu")
 
 
 def test_unsupported_model_type(tmp_path):
@@ -289,12 +289,12 @@ def test_unsupported_model_type(tmp_path):
 
     BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="bert"):
-        Encoder(str(tmp_path), device="cpu")
+        load_encoder(str(tmp_path), device="cpu")
 
 
 def test_bad_dtype(tiny_dirs):
     with pytest.raises(ValueError, match="dtype"):
-        Encoder(tiny_dirs["clip"], device="cpu", dtype="float8")
+        load_encoder(tiny_dirs["clip"], device="cpu", dtype="float8")
 
 
 def test_hub_id_from_cache_records_commit(tmp_path, monkeypatch):
@@ -307,6 +307,6 @@ def test_hub_id_from_cache_records_commit(tmp_path, monkeypatch):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    info = Encoder("asymvlm-test/tiny-clip", device="cpu").info
+    info = load_encoder("asymvlm-test/tiny-clip", device="cpu").info
     assert info.revision == commit
     assert info.family == "clip" and info.dim == DIMS["clip"]

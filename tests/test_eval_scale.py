@@ -16,7 +16,7 @@ from asymvlm.evaluation.retrieval import _encode_chunked
 from asymvlm.methods import build_method
 from asymvlm.metrics import SCORE_WORK_BYTES, Ranking, chunk_rows, rank_pass
 from asymvlm.metrics.blocks import DEFAULT_MEMORY_BUDGET, all_finite, top_k
-from asymvlm.training import SplitTensors
+from asymvlm.splits import SplitTensors
 
 NAN, INF = float("nan"), float("inf")
 

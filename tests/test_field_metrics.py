@@ -22,7 +22,7 @@ from asymvlm.metrics import (
     rsum,
 )
 from asymvlm.results import retrieval_metric_names
-from asymvlm.training import SplitTensors
+from asymvlm.splits import SplitTensors
 from tests.test_metrics import PAIRS, SCORES, matrix_fn
 
 

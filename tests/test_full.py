@@ -6,44 +6,47 @@ import os
 
 import pytest
 
-from pipelines import full
+from pipelines import full, schema, stages
 
 DEMO = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.yaml")
 
 
 def test_demo_config_resolves(tmp_path, hierarcaps_standin) -> None:
-    cfg = full.load_config(DEMO, [f"output={tmp_path}", "sweeps.0.epochs=3"])
-    assert cfg["output"] == str(tmp_path)
-    assert cfg["mlflow"]["tracking_uri"] == "sqlite:///" + str(tmp_path / "mlflow.db")
-    assert cfg["sweeps"][0]["epochs"] == 3 and cfg["sweeps"][0]["name"] == "synthetic"
+    cfg = schema.load_pipeline(DEMO, [f"output={tmp_path}", "sweeps.0.epochs=3"])
+    assert cfg.output == str(tmp_path)
+    assert cfg.mlflow.tracking_uri == "sqlite:///" + str(tmp_path / "mlflow.db")
+    assert cfg.sweeps[0].epochs == 3 and cfg.sweeps[0].name == "synthetic"
     # --output moves everything: models, tables, sweeps, evaluations and the report.
-    assert cfg["prepare"]["tiny_clip"] == str(tmp_path / "models" / "tiny-clip")
-    assert cfg["report"]["output"] == str(tmp_path / "report")
-    assert all(str(tmp_path) in job["output"] for job in cfg["embed"]["jobs"])
-    kinds = [e["kind"] for e in cfg["evaluations"]]
+    assert cfg.prepare.tiny_clip == str(tmp_path / "models" / "tiny-clip")
+    assert cfg.report.output == str(tmp_path / "report")
+    assert all(str(tmp_path) in job.output for job in cfg.embed.jobs)
+    kinds = [e.kind for e in cfg.evaluations]
     assert {"hierarcaps", "zeroshot", "nota", "ood"} <= set(kinds)
     # Tables 2 and 3 and Fig. 5 come from the synthetic world (preset demo, its sets); the tiny
     # random CLIP keeps Fig. 5 and OOD as plumbing, labelled so.
-    syn = cfg["prepare"]["synthetic"]
-    assert syn["preset"] == "demo" and syn["classes"] is not None
+    syn = cfg.prepare.synthetic
+    assert syn.preset == "demo" and syn.classes is not None
     tables = str(tmp_path / "tables")
-    by_sweep = {(e["kind"], e["sweep"]): e for e in cfg["evaluations"]}
+    by_sweep = {(e.kind, e.sweep): e for e in cfg.evaluations}
     assert set(by_sweep) == {("hierarcaps", "synthetic"), ("nota", "synthetic"),
                              ("zeroshot", "synthetic"), ("hierarcaps", "hierarcaps-tiny"),
                              ("ood", "hierarcaps-tiny")}  # fmt: skip
     nota, zero = by_sweep["nota", "synthetic"], by_sweep["zeroshot", "synthetic"]
-    assert nota["positives"] == f"{tables}/synthetic-positives:test" and nota["frozen"]
-    assert nota["negatives"] == f"{tables}/synthetic-negatives:test"
-    assert zero["frozen"] and zero["fine_tuned_on"] == "synthetic"
-    assert zero["sets"] == {"positives": f"{tables}/synthetic-positives:test",
-                            "zeroshot": f"{tables}/synthetic-zeroshot:test"}  # fmt: skip
-    assert by_sweep["hierarcaps", "synthetic"]["data"] == f"{tables}/synthetic:test"
-    assert all("PLUMBING" in e["note"] for e in cfg["evaluations"]
-               if e["sweep"] == "hierarcaps-tiny")  # fmt: skip
-    assert "PLUMBING" in cfg["sweeps"][1]["note"]
-    scfg = full._sweep_config(cfg, cfg["sweeps"][1])
-    assert scfg["output"] == str(tmp_path / "sweeps" / "hierarcaps-tiny")
-    assert scfg["val_fraction"] == 0.2 and scfg["mlflow"] == cfg["mlflow"]
+    # locations parsed once, into (root, split)
+    assert nota.positives == (f"{tables}/synthetic-positives", "test") and nota.frozen
+    assert str(nota.negatives) == f"{tables}/synthetic-negatives:test"
+    assert zero.frozen and zero.fine_tuned_on == "synthetic"
+    assert {k: str(v) for k, v in zero.sets.items()} == {
+        "positives": f"{tables}/synthetic-positives:test",
+        "zeroshot": f"{tables}/synthetic-zeroshot:test"}  # fmt: skip
+    assert str(by_sweep["hierarcaps", "synthetic"].data) == f"{tables}/synthetic:test"
+    assert all("PLUMBING" in e.note for e in cfg.evaluations
+               if e.sweep == "hierarcaps-tiny")  # fmt: skip
+    # every sweep is resolved with the pipeline: its output, store and storage
+    scfg = cfg.sweep("hierarcaps-tiny")
+    assert "PLUMBING" in scfg.note
+    assert scfg.output == str(tmp_path / "sweeps" / "hierarcaps-tiny")
+    assert scfg.val_fraction == 0.2 and scfg.mlflow == cfg.mlflow
 
 
 def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypatch, caplog):
@@ -63,12 +66,12 @@ def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypat
     monkeypatch.setenv("ASYMVLM_COCO_IMAGES_URL", f"http://127.0.0.1:{port}/")
     monkeypatch.setattr(demo_sets, "_REPO", str(tmp_path / "nowhere" / "repo"))
     monkeypatch.setattr(hierarcaps_fetch, "RETRIES", 1)
-    cfg = full.load_config(DEMO, [f"output={tmp_path / 'out'}"])
-    assert [s["name"] for s in cfg["sweeps"]] == ["synthetic"]
-    assert [(e["kind"], e["sweep"]) for e in cfg["evaluations"]] == [
+    cfg = schema.load_pipeline(DEMO, [f"output={tmp_path / 'out'}"])
+    assert [s.name for s in cfg.sweeps] == ["synthetic"]
+    assert [(e.kind, e.sweep) for e in cfg.evaluations] == [
         ("hierarcaps", "synthetic"), ("nota", "synthetic"), ("zeroshot", "synthetic")]
-    assert cfg["embed"]["jobs"] == [] and not cfg["prepare"]["hierarcaps_cifar"]
-    assert cfg["prepare"]["synthetic"]["output"] == str(tmp_path / "out" / "tables" / "synthetic")
+    assert cfg.embed.jobs == [] and not cfg.prepare.hierarcaps_cifar
+    assert cfg.prepare.synthetic.output == str(tmp_path / "out" / "tables" / "synthetic")
     left_out = [r.getMessage() for r in caplog.records if "are left out" in r.getMessage()]
     assert len(left_out) == 1 and "sweeps[hierarcaps-tiny]" in left_out[0]
     how = [r.getMessage() for r in caplog.records if "ASYMVLM_HIERARCAPS" in r.getMessage()]
@@ -79,7 +82,7 @@ def test_requires_names_known_data_sets(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("prepare: {synthetic: {output: x, requires: [coco]}}\n")
     with pytest.raises(ValueError, match=r"prepare.synthetic.requires: expected a list of"):
-        full.load_config(str(path))
+        schema.load_pipeline(str(path))
 
 
 def test_bad_configs_fail_naming_the_problem(tmp_path, capsys) -> None:
@@ -87,31 +90,31 @@ def test_bad_configs_fail_naming_the_problem(tmp_path, capsys) -> None:
     sweep = f"{{embeddings: {tmp_path}, methods: [clip], lr: [0.1], seeds: [0]"
     path.write_text(f"sweeps: [{sweep}, name: a}}, {sweep}, name: a}}]\n")
     with pytest.raises(ValueError, match="unique name; repeated: \\['a'\\]"):
-        full.load_config(str(path))
+        schema.load_pipeline(str(path))
     path.write_text(f"sweeps: [{sweep}, name: a}}]\n"
                     f"evaluations: [{{kind: hierarcaps, sweep: b, data: '{tmp_path}:test'}}]\n")
     with pytest.raises(ValueError, match="unknown sweep 'b'"):
-        full.load_config(str(path))
+        schema.load_pipeline(str(path))
     path.write_text("evaluations: [{kind: tables}]\n")
     with pytest.raises(ValueError, match="evaluations\\[0\\].kind = 'tables': must be one of"):
-        full.load_config(str(path))
+        schema.load_pipeline(str(path))
     assert full.main(["--config", DEMO, "--stages", "embed,dance"]) == 2
     assert "unknown stages ['dance']" in capsys.readouterr().err
 
 
 def test_finished_sweeps_and_evaluations_are_skipped(tmp_path, capsys) -> None:
-    cfg = full.load_config(DEMO, [f"output={tmp_path}"])
-    for sweep in cfg["sweeps"]:
-        folder = tmp_path / "sweeps" / sweep["name"]
+    cfg = schema.load_pipeline(DEMO, [f"output={tmp_path}"])
+    for sweep in cfg.sweeps:
+        folder = tmp_path / "sweeps" / sweep.name
         folder.mkdir(parents=True)
         (folder / "sweep.json").write_text("{}")
-    full.stage_sweep(cfg)  # would start Ray and train otherwise
+    stages.stage_sweep(cfg)  # would need Ray and train otherwise
     (tmp_path / "evaluations").mkdir()
-    for i, ev in enumerate(cfg["evaluations"]):
-        (tmp_path / "evaluations" / f"{i:02d}-{ev['kind']}.json").write_text("{}")
-    full.stage_evaluate(cfg)
+    for i, ev in enumerate(cfg.evaluations):
+        (tmp_path / "evaluations" / f"{i:02d}-{ev.kind}.json").write_text("{}")
+    stages.stage_evaluate(cfg)
     err = capsys.readouterr().err
-    assert err.count("done already") == len(cfg["sweeps"]) + len(cfg["evaluations"])
+    assert err.count("done already") == len(cfg.sweeps) + len(cfg.evaluations)
 
 
 @pytest.mark.parametrize("name", ["coco", "flickr30k", "cc200k", "paper", "demo"])
@@ -119,21 +122,18 @@ def test_shipped_pipeline_configs_resolve(name, tmp_path, hierarcaps_standin, hu
     for repo in ("openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"):
         hub_cache(repo, "config.json")  # downloaded (the check asks the cache, then the Hub)
     path = os.path.join(os.path.dirname(DEMO), f"{name}.yaml")
-    cfg = full.load_config(path, [f"output={tmp_path}"])
-    from pipelines.embed import jobs_from_doc
-
-    jobs = jobs_from_doc(cfg.get("embed") or {}, source=name)
+    cfg = schema.load_pipeline(path, [f"output={tmp_path}"])
+    jobs = cfg.embed.jobs
     assert jobs and all(job.model for job in jobs)
-    for sweep in cfg["sweeps"]:
-        scfg = full._sweep_config(cfg, sweep)
-        assert scfg["methods"] and scfg["seeds"]
+    for scfg in cfg.sweeps:
+        assert scfg.methods and scfg.seeds
         if name != "demo":  # the paper's protocol
-            assert scfg["epochs"] == 200 and scfg["batch_size"] == 2048
-            assert scfg["lr"] == [1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2] and len(scfg["seeds"]) == 5
+            assert scfg.epochs == 200 and scfg.batch_size == 2048
+            assert scfg.lr == [1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2] and len(scfg.seeds) == 5
     if name == "paper":
         models = {job.model for job in jobs}
         assert models == {"openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"}
-        assert {s["name"] for s in cfg["sweeps"]} == {
+        assert {s.name for s in cfg.sweeps} == {
             f"{d}-{b}" for d in ("coco", "flickr30k", "cc200k") for b in ("clip", "siglip")
         }
 
@@ -142,18 +142,16 @@ def test_the_synthetic_full_config_sweeps_every_registered_method(tmp_path) -> N
     """configs/synthetic-full.yaml (its report is docs/synthetic-full/): every method of the
     registry x seeds 0 and 1 in one sweep, on a world with the pre-projection features that
     bayesvlm needs; a method added to the registry must be added there too."""
-    from asymvlm.config import SyntheticPrepare
     from asymvlm.methods import METHODS
 
-    cfg = full.load_config(os.path.join(os.path.dirname(DEMO), "synthetic-full.yaml"),
-                           [f"output={tmp_path}"])  # fmt: skip
-    (sweep,) = cfg["sweeps"]
-    scfg = full._sweep_config(cfg, sweep)
-    assert sorted(scfg["methods"]) == sorted(METHODS) and len(METHODS) == 15
-    assert (scfg["seeds"], scfg["lr"], scfg["epochs"]) == ([0, 1], [2e-3], 12)
-    world = SyntheticPrepare.model_validate(cfg["prepare"]["synthetic"]).world_config()
+    cfg = schema.load_pipeline(os.path.join(os.path.dirname(DEMO), "synthetic-full.yaml"),
+                               [f"output={tmp_path}"])  # fmt: skip
+    (scfg,) = cfg.sweeps
+    assert sorted(scfg.methods) == sorted(METHODS) and len(METHODS) == 15
+    assert (scfg.seeds, scfg.lr, scfg.epochs) == ([0, 1], [2e-3], 12)
+    world = cfg.prepare.synthetic.world_config()
     assert world.pre_dim == 64 and world.dim == 32 and world.splits["train"] == 1500
-    assert [ev["sweep"] for ev in cfg["evaluations"]] == [sweep["name"]]
+    assert [ev.sweep for ev in cfg.evaluations] == [scfg.name]
 
 
 def _prepare_config(tmp_path, synthetic: str, evaluations: str = "[]") -> str:
@@ -180,9 +178,9 @@ def test_prepare_writes_the_preset_world_and_its_classification_sets(tmp_path, c
     path = _prepare_config(tmp_path, "preset: demo, train_images: 120, val_images: 20, "
                            "test_images: 40, seed: 2, classes: {positives: 60, negatives: 50, "
                            "zeroshot: 30}", evals)  # fmt: skip
-    cfg = full.load_config(path)  # the sets are inputs that the prepare stage writes
+    cfg = schema.load_pipeline(path)  # the sets are inputs that the prepare stage writes
     with caplog.at_level(logging.INFO, logger="pipelines.full"):
-        full.stage_prepare(cfg)
+        stages.stage_prepare(cfg)
     out = tmp_path / "out"
     world = WorldConfig.from_manifest(str(out / "w"))
     assert world.splits == {"train": 120, "val": 20, "test": 40} and world.seed == 2
@@ -196,7 +194,7 @@ def test_prepare_writes_the_preset_world_and_its_classification_sets(tmp_path, c
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.parquet")}
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pipelines.full"):
-        full.stage_prepare(cfg)  # resumed: everything is there
+        stages.stage_prepare(cfg)  # resumed: everything is there
     assert not any("prepare:" in r.getMessage() for r in caplog.records)
     assert stamps == {p: p.stat().st_mtime_ns for p in out.rglob("*.parquet")}
 
@@ -206,8 +204,8 @@ def test_prepare_without_classes_or_domains_writes_no_sets(tmp_path) -> None:
     evals = "[{kind: zeroshot, frozen: true, dim: 8, sets: {z: '${output}/w-zeroshot:test'}}]"
     for synthetic in ("preset: demo, train_images: 10", "dim: 8, classes: true"):
         with pytest.raises(ValueError, match=r"evaluations\[0\] \(zeroshot\).*no stage"):
-            full.load_config(_prepare_config(tmp_path, synthetic, evals))
-    cfg = full.load_config(_prepare_config(tmp_path, "dim: 8, train_images: 30, val_images: 5, "
-                                                     "test_images: 5"))  # fmt: skip
-    full.stage_prepare(cfg)
+            schema.load_pipeline(_prepare_config(tmp_path, synthetic, evals))
+    sizes = "dim: 8, train_images: 30, val_images: 5, test_images: 5"
+    cfg = schema.load_pipeline(_prepare_config(tmp_path, sizes))
+    stages.stage_prepare(cfg)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["w"]

@@ -9,7 +9,7 @@ import torch
 from asymvlm import tables
 from asymvlm.evaluation.hierarcaps import hierarchy_analysis, plot_hierarchy
 from asymvlm.methods import build_method
-from asymvlm.training import load_split
+from asymvlm.splits import load_split
 from tests.test_zeroshot import IdentityVMF
 
 D, N_IMAGES = 8, 6

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from asymvlm import tables
+from asymvlm.checkpoints import load_checkpoint
 from asymvlm.cli import main
-from asymvlm.training import load_checkpoint
 from tests import conformance
 
 SEED0 = [c for c in conformance.cases() if c[1] == 0]

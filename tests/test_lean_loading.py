@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from asymvlm import tables
+from asymvlm.splits import hold_out_images, load_split
 from asymvlm.synthetic import COCO_LEVEL_PROBS, SyntheticWorld, WorldConfig
 from asymvlm.synthetic.world import concat_splits
 from asymvlm.tables import StringColumn, TableError, read_split
-from asymvlm.training import hold_out_images, load_split
 
 DIM, PRE = 8, 6
 

@@ -14,14 +14,9 @@ from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.evaluation import caption_scores, evaluate_retrieval
 from asymvlm.methods import build_method
 from asymvlm.metrics import retrieval_metrics
+from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import WorldConfig, write_world
-from asymvlm.training import (
-    SplitTensors,
-    TrainConfig,
-    Trainer,
-    load_split,
-    steps_per_epoch,
-)
+from asymvlm.training import TrainConfig, Trainer, steps_per_epoch
 from tests.test_metrics import PAIRS, SCORES
 from tests.test_training import _cfg, _toy_split
 

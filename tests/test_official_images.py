@@ -9,9 +9,11 @@ import logging
 import pytest
 import torch
 
+from asymvlm.checkpoints import load_checkpoint, save_checkpoint
 from asymvlm.methods import METHODS, build_method
+from asymvlm.splits import load_split
 from asymvlm.synthetic import write_world
-from asymvlm.training import TrainConfig, Trainer, load_checkpoint, load_split, save_checkpoint
+from asymvlm.training import TrainConfig, Trainer
 from tests.conftest import small_world_config
 
 RAW = {"pfe", "probvlm"}

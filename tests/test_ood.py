@@ -17,7 +17,7 @@ from asymvlm.data.perturb import (
 )
 from asymvlm.evaluation.ood import mmi, ood_retrieval, plot_severity, uncertainty_auroc
 from asymvlm.methods import build_method
-from asymvlm.training import load_split
+from asymvlm.splits import load_split
 from tests.helpers import HIERARCAPS, requires_hierarcaps
 from tests.test_zeroshot import IdentityVMF
 
@@ -125,7 +125,7 @@ def test_alignment_drops_what_the_perturbation_lost(tmp_path) -> None:
     clean, noisy = _pair(tmp_path, noise=0.05)
     keep = np.arange(1, 40)
     fewer = noisy.split.subset(keep, keep)
-    from asymvlm.training import SplitTensors
+    from asymvlm.splits import SplitTensors
 
     noisy = SplitTensors(noisy.image_emb[1:], noisy.text_emb[1:],
                          torch.as_tensor(fewer.text_image_index), fewer)  # fmt: skip

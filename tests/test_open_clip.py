@@ -19,7 +19,7 @@ from PIL import Image
 
 from asymvlm import tables
 from asymvlm.cli import main as cli_main
-from asymvlm.data.encoder import Encoder, files_sha256
+from asymvlm.data.encoder import files_sha256, load_encoder
 from asymvlm.data.encoder.names import parse_name
 from tests.helpers import HIERARCAPS, hierarcaps_subset, requires_hierarcaps
 
@@ -76,11 +76,11 @@ def test_names_are_taken_apart_and_local_paths_made_absolute(tmp_path, monkeypat
 
 def test_unknown_tags_and_missing_files_are_refused_with_what_exists(tmp_path) -> None:
     with pytest.raises(OSError, match="'nosuchtag' is not a known tag.*tags of ViT-B-32: openai"):
-        Encoder("open_clip:ViT-B-32/nosuchtag", device="cpu")
+        load_encoder("open_clip:ViT-B-32/nosuchtag", device="cpu")
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        Encoder(f"open_clip:local-dir:{tmp_path / 'nowhere'}", device="cpu")
+        load_encoder(f"open_clip:local-dir:{tmp_path / 'nowhere'}", device="cpu")
     with pytest.raises(ValueError, match="names no weights"):
-        Encoder("open_clip:ViT-B-32", device="cpu")
+        load_encoder("open_clip:ViT-B-32", device="cpu")
 
 
 # -- preprocessing and encoding ----------------------------------------------------------------
@@ -96,8 +96,9 @@ def test_preprocessing_equals_open_clips_transform_on_real_images(tiny, referenc
     want = torch.stack([transform(im) for im in pil]).numpy()
     assert want.shape == (len(pil), 3, 64, 64)
     # the encoder, the preprocessing-only encoder (meta weights) and the stage's decode step
-    np.testing.assert_array_equal(Encoder(tiny["name"], device="cpu").preprocess_images(pil), want)
-    light = Encoder(tiny["name"], device="cpu", load_model=False)
+    full = load_encoder(tiny["name"], device="cpu")
+    np.testing.assert_array_equal(full.preprocess_images(pil), want)
+    light = load_encoder(tiny["name"], device="cpu", load_model=False)
     assert light.model is None
     np.testing.assert_array_equal(light.preprocess_images(pil), want)
     rows = pa.table({"image_id": [f"i{k}" for k in range(len(pil))], "path": image_files,
@@ -128,7 +129,7 @@ def test_transformers_preprocessing_equals_its_processor_on_real_images(tmp_path
 @requires_hierarcaps
 def test_embeddings_equal_encode_image_and_encode_text(tiny, reference, image_files) -> None:
     model, transform, tokenizer = reference
-    encoder = Encoder(tiny["name"], device="cpu")
+    encoder = load_encoder(tiny["name"], device="cpu")
     pil = [Image.open(p).convert("RGB") for p in image_files]
     with torch.no_grad():
         image_raw = model.encode_image(torch.stack([transform(im) for im in pil]))
@@ -147,7 +148,7 @@ def test_embeddings_equal_encode_image_and_encode_text(tiny, reference, image_fi
     assert info["preprocessing"]["size"] == [64, 64]
     assert info["preprocessing"]["resize_mode"] == "shortest"
     with pytest.raises(ValueError, match="context length"):
-        Encoder(tiny["name"], device="cpu", max_text_length=8)
+        load_encoder(tiny["name"], device="cpu", max_text_length=8)
     with pytest.raises(ValueError, match="transformers CLIP models only"):
         encoder.encode_texts(["a dog"], pre=True)
 
@@ -221,10 +222,11 @@ def test_the_scorer_reloads_the_open_clip_model_of_the_checkpoint(tiny, embedded
     import pandas as pd
 
     from asymvlm import tracking
+    from asymvlm.scoring.models import log_adapter_models
 
     uri = tracking.default_tracking_uri(str(tmp_path))
     run = tracking.open_run(uri, "e", "trial", kind="trial")
-    run.log_model(checkpoint, 24, text=True)
+    log_adapter_models(run, checkpoint)
     run.end()
     mlflow.set_tracking_uri(uri)
     model = mlflow.pyfunc.load_model(f"runs:/{run.id}/text-adapter")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, replace
 from typing import Any
 
 import pytest
@@ -13,16 +12,9 @@ import torch
 from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import build_method
 from asymvlm.methods.asymvlm import AsymVLM
-from asymvlm.training import (
-    PackedTrainer,
-    RunSpec,
-    TrainConfig,
-    Trainer,
-    check_packable,
-    load_split,
-    run_packed_protocol,
-    run_protocol,
-)
+from asymvlm.protocol import RunSpec, run_packed_protocol, run_protocol
+from asymvlm.splits import load_split
+from asymvlm.training import PackedTrainer, TrainConfig, Trainer, check_packable
 
 RTOL = 1e-5
 #: (lr, seed) of the three members: different learning rates AND seeds.
@@ -188,7 +180,7 @@ def test_deferred_detection_names_the_first_bad_step_and_spares_the_others(
 def test_configurations_differing_in_more_than_lr_and_seed_are_refused(small_world, change):
     cfgs = [_cfg("asymvlm-vmf", 1e-2, 0, optimizer="adamw"),
             _cfg("asymvlm-vmf", 2e-2, 1, optimizer="adamw")]  # fmt: skip
-    cfgs[1] = TrainConfig(**{**asdict(cfgs[1]), **change})
+    cfgs[1] = TrainConfig(**{**cfgs[1].model_dump(), **change})
     field = next(iter(change))
     with pytest.raises(ConfigError, match=rf"configuration 1 differs .* in {field} "):
         check_packable(cfgs)
@@ -201,7 +193,7 @@ def test_configurations_differing_in_more_than_lr_and_seed_are_refused(small_wor
 
 def test_runs_on_other_data_are_refused(small_world) -> None:
     specs = _specs(small_world, "asymvlm-vmf", members=((1e-2, 0), (1e-2, 1)))
-    specs[1] = replace(specs[1], test_split=None)
+    specs[1] = specs[1].model_copy(update={"test_split": None})
     with pytest.raises(ConfigError, match=r"run 1 differs from run 0 in test_split"):
         run_packed_protocol(specs)
     with pytest.raises(ConfigError, match="at least one"):
@@ -310,3 +302,22 @@ def test_a_pack_refuses_the_state_of_another_pack(small_world) -> None:
     other = [_cfg("asymvlm-vmf", lr, seed + 10, epochs=1) for lr, seed in MEMBERS]
     with pytest.raises(CheckpointError, match=r"pack of \(lr, seed\)"):
         PackedTrainer.build(other, data).load_state_dict(state)
+
+
+def test_a_pack_never_streams_it_says_so(small_world, tmp_path) -> None:
+    """A pack holds its split in memory: ``stream: always`` is refused at the sweep's config and
+    by the pack itself, and so is ``auto`` for a split that would stream (it was silently
+    trained in memory before)."""
+    from pipelines.schema import sweep_config
+
+    doc = {"embeddings": small_world, "methods": ["asymvlm-vmf"], "lr": [1e-3, 1e-2],
+           "seeds": [0], "output": str(tmp_path / "o"), "pack": 2, "stream": "always"}  # fmt: skip
+    with pytest.raises(ConfigError, match="pack > 1 .* cannot stream it"):
+        sweep_config(doc, "space.yaml")
+    sweep_config({**doc, "stream": "never"}, "space.yaml")  # in memory: fine
+    always = [_cfg("asymvlm-vmf", lr, 0, stream="always") for lr in (1e-3, 1e-2)]
+    with pytest.raises(ConfigError, match="cannot stream it"):
+        check_packable(always)
+    tight = [_cfg("asymvlm-vmf", lr, 0, stream_memory_bytes=1) for lr in (1e-3, 1e-2)]
+    with pytest.raises(ConfigError, match="larger than the memory budget .* set pack: 1"):
+        run_packed_protocol([RunSpec(embeddings=small_world, train=c) for c in tight])

@@ -10,12 +10,14 @@ import pyarrow as pa
 import pytest
 
 from asymvlm import tables
+from asymvlm.checkpoints import save_checkpoint
 from asymvlm.cli import main
 from asymvlm.evaluation.registry import log_evaluation
 from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
 from asymvlm.methods import build_method
 from asymvlm.report import build_report
-from asymvlm.training import TrainConfig, save_checkpoint
+from asymvlm.tables import Location
+from asymvlm.training import TrainConfig
 from tests.test_hierarchy import _write as write_hierarchy
 from tests.test_ood import _pair
 from tests.test_zeroshot import IdentityVMF
@@ -41,15 +43,15 @@ def test_report_gathers_tables_figures_and_paper_numbers(tmp_path) -> None:
     log_evaluation(uri, exp, "zeroshot", zero, params={
         "fine_tuned_on": "coco", "embedding_model": "openai/clip-vit-base-patch32"})  # fmt: skip
     write_hierarchy(str(tmp_path / "hc"), np.tile([2.0, 5.0, 12.0, 30.0], (6, 1)))
-    from asymvlm.training import load_split
+    from asymvlm.splits import load_split
 
     hier = evaluate_hierarcaps({"identity/seed0": _with_input(IdentityVMF(8))},
-                               str(tmp_path / "hc"), "test")  # fmt: skip
+                               Location(str(tmp_path / "hc"), "test"))  # fmt: skip
     log_evaluation(uri, exp, "hierarcaps", hier)
     _pair(tmp_path, noise=3.0, kappa_scale=0.2)
     ood = evaluate_ood({"identity/seed0": _with_input(IdentityVMF(16))},
-                       (str(tmp_path / "clean"), "test"),
-                       {"typos:3": (str(tmp_path / "typos"), "test")})  # fmt: skip
+                       Location(str(tmp_path / "clean"), "test"),
+                       {"typos:3": Location(str(tmp_path / "typos"), "test")})  # fmt: skip
     log_evaluation(uri, exp, "ood", ood)
     assert load_split(str(tmp_path / "hc"), "test").split.n_texts == 24
 
@@ -167,7 +169,8 @@ def test_cli_analyze_logs_runs_that_the_report_shows(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main(["analyze", "nota", "--positives", "nowhere", "--negatives", f"{neg}:test"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: nota: --positives: expected ROOT:SPLIT, got 'nowhere'"
+        "error: asymvlm analyze nota: --positives = 'nowhere': expected ROOT:SPLIT (a table root "
+        "and a split name)"
     )
     with pytest.raises(SystemExit) as exc:  # argparse: a missing option, with the usage
         main(["analyze", "nota", "--positives", f"{pos}:test"])

@@ -82,7 +82,8 @@ def test_scorer_gives_the_numbers_of_asymvlm_score_on_embedded_tables(trained) -
 
 def test_scorer_scores_images_against_captions_as_the_tables_do(trained) -> None:
     from asymvlm import Scorer
-    from asymvlm.training import load_checkpoint, load_split
+    from asymvlm.checkpoints import load_checkpoint
+    from asymvlm.splits import load_split
 
     split = tables.read_split(trained["tables"], "test")
     files = {os.path.splitext(name)[0]: name for name in os.listdir(trained["images"])}
@@ -216,10 +217,11 @@ def test_a_hub_encoder_that_cannot_be_had_is_named_at_once(trained, hub_cache) -
 
 def test_a_logged_mlflow_model_is_a_checkpoint_source(trained, tmp_path) -> None:
     from asymvlm import Scorer, tracking
+    from asymvlm.scoring.models import log_adapter_models
 
     uri = tracking.default_tracking_uri(str(tmp_path))
     run = tracking.open_run(uri, "e", "trial", kind="trial")
-    run.log_model(trained["checkpoint"], 24)
+    log_adapter_models(run, trained["checkpoint"])
     run.end()
     captions = ["a dog", "a red car"]
     local = Scorer.from_checkpoint(trained["checkpoint"], device="cpu")
@@ -257,8 +259,8 @@ def served(trained):
     """The demo-like adapter deployed with Ray Serve on 127.0.0.1 (batching on)."""
     from ray import serve
 
-    from asymvlm.config import ServeConfig
-    from pipelines.serve import check, deploy
+    from pipelines.schema import ServeConfig
+    from pipelines.serving import check, deploy
 
     cfg = ServeConfig(checkpoint=trained["checkpoint"], device="cpu", port=_free_port(),
                       name="test-scorer", max_caption_chars=200, max_captions=50,
@@ -398,11 +400,11 @@ def test_the_mlflow_text_model_gives_the_numbers_of_score_text(trained, tmp_path
     from mlflow.exceptions import MlflowException
 
     from asymvlm import Scorer, tracking
+    from asymvlm.scoring.models import log_adapter_models
 
     uri = tracking.default_tracking_uri(str(tmp_path))
     run = tracking.open_run(uri, "e", "trial", kind="trial")
-    run.log_model(trained["checkpoint"], 24)
-    run.log_model(trained["checkpoint"], 24, text=True)
+    log_adapter_models(run, trained["checkpoint"])  # embeddings in, and captions in
     run.end()
     mlflow.set_tracking_uri(uri)
     model = mlflow.pyfunc.load_model(f"runs:/{run.id}/text-adapter")
@@ -431,10 +433,11 @@ def test_the_text_model_served_by_mlflow_answers_over_http(trained, tmp_path) ->
     from mlflow.pyfunc import scoring_server
 
     from asymvlm import Scorer, tracking
+    from asymvlm.scoring.models import log_adapter_models
 
     uri = tracking.default_tracking_uri(str(tmp_path))
     run = tracking.open_run(uri, "e", "trial", kind="trial")
-    run.log_model(trained["checkpoint"], 24, text=True)
+    log_adapter_models(run, trained["checkpoint"])
     run.end()
     before = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)

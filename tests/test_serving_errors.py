@@ -15,7 +15,10 @@ import pandas as pd
 import pytest
 
 from asymvlm import tracking
-from asymvlm.training import TrainConfig, load_checkpoint, train
+from asymvlm.checkpoints import load_checkpoint
+from asymvlm.protocol import train
+from asymvlm.scoring.models import CaptionUncertaintyModel, log_adapter_models
+from asymvlm.training import TrainConfig
 
 DIM = 16  # the small world's
 
@@ -29,8 +32,8 @@ def checkpoint(small_world, tmp_path_factory) -> str:
     return out
 
 
-def _adapter(folder: str) -> tracking.CaptionUncertaintyModel:
-    model = tracking.CaptionUncertaintyModel()
+def _adapter(folder: str) -> CaptionUncertaintyModel:
+    model = CaptionUncertaintyModel()
     model.method, model.meta = load_checkpoint(folder)
     return model
 
@@ -90,16 +93,15 @@ def server(checkpoint, tmp_path_factory):
     """The logged model served by MLflow's scoring app (uvicorn on a free local port)."""
     import mlflow
     import uvicorn
-    from mlflow import MlflowClient
     from mlflow.pyfunc import scoring_server
 
     uri = tracking.default_tracking_uri(str(tmp_path_factory.mktemp("mlflow")))
-    client = MlflowClient(uri)
     before = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
-    with mlflow.start_run(experiment_id=tracking.experiment_id(client, "serve", uri)) as run:
-        tracking.log_uncertainty_model(checkpoint, DIM)
-    model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/adapter")
+    run = tracking.open_run(uri, "serve", "trial", kind="trial")
+    log_adapter_models(run, checkpoint)
+    run.end()
+    model = mlflow.pyfunc.load_model(f"runs:/{run.id}/adapter")
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -9,10 +9,10 @@ import os
 import pyarrow.fs as pafs
 import pytest
 
-from asymvlm import config, storage
+from asymvlm import storage
 from asymvlm.errors import ConfigError
 from asymvlm.synthetic import write_world
-from pipelines import full
+from pipelines import schema
 from tests.conftest import small_world_config
 
 
@@ -88,26 +88,26 @@ def test_object_store_output_needs_a_tracking_server(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("name: x\noutput: s3://bucket/run\n")
     with pytest.raises(ConfigError, match="set mlflow.tracking_uri to a tracking server"):
-        full.load_config(str(path))
+        schema.load_pipeline(str(path))
     path.write_text("name: x\noutput: s3://bucket/run\nmlflow: {tracking_uri: 'http://m:5000'}\n"
                     "prepare: {tiny_clip: '${output}/models/tiny'}\n")  # fmt: skip
     with pytest.raises(ConfigError, match="prepare.tiny_clip writes local files"):
-        full.load_config(str(path))
+        schema.load_pipeline(str(path))
     path.write_text("name: x\noutput: s3://bucket/run\nmlflow: {tracking_uri: 'http://m:5000'}\n"
                     "storage: {shared_filesystem: false}\n")  # fmt: skip
-    cfg = full.load_config(str(path))
-    assert cfg["output"] == "s3://bucket/run" and cfg["report"]["output"] is None
+    cfg = schema.load_pipeline(str(path))
+    assert cfg.output == "s3://bucket/run" and cfg.report.output is None
 
 
 def test_a_local_output_on_several_nodes_is_refused(monkeypatch, ray_session, tmp_path) -> None:
     two = [{"Alive": True, "NodeID": "a"}, {"Alive": True, "NodeID": "b"}]
     monkeypatch.setattr(ray_session, "nodes", lambda: two)
     with pytest.raises(ConfigError, match="2 nodes: shared storage is needed"):
-        config.check_shared_output(str(tmp_path), shared_filesystem=False)
-    config.check_shared_output(str(tmp_path), shared_filesystem=True)  # declared shared
-    config.check_shared_output("s3://bucket/run", shared_filesystem=False)  # an object store
+        schema.check_shared_output(str(tmp_path), shared_filesystem=False)
+    schema.check_shared_output(str(tmp_path), shared_filesystem=True)  # declared shared
+    schema.check_shared_output("s3://bucket/run", shared_filesystem=False)  # an object store
     monkeypatch.setattr(ray_session, "nodes", lambda: two[:1])
-    config.check_shared_output(str(tmp_path), shared_filesystem=False)  # one node
+    schema.check_shared_output(str(tmp_path), shared_filesystem=False)  # one node
 
 
 @pytest.mark.slow
@@ -118,7 +118,8 @@ def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, tmp_path) -> N
     import s3fs
     from mlflow import MlflowClient
 
-    from pipelines.sweep import resolve_config, run_sweep
+    from pipelines.schema import sweep_config as resolve_config
+    from pipelines.tuning.sweep import run_sweep
 
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": ray_on_s3_nodes})
     fs.mkdir("bucket")

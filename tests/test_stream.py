@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
 
 from asymvlm import tables
 from asymvlm.errors import ConfigError
+from asymvlm.protocol import RunSpec, TrainingRun, run_protocol
 from asymvlm.synthetic import write_world
-from asymvlm.training import RunSpec, TrainConfig, TrainingRun, run_protocol
+from asymvlm.training import TrainConfig
 from asymvlm.training.stream import CaptionStream, StreamingTrainer, split_bytes, use_streaming
 from tests.conftest import small_world_config
 
@@ -75,18 +74,19 @@ def test_auto_streams_above_the_threshold_only(parted_world):
     size = split_bytes(parted_world, "train")
     assert size == (300 + 900) * 16 * 4
     cfg = TrainConfig(method="asymvlm-vmf", epochs=1, device="cpu")
-    assert use_streaming(replace(cfg, stream_memory_bytes=size - 1), parted_world, "train")
-    assert not use_streaming(replace(cfg, stream_memory_bytes=size), parted_world, "train")
-    never = replace(cfg, stream="never", stream_memory_bytes=0)
+    below, at = (cfg.model_copy(update={"stream_memory_bytes": b}) for b in (size - 1, size))
+    assert use_streaming(below, parted_world, "train")
+    assert not use_streaming(at, parted_world, "train")
+    never = cfg.model_copy(update={"stream": "never", "stream_memory_bytes": 0})
     assert not use_streaming(never, parted_world, "train")
-    assert use_streaming(replace(cfg, stream="always"), parted_world, "train")
+    assert use_streaming(cfg.model_copy(update={"stream": "always"}), parted_world, "train")
     # methods fitted post hoc need the whole split
     clip = TrainConfig(method="clip", stream_memory_bytes=0)
     assert not use_streaming(clip, parted_world, "train")
     with pytest.raises(ConfigError, match="not trained by SGD"):
-        use_streaming(replace(clip, stream="always"), parted_world, "train")
+        use_streaming(clip.model_copy(update={"stream": "always"}), parted_world, "train")
     spec = dict(embeddings=parted_world, val_split=None, test_split=None)
-    low = TrainingRun(RunSpec(**spec, train=replace(cfg, stream_memory_bytes=1)))
+    low = TrainingRun(RunSpec(**spec, train=cfg.model_copy(update={"stream_memory_bytes": 1})))
     high = TrainingRun(RunSpec(**spec, train=cfg))
     assert isinstance(low.trainer, StreamingTrainer)
     assert type(high.trainer).__name__ == "Trainer"

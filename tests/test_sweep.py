@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 
 import numpy as np
 import pytest
 import torch
 
 from asymvlm import results, tracking
+from asymvlm.splits import hold_out_images, load_split
 from asymvlm.synthetic import write_world
-from asymvlm.training import TrainConfig, hold_out_images, load_split
+from asymvlm.tables import Location
+from asymvlm.training import TrainConfig
 from tests.conftest import small_world_config
 
 EPOCHS = 4
@@ -24,23 +27,25 @@ def world(tmp_path_factory) -> str:
     return write_world(str(root), cfg)
 
 
-def _run_cfg(world: str, **extra):
-    from pipelines.train import run_config_dict
+def _run_spec(world: str):
+    from asymvlm.protocol import RunSpec
 
     train = TrainConfig(method="asymvlm-vmf", epochs=EPOCHS, lr=5e-3, optimizer="adamw",
                         batch_size=128, hidden_dim=32, seed=3)  # fmt: skip
-    return run_config_dict(world, train, checkpoint_every=2, **extra)
+    return RunSpec(embeddings=world, train=train, checkpoint_every=2)
 
 
 @pytest.mark.slow
 def test_killed_worker_resumes_to_the_same_result(ray_session, world, tmp_path) -> None:
-    from pipelines.train import run_training
+    from pipelines.ray_train import run_training
+    from pipelines.schema import FaultInjection
 
-    plain = run_training(_run_cfg(world), name="plain", storage_path=str(tmp_path / "ray"),
+    plain = run_training(_run_spec(world), name="plain", storage_path=str(tmp_path / "ray"),
                          num_workers=2)  # fmt: skip
     marker = tmp_path / "killed.txt"
     broken = run_training(
-        _run_cfg(world, fail_at_epoch=3, fail_marker=str(marker), fail_rank=1),
+        _run_spec(world),
+        fault=FaultInjection(epoch=3, rank=1, marker=str(marker)),
         name="broken",
         storage_path=str(tmp_path / "ray"),
         num_workers=2,
@@ -64,7 +69,8 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     import mlflow
     from mlflow import MlflowClient
 
-    from pipelines.sweep import resolve_config, run_sweep
+    from pipelines.schema import sweep_config as resolve_config
+    from pipelines.tuning.sweep import run_sweep
 
     cfg = resolve_config(
         {
@@ -134,9 +140,9 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
         got = out["summary"][method]["t2i_recall_at_1"]
         assert got["mean"] == pytest.approx(want_mean) and got["std"] == pytest.approx(want_std)
         assert parent.data.metrics[f"{method}/t2i_recall_at_1_mean"] == pytest.approx(want_mean)
-    with open(os.path.join(cfg["output"], "sweep.json")) as fh:
+    with open(os.path.join(cfg.output, "sweep.json")) as fh:
         assert json.load(fh)["parent_run_id"] == out["parent_run_id"]
-    table = open(os.path.join(cfg["output"], "summary.md")).read()
+    table = open(os.path.join(cfg.output, "summary.md")).read()
     assert "asymvlm-vmf" in table and "determ-ft" in table and "±" in table
 
     # The report shows the sweep (Table 1 analogue, Fig. 3 analogue).
@@ -147,17 +153,18 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     assert len(list((tmp_path / "report").glob("fig3_*.png"))) == 1
 
     # The seed adapters come back from MLflow for the evaluations (here: the world's levels).
+    from asymvlm.evaluation.adapters import sweep_adapters as adapters_from_sweep
     from asymvlm.evaluation.suite import evaluate_hierarcaps
-    from asymvlm.tracking import load_sweep_adapters as adapters_from_sweep
 
     adapters = adapters_from_sweep(out["tracking_uri"], out["parent_run_id"])
     assert set(adapters) == {f"{m}/seed{s}" for m in ("asymvlm-vmf", "determ-ft") for s in (0, 1)}
-    hier = evaluate_hierarcaps(adapters, world, "test")
+    hier = evaluate_hierarcaps(adapters, Location(world, "test"))
     assert hier["asymvlm-vmf/seed0"]["monotone_fraction"] is not None
     assert hier["determ-ft/seed0"]["monotone_fraction"] is None
 
     # The logged adapter scores caption uncertainty from embeddings.
     vmf = next(c for c in seeds if c.data.params["method"] == "asymvlm-vmf")
+    mlflow.set_tracking_uri(out["tracking_uri"])
     model = mlflow.pyfunc.load_model(f"runs:/{vmf.info.run_id}/adapter")
     test = load_split(world, "test")
     import pandas as pd
@@ -170,7 +177,7 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     np.testing.assert_allclose(scored["uncertainty"], 1.0 / scored["kappa"], rtol=1e-5)
     assert np.all(scored["kappa"] > 0)
     # ... and the sweep left every seed-stage adapter as a checkpoint folder: the same weights
-    from asymvlm.training import load_checkpoint
+    from asymvlm.checkpoints import load_checkpoint
 
     assert {m: sorted(s) for m, s in out["adapters"].items()} == {
         "asymvlm-vmf": ["0", "1"], "determ-ft": ["0", "1"]}  # fmt: skip
@@ -191,8 +198,10 @@ def test_untrained_methods_of_a_sweep_come_back_for_the_evaluations(ray_session,
     keep a checkpoint and log an adapter: the evaluations load them like trained ones, and the
     loaded BayesVLM is the fitted one (its test Recall@1 is the trial's)."""
     from asymvlm.evaluation import evaluate_retrieval
+    from asymvlm.evaluation.adapters import sweep_adapters
     from asymvlm.evaluation.suite import evaluate_hierarcaps
-    from pipelines.sweep import resolve_config, run_sweep
+    from pipelines.schema import sweep_config as resolve_config
+    from pipelines.tuning.sweep import run_sweep
 
     world = write_world(str(tmp_path / "tables"), small_world_config(pre_dim=24))
     cfg = resolve_config({
@@ -202,7 +211,7 @@ def test_untrained_methods_of_a_sweep_come_back_for_the_evaluations(ray_session,
     })  # fmt: skip
     out = run_sweep(cfg)
     assert not out["failed"]
-    adapters = tracking.load_sweep_adapters(out["tracking_uri"], out["parent_run_id"])
+    adapters = sweep_adapters(out["tracking_uri"], out["parent_run_id"])
     assert set(adapters) == {"bayesvlm/seed0", "clip/seed0"}
     assert {m: sorted(s) for m, s in out["adapters"].items()} == {"bayesvlm": ["0"],
                                                                   "clip": ["0"]}  # fmt: skip
@@ -210,7 +219,7 @@ def test_untrained_methods_of_a_sweep_come_back_for_the_evaluations(ray_session,
     test = load_split(world, "test", adapters["bayesvlm/seed0"].adapter_input)
     got = evaluate_retrieval(adapters["bayesvlm/seed0"], test)["t2i"]["recall@1"]
     assert got == pytest.approx(logged, abs=1e-9)
-    hier = evaluate_hierarcaps(adapters, world, "test")
+    hier = evaluate_hierarcaps(adapters, Location(world, "test"))
     assert hier["bayesvlm/seed0"]["monotone_fraction"] is not None  # it has an uncertainty
     assert hier["clip/seed0"]["monotone_fraction"] is None
 
@@ -222,8 +231,10 @@ def test_a_seed_run_without_an_adapter_is_left_out_with_a_warning(tmp_path, capl
                                   params={"method": "clip", "seed": 0},
                                   tags={"stage": "seeds"})  # fmt: skip
         trial.end("FINISHED")
-    with caplog.at_level("WARNING", logger="asymvlm.tracking.model"):
-        assert tracking.load_sweep_adapters(uri, sweep.id) == {}
+    from asymvlm.evaluation.adapters import sweep_adapters
+
+    with caplog.at_level("WARNING", logger="asymvlm.evaluation.adapters"):
+        assert sweep_adapters(uri, sweep.id) == {}
     assert "has no adapter model" in caplog.text and "clip, seed 0" in caplog.text
 
 
@@ -248,7 +259,8 @@ def test_hold_out_images_keeps_captions_with_their_image(small_world) -> None:
 
 
 def test_lr_selection_and_summary_numbers() -> None:
-    from pipelines.sweep import SELECTION_METRIC, select_lr
+    from pipelines.tuning.sweep import select_lr
+    from pipelines.tuning.trials import SELECTION_METRIC
 
     grid = [
         {"method": "a", "lr": 1e-3, SELECTION_METRIC: 0.2},
@@ -271,7 +283,8 @@ def test_lr_selection_and_summary_numbers() -> None:
 
 
 def test_config_errors_name_the_problem(tmp_path, capsys) -> None:
-    from pipelines.sweep import load_config, main
+    from pipelines.schema import load_sweep as load_config
+    from pipelines.sweep import main
 
     path = tmp_path / "space.yaml"
     path.write_text("methods: [asymvlm-vmf]\nlr: [0.001]\n")
@@ -284,12 +297,12 @@ def test_config_errors_name_the_problem(tmp_path, capsys) -> None:
     with pytest.raises(ValueError, match="methods\\[0\\] = 'nope': unknown method 'nope'"):
         load_config(str(path))
     cfg = load_config(str(path), ["methods=[determ-ft]", "mlflow.experiment=other"])
-    assert cfg["methods"] == ["determ-ft"] and cfg["mlflow"]["experiment"] == "other"
-    assert cfg["mlflow"]["tracking_uri"].startswith("sqlite:///")
+    assert cfg.methods == ["determ-ft"] and cfg.mlflow.experiment == "other"
+    assert cfg.mlflow.tracking_uri.startswith("sqlite:///")
     assert main(["--config", str(tmp_path / "absent.yaml")]) == 2
     # Missing tables fail before any trial starts, naming the path; relative paths are made
     # absolute (trials run in their own working directories).
-    assert cfg["embeddings"] == os.path.abspath("x")
+    assert cfg.embeddings == os.path.abspath("x")
     capsys.readouterr()
     args = ["--config", str(path), "--set", "methods=[determ-ft]"]
     assert main([*args, "--set", f"embeddings={tmp_path / 'nowhere'}"]) == 2
@@ -297,7 +310,7 @@ def test_config_errors_name_the_problem(tmp_path, capsys) -> None:
 
 
 def test_shipped_tune_spaces_parse() -> None:
-    from pipelines.sweep import load_config
+    from pipelines.schema import load_sweep as load_config
 
     folder = os.path.join(os.path.dirname(__file__), "..", "tune_spaces")
     names = sorted(f for f in os.listdir(folder) if f.endswith(".yaml"))
@@ -307,11 +320,15 @@ def test_shipped_tune_spaces_parse() -> None:
     for name in names:
         cfg = load_config(os.path.join(folder, name))
         if name != "cpu-small.yaml":  # the paper's protocol
-            assert cfg["lr"] == [1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2]
-            assert cfg["seeds"] == [0, 1, 2, 3, 4] and cfg["epochs"] == 200
-            assert cfg["batch_size"] == 2048 and cfg["protocol"] == "official"
-            assert cfg["optimizer"] is None  # the authors' optimiser per method
-        json.dumps(cfg)  # plain types only: it travels to every trial
+            assert cfg.lr == [1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2]
+            assert cfg.seeds == [0, 1, 2, 3, 4] and cfg.epochs == 200
+            assert cfg.batch_size == 2048 and cfg.protocol == "official"
+            assert cfg.optimizer is None  # the authors' optimiser per method
+        # it crosses the Tune boundary as it is (pickled), its validated runs with it
+        again = pickle.loads(pickle.dumps(cfg))
+        assert again == cfg
+        method = cfg.methods[0]
+        assert again.run_spec(method, cfg.lr[-1], 4) == cfg.run_spec(method, cfg.lr[-1], 4)
 
 
 @pytest.mark.slow
@@ -321,7 +338,8 @@ def test_diverged_trials_fail_visibly_and_are_never_selected(ray_session, world,
     diverged number in the summary."""
     from mlflow import MlflowClient
 
-    from pipelines.sweep import resolve_config, run_sweep
+    from pipelines.schema import sweep_config as resolve_config
+    from pipelines.tuning.sweep import run_sweep
 
     cfg = resolve_config(
         {"embeddings": world, "methods": ["asymvlm-vmf"], "lr": [1e-3, 0.5], "seeds": [0, 1],
@@ -372,7 +390,8 @@ def test_a_sweep_whose_mlflow_store_cannot_open_stops_with_the_reason(
     the sweep stops at Tune's first event (no trial trains to its end) with the key and the
     cause, as it did when the run was opened before Tune."""
     from asymvlm.errors import ConfigError
-    from pipelines.sweep import resolve_config, run_sweep
+    from pipelines.schema import sweep_config as resolve_config
+    from pipelines.tuning.sweep import run_sweep
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")
@@ -398,7 +417,7 @@ def test_failure_reasons_dig_through_ray_wrappers() -> None:
     from ray.train import WorkerGroupError
 
     from asymvlm.errors import NonFiniteError, TrialFailed
-    from pipelines.sweep import failure_reason
+    from pipelines.tuning.trials import failure_reason
 
     diverged = NonFiniteError("non-finite loss at epoch 2, step 3 of 4 (asymvlm-vmf, lr 0.5)")
     group = WorkerGroupError("rank 0 failed", {0: diverged})
@@ -417,7 +436,8 @@ def test_failure_reasons_dig_through_ray_wrappers() -> None:
 
 
 def test_selection_ignores_failed_and_non_finite_trials() -> None:
-    from pipelines.sweep import SELECTION_METRIC, failures_markdown, select_lr
+    from pipelines.tuning.sweep import failures_markdown, select_lr
+    from pipelines.tuning.trials import SELECTION_METRIC
 
     grid = [{"method": "a", "lr": 0.5, SELECTION_METRIC: float("nan")},
             {"method": "a", "lr": 1e-3, SELECTION_METRIC: 0.2},
@@ -432,6 +452,15 @@ def test_selection_ignores_failed_and_non_finite_trials() -> None:
     assert failures_markdown([]) == ""
 
 
+def _logged_sweep(tmp_path, uri: str):
+    """A sweep whose trials log to the store ``uri`` (experiment ``e``)."""
+    from pipelines.schema import sweep_config
+
+    return sweep_config({"embeddings": str(tmp_path), "methods": ["asymvlm-vmf"], "lr": [0.5],
+                         "seeds": [0], "output": str(tmp_path / "o"),
+                         "mlflow": {"tracking_uri": uri, "experiment": "e"}})  # fmt: skip
+
+
 def test_failed_trials_are_failed_mlflow_runs(tmp_path) -> None:
     """The Tune callback opens a trial's run when it starts and ends it FAILED with the reason
     (read from Tune's error file) when it errs."""
@@ -439,10 +468,10 @@ def test_failed_trials_are_failed_mlflow_runs(tmp_path) -> None:
 
     from mlflow import MlflowClient
 
-    from pipelines.sweep import MlflowTrialLogger
+    from pipelines.tuning.trial_log import MlflowTrialLogger
 
     uri = tracking.default_tracking_uri(str(tmp_path))
-    cfg = {"mlflow": {"tracking_uri": uri, "experiment": "e"}}
+    cfg = _logged_sweep(tmp_path, uri)
     parent = tracking.open_run(uri, "e", "sweep", kind="sweep")
     error = tmp_path / "error.txt"
     error.write_text("Traceback (most recent call last):\n  ...\nRuntimeError: worker died\n")
@@ -475,7 +504,7 @@ def test_epoch_metrics_queued_behind_a_busy_writer_go_out_together(tmp_path, mon
 
     from mlflow import MlflowClient
 
-    from pipelines.sweep import MlflowTrialLogger
+    from pipelines.tuning.trial_log import MlflowTrialLogger
 
     uri = tracking.default_tracking_uri(str(tmp_path))
     parent = tracking.open_run(uri, "e", "sweep", kind="sweep")
@@ -489,8 +518,7 @@ def test_epoch_metrics_queued_behind_a_busy_writer_go_out_together(tmp_path, mon
     monkeypatch.setattr(tracking.Run, "log_metric_rows", counted)
     trial = SimpleNamespace(trial_id="t1", last_result={}, config={
         "trial": {"method": "asymvlm-vmf", "lr": 1e-3, "seed": 0}, "stage": "grid"})  # fmt: skip
-    callback = MlflowTrialLogger({"mlflow": {"tracking_uri": uri, "experiment": "e"}}, parent,
-                                 {"dataset": "d"})  # fmt: skip
+    callback = MlflowTrialLogger(_logged_sweep(tmp_path, uri), parent, {"dataset": "d"})
     try:
         callback.on_trial_start(0, [], trial)
         gate = threading.Event()

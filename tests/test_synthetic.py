@@ -11,8 +11,10 @@ from asymvlm import tables
 from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.methods import build_method
 from asymvlm.metrics import spearman_uncertainty
+from asymvlm.protocol import train
+from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import SyntheticWorld, WorldConfig, write_world
-from asymvlm.training import SplitTensors, TrainConfig, load_split, train
+from asymvlm.training import TrainConfig
 
 
 def test_tables_are_valid_and_complete(small_world) -> None:

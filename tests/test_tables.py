@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from asymvlm import tables
+from asymvlm import storage, tables
 from asymvlm.tables import (
     EmbeddingSplit,
     Manifest,
@@ -167,7 +167,7 @@ def test_file_uri(tmp_path: Path) -> None:
     local = tmp_path / "uri"
     uri = local.as_uri()
     assert uri.startswith("file://")
-    fs, path = tables._filesystem(uri)
+    fs, path = storage.filesystem(uri)
     assert path == str(local)
     write_manifest(uri, {"dim": DIM, "model": "m"})
     write_split(uri, "val", **_data())

@@ -14,22 +14,12 @@ import pytest
 import torch
 
 from asymvlm import tables
+from asymvlm.checkpoints import RunState, load_checkpoint, save_checkpoint
 from asymvlm.errors import CheckpointError
 from asymvlm.methods import build_method
-from asymvlm.training import (
-    RunSpec,
-    RunState,
-    SplitTensors,
-    TrainConfig,
-    Trainer,
-    hold_out_images,
-    load_checkpoint,
-    load_split,
-    run_protocol,
-    save_checkpoint,
-    steps_per_epoch,
-    train,
-)
+from asymvlm.protocol import RunSpec, run_protocol, train
+from asymvlm.splits import SplitTensors, hold_out_images, load_split
+from asymvlm.training import TrainConfig, Trainer, steps_per_epoch
 
 
 def _toy_split(n_image: int = 40, n_text: int = 100, dim: int = 8, seed: int = 0) -> SplitTensors:
@@ -224,13 +214,13 @@ def test_the_protocol_runs_without_ray_and_trains_like_asymvlm_train(small_world
         import json, sys
         import torch
         torch.set_num_threads(1)
-        from asymvlm.training import RunSpec, run_protocol
-        out = run_protocol(RunSpec.from_dict(json.loads(sys.argv[1])))
+        from asymvlm.protocol import run_protocol, RunSpec
+        out = run_protocol(RunSpec.model_validate_json(sys.argv[1]))
         assert not [m for m in sys.modules if m.split(".")[0] == "ray"], "ray was imported"
         json.dump(out, sys.stdout)
     """)
     spec = _spec(small_world)
-    done = subprocess.run([sys.executable, "-c", script, json.dumps(spec.to_dict())], cwd=REPO,
+    done = subprocess.run([sys.executable, "-c", script, spec.model_dump_json()], cwd=REPO,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
@@ -333,14 +323,38 @@ def test_a_diverged_protocol_run_returns_the_reason_and_history(small_world, mon
 def test_the_protocol_gives_the_outcome_of_the_ray_train_run(
     ray_session, small_world, tmp_path, one_thread
 ) -> None:
-    from pipelines.train import run_config_dict, run_training
+    from pipelines.ray_train import run_training
 
-    config = run_config_dict(small_world, _spec(small_world).train, checkpoint_every=2)
-    on_ray = run_training(config, name="protocol", storage_path=str(tmp_path / "ray"),
+    spec = _spec(small_world).model_copy(update={"checkpoint_every": 2})
+    on_ray = run_training(spec, name="protocol", storage_path=str(tmp_path / "ray"),
                           num_workers=1)  # fmt: skip
-    local = run_protocol(RunSpec.from_dict(config))
+    local = run_protocol(spec)
     assert [row["epoch"] for row in local["history"]] == [row["epoch"] for row in on_ray["history"]]
     assert _losses(local["history"]) == pytest.approx(_losses(on_ray["history"]), rel=1e-6,
                                                       abs=1e-7)  # fmt: skip
     assert _recalls(local) == pytest.approx(_recalls(on_ray), abs=1e-9)
     assert (local["dim"], local["epochs_run"]) == (on_ray["dim"], on_ray["epochs_run"])
+
+
+def test_the_ray_train_entry_point_without_lr_takes_the_protocols(small_world, monkeypatch,
+                                                                  capsys) -> None:  # fmt: skip
+    """``python pipelines/train.py`` without ``--lr`` once died with a TypeError after Ray had
+    started (the run's name formatted ``None``): the run is now validated first -- its lr is
+    the protocol's for the method -- and named from it; bad flags fail before Ray."""
+    import contextlib
+
+    import pipelines.train as entry
+
+    runs: list[tuple[RunSpec, str]] = []
+    monkeypatch.setattr(entry, "RaySession", lambda **kw: contextlib.nullcontext())
+    monkeypatch.setattr(entry, "run_training", lambda spec, *, name, **kw: (
+        runs.append((spec, name)) or {"history": [], "dim": 16}))  # fmt: skip
+    assert entry.main(["--embeddings", small_world, "--method", "asymvlm-vmf", "--epochs", "2",
+                       "--set", "hidden_dim=16", "--val-split", ""]) == 0  # fmt: skip
+    ((spec, name),) = runs
+    assert (spec.train.lr, spec.train.optimizer, spec.train.hidden_dim) == (1e-2, "sgd", 16)
+    assert spec.val_split is None and spec.test_split == "test"
+    assert name == "asymvlm-vmf-lr0.01-seed0"
+    assert entry.main(["--embeddings", small_world, "--lr", "-1"]) == 2
+    assert "--lr = -1.0: Input should be greater than 0" in capsys.readouterr().err
+    assert len(runs) == 1

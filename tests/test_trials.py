@@ -9,9 +9,10 @@ import os
 import pytest
 import torch
 
+from asymvlm.protocol import RunSpec, run_protocol
+from asymvlm.splits import SplitCache, load_split
 from asymvlm.synthetic import write_world
-from asymvlm.training import RunSpec, TrainConfig, load_split, run_protocol
-from asymvlm.training.cache import SplitCache
+from asymvlm.training import TrainConfig
 from tests.conftest import small_world_config
 
 
@@ -43,16 +44,18 @@ def test_the_cache_reads_a_split_once_per_process(world, tmp_path) -> None:
 def test_a_trial_runs_as_many_torch_threads_as_cpus_it_reserved() -> None:
     """A process that imported torch before its trial (a reused actor, a preloaded worker)
     keeps its first thread count unless the trial sets it."""
-    from pipelines.trials import use_reserved_cpus
+    from types import SimpleNamespace
+
+    from pipelines.tuning.trials import use_reserved_cpus
 
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        use_reserved_cpus({"cpus_per_worker": 1.0})
+        use_reserved_cpus(SimpleNamespace(cpus_per_worker=1.0))
         assert torch.get_num_threads() == 1
-        use_reserved_cpus({"cpus_per_worker": 0.5})  # a fraction of a CPU: one thread
+        use_reserved_cpus(SimpleNamespace(cpus_per_worker=0.5))  # a fraction: one thread
         assert torch.get_num_threads() == 1
-        use_reserved_cpus({"cpus_per_worker": 3})
+        use_reserved_cpus(SimpleNamespace(cpus_per_worker=3))
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
@@ -79,9 +82,9 @@ def test_runs_on_cached_splits_equal_runs_that_read_their_own(world) -> None:
 
 
 def _sweep_cfg(world: str, tmp_path, name: str, **extra):
-    from pipelines.sweep import resolve_config
+    from pipelines.schema import sweep_config
 
-    return resolve_config({
+    return sweep_config({
         "embeddings": world, "methods": ["asymvlm-vmf", "determ-ft"], "lr": [1e-3, 1e-2],
         "seeds": [0, 1], "epochs": 3, "batch_size": 64, "optimizer": "adamw", "hidden_dim": 16,
         "num_workers": 1, "checkpoint_every": 2, "val_fraction": 0.2,
@@ -95,7 +98,7 @@ def test_trials_in_place_give_the_results_of_torch_trainer_trials(
 ) -> None:
     """The issue's acceptance: on the same config the selected lrs and the seed metrics of the
     new trials equal those of the earlier design (every trial a TorchTrainer)."""
-    from pipelines.sweep import run_sweep
+    from pipelines.tuning.sweep import run_sweep
 
     fast = run_sweep(_sweep_cfg(world, tmp_path, "in-place"))
     old = run_sweep(_sweep_cfg(world, tmp_path, "torch-trainer", trial_runner="torch_trainer"))
@@ -114,13 +117,13 @@ def test_trials_in_place_give_the_results_of_torch_trainer_trials(
 def _plain_and_killed(world: str, tmp_path, prefix: str, space: dict) -> tuple[dict, dict]:
     """The sweep of ``space`` run plainly, then with its trial's process SIGKILLed right after
     epoch 2's checkpoint; the second must finish with the first one's summary."""
-    from pipelines.sweep import run_sweep
+    from pipelines.tuning.sweep import run_sweep
 
     plain = run_sweep(_sweep_cfg(world, tmp_path, prefix + "plain", **space))
     marker = tmp_path / f"{prefix}killed.txt"
-    cfg = _sweep_cfg(world, tmp_path, prefix + "killed", **space)
-    cfg["fault_injection"] = {"fail_at_epoch": 2, "fail_rank": 0, "fail_marker": str(marker)}
-    killed = run_sweep(cfg)
+    drill = {"epoch": 2, "rank": 0, "marker": str(marker)}
+    killed = run_sweep(_sweep_cfg(world, tmp_path, prefix + "killed", fault_injection=drill,
+                                  **space))  # fmt: skip
     assert marker.exists(), "the failure was injected"
     assert not killed["failed"]
     assert killed["summary"] == plain["summary"]
@@ -153,7 +156,7 @@ def test_a_killed_pack_resumes_from_its_checkpoint(ray_session, world, tmp_path)
 
     from mlflow import MlflowClient
 
-    from pipelines.sweep import KEEP_CHECKPOINTS
+    from pipelines.tuning.sweep import KEEP_CHECKPOINTS
 
     space = {"methods": ["asymvlm-vmf"], "lr": [1e-3, 5e-3], "seeds": [0], "epochs": 4,
              "checkpoint_every": 1, "max_failures": 1, "pack": 2}  # fmt: skip
@@ -175,13 +178,13 @@ def test_a_packed_method_fitted_post_hoc_leaves_its_adapters(ray_session, world,
                                                             tmp_path) -> None:  # fmt: skip
     """``pack`` packs only methods trained by SGD: the frozen reference's trials run one by one
     and every seed's adapter reaches MLflow and the sweep's adapter folders."""
-    from asymvlm import tracking
-    from pipelines.sweep import run_sweep
+    from asymvlm.evaluation.adapters import sweep_adapters
+    from pipelines.tuning.sweep import run_sweep
 
     out = run_sweep(_sweep_cfg(world, tmp_path, "clip-pack", methods=["clip"], lr=[1e-3],
                                seeds=[0, 1], pack=2))  # fmt: skip
     assert not out["failed"]
-    adapters = tracking.load_sweep_adapters(out["tracking_uri"], out["parent_run_id"])
+    adapters = sweep_adapters(out["tracking_uri"], out["parent_run_id"])
     assert set(adapters) == {"clip/seed0", "clip/seed1"}
     assert set(out["adapters"]["clip"]) == {"0", "1"}
     for uri in out["adapters"]["clip"].values():
@@ -195,8 +198,8 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
     selection, seed metrics and adapters equal those of one trial per run."""
     from mlflow import MlflowClient
 
-    from asymvlm import tracking
-    from pipelines.sweep import run_sweep
+    from asymvlm.evaluation.adapters import sweep_adapters
+    from pipelines.tuning.sweep import run_sweep
 
     space = {"methods": ["asymvlm-vmf"], "lr": [1e-3, 5e-3, 100.0], "seeds": [0, 1, 2],
              "optimizer": "sgd", "epochs": 3}  # fmt: skip
@@ -219,21 +222,19 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
     for run in runs:  # every member has its own epochs
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
         assert steps == [1, 2, 3] or (run.info.status == "FAILED" and len(steps) < 3)
-    adapters = tracking.load_sweep_adapters(packed["tracking_uri"], packed["parent_run_id"])
+    adapters = sweep_adapters(packed["tracking_uri"], packed["parent_run_id"])
     assert set(adapters) == {f"asymvlm-vmf/seed{s}" for s in (0, 1, 2)}
 
 
 def test_a_trainer_state_is_read_on_the_cpu_whatever_the_device(world, tmp_path) -> None:
-    """Both resume paths load the trainer state on the CPU and let the trainer move it: the
-    RNG state must stay a CPU tensor (torch.set_rng_state refuses others). A run on the "meta"
-    device stands in for a GPU here: loaded there, the state could not be resumed."""
-    from types import SimpleNamespace
-
+    """Every resume (a Ray Train run, a Tune trial, ``asymvlm train --resume``) reads the one
+    checkpoint layout through :func:`asymvlm.checkpoints.read_run_state`, on the CPU: the RNG
+    state must stay a CPU tensor (torch.set_rng_state refuses others), the trainer moves the
+    rest to its device."""
+    from asymvlm.checkpoints import read_run_state
     from asymvlm.methods import build_method
     from asymvlm.training import Trainer
-    from asymvlm.training.checkpoint import save_checkpoint
-    from asymvlm.training.protocol import _resume_from_folder
-    from pipelines.train import read_state, write_checkpoint
+    from pipelines.ray_train import checkpoint_folder
 
     data = load_split(world, "train", "raw", "cpu")
     cfg = TrainConfig(method="asymvlm-vmf", epochs=2, batch_size=64, hidden_dim=16,
@@ -242,18 +243,14 @@ def test_a_trainer_state_is_read_on_the_cpu_whatever_the_device(world, tmp_path)
     trainer = Trainer(build_method(cfg.method, data.dim, **cfg.method_args()), cfg, data)
     history = trainer.fit(progress=False)[:1]
     trainer.epoch = 1  # (the state of a run stopped after its first epoch)
-    (tmp_path / "ray").mkdir()
-    write_checkpoint(str(tmp_path / "ray"), trainer, history)
-    state = read_state(str(tmp_path / "ray")).trainer
-    assert state["rng"]["torch"].device.type == "cpu"
-    assert {t.device.type for t in state["method"].values()} == {"cpu"}
-
-    save_checkpoint(str(tmp_path / "folder"), trainer.method, cfg, data.dim, epoch=1,
-                    trainer_state=trainer.state_dict(), history=history)  # fmt: skip
+    with checkpoint_folder(trainer, history) as folder:  # what a Ray run reports
+        state = read_run_state(folder)
+    assert state.trainer["rng"]["torch"].device.type == "cpu"
+    assert {t.device.type for t in state.trainer["method"].values()} == {"cpu"}
+    assert state.history == history
     torch.manual_seed(1)
     fresh = Trainer(build_method(cfg.method, data.dim, **cfg.method_args()), cfg, data)
-    run = SimpleNamespace(device=torch.device("meta"), trainer=fresh, history=[])
-    _resume_from_folder(str(tmp_path / "folder"), run)
-    assert fresh.epoch == 1 and run.history == history
+    fresh.load_state_dict(state.trainer)
+    assert fresh.epoch == 1
     for key, value in trainer.method.state_dict().items():
         assert torch.equal(fresh.method.state_dict()[key], value), key

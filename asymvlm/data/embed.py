@@ -40,7 +40,7 @@ DUMMY_PROMPTS = ("a photo", "a photo of an object", "a photo of something")
 DTYPES = ("auto", "fp32", "float32", "fp16", "float16", "half", "bf16", "bfloat16")
 _DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
 #: Keys of the fingerprint that are locations (compared in normalised form).
-_PATH_KEYS = ("model", "annotations", "images", "id_list")
+PATH_KEYS = ("model", "annotations", "images", "id_list")
 FINGERPRINT_VERSION = 2
 PositiveInt = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -158,8 +158,8 @@ class EmbedConfig:
                     "text_perturbation", "perturbation_seed", "shard_size", "dtype",
                     "pre_projection"):  # fmt: skip
             fp[key] = getattr(self, key)
-        for key in _PATH_KEYS:
-            fp[key] = _location(getattr(self, key), model=key == "model")
+        for key in PATH_KEYS:
+            fp[key] = normalised_location(getattr(self, key), model=key == "model")
         fp.update(
             n_images=source.images.num_rows,
             n_captions=source.captions.num_rows,
@@ -247,7 +247,7 @@ def _check_pre_projection(model: str) -> None:
         raise ConfigError(f"pre_projection with model {model!r}: {err}") from None
 
 
-def _location(value: str | None, model: bool = False) -> str | None:
+def normalised_location(value: str | None, model: bool = False) -> str | None:
     """A location in one spelling: local paths absolute and normalised (``file://`` URIs too),
     other URIs without a trailing slash; hub model ids as they are."""
     if value is None:

@@ -22,9 +22,9 @@ from asymvlm.data.sources import open_fs
 @functools.lru_cache(maxsize=4)
 def _preprocessor(model: str):
     """Processor-only encoder (no weights), cached per worker process."""
-    from asymvlm.data.encoder import Encoder
+    from asymvlm.data.encoder import load_encoder
 
-    return Encoder(model, device="cpu", load_model=False)
+    return load_encoder(model, device="cpu", load_model=False)
 
 
 def _read_bytes(path: str, offset: Any, length: Any) -> bytes:
@@ -89,11 +89,11 @@ def decode_batch(
 def _load_encoder(model: str, device: str, dtype: str, threads: int | None):
     import torch
 
-    from asymvlm.data.encoder import Encoder
+    from asymvlm.data.encoder import load_encoder
 
     if threads:  # Ray pins OMP threads to the actor's num_cpus; on CPU-only nodes use the node
         torch.set_num_threads(threads)
-    return Encoder(model, device=device, dtype=dtype)
+    return load_encoder(model, device=device, dtype=dtype)
 
 
 class _EncoderHolder:
@@ -225,7 +225,7 @@ def encode_texts_by_length(
     return tuple(out)
 
 
-def _perturb_captions(captions: pa.Table, spec: str, seed: int) -> pa.Table:
+def perturb_captions(captions: pa.Table, spec: str, seed: int) -> pa.Table:
     """Replace ``text`` by its perturbed version; the original is kept as ``clean_text``."""
     from asymvlm.data.perturb import item_seed, perturb_caption
 

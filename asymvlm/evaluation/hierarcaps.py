@@ -19,7 +19,8 @@ from scipy import stats
 
 from asymvlm.evaluation.retrieval import encode_split
 from asymvlm.methods import Method
-from asymvlm.training import SplitTensors
+from asymvlm.splits import SplitTensors
+from asymvlm.tables import TableError
 
 __all__ = ["hierarchy_analysis", "plot_hierarchy"]
 
@@ -33,7 +34,10 @@ def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "
     """
     levels_all = data.split.extra_text_columns.get(level_column)
     if levels_all is None:
-        raise ValueError(f"the split has no caption column {level_column!r} (HierarCaps levels)")
+        raise TableError(
+            f"the split has no caption column {level_column!r} (HierarCaps levels): give tables "
+            "with caption levels (HierarCaps, the synthetic world)"
+        )
     levels = np.asarray(levels_all, dtype=np.int64)
     texts, images = encode_split(method, data)
     owner = data.text_to_image

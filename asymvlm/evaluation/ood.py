@@ -21,7 +21,8 @@ from scipy import stats
 
 from asymvlm.evaluation.retrieval import encode_split, evaluate_retrieval
 from asymvlm.methods import Method
-from asymvlm.training import SplitTensors
+from asymvlm.splits import SplitTensors
+from asymvlm.tables import TableError
 
 __all__ = ["align", "mmi", "ood_retrieval", "plot_severity", "uncertainty_auroc"]
 
@@ -36,7 +37,8 @@ def align(clean: SplitTensors, other: SplitTensors) -> tuple[SplitTensors, Split
     images = [i for i in a.image_ids if i in other_images]
     captions = [c for c in a.caption_ids if c in other_captions]
     if not images or not captions:
-        raise ValueError("the clean and perturbed splits share no images or captions")
+        raise TableError("the clean and perturbed splits share no images or captions (are "
+                         "they copies of the same data?)")  # fmt: skip
     out = []
     for data in (clean, other):
         pos_i = {iid: k for k, iid in enumerate(data.split.image_ids)}

@@ -1,10 +1,17 @@
-"""One registry of the paper's evaluations, for ``asymvlm analyze`` and the pipeline alike.
+"""One registry of the paper's evaluations, for the CLI, the pipeline and the protocol alike.
 
 Each :class:`Evaluation` names its kind (the config's ``kind``, the CLI's ``asymvlm analyze
 <kind>`` and the MLflow tag ``kind=eval-<kind>``), its inputs (config keys, which are also the
-CLI options) and the function that computes it from trained methods and embedding tables
-(:mod:`asymvlm.evaluation.suite`). :func:`log_evaluation` puts a result into MLflow: its numbers
-as metrics, ``results.json`` beside them, nested under the pipeline run when there is one.
+CLI options: :class:`Input`) and the function that computes it from trained methods and
+embedding tables (:mod:`asymvlm.evaluation.suite`). From the inputs each kind has its typed spec
+(:meth:`Evaluation.spec_model`, a pydantic model: locations parsed once into
+:class:`~asymvlm.tables.Location`), which the pipeline's schema extends with its own keys.
+
+``retrieval`` (Table 1, Fig. 3) is a kind like the others: ``asymvlm evaluate`` and the demo run
+it through :func:`evaluate`, and the protocol's validation and test evaluations through
+:func:`evaluate_split` on splits it holds in memory. :func:`log_evaluation` puts a result into
+MLflow: its numbers as metrics, ``results.json`` beside them, nested under the pipeline run when
+there is one.
 """
 
 from __future__ import annotations
@@ -12,22 +19,45 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import cached_property
+from typing import Annotated, Any, Literal
 
+import torch
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from asymvlm import tables
+from asymvlm.config import validate
 from asymvlm.errors import ConfigError
+from asymvlm.evaluation import suite
+from asymvlm.evaluation.retrieval import evaluate_retrieval
+from asymvlm.evaluation.suite import SplitLoader
 from asymvlm.methods import METHODS, Method
+from asymvlm.splits import SplitTensors
+from asymvlm.tables import LocationField
 
 __all__ = [
     "EVALUATIONS",
     "Evaluation",
+    "EvaluationSpec",
     "Input",
+    "SplitLoader",
+    "defaults",
     "evaluate",
+    "evaluate_split",
     "log_evaluation",
     "result_metrics",
+    "spec",
     "with_frozen",
 ]
 
-Location = tuple[str, str]
+PositiveInt = Annotated[int, Field(ge=1)]
+#: The Python type of each input form in a spec.
+_FORMS: dict[str, Any] = {
+    "location": LocationField,
+    "named": Annotated[dict[str, LocationField], Field(min_length=1)],
+    "text": str,
+    "count": PositiveInt,
+}
 
 
 @dataclass(frozen=True)
@@ -35,18 +65,30 @@ class Input:
     """One input of an evaluation: a config key, and the CLI option ``--<key with dashes>``.
 
     ``location``: ``ROOT:SPLIT`` of embedding tables; ``named``: ``NAME=ROOT:SPLIT``, repeated
-    (a mapping in the config); ``text``: a plain string.
+    (a mapping in the config); ``text``: a plain string; ``count``: a positive integer option.
+    ``default``: the value of an optional input left out.
     """
 
     key: str
-    form: Literal["location", "named", "text"]
+    form: Literal["location", "named", "text", "count"]
     help: str
     required: bool = True
     metavar: str | None = None
+    default: Any = None
 
     @property
     def flag(self) -> str:
         return "--" + {"sets": "set"}.get(self.key, self.key).replace("_", "-")
+
+
+class EvaluationSpec(BaseModel):
+    """The base of every kind's spec: its ``kind`` and its inputs (:meth:`Evaluation.
+    spec_model` adds them), frozen once validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Compute = Callable[[Mapping[str, Method], Any, SplitLoader], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -54,127 +96,160 @@ class Evaluation:
     kind: str
     title: str
     inputs: tuple[Input, ...]
-    compute: Callable[[Mapping[str, Method], dict[str, Any]], dict[str, Any]]
-    # The location whose tables give the embedding dimension of a frozen-only evaluation.
+    compute: Compute
+    #: The location whose tables give the embedding dimension of a frozen-only evaluation.
     dim_from: str
+    #: The kind's computation on one split already in memory (kinds of one split only):
+    #: ``on_split(method, data, spec, progress)``.
+    on_split: Callable[[Method, SplitTensors, Any, bool], dict[str, Any]] | None = None
 
     @property
     def tag(self) -> str:
         return f"eval-{self.kind}"
 
-
-def location(value: Any, where: str) -> Location:
-    """``"ROOT:SPLIT"`` -> ``(ROOT, SPLIT)`` (URIs keep their ``://``)."""
-    text = str(value or "")
-    root, _, split = text.rpartition(":")
-    if not root or not split or root.endswith(":/") or "/" in split:
-        raise ConfigError(f"{where}: expected ROOT:SPLIT, got {text!r}")
-    return root, split
-
-
-def _parsed(ev: Evaluation, spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The spec with locations as (root, split) tuples; a missing required input is an error."""
-    out = dict(spec)
-    for inp in ev.inputs:
-        value = spec.get(inp.key)
-        if value in (None, {}, []):
+    @cached_property
+    def spec_model(self) -> type[EvaluationSpec]:
+        """The typed spec of this kind: ``kind`` plus one field per input (required inputs
+        required; a location parsed into a :class:`~asymvlm.tables.Location`)."""
+        fields: dict[str, Any] = {"kind": (Literal[self.kind], Field(self.kind))}  # type: ignore[valid-type]
+        for inp in self.inputs:
+            tp = _FORMS[inp.form]
             if inp.required:
-                raise ConfigError(f"{ev.kind}: {inp.flag} ({inp.key}) is required")
-            continue
-        if inp.form == "location":
-            out[inp.key] = location(value, f"{ev.kind}: {inp.flag}")
-        elif inp.form == "named":
-            out[inp.key] = {name: location(where, f"{ev.kind}: {inp.flag} {name}")
-                            for name, where in dict(value).items()}  # fmt: skip
-    return out
+                fields[inp.key] = (tp, Field(..., description=inp.help))
+            else:
+                fields[inp.key] = (tp | None, Field(inp.default, description=inp.help))
+        name = "".join(part.title() for part in self.kind.split("_")) + "Spec"
+        return create_model(name, __base__=EvaluationSpec, **fields)
 
 
-def _zero_shot(methods, spec):
-    from asymvlm.evaluation import suite
-
-    return suite.evaluate_zero_shot(methods, spec["sets"])
-
-
-def _nota(methods, spec):
-    from asymvlm.evaluation import suite
-
-    return suite.evaluate_none_of_the_above(methods, spec["positives"], spec["negatives"])
+def _retrieval(methods: Mapping[str, Method], spec: Any, load: SplitLoader) -> dict[str, Any]:
+    return {name: _retrieval_on_split(m, load(spec.data, suite.adapter_input(m)), spec)
+            for name, m in methods.items()}  # fmt: skip
 
 
-def _hierarcaps(methods, spec):
-    from asymvlm.evaluation import suite
-
-    return suite.evaluate_hierarcaps(methods, *spec["data"])
-
-
-def _ood(methods, spec):
-    from asymvlm.evaluation import suite
-
-    return suite.evaluate_ood(methods, spec["data"], spec["perturbed"])
+def _retrieval_on_split(
+    method: Method, data: SplitTensors, spec: Any, progress: bool = False
+) -> dict[str, Any]:
+    return evaluate_retrieval(
+        method, data, n_bins=spec.levels, chunk_size=spec.chunk_size, fold_size=spec.fold_size,
+        memory_budget=spec.memory_budget, progress=progress,
+    )  # fmt: skip
 
 
 EVALUATIONS: dict[str, Evaluation] = {
     ev.kind: ev
     for ev in (
         Evaluation(
+            "retrieval", "cross-modal retrieval with uncertainty (Table 1, Fig. 3)",
+            (Input("data", "location", "the tables to retrieve in"),
+             Input("levels", "count", "uncertainty bins", False, default=10),
+             Input("fold_size", "count", "also average the metrics over folds of N consecutive "
+                   "images and their captions (1000 on the COCO 5K test split: COCO 1K)", False,
+                   metavar="N"),
+             Input("chunk_size", "count", "captions scored at once (default: as many as "
+                   "--memory-budget allows)", False),
+             Input("memory_budget", "count", "working memory of one chunk of scores (default "
+                   "512 MiB)", False, metavar="BYTES")),
+            _retrieval, "data",
+            on_split=_retrieval_on_split,
+        ),
+        Evaluation(
             "zeroshot", "zero-shot accuracy after fine-tuning (Table 3)",
             (Input("sets", "named", "an evaluation set (repeat)", metavar="NAME=ROOT:SPLIT"),
              Input("fine_tuned_on", "text", "the training data set's name (report)", False),
              Input("embedding_model", "text", "the frozen model's name (report)", False)),
-            _zero_shot, "sets",
+            lambda methods, spec, load: suite.evaluate_zero_shot(methods, spec.sets), "sets",
         ),
         Evaluation(
             "nota", "none-of-the-above prompts (Table 2)",
             (Input("positives", "location", "CIFAR-10-like set whose classes are prompted"),
              Input("negatives", "location", "CIFAR-100-like set of unprompted classes")),
-            _nota, "positives",
+            lambda methods, spec, load: suite.evaluate_none_of_the_above(
+                methods, spec.positives, spec.negatives),
+            "positives",
         ),
         Evaluation(
             "hierarcaps", "uncertainty along caption hierarchies (Fig. 5)",
             (Input("data", "location", "tables with caption levels (HierarCaps, synthetic)"),),
-            _hierarcaps, "data",
+            lambda methods, spec, load: suite.evaluate_hierarcaps(methods, spec.data, load),
+            "data", on_split=lambda method, data, spec: suite.hierarchy_analysis(method, data),
         ),
         Evaluation(
             "ood", "retrieval under perturbed images and captions (beyond the paper)",
             (Input("data", "location", "the clean tables"),
              Input("perturbed", "named", "a perturbed copy of the data (repeat)",
                    metavar="KIND:SEVERITY=ROOT:SPLIT")),
-            _ood, "data",
+            lambda methods, spec, load: suite.evaluate_ood(methods, spec.data, spec.perturbed,
+                                                           load),
+            "data",
         ),
     )
 }  # fmt: skip
 
 
-def _dimension(ev: Evaluation, spec: Mapping[str, Any]) -> int:
-    from asymvlm import tables
+def spec(
+    kind: str, values: Mapping[str, Any], source: str | None = None, flags: bool = False
+) -> EvaluationSpec:
+    """The typed spec of evaluation ``kind`` from config keys (locations as ``ROOT:SPLIT``
+    strings, or :class:`~asymvlm.tables.Location`); a problem is a :class:`ConfigError` naming
+    ``source`` and the key (``flags``: spelt as command-line flags)."""
+    if kind not in EVALUATIONS:
+        raise ConfigError(f"unknown evaluation {kind!r}; choose from {sorted(EVALUATIONS)}")
+    ev = EVALUATIONS[kind]
+    given = {k: v for k, v in values.items() if k != "kind" and v not in (None, {}, [])}
+    return validate(ev.spec_model, {"kind": kind, **given},
+                    source or f"asymvlm analyze {kind}", flags=flags)  # fmt: skip
 
-    where = spec[ev.dim_from]
-    root = next(iter(where.values()))[0] if isinstance(where, dict) else where[0]
+
+def defaults(kind: str) -> EvaluationSpec:
+    """Evaluation ``kind`` with its optional inputs at their defaults and no locations: the
+    settings of :func:`evaluate_split` on a split already in memory."""
+    ev = EVALUATIONS[kind]
+    values = {inp.key: inp.default for inp in ev.inputs if not inp.required}
+    return ev.spec_model.model_construct(kind=kind, **values)
+
+
+def _dimension(ev: Evaluation, parsed: EvaluationSpec) -> int:
+    where = getattr(parsed, ev.dim_from)
+    root = next(iter(where.values())).root if isinstance(where, dict) else where.root
     return int(tables.read_manifest(root).dim)
 
 
 def with_frozen(
-    kind: str, methods: Mapping[str, Method], spec: Mapping[str, Any], dim: int | None = None
+    methods: Mapping[str, Method], parsed: EvaluationSpec, dim: int | None = None
 ) -> dict[str, Method]:
     """``methods`` plus the frozen model (``clip``: cosine scores, no uncertainty)."""
-    ev = EVALUATIONS[kind]
+    ev = EVALUATIONS[parsed.kind]  # type: ignore[attr-defined]
     if dim is None:
-        dim = next(iter(methods.values())).dim if methods else _dimension(ev, _parsed(ev, spec))
+        dim = next(iter(methods.values())).dim if methods else _dimension(ev, parsed)
     frozen = METHODS["clip"](dim=dim)
     frozen.adapter_input = "unit"
     return {**methods, "clip": frozen}
 
 
-def evaluate(kind: str, methods: Mapping[str, Method], spec: Mapping[str, Any]) -> dict[str, Any]:
-    """Run evaluation ``kind`` for ``methods`` on the inputs in ``spec`` (config keys; locations
-    as ``ROOT:SPLIT`` strings or tuples)."""
-    if kind not in EVALUATIONS:
-        raise ConfigError(f"unknown evaluation {kind!r}; choose from {sorted(EVALUATIONS)}")
+def evaluate(
+    parsed: EvaluationSpec, methods: Mapping[str, Method], *, device: str | torch.device = "cpu"
+) -> dict[str, Any]:
+    """Run the evaluation ``parsed`` describes (:func:`spec`) for ``methods``, its splits read
+    onto ``device``; returns its result (for most kinds: method name -> numbers)."""
+    ev = EVALUATIONS[parsed.kind]  # type: ignore[attr-defined]
     if not methods:
-        raise ConfigError(f"{kind}: no adapters to evaluate (give a sweep or checkpoints, or "
+        raise ConfigError(f"{ev.kind}: no adapters to evaluate (give a sweep or checkpoints, or "
                           "the frozen model)")  # fmt: skip
-    ev = EVALUATIONS[kind]
-    return ev.compute(methods, _parsed(ev, spec))
+    return ev.compute(methods, parsed, SplitLoader(device))
+
+
+def evaluate_split(
+    parsed: EvaluationSpec | str, method: Method, data: SplitTensors, *, progress: bool = False
+) -> dict[str, Any]:
+    """Evaluation ``parsed`` (a spec, or a kind at its :func:`defaults`) of ``method`` on a split
+    already in memory (the protocol's held-out validation part, its cached splits; ``asymvlm
+    evaluate``'s split), instead of the location the spec names."""
+    parsed = defaults(parsed) if isinstance(parsed, str) else parsed
+    ev = EVALUATIONS[parsed.kind]  # type: ignore[attr-defined]
+    if ev.on_split is None:
+        raise ValueError(f"evaluation {ev.kind!r} takes more than one split")
+    return ev.on_split(method, data, parsed, progress)
 
 
 def result_metrics(result: Any, prefix: str = "") -> dict[str, float]:

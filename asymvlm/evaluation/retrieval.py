@@ -27,7 +27,7 @@ from asymvlm.methods import Encoding, Method
 from asymvlm.metrics import average_folds, fold_key, image_folds, rank_pass, ranking_metrics
 from asymvlm.metrics import eccv as eccv_caption
 from asymvlm.metrics.blocks import all_finite
-from asymvlm.training import SplitTensors
+from asymvlm.splits import SplitTensors
 
 
 def _encode_chunked(
@@ -188,6 +188,11 @@ def evaluate_retrieval(
         )
     if fold_size is not None and fold_size < 1:
         raise ConfigError(f"fold size must be >= 1, got {fold_size}")
+    if n_bins > min(n_text, n_image):  # each bin needs at least one caption and one image
+        raise ConfigError(
+            f"{n_bins} uncertainty bins: the split has {n_text} captions and {n_image} images; "
+            "give at most as many bins (--levels) as either"
+        )
     karpathy = coco_karpathy_test(data) if eccv or fold_size == 1000 else None
     folds = _folds(data, fold_size, karpathy) if fold_size is not None else None
     texts, images = encode_split(method, data)

@@ -1,15 +1,14 @@
 """The paper's evaluations on embedding tables, for one or more trained methods.
 
 Each ``evaluate_*`` takes ``methods`` (name -> trained :class:`Method`, e.g. one per seed as
-"asymvlm-vmf/seed1") and table locations, and returns plain dicts. The registry
-(:mod:`asymvlm.evaluation.registry`) names them for the CLI and the pipeline and logs results
-to MLflow; trained adapters come from a sweep's runs (:func:`asymvlm.tracking.load_sweep_adapters`)
-or from checkpoint folders.
+"asymvlm-vmf/seed1") and table locations (:class:`~asymvlm.tables.Location`), and returns plain
+dicts. The registry (:mod:`asymvlm.evaluation.registry`) names them for the CLI, the pipeline
+and the protocol and logs results to MLflow; trained adapters come from checkpoint folders or a
+sweep's runs (:mod:`asymvlm.evaluation.adapters`).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from asymvlm import tables
+from asymvlm.data.perturb import IMAGE_PERTURBATIONS
 from asymvlm.evaluation.hierarcaps import hierarchy_analysis
 from asymvlm.evaluation.ood import ood_retrieval
 from asymvlm.evaluation.zeroshot import (
@@ -26,16 +26,32 @@ from asymvlm.evaluation.zeroshot import (
     zero_shot_accuracy,
 )
 from asymvlm.methods import Method, build_method
-from asymvlm.training import load_split
+from asymvlm.splits import SplitCache, SplitTensors
+from asymvlm.tables import Location
 
 __all__ = [
     "ClassificationSet",
+    "SplitLoader",
+    "adapter_input",
     "evaluate_hierarcaps",
     "evaluate_none_of_the_above",
     "evaluate_ood",
     "evaluate_zero_shot",
+    "hierarchy_analysis",
     "load_classification",
 ]
+
+
+class SplitLoader:
+    """``loader(location, adapter_input)``: a split of the tables on ``device``, read once per
+    (location, adapter input) -- several seeds of a method share the same tables."""
+
+    def __init__(self, device: str | torch.device = "cpu", cache: SplitCache | None = None):
+        self.device = torch.device(device)
+        self.cache = cache or SplitCache(max_entries=16)
+
+    def __call__(self, where: Location, adapter_input: str = "raw") -> SplitTensors:
+        return self.cache.load(where.root, where.split, adapter_input, self.device)
 
 
 class ClassificationSet:
@@ -84,26 +100,21 @@ def load_classification(root: str, split: str) -> ClassificationSet:
     return ClassificationSet(root, split)
 
 
-def _split_loader():
-    """``load(root, split, adapter_input)``, reading each distinct split once per call site
-    (several seeds of a method share the same tables)."""
-    return functools.lru_cache(maxsize=None)(load_split)
-
-
-def _adapter_input(method: Method, default: str = "raw") -> str:
+def adapter_input(method: Method, default: str = "raw") -> str:
+    """What ``method`` reads from the tables (set from its checkpoint when it was loaded)."""
     return getattr(method, "adapter_input", default)
 
 
 # -- evaluations --------------------------------------------------------------------------------
 def evaluate_zero_shot(
-    methods: Mapping[str, Method], sets: Mapping[str, tuple[str, str]]
+    methods: Mapping[str, Method], sets: Mapping[str, Location]
 ) -> dict[str, dict[str, float]]:
     """Table 3: method -> evaluation set -> zero-shot accuracy."""
     loaded = {name: load_classification(*where) for name, where in sets.items()}
     return {
         name: {
             s: zero_shot_accuracy(m, m.image_rows(data.image_emb, data.image_norm), data.labels,
-                                  data.class_prompts(_adapter_input(m)))
+                                  data.class_prompts(adapter_input(m)))
             for s, data in loaded.items()
         }
         for name, m in methods.items()
@@ -112,15 +123,15 @@ def evaluate_zero_shot(
 
 def evaluate_none_of_the_above(
     methods: Mapping[str, Method],
-    positives: tuple[str, str],
-    negatives: tuple[str, str],
+    positives: Location,
+    negatives: Location,
 ) -> dict[str, Any]:
     """Table 2: per dummy prompt and method, positive / negative accuracy; plus the frozen
     model's threshold- and margin-based rejection (Table 2, "None")."""
     pos, neg = load_classification(*positives), load_classification(*negatives)
     out: dict[str, Any] = {"dummy": {}, "rejection": {}}
     for name, m in methods.items():
-        ai = _adapter_input(m)
+        ai = adapter_input(m)
         prompts = pos.class_prompts(ai)
         for text, dummy in pos.dummy_inputs(ai).items():
             out["dummy"].setdefault(text, {})[name] = none_of_the_above(
@@ -134,30 +145,30 @@ def evaluate_none_of_the_above(
     return out
 
 
-def evaluate_hierarcaps(methods: Mapping[str, Method], root: str, split: str) -> dict[str, Any]:
+def evaluate_hierarcaps(
+    methods: Mapping[str, Method], where: Location, load: SplitLoader | None = None
+) -> dict[str, Any]:
     """Fig. 5: per method, the statistics of :func:`hierarchy_analysis`."""
-    load, out = _split_loader(), {}
-    for name, m in methods.items():
-        out[name] = hierarchy_analysis(m, load(root, split, _adapter_input(m)))
-    return out
+    load = load or SplitLoader()
+    return {name: hierarchy_analysis(m, load(where, adapter_input(m)))
+            for name, m in methods.items()}  # fmt: skip
 
 
 def evaluate_ood(
     methods: Mapping[str, Method],
-    clean: tuple[str, str],
-    perturbed: Mapping[str, tuple[str, str]],
+    clean: Location,
+    perturbed: Mapping[str, Location],
+    load: SplitLoader | None = None,
 ) -> dict[str, Any]:
     """OOD suite: ``perturbed`` maps "kind:severity" to the tables of that perturbed copy
     (image kinds perturb images, caption kinds captions)."""
-    from asymvlm.data.perturb import IMAGE_PERTURBATIONS
-
-    load, out = _split_loader(), {}
+    load, out = load or SplitLoader(), {}
     for name, m in methods.items():
-        ai = _adapter_input(m)
-        base = load(*clean, ai)
+        ai = adapter_input(m)
+        base = load(clean, ai)
         per: dict[str, Any] = {}
         for spec, where in perturbed.items():
-            other = load(*where, ai)
+            other = load(where, ai)
             image_kind = spec.split(":")[0] in IMAGE_PERTURBATIONS
             res = ood_retrieval(m, base, image_ood=other if image_kind else None,
                                 text_ood=None if image_kind else other)  # fmt: skip

@@ -30,6 +30,7 @@ import torch
 
 from asymvlm.methods import Method
 from asymvlm.methods.base import unit
+from asymvlm.tables import TableError
 
 __all__ = [
     "ClassPrompts",
@@ -54,7 +55,8 @@ class ClassPrompts:
             raise ValueError("one class index per prompt is needed")
         present = torch.unique(self.class_index)
         if present.numel() != self.n_classes or int(present.min()) != 0:
-            raise ValueError(f"every class 0..{self.n_classes - 1} needs at least one prompt")
+            raise TableError(f"every class 0..{self.n_classes - 1} needs at least one prompt; the "
+                             f"prompts cover {present.tolist()}")
 
 
 def prompt_ensemble(mu: torch.Tensor, class_index: torch.Tensor, n_classes: int) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from asymvlm.training.data import SplitTensors
+    from asymvlm.splits import SplitTensors
 
 Encoding = dict[str, torch.Tensor]
 _log = logging.getLogger(__name__)

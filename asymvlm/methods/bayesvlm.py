@@ -60,7 +60,7 @@ from asymvlm.methods.base import Encoding, Method, register, unit
 from asymvlm.tables import TableError
 
 if TYPE_CHECKING:
-    from asymvlm.training.data import SplitTensors
+    from asymvlm.splits import SplitTensors
 
 MODALITIES = ("image", "text")
 MISSING_PRE = (

@@ -61,15 +61,6 @@ about its float32 matrices (plus one batch); the captions stay in Arrow memory
 
 from __future__ import annotations
 
-import pyarrow.fs as pafs  # noqa: F401 - used through this package by the embedding stage
-
-from asymvlm.storage import (  # noqa: F401 - OutputLock, read_json, write_json: re-exported
-    OutputLock,
-    read_json,
-    write_json,
-)
-from asymvlm.storage import filesystem as _filesystem  # noqa: F401
-from asymvlm.storage import join as _join  # noqa: F401
 from asymvlm.tables.columns import StringColumn
 from asymvlm.tables.files import (  # noqa: F401 - the names every stage uses
     IMAGE_COLUMNS,
@@ -85,8 +76,8 @@ from asymvlm.tables.files import (  # noqa: F401 - the names every stage uses
     TEXTS_DIR,
     Manifest,
     TableError,
-    _list_parquet,
     column_matrix,
+    list_parquet,
     list_splits,
     read_manifest,
     read_parts,
@@ -95,17 +86,20 @@ from asymvlm.tables.files import (  # noqa: F401 - the names every stage uses
     write_part,
     write_projection,
 )
+from asymvlm.tables.location import Location, LocationField, parse_location
 from asymvlm.tables.read import read_split
 from asymvlm.tables.split import EmbeddingSplit
 from asymvlm.tables.write import write_split, write_split_pieces
 
 __all__ = [
     "EmbeddingSplit",
+    "Location",
+    "LocationField",
     "Manifest",
-    "OutputLock",
     "StringColumn",
     "TableError",
     "list_splits",
+    "parse_location",
     "read_manifest",
     "read_projection",
     "read_split",

@@ -19,12 +19,12 @@ from asymvlm.tables.files import TableError
 CHECK_ROWS = 1 << 15
 
 
-def _row_error(shown: str, row: int, id_name: str, ids: Any, msg: str) -> TableError:
+def row_error(shown: str, row: int, id_name: str, ids: Any, msg: str) -> TableError:
     ident = ids[row].as_py() if ids is not None and row < len(ids) else None
     return TableError(f"{shown} row {row} ({id_name} {ident!r}): {msg}")
 
 
-def _first(mask: np.ndarray) -> int | None:
+def first_true(mask: np.ndarray) -> int | None:
     hits = np.flatnonzero(mask)
     return int(hits[0]) if hits.size else None
 
@@ -33,7 +33,7 @@ def _first(mask: np.ndarray) -> int | None:
 # strings
 
 
-def _string_column(table: pa.Table, name: str, shown: str, id_name: str, ids: Any) -> pa.Array:
+def string_column(table: pa.Table, name: str, shown: str, id_name: str, ids: Any) -> pa.Array:
     """Column ``name`` as one ``string`` array, refused (naming file, row and id) when it is not
     a string column, holds invalid UTF-8 or a null."""
     col = table.column(name)
@@ -43,15 +43,15 @@ def _string_column(table: pa.Table, name: str, shown: str, id_name: str, ids: An
     if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
         raise TableError(f"{shown}: column {name!r} has type {col.type}, expected string")
     arr = col.cast(pa.string()).combine_chunks() if len(col) else pa.array([], pa.string())
-    _check_utf8(arr, name, shown, id_name, ids)
+    check_utf8(arr, name, shown, id_name, ids)
     if arr.null_count:
-        row = _first(np.asarray(arr.is_null().to_numpy(zero_copy_only=False)))
+        row = first_true(np.asarray(arr.is_null().to_numpy(zero_copy_only=False)))
         ref = ids if ids is not None else arr
-        raise _row_error(shown, row, id_name, ref, f"{name} is null")
+        raise row_error(shown, row, id_name, ref, f"{name} is null")
     return arr
 
 
-def _check_utf8(arr: pa.Array, name: str, shown: str, id_name: str, ids: Any) -> None:
+def check_utf8(arr: pa.Array, name: str, shown: str, id_name: str, ids: Any) -> None:
     """:class:`TableError` naming file, row and column if a string column holds invalid UTF-8
     (parquet does not check it on write; Python would fail later on that row)."""
     try:
@@ -72,7 +72,7 @@ def _check_utf8(arr: pa.Array, name: str, shown: str, id_name: str, ids: Any) ->
             )
             if ids is None:  # the id column itself: its value cannot be shown
                 raise TableError(f"{shown} row {row}: {what}") from None
-            raise _row_error(shown, row, id_name, ids, what) from None
+            raise row_error(shown, row, id_name, ids, what) from None
     raise TableError(f"{shown}: column {name!r} is not a valid string column")
 
 
@@ -190,14 +190,14 @@ class FillReport:
         """The reported problem: a null row, else a row of another length, else null values
         (the order in which the reader checks a column)."""
         if self.null_row is not None:
-            return _row_error(shown, self.null_row, id_name, ids, f"{name} is null")
+            return row_error(shown, self.null_row, id_name, ids, f"{name} is null")
         if self.bad_length is not None:
             row, length = self.bad_length
-            return _row_error(
+            return row_error(
                 shown, row, id_name, ids, f"{name} has length {length}, {width_of} is {width}"
             )
         if self.null_value_row is not None:
-            return _row_error(shown, self.null_value_row, id_name, ids, f"{name} has null values")
+            return row_error(shown, self.null_value_row, id_name, ids, f"{name} has null values")
         return None
 
 
@@ -218,18 +218,18 @@ def fill_matrix(chunks: Iterable[tuple[pa.Array, bool]], out: np.ndarray, width:
         n = len(chunk)
         if n:
             if chunk.null_count:
-                report.null_row = start + _first(chunk.is_null().to_numpy(zero_copy_only=False))
+                report.null_row = start + first_true(chunk.is_null().to_numpy(zero_copy_only=False))
                 return report  # the unit's first null row: nothing outranks it
             if report.bad_length is None:
                 lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False)
-                bad = _first(lengths != width)
+                bad = first_true(lengths != width)
                 if bad is not None:
                     report.bad_length = (start + bad, int(lengths[bad]))
             if report.clean:
                 values = chunk.flatten()
                 if values.null_count:
                     flat_null = values.is_null().to_numpy(zero_copy_only=False)
-                    report.null_value_row = start + _first(flat_null) // width
+                    report.null_value_row = start + first_true(flat_null) // width
                 else:
                     flat = values.to_numpy(zero_copy_only=False)
                     out[start : start + n] = flat.reshape(n, width)
@@ -242,7 +242,7 @@ def fill_matrix(chunks: Iterable[tuple[pa.Array, bool]], out: np.ndarray, width:
 def first_nonfinite(matrix: np.ndarray) -> int | None:
     """First row of ``matrix`` holding a NaN/inf, checked block by block."""
     for lo in range(0, len(matrix), CHECK_ROWS):
-        bad = _first(~np.isfinite(matrix[lo : lo + CHECK_ROWS]).all(axis=1))
+        bad = first_true(~np.isfinite(matrix[lo : lo + CHECK_ROWS]).all(axis=1))
         if bad is not None:
             return lo + bad
     return None
@@ -253,13 +253,13 @@ def check_unit(emb: np.ndarray, norm_atol: float, shown: str, id_name: str, ids:
     not 1 within ``norm_atol``; norms in float64, block by block."""
     bad = first_nonfinite(emb)
     if bad is not None:
-        raise _row_error(shown, bad, id_name, ids, "embedding has NaN/inf")
+        raise row_error(shown, bad, id_name, ids, "embedding has NaN/inf")
     for lo in range(0, len(emb), CHECK_ROWS):
         block = emb[lo : lo + CHECK_ROWS]
         norms = np.sqrt(np.einsum("ij,ij->i", block, block, dtype=np.float64))
-        bad = _first(np.abs(norms - 1.0) > norm_atol)
+        bad = first_true(np.abs(norms - 1.0) > norm_atol)
         if bad is not None:
-            raise _row_error(
+            raise row_error(
                 shown,
                 lo + bad,
                 id_name,

@@ -17,12 +17,15 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from asymvlm.storage import atomic_write_bytes as _atomic_write_bytes
-from asymvlm.storage import atomic_write_table as _atomic_write_table
-from asymvlm.storage import display as _display
-from asymvlm.storage import filesystem as _filesystem
-from asymvlm.storage import join as _join
-from asymvlm.storage import read_bytes as _read_bytes
+from asymvlm.errors import AsymVLMError
+from asymvlm.storage import (
+    atomic_write_bytes,
+    atomic_write_table,
+    display,
+    filesystem,
+    join,
+    read_bytes,
+)
 
 MANIFEST_NAME = "manifest.json"
 #: The frozen model's projection matrices (``image`` [dim, pre_dim.image], ``text``
@@ -37,14 +40,14 @@ TEXT_COLUMNS = ("caption_id", "image_id", "text", "embedding")
 IMAGE_PRE = "image_features_pre"
 TEXT_PRE = "text_features_pre"
 PRE_COLUMNS = {"image": IMAGE_PRE, "text": TEXT_PRE}
-_TEXT_RESERVED = frozenset(TEXT_COLUMNS) | {"norm", TEXT_PRE}
-_IMAGE_RESERVED = frozenset(IMAGE_COLUMNS) | {"norm", IMAGE_PRE}
+TEXT_RESERVED = frozenset(TEXT_COLUMNS) | {"norm", TEXT_PRE}
+IMAGE_RESERVED = frozenset(IMAGE_COLUMNS) | {"norm", IMAGE_PRE}
 #: Bounds on the raw ``norm`` columns (see the package docstring).
 NORM_SPREAD = 1e4
 NORM_MAX = 1e6
 
 
-class TableError(ValueError):
+class TableError(AsymVLMError, ValueError):
     """A table or manifest violates the contract; the message names the file and first bad row."""
 
 
@@ -111,17 +114,17 @@ def write_manifest(root: str, manifest: Manifest | dict[str, Any]) -> None:
         manifest = Manifest.from_dict(manifest)
     else:
         manifest = Manifest.from_dict(manifest.to_dict())
-    fs, base = _filesystem(root)
+    fs, base = filesystem(root)
     fs.create_dir(base, recursive=True)
     data = json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode() + b"\n"
-    _atomic_write_bytes(fs, _join(base, MANIFEST_NAME), data)
+    atomic_write_bytes(fs, join(base, MANIFEST_NAME), data)
 
 
 def read_manifest(root: str) -> Manifest:
     """Read ``ROOT/manifest.json``; :class:`TableError` if missing, not JSON, or lacking keys."""
-    fs, base = _filesystem(root)
-    path = _join(base, MANIFEST_NAME)
-    shown = _display(root, path)
+    fs, base = filesystem(root)
+    path = join(base, MANIFEST_NAME)
+    shown = display(root, path)
     if fs.get_file_info(path).type != pafs.FileType.File:
         raise TableError(f"{shown}: manifest not found")
     with fs.open_input_stream(path) as f:
@@ -156,21 +159,21 @@ def write_projection(root: str, **matrices: Any) -> None:
     arrays = {k: _projection_matrix(k, v) for k, v in matrices.items()}
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    fs, base = _filesystem(root)
+    fs, base = filesystem(root)
     fs.create_dir(base, recursive=True)
-    _atomic_write_bytes(fs, _join(base, PROJECTION_NAME), buffer.getvalue())
+    atomic_write_bytes(fs, join(base, PROJECTION_NAME), buffer.getvalue())
 
 
 def read_projection(root: str, manifest: Manifest | None = None) -> dict[str, np.ndarray] | None:
     """``ROOT/projection.npz`` as ``{"image": [dim, pre_dim.image], "text": ...}`` float32, or
     None when the root has none. :class:`TableError` naming the file when it cannot be read or
     a matrix disagrees with the manifest's ``dim`` / ``pre_dim``."""
-    fs, base = _filesystem(root)
-    path = _join(base, PROJECTION_NAME)
-    raw = _read_bytes(fs, path)
+    fs, base = filesystem(root)
+    path = join(base, PROJECTION_NAME)
+    raw = read_bytes(fs, path)
     if raw is None:
         return None
-    shown = _display(root, path)
+    shown = display(root, path)
     manifest = manifest if manifest is not None else read_manifest(root)
     try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
@@ -195,7 +198,7 @@ def read_projection(root: str, manifest: Manifest | None = None) -> dict[str, np
 # parts
 
 
-def _list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
+def list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
     """Parquet files directly in ``folder`` sorted by name (hidden/temporary names skipped)."""
     infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
     files = [
@@ -210,12 +213,12 @@ def _list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
 
 def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> str:
     """Atomically write ``ROOT/split/kind/part.parquet`` (any table, e.g. ``errors``)."""
-    fs, base = _filesystem(root)
-    folder = _join(base, split, kind)
+    fs, base = filesystem(root)
+    folder = join(base, split, kind)
     fs.create_dir(folder, recursive=True)
-    path = _join(folder, f"{part}.parquet")
-    _atomic_write_table(fs, path, table)
-    return _display(root, path)
+    path = join(folder, f"{part}.parquet")
+    atomic_write_table(fs, path, table)
+    return display(root, path)
 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -251,8 +254,8 @@ def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def read_parts(root: str, split: str, kind: str) -> pa.Table | None:
     """All ``ROOT/split/kind/*.parquet`` concatenated in name order, or None if there are none."""
-    fs, base = _filesystem(root)
-    files = _list_parquet(fs, _join(base, split, kind))
+    fs, base = filesystem(root)
+    files = list_parquet(fs, join(base, split, kind))
     if not files:
         return None
     return pa.concat_tables([pq.read_table(f, filesystem=fs) for f in files])
@@ -260,16 +263,16 @@ def read_parts(root: str, split: str, kind: str) -> pa.Table | None:
 
 def list_splits(root: str) -> list[str]:
     """Names of the splits under ``root`` (sub-folders holding ``images/`` or ``texts/``)."""
-    fs, base = _filesystem(root)
+    fs, base = filesystem(root)
     infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
     dirs = [i for i in infos if i.type == pafs.FileType.Directory]
     if not dirs:
         return []
-    wanted = [_join(d.path, sub) for d in dirs for sub in (IMAGES_DIR, TEXTS_DIR)]
+    wanted = [join(d.path, sub) for d in dirs for sub in (IMAGES_DIR, TEXTS_DIR)]
     present = {i.path for i in fs.get_file_info(wanted) if i.type == pafs.FileType.Directory}
     names = {
         d.base_name
         for d in dirs
-        if _join(d.path, IMAGES_DIR) in present or _join(d.path, TEXTS_DIR) in present
+        if join(d.path, IMAGES_DIR) in present or join(d.path, TEXTS_DIR) in present
     }
     return sorted(names)

@@ -24,36 +24,34 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from asymvlm.storage import display as _display
-from asymvlm.storage import filesystem as _filesystem
-from asymvlm.storage import join as _join
+from asymvlm.storage import display, filesystem, join
 from asymvlm.tables.columns import (
     RowBuffer,
     StringColumn,
-    _check_utf8,
-    _first,
-    _row_error,
-    _string_column,
     check_list_type,
     check_unit,
+    check_utf8,
     fill_matrix,
     first_nonfinite,
+    first_true,
     is_list_of_numbers,
+    row_error,
+    string_column,
 )
 from asymvlm.tables.files import (
-    _IMAGE_RESERVED,
-    _TEXT_RESERVED,
     IMAGE_COLUMNS,
     IMAGE_PRE,
+    IMAGE_RESERVED,
     IMAGES_DIR,
     NORM_MAX,
     NORM_SPREAD,
     TEXT_COLUMNS,
     TEXT_PRE,
+    TEXT_RESERVED,
     TEXTS_DIR,
     Manifest,
     TableError,
-    _list_parquet,
+    list_parquet,
     read_manifest,
 )
 from asymvlm.tables.split import EmbeddingSplit
@@ -167,16 +165,16 @@ def _read_folder(
 ) -> _Folder:
     """Read and check every file of a folder in name order; ``pre`` = (pre-projection column,
     its width from the manifest or None, what names the width)."""
-    files = _list_parquet(fs, folder)
+    files = list_parquet(fs, folder)
     if not files:
-        raise TableError(f"{_display(root, folder)}: no parquet files in this folder")
+        raise TableError(f"{display(root, folder)}: no parquet files in this folder")
     total = sum(_footer_rows(fs, path) for path in files)
     emb = RowBuffer(total, dim)
     pre_name, pre_width, pre_what = pre
     out = _Folder(parts=[], embeddings=emb.data)
     start = 0
     for path in files:
-        shown = _display(root, path)
+        shown = display(root, path)
         with _open(fs, path, shown) as pf:
             schema = pf.schema_arrow
             missing = [c for c in required if c not in schema.names]
@@ -188,7 +186,7 @@ def _read_folder(
                 _same_kind(out.parts[0], shown, schema, "embedding", _value_type)
             small = _read_small(pf, [c for c in schema.names if c not in ("embedding", pre_name)],
                                 shown)  # fmt: skip
-            ids = _string_column(small, id_name, shown, id_name, None)
+            ids = string_column(small, id_name, shown, id_name, None)
             n = len(ids)
             check_list_type(schema.field("embedding").type, "embedding", shown)
             rows = emb.rows(start, n)
@@ -205,7 +203,7 @@ def _read_folder(
         start += n
     if not start:
         raise TableError(
-            f"{_display(root, folder)}: no rows ({len(out.parts)} parquet file(s), all empty)"
+            f"{display(root, folder)}: no rows ({len(out.parts)} parquet file(s), all empty)"
         )
     out.rows = start
     out.embeddings = emb.result(start)
@@ -241,7 +239,7 @@ def _read_pre(
     if part.pre_error is None and validate:
         bad = first_nonfinite(rows)
         if bad is not None:
-            part.pre_nonfinite = _row_error(part.shown, bad, id_name, part.ids,
+            part.pre_nonfinite = row_error(part.shown, bad, id_name, part.ids,
                                             f"{name} has NaN/inf")  # fmt: skip
 
 
@@ -273,14 +271,14 @@ def _locate(parts: list[_Part], row: int) -> tuple[_Part, int]:
     return parts[k], row - int(offsets[k])
 
 
-def _check_unique(parts: list[_Part], all_ids: pa.Array, id_name: str) -> None:
+def check_unique(parts: list[_Part], all_ids: pa.Array, id_name: str) -> None:
     if len(pc.unique(all_ids)) == len(all_ids):
         return
     first = pc.index_in(all_ids, value_set=all_ids).to_numpy(zero_copy_only=False)
-    row = _first(first != np.arange(len(all_ids)))
+    row = first_true(first != np.arange(len(all_ids)))
     part, local = _locate(parts, row)
     prev_part, prev_local = _locate(parts, int(first[row]))
-    raise _row_error(
+    raise row_error(
         part.shown,
         local,
         id_name,
@@ -319,7 +317,7 @@ def _extra(parts: list[_Part], reserved: frozenset[str], id_name: str) -> dict[s
         if pa.types.is_string(value_type) or pa.types.is_large_string(value_type):
             for p, col in zip(parts, cols, strict=True):
                 arr = col.cast(value_type).combine_chunks() if len(col) else pa.array([], typ)
-                _check_utf8(arr, name, p.shown, id_name, p.ids)
+                check_utf8(arr, name, p.shown, id_name, p.ids)
         arr = pa.chunked_array([c for col in cols for c in col.chunks], type=typ)
         out[name] = arr.to_numpy()
     return out
@@ -339,10 +337,10 @@ def _norms(parts: list[_Part], validate: bool, id_name: str) -> np.ndarray | Non
         _same_kind(parts[0], p.shown, p.schema, "norm")
         vals = col.cast(pa.float64()).to_numpy() if len(col) else np.zeros(0)
         if validate:
-            bad = _first(~(np.isfinite(vals) & (vals > 0)))
+            bad = first_true(~(np.isfinite(vals) & (vals > 0)))
             if bad is not None:
                 msg = f"norm is {vals[bad]!r}, must be finite and > 0"
-                raise _row_error(p.shown, bad, id_name, p.ids, msg)
+                raise row_error(p.shown, bad, id_name, p.ids, msg)
         blocks.append(vals)
     if validate:
         _check_norm_spread(parts, blocks, id_name)
@@ -358,9 +356,9 @@ def _check_norm_spread(parts: list[_Part], blocks: list[np.ndarray], id_name: st
     median = float(np.median(everything))
     low, high = median / NORM_SPREAD, min(median * NORM_SPREAD, NORM_MAX)
     for p, vals in zip(parts, blocks, strict=True):
-        bad = _first((vals < low) | (vals > high))
+        bad = first_true((vals < low) | (vals > high))
         if bad is not None:
-            raise _row_error(
+            raise row_error(
                 p.shown,
                 bad,
                 id_name,
@@ -416,15 +414,15 @@ def read_split(
     """
     manifest = read_manifest(root)
     dim = manifest.dim
-    fs, base = _filesystem(root)
+    fs, base = filesystem(root)
     pre_dim = manifest.pre_dim
 
     images = _read_folder(
-        fs, root, _join(base, split, IMAGES_DIR), IMAGE_COLUMNS, "image_id", dim, validate,
+        fs, root, join(base, split, IMAGES_DIR), IMAGE_COLUMNS, "image_id", dim, validate,
         norm_atol, (IMAGE_PRE, pre_dim.get("image"), "manifest pre_dim.image"),
     )  # fmt: skip
     texts = _read_folder(
-        fs, root, _join(base, split, TEXTS_DIR), TEXT_COLUMNS, "caption_id", dim, validate,
+        fs, root, join(base, split, TEXTS_DIR), TEXT_COLUMNS, "caption_id", dim, validate,
         norm_atol, (TEXT_PRE, pre_dim.get("text"), "manifest pre_dim.text"),
     )  # fmt: skip
     img_parts, txt_parts = images.parts, texts.parts
@@ -432,21 +430,21 @@ def read_split(
     image_ids = _concat_ids(img_parts)
     caption_ids = _concat_ids(txt_parts)
     if validate:
-        _check_unique(img_parts, image_ids, "image_id")
-        _check_unique(txt_parts, caption_ids, "caption_id")
+        check_unique(img_parts, image_ids, "image_id")
+        check_unique(txt_parts, caption_ids, "caption_id")
 
     index_blocks = []
     text_arrays: list[pa.Array] = []
     for p in txt_parts:
-        cap_img = _string_column(p.table, "image_id", p.shown, "caption_id", p.ids)
+        cap_img = string_column(p.table, "image_id", p.shown, "caption_id", p.ids)
         idx = pc.index_in(cap_img, value_set=image_ids)
         if idx.null_count:
-            row = _first(idx.is_null().to_numpy(zero_copy_only=False))
-            raise _row_error(
+            row = first_true(idx.is_null().to_numpy(zero_copy_only=False))
+            raise row_error(
                 p.shown, row, "caption_id", p.ids, f"unknown image_id {cap_img[row].as_py()!r}"
             )
         index_blocks.append(idx.to_numpy(zero_copy_only=False).astype(np.int64))
-        text_arrays.append(_string_column(p.table, "text", p.shown, "caption_id", p.ids))
+        text_arrays.append(string_column(p.table, "text", p.shown, "caption_id", p.ids))
 
     return EmbeddingSplit(
         image_ids=image_ids.to_pylist(),
@@ -456,9 +454,9 @@ def read_split(
         texts=StringColumn(pa.chunked_array(text_arrays, type=pa.string())),
         text_embeddings=texts.embeddings,
         text_norms=_norms(txt_parts, validate, "caption_id"),
-        extra_text_columns=_extra(txt_parts, _TEXT_RESERVED, "caption_id"),
+        extra_text_columns=_extra(txt_parts, TEXT_RESERVED, "caption_id"),
         manifest=manifest,
-        extra_image_columns=_extra(img_parts, _IMAGE_RESERVED, "image_id"),
+        extra_image_columns=_extra(img_parts, IMAGE_RESERVED, "image_id"),
         image_norms=_norms(img_parts, validate, "image_id"),
         image_features_pre=_pre_features(images, manifest, "image"),
         text_features_pre=_pre_features(texts, manifest, "text"),

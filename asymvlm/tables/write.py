@@ -12,18 +12,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from asymvlm.storage import atomic_write_table as _atomic_write_table
-from asymvlm.storage import filesystem as _filesystem
-from asymvlm.storage import join as _join
-from asymvlm.storage import remove_quietly as _remove_quietly
-from asymvlm.storage import tmp_name as _tmp_name
+from asymvlm.storage import atomic_write_table, filesystem, join, remove_quietly, tmp_name
 from asymvlm.tables.files import (
-    _IMAGE_RESERVED,
-    _TEXT_RESERVED,
     IMAGE_PRE,
+    IMAGE_RESERVED,
     IMAGES_DIR,
     MANIFEST_NAME,
     TEXT_PRE,
+    TEXT_RESERVED,
     TEXTS_DIR,
     read_manifest,
 )
@@ -103,7 +99,7 @@ def _check_part_name(part: str) -> None:
 
 def _manifest_pre_dim(fs: pafs.FileSystem, base: str, root: str, dim: int) -> dict | None:
     """The manifest's ``pre_dim`` (None without a manifest); ``dim`` must be the manifest's."""
-    if fs.get_file_info(_join(base, MANIFEST_NAME)).type != pafs.FileType.File:
+    if fs.get_file_info(join(base, MANIFEST_NAME)).type != pafs.FileType.File:
         return None
     manifest = read_manifest(root)
     if manifest.dim != dim:
@@ -156,7 +152,7 @@ def _split_tables(
         image_cols[IMAGE_PRE] = _pre_array(
             "image_features_pre", image_features_pre, n_img, "image", pre_dim
         )
-    image_cols.update(_extra_columns(extra_image_columns, n_img, _IMAGE_RESERVED, "image"))
+    image_cols.update(_extra_columns(extra_image_columns, n_img, IMAGE_RESERVED, "image"))
 
     text_cols: dict[str, pa.Array] = {
         "caption_id": _as_ids("caption_ids", caption_ids, n_txt),
@@ -170,7 +166,7 @@ def _split_tables(
         text_cols[TEXT_PRE] = _pre_array(
             "text_features_pre", text_features_pre, n_txt, "text", pre_dim
         )
-    text_cols.update(_extra_columns(extra_text_columns, n_txt, _TEXT_RESERVED, "text"))
+    text_cols.update(_extra_columns(extra_text_columns, n_txt, TEXT_RESERVED, "text"))
     return pa.table(image_cols), pa.table(text_cols)
 
 
@@ -204,7 +200,7 @@ def write_split(
     """
     img, txt = _matrices(image_embeddings, text_embeddings)
     _check_part_name(part)
-    fs, base = _filesystem(root)
+    fs, base = filesystem(root)
     pre_dim = _manifest_pre_dim(fs, base, root, img.shape[1])
     images, texts_table = _split_tables(
         img, txt, image_ids=image_ids, caption_ids=caption_ids,
@@ -214,9 +210,9 @@ def write_split(
         text_features_pre=text_features_pre, pre_dim=pre_dim,
     )  # fmt: skip
     for sub, table in ((IMAGES_DIR, images), (TEXTS_DIR, texts_table)):
-        folder = _join(base, split, sub)
+        folder = join(base, split, sub)
         fs.create_dir(folder, recursive=True)
-        _atomic_write_table(fs, _join(folder, f"{part}.parquet"), table)
+        atomic_write_table(fs, join(folder, f"{part}.parquet"), table)
 
 
 def write_split_pieces(
@@ -231,10 +227,10 @@ def write_split_pieces(
     leaves no part behind). Every piece must have the first one's columns and types.
     """
     _check_part_name(part)
-    fs, base = _filesystem(root)
-    folders = [_join(base, split, sub) for sub in (IMAGES_DIR, TEXTS_DIR)]
-    finals = [_join(folder, f"{part}.parquet") for folder in folders]
-    temps = [_tmp_name(path) for path in finals]
+    fs, base = filesystem(root)
+    folders = [join(base, split, sub) for sub in (IMAGES_DIR, TEXTS_DIR)]
+    finals = [join(folder, f"{part}.parquet") for folder in folders]
+    temps = [tmp_name(path) for path in finals]
     writers: list[pq.ParquetWriter] = []
     pre_dim: dict | None = None
     dim: int | None = None
@@ -274,6 +270,6 @@ def write_split_pieces(
             except Exception:  # best-effort cleanup while another error propagates
                 pass
         for tmp in temps:
-            _remove_quietly(fs, tmp)
+            remove_quietly(fs, tmp)
         raise
     return count

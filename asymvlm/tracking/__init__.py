@@ -4,9 +4,12 @@
   default), experiments, a local store that survives being moved;
 * :mod:`~asymvlm.tracking.runs` -- :func:`run` / :func:`open_run`: a run with its name, kind,
   parent and MLflow's standard tags; metrics (step = epoch), params, artifacts, status;
-* :mod:`~asymvlm.tracking.model` -- the adapter as an MLflow pyfunc model and adapters loaded
-  back from a sweep;
-* :mod:`~asymvlm.tracking.queries` -- reading runs and their JSON artifacts back.
+* :mod:`~asymvlm.tracking.pyfunc` -- MLflow's model API (the served models themselves are
+  :mod:`asymvlm.scoring.models`, logged with :meth:`Run.log_pyfunc`);
+* :mod:`~asymvlm.tracking.queries` -- reading runs, their artifacts and models back.
+
+It imports no other part of the science package but the config's redaction of URIs: what is
+logged (an adapter, an evaluation) is handed to it.
 
 The story in the UI: the pipeline run is the root; its sweeps, their trials (live: per-epoch
 metrics as they happen), its evaluations (metrics + ``results.json``) and its report (markdown and
@@ -14,37 +17,37 @@ HTML with inline figures) are nested under it. A sweep run on its own is its own
 Result tables (mean ± std over seeds) are plain Python in :mod:`asymvlm.results`.
 """
 
-from asymvlm.tracking.model import (
-    CaptionUncertaintyModel,
-    load_sweep_adapters,
-    log_uncertainty_model,
-)
-from asymvlm.tracking.queries import child_runs, experiment_runs, json_artifact
+from asymvlm.tracking.pyfunc import PythonModel, invalid_input, pinned_requirements, signature
+from asymvlm.tracking.queries import child_runs, download, experiment_runs, json_artifact
 from asymvlm.tracking.runs import Run, ended, open_run, run, source_name, standard_tags
 from asymvlm.tracking.store import (
     default_artifact_location,
     default_tracking_uri,
     experiment_id,
     git_commit,
+    global_tracking_uri,
     relocate_local_store,
 )
 
 __all__ = [
-    "CaptionUncertaintyModel",
+    "PythonModel",
     "Run",
     "child_runs",
     "default_artifact_location",
     "default_tracking_uri",
+    "download",
     "ended",
     "experiment_id",
     "experiment_runs",
     "git_commit",
+    "global_tracking_uri",
+    "invalid_input",
     "json_artifact",
-    "load_sweep_adapters",
-    "log_uncertainty_model",
     "open_run",
+    "pinned_requirements",
     "relocate_local_store",
     "run",
+    "signature",
     "source_name",
     "standard_tags",
 ]

@@ -1,11 +1,13 @@
-"""Reading runs back: a sweep's trials, an experiment's runs, a run's JSON artifacts."""
+"""Reading runs back: a sweep's trials, an experiment's runs, a run's artifacts and models."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-__all__ = ["child_runs", "experiment_runs", "json_artifact"]
+from asymvlm.tracking.store import global_tracking_uri, relocate_once
+
+__all__ = ["child_runs", "download", "experiment_runs", "json_artifact"]
 
 
 def child_runs(
@@ -38,7 +40,6 @@ def experiment_runs(tracking_uri: str, experiment: str) -> tuple[str, list[Any]]
     from mlflow import MlflowClient
 
     from asymvlm.config import redact
-    from asymvlm.tracking.store import relocate_once
 
     relocate_once(tracking_uri)
     client = MlflowClient(tracking_uri)
@@ -56,3 +57,15 @@ def json_artifact(tracking_uri: str, run_id: str, path: str) -> Any:
     local = download_artifacts(run_id=run_id, artifact_path=path, tracking_uri=tracking_uri)
     with open(local) as fh:
         return json.load(fh)
+
+
+def download(uri: str, tracking_uri: str | None = None) -> str:
+    """A local copy of the artifacts or model at ``uri`` (``runs:/<run>/<path>``,
+    ``models:/<name>/<version>``, ``mlflow-artifacts:/...``), resolved through the store
+    ``tracking_uri`` (default: ``$MLFLOW_TRACKING_URI``); returns its local path."""
+    import mlflow
+
+    if tracking_uri:
+        relocate_once(tracking_uri)
+    with global_tracking_uri(tracking_uri or None):  # runs:/ URIs resolve through it
+        return mlflow.artifacts.download_artifacts(artifact_uri=uri)

@@ -29,7 +29,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Run", "open_run", "run", "source_name"]
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: The package that travels with a logged model (its ``code_paths``): asymvlm itself.
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(PACKAGE)
 _MAX_PARAM = 6000  # MLflow's limit on a param value
 
 
@@ -120,22 +122,17 @@ class Run:
     def log_json(self, name: str, payload: Any, artifact_path: str | None = None) -> None:
         self.log_text(name, json.dumps(payload, indent=2, default=_json_default), artifact_path)
 
-    def log_model(self, checkpoint_dir: str, dim: int, *, text: bool = False) -> None:
-        """The adapter as a pyfunc model: embeddings in
-        (:class:`~asymvlm.tracking.model.CaptionUncertaintyModel`, name ``adapter``), or with
-        ``text`` captions in (:class:`~asymvlm.tracking.model.CaptionTextModel`, name
-        ``text-adapter``; the checkpoint must name its encoder)."""
+    def log_pyfunc(self, name: str, python_model: Any, **options: Any) -> None:
+        """Log ``python_model`` (a :class:`~asymvlm.tracking.PythonModel`) as the pyfunc model
+        ``name`` of this run, with this package as its code (``options``: ``artifacts``,
+        ``pip_requirements``, ``signature``, ``input_example`` of ``mlflow.pyfunc.log_model``)."""
         import mlflow
-
-        from asymvlm.tracking.model import log_text_model, log_uncertainty_model
 
         with global_tracking_uri(self.tracking_uri), mlflow.start_run(
             run_id=self.id, log_system_metrics=False
         ):
-            if text:
-                log_text_model(checkpoint_dir)
-            else:
-                log_uncertainty_model(checkpoint_dir, dim)
+            mlflow.pyfunc.log_model(name=name, python_model=python_model,
+                                    code_paths=[PACKAGE], **options)  # fmt: skip
         # Leaving start_run ended the run; it is still being written: RUNNING again.
         self.client.update_run(self.id, status="RUNNING")
 

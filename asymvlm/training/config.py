@@ -3,61 +3,112 @@
 from __future__ import annotations
 
 import re
-from dataclasses import field
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field, field_validator
-from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from asymvlm.errors import ConfigError
 from asymvlm.methods import check_method_name
 from asymvlm.methods.official import optimizer_defaults
 
+__all__ = ["OPTIMIZER_KEYS", "TrainConfig", "autocast_dtype", "resolve_device"]
+
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+#: The optimiser settings whose default depends on the method and protocol.
+OPTIMIZER_KEYS = ("optimizer", "lr", "momentum", "weight_decay")
 
 
-@pydantic_dataclass(config=ConfigDict(extra="forbid"))
-class TrainConfig:
-    """Hyper-parameters; defaults are the paper's protocol (App. B.4, Table A.1).
+class TrainConfig(BaseModel):
+    """Hyper-parameters of one training run; defaults are the paper's protocol (App. B.4,
+    Table A.1).
 
     ``protocol``: ``improved`` (this project's defaults) or ``official`` (the authors' code:
     architecture, init, loss form, uncertainty and the per-method optimiser defaults of their
-    train.py); README "Protocols" lists every difference.
+    train.py); README "Protocols" lists every difference. The optimiser settings left unset
+    (:data:`OPTIMIZER_KEYS`) take the protocol's defaults for the method when the config is
+    built (:func:`asymvlm.methods.official.optimizer_defaults`).
 
     Validated on construction (pydantic): unknown fields, wrong types and out-of-range values
     (epochs < 1, lr <= 0 or NaN, batch < 1, unknown method/optimizer ...) raise
-    :class:`pydantic.ValidationError`, which every entry point reports as one line
-    (:func:`asymvlm.config.validation_message`).
+    :class:`pydantic.ValidationError`, which the config boundary reports as one line
+    (:func:`asymvlm.config.validate`). Frozen: a value is parsed once and travels as it is
+    (``model_copy(update=...)`` makes a variant).
     """
 
-    method: str = "asymvlm-vmf"
-    protocol: Literal["improved", "official"] = "improved"
-    epochs: Annotated[int, Field(ge=1)] = 200
-    # None: the protocol's default for the method (asymvlm.methods.official.optimizer_defaults)
-    lr: PositiveFloat | None = None
-    optimizer: Literal["sgd", "adamw"] | None = None  # SGD with momentum, or AdamW
-    momentum: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = None
-    weight_decay: NonNegativeFloat | None = None
-    batch_size: Annotated[int, Field(ge=1)] = 2048
-    min_lr: NonNegativeFloat = 1e-6
-    # None: the method's architecture under the protocol (1024 wide, 3 hidden layers, except
-    # the official ProbVLM backbone's 2)
-    hidden_dim: Annotated[int, Field(ge=1)] | None = None
-    depth: Annotated[int, Field(ge=1)] | None = None
-    seed: Annotated[int, Field(ge=0)] = 0
-    adapter_input: Literal["raw", "unit"] = "raw"  # raw = embedding * norm (official)
-    device: str = "auto"  # "auto" = cuda when available
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on cuda
-    method_kwargs: dict[str, Any] = field(default_factory=dict)
-    # Tables bigger than memory (asymvlm.training.stream, docs/streaming.md): "auto" streams the
-    # training captions from the parquet parts when the split's float32 size exceeds
-    # stream_memory_bytes (None: a share of the free memory, stream.memory_budget).
-    stream: Literal["auto", "always", "never"] = "auto"
-    stream_memory_bytes: Annotated[int, Field(ge=0)] | None = None
-    shuffle_buffer: Annotated[int, Field(ge=0)] = 65536  # rows mixed across parts when streaming
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str = Field("asymvlm-vmf", description="method name (`asymvlm methods` lists them)")
+    protocol: Literal["improved", "official"] = Field(
+        "improved",
+        description="official = the authors' code for the method (architecture, init, loss, "
+        "uncertainty, optimiser defaults); improved = this project's (README 'Protocols')",
+    )
+    epochs: Annotated[int, Field(ge=1)] = Field(200, description="passes over the data")
+    lr: PositiveFloat | None = Field(
+        None, description="peak learning rate (default: the protocol's for the method; "
+        "improved: 1e-2)",
+    )  # fmt: skip
+    optimizer: Literal["sgd", "adamw"] | None = Field(
+        None, description="sgd with momentum or adamw (default: the protocol's for the method; "
+        "improved: sgd, as the paper)",
+    )  # fmt: skip
+    momentum: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = Field(
+        None, description="SGD momentum (default: 0.9)"
+    )
+    weight_decay: NonNegativeFloat | None = Field(
+        None, description="L2 weight decay (default: the protocol's for the method; improved: "
+        "5e-4)",
+    )  # fmt: skip
+    batch_size: Annotated[int, Field(ge=1)] = Field(
+        2048, description="pairs per step (the global batch of the contrastive loss)"
+    )
+    min_lr: NonNegativeFloat = Field(1e-6, description="end of the cosine schedule")
+    hidden_dim: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="width of the adapter's hidden layers (default: 1024)"
+    )
+    depth: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="hidden layers (default: 3; the official ProbVLM backbone: 2)"
+    )
+    seed: Annotated[int, Field(ge=0)] = Field(0, description="initialisation and order")
+    adapter_input: Literal["raw", "unit"] = Field(
+        "raw",
+        description="raw = unnormalised text projection (embedding * norm), as the official code",
+    )
+    device: str = Field("auto", description="cpu, cuda, cuda:1 ... or auto (cuda when available)")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU"
+    )
+    method_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra method constructor arguments"
+    )
+    stream: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="stream the training captions from the parquet parts instead of loading "
+        "the split (docs/streaming.md); auto: when the split's float32 size exceeds "
+        "stream_memory_bytes",
+    )
+    stream_memory_bytes: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="auto streams above this many bytes (default: a quarter of the free "
+        "memory, at most half the free GPU memory)",
+    )
+    shuffle_buffer: Annotated[int, Field(ge=0)] = Field(
+        65536, description="rows mixed across parts when streaming"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _protocol_defaults(cls, data: Any) -> Any:
+        """Fill the optimiser settings left unset with the protocol's defaults for the method."""
+        if not isinstance(data, dict):
+            return data
+        method = data.get("method") or cls.model_fields["method"].default
+        protocol = data.get("protocol") or cls.model_fields["protocol"].default
+        defaults = optimizer_defaults(str(method), str(protocol))
+        return {**data, **{k: defaults[k] for k in OPTIMIZER_KEYS if data.get(k) is None}}
 
     @field_validator("method")
     @classmethod
@@ -70,12 +121,6 @@ class TrainConfig:
         if not _DEVICE.match(value):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
         return value
-
-    def __post_init__(self) -> None:
-        """Fill the optimiser settings left None with the protocol's defaults for the method."""
-        for key, value in optimizer_defaults(self.method, self.protocol).items():
-            if getattr(self, key) is None:
-                setattr(self, key, value)
 
     def method_args(self) -> dict[str, Any]:
         """``build_method`` arguments: the protocol, the sizes that were set, method_kwargs."""

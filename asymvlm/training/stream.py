@@ -52,8 +52,7 @@ import logging
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -63,16 +62,20 @@ import torch
 
 from asymvlm import tables
 from asymvlm.errors import ConfigError, NonFiniteError
-from asymvlm.methods import Method
-from asymvlm.storage import display as _display
-from asymvlm.storage import filesystem as _filesystem
-from asymvlm.storage import join as _join
+from asymvlm.methods import METHODS, Method
+from asymvlm.splits import SplitTensors
+from asymvlm.storage import display, filesystem, join
 from asymvlm.training.config import TrainConfig
-from asymvlm.training.data import SplitTensors, steps_per_epoch
-from asymvlm.training.trainer import Trainer
+from asymvlm.training.trainer import Trainer, steps_per_epoch
 
-if TYPE_CHECKING:  # protocol imports this module
-    from asymvlm.training.protocol import RunSpec
+__all__ = [
+    "CaptionStream",
+    "StreamingTrainer",
+    "memory_budget",
+    "open_stream",
+    "split_bytes",
+    "use_streaming",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +100,11 @@ class PartRows:
 
 
 def _parts(root: str, split: str, kind: str) -> list[PartRows]:
-    fs, base = _filesystem(root)
-    folder = _join(base, split, kind)
-    files = tables._list_parquet(fs, folder)
+    fs, base = filesystem(root)
+    folder = join(base, split, kind)
+    files = tables.list_parquet(fs, folder)
     if not files:
-        raise tables.TableError(f"{_display(root, folder)}: no parquet files in this folder")
+        raise tables.TableError(f"{display(root, folder)}: no parquet files in this folder")
     out = []
     for path in files:
         with fs.open_input_file(path) as fh:
@@ -114,7 +117,7 @@ def split_bytes(root: str, split: str) -> int:
     (and the pre-projection features, which :func:`~asymvlm.training.load_split` loads too),
     from the manifest and the parquet footers (no data read)."""
     manifest = tables.read_manifest(root)
-    fs, _ = _filesystem(root)
+    fs, _ = filesystem(root)
     total = 0
     for kind, modality in ((tables.IMAGES_DIR, "image"), (tables.TEXTS_DIR, "text")):
         parts = _parts(root, split, kind)
@@ -152,8 +155,6 @@ def use_streaming(
     or (``auto``) when :func:`split_bytes` exceeds ``cfg.stream_memory_bytes`` (None:
     :func:`memory_budget`). Methods not trained by SGD (``clip``, ``bayesvlm``) never stream:
     ``always`` is a :class:`ConfigError` for them, ``auto`` loads them in memory."""
-    from asymvlm.methods import METHODS
-
     trainable = METHODS[cfg.method].trainable
     if cfg.stream == "never":
         return False
@@ -223,7 +224,7 @@ class CaptionStream:
         self.read_ahead = read_ahead
         self.manifest = tables.read_manifest(root)
         self.dim = self.manifest.dim
-        self._fs, _ = _filesystem(root)
+        self._fs, _ = filesystem(root)
         self.parts = _parts(root, split, tables.TEXTS_DIR)
         self.n_text = sum(p.rows for p in self.parts)
         self._read_images()
@@ -276,7 +277,7 @@ class CaptionStream:
         if rows.null_count:
             bad = int(np.flatnonzero(rows.is_null().to_numpy(zero_copy_only=False))[0])
             raise tables.TableError(
-                f"{_display(self.root, part.path)} row {bad}: unknown image_id "
+                f"{display(self.root, part.path)} row {bad}: unknown image_id "
                 f"{table.column('image_id')[bad].as_py()!r}"
             )
         chunk = _Chunk(np.ascontiguousarray(text, dtype=np.float32),
@@ -304,7 +305,7 @@ class CaptionStream:
                 raise NonFiniteError(
                     f"non-finite caption embedding for caption "
                     f"{table.column('caption_id')[bad].as_py()!r} (row {bad} of "
-                    f"{_display(self.root, part.path)}) of the training data: fix the input, it "
+                    f"{display(self.root, part.path)}) of the training data: fix the input, it "
                     "is not a training problem"
                 )
             take = np.flatnonzero(rng.random(len(chunk.text)) < keep)
@@ -435,7 +436,7 @@ class StreamingTrainer(Trainer):
         if (stream.rank, stream.world_size) != (rank, world_size):
             raise ValueError("the stream belongs to another worker")
         # The sample stands in for the split; its size must not bound the batch.
-        sample_cfg = replace(cfg, batch_size=world_size)
+        sample_cfg = cfg.model_copy(update={"batch_size": world_size})
         super().__init__(method, sample_cfg, stream.sample, rank=rank, world_size=world_size)
         self.cfg, self.stream = cfg, stream
         self.batch_size, self.steps = stream.batch_size, stream.steps
@@ -467,18 +468,3 @@ def open_stream(
                          shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed,
                          adapter_input=cfg.adapter_input, rank=rank, world_size=world_size,
                          device=device)  # fmt: skip
-
-
-def streamed_hold_out(spec: RunSpec, stream: CaptionStream) -> SplitTensors | None:
-    """The held-out validation part of a streamed run: None, since a streamed training split
-    is used whole. A spec asking to hold out ``val_fraction`` of the training images (tables
-    without a ``val_split``) is a :class:`ConfigError` in streaming mode -- write a validation
-    split to the tables, or set ``stream='never'``."""
-    fraction, val_split = spec.val_fraction, spec.val_split
-    if fraction and (not val_split or val_split not in tables.list_splits(spec.embeddings)):
-        raise ConfigError(
-            f"{stream.root}/{stream.split} streams (stream={spec.train.stream!r}), and holding "
-            f"out val_fraction={fraction} of it is not supported in streaming mode: write a "
-            f"{val_split or 'val'} split to the tables or set stream='never'"
-        )
-    return None

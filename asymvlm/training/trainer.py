@@ -18,8 +18,31 @@ import torch
 from asymvlm.distributed import GlobalBatchLoss, epoch_generator, shard_rows
 from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
 from asymvlm.methods import Method
+from asymvlm.splits import SplitTensors
 from asymvlm.training.config import TrainConfig, autocast_dtype
-from asymvlm.training.data import SplitTensors, steps_per_epoch
+
+__all__ = [
+    "GRAD_BAD",
+    "LOSS_BAD",
+    "NO_BAD_STEP",
+    "EpochRow",
+    "History",
+    "Trainer",
+    "make_optimizer",
+    "steps_per_epoch",
+]
+
+#: One epoch's statistics (``epoch``, ``train_loss``, ``lr``, kappa quantiles ...).
+EpochRow = dict[str, float]
+#: The rows of the epochs trained so far.
+History = list[EpochRow]
+
+
+def steps_per_epoch(n_items: int, batch_size: int) -> int:
+    """Full batches per epoch; the ragged tail is dropped unless it is the only batch."""
+    if n_items < 1 or batch_size < 1:
+        raise ValueError(f"need at least one item and batch_size >= 1, got {n_items}, {batch_size}")
+    return max(1, n_items // batch_size)
 
 
 def make_optimizer(method: Method, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -37,9 +60,10 @@ def make_optimizer(method: Method, cfg: TrainConfig) -> torch.optim.Optimizer:
         return cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **kwargs)
 
 
-#: ``Trainer._first_bad`` when no step of the epoch went bad (larger than any step code).
-_NO_BAD_STEP = 2**62
-_LOSS_BAD, _GRAD_BAD = 1, 2  # bits of a step's code: ``step * 4 + bits``
+#: The first bad step of an epoch when none went bad (larger than any step code).
+NO_BAD_STEP = 2**62
+#: Bits of a step's code (``step * 4 + bits``): its loss, its gradient was non-finite.
+LOSS_BAD, GRAD_BAD = 1, 2
 
 
 def _first_bad_row(x: torch.Tensor) -> int:
@@ -115,8 +139,9 @@ class Trainer:
         self.epoch = 0
         # CPU: a flag read is free, so a bad step raises at once; elsewhere it is deferred.
         self.sync_free = self.device.type == "cpu"
-        self._step_index = 0  # 0-based step within the running epoch (messages say 1-based)
-        self._first_bad = torch.full((), _NO_BAD_STEP, dtype=torch.long, device=self.device)
+        #: The code of the epoch's first bad step (``NO_BAD_STEP``: none), kept on the device.
+        self.first_bad = torch.full((), NO_BAD_STEP, dtype=torch.long, device=self.device)
+        self._prepared = False
         self._params = [p for p in method.parameters() if p.requires_grad]
         self.autocast = autocast_dtype(cfg.precision, self.device)
         self.optimizer: torch.optim.Optimizer | None = None
@@ -154,10 +179,13 @@ class Trainer:
         rank = f", rank {self.rank}" if self.world_size > 1 else ""
         return f"({self.method.name}, {lr}{rank})"
 
-    def _diverged(self, code: int, deferred: bool) -> NonFiniteError:
+    def divergence(self, code: int, deferred: bool) -> NonFiniteError:
+        """The error of step code ``code`` (``step * 4`` + :data:`LOSS_BAD` /
+        :data:`GRAD_BAD` bits) in the running epoch; ``deferred``: detected at the epoch's
+        end (accelerators)."""
         step, bits = divmod(code, 4)
         what = " and ".join(
-            name for bit, name in ((_LOSS_BAD, "loss"), (_GRAD_BAD, "gradient")) if bits & bit
+            name for bit, name in ((LOSS_BAD, "loss"), (GRAD_BAD, "gradient")) if bits & bit
         )
         when = " (detected at the end of the epoch)" if deferred else ""
         return NonFiniteError(
@@ -165,25 +193,30 @@ class Trainer:
             f"of {self.steps}{when} {self._where()}: the run diverged; lower the learning rate"
         )
 
-    def _step_code(self, loss: torch.Tensor) -> torch.Tensor:
-        """0-d long on the device: 0 when the step is fine, else loss/gradient bits."""
-        code = (~torch.isfinite(loss.detach())).long() * _LOSS_BAD
+    def step_code(self, loss: torch.Tensor) -> torch.Tensor:
+        """0-d long on the device: 0 when the step is fine, else :data:`LOSS_BAD` /
+        :data:`GRAD_BAD` bits (the loss, the gradients' max-norm non-finite)."""
+        code = (~torch.isfinite(loss.detach())).long() * LOSS_BAD
         grads = [p.grad for p in self._params if p.grad is not None]
         if grads:
             norms = torch.stack(torch._foreach_norm(grads, math.inf))  # NaN/inf propagate
-            code = code + (~torch.isfinite(norms).all()).long() * _GRAD_BAD
+            code = code + (~torch.isfinite(norms).all()).long() * GRAD_BAD
         return code
 
-    # -- the algorithm ------------------------------------------------------------------------
+    # -- the algorithm: start, then per epoch begin_epoch, step..., end_epoch ------------------
     def start(self) -> None:
-        """Called once before the first epoch of a fresh run (with the whole training split)."""
+        """Called once before the first epoch of a fresh run (with the whole training split):
+        the method's ``fit_start`` calibration, then :meth:`prepare`."""
         assert self._full_data is not None, "start() belongs before the first epoch"
         self.method.fit_start(self._full_data.image_emb, self._full_data.text_emb)
-        self._ready()
+        self.prepare()
 
-    def _ready(self) -> None:
-        """Drop the whole split (only the shard is trained on) and wrap the loss for DDP."""
-        self._full_data = None
+    def prepare(self) -> None:
+        """Drop the whole split (only this worker's shard is trained on) and wrap the loss for
+        DDP; done once, by :meth:`start` or before the first epoch of a resumed run."""
+        if self._full_data is None and self._prepared:
+            return
+        self._full_data, self._prepared = None, True
         if self.world_size > 1 and self.method.trainable:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -192,33 +225,36 @@ class Trainer:
                 GlobalBatchLoss(self.method), device_ids=device_ids
             )
 
-    def train_epoch(self) -> dict[str, float]:
-        """One pass over a fresh permutation of the captions; returns the epoch's statistics."""
+    def begin_epoch(self) -> None:
+        """Before an epoch's steps: prepared, the method in training mode, no bad step yet."""
         assert self.optimizer is not None and self.scheduler is not None
-        if self._full_data is not None:
-            self._ready()
+        self.prepare()
         self.method.train()
-        total = torch.zeros((), device=self.device)
-        self._first_bad.fill_(_NO_BAD_STEP)
-        for step, (image_batch, text_batch) in enumerate(self.epoch_batches()):
-            self._step_index = step
-            loss = self.step(image_batch, text_batch)
-            total += loss.detach()
-        return self._end_epoch(total)
+        self.first_bad.fill_(NO_BAD_STEP)
 
-    def _end_epoch(self, total: torch.Tensor) -> dict[str, float]:
+    def train_epoch(self) -> EpochRow:
+        """One pass over a fresh permutation of the captions; returns the epoch's statistics."""
+        self.begin_epoch()
+        total = torch.zeros((), device=self.device)
+        for index, (image_batch, text_batch) in enumerate(self.epoch_batches()):
+            loss = self.step(image_batch, text_batch, index)
+            total += loss.detach()
+        return self.end_epoch(total)
+
+    def end_epoch(self, total: torch.Tensor, first_bad: torch.Tensor | None = None) -> EpochRow:
         """Close the running epoch whose summed step losses are ``total`` (0-d, on the device):
-        raise for a recorded bad step (``_first_bad``), non-finite parameters or statistics,
-        else count the epoch and return its row. (Also the end of a packed member's epoch,
-        :mod:`asymvlm.training.packed`.)"""
+        raise for a recorded bad step (``first_bad``, default this trainer's), non-finite
+        parameters or statistics, else count the epoch and return its row. (Also the end of a
+        packed member's epoch, :class:`~asymvlm.training.packed.PackedTrainer`.)"""
+        first_bad = self.first_bad if first_bad is None else first_bad
         # One read per epoch: the mean loss, the first bad step, the parameters' max-norm.
         norms = [n.float() for n in torch._foreach_norm(self._params, math.inf)]
         param_max = torch.stack(norms).max() if norms else total.new_zeros(())
-        loss_sum, first_bad, param_max = torch.stack(
-            [total.double(), self._first_bad.double(), param_max.double()]
+        loss_sum, bad_step, param_max = torch.stack(
+            [total.double(), first_bad.double(), param_max.double()]
         ).tolist()
-        if first_bad < _NO_BAD_STEP:
-            raise self._diverged(int(first_bad), deferred=True)
+        if bad_step < NO_BAD_STEP:
+            raise self.divergence(int(bad_step), deferred=True)
         if not math.isfinite(param_max):
             raise NonFiniteError(
                 f"non-finite parameters after epoch {self.epoch + 1} of {self.cfg.epochs} "
@@ -244,9 +280,12 @@ class Trainer:
             idx = perm[step * self.batch_size : (step + 1) * self.batch_size]
             yield self.data.image_emb[self.data.text_to_image[idx]], self.data.text_emb[idx]
 
-    def step(self, image_batch: torch.Tensor, text_batch: torch.Tensor) -> torch.Tensor:
-        """One optimisation step on a paired batch; a non-finite loss or gradient is caught
-        before the optimiser step (at once on the CPU, deferred elsewhere; see the class)."""
+    def step(
+        self, image_batch: torch.Tensor, text_batch: torch.Tensor, index: int = 0
+    ) -> torch.Tensor:
+        """Step ``index`` (0-based) of the epoch on a paired batch; a non-finite loss or
+        gradient is caught before the optimiser step (at once on the CPU, deferred elsewhere;
+        see the class)."""
         assert self.optimizer is not None and self.scheduler is not None
         with torch.autocast(
             self.device.type,
@@ -256,20 +295,20 @@ class Trainer:
             loss = self.loss_module(image_batch, text_batch, self.epoch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        code = self._step_code(loss)
+        code = self.step_code(loss)
         if self.sync_free:
             bits = int(code)
             if bits:
-                raise self._diverged(self._step_index * 4 + bits, deferred=False)
+                raise self.divergence(index * 4 + bits, deferred=False)
         else:  # device-side: keep the first bad step's code, no host sync
-            candidate = torch.where(code > 0, code + self._step_index * 4, _NO_BAD_STEP)
-            torch.minimum(self._first_bad, candidate, out=self._first_bad)
+            candidate = torch.where(code > 0, code + index * 4, NO_BAD_STEP)
+            torch.minimum(self.first_bad, candidate, out=self.first_bad)
         self.optimizer.step()
         self.scheduler.step()
         return loss
 
     @torch.no_grad()
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> EpochRow:
         """Learning rate, learnable scalars and kappa quantiles on a fixed caption sample."""
         out: dict[str, float] = {}
         if self.optimizer is not None:
@@ -290,10 +329,10 @@ class Trainer:
     def fit(
         self,
         progress: bool = True,
-        on_epoch_end: Callable[[dict[str, float]], None] | None = None,
-    ) -> list[dict[str, float]]:
+        on_epoch_end: Callable[[EpochRow], None] | None = None,
+    ) -> History:
         """Train for the remaining epochs (all of them for a fresh trainer)."""
-        history: list[dict[str, float]] = []
+        history: History = []
         if not self.method.trainable:
             if self._full_data is not None:  # post-hoc methods: fitted once, on the whole split
                 self.method.fit_posthoc(self._full_data)
@@ -350,4 +389,4 @@ class Trainer:
             torch.set_rng_state(rng["torch"])
         self.epoch = int(state["epoch"])
         if self._full_data is not None:
-            self._ready()
+            self.prepare()

@@ -28,7 +28,7 @@ Robustness:
   output written by another job -- interrupted (``_JOB.json``) or finished (``_SUCCESS.json``)
   -- is refused, naming the fields that differ; so are parts without a job record.
 * One writer at a time: the job holds ``ROOT/<split>`` for its whole run
-  (:class:`asymvlm.tables.OutputLock`: ``_LOCK`` on local disks, a renewed ``_LEASE.json`` on
+  (:class:`asymvlm.storage.OutputLock`: ``_LOCK`` on local disks, a renewed ``_LEASE.json`` on
   object stores); a second writer is refused with :class:`~asymvlm.errors.LockError`.
   ``ROOT/manifest.json``, shared by the splits, is updated under a short lock of its own.
 * Credentials never travel with the job: Ray tasks and actors get no ``runtime_env`` from this
@@ -40,8 +40,8 @@ The job's definition (:class:`asymvlm.data.embed.EmbedConfig`) and the row-level
 (readers, decode, the frozen encoder: :mod:`asymvlm.data.encode`) are plain Python in
 ``asymvlm/``; this package is the Ray wiring: :mod:`.stage` (``run_embed``, groups of shards),
 :mod:`.ray_data` (the Ray Data passes) and :mod:`.shards` (the output's layout, job identity and
-manifest). Ray is joined (``$RAY_ADDRESS``) or started by :func:`pipelines.ray_session.init_ray`,
-as for every pipeline, and shut down again at the end when this stage started it.
+manifest). Ray is asked of the entry point's :class:`pipelines.session.RaySession` only when
+there is something to embed (a finished job starts nothing).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def _text_batch_size(cfg: EmbedConfig) -> int:
     return cfg.batch_size
 
 
-def _embed_images_and_captions(cfg: EmbedConfig, images: pa.Table) -> pa.Table:
+def embed_images_and_captions(cfg: EmbedConfig, images: pa.Table) -> pa.Table:
     """One Ray Data pass: image rows (with their captions as JSON) -> image and caption rows."""
     import ray
 
@@ -89,7 +89,7 @@ def _decode_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
     }
 
 
-def _embed_texts(cfg: EmbedConfig, captions: pa.Table) -> pa.Table:
+def embed_texts(cfg: EmbedConfig, captions: pa.Table) -> pa.Table:
     import ray
 
     ds = ray.data.from_arrow(

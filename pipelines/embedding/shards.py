@@ -13,9 +13,10 @@ from concurrent.futures import Future
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from asymvlm import storage, tables
-from asymvlm.data.embed import _PATH_KEYS, EmbedConfig, _location
+from asymvlm.data.embed import PATH_KEYS, EmbedConfig, normalised_location
 from asymvlm.data.sources import SourceData
 
 SUCCESS = "_SUCCESS.json"
@@ -30,34 +31,34 @@ ERROR_SCHEMA = pa.schema(
 log = logging.getLogger(__name__)
 
 
-def _part(shard: int) -> str:
+def part_name(shard: int) -> str:
     return f"part-{shard:05d}"
 
 
-def _errors_table(rows: list[dict[str, str]]) -> pa.Table:
+def errors_table(rows: list[dict[str, str]]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=ERROR_SCHEMA)
 
 
-def _manifest_lock(cfg: EmbedConfig) -> tables.OutputLock:
+def manifest_lock(cfg: EmbedConfig) -> storage.OutputLock:
     """``ROOT/manifest.json`` is shared by the splits: read-modify-write it under a short lock
     (waiting for a job on another split that is updating it)."""
-    return tables.OutputLock(cfg.output, "", name="manifest", wait=60.0, ttl=30.0,
+    return storage.OutputLock(cfg.output, "", name="manifest", wait=60.0, ttl=30.0,
                              renew_every=10.0, log=log.warning)  # fmt: skip
 
 
-def _claim(
-    cfg: EmbedConfig, source: SourceData, fingerprint: dict[str, Any], lock: tables.OutputLock
+def claim(
+    cfg: EmbedConfig, source: SourceData, fingerprint: dict[str, Any], lock: storage.OutputLock
 ) -> dict[str, Any] | None:
     """Check the output's identity before any write (refusing another job's output) and record
     this job's in ``_JOB.json``; returns ``_SUCCESS.json`` when this very job is complete."""
     shown = f"{cfg.output.rstrip('/')}/{cfg.split}"
-    done = tables.read_json(cfg.output, f"{cfg.split}/{SUCCESS}")
+    done = storage.read_json(cfg.output, f"{cfg.split}/{SUCCESS}")
     if done is not None:
         stored = done.get("fingerprint") or {}
         ours = fingerprint if "version" in stored else cfg._legacy_fingerprint(source)
         _refuse_other_job(shown, "holds a finished embedding of another job", ours, stored)
         return done
-    job = tables.read_json(cfg.output, f"{cfg.split}/{JOB}")
+    job = storage.read_json(cfg.output, f"{cfg.split}/{JOB}")
     if job is not None:
         _refuse_other_job(shown, "was written by another job", fingerprint,
                           job.get("fingerprint") or {})  # fmt: skip
@@ -71,7 +72,7 @@ def _claim(
             "choose another --output, or delete that folder to start over"
         )
     lock.check()
-    tables.write_json(
+    storage.write_json(
         cfg.output,
         f"{cfg.split}/{JOB}",
         {
@@ -91,8 +92,10 @@ def _refuse_other_job(shown: str, what: str, ours: dict[str, Any], theirs: dict[
         if key == "version":
             continue
         a, b = ours.get(key), theirs.get(key)
-        if key in _PATH_KEYS and a is not None and b is not None:
-            a_norm, b_norm = _location(a, model=key == "model"), _location(b, model=key == "model")
+        if key in PATH_KEYS and a is not None and b is not None:
+            model = key == "model"
+            a_norm = normalised_location(a, model=model)
+            b_norm = normalised_location(b, model=model)
             if a == b or a_norm == b_norm:
                 continue
         if a != b and key in theirs:
@@ -109,17 +112,17 @@ def _written_parts(cfg: EmbedConfig) -> str | None:
     """What an output already holds (parquet parts or shard markers), or None if nothing."""
     fs, base = storage.filesystem(cfg.output)
     for kind in (tables.IMAGES_DIR, tables.TEXTS_DIR, ERRORS_DIR, PROMPTS_DIR):
-        if tables._list_parquet(fs, tables._join(base, cfg.split, kind)):
+        if tables.list_parquet(fs, storage.join(base, cfg.split, kind)):
             return f"{kind}/ parts"
     markers = fs.get_file_info(
-        tables.pafs.FileSelector(tables._join(base, cfg.split, PARTS_DIR), allow_not_found=True)
+        pafs.FileSelector(storage.join(base, cfg.split, PARTS_DIR), allow_not_found=True)
     )
     if any(m.base_name.endswith(".json") for m in markers):
         return f"{PARTS_DIR}/ markers"
     return None
 
 
-def _totals(cfg: EmbedConfig) -> dict[str, int]:
+def split_totals(cfg: EmbedConfig) -> dict[str, int]:
     counts = defaultdict(int)
     fs_root = cfg.output
     for kind in (tables.IMAGES_DIR, tables.TEXTS_DIR):
@@ -137,32 +140,32 @@ def _totals(cfg: EmbedConfig) -> dict[str, int]:
     return dict(counts)
 
 
-def _write_manifest_once(cfg: EmbedConfig, dim: int, info: Future) -> None:
+def write_manifest_once(cfg: EmbedConfig, dim: int, info: Future) -> None:
     """Write (or check) ``ROOT/manifest.json`` before the first parquet part of this job; the
     manifest lock is only taken when there is none yet (then checked again under it)."""
-    if _check_manifest(cfg, dim):
+    if check_manifest(cfg, dim):
         return
-    with _manifest_lock(cfg):
-        if _check_manifest(cfg, dim):
+    with manifest_lock(cfg):
+        if check_manifest(cfg, dim):
             return
         manifest = dict(info.result())
         manifest.update(model=cfg.model, dim=dim, embedding_dtype="float32", normalised=True)
         tables.write_manifest(cfg.output, manifest)
 
 
-def _record_projection(cfg: EmbedConfig) -> None:
+def record_projection(cfg: EmbedConfig) -> None:
     """With ``pre_projection``: record the width of the pre-projection features in the
     manifest (``pre_dim``) and the model's projections in ``ROOT/projection.npz``, once per
     root, before the first part with such columns. The model is loaded here (CPU, fp32) only
     when either is missing; a root whose ``pre_dim`` differs is refused."""
     manifest = tables.read_manifest(cfg.output)
     if manifest.pre_dim and tables.read_projection(cfg.output, manifest) is not None:
-        return  # the manifest's model is this job's (_check_manifest)
-    from asymvlm.data.encoder import Encoder
+        return  # the manifest's model is this job's (check_manifest)
+    from asymvlm.data.encoder import load_encoder
 
-    encoder = Encoder(cfg.model, device="cpu", dtype="fp32")
+    encoder = load_encoder(cfg.model, device="cpu", dtype="fp32")
     pre_dim, matrices = encoder.pre_dims(), encoder.projections()
-    with _manifest_lock(cfg):
+    with manifest_lock(cfg):
         manifest = tables.read_manifest(cfg.output)
         if manifest.pre_dim:
             _check_pre_dim(cfg, manifest.pre_dim, pre_dim)
@@ -180,15 +183,16 @@ def _check_pre_dim(cfg: EmbedConfig, recorded: dict[str, int], ours: dict[str, i
         )
 
 
-def _check_manifest(cfg: EmbedConfig, dim: int) -> bool:
+def check_manifest(cfg: EmbedConfig, dim: int) -> bool:
     """True if ``ROOT/manifest.json`` exists and matches this model and dim; raises if it
     belongs to another model (spellings of one local model directory are the same model)."""
-    existing = tables.read_json(cfg.output, tables.MANIFEST_NAME)
+    existing = storage.read_json(cfg.output, tables.MANIFEST_NAME)
     if existing is None:
         return False
     model = existing.get("model")
     same = model == cfg.model or (
-        isinstance(model, str) and _location(model, model=True) == _location(cfg.model, True)
+        isinstance(model, str)
+        and normalised_location(model, model=True) == normalised_location(cfg.model, True)
     )
     if not same or int(existing.get("dim", -1)) != dim:
         raise tables.TableError(

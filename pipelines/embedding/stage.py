@@ -7,38 +7,42 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from asymvlm import tables
+from asymvlm import storage, tables
 from asymvlm.data.embed import EmbedConfig
-from asymvlm.data.encode import _perturb_captions
+from asymvlm.data.encode import perturb_captions
 from asymvlm.data.sources import read_source
-from pipelines.embedding.ray_data import _embed_images_and_captions, _embed_texts
+from pipelines.embedding.ray_data import embed_images_and_captions, embed_texts
 from pipelines.embedding.shards import (
     ERRORS_DIR,
     PARTS_DIR,
     PROMPTS_DIR,
     SUCCESS,
-    _claim,
-    _errors_table,
-    _manifest_lock,
-    _part,
-    _record_projection,
-    _totals,
-    _write_manifest_once,
+    claim,
+    errors_table,
+    manifest_lock,
+    part_name,
+    record_projection,
+    split_totals,
+    write_manifest_once,
 )
-from pipelines.ray_session import init_ray
+from pipelines.session import RaySession, require_ray
 
 log = logging.getLogger(__name__)
 _SOURCE_IMAGE_COLUMNS = frozenset({"image_id", "path", "offset", "length", "data", "shard"})
 
 
-def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
+def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> dict[str, Any]:
     """Embed one split of one data set into ``cfg.output``; returns a summary dict.
+
+    Ray is needed only when there is something to embed: it is asked of the entry point's
+    ``session`` then (which starts or joins it); without one, a running Ray is required.
 
     Raises :class:`~asymvlm.errors.ConfigError` for a missing input,
     :class:`~asymvlm.errors.LockError` when another writer holds ``ROOT/<split>`` and
@@ -46,11 +50,14 @@ def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     cfg.check_inputs()
-    with tables.OutputLock(cfg.output, cfg.split, log=log.warning) as lock:
-        return _run_locked(cfg, lock, t0)
+    need_ray = session.require if session is not None else lambda: require_ray("embedding")
+    with storage.OutputLock(cfg.output, cfg.split, log=log.warning) as lock:
+        return _run_locked(cfg, lock, t0, need_ray)
 
 
-def _run_locked(cfg: EmbedConfig, lock: tables.OutputLock, t0: float) -> dict[str, Any]:
+def _run_locked(
+    cfg: EmbedConfig, lock: storage.OutputLock, t0: float, need_ray: Callable[[], None]
+) -> dict[str, Any]:
     source = read_source(
         cfg.dataset,
         annotations=cfg.annotations,
@@ -61,7 +68,7 @@ def _run_locked(cfg: EmbedConfig, lock: tables.OutputLock, t0: float) -> dict[st
         id_list=cfg.id_list,
     )
     fingerprint = cfg.fingerprint(source)
-    done = _claim(cfg, source, fingerprint, lock)
+    done = claim(cfg, source, fingerprint, lock)
     if done is not None:
         log.info(f"{cfg.output}/{cfg.split} is complete and matches this job: nothing to do")
         return {**done["summary"], "skipped": True}
@@ -73,35 +80,28 @@ def _run_locked(cfg: EmbedConfig, lock: tables.OutputLock, t0: float) -> dict[st
     image_shard = dict(zip(images.column("image_id").to_pylist(), shard_of.tolist(), strict=True))
     captions = source.captions.sort_by([("image_id", "ascending"), ("caption_id", "ascending")])
     if cfg.text_perturbation:
-        captions = _perturb_captions(captions, cfg.text_perturbation, cfg.perturbation_seed)
+        captions = perturb_captions(captions, cfg.text_perturbation, cfg.perturbation_seed)
     n_shards = int(shard_of.max()) + 1 if n_img else 0
     pending = [
         k
         for k in range(n_shards)
-        if tables.read_json(cfg.output, f"{cfg.split}/{PARTS_DIR}/{_part(k)}.json") is None
+        if storage.read_json(cfg.output, f"{cfg.split}/{PARTS_DIR}/{part_name(k)}.json") is None
     ]
     log.info(
         f"{cfg.dataset}/{cfg.split}: {n_img} images, {captions.num_rows} captions, "
         f"{n_shards} shards ({n_shards - len(pending)} already written)"
     )
-    started_ray = False
     with ThreadPoolExecutor(1) as pool:
         # The manifest's provenance (processor settings, file hashes) is read while Ray works.
         info = pool.submit(_encoder_info, cfg.model)
-        try:
-            if pending:
-                started_ray = init_ray()
-            for start in range(0, len(pending), cfg.shards_per_round):
-                group = pending[start : start + cfg.shards_per_round]
-                _embed_group(cfg, images, captions, image_shard, group, info, lock)
-            if source.prompts is not None and source.prompts.num_rows:
-                started_ray |= _embed_prompts(cfg, source.prompts, lock)
-        finally:
-            if started_ray:  # an explicit shutdown is ~1 s faster than Ray's exit hooks
-                import ray
-
-                ray.shutdown()
-    totals = _totals(cfg)
+        if pending:
+            need_ray()
+        for start in range(0, len(pending), cfg.shards_per_round):
+            group = pending[start : start + cfg.shards_per_round]
+            _embed_group(cfg, images, captions, image_shard, group, info, lock)
+        if source.prompts is not None and source.prompts.num_rows:
+            _embed_prompts(cfg, source.prompts, lock, need_ray)
+    totals = split_totals(cfg)
     summary = {
         "dataset": cfg.dataset,
         "split": cfg.split,
@@ -110,12 +110,12 @@ def _run_locked(cfg: EmbedConfig, lock: tables.OutputLock, t0: float) -> dict[st
         "seconds": round(time.perf_counter() - t0, 2),
     }
     lock.check()
-    with _manifest_lock(cfg):
+    with manifest_lock(cfg):
         manifest = tables.read_manifest(cfg.output).to_dict()
         manifest.setdefault("splits", {})[cfg.split] = {**source.description, **totals}
         tables.write_manifest(cfg.output, manifest)
     lock.check()
-    tables.write_json(
+    storage.write_json(
         cfg.output, f"{cfg.split}/{SUCCESS}", {"fingerprint": fingerprint, "summary": summary}
     )
     log.info(
@@ -126,13 +126,13 @@ def _run_locked(cfg: EmbedConfig, lock: tables.OutputLock, t0: float) -> dict[st
     return summary
 
 
-def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table, lock: tables.OutputLock) -> bool:
-    """Classification sets: class-name prompts (class x template) -> ``ROOT/split/prompts``.
-
-    Returns whether it had to start Ray."""
+def _embed_prompts(
+    cfg: EmbedConfig, prompts: pa.Table, lock: storage.OutputLock, need_ray: Callable[[], None]
+) -> None:
+    """Classification sets: class-name prompts (class x template) -> ``ROOT/split/prompts``."""
     if tables.read_parts(cfg.output, cfg.split, PROMPTS_DIR) is not None:
-        return False
-    started = init_ray()
+        return
+    need_ray()
     if cfg.dummy_prompts:
         extra = (
             pa.table(
@@ -156,7 +156,7 @@ def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table, lock: tables.OutputLock)
         )
     ]
     keyed = prompts.append_column("caption_id", pa.array(ids, pa.string()))
-    out = _embed_texts(cfg, keyed)
+    out = embed_texts(cfg, keyed)
     pos = {cid: i for i, cid in enumerate(out.column("caption_id").to_pylist())}
     order = pa.array([pos[c] for c in ids], pa.int64())
     emb = tables.column_matrix(out.column("embedding"))[np.asarray(order)]
@@ -169,7 +169,6 @@ def _embed_prompts(cfg: EmbedConfig, prompts: pa.Table, lock: tables.OutputLock)
     )
     lock.check()
     tables.write_part(cfg.output, cfg.split, PROMPTS_DIR, "part-00000", table)
-    return started
 
 
 def _embed_group(
@@ -179,7 +178,7 @@ def _embed_group(
     image_shard: dict[str, int],
     group: list[int],
     info: Future,
-    lock: tables.OutputLock,
+    lock: storage.OutputLock,
 ) -> None:
     """Embed the images and captions of some shards and write them (marker last)."""
     import pyarrow.compute as pc
@@ -210,7 +209,7 @@ def _embed_group(
         f"shards {group[0]}..{group[-1]}: embedding {todo.num_rows} images and "
         f"{group_caps.num_rows} captions"
     )
-    out = _embed_images_and_captions(
+    out = embed_images_and_captions(
         cfg, todo.append_column("captions", pa.array(payload, pa.string()))
     )
     is_image = pc.equal(out.column("kind"), "image")
@@ -266,9 +265,9 @@ def _embed_group(
             )
 
     lock.check()
-    _write_manifest_once(cfg, dim, info)
+    write_manifest_once(cfg, dim, info)
     if cfg.pre_projection:
-        _record_projection(cfg)
+        record_projection(cfg)
     # Source image columns worth keeping (e.g. `label` of classification sets), by image id.
     carried = [c for c in todo.column_names if c not in _SOURCE_IMAGE_COLUMNS]
     todo_pos = {iid: i for i, iid in enumerate(todo.column("image_id").to_pylist())}
@@ -284,10 +283,10 @@ def _embed_group(
         rows_t = np.array(
             [text_by_id[c] for c in caps.column("caption_id").to_pylist()], dtype=np.int64
         )
-        part = _part(shard)
+        part = part_name(shard)
         lock.check()
         tables.write_part(
-            cfg.output, cfg.split, ERRORS_DIR, part, _errors_table(errors.get(shard, []))
+            cfg.output, cfg.split, ERRORS_DIR, part, errors_table(errors.get(shard, []))
         )
         tables.write_split(
             cfg.output,
@@ -315,7 +314,7 @@ def _embed_group(
             },
             part=part,
         )
-        tables.write_json(
+        storage.write_json(
             cfg.output,
             f"{cfg.split}/{PARTS_DIR}/{part}.json",
             {"images": len(shard_ids), "captions": caps.num_rows,
@@ -337,6 +336,6 @@ def _pre_rows(
 
 
 def _encoder_info(model: str) -> dict[str, Any]:
-    from asymvlm.data.encoder import Encoder
+    from asymvlm.data.encoder import load_encoder
 
-    return Encoder(model, device="cpu", load_model=False).info.to_dict()
+    return load_encoder(model, device="cpu", load_model=False).info.to_dict()

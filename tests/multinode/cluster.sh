@@ -129,8 +129,9 @@ fs = s3fs.S3FileSystem()
 keys = fs.find("bucket")
 # The history in the last checkpoint of the (killed and resumed) training run.
 last = sorted(k for k in keys if k.startswith("bucket/run/sweeps/tiny/tune/trials/")
-              and k.endswith("/history.json"))
-history = json.loads(fs.cat_file(last[-1])) if last else []
+              and k.endswith("/history.jsonl"))
+history = [json.loads(line) for line in fs.cat_file(last[-1]).decode().splitlines()
+           if line.strip()] if last else []
 client = MlflowClient(uri)
 runs = []
 for exp in client.search_experiments():

@@ -1,6 +1,6 @@
 """Frozen vision-language encoders: images and captions to unit embeddings plus raw norms.
 
-``Encoder(model, device=..., dtype=...)`` builds the encoder for the library a name belongs to:
+``load_encoder(model, device=..., dtype=...)`` builds the encoder for the library a name belongs to:
 a transformers CLIP / SigLIP hub id or folder (:mod:`asymvlm.data.encoder.hf`) or an open_clip
 model, ``open_clip:ARCH/TAG`` and friends (:mod:`asymvlm.data.encoder.openclip`). Both give the
 same float32 outputs -- the unit embedding and the raw norm of the projection -- and record
@@ -22,6 +22,7 @@ __all__ = [
     "EncoderInfo",
     "files_sha256",
     "is_open_clip",
+    "load_encoder",
     "local_source",
     "looks_like_path",
     "pre_projection_dims",
@@ -30,6 +31,7 @@ _LAZY = {
     "Encoder": "base",
     "EncoderInfo": "base",
     "files_sha256": "base",
+    "load_encoder": "factory",
     "FAMILIES": "hf",
     "pre_projection_dims": "hf",
 }

@@ -11,8 +11,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from asymvlm.data.encoder.names import is_open_clip
-
 _HASHED_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".tiktoken", ".pt", ".pth")
 _DTYPES = {
     "float32": torch.float32,
@@ -102,10 +100,11 @@ def unit_and_norm(projected: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 class Encoder:
     """A frozen vision-language model that maps images / captions to unit embeddings + raw
-    norms. ``Encoder(model, ...)`` builds the one for the library the name belongs to:
-    ``open_clip:...`` names an open_clip model (:class:`~asymvlm.data.encoder.openclip.
-    OpenClipEncoder`), anything else a transformers CLIP / SigLIP id or folder
-    (:class:`~asymvlm.data.encoder.hf.TransformersEncoder`).
+    norms (the base of every library's encoder). :func:`~asymvlm.data.encoder.load_encoder`
+    builds the one for the library a name belongs to: ``open_clip:...`` names an open_clip
+    model (:class:`~asymvlm.data.encoder.openclip.OpenClipEncoder`), anything else a
+    transformers CLIP / SigLIP id or folder (:class:`~asymvlm.data.encoder.hf.
+    TransformersEncoder`).
 
     Every encoder has ``info`` (:class:`EncoderInfo`), ``dim``, ``image_size``,
     ``preprocess_images`` (PIL -> float32 pixels, CPU), ``encode_pixels``, ``tokenize``,
@@ -116,18 +115,6 @@ class Encoder:
     info: EncoderInfo
     model: Any
     model_name: str
-
-    def __new__(cls, model: str = "openai/clip-vit-base-patch32", *args: Any, **kwargs: Any):
-        if cls is Encoder:
-            if is_open_clip(model):
-                from asymvlm.data.encoder.openclip import OpenClipEncoder
-
-                cls = OpenClipEncoder
-            else:
-                from asymvlm.data.encoder.hf import TransformersEncoder
-
-                cls = TransformersEncoder
-        return super().__new__(cls)
 
     @property
     def dim(self) -> int:

@@ -44,23 +44,23 @@ import pyarrow.compute as pc
 
 from asymvlm.data.templates import templates_for
 
-from ._common import (
+from .coco import read_coco, read_coco_karpathy, read_flickr30k
+from .common import (
     CAPTION_SCHEMA,
     DEFAULT_TEMPLATES,
     IMAGE_SCHEMA,
     PROMPT_SCHEMA,
+    Request,
+    Selector,
     SourceData,
     SourceError,
-    _check_unique,
-    _Request,
-    _Selector,
+    check_unique,
     open_fs,
 )
-from .coco import _read_coco, _read_coco_karpathy, _read_flickr30k
-from .conceptual import _read_cc
-from .hierarcaps import _read_hierarcaps
-from .imagenet import _read_imagenet
-from .pixels import _read_cifar10, _read_cifar100, _read_stl10
+from .conceptual import read_cc
+from .hierarcaps import read_hierarcaps
+from .imagenet import read_imagenet
+from .pixels import read_cifar10, read_cifar100, read_stl10
 
 __all__ = [
     "CAPTION_SCHEMA",
@@ -74,16 +74,16 @@ __all__ = [
     "read_source",
 ]
 
-READERS: dict[str, Callable[[_Request], SourceData]] = {
-    "coco": _read_coco,
-    "coco-karpathy": _read_coco_karpathy,
-    "flickr30k": _read_flickr30k,
-    "cc": _read_cc,
-    "hierarcaps": _read_hierarcaps,
-    "cifar10": _read_cifar10,
-    "cifar100": _read_cifar100,
-    "stl10": _read_stl10,
-    "imagenet": _read_imagenet,
+READERS: dict[str, Callable[[Request], SourceData]] = {
+    "coco": read_coco,
+    "coco-karpathy": read_coco_karpathy,
+    "flickr30k": read_flickr30k,
+    "cc": read_cc,
+    "hierarcaps": read_hierarcaps,
+    "cifar10": read_cifar10,
+    "cifar100": read_cifar100,
+    "stl10": read_stl10,
+    "imagenet": read_imagenet,
 }
 
 
@@ -111,12 +111,12 @@ def read_source(
     annotations = None if annotations is None else os.fspath(annotations)
     images = None if images is None else os.fspath(images)
     id_list = None if id_list is None else os.fspath(id_list)
-    selector = _Selector(sample, seed, id_list)
-    out = reader(_Request(dataset, annotations, images, split, templates, selector))
+    selector = Selector(sample, seed, id_list)
+    out = reader(Request(dataset, annotations, images, split, templates, selector))
 
     image_table, caption_table = out.images, out.captions
-    _check_unique(image_table, "image_id", dataset)
-    _check_unique(caption_table, "caption_id", dataset)
+    check_unique(image_table, "image_id", dataset)
+    check_unique(caption_table, "caption_id", dataset)
     known = pc.is_in(caption_table["image_id"], value_set=image_table["image_id"])
     if caption_table.num_rows and not pc.all(known).as_py():
         orphan = caption_table.filter(pc.invert(known))["image_id"][0].as_py()

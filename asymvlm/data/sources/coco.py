@@ -17,19 +17,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
-from ._common import (
+from .common import (
+    Json,
+    Request,
     SourceData,
     SourceError,
-    _by_extension,
-    _captions_table,
-    _images_table,
-    _join,
-    _Json,
-    _lines,
-    _load_json,
-    _read_text,
-    _Request,
-    _stem,
+    by_extension,
+    captions_table,
+    images_table,
+    join_url,
+    load_json,
+    numbered_lines,
+    read_text,
+    stem,
 )
 
 KARPATHY_SPLITS = {
@@ -40,7 +40,7 @@ KARPATHY_SPLITS = {
 }
 
 
-def _karpathy_wanted(req: _Request) -> tuple[str, ...]:
+def _karpathy_wanted(req: Request) -> tuple[str, ...]:
     try:
         return KARPATHY_SPLITS[req.split]
     except KeyError:
@@ -50,10 +50,10 @@ def _karpathy_wanted(req: _Request) -> tuple[str, ...]:
 
 
 # -- COCO --------------------------------------------------------------------------------------
-def _read_coco(req: _Request) -> SourceData:
+def read_coco(req: Request) -> SourceData:
     ann, folder = req.need("annotations"), req.need("images")
-    j = _Json(ann)
-    doc = _load_json(ann)
+    j = Json(ann)
+    doc = load_json(ann)
     where_of: dict[str, str] = {}
     ids, paths = [], []
     for i, item in enumerate(j.items(doc, "images", "")):
@@ -63,7 +63,7 @@ def _read_coco(req: _Request) -> SourceData:
             raise j.error(where, f"duplicate image id {image_id} (also {where_of[image_id]})")
         where_of[image_id] = where
         ids.append(image_id)
-        paths.append(_join(folder, name))
+        paths.append(join_url(folder, name))
     caption_ids, caption_images, texts = [], [], []
     seen: dict[str, str] = {}
     for k, item in enumerate(j.items(doc, "annotations", "")):
@@ -80,18 +80,18 @@ def _read_coco(req: _Request) -> SourceData:
         caption_images.append(image_id)
         texts.append(text.strip())
     return SourceData(
-        _images_table(ids, path=paths),
-        _captions_table(caption_ids, caption_images, texts),
+        images_table(ids, path=paths),
+        captions_table(caption_ids, caption_images, texts),
         description={"format": "coco-captions-json"},
     )
 
 
 # -- Karpathy splits (COCO, Flickr30k) ---------------------------------------------------------
-def _read_karpathy(req: _Request, image_key: Callable[[_Json, dict, str], str]) -> SourceData:
+def _read_karpathy(req: Request, image_key: Callable[[Json, dict, str], str]) -> SourceData:
     ann, folder = req.need("annotations"), req.need("images")
     wanted = _karpathy_wanted(req)
-    j = _Json(ann)
-    doc = _load_json(ann)
+    j = Json(ann)
+    doc = load_json(ann)
     where_of: dict[str, str] = {}
     caption_where: dict[str, str] = {}
     ids, paths, caption_ids, caption_images, texts = [], [], [], [], []
@@ -118,24 +118,24 @@ def _read_karpathy(req: _Request, image_key: Callable[[_Json, dict, str], str]) 
         if split not in wanted:
             continue
         ids.append(image_id)
-        paths.append(_join(folder, subdir, name))
+        paths.append(join_url(folder, subdir, name))
         for caption_id, raw, _ in parsed:
             caption_ids.append(caption_id)
             caption_images.append(image_id)
             texts.append(raw.strip())
     return SourceData(
-        _images_table(ids, path=paths),
-        _captions_table(caption_ids, caption_images, texts),
+        images_table(ids, path=paths),
+        captions_table(caption_ids, caption_images, texts),
         description={"format": "karpathy-json", "karpathy_splits": list(wanted)},
     )
 
 
-def _read_coco_karpathy(req: _Request) -> SourceData:
+def read_coco_karpathy(req: Request) -> SourceData:
     return _read_karpathy(req, lambda j, item, where: j.ident(item, "cocoid", where))
 
 
-def _flickr_karpathy(req: _Request) -> SourceData:
-    return _read_karpathy(req, lambda j, item, where: _stem(j.string(item, "filename", where)))
+def _flickr_karpathy(req: Request) -> SourceData:
+    return _read_karpathy(req, lambda j, item, where: stem(j.string(item, "filename", where)))
 
 
 # -- Flickr30k caption files -------------------------------------------------------------------
@@ -143,7 +143,7 @@ _MERGED_NUMBER = re.compile(r"\s*(\d+)\s+(\S.*)$")  # "| 4   A dog ..." (missing
 
 
 def _flickr_rows(
-    req: _Request, rows: Iterator[tuple[int, str, str, str]], ann: str, fmt: str
+    req: Request, rows: Iterator[tuple[int, str, str, str]], ann: str, fmt: str
 ) -> SourceData:
     """Flickr30k caption rows ``(line, image file name, caption number, text)`` -> tables."""
     folder = req.need("images")
@@ -155,8 +155,8 @@ def _flickr_rows(
             raise SourceError(f"{ann}: line {number}: empty image name")
         if not index.isdigit():
             raise SourceError(f"{ann}: line {number}: caption number {index!r} is not an integer")
-        image_id = _stem(name)
-        path = _join(folder, name)
+        image_id = stem(name)
+        path = join_url(folder, name)
         if images.setdefault(image_id, path) != path:
             raise SourceError(f"{ann}: line {number}: {name!r} and {images[image_id]!r} share id")
         caption_id = f"{image_id}#{int(index)}"
@@ -171,17 +171,17 @@ def _flickr_rows(
         texts.append(text.strip())
     ids = sorted(images)
     return SourceData(
-        _images_table(ids, path=[images[i] for i in ids]),
-        _captions_table(caption_ids, caption_images, texts),
+        images_table(ids, path=[images[i] for i in ids]),
+        captions_table(caption_ids, caption_images, texts),
         description={"format": fmt},
     )
 
 
-def _flickr_results_csv(req: _Request) -> SourceData:
+def _flickr_results_csv(req: Request) -> SourceData:
     ann = req.need("annotations")
 
     def rows() -> Iterator[tuple[int, str, str, str]]:
-        for k, (number, line) in enumerate(_lines(_read_text(ann))):
+        for k, (number, line) in enumerate(numbered_lines(read_text(ann))):
             parts = line.split("|", 2)
             if k == 0 and parts[0].strip().lower() == "image_name":
                 continue
@@ -197,11 +197,11 @@ def _flickr_results_csv(req: _Request) -> SourceData:
     return _flickr_rows(req, rows(), ann, "flickr30k-results-csv")
 
 
-def _flickr_token(req: _Request) -> SourceData:
+def _flickr_token(req: Request) -> SourceData:
     ann = req.need("annotations")
 
     def rows() -> Iterator[tuple[int, str, str, str]]:
-        for number, line in _lines(_read_text(ann)):
+        for number, line in numbered_lines(read_text(ann)):
             key, tab, text = line.partition("\t")
             name, hash_, index = key.strip().rpartition("#")
             if not tab or not hash_:
@@ -216,5 +216,5 @@ def _flickr_token(req: _Request) -> SourceData:
 _FLICKR_FORMATS = {".json": _flickr_karpathy, ".csv": _flickr_results_csv, ".token": _flickr_token}
 
 
-def _read_flickr30k(req: _Request) -> SourceData:
-    return _by_extension(req.need("annotations"), _FLICKR_FORMATS)(req)
+def read_flickr30k(req: Request) -> SourceData:
+    return by_extension(req.need("annotations"), _FLICKR_FORMATS)(req)

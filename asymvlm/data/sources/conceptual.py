@@ -21,20 +21,20 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._common import (
+from .common import (
+    Request,
     SourceData,
     SourceError,
-    _by_extension,
-    _captions_table,
-    _images_table,
-    _is_absolute,
-    _join,
-    _lines,
-    _parent,
-    _read_text,
-    _Request,
-    _with_protocol,
+    by_extension,
+    captions_table,
+    images_table,
+    is_absolute,
+    join_url,
+    numbered_lines,
     open_fs,
+    parent_url,
+    read_text,
+    with_protocol,
 )
 
 WDS_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # preference order inside one sample
@@ -45,10 +45,10 @@ def _path_id(path: str) -> str:
 
 
 def _cc_rows(
-    req: _Request, ann: str, rows: Iterator[tuple[str, str, str, str | None]], fmt: str
+    req: Request, ann: str, rows: Iterator[tuple[str, str, str, str | None]], fmt: str
 ) -> SourceData:
     """Rows ``(where, caption, path as written, key or None)`` -> tables (see module doc)."""
-    base = req.images if req.images is not None else _parent(ann)
+    base = req.images if req.images is not None else parent_url(ann)
     image_path: dict[str, str] = {}
     n_captions: dict[str, int] = {}
     caption_ids, caption_images, texts = [], [], []
@@ -56,7 +56,7 @@ def _cc_rows(
         if not path:
             raise SourceError(f"{ann}: {where}: empty path")
         image_id = key if key is not None else _path_id(path)
-        resolved = path if _is_absolute(path) else _join(base, path)
+        resolved = path if is_absolute(path) else join_url(base, path)
         if image_path.setdefault(image_id, resolved) != resolved:
             raise SourceError(
                 f"{ann}: {where}: image id {image_id!r} names both {resolved!r} "
@@ -69,17 +69,17 @@ def _cc_rows(
         texts.append(caption.strip())
     ids = list(image_path)
     return SourceData(
-        _images_table(ids, path=[image_path[i] for i in ids]),
-        _captions_table(caption_ids, caption_images, texts),
+        images_table(ids, path=[image_path[i] for i in ids]),
+        captions_table(caption_ids, caption_images, texts),
         description={"format": fmt},
     )
 
 
-def _cc_tsv(req: _Request) -> SourceData:
+def _cc_tsv(req: Request) -> SourceData:
     ann = req.need("annotations")
 
     def rows() -> Iterator[tuple[str, str, str, None]]:
-        for number, line in _lines(_read_text(ann)):
+        for number, line in numbered_lines(read_text(ann)):
             parts = line.split("\t")
             if len(parts) != 2:
                 raise SourceError(
@@ -90,7 +90,7 @@ def _cc_tsv(req: _Request) -> SourceData:
     return _cc_rows(req, ann, rows(), "cc-tsv")
 
 
-def _cc_parquet(req: _Request) -> SourceData:
+def _cc_parquet(req: Request) -> SourceData:
     ann = req.need("annotations")
     fs, path = open_fs(ann)
     with fs.open(path, "rb") as f:
@@ -184,13 +184,13 @@ def _scan_shard(fs: fsspec.AbstractFileSystem, path: str, shard: str) -> dict[st
     return samples
 
 
-def _cc_webdataset(req: _Request) -> SourceData:
+def _cc_webdataset(req: Request) -> SourceData:
     ann = req.need("annotations")
     fs, shards = _list_shards(ann)
     shard_of: dict[str, str] = {}
     ids, paths, offsets, lengths, texts = [], [], [], [], []
     for path in shards:
-        shard = _with_protocol(fs, path, ann)
+        shard = with_protocol(fs, path, ann)
         for key, (image, caption) in _scan_shard(fs, path, shard).items():
             if image is None and caption is None:
                 continue  # e.g. only KEY.json
@@ -205,8 +205,8 @@ def _cc_webdataset(req: _Request) -> SourceData:
             lengths.append(image[2])
             texts.append((caption or "").strip())
     return SourceData(
-        _images_table(ids, path=paths, offset=offsets, length=lengths),
-        _captions_table([f"{k}-0" for k in ids], ids, texts),
+        images_table(ids, path=paths, offset=offsets, length=lengths),
+        captions_table([f"{k}-0" for k in ids], ids, texts),
         description={"format": "cc-webdataset", "shards": len(shards)},
     )
 
@@ -214,5 +214,5 @@ def _cc_webdataset(req: _Request) -> SourceData:
 _CC_FORMATS = {".tsv": _cc_tsv, ".parquet": _cc_parquet}
 
 
-def _read_cc(req: _Request) -> SourceData:
-    return _by_extension(req.need("annotations"), _CC_FORMATS, default=_cc_webdataset)(req)
+def read_cc(req: Request) -> SourceData:
+    return by_extension(req.need("annotations"), _CC_FORMATS, default=_cc_webdataset)(req)

@@ -13,15 +13,15 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from ._common import (
+from .common import (
+    Request,
     SourceData,
     SourceError,
-    _captions_table,
-    _images_table,
-    _join,
-    _read_text,
-    _Request,
-    _stem,
+    captions_table,
+    images_table,
+    join_url,
+    read_text,
+    stem,
 )
 
 HIERARCAPS_LEVELS = 4
@@ -51,9 +51,9 @@ def _csv_records(url: str, text: str) -> Iterator[tuple[int, list[str]]]:
         start = reader.line_num + 1
 
 
-def _read_hierarcaps(req: _Request) -> SourceData:
+def read_hierarcaps(req: Request) -> SourceData:
     ann = req.need("annotations")
-    records = _csv_records(ann, _read_text(ann))
+    records = _csv_records(ann, read_text(ann))
     _, header = next(records, (1, None))
     columns = ("id", "captions", "image_url")
     if header is None or any(c not in header for c in columns):
@@ -84,8 +84,8 @@ def _read_hierarcaps(req: _Request) -> SourceData:
         if not name:
             raise SourceError(f"{ann}: line {number}: empty image_url")
         line_of[row_id] = number
-        image_id = _stem(name)
-        images.setdefault(image_id, _join(req.images, name) if req.images is not None else url)
+        image_id = stem(name)
+        images.setdefault(image_id, join_url(req.images, name) if req.images is not None else url)
         for level, text in enumerate(parts):
             caption_ids.append(f"{row_id}-{level}")
             caption_images.append(image_id)
@@ -93,8 +93,8 @@ def _read_hierarcaps(req: _Request) -> SourceData:
             levels.append(level)
     ids = sorted(images)
     return SourceData(
-        _images_table(ids, path=[images[i] for i in ids]),
-        _captions_table(
+        images_table(ids, path=[images[i] for i in ids]),
+        captions_table(
             caption_ids, caption_images, texts, {"level": pa.array(levels, pa.int64())}
         ),
         description={"format": "hierarcaps-csv", "levels": HIERARCAPS_LEVELS},

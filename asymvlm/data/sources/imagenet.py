@@ -14,19 +14,19 @@ import posixpath
 
 from asymvlm.data.templates import imagenet_class_names
 
-from ._common import (
+from .common import (
+    Request,
     SourceData,
     SourceError,
-    _empty_captions,
-    _images_table,
-    _join,
-    _jtype,
-    _lines,
-    _load_json,
-    _prompts_table,
-    _read_text,
-    _Request,
+    empty_captions,
+    images_table,
+    join_url,
+    json_type,
+    load_json,
+    numbered_lines,
     open_fs,
+    prompts_table,
+    read_text,
 )
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -35,9 +35,9 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".
 def _class_mapping(url: str) -> dict[str, str]:
     """Folder name -> human class name, from a text or JSON mapping file."""
     if url.lower().endswith(".json"):
-        doc = _load_json(url)
+        doc = load_json(url)
         if not isinstance(doc, dict):
-            raise SourceError(f"{url}: expected an object, got {_jtype(doc)}")
+            raise SourceError(f"{url}: expected an object, got {json_type(doc)}")
         mapping = {}
         for key, value in doc.items():
             if isinstance(value, str):
@@ -52,7 +52,7 @@ def _class_mapping(url: str) -> dict[str, str]:
                 raise SourceError(f"{url}: {key}: expected a name or [folder, name], got {value!r}")
         return mapping
     mapping = {}
-    for number, line in _lines(_read_text(url)):
+    for number, line in numbered_lines(read_text(url)):
         sep = "\t" if "\t" in line else None
         parts = line.strip().split(sep, 1)
         if len(parts) != 2 or not parts[1].strip():
@@ -61,7 +61,7 @@ def _class_mapping(url: str) -> dict[str, str]:
     return mapping
 
 
-def _read_imagenet(req: _Request) -> SourceData:
+def read_imagenet(req: Request) -> SourceData:
     root_url = req.need("images")
     fs, root = open_fs(root_url)
     root = root.rstrip("/")
@@ -80,7 +80,7 @@ def _read_imagenet(req: _Request) -> SourceData:
         folder, _, rest = rel.partition("/")
         if folder in index and rest and rel.lower().endswith(IMAGE_EXTENSIONS):
             ids.append(rel)
-            paths.append(_join(root_url, rel))
+            paths.append(join_url(root_url, rel))
             labels.append(index[folder])
     names = imagenet_class_names(folders) or folders
     if req.annotations is not None:
@@ -90,9 +90,9 @@ def _read_imagenet(req: _Request) -> SourceData:
             raise SourceError(f"{req.annotations}: no class name for folder {missing[0]!r}")
         names = [mapping[f] for f in folders]
     return SourceData(
-        _images_table(ids, path=paths, label=labels),
-        _empty_captions(),
-        _prompts_table(names, req.templates),
+        images_table(ids, path=paths, label=labels),
+        empty_captions(),
+        prompts_table(names, req.templates),
         description={
             "format": "image-folders",
             "folders": folders,

@@ -20,18 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from ._common import (
+from .common import (
+    Request,
     SourceData,
     SourceError,
-    _empty_captions,
-    _images_table,
-    _join,
-    _lines,
-    _prompts_table,
-    _read_bytes,
-    _read_text,
-    _Request,
+    empty_captions,
+    images_table,
+    join_url,
+    numbered_lines,
     open_fs,
+    prompts_table,
+    read_bytes,
+    read_text,
 )
 
 
@@ -63,7 +63,7 @@ class _SafeUnpickler(pickle.Unpickler):
 
 def _unpickle(url: str) -> dict:
     try:
-        obj = _SafeUnpickler(io.BytesIO(_read_bytes(url)), encoding="bytes").load()
+        obj = _SafeUnpickler(io.BytesIO(read_bytes(url)), encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
         raise SourceError(f"{url}: not a CIFAR pickle ({e})") from None
     if not isinstance(obj, dict):
@@ -99,7 +99,7 @@ def _png(hwc: np.ndarray) -> bytes:
 
 
 def _pixel_set(
-    req: _Request,
+    req: Request,
     name: str,
     pixels: np.ndarray,
     labels: np.ndarray | None,
@@ -111,13 +111,13 @@ def _pixel_set(
     ids = [f"{name}-{req.split}-{i:05d}" for i in range(len(pixels))]
     keep = req.selected(ids)
     return SourceData(
-        _images_table(
+        images_table(
             [ids[i] for i in keep],
             data=[_png(to_hwc(pixels[i])) for i in keep],
             label=None if labels is None else labels[keep].tolist(),
         ),
-        _empty_captions(),
-        _prompts_table(classes, req.templates),
+        empty_captions(),
+        prompts_table(classes, req.templates),
         description={**description, "classes": classes, "templates": list(req.templates)},
     )
 
@@ -125,9 +125,9 @@ def _pixel_set(
 def _find_root(base: str, marker: str, folder: str) -> str:
     """``base`` if it holds ``marker``, else ``base/folder`` (the archive's top folder)."""
     fs, path = open_fs(base)
-    if fs.exists(_join(path, marker)):
+    if fs.exists(join_url(path, marker)):
         return base
-    return _join(base, folder)
+    return join_url(base, folder)
 
 
 @dataclass(frozen=True)
@@ -158,17 +158,17 @@ _CIFAR100 = _Cifar(
 )
 
 
-def _read_cifar(req: _Request, layout: _Cifar) -> SourceData:
+def _read_cifar(req: Request, layout: _Cifar) -> SourceData:
     if req.split not in layout.files:
         raise ValueError(f"{req.dataset}: split must be one of {sorted(layout.files)}")
     root = _find_root(req.root(), layout.meta, layout.folder)
-    meta = _join(root, layout.meta)
+    meta = join_url(root, layout.meta)
     classes = _names(
         _pickled(_unpickle(meta), layout.names_key, meta), f"{meta}: {layout.names_key}"
     )
     blocks, labels = [], []
     for name in layout.files[req.split]:
-        url = _join(root, name)
+        url = join_url(root, name)
         batch = _unpickle(url)
         data = np.asarray(_pickled(batch, "data", url))
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
@@ -197,11 +197,11 @@ def _read_cifar(req: _Request, layout: _Cifar) -> SourceData:
     )
 
 
-def _read_cifar10(req: _Request) -> SourceData:
+def read_cifar10(req: Request) -> SourceData:
     return _read_cifar(req, _CIFAR10)
 
 
-def _read_cifar100(req: _Request) -> SourceData:
+def read_cifar100(req: Request) -> SourceData:
     return _read_cifar(req, _CIFAR100)
 
 
@@ -209,22 +209,22 @@ STL10_SIDE = 96
 _STL10_BYTES = 3 * STL10_SIDE * STL10_SIDE
 
 
-def _read_stl10(req: _Request) -> SourceData:
+def read_stl10(req: Request) -> SourceData:
     splits = ("train", "test", "unlabeled")
     if req.split not in splits:
         raise ValueError(f"stl10: split must be one of {splits}, got {req.split!r}")
     root = _find_root(req.root(), "class_names.txt", "stl10_binary")
-    names_url = _join(root, "class_names.txt")
-    classes = [line.strip() for _, line in _lines(_read_text(names_url))]
-    x_url = _join(root, f"{req.split}_X.bin")
-    raw = _read_bytes(x_url)
+    names_url = join_url(root, "class_names.txt")
+    classes = [line.strip() for _, line in numbered_lines(read_text(names_url))]
+    x_url = join_url(root, f"{req.split}_X.bin")
+    raw = read_bytes(x_url)
     if len(raw) % _STL10_BYTES:
         raise SourceError(f"{x_url}: {len(raw)} bytes is not a multiple of {_STL10_BYTES}")
     pixels = np.frombuffer(raw, np.uint8).reshape(-1, 3, STL10_SIDE, STL10_SIDE)
     labels = None
     if req.split != "unlabeled":
-        y_url = _join(root, f"{req.split}_y.bin")
-        y = np.frombuffer(_read_bytes(y_url), np.uint8).astype(np.int64)
+        y_url = join_url(root, f"{req.split}_y.bin")
+        y = np.frombuffer(read_bytes(y_url), np.uint8).astype(np.int64)
         if len(y) != len(pixels):
             raise SourceError(f"{y_url}: {len(y)} labels for {len(pixels)} images in {x_url}")
         bad = np.flatnonzero((y < 1) | (y > len(classes)))

@@ -10,7 +10,7 @@ local or an fsspec URL (``s3://bucket/key``, ...); :func:`open_fs` (the storage 
 Selection (any data set): ``id_list`` (a text file, one image id per line) keeps exactly those
 ids (an unknown id is an error naming it); then ``sample=N`` keeps
 ``ids[numpy.random.default_rng(seed).choice(len(ids), N, replace=False)]`` of the sorted
-remaining ids (:class:`_Selector`).
+remaining ids (:class:`Selector`).
 
 Errors: a malformed annotation file raises :class:`SourceError` (a ``ValueError``) at once,
 naming the file and the 1-based line (text formats) or the JSON key path.
@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from asymvlm.data.templates import GENERIC_TEMPLATES
+from asymvlm.errors import AsymVLMError
 from asymvlm.storage import fsspec_filesystem
 
 #: Templates of data sets without their own list (:func:`asymvlm.data.templates.templates_for`).
@@ -59,7 +60,7 @@ PROMPT_SCHEMA = pa.schema(
 )
 
 
-class SourceError(ValueError):
+class SourceError(AsymVLMError, ValueError):
     """A malformed annotation file; the message names the file and the line or JSON key path."""
 
 
@@ -78,7 +79,7 @@ class SourceData:
 open_fs = fsspec_filesystem  # the storage layer's resolver (s3 honours AWS_ENDPOINT_URL)
 
 
-def _read_bytes(url: str) -> bytes:
+def read_bytes(url: str) -> bytes:
     fs, path = open_fs(url)
     try:
         with fs.open(path, "rb") as f:
@@ -87,8 +88,8 @@ def _read_bytes(url: str) -> bytes:
         raise SourceError(f"{url}: a folder; this reads a file (give the file in it)") from None
 
 
-def _read_text(url: str) -> str:
-    raw = _read_bytes(url)
+def read_text(url: str) -> str:
+    raw = read_bytes(url)
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -96,7 +97,7 @@ def _read_text(url: str) -> str:
         raise SourceError(f"{url}: line {line}: not UTF-8 ({e.reason})") from None
 
 
-def _lines(text: str) -> Iterator[tuple[int, str]]:
+def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, line) for the non-blank lines (only \\n ends a line)."""
     for number, line in enumerate(text.split("\n"), 1):
         line = line.rstrip("\r")
@@ -104,7 +105,7 @@ def _lines(text: str) -> Iterator[tuple[int, str]]:
             yield number, line
 
 
-def _join(base: str, *parts: str) -> str:
+def join_url(base: str, *parts: str) -> str:
     """``base/part/...`` for local paths and URLs alike (empty parts are skipped)."""
     out = base.rstrip("/")
     for part in parts:
@@ -113,33 +114,33 @@ def _join(base: str, *parts: str) -> str:
     return out
 
 
-def _parent(url: str) -> str:
+def parent_url(url: str) -> str:
     head, _, _ = url.rstrip("/").rpartition("/")
     return head or "."
 
 
-def _is_absolute(path: str) -> bool:
+def is_absolute(path: str) -> bool:
     return "://" in path or path.startswith("/")
 
 
-def _stem(name: str) -> str:
+def stem(name: str) -> str:
     return posixpath.splitext(posixpath.basename(name))[0]
 
 
-def _with_protocol(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
+def with_protocol(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
     """A listed path in the form of the URL it came from (plain path stays plain)."""
     return fs.unstrip_protocol(path) if "://" in like else path
 
 
-def _require(value: str | None, name: str, dataset: str) -> str:
+def require(value: str | None, name: str, dataset: str) -> str:
     if value is None:
         raise ValueError(f"{dataset}: needs {name}=")
     return os.fspath(value)
 
 
 # -- JSON with key-path errors -----------------------------------------------------------------
-def _load_json(url: str) -> Any:
-    text = _read_text(url)
+def load_json(url: str) -> Any:
+    text = read_text(url)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -148,11 +149,11 @@ def _load_json(url: str) -> Any:
         ) from None
 
 
-def _jtype(value: Any) -> str:
+def json_type(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-class _Json:
+class Json:
     """Typed access to a parsed JSON document; errors name the file and the key path."""
 
     def __init__(self, url: str):
@@ -163,13 +164,13 @@ class _Json:
 
     def get(self, obj: Any, key: str, where: str, types: Any, what: str) -> Any:
         if not isinstance(obj, dict):
-            raise self.error(where, f"expected an object, got {_jtype(obj)}")
+            raise self.error(where, f"expected an object, got {json_type(obj)}")
         if key not in obj:
             raise self.error(where, f"missing {key!r}")
         value = obj[key]
         if not isinstance(value, types) or isinstance(value, bool):
             path = f"{where}.{key}" if where else key
-            raise self.error(path, f"expected {what}, got {_jtype(value)}")
+            raise self.error(path, f"expected {what}, got {json_type(value)}")
         return value
 
     def string(self, obj: Any, key: str, where: str) -> str:
@@ -186,7 +187,7 @@ class _Json:
 
 
 # -- table builders ----------------------------------------------------------------------------
-def _images_table(image_id: Sequence[str], **columns: Any) -> pa.Table:
+def images_table(image_id: Sequence[str], **columns: Any) -> pa.Table:
     n = len(image_id)
     arrays = [pa.array(image_id, pa.string())]
     for f in list(IMAGE_SCHEMA)[1:]:
@@ -197,7 +198,7 @@ def _images_table(image_id: Sequence[str], **columns: Any) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=IMAGE_SCHEMA)
 
 
-def _captions_table(
+def captions_table(
     caption_id: Sequence[str],
     image_id: Sequence[str],
     text: Sequence[str],
@@ -216,7 +217,7 @@ def _captions_table(
     return table
 
 
-def _prompts_table(names: Sequence[str], templates: Sequence[str]) -> pa.Table:
+def prompts_table(names: Sequence[str], templates: Sequence[str]) -> pa.Table:
     rows = [
         (k, name, t, t.format(name.replace("_", " ")))
         for k, name in enumerate(names)
@@ -228,12 +229,12 @@ def _prompts_table(names: Sequence[str], templates: Sequence[str]) -> pa.Table:
     )
 
 
-def _empty_captions() -> pa.Table:
-    return _captions_table([], [], [])
+def empty_captions() -> pa.Table:
+    return captions_table([], [], [])
 
 
 # -- selection ---------------------------------------------------------------------------------
-class _Selector:
+class Selector:
     """``id_list`` restriction, then a seeded sample; decided once, on the first id list seen."""
 
     def __init__(self, sample: int | None, seed: int, id_list: str | None):
@@ -261,7 +262,7 @@ class _Selector:
         pool = pool.take(pc.sort_indices(pool))
         if self.id_list is not None:
             numbers, wanted = [], []
-            for number, line in _lines(_read_text(self.id_list)):
+            for number, line in numbered_lines(read_text(self.id_list)):
                 numbers.append(number)
                 wanted.append(line.strip())
             known = pc.is_in(pa.array(wanted, pa.string()), value_set=pool).to_numpy(
@@ -285,21 +286,21 @@ class _Selector:
 
 
 @dataclass(frozen=True)
-class _Request:
+class Request:
     dataset: str
     annotations: str | None
     images: str | None
     split: str
     templates: tuple[str, ...]
-    select: _Selector
+    select: Selector
 
     def need(self, name: str) -> str:
-        return _require(getattr(self, name), name, self.dataset)
+        return require(getattr(self, name), name, self.dataset)
 
     def root(self) -> str:
         """The data folder of a pixel set: ``images``, else ``annotations``."""
         value = self.images if self.images is not None else self.annotations
-        return _require(value, "images", self.dataset)
+        return require(value, "images", self.dataset)
 
     def selected(self, ids: Sequence[str]) -> np.ndarray:
         """Indices of ``ids`` that survive the selection (to skip work on the others)."""
@@ -310,7 +311,7 @@ class _Request:
 
 
 # -- format by file extension ------------------------------------------------------------------
-def _by_extension(url: str, table: dict[str, Callable], default: Callable | None = None):
+def by_extension(url: str, table: dict[str, Callable], default: Callable | None = None):
     lower = url.lower().rstrip("/")
     for ext, fn in table.items():
         if lower.endswith(ext):
@@ -321,7 +322,7 @@ def _by_extension(url: str, table: dict[str, Callable], default: Callable | None
 
 
 # -- checks of a reader's output ---------------------------------------------------------------
-def _check_unique(table: pa.Table, column: str, dataset: str) -> None:
+def check_unique(table: pa.Table, column: str, dataset: str) -> None:
     values = table[column]
     if len(pc.unique(values)) == len(values):
         return

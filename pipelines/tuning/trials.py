@@ -6,12 +6,17 @@ the outcome) and both resuming from their latest checkpoint when Tune retries th
 * :func:`direct_trial` (``num_workers: 1``, the default way): the protocol runs inside the Tune
   trial itself, on the CPUs (or fraction of a GPU) the trial reserves -- no Ray Train
   ``TorchTrainer`` to start per trial. The Tune actors are reused from trial to trial, and the
-  splits a trial reads stay in its process (:data:`asymvlm.training.cache.PROCESS_CACHE`), so
-  the later trials on the same actor start training at once.
+  splits a trial reads stay in its process (:data:`asymvlm.splits.PROCESS_CACHE`), so the
+  later trials on the same actor start training at once.
 * :func:`packed_trial` (``pack: K``): up to K trials of one method and stage trained as one
-  batched model in one trial (:mod:`asymvlm.training.packed`).
+  batched model in one trial (:func:`asymvlm.protocol.run_packed_protocol`).
 * :func:`torch_trainer_trial` (``num_workers > 1``, or ``trial_runner: torch_trainer``): the
-  trial drives a ``TorchTrainer`` (:mod:`pipelines.train`), DDP over ``num_workers`` workers.
+  trial drives a ``TorchTrainer`` (:mod:`pipelines.ray_train`), DDP over ``num_workers``.
+
+A trial's config is ``{"sweep": SweepConfig, "stage", "trial": {method, lr, seed}}`` (``"pack":
+[trials]`` for a pack): the validated sweep crosses the Tune boundary as it is, and the trial's
+run is :meth:`~pipelines.schema.SweepConfig.run_spec` of what varies -- typed, not validated
+again. Checkpoints are checkpoint folders of :mod:`asymvlm.checkpoints`.
 """
 
 from __future__ import annotations
@@ -21,31 +26,42 @@ import os
 import re
 import sys
 import tempfile
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from asymvlm import results, storage
+from asymvlm.checkpoints import read_pack_state, read_run_state, save_pack_checkpoint
 from asymvlm.errors import AsymVLMError, TrialFailed
-from asymvlm.training import RunSpec, TrainConfig, Trainer, run_protocol
-from pipelines.train import (
+from asymvlm.protocol import RunSpec, run_protocol
+from asymvlm.training import EpochRow, History, Trainer
+from pipelines.ray_train import (
+    checkpoint_folder,
     maybe_inject_failure,
-    read_state,
-    run_config_dict,
     run_training,
-    save_adapter,
     worker_logging,
-    write_checkpoint,
 )
+from pipelines.schema import SweepConfig
 
 if TYPE_CHECKING:
-    from asymvlm.training.packed import PackedTrainer
+    from asymvlm.training import PackedTrainer
 
-if __name__ != "__main__":  # see pipelines/train.py
+if __name__ != "__main__":  # see pipelines/ray_train.py
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+__all__ = [
+    "FAILED_MARKER",
+    "SELECTION_METRIC",
+    "direct_trial",
+    "failure_reason",
+    "final_report",
+    "packed_trial",
+    "torch_trainer_trial",
+    "trial_run",
+    "use_reserved_cpus",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,62 +70,33 @@ SELECTION_METRIC = "val_mean_recall_at_1"
 FAILED_MARKER = "failed-for-good.txt"
 
 
-def trial_spec(trial: dict[str, Any]) -> tuple[str, float, int]:
-    """(method, lr, seed) of a trial's config."""
-    return trial["method"], float(trial["lr"]), int(trial["seed"])
+def trial_run(config: dict[str, Any], trial: dict[str, Any] | None = None) -> RunSpec:
+    """The run of a trial (``trial``: one member of a pack): the sweep's
+    :meth:`~pipelines.schema.SweepConfig.run_spec` of its method, lr and seed."""
+    trial = trial or config["trial"]
+    sweep: SweepConfig = config["sweep"]
+    return sweep.run_spec(trial["method"], trial["lr"], trial["seed"])
 
 
-#: The TrainConfig fields a sweep sets for all its trials (the rest vary per trial).
-_SHARED_TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"method", "lr", "seed",
-                                                             "method_kwargs"}  # fmt: skip
-
-
-def train_config(cfg: dict[str, Any], method: str, lr: float, seed: int) -> dict[str, Any]:
-    """The :class:`TrainConfig` fields of one trial of sweep ``cfg``."""
-    train = {k: cfg[k] for k in _SHARED_TRAIN_KEYS if k in cfg}
-    train.update(method=method, lr=lr, seed=seed)
-    train["method_kwargs"] = dict(cfg["method_kwargs"].get(method, {}))
-    return train
-
-
-def run_config(cfg: dict[str, Any], method: str, lr: float, seed: int) -> dict[str, Any]:
-    """The run config (:func:`pipelines.train.run_config_dict`) of one trial of sweep ``cfg``."""
-    return run_config_dict(
-        cfg["embeddings"],
-        train_config(cfg, method, lr, seed),
-        train_split=cfg["train_split"],
-        val_split=cfg["val_split"],
-        test_split=cfg["test_split"],
-        checkpoint_every=cfg["checkpoint_every"],
-        **{k: cfg[k] for k in ("val_fraction", "test_embeddings") if cfg.get(k)},
-        **cfg.get("fault_injection", {}),
-    )
-
-
-def uses_torch_trainer(cfg: dict[str, Any]) -> bool:
-    """Whether the sweep's trials drive a ``TorchTrainer`` (DDP) rather than run in place."""
-    return int(cfg["num_workers"]) > 1 or cfg.get("trial_runner") == "torch_trainer"
-
-
-def use_reserved_cpus(cfg: dict[str, Any]) -> None:
+def use_reserved_cpus(sweep: SweepConfig) -> None:
     """Torch threads = the CPUs the trial reserved. Ray sets ``OMP_NUM_THREADS`` for a trial's
     process, but a process that imported torch before (a reused actor, a worker that preloaded
     torch) keeps the thread count it started with: two trials of one CPU each would then run
     two threads each on two CPUs."""
-    torch.set_num_threads(max(1, int(float(cfg["cpus_per_worker"]))))
+    torch.set_num_threads(max(1, int(sweep.cpus_per_worker)))
 
 
 def final_report(config: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     """The trial's last row: the selection score (mean validation Recall@1 of both directions)
     and the whole outcome."""
-    method, lr, seed = trial_spec(config["trial"])
+    trial = config["trial"]
     val = results.retrieval_metric_names(out.get("val", {}), prefix="val_")
     score = [val[k] for k in ("val_t2i_recall_at_1", "val_i2t_recall_at_1") if k in val]
     return {
         SELECTION_METRIC: sum(score) / len(score) if score else float("nan"),
-        "method": method,
-        "lr": lr,
-        "seed": seed,
+        "method": trial["method"],
+        "lr": float(trial["lr"]),
+        "seed": int(trial["seed"]),
         "stage": config["stage"],
         "outcome": out,
     }
@@ -117,49 +104,48 @@ def final_report(config: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
 
 # -- in place -----------------------------------------------------------------------------------
 def direct_trial(config: dict[str, Any]) -> None:
-    """Tune function trainable: :func:`asymvlm.training.run_protocol` in this process.
+    """Tune function trainable: :func:`asymvlm.protocol.run_protocol` in this process.
 
-    Reports every epoch's row (with a checkpoint when due: the same files as a Ray Train run,
-    :func:`pipelines.train.write_checkpoint`), resumes from Tune's checkpoint on a retry, and
-    ends with :func:`final_report`. A diverged run fails the trial (Tune error state) with the
-    trainer's message; a retry of it fails at once instead of diverging again."""
+    Reports every epoch's row (with a checkpoint when due: a checkpoint folder, as a Ray
+    Train run's, :func:`pipelines.ray_train.checkpoint_folder`), resumes from Tune's checkpoint
+    on a retry, and ends with :func:`final_report`. A diverged run fails the trial (Tune error
+    state) with the trainer's message; a retry of it fails at once instead of diverging
+    again."""
     from ray import tune
 
     # Imported here, in the trial's process: the cache is that process's (this module's
     # functions travel by value, and a global would travel as a copy).
-    from asymvlm.training.cache import PROCESS_CACHE
+    from asymvlm.splits import PROCESS_CACHE
 
     if "pack" in config:
         return packed_trial(config)
-    cfg = config["sweep"]
-    method, lr, seed = trial_spec(config["trial"])
+    sweep: SweepConfig = config["sweep"]
+    spec = trial_run(config)
     trial_dir = tune.get_context().get_trial_dir()
     marker = os.path.join(trial_dir, FAILED_MARKER) if trial_dir else None
     if marker and os.path.exists(marker):
         with open(marker) as fh:
             raise TrialFailed(fh.read().strip())
     worker_logging(0, label="trial")
-    use_reserved_cpus(cfg)
-    run_cfg = run_config(cfg, method, lr, seed)
+    use_reserved_cpus(sweep)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     state = None
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            state = read_state(directory)
+            state = read_run_state(directory)
 
-    def on_epoch(row: dict[str, float], trainer: Trainer, history: list, due: bool) -> None:
+    def on_epoch(row: EpochRow, trainer: Trainer, history: History, due: bool) -> None:
         if due:
-            with tempfile.TemporaryDirectory() as directory:
-                write_checkpoint(directory, trainer, history)
-                tune.report(row, checkpoint=tune.Checkpoint.from_directory(directory))
+            with checkpoint_folder(trainer, history) as folder:
+                tune.report(row, checkpoint=tune.Checkpoint.from_directory(folder))
         else:
             tune.report(row)
-        maybe_inject_failure(run_cfg, trainer.epoch, 0)
+        maybe_inject_failure(sweep.fault_injection, trainer.epoch, 0)
 
     try:
-        out = run_protocol(RunSpec.from_dict(run_cfg), device=device, state=state,
-                           on_epoch=on_epoch, cache=PROCESS_CACHE)  # fmt: skip
+        out = run_protocol(spec, device=device, state=state, on_epoch=on_epoch,
+                           cache=PROCESS_CACHE)  # fmt: skip
     except AsymVLMError as exc:
         raise TrialFailed(failure_reason(exc)) from None
     assert out is not None  # rank 0
@@ -173,41 +159,35 @@ def direct_trial(config: dict[str, Any]) -> None:
 
 
 # -- packed -------------------------------------------------------------------------------------
-#: The folder of member k's adapter in a pack's checkpoint: ``<checkpoint>/member<k>/model``.
-MEMBER_DIR = "member{k}"
-#: A pack's state in its checkpoints (:meth:`asymvlm.training.PackedTrainer.state_dict`).
-PACK_STATE_FILE = "pack_state.pt"
-
-
 def packed_trial(config: dict[str, Any]) -> None:
     """The trials ``config["pack"]`` (one method, one stage, other lr/seed) trained as one
-    batched model (:func:`asymvlm.training.packed.run_packed_protocol`). Every epoch of every
-    member is reported as ``{"member": k, **row}``; when a checkpoint is due
-    (``checkpoint_every``, and after a member's last epoch) the last report of the epoch carries
-    :func:`write_pack_checkpoint`, from which Tune's retry resumes the pack; the last one holds
-    every finished member's adapter. The end is one report with each member's final row
-    (:func:`final_report`) or failure (``{"failed": reason}``) under ``"pack_outcomes"``. A
-    member that diverges fails alone. (A sweep packs only methods trained by SGD.)"""
+    batched model (:func:`asymvlm.protocol.run_packed_protocol`). Every epoch of every member
+    is reported as ``{"member": k, **row}``; when a checkpoint is due (``checkpoint_every``, and
+    after a member's last epoch) the last report of the epoch carries the pack's checkpoint
+    (:func:`asymvlm.checkpoints.save_pack_checkpoint`), from which Tune's retry resumes the
+    pack; the last one holds every finished member's adapter. The end is one report with each
+    member's final row (:func:`final_report`) or failure (``{"failed": reason}``) under
+    ``"pack_outcomes"``. A member that diverges fails alone. (A sweep packs only methods
+    trained by SGD.)"""
     from ray import tune
 
-    from asymvlm.training.cache import PROCESS_CACHE
-    from asymvlm.training.packed import run_packed_protocol
+    from asymvlm.protocol import run_packed_protocol
+    from asymvlm.splits import PROCESS_CACHE
 
-    cfg, members = config["sweep"], config["pack"]
+    sweep: SweepConfig = config["sweep"]
+    members = config["pack"]
     worker_logging(0, label="pack")
-    use_reserved_cpus(cfg)
-    run_cfgs = [run_config(cfg, *trial_spec(t)) for t in members]
-    specs = [RunSpec.from_dict(run_cfg) for run_cfg in run_cfgs]
+    use_reserved_cpus(sweep)
+    specs = [trial_run(config, t) for t in members]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     state = None
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            state = torch.load(os.path.join(directory, PACK_STATE_FILE), map_location="cpu",
-                               weights_only=False)  # fmt: skip
-    rows: list[dict[str, float]] = []  # the epoch's reports, sent when the pack is whole
+            state = read_pack_state(directory)
+    rows: list[EpochRow] = []  # the epoch's reports, sent when the pack is whole
 
-    def on_epoch(k: int, row: dict[str, float], trainer: Trainer, history: list) -> None:
+    def on_epoch(k: int, row: EpochRow, trainer: Trainer, history: History) -> None:
         rows.append({"member": k, **row})
 
     def on_state(pack: PackedTrainer) -> None:
@@ -220,11 +200,11 @@ def packed_trial(config: dict[str, Any]) -> None:
         epoch = int(last["epoch"])
         if specs[0].checkpoint_due(epoch):
             with tempfile.TemporaryDirectory() as directory:
-                write_pack_checkpoint(directory, pack)
+                save_pack_checkpoint(directory, pack)
                 tune.report(last, checkpoint=tune.Checkpoint.from_directory(directory))
         else:
             tune.report(last)
-        maybe_inject_failure(run_cfgs[0], epoch, 0)
+        maybe_inject_failure(sweep.fault_injection, epoch, 0)
 
     try:
         outs = run_packed_protocol(specs, device=device, on_epoch=on_epoch, on_state=on_state,
@@ -239,15 +219,6 @@ def packed_trial(config: dict[str, Any]) -> None:
     tune.report({"pack_outcomes": outcomes})
 
 
-def write_pack_checkpoint(directory: str, pack: PackedTrainer) -> None:
-    """A pack's checkpoint folder: its state (:data:`PACK_STATE_FILE`, what a retry resumes
-    from) and the adapter of every member that has finished its epochs (:data:`MEMBER_DIR`)."""
-    torch.save(pack.state_dict(), os.path.join(directory, PACK_STATE_FILE))
-    for k, trainer in enumerate(pack.trainers):
-        if pack.errors[k] is None and trainer.epoch == trainer.cfg.epochs:
-            save_adapter(os.path.join(directory, MEMBER_DIR.format(k=k)), trainer)
-
-
 # -- through a TorchTrainer ---------------------------------------------------------------------
 def torch_trainer_trial(config: dict[str, Any]) -> None:
     """Tune function trainable: one Ray Train run (DDP over ``num_workers``); reports every
@@ -255,18 +226,19 @@ def torch_trainer_trial(config: dict[str, Any]) -> None:
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    cfg = config["sweep"]
-    method, lr, seed = trial_spec(config["trial"])
+    sweep: SweepConfig = config["sweep"]
+    trial = config["trial"]
     try:
         out = run_training(
-            run_config(cfg, method, lr, seed),
+            trial_run(config),
             callbacks=[TuneReportCallback()],  # every epoch's report reaches the driver live
-            name=f"{config['stage']}-{method}-lr{lr:g}-seed{seed}",
-            storage_path=storage.uri_join(cfg["output"], "ray"),
-            num_workers=cfg["num_workers"],
-            cpus_per_worker=cfg["cpus_per_worker"],
-            gpus_per_worker=cfg["gpus_per_worker"],
-            max_failures=cfg["max_failures"],
+            name=f"{config['stage']}-{trial['method']}-lr{trial['lr']:g}-seed{trial['seed']}",
+            storage_path=storage.uri_join(sweep.output, "ray"),
+            num_workers=sweep.num_workers,
+            cpus_per_worker=sweep.cpus_per_worker,
+            gpus_per_worker=sweep.gpus_per_worker,
+            max_failures=sweep.max_failures,
+            fault=sweep.fault_injection,
         )
     except Exception as exc:  # the trial fails (Tune error state) with a readable reason
         raise TrialFailed(failure_reason(exc)) from None

@@ -23,10 +23,12 @@ from ray import tune
 from ray.tune.result import AUTO_RESULT_KEYS
 
 from asymvlm import results, storage, tracking
-from pipelines.stages import member_keys
-from pipelines.trials import MEMBER_DIR, SELECTION_METRIC, failure_reason
+from asymvlm.checkpoints import MEMBER_FOLDER, copy_adapter
+from pipelines.schema import SweepConfig
+from pipelines.tuning.search import member_keys
+from pipelines.tuning.trials import SELECTION_METRIC, failure_reason
 
-if __name__ != "__main__":  # see pipelines/train.py
+if __name__ != "__main__":  # see pipelines/ray_train.py
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -54,13 +56,13 @@ class MlflowTrialLogger(tune.Callback):
 
     def __init__(
         self,
-        cfg: dict[str, Any],
+        sweep: SweepConfig,
         parent: tracking.Run | Callable[[], tracking.Run],
         base_params: dict[str, Any],
     ):
         """``parent``: the sweep's run, or a function that opens it -- called first on the
         writer thread, so Tune starts its trials while the run (and a new store) is made."""
-        self.cfg, self.base_params = cfg, base_params
+        self.sweep, self.base_params = sweep, base_params
         self.runs: dict[str, tracking.Run] = {}
         #: Run key -> when its trial started (seconds): the MLflow run's start, the duration.
         self.started_at: dict[str, float] = {}
@@ -152,7 +154,7 @@ class MlflowTrialLogger(tune.Callback):
         if trial_id not in self.runs:
             method, lr, seed, stage = _trial_label(config)
             self.runs[trial_id] = tracking.open_run(
-                self.cfg["mlflow"]["tracking_uri"], self.cfg["mlflow"]["experiment"],
+                self.sweep.mlflow.tracking_uri, self.sweep.mlflow.experiment,
                 f"{method} lr={lr:g} seed={seed}", kind="trial", parent=self.parent,
                 params={**self.base_params, "method": method, "lr": lr, "seed": seed,
                         "stage": stage, "optimizer": self._optimizer(method)},
@@ -166,10 +168,7 @@ class MlflowTrialLogger(tune.Callback):
 
     def _optimizer(self, method: str) -> str:
         """The optimiser the trial of ``method`` uses (the sweep's, or its protocol default)."""
-        from asymvlm.methods.official import optimizer_defaults
-
-        protocol = self.cfg.get("protocol", "improved")
-        return self.cfg.get("optimizer") or optimizer_defaults(method, protocol)["optimizer"]
+        return str(self.sweep.train_config(method).optimizer)
 
     @contextlib.contextmanager
     def progress(self, label: str, total: int):
@@ -206,10 +205,12 @@ class MlflowTrialLogger(tune.Callback):
         """Copy the adapter of finished run ``key`` to ``uri`` (a checkpoint folder); the URI,
         or None for a run without one."""
         checkpoint, member_dir = self.checkpoints.get(key, (None, ""))
-        with adapter_directory(self.final[key]["outcome"], checkpoint, member_dir) as model:
+        with (adapter_directory(self.final[key]["outcome"], checkpoint, member_dir) as model,
+              tempfile.TemporaryDirectory() as tmp):  # fmt: skip
             if model is None or not os.path.isdir(model):
                 return None
-            return storage.upload_dir(model, uri)
+            # the adapter alone: no optimiser state, no history
+            return storage.upload_dir(copy_adapter(model, os.path.join(tmp, "adapter")), uri)
 
     # -- Tune's events (driver thread: read the trial now, write later) ---------------------
     @staticmethod
@@ -239,17 +240,17 @@ class MlflowTrialLogger(tune.Callback):
             ):
                 if "outcome" in row:
                     self.final[key] = row
-                    self.checkpoints[key] = (checkpoint, MEMBER_DIR.format(k=k))
+                    self.checkpoints[key] = (checkpoint, MEMBER_FOLDER.format(k=k))
                     self.submit(lambda key=key, config=config, row=row, k=k: log_outcome(
-                        self._run(key, config), self.cfg, row, checkpoint,
-                        MEMBER_DIR.format(k=k)))  # fmt: skip
+                        self._run(key, config), row, checkpoint,
+                        MEMBER_FOLDER.format(k=k)))  # fmt: skip
             return
         key, config = members[int(result.get("member", 0))]
         if "outcome" in result:
             self.final[key] = result
             checkpoint = getattr(trial, "checkpoint", None)
             self.checkpoints[key] = (checkpoint, "")
-            self.submit(lambda: log_outcome(self._run(key, config), self.cfg, result,
+            self.submit(lambda: log_outcome(self._run(key, config), result,
                                             checkpoint))  # fmt: skip
         elif "epoch" in result:
             metrics = {k: v for k, v in result.items() if k not in _NOT_METRICS | {"member"}}
@@ -336,7 +337,6 @@ def _trial_error(trial) -> BaseException | str | None:
 
 def log_outcome(
     run: tracking.Run,
-    cfg: dict[str, Any],
     result: dict[str, Any],
     checkpoint=None,
     member_dir: str = "",
@@ -346,6 +346,7 @@ def log_outcome(
     that trained in place) from ``checkpoint``, the trial's latest Tune checkpoint (a pack's
     holds each member's adapter under ``member_dir``)."""
     from asymvlm.plots import plot_binned_recall
+    from asymvlm.scoring.models import log_adapter_models
 
     out = result["outcome"]
     method, lr, seed = result["method"], result["lr"], result["seed"]
@@ -369,31 +370,18 @@ def log_outcome(
                                      title=f"{method} lr={lr:g} seed={seed}")  # fmt: skip
             run.log_artifact(png)
     with adapter_directory(out, checkpoint, member_dir) as model:
-        if model is not None:
-            run.log_model(model, int(out["dim"]))
-            if _names_encoder(model):  # tables of the embedding stage: captions in, too
-                run.log_model(model, int(out["dim"]), text=True)
-
-
-def _names_encoder(checkpoint_dir: str) -> bool:
-    """Whether an adapter's checkpoint records the encoder of its tables."""
-    import json
-
-    try:
-        with open(os.path.join(checkpoint_dir, "config.json")) as fh:
-            return bool(json.load(fh).get("encoder"))
-    except (OSError, ValueError):
-        return False
+        if model is not None:  # embeddings in; and captions in when it names its encoder
+            log_adapter_models(run, model)
 
 
 @contextlib.contextmanager
 def adapter_directory(
     out: dict[str, Any], checkpoint=None, member_dir: str = ""
 ) -> Iterator[str | None]:
-    """A local folder holding a finished trial's adapter (a checkpoint folder
-    :func:`asymvlm.training.load_checkpoint` reads) for the block: from its Ray Train run's
-    checkpoint (``out["checkpoint"]``), else from ``checkpoint``, the trial's latest Tune
-    checkpoint (a pack's holds each member's under ``member_dir``); None without either."""
+    """A local checkpoint folder holding a finished trial's adapter
+    (:func:`asymvlm.checkpoints.load_checkpoint` reads it) for the block: its Ray Train run's
+    checkpoint (``out["checkpoint"]``), else ``checkpoint``, the trial's latest Tune checkpoint
+    (a pack's holds each member's folder ``member_dir``); None without either."""
     if out.get("checkpoint"):
         from ray.train import Checkpoint
 
@@ -403,6 +391,6 @@ def adapter_directory(
         yield None
         return
     with checkpoint.as_directory() as directory:
-        yield os.path.join(directory, member_dir, "model")
+        yield os.path.join(directory, member_dir) if member_dir else directory
 
 

@@ -3,93 +3,43 @@
 :func:`run_protocol` is the whole run: seed, load the training split (holding out a validation
 part when the tables have none), build the method and its :class:`~asymvlm.training.Trainer`,
 continue from a saved state, train the remaining epochs and evaluate retrieval on the
-validation and test splits. ``pipelines/train.py`` runs it on every Ray Train worker, reporting
-(and checkpointing) through ``on_epoch``; :func:`train` (``asymvlm train``) runs the same pieces
-(:class:`TrainingRun`) into a local checkpoint folder.
+validation and test splits (the registry's ``retrieval``, :func:`asymvlm.evaluation.registry.
+evaluate_split`). The Ray wiring runs it on every Ray Train worker and in every Tune trial,
+reporting (and checkpointing) through ``on_epoch``; :func:`~asymvlm.protocol.train`
+(``asymvlm train``) runs the same pieces (:class:`TrainingRun`) into a local checkpoint folder.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import pickle
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
-from pydantic import ConfigDict, Field
-from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from asymvlm import tables
-from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
+from asymvlm.checkpoints import RunState
+from asymvlm.errors import ConfigError, NonFiniteError
+from asymvlm.evaluation.registry import evaluate_split
 from asymvlm.methods import Method, build_method
-from asymvlm.training.cache import SplitCache
-from asymvlm.training.checkpoint import (
-    HISTORY_FILE,
-    TRAINER_FILE,
-    _location,
-    check_resumable,
-    checkpoint_to_resume,
-    discard_checkpoint,
-    load_checkpoint,
-    provenance,
-    read_history,
-    save_checkpoint,
+from asymvlm.protocol.spec import RunSpec
+from asymvlm.splits import SplitCache, SplitTensors, hold_out_images, load_split
+from asymvlm.training import (
+    CaptionStream,
+    EpochRow,
+    History,
+    StreamingTrainer,
+    Trainer,
+    open_stream,
+    resolve_device,
 )
-from asymvlm.training.config import TrainConfig, resolve_device
-from asymvlm.training.data import SplitTensors, hold_out_images, load_split
-from asymvlm.training.stream import StreamingTrainer, open_stream, streamed_hold_out
-from asymvlm.training.trainer import Trainer
+
+__all__ = ["EpochHook", "TrainingRun", "run_protocol", "streamed_hold_out", "training_data"]
 
 logger = logging.getLogger(__name__)
 
-History = list[dict[str, float]]
 #: ``on_epoch(row, trainer, history, checkpoint_due)``, called after every epoch on every rank.
-EpochHook = Callable[[dict[str, float], Trainer, History, bool], None]
-
-
-@pydantic_dataclass(config=ConfigDict(extra="forbid"))
-class RunSpec:
-    """One run: the embedding tables, the hyper-parameters, the splits.
-
-    ``val_fraction``: when set and the tables have no ``val_split``, that fraction of the
-    training images (with their captions) is held out for validation
-    (:func:`~asymvlm.training.hold_out_images`; the same for every worker, seed and method).
-    ``test_embeddings``: the tables holding ``test_split`` when they are not ``embeddings``.
-    ``checkpoint_every``: a checkpoint is due every that many epochs and after the last one
-    (None: after the last one only). Validated on construction (pydantic).
-    """
-
-    embeddings: str
-    train: TrainConfig = field(default_factory=TrainConfig)
-    train_split: str = "train"
-    val_split: str | None = "val"
-    test_split: str | None = "test"
-    val_fraction: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = None
-    test_embeddings: str | None = None
-    checkpoint_every: Annotated[int, Field(ge=1)] | None = 1
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> RunSpec:
-        """The spec in a run config (:meth:`to_dict`); other keys (a wrapper's own) are left."""
-        return cls(**{f.name: config[f.name] for f in fields(cls) if f.name in config})
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types: a run config travels to every Ray worker."""
-        return asdict(self)
-
-    def checkpoint_due(self, epoch: int) -> bool:
-        every = self.checkpoint_every
-        return epoch == self.train.epochs or (every is not None and epoch % every == 0)
-
-
-@dataclass
-class RunState:
-    """Where a run stopped: :meth:`Trainer.state_dict` and the history of its epochs so far."""
-
-    trainer: dict[str, Any]
-    history: History
+EpochHook = Callable[[EpochRow, Trainer, History, bool], None]
 
 
 def training_data(
@@ -112,6 +62,21 @@ def training_data(
     return data, None
 
 
+def streamed_hold_out(spec: RunSpec, stream: CaptionStream) -> SplitTensors | None:
+    """The held-out validation part of a streamed run: None, since a streamed training split
+    is used whole. A spec asking to hold out ``val_fraction`` of the training images (tables
+    without a ``val_split``) is a :class:`ConfigError` in streaming mode -- write a validation
+    split to the tables, or set ``stream='never'``."""
+    fraction, val_split = spec.val_fraction, spec.val_split
+    if fraction and (not val_split or val_split not in tables.list_splits(spec.embeddings)):
+        raise ConfigError(
+            f"{stream.root}/{stream.split} streams (stream={spec.train.stream!r}), and holding "
+            f"out val_fraction={fraction} of it is not supported in streaming mode: write a "
+            f"{val_split or 'val'} split to the tables or set stream='never'"
+        )
+    return None
+
+
 class TrainingRun:
     """One run of the protocol, piece by piece. Construction seeds torch, loads the training
     data (:func:`training_data`) onto ``device`` and builds the method and its
@@ -124,20 +89,20 @@ class TrainingRun:
 
     def __init__(
         self,
-        spec: RunSpec | Mapping[str, Any],
+        spec: RunSpec,
         *,
         rank: int = 0,
         world_size: int = 1,
         device: str | torch.device | None = None,
         cache: SplitCache | None = None,
     ) -> None:
-        self.spec = spec if isinstance(spec, RunSpec) else RunSpec.from_dict(spec)
+        self.spec = spec
         cfg = self.spec.train
         if device is None:
             self.device = resolve_device(cfg.device)
         else:
             self.device = torch.device(device)
-            cfg = replace(cfg, device=str(self.device))
+            cfg = cfg.model_copy(update={"device": str(self.device)})
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         torch.manual_seed(cfg.seed)
         self.cache = cache
@@ -182,7 +147,7 @@ class TrainingRun:
         the history keeps the epochs before it."""
         trainer, cfg = self.trainer, self.cfg
 
-        def after_epoch(row: dict[str, float]) -> None:
+        def after_epoch(row: EpochRow) -> None:
             self.history.append(row)
             epoch = trainer.epoch
             tenth = epoch % max(1, cfg.epochs // 10) == 0 or epoch == 1
@@ -199,9 +164,6 @@ class TrainingRun:
         """The run's outcome: ``history``, ``dim``, ``epochs_run`` and retrieval metrics on the
         validation split (held out or ``val_split``; ``val``) and ``test_split`` (``test``),
         for the splits the spec names."""
-        # Imported here: asymvlm.evaluation imports this package.
-        from asymvlm.evaluation import evaluate_retrieval
-
         spec, adapter_input = self.spec, self.cfg.adapter_input
         self.method.eval()
         out: dict[str, Any] = {
@@ -210,19 +172,19 @@ class TrainingRun:
             "epochs_run": self.trainer.epoch,
         }
         if self.held_out is not None:
-            out["val"] = evaluate_retrieval(self.method, self.held_out)
+            out["val"] = evaluate_split("retrieval", self.method, self.held_out)
         elif spec.val_split:
             val = self._load(spec.embeddings, spec.val_split, adapter_input, self.device)
-            out["val"] = evaluate_retrieval(self.method, val)
+            out["val"] = evaluate_split("retrieval", self.method, val)
         if spec.test_split:
             root = spec.test_embeddings or spec.embeddings
             test = self._load(root, spec.test_split, adapter_input, self.device)
-            out["test"] = evaluate_retrieval(self.method, test)
+            out["test"] = evaluate_split("retrieval", self.method, test)
         return out
 
 
 def run_protocol(
-    spec: RunSpec | Mapping[str, Any],
+    spec: RunSpec,
     *,
     rank: int = 0,
     world_size: int = 1,
@@ -262,108 +224,3 @@ def run_protocol(
     except NonFiniteError as exc:
         logger.warning("%s", exc)
         return {"diverged": str(exc), "history": run.history} if rank == 0 else None
-
-
-# -- a training run into a checkpoint folder ----------------------------------------------------
-
-
-def train(
-    root: str,
-    split: str,
-    cfg: TrainConfig,
-    output: str | None = None,
-    progress: bool = True,
-    *,
-    checkpoint_every: int | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-) -> tuple[Method, list[dict[str, float]]]:
-    """Load a split, build the method, train it and (with ``output``) write a checkpoint folder.
-
-    The folder gets an incomplete checkpoint every ``checkpoint_every`` epochs (default: none)
-    and a complete one at the end, each published as a whole (:func:`save_checkpoint`), so a
-    killed run leaves the last checkpoint intact. An existing checkpoint in ``output`` is
-    refused unless ``resume`` -- continue it with the same settings (:func:`check_resumable`);
-    a complete one is returned untouched; with none there the run starts fresh -- or
-    ``overwrite`` (the old checkpoint is discarded once the data is loaded). A resumed run ends
-    where the uninterrupted one ends (bit for bit on the CPU) and its history holds every epoch
-    once. A diverged run raises :class:`NonFiniteError`, leaving the last good (incomplete)
-    checkpoint as it was: nothing is marked complete.
-
-    The run is the protocol's (:class:`TrainingRun`) without the evaluation.
-    Returns the trained method and the whole history (earlier epochs of a resumed run too).
-    """
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise ConfigError(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
-    previous = None
-    if output is not None:
-        previous = checkpoint_to_resume(output, resume=resume, overwrite=overwrite)
-        if previous is not None:
-            check_resumable(output, previous, cfg, root, split)
-            if previous["complete"]:
-                method, _ = load_checkpoint(output, resolve_device(cfg.device))
-                return method, read_history(output)
-    spec = RunSpec(embeddings=root, train=cfg, train_split=split, val_split=None,
-                   test_split=None, checkpoint_every=checkpoint_every)  # fmt: skip
-    run = TrainingRun(spec)
-    method, trainer = run.method, run.trainer
-    last_good: str | None = None
-    if previous is not None:
-        assert output is not None
-        _resume_from_folder(output, run)
-        last_good = f"epoch {trainer.epoch} of {cfg.epochs}"
-    elif output is not None and overwrite:
-        discard_checkpoint(output)  # the replaced run's checkpoint goes before training starts
-    extra = {
-        "embeddings": _location(root),
-        "split": split,
-        **provenance(trainer.data.split.manifest),
-    }
-
-    def write(complete: bool) -> None:
-        assert output is not None
-        save_checkpoint(output, method, cfg, run.dim, extra, epoch=trainer.epoch,
-                        complete=complete, trainer_state=trainer.state_dict(),
-                        history=run.history)  # fmt: skip
-
-    def on_epoch(row: dict[str, float], trainer: Trainer, history: History, due: bool) -> None:
-        nonlocal last_good
-        if output is not None and due and trainer.epoch < cfg.epochs:
-            write(complete=False)
-            last_good = f"epoch {trainer.epoch} of {cfg.epochs}"
-
-    try:
-        run.fit(on_epoch, progress=progress, log_epochs=False)  # the bar shows progress
-    except NonFiniteError as exc:
-        if output is None:
-            raise
-        kept = (
-            f"{output} keeps the last good checkpoint ({last_good}, incomplete)"
-            if last_good
-            else f"no checkpoint was written to {output}"
-        )
-        raise NonFiniteError(f"{exc}; {kept}") from exc
-    method.eval()
-    if output is not None:
-        write(complete=True)
-    return method, run.history
-
-
-def _resume_from_folder(directory: str, run: TrainingRun) -> None:
-    """Put the trainer state and history of the checkpoint folder ``directory`` into ``run``;
-    each file's problem is a :class:`CheckpointError` naming it."""
-    path = os.path.join(directory, TRAINER_FILE)
-    try:
-        # on the CPU: the trainer moves the tensors to its device; the RNG state stays a CPU one
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        run.trainer.load_state_dict(state)
-    except (RuntimeError, EOFError, KeyError, TypeError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"{path}: cannot resume from it ({exc})") from exc
-    history = read_history(directory)
-    epoch = run.trainer.epoch
-    if [row.get("epoch") for row in history] != list(range(1, epoch + 1)):
-        raise CheckpointError(
-            f"{directory}: {HISTORY_FILE} does not hold epochs 1..{epoch} of "
-            f"{TRAINER_FILE}; pass --overwrite to start over"
-        )
-    run.history = history

@@ -1,15 +1,41 @@
-"""Embedding splits on the device (:class:`SplitTensors`), the hold-out validation split and
-the epoch's batch count."""
+"""Embedding splits on the device: :class:`SplitTensors`, what training, evaluation and
+scoring consume.
+
+:func:`load_split` reads and validates ``ROOT/<split>`` (:mod:`asymvlm.tables`) onto a device;
+:func:`hold_out_images` takes a seeded share of a split's images (with their captions) as a
+validation split; :class:`SplitCache` keeps loaded splits per process.
+
+A sweep runs many trials on the same tables. Reading and validating a split (Parquet -> one
+tensor on the device) is the same work for every trial, so a process that runs several trials
+(a Tune actor reused from trial to trial) keeps the splits it loaded in :data:`PROCESS_CACHE`
+and hands every later trial the same tensors. Nothing in a run writes into them: the trainer
+indexes them (copies) and methods build their own inputs from them. The cache key is (tables
+root, split, adapter input, device) plus the manifest's content, so tables rewritten in place
+under a long-lived process are read again rather than served stale.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from asymvlm import tables
+
+__all__ = [
+    "PROCESS_CACHE",
+    "SplitCache",
+    "SplitTensors",
+    "hold_out_images",
+    "load_split",
+]
 
 
 @dataclass
@@ -162,8 +188,62 @@ def hold_out_images(
     return rest, out
 
 
-def steps_per_epoch(n_items: int, batch_size: int) -> int:
-    """Full batches per epoch; the ragged tail is dropped unless it is the only batch."""
-    if n_items < 1 or batch_size < 1:
-        raise ValueError(f"need at least one item and batch_size >= 1, got {n_items}, {batch_size}")
-    return max(1, n_items // batch_size)
+
+# -- splits loaded once per process ----------------------------------------------------------
+T = TypeVar("T")
+
+
+class SplitCache:
+    """Least-recently-used splits on their devices, at most ``max_entries`` of them.
+
+    :meth:`load` is :func:`load_split` memoised; :meth:`memo` keeps what is
+    derived from a split (the protocol's held-out validation part, which depends only on the
+    image ids). ``hits`` and ``misses`` count lookups."""
+
+    def __init__(self, max_entries: int = 6) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple, object] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def _key(self, root: str, *rest: object) -> tuple:
+        manifest = json.dumps(tables.read_manifest(root).to_dict(), sort_keys=True, default=str)
+        return (root, manifest, *rest)
+
+    def _get(self, key: tuple, make: Callable[[], T]) -> T:
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return self._entries[key]
+        value = make()
+        with self._lock:
+            self.misses += 1
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return value
+
+    def load(
+        self, root: str, split: str, adapter_input: str = "raw",
+        device: str | torch.device = "cpu",
+    ) -> SplitTensors:  # fmt: skip
+        """``load_split(root, split, adapter_input, device)``, read once per process."""
+        device = torch.device(device)
+        key = self._key(root, "split", split, adapter_input, str(device))
+        return self._get(key, lambda: load_split(root, split, adapter_input, device))
+
+    def memo(self, root: str, key: tuple, make: Callable[[], T]) -> T:
+        """``make()`` once per (tables ``root`` and its manifest, ``key``): for what is derived
+        from a split, e.g. its held-out validation part."""
+        return self._get(self._key(root, *key), make)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+#: The cache of this process (a Tune actor running one trial after another).
+PROCESS_CACHE = SplitCache()

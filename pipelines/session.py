@@ -1,4 +1,12 @@
-"""Starting or joining Ray for the pipelines, with credentials kept on the nodes.
+"""Ray's lifecycle, owned by the entry points: :class:`RaySession` starts or joins Ray, the
+Ray wiring below it only checks that Ray is there (:func:`require_ray`).
+
+An entry point (``pipelines/*.py``, ``asymvlm embed``) opens one :class:`RaySession` and hands
+it to what needs Ray; Ray starts (or joins ``$RAY_ADDRESS``) when the session is first used --
+so a stage with nothing to do starts nothing -- and is shut down at the end of the session if
+the session started it. Library functions take a running cluster.
+
+Credentials stay on the nodes.
 
 Ray Tune copies the driver's ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN`` and ``AWS_SECURITY_TOKEN`` into the ``runtime_env`` of every trial actor
@@ -38,7 +46,43 @@ def keep_credentials_on_nodes() -> None:
     class_cache.DEFAULT_ENV_VARS = {}
 
 
-def init_ray() -> bool:
+def require_ray(what: str) -> None:
+    """A :class:`RuntimeError` unless Ray is running: the Ray wiring takes a running cluster
+    (an entry point's :class:`RaySession`)."""
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError(f"{what} needs a running Ray: start it at the entry point "
+                           "(pipelines.session.RaySession)")  # fmt: skip
+
+
+class RaySession:
+    """Ray for one entry point: joined or started on first :meth:`require` (or at once with
+    ``eager``), shut down when the ``with`` block ends if this session started it. A Ray that
+    is already running (a test's, a notebook's) is used as it is and left running."""
+
+    def __init__(self, *, eager: bool = False) -> None:
+        self.started = False
+        self._eager = eager
+
+    def __enter__(self) -> RaySession:
+        if self._eager:
+            self.require()
+        return self
+
+    def require(self) -> None:
+        """Ray, now: joined or started if it is not running yet."""
+        self.started |= _init_ray()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.started:  # an explicit shutdown is ~1 s faster than Ray's exit hooks
+            import ray
+
+            ray.shutdown()
+            self.started = False
+
+
+def _init_ray() -> bool:
     """Join the cluster at ``$RAY_ADDRESS`` (set by ``ray job submit``) or start a local Ray;
     True when this call started or joined it (False: already initialised).
 

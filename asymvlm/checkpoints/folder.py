@@ -1,8 +1,24 @@
-"""Checkpoint folders: published atomically as a whole, read back, checked before a resume.
+"""The checkpoint folder: its files, written as a whole, read back.
 
-A killed run never leaves a half-written or mixed checkpoint (:func:`publish_folder`);
-:func:`checkpoint_to_resume` and :func:`check_resumable` decide whether a run's output folder
-may be continued.
+One layout for every writer -- ``asymvlm train``, a Ray Train run, a sweep's Tune trials and
+their packs -- and every reader (``evaluate``, ``score``, the scorer, the MLflow models, a
+resumed run):
+
+* ``config.json`` (:data:`CONFIG_FILE`): everything needed to rebuild the method (method, dim,
+  method arguments, adapter input, the training config), ``complete``, ``epoch``, ``epochs``,
+  and what the tables record of their encoder (:func:`provenance`);
+* ``model.pt`` (:data:`WEIGHTS_FILE`): the method's ``state_dict`` (CPU tensors);
+* ``history.jsonl`` (:data:`HISTORY_FILE`): one row per epoch trained so far;
+* ``trainer.pt`` (:data:`TRAINER_FILE`): :meth:`~asymvlm.training.Trainer.state_dict`, to
+  resume the run (:func:`read_run_state`).
+
+The adapter alone is the first two (:data:`ADAPTER_FILES`; what a sweep exports and logs as an
+MLflow model, :func:`copy_adapter`). A pack of trials (:class:`~asymvlm.training.PackedTrainer`)
+checkpoints as a folder holding :data:`PACK_STATE_FILE` and one adapter folder per finished
+member (:func:`member_folder`).
+
+A folder is published as a whole (:func:`publish_folder`): readers see the old folder or the
+new one, and a killed run never leaves a half-written or mixed checkpoint.
 """
 
 from __future__ import annotations
@@ -12,14 +28,14 @@ import os
 import pickle
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from asymvlm.errors import CheckpointError, ConfigError
+from asymvlm.errors import CheckpointError
 from asymvlm.methods import Method, build_method
-from asymvlm.training.config import TrainConfig
+from asymvlm.training import History, TrainConfig, Trainer
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.pt"
@@ -27,18 +43,29 @@ HISTORY_FILE = "history.jsonl"
 TRAINER_FILE = "trainer.pt"
 #: Every file a checkpoint folder may hold; anything else in it is not ours to replace.
 CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, HISTORY_FILE, TRAINER_FILE)
+#: The adapter alone: what is exported and logged as a model (no optimiser state, no history).
+ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+#: A pack's checkpoint: its state (:meth:`~asymvlm.training.PackedTrainer.state_dict`) ...
+PACK_STATE_FILE = "pack_state.pt"
+#: ... and the adapter folder of each finished member k.
+MEMBER_FOLDER = "member{k}"
 
 
-# -- checkpoints ------------------------------------------------------------------------------
-# A checkpoint is a folder holding (some of) CHECKPOINT_FILES:
-#   config.json    everything needed to rebuild the method, plus "complete", "epoch", "epochs"
-#   model.pt       the method's state_dict (CPU tensors)
-#   history.jsonl  one row per epoch trained so far            (written by train())
-#   trainer.pt     Trainer.state_dict(), to resume the run      (written by train())
-# It is published as a whole (publish_folder): readers see the old folder or the new one.
+@dataclass
+class RunState:
+    """Where a run stopped: :meth:`~asymvlm.training.Trainer.state_dict` and the history of its
+    epochs so far."""
+
+    trainer: dict[str, Any]
+    history: History
 
 
-def _sibling_paths(directory: str) -> tuple[str, str, str, str]:
+def member_folder(directory: str, k: int) -> str:
+    """The adapter folder of member ``k`` in the pack checkpoint ``directory``."""
+    return os.path.join(directory, MEMBER_FOLDER.format(k=k))
+
+
+def sibling_paths(directory: str) -> tuple[str, str, str, str]:
     """(folder, staging, previous, discarded): the folder and its hidden siblings."""
     target = os.path.realpath(directory)
     parent, name = os.path.split(target)
@@ -72,7 +99,7 @@ def _fsync(path: str, folder: bool = False) -> None:
 def recover_checkpoint(directory: str) -> None:
     """Tidy up after a :func:`publish_folder` that was killed: if the new folder never took the
     old one's place, the old one (``.NAME.previous``) is put back; leftovers are deleted."""
-    target, staging, previous, discarded = _sibling_paths(directory)
+    target, staging, previous, discarded = sibling_paths(directory)
     if os.path.isdir(previous):
         if os.path.lexists(target):
             _remove_tree(previous)
@@ -92,7 +119,7 @@ def publish_folder(directory: str, write: Callable[[str], None]) -> None:
     never a half-written or mixed folder. Local file systems only: this function is the
     boundary where another store would plug in.
     """
-    target, staging, previous, _ = _sibling_paths(directory)
+    target, staging, previous, _ = sibling_paths(directory)
     parent = os.path.dirname(target)
     try:
         os.makedirs(parent, exist_ok=True)
@@ -124,7 +151,7 @@ def publish_folder(directory: str, write: Callable[[str], None]) -> None:
 
 def discard_checkpoint(directory: str) -> None:
     """Remove a checkpoint folder: renamed aside (atomic), then deleted."""
-    target, _, _, discarded = _sibling_paths(directory)
+    target, _, _, discarded = sibling_paths(directory)
     if os.path.lexists(target):
         recover_checkpoint(directory)
         os.rename(target, discarded)
@@ -157,30 +184,28 @@ def save_checkpoint(
     epoch: int | None = None,
     complete: bool | None = None,
     trainer_state: dict[str, Any] | None = None,
-    history: list[dict[str, float]] | None = None,
+    history: History | None = None,
 ) -> None:
     """Write the checkpoint folder ``directory`` as a whole (:func:`publish_folder`).
 
     ``config.json`` holds everything needed to rebuild the method plus ``complete``, ``epoch``
-    and ``epochs``; ``model.pt`` the weights; ``trainer.pt`` (:meth:`Trainer.state_dict`) and
-    ``history.jsonl`` are written when given. ``epoch`` defaults to ``extra["epoch"]`` (the Ray
-    Train path passes it there), else to the end of training; ``complete`` defaults to
-    ``epoch >= epochs``. :func:`load_checkpoint` refuses an incomplete checkpoint unless told.
+    and ``epochs`` and ``extra`` (provenance); ``model.pt`` the weights; ``trainer.pt``
+    (:meth:`~asymvlm.training.Trainer.state_dict`) and ``history.jsonl`` are written when given.
+    ``epoch`` defaults to the end of training; ``complete`` to ``epoch >= epochs``.
+    :func:`load_checkpoint` refuses an incomplete checkpoint unless told.
     """
-    extra = dict(extra or {})
     epochs = cfg.epochs if method.trainable else 0
-    given = extra.pop("epoch", None)
-    epoch = int(epoch if epoch is not None else given if given is not None else epochs)
+    epoch = epochs if epoch is None else int(epoch)
     meta = {
         "method": method.name,
         "dim": dim,
         "method_kwargs": cfg.method_args(),
         "adapter_input": cfg.adapter_input,
-        "train_config": asdict(cfg),
+        "train_config": cfg.model_dump(),
         "complete": bool(epoch >= epochs if complete is None else complete),
         "epoch": epoch,
         "epochs": epochs,
-        **extra,
+        **(extra or {}),
     }
     config_text = json.dumps(meta, indent=2, allow_nan=False)
     history_text = None
@@ -200,6 +225,80 @@ def save_checkpoint(
             fh.write(config_text)
 
     publish_folder(directory, write)
+
+
+def save_run_checkpoint(
+    directory: str,
+    trainer: Trainer,
+    history: History | None = None,
+    extra: dict[str, Any] | None = None,
+    *,
+    state: bool = True,
+    complete: bool | None = None,
+) -> None:
+    """The checkpoint of a run where its ``trainer`` stands: the adapter, what its tables
+    record of their encoder (:func:`provenance`), ``extra``, and -- with ``state`` -- the
+    trainer's state and the ``history`` to resume from (:func:`read_run_state`). The one writer
+    of ``asymvlm train``, Ray Train runs, sweep trials and pack members."""
+    save_checkpoint(
+        directory, trainer.method, trainer.cfg, trainer.data.dim,
+        {**provenance(trainer.data.split.manifest), **(extra or {})},
+        epoch=trainer.epoch, complete=complete,
+        trainer_state=trainer.state_dict() if state else None,
+        history=history if state else None,
+    )  # fmt: skip
+
+
+def read_run_state(directory: str) -> RunState:
+    """The trainer state and history of a checkpoint folder, to resume its run. Loaded on the
+    CPU whatever the run's device: the trainer moves the weights and optimiser state to its
+    device, and the RNG state must stay a CPU tensor (``torch.set_rng_state`` refuses others).
+    Each file's problem is a :class:`CheckpointError` naming it."""
+    path = os.path.join(directory, TRAINER_FILE)
+    try:
+        trainer = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"{path}: cannot resume from it ({exc})") from exc
+    if not isinstance(trainer, dict) or "epoch" not in trainer:
+        raise CheckpointError(f"{path}: not a trainer state (no epoch)")
+    history = read_history(directory)
+    epoch = int(trainer["epoch"])
+    if [row.get("epoch") for row in history] != list(range(1, epoch + 1)):
+        raise CheckpointError(
+            f"{directory}: {HISTORY_FILE} does not hold epochs 1..{epoch} of {TRAINER_FILE}; "
+            "pass --overwrite to start over"
+        )
+    return RunState(trainer=trainer, history=history)
+
+
+def copy_adapter(directory: str, target: str) -> str:
+    """Copy the adapter of checkpoint ``directory`` (:data:`ADAPTER_FILES`: no optimiser state,
+    no history) into the folder ``target``; returns ``target``."""
+    os.makedirs(target, exist_ok=True)
+    for name in ADAPTER_FILES:
+        shutil.copy2(os.path.join(directory, name), os.path.join(target, name))
+    return target
+
+
+# -- packs --------------------------------------------------------------------------------------
+def save_pack_checkpoint(directory: str, pack: Any) -> None:
+    """A pack's checkpoint folder: its state (:data:`PACK_STATE_FILE`, what a retry resumes
+    from) and the adapter of every member that has finished its epochs (:func:`member_folder`).
+    ``pack``: a :class:`~asymvlm.training.PackedTrainer`."""
+    os.makedirs(directory, exist_ok=True)
+    torch.save(pack.state_dict(), os.path.join(directory, PACK_STATE_FILE))
+    for k, trainer in enumerate(pack.trainers):
+        if pack.errors[k] is None and trainer.epoch == trainer.cfg.epochs:
+            save_run_checkpoint(member_folder(directory, k), trainer, state=False)
+
+
+def read_pack_state(directory: str) -> dict[str, Any]:
+    """The pack state of a pack checkpoint folder (on the CPU, as :func:`read_run_state`)."""
+    path = os.path.join(directory, PACK_STATE_FILE)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"{path}: cannot resume the pack from it ({exc})") from exc
 
 
 def read_checkpoint_meta(directory: str) -> dict[str, Any] | None:
@@ -222,7 +321,7 @@ def read_checkpoint_meta(directory: str) -> dict[str, Any] | None:
     return meta
 
 
-def read_history(directory: str) -> list[dict[str, float]]:
+def read_history(directory: str) -> History:
     """The rows of ``history.jsonl`` (none when the folder has no history)."""
     path = os.path.join(directory, HISTORY_FILE)
     if not os.path.isfile(path):
@@ -289,7 +388,7 @@ def load_checkpoint(
     progress, killed or diverged) unless ``allow_incomplete``.
     """
     if not os.path.isdir(directory):
-        _, _, previous, _ = _sibling_paths(directory)
+        _, _, previous, _ = sibling_paths(directory)
         hint = (
             f" (an interrupted write left the last checkpoint in {previous}; "
             "`asymvlm train --resume` puts it back)"
@@ -330,104 +429,3 @@ def load_checkpoint(
     method.load_state_dict(state)
     method.to(torch.device(device)).eval()
     return method, meta
-
-
-# -- a training run into a checkpoint folder ----------------------------------------------------
-#: Settings a resumed run may change: where it runs, not what it computes.
-RESUME_MAY_DIFFER = frozenset({"device", "stream_memory_bytes"})
-#: Fields every checkpoint has recorded: a missing one is a difference, not a default.
-_ALWAYS_RECORDED = frozenset({"method", "lr", "seed", "epochs", "batch_size", "optimizer"})
-
-
-def _location(root: str) -> str:
-    return root if "://" in root else os.path.abspath(root)
-
-
-def check_output(directory: str) -> None:
-    """Refuse an output that cannot hold a checkpoint folder: an existing file, a folder (or
-    nearest existing parent) that is not writable, or a folder holding other files (a
-    checkpoint replaces its folder as a whole, so anything else in it would be deleted)."""
-    target, _, _, _ = _sibling_paths(directory)
-    if os.path.lexists(target) and not os.path.isdir(target):
-        raise CheckpointError(f"{directory} is a file, not a checkpoint folder")
-    if target == os.path.realpath(os.getcwd()):
-        raise CheckpointError(f"{directory} is the current folder; name a new folder for it")
-    ancestor = os.path.dirname(target)
-    while not os.path.lexists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        raise CheckpointError(f"{directory}: {ancestor} is a file, not a folder")
-    for folder in (ancestor, target) if os.path.isdir(target) else (ancestor,):
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise CheckpointError(f"{directory}: cannot write a checkpoint ({folder} is read-only)")
-    if os.path.isdir(target):
-        foreign = sorted(set(os.listdir(target)) - set(CHECKPOINT_FILES))
-        if foreign:
-            shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
-            raise CheckpointError(
-                f"{directory} holds files that are not part of a checkpoint ({shown}); a "
-                "checkpoint replaces its whole folder: choose a new or empty folder"
-            )
-
-
-def checkpoint_to_resume(
-    directory: str, *, resume: bool = False, overwrite: bool = False
-) -> dict[str, Any] | None:
-    """Check ``directory`` as a training run's output; returns the config of the checkpoint to
-    continue (``resume``), or None to start fresh (no checkpoint there, or ``overwrite``).
-
-    An existing checkpoint without ``resume`` or ``overwrite`` is a :class:`CheckpointError`;
-    so is one that cannot be resumed (an incomplete checkpoint without its trainer state).
-    """
-    if resume and overwrite:
-        raise ConfigError("--resume and --overwrite exclude each other: pick one")
-    check_output(directory)
-    recover_checkpoint(directory)
-    present = [f for f in CHECKPOINT_FILES if os.path.lexists(os.path.join(directory, f))]
-    if not present or overwrite:
-        return None
-    if not resume:
-        raise CheckpointError(
-            f"{directory} already holds a checkpoint; pass --resume to continue it or "
-            "--overwrite to replace it"
-        )
-    meta = read_checkpoint_meta(directory)
-    needed = [CONFIG_FILE, WEIGHTS_FILE]
-    if meta is not None and not meta["complete"]:
-        needed += [TRAINER_FILE, HISTORY_FILE]
-    missing = [f for f in needed if f not in present]
-    if missing:
-        raise CheckpointError(
-            f"{directory}: cannot resume: the checkpoint has no {', '.join(missing)}; pass "
-            "--overwrite to start over"
-        )
-    return meta
-
-
-def check_resumable(
-    directory: str, meta: dict[str, Any], cfg: TrainConfig, root: str, split: str
-) -> None:
-    """A checkpoint is continued only with the settings it was started with -- ``epochs``
-    included, since they shape the cosine schedule -- and on the same embeddings; the
-    differing fields are named in the :class:`CheckpointError`."""
-    ours = json.loads(json.dumps(asdict(cfg)))
-    # keys a checkpoint of an earlier version lacks were their defaults then
-    defaults = json.loads(json.dumps(asdict(TrainConfig())))
-    theirs = {**{k: v for k, v in defaults.items() if k not in _ALWAYS_RECORDED},
-              **dict(meta.get("train_config", {}))}  # fmt: skip
-    diffs = [
-        f"{key} {theirs.get(key)!r} (checkpoint) vs {ours.get(key)!r} (now)"
-        for key in sorted(set(ours) | set(theirs))
-        if key not in RESUME_MAY_DIFFER and theirs.get(key) != ours.get(key)
-    ]
-    for key, then, now in (
-        ("embeddings", _location(str(meta.get("embeddings"))), _location(root)),
-        ("split", meta.get("split"), split),
-    ):
-        if key in meta and then != now:
-            diffs.append(f"{key} {then!r} (checkpoint) vs {now!r} (now)")
-    if diffs:
-        raise CheckpointError(
-            f"{directory}: cannot resume with other settings: {'; '.join(diffs)}. Resume with "
-            "the checkpoint's settings, or pass --overwrite to start over"
-        )

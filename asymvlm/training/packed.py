@@ -1,4 +1,43 @@
-"""The batched model of a pack: :class:`PackedTrainer` (see :mod:`asymvlm.training.packed`)."""
+"""Packed trials: K configurations of one method trained in one process as one batched model.
+
+The protocol (paper App. B.4) trains every method for several learning rates and seeds; at the
+adapter sizes of the paper (~3 M parameters, d = 512) one run leaves most of a GPU idle, and on
+a CPU a small adapter's step is dominated by per-operation overhead. :class:`PackedTrainer`
+trains K members -- the same method and hyper-parameters, different ``lr`` and/or ``seed`` --
+as one model: every step gathers the K members' batches into [K, B, d] tensors, stacks the
+members' parameters and evaluates the method's own loss (:func:`~asymvlm.distributed.\
+global_batch_loss`, Eq. 2 / App. A.3 for AsymVLM) for all of them at once with
+``torch.func.vmap(functional_call(...))``; one backward pass of the summed losses leaves each
+member's own gradient on its own parameters. Everything else stays per member, exactly as its
+unpacked :class:`~asymvlm.training.Trainer` has it (each member *is* driven through its own
+``Trainer``):
+
+* its initialisation, built under its own seed as :class:`~asymvlm.training.TrainingRun`
+  builds it (``torch.manual_seed(seed)``, then ``build_method``), and its own global-RNG
+  stream, swapped in whenever member code may draw from it (``fit_start``, evaluation);
+* its per-epoch permutation (``epoch_generator(seed, 0, epoch)``), optimiser state, cosine
+  schedule (from its own lr), epoch rows (``train_loss``, ``lr``, kappa statistics) and
+  divergence checks: a member whose loss, gradient or parameters become non-finite is stopped
+  with the message its ``Trainer`` would raise, and the others go on.
+
+So member k ends where its unpacked run ends, up to the rounding of batched matrix products
+(tested to float tolerance in ``tests/test_packed.py``; ``epoch_seconds`` is the pack's epoch).
+
+A method whose loss cannot be vmapped (data-dependent Python control flow, random draws,
+custom autograd Functions without a vmap rule) or whose batched loss differs from its own is
+detected by a probe before the first step; the pack then trains its members one after another
+(each with its own RNG stream, so still equal to the unpacked runs) and logs why. Methods
+without SGD training (``clip``, ``bayesvlm``) are fitted one after another as well.
+
+Single process only (``world_size`` 1): a packed member is never a DDP worker. A pack holds its
+split in memory: it never streams (``stream: always`` is refused, and so is ``auto`` for a split
+that would stream; :func:`check_packable`). A pack resumes between epochs from
+:meth:`PackedTrainer.state_dict` (every member's trainer state, RNG stream, history and failure)
+and ends where the uninterrupted pack ends.
+
+The protocol of K runs at once (train, then evaluate each) is
+:func:`asymvlm.protocol.run_packed_protocol`.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +46,6 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -16,17 +54,25 @@ from torch.func import functional_call, vmap
 from asymvlm.distributed import GlobalBatchLoss, epoch_generator, is_distributed
 from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
 from asymvlm.methods import Method, build_method
+from asymvlm.splits import SplitTensors
 from asymvlm.training.config import TrainConfig
-from asymvlm.training.data import SplitTensors
-from asymvlm.training.protocol import History
-from asymvlm.training.trainer import _GRAD_BAD, _LOSS_BAD, _NO_BAD_STEP, Trainer
+from asymvlm.training.trainer import GRAD_BAD, LOSS_BAD, NO_BAD_STEP, EpochRow, History, Trainer
+
+__all__ = [
+    "PACKABLE_FIELDS",
+    "PackedEpochHook",
+    "PackedStateHook",
+    "PackedTrainer",
+    "check_packable",
+    "require_alike",
+]
 
 logger = logging.getLogger(__name__)
 
 #: The :class:`TrainConfig` fields in which the members of a pack may differ.
 PACKABLE_FIELDS = ("lr", "seed")
 #: ``on_epoch_end(member, row)``: member index (0-based) and its epoch row.
-PackedEpochHook = Callable[[int, dict[str, float]], None]
+PackedEpochHook = Callable[[int, EpochRow], None]
 #: Called with the pack when its state is whole between epochs (:meth:`PackedTrainer.fit`).
 PackedStateHook = Callable[["PackedTrainer"], None]
 RngState = tuple[torch.Tensor, torch.Tensor | None]
@@ -35,11 +81,17 @@ RngState = tuple[torch.Tensor, torch.Tensor | None]
 def check_packable(cfgs: Sequence[TrainConfig]) -> None:
     """:class:`~asymvlm.errors.ConfigError` unless the configurations differ only in
     :data:`PACKABLE_FIELDS` (same method, protocol, epochs, batch size, optimiser,
-    architecture, precision, device ...)."""
+    architecture, precision, device ...) and do not ask to stream (a pack holds its split in
+    memory)."""
     require_alike(
-        [asdict(c) for c in cfgs], PACKABLE_FIELDS, "configuration",
+        [c.model_dump() for c in cfgs], PACKABLE_FIELDS, "configuration",
         f"share every setting but {' and '.join(PACKABLE_FIELDS)}",
     )  # fmt: skip
+    if cfgs[0].stream == "always":
+        raise ConfigError(
+            "packed trials hold the training split in memory and cannot stream it: with "
+            "stream: always, set pack: 1 (each trial then streams on its own)"
+        )
 
 
 def require_alike(items: list[dict[str, Any]], free: Collection[str], noun: str,
@@ -426,7 +478,7 @@ class PackedTrainer:
             leaf.grad = None
         losses.sum().backward()
         losses = losses.detach()
-        code = (~torch.isfinite(losses)).long() * _LOSS_BAD
+        code = (~torch.isfinite(losses)).long() * LOSS_BAD
         # Each member's gradients are rows of the stacked ones (what zero_grad + backward
         # would leave on its parameters: None where the loss does not reach a parameter).
         for j, leaf in enumerate(self._leaves):
@@ -435,7 +487,7 @@ class PackedTrainer:
                 self._params[k][j].grad = None if grad is None else grad[k]
         grads = [leaf.grad for leaf in self._leaves if leaf.grad is not None]
         if grads:
-            code = code + self._grad_bad(grads, rows).long() * _GRAD_BAD
+            code = code + self._grad_bad(grads, rows).long() * GRAD_BAD
         return losses, code
 
     def _grad_bad(self, grads: list[torch.Tensor], rows: torch.Tensor | None) -> torch.Tensor:
@@ -457,7 +509,7 @@ class PackedTrainer:
             return ~torch.isfinite(norms(math.inf)).all(dim=1)
         return screen
 
-    def _packed_epoch(self, alive: list[int]) -> dict[int, dict[str, float]]:
+    def _packed_epoch(self, alive: list[int]) -> dict[int, EpochRow]:
         """One epoch of the live members (all at the pack's epoch); returns the rows of those
         that finished it (``Trainer.train_epoch``'s rows, ``epoch_seconds`` the pack's)."""
         t0 = time.perf_counter()
@@ -466,17 +518,14 @@ class PackedTrainer:
         data, batch, steps = lead.data, lead.batch_size, lead.steps
         n_text = data.text_emb.shape[0]
         for k in alive:
-            trainer = self.trainers[k]
-            if trainer._full_data is not None:
-                trainer._ready()
-            trainer.method.train()
+            self.trainers[k].begin_epoch()
         perms = torch.stack([
             torch.randperm(n_text, device=device,
                            generator=epoch_generator(self.cfgs[k].seed, 0, epoch, device))
             for k in alive
         ])  # fmt: skip
         totals = torch.zeros(len(alive), device=device)
-        first_bad = torch.full((len(alive),), _NO_BAD_STEP, dtype=torch.long, device=device)
+        first_bad = torch.full((len(alive),), NO_BAD_STEP, dtype=torch.long, device=device)
         buffers = self._stacked_buffers(alive)
         sync_free = lead.sync_free
 
@@ -495,8 +544,8 @@ class PackedTrainer:
                 if any(bits):
                     for k, b in zip(alive, bits, strict=True):
                         if b:
-                            self.trainers[k]._step_index = step
-                            self._fail(k, self.trainers[k]._diverged(step * 4 + b, deferred=False))
+                            self._fail(k, self.trainers[k].divergence(step * 4 + b,
+                                                                      deferred=False))
                     keep = [i for i, b in enumerate(bits) if not b]
                     if not keep:
                         return {}
@@ -507,7 +556,7 @@ class PackedTrainer:
                     first_bad = first_bad[keep_t]
                     buffers = {name: b[keep_t] for name, b in buffers.items()}
             else:  # accelerators: no host sync; the first bad step is read with the epoch's loss
-                candidate = torch.where(code > 0, code + step * 4, _NO_BAD_STEP)
+                candidate = torch.where(code > 0, code + step * 4, NO_BAD_STEP)
                 torch.minimum(first_bad, candidate, out=first_bad)
             for k in alive:
                 trainer = self.trainers[k]
@@ -515,13 +564,12 @@ class PackedTrainer:
                 trainer.optimizer.step()
                 trainer.scheduler.step()
             totals += losses
-        rows_out: dict[int, dict[str, float]] = {}
+        rows_out: dict[int, EpochRow] = {}
         for i, k in enumerate(alive):
             trainer = self.trainers[k]
-            trainer._first_bad.copy_(first_bad[i])
             try:
                 with self.member_rng(k):
-                    rows_out[k] = trainer._end_epoch(totals[i])
+                    rows_out[k] = trainer.end_epoch(totals[i], first_bad[i])
             except NonFiniteError as exc:
                 self._fail(k, exc)
         seconds = time.perf_counter() - t0

@@ -11,7 +11,8 @@ for the same caption in a table embedded with the same encoder:
     >>> scorer.caption_uncertainty(["a dog", "a golden retriever catching a red frisbee"])
 
 ``from_checkpoint`` takes a checkpoint folder or an MLflow model URI (``runs:/<run>/adapter``,
-``models:/<name>/<version>``) of a model logged by a sweep (:mod:`asymvlm.tracking.model`).
+``models:/<name>/<version>``) of a model logged by a sweep (:mod:`asymvlm.scoring.models`;
+:func:`asymvlm.checkpoints.resolve_checkpoint`).
 Captions and images go through in batches of ``batch_size`` on the scorer's device.
 """
 
@@ -27,12 +28,16 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from asymvlm import logs
+from asymvlm import logs, tables
+from asymvlm.checkpoints import load_checkpoint, resolve_checkpoint
+from asymvlm.data.encoder import files_sha256, load_encoder, local_source
+from asymvlm.data.encoder.hub import check_hub_model
 from asymvlm.errors import AsymVLMError, CheckpointError
+from asymvlm.splits import SplitTensors
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CaptionScores", "Scorer", "ScoringInputError", "resolve_checkpoint"]
+__all__ = ["NOT_AN_ENCODER", "CaptionScores", "Scorer", "ScoringInputError"]
 
 #: Models that are names of tables, not encoders (the synthetic worlds).
 NOT_AN_ENCODER = frozenset({"synthetic-world"})
@@ -84,36 +89,13 @@ class CaptionScores:
         return pa.table(columns)
 
 
-def resolve_checkpoint(source: str, tracking_uri: str | None = None) -> str:
-    """A local checkpoint folder for ``source``: the folder itself, or -- for an MLflow model
-    URI (``runs:/...``, ``models:/...``, ``mlflow-artifacts:/...``) -- the adapter checkpoint
-    inside the downloaded model."""
-    if "://" not in source and not source.startswith(("runs:/", "models:/")):
-        if not os.path.isfile(os.path.join(source, "config.json")):
-            raise CheckpointError(f"{source}: not a checkpoint folder (no config.json)")
-        return source
-    import mlflow
-
-    from asymvlm.tracking.store import global_tracking_uri
-
-    try:  # runs:/ URIs of logged models resolve through the global tracking URI
-        with global_tracking_uri(tracking_uri or None):
-            local = mlflow.artifacts.download_artifacts(artifact_uri=source)
-    except Exception as exc:
-        raise CheckpointError(f"{source}: cannot download the model: {exc}") from None
-    for folder, _, files in sorted(os.walk(local)):
-        if "config.json" in files and "model.pt" in files:
-            return folder
-    raise CheckpointError(f"{source}: the model holds no adapter checkpoint (config.json and "
-                          "model.pt)")  # fmt: skip
-
-
 class Scorer:
     """A trained adapter with the frozen encoder its tables were embedded with.
 
     Build it with :meth:`from_checkpoint`; :meth:`caption_uncertainty` takes captions,
     :meth:`score` images and captions. ``encoder`` is an
-    :class:`~asymvlm.data.encoder.Encoder` (loaded once; the scorer only runs it).
+    :class:`~asymvlm.data.encoder.Encoder` (loaded once, :func:`~asymvlm.data.encoder.load_encoder`;
+    the scorer only runs it).
     """
 
     def __init__(
@@ -158,10 +140,6 @@ class Scorer:
         ``open_clip:`` name) when given, e.g. for a model folder that moved. Local encoder files
         that differ from those the tables were embedded with are refused unless ``encoder``
         names them."""
-        from asymvlm.data.encoder import Encoder, files_sha256, local_source
-        from asymvlm.data.encoder.hub import check_hub_model
-        from asymvlm.training import load_checkpoint
-
         folder = resolve_checkpoint(source, tracking_uri)
         method, meta = load_checkpoint(folder, "cpu")
         recorded = meta.get("encoder") or {}
@@ -193,7 +171,7 @@ class Scorer:
             raise CheckpointError(f"{source}: the encoder {err}") from None
         revision = recorded.get("revision") if not encoder else None
         with logs.quiet_transformers():
-            loaded = Encoder(name, device=device, dtype=dtype, revision=revision)
+            loaded = load_encoder(name, device=device, dtype=dtype, revision=revision)
         return cls(method, meta, loaded, batch_size=batch_size)
 
     # -- captions -----------------------------------------------------------------------------
@@ -307,11 +285,8 @@ class Scorer:
     # -- the split the methods take -----------------------------------------------------------
     def _split(self, texts: dict[str, torch.Tensor],
                images: dict[str, torch.Tensor] | None = None):  # fmt: skip
-        """A :class:`~asymvlm.training.SplitTensors` of these inputs, as the trainer builds
+        """A :class:`~asymvlm.splits.SplitTensors` of these inputs, as the trainer builds
         one from tables (so each method picks its own inputs: :meth:`Method.split_inputs`)."""
-        from asymvlm import tables
-        from asymvlm.training import SplitTensors
-
         dim = int(self.meta["dim"])
         if images is None:  # captions only: no images (nothing is compared)
             images = {"unit": torch.zeros(0, dim, device=self.device),

@@ -1,0 +1,47 @@
+"""The ``asymvlm`` command line: train, evaluate and score on cached embedding tables.
+
+Single process, CPU or one GPU; one module per group of sub-commands:
+
+* :mod:`~asymvlm.cli.training` -- ``train``, ``import-official``, ``methods``;
+* :mod:`~asymvlm.cli.evaluation` -- ``evaluate``, ``score``, ``analyze <kind>`` (the evaluation
+  registry);
+* :mod:`~asymvlm.cli.text` -- ``score-text`` (captions in);
+* :mod:`~asymvlm.cli.runs` -- ``report``, ``ui`` (an MLflow store);
+* :mod:`~asymvlm.cli.embed` -- ``embed``, the one sub-command of the Ray layer (``pipelines/``),
+  imported when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from asymvlm import __version__
+from asymvlm.cli import embed, evaluation, runs, text, training
+from asymvlm.errors import guarded
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asymvlm",
+        description="Probabilistic adapters for frozen VLM embeddings (AsymVLM and baselines).",
+    )
+    parser.add_argument("--version", action="version", version=f"asymvlm {__version__}")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every library's messages (Ray, MLflow...) too")  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in (training, evaluation, text, embed, runs):
+        group.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: bad input (flags, paths, tables, checkpoints) prints one ``error:`` line and
+    exits 2; a diverged training run exits 3 (:mod:`asymvlm.errors`); no traceback."""
+    args = build_parser().parse_args(argv)
+    from asymvlm import logs
+
+    logs.configure(verbose=args.verbose)
+    return guarded(lambda: args.func(args))

@@ -1,0 +1,60 @@
+"""What the sub-commands share: the help formatter, the data flags, small I/O."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+
+from asymvlm.errors import ConfigError
+
+__all__ = ["Help", "add_data_args", "parse_kv", "write_json"]
+
+
+class Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown once: appended unless the help already speaks of its default, and never
+    for options without one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default is None or default is False:
+            return text
+        if default == [] or default == argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
+def write_json(path: str, payload: dict) -> None:
+    """``payload`` as JSON at ``path``, written to a temporary name and renamed."""
+
+    def refuse(obj: object) -> object:
+        raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(payload, fh, indent=2, default=refuse, allow_nan=False)
+    os.replace(tmp, path)
+
+
+def parse_kv(items: Sequence[str], flag: str = "--method-arg") -> dict[str, object]:
+    """``key=value`` pairs; values parsed as JSON when possible (numbers, true/false)."""
+    out: dict[str, object] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"{flag} expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def add_data_args(p: argparse.ArgumentParser, split_default: str) -> None:
+    p.add_argument("--embeddings", required=True, metavar="ROOT", help="embedding table root")
+    p.add_argument("--split", default=split_default, help="split of the tables")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... or auto")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -1,0 +1,192 @@
+"""``asymvlm evaluate``, ``asymvlm score`` and ``asymvlm analyze <kind>``: the evaluation
+registry (:mod:`asymvlm.evaluation.registry`) on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+
+from asymvlm.cli.common import Help, add_data_args, write_json
+from asymvlm.errors import CheckpointError, ConfigError
+from asymvlm.evaluation import registry
+from asymvlm.tables import Location
+
+logger = logging.getLogger("asymvlm.cli")
+
+
+def _load(args: argparse.Namespace):
+    """The checkpoint's method (reading what ``--adapter-input`` or its checkpoint says) and
+    the split, both on ``--device``."""
+    from asymvlm.checkpoints import load_checkpoint
+    from asymvlm.splits import load_split
+    from asymvlm.training import resolve_device
+
+    device = resolve_device(args.device)
+    method, meta = load_checkpoint(args.checkpoint, device, allow_incomplete=args.allow_incomplete)
+    method.adapter_input = args.adapter_input or meta.get("adapter_input", "raw")
+    data = load_split(args.embeddings, args.split, method.adapter_input, device)
+    if data.dim != meta["dim"]:
+        raise CheckpointError(
+            f"checkpoint {args.checkpoint} expects dim {meta['dim']}, "
+            f"but {args.embeddings}/{args.split} has dim {data.dim}"
+        )
+    return method, data
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """The registry's ``retrieval`` of one checkpoint on one split."""
+    values = {key: getattr(args, key) for key in ("levels", "fold_size", "chunk_size",
+                                                  "memory_budget")}  # fmt: skip
+    parsed = registry.spec("retrieval", {"data": Location(args.embeddings, args.split), **values},
+                           "asymvlm evaluate", flags=True)  # fmt: skip
+    method, data = _load(args)
+    result = registry.evaluate_split(parsed, method, data, progress=not args.quiet)
+    result.update(checkpoint=args.checkpoint, embeddings=args.embeddings, split=args.split)
+    write_json(args.output, result)
+    for direction in ("t2i", "i2t"):
+        r = result[direction]
+        s = "n/a" if r["spearman"] is None else f"{r['spearman']:+.3f}"
+        r2 = "n/a" if r["r2"] is None else f"{r['r2']:.3f}"
+        print(
+            f"{direction}: R@1 {r['recall@1']:.4f}  R@5 {r['recall@5']:.4f}  "
+            f"R@10 {r['recall@10']:.4f}  S {s}  R2 {r2}"
+        )
+    logger.info("metrics written to %s", args.output)
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from asymvlm.evaluation import caption_scores
+
+    method, data = _load(args)
+    table = caption_scores(method, data)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    tmp = args.output + ".tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, args.output)
+    unc = table.column("uncertainty")
+    if unc.null_count == len(unc):
+        logger.info("%s defines no caption uncertainty (column is null)", method.name)
+    logger.info("%d captions scored -> %s", table.num_rows, args.output)
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from asymvlm.evaluation.adapters import checkpoint_adapters, sweep_adapters
+
+    ev = registry.EVALUATIONS[args.kind]
+    values: dict[str, object] = {}
+    for inp in ev.inputs:
+        value = getattr(args, inp.key)
+        if inp.form == "named" and value:
+            pairs = {}
+            for item in value:
+                name, eq, where = item.partition("=")
+                if not eq:
+                    raise ConfigError(f"{inp.flag} expects {inp.metavar}, got {item!r}")
+                pairs[name] = where
+            value = pairs
+        values[inp.key] = value
+    parsed = registry.spec(args.kind, values, f"asymvlm analyze {args.kind}", flags=True)
+    methods = checkpoint_adapters(args.checkpoint)
+    if args.sweep:
+        if not args.mlflow_uri:
+            raise ConfigError("--sweep needs --mlflow-uri (or $MLFLOW_TRACKING_URI)")
+        methods.update(sweep_adapters(args.mlflow_uri, args.sweep))
+    if args.frozen or not methods:
+        methods = registry.with_frozen(methods, parsed)
+    result = registry.evaluate(parsed, methods)
+    text = json.dumps(result, indent=2, default=float)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text + "\n")
+    if args.mlflow_uri:
+        dumped = parsed.model_dump(mode="json", exclude={"kind"}, exclude_none=True)
+        params = {k: v for k, v in dumped.items() if isinstance(v, str | int)}
+        if args.kind == "zeroshot":
+            params.setdefault("fine_tuned_on", "?")
+        run_id = registry.log_evaluation(args.mlflow_uri, args.experiment, args.kind, result,
+                                         params=params)  # fmt: skip
+        logger.info("logged as MLflow run %s", run_id)
+    return 0
+
+
+def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder")
+    p.add_argument("--adapter-input", choices=["raw", "unit"], default=None,
+                   help="override what the checkpoint says it reads")  # fmt: skip
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="accept an incomplete checkpoint (a run in progress, killed or diverged)",
+    )
+
+
+def _add_inputs(p: argparse.ArgumentParser, ev: registry.Evaluation, skip=()) -> None:
+    """The options of an evaluation's inputs (:class:`~asymvlm.evaluation.registry.Input`)."""
+    metavars = {"location": "ROOT:SPLIT", "text": "TEXT", "count": "N", "named": None}
+    for inp in ev.inputs:
+        if inp.key in skip:
+            continue
+        repeat = inp.form == "named"
+        p.add_argument(inp.flag, dest=inp.key, required=inp.required and not repeat,
+                       action="append" if repeat else "store",
+                       type=int if inp.form == "count" else str, default=inp.default,
+                       metavar=inp.metavar or metavars[inp.form], help=inp.help)  # fmt: skip
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    retrieval = registry.EVALUATIONS["retrieval"]
+    p = sub.add_parser(
+        "evaluate",
+        help="retrieval + uncertainty metrics of a checkpoint",
+        description="Recall@{1,5,10} both ways, binned Recall@1 by uncertainty, Spearman S, R2 "
+        "(the registry's retrieval, as `asymvlm analyze retrieval`).",
+        formatter_class=Help,
+    )
+    add_data_args(p, "test")
+    _add_checkpoint_args(p)
+    _add_inputs(p, retrieval, skip=("data",))
+    p.add_argument("--output", required=True, metavar="FILE.json", help="metrics as JSON")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser(
+        "score",
+        help="per-caption kappa and uncertainty as Parquet",
+        formatter_class=Help,
+    )
+    add_data_args(p, "test")
+    _add_checkpoint_args(p)
+    p.add_argument("--output", required=True, metavar="FILE.parquet",
+                   help="one row per caption: kappa, uncertainty")  # fmt: skip
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser(
+        "analyze",
+        help="the paper's evaluations: " + ", ".join(registry.EVALUATIONS),
+        description="Run one evaluation of the paper (Table 1, Tables 2-3, Fig. 5) or the OOD "
+        "suite on embedding tables, for adapters from checkpoint folders or a sweep's seed runs; "
+        "prints JSON, optionally logs an MLflow run that `asymvlm report` picks up. "
+        "`asymvlm analyze KIND --help` lists the options of one.",
+    )
+    kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
+    for ev in registry.EVALUATIONS.values():
+        k = kinds.add_parser(ev.kind, help=ev.title, description=ev.title[0].upper()
+                             + ev.title[1:] + ". Locations are ROOT:SPLIT of embedding tables.",
+                             formatter_class=Help)  # fmt: skip
+        _add_inputs(k, ev)
+        k.add_argument("--checkpoint", action="append", default=[],
+                       help="adapter folder (repeat)")  # fmt: skip
+        k.add_argument("--sweep", default=None, help="a sweep's MLflow run id: its seed adapters")
+        k.add_argument("--frozen", action="store_true", help="also the frozen model (clip)")
+        k.add_argument("--output", default=None, help="write the JSON here too")
+        k.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                       help="log the result to this tracking store (default: "
+                            "$MLFLOW_TRACKING_URI; none: not logged)")  # fmt: skip
+        k.add_argument("--experiment", default="asymvlm", help="MLflow experiment")
+        k.set_defaults(func=cmd_analyze)

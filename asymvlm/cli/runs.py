@@ -1,0 +1,65 @@
+"""``asymvlm report`` and ``asymvlm ui``: what an MLflow store holds, as a report or in the UI."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from asymvlm.cli.common import Help
+from asymvlm.errors import ConfigError
+
+logger = logging.getLogger("asymvlm.cli")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from asymvlm.report import build_report
+
+    if not args.mlflow_uri:
+        raise ConfigError("report: give --mlflow-uri or set MLFLOW_TRACKING_URI")
+    path = build_report(args.mlflow_uri, args.experiment, args.output)
+    logger.info("report written to %s (and report.html beside it)", path)
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from asymvlm import tracking
+
+    database = os.path.join(os.path.abspath(args.output), "mlflow.db")
+    if not os.path.isfile(database):
+        raise ConfigError(f"{args.output}: no mlflow.db here (a pipeline's output folder holds "
+                          "one when it ran with the local default store)")  # fmt: skip
+    uri = "sqlite:///" + database
+    tracking.relocate_local_store(uri)
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+               "--host", args.host, "--port", str(args.port)]  # fmt: skip
+    logger.info("MLflow UI on http://%s:%d (Ctrl-C stops it)", args.host, args.port)
+    os.execv(sys.executable, command)
+    return 0  # not reached
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="gather an MLflow experiment into report.md / report.html with tables and figures",
+        formatter_class=Help,
+    )
+    p.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                   help="tracking URI, e.g. sqlite:///runs/demo/mlflow.db (default: "
+                        "$MLFLOW_TRACKING_URI)")  # fmt: skip
+    p.add_argument("--experiment", required=True, help="MLflow experiment to gather")
+    p.add_argument("--output", required=True, help="folder for report.md and the figures")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "ui",
+        help="open a pipeline's MLflow store in the MLflow UI",
+        description="Runs `mlflow ui` on OUTPUT/mlflow.db (a store copied or moved elsewhere "
+        "is pointed at the mlartifacts folder beside it first).",
+        formatter_class=Help,
+    )
+    p.add_argument("output", help="the pipeline's output folder (holding mlflow.db)")
+    p.add_argument("--port", type=int, default=5000, help="port of the UI")
+    p.add_argument("--host", default="127.0.0.1", help="address the UI listens on")
+    p.set_defaults(func=cmd_ui)

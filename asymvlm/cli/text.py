@@ -1,0 +1,123 @@
+"""``asymvlm score-text``: new captions in, kappa and uncertainty out (:class:`asymvlm.Scorer`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from asymvlm.cli.common import Help
+from asymvlm.errors import ConfigError
+
+logger = logging.getLogger("asymvlm.cli")
+
+
+def read_captions(path: str, column: str) -> list[str]:
+    """Captions of a ``.txt`` file (one a line) or a ``.parquet`` file (``column``); an empty or
+    missing caption is an error naming its line or row."""
+    try:
+        return _captions_of(path, column)
+    except (OSError, pa.ArrowInvalid) as exc:  # missing, unreadable, not Parquet
+        raise ConfigError(f"{path}: cannot read the captions ({exc})") from None
+
+
+def _captions_of(path: str, column: str) -> list[str]:
+    if path.endswith(".parquet"):
+        schema = pq.read_schema(path)
+        if column not in schema.names:
+            names = ", ".join(schema.names)
+            raise ConfigError(f"{path}: no column {column!r} (columns: {names}); "
+                              "choose one with --column")  # fmt: skip
+        values = pq.read_table(path, columns=[column]).column(column).to_pylist()
+        for row, text in enumerate(values):
+            if not isinstance(text, str) or not text.strip():
+                raise ConfigError(f"{path} row {row}: {column!r} is not a caption "
+                                  f"({text!r})")  # fmt: skip
+        return values
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            raise ConfigError(f"{path} line {number}: empty caption")
+    return lines
+
+
+def cmd_score_text(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from asymvlm.scoring import Scorer, ScoringInputError
+
+    if bool(args.captions) == bool(args.input):
+        raise ConfigError("give captions on the command line or --input FILE, not both")
+    if args.output and not args.output.endswith(".parquet"):
+        raise ConfigError(f"--output {args.output}: write a .parquet file")
+    captions = list(args.captions) or read_captions(args.input, args.column)
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
+    scorer = Scorer.from_checkpoint(args.checkpoint, encoder=args.encoder, device=args.device,
+                                    batch_size=args.batch_size,
+                                    tracking_uri=args.tracking_uri)  # fmt: skip
+    chunk = args.batch_size * 16
+    writer, tmp = None, None
+    try:
+        with tqdm(total=len(captions), unit="caption", disable=args.quiet or not args.input,
+                  desc="scoring") as bar:  # fmt: skip
+            for start in range(0, len(captions), chunk):
+                try:
+                    result = scorer.caption_uncertainty(captions[start : start + chunk])
+                except ScoringInputError as exc:  # positions are the file's, not the chunk's
+                    raise exc.moved(start) from None
+                if args.output:
+                    table = result.table()
+                    if writer is None:
+                        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+                        tmp = args.output + ".tmp"
+                        writer = pq.ParquetWriter(tmp, table.schema)
+                    writer.write_table(table)
+                else:
+                    for record in result.records():
+                        print(json.dumps(record, ensure_ascii=False))
+                bar.update(len(result.text))
+        if writer is not None:
+            writer.close()
+            writer = None
+            os.replace(tmp, args.output)
+            logger.info("%d captions scored -> %s", len(captions), args.output)
+    finally:
+        if writer is not None:  # failed half way: nothing half-written is left
+            writer.close()
+            os.remove(tmp)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "score-text",
+        help="kappa and uncertainty of new captions (text in: the adapter's own encoder)",
+        formatter_class=Help,
+        description="Embed captions with the frozen encoder the adapter's tables were embedded "
+        "with (recorded in its checkpoint) and print one JSON object per caption (text, kappa "
+        "where the method has one, uncertainty), or write them to --output as Parquet.",
+    )
+    p.add_argument("captions", nargs="*", metavar="CAPTION", help="captions to score")
+    p.add_argument("--checkpoint", required=True, metavar="DIR|URI",
+                   help="checkpoint folder or MLflow model URI (runs:/.., models:/..)")
+    p.add_argument("--input", metavar="FILE", help="captions.txt (one a line) or .parquet")
+    p.add_argument("--column", default="text", help="the caption column of a .parquet input")
+    p.add_argument("--output", metavar="FILE.parquet", help="write text, kappa, uncertainty here")
+    p.add_argument("--encoder", default=None, metavar="MODEL",
+                   help="the encoder to use instead of the one the checkpoint names (a moved "
+                   "folder)")  # fmt: skip
+    p.add_argument("--tracking-uri", default=None,
+                   help="the MLflow store of a runs:/ or models:/ URI (default: "
+                   "$MLFLOW_TRACKING_URI)")  # fmt: skip
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--batch-size", type=int, default=256, help="captions encoded at once")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_score_text)

@@ -1,0 +1,161 @@
+"""``asymvlm train``, ``asymvlm import-official`` and ``asymvlm methods``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from asymvlm.cli.common import Help, add_data_args, parse_kv
+from asymvlm.config import add_model_flags, model_values, validate
+from asymvlm.errors import CheckpointError, ConfigError
+from asymvlm.methods import METHODS
+from asymvlm.training import TrainConfig
+
+logger = logging.getLogger("asymvlm.cli")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from asymvlm.checkpoints import check_resumable, checkpoint_to_resume
+    from asymvlm.protocol import train
+    from asymvlm.training import resolve_device
+
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise ConfigError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
+    doc = {**model_values(args, args.train_keys), "device": args.device,
+           "method_kwargs": parse_kv(args.method_arg)}  # fmt: skip
+    cfg = validate(TrainConfig, doc, "asymvlm train", flags=True)
+    device = resolve_device(cfg.device)
+    previous = checkpoint_to_resume(args.output, resume=args.resume, overwrite=args.overwrite)
+    if previous is not None:
+        check_resumable(args.output, previous, cfg, args.embeddings, args.split)
+        epoch = previous.get("epoch")
+        where = "" if epoch is None else f" (epoch {epoch} of {previous.get('epochs')})"
+        if previous["complete"]:
+            logger.info("%s already holds a complete checkpoint%s; nothing to do", args.output,
+                        where)  # fmt: skip
+            return 0
+        logger.info("resuming %s%s", args.output, where)
+    if METHODS[cfg.method].trainable:
+        logger.info(
+            "training %s on %s/%s (%d epochs, %s lr=%g, batch %d, device %s)", cfg.method,
+            args.embeddings, args.split, cfg.epochs, cfg.optimizer, cfg.lr, cfg.batch_size, device,
+        )  # fmt: skip
+    else:  # nothing is trained: fitted post hoc (bayesvlm) or used as is (clip)
+        logger.info("fitting %s on %s/%s (no training; device %s)", cfg.method,
+                    args.embeddings, args.split, device)  # fmt: skip
+    _, history = train(
+        args.embeddings,
+        args.split,
+        cfg,
+        output=args.output,
+        progress=not args.quiet,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
+    if history:
+        logger.info("final train_loss %.4f", history[-1]["train_loss"])
+    logger.info("checkpoint written to %s", args.output)
+    return 0
+
+
+def cmd_import_official(args: argparse.Namespace) -> int:
+    import torch
+
+    from asymvlm.checkpoints import check_output, checkpoint_to_resume, save_checkpoint
+    from asymvlm.methods import official
+
+    try:
+        method = official.method_name(args.method)
+    except KeyError as err:
+        raise ConfigError(f"--method: {err.args[0]}") from None
+    if not os.path.isfile(args.checkpoint):
+        raise CheckpointError(f"--checkpoint {args.checkpoint}: no such file")
+    try:
+        state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle/zip errors of a file that is not a torch checkpoint
+        raise CheckpointError(
+            f"{args.checkpoint}: not a torch state dict ({type(err).__name__}: {err})"
+        ) from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{args.checkpoint}: expected a state dict of tensors")
+    try:
+        model = official.load_official(method, state)
+    except (KeyError, ValueError, StopIteration) as err:
+        detail = err.args[0] if err.args else "no layer found"
+        raise CheckpointError(f"{args.checkpoint}: {detail}") from None
+    check_output(args.output)
+    checkpoint_to_resume(args.output, resume=False, overwrite=args.overwrite)  # refuses one
+    cfg = TrainConfig(method=method, protocol="official", device="cpu")
+    save_checkpoint(args.output, model, cfg, official.official_dim(method, state),
+                    {"imported_from": os.path.abspath(args.checkpoint)})  # fmt: skip
+    logger.info("%s (official %s, %d parameters) -> %s", method, args.method,
+                sum(p.numel() for p in model.parameters()), args.output)  # fmt: skip
+    return 0
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    for name in sorted(METHODS):
+        cls = METHODS[name]
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        print(f"{name:22s} {doc}\n{'':22s} uncertainty: {cls.uncertainty_doc}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a method on cached embeddings",
+        description="Train one method; paper defaults: SGD momentum 0.9, cosine to 1e-6, "
+        "batch 2048 (App. B.4).",
+        formatter_class=Help,
+    )
+    add_data_args(p, "train")
+    keys = add_model_flags(p, TrainConfig, exclude=("device",), required=("method",),
+                           choices={"method": sorted(METHODS)},
+                           metavars={"stream_memory_bytes": "BYTES",
+                                     "shuffle_buffer": "ROWS"})  # fmt: skip
+    p.add_argument(
+        "--method-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra method constructor argument (repeatable)",
+    )
+    p.add_argument("--output", required=True, metavar="DIR",
+                   help="checkpoint folder (config.json, model.pt, history.jsonl, trainer.pt), "
+                        "written as a whole")  # fmt: skip
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="also write an incomplete checkpoint every N epochs, to --resume from "
+                        "(default: only the final one)")  # fmt: skip
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue the checkpoint in --output (same flags, --epochs too); a "
+                            "complete one is left as it is; without one, start fresh")  # fmt: skip
+    again.add_argument("--overwrite", action="store_true",
+                       help="replace a checkpoint already in --output")  # fmt: skip
+    p.set_defaults(func=cmd_train, train_keys=keys)
+
+    p = sub.add_parser(
+        "import-official",
+        help="turn a checkpoint of the authors' train.py into one of this project",
+        description="Reads torch.save(adaptor.state_dict()) of the authors' code "
+        "(li-ju666/asymvlm) and writes a complete checkpoint of the same method under "
+        "protocol official, for asymvlm evaluate/score.",
+        formatter_class=Help,
+    )
+    p.add_argument("--method", required=True,
+                   help="the official --method key (asymvlm-vmf, asymvlm-psd, probvlm, pfe, "
+                        "pcmepp, prolip) or this project's name")  # fmt: skip
+    p.add_argument("--checkpoint", required=True, metavar="FILE",
+                   help="the official .pt (checkpoints/<data>/<seed>/<method>.pt)")  # fmt: skip
+    p.add_argument("--output", required=True, metavar="DIR", help="checkpoint folder to write")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a checkpoint already in --output")  # fmt: skip
+    p.set_defaults(func=cmd_import_official)
+
+    p = sub.add_parser("methods", help="list the registered methods and their uncertainty")
+    p.set_defaults(func=cmd_methods)

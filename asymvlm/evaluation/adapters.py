@@ -1,0 +1,61 @@
+"""The trained adapters an evaluation takes: checkpoint folders, or a sweep's seed runs.
+
+Both give ``"<method>/seed<k>"`` -> the method, with its ``adapter_input`` attribute set from
+its checkpoint (what it reads from the tables), ready for :func:`asymvlm.evaluation.registry.
+evaluate`; the frozen model is added by :func:`~asymvlm.evaluation.registry.with_frozen`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from asymvlm.checkpoints import is_model_uri, load_checkpoint, resolve_checkpoint
+from asymvlm.errors import CheckpointError
+from asymvlm.methods import Method
+
+__all__ = ["checkpoint_adapters", "sweep_adapters"]
+
+logger = logging.getLogger(__name__)
+
+
+def _named(method: Method, meta: dict[str, Any]) -> tuple[str, Method]:
+    method.adapter_input = meta.get("adapter_input", "raw")
+    seed = meta.get("train_config", {}).get("seed", 0)
+    return f"{meta['method']}/seed{seed}", method
+
+
+def checkpoint_adapters(
+    folders: Iterable[str], device: str | torch.device = "cpu", *, allow_incomplete: bool = False
+) -> dict[str, Method]:
+    """The adapters of checkpoint folders (or MLflow model URIs), by ``method/seed<k>``."""
+    return dict(
+        _named(*load_checkpoint(resolve_checkpoint(f) if is_model_uri(f) else f, device,
+                                allow_incomplete=allow_incomplete))
+        for f in folders
+    )  # fmt: skip
+
+
+def sweep_adapters(tracking_uri: str, sweep_run_id: str) -> dict[str, Method]:
+    """The seed-stage adapters of a sweep (its run ``sweep_run_id``), loaded from its trials'
+    ``adapter`` models. Only FINISHED runs take part: a failed (e.g. diverged) trial has no
+    adapter. A finished run without one (the frozen ``clip`` or ``bayesvlm`` of a sweep run
+    before their trials saved a checkpoint) is left out with a warning."""
+    from asymvlm.tracking import child_runs
+
+    out: dict[str, Method] = {}
+    children = child_runs(tracking_uri, sweep_run_id, stage="seeds")
+    for child in sorted(children, key=lambda c: (c.data.params["method"], c.data.params["seed"])):
+        try:
+            folder = resolve_checkpoint(f"runs:/{child.info.run_id}/adapter", tracking_uri)
+        except CheckpointError:
+            logger.warning("trial run %s (%s, seed %s) has no adapter model: left out of the "
+                           "evaluations", child.info.run_id, child.data.params["method"],
+                           child.data.params["seed"])  # fmt: skip
+            continue
+        name, method = _named(*load_checkpoint(folder))
+        out[name] = method
+    return out

@@ -1,0 +1,319 @@
+"""The whole pipeline's config: :class:`PipelineConfig` (prepare, embed, sweeps, evaluations,
+report), and the optional data its items may require."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Mapping
+from dataclasses import fields, replace
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
+
+from asymvlm import storage
+from asymvlm.config import StrictModel
+from asymvlm.data.embed import EmbedConfig
+from asymvlm.errors import ConfigError
+from asymvlm.evaluation.registry import EVALUATIONS
+from pipelines.schema.sweep import (
+    Absolute,
+    MlflowSettings,
+    PositiveInt,
+    StorageSettings,
+    SweepConfig,
+    default_store,
+)
+
+__all__ = [
+    "CLASS_SET_ROLES",
+    "EVALUATION_ITEMS",
+    "OPTIONAL_DATA",
+    "EmbedSection",
+    "PipelineConfig",
+    "SyntheticPrepare",
+    "drop_unavailable",
+    "required_data",
+]
+
+
+# -- evaluations --------------------------------------------------------------------------------
+class _EvaluationItem(StrictModel):
+    """What the pipeline adds to an evaluation's spec: whose adapters it evaluates."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    sweep: str | None = Field(None, description="the sweep whose seed adapters are evaluated")
+    frozen: bool = Field(False, description="also the frozen model (clip)")
+    dim: PositiveInt | None = Field(None, description="the width of a frozen-only evaluation")
+    note: str | None = Field(None, description="a note shown in MLflow and the report")
+
+
+#: One pipeline evaluation per kind of the registry: the kind's spec plus the pipeline's keys.
+EVALUATION_ITEMS = {
+    kind: create_model(f"{ev.spec_model.__name__.removesuffix('Spec')}Evaluation",
+                       __base__=(ev.spec_model, _EvaluationItem))  # fmt: skip
+    for kind, ev in EVALUATIONS.items()
+}
+Evaluation = Annotated[
+    Union[tuple(EVALUATION_ITEMS.values())],  # noqa: UP007 - a union of the registry's kinds
+    Field(discriminator="kind"),
+]
+
+
+# -- prepare ------------------------------------------------------------------------------------
+class SyntheticClasses(StrictModel):
+    """``prepare.synthetic.classes``: the classification sets written next to the world
+    (:class:`asymvlm.synthetic.ClassificationSpec`): ``ROOT-positives``, ``ROOT-negatives`` and,
+    for a world with two domains, ``ROOT-zeroshot`` (split ``test``)."""
+
+    level: Annotated[int, Field(ge=0)] = 1
+    n_classes: PositiveInt | None = None
+    positives: PositiveInt = 1000
+    negatives: PositiveInt = 1000
+    zeroshot: PositiveInt = 1000
+    templates: Annotated[list[str], Field(min_length=1)] | None = None
+
+
+#: The sets :func:`asymvlm.synthetic.write_classification_sets` writes, by role.
+CLASS_SET_ROLES = ("positives", "negatives", "zeroshot")
+
+
+class SyntheticPrepare(StrictModel):
+    """``prepare.synthetic``: the synthetic world's output and its WorldConfig knobs.
+
+    ``preset`` names a world (:data:`asymvlm.synthetic.PRESETS`); the sizes and knobs given
+    beside it override the preset's. Without a preset the sizes default to 8000/1000/1000
+    images and the knobs to :class:`~asymvlm.synthetic.WorldConfig`'s. ``classes`` (``true``
+    or the keys of :class:`SyntheticClasses`) also writes the classification sets."""
+
+    model_config = ConfigDict(extra="allow")
+    output: Absolute
+    preset: Literal["demo", "coco"] | None = None
+    train_images: PositiveInt | None = None
+    val_images: Annotated[int, Field(ge=0)] | None = None
+    test_images: Annotated[int, Field(ge=0)] | None = None
+    classes: SyntheticClasses | None = None
+
+    @field_validator("classes", mode="before")
+    @classmethod
+    def _classes_flag(cls, value: Any) -> Any:
+        """``classes: true`` is every default of :class:`SyntheticClasses`; ``false``: none."""
+        if value is True:
+            return {}
+        return None if value is False else value
+
+    @model_validator(mode="after")
+    def _world_keys(self) -> SyntheticPrepare:
+        from asymvlm.synthetic import WorldConfig
+
+        known = [f.name for f in fields(WorldConfig) if f.name != "splits"]
+        for key in self.model_extra or {}:
+            if key not in known:
+                hint = difflib.get_close_matches(key, known + list(type(self).model_fields), 1)
+                tip = f" (did you mean {hint[0]!r}?)" if hint else ""
+                raise ValueError(f"unknown key {key!r}{tip}")
+        self.world_config()  # every knob's value is checked here, not when the stage runs
+        return self
+
+    def world_config(self) -> Any:
+        """The :class:`~asymvlm.synthetic.WorldConfig` this section describes."""
+        from asymvlm.synthetic import PRESETS, WorldConfig
+
+        base = PRESETS[self.preset] if self.preset else WorldConfig()
+        splits = dict(base.splits) if self.preset else {"train": 8000, "val": 1000, "test": 1000}
+        for split in ("train", "val", "test"):
+            given = getattr(self, f"{split}_images")
+            if given is not None:
+                splits[split] = given
+        try:
+            return replace(base, splits=splits, **(self.model_extra or {}))
+        except (TypeError, ValueError) as err:  # a knob's value out of range or of a bad type
+            raise ValueError(f"world knobs: {err}") from None
+
+    def classification_spec(self) -> Any:
+        """The :class:`~asymvlm.synthetic.ClassificationSpec` of ``classes`` (None: no sets)."""
+        if self.classes is None:
+            return None
+        from asymvlm.synthetic import ClassificationSpec
+
+        keys = self.classes.model_dump(exclude_none=True)
+        if "templates" in keys:
+            keys["templates"] = tuple(keys["templates"])
+        return ClassificationSpec(**keys)
+
+    def class_set_roots(self) -> dict[str, str]:
+        """Role -> table root of the classification sets this section writes (``{}``: none);
+        the zero-shot set only for a world with two domains."""
+        if self.classes is None:
+            return {}
+        world = self.world_config()
+        two_domains = world.finetune_roots is not None and world.finetune_roots < world.branching[0]
+        roles = CLASS_SET_ROLES if two_domains else CLASS_SET_ROLES[:2]
+        base = self.output.rstrip("/")
+        return {role: f"{base}-{role}" for role in roles}
+
+
+class HierarCapsCifarPrepare(StrictModel):
+    hierarcaps: str
+    output: Absolute
+    n_classes: Annotated[int, Field(ge=2)] = 5
+
+
+class PrepareConfig(StrictModel):
+    """Offline stand-ins written before the embedding stage."""
+
+    tiny_clip: Absolute | None = None
+    synthetic: SyntheticPrepare | None = None
+    hierarcaps_cifar: HierarCapsCifarPrepare | None = None
+
+
+# -- embed --------------------------------------------------------------------------------------
+class EmbedSection(StrictModel):
+    """``embed``: ``defaults`` + ``jobs``, each job an :class:`~asymvlm.data.embed.EmbedConfig`
+    once the defaults are merged into it."""
+
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    jobs: list[EmbedConfig] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _with_defaults(cls, data: Any) -> Any:
+        """Each job with the defaults under its own keys."""
+        if not isinstance(data, dict) or not isinstance(data.get("jobs") or [], list):
+            return data
+        defaults = dict(data.get("defaults") or {})
+        jobs = [{**defaults, **job} if isinstance(job, dict) else job
+                for job in data.get("jobs") or []]  # fmt: skip
+        return {**data, "jobs": jobs}
+
+
+class ReportConfig(StrictModel):
+    output: str | None = None
+
+
+# -- the pipeline -------------------------------------------------------------------------------
+class PipelineConfig(StrictModel):
+    """``pipelines/full.py``: prepare -> embed -> sweep -> evaluate -> report.
+
+    Validated with its name and output known (:func:`pipelines.schema.load_pipeline`): every
+    sweep gets the pipeline's MLflow store and storage and the output
+    ``<output>/sweeps/<name>`` unless it names one, before it is validated."""
+
+    name: str
+    output: Absolute
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
+    prepare: PrepareConfig = Field(default_factory=PrepareConfig)
+    embed: EmbedSection = Field(default_factory=EmbedSection)
+    sweeps: list[SweepConfig] = Field(default_factory=list)  # type: ignore[valid-type]
+    evaluations: list[Evaluation] = Field(default_factory=list)  # type: ignore[valid-type]
+    report: ReportConfig = Field(default_factory=ReportConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve(cls, data: Any) -> Any:
+        """The store (experiment ``asymvlm-<name>``, SQLite beside the output), and each sweep's
+        MLflow, storage and output from the pipeline's."""
+        if not isinstance(data, dict) or "output" not in data or "name" not in data:
+            return data
+        doc = dict(data)
+        doc["output"] = storage.absolute(doc["output"])
+        default_store(doc, f"asymvlm-{doc['name']}")
+        sweeps = []
+        for i, sweep in enumerate(doc.get("sweeps") or []):
+            if not isinstance(sweep, dict):
+                sweeps.append(sweep)
+                continue
+            if not sweep.get("name"):
+                raise ValueError(f"sweeps[{i}] needs a name")
+            sweep = {**sweep, "mlflow": dict(doc["mlflow"]),
+                     "storage": dict(doc.get("storage") or {})}  # fmt: skip
+            sweep["output"] = sweep.get("output") or storage.uri_join(doc["output"], "sweeps",
+                                                                      sweep["name"])  # fmt: skip
+            sweeps.append(sweep)
+        doc["sweeps"] = sweeps
+        return doc
+
+    @model_validator(mode="after")
+    def _references(self) -> PipelineConfig:
+        names = [s.name for s in self.sweeps]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"every sweep needs a unique name; repeated: {dupes}")
+        for i, ev in enumerate(self.evaluations):
+            if ev.sweep and ev.sweep not in names:
+                raise ValueError(f"evaluations[{i}] names unknown sweep {ev.sweep!r}")
+            if ev.frozen and not ev.sweep and ev.dim is None:
+                raise ValueError(f"evaluations[{i}]: a frozen-only evaluation needs dim")
+        if storage.is_remote(self.output):
+            for key in ("tiny_clip", "hierarcaps_cifar"):
+                where = getattr(self.prepare, key)
+                where = getattr(where, "output", where)
+                if where and storage.is_remote(where):
+                    raise ValueError(f"prepare.{key} writes local files; give it a local "
+                                     f"folder, not {where}")  # fmt: skip
+        return self
+
+    def sweep(self, name: str) -> Any:
+        """The sweep called ``name``."""
+        return next(s for s in self.sweeps if s.name == name)
+
+
+# -- optional data ------------------------------------------------------------------------------
+#: Data sets a pipeline item may declare with ``requires: [name]``: without them the item is
+#: left out (the demo's HierarCaps part, when there is neither a copy nor network).
+OPTIONAL_DATA = ("hierarcaps",)
+
+
+def _requiring_items(doc: Mapping[str, Any]):
+    """``(label, item)`` for every prepare entry, embedding job, sweep and evaluation."""
+    for key, item in (doc.get("prepare") or {}).items():
+        if isinstance(item, dict):
+            yield f"prepare.{key}", item
+    for i, job in enumerate((doc.get("embed") or {}).get("jobs") or []):
+        if isinstance(job, dict):
+            yield f"embed.jobs[{i}]", job
+    for section in ("sweeps", "evaluations"):
+        for i, item in enumerate(doc.get(section) or []):
+            if isinstance(item, dict):
+                yield f"{section}[{item.get('name') or i}]", item
+
+
+def required_data(doc: Mapping[str, Any]) -> set[str]:
+    """The optional data sets that items of a pipeline document declare in ``requires``."""
+    return {name for _, item in _requiring_items(doc) for name in item.get("requires") or []}
+
+
+def drop_unavailable(
+    doc: dict[str, Any], available: Mapping[str, bool], source: str
+) -> tuple[dict[str, Any], list[str]]:
+    """``doc`` without the items whose ``requires`` names a data set that is not available (and
+    without evaluations of a sweep so dropped), the ``requires`` keys removed; plus the labels
+    of what was left out. An unknown name in ``requires`` is a :class:`ConfigError`."""
+    doc = copy.deepcopy(doc)
+    dropped: list[str] = []
+    gone: list[int] = []
+    for label, item in list(_requiring_items(doc)):
+        needs = item.get("requires") or []
+        if not isinstance(needs, list) or any(n not in OPTIONAL_DATA for n in needs):
+            raise ConfigError(f"{source}: {label}.requires: expected a list of "
+                              f"{list(OPTIONAL_DATA)}, got {needs!r}")  # fmt: skip
+        if any(not available.get(n, True) for n in needs):
+            dropped.append(label)
+            gone.append(id(item))
+    names = {s.get("name") for s in doc.get("sweeps") or [] if id(s) in gone}
+    for i, ev in enumerate(doc.get("evaluations") or []):
+        if isinstance(ev, dict) and ev.get("sweep") in names and id(ev) not in gone:
+            dropped.append(f"evaluations[{i}]")
+            gone.append(id(ev))
+    prepare = doc.get("prepare") or {}
+    for key in [k for k, v in prepare.items() if id(v) in gone]:
+        del prepare[key]
+    if isinstance(doc.get("embed"), dict) and doc["embed"].get("jobs"):
+        doc["embed"]["jobs"] = [j for j in doc["embed"]["jobs"] if id(j) not in gone]
+    for section in ("sweeps", "evaluations"):
+        if doc.get(section):
+            doc[section] = [x for x in doc[section] if id(x) not in gone]
+    for _, item in _requiring_items(doc):
+        item.pop("requires", None)
+    return doc, dropped

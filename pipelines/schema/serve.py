@@ -1,0 +1,45 @@
+"""Serve's config: :class:`ServeConfig` (``pipelines/serve.py``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from asymvlm.config import StrictModel
+
+__all__ = ["ServeConfig"]
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class ServeConfig(StrictModel):
+    """``pipelines/serve.py``: a scorer (:class:`asymvlm.Scorer`) behind Ray Serve."""
+
+    checkpoint: str = Field(
+        description="a checkpoint folder or an MLflow model URI (runs:/..., models:/...)"
+    )
+    encoder: str | None = Field(None, description="instead of the encoder the checkpoint names")
+    tracking_uri: str | None = Field(
+        None, description="the MLflow store of a runs:/ or models:/ URI"
+    )
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
+    name: str = Field("asymvlm-scorer", description="the Serve application")
+    host: str = Field("127.0.0.1", description="the address Serve's HTTP proxy listens on")
+    port: Annotated[int, Field(ge=1, le=65535)] = Field(8000, description="its port")
+    route_prefix: str = Field("/", description="the routes' prefix")
+    replicas: PositiveInt = Field(1, description="replicas of the scorer")
+    cpus_per_replica: Annotated[float, Field(gt=0)] = Field(1.0, description="CPUs per replica")
+    gpus_per_replica: Annotated[float, Field(ge=0)] = Field(0.0, description="GPUs per replica")
+    batching: bool = Field(
+        True, description="dynamic batching: requests that arrive within batch_wait_timeout_s "
+        "of each other are embedded together (false: one by one)",
+    )  # fmt: skip
+    max_batch_size: PositiveInt = Field(32, description="requests embedded together, at most")
+    batch_wait_timeout_s: Annotated[float, Field(ge=0)] = Field(
+        0.01, description="how long a request waits for others"
+    )
+    encode_batch_size: PositiveInt = Field(256, description="captions encoded at once")
+    max_caption_chars: PositiveInt = Field(1000, description="characters per caption, at most")
+    max_captions: PositiveInt = Field(1024, description="captions per request, at most")
+    max_images: PositiveInt = Field(64, description="images per request, at most")

@@ -1,0 +1,163 @@
+"""Ray Serve wiring: the scorer (:class:`asymvlm.Scorer`) as a deployment behind FastAPI.
+
+The API (JSON):
+
+* ``POST /uncertainty`` ``{"captions": ["a dog", ...]}`` -> ``{"results": [{"text", "kappa"
+  (where the method has one), "uncertainty"}, ...]}`` -- the numbers of ``asymvlm score-text``;
+* ``POST /score`` ``{"captions": [...], "images": ["<base64 of an encoded image>", ...]}`` ->
+  ``{"scores": [[...]]}``, captions x images (log-likelihoods for AsymVLM);
+* ``GET /health`` -> ``{"status": "ok", "method", "dim", "encoder"}``.
+
+An empty, over-long or non-string caption, too many captions or images, or an image that does
+not decode is a 4xx with the reason (naming its position); nothing else reaches the client as a
+server error. The entry point is ``pipelines/serve.py``.
+"""
+
+# No ``from __future__ import annotations`` here: FastAPI reads the request models from the
+# endpoints' annotations at runtime.
+import base64
+import binascii
+import sys
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel
+from ray import serve
+
+from pipelines.schema import ServeConfig
+from pipelines.session import require_ray
+
+if __name__ != "__main__":  # see pipelines/ray_train.py: replicas may not have this folder
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+__all__ = ["ScorerDeployment", "check", "deploy"]
+
+app = FastAPI(title="asymvlm scorer", description="caption uncertainty of a trained adapter")
+
+
+class UncertaintyRequest(BaseModel):
+    captions: list[str]
+
+
+class ScoreRequest(BaseModel):
+    captions: list[str]
+    images: list[str]  # base64 of encoded images (JPEG, PNG, ...)
+
+
+def _bad(message: str) -> HTTPException:
+    return HTTPException(status_code=400, detail=message)
+
+
+@serve.deployment
+@serve.ingress(app)
+class ScorerDeployment:
+    """One replica: the scorer on its device; batched ``/uncertainty`` when ``batching``."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        from asymvlm.scoring import Scorer
+
+        self.cfg = ServeConfig.model_validate(settings)
+        self.scorer = Scorer.from_checkpoint(
+            self.cfg.checkpoint, encoder=self.cfg.encoder, device=self.cfg.device,
+            batch_size=self.cfg.encode_batch_size, tracking_uri=self.cfg.tracking_uri,
+        )  # fmt: skip
+        self._batched.set_max_batch_size(self.cfg.max_batch_size)
+        self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
+
+    # -- checks -------------------------------------------------------------------------------
+    def _captions(self, captions: list[str]) -> list[str]:
+        if not captions:
+            raise _bad("no captions")
+        if len(captions) > self.cfg.max_captions:
+            raise _bad(f"{len(captions)} captions; at most {self.cfg.max_captions} a request")
+        for i, text in enumerate(captions):
+            if not text.strip():
+                raise _bad(f"caption {i}: empty")
+            if len(text) > self.cfg.max_caption_chars:
+                raise _bad(f"caption {i}: {len(text)} characters; at most "
+                           f"{self.cfg.max_caption_chars}")  # fmt: skip
+        return captions
+
+    def _images(self, images: list[str]) -> list[bytes]:
+        if not images:
+            raise _bad("no images")
+        if len(images) > self.cfg.max_images:
+            raise _bad(f"{len(images)} images; at most {self.cfg.max_images} a request")
+        out = []
+        for i, text in enumerate(images):
+            try:
+                out.append(base64.b64decode(text, validate=True))
+            except (binascii.Error, ValueError):
+                raise _bad(f"image {i}: not base64") from None
+        return out
+
+    def _records(self, captions: list[str]) -> list[dict[str, Any]]:
+        from asymvlm.scoring import ScoringInputError
+
+        try:
+            return self.scorer.caption_uncertainty(captions).records()
+        except ScoringInputError as exc:
+            raise _bad(str(exc)) from None
+
+    # -- the API ------------------------------------------------------------------------------
+    @app.get("/health")
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "method": self.scorer.meta["method"],
+                "dim": int(self.scorer.meta["dim"]),
+                "encoder": self.scorer.encoder.info.model}  # fmt: skip
+
+    @app.post("/uncertainty")
+    async def uncertainty(self, request: UncertaintyRequest) -> dict[str, Any]:
+        captions = self._captions(request.captions)
+        if self.cfg.batching:
+            return {"results": await self._batched(captions)}
+        return {"results": self._records(captions)}
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
+    async def _batched(self, requests: list[list[str]]) -> list[list[dict[str, Any]]]:
+        """The captions of every request that came together, embedded as one batch."""
+        records = self._records([c for r in requests for c in r])
+        out, start = [], 0
+        for r in requests:
+            out.append(records[start : start + len(r)])
+            start += len(r)
+        return out
+
+    @app.post("/score")
+    async def score(self, request: ScoreRequest) -> dict[str, Any]:
+        from asymvlm.scoring import ScoringInputError
+
+        captions, images = self._captions(request.captions), self._images(request.images)
+        try:
+            scores = self.scorer.score(images, captions)
+        except ScoringInputError as exc:
+            raise _bad(str(exc)) from None
+        return {"scores": scores.tolist()}
+
+
+def check(cfg: ServeConfig) -> dict[str, Any]:
+    """Load the scorer once here: a bad checkpoint or encoder fails before any deployment.
+    Returns the adapter's ``config.json``."""
+    from asymvlm.scoring import Scorer
+
+    scorer = Scorer.from_checkpoint(cfg.checkpoint, encoder=cfg.encoder, device="cpu",
+                                    tracking_uri=cfg.tracking_uri)  # fmt: skip
+    return scorer.meta
+
+
+def deploy(cfg: ServeConfig) -> str:
+    """Start Serve's HTTP proxy on ``host:port`` on the running cluster and deploy the scorer;
+    returns its URL."""
+    require_ray("Serve")
+    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    options: dict[str, Any] = {"num_cpus": cfg.cpus_per_replica}
+    if cfg.gpus_per_replica:
+        options["num_gpus"] = cfg.gpus_per_replica
+    bound = ScorerDeployment.options(
+        name=cfg.name, num_replicas=cfg.replicas, ray_actor_options=options
+    ).bind(cfg.model_dump())
+    serve.run(bound, name=cfg.name, route_prefix=cfg.route_prefix, blocking=False)
+    prefix = cfg.route_prefix.rstrip("/")
+    return f"http://{cfg.host}:{cfg.port}{prefix}"

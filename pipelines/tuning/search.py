@@ -1,0 +1,87 @@
+"""Both stages of a sweep as one Tune experiment: :class:`StagedSearch`.
+
+Stage 1 (the lr grid at the first seed) and stage 2 (every other seed at each method's chosen
+lr) used to be two Tune experiments, one after the other. Here they are one, and a method's
+second stage starts as soon as *its* grid trials have ended (the lr of one method is chosen
+from that method's validation scores alone), while other methods' grid trials still run: the
+trial actors, and the tables they keep in memory, go on from trial to trial without a gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ray.tune.search import Searcher
+
+#: ``select(method, grid_trial_ids) -> that method's stage-2 trials``: called once per method,
+#: when every grid trial of the method has ended, with the Tune trial ids of those that did not
+#: fail (Tune hands searchers flattened results: the caller keeps the trials' own rows).
+Select = Callable[[str, list[str]], list[dict[str, Any]]]
+
+
+def member_keys(trial_id: str, size: int) -> list[str]:
+    """The keys of a trial's runs: the trial id, or ``<trial id>#<k>`` for the members of a
+    pack of ``size`` > 1."""
+    return [trial_id] if size == 1 else [f"{trial_id}#{k}" for k in range(size)]
+
+
+class StagedSearch(Searcher):
+    """Suggests ``{"stage": "grid", "trial": t}`` for every ``t`` of ``grid`` (``{"method",
+    "lr", "seed"}``), and for each of ``methods``, once its grid trials have ended (at once for
+    a method with none), ``{"stage": "seeds", "trial": t}`` for every ``t`` that ``select``
+    returns; then finishes. With ``pack`` > 1, up to that many consecutive trials of one
+    method in ``packable`` and one stage go out as one suggestion (``"pack"``: the members)."""
+
+    def __init__(
+        self,
+        methods: list[str],
+        grid: list[dict[str, Any]],
+        select: Select,
+        pack: int = 1,
+        packable: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__()
+        self._pack, self._packable = pack, packable
+        self._queue: list[tuple[str, dict[str, Any]]] = [("grid", t) for t in grid]
+        self._select = select
+        self._waiting = {m: sum(t["method"] == m for t in grid) for m in methods}
+        self._finished: dict[str, list[str]] = {m: [] for m in methods}
+        self._method_of: dict[str, str] = {}
+        self._size: dict[str, int] = {}
+        self._running: set[str] = set()
+
+    def _release(self) -> None:
+        """Queue the second stage of every method whose grid has ended."""
+        for method in [m for m, n in self._waiting.items() if n == 0]:
+            del self._waiting[method]
+            self._queue += [("seeds", t) for t in self._select(method, self._finished[method])]
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        self._release()
+        if self._queue:
+            stage, trial = self._queue.pop(0)
+            members = [trial]
+            if trial["method"] in self._packable:  # the next ones of this method and stage
+                while (len(members) < self._pack and self._queue and self._queue[0][0] == stage
+                       and self._queue[0][1]["method"] == trial["method"]):  # fmt: skip
+                    members.append(self._queue.pop(0)[1])
+            self._running.add(trial_id)
+            if stage == "grid":
+                self._method_of[trial_id] = trial["method"]
+                self._size[trial_id] = len(members)
+            if len(members) == 1:
+                return {"stage": stage, "trial": trial}
+            return {"stage": stage, "trial": trial, "pack": members}
+        return None if self._running or self._waiting else Searcher.FINISHED
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        self._running.discard(trial_id)
+        method = self._method_of.pop(trial_id, None)
+        if method is not None:  # a grid trial (or pack: its members are "<trial id>#<k>")
+            size = self._size.pop(trial_id, 1)
+            self._waiting[method] -= size
+            if not error:
+                self._finished[method] += member_keys(trial_id, size)

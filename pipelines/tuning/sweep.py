@@ -1,0 +1,393 @@
+"""Ray Tune sweep of the paper's protocol (App. B.4), tracked in MLflow: :func:`run_sweep`
+(the entry point is ``pipelines/sweep.py``; the full pipeline runs it too).
+
+Stage 1 grid-searches ``method x lr`` with seed 0; the best lr of every method is chosen on the
+**validation** split (mean of t2i and i2t Recall@1; the test split never takes part); stage 2
+repeats each method at its best lr with every seed in ``seeds`` -- except the first seed,
+which stage 1 already ran at that lr (that trial is reused, not run again).
+
+Trials (:mod:`pipelines.tuning.trials`): with ``num_workers: 1`` a trial runs the protocol inside
+the Tune trial on ``cpus_per_worker`` CPUs (or ``gpus_per_worker`` of a GPU: 0.25 puts four
+trials on one GPU), and the Tune actors are reused from trial to trial with the tables kept in
+memory -- no per-trial start-up; with ``num_workers > 1`` a trial is one Ray Train run
+(:mod:`pipelines.ray_train`, DDP over ``num_workers`` workers).
+
+MLflow (through :mod:`asymvlm.tracking`; the driver is the only writer): one run per sweep
+(nested under the pipeline run when there is one) with the resolved config, the git commit, the
+lr selection and the mean ± std table over seeds (Table A.2 layout, markdown and CSV); one
+nested run per trial, live: it opens when the trial starts, gets every epoch's metrics as the
+epoch ends (step = epoch), then the final metrics, the binned Recall@1 curves (JSON + PNG) and
+the adapter as an MLflow model, and ends FINISHED or FAILED with the reason. Default store:
+``sqlite:///<output>/mlflow.db`` -- open it with ``asymvlm ui <output>``.
+
+YAML keys: ``embeddings, methods, lr, seeds, epochs, batch_size, optimizer, num_workers,
+mlflow: {tracking_uri, experiment}``; optional ``output`` (default ``runs/<experiment>``),
+``train_split/val_split/test_split``, any :class:`asymvlm.training.TrainConfig` field
+(``hidden_dim``, ``depth``, ``weight_decay``, ``momentum``, ``adapter_input``, ``precision``),
+``method_kwargs: {method: {...}}``, ``checkpoint_every``, ``max_failures``, ``cpus_per_worker``,
+``gpus_per_worker``, ``trial_runner`` (``torch_trainer``: every trial through a TorchTrainer),
+``val_fraction`` (hold out that share of the training images for lr selection when the tables
+have no validation split) and ``test_embeddings`` (test tables from
+another root, e.g. COCO for adapters trained on CC-200k). Other keys are allowed and ignored
+here (the full pipeline reads them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+from typing import Any
+
+import yaml
+from ray import tune
+
+from asymvlm import config, results, storage, tables, tracking
+from asymvlm.errors import AsymVLMError, ConfigError
+from asymvlm.methods import METHODS
+from pipelines.schema import SweepConfig, check_shared_output
+from pipelines.session import require_ray
+from pipelines.tuning.search import StagedSearch
+from pipelines.tuning.trial_log import MlflowTrialLogger
+from pipelines.tuning.trials import (
+    SELECTION_METRIC,
+    direct_trial,
+    failure_reason,
+    torch_trainer_trial,
+)
+
+if __name__ != "__main__":  # see pipelines/ray_train.py
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+__all__ = [
+    "ADAPTERS_DIR",
+    "KEEP_CHECKPOINTS",
+    "SWEEP_RECORD",
+    "NoResults",
+    "check_tables",
+    "failures_markdown",
+    "run_sweep",
+    "select_lr",
+]
+
+logger = logging.getLogger("pipelines.sweep")
+
+SWEEP_RECORD = "sweep.json"  # written last: a sweep with it is done
+TRIAL_DRIVER_MEMORY = 256 * 1024**2  # bytes (a logical reservation)
+KEEP_CHECKPOINTS = 2  # per trial, the latest (a Ray Train run keeps as many of its own)
+
+
+def _concurrency(sweep: SweepConfig) -> int:
+    """Trials that fit the cluster at once (each needs num_workers x per-worker resources)."""
+    import ray
+
+    total = ray.cluster_resources()
+    workers = sweep.num_workers
+    fits = [int(total.get("CPU", 1) // max(workers * sweep.cpus_per_worker, 1e-9))]
+    if total.get("GPU", 0) > 0:
+        fits.append(int(total["GPU"] // (workers * sweep.gpus_per_worker)))
+    return max(1, min(fits))
+
+
+def _run_trials(
+    sweep: SweepConfig, search: StagedSearch, trial_logger, label: str, total: int
+):
+    """Both stages as one Tune experiment (:class:`~pipelines.stages.StagedSearch` hands out
+    the trials); returns (finished trials' final rows, failed trials with their reasons)."""
+    tune_path, tune_fs = storage.ray_storage(storage.uri_join(sweep.output, "tune"))
+    if sweep.uses_torch_trainer():
+        # The trial only drives its TorchTrainer, whose workers ask for their own CPUs/GPUs:
+        # it reserves no CPU (Tune needs some resource in a request: a little memory).
+        trainable = tune.with_resources(torch_trainer_trial,
+                                        {"cpu": 0, "memory": TRIAL_DRIVER_MEMORY})  # fmt: skip
+        retries = tune.FailureConfig(max_failures=0)  # the TorchTrainer retries its workers
+    else:  # the protocol runs in the trial: it holds the worker's CPUs (or GPU share)
+        import ray
+
+        gpu = ray.cluster_resources().get("GPU", 0) > 0
+        resources = {"cpu": sweep.cpus_per_worker, "gpu": sweep.gpus_per_worker if gpu else 0}
+        trainable = tune.with_resources(direct_trial, resources)
+        retries = tune.FailureConfig(max_failures=sweep.max_failures)
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"sweep": sweep},  # the validated sweep crosses the Tune boundary as is
+        tune_config=tune.TuneConfig(
+            search_alg=search,
+            num_samples=-1,  # until the search says it has finished
+            max_concurrent_trials=_concurrency(sweep),
+            # one process runs trial after trial, stage 1 into stage 2 (its splits stay
+            # loaded: PROCESS_CACHE)
+            reuse_actors=not sweep.uses_torch_trainer(),
+        ),
+        run_config=tune.RunConfig(
+            name="trials",
+            storage_path=tune_path,
+            storage_filesystem=tune_fs,
+            callbacks=[trial_logger],
+            failure_config=retries,
+            # a retry resumes from the latest; the older ones would pile up (a trial of 200
+            # epochs checkpoints every checkpoint_every of them)
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
+            verbose=0,  # one line per finished trial comes from the MLflow callback
+        ),
+    )
+    with (
+        contextlib.redirect_stdout(sys.stderr),  # stdout carries the result
+        trial_logger.progress(label, total),
+    ):
+        grid = tuner.fit()
+    done, failed = [], []
+    for r in grid:
+        members = r.config.get("pack") or [r.config["trial"]]
+        outcomes = (r.metrics or {}).get("pack_outcomes") if r.error is None else None
+        if outcomes is None and r.error is None and r.metrics and "outcome" in r.metrics:
+            outcomes = [r.metrics]
+        outcomes = outcomes or [{"failed": failure_reason(r.error)}] * len(members)
+        for trial, row in zip(members, outcomes, strict=True):
+            if "outcome" in row:
+                done.append(row)
+            else:
+                failed.append({"stage": r.config["stage"], **trial,
+                               "reason": row.get("failed") or failure_reason(r.error)})  # fmt: skip
+    return done, failed
+
+
+def _base_params(sweep: SweepConfig) -> dict[str, Any]:
+    try:
+        manifest = tables.read_manifest(sweep.embeddings)
+        model, dataset = manifest.model, manifest.to_dict().get("dataset")
+        splits = manifest.to_dict().get("splits", {})
+        dataset = dataset or splits.get(sweep.train_split, {}).get("dataset")
+    except Exception:  # the params are provenance; a missing manifest fails later, clearly
+        model, dataset = None, None
+    return {
+        "dataset": dataset or os.path.basename(os.path.normpath(sweep.embeddings)),
+        "embedding_model": model,
+        "embeddings": sweep.embeddings,
+        "git_commit": tracking.git_commit(),
+        "epochs": sweep.epochs,
+        "batch_size": sweep.batch_size,
+        "protocol": sweep.protocol,
+        "optimizer": sweep.optimizer or "per method (protocol default)",
+        "num_workers": sweep.num_workers,
+        **{k: getattr(sweep, k) for k in ("hidden_dim", "depth", "adapter_input")
+           if getattr(sweep, k) is not None},
+    }
+
+
+# -- the sweep ----------------------------------------------------------------------------------
+def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
+    """Stage 1 (grid, seed 0) -> lr selection on validation -> stage 2 (seeds) -> summary, on
+    the running Ray cluster.
+
+    The sweep's MLflow run is nested under ``parent`` (the pipeline run) when given."""
+    require_ray("a sweep")
+    check_tables(sweep)
+    if not storage.is_remote(sweep.output):
+        os.makedirs(sweep.output, exist_ok=True)
+    check_shared_output(sweep.output, sweep.storage.shared_filesystem)
+    uri, experiment = sweep.mlflow.tracking_uri, sweep.mlflow.experiment
+    base = _base_params(sweep)
+    params = {**{k: json.dumps(getattr(sweep, k)) for k in ("methods", "lr", "seeds")}, **base}
+    name = sweep.label
+
+    def open_sweep_run() -> tracking.Run:
+        try:
+            run = tracking.open_run(uri, experiment, f"sweep {name}", kind="sweep",
+                                    parent=parent, params=params,
+                                    tags={"note": str(sweep.note or ""), "sweep": name},
+                                    description=sweep.note or None)  # fmt: skip
+        except Exception as exc:  # stops the sweep at Tune's next event (MlflowTrialLogger)
+            raise ConfigError(f"mlflow.tracking_uri: cannot open the MLflow store "
+                              f"{config.redact(uri)}: {exc}") from None  # fmt: skip
+        run.log_text("config.yaml", yaml.safe_dump(sweep.model_dump(mode="json"),
+                                                   sort_keys=False))  # fmt: skip
+        logger.info("sweep %s: MLflow run %s in %s (experiment %r)", name, run.id,
+                    config.redact(uri), experiment)  # fmt: skip
+        return run
+
+    # The sweep's run is opened on the MLflow writer thread while Tune starts the first trials
+    # (creating a new SQLite store alone takes a second or two).
+    trial_logger = MlflowTrialLogger(sweep, open_sweep_run, base)
+    with tracking.ended(trial_logger.opened_parent):  # FINISHED, FAILED or KILLED
+        try:
+            selection, summary, failed, markdown, adapters = _stages(sweep, trial_logger, base)
+        finally:
+            trial_logger.close()  # every write done before the sweep's run ends
+    sweep_run = trial_logger.parent
+    storage.write_text(storage.uri_join(sweep.output, "summary.md"), markdown)
+    storage.write_text(
+        storage.uri_join(sweep.output, SWEEP_RECORD),
+        json.dumps({"parent_run_id": sweep_run.id, "experiment": experiment,
+                    "tracking_uri": config.redact(uri), "selection": selection,
+                    "summary": summary, "failed": failed, "adapters": adapters}, indent=2),
+    )  # fmt: skip
+    return {
+        "parent_run_id": sweep_run.id,
+        "experiment_id": sweep_run.client.get_run(sweep_run.id).info.experiment_id,
+        "tracking_uri": uri,
+        "selection": selection,
+        "summary": summary,
+        "failed": failed,
+        "adapters": adapters,
+        "markdown": markdown,
+        "child_run_ids": list(trial_logger.child_ids.values()),
+    }
+
+
+def _stages(sweep: SweepConfig, trial_logger, base: dict[str, Any]):
+    """Both stages and the summary, logged on the sweep's run (``trial_logger.parent``);
+    (selection, summary, failed, summary markdown, exported adapters)."""
+    name = sweep.label
+    first = sweep.seeds[0]
+    grid = [{"method": m, "lr": lr, "seed": first} for m in sweep.methods for lr in sweep.lr]
+    grid = grid if len(sweep.lr) > 1 else []  # one lr: nothing to select
+    selection: dict[str, dict[str, Any]] = {}
+    reused: list[dict[str, Any]] = []
+    seed_keys: list[str] = []  # the run keys of the seed stage's trials (reused ones first)
+
+    def select(method: str, trial_ids: list[str]) -> list[dict[str, Any]]:
+        """The grid of ``method`` is over: its best lr, and its stage-2 trials."""
+        keyed = [(k, trial_logger.final.get(k)) for k in trial_ids]
+        keyed = [(k, r) for k, r in keyed if r and "outcome" in r]
+        rows = [r for _, r in keyed]
+        if grid:
+            pick = select_lr(rows).get(method)
+        else:
+            pick = {"lr": sweep.lr[0], "score": None, "scores_by_lr": {}}
+        if pick is None:
+            logger.warning("sweep %s: %s failed at every lr; left out of stage 2", name, method)
+            return []
+        selection[method] = pick
+        # Stage 1 already ran the first seed at the chosen lr: that trial is stage 2's.
+        mine = [r for r in rows if r["lr"] == pick["lr"]]
+        reused.extend(mine)
+        seed_keys.extend(k for k, r in keyed if r["lr"] == pick["lr"])
+        trial_logger.join_seed_stage([k for k, r in keyed if r["lr"] == pick["lr"]])
+        trial_logger.submit(
+            lambda: trial_logger.parent.log_params({f"best_lr/{method}": pick["lr"]}))
+        seeds = [s for s in sweep.seeds if s not in {r["seed"] for r in mine}]
+        if grid:
+            logger.info("sweep %s: %s best lr %g (%s %.4f); stage 2: seeds %s", name, method,
+                        pick["lr"], SELECTION_METRIC, pick["score"],
+                        ", ".join(map(str, seeds)) or "none left")  # fmt: skip
+        return [{"method": method, "lr": pick["lr"], "seed": s} for s in seeds]
+
+    if grid:
+        logger.info("sweep %s, stage 1: %d trials (method x lr, seed %d); each method's stage 2 "
+                    "follows its grid", name, len(grid), first)  # fmt: skip
+    total = len(grid) + len(sweep.methods) * (len(sweep.seeds) - (1 if grid else 0))
+    packable = frozenset(m for m in sweep.methods if METHODS[m].trainable)
+    search = StagedSearch(sweep.methods, grid, select, sweep.pack, packable)
+    done, failed = _run_trials(sweep, search, trial_logger, name, total)
+    selection = {m: selection[m] for m in sweep.methods if m in selection}  # config order
+    if not selection:
+        raise NoResults(f"sweep {name}: every trial failed; first reason: "
+                        f"{failed[0]['reason']}")  # fmt: skip
+    repeats = reused + [r for r in done if r["stage"] == "seeds"]
+    flat = [
+        {"method": r["method"], "seed": r["seed"],
+         **results.retrieval_metric_names(r["outcome"].get("test", {}))}
+        for r in repeats
+    ]  # fmt: skip
+    summary = results.seed_summary(flat)
+    title = f"{base['dataset']} ({base['embedding_model']}), mean ± std over seeds"
+    markdown = results.summary_markdown(summary, title=title) + failures_markdown(failed)
+    seed_keys += [k for k, r in trial_logger.final.items() if r.get("stage") == "seeds"]
+    adapters = export_adapters(sweep, trial_logger, seed_keys)
+    sweep_run = trial_logger.parent
+    sweep_run.log_metrics({"failed_trials": len(failed)})
+    sweep_run.set_tags({"failed_trials": str(len(failed))})
+    sweep_run.log_text("summary.md", markdown)
+    sweep_run.log_text("summary.csv", results.summary_csv(summary))
+    sweep_run.log_json("selection.json", selection)
+    sweep_run.log_json("failures.json", failed)
+    sweep_run.log_metrics({
+        f"{method}/{col}_{stat}": stats[stat]
+        for method, cells in summary.items()
+        for col, stats in cells.items() if isinstance(stats, dict)
+        for stat in ("mean", "std")
+    })  # fmt: skip
+    return selection, summary, failed, markdown, adapters
+
+
+#: Where a sweep leaves its seed-stage adapters: ``<output>/adapters/<method>/seed<k>``.
+ADAPTERS_DIR = "adapters"
+
+
+def export_adapters(sweep: SweepConfig, trial_logger, keys: list[str]) -> dict[str, Any]:
+    """Every seed-stage adapter (the runs ``keys``) copied to
+    ``<output>/adapters/<method>/seed<seed>``, a checkpoint folder that ``asymvlm evaluate``,
+    ``score`` and ``score-text`` take; returns method -> seed -> its URI."""
+    out: dict[str, dict[str, str]] = {}
+    for key in dict.fromkeys(keys):
+        row = trial_logger.final[key]
+        uri = storage.uri_join(sweep.output, ADAPTERS_DIR, row["method"], f"seed{row['seed']}")
+        if trial_logger.export_adapter(key, uri):
+            out.setdefault(row["method"], {})[str(row["seed"])] = uri
+    return out
+
+
+class NoResults(AsymVLMError):
+    """Every trial of a sweep failed: nothing to select or summarise."""
+
+
+def failures_markdown(failed: list[dict[str, Any]]) -> str:
+    """The failed trials under the summary table: how many, which, and why."""
+    if not failed:
+        return ""
+    lines = ["", f"**{len(failed)} trial(s) failed** and are left out of the selection and "
+             "the table above:", "", "| stage | method | lr | seed | reason |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for f in failed:
+        reason = f["reason"].replace("|", "\\|")
+        lines.append(f"| {f['stage']} | {f['method']} | {f['lr']:g} | {f['seed']} | {reason} |")
+    return "\n".join(lines) + "\n"
+
+
+def check_tables(sweep: SweepConfig) -> None:
+    """Fail before any trial starts when the tables or splits the sweep needs are missing."""
+    needs = [(sweep.embeddings, sweep.train_split)]
+    if sweep.test_split:
+        needs.append((sweep.test_embeddings or sweep.embeddings, sweep.test_split))
+    for root, split in needs:
+        tables.read_manifest(root)  # raises TableError naming the missing manifest
+        if split not in tables.list_splits(root):
+            raise tables.TableError(
+                f"{root}: no split {split!r} (found {tables.list_splits(root)})"
+            )
+    val = sweep.val_split
+    if len(sweep.lr) > 1 and not val and not sweep.val_fraction:
+        raise ConfigError(
+            f"{len(sweep.lr)} learning rates but no validation data to choose among them: "
+            "set val_split or val_fraction (the test split never takes part in the choice)"
+        )
+    if val and val not in tables.list_splits(sweep.embeddings) and not sweep.val_fraction:
+        raise tables.TableError(
+            f"{sweep.embeddings}: no validation split {val!r}; add one or set val_fraction "
+            "to hold out training images for the lr selection"
+        )
+
+
+def select_lr(grid: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per method, the lr with the best validation score (ties: the smaller lr). Only trials
+    that finished with a finite score take part: a diverged or failed trial is never chosen,
+    and a method none of whose lrs finished is absent from the result."""
+    best: dict[str, dict[str, Any]] = {}
+    scores: dict[str, dict[str, float]] = {}
+    for r in sorted(grid, key=lambda r: (r["method"], r["lr"])):
+        score = float(r[SELECTION_METRIC])
+        if not math.isfinite(score):
+            continue
+        scores.setdefault(r["method"], {})[f"{r['lr']:g}"] = score
+        current = best.get(r["method"])
+        if current is None or score > current["score"]:
+            best[r["method"]] = {"lr": r["lr"], "score": score}
+    for method in best:
+        best[method]["scores_by_lr"] = scores[method]
+    return best

@@ -1,0 +1,78 @@
+"""The exit-code mapping knows the project's error types and the config boundary's validation
+errors; anything else is a bug and shows its traceback."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from asymvlm.data.sources import SourceError
+from asymvlm.errors import (
+    EXIT_DIVERGED,
+    EXIT_USER_ERROR,
+    AsymVLMError,
+    CheckpointError,
+    ConfigError,
+    NonFiniteError,
+    exit_code,
+    guarded,
+)
+from asymvlm.tables import TableError
+
+
+def _raise(exc: BaseException):
+    def main() -> int:
+        raise exc
+
+    return main
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (ConfigError("c.yaml: epochs = 0: too small"), EXIT_USER_ERROR),
+        (CheckpointError("ckpt: no config.json"), EXIT_USER_ERROR),
+        (TableError("t/train/texts/part-0.parquet row 3: NaN"), EXIT_USER_ERROR),
+        (SourceError("captions.json: line 2: not JSON"), EXIT_USER_ERROR),
+        (NonFiniteError("non-finite loss at epoch 2"), EXIT_DIVERGED),
+    ],
+)
+def test_the_projects_errors_are_one_line_and_their_code(exc, code, capsys) -> None:
+    assert isinstance(exc, AsymVLMError)
+    assert guarded(_raise(exc)) == code
+    err = capsys.readouterr().err
+    assert err == f"error: {exc}\n"
+
+
+@pytest.mark.parametrize("exc", [ValueError("a bug"), OSError(5, "a bug"), KeyError("bug"),
+                                 TypeError("a bug"), RuntimeError("a bug")])  # fmt: skip
+def test_anything_else_is_a_bug_with_its_traceback(exc) -> None:
+    assert exit_code(exc) is None
+    with pytest.raises(type(exc)):
+        guarded(_raise(exc))
+
+
+def test_a_validation_error_that_escaped_the_config_boundary_is_one_line(capsys) -> None:
+    class Spec(BaseModel):
+        epochs: int
+
+    with pytest.raises(ValidationError) as caught:
+        Spec(epochs="many")
+    assert guarded(_raise(caught.value)) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("error: Spec: epochs: Input should be a valid integer")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_errors_imports_no_project_module() -> None:
+    """The leaf: errors.py reads no module of the project (the contract in pyproject.toml
+    checks the graph; this checks the file as the interpreter sees it)."""
+    import ast
+    import inspect
+
+    from asymvlm import errors
+
+    tree = ast.parse(inspect.getsource(errors))
+    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in imported if m and m.split(".")[0] in ("asymvlm", "pipelines")]
