@@ -6,7 +6,7 @@ stage 1 ``methods x lr`` at the first seed, stage 2 the other seeds at each meth
 
 * **sweep** -- ``pipelines/tuning/sweep.py``'s ``run_sweep`` as a user runs it (both stages, lr
   selection, MLflow runs with every epoch's metrics, curves and adapters, summary);
-* **sequential** -- a plain loop of :func:`asymvlm.training.run_protocol` over the same
+* **sequential** -- a plain loop of :func:`asymvlm.protocol.run_protocol` over the same
   (method, lr, seed) list, every run reading its tables (no Ray, no MLflow), once at torch's
   default threads and once at one thread; the faster is the baseline;
 * **torch_trainer** (unless ``--no-torch-trainer``) -- the sweep with

@@ -2,7 +2,7 @@
 
 A checkpoint records the frozen encoder its tables were embedded with (``encoder`` in its
 ``config.json``: the model id or local directory, revision, family, the SHA-256 of a local
-model's files, the embedding width; :func:`asymvlm.training.checkpoint.provenance`).
+model's files, the embedding width; :func:`asymvlm.checkpoints.provenance`).
 :class:`Scorer` loads that encoder (:class:`asymvlm.data.encoder.Encoder`, the embedding stage's
 own) beside the adapter, so that a caption scored here gets the numbers ``asymvlm score`` gives
 for the same caption in a table embedded with the same encoder:

@@ -12,7 +12,7 @@ member's own gradient on its own parameters. Everything else stays per member, e
 unpacked :class:`~asymvlm.training.Trainer` has it (each member *is* driven through its own
 ``Trainer``):
 
-* its initialisation, built under its own seed as :class:`~asymvlm.training.TrainingRun`
+* its initialisation, built under its own seed as :class:`~asymvlm.protocol.TrainingRun`
   builds it (``torch.manual_seed(seed)``, then ``build_method``), and its own global-RNG
   stream, swapped in whenever member code may draw from it (``fit_start``, evaluation);
 * its per-epoch permutation (``epoch_generator(seed, 0, epoch)``), optimiser state, cosine
@@ -198,7 +198,7 @@ class PackedTrainer:
     def build(
         cls, cfgs: Sequence[TrainConfig], data: SplitTensors, *, vmap: bool = True
     ) -> PackedTrainer:
-        """Build every member as :class:`~asymvlm.training.TrainingRun` builds its run --
+        """Build every member as :class:`~asymvlm.protocol.TrainingRun` builds its run --
         ``torch.manual_seed(cfg.seed)``, then ``build_method`` -- so member k's initial
         parameters and RNG stream are those of the unpacked run; the caller's global RNG
         state is left as it was."""

@@ -41,7 +41,7 @@ be in the image table and embeddings finite (checked in one pass at start-up, wh
 the sample); unit norms, duplicate ids and the ``norm`` spread are not checked.
 
 The Ray paths (Tune trials, Ray Train workers) stream with this same reader through
-:func:`~asymvlm.training.run_protocol`: the stream is part of the training protocol, which runs
+:func:`~asymvlm.protocol.run_protocol`: the stream is part of the training protocol, which runs
 without Ray (docs/streaming.md says why it is not Ray Data's ``read_parquet`` /
 ``iter_torch_batches``).
 """
@@ -114,7 +114,7 @@ def _parts(root: str, split: str, kind: str) -> list[PartRows]:
 
 def split_bytes(root: str, split: str) -> int:
     """The float32 bytes the in-memory mode holds for ``ROOT/<split>``: both embedding matrices
-    (and the pre-projection features, which :func:`~asymvlm.training.load_split` loads too),
+    (and the pre-projection features, which :func:`~asymvlm.splits.load_split` loads too),
     from the manifest and the parquet footers (no data read)."""
     manifest = tables.read_manifest(root)
     fs, _ = filesystem(root)

@@ -97,7 +97,7 @@ def _concurrency(sweep: SweepConfig) -> int:
 def _run_trials(
     sweep: SweepConfig, search: StagedSearch, trial_logger, label: str, total: int
 ):
-    """Both stages as one Tune experiment (:class:`~pipelines.stages.StagedSearch` hands out
+    """Both stages as one Tune experiment (:class:`~pipelines.tuning.search.StagedSearch` hands out
     the trials); returns (finished trials' final rows, failed trials with their reasons)."""
     tune_path, tune_fs = storage.ray_storage(storage.uri_join(sweep.output, "tune"))
     if sweep.uses_torch_trainer():

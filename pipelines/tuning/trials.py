@@ -26,7 +26,8 @@ import os
 import re
 import sys
 import tempfile
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -65,6 +66,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 SELECTION_METRIC = "val_mean_recall_at_1"
 #: Written beside a trial that failed for good (it diverged): a retry re-raises at once.
 FAILED_MARKER = "failed-for-good.txt"
@@ -84,6 +86,23 @@ def use_reserved_cpus(sweep: SweepConfig) -> None:
     torch) keeps the thread count it started with: two trials of one CPU each would then run
     two threads each on two CPUs."""
     torch.set_num_threads(max(1, int(sweep.cpus_per_worker)))
+
+
+def _device() -> torch.device:
+    """The trial's device: the GPU (share) Ray gave it, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _resume_point(read: Callable[[str], T]) -> T | None:
+    """What the trial's latest Tune checkpoint holds (``read`` of its folder), or None for a
+    trial that starts fresh."""
+    from ray import tune
+
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as directory:
+        return read(directory)
 
 
 def final_report(config: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
@@ -128,12 +147,7 @@ def direct_trial(config: dict[str, Any]) -> None:
             raise TrialFailed(fh.read().strip())
     worker_logging(0, label="trial")
     use_reserved_cpus(sweep)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    state = None
-    checkpoint = tune.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            state = read_run_state(directory)
+    state = _resume_point(read_run_state)
 
     def on_epoch(row: EpochRow, trainer: Trainer, history: History, due: bool) -> None:
         if due:
@@ -144,7 +158,7 @@ def direct_trial(config: dict[str, Any]) -> None:
         maybe_inject_failure(sweep.fault_injection, trainer.epoch, 0)
 
     try:
-        out = run_protocol(spec, device=device, state=state, on_epoch=on_epoch,
+        out = run_protocol(spec, device=_device(), state=state, on_epoch=on_epoch,
                            cache=PROCESS_CACHE)  # fmt: skip
     except AsymVLMError as exc:
         raise TrialFailed(failure_reason(exc)) from None
@@ -179,12 +193,7 @@ def packed_trial(config: dict[str, Any]) -> None:
     worker_logging(0, label="pack")
     use_reserved_cpus(sweep)
     specs = [trial_run(config, t) for t in members]
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    state = None
-    checkpoint = tune.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            state = read_pack_state(directory)
+    state = _resume_point(read_pack_state)
     rows: list[EpochRow] = []  # the epoch's reports, sent when the pack is whole
 
     def on_epoch(k: int, row: EpochRow, trainer: Trainer, history: History) -> None:
@@ -207,8 +216,9 @@ def packed_trial(config: dict[str, Any]) -> None:
         maybe_inject_failure(sweep.fault_injection, epoch, 0)
 
     try:
-        outs = run_packed_protocol(specs, device=device, on_epoch=on_epoch, on_state=on_state,
-                                   cache=PROCESS_CACHE, state=state)  # fmt: skip
+        outs = run_packed_protocol(specs, device=_device(), on_epoch=on_epoch,
+                                   on_state=on_state, cache=PROCESS_CACHE,
+                                   state=state)  # fmt: skip
     except AsymVLMError as exc:
         raise TrialFailed(failure_reason(exc)) from None
     outcomes = [
