@@ -33,14 +33,10 @@ from asymvlm.errors import NonFiniteError
 from asymvlm.protocol import RunSpec, run_protocol
 from asymvlm.training import EpochRow, History, Trainer
 from pipelines.schema import FaultInjection
-from pipelines.session import require_ray
+from pipelines.session import require_ray, ship_by_value
 
-if __name__ != "__main__":
-    # Workers may not have this folder on their path (a cluster without --working-dir): ship
-    # this module's functions by value rather than by reference.
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+if __name__ != "__main__":  # workers may lack pipelines/ on their path
+    ship_by_value(__name__)
 
 __all__ = [
     "checkpoint_folder",

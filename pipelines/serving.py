@@ -17,7 +17,6 @@ server error. The entry point is ``pipelines/serve.py``.
 # endpoints' annotations at runtime.
 import base64
 import binascii
-import sys
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
@@ -25,12 +24,10 @@ from pydantic import BaseModel
 from ray import serve
 
 from pipelines.schema import ServeConfig
-from pipelines.session import require_ray
+from pipelines.session import require_ray, ship_by_value
 
-if __name__ != "__main__":  # see pipelines/ray_train.py: replicas may not have this folder
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+if __name__ != "__main__":  # workers may lack pipelines/ on their path
+    ship_by_value(__name__)
 
 __all__ = ["ScorerDeployment", "check", "deploy"]
 

@@ -46,6 +46,18 @@ def keep_credentials_on_nodes() -> None:
     class_cache.DEFAULT_ENV_VARS = {}
 
 
+def ship_by_value(module: str) -> None:
+    """Send the functions and classes of ``module`` to Ray's workers by value, not by reference:
+    workers may not have ``pipelines/`` on their path (a cluster started without
+    ``--working-dir``), while the installed ``asymvlm`` they do have. Called by every module
+    whose functions run in workers (trials, Train loops, Serve replicas)."""
+    import sys
+
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[module])
+
+
 def require_ray(what: str) -> None:
     """A :class:`RuntimeError` unless Ray is running: the Ray wiring takes a running cluster
     (an entry point's :class:`RaySession`)."""

@@ -49,7 +49,7 @@ from asymvlm import config, results, storage, tables, tracking
 from asymvlm.errors import AsymVLMError, ConfigError
 from asymvlm.methods import METHODS
 from pipelines.schema import SweepConfig, check_shared_output
-from pipelines.session import require_ray
+from pipelines.session import require_ray, ship_by_value
 from pipelines.tuning.search import StagedSearch
 from pipelines.tuning.trial_log import MlflowTrialLogger
 from pipelines.tuning.trials import (
@@ -59,10 +59,8 @@ from pipelines.tuning.trials import (
     torch_trainer_trial,
 )
 
-if __name__ != "__main__":  # see pipelines/ray_train.py
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+if __name__ != "__main__":  # workers may lack pipelines/ on their path
+    ship_by_value(__name__)
 
 __all__ = [
     "ADAPTERS_DIR",

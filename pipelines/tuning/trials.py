@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
 import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,14 +42,13 @@ from pipelines.ray_train import (
     worker_logging,
 )
 from pipelines.schema import SweepConfig
+from pipelines.session import ship_by_value
 
 if TYPE_CHECKING:
     from asymvlm.training import PackedTrainer
 
-if __name__ != "__main__":  # see pipelines/ray_train.py
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+if __name__ != "__main__":  # workers may lack pipelines/ on their path
+    ship_by_value(__name__)
 
 __all__ = [
     "FAILED_MARKER",
