@@ -10,6 +10,15 @@ understands (``gs://``, ``abfs://``, ``hdfs://`` ...):
   name, then rename, so a crash never leaves half a file under the final name;
 * :class:`OutputLock`: one writer per output folder.
 
+Object stores stumble (throttling -- ``503 SlowDown`` --, dropped connections, timeouts): every
+request is retried with exponential backoff and full jitter, by the clients' own retry policies
+set here (botocore's ``standard`` mode for s3fs, pyarrow's ``AwsStandardS3RetryStrategy`` for
+Ray's checkpoints and Tune's state), up to :func:`attempts` attempts
+(``$ASYMVLM_STORAGE_ATTEMPTS``); a request that still fails is a :class:`StorageError` naming
+the URI and the error. What is written becomes visible whole or not at all: every file is
+written to a hidden temporary name and renamed (one object PUT on object stores), and the
+readers that decide "done" look at a marker written last.
+
 One writer at a time (:class:`OutputLock`): a job holds ``ROOT/<split>`` while it writes. On a
 local disk that is an OS lock (``flock``) on ``ROOT/<split>/_LOCK``, released by the kernel when
 the process ends, however it ends. On object stores (``s3://`` ...) it is a lease object
@@ -23,6 +32,7 @@ finds its lease taken stops before its next write (:meth:`OutputLock.check`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,13 +41,15 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from asymvlm.errors import LockError
+from asymvlm.errors import AsymVLMError, LockError
 
 try:
     import fcntl
@@ -46,7 +58,9 @@ except ImportError:  # not POSIX: local outputs use the lease object too
 
 __all__ = [
     "OutputLock",
+    "StorageError",
     "absolute",
+    "attempts",
     "display",
     "filesystem",
     "fsspec_filesystem",
@@ -68,6 +82,68 @@ LEASE_SETTLE = 1.0
 
 join = posixpath.join
 
+#: Attempts of one object-store request, the first included (``$ASYMVLM_STORAGE_ATTEMPTS``).
+DEFAULT_ATTEMPTS = 10
+
+
+class StorageError(AsymVLMError, OSError):
+    """A storage request that failed for good (after its retries); the message names the URI."""
+
+
+def attempts() -> int:
+    """Attempts of one object-store request before it fails (``$ASYMVLM_STORAGE_ATTEMPTS``,
+    default :data:`DEFAULT_ATTEMPTS`)."""
+    raw = os.environ.get("ASYMVLM_STORAGE_ATTEMPTS", "")
+    try:
+        return max(1, int(raw)) if raw else DEFAULT_ATTEMPTS
+    except ValueError:
+        raise StorageError(f"$ASYMVLM_STORAGE_ATTEMPTS={raw!r}: expected a number of attempts "
+                           "(>= 1)") from None  # fmt: skip
+
+
+@contextmanager
+def named_failures(uri: str) -> Iterator[None]:
+    """Turn a storage request's final failure into a :class:`StorageError` naming ``uri``
+    (a missing file stays a ``FileNotFoundError``, which callers ask about)."""
+    try:
+        yield
+    except (FileNotFoundError, StorageError):
+        raise
+    except OSError as exc:
+        retried = f" (after {attempts()} attempts)" if is_remote(uri) else ""
+        raise StorageError(f"{uri}: {' '.join(str(exc).split()) or type(exc).__name__}"
+                           f"{retried}") from exc  # fmt: skip
+
+
+# Every other boto3 client of the process (MLflow's artifact uploads to S3 among them) retries
+# the same way: AWS's standard mode, as many attempts.
+os.environ.setdefault("AWS_RETRY_MODE", "standard")
+os.environ.setdefault(
+    "AWS_MAX_ATTEMPTS", os.environ.get("ASYMVLM_STORAGE_ATTEMPTS") or str(DEFAULT_ATTEMPTS)
+)
+
+#: Rounds of s3fs's own retry loop around botocore's retries (it retries a body that broke off
+#: while it was read, which botocore does not): the second round is the last.
+S3FS_ROUNDS = 2
+
+
+def _s3fs_options() -> dict[str, Any]:
+    """s3fs's settings: ``AWS_ENDPOINT_URL``, and botocore's standard retry mode (exponential
+    backoff, full jitter) for :func:`attempts` attempts."""
+    options: dict[str, Any] = {
+        "config_kwargs": {"retries": {"mode": "standard", "max_attempts": attempts()}}
+    }
+    endpoint = _endpoint()
+    if endpoint:
+        options["endpoint_url"] = endpoint
+    return options
+
+
+def _bounded(fs: Any) -> Any:
+    """An s3fs filesystem with its own retry loop bounded to :data:`S3FS_ROUNDS` rounds."""
+    fs.retries = S3FS_ROUNDS
+    return fs
+
 
 def is_remote(root: str) -> bool:
     """True for an object-store or other non-local URI (``s3://``, ``gs://`` ...)."""
@@ -86,10 +162,9 @@ def fsspec_filesystem(url: str | os.PathLike) -> tuple[Any, str]:
     url = os.fspath(url)
     options: dict[str, Any] = {}
     if fsspec.utils.get_protocol(url) in ("s3", "s3a"):
-        endpoint = _endpoint()
-        if endpoint:
-            options["client_kwargs"] = {"endpoint_url": endpoint}
-    return fsspec.core.url_to_fs(url, **options)
+        options = _s3fs_options()
+    fs, path = fsspec.core.url_to_fs(url, **options)
+    return (_bounded(fs) if options else fs), path
 
 
 def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
@@ -105,11 +180,7 @@ def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     if scheme.lower() == "s3":
         import s3fs
 
-        kwargs: dict[str, Any] = {}
-        endpoint = _endpoint()
-        if endpoint:
-            kwargs["endpoint_url"] = endpoint
-        fs = s3fs.S3FileSystem(**kwargs)
+        fs = _bounded(s3fs.S3FileSystem(**_s3fs_options()))
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), rest.rstrip("/")
     fs, path = pafs.FileSystem.from_uri(root)
     return fs, path.rstrip("/") or path
@@ -164,14 +235,16 @@ def write_json(root: str, relative: str, payload: dict[str, Any]) -> None:
     """Atomically write a JSON file at ``ROOT/relative``."""
     fs, base = filesystem(root)
     path = join(base, relative)
-    fs.create_dir(posixpath.dirname(path), recursive=True)
-    atomic_write_bytes(fs, path, json.dumps(payload, indent=2, sort_keys=True).encode())
+    with named_failures(display(root, path)):
+        fs.create_dir(posixpath.dirname(path), recursive=True)
+        atomic_write_bytes(fs, path, json.dumps(payload, indent=2, sort_keys=True).encode())
 
 
 def read_json(root: str, relative: str) -> dict[str, Any] | None:
     """``ROOT/relative`` parsed as JSON, or None if the file does not exist."""
     fs, base = filesystem(root)
-    raw = read_bytes(fs, join(base, relative))
+    with named_failures(display(root, join(base, relative))):
+        raw = read_bytes(fs, join(base, relative))
     return None if raw is None else json.loads(raw.decode())
 
 
@@ -412,20 +485,23 @@ def uri_join(root: str, *parts: str) -> str:
 def exists(uri: str) -> bool:
     """Whether a file or folder exists at ``uri``."""
     fs, path = filesystem(uri)
-    return fs.get_file_info(path).type != pafs.FileType.NotFound
+    with named_failures(uri):
+        return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
 def write_text(uri: str, text: str) -> str:
     """Atomically write ``text`` (UTF-8) to ``uri``; returns ``uri``."""
     fs, path = filesystem(uri)
-    fs.create_dir(posixpath.dirname(path), recursive=True)
-    atomic_write_bytes(fs, path, text.encode("utf-8"))
+    with named_failures(uri):
+        fs.create_dir(posixpath.dirname(path), recursive=True)
+        atomic_write_bytes(fs, path, text.encode("utf-8"))
     return uri
 
 
 def read_text(uri: str) -> str:
     fs, path = filesystem(uri)
-    raw = read_bytes(fs, path)
+    with named_failures(uri):
+        raw = read_bytes(fs, path)
     if raw is None:
         raise FileNotFoundError(uri)
     return raw.decode("utf-8")
@@ -440,9 +516,11 @@ def upload_dir(local: str, uri: str) -> str:
     for folder, _, files in os.walk(local):
         rel = os.path.relpath(folder, local)
         target = base if rel == "." else join(base, *rel.split(os.sep))
-        fs.create_dir(target, recursive=True)
+        with named_failures(display(uri, target)):
+            fs.create_dir(target, recursive=True)
         for name in files:
-            with open(os.path.join(folder, name), "rb") as fh:
+            with open(os.path.join(folder, name), "rb") as fh, \
+                    named_failures(display(uri, join(target, name))):  # fmt: skip
                 atomic_write_bytes(fs, join(target, name), fh.read())
     return uri
 
@@ -461,23 +539,28 @@ def uri_of(fs: pafs.FileSystem, path: str) -> str:
 
 def ray_storage(uri: str) -> tuple[str, pafs.FileSystem | None]:
     """``(storage_path, storage_filesystem)`` for Ray Train/Tune ``RunConfig``: a local folder as
-    an absolute path; ``s3://`` with a custom endpoint (``AWS_ENDPOINT_URL``, e.g. MinIO or a
-    test server) as ``bucket/prefix`` on a pyarrow S3 filesystem pointed at it; any other URI
-    as it is (Ray resolves it with pyarrow)."""
+    an absolute path; ``s3://`` as ``bucket/prefix`` on a pyarrow S3 filesystem with the
+    retries of :func:`attempts` (AWS's standard strategy: exponential backoff, jitter) and
+    pointed at ``AWS_ENDPOINT_URL`` when one is set (MinIO, a test server); any other URI as it
+    is (Ray resolves it with pyarrow)."""
     uri = os.fspath(uri)
     if not is_remote(uri):
         return (os.path.abspath(uri.removeprefix("file://")), None)
     scheme, rest = uri.split("://", 1)
+    if scheme.lower() not in ("s3", "s3a"):
+        return uri.rstrip("/"), None
+    options: dict[str, Any] = {"retry_strategy": pafs.AwsStandardS3RetryStrategy(attempts())}
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        options["region"] = region
     endpoint = _endpoint()
-    if scheme.lower() in ("s3", "s3a") and endpoint:
+    if not region and not endpoint:  # AWS itself: the bucket's region, as Ray would find it
+        with contextlib.suppress(OSError):
+            options["region"] = pafs.resolve_s3_region(rest.split("/", 1)[0])
+    if endpoint:
         from urllib.parse import urlparse
 
         parsed = urlparse(endpoint)
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        fs = pafs.S3FileSystem(
-            endpoint_override=parsed.netloc or parsed.path,
-            scheme=parsed.scheme or "https",
-            **({"region": region} if region else {}),
-        )
-        return rest.rstrip("/"), fs
-    return uri.rstrip("/"), None
+        options.update(endpoint_override=parsed.netloc or parsed.path,
+                       scheme=parsed.scheme or "https")  # fmt: skip
+    return rest.rstrip("/"), pafs.S3FileSystem(**options)

@@ -24,6 +24,7 @@ from asymvlm.storage import (
     display,
     filesystem,
     join,
+    named_failures,
     read_bytes,
 )
 
@@ -125,10 +126,10 @@ def read_manifest(root: str) -> Manifest:
     fs, base = filesystem(root)
     path = join(base, MANIFEST_NAME)
     shown = display(root, path)
-    if fs.get_file_info(path).type != pafs.FileType.File:
+    with named_failures(shown):
+        raw = read_bytes(fs, path)
+    if raw is None:
         raise TableError(f"{shown}: manifest not found")
-    with fs.open_input_stream(path) as f:
-        raw = f.read()
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
