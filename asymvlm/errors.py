@@ -2,8 +2,10 @@
 
 Every entry point (``asymvlm`` sub-commands, ``pipelines/*.py``) runs through :func:`guarded`:
 an error of the project's own types prints ``error: <message>`` (one line, no traceback) and
-exits with :data:`EXIT_USER_ERROR` (bad input: config, paths, tables, sources, checkpoints) or
-:data:`EXIT_DIVERGED` (a training run whose loss or gradient became non-finite). The message
+exits with :data:`EXIT_USER_ERROR` (bad input: config, paths, tables, sources, checkpoints),
+:data:`EXIT_DIVERGED` (a training run whose loss or gradient became non-finite) or
+:data:`EXIT_UNFINISHED` (the cluster could not finish the work: rerun the same command to go
+on). The message
 always names what is wrong: the file, row, key or epoch/step. Anything else is a bug: its
 traceback is shown.
 
@@ -19,6 +21,7 @@ from collections.abc import Callable
 
 __all__ = [
     "EXIT_DIVERGED",
+    "EXIT_UNFINISHED",
     "EXIT_USER_ERROR",
     "AsymVLMError",
     "CheckpointError",
@@ -26,6 +29,7 @@ __all__ = [
     "LockError",
     "NonFiniteError",
     "TrialFailed",
+    "Unfinished",
     "exit_code",
     "guarded",
     "one_line",
@@ -33,6 +37,8 @@ __all__ = [
 
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
+#: sysexits.h's EX_TEMPFAIL: a temporary failure, the user is invited to retry.
+EXIT_UNFINISHED = 75
 
 
 class AsymVLMError(Exception):
@@ -58,6 +64,11 @@ class NonFiniteError(AsymVLMError, FloatingPointError):
 class TrialFailed(AsymVLMError, RuntimeError):
     """A sweep trial that produced no result; the message is the reason, in one line. (Defined
     here, in the installed package, so that it unpickles as this class on the driver.)"""
+
+
+class Unfinished(AsymVLMError, RuntimeError):
+    """Work the cluster could not finish (no node to run it); what finished is kept, and the
+    same command run again goes on from there."""
 
 
 def one_line(exc: BaseException) -> str:
@@ -86,6 +97,8 @@ def exit_code(exc: BaseException) -> int | None:
     config boundary's validation errors), or None for a bug."""
     if isinstance(exc, NonFiniteError):
         return EXIT_DIVERGED
+    if isinstance(exc, Unfinished):
+        return EXIT_UNFINISHED
     if isinstance(exc, AsymVLMError) or _validation_line(exc) is not None:
         return EXIT_USER_ERROR
     return None

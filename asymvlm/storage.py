@@ -67,6 +67,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_table",
     "is_remote",
+    "list_names",
     "join",
     "read_json",
     "write_json",
@@ -487,6 +488,16 @@ def exists(uri: str) -> bool:
     fs, path = filesystem(uri)
     with named_failures(uri):
         return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def list_names(uri: str) -> list[str]:
+    """The names of the files directly in folder ``uri``, sorted (none when it does not exist;
+    hidden ones -- temporary names of writes under way -- left out)."""
+    fs, path = filesystem(uri)
+    with named_failures(uri):
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    names = (posixpath.basename(i.path) for i in infos if i.type == pafs.FileType.File)
+    return sorted(n for n in names if not n.startswith("."))
 
 
 def write_text(uri: str, text: str) -> str:

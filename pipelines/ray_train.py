@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -99,14 +100,19 @@ def checkpoint_folder(
 
 def maybe_inject_failure(fault: FaultInjection | None, epoch: int, rank: int) -> None:
     """A drill (:class:`~pipelines.schema.FaultInjection`, else ``$ASYMVLM_FAULT_INJECTION``):
-    worker ``fault.rank`` SIGKILLs its own process once, right after the checkpoint of epoch
-    ``fault.epoch`` was reported (its marker file makes it once)."""
+    worker ``fault.rank`` SIGKILLs its own process once (or pauses), right after the checkpoint
+    of epoch ``fault.epoch`` was reported (its marker file makes it once)."""
     fault = fault or FaultInjection.from_environment()
     if fault is None or epoch != fault.epoch or rank != fault.rank:
         return
     if fault.marker and not os.path.exists(fault.marker):
         with open(fault.marker, "w") as fh:
-            fh.write(f"worker {rank} killed after epoch {epoch}\n")
+            fh.write(f"worker {rank}: {fault.action} after epoch {epoch}\n")
+        if fault.action == "pause":
+            logger.warning("injected pause: worker %d holds for %.0f s after epoch %d", rank,
+                           fault.seconds, epoch)  # fmt: skip
+            time.sleep(fault.seconds)
+            return
         logger.warning("injected failure: worker %d is killed after epoch %d", rank, epoch)
         os.kill(os.getpid(), signal.SIGKILL)
 

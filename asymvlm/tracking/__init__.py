@@ -18,8 +18,23 @@ Result tables (mean ± std over seeds) are plain Python in :mod:`asymvlm.results
 """
 
 from asymvlm.tracking.pyfunc import PythonModel, invalid_input, pinned_requirements, signature
-from asymvlm.tracking.queries import child_runs, download, experiment_runs, json_artifact
-from asymvlm.tracking.runs import Run, ended, open_run, run, source_name, standard_tags
+from asymvlm.tracking.queries import (
+    child_runs,
+    download,
+    experiment_runs,
+    json_artifact,
+    last_step,
+)
+from asymvlm.tracking.runs import (
+    Run,
+    ended,
+    existing_run,
+    open_run,
+    resume_run,
+    run,
+    source_name,
+    standard_tags,
+)
 from asymvlm.tracking.store import (
     default_artifact_location,
     default_tracking_uri,
@@ -37,15 +52,18 @@ __all__ = [
     "default_tracking_uri",
     "download",
     "ended",
+    "existing_run",
     "experiment_id",
     "experiment_runs",
     "git_commit",
     "global_tracking_uri",
     "invalid_input",
     "json_artifact",
+    "last_step",
     "open_run",
     "pinned_requirements",
     "relocate_local_store",
+    "resume_run",
     "run",
     "signature",
     "source_name",

@@ -7,7 +7,7 @@ from typing import Any
 
 from asymvlm.tracking.store import global_tracking_uri, relocate_once
 
-__all__ = ["child_runs", "download", "experiment_runs", "json_artifact"]
+__all__ = ["child_runs", "download", "experiment_runs", "json_artifact", "last_step"]
 
 
 def child_runs(
@@ -33,6 +33,14 @@ def child_runs(
     if stage == "seeds":
         return search(" and tags.seed_stage = 'true'") or search(" and tags.stage = 'seeds'")
     return search(f" and tags.stage = '{stage}'" if stage else "")
+
+
+def last_step(tracking_uri: str, run_id: str, key: str) -> int:
+    """The largest step at which run ``run_id`` has metric ``key`` (0: none)."""
+    from mlflow import MlflowClient
+
+    history = MlflowClient(tracking_uri).get_metric_history(run_id, key)
+    return max((int(m.step) for m in history), default=0)
 
 
 def experiment_runs(tracking_uri: str, experiment: str) -> tuple[str, list[Any]]:

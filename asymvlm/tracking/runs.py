@@ -27,7 +27,7 @@ from asymvlm.tracking.store import experiment_id, git_commit, global_tracking_ur
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Run", "open_run", "run", "source_name"]
+__all__ = ["Run", "existing_run", "open_run", "resume_run", "run", "source_name"]
 
 #: The package that travels with a logged model (its ``code_paths``): asymvlm itself.
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,6 +196,24 @@ def open_run(
     out = Run(client, created.info.run_id, tracking_uri)
     if params:
         out.log_params(params)
+    return out
+
+
+def resume_run(tracking_uri: str, run_id: str) -> Run:
+    """An existing run, RUNNING again, to be written on and ended (a resumed sweep's)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    client.update_run(run_id, status="RUNNING")
+    return Run(client, run_id, tracking_uri)
+
+
+def existing_run(tracking_uri: str, run_id: str) -> Run:
+    """An existing run as it is (ended: only tags and metrics are added to it)."""
+    from mlflow import MlflowClient
+
+    out = Run(MlflowClient(tracking_uri), run_id, tracking_uri)
+    out.ended = True
     return out
 
 

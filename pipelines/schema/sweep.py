@@ -61,14 +61,20 @@ class MlflowSettings(StrictModel):
 
 
 class FaultInjection(StrictModel):
-    """A drill (tests, fault tolerance): trial worker ``rank`` SIGKILLs its own process once,
-    right after the checkpoint of ``epoch`` was reported; ``marker`` (a file, written first)
-    makes it once. A submitted job reads it from ``$ASYMVLM_FAULT_INJECTION``
-    (``"epoch=2,rank=0,marker=/tmp/killed"``, :meth:`from_environment`)."""
+    """A drill (tests, fault tolerance): trial worker ``rank`` SIGKILLs its own process once
+    (``action: kill``), or holds still for ``seconds`` (``action: pause``: time for a drill to
+    take its node away), right after the checkpoint of ``epoch`` was reported; ``marker`` (a
+    file, written first) makes it once. A submitted job reads it from
+    ``$ASYMVLM_FAULT_INJECTION`` (``"epoch=2,rank=0,marker=/tmp/killed"``,
+    :meth:`from_environment`)."""
 
     epoch: PositiveInt = Field(description="the epoch after whose checkpoint the worker dies")
     rank: Annotated[int, Field(ge=0)] = Field(0, description="the worker that dies")
     marker: str | None = Field(None, description="a file written first: the drill runs once")
+    action: Literal["kill", "pause"] = Field("kill", description="kill the worker, or pause it")
+    seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        120.0, description="how long a pause lasts"
+    )
 
     @classmethod
     def from_environment(cls) -> FaultInjection | None:
@@ -132,6 +138,11 @@ class _SweepBase(StrictModel):
     max_failures: Annotated[int, Field(ge=0)] = Field(
         1, description="retries of a failed trial (from its last checkpoint)"
     )
+    node_wait_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        600.0, description="seconds trials may wait for a node (one lost, none with room) "
+        "while none runs; then the sweep stops, naming them, and the same command run again "
+        "goes on",
+    )  # fmt: skip
     cpus_per_worker: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         1.0, description="CPUs per trial worker"
     )

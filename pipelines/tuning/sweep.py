@@ -46,10 +46,11 @@ import yaml
 from ray import tune
 
 from asymvlm import config, results, storage, tables, tracking
-from asymvlm.errors import AsymVLMError, ConfigError
+from asymvlm.errors import AsymVLMError, ConfigError, Unfinished, one_line
 from asymvlm.methods import METHODS
 from pipelines.schema import SweepConfig, check_shared_output
 from pipelines.session import require_ray, ship_by_value
+from pipelines.tuning.journal import Journal, Previous, TrialJournal, restored_key
 from pipelines.tuning.search import StagedSearch
 from pipelines.tuning.trial_log import MlflowTrialLogger
 from pipelines.tuning.trials import (
@@ -58,6 +59,7 @@ from pipelines.tuning.trials import (
     failure_reason,
     torch_trainer_trial,
 )
+from pipelines.tuning.waiting import NodeWait
 
 if __name__ != "__main__":  # workers may lack pipelines/ on their path
     ship_by_value(__name__)
@@ -93,10 +95,12 @@ def _concurrency(sweep: SweepConfig) -> int:
 
 
 def _run_trials(
-    sweep: SweepConfig, search: StagedSearch, trial_logger, label: str, total: int
+    sweep: SweepConfig, search: StagedSearch, trial_logger, journal: Journal, total: int
 ):
     """Both stages as one Tune experiment (:class:`~pipelines.tuning.search.StagedSearch` hands out
-    the trials); returns (finished trials' final rows, failed trials with their reasons)."""
+    the trials); returns (finished trials' final rows, failed trials with their reasons).
+    Raises :class:`~asymvlm.errors.Unfinished` when trials waited ``node_wait_s`` for a node."""
+    label = sweep.label
     tune_path, tune_fs = storage.ray_storage(storage.uri_join(sweep.output, "tune"))
     if sweep.uses_torch_trainer():
         # The trial only drives its TorchTrainer, whose workers ask for their own CPUs/GPUs:
@@ -126,7 +130,7 @@ def _run_trials(
             name="trials",
             storage_path=tune_path,
             storage_filesystem=tune_fs,
-            callbacks=[trial_logger],
+            callbacks=[trial_logger, TrialJournal(journal), NodeWait(sweep.node_wait_s, label)],
             failure_config=retries,
             # a retry resumes from the latest; the older ones would pile up (a trial of 200
             # epochs checkpoints every checkpoint_every of them)
@@ -138,7 +142,11 @@ def _run_trials(
         contextlib.redirect_stdout(sys.stderr),  # stdout carries the result
         trial_logger.progress(label, total),
     ):
-        grid = tuner.fit()
+        try:
+            grid = tuner.fit()
+        except Unfinished as exc:  # the trials' runs wait, KILLED, for the rerun to reopen
+            trial_logger.end_open_runs("KILLED", one_line(exc))
+            raise
     done, failed = [], []
     for r in grid:
         members = r.config.get("pack") or [r.config["trial"]]
@@ -193,16 +201,27 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
     base = _base_params(sweep)
     params = {**{k: json.dumps(getattr(sweep, k)) for k in ("methods", "lr", "seeds")}, **base}
     name = sweep.label
+    journal = Journal(sweep)  # an earlier run of this sweep: what it finished, where it stood
+    previous, earlier_run = journal.previous(), journal.run_id()
+    finished, resumable = previous.counts()
+    if finished or resumable:
+        logger.info("sweep %s: going on from an earlier run (%s): %d finished trial(s) read "
+                    "back, %d go on from their checkpoints", name,
+                    storage.uri_join(sweep.output, "journal"), finished, resumable)  # fmt: skip
+    previous_runs: dict[str, tuple[str, str]] = {}  # trial label -> its earlier run, status
 
     def open_sweep_run() -> tracking.Run:
         try:
-            run = tracking.open_run(uri, experiment, f"sweep {name}", kind="sweep",
-                                    parent=parent, params=params,
-                                    tags={"note": str(sweep.note or ""), "sweep": name},
-                                    description=sweep.note or None)  # fmt: skip
+            run = _reopen(uri, earlier_run, previous_runs) if earlier_run else None
+            if run is None:
+                run = tracking.open_run(uri, experiment, f"sweep {name}", kind="sweep",
+                                        parent=parent, params=params,
+                                        tags={"note": str(sweep.note or ""), "sweep": name},
+                                        description=sweep.note or None)  # fmt: skip
         except Exception as exc:  # stops the sweep at Tune's next event (MlflowTrialLogger)
             raise ConfigError(f"mlflow.tracking_uri: cannot open the MLflow store "
                               f"{config.redact(uri)}: {exc}") from None  # fmt: skip
+        journal.set_run_id(run.id)
         run.log_text("config.yaml", yaml.safe_dump(sweep.model_dump(mode="json"),
                                                    sort_keys=False))  # fmt: skip
         logger.info("sweep %s: MLflow run %s in %s (experiment %r)", name, run.id,
@@ -211,10 +230,16 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
 
     # The sweep's run is opened on the MLflow writer thread while Tune starts the first trials
     # (creating a new SQLite store alone takes a second or two).
-    trial_logger = MlflowTrialLogger(sweep, open_sweep_run, base)
+    trial_logger = MlflowTrialLogger(sweep, open_sweep_run, base, previous_runs)
     with tracking.ended(trial_logger.opened_parent):  # FINISHED, FAILED or KILLED
         try:
-            selection, summary, failed, markdown, adapters = _stages(sweep, trial_logger, base)
+            selection, summary, failed, markdown, adapters = _stages(
+                sweep, trial_logger, base, journal, previous
+            )
+        except Unfinished as exc:  # not a failure: the rerun reopens the run and goes on
+            reason = one_line(exc)
+            trial_logger.submit(lambda: trial_logger.parent.end("KILLED", reason))
+            raise
         finally:
             trial_logger.close()  # every write done before the sweep's run ends
     sweep_run = trial_logger.parent
@@ -238,9 +263,30 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
     }
 
 
-def _stages(sweep: SweepConfig, trial_logger, base: dict[str, Any]):
+def _reopen(
+    uri: str, run_id: str, previous_runs: dict[str, tuple[str, str]]
+) -> tracking.Run | None:
+    """The sweep's run of an earlier attempt, RUNNING again, with its trials' runs (label ->
+    (run id, status), the latest of a label) put in ``previous_runs``; None if the store lost
+    it."""
+    try:
+        children = tracking.child_runs(uri, run_id, status="")
+    except Exception as exc:  # e.g. MlflowException RESOURCE_DOES_NOT_EXIST: a new store
+        logger.warning("the sweep's earlier MLflow run %s is not in the store (%s): a new run "
+                       "is opened", run_id, one_line(exc))  # fmt: skip
+        return None
+    for child in sorted(children, key=lambda r: r.info.start_time):
+        if child.data.tags.get("trial"):
+            previous_runs[child.data.tags["trial"]] = (child.info.run_id, child.info.status)
+    return tracking.resume_run(uri, run_id)
+
+
+def _stages(
+    sweep: SweepConfig, trial_logger, base: dict[str, Any], journal: Journal, previous: Previous
+):
     """Both stages and the summary, logged on the sweep's run (``trial_logger.parent``);
-    (selection, summary, failed, summary markdown, exported adapters)."""
+    (selection, summary, failed, summary markdown, exported adapters). Trials ``previous``
+    finished are read back, not run again."""
     name = sweep.label
     first = sweep.seeds[0]
     grid = [{"method": m, "lr": lr, "seed": first} for m in sweep.methods for lr in sweep.lr]
@@ -280,9 +326,20 @@ def _stages(sweep: SweepConfig, trial_logger, base: dict[str, Any]):
         logger.info("sweep %s, stage 1: %d trials (method x lr, seed %d); each method's stage 2 "
                     "follows its grid", name, len(grid), first)  # fmt: skip
     total = len(grid) + len(sweep.methods) * (len(sweep.seeds) - (1 if grid else 0))
+    read_back: list[str] = []  # keys of the trials an earlier run finished
+
+    def read(stage: str, trial: dict[str, Any]) -> str:
+        record = previous.get(stage, trial)
+        assert record is not None
+        key = restored_key(record.label)
+        trial_logger.read_back(key, record)
+        read_back.append(key)
+        return key
+
     packable = frozenset(m for m in sweep.methods if METHODS[m].trainable)
-    search = StagedSearch(sweep.methods, grid, select, sweep.pack, packable)
-    done, failed = _run_trials(sweep, search, trial_logger, name, total)
+    search = StagedSearch(sweep.methods, grid, select, sweep.pack, packable, previous, read)
+    done, failed = _run_trials(sweep, search, trial_logger, journal, total - len(read_back))
+    done += [trial_logger.final[k] for k in read_back if trial_logger.final[k]["stage"] == "seeds"]
     selection = {m: selection[m] for m in sweep.methods if m in selection}  # config order
     if not selection:
         raise NoResults(f"sweep {name}: every trial failed; first reason: "

@@ -26,7 +26,8 @@ from asymvlm import results, storage, tracking
 from asymvlm.checkpoints import MEMBER_FOLDER, copy_adapter
 from pipelines.schema import SweepConfig
 from pipelines.session import ship_by_value
-from pipelines.tuning.search import member_keys
+from pipelines.tuning.journal import TrialRecord, trial_label
+from pipelines.tuning.search import describe_trial, member_keys
 from pipelines.tuning.trials import SELECTION_METRIC, failure_reason
 
 if __name__ != "__main__":  # workers may lack pipelines/ on their path
@@ -35,6 +36,8 @@ if __name__ != "__main__":  # workers may lack pipelines/ on their path
 logger = logging.getLogger("pipelines.sweep")  # its lines are the sweep's
 
 _NOT_METRICS = frozenset(AUTO_RESULT_KEYS) | {"checkpoint_path", "epoch", "trial_id", "done"}
+#: A metric of every epoch's row: the last step it has is the last epoch a run logged.
+_EVERY_EPOCH = "lr"
 
 
 def _trial_label(config: dict[str, Any]) -> tuple[str, float, int, str]:
@@ -46,7 +49,9 @@ class MlflowTrialLogger(tune.Callback):
     """Tune callback on the driver: every trial is a nested MLflow run from its start, with each
     epoch's metrics as the epoch ends (step = epoch), the final metrics and artifacts, and the
     status FINISHED or FAILED (with the reason) at its end; one console line per finished
-    trial.
+    trial. Every epoch is logged once: a trial that Tune retries from its checkpoint reports
+    the epochs after it again, and a run a resumed sweep reopens (:attr:`previous_runs`) has
+    its epochs so far; those rows are not written twice.
 
     The MLflow writes happen in order on one writer thread, so Tune's loop never waits for
     the tracking store (an adapter and its plots take a second or two per trial): Tune goes on
@@ -58,9 +63,11 @@ class MlflowTrialLogger(tune.Callback):
         sweep: SweepConfig,
         parent: tracking.Run | Callable[[], tracking.Run],
         base_params: dict[str, Any],
+        previous_runs: dict[str, tuple[str, str]] | None = None,
     ):
         """``parent``: the sweep's run, or a function that opens it -- called first on the
-        writer thread, so Tune starts its trials while the run (and a new store) is made."""
+        writer thread, so Tune starts its trials while the run (and a new store) is made;
+        ``previous_runs``: :attr:`previous_runs` (that function may fill it)."""
         self.sweep, self.base_params = sweep, base_params
         self.runs: dict[str, tracking.Run] = {}
         #: Run key -> when its trial started (seconds): the MLflow run's start, the duration.
@@ -69,6 +76,14 @@ class MlflowTrialLogger(tune.Callback):
         self.final: dict[str, dict[str, Any]] = {}
         #: Run key -> (the trial's last Tune checkpoint, the member's folder in it).
         self.checkpoints: dict[str, tuple[Any, str]] = {}
+        #: Trial label -> (its MLflow run in an earlier run of the sweep, that run's status),
+        #: set by the function that opens the sweep's run, on the writer thread: a trial that
+        #: goes on reopens it.
+        self.previous_runs: dict[str, tuple[str, str]] = (
+            {} if previous_runs is None else previous_runs
+        )
+        #: Run key -> the last epoch written to its run.
+        self.logged: dict[str, int] = {}
         self._bar = None  # the progress bar of the stage running, if any
         self._start_writer()
         self._parent = parent if isinstance(parent, tracking.Run) else self._writer.submit(parent)
@@ -149,15 +164,23 @@ class MlflowTrialLogger(tune.Callback):
         return {trial_id: run.id for trial_id, run in self.runs.items()}
 
     def _run(self, trial_id: str, config: dict[str, Any]) -> tracking.Run:
-        """The trial's MLflow run, opened at its first write (on the writer thread)."""
+        """The trial's MLflow run, opened at its first write (on the writer thread): its run in
+        an earlier run of the sweep, reopened, or a new one."""
         if trial_id not in self.runs:
             method, lr, seed, stage = _trial_label(config)
+            label = trial_label(stage, config["trial"])
+            uri = self.sweep.mlflow.tracking_uri
+            if label in self.previous_runs:
+                run_id, _ = self.previous_runs[label]
+                self.runs[trial_id] = tracking.resume_run(uri, run_id)
+                self.logged[trial_id] = tracking.last_step(uri, run_id, _EVERY_EPOCH)
+                return self.runs[trial_id]
             self.runs[trial_id] = tracking.open_run(
                 self.sweep.mlflow.tracking_uri, self.sweep.mlflow.experiment,
                 f"{method} lr={lr:g} seed={seed}", kind="trial", parent=self.parent,
                 params={**self.base_params, "method": method, "lr": lr, "seed": seed,
                         "stage": stage, "optimizer": self._optimizer(method)},
-                tags={"stage": stage, "method": method,
+                tags={"stage": stage, "method": method, "trial": label,
                       **({"seed_stage": "true"} if stage == "seeds" else {})},
                 description=f"{'lr grid' if stage == 'grid' else 'seed'} trial: {method} at "
                 f"lr {lr:g}, seed {seed}",
@@ -211,6 +234,40 @@ class MlflowTrialLogger(tune.Callback):
             # the adapter alone: no optimiser state, no history
             return storage.upload_dir(copy_adapter(model, os.path.join(tmp, "adapter")), uri)
 
+    def read_back(self, key: str, record: TrialRecord) -> None:
+        """A trial an earlier run of the sweep finished (its journal ``record``), taken as it
+        is: its final row, its adapter (in its checkpoint), its MLflow run (found by its label
+        once the sweep's run is open). A run the earlier driver had not closed yet (it was
+        stopped between the trial's end and the MLflow writes) gets its results and FINISHED
+        now."""
+        final = record.final
+        assert final is not None
+        self.final[key] = final
+        checkpoint = None
+        if record.checkpoint:
+            checkpoint = tune.Checkpoint(*storage.ray_storage(record.checkpoint))
+        self.checkpoints[key] = (checkpoint, record.member_dir)
+
+        def adopt() -> None:
+            run_id, status = self.previous_runs.get(record.label, (None, None))
+            if run_id and status == "FINISHED":
+                self.runs[key] = tracking.existing_run(self.sweep.mlflow.tracking_uri, run_id)
+                return
+            run = self._run(key, {"stage": record.stage, "trial": record.trial})
+            log_outcome(run, final, checkpoint, record.member_dir)
+            run.end("FINISHED")
+
+        self.submit(adopt)
+
+    def end_open_runs(self, status: str, reason: str) -> None:
+        """End every trial's run still open (a sweep that stops before its trials end)."""
+
+        def end() -> None:
+            for run in self.runs.values():
+                run.end(status, reason)
+
+        self.submit(end)
+
     # -- Tune's events (driver thread: read the trial now, write later) ---------------------
     @staticmethod
     def _members(trial_id: str, config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -224,6 +281,9 @@ class MlflowTrialLogger(tune.Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self._check_parent()
+        if trial.config.get("resume"):
+            logger.info("trial %s: goes on from the checkpoint an earlier run left (%s)",
+                        describe_trial(trial.config), trial.config["resume"])  # fmt: skip
         for key, member in self._members(trial.trial_id, trial.config):
             self.started_at.setdefault(key, time.time())
             self.submit(lambda key=key, member=member: self._run(key, member))
@@ -268,7 +328,11 @@ class MlflowTrialLogger(tune.Callback):
         def write() -> None:
             with self._lock:
                 rows = self._epochs.pop(key, [])
-            self._run(key, config).log_metric_rows(rows)
+            run = self._run(key, config)
+            rows = [row for row in rows if row[0] > self.logged.get(key, 0)]  # once each
+            if rows:
+                run.log_metric_rows(rows)
+                self.logged[key] = max(row[0] for row in rows)
 
         self.submit(write)
 

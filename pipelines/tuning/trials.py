@@ -14,9 +14,10 @@ the outcome) and both resuming from their latest checkpoint when Tune retries th
   trial drives a ``TorchTrainer`` (:mod:`pipelines.ray_train`), DDP over ``num_workers``.
 
 A trial's config is ``{"sweep": SweepConfig, "stage", "trial": {method, lr, seed}}`` (``"pack":
-[trials]`` for a pack): the validated sweep crosses the Tune boundary as it is, and the trial's
-run is :meth:`~pipelines.schema.SweepConfig.run_spec` of what varies -- typed, not validated
-again. Checkpoints are checkpoint folders of :mod:`asymvlm.checkpoints`.
+[trials]`` for a pack; ``"resume"``: the checkpoint an earlier run of the sweep left, see
+:mod:`pipelines.tuning.journal`): the validated sweep crosses the Tune boundary as it is, and
+the trial's run is :meth:`~pipelines.schema.SweepConfig.run_spec` of what varies -- typed, not
+validated again. Checkpoints are checkpoint folders of :mod:`asymvlm.checkpoints`.
 """
 
 from __future__ import annotations
@@ -91,12 +92,15 @@ def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _resume_point(read: Callable[[str], T]) -> T | None:
-    """What the trial's latest Tune checkpoint holds (``read`` of its folder), or None for a
-    trial that starts fresh."""
+def _resume_point(read: Callable[[str], T], config: dict[str, Any]) -> T | None:
+    """What the trial's latest checkpoint holds (``read`` of its folder): Tune's, when Tune
+    retries the trial, else ``config["resume"]``, the checkpoint (a folder URI) an earlier run
+    of the sweep left (:mod:`pipelines.tuning.journal`); None for a trial that starts fresh."""
     from ray import tune
 
     checkpoint = tune.get_checkpoint()
+    if checkpoint is None and config.get("resume"):
+        checkpoint = tune.Checkpoint(*storage.ray_storage(config["resume"]))
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as directory:
@@ -145,7 +149,7 @@ def direct_trial(config: dict[str, Any]) -> None:
             raise TrialFailed(fh.read().strip())
     worker_logging(0, label="trial")
     use_reserved_cpus(sweep)
-    state = _resume_point(read_run_state)
+    state = _resume_point(read_run_state, config)
 
     def on_epoch(row: EpochRow, trainer: Trainer, history: History, due: bool) -> None:
         if due:
@@ -191,7 +195,7 @@ def packed_trial(config: dict[str, Any]) -> None:
     worker_logging(0, label="pack")
     use_reserved_cpus(sweep)
     specs = [trial_run(config, t) for t in members]
-    state = _resume_point(read_pack_state)
+    state = _resume_point(read_pack_state, config)
     rows: list[EpochRow] = []  # the epoch's reports, sent when the pack is whole
 
     def on_epoch(k: int, row: EpochRow, trainer: Trainer, history: History) -> None:
