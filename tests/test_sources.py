@@ -88,7 +88,8 @@ def test_open_fs_local_and_s3_endpoint(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     fs, path = open_fs("s3://bucket/some/key.json")
     assert path == "bucket/some/key.json"
-    assert fs.client_kwargs == {"endpoint_url": "http://127.0.0.1:9"}
+    assert fs.endpoint_url == "http://127.0.0.1:9"
+    assert fs.config_kwargs["retries"]["mode"] == "standard"
 
 
 # -- COCO --------------------------------------------------------------------------------------
