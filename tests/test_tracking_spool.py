@@ -220,6 +220,20 @@ def test_a_torn_last_line_is_dropped(tmp_path, spool_dir) -> None:
     assert tracking.replay(str(spool_dir), target) == 2
 
 
+def test_a_spool_left_in_the_folder_is_taken_over(tmp_path, spool_dir) -> None:
+    """A process that uses the spool folder again takes over the writes left there: they stay
+    first, and its own writes to that store wait behind them."""
+    dead = f"http://127.0.0.1:{_free_port()}"
+    tracking.open_run(dead, "e", "first", kind="trial")
+    tracking.use_spool(None)  # the process that wrote it is done
+    assert tracking.pending() == 0
+    tracking.use_spool(str(spool_dir))
+    assert tracking.pending() == 1
+    tracking.open_run(dead, "e", "second", kind="trial")
+    assert tracking.pending() == 2
+    assert [op["name"] for op in _spooled(spool_dir)] == ["first", "second"]
+
+
 def test_replay_of_a_folder_that_is_not_a_spool(tmp_path, capsys) -> None:
     (tmp_path / "notes.txt").write_text("not a spool")
     assert main(["replay", str(tmp_path)]) == 2

@@ -34,9 +34,9 @@ Writes land at least once: one that reached the store just before the process di
 counted yet, is applied again. That is harmless: the run is not created twice (the key map, and
 the run's ``asymvlm.run_key`` tag searched for before a waiting run is created), params and tags
 are set to the same values, artifacts are overwritten, and a metric logged again with the same
-key, value, step and timestamp is dropped by MLflow's SQL stores (the metric's primary key; a
-server over a database, as here, included). A model logged again is a second logged model of
-the same name on the run.
+key, value, step and timestamp is dropped by MLflow's SQL stores, a tracking server over a
+database included (the metric's primary key: its history keeps one point). A model logged again
+is a second logged model of the same name on the run; ``runs:/<run>/<name>`` loads the latest.
 """
 
 from __future__ import annotations
