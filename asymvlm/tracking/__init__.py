@@ -4,12 +4,17 @@
   default), experiments, a local store that survives being moved;
 * :mod:`~asymvlm.tracking.runs` -- :func:`run` / :func:`open_run`: a run with its name, kind,
   parent and MLflow's standard tags; metrics (step = epoch), params, artifacts, status;
+  :func:`resume_run` reopens one;
+* :mod:`~asymvlm.tracking.writer` / :mod:`~asymvlm.tracking.spool` -- every write in order,
+  waiting in a local spool folder while the store is unreachable (:func:`use_spool`,
+  :func:`pending`, :func:`drain`); :func:`replay` (``asymvlm replay``) applies a spool a
+  process left behind;
 * :mod:`~asymvlm.tracking.pyfunc` -- MLflow's model API (the served models themselves are
   :mod:`asymvlm.scoring.models`, logged with :meth:`Run.log_pyfunc`);
 * :mod:`~asymvlm.tracking.queries` -- reading runs, their artifacts and models back.
 
-It imports no other part of the science package but the config's redaction of URIs: what is
-logged (an adapter, an evaluation) is handed to it.
+It imports no other part of the science package but the config's redaction of URIs and the
+error types: what is logged (an adapter, an evaluation) is handed to it.
 
 The story in the UI: the pipeline run is the root; its sweeps, their trials (live: per-epoch
 metrics as they happen), its evaluations (metrics + ``results.json``) and its report (markdown and
@@ -35,6 +40,7 @@ from asymvlm.tracking.runs import (
     source_name,
     standard_tags,
 )
+from asymvlm.tracking.spool import SpoolError
 from asymvlm.tracking.store import (
     default_artifact_location,
     default_tracking_uri,
@@ -43,14 +49,23 @@ from asymvlm.tracking.store import (
     global_tracking_uri,
     relocate_local_store,
 )
+from asymvlm.tracking.writer import (
+    drain,
+    pending,
+    pending_line,
+    replay,
+    use_spool,
+)
 
 __all__ = [
     "PythonModel",
     "Run",
+    "SpoolError",
     "child_runs",
     "default_artifact_location",
     "default_tracking_uri",
     "download",
+    "drain",
     "ended",
     "existing_run",
     "experiment_id",
@@ -61,11 +76,15 @@ __all__ = [
     "json_artifact",
     "last_step",
     "open_run",
+    "pending",
+    "pending_line",
     "pinned_requirements",
     "relocate_local_store",
+    "replay",
     "resume_run",
     "run",
     "signature",
     "source_name",
     "standard_tags",
+    "use_spool",
 ]

@@ -6,7 +6,12 @@ MLflow's standard tags filled (``mlflow.source.git.commit``, ``mlflow.source.nam
 FINISHED, or FAILED with the reason (tag ``failure_reason`` and the description) when the block
 raises, or KILLED on Ctrl-C. :func:`open_run` starts one whose end comes later (a Tune trial's
 run opens when the trial starts and ends when it finishes). The pipeline run is the root: its
-sweeps, their trials, its evaluations and its report are nested under it.
+sweeps, their trials, its evaluations and its report are nested under it. :func:`resume_run`
+reopens a run that ended (a resumed sweep goes on writing to it).
+
+Every write goes through the store's writer (:mod:`asymvlm.tracking.writer`): while the store is
+unreachable and a spool folder is configured, writes wait there, in order, and the caller goes
+on.
 """
 
 from __future__ import annotations
@@ -19,18 +24,19 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from asymvlm.tracking.store import experiment_id, git_commit, global_tracking_uri
+from asymvlm.tracking import writer as writers
+from asymvlm.tracking.store import git_commit
+from asymvlm.tracking.writer import KEY_TAG, PACKAGE
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Run", "existing_run", "open_run", "resume_run", "run", "source_name"]
+__all__ = ["PACKAGE", "Run", "existing_run", "open_run", "resume_run", "run", "source_name"]
 
-#: The package that travels with a logged model (its ``code_paths``): asymvlm itself.
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _REPO = os.path.dirname(PACKAGE)
 _MAX_PARAM = 6000  # MLflow's limit on a param value
 
@@ -69,19 +75,44 @@ def _user() -> str:
 
 class Run:
     """One MLflow run, written through :class:`mlflow.MlflowClient` (no global active run, so
-    any number can be open at once, e.g. one per running trial)."""
+    any number can be open at once, e.g. one per running trial), by way of its store's writer.
 
-    def __init__(self, client, run_id: str, tracking_uri: str) -> None:
-        self.client, self.id, self.tracking_uri = client, run_id, tracking_uri
+    ``id`` is the MLflow run id; None while the run exists only in the spool (created while the
+    store was unreachable), and set once its creation lands. ``key`` names the run in the spool.
+    """
+
+    def __init__(self, client, run_id: str | None, tracking_uri: str) -> None:
+        self.client, self.tracking_uri = client, tracking_uri
+        self.key = uuid.uuid4().hex
         self.ended = False
+        self._writer = writers.writer(tracking_uri)
+        if run_id is not None:
+            self._writer.bind(self.key, run_id)
+
+    @property
+    def id(self) -> str | None:
+        return self._writer.run_id(self.key)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (Tune saves its callbacks) with its id, without its writer."""
+        state = {k: v for k, v in self.__dict__.items() if k != "_writer"}
+        return {**state, "_id": self.id}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        run_id = state.pop("_id", None)
+        self.__dict__.update(state)
+        self._writer = writers.writer(self.tracking_uri)
+        if run_id is not None:
+            self._writer.bind(self.key, run_id)
+
+    def _write(self, op: str, **fields: Any) -> None:
+        self._writer.write({"op": op, "run": self.key, **fields})
 
     # -- values --------------------------------------------------------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        items = [Param(str(k), _param(v)) for k, v in params.items()]
+        items = [[str(k), _param(v)] for k, v in params.items()]
         for start in range(0, len(items), 100):
-            self.client.log_batch(self.id, params=items[start : start + 100])
+            self._write("log_batch", params=items[start : start + 100])
 
     def log_metrics(
         self, metrics: Mapping[str, Any], step: int = 0, timestamp: float | None = None
@@ -93,24 +124,21 @@ class Run:
     def log_metric_rows(self, rows: list[tuple[int, Mapping[str, Any], float]]) -> None:
         """Several steps' metrics at once: ``(step, metrics, timestamp in seconds)`` each, in
         one request per 1000 values (finite numbers only, as :meth:`log_metrics`)."""
-        from mlflow.entities import Metric
-
-        items = [Metric(str(k), float(v), int(1000 * ts), int(step))
+        items = [[str(k), float(v), int(1000 * ts), int(step)]
                  for step, metrics, ts in rows
                  for k, v in metrics.items() if _finite(v)]  # fmt: skip
         for start in range(0, len(items), 1000):
-            self.client.log_batch(self.id, metrics=items[start : start + 1000])
+            self._write("log_batch", metrics=items[start : start + 1000])
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        from mlflow.entities import RunTag
-
-        items = [RunTag(str(k), str(v)[:5000]) for k, v in tags.items() if v is not None]
+        items = [[str(k), str(v)[:5000]] for k, v in tags.items() if v is not None]
         for start in range(0, len(items), 100):
-            self.client.log_batch(self.id, tags=items[start : start + 100])
+            self._write("log_batch", tags=items[start : start + 100])
 
     # -- files ---------------------------------------------------------------------------------
     def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.id, path, artifact_path)
+        """Upload file or folder ``path`` (a copy waits in the spool while the store is away)."""
+        self._write("log_artifact", path=os.path.abspath(path), artifact_path=artifact_path)
 
     def log_text(self, name: str, text: str, artifact_path: str | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -125,16 +153,10 @@ class Run:
     def log_pyfunc(self, name: str, python_model: Any, **options: Any) -> None:
         """Log ``python_model`` (a :class:`~asymvlm.tracking.PythonModel`) as the pyfunc model
         ``name`` of this run, with this package as its code (``options``: ``artifacts``,
-        ``pip_requirements``, ``signature``, ``input_example`` of ``mlflow.pyfunc.log_model``)."""
-        import mlflow
-
-        with global_tracking_uri(self.tracking_uri), mlflow.start_run(
-            run_id=self.id, log_system_metrics=False
-        ):
-            mlflow.pyfunc.log_model(name=name, python_model=python_model,
-                                    code_paths=[PACKAGE], **options)  # fmt: skip
-        # Leaving start_run ended the run; it is still being written: RUNNING again.
-        self.client.update_run(self.id, status="RUNNING")
+        ``pip_requirements``, ``signature``, ``input_example`` of ``mlflow.pyfunc.log_model``).
+        While the store is away, the model and its options wait pickled (cloudpickle), its
+        artifacts copied."""
+        self._write("log_pyfunc", name=name, python_model=python_model, options=options)
 
     # -- the end -------------------------------------------------------------------------------
     def end(self, status: str = "FINISHED", reason: str | None = None) -> None:
@@ -144,7 +166,7 @@ class Run:
             return
         if reason:
             self.set_tags({"failure_reason": reason, "mlflow.note.content": f"{status}: {reason}"})
-        self.client.set_terminated(self.id, status=status)
+        self._write("set_terminated", status=status, end_time=None)  # None: now
         self.ended = True
 
 
@@ -179,40 +201,37 @@ def open_run(
 ) -> Run:
     """Start a run (status RUNNING) in ``experiment``; the caller ends it with :meth:`Run.end`.
     ``start_time`` (seconds; default now): when what the run records began, for a run opened
-    later by a writer thread."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    parent_id = parent.id if isinstance(parent, Run) else parent
-    all_tags = {**standard_tags(description, source), "kind": kind, **(tags or {})}
-    if parent_id:
-        all_tags["mlflow.parentRunId"] = parent_id
-    created = client.create_run(
-        experiment_id(client, experiment, tracking_uri),
-        run_name=name,
+    later by a writer thread. While the store is unreachable the run is created in the spool
+    (its ``id`` is None until that lands)."""
+    writer = writers.writer(tracking_uri)
+    out = Run(writer.client, None, tracking_uri)
+    all_tags = {**standard_tags(description, source), "kind": kind, **(tags or {}),
+                KEY_TAG: out.key}  # fmt: skip
+    if isinstance(parent, Run) and parent.tracking_uri == tracking_uri:
+        link = {"parent_key": parent.key}  # resolved when the run is created: it may wait too
+    else:
+        link = {"parent_id": parent.id if isinstance(parent, Run) else parent}
+    out._write(
+        "create_run", experiment=experiment, name=name,
         tags={k: str(v)[:5000] for k, v in all_tags.items() if v is not None},
-        start_time=None if start_time is None else int(1000 * start_time),
-    )
-    out = Run(client, created.info.run_id, tracking_uri)
+        start_time=None if start_time is None else int(1000 * start_time), **link,
+    )  # fmt: skip
     if params:
         out.log_params(params)
     return out
 
 
 def resume_run(tracking_uri: str, run_id: str) -> Run:
-    """An existing run, RUNNING again, to be written on and ended (a resumed sweep's)."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    client.update_run(run_id, status="RUNNING")
-    return Run(client, run_id, tracking_uri)
+    """Reopen the existing run ``run_id`` (status RUNNING again, ``ended`` False), so that a
+    resumed sweep goes on writing to the same run."""
+    out = Run(writers.writer(tracking_uri).client, run_id, tracking_uri)
+    out._write("update_run", status="RUNNING")
+    return out
 
 
 def existing_run(tracking_uri: str, run_id: str) -> Run:
     """An existing run as it is (ended: only tags and metrics are added to it)."""
-    from mlflow import MlflowClient
-
-    out = Run(MlflowClient(tracking_uri), run_id, tracking_uri)
+    out = Run(writers.writer(tracking_uri).client, run_id, tracking_uri)
     out.ended = True
     return out
 

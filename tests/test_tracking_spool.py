@@ -1,0 +1,352 @@
+"""A tracking store that goes away for longer than the client's retries: the writes wait in a
+local spool, in order, and land when it is back (or by ``asymvlm replay`` from a fresh process);
+a write that is wrong in itself still raises; without a spool an outage raises as before.
+
+The client's retries are shortened through MLflow's environment (no retry, no backoff) so that
+an outage is seen at once; the slow tests run a real ``mlflow server`` and stop it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from asymvlm import tracking
+from asymvlm.cli import main
+from asymvlm.tracking.writer import is_transient
+
+REPO = Path(__file__).resolve().parents[1]
+MLFLOW = str(Path(sys.executable).with_name("mlflow"))
+
+
+@pytest.fixture(autouse=True)
+def short_retries(monkeypatch):
+    """No retry, no backoff: a stopped server is seen at once (the timeout only matters for
+    a server that hangs, and a loaded test machine answers slowly)."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
+
+
+@pytest.fixture
+def spool_dir(tmp_path):
+    """This process's spool folder for the test (none again after it)."""
+    tracking.use_spool(str(tmp_path / "spool"))
+    yield tmp_path / "spool"
+    tracking.use_spool(None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``mlflow server`` on 127.0.0.1 over a SQLite database, stopped and started again on the
+    same port and database."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.port = root, _free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 300) -> None:
+        command = [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.root / 'db'}",
+                   "--artifacts-destination", str(self.root / "art"), "--host", "127.0.0.1",
+                   "--port", str(self.port), "--workers", "1"]  # fmt: skip
+        with open(self.root / "server.log", "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, (self.root / "server.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"mlflow server on port {self.port} did not start")
+
+    def stop(self) -> None:
+        """Stop the server's process group (the one started here), and wait for it."""
+        if self.process is None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(60)
+        self.process = None
+        with pytest.raises(OSError):  # gone: nothing answers on its port
+            urllib.request.urlopen(self.uri + "/health", timeout=5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    one = Server(tmp_path_factory.mktemp("mlflow-server"))
+    one.start()
+    yield one
+    one.stop()
+
+
+def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
+    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+
+def _spooled(spool: Path) -> list[dict]:
+    """The writes kept in the (only) store's spool under ``spool``."""
+    [store] = list(spool.iterdir())
+    return [json.loads(line) for line in (store / "ops.jsonl").read_text().splitlines()]
+
+
+class Doubler(tracking.PythonModel):
+    """A tiny served model: its input times the factor in its artifact."""
+
+    def load_context(self, context) -> None:
+        self.factor = float(Path(context.artifacts["factor"]).read_text())
+
+    def predict(self, context, model_input, params=None):
+        return model_input * self.factor
+
+
+# -- without a server ----------------------------------------------------------------------------
+def test_without_a_spool_an_unreachable_store_raises_as_before(tmp_path) -> None:
+    from mlflow.exceptions import MlflowException
+
+    dead = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(MlflowException, match="Connection refused"):
+        tracking.open_run(dead, "e", "trial", kind="trial")
+    assert tracking.pending() == 0
+
+
+def test_failures_of_the_store_are_told_from_wrong_writes(tmp_path) -> None:
+    """Only the errors' types decide: a message quoting a logged value ("timeout") is a wrong
+    write; a refused connection or a locked database waits."""
+    import sqlite3
+
+    import sqlalchemy
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException, RestException
+    from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
+
+    try:
+        MlflowClient(f"http://127.0.0.1:{_free_port()}").get_experiment_by_name("e")
+    except MlflowException as exc:
+        refused = exc
+    assert is_transient(refused)
+    # how MLflow's SQL stores raise a locked database (the statement's values follow)
+    database = sqlalchemy.exc.OperationalError(
+        "INSERT INTO params VALUES (?)",
+        ("timeout",),
+        sqlite3.OperationalError("database is locked"),
+    )
+    locked = MlflowException(str(database), error_code=TEMPORARILY_UNAVAILABLE)
+    locked.__cause__ = database
+    assert is_transient(locked)
+    wrong = {"error_code": "INVALID_PARAMETER_VALUE", "message": "Param key='timeout' timed out"}
+    assert not is_transient(RestException(wrong))
+    assert not is_transient(sqlite3.OperationalError("no such table: runs"))
+
+
+def test_writes_that_waited_land_in_order_once(tmp_path, spool_dir) -> None:
+    """Writes to an unreachable store wait (the caller goes on); the spool replays into the
+    store (here one given instead of the recorded one) in order, with parents resolved and the
+    times of the calls kept. Replaying it again, or a copy of it whose counts and key map were
+    lost (a process that died after its writes landed), duplicates nothing."""
+    from mlflow import MlflowClient
+
+    dead = f"http://127.0.0.1:{_free_port()}"
+    sweep = tracking.open_run(dead, "e", "sweep", kind="sweep", params={"seeds": 2})
+    trial = tracking.open_run(dead, "e", "trial", kind="trial", parent=sweep)
+    for epoch in (1, 2, 3):
+        trial.log_metrics({"loss": 1.0 / epoch}, step=epoch)
+    trial.log_json("results.json", {"r1": 0.5})
+    trial.end("FAILED", "diverged")
+    before_end = int(1000 * time.time())
+    sweep.end()
+    assert (sweep.id, trial.id) == (None, None)  # they exist only in the spool
+    assert tracking.pending() == 10
+    kinds = [op["op"] for op in _spooled(spool_dir)]
+    assert kinds == ["create_run", "log_batch", "create_run"] + ["log_batch"] * 3 + [
+        "log_artifact", "log_batch", "set_terminated", "set_terminated"]  # fmt: skip
+    assert tracking.pending_line() == (
+        f"10 tracking writes wait in {spool_dir}; replay them with `asymvlm replay {spool_dir}`"
+    )
+    tracking.use_spool(None)  # the process is done with it: the spool stays
+    lost = tmp_path / "copy"
+    shutil.copytree(spool_dir, lost)
+
+    store = tracking.default_tracking_uri(str(tmp_path / "store"))
+    assert tracking.replay(str(spool_dir), store) == 10
+    assert tracking.replay(str(spool_dir), store) == 0
+    assert tracking.replay(str(lost), store) == 10  # applied again: nothing doubles
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("e").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["sweep", "trial"]
+    by_name = {r.info.run_name: r for r in runs}
+    one = by_name["trial"]
+    assert one.data.tags["mlflow.parentRunId"] == by_name["sweep"].info.run_id
+    assert _history(client, one.info.run_id, "loss") == [(1, 1.0), (2, 0.5), (3, 1 / 3)]
+    assert (one.info.status, one.data.tags["failure_reason"]) == ("FAILED", "diverged")
+    assert one.info.end_time <= before_end  # when end() was called, not when it landed
+    assert by_name["sweep"].info.status == "FINISHED"
+    assert by_name["sweep"].data.params == {"seeds": "2"}
+    path = tracking.download(f"runs:/{one.info.run_id}/results.json", store)
+    assert json.loads(Path(path).read_text()) == {"r1": 0.5}
+
+
+def test_a_torn_last_line_is_dropped(tmp_path, spool_dir) -> None:
+    """A write cut short by a crash (its call never returned) is not replayed; the rest is."""
+    dead = f"http://127.0.0.1:{_free_port()}"
+    tracking.open_run(dead, "e", "trial", kind="trial").log_metrics({"loss": 1.0}, step=1)
+    tracking.use_spool(None)
+    [store] = list(spool_dir.iterdir())
+    with open(store / "ops.jsonl", "a") as fh:
+        fh.write('{"op": "log_batch", "run": "x", "metr')
+    target = tracking.default_tracking_uri(str(tmp_path / "store"))
+    assert tracking.replay(str(spool_dir), target) == 2
+
+
+def test_a_spool_left_in_the_folder_is_taken_over(tmp_path, spool_dir) -> None:
+    """A process that uses the spool folder again takes over the writes left there: they stay
+    first, and its own writes to that store wait behind them."""
+    dead = f"http://127.0.0.1:{_free_port()}"
+    tracking.open_run(dead, "e", "first", kind="trial")
+    tracking.use_spool(None)  # the process that wrote it is done
+    assert tracking.pending() == 0
+    tracking.use_spool(str(spool_dir))
+    assert tracking.pending() == 1
+    tracking.open_run(dead, "e", "second", kind="trial")
+    assert tracking.pending() == 2
+    assert [op["name"] for op in _spooled(spool_dir)] == ["first", "second"]
+
+
+def test_replay_of_a_folder_that_is_not_a_spool(tmp_path, capsys) -> None:
+    (tmp_path / "notes.txt").write_text("not a spool")
+    assert main(["replay", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {tmp_path}: not a tracking spool (no spool.json in it or its folders)"]
+
+
+# -- a real tracking server, stopped and started -------------------------------------------------
+@pytest.mark.slow
+def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir) -> None:
+    """Metrics, tags, an artifact, a new run and the ends, written while the server is down,
+    return at once; when it is back on the same port and database, ``drain`` lands them all, in
+    order, the new run under its parent."""
+    from mlflow import MlflowClient
+
+    sweep = tracking.open_run(server.uri, "outage", "sweep", kind="sweep")
+    trial = tracking.open_run(server.uri, "outage", "trial", kind="trial", parent=sweep,
+                              params={"lr": 0.1})  # fmt: skip
+    for epoch in (1, 2, 3):
+        trial.log_metrics({"loss": 1.0 / epoch}, step=epoch)
+    assert tracking.pending() == 0 and not spool_dir.exists()  # nothing waited so far
+
+    server.stop()
+    began = time.monotonic()
+    for epoch in (4, 5, 6):
+        trial.log_metrics({"loss": 1.0 / epoch}, step=epoch)
+    trial.set_tags({"stage": "grid"})
+    trial.log_text("notes.txt", "written during the outage")
+    late = tracking.open_run(server.uri, "outage", "late", kind="trial", parent=sweep)
+    late.log_metrics({"loss": 0.25}, step=1)
+    for run in (trial, late, sweep):
+        run.end("FINISHED")
+    assert time.monotonic() - began < 30  # no write waited for the server
+    assert late.id is None and tracking.pending() == 10
+    assert tracking.drain(0) == 10  # still down
+
+    server.start()
+    assert tracking.drain(120) == 0
+    assert tracking.pending() == 0 and late.id is not None
+    client = MlflowClient(server.uri)
+    assert _history(client, trial.id, "loss") == [(e, 1.0 / e) for e in range(1, 7)]
+    got = client.get_run(trial.id)
+    assert got.data.tags["stage"] == "grid" and got.data.params == {"lr": "0.1"}
+    notes = tracking.download(f"runs:/{trial.id}/notes.txt", server.uri)
+    assert Path(notes).read_text() == "written during the outage"
+    assert [client.get_run(r.id).info.status for r in (sweep, trial, late)] == ["FINISHED"] * 3
+    assert client.get_run(late.id).data.tags["mlflow.parentRunId"] == sweep.id
+    assert _history(client, late.id, "loss") == [(1, 0.25)]
+
+
+@pytest.mark.slow
+def test_a_spool_left_behind_is_replayed_by_a_fresh_process(server, spool_dir, tmp_path):
+    """The server does not come back while the process runs: its writes (a model whose
+    artifact file is gone by then, a run made meanwhile) stay in the spool; ``asymvlm replay``
+    in a fresh process lands them once it is back, and a second replay lands nothing twice."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    run = tracking.open_run(server.uri, "left", "trial", kind="trial")
+    run.log_metrics({"loss": 1.0}, step=1)
+    server.stop()
+    run.log_metrics({"loss": 0.5}, step=2)
+    factor = tmp_path / "factor.txt"
+    factor.write_text("3")
+    run.log_pyfunc("adapter", Doubler(), artifacts={"factor": str(factor)},
+                   pip_requirements=["mlflow"])  # fmt: skip
+    factor.unlink()  # the spool kept a copy
+    run.end()
+    late = tracking.open_run(server.uri, "left", "late", kind="trial", parent=run)
+    late.end()
+    assert tracking.pending() == 5 and run.id is not None and late.id is None
+    tracking.use_spool(None)  # the process is done with it
+
+    server.start()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    replay = [sys.executable, "-m", "asymvlm.cli", "replay", str(spool_dir)]
+    first = subprocess.run(replay, cwd=REPO, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert f"replayed 5 tracking writes from {spool_dir}" in first.stderr
+    again = subprocess.run(replay, cwd=REPO, env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and "replayed 0 tracking writes" in again.stderr
+
+    client = MlflowClient(server.uri)
+    runs = client.search_runs([client.get_experiment_by_name("left").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["late", "trial"]  # none twice
+    assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]
+    [made] = [r for r in runs if r.info.run_name == "late"]
+    assert made.data.tags["mlflow.parentRunId"] == run.id
+    assert _history(client, run.id, "loss") == [(1, 1.0), (2, 0.5)]
+    with tracking.global_tracking_uri(server.uri):
+        model = mlflow.pyfunc.load_model(f"runs:/{run.id}/adapter")
+    assert model.predict(pd.DataFrame({"x": [1.0, 2.0]}))["x"].tolist() == [3.0, 6.0]
+
+
+@pytest.mark.slow
+def test_a_wrong_write_still_raises_while_the_server_is_up(server, spool_dir) -> None:
+    """With a spool configured, a write the store refuses (an unknown run, a param changed)
+    raises to the caller and waits for nothing; a run that ended can be resumed."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(MlflowException, match="RESOURCE_DOES_NOT_EXIST"):
+        tracking.resume_run(server.uri, "0" * 32)
+    run = tracking.open_run(server.uri, "wrong", "trial", kind="trial", params={"lr": 0.1})
+    with pytest.raises(MlflowException, match="INVALID_PARAMETER_VALUE"):
+        run.log_params({"lr": 0.2})
+    assert tracking.pending() == 0 and not spool_dir.exists()
+    run.end()
+    client = MlflowClient(server.uri)
+    assert client.get_run(run.id).info.status == "FINISHED"
+    again = tracking.resume_run(server.uri, run.id)
+    assert (again.id, again.ended, client.get_run(run.id).info.status) == (run.id, False, "RUNNING")
+    again.log_metrics({"loss": 0.1}, step=7)
+    again.end()
+    assert client.get_run(run.id).info.status == "FINISHED"
+    assert _history(client, run.id, "loss") == [(7, 0.1)]
