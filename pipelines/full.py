@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as a script: make `pipelines` importable
 from asymvlm import config, logs  # noqa: E402
 from asymvlm.errors import ConfigError, guarded  # noqa: E402
 from pipelines.schema import load_pipeline  # noqa: E402
-from pipelines.session import RaySession  # noqa: E402
+from pipelines.session import RaySession, tracking_spool  # noqa: E402
 from pipelines.stages import STAGES, final_tables, run_pipeline  # noqa: E402
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         log_file = logs.log_file_for(cfg.output, "pipeline")
         logs.configure(verbose=args.verbose, log_file=log_file)
         logger.info("pipeline %s: stages %s -> %s", cfg.name, ",".join(stages), cfg.output)
-        with RaySession() as session:
+        with tracking_spool(cfg.output), RaySession() as session:
             out = run_pipeline(cfg, stages, session)
         final_tables(cfg)
         uri = config.redact(cfg.mlflow.tracking_uri)

@@ -17,6 +17,12 @@ anyway), so :func:`keep_credentials_on_nodes` removes those names from Tune's pr
 before any trial starts. Tested in ``tests/test_credentials.py`` (which fails if a Ray upgrade
 moves the list).
 
+MLflow may stumble. :func:`tracking_spool` gives the entry point's process a spool folder
+(:func:`asymvlm.tracking.use_spool`): the driver writes every MLflow record (the sweep's and
+trials' runs, evaluations, the report), and while the tracking server cannot be reached its
+writes wait there, in order, and the job goes on; at the end they are drained, and any still
+waiting are named with the command that replays them.
+
 Trials start in Ray's prestarted workers: Tune gives every trainable actor a ``runtime_env``
 (its ``DEFAULT_ENV_VARS``, ``PL_DISABLE_FORK`` for PyTorch Lightning, which this project does
 not use, plus the propagated variables), and an actor with a non-empty ``runtime_env`` cannot
@@ -26,8 +32,11 @@ therefore also empties ``DEFAULT_ENV_VARS`` (benchmarks/sweep_overhead.py).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 CREDENTIAL_VARIABLES = frozenset(
     {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
@@ -44,6 +53,47 @@ def keep_credentials_on_nodes() -> None:
         frozenset(class_cache.ENV_VARS_TO_PROPAGATE) - CREDENTIAL_VARIABLES
     )
     class_cache.DEFAULT_ENV_VARS = {}
+
+
+logger = logging.getLogger("pipelines")
+
+#: How long the end of a job waits for MLflow to take the writes that wait in its spool.
+DRAIN_S = 60.0
+
+
+def spool_folder(output: str) -> str:
+    """Where the driver's MLflow writes wait while the store is away: ``<output>/mlflow-spool``
+    for a local output; for an object-store output a folder on the driver's node,
+    ``$ASYMVLM_SPOOL_DIR`` or ``~/.cache/asymvlm/mlflow-spool/<hash of the output URI>``."""
+    from asymvlm import storage
+
+    if not storage.is_remote(output):
+        return os.path.join(os.path.abspath(output), "mlflow-spool")
+    root = os.environ.get("ASYMVLM_SPOOL_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "asymvlm", "mlflow-spool")  # fmt: skip
+    return os.path.join(root, hashlib.sha256(output.encode()).hexdigest()[:16])
+
+
+@contextmanager
+def tracking_spool(output: str, drain_s: float = DRAIN_S) -> Iterator[str]:
+    """The MLflow writes of this process wait in :func:`spool_folder` while their store is
+    unreachable; at the end they are given up to ``drain_s`` seconds to land, and those still
+    waiting are named in one line with the command that replays them."""
+    from asymvlm import tracking
+
+    folder = spool_folder(output)
+    tracking.use_spool(folder)
+    try:
+        yield folder
+    finally:
+        if tracking.pending():
+            logger.info("MLflow: %d write(s) waited in %s; sending them (up to %.0f s)",
+                        tracking.pending(), folder, drain_s)  # fmt: skip
+            tracking.drain(drain_s)
+        line = tracking.pending_line()
+        if line:
+            logger.warning("%s", line)
+        tracking.use_spool(None)
 
 
 def ship_by_value(module: str) -> None:

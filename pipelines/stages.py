@@ -101,7 +101,7 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
     """Every evaluation of the config, through the one registry
     (:mod:`asymvlm.evaluation.registry`), logged as a run nested under ``parent``; a marker file
     per finished one."""
-    from asymvlm.evaluation.adapters import sweep_adapters
+    from asymvlm.evaluation.adapters import checkpoint_adapters, sweep_adapters
 
     uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
     folder = storage.uri_join(cfg.output, "evaluations")
@@ -116,7 +116,11 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
         if ev.sweep:
             where = storage.uri_join(cfg.sweep(ev.sweep).output, SWEEP_RECORD)
             record = json.loads(storage.read_text(where))
-            methods.update(sweep_adapters(uri, record["parent_run_id"]))
+            saved = sorted((method, int(seed), folder)  # the sweep's copies: no MLflow needed
+                           for method, seeds in (record.get("adapters") or {}).items()
+                           for seed, folder in seeds.items())  # fmt: skip
+            methods.update(checkpoint_adapters([folder for *_, folder in saved]) if saved
+                           else sweep_adapters(uri, record["parent_run_id"]))  # fmt: skip
         if ev.frozen:
             methods = registry.with_frozen(methods, ev, dim=ev.dim)
         result = registry.evaluate(ev, methods)

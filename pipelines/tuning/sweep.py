@@ -221,7 +221,8 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
         except Exception as exc:  # stops the sweep at Tune's next event (MlflowTrialLogger)
             raise ConfigError(f"mlflow.tracking_uri: cannot open the MLflow store "
                               f"{config.redact(uri)}: {exc}") from None  # fmt: skip
-        journal.set_run_id(run.id)
+        if run.id:  # None while its creation waits in the spool (MLflow unreachable)
+            journal.set_run_id(run.id)
         run.log_text("config.yaml", yaml.safe_dump(sweep.model_dump(mode="json"),
                                                    sort_keys=False))  # fmt: skip
         logger.info("sweep %s: MLflow run %s in %s (experiment %r)", name, run.id,
@@ -252,7 +253,7 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
     )  # fmt: skip
     return {
         "parent_run_id": sweep_run.id,
-        "experiment_id": sweep_run.client.get_run(sweep_run.id).info.experiment_id,
+        "experiment_id": _experiment_id(sweep_run),
         "tracking_uri": uri,
         "selection": selection,
         "summary": summary,
@@ -369,6 +370,15 @@ def _stages(
         for stat in ("mean", "std")
     })  # fmt: skip
     return selection, summary, failed, markdown, adapters
+
+
+def _experiment_id(run: tracking.Run) -> str | None:
+    """The experiment of ``run``; None while MLflow cannot say (its writes wait in the spool)."""
+    try:
+        return run.client.get_run(run.id).info.experiment_id if run.id else None
+    except Exception as exc:  # the store is away: the sweep's results stand without it
+        logger.warning("MLflow: the sweep's experiment id is unknown for now (%s)", one_line(exc))
+        return None
 
 
 #: Where a sweep leaves its seed-stage adapters: ``<output>/adapters/<method>/seed<k>``.
