@@ -9,6 +9,10 @@ on leaves every other output bit-identical:
 
 * ``[split_seed, 1]`` pre-projection features and image norms;
 * ``[split_seed, 3]`` caption words (``caption_words``);
+* ``[split_seed, 6]`` generic captions (``generic_captions``, the ``train`` split only): which
+  captions are generic, their texts and their paraphrase noise. The caption they replace is
+  still drawn from the split's stream (and dropped), so every other caption, image and norm is
+  that of the world without them;
 * ``level_probs`` (a caption-level mix other than uniform) replaces the uniform level draw of the
   split's (or block's) stream by a weighted one at the same place: a world with it set is
   another world, one without it is drawn as before;
@@ -16,11 +20,11 @@ on leaves every other output bit-identical:
 * ``[seed, 4, ...]`` classification sets (:mod:`asymvlm.synthetic.classes`).
 
 Blocks (``block_images``, opt-in). With ``block_images = B`` the split is drawn in blocks of B
-images, block ``b`` from ``[split_seed, 2, b]`` (its pre-projection and word streams:
-``[split_seed, 1, b]``, ``[split_seed, 3, b]``), so a part file is a run of whole blocks; the
-tables read back are the same whatever the part size (:meth:`SyntheticWorld.iter_parts`). A
-blocked world is another world than the unblocked one of the same seed (other streams), which
-is why it is opt-in.
+images, block ``b`` from ``[split_seed, 2, b]`` (its pre-projection, word and generic-caption
+streams: ``[split_seed, 1, b]``, ``[split_seed, 3, b]``, ``[split_seed, 6, b]``), so a part file
+is a run of whole blocks; the tables read back are the same whatever the part size
+(:meth:`SyntheticWorld.iter_parts`). A blocked world is another world than the unblocked one of
+the same seed (other streams), which is why it is opt-in.
 
 Memory. The writer streams either kind of world a piece at a time (:meth:`SyntheticWorld.
 iter_pieces`, one row group of a part file per piece): a block, or -- without blocks -- a window
@@ -44,12 +48,19 @@ from typing import Any
 import numpy as np
 
 from asymvlm import tables
-from asymvlm.synthetic.captions import FILLERS, OPENERS, compose_word_texts, tag_texts
+from asymvlm.synthetic.captions import (
+    FILLERS,
+    GENERIC_TEXTS,
+    OPENERS,
+    compose_word_texts,
+    tag_texts,
+)
 from asymvlm.synthetic.stream import WINDOW_IMAGES, DrawFn, Phase, SplitStream, windows
 
 __all__ = [
     "COCO_LEVEL_PROBS",
     "DEFAULT_SHARD_IMAGES",
+    "GENERIC_CAPTION_SHARE",
     "PRESETS",
     "SyntheticWorld",
     "WorldConfig",
@@ -59,12 +70,16 @@ __all__ = [
 #: Images per part file when writing (a split this small or smaller is one ``part-00000``).
 DEFAULT_SHARD_IMAGES = 16384
 #: Second entry of a split's feature generators: ``default_rng([split_seed, TAG, ...])``.
-_PRE, _BLOCK, _WORDS = 1, 2, 3
+_PRE, _BLOCK, _WORDS, _GENERIC = 1, 2, 3, 6
 _DOMAIN_STREAM = 5
+#: The split whose captions may be generic (``generic_captions``): the fine-tuning data.
+GENERIC_SPLIT = "train"
+#: The ``level`` of a generic caption: above the most general concept level 0 (the root).
+GENERIC_LEVEL = -1
 #: Knobs added after the first worlds were written: left out of the manifest at their defaults,
 #: so that a world of today's knobs writes today's manifest.
 _LATER_KNOBS = ("block_images", "caption_words", "filler_words", "finetune_roots",
-                "domain_misalignment", "level_probs")  # fmt: skip
+                "domain_misalignment", "level_probs", "generic_captions")  # fmt: skip
 #: The COCO-like caption-level mix (levels 0-3: mostly detailed captions, some vague ones),
 #: fixed before it was measured (docs/i2t-analysis.md).
 COCO_LEVEL_PROBS: tuple[float, float, float, float] = (0.05, 0.15, 0.30, 0.50)
@@ -104,6 +119,9 @@ class WorldConfig:
     #: Probability of each caption level 0..L (most general .. the object itself); None: every
     #: level equally likely (assumption C). :data:`COCO_LEVEL_PROBS` is the COCO-like mix.
     level_probs: tuple[float, ...] | None = None
+    #: Fraction of the ``train`` split's captions that are generic ("a picture": the
+    #: hierarchy's root, assumption U); 0: none, as assumption G has it.
+    generic_captions: float = 0.0
 
     def __post_init__(self) -> None:
         self.branching = tuple(int(b) for b in self.branching)  # type: ignore[assignment]
@@ -125,6 +143,8 @@ class WorldConfig:
             raise ValueError(
                 f"finetune_roots must be in 1..{self.branching[0]}, got {self.finetune_roots}"
             )
+        if not 0.0 <= self.generic_captions <= 1.0:
+            raise ValueError(f"generic_captions must be in [0, 1], got {self.generic_captions}")
         if self.filler_words < 0 or self.domain_misalignment < 0:
             raise ValueError("filler_words and domain_misalignment must be >= 0")
 
@@ -157,22 +177,29 @@ class WorldConfig:
                 if k not in _LATER_KNOBS or v != defaults[k].default}  # fmt: skip
 
 
+#: The share of generic training captions of the presets (assumption U of
+#: :mod:`asymvlm.synthetic`): 16 of the 4,000 caption texts of the real HierarCaps test split are
+#: generic ("object", "scene", "stuff", ...), fixed before any outcome was measured.
+GENERIC_CAPTION_SHARE = 0.004
+
 #: Named worlds. ``demo``: the size of the offline demo's world (configs/demo.yaml
 #: ``prepare.synthetic``: d = 32, 1500/300/300 images, 4 captions), with word captions and a
 #: fine-tuning / zero-shot domain split (4 of 6 level-0 concepts fine-tuned on); written in about
 #: a second. ``coco``: MS-COCO's size (2017 train: 118,287 images, 5 captions each; 5,000 val and
 #: test) at CLIP ViT-B/32's width d = 512, written in blocks with bounded memory. Both draw caption
-#: levels with the COCO-like mix :data:`COCO_LEVEL_PROBS` (most captions detailed).
+#: levels with the COCO-like mix :data:`COCO_LEVEL_PROBS` (most captions detailed), have generic
+#: training captions (U, :data:`GENERIC_CAPTION_SHARE`) and no shared text-encoder rotation: the
+#: forgetting regime F, whose frozen encoder is misaligned only by each domain's own rotation.
 PRESETS: dict[str, WorldConfig] = {
     "demo": WorldConfig(
         dim=32, captions_per_image=4, splits={"train": 1500, "val": 300, "test": 300},
         block_images=512, caption_words=True, finetune_roots=4, domain_misalignment=0.5,
-        level_probs=COCO_LEVEL_PROBS,
+        level_probs=COCO_LEVEL_PROBS, misalignment=0.0, generic_captions=GENERIC_CAPTION_SHARE,
     ),
     "coco": WorldConfig(
         dim=512, captions_per_image=5, splits={"train": 118_287, "val": 5000, "test": 5000},
         block_images=2048, caption_words=True, finetune_roots=4, domain_misalignment=0.5,
-        level_probs=COCO_LEVEL_PROBS,
+        level_probs=COCO_LEVEL_PROBS, misalignment=0.0, generic_captions=GENERIC_CAPTION_SHARE,
     ),
 }  # fmt: skip
 
@@ -313,9 +340,14 @@ class SyntheticWorld:
         seed = self._split_seeds[name]
         return np.random.default_rng([seed, tag, *block] if block or tag else seed)
 
-    def _phases(self) -> dict[str, Phase]:
-        """Every random quantity of a split, in the order of the draws within its stream
-        (``main``: the split's or block's own stream; ``words``; ``pre``)."""
+    def has_generic(self, name: str) -> bool:
+        """Whether split ``name`` has generic captions (assumption U: the ``train`` split of a
+        world with ``generic_captions > 0``)."""
+        return name == GENERIC_SPLIT and self.config.generic_captions > 0
+
+    def _phases(self, name: str) -> dict[str, Phase]:
+        """Every random quantity of split ``name``, in the order of the draws within its stream
+        (``main``: the split's or block's own stream; ``words``; ``generic``; ``pre``)."""
         cfg = self.config
         n_leaves = len(self.concepts[-1] if cfg.finetune_roots is None else self.domain_leaves(0))
         n_levels, probs = self.n_levels, cfg.level_probs
@@ -346,6 +378,15 @@ class SyntheticWorld:
             )
             phases["n_fill"] = Phase("words", "caption", lambda rng, n: rng.poisson(fill, n))
             phases["fill"] = Phase("words", "sum", lambda rng, n: rng.integers(0, len(FILLERS), n))
+        if self.has_generic(name):
+            p = cfg.generic_captions
+            phases["generic_text"] = Phase(
+                "generic", "caption", lambda rng, n: rng.integers(0, len(GENERIC_TEXTS), n)
+            )
+            phases["generic_pick"] = Phase(
+                "generic", "caption", lambda rng, n: (rng.random(n) < p).astype(np.int64)
+            )
+            phases["generic_noise"] = Phase("generic", "sum", normal(cfg.dim))
         if self.projections:
             phases["pre_image_norms"] = Phase("pre", "image", normal(None))
             phases["pre_image_noise"] = Phase("pre", "image", normal(cfg.pre_dim))
@@ -354,13 +395,14 @@ class SyntheticWorld:
 
     def _generator(self, name: str, role: str, block: tuple[int, ...]) -> np.random.Generator:
         """A role's generator as a draw starts it: the split's (``block == ()``) or a block's."""
-        tag = {"main": _BLOCK if block else 0, "words": _WORDS, "pre": _PRE}[role]
+        tag = {"main": _BLOCK if block else 0, "words": _WORDS, "pre": _PRE,
+               "generic": _GENERIC}[role]  # fmt: skip
         return self._stream(name, tag, block)
 
     def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> dict:
         """Images ``start .. start+n_images`` of a split, drawn from the split's streams
         (``block == ()``, the whole split) or from block ``block[0]``'s."""
-        phases = self._phases()
+        phases = self._phases(name)
         generators: dict[str, np.random.Generator] = {}
 
         def draw(phase: str, count: int) -> np.ndarray:
@@ -395,6 +437,10 @@ class SyntheticWorld:
         true_text = _toward(targets, cfg.caption_noise, draw("caption_noise", len(cap_image)))
         del targets
         domain = self.root_domain[path[0]][cap_image]
+        generic = None
+        if self.has_generic(name):
+            generic, generic_texts = self._generic_captions(draw, true_text, len(cap_image))
+            domain = np.where(generic, -1, domain)  # generic texts: the shared error only (D)
         text = self.encode_text(true_text, domain)  # the frozen text encoder's error
         del true_text
         norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * draw("norms", len(text)))
@@ -408,6 +454,10 @@ class SyntheticWorld:
             names = compose_word_texts(opener, n_fill, fill, path, cap_image, levels, start)
         else:
             names = tag_texts(path, cap_image, levels, start)
+        if generic is not None:
+            for row, caption in zip(np.flatnonzero(generic), generic_texts, strict=True):
+                names[row] = caption
+            levels = np.where(generic, GENERIC_LEVEL, levels)
         out = {
             "image_ids": image_ids,
             "image_embeddings": images.astype(np.float32),
@@ -421,6 +471,20 @@ class SyntheticWorld:
         if self.projections:
             out.update(self._pre_projection(draw, out))
         return out
+
+    def _generic_captions(
+        self, draw: DrawFn, true_text: np.ndarray, n_captions: int
+    ) -> tuple[np.ndarray, list[str]]:
+        """Assumption U: each caption is generic with probability ``generic_captions``; a
+        generic caption's meaning is the hierarchy's root with paraphrase noise, as a dummy
+        prompt's (G). Overwrites those rows of ``true_text``; returns the mask and their texts."""
+        cfg = self.config
+        choice = draw("generic_text", n_captions)
+        generic = draw("generic_pick", n_captions).astype(bool)
+        noise = draw("generic_noise", int(generic.sum()))
+        roots = np.broadcast_to(self.generic, noise.shape)
+        true_text[generic] = _toward(roots, cfg.caption_noise, noise)
+        return generic, [GENERIC_TEXTS[c] for c in choice[generic]]
 
     def iter_blocks(self, name: str, n_images: int) -> Iterator[dict]:
         """The split as chunks: one (the whole split) without ``block_images``, else its
@@ -458,7 +522,7 @@ class SyntheticWorld:
         bounds = windows(n_images, window_images)
         stream = None
         if len(bounds) > 1:  # one window is the one-piece draw itself: no states to record
-            phases = self._phases()
+            phases = self._phases(name)
             roles = dict.fromkeys(phase.role for phase in phases.values())
             generators = {role: partial(self._generator, name, role, ()) for role in roles}
             stream = SplitStream(generators, phases, bounds, self.config.captions_per_image)
