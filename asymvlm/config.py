@@ -541,12 +541,15 @@ class ZeroShotEvaluation(_EvaluationBase):
     sets: Annotated[dict[str, Location], Field(min_length=1)]
     fine_tuned_on: str | None = None
     embedding_model: str | None = None
+    template_aggregation: Literal["mean", "logmeanexp"] = "mean"
 
 
 class NoneOfTheAboveEvaluation(_EvaluationBase):
     kind: Literal["nota"]
     positives: Location
     negatives: Location
+    far_negatives: Location | None = None
+    template_aggregation: Literal["mean", "logmeanexp"] = "mean"
 
 
 class OodEvaluation(_EvaluationBase):

@@ -92,13 +92,15 @@ def _parsed(ev: Evaluation, spec: Mapping[str, Any]) -> dict[str, Any]:
 def _zero_shot(methods, spec):
     from asymvlm.evaluation import suite
 
-    return suite.evaluate_zero_shot(methods, spec["sets"])
+    return suite.evaluate_zero_shot(methods, spec["sets"], spec.get("template_aggregation"))
 
 
 def _nota(methods, spec):
     from asymvlm.evaluation import suite
 
-    return suite.evaluate_none_of_the_above(methods, spec["positives"], spec["negatives"])
+    return suite.evaluate_none_of_the_above(methods, spec["positives"], spec["negatives"],
+                                            spec.get("far_negatives"),
+                                            spec.get("template_aggregation"))  # fmt: skip
 
 
 def _hierarcaps(methods, spec):
@@ -113,6 +115,12 @@ def _ood(methods, spec):
     return suite.evaluate_ood(methods, spec["data"], spec["perturbed"])
 
 
+#: How a likelihood method combines the log-likelihoods of a class's prompts (the paper leaves
+#: it open; :data:`asymvlm.evaluation.zeroshot.TEMPLATE_AGGREGATIONS`).
+_AGGREGATION = Input("template_aggregation", "text", "how a likelihood method combines a "
+                     "class's prompts: mean (of the log-likelihoods; default) or logmeanexp "
+                     "(log of the mean likelihood)", False, metavar="mean|logmeanexp")  # fmt: skip
+
 EVALUATIONS: dict[str, Evaluation] = {
     ev.kind: ev
     for ev in (
@@ -120,13 +128,17 @@ EVALUATIONS: dict[str, Evaluation] = {
             "zeroshot", "zero-shot accuracy after fine-tuning (Table 3)",
             (Input("sets", "named", "an evaluation set (repeat)", metavar="NAME=ROOT:SPLIT"),
              Input("fine_tuned_on", "text", "the training data set's name (report)", False),
-             Input("embedding_model", "text", "the frozen model's name (report)", False)),
+             Input("embedding_model", "text", "the frozen model's name (report)", False),
+             _AGGREGATION),
             _zero_shot, "sets",
         ),
         Evaluation(
             "nota", "none-of-the-above prompts (Table 2)",
             (Input("positives", "location", "CIFAR-10-like set whose classes are prompted"),
-             Input("negatives", "location", "CIFAR-100-like set of unprompted classes")),
+             Input("negatives", "location", "CIFAR-100-like set of unprompted classes"),
+             Input("far_negatives", "location", "images of concepts unrelated to every "
+                   "positive class (the synthetic world's far negatives)", False),
+             _AGGREGATION),
             _nota, "positives",
         ),
         Evaluation(
