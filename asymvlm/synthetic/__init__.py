@@ -129,6 +129,7 @@ from asymvlm.synthetic.cli import main
 from asymvlm.synthetic.world import (
     COCO_LEVEL_PROBS,
     DEFAULT_SHARD_IMAGES,
+    GENERIC_CAPTION_SHARE,
     PRESETS,
     SyntheticWorld,
     WorldConfig,
@@ -139,6 +140,7 @@ __all__ = [
     "COCO_LEVEL_PROBS",
     "DEFAULT_SHARD_IMAGES",
     "DUMMY_PROMPTS",
+    "GENERIC_CAPTION_SHARE",
     "PRESETS",
     "TEMPLATES",
     "ClassificationSpec",
