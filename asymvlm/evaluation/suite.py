@@ -105,9 +105,12 @@ def _aggregation(value: str | None) -> str:
 
 def set_info(root: str) -> dict[str, Any]:
     """What a results file says of a classification set: its name, and for a synthetic one its
-    role and the world's knobs (``world``) from the manifest."""
-    extra = tables.read_manifest(root).extra
+    role and the world's knobs (``world``) from the manifest (where it has one)."""
     info: dict[str, Any] = {"name": root.rstrip("/").rsplit("/", 1)[-1]}
+    try:
+        extra = tables.read_manifest(root).extra
+    except tables.TableError:  # tables written without a manifest: the name only
+        return info
     role = (extra.get("classification") or {}).get("role")
     if role:
         info["role"] = role

@@ -40,6 +40,7 @@ from asymvlm.methods.base import unit
 __all__ = [
     "TEMPLATE_AGGREGATIONS",
     "ClassPrompts",
+    "aggregation_note",
     "class_scores",
     "none_of_the_above",
     "prompt_ensemble",
@@ -58,6 +59,18 @@ def check_aggregation(aggregation: str) -> str:
         raise ValueError(f"template aggregation must be one of {list(TEMPLATE_AGGREGATIONS)}, "
                          f"got {aggregation!r}")  # fmt: skip
     return aggregation
+
+
+def aggregation_note(aggregation: str) -> str:
+    """One sentence for reports: how a likelihood method's class score combined the prompts."""
+    text = {
+        "mean": "the mean of the log-likelihoods over the class's prompt templates",
+        "logmeanexp": "the log of the mean likelihood over the class's prompt templates",
+    }
+    return (f"A likelihood method's class score: {text.get(aggregation, aggregation)} "
+            f"(`template_aggregation: {aggregation}`; the paper leaves this open, the other "
+            "option is documented in `asymvlm.evaluation.zeroshot`). Cosine methods use CLIP's "
+            "prompt ensemble.")  # fmt: skip
 
 
 @dataclass
