@@ -34,6 +34,9 @@ def test_demo_config_resolves(tmp_path, hierarcaps_standin) -> None:
     nota, zero = by_sweep["nota", "synthetic"], by_sweep["zeroshot", "synthetic"]
     assert nota["positives"] == f"{tables}/synthetic-positives:test" and nota["frozen"]
     assert nota["negatives"] == f"{tables}/synthetic-negatives:test"
+    assert nota["far_negatives"] == f"{tables}/synthetic-far-negatives:test"
+    assert nota["template_aggregation"] == zero["template_aggregation"] == "mean"
+    assert cfg["sweeps"][0]["seeds"] == [0, 1, 2, 3, 4]  # the claims' rules need 5 seeds
     assert zero["frozen"] and zero["fine_tuned_on"] == "synthetic"
     assert zero["sets"] == {"positives": f"{tables}/synthetic-positives:test",
                             "zeroshot": f"{tables}/synthetic-zeroshot:test"}  # fmt: skip
