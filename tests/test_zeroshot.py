@@ -11,6 +11,7 @@ from asymvlm.evaluation.zeroshot import (
     ClassPrompts,
     class_scores,
     none_of_the_above,
+    none_of_the_above_each,
     prompt_ensemble,
     rejection_baselines,
     zero_shot_accuracy,
@@ -154,3 +155,29 @@ def test_far_negatives_are_counted_apart_from_the_negatives() -> None:
                                far_negatives=torch.cat([halfway[:3], far]))  # fmt: skip
     for name in ("threshold", "margin"):
         assert base[name]["far_neg_acc"] == pytest.approx(3 / 9)
+
+
+def _reference_nota(method, positives, labels, negatives, prompts, rows) -> dict[str, float]:
+    """Table 2 as first written: the dummy's rows appended as class ``n_classes``, argmax."""
+    both = ClassPrompts(inputs=torch.cat([prompts.inputs, rows]),
+                        class_index=torch.cat([prompts.class_index,
+                                               torch.full((rows.shape[0],), prompts.n_classes)]),
+                        n_classes=prompts.n_classes + 1)  # fmt: skip
+    pos = class_scores(method, positives, both).argmax(1)
+    neg = class_scores(method, negatives, both).argmax(1)
+    return {"pos_acc": float((pos == labels).double().mean()),
+            "neg_acc": float((neg == prompts.n_classes).double().mean()),
+            "pos_rejected": float((pos == prompts.n_classes).double().mean())}  # fmt: skip
+
+
+def test_several_dummy_prompts_at_once_are_each_tried_alone() -> None:
+    """``none_of_the_above_each`` scores the classes once; each dummy's numbers are those of the
+    dummy appended alone as an extra class (a vague, a sharp and a two-prompt dummy here)."""
+    prompts, positives, labels, negatives, dummy = _world()
+    dummies = {"vague": dummy, "sharp": 40 * dummy, "two rows": torch.cat([dummy, 2 * dummy])}
+    for method in (IdentityVMF(D), build_method("clip", D)):
+        each = none_of_the_above_each(method, positives, labels, negatives, prompts, dummies)
+        for name, rows in dummies.items():
+            want = _reference_nota(method, positives, labels, negatives, prompts, rows)
+            assert each[name] == want, (name, type(method).__name__)
+    assert each["vague"]["neg_acc"] == 0.0  # the frozen model: cosine, no rejection

@@ -23,7 +23,7 @@ from asymvlm.evaluation.ood import ood_retrieval
 from asymvlm.evaluation.zeroshot import (
     ClassPrompts,
     check_aggregation,
-    none_of_the_above,
+    none_of_the_above_each,
     rejection_baselines,
     zero_shot_accuracy,
 )
@@ -163,12 +163,13 @@ def evaluate_none_of_the_above(
         ai = _adapter_input(m)
         prompts = pos.class_prompts(ai)
         far_rows = None if far is None else m.image_rows(far.image_emb, far.image_norm)
-        for text, dummy in pos.dummy_inputs(ai).items():
-            out["dummy"].setdefault(text, {})[name] = none_of_the_above(
-                m, m.image_rows(pos.image_emb, pos.image_norm), pos.labels,
-                m.image_rows(neg.image_emb, neg.image_norm), prompts, dummy,
-                far_negatives=far_rows, aggregation=how,
-            )  # fmt: skip
+        each = none_of_the_above_each(
+            m, m.image_rows(pos.image_emb, pos.image_norm), pos.labels,
+            m.image_rows(neg.image_emb, neg.image_norm), prompts, pos.dummy_inputs(ai),
+            far_negatives=far_rows, aggregation=how,
+        )  # fmt: skip
+        for text, cell in each.items():
+            out["dummy"].setdefault(text, {})[name] = cell
     frozen = build_method("clip", pos.image_emb.shape[1])
     out["rejection"] = rejection_baselines(
         frozen, pos.image_emb, pos.labels, neg.image_emb, pos.class_prompts("unit"),

@@ -28,6 +28,7 @@ image against a class and predicts the best class:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "aggregation_note",
     "class_scores",
     "none_of_the_above",
+    "none_of_the_above_each",
     "prompt_ensemble",
     "rejection_baselines",
     "zero_shot_accuracy",
@@ -187,23 +189,50 @@ def none_of_the_above(
     rejected; with ``far_negatives`` (images of concepts unrelated to every class),
     ``far_neg_acc``: those rejected.
     """
-    dummy = ClassPrompts(
-        inputs=torch.cat([prompts.inputs, dummy_inputs]),
-        class_index=torch.cat(
-            [prompts.class_index, torch.full((dummy_inputs.shape[0],), prompts.n_classes)]
-        ),
-        n_classes=prompts.n_classes + 1,
-    )
-    pos = class_scores(method, positives, dummy, aggregation=aggregation).argmax(1)
-    neg = class_scores(method, negatives, dummy, aggregation=aggregation).argmax(1)
-    out = {
-        "pos_acc": float((pos == labels).double().mean()),
-        "neg_acc": float((neg == prompts.n_classes).double().mean()),
-        "pos_rejected": float((pos == prompts.n_classes).double().mean()),
-    }
+    return none_of_the_above_each(method, positives, labels, negatives, prompts,
+                                  {"dummy": dummy_inputs}, far_negatives,
+                                  aggregation)["dummy"]  # fmt: skip
+
+
+def none_of_the_above_each(
+    method: Method,
+    positives: torch.Tensor,
+    labels: torch.Tensor,
+    negatives: torch.Tensor,
+    prompts: ClassPrompts,
+    dummies: Mapping[str, torch.Tensor],
+    far_negatives: torch.Tensor | None = None,
+    aggregation: str = "mean",
+) -> dict[str, dict[str, float]]:
+    """:func:`none_of_the_above` for each of several dummy prompts (name -> its prompt rows),
+    each tried alone as the extra class. The classes' scores do not depend on the dummy, so they
+    are computed once per image set; a tie goes to the class, as with the dummy last."""
+    names = list(dummies)
+    dummy_prompts = ClassPrompts(
+        inputs=torch.cat([dummies[n] for n in names]),
+        class_index=torch.cat([torch.full((dummies[n].shape[0],), k)
+                               for k, n in enumerate(names)]),
+        n_classes=len(names),
+    )  # fmt: skip
+    sets = {"pos": positives, "neg": negatives}
     if far_negatives is not None:
-        far = class_scores(method, far_negatives, dummy, aggregation=aggregation).argmax(1)
-        out["far_neg_acc"] = float((far == prompts.n_classes).double().mean())
+        sets["far"] = far_negatives
+    rejected, predicted = {}, {}
+    for key, images in sets.items():
+        classes = class_scores(method, images, prompts, aggregation=aggregation)
+        extra = class_scores(method, images, dummy_prompts, aggregation=aggregation)
+        best, predicted[key] = classes.max(1)
+        rejected[key] = extra > best.unsqueeze(1)  # [n_images, n_dummies]
+    out: dict[str, dict[str, float]] = {}
+    for k, name in enumerate(names):
+        pos_kept = (predicted["pos"] == labels) & ~rejected["pos"][:, k]
+        out[name] = {
+            "pos_acc": float(pos_kept.double().mean()),
+            "neg_acc": float(rejected["neg"][:, k].double().mean()),
+            "pos_rejected": float(rejected["pos"][:, k].double().mean()),
+        }
+        if "far" in rejected:
+            out[name]["far_neg_acc"] = float(rejected["far"][:, k].double().mean())
     return out
 
 
