@@ -53,8 +53,11 @@ def _pair(p: float, **knobs) -> tuple[SyntheticWorld, dict, dict]:
     return generic, plain.sample_split("train", 2000), generic.sample_split("train", 2000)
 
 
-@pytest.mark.parametrize("knobs", [{}, {"block_images": 300, "finetune_roots": 4,
-                                        "domain_misalignment": 0.5, "caption_words": True}])
+_DEMO_LIKE = {"block_images": 300, "finetune_roots": 4, "domain_misalignment": 0.5,
+              "caption_words": True}  # fmt: skip
+
+
+@pytest.mark.parametrize("knobs", [{}, _DEMO_LIKE])
 def test_generic_captions_replace_a_share_of_the_train_captions(knobs) -> None:
     """A share p of the captions (within 4 standard errors) become generic: level -1, a text of
     GENERIC_TEXTS, meaning the hierarchy's root (after the shared encoder error is undone); every
@@ -177,3 +180,16 @@ def test_generic_captions_give_the_dummy_prompts_a_low_kappa(tmp_path, one_threa
     assert max(with_generic[d] for d in dummies) < with_generic["class prompts"] - 2, with_generic
     assert "level -1" not in without
     assert max(without[d] for d in dummies) > without["class prompts"] + 2, without
+
+
+def test_the_cli_sets_generic_captions_and_misalignment(tmp_path, capsys) -> None:
+    from asymvlm.synthetic import main
+
+    main(["--output", str(tmp_path / "w"), "--preset", "demo", "--generic-captions", "0.02",
+          "--misalignment", "0.3", "--train-images", "50", "--test-images", "10"])  # fmt: skip
+    cfg = WorldConfig.from_manifest(str(tmp_path / "w"))
+    assert (cfg.generic_captions, cfg.misalignment) == (0.02, 0.3)
+    assert PRESETS["demo"].generic_captions == 0.004 and PRESETS["demo"].misalignment == 0.0
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--output", str(tmp_path / "x"), "--generic-captions", "2"])
+    assert exit_info.value.code == 2 and "generic_captions" in capsys.readouterr().err
