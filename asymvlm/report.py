@@ -12,8 +12,15 @@ Reads the sweeps (parent runs ``kind=sweep`` and their seed runs) and the evalua
   AsymVLM(image), SymVLM, AsymVLM(G)); ``fig_risk_coverage_<dataset>.png`` (seed-averaged
   risk-coverage curves per method, t2i and i2t); a second sweep of the same data set adds
   its name to its figures' names;
-* Table 2 analogue (none-of-the-above), Table 3 analogue (zero-shot after fine-tuning);
-* the HierarCaps analysis (``fig5_hierarcaps.png``) and the OOD suite (``fig_ood_<kind>.png``).
+* Table 2 analogue (none-of-the-above, with sibling and, where evaluated, far negatives),
+  Table 3 analogue (zero-shot after fine-tuning), each stating how a likelihood method combines
+  a class's prompt templates;
+* the paper's claims judged by the rule written beside them (:mod:`asymvlm.claims`: Table 1's
+  S < 0 per retrieval direction, Table 2's rejection and Table 3's zero-shot claims against
+  Determ. FT and the frozen model, supported only beyond two standard errors over seeds);
+* the HierarCaps analysis (``fig5_hierarcaps.png``) and the OOD suite (``fig_ood_<kind>.png``);
+* a closing note: the claims not supported, with their numbers, and for a synthetic world what
+  it can and cannot show (the measured curve of generic training captions).
 
 The report (markdown, and HTML with the figures inline, which the MLflow UI shows) and its
 figures are also logged to MLflow as a run ``kind=report``, nested under the pipeline run when
@@ -34,11 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from asymvlm import paper_numbers, tracking
+from asymvlm import claims, paper_numbers, tracking
 from asymvlm import results as tables_of_results
 from asymvlm.config import redact
 from asymvlm.evaluation.hierarcaps import plot_hierarchy
 from asymvlm.evaluation.ood import plot_severity
+from asymvlm.evaluation.zeroshot import aggregation_note
 from asymvlm.plots import plot_binned_recall, plot_risk_coverage
 
 __all__ = ["PROTOCOL_LABELS", "build_report", "protocol_label", "table1_markdown", "trial_values"]
@@ -262,12 +270,15 @@ def _figure_tag(dataset: str | None, parent, used: set[str]) -> str:
     return tag
 
 
-def _sweep_section(uri: str, parent, output: str, used: set[str]) -> tuple[list[str], dict]:
+def _sweep_section(
+    uri: str, parent, output: str, used: set[str]
+) -> tuple[list[str], dict, list[dict]]:
     """Table 1 analogue of one sweep (its protocol in the caption), the paper's numbers where
-    they apply, Fig. 3 / Fig. 4 analogues and the risk-coverage figure."""
+    they apply, Fig. 3 / Fig. 4 analogues and the risk-coverage figure; also the rows (one per
+    seed run) for the claims."""
     children = tracking.child_runs(uri, parent.info.run_id, stage="seeds")
     if not children:
-        return [], {}
+        return [], {}, []
     params = children[0].data.params
     dataset, model = params.get("dataset"), params.get("embedding_model")
     rows, curves = _gather_trials(uri, children)
@@ -300,7 +311,7 @@ def _sweep_section(uri: str, parent, output: str, used: set[str]) -> tuple[list[
                          f"{dataset}, mean over seeds")  # fmt: skip
     for path, caption in figures.items():
         lines.append(f"![{caption}]({os.path.basename(path)})\n")
-    return lines, figures
+    return lines, figures, rows
 
 
 # -- Tables 2 and 3, Fig. 5, OOD ----------------------------------------------------------------
@@ -328,12 +339,17 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
     numbers (:data:`PAPER_TABLE2_SETUP`) beside them."""
     lines: list[str] = []
     for res, params in runs:
+        settings = res.get("settings") or {}
         pos = _set_name(params.get("positives"), "CIFAR-10")
         neg = _set_name(params.get("negatives"), "CIFAR-100")
-        lines += [f"### Table 2 analogue — none-of-the-above (positives: {pos}, negatives: "
-                  f"{neg}){_heading(params)}", "",
-                  "| dummy prompt | method | seeds | pos. acc. | neg. acc. | paper (pos., neg.)"
-                  " |", "|---|---|---|---|---|---|"]  # fmt: skip
+        pos = (settings.get("positives") or {}).get("name", pos)
+        neg = (settings.get("negatives") or {}).get("name", neg)
+        far = (settings.get("far_negatives") or {}).get("name")
+        sets = f"positives: {pos}, negatives: {neg}" + (f", far negatives: {far}" if far else "")
+        rejected = "sibling neg. rejected | far neg. rejected" if far else "neg. acc."
+        head = f"| dummy prompt | method | seeds | pos. acc. | {rejected} | paper (pos., neg.) |"
+        lines += [f"### Table 2 analogue — none-of-the-above ({sets}){_heading(params)}", "",
+                  head, "|" + "---|" * head.count(" | ") + "---|"]  # fmt: skip
         for dummy, per_method in res["dummy"].items():
             grouped: dict[str, list[dict]] = defaultdict(list)
             for name, cell in per_method.items():
@@ -341,17 +357,28 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
             for method, cells in grouped.items():
                 paper = paper_numbers.TABLE2.get(dummy, {}).get(method)
                 ref = f"{paper[0]:.3f}, {paper[1]:.3f}" if paper else "–"
+                far_cell = f" {_mean_std(c.get('far_neg_acc') for c in cells)} |" if far else ""
                 lines.append(f"| \"{dummy}\" | {method} | {_seed_count(cells)} | "
                              f"{_mean_std(c['pos_acc'] for c in cells)} | "
-                             f"{_mean_std(c['neg_acc'] for c in cells)} | {ref} |")  # fmt: skip
+                             f"{_mean_std(c['neg_acc'] for c in cells)} |{far_cell} "
+                             f"{ref} |")  # fmt: skip
         for name, cell in res.get("rejection", {}).items():
             paper = paper_numbers.TABLE2["(none)"].get(name)
             ref = f"{paper[0]:.3f}, {paper[1]:.3f}" if paper else "–"
+            far_cell = f" {_mean_std([cell.get('far_neg_acc')])} |" if far else ""
             lines.append(f"| (none) | {name}-based (frozen) | 1 | {cell['pos_acc']:.3f} | "
-                         f"{cell['neg_acc']:.3f} | {ref} |")  # fmt: skip
+                         f"{cell['neg_acc']:.3f} |{far_cell} {ref} |")  # fmt: skip
+        how = settings.get("template_aggregation")
         lines += ["", f"*Ours: mean ± std over the sweep's seeds (one value for the frozen "
                   f"model). Paper column: Ju et al. 2025, Table 2 — {PAPER_TABLE2_SETUP}; "
                   "not produced here.*", ""]  # fmt: skip
+        if far:
+            lines += ["*Sibling negatives are other children of the positives' level-0 "
+                      "concepts; far negatives are concepts under level-0 concepts with no "
+                      "positive class. The frozen baselines' cut is calibrated on the sibling "
+                      "negatives.*", ""]  # fmt: skip
+        if how:
+            lines += [f"*{aggregation_note(how)}*", ""]
     return lines
 
 
@@ -397,7 +424,9 @@ def _table3(runs: list[tuple[dict, dict]]) -> list[str]:
                 else f"Paper column: Ju et al. 2025, Table 3 — {PAPER_TABLE3_SETUP} (the "
                 "frozen CLIP's row: no fine-tuning); other sets than ours, not produced here.")
         lines += ["", f"*Ours: mean ± std over the sweep's seeds (one value for the frozen "
-                  f"model). {note}*", ""]  # fmt: skip
+                  f"model). {note}*", "",
+                  f"*{aggregation_note(params.get('template_aggregation') or 'mean')}*",
+                  ""]  # fmt: skip
     return lines
 
 
@@ -475,10 +504,14 @@ def build_report(
     figures: dict[str, str] = {}
     sweeps = [r for r in runs if r.data.tags.get("kind") == "sweep"]
     used_tags: set[str] = set()
+    judged: list[tuple[str, claims.Verdict]] = []
     for sweep in sweeps:
-        section, figs = _sweep_section(tracking_uri, sweep, output, used_tags)
+        section, figs, rows = _sweep_section(tracking_uri, sweep, output, used_tags)
         lines += section
         figures.update(figs)
+        if "plumbing only" not in (sweep.data.tags.get("note") or "").lower():
+            name = sweep.info.run_name or sweep.info.run_id
+            judged += [(name, v) for v in claims.table1_verdicts(rows)]
     evals: dict[str, list] = defaultdict(list)
     for run in runs:
         kind = run.data.tags.get("kind", "")
@@ -489,6 +522,13 @@ def build_report(
         lines += _table2(evals["eval-nota"])
     if evals.get("eval-zeroshot"):
         lines += _table3(evals["eval-zeroshot"])
+    for kind, judge in (("eval-nota", claims.table2_verdicts),
+                        ("eval-zeroshot", claims.table3_verdicts)):  # fmt: skip
+        for res, params in evals.get(kind, []):
+            if "plumbing only" not in (params.get("note") or "").lower():
+                source = f"{kind[5:]} ({params.get('sweep') or '–'})"
+                judged += [(source, v) for v in judge(res)]
+    lines += claims.claims_markdown(judged)
     # One section per evaluation run; figure names get the sweep when there are several.
     for kind, section_fn, prefix in (("eval-hierarcaps", _hierarchy, "hierarcaps"),
                                      ("eval-ood", _ood, "")):  # fmt: skip
@@ -500,6 +540,8 @@ def build_report(
             figures.update(figs)
     if len(lines) <= 5:
         lines.append("*No sweeps or evaluations in this experiment yet.*")
+    elif judged or claims.world_of(evals.get("eval-nota", [])):
+        lines += claims.closing_note(judged, claims.world_of(evals.get("eval-nota", [])))
     text = "\n".join(lines) + "\n"
     path = os.path.join(output, "report.md")
     with open(path, "w") as fh:

@@ -35,6 +35,9 @@ def test_demo_config_resolves(tmp_path, hierarcaps_standin) -> None:
     # locations parsed once, into (root, split)
     assert nota.positives == (f"{tables}/synthetic-positives", "test") and nota.frozen
     assert str(nota.negatives) == f"{tables}/synthetic-negatives:test"
+    assert str(nota.far_negatives) == f"{tables}/synthetic-far-negatives:test"
+    assert nota.template_aggregation == zero.template_aggregation == "mean"
+    assert cfg.sweeps[0].seeds == [0, 1, 2, 3, 4]  # the claims' rules need 5 seeds
     assert zero.frozen and zero.fine_tuned_on == "synthetic"
     assert {k: str(v) for k, v in zero.sets.items()} == {
         "positives": f"{tables}/synthetic-positives:test",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from asymvlm.evaluation.zeroshot import (
     ClassPrompts,
     class_scores,
     none_of_the_above,
+    none_of_the_above_each,
     prompt_ensemble,
     rejection_baselines,
     zero_shot_accuracy,
@@ -111,3 +114,70 @@ def test_rejection_baselines_find_a_separating_cut() -> None:
     for name in ("threshold", "margin"):
         assert out[name]["pos_acc"] == 1.0 and out[name]["neg_acc"] == 1.0
         assert 0.0 < out[name]["cut"] <= 1.0
+
+
+def test_logmeanexp_scores_a_class_by_the_log_of_its_mean_likelihood() -> None:
+    """The documented alternative: ln((1/K) sum_k p(z | prompt_k)), at least the mean of the
+    log-likelihoods (Jensen), equal to it for a class of one prompt; unknown names refused."""
+    method = IdentityVMF(D)
+    basis = torch.eye(D, dtype=torch.float64)
+    inputs = torch.stack([20 * basis[0], 5 * basis[1], 10 * basis[2], 30 * basis[3], 8 * basis[4]])
+    prompts = ClassPrompts(inputs=inputs, class_index=torch.tensor([0, 0, 1, 1, 2]), n_classes=3)
+    rows = [[1.0, 0.5, 0.0, 0.2, 0.3, 0, 0, 0], [0.0, 0.1, 1.0, 0.0, 0.0, 0, 0, 0]]
+    image = unit(torch.tensor(rows, dtype=torch.float64))
+    per_prompt = method.log_likelihood(image, inputs).T  # [n_image, n_prompts]
+    want = torch.stack([torch.logsumexp(per_prompt[:, :2], 1) - math.log(2),
+                        torch.logsumexp(per_prompt[:, 2:4], 1) - math.log(2),
+                        per_prompt[:, 4]], 1)  # fmt: skip
+    got = class_scores(method, image, prompts, aggregation="logmeanexp").double()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    mean = class_scores(method, image, prompts).double()
+    assert (got[:, :2] > mean[:, :2] + 1e-3).all()  # the templates disagree: a strict gap
+    torch.testing.assert_close(got[:, 2], mean[:, 2])
+    with pytest.raises(ValueError, match="template aggregation"):
+        class_scores(method, image, prompts, aggregation="max")
+
+
+def test_far_negatives_are_counted_apart_from_the_negatives() -> None:
+    """``far_neg_acc``: the share of far negatives rejected, by the dummy prompt and by the
+    frozen model's baselines at the cut calibrated on the (sibling) negatives."""
+    prompts, positives, labels, negatives, dummy = _world()
+    basis = torch.eye(D, dtype=torch.float64)
+    far = basis[0].repeat(6, 1)  # on class 0: not rejected
+    out = none_of_the_above(IdentityVMF(D), positives, labels, negatives, prompts, dummy,
+                            far_negatives=far)  # fmt: skip
+    assert out["neg_acc"] == 1.0 and out["far_neg_acc"] == 0.0
+    assert "far_neg_acc" not in none_of_the_above(IdentityVMF(D), positives, labels, negatives,
+                                                  prompts, dummy)  # fmt: skip
+    halfway = unit(basis[0] + basis[1]).repeat(20, 1)
+    base = rejection_baselines(build_method("clip", D), positives, labels, halfway, prompts,
+                               temperature=10.0,
+                               far_negatives=torch.cat([halfway[:3], far]))  # fmt: skip
+    for name in ("threshold", "margin"):
+        assert base[name]["far_neg_acc"] == pytest.approx(3 / 9)
+
+
+def _reference_nota(method, positives, labels, negatives, prompts, rows) -> dict[str, float]:
+    """Table 2 as first written: the dummy's rows appended as class ``n_classes``, argmax."""
+    both = ClassPrompts(inputs=torch.cat([prompts.inputs, rows]),
+                        class_index=torch.cat([prompts.class_index,
+                                               torch.full((rows.shape[0],), prompts.n_classes)]),
+                        n_classes=prompts.n_classes + 1)  # fmt: skip
+    pos = class_scores(method, positives, both).argmax(1)
+    neg = class_scores(method, negatives, both).argmax(1)
+    return {"pos_acc": float((pos == labels).double().mean()),
+            "neg_acc": float((neg == prompts.n_classes).double().mean()),
+            "pos_rejected": float((pos == prompts.n_classes).double().mean())}  # fmt: skip
+
+
+def test_several_dummy_prompts_at_once_are_each_tried_alone() -> None:
+    """``none_of_the_above_each`` scores the classes once; each dummy's numbers are those of the
+    dummy appended alone as an extra class (a vague, a sharp and a two-prompt dummy here)."""
+    prompts, positives, labels, negatives, dummy = _world()
+    dummies = {"vague": dummy, "sharp": 40 * dummy, "two rows": torch.cat([dummy, 2 * dummy])}
+    for method in (IdentityVMF(D), build_method("clip", D)):
+        each = none_of_the_above_each(method, positives, labels, negatives, prompts, dummies)
+        for name, rows in dummies.items():
+            want = _reference_nota(method, positives, labels, negatives, prompts, rows)
+            assert each[name] == want, (name, type(method).__name__)
+    assert each["vague"]["neg_acc"] == 0.0  # the frozen model: cosine, no rejection

@@ -31,6 +31,7 @@ from asymvlm.errors import ConfigError
 from asymvlm.evaluation import suite
 from asymvlm.evaluation.retrieval import evaluate_retrieval
 from asymvlm.evaluation.suite import SplitLoader
+from asymvlm.evaluation.zeroshot import TEMPLATE_AGGREGATIONS
 from asymvlm.methods import METHODS, Method
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import LocationField
@@ -57,6 +58,7 @@ _FORMS: dict[str, Any] = {
     "named": Annotated[dict[str, LocationField], Field(min_length=1)],
     "text": str,
     "count": PositiveInt,
+    "aggregation": Literal[TEMPLATE_AGGREGATIONS],  # type: ignore[valid-type]
 }
 
 
@@ -65,12 +67,13 @@ class Input:
     """One input of an evaluation: a config key, and the CLI option ``--<key with dashes>``.
 
     ``location``: ``ROOT:SPLIT`` of embedding tables; ``named``: ``NAME=ROOT:SPLIT``, repeated
-    (a mapping in the config); ``text``: a plain string; ``count``: a positive integer option.
+    (a mapping in the config); ``text``: a plain string; ``count``: a positive integer option;
+    ``aggregation``: one of :data:`~asymvlm.evaluation.zeroshot.TEMPLATE_AGGREGATIONS`.
     ``default``: the value of an optional input left out.
     """
 
     key: str
-    form: Literal["location", "named", "text", "count"]
+    form: Literal["location", "named", "text", "count", "aggregation"]
     help: str
     required: bool = True
     metavar: str | None = None
@@ -136,6 +139,13 @@ def _retrieval_on_split(
     )  # fmt: skip
 
 
+#: How a likelihood method combines the log-likelihoods of a class's prompts (the paper leaves
+#: it open; :data:`asymvlm.evaluation.zeroshot.TEMPLATE_AGGREGATIONS`).
+_AGGREGATION = Input("template_aggregation", "aggregation", "how a likelihood method combines a "
+                     "class's prompts: mean (of the log-likelihoods; default) or logmeanexp "
+                     "(log of the mean likelihood)", False, metavar="mean|logmeanexp",
+                     default="mean")  # fmt: skip
+
 EVALUATIONS: dict[str, Evaluation] = {
     ev.kind: ev
     for ev in (
@@ -157,15 +167,22 @@ EVALUATIONS: dict[str, Evaluation] = {
             "zeroshot", "zero-shot accuracy after fine-tuning (Table 3)",
             (Input("sets", "named", "an evaluation set (repeat)", metavar="NAME=ROOT:SPLIT"),
              Input("fine_tuned_on", "text", "the training data set's name (report)", False),
-             Input("embedding_model", "text", "the frozen model's name (report)", False)),
-            lambda methods, spec, load: suite.evaluate_zero_shot(methods, spec.sets), "sets",
+             Input("embedding_model", "text", "the frozen model's name (report)", False),
+             _AGGREGATION),
+            lambda methods, spec, load: suite.evaluate_zero_shot(
+                methods, spec.sets, spec.template_aggregation),
+            "sets",
         ),
         Evaluation(
             "nota", "none-of-the-above prompts (Table 2)",
             (Input("positives", "location", "CIFAR-10-like set whose classes are prompted"),
-             Input("negatives", "location", "CIFAR-100-like set of unprompted classes")),
+             Input("negatives", "location", "CIFAR-100-like set of unprompted classes"),
+             Input("far_negatives", "location", "images of concepts unrelated to every "
+                   "positive class (the synthetic world's far negatives)", False),
+             _AGGREGATION),
             lambda methods, spec, load: suite.evaluate_none_of_the_above(
-                methods, spec.positives, spec.negatives),
+                methods, spec.positives, spec.negatives, spec.far_negatives,
+                spec.template_aggregation),
             "positives",
         ),
         Evaluation(

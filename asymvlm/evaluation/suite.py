@@ -17,11 +17,13 @@ import torch
 
 from asymvlm import tables
 from asymvlm.data.perturb import IMAGE_PERTURBATIONS
+from asymvlm.errors import ConfigError
 from asymvlm.evaluation.hierarcaps import hierarchy_analysis
 from asymvlm.evaluation.ood import ood_retrieval
 from asymvlm.evaluation.zeroshot import (
     ClassPrompts,
-    none_of_the_above,
+    check_aggregation,
+    none_of_the_above_each,
     rejection_baselines,
     zero_shot_accuracy,
 )
@@ -105,16 +107,44 @@ def adapter_input(method: Method, default: str = "raw") -> str:
     return getattr(method, "adapter_input", default)
 
 
+def _aggregation(value: str | None) -> str:
+    try:
+        return check_aggregation(value or "mean")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def set_info(root: str) -> dict[str, Any]:
+    """What a results file says of a classification set: its name, and for a synthetic one its
+    role and the world's knobs (``world``) from the manifest (where it has one)."""
+    info: dict[str, Any] = {"name": root.rstrip("/").rsplit("/", 1)[-1]}
+    try:
+        extra = tables.read_manifest(root).extra
+    except tables.TableError:  # tables written without a manifest: the name only
+        return info
+    role = (extra.get("classification") or {}).get("role")
+    if role:
+        info["role"] = role
+    if isinstance(extra.get("world"), dict):
+        info["world"] = extra["world"]
+    return info
+
+
 # -- evaluations --------------------------------------------------------------------------------
 def evaluate_zero_shot(
-    methods: Mapping[str, Method], sets: Mapping[str, Location]
+    methods: Mapping[str, Method],
+    sets: Mapping[str, Location],
+    template_aggregation: str | None = "mean",
 ) -> dict[str, dict[str, float]]:
-    """Table 3: method -> evaluation set -> zero-shot accuracy."""
+    """Table 3: method -> evaluation set -> zero-shot accuracy (likelihood methods combine a
+    class's prompts by ``template_aggregation``, :data:`~asymvlm.evaluation.zeroshot.\
+TEMPLATE_AGGREGATIONS`)."""
+    how = _aggregation(template_aggregation)
     loaded = {name: load_classification(*where) for name, where in sets.items()}
     return {
         name: {
             s: zero_shot_accuracy(m, m.image_rows(data.image_emb, data.image_norm), data.labels,
-                                  data.class_prompts(adapter_input(m)))
+                                  data.class_prompts(adapter_input(m)), aggregation=how)
             for s, data in loaded.items()
         }
         for name, m in methods.items()
@@ -125,23 +155,37 @@ def evaluate_none_of_the_above(
     methods: Mapping[str, Method],
     positives: Location,
     negatives: Location,
+    far_negatives: Location | None = None,
+    template_aggregation: str | None = "mean",
 ) -> dict[str, Any]:
-    """Table 2: per dummy prompt and method, positive / negative accuracy; plus the frozen
-    model's threshold- and margin-based rejection (Table 2, "None")."""
+    """Table 2: per dummy prompt and method, positive / negative accuracy (and with
+    ``far_negatives``, images of concepts unrelated to every positive class, the share of them
+    rejected: ``far_neg_acc``); plus the frozen model's threshold- and margin-based rejection
+    (Table 2, "None"). ``settings`` records the template aggregation and the sets."""
+    how = _aggregation(template_aggregation)
     pos, neg = load_classification(*positives), load_classification(*negatives)
-    out: dict[str, Any] = {"dummy": {}, "rejection": {}}
+    far = load_classification(*far_negatives) if far_negatives else None
+    settings: dict[str, Any] = {"template_aggregation": how, "positives": set_info(pos.root),
+                                "negatives": set_info(neg.root)}  # fmt: skip
+    if far is not None:
+        settings["far_negatives"] = set_info(far.root)
+    out: dict[str, Any] = {"dummy": {}, "rejection": {}, "settings": settings}
     for name, m in methods.items():
         ai = adapter_input(m)
         prompts = pos.class_prompts(ai)
-        for text, dummy in pos.dummy_inputs(ai).items():
-            out["dummy"].setdefault(text, {})[name] = none_of_the_above(
-                m, m.image_rows(pos.image_emb, pos.image_norm), pos.labels,
-                m.image_rows(neg.image_emb, neg.image_norm), prompts, dummy,
-            )  # fmt: skip
+        far_rows = None if far is None else m.image_rows(far.image_emb, far.image_norm)
+        each = none_of_the_above_each(
+            m, m.image_rows(pos.image_emb, pos.image_norm), pos.labels,
+            m.image_rows(neg.image_emb, neg.image_norm), prompts, pos.dummy_inputs(ai),
+            far_negatives=far_rows, aggregation=how,
+        )  # fmt: skip
+        for text, cell in each.items():
+            out["dummy"].setdefault(text, {})[name] = cell
     frozen = build_method("clip", pos.image_emb.shape[1])
     out["rejection"] = rejection_baselines(
-        frozen, pos.image_emb, pos.labels, neg.image_emb, pos.class_prompts("unit")
-    )
+        frozen, pos.image_emb, pos.labels, neg.image_emb, pos.class_prompts("unit"),
+        far_negatives=None if far is None else far.image_emb,
+    )  # fmt: skip
     return out
 
 

@@ -8,8 +8,14 @@ image against a class and predicts the best class:
   baselines that retrieve by the cosine of their means) use CLIP's prompt ensemble: the class
   embedding is the mean of the class's unit prompt embeddings, re-normalised
   (:func:`prompt_ensemble`), and the score its cosine;
-* the probabilistic methods scoring by the log-likelihood ln p(z_I | prompt) (App. A.2) use the
-  mean over the class's prompts of that log-likelihood (maximum likelihood over classes).
+* the probabilistic methods scoring by the log-likelihood ln p(z_I | prompt) (App. A.2) use,
+  by default (``aggregation="mean"``), the mean over the class's prompts of that
+  log-likelihood (maximum likelihood over classes). The paper does not say how a class's
+  templates combine; the alternative ``"logmeanexp"`` scores a class by the log of the mean
+  likelihood, ln (1/K) sum_k p(z_I | prompt_k) -- the class as a mixture of its prompts'
+  distributions. By Jensen's inequality it is never below the mean, and the gap grows with the
+  spread of a class's templates, so it matters for none-of-the-above, where a dummy class has
+  one prompt and the real classes several.
 
 * :func:`zero_shot_accuracy`: robust fine-tuning (Table 3): accuracy of an adapter trained on
   COCO/Flickr/CC on CIFAR-10/100, STL-10, ImageNet, against the frozen model.
@@ -22,6 +28,7 @@ image against a class and predicts the best class:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +40,40 @@ from asymvlm.methods.base import unit
 from asymvlm.tables import TableError
 
 __all__ = [
+    "TEMPLATE_AGGREGATIONS",
     "ClassPrompts",
+    "aggregation_note",
     "class_scores",
     "none_of_the_above",
+    "none_of_the_above_each",
     "prompt_ensemble",
     "rejection_baselines",
     "zero_shot_accuracy",
 ]
+
+
+#: How the log-likelihoods of a class's prompts combine into its score (module docstring).
+TEMPLATE_AGGREGATIONS = ("mean", "logmeanexp")
+
+
+def check_aggregation(aggregation: str) -> str:
+    """``aggregation`` if it is one of :data:`TEMPLATE_AGGREGATIONS`, else ValueError."""
+    if aggregation not in TEMPLATE_AGGREGATIONS:
+        raise ValueError(f"template aggregation must be one of {list(TEMPLATE_AGGREGATIONS)}, "
+                         f"got {aggregation!r}")  # fmt: skip
+    return aggregation
+
+
+def aggregation_note(aggregation: str) -> str:
+    """One sentence for reports: how a likelihood method's class score combined the prompts."""
+    text = {
+        "mean": "the mean of the log-likelihoods over the class's prompt templates",
+        "logmeanexp": "the log of the mean likelihood over the class's prompt templates",
+    }
+    return (f"A likelihood method's class score: {text.get(aggregation, aggregation)} "
+            f"(`template_aggregation: {aggregation}`; the paper leaves this open, the other "
+            "option is documented in `asymvlm.evaluation.zeroshot`). Cosine methods use CLIP's "
+            "prompt ensemble.")  # fmt: skip
 
 
 @dataclass
@@ -75,13 +109,43 @@ def _scores_by_cosine(method: Method) -> bool:
     return type(method).score is Method.score
 
 
+def mean_over_prompts(
+    per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """[n, n_classes]: the mean over each class's prompts of ``per_prompt`` [n, n_prompts]
+    (the mean log-likelihood, ``aggregation="mean"``)."""
+    summed = torch.zeros(per_prompt.shape[0], len(counts), dtype=per_prompt.dtype)
+    summed.index_add_(1, class_index, per_prompt)
+    return summed / counts
+
+
+def log_mean_exp_over_prompts(
+    per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """[n, n_classes]: ln((1/K_c) sum_{k in c} exp(per_prompt_k)), the log of the mean
+    likelihood over each class's prompts (``aggregation="logmeanexp"``), stabilised by the
+    class's largest term."""
+    index = class_index.unsqueeze(0).expand_as(per_prompt)
+    peak = torch.full((per_prompt.shape[0], len(counts)), -torch.inf, dtype=per_prompt.dtype)
+    peak.scatter_reduce_(1, index, per_prompt, reduce="amax")
+    summed = torch.zeros_like(peak)
+    summed.index_add_(1, class_index, torch.exp(per_prompt - peak.gather(1, index)))
+    return peak + torch.log(summed) - torch.log(counts)
+
+
 @torch.no_grad()
 def class_scores(
-    method: Method, image_emb: torch.Tensor, prompts: ClassPrompts, chunk_size: int = 4096
+    method: Method,
+    image_emb: torch.Tensor,
+    prompts: ClassPrompts,
+    chunk_size: int = 4096,
+    aggregation: str = "mean",
 ) -> torch.Tensor:
     """[n_image, n_classes]: the cosine to the class's :func:`prompt_ensemble` for methods that
-    score by the cosine, else the mean of the method's score (log-likelihood) over the class's
-    prompts."""
+    score by the cosine, else the method's score (log-likelihood) combined over the class's
+    prompts by ``aggregation`` (:data:`TEMPLATE_AGGREGATIONS`; module docstring)."""
+    combine = {"mean": mean_over_prompts,
+               "logmeanexp": log_mean_exp_over_prompts}[check_aggregation(aggregation)]  # fmt: skip
     method.eval()
     texts = method.encode_texts(prompts.inputs)
     cosine = _scores_by_cosine(method)
@@ -95,17 +159,19 @@ def class_scores(
         if cosine:
             out.append(per_text)
             continue
-        summed = torch.zeros(per_text.shape[0], prompts.n_classes, dtype=per_text.dtype)
-        summed.index_add_(1, prompts.class_index, per_text)
-        out.append(summed / counts)
+        out.append(combine(per_text, prompts.class_index, counts))
     return torch.cat(out)
 
 
 def zero_shot_accuracy(
-    method: Method, image_emb: torch.Tensor, labels: torch.Tensor, prompts: ClassPrompts
+    method: Method,
+    image_emb: torch.Tensor,
+    labels: torch.Tensor,
+    prompts: ClassPrompts,
+    aggregation: str = "mean",
 ) -> float:
     """Top-1 accuracy of maximum-score classification (Table 3)."""
-    predicted = class_scores(method, image_emb, prompts).argmax(1)
+    predicted = class_scores(method, image_emb, prompts, aggregation=aggregation).argmax(1)
     return float((predicted == labels).double().mean())
 
 
@@ -116,26 +182,60 @@ def none_of_the_above(
     negatives: torch.Tensor,
     prompts: ClassPrompts,
     dummy_inputs: torch.Tensor,
+    far_negatives: torch.Tensor | None = None,
+    aggregation: str = "mean",
 ) -> dict[str, float]:
     """Table 2: the dummy prompt(s) form class ``n_classes``; a prediction of it is a rejection.
 
     Positive accuracy: positives assigned their own class; negative accuracy: negatives
-    rejected.
+    rejected; with ``far_negatives`` (images of concepts unrelated to every class),
+    ``far_neg_acc``: those rejected.
     """
-    dummy = ClassPrompts(
-        inputs=torch.cat([prompts.inputs, dummy_inputs]),
-        class_index=torch.cat(
-            [prompts.class_index, torch.full((dummy_inputs.shape[0],), prompts.n_classes)]
-        ),
-        n_classes=prompts.n_classes + 1,
-    )
-    pos = class_scores(method, positives, dummy).argmax(1)
-    neg = class_scores(method, negatives, dummy).argmax(1)
-    return {
-        "pos_acc": float((pos == labels).double().mean()),
-        "neg_acc": float((neg == prompts.n_classes).double().mean()),
-        "pos_rejected": float((pos == prompts.n_classes).double().mean()),
-    }
+    return none_of_the_above_each(method, positives, labels, negatives, prompts,
+                                  {"dummy": dummy_inputs}, far_negatives,
+                                  aggregation)["dummy"]  # fmt: skip
+
+
+def none_of_the_above_each(
+    method: Method,
+    positives: torch.Tensor,
+    labels: torch.Tensor,
+    negatives: torch.Tensor,
+    prompts: ClassPrompts,
+    dummies: Mapping[str, torch.Tensor],
+    far_negatives: torch.Tensor | None = None,
+    aggregation: str = "mean",
+) -> dict[str, dict[str, float]]:
+    """:func:`none_of_the_above` for each of several dummy prompts (name -> its prompt rows),
+    each tried alone as the extra class. The classes' scores do not depend on the dummy, so they
+    are computed once per image set; a tie goes to the class, as with the dummy last."""
+    names = list(dummies)
+    dummy_prompts = ClassPrompts(
+        inputs=torch.cat([dummies[n] for n in names]),
+        class_index=torch.cat([torch.full((dummies[n].shape[0],), k)
+                               for k, n in enumerate(names)]),
+        n_classes=len(names),
+    )  # fmt: skip
+    sets = {"pos": positives, "neg": negatives}
+    if far_negatives is not None:
+        sets["far"] = far_negatives
+    rejected, predicted = {}, {}
+    for key, images in sets.items():
+        classes = class_scores(method, images, prompts, aggregation=aggregation)
+        extra = class_scores(method, images, dummy_prompts, aggregation=aggregation)
+        best, predicted[key] = classes.max(1)
+        rejected[key] = extra > best.unsqueeze(1)  # [n_images, n_dummies]
+    out: dict[str, dict[str, float]] = {}
+    for k, name in enumerate(names):
+        pos_kept = (predicted["pos"] == labels) & ~rejected["pos"][:, k]
+        out[name] = {
+            "pos_acc": float(pos_kept.double().mean()),
+            "neg_acc": float(rejected["neg"][:, k].double().mean()),
+            "pos_rejected": float(rejected["pos"][:, k].double().mean()),
+        }
+        if "far" in rejected:
+            out[name]["far_neg_acc"] = float(rejected["far"][:, k].double().mean())
+    return out
 
 
 def _softmax_stats(
@@ -156,16 +256,22 @@ def rejection_baselines(
     temperature: float = 100.0,
     calibration_fraction: float = 0.5,
     seed: int = 0,
+    far_negatives: torch.Tensor | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Threshold (max softmax probability) and margin (top-1 minus top-2 probability) rejection.
 
     Softmax over ``temperature`` x scores (CLIP's logit scale). The cut-off maximises the mean of
     positive and negative accuracy on a seeded ``calibration_fraction`` of positives and
-    negatives; accuracies are reported on the rest.
+    negatives; accuracies are reported on the rest. With ``far_negatives``, ``far_neg_acc`` is
+    the share of them rejected at that same cut-off (calibrated on the negatives).
     """
     rng = np.random.default_rng(seed)
     pred_p, conf_p, margin_p = _softmax_stats(method, positives, prompts, temperature)
     _, conf_n, margin_n = _softmax_stats(method, negatives, prompts, temperature)
+    far = None
+    if far_negatives is not None:
+        _, conf_f, margin_f = _softmax_stats(method, far_negatives, prompts, temperature)
+        far = {"threshold": conf_f, "margin": margin_f}
     correct = pred_p == labels.numpy()
     cal_p = rng.random(len(conf_p)) < calibration_fraction
     cal_n = rng.random(len(conf_n)) < calibration_fraction
@@ -187,4 +293,6 @@ def rejection_baselines(
             "neg_acc": float(np.mean(sn[~cal_n] < best_cut)),
             "cut": best_cut,
         }
+        if far is not None:
+            out[name]["far_neg_acc"] = float(np.mean(far[name] < best_cut))
     return out

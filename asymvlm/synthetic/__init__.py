@@ -33,6 +33,17 @@ a new domain: its text encoder is misaligned with its image encoder by a fixed r
 (``misalignment``), which an adapter can learn to undo, and it reports a raw text-projection
 norm (column ``norm``) that carries no information.
 
+F (the forgetting regime, ``misalignment = 0``; the presets). Without the shared rotation the
+frozen encoder's only error is each domain's own rotation (D): it is well aligned on the
+zero-shot domain (the frozen model's zero-shot accuracy there is about 0.96 in the demo's
+world), and nothing an adapter learns on the fine-tuning domain carries over to it, so
+fine-tuning can only lose zero-shot accuracy -- the situation of the paper's Table 3, where CLIP
+zero-shot is strong and every fine-tuned model is below it. The world encodes **no mechanism**
+by which one adapter forgets less than another: a probabilistic adapter and Determ. FT move the
+mean embedding alike, so a gap between them (the paper's claim) is an outcome to be measured,
+not one built in. With ``misalignment > 0`` (the default 1.0) fine-tuning learns the shared
+rotation and helps every method on the zero-shot domain.
+
 P (pre-projection features, ``pre_dim``). What ``asymvlm embed --pre-projection`` writes for a
 real CLIP (for BayesVLM, :mod:`asymvlm.methods.bayesvlm`): each modality's encoder ends in a
 random linear projection ``W`` [dim, pre_dim] with orthonormal rows, and an item's
@@ -53,17 +64,43 @@ tag captions ("a photo of c1 / c7") have a word count that is a function of the 
 G (the most general texts). "a photo", "a photo of an object", "a photo of something" describe
 every object: ``Phi_T(t) = O``. Their meaning is the hierarchy's root, the direction of the
 level-0 concepts' mean (``SyntheticWorld.generic``), with paraphrase noise; the encoder makes
-only its shared error on them (they belong to no domain, D). They are not among the fine-tuning
-captions, as "a photo" is rare among COCO's; they serve as the dummy prompts of the
-none-of-the-above evaluation (Table 2).
+only its shared error on them (they belong to no domain, D). They serve as the dummy prompts of
+the none-of-the-above evaluation (Table 2). By default they are not among the fine-tuning
+captions (U relaxes this).
+
+U (generic captions in training, ``generic_captions = p``; relaxes G). A fraction p of the
+``train`` split's captions are generic: each caption is, with probability p, replaced by a text
+like "a picture" or "an image of things" (:data:`~asymvlm.synthetic.captions.GENERIC_TEXTS`,
+other words than the dummy prompts) whose meaning is the hierarchy's root with paraphrase noise
+and which gets the shared encoder error only, as G's texts; it stays paired with its image
+(``Phi_T`` of a generic text is every object, so it describes any image) and has ``level`` -1.
+Why it matters: without generic captions the dummy prompts lie outside the training texts'
+support (their nearest training caption is at cosine ~0.67, a class prompt's at ~0.99) and a
+ReLU adapter extrapolates kappa there, roughly in proportion to the input's reach, so "a photo"
+gets the *highest* kappa of all texts and none-of-the-above cannot work; with real CLIP the
+generic prompts sit near the text-embedding mean, inside the caption distribution. In InfoNCE's
+image -> text term a generic text seen in training learns a score of about ln p(z) (the image
+marginal), which turns the dummy prompt into a likelihood-ratio test: the mechanism the paper's
+Table 2 relies on. The presets' p = 0.004 was fixed before any outcome was measured, from the
+real HierarCaps test split (the hierarchies whose levels C models): of its 4,000 caption texts
+(1,000 hierarchies x 4 levels), 16 (0.4 %) are generic -- after dropping a leading article,
+one of object(s), thing(s), something, anything, everything, item(s), entity, entities,
+physical entity, stuff, scene, image, photo, picture, view (8 "object", 3 "scene", 3 "stuff",
+1 "view", 1 "photo"); its machine-generated expanded set gives 0.48 % (454 of 93,916). A lower
+reading, weighting HierarCaps' 1.6 % generic level-0 texts by the COCO-like share of level-0
+captions (5 %), gives 0.0008, and COCO's own captions (HierarCaps' level 3) hold none;
+``benchmarks/generic_captions.py`` measures p in {0, 0.005, 0.01, 0.02, 0.05} (docs/
+synthetic-world.md).
 
 K (classification). The classes of a classification set are concepts of one level; an image of
 a class is an object under that concept, seen as in I; a class prompt is the text naming the
 concept (the concept plus paraphrase noise, as C) under a template, and a template adds a
 direction of its own shared by every class ("a photo of a {}" vs "a drawing of a {}"), so that a
 prompt ensemble averages template noise out. Positives are images of the chosen classes,
-negatives images of the other concepts of the same level -- disjoint, like CIFAR-10 against
-CIFAR-100 (:mod:`asymvlm.synthetic.classes`).
+negatives images of the other concepts of the same level and domain (mostly siblings of the
+positives), far negatives images of the concepts under level-0 concepts that hold no positive
+class -- each disjoint from the positives, like CIFAR-100 against CIFAR-10
+(:mod:`asymvlm.synthetic.classes`).
 
 D (domains, ``finetune_roots``, ``domain_misalignment``). The level-0 concepts are split into a
 fine-tuning domain (the first ``finetune_roots``; the retrieval splits show only its objects,
@@ -92,6 +129,7 @@ from asymvlm.synthetic.cli import main
 from asymvlm.synthetic.world import (
     COCO_LEVEL_PROBS,
     DEFAULT_SHARD_IMAGES,
+    GENERIC_CAPTION_SHARE,
     PRESETS,
     SyntheticWorld,
     WorldConfig,
@@ -102,6 +140,7 @@ __all__ = [
     "COCO_LEVEL_PROBS",
     "DEFAULT_SHARD_IMAGES",
     "DUMMY_PROMPTS",
+    "GENERIC_CAPTION_SHARE",
     "PRESETS",
     "TEMPLATES",
     "ClassificationSpec",

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["FILLERS", "OPENERS", "compose_word_texts", "tag_texts", "word_texts"]
+__all__ = [
+    "FILLERS",
+    "GENERIC_TEXTS",
+    "OPENERS",
+    "compose_word_texts",
+    "tag_texts",
+    "word_texts",
+]
 
 #: Opening phrases of a word caption (1 to 4 words), equally likely.
 OPENERS: tuple[str, ...] = (
@@ -23,6 +30,11 @@ OPENERS: tuple[str, ...] = (
     "this picture shows a",
     "an image of a",
 )
+#: Texts of the generic training captions (assumption U of :mod:`asymvlm.synthetic`): they
+#: describe every object, like the dummy prompts, but are other words than those.
+GENERIC_TEXTS: tuple[str, ...] = (
+    "a picture", "an image", "a picture of something", "an image of things", "a view of a scene",
+)  # fmt: skip
 #: Style words: adjectives the world treats as not narrowing a caption's objects.
 FILLERS: tuple[str, ...] = (
     "small", "nice", "old", "little", "big", "some", "very", "bright", "dark", "pretty",

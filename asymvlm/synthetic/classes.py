@@ -15,7 +15,12 @@ table format ``asymvlm embed`` writes for CIFAR-like sets and
 * ``R-negatives``: images of the other concepts of that level and domain, with their own prompts
   (the CIFAR-100 analogue: none of the positives' classes);
 * ``R-zeroshot`` (a world with two domains, assumption D): every concept of that level in the
-  zero-shot domain (the analogue of Table 3's sets a COCO-fine-tuned model is tested on).
+  zero-shot domain (the analogue of Table 3's sets a COCO-fine-tuned model is tested on);
+* ``R-far-negatives`` (when there are such concepts): images of the concepts of that level under
+  the level-0 concepts that hold no positive class, of either domain -- negatives unrelated to
+  every positive class, as most of CIFAR-100's classes are to CIFAR-10's. The ``negatives``
+  above are mostly *siblings* of the positives (other children of the same level-0 concepts),
+  which is the harder test of none-of-the-above (Table 2 reports both).
 
 Every set's prompts end with the dummy prompts (assumption G), as ``asymvlm embed`` writes them.
 All draws come from generators of their own (``[seed, 4, ...]``), so writing sets changes no
@@ -33,7 +38,14 @@ import pyarrow as pa
 from asymvlm import tables
 from asymvlm.synthetic.world import SyntheticWorld, WorldConfig, _offset, _unit
 
-__all__ = ["DUMMY_PROMPTS", "TEMPLATES", "ClassificationSpec", "write_classification_sets"]
+__all__ = [
+    "DUMMY_PROMPTS",
+    "TEMPLATES",
+    "ClassificationSpec",
+    "concept_roots",
+    "far_concepts",
+    "write_classification_sets",
+]
 
 #: The most general captions (assumption G); the same texts as ``asymvlm embed`` uses.
 DUMMY_PROMPTS: tuple[str, ...] = ("a photo", "a photo of an object", "a photo of something")
@@ -54,7 +66,7 @@ class ClassificationSpec:
     #: half of them (rounded down, at least 1). The rest are the negatives' concepts.
     n_classes: int | None = None
     positives: int = 1000  # images per set
-    negatives: int = 1000
+    negatives: int = 1000  # and as many far negatives
     zeroshot: int = 1000
     templates: tuple[str, ...] = TEMPLATES
 
@@ -71,10 +83,24 @@ def domain_concepts(world: SyntheticWorld, level: int, domain: int) -> np.ndarra
     """Ids of the level-``level`` concepts under the level-0 concepts of ``domain``."""
     if not 0 <= level < len(world.concepts):
         raise ValueError(f"level must be in 0..{len(world.concepts) - 1}, got {level}")
-    root = np.arange(len(world.concepts[level]))
+    root = concept_roots(world, level, np.arange(len(world.concepts[level])))
+    return np.nonzero(world.root_domain[root] == domain)[0]
+
+
+def concept_roots(world: SyntheticWorld, level: int, concepts: np.ndarray) -> np.ndarray:
+    """The level-0 ancestor of each level-``level`` concept of ``concepts``."""
+    root = np.asarray(concepts)
     for lv in range(level, 0, -1):
         root = world.parents[lv][root]
-    return np.nonzero(world.root_domain[root] == domain)[0]
+    return root
+
+
+def far_concepts(world: SyntheticWorld, level: int, positives: np.ndarray) -> np.ndarray:
+    """Ids of the level-``level`` concepts under the level-0 concepts that hold none of
+    ``positives`` (the far negatives' classes)."""
+    every = np.arange(len(world.concepts[level]))
+    taken = np.unique(concept_roots(world, level, positives))
+    return every[~np.isin(concept_roots(world, level, every), taken)]
 
 
 def _leaf_ancestor(world: SyntheticWorld, level: int) -> np.ndarray:
@@ -89,10 +115,11 @@ def _prompt_rows(
     level: int,
     template_dirs: np.ndarray,
     templates: tuple[str, ...],
-    domain: int,
+    domain: int | np.ndarray,
 ) -> dict[str, list]:
     """Class prompts: concept x template, ``true = unit(c + caption_noise * unit(tau_t +
-    unit(eps)))``, encoded by the frozen text encoder of ``domain``."""
+    unit(eps)))``, encoded by the frozen text encoder of ``domain`` (one for all concepts, or
+    one per concept)."""
     cfg = world.config
     cls = np.repeat(np.arange(len(concepts)), len(templates))
     tmpl = np.tile(np.arange(len(templates)), len(concepts))
@@ -105,9 +132,14 @@ def _prompt_rows(
         "class_name": [names[c] for c in cls],
         "template": [templates[t] for t in tmpl],
         "text": [templates[t].format(names[c]) for c, t in zip(cls, tmpl, strict=True)],
-        "embedding": list(world.encode_text(true, domain)),
+        "embedding": list(world.encode_text(true, _per_row(domain, cls))),
         "norm": (cfg.norm_mean * np.exp(cfg.norm_log_sd * rng.standard_normal(len(cls)))).tolist(),
     }
+
+
+def _per_row(domain: int | np.ndarray, cls: np.ndarray) -> int | np.ndarray:
+    """One domain for every prompt (as given), or each prompt's concept's."""
+    return domain if np.ndim(domain) == 0 else np.asarray(domain)[cls]
 
 
 def _dummy_rows(world: SyntheticWorld, rng: np.random.Generator) -> dict[str, list]:
@@ -144,7 +176,7 @@ def _write_set(
     role: str,
     concepts: np.ndarray,
     level: int,
-    domain: int,
+    domain: int | np.ndarray,
     n_images: int,
     shared: dict,
     stream: int,
@@ -177,7 +209,8 @@ def _write_set(
         "dtype": "float32",
         "description": f"asymvlm.synthetic classification set ({role})",
         "world": cfg.manifest_world(),
-        "classification": {"role": role, "level": level, "domain": domain,
+        "classification": {"role": role, "level": level,
+                           "domain": np.asarray(domain).tolist(),
                            "concepts": concepts.tolist()},
     })  # fmt: skip
     tables.write_part(root, SPLIT, tables.IMAGES_DIR, "part-00000", pa.table(image_cols))
@@ -189,8 +222,9 @@ def _write_set(
 def write_classification_sets(
     root: str, config: WorldConfig | None = None, spec: ClassificationSpec | None = None
 ) -> dict[str, str]:
-    """Write the positives, negatives and (two domains) zero-shot sets next to the world's
-    tables at ``root`` (module docstring); returns role -> table root (split ``test``).
+    """Write the positives, negatives, (two domains) zero-shot and (where there are such
+    concepts) far-negatives sets next to the world's tables at ``root`` (module docstring);
+    returns role -> table root (split ``test``).
 
     ``config`` defaults to the world recorded in ``ROOT/manifest.json``.
     """
@@ -221,4 +255,10 @@ def write_classification_sets(
     if len(away):
         out["zeroshot"] = _write_set(f"{base}-zeroshot", world, "zeroshot", away, level, 1,
                                      spec.zeroshot, shared, 3, spec)  # fmt: skip
+    far = far_concepts(world, level, chosen)
+    if len(far):
+        far_domain = world.root_domain[concept_roots(world, level, far)]
+        out["far-negatives"] = _write_set(f"{base}-far-negatives", world, "far-negatives", far,
+                                          level, far_domain, spec.negatives, shared, 4,
+                                          spec)  # fmt: skip
     return out

@@ -62,12 +62,28 @@ def main(argv: list[str] | None = None) -> None:
         "equally likely; default: the preset's, else uniform)",
     )
     parser.add_argument(
+        "--generic-captions",
+        type=float,
+        default=None,
+        metavar="P",
+        help="share of the train split's captions that are generic, 'a picture' (default: the "
+        "preset's, else 0)",
+    )
+    parser.add_argument(
+        "--misalignment",
+        type=float,
+        default=None,
+        help="angle (rad) of the text encoder's shared rotation (0: the forgetting regime; "
+        "default: the preset's, else 1.0)",
+    )
+    parser.add_argument(
         "--shard-images", type=int, default=DEFAULT_SHARD_IMAGES, help="images per part file"
     )
     parser.add_argument(
         "--classes",
         action="store_true",
-        help="also write OUTPUT-positives, OUTPUT-negatives (and OUTPUT-zeroshot)",
+        help="also write OUTPUT-positives, OUTPUT-negatives (and OUTPUT-zeroshot, "
+        "OUTPUT-far-negatives)",
     )
     parser.add_argument(
         "--only-classes",
@@ -98,7 +114,9 @@ def main(argv: list[str] | None = None) -> None:
                                   "test": args.test_images or 1000})  # fmt: skip
     overrides = {k: v for k, v in (("dim", args.dim), ("seed", args.seed),
                  ("pre_dim", args.pre_dim), ("block_images", args.block_images),
-                 ("caption_words", args.caption_words)) if v is not None}  # fmt: skip
+                 ("caption_words", args.caption_words),
+                 ("generic_captions", args.generic_captions),
+                 ("misalignment", args.misalignment)) if v is not None}  # fmt: skip
     if args.level_probs is not None:
         overrides["level_probs"] = _level_probs(parser, args.level_probs)
     try:

@@ -1,5 +1,6 @@
-"""The synthetic world's generative process: :class:`WorldConfig`, :class:`SyntheticWorld`,
-:func:`write_world` (the assumptions are stated in the package docstring, :mod:`asymvlm.synthetic`).
+"""The synthetic world's generative process: :class:`SyntheticWorld`, :func:`write_world` (the
+knobs, :class:`WorldConfig`, and the presets live in :mod:`asymvlm.synthetic.knobs`; the
+assumptions are stated in the package docstring, :mod:`asymvlm.synthetic`).
 
 Random streams. Everything a world of today's knobs writes comes from the world's generator
 (``default_rng(seed)``: concepts, the shared text rotation, one seed per split) and, per split,
@@ -9,6 +10,10 @@ on leaves every other output bit-identical:
 
 * ``[split_seed, 1]`` pre-projection features and image norms;
 * ``[split_seed, 3]`` caption words (``caption_words``);
+* ``[split_seed, 6]`` generic captions (``generic_captions``, the ``train`` split only): which
+  captions are generic, their texts and their paraphrase noise. The caption they replace is
+  still drawn from the split's stream (and dropped), so every other caption, image and norm is
+  that of the world without them;
 * ``level_probs`` (a caption-level mix other than uniform) replaces the uniform level draw of the
   split's (or block's) stream by a weighted one at the same place: a world with it set is
   another world, one without it is drawn as before;
@@ -16,11 +21,11 @@ on leaves every other output bit-identical:
 * ``[seed, 4, ...]`` classification sets (:mod:`asymvlm.synthetic.classes`).
 
 Blocks (``block_images``, opt-in). With ``block_images = B`` the split is drawn in blocks of B
-images, block ``b`` from ``[split_seed, 2, b]`` (its pre-projection and word streams:
-``[split_seed, 1, b]``, ``[split_seed, 3, b]``), so a part file is a run of whole blocks; the
-tables read back are the same whatever the part size (:meth:`SyntheticWorld.iter_parts`). A
-blocked world is another world than the unblocked one of the same seed (other streams), which
-is why it is opt-in.
+images, block ``b`` from ``[split_seed, 2, b]`` (its pre-projection, word and generic-caption
+streams: ``[split_seed, 1, b]``, ``[split_seed, 3, b]``, ``[split_seed, 6, b]``), so a part file
+is a run of whole blocks; the tables read back are the same whatever the part size
+(:meth:`SyntheticWorld.iter_parts`). A blocked world is another world than the unblocked one of
+the same seed (other streams), which is why it is opt-in.
 
 Memory. The writer streams either kind of world a piece at a time (:meth:`SyntheticWorld.
 iter_pieces`, one row group of a part file per piece): a block, or -- without blocks -- a window
@@ -37,19 +42,31 @@ import itertools
 import math
 import operator
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from asymvlm import tables
-from asymvlm.synthetic.captions import FILLERS, OPENERS, compose_word_texts, tag_texts
+from asymvlm.synthetic.captions import (
+    FILLERS,
+    GENERIC_TEXTS,
+    OPENERS,
+    compose_word_texts,
+    tag_texts,
+)
+from asymvlm.synthetic.knobs import (
+    COCO_LEVEL_PROBS,
+    GENERIC_CAPTION_SHARE,
+    PRESETS,
+    WorldConfig,
+)
 from asymvlm.synthetic.stream import WINDOW_IMAGES, DrawFn, Phase, SplitStream, windows
 
 __all__ = [
     "COCO_LEVEL_PROBS",
     "DEFAULT_SHARD_IMAGES",
+    "GENERIC_CAPTION_SHARE",
     "PRESETS",
     "SyntheticWorld",
     "WorldConfig",
@@ -59,122 +76,12 @@ __all__ = [
 #: Images per part file when writing (a split this small or smaller is one ``part-00000``).
 DEFAULT_SHARD_IMAGES = 16384
 #: Second entry of a split's feature generators: ``default_rng([split_seed, TAG, ...])``.
-_PRE, _BLOCK, _WORDS = 1, 2, 3
+_PRE, _BLOCK, _WORDS, _GENERIC = 1, 2, 3, 6
 _DOMAIN_STREAM = 5
-#: Knobs added after the first worlds were written: left out of the manifest at their defaults,
-#: so that a world of today's knobs writes today's manifest.
-_LATER_KNOBS = ("block_images", "caption_words", "filler_words", "finetune_roots",
-                "domain_misalignment", "level_probs")  # fmt: skip
-#: The COCO-like caption-level mix (levels 0-3: mostly detailed captions, some vague ones),
-#: fixed before it was measured (docs/i2t-analysis.md).
-COCO_LEVEL_PROBS: tuple[float, float, float, float] = (0.05, 0.15, 0.30, 0.50)
-
-
-@dataclass
-class WorldConfig:
-    """Knobs of the toy world (defaults: a small world that trains in seconds on a CPU)."""
-
-    dim: int = 64
-    branching: tuple[int, int, int] = (6, 4, 4)  # concepts per parent at levels 0, 1, 2
-    spread: tuple[float, float, float] = (1.0, 0.7, 0.5)  # child offset scale at levels 0..2
-    object_spread: float = 0.45  # object around its level-2 concept
-    image_noise: float = 0.08  # view noise of the image encoder
-    caption_noise: float = 0.12  # paraphrase noise of a caption
-    misalignment: float = 1.0  # rotation angle (rad) of the text encoder, in dim/2 planes
-    norm_mean: float = 8.0  # raw text-projection norm (uninformative, log-normal)
-    norm_log_sd: float = 0.1
-    captions_per_image: int = 5
-    splits: dict[str, int] = field(
-        default_factory=lambda: {"train": 8000, "val": 1000, "test": 1000}
-    )
-    seed: int = 0
-    #: Width of the pre-projection features (None: no pre-projection columns); > dim.
-    pre_dim: int | None = None
-    pre_noise: float = 0.5  # null-space nuisance of a pre-projection feature, per unit norm
-    #: Draw each split in blocks of this many images (a stream per block; module docstring).
-    block_images: int | None = None
-    #: Captions with words whose count follows the level with noise (assumption W).
-    caption_words: bool = False
-    filler_words: float = 1.5  # Poisson mean of a word caption's style words
-    #: Level-0 concepts whose objects the retrieval splits show (the fine-tuning domain); the
-    #: others form the zero-shot domain (assumption D). None: every concept, one domain.
-    finetune_roots: int | None = None
-    #: Angle (rad) of each domain's own text-encoder rotation, after the shared one (D).
-    domain_misalignment: float = 0.0
-    #: Probability of each caption level 0..L (most general .. the object itself); None: every
-    #: level equally likely (assumption C). :data:`COCO_LEVEL_PROBS` is the COCO-like mix.
-    level_probs: tuple[float, ...] | None = None
-
-    def __post_init__(self) -> None:
-        self.branching = tuple(int(b) for b in self.branching)  # type: ignore[assignment]
-        self.spread = tuple(float(s) for s in self.spread)  # type: ignore[assignment]
-        if self.level_probs is not None:
-            probs = tuple(float(p) for p in self.level_probs)
-            n_levels = len(self.branching) + 1
-            if len(probs) != n_levels:
-                raise ValueError(
-                    f"level_probs needs {n_levels} probabilities (levels 0..{n_levels - 1}), "
-                    f"got {len(probs)}"
-                )
-            if not all(math.isfinite(p) and p >= 0 for p in probs) or abs(sum(probs) - 1) > 1e-6:
-                raise ValueError(f"level_probs must be >= 0 and sum to 1, got {list(probs)}")
-            self.level_probs = probs
-        if self.block_images is not None and self.block_images < 1:
-            raise ValueError(f"block_images must be >= 1, got {self.block_images}")
-        if self.finetune_roots is not None and not 1 <= self.finetune_roots <= self.branching[0]:
-            raise ValueError(
-                f"finetune_roots must be in 1..{self.branching[0]}, got {self.finetune_roots}"
-            )
-        if self.filler_words < 0 or self.domain_misalignment < 0:
-            raise ValueError("filler_words and domain_misalignment must be >= 0")
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> WorldConfig:
-        """A named world (:data:`PRESETS`) with ``overrides`` applied."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown world preset {name!r}; known: {', '.join(PRESETS)}")
-        return replace(PRESETS[name], **overrides)
-
-    @classmethod
-    def from_manifest(cls, root: str) -> WorldConfig:
-        """The configuration a world's ``manifest.json`` records (key ``world``)."""
-        world = tables.read_manifest(root).extra.get("world")
-        if not isinstance(world, dict):
-            raise tables.TableError(f"{root}: manifest has no 'world' (not a synthetic world)")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(world) - known)
-        if unknown:
-            raise tables.TableError(f"{root}: unknown world keys {unknown}")
-        return cls(**world)
-
-    def manifest_world(self) -> dict[str, Any]:
-        """The ``world`` entry of the manifest (later knobs only when not at their defaults)."""
-        world = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
-        if self.pre_dim is None:  # the manifest of a world without them stays as it was
-            world = {k: v for k, v in world.items() if k not in ("pre_dim", "pre_noise")}
-        defaults = WorldConfig.__dataclass_fields__
-        return {k: v for k, v in world.items()
-                if k not in _LATER_KNOBS or v != defaults[k].default}  # fmt: skip
-
-
-#: Named worlds. ``demo``: the size of the offline demo's world (configs/demo.yaml
-#: ``prepare.synthetic``: d = 32, 1500/300/300 images, 4 captions), with word captions and a
-#: fine-tuning / zero-shot domain split (4 of 6 level-0 concepts fine-tuned on); written in about
-#: a second. ``coco``: MS-COCO's size (2017 train: 118,287 images, 5 captions each; 5,000 val and
-#: test) at CLIP ViT-B/32's width d = 512, written in blocks with bounded memory. Both draw caption
-#: levels with the COCO-like mix :data:`COCO_LEVEL_PROBS` (most captions detailed).
-PRESETS: dict[str, WorldConfig] = {
-    "demo": WorldConfig(
-        dim=32, captions_per_image=4, splits={"train": 1500, "val": 300, "test": 300},
-        block_images=512, caption_words=True, finetune_roots=4, domain_misalignment=0.5,
-        level_probs=COCO_LEVEL_PROBS,
-    ),
-    "coco": WorldConfig(
-        dim=512, captions_per_image=5, splits={"train": 118_287, "val": 5000, "test": 5000},
-        block_images=2048, caption_words=True, finetune_roots=4, domain_misalignment=0.5,
-        level_probs=COCO_LEVEL_PROBS,
-    ),
-}  # fmt: skip
+#: The split whose captions may be generic (``generic_captions``): the fine-tuning data.
+GENERIC_SPLIT = "train"
+#: The ``level`` of a generic caption: above the most general concept level 0 (the root).
+GENERIC_LEVEL = -1
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -313,9 +220,14 @@ class SyntheticWorld:
         seed = self._split_seeds[name]
         return np.random.default_rng([seed, tag, *block] if block or tag else seed)
 
-    def _phases(self) -> dict[str, Phase]:
-        """Every random quantity of a split, in the order of the draws within its stream
-        (``main``: the split's or block's own stream; ``words``; ``pre``)."""
+    def has_generic(self, name: str) -> bool:
+        """Whether split ``name`` has generic captions (assumption U: the ``train`` split of a
+        world with ``generic_captions > 0``)."""
+        return name == GENERIC_SPLIT and self.config.generic_captions > 0
+
+    def _phases(self, name: str) -> dict[str, Phase]:
+        """Every random quantity of split ``name``, in the order of the draws within its stream
+        (``main``: the split's or block's own stream; ``words``; ``generic``; ``pre``)."""
         cfg = self.config
         n_leaves = len(self.concepts[-1] if cfg.finetune_roots is None else self.domain_leaves(0))
         n_levels, probs = self.n_levels, cfg.level_probs
@@ -346,6 +258,15 @@ class SyntheticWorld:
             )
             phases["n_fill"] = Phase("words", "caption", lambda rng, n: rng.poisson(fill, n))
             phases["fill"] = Phase("words", "sum", lambda rng, n: rng.integers(0, len(FILLERS), n))
+        if self.has_generic(name):
+            p = cfg.generic_captions
+            phases["generic_text"] = Phase(
+                "generic", "caption", lambda rng, n: rng.integers(0, len(GENERIC_TEXTS), n)
+            )
+            phases["generic_pick"] = Phase(
+                "generic", "caption", lambda rng, n: (rng.random(n) < p).astype(np.int64)
+            )
+            phases["generic_noise"] = Phase("generic", "sum", normal(cfg.dim))
         if self.projections:
             phases["pre_image_norms"] = Phase("pre", "image", normal(None))
             phases["pre_image_noise"] = Phase("pre", "image", normal(cfg.pre_dim))
@@ -354,13 +275,14 @@ class SyntheticWorld:
 
     def _generator(self, name: str, role: str, block: tuple[int, ...]) -> np.random.Generator:
         """A role's generator as a draw starts it: the split's (``block == ()``) or a block's."""
-        tag = {"main": _BLOCK if block else 0, "words": _WORDS, "pre": _PRE}[role]
+        tag = {"main": _BLOCK if block else 0, "words": _WORDS, "pre": _PRE,
+               "generic": _GENERIC}[role]  # fmt: skip
         return self._stream(name, tag, block)
 
     def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> dict:
         """Images ``start .. start+n_images`` of a split, drawn from the split's streams
         (``block == ()``, the whole split) or from block ``block[0]``'s."""
-        phases = self._phases()
+        phases = self._phases(name)
         generators: dict[str, np.random.Generator] = {}
 
         def draw(phase: str, count: int) -> np.ndarray:
@@ -395,6 +317,10 @@ class SyntheticWorld:
         true_text = _toward(targets, cfg.caption_noise, draw("caption_noise", len(cap_image)))
         del targets
         domain = self.root_domain[path[0]][cap_image]
+        generic = None
+        if self.has_generic(name):
+            generic, generic_texts = self._generic_captions(draw, true_text, len(cap_image))
+            domain = np.where(generic, -1, domain)  # generic texts: the shared error only (D)
         text = self.encode_text(true_text, domain)  # the frozen text encoder's error
         del true_text
         norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * draw("norms", len(text)))
@@ -408,6 +334,10 @@ class SyntheticWorld:
             names = compose_word_texts(opener, n_fill, fill, path, cap_image, levels, start)
         else:
             names = tag_texts(path, cap_image, levels, start)
+        if generic is not None:
+            for row, caption in zip(np.flatnonzero(generic), generic_texts, strict=True):
+                names[row] = caption
+            levels = np.where(generic, GENERIC_LEVEL, levels)
         out = {
             "image_ids": image_ids,
             "image_embeddings": images.astype(np.float32),
@@ -421,6 +351,20 @@ class SyntheticWorld:
         if self.projections:
             out.update(self._pre_projection(draw, out))
         return out
+
+    def _generic_captions(
+        self, draw: DrawFn, true_text: np.ndarray, n_captions: int
+    ) -> tuple[np.ndarray, list[str]]:
+        """Assumption U: each caption is generic with probability ``generic_captions``; a
+        generic caption's meaning is the hierarchy's root with paraphrase noise, as a dummy
+        prompt's (G). Overwrites those rows of ``true_text``; returns the mask and their texts."""
+        cfg = self.config
+        choice = draw("generic_text", n_captions)
+        generic = draw("generic_pick", n_captions).astype(bool)
+        noise = draw("generic_noise", int(generic.sum()))
+        roots = np.broadcast_to(self.generic, noise.shape)
+        true_text[generic] = _toward(roots, cfg.caption_noise, noise)
+        return generic, [GENERIC_TEXTS[c] for c in choice[generic]]
 
     def iter_blocks(self, name: str, n_images: int) -> Iterator[dict]:
         """The split as chunks: one (the whole split) without ``block_images``, else its
@@ -458,7 +402,7 @@ class SyntheticWorld:
         bounds = windows(n_images, window_images)
         stream = None
         if len(bounds) > 1:  # one window is the one-piece draw itself: no states to record
-            phases = self._phases()
+            phases = self._phases(name)
             roles = dict.fromkeys(phase.role for phase in phases.values())
             generators = {role: partial(self._generator, name, role, ()) for role in roles}
             stream = SplitStream(generators, phases, bounds, self.config.captions_per_image)
