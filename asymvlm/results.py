@@ -24,8 +24,9 @@ __all__ = [
 
 DIRECTIONS = ("t2i", "i2t")
 _FINAL_KEYS = {"recall@1": "recall_at_1", "recall@5": "recall_at_5", "recall@10": "recall_at_10",
-               "spearman": "spearman", "r2": "r2", "auroc": "auroc", "aurc": "aurc",
-               "e_aurc": "e_aurc", "ece": "ece"}  # fmt: skip
+               "spearman": "spearman", "r2": "r2", "auroc": "auroc", "aupr": "aupr",
+               "fpr@95tpr": "fpr_at_95tpr", "aurc": "aurc", "e_aurc": "e_aurc",
+               "ece": "ece"}  # fmt: skip
 # ECCV Caption / CxC (asymvlm.metrics.eccv): result key -> "<group>_<direction>_<name>"
 _ECCV_KEYS = {"eccv_map_at_r": ("eccv", "map_at_r"), "eccv_rprecision": ("eccv", "rprecision"),
               "eccv_r1": ("eccv", "r1"), "cxc_r1": ("cxc", "r1")}  # fmt: skip

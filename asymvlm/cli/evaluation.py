@@ -47,11 +47,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     write_json(args.output, result)
     for direction in ("t2i", "i2t"):
         r = result[direction]
-        s = "n/a" if r["spearman"] is None else f"{r['spearman']:+.3f}"
-        r2 = "n/a" if r["r2"] is None else f"{r['r2']:.3f}"
+
+        def shown(key: str, spec: str = ".3f", r: dict = r) -> str:
+            return "n/a" if r.get(key) is None else format(r[key], spec)
+
         print(
             f"{direction}: R@1 {r['recall@1']:.4f}  R@5 {r['recall@5']:.4f}  "
-            f"R@10 {r['recall@10']:.4f}  S {s}  R2 {r2}"
+            f"R@10 {r['recall@10']:.4f}  S {shown('spearman', '+.3f')}  R2 {shown('r2')}  "
+            f"AUROC {shown('auroc')}  AUPR {shown('aupr')}  FPR@95TPR {shown('fpr@95tpr')}"
         )
     logger.info("metrics written to %s", args.output)
     return 0
