@@ -1,6 +1,6 @@
 """Checkpoint folders: the one owner of their layout, for every writer and reader.
 
-* :mod:`~asymvlm.checkpoints.folder` -- the files (``config.json``, ``model.pt``,
+* :mod:`~asymvlm.checkpoints.folder` -- the files (``config.json``, ``model.safetensors``,
   ``history.jsonl``, ``trainer.pt``; a pack's state and member folders), written as a whole
   (:func:`publish_folder`) and read back (:func:`load_checkpoint`, :func:`read_run_state`);
 * :mod:`~asymvlm.checkpoints.resume` -- whether an output folder may be written or continued;
@@ -9,16 +9,22 @@
 
 from asymvlm.checkpoints.folder import (
     ADAPTER_FILES,
+    CARD_FILE,
     CHECKPOINT_FILES,
     CONFIG_FILE,
+    EXPORT_FORMAT,
+    HASHES_KEY,
     HISTORY_FILE,
+    LEGACY_WEIGHTS_FILE,
     MEMBER_FOLDER,
     PACK_STATE_FILE,
     TRAINER_FILE,
     WEIGHTS_FILE,
     RunState,
+    check_hashes,
     copy_adapter,
     discard_checkpoint,
+    file_sha256,
     load_checkpoint,
     member_folder,
     provenance,
@@ -31,6 +37,7 @@ from asymvlm.checkpoints.folder import (
     save_checkpoint,
     save_pack_checkpoint,
     save_run_checkpoint,
+    weights_file,
 )
 from asymvlm.checkpoints.resume import (
     RESUME_MAY_DIFFER,
@@ -42,20 +49,26 @@ from asymvlm.checkpoints.sources import is_model_uri, resolve_checkpoint
 
 __all__ = [
     "ADAPTER_FILES",
+    "CARD_FILE",
     "CHECKPOINT_FILES",
     "CONFIG_FILE",
+    "EXPORT_FORMAT",
+    "HASHES_KEY",
     "HISTORY_FILE",
+    "LEGACY_WEIGHTS_FILE",
     "MEMBER_FOLDER",
     "PACK_STATE_FILE",
     "RESUME_MAY_DIFFER",
     "TRAINER_FILE",
     "WEIGHTS_FILE",
     "RunState",
+    "check_hashes",
     "check_output",
     "check_resumable",
     "checkpoint_to_resume",
     "copy_adapter",
     "discard_checkpoint",
+    "file_sha256",
     "is_model_uri",
     "load_checkpoint",
     "member_folder",
@@ -70,4 +83,5 @@ __all__ = [
     "save_checkpoint",
     "save_pack_checkpoint",
     "save_run_checkpoint",
+    "weights_file",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from asymvlm.checkpoints.folder import CONFIG_FILE, WEIGHTS_FILE
+from asymvlm.checkpoints.folder import CONFIG_FILE, LEGACY_WEIGHTS_FILE, WEIGHTS_FILE
 from asymvlm.errors import CheckpointError
 
 __all__ = ["MLFLOW_SCHEMES", "is_model_uri", "resolve_checkpoint"]
@@ -39,7 +39,7 @@ def resolve_checkpoint(source: str, tracking_uri: str | None = None) -> str:
     except Exception as exc:  # any failure of the store or the URI: one line naming it
         raise CheckpointError(f"{source}: cannot download the model: {exc}") from None
     for folder, _, files in sorted(os.walk(local)):
-        if CONFIG_FILE in files and WEIGHTS_FILE in files:
+        if CONFIG_FILE in files and (WEIGHTS_FILE in files or LEGACY_WEIGHTS_FILE in files):
             return folder
     raise CheckpointError(f"{source}: the model holds no adapter checkpoint ({CONFIG_FILE} and "
                           f"{WEIGHTS_FILE})")  # fmt: skip
