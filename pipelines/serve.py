@@ -44,7 +44,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="a YAML of ServeConfig keys")
-    parser.add_argument("--checkpoint", help="a checkpoint folder or an MLflow model URI")
+    parser.add_argument("--checkpoint",
+                        help="a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--no-block", action="store_true", help="deploy and return")
     parser.add_argument("--verbose", action="store_true")

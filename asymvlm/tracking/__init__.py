@@ -18,7 +18,13 @@ Result tables (mean ± std over seeds) are plain Python in :mod:`asymvlm.results
 """
 
 from asymvlm.tracking.pyfunc import PythonModel, invalid_input, pinned_requirements, signature
-from asymvlm.tracking.queries import child_runs, download, experiment_runs, json_artifact
+from asymvlm.tracking.queries import (
+    child_runs,
+    download,
+    experiment_runs,
+    json_artifact,
+    model_run,
+)
 from asymvlm.tracking.runs import Run, ended, open_run, run, source_name, standard_tags
 from asymvlm.tracking.store import (
     default_artifact_location,
@@ -43,6 +49,7 @@ __all__ = [
     "global_tracking_uri",
     "invalid_input",
     "json_artifact",
+    "model_run",
     "open_run",
     "pinned_requirements",
     "relocate_local_store",
