@@ -109,7 +109,6 @@ def _hub_snapshot(source: str) -> str:
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
-
     from huggingface_hub.utils import (
         are_progress_bars_disabled,
         disable_progress_bars,
