@@ -90,13 +90,24 @@ def _default(action: argparse.Action) -> str:
     return f"`{default}`"
 
 
+#: Choices longer than this (joined) are listed in the help column, not in the flag's cell.
+_INLINE_CHOICES = 30
+
+
+def _choices(action: argparse.Action) -> list[str]:
+    if action.choices is None or isinstance(action, argparse._SubParsersAction):
+        return []
+    return [str(c) for c in action.choices]
+
+
 def _option(action: argparse.Action) -> str:
     names = ", ".join(action.option_strings) or (action.metavar or action.dest)
     if action.nargs == 0:
         return f"`{names}`"
     metavar = action.metavar
-    if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
-        metavar = "{" + ",".join(str(c) for c in action.choices) + "}"
+    choices = _choices(action)
+    if choices and len(",".join(choices)) <= _INLINE_CHOICES:
+        metavar = "{" + ",".join(choices) + "}"
     metavar = metavar or action.dest.upper()
     if isinstance(metavar, tuple):
         metavar = " ".join(metavar)
@@ -121,8 +132,12 @@ def parser_markdown(parser: argparse.ArgumentParser, title: str, level: int = 2)
         if isinstance(action, argparse._SubParsersAction):
             subparsers = action
             continue
+        what = _help(parser, action)
+        choices = _choices(action)
+        if choices and len(",".join(choices)) > _INLINE_CHOICES:
+            what += " (one of: " + ", ".join(f"`{c}`" for c in choices) + ")"
         rows.append(f"| {cell(_option(action)).replace(chr(92) + '`', '`')} | "
-                    f"{_default(action)} | {cell(_help(parser, action))} |")  # fmt: skip
+                    f"{_default(action)} | {cell(what)} |")  # fmt: skip
     if rows:
         lines += ["| option | default | what |", "|---|---|---|", *rows, ""]
     if subparsers is not None:
