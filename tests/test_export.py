@@ -138,9 +138,10 @@ def test_the_card_of_an_mlflow_run_holds_its_numbers(vmf, tmp_path) -> None:
     assert config["source"]["experiment"] == "export"
     assert config["metrics"]["t2i_recall_at_1"] == 0.5
     card = (out / "README.md").read_text()
-    assert "| test | t2i | recall_at_1 | 0.5000 |" in card
-    assert "| validation | i2t | spearman | -0.7500 |" in card
-    assert "| test | both | rsum | 321.0000 |" in card
+    assert "| metric | t2i (test) | i2t (validation) |" in card
+    assert "| recall_at_1 | 0.5000 | – |" in card and "| spearman | – | -0.7500 |" in card
+    assert "| aupr | 0.2500 | – |" in card
+    assert "RSUM (both directions, %): 321.00 (test)." in card
     assert "* `aupr`: AUPR: average precision" in card and "train_loss" not in card
     assert f"MLflow run `{run.id}` (experiment `export`)" in card
 

@@ -10,6 +10,7 @@ protocol, the evaluation numbers, how to load it, the intended use and the limit
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -42,6 +43,16 @@ def _encoder(config: Mapping[str, Any]) -> dict[str, Any]:
     recorded = dict(config.get("encoder") or {})
     recorded.setdefault("model", config.get("embedding_model"))
     return recorded
+
+
+def _encoder_label(name: Any) -> str | None:
+    """How the card names the encoder: a Hub id or open_clip name as is, a local folder by its
+    last component (no path of the machine it was trained on)."""
+    if not isinstance(name, str) or not name:
+        return None
+    if name.startswith(("/", ".", "~")) or os.sep in name and not _HUB_ID.fullmatch(name):
+        return f"{os.path.basename(name.rstrip('/'))} (a local folder)"
+    return name
 
 
 def _hub_model(name: Any) -> str | None:
@@ -77,7 +88,7 @@ def _training_section(config: Mapping[str, Any]) -> list[str]:
     enc = _encoder(config)
     rows = [
         ("embedding width", config.get("dim")),
-        ("frozen encoder", enc.get("model")),
+        ("frozen encoder", _encoder_label(enc.get("model"))),
         ("encoder revision", enc.get("revision")),
         ("encoder files SHA-256", enc.get("files_sha256")),
         ("tables", config.get("embeddings")),
@@ -102,29 +113,45 @@ def _training_section(config: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _metric_table(metrics: Mapping[str, float]) -> tuple[list[tuple[str, str]], dict, dict]:
+    """(the (split, direction) columns present, {(metric, column): value}, {split: rsum})."""
+    values: dict[tuple[str, tuple[str, str]], float] = {}
+    rsum: dict[str, float] = {}
+    for name, value in metrics.items():
+        split = "validation" if name.startswith("val_") else "test"
+        if name.removeprefix("val_").removeprefix("test_") == "rsum":
+            rsum[split] = value
+            continue
+        found = _METRIC.fullmatch(name)
+        if found and found.group(3) in METRIC_MEANINGS:
+            values[(found.group(3), (split, found.group(2)))] = value
+    order = [(s, d) for s in ("test", "validation") for d in ("t2i", "i2t")]
+    columns = [c for c in order if any(col == c for _, col in values)]
+    return columns, values, rsum
+
+
 def _metrics_section(metrics: Mapping[str, float], source: Mapping[str, Any] | None) -> list[str]:
     lines = ["## Evaluation", ""]
-    rows = []
-    for name, value in sorted(metrics.items()):
-        found = _METRIC.fullmatch(name)
-        key = found.group(3) if found else name.removeprefix("val_").removeprefix("test_")
-        if key not in METRIC_MEANINGS:
-            continue
-        split = "validation" if name.startswith("val_") else "test"
-        direction = found.group(2) if found else "both"
-        rows.append((split, direction, key, value))
-    if not rows:
+    columns, values, rsum = _metric_table(metrics)
+    if not columns and not rsum:
         return [*lines, "No evaluation was recorded with this adapter (exported from a "
                 "checkpoint folder): run `asymvlm evaluate` on your tables.", ""]  # fmt: skip
     run = dict(source or {})
     where = f"MLflow run `{run.get('run_id')}`" + (
         f" (experiment `{run['experiment']}`)" if run.get("experiment") else "")
-    lines += [f"The final numbers of {where}, on the split named in each row. "
+    lines += [f"The final numbers of {where}. "
               + "; ".join(f"**{d}**: {m}" for d, m in DIRECTION_MEANINGS.items()) + ".", "",
-              "| split | direction | metric | value |", "|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {s} | {d} | {k} | {v:.4f} |" for s, d, k, v in rows]
+              "| metric | " + " | ".join(f"{d} ({s})" for s, d in columns) + " |",
+              "|---|" + "---|" * len(columns)]  # fmt: skip
+    shown = [k for k in METRIC_MEANINGS if any((k, c) in values for c in columns)]
+    for key in shown:
+        cells = [f"{values[(key, c)]:.4f}" if (key, c) in values else "–" for c in columns]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    if rsum:
+        lines += ["", "RSUM (both directions, %): "
+                  + ", ".join(f"{v:.2f} ({s})" for s, v in rsum.items()) + "."]
     lines += ["", "What the numbers mean:", ""]
-    lines += [f"* `{k}`: {METRIC_MEANINGS[k]}" for k in sorted({r[2] for r in rows})]
+    lines += [f"* `{k}`: {METRIC_MEANINGS[k]}" for k in [*shown, *(["rsum"] if rsum else [])]]
     return [*lines, ""]
 
 
@@ -164,8 +191,9 @@ def _limits_section(config: Mapping[str, Any]) -> list[str]:
         lines.append("* Trained on a **synthetic world** (toy embeddings with known uncertainty): "
                      "for learning and testing the method, not for real images or text.")
     elif enc and not _hub_model(enc):
-        lines.append(f"* The encoder is a local folder (`{enc}`): on another machine give its "
-                     "copy with `--encoder` (`encoder=`); a copy with other files is refused.")
+        lines.append(f"* The encoder is a local folder (`{_encoder_label(enc)}`, its path in "
+                     "`config.json`): on another machine give its copy with `--encoder` "
+                     "(`encoder=`); a copy with other files is refused.")
     return [*lines, ""]
 
 
@@ -184,7 +212,7 @@ def model_card(
     head = yaml.safe_dump(card_metadata(config, license), sort_keys=False, allow_unicode=True)
     method = str(config["method"])
     lines = ["---", head.rstrip(), "---", "",
-             f"# {method} adapter" + (f" for {_encoder(config).get('model')}"
+             f"# {method} adapter" + (f" for {_encoder_label(_encoder(config).get('model'))}"
                                       if _encoder(config).get("model") else ""), "",
              "A probabilistic adapter for a frozen vision-language model, exported by the "
              f"`asymvlm` package {package_version()} (AsymVLM, Ju et al., NeurIPS 2025, and its "
