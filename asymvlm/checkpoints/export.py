@@ -69,25 +69,24 @@ def _run_of(source: str, tracking_uri: str | None) -> dict[str, Any] | None:
 
 
 def _check_target(output: str, source_folder: str, overwrite: bool) -> None:
-    """Refuse to write over the checkpoint itself, over a file, or over a folder that is not
-    an earlier export (unless ``overwrite``)."""
+    """Refuse to write over the checkpoint itself, over a file, over a folder holding anything
+    but an earlier export, and over an earlier export unless ``overwrite``."""
     target = sibling_paths(output)[0]
     if target == os.path.realpath(source_folder):
         raise CheckpointError(f"{output}: the checkpoint's own folder; export to a new folder")
     if os.path.lexists(target) and not os.path.isdir(target):
         raise CheckpointError(f"{output} is a file, not a folder")
     if os.path.isdir(target) and os.listdir(target):
-        meta = None
         try:
-            meta = read_checkpoint_meta(target)
-        except CheckpointError:
-            pass
-        if not overwrite or (meta or {}).get("format") != EXPORT_FORMAT:
-            what = "an exported model" if (meta or {}).get("format") == EXPORT_FORMAT else \
-                "files that are not an exported model"  # fmt: skip
-            hint = "pass --overwrite to replace it" if what.startswith("an") else \
-                "choose a new or empty folder"  # fmt: skip
-            raise CheckpointError(f"{output} already holds {what}; {hint}")
+            earlier = (read_checkpoint_meta(target) or {}).get("format") == EXPORT_FORMAT
+        except CheckpointError:  # an unreadable config.json: not ours
+            earlier = False
+        if not earlier:
+            raise CheckpointError(f"{output} already holds files that are not an exported model; "
+                                  "choose a new or empty folder")  # fmt: skip
+        if not overwrite:
+            raise CheckpointError(f"{output} already holds an exported model; pass --overwrite "
+                                  "to replace it")  # fmt: skip
 
 
 def export_adapter(
