@@ -1,7 +1,7 @@
 # The two front-door commands: `make demo` (set up + main job) and `make test`.
 PY := .venv/bin/python
 
-.PHONY: setup demo quick-demo test lint bench
+.PHONY: setup demo quick-demo test lint bench docs
 setup:
 	bash scripts/setup.sh
 
@@ -17,6 +17,11 @@ quick-demo: setup
 test: setup
 	.venv/bin/lint-imports
 	$(PY) -m pytest -q
+
+# The documentation site into site/ (the references are generated from the code); the tests
+# build it too. `.venv/bin/mkdocs serve` previews it.
+docs: setup
+	.venv/bin/mkdocs build --strict
 
 lint:
 	$(PY) -m ruff check .

@@ -74,6 +74,8 @@ TABLE1_CELLS = (
     ("spearman", "spearman", "S", 1.0, 2),
     ("r2", "r2", "R²", 1.0, 2),
     ("auroc", "auroc", "AUROC", 1.0, 3),
+    ("aupr", "aupr", "AUPR", 1.0, 3),
+    ("fpr_at_95tpr", "fpr@95tpr", "FPR@95", 1.0, 3),
     ("aurc", "aurc", "AURC", 1.0, 3),
     ("ece", "ece", "ECE", 1.0, 3),
 )
@@ -144,8 +146,8 @@ def _stat_cell(values: Iterable[float | None], scale: float, digits: int) -> str
 
 def table1_markdown(rows: Sequence[Mapping[str, Any]], title: str, caption: str) -> str:
     """Table 1 analogue: per method (``rows``: one per seed, ``method`` + :func:`trial_values`)
-    the seed count and mean ± std of R@1 (%), S, R², AUROC, AURC and ECE per direction, and
-    RSUM."""
+    the seed count and mean ± std of R@1 (%), S, R², AUROC, AUPR, FPR@95TPR, AURC and ECE per
+    direction, and RSUM."""
     by_method: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         by_method[row["method"]].append(row)

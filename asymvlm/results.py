@@ -15,6 +15,8 @@ from typing import Any
 
 __all__ = [
     "DIRECTIONS",
+    "DIRECTION_MEANINGS",
+    "METRIC_MEANINGS",
     "SUMMARY_COLUMNS",
     "retrieval_metric_names",
     "seed_summary",
@@ -24,8 +26,35 @@ __all__ = [
 
 DIRECTIONS = ("t2i", "i2t")
 _FINAL_KEYS = {"recall@1": "recall_at_1", "recall@5": "recall_at_5", "recall@10": "recall_at_10",
-               "spearman": "spearman", "r2": "r2", "auroc": "auroc", "aurc": "aurc",
-               "e_aurc": "e_aurc", "ece": "ece"}  # fmt: skip
+               "spearman": "spearman", "r2": "r2", "auroc": "auroc", "aupr": "aupr",
+               "fpr@95tpr": "fpr_at_95tpr", "aurc": "aurc", "e_aurc": "e_aurc",
+               "ece": "ece"}  # fmt: skip
+#: What each final retrieval metric says, by its MLflow name without the direction
+#: (``t2i_``/``i2t_``) or split (``val_``) prefix: for model cards and the documentation.
+METRIC_MEANINGS = {
+    "recall_at_1": "Recall@1: the share of queries whose best match is a right one",
+    "recall_at_5": "Recall@5: the share of queries with a right match among the best 5",
+    "recall_at_10": "Recall@10: the share of queries with a right match among the best 10",
+    "spearman": "S: Spearman correlation of the uncertainty bin (10 equal bins, most certain "
+    "first) with Recall@1 in the bin; -1: recall falls steadily as uncertainty rises",
+    "r2": "R²: how well a line fits that binned Recall@1 curve",
+    "auroc": "AUROC of the uncertainty as a detector of top-1 errors (0.5: blind, 1: perfect)",
+    "aupr": "AUPR: average precision of the uncertainty as a detector of top-1 errors "
+    "(chance: the error rate, 1: perfect)",
+    "fpr_at_95tpr": "FPR@95TPR: the share of correct queries flagged when the uncertainty "
+    "threshold flags 95 % of the errors (lower is better)",
+    "aurc": "AURC: area under the risk-coverage curve, keeping the most certain queries "
+    "first (lower is better)",
+    "e_aurc": "E-AURC: AURC minus the best AURC possible for the same errors (lower is better)",
+    "ece": "ECE: expected calibration error of the top-1 probability of softmax(tau x score) "
+    "over the gallery (lower is better)",
+    "rsum": "RSUM: R@1 + R@5 + R@10 of both directions, in percent (0-600)",
+}
+#: The directions' names, for the same readers.
+DIRECTION_MEANINGS = {
+    "t2i": "text to image: a caption retrieves its image",
+    "i2t": "image to text: an image retrieves one of its captions",
+}
 # ECCV Caption / CxC (asymvlm.metrics.eccv): result key -> "<group>_<direction>_<name>"
 _ECCV_KEYS = {"eccv_map_at_r": ("eccv", "map_at_r"), "eccv_rprecision": ("eccv", "rprecision"),
               "eccv_r1": ("eccv", "r1"), "cxc_r1": ("cxc", "r1")}  # fmt: skip

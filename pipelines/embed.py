@@ -27,7 +27,8 @@ from pipelines.schema import load_embed_jobs  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``pipelines/embed.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML file with the embedding job(s)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -35,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
                              "defaults.batch_size=32, jobs.0.split=val)")  # fmt: skip
     parser.add_argument("--verbose", action="store_true",
                         help="everything on the console (Ray Data and its bars)")  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logs.configure(verbose=args.verbose)
 

@@ -49,7 +49,8 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
 logger = logging.getLogger("pipelines.full")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``pipelines/full.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML (default: the demo)")
     parser.add_argument("--stages", default=",".join(STAGES),
@@ -62,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="show everything on the console: Ray, Tune, Train, MLflow and the "
                              "workers' output (default: this project's lines; the rest goes "
                              "to OUTPUT/logs/pipeline.log at WARNING)")  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logs.configure(verbose=args.verbose)
 

@@ -41,13 +41,20 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``pipelines/serve.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="a YAML of ServeConfig keys")
-    parser.add_argument("--checkpoint", help="a checkpoint folder or an MLflow model URI")
+    parser.add_argument("--checkpoint",
+                        help="a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--no-block", action="store_true", help="deploy and return")
     parser.add_argument("--verbose", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logs.configure(verbose=args.verbose)
 

@@ -31,7 +31,8 @@ from pipelines.tuning.sweep import ADAPTERS_DIR, check_tables, run_sweep  # noqa
 logger = logging.getLogger("pipelines.sweep")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``pipelines/sweep.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="a YAML of tune_spaces/")
     parser.add_argument(
@@ -43,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--verbose", action="store_true",
                         help="everything on the console (Ray, Tune, Train, MLflow)")  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logs.configure(verbose=args.verbose)
 

@@ -33,7 +33,8 @@ TRAIN_FLAGS = ("method", "protocol", "epochs", "lr", "optimizer", "batch_size", 
                "seed")  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``pipelines/train.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     run_keys = config.add_model_flags(parser, RunSpec, exclude=("train",),
                                       required=("embeddings",))  # fmt: skip
@@ -49,7 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-workers", type=int, default=1, help="DDP workers")
     parser.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs per worker")
     parser.add_argument("--max-failures", type=int, default=0, help="worker deaths resumed")
+    parser.set_defaults(run_keys=run_keys, train_keys=train_keys)  # what main reads back
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    run_keys, train_keys = args.run_keys, args.train_keys
 
     def run() -> int:
         if args.num_workers < 1 or args.max_failures < 0 or not args.cpus_per_worker > 0:

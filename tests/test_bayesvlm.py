@@ -216,7 +216,7 @@ def test_missing_pre_projection_columns_exit_2(small_world, tmp_path, capsys) ->
     assert code == 2
     err = capsys.readouterr().err
     assert "image_features_pre/text_features_pre" in err and "--pre-projection" in err
-    assert "Traceback" not in err and not os.path.exists(os.path.join(out, "model.pt"))
+    assert "Traceback" not in err and not os.path.exists(os.path.join(out, "model.safetensors"))
 
 
 def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import time
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from asymvlm.checkpoints import (
     load_checkpoint,
@@ -33,7 +35,7 @@ def _cfg(**kw) -> TrainConfig:
 
 
 def _weights(folder) -> dict[str, torch.Tensor]:
-    return torch.load(os.path.join(folder, "model.pt"), weights_only=True)
+    return load_file(os.path.join(folder, "model.safetensors"))
 
 
 def _assert_same_weights(a, b) -> None:
@@ -62,7 +64,8 @@ def _save(folder, method: str = "symvlm", **kw) -> None:
 def test_a_run_writes_the_whole_folder(small_world, tmp_path) -> None:
     out = tmp_path / "ckpt"
     _, history = train(small_world, "train", _cfg(), output=str(out), progress=False)
-    assert sorted(os.listdir(out)) == ["config.json", "history.jsonl", "model.pt", "trainer.pt"]
+    assert sorted(os.listdir(out)) == ["config.json", "history.jsonl", "model.safetensors",
+                                       "trainer.pt"]  # fmt: skip
     meta = _meta(out)
     assert (meta["complete"], meta["epoch"], meta["epochs"]) == (True, 4, 4)
     assert meta["train_config"]["lr"] == 1e-3 and meta["split"] == "train"
@@ -78,7 +81,7 @@ def test_a_crash_while_writing_leaves_the_old_checkpoint(tmp_path) -> None:
     before = {name: (folder / name).read_bytes() for name in os.listdir(folder)}
 
     def dies_halfway(staging: str) -> None:
-        with open(os.path.join(staging, "model.pt"), "wb") as fh:
+        with open(os.path.join(staging, "model.safetensors"), "wb") as fh:
             fh.write(b"half a file")
         raise KeyboardInterrupt  # as a kill would, mid-write
 
@@ -112,8 +115,8 @@ def test_weights_of_another_method_are_named(tmp_path) -> None:
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(str(folder))
     message = str(err.value)
-    assert message.startswith(f"{folder}: model.pt does not match config.json, which names "
-                              "method 'determ-ft' (dim 8): ")  # fmt: skip
+    assert message.startswith(f"{folder}: model.safetensors does not match config.json, which "
+                              "names method 'determ-ft' (dim 8): ")  # fmt: skip
     assert "the weights fit symvlm" in message
 
 
@@ -126,12 +129,48 @@ def test_missing_weights_and_incomplete_checkpoints(tmp_path) -> None:
         load_checkpoint(str(folder))
     loaded, _ = load_checkpoint(str(folder), allow_incomplete=True)
     assert loaded.name == "symvlm"
-    os.remove(folder / "model.pt")
-    with pytest.raises(CheckpointError, match="config.json but no model.pt"):
+    os.remove(folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match="config.json but no model.safetensors"):
         load_checkpoint(str(folder), allow_incomplete=True)
-    (folder / "model.pt").write_bytes(b"not a torch file")
-    with pytest.raises(CheckpointError, match="model.pt: unreadable"):
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match=r"model.safetensors: its SHA-256 differs from the "
+                       "one config.json records"):  # fmt: skip
         load_checkpoint(str(folder), allow_incomplete=True)
+    meta = _meta(folder)
+    del meta["sha256"]  # a file nobody vouched for is read, and found unreadable
+    (folder / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="model.safetensors: unreadable"):
+        load_checkpoint(str(folder), allow_incomplete=True)
+
+
+def test_the_weights_are_safetensors_with_their_hash_recorded(tmp_path) -> None:
+    folder = tmp_path / "ckpt"
+    _save(folder)
+    meta = _meta(folder)
+    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    assert meta["sha256"] == {"model.safetensors": digest}
+    assert (folder / "model.safetensors").read_bytes()[8:9] == b"{"  # a JSON header, no pickle
+    loaded, _ = load_checkpoint(str(folder))
+    for key, value in loaded.state_dict().items():
+        assert torch.equal(value, _weights(folder)[key]), key
+
+
+def test_an_older_pickle_checkpoint_still_loads_with_one_line(tmp_path, caplog) -> None:
+    """Checkpoints written before safetensors hold model.pt (torch.save) and no hashes."""
+    folder = tmp_path / "ckpt"
+    _save(folder)
+    weights = _weights(folder)
+    torch.save(weights, folder / "model.pt")
+    os.remove(folder / "model.safetensors")
+    meta = _meta(folder)
+    del meta["sha256"]
+    (folder / "config.json").write_text(json.dumps(meta))
+    with caplog.at_level("INFO", logger="asymvlm"):
+        loaded, _ = load_checkpoint(str(folder))
+    lines = [r.getMessage() for r in caplog.records if "model.pt" in r.getMessage()]
+    assert len(lines) == 1 and "read as weights only" in lines[0]
+    for key, value in loaded.state_dict().items():
+        assert torch.equal(value, weights[key]), key
 
 
 def test_checkpoints_from_before_the_flag_load_as_complete(tmp_path) -> None:

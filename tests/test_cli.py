@@ -31,7 +31,7 @@ def _train(world: str, out: str, method: str = "asymvlm-vmf", *extra: str) -> in
 def test_train_evaluate_score(small_world, tmp_path, capsys) -> None:
     ckpt = str(tmp_path / "ckpt")
     assert _train(small_world, ckpt) == 0
-    assert os.path.exists(os.path.join(ckpt, "model.pt"))
+    assert os.path.exists(os.path.join(ckpt, "model.safetensors"))
 
     metrics_path = str(tmp_path / "metrics.json")
     args = ["--embeddings", small_world, "--split", "test", "--checkpoint", ckpt, "--quiet"]
@@ -105,7 +105,7 @@ def test_bad_table_gives_a_clear_error_naming_the_file(small_world, tmp_path, ca
     err = capsys.readouterr().err
     assert code == 2
     assert "part-00000.parquet" in err and "row 5" in err
-    assert not os.path.exists(tmp_path / "ckpt" / "model.pt")
+    assert not os.path.exists(tmp_path / "ckpt" / "model.safetensors")
 
 
 def test_dimension_mismatch_between_checkpoint_and_table(small_world, tmp_path, capsys) -> None:

@@ -189,7 +189,8 @@ def _trial_metrics(r1: float, auroc: float, aurc: float, ece: float, rsum: float
     for d, shift in (("t2i", 0.0), ("i2t", 0.01)):
         out.update({f"{d}_recall_at_1": r1 + shift, f"{d}_spearman": -0.9 + shift,
                     f"{d}_r2": 0.8 + shift, f"{d}_auroc": auroc + shift,
-                    f"{d}_aurc": aurc + shift, f"{d}_e_aurc": 0.01, f"{d}_ece": ece + shift})
+                    f"{d}_aurc": aurc + shift, f"{d}_e_aurc": 0.01, f"{d}_ece": ece + shift,
+                    f"{d}_aupr": auroc / 2 + shift, f"{d}_fpr_at_95tpr": 1 - auroc + shift})
     out["rsum"] = rsum
     return out
 
@@ -258,15 +259,17 @@ def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(tmp_path
         "*Protocol: improved (this project's defaults; see README 'Protocols').*"
     )
     head = _cells(text, "Method", first)
-    assert head == ["Method", "seeds", "i2t R@1 (%)", "i2t S", "i2t R²", "i2t AUROC", "i2t AURC",
-                    "i2t ECE", "t2i R@1 (%)", "t2i S", "t2i R²", "t2i AUROC", "t2i AURC",
-                    "t2i ECE", "RSUM"]  # fmt: skip
+    assert head == ["Method", "seeds", "i2t R@1 (%)", "i2t S", "i2t R²", "i2t AUROC", "i2t AUPR",
+                    "i2t FPR@95", "i2t AURC", "i2t ECE", "t2i R@1 (%)", "t2i S", "t2i R²",
+                    "t2i AUROC", "t2i AUPR", "t2i FPR@95", "t2i AURC", "t2i ECE",
+                    "RSUM"]  # fmt: skip
     col = {name: k for k, name in enumerate(head)}
     row = _cells(text, "asymvlm-vmf", first)
     assert row[col["seeds"]] == "2"
     for d in ("i2t", "t2i"):
         assert row[col[f"{d} R@1 (%)"]] == _ms([m[f"{d}_recall_at_1"] for m in vmf], 100, 2)
-        for key, name in (("auroc", "AUROC"), ("aurc", "AURC"), ("ece", "ECE")):
+        for key, name in (("auroc", "AUROC"), ("aupr", "AUPR"), ("fpr_at_95tpr", "FPR@95"),
+                          ("aurc", "AURC"), ("ece", "ECE")):  # fmt: skip
             assert row[col[f"{d} {name}"]] == _ms([m[f"{d}_{key}"] for m in vmf])
     assert row[col["RSUM"]] == _ms([m["rsum"] for m in vmf], digits=2)
     row = _cells(text, "determ-ft", first)

@@ -151,7 +151,7 @@ def test_train_from_tables_writes_checkpoint_and_history(small_world, tmp_path) 
     assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3]
     meta = json.loads((out / "config.json").read_text())
     assert meta["embedding_model"] == "synthetic-world" and meta["adapter_input"] == "raw"
-    assert os.path.exists(out / "model.pt")
+    assert os.path.exists(out / "model.safetensors")
 
 
 def test_frozen_reference_needs_no_training(small_world, tmp_path) -> None:

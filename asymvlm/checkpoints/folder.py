@@ -7,7 +7,11 @@ resumed run):
 * ``config.json`` (:data:`CONFIG_FILE`): everything needed to rebuild the method (method, dim,
   method arguments, adapter input, the training config), ``complete``, ``epoch``, ``epochs``,
   and what the tables record of their encoder (:func:`provenance`);
-* ``model.pt`` (:data:`WEIGHTS_FILE`): the method's ``state_dict`` (CPU tensors);
+* ``model.safetensors`` (:data:`WEIGHTS_FILE`): the method's ``state_dict`` (CPU tensors, in
+  safetensors: no pickle, nothing that runs code on load), its SHA-256 recorded in
+  ``config.json`` (``sha256``) and checked on load; checkpoints of earlier versions hold
+  ``model.pt`` (:data:`LEGACY_WEIGHTS_FILE`, a ``torch.save`` pickle) instead, still read
+  (weights only), with one log line saying so;
 * ``history.jsonl`` (:data:`HISTORY_FILE`): one row per epoch trained so far;
 * ``trainer.pt`` (:data:`TRAINER_FILE`): :meth:`~asymvlm.training.Trainer.state_dict`, to
   resume the run (:func:`read_run_state`).
@@ -23,7 +27,9 @@ new one, and a killed run never leaves a half-written or mixed checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -32,19 +38,35 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from safetensors.torch import load_file as load_safetensors
+from safetensors.torch import save_file as save_safetensors
 
 from asymvlm.errors import CheckpointError
 from asymvlm.methods import Method, build_method
 from asymvlm.training import History, TrainConfig, Trainer
 
+logger = logging.getLogger(__name__)
+
 CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.pt"
+WEIGHTS_FILE = "model.safetensors"
+#: The weights file of checkpoints written before safetensors (a ``torch.save`` pickle).
+LEGACY_WEIGHTS_FILE = "model.pt"
 HISTORY_FILE = "history.jsonl"
 TRAINER_FILE = "trainer.pt"
 #: Every file a checkpoint folder may hold; anything else in it is not ours to replace.
-CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, HISTORY_FILE, TRAINER_FILE)
-#: The adapter alone: what is exported and logged as a model (no optimiser state, no history).
+CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, LEGACY_WEIGHTS_FILE, HISTORY_FILE, TRAINER_FILE)
+#: The adapter alone: what is exported and logged as a model (no optimiser state, no history);
+#: an older checkpoint's adapter is its config and :data:`LEGACY_WEIGHTS_FILE`.
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+#: A model folder's model card (``asymvlm export``; the Hugging Face Hub shows it).
+CARD_FILE = "README.md"
+#: ``format`` in the ``config.json`` of a model folder written by ``asymvlm export``.
+EXPORT_FORMAT = "asymvlm-adapter"
+#: File endings of Python pickles (``torch.save`` included), refused in model folders: loading
+#: a pickle can run code.
+PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib")
+#: The key of ``config.json`` recording the SHA-256 of its weights file: ``{file: hex digest}``.
+HASHES_KEY = "sha256"
 #: A pack's checkpoint: its state (:meth:`~asymvlm.training.PackedTrainer.state_dict`) ...
 PACK_STATE_FILE = "pack_state.pt"
 #: ... and the adapter folder of each finished member k.
@@ -63,6 +85,54 @@ class RunState:
 def member_folder(directory: str, k: int) -> str:
     """The adapter folder of member ``k`` in the pack checkpoint ``directory``."""
     return os.path.join(directory, MEMBER_FOLDER.format(k=k))
+
+
+def weights_file(directory: str) -> str | None:
+    """The name of the weights file in checkpoint ``directory``: :data:`WEIGHTS_FILE`, else an
+    older checkpoint's :data:`LEGACY_WEIGHTS_FILE`; None when it holds neither."""
+    for name in (WEIGHTS_FILE, LEGACY_WEIGHTS_FILE):
+        if os.path.isfile(os.path.join(directory, name)):
+            return name
+    return None
+
+
+def file_sha256(path: str) -> str:
+    """The SHA-256 hex digest of the file ``path``."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_hashes(directory: str, meta: dict[str, Any]) -> None:
+    """Refuse a folder whose files differ from the SHA-256 its ``config.json`` records for them
+    (``sha256``: ``{file: digest}``), naming the file; nothing is recorded by older
+    checkpoints."""
+    recorded = meta.get(HASHES_KEY) or {}
+    if not isinstance(recorded, dict):
+        raise CheckpointError(f"{directory}: {CONFIG_FILE}'s {HASHES_KEY!r} is not a mapping")
+    for name, expected in sorted(recorded.items()):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{path}: missing ({CONFIG_FILE} records its SHA-256)")
+        if file_sha256(path) != expected:
+            raise CheckpointError(
+                f"{path}: its SHA-256 differs from the one {CONFIG_FILE} records (the file "
+                "changed after the checkpoint was written); refusing to load it"
+            )
+
+
+def check_no_pickle(folder: str, label: str | None = None) -> None:
+    """Refuse a model folder holding a pickle anywhere (:data:`PICKLE_SUFFIXES`), naming it."""
+    for root, _, files in os.walk(folder):
+        for name in sorted(files):
+            if name.lower().endswith(PICKLE_SUFFIXES):
+                where = os.path.relpath(os.path.join(root, name), folder)
+                raise CheckpointError(
+                    f"{label or folder}: holds {where}, a pickle (it can run code when loaded); "
+                    f"a model folder keeps its weights in {WEIGHTS_FILE} only"
+                )
 
 
 def sibling_paths(directory: str) -> tuple[str, str, str, str]:
@@ -189,7 +259,8 @@ def save_checkpoint(
     """Write the checkpoint folder ``directory`` as a whole (:func:`publish_folder`).
 
     ``config.json`` holds everything needed to rebuild the method plus ``complete``, ``epoch``
-    and ``epochs`` and ``extra`` (provenance); ``model.pt`` the weights; ``trainer.pt``
+    and ``epochs``, ``extra`` (provenance) and the SHA-256 of the weights;
+    ``model.safetensors`` the weights; ``trainer.pt``
     (:meth:`~asymvlm.training.Trainer.state_dict`) and ``history.jsonl`` are written when given.
     ``epoch`` defaults to the end of training; ``complete`` to ``epoch >= epochs``.
     :func:`load_checkpoint` refuses an incomplete checkpoint unless told.
@@ -207,15 +278,16 @@ def save_checkpoint(
         "epochs": epochs,
         **(extra or {}),
     }
-    config_text = json.dumps(meta, indent=2, allow_nan=False)
+    json.dumps(meta, allow_nan=False)  # not JSON: refused before anything is written
     history_text = None
     if history is not None:
         history_text = "".join(json.dumps(row, allow_nan=False) + "\n" for row in history)
-    # copies of their own: a packed member's parameters are views of the pack's stacked ones
-    weights = {k: v.detach().to("cpu", copy=True) for k, v in method.state_dict().items()}
+    weights = state_tensors(method.state_dict())
 
     def write(folder: str) -> None:
-        torch.save(weights, os.path.join(folder, WEIGHTS_FILE))
+        path = write_weights(weights, os.path.join(folder, WEIGHTS_FILE))
+        config_text = json.dumps({**meta, HASHES_KEY: {WEIGHTS_FILE: file_sha256(path)}},
+                                 indent=2, allow_nan=False)  # fmt: skip
         if trainer_state is not None:
             torch.save(trainer_state, os.path.join(folder, TRAINER_FILE))
         if history_text is not None:
@@ -225,6 +297,29 @@ def save_checkpoint(
             fh.write(config_text)
 
     publish_folder(directory, write)
+
+
+def state_tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A state dict as safetensors stores it: every value a contiguous CPU tensor of its own.
+    Copies, so that no two entries share memory (a packed member's parameters are views of the
+    pack's stacked ones; tied weights would share a buffer, which safetensors refuses)."""
+    out = {}
+    for key, value in state.items():
+        if not torch.is_tensor(value):
+            raise CheckpointError(f"state entry {key!r} is not a tensor "
+                                  f"({type(value).__name__}): safetensors stores tensors only")
+        out[key] = value.detach().to("cpu", copy=True).contiguous()
+    return out
+
+
+def write_weights(weights: dict[str, torch.Tensor], path: str) -> str:
+    """Write ``weights`` (:func:`state_tensors`) as safetensors at ``path``, readable as the
+    process's umask allows (safetensors creates the file owner-only); returns ``path``."""
+    save_safetensors(weights, path, metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+    return path
 
 
 def save_run_checkpoint(
@@ -272,10 +367,10 @@ def read_run_state(directory: str) -> RunState:
 
 
 def copy_adapter(directory: str, target: str) -> str:
-    """Copy the adapter of checkpoint ``directory`` (:data:`ADAPTER_FILES`: no optimiser state,
-    no history) into the folder ``target``; returns ``target``."""
+    """Copy the adapter of checkpoint ``directory`` (its config and weights file, no optimiser
+    state, no history) into the folder ``target``; returns ``target``."""
     os.makedirs(target, exist_ok=True)
-    for name in ADAPTER_FILES:
+    for name in (CONFIG_FILE, weights_file(directory) or WEIGHTS_FILE):
         shutil.copy2(os.path.join(directory, name), os.path.join(target, name))
     return target
 
@@ -377,15 +472,33 @@ def _methods_fitting(state: dict[str, torch.Tensor], dim: int, kwargs: dict[str,
     return out
 
 
+def _read_weights(path: str) -> Any:
+    """The state dict of a weights file: safetensors, or an older checkpoint's pickle read as
+    weights only (one log line says so)."""
+    if os.path.basename(path) == WEIGHTS_FILE:
+        try:
+            return load_safetensors(path, device="cpu")
+        except Exception as exc:  # safetensors' own error type, or an OSError
+            raise CheckpointError(f"{path}: unreadable ({exc})") from exc
+    logger.warning("%s: an older checkpoint's pickle, read as weights only; `asymvlm export` "
+                   "writes it as %s", path, WEIGHTS_FILE)  # fmt: skip
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"{path}: unreadable ({exc})") from exc
+
+
 def load_checkpoint(
     directory: str, device: str | torch.device = "cpu", *, allow_incomplete: bool = False
 ) -> tuple[Method, dict[str, Any]]:
     """Rebuild the method saved by :func:`save_checkpoint`; returns (method, config dict).
 
-    Raises :class:`CheckpointError` naming the folder when it holds no checkpoint, when
-    ``model.pt`` is missing, unreadable or does not fit the method ``config.json`` names (with
-    the registered methods it would fit), and for an incomplete checkpoint (a run still in
-    progress, killed or diverged) unless ``allow_incomplete``.
+    Raises :class:`CheckpointError` naming the folder when it holds no checkpoint, when the
+    weights are missing, unreadable, differ from the SHA-256 ``config.json`` records or do not
+    fit the method it names (with the registered methods they would fit), and for an
+    incomplete checkpoint (a run still in progress, killed or diverged) unless
+    ``allow_incomplete``. An older checkpoint's ``model.pt`` is read as weights only
+    (``torch.load(weights_only=True)``: no code runs), with one log line saying so.
     """
     if not os.path.isdir(directory):
         _, _, previous, _ = sibling_paths(directory)
@@ -405,25 +518,26 @@ def load_checkpoint(
             f"{meta.get('epochs')}): finish the run with `asymvlm train ... --resume`, or use "
             "it as it is with --allow-incomplete"
         )
-    weights = os.path.join(directory, WEIGHTS_FILE)
-    if not os.path.isfile(weights):
+    if meta.get("format") == EXPORT_FORMAT:  # a model folder: nothing that runs code on load
+        check_no_pickle(directory)
+    found = weights_file(directory)
+    if found is None:
         raise CheckpointError(f"{directory}: {CONFIG_FILE} but no {WEIGHTS_FILE} (a partial copy?)")
+    weights = os.path.join(directory, found)
+    check_hashes(directory, meta)
     name, dim = meta["method"], meta["dim"]
     kwargs = meta.get("method_kwargs", {})
     try:
         method = build_method(name, dim, **kwargs)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild method {name!r}: {exc}") from exc
-    try:
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"{weights}: unreadable ({exc})") from exc
+    state = _read_weights(weights)
     mismatch = _state_mismatch(method, state)
     if mismatch is not None:
         fits = _methods_fitting(state, dim, kwargs) if isinstance(state, dict) else []
         guess = f"the weights fit {', '.join(fits)}" if fits else "the weights fit no known method"
         raise CheckpointError(
-            f"{directory}: {WEIGHTS_FILE} does not match {CONFIG_FILE}, which names method "
+            f"{directory}: {found} does not match {CONFIG_FILE}, which names method "
             f"{name!r} (dim {dim}): {mismatch}; {guess}"
         )
     method.load_state_dict(state)

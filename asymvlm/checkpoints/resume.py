@@ -21,6 +21,7 @@ from asymvlm.checkpoints.folder import (
     read_checkpoint_meta,
     recover_checkpoint,
     sibling_paths,
+    weights_file,
 )
 from asymvlm.errors import CheckpointError, ConfigError
 from asymvlm.storage import absolute
@@ -83,7 +84,7 @@ def checkpoint_to_resume(
             "--overwrite to replace it"
         )
     meta = read_checkpoint_meta(directory)
-    needed = [CONFIG_FILE, WEIGHTS_FILE]
+    needed = [CONFIG_FILE, weights_file(directory) or WEIGHTS_FILE]
     if meta is not None and not meta["complete"]:
         needed += [TRAINER_FILE, HISTORY_FILE]
     missing = [f for f in needed if f not in present]

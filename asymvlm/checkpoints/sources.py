@@ -1,36 +1,163 @@
-"""Where an adapter comes from: a checkpoint folder, or an MLflow model of a sweep's trial.
+"""Where an adapter comes from: a checkpoint folder, an MLflow model of a sweep's trial, or a
+model folder on the Hugging Face Hub.
 
-:func:`resolve_checkpoint` turns what a user gives (``--checkpoint``, ``Scorer.from_checkpoint``,
-the Serve deployment) into a local checkpoint folder: the folder itself, or -- for an MLflow
-model URI (``runs:/<run>/adapter``, ``models:/<name>/<version>``, ``mlflow-artifacts:/...``) --
-the adapter checkpoint inside the downloaded model (:func:`asymvlm.tracking.download`).
+:func:`resolve_checkpoint` turns what a user gives (``--checkpoint`` of ``score-text``,
+``evaluate``, ``score`` and ``analyze``, ``Scorer.from_checkpoint`` / ``from_pretrained``, the
+Serve deployment) into a local checkpoint folder:
+
+* a folder: the folder itself;
+* an MLflow model URI (``runs:/<run>/adapter``, ``models:/<name>/<version>``,
+  ``mlflow-artifacts:/...``): the adapter checkpoint inside the downloaded model
+  (:func:`asymvlm.tracking.download`);
+* ``hf-hub:ORG/REPO[@REVISION]``: the repository's snapshot, through ``huggingface_hub`` -- its
+  cache, ``HF_HUB_OFFLINE``, revisions (branch, tag or commit) and a token from the
+  environment (``HF_TOKEN``) or ``hf auth login``.
+
+A model folder (what ``asymvlm export`` writes, what the Hub serves, what
+``Scorer.from_pretrained`` takes) is checked before anything is read from it
+(:func:`check_model_folder`): no pickle file anywhere in it (``.pt``, ``.pkl``, ``.bin`` ...:
+a pickle can run code when loaded), its weights in ``model.safetensors``, and that file's
+SHA-256 the one ``config.json`` records. Each refusal names the file.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
-from asymvlm.checkpoints.folder import CONFIG_FILE, WEIGHTS_FILE
+from asymvlm.checkpoints.folder import (
+    CONFIG_FILE,
+    EXPORT_FORMAT,
+    HASHES_KEY,
+    LEGACY_WEIGHTS_FILE,
+    PICKLE_SUFFIXES,
+    WEIGHTS_FILE,
+    check_hashes,
+    check_no_pickle,
+    read_checkpoint_meta,
+)
 from asymvlm.errors import CheckpointError
 
-__all__ = ["MLFLOW_SCHEMES", "is_model_uri", "resolve_checkpoint"]
+__all__ = [
+    "HUB_PREFIX",
+    "MLFLOW_SCHEMES",
+    "PICKLE_SUFFIXES",
+    "check_model_folder",
+    "is_hub_name",
+    "is_model_uri",
+    "parse_hub_name",
+    "resolve_checkpoint",
+]
 
 #: Prefixes of MLflow model URIs.
 MLFLOW_SCHEMES = ("runs:/", "models:/", "mlflow-artifacts:/")
+#: The prefix of a model folder on the Hugging Face Hub: ``hf-hub:ORG/REPO[@REVISION]``.
+HUB_PREFIX = "hf-hub:"
+_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def is_hub_name(source: str) -> bool:
+    """Whether ``source`` names a Hub repository (``hf-hub:ORG/REPO[@REVISION]``)."""
+    return source.startswith(HUB_PREFIX)
 
 
 def is_model_uri(source: str) -> bool:
-    """Whether ``source`` names an MLflow model or another URI rather than a local folder."""
-    return "://" in source or source.startswith(MLFLOW_SCHEMES)
+    """Whether ``source`` names an MLflow model, a Hub repository or another URI rather than a
+    local folder."""
+    return "://" in source or source.startswith(MLFLOW_SCHEMES) or is_hub_name(source)
 
 
-def resolve_checkpoint(source: str, tracking_uri: str | None = None) -> str:
+def parse_hub_name(source: str) -> tuple[str, str | None]:
+    """``hf-hub:ORG/REPO[@REVISION]`` -> (``ORG/REPO``, revision or None: the default branch)."""
+    name = source.removeprefix(HUB_PREFIX)
+    repo, at, revision = name.partition("@")
+    if not _REPO.fullmatch(repo) or (at and not revision):
+        raise CheckpointError(f"{source}: not a Hub model name (hf-hub:ORG/REPO or "
+                              "hf-hub:ORG/REPO@REVISION)")  # fmt: skip
+    return repo, revision or None
+
+
+def check_model_folder(folder: str, source: str | None = None) -> dict:
+    """Refuse a model folder that could run code when loaded or that changed since it was
+    written: a pickle file anywhere in it, weights not in ``model.safetensors``, no SHA-256
+    recorded for them, or a file whose SHA-256 differs from the recorded one; each
+    :class:`CheckpointError` names the file. Returns the folder's ``config.json``."""
+    label = source or folder
+    check_no_pickle(folder, label)
+    meta = read_checkpoint_meta(folder)
+    if meta is None:
+        raise CheckpointError(f"{label}: not a model folder (no {CONFIG_FILE})")
+    if not os.path.isfile(os.path.join(folder, WEIGHTS_FILE)):
+        raise CheckpointError(f"{label}: no {WEIGHTS_FILE} (a partial copy or upload?)")
+    if WEIGHTS_FILE not in (meta.get(HASHES_KEY) or {}):
+        raise CheckpointError(f"{label}: {CONFIG_FILE} records no SHA-256 of {WEIGHTS_FILE}; "
+                              "write the folder with `asymvlm export`")  # fmt: skip
+    try:
+        check_hashes(folder, meta)
+    except CheckpointError as err:
+        raise CheckpointError(f"{label}: {err}") from None
+    return meta
+
+
+def _hub_snapshot(source: str) -> str:
+    """The local snapshot of the Hub repository ``source`` names (downloaded, or from the
+    cache when offline or when the revision is a cached commit)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    repo, revision = parse_hub_name(source)
+    quiet_before = are_progress_bars_disabled()
+    disable_progress_bars()  # a few small files: no bars on the console
+    try:
+        return snapshot_download(repo_id=repo, revision=revision, repo_type="model")
+    except GatedRepoError:
+        reason = "the repository is gated: accept its terms and log in (hf auth login)"
+    except RevisionNotFoundError:
+        reason = f"the repository has no revision {revision!r}"
+    except RepositoryNotFoundError:
+        reason = "no such repository on the Hub (or it is private: log in with hf auth login)"
+    except LocalEntryNotFoundError:
+        reason = ("not in the Hugging Face cache, and the Hub cannot be reached or "
+                  "HF_HUB_OFFLINE is set")  # fmt: skip
+    except Exception as exc:  # a proxy, a server error, a full disk...
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+    finally:
+        if not quiet_before:
+            enable_progress_bars()
+    raise CheckpointError(f"{source}: cannot download the model: {reason}")
+
+
+def resolve_checkpoint(
+    source: str, tracking_uri: str | None = None, *, pretrained: bool = False
+) -> str:
     """A local checkpoint folder for ``source``: the folder itself (it must hold a
-    ``config.json``), or the adapter checkpoint inside the MLflow model ``source`` names,
-    downloaded from the store ``tracking_uri`` (default: ``$MLFLOW_TRACKING_URI``)."""
+    ``config.json``), the adapter checkpoint inside the MLflow model ``source`` names
+    (downloaded from the store ``tracking_uri``, default ``$MLFLOW_TRACKING_URI``), or the
+    snapshot of the Hub repository ``hf-hub:ORG/REPO[@REVISION]``.
+
+    A Hub snapshot, a folder written by ``asymvlm export`` and -- with ``pretrained`` -- any
+    folder are model folders: :func:`check_model_folder` refuses one with a pickle or a
+    changed file."""
+    if is_hub_name(source):
+        folder = _hub_snapshot(source)
+        check_model_folder(folder, source)
+        return folder
     if not is_model_uri(source):
         if not os.path.isfile(os.path.join(source, CONFIG_FILE)):
             raise CheckpointError(f"{source}: not a checkpoint folder (no {CONFIG_FILE})")
+        meta = read_checkpoint_meta(source) or {}
+        if pretrained or meta.get("format") == EXPORT_FORMAT:
+            check_model_folder(source)
         return source
     from asymvlm.tracking import download
 
@@ -39,7 +166,9 @@ def resolve_checkpoint(source: str, tracking_uri: str | None = None) -> str:
     except Exception as exc:  # any failure of the store or the URI: one line naming it
         raise CheckpointError(f"{source}: cannot download the model: {exc}") from None
     for folder, _, files in sorted(os.walk(local)):
-        if CONFIG_FILE in files and WEIGHTS_FILE in files:
+        if CONFIG_FILE in files and (WEIGHTS_FILE in files or LEGACY_WEIGHTS_FILE in files):
+            if pretrained:
+                check_model_folder(folder, source)
             return folder
     raise CheckpointError(f"{source}: the model holds no adapter checkpoint ({CONFIG_FILE} and "
                           f"{WEIGHTS_FILE})")  # fmt: skip

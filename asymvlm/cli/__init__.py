@@ -7,6 +7,7 @@ Single process, CPU or one GPU; one module per group of sub-commands:
   registry);
 * :mod:`~asymvlm.cli.text` -- ``score-text`` (captions in);
 * :mod:`~asymvlm.cli.runs` -- ``report``, ``ui`` (an MLflow store);
+* :mod:`~asymvlm.cli.export` -- ``export`` (an adapter as a Hugging Face model folder);
 * :mod:`~asymvlm.cli.embed` -- ``embed``, the one sub-command of the Ray layer (``pipelines/``),
   imported when it runs.
 """
@@ -17,7 +18,7 @@ import argparse
 from collections.abc import Sequence
 
 from asymvlm import __version__
-from asymvlm.cli import embed, evaluation, runs, text, training
+from asymvlm.cli import embed, evaluation, export, runs, text, training
 from asymvlm.errors import guarded
 
 __all__ = ["build_parser", "main"]
@@ -32,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", action="store_true",
                         help="show every library's messages (Ray, MLflow...) too")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (training, evaluation, text, embed, runs):
+    for group in (training, evaluation, text, export, embed, runs):
         group.register(sub)
     return parser
 

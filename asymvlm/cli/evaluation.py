@@ -19,12 +19,14 @@ logger = logging.getLogger("asymvlm.cli")
 def _load(args: argparse.Namespace):
     """The checkpoint's method (reading what ``--adapter-input`` or its checkpoint says) and
     the split, both on ``--device``."""
-    from asymvlm.checkpoints import load_checkpoint
+    from asymvlm.checkpoints import is_model_uri, load_checkpoint, resolve_checkpoint
     from asymvlm.splits import load_split
     from asymvlm.training import resolve_device
 
     device = resolve_device(args.device)
-    method, meta = load_checkpoint(args.checkpoint, device, allow_incomplete=args.allow_incomplete)
+    folder = resolve_checkpoint(args.checkpoint) if is_model_uri(args.checkpoint) else \
+        args.checkpoint  # fmt: skip
+    method, meta = load_checkpoint(folder, device, allow_incomplete=args.allow_incomplete)
     method.adapter_input = args.adapter_input or meta.get("adapter_input", "raw")
     data = load_split(args.embeddings, args.split, method.adapter_input, device)
     if data.dim != meta["dim"]:
@@ -47,11 +49,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     write_json(args.output, result)
     for direction in ("t2i", "i2t"):
         r = result[direction]
-        s = "n/a" if r["spearman"] is None else f"{r['spearman']:+.3f}"
-        r2 = "n/a" if r["r2"] is None else f"{r['r2']:.3f}"
+
+        def shown(key: str, spec: str = ".3f", r: dict = r) -> str:
+            return "n/a" if r.get(key) is None else format(r[key], spec)
+
         print(
             f"{direction}: R@1 {r['recall@1']:.4f}  R@5 {r['recall@5']:.4f}  "
-            f"R@10 {r['recall@10']:.4f}  S {s}  R2 {r2}"
+            f"R@10 {r['recall@10']:.4f}  S {shown('spearman', '+.3f')}  R2 {shown('r2')}  "
+            f"AUROC {shown('auroc')}  AUPR {shown('aupr')}  FPR@95TPR {shown('fpr@95tpr')}"
         )
     logger.info("metrics written to %s", args.output)
     return 0
@@ -117,7 +122,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder")
+    p.add_argument("--checkpoint", required=True, metavar="DIR|URI",
+                   help="a checkpoint or model folder, an MLflow model URI (runs:/.., models:/..; "
+                   "store: $MLFLOW_TRACKING_URI) or hf-hub:ORG/REPO[@REVISION]")  # fmt: skip
     p.add_argument("--adapter-input", choices=["raw", "unit"], default=None,
                    help="override what the checkpoint says it reads")  # fmt: skip
     p.add_argument(
@@ -180,8 +187,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                              + ev.title[1:] + ". Locations are ROOT:SPLIT of embedding tables.",
                              formatter_class=Help)  # fmt: skip
         _add_inputs(k, ev)
-        k.add_argument("--checkpoint", action="append", default=[],
-                       help="adapter folder (repeat)")  # fmt: skip
+        k.add_argument("--checkpoint", action="append", default=[], metavar="DIR|URI",
+                       help="adapter folder, MLflow model URI or hf-hub:ORG/REPO (repeat)")
         k.add_argument("--sweep", default=None, help="a sweep's MLflow run id: its seed adapters")
         k.add_argument("--frozen", action="store_true", help="also the frozen model (clip)")
         k.add_argument("--output", default=None, help="write the JSON here too")

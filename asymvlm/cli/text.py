@@ -107,7 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("captions", nargs="*", metavar="CAPTION", help="captions to score")
     p.add_argument("--checkpoint", required=True, metavar="DIR|URI",
-                   help="checkpoint folder or MLflow model URI (runs:/.., models:/..)")
+                   help="checkpoint or model folder, MLflow model URI (runs:/.., models:/..) or "
+                   "hf-hub:ORG/REPO[@REVISION]")  # fmt: skip
     p.add_argument("--input", metavar="FILE", help="captions.txt (one a line) or .parquet")
     p.add_argument("--column", default="text", help="the caption column of a .parquet input")
     p.add_argument("--output", metavar="FILE.parquet", help="write text, kappa, uncertainty here")

@@ -58,38 +58,61 @@ class EmbedConfig:
     create them later).
     """
 
-    dataset: str
-    model: NonEmpty
-    split: NonEmpty
-    output: NonEmpty
-    annotations: str | None = None
-    images: str | None = None
-    batch_size: PositiveInt = 64
-    num_actors: PositiveInt = 1
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: str = "auto"
-    sample: PositiveInt | None = None
-    seed: NonNegativeInt = 0
-    id_list: str | None = None
-    shard_size: PositiveInt = 2048
-    shards_per_round: PositiveInt = 8
-    decode_cpus: PositiveFloat = 1.0
-    actor_cpus: PositiveFloat = 1.0
+    dataset: str = Field(description="the reader: " + ", ".join(sorted(READERS)))
+    model: NonEmpty = Field(
+        description="transformers CLIP/SigLIP hub id or folder, or open_clip:ARCH/TAG "
+        "(open_clip:ARCH/WEIGHTS-FILE, open_clip:hf-hub:ORG/REPO, open_clip:local-dir:FOLDER)"
+    )
+    split: NonEmpty = Field(description="the split to read (train, val, test...)")
+    output: NonEmpty = Field(description="the tables' root (a folder or s3://...)")
+    annotations: str | None = Field(None, description="annotation file or folder (or s3://)")
+    images: str | None = Field(None, description="image folder (or s3://)")
+    batch_size: PositiveInt = Field(64, description="images per encoder batch")
+    num_actors: PositiveInt = Field(1, description="encoder actors (one GPU each on GPUs)")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: a GPU when the cluster has one"
+    )
+    dtype: str = Field("auto", description="auto: bf16/fp16 on GPU, fp32 on CPU; or one of "
+                       + ", ".join(DTYPES[1:]))  # fmt: skip
+    sample: PositiveInt | None = Field(None, description="CC: sample this many pairs (CC-200k)")
+    seed: NonNegativeInt = Field(0, description="the sampling seed")
+    id_list: str | None = Field(None, description="CC: only the ids in this file")
+    shard_size: PositiveInt = Field(2048, description="images per output part file")
+    shards_per_round: PositiveInt = Field(
+        8, description="output parts in flight at once (memory vs. throughput)"
+    )
+    decode_cpus: PositiveFloat = Field(1.0, description="CPUs per image-decoding task")
+    actor_cpus: PositiveFloat = Field(1.0, description="CPUs per encoder actor")
     #: Where images are decoded: "tasks" (CPU tasks streaming into the encoder actors, for GPU
     #: clusters), "actor" (inside the encoder actor, best on CPU-only machines) or "auto".
-    decode_in: Literal["auto", "tasks", "actor"] = "auto"
+    decode_in: Literal["auto", "tasks", "actor"] = Field(
+        "auto", description="where images are decoded: tasks (CPU tasks feeding the encoder "
+        "actors, for GPU clusters), actor (inside the encoder actor, best on CPU only) or auto"
+    )
     #: OOD robustness: perturb images / captions before embedding ("kind:severity", see
     #: :mod:`asymvlm.data.perturb`), seeded per item by ``perturbation_seed`` and its id.
     #: Classification sets: prompts embedded beside the class prompts as class_index -1, the
     #: "none-of-the-above" candidates of Table 2.
-    dummy_prompts: tuple[str, ...] = DUMMY_PROMPTS
-    image_perturbation: str | None = None
-    text_perturbation: str | None = None
-    perturbation_seed: NonNegativeInt = 0
+    dummy_prompts: tuple[str, ...] = Field(
+        DUMMY_PROMPTS, description="classification sets: the none-of-the-above prompts "
+        "embedded beside the class prompts (Table 2)"
+    )
+    image_perturbation: str | None = Field(
+        None, description="OOD suite: perturb images first, KIND:SEVERITY (gaussian_noise, "
+        "rotation, zoom_blur, jpeg, low_resolution; severity 1-5)"
+    )
+    text_perturbation: str | None = Field(
+        None, description="OOD suite: perturb captions first, KIND:SEVERITY (typos, "
+        "word_order, synonyms, casing; severity 1-5); the original stays in clean_text"
+    )
+    perturbation_seed: NonNegativeInt = Field(0, description="the perturbations' seed")
     #: Also write the pre-projection features (``image_features_pre`` / ``text_features_pre``)
     #: and the model's projections (``ROOT/projection.npz``), which BayesVLM's posterior needs.
     #: CLIP models only (:func:`asymvlm.data.encoder.pre_projection_dims`).
-    pre_projection: bool = False
+    pre_projection: bool = Field(
+        False, description="also write the pre-projection features and ROOT/projection.npz "
+        "(CLIP only), which the bayesvlm method needs"
+    )
 
     @field_validator("dataset")
     @classmethod

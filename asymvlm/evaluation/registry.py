@@ -114,7 +114,9 @@ class Evaluation:
     def spec_model(self) -> type[EvaluationSpec]:
         """The typed spec of this kind: ``kind`` plus one field per input (required inputs
         required; a location parsed into a :class:`~asymvlm.tables.Location`)."""
-        fields: dict[str, Any] = {"kind": (Literal[self.kind], Field(self.kind))}  # type: ignore[valid-type]
+        fields: dict[str, Any] = {
+            "kind": (Literal[self.kind], Field(self.kind, description="the evaluation"))  # type: ignore[valid-type]
+        }
         for inp in self.inputs:
             tp = _FORMS[inp.form]
             if inp.required:

@@ -4,7 +4,8 @@ numbers the field reports beside them.
 * :mod:`~asymvlm.metrics.retrieval`: Recall@K both ways from one memory-bounded pass over
   caption chunks, RSUM and the COCO 1K fold average;
 * :mod:`~asymvlm.metrics.uncertainty`: Recall@1 per uncertainty bin, Spearman S and R^2;
-* :mod:`~asymvlm.metrics.selective`: AUROC of uncertainty for top-1 errors, AURC / E-AURC,
+* :mod:`~asymvlm.metrics.selective`: AUROC, AUPR and FPR@95TPR of uncertainty as a detector of
+  top-1 errors, AURC / E-AURC,
   risk-coverage points and the ECE of the predictive softmax;
 * :mod:`~asymvlm.metrics.blocks`: the chunk size from a memory budget and the exact top-k
   that keep the ranking pass linear in the scores;
@@ -27,8 +28,10 @@ from asymvlm.metrics.retrieval import (
 )
 from asymvlm.metrics.selective import (
     aurc,
+    error_aupr,
     error_auroc,
     expected_calibration_error,
+    fpr_at_tpr,
     risk_coverage,
 )
 from asymvlm.metrics.uncertainty import binned_recall, curve_statistics, spearman_uncertainty
@@ -44,8 +47,10 @@ __all__ = [
     "binned_recall",
     "chunk_rows",
     "curve_statistics",
+    "error_aupr",
     "error_auroc",
     "expected_calibration_error",
+    "fpr_at_tpr",
     "fold_key",
     "image_folds",
     "rank_pass",

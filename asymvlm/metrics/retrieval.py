@@ -4,9 +4,9 @@
   image. For i2t an image counts as a hit at K when *any* of its captions is among the K
   best-scoring captions.
 * Per direction, from the same pass: the uncertainty-binned Recall@1 curve and its Spearman S /
-  R^2 (App. B, :mod:`asymvlm.metrics.uncertainty`), the selective-retrieval numbers AUROC,
-  AURC, E-AURC and risk-coverage points, and the ECE of the predictive softmax over the gallery
-  (:mod:`asymvlm.metrics.selective`).
+  R^2 (App. B, :mod:`asymvlm.metrics.uncertainty`), the failure-prediction and selective-
+  retrieval numbers AUROC, AUPR, FPR@95TPR, AURC, E-AURC and risk-coverage points, and the ECE
+  of the predictive softmax over the gallery (:mod:`asymvlm.metrics.selective`).
 * RSUM, the sum of R@1, R@5 and R@10 of both directions in percent (0-600), and the COCO 1K
   protocol: the metrics averaged over folds of 1000 images (:func:`average_folds`).
 
@@ -45,8 +45,10 @@ from tqdm.auto import tqdm
 from asymvlm.metrics.blocks import all_finite, chunk_rows, top_k
 from asymvlm.metrics.selective import (
     aurc,
+    error_aupr,
     error_auroc,
     expected_calibration_error,
+    fpr_at_tpr,
     risk_coverage,
 )
 from asymvlm.metrics.uncertainty import binned_recall, curve_statistics
@@ -74,6 +76,7 @@ DIRECTIONS = ("t2i", "i2t")
 ECE_BINS = 15  # Guo et al. (2017)
 RSUM_KS = (1, 5, 10)
 COVERAGE_POINTS = 20  # risk-coverage points at coverage 0.05, 0.10, ..., 1.0
+FPR_AT_TPR = 0.95  # the TPR of the reported FPR (FPR@95TPR)
 
 
 @dataclass
@@ -299,7 +302,8 @@ def _direction_result(
         out["binned_recall@1"] = None
         out["spearman"] = None
         out["r2"] = None
-        out["auroc"] = out["aurc"] = out["e_aurc"] = None
+        out["auroc"] = out["aupr"] = out["fpr@95tpr"] = None
+        out["aurc"] = out["e_aurc"] = None
         out["risk_coverage"] = None
         out["uncertainty_source"] = None
     else:
@@ -310,6 +314,8 @@ def _direction_result(
         out["r2"] = r2
         error = ~hit
         out["auroc"] = error_auroc(uncertainty, error)
+        out["aupr"] = error_aupr(uncertainty, error)
+        out["fpr@95tpr"] = fpr_at_tpr(uncertainty, error, FPR_AT_TPR)
         out["aurc"], out["e_aurc"] = aurc(uncertainty, error.double())
         out["risk_coverage"] = risk_coverage(uncertainty, error.double(), COVERAGE_POINTS)
         out["uncertainty_source"] = source
@@ -401,8 +407,9 @@ def retrieval_metrics(
     Returns:
         ``{"t2i": {...}, "i2t": {...}, "rsum": float | None}``; each direction holds
         ``"recall@K"`` per K, ``"ece"`` (15 equal-width confidence bins), ``"binned_recall@1"``
-        (list or ``None``), ``"spearman"``, ``"r2"``, ``"auroc"``, ``"aurc"``, ``"e_aurc"``
-        (top-1 errors against the binning uncertainty; float or ``None``), ``"risk_coverage"``
+        (list or ``None``), ``"spearman"``, ``"r2"``, ``"auroc"``, ``"aupr"``, ``"fpr@95tpr"``,
+        ``"aurc"``, ``"e_aurc"`` (top-1 errors against the binning uncertainty; float or
+        ``None``), ``"risk_coverage"``
         (``{"coverage": [0.05, ..., 1.0], "risk": [...]}`` or ``None``) and
         ``"uncertainty_source"``. ``"rsum"`` is R@1 + R@5 + R@10 of both directions in percent
         (``None`` unless ``ks`` include 1, 5 and 10).

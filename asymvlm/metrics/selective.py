@@ -4,6 +4,11 @@ With the top-1 error of each query as the event and the query's uncertainty as t
 
 * :func:`error_auroc`: AUROC of the uncertainty as a predictor of an error (0.5: it says nothing
   about errors, 1: every error is more uncertain than every hit);
+* :func:`error_aupr`: AUPR, the average precision of the uncertainty as a detector of errors
+  (errors are the positives; chance is the error rate, 1 is perfect);
+* :func:`fpr_at_tpr`: FPR at 95 % TPR, the share of correct queries flagged when the threshold
+  on the uncertainty flags 95 % of the errors (lower is better) -- with AUROC and AUPR the
+  numbers failure predictors report (e.g. ViLU, ICCV 2025);
 * :func:`aurc`: the area under the risk-coverage curve (Geifman & El-Yaniv, 2017; lower is
   better) and E-AURC, its excess over the best order of the same errors;
 * :func:`risk_coverage`: points of that curve, for figures.
@@ -20,7 +25,14 @@ from scipy import stats
 
 from asymvlm.metrics.uncertainty import to_numpy_1d
 
-__all__ = ["aurc", "error_auroc", "expected_calibration_error", "risk_coverage"]
+__all__ = [
+    "aurc",
+    "error_aupr",
+    "error_auroc",
+    "expected_calibration_error",
+    "fpr_at_tpr",
+    "risk_coverage",
+]
 
 
 def error_auroc(uncertainty, error) -> float | None:
@@ -36,6 +48,56 @@ def error_auroc(uncertainty, error) -> float | None:
         return None
     ranks = stats.rankdata(u)  # average ranks: ties count half
     return float((ranks[e].sum() - n_err * (n_err + 1) / 2) / (n_err * n_ok))
+
+
+def _detection_curve(uncertainty, error) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+    """(true positives, false positives) at every distinct threshold on ``uncertainty``, from
+    the highest down (a query is flagged when its uncertainty is at least the threshold; tied
+    queries are flagged together), with the numbers of errors and of hits; None when every
+    query errs or none does."""
+    u = to_numpy_1d(uncertainty, "uncertainty")
+    e = to_numpy_1d(error, "error").astype(bool)
+    if u.shape != e.shape:
+        raise ValueError(f"lengths differ: {u.shape[0]} vs {e.shape[0]}")
+    n_err, n_ok = int(e.sum()), int((~e).sum())
+    if n_err == 0 or n_ok == 0:
+        return None
+    order = np.argsort(-u, kind="stable")
+    ranked = u[order]
+    last = np.r_[np.flatnonzero(ranked[1:] != ranked[:-1]), u.size - 1]  # end of each tie run
+    tp = np.cumsum(e[order])[last]
+    return tp, last + 1 - tp, n_err, n_ok
+
+
+def error_aupr(uncertainty, error) -> float | None:
+    """AUPR of ``uncertainty`` as a detector of ``error`` (errors are the positives): the
+    average precision sum_k (R_k - R_{k-1}) P_k over the distinct thresholds from the highest
+    uncertainty down (scikit-learn's ``average_precision_score``; tied queries are flagged
+    together). Chance level is the error rate, 1 a perfect detector. None when every query
+    errs or none does."""
+    curve = _detection_curve(uncertainty, error)
+    if curve is None:
+        return None
+    tp, fp, n_err, _ = curve
+    recall = tp / n_err
+    precision = tp / (tp + fp)
+    return float(np.sum(np.diff(recall, prepend=0.0) * precision))
+
+
+def fpr_at_tpr(uncertainty, error, tpr: float = 0.95) -> float | None:
+    """FPR at ``tpr`` TPR: flagging the queries whose ``uncertainty`` reaches a threshold,
+    the share of correct queries flagged at the highest threshold that flags at least ``tpr``
+    of the errors (the first point of the ROC curve with TPR >= ``tpr``; tied queries are
+    flagged together). 0 is a perfect detector, ``tpr`` a blind one on average. None when every
+    query errs or none does."""
+    if not 0 < tpr <= 1:
+        raise ValueError(f"tpr must lie in (0, 1], got {tpr}")
+    curve = _detection_curve(uncertainty, error)
+    if curve is None:
+        return None
+    tp, fp, n_err, n_ok = curve
+    first = int(np.argmax(tp / n_err >= tpr))  # the last point has TPR 1
+    return float(fp[first] / n_ok)
 
 
 def _selective_risk(uncertainty, error) -> tuple[np.ndarray, np.ndarray]:

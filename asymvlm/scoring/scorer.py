@@ -10,9 +10,11 @@ for the same caption in a table embedded with the same encoder:
     >>> scorer = Scorer.from_checkpoint("runs/demo/adapter")          # doctest: +SKIP
     >>> scorer.caption_uncertainty(["a dog", "a golden retriever catching a red frisbee"])
 
-``from_checkpoint`` takes a checkpoint folder or an MLflow model URI (``runs:/<run>/adapter``,
-``models:/<name>/<version>``) of a model logged by a sweep (:mod:`asymvlm.scoring.models`;
-:func:`asymvlm.checkpoints.resolve_checkpoint`).
+``from_checkpoint`` takes a checkpoint folder, an MLflow model URI (``runs:/<run>/adapter``,
+``models:/<name>/<version>``) of a model logged by a sweep (:mod:`asymvlm.scoring.models`) or a
+Hub model ``hf-hub:ORG/REPO[@REVISION]`` (:func:`asymvlm.checkpoints.resolve_checkpoint`);
+``from_pretrained`` takes model folders only (``asymvlm export``, the Hub), refusing one with a
+pickle or a changed file.
 Captions and images go through in batches of ``batch_size`` on the scorer's device.
 """
 
@@ -125,23 +127,47 @@ class Scorer:
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
+    def from_pretrained(
+        cls,
+        name: str,
+        *,
+        encoder: Any = None,
+        device: str = "auto",
+        dtype: str = "float32",
+        batch_size: int = 256,
+    ) -> Scorer:
+        """The adapter of a model folder (``asymvlm export``) or of a Hub repository
+        (``hf-hub:ORG/REPO[@REVISION]``, downloaded through ``huggingface_hub``: its cache,
+        ``HF_HUB_OFFLINE``, a token from the environment), with its encoder (as
+        :meth:`from_checkpoint`). A folder holding a pickle, or whose ``model.safetensors``
+        differs from the SHA-256 its ``config.json`` records, is refused naming the file."""
+        return cls.from_checkpoint(name, encoder=encoder, device=device, dtype=dtype,
+                                   batch_size=batch_size, pretrained=True)  # fmt: skip
+
+    @classmethod
     def from_checkpoint(
         cls,
         source: str,
         *,
-        encoder: str | None = None,
+        encoder: Any = None,
         device: str = "auto",
         dtype: str = "float32",
         batch_size: int = 256,
         tracking_uri: str | None = None,
+        pretrained: bool = False,
     ) -> Scorer:
-        """The adapter of ``source`` (a checkpoint folder or an MLflow model URI) with the
-        encoder its checkpoint names -- or ``encoder`` (a transformers id or folder, or an
-        ``open_clip:`` name) when given, e.g. for a model folder that moved. Local encoder files
-        that differ from those the tables were embedded with are refused unless ``encoder``
-        names them."""
-        folder = resolve_checkpoint(source, tracking_uri)
+        """The adapter of ``source`` (a checkpoint folder, an MLflow model URI or
+        ``hf-hub:ORG/REPO[@REVISION]``) with the encoder its checkpoint names -- or ``encoder``
+        when given: a transformers id or folder, or an ``open_clip:`` name (e.g. for a model
+        folder that moved), or an encoder object (:class:`~asymvlm.data.encoder.Encoder`, or a
+        :class:`~asymvlm.scoring.TableEncoder` for tables without an encoder). Local encoder
+        files that differ from those the tables were embedded with are refused unless
+        ``encoder`` names them. ``pretrained``: ``source`` must be a model folder
+        (:meth:`from_pretrained`)."""
+        folder = resolve_checkpoint(source, tracking_uri, pretrained=pretrained)
         method, meta = load_checkpoint(folder, "cpu")
+        if encoder is not None and not isinstance(encoder, str):  # an encoder, already loaded
+            return cls(method, meta, encoder, batch_size=batch_size)
         recorded = meta.get("encoder") or {}
         name = encoder or recorded.get("model") or meta.get("embedding_model")
         if not name or name in NOT_AN_ENCODER:
@@ -189,11 +215,14 @@ class Scorer:
 
     def _embed_captions(self, captions: list[str]) -> dict[str, torch.Tensor]:
         """Unit embeddings, raw norms (and pre-projection features) of the captions."""
-        return self._on_device([
-            self.encoder.encode_texts(captions[start : start + self.batch_size],
-                                      pre=self.uses_pre)
-            for start in range(0, len(captions), self.batch_size)
-        ])  # fmt: skip
+        parts = []
+        for start in range(0, len(captions), self.batch_size):
+            try:
+                parts.append(self.encoder.encode_texts(captions[start : start + self.batch_size],
+                                                       pre=self.uses_pre))  # fmt: skip
+            except ScoringInputError as exc:  # positions are the call's, not the batch's
+                raise exc.moved(start) from None
+        return self._on_device(parts)
 
     def _on_device(self, parts: list[tuple[np.ndarray, ...]]) -> dict[str, torch.Tensor]:
         """The encoder's batches -- (unit, norm[, pre]) each -- joined, on the device."""

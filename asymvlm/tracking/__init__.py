@@ -29,6 +29,7 @@ from asymvlm.tracking.queries import (
     experiment_runs,
     json_artifact,
     last_step,
+    model_run,
 )
 from asymvlm.tracking.runs import (
     Run,
@@ -75,6 +76,7 @@ __all__ = [
     "invalid_input",
     "json_artifact",
     "last_step",
+    "model_run",
     "open_run",
     "pending",
     "pending_line",

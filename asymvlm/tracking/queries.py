@@ -7,7 +7,7 @@ from typing import Any
 
 from asymvlm.tracking.store import global_tracking_uri, relocate_once
 
-__all__ = ["child_runs", "download", "experiment_runs", "json_artifact", "last_step"]
+__all__ = ["child_runs", "download", "experiment_runs", "json_artifact", "last_step", "model_run"]
 
 
 def child_runs(
@@ -77,3 +77,39 @@ def download(uri: str, tracking_uri: str | None = None) -> str:
         relocate_once(tracking_uri)
     with global_tracking_uri(tracking_uri or None):  # runs:/ URIs resolve through it
         return mlflow.artifacts.download_artifacts(artifact_uri=uri)
+
+
+def model_run(uri: str, tracking_uri: str | None = None) -> dict[str, Any] | None:
+    """The run that logged the model ``uri`` (``runs:/<run>/<path>``, ``models:/<name>/<version>``
+    or ``models:/<name>@<alias>``): ``{"run_id", "run_name", "experiment", "metrics",
+    "params"}`` with the run's latest metric values; None for other URIs."""
+    from mlflow import MlflowClient
+
+    from asymvlm.config import redact
+
+    if tracking_uri:
+        relocate_once(tracking_uri)
+    with global_tracking_uri(tracking_uri or None):
+        client = MlflowClient(tracking_uri or None)
+        if uri.startswith("runs:/"):
+            run_id = uri.removeprefix("runs:/").split("/", 1)[0]
+        elif uri.startswith("models:/"):
+            name, at, alias = uri.removeprefix("models:/").partition("@")
+            if at:
+                version = client.get_model_version_by_alias(name, alias)
+            else:
+                name, _, number = name.partition("/")
+                version = client.get_model_version(name, number.split("/")[0])
+            run_id = version.run_id
+        else:
+            return None
+        run = client.get_run(run_id)
+        experiment = client.get_experiment(run.info.experiment_id)
+    return {
+        "run_id": run_id,
+        "run_name": run.info.run_name,
+        "experiment": experiment.name if experiment else None,
+        "tracking_uri": redact(tracking_uri) if tracking_uri else None,
+        "metrics": dict(run.data.metrics),
+        "params": dict(run.data.params),
+    }

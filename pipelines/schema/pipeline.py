@@ -66,12 +66,16 @@ class SyntheticClasses(StrictModel):
     (:class:`asymvlm.synthetic.ClassificationSpec`): ``ROOT-positives``, ``ROOT-negatives`` and,
     for a world with two domains, ``ROOT-zeroshot`` (split ``test``)."""
 
-    level: Annotated[int, Field(ge=0)] = 1
-    n_classes: PositiveInt | None = None
-    positives: PositiveInt = 1000
-    negatives: PositiveInt = 1000
-    zeroshot: PositiveInt = 1000
-    templates: Annotated[list[str], Field(min_length=1)] | None = None
+    level: Annotated[int, Field(ge=0)] = Field(1, description="the concept level of the classes")
+    n_classes: PositiveInt | None = Field(
+        None, description="classes per set (default: every concept of the level in the domain)"
+    )
+    positives: PositiveInt = Field(1000, description="images of the positive set")
+    negatives: PositiveInt = Field(1000, description="images of the negative set")
+    zeroshot: PositiveInt = Field(1000, description="images of the zero-shot domain's set")
+    templates: Annotated[list[str], Field(min_length=1)] | None = Field(
+        None, description="prompt templates with {} for the class name (default: the world's)"
+    )
 
 
 #: The sets :func:`asymvlm.synthetic.write_classification_sets` writes, by role.
@@ -87,12 +91,22 @@ class SyntheticPrepare(StrictModel):
     or the keys of :class:`SyntheticClasses`) also writes the classification sets."""
 
     model_config = ConfigDict(extra="allow")
-    output: Absolute
-    preset: Literal["demo", "coco"] | None = None
-    train_images: PositiveInt | None = None
-    val_images: Annotated[int, Field(ge=0)] | None = None
-    test_images: Annotated[int, Field(ge=0)] | None = None
-    classes: SyntheticClasses | None = None
+    output: Absolute = Field(description="the world's table root")
+    preset: Literal["demo", "coco"] | None = Field(
+        None, description="a named world (asymvlm.synthetic.PRESETS); any WorldConfig knob "
+        "given beside it (e.g. dim, misalignment) overrides the preset's"
+    )
+    train_images: PositiveInt | None = Field(None, description="images of the train split")
+    val_images: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="images of the val split (0: none)"
+    )
+    test_images: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="images of the test split (0: none)"
+    )
+    classes: SyntheticClasses | None = Field(
+        None, description="true (every default) or the keys below: also write the "
+        "classification sets (ROOT-positives, ROOT-negatives, ROOT-zeroshot)"
+    )
 
     @field_validator("classes", mode="before")
     @classmethod
@@ -154,17 +168,23 @@ class SyntheticPrepare(StrictModel):
 
 
 class HierarCapsCifarPrepare(StrictModel):
-    hierarcaps: str
-    output: Absolute
-    n_classes: Annotated[int, Field(ge=2)] = 5
+    """``prepare.hierarcaps_cifar``: a small classification set cut from HierarCaps images."""
+
+    hierarcaps: str = Field(description="the HierarCaps folder (csv and images)")
+    output: Absolute = Field(description="the folder the set's images and annotations go to")
+    n_classes: Annotated[int, Field(ge=2)] = Field(5, description="classes of the set")
 
 
 class PrepareConfig(StrictModel):
     """Offline stand-ins written before the embedding stage."""
 
-    tiny_clip: Absolute | None = None
-    synthetic: SyntheticPrepare | None = None
-    hierarcaps_cifar: HierarCapsCifarPrepare | None = None
+    tiny_clip: Absolute | None = Field(
+        None, description="write a tiny random CLIP here (plumbing runs, no download)"
+    )
+    synthetic: SyntheticPrepare | None = Field(None, description="write a synthetic world")
+    hierarcaps_cifar: HierarCapsCifarPrepare | None = Field(
+        None, description="write a classification set from HierarCaps images"
+    )
 
 
 # -- embed --------------------------------------------------------------------------------------
@@ -172,8 +192,10 @@ class EmbedSection(StrictModel):
     """``embed``: ``defaults`` + ``jobs``, each job an :class:`~asymvlm.data.embed.EmbedConfig`
     once the defaults are merged into it."""
 
-    defaults: dict[str, Any] = Field(default_factory=dict)
-    jobs: list[EmbedConfig] = Field(default_factory=list)
+    defaults: dict[str, Any] = Field(
+        default_factory=dict, description="keys every job takes unless it sets them"
+    )
+    jobs: list[EmbedConfig] = Field(default_factory=list, description="the embedding jobs")
 
     @model_validator(mode="before")
     @classmethod
@@ -188,7 +210,9 @@ class EmbedSection(StrictModel):
 
 
 class ReportConfig(StrictModel):
-    output: str | None = None
+    """``report``: where the report goes."""
+
+    output: str | None = Field(None, description="the report's folder (default: OUTPUT/report)")
 
 
 # -- the pipeline -------------------------------------------------------------------------------
@@ -199,15 +223,26 @@ class PipelineConfig(StrictModel):
     sweep gets the pipeline's MLflow store and storage and the output
     ``<output>/sweeps/<name>`` unless it names one, before it is validated."""
 
-    name: str
-    output: Absolute
-    storage: StorageSettings = Field(default_factory=StorageSettings)
-    mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
-    prepare: PrepareConfig = Field(default_factory=PrepareConfig)
-    embed: EmbedSection = Field(default_factory=EmbedSection)
-    sweeps: list[SweepConfig] = Field(default_factory=list)  # type: ignore[valid-type]
-    evaluations: list[Evaluation] = Field(default_factory=list)  # type: ignore[valid-type]
-    report: ReportConfig = Field(default_factory=ReportConfig)
+    name: str = Field(description="the pipeline's name (MLflow experiment asymvlm-<name>)")
+    output: Absolute = Field(
+        description="everything lands below it (a folder or an object-store URI); ${output} "
+        "in any value"
+    )
+    storage: StorageSettings = Field(default_factory=StorageSettings,
+                                     description="how the output is shared between nodes")
+    mlflow: MlflowSettings = Field(default_factory=MlflowSettings,
+                                   description="the tracking store and experiment")
+    prepare: PrepareConfig = Field(default_factory=PrepareConfig,
+                                   description="offline stand-ins written first")
+    embed: EmbedSection = Field(default_factory=EmbedSection,
+                                description="the embedding stage's jobs")
+    sweeps: list[SweepConfig] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="the Tune sweeps (each needs a name)"
+    )
+    evaluations: list[Evaluation] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="the paper's evaluations, by kind"
+    )
+    report: ReportConfig = Field(default_factory=ReportConfig, description="the report")
 
     @model_validator(mode="before")
     @classmethod

@@ -17,7 +17,8 @@ class ServeConfig(StrictModel):
     """``pipelines/serve.py``: a scorer (:class:`asymvlm.Scorer`) behind Ray Serve."""
 
     checkpoint: str = Field(
-        description="a checkpoint folder or an MLflow model URI (runs:/..., models:/...)"
+        description="a checkpoint or model folder, an MLflow model URI (runs:/..., "
+        "models:/...) or a Hub model (hf-hub:ORG/REPO[@REVISION])"
     )
     encoder: str | None = Field(None, description="instead of the encoder the checkpoint names")
     tracking_uri: str | None = Field(

@@ -132,9 +132,11 @@ class _SweepBase(StrictModel):
     num_workers: PositiveInt = Field(
         1, description="DDP workers per trial (> 1: each trial drives a TorchTrainer)"
     )
-    mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
+    mlflow: MlflowSettings = Field(default_factory=MlflowSettings,
+                                   description="the tracking store and experiment")
     output: Absolute = Field(description="the sweep's folder (default: runs/<experiment>)")
-    storage: StorageSettings = Field(default_factory=StorageSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings,
+                                     description="how the output is shared between nodes")
     max_failures: Annotated[int, Field(ge=0)] = Field(
         1, description="retries of a failed trial (from its last checkpoint)"
     )

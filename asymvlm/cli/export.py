@@ -1,0 +1,52 @@
+"""``asymvlm export``: a trained adapter as a Hugging Face model folder
+(:func:`asymvlm.checkpoints.export_adapter`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from asymvlm.cli.common import Help
+
+logger = logging.getLogger("asymvlm.cli")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from asymvlm.checkpoints import export_adapter
+
+    config = export_adapter(args.checkpoint, args.output, tracking_uri=args.tracking_uri,
+                            repo=args.repo, license=args.license,
+                            overwrite=args.overwrite)  # fmt: skip
+    where = args.repo or "ORG/REPO"
+    logger.info("%s adapter exported to %s (model.safetensors, config.json, README.md); "
+                "publish it with: hf upload %s %s", config["method"], args.output, where,
+                args.output)  # fmt: skip
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write an adapter as a Hugging Face model folder (safetensors + model card)",
+        formatter_class=Help,
+        description="Write the adapter of a checkpoint folder or an MLflow model as a model "
+        "folder in the Hugging Face layout: model.safetensors (weights, no pickle), config.json "
+        "(method, width, protocol, the encoder's name/revision/hash, the input calibration, the "
+        "SHA-256 of the weights) and README.md (the model card, with the run's metrics for an "
+        "MLflow model). Load it with --checkpoint FOLDER or, once uploaded (hf upload ORG/REPO "
+        "FOLDER), --checkpoint hf-hub:ORG/REPO.",
+    )
+    p.add_argument("--checkpoint", required=True, metavar="DIR|URI",
+                   help="checkpoint folder or MLflow model URI (runs:/<run>/adapter, "
+                   "models:/<name>/<version>)")  # fmt: skip
+    p.add_argument("--output", required=True, metavar="FOLDER", help="the model folder to write")
+    p.add_argument("--repo", default=None, metavar="ORG/REPO",
+                   help="the Hub repository it will be uploaded to (named in the card's "
+                   "snippets)")  # fmt: skip
+    p.add_argument("--license", default="apache-2.0", help="the card's license")
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                   help="the MLflow store of a runs:/ or models:/ URI (default: "
+                   "$MLFLOW_TRACKING_URI)")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export there")
+    p.set_defaults(func=cmd_export)
