@@ -412,6 +412,7 @@ def _copied(path: str, note: str) -> Callable[[], str]:
         with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
             text = fh.read()
         title, _, rest = text.partition("\n")
+        rest = rest.replace("](../docs/", "](")  # the docs folder is the site's root
         return f"{title}\n\n*{note} (`{path}`).*\n{rest}"
 
     return page
