@@ -57,7 +57,7 @@ def keep_credentials_on_nodes() -> None:
 
 logger = logging.getLogger("pipelines")
 
-#: How long the end of a job waits for MLflow to take the writes that wait in its spool.
+#: How long the end of a job waits for MLflow to take a write that waits in its spool.
 DRAIN_S = 60.0
 
 
@@ -77,8 +77,9 @@ def spool_folder(output: str) -> str:
 @contextmanager
 def tracking_spool(output: str, drain_s: float = DRAIN_S) -> Iterator[str]:
     """The MLflow writes of this process wait in :func:`spool_folder` while their store is
-    unreachable; at the end they are given up to ``drain_s`` seconds to land, and those still
-    waiting are named in one line with the command that replays them."""
+    unreachable; at the end they are sent, for as long as they land and for ``drain_s`` seconds
+    once none does, and those still waiting are named in one line with the command that
+    replays them."""
     from asymvlm import tracking
 
     folder = spool_folder(output)
@@ -90,10 +91,7 @@ def tracking_spool(output: str, drain_s: float = DRAIN_S) -> Iterator[str]:
             logger.info("MLflow: %d write(s) waited in %s; sending them (up to %.0f s)",
                         tracking.pending(), folder, drain_s)  # fmt: skip
             tracking.drain(drain_s)
-        line = tracking.pending_line()
-        if line:
-            logger.warning("%s", line)
-        tracking.use_spool(None)
+        tracking.use_spool(None)  # what still waits is named, with the command that replays it
 
 
 def ship_by_value(module: str) -> None:

@@ -6,7 +6,7 @@ is forwarded as it is, except -- while a fault window is open -- a share of them
 object store under load does. The window is opened from the test (:meth:`FlakyProxy.fail`) or,
 when the proxy runs as a process of its own (``python -m tests.faults --listen PORT --upstream
 URL``), by ``POST /__faults__?share=0.3&seconds=15`` on the proxy; ``GET /__faults__`` gives its
-counts (requests, failed, by kind) as JSON.
+counts (requests, failed, by kind, the paths failed) as JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 #: Headers that belong to one connection, not to the request (RFC 9110 section 7.6.1).
@@ -40,7 +41,8 @@ class FlakyProxy:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.share, self.until = 0.0, 0.0
-        self.counts = {"requests": 0, "failed": 0, "503": 0, "drop": 0}
+        self.counts: dict[str, Any] = {"requests": 0, "failed": 0, "503": 0, "drop": 0,
+                                       "failed_paths": []}  # fmt: skip
         self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -52,8 +54,8 @@ class FlakyProxy:
         with self._lock:
             self.share, self.until = float(share), time.monotonic() + float(seconds)
 
-    def _fault(self) -> str | None:
-        """The fault of the request now coming in (None: forward it)."""
+    def _fault(self, path: str) -> str | None:
+        """The fault of the request for ``path`` now coming in (None: forward it)."""
         with self._lock:
             self.counts["requests"] += 1
             if time.monotonic() >= self.until or self._rng.random() >= self.share:
@@ -61,6 +63,8 @@ class FlakyProxy:
             mode = self._rng.choice(self.modes)
             self.counts["failed"] += 1
             self.counts[mode] += 1
+            if len(self.counts["failed_paths"]) < 1000:
+                self.counts["failed_paths"].append(urlsplit(path).path)
             return mode
 
     # -- serving ------------------------------------------------------------------------------
@@ -117,7 +121,7 @@ class FlakyProxy:
                 if self.path.startswith(CONTROL):
                     return self._control()
                 body = self._body()
-                fault = proxy._fault()
+                fault = proxy._fault(self.path)
                 if fault == "drop":  # the connection goes, no answer
                     self.close_connection = True
                     self.connection.close()

@@ -350,3 +350,29 @@ def test_a_wrong_write_still_raises_while_the_server_is_up(server, spool_dir) ->
     again.end()
     assert client.get_run(run.id).info.status == "FINISHED"
     assert _history(client, run.id, "loss") == [(7, 0.1)]
+
+
+class _Store:
+    """A writer whose store takes one waiting write per try (``landing``) or none."""
+
+    def __init__(self, waiting: int, landing: bool) -> None:
+        self.waiting, self.landing = waiting, landing
+
+    def drain_once(self) -> int:
+        time.sleep(0.2)  # a slow store: each try takes a while
+        if self.landing:
+            self.waiting = max(0, self.waiting - 1)
+        return self.waiting
+
+
+def test_drain_waits_while_writes_land_and_gives_up_without_progress(monkeypatch) -> None:
+    from asymvlm.tracking import writer
+
+    slow = _Store(6, landing=True)  # 6 tries of 0.2 s plus the pauses: well past 0.5 s
+    monkeypatch.setattr(writer, "_writers", {"http://slow": slow})
+    t0 = time.monotonic()
+    assert writer.drain(0.5) == 0 and time.monotonic() - t0 > 1.0
+    stuck = _Store(3, landing=False)
+    monkeypatch.setattr(writer, "_writers", {"http://stuck": stuck})
+    t0 = time.monotonic()
+    assert writer.drain(0.5) == 3 and time.monotonic() - t0 < 2.0

@@ -318,13 +318,18 @@ def pending() -> int:
 
 
 def drain(timeout_s: float) -> int:
-    """Try the waiting writes (every second) until all landed or ``timeout_s`` passed; the
-    number still waiting."""
+    """Try the waiting writes (every second) until all landed, or until ``timeout_s`` passed
+    without one landing (a store that is back but slow is waited for); the number still
+    waiting."""
     deadline = time.monotonic() + timeout_s
+    before = None
     while True:
         with _registry:
             writers = list(_writers.values())
         left = sum(each.drain_once() for each in writers)
+        if before is not None and left < before:  # progress: the store is back
+            deadline = time.monotonic() + timeout_s
+        before = left
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))

@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
 # Two Ray nodes on one machine, run inside a fresh network namespace (`unshare --net`), so every
 # address is loopback and nothing clashes with other Ray instances on the machine:
-#   * an S3 server (moto): the only storage the nodes share;
-#   * an MLflow tracking server (SQLite on the head, artifacts in the bucket);
+#   * an S3 server (moto): the only storage the nodes share; a proxy in front of it that fails
+#     a share of the requests on demand (tests/faults.py);
+#   * an MLflow tracking server (SQLite on the head, artifacts in the bucket, written through
+#     the proxy);
 #   * a head offering 0 CPUs (so training can only run on the worker), with the dashboard;
 #   * a worker with 2 CPUs in its own mount and PID namespaces, a private tmpfs over its scratch
 #     directory (a local path written on one node does not exist on the other).
-# Then the pipeline is submitted with `ray job submit`, once with an s3:// output (must succeed)
-# and once with a local output (must fail: shared storage is needed). Findings go to $RESULTS.
+# Then jobs are submitted with `ray job submit` (findings go to $RESULTS):
+#   1. s3: the pipeline with an s3:// output; the trial's process SIGKILLs itself once after
+#      epoch 2 (it must succeed);
+#   2. local: the pipeline with a local output (it must fail: shared storage is needed);
+#   3. node: a sweep whose trial holds after its checkpoint of epoch 2, when the worker node is
+#      killed whole (its PID namespace ended, its tmpfs gone); a new worker node is started;
+#   4. outage: a sweep during which the MLflow server is stopped for longer than the client's
+#      (shortened) retries, then started again;
+#   5. flaky: a sweep whose S3 requests go through the proxy, failing 30 % of them for 40 s from
+#      the job's start (table reads, checkpoints, Tune's state).
 # Usage (from the repository root):
 #   unshare --net --pid --fork --mount-proc bash tests/multinode/cluster.sh RESULTS_DIR
 # Its own PID namespace (with /proc remounted) keeps `ray stop` from seeing, let alone stopping,
@@ -25,20 +35,22 @@ export HOME="$T/home"              # a private ~/.ray (auth token) for this clus
 export RAY_TMPDIR="$T/tmp" && mkdir -p "$RAY_TMPDIR"
 export PATH="$BIN:$PATH"
 export RAY_USAGE_STATS_ENABLED=0
-S3=5555 MLF=5556 GCS=6390 DASH=8270
+# A node that is gone is noticed within seconds (Ray's default: 5 missed checks of 3 s each).
+export RAY_health_check_period_ms=1000 RAY_health_check_timeout_ms=1000
+export RAY_health_check_failure_threshold=3
+S3=5555 MLF=5556 GCS=6390 DASH=8270 PROXY=5557
 export AWS_ENDPOINT_URL="http://127.0.0.1:$S3" MLFLOW_S3_ENDPOINT_URL="http://127.0.0.1:$S3"
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1
 PIDS=()
 WORKER_PID=""
+MLF_PID=""
 log() { echo "[cluster $(date +%T)] $*" >&2; }
+stamp() { echo "$1 $(date +%s.%N)" >>"$RESULTS/times.txt"; }
 cleanup() {
     log "cleanup"
-    if [ -n "$WORKER_PID" ]; then   # the worker's PID namespace: its init ends, all its processes go
-        kill -TERM "$WORKER_PID" 2>/dev/null
-        for _ in $(seq 20); do kill -0 "$WORKER_PID" 2>/dev/null || break; sleep 0.5; done
-        kill -KILL "$WORKER_PID" 2>/dev/null
-    fi
+    stop_worker
     ray stop --force >/dev/null 2>&1
+    [ -n "$MLF_PID" ] && kill -KILL -- -"$MLF_PID" 2>/dev/null
     for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
     sleep 1
     for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
@@ -54,18 +66,81 @@ wait_port() {
     log "port $1 never opened"; return 1
 }
 
-log "S3 server"
+start_mlflow() {  # its own process group (server and workers), stopped as one
+    setsid env MLFLOW_S3_ENDPOINT_URL="http://127.0.0.1:$PROXY" AWS_RETRY_MODE=standard \
+        AWS_MAX_ATTEMPTS=10 "$BIN/mlflow" server \
+        --backend-store-uri "sqlite:///$T/head/mlflow.db" \
+        --artifacts-destination s3://bucket/mlartifacts --host 127.0.0.1 --port "$MLF" \
+        --workers 1 >>"$RESULTS/mlflow.log" 2>&1 &
+    MLF_PID=$!
+}
+stop_mlflow() {
+    kill -TERM -- -"$MLF_PID" 2>/dev/null
+    for _ in $(seq 20); do kill -0 "$MLF_PID" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL -- -"$MLF_PID" 2>/dev/null
+    MLF_PID=""
+}
+
+start_worker() {  # LOGNAME: a node of its own (mount and PID namespaces, a fresh tmpfs)
+    unshare --mount --pid --fork --kill-child bash -c '
+        mount -t tmpfs tmpfs "$1" && mkdir -p "$1/ray" || exit 1
+        exec ray start --address "127.0.0.1:$2" --node-ip-address 127.0.0.1 --num-cpus 2 \
+            --resources "{\"trainer\": 2}" --temp-dir "$1/ray" --block --disable-usage-stats
+    ' worker "$T/wk" "$GCS" >"$RESULTS/$1.log" 2>&1 &
+    WORKER_PID=$!
+}
+stop_worker() {  # the node goes whole: the init of its PID namespace dies, and so does all in it
+    [ -n "$WORKER_PID" ] || return 0
+    local init
+    init="$(pgrep -P "$WORKER_PID" | head -1)"
+    [ -n "$init" ] && kill -KILL "$init" 2>/dev/null
+    for _ in $(seq 20); do kill -0 "$WORKER_PID" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL "$WORKER_PID" 2>/dev/null
+    WORKER_PID=""
+}
+wait_nodes() {  # N: until N nodes are alive
+    "$PY" - "$GCS" "$1" <<'PYEOF'
+import sys, time, ray
+ray.init(address=f"127.0.0.1:{sys.argv[1]}", logging_level="ERROR")
+for _ in range(240):
+    if len([n for n in ray.nodes() if n["Alive"]]) == int(sys.argv[2]):
+        break
+    time.sleep(0.5)
+else:
+    sys.exit(f"never {sys.argv[2]} nodes")
+print(ray.cluster_resources(), file=sys.stderr)
+PYEOF
+}
+wait_journal() {  # OUTPUT EPOCH: until a trial of the sweep at s3://bucket/OUTPUT has
+    # checkpointed EPOCH (its journal record; the driver writes it when the checkpoint is in)
+    "$PY" - "$1" "$2" <<'PYEOF'
+import json, sys, time
+import s3fs
+fs = s3fs.S3FileSystem()
+for _ in range(360):
+    fs.invalidate_cache()
+    for key in fs.glob(f"bucket/{sys.argv[1]}/journal/trials/*.json"):
+        record = json.loads(fs.cat_file(key))
+        if record.get("epoch", 0) >= int(sys.argv[2]) and "final" not in record:
+            sys.exit(0)
+    time.sleep(0.5)
+sys.exit("the trial never got there")
+PYEOF
+}
+
+log "S3 server and the proxy in front of it"
 "$PY" -m moto.server -H 127.0.0.1 -p "$S3" >"$RESULTS/moto.log" 2>&1 & PIDS+=($!)
+"$PY" -m tests.faults --listen "$PROXY" --upstream "http://127.0.0.1:$S3" --seed 1 \
+    >"$RESULTS/proxy.log" 2>&1 & PIDS+=($!)
 wait_port "$S3" || exit 3
+wait_port "$PROXY" || exit 3
 "$PY" - <<'PYEOF' || exit 3
 import s3fs
 s3fs.S3FileSystem().mkdir("bucket")
 PYEOF
 
 log "MLflow server"
-"$BIN/mlflow" server --backend-store-uri "sqlite:///$T/head/mlflow.db" \
-    --artifacts-destination s3://bucket/mlartifacts --host 127.0.0.1 --port "$MLF" \
-    --workers 1 >"$RESULTS/mlflow.log" 2>&1 & PIDS+=($!)
+start_mlflow
 
 log "token and head"
 ray get-auth-token --generate >/dev/null 2>&1
@@ -76,69 +151,87 @@ ray start --head --num-cpus 0 --node-ip-address 127.0.0.1 --port "$GCS" \
     --disable-usage-stats >"$RESULTS/head.log" 2>&1 || { cat "$RESULTS/head.log" >&2; exit 4; }
 
 log "worker"
-unshare --mount --pid --fork bash -c '
-    mount -t tmpfs tmpfs "$1" && mkdir -p "$1/ray" || exit 1
-    exec ray start --address "127.0.0.1:$2" --node-ip-address 127.0.0.1 --num-cpus 2 \
-        --resources "{\"trainer\": 2}" --temp-dir "$1/ray" --block --disable-usage-stats
-' worker "$T/wk" "$GCS" >"$RESULTS/worker.log" 2>&1 &
-WORKER_PID=$!
+start_worker worker
 wait_port "$MLF" || exit 5
-"$PY" - "$GCS" <<'PYEOF' || exit 6
-import sys, time, ray
-ray.init(address=f"127.0.0.1:{sys.argv[1]}", logging_level="ERROR")
-for _ in range(120):
-    if len([n for n in ray.nodes() if n["Alive"]]) == 2:
-        break
-    time.sleep(0.5)
-else:
-    sys.exit("the worker never joined")
-print(ray.cluster_resources(), file=sys.stderr)
-PYEOF
+wait_nodes 2 || exit 6
 
-submit() {  # OUTPUT LOGFILE [--runtime-env-json JSON] [extra --set ...]
-    local output="$1" logfile="$2" env=()
-    shift 2
+submit() {  # SCRIPT CONFIG OUTPUT LOGFILE [--runtime-env-json JSON] [extra --set ...]
+    local script="$1" config="$2" output="$3" logfile="$4" env=()
+    shift 4
     if [ "${1:-}" = "--runtime-env-json" ]; then env=("$1" "$2"); shift 2; fi
     ray job submit --address "http://127.0.0.1:$DASH" --working-dir . "${env[@]}" -- \
-        python pipelines/full.py --config tests/multinode/config.yaml --output "$output" \
-        --verbose --set "mlflow.tracking_uri=http://127.0.0.1:$MLF" "$@" >"$logfile" 2>&1
+        python "$script" --config "$config" --verbose \
+        --set "mlflow.tracking_uri=http://127.0.0.1:$MLF" --set "output=$output" "$@" \
+        >"$logfile" 2>&1
 }
-log "job: s3 output"
+finish() {  # NAME PID START: wait for a job in the background, record its exit code and time
+    wait "$2"; echo $? >"$RESULTS/job-$1.rc"
+    echo "$(( $(date +%s) - $3 ))" >"$RESULTS/job-$1.seconds"
+}
+PIPELINE=(pipelines/full.py tests/multinode/config.yaml)
+DRILL=(pipelines/sweep.py tests/multinode/sweep.yaml)
+
+log "job 1: s3 output"
 start=$(date +%s)
 # The trial's process SIGKILLs itself once after reporting the checkpoint of epoch 2 (the marker
 # lives on the worker's private tmpfs); Tune restarts it from the checkpoint in the bucket.
 FAULT="{\"env_vars\": {\"ASYMVLM_FAULT_INJECTION\": \"epoch=2,rank=0,marker=$T/wk/killed\"}}"
-submit s3://bucket/run "$RESULTS/job-s3.log" --runtime-env-json "$FAULT"
-echo $? >"$RESULTS/job-s3.rc"
-echo $(( $(date +%s) - start )) >"$RESULTS/job-s3.seconds"
-log "job: local output"
+submit "${PIPELINE[@]}" s3://bucket/run "$RESULTS/job-s3.log" --runtime-env-json "$FAULT" &
+finish s3 $! "$start"
+
+log "job 2: local output"
 # The inputs stay in the bucket (the first job wrote them), so the only fault is the local
 # output.
-submit "$T/head/local-run" "$RESULTS/job-local.log" \
+start=$(date +%s)
+submit "${PIPELINE[@]}" "$T/head/local-run" "$RESULTS/job-local.log" \
     --set sweeps.0.embeddings=s3://bucket/run/tables/synthetic \
-    --set evaluations.0.data=s3://bucket/run/tables/synthetic:test; echo $? >"$RESULTS/job-local.rc"
+    --set evaluations.0.data=s3://bucket/run/tables/synthetic:test &
+finish local $! "$start"
+
+log "job 3: the worker node is lost mid-trial"
+start=$(date +%s)
+HOLD="{\"env_vars\": {\"ASYMVLM_FAULT_INJECTION\": \"epoch=2,action=pause,seconds=120,marker=$T/wk/held\"}}"
+submit "${DRILL[@]}" s3://bucket/node "$RESULTS/job-node.log" --runtime-env-json "$HOLD" \
+    --set mlflow.experiment=drill-node &
+job=$!
+if wait_journal node 2; then
+    stamp node-killed
+    log "the worker node goes"
+    stop_worker
+    sleep 5
+    log "a new worker node"
+    start_worker worker2
+    wait_nodes 2 && stamp node-joined
+fi
+finish node "$job" "$start"
+
+log "job 4: the tracking server goes away mid-sweep"
+start=$(date +%s)
+SHORT="{\"env_vars\": {\"MLFLOW_HTTP_REQUEST_MAX_RETRIES\": \"1\", \"MLFLOW_HTTP_REQUEST_TIMEOUT\": \"10\", \"MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR\": \"1\", \"ASYMVLM_FAULT_INJECTION\": \"epoch=1,action=pause,seconds=8,marker=$T/wk/held-outage\"}}"
+submit "${DRILL[@]}" s3://bucket/outage "$RESULTS/job-outage.log" --runtime-env-json "$SHORT" \
+    --set mlflow.experiment=drill-outage --set "seeds=[0, 1]" &
+job=$!
+if wait_journal outage 1; then
+    log "the MLflow server stops"
+    stamp mlflow-stopped
+    stop_mlflow
+    sleep 30
+    log "the MLflow server starts again"
+    start_mlflow
+    wait_port "$MLF" && stamp mlflow-started
+fi
+finish outage "$job" "$start"
+
+log "job 5: the object store fails 30 % of the requests"
+start=$(date +%s)
+FLAKY="{\"env_vars\": {\"AWS_ENDPOINT_URL\": \"http://127.0.0.1:$PROXY\"}}"
+"$PY" -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:$PROXY/__faults__?share=0.3&seconds=40', method='POST'))"
+stamp faults-opened
+submit "${DRILL[@]}" s3://bucket/flaky "$RESULTS/job-flaky.log" --runtime-env-json "$FLAKY" \
+    --set mlflow.experiment=drill-flaky &
+finish flaky $! "$start"
 ray list jobs --address "http://127.0.0.1:$DASH" --format json >"$RESULTS/jobs.json" 2>/dev/null
 
 log "collect"
-"$PY" - "$RESULTS" "http://127.0.0.1:$MLF" <<'PYEOF'
-import json, sys
-import s3fs
-from mlflow import MlflowClient
-out, uri = sys.argv[1], sys.argv[2]
-fs = s3fs.S3FileSystem()
-keys = fs.find("bucket")
-# The history in the last checkpoint of the (killed and resumed) training run.
-last = sorted(k for k in keys if k.startswith("bucket/run/sweeps/tiny/tune/trials/")
-              and k.endswith("/history.jsonl"))
-history = [json.loads(line) for line in fs.cat_file(last[-1]).decode().splitlines()
-           if line.strip()] if last else []
-client = MlflowClient(uri)
-runs = []
-for exp in client.search_experiments():
-    for run in client.search_runs([exp.experiment_id]):
-        runs.append({"experiment": exp.name, "run_id": run.info.run_id,
-                     "status": run.info.status, "artifact_uri": run.info.artifact_uri,
-                     "tags": dict(run.data.tags)})
-json.dump({"keys": keys, "runs": runs, "history": history}, open(f"{out}/found.json", "w"), indent=1)
-PYEOF
+"$PY" tests/multinode/collect.py "$RESULTS" "http://127.0.0.1:$MLF" "http://127.0.0.1:$PROXY"
 log "done"
