@@ -35,10 +35,9 @@ __all__ = [
 ]
 
 
-def error_auroc(uncertainty, error) -> float | None:
-    """AUROC of ``uncertainty`` as a predictor of ``error`` (a bool per query): the probability
-    that an erring query is more uncertain than a correct one, ties counting half
-    (Mann-Whitney U). None when every query errs or none does."""
+def _errors_and_hits(uncertainty, error) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+    """``(uncertainty, error as bools, number of errors, number of hits)`` as arrays of the same
+    length; None when every query errs or none does (nothing to detect)."""
     u = to_numpy_1d(uncertainty, "uncertainty")
     e = to_numpy_1d(error, "error").astype(bool)
     if u.shape != e.shape:
@@ -46,6 +45,17 @@ def error_auroc(uncertainty, error) -> float | None:
     n_err, n_ok = int(e.sum()), int((~e).sum())
     if n_err == 0 or n_ok == 0:
         return None
+    return u, e, n_err, n_ok
+
+
+def error_auroc(uncertainty, error) -> float | None:
+    """AUROC of ``uncertainty`` as a predictor of ``error`` (a bool per query): the probability
+    that an erring query is more uncertain than a correct one, ties counting half
+    (Mann-Whitney U). None when every query errs or none does."""
+    checked = _errors_and_hits(uncertainty, error)
+    if checked is None:
+        return None
+    u, e, n_err, n_ok = checked
     ranks = stats.rankdata(u)  # average ranks: ties count half
     return float((ranks[e].sum() - n_err * (n_err + 1) / 2) / (n_err * n_ok))
 
@@ -55,13 +65,10 @@ def _detection_curve(uncertainty, error) -> tuple[np.ndarray, np.ndarray, int, i
     the highest down (a query is flagged when its uncertainty is at least the threshold; tied
     queries are flagged together), with the numbers of errors and of hits; None when every
     query errs or none does."""
-    u = to_numpy_1d(uncertainty, "uncertainty")
-    e = to_numpy_1d(error, "error").astype(bool)
-    if u.shape != e.shape:
-        raise ValueError(f"lengths differ: {u.shape[0]} vs {e.shape[0]}")
-    n_err, n_ok = int(e.sum()), int((~e).sum())
-    if n_err == 0 or n_ok == 0:
+    checked = _errors_and_hits(uncertainty, error)
+    if checked is None:
         return None
+    u, e, n_err, n_ok = checked
     order = np.argsort(-u, kind="stable")
     ranked = u[order]
     last = np.r_[np.flatnonzero(ranked[1:] != ranked[:-1]), u.size - 1]  # end of each tie run
