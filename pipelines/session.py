@@ -88,8 +88,8 @@ def tracking_spool(output: str, drain_s: float = DRAIN_S) -> Iterator[str]:
         yield folder
     finally:
         if tracking.pending():
-            logger.info("MLflow: %d write(s) waited in %s; sending them (up to %.0f s)",
-                        tracking.pending(), folder, drain_s)  # fmt: skip
+            logger.info("MLflow: %d write(s) waited in %s; sending them (giving up after %.0f "
+                        "s without one landing)", tracking.pending(), folder, drain_s)  # fmt: skip
             tracking.drain(drain_s)
         tracking.use_spool(None)  # what still waits is named, with the command that replays it
 
