@@ -235,12 +235,12 @@ def test_synthetic_prepare_classes() -> None:
 
     spec = _synthetic(preset="demo", classes=True)
     assert spec.classification_spec() == ClassificationSpec()
-    assert spec.class_set_roots() == {role: os.path.abspath(f"w-{role}")
-                                      for role in ("positives", "negatives", "zeroshot")}
+    assert spec.class_set_roots() == {role: os.path.abspath(f"w-{role}") for role
+                                      in ("positives", "negatives", "zeroshot", "far-negatives")}
     custom = _synthetic(preset="demo", classes={"positives": 300, "level": 2, "n_classes": 5})
     got = custom.classification_spec()
     assert (got.positives, got.negatives, got.level, got.n_classes) == (300, 1000, 2, 5)
-    # One domain (no preset): no zero-shot set.
+    # One domain (no preset): no zero-shot set; every root holds a positive class: no far set.
     assert set(_synthetic(classes=True).class_set_roots()) == {"positives", "negatives"}
     assert _synthetic(preset="demo", classes=False).class_set_roots() == {}
 

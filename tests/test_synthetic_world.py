@@ -23,6 +23,7 @@ from asymvlm.synthetic import (
     ClassificationSpec,
     SyntheticWorld,
     WorldConfig,
+    classification_roles,
     main,
     write_classification_sets,
     write_world,
@@ -77,7 +78,8 @@ def test_later_features_leave_todays_outputs_and_manifest_alone(tmp_path) -> Non
     np.testing.assert_array_equal(a.text_embeddings, b.text_embeddings)
     np.testing.assert_array_equal(a.image_embeddings, b.image_embeddings)
     assert a.texts != b.texts
-    write_classification_sets(plain)
+    written = write_classification_sets(plain)
+    assert tuple(written) == classification_roles(small_world_config(), ClassificationSpec())
     c = tables.read_split(plain, "train")
     np.testing.assert_array_equal(a.text_embeddings, c.text_embeddings)
 
@@ -223,6 +225,7 @@ def class_sets(tmp_path_factory) -> tuple[WorldConfig, dict[str, str]]:
 def test_classification_sets_validate_through_the_readers(class_sets) -> None:
     cfg, roots = class_sets
     assert set(roots) == {"positives", "negatives", "zeroshot", "far-negatives"}
+    assert tuple(roots) == classification_roles(cfg, ClassificationSpec())  # known beforehand
     assert roots["positives"].endswith("world-positives")
     n_templates = len(ClassificationSpec().templates)
     for role, n in (("positives", 400), ("negatives", 300), ("zeroshot", 300)):

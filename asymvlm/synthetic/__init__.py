@@ -123,6 +123,7 @@ from asymvlm.synthetic.classes import (
     DUMMY_PROMPTS,
     TEMPLATES,
     ClassificationSpec,
+    classification_roles,
     write_classification_sets,
 )
 from asymvlm.synthetic.cli import main
@@ -144,6 +145,7 @@ __all__ = [
     "PRESETS",
     "TEMPLATES",
     "ClassificationSpec",
+    "classification_roles",
     "SyntheticWorld",
     "WorldConfig",
     "main",

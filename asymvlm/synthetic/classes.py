@@ -31,6 +31,7 @@ sets of one world.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +43,7 @@ __all__ = [
     "DUMMY_PROMPTS",
     "TEMPLATES",
     "ClassificationSpec",
+    "classification_roles",
     "concept_roots",
     "far_concepts",
     "write_classification_sets",
@@ -219,6 +221,39 @@ def _write_set(
     return root
 
 
+def _selection(
+    world: SyntheticWorld, spec: ClassificationSpec
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """``(the fine-tuning domain's concepts of the level, the positive classes among them,
+    what every set shares: template directions and dummy rows)``."""
+    level, config = spec.level, world.config
+    home = domain_concepts(world, level, 0)
+    n_classes = spec.n_classes if spec.n_classes is not None else max(1, len(home) // 2)
+    if not 1 <= n_classes < len(home):
+        raise ValueError(
+            f"n_classes must be in 1..{len(home) - 1} (the fine-tuning domain has {len(home)} "
+            f"level-{level} concepts; the rest are the negatives'), got {n_classes}"
+        )
+    shared_rng = np.random.default_rng([config.seed, _SETS_STREAM, 0])
+    template_dirs = _unit(shared_rng.standard_normal((len(spec.templates), config.dim)))
+    shared = {"template_dirs": template_dirs, "dummy": _dummy_rows(world, shared_rng)}
+    return home, np.sort(shared_rng.permutation(home)[:n_classes]), shared
+
+
+def classification_roles(config: WorldConfig, spec: ClassificationSpec) -> tuple[str, ...]:
+    """The sets :func:`write_classification_sets` writes for this world and spec, by role
+    (``positives``, ``negatives``, then ``zeroshot`` and ``far-negatives`` where the world has
+    such concepts), without writing anything."""
+    world = SyntheticWorld(config)
+    _, chosen, _ = _selection(world, spec)
+    roles = ["positives", "negatives"]
+    if len(domain_concepts(world, spec.level, 1)):
+        roles.append("zeroshot")
+    if len(far_concepts(world, spec.level, chosen)):
+        roles.append("far-negatives")
+    return tuple(roles)
+
+
 def write_classification_sets(
     root: str, config: WorldConfig | None = None, spec: ClassificationSpec | None = None
 ) -> dict[str, str]:
@@ -232,17 +267,7 @@ def write_classification_sets(
     spec = spec or ClassificationSpec()
     world = SyntheticWorld(config)
     level = spec.level
-    home = domain_concepts(world, level, 0)
-    n_classes = spec.n_classes if spec.n_classes is not None else max(1, len(home) // 2)
-    if not 1 <= n_classes < len(home):
-        raise ValueError(
-            f"n_classes must be in 1..{len(home) - 1} (the fine-tuning domain has {len(home)} "
-            f"level-{level} concepts; the rest are the negatives'), got {n_classes}"
-        )
-    shared_rng = np.random.default_rng([config.seed, _SETS_STREAM, 0])
-    template_dirs = _unit(shared_rng.standard_normal((len(spec.templates), config.dim)))
-    shared = {"template_dirs": template_dirs, "dummy": _dummy_rows(world, shared_rng)}
-    chosen = np.sort(shared_rng.permutation(home)[:n_classes])
+    home, chosen, shared = _selection(world, spec)
     others = np.setdiff1d(home, chosen)
     base = root.rstrip("/")
     out = {

@@ -26,7 +26,6 @@ from pipelines.schema.sweep import (
 )
 
 __all__ = [
-    "CLASS_SET_ROLES",
     "EVALUATION_ITEMS",
     "OPTIONAL_DATA",
     "EmbedSection",
@@ -78,10 +77,6 @@ class SyntheticClasses(StrictModel):
     )
 
 
-#: The sets :func:`asymvlm.synthetic.write_classification_sets` writes, by role.
-CLASS_SET_ROLES = ("positives", "negatives", "zeroshot")
-
-
 class SyntheticPrepare(StrictModel):
     """``prepare.synthetic``: the synthetic world's output and its WorldConfig knobs.
 
@@ -105,7 +100,8 @@ class SyntheticPrepare(StrictModel):
     )
     classes: SyntheticClasses | None = Field(
         None, description="true (every default) or the keys below: also write the "
-        "classification sets (ROOT-positives, ROOT-negatives, ROOT-zeroshot)"
+        "classification sets (ROOT-positives, ROOT-negatives, ROOT-zeroshot, "
+        "ROOT-far-negatives)"
     )
 
     @field_validator("classes", mode="before")
@@ -156,13 +152,15 @@ class SyntheticPrepare(StrictModel):
         return ClassificationSpec(**keys)
 
     def class_set_roots(self) -> dict[str, str]:
-        """Role -> table root of the classification sets this section writes (``{}``: none);
-        the zero-shot set only for a world with two domains."""
-        if self.classes is None:
+        """Role -> table root of the classification sets this section writes (``{}``: none;
+        :func:`asymvlm.synthetic.classification_roles`: the zero-shot set for a world with two
+        domains, the far negatives where the world has concepts unrelated to every class)."""
+        spec = self.classification_spec()
+        if spec is None:
             return {}
-        world = self.world_config()
-        two_domains = world.finetune_roots is not None and world.finetune_roots < world.branching[0]
-        roles = CLASS_SET_ROLES if two_domains else CLASS_SET_ROLES[:2]
+        from asymvlm.synthetic import classification_roles
+
+        roles = classification_roles(self.world_config(), spec)
         base = self.output.rstrip("/")
         return {role: f"{base}-{role}" for role in roles}
 
