@@ -81,7 +81,7 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
             "epochs": 3,
             "batch_size": 128,
             "optimizer": "adamw",
-            "num_workers": 2,
+            "num_workers": 1,  # trials in place (TorchTrainer trials: test_trials.py)
             "hidden_dim": 32,
             "checkpoint_every": 2,
             "output": str(tmp_path / "sweep"),
