@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
 
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
+import numpy as np
+import pytest
+import torch
+from PIL import Image
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
-
-from asymvlm.data.encoder import Encoder, EncoderInfo, files_sha256, load_encoder  # noqa: E402
-from asymvlm.data.tiny import save_tiny_clip, save_tiny_siglip  # noqa: E402
+from asymvlm.data.encoder import Encoder, EncoderInfo, files_sha256, load_encoder
+from asymvlm.data.tiny import save_tiny_clip, save_tiny_siglip
 from tests.helpers import HIERARCAPS
 
 DIMS = {"clip": 24, "siglip": 32}
@@ -31,9 +27,13 @@ BUILDERS = {"clip": save_tiny_clip, "siglip": save_tiny_siglip}
 
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch):
-    """huggingface_hub reads HF_HUB_OFFLINE at import; force it in case it was imported first."""
+    """Offline for these tests only (the environment is restored after each, so a later test's
+    subprocess does not inherit it); huggingface_hub reads HF_HUB_OFFLINE at import, so its
+    constant is forced too."""
     import huggingface_hub.constants
 
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 

@@ -90,6 +90,8 @@ def test_default_ks_keys():
         "spearman",
         "r2",
         "auroc",
+        "aupr",
+        "fpr@95tpr",
         "aurc",
         "e_aurc",
         "ece",
