@@ -100,12 +100,16 @@ def test_trials_in_place_give_the_results_of_torch_trainer_trials(
     new trials equal those of the earlier design (every trial a TorchTrainer)."""
     from pipelines.tuning.sweep import run_sweep
 
-    fast = run_sweep(_sweep_cfg(world, tmp_path, "in-place"))
-    old = run_sweep(_sweep_cfg(world, tmp_path, "torch-trainer", trial_runner="torch_trainer"))
+    # One method: what differs is the runner, not the method (each TorchTrainer trial costs
+    # ~15 s of Ray Train start-up on 2 CPUs).
+    one = {"methods": ["asymvlm-vmf"]}
+    fast = run_sweep(_sweep_cfg(world, tmp_path, "in-place", **one))
+    old = run_sweep(_sweep_cfg(world, tmp_path, "torch-trainer", trial_runner="torch_trainer",
+                               **one))  # fmt: skip
     assert not fast["failed"] and not old["failed"]
     assert {m: p["lr"] for m, p in fast["selection"].items()} == {
         m: p["lr"] for m, p in old["selection"].items()}  # fmt: skip
-    for method in ("asymvlm-vmf", "determ-ft"):
+    for method in ("asymvlm-vmf",):
         for metric, cell in old["summary"][method].items():
             if isinstance(cell, dict):
                 assert fast["summary"][method][metric]["mean"] == pytest.approx(
