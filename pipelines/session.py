@@ -38,6 +38,8 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+logger = logging.getLogger("pipelines")
+
 CREDENTIAL_VARIABLES = frozenset(
     {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
 )
@@ -54,8 +56,6 @@ def keep_credentials_on_nodes() -> None:
     )
     class_cache.DEFAULT_ENV_VARS = {}
 
-
-logger = logging.getLogger("pipelines")
 
 #: How long the end of a job waits for MLflow to take a write that waits in its spool.
 DRAIN_S = 60.0

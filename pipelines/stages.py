@@ -116,10 +116,10 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
         if ev.sweep:
             where = storage.uri_join(cfg.sweep(ev.sweep).output, SWEEP_RECORD)
             record = json.loads(storage.read_text(where))
-            saved = sorted((method, int(seed), folder)  # the sweep's copies: no MLflow needed
-                           for method, seeds in (record.get("adapters") or {}).items()
-                           for seed, folder in seeds.items())  # fmt: skip
-            methods.update(checkpoint_adapters([folder for *_, folder in saved]) if saved
+            copies = record.get("adapters") or {}  # the sweep's own copies: no MLflow needed
+            folders = [seeds[seed] for _, seeds in sorted(copies.items())
+                       for seed in sorted(seeds, key=int)]  # fmt: skip
+            methods.update(checkpoint_adapters(folders) if folders
                            else sweep_adapters(uri, record["parent_run_id"]))  # fmt: skip
         if ev.frozen:
             methods = registry.with_frozen(methods, ev, dim=ev.dim)

@@ -29,11 +29,7 @@ from ray import tune
 from asymvlm import storage
 from asymvlm.checkpoints import MEMBER_FOLDER
 from pipelines.schema import SweepConfig
-from pipelines.session import ship_by_value
 from pipelines.tuning.trials import SELECTION_METRIC
-
-if __name__ != "__main__":  # workers may lack pipelines/ on their path
-    ship_by_value(__name__)
 
 __all__ = [
     "JOURNAL_DIR",
