@@ -47,9 +47,11 @@ __all__ = [
 #: Standard errors, and the least absolute difference, a difference must exceed to count.
 Z = 2.0
 MIN_EFFECT = 0.01
-RULE = (f"supports: the difference lies in the paper's direction by more than {Z:g} standard "
-        f"errors (SE = √(s²_A/n_A + s²_B/n_B) over seeds) and by more than {MIN_EFFECT:g}; "
-        "contradicts: by as much the other way; otherwise not supported")  # fmt: skip
+RULE = (
+    f"supports: the difference lies in the paper's direction by more than {Z:g} standard "
+    f"errors (SE = √(s²_A/n_A + s²_B/n_B) over seeds) and by more than {MIN_EFFECT:g}; "
+    "contradicts: by as much the other way; otherwise not supported"
+)
 PROBABILISTIC = ("asymvlm-vmf", "asymvlm-ps")
 BASELINE = "determ-ft"
 FROZEN = "clip"
@@ -58,17 +60,37 @@ FROZEN = "clip"
 #: synthetic-world.md): p -> method -> (median kappa of "a photo", of the class prompts,
 #: sibling negatives rejected, far negatives rejected), dummy prompt "a photo", means over seeds.
 GENERIC_CURVE: dict[float, dict[str, tuple[float | None, float | None, float, float]]] = {
-    0.0: {"asymvlm-vmf": (23.8, 18.6, 0.043, 0.280), "asymvlm-ps": (35.6, 26.4, 0.049, 0.266),
-          "determ-ft": (None, None, 0.132, 0.361), "clip": (None, None, 0.110, 0.559)},
-    0.005: {"asymvlm-vmf": (9.1, 17.4, 0.452, 0.437), "asymvlm-ps": (12.5, 24.2, 0.601, 0.439),
-            "determ-ft": (None, None, 0.347, 0.182), "clip": (None, None, 0.110, 0.559)},
-    0.01: {"asymvlm-vmf": (7.9, 16.5, 0.564, 0.327), "asymvlm-ps": (10.4, 23.1, 0.729, 0.336),
-           "determ-ft": (None, None, 0.436, 0.070), "clip": (None, None, 0.110, 0.559)},
-    0.02: {"asymvlm-vmf": (6.8, 15.6, 0.697, 0.328), "asymvlm-ps": (8.8, 22.2, 0.813, 0.356),
-           "determ-ft": (None, None, 0.529, 0.033), "clip": (None, None, 0.110, 0.559)},
-    0.05: {"asymvlm-vmf": (5.4, 14.9, 0.850, 0.393), "asymvlm-ps": (6.4, 21.0, 0.906, 0.443),
-           "determ-ft": (None, None, 0.647, 0.036), "clip": (None, None, 0.110, 0.559)},
-}  # fmt: skip
+    0.0: {
+        "asymvlm-vmf": (23.8, 18.6, 0.043, 0.280),
+        "asymvlm-ps": (35.6, 26.4, 0.049, 0.266),
+        "determ-ft": (None, None, 0.132, 0.361),
+        "clip": (None, None, 0.110, 0.559),
+    },
+    0.005: {
+        "asymvlm-vmf": (9.1, 17.4, 0.452, 0.437),
+        "asymvlm-ps": (12.5, 24.2, 0.601, 0.439),
+        "determ-ft": (None, None, 0.347, 0.182),
+        "clip": (None, None, 0.110, 0.559),
+    },
+    0.01: {
+        "asymvlm-vmf": (7.9, 16.5, 0.564, 0.327),
+        "asymvlm-ps": (10.4, 23.1, 0.729, 0.336),
+        "determ-ft": (None, None, 0.436, 0.070),
+        "clip": (None, None, 0.110, 0.559),
+    },
+    0.02: {
+        "asymvlm-vmf": (6.8, 15.6, 0.697, 0.328),
+        "asymvlm-ps": (8.8, 22.2, 0.813, 0.356),
+        "determ-ft": (None, None, 0.529, 0.033),
+        "clip": (None, None, 0.110, 0.559),
+    },
+    0.05: {
+        "asymvlm-vmf": (5.4, 14.9, 0.850, 0.393),
+        "asymvlm-ps": (6.4, 21.0, 0.906, 0.443),
+        "determ-ft": (None, None, 0.647, 0.036),
+        "clip": (None, None, 0.110, 0.559),
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -124,11 +146,21 @@ def judge(a: Sequence[float], b: Sequence[float], direction: int = 1) -> tuple[f
     return diff, se, "not supported"
 
 
-def _verdict(table: str, claim: str, where: str, a: Sequence[float], b: Sequence[float],
-             a_name: str, b_name: str, paper: str, direction: int = 1) -> Verdict:  # fmt: skip
+def _verdict(
+    table: str,
+    claim: str,
+    where: str,
+    a: Sequence[float],
+    b: Sequence[float],
+    a_name: str,
+    b_name: str,
+    paper: str,
+    direction: int = 1,
+) -> Verdict:
     diff, se, verdict = judge(a, b, direction)
-    return Verdict(table, claim, where, tuple(a), tuple(b), a_name, b_name, diff, se, verdict,
-                   paper)  # fmt: skip
+    return Verdict(
+        table, claim, where, tuple(a), tuple(b), a_name, b_name, diff, se, verdict, paper
+    )
 
 
 def _base(name: str) -> str:
@@ -175,16 +207,33 @@ def table2_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
                 if other not in values:
                     continue
                 paper = f"{paper_neg:.3f} vs {_paper_table2(other, 1):.3f} (CIFAR-100)"
-                out.append(_verdict("Table 2", f"{method} rejects more negatives than {label}",
-                                    where, values[method], values[other], method, other,
-                                    paper))  # fmt: skip
+                out.append(
+                    _verdict(
+                        "Table 2",
+                        f"{method} rejects more negatives than {label}",
+                        where,
+                        values[method],
+                        values[other],
+                        method,
+                        other,
+                        paper,
+                    )
+                )
         pos = nota_per_seed(res, "pos_acc")
         if method in pos and BASELINE in pos:
-            out.append(_verdict(
-                "Table 2", f"{method} keeps more positives than Determ. FT", "positives",
-                pos[method], pos[BASELINE], method, BASELINE,
-                f"{_paper_table2(method, 0):.3f} vs {_paper_table2(BASELINE, 0):.3f} "
-                "(CIFAR-10)"))  # fmt: skip
+            out.append(
+                _verdict(
+                    "Table 2",
+                    f"{method} keeps more positives than Determ. FT",
+                    "positives",
+                    pos[method],
+                    pos[BASELINE],
+                    method,
+                    BASELINE,
+                    f"{_paper_table2(method, 0):.3f} vs {_paper_table2(BASELINE, 0):.3f} "
+                    "(CIFAR-10)",
+                )
+            )
     return out
 
 
@@ -202,13 +251,21 @@ def table3_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
     for method in PROBABILISTIC:
         paper = TABLE3["coco"][method]
         base = TABLE3["coco"][BASELINE]
-        text = (f"{paper['cifar10']:.3f} vs {base['cifar10']:.3f} (CIFAR-10; all four sets "
-                "this way)")  # fmt: skip
+        text = f"{paper['cifar10']:.3f} vs {base['cifar10']:.3f} (CIFAR-10; all four sets this way)"
         for s in sorted(per):
             if method in per[s] and BASELINE in per[s]:
-                out.append(_verdict("Table 3", f"{method} keeps more zero-shot accuracy after "
-                                    "fine-tuning than Determ. FT", s, per[s][method],
-                                    per[s][BASELINE], method, BASELINE, text))  # fmt: skip
+                out.append(
+                    _verdict(
+                        "Table 3",
+                        f"{method} keeps more zero-shot accuracy after fine-tuning than Determ. FT",
+                        s,
+                        per[s][method],
+                        per[s][BASELINE],
+                        method,
+                        BASELINE,
+                        text,
+                    )
+                )
     return out
 
 
@@ -222,10 +279,19 @@ def table1_verdicts(rows: Sequence[Mapping[str, Any]]) -> list[Verdict]:
             values = [r.get(f"{direction}_spearman") for r in rows if r["method"] == method]
             values = [float(v) for v in values if v is not None]
             if values:
-                out.append(_verdict("Table 1", f"Recall@1 falls as {method}'s uncertainty "
-                                    "rises (S < 0)", direction, values, [0.0], "S", "0",
-                                    "S ≈ −0.99 to −1.00 (COCO, both directions)",
-                                    direction=-1))  # fmt: skip
+                out.append(
+                    _verdict(
+                        "Table 1",
+                        f"Recall@1 falls as {method}'s uncertainty rises (S < 0)",
+                        direction,
+                        values,
+                        [0.0],
+                        "S",
+                        "0",
+                        "S ≈ −0.99 to −1.00 (COCO, both directions)",
+                        direction=-1,
+                    )
+                )
     return out
 
 
@@ -249,23 +315,32 @@ def claims_markdown(judged: Sequence[tuple[str, Verdict]]) -> list[str]:
     or evaluation it was judged on)."""
     if not judged:
         return []
-    lines = ["## The paper's claims, judged by rule", "",
-             f"Rule, for every row: {RULE}. The direction is the paper's; its magnitudes come "
-             "from CLIP ViT-B/32 on real data and are shown for reference only. With 5 seeds a "
-             "side, 2 SE is a lenient bar (a t-test would ask for about 2.3–2.8 SE).", "",
-             "| source | claim | on | ours (mean ± std over seeds) | difference ± SE | "
-             "verdict | paper |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "## The paper's claims, judged by rule",
+        "",
+        f"Rule, for every row: {RULE}. The direction is the paper's; its magnitudes come "
+        "from CLIP ViT-B/32 on real data and are shown for reference only. With 5 seeds a "
+        "side, 2 SE is a lenient bar (a t-test would ask for about 2.3–2.8 SE).",
+        "",
+        "| source | claim | on | ours (mean ± std over seeds) | difference ± SE | "
+        "verdict | paper |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for source, v in judged:
         diff = f"{v.difference:+.3f} ± {v.se:.3f}"
-        lines.append(f"| {source} | {v.table}: {v.claim} | {v.where} | {v.ours()} | {diff} | "
-                     f"{_bold(v.verdict)} | {v.paper} |")  # fmt: skip
+        lines.append(
+            f"| {source} | {v.table}: {v.claim} | {v.where} | {v.ours()} | {diff} | "
+            f"{_bold(v.verdict)} | {v.paper} |"
+        )
     return lines + [""]
 
 
 def _curve_lines() -> list[str]:
-    lines = ["| p | κ(\"a photo\") / κ(class prompts), AsymVLM vMF | sibling neg. rejected: vMF / "
-             "PS / Determ. FT / frozen | far neg. rejected: vMF / PS / Determ. FT / frozen |",
-             "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        '| p | κ("a photo") / κ(class prompts), AsymVLM vMF | sibling neg. rejected: vMF / '
+        "PS / Determ. FT / frozen | far neg. rejected: vMF / PS / Determ. FT / frozen |",
+        "|---|---|---|---|",
+    ]
     order = ("asymvlm-vmf", "asymvlm-ps", "determ-ft", "clip")
     for p, row in GENERIC_CURVE.items():
         kappa = row["asymvlm-vmf"]
@@ -288,8 +363,11 @@ def closing_note(
         missed = [(s, v) for s, v in judged if v.verdict != "supports"]
         if missed:
             lines += ["", "**Not supported here** (the numbers: difference ± SE):", ""]
-            lines += [f"- {v.table}, {v.claim}, on {v.where} ({s}): {v.difference:+.3f} ± "
-                      f"{v.se:.3f} — {v.verdict}." for s, v in missed]  # fmt: skip
+            lines += [
+                f"- {v.table}, {v.claim}, on {v.where} ({s}): {v.difference:+.3f} ± "
+                f"{v.se:.3f} — {v.verdict}."
+                for s, v in missed
+            ]
         lines.append("")
     if world is None:
         return lines
@@ -306,7 +384,7 @@ def closing_note(
         "likelihood-ratio test against the image marginal. Without generic captions the dummy "
         "prompts lie outside the training texts and the adapter extrapolates a *high* κ: the "
         "claim then fails for a reason of the world, not of the method. How far the rejection "
-        "goes depends on p, which real data does not fix well (5 seeds, dummy \"a photo\"):",
+        'goes depends on p, which real data does not fix well (5 seeds, dummy "a photo"):',
         "",
         *_curve_lines(),
         "",
@@ -315,19 +393,21 @@ def closing_note(
         "direction of the dummy lies nearer to them than the class prompts do), unlike CLIP on "
         "CIFAR-100 (0.009), so the frozen column is no reference for the paper's.",
         "- *Table 3 (zero-shot after fine-tuning).* "
-        + ("The world is in the forgetting regime (assumption F, no shared text-encoder "
-           "rotation): the frozen encoder is well aligned on the zero-shot domain, so "
-           "fine-tuning can only cost accuracy there. The world encodes **no mechanism** by "
-           "which one adapter forgets less than another (AsymVLM and Determ. FT move the mean "
-           "embedding alike): a gap between them is an outcome of training, not a built-in "
-           "effect, and no mechanism here predicts its sign."
-           if mis == 0.0 else
-           f"The frozen text encoder is misaligned by a shared rotation ({mis:g} rad), so "
-           "fine-tuning on one domain helps every method on the other: the paper's forgetting "
-           "cannot be tested in this world."),
+        + (
+            "The world is in the forgetting regime (assumption F, no shared text-encoder "
+            "rotation): the frozen encoder is well aligned on the zero-shot domain, so "
+            "fine-tuning can only cost accuracy there. The world encodes **no mechanism** by "
+            "which one adapter forgets less than another (AsymVLM and Determ. FT move the mean "
+            "embedding alike): a gap between them is an outcome of training, not a built-in "
+            "effect, and no mechanism here predicts its sign."
+            if mis == 0.0
+            else f"The frozen text encoder is misaligned by a shared rotation ({mis:g} rad), so "
+            "fine-tuning on one domain helps every method on the other: the paper's forgetting "
+            "cannot be tested in this world."
+        ),
         "- *Not in the world at all:* CLIP's real text geometry (generic prompts near the "
         "text-embedding mean), real class names and templates, and the magnitudes of the "
         "paper's numbers; the paper columns are there for the direction only.",
         "",
-    ]  # fmt: skip
+    ]
     return lines

@@ -69,8 +69,13 @@ def run(output: str, epochs: int = 40, methods: tuple[str, ...] = DEMO_METHODS) 
         )
         res["seconds"] = time.perf_counter() - t0
         results[name] = res
-        logger.info("%s: t2i R@1 %.3f, i2t R@1 %.3f (%.0f s)", name, res["t2i"]["recall@1"],
-                    res["i2t"]["recall@1"], res["seconds"])  # fmt: skip
+        logger.info(
+            "%s: t2i R@1 %.3f, i2t R@1 %.3f (%.0f s)",
+            name,
+            res["t2i"]["recall@1"],
+            res["i2t"]["recall@1"],
+            res["seconds"],
+        )
     with open(os.path.join(output, "results.json"), "w") as fh:
         json.dump(results, fh, indent=2)
     table = results_table(results)

@@ -114,8 +114,18 @@ def quiet_third_party() -> None:
     """Ray's and MLflow's loggers bring their own console handlers: send their records to ours
     (the file, or everything when verbose) instead. Call again after ``ray.init``."""
     level = logging.INFO if _state["verbose"] else logging.WARNING
-    for name in ("ray", "ray.data", "ray.tune", "ray.train", "ray.serve", "mlflow", "alembic",
-                 "urllib3", "filelock", "py.warnings"):  # fmt: skip
+    for name in (
+        "ray",
+        "ray.data",
+        "ray.tune",
+        "ray.train",
+        "ray.serve",
+        "mlflow",
+        "alembic",
+        "urllib3",
+        "filelock",
+        "py.warnings",
+    ):
         lg = logging.getLogger(name)
         for handler in list(lg.handlers):
             lg.removeHandler(handler)

@@ -35,37 +35,61 @@ _T1 = {
         "asymvlm-ps": (0.393, 0.992, -1.000, 0.380, 0.993, -1.000),
     },
 }
-_T1_COLUMNS = ("t2i_recall_at_1", "t2i_r2", "t2i_spearman",
-               "i2t_recall_at_1", "i2t_r2", "i2t_spearman")  # fmt: skip
+_T1_COLUMNS = (
+    "t2i_recall_at_1",
+    "t2i_r2",
+    "t2i_spearman",
+    "i2t_recall_at_1",
+    "i2t_r2",
+    "i2t_spearman",
+)
 for _dataset, _rows in _T1.items():
     TABLE1[_dataset] = {m: dict(zip(_T1_COLUMNS, v, strict=True)) for m, v in _rows.items()}
 
 #: Table 2: dummy prompt -> method -> (positive accuracy, negative accuracy).
 TABLE2: dict[str, dict[str, tuple[float, float]]] = {
-    "a photo": {"clip": (0.888, 0.009), "determ-ft": (0.769, 0.115),
-                "asymvlm-ps": (0.845, 0.547), "asymvlm-vmf": (0.857, 0.587)},
-    "a photo of an object": {"clip": (0.888, 0.009), "determ-ft": (0.778, 0.037),
-                             "asymvlm-ps": (0.849, 0.609), "asymvlm-vmf": (0.858, 0.557)},
-    "a photo of something": {"clip": (0.888, 0.009), "determ-ft": (0.769, 0.125),
-                             "asymvlm-ps": (0.843, 0.595), "asymvlm-vmf": (0.857, 0.585)},
+    "a photo": {
+        "clip": (0.888, 0.009),
+        "determ-ft": (0.769, 0.115),
+        "asymvlm-ps": (0.845, 0.547),
+        "asymvlm-vmf": (0.857, 0.587),
+    },
+    "a photo of an object": {
+        "clip": (0.888, 0.009),
+        "determ-ft": (0.778, 0.037),
+        "asymvlm-ps": (0.849, 0.609),
+        "asymvlm-vmf": (0.858, 0.557),
+    },
+    "a photo of something": {
+        "clip": (0.888, 0.009),
+        "determ-ft": (0.769, 0.125),
+        "asymvlm-ps": (0.843, 0.595),
+        "asymvlm-vmf": (0.857, 0.585),
+    },
     "(none)": {"margin": (0.584, 0.579), "threshold": (0.646, 0.560)},
-}  # fmt: skip
+}
 
 #: Table 3: fine-tuning data set -> method -> evaluation set -> zero-shot accuracy.
 TABLE3: dict[str, dict[str, dict[str, float]]] = {}
 _T3_SETS = ("cifar10", "cifar100", "stl10", "imagenet")
 for _ft, _rows3 in {
-    "coco": {"determ-ft": (0.684, 0.300, 0.829, 0.395),
-             "asymvlm-ps": (0.847, 0.470, 0.952, 0.502),
-             "asymvlm-vmf": (0.837, 0.477, 0.940, 0.507)},
-    "flickr30k": {"determ-ft": (0.688, 0.342, 0.874, 0.369),
-                  "asymvlm-ps": (0.791, 0.413, 0.920, 0.451),
-                  "asymvlm-vmf": (0.792, 0.422, 0.918, 0.464)},
-    "cc200k": {"determ-ft": (0.779, 0.411, 0.922, 0.450),
-               "asymvlm-ps": (0.861, 0.542, 0.968, 0.520),
-               "asymvlm-vmf": (0.866, 0.542, 0.967, 0.527)},
+    "coco": {
+        "determ-ft": (0.684, 0.300, 0.829, 0.395),
+        "asymvlm-ps": (0.847, 0.470, 0.952, 0.502),
+        "asymvlm-vmf": (0.837, 0.477, 0.940, 0.507),
+    },
+    "flickr30k": {
+        "determ-ft": (0.688, 0.342, 0.874, 0.369),
+        "asymvlm-ps": (0.791, 0.413, 0.920, 0.451),
+        "asymvlm-vmf": (0.792, 0.422, 0.918, 0.464),
+    },
+    "cc200k": {
+        "determ-ft": (0.779, 0.411, 0.922, 0.450),
+        "asymvlm-ps": (0.861, 0.542, 0.968, 0.520),
+        "asymvlm-vmf": (0.866, 0.542, 0.967, 0.527),
+    },
     "none": {"clip": (0.888, 0.642, 0.974, 0.632)},
-}.items():  # fmt: skip
+}.items():
     TABLE3[_ft] = {m: dict(zip(_T3_SETS, v, strict=True)) for m, v in _rows3.items()}
 
 #: The embedding model the paper's numbers were measured with.

@@ -43,9 +43,7 @@ def plot_binned_recall(results: Mapping[str, Mapping[str, Any]], path: str, titl
     return save_figure(fig, axes, path)
 
 
-def plot_risk_coverage(
-    results: Mapping[str, Mapping[str, Any]], path: str, title: str = ""
-) -> str:
+def plot_risk_coverage(results: Mapping[str, Mapping[str, Any]], path: str, title: str = "") -> str:
     """Risk-coverage curves (Geifman & El-Yaniv, 2017), t2i and i2t side by side.
 
     ``results[method][direction]`` holds ``risk_coverage`` (``{"coverage": [...], "risk":
@@ -64,8 +62,14 @@ def plot_risk_coverage(
             elif r.get("recall@1") is not None and r["recall@1"] == r["recall@1"]:
                 risk = 1.0 - r["recall@1"]
                 ax.axhline(risk, linestyle="--", linewidth=1, color="grey")
-                ax.annotate(f"{name} (no uncertainty)", (0, risk), textcoords="offset points",
-                            xytext=(2, 3), fontsize=8, color="grey")  # fmt: skip
+                ax.annotate(
+                    f"{name} (no uncertainty)",
+                    (0, risk),
+                    textcoords="offset points",
+                    xytext=(2, 3),
+                    fontsize=8,
+                    color="grey",
+                )
         ax.set_xlim(0.0, 1.0)
         ax.set_xlabel("coverage (fraction of queries kept, most certain first)")
         ax.set_ylabel("top-1 risk (error rate)")

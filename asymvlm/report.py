@@ -126,12 +126,15 @@ def trial_values(metrics: Mapping[str, float], results: Any) -> dict[str, float 
     for direction in tables_of_results.DIRECTIONS:
         cell = test.get(direction) if isinstance(test.get(direction), dict) else {}
         for name, key, *_ in TABLE1_CELLS:
-            out[f"{direction}_{name}"] = _first(metrics.get(f"{direction}_{name}"),
-                                                metrics.get(f"test_{direction}_{name}"),
-                                                cell.get(key))  # fmt: skip
+            out[f"{direction}_{name}"] = _first(
+                metrics.get(f"{direction}_{name}"),
+                metrics.get(f"test_{direction}_{name}"),
+                cell.get(key),
+            )
     top = results if isinstance(results, dict) else {}
-    out["rsum"] = _first(metrics.get("rsum"), metrics.get("test_rsum"), test.get("rsum"),
-                         top.get("rsum"))  # fmt: skip
+    out["rsum"] = _first(
+        metrics.get("rsum"), metrics.get("test_rsum"), test.get("rsum"), top.get("rsum")
+    )
     return out
 
 
@@ -151,10 +154,19 @@ def table1_markdown(rows: Sequence[Mapping[str, Any]], title: str, caption: str)
     by_method: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         by_method[row["method"]].append(row)
-    head = (["Method", "seeds"]
-            + [f"{d} {cell[2]}" for d in ("i2t", "t2i") for cell in TABLE1_CELLS] + ["RSUM"])
-    lines = [f"### {title}", "", caption, "", "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]  # fmt: skip
+    head = (
+        ["Method", "seeds"]
+        + [f"{d} {cell[2]}" for d in ("i2t", "t2i") for cell in TABLE1_CELLS]
+        + ["RSUM"]
+    )
+    lines = [
+        f"### {title}",
+        "",
+        caption,
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for method, seeds in by_method.items():
         cells = [method, str(len(seeds))]
         for d in ("i2t", "t2i"):
@@ -202,15 +214,19 @@ def _paper_table1(dataset: str | None, model: str | None) -> list[str]:
     paper = paper_numbers.TABLE1.get(dataset or "")
     if not paper or not paper_numbers.matches_paper(model, dataset):
         return []
-    lines = [f"*Paper (Ju et al. 2025, Table 1, CLIP ViT-B/32 on {dataset}), for comparison — "
-             "not produced here:*\n",
-             "| Method | i2t R@1 (%) | i2t S | i2t R² | t2i R@1 (%) | t2i S | t2i R² |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"*Paper (Ju et al. 2025, Table 1, CLIP ViT-B/32 on {dataset}), for comparison — "
+        "not produced here:*\n",
+        "| Method | i2t R@1 (%) | i2t S | i2t R² | t2i R@1 (%) | t2i S | t2i R² |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for method, v in paper.items():
-        lines.append(f"| {method} (paper) | {100 * v['i2t_recall_at_1']:.1f} | "
-                     f"{v['i2t_spearman']:.3f} | {v['i2t_r2']:.3f} | "
-                     f"{100 * v['t2i_recall_at_1']:.1f} | {v['t2i_spearman']:.3f} | "
-                     f"{v['t2i_r2']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {method} (paper) | {100 * v['i2t_recall_at_1']:.1f} | "
+            f"{v['i2t_spearman']:.3f} | {v['i2t_r2']:.3f} | "
+            f"{100 * v['t2i_recall_at_1']:.1f} | {v['t2i_spearman']:.3f} | "
+            f"{v['t2i_r2']:.3f} |"
+        )
     return lines + [""]
 
 
@@ -250,15 +266,15 @@ def _seed_means(rows: Sequence[Mapping[str, Any]], curves: Mapping) -> dict[str,
             got = curves.get(method, {}).get(direction, {})
             binned, rc = got.get("binned"), got.get("risk_coverage")
             out[method][direction] = {
-                "recall@1": float("nan") if means["recall_at_1"] is None
-                else means["recall_at_1"],
+                "recall@1": float("nan") if means["recall_at_1"] is None else means["recall_at_1"],
                 "binned_recall@1": [statistics.fmean(v) for v in zip(*binned, strict=True)]
-                if binned else None,
+                if binned
+                else None,
                 "spearman": means["spearman"],
                 "r2": means["r2"],
                 "aurc": means["aurc"],
                 "risk_coverage": _mean_curve(rc) if rc else None,
-            }  # fmt: skip
+            }
     return out
 
 
@@ -291,9 +307,11 @@ def _sweep_section(
         lines.append(f"> {parent.data.tags['note']}\n")
     n_failed = int(parent.data.metrics.get("failed_trials", 0))
     if n_failed:
-        lines.append(f"> {n_failed} trial(s) of this sweep failed (e.g. a diverged learning "
-                     "rate) and are left out; the sweep's `summary.md` lists them with the "
-                     "reason.\n")  # fmt: skip
+        lines.append(
+            f"> {n_failed} trial(s) of this sweep failed (e.g. a diverged learning "
+            "rate) and are left out; the sweep's `summary.md` lists them with the "
+            "reason.\n"
+        )
     lines += _paper_table1(dataset, model)
     results = _seed_means(rows, curves)
     tag = _figure_tag(dataset, parent, used)
@@ -309,8 +327,10 @@ def _sweep_section(
     if any(d.get("risk_coverage") for r in results.values() for d in r.values()):
         path = os.path.join(output, f"fig_risk_coverage_{tag}.png")
         plot_risk_coverage(results, path, title=f"{dataset}")
-        figures[path] = (f"Risk-coverage — top-1 risk of the most certain queries kept, "
-                         f"{dataset}, mean over seeds")  # fmt: skip
+        figures[path] = (
+            f"Risk-coverage — top-1 risk of the most certain queries kept, "
+            f"{dataset}, mean over seeds"
+        )
     for path, caption in figures.items():
         lines.append(f"![{caption}]({os.path.basename(path)})\n")
     return lines, figures, rows
@@ -319,8 +339,9 @@ def _sweep_section(
 # -- Tables 2 and 3, Fig. 5, OOD ----------------------------------------------------------------
 #: What the paper's Table 2 / Table 3 numbers were measured on, for their column headings.
 PAPER_TABLE2_SETUP = "CLIP ViT-B/32 on real data: CIFAR-10 positives, CIFAR-100 negatives"
-PAPER_TABLE3_SETUP = ("CLIP ViT-B/32 fine-tuned on COCO, real data: "
-                      "CIFAR-10 / CIFAR-100 / STL-10 / ImageNet")  # fmt: skip
+PAPER_TABLE3_SETUP = (
+    "CLIP ViT-B/32 fine-tuned on COCO, real data: CIFAR-10 / CIFAR-100 / STL-10 / ImageNet"
+)
 
 
 def _set_name(location: str | None, default: str) -> str:
@@ -350,8 +371,12 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
         sets = f"positives: {pos}, negatives: {neg}" + (f", far negatives: {far}" if far else "")
         rejected = "sibling neg. rejected | far neg. rejected" if far else "neg. acc."
         head = f"| dummy prompt | method | seeds | pos. acc. | {rejected} | paper (pos., neg.) |"
-        lines += [f"### Table 2 analogue — none-of-the-above ({sets}){_heading(params)}", "",
-                  head, "|" + "---|" * head.count(" | ") + "---|"]  # fmt: skip
+        lines += [
+            f"### Table 2 analogue — none-of-the-above ({sets}){_heading(params)}",
+            "",
+            head,
+            "|" + "---|" * head.count(" | ") + "---|",
+        ]
         for dummy, per_method in res["dummy"].items():
             grouped: dict[str, list[dict]] = defaultdict(list)
             for name, cell in per_method.items():
@@ -360,25 +385,36 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
                 paper = paper_numbers.TABLE2.get(dummy, {}).get(method)
                 ref = f"{paper[0]:.3f}, {paper[1]:.3f}" if paper else "–"
                 far_cell = f" {_mean_std(c.get('far_neg_acc') for c in cells)} |" if far else ""
-                lines.append(f"| \"{dummy}\" | {method} | {_seed_count(cells)} | "
-                             f"{_mean_std(c['pos_acc'] for c in cells)} | "
-                             f"{_mean_std(c['neg_acc'] for c in cells)} |{far_cell} "
-                             f"{ref} |")  # fmt: skip
+                lines.append(
+                    f'| "{dummy}" | {method} | {_seed_count(cells)} | '
+                    f"{_mean_std(c['pos_acc'] for c in cells)} | "
+                    f"{_mean_std(c['neg_acc'] for c in cells)} |{far_cell} "
+                    f"{ref} |"
+                )
         for name, cell in res.get("rejection", {}).items():
             paper = paper_numbers.TABLE2["(none)"].get(name)
             ref = f"{paper[0]:.3f}, {paper[1]:.3f}" if paper else "–"
             far_cell = f" {_mean_std([cell.get('far_neg_acc')])} |" if far else ""
-            lines.append(f"| (none) | {name}-based (frozen) | 1 | {cell['pos_acc']:.3f} | "
-                         f"{cell['neg_acc']:.3f} |{far_cell} {ref} |")  # fmt: skip
+            lines.append(
+                f"| (none) | {name}-based (frozen) | 1 | {cell['pos_acc']:.3f} | "
+                f"{cell['neg_acc']:.3f} |{far_cell} {ref} |"
+            )
         how = settings.get("template_aggregation")
-        lines += ["", f"*Ours: mean ± std over the sweep's seeds (one value for the frozen "
-                  f"model). Paper column: Ju et al. 2025, Table 2 — {PAPER_TABLE2_SETUP}; "
-                  "not produced here.*", ""]  # fmt: skip
+        lines += [
+            "",
+            f"*Ours: mean ± std over the sweep's seeds (one value for the frozen "
+            f"model). Paper column: Ju et al. 2025, Table 2 — {PAPER_TABLE2_SETUP}; "
+            "not produced here.*",
+            "",
+        ]
         if far:
-            lines += ["*Sibling negatives are other children of the positives' level-0 "
-                      "concepts; far negatives are concepts under level-0 concepts with no "
-                      "positive class. The frozen baselines' cut is calibrated on the sibling "
-                      "negatives.*", ""]  # fmt: skip
+            lines += [
+                "*Sibling negatives are other children of the positives' level-0 "
+                "concepts; far negatives are concepts under level-0 concepts with no "
+                "positive class. The frozen baselines' cut is calibrated on the sibling "
+                "negatives.*",
+                "",
+            ]
         if how:
             lines += [f"*{aggregation_note(how)}*", ""]
     return lines
@@ -404,31 +440,46 @@ def _table3(runs: list[tuple[dict, dict]]) -> list[str]:
         matched = paper_numbers.matches_paper(params.get("embedding_model"), ft)
         head = ["fine-tuned on", "method", "seeds", *sets]
         head += [] if matched else [f"paper ({PAPER_TABLE3_SETUP})"]
-        lines += [f"### Table 3 analogue — zero-shot accuracy after fine-tuning"
-                  f"{_heading(params)}", "", "| " + " | ".join(head) + " |",
-                  "|" + "---|" * len(head)]  # fmt: skip
+        lines += [
+            f"### Table 3 analogue — zero-shot accuracy after fine-tuning{_heading(params)}",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
         grouped: dict[str, list[dict]] = defaultdict(list)
         for name, cells in res.items():
             grouped[_base(name)].append(cells)
         for method, cells in grouped.items():
             tuned = "– (frozen)" if method == "clip" else ft
-            row = [tuned, method, _seed_count(cells), *(_mean_std(c.get(s) for c in cells)
-                                                        for s in sets)]  # fmt: skip
+            row = [
+                tuned,
+                method,
+                _seed_count(cells),
+                *(_mean_std(c.get(s) for c in cells) for s in sets),
+            ]
             if not matched:
                 row.append(_paper_table3_cell(method))
             lines.append("| " + " | ".join(row) + " |")
             paper = paper_numbers.TABLE3.get(ft, {}).get(method)
             if paper and matched:
-                lines.append(f"| {ft} | {method} (paper) | – | "
-                             + " | ".join(f"{paper.get(s, float('nan')):.3f}" for s in sets)
-                             + " |")  # fmt: skip
-        note = ("Paper rows: Ju et al. 2025, Table 3 (CLIP ViT-B/32)." if matched
-                else f"Paper column: Ju et al. 2025, Table 3 — {PAPER_TABLE3_SETUP} (the "
-                "frozen CLIP's row: no fine-tuning); other sets than ours, not produced here.")
-        lines += ["", f"*Ours: mean ± std over the sweep's seeds (one value for the frozen "
-                  f"model). {note}*", "",
-                  f"*{aggregation_note(params.get('template_aggregation') or 'mean')}*",
-                  ""]  # fmt: skip
+                lines.append(
+                    f"| {ft} | {method} (paper) | – | "
+                    + " | ".join(f"{paper.get(s, float('nan')):.3f}" for s in sets)
+                    + " |"
+                )
+        note = (
+            "Paper rows: Ju et al. 2025, Table 3 (CLIP ViT-B/32)."
+            if matched
+            else f"Paper column: Ju et al. 2025, Table 3 — {PAPER_TABLE3_SETUP} (the "
+            "frozen CLIP's row: no fine-tuning); other sets than ours, not produced here."
+        )
+        lines += [
+            "",
+            f"*Ours: mean ± std over the sweep's seeds (one value for the frozen model). {note}*",
+            "",
+            f"*{aggregation_note(params.get('template_aggregation') or 'mean')}*",
+            "",
+        ]
     return lines
 
 
@@ -443,25 +494,36 @@ def _hierarchy(res: dict, output: str, params: dict, tag: str) -> tuple[list[str
     for name, cell in res.items():
         grouped[_base(name)].append(cell)
         first.setdefault(_base(name), cell)
-    lines = [f"### HierarCaps analysis (Fig. 5 analogue){_heading(params)}", "",
-             "| method | S(level, uncertainty) | S(words, uncertainty) | monotone hierarchies |",
-             "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"### HierarCaps analysis (Fig. 5 analogue){_heading(params)}",
+        "",
+        "| method | S(level, uncertainty) | S(words, uncertainty) | monotone hierarchies |",
+        "|---|---|---|---|",
+    ]
     for method, cells in grouped.items():
-        lines.append(f"| {method} | {_mean_std(c['spearman_level_uncertainty'] for c in cells)} "
-                     f"| {_mean_std(c['spearman_words_uncertainty'] for c in cells)} | "
-                     f"{_mean_std(c['monotone_fraction'] for c in cells)} |")  # fmt: skip
+        lines.append(
+            f"| {method} | {_mean_std(c['spearman_level_uncertainty'] for c in cells)} "
+            f"| {_mean_std(c['spearman_words_uncertainty'] for c in cells)} | "
+            f"{_mean_std(c['monotone_fraction'] for c in cells)} |"
+        )
     name = f"fig5_{tag}.png"
     path = os.path.join(output, name)
     plot_hierarchy(first, path)
-    lines += ["", f"![Fig. 5 analogue — uncertainty and paired score per caption level]({name})",
-              ""]  # fmt: skip
+    lines += [
+        "",
+        f"![Fig. 5 analogue — uncertainty and paired score per caption level]({name})",
+        "",
+    ]
     return lines, {path: "fig5"}
 
 
 def _ood(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dict]:
-    lines = [f"### OOD robustness (beyond the paper){_heading(params)}", "",
-             "| method | perturbation | t2i R@1 | i2t R@1 | t2i MMI | i2t MMI | unc. AUROC |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"### OOD robustness (beyond the paper){_heading(params)}",
+        "",
+        "| method | perturbation | t2i R@1 | i2t R@1 | t2i MMI | i2t MMI | unc. AUROC |",
+        "|---|---|---|---|---|---|---|",
+    ]
     grouped: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for name, per in res.items():
         for spec, cell in per.items():
@@ -469,11 +531,13 @@ def _ood(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dic
     curves: dict[str, dict[str, dict[int, float]]] = defaultdict(dict)
     for method, per in grouped.items():
         for spec, cells in sorted(per.items()):
-            lines.append(f"| {method} | {spec} | {_mean_std(c['t2i_recall_at_1'] for c in cells)}"
-                         f" | {_mean_std(c['i2t_recall_at_1'] for c in cells)} | "
-                         f"{_mean_std(c['t2i_mmi'] for c in cells)} | "
-                         f"{_mean_std(c['i2t_mmi'] for c in cells)} | "
-                         f"{_mean_std(c['uncertainty_auroc'] for c in cells)} |")  # fmt: skip
+            lines.append(
+                f"| {method} | {spec} | {_mean_std(c['t2i_recall_at_1'] for c in cells)}"
+                f" | {_mean_std(c['i2t_recall_at_1'] for c in cells)} | "
+                f"{_mean_std(c['t2i_mmi'] for c in cells)} | "
+                f"{_mean_std(c['i2t_mmi'] for c in cells)} | "
+                f"{_mean_std(c['uncertainty_auroc'] for c in cells)} |"
+            )
             kind, severity = spec.split(":")
             curve = curves[kind].setdefault(method, {})
             curve[0] = statistics.fmean(c["clean_t2i_recall_at_1"] for c in cells)
@@ -496,13 +560,16 @@ def build_report(
     them as a run ``kind=report`` (nested under ``parent``); returns the markdown's path."""
     _, runs = tracking.experiment_runs(tracking_uri, experiment)
     os.makedirs(output, exist_ok=True)
-    lines = [f"# AsymVLM report — experiment `{experiment}`", "",
-             f"Tracking store: `{redact(tracking_uri)}`. Values are mean ± std over seeds where "
-             "there are several. Rows marked *(paper)* are the numbers published by Ju et al. "
-             "(NeurIPS 2025) for CLIP ViT-B/32, shown only where our set-up matches theirs; "
-             "elsewhere a *paper* column beside ours names the set-up (model and real data) "
-             "they were measured on, for comparing trends, not values.",
-             ""]  # fmt: skip
+    lines = [
+        f"# AsymVLM report — experiment `{experiment}`",
+        "",
+        f"Tracking store: `{redact(tracking_uri)}`. Values are mean ± std over seeds where "
+        "there are several. Rows marked *(paper)* are the numbers published by Ju et al. "
+        "(NeurIPS 2025) for CLIP ViT-B/32, shown only where our set-up matches theirs; "
+        "elsewhere a *paper* column beside ours names the set-up (model and real data) "
+        "they were measured on, for comparing trends, not values.",
+        "",
+    ]
     figures: dict[str, str] = {}
     sweeps = [r for r in runs if r.data.tags.get("kind") == "sweep"]
     used_tags: set[str] = set()
@@ -524,16 +591,20 @@ def build_report(
         lines += _table2(evals["eval-nota"])
     if evals.get("eval-zeroshot"):
         lines += _table3(evals["eval-zeroshot"])
-    for kind, judge in (("eval-nota", claims.table2_verdicts),
-                        ("eval-zeroshot", claims.table3_verdicts)):  # fmt: skip
+    for kind, judge in (
+        ("eval-nota", claims.table2_verdicts),
+        ("eval-zeroshot", claims.table3_verdicts),
+    ):
         for res, params in evals.get(kind, []):
             if "plumbing only" not in (params.get("note") or "").lower():
                 source = f"{kind[5:]} ({params.get('sweep') or '–'})"
                 judged += [(source, v) for v in judge(res)]
     lines += claims.claims_markdown(judged)
     # One section per evaluation run; figure names get the sweep when there are several.
-    for kind, section_fn, prefix in (("eval-hierarcaps", _hierarchy, "hierarcaps"),
-                                     ("eval-ood", _ood, "")):  # fmt: skip
+    for kind, section_fn, prefix in (
+        ("eval-hierarcaps", _hierarchy, "hierarcaps"),
+        ("eval-ood", _ood, ""),
+    ):
         runs_of_kind = evals.get(kind, [])
         for k, (res, params) in enumerate(runs_of_kind):
             tag = prefix if len(runs_of_kind) == 1 else f"{prefix}_{params.get('sweep') or k}"
@@ -582,8 +653,12 @@ def report_html(markdown_text: str, folder: str, title: str) -> str:
         return f'<img src="data:image/png;base64,{data}"'
 
     body = _IMAGE.sub(inline, body)
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
-             "padding:3px 8px}img{max-width:100%}blockquote{color:#555}")  # fmt: skip
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-            f"</title><style>{style}</style></head><body>{body}</body></html>\n")  # fmt: skip
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
+        "padding:3px 8px}img{max-width:100%}blockquote{color:#555}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+        f"</title><style>{style}</style></head><body>{body}</body></html>\n"
+    )

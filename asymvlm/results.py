@@ -25,10 +25,19 @@ __all__ = [
 ]
 
 DIRECTIONS = ("t2i", "i2t")
-_FINAL_KEYS = {"recall@1": "recall_at_1", "recall@5": "recall_at_5", "recall@10": "recall_at_10",
-               "spearman": "spearman", "r2": "r2", "auroc": "auroc", "aupr": "aupr",
-               "fpr@95tpr": "fpr_at_95tpr", "aurc": "aurc", "e_aurc": "e_aurc",
-               "ece": "ece"}  # fmt: skip
+_FINAL_KEYS = {
+    "recall@1": "recall_at_1",
+    "recall@5": "recall_at_5",
+    "recall@10": "recall_at_10",
+    "spearman": "spearman",
+    "r2": "r2",
+    "auroc": "auroc",
+    "aupr": "aupr",
+    "fpr@95tpr": "fpr_at_95tpr",
+    "aurc": "aurc",
+    "e_aurc": "e_aurc",
+    "ece": "ece",
+}
 #: What each final retrieval metric says, by its MLflow name without the direction
 #: (``t2i_``/``i2t_``) or split (``val_``) prefix: for model cards and the documentation.
 METRIC_MEANINGS = {
@@ -56,8 +65,12 @@ DIRECTION_MEANINGS = {
     "i2t": "image to text: an image retrieves one of its captions",
 }
 # ECCV Caption / CxC (asymvlm.metrics.eccv): result key -> "<group>_<direction>_<name>"
-_ECCV_KEYS = {"eccv_map_at_r": ("eccv", "map_at_r"), "eccv_rprecision": ("eccv", "rprecision"),
-              "eccv_r1": ("eccv", "r1"), "cxc_r1": ("cxc", "r1")}  # fmt: skip
+_ECCV_KEYS = {
+    "eccv_map_at_r": ("eccv", "map_at_r"),
+    "eccv_rprecision": ("eccv", "rprecision"),
+    "eccv_r1": ("eccv", "r1"),
+    "cxc_r1": ("cxc", "r1"),
+}
 _FOLDS = re.compile(r"(coco_1k|folds_\d+)")
 
 

@@ -76,17 +76,20 @@ class SplitTensors:
         text_rows = torch.as_tensor(texts, device=device)
         return replace(
             self,
-            image_emb=_take(self.image_emb, image_rows, old.image_embeddings,
-                            split.image_embeddings),
+            image_emb=_take(
+                self.image_emb, image_rows, old.image_embeddings, split.image_embeddings
+            ),
             text_emb=_take(self.text_emb, text_rows, old.text_matrix, split.text_matrix),
             text_to_image=torch.as_tensor(split.text_image_index, device=device),
             split=split,
             image_norm=_take(self.image_norm, image_rows, old.image_norms, split.image_norms),
-            image_pre=_take(self.image_pre, image_rows, old.image_features_pre,
-                            split.image_features_pre),
-            text_pre=_take(self.text_pre, text_rows, old.text_features_pre,
-                           split.text_features_pre),
-        )  # fmt: skip
+            image_pre=_take(
+                self.image_pre, image_rows, old.image_features_pre, split.image_features_pre
+            ),
+            text_pre=_take(
+                self.text_pre, text_rows, old.text_features_pre, split.text_features_pre
+            ),
+        )
 
 
 def _shares(tensor: torch.Tensor, array: np.ndarray | None) -> bool:
@@ -183,10 +186,10 @@ def hold_out_images(
     held = np.zeros(n_image, dtype=bool)
     held[order[: max(1, int(round(fraction * n_image)))]] = True
     owner = data.text_to_image.cpu().numpy()
-    rest, out = (data.subset(np.flatnonzero(keep), np.flatnonzero(keep[owner]))
-                 for keep in (~held, held))  # fmt: skip
+    rest, out = (
+        data.subset(np.flatnonzero(keep), np.flatnonzero(keep[owner])) for keep in (~held, held)
+    )
     return rest, out
-
 
 
 # -- splits loaded once per process ----------------------------------------------------------
@@ -227,9 +230,12 @@ class SplitCache:
         return value
 
     def load(
-        self, root: str, split: str, adapter_input: str = "raw",
+        self,
+        root: str,
+        split: str,
+        adapter_input: str = "raw",
         device: str | torch.device = "cpu",
-    ) -> SplitTensors:  # fmt: skip
+    ) -> SplitTensors:
         """``load_split(root, split, adapter_input, device)``, read once per process."""
         device = torch.device(device)
         key = self._key(root, "split", split, adapter_input, str(device))

@@ -98,8 +98,9 @@ def attempts() -> int:
     try:
         return max(1, int(raw)) if raw else DEFAULT_ATTEMPTS
     except ValueError:
-        raise StorageError(f"$ASYMVLM_STORAGE_ATTEMPTS={raw!r}: expected a number of attempts "
-                           "(>= 1)") from None  # fmt: skip
+        raise StorageError(
+            f"$ASYMVLM_STORAGE_ATTEMPTS={raw!r}: expected a number of attempts (>= 1)"
+        ) from None
 
 
 @contextmanager
@@ -112,8 +113,9 @@ def named_failures(uri: str) -> Iterator[None]:
         raise
     except OSError as exc:
         retried = f" (after {attempts()} attempts)" if is_remote(uri) else ""
-        raise StorageError(f"{uri}: {' '.join(str(exc).split()) or type(exc).__name__}"
-                           f"{retried}") from exc  # fmt: skip
+        raise StorageError(
+            f"{uri}: {' '.join(str(exc).split()) or type(exc).__name__}{retried}"
+        ) from exc
 
 
 # Every other boto3 client of the process (MLflow's artifact uploads to S3 among them) retries
@@ -377,8 +379,12 @@ class OutputLock:
 
     # -- local: flock ------------------------------------------------------------------------
     def _info(self) -> dict[str, Any]:
-        return {"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
-                "since": time.time()}  # fmt: skip
+        return {
+            "owner": self.owner,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": time.time(),
+        }
 
     def _acquire_local(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
@@ -413,8 +419,13 @@ class OutputLock:
 
     def _write_lease(self) -> None:
         self._expires = time.time() + self.ttl
-        info = {**self._info(), "since": self._since, "expires": self._expires,
-                "expires_utc": _when(self._expires), "ttl": self.ttl}  # fmt: skip
+        info = {
+            **self._info(),
+            "since": self._since,
+            "expires": self._expires,
+            "expires_utc": _when(self._expires),
+            "ttl": self.ttl,
+        }
         with self.fs.open_output_stream(self.path) as out:
             out.write(json.dumps(info, indent=2).encode())
 
@@ -432,9 +443,12 @@ class OutputLock:
                 )
             self._log(
                 f"taking over the expired lease on {self.shown} ({_holder(current)}, "
-                + (f"expired at {_when(expires)})" if isinstance(expires, int | float)
-                   else "unreadable lease)")
-            )  # fmt: skip
+                + (
+                    f"expired at {_when(expires)})"
+                    if isinstance(expires, int | float)
+                    else "unreadable lease)"
+                )
+            )
         self._since = time.time()
         self._write_lease()
         if self.settle > 0:
@@ -530,8 +544,10 @@ def upload_dir(local: str, uri: str) -> str:
         with named_failures(display(uri, target)):
             fs.create_dir(target, recursive=True)
         for name in files:
-            with open(os.path.join(folder, name), "rb") as fh, \
-                    named_failures(display(uri, join(target, name))):  # fmt: skip
+            with (
+                open(os.path.join(folder, name), "rb") as fh,
+                named_failures(display(uri, join(target, name))),
+            ):
                 atomic_write_bytes(fs, join(target, name), fh.read())
     return uri
 
@@ -572,6 +588,7 @@ def ray_storage(uri: str) -> tuple[str, pafs.FileSystem | None]:
         from urllib.parse import urlparse
 
         parsed = urlparse(endpoint)
-        options.update(endpoint_override=parsed.netloc or parsed.path,
-                       scheme=parsed.scheme or "https")  # fmt: skip
+        options.update(
+            endpoint_override=parsed.netloc or parsed.path, scheme=parsed.scheme or "https"
+        )
     return rest.rstrip("/"), pafs.S3FileSystem(**options)

@@ -41,6 +41,10 @@ def machine(load_before: float | None) -> dict[str, object]:
     load average before (``load_before``) and after the runs."""
     import torch
 
-    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "loadavg_1min_before_after": [load_before, loadavg()]}  # fmt: skip
+    return {
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "loadavg_1min_before_after": [load_before, loadavg()],
+    }

@@ -129,11 +129,31 @@ def build_model(args: argparse.Namespace, root: str) -> tuple[str, dict[str, Any
 def run_stage(args: argparse.Namespace, model: str, out: str, ray_address: str) -> dict[str, Any]:
     """``asymvlm embed`` as a user runs it: a fresh process, against the running cluster."""
     cmd = [
-        sys.executable, "-m", "asymvlm.cli", "embed", "--dataset", "hierarcaps",
-        "--annotations", args.csv, "--images", args.images, "--model", model,
-        "--split", "test", "--output", out, "--batch-size", str(args.batch_size),
-        "--num-actors", str(args.num_actors), "--device", "cpu", "--dtype", "float32",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "asymvlm.cli",
+        "embed",
+        "--dataset",
+        "hierarcaps",
+        "--annotations",
+        args.csv,
+        "--images",
+        args.images,
+        "--model",
+        model,
+        "--split",
+        "test",
+        "--output",
+        out,
+        "--batch-size",
+        str(args.batch_size),
+        "--num-actors",
+        str(args.num_actors),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    ]
     if args.sample:
         cmd += ["--sample", str(args.sample)]
     if args.decode_in:
@@ -152,10 +172,15 @@ def run_plain_process(
 ) -> dict[str, Any]:
     """The plain loop as a user runs it: a fresh ``python`` process (imports included)."""
     job = {
-        "model": model, "out": out, "threads": threads, "sort_captions": sort_captions,
-        "csv": args.csv, "images": args.images, "sample": args.sample,
+        "model": model,
+        "out": out,
+        "threads": threads,
+        "sort_captions": sort_captions,
+        "csv": args.csv,
+        "images": args.images,
+        "sample": args.sample,
         "batch_size": args.batch_size,
-    }  # fmt: skip
+    }
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--plain-job", json.dumps(job)],
@@ -166,8 +191,10 @@ def run_plain_process(
     if proc.returncode:
         raise RuntimeError(f"plain loop failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout)
-    result["phases"] = {"start_and_imports": round(seconds - result["seconds"], 3),
-                        **result["phases"]}  # fmt: skip
+    result["phases"] = {
+        "start_and_imports": round(seconds - result["seconds"], 3),
+        **result["phases"],
+    }
     return {**result, "seconds": seconds}
 
 

@@ -110,8 +110,12 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         rows = text_to_image[s : s + 65536]
         noise = torch.randn(rows.shape[0], dim, generator=g) / dim**0.5
         texts[s : s + 65536] = 8.0 * torch.nn.functional.normalize(images[rows] + noise, dim=-1)
-    data = SplitTensors(image_emb=images.to(device), text_emb=texts.to(device),
-                        text_to_image=text_to_image.to(device), split=None)  # fmt: skip
+    data = SplitTensors(
+        image_emb=images.to(device),
+        text_emb=texts.to(device),
+        text_to_image=text_to_image.to(device),
+        split=None,
+    )
     del images, texts
     torch.manual_seed(0)
     method = build_method(cfg["method"], dim).to(device).eval()
@@ -154,8 +158,10 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     table_bytes = input_bytes + encoding_bytes + result_bytes
 
     chunk = cfg["chunk_size"] or chunk_rows(n_image, cfg["memory_budget"])
-    log(f"{cfg['method']}: {n_text} captions x {n_image} images, d={dim}, chunk {chunk}, "
-        f"threads {torch.get_num_threads()}, device {device}")  # fmt: skip
+    log(
+        f"{cfg['method']}: {n_text} captions x {n_image} images, d={dim}, chunk {chunk}, "
+        f"threads {torch.get_num_threads()}, device {device}"
+    )
     rss_before = _status_bytes("VmRSS")
     reset = _reset_peak_rss()
     if device.type == "cuda":
@@ -265,10 +271,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--images", type=int, default=40_000)
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--method", default="asymvlm-vmf")
-    p.add_argument("--chunk-size", type=int, default=None,
-                   help="captions per chunk (default: from --memory-budget)")  # fmt: skip
-    p.add_argument("--memory-budget", type=int, default=None, metavar="BYTES",
-                   help="working memory of one chunk (default: the library's 512 MiB)")  # fmt: skip
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        help="captions per chunk (default: from --memory-budget)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="working memory of one chunk (default: the library's 512 MiB)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--device", default="cpu")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -277,11 +292,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(child(json.loads(args.child))))
         return {}
 
-    cfg = {k: getattr(args, k) for k in ("captions", "images", "dim", "method", "chunk_size",
-                                         "memory_budget", "threads", "device")}  # fmt: skip
+    cfg = {
+        k: getattr(args, k)
+        for k in (
+            "captions",
+            "images",
+            "dim",
+            "method",
+            "chunk_size",
+            "memory_budget",
+            "threads",
+            "device",
+        )
+    }
     load_before = loadavg()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)],
-                          check=True, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
     result = {
         **measured,

@@ -56,18 +56,28 @@ def _floats(text: str) -> list[float]:
 
 def train_method(root: str, method: str, seed: int, args: argparse.Namespace) -> Method:
     """``method`` trained on ``ROOT/train`` with the demo sweep's settings."""
-    cfg = TrainConfig(method=method, epochs=args.epochs, lr=args.lr, optimizer="adamw",
-                      batch_size=args.batch_size, hidden_dim=args.hidden_dim, seed=seed,
-                      device="cpu")  # fmt: skip
+    cfg = TrainConfig(
+        method=method,
+        epochs=args.epochs,
+        lr=args.lr,
+        optimizer="adamw",
+        batch_size=args.batch_size,
+        hidden_dim=args.hidden_dim,
+        seed=seed,
+        device="cpu",
+    )
     trained, _ = train(root, "train", cfg, output=None, progress=False)
     return trained
 
 
 def measure(methods: dict[str, Method], root: str, sets: dict[str, str]) -> dict[str, dict]:
     """Per model: kappa by text group, none-of-the-above and zero-shot numbers."""
-    nota = evaluate_none_of_the_above(methods, (sets["positives"], "test"),
-                                      (sets["negatives"], "test"),
-                                      (sets["far-negatives"], "test"))  # fmt: skip
+    nota = evaluate_none_of_the_above(
+        methods,
+        (sets["positives"], "test"),
+        (sets["negatives"], "test"),
+        (sets["far-negatives"], "test"),
+    )
     zero = evaluate_zero_shot(methods, {k: (sets[k], "test") for k in ("positives", "zeroshot")})
     out: dict[str, dict] = {}
     for name, method in methods.items():
@@ -98,8 +108,9 @@ def one_p(p: float, args: argparse.Namespace, folder: str) -> dict[str, Any]:
     """The world with ``generic_captions = p``, every method and seed trained and measured."""
     cfg = replace(PRESETS[args.preset], generic_captions=p, seed=args.world_seed)
     root = write_world(f"{folder}/p{p}", cfg)
-    spec = ClassificationSpec(positives=args.class_images, negatives=args.class_images,
-                              zeroshot=args.class_images)  # fmt: skip
+    spec = ClassificationSpec(
+        positives=args.class_images, negatives=args.class_images, zeroshot=args.class_images
+    )
     sets = write_classification_sets(root, cfg, spec)
     frozen = build_method("clip", cfg.dim)
     frozen.adapter_input = "unit"
@@ -111,20 +122,26 @@ def one_p(p: float, args: argparse.Namespace, folder: str) -> dict[str, Any]:
             cell = measure({method: trained}, root, sets)[method]
             per.setdefault(method, []).append(cell)
             kappa = (cell["kappa"] or {}).get(f'dummy "{DUMMY}"')
-            log(f"p={p} {method} seed {seed}: kappa('{DUMMY}') {kappa}, sibling rejected "
+            log(
+                f"p={p} {method} seed {seed}: kappa('{DUMMY}') {kappa}, sibling rejected "
                 f"{cell['sibling_rejected']:.3f}, far {cell['far_rejected']:.3f}, positives "
-                f"{cell['pos_acc']:.3f} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
-    return {"p": p, "seeds": args.seeds,
-            "mean": {m: _mean(cells) for m, cells in per.items()},
-            "per_seed": per}  # fmt: skip
+                f"{cell['pos_acc']:.3f} ({time.perf_counter() - t0:.0f} s)"
+            )
+    return {
+        "p": p,
+        "seeds": args.seeds,
+        "mean": {m: _mean(cells) for m, cells in per.items()},
+        "per_seed": per,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--p", type=_floats, default=[0.0, 0.005, 0.01, 0.02, 0.05])
     parser.add_argument("--seeds", type=lambda t: [int(v) for v in t.split(",")], default=[0, 1])
-    parser.add_argument("--methods", type=lambda t: t.split(","),
-                        default=["asymvlm-vmf", "asymvlm-ps", "determ-ft"])  # fmt: skip
+    parser.add_argument(
+        "--methods", type=lambda t: t.split(","), default=["asymvlm-vmf", "asymvlm-ps", "determ-ft"]
+    )
     parser.add_argument("--preset", default="demo", choices=sorted(PRESETS))
     parser.add_argument("--world-seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=12)
@@ -137,10 +154,17 @@ def main() -> None:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         curve = [one_p(p, args, folder) for p in args.p]
-    result = {"benchmark": "generic_captions", "preset": args.preset,
-              "world_seed": args.world_seed, "epochs": args.epochs, "methods": args.methods,
-              "dummy": DUMMY, "curve": curve, "seconds": round(time.perf_counter() - t0, 1),
-              "machine": machine(load)}  # fmt: skip
+    result = {
+        "benchmark": "generic_captions",
+        "preset": args.preset,
+        "world_seed": args.world_seed,
+        "epochs": args.epochs,
+        "methods": args.methods,
+        "dummy": DUMMY,
+        "curve": curve,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "machine": machine(load),
+    }
     print(json.dumps(result, indent=1))
 
 

@@ -141,8 +141,9 @@ def sample_split(
     return split, np.stack(path, axis=1)
 
 
-def write_sampled_world(root: str, world: SyntheticWorld, splits: dict[str, int],
-                        knobs: Knobs, seed: int) -> dict[str, np.ndarray]:  # fmt: skip
+def write_sampled_world(
+    root: str, world: SyntheticWorld, splits: dict[str, int], knobs: Knobs, seed: int
+) -> dict[str, np.ndarray]:
     """Write a world drawn by :func:`sample_split` (every split with ``knobs``) under ``root``;
     returns the concept paths per split."""
     tables.write_manifest(root, {"dim": world.config.dim, "model": "synthetic-world-variant"})
@@ -217,8 +218,9 @@ def _rankings(method: Method, data: SplitTensors, chunk: int = 2048) -> dict[str
     }
 
 
-def analyse(method: Method, data: SplitTensors, n_bins: int = 10,
-            path: np.ndarray | None = None) -> dict[str, Any]:  # fmt: skip
+def analyse(
+    method: Method, data: SplitTensors, n_bins: int = 10, path: np.ndarray | None = None
+) -> dict[str, Any]:
     """Every measurement of the module docstring on one split (``path``: concept path per image,
     for the semantic hit; None where unknown)."""
     level = np.asarray(data.split.extra_text_columns["level"])
@@ -247,7 +249,7 @@ def analyse(method: Method, data: SplitTensors, n_bins: int = 10,
                 "binned_recall@1": [round(b, 3) for b in lib[d]["binned_recall@1"]],
             }
             for d in ("t2i", "i2t")
-        },  # fmt: skip
+        },
     }
     i2t = _curve(hit, top_unc, n_bins)
     out["i2t_recomputed_spearman"] = i2t["spearman"]  # equals library.i2t.spearman
@@ -257,12 +259,13 @@ def analyse(method: Method, data: SplitTensors, n_bins: int = 10,
     out["per_caption_level"] = {
         str(lv): {
             "median_kappa": _r(np.median(rk["kappa"][level == lv]), 2)
-            if rk["kappa"] is not None else None,
+            if rk["kappa"] is not None
+            else None,
             "median_uncertainty": _r(np.median(unc[level == lv])),
             "t2i_recall@1": _mean(t2i_hit[level == lv]),
         }
         for lv in range(DETAILED + 1)
-    }  # fmt: skip
+    }
     out["spearman_uncertainty_level"] = _spearman(unc, level)
     out["spearman_uncertainty_level_2_vs_3"] = _spearman(unc[level >= 2], level[level >= 2])
 
@@ -273,15 +276,17 @@ def analyse(method: Method, data: SplitTensors, n_bins: int = 10,
     for b in range(n_bins):
         rows = order[b * size : (b + 1) * size]
         lv, h = top_level[rows], hit[rows]
-        bins.append({
-            "recall@1": _mean(h),
-            "mean_uncertainty": _mean(top_unc[rows]),
-            "retrieved_level_counts": np.bincount(lv, minlength=DETAILED + 1).tolist(),
-            "hit_rate_detailed": _mean(h[lv == DETAILED]),
-            "hit_rate_vague": _mean(h[lv < DETAILED]),
-            "mean_in_degree": _mean(in_degree[top[rows]]),
-            "images_without_detailed_caption": _mean(n_detailed[rows] == 0),
-        })  # fmt: skip
+        bins.append(
+            {
+                "recall@1": _mean(h),
+                "mean_uncertainty": _mean(top_unc[rows]),
+                "retrieved_level_counts": np.bincount(lv, minlength=DETAILED + 1).tolist(),
+                "hit_rate_detailed": _mean(h[lv == DETAILED]),
+                "hit_rate_vague": _mean(h[lv < DETAILED]),
+                "mean_in_degree": _mean(in_degree[top[rows]]),
+                "images_without_detailed_caption": _mean(n_detailed[rows] == 0),
+            }
+        )
     out["i2t_bins"] = bins
 
     # --- per retrieved level ------------------------------------------------------------------
@@ -290,11 +295,12 @@ def analyse(method: Method, data: SplitTensors, n_bins: int = 10,
             "share_of_images": _r(np.mean(top_level == lv), 3),
             "hit_rate": _mean(hit[top_level == lv]),
             "median_uncertainty": _r(np.median(top_unc[top_level == lv]))
-            if np.any(top_level == lv) else None,
+            if np.any(top_level == lv)
+            else None,
             "mean_in_degree": _mean(in_degree[top[top_level == lv]]),
         }
         for lv in range(DETAILED + 1)
-    }  # fmt: skip
+    }
     out["hits_on_own_vague_caption"] = _r(np.mean(hit & (top_level < DETAILED)), 4)
     out["vague_retrieved_belongs_to_other_image"] = _mean(~hit[top_level < DETAILED])
 
@@ -319,11 +325,14 @@ def analyse(method: Method, data: SplitTensors, n_bins: int = 10,
         }
     out["images_by_top1"] = groups
     out["i2t_by_own_detailed_captions"] = {
-        str(c): {"share_of_images": _r(np.mean(n_detailed == c), 3),
-                 "hit_rate": _mean(hit[n_detailed == c]),
-                 "top1_vague": _mean(top_level[n_detailed == c] < DETAILED)}
-        for c in range(int(n_detailed.max()) + 1) if np.any(n_detailed == c)
-    }  # fmt: skip
+        str(c): {
+            "share_of_images": _r(np.mean(n_detailed == c), 3),
+            "hit_rate": _mean(hit[n_detailed == c]),
+            "top1_vague": _mean(top_level[n_detailed == c] < DETAILED),
+        }
+        for c in range(int(n_detailed.max()) + 1)
+        if np.any(n_detailed == c)
+    }
 
     # --- hubness: confident captions are retrieved by many images -----------------------------
     retrieved = np.flatnonzero(in_degree > 0)
@@ -336,11 +345,13 @@ def analyse(method: Method, data: SplitTensors, n_bins: int = 10,
     jitter = top_unc / (top_unc.max() + 1.0)  # ties between levels broken by the model
     out["i2t_counterfactual"] = {
         "oracle_level_uncertainty": _curve(hit, (DETAILED - top_level) + jitter, n_bins),
-        "detailed_retrievals_only": _curve(hit[top_level == DETAILED],
-                                           top_unc[top_level == DETAILED], n_bins),
-        "images_with_detailed_caption_only": _curve(hit[n_detailed > 0], top_unc[n_detailed > 0],
-                                                    n_bins),
-    }  # fmt: skip
+        "detailed_retrievals_only": _curve(
+            hit[top_level == DETAILED], top_unc[top_level == DETAILED], n_bins
+        ),
+        "images_with_detailed_caption_only": _curve(
+            hit[n_detailed > 0], top_unc[n_detailed > 0], n_bins
+        ),
+    }
     if rk["i2t_top_cosine"] is not None:  # kappa out of the ranking, still used for binning
         top_cos = rk["i2t_top_cosine"][images]
         hit_cos = owner[top_cos] == images
@@ -357,8 +368,9 @@ def analyse(method: Method, data: SplitTensors, n_bins: int = 10,
         semantic = np.where(top_level == DETAILED, hit, same)
         out["i2t_counterfactual"]["semantic_hit"] = _curve(semantic, top_unc, n_bins)
         out["i2t_counterfactual"]["semantic_hit"]["recall@1"] = _mean(semantic)
-        out["same_leaf_images_per_image"] = _r(np.mean(
-            np.bincount(path[:, -1])[path[images, -1]] - 1), 2)  # fmt: skip
+        out["same_leaf_images_per_image"] = _r(
+            np.mean(np.bincount(path[:, -1])[path[images, -1]] - 1), 2
+        )
     return out
 
 
@@ -387,9 +399,16 @@ def first_k_captions(data: SplitTensors, k: int) -> np.ndarray:
 
 def train_method(root: str, args: argparse.Namespace, epochs: int) -> Method:
     """Train ``args.method`` on ``ROOT/train`` as ``benchmarks/protocols.py`` does (improved)."""
-    cfg = TrainConfig(method=args.method, protocol=args.protocol, epochs=epochs,
-                      hidden_dim=args.hidden_dim, batch_size=args.batch_size, lr=args.lr,
-                      seed=args.train_seed, device="cpu")  # fmt: skip
+    cfg = TrainConfig(
+        method=args.method,
+        protocol=args.protocol,
+        epochs=epochs,
+        hidden_dim=args.hidden_dim,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.train_seed,
+        device="cpu",
+    )
     t0 = time.perf_counter()
     method, _ = train(root, "train", cfg, output=None, progress=False)
     log(f"trained {args.method} for {epochs} epochs on {root} in {time.perf_counter() - t0:.0f}s")
@@ -399,8 +418,10 @@ def train_method(root: str, args: argparse.Namespace, epochs: int) -> Method:
 def summary(result: dict[str, Any]) -> str:
     """One line for stderr."""
     lib = result["library"]
-    return (f"t2i R@1 {lib['t2i']['recall@1']} S {lib['t2i']['spearman']}; "
-            f"i2t R@1 {lib['i2t']['recall@1']} S {lib['i2t']['spearman']}")  # fmt: skip
+    return (
+        f"t2i R@1 {lib['t2i']['recall@1']} S {lib['t2i']['spearman']}; "
+        f"i2t R@1 {lib['i2t']['recall@1']} S {lib['i2t']['spearman']}"
+    )
 
 
 def run_world(args: argparse.Namespace, world_cfg: WorldConfig, output: str) -> dict[str, Any]:
@@ -441,14 +462,19 @@ def run_world(args: argparse.Namespace, world_cfg: WorldConfig, output: str) -> 
                 res[f"test_control_{k}_captions"] = analyse(
                     method, sub, args.bins, paths[name][keep]
                 )
-                log(f"epochs {epochs} control, {k} captions: "
-                    f"{summary(res[f'test_control_{k}_captions'])}")  # fmt: skip
+                log(
+                    f"epochs {epochs} control, {k} captions: "
+                    f"{summary(res[f'test_control_{k}_captions'])}"
+                )
             rows = np.flatnonzero(level == DETAILED)
             keep = np.unique(data.text_to_image.cpu().numpy()[rows])
-            res["test_control_detailed_only"] = analyse(method, _subset(data, rows), args.bins,
-                                                        paths[name][keep])  # fmt: skip
-            log(f"epochs {epochs} control, detailed captions only: "
-                f"{summary(res['test_control_detailed_only'])}")  # fmt: skip
+            res["test_control_detailed_only"] = analyse(
+                method, _subset(data, rows), args.bins, paths[name][keep]
+            )
+            log(
+                f"epochs {epochs} control, detailed captions only: "
+                f"{summary(res['test_control_detailed_only'])}"
+            )
         out[str(epochs)] = res
     return out
 
@@ -458,8 +484,9 @@ def run_proposed(args: argparse.Namespace, world_cfg: WorldConfig, output: str) 
     world = SyntheticWorld(world_cfg)
     root = os.path.join(output, "proposed-world")
     splits = {"train": args.train_images, "test": args.test_images}
-    paths = write_sampled_world(root, world, splits, Knobs(level_probs=tuple(args.coco_levels)),
-                                seed=args.seed * 7919 + 101)  # fmt: skip
+    paths = write_sampled_world(
+        root, world, splits, Knobs(level_probs=tuple(args.coco_levels)), seed=args.seed * 7919 + 101
+    )
     out = {}
     for epochs in args.epochs:
         method = train_method(root, args, epochs)
@@ -515,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             "train_images": args.train_images,
             "test_images": args.test_images,
             "captions_per_image": world_cfg.captions_per_image,
-        },  # fmt: skip
+        },
         "coco_levels": args.coco_levels,
         "default_world": run_world(args, world_cfg, output),
     }

@@ -113,9 +113,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load_before = loadavg()
     data = random_split(args.n_text, args.dim, args.captions_per_image, device)
     cfgs = configs(args)
-    log(f"{args.k} x {args.method}: d={args.dim} hidden={args.hidden_dim} depth={args.depth} "
+    log(
+        f"{args.k} x {args.method}: d={args.dim} hidden={args.hidden_dim} depth={args.depth} "
         f"B={args.batch_size} n_text={args.n_text} epochs={args.epochs} "
-        f"threads={torch.get_num_threads()} device={device}")  # fmt: skip
+        f"threads={torch.get_num_threads()} device={device}"
+    )
 
     log("warm-up (one epoch each way)")
     warm = [cfg.model_copy(update={"epochs": 1}) for cfg in cfgs[:2]]
@@ -130,20 +132,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             fn = run_packed if side == "packed" else run_sequential
             seconds, losses[side] = timed(lambda fn=fn: fn(cfgs, data), device)
             (t_packed if side == "packed" else t_seq).append(seconds)
-        diffs.append(max(
-            abs(a - b) / max(abs(b), 1e-12)
-            for a, b in zip(losses["packed"], losses["sequential"], strict=True)
-        ))  # fmt: skip
-        log(f"repeat {r + 1}/{args.repeats}: packed {t_packed[-1]:.2f}s  "
-            f"sequential {t_seq[-1]:.2f}s  (max rel. loss diff {diffs[-1]:.1e})")  # fmt: skip
+        diffs.append(
+            max(
+                abs(a - b) / max(abs(b), 1e-12)
+                for a, b in zip(losses["packed"], losses["sequential"], strict=True)
+            )
+        )
+        log(
+            f"repeat {r + 1}/{args.repeats}: packed {t_packed[-1]:.2f}s  "
+            f"sequential {t_seq[-1]:.2f}s  (max rel. loss diff {diffs[-1]:.1e})"
+        )
 
     paired = [ts / tp for tp, ts in zip(t_packed, t_seq, strict=True)]
-    params = sum(p.numel() for p in build_method(args.method, args.dim,
-                                                 **cfgs[0].method_args()).parameters())  # fmt: skip
+    params = sum(
+        p.numel() for p in build_method(args.method, args.dim, **cfgs[0].method_args()).parameters()
+    )
     result: dict[str, Any] = {
-        "config": {**vars(args), "lrs": [cfg.lr for cfg in cfgs],
-                   "params_per_trial": params,
-                   "steps_per_epoch": args.n_text // min(args.batch_size, args.n_text)},
+        "config": {
+            **vars(args),
+            "lrs": [cfg.lr for cfg in cfgs],
+            "params_per_trial": params,
+            "steps_per_epoch": args.n_text // min(args.batch_size, args.n_text),
+        },
         "packed_seconds": round(min(t_packed), 3),
         "sequential_seconds": round(min(t_seq), 3),
         # the median of the paired (interleaved) ratios; best vs best beside it
@@ -162,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "python": platform.python_version(),
         },
         "loadavg_1min_before_after": [load_before, loadavg()],
-    }  # fmt: skip
+    }
     print(json.dumps(result, indent=2))
     return result
 

@@ -52,27 +52,46 @@ def main(argv: list[str] | None = None) -> int:
     for method in args.methods:
         for protocol in ("official", "improved"):
             t0 = time.perf_counter()
-            cfg = TrainConfig(method=method, protocol=protocol, epochs=args.epochs,
-                              hidden_dim=args.hidden_dim, batch_size=args.batch_size,
-                              device="cpu")  # fmt: skip
+            cfg = TrainConfig(
+                method=method,
+                protocol=protocol,
+                epochs=args.epochs,
+                hidden_dim=args.hidden_dim,
+                batch_size=args.batch_size,
+                device="cpu",
+            )
             ckpt = os.path.join(output, "checkpoints", f"{method}-{protocol}")
             try:
                 model, _ = train(world, "train", cfg, output=ckpt, overwrite=True)
             except NonFiniteError as err:  # a result too: this protocol's defaults diverge
-                rows[f"{method}/{protocol}"] = {"optimizer": cfg.optimizer, "lr": cfg.lr,
-                                                "diverged": str(err).split(":")[0]}  # fmt: skip
+                rows[f"{method}/{protocol}"] = {
+                    "optimizer": cfg.optimizer,
+                    "lr": cfg.lr,
+                    "diverged": str(err).split(":")[0],
+                }
                 print(f"{method}/{protocol}: diverged ({err})", file=sys.stderr, flush=True)
                 continue
             res = evaluate_retrieval(model, test)
             unc = model.text_uncertainty(test.text_emb)
             row = {f"{d}_{k}": res[d].get(k) for d in ("t2i", "i2t") for k in KEYS}
-            row.update(optimizer=cfg.optimizer, lr=cfg.lr,
-                       spearman_uncertainty_level=spearman_uncertainty(unc.detach(), level),
-                       seconds=round(time.perf_counter() - t0, 1))  # fmt: skip
+            row.update(
+                optimizer=cfg.optimizer,
+                lr=cfg.lr,
+                spearman_uncertainty_level=spearman_uncertainty(unc.detach(), level),
+                seconds=round(time.perf_counter() - t0, 1),
+            )
             rows[f"{method}/{protocol}"] = row
             print(f"{method}/{protocol}: {row}", file=sys.stderr, flush=True)
-    print(json.dumps({"epochs": args.epochs, "hidden_dim": args.hidden_dim,
-                      "world": "WorldConfig()", "results": rows}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "epochs": args.epochs,
+                "hidden_dim": args.hidden_dim,
+                "world": "WorldConfig()",
+                "results": rows,
+            }
+        )
+    )
     return 0
 
 

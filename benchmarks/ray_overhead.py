@@ -39,12 +39,34 @@ log = logger("ray_overhead")
 
 def run_single(args: argparse.Namespace, world: str, out: str) -> dict[str, Any]:
     cmd = [
-        sys.executable, "-m", "asymvlm.cli", "train", "--embeddings", world, "--split", "train",
-        "--method", args.method, "--epochs", str(args.epochs), "--lr", "1e-3",
-        "--optimizer", "adamw", "--batch-size", str(args.batch_size),
-        "--hidden-dim", str(args.hidden_dim), "--seed", "0", "--device", "cpu",
-        "--output", out, "--quiet",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "asymvlm.cli",
+        "train",
+        "--embeddings",
+        world,
+        "--split",
+        "train",
+        "--method",
+        args.method,
+        "--epochs",
+        str(args.epochs),
+        "--lr",
+        "1e-3",
+        "--optimizer",
+        "adamw",
+        "--batch-size",
+        str(args.batch_size),
+        "--hidden-dim",
+        str(args.hidden_dim),
+        "--seed",
+        "0",
+        "--device",
+        "cpu",
+        "--output",
+        out,
+        "--quiet",
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -60,13 +82,24 @@ def run_ray(args: argparse.Namespace, world: str, out: str, cpus: int) -> dict[s
     from asymvlm.training import TrainConfig
     from pipelines.ray_train import run_training
 
-    train = TrainConfig(method=args.method, epochs=args.epochs, lr=1e-3, optimizer="adamw",
-                        batch_size=args.batch_size, hidden_dim=args.hidden_dim, seed=0)  # fmt: skip
-    spec = RunSpec(embeddings=world, train=train, val_split=None, test_split=None,
-                   checkpoint_every=args.checkpoint_every)  # fmt: skip
+    train = TrainConfig(
+        method=args.method,
+        epochs=args.epochs,
+        lr=1e-3,
+        optimizer="adamw",
+        batch_size=args.batch_size,
+        hidden_dim=args.hidden_dim,
+        seed=0,
+    )
+    spec = RunSpec(
+        embeddings=world,
+        train=train,
+        val_split=None,
+        test_split=None,
+        checkpoint_every=args.checkpoint_every,
+    )
     t0 = time.perf_counter()
-    result = run_training(spec, name="bench", storage_path=out, num_workers=1,
-                          cpus_per_worker=cpus)  # fmt: skip
+    result = run_training(spec, name="bench", storage_path=out, num_workers=1, cpus_per_worker=cpus)
     wall = time.perf_counter() - t0
     return {"wall": wall, "epoch_seconds": [row["epoch_seconds"] for row in result["history"]]}
 
@@ -137,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 r["wall"] / s["wall"] - 1 for s, r in zip(single, via_ray, strict=True)
             ),
             4,
-        ),  # fmt: skip
+        ),
         "ray_fixed_seconds": round(
             statistics.median(
                 r["wall"] - s["wall"] - args.epochs * (pr - ps)
@@ -146,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
             ),
             2,
-        ),  # fmt: skip
+        ),
         "ray_init_seconds": round(ray_init, 2),
         "config": {
             "dim": args.dim,
@@ -160,14 +193,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "repeats": args.repeats,
             "torch_threads": cpus,
             "ray_workers": 1,
-        },  # fmt: skip
+        },
         "loadavg_1min_before_after": [load_before, load_after],
         "machine": {
             "cpu": cpu_model(),
             "cores": cpus,
             "torch": torch.__version__,
             "ray": ray.__version__,
-        },  # fmt: skip
+        },
     }
     print(json.dumps(result, indent=2))
     return result

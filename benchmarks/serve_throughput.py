@@ -40,14 +40,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import loadavg, logger, machine  # noqa: E402
 
 log = logger("serve_throughput")
-WORDS = ("a dog cat red blue small large man woman child car bus tree street field beach "
-         "running sitting holding playing with on in near the of frisbee ball").split()  # fmt: skip
+WORDS = (
+    "a dog cat red blue small large man woman child car bus tree street field beach "
+    "running sitting holding playing with on in near the of frisbee ball"
+).split()
 
 
 def _captions(n_requests: int, per_request: int, seed: int = 0) -> list[list[str]]:
     rng = random.Random(seed)
-    return [[" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))
-             for _ in range(per_request)] for _ in range(n_requests)]  # fmt: skip
+    return [
+        [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(per_request)]
+        for _ in range(n_requests)
+    ]
 
 
 def _untrained_checkpoint(folder: str) -> str:
@@ -97,8 +101,9 @@ def _over_http(url: str, requests: list[list[str]], concurrency: int) -> dict[st
 
     def post(captions: list[str]) -> float:
         body = json.dumps({"captions": captions}).encode()
-        request = urllib.request.Request(url + "/uncertainty", data=body,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            url + "/uncertainty", data=body, headers={"Content-Type": "application/json"}
+        )
         t = time.perf_counter()
         with urllib.request.urlopen(request, timeout=120) as response:
             results = json.loads(response.read())["results"]
@@ -146,10 +151,15 @@ def main(argv: list[str] | None = None) -> int:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            cfg = ServeConfig(checkpoint=checkpoint, device=args.device, port=port,
-                              name=f"bench-{label}", batching=batching,
-                              max_batch_size=args.concurrency,
-                              batch_wait_timeout_s=0.01)  # fmt: skip
+            cfg = ServeConfig(
+                checkpoint=checkpoint,
+                device=args.device,
+                port=port,
+                name=f"bench-{label}",
+                batching=batching,
+                max_batch_size=args.concurrency,
+                batch_wait_timeout_s=0.01,
+            )
             log(f"{label}: deploying ...")
             url = deploy(cfg)
             try:
@@ -159,16 +169,22 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{label}: {result[label]}")
         base = result["in_process"]["requests_per_second"]
         result.update(
-            batched_over_in_process=round(result["serve_batched"]["requests_per_second"] / base,
-                                          3),
+            batched_over_in_process=round(result["serve_batched"]["requests_per_second"] / base, 3),
             unbatched_over_in_process=round(
-                result["serve_unbatched"]["requests_per_second"] / base, 3),
-            batched_over_unbatched=round(result["serve_batched"]["requests_per_second"]
-                                         / result["serve_unbatched"]["requests_per_second"], 3),
+                result["serve_unbatched"]["requests_per_second"] / base, 3
+            ),
+            batched_over_unbatched=round(
+                result["serve_batched"]["requests_per_second"]
+                / result["serve_unbatched"]["requests_per_second"],
+                3,
+            ),
             checkpoint=args.checkpoint or "untrained asymvlm-vmf over a tiny random CLIP",
-            requests=args.requests, captions_per_request=args.captions,
-            concurrency=args.concurrency, device=args.device, **machine(load_before),
-        )  # fmt: skip
+            requests=args.requests,
+            captions_per_request=args.captions,
+            concurrency=args.concurrency,
+            device=args.device,
+            **machine(load_before),
+        )
         print(json.dumps(result, indent=2), file=stdout, flush=True)
         return 0
     finally:

@@ -89,8 +89,12 @@ def _trials_of(cfg: Any, selection: dict[str, Any]) -> list[tuple[str, float, in
     first = cfg.seeds[0]
     grid = [(m, lr, first) for m in cfg.methods for lr in cfg.lr]
     grid = grid if len(cfg.lr) > 1 else []
-    rest = [(m, pick["lr"], s) for m, pick in selection.items() for s in cfg.seeds
-            if (m, pick["lr"], s) not in grid]  # fmt: skip
+    rest = [
+        (m, pick["lr"], s)
+        for m, pick in selection.items()
+        for s in cfg.seeds
+        if (m, pick["lr"], s) not in grid
+    ]
     return grid + rest
 
 
@@ -125,16 +129,19 @@ _sequential(*json.loads(sys.argv[1]))
 """
 
 
-def _sequential_script(cfg: Any, trials: list[tuple[str, float, int]],
-                       threads: int) -> float:  # fmt: skip
+def _sequential_script(cfg: Any, trials: list[tuple[str, float, int]], threads: int) -> float:
     """Seconds of the same loop as a script of its own: a new Python process that imports
     torch and the package first, as a user's plain loop would."""
     import subprocess
 
     t0 = time.perf_counter()
     doc = cfg.model_dump(mode="json", exclude_none=True)
-    subprocess.run([sys.executable, "-c", _LOOP_SCRIPT, json.dumps([doc, trials, threads])],
-                   check=True, cwd=REPO, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-c", _LOOP_SCRIPT, json.dumps([doc, trials, threads])],
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t0
 
 
@@ -159,22 +166,29 @@ def _trial_imports() -> dict[str, float]:
     part, measured alone in a new process (in a sweep two of them run at once)."""
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", _TRIAL_IMPORTS], check=True, cwd=REPO,
-                         capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _TRIAL_IMPORTS], check=True, cwd=REPO, capture_output=True, text=True
+    ).stdout
     return {k: round(v, 2) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
 def _seed_metrics(out: dict[str, Any]) -> dict[str, Any]:
-    return {m: {k: v["mean"] for k, v in cells.items() if isinstance(v, dict)}
-            for m, cells in out["summary"].items()}  # fmt: skip
+    return {
+        m: {k: v["mean"] for k, v in cells.items() if isinstance(v, dict)}
+        for m, cells in out["summary"].items()
+    }
 
 
 def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float | None:
     """Largest |difference| of the seed-mean metrics of two summaries (None: other cells)."""
     if a.keys() != b.keys() or any(a[m].keys() != b[m].keys() for m in a):
         return None
-    diffs = [abs(a[m][k] - b[m][k]) for m in a for k in a[m]
-             if a[m][k] is not None and b[m][k] is not None]  # fmt: skip
+    diffs = [
+        abs(a[m][k] - b[m][k])
+        for m in a
+        for k in a[m]
+        if a[m][k] is not None and b[m][k] is not None
+    ]
     return max(diffs, default=0.0)
 
 
@@ -184,10 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--tables", default=None)
     parser.add_argument("--no-torch-trainer", action="store_true")
-    parser.add_argument("--preload", action="store_true",
-                        help="Ray's workers import what a trial imports as they start")
-    parser.add_argument("--warm-up", type=float, default=0.0, metavar="SECONDS",
-                        help="wait this long after starting Ray before the sweep")
+    parser.add_argument(
+        "--preload",
+        action="store_true",
+        help="Ray's workers import what a trial imports as they start",
+    )
+    parser.add_argument(
+        "--warm-up",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long after starting Ray before the sweep",
+    )
     args = parser.parse_args(argv)
 
     from asymvlm import config, logs
@@ -219,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
 
         # The plain loop at torch's default threads (all cores) and at one thread; the ratio
         # is taken against the faster, so it never flatters the sweep.
-        by_threads = {n: _sequential(cfg, trials, n)
-                      for n in sorted({torch.get_num_threads(), 1}, reverse=True)}  # fmt: skip
+        by_threads = {
+            n: _sequential(cfg, trials, n)
+            for n in sorted({torch.get_num_threads(), 1}, reverse=True)
+        }
         sequential_seconds = min(by_threads.values())
         log(f"sequential: {by_threads} s by torch threads; the loop as a script of its own ...")
         best_threads = min(by_threads, key=by_threads.get)
@@ -229,20 +253,29 @@ def main(argv: list[str] | None = None) -> int:
         # mlflow.db, or a tracking server, already exists): no new store to migrate, and
         # this driver has imported what the first sweep's logging needed.
         log("the sweep again, into the existing MLflow store ...")
-        again = resolve_config({**doc, "output": os.path.join(scratch, "sweep-again"),
-                                "mlflow": {**doc["mlflow"],
-                                           "tracking_uri": cfg.mlflow.tracking_uri}},
-                               source=args.config)  # fmt: skip
+        again = resolve_config(
+            {
+                **doc,
+                "output": os.path.join(scratch, "sweep-again"),
+                "mlflow": {**doc["mlflow"], "tracking_uri": cfg.mlflow.tracking_uri},
+            },
+            source=args.config,
+        )
         again_seconds, _ = _sweep(again)
         imports = _trial_imports()
         result: dict[str, Any] = {
-            "config": os.path.relpath(args.config, REPO) if args.config.startswith(REPO)
+            "config": os.path.relpath(args.config, REPO)
+            if args.config.startswith(REPO)
             else args.config,
             "overrides": args.set,
             "trials": len(trials),
-            "methods": cfg.methods, "lr": cfg.lr, "seeds": cfg.seeds,
-            "epochs": cfg.epochs, "batch_size": cfg.batch_size,
-            "num_workers": cfg.num_workers, "cpus_per_worker": cfg.cpus_per_worker,
+            "methods": cfg.methods,
+            "lr": cfg.lr,
+            "seeds": cfg.seeds,
+            "epochs": cfg.epochs,
+            "batch_size": cfg.batch_size,
+            "num_workers": cfg.num_workers,
+            "cpus_per_worker": cfg.cpus_per_worker,
             "sweep_seconds": round(sweep_seconds, 2),
             "sequential_seconds": round(sequential_seconds, 2),
             "sequential_seconds_by_threads": {n: round(v, 2) for n, v in by_threads.items()},
@@ -258,12 +291,17 @@ def main(argv: list[str] | None = None) -> int:
             "warm_up_seconds": args.warm_up,
             "preloaded_modules": list(PRELOAD) if args.preload else [],
             "selection": {m: p["lr"] for m, p in out["selection"].items()},
-        }  # fmt: skip
+        }
         if not args.no_torch_trainer:
             log("sweep with every trial a TorchTrainer ...")
-            old = resolve_config({**doc, "trial_runner": "torch_trainer",
-                                  "output": os.path.join(scratch, "sweep-tt")},
-                                 source=args.config)  # fmt: skip
+            old = resolve_config(
+                {
+                    **doc,
+                    "trial_runner": "torch_trainer",
+                    "output": os.path.join(scratch, "sweep-tt"),
+                },
+                source=args.config,
+            )
             tt_seconds, tt_out = _sweep(old)
             result.update(
                 torch_trainer_seconds=round(tt_seconds, 2),

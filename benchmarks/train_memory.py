@@ -62,8 +62,11 @@ def measure(cmd: list[str]) -> dict[str, Any]:
         raise subprocess.CalledProcessError(proc.returncode, cmd)
     peak = int(usage.ru_maxrss) * 1024  # KiB on Linux
     log(f"  peak RSS {peak / GIB:.2f} GiB, {seconds:.1f} s")
-    return {"peak_rss_bytes": peak, "peak_rss_gib": round(peak / GIB, 3),
-            "seconds": round(seconds, 1)}  # fmt: skip
+    return {
+        "peak_rss_bytes": peak,
+        "peak_rss_gib": round(peak / GIB, 3),
+        "seconds": round(seconds, 1),
+    }
 
 
 def split_float32_bytes(root: str, split: str, dim: int) -> dict[str, int]:
@@ -73,8 +76,11 @@ def split_float32_bytes(root: str, split: str, dim: int) -> dict[str, int]:
         folder = os.path.join(root, split, kind)
         files = sorted(f for f in os.listdir(folder) if f.endswith(".parquet"))
         rows[kind] = sum(pq.read_metadata(os.path.join(folder, f)).num_rows for f in files)
-    return {"images": rows["images"], "captions": rows["texts"],
-            "float32_bytes": (rows["images"] + rows["texts"]) * dim * 4}  # fmt: skip
+    return {
+        "images": rows["images"],
+        "captions": rows["texts"],
+        "float32_bytes": (rows["images"] + rows["texts"]) * dim * 4,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -84,8 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--keep", action="store_true", help="keep the world (default: delete it)")
     p.add_argument("--method", default="asymvlm-vmf")
     p.add_argument("--batch-size", type=int, default=None, help="default: asymvlm train's")
-    p.add_argument("--no-unblocked", action="store_true",
-                   help="skip the generator without blocks")  # fmt: skip
+    p.add_argument("--no-unblocked", action="store_true", help="skip the generator without blocks")
     args = p.parse_args(argv)
     if not 0 < args.scale <= 1:
         p.error(f"--scale must be in (0, 1], got {args.scale}")
@@ -100,21 +105,48 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         result: dict[str, Any] = {"import": measure([py, "-c", "import asymvlm.cli, torch"])}
         log(f"writing the coco preset ({train_images} train images) to {root}")
-        result["generator"] = measure([py, "-m", "asymvlm.synthetic", "--preset", "coco",
-                                       *sizes, "--output", root])  # fmt: skip
+        result["generator"] = measure(
+            [py, "-m", "asymvlm.synthetic", "--preset", "coco", *sizes, "--output", root]
+        )
         table = split_float32_bytes(root, "train", COCO_DIM)
         if not args.no_unblocked:
             other = os.path.join(work, "unblocked")
-            result["generator_unblocked"] = measure([
-                py, "-m", "asymvlm.synthetic", "--dim", str(COCO_DIM), "--caption-words",
-                *sizes, "--output", other,
-            ])  # fmt: skip
+            result["generator_unblocked"] = measure(
+                [
+                    py,
+                    "-m",
+                    "asymvlm.synthetic",
+                    "--dim",
+                    str(COCO_DIM),
+                    "--caption-words",
+                    *sizes,
+                    "--output",
+                    other,
+                ]
+            )
             shutil.rmtree(other, ignore_errors=True)
-        result["train"] = measure([
-            py, "-m", "asymvlm.cli", "train", "--embeddings", root, "--split", "train",
-            "--method", args.method, "--epochs", "1", *batch, "--device", "cpu", "--quiet",
-            "--output", os.path.join(work, "checkpoint"),
-        ])  # fmt: skip
+        result["train"] = measure(
+            [
+                py,
+                "-m",
+                "asymvlm.cli",
+                "train",
+                "--embeddings",
+                root,
+                "--split",
+                "train",
+                "--method",
+                args.method,
+                "--epochs",
+                "1",
+                *batch,
+                "--device",
+                "cpu",
+                "--quiet",
+                "--output",
+                os.path.join(work, "checkpoint"),
+            ]
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if args.root and not args.keep:
@@ -135,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "train_images": table["images"],
             "train_captions": table["captions"],
             "val_test_images": test_images,
-        },  # fmt: skip
+        },
         "table_float32_bytes": nbytes,
         "table_float32_gib": round(nbytes / GIB, 3),
         **result,
@@ -145,13 +177,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "bound_gib": round(bound / GIB, 3),
             "rule": "train peak <= 1.5 x table float32 bytes + 1 GiB",
             "met": train_peak <= bound,
-        },  # fmt: skip
+        },
         "config": {
             "method": args.method,
             "epochs": 1,
             "batch_size": args.batch_size or TrainConfig().batch_size,
             "device": "cpu",
-        },  # fmt: skip
+        },
         "loadavg_1min_before_after": [load_before, load_after],
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
     }

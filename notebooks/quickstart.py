@@ -94,8 +94,14 @@ settings = dict(epochs=15, lr=2e-3, optimizer="adamw", batch_size=256, hidden_di
 checkpoints, models = {}, {}
 for name in ("clip", "asymvlm-vmf"):
     checkpoints[name] = os.path.join(OUT, "checkpoints", name)
-    models[name], history = train(world, "train", TrainConfig(method=name, **settings),
-                                  output=checkpoints[name], overwrite=True, progress=False)
+    models[name], history = train(
+        world,
+        "train",
+        TrainConfig(method=name, **settings),
+        output=checkpoints[name],
+        overwrite=True,
+        progress=False,
+    )
     if history:
         first, last = history[0]["train_loss"], history[-1]["train_loss"]
         print(f"{name}: train loss {first:.3f} -> {last:.3f} over {len(history)} epochs")
@@ -138,8 +144,10 @@ for k in levels:
 results = {name: evaluate_split("retrieval", model, test) for name, model in models.items()}
 vmf = results["asymvlm-vmf"]["t2i"]
 print(f"t2i R@1 {vmf['recall@1']:.3f}  (frozen: {results['clip']['t2i']['recall@1']:.3f})")
-print(f"S {vmf['spearman']:+.2f}  AUROC {vmf['auroc']:.3f}  AUPR {vmf['aupr']:.3f}  "
-      f"FPR@95TPR {vmf['fpr@95tpr']:.3f}")
+print(
+    f"S {vmf['spearman']:+.2f}  AUROC {vmf['auroc']:.3f}  AUPR {vmf['aupr']:.3f}  "
+    f"FPR@95TPR {vmf['fpr@95tpr']:.3f}"
+)
 
 fig, ax = plt.subplots(figsize=(5, 3.2))
 curve = vmf["binned_recall@1"]
@@ -223,8 +231,9 @@ fig, ax = plt.subplots(figsize=(5, 3.2))
 for direction in ("t2i", "i2t"):
     rc = vmf if direction == "t2i" else results["asymvlm-vmf"]["i2t"]
     points = rc["risk_coverage"]
-    ax.plot(points["coverage"], points["risk"], marker=".",
-            label=f"{direction} (AURC {rc['aurc']:.3f})")
+    ax.plot(
+        points["coverage"], points["risk"], marker=".", label=f"{direction} (AURC {rc['aurc']:.3f})"
+    )
 ax.set_xlabel("coverage (share of queries answered)")
 ax.set_ylabel("risk (top-1 error rate)")
 ax.set_title("Risk-coverage, AsymVLM-vMF")

@@ -31,11 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``pipelines/embed.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML file with the embedding job(s)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a key (YAML value; dots and list indices: "
-                             "defaults.batch_size=32, jobs.0.split=val)")  # fmt: skip
-    parser.add_argument("--verbose", action="store_true",
-                        help="everything on the console (Ray Data and its bars)")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key (YAML value; dots and list indices: "
+        "defaults.batch_size=32, jobs.0.split=val)",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="everything on the console (Ray Data and its bars)"
+    )
     return parser
 
 

@@ -43,8 +43,9 @@ from pipelines.schema import load_pipeline  # noqa: E402
 from pipelines.session import RaySession, tracking_spool  # noqa: E402
 from pipelines.stages import STAGES, final_tables, run_pipeline  # noqa: E402
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              "configs", "demo.yaml")  # fmt: skip
+DEFAULT_CONFIG = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.yaml"
+)
 
 logger = logging.getLogger("pipelines.full")
 
@@ -53,16 +54,24 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``pipelines/full.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML (default: the demo)")
-    parser.add_argument("--stages", default=",".join(STAGES),
-                        help=f"comma-separated subset of {','.join(STAGES)}")  # fmt: skip
+    parser.add_argument(
+        "--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}"
+    )
     parser.add_argument("--output", default=None, help="override the config's output folder")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a key (YAML value; dots and list indices: "
-                             "sweeps.0.epochs=5)")  # fmt: skip
-    parser.add_argument("--verbose", action="store_true",
-                        help="show everything on the console: Ray, Tune, Train, MLflow and the "
-                             "workers' output (default: this project's lines; the rest goes "
-                             "to OUTPUT/logs/pipeline.log at WARNING)")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key (YAML value; dots and list indices: sweeps.0.epochs=5)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show everything on the console: Ray, Tune, Train, MLflow and the "
+        "workers' output (default: this project's lines; the rest goes "
+        "to OUTPUT/logs/pipeline.log at WARNING)",
+    )
     return parser
 
 
@@ -88,8 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("finished in %.0f s", out["seconds"])
         if out.get("report"):
             logger.info("report:   %s (and report.html)", out["report"])
-        logger.info("MLflow:   %s, experiment %r, pipeline run %s", uri, cfg.mlflow.experiment,
-                    out["run_id"])  # fmt: skip
+        logger.info(
+            "MLflow:   %s, experiment %r, pipeline run %s",
+            uri,
+            cfg.mlflow.experiment,
+            out["run_id"],
+        )
         if uri.startswith("sqlite:///"):
             logger.info("open it:  asymvlm ui %s", cfg.output)
         logger.info("log file: %s", log_file)

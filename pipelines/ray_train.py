@@ -76,9 +76,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
             ray.train.report(row)
         maybe_inject_failure(fault, trainer.epoch, rank)
 
-    return run_protocol(spec, rank=rank, world_size=world_size,
-                        device=ray.train.torch.get_device(), state=state,
-                        on_epoch=on_epoch)  # fmt: skip
+    return run_protocol(
+        spec,
+        rank=rank,
+        world_size=world_size,
+        device=ray.train.torch.get_device(),
+        state=state,
+        on_epoch=on_epoch,
+    )
 
 
 @contextlib.contextmanager
@@ -109,8 +114,12 @@ def maybe_inject_failure(fault: FaultInjection | None, epoch: int, rank: int) ->
         with open(fault.marker, "w") as fh:
             fh.write(f"worker {rank}: {fault.action} after epoch {epoch}\n")
         if fault.action == "pause":
-            logger.warning("injected pause: worker %d holds for %.0f s after epoch %d", rank,
-                           fault.seconds, epoch)  # fmt: skip
+            logger.warning(
+                "injected pause: worker %d holds for %.0f s after epoch %d",
+                rank,
+                fault.seconds,
+                epoch,
+            )
             time.sleep(fault.seconds)
             return
         logger.warning("injected failure: worker %d is killed after epoch %d", rank, epoch)

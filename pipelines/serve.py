@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``pipelines/serve.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="a YAML of ServeConfig keys")
-    parser.add_argument("--checkpoint",
-                        help="a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO")
+    parser.add_argument(
+        "--checkpoint", help="a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO"
+    )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--no-block", action="store_true", help="deploy and return")
     parser.add_argument("--verbose", action="store_true")
@@ -79,10 +80,14 @@ def main(argv: list[str] | None = None) -> int:
                 signal.signal(signal.SIGINT, _interrupt)
                 if stop:
                     raise KeyboardInterrupt
-                print(json.dumps({"url": url, "method": meta["method"], "name": cfg.name}),
-                      flush=True)  # fmt: skip
-                print(f"serving {meta['method']} at {url} (POST /uncertainty, POST /score, "
-                      "GET /health); Ctrl-C stops", file=sys.stderr)  # fmt: skip
+                print(
+                    json.dumps({"url": url, "method": meta["method"], "name": cfg.name}), flush=True
+                )
+                print(
+                    f"serving {meta['method']} at {url} (POST /uncertainty, POST /score, "
+                    "GET /health); Ctrl-C stops",
+                    file=sys.stderr,
+                )
                 if args.no_block:
                     keep = True
                     return 0

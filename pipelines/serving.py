@@ -57,9 +57,12 @@ class ScorerDeployment:
 
         self.cfg = ServeConfig.model_validate(settings)
         self.scorer = Scorer.from_checkpoint(
-            self.cfg.checkpoint, encoder=self.cfg.encoder, device=self.cfg.device,
-            batch_size=self.cfg.encode_batch_size, tracking_uri=self.cfg.tracking_uri,
-        )  # fmt: skip
+            self.cfg.checkpoint,
+            encoder=self.cfg.encoder,
+            device=self.cfg.device,
+            batch_size=self.cfg.encode_batch_size,
+            tracking_uri=self.cfg.tracking_uri,
+        )
         self._batched.set_max_batch_size(self.cfg.max_batch_size)
         self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
 
@@ -73,8 +76,9 @@ class ScorerDeployment:
             if not text.strip():
                 raise _bad(f"caption {i}: empty")
             if len(text) > self.cfg.max_caption_chars:
-                raise _bad(f"caption {i}: {len(text)} characters; at most "
-                           f"{self.cfg.max_caption_chars}")  # fmt: skip
+                raise _bad(
+                    f"caption {i}: {len(text)} characters; at most {self.cfg.max_caption_chars}"
+                )
         return captions
 
     def _images(self, images: list[str]) -> list[bytes]:
@@ -101,9 +105,12 @@ class ScorerDeployment:
     # -- the API ------------------------------------------------------------------------------
     @app.get("/health")
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "method": self.scorer.meta["method"],
-                "dim": int(self.scorer.meta["dim"]),
-                "encoder": self.scorer.encoder.info.model}  # fmt: skip
+        return {
+            "status": "ok",
+            "method": self.scorer.meta["method"],
+            "dim": int(self.scorer.meta["dim"]),
+            "encoder": self.scorer.encoder.info.model,
+        }
 
     @app.post("/uncertainty")
     async def uncertainty(self, request: UncertaintyRequest) -> dict[str, Any]:
@@ -139,8 +146,9 @@ def check(cfg: ServeConfig) -> dict[str, Any]:
     Returns the adapter's ``config.json``."""
     from asymvlm.scoring import Scorer
 
-    scorer = Scorer.from_checkpoint(cfg.checkpoint, encoder=cfg.encoder, device="cpu",
-                                    tracking_uri=cfg.tracking_uri)  # fmt: skip
+    scorer = Scorer.from_checkpoint(
+        cfg.checkpoint, encoder=cfg.encoder, device="cpu", tracking_uri=cfg.tracking_uri
+    )
     return scorer.meta
 
 

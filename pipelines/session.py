@@ -70,7 +70,8 @@ def spool_folder(output: str) -> str:
     if not storage.is_remote(output):
         return os.path.join(os.path.abspath(output), "mlflow-spool")
     root = os.environ.get("ASYMVLM_SPOOL_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "asymvlm", "mlflow-spool")  # fmt: skip
+        os.path.expanduser("~"), ".cache", "asymvlm", "mlflow-spool"
+    )
     return os.path.join(root, hashlib.sha256(output.encode()).hexdigest()[:16])
 
 
@@ -88,8 +89,13 @@ def tracking_spool(output: str, drain_s: float = DRAIN_S) -> Iterator[str]:
         yield folder
     finally:
         if tracking.pending():
-            logger.info("MLflow: %d write(s) waited in %s; sending them (giving up after %.0f "
-                        "s without one landing)", tracking.pending(), folder, drain_s)  # fmt: skip
+            logger.info(
+                "MLflow: %d write(s) waited in %s; sending them (giving up after %.0f "
+                "s without one landing)",
+                tracking.pending(),
+                folder,
+                drain_s,
+            )
             tracking.drain(drain_s)
         tracking.use_spool(None)  # what still waits is named, with the command that replays it
 
@@ -112,8 +118,10 @@ def require_ray(what: str) -> None:
     import ray
 
     if not ray.is_initialized():
-        raise RuntimeError(f"{what} needs a running Ray: start it at the entry point "
-                           "(pipelines.session.RaySession)")  # fmt: skip
+        raise RuntimeError(
+            f"{what} needs a running Ray: start it at the entry point "
+            "(pipelines.session.RaySession)"
+        )
 
 
 class RaySession:

@@ -71,10 +71,13 @@ def prepare_synthetic(syn: SyntheticPrepare) -> None:
         logger.info("prepare: the synthetic world%s -> %s", preset, syn.output)
         write_world(syn.output, world)
     roots = syn.class_set_roots()
-    if roots and not all(storage.exists(storage.uri_join(storage.absolute(r), "manifest.json"))
-                         for r in roots.values()):  # fmt: skip
-        logger.info("prepare: the synthetic classification sets (%s) -> %s-*", ", ".join(roots),
-                    syn.output)  # fmt: skip
+    if roots and not all(
+        storage.exists(storage.uri_join(storage.absolute(r), "manifest.json"))
+        for r in roots.values()
+    ):
+        logger.info(
+            "prepare: the synthetic classification sets (%s) -> %s-*", ", ".join(roots), syn.output
+        )
         write_classification_sets(syn.output, world, syn.classification_spec())
 
 
@@ -90,8 +93,13 @@ def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
             logger.info("sweep %s: done already", sweep.name)
             continue
         t0 = time.perf_counter()
-        logger.info("sweep %s: %d methods x %d lrs x %d seeds", sweep.name, len(sweep.methods),
-                    len(sweep.lr), len(sweep.seeds))  # fmt: skip
+        logger.info(
+            "sweep %s: %d methods x %d lrs x %d seeds",
+            sweep.name,
+            len(sweep.methods),
+            len(sweep.lr),
+            len(sweep.seeds),
+        )
         out = run_sweep(sweep, parent=parent)
         failed = f", {len(out['failed'])} trial(s) failed" if out["failed"] else ""
         logger.info("sweep %s: done in %.0f s%s", sweep.name, time.perf_counter() - t0, failed)
@@ -117,25 +125,41 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
             where = storage.uri_join(cfg.sweep(ev.sweep).output, SWEEP_RECORD)
             record = json.loads(storage.read_text(where))
             copies = record.get("adapters") or {}  # the sweep's own copies: no MLflow needed
-            folders = [seeds[seed] for _, seeds in sorted(copies.items())
-                       for seed in sorted(seeds, key=int)]  # fmt: skip
-            methods.update(checkpoint_adapters(folders) if folders
-                           else sweep_adapters(uri, record["parent_run_id"]))  # fmt: skip
+            folders = [
+                seeds[seed]
+                for _, seeds in sorted(copies.items())
+                for seed in sorted(seeds, key=int)
+            ]
+            methods.update(
+                checkpoint_adapters(folders)
+                if folders
+                else sweep_adapters(uri, record["parent_run_id"])
+            )
         if ev.frozen:
             methods = registry.with_frozen(methods, ev, dim=ev.dim)
         result = registry.evaluate(ev, methods)
-        params: dict[str, Any] = {"sweep": ev.sweep or "", "note": ev.note or "",
-                                  "models": len(methods)}  # fmt: skip
+        params: dict[str, Any] = {
+            "sweep": ev.sweep or "",
+            "note": ev.note or "",
+            "models": len(methods),
+        }
         inputs = ev.model_dump(mode="json", include=set(type(ev).model_fields) - {"kind"})
-        params.update({k: inputs[k] for k in ("fine_tuned_on", "embedding_model", "positives",
-                                              "negatives") if inputs.get(k)})  # fmt: skip
+        params.update(
+            {
+                k: inputs[k]
+                for k in ("fine_tuned_on", "embedding_model", "positives", "negatives")
+                if inputs.get(k)
+            }
+        )
         if ev.kind == "zeroshot":
             params.setdefault("fine_tuned_on", ev.sweep or "?")
-        registry.log_evaluation(uri, experiment, ev.kind, result, params=params, parent=parent,
-                                name=f"eval {label}")  # fmt: skip
+        registry.log_evaluation(
+            uri, experiment, ev.kind, result, params=params, parent=parent, name=f"eval {label}"
+        )
         storage.write_text(marker, json.dumps(result, indent=2, default=float))
-        logger.info("evaluation %s: %d models, %.0f s", label, len(methods),
-                    time.perf_counter() - t0)  # fmt: skip
+        logger.info(
+            "evaluation %s: %d models, %.0f s", label, len(methods), time.perf_counter() - t0
+        )
 
 
 def stage_report(cfg: PipelineConfig, parent: str | None = None) -> str:
@@ -171,10 +195,17 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str], session: RaySession) ->
     out: dict[str, Any] = {"output": cfg.output, "tracking_uri": uri}
     about = f"The {cfg.name} pipeline: {' -> '.join(stages)}"
     params = {"stages": ",".join(stages), "output": cfg.output}
-    with tracking.run(uri, cfg.mlflow.experiment, f"pipeline {cfg.name}",
-                      kind="pipeline", params=params, description=about) as root:  # fmt: skip
-        root.log_text("resolved_config.yaml",
-                      yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    with tracking.run(
+        uri,
+        cfg.mlflow.experiment,
+        f"pipeline {cfg.name}",
+        kind="pipeline",
+        params=params,
+        description=about,
+    ) as root:
+        root.log_text(
+            "resolved_config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+        )
         out["run_id"] = root.id
         if "embed" in stages:
             stage_prepare(cfg)
@@ -188,4 +219,3 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str], session: RaySession) ->
         out["seconds"] = round(time.perf_counter() - t0, 1)
         root.log_metrics({"seconds": out["seconds"]})
     return out
-

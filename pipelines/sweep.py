@@ -42,8 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a key (YAML value; dots for nesting: mlflow.experiment=x)",
     )
-    parser.add_argument("--verbose", action="store_true",
-                        help="everything on the console (Ray, Tune, Train, MLflow)")  # fmt: skip
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="everything on the console (Ray, Tune, Train, MLflow)",
+    )
     return parser
 
 
@@ -62,12 +65,20 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("open the runs: asymvlm ui %s", sweep.output)
         if out["adapters"]:
             where = storage.uri_join(sweep.output, ADAPTERS_DIR)
-            logger.info("adapters: %s/<method>/seed<k> (asymvlm score-text --checkpoint DIR "
-                        "\"a caption\")", where)  # fmt: skip
-        json.dump({"parent_run_id": out["parent_run_id"],
-                   "tracking_uri": config.redact(out["tracking_uri"]),
-                   "selection": out["selection"], "failed_trials": len(out["failed"])},
-                  sys.stdout, indent=2)  # fmt: skip
+            logger.info(
+                'adapters: %s/<method>/seed<k> (asymvlm score-text --checkpoint DIR "a caption")',
+                where,
+            )
+        json.dump(
+            {
+                "parent_run_id": out["parent_run_id"],
+                "tracking_uri": config.redact(out["tracking_uri"]),
+                "selection": out["selection"],
+                "failed_trials": len(out["failed"]),
+            },
+            sys.stdout,
+            indent=2,
+        )
         print()
         return 0
 

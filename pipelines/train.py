@@ -29,22 +29,35 @@ from pipelines.ray_train import run_training  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
 
 #: The training flags (the others are --set keys).
-TRAIN_FLAGS = ("method", "protocol", "epochs", "lr", "optimizer", "batch_size", "hidden_dim",
-               "seed")  # fmt: skip
+TRAIN_FLAGS = (
+    "method",
+    "protocol",
+    "epochs",
+    "lr",
+    "optimizer",
+    "batch_size",
+    "hidden_dim",
+    "seed",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``pipelines/train.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    run_keys = config.add_model_flags(parser, RunSpec, exclude=("train",),
-                                      required=("embeddings",))  # fmt: skip
+    run_keys = config.add_model_flags(parser, RunSpec, exclude=("train",), required=("embeddings",))
     train_keys = config.add_model_flags(
-        parser, TrainConfig, exclude=set(TrainConfig.model_fields) - set(TRAIN_FLAGS),
+        parser,
+        TrainConfig,
+        exclude=set(TrainConfig.model_fields) - set(TRAIN_FLAGS),
         choices={"method": sorted(METHODS)},
-    )  # fmt: skip
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="any other TrainConfig key (YAML value; dots: "
-                             "method_kwargs.calibrate_input=false)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other TrainConfig key (YAML value; dots: method_kwargs.calibrate_input=false)",
+    )
     parser.add_argument("--output", default="runs/train", help="Ray Train storage path")
     parser.add_argument("--name", default=None, help="the run's name (default: method-lr-seed)")
     parser.add_argument("--num-workers", type=int, default=1, help="DDP workers")
@@ -61,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         if args.num_workers < 1 or args.max_failures < 0 or not args.cpus_per_worker > 0:
-            raise ConfigError("--num-workers must be >= 1, --max-failures >= 0 and "
-                              "--cpus-per-worker > 0")  # fmt: skip
+            raise ConfigError(
+                "--num-workers must be >= 1, --max-failures >= 0 and --cpus-per-worker > 0"
+            )
         train = config.apply_overrides(config.model_values(args, train_keys), args.set)
         doc = {**config.model_values(args, run_keys), "train": train}
         for split in ("val_split", "test_split"):  # "" switches a split off

@@ -113,8 +113,9 @@ def _option(action: argparse.Action) -> str:
         metavar = " ".join(metavar)
     if not action.option_strings:
         return f"`{metavar}`" + (" ..." if action.nargs in ("*", "+") else "")
-    return f"`{names} {metavar}`" + (" (repeat)" if isinstance(action, argparse._AppendAction)
-                                     else "")  # fmt: skip
+    return f"`{names} {metavar}`" + (
+        " (repeat)" if isinstance(action, argparse._AppendAction) else ""
+    )
 
 
 def parser_markdown(parser: argparse.ArgumentParser, title: str, level: int = 2) -> list[str]:
@@ -136,8 +137,10 @@ def parser_markdown(parser: argparse.ArgumentParser, title: str, level: int = 2)
         choices = _choices(action)
         if choices and len(",".join(choices)) > _INLINE_CHOICES:
             what += " (one of: " + ", ".join(f"`{c}`" for c in choices) + ")"
-        rows.append(f"| {cell(_option(action)).replace(chr(92) + '`', '`')} | "
-                    f"{_default(action)} | {cell(what)} |")  # fmt: skip
+        rows.append(
+            f"| {cell(_option(action)).replace(chr(92) + '`', '`')} | "
+            f"{_default(action)} | {cell(what)} |"
+        )
     if rows:
         lines += ["| option | default | what |", "|---|---|---|", *rows, ""]
     if subparsers is not None:
@@ -156,16 +159,23 @@ def cli_page() -> str:
     """The CLI reference: ``asymvlm`` and the ``pipelines/`` scripts."""
     from asymvlm.cli import build_parser
 
-    lines = ["# Command-line reference", "",
-             "Generated from the argparse parsers at every build of this site "
-             "(`asymvlm.cli.build_parser()` and the `build_parser()` of each `pipelines/*.py`), "
-             "so it lists exactly what `--help` says. Every command prints one `error:` line and "
-             "exits 2 on bad input.", ""]  # fmt: skip
+    lines = [
+        "# Command-line reference",
+        "",
+        "Generated from the argparse parsers at every build of this site "
+        "(`asymvlm.cli.build_parser()` and the `build_parser()` of each `pipelines/*.py`), "
+        "so it lists exactly what `--help` says. Every command prints one `error:` line and "
+        "exits 2 on bad input.",
+        "",
+    ]
     lines += parser_markdown(build_parser(), "asymvlm")
-    lines += ["## The Ray pipeline scripts", "",
-              "Run as `python pipelines/NAME.py` locally or as the entrypoint of "
-              "`ray job submit --working-dir . -- python pipelines/NAME.py ...` on a cluster.",
-              ""]  # fmt: skip
+    lines += [
+        "## The Ray pipeline scripts",
+        "",
+        "Run as `python pipelines/NAME.py` locally or as the entrypoint of "
+        "`ray job submit --working-dir . -- python pipelines/NAME.py ...` on a cluster.",
+        "",
+    ]
     for name in PIPELINE_SCRIPTS:
         parser = _pipeline_parser(name)
         parser.prog = f"pipelines/{name}.py"
@@ -182,8 +192,9 @@ def _fields(model: Any) -> dict[str, Any]:
 
 
 def _is_schema(tp: Any) -> bool:
-    return isinstance(tp, type) and (hasattr(tp, "model_fields")
-                                     or hasattr(tp, "__pydantic_fields__"))  # fmt: skip
+    return isinstance(tp, type) and (
+        hasattr(tp, "model_fields") or hasattr(tp, "__pydantic_fields__")
+    )
 
 
 _BOUNDS = (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
@@ -194,8 +205,7 @@ def _constraints_of(meta: Iterable[Any]) -> list[str]:
     for item in meta:
         for attr, sign in _BOUNDS:
             value = getattr(item, attr, None)
-            if value is not None and type(item).__name__ in (attr.title(), "FieldInfo",
-                                                              "Interval"):  # fmt: skip
+            if value is not None and type(item).__name__ in (attr.title(), "FieldInfo", "Interval"):
                 out.append(f"{sign} {value}")
         for attr, label in (("min_length", "length ≥"), ("max_length", "length ≤")):
             value = getattr(item, attr, None)
@@ -262,8 +272,11 @@ def _default_of(info: Any) -> str:
         return "`null`"
     if isinstance(info.default, bool):
         return f"`{str(info.default).lower()}`"
-    return f"`{info.default!r}`".replace("'", '"') if isinstance(info.default, str) else \
-        f"`{info.default!r}`"  # fmt: skip
+    return (
+        f"`{info.default!r}`".replace("'", '"')
+        if isinstance(info.default, str)
+        else f"`{info.default!r}`"
+    )
 
 
 def schema_rows(model: Any, found: list[Any]) -> list[tuple[str, str, str, str, str]]:
@@ -272,8 +285,15 @@ def schema_rows(model: Any, found: list[Any]) -> list[tuple[str, str, str, str, 
     for name, info in _fields(model).items():
         text, constraints = _describe(info.annotation, found)
         constraints = _constraints_of(info.metadata) + constraints
-        rows.append((name, text, _default_of(info), ", ".join(dict.fromkeys(constraints)),
-                     info.description or ""))  # fmt: skip
+        rows.append(
+            (
+                name,
+                text,
+                _default_of(info),
+                ", ".join(dict.fromkeys(constraints)),
+                info.description or "",
+            )
+        )
     return rows
 
 
@@ -328,38 +348,60 @@ def config_roots() -> list[tuple[str, Any, str]]:
     from pipelines.schema import PipelineConfig, ServeConfig, SweepConfig
     from pipelines.schema.pipeline import EVALUATION_ITEMS
 
-    evaluations = [(f"Evaluation `{kind}`", model,
-                    f"An item of the pipeline's `evaluations` list with `kind: {kind}` (the same "
-                    f"inputs as `asymvlm analyze {kind}`).")
-                   for kind, model in EVALUATION_ITEMS.items()]  # fmt: skip
+    evaluations = [
+        (
+            f"Evaluation `{kind}`",
+            model,
+            f"An item of the pipeline's `evaluations` list with `kind: {kind}` (the same "
+            f"inputs as `asymvlm analyze {kind}`).",
+        )
+        for kind, model in EVALUATION_ITEMS.items()
+    ]
     return [
-        ("The pipeline", PipelineConfig,
-         "`pipelines/full.py --config FILE.yaml` (`configs/*.yaml`); `--set key=value` overrides "
-         "any key (dots and list indices: `sweeps.0.epochs=5`)."),
-        ("A sweep", SweepConfig,
-         "`pipelines/sweep.py --config FILE.yaml` (`tune_spaces/*.yaml`) and each item of the "
-         "pipeline's `sweeps`."),
-        ("One training run", RunSpec,
-         "A run of the protocol: `asymvlm train` and `pipelines/train.py` flags, and what every "
-         "sweep trial runs."),
-        ("An embedding job", EmbedConfig,
-         "`asymvlm embed` flags, each of `pipelines/embed.py`'s jobs and the pipeline's "
-         "`embed.jobs` (after `embed.defaults` are merged in)."),
+        (
+            "The pipeline",
+            PipelineConfig,
+            "`pipelines/full.py --config FILE.yaml` (`configs/*.yaml`); "
+            "`--set key=value` overrides any key (dots and list indices: `sweeps.0.epochs=5`).",
+        ),
+        (
+            "A sweep",
+            SweepConfig,
+            "`pipelines/sweep.py --config FILE.yaml` (`tune_spaces/*.yaml`) and each item of the "
+            "pipeline's `sweeps`.",
+        ),
+        (
+            "One training run",
+            RunSpec,
+            "A run of the protocol: `asymvlm train` and `pipelines/train.py` flags, and what every "
+            "sweep trial runs.",
+        ),
+        (
+            "An embedding job",
+            EmbedConfig,
+            "`asymvlm embed` flags, each of `pipelines/embed.py`'s jobs and the pipeline's "
+            "`embed.jobs` (after `embed.defaults` are merged in).",
+        ),
         *evaluations,
         ("Serve", ServeConfig, "`pipelines/serve.py --config FILE.yaml` and its flags."),
-    ]  # fmt: skip
+    ]
 
 
 def config_page() -> str:
     """The configuration reference."""
-    lines = ["# Configuration reference", "",
-             "Generated from the pydantic schemas at every build of this site, so every key, "
-             "type, default, range and description here is the one the code validates against. "
-             "Unknown keys are refused with the closest known one named.", ""]  # fmt: skip
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from the pydantic schemas at every build of this site, so every key, "
+        "type, default, range and description here is the one the code validates against. "
+        "Unknown keys are refused with the closest known one named.",
+        "",
+    ]
     roots = config_roots()
     lines += ["| section | schema |", "|---|---|"]
-    lines += [f"| [{cell(title)}](#{anchor(title)}) | `{model.__name__}` |"
-              for title, model, _ in roots]  # fmt: skip
+    lines += [
+        f"| [{cell(title)}](#{anchor(title)}) | `{model.__name__}` |" for title, model, _ in roots
+    ]
     lines += [""] + schema_markdown(roots)
     return "\n".join(lines) + "\n"
 
@@ -390,8 +432,7 @@ def methods_table() -> str:
     for name in sorted(METHODS):
         cls = METHODS[name]
         doc = (cls.__doc__ or "").strip().splitlines()
-        lines.append(f"| `{name}` | {cell(doc[0] if doc else '')} | "
-                     f"{cell(cls.uncertainty_doc)} |")  # fmt: skip
+        lines.append(f"| `{name}` | {cell(doc[0] if doc else '')} | {cell(cls.uncertainty_doc)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -112,8 +112,11 @@ def hub_cache(tmp_path, monkeypatch):
         port = sock.getsockname()[1]
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        f"http://127.0.0.1:{port}/{{repo_id}}/resolve/{{revision}}/{{filename}}")
+    monkeypatch.setattr(
+        constants,
+        "HUGGINGFACE_CO_URL_TEMPLATE",
+        f"http://127.0.0.1:{port}/{{repo_id}}/resolve/{{revision}}/{{filename}}",
+    )
 
     def add(repo: str, *files: str) -> None:
         folder = root / ("models--" + repo.replace("/", "--"))

@@ -22,10 +22,21 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 #: Headers that belong to one connection, not to the request (RFC 9110 section 7.6.1).
-_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
-                  "trailer", "upgrade"})  # fmt: skip
-_SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-              b"<Message>Please reduce your request rate.</Message></Error>")  # fmt: skip
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
+_SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
 CONTROL = "/__faults__"
 
 
@@ -33,16 +44,22 @@ class FlakyProxy:
     """A proxy to ``upstream`` (``http://host:port``) listening on 127.0.0.1 (``port`` 0: any
     free port); ``url`` is its address. Deterministic for a given ``seed``."""
 
-    def __init__(self, upstream: str, port: int = 0, seed: int = 0,
-                 modes: tuple[str, ...] = ("503", "drop")) -> None:  # fmt: skip
+    def __init__(
+        self, upstream: str, port: int = 0, seed: int = 0, modes: tuple[str, ...] = ("503", "drop")
+    ) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.modes = modes
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.share, self.until = 0.0, 0.0
-        self.counts: dict[str, Any] = {"requests": 0, "failed": 0, "503": 0, "drop": 0,
-                                       "failed_paths": []}  # fmt: skip
+        self.counts: dict[str, Any] = {
+            "requests": 0,
+            "failed": 0,
+            "503": 0,
+            "drop": 0,
+            "failed_paths": [],
+        }
         self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -145,8 +162,9 @@ class FlakyProxy:
                     upstream.close()
                 self.send_response(answer.status, answer.reason)
                 for key, value in answer.getheaders():  # a HEAD's length is the object's
-                    if key.lower() not in _HOP and (key.lower() != "content-length"
-                                                    or self.command == "HEAD"):  # fmt: skip
+                    if key.lower() not in _HOP and (
+                        key.lower() != "content-length" or self.command == "HEAD"
+                    ):
                         self.send_header(key, value)
                 if self.command != "HEAD":
                     self.send_header("Content-Length", str(len(data)))

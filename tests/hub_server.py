@@ -106,12 +106,27 @@ def _handler(hub: FakeHub) -> type[http.server.BaseHTTPRequestHandler]:
                     return
                 files = hub.commits[commit]
                 if kind == "revision":
-                    self._json({"id": repo, "modelId": repo, "sha": commit, "private": False,
-                                "siblings": [{"rfilename": n} for n in files]})  # fmt: skip
+                    self._json(
+                        {
+                            "id": repo,
+                            "modelId": repo,
+                            "sha": commit,
+                            "private": False,
+                            "siblings": [{"rfilename": n} for n in files],
+                        }
+                    )
                 elif kind == "tree":
-                    self._json([{"type": "file", "path": n, "size": len(b),
-                                 "oid": hashlib.sha1(b).hexdigest()}
-                                for n, b in files.items()])  # fmt: skip
+                    self._json(
+                        [
+                            {
+                                "type": "file",
+                                "path": n,
+                                "size": len(b),
+                                "oid": hashlib.sha1(b).hexdigest(),
+                            }
+                            for n, b in files.items()
+                        ]
+                    )
                 else:
                     self._error("EntryNotFound", f"no route {path}")
                 return

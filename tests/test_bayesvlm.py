@@ -196,10 +196,12 @@ def test_synthetic_pre_projection_leaves_the_world_unchanged() -> None:
             np.testing.assert_array_equal(value, b[key])
     raw_text = b["text_embeddings"] * b["text_norms"][:, None]
     raw_image = b["image_embeddings"] * b["image_norms"][:, None]
-    np.testing.assert_allclose(b["text_features_pre"] @ pre.projections["text"].T, raw_text,
-                               atol=1e-5)  # fmt: skip
-    np.testing.assert_allclose(b["image_features_pre"] @ pre.projections["image"].T, raw_image,
-                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        b["text_features_pre"] @ pre.projections["text"].T, raw_text, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        b["image_features_pre"] @ pre.projections["image"].T, raw_image, atol=1e-5
+    )
     assert b["text_features_pre"].shape == (150, 40)
 
 
@@ -211,8 +213,9 @@ def pre_world(tmp_path_factory) -> str:
 
 def test_missing_pre_projection_columns_exit_2(small_world, tmp_path, capsys) -> None:
     out = str(tmp_path / "ckpt")
-    code = main(["train", "--embeddings", small_world, "--method", "bayesvlm", "--output", out,
-                 "--quiet"])  # fmt: skip
+    code = main(
+        ["train", "--embeddings", small_world, "--method", "bayesvlm", "--output", out, "--quiet"]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "image_features_pre/text_features_pre" in err and "--pre-projection" in err
@@ -225,14 +228,30 @@ def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:
     from asymvlm.splits import load_split
 
     ckpt = str(tmp_path / "ckpt")
-    assert main(["train", "--embeddings", pre_world, "--method", "bayesvlm", "--output", ckpt,
-                 "--method-arg", "class_batch=256", "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--embeddings",
+                pre_world,
+                "--method",
+                "bayesvlm",
+                "--output",
+                ckpt,
+                "--method-arg",
+                "class_batch=256",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     method, meta = load_checkpoint(ckpt)
     assert meta["method"] == "bayesvlm" and meta["complete"]
     manifest = tables.read_manifest(pre_world)
     assert method.text_a_inv.shape == (40, 40) and method.image_projection.shape == (16, 40)
-    np.testing.assert_array_equal(method.text_projection.numpy(),
-                                  tables.read_projection(pre_world, manifest)["text"])  # fmt: skip
+    np.testing.assert_array_equal(
+        method.text_projection.numpy(), tables.read_projection(pre_world, manifest)["text"]
+    )
     assert float(method.text_prior_precision) > 0 and float(method.image_prior_precision) > 0
 
     args = ["--embeddings", pre_world, "--split", "test", "--checkpoint", ckpt, "--quiet"]
@@ -295,12 +314,49 @@ def test_hierarcaps_tables_with_pre_projection(ray_session, tiny_clip, tmp_path,
 
     csv, images = hierarcaps_subset(tmp_path / "hc", n=24)
     out = str(tmp_path / "tables")
-    assert main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images", images,
-                 "--model", tiny_clip, "--split", "test", "--output", out, "--batch-size", "16",
-                 "--pre-projection"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "embed",
+                "--dataset",
+                "hierarcaps",
+                "--annotations",
+                csv,
+                "--images",
+                images,
+                "--model",
+                tiny_clip,
+                "--split",
+                "test",
+                "--output",
+                out,
+                "--batch-size",
+                "16",
+                "--pre-projection",
+            ]
+        )
+        == 0
+    )
     ckpt = str(tmp_path / "ckpt")
-    assert main(["train", "--embeddings", out, "--split", "test", "--method", "bayesvlm",
-                 "--output", ckpt, "--method-arg", "class_batch=32", "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--embeddings",
+                out,
+                "--split",
+                "test",
+                "--method",
+                "bayesvlm",
+                "--output",
+                ckpt,
+                "--method-arg",
+                "class_batch=32",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     method, _ = load_checkpoint(ckpt)
     projection = tables.read_projection(out)
     np.testing.assert_array_equal(method.image_projection.numpy(), projection["image"])

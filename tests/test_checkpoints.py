@@ -29,8 +29,16 @@ from asymvlm.training import TrainConfig
 
 
 def _cfg(**kw) -> TrainConfig:
-    base = dict(method="asymvlm-vmf", epochs=4, lr=1e-3, optimizer="adamw", batch_size=128,
-                hidden_dim=16, depth=2, seed=0)  # fmt: skip
+    base = dict(
+        method="asymvlm-vmf",
+        epochs=4,
+        lr=1e-3,
+        optimizer="adamw",
+        batch_size=128,
+        hidden_dim=16,
+        depth=2,
+        seed=0,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -64,8 +72,12 @@ def _save(folder, method: str = "symvlm", **kw) -> None:
 def test_a_run_writes_the_whole_folder(small_world, tmp_path) -> None:
     out = tmp_path / "ckpt"
     _, history = train(small_world, "train", _cfg(), output=str(out), progress=False)
-    assert sorted(os.listdir(out)) == ["config.json", "history.jsonl", "model.safetensors",
-                                       "trainer.pt"]  # fmt: skip
+    assert sorted(os.listdir(out)) == [
+        "config.json",
+        "history.jsonl",
+        "model.safetensors",
+        "trainer.pt",
+    ]
     meta = _meta(out)
     assert (meta["complete"], meta["epoch"], meta["epochs"]) == (True, 4, 4)
     assert meta["train_config"]["lr"] == 1e-3 and meta["split"] == "train"
@@ -115,8 +127,10 @@ def test_weights_of_another_method_are_named(tmp_path) -> None:
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(str(folder))
     message = str(err.value)
-    assert message.startswith(f"{folder}: model.safetensors does not match config.json, which "
-                              "names method 'determ-ft' (dim 8): ")  # fmt: skip
+    assert message.startswith(
+        f"{folder}: model.safetensors does not match config.json, which "
+        "names method 'determ-ft' (dim 8): "
+    )
     assert "the weights fit symvlm" in message
 
 
@@ -133,8 +147,11 @@ def test_missing_weights_and_incomplete_checkpoints(tmp_path) -> None:
     with pytest.raises(CheckpointError, match="config.json but no model.safetensors"):
         load_checkpoint(str(folder), allow_incomplete=True)
     (folder / "model.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(CheckpointError, match=r"model.safetensors: its SHA-256 differs from the "
-                       "one config.json records"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"model.safetensors: its SHA-256 differs from the "
+        "one config.json records",
+    ):
         load_checkpoint(str(folder), allow_incomplete=True)
     meta = _meta(folder)
     del meta["sha256"]  # a file nobody vouched for is read, and found unreadable
@@ -191,13 +208,17 @@ def test_an_existing_checkpoint_is_refused_without_resume_or_overwrite(small_wor
     before = _weights(out)
     with pytest.raises(CheckpointError) as err:
         train(small_world, "train", _cfg(epochs=1, seed=1), output=out, progress=False)
-    assert str(err.value) == (f"{out} already holds a checkpoint; pass --resume to continue it "
-                              "or --overwrite to replace it")  # fmt: skip
-    _, history = train(small_world, "train", _cfg(epochs=2, seed=1), output=out, progress=False,
-                       overwrite=True)  # fmt: skip
+    assert str(err.value) == (
+        f"{out} already holds a checkpoint; pass --resume to continue it "
+        "or --overwrite to replace it"
+    )
+    _, history = train(
+        small_world, "train", _cfg(epochs=2, seed=1), output=out, progress=False, overwrite=True
+    )
     assert len(history) == 2 and _meta(out)["train_config"]["seed"] == 1
-    assert not torch.equal(_weights(out)["text_adapter.net.0.weight"],
-                           before["text_adapter.net.0.weight"])  # fmt: skip
+    assert not torch.equal(
+        _weights(out)["text_adapter.net.0.weight"], before["text_adapter.net.0.weight"]
+    )
     with pytest.raises(ConfigError, match="exclude each other"):
         train(small_world, "train", _cfg(), output=out, resume=True, overwrite=True)
 
@@ -221,8 +242,9 @@ def test_unusable_outputs_are_refused(small_world, tmp_path, monkeypatch) -> Non
     locked = tmp_path / "locked"
     locked.mkdir()
     real_access = os.access
-    monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == str(locked) else
-                        real_access(p, m))  # fmt: skip
+    monkeypatch.setattr(
+        os, "access", lambda p, m: False if str(p) == str(locked) else real_access(p, m)
+    )
     with pytest.raises(CheckpointError, match=f"\\({locked} is read-only"):
         train(small_world, "train", _cfg(), output=str(locked / "ckpt"))
 
@@ -271,8 +293,9 @@ def test_resume_ends_bit_for_bit_where_an_uninterrupted_run_ends(
     meta = _meta(out)
     assert (meta["complete"], meta["epoch"]) == (False, 2)  # epoch 3 was lost with the process
     assert [r["epoch"] for r in read_history(out)] == [1, 2]
-    _, history = train(small_world, "train", cfg, output=out, progress=False,
-                       checkpoint_every=2, resume=True)  # fmt: skip
+    _, history = train(
+        small_world, "train", cfg, output=out, progress=False, checkpoint_every=2, resume=True
+    )
     assert [r["epoch"] for r in history] == [1, 2, 3, 4, 5]
     assert _meta(out)["complete"] is True
     _assert_same_weights(plain, out)
@@ -283,8 +306,9 @@ def test_resume_of_a_complete_checkpoint_changes_nothing(small_world, tmp_path) 
     out = str(tmp_path / "ckpt")
     train(small_world, "train", _cfg(epochs=2), output=out, progress=False)
     stamps = {name: os.stat(os.path.join(out, name)).st_mtime_ns for name in os.listdir(out)}
-    method, history = train(small_world, "train", _cfg(epochs=2), output=out, progress=False,
-                            resume=True)  # fmt: skip
+    method, history = train(
+        small_world, "train", _cfg(epochs=2), output=out, progress=False, resume=True
+    )
     assert [r["epoch"] for r in history] == [1, 2] and method.name == "asymvlm-vmf"
     assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in os.listdir(out)} == stamps
 
@@ -305,8 +329,9 @@ def test_resume_with_other_settings_names_them(small_world, tmp_path) -> None:
 
 def test_resume_without_a_checkpoint_starts_fresh(small_world, tmp_path) -> None:
     out = str(tmp_path / "ckpt")
-    _, history = train(small_world, "train", _cfg(epochs=2), output=out, progress=False,
-                       resume=True)  # fmt: skip
+    _, history = train(
+        small_world, "train", _cfg(epochs=2), output=out, progress=False, resume=True
+    )
     assert [r["epoch"] for r in history] == [1, 2] and _meta(out)["complete"] is True
 
 
@@ -329,8 +354,10 @@ def test_a_diverged_run_marks_nothing_complete(small_world, tmp_path, monkeypatc
     with pytest.raises(NonFiniteError) as err:
         train(small_world, "train", _cfg(), output=out, progress=False, checkpoint_every=1)
     message = str(err.value)
-    assert message.startswith("non-finite loss and gradient at epoch 3 of 4, step 1 of 7 "
-                              "(asymvlm-vmf, adamw lr 0.001): the run diverged")  # fmt: skip
+    assert message.startswith(
+        "non-finite loss and gradient at epoch 3 of 4, step 1 of 7 "
+        "(asymvlm-vmf, adamw lr 0.001): the run diverged"
+    )
     assert message.endswith(f"; {out} keeps the last good checkpoint (epoch 2 of 4, incomplete)")
     meta = _meta(out)
     assert (meta["complete"], meta["epoch"]) == (False, 2)
@@ -346,9 +373,29 @@ def test_a_diverged_run_marks_nothing_complete(small_world, tmp_path, monkeypatc
 
 # -- the command line ---------------------------------------------------------------------------
 def _argv(world: str, out: str, *extra: str) -> list[str]:
-    return ["train", "--embeddings", world, "--method", "asymvlm-vmf", "--epochs", "2",
-            "--lr", "1e-3", "--optimizer", "adamw", "--batch-size", "128", "--hidden-dim", "16",
-            "--depth", "2", "--quiet", "--output", out, *extra]  # fmt: skip
+    return [
+        "train",
+        "--embeddings",
+        world,
+        "--method",
+        "asymvlm-vmf",
+        "--epochs",
+        "2",
+        "--lr",
+        "1e-3",
+        "--optimizer",
+        "adamw",
+        "--batch-size",
+        "128",
+        "--hidden-dim",
+        "16",
+        "--depth",
+        "2",
+        "--quiet",
+        "--output",
+        out,
+        *extra,
+    ]
 
 
 def test_cli_refuses_an_existing_checkpoint_in_one_line(small_world, tmp_path, capsys) -> None:
@@ -357,8 +404,10 @@ def test_cli_refuses_an_existing_checkpoint_in_one_line(small_world, tmp_path, c
     capsys.readouterr()
     assert main(_argv(small_world, out)) == 2
     err = capsys.readouterr().err
-    assert err == (f"error: {out} already holds a checkpoint; pass --resume to continue it or "
-                   "--overwrite to replace it\n")  # fmt: skip
+    assert err == (
+        f"error: {out} already holds a checkpoint; pass --resume to continue it or "
+        "--overwrite to replace it\n"
+    )
     assert main(_argv(small_world, out, "--resume")) == 0
     assert "already holds a complete checkpoint (epoch 2 of 2); nothing to do" in (
         capsys.readouterr().err
@@ -387,11 +436,20 @@ def test_cli_resume_of_a_checkpoint_from_before_the_flag(small_world, tmp_path, 
 
 def test_cli_evaluate_refuses_an_incomplete_checkpoint(small_world, tmp_path, capsys) -> None:
     out = tmp_path / "ckpt"
-    save_checkpoint(str(out), build_method("asymvlm-vmf", 16, hidden_dim=16, depth=2),
-                    _cfg(), 16, epoch=1)  # fmt: skip
+    save_checkpoint(
+        str(out), build_method("asymvlm-vmf", 16, hidden_dim=16, depth=2), _cfg(), 16, epoch=1
+    )
     metrics = str(tmp_path / "m.json")
-    args = ["evaluate", "--embeddings", small_world, "--checkpoint", str(out), "--quiet",
-            "--output", metrics]  # fmt: skip
+    args = [
+        "evaluate",
+        "--embeddings",
+        small_world,
+        "--checkpoint",
+        str(out),
+        "--quiet",
+        "--output",
+        metrics,
+    ]
     assert main(args) == 2
     assert "incomplete checkpoint (epoch 1 of 4)" in capsys.readouterr().err
     assert not os.path.exists(metrics)
@@ -399,9 +457,13 @@ def test_cli_evaluate_refuses_an_incomplete_checkpoint(small_world, tmp_path, ca
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "asymvlm.cli", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **kw)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "asymvlm.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_cli_diverged_run_exits_3_without_a_complete_checkpoint(small_world, tmp_path) -> None:

@@ -55,12 +55,24 @@ def _nota_result() -> dict:
     cells = {}
     for dummy, shift in (("a photo", 0.0), ("a photo of something", 0.02)):
         cells[dummy] = {
-            **{f"asymvlm-vmf/seed{s}": {"pos_acc": 0.9, "neg_acc": 0.5 + 0.01 * s + shift,
-                                        "far_neg_acc": 0.3} for s in range(3)},
-            **{f"determ-ft/seed{s}": {"pos_acc": 0.8, "neg_acc": 0.2 + 0.01 * s,
-                                      "far_neg_acc": 0.3 + 0.01 * s} for s in range(3)},
+            **{
+                f"asymvlm-vmf/seed{s}": {
+                    "pos_acc": 0.9,
+                    "neg_acc": 0.5 + 0.01 * s + shift,
+                    "far_neg_acc": 0.3,
+                }
+                for s in range(3)
+            },
+            **{
+                f"determ-ft/seed{s}": {
+                    "pos_acc": 0.8,
+                    "neg_acc": 0.2 + 0.01 * s,
+                    "far_neg_acc": 0.3 + 0.01 * s,
+                }
+                for s in range(3)
+            },
             "clip": {"pos_acc": 0.95, "neg_acc": 0.1, "far_neg_acc": 0.6},
-        }  # fmt: skip
+        }
     return {"dummy": cells, "rejection": {}}
 
 
@@ -71,8 +83,10 @@ def test_table2_claims_average_the_dummy_prompts_per_seed() -> None:
     assert sib.verdict == "supports" and sib.paper.startswith("0.576 vs 0.092")
     far = verdicts["asymvlm-vmf rejects more negatives than the frozen model", "far negatives"]
     assert far.b == (0.6,) and far.verdict == "contradicts"
-    assert verdicts["asymvlm-vmf rejects more negatives than Determ. FT",
-                    "far negatives"].verdict == "not supported"  # fmt: skip
+    assert (
+        verdicts["asymvlm-vmf rejects more negatives than Determ. FT", "far negatives"].verdict
+        == "not supported"
+    )
     assert verdicts["asymvlm-vmf keeps more positives than Determ. FT", "positives"].verdict == (
         "supports"
     )
@@ -80,10 +94,12 @@ def test_table2_claims_average_the_dummy_prompts_per_seed() -> None:
 
 
 def test_table3_claims_per_evaluation_set() -> None:
-    res = {f"asymvlm-vmf/seed{s}": {"zeroshot": 0.75 + 0.01 * s, "positives": 0.99}
-           for s in range(5)}  # fmt: skip
-    res |= {f"determ-ft/seed{s}": {"zeroshot": 0.70 + 0.01 * s, "positives": 0.99}
-            for s in range(5)}  # fmt: skip
+    res = {
+        f"asymvlm-vmf/seed{s}": {"zeroshot": 0.75 + 0.01 * s, "positives": 0.99} for s in range(5)
+    }
+    res |= {
+        f"determ-ft/seed{s}": {"zeroshot": 0.70 + 0.01 * s, "positives": 0.99} for s in range(5)
+    }
     res["clip"] = {"zeroshot": 0.96, "positives": 0.99}
     got = {v.where: v for v in claims.table3_verdicts(res)}
     assert set(got) == {"positives", "zeroshot"}
@@ -113,29 +129,41 @@ def test_the_report_judges_the_claims_and_closes_with_what_is_not_supported(tmp_
     nota = _nota_result()
     nota["settings"] = {
         "template_aggregation": "mean",
-        "positives": {"name": "w-positives", "role": "positives",
-                      "world": {"generic_captions": 0.004, "misalignment": 0.0}},
-        "negatives": {"name": "w-negatives"}, "far_negatives": {"name": "w-far-negatives"},
-    }  # fmt: skip
+        "positives": {
+            "name": "w-positives",
+            "role": "positives",
+            "world": {"generic_captions": 0.004, "misalignment": 0.0},
+        },
+        "negatives": {"name": "w-negatives"},
+        "far_negatives": {"name": "w-far-negatives"},
+    }
     log_evaluation(uri, exp, "nota", nota, params={"sweep": "synthetic"})
     zero = {f"asymvlm-vmf/seed{s}": {"zeroshot": 0.75 + 0.01 * s} for s in range(3)}
     zero |= {f"determ-ft/seed{s}": {"zeroshot": 0.74 + 0.01 * s} for s in range(3)}
-    log_evaluation(uri, exp, "zeroshot", zero, params={"sweep": "synthetic",
-                                                       "fine_tuned_on": "synthetic"})  # fmt: skip
+    log_evaluation(
+        uri, exp, "zeroshot", zero, params={"sweep": "synthetic", "fine_tuned_on": "synthetic"}
+    )
     text = open(build_report(uri, exp, str(tmp_path / "report"))).read()
-    assert ("(positives: w-positives, negatives: w-negatives, far negatives: "
-            "w-far-negatives)") in text  # fmt: skip
-    assert ('| "a photo" | asymvlm-vmf | 3 | 0.900 ± 0.000 | 0.510 ± 0.010 | 0.300 ± 0.000 | '
-            "0.857, 0.587 |") in text  # fmt: skip
+    assert (
+        "(positives: w-positives, negatives: w-negatives, far negatives: w-far-negatives)"
+    ) in text
+    assert (
+        '| "a photo" | asymvlm-vmf | 3 | 0.900 ± 0.000 | 0.510 ± 0.010 | 0.300 ± 0.000 | '
+        "0.857, 0.587 |"
+    ) in text
     assert "the mean of the log-likelihoods over the class's prompt templates" in text
     assert "## The paper's claims, judged by rule" in text and claims.RULE in text
-    assert ("| nota (synthetic) | Table 2: asymvlm-vmf rejects more negatives than Determ. FT | "
-            "sibling negatives |") in text  # fmt: skip
+    assert (
+        "| nota (synthetic) | Table 2: asymvlm-vmf rejects more negatives than Determ. FT | "
+        "sibling negatives |"
+    ) in text
     assert "+0.310 ± 0.008 | **supports** |" in text
     closing = text.split("## Closing note", 1)[1]
     assert "3 of 6 judged claims are supported by their rule." in closing
-    assert ("- Table 3, asymvlm-vmf keeps more zero-shot accuracy after fine-tuning than "
-            "Determ. FT, on zeroshot (zeroshot (synthetic)): +0.010 ± 0.008 — not "
-            "supported.") in closing  # fmt: skip
+    assert (
+        "- Table 3, asymvlm-vmf keeps more zero-shot accuracy after fine-tuning than "
+        "Determ. FT, on zeroshot (zeroshot (synthetic)): +0.010 ± 0.008 — not "
+        "supported."
+    ) in closing
     assert "p = 0.004" in closing and "| 0.02 | 6.8 / 15.6 |" in closing
     assert "forgetting regime" in closing and "**no mechanism**" in closing

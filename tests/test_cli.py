@@ -20,12 +20,33 @@ from asymvlm.cli import main
 def _train(world: str, out: str, method: str = "asymvlm-vmf", *extra: str) -> int:
     return main(
         [
-            "train", "--embeddings", world, "--split", "train", "--method", method,
-            "--epochs", "2", "--lr", "1e-3", "--optimizer", "adamw", "--batch-size", "128",
-            "--hidden-dim", "32", "--depth", "2", "--seed", "0", "--output", out, "--quiet",
+            "train",
+            "--embeddings",
+            world,
+            "--split",
+            "train",
+            "--method",
+            method,
+            "--epochs",
+            "2",
+            "--lr",
+            "1e-3",
+            "--optimizer",
+            "adamw",
+            "--batch-size",
+            "128",
+            "--hidden-dim",
+            "32",
+            "--depth",
+            "2",
+            "--seed",
+            "0",
+            "--output",
+            out,
+            "--quiet",
             *extra,
         ]
-    )  # fmt: skip
+    )
 
 
 def test_train_evaluate_score(small_world, tmp_path, capsys) -> None:
@@ -77,8 +98,21 @@ def test_score_for_a_method_without_uncertainty(small_world, tmp_path) -> None:
     table = pq.read_table(out)
     assert table.column("uncertainty").null_count == table.num_rows
     metrics = str(tmp_path / "m.json")
-    assert main(["evaluate", "--embeddings", small_world, "--checkpoint", ckpt, "--quiet",
-                 "--output", metrics]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "evaluate",
+                "--embeddings",
+                small_world,
+                "--checkpoint",
+                ckpt,
+                "--quiet",
+                "--output",
+                metrics,
+            ]
+        )
+        == 0
+    )
     r = json.loads(open(metrics).read())["t2i"]
     assert r["binned_recall@1"] is None and r["spearman"] is None
 
@@ -115,8 +149,17 @@ def test_dimension_mismatch_between_checkpoint_and_table(small_world, tmp_path, 
     write_world(str(other), WorldConfig(dim=8, splits={"test": 20}, captions_per_image=2))
     ckpt = str(tmp_path / "ckpt")
     assert _train(small_world, ckpt) == 0
-    code = main(["evaluate", "--embeddings", str(other), "--checkpoint", ckpt, "--output",
-                 str(tmp_path / "m.json")])  # fmt: skip
+    code = main(
+        [
+            "evaluate",
+            "--embeddings",
+            str(other),
+            "--checkpoint",
+            ckpt,
+            "--output",
+            str(tmp_path / "m.json"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "expects dim 16" in err and "has dim 8" in err
     assert not (tmp_path / "m.json").exists()
@@ -138,17 +181,36 @@ def test_console_script_is_installed() -> None:
         assert name in proc.stdout
 
 
-@pytest.mark.parametrize(("method", "optimizer", "lr", "depth"),
-                         [("probvlm", "adamw", 1e-4, 2), ("pfe", "sgd", 1e-3, None)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("method", "optimizer", "lr", "depth"),
+    [("probvlm", "adamw", 1e-4, 2), ("pfe", "sgd", 1e-3, None)],
+)
 def test_official_protocol_from_the_cli(small_world, tmp_path, method, optimizer, lr, depth):
     """--protocol official: the authors' optimiser and architecture for the method unless given;
     the checkpoint rebuilds the official model."""
     from asymvlm.checkpoints import load_checkpoint
 
     out = str(tmp_path / "ckpt")
-    args = ["train", "--embeddings", small_world, "--split", "train", "--method", method,
-            "--protocol", "official", "--epochs", "1", "--batch-size", "128", "--hidden-dim",
-            "16", "--output", out, "--quiet"]  # fmt: skip
+    args = [
+        "train",
+        "--embeddings",
+        small_world,
+        "--split",
+        "train",
+        "--method",
+        method,
+        "--protocol",
+        "official",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "128",
+        "--hidden-dim",
+        "16",
+        "--output",
+        out,
+        "--quiet",
+    ]
     assert main(args) == 0
     model, meta = load_checkpoint(out)
     cfg = meta["train_config"]

@@ -117,8 +117,18 @@ def _quantity(value: Any) -> float:
     number, suffix = float(match.group(1)), match.group(2) or ""
     if suffix.endswith("i"):
         return number * 1024 ** ("KMGTPE".index(suffix[0]) + 1)
-    scale = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-             "P": 1e15, "E": 1e18}  # fmt: skip
+    scale = {
+        "n": 1e-9,
+        "u": 1e-6,
+        "m": 1e-3,
+        "": 1,
+        "k": 1e3,
+        "M": 1e6,
+        "G": 1e9,
+        "T": 1e12,
+        "P": 1e15,
+        "E": 1e18,
+    }
     return number * scale[suffix]
 
 
@@ -229,8 +239,10 @@ def _gpus(container: dict) -> float:
 def kuberay_schema_problems(doc: dict) -> list[str]:
     crds = _crds()
     if doc.get("apiVersion") != "ray.io/v1" or doc.get("kind") not in ("RayCluster", "RayJob"):
-        return [f"apiVersion/kind: expected ray.io/v1 RayCluster or RayJob, got "
-                f"{doc.get('apiVersion')} {doc.get('kind')}"]  # fmt: skip
+        return [
+            f"apiVersion/kind: expected ray.io/v1 RayCluster or RayJob, got "
+            f"{doc.get('apiVersion')} {doc.get('kind')}"
+        ]
     schema = copy.deepcopy(crds[doc["kind"]])
     schema["properties"]["metadata"] = OBJECT_META
     return schema_problems(doc, schema, crds["definitions"])
@@ -241,8 +253,10 @@ def kuberay_controller_problems(doc: dict) -> list[str]:
     problems = []
     name = (doc.get("metadata") or {}).get("name", "")
     if not DNS1035.match(name) or len(name) > MAX_NAME[doc["kind"]]:
-        problems.append(f"metadata.name {name!r}: a DNS-1035 label of at most "
-                        f"{MAX_NAME[doc['kind']]} characters")  # fmt: skip
+        problems.append(
+            f"metadata.name {name!r}: a DNS-1035 label of at most "
+            f"{MAX_NAME[doc['kind']]} characters"
+        )
     spec = _cluster_spec(doc)
     autoscaling = bool(spec.get("enableInTreeAutoscaling"))
     for group_name, group in _groups(spec):
@@ -262,8 +276,12 @@ def kuberay_controller_problems(doc: dict) -> list[str]:
         if low is not None and high is not None and low > high:
             problems.append(f"{group_name}: minReplicas {low} > maxReplicas {high}")
         replicas = group.get("replicas")
-        if replicas is not None and low is not None and high is not None \
-                and not low <= replicas <= high:  # fmt: skip
+        if (
+            replicas is not None
+            and low is not None
+            and high is not None
+            and not low <= replicas <= high
+        ):
             problems.append(f"{group_name}: replicas {replicas} outside [{low}, {high}]")
     if doc["kind"] == "RayJob":
         job = doc["spec"]
@@ -284,8 +302,10 @@ def _env_problems(where: str, container: dict) -> list[str]:
         problems.append(f"{where}: envFrom secretRef {missing} (MLflow/S3 settings)")
     for var in container.get("env") or []:
         if SETTING_NAME.search(var.get("name", "")) and "value" in var:
-            problems.append(f"{where}: env {var['name']} has a literal value; use "
-                            "valueFrom.secretKeyRef or envFrom")  # fmt: skip
+            problems.append(
+                f"{where}: env {var['name']} has a literal value; use "
+                "valueFrom.secretKeyRef or envFrom"
+            )
     return problems
 
 
@@ -348,16 +368,18 @@ def kuberay_deployment_problems(doc: dict) -> list[str]:
         for c in containers + (pod.get("initContainers") or []):
             image = c.get("image", "")
             if image.split(":")[0] != PROJECT_IMAGE:
-                problems.append(f"{group_name}/{c.get('name')}: image {image!r} is not "
-                                f"{PROJECT_IMAGE}")  # fmt: skip
+                problems.append(
+                    f"{group_name}/{c.get('name')}: image {image!r} is not {PROJECT_IMAGE}"
+                )
         expected = f"{PROJECT_IMAGE}:{version}-{'gpu' if gpu else 'cpu'}"
         if ray_container.get("image") != expected:
             problems.append(f"{where}: image {ray_container.get('image')!r}, expected {expected!r}")
         if gpu and not any(
-            t.get("key") == "nvidia.com/gpu" and t.get("effect", "NoSchedule") == "NoSchedule"
+            t.get("key") == "nvidia.com/gpu"
+            and t.get("effect", "NoSchedule") == "NoSchedule"
             and t.get("operator", "Equal") in ("Exists", "Equal")
             for t in pod.get("tolerations") or []
-        ):  # fmt: skip
+        ):
             problems.append(f"{group_name}: GPU pods need a nvidia.com/gpu NoSchedule toleration")
         mounts = {
             m.get("mountPath"): m.get("name") for m in ray_container.get("volumeMounts") or []
@@ -367,19 +389,26 @@ def kuberay_deployment_problems(doc: dict) -> list[str]:
         if not shm or shm.get("medium") != "Memory":
             problems.append(f"{where}: /dev/shm needs an emptyDir volume with medium Memory")
         else:
-            memory = _quantity(((ray_container.get("resources") or {}).get("limits") or {})
-                               .get("memory", 0))  # fmt: skip
+            memory = _quantity(
+                ((ray_container.get("resources") or {}).get("limits") or {}).get("memory", 0)
+            )
             size = _quantity(shm.get("sizeLimit", memory))
             if not OBJECT_STORE_FRACTION * memory <= size <= memory:
-                problems.append(f"{where}: /dev/shm sizeLimit {shm.get('sizeLimit')} should hold "
-                                "the object store and stay within the memory limit")  # fmt: skip
+                problems.append(
+                    f"{where}: /dev/shm sizeLimit {shm.get('sizeLimit')} should hold "
+                    "the object store and stay within the memory limit"
+                )
         problems += _env_problems(where, ray_container)
         extra = []
         if group_name == "head":
             if spec.get("enableInTreeAutoscaling"):
                 requests = (autoscaler.get("resources") or {}).get("requests") or {}
-                extra.append({k: _quantity(requests[k]) if k in requests else v
-                              for k, v in AUTOSCALER_DEFAULT.items()})  # fmt: skip
+                extra.append(
+                    {
+                        k: _quantity(requests[k]) if k in requests else v
+                        for k, v in AUTOSCALER_DEFAULT.items()
+                    }
+                )
             if doc["kind"] == "RayJob":
                 extra.append(SUBMITTER_DEFAULT)
         problems += _fit_problems(group_name, pod, extra)
@@ -405,8 +434,10 @@ def rayjob_problems(doc: dict) -> list[str]:
     if not options.get("--output", "").startswith("s3://"):
         problems.append("entrypoint: --output on the bucket (s3://...), shared by every node")
     if "mlflow.tracking_uri=${MLFLOW_TRACKING_URI}" not in args:
-        problems.append("entrypoint: --set 'mlflow.tracking_uri=${MLFLOW_TRACKING_URI}' (the "
-                        "URI from the asymvlm-mlflow secret, single-quoted)")  # fmt: skip
+        problems.append(
+            "entrypoint: --set 'mlflow.tracking_uri=${MLFLOW_TRACKING_URI}' (the "
+            "URI from the asymvlm-mlflow secret, single-quoted)"
+        )
     runtime_env = yaml.safe_load(job.get("runtimeEnvYAML") or "") or {}
     if not isinstance(runtime_env, dict):
         return problems + ["runtimeEnvYAML: a mapping"]
@@ -417,13 +448,16 @@ def rayjob_problems(doc: dict) -> list[str]:
         packages = runtime_env.get(key) or []
         packages = packages.get("packages", []) if isinstance(packages, dict) else packages
         if any(str(p).startswith(("-e", "--editable")) for p in packages):
-            problems.append(f"runtimeEnvYAML.{key}: an editable install (-e) runs outside the "
-                            "working dir")  # fmt: skip
+            problems.append(
+                f"runtimeEnvYAML.{key}: an editable install (-e) runs outside the working dir"
+            )
     for name in runtime_env.get("env_vars") or {}:
         if SETTING_NAME.search(name):
-            problems.append(f"runtimeEnvYAML.env_vars.{name}: credentials and MLflow/S3 "
-                            "settings go through the pod environment (secrets), never "
-                            "runtime_env (shown in the dashboard and logs)")  # fmt: skip
+            problems.append(
+                f"runtimeEnvYAML.env_vars.{name}: credentials and MLflow/S3 "
+                "settings go through the pod environment (secrets), never "
+                "runtime_env (shown in the dashboard and logs)"
+            )
     return problems
 
 
@@ -466,11 +500,17 @@ def test_rayjob_entrypoint_resolves_on_the_head(monkeypatch, hub_cache) -> None:
     entrypoint = _load("rayjob.yaml")["spec"]["entrypoint"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AWS_"))}
     printf = "printf '%s\\0' "
-    submitter = subprocess.run(["bash", "-c", printf + entrypoint], env=env, check=True,
-                               capture_output=True, text=True).stdout.split("\0")[:-1]  # fmt: skip
+    submitter = subprocess.run(
+        ["bash", "-c", printf + entrypoint], env=env, check=True, capture_output=True, text=True
+    ).stdout.split("\0")[:-1]
     head_env = {**env, "MLFLOW_TRACKING_URI": "https://mlflow.example.com"}
-    argv = subprocess.run(["sh", "-c", printf + shlex.join(submitter)], env=head_env, check=True,
-                          capture_output=True, text=True).stdout.split("\0")[:-1]  # fmt: skip
+    argv = subprocess.run(
+        ["sh", "-c", printf + shlex.join(submitter)],
+        env=head_env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")[:-1]
     assert argv[:2] == ["python", "pipelines/full.py"]
 
     class Resolved(Exception):
@@ -502,8 +542,9 @@ def launcher_schema_problems(doc: dict) -> list[str]:
     with open(os.path.join(os.path.dirname(ray.autoscaler.__file__), "ray-schema.json")) as fh:
         schema = json.load(fh)
     validator = jsonschema.validators.validator_for(schema)(schema)  # draft-07
-    problems = [f"{'.'.join(map(str, e.path)) or '<root>'}: {e.message}"
-                for e in validator.iter_errors(doc)]  # fmt: skip
+    problems = [
+        f"{'.'.join(map(str, e.path)) or '<root>'}: {e.message}" for e in validator.iter_errors(doc)
+    ]
     if not problems:
         try:
             validate_config(prepare_config(copy.deepcopy(doc)))
@@ -521,8 +562,10 @@ def launcher_deployment_problems(doc: dict) -> list[str]:
     for name, node_type in doc["available_node_types"].items():
         config = node_type.get("node_config") or {}
         if "ImageId" in config:
-            problems.append(f"{name}: no ImageId (Ray's default AMI for the region; a "
-                            "placeholder fails on ray up)")  # fmt: skip
+            problems.append(
+                f"{name}: no ImageId (Ray's default AMI for the region; a "
+                "placeholder fails on ray up)"
+            )
         instance = config.get("InstanceType")
         if instance not in INSTANCE_TYPES:
             problems.append(f"{name}: InstanceType {instance!r} is not documented here")
@@ -535,8 +578,10 @@ def launcher_deployment_problems(doc: dict) -> list[str]:
         if name != head and node_type.get("max_workers", 0) < 1:
             problems.append(f"{name}: max_workers >= 1")
     docker = doc.get("docker") or {}
-    images = {"image": docker.get("image"), "head_image": docker.get("head_image", docker.get(
-        "image"))}  # fmt: skip
+    images = {
+        "image": docker.get("image"),
+        "head_image": docker.get("head_image", docker.get("image")),
+    }
     for key, image in images.items():
         allowed = (f"rayproject/ray:{ray_pin}-py311", f"rayproject/ray:{ray_pin}-py311-gpu")
         if image not in allowed and (image or "").split(":")[0] != PROJECT_IMAGE:
@@ -550,8 +595,9 @@ def launcher_deployment_problems(doc: dict) -> list[str]:
     prepared = prepare_config(copy.deepcopy(doc))  # what `ray up` runs, defaults included
     for key in ("setup_commands", "head_setup_commands", "worker_setup_commands"):
         commands = prepared.get(key) or []
-        if checkout and not any(f"-c {checkout}/constraints.txt" in c and checkout in c
-                                for c in commands):  # fmt: skip
+        if checkout and not any(
+            f"-c {checkout}/constraints.txt" in c and checkout in c for c in commands
+        ):
             problems.append(f"{key}: install the project with -c {checkout}/constraints.txt")
         for command in commands:
             for install in re.split(r"&&|\|\||;", command):
@@ -575,10 +621,13 @@ def launcher_deployment_problems(doc: dict) -> list[str]:
                 problems.append(f"{key}: {command!r} writes settings into the environment")
     if not any("ray start --head" in c for c in doc.get("head_start_ray_commands") or []):
         problems.append("head_start_ray_commands: ray start --head")
-    if checkout and not all(f"cd {checkout}" in c for c in doc["head_start_ray_commands"]
-                            if "ray start" in c):  # fmt: skip
-        problems.append("head_start_ray_commands: start Ray in the checkout, so that jobs find "
-                        "pipelines/ and configs/")  # fmt: skip
+    if checkout and not all(
+        f"cd {checkout}" in c for c in doc["head_start_ray_commands"] if "ray start" in c
+    ):
+        problems.append(
+            "head_start_ray_commands: start Ray in the checkout, so that jobs find "
+            "pipelines/ and configs/"
+        )
     for path, text in _strings(doc):
         if SECRET_VALUE.search(text):
             problems.append(f"{path}: looks like a credential")
@@ -622,8 +671,9 @@ def test_constraints_pin_every_dependency() -> None:
     assert len(pins) == len(lines), "a package is pinned twice"
     assert "asymvlm" not in pins, "the project itself is not a constraint"
     project = tomllib.loads(_read("pyproject.toml"))["project"]
-    wanted = project["dependencies"] + [r for rs in project["optional-dependencies"].values()
-                                        for r in rs]  # fmt: skip
+    wanted = project["dependencies"] + [
+        r for rs in project["optional-dependencies"].values() for r in rs
+    ]
     for text in wanted:
         req = Requirement(text)
         name = re.sub(r"[-_.]+", "-", req.name).lower()
@@ -815,10 +865,27 @@ def test_strict_yaml_refuses_duplicate_fields() -> None:
 
 
 # -- regenerating the CRD data -------------------------------------------------------------
-KEEP = {"type", "properties", "required", "items", "additionalProperties", "enum", "format",
-        "anyOf", "pattern", "nullable", "minimum", "maximum", "minItems", "maxItems", "minLength",
-        "maxLength", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
-        "x-kubernetes-embedded-resource"}  # fmt: skip
+KEEP = {
+    "type",
+    "properties",
+    "required",
+    "items",
+    "additionalProperties",
+    "enum",
+    "format",
+    "anyOf",
+    "pattern",
+    "nullable",
+    "minimum",
+    "maximum",
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-embedded-resource",
+}
 
 
 def trim_crd_schemas(raycluster_crd: str, rayjob_crd: str, source: dict) -> dict:
@@ -837,8 +904,11 @@ def trim_crd_schemas(raycluster_crd: str, rayjob_crd: str, source: dict) -> dict
             return [trim(n) for n in node]
         if not isinstance(node, dict):
             return node
-        return {k: ({p: trim(s) for p, s in v.items()} if k == "properties" else trim(v))
-                for k, v in node.items() if k in KEEP}  # fmt: skip
+        return {
+            k: ({p: trim(s) for p, s in v.items()} if k == "properties" else trim(v))
+            for k, v in node.items()
+            if k in KEEP
+        }
 
     cluster, job = trim(schema(raycluster_crd)), trim(schema(rayjob_crd))
     for doc in (cluster, job):
@@ -850,12 +920,14 @@ def trim_crd_schemas(raycluster_crd: str, rayjob_crd: str, source: dict) -> dict
     pod = template["properties"]["spec"]["properties"]
     container = pod["containers"]["items"]
     assert job_spec["rayClusterSpec"] == cluster_spec, "RayJob's rayClusterSpec differs"
-    assert workers["items"]["properties"]["template"] == template == job_spec[
-        "submitterPodTemplate"], "the pod templates differ"  # fmt: skip
+    assert (
+        workers["items"]["properties"]["template"] == template == job_spec["submitterPodTemplate"]
+    ), "the pod templates differ"
     assert pod["initContainers"]["items"] == container, "containers and initContainers differ"
     pod["containers"]["items"] = pod["initContainers"]["items"] = {"$ref": "Container"}
     head["properties"]["template"] = workers["items"]["properties"]["template"] = {
-        "$ref": "PodTemplateSpec"}  # fmt: skip
+        "$ref": "PodTemplateSpec"
+    }
     job_spec["submitterPodTemplate"] = {"$ref": "PodTemplateSpec"}
     job_spec["rayClusterSpec"] = cluster["properties"]["spec"] = {"$ref": "RayClusterSpec"}
     return {
@@ -877,7 +949,7 @@ def trim_crd_schemas(raycluster_crd: str, rayjob_crd: str, source: dict) -> dict
             "Container": container,
             "PodTemplateSpec": template,
             "RayClusterSpec": cluster_spec,
-        },  # fmt: skip
+        },
         "RayCluster": cluster,
         "RayJob": job,
     }
@@ -893,8 +965,11 @@ def _write_crd_data(data: dict, path: str) -> None:
         ' "definitions": {',
     ]
     names = sorted(data["definitions"])
-    lines += [f'  "{n}": {json.dumps(data["definitions"][n], **compact)}'
-              + ("," if n != names[-1] else "") for n in names]  # fmt: skip
+    lines += [
+        f'  "{n}": {json.dumps(data["definitions"][n], **compact)}'
+        + ("," if n != names[-1] else "")
+        for n in names
+    ]
     lines += [
         " },",
         f' "RayCluster": {json.dumps(data["RayCluster"], **compact)},',
@@ -909,15 +984,19 @@ def _write_crd_data(data: dict, path: str) -> None:
 
 if __name__ == "__main__":
     checkout, tag = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "v1.7.0"
-    commit = subprocess.run(["git", "-C", checkout, "rev-parse", f"{tag}^{{commit}}"], check=True,
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    commit = subprocess.run(
+        ["git", "-C", checkout, "rev-parse", f"{tag}^{{commit}}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     bases = os.path.join(checkout, "ray-operator", "config", "crd", "bases")
     _write_crd_data(
         trim_crd_schemas(
             os.path.join(bases, "ray.io_rayclusters.yaml"),
             os.path.join(bases, "ray.io_rayjobs.yaml"),
             {"repository": "https://github.com/ray-project/kuberay", "tag": tag, "commit": commit},
-        ),  # fmt: skip
+        ),
         CRD_DATA,
     )
     print(f"wrote {CRD_DATA}")

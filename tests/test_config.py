@@ -20,10 +20,18 @@ DEMO = os.path.join(REPO, "configs", "demo.yaml")
 
 
 def _sweep_doc(tmp_path, **extra):
-    doc = {"embeddings": str(tmp_path), "methods": ["asymvlm-vmf"], "lr": [1e-3], "seeds": [0],
-           "epochs": 2, "batch_size": 64, "optimizer": "adamw", "output": str(tmp_path / "o")}
+    doc = {
+        "embeddings": str(tmp_path),
+        "methods": ["asymvlm-vmf"],
+        "lr": [1e-3],
+        "seeds": [0],
+        "epochs": 2,
+        "batch_size": 64,
+        "optimizer": "adamw",
+        "output": str(tmp_path / "o"),
+    }
     doc.update(extra)
-    return doc  # fmt: skip
+    return doc
 
 
 @pytest.mark.parametrize(
@@ -103,22 +111,32 @@ def test_shipped_tune_spaces_validate(path, tmp_path) -> None:
     assert cfg.methods and cfg.lr and cfg.seeds
     # every method's run is validated with the file (the trials only vary lr and seed)
     assert {m: cfg.run_spec(m, cfg.lr[0], cfg.seeds[0]).train.method for m in cfg.methods} == {
-        m: m for m in cfg.methods}
+        m: m for m in cfg.methods
+    }
 
 
 def test_one_set_syntax() -> None:
     doc = {"sweeps": [{"name": "a", "lr": [1]}, {"name": "b"}], "mlflow": None}
-    config.apply_overrides(doc, ["sweeps.1.epochs=5", "sweeps.0.lr=[1e-3, 0.5]",
-                                 "mlflow.experiment=x", "sweeps.-1.note=a note, with a comma",
-                                 "name=null"])  # fmt: skip
+    config.apply_overrides(
+        doc,
+        [
+            "sweeps.1.epochs=5",
+            "sweeps.0.lr=[1e-3, 0.5]",
+            "mlflow.experiment=x",
+            "sweeps.-1.note=a note, with a comma",
+            "name=null",
+        ],
+    )
     assert doc["sweeps"][1]["epochs"] == 5 and doc["sweeps"][0]["lr"] == [1e-3, 0.5]
     assert doc["mlflow"] == {"experiment": "x"} and doc["name"] is None
     assert doc["sweeps"][1]["note"] == "a note, with a comma"
-    for bad, message in [("sweeps.2.epochs=1", "index 2 is out of range"),
-                         ("sweeps.x.epochs=1", "indexes a list"),
-                         ("name.sub=1", "name is not a mapping"),
-                         ("epochs", "expects key=value"),
-                         ("a=[1, 2", "not valid YAML")]:  # fmt: skip
+    for bad, message in [
+        ("sweeps.2.epochs=1", "index 2 is out of range"),
+        ("sweeps.x.epochs=1", "indexes a list"),
+        ("name.sub=1", "name is not a mapping"),
+        ("epochs", "expects key=value"),
+        ("a=[1, 2", "not valid YAML"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             config.apply_overrides({"sweeps": [{}], "name": "n"}, [bad])
 
@@ -172,8 +190,19 @@ def test_pipeline_fails_in_seconds_before_ray(
     ],
 )
 def test_cli_train_values(small_world, tmp_path, capsys, flags, message) -> None:
-    code = cli_main(["train", "--embeddings", small_world, "--method", "asymvlm-vmf",
-                     "--output", str(tmp_path / "ckpt"), "--quiet", *flags])  # fmt: skip
+    code = cli_main(
+        [
+            "train",
+            "--embeddings",
+            small_world,
+            "--method",
+            "asymvlm-vmf",
+            "--output",
+            str(tmp_path / "ckpt"),
+            "--quiet",
+            *flags,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and "Traceback" not in err
@@ -183,8 +212,20 @@ def test_cli_train_values(small_world, tmp_path, capsys, flags, message) -> None
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cli_device_without_cuda(small_world, tmp_path, capsys) -> None:
-    code = cli_main(["train", "--embeddings", small_world, "--method", "asymvlm-vmf",
-                     "--device", "cuda", "--output", str(tmp_path / "c"), "--quiet"])  # fmt: skip
+    code = cli_main(
+        [
+            "train",
+            "--embeddings",
+            small_world,
+            "--method",
+            "asymvlm-vmf",
+            "--device",
+            "cuda",
+            "--output",
+            str(tmp_path / "c"),
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "CUDA is not available" in err and "Traceback" not in err
 
@@ -192,8 +233,20 @@ def test_cli_device_without_cuda(small_world, tmp_path, capsys) -> None:
 def test_cli_output_that_is_a_file(small_world, tmp_path, capsys) -> None:
     target = tmp_path / "file.txt"
     target.write_text("keep me")
-    code = cli_main(["train", "--embeddings", small_world, "--method", "asymvlm-vmf",
-                     "--epochs", "1", "--output", str(target), "--quiet"])  # fmt: skip
+    code = cli_main(
+        [
+            "train",
+            "--embeddings",
+            small_world,
+            "--method",
+            "asymvlm-vmf",
+            "--epochs",
+            "1",
+            "--output",
+            str(target),
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and str(target) in err and "Traceback" not in err
     assert target.read_text() == "keep me"
@@ -201,8 +254,18 @@ def test_cli_output_that_is_a_file(small_world, tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize("flags", [["--levels", "0"], ["--chunk-size", "0"]])
 def test_cli_evaluate_values(small_world, tmp_path, capsys, flags) -> None:
-    code = cli_main(["evaluate", "--embeddings", small_world, "--checkpoint", str(tmp_path),
-                     "--output", str(tmp_path / "m.json"), *flags])  # fmt: skip
+    code = cli_main(
+        [
+            "evaluate",
+            "--embeddings",
+            small_world,
+            "--checkpoint",
+            str(tmp_path),
+            "--output",
+            str(tmp_path / "m.json"),
+            *flags,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and flags[0] in err and "Traceback" not in err
 
@@ -235,8 +298,10 @@ def test_synthetic_prepare_classes() -> None:
 
     spec = _synthetic(preset="demo", classes=True)
     assert spec.classification_spec() == ClassificationSpec()
-    assert spec.class_set_roots() == {role: os.path.abspath(f"w-{role}") for role
-                                      in ("positives", "negatives", "zeroshot", "far-negatives")}
+    assert spec.class_set_roots() == {
+        role: os.path.abspath(f"w-{role}")
+        for role in ("positives", "negatives", "zeroshot", "far-negatives")
+    }
     custom = _synthetic(preset="demo", classes={"positives": 300, "level": 2, "n_classes": 5})
     got = custom.classification_spec()
     assert (got.positives, got.negatives, got.level, got.n_classes) == (300, 1000, 2, 5)
@@ -268,8 +333,18 @@ def test_synthetic_prepare_refuses_bad_keys(keys, message) -> None:
 def test_pipeline_with_a_bad_world_knob_fails_in_one_line(
     capsys, tmp_path, hierarcaps_standin
 ) -> None:
-    code = full.main(["--config", DEMO, "--set", "prepare.synthetic.level_probs=[1, 1, 0, 0]",
-                      "--output", str(tmp_path / "never"), "--stages", "embed"])  # fmt: skip
+    code = full.main(
+        [
+            "--config",
+            DEMO,
+            "--set",
+            "prepare.synthetic.level_probs=[1, 1, 0, 0]",
+            "--output",
+            str(tmp_path / "never"),
+            "--stages",
+            "embed",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "level_probs must be >= 0 and sum to 1" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -53,15 +53,20 @@ def case(request):
 
 
 def _batch(inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.as_tensor(inputs["input/image_emb"], dtype=F64),
-            torch.as_tensor(inputs["input/text_emb"], dtype=F64))  # fmt: skip
+    return (
+        torch.as_tensor(inputs["input/image_emb"], dtype=F64),
+        torch.as_tensor(inputs["input/text_emb"], dtype=F64),
+    )
 
 
 def test_parameter_count(case) -> None:
     name, arrays, _, model = case
-    n_official = sum(arrays[f"param/{k}"].size if f"param/{k}" in arrays else
-                     int(np.prod(arrays[f"param_digest/{k}/shape"]))
-                     for k in (str(n) for n in arrays["init/param_names"]))  # fmt: skip
+    n_official = sum(
+        arrays[f"param/{k}"].size
+        if f"param/{k}" in arrays
+        else int(np.prod(arrays[f"param_digest/{k}/shape"]))
+        for k in (str(n) for n in arrays["init/param_names"])
+    )
     assert sum(p.numel() for p in model.parameters()) == n_official
 
 
@@ -119,9 +124,15 @@ def test_binned_recall(case) -> None:
     assert torch.equal(i2t_top1, torch.as_tensor(arrays["out/test_i2t_top1_caption"]).long())
 
     res = retrieval_metrics(
-        lambda a, b: scores[a:b], texts.shape[0], images.shape[0], owner, text_uncertainty=unc,
-        ks=(1,), n_bins=10, chunk_size=256,
-    )  # fmt: skip
+        lambda a, b: scores[a:b],
+        texts.shape[0],
+        images.shape[0],
+        owner,
+        text_uncertainty=unc,
+        ks=(1,),
+        n_bins=10,
+        chunk_size=256,
+    )
     assert res["i2t"]["uncertainty_source"] == "retrieved_text"
     for direction in ("t2i", "i2t"):
         expected = arrays[f"out/{direction}_binned_r1_stable_sort"].tolist()

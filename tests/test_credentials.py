@@ -26,8 +26,16 @@ FAKE = {
 }
 
 
-@pytest.mark.parametrize("name", ["AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "MY_API_KEY",
-                                  "DB_PASSWORD", "GOOGLE_APPLICATION_CREDENTIALS"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    [
+        "AWS_SECRET_ACCESS_KEY",
+        "HF_TOKEN",
+        "MY_API_KEY",
+        "DB_PASSWORD",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+    ],
+)
 def test_credential_variables_are_not_expanded(name, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(name, "s3cr3t")
     path = tmp_path / "c.yaml"
@@ -109,8 +117,12 @@ evaluations:
     try:
         proc = subprocess.run(
             [sys.executable, os.path.join(REPO, "pipelines", "full.py"), "--config", str(cfg)],
-            env=env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path),
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=str(tmp_path),
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert (out / "report" / "report.md").exists()
         assert os.path.isdir(os.path.join(out, "sweeps", "syn", "tune"))
@@ -134,8 +146,11 @@ def test_tune_does_not_copy_aws_credentials_into_trial_runtime_envs(monkeypatch)
 
     source = inspect.getsource(class_cache)  # what this Ray does (even if patched already)
     assert "AWS_SECRET_ACCESS_KEY" in source and "ENV_VARS_TO_PROPAGATE" in source
-    monkeypatch.setattr(class_cache, "ENV_VARS_TO_PROPAGATE",
-                        set(class_cache.ENV_VARS_TO_PROPAGATE) | set(CREDENTIAL_VARIABLES))
+    monkeypatch.setattr(
+        class_cache,
+        "ENV_VARS_TO_PROPAGATE",
+        set(class_cache.ENV_VARS_TO_PROPAGATE) | set(CREDENTIAL_VARIABLES),
+    )
     keep_credentials_on_nodes()
     assert not CREDENTIAL_VARIABLES & set(class_cache.ENV_VARS_TO_PROPAGATE)
     assert "TUNE_ORIG_WORKING_DIR" not in CREDENTIAL_VARIABLES
@@ -156,11 +171,16 @@ def test_trial_actors_carry_no_runtime_env_so_they_take_prestarted_workers(monke
     class Trainable:
         pass
 
-    monkeypatch.setattr(class_cache, "ENV_VARS_TO_PROPAGATE",
-                        set(class_cache.ENV_VARS_TO_PROPAGATE) | {"AWS_SECRET_ACCESS_KEY"})
+    monkeypatch.setattr(
+        class_cache,
+        "ENV_VARS_TO_PROPAGATE",
+        set(class_cache.ENV_VARS_TO_PROPAGATE) | {"AWS_SECRET_ACCESS_KEY"},
+    )
     before = class_cache._ActorClassCache().get(Trainable)
     assert before._default_options["runtime_env"]["env_vars"] == {
-        "PL_DISABLE_FORK": "1", "AWS_SECRET_ACCESS_KEY": "not-for-trials"}
+        "PL_DISABLE_FORK": "1",
+        "AWS_SECRET_ACCESS_KEY": "not-for-trials",
+    }
     keep_credentials_on_nodes()
 
     class Other:

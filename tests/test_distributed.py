@@ -72,8 +72,9 @@ def _worker(rank: int, port: int, queue) -> None:
             ddp = DistributedDataParallel(GlobalBatchLoss(method))
             loss = ddp(img[rows], txt[rows], 3)
             loss.backward()
-            grads = {k: p.grad.numpy().copy() for k, p in method.named_parameters()
-                     if p.grad is not None}  # fmt: skip
+            grads = {
+                k: p.grad.numpy().copy() for k, p in method.named_parameters() if p.grad is not None
+            }
             out[name] = (loss.item(), grads)  # plain arrays: no shared memory to outlive us
         queue.put((rank, out))
     finally:
@@ -108,8 +109,9 @@ def test_two_gloo_workers_match_one_process(two_worker_results, name) -> None:
         assert got_loss == pytest.approx(loss.item(), rel=1e-10, abs=1e-12)
         assert got.keys() == want.keys()
         for key in want:
-            np.testing.assert_allclose(got[key], want[key].numpy(), rtol=1e-9, atol=1e-12,
-                                       err_msg=key)  # fmt: skip
+            np.testing.assert_allclose(
+                got[key], want[key].numpy(), rtol=1e-9, atol=1e-12, err_msg=key
+            )
 
 
 def test_a_half_batch_alone_is_a_different_objective() -> None:

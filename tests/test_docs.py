@@ -16,7 +16,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _reference():
     spec = importlib.util.spec_from_file_location(
-        "docs_reference", os.path.join(REPO, "scripts", "docs_reference.py"))
+        "docs_reference", os.path.join(REPO, "scripts", "docs_reference.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -43,9 +44,12 @@ def test_the_config_reference_holds_every_key_type_default_and_range() -> None:
     assert row("TrainConfig", "epochs")[1:4] == ["int", "`200`", "≥ 1"]
     assert row("TrainConfig", "epochs")[4] == TrainConfig.model_fields["epochs"].description
     assert row("ServeConfig", "port")[2:4] == ["`8000`", "≥ 1, ≤ 65535"]
-    assert row("TrainConfig", "protocol")[1] == '`improved` \\| `official`'
-    assert row("SweepConfig", "lr")[1:4] == ["list of float", "**required**",
-                                             "length ≥ 1, each &gt; 0, each finite"]  # fmt: skip
+    assert row("TrainConfig", "protocol")[1] == "`improved` \\| `official`"
+    assert row("SweepConfig", "lr")[1:4] == [
+        "list of float",
+        "**required**",
+        "length ≥ 1, each &gt; 0, each finite",
+    ]
     assert "[StorageSettings](#storagesettings)" in row("PipelineConfig", "storage")[1]
     for kind in ("retrieval", "zeroshot", "nota", "hierarcaps", "ood"):
         assert f"## Evaluation `{kind}`" in page
@@ -74,8 +78,11 @@ def test_mkdocs_builds_the_site_strictly(tmp_path) -> None:
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
-        capture_output=True, text=True, cwd=REPO, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     print(f"mkdocs build --strict: {time.perf_counter() - start:.1f} s")
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = (tmp_path / "configuration" / "index.html").read_text()

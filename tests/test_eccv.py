@@ -61,8 +61,11 @@ class _Table:
 
     def pairs(self, relation: str) -> torch.Tensor:
         """``[n_text, n_image]`` bool: the relation's pairs (caption row, image row)."""
-        rows = [(self.caption_row[c], self.image_row[i])
-                for c, images in _pairs(relation).items() for i in images]  # fmt: skip
+        rows = [
+            (self.caption_row[c], self.image_row[i])
+            for c, images in _pairs(relation).items()
+            for i in images
+        ]
         mask = torch.zeros(self.n_text, self.n_image, dtype=torch.bool)
         mask[tuple(torch.tensor(rows).T)] = True
         return mask
@@ -89,9 +92,15 @@ def _score_fn(pairs: torch.Tensor, bonus: float):
 def _eccv(relation: str, bonus: float) -> dict:
     test = eccv.karpathy_test(TABLE.image_ids, TABLE.caption_ids)
     assert test is not None
-    ranking = rank_pass(_score_fn(TABLE.pairs(relation), bonus), TABLE.n_text, TABLE.n_image,
-                        TABLE.text_to_image, depth=test.i2t_depth, top_t2i=test.t2i_depth,
-                        chunk_size=4096)  # fmt: skip
+    ranking = rank_pass(
+        _score_fn(TABLE.pairs(relation), bonus),
+        TABLE.n_text,
+        TABLE.n_image,
+        TABLE.text_to_image,
+        depth=test.i2t_depth,
+        top_t2i=test.t2i_depth,
+        chunk_size=4096,
+    )
     return eccv.eccv_metrics(ranking.t2i_top, ranking.i2t_top, test)
 
 
@@ -127,8 +136,10 @@ def _best_eccv() -> dict[str, dict[str, float]]:
     share = [len(set(v) & gallery) / len(v) for v in GT.eccv_gts["i2t"].values()]
     assert min(share) < 1.0  # the ground truth has such queries
     i2t = float(np.mean(share))
-    return {"i2t": {"eccv_map_at_r": i2t, "eccv_rprecision": i2t, "eccv_r1": 1.0},
-            "t2i": {"eccv_map_at_r": 1.0, "eccv_rprecision": 1.0, "eccv_r1": 1.0}}  # fmt: skip
+    return {
+        "i2t": {"eccv_map_at_r": i2t, "eccv_rprecision": i2t, "eccv_r1": 1.0},
+        "t2i": {"eccv_map_at_r": 1.0, "eccv_rprecision": 1.0, "eccv_r1": 1.0},
+    }
 
 
 @pytest.mark.slow
@@ -175,13 +186,22 @@ def _data(dataset: str = "coco-karpathy", split: str = "test") -> SplitTensors:
     image_rows = np.arange(TABLE.n_image, dtype=np.float32)[:, None]
     text_rows = np.arange(TABLE.n_text, dtype=np.float32)[:, None]
     emb = tables.EmbeddingSplit(
-        image_ids=TABLE.image_ids, image_embeddings=image_rows, caption_ids=TABLE.caption_ids,
-        text_image_index=TABLE.text_to_image.numpy(), texts=[""] * TABLE.n_text,
-        text_embeddings=text_rows, text_norms=None, extra_text_columns={}, manifest=manifest,
-    )  # fmt: skip
-    return SplitTensors(image_emb=torch.from_numpy(image_rows),
-                        text_emb=torch.from_numpy(text_rows), text_to_image=TABLE.text_to_image,
-                        split=emb)  # fmt: skip
+        image_ids=TABLE.image_ids,
+        image_embeddings=image_rows,
+        caption_ids=TABLE.caption_ids,
+        text_image_index=TABLE.text_to_image.numpy(),
+        texts=[""] * TABLE.n_text,
+        text_embeddings=text_rows,
+        text_norms=None,
+        extra_text_columns={},
+        manifest=manifest,
+    )
+    return SplitTensors(
+        image_emb=torch.from_numpy(image_rows),
+        text_emb=torch.from_numpy(text_rows),
+        text_to_image=TABLE.text_to_image,
+        split=emb,
+    )
 
 
 def _fold_top10(test: eccv.KarpathyTest, pairs: torch.Tensor, bonus: float):

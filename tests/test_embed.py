@@ -159,8 +159,14 @@ def test_a_different_job_into_a_finished_output_is_refused(
     lines = open(hierarcaps_copy["csv"]).read().splitlines()
     csv.write_text("\n".join(lines[:9]) + "\n")
     out = str(tmp_path / "tables")
-    base = dict(dataset="hierarcaps", images=hierarcaps_copy["images"], model=tiny_clip,
-                split="test", output=out, batch_size=8)  # fmt: skip
+    base = dict(
+        dataset="hierarcaps",
+        images=hierarcaps_copy["images"],
+        model=tiny_clip,
+        split="test",
+        output=out,
+        batch_size=8,
+    )
     run_embed(EmbedConfig(annotations=str(csv), **base))
     csv2 = tmp_path / "other.csv"
     csv2.write_text("\n".join(lines[:5]) + "\n")
@@ -182,8 +188,9 @@ def test_perturbed_copies_for_the_ood_suite(ray_session, tiny_clip, hierarcaps_c
     clean = str(tmp_path / "clean")
     run_embed(EmbedConfig(output=clean, **base))
     noisy = str(tmp_path / "noisy")
-    run_embed(EmbedConfig(output=noisy, image_perturbation="jpeg:5", text_perturbation="typos:5",
-                          **base))  # fmt: skip
+    run_embed(
+        EmbedConfig(output=noisy, image_perturbation="jpeg:5", text_perturbation="typos:5", **base)
+    )
     a, b = tables.read_split(clean, "test"), tables.read_split(noisy, "test")
     assert a.image_ids == b.image_ids and a.caption_ids == b.caption_ids
     assert b.extra_text_columns["clean_text"].tolist() == a.texts
@@ -203,9 +210,28 @@ def test_pre_projection_columns_and_projection(ray_session, tiny_clip, tmp_path)
 
     csv, images = hierarcaps_subset(tmp_path / "hc", n=6)
     out = str(tmp_path / "tables")
-    code = cli_main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images", images,
-                     "--model", tiny_clip, "--split", "test", "--output", out, "--batch-size", "4",
-                     "--shard-size", "4", "--pre-projection"])  # fmt: skip
+    code = cli_main(
+        [
+            "embed",
+            "--dataset",
+            "hierarcaps",
+            "--annotations",
+            csv,
+            "--images",
+            images,
+            "--model",
+            tiny_clip,
+            "--split",
+            "test",
+            "--output",
+            out,
+            "--batch-size",
+            "4",
+            "--shard-size",
+            "4",
+            "--pre-projection",
+        ]
+    )
     assert code == 0
     manifest = tables.read_manifest(out)
     assert manifest.pre_dim == {"image": 32, "text": 32}  # the tiny CLIP's hidden sizes
@@ -216,10 +242,10 @@ def test_pre_projection_columns_and_projection(ray_session, tiny_clip, tmp_path)
     assert split.text_features_pre.shape == (24, 32)
     raw_images = split.image_embeddings * split.image_norms[:, None]
     raw_texts = split.text_embeddings * split.text_norms[:, None]
-    np.testing.assert_allclose(split.image_features_pre @ projection["image"].T, raw_images,
-                               atol=1e-5)  # fmt: skip
-    np.testing.assert_allclose(split.text_features_pre @ projection["text"].T, raw_texts,
-                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        split.image_features_pre @ projection["image"].T, raw_images, atol=1e-5
+    )
+    np.testing.assert_allclose(split.text_features_pre @ projection["text"].T, raw_texts, atol=1e-5)
     # The features are the frozen encoder's for that very caption.
     from asymvlm.data.encoder import load_encoder
 
@@ -239,9 +265,24 @@ def test_pre_projection_is_refused_for_siglip(tmp_path, capsys) -> None:
 
     siglip = save_tiny_siglip(str(tmp_path / "siglip"))
     csv, images = os.path.join(HIERARCAPS, "hierarcaps_test.csv"), str(tmp_path)
-    code = cli_main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images", images,
-                     "--model", siglip, "--split", "test", "--output", str(tmp_path / "out"),
-                     "--pre-projection"])  # fmt: skip
+    code = cli_main(
+        [
+            "embed",
+            "--dataset",
+            "hierarcaps",
+            "--annotations",
+            csv,
+            "--images",
+            images,
+            "--model",
+            siglip,
+            "--split",
+            "test",
+            "--output",
+            str(tmp_path / "out"),
+            "--pre-projection",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "pre_projection" in err and "CLIP models only" in err and "Traceback" not in err

@@ -58,8 +58,14 @@ def small(tmp_path) -> dict[str, str]:
 def _source(cfg: EmbedConfig):
     from asymvlm.data.sources import read_source
 
-    return read_source(cfg.dataset, annotations=cfg.annotations, images=cfg.images,
-                       split=cfg.split, sample=cfg.sample, seed=cfg.seed)  # fmt: skip
+    return read_source(
+        cfg.dataset,
+        annotations=cfg.annotations,
+        images=cfg.images,
+        split=cfg.split,
+        sample=cfg.sample,
+        seed=cfg.seed,
+    )
 
 
 def _record(cfg: EmbedConfig, name: str, **extra) -> None:
@@ -174,8 +180,9 @@ def test_relative_and_absolute_spellings_are_one_job(small, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     relative = {k: os.path.relpath(v) for k, v in small.items()}
     assert not os.path.isabs(relative["annotations"])
-    _record(EmbedConfig(**BASE, **{**relative, "model": "./model"}), SUCCESS,
-            summary={"n_images": 6})  # fmt: skip
+    _record(
+        EmbedConfig(**BASE, **{**relative, "model": "./model"}), SUCCESS, summary={"n_images": 6}
+    )
     again = run_embed(EmbedConfig(**BASE, **{**small, "images": small["images"] + "/"}))
     assert again == {"n_images": 6, "skipped": True}
 
@@ -198,8 +205,9 @@ def test_manifest_of_the_same_model_in_another_spelling_is_accepted(small, monke
     tables.write_manifest(small["output"], {"dim": 24, "model": "./model"})
     assert check_manifest(EmbedConfig(**BASE, **small), 24)  # absolute spelling, same dir
     with pytest.raises(tables.TableError, match="refusing to add 'openai/clip-vit-base-patch32'"):
-        check_manifest(EmbedConfig(**BASE, **{**small, "model": "openai/clip-vit-base-patch32"}),
-                        24)  # fmt: skip
+        check_manifest(
+            EmbedConfig(**BASE, **{**small, "model": "openai/clip-vit-base-patch32"}), 24
+        )
 
 
 def test_parts_without_a_job_record_are_refused(small) -> None:
@@ -220,8 +228,9 @@ time.sleep(600)
 
 
 def _hold_in_child(root: str, folder: str) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", _HOLDER, root, folder], cwd=REPO,
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, root, folder], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     assert child.stdout.readline().strip() == "held"
     return child
 
@@ -249,11 +258,29 @@ def test_cli_embed_is_refused_while_another_process_writes_the_output(small) -> 
     child = _hold_in_child(small["output"], "test")
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "asymvlm.cli", "embed", "--dataset", "hierarcaps",
-             "--annotations", small["annotations"], "--images", small["images"],
-             "--model", small["model"], "--split", "test", "--output", small["output"]],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "asymvlm.cli",
+                "embed",
+                "--dataset",
+                "hierarcaps",
+                "--annotations",
+                small["annotations"],
+                "--images",
+                small["images"],
+                "--model",
+                small["model"],
+                "--split",
+                "test",
+                "--output",
+                small["output"],
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -358,15 +385,42 @@ def test_ray_stage_arguments_carry_no_environment(small, monkeypatch) -> None:
 
 # -- 6. real signals: the CLI, SIGKILLed between shards, and s3:// ----------------------------
 def _embed_command(csv: str, images: str, model: str, output: str) -> list[str]:
-    return [sys.executable, "-m", "asymvlm.cli", "embed", "--dataset", "hierarcaps",
-            "--annotations", csv, "--images", images, "--model", model, "--split", "test",
-            "--output", output, "--batch-size", "4", "--shard-size", "2",
-            "--shards-per-round", "1"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "asymvlm.cli",
+        "embed",
+        "--dataset",
+        "hierarcaps",
+        "--annotations",
+        csv,
+        "--images",
+        images,
+        "--model",
+        model,
+        "--split",
+        "test",
+        "--output",
+        output,
+        "--batch-size",
+        "4",
+        "--shard-size",
+        "2",
+        "--shards-per-round",
+        "1",
+    ]
 
 
 def _run(command: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env=env, start_new_session=True)  # fmt: skip
+    run = subprocess.run(
+        command,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        start_new_session=True,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 
@@ -388,8 +442,13 @@ def test_sigkilled_embed_resumes_to_the_uninterrupted_result(tiny_clip, tmp_path
 
     out = str(tmp_path / "out")
     command = _embed_command(csv, images, tiny_clip, out)
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     markers = Path(out) / "test" / "_parts"
     try:
         deadline = time.monotonic() + 180
@@ -426,8 +485,12 @@ def test_cli_embed_to_s3_takes_credentials_from_the_environment(tiny_clip, tmp_p
     csv, images = hierarcaps_subset(tmp_path / "hc", 4)
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3["AWS_ENDPOINT_URL"]})
     fs.put(str(tmp_path / "hc") + "/", "bucket/hc/", recursive=True)
-    command = _embed_command("s3://bucket/hc/hierarcaps_test.csv", "s3://bucket/hc/images",
-                             tiny_clip, "s3://bucket/tables")  # fmt: skip
+    command = _embed_command(
+        "s3://bucket/hc/hierarcaps_test.csv",
+        "s3://bucket/hc/images",
+        tiny_clip,
+        "s3://bucket/tables",
+    )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     run = _run(command, env=env)
     assert json.loads(run.stdout)["n_images"] == 4

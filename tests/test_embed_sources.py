@@ -40,7 +40,7 @@ def test_cc_webdataset_shards_with_siglip(ray_session, tiny_models, tmp_path) ->
             split="train",
             output=out,
             batch_size=4,
-        )  # fmt: skip
+        )
     )
     split = tables.read_split(out, "train")
     assert summary["n_images"] == split.n_images == len(expected) == 8
@@ -74,17 +74,21 @@ def test_cifar10_images_with_labels_and_class_prompts(ray_session, tiny_models, 
             split="test",
             output=out,
             batch_size=4,
-        )  # fmt: skip
+        )
     )
     images = tables.read_parts(out, "test", "images")
     assert images.num_rows == 6
     assert images.column("label").to_pylist() == [0, 1, 2, 2, 1, 0]
     prompts = tables.read_parts(out, "test", "prompts")
     classes = prompts.column("class_index").to_pylist()
-    assert set(prompts.filter(pa.compute.greater_equal(prompts.column("class_index"), 0))
-               .column("class_name").to_pylist()) == {"cat", "dog", "ship"}  # fmt: skip
-    dummies = [t for t, c in zip(prompts.column("text").to_pylist(), classes, strict=True)
-               if c == -1]  # fmt: skip
+    assert set(
+        prompts.filter(pa.compute.greater_equal(prompts.column("class_index"), 0))
+        .column("class_name")
+        .to_pylist()
+    ) == {"cat", "dog", "ship"}
+    dummies = [
+        t for t, c in zip(prompts.column("text").to_pylist(), classes, strict=True) if c == -1
+    ]
     assert dummies == ["a photo", "a photo of an object", "a photo of something"]
     assert (prompts.num_rows - 3) % 3 == 0 and "a photo of a cat." in prompts.column(
         "text"
@@ -97,9 +101,25 @@ def test_cifar10_images_with_labels_and_class_prompts(ray_session, tiny_models, 
 def test_cli_embed_and_pipeline_config(ray_session, tiny_models, tmp_path, capsys) -> None:
     csv, images = hierarcaps_subset(tmp_path / "hc")
     out = str(tmp_path / "cli-tables")
-    code = cli_main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images", images,
-                     "--model", tiny_models["clip"], "--split", "test", "--output", out,
-                     "--batch-size", "8"])  # fmt: skip
+    code = cli_main(
+        [
+            "embed",
+            "--dataset",
+            "hierarcaps",
+            "--annotations",
+            csv,
+            "--images",
+            images,
+            "--model",
+            tiny_models["clip"],
+            "--split",
+            "test",
+            "--output",
+            out,
+            "--batch-size",
+            "8",
+        ]
+    )
     assert code == 0
     assert json.loads(capsys.readouterr().out)["n_captions"] == 24
 
@@ -118,8 +138,9 @@ def test_cli_embed_and_pipeline_config(ray_session, tiny_models, tmp_path, capsy
     np.testing.assert_allclose(a.text_embeddings, b.text_embeddings, atol=1e-6)
     bad = tmp_path / "bad.yaml"
     bad.write_text("dataset: hierarcaps\nmodel: x\nsplit: t\noutput: o\nbatchsize: 3\n")
-    with pytest.raises(ValueError, match="bad.yaml: batchsize: unknown key "
-                       "\\(did you mean 'batch_size'\\?\\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError, match="bad.yaml: batchsize: unknown key \\(did you mean 'batch_size'\\?\\)"
+    ):
         load_jobs(str(bad))
 
 
@@ -132,9 +153,15 @@ def test_s3_input_and_output(ray_on_s3_nodes, tiny_models, tmp_path) -> None:
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server})
     fs.mkdir("data")
     fs.put(os.path.dirname(csv) + "/", "data/hc/", recursive=True)
-    cfg = EmbedConfig(dataset="hierarcaps", annotations="s3://data/hc/hierarcaps_test.csv",
-                      images="s3://data/hc/images", model=tiny_models["clip"], split="test",
-                      output="s3://data/tables", batch_size=4)  # fmt: skip
+    cfg = EmbedConfig(
+        dataset="hierarcaps",
+        annotations="s3://data/hc/hierarcaps_test.csv",
+        images="s3://data/hc/images",
+        model=tiny_models["clip"],
+        split="test",
+        output="s3://data/tables",
+        batch_size=4,
+    )
     summary = run_embed(cfg)
     assert summary["n_images"] == 5 and summary["n_captions"] == 20
     split = tables.read_split("s3://data/tables", "test")

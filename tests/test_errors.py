@@ -44,8 +44,16 @@ def test_the_projects_errors_are_one_line_and_their_code(exc, code, capsys) -> N
     assert err == f"error: {exc}\n"
 
 
-@pytest.mark.parametrize("exc", [ValueError("a bug"), OSError(5, "a bug"), KeyError("bug"),
-                                 TypeError("a bug"), RuntimeError("a bug")])  # fmt: skip
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ValueError("a bug"),
+        OSError(5, "a bug"),
+        KeyError("bug"),
+        TypeError("a bug"),
+        RuntimeError("a bug"),
+    ],
+)
 def test_anything_else_is_a_bug_with_its_traceback(exc) -> None:
     assert exit_code(exc) is None
     with pytest.raises(type(exc)):

@@ -57,8 +57,14 @@ def _reference(scores: torch.Tensor, pairs: torch.Tensor, depth: int, top_t2i: i
 
 
 def _pass(scores: torch.Tensor, pairs: torch.Tensor, chunk_size: int | None, **kw) -> Ranking:
-    return rank_pass(lambda a, b: scores[a:b], scores.shape[0], scores.shape[1], pairs,
-                     chunk_size=chunk_size, **kw)  # fmt: skip
+    return rank_pass(
+        lambda a, b: scores[a:b],
+        scores.shape[0],
+        scores.shape[1],
+        pairs,
+        chunk_size=chunk_size,
+        **kw,
+    )
 
 
 # -- top_k ------------------------------------------------------------------------------------

@@ -37,8 +37,16 @@ CAPTIONS = ["a dog", "a golden retriever catching a red frisbee", "a photo"]
 
 
 def _cfg(method: str, **kw) -> TrainConfig:
-    base = dict(method=method, epochs=1, lr=1e-3, optimizer="adamw", batch_size=128,
-                hidden_dim=16, depth=2, seed=0)  # fmt: skip
+    base = dict(
+        method=method,
+        epochs=1,
+        lr=1e-3,
+        optimizer="adamw",
+        batch_size=128,
+        hidden_dim=16,
+        depth=2,
+        seed=0,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -115,8 +123,14 @@ def test_the_folder_has_the_hub_layout_and_a_card(vmf, tmp_path) -> None:
     assert card.data.library_name == "asymvlm" and card.data.license == "apache-2.0"
     assert "asymvlm-vmf" in card.data.tags and "base_model" not in card.data.to_dict()
     text = card.text
-    for heading in ("## Method", "## Training data and protocol", "## Evaluation",
-                    "## How to use", "## Intended use", "## Limits"):  # fmt: skip
+    for heading in (
+        "## Method",
+        "## Training data and protocol",
+        "## Evaluation",
+        "## How to use",
+        "## Intended use",
+        "## Limits",
+    ):
         assert heading in text
     assert "1/kappa" in text and "hf-hub:someone/asymvlm-vmf-demo" in text
     assert "synthetic world" in text  # its limits say what the adapter is for
@@ -128,8 +142,15 @@ def test_the_card_of_an_mlflow_run_holds_its_numbers(vmf, tmp_path) -> None:
 
     uri = tracking.default_tracking_uri(str(tmp_path))
     run = tracking.open_run(uri, "export", "trial", kind="trial")
-    run.log_metrics({"t2i_recall_at_1": 0.5, "t2i_aupr": 0.25, "val_i2t_spearman": -0.75,
-                     "rsum": 321.0, "train_loss": 1.5})  # fmt: skip
+    run.log_metrics(
+        {
+            "t2i_recall_at_1": 0.5,
+            "t2i_aupr": 0.25,
+            "val_i2t_spearman": -0.75,
+            "rsum": 321.0,
+            "train_loss": 1.5,
+        }
+    )
     log_adapter_models(run, vmf)
     run.end()
     out = tmp_path / "exported"
@@ -163,8 +184,7 @@ def test_an_export_replaces_only_an_earlier_export(vmf, tmp_path) -> None:
 
 
 # -- refusals -----------------------------------------------------------------------------------
-def test_a_folder_with_a_pickle_or_a_changed_file_is_refused_by_name(vmf, world,
-                                                                     tmp_path) -> None:
+def test_a_folder_with_a_pickle_or_a_changed_file_is_refused_by_name(vmf, world, tmp_path) -> None:
     out = tmp_path / "exported"
     export_adapter(vmf, str(out))
     (out / "extra.bin").write_bytes(b"\x80\x04K\x01.")  # a pickle beside the weights
@@ -175,8 +195,11 @@ def test_a_folder_with_a_pickle_or_a_changed_file_is_refused_by_name(vmf, world,
     weights = load_file(out / "model.safetensors")
     weights["text_adapter.input_scale"] = weights["text_adapter.input_scale"] * 2
     save_file(weights, out / "model.safetensors")  # a valid file, other numbers
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: its SHA-256 differs from the "
-                       "one config.json records"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"model\.safetensors: its SHA-256 differs from the "
+        "one config.json records",
+    ):
         Scorer.from_pretrained(str(out), encoder=TableEncoder(world))
     # A training checkpoint is no model folder: its optimiser state is a pickle.
     with pytest.raises(CheckpointError, match=r"holds trainer\.pt, a pickle"):
@@ -195,8 +218,11 @@ def test_an_older_pickle_checkpoint_exports_to_safetensors(vmf, tmp_path) -> Non
     with pytest.raises(CheckpointError, match=r"holds model\.pt, a pickle"):
         resolve_checkpoint(str(old), pretrained=True)
     export_adapter(str(old), str(tmp_path / "exported"))
-    assert sorted(os.listdir(tmp_path / "exported")) == ["README.md", "config.json",
-                                                          "model.safetensors"]  # fmt: skip
+    assert sorted(os.listdir(tmp_path / "exported")) == [
+        "README.md",
+        "config.json",
+        "model.safetensors",
+    ]
 
 
 # -- hf-hub: names --------------------------------------------------------------------------------
@@ -207,15 +233,19 @@ def hub(tmp_path, monkeypatch):
 
     with serve_hub(FakeHub()) as hub:
         monkeypatch.setattr(constants, "ENDPOINT", hub.url)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            hub.url + "/{repo_id}/resolve/{revision}/{filename}")  # fmt: skip
+        monkeypatch.setattr(
+            constants,
+            "HUGGINGFACE_CO_URL_TEMPLATE",
+            hub.url + "/{repo_id}/resolve/{revision}/{filename}",
+        )
         monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
         yield hub
 
 
-def test_hub_names_resolve_with_revisions_cache_and_offline_mode(vmf, world, hub, tmp_path,
-                                                                 monkeypatch) -> None:  # fmt: skip
+def test_hub_names_resolve_with_revisions_cache_and_offline_mode(
+    vmf, world, hub, tmp_path, monkeypatch
+) -> None:
     from huggingface_hub import constants
 
     first = tmp_path / "v1"
@@ -230,8 +260,11 @@ def test_hub_names_resolve_with_revisions_cache_and_offline_mode(vmf, world, hub
     captions = encoder.captions()[:12]
 
     def kappa(source: str, **kw) -> np.ndarray:
-        return Scorer.from_checkpoint(source, encoder=encoder, **kw).caption_uncertainty(
-            captions).kappa
+        return (
+            Scorer.from_checkpoint(source, encoder=encoder, **kw)
+            .caption_uncertainty(captions)
+            .kappa
+        )
 
     np.testing.assert_allclose(kappa("hf-hub:someone/adapter@v1"), kappa(vmf), rtol=1e-6)
     np.testing.assert_allclose(kappa(f"hf-hub:someone/adapter@{commit}"), kappa(vmf), rtol=1e-6)
@@ -244,8 +277,11 @@ def test_hub_names_resolve_with_revisions_cache_and_offline_mode(vmf, world, hub
     served = len(hub.requests)
     np.testing.assert_allclose(kappa(f"hf-hub:someone/adapter@{commit}"), kappa(vmf), rtol=1e-6)
     assert len(hub.requests) == served
-    with pytest.raises(CheckpointError, match=r"hf-hub:someone/other: cannot download the "
-                       r"model: not in the Hugging Face cache"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"hf-hub:someone/other: cannot download the "
+        r"model: not in the Hugging Face cache",
+    ):
         resolve_checkpoint("hf-hub:someone/other")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     with pytest.raises(CheckpointError, match="no such repository"):
@@ -263,8 +299,11 @@ def test_a_hub_repository_with_a_pickle_or_a_changed_file_is_refused(vmf, hub, t
     shutil.copytree(folder, pickled)
     torch.save({"x": torch.ones(1)}, pickled / "pytorch_model.bin")
     hub.add("someone/pickled", str(pickled))
-    with pytest.raises(CheckpointError, match=r"^hf-hub:someone/pickled: holds "
-                       r"pytorch_model\.bin, a pickle"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"^hf-hub:someone/pickled: holds "
+        r"pytorch_model\.bin, a pickle",
+    ):
         resolve_checkpoint("hf-hub:someone/pickled")
     changed = tmp_path / "changed"
     shutil.copytree(folder, changed)
@@ -272,8 +311,11 @@ def test_a_hub_repository_with_a_pickle_or_a_changed_file_is_refused(vmf, hub, t
     weights = {k: v + 1e-3 if v.is_floating_point() else v for k, v in weights.items()}
     save_file(weights, changed / "model.safetensors")
     hub.add("someone/changed", str(changed))
-    with pytest.raises(CheckpointError, match=r"^hf-hub:someone/changed: .*model\.safetensors: "
-                       r"its SHA-256 differs"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"^hf-hub:someone/changed: .*model\.safetensors: "
+        r"its SHA-256 differs",
+    ):
         Scorer.from_pretrained("hf-hub:someone/changed")
 
 
@@ -291,8 +333,13 @@ def text_adapter(tmp_path_factory) -> dict[str, str]:
     cfg = _cfg("asymvlm-vmf", epochs=2)
     trained, _ = train(world, "train", cfg, progress=False)
     checkpoint = str(base / "ckpt")
-    encoder = {"model": model, "revision": None, "family": "clip",
-               "files_sha256": files_sha256(model), "dim": 24}  # fmt: skip
+    encoder = {
+        "model": model,
+        "revision": None,
+        "family": "clip",
+        "files_sha256": files_sha256(model),
+        "dim": 24,
+    }
     save_checkpoint(checkpoint, trained, cfg, 24, {"embedding_model": model, "encoder": encoder})
     return {"checkpoint": checkpoint, "base": str(base)}
 
@@ -306,8 +353,20 @@ def _score_text(capsys, source: str) -> list[dict]:
 @pytest.mark.slow
 def test_export_then_score_text_from_the_folder_and_the_hub(text_adapter, hub, capsys) -> None:
     folder = os.path.join(text_adapter["base"], "exported")
-    assert cli_main(["export", "--checkpoint", text_adapter["checkpoint"], "--output", folder,
-                     "--repo", "someone/tiny-adapter"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "export",
+                "--checkpoint",
+                text_adapter["checkpoint"],
+                "--output",
+                folder,
+                "--repo",
+                "someone/tiny-adapter",
+            ]
+        )
+        == 0
+    )
     assert not [f for f in os.listdir(folder) if f.endswith((".pt", ".bin", ".pkl"))]
     hub.add("someone/tiny-adapter", folder)
     expected = _score_text(capsys, text_adapter["checkpoint"])
@@ -315,13 +374,29 @@ def test_export_then_score_text_from_the_folder_and_the_hub(text_adapter, hub, c
     assert _score_text(capsys, folder) == expected
     assert _score_text(capsys, "hf-hub:someone/tiny-adapter") == expected
     # the same from a process of its own, the Hub named by HF_ENDPOINT
-    env = {**os.environ, "HF_ENDPOINT": hub.url,
-           "HF_HUB_CACHE": os.path.join(text_adapter["base"], "cache2")}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": hub.url,
+        "HF_HUB_CACHE": os.path.join(text_adapter["base"], "cache2"),
+    }
     proc = subprocess.run(
-        [sys.executable, "-m", "asymvlm.cli", "score-text", "--checkpoint",
-         "hf-hub:someone/tiny-adapter", "--device", "cpu", *CAPTIONS],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "asymvlm.cli",
+            "score-text",
+            "--checkpoint",
+            "hf-hub:someone/tiny-adapter",
+            "--device",
+            "cpu",
+            *CAPTIONS,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert [json.loads(line) for line in proc.stdout.splitlines()] == expected
     # a Hub name that cannot be had: one line, exit 2
@@ -338,8 +413,23 @@ def test_evaluate_takes_model_folders_and_hub_names(vmf, world, hub, tmp_path, c
     results = []
     for source in (vmf, str(folder), "hf-hub:someone/vmf"):
         out = tmp_path / f"m{len(results)}.json"
-        assert cli_main(["evaluate", "--embeddings", world, "--split", "test", "--checkpoint",
-                         source, "--quiet", "--output", str(out)]) == 0  # fmt: skip
+        assert (
+            cli_main(
+                [
+                    "evaluate",
+                    "--embeddings",
+                    world,
+                    "--split",
+                    "test",
+                    "--checkpoint",
+                    source,
+                    "--quiet",
+                    "--output",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         result = json.loads(out.read_text())
         results.append({d: result[d] for d in ("t2i", "i2t")})
     assert results[0] == results[1] == results[2]

@@ -51,8 +51,9 @@ def test_against_scikit_learn(seed: int) -> None:
     # informative but noisy, and rounded so that many queries tie
     u = np.round(error * 0.8 + rng.normal(0, 1, n), 1)
     assert len(np.unique(u)) < n / 2
-    assert error_aupr(u, error) == pytest.approx(metrics.average_precision_score(error, u),
-                                                 rel=1e-12)  # fmt: skip
+    assert error_aupr(u, error) == pytest.approx(
+        metrics.average_precision_score(error, u), rel=1e-12
+    )
     fpr, tpr, _ = metrics.roc_curve(error, u, drop_intermediate=False)
     reference = fpr[np.searchsorted(tpr, 0.95, side="left")]
     assert fpr_at_tpr(u, error) == pytest.approx(reference, rel=1e-12)
@@ -62,8 +63,9 @@ def test_against_scikit_learn(seed: int) -> None:
 
 
 def test_every_direction_reports_them_and_mlflow_names_them() -> None:
-    res = retrieval_metrics(matrix_fn(SCORES), 6, 3, PAIRS, n_bins=2,
-                            text_uncertainty=torch.arange(6.0))  # fmt: skip
+    res = retrieval_metrics(
+        matrix_fn(SCORES), 6, 3, PAIRS, n_bins=2, text_uncertainty=torch.arange(6.0)
+    )
     names = retrieval_metric_names(res)
     for direction in ("t2i", "i2t"):
         r = res[direction]
@@ -92,11 +94,23 @@ def test_the_retrieval_numbers_match_the_detector_on_the_errors() -> None:
 
 
 def test_table1_shows_them_per_direction() -> None:
-    rows = [{"method": "asymvlm-vmf", "t2i_aupr": 0.25, "t2i_fpr_at_95tpr": 0.5,
-             "i2t_aupr": 0.75, "i2t_fpr_at_95tpr": 0.125}]  # fmt: skip
+    rows = [
+        {
+            "method": "asymvlm-vmf",
+            "t2i_aupr": 0.25,
+            "t2i_fpr_at_95tpr": 0.5,
+            "i2t_aupr": 0.75,
+            "i2t_fpr_at_95tpr": 0.125,
+        }
+    ]
     text = table1_markdown(rows, "Table 1", "caption")
     head = text.splitlines()[4]
     assert "i2t AUPR" in head and "t2i FPR@95" in head
-    cells = dict(zip(head.strip("| ").split(" | "), text.splitlines()[6].strip("| ").split(" | "),
-                     strict=True))  # fmt: skip
+    cells = dict(
+        zip(
+            head.strip("| ").split(" | "),
+            text.splitlines()[6].strip("| ").split(" | "),
+            strict=True,
+        )
+    )
     assert cells["t2i AUPR"] == "0.250 ± 0.000" and cells["i2t FPR@95"] == "0.125 ± 0.000"

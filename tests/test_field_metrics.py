@@ -72,8 +72,9 @@ def test_retrieval_ece_by_hand() -> None:
     # i2t: img0's column (1, 1) -> (1/2, 1/2), top-1 c0 (the lower index) is its own: a hit;
     # img1's column (0, 0) -> top-1 c0 again, not its own: a miss. One bin, acc 1/2 = conf.
     scores = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
-    res = retrieval_metrics(matrix_fn(scores), 2, 2, torch.tensor([0, 1]), ks=(1,),
-                            n_bins=1, scale=float(np.log(3.0)))  # fmt: skip
+    res = retrieval_metrics(
+        matrix_fn(scores), 2, 2, torch.tensor([0, 1]), ks=(1,), n_bins=1, scale=float(np.log(3.0))
+    )
     assert res["t2i"]["ece"] == pytest.approx(0.25)
     assert res["i2t"]["ece"] == pytest.approx(0.0, abs=1e-12)
 
@@ -94,8 +95,9 @@ def test_retrieval_ece_matches_a_dense_softmax_for_every_chunk_size(scale) -> No
     i2t_ece = _dense_ece(i2t.max(axis=0)[captioned], p[i2t.argmax(axis=0)][captioned] == captioned)
     assert 0.01 < t2i_ece and 0.01 < i2t_ece
     for chunk_size in (1, 7, 64, 1000):
-        res = retrieval_metrics(matrix_fn(scores), n_text, n_image, pairs, chunk_size=chunk_size,
-                                scale=scale)  # fmt: skip
+        res = retrieval_metrics(
+            matrix_fn(scores), n_text, n_image, pairs, chunk_size=chunk_size, scale=scale
+        )
         assert res["t2i"]["ece"] == pytest.approx(t2i_ece, abs=1e-9)
         assert res["i2t"]["ece"] == pytest.approx(i2t_ece, abs=1e-9)
 
@@ -151,8 +153,9 @@ def test_risk_coverage_is_consistent_with_aurc() -> None:
 def test_retrieval_reports_risk_coverage_only_with_an_uncertainty() -> None:
     res = retrieval_metrics(matrix_fn(SCORES), 6, 3, PAIRS, n_bins=2)
     assert res["t2i"]["risk_coverage"] is None and res["i2t"]["risk_coverage"] is None
-    res = retrieval_metrics(matrix_fn(SCORES), 6, 3, PAIRS, n_bins=2,
-                            text_uncertainty=torch.arange(6.0))  # fmt: skip
+    res = retrieval_metrics(
+        matrix_fn(SCORES), 6, 3, PAIRS, n_bins=2, text_uncertainty=torch.arange(6.0)
+    )
     curve = res["t2i"]["risk_coverage"]
     assert len(curve["coverage"]) == len(curve["risk"]) == 20
     assert curve["risk"][-1] == pytest.approx(1 - res["t2i"]["recall@1"])
@@ -189,8 +192,9 @@ def test_folds_average_the_metrics_of_consecutive_images() -> None:
         rows = torch.nonzero((data.text_to_image >= start) & (data.text_to_image < start + 10))
         rows = rows[:, 0]
         scores = unit[rows] @ data.image_emb[start : start + 10].T
-        per_fold.append(retrieval_metrics(matrix_fn(scores), len(rows), 10,
-                                          data.text_to_image[rows] - start))  # fmt: skip
+        per_fold.append(
+            retrieval_metrics(matrix_fn(scores), len(rows), 10, data.text_to_image[rows] - start)
+        )
     assert folds["n_folds"] == 4 and folds["fold_size"] == 10
     for direction in ("t2i", "i2t"):
         for key in ("recall@1", "recall@5", "recall@10", "ece"):
@@ -229,14 +233,22 @@ def test_average_folds_leaves_undefined_means_undefined() -> None:
 
 # -- MLflow names ---------------------------------------------------------------------------
 def test_metric_names_flatten_the_new_scalars_and_keep_the_old_ones() -> None:
-    res = retrieval_metrics(matrix_fn(SCORES), 6, 3, PAIRS, n_bins=2,
-                            text_uncertainty=torch.arange(6.0))  # fmt: skip
+    res = retrieval_metrics(
+        matrix_fn(SCORES), 6, 3, PAIRS, n_bins=2, text_uncertainty=torch.arange(6.0)
+    )
     names = retrieval_metric_names(res)
     for direction in ("t2i", "i2t"):
         assert names[f"{direction}_ece"] == res[direction]["ece"]
-        for key, old in (("recall@1", "recall_at_1"), ("recall@5", "recall_at_5"),
-                         ("recall@10", "recall_at_10"), ("spearman", "spearman"), ("r2", "r2"),
-                         ("auroc", "auroc"), ("aurc", "aurc"), ("e_aurc", "e_aurc")):  # fmt: skip
+        for key, old in (
+            ("recall@1", "recall_at_1"),
+            ("recall@5", "recall_at_5"),
+            ("recall@10", "recall_at_10"),
+            ("spearman", "spearman"),
+            ("r2", "r2"),
+            ("auroc", "auroc"),
+            ("aurc", "aurc"),
+            ("e_aurc", "e_aurc"),
+        ):
             if res[direction][key] is None:  # undefined values are left out
                 assert f"{direction}_{old}" not in names
             else:
@@ -253,8 +265,17 @@ def test_evaluate_cli_writes_the_new_keys(small_world, tmp_path, capsys) -> None
 
     ckpt = str(tmp_path / "ckpt")
     assert _train(small_world, ckpt) == 0
-    args = ["evaluate", "--embeddings", small_world, "--split", "test", "--checkpoint", ckpt,
-            "--quiet", "--output"]  # fmt: skip
+    args = [
+        "evaluate",
+        "--embeddings",
+        small_world,
+        "--split",
+        "test",
+        "--checkpoint",
+        ckpt,
+        "--quiet",
+        "--output",
+    ]
     out = str(tmp_path / "m.json")
     assert main([*args, out, "--fold-size", "20"]) == 0
     res = json.loads(open(out).read())

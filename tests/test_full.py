@@ -28,9 +28,13 @@ def test_demo_config_resolves(tmp_path, hierarcaps_standin) -> None:
     assert syn.preset == "demo" and syn.classes is not None
     tables = str(tmp_path / "tables")
     by_sweep = {(e.kind, e.sweep): e for e in cfg.evaluations}
-    assert set(by_sweep) == {("hierarcaps", "synthetic"), ("nota", "synthetic"),
-                             ("zeroshot", "synthetic"), ("hierarcaps", "hierarcaps-tiny"),
-                             ("ood", "hierarcaps-tiny")}  # fmt: skip
+    assert set(by_sweep) == {
+        ("hierarcaps", "synthetic"),
+        ("nota", "synthetic"),
+        ("zeroshot", "synthetic"),
+        ("hierarcaps", "hierarcaps-tiny"),
+        ("ood", "hierarcaps-tiny"),
+    }
     nota, zero = by_sweep["nota", "synthetic"], by_sweep["zeroshot", "synthetic"]
     # locations parsed once, into (root, split)
     assert nota.positives == (f"{tables}/synthetic-positives", "test") and nota.frozen
@@ -41,10 +45,10 @@ def test_demo_config_resolves(tmp_path, hierarcaps_standin) -> None:
     assert zero.frozen and zero.fine_tuned_on == "synthetic"
     assert {k: str(v) for k, v in zero.sets.items()} == {
         "positives": f"{tables}/synthetic-positives:test",
-        "zeroshot": f"{tables}/synthetic-zeroshot:test"}  # fmt: skip
+        "zeroshot": f"{tables}/synthetic-zeroshot:test",
+    }
     assert str(by_sweep["hierarcaps", "synthetic"].data) == f"{tables}/synthetic:test"
-    assert all("PLUMBING" in e.note for e in cfg.evaluations
-               if e.sweep == "hierarcaps-tiny")  # fmt: skip
+    assert all("PLUMBING" in e.note for e in cfg.evaluations if e.sweep == "hierarcaps-tiny")
     # every sweep is resolved with the pipeline: its output, store and storage
     scfg = cfg.sweep("hierarcaps-tiny")
     assert "PLUMBING" in scfg.note
@@ -72,7 +76,10 @@ def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypat
     cfg = schema.load_pipeline(DEMO, [f"output={tmp_path / 'out'}"])
     assert [s.name for s in cfg.sweeps] == ["synthetic"]
     assert [(e.kind, e.sweep) for e in cfg.evaluations] == [
-        ("hierarcaps", "synthetic"), ("nota", "synthetic"), ("zeroshot", "synthetic")]
+        ("hierarcaps", "synthetic"),
+        ("nota", "synthetic"),
+        ("zeroshot", "synthetic"),
+    ]
     assert cfg.embed.jobs == [] and not cfg.prepare.hierarcaps_cifar
     assert cfg.prepare.synthetic.output == str(tmp_path / "out" / "tables" / "synthetic")
     left_out = [r.getMessage() for r in caplog.records if "are left out" in r.getMessage()]
@@ -94,8 +101,10 @@ def test_bad_configs_fail_naming_the_problem(tmp_path, capsys) -> None:
     path.write_text(f"sweeps: [{sweep}, name: a}}, {sweep}, name: a}}]\n")
     with pytest.raises(ValueError, match="unique name; repeated: \\['a'\\]"):
         schema.load_pipeline(str(path))
-    path.write_text(f"sweeps: [{sweep}, name: a}}]\n"
-                    f"evaluations: [{{kind: hierarcaps, sweep: b, data: '{tmp_path}:test'}}]\n")
+    path.write_text(
+        f"sweeps: [{sweep}, name: a}}]\n"
+        f"evaluations: [{{kind: hierarcaps, sweep: b, data: '{tmp_path}:test'}}]\n"
+    )
     with pytest.raises(ValueError, match="unknown sweep 'b'"):
         schema.load_pipeline(str(path))
     path.write_text("evaluations: [{kind: tables}]\n")
@@ -147,8 +156,9 @@ def test_the_synthetic_full_config_sweeps_every_registered_method(tmp_path) -> N
     bayesvlm needs; a method added to the registry must be added there too."""
     from asymvlm.methods import METHODS
 
-    cfg = schema.load_pipeline(os.path.join(os.path.dirname(DEMO), "synthetic-full.yaml"),
-                               [f"output={tmp_path}"])  # fmt: skip
+    cfg = schema.load_pipeline(
+        os.path.join(os.path.dirname(DEMO), "synthetic-full.yaml"), [f"output={tmp_path}"]
+    )
     (scfg,) = cfg.sweeps
     assert sorted(scfg.methods) == sorted(METHODS) and len(METHODS) == 15
     assert (scfg.seeds, scfg.lr, scfg.epochs) == ([0, 1], [2e-3], 12)
@@ -159,9 +169,11 @@ def test_the_synthetic_full_config_sweeps_every_registered_method(tmp_path) -> N
 
 def _prepare_config(tmp_path, synthetic: str, evaluations: str = "[]") -> str:
     path = tmp_path / "p.yaml"
-    path.write_text(f"output: {tmp_path / 'out'}\n"
-                    f"prepare: {{synthetic: {{output: '${{output}}/w', {synthetic}}}}}\n"
-                    f"evaluations: {evaluations}\n")  # fmt: skip
+    path.write_text(
+        f"output: {tmp_path / 'out'}\n"
+        f"prepare: {{synthetic: {{output: '${{output}}/w', {synthetic}}}}}\n"
+        f"evaluations: {evaluations}\n"
+    )
     return str(path)
 
 
@@ -175,12 +187,18 @@ def test_prepare_writes_the_preset_world_and_its_classification_sets(tmp_path, c
     from asymvlm.synthetic import COCO_LEVEL_PROBS, WorldConfig
 
     sets = ("positives", "negatives", "zeroshot")
-    evals = ("[{kind: nota, frozen: true, dim: 32, positives: '${output}/w-positives:test', "
-             "negatives: '${output}/w-negatives:test'}, {kind: zeroshot, frozen: true, dim: 32, "
-             "sets: {z: '${output}/w-zeroshot:test'}}]")  # fmt: skip
-    path = _prepare_config(tmp_path, "preset: demo, train_images: 120, val_images: 20, "
-                           "test_images: 40, seed: 2, classes: {positives: 60, negatives: 50, "
-                           "zeroshot: 30}", evals)  # fmt: skip
+    evals = (
+        "[{kind: nota, frozen: true, dim: 32, positives: '${output}/w-positives:test', "
+        "negatives: '${output}/w-negatives:test'}, {kind: zeroshot, frozen: true, dim: 32, "
+        "sets: {z: '${output}/w-zeroshot:test'}}]"
+    )
+    path = _prepare_config(
+        tmp_path,
+        "preset: demo, train_images: 120, val_images: 20, "
+        "test_images: 40, seed: 2, classes: {positives: 60, negatives: 50, "
+        "zeroshot: 30}",
+        evals,
+    )
     cfg = schema.load_pipeline(path)  # the sets are inputs that the prepare stage writes
     with caplog.at_level(logging.INFO, logger="pipelines.full"):
         stages.stage_prepare(cfg)

@@ -27,14 +27,17 @@ def _write(root: str, kappas: np.ndarray) -> None:
     texts /= np.linalg.norm(texts, axis=1, keepdims=True)
     tables.write_manifest(root, {"dim": D, "model": "hand-built"})
     tables.write_split(
-        root, "test", image_ids=ids, image_embeddings=images,
+        root,
+        "test",
+        image_ids=ids,
+        image_embeddings=images,
         caption_ids=[f"c{i}-{level}" for i, level in caps],
         caption_image_ids=[ids[i] for i, _ in caps],
         texts=[" ".join(["word"] * (level + 1)) for _, level in caps],
         text_embeddings=texts,
         text_norms=np.array([kappas[i, level] for i, level in caps]),
         extra_text_columns={"level": np.array([level for _, level in caps])},
-    )  # fmt: skip
+    )
 
 
 def test_uncertainty_falling_with_level_is_recognised(tmp_path) -> None:

@@ -58,8 +58,11 @@ def hub(hub_cache, monkeypatch) -> Iterator[dict[str, set[str]]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     port = server.server_address[1]
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        f"http://127.0.0.1:{port}/{{repo_id}}/resolve/{{revision}}/{{filename}}")
+    monkeypatch.setattr(
+        constants,
+        "HUGGINGFACE_CO_URL_TEMPLATE",
+        f"http://127.0.0.1:{port}/{{repo_id}}/resolve/{{revision}}/{{filename}}",
+    )
     try:
         yield files
     finally:
@@ -68,12 +71,18 @@ def hub(hub_cache, monkeypatch) -> Iterator[dict[str, set[str]]]:
 
 
 def test_which_files_a_name_is_fetched_by(tmp_path) -> None:
-    assert hub_files("openai/clip-vit-base-patch32") == ("openai/clip-vit-base-patch32",
-                                                         ("config.json",))  # fmt: skip
+    assert hub_files("openai/clip-vit-base-patch32") == (
+        "openai/clip-vit-base-patch32",
+        ("config.json",),
+    )
     assert hub_files("open_clip:ViT-B-32/laion2b_s34b_b79k") == (
-        LAION, ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"))  # fmt: skip
+        LAION,
+        ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"),
+    )
     assert hub_files("open_clip:hf-hub:timm/ViT-B-16-SigLIP") == (
-        "timm/ViT-B-16-SigLIP", ("open_clip_config.json",))  # fmt: skip
+        "timm/ViT-B-16-SigLIP",
+        ("open_clip_config.json",),
+    )
     # local folders and files are never the Hub's
     assert hub_files(str(tmp_path)) is None
     assert hub_files("./models/clip") is None
@@ -90,8 +99,11 @@ def test_a_cached_model_needs_no_hub(hub_cache) -> None:
 
 
 def test_an_unreachable_hub_is_named_at_once(hub_cache) -> None:
-    with pytest.raises(ValueError, match=r"is not in the Hugging Face cache \(.*hf-cache\) and "
-                       r"the Hub cannot be asked for it \(.*\); download it") as exc:  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"is not in the Hugging Face cache \(.*hf-cache\) and "
+        r"the Hub cannot be asked for it \(.*\); download it",
+    ) as exc:
         check_hub_model("openai/clip-vit-base-patch32")
     assert "'openai/clip-vit-base-patch32'" in str(exc.value)
 
@@ -119,8 +131,9 @@ def test_the_hub_says_whether_it_has_the_model(hub) -> None:
 def test_embed_names_the_model_with_exit_2_and_writes_nothing(hub_cache, tmp_path) -> None:
     """The command, in a process of its own, offline: no Ray, no worker, no output."""
     out = tmp_path / "tables"
-    cfg = EmbedConfig(dataset="hierarcaps", split="test", model="openai/clip-vit-base-patch32",
-                      output=str(out))  # fmt: skip
+    cfg = EmbedConfig(
+        dataset="hierarcaps", split="test", model="openai/clip-vit-base-patch32", output=str(out)
+    )
     with pytest.raises(ConfigError, match=r"^model 'openai/clip-vit-base-patch32' is not in"):
         cfg.check_inputs()
     with pytest.raises(ConfigError, match=r"^model: 'open_clip:ViT-B-32' names no weights"):
@@ -129,13 +142,35 @@ def test_embed_names_the_model_with_exit_2_and_writes_nothing(hub_cache, tmp_pat
     annotations.write_text("caption\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
     proc = subprocess.run(
-        [sys.executable, "-m", "asymvlm.cli", "embed", "--dataset", "hierarcaps",
-         "--annotations", str(annotations), "--images", str(tmp_path), "--split", "test",
-         "--model", "openai/clip-vit-base-patch32", "--output", str(out)],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "asymvlm.cli",
+            "embed",
+            "--dataset",
+            "hierarcaps",
+            "--annotations",
+            str(annotations),
+            "--images",
+            str(tmp_path),
+            "--split",
+            "test",
+            "--model",
+            "openai/clip-vit-base-patch32",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        "error: model 'openai/clip-vit-base-patch32' is not in the Hugging Face cache")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: model 'openai/clip-vit-base-patch32' is not in the Hugging Face cache")
+    )
     assert "HF_HUB_OFFLINE is set" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()

@@ -36,12 +36,16 @@ def _test_table(root: str, inputs) -> None:
     owner = inputs["input/test_caption_image_index"]
     tables.write_manifest(root, {"dim": 512, "model": "conformance"})
     tables.write_split(
-        root, "test", image_ids=[f"i{i}" for i in range(len(images))],
+        root,
+        "test",
+        image_ids=[f"i{i}" for i in range(len(images))],
         image_embeddings=images / np.linalg.norm(images, axis=1, keepdims=True),
         caption_ids=[f"c{i}" for i in range(len(texts))],
-        caption_image_ids=[f"i{i}" for i in owner], texts=["x"] * len(texts),
-        text_embeddings=texts / norms[:, None], text_norms=norms,
-    )  # fmt: skip
+        caption_image_ids=[f"i{i}" for i in owner],
+        texts=["x"] * len(texts),
+        text_embeddings=texts / norms[:, None],
+        text_norms=norms,
+    )
 
 
 @pytest.mark.parametrize("method", ["asymvlm-ps", "probvlm", "pcmepp"])
@@ -54,7 +58,10 @@ def test_imported_checkpoint_gives_the_official_numbers(method, tmp_path, capsys
 
     model, meta = load_checkpoint(out)
     assert (meta["method"], meta["method_kwargs"]["protocol"], meta["complete"]) == (
-        method, "official", True)  # fmt: skip
+        method,
+        "official",
+        True,
+    )
     model = model.double().eval()
     text = torch.as_tensor(inputs["input/text_emb"])
     image = torch.as_tensor(inputs["input/image_emb"])

@@ -35,23 +35,34 @@ print(json.dumps({"imported": names, "ray": sorted(m for m in sys.modules
 def test_every_science_module_imports_with_ray_unimportable() -> None:
     import json
 
-    done = subprocess.run([sys.executable, "-c", _IMPORT_ALL], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALL], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["ray"] == []
     imported = set(out["imported"])
     # every package and the CLI (whose `embed` imports the Ray layer only when it runs)
-    assert {"asymvlm.cli", "asymvlm.cli.embed", "asymvlm.protocol", "asymvlm.training",
-            "asymvlm.evaluation.registry", "asymvlm.scoring.models", "asymvlm.report",
-            "asymvlm.checkpoints", "asymvlm.config", "asymvlm.splits"} <= imported  # fmt: skip
+    assert {
+        "asymvlm.cli",
+        "asymvlm.cli.embed",
+        "asymvlm.protocol",
+        "asymvlm.training",
+        "asymvlm.evaluation.registry",
+        "asymvlm.scoring.models",
+        "asymvlm.report",
+        "asymvlm.checkpoints",
+        "asymvlm.config",
+        "asymvlm.splits",
+    } <= imported
 
 
 def test_the_blocker_blocks() -> None:
     """The check above could not pass by accident: the same blocker stops an import of Ray."""
     code = _IMPORT_ALL.split("import asymvlm")[0] + "import pipelines.session\n"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode != 0 and "is blocked in this test" in done.stderr
 
 
@@ -62,6 +73,7 @@ def test_the_embed_subcommand_reaches_ray_only_when_it_runs() -> None:
         "build_parser().format_help()\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'ray']\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]

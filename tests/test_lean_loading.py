@@ -69,8 +69,11 @@ def _write(root: str, parts: list[tuple[dict, dict]], row_group_size: int | None
         for kind, cols in (("images", images), ("texts", texts)):
             folder = os.path.join(root, "s", kind)
             os.makedirs(folder, exist_ok=True)
-            pq.write_table(pa.table(cols), os.path.join(folder, f"part-{k:05d}.parquet"),
-                           row_group_size=row_group_size)  # fmt: skip
+            pq.write_table(
+                pa.table(cols),
+                os.path.join(folder, f"part-{k:05d}.parquet"),
+                row_group_size=row_group_size,
+            )
 
 
 def _reference(root: str, kind: str) -> pa.Table:
@@ -132,21 +135,34 @@ def test_a_multi_part_split_reads_as_plain_pyarrow_reads_it(world: str) -> None:
     ("fault", "expected"),
     [
         # a row of another length in the first row group outranks a null row in a later one
-        ("length_then_null", "texts/part-00002.parquet row 1 (caption_id 'cap2-1'): embedding "
-                             "has length 3, manifest dim is 8"),
+        (
+            "length_then_null",
+            "texts/part-00002.parquet row 1 (caption_id 'cap2-1'): embedding "
+            "has length 3, manifest dim is 8",
+        ),
         # within one row group a null row outranks a row of another length before it
-        ("null_after_length", "texts/part-00002.parquet row 3 (caption_id 'cap2-3'): embedding "
-                              "is null"),
+        (
+            "null_after_length",
+            "texts/part-00002.parquet row 3 (caption_id 'cap2-3'): embedding is null",
+        ),
         # NaN/inf outranks a bad norm earlier in the same file
-        ("norm_then_nan", "texts/part-00002.parquet row 9 (caption_id 'cap2-9'): embedding has "
-                          "NaN/inf"),
+        (
+            "norm_then_nan",
+            "texts/part-00002.parquet row 9 (caption_id 'cap2-9'): embedding has NaN/inf",
+        ),
         # a pre-projection problem waits for the checks of the norms
-        ("pre_nan_and_norm", "texts/part-00000.parquet row 1 (caption_id 'cap0-1'): norm is "
-                             "np.float64(0.0), must be finite and > 0"),
-        ("pre_length", "images/part-00003.parquet row 2 (image_id 'img3-2'): "
-                       "image_features_pre has length 5, manifest pre_dim.image is 6"),
+        (
+            "pre_nan_and_norm",
+            "texts/part-00000.parquet row 1 (caption_id 'cap0-1'): norm is "
+            "np.float64(0.0), must be finite and > 0",
+        ),
+        (
+            "pre_length",
+            "images/part-00003.parquet row 2 (image_id 'img3-2'): "
+            "image_features_pre has length 5, manifest pre_dim.image is 6",
+        ),
     ],
-)  # fmt: skip
+)
 def test_problems_are_reported_as_reading_whole_files_did(
     tmp_path: Path, fault: str, expected: str
 ) -> None:
@@ -220,8 +236,9 @@ def test_load_split_tensors_are_the_split_arrays(world: str) -> None:
         rows = [reference.caption_ids.index(c) for c in part.split.caption_ids]
         np.testing.assert_array_equal(part.text_emb.numpy(), reference.text_inputs("raw")[rows])
         image_rows = [reference.image_ids.index(i) for i in part.split.image_ids]
-        np.testing.assert_array_equal(part.image_pre.numpy(),
-                                      reference.image_features_pre[image_rows])  # fmt: skip
+        np.testing.assert_array_equal(
+            part.image_pre.numpy(), reference.image_features_pre[image_rows]
+        )
 
 
 def test_reading_allocates_the_matrices_about_once(tmp_path: Path) -> None:
@@ -235,14 +252,17 @@ def test_reading_allocates_the_matrices_about_once(tmp_path: Path) -> None:
     for k in range(3):
         ids = [f"i{k}-{i}" for i in range(n_img)]
         tables.write_split(
-            root, "s", part=f"part-{k:05d}", image_ids=ids,
-            image_embeddings=_unit(rng, n_img, dim), caption_ids=[f"c{k}-{j}" for j in
-                                                                   range(n_img * n_cap)],
+            root,
+            "s",
+            part=f"part-{k:05d}",
+            image_ids=ids,
+            image_embeddings=_unit(rng, n_img, dim),
+            caption_ids=[f"c{k}-{j}" for j in range(n_img * n_cap)],
             caption_image_ids=[ids[j // n_cap] for j in range(n_img * n_cap)],
             texts=[f"t{j}" for j in range(n_img * n_cap)],
             text_embeddings=_unit(rng, n_img * n_cap, dim),
             text_norms=rng.uniform(5, 9, n_img * n_cap),
-        )  # fmt: skip
+        )
     matrices = 3 * (n_img + n_img * n_cap) * dim * 4  # 27.6 MB
     load_split(root, "s")  # imports and first-call caches
     tracemalloc.start()

@@ -431,8 +431,9 @@ def test_error_auroc_and_aurc_by_hand():
 
 
 def test_retrieval_reports_selective_metrics_from_top1_errors():
-    res = retrieval_metrics(matrix_fn(SCORES), 6, 3, PAIRS, text_uncertainty=torch.arange(6.0),
-                           n_bins=2)  # fmt: skip
+    res = retrieval_metrics(
+        matrix_fn(SCORES), 6, 3, PAIRS, text_uncertainty=torch.arange(6.0), n_bins=2
+    )
     from asymvlm.metrics import aurc, error_auroc
 
     t2i = res["t2i"]

@@ -48,8 +48,11 @@ def story(tmp_path_factory):
     output = folder / "out"
     done = subprocess.run(
         [sys.executable, "pipelines/full.py", "--config", str(path), "--output", str(output)],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     from mlflow import MlflowClient
 
@@ -162,8 +165,12 @@ def test_a_copied_store_keeps_its_artifacts(story, tmp_path) -> None:
         (report,) = _kind(client.search_runs([experiment]), "report")
         from mlflow.artifacts import download_artifacts
 
-        local = download_artifacts(run_id=report.info.run_id, artifact_path="report.md",
-                                   tracking_uri=uri, dst_path=str(tmp_path / "dl"))  # fmt: skip
+        local = download_artifacts(
+            run_id=report.info.run_id,
+            artifact_path="report.md",
+            tracking_uri=uri,
+            dst_path=str(tmp_path / "dl"),
+        )
         assert open(local).read().startswith("# AsymVLM report")
         assert tracking.relocate_local_store(uri) == 0  # once is enough
     finally:

@@ -44,9 +44,20 @@ def _namespaces_allowed() -> str | None:
     """None when `unshare` can make the namespaces the harness needs, else why not."""
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return "unshare or ip is not installed"
-    probe = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "unshare", "--mount",
-             "--pid", "--fork", "sh", "-c",
-             "mount -t tmpfs tmpfs /mnt && ip link set lo up"]  # fmt: skip
+    probe = [
+        "unshare",
+        "--net",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "unshare",
+        "--mount",
+        "--pid",
+        "--fork",
+        "sh",
+        "-c",
+        "mount -t tmpfs tmpfs /mnt && ip link set lo up",
+    ]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -80,8 +91,11 @@ class Harness:
         return log
 
     def trial_runs(self, experiment: str) -> list[dict]:
-        return [r for r in self.found["runs"]
-                if r["experiment"] == experiment and r["tags"].get("kind") == "trial"]  # fmt: skip
+        return [
+            r
+            for r in self.found["runs"]
+            if r["experiment"] == experiment and r["tags"].get("kind") == "trial"
+        ]
 
     def times(self) -> dict[str, float]:
         pairs = (line.split() for line in self.read("times.txt").splitlines() if line.strip())
@@ -97,8 +111,9 @@ def harness(tmp_path_factory) -> Harness:
         pytest.skip("the project's virtualenv (.venv) is needed on the nodes")
     results = tmp_path_factory.mktemp("multinode") / "results"
     command = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", HARNESS]
-    done = subprocess.run([*command, str(results)], cwd=REPO,
-                          capture_output=True, text=True, timeout=1500)  # fmt: skip
+    done = subprocess.run(
+        [*command, str(results)], cwd=REPO, capture_output=True, text=True, timeout=1500
+    )
     return Harness(results, done.stderr, done.returncode)
 
 
@@ -110,9 +125,10 @@ def _straight_through(harness: Harness, seed: int = 0) -> dict:
     from asymvlm.protocol import run_protocol
     from pipelines.schema import load_sweep
 
-    sweep = load_sweep(os.path.join(REPO, "tests", "multinode", "sweep.yaml"),
-                       [f"embeddings={harness.results / 'tables'}",
-                        f"output={harness.results / 'reference'}"])  # fmt: skip
+    sweep = load_sweep(
+        os.path.join(REPO, "tests", "multinode", "sweep.yaml"),
+        [f"embeddings={harness.results / 'tables'}", f"output={harness.results / 'reference'}"],
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # as the trial (cpus_per_worker: 1)
     try:
@@ -123,8 +139,11 @@ def _straight_through(harness: Harness, seed: int = 0) -> dict:
 
 
 def _finals(harness: Harness, output: str) -> dict[str, dict]:
-    return {label: record["final"] for label, record in harness.found["journals"][output].items()
-            if "final" in record}  # fmt: skip
+    return {
+        label: record["final"]
+        for label, record in harness.found["journals"][output].items()
+        if "final" in record
+    }
 
 
 def test_the_pipeline_on_two_nodes_with_an_object_store(harness) -> None:
@@ -133,8 +152,10 @@ def test_the_pipeline_on_two_nodes_with_an_object_store(harness) -> None:
     keys = found["keys"]
     run = "bucket/run/sweeps/tiny"
     assert any(k.startswith(f"{run}/tune/") for k in keys), keys  # Tune state
-    assert any(k.startswith(f"{run}/tune/trials/") and "/checkpoint_" in k
-               and k.endswith("trainer.pt") for k in keys), keys  # fmt: skip
+    assert any(
+        k.startswith(f"{run}/tune/trials/") and "/checkpoint_" in k and k.endswith("trainer.pt")
+        for k in keys
+    ), keys
     assert f"{run}/sweep.json" in keys
     assert "bucket/run/evaluations/00-hierarcaps.json" in keys
     assert "bucket/run/report/report.md" in keys
@@ -178,8 +199,10 @@ def test_a_tracking_server_outage_longer_than_the_client_retries_loses_nothing(h
     assert "mlflow-stopped" in times and "mlflow-started" in times, harness.stderr[-3000:]
     assert times["mlflow-started"] - times["mlflow-stopped"] >= 30
     runs = harness.trial_runs(DRILLS["outage"])
-    assert sorted(r["tags"]["trial"] for r in runs) == ["seeds-asymvlm-vmf-lr0.002-seed0",
-                                                        "seeds-asymvlm-vmf-lr0.002-seed1"]
+    assert sorted(r["tags"]["trial"] for r in runs) == [
+        "seeds-asymvlm-vmf-lr0.002-seed0",
+        "seeds-asymvlm-vmf-lr0.002-seed1",
+    ]
     for run in runs:
         assert run["status"] == "FINISHED", run
         steps = [step for step, _ in run["epochs"]]
@@ -187,12 +210,14 @@ def test_a_tracking_server_outage_longer_than_the_client_retries_loses_nothing(h
         stamps = [at for _, at in run["epochs"]]
         assert stamps == sorted(stamps)
         assert "t2i_recall_at_1" in run["metrics"] and "adapter" in run["models"], run
-    sweep = [r for r in harness.found["runs"] if r["experiment"] == DRILLS["outage"]
-             and r["tags"].get("kind") == "sweep"]  # fmt: skip
+    sweep = [
+        r
+        for r in harness.found["runs"]
+        if r["experiment"] == DRILLS["outage"] and r["tags"].get("kind") == "sweep"
+    ]
     assert [r["status"] for r in sweep] == ["FINISHED"]
     for final in _finals(harness, "outage").values():
-        assert final["outcome"] == {**final["outcome"],
-                                    **_straight_through(harness, final["seed"])}  # fmt: skip
+        assert final["outcome"] == {**final["outcome"], **_straight_through(harness, final["seed"])}
     assert "FAILED" not in log
 
 
@@ -206,8 +231,9 @@ def test_an_object_store_failing_30_percent_of_requests_loses_nothing(harness) -
     keys = harness.found["keys"]
     assert not [k for k in keys if ".tmp-" in k], [k for k in keys if ".tmp-" in k]
     assert harness.found["unreadable"] == {}
-    checkpoints = {k: v for k, v in harness.found["checkpoints"].items()
-                   if k.startswith("bucket/flaky/")}  # fmt: skip
+    checkpoints = {
+        k: v for k, v in harness.found["checkpoints"].items() if k.startswith("bucket/flaky/")
+    }
     assert checkpoints
     for folder, files in checkpoints.items():  # every checkpoint whole
         whole = {CONFIG_FILE, WEIGHTS_FILE, HISTORY_FILE, TRAINER_FILE}

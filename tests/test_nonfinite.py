@@ -29,9 +29,14 @@ KS = (1, 2, 5)
 
 def _metrics(scores: torch.Tensor, pairs: torch.Tensor = PAIRS, chunk_size: int = 4, **kw):
     return retrieval_metrics(
-        lambda a, b: scores[a:b], scores.shape[0], scores.shape[1], pairs,
-        ks=kw.pop("ks", KS), chunk_size=chunk_size, **kw,
-    )  # fmt: skip
+        lambda a, b: scores[a:b],
+        scores.shape[0],
+        scores.shape[1],
+        pairs,
+        ks=kw.pop("ks", KS),
+        chunk_size=chunk_size,
+        **kw,
+    )
 
 
 def _recalls(res: dict) -> dict[str, list[float]]:
@@ -130,8 +135,9 @@ def test_random_non_finite_entries_match_the_reference_for_every_chunk_size(quan
     ref = _reference(scores, pairs, ks)
     assert 0.0 < ref["t2i"][0] < ref["t2i"][3] < 1.0  # not degenerate
     for chunk_size in (1, 7, 64, 1000):
-        res = retrieval_metrics(lambda a, b: scores[a:b], n_text, n_image, pairs, ks=ks,
-                                chunk_size=chunk_size)  # fmt: skip
+        res = retrieval_metrics(
+            lambda a, b: scores[a:b], n_text, n_image, pairs, ks=ks, chunk_size=chunk_size
+        )
         for direction in ("t2i", "i2t"):
             got = [res[direction][f"recall@{k}"] for k in ks]
             assert got == pytest.approx(ref[direction], abs=1e-12), (direction, chunk_size)
@@ -216,8 +222,15 @@ def test_no_registered_method_raises_a_false_alarm(test_split) -> None:
 
 def test_a_real_divergence_stops_with_epoch_step_method_and_lr(small_world, one_thread) -> None:
     data = load_split(small_world, "train")
-    cfg = TrainConfig(method="asymvlm-vmf", epochs=5, lr=5.0, optimizer="sgd", batch_size=128,
-                      hidden_dim=16, depth=2)  # fmt: skip
+    cfg = TrainConfig(
+        method="asymvlm-vmf",
+        epochs=5,
+        lr=5.0,
+        optimizer="sgd",
+        batch_size=128,
+        hidden_dim=16,
+        depth=2,
+    )
     torch.manual_seed(0)
     trainer = Trainer(build_method("asymvlm-vmf", data.dim, **cfg.method_args()), cfg, data)
     with pytest.raises(NonFiniteError) as err:
@@ -285,13 +298,25 @@ def test_accelerators_record_the_first_bad_step_and_stop_at_the_epoch_end() -> N
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_real_divergence_on_cuda_is_caught_by_the_end_of_the_epoch(small_world) -> None:
     data = load_split(small_world, "train", device="cuda")
-    cfg = TrainConfig(method="asymvlm-vmf", epochs=5, lr=5.0, optimizer="sgd", batch_size=128,
-                      hidden_dim=16, depth=2, device="cuda", precision="fp32")  # fmt: skip
+    cfg = TrainConfig(
+        method="asymvlm-vmf",
+        epochs=5,
+        lr=5.0,
+        optimizer="sgd",
+        batch_size=128,
+        hidden_dim=16,
+        depth=2,
+        device="cuda",
+        precision="fp32",
+    )
     torch.manual_seed(0)
     trainer = Trainer(build_method("asymvlm-vmf", data.dim, **cfg.method_args()), cfg, data)
     assert not trainer.sync_free
-    with pytest.raises(NonFiniteError, match=r"^non-finite .* at epoch 1 of 5, step \d of 7 "
-                                             r"\(detected at the end of the epoch\)"):  # fmt: skip
+    with pytest.raises(
+        NonFiniteError,
+        match=r"^non-finite .* at epoch 1 of 5, step \d of 7 "
+        r"\(detected at the end of the epoch\)",
+    ):
         trainer.fit(progress=False)
     assert trainer.epoch == 0
 
@@ -332,8 +357,12 @@ def test_an_empty_split_is_named_instead_of_dividing_by_zero(tmp_path) -> None:
     write_world(root, WorldConfig(dim=8, splits={"train": 0, "test": 4}, captions_per_image=2))
     with pytest.raises(tables.TableError, match=re.escape(f"{root}/train")):
         load_split(root, "train")
-    empty = SplitTensors(image_emb=torch.zeros(0, 8), text_emb=torch.zeros(0, 8),
-                         text_to_image=torch.zeros(0, dtype=torch.long), split=None)  # fmt: skip
+    empty = SplitTensors(
+        image_emb=torch.zeros(0, 8),
+        text_emb=torch.zeros(0, 8),
+        text_to_image=torch.zeros(0, dtype=torch.long),
+        split=None,
+    )
     with pytest.raises(ConfigError, match="empty split"):
         Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), empty)
     with pytest.raises(ValueError, match="at least one item"):

@@ -64,15 +64,23 @@ def test_the_notebook_runs_offline_within_its_budget(tmp_path, monkeypatch) -> N
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     start = time.perf_counter()
-    nbclient.NotebookClient(notebook, timeout=BUDGET_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbclient.NotebookClient(
+        notebook,
+        timeout=BUDGET_S,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute()
     seconds = time.perf_counter() - start
     print(f"quickstart notebook: {seconds:.1f} s")
     assert seconds < BUDGET_S
-    assert sorted(os.listdir(tmp_path / "figures")) == ["binned_recall.png", "risk_coverage.png",
-                                                        "uncertainty_by_level.png"]  # fmt: skip
-    text = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code"
-                   for o in c.outputs)  # fmt: skip
+    assert sorted(os.listdir(tmp_path / "figures")) == [
+        "binned_recall.png",
+        "risk_coverage.png",
+        "uncertainty_by_level.png",
+    ]
+    text = "".join(
+        o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs
+    )
     assert "Traceback" not in text
     assert "['README.md', 'config.json', 'model.safetensors']" in text
     assert "rejected as 'a photo'" in text

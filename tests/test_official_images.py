@@ -59,8 +59,15 @@ def test_training_and_evaluation_see_the_raw_images(name, normed_world, tmp_path
     from asymvlm.evaluation.retrieval import encode_split
 
     data = load_split(normed_world, "train")
-    cfg = TrainConfig(method=name, protocol="official", epochs=1, batch_size=64, hidden_dim=8,
-                      depth=1, device="cpu")  # fmt: skip
+    cfg = TrainConfig(
+        method=name,
+        protocol="official",
+        epochs=1,
+        batch_size=64,
+        hidden_dim=8,
+        depth=1,
+        device="cpu",
+    )
     torch.manual_seed(0)
     method = build_method(name, 16, protocol="official", hidden_dim=8, depth=1)
     trainer = Trainer(method, cfg, data)
@@ -81,5 +88,6 @@ def test_training_and_evaluation_see_the_raw_images(name, normed_world, tmp_path
     _, images = encode_split(loaded, test)
     with torch.no_grad():
         expected = loaded.encode_images(test.image_emb * test.image_norm[:, None])
-    torch.testing.assert_close(loaded.image_uncertainty_from(images),
-                               loaded.image_uncertainty_from(expected))  # fmt: skip
+    torch.testing.assert_close(
+        loaded.image_uncertainty_from(images), loaded.image_uncertainty_from(expected)
+    )

@@ -42,8 +42,10 @@ def test_image_perturbations_are_seeded_and_graded(photo, kind) -> None:
     a = perturb_image(photo, f"{kind}:3", seed=1)
     assert a.size == photo.size and a.mode == "RGB"
     assert np.array_equal(np.asarray(a), np.asarray(perturb_image(photo, f"{kind}:3", seed=1)))
-    errors = [np.mean((np.asarray(perturb_image(photo, f"{kind}:{s}", seed=1)) - base) ** 2)
-              for s in (1, 5)]  # fmt: skip
+    errors = [
+        np.mean((np.asarray(perturb_image(photo, f"{kind}:{s}", seed=1)) - base) ** 2)
+        for s in (1, 5)
+    ]
     assert 0 < errors[0] < errors[1], errors
 
 
@@ -85,10 +87,17 @@ def _pair(tmp_path, noise: float, kappa_scale: float = 1.0):
         texts /= np.linalg.norm(texts, axis=1, keepdims=True)
         root = str(tmp_path / name)
         tables.write_manifest(root, {"dim": d, "model": "hand-built"})
-        tables.write_split(root, "test", image_ids=ids, image_embeddings=images,
-                           caption_ids=[f"c{k}" for k in range(n)], caption_image_ids=ids,
-                           texts=["x"] * n, text_embeddings=texts,
-                           text_norms=np.full(n, 20.0 * scale))  # fmt: skip
+        tables.write_split(
+            root,
+            "test",
+            image_ids=ids,
+            image_embeddings=images,
+            caption_ids=[f"c{k}" for k in range(n)],
+            caption_image_ids=ids,
+            texts=["x"] * n,
+            text_embeddings=texts,
+            text_norms=np.full(n, 20.0 * scale),
+        )
     return load_split(str(tmp_path / "clean"), "test"), load_split(str(tmp_path / "typos"), "test")
 
 
@@ -127,7 +136,8 @@ def test_alignment_drops_what_the_perturbation_lost(tmp_path) -> None:
     fewer = noisy.split.subset(keep, keep)
     from asymvlm.splits import SplitTensors
 
-    noisy = SplitTensors(noisy.image_emb[1:], noisy.text_emb[1:],
-                         torch.as_tensor(fewer.text_image_index), fewer)  # fmt: skip
+    noisy = SplitTensors(
+        noisy.image_emb[1:], noisy.text_emb[1:], torch.as_tensor(fewer.text_image_index), fewer
+    )
     out = ood_retrieval(build_method("clip", 16), clean, text_ood=noisy)
     assert out["cases"]["clean"]["n_text"] == 39 == out["cases"]["text_ood"]["n_text"]

@@ -48,8 +48,12 @@ def image_files() -> list[str]:
     return [str(p) for p in sorted((HIERARCAPS / "images").glob("*.jpg"))[:5]]
 
 
-CAPTIONS = ["a dog", "a golden retriever catching a red frisbee in a park on a sunny day " * 4,
-            "two people", "Ünïcödé, punctuation; and   spaces!"]  # fmt: skip
+CAPTIONS = [
+    "a dog",
+    "a golden retriever catching a red frisbee in a park on a sunny day " * 4,
+    "two people",
+    "Ünïcödé, punctuation; and   spaces!",
+]
 
 
 # -- names -----------------------------------------------------------------------------------
@@ -66,10 +70,17 @@ def test_names_are_taken_apart_and_local_paths_made_absolute(tmp_path, monkeypat
     assert weights.pretrained == weights.local == str(tmp_path / "w" / "epoch_3.pt")
     assert weights.name == f"open_clip:ViT-B-32/{tmp_path}/w/epoch_3.pt"
     hub = parse_name("open_clip:hf-hub:timm/ViT-B-16-SigLIP")
-    assert (hub.model_name, hub.pretrained, hub.local) == ("hf-hub:timm/ViT-B-16-SigLIP", None,
-                                                           None)  # fmt: skip
-    for bad, why in [("open_clip:ViT-B-32", "names no weights"), ("open_clip:", "no architecture"),
-                     ("open_clip:local-dir:", "no folder"), ("open_clip:hf-hub:", "no repo")]:
+    assert (hub.model_name, hub.pretrained, hub.local) == (
+        "hf-hub:timm/ViT-B-16-SigLIP",
+        None,
+        None,
+    )
+    for bad, why in [
+        ("open_clip:ViT-B-32", "names no weights"),
+        ("open_clip:", "no architecture"),
+        ("open_clip:local-dir:", "no folder"),
+        ("open_clip:hf-hub:", "no repo"),
+    ]:
         with pytest.raises(ValueError, match=why):
             parse_name(bad)
 
@@ -85,8 +96,9 @@ def test_unknown_tags_and_missing_files_are_refused_with_what_exists(tmp_path) -
 
 # -- preprocessing and encoding ----------------------------------------------------------------
 @requires_hierarcaps
-def test_preprocessing_equals_open_clips_transform_on_real_images(tiny, reference,
-                                                                   image_files) -> None:
+def test_preprocessing_equals_open_clips_transform_on_real_images(
+    tiny, reference, image_files
+) -> None:
     import pyarrow as pa
 
     from asymvlm.data.encode import decode_batch
@@ -101,16 +113,22 @@ def test_preprocessing_equals_open_clips_transform_on_real_images(tiny, referenc
     light = load_encoder(tiny["name"], device="cpu", load_model=False)
     assert light.model is None
     np.testing.assert_array_equal(light.preprocess_images(pil), want)
-    rows = pa.table({"image_id": [f"i{k}" for k in range(len(pil))], "path": image_files,
-                     "shard": [0] * len(pil)})  # fmt: skip
+    rows = pa.table(
+        {
+            "image_id": [f"i{k}" for k in range(len(pil))],
+            "path": image_files,
+            "shard": [0] * len(pil),
+        }
+    )
     decoded = decode_batch(rows, tiny["name"])
     assert list(decoded["error"]) == [""] * len(pil)
     np.testing.assert_array_equal(decoded["pixel_values"], want)
 
 
 @requires_hierarcaps
-def test_transformers_preprocessing_equals_its_processor_on_real_images(tmp_path,
-                                                                        image_files) -> None:
+def test_transformers_preprocessing_equals_its_processor_on_real_images(
+    tmp_path, image_files
+) -> None:
     import pyarrow as pa
     from transformers import AutoImageProcessor
 
@@ -120,10 +138,14 @@ def test_transformers_preprocessing_equals_its_processor_on_real_images(tmp_path
     folder = save_tiny_clip(str(tmp_path / "clip"))
     pil = [Image.open(p).convert("RGB") for p in image_files]
     want = AutoImageProcessor.from_pretrained(folder)(images=pil, return_tensors="np")
-    rows = pa.table({"image_id": [f"i{k}" for k in range(len(pil))], "path": image_files,
-                     "shard": [0] * len(pil)})  # fmt: skip
-    np.testing.assert_array_equal(decode_batch(rows, folder)["pixel_values"],
-                                  want["pixel_values"])  # fmt: skip
+    rows = pa.table(
+        {
+            "image_id": [f"i{k}" for k in range(len(pil))],
+            "path": image_files,
+            "shard": [0] * len(pil),
+        }
+    )
+    np.testing.assert_array_equal(decode_batch(rows, folder)["pixel_values"], want["pixel_values"])
 
 
 @requires_hierarcaps
@@ -134,8 +156,10 @@ def test_embeddings_equal_encode_image_and_encode_text(tiny, reference, image_fi
     with torch.no_grad():
         image_raw = model.encode_image(torch.stack([transform(im) for im in pil]))
         text_raw = model.encode_text(tokenizer(CAPTIONS))
-    for raw, (unit, norm) in [(image_raw, encoder.encode_pixels(encoder.preprocess_images(pil))),
-                              (text_raw, encoder.encode_texts(CAPTIONS))]:  # fmt: skip
+    for raw, (unit, norm) in [
+        (image_raw, encoder.encode_pixels(encoder.preprocess_images(pil))),
+        (text_raw, encoder.encode_texts(CAPTIONS)),
+    ]:
         assert unit.shape == (len(raw), 24) and unit.dtype == norm.dtype == np.float32
         np.testing.assert_allclose(norm, raw.norm(dim=-1).numpy(), rtol=1e-6)
         np.testing.assert_allclose(unit * norm[:, None], raw.numpy(), rtol=1e-5, atol=1e-6)
@@ -159,26 +183,50 @@ def embedded(ray_session, tiny, tmp_path_factory) -> dict[str, str]:
     base = tmp_path_factory.mktemp("open_clip_stage")
     csv, images = hierarcaps_subset(base / "hc", n=6)
     root = str(base / "tables")
-    assert cli_main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images",
-                     images, "--model", tiny["name"], "--split", "test", "--output", root,
-                     "--batch-size", "4"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "embed",
+                "--dataset",
+                "hierarcaps",
+                "--annotations",
+                csv,
+                "--images",
+                images,
+                "--model",
+                tiny["name"],
+                "--split",
+                "test",
+                "--output",
+                root,
+                "--batch-size",
+                "4",
+            ]
+        )
+        == 0
+    )
     return {"tables": root, "images": images, "base": str(base)}
 
 
 @requires_hierarcaps
 @pytest.mark.slow
-def test_the_stage_writes_open_clips_embeddings_and_names_the_model(tiny, reference,
-                                                                    embedded) -> None:  # fmt: skip
+def test_the_stage_writes_open_clips_embeddings_and_names_the_model(
+    tiny, reference, embedded
+) -> None:
     model, transform, tokenizer = reference
     split = tables.read_split(embedded["tables"], "test")
     files = {os.path.splitext(n)[0]: n for n in os.listdir(embedded["images"])}
-    pil = [Image.open(os.path.join(embedded["images"], files[i])).convert("RGB")
-           for i in split.image_ids]  # fmt: skip
+    pil = [
+        Image.open(os.path.join(embedded["images"], files[i])).convert("RGB")
+        for i in split.image_ids
+    ]
     with torch.no_grad():
         image_raw = model.encode_image(torch.stack([transform(im) for im in pil])).numpy()
         text_raw = model.encode_text(tokenizer(list(split.texts))).numpy()
-    for raw, unit, norm in [(image_raw, split.image_embeddings, split.image_norms),
-                            (text_raw, split.text_embeddings, split.text_norms)]:  # fmt: skip
+    for raw, unit, norm in [
+        (image_raw, split.image_embeddings, split.image_norms),
+        (text_raw, split.text_embeddings, split.text_norms),
+    ]:
         unit, norm = np.asarray(unit), np.asarray(norm)
         np.testing.assert_allclose(norm, np.linalg.norm(raw, axis=1), rtol=1e-5)
         np.testing.assert_allclose(unit * norm[:, None], raw, rtol=1e-4, atol=1e-5)
@@ -187,28 +235,81 @@ def test_the_stage_writes_open_clips_embeddings_and_names_the_model(tiny, refere
     assert manifest["family"] == "open_clip" and manifest["dim"] == 24
     assert manifest["files_sha256"] == files_sha256(tiny["folder"])
     # the same job again is done already; pre-projection features are CLIP-transformers only
-    assert cli_main(["embed", "--dataset", "hierarcaps", "--annotations",
-                     os.path.join(embedded["base"], "hc", "hierarcaps_test.csv"), "--images",
-                     embedded["images"], "--model", tiny["name"], "--split", "test", "--output",
-                     embedded["tables"], "--pre-projection"]) == 2  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "embed",
+                "--dataset",
+                "hierarcaps",
+                "--annotations",
+                os.path.join(embedded["base"], "hc", "hierarcaps_test.csv"),
+                "--images",
+                embedded["images"],
+                "--model",
+                tiny["name"],
+                "--split",
+                "test",
+                "--output",
+                embedded["tables"],
+                "--pre-projection",
+            ]
+        )
+        == 2
+    )
 
 
 @requires_hierarcaps
 @pytest.mark.slow
-def test_the_scorer_reloads_the_open_clip_model_of_the_checkpoint(tiny, embedded, tmp_path,
-                                                                  capsys) -> None:
+def test_the_scorer_reloads_the_open_clip_model_of_the_checkpoint(
+    tiny, embedded, tmp_path, capsys
+) -> None:
     from asymvlm import Scorer
     from asymvlm.errors import CheckpointError
 
     checkpoint = str(tmp_path / "adapter")
-    assert cli_main(["train", "--embeddings", embedded["tables"], "--split", "test", "--method",
-                     "asymvlm-vmf", "--epochs", "3", "--optimizer", "adamw", "--lr", "1e-2",
-                     "--output", checkpoint, "--quiet"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "train",
+                "--embeddings",
+                embedded["tables"],
+                "--split",
+                "test",
+                "--method",
+                "asymvlm-vmf",
+                "--epochs",
+                "3",
+                "--optimizer",
+                "adamw",
+                "--lr",
+                "1e-2",
+                "--output",
+                checkpoint,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     meta = json.load(open(os.path.join(checkpoint, "config.json")))
     assert meta["encoder"]["model"] == tiny["name"] and meta["encoder"]["family"] == "open_clip"
     scores = str(tmp_path / "scores.parquet")
-    assert cli_main(["score", "--embeddings", embedded["tables"], "--split", "test",
-                     "--checkpoint", checkpoint, "--output", scores, "--quiet"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "score",
+                "--embeddings",
+                embedded["tables"],
+                "--split",
+                "test",
+                "--checkpoint",
+                checkpoint,
+                "--output",
+                scores,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     split = tables.read_split(embedded["tables"], "test")
     want = pq.read_table(scores)
     got = Scorer.from_checkpoint(checkpoint, device="cpu").caption_uncertainty(list(split.texts))

@@ -22,8 +22,16 @@ MEMBERS = ((5e-3, 1), (1e-2, 2), (2e-3, 3))
 
 
 def _cfg(method: str, lr: float, seed: int, **kw: Any) -> TrainConfig:
-    base = dict(method=method, epochs=3, lr=lr, seed=seed, batch_size=64, hidden_dim=16,
-                depth=2, device="cpu")  # fmt: skip
+    base = dict(
+        method=method,
+        epochs=3,
+        lr=lr,
+        seed=seed,
+        batch_size=64,
+        hidden_dim=16,
+        depth=2,
+        device="cpu",
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -146,8 +154,10 @@ def test_deferred_detection_names_the_first_bad_step_and_spares_the_others(
     """The accelerator path (no host sync per step), forced on the CPU: the bad member runs
     on to the end of the epoch, then stops with the deferred message; the others are exact."""
     data = load_split(small_world, "train", "raw", "cpu")
-    cfgs = [_cfg("asymvlm-vmf", lr, seed, optimizer="sgd")
-            for lr, seed in ((1e-2, 1), (1e6, 2), (5e-3, 3))]  # fmt: skip
+    cfgs = [
+        _cfg("asymvlm-vmf", lr, seed, optimizer="sgd")
+        for lr, seed in ((1e-2, 1), (1e6, 2), (5e-3, 3))
+    ]
     pack = PackedTrainer.build(cfgs, data)
     for trainer in pack.trainers:
         trainer.sync_free = False
@@ -174,12 +184,21 @@ def test_deferred_detection_names_the_first_bad_step_and_spares_the_others(
 # -- what cannot be packed ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     "change",
-    [{"epochs": 4}, {"batch_size": 32}, {"method": "asymvlm-ps"}, {"optimizer": "sgd"},
-     {"hidden_dim": 32}, {"precision": "bf16"}, {"method_kwargs": {"init_temperature": 2.0}}],
-)  # fmt: skip
+    [
+        {"epochs": 4},
+        {"batch_size": 32},
+        {"method": "asymvlm-ps"},
+        {"optimizer": "sgd"},
+        {"hidden_dim": 32},
+        {"precision": "bf16"},
+        {"method_kwargs": {"init_temperature": 2.0}},
+    ],
+)
 def test_configurations_differing_in_more_than_lr_and_seed_are_refused(small_world, change):
-    cfgs = [_cfg("asymvlm-vmf", 1e-2, 0, optimizer="adamw"),
-            _cfg("asymvlm-vmf", 2e-2, 1, optimizer="adamw")]  # fmt: skip
+    cfgs = [
+        _cfg("asymvlm-vmf", 1e-2, 0, optimizer="adamw"),
+        _cfg("asymvlm-vmf", 2e-2, 1, optimizer="adamw"),
+    ]
     cfgs[1] = TrainConfig(**{**cfgs[1].model_dump(), **change})
     field = next(iter(change))
     with pytest.raises(ConfigError, match=rf"configuration 1 differs .* in {field} "):
@@ -227,8 +246,9 @@ def test_a_loss_that_cannot_be_vmapped_trains_its_members_one_after_another(
         method, history = _unpacked(cfg, data, _DataDependent)
         _assert_rows_equal(histories[k], history)
         for key, value in method.state_dict().items():
-            torch.testing.assert_close(pack.methods[k].state_dict()[key], value, rtol=RTOL,
-                                       atol=1e-6)  # fmt: skip
+            torch.testing.assert_close(
+                pack.methods[k].state_dict()[key], value, rtol=RTOL, atol=1e-6
+            )
 
 
 # -- resuming ------------------------------------------------------------------------------------
@@ -310,8 +330,15 @@ def test_a_pack_never_streams_it_says_so(small_world, tmp_path) -> None:
     trained in memory before)."""
     from pipelines.schema import sweep_config
 
-    doc = {"embeddings": small_world, "methods": ["asymvlm-vmf"], "lr": [1e-3, 1e-2],
-           "seeds": [0], "output": str(tmp_path / "o"), "pack": 2, "stream": "always"}  # fmt: skip
+    doc = {
+        "embeddings": small_world,
+        "methods": ["asymvlm-vmf"],
+        "lr": [1e-3, 1e-2],
+        "seeds": [0],
+        "output": str(tmp_path / "o"),
+        "pack": 2,
+        "stream": "always",
+    }
     with pytest.raises(ConfigError, match="pack > 1 .* cannot stream it"):
         sweep_config(doc, "space.yaml")
     sweep_config({**doc, "stream": "never"}, "space.yaml")  # in memory: fine

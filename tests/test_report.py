@@ -30,28 +30,40 @@ def _store(tmp_path) -> str:
 def test_report_gathers_tables_figures_and_paper_numbers(tmp_path) -> None:
     uri, exp = _store(tmp_path), "report-test"
     nota = {
-        "dummy": {"a photo": {
-            "asymvlm-vmf/seed0": {"pos_acc": 0.8, "neg_acc": 0.6},
-            "asymvlm-vmf/seed1": {"pos_acc": 0.9, "neg_acc": 0.4},
-            "clip": {"pos_acc": 0.95, "neg_acc": 0.0},
-        }},
+        "dummy": {
+            "a photo": {
+                "asymvlm-vmf/seed0": {"pos_acc": 0.8, "neg_acc": 0.6},
+                "asymvlm-vmf/seed1": {"pos_acc": 0.9, "neg_acc": 0.4},
+                "clip": {"pos_acc": 0.95, "neg_acc": 0.0},
+            }
+        },
         "rejection": {"threshold": {"pos_acc": 0.7, "neg_acc": 0.5, "cut": 0.3}},
-    }  # fmt: skip
+    }
     log_evaluation(uri, exp, "nota", nota)
-    zero = {"asymvlm-vmf/seed0": {"cifar10": 0.5, "stl10": 0.9},
-            "asymvlm-vmf/seed1": {"cifar10": 0.7, "stl10": 0.9}}  # fmt: skip
-    log_evaluation(uri, exp, "zeroshot", zero, params={
-        "fine_tuned_on": "coco", "embedding_model": "openai/clip-vit-base-patch32"})  # fmt: skip
+    zero = {
+        "asymvlm-vmf/seed0": {"cifar10": 0.5, "stl10": 0.9},
+        "asymvlm-vmf/seed1": {"cifar10": 0.7, "stl10": 0.9},
+    }
+    log_evaluation(
+        uri,
+        exp,
+        "zeroshot",
+        zero,
+        params={"fine_tuned_on": "coco", "embedding_model": "openai/clip-vit-base-patch32"},
+    )
     write_hierarchy(str(tmp_path / "hc"), np.tile([2.0, 5.0, 12.0, 30.0], (6, 1)))
     from asymvlm.splits import load_split
 
-    hier = evaluate_hierarcaps({"identity/seed0": _with_input(IdentityVMF(8))},
-                               Location(str(tmp_path / "hc"), "test"))  # fmt: skip
+    hier = evaluate_hierarcaps(
+        {"identity/seed0": _with_input(IdentityVMF(8))}, Location(str(tmp_path / "hc"), "test")
+    )
     log_evaluation(uri, exp, "hierarcaps", hier)
     _pair(tmp_path, noise=3.0, kappa_scale=0.2)
-    ood = evaluate_ood({"identity/seed0": _with_input(IdentityVMF(16))},
-                       Location(str(tmp_path / "clean"), "test"),
-                       {"typos:3": Location(str(tmp_path / "typos"), "test")})  # fmt: skip
+    ood = evaluate_ood(
+        {"identity/seed0": _with_input(IdentityVMF(16))},
+        Location(str(tmp_path / "clean"), "test"),
+        {"typos:3": Location(str(tmp_path / "typos"), "test")},
+    )
     log_evaluation(uri, exp, "ood", ood)
     assert load_split(str(tmp_path / "hc"), "test").split.n_texts == 24
 
@@ -87,24 +99,45 @@ def test_tables_2_and_3_of_a_synthetic_world_put_the_papers_real_data_numbers_be
     frozen model marked as not fine-tuned, and the paper's CLIP ViT-B/32 numbers on real data
     in a labelled column beside ours (the set-up is not theirs)."""
     uri, exp = _store(tmp_path), "synthetic-tables"
-    nota = {"dummy": {"a photo": {"asymvlm-vmf/seed0": {"pos_acc": 0.6, "neg_acc": 0.3},
-                                  "asymvlm-vmf/seed1": {"pos_acc": 0.8, "neg_acc": 0.5}}},
-            "rejection": {}}  # fmt: skip
-    log_evaluation(uri, exp, "nota", nota, params={
-        "sweep": "synthetic", "positives": "/x/tables/synthetic-positives:test",
-        "negatives": "/x/tables/synthetic-negatives:test"})  # fmt: skip
-    zero = {"asymvlm-vmf/seed0": {"positives": 0.5, "zeroshot": 0.3},
-            "asymvlm-vmf/seed1": {"positives": 0.7, "zeroshot": 0.5},
-            "clip": {"positives": 0.4, "zeroshot": 0.2}}  # fmt: skip
-    log_evaluation(uri, exp, "zeroshot", zero, params={"fine_tuned_on": "synthetic",
-                                                       "sweep": "synthetic"})  # fmt: skip
+    nota = {
+        "dummy": {
+            "a photo": {
+                "asymvlm-vmf/seed0": {"pos_acc": 0.6, "neg_acc": 0.3},
+                "asymvlm-vmf/seed1": {"pos_acc": 0.8, "neg_acc": 0.5},
+            }
+        },
+        "rejection": {},
+    }
+    log_evaluation(
+        uri,
+        exp,
+        "nota",
+        nota,
+        params={
+            "sweep": "synthetic",
+            "positives": "/x/tables/synthetic-positives:test",
+            "negatives": "/x/tables/synthetic-negatives:test",
+        },
+    )
+    zero = {
+        "asymvlm-vmf/seed0": {"positives": 0.5, "zeroshot": 0.3},
+        "asymvlm-vmf/seed1": {"positives": 0.7, "zeroshot": 0.5},
+        "clip": {"positives": 0.4, "zeroshot": 0.2},
+    }
+    log_evaluation(
+        uri, exp, "zeroshot", zero, params={"fine_tuned_on": "synthetic", "sweep": "synthetic"}
+    )
     text = open(build_report(uri, exp, str(tmp_path / "report"))).read()
-    assert ("### Table 2 analogue — none-of-the-above (positives: synthetic-positives, "
-            "negatives: synthetic-negatives) — synthetic") in text
+    assert (
+        "### Table 2 analogue — none-of-the-above (positives: synthetic-positives, "
+        "negatives: synthetic-negatives) — synthetic"
+    ) in text
     assert '| "a photo" | asymvlm-vmf | 2 | 0.700 ± 0.141 | 0.400 ± 0.141 | 0.857, 0.587 |' in text
     assert "| positives | zeroshot | paper (CLIP ViT-B/32 fine-tuned on COCO, real data: " in text
-    assert ("| synthetic | asymvlm-vmf | 2 | 0.600 ± 0.141 | 0.400 ± 0.141 | "
-            "0.837 / 0.477 / 0.940 / 0.507 |") in text
+    assert (
+        "| synthetic | asymvlm-vmf | 2 | 0.600 ± 0.141 | 0.400 ± 0.141 | "
+        "0.837 / 0.477 / 0.940 / 0.507 |"
+    ) in text
     assert "| – (frozen) | clip | 1 | 0.400 | 0.200 | 0.888 / 0.642 / 0.974 / 0.632 |" in text
     assert " (paper) |" not in text  # no paper rows pretending to be on our sets
 
@@ -121,19 +154,27 @@ def _classification(root: str, n_per_class: int, classes: int, offset: int, seed
     labels = np.repeat(np.arange(classes), n_per_class)
     emb = basis[labels + offset] + 0.2 * rng.standard_normal((len(labels), d))
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    images = pa.table({
-        "image_id": [f"i{k}" for k in range(len(labels))],
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel(), pa.float32()), d),
-        "label": labels,
-    })  # fmt: skip
+    images = pa.table(
+        {
+            "image_id": [f"i{k}" for k in range(len(labels))],
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel(), pa.float32()), d),
+            "label": labels,
+        }
+    )
     texts = [f"a photo of a c{c}." for c in range(3)] + ["a photo"]
     prompt = np.vstack([basis[:3], np.full((1, d), 1 / np.sqrt(d))])
-    prompts = pa.table({
-        "class_index": [0, 1, 2, -1], "class_name": ["c0", "c1", "c2", ""],
-        "template": ["a photo of a {}."] * 3 + [""], "text": texts,
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(prompt.ravel(), pa.float32()), d),
-        "norm": pa.array([20.0, 20.0, 20.0, 0.5], pa.float32()),
-    })  # fmt: skip
+    prompts = pa.table(
+        {
+            "class_index": [0, 1, 2, -1],
+            "class_name": ["c0", "c1", "c2", ""],
+            "template": ["a photo of a {}."] * 3 + [""],
+            "text": texts,
+            "embedding": pa.FixedSizeListArray.from_arrays(
+                pa.array(prompt.ravel(), pa.float32()), d
+            ),
+            "norm": pa.array([20.0, 20.0, 20.0, 0.5], pa.float32()),
+        }
+    )
     tables.write_part(root, "test", "images", "part-00000", images)
     tables.write_part(root, "test", "prompts", "part-00000", prompts)
 
@@ -146,15 +187,43 @@ def test_cli_analyze_logs_runs_that_the_report_shows(tmp_path, capsys) -> None:
     method = build_method("asymvlm-vmf", 8, hidden_dim=16)
     save_checkpoint(ckpt, method, TrainConfig(method="asymvlm-vmf", hidden_dim=16, seed=3), 8)
     uri = _store(tmp_path)
-    rc = main(["analyze", "nota", "--checkpoint", ckpt, "--frozen", "--positives",
-               f"{pos}:test", "--negatives", f"{neg}:test", "--mlflow-uri", uri,
-               "--experiment", "cli"])  # fmt: skip
+    rc = main(
+        [
+            "analyze",
+            "nota",
+            "--checkpoint",
+            ckpt,
+            "--frozen",
+            "--positives",
+            f"{pos}:test",
+            "--negatives",
+            f"{neg}:test",
+            "--mlflow-uri",
+            uri,
+            "--experiment",
+            "cli",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["dummy"]["a photo"]) == {"asymvlm-vmf/seed3", "clip"}
     assert out["dummy"]["a photo"]["clip"]["pos_acc"] == 1.0  # positives sit on their class
-    rc = main(["analyze", "zeroshot", "--checkpoint", ckpt, "--set", f"cifar10={pos}:test",
-               "--fine-tuned-on", "coco", "--mlflow-uri", uri, "--experiment", "cli"])  # fmt: skip
+    rc = main(
+        [
+            "analyze",
+            "zeroshot",
+            "--checkpoint",
+            ckpt,
+            "--set",
+            f"cifar10={pos}:test",
+            "--fine-tuned-on",
+            "coco",
+            "--mlflow-uri",
+            uri,
+            "--experiment",
+            "cli",
+        ]
+    )
     assert rc == 0
     capsys.readouterr()
     os.environ["MLFLOW_TRACKING_URI"] = uri  # asymvlm report honours it (no --mlflow-uri)
@@ -187,10 +256,19 @@ def _curve(scale: float) -> dict[str, list[float]]:
 def _trial_metrics(r1: float, auroc: float, aurc: float, ece: float, rsum: float) -> dict:
     out = {}
     for d, shift in (("t2i", 0.0), ("i2t", 0.01)):
-        out.update({f"{d}_recall_at_1": r1 + shift, f"{d}_spearman": -0.9 + shift,
-                    f"{d}_r2": 0.8 + shift, f"{d}_auroc": auroc + shift,
-                    f"{d}_aurc": aurc + shift, f"{d}_e_aurc": 0.01, f"{d}_ece": ece + shift,
-                    f"{d}_aupr": auroc / 2 + shift, f"{d}_fpr_at_95tpr": 1 - auroc + shift})
+        out.update(
+            {
+                f"{d}_recall_at_1": r1 + shift,
+                f"{d}_spearman": -0.9 + shift,
+                f"{d}_r2": 0.8 + shift,
+                f"{d}_auroc": auroc + shift,
+                f"{d}_aurc": aurc + shift,
+                f"{d}_e_aurc": 0.01,
+                f"{d}_ece": ece + shift,
+                f"{d}_aupr": auroc / 2 + shift,
+                f"{d}_fpr_at_95tpr": 1 - auroc + shift,
+            }
+        )
     out["rsum"] = rsum
     return out
 
@@ -202,12 +280,19 @@ def _log_sweep(uri: str, exp: str, name: str, trials: list[tuple], protocol: str
 
     params = {"dataset": "synthetic", "embedding_model": "tiny"}
     parent_params = {**params, **({"protocol": protocol} if protocol else {})}
-    with tracking.run(uri, exp, f"sweep {name}", kind="sweep", params=parent_params,
-                      tags={"sweep": name}) as parent:  # fmt: skip
+    with tracking.run(
+        uri, exp, f"sweep {name}", kind="sweep", params=parent_params, tags={"sweep": name}
+    ) as parent:
         for k, (method, metrics, results) in enumerate(trials):
-            with tracking.run(uri, exp, f"{method} seed{k}", kind="trial", parent=parent,
-                              params={**params, "method": method, "seed": k},
-                              tags={"stage": "seeds"}) as child:  # fmt: skip
+            with tracking.run(
+                uri,
+                exp,
+                f"{method} seed{k}",
+                kind="trial",
+                parent=parent,
+                params={**params, "method": method, "seed": k},
+                tags={"stage": "seeds"},
+            ) as child:
                 child.log_metrics(metrics)
                 curves = {d: [metrics[f"{d}_recall_at_1"]] * 3 for d in ("t2i", "i2t")}
                 child.log_json("binned_recall.json", {"test": curves})
@@ -237,15 +322,37 @@ def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(tmp_path
     ft = [_trial_metrics(0.40, 0.5, 0.5, 0.2, 3.0), _trial_metrics(0.44, 0.5, 0.5, 0.3, 3.2)]
     ft_ece = [m.pop("t2i_ece") for m in ft]  # t2i ECE only in results.json
     ft_rsum = [m.pop("rsum") for m in ft]  # RSUM only in results.json, top level
-    trials = [("asymvlm-vmf", vmf[0], {"test": {"t2i": {"risk_coverage": _curve(0.2)},
-                                                "i2t": {"risk_coverage": _curve(0.4)}}}),
-              ("asymvlm-vmf", vmf[1], {"test": {"t2i": {"risk_coverage": _curve(0.4)},
-                                                "i2t": {"risk_coverage": _curve(0.6)}}})]
-    trials += [("determ-ft", m, {"t2i": {"ece": e}, "i2t": {}, "rsum": r})
-               for m, e, r in zip(ft, ft_ece, ft_rsum, strict=True)]
+    trials = [
+        (
+            "asymvlm-vmf",
+            vmf[0],
+            {
+                "test": {
+                    "t2i": {"risk_coverage": _curve(0.2)},
+                    "i2t": {"risk_coverage": _curve(0.4)},
+                }
+            },
+        ),
+        (
+            "asymvlm-vmf",
+            vmf[1],
+            {
+                "test": {
+                    "t2i": {"risk_coverage": _curve(0.4)},
+                    "i2t": {"risk_coverage": _curve(0.6)},
+                }
+            },
+        ),
+    ]
+    trials += [
+        ("determ-ft", m, {"t2i": {"ece": e}, "i2t": {}, "rsum": r})
+        for m, e, r in zip(ft, ft_ece, ft_rsum, strict=True)
+    ]
     _log_sweep(uri, exp, "official", trials, protocol="official")
-    old = [{k: v for k, v in m.items() if k.split("_", 1)[-1] in
-            ("recall_at_1", "spearman", "r2")} for m in vmf]  # fmt: skip
+    old = [
+        {k: v for k, v in m.items() if k.split("_", 1)[-1] in ("recall_at_1", "spearman", "r2")}
+        for m in vmf
+    ]
     _log_sweep(uri, exp, "old", [("asymvlm-vmf", m, None) for m in old], protocol=None)
 
     out = tmp_path / "report"
@@ -259,17 +366,39 @@ def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(tmp_path
         "*Protocol: improved (this project's defaults; see README 'Protocols').*"
     )
     head = _cells(text, "Method", first)
-    assert head == ["Method", "seeds", "i2t R@1 (%)", "i2t S", "i2t R²", "i2t AUROC", "i2t AUPR",
-                    "i2t FPR@95", "i2t AURC", "i2t ECE", "t2i R@1 (%)", "t2i S", "t2i R²",
-                    "t2i AUROC", "t2i AUPR", "t2i FPR@95", "t2i AURC", "t2i ECE",
-                    "RSUM"]  # fmt: skip
+    assert head == [
+        "Method",
+        "seeds",
+        "i2t R@1 (%)",
+        "i2t S",
+        "i2t R²",
+        "i2t AUROC",
+        "i2t AUPR",
+        "i2t FPR@95",
+        "i2t AURC",
+        "i2t ECE",
+        "t2i R@1 (%)",
+        "t2i S",
+        "t2i R²",
+        "t2i AUROC",
+        "t2i AUPR",
+        "t2i FPR@95",
+        "t2i AURC",
+        "t2i ECE",
+        "RSUM",
+    ]
     col = {name: k for k, name in enumerate(head)}
     row = _cells(text, "asymvlm-vmf", first)
     assert row[col["seeds"]] == "2"
     for d in ("i2t", "t2i"):
         assert row[col[f"{d} R@1 (%)"]] == _ms([m[f"{d}_recall_at_1"] for m in vmf], 100, 2)
-        for key, name in (("auroc", "AUROC"), ("aupr", "AUPR"), ("fpr_at_95tpr", "FPR@95"),
-                          ("aurc", "AURC"), ("ece", "ECE")):  # fmt: skip
+        for key, name in (
+            ("auroc", "AUROC"),
+            ("aupr", "AUPR"),
+            ("fpr_at_95tpr", "FPR@95"),
+            ("aurc", "AURC"),
+            ("ece", "ECE"),
+        ):
             assert row[col[f"{d} {name}"]] == _ms([m[f"{d}_{key}"] for m in vmf])
     assert row[col["RSUM"]] == _ms([m["rsum"] for m in vmf], digits=2)
     row = _cells(text, "determ-ft", first)
@@ -284,8 +413,11 @@ def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(tmp_path
 
     # Figures: the risk-coverage figure beside fig3, only where a sweep has curves; the second
     # sweep of the same data set gets its own names.
-    for name in ("fig3_synthetic.png", "fig_risk_coverage_synthetic.png",
-                 "fig3_synthetic_sweep_old.png"):  # fmt: skip
+    for name in (
+        "fig3_synthetic.png",
+        "fig_risk_coverage_synthetic.png",
+        "fig3_synthetic_sweep_old.png",
+    ):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
         assert f"]({name})" in text
     assert not (out / "fig_risk_coverage_synthetic_sweep_old.png").exists()
@@ -298,8 +430,10 @@ def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(tmp_path
 def test_trial_values_read_metrics_then_results_and_leave_missing_as_none() -> None:
     from asymvlm.report import trial_values
 
-    got = trial_values({"t2i_ece": 0.2, "test_i2t_ece": 0.3, "t2i_recall_at_1": 0.5},
-                       {"test": {"t2i": {"ece": 0.9, "auroc": 0.6}, "rsum": 1.5}})  # fmt: skip
+    got = trial_values(
+        {"t2i_ece": 0.2, "test_i2t_ece": 0.3, "t2i_recall_at_1": 0.5},
+        {"test": {"t2i": {"ece": 0.9, "auroc": 0.6}, "rsum": 1.5}},
+    )
     assert got["t2i_ece"] == 0.2 and got["i2t_ece"] == 0.3  # metrics first, test_ prefix too
     assert got["t2i_auroc"] == 0.6 and got["rsum"] == 1.5  # else results.json
     assert got["i2t_aurc"] is None and got["t2i_recall_at_1"] == 0.5

@@ -31,18 +31,78 @@ def trained(ray_session, tmp_path_factory) -> dict[str, str]:
     model = save_tiny_clip(str(base / "tiny-clip"))
     csv, images = hierarcaps_subset(base / "hc", n=8)
     root = str(base / "tables")
-    assert cli_main(["embed", "--dataset", "hierarcaps", "--annotations", csv, "--images",
-                     images, "--model", model, "--split", "test", "--output", root,
-                     "--batch-size", "8"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "embed",
+                "--dataset",
+                "hierarcaps",
+                "--annotations",
+                csv,
+                "--images",
+                images,
+                "--model",
+                model,
+                "--split",
+                "test",
+                "--output",
+                root,
+                "--batch-size",
+                "8",
+            ]
+        )
+        == 0
+    )
     checkpoint = str(base / "adapter")
-    assert cli_main(["train", "--embeddings", root, "--split", "test", "--method",
-                     "asymvlm-vmf", "--epochs", "3", "--optimizer", "adamw", "--lr", "1e-2",
-                     "--output", checkpoint, "--quiet"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "train",
+                "--embeddings",
+                root,
+                "--split",
+                "test",
+                "--method",
+                "asymvlm-vmf",
+                "--epochs",
+                "3",
+                "--optimizer",
+                "adamw",
+                "--lr",
+                "1e-2",
+                "--output",
+                checkpoint,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     scores = str(base / "scores.parquet")
-    assert cli_main(["score", "--embeddings", root, "--split", "test", "--checkpoint",
-                     checkpoint, "--output", scores, "--quiet"]) == 0  # fmt: skip
-    return {"model": model, "tables": root, "checkpoint": checkpoint, "scores": scores,
-            "images": images, "base": str(base)}  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "score",
+                "--embeddings",
+                root,
+                "--split",
+                "test",
+                "--checkpoint",
+                checkpoint,
+                "--output",
+                scores,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    return {
+        "model": model,
+        "tables": root,
+        "checkpoint": checkpoint,
+        "scores": scores,
+        "images": images,
+        "base": str(base),
+    }
 
 
 def _table_captions(trained: dict[str, str]) -> tuple[list[str], pa.Table]:
@@ -55,8 +115,13 @@ def _table_captions(trained: dict[str, str]) -> tuple[list[str], pa.Table]:
 def test_the_checkpoint_records_the_encoder_of_its_tables(trained) -> None:
     meta = json.load(open(os.path.join(trained["checkpoint"], "config.json")))
     manifest = tables.read_manifest(trained["tables"]).to_dict()
-    assert meta["encoder"] == {"model": trained["model"], "revision": None, "family": "clip",
-                               "files_sha256": manifest["files_sha256"], "dim": 24}  # fmt: skip
+    assert meta["encoder"] == {
+        "model": trained["model"],
+        "revision": None,
+        "family": "clip",
+        "files_sha256": manifest["files_sha256"],
+        "dim": 24,
+    }
     assert len(meta["encoder"]["files_sha256"]) == 64
 
 
@@ -67,17 +132,19 @@ def test_scorer_gives_the_numbers_of_asymvlm_score_on_embedded_tables(trained) -
     scorer = Scorer.from_checkpoint(trained["checkpoint"], device="cpu", batch_size=5)
     out = scorer.caption_uncertainty(texts)
     np.testing.assert_allclose(out.kappa, scores.column("kappa").to_numpy(), rtol=2e-5)
-    np.testing.assert_allclose(out.uncertainty, scores.column("uncertainty").to_numpy(),
-                               rtol=2e-5)  # fmt: skip
+    np.testing.assert_allclose(out.uncertainty, scores.column("uncertainty").to_numpy(), rtol=2e-5)
     np.testing.assert_allclose(np.linalg.norm(out.mu, axis=1), 1.0, atol=1e-5)
     assert out.kappa.shape == (len(texts),) and (out.kappa > 0).all()
     # a longer, more specific caption is another caption: its own kappa
     two = scorer.caption_uncertainty(["a dog", "a golden retriever catching a red frisbee"])
     assert two.kappa[0] != two.kappa[1]
-    assert [r["text"] for r in two.records()] == ["a dog",
-                                                  "a golden retriever catching a red frisbee"]
-    np.testing.assert_allclose([r["uncertainty"] for r in two.records()],
-                               1.0 / two.kappa, rtol=1e-6)  # fmt: skip
+    assert [r["text"] for r in two.records()] == [
+        "a dog",
+        "a golden retriever catching a red frisbee",
+    ]
+    np.testing.assert_allclose(
+        [r["uncertainty"] for r in two.records()], 1.0 / two.kappa, rtol=1e-6
+    )
 
 
 def test_scorer_scores_images_against_captions_as_the_tables_do(trained) -> None:
@@ -98,8 +165,9 @@ def test_scorer_scores_images_against_captions_as_the_tables_do(trained) -> None
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
     # images as bytes give the same; bytes that are no image are refused by position
     raw = [open(p, "rb").read() for p in paths[:2]]
-    np.testing.assert_allclose(scorer.score(raw, ["a dog"]), scorer.score(paths[:2], ["a dog"]),
-                               rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        scorer.score(raw, ["a dog"]), scorer.score(paths[:2], ["a dog"]), rtol=1e-6
+    )
     from asymvlm.scoring import ScoringInputError
 
     with pytest.raises(ScoringInputError, match="image 1: cannot be decoded"):
@@ -110,8 +178,9 @@ def test_score_text_prints_one_json_object_per_caption(trained, capsys) -> None:
     from asymvlm import Scorer
 
     captions = ["a dog", "a golden retriever catching a red frisbee", "a photo"]
-    code = cli_main(["score-text", "--checkpoint", trained["checkpoint"], "--device", "cpu",
-                     *captions])  # fmt: skip
+    code = cli_main(
+        ["score-text", "--checkpoint", trained["checkpoint"], "--device", "cpu", *captions]
+    )
     assert code == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [sorted(r) for r in lines] == [["kappa", "text", "uncertainty"]] * 3
@@ -125,51 +194,89 @@ def test_score_text_files_to_parquet_equal_asymvlm_score(trained, tmp_path) -> N
     txt = tmp_path / "captions.txt"
     txt.write_text("\n".join(texts) + "\n\n")  # trailing blank lines are no captions
     out = tmp_path / "out" / "scored.parquet"
-    assert cli_main(["score-text", "--checkpoint", trained["checkpoint"], "--device", "cpu",
-                     "--input", str(txt), "--output", str(out), "--batch-size", "4",
-                     "--quiet"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "score-text",
+                "--checkpoint",
+                trained["checkpoint"],
+                "--device",
+                "cpu",
+                "--input",
+                str(txt),
+                "--output",
+                str(out),
+                "--batch-size",
+                "4",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     table = pq.read_table(out)
     assert table.column("text").to_pylist() == texts
-    np.testing.assert_allclose(table.column("kappa").to_numpy(),
-                               scores.column("kappa").to_numpy(), rtol=2e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        table.column("kappa").to_numpy(), scores.column("kappa").to_numpy(), rtol=2e-5
+    )
     parquet = tmp_path / "captions.parquet"
     pq.write_table(pa.table({"caption": texts}), parquet)
     out2 = tmp_path / "scored2.parquet"
-    assert cli_main(["score-text", "--checkpoint", trained["checkpoint"], "--device", "cpu",
-                     "--input", str(parquet), "--column", "caption", "--output", str(out2),
-                     "--quiet"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "score-text",
+                "--checkpoint",
+                trained["checkpoint"],
+                "--device",
+                "cpu",
+                "--input",
+                str(parquet),
+                "--column",
+                "caption",
+                "--output",
+                str(out2),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     again = pq.read_table(out2)  # another batch size: the same numbers to float32 rounding
     assert again.column("text").to_pylist() == texts
     for name in ("kappa", "uncertainty"):
-        np.testing.assert_allclose(again.column(name).to_numpy(), table.column(name).to_numpy(),
-                                   rtol=1e-6)  # fmt: skip
+        np.testing.assert_allclose(
+            again.column(name).to_numpy(), table.column(name).to_numpy(), rtol=1e-6
+        )
 
 
-def test_bad_captions_are_named_and_nothing_is_left_half_written(trained, tmp_path,
-                                                                 capsys) -> None:  # fmt: skip
+def test_bad_captions_are_named_and_nothing_is_left_half_written(trained, tmp_path, capsys) -> None:
     ck = trained["checkpoint"]
     assert cli_main(["score-text", "--checkpoint", ck, "--device", "cpu", "a dog", " "]) == 2
     assert "error: caption 1: empty" in capsys.readouterr().err
     txt = tmp_path / "c.txt"
     txt.write_text("a dog\na cat\n\na bird\n")
     out = tmp_path / "o.parquet"
-    assert cli_main(["score-text", "--checkpoint", ck, "--input", str(txt), "--output",
-                     str(out), "--quiet"]) == 2  # fmt: skip
+    assert (
+        cli_main(
+            ["score-text", "--checkpoint", ck, "--input", str(txt), "--output", str(out), "--quiet"]
+        )
+        == 2
+    )
     assert f"{txt} line 3: empty caption" in capsys.readouterr().err
     assert not out.exists() and not os.path.exists(str(out) + ".tmp")
     parquet = tmp_path / "c.parquet"
     pq.write_table(pa.table({"text": ["a dog", None]}), parquet)
     assert cli_main(["score-text", "--checkpoint", ck, "--input", str(parquet), "--quiet"]) == 2
     assert f"{parquet} row 1: 'text' is not a caption (None)" in capsys.readouterr().err
-    assert cli_main(["score-text", "--checkpoint", ck, "--input", str(parquet), "--column",
-                     "caption"]) == 2  # fmt: skip
+    assert (
+        cli_main(["score-text", "--checkpoint", ck, "--input", str(parquet), "--column", "caption"])
+        == 2
+    )
     assert "no column 'caption' (columns: text)" in capsys.readouterr().err
     assert cli_main(["score-text", "--checkpoint", ck]) == 2
     assert "give captions on the command line or --input FILE" in capsys.readouterr().err
 
 
-def test_the_encoder_is_found_or_the_error_says_what_to_do(trained, small_world,
-                                                           tmp_path) -> None:  # fmt: skip
+def test_the_encoder_is_found_or_the_error_says_what_to_do(trained, small_world, tmp_path) -> None:
     from asymvlm import Scorer
 
     # a moved checkpoint whose encoder folder moved too: say so, take --encoder
@@ -178,8 +285,9 @@ def test_the_encoder_is_found_or_the_error_says_what_to_do(trained, small_world,
     meta = json.loads((moved / "config.json").read_text())
     meta["encoder"]["model"] = str(tmp_path / "gone" / "tiny-clip")
     (moved / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match="encoder files .*gone/tiny-clip.* are not here: "
-                       "give their new place"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError, match="encoder files .*gone/tiny-clip.* are not here: give their new place"
+    ):
         Scorer.from_checkpoint(str(moved), device="cpu")
     scorer = Scorer.from_checkpoint(str(moved), encoder=trained["model"], device="cpu")
     assert scorer.caption_uncertainty(["a dog"]).kappa.shape == (1,)
@@ -195,9 +303,25 @@ def test_the_encoder_is_found_or_the_error_says_what_to_do(trained, small_world,
         Scorer.from_checkpoint(str(moved), device="cpu")
     # an adapter of the synthetic world has no encoder to embed text with
     synthetic = tmp_path / "synthetic-adapter"
-    assert cli_main(["train", "--embeddings", small_world, "--split", "train", "--method",
-                     "asymvlm-vmf", "--epochs", "1", "--output", str(synthetic),
-                     "--quiet"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "train",
+                "--embeddings",
+                small_world,
+                "--split",
+                "train",
+                "--method",
+                "asymvlm-vmf",
+                "--epochs",
+                "1",
+                "--output",
+                str(synthetic),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     with pytest.raises(CheckpointError, match="without an encoder .*give the encoder"):
         Scorer.from_checkpoint(str(synthetic), device="cpu")
     assert cli_main(["score-text", "--checkpoint", str(synthetic), "a dog"]) == 2
@@ -208,11 +332,25 @@ def test_a_hub_encoder_that_cannot_be_had_is_named_at_once(trained, hub_cache) -
     the encoder library's retries (score-text: exit 2 with that line)."""
     from asymvlm import Scorer
 
-    with pytest.raises(CheckpointError, match=r": the encoder 'openai/clip-vit-base-patch32' "
-                       r"is not in the Hugging Face cache .* the Hub cannot be asked"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r": the encoder 'openai/clip-vit-base-patch32' "
+        r"is not in the Hugging Face cache .* the Hub cannot be asked",
+    ):
         Scorer.from_checkpoint(trained["checkpoint"], encoder="openai/clip-vit-base-patch32")
-    assert cli_main(["score-text", "--checkpoint", trained["checkpoint"], "--encoder",
-                     "openai/clip-vit-base-patch32", "a dog"]) == 2  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "score-text",
+                "--checkpoint",
+                trained["checkpoint"],
+                "--encoder",
+                "openai/clip-vit-base-patch32",
+                "a dog",
+            ]
+        )
+        == 2
+    )
 
 
 def test_a_logged_mlflow_model_is_a_checkpoint_source(trained, tmp_path) -> None:
@@ -226,8 +364,9 @@ def test_a_logged_mlflow_model_is_a_checkpoint_source(trained, tmp_path) -> None
     captions = ["a dog", "a red car"]
     local = Scorer.from_checkpoint(trained["checkpoint"], device="cpu")
     logged = Scorer.from_checkpoint(f"runs:/{run.id}/adapter", device="cpu", tracking_uri=uri)
-    np.testing.assert_array_equal(logged.caption_uncertainty(captions).kappa,
-                                  local.caption_uncertainty(captions).kappa)  # fmt: skip
+    np.testing.assert_array_equal(
+        logged.caption_uncertainty(captions).kappa, local.caption_uncertainty(captions).kappa
+    )
     with pytest.raises(CheckpointError, match="cannot download the model"):
         Scorer.from_checkpoint(f"runs:/{'0' * 32}/adapter", tracking_uri=uri)
 
@@ -245,8 +384,9 @@ def _post(url: str, payload: Any) -> tuple[int, Any]:
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
@@ -262,9 +402,16 @@ def served(trained):
     from pipelines.schema import ServeConfig
     from pipelines.serving import check, deploy
 
-    cfg = ServeConfig(checkpoint=trained["checkpoint"], device="cpu", port=_free_port(),
-                      name="test-scorer", max_caption_chars=200, max_captions=50,
-                      max_batch_size=8, batch_wait_timeout_s=0.05)  # fmt: skip
+    cfg = ServeConfig(
+        checkpoint=trained["checkpoint"],
+        device="cpu",
+        port=_free_port(),
+        name="test-scorer",
+        max_caption_chars=200,
+        max_captions=50,
+        max_batch_size=8,
+        batch_wait_timeout_s=0.05,
+    )
     assert check(cfg)["method"] == "asymvlm-vmf"
     url = deploy(cfg)
     try:
@@ -281,8 +428,12 @@ def test_serve_answers_the_numbers_of_the_scorer_over_http(trained, served) -> N
 
     with urllib.request.urlopen(served + "/health", timeout=30) as response:
         health = json.loads(response.read())
-    assert health == {"status": "ok", "method": "asymvlm-vmf", "dim": 24,
-                      "encoder": trained["model"]}  # fmt: skip
+    assert health == {
+        "status": "ok",
+        "method": "asymvlm-vmf",
+        "dim": 24,
+        "encoder": trained["model"],
+    }
     scorer = Scorer.from_checkpoint(trained["checkpoint"], device="cpu")
     captions = ["a dog", "a golden retriever catching a red frisbee", "a red bus"]
     status, body = _post(served + "/uncertainty", {"captions": captions})
@@ -305,8 +456,10 @@ def test_serve_answers_the_numbers_of_the_scorer_over_http(trained, served) -> N
 
     names = sorted(os.listdir(trained["images"]))[:2]
     raw = [open(os.path.join(trained["images"], n), "rb").read() for n in names]
-    status, body = _post(served + "/score", {"captions": captions[:2],
-                                             "images": [base64.b64encode(b).decode() for b in raw]})
+    status, body = _post(
+        served + "/score",
+        {"captions": captions[:2], "images": [base64.b64encode(b).decode() for b in raw]},
+    )
     assert status == 200
     np.testing.assert_allclose(body["scores"], scorer.score(raw, captions[:2]), rtol=1e-4)
 
@@ -359,10 +512,22 @@ def test_serve_stops_cleanly_on_sigterm(trained, tmp_path) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray
     proc = subprocess.Popen(
-        [sys.executable, os.path.join(root, "pipelines", "serve.py"), "--checkpoint",
-         trained["checkpoint"], "--set", f"port={port}", "--set", "device=cpu"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path),
-    )  # fmt: skip
+        [
+            sys.executable,
+            os.path.join(root, "pipelines", "serve.py"),
+            "--checkpoint",
+            trained["checkpoint"],
+            "--set",
+            f"port={port}",
+            "--set",
+            "device=cpu",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+    )
     try:
         # the signal comes as soon as the app answers: that can be before serve.run has
         # returned (the deployment still being watched), and it must end the same way there
@@ -388,8 +553,11 @@ def test_serve_stops_cleanly_on_sigterm(trained, tmp_path) -> None:
     assert len(printed) <= 1  # printed once deployed, if the signal came after that; nothing
     # else on stdout (taking down all of Serve printed a failed-task line of Ray's there)
     for line in printed:
-        assert json.loads(line) == {"url": f"http://127.0.0.1:{port}", "method": "asymvlm-vmf",
-                                    "name": "asymvlm-scorer"}  # fmt: skip
+        assert json.loads(line) == {
+            "url": f"http://127.0.0.1:{port}",
+            "method": "asymvlm-vmf",
+            "name": "asymvlm-scorer",
+        }
 
 
 def test_the_mlflow_text_model_gives_the_numbers_of_score_text(trained, tmp_path) -> None:
@@ -461,8 +629,7 @@ def test_the_text_model_served_by_mlflow_answers_over_http(trained, tmp_path) ->
         assert status == 200
         want = Scorer.from_checkpoint(trained["checkpoint"], device="cpu")
         want = want.caption_uncertainty(captions)
-        np.testing.assert_allclose([r["kappa"] for r in body["predictions"]], want.kappa,
-                                   rtol=1e-6)  # fmt: skip
+        np.testing.assert_allclose([r["kappa"] for r in body["predictions"]], want.kappa, rtol=1e-6)
         status, body = _post(url, {"dataframe_records": [{"text": "a dog"}, {"text": ""}]})
         assert status == 400 and body["error_code"] == "INVALID_PARAMETER_VALUE"
         assert "row 1: empty" in body["message"]

@@ -26,8 +26,15 @@ DIM = 16  # the small world's
 @pytest.fixture(scope="module")
 def checkpoint(small_world, tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("serve") / "ckpt")
-    cfg = TrainConfig(method="asymvlm-vmf", epochs=1, lr=1e-3, optimizer="adamw",
-                      batch_size=128, hidden_dim=16, depth=1)  # fmt: skip
+    cfg = TrainConfig(
+        method="asymvlm-vmf",
+        epochs=1,
+        lr=1e-3,
+        optimizer="adamw",
+        batch_size=128,
+        hidden_dim=16,
+        depth=1,
+    )
     train(small_world, "train", cfg, output=out, progress=False)
     return out
 

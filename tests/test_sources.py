@@ -847,8 +847,11 @@ def test_csv_field_over_the_csv_limit_names_file_and_line(tmp_path):
     """An unbalanced quote swallows the rest of the file into one field: a SourceError naming
     the line where the record starts, not a bare ``_csv.Error``."""
     ann = tmp_path / "hierarcaps_test.csv"
-    rows = ["id,captions,image_url", "0,a => b => c => d,http://x/COCO_val2014_1.jpg",
-            '1,"a => b => c => d,http://x/COCO_val2014_2.jpg']  # fmt: skip
+    rows = [
+        "id,captions,image_url",
+        "0,a => b => c => d,http://x/COCO_val2014_1.jpg",
+        '1,"a => b => c => d,http://x/COCO_val2014_2.jpg',
+    ]
     rows += [f"{i},{'word ' * 20} => b => c => d,http://x/{i}.jpg" for i in range(2, 2000)]
     ann.write_text("\n".join(rows) + "\n")
     with pytest.raises(SourceError) as exc:

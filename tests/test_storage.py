@@ -89,12 +89,16 @@ def test_object_store_output_needs_a_tracking_server(tmp_path) -> None:
     path.write_text("name: x\noutput: s3://bucket/run\n")
     with pytest.raises(ConfigError, match="set mlflow.tracking_uri to a tracking server"):
         schema.load_pipeline(str(path))
-    path.write_text("name: x\noutput: s3://bucket/run\nmlflow: {tracking_uri: 'http://m:5000'}\n"
-                    "prepare: {tiny_clip: '${output}/models/tiny'}\n")  # fmt: skip
+    path.write_text(
+        "name: x\noutput: s3://bucket/run\nmlflow: {tracking_uri: 'http://m:5000'}\n"
+        "prepare: {tiny_clip: '${output}/models/tiny'}\n"
+    )
     with pytest.raises(ConfigError, match="prepare.tiny_clip writes local files"):
         schema.load_pipeline(str(path))
-    path.write_text("name: x\noutput: s3://bucket/run\nmlflow: {tracking_uri: 'http://m:5000'}\n"
-                    "storage: {shared_filesystem: false}\n")  # fmt: skip
+    path.write_text(
+        "name: x\noutput: s3://bucket/run\nmlflow: {tracking_uri: 'http://m:5000'}\n"
+        "storage: {shared_filesystem: false}\n"
+    )
     cfg = schema.load_pipeline(str(path))
     assert cfg.output == "s3://bucket/run" and cfg.report.output is None
 
@@ -126,11 +130,20 @@ def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, tmp_path) -> N
     world = write_world("s3://bucket/tables", small_world_config())
     uri = "sqlite:///" + str(tmp_path / "mlflow.db")
     cfg = resolve_config(
-        {"embeddings": world, "methods": ["asymvlm-vmf"], "lr": [1e-3], "seeds": [0],
-         "epochs": 2, "batch_size": 128, "optimizer": "adamw", "hidden_dim": 16,
-         "checkpoint_every": 1, "output": "s3://bucket/run/sweep",
-         "mlflow": {"tracking_uri": uri, "experiment": "s3"}}
-    )  # fmt: skip
+        {
+            "embeddings": world,
+            "methods": ["asymvlm-vmf"],
+            "lr": [1e-3],
+            "seeds": [0],
+            "epochs": 2,
+            "batch_size": 128,
+            "optimizer": "adamw",
+            "hidden_dim": 16,
+            "checkpoint_every": 1,
+            "output": "s3://bucket/run/sweep",
+            "mlflow": {"tracking_uri": uri, "experiment": "s3"},
+        }
+    )
     before = set(os.listdir(tmp_path))
     out = run_sweep(cfg)
     assert set(os.listdir(tmp_path)) - before <= {"mlartifacts", "mlflow.db"}  # MLflow only
@@ -138,8 +151,12 @@ def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, tmp_path) -> N
     assert "bucket/run/sweep/sweep.json" in keys and "bucket/run/sweep/summary.md" in keys
     assert any(k.startswith("bucket/run/sweep/tune/trials/") for k in keys)  # Tune state
     # the trial's checkpoints (it trained in place: Tune's checkpoints, beside its state)
-    assert any(k.startswith("bucket/run/sweep/tune/trials/") and "/checkpoint_" in k
-               and k.endswith("trainer.pt") for k in keys)  # fmt: skip
+    assert any(
+        k.startswith("bucket/run/sweep/tune/trials/")
+        and "/checkpoint_" in k
+        and k.endswith("trainer.pt")
+        for k in keys
+    )
     record = json.loads(storage.read_text("s3://bucket/run/sweep/sweep.json"))
     assert record["parent_run_id"] == out["parent_run_id"]
     child = MlflowClient(uri).search_runs(

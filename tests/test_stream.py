@@ -100,8 +100,16 @@ def test_hold_out_is_refused_in_streaming_mode(parted_world):
 
 
 def _run(root: str, stream: str, epochs: int = 20) -> dict:
-    cfg = TrainConfig(method="asymvlm-vmf", epochs=epochs, batch_size=60, hidden_dim=64, depth=2,
-                      device="cpu", stream=stream, shuffle_buffer=60)  # fmt: skip
+    cfg = TrainConfig(
+        method="asymvlm-vmf",
+        epochs=epochs,
+        batch_size=60,
+        hidden_dim=64,
+        depth=2,
+        device="cpu",
+        stream=stream,
+        shuffle_buffer=60,
+    )
     out = run_protocol(RunSpec(embeddings=root, train=cfg))
     assert out is not None and "diverged" not in out
     return out
@@ -119,8 +127,16 @@ def test_streaming_run_learns_like_the_in_memory_run(parted_world, one_thread):
 
 
 def test_streamed_resume_restarts_the_epoch_bit_for_bit(parted_world, one_thread):
-    cfg = TrainConfig(method="asymvlm-vmf", epochs=3, batch_size=60, hidden_dim=32, depth=1,
-                      device="cpu", stream="always", shuffle_buffer=60)  # fmt: skip
+    cfg = TrainConfig(
+        method="asymvlm-vmf",
+        epochs=3,
+        batch_size=60,
+        hidden_dim=32,
+        depth=1,
+        device="cpu",
+        stream="always",
+        shuffle_buffer=60,
+    )
     spec = RunSpec(embeddings=parted_world, train=cfg, val_split=None, test_split=None)
     whole = TrainingRun(spec)
     whole.fit()
@@ -131,13 +147,15 @@ def test_streamed_resume_restarts_the_epoch_bit_for_bit(parted_world, one_thread
     resumed = TrainingRun(spec)
     resumed.trainer.load_state_dict(state)
     resumed.fit()
-    for a, b in zip(whole.method.state_dict().values(), resumed.method.state_dict().values(),
-                    strict=True):  # fmt: skip
+    for a, b in zip(
+        whole.method.state_dict().values(), resumed.method.state_dict().values(), strict=True
+    ):
         assert torch.equal(a, b)
 
 
-def _write_big(root: str, parts: int = 25, images: int = 200, per_image: int = 10,
-               dim: int = 2048) -> None:  # fmt: skip
+def _write_big(
+    root: str, parts: int = 25, images: int = 200, per_image: int = 10, dim: int = 2048
+) -> None:
     """About 460 MB of float32 (50,000 captions and 5,000 images at d = 2048) in 25 parts."""
     rng = np.random.default_rng(0)
     tables.write_manifest(root, {"dim": dim, "model": "random"})
@@ -148,12 +166,18 @@ def _write_big(root: str, parts: int = 25, images: int = 200, per_image: int = 1
         owner = np.repeat(np.arange(images), per_image)
         txt = img[owner] + rng.standard_normal((len(owner), dim), dtype=np.float32) / 64
         txt /= np.linalg.norm(txt, axis=1, keepdims=True)
-        tables.write_split(root, "train", part=f"part-{k:05d}", image_ids=ids,
-                           image_embeddings=img,
-                           caption_ids=[f"c{k}-{j}" for j in range(len(owner))],
-                           caption_image_ids=[ids[o] for o in owner], texts=[""] * len(owner),
-                           text_embeddings=txt,
-                           text_norms=np.full(len(owner), 8.0, np.float32))  # fmt: skip
+        tables.write_split(
+            root,
+            "train",
+            part=f"part-{k:05d}",
+            image_ids=ids,
+            image_embeddings=img,
+            caption_ids=[f"c{k}-{j}" for j in range(len(owner))],
+            caption_image_ids=[ids[o] for o in owner],
+            texts=[""] * len(owner),
+            text_embeddings=txt,
+            text_norms=np.full(len(owner), 8.0, np.float32),
+        )
 
 
 #: The hard cap (RLIMIT_DATA) of the memory test: the process baseline (imports) is about
@@ -177,17 +201,46 @@ def test_streaming_trains_a_table_larger_than_the_memory_cap(tmp_path):
 
     # one OpenMP thread: under the cap a thread's stack can be what fails to allocate first
     # ("libgomp: Thread creation failed"), which hides the allocation error looked for below
-    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "1",
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "ARROW_DEFAULT_MEMORY_POOL": "system",
+        "MALLOC_ARENA_MAX": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     codes = {}
     for mode, threshold in (("auto", "100000000"), ("never", "0")):
-        args = [sys.executable, "-m", "asymvlm.cli", "train", "--embeddings", root,
-                "--method", "determ-ft", "--epochs", "1", "--batch-size", "1024",
-                "--hidden-dim", "64", "--depth", "1", "--device", "cpu", "--quiet",
-                "--stream", mode, "--stream-memory-bytes", threshold, "--shuffle-buffer", "4096",
-                "--output", str(tmp_path / mode)]  # fmt: skip
-        done = subprocess.run(args, preexec_fn=cap, env=env, capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "asymvlm.cli",
+            "train",
+            "--embeddings",
+            root,
+            "--method",
+            "determ-ft",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "1024",
+            "--hidden-dim",
+            "64",
+            "--depth",
+            "1",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--stream",
+            mode,
+            "--stream-memory-bytes",
+            threshold,
+            "--shuffle-buffer",
+            "4096",
+            "--output",
+            str(tmp_path / mode),
+        ]
+        done = subprocess.run(
+            args, preexec_fn=cap, env=env, capture_output=True, text=True, timeout=600
+        )
         codes[mode] = (done.returncode, done.stderr[-400:])
     assert codes["auto"][0] == 0, codes["auto"][1]  # streamed: fits under the cap
     assert codes["never"][0] != 0 and "allocate" in codes["never"][1].lower()  # in memory: not

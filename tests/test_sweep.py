@@ -30,8 +30,15 @@ def world(tmp_path_factory) -> str:
 def _run_spec(world: str):
     from asymvlm.protocol import RunSpec
 
-    train = TrainConfig(method="asymvlm-vmf", epochs=EPOCHS, lr=5e-3, optimizer="adamw",
-                        batch_size=128, hidden_dim=32, seed=3)  # fmt: skip
+    train = TrainConfig(
+        method="asymvlm-vmf",
+        epochs=EPOCHS,
+        lr=5e-3,
+        optimizer="adamw",
+        batch_size=128,
+        hidden_dim=32,
+        seed=3,
+    )
     return RunSpec(embeddings=world, train=train, checkpoint_every=2)
 
 
@@ -40,8 +47,9 @@ def test_killed_worker_resumes_to_the_same_result(ray_session, world, tmp_path) 
     from pipelines.ray_train import run_training
     from pipelines.schema import FaultInjection
 
-    plain = run_training(_run_spec(world), name="plain", storage_path=str(tmp_path / "ray"),
-                         num_workers=2)  # fmt: skip
+    plain = run_training(
+        _run_spec(world), name="plain", storage_path=str(tmp_path / "ray"), num_workers=2
+    )
     marker = tmp_path / "killed.txt"
     broken = run_training(
         _run_spec(world),
@@ -101,11 +109,16 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     assert sorted(c.data.tags["stage"] for c in children).count("seeds") == 2
     members = [c for c in children if c.data.tags.get("seed_stage") == "true"]
     assert sorted((c.data.params["method"], c.data.params["seed"]) for c in members) == [
-        ("asymvlm-vmf", "0"), ("asymvlm-vmf", "1"), ("determ-ft", "0"), ("determ-ft", "1")]
+        ("asymvlm-vmf", "0"),
+        ("asymvlm-vmf", "1"),
+        ("determ-ft", "0"),
+        ("determ-ft", "1"),
+    ]
     for c in members:  # the reused stage-1 trial is the one at the chosen lr
         assert float(c.data.params["lr"]) == out["selection"][c.data.params["method"]]["lr"]
-    names = [f"{d}_{m}" for d in ("t2i", "i2t")
-             for m in ("recall_at_1", "recall_at_5", "recall_at_10")]  # fmt: skip
+    names = [
+        f"{d}_{m}" for d in ("t2i", "i2t") for m in ("recall_at_1", "recall_at_5", "recall_at_10")
+    ]
     for child in children:
         metrics, params = child.data.metrics, child.data.params
         assert set(names) <= set(metrics)
@@ -126,15 +139,19 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     # The lr was chosen on validation: the winner has the best val score of its method.
     grid = [c for c in children if c.data.tags["stage"] == "grid"]
     for method, pick in out["selection"].items():
-        scores = {float(c.data.params["lr"]): c.data.metrics["val_mean_recall_at_1"]
-                  for c in grid if c.data.params["method"] == method}  # fmt: skip
+        scores = {
+            float(c.data.params["lr"]): c.data.metrics["val_mean_recall_at_1"]
+            for c in grid
+            if c.data.params["method"] == method
+        }
         assert pick["lr"] == max(scores, key=lambda lr: (scores[lr], -lr))
 
     # The summary is the mean ± std of the seed runs' test metrics.
     seeds = members
     for method in ("asymvlm-vmf", "determ-ft"):
-        values = [c.data.metrics["t2i_recall_at_1"] for c in seeds
-                  if c.data.params["method"] == method]  # fmt: skip
+        values = [
+            c.data.metrics["t2i_recall_at_1"] for c in seeds if c.data.params["method"] == method
+        ]
         assert len(values) == 2
         want_mean, want_std = np.mean(values), np.std(values, ddof=1)
         got = out["summary"][method]["t2i_recall_at_1"]
@@ -180,9 +197,12 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     from asymvlm.checkpoints import load_checkpoint
 
     assert {m: sorted(s) for m, s in out["adapters"].items()} == {
-        "asymvlm-vmf": ["0", "1"], "determ-ft": ["0", "1"]}  # fmt: skip
-    assert out["adapters"]["asymvlm-vmf"]["1"] == str(tmp_path / "sweep" / "adapters" /
-                                                      "asymvlm-vmf" / "seed1")  # fmt: skip
+        "asymvlm-vmf": ["0", "1"],
+        "determ-ft": ["0", "1"],
+    }
+    assert out["adapters"]["asymvlm-vmf"]["1"] == str(
+        tmp_path / "sweep" / "adapters" / "asymvlm-vmf" / "seed1"
+    )
     exported, meta = load_checkpoint(out["adapters"]["asymvlm-vmf"]["1"], "cpu")
     logged = model.unwrap_python_model().method.state_dict()
     assert meta["train_config"]["seed"] == 1 and meta["embedding_model"] == "synthetic-world"
@@ -204,17 +224,24 @@ def test_untrained_methods_of_a_sweep_come_back_for_the_evaluations(ray_session,
     from pipelines.tuning.sweep import run_sweep
 
     world = write_world(str(tmp_path / "tables"), small_world_config(pre_dim=24))
-    cfg = resolve_config({
-        "embeddings": world, "methods": ["clip", "bayesvlm"], "lr": [1e-3], "seeds": [0],
-        "epochs": 2, "batch_size": 64, "num_workers": 1, "output": str(tmp_path / "sweep"),
-        "mlflow": {"experiment": "ci-untrained"},
-    })  # fmt: skip
+    cfg = resolve_config(
+        {
+            "embeddings": world,
+            "methods": ["clip", "bayesvlm"],
+            "lr": [1e-3],
+            "seeds": [0],
+            "epochs": 2,
+            "batch_size": 64,
+            "num_workers": 1,
+            "output": str(tmp_path / "sweep"),
+            "mlflow": {"experiment": "ci-untrained"},
+        }
+    )
     out = run_sweep(cfg)
     assert not out["failed"]
     adapters = sweep_adapters(out["tracking_uri"], out["parent_run_id"])
     assert set(adapters) == {"bayesvlm/seed0", "clip/seed0"}
-    assert {m: sorted(s) for m, s in out["adapters"].items()} == {"bayesvlm": ["0"],
-                                                                  "clip": ["0"]}  # fmt: skip
+    assert {m: sorted(s) for m, s in out["adapters"].items()} == {"bayesvlm": ["0"], "clip": ["0"]}
     logged = out["summary"]["bayesvlm"]["t2i_recall_at_1"]["mean"]
     test = load_split(world, "test", adapters["bayesvlm/seed0"].adapter_input)
     got = evaluate_retrieval(adapters["bayesvlm/seed0"], test)["t2i"]["recall@1"]
@@ -227,9 +254,15 @@ def test_untrained_methods_of_a_sweep_come_back_for_the_evaluations(ray_session,
 def test_a_seed_run_without_an_adapter_is_left_out_with_a_warning(tmp_path, caplog) -> None:
     uri = tracking.default_tracking_uri(str(tmp_path))
     with tracking.run(uri, "ci-no-adapter", "sweep", kind="sweep") as sweep:
-        trial = tracking.open_run(uri, "ci-no-adapter", "clip", kind="trial", parent=sweep,
-                                  params={"method": "clip", "seed": 0},
-                                  tags={"stage": "seeds"})  # fmt: skip
+        trial = tracking.open_run(
+            uri,
+            "ci-no-adapter",
+            "clip",
+            kind="trial",
+            parent=sweep,
+            params={"method": "clip", "seed": 0},
+            tags={"stage": "seeds"},
+        )
         trial.end("FINISHED")
     from asymvlm.evaluation.adapters import sweep_adapters
 
@@ -249,9 +282,14 @@ def test_hold_out_images_keeps_captions_with_their_image(small_world) -> None:
         by_id = dict(zip(data.split.caption_ids, data.split.text_image_index, strict=True))
         want = [data.split.image_ids[by_id[c]] for c in part.split.caption_ids]
         assert owner == want
-        assert torch.equal(part.image_emb[part.text_to_image[:3]],
-                           torch.as_tensor(np.stack([data.split.image_embeddings[
-                               data.split.image_ids.index(i)] for i in owner[:3]])))  # fmt: skip
+        assert torch.equal(
+            part.image_emb[part.text_to_image[:3]],
+            torch.as_tensor(
+                np.stack(
+                    [data.split.image_embeddings[data.split.image_ids.index(i)] for i in owner[:3]]
+                )
+            ),
+        )
     again = hold_out_images(data, 0.2, seed=0)[1]
     assert again.split.image_ids == held.split.image_ids
     with pytest.raises(ValueError, match="fraction"):
@@ -274,8 +312,9 @@ def test_lr_selection_and_summary_numbers() -> None:
         [{"method": "a", "t2i_recall_at_1": v, "i2t_recall_at_1": 0.5} for v in (0.1, 0.2, 0.6)]
     )
     cell = summary["a"]["t2i_recall_at_1"]
-    assert cell["mean"] == pytest.approx(0.3) and cell["std"] == pytest.approx(np.std(
-        [0.1, 0.2, 0.6], ddof=1))  # fmt: skip
+    assert cell["mean"] == pytest.approx(0.3) and cell["std"] == pytest.approx(
+        np.std([0.1, 0.2, 0.6], ddof=1)
+    )
     md = results.summary_markdown(summary)
     assert "| a | 3 | 50.00 ± 0.00 | – | – | 30.00 ± 26.46 | – | – |" in md
     csv_text = results.summary_csv(summary)
@@ -342,11 +381,21 @@ def test_diverged_trials_fail_visibly_and_are_never_selected(ray_session, world,
     from pipelines.tuning.sweep import run_sweep
 
     cfg = resolve_config(
-        {"embeddings": world, "methods": ["asymvlm-vmf"], "lr": [1e-3, 0.5], "seeds": [0, 1],
-         "epochs": 5, "batch_size": 128, "optimizer": "sgd", "hidden_dim": 64,
-         "num_workers": 1, "checkpoint_every": 5, "output": str(tmp_path / "sweep"),
-         "mlflow": {"experiment": "diverge"}}
-    )  # fmt: skip
+        {
+            "embeddings": world,
+            "methods": ["asymvlm-vmf"],
+            "lr": [1e-3, 0.5],
+            "seeds": [0, 1],
+            "epochs": 5,
+            "batch_size": 128,
+            "optimizer": "sgd",
+            "hidden_dim": 64,
+            "num_workers": 1,
+            "checkpoint_every": 5,
+            "output": str(tmp_path / "sweep"),
+            "mlflow": {"experiment": "diverge"},
+        }
+    )
     out = run_sweep(cfg)
     assert out["selection"]["asymvlm-vmf"]["lr"] == 1e-3
     assert [(f["stage"], f["lr"]) for f in out["failed"]] == [("grid", 0.5)]
@@ -396,18 +445,33 @@ def test_a_sweep_whose_mlflow_store_cannot_open_stops_with_the_reason(
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")
     cfg = resolve_config(
-        {"embeddings": world, "methods": ["asymvlm-vmf"], "lr": [1e-3, 5e-3], "seeds": [0],
-         "epochs": 300, "batch_size": 128, "optimizer": "adamw", "hidden_dim": 32,
-         "num_workers": 1, "checkpoint_every": 300, "output": str(tmp_path / "sweep"),
-         "mlflow": {"experiment": "no-store",
-                    "tracking_uri": f"sqlite:///{blocker}/mlflow.db"}}
-    )  # fmt: skip
-    with pytest.raises(ConfigError, match=r"mlflow.tracking_uri: cannot open the MLflow store "
-                       r"sqlite:///.*a-file/mlflow.db"):  # fmt: skip
+        {
+            "embeddings": world,
+            "methods": ["asymvlm-vmf"],
+            "lr": [1e-3, 5e-3],
+            "seeds": [0],
+            "epochs": 300,
+            "batch_size": 128,
+            "optimizer": "adamw",
+            "hidden_dim": 32,
+            "num_workers": 1,
+            "checkpoint_every": 300,
+            "output": str(tmp_path / "sweep"),
+            "mlflow": {"experiment": "no-store", "tracking_uri": f"sqlite:///{blocker}/mlflow.db"},
+        }
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"mlflow.tracking_uri: cannot open the MLflow store "
+        r"sqlite:///.*a-file/mlflow.db",
+    ):
         run_sweep(cfg)
     # a trial's only checkpoint comes after its 300 epochs: none was written
-    found = [d for d, _, _ in os.walk(tmp_path / "sweep")
-             if os.path.basename(d).startswith("checkpoint_0")]  # fmt: skip
+    found = [
+        d
+        for d, _, _ in os.walk(tmp_path / "sweep")
+        if os.path.basename(d).startswith("checkpoint_0")
+    ]
     assert found == []
     assert not (tmp_path / "sweep" / "summary.md").exists()
 
@@ -439,14 +503,17 @@ def test_selection_ignores_failed_and_non_finite_trials() -> None:
     from pipelines.tuning.sweep import failures_markdown, select_lr
     from pipelines.tuning.trials import SELECTION_METRIC
 
-    grid = [{"method": "a", "lr": 0.5, SELECTION_METRIC: float("nan")},
-            {"method": "a", "lr": 1e-3, SELECTION_METRIC: 0.2},
-            {"method": "a", "lr": 1e-2, SELECTION_METRIC: float("inf")},
-            {"method": "b", "lr": 1e-3, SELECTION_METRIC: float("nan")}]  # fmt: skip
+    grid = [
+        {"method": "a", "lr": 0.5, SELECTION_METRIC: float("nan")},
+        {"method": "a", "lr": 1e-3, SELECTION_METRIC: 0.2},
+        {"method": "a", "lr": 1e-2, SELECTION_METRIC: float("inf")},
+        {"method": "b", "lr": 1e-3, SELECTION_METRIC: float("nan")},
+    ]
     picked = select_lr(grid)
     assert picked == {"a": {"lr": 1e-3, "score": 0.2, "scores_by_lr": {"0.001": 0.2}}}
-    text = failures_markdown([{"stage": "grid", "method": "b", "lr": 1e-3, "seed": 0,
-                               "reason": "non-finite loss | x"}])  # fmt: skip
+    text = failures_markdown(
+        [{"stage": "grid", "method": "b", "lr": 1e-3, "seed": 0, "reason": "non-finite loss | x"}]
+    )
     assert "1 trial(s) failed" in text
     assert "| grid | b | 0.001 | 0 | non-finite loss \\| x |" in text
     assert failures_markdown([]) == ""
@@ -456,9 +523,16 @@ def _logged_sweep(tmp_path, uri: str):
     """A sweep whose trials log to the store ``uri`` (experiment ``e``)."""
     from pipelines.schema import sweep_config
 
-    return sweep_config({"embeddings": str(tmp_path), "methods": ["asymvlm-vmf"], "lr": [0.5],
-                         "seeds": [0], "output": str(tmp_path / "o"),
-                         "mlflow": {"tracking_uri": uri, "experiment": "e"}})  # fmt: skip
+    return sweep_config(
+        {
+            "embeddings": str(tmp_path),
+            "methods": ["asymvlm-vmf"],
+            "lr": [0.5],
+            "seeds": [0],
+            "output": str(tmp_path / "o"),
+            "mlflow": {"tracking_uri": uri, "experiment": "e"},
+        }
+    )
 
 
 def test_failed_trials_are_failed_mlflow_runs(tmp_path) -> None:
@@ -476,9 +550,12 @@ def test_failed_trials_are_failed_mlflow_runs(tmp_path) -> None:
     error = tmp_path / "error.txt"
     error.write_text("Traceback (most recent call last):\n  ...\nRuntimeError: worker died\n")
     trial = SimpleNamespace(
-        trial_id="t1", last_result={}, pickled_error_file=None, error_file=str(error),
+        trial_id="t1",
+        last_result={},
+        pickled_error_file=None,
+        error_file=str(error),
         config={"trial": {"method": "asymvlm-vmf", "lr": 0.5, "seed": 0}, "stage": "grid"},
-    )  # fmt: skip
+    )
     callback = MlflowTrialLogger(cfg, parent, {"dataset": "d"})
     callback.on_trial_start(0, [], trial)
     run_id = callback.child_ids["t1"]  # after the writes so far
@@ -492,8 +569,14 @@ def test_failed_trials_are_failed_mlflow_runs(tmp_path) -> None:
     assert run.data.tags["failure_reason"] == "RuntimeError: worker died"
     assert run.data.tags["mlflow.note.content"] == "FAILED: RuntimeError: worker died"
     # the optimiser the trial used: the protocol's default for the method (SGD for AsymVLM)
-    assert run.data.params == {"dataset": "d", "method": "asymvlm-vmf", "lr": "0.5",
-                               "seed": "0", "stage": "grid", "optimizer": "sgd"}  # fmt: skip
+    assert run.data.params == {
+        "dataset": "d",
+        "method": "asymvlm-vmf",
+        "lr": "0.5",
+        "seed": "0",
+        "stage": "grid",
+        "optimizer": "sgd",
+    }
 
 
 def test_epoch_metrics_queued_behind_a_busy_writer_go_out_together(tmp_path, monkeypatch) -> None:
@@ -516,8 +599,11 @@ def test_epoch_metrics_queued_behind_a_busy_writer_go_out_together(tmp_path, mon
         return original(self, rows)
 
     monkeypatch.setattr(tracking.Run, "log_metric_rows", counted)
-    trial = SimpleNamespace(trial_id="t1", last_result={}, config={
-        "trial": {"method": "asymvlm-vmf", "lr": 1e-3, "seed": 0}, "stage": "grid"})  # fmt: skip
+    trial = SimpleNamespace(
+        trial_id="t1",
+        last_result={},
+        config={"trial": {"method": "asymvlm-vmf", "lr": 1e-3, "seed": 0}, "stage": "grid"},
+    )
     callback = MlflowTrialLogger(_logged_sweep(tmp_path, uri), parent, {"dataset": "d"})
     try:
         callback.on_trial_start(0, [], trial)

@@ -25,15 +25,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("resume-world") / "tables"
-    return write_world(str(root), small_world_config(splits={"train": 400, "val": 80,
-                                                             "test": 80}))  # fmt: skip
+    return write_world(str(root), small_world_config(splits={"train": 400, "val": 80, "test": 80}))
 
 
 def _sweep_doc(world: str, output: str, **extra) -> dict:
-    return {"name": "rs", "embeddings": world, "output": output, "methods": ["asymvlm-vmf"],
-            "lr": [1e-3, 1e-2], "seeds": [0, 1], "epochs": 4, "batch_size": 128,
-            "optimizer": "adamw", "hidden_dim": 32, "checkpoint_every": 1, "val_split": "val",
-            "mlflow": {"experiment": "rs"}, **extra}  # fmt: skip
+    return {
+        "name": "rs",
+        "embeddings": world,
+        "output": output,
+        "methods": ["asymvlm-vmf"],
+        "lr": [1e-3, 1e-2],
+        "seeds": [0, 1],
+        "epochs": 4,
+        "batch_size": 128,
+        "optimizer": "adamw",
+        "hidden_dim": 32,
+        "checkpoint_every": 1,
+        "val_split": "val",
+        "mlflow": {"experiment": "rs"},
+        **extra,
+    }
 
 
 def _records(output: str) -> dict[str, dict]:
@@ -64,11 +75,14 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
     path.write_text(yaml.safe_dump(_sweep_doc(world, output)))
     command = [sys.executable, os.path.join(REPO, "pipelines", "sweep.py"), "--config", str(path)]
     marker = tmp_path / "paused"
-    env = {**os.environ, "ASYMVLM_FAULT_INJECTION":
-           f"epoch=2,action=pause,seconds=600,marker={marker}"}  # fmt: skip
+    env = {
+        **os.environ,
+        "ASYMVLM_FAULT_INJECTION": f"epoch=2,action=pause,seconds=600,marker={marker}",
+    }
     with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log,
-                                 start_new_session=True)  # fmt: skip
+        first = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -99,8 +113,11 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
     client = MlflowClient(tracking.default_tracking_uri(output))
     runs = tracking.child_runs(client.tracking_uri, record["parent_run_id"], status="")
     labels = sorted(r.data.tags["trial"] for r in runs)
-    assert labels == ["grid-asymvlm-vmf-lr0.001-seed0", "grid-asymvlm-vmf-lr0.01-seed0",
-                      "seeds-asymvlm-vmf-lr0.01-seed1"]  # fmt: skip
+    assert labels == [
+        "grid-asymvlm-vmf-lr0.001-seed0",
+        "grid-asymvlm-vmf-lr0.01-seed0",
+        "seeds-asymvlm-vmf-lr0.01-seed1",
+    ]
     for run in runs:
         assert run.info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
@@ -119,10 +136,17 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
         rows[label] = rec["final"]
     grid = [r for label, r in rows.items() if label.startswith("grid")]
     assert {m: p["lr"] for m, p in record["selection"].items()} == {
-        m: p["lr"] for m, p in select_lr(grid).items()}  # fmt: skip
+        m: p["lr"] for m, p in select_lr(grid).items()
+    }
     seeds = [r for r in rows.values() if r["lr"] == record["selection"]["asymvlm-vmf"]["lr"]]
-    flat = [{"method": r["method"], "seed": r["seed"],
-             **results.retrieval_metric_names(r["outcome"]["test"])} for r in seeds]  # fmt: skip
+    flat = [
+        {
+            "method": r["method"],
+            "seed": r["seed"],
+            **results.retrieval_metric_names(r["outcome"]["test"]),
+        }
+        for r in seeds
+    ]
     assert record["summary"] == json.loads(json.dumps(results.seed_summary(flat)))
 
 
@@ -135,8 +159,11 @@ def test_trials_that_wait_too_long_for_a_node_end_the_sweep_naming_them(
     from pipelines.schema import sweep_config
     from pipelines.tuning.sweep import run_sweep
 
-    sweep = sweep_config(_sweep_doc(world, str(tmp_path / "out"), lr=[1e-3], seeds=[0],
-                                    cpus_per_worker=4, node_wait_s=3))  # fmt: skip
+    sweep = sweep_config(
+        _sweep_doc(
+            world, str(tmp_path / "out"), lr=[1e-3], seeds=[0], cpus_per_worker=4, node_wait_s=3
+        )
+    )
     started = time.monotonic()
     with pytest.raises(errors.Unfinished) as caught:
         run_sweep(sweep)
@@ -151,8 +178,11 @@ def test_trials_that_wait_too_long_for_a_node_end_the_sweep_naming_them(
 
 
 def _trial(trial_id: str, lr: float = 1e-3) -> SimpleNamespace:
-    return SimpleNamespace(trial_id=trial_id, last_result={}, config={
-        "trial": {"method": "asymvlm-vmf", "lr": lr, "seed": 0}, "stage": "grid"})  # fmt: skip
+    return SimpleNamespace(
+        trial_id=trial_id,
+        last_result={},
+        config={"trial": {"method": "asymvlm-vmf", "lr": lr, "seed": 0}, "stage": "grid"},
+    )
 
 
 def test_a_retried_trial_and_a_reopened_run_log_each_epoch_once(tmp_path) -> None:
@@ -164,16 +194,20 @@ def test_a_retried_trial_and_a_reopened_run_log_each_epoch_once(tmp_path) -> Non
     from pipelines.tuning.trial_log import MlflowTrialLogger
 
     uri = tracking.default_tracking_uri(str(tmp_path))
-    sweep = sweep_config(_sweep_doc(str(tmp_path), str(tmp_path / "o"),
-                                    mlflow={"tracking_uri": uri, "experiment": "rs"}))  # fmt: skip
+    sweep = sweep_config(
+        _sweep_doc(
+            str(tmp_path), str(tmp_path / "o"), mlflow={"tracking_uri": uri, "experiment": "rs"}
+        )
+    )
     parent = tracking.open_run(uri, "rs", "sweep", kind="sweep")
     logger = MlflowTrialLogger(sweep, parent, {"dataset": "d"})
     try:
         trial = _trial("t1")
         logger.on_trial_start(0, [], trial)
         for epoch in (1, 2, 3, 2, 3, 4):  # killed after 3, retried from the checkpoint of 2
-            logger.on_trial_result(0, [], trial, {"epoch": epoch, "lr": 0.1 * epoch,
-                                                  "train_loss": float(epoch)})  # fmt: skip
+            logger.on_trial_result(
+                0, [], trial, {"epoch": epoch, "lr": 0.1 * epoch, "train_loss": float(epoch)}
+            )
             logger.flush()
         run_id = logger.child_ids["t1"]
     finally:
@@ -191,8 +225,9 @@ def test_a_retried_trial_and_a_reopened_run_log_each_epoch_once(tmp_path) -> Non
         trial = _trial("t9")
         again.on_trial_start(0, [], trial)
         for epoch in (4, 5, 6):
-            again.on_trial_result(0, [], trial, {"epoch": epoch, "lr": 0.1 * epoch,
-                                                 "train_loss": 10.0 * epoch})  # fmt: skip
+            again.on_trial_result(
+                0, [], trial, {"epoch": epoch, "lr": 0.1 * epoch, "train_loss": 10.0 * epoch}
+            )
         assert again.child_ids["t9"] == run_id
     finally:
         again.close()
@@ -210,9 +245,19 @@ def test_the_journal_reuses_only_records_of_the_same_run(tmp_path, caplog) -> No
     trial = {"method": "asymvlm-vmf", "lr": 1e-3, "seed": 0}
     other = {"method": "asymvlm-vmf", "lr": 1e-2, "seed": 0}
     journal.record("grid", trial, checkpoint="s3://b/c1", epoch=2)
-    journal.record("grid", other, checkpoint="s3://b/c2", epoch=4,
-                   final={"method": "asymvlm-vmf", "lr": 1e-2, "seed": 0, "stage": "grid",
-                          "outcome": {"test": {}}})  # fmt: skip
+    journal.record(
+        "grid",
+        other,
+        checkpoint="s3://b/c2",
+        epoch=4,
+        final={
+            "method": "asymvlm-vmf",
+            "lr": 1e-2,
+            "seed": 0,
+            "stage": "grid",
+            "outcome": {"test": {}},
+        },
+    )
     journal.set_run_id("abc")
     previous = Journal(sweep_config(doc)).previous()
     assert previous.resume("grid", [trial]) == "s3://b/c1" and not previous.finished("grid", trial)

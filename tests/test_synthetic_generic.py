@@ -54,8 +54,12 @@ def _pair(p: float, **knobs) -> tuple[SyntheticWorld, dict, dict]:
     return generic, plain.sample_split("train", 2000), generic.sample_split("train", 2000)
 
 
-_DEMO_LIKE = {"block_images": 300, "finetune_roots": 4, "domain_misalignment": 0.5,
-              "caption_words": True}  # fmt: skip
+_DEMO_LIKE = {
+    "block_images": 300,
+    "finetune_roots": 4,
+    "domain_misalignment": 0.5,
+    "caption_words": True,
+}
 
 
 @pytest.mark.parametrize("knobs", [{}, _DEMO_LIKE])
@@ -75,12 +79,15 @@ def test_generic_captions_replace_a_share_of_the_train_captions(knobs) -> None:
     assert np.median(concept @ world.generic) < 0.6  # other captions are not near the root
     np.testing.assert_array_equal(got["image_embeddings"], plain["image_embeddings"])
     np.testing.assert_array_equal(got["text_norms"], plain["text_norms"])
-    np.testing.assert_array_equal(got["text_embeddings"][~generic],
-                                  plain["text_embeddings"][~generic])  # fmt: skip
-    np.testing.assert_array_equal(got["extra_text_columns"]["level"][~generic],
-                                  plain["extra_text_columns"]["level"][~generic])  # fmt: skip
-    assert [t for t, g in zip(got["texts"], generic, strict=True) if not g] == \
-        [t for t, g in zip(plain["texts"], generic, strict=True) if not g]  # fmt: skip
+    np.testing.assert_array_equal(
+        got["text_embeddings"][~generic], plain["text_embeddings"][~generic]
+    )
+    np.testing.assert_array_equal(
+        got["extra_text_columns"]["level"][~generic], plain["extra_text_columns"]["level"][~generic]
+    )
+    assert [t for t, g in zip(got["texts"], generic, strict=True) if not g] == [
+        t for t, g in zip(plain["texts"], generic, strict=True) if not g
+    ]
 
 
 def test_only_the_train_split_has_generic_captions() -> None:
@@ -95,12 +102,14 @@ def test_generic_captions_drawn_window_by_window_are_those_of_one_piece() -> Non
     generic stream's windows hold the numbers of the one-piece draw."""
     world = SyntheticWorld(small_world_config(generic_captions=0.1, caption_words=True))
     one = world.sample_split("train", 1200)
-    pieces = concat_splits([piece for _, piece in
-                            world.iter_pieces("train", 1200, window_images=300)])  # fmt: skip
+    pieces = concat_splits(
+        [piece for _, piece in world.iter_pieces("train", 1200, window_images=300)]
+    )
     for key in ("image_embeddings", "text_embeddings", "text_norms"):
         np.testing.assert_array_equal(one[key], pieces[key])
-    np.testing.assert_array_equal(one["extra_text_columns"]["level"],
-                                  pieces["extra_text_columns"]["level"])  # fmt: skip
+    np.testing.assert_array_equal(
+        one["extra_text_columns"]["level"], pieces["extra_text_columns"]["level"]
+    )
     assert one["texts"] == pieces["texts"]
 
 
@@ -125,12 +134,14 @@ def test_far_negatives_contain_no_positive_concept(tmp_path) -> None:
     positives."""
     cfg = replace(PRESETS["demo"], splits={"train": 10})
     world = SyntheticWorld(cfg)
-    sets = write_classification_sets(str(tmp_path / "w"), cfg,
-                                     ClassificationSpec(positives=200, negatives=300))  # fmt: skip
+    sets = write_classification_sets(
+        str(tmp_path / "w"), cfg, ClassificationSpec(positives=200, negatives=300)
+    )
     info = {r: tables.read_manifest(sets[r]).extra["classification"] for r in sets}
     level = info["positives"]["level"]
-    roots = {r: set(concept_roots(world, level, np.asarray(info[r]["concepts"])).tolist())
-             for r in sets}  # fmt: skip
+    roots = {
+        r: set(concept_roots(world, level, np.asarray(info[r]["concepts"])).tolist()) for r in sets
+    }
     far = set(info["far-negatives"]["concepts"])
     assert far and not far & set(info["positives"]["concepts"])
     assert not roots["far-negatives"] & roots["positives"]
@@ -154,8 +165,9 @@ def test_the_presets_frozen_encoder_is_well_aligned_on_the_zeroshot_domain(tmp_p
         cfg = replace(PRESETS["demo"], splits={"train": 10}, misalignment=mis)
         sets = write_classification_sets(str(tmp_path / f"m{mis}"), cfg, ClassificationSpec())
         data = load_classification(sets["zeroshot"], "test")
-        accuracy[mis] = zero_shot_accuracy(frozen, data.image_emb, data.labels,
-                                           data.class_prompts("unit"))  # fmt: skip
+        accuracy[mis] = zero_shot_accuracy(
+            frozen, data.image_emb, data.labels, data.class_prompts("unit")
+        )
     assert accuracy[0.0] > 0.9 and accuracy[1.0] < 0.5, accuracy
 
 
@@ -168,10 +180,17 @@ def test_generic_captions_give_the_dummy_prompts_a_low_kappa(tmp_path, one_threa
     for p in (PRESETS["demo"].generic_captions, 0.0):
         cfg = replace(PRESETS["demo"], generic_captions=p)
         root = write_world(str(tmp_path / f"p{p}"), cfg)
-        sets = write_classification_sets(root, cfg, ClassificationSpec(positives=50,
-                                                                       negatives=50))  # fmt: skip
-        train_cfg = TrainConfig(method="asymvlm-vmf", epochs=12, lr=2e-3, optimizer="adamw",
-                                batch_size=256, hidden_dim=128, seed=0, device="cpu")  # fmt: skip
+        sets = write_classification_sets(root, cfg, ClassificationSpec(positives=50, negatives=50))
+        train_cfg = TrainConfig(
+            method="asymvlm-vmf",
+            epochs=12,
+            lr=2e-3,
+            optimizer="adamw",
+            batch_size=256,
+            hidden_dim=128,
+            seed=0,
+            device="cpu",
+        )
         torch.manual_seed(0)
         method, _ = train(root, "train", train_cfg, output=None, progress=False)
         groups[p] = kappa_by_group(method, root, sets["positives"])
@@ -186,8 +205,22 @@ def test_generic_captions_give_the_dummy_prompts_a_low_kappa(tmp_path, one_threa
 def test_the_cli_sets_generic_captions_and_misalignment(tmp_path, capsys) -> None:
     from asymvlm.synthetic import main
 
-    main(["--output", str(tmp_path / "w"), "--preset", "demo", "--generic-captions", "0.02",
-          "--misalignment", "0.3", "--train-images", "50", "--test-images", "10"])  # fmt: skip
+    main(
+        [
+            "--output",
+            str(tmp_path / "w"),
+            "--preset",
+            "demo",
+            "--generic-captions",
+            "0.02",
+            "--misalignment",
+            "0.3",
+            "--train-images",
+            "50",
+            "--test-images",
+            "10",
+        ]
+    )
     cfg = WorldConfig.from_manifest(str(tmp_path / "w"))
     assert (cfg.generic_captions, cfg.misalignment) == (0.02, 0.3)
     assert PRESETS["demo"].generic_captions == 0.004 and PRESETS["demo"].misalignment == 0.0

@@ -50,8 +50,12 @@ def _reference_split(world: SyntheticWorld, name: str, n_images: int) -> dict:
         targets[rows] = source[cap_image[rows]]
     text = _unit(_offset(rng, targets, cfg.caption_noise) @ world.text_rotation.T)
     norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * rng.standard_normal(len(text)))
-    return {"images": images.astype(np.float32), "text": text.astype(np.float32),
-            "norms": norms.astype(np.float32), "levels": levels}  # fmt: skip
+    return {
+        "images": images.astype(np.float32),
+        "text": text.astype(np.float32),
+        "norms": norms.astype(np.float32),
+        "levels": levels,
+    }
 
 
 def test_a_world_of_todays_knobs_is_drawn_as_before() -> None:
@@ -70,8 +74,15 @@ def test_later_features_leave_todays_outputs_and_manifest_alone(tmp_path) -> Non
     with them off the manifest has no new key; with words on, only the text column changes."""
     plain = write_world(str(tmp_path / "plain"), small_world_config())
     world = tables.read_manifest(plain).extra["world"]
-    assert not {"block_images", "caption_words", "finetune_roots", "domain_misalignment",
-                "filler_words", "pre_dim", "level_probs"} & set(world)  # fmt: skip
+    assert not {
+        "block_images",
+        "caption_words",
+        "finetune_roots",
+        "domain_misalignment",
+        "filler_words",
+        "pre_dim",
+        "level_probs",
+    } & set(world)
     assert WorldConfig.from_manifest(plain) == small_world_config()
     words = write_world(str(tmp_path / "words"), small_world_config(caption_words=True))
     a, b = tables.read_split(plain, "train"), tables.read_split(words, "train")
@@ -121,9 +132,11 @@ def test_level_probs_default_and_manifest(tmp_path) -> None:
     root = write_world(str(tmp_path / "w"), cfg)
     assert tables.read_manifest(root).extra["world"]["level_probs"] == [0.1, 0.2, 0.3, 0.4]
     assert WorldConfig.from_manifest(root) == cfg
-    for bad, message in (((0.5, 0.5), "needs 4 probabilities"),
-                         ((0.5, 0.5, 0.5, -0.5), "sum to 1"),
-                         ((0.1, 0.1, 0.1, 0.1), "sum to 1")):  # fmt: skip
+    for bad, message in (
+        ((0.5, 0.5), "needs 4 probabilities"),
+        ((0.5, 0.5, 0.5, -0.5), "sum to 1"),
+        ((0.1, 0.1, 0.1, 0.1), "sum to 1"),
+    ):
         with pytest.raises(ValueError, match=message):
             small_world_config(level_probs=bad)
 
@@ -131,9 +144,15 @@ def test_level_probs_default_and_manifest(tmp_path) -> None:
 # -- blocks and parts ----------------------------------------------------------------------------
 def _columns(root: str, split: str) -> dict:
     s = tables.read_split(root, split)
-    return {"image_ids": s.image_ids, "caption_ids": s.caption_ids, "texts": s.texts,
-            "img": s.image_embeddings, "txt": s.text_embeddings, "norm": s.text_norms,
-            "level": s.extra_text_columns["level"]}  # fmt: skip
+    return {
+        "image_ids": s.image_ids,
+        "caption_ids": s.caption_ids,
+        "texts": s.texts,
+        "img": s.image_embeddings,
+        "txt": s.text_embeddings,
+        "norm": s.text_norms,
+        "level": s.extra_text_columns["level"],
+    }
 
 
 def _assert_same(a: dict, b: dict) -> None:
@@ -146,8 +165,9 @@ def _assert_same(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("block", [None, 64])
 def test_sharded_writing_gives_the_tables_of_one_piece(tmp_path, block) -> None:
-    cfg = small_world_config(block_images=block, caption_words=True, pre_dim=24,
-                             splits={"train": 500, "test": 130})  # fmt: skip
+    cfg = small_world_config(
+        block_images=block, caption_words=True, pre_dim=24, splits={"train": 500, "test": 130}
+    )
     one = write_world(str(tmp_path / "one"), cfg, shard_images=10_000)
     many = write_world(str(tmp_path / "many"), cfg, shard_images=128)
     parts = sorted(p.name for p in (tmp_path / "many" / "train" / "texts").iterdir())
@@ -159,8 +179,9 @@ def test_sharded_writing_gives_the_tables_of_one_piece(tmp_path, block) -> None:
         np.testing.assert_array_equal(a.text_features_pre, b.text_features_pre)
         np.testing.assert_array_equal(a.image_norms, b.image_norms)
     whole = SyntheticWorld(cfg).sample_split("train", 500)
-    np.testing.assert_array_equal(whole["text_embeddings"], tables.read_split(many, "train")
-                                  .text_embeddings)  # fmt: skip
+    np.testing.assert_array_equal(
+        whole["text_embeddings"], tables.read_split(many, "train").text_embeddings
+    )
 
 
 def test_a_blocked_world_has_the_structure_of_the_unblocked_one() -> None:
@@ -257,8 +278,11 @@ def test_negatives_are_of_concepts_outside_the_positives(class_sets) -> None:
 def _accuracy(data, rotate: np.ndarray | None = None) -> float:
     """CLIP's prompt-ensemble accuracy; ``rotate`` undoes an encoder error on the prompts."""
     p = data.class_prompts("unit")
-    inputs = p.inputs if rotate is None else torch.as_tensor(p.inputs.numpy() @ rotate,
-                                                              dtype=torch.float32)  # fmt: skip
+    inputs = (
+        p.inputs
+        if rotate is None
+        else torch.as_tensor(p.inputs.numpy() @ rotate, dtype=torch.float32)
+    )
     prompts = ClassPrompts(inputs=inputs, class_index=p.class_index, n_classes=p.n_classes)
     return zero_shot_accuracy(build_method("clip", 32), data.image_emb, data.labels, prompts)
 
@@ -300,14 +324,16 @@ def test_domain_shift_statistics(class_sets) -> None:
     f1, t1 = cosines(world, 1)
     assert t0 == pytest.approx(1.0) and 0.4 < f0 < 0.55 and 0.4 < f1 < 0.55
     assert f1 + 0.2 < t1 < 0.9  # helps elsewhere, not fully
-    forget = SyntheticWorld(small_world_config(dim=32, finetune_roots=4, misalignment=0.3,
-                                               domain_misalignment=1.0))  # fmt: skip
+    forget = SyntheticWorld(
+        small_world_config(dim=32, finetune_roots=4, misalignment=0.3, domain_misalignment=1.0)
+    )
     f1, t1 = cosines(forget, 1)
     assert t1 < f1 - 0.1  # fine-tuning's correction hurts the other domain
     # On the zero-shot set: the fine-tuning correction helps CLIP, the exact one helps more.
     away = load_classification(roots["zeroshot"], "test")
-    frozen, tuned, exact = (_accuracy(away, r) for r in (None, world.text_map(0),
-                                                          world.text_map(1)))  # fmt: skip
+    frozen, tuned, exact = (
+        _accuracy(away, r) for r in (None, world.text_map(0), world.text_map(1))
+    )
     assert frozen < tuned < exact, (frozen, tuned, exact)
 
 
@@ -345,8 +371,9 @@ def test_presets() -> None:
 
 def test_cli_writes_the_demo_preset_and_its_sets_quickly(tmp_path, capsys) -> None:
     t0 = time.perf_counter()
-    main(["--output", str(tmp_path / "w"), "--preset", "demo", "--classes",
-          "--class-images", "200"])  # fmt: skip
+    main(
+        ["--output", str(tmp_path / "w"), "--preset", "demo", "--classes", "--class-images", "200"]
+    )
     seconds = time.perf_counter() - t0
     assert seconds < 10, seconds  # the demo's budget is minutes; this takes about a second
     out = capsys.readouterr().out
@@ -357,8 +384,20 @@ def test_cli_writes_the_demo_preset_and_its_sets_quickly(tmp_path, capsys) -> No
     main(["--output", str(tmp_path / "w"), "--only-classes", "--class-images", "20"])
     assert load_classification(str(tmp_path / "w-positives"), "test").labels.shape == (20,)
     assert WorldConfig.from_manifest(str(tmp_path / "w")).level_probs == COCO_LEVEL_PROBS
-    main(["--output", str(tmp_path / "u"), "--preset", "demo", "--level-probs", "uniform",
-          "--train-images", "10", "--test-images", "5"])  # fmt: skip
+    main(
+        [
+            "--output",
+            str(tmp_path / "u"),
+            "--preset",
+            "demo",
+            "--level-probs",
+            "uniform",
+            "--train-images",
+            "10",
+            "--test-images",
+            "5",
+        ]
+    )
     assert WorldConfig.from_manifest(str(tmp_path / "u")).level_probs is None
     with pytest.raises(SystemExit) as exit_info:
         main(["--output", str(tmp_path / "x"), "--level-probs", "0.5,0.6,0,0"])

@@ -487,8 +487,10 @@ def test_split_with_files_but_no_rows(root: str, kind: str) -> None:
         write_split(root, "empty", **empty)
     with pytest.raises(TableError) as exc:
         read_split(root, "empty")
-    assert str(exc.value) == f"{os.path.join(root, 'empty', kind)}: no rows (1 parquet file(s), " \
-        "all empty)"  # fmt: skip
+    assert (
+        str(exc.value) == f"{os.path.join(root, 'empty', kind)}: no rows (1 parquet file(s), "
+        "all empty)"
+    )
 
 
 @pytest.mark.parametrize("bad", [1e30, 1e-30, 2e6])
@@ -578,14 +580,20 @@ def test_parts_with_other_columns_name_both_files(root: str) -> None:
     a, b = _two_parts(root)
     first, second = _part(root, "texts", 0), _part(root, "texts", 1)
     # An extra column only in the second part (it used to be dropped silently).
-    _write_texts(second, b, norm=pa.array(b["text_norms"]), level=pa.array(np.arange(4)),
-                 source=pa.array(["x"] * 4))  # fmt: skip
+    _write_texts(
+        second,
+        b,
+        norm=pa.array(b["text_norms"]),
+        level=pa.array(np.arange(4)),
+        source=pa.array(["x"] * 4),
+    )
     with pytest.raises(TableError) as exc:
         read_split(root, "test")
     assert str(exc.value).startswith(f"{first}: missing column 'source' present in {second}")
     # An extra column of another type.
-    _write_texts(second, b, norm=pa.array(b["text_norms"]),
-                 level=pa.array(np.arange(4, dtype=np.int32)))  # fmt: skip
+    _write_texts(
+        second, b, norm=pa.array(b["text_norms"]), level=pa.array(np.arange(4, dtype=np.int32))
+    )
     with pytest.raises(TableError) as exc:
         read_split(root, "test")
     assert str(exc.value).startswith(
@@ -596,8 +604,9 @@ def test_parts_with_other_columns_name_both_files(root: str) -> None:
     with pytest.raises(TableError) as exc:
         read_split(root, "test")
     assert str(exc.value).startswith(f"{second}: missing column 'norm' present in {first}")
-    _write_texts(second, b, level=pa.array(np.arange(4)),
-                 norm=pa.array(b["text_norms"].astype(np.float64)))  # fmt: skip
+    _write_texts(
+        second, b, level=pa.array(np.arange(4)), norm=pa.array(b["text_norms"].astype(np.float64))
+    )
     with pytest.raises(TableError) as exc:
         read_split(root, "test")
     assert str(exc.value).startswith(f"{second}: column 'norm' has type double, but float in")
@@ -666,8 +675,10 @@ def test_pre_projection_wrong_width_nan_and_missing_pre_dim(pre_root: str, root:
     bad = d["text_features_pre"].tolist()
     bad[4] = bad[4][:-1]
     col = pa.array(bad, type=pa.list_(pa.float32()))
-    pq.write_table(table.set_column(table.column_names.index("text_features_pre"),
-                                    "text_features_pre", col), txt)  # fmt: skip
+    pq.write_table(
+        table.set_column(table.column_names.index("text_features_pre"), "text_features_pre", col),
+        txt,
+    )
     with pytest.raises(TableError) as exc:
         read_split(pre_root, "test")
     _assert_row_error(exc, txt, 4, "c4", "text_features_pre has length 4, manifest pre_dim.text")
@@ -677,8 +688,10 @@ def test_pre_projection_wrong_width_nan_and_missing_pre_dim(pre_root: str, root:
     nan = d["image_features_pre"].copy()
     nan[2, 1] = np.nan
     col = pa.FixedSizeListArray.from_arrays(pa.array(nan.ravel()), PRE["image"])
-    pq.write_table(table.set_column(table.column_names.index("image_features_pre"),
-                                    "image_features_pre", col), img)  # fmt: skip
+    pq.write_table(
+        table.set_column(table.column_names.index("image_features_pre"), "image_features_pre", col),
+        img,
+    )
     with pytest.raises(TableError) as exc:
         read_split(pre_root, "test")
     _assert_row_error(exc, img, 2, "img2", "image_features_pre has NaN/inf")
@@ -704,8 +717,10 @@ def test_bad_image_norm_is_named(pre_root: str, bad: float) -> None:
     table = pq.read_table(img)
     norms = d["image_norms"].copy()
     norms[3] = bad
-    pq.write_table(table.set_column(table.column_names.index("norm"), "norm",
-                                    pa.array(norms, pa.float32())), img)  # fmt: skip
+    pq.write_table(
+        table.set_column(table.column_names.index("norm"), "norm", pa.array(norms, pa.float32())),
+        img,
+    )
     with pytest.raises(TableError) as exc:
         read_split(pre_root, "test")
     _assert_row_error(exc, img, 3, "img3", "norm is")

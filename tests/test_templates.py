@@ -47,7 +47,10 @@ def test_imagenet_class_names_are_clips_for_ilsvrc_synsets() -> None:
     assert all(re.fullmatch(r"n\d{8}", w) for w in wnids)
     # CLIP's curated names, not WordNet's first lemma ("cock", "hammerhead", "water ouzel").
     assert imagenet_class_names(["n01514668", "n01494475", "n01601694"]) == [
-        "rooster", "hammerhead shark", "American dipper"]  # fmt: skip
+        "rooster",
+        "hammerhead shark",
+        "American dipper",
+    ]
     assert imagenet_class_names(["n01514668", "cats"]) is None
     assert imagenet_class_names([]) is None
 
@@ -77,9 +80,16 @@ def test_embed_stage_writes_one_prompt_row_per_class_and_cifar_template(
 
     _write_cifar10(tmp_path / "cifar")  # classes cat, dog, ship
     out = str(tmp_path / "tables")
-    run_embed(EmbedConfig(dataset="cifar10", images=str(tmp_path / "cifar"),
-                          model=save_tiny_clip(str(tmp_path / "clip")), split="test",
-                          output=out, batch_size=16))  # fmt: skip
+    run_embed(
+        EmbedConfig(
+            dataset="cifar10",
+            images=str(tmp_path / "cifar"),
+            model=save_tiny_clip(str(tmp_path / "clip")),
+            split="test",
+            output=out,
+            batch_size=16,
+        )
+    )
     prompts = tables.read_parts(out, "test", "prompts")
     classes = prompts.filter(pc.greater_equal(prompts["class_index"], 0))
     cifar = templates_for("cifar10")

@@ -62,12 +62,24 @@ class Server:
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 300) -> None:
-        command = [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.root / 'db'}",
-                   "--artifacts-destination", str(self.root / "art"), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--workers", "1"]  # fmt: skip
+        command = [
+            MLFLOW,
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{self.root / 'db'}",
+            "--artifacts-destination",
+            str(self.root / "art"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+        ]
         with open(self.root / "server.log", "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.process.poll() is None, (self.root / "server.log").read_text()[-2000:]
@@ -181,7 +193,11 @@ def test_writes_that_waited_land_in_order_once(tmp_path, spool_dir) -> None:
     assert tracking.pending() == 10
     kinds = [op["op"] for op in _spooled(spool_dir)]
     assert kinds == ["create_run", "log_batch", "create_run"] + ["log_batch"] * 3 + [
-        "log_artifact", "log_batch", "set_terminated", "set_terminated"]  # fmt: skip
+        "log_artifact",
+        "log_batch",
+        "set_terminated",
+        "set_terminated",
+    ]
     assert tracking.pending_line() == (
         f"10 tracking writes wait in {spool_dir}; replay them with `asymvlm replay {spool_dir}`"
     )
@@ -250,8 +266,9 @@ def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir) -> None
     from mlflow import MlflowClient
 
     sweep = tracking.open_run(server.uri, "outage", "sweep", kind="sweep")
-    trial = tracking.open_run(server.uri, "outage", "trial", kind="trial", parent=sweep,
-                              params={"lr": 0.1})  # fmt: skip
+    trial = tracking.open_run(
+        server.uri, "outage", "trial", kind="trial", parent=sweep, params={"lr": 0.1}
+    )
     for epoch in (1, 2, 3):
         trial.log_metrics({"loss": 1.0 / epoch}, step=epoch)
     assert tracking.pending() == 0 and not spool_dir.exists()  # nothing waited so far
@@ -298,8 +315,9 @@ def test_a_spool_left_behind_is_replayed_by_a_fresh_process(server, spool_dir, t
     run.log_metrics({"loss": 0.5}, step=2)
     factor = tmp_path / "factor.txt"
     factor.write_text("3")
-    run.log_pyfunc("adapter", Doubler(), artifacts={"factor": str(factor)},
-                   pip_requirements=["mlflow"])  # fmt: skip
+    run.log_pyfunc(
+        "adapter", Doubler(), artifacts={"factor": str(factor)}, pip_requirements=["mlflow"]
+    )
     factor.unlink()  # the spool kept a copy
     run.end()
     late = tracking.open_run(server.uri, "left", "late", kind="trial", parent=run)

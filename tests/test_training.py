@@ -195,8 +195,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _spec(root: str, epochs: int = 4, **kw) -> RunSpec:
-    train = TrainConfig(method="asymvlm-vmf", epochs=epochs, lr=5e-3, optimizer="adamw",
-                        batch_size=64, hidden_dim=16, depth=2, seed=3, device="cpu")  # fmt: skip
+    train = TrainConfig(
+        method="asymvlm-vmf",
+        epochs=epochs,
+        lr=5e-3,
+        optimizer="adamw",
+        batch_size=64,
+        hidden_dim=16,
+        depth=2,
+        seed=3,
+        device="cpu",
+    )
     return RunSpec(embeddings=root, train=train, **kw)
 
 
@@ -205,8 +214,12 @@ def _losses(history: list[dict[str, float]]) -> list[float]:
 
 
 def _recalls(out: dict) -> dict[tuple[str, str, str], float]:
-    return {(split, d, f"recall@{k}"): out[split][d][f"recall@{k}"]
-            for split in ("val", "test") for d in ("t2i", "i2t") for k in (1, 5, 10)}  # fmt: skip
+    return {
+        (split, d, f"recall@{k}"): out[split][d][f"recall@{k}"]
+        for split in ("val", "test")
+        for d in ("t2i", "i2t")
+        for k in (1, 5, 10)
+    }
 
 
 def test_the_protocol_runs_without_ray_and_trains_like_asymvlm_train(small_world, one_thread):
@@ -220,8 +233,13 @@ def test_the_protocol_runs_without_ray_and_trains_like_asymvlm_train(small_world
         json.dump(out, sys.stdout)
     """)
     spec = _spec(small_world)
-    done = subprocess.run([sys.executable, "-c", script, spec.model_dump_json()], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, spec.model_dump_json()],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     assert sorted(out) == ["dim", "epochs_run", "history", "test", "val"]
@@ -242,11 +260,17 @@ def test_the_protocol_reports_every_epoch_and_resumes_to_the_same_outcome(small_
             saved["state"] = RunState(copy.deepcopy(trainer.state_dict()), copy.deepcopy(history))
 
     whole = run_protocol(spec, on_epoch=on_epoch)
-    assert calls == [(1, 1, 1, False), (2, 2, 2, True), (3, 3, 3, False), (4, 4, 4, True),
-                     (5, 5, 5, True)]  # fmt: skip
+    assert calls == [
+        (1, 1, 1, False),
+        (2, 2, 2, True),
+        (3, 3, 3, False),
+        (4, 4, 4, True),
+        (5, 5, 5, True),
+    ]
     rest: list[int] = []
-    resumed = run_protocol(spec, state=saved["state"], on_epoch=lambda row, *_: rest.append(
-        row["epoch"]))  # fmt: skip
+    resumed = run_protocol(
+        spec, state=saved["state"], on_epoch=lambda row, *_: rest.append(row["epoch"])
+    )
     assert rest == [3, 4, 5] and resumed["epochs_run"] == 5
 
     def timeless(history):
@@ -263,9 +287,16 @@ def test_an_untrained_method_reports_once_with_a_checkpoint_due(small_world, one
     from asymvlm.evaluation import evaluate_retrieval
 
     base = _spec(small_world, epochs=3, checkpoint_every=2)
-    spec = RunSpec(embeddings=small_world, train=TrainConfig(**{
-        **{k: getattr(base.train, k) for k in ("epochs", "lr", "seed", "device")},
-        "method": "clip"}), checkpoint_every=2)  # fmt: skip
+    spec = RunSpec(
+        embeddings=small_world,
+        train=TrainConfig(
+            **{
+                **{k: getattr(base.train, k) for k in ("epochs", "lr", "seed", "device")},
+                "method": "clip",
+            }
+        ),
+        checkpoint_every=2,
+    )
     calls = []
 
     def on_epoch(row, trainer, history, due) -> None:
@@ -279,8 +310,9 @@ def test_an_untrained_method_reports_once_with_a_checkpoint_due(small_world, one
         assert out["test"][d]["recall@1"] == frozen[d]["recall@1"]
     # Trained methods are unchanged: one report per epoch, none after the last.
     trained = []
-    run_protocol(_spec(small_world, epochs=2),
-                 on_epoch=lambda row, *_: trained.append(row["epoch"]))  # fmt: skip
+    run_protocol(
+        _spec(small_world, epochs=2), on_epoch=lambda row, *_: trained.append(row["epoch"])
+    )
     assert trained == [1, 2]
 
 
@@ -326,18 +358,19 @@ def test_the_protocol_gives_the_outcome_of_the_ray_train_run(
     from pipelines.ray_train import run_training
 
     spec = _spec(small_world).model_copy(update={"checkpoint_every": 2})
-    on_ray = run_training(spec, name="protocol", storage_path=str(tmp_path / "ray"),
-                          num_workers=1)  # fmt: skip
+    on_ray = run_training(spec, name="protocol", storage_path=str(tmp_path / "ray"), num_workers=1)
     local = run_protocol(spec)
     assert [row["epoch"] for row in local["history"]] == [row["epoch"] for row in on_ray["history"]]
-    assert _losses(local["history"]) == pytest.approx(_losses(on_ray["history"]), rel=1e-6,
-                                                      abs=1e-7)  # fmt: skip
+    assert _losses(local["history"]) == pytest.approx(
+        _losses(on_ray["history"]), rel=1e-6, abs=1e-7
+    )
     assert _recalls(local) == pytest.approx(_recalls(on_ray), abs=1e-9)
     assert (local["dim"], local["epochs_run"]) == (on_ray["dim"], on_ray["epochs_run"])
 
 
-def test_the_ray_train_entry_point_without_lr_takes_the_protocols(small_world, monkeypatch,
-                                                                  capsys) -> None:  # fmt: skip
+def test_the_ray_train_entry_point_without_lr_takes_the_protocols(
+    small_world, monkeypatch, capsys
+) -> None:
     """``python pipelines/train.py`` without ``--lr`` once died with a TypeError after Ray had
     started (the run's name formatted ``None``): the run is now validated first -- its lr is
     the protocol's for the method -- and named from it; bad flags fail before Ray."""
@@ -347,10 +380,28 @@ def test_the_ray_train_entry_point_without_lr_takes_the_protocols(small_world, m
 
     runs: list[tuple[RunSpec, str]] = []
     monkeypatch.setattr(entry, "RaySession", lambda **kw: contextlib.nullcontext())
-    monkeypatch.setattr(entry, "run_training", lambda spec, *, name, **kw: (
-        runs.append((spec, name)) or {"history": [], "dim": 16}))  # fmt: skip
-    assert entry.main(["--embeddings", small_world, "--method", "asymvlm-vmf", "--epochs", "2",
-                       "--set", "hidden_dim=16", "--val-split", ""]) == 0  # fmt: skip
+    monkeypatch.setattr(
+        entry,
+        "run_training",
+        lambda spec, *, name, **kw: runs.append((spec, name)) or {"history": [], "dim": 16},
+    )
+    assert (
+        entry.main(
+            [
+                "--embeddings",
+                small_world,
+                "--method",
+                "asymvlm-vmf",
+                "--epochs",
+                "2",
+                "--set",
+                "hidden_dim=16",
+                "--val-split",
+                "",
+            ]
+        )
+        == 0
+    )
     ((spec, name),) = runs
     assert (spec.train.lr, spec.train.optimizer, spec.train.hidden_dim) == (1e-2, "sgd", 16)
     assert spec.val_split is None and spec.test_split == "test"

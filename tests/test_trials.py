@@ -66,17 +66,26 @@ def test_runs_on_cached_splits_equal_runs_that_read_their_own(world) -> None:
     included) end exactly where runs that read the tables themselves end."""
     cache = SplitCache()
     for seed, lr in ((0, 5e-3), (1, 1e-2)):
-        train = TrainConfig(method="asymvlm-vmf", epochs=2, lr=lr, optimizer="adamw",
-                            batch_size=64, hidden_dim=16, seed=seed)  # fmt: skip
+        train = TrainConfig(
+            method="asymvlm-vmf",
+            epochs=2,
+            lr=lr,
+            optimizer="adamw",
+            batch_size=64,
+            hidden_dim=16,
+            seed=seed,
+        )
         spec = RunSpec(embeddings=world, train=train, val_split=None, val_fraction=0.2)
         plain = run_protocol(spec)
         cached = run_protocol(spec, cache=cache)
         assert plain is not None and cached is not None
         assert [r["train_loss"] for r in cached["history"]] == [
-            r["train_loss"] for r in plain["history"]]  # fmt: skip
+            r["train_loss"] for r in plain["history"]
+        ]
         for split in ("val", "test"):
-            assert json.dumps(cached[split], sort_keys=True) == json.dumps(plain[split],
-                                                                          sort_keys=True)
+            assert json.dumps(cached[split], sort_keys=True) == json.dumps(
+                plain[split], sort_keys=True
+            )
     # train and test read once; the hold-out made once; the second run only hits
     assert cache.misses == 3 and cache.hits >= 3
 
@@ -84,12 +93,24 @@ def test_runs_on_cached_splits_equal_runs_that_read_their_own(world) -> None:
 def _sweep_cfg(world: str, tmp_path, name: str, **extra):
     from pipelines.schema import sweep_config
 
-    return sweep_config({
-        "embeddings": world, "methods": ["asymvlm-vmf", "determ-ft"], "lr": [1e-3, 1e-2],
-        "seeds": [0, 1], "epochs": 3, "batch_size": 64, "optimizer": "adamw", "hidden_dim": 16,
-        "num_workers": 1, "checkpoint_every": 2, "val_fraction": 0.2,
-        "output": str(tmp_path / name), "mlflow": {"experiment": name}, **extra,
-    })  # fmt: skip
+    return sweep_config(
+        {
+            "embeddings": world,
+            "methods": ["asymvlm-vmf", "determ-ft"],
+            "lr": [1e-3, 1e-2],
+            "seeds": [0, 1],
+            "epochs": 3,
+            "batch_size": 64,
+            "optimizer": "adamw",
+            "hidden_dim": 16,
+            "num_workers": 1,
+            "checkpoint_every": 2,
+            "val_fraction": 0.2,
+            "output": str(tmp_path / name),
+            "mlflow": {"experiment": name},
+            **extra,
+        }
+    )
 
 
 @pytest.mark.slow
@@ -104,18 +125,22 @@ def test_trials_in_place_give_the_results_of_torch_trainer_trials(
     # ~15 s of Ray Train start-up on 2 CPUs).
     one = {"methods": ["asymvlm-vmf"]}
     fast = run_sweep(_sweep_cfg(world, tmp_path, "in-place", **one))
-    old = run_sweep(_sweep_cfg(world, tmp_path, "torch-trainer", trial_runner="torch_trainer",
-                               **one))  # fmt: skip
+    old = run_sweep(
+        _sweep_cfg(world, tmp_path, "torch-trainer", trial_runner="torch_trainer", **one)
+    )
     assert not fast["failed"] and not old["failed"]
     assert {m: p["lr"] for m, p in fast["selection"].items()} == {
-        m: p["lr"] for m, p in old["selection"].items()}  # fmt: skip
+        m: p["lr"] for m, p in old["selection"].items()
+    }
     for method in ("asymvlm-vmf",):
         for metric, cell in old["summary"][method].items():
             if isinstance(cell, dict):
                 assert fast["summary"][method][metric]["mean"] == pytest.approx(
-                    cell["mean"], abs=1e-6), (method, metric)  # fmt: skip
+                    cell["mean"], abs=1e-6
+                ), (method, metric)
     assert fast["selection"]["asymvlm-vmf"]["scores_by_lr"] == pytest.approx(
-        old["selection"]["asymvlm-vmf"]["scores_by_lr"], abs=1e-6)  # fmt: skip
+        old["selection"]["asymvlm-vmf"]["scores_by_lr"], abs=1e-6
+    )
 
 
 def _plain_and_killed(world: str, tmp_path, prefix: str, space: dict) -> tuple[dict, dict]:
@@ -126,8 +151,9 @@ def _plain_and_killed(world: str, tmp_path, prefix: str, space: dict) -> tuple[d
     plain = run_sweep(_sweep_cfg(world, tmp_path, prefix + "plain", **space))
     marker = tmp_path / f"{prefix}killed.txt"
     drill = {"epoch": 2, "rank": 0, "marker": str(marker)}
-    killed = run_sweep(_sweep_cfg(world, tmp_path, prefix + "killed", fault_injection=drill,
-                                  **space))  # fmt: skip
+    killed = run_sweep(
+        _sweep_cfg(world, tmp_path, prefix + "killed", fault_injection=drill, **space)
+    )
     assert marker.exists(), "the failure was injected"
     assert not killed["failed"]
     assert killed["summary"] == plain["summary"]
@@ -139,15 +165,23 @@ def test_a_killed_trial_resumes_from_its_checkpoint(ray_session, world, tmp_path
     """The trial's process is SIGKILLed after epoch 2's checkpoint; Tune retries it
     (``max_failures``) from that checkpoint and it ends where an uninterrupted trial ends."""
 
-    one = {"methods": ["asymvlm-vmf"], "lr": [5e-3], "seeds": [0], "epochs": 4,
-           "checkpoint_every": 1, "max_failures": 1}  # fmt: skip
+    one = {
+        "methods": ["asymvlm-vmf"],
+        "lr": [5e-3],
+        "seeds": [0],
+        "epochs": 4,
+        "checkpoint_every": 1,
+        "max_failures": 1,
+    }
     _, killed = _plain_and_killed(world, tmp_path, "", one)
     # Resumed, not started over: epochs 1-2 before the kill, 3-4 after, each logged once.
     from mlflow import MlflowClient
 
     (run_id,) = killed["child_run_ids"]
-    steps = [m.step for m in MlflowClient(killed["tracking_uri"]).get_metric_history(
-        run_id, "train_loss")]  # fmt: skip
+    steps = [
+        m.step
+        for m in MlflowClient(killed["tracking_uri"]).get_metric_history(run_id, "train_loss")
+    ]
     assert sorted(steps) == [1, 2, 3, 4]
 
 
@@ -162,8 +196,15 @@ def test_a_killed_pack_resumes_from_its_checkpoint(ray_session, world, tmp_path)
 
     from pipelines.tuning.sweep import KEEP_CHECKPOINTS
 
-    space = {"methods": ["asymvlm-vmf"], "lr": [1e-3, 5e-3], "seeds": [0], "epochs": 4,
-             "checkpoint_every": 1, "max_failures": 1, "pack": 2}  # fmt: skip
+    space = {
+        "methods": ["asymvlm-vmf"],
+        "lr": [1e-3, 5e-3],
+        "seeds": [0],
+        "epochs": 4,
+        "checkpoint_every": 1,
+        "max_failures": 1,
+        "pack": 2,
+    }
     plain, killed = _plain_and_killed(world, tmp_path, "pack-", space)
     assert killed["selection"] == plain["selection"]
     client = MlflowClient(killed["tracking_uri"])
@@ -178,15 +219,15 @@ def test_a_killed_pack_resumes_from_its_checkpoint(ray_session, world, tmp_path)
 
 
 @pytest.mark.slow
-def test_a_packed_method_fitted_post_hoc_leaves_its_adapters(ray_session, world,
-                                                            tmp_path) -> None:  # fmt: skip
+def test_a_packed_method_fitted_post_hoc_leaves_its_adapters(ray_session, world, tmp_path) -> None:
     """``pack`` packs only methods trained by SGD: the frozen reference's trials run one by one
     and every seed's adapter reaches MLflow and the sweep's adapter folders."""
     from asymvlm.evaluation.adapters import sweep_adapters
     from pipelines.tuning.sweep import run_sweep
 
-    out = run_sweep(_sweep_cfg(world, tmp_path, "clip-pack", methods=["clip"], lr=[1e-3],
-                               seeds=[0, 1], pack=2))  # fmt: skip
+    out = run_sweep(
+        _sweep_cfg(world, tmp_path, "clip-pack", methods=["clip"], lr=[1e-3], seeds=[0, 1], pack=2)
+    )
     assert not out["failed"]
     adapters = sweep_adapters(out["tracking_uri"], out["parent_run_id"])
     assert set(adapters) == {"clip/seed0", "clip/seed1"}
@@ -205,8 +246,13 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
     from asymvlm.evaluation.adapters import sweep_adapters
     from pipelines.tuning.sweep import run_sweep
 
-    space = {"methods": ["asymvlm-vmf"], "lr": [1e-3, 5e-3, 100.0], "seeds": [0, 1, 2],
-             "optimizer": "sgd", "epochs": 3}  # fmt: skip
+    space = {
+        "methods": ["asymvlm-vmf"],
+        "lr": [1e-3, 5e-3, 100.0],
+        "seeds": [0, 1, 2],
+        "optimizer": "sgd",
+        "epochs": 3,
+    }
     single = run_sweep(_sweep_cfg(world, tmp_path, "single", **space))
     packed = run_sweep(_sweep_cfg(world, tmp_path, "packed", pack=3, **space))
     for out in (single, packed):
@@ -218,7 +264,8 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
     for metric, cell in cells.items():
         if isinstance(cell, dict):
             assert packed["summary"]["asymvlm-vmf"][metric]["mean"] == pytest.approx(
-                cell["mean"], abs=1e-6), metric  # fmt: skip
+                cell["mean"], abs=1e-6
+            ), metric
 
     client = MlflowClient(packed["tracking_uri"])
     runs = [client.get_run(i) for i in packed["child_run_ids"]]
@@ -241,8 +288,7 @@ def test_a_trainer_state_is_read_on_the_cpu_whatever_the_device(world, tmp_path)
     from pipelines.ray_train import checkpoint_folder
 
     data = load_split(world, "train", "raw", "cpu")
-    cfg = TrainConfig(method="asymvlm-vmf", epochs=2, batch_size=64, hidden_dim=16,
-                      device="cpu")  # fmt: skip
+    cfg = TrainConfig(method="asymvlm-vmf", epochs=2, batch_size=64, hidden_dim=16, device="cpu")
     torch.manual_seed(0)
     trainer = Trainer(build_method(cfg.method, data.dim, **cfg.method_args()), cfg, data)
     history = trainer.fit(progress=False)[:1]

@@ -71,11 +71,13 @@ def test_cosine_methods_score_against_clips_prompt_ensemble() -> None:
         weights.append(mean / mean.norm())
     want = image @ torch.stack(weights).T
     torch.testing.assert_close(class_scores(clip, image, prompts), want)
-    torch.testing.assert_close(prompt_ensemble(unit_prompts, prompts.class_index, 2),
-                               torch.stack(weights))  # fmt: skip
+    torch.testing.assert_close(
+        prompt_ensemble(unit_prompts, prompts.class_index, 2), torch.stack(weights)
+    )
     # Not the mean of the cosines: a class whose prompts disagree is not penalised for it.
-    mean_cos = torch.stack([(image @ unit_prompts[prompts.class_index == c].T).mean(1)
-                            for c in range(2)], 1)  # fmt: skip
+    mean_cos = torch.stack(
+        [(image @ unit_prompts[prompts.class_index == c].T).mean(1) for c in range(2)], 1
+    )
     assert not torch.allclose(class_scores(clip, image, prompts), mean_cos)
     assert zero_shot_accuracy(clip, image, want.argmax(1), prompts) == 1.0
     with pytest.raises(ValueError, match="every class"):
@@ -109,8 +111,9 @@ def test_rejection_baselines_find_a_separating_cut() -> None:
     prompts, positives, labels, _, _ = _world()
     basis = torch.eye(D, dtype=torch.float64)
     negatives = unit(basis[0] + basis[1]).repeat(20, 1) + 0.0
-    out = rejection_baselines(build_method("clip", D), positives, labels, negatives, prompts,
-                              temperature=10.0)  # fmt: skip
+    out = rejection_baselines(
+        build_method("clip", D), positives, labels, negatives, prompts, temperature=10.0
+    )
     for name in ("threshold", "margin"):
         assert out[name]["pos_acc"] == 1.0 and out[name]["neg_acc"] == 1.0
         assert 0.0 < out[name]["cut"] <= 1.0
@@ -126,9 +129,14 @@ def test_logmeanexp_scores_a_class_by_the_log_of_its_mean_likelihood() -> None:
     rows = [[1.0, 0.5, 0.0, 0.2, 0.3, 0, 0, 0], [0.0, 0.1, 1.0, 0.0, 0.0, 0, 0, 0]]
     image = unit(torch.tensor(rows, dtype=torch.float64))
     per_prompt = method.log_likelihood(image, inputs).T  # [n_image, n_prompts]
-    want = torch.stack([torch.logsumexp(per_prompt[:, :2], 1) - math.log(2),
-                        torch.logsumexp(per_prompt[:, 2:4], 1) - math.log(2),
-                        per_prompt[:, 4]], 1)  # fmt: skip
+    want = torch.stack(
+        [
+            torch.logsumexp(per_prompt[:, :2], 1) - math.log(2),
+            torch.logsumexp(per_prompt[:, 2:4], 1) - math.log(2),
+            per_prompt[:, 4],
+        ],
+        1,
+    )
     got = class_scores(method, image, prompts, aggregation="logmeanexp").double()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     mean = class_scores(method, image, prompts).double()
@@ -144,30 +152,43 @@ def test_far_negatives_are_counted_apart_from_the_negatives() -> None:
     prompts, positives, labels, negatives, dummy = _world()
     basis = torch.eye(D, dtype=torch.float64)
     far = basis[0].repeat(6, 1)  # on class 0: not rejected
-    out = none_of_the_above(IdentityVMF(D), positives, labels, negatives, prompts, dummy,
-                            far_negatives=far)  # fmt: skip
+    out = none_of_the_above(
+        IdentityVMF(D), positives, labels, negatives, prompts, dummy, far_negatives=far
+    )
     assert out["neg_acc"] == 1.0 and out["far_neg_acc"] == 0.0
-    assert "far_neg_acc" not in none_of_the_above(IdentityVMF(D), positives, labels, negatives,
-                                                  prompts, dummy)  # fmt: skip
+    assert "far_neg_acc" not in none_of_the_above(
+        IdentityVMF(D), positives, labels, negatives, prompts, dummy
+    )
     halfway = unit(basis[0] + basis[1]).repeat(20, 1)
-    base = rejection_baselines(build_method("clip", D), positives, labels, halfway, prompts,
-                               temperature=10.0,
-                               far_negatives=torch.cat([halfway[:3], far]))  # fmt: skip
+    base = rejection_baselines(
+        build_method("clip", D),
+        positives,
+        labels,
+        halfway,
+        prompts,
+        temperature=10.0,
+        far_negatives=torch.cat([halfway[:3], far]),
+    )
     for name in ("threshold", "margin"):
         assert base[name]["far_neg_acc"] == pytest.approx(3 / 9)
 
 
 def _reference_nota(method, positives, labels, negatives, prompts, rows) -> dict[str, float]:
     """Table 2 as first written: the dummy's rows appended as class ``n_classes``, argmax."""
-    both = ClassPrompts(inputs=torch.cat([prompts.inputs, rows]),
-                        class_index=torch.cat([prompts.class_index,
-                                               torch.full((rows.shape[0],), prompts.n_classes)]),
-                        n_classes=prompts.n_classes + 1)  # fmt: skip
+    both = ClassPrompts(
+        inputs=torch.cat([prompts.inputs, rows]),
+        class_index=torch.cat(
+            [prompts.class_index, torch.full((rows.shape[0],), prompts.n_classes)]
+        ),
+        n_classes=prompts.n_classes + 1,
+    )
     pos = class_scores(method, positives, both).argmax(1)
     neg = class_scores(method, negatives, both).argmax(1)
-    return {"pos_acc": float((pos == labels).double().mean()),
-            "neg_acc": float((neg == prompts.n_classes).double().mean()),
-            "pos_rejected": float((pos == prompts.n_classes).double().mean())}  # fmt: skip
+    return {
+        "pos_acc": float((pos == labels).double().mean()),
+        "neg_acc": float((neg == prompts.n_classes).double().mean()),
+        "pos_rejected": float((pos == prompts.n_classes).double().mean()),
+    }
 
 
 def test_several_dummy_prompts_at_once_are_each_tried_alone() -> None:

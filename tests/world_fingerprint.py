@@ -36,13 +36,27 @@ RECORDED = os.path.join(os.path.dirname(__file__), "data", "old_world_fingerprin
 OLD_WORLDS: dict[str, dict[str, Any]] = {
     "defaults": dict(dim=16, splits={"train": 300, "val": 60, "test": 60}, captions_per_image=3),
     # the demo preset as it was, at a smaller size
-    "old-demo": dict(dim=32, captions_per_image=4, splits={"train": 300, "val": 60, "test": 60},
-                     block_images=128, caption_words=True, finetune_roots=4,
-                     domain_misalignment=0.5, level_probs=COCO_LEVEL_PROBS),
-    "pre-projection": dict(dim=16, splits={"train": 200, "test": 40}, captions_per_image=2,
-                           pre_dim=24, caption_words=True, level_probs=COCO_LEVEL_PROBS,
-                           misalignment=0.3, seed=7),
-}  # fmt: skip
+    "old-demo": dict(
+        dim=32,
+        captions_per_image=4,
+        splits={"train": 300, "val": 60, "test": 60},
+        block_images=128,
+        caption_words=True,
+        finetune_roots=4,
+        domain_misalignment=0.5,
+        level_probs=COCO_LEVEL_PROBS,
+    ),
+    "pre-projection": dict(
+        dim=16,
+        splits={"train": 200, "test": 40},
+        captions_per_image=2,
+        pre_dim=24,
+        caption_words=True,
+        level_probs=COCO_LEVEL_PROBS,
+        misalignment=0.3,
+        seed=7,
+    ),
+}
 CLASS_IMAGES = 100
 
 
@@ -54,8 +68,11 @@ def _column(col: pa.ChunkedArray) -> dict[str, Any]:
     if values.dtype.kind == "f":
         flat = values.reshape(-1)
         picks = np.linspace(0, len(flat) - 1, 16).round().astype(int) if len(flat) else []
-        return {"sum": float(flat.sum()), "sumsq": float((flat**2).sum()),
-                "values": [float(flat[i]) for i in picks]}  # fmt: skip
+        return {
+            "sum": float(flat.sum()),
+            "sumsq": float((flat**2).sum()),
+            "values": [float(flat[i]) for i in picks],
+        }
     text = "\x1f".join(map(str, values.tolist()))
     return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "n": int(len(values))}
 
@@ -69,8 +86,9 @@ def fingerprint_root(root: str) -> dict[str, Any]:
             table = tables.read_parts(root, split, kind)
             if table is None:
                 continue
-            out[f"{split}/{kind}"] = {name: _column(table.column(name))
-                                      for name in table.column_names}  # fmt: skip
+            out[f"{split}/{kind}"] = {
+                name: _column(table.column(name)) for name in table.column_names
+            }
     return out
 
 
@@ -80,8 +98,7 @@ def fingerprint_world(name: str, folder: str) -> dict[str, Any]:
     cfg = WorldConfig(**OLD_WORLDS[name])
     root = os.path.join(folder, name)
     write_world(root, cfg)
-    spec = ClassificationSpec(positives=CLASS_IMAGES, negatives=CLASS_IMAGES,
-                              zeroshot=CLASS_IMAGES)  # fmt: skip
+    spec = ClassificationSpec(positives=CLASS_IMAGES, negatives=CLASS_IMAGES, zeroshot=CLASS_IMAGES)
     roots = {"world": root, **write_classification_sets(root, cfg, spec)}
     return {role: fingerprint_root(where) for role, where in sorted(roots.items())}
 
@@ -90,14 +107,18 @@ def compare(got: Any, want: Any, where: str = "") -> list[str]:
     """Differences between two fingerprints (floats within 1e-6 relative, the rest exact)."""
     if isinstance(want, dict):
         if not isinstance(got, dict) or set(got) != set(want):
-            return [f"{where}: keys {sorted(got) if isinstance(got, dict) else got} != "
-                    f"{sorted(want)}"]  # fmt: skip
+            return [
+                f"{where}: keys {sorted(got) if isinstance(got, dict) else got} != {sorted(want)}"
+            ]
         return [d for k in want for d in compare(got[k], want[k], f"{where}/{k}")]
     if isinstance(want, list):
         if not isinstance(got, list) or len(got) != len(want):
             return [f"{where}: {got} != {want}"]
-        return [d for i, (g, w) in enumerate(zip(got, want, strict=True))
-                for d in compare(g, w, f"{where}[{i}]")]  # fmt: skip
+        return [
+            d
+            for i, (g, w) in enumerate(zip(got, want, strict=True))
+            for d in compare(g, w, f"{where}[{i}]")
+        ]
     if isinstance(want, float):
         ok = isinstance(got, float) and abs(got - want) <= 1e-6 * max(1.0, abs(want))
         return [] if ok else [f"{where}: {got} != {want}"]

@@ -65,8 +65,14 @@ def _hub_model(name: Any) -> str | None:
 def card_metadata(config: Mapping[str, Any], license: str = "apache-2.0") -> dict[str, Any]:
     """The card's metadata block (what the Hub reads from the YAML front matter)."""
     method = str(config["method"])
-    tags = ["asymvlm", "probabilistic-embeddings", "uncertainty", "vision-language",
-            "clip-adapter", method]  # fmt: skip
+    tags = [
+        "asymvlm",
+        "probabilistic-embeddings",
+        "uncertainty",
+        "vision-language",
+        "clip-adapter",
+        method,
+    ]
     meta: dict[str, Any] = {"library_name": "asymvlm", "license": license, "tags": tags}
     base = _hub_model(_encoder(config).get("model"))
     if base:
@@ -79,8 +85,14 @@ def _method_section(method: str) -> list[str]:
     doc = (cls.__doc__ or "").strip().splitlines() if cls else []
     first = doc[0].strip() if doc else "(not a registered method here)"
     unc = cls.uncertainty_doc if cls else "see the method"
-    return ["## Method", "", f"`{method}`: {first}", "",
-            f"Its uncertainty (higher = more uncertain): {unc}.", ""]  # fmt: skip
+    return [
+        "## Method",
+        "",
+        f"`{method}`: {first}",
+        "",
+        f"Its uncertainty (higher = more uncertain): {unc}.",
+        "",
+    ]
 
 
 def _training_section(config: Mapping[str, Any]) -> list[str]:
@@ -95,8 +107,11 @@ def _training_section(config: Mapping[str, Any]) -> list[str]:
         ("split", config.get("split")),
         ("protocol", config.get("protocol") or train.get("protocol")),
         ("adapter input", config.get("adapter_input")),
-        ("input calibration", ", ".join(f"{k} = {v:.6g}" for k, v in
-                                        (config.get("input_calibration") or {}).items()) or None),
+        (
+            "input calibration",
+            ", ".join(f"{k} = {v:.6g}" for k, v in (config.get("input_calibration") or {}).items())
+            or None,
+        ),
         ("epochs", f"{config.get('epoch')} of {config.get('epochs')}"),
         ("optimiser", train.get("optimizer")),
         ("learning rate", train.get("lr")),
@@ -104,11 +119,16 @@ def _training_section(config: Mapping[str, Any]) -> list[str]:
         ("weight decay", train.get("weight_decay")),
         ("adapter width x depth", f"{train.get('hidden_dim')} x {train.get('depth') or 'default'}"),
         ("seed", train.get("seed")),
-    ]  # fmt: skip
-    lines = ["## Training data and protocol", "",
-             "Trained on cached embeddings of a frozen vision-language model; only the adapter "
-             "is here, the encoder is referenced, not copied.", "",
-             "| setting | value |", "|---|---|"]  # fmt: skip
+    ]
+    lines = [
+        "## Training data and protocol",
+        "",
+        "Trained on cached embeddings of a frozen vision-language model; only the adapter "
+        "is here, the encoder is referenced, not copied.",
+        "",
+        "| setting | value |",
+        "|---|---|",
+    ]
     lines += [f"| {k} | `{v}` |" for k, v in rows if v not in (None, "", "None of None")]
     return [*lines, ""]
 
@@ -134,22 +154,35 @@ def _metrics_section(metrics: Mapping[str, float], source: Mapping[str, Any] | N
     lines = ["## Evaluation", ""]
     columns, values, rsum = _metric_table(metrics)
     if not columns and not rsum:
-        return [*lines, "No evaluation was recorded with this adapter (exported from a "
-                "checkpoint folder): run `asymvlm evaluate` on your tables.", ""]  # fmt: skip
+        return [
+            *lines,
+            "No evaluation was recorded with this adapter (exported from a "
+            "checkpoint folder): run `asymvlm evaluate` on your tables.",
+            "",
+        ]
     run = dict(source or {})
     where = f"MLflow run `{run.get('run_id')}`" + (
-        f" (experiment `{run['experiment']}`)" if run.get("experiment") else "")
-    lines += [f"The final numbers of {where}. "
-              + "; ".join(f"**{d}**: {m}" for d, m in DIRECTION_MEANINGS.items()) + ".", "",
-              "| metric | " + " | ".join(f"{d} ({s})" for s, d in columns) + " |",
-              "|---|" + "---|" * len(columns)]  # fmt: skip
+        f" (experiment `{run['experiment']}`)" if run.get("experiment") else ""
+    )
+    lines += [
+        f"The final numbers of {where}. "
+        + "; ".join(f"**{d}**: {m}" for d, m in DIRECTION_MEANINGS.items())
+        + ".",
+        "",
+        "| metric | " + " | ".join(f"{d} ({s})" for s, d in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
     shown = [k for k in METRIC_MEANINGS if any((k, c) in values for c in columns)]
     for key in shown:
         cells = [f"{values[(key, c)]:.4f}" if (key, c) in values else "–" for c in columns]
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     if rsum:
-        lines += ["", "RSUM (both directions, %): "
-                  + ", ".join(f"{v:.2f} ({s})" for s, v in rsum.items()) + "."]
+        lines += [
+            "",
+            "RSUM (both directions, %): "
+            + ", ".join(f"{v:.2f} ({s})" for s, v in rsum.items())
+            + ".",
+        ]
     lines += ["", "What the numbers mean:", ""]
     lines += [f"* `{k}`: {METRIC_MEANINGS[k]}" for k in [*shown, *(["rsum"] if rsum else [])]]
     return [*lines, ""]
@@ -160,40 +193,63 @@ def _use_section(repo: str | None, config: Mapping[str, Any]) -> list[str]:
     enc = _encoder(config).get("model")
     lines = ["## How to use", "", "```bash", "pip install asymvlm", ""]
     if enc and enc not in _NO_ENCODER:
-        lines += [f'asymvlm score-text --checkpoint {name} "a dog" "a golden retriever catching '
-                  'a red frisbee"', "```", "", "```python", "from asymvlm import Scorer", "",
-                  f'scorer = Scorer.from_pretrained("{name}")',
-                  'scorer.caption_uncertainty(["a dog"])  # kappa, uncertainty, mu',
-                  "```"]  # fmt: skip
+        lines += [
+            f'asymvlm score-text --checkpoint {name} "a dog" "a golden retriever catching '
+            'a red frisbee"',
+            "```",
+            "",
+            "```python",
+            "from asymvlm import Scorer",
+            "",
+            f'scorer = Scorer.from_pretrained("{name}")',
+            'scorer.caption_uncertainty(["a dog"])  # kappa, uncertainty, mu',
+            "```",
+        ]
     else:
-        lines += [f"asymvlm evaluate --checkpoint {name} --embeddings TABLES --split test "
-                  "--output metrics.json", "```"]  # fmt: skip
-    lines += ["", "Publish a folder with `hf upload ORG/REPO FOLDER` (the folder holds no pickle; "
-              "`config.json` records the SHA-256 of `model.safetensors`, checked on load).", ""]
+        lines += [
+            f"asymvlm evaluate --checkpoint {name} --embeddings TABLES --split test "
+            "--output metrics.json",
+            "```",
+        ]
+    lines += [
+        "",
+        "Publish a folder with `hf upload ORG/REPO FOLDER` (the folder holds no pickle; "
+        "`config.json` records the SHA-256 of `model.safetensors`, checked on load).",
+        "",
+    ]
     return lines
 
 
 def _limits_section(config: Mapping[str, Any]) -> list[str]:
     enc = _encoder(config).get("model")
-    lines = ["## Intended use", "",
-             "Research on uncertainty in vision-language retrieval: ranking captions by how "
-             "specific they are, flagging queries whose retrieval is likely wrong, abstaining "
-             "(risk-coverage), none-of-the-above decisions. Not for decisions about people.", "",
-             "## Limits", "",
-             "* The adapter only makes sense on embeddings of the exact frozen encoder named "
-             "above (its revision and file hash are recorded); any other encoder gives "
-             "meaningless numbers.",
-             "* The uncertainty ranks captions within the training domain; on other data it is "
-             "uncalibrated and its meaning is not guaranteed.",
-             "* Numbers above come from the run's own tables, not from a public benchmark unless "
-             "those tables are one."]  # fmt: skip
+    lines = [
+        "## Intended use",
+        "",
+        "Research on uncertainty in vision-language retrieval: ranking captions by how "
+        "specific they are, flagging queries whose retrieval is likely wrong, abstaining "
+        "(risk-coverage), none-of-the-above decisions. Not for decisions about people.",
+        "",
+        "## Limits",
+        "",
+        "* The adapter only makes sense on embeddings of the exact frozen encoder named "
+        "above (its revision and file hash are recorded); any other encoder gives "
+        "meaningless numbers.",
+        "* The uncertainty ranks captions within the training domain; on other data it is "
+        "uncalibrated and its meaning is not guaranteed.",
+        "* Numbers above come from the run's own tables, not from a public benchmark unless "
+        "those tables are one.",
+    ]
     if enc in _NO_ENCODER:
-        lines.append("* Trained on a **synthetic world** (toy embeddings with known uncertainty): "
-                     "for learning and testing the method, not for real images or text.")
+        lines.append(
+            "* Trained on a **synthetic world** (toy embeddings with known uncertainty): "
+            "for learning and testing the method, not for real images or text."
+        )
     elif enc and not _hub_model(enc):
-        lines.append(f"* The encoder is a local folder (`{_encoder_label(enc)}`, its path in "
-                     "`config.json`): on another machine give its copy with `--encoder` "
-                     "(`encoder=`); a copy with other files is refused.")
+        lines.append(
+            f"* The encoder is a local folder (`{_encoder_label(enc)}`, its path in "
+            "`config.json`): on another machine give its copy with `--encoder` "
+            "(`encoder=`); a copy with other files is refused."
+        )
     return [*lines, ""]
 
 
@@ -211,13 +267,24 @@ def model_card(
     snippets), intended use and limits."""
     head = yaml.safe_dump(card_metadata(config, license), sort_keys=False, allow_unicode=True)
     method = str(config["method"])
-    lines = ["---", head.rstrip(), "---", "",
-             f"# {method} adapter" + (f" for {_encoder_label(_encoder(config).get('model'))}"
-                                      if _encoder(config).get("model") else ""), "",
-             "A probabilistic adapter for a frozen vision-language model, exported by the "
-             f"`asymvlm` package {package_version()} (AsymVLM, Ju et al., NeurIPS 2025, and its "
-             "baselines): it turns a caption's embedding into a distribution whose spread is "
-             "the caption's uncertainty.", ""]  # fmt: skip
+    lines = [
+        "---",
+        head.rstrip(),
+        "---",
+        "",
+        f"# {method} adapter"
+        + (
+            f" for {_encoder_label(_encoder(config).get('model'))}"
+            if _encoder(config).get("model")
+            else ""
+        ),
+        "",
+        "A probabilistic adapter for a frozen vision-language model, exported by the "
+        f"`asymvlm` package {package_version()} (AsymVLM, Ju et al., NeurIPS 2025, and its "
+        "baselines): it turns a caption's embedding into a distribution whose spread is "
+        "the caption's uncertainty.",
+        "",
+    ]
     lines += _method_section(method)
     lines += _training_section(config)
     lines += _metrics_section(metrics or {}, source)

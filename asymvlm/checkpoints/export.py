@@ -63,8 +63,11 @@ def _run_of(source: str, tracking_uri: str | None) -> dict[str, Any] | None:
     try:
         return model_run(source, tracking_uri)
     except Exception as exc:  # the store cannot say: the card says no run was recorded
-        logger.warning("%s: the run that logged it cannot be read (%s); the model card has no "
-                       "evaluation", source, " ".join(str(exc).split())[:200])  # fmt: skip
+        logger.warning(
+            "%s: the run that logged it cannot be read (%s); the model card has no evaluation",
+            source,
+            " ".join(str(exc).split())[:200],
+        )
         return None
 
 
@@ -82,11 +85,14 @@ def _check_target(output: str, source_folder: str, overwrite: bool) -> None:
         except CheckpointError:  # an unreadable config.json: not ours
             earlier = False
         if not earlier:
-            raise CheckpointError(f"{output} already holds files that are not an exported model; "
-                                  "choose a new or empty folder")  # fmt: skip
+            raise CheckpointError(
+                f"{output} already holds files that are not an exported model; "
+                "choose a new or empty folder"
+            )
         if not overwrite:
-            raise CheckpointError(f"{output} already holds an exported model; pass --overwrite "
-                                  "to replace it")  # fmt: skip
+            raise CheckpointError(
+                f"{output} already holds an exported model; pass --overwrite to replace it"
+            )
 
 
 def export_adapter(
@@ -114,15 +120,22 @@ def export_adapter(
         format=EXPORT_FORMAT,
         asymvlm_version=package_version(),
         protocol=train.get("protocol") or (meta.get("method_kwargs") or {}).get("protocol"),
-        input_calibration={k: float(v) for k, v in weights.items()
-                           if k.endswith("input_scale") and v.numel() == 1},  # fmt: skip
+        input_calibration={
+            k: float(v) for k, v in weights.items() if k.endswith("input_scale") and v.numel() == 1
+        },
     )
     metrics: dict[str, float] = {}
     if run is not None:
-        metrics = {k: float(v) for k, v in sorted(run["metrics"].items())
-                   if isinstance(v, int | float) and math.isfinite(v)}  # fmt: skip
-        config["source"] = {"mlflow_run_id": run["run_id"], "run_name": run["run_name"],
-                            "experiment": run["experiment"]}  # fmt: skip
+        metrics = {
+            k: float(v)
+            for k, v in sorted(run["metrics"].items())
+            if isinstance(v, int | float) and math.isfinite(v)
+        }
+        config["source"] = {
+            "mlflow_run_id": run["run_id"],
+            "run_name": run["run_name"],
+            "experiment": run["experiment"],
+        }
         config["metrics"] = metrics
     card = model_card(config, metrics=metrics, source=run, repo=repo, license=license)
 

@@ -239,8 +239,9 @@ def provenance(manifest: Any) -> dict[str, Any]:
     info = manifest.to_dict()
     out: dict[str, Any] = {"embedding_model": manifest.model}
     if info.get("family"):
-        out["encoder"] = {k: info.get(k) for k in ("model", "revision", "family",
-                                                   "files_sha256", "dim")}  # fmt: skip
+        out["encoder"] = {
+            k: info.get(k) for k in ("model", "revision", "family", "files_sha256", "dim")
+        }
     return out
 
 
@@ -286,8 +287,9 @@ def save_checkpoint(
 
     def write(folder: str) -> None:
         path = write_weights(weights, os.path.join(folder, WEIGHTS_FILE))
-        config_text = json.dumps({**meta, HASHES_KEY: {WEIGHTS_FILE: file_sha256(path)}},
-                                 indent=2, allow_nan=False)  # fmt: skip
+        config_text = json.dumps(
+            {**meta, HASHES_KEY: {WEIGHTS_FILE: file_sha256(path)}}, indent=2, allow_nan=False
+        )
         if trainer_state is not None:
             torch.save(trainer_state, os.path.join(folder, TRAINER_FILE))
         if history_text is not None:
@@ -306,8 +308,10 @@ def state_tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in state.items():
         if not torch.is_tensor(value):
-            raise CheckpointError(f"state entry {key!r} is not a tensor "
-                                  f"({type(value).__name__}): safetensors stores tensors only")
+            raise CheckpointError(
+                f"state entry {key!r} is not a tensor "
+                f"({type(value).__name__}): safetensors stores tensors only"
+            )
         out[key] = value.detach().to("cpu", copy=True).contiguous()
     return out
 
@@ -336,12 +340,16 @@ def save_run_checkpoint(
     trainer's state and the ``history`` to resume from (:func:`read_run_state`). The one writer
     of ``asymvlm train``, Ray Train runs, sweep trials and pack members."""
     save_checkpoint(
-        directory, trainer.method, trainer.cfg, trainer.data.dim,
+        directory,
+        trainer.method,
+        trainer.cfg,
+        trainer.data.dim,
         {**provenance(trainer.data.split.manifest), **(extra or {})},
-        epoch=trainer.epoch, complete=complete,
+        epoch=trainer.epoch,
+        complete=complete,
         trainer_state=trainer.state_dict() if state else None,
         history=history if state else None,
-    )  # fmt: skip
+    )
 
 
 def read_run_state(directory: str) -> RunState:
@@ -480,8 +488,11 @@ def _read_weights(path: str) -> Any:
             return load_safetensors(path, device="cpu")
         except Exception as exc:  # safetensors' own error type, or an OSError
             raise CheckpointError(f"{path}: unreadable ({exc})") from exc
-    logger.warning("%s: an older checkpoint's pickle, read as weights only; `asymvlm export` "
-                   "writes it as %s", path, WEIGHTS_FILE)  # fmt: skip
+    logger.warning(
+        "%s: an older checkpoint's pickle, read as weights only; `asymvlm export` writes it as %s",
+        path,
+        WEIGHTS_FILE,
+    )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:

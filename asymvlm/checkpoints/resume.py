@@ -105,8 +105,10 @@ def check_resumable(
     ours = json.loads(json.dumps(cfg.model_dump()))
     # keys a checkpoint of an earlier version lacks were their defaults then
     defaults = json.loads(json.dumps(TrainConfig().model_dump()))
-    theirs = {**{k: v for k, v in defaults.items() if k not in _ALWAYS_RECORDED},
-              **dict(meta.get("train_config", {}))}  # fmt: skip
+    theirs = {
+        **{k: v for k, v in defaults.items() if k not in _ALWAYS_RECORDED},
+        **dict(meta.get("train_config", {})),
+    }
     diffs = [
         f"{key} {theirs.get(key)!r} (checkpoint) vs {ours.get(key)!r} (now)"
         for key in sorted(set(ours) | set(theirs))

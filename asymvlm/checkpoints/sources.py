@@ -72,8 +72,9 @@ def parse_hub_name(source: str) -> tuple[str, str | None]:
     name = source.removeprefix(HUB_PREFIX)
     repo, at, revision = name.partition("@")
     if not _REPO.fullmatch(repo) or (at and not revision):
-        raise CheckpointError(f"{source}: not a Hub model name (hf-hub:ORG/REPO or "
-                              "hf-hub:ORG/REPO@REVISION)")  # fmt: skip
+        raise CheckpointError(
+            f"{source}: not a Hub model name (hf-hub:ORG/REPO or hf-hub:ORG/REPO@REVISION)"
+        )
     return repo, revision or None
 
 
@@ -90,8 +91,10 @@ def check_model_folder(folder: str, source: str | None = None) -> dict:
     if not os.path.isfile(os.path.join(folder, WEIGHTS_FILE)):
         raise CheckpointError(f"{label}: no {WEIGHTS_FILE} (a partial copy or upload?)")
     if WEIGHTS_FILE not in (meta.get(HASHES_KEY) or {}):
-        raise CheckpointError(f"{label}: {CONFIG_FILE} records no SHA-256 of {WEIGHTS_FILE}; "
-                              "write the folder with `asymvlm export`")  # fmt: skip
+        raise CheckpointError(
+            f"{label}: {CONFIG_FILE} records no SHA-256 of {WEIGHTS_FILE}; "
+            "write the folder with `asymvlm export`"
+        )
     try:
         check_hashes(folder, meta)
     except CheckpointError as err:
@@ -127,8 +130,9 @@ def _hub_snapshot(source: str) -> str:
     except RepositoryNotFoundError:
         reason = "no such repository on the Hub (or it is private: log in with hf auth login)"
     except LocalEntryNotFoundError:
-        reason = ("not in the Hugging Face cache, and the Hub cannot be reached or "
-                  "HF_HUB_OFFLINE is set")  # fmt: skip
+        reason = (
+            "not in the Hugging Face cache, and the Hub cannot be reached or HF_HUB_OFFLINE is set"
+        )
     except Exception as exc:  # a proxy, a server error, a full disk...
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
     finally:
@@ -170,5 +174,6 @@ def resolve_checkpoint(
             if pretrained:
                 check_model_folder(folder, source)
             return folder
-    raise CheckpointError(f"{source}: the model holds no adapter checkpoint ({CONFIG_FILE} and "
-                          f"{WEIGHTS_FILE})")  # fmt: skip
+    raise CheckpointError(
+        f"{source}: the model holds no adapter checkpoint ({CONFIG_FILE} and {WEIGHTS_FILE})"
+    )

@@ -30,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Probabilistic adapters for frozen VLM embeddings (AsymVLM and baselines).",
     )
     parser.add_argument("--version", action="version", version=f"asymvlm {__version__}")
-    parser.add_argument("--verbose", action="store_true",
-                        help="show every library's messages (Ray, MLflow...) too")  # fmt: skip
+    parser.add_argument(
+        "--verbose", action="store_true", help="show every library's messages (Ray, MLflow...) too"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for group in (training, evaluation, text, export, embed, runs):
         group.register(sub)

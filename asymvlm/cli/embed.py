@@ -20,8 +20,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from pipelines.embedding import run_embed
     from pipelines.session import RaySession
 
-    doc = {name: getattr(args, name) for name in EmbedConfig.__pydantic_fields__
-           if hasattr(args, name)}  # fmt: skip
+    doc = {
+        name: getattr(args, name) for name in EmbedConfig.__pydantic_fields__ if hasattr(args, name)
+    }
     cfg = validate(EmbedConfig, doc, "asymvlm embed", flags=True)
     with RaySession() as session:
         summary = run_embed(cfg, session)
@@ -43,10 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", required=True, choices=sorted(READERS), help="the reader")
     p.add_argument("--annotations", default=None, help="annotation file / folder (local or s3://)")
     p.add_argument("--images", default=None, help="image folder (local or s3://)")
-    p.add_argument("--model", default="openai/clip-vit-base-patch32",
-                   help="transformers CLIP/SigLIP hub id or folder, or open_clip:ARCH/TAG "
-                   "(open_clip:ARCH/WEIGHTS-FILE, open_clip:hf-hub:ORG/REPO, "
-                   "open_clip:local-dir:FOLDER)")  # fmt: skip
+    p.add_argument(
+        "--model",
+        default="openai/clip-vit-base-patch32",
+        help="transformers CLIP/SigLIP hub id or folder, or open_clip:ARCH/TAG "
+        "(open_clip:ARCH/WEIGHTS-FILE, open_clip:hf-hub:ORG/REPO, "
+        "open_clip:local-dir:FOLDER)",
+    )
     p.add_argument("--split", required=True, help="split to read (train, val, test...)")
     p.add_argument("--output", required=True, metavar="ROOT", help="tables root (or s3://)")
     p.add_argument("--batch-size", type=int, default=64, help="images per encoder batch")
@@ -69,14 +73,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="decode images in CPU tasks (GPU clusters) or in the encoder actor (CPU only)",
     )
-    p.add_argument("--image-perturbation", default=None, metavar="KIND:SEVERITY",
-                   help="OOD suite: perturb images first (gaussian_noise, rotation, zoom_blur, "
-                        "jpeg, low_resolution; severity 1-5)")  # fmt: skip
-    p.add_argument("--text-perturbation", default=None, metavar="KIND:SEVERITY",
-                   help="OOD suite: perturb captions first (typos, word_order, synonyms, "
-                        "casing; severity 1-5); the original stays in clean_text")  # fmt: skip
+    p.add_argument(
+        "--image-perturbation",
+        default=None,
+        metavar="KIND:SEVERITY",
+        help="OOD suite: perturb images first (gaussian_noise, rotation, zoom_blur, "
+        "jpeg, low_resolution; severity 1-5)",
+    )
+    p.add_argument(
+        "--text-perturbation",
+        default=None,
+        metavar="KIND:SEVERITY",
+        help="OOD suite: perturb captions first (typos, word_order, synonyms, "
+        "casing; severity 1-5); the original stays in clean_text",
+    )
     p.add_argument("--perturbation-seed", type=int, default=0, help="seed of the perturbations")
-    p.add_argument("--pre-projection", action="store_true",
-                   help="also write the pre-projection features and ROOT/projection.npz (CLIP "
-                        "only), which the bayesvlm method needs")  # fmt: skip
+    p.add_argument(
+        "--pre-projection",
+        action="store_true",
+        help="also write the pre-projection features and ROOT/projection.npz (CLIP "
+        "only), which the bayesvlm method needs",
+    )
     p.set_defaults(func=cmd_embed)

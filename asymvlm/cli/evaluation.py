@@ -24,8 +24,9 @@ def _load(args: argparse.Namespace):
     from asymvlm.training import resolve_device
 
     device = resolve_device(args.device)
-    folder = resolve_checkpoint(args.checkpoint) if is_model_uri(args.checkpoint) else \
-        args.checkpoint  # fmt: skip
+    folder = (
+        resolve_checkpoint(args.checkpoint) if is_model_uri(args.checkpoint) else args.checkpoint
+    )
     method, meta = load_checkpoint(folder, device, allow_incomplete=args.allow_incomplete)
     method.adapter_input = args.adapter_input or meta.get("adapter_input", "raw")
     data = load_split(args.embeddings, args.split, method.adapter_input, device)
@@ -39,10 +40,15 @@ def _load(args: argparse.Namespace):
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """The registry's ``retrieval`` of one checkpoint on one split."""
-    values = {key: getattr(args, key) for key in ("levels", "fold_size", "chunk_size",
-                                                  "memory_budget")}  # fmt: skip
-    parsed = registry.spec("retrieval", {"data": Location(args.embeddings, args.split), **values},
-                           "asymvlm evaluate", flags=True)  # fmt: skip
+    values = {
+        key: getattr(args, key) for key in ("levels", "fold_size", "chunk_size", "memory_budget")
+    }
+    parsed = registry.spec(
+        "retrieval",
+        {"data": Location(args.embeddings, args.split), **values},
+        "asymvlm evaluate",
+        flags=True,
+    )
     method, data = _load(args)
     result = registry.evaluate_split(parsed, method, data, progress=not args.quiet)
     result.update(checkpoint=args.checkpoint, embeddings=args.embeddings, split=args.split)
@@ -115,18 +121,27 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         params = {k: v for k, v in dumped.items() if isinstance(v, str | int)}
         if args.kind == "zeroshot":
             params.setdefault("fine_tuned_on", "?")
-        run_id = registry.log_evaluation(args.mlflow_uri, args.experiment, args.kind, result,
-                                         params=params)  # fmt: skip
+        run_id = registry.log_evaluation(
+            args.mlflow_uri, args.experiment, args.kind, result, params=params
+        )
         logger.info("logged as MLflow run %s", run_id)
     return 0
 
 
 def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, metavar="DIR|URI",
-                   help="a checkpoint or model folder, an MLflow model URI (runs:/.., models:/..; "
-                   "store: $MLFLOW_TRACKING_URI) or hf-hub:ORG/REPO[@REVISION]")  # fmt: skip
-    p.add_argument("--adapter-input", choices=["raw", "unit"], default=None,
-                   help="override what the checkpoint says it reads")  # fmt: skip
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR|URI",
+        help="a checkpoint or model folder, an MLflow model URI (runs:/.., models:/..; "
+        "store: $MLFLOW_TRACKING_URI) or hf-hub:ORG/REPO[@REVISION]",
+    )
+    p.add_argument(
+        "--adapter-input",
+        choices=["raw", "unit"],
+        default=None,
+        help="override what the checkpoint says it reads",
+    )
     p.add_argument(
         "--allow-incomplete",
         action="store_true",
@@ -141,10 +156,16 @@ def _add_inputs(p: argparse.ArgumentParser, ev: registry.Evaluation, skip=()) ->
         if inp.key in skip:
             continue
         repeat = inp.form == "named"
-        p.add_argument(inp.flag, dest=inp.key, required=inp.required and not repeat,
-                       action="append" if repeat else "store",
-                       type=int if inp.form == "count" else str, default=inp.default,
-                       metavar=inp.metavar or metavars[inp.form], help=inp.help)  # fmt: skip
+        p.add_argument(
+            inp.flag,
+            dest=inp.key,
+            required=inp.required and not repeat,
+            action="append" if repeat else "store",
+            type=int if inp.form == "count" else str,
+            default=inp.default,
+            metavar=inp.metavar or metavars[inp.form],
+            help=inp.help,
+        )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -169,8 +190,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_data_args(p, "test")
     _add_checkpoint_args(p)
-    p.add_argument("--output", required=True, metavar="FILE.parquet",
-                   help="one row per caption: kappa, uncertainty")  # fmt: skip
+    p.add_argument(
+        "--output",
+        required=True,
+        metavar="FILE.parquet",
+        help="one row per caption: kappa, uncertainty",
+    )
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser(
@@ -183,17 +208,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
     for ev in registry.EVALUATIONS.values():
-        k = kinds.add_parser(ev.kind, help=ev.title, description=ev.title[0].upper()
-                             + ev.title[1:] + ". Locations are ROOT:SPLIT of embedding tables.",
-                             formatter_class=Help)  # fmt: skip
+        k = kinds.add_parser(
+            ev.kind,
+            help=ev.title,
+            description=ev.title[0].upper()
+            + ev.title[1:]
+            + ". Locations are ROOT:SPLIT of embedding tables.",
+            formatter_class=Help,
+        )
         _add_inputs(k, ev)
-        k.add_argument("--checkpoint", action="append", default=[], metavar="DIR|URI",
-                       help="adapter folder, MLflow model URI or hf-hub:ORG/REPO (repeat)")
+        k.add_argument(
+            "--checkpoint",
+            action="append",
+            default=[],
+            metavar="DIR|URI",
+            help="adapter folder, MLflow model URI or hf-hub:ORG/REPO (repeat)",
+        )
         k.add_argument("--sweep", default=None, help="a sweep's MLflow run id: its seed adapters")
         k.add_argument("--frozen", action="store_true", help="also the frozen model (clip)")
         k.add_argument("--output", default=None, help="write the JSON here too")
-        k.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
-                       help="log the result to this tracking store (default: "
-                            "$MLFLOW_TRACKING_URI; none: not logged)")  # fmt: skip
+        k.add_argument(
+            "--mlflow-uri",
+            default=os.environ.get("MLFLOW_TRACKING_URI"),
+            help="log the result to this tracking store (default: "
+            "$MLFLOW_TRACKING_URI; none: not logged)",
+        )
         k.add_argument("--experiment", default="asymvlm", help="MLflow experiment")
         k.set_defaults(func=cmd_analyze)

@@ -15,13 +15,23 @@ logger = logging.getLogger("asymvlm.cli")
 def cmd_export(args: argparse.Namespace) -> int:
     from asymvlm.checkpoints import export_adapter
 
-    config = export_adapter(args.checkpoint, args.output, tracking_uri=args.tracking_uri,
-                            repo=args.repo, license=args.license,
-                            overwrite=args.overwrite)  # fmt: skip
+    config = export_adapter(
+        args.checkpoint,
+        args.output,
+        tracking_uri=args.tracking_uri,
+        repo=args.repo,
+        license=args.license,
+        overwrite=args.overwrite,
+    )
     where = args.repo or "ORG/REPO"
-    logger.info("%s adapter exported to %s (model.safetensors, config.json, README.md); "
-                "publish it with: hf upload %s %s", config["method"], args.output, where,
-                args.output)  # fmt: skip
+    logger.info(
+        "%s adapter exported to %s (model.safetensors, config.json, README.md); "
+        "publish it with: hf upload %s %s",
+        config["method"],
+        args.output,
+        where,
+        args.output,
+    )
     return 0
 
 
@@ -37,16 +47,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "MLflow model). Load it with --checkpoint FOLDER or, once uploaded (hf upload ORG/REPO "
         "FOLDER), --checkpoint hf-hub:ORG/REPO.",
     )
-    p.add_argument("--checkpoint", required=True, metavar="DIR|URI",
-                   help="checkpoint folder or MLflow model URI (runs:/<run>/adapter, "
-                   "models:/<name>/<version>)")  # fmt: skip
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR|URI",
+        help="checkpoint folder or MLflow model URI (runs:/<run>/adapter, "
+        "models:/<name>/<version>)",
+    )
     p.add_argument("--output", required=True, metavar="FOLDER", help="the model folder to write")
-    p.add_argument("--repo", default=None, metavar="ORG/REPO",
-                   help="the Hub repository it will be uploaded to (named in the card's "
-                   "snippets)")  # fmt: skip
+    p.add_argument(
+        "--repo",
+        default=None,
+        metavar="ORG/REPO",
+        help="the Hub repository it will be uploaded to (named in the card's snippets)",
+    )
     p.add_argument("--license", default="apache-2.0", help="the card's license")
-    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
-                   help="the MLflow store of a runs:/ or models:/ URI (default: "
-                   "$MLFLOW_TRACKING_URI)")  # fmt: skip
+    p.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="the MLflow store of a runs:/ or models:/ URI (default: $MLFLOW_TRACKING_URI)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export there")
     p.set_defaults(func=cmd_export)

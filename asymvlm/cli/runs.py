@@ -29,12 +29,24 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     database = os.path.join(os.path.abspath(args.output), "mlflow.db")
     if not os.path.isfile(database):
-        raise ConfigError(f"{args.output}: no mlflow.db here (a pipeline's output folder holds "
-                          "one when it ran with the local default store)")  # fmt: skip
+        raise ConfigError(
+            f"{args.output}: no mlflow.db here (a pipeline's output folder holds "
+            "one when it ran with the local default store)"
+        )
     uri = "sqlite:///" + database
     tracking.relocate_local_store(uri)
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-               "--host", args.host, "--port", str(args.port)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+    ]
     logger.info("MLflow UI on http://%s:%d (Ctrl-C stops it)", args.host, args.port)
     os.execv(sys.executable, command)
     return 0  # not reached
@@ -54,9 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="gather an MLflow experiment into report.md / report.html with tables and figures",
         formatter_class=Help,
     )
-    p.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
-                   help="tracking URI, e.g. sqlite:///runs/demo/mlflow.db (default: "
-                        "$MLFLOW_TRACKING_URI)")  # fmt: skip
+    p.add_argument(
+        "--mlflow-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="tracking URI, e.g. sqlite:///runs/demo/mlflow.db (default: $MLFLOW_TRACKING_URI)",
+    )
     p.add_argument("--experiment", required=True, help="MLflow experiment to gather")
     p.add_argument("--output", required=True, help="folder for report.md and the figures")
     p.set_defaults(func=cmd_report)
@@ -81,9 +95,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "applies nothing twice.",
         formatter_class=Help,
     )
-    p.add_argument("spool", metavar="SPOOL_DIR",
-                   help="the spool folder (or the folder holding one per store)")  # fmt: skip
-    p.add_argument("--mlflow-uri", default=None,
-                   help="tracking URI to apply it to (default: the one the spool recorded; "
-                        "needed when that one carries credentials or the store moved)")  # fmt: skip
+    p.add_argument(
+        "spool", metavar="SPOOL_DIR", help="the spool folder (or the folder holding one per store)"
+    )
+    p.add_argument(
+        "--mlflow-uri",
+        default=None,
+        help="tracking URI to apply it to (default: the one the spool recorded; "
+        "needed when that one carries credentials or the store moved)",
+    )
     p.set_defaults(func=cmd_replay)

@@ -30,13 +30,13 @@ def _captions_of(path: str, column: str) -> list[str]:
         schema = pq.read_schema(path)
         if column not in schema.names:
             names = ", ".join(schema.names)
-            raise ConfigError(f"{path}: no column {column!r} (columns: {names}); "
-                              "choose one with --column")  # fmt: skip
+            raise ConfigError(
+                f"{path}: no column {column!r} (columns: {names}); choose one with --column"
+            )
         values = pq.read_table(path, columns=[column]).column(column).to_pylist()
         for row, text in enumerate(values):
             if not isinstance(text, str) or not text.strip():
-                raise ConfigError(f"{path} row {row}: {column!r} is not a caption "
-                                  f"({text!r})")  # fmt: skip
+                raise ConfigError(f"{path} row {row}: {column!r} is not a caption ({text!r})")
         return values
     with open(path, encoding="utf-8") as fh:
         lines = fh.read().splitlines()
@@ -60,14 +60,22 @@ def cmd_score_text(args: argparse.Namespace) -> int:
     captions = list(args.captions) or read_captions(args.input, args.column)
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
-    scorer = Scorer.from_checkpoint(args.checkpoint, encoder=args.encoder, device=args.device,
-                                    batch_size=args.batch_size,
-                                    tracking_uri=args.tracking_uri)  # fmt: skip
+    scorer = Scorer.from_checkpoint(
+        args.checkpoint,
+        encoder=args.encoder,
+        device=args.device,
+        batch_size=args.batch_size,
+        tracking_uri=args.tracking_uri,
+    )
     chunk = args.batch_size * 16
     writer, tmp = None, None
     try:
-        with tqdm(total=len(captions), unit="caption", disable=args.quiet or not args.input,
-                  desc="scoring") as bar:  # fmt: skip
+        with tqdm(
+            total=len(captions),
+            unit="caption",
+            disable=args.quiet or not args.input,
+            desc="scoring",
+        ) as bar:
             for start in range(0, len(captions), chunk):
                 try:
                     result = scorer.caption_uncertainty(captions[start : start + chunk])
@@ -106,18 +114,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         "where the method has one, uncertainty), or write them to --output as Parquet.",
     )
     p.add_argument("captions", nargs="*", metavar="CAPTION", help="captions to score")
-    p.add_argument("--checkpoint", required=True, metavar="DIR|URI",
-                   help="checkpoint or model folder, MLflow model URI (runs:/.., models:/..) or "
-                   "hf-hub:ORG/REPO[@REVISION]")  # fmt: skip
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR|URI",
+        help="checkpoint or model folder, MLflow model URI (runs:/.., models:/..) or "
+        "hf-hub:ORG/REPO[@REVISION]",
+    )
     p.add_argument("--input", metavar="FILE", help="captions.txt (one a line) or .parquet")
     p.add_argument("--column", default="text", help="the caption column of a .parquet input")
     p.add_argument("--output", metavar="FILE.parquet", help="write text, kappa, uncertainty here")
-    p.add_argument("--encoder", default=None, metavar="MODEL",
-                   help="the encoder to use instead of the one the checkpoint names (a moved "
-                   "folder)")  # fmt: skip
-    p.add_argument("--tracking-uri", default=None,
-                   help="the MLflow store of a runs:/ or models:/ URI (default: "
-                   "$MLFLOW_TRACKING_URI)")  # fmt: skip
+    p.add_argument(
+        "--encoder",
+        default=None,
+        metavar="MODEL",
+        help="the encoder to use instead of the one the checkpoint names (a moved folder)",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="the MLflow store of a runs:/ or models:/ URI (default: $MLFLOW_TRACKING_URI)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--batch-size", type=int, default=256, help="captions encoded at once")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

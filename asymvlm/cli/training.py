@@ -22,8 +22,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ConfigError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
-    doc = {**model_values(args, args.train_keys), "device": args.device,
-           "method_kwargs": parse_kv(args.method_arg)}  # fmt: skip
+    doc = {
+        **model_values(args, args.train_keys),
+        "device": args.device,
+        "method_kwargs": parse_kv(args.method_arg),
+    }
     cfg = validate(TrainConfig, doc, "asymvlm train", flags=True)
     device = resolve_device(cfg.device)
     previous = checkpoint_to_resume(args.output, resume=args.resume, overwrite=args.overwrite)
@@ -32,18 +35,31 @@ def cmd_train(args: argparse.Namespace) -> int:
         epoch = previous.get("epoch")
         where = "" if epoch is None else f" (epoch {epoch} of {previous.get('epochs')})"
         if previous["complete"]:
-            logger.info("%s already holds a complete checkpoint%s; nothing to do", args.output,
-                        where)  # fmt: skip
+            logger.info(
+                "%s already holds a complete checkpoint%s; nothing to do", args.output, where
+            )
             return 0
         logger.info("resuming %s%s", args.output, where)
     if METHODS[cfg.method].trainable:
         logger.info(
-            "training %s on %s/%s (%d epochs, %s lr=%g, batch %d, device %s)", cfg.method,
-            args.embeddings, args.split, cfg.epochs, cfg.optimizer, cfg.lr, cfg.batch_size, device,
-        )  # fmt: skip
+            "training %s on %s/%s (%d epochs, %s lr=%g, batch %d, device %s)",
+            cfg.method,
+            args.embeddings,
+            args.split,
+            cfg.epochs,
+            cfg.optimizer,
+            cfg.lr,
+            cfg.batch_size,
+            device,
+        )
     else:  # nothing is trained: fitted post hoc (bayesvlm) or used as is (clip)
-        logger.info("fitting %s on %s/%s (no training; device %s)", cfg.method,
-                    args.embeddings, args.split, device)  # fmt: skip
+        logger.info(
+            "fitting %s on %s/%s (no training; device %s)",
+            cfg.method,
+            args.embeddings,
+            args.split,
+            device,
+        )
     _, history = train(
         args.embeddings,
         args.split,
@@ -90,10 +106,20 @@ def cmd_import_official(args: argparse.Namespace) -> int:
     check_output(args.output)
     checkpoint_to_resume(args.output, resume=False, overwrite=args.overwrite)  # refuses one
     cfg = TrainConfig(method=method, protocol="official", device="cpu")
-    save_checkpoint(args.output, model, cfg, official.official_dim(method, state),
-                    {"imported_from": os.path.abspath(args.checkpoint)})  # fmt: skip
-    logger.info("%s (official %s, %d parameters) -> %s", method, args.method,
-                sum(p.numel() for p in model.parameters()), args.output)  # fmt: skip
+    save_checkpoint(
+        args.output,
+        model,
+        cfg,
+        official.official_dim(method, state),
+        {"imported_from": os.path.abspath(args.checkpoint)},
+    )
+    logger.info(
+        "%s (official %s, %d parameters) -> %s",
+        method,
+        args.method,
+        sum(p.numel() for p in model.parameters()),
+        args.output,
+    )
     return 0
 
 
@@ -114,10 +140,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=Help,
     )
     add_data_args(p, "train")
-    keys = add_model_flags(p, TrainConfig, exclude=("device",), required=("method",),
-                           choices={"method": sorted(METHODS)},
-                           metavars={"stream_memory_bytes": "BYTES",
-                                     "shuffle_buffer": "ROWS"})  # fmt: skip
+    keys = add_model_flags(
+        p,
+        TrainConfig,
+        exclude=("device",),
+        required=("method",),
+        choices={"method": sorted(METHODS)},
+        metavars={"stream_memory_bytes": "BYTES", "shuffle_buffer": "ROWS"},
+    )
     p.add_argument(
         "--method-arg",
         action="append",
@@ -125,18 +155,31 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="extra method constructor argument (repeatable)",
     )
-    p.add_argument("--output", required=True, metavar="DIR",
-                   help="checkpoint folder (config.json, model.pt, history.jsonl, trainer.pt), "
-                        "written as a whole")  # fmt: skip
-    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
-                   help="also write an incomplete checkpoint every N epochs, to --resume from "
-                        "(default: only the final one)")  # fmt: skip
+    p.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="checkpoint folder (config.json, model.pt, history.jsonl, trainer.pt), "
+        "written as a whole",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also write an incomplete checkpoint every N epochs, to --resume from "
+        "(default: only the final one)",
+    )
     again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true",
-                       help="continue the checkpoint in --output (same flags, --epochs too); a "
-                            "complete one is left as it is; without one, start fresh")  # fmt: skip
-    again.add_argument("--overwrite", action="store_true",
-                       help="replace a checkpoint already in --output")  # fmt: skip
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the checkpoint in --output (same flags, --epochs too); a "
+        "complete one is left as it is; without one, start fresh",
+    )
+    again.add_argument(
+        "--overwrite", action="store_true", help="replace a checkpoint already in --output"
+    )
     p.set_defaults(func=cmd_train, train_keys=keys)
 
     p = sub.add_parser(
@@ -147,14 +190,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "protocol official, for asymvlm evaluate/score.",
         formatter_class=Help,
     )
-    p.add_argument("--method", required=True,
-                   help="the official --method key (asymvlm-vmf, asymvlm-psd, probvlm, pfe, "
-                        "pcmepp, prolip) or this project's name")  # fmt: skip
-    p.add_argument("--checkpoint", required=True, metavar="FILE",
-                   help="the official .pt (checkpoints/<data>/<seed>/<method>.pt)")  # fmt: skip
+    p.add_argument(
+        "--method",
+        required=True,
+        help="the official --method key (asymvlm-vmf, asymvlm-psd, probvlm, pfe, "
+        "pcmepp, prolip) or this project's name",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="FILE",
+        help="the official .pt (checkpoints/<data>/<seed>/<method>.pt)",
+    )
     p.add_argument("--output", required=True, metavar="DIR", help="checkpoint folder to write")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a checkpoint already in --output")  # fmt: skip
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace a checkpoint already in --output"
+    )
     p.set_defaults(func=cmd_import_official)
 
     p = sub.add_parser("methods", help="list the registered methods and their uncertainty")

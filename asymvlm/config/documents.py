@@ -24,11 +24,14 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
     |\.[0-9_]+(?:[eE][-+][0-9]+)?
     |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X),
+    |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
     list("-+0123456789."),
 )
 

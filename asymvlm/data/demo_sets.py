@@ -51,8 +51,10 @@ def write_hierarcaps_cifar(hierarcaps: str, output: str, n_classes: int = 5) -> 
     """Write ``output/cifar10/cifar-10-batches-py`` and ``output/cifar100/cifar-100-python``
     (test split) from ``hierarcaps`` (csv + images/); returns the two data-set roots."""
     with open(os.path.join(hierarcaps, "hierarcaps_test.csv"), newline="", encoding="utf-8") as fh:
-        rows = [(r["captions"].split("=>")[0].strip(), r["image_url"].rsplit("/", 1)[-1])
-                for r in csv.DictReader(fh)]  # fmt: skip
+        rows = [
+            (r["captions"].split("=>")[0].strip(), r["image_url"].rsplit("/", 1)[-1])
+            for r in csv.DictReader(fh)
+        ]
     images = os.path.join(hierarcaps, "images")
     rows = [(c, n) for c, n in rows if os.path.exists(os.path.join(images, n))]
     ranked: list[str] = []  # most frequent first; "animal" and "animals" count as one
@@ -65,11 +67,25 @@ def write_hierarcaps_cifar(hierarcaps: str, output: str, n_classes: int = 5) -> 
     pos_classes, neg_classes = ranked[:n_classes], ranked[n_classes:]
     out = {}
     for name, folder, meta, names_key, labels_key, batch, classes in (
-        ("cifar10", "cifar-10-batches-py", "batches.meta", b"label_names", b"labels",
-         "test_batch", pos_classes),
-        ("cifar100", "cifar-100-python", "meta", b"fine_label_names", b"fine_labels",
-         "test", neg_classes),
-    ):  # fmt: skip
+        (
+            "cifar10",
+            "cifar-10-batches-py",
+            "batches.meta",
+            b"label_names",
+            b"labels",
+            "test_batch",
+            pos_classes,
+        ),
+        (
+            "cifar100",
+            "cifar-100-python",
+            "meta",
+            b"fine_label_names",
+            b"fine_labels",
+            "test",
+            neg_classes,
+        ),
+    ):
         root = os.path.join(output, name, folder)
         os.makedirs(root, exist_ok=True)
         picked = [(classes.index(c), n) for c, n in rows if c in classes]

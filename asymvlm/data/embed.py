@@ -72,8 +72,10 @@ class EmbedConfig:
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: a GPU when the cluster has one"
     )
-    dtype: str = Field("auto", description="auto: bf16/fp16 on GPU, fp32 on CPU; or one of "
-                       + ", ".join(DTYPES[1:]))  # fmt: skip
+    dtype: str = Field(
+        "auto",
+        description="auto: bf16/fp16 on GPU, fp32 on CPU; or one of " + ", ".join(DTYPES[1:]),
+    )
     sample: PositiveInt | None = Field(None, description="CC: sample this many pairs (CC-200k)")
     seed: NonNegativeInt = Field(0, description="the sampling seed")
     id_list: str | None = Field(None, description="CC: only the ids in this file")
@@ -86,32 +88,37 @@ class EmbedConfig:
     #: Where images are decoded: "tasks" (CPU tasks streaming into the encoder actors, for GPU
     #: clusters), "actor" (inside the encoder actor, best on CPU-only machines) or "auto".
     decode_in: Literal["auto", "tasks", "actor"] = Field(
-        "auto", description="where images are decoded: tasks (CPU tasks feeding the encoder "
-        "actors, for GPU clusters), actor (inside the encoder actor, best on CPU only) or auto"
+        "auto",
+        description="where images are decoded: tasks (CPU tasks feeding the encoder "
+        "actors, for GPU clusters), actor (inside the encoder actor, best on CPU only) or auto",
     )
     #: OOD robustness: perturb images / captions before embedding ("kind:severity", see
     #: :mod:`asymvlm.data.perturb`), seeded per item by ``perturbation_seed`` and its id.
     #: Classification sets: prompts embedded beside the class prompts as class_index -1, the
     #: "none-of-the-above" candidates of Table 2.
     dummy_prompts: tuple[str, ...] = Field(
-        DUMMY_PROMPTS, description="classification sets: the none-of-the-above prompts "
-        "embedded beside the class prompts (Table 2)"
+        DUMMY_PROMPTS,
+        description="classification sets: the none-of-the-above prompts "
+        "embedded beside the class prompts (Table 2)",
     )
     image_perturbation: str | None = Field(
-        None, description="OOD suite: perturb images first, KIND:SEVERITY (gaussian_noise, "
-        "rotation, zoom_blur, jpeg, low_resolution; severity 1-5)"
+        None,
+        description="OOD suite: perturb images first, KIND:SEVERITY (gaussian_noise, "
+        "rotation, zoom_blur, jpeg, low_resolution; severity 1-5)",
     )
     text_perturbation: str | None = Field(
-        None, description="OOD suite: perturb captions first, KIND:SEVERITY (typos, "
-        "word_order, synonyms, casing; severity 1-5); the original stays in clean_text"
+        None,
+        description="OOD suite: perturb captions first, KIND:SEVERITY (typos, "
+        "word_order, synonyms, casing; severity 1-5); the original stays in clean_text",
     )
     perturbation_seed: NonNegativeInt = Field(0, description="the perturbations' seed")
     #: Also write the pre-projection features (``image_features_pre`` / ``text_features_pre``)
     #: and the model's projections (``ROOT/projection.npz``), which BayesVLM's posterior needs.
     #: CLIP models only (:func:`asymvlm.data.encoder.pre_projection_dims`).
     pre_projection: bool = Field(
-        False, description="also write the pre-projection features and ROOT/projection.npz "
-        "(CLIP only), which the bayesvlm method needs"
+        False,
+        description="also write the pre-projection features and ROOT/projection.npz "
+        "(CLIP only), which the bayesvlm method needs",
     )
 
     @field_validator("dataset")
@@ -142,8 +149,11 @@ class EmbedConfig:
     def _perturbation(cls, value: str | None, info: ValidationInfo) -> str | None:
         from asymvlm.data import perturb
 
-        kinds = (perturb.IMAGE_PERTURBATIONS if info.field_name == "image_perturbation"
-                 else perturb.CAPTION_PERTURBATIONS)  # fmt: skip
+        kinds = (
+            perturb.IMAGE_PERTURBATIONS
+            if info.field_name == "image_perturbation"
+            else perturb.CAPTION_PERTURBATIONS
+        )
         if value:
             perturb.parse_perturbation(value, kinds)
         return value or None
@@ -177,9 +187,18 @@ class EmbedConfig:
         inputs (normalised locations and a hash of the rows read from them), the model and its
         precision, perturbations, sampling and the shard size."""
         fp: dict[str, Any] = {"version": FINGERPRINT_VERSION}
-        for key in ("dataset", "split", "sample", "seed", "image_perturbation",
-                    "text_perturbation", "perturbation_seed", "shard_size", "dtype",
-                    "pre_projection"):  # fmt: skip
+        for key in (
+            "dataset",
+            "split",
+            "sample",
+            "seed",
+            "image_perturbation",
+            "text_perturbation",
+            "perturbation_seed",
+            "shard_size",
+            "dtype",
+            "pre_projection",
+        ):
             fp[key] = getattr(self, key)
         for key in PATH_KEYS:
             fp[key] = normalised_location(getattr(self, key), model=key == "model")
@@ -201,8 +220,19 @@ class EmbedConfig:
 
     def _legacy_fingerprint(self, source: SourceData) -> dict[str, Any]:
         """The fingerprint as written before ``_JOB.json`` existed (finished outputs)."""
-        keys = ("dataset", "model", "split", "annotations", "images", "sample", "seed", "id_list",
-                "image_perturbation", "text_perturbation", "perturbation_seed")  # fmt: skip
+        keys = (
+            "dataset",
+            "model",
+            "split",
+            "annotations",
+            "images",
+            "sample",
+            "seed",
+            "id_list",
+            "image_perturbation",
+            "text_perturbation",
+            "perturbation_seed",
+        )
         fp = {k: getattr(self, k) for k in keys}
         fp.update(
             shard_size=self.shard_size,
@@ -310,8 +340,12 @@ def _source_digest(source: SourceData, roots: list[str]) -> str:
     return digest.hexdigest()
 
 
-_BYTES_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-                pa.types.is_large_binary)  # fmt: skip
+_BYTES_TYPES = (
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_binary,
+    pa.types.is_large_binary,
+)
 
 
 def _digest_column(digest, column: pa.ChunkedArray) -> None:

@@ -277,15 +277,28 @@ def save_tiny_open_clip(
     config = {
         "model_cfg": {
             "embed_dim": embed_dim,
-            "vision_cfg": {"image_size": TINY_IMAGE_SIZE, "layers": 2, "width": _HIDDEN,
-                           "head_width": _HIDDEN // 2, "patch_size": _PATCH},
-            "text_cfg": {"context_length": context_length, "vocab_size": 49408,
-                         "width": _HIDDEN, "heads": 2, "layers": 2},
+            "vision_cfg": {
+                "image_size": TINY_IMAGE_SIZE,
+                "layers": 2,
+                "width": _HIDDEN,
+                "head_width": _HIDDEN // 2,
+                "patch_size": _PATCH,
+            },
+            "text_cfg": {
+                "context_length": context_length,
+                "vocab_size": 49408,
+                "width": _HIDDEN,
+                "heads": 2,
+                "layers": 2,
+            },
         },
-        "preprocess_cfg": {"mean": [0.48145466, 0.4578275, 0.40821073],
-                           "std": [0.26862954, 0.26130258, 0.27577711],
-                           "interpolation": "bicubic", "resize_mode": "shortest"},
-    }  # fmt: skip
+        "preprocess_cfg": {
+            "mean": [0.48145466, 0.4578275, 0.40821073],
+            "std": [0.26862954, 0.26130258, 0.27577711],
+            "interpolation": "bicubic",
+            "resize_mode": "shortest",
+        },
+    }
     with open(os.path.join(directory, "open_clip_config.json"), "w") as fh:
         json.dump(config, fh, indent=2)
     torch.manual_seed(seed)

@@ -33,10 +33,15 @@ def checkpoint_adapters(
 ) -> dict[str, Method]:
     """The adapters of checkpoint folders (or MLflow model URIs), by ``method/seed<k>``."""
     return dict(
-        _named(*load_checkpoint(resolve_checkpoint(f) if is_model_uri(f) else f, device,
-                                allow_incomplete=allow_incomplete))
+        _named(
+            *load_checkpoint(
+                resolve_checkpoint(f) if is_model_uri(f) else f,
+                device,
+                allow_incomplete=allow_incomplete,
+            )
+        )
         for f in folders
-    )  # fmt: skip
+    )
 
 
 def sweep_adapters(tracking_uri: str, sweep_run_id: str) -> dict[str, Method]:
@@ -52,9 +57,12 @@ def sweep_adapters(tracking_uri: str, sweep_run_id: str) -> dict[str, Method]:
         try:
             folder = resolve_checkpoint(f"runs:/{child.info.run_id}/adapter", tracking_uri)
         except CheckpointError:
-            logger.warning("trial run %s (%s, seed %s) has no adapter model: left out of the "
-                           "evaluations", child.info.run_id, child.data.params["method"],
-                           child.data.params["seed"])  # fmt: skip
+            logger.warning(
+                "trial run %s (%s, seed %s) has no adapter model: left out of the evaluations",
+                child.info.run_id,
+                child.data.params["method"],
+                child.data.params["seed"],
+            )
             continue
         name, method = _named(*load_checkpoint(folder))
         out[name] = method

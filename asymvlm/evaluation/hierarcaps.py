@@ -56,8 +56,12 @@ def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "
         }
         if unc is not None:
             q = np.quantile(unc[rows], [0.25, 0.5, 0.75])
-            cell.update(uncertainty_mean=float(unc[rows].mean()), uncertainty_q25=float(q[0]),
-                        uncertainty_median=float(q[1]), uncertainty_q75=float(q[2]))  # fmt: skip
+            cell.update(
+                uncertainty_mean=float(unc[rows].mean()),
+                uncertainty_q25=float(q[0]),
+                uncertainty_median=float(q[1]),
+                uncertainty_q75=float(q[2]),
+            )
         per_level[str(level)] = cell
 
     out: dict[str, Any] = {
@@ -131,10 +135,10 @@ def plot_hierarchy(results: dict[str, dict], path: str, title: str = "") -> str:
             hi = [c["uncertainty_q75"] - c["uncertainty_median"] for c in cells]
             frac = res.get("monotone_fraction")
             label = f"{name} (monotone {frac:.0%})" if frac is not None else name
-            axes[0].errorbar(x, med, yerr=[lo, hi], marker="o", capsize=3, label=label,
-                             color=color)  # fmt: skip
-        axes[1].plot(x, [c["paired_log_likelihood_mean"] for c in cells], marker="o", label=name,
-                     color=color)  # fmt: skip
+            axes[0].errorbar(x, med, yerr=[lo, hi], marker="o", capsize=3, label=label, color=color)
+        axes[1].plot(
+            x, [c["paired_log_likelihood_mean"] for c in cells], marker="o", label=name, color=color
+        )
     axes[0].set_title(f"caption uncertainty by level {title}".strip())
     axes[0].set_ylabel("uncertainty (median, IQR)")
     axes[1].set_title("score of the paired image by level")

@@ -37,8 +37,10 @@ def align(clean: SplitTensors, other: SplitTensors) -> tuple[SplitTensors, Split
     images = [i for i in a.image_ids if i in other_images]
     captions = [c for c in a.caption_ids if c in other_captions]
     if not images or not captions:
-        raise TableError("the clean and perturbed splits share no images or captions (are "
-                         "they copies of the same data?)")  # fmt: skip
+        raise TableError(
+            "the clean and perturbed splits share no images or captions (are "
+            "they copies of the same data?)"
+        )
     out = []
     for data in (clean, other):
         pos_i = {iid: k for k, iid in enumerate(data.split.image_ids)}

@@ -128,82 +128,139 @@ class Evaluation:
 
 
 def _retrieval(methods: Mapping[str, Method], spec: Any, load: SplitLoader) -> dict[str, Any]:
-    return {name: _retrieval_on_split(m, load(spec.data, suite.adapter_input(m)), spec)
-            for name, m in methods.items()}  # fmt: skip
+    return {
+        name: _retrieval_on_split(m, load(spec.data, suite.adapter_input(m)), spec)
+        for name, m in methods.items()
+    }
 
 
 def _retrieval_on_split(
     method: Method, data: SplitTensors, spec: Any, progress: bool = False
 ) -> dict[str, Any]:
     return evaluate_retrieval(
-        method, data, n_bins=spec.levels, chunk_size=spec.chunk_size, fold_size=spec.fold_size,
-        memory_budget=spec.memory_budget, progress=progress,
-    )  # fmt: skip
+        method,
+        data,
+        n_bins=spec.levels,
+        chunk_size=spec.chunk_size,
+        fold_size=spec.fold_size,
+        memory_budget=spec.memory_budget,
+        progress=progress,
+    )
 
 
 #: How a likelihood method combines the log-likelihoods of a class's prompts (the paper leaves
 #: it open; :data:`asymvlm.evaluation.zeroshot.TEMPLATE_AGGREGATIONS`).
-_AGGREGATION = Input("template_aggregation", "aggregation", "how a likelihood method combines a "
-                     "class's prompts: mean (of the log-likelihoods; default) or logmeanexp "
-                     "(log of the mean likelihood)", False, metavar="mean|logmeanexp",
-                     default="mean")  # fmt: skip
+_AGGREGATION = Input(
+    "template_aggregation",
+    "aggregation",
+    "how a likelihood method combines a "
+    "class's prompts: mean (of the log-likelihoods; default) or logmeanexp "
+    "(log of the mean likelihood)",
+    False,
+    metavar="mean|logmeanexp",
+    default="mean",
+)
 
 EVALUATIONS: dict[str, Evaluation] = {
     ev.kind: ev
     for ev in (
         Evaluation(
-            "retrieval", "cross-modal retrieval with uncertainty (Table 1, Fig. 3)",
-            (Input("data", "location", "the tables to retrieve in"),
-             Input("levels", "count", "uncertainty bins", False, default=10),
-             Input("fold_size", "count", "also average the metrics over folds of N consecutive "
-                   "images and their captions (1000 on the COCO 5K test split: COCO 1K)", False,
-                   metavar="N"),
-             Input("chunk_size", "count", "captions scored at once (default: as many as "
-                   "--memory-budget allows)", False),
-             Input("memory_budget", "count", "working memory of one chunk of scores (default "
-                   "512 MiB)", False, metavar="BYTES")),
-            _retrieval, "data",
+            "retrieval",
+            "cross-modal retrieval with uncertainty (Table 1, Fig. 3)",
+            (
+                Input("data", "location", "the tables to retrieve in"),
+                Input("levels", "count", "uncertainty bins", False, default=10),
+                Input(
+                    "fold_size",
+                    "count",
+                    "also average the metrics over folds of N consecutive "
+                    "images and their captions (1000 on the COCO 5K test split: COCO 1K)",
+                    False,
+                    metavar="N",
+                ),
+                Input(
+                    "chunk_size",
+                    "count",
+                    "captions scored at once (default: as many as --memory-budget allows)",
+                    False,
+                ),
+                Input(
+                    "memory_budget",
+                    "count",
+                    "working memory of one chunk of scores (default 512 MiB)",
+                    False,
+                    metavar="BYTES",
+                ),
+            ),
+            _retrieval,
+            "data",
             on_split=_retrieval_on_split,
         ),
         Evaluation(
-            "zeroshot", "zero-shot accuracy after fine-tuning (Table 3)",
-            (Input("sets", "named", "an evaluation set (repeat)", metavar="NAME=ROOT:SPLIT"),
-             Input("fine_tuned_on", "text", "the training data set's name (report)", False),
-             Input("embedding_model", "text", "the frozen model's name (report)", False),
-             _AGGREGATION),
+            "zeroshot",
+            "zero-shot accuracy after fine-tuning (Table 3)",
+            (
+                Input("sets", "named", "an evaluation set (repeat)", metavar="NAME=ROOT:SPLIT"),
+                Input("fine_tuned_on", "text", "the training data set's name (report)", False),
+                Input("embedding_model", "text", "the frozen model's name (report)", False),
+                _AGGREGATION,
+            ),
             lambda methods, spec, load: suite.evaluate_zero_shot(
-                methods, spec.sets, spec.template_aggregation),
+                methods, spec.sets, spec.template_aggregation
+            ),
             "sets",
         ),
         Evaluation(
-            "nota", "none-of-the-above prompts (Table 2)",
-            (Input("positives", "location", "CIFAR-10-like set whose classes are prompted"),
-             Input("negatives", "location", "CIFAR-100-like set of unprompted classes"),
-             Input("far_negatives", "location", "images of concepts unrelated to every "
-                   "positive class (the synthetic world's far negatives)", False),
-             _AGGREGATION),
+            "nota",
+            "none-of-the-above prompts (Table 2)",
+            (
+                Input("positives", "location", "CIFAR-10-like set whose classes are prompted"),
+                Input("negatives", "location", "CIFAR-100-like set of unprompted classes"),
+                Input(
+                    "far_negatives",
+                    "location",
+                    "images of concepts unrelated to every "
+                    "positive class (the synthetic world's far negatives)",
+                    False,
+                ),
+                _AGGREGATION,
+            ),
             lambda methods, spec, load: suite.evaluate_none_of_the_above(
-                methods, spec.positives, spec.negatives, spec.far_negatives,
-                spec.template_aggregation),
+                methods,
+                spec.positives,
+                spec.negatives,
+                spec.far_negatives,
+                spec.template_aggregation,
+            ),
             "positives",
         ),
         Evaluation(
-            "hierarcaps", "uncertainty along caption hierarchies (Fig. 5)",
+            "hierarcaps",
+            "uncertainty along caption hierarchies (Fig. 5)",
             (Input("data", "location", "tables with caption levels (HierarCaps, synthetic)"),),
             lambda methods, spec, load: suite.evaluate_hierarcaps(methods, spec.data, load),
-            "data", on_split=lambda method, data, spec: suite.hierarchy_analysis(method, data),
+            "data",
+            on_split=lambda method, data, spec: suite.hierarchy_analysis(method, data),
         ),
         Evaluation(
-            "ood", "retrieval under perturbed images and captions (beyond the paper)",
-            (Input("data", "location", "the clean tables"),
-             Input("perturbed", "named", "a perturbed copy of the data (repeat)",
-                   metavar="KIND:SEVERITY=ROOT:SPLIT")),
-            lambda methods, spec, load: suite.evaluate_ood(methods, spec.data, spec.perturbed,
-                                                           load),
+            "ood",
+            "retrieval under perturbed images and captions (beyond the paper)",
+            (
+                Input("data", "location", "the clean tables"),
+                Input(
+                    "perturbed",
+                    "named",
+                    "a perturbed copy of the data (repeat)",
+                    metavar="KIND:SEVERITY=ROOT:SPLIT",
+                ),
+            ),
+            lambda methods, spec, load: suite.evaluate_ood(
+                methods, spec.data, spec.perturbed, load
+            ),
             "data",
         ),
     )
-}  # fmt: skip
+}
 
 
 def spec(
@@ -216,8 +273,9 @@ def spec(
         raise ConfigError(f"unknown evaluation {kind!r}; choose from {sorted(EVALUATIONS)}")
     ev = EVALUATIONS[kind]
     given = {k: v for k, v in values.items() if k != "kind" and v not in (None, {}, [])}
-    return validate(ev.spec_model, {"kind": kind, **given},
-                    source or f"asymvlm analyze {kind}", flags=flags)  # fmt: skip
+    return validate(
+        ev.spec_model, {"kind": kind, **given}, source or f"asymvlm analyze {kind}", flags=flags
+    )
 
 
 def defaults(kind: str) -> EvaluationSpec:
@@ -253,8 +311,9 @@ def evaluate(
     onto ``device``; returns its result (for most kinds: method name -> numbers)."""
     ev = EVALUATIONS[parsed.kind]  # type: ignore[attr-defined]
     if not methods:
-        raise ConfigError(f"{ev.kind}: no adapters to evaluate (give a sweep or checkpoints, or "
-                          "the frozen model)")  # fmt: skip
+        raise ConfigError(
+            f"{ev.kind}: no adapters to evaluate (give a sweep or checkpoints, or the frozen model)"
+        )
     return ev.compute(methods, parsed, SplitLoader(device))
 
 
@@ -306,9 +365,15 @@ def log_evaluation(
 
     ev = EVALUATIONS[kind]
     description = ev.title[0].upper() + ev.title[1:]
-    with tracking.run(tracking_uri, experiment, name or f"eval {kind}", kind=ev.tag,
-                      parent=parent, params={"kind": kind, **(params or {})},
-                      description=description) as run:  # fmt: skip
+    with tracking.run(
+        tracking_uri,
+        experiment,
+        name or f"eval {kind}",
+        kind=ev.tag,
+        parent=parent,
+        params={"kind": kind, **(params or {})},
+        description=description,
+    ) as run:
         run.log_metrics(result_metrics(result))
         run.log_json("results.json", result)
         for path in (figures or {}).values():

@@ -120,9 +120,13 @@ def _subset(data: SplitTensors, images: np.ndarray, texts: np.ndarray) -> SplitT
     rows = torch.as_tensor(texts, device=device)
     image_rows = torch.as_tensor(images, device=device)
     norm = None if data.image_norm is None else data.image_norm[image_rows]
-    return SplitTensors(image_emb=data.image_emb[image_rows], image_norm=norm,
-                        text_emb=data.text_emb[rows], text_to_image=index[data.text_to_image[rows]],
-                        split=None)  # fmt: skip
+    return SplitTensors(
+        image_emb=data.image_emb[image_rows],
+        image_norm=norm,
+        text_emb=data.text_emb[rows],
+        text_to_image=index[data.text_to_image[rows]],
+        split=None,
+    )
 
 
 def _folds(
@@ -231,10 +235,17 @@ def evaluate_retrieval(
         result["eccv"] = eccv_caption.eccv_metrics(ranking.t2i_top, ranking.i2t_top, karpathy)
     if folds is not None:
         per_fold = [
-            evaluate_retrieval(method, _subset(data, images, captions), n_bins=n_bins, ks=ks,
-                               chunk_size=chunk_size, eccv=False, memory_budget=memory_budget)
+            evaluate_retrieval(
+                method,
+                _subset(data, images, captions),
+                n_bins=n_bins,
+                ks=ks,
+                chunk_size=chunk_size,
+                eccv=False,
+                memory_budget=memory_budget,
+            )
             for images, captions in folds
-        ]  # fmt: skip
+        ]
         result[fold_key(fold_size)] = {**average_folds(per_fold), "fold_size": fold_size}
     result["method"] = method.name
     result["n_text"] = int(data.text_emb.shape[0])

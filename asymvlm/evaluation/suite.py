@@ -94,8 +94,9 @@ class ClassificationSet:
 
     def dummy_inputs(self, adapter_input: str) -> dict[str, torch.Tensor]:
         inputs = self.prompt_inputs(adapter_input)
-        return {t: inputs[i : i + 1] for i, t in enumerate(self.prompt_text)
-                if self.prompt_class[i] < 0}  # fmt: skip
+        return {
+            t: inputs[i : i + 1] for i, t in enumerate(self.prompt_text) if self.prompt_class[i] < 0
+        }
 
 
 def load_classification(root: str, split: str) -> ClassificationSet:
@@ -143,12 +144,17 @@ TEMPLATE_AGGREGATIONS`)."""
     loaded = {name: load_classification(*where) for name, where in sets.items()}
     return {
         name: {
-            s: zero_shot_accuracy(m, m.image_rows(data.image_emb, data.image_norm), data.labels,
-                                  data.class_prompts(adapter_input(m)), aggregation=how)
+            s: zero_shot_accuracy(
+                m,
+                m.image_rows(data.image_emb, data.image_norm),
+                data.labels,
+                data.class_prompts(adapter_input(m)),
+                aggregation=how,
+            )
             for s, data in loaded.items()
         }
         for name, m in methods.items()
-    }  # fmt: skip
+    }
 
 
 def evaluate_none_of_the_above(
@@ -165,8 +171,11 @@ def evaluate_none_of_the_above(
     how = _aggregation(template_aggregation)
     pos, neg = load_classification(*positives), load_classification(*negatives)
     far = load_classification(*far_negatives) if far_negatives else None
-    settings: dict[str, Any] = {"template_aggregation": how, "positives": set_info(pos.root),
-                                "negatives": set_info(neg.root)}  # fmt: skip
+    settings: dict[str, Any] = {
+        "template_aggregation": how,
+        "positives": set_info(pos.root),
+        "negatives": set_info(neg.root),
+    }
     if far is not None:
         settings["far_negatives"] = set_info(far.root)
     out: dict[str, Any] = {"dummy": {}, "rejection": {}, "settings": settings}
@@ -175,17 +184,26 @@ def evaluate_none_of_the_above(
         prompts = pos.class_prompts(ai)
         far_rows = None if far is None else m.image_rows(far.image_emb, far.image_norm)
         each = none_of_the_above_each(
-            m, m.image_rows(pos.image_emb, pos.image_norm), pos.labels,
-            m.image_rows(neg.image_emb, neg.image_norm), prompts, pos.dummy_inputs(ai),
-            far_negatives=far_rows, aggregation=how,
-        )  # fmt: skip
+            m,
+            m.image_rows(pos.image_emb, pos.image_norm),
+            pos.labels,
+            m.image_rows(neg.image_emb, neg.image_norm),
+            prompts,
+            pos.dummy_inputs(ai),
+            far_negatives=far_rows,
+            aggregation=how,
+        )
         for text, cell in each.items():
             out["dummy"].setdefault(text, {})[name] = cell
     frozen = build_method("clip", pos.image_emb.shape[1])
     out["rejection"] = rejection_baselines(
-        frozen, pos.image_emb, pos.labels, neg.image_emb, pos.class_prompts("unit"),
+        frozen,
+        pos.image_emb,
+        pos.labels,
+        neg.image_emb,
+        pos.class_prompts("unit"),
         far_negatives=None if far is None else far.image_emb,
-    )  # fmt: skip
+    )
     return out
 
 
@@ -194,8 +212,9 @@ def evaluate_hierarcaps(
 ) -> dict[str, Any]:
     """Fig. 5: per method, the statistics of :func:`hierarchy_analysis`."""
     load = load or SplitLoader()
-    return {name: hierarchy_analysis(m, load(where, adapter_input(m)))
-            for name, m in methods.items()}  # fmt: skip
+    return {
+        name: hierarchy_analysis(m, load(where, adapter_input(m))) for name, m in methods.items()
+    }
 
 
 def evaluate_ood(
@@ -214,8 +233,12 @@ def evaluate_ood(
         for spec, where in perturbed.items():
             other = load(where, ai)
             image_kind = spec.split(":")[0] in IMAGE_PERTURBATIONS
-            res = ood_retrieval(m, base, image_ood=other if image_kind else None,
-                                text_ood=None if image_kind else other)  # fmt: skip
+            res = ood_retrieval(
+                m,
+                base,
+                image_ood=other if image_kind else None,
+                text_ood=None if image_kind else other,
+            )
             case = "image_ood" if image_kind else "text_ood"
             per[spec] = {
                 "clean_t2i_recall_at_1": res["cases"]["clean"]["t2i"]["recall@1"],

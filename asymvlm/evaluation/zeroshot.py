@@ -59,8 +59,10 @@ TEMPLATE_AGGREGATIONS = ("mean", "logmeanexp")
 def check_aggregation(aggregation: str) -> str:
     """``aggregation`` if it is one of :data:`TEMPLATE_AGGREGATIONS`, else ValueError."""
     if aggregation not in TEMPLATE_AGGREGATIONS:
-        raise ValueError(f"template aggregation must be one of {list(TEMPLATE_AGGREGATIONS)}, "
-                         f"got {aggregation!r}")  # fmt: skip
+        raise ValueError(
+            f"template aggregation must be one of {list(TEMPLATE_AGGREGATIONS)}, "
+            f"got {aggregation!r}"
+        )
     return aggregation
 
 
@@ -70,10 +72,12 @@ def aggregation_note(aggregation: str) -> str:
         "mean": "the mean of the log-likelihoods over the class's prompt templates",
         "logmeanexp": "the log of the mean likelihood over the class's prompt templates",
     }
-    return (f"A likelihood method's class score: {text.get(aggregation, aggregation)} "
-            f"(`template_aggregation: {aggregation}`; the paper leaves this open, the other "
-            "option is documented in `asymvlm.evaluation.zeroshot`). Cosine methods use CLIP's "
-            "prompt ensemble.")  # fmt: skip
+    return (
+        f"A likelihood method's class score: {text.get(aggregation, aggregation)} "
+        f"(`template_aggregation: {aggregation}`; the paper leaves this open, the other "
+        "option is documented in `asymvlm.evaluation.zeroshot`). Cosine methods use CLIP's "
+        "prompt ensemble."
+    )
 
 
 @dataclass
@@ -89,8 +93,10 @@ class ClassPrompts:
             raise ValueError("one class index per prompt is needed")
         present = torch.unique(self.class_index)
         if present.numel() != self.n_classes or int(present.min()) != 0:
-            raise TableError(f"every class 0..{self.n_classes - 1} needs at least one prompt; the "
-                             f"prompts cover {present.tolist()}")
+            raise TableError(
+                f"every class 0..{self.n_classes - 1} needs at least one prompt; the "
+                f"prompts cover {present.tolist()}"
+            )
 
 
 def prompt_ensemble(mu: torch.Tensor, class_index: torch.Tensor, n_classes: int) -> torch.Tensor:
@@ -144,8 +150,9 @@ def class_scores(
     """[n_image, n_classes]: the cosine to the class's :func:`prompt_ensemble` for methods that
     score by the cosine, else the method's score (log-likelihood) combined over the class's
     prompts by ``aggregation`` (:data:`TEMPLATE_AGGREGATIONS`; module docstring)."""
-    combine = {"mean": mean_over_prompts,
-               "logmeanexp": log_mean_exp_over_prompts}[check_aggregation(aggregation)]  # fmt: skip
+    combine = {"mean": mean_over_prompts, "logmeanexp": log_mean_exp_over_prompts}[
+        check_aggregation(aggregation)
+    ]
     method.eval()
     texts = method.encode_texts(prompts.inputs)
     cosine = _scores_by_cosine(method)
@@ -191,9 +198,16 @@ def none_of_the_above(
     rejected; with ``far_negatives`` (images of concepts unrelated to every class),
     ``far_neg_acc``: those rejected.
     """
-    return none_of_the_above_each(method, positives, labels, negatives, prompts,
-                                  {"dummy": dummy_inputs}, far_negatives,
-                                  aggregation)["dummy"]  # fmt: skip
+    return none_of_the_above_each(
+        method,
+        positives,
+        labels,
+        negatives,
+        prompts,
+        {"dummy": dummy_inputs},
+        far_negatives,
+        aggregation,
+    )["dummy"]
 
 
 def none_of_the_above_each(
@@ -212,10 +226,9 @@ def none_of_the_above_each(
     names = list(dummies)
     dummy_prompts = ClassPrompts(
         inputs=torch.cat([dummies[n] for n in names]),
-        class_index=torch.cat([torch.full((dummies[n].shape[0],), k)
-                               for k, n in enumerate(names)]),
+        class_index=torch.cat([torch.full((dummies[n].shape[0],), k) for k, n in enumerate(names)]),
         n_classes=len(names),
-    )  # fmt: skip
+    )
     sets = {"pos": positives, "neg": negatives}
     if far_negatives is not None:
         sets["far"] = far_negatives

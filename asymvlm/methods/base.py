@@ -307,8 +307,9 @@ class Method(nn.Module):
                 _log.warning(
                     "%s (protocol official) takes raw image projections, as the authors' code "
                     "does, but these tables have no image `norm` column: using unit images "
-                    "(re-embed with this version to record the norm)", self.name,
-                )  # fmt: skip
+                    "(re-embed with this version to record the norm)",
+                    self.name,
+                )
             return image_emb
         return image_emb * image_norm.to(image_emb)[:, None]
 

@@ -116,8 +116,9 @@ def _class_batches(
         labels = torch.arange(len(rows), device=source.device)
         return {"input_ids": source[idx], "targets": targets[idx], "labels": labels}
 
-    return torch.utils.data.DataLoader(_Pairs(len(source)), batch_sampler=batches,
-                                       collate_fn=collate)  # fmt: skip
+    return torch.utils.data.DataLoader(
+        _Pairs(len(source)), batch_sampler=batches, collate_fn=collate
+    )
 
 
 def fit_projection_posterior(
@@ -157,8 +158,13 @@ def fit_projection_posterior(
     _balance_kron_factors(la, len(source))
     with warnings.catch_warnings():  # laplace's note on the probit link of its predictive
         warnings.simplefilter("ignore", UserWarning)
-        la.optimize_prior_precision(pred_type="glm", method="marglik", n_steps=prior_steps,
-                                    lr=prior_lr, init_prior_prec=prior_init)  # fmt: skip
+        la.optimize_prior_precision(
+            pred_type="glm",
+            method="marglik",
+            n_steps=prior_steps,
+            lr=prior_lr,
+            init_prior_prec=prior_init,
+        )
     a_inv, b_inv = kron_posterior_factors(la)
     return {
         "a_inv": a_inv,
@@ -278,9 +284,16 @@ class BayesVLM(Method):
         if class_batch < 2 or mc_samples < 1 or prior_steps < 1:
             raise ValueError("class_batch must be >= 2, mc_samples and prior_steps >= 1")
         self.logit_scale = float(logit_scale)
-        self.fit_kwargs = dict(logit_scale=self.logit_scale, class_batch=class_batch,
-                               fisher=fisher, mc_samples=mc_samples, prior_steps=prior_steps,
-                               prior_lr=prior_lr, prior_init=prior_init, seed=seed)  # fmt: skip
+        self.fit_kwargs = dict(
+            logit_scale=self.logit_scale,
+            class_batch=class_batch,
+            fisher=fisher,
+            mc_samples=mc_samples,
+            prior_steps=prior_steps,
+            prior_lr=prior_lr,
+            prior_init=prior_init,
+            seed=seed,
+        )
         for modality in MODALITIES:
             self.register_buffer(f"{modality}_projection", torch.empty(dim, 0))
             self.register_buffer(f"{modality}_a_inv", torch.empty(0, 0))
@@ -300,8 +313,9 @@ class BayesVLM(Method):
             ("image", pairs_image, unit_texts, w_image),
             ("text", text_pre, unit_images, w_text),
         ):
-            fit = fit_projection_posterior(source.float(), targets.float(), w.float(),
-                                           **self.fit_kwargs)  # fmt: skip
+            fit = fit_projection_posterior(
+                source.float(), targets.float(), w.float(), **self.fit_kwargs
+            )
             device = self.image_b_inv_diag.device
             setattr(self, f"{modality}_projection", w.detach().float().to(device).clone())
             setattr(self, f"{modality}_a_inv", fit["a_inv"].float().to(device))
@@ -355,8 +369,9 @@ class BayesVLM(Method):
             )
         phi = rows[..., self.dim :].to(w.dtype)
         mean = phi @ w.T
-        trace = embedding_trace(phi, getattr(self, f"{modality}_a_inv"),
-                                getattr(self, f"{modality}_b_inv_diag").sum())  # fmt: skip
+        trace = embedding_trace(
+            phi, getattr(self, f"{modality}_a_inv"), getattr(self, f"{modality}_b_inv_diag").sum()
+        )
         return {"mu": expected_norm_unit(mean, trace), "mean": mean, "trace": trace}
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
@@ -378,5 +393,6 @@ class BayesVLM(Method):
         return self.logit_scale
 
     def training_stats(self) -> dict[str, float]:
-        return {f"{m}_prior_precision": float(getattr(self, f"{m}_prior_precision"))
-                for m in MODALITIES}  # fmt: skip
+        return {
+            f"{m}_prior_precision": float(getattr(self, f"{m}_prior_precision")) for m in MODALITIES
+        }

@@ -115,8 +115,11 @@ _OFFICIAL_OPTIMIZERS: dict[str, dict[str, Any]] = {
 }
 #: The paper's text for every method (protocol ``improved``; the lr is a grid's start).
 _IMPROVED_OPTIMIZER: dict[str, Any] = {
-    "optimizer": "sgd", "lr": 1e-2, "momentum": 0.9, "weight_decay": 5e-4,
-}  # fmt: skip
+    "optimizer": "sgd",
+    "lr": 1e-2,
+    "momentum": 0.9,
+    "weight_decay": 5e-4,
+}
 
 
 def optimizer_defaults(method: str, protocol: str) -> dict[str, Any]:

@@ -88,8 +88,12 @@ def karpathy_test(image_ids: Sequence[str], caption_ids: Sequence[str]) -> Karpa
     for start in range(0, len(gt_captions), FOLD_CAPTIONS):
         fold = gt_captions[start : start + FOLD_CAPTIONS]
         owners = dict.fromkeys(caption_to_image[int(c)][0] for c in fold)  # ordered, unique
-        folds.append((np.asarray([image_row[i] for i in owners], dtype=np.int64),
-                      np.asarray([caption_row[int(c)] for c in fold], dtype=np.int64)))  # fmt: skip
+        folds.append(
+            (
+                np.asarray([image_row[i] for i in owners], dtype=np.int64),
+                np.asarray([caption_row[int(c)] for c in fold], dtype=np.int64),
+            )
+        )
     eccv = gt.eccv_gts
     return KarpathyTest(
         image_ids=images,
@@ -123,16 +127,19 @@ def eccv_metrics(
     i2t_ids = caption_ids[i2t_top.cpu().numpy()]
     retrieved = {
         "t2i": {int(c): t2i_ids[row].tolist() for row, c in enumerate(caption_ids) if c >= 0},
-        "i2t": {int(i): [c for c in i2t_ids[row].tolist() if c >= 0]
-                for row, i in enumerate(image_ids)},
-    }  # fmt: skip
+        "i2t": {
+            int(i): [c for c in i2t_ids[row].tolist() if c >= 0] for row, i in enumerate(image_ids)
+        },
+    }
     gt = _ground_truth()
     with contextlib.redirect_stderr(io.StringIO()):  # the package's unconditional tqdm bars
         eccv = gt.eccv_metrics(retrieved, "all")
         cxc = gt.cxc_recalls(retrieved, "all", K=1)
     out: dict[str, dict[str, float]] = {}
     for direction in ("i2t", "t2i"):
-        out[direction] = {key: float(eccv[key][direction])
-                          for key in ("eccv_map_at_r", "eccv_rprecision", "eccv_r1")}  # fmt: skip
+        out[direction] = {
+            key: float(eccv[key][direction])
+            for key in ("eccv_map_at_r", "eccv_rprecision", "eccv_r1")
+        }
         out[direction]["cxc_r1"] = float(cxc[direction])
     return out

@@ -358,12 +358,18 @@ def ranking_metrics(
         t2i_unc = t2i_src = i2t_unc = i2t_src = None
 
     out: dict[str, Any] = {
-        "t2i": _direction_result(ranking.t2i_rank, ranking.t2i_confidence, ks, t2i_unc, t2i_src,
-                                 n_bins),
-        "i2t": _direction_result(ranking.i2t_rank[has_caption],
-                                 ranking.i2t_confidence[has_caption], ks, i2t_unc, i2t_src,
-                                 n_bins),
-    }  # fmt: skip
+        "t2i": _direction_result(
+            ranking.t2i_rank, ranking.t2i_confidence, ks, t2i_unc, t2i_src, n_bins
+        ),
+        "i2t": _direction_result(
+            ranking.i2t_rank[has_caption],
+            ranking.i2t_confidence[has_caption],
+            ks,
+            i2t_unc,
+            i2t_src,
+            n_bins,
+        ),
+    }
     out["rsum"] = rsum(out)
     return out
 
@@ -433,9 +439,17 @@ def retrieval_metrics(
     ks = [int(k) for k in ks]
     if not ks or min(ks) < 1:
         raise ValueError(f"ks must be non-empty positive integers, got {ks}")
-    ranking = rank_pass(score_fn, n_text, n_image, text_to_image, depth=max(ks), scale=scale,
-                        chunk_size=chunk_size, memory_budget=memory_budget,
-                        progress=progress)  # fmt: skip
+    ranking = rank_pass(
+        score_fn,
+        n_text,
+        n_image,
+        text_to_image,
+        depth=max(ks),
+        scale=scale,
+        chunk_size=chunk_size,
+        memory_budget=memory_budget,
+        progress=progress,
+    )
     return ranking_metrics(ranking, ks, text_uncertainty, image_uncertainty, n_bins)
 
 

@@ -57,8 +57,14 @@ def train(
             if previous["complete"]:
                 method, _ = load_checkpoint(output, resolve_device(cfg.device))
                 return method, read_history(output)
-    spec = RunSpec(embeddings=root, train=cfg, train_split=split, val_split=None,
-                   test_split=None, checkpoint_every=checkpoint_every)  # fmt: skip
+    spec = RunSpec(
+        embeddings=root,
+        train=cfg,
+        train_split=split,
+        val_split=None,
+        test_split=None,
+        checkpoint_every=checkpoint_every,
+    )
     run = TrainingRun(spec)
     method, trainer = run.method, run.trainer
     last_good: str | None = None

@@ -36,8 +36,9 @@ PackedProtocolHook = Callable[[int, EpochRow, Trainer, History], None]
 
 def check_packable_specs(specs: Sequence[RunSpec]) -> None:
     """:func:`check_packable` for run specs, which must also name the same tables and splits."""
-    require_alike([s.model_dump() for s in specs], _SPEC_FREE, "run",
-                  "train and evaluate on the same data")  # fmt: skip
+    require_alike(
+        [s.model_dump() for s in specs], _SPEC_FREE, "run", "train and evaluate on the same data"
+    )
     check_packable([s.train for s in specs])
     lead = specs[0]
     if use_streaming(lead.train, lead.embeddings, lead.train_split):
@@ -95,8 +96,16 @@ def run_packed_protocol(
     def after_epoch(k: int, row: EpochRow) -> None:
         cfg, epoch = cfgs[k], pack.trainers[k].epoch
         if epoch % max(1, epochs // 10) == 0 or epoch == 1:
-            logger.info("%s lr=%g seed=%d epoch %d/%d loss %.4f (packed member %d)", cfg.method,
-                        cfg.lr, cfg.seed, epoch, epochs, row["train_loss"], k)  # fmt: skip
+            logger.info(
+                "%s lr=%g seed=%d epoch %d/%d loss %.4f (packed member %d)",
+                cfg.method,
+                cfg.lr,
+                cfg.seed,
+                epoch,
+                epochs,
+                row["train_loss"],
+                k,
+            )
         if on_epoch is not None:
             on_epoch(k, row, pack.trainers[k], pack.histories[k])
 

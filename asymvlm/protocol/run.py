@@ -57,8 +57,9 @@ def training_data(
         if cache is None:
             return hold_out_images(data, float(fraction), seed=0)
         key = ("hold-out", spec.train_split, cfg.adapter_input, str(device), float(fraction))
-        return cache.memo(spec.embeddings, key,
-                          lambda: hold_out_images(data, float(fraction), seed=0))  # fmt: skip
+        return cache.memo(
+            spec.embeddings, key, lambda: hold_out_images(data, float(fraction), seed=0)
+        )
     return data, None
 
 
@@ -108,14 +109,21 @@ class TrainingRun:
         self.cache = cache
         self.history: History = []
         # Tables bigger than memory: the training captions stream from the parquet parts.
-        stream = open_stream(cfg, self.spec.embeddings, self.spec.train_split, rank=rank,
-                             world_size=world_size, device=self.device)  # fmt: skip
+        stream = open_stream(
+            cfg,
+            self.spec.embeddings,
+            self.spec.train_split,
+            rank=rank,
+            world_size=world_size,
+            device=self.device,
+        )
         if stream is not None:
             self.held_out = streamed_hold_out(self.spec, stream)
             self.dim = stream.dim
             self.method: Method = build_method(cfg.method, stream.dim, **cfg.method_args())
-            self.trainer: Trainer = StreamingTrainer(self.method, cfg, stream, rank=rank,
-                                                     world_size=world_size)  # fmt: skip
+            self.trainer: Trainer = StreamingTrainer(
+                self.method, cfg, stream, rank=rank, world_size=world_size
+            )
             return
         data, self.held_out = training_data(self.spec, self.device, cache)
         self.dim = data.dim
@@ -152,8 +160,15 @@ class TrainingRun:
             epoch = trainer.epoch
             tenth = epoch % max(1, cfg.epochs // 10) == 0 or epoch == 1
             if log_epochs and self.rank == 0 and tenth:
-                logger.info("%s lr=%g seed=%d epoch %d/%d loss %.4f", cfg.method, cfg.lr,
-                            cfg.seed, epoch, cfg.epochs, row["train_loss"])  # fmt: skip
+                logger.info(
+                    "%s lr=%g seed=%d epoch %d/%d loss %.4f",
+                    cfg.method,
+                    cfg.lr,
+                    cfg.seed,
+                    epoch,
+                    cfg.epochs,
+                    row["train_loss"],
+                )
             if on_epoch is not None:
                 on_epoch(row, trainer, self.history, self.spec.checkpoint_due(epoch))
 

@@ -54,8 +54,9 @@ class RunSpec(BaseModel):
     def variant(self, *, lr: float, seed: int) -> RunSpec:
         """This run at another ``lr`` and ``seed`` (already validated: a sweep's grid), without
         validating the rest again."""
-        return self.model_copy(update={"train": self.train.model_copy(update={"lr": lr,
-                                                                              "seed": seed})})
+        return self.model_copy(
+            update={"train": self.train.model_copy(update={"lr": lr, "seed": seed})}
+        )
 
     def checkpoint_due(self, epoch: int) -> bool:
         every = self.checkpoint_every

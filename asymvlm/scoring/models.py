@@ -130,10 +130,13 @@ class CaptionTextModel(PythonModel):
         except ScoringInputError as exc:
             raise invalid_input(f"row {exc.index}: {exc.problem}") from None
         n = len(frame)
-        return pd.DataFrame({
-            "uncertainty": result.uncertainty if result.uncertainty is not None else [None] * n,
-            "kappa": result.kappa if result.kappa is not None else [None] * n,
-        }, index=frame.index)  # fmt: skip
+        return pd.DataFrame(
+            {
+                "uncertainty": result.uncertainty if result.uncertainty is not None else [None] * n,
+                "kappa": result.kappa if result.kappa is not None else [None] * n,
+            },
+            index=frame.index,
+        )
 
 
 def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
@@ -149,21 +152,26 @@ def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         adapter = copy_adapter(checkpoint_dir, os.path.join(tmp, "checkpoint"))
         run.log_pyfunc(
-            "adapter", CaptionUncertaintyModel(), artifacts={"checkpoint": adapter},
+            "adapter",
+            CaptionUncertaintyModel(),
+            artifacts={"checkpoint": adapter},
             pip_requirements=pinned_requirements(*REQUIREMENTS),
             signature=signature(example, pd.DataFrame({"uncertainty": [1.0], "kappa": [1.0]})),
-        )  # fmt: skip
+        )
         logged = ["adapter"]
         model = (meta.get("encoder") or {}).get("model")
         if model:
             texts = pd.DataFrame({"text": ["a dog", "a golden retriever catching a red frisbee"]})
             library = "open_clip_torch" if is_open_clip(model) else "transformers"
             run.log_pyfunc(
-                "text-adapter", CaptionTextModel(), artifacts={"checkpoint": adapter},
+                "text-adapter",
+                CaptionTextModel(),
+                artifacts={"checkpoint": adapter},
                 pip_requirements=[*pinned_requirements(*REQUIREMENTS), library, "pillow"],
-                signature=signature(texts, pd.DataFrame({"uncertainty": [1.0, 1.0],
-                                                         "kappa": [1.0, 1.0]})),
+                signature=signature(
+                    texts, pd.DataFrame({"uncertainty": [1.0, 1.0], "kappa": [1.0, 1.0]})
+                ),
                 input_example=texts,
-            )  # fmt: skip
+            )
             logged.append("text-adapter")
     return logged

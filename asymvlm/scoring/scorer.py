@@ -86,8 +86,9 @@ class CaptionScores:
         columns: dict[str, pa.Array] = {"text": pa.array(self.text, pa.string())}
         for name in ("kappa", "uncertainty"):
             value = getattr(self, name)
-            columns[name] = pa.nulls(n, pa.float32()) if value is None else pa.array(value,
-                                                                                  pa.float32())
+            columns[name] = (
+                pa.nulls(n, pa.float32()) if value is None else pa.array(value, pa.float32())
+            )
         return pa.table(columns)
 
 
@@ -141,8 +142,14 @@ class Scorer:
         ``HF_HUB_OFFLINE``, a token from the environment), with its encoder (as
         :meth:`from_checkpoint`). A folder holding a pickle, or whose ``model.safetensors``
         differs from the SHA-256 its ``config.json`` records, is refused naming the file."""
-        return cls.from_checkpoint(name, encoder=encoder, device=device, dtype=dtype,
-                                   batch_size=batch_size, pretrained=True)  # fmt: skip
+        return cls.from_checkpoint(
+            name,
+            encoder=encoder,
+            device=device,
+            dtype=dtype,
+            batch_size=batch_size,
+            pretrained=True,
+        )
 
     @classmethod
     def from_checkpoint(
@@ -218,16 +225,20 @@ class Scorer:
         parts = []
         for start in range(0, len(captions), self.batch_size):
             try:
-                parts.append(self.encoder.encode_texts(captions[start : start + self.batch_size],
-                                                       pre=self.uses_pre))  # fmt: skip
+                parts.append(
+                    self.encoder.encode_texts(
+                        captions[start : start + self.batch_size], pre=self.uses_pre
+                    )
+                )
             except ScoringInputError as exc:  # positions are the call's, not the batch's
                 raise exc.moved(start) from None
         return self._on_device(parts)
 
     def _on_device(self, parts: list[tuple[np.ndarray, ...]]) -> dict[str, torch.Tensor]:
         """The encoder's batches -- (unit, norm[, pre]) each -- joined, on the device."""
-        columns = [torch.from_numpy(np.concatenate(c)).to(self.device)
-                   for c in zip(*parts, strict=True)]  # fmt: skip
+        columns = [
+            torch.from_numpy(np.concatenate(c)).to(self.device) for c in zip(*parts, strict=True)
+        ]
         return dict(zip(("unit", "norm", "pre"), columns, strict=False))
 
     def _text_rows(self, embedded: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -259,8 +270,9 @@ class Scorer:
             value = getattr(result, name)
             if value is not None and not np.isfinite(value).all():
                 bad = int(np.flatnonzero(~np.isfinite(value))[0])
-                raise ScoringInputError("caption", bad, f"the adapter gives a non-finite {name} "
-                                        f"for {captions[bad]!r}")  # fmt: skip
+                raise ScoringInputError(
+                    "caption", bad, f"the adapter gives a non-finite {name} for {captions[bad]!r}"
+                )
         return result
 
     # -- images -------------------------------------------------------------------------------
@@ -279,8 +291,9 @@ class Scorer:
         elif isinstance(image, str | os.PathLike):
             row = {"path": os.fspath(image)}
         else:
-            raise ScoringInputError("image", index, "give a PIL image, a path or bytes, not "
-                                    f"{type(image).__name__}")  # fmt: skip
+            raise ScoringInputError(
+                "image", index, f"give a PIL image, a path or bytes, not {type(image).__name__}"
+            )
         try:
             return load_image(row)
         except OSError as exc:  # PIL's UnidentifiedImageError too
@@ -289,8 +302,10 @@ class Scorer:
     def _embed_images(self, images: Sequence[Any]) -> dict[str, torch.Tensor]:
         parts: list[tuple[np.ndarray, ...]] = []
         for start in range(0, len(images), self.batch_size):
-            batch = [self._open_image(im, start + i)
-                     for i, im in enumerate(images[start : start + self.batch_size])]  # fmt: skip
+            batch = [
+                self._open_image(im, start + i)
+                for i, im in enumerate(images[start : start + self.batch_size])
+            ]
             pixels = self.encoder.preprocess_images(batch)
             parts.append(self.encoder.encode_pixels(pixels, pre=self.uses_pre))
         return self._on_device(parts)
@@ -303,34 +318,39 @@ class Scorer:
         images = list(images)
         if not captions or not images:
             return np.zeros((len(captions), len(images)), np.float32)
-        data = self._split(texts=self._embed_captions(captions),
-                           images=self._embed_images(images))  # fmt: skip
+        data = self._split(texts=self._embed_captions(captions), images=self._embed_images(images))
         image_rows, text_rows = self.method.split_inputs(data)
         with torch.no_grad():
-            scores = self.method.score(self.method.encode_texts(text_rows),
-                                       self.method.encode_images(image_rows))  # fmt: skip
+            scores = self.method.score(
+                self.method.encode_texts(text_rows), self.method.encode_images(image_rows)
+            )
         return scores.float().cpu().numpy()
 
     # -- the split the methods take -----------------------------------------------------------
-    def _split(self, texts: dict[str, torch.Tensor],
-               images: dict[str, torch.Tensor] | None = None):  # fmt: skip
+    def _split(self, texts: dict[str, torch.Tensor], images: dict[str, torch.Tensor] | None = None):
         """A :class:`~asymvlm.splits.SplitTensors` of these inputs, as the trainer builds
         one from tables (so each method picks its own inputs: :meth:`Method.split_inputs`)."""
         dim = int(self.meta["dim"])
         if images is None:  # captions only: no images (nothing is compared)
-            images = {"unit": torch.zeros(0, dim, device=self.device),
-                      "norm": torch.zeros(0, device=self.device)}  # fmt: skip
+            images = {
+                "unit": torch.zeros(0, dim, device=self.device),
+                "norm": torch.zeros(0, device=self.device),
+            }
             if self.uses_pre:
-                images["pre"] = torch.zeros(0, self.encoder.pre_dims()["image"],
-                                            device=self.device)  # fmt: skip
+                images["pre"] = torch.zeros(0, self.encoder.pre_dims()["image"], device=self.device)
         n_text, n_image = texts["unit"].shape[0], images["unit"].shape[0]
         empty = np.zeros((0, dim), np.float32)
         split = tables.EmbeddingSplit(
-            image_ids=[str(i) for i in range(n_image)], image_embeddings=empty,
+            image_ids=[str(i) for i in range(n_image)],
+            image_embeddings=empty,
             caption_ids=[str(i) for i in range(n_text)],
-            text_image_index=np.zeros(n_text, np.int64), texts=[],
-            text_embeddings=empty, text_norms=None, extra_text_columns={}, manifest=None,
-        )  # fmt: skip
+            text_image_index=np.zeros(n_text, np.int64),
+            texts=[],
+            text_embeddings=empty,
+            text_norms=None,
+            extra_text_columns={},
+            manifest=None,
+        )
         return SplitTensors(
             image_emb=images["unit"],
             text_emb=self._text_rows(texts),

@@ -33,12 +33,25 @@ OPENERS: tuple[str, ...] = (
 #: Texts of the generic training captions (assumption U of :mod:`asymvlm.synthetic`): they
 #: describe every object, like the dummy prompts, but are other words than those.
 GENERIC_TEXTS: tuple[str, ...] = (
-    "a picture", "an image", "a picture of something", "an image of things", "a view of a scene",
-)  # fmt: skip
+    "a picture",
+    "an image",
+    "a picture of something",
+    "an image of things",
+    "a view of a scene",
+)
 #: Style words: adjectives the world treats as not narrowing a caption's objects.
 FILLERS: tuple[str, ...] = (
-    "small", "nice", "old", "little", "big", "some", "very", "bright", "dark", "pretty",
-)  # fmt: skip
+    "small",
+    "nice",
+    "old",
+    "little",
+    "big",
+    "some",
+    "very",
+    "bright",
+    "dark",
+    "pretty",
+)
 
 
 def tag_texts(

@@ -53,8 +53,11 @@ __all__ = [
 DUMMY_PROMPTS: tuple[str, ...] = ("a photo", "a photo of an object", "a photo of something")
 #: Prompt templates of a class ensemble (each adds a direction of its own, assumption K).
 TEMPLATES: tuple[str, ...] = (
-    "a photo of a {}", "a picture of a {}", "an image of the {}", "a drawing of a {}",
-)  # fmt: skip
+    "a photo of a {}",
+    "a picture of a {}",
+    "an image of the {}",
+    "a drawing of a {}",
+)
 _SETS_STREAM = 4
 SPLIT = "test"
 
@@ -162,14 +165,16 @@ def _dummy_rows(world: SyntheticWorld, rng: np.random.Generator) -> dict[str, li
 def _prompts_table(rows: list[dict[str, list]], dim: int) -> pa.Table:
     merged = {k: [x for r in rows for x in r[k]] for k in rows[0]}
     emb = np.asarray(merged.pop("embedding"), dtype=np.float32).reshape(-1, dim)
-    return pa.table({
-        "class_index": pa.array(merged["class_index"], pa.int64()),
-        "class_name": pa.array(merged["class_name"], pa.string()),
-        "template": pa.array(merged["template"], pa.string()),
-        "text": pa.array(merged["text"], pa.string()),
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), dim),
-        "norm": pa.array(np.asarray(merged["norm"], dtype=np.float32), pa.float32()),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "class_index": pa.array(merged["class_index"], pa.int64()),
+            "class_name": pa.array(merged["class_name"], pa.string()),
+            "template": pa.array(merged["template"], pa.string()),
+            "text": pa.array(merged["text"], pa.string()),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), dim),
+            "norm": pa.array(np.asarray(merged["norm"], dtype=np.float32), pa.float32()),
+        }
+    )
 
 
 def _write_set(
@@ -193,8 +198,9 @@ def _write_set(
     leaf = leaves[rng.integers(0, len(leaves), n_images)]
     _, images = world.draw_views(rng, leaf)
     labels = np.searchsorted(concepts, ancestor[leaf])  # concepts are sorted
-    prompts = _prompt_rows(world, rng, concepts, level, shared["template_dirs"], spec.templates,
-                           domain)  # fmt: skip
+    prompts = _prompt_rows(
+        world, rng, concepts, level, shared["template_dirs"], spec.templates, domain
+    )
     image_cols = {
         "image_id": pa.array([f"{role}-img{i:06d}" for i in range(n_images)], pa.string()),
         "embedding": pa.FixedSizeListArray.from_arrays(
@@ -205,19 +211,26 @@ def _write_set(
     if cfg.pre_dim is not None:
         norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * rng.standard_normal(n_images))
         image_cols["norm"] = pa.array(norms.astype(np.float32), pa.float32())
-    tables.write_manifest(root, {
-        "dim": cfg.dim,
-        "model": "synthetic-world",
-        "dtype": "float32",
-        "description": f"asymvlm.synthetic classification set ({role})",
-        "world": cfg.manifest_world(),
-        "classification": {"role": role, "level": level,
-                           "domain": np.asarray(domain).tolist(),
-                           "concepts": concepts.tolist()},
-    })  # fmt: skip
+    tables.write_manifest(
+        root,
+        {
+            "dim": cfg.dim,
+            "model": "synthetic-world",
+            "dtype": "float32",
+            "description": f"asymvlm.synthetic classification set ({role})",
+            "world": cfg.manifest_world(),
+            "classification": {
+                "role": role,
+                "level": level,
+                "domain": np.asarray(domain).tolist(),
+                "concepts": concepts.tolist(),
+            },
+        },
+    )
     tables.write_part(root, SPLIT, tables.IMAGES_DIR, "part-00000", pa.table(image_cols))
-    tables.write_part(root, SPLIT, "prompts", "part-00000",
-                      _prompts_table([prompts, shared["dummy"]], cfg.dim))  # fmt: skip
+    tables.write_part(
+        root, SPLIT, "prompts", "part-00000", _prompts_table([prompts, shared["dummy"]], cfg.dim)
+    )
     return root
 
 
@@ -271,19 +284,49 @@ def write_classification_sets(
     others = np.setdiff1d(home, chosen)
     base = root.rstrip("/")
     out = {
-        "positives": _write_set(f"{base}-positives", world, "positives", chosen, level, 0,
-                                spec.positives, shared, 1, spec),
-        "negatives": _write_set(f"{base}-negatives", world, "negatives", others, level, 0,
-                                spec.negatives, shared, 2, spec),
-    }  # fmt: skip
+        "positives": _write_set(
+            f"{base}-positives",
+            world,
+            "positives",
+            chosen,
+            level,
+            0,
+            spec.positives,
+            shared,
+            1,
+            spec,
+        ),
+        "negatives": _write_set(
+            f"{base}-negatives",
+            world,
+            "negatives",
+            others,
+            level,
+            0,
+            spec.negatives,
+            shared,
+            2,
+            spec,
+        ),
+    }
     away = domain_concepts(world, level, 1)
     if len(away):
-        out["zeroshot"] = _write_set(f"{base}-zeroshot", world, "zeroshot", away, level, 1,
-                                     spec.zeroshot, shared, 3, spec)  # fmt: skip
+        out["zeroshot"] = _write_set(
+            f"{base}-zeroshot", world, "zeroshot", away, level, 1, spec.zeroshot, shared, 3, spec
+        )
     far = far_concepts(world, level, chosen)
     if len(far):
         far_domain = world.root_domain[concept_roots(world, level, far)]
-        out["far-negatives"] = _write_set(f"{base}-far-negatives", world, "far-negatives", far,
-                                          level, far_domain, spec.negatives, shared, 4,
-                                          spec)  # fmt: skip
+        out["far-negatives"] = _write_set(
+            f"{base}-far-negatives",
+            world,
+            "far-negatives",
+            far,
+            level,
+            far_domain,
+            spec.negatives,
+            shared,
+            4,
+            spec,
+        )
     return out

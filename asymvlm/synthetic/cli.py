@@ -93,8 +93,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--class-level", type=int, default=1)
     parser.add_argument("--class-images", type=int, default=1000, help="images per set")
     args = parser.parse_args(argv)
-    spec = ClassificationSpec(level=args.class_level, positives=args.class_images,
-                              negatives=args.class_images, zeroshot=args.class_images)  # fmt: skip
+    spec = ClassificationSpec(
+        level=args.class_level,
+        positives=args.class_images,
+        negatives=args.class_images,
+        zeroshot=args.class_images,
+    )
     if args.only_classes:
         for role, where in write_classification_sets(args.output, None, spec).items():
             print(f"wrote {role} to {where}")
@@ -109,14 +113,26 @@ def main(argv: list[str] | None = None) -> None:
                 splits["val"] = splits["test"] = args.test_images
             cfg = replace(cfg, splits=splits)
     else:
-        cfg = WorldConfig(splits={"train": args.train_images or 8000,
-                                  "val": args.test_images or 1000,
-                                  "test": args.test_images or 1000})  # fmt: skip
-    overrides = {k: v for k, v in (("dim", args.dim), ("seed", args.seed),
-                 ("pre_dim", args.pre_dim), ("block_images", args.block_images),
-                 ("caption_words", args.caption_words),
-                 ("generic_captions", args.generic_captions),
-                 ("misalignment", args.misalignment)) if v is not None}  # fmt: skip
+        cfg = WorldConfig(
+            splits={
+                "train": args.train_images or 8000,
+                "val": args.test_images or 1000,
+                "test": args.test_images or 1000,
+            }
+        )
+    overrides = {
+        k: v
+        for k, v in (
+            ("dim", args.dim),
+            ("seed", args.seed),
+            ("pre_dim", args.pre_dim),
+            ("block_images", args.block_images),
+            ("caption_words", args.caption_words),
+            ("generic_captions", args.generic_captions),
+            ("misalignment", args.misalignment),
+        )
+        if v is not None
+    }
     if args.level_probs is not None:
         overrides["level_probs"] = _level_probs(parser, args.level_probs)
     try:

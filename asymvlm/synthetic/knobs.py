@@ -14,8 +14,15 @@ __all__ = ["COCO_LEVEL_PROBS", "GENERIC_CAPTION_SHARE", "PRESETS", "WorldConfig"
 
 #: Knobs added after the first worlds were written: left out of the manifest at their defaults,
 #: so that a world of today's knobs writes today's manifest.
-_LATER_KNOBS = ("block_images", "caption_words", "filler_words", "finetune_roots",
-                "domain_misalignment", "level_probs", "generic_captions")  # fmt: skip
+_LATER_KNOBS = (
+    "block_images",
+    "caption_words",
+    "filler_words",
+    "finetune_roots",
+    "domain_misalignment",
+    "level_probs",
+    "generic_captions",
+)
 #: The COCO-like caption-level mix (levels 0-3: mostly detailed captions, some vague ones),
 #: fixed before it was measured (docs/i2t-analysis.md).
 COCO_LEVEL_PROBS: tuple[float, float, float, float] = (0.05, 0.15, 0.30, 0.50)
@@ -109,8 +116,7 @@ class WorldConfig:
         if self.pre_dim is None:  # the manifest of a world without them stays as it was
             world = {k: v for k, v in world.items() if k not in ("pre_dim", "pre_noise")}
         defaults = WorldConfig.__dataclass_fields__
-        return {k: v for k, v in world.items()
-                if k not in _LATER_KNOBS or v != defaults[k].default}  # fmt: skip
+        return {k: v for k, v in world.items() if k not in _LATER_KNOBS or v != defaults[k].default}
 
 
 #: The share of generic training captions of the presets (assumption U of
@@ -128,13 +134,27 @@ GENERIC_CAPTION_SHARE = 0.004
 #: forgetting regime F, whose frozen encoder is misaligned only by each domain's own rotation.
 PRESETS: dict[str, WorldConfig] = {
     "demo": WorldConfig(
-        dim=32, captions_per_image=4, splits={"train": 1500, "val": 300, "test": 300},
-        block_images=512, caption_words=True, finetune_roots=4, domain_misalignment=0.5,
-        level_probs=COCO_LEVEL_PROBS, misalignment=0.0, generic_captions=GENERIC_CAPTION_SHARE,
+        dim=32,
+        captions_per_image=4,
+        splits={"train": 1500, "val": 300, "test": 300},
+        block_images=512,
+        caption_words=True,
+        finetune_roots=4,
+        domain_misalignment=0.5,
+        level_probs=COCO_LEVEL_PROBS,
+        misalignment=0.0,
+        generic_captions=GENERIC_CAPTION_SHARE,
     ),
     "coco": WorldConfig(
-        dim=512, captions_per_image=5, splits={"train": 118_287, "val": 5000, "test": 5000},
-        block_images=2048, caption_words=True, finetune_roots=4, domain_misalignment=0.5,
-        level_probs=COCO_LEVEL_PROBS, misalignment=0.0, generic_captions=GENERIC_CAPTION_SHARE,
+        dim=512,
+        captions_per_image=5,
+        splits={"train": 118_287, "val": 5000, "test": 5000},
+        block_images=2048,
+        caption_words=True,
+        finetune_roots=4,
+        domain_misalignment=0.5,
+        level_probs=COCO_LEVEL_PROBS,
+        misalignment=0.0,
+        generic_captions=GENERIC_CAPTION_SHARE,
     ),
-}  # fmt: skip
+}

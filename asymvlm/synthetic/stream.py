@@ -90,8 +90,9 @@ class SplitStream:
                 states, next_sums = [], []
                 for k, (start, stop) in enumerate(bounds):
                     states.append(rng.bit_generator.state)
-                    values = phase.draw(rng, self._count(phase, start, stop, captions_per_image,
-                                                         sums, k))  # fmt: skip
+                    values = phase.draw(
+                        rng, self._count(phase, start, stop, captions_per_image, sums, k)
+                    )
                     if wants_sum:
                         next_sums.append(int(values.sum()))
                 self._states[name] = states

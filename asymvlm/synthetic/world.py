@@ -275,8 +275,9 @@ class SyntheticWorld:
 
     def _generator(self, name: str, role: str, block: tuple[int, ...]) -> np.random.Generator:
         """A role's generator as a draw starts it: the split's (``block == ()``) or a block's."""
-        tag = {"main": _BLOCK if block else 0, "words": _WORDS, "pre": _PRE,
-               "generic": _GENERIC}[role]  # fmt: skip
+        tag = {"main": _BLOCK if block else 0, "words": _WORDS, "pre": _PRE, "generic": _GENERIC}[
+            role
+        ]
         return self._stream(name, tag, block)
 
     def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> dict:
@@ -299,8 +300,7 @@ class SyntheticWorld:
         cfg = self.config
         idx = draw("leaves", n_images)
         leaves = idx if cfg.finetune_roots is None else self.domain_leaves(0)[idx]
-        objects = _toward(self.concepts[-1][leaves], cfg.object_spread,
-                          draw("objects", n_images))  # fmt: skip
+        objects = _toward(self.concepts[-1][leaves], cfg.object_spread, draw("objects", n_images))
         images = _toward(objects, cfg.image_noise, draw("views", n_images))
         path = self.ancestors(leaves)
 
@@ -425,8 +425,9 @@ class SyntheticWorld:
     ) -> Iterator[dict]:
         """The split as part files of about ``shard_images`` images (whole blocks each), built
         one at a time; their concatenation is :meth:`sample_split`."""
-        for _, pieces in itertools.groupby(self.iter_pieces(name, n_images, shard_images),
-                                           key=operator.itemgetter(0)):  # fmt: skip
+        for _, pieces in itertools.groupby(
+            self.iter_pieces(name, n_images, shard_images), key=operator.itemgetter(0)
+        ):
             yield concat_splits([piece for _, piece in pieces])
 
     def sample_split(self, name: str, n_images: int) -> dict:
@@ -474,8 +475,9 @@ class SyntheticWorld:
         for name, n_images in cfg.splits.items():
             pieces = self.iter_pieces(name, n_images, shard_images)
             for k, run in itertools.groupby(pieces, key=operator.itemgetter(0)):
-                tables.write_split_pieces(root, name, (piece for _, piece in run),
-                                          part=f"part-{k:05d}")  # fmt: skip
+                tables.write_split_pieces(
+                    root, name, (piece for _, piece in run), part=f"part-{k:05d}"
+                )
         return root
 
 
@@ -487,8 +489,9 @@ def _slice_split(split: dict, start: int, stop: int, n_cap: int) -> dict:
     out: dict[str, Any] = {}
     for key, value in split.items():
         lo, hi = (start, stop) if key.startswith("image") else (start * n_cap, stop * n_cap)
-        out[key] = {k: v[lo:hi] for k, v in value.items()} if isinstance(value, dict) \
-            else value[lo:hi]  # fmt: skip
+        out[key] = (
+            {k: v[lo:hi] for k, v in value.items()} if isinstance(value, dict) else value[lo:hi]
+        )
     return out
 
 

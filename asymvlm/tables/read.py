@@ -133,8 +133,9 @@ def _chunks(
         for group in range(pf.num_row_groups):
             in_group = 0
             size = pf.metadata.row_group(group).num_rows
-            for record in pf.iter_batches(batch_size=batch, row_groups=[group], columns=[name],
-                                          use_threads=False):  # fmt: skip
+            for record in pf.iter_batches(
+                batch_size=batch, row_groups=[group], columns=[name], use_threads=False
+            ):
                 col = record.column(0)
                 while len(col):
                     take = min(len(col), _READ_CHUNK - in_group % _READ_CHUNK)
@@ -184,8 +185,9 @@ def _read_folder(
                 )
             if out.parts:
                 _same_kind(out.parts[0], shown, schema, "embedding", _value_type)
-            small = _read_small(pf, [c for c in schema.names if c not in ("embedding", pre_name)],
-                                shown)  # fmt: skip
+            small = _read_small(
+                pf, [c for c in schema.names if c not in ("embedding", pre_name)], shown
+            )
             ids = string_column(small, id_name, shown, id_name, None)
             n = len(ids)
             check_list_type(schema.field("embedding").type, "embedding", shown)
@@ -239,8 +241,9 @@ def _read_pre(
     if part.pre_error is None and validate:
         bad = first_nonfinite(rows)
         if bad is not None:
-            part.pre_nonfinite = row_error(part.shown, bad, id_name, part.ids,
-                                            f"{name} has NaN/inf")  # fmt: skip
+            part.pre_nonfinite = row_error(
+                part.shown, bad, id_name, part.ids, f"{name} has NaN/inf"
+            )
 
 
 def _value_type(typ: pa.DataType) -> pa.DataType:
@@ -418,13 +421,27 @@ def read_split(
     pre_dim = manifest.pre_dim
 
     images = _read_folder(
-        fs, root, join(base, split, IMAGES_DIR), IMAGE_COLUMNS, "image_id", dim, validate,
-        norm_atol, (IMAGE_PRE, pre_dim.get("image"), "manifest pre_dim.image"),
-    )  # fmt: skip
+        fs,
+        root,
+        join(base, split, IMAGES_DIR),
+        IMAGE_COLUMNS,
+        "image_id",
+        dim,
+        validate,
+        norm_atol,
+        (IMAGE_PRE, pre_dim.get("image"), "manifest pre_dim.image"),
+    )
     texts = _read_folder(
-        fs, root, join(base, split, TEXTS_DIR), TEXT_COLUMNS, "caption_id", dim, validate,
-        norm_atol, (TEXT_PRE, pre_dim.get("text"), "manifest pre_dim.text"),
-    )  # fmt: skip
+        fs,
+        root,
+        join(base, split, TEXTS_DIR),
+        TEXT_COLUMNS,
+        "caption_id",
+        dim,
+        validate,
+        norm_atol,
+        (TEXT_PRE, pre_dim.get("text"), "manifest pre_dim.text"),
+    )
     img_parts, txt_parts = images.parts, texts.parts
 
     image_ids = _concat_ids(img_parts)

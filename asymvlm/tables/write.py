@@ -203,12 +203,20 @@ def write_split(
     fs, base = filesystem(root)
     pre_dim = _manifest_pre_dim(fs, base, root, img.shape[1])
     images, texts_table = _split_tables(
-        img, txt, image_ids=image_ids, caption_ids=caption_ids,
-        caption_image_ids=caption_image_ids, texts=texts, text_norms=text_norms,
-        extra_text_columns=extra_text_columns, extra_image_columns=extra_image_columns,
-        image_norms=image_norms, image_features_pre=image_features_pre,
-        text_features_pre=text_features_pre, pre_dim=pre_dim,
-    )  # fmt: skip
+        img,
+        txt,
+        image_ids=image_ids,
+        caption_ids=caption_ids,
+        caption_image_ids=caption_image_ids,
+        texts=texts,
+        text_norms=text_norms,
+        extra_text_columns=extra_text_columns,
+        extra_image_columns=extra_image_columns,
+        image_norms=image_norms,
+        image_features_pre=image_features_pre,
+        text_features_pre=text_features_pre,
+        pre_dim=pre_dim,
+    )
     for sub, table in ((IMAGES_DIR, images), (TEXTS_DIR, texts_table)):
         folder = join(base, split, sub)
         fs.create_dir(folder, recursive=True)

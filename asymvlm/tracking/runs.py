@@ -124,9 +124,12 @@ class Run:
     def log_metric_rows(self, rows: list[tuple[int, Mapping[str, Any], float]]) -> None:
         """Several steps' metrics at once: ``(step, metrics, timestamp in seconds)`` each, in
         one request per 1000 values (finite numbers only, as :meth:`log_metrics`)."""
-        items = [[str(k), float(v), int(1000 * ts), int(step)]
-                 for step, metrics, ts in rows
-                 for k, v in metrics.items() if _finite(v)]  # fmt: skip
+        items = [
+            [str(k), float(v), int(1000 * ts), int(step)]
+            for step, metrics, ts in rows
+            for k, v in metrics.items()
+            if _finite(v)
+        ]
         for start in range(0, len(items), 1000):
             self._write("log_batch", metrics=items[start : start + 1000])
 
@@ -205,17 +208,24 @@ def open_run(
     (its ``id`` is None until that lands)."""
     writer = writers.writer(tracking_uri)
     out = Run(writer.client, None, tracking_uri)
-    all_tags = {**standard_tags(description, source), "kind": kind, **(tags or {}),
-                KEY_TAG: out.key}  # fmt: skip
+    all_tags = {
+        **standard_tags(description, source),
+        "kind": kind,
+        **(tags or {}),
+        KEY_TAG: out.key,
+    }
     if isinstance(parent, Run) and parent.tracking_uri == tracking_uri:
         link = {"parent_key": parent.key}  # resolved when the run is created: it may wait too
     else:
         link = {"parent_id": parent.id if isinstance(parent, Run) else parent}
     out._write(
-        "create_run", experiment=experiment, name=name,
+        "create_run",
+        experiment=experiment,
+        name=name,
         tags={k: str(v)[:5000] for k, v in all_tags.items() if v is not None},
-        start_time=None if start_time is None else int(1000 * start_time), **link,
-    )  # fmt: skip
+        start_time=None if start_time is None else int(1000 * start_time),
+        **link,
+    )
     if params:
         out.log_params(params)
     return out

@@ -55,8 +55,14 @@ from asymvlm.errors import AsymVLMError, one_line
 __all__ = ["Spool", "SpoolError", "spool_folders"]
 
 META, _OPS, _APPLIED, _RUNS, REJECTED, _FILES, _LOCK = (
-    "spool.json", "ops.jsonl", "applied", "runs.json", "rejected.jsonl", "files", "lock"
-)  # fmt: skip
+    "spool.json",
+    "ops.jsonl",
+    "applied",
+    "runs.json",
+    "rejected.jsonl",
+    "files",
+    "lock",
+)
 
 
 class SpoolError(AsymVLMError, RuntimeError):
@@ -68,8 +74,11 @@ def spool_folders(directory: str) -> list[str]:
     if os.path.isfile(os.path.join(directory, META)):
         return [directory]
     names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
-    return [os.path.join(directory, n) for n in names
-            if os.path.isfile(os.path.join(directory, n, META))]  # fmt: skip
+    return [
+        os.path.join(directory, n)
+        for n in names
+        if os.path.isfile(os.path.join(directory, n, META))
+    ]
 
 
 # -- the folder -----------------------------------------------------------------------------------
@@ -84,8 +93,9 @@ class Spool:
                 raise SpoolError(f"{folder}: not a tracking spool (no {META} in it)")
             os.makedirs(folder, exist_ok=True)
             safe = redact(tracking_uri)
-            _write_json(self._path(META), {"tracking_uri": safe,
-                                            "credentials": safe != tracking_uri})  # fmt: skip
+            _write_json(
+                self._path(META), {"tracking_uri": safe, "credentials": safe != tracking_uri}
+            )
         with open(self._path(META)) as fh:
             self.meta: dict[str, Any] = json.load(fh)
         self._lock = open(self._path(_LOCK), "a")  # noqa: SIM115 -- held until close()
@@ -141,8 +151,13 @@ class Spool:
             options = dict(op["options"])
             artifacts = {k: self._copy(v) for k, v in options.pop("artifacts", {}).items()}
             model = self._copy(None, cloudpickle.dumps((op["python_model"], options)))
-            return {"op": kind, "run": op["run"], "name": op["name"], "model": model,
-                    "artifacts": artifacts}  # fmt: skip
+            return {
+                "op": kind,
+                "run": op["run"],
+                "name": op["name"],
+                "model": model,
+                "artifacts": artifacts,
+            }
         return op
 
     def _copy(self, path: str | None, data: bytes = b"") -> str:

@@ -24,8 +24,16 @@ from asymvlm.tracking.store import experiment_id, global_tracking_uri
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Writer", "drain", "is_transient", "pending", "pending_line", "replay", "use_spool",
-           "writer"]  # fmt: skip
+__all__ = [
+    "Writer",
+    "drain",
+    "is_transient",
+    "pending",
+    "pending_line",
+    "replay",
+    "use_spool",
+    "writer",
+]
 
 #: The package that travels with a logged model (its ``code_paths``): asymvlm itself.
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,8 +55,14 @@ def is_transient(exc: BaseException) -> bool:
     quote a logged value (but a database error's first line)."""
     import requests
 
-    kinds = (ConnectionError, TimeoutError, requests.ConnectionError, requests.Timeout,
-             requests.exceptions.RetryError, requests.exceptions.ChunkedEncodingError)  # fmt: skip
+    kinds = (
+        ConnectionError,
+        TimeoutError,
+        requests.ConnectionError,
+        requests.Timeout,
+        requests.exceptions.RetryError,
+        requests.exceptions.ChunkedEncodingError,
+    )
     for cause in _causes(exc):
         if isinstance(cause, kinds):
             return True
@@ -112,8 +126,9 @@ def _create_run(writer: Writer, op: dict[str, Any]) -> None:
     parent = op.get("parent_id") or (op.get("parent_key") and _id(writer, op["parent_key"]))
     if parent:
         tags["mlflow.parentRunId"] = parent
-    created = client.create_run(experiment, run_name=op["name"], tags=tags,
-                                start_time=op.get("start_time"))  # fmt: skip
+    created = client.create_run(
+        experiment, run_name=op["name"], tags=tags, start_time=op.get("start_time")
+    )
     writer.bind(key, created.info.run_id)
 
 
@@ -140,8 +155,9 @@ def _log_pyfunc(writer: Writer, op: dict[str, Any]) -> None:
         global_tracking_uri(writer.tracking_uri),
         mlflow.start_run(run_id=run_id, log_system_metrics=False),
     ):
-        mlflow.pyfunc.log_model(name=op["name"], python_model=op["python_model"],
-                                code_paths=[PACKAGE], **op["options"])  # fmt: skip
+        mlflow.pyfunc.log_model(
+            name=op["name"], python_model=op["python_model"], code_paths=[PACKAGE], **op["options"]
+        )
     # Leaving start_run ended the run; it is still being written: RUNNING again.
     writer.client.update_run(run_id, status="RUNNING")
 
@@ -155,9 +171,13 @@ def _update_run(writer: Writer, op: dict[str, Any]) -> None:
 
 
 APPLY: dict[str, Callable[[Writer, dict[str, Any]], None]] = {
-    "create_run": _create_run, "log_batch": _log_batch, "log_artifact": _log_artifact,
-    "log_pyfunc": _log_pyfunc, "set_terminated": _set_terminated, "update_run": _update_run,
-}  # fmt: skip
+    "create_run": _create_run,
+    "log_batch": _log_batch,
+    "log_artifact": _log_artifact,
+    "log_pyfunc": _log_pyfunc,
+    "set_terminated": _set_terminated,
+    "update_run": _update_run,
+}
 
 
 # -- the writer of a store ------------------------------------------------------------------------
@@ -234,9 +254,13 @@ class Writer:
                     self.attach()
                     self._failed(exc)
                     assert self.spool is not None
-                    logger.warning("tracking store %s unreachable (%s): its writes wait in %s "
-                                   "and land when it is back", redact(self.tracking_uri),
-                                   _reason(exc), self.spool.folder)  # fmt: skip
+                    logger.warning(
+                        "tracking store %s unreachable (%s): its writes wait in %s "
+                        "and land when it is back",
+                        redact(self.tracking_uri),
+                        _reason(exc),
+                        self.spool.folder,
+                    )
             assert self.spool is not None
             self.spool.append(op)
             if time.monotonic() >= self._retry_at:
@@ -269,13 +293,22 @@ class Writer:
                         return spool.pending
                     self.rejected += 1
                     spool.reject(exc)
-                    logger.warning("tracking store %s refused a waiting write (%s of run %s), "
-                                   "set aside in %s: %s", redact(self.tracking_uri), op["op"],
-                                   op["run"], spool.folder, one_line(exc))  # fmt: skip
+                    logger.warning(
+                        "tracking store %s refused a waiting write (%s of run %s), "
+                        "set aside in %s: %s",
+                        redact(self.tracking_uri),
+                        op["op"],
+                        op["run"],
+                        spool.folder,
+                        one_line(exc),
+                    )
                 spool.advance()
             self._retry_at, self._wait = 0.0, FIRST_RETRY_S
-            logger.info("tracking store %s is back: %d waiting writes landed",
-                        redact(self.tracking_uri), waiting)  # fmt: skip
+            logger.info(
+                "tracking store %s is back: %d waiting writes landed",
+                redact(self.tracking_uri),
+                waiting,
+            )
             spool.compact()
             return 0
 
@@ -367,18 +400,25 @@ def replay(directory: str, tracking_uri: str | None = None) -> int:
         try:
             uri = tracking_uri or spool.meta["tracking_uri"]
             if tracking_uri and redact(tracking_uri) != spool.meta["tracking_uri"]:
-                logger.info("%s: recorded for %s, applied to %s", folder,
-                            spool.meta["tracking_uri"], redact(tracking_uri))  # fmt: skip
+                logger.info(
+                    "%s: recorded for %s, applied to %s",
+                    folder,
+                    spool.meta["tracking_uri"],
+                    redact(tracking_uri),
+                )
             if tracking_uri is None and spool.meta.get("credentials"):
-                raise SpoolError(f"{folder}: its store {uri} needs credentials; give its URI "
-                                 "with --mlflow-uri")  # fmt: skip
+                raise SpoolError(
+                    f"{folder}: its store {uri} needs credentials; give its URI with --mlflow-uri"
+                )
             one = Writer(uri)
             one.attach(spool)
             waiting = spool.pending
             if one.drain_once():
-                raise SpoolError(f"{folder}: the tracking store {redact(uri)} is still "
-                                 f"unreachable ({_reason(one.error)}); "
-                                 f"{spool.pending} of {waiting} writes wait")  # fmt: skip
+                raise SpoolError(
+                    f"{folder}: the tracking store {redact(uri)} is still "
+                    f"unreachable ({_reason(one.error)}); "
+                    f"{spool.pending} of {waiting} writes wait"
+                )
             applied += one.applied
             logger.info(
                 "%s: %d writes applied to %s%s",

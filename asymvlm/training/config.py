@@ -48,20 +48,21 @@ class TrainConfig(BaseModel):
     )
     epochs: Annotated[int, Field(ge=1)] = Field(200, description="passes over the data")
     lr: PositiveFloat | None = Field(
-        None, description="peak learning rate (default: the protocol's for the method; "
-        "improved: 1e-2)",
-    )  # fmt: skip
+        None,
+        description="peak learning rate (default: the protocol's for the method; improved: 1e-2)",
+    )
     optimizer: Literal["sgd", "adamw"] | None = Field(
-        None, description="sgd with momentum or adamw (default: the protocol's for the method; "
+        None,
+        description="sgd with momentum or adamw (default: the protocol's for the method; "
         "improved: sgd, as the paper)",
-    )  # fmt: skip
+    )
     momentum: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = Field(
         None, description="SGD momentum (default: 0.9)"
     )
     weight_decay: NonNegativeFloat | None = Field(
-        None, description="L2 weight decay (default: the protocol's for the method; improved: "
-        "5e-4)",
-    )  # fmt: skip
+        None,
+        description="L2 weight decay (default: the protocol's for the method; improved: 5e-4)",
+    )
     batch_size: Annotated[int, Field(ge=1)] = Field(
         2048, description="pairs per step (the global batch of the contrastive loss)"
     )

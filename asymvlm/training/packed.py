@@ -84,9 +84,11 @@ def check_packable(cfgs: Sequence[TrainConfig]) -> None:
     architecture, precision, device ...) and do not ask to stream (a pack holds its split in
     memory)."""
     require_alike(
-        [c.model_dump() for c in cfgs], PACKABLE_FIELDS, "configuration",
+        [c.model_dump() for c in cfgs],
+        PACKABLE_FIELDS,
+        "configuration",
         f"share every setting but {' and '.join(PACKABLE_FIELDS)}",
-    )  # fmt: skip
+    )
     if cfgs[0].stream == "always":
         raise ConfigError(
             "packed trials hold the training split in memory and cannot stream it: with "
@@ -94,8 +96,7 @@ def check_packable(cfgs: Sequence[TrainConfig]) -> None:
         )
 
 
-def require_alike(items: list[dict[str, Any]], free: Collection[str], noun: str,
-                  must: str) -> None:  # fmt: skip
+def require_alike(items: list[dict[str, Any]], free: Collection[str], noun: str, must: str) -> None:
     """:class:`ConfigError` ("packed trials must <must>: <noun> i differs from <noun> 0 in
     key (a vs b), ...") unless ``items`` agree outside ``free``; also when there are none."""
     if not items:
@@ -105,8 +106,9 @@ def require_alike(items: list[dict[str, Any]], free: Collection[str], noun: str,
         diff = [k for k in shared[0] if shared[0][k] != other[k]]
         if diff:
             found = ", ".join(f"{k} ({shared[0][k]!r} vs {other[k]!r})" for k in diff)
-            raise ConfigError(f"packed trials must {must}: {noun} {i} differs from {noun} 0 "
-                              f"in {found}")  # fmt: skip
+            raise ConfigError(
+                f"packed trials must {must}: {noun} {i} differs from {noun} 0 in {found}"
+            )
 
 
 # -- the global RNG, per member -----------------------------------------------------------------
@@ -258,8 +260,12 @@ class PackedTrainer:
         from tqdm.auto import tqdm
 
         epochs = self.cfgs[0].epochs
-        bar = tqdm(range(self.epoch, epochs), desc=f"train {len(self)} x {self.methods[0].name}",
-                   unit="epoch", disable=not progress)  # fmt: skip
+        bar = tqdm(
+            range(self.epoch, epochs),
+            desc=f"train {len(self)} x {self.methods[0].name}",
+            unit="epoch",
+            disable=not progress,
+        )
         self._pack_leaves()
         try:
             for _ in bar:
@@ -290,9 +296,11 @@ class PackedTrainer:
             if why is not None:
                 self.mode, self.note = "sequential", why
                 logger.warning(
-                    "%s cannot be trained packed (%s): training its %d members one after "
-                    "another", self.methods[0].name, why, len(self),
-                )  # fmt: skip
+                    "%s cannot be trained packed (%s): training its %d members one after another",
+                    self.methods[0].name,
+                    why,
+                    len(self),
+                )
 
     def _collect(self) -> None:
         """The members' parameter and buffer objects, in the template's order."""
@@ -387,8 +395,9 @@ class PackedTrainer:
 
     def _autocast(self) -> torch.autocast:
         dtype = self.trainers[0].autocast
-        return torch.autocast(self.device.type, dtype=dtype or torch.float32,
-                              enabled=dtype is not None)  # fmt: skip
+        return torch.autocast(
+            self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None
+        )
 
     def _stacked_buffers(self, members: Sequence[int]) -> dict[str, torch.Tensor]:
         return {
@@ -519,11 +528,16 @@ class PackedTrainer:
         n_text = data.text_emb.shape[0]
         for k in alive:
             self.trainers[k].begin_epoch()
-        perms = torch.stack([
-            torch.randperm(n_text, device=device,
-                           generator=epoch_generator(self.cfgs[k].seed, 0, epoch, device))
-            for k in alive
-        ])  # fmt: skip
+        perms = torch.stack(
+            [
+                torch.randperm(
+                    n_text,
+                    device=device,
+                    generator=epoch_generator(self.cfgs[k].seed, 0, epoch, device),
+                )
+                for k in alive
+            ]
+        )
         totals = torch.zeros(len(alive), device=device)
         first_bad = torch.full((len(alive),), NO_BAD_STEP, dtype=torch.long, device=device)
         buffers = self._stacked_buffers(alive)
@@ -544,8 +558,7 @@ class PackedTrainer:
                 if any(bits):
                     for k, b in zip(alive, bits, strict=True):
                         if b:
-                            self._fail(k, self.trainers[k].divergence(step * 4 + b,
-                                                                      deferred=False))
+                            self._fail(k, self.trainers[k].divergence(step * 4 + b, deferred=False))
                     keep = [i for i, b in enumerate(bits) if not b]
                     if not keep:
                         return {}

@@ -173,8 +173,13 @@ def use_streaming(
         budget = memory_budget(device)
     chosen = size > budget
     if chosen:
-        logger.info("streaming %s/%s: %.1f MB of float32 exceed the %.1f MB budget", root, split,
-                    size / 1e6, budget / 1e6)  # fmt: skip
+        logger.info(
+            "streaming %s/%s: %.1f MB of float32 exceed the %.1f MB budget",
+            root,
+            split,
+            size / 1e6,
+            budget / 1e6,
+        )
     return chosen
 
 
@@ -280,8 +285,10 @@ class CaptionStream:
                 f"{display(self.root, part.path)} row {bad}: unknown image_id "
                 f"{table.column('image_id')[bad].as_py()!r}"
             )
-        chunk = _Chunk(np.ascontiguousarray(text, dtype=np.float32),
-                       rows.to_numpy(zero_copy_only=False).astype(np.int64))  # fmt: skip
+        chunk = _Chunk(
+            np.ascontiguousarray(text, dtype=np.float32),
+            rows.to_numpy(zero_copy_only=False).astype(np.int64),
+        )
         return chunk, table.drop_columns([c for c in columns if c not in extra])
 
     def _validate_and_sample(self, size: int) -> SplitTensors:
@@ -317,11 +324,16 @@ class CaptionStream:
         owner = np.concatenate(owners) if owners else np.zeros(0, np.int64)
         empty = np.zeros((0, self.dim), np.float32)  # the embeddings are held as tensors only
         split = tables.EmbeddingSplit(
-            image_ids=self.image_ids.to_pylist(), image_embeddings=empty,
-            caption_ids=ids, text_image_index=owner, texts=words,
-            text_embeddings=empty, text_norms=None,
-            extra_text_columns={}, manifest=self.manifest,
-        )  # fmt: skip
+            image_ids=self.image_ids.to_pylist(),
+            image_embeddings=empty,
+            caption_ids=ids,
+            text_image_index=owner,
+            texts=words,
+            text_embeddings=empty,
+            text_norms=None,
+            extra_text_columns={},
+            manifest=self.manifest,
+        )
         return SplitTensors(
             image_emb=self.image_emb,
             text_emb=torch.from_numpy(text).to(self.device),
@@ -397,8 +409,10 @@ class CaptionStream:
                 if produced == self.steps:
                     break
                 produced += 1
-                yield (torch.from_numpy(image).to(self.device, non_blocking=True),
-                       torch.from_numpy(text).to(self.device, non_blocking=True))  # fmt: skip
+                yield (
+                    torch.from_numpy(image).to(self.device, non_blocking=True),
+                    torch.from_numpy(text).to(self.device, non_blocking=True),
+                )
         finally:
             rows.close()
         if produced < self.steps:  # pragma: no cover - the counts come from the same footers
@@ -464,7 +478,14 @@ def open_stream(
     """The :class:`CaptionStream` of a run when it streams (:func:`use_streaming`), else None."""
     if not use_streaming(cfg, root, split, device):
         return None
-    return CaptionStream(root, split, batch_size=cfg.batch_size,
-                         shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed,
-                         adapter_input=cfg.adapter_input, rank=rank, world_size=world_size,
-                         device=device)  # fmt: skip
+    return CaptionStream(
+        root,
+        split,
+        batch_size=cfg.batch_size,
+        shuffle_buffer=cfg.shuffle_buffer,
+        seed=cfg.seed,
+        adapter_input=cfg.adapter_input,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+    )

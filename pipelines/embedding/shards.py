@@ -42,8 +42,9 @@ def errors_table(rows: list[dict[str, str]]) -> pa.Table:
 def manifest_lock(cfg: EmbedConfig) -> storage.OutputLock:
     """``ROOT/manifest.json`` is shared by the splits: read-modify-write it under a short lock
     (waiting for a job on another split that is updating it)."""
-    return storage.OutputLock(cfg.output, "", name="manifest", wait=60.0, ttl=30.0,
-                             renew_every=10.0, log=log.warning)  # fmt: skip
+    return storage.OutputLock(
+        cfg.output, "", name="manifest", wait=60.0, ttl=30.0, renew_every=10.0, log=log.warning
+    )
 
 
 def claim(
@@ -60,8 +61,9 @@ def claim(
         return done
     job = storage.read_json(cfg.output, f"{cfg.split}/{JOB}")
     if job is not None:
-        _refuse_other_job(shown, "was written by another job", fingerprint,
-                          job.get("fingerprint") or {})  # fmt: skip
+        _refuse_other_job(
+            shown, "was written by another job", fingerprint, job.get("fingerprint") or {}
+        )
         log.info(f"resuming the job recorded in {shown}/{JOB}")
         return None
     stray = _written_parts(cfg)

@@ -227,9 +227,13 @@ def _embed_group(
         )
         for caption_id, _ in attached.get(row["image_id"], []):
             errors[row["shard"]].append(
-                {"kind": "caption", "id": caption_id, "path": "",
-                 "reason": f"image {row['image_id']} failed"}
-            )  # fmt: skip
+                {
+                    "kind": "caption",
+                    "id": caption_id,
+                    "path": "",
+                    "reason": f"image {row['image_id']} failed",
+                }
+            )
     for rows in errors.values():
         rows.sort(key=lambda r: (r["kind"] != "image", r["id"]))
     if failed_ids:
@@ -317,9 +321,12 @@ def _embed_group(
         storage.write_json(
             cfg.output,
             f"{cfg.split}/{PARTS_DIR}/{part}.json",
-            {"images": len(shard_ids), "captions": caps.num_rows,
-             "errors": len(errors.get(shard, []))},
-        )  # fmt: skip
+            {
+                "images": len(shard_ids),
+                "captions": caps.num_rows,
+                "errors": len(errors.get(shard, [])),
+            },
+        )
 
 
 def _pre_rows(

@@ -89,8 +89,9 @@ def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConf
         available["hierarcaps"] = found is not None
     doc, dropped = drop_unavailable(doc, available, path)
     if dropped:
-        logger.warning("without HierarCaps, these parts of %s are left out: %s", path,
-                       ", ".join(dropped))  # fmt: skip
+        logger.warning(
+            "without HierarCaps, these parts of %s are left out: %s", path, ", ".join(dropped)
+        )
     name = doc.get("name") or os.path.splitext(os.path.basename(path))[0]
     raw_output = config.expand_env(doc.get("output") or f"runs/{name}", f"{path}: output")
     output = storage.absolute(raw_output)
@@ -130,8 +131,9 @@ def check_inputs(cfg: PipelineConfig, source: str) -> None:
         path = os.path.abspath(value)
         if os.path.exists(path) or produced(path):
             return
-        raise ConfigError(f"{source}: {key}: {value} does not exist, and no stage of this "
-                          "pipeline writes it")  # fmt: skip
+        raise ConfigError(
+            f"{source}: {key}: {value} does not exist, and no stage of this pipeline writes it"
+        )
 
     if cfg.prepare.hierarcaps_cifar:
         check(cfg.prepare.hierarcaps_cifar.hierarcaps, "prepare.hierarcaps_cifar.hierarcaps")

@@ -49,8 +49,10 @@ class _EvaluationItem(StrictModel):
 
 #: One pipeline evaluation per kind of the registry: the kind's spec plus the pipeline's keys.
 EVALUATION_ITEMS = {
-    kind: create_model(f"{ev.spec_model.__name__.removesuffix('Spec')}Evaluation",
-                       __base__=(ev.spec_model, _EvaluationItem))  # fmt: skip
+    kind: create_model(
+        f"{ev.spec_model.__name__.removesuffix('Spec')}Evaluation",
+        __base__=(ev.spec_model, _EvaluationItem),
+    )
     for kind, ev in EVALUATIONS.items()
 }
 Evaluation = Annotated[
@@ -88,8 +90,9 @@ class SyntheticPrepare(StrictModel):
     model_config = ConfigDict(extra="allow")
     output: Absolute = Field(description="the world's table root")
     preset: Literal["demo", "coco"] | None = Field(
-        None, description="a named world (asymvlm.synthetic.PRESETS); any WorldConfig knob "
-        "given beside it (e.g. dim, misalignment) overrides the preset's"
+        None,
+        description="a named world (asymvlm.synthetic.PRESETS); any WorldConfig knob "
+        "given beside it (e.g. dim, misalignment) overrides the preset's",
     )
     train_images: PositiveInt | None = Field(None, description="images of the train split")
     val_images: Annotated[int, Field(ge=0)] | None = Field(
@@ -99,9 +102,10 @@ class SyntheticPrepare(StrictModel):
         None, description="images of the test split (0: none)"
     )
     classes: SyntheticClasses | None = Field(
-        None, description="true (every default) or the keys below: also write the "
+        None,
+        description="true (every default) or the keys below: also write the "
         "classification sets (ROOT-positives, ROOT-negatives, ROOT-zeroshot, "
-        "ROOT-far-negatives)"
+        "ROOT-far-negatives)",
     )
 
     @field_validator("classes", mode="before")
@@ -202,8 +206,9 @@ class EmbedSection(StrictModel):
         if not isinstance(data, dict) or not isinstance(data.get("jobs") or [], list):
             return data
         defaults = dict(data.get("defaults") or {})
-        jobs = [{**defaults, **job} if isinstance(job, dict) else job
-                for job in data.get("jobs") or []]  # fmt: skip
+        jobs = [
+            {**defaults, **job} if isinstance(job, dict) else job for job in data.get("jobs") or []
+        ]
         return {**data, "jobs": jobs}
 
 
@@ -226,14 +231,18 @@ class PipelineConfig(StrictModel):
         description="everything lands below it (a folder or an object-store URI); ${output} "
         "in any value"
     )
-    storage: StorageSettings = Field(default_factory=StorageSettings,
-                                     description="how the output is shared between nodes")
-    mlflow: MlflowSettings = Field(default_factory=MlflowSettings,
-                                   description="the tracking store and experiment")
-    prepare: PrepareConfig = Field(default_factory=PrepareConfig,
-                                   description="offline stand-ins written first")
-    embed: EmbedSection = Field(default_factory=EmbedSection,
-                                description="the embedding stage's jobs")
+    storage: StorageSettings = Field(
+        default_factory=StorageSettings, description="how the output is shared between nodes"
+    )
+    mlflow: MlflowSettings = Field(
+        default_factory=MlflowSettings, description="the tracking store and experiment"
+    )
+    prepare: PrepareConfig = Field(
+        default_factory=PrepareConfig, description="offline stand-ins written first"
+    )
+    embed: EmbedSection = Field(
+        default_factory=EmbedSection, description="the embedding stage's jobs"
+    )
     sweeps: list[SweepConfig] = Field(  # type: ignore[valid-type]
         default_factory=list, description="the Tune sweeps (each needs a name)"
     )
@@ -259,10 +268,14 @@ class PipelineConfig(StrictModel):
                 continue
             if not sweep.get("name"):
                 raise ValueError(f"sweeps[{i}] needs a name")
-            sweep = {**sweep, "mlflow": dict(doc["mlflow"]),
-                     "storage": dict(doc.get("storage") or {})}  # fmt: skip
-            sweep["output"] = sweep.get("output") or storage.uri_join(doc["output"], "sweeps",
-                                                                      sweep["name"])  # fmt: skip
+            sweep = {
+                **sweep,
+                "mlflow": dict(doc["mlflow"]),
+                "storage": dict(doc.get("storage") or {}),
+            }
+            sweep["output"] = sweep.get("output") or storage.uri_join(
+                doc["output"], "sweeps", sweep["name"]
+            )
             sweeps.append(sweep)
         doc["sweeps"] = sweeps
         return doc
@@ -283,8 +296,9 @@ class PipelineConfig(StrictModel):
                 where = getattr(self.prepare, key)
                 where = getattr(where, "output", where)
                 if where and storage.is_remote(where):
-                    raise ValueError(f"prepare.{key} writes local files; give it a local "
-                                     f"folder, not {where}")  # fmt: skip
+                    raise ValueError(
+                        f"prepare.{key} writes local files; give it a local folder, not {where}"
+                    )
         return self
 
     def sweep(self, name: str) -> Any:
@@ -329,8 +343,10 @@ def drop_unavailable(
     for label, item in list(_requiring_items(doc)):
         needs = item.get("requires") or []
         if not isinstance(needs, list) or any(n not in OPTIONAL_DATA for n in needs):
-            raise ConfigError(f"{source}: {label}.requires: expected a list of "
-                              f"{list(OPTIONAL_DATA)}, got {needs!r}")  # fmt: skip
+            raise ConfigError(
+                f"{source}: {label}.requires: expected a list of "
+                f"{list(OPTIONAL_DATA)}, got {needs!r}"
+            )
         if any(not available.get(n, True) for n in needs):
             dropped.append(label)
             gone.append(id(item))

@@ -33,9 +33,10 @@ class ServeConfig(StrictModel):
     cpus_per_replica: Annotated[float, Field(gt=0)] = Field(1.0, description="CPUs per replica")
     gpus_per_replica: Annotated[float, Field(ge=0)] = Field(0.0, description="GPUs per replica")
     batching: bool = Field(
-        True, description="dynamic batching: requests that arrive within batch_wait_timeout_s "
+        True,
+        description="dynamic batching: requests that arrive within batch_wait_timeout_s "
         "of each other are embedded together (false: one by one)",
-    )  # fmt: skip
+    )
     max_batch_size: PositiveInt = Field(32, description="requests embedded together, at most")
     batch_wait_timeout_s: Annotated[float, Field(ge=0)] = Field(
         0.01, description="how long a request waits for others"

@@ -54,9 +54,10 @@ class MlflowSettings(StrictModel):
     """Where runs are tracked: default a SQLite store beside the outputs."""
 
     tracking_uri: str | None = Field(
-        None, description="a tracking server (http(s)://...) or store; default: "
+        None,
+        description="a tracking server (http(s)://...) or store; default: "
         "sqlite:///<output>/mlflow.db",
-    )  # fmt: skip
+    )
     experiment: str | None = Field(None, description="the MLflow experiment")
 
 
@@ -106,11 +107,17 @@ def default_store(doc: dict[str, Any], experiment: str) -> None:
 # -- the sweep ----------------------------------------------------------------------------------
 #: The TrainConfig fields a sweep varies per trial (the rest are the sweep's own keys).
 SWEPT = ("method", "lr", "seed", "method_kwargs")
-_TRAIN_FIELDS = {name: (info.annotation, info) for name, info in TrainConfig.model_fields.items()
-                 if name not in SWEPT}  # fmt: skip
+_TRAIN_FIELDS = {
+    name: (info.annotation, info)
+    for name, info in TrainConfig.model_fields.items()
+    if name not in SWEPT
+}
 #: The RunSpec fields a sweep sets for every trial (its tables and splits).
-_RUN_FIELDS = {name: (info.annotation, info) for name, info in RunSpec.model_fields.items()
-               if name not in ("train", "embeddings")}  # fmt: skip
+_RUN_FIELDS = {
+    name: (info.annotation, info)
+    for name, info in RunSpec.model_fields.items()
+    if name not in ("train", "embeddings")
+}
 _RUN_FIELDS["checkpoint_every"] = (
     PositiveInt,
     Field(5, description="a checkpoint every that many epochs and after the last one"),
@@ -124,46 +131,53 @@ class _SweepBase(StrictModel):
     methods: Annotated[list[MethodName], Field(min_length=1)] = Field(
         description="methods to sweep (`asymvlm methods` lists them)"
     )
-    lr: Annotated[list[Annotated[float, Field(gt=0, allow_inf_nan=False)]],
-                  Field(min_length=1)] = Field(description="the learning-rate grid")  # fmt: skip
+    lr: Annotated[list[Annotated[float, Field(gt=0, allow_inf_nan=False)]], Field(min_length=1)] = (
+        Field(description="the learning-rate grid")
+    )
     seeds: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
         description="the seeds of stage 2 (the first one also runs the lr grid)"
     )
     num_workers: PositiveInt = Field(
         1, description="DDP workers per trial (> 1: each trial drives a TorchTrainer)"
     )
-    mlflow: MlflowSettings = Field(default_factory=MlflowSettings,
-                                   description="the tracking store and experiment")
+    mlflow: MlflowSettings = Field(
+        default_factory=MlflowSettings, description="the tracking store and experiment"
+    )
     output: Absolute = Field(description="the sweep's folder (default: runs/<experiment>)")
-    storage: StorageSettings = Field(default_factory=StorageSettings,
-                                     description="how the output is shared between nodes")
+    storage: StorageSettings = Field(
+        default_factory=StorageSettings, description="how the output is shared between nodes"
+    )
     max_failures: Annotated[int, Field(ge=0)] = Field(
         1, description="retries of a failed trial (from its last checkpoint)"
     )
     node_wait_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
-        600.0, description="seconds trials may wait for a node (one lost, none with room) "
+        600.0,
+        description="seconds trials may wait for a node (one lost, none with room) "
         "while none runs; then the sweep stops, naming them, and the same command run again "
         "goes on",
-    )  # fmt: skip
+    )
     cpus_per_worker: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         1.0, description="CPUs per trial worker"
     )
     gpus_per_worker: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = Field(
-        1.0, description="GPU share per trial worker when the cluster has GPUs (0.25: four "
+        1.0,
+        description="GPU share per trial worker when the cluster has GPUs (0.25: four "
         "trials on one GPU)",
-    )  # fmt: skip
+    )
     method_kwargs: dict[MethodName, dict[str, Any]] = Field(
         default_factory=dict, description="extra constructor arguments, per method"
     )
     trial_runner: Literal["auto", "torch_trainer"] = Field(
-        "auto", description="auto: a one-worker trial runs the protocol inside the Tune trial "
+        "auto",
+        description="auto: a one-worker trial runs the protocol inside the Tune trial "
         "(no TorchTrainer start-up); torch_trainer: every trial through a TorchTrainer",
-    )  # fmt: skip
+    )
     pack: PositiveInt = Field(
-        1, description="train up to this many trials of one method and stage (other lr and/or "
+        1,
+        description="train up to this many trials of one method and stage (other lr and/or "
         "seed) in one process as one batched model, each with its own optimiser, schedule, "
         "metrics and MLflow run; one-worker trials only",
-    )  # fmt: skip
+    )
     fault_injection: FaultInjection | None = Field(
         None, description="a drill: kill a trial's worker once after an epoch (tests)"
     )
@@ -196,11 +210,14 @@ class _SweepBase(StrictModel):
             if len(set(values)) != len(values):
                 raise ValueError(f"{field_name} has duplicates: {values}")
         if self.pack > 1 and (self.num_workers > 1 or self.trial_runner != "auto"):
-            raise ValueError("pack > 1 packs one-worker trials: it needs num_workers: 1 and "
-                             "trial_runner: auto")  # fmt: skip
+            raise ValueError(
+                "pack > 1 packs one-worker trials: it needs num_workers: 1 and trial_runner: auto"
+            )
         if self.pack > 1 and getattr(self, "stream", "auto") == "always":
-            raise ValueError("pack > 1 holds the training split in memory and cannot stream it: "
-                             "with stream: always, set pack: 1")  # fmt: skip
+            raise ValueError(
+                "pack > 1 holds the training split in memory and cannot stream it: "
+                "with stream: always, set pack: 1"
+            )
         extra = sorted(set(self.method_kwargs) - set(self.methods))
         if extra:
             raise ValueError(f"method_kwargs names methods that are not swept: {extra}")
@@ -208,8 +225,13 @@ class _SweepBase(StrictModel):
         train = {k: getattr(self, k) for k in _TRAIN_FIELDS}
         run = {k: getattr(self, k) for k in ("embeddings", *_RUN_FIELDS)}
         for method in self.methods:
-            cfg = TrainConfig(**train, method=method, lr=self.lr[0], seed=self.seeds[0],
-                              method_kwargs=self.method_kwargs.get(method, {}))  # fmt: skip
+            cfg = TrainConfig(
+                **train,
+                method=method,
+                lr=self.lr[0],
+                seed=self.seeds[0],
+                method_kwargs=self.method_kwargs.get(method, {}),
+            )
             self._specs[method] = RunSpec(**run, train=cfg)
         return self
 

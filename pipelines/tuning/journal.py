@@ -131,8 +131,12 @@ class Journal:
             fields = {f.name for f in dataclasses.fields(TrialRecord)}
             out[raw["label"]] = TrialRecord(**{k: v for k, v in raw.items() if k in fields})
         if stale:
-            logger.warning("sweep %s: %d trial record(s) of another config are not reused (%s)",
-                           self.sweep.label, len(stale), ", ".join(stale[:5]))  # fmt: skip
+            logger.warning(
+                "sweep %s: %d trial record(s) of another config are not reused (%s)",
+                self.sweep.label,
+                len(stale),
+                ", ".join(stale[:5]),
+            )
         return Previous(out)
 
 
@@ -158,10 +162,14 @@ class Previous:
             return None
         first = records[0]
         assert first is not None
-        same = (first.pack is None) if len(labels) == 1 else all(
-            r is not None and r.pack == labels and r.checkpoint == first.checkpoint
-            for r in records
-        )  # fmt: skip
+        same = (
+            (first.pack is None)
+            if len(labels) == 1
+            else all(
+                r is not None and r.pack == labels and r.checkpoint == first.checkpoint
+                for r in records
+            )
+        )
         return first.checkpoint if same else None
 
     def counts(self) -> tuple[int, int]:
@@ -189,8 +197,9 @@ class TrialJournal(tune.Callback):
         pack = [trial_label(stage, t) for t in members] if len(members) > 1 else None
         for k, member in enumerate(members):
             folder = "" if pack is None else MEMBER_FOLDER.format(k=k)
-            self.journal.record(stage, member, checkpoint=uri, member_dir=folder, epoch=epoch,
-                                pack=pack)  # fmt: skip
+            self.journal.record(
+                stage, member, checkpoint=uri, member_dir=folder, epoch=epoch, pack=pack
+            )
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         members = self._members(trial.config)
@@ -203,10 +212,14 @@ class TrialJournal(tune.Callback):
             if "outcome" not in row:  # a member of a pack that diverged
                 continue
             folder = "" if len(members) == 1 else MEMBER_FOLDER.format(k=k)
-            final = {key: row[key] for key in (SELECTION_METRIC, "method", "lr", "seed", "stage",
-                                               "outcome") if key in row}  # fmt: skip
-            self.journal.record(trial.config["stage"], member, final=final, checkpoint=uri,
-                                member_dir=folder)  # fmt: skip
+            final = {
+                key: row[key]
+                for key in (SELECTION_METRIC, "method", "lr", "seed", "stage", "outcome")
+                if key in row
+            }
+            self.journal.record(
+                trial.config["stage"], member, final=final, checkpoint=uri, member_dir=folder
+            )
 
 
 def restored_key(label: str) -> str:

@@ -97,8 +97,12 @@ class StagedSearch(Searcher):
             stage, trial = self._queue.pop(0)
             members = [trial]
             if trial["method"] in self._packable:  # the next ones of this method and stage
-                while (len(members) < self._pack and self._queue and self._queue[0][0] == stage
-                       and self._queue[0][1]["method"] == trial["method"]):  # fmt: skip
+                while (
+                    len(members) < self._pack
+                    and self._queue
+                    and self._queue[0][0] == stage
+                    and self._queue[0][1]["method"] == trial["method"]
+                ):
                     members.append(self._queue.pop(0)[1])
             self._running.add(trial_id)
             if stage == "grid":

@@ -105,8 +105,9 @@ def _run_trials(
     if sweep.uses_torch_trainer():
         # The trial only drives its TorchTrainer, whose workers ask for their own CPUs/GPUs:
         # it reserves no CPU (Tune needs some resource in a request: a little memory).
-        trainable = tune.with_resources(torch_trainer_trial,
-                                        {"cpu": 0, "memory": TRIAL_DRIVER_MEMORY})  # fmt: skip
+        trainable = tune.with_resources(
+            torch_trainer_trial, {"cpu": 0, "memory": TRIAL_DRIVER_MEMORY}
+        )
         retries = tune.FailureConfig(max_failures=0)  # the TorchTrainer retries its workers
     else:  # the protocol runs in the trial: it holds the worker's CPUs (or GPU share)
         import ray
@@ -158,8 +159,13 @@ def _run_trials(
             if "outcome" in row:
                 done.append(row)
             else:
-                failed.append({"stage": r.config["stage"], **trial,
-                               "reason": row.get("failed") or failure_reason(r.error)})  # fmt: skip
+                failed.append(
+                    {
+                        "stage": r.config["stage"],
+                        **trial,
+                        "reason": row.get("failed") or failure_reason(r.error),
+                    }
+                )
     return done, failed
 
 
@@ -181,8 +187,11 @@ def _base_params(sweep: SweepConfig) -> dict[str, Any]:
         "protocol": sweep.protocol,
         "optimizer": sweep.optimizer or "per method (protocol default)",
         "num_workers": sweep.num_workers,
-        **{k: getattr(sweep, k) for k in ("hidden_dim", "depth", "adapter_input")
-           if getattr(sweep, k) is not None},
+        **{
+            k: getattr(sweep, k)
+            for k in ("hidden_dim", "depth", "adapter_input")
+            if getattr(sweep, k) is not None
+        },
     }
 
 
@@ -205,28 +214,44 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
     previous, earlier_run = journal.previous(), journal.run_id()
     finished, resumable = previous.counts()
     if finished or resumable:
-        logger.info("sweep %s: going on from an earlier run (%s): %d finished trial(s) read "
-                    "back, %d go on from their checkpoints", name,
-                    storage.uri_join(sweep.output, "journal"), finished, resumable)  # fmt: skip
+        logger.info(
+            "sweep %s: going on from an earlier run (%s): %d finished trial(s) read "
+            "back, %d go on from their checkpoints",
+            name,
+            storage.uri_join(sweep.output, "journal"),
+            finished,
+            resumable,
+        )
     previous_runs: dict[str, tuple[str, str]] = {}  # trial label -> its earlier run, status
 
     def open_sweep_run() -> tracking.Run:
         try:
             run = _reopen(uri, earlier_run, previous_runs) if earlier_run else None
             if run is None:
-                run = tracking.open_run(uri, experiment, f"sweep {name}", kind="sweep",
-                                        parent=parent, params=params,
-                                        tags={"note": str(sweep.note or ""), "sweep": name},
-                                        description=sweep.note or None)  # fmt: skip
+                run = tracking.open_run(
+                    uri,
+                    experiment,
+                    f"sweep {name}",
+                    kind="sweep",
+                    parent=parent,
+                    params=params,
+                    tags={"note": str(sweep.note or ""), "sweep": name},
+                    description=sweep.note or None,
+                )
         except Exception as exc:  # stops the sweep at Tune's next event (MlflowTrialLogger)
-            raise ConfigError(f"mlflow.tracking_uri: cannot open the MLflow store "
-                              f"{config.redact(uri)}: {exc}") from None  # fmt: skip
+            raise ConfigError(
+                f"mlflow.tracking_uri: cannot open the MLflow store {config.redact(uri)}: {exc}"
+            ) from None
         if run.id:  # None while its creation waits in the spool (MLflow unreachable)
             journal.set_run_id(run.id)
-        run.log_text("config.yaml", yaml.safe_dump(sweep.model_dump(mode="json"),
-                                                   sort_keys=False))  # fmt: skip
-        logger.info("sweep %s: MLflow run %s in %s (experiment %r)", name, run.id,
-                    config.redact(uri), experiment)  # fmt: skip
+        run.log_text("config.yaml", yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False))
+        logger.info(
+            "sweep %s: MLflow run %s in %s (experiment %r)",
+            name,
+            run.id,
+            config.redact(uri),
+            experiment,
+        )
         return run
 
     # The sweep's run is opened on the MLflow writer thread while Tune starts the first trials
@@ -247,10 +272,19 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
     storage.write_text(storage.uri_join(sweep.output, "summary.md"), markdown)
     storage.write_text(
         storage.uri_join(sweep.output, SWEEP_RECORD),
-        json.dumps({"parent_run_id": sweep_run.id, "experiment": experiment,
-                    "tracking_uri": config.redact(uri), "selection": selection,
-                    "summary": summary, "failed": failed, "adapters": adapters}, indent=2),
-    )  # fmt: skip
+        json.dumps(
+            {
+                "parent_run_id": sweep_run.id,
+                "experiment": experiment,
+                "tracking_uri": config.redact(uri),
+                "selection": selection,
+                "summary": summary,
+                "failed": failed,
+                "adapters": adapters,
+            },
+            indent=2,
+        ),
+    )
     return {
         "parent_run_id": sweep_run.id,
         "experiment_id": _experiment_id(sweep_run),
@@ -273,8 +307,11 @@ def _reopen(
     try:
         children = tracking.child_runs(uri, run_id, status="")
     except Exception as exc:  # e.g. MlflowException RESOURCE_DOES_NOT_EXIST: a new store
-        logger.warning("the sweep's earlier MLflow run %s is not in the store (%s): a new run "
-                       "is opened", run_id, one_line(exc))  # fmt: skip
+        logger.warning(
+            "the sweep's earlier MLflow run %s is not in the store (%s): a new run is opened",
+            run_id,
+            one_line(exc),
+        )
         return None
     for child in sorted(children, key=lambda r: r.info.start_time):
         if child.data.tags.get("trial"):
@@ -315,17 +352,29 @@ def _stages(
         seed_keys.extend(k for k, r in keyed if r["lr"] == pick["lr"])
         trial_logger.join_seed_stage([k for k, r in keyed if r["lr"] == pick["lr"]])
         trial_logger.submit(
-            lambda: trial_logger.parent.log_params({f"best_lr/{method}": pick["lr"]}))
+            lambda: trial_logger.parent.log_params({f"best_lr/{method}": pick["lr"]})
+        )
         seeds = [s for s in sweep.seeds if s not in {r["seed"] for r in mine}]
         if grid:
-            logger.info("sweep %s: %s best lr %g (%s %.4f); stage 2: seeds %s", name, method,
-                        pick["lr"], SELECTION_METRIC, pick["score"],
-                        ", ".join(map(str, seeds)) or "none left")  # fmt: skip
+            logger.info(
+                "sweep %s: %s best lr %g (%s %.4f); stage 2: seeds %s",
+                name,
+                method,
+                pick["lr"],
+                SELECTION_METRIC,
+                pick["score"],
+                ", ".join(map(str, seeds)) or "none left",
+            )
         return [{"method": method, "lr": pick["lr"], "seed": s} for s in seeds]
 
     if grid:
-        logger.info("sweep %s, stage 1: %d trials (method x lr, seed %d); each method's stage 2 "
-                    "follows its grid", name, len(grid), first)  # fmt: skip
+        logger.info(
+            "sweep %s, stage 1: %d trials (method x lr, seed %d); each method's stage 2 "
+            "follows its grid",
+            name,
+            len(grid),
+            first,
+        )
     total = len(grid) + len(sweep.methods) * (len(sweep.seeds) - (1 if grid else 0))
     read_back: list[str] = []  # keys of the trials an earlier run finished
 
@@ -343,14 +392,16 @@ def _stages(
     done += [trial_logger.final[k] for k in read_back if trial_logger.final[k]["stage"] == "seeds"]
     selection = {m: selection[m] for m in sweep.methods if m in selection}  # config order
     if not selection:
-        raise NoResults(f"sweep {name}: every trial failed; first reason: "
-                        f"{failed[0]['reason']}")  # fmt: skip
+        raise NoResults(f"sweep {name}: every trial failed; first reason: {failed[0]['reason']}")
     repeats = reused + [r for r in done if r["stage"] == "seeds"]
     flat = [
-        {"method": r["method"], "seed": r["seed"],
-         **results.retrieval_metric_names(r["outcome"].get("test", {}))}
+        {
+            "method": r["method"],
+            "seed": r["seed"],
+            **results.retrieval_metric_names(r["outcome"].get("test", {})),
+        }
         for r in repeats
-    ]  # fmt: skip
+    ]
     summary = results.seed_summary(flat)
     title = f"{base['dataset']} ({base['embedding_model']}), mean ± std over seeds"
     markdown = results.summary_markdown(summary, title=title) + failures_markdown(failed)
@@ -363,12 +414,15 @@ def _stages(
     sweep_run.log_text("summary.csv", results.summary_csv(summary))
     sweep_run.log_json("selection.json", selection)
     sweep_run.log_json("failures.json", failed)
-    sweep_run.log_metrics({
-        f"{method}/{col}_{stat}": stats[stat]
-        for method, cells in summary.items()
-        for col, stats in cells.items() if isinstance(stats, dict)
-        for stat in ("mean", "std")
-    })  # fmt: skip
+    sweep_run.log_metrics(
+        {
+            f"{method}/{col}_{stat}": stats[stat]
+            for method, cells in summary.items()
+            for col, stats in cells.items()
+            if isinstance(stats, dict)
+            for stat in ("mean", "std")
+        }
+    )
     return selection, summary, failed, markdown, adapters
 
 
@@ -406,9 +460,13 @@ def failures_markdown(failed: list[dict[str, Any]]) -> str:
     """The failed trials under the summary table: how many, which, and why."""
     if not failed:
         return ""
-    lines = ["", f"**{len(failed)} trial(s) failed** and are left out of the selection and "
-             "the table above:", "", "| stage | method | lr | seed | reason |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        f"**{len(failed)} trial(s) failed** and are left out of the selection and the table above:",
+        "",
+        "| stage | method | lr | seed | reason |",
+        "|---|---|---|---|---|",
+    ]
     for f in failed:
         reason = f["reason"].replace("|", "\\|")
         lines.append(f"| {f['stage']} | {f['method']} | {f['lr']:g} | {f['seed']} | {reason} |")

@@ -176,16 +176,29 @@ class MlflowTrialLogger(tune.Callback):
                 self.logged[trial_id] = tracking.last_step(uri, run_id, _EVERY_EPOCH)
                 return self.runs[trial_id]
             self.runs[trial_id] = tracking.open_run(
-                self.sweep.mlflow.tracking_uri, self.sweep.mlflow.experiment,
-                f"{method} lr={lr:g} seed={seed}", kind="trial", parent=self.parent,
-                params={**self.base_params, "method": method, "lr": lr, "seed": seed,
-                        "stage": stage, "optimizer": self._optimizer(method)},
-                tags={"stage": stage, "method": method, "trial": label,
-                      **({"seed_stage": "true"} if stage == "seeds" else {})},
+                self.sweep.mlflow.tracking_uri,
+                self.sweep.mlflow.experiment,
+                f"{method} lr={lr:g} seed={seed}",
+                kind="trial",
+                parent=self.parent,
+                params={
+                    **self.base_params,
+                    "method": method,
+                    "lr": lr,
+                    "seed": seed,
+                    "stage": stage,
+                    "optimizer": self._optimizer(method),
+                },
+                tags={
+                    "stage": stage,
+                    "method": method,
+                    "trial": label,
+                    **({"seed_stage": "true"} if stage == "seeds" else {}),
+                },
                 description=f"{'lr grid' if stage == 'grid' else 'seed'} trial: {method} at "
                 f"lr {lr:g}, seed {seed}",
                 start_time=self.started_at.get(trial_id),  # the trial's, not the writer's
-            )  # fmt: skip
+            )
         return self.runs[trial_id]
 
     def _optimizer(self, method: str) -> str:
@@ -198,8 +211,9 @@ class MlflowTrialLogger(tune.Callback):
         lines print above it."""
         from tqdm import tqdm
 
-        with tqdm(total=total, desc=label, unit="trial", leave=False,
-                  disable=not sys.stderr.isatty()) as bar:  # fmt: skip
+        with tqdm(
+            total=total, desc=label, unit="trial", leave=False, disable=not sys.stderr.isatty()
+        ) as bar:
             self._bar = bar
             try:
                 yield bar
@@ -227,8 +241,10 @@ class MlflowTrialLogger(tune.Callback):
         """Copy the adapter of finished run ``key`` to ``uri`` (a checkpoint folder); the URI,
         or None for a run without one."""
         checkpoint, member_dir = self.checkpoints.get(key, (None, ""))
-        with (adapter_directory(self.final[key]["outcome"], checkpoint, member_dir) as model,
-              tempfile.TemporaryDirectory() as tmp):  # fmt: skip
+        with (
+            adapter_directory(self.final[key]["outcome"], checkpoint, member_dir) as model,
+            tempfile.TemporaryDirectory() as tmp,
+        ):
             if model is None or not os.path.isdir(model):
                 return None
             # the adapter alone: no optimiser state, no history
@@ -276,14 +292,19 @@ class MlflowTrialLogger(tune.Callback):
         pack = config.get("pack")
         if not pack:
             return [(trial_id, config)]
-        return [(key, {"stage": config["stage"], "trial": t})
-                for key, t in zip(member_keys(trial_id, len(pack)), pack, strict=True)]
+        return [
+            (key, {"stage": config["stage"], "trial": t})
+            for key, t in zip(member_keys(trial_id, len(pack)), pack, strict=True)
+        ]
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self._check_parent()
         if trial.config.get("resume"):
-            logger.info("trial %s: goes on from the checkpoint an earlier run left (%s)",
-                        describe_trial(trial.config), trial.config["resume"])  # fmt: skip
+            logger.info(
+                "trial %s: goes on from the checkpoint an earlier run left (%s)",
+                describe_trial(trial.config),
+                trial.config["resume"],
+            )
         for key, member in self._members(trial.trial_id, trial.config):
             self.started_at.setdefault(key, time.time())
             self.submit(lambda key=key, member=member: self._run(key, member))
@@ -300,17 +321,18 @@ class MlflowTrialLogger(tune.Callback):
                 if "outcome" in row:
                     self.final[key] = row
                     self.checkpoints[key] = (checkpoint, MEMBER_FOLDER.format(k=k))
-                    self.submit(lambda key=key, config=config, row=row, k=k: log_outcome(
-                        self._run(key, config), row, checkpoint,
-                        MEMBER_FOLDER.format(k=k)))  # fmt: skip
+                    self.submit(
+                        lambda key=key, config=config, row=row, k=k: log_outcome(
+                            self._run(key, config), row, checkpoint, MEMBER_FOLDER.format(k=k)
+                        )
+                    )
             return
         key, config = members[int(result.get("member", 0))]
         if "outcome" in result:
             self.final[key] = result
             checkpoint = getattr(trial, "checkpoint", None)
             self.checkpoints[key] = (checkpoint, "")
-            self.submit(lambda: log_outcome(self._run(key, config), result,
-                                            checkpoint))  # fmt: skip
+            self.submit(lambda: log_outcome(self._run(key, config), result, checkpoint))
         elif "epoch" in result:
             metrics = {k: v for k, v in result.items() if k not in _NOT_METRICS | {"member"}}
             self._log_epoch(key, config, int(result["epoch"]), metrics)
@@ -342,8 +364,11 @@ class MlflowTrialLogger(tune.Callback):
         outcomes = last.get("pack_outcomes") or [last] * len(members)
         for (key, member), result in zip(members, outcomes, strict=False):
             seconds = time.time() - self.started_at.get(key, time.time())
-            self.submit(lambda key=key, member=member, result=result, seconds=seconds:
-                        self._complete(key, member, result, seconds))  # fmt: skip
+            self.submit(
+                lambda key=key, member=member, result=result, seconds=seconds: self._complete(
+                    key, member, result, seconds
+                )
+            )
 
     def _complete(self, trial_id: str, config: dict, result: dict, seconds: float) -> None:
         run = self._run(trial_id, config)
@@ -354,8 +379,7 @@ class MlflowTrialLogger(tune.Callback):
         score = result.get(SELECTION_METRIC)
         if "failed" in result:  # a member of a pack that diverged
             run.end("FAILED", result["failed"])
-            logger.warning("trial %s lr=%g seed=%d FAILED: %s", method, lr, seed,
-                           result["failed"])  # fmt: skip
+            logger.warning("trial %s lr=%g seed=%d FAILED: %s", method, lr, seed, result["failed"])
             return
         if "outcome" not in result:  # ended without a result: nothing to select
             run.end("FAILED", "the trial ended without reporting a result")
@@ -363,8 +387,14 @@ class MlflowTrialLogger(tune.Callback):
             return
         run.end("FINISHED")
         shown = "–" if score is None or not math.isfinite(score) else f"{score:.3f}"
-        logger.info("trial %-14s lr=%-7g seed=%d  val R@1 %s  FINISHED  %4.0f s",
-                    method, lr, seed, shown, seconds)  # fmt: skip
+        logger.info(
+            "trial %-14s lr=%-7g seed=%d  val R@1 %s  FINISHED  %4.0f s",
+            method,
+            lr,
+            seed,
+            shown,
+            seconds,
+        )
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         """A failed trial (any cause) is an MLflow run with status FAILED and its reason."""
@@ -413,11 +443,13 @@ def log_outcome(
 
     out = result["outcome"]
     method, lr, seed = result["method"], result["lr"], result["seed"]
-    run.log_metrics({
-        **results.retrieval_metric_names(out.get("test", {})),
-        **results.retrieval_metric_names(out.get("val", {}), prefix="val_"),
-        SELECTION_METRIC: result[SELECTION_METRIC],
-    })  # fmt: skip
+    run.log_metrics(
+        {
+            **results.retrieval_metric_names(out.get("test", {})),
+            **results.retrieval_metric_names(out.get("val", {}), prefix="val_"),
+            SELECTION_METRIC: result[SELECTION_METRIC],
+        }
+    )
     curves = {
         split: {d: out[split][d].get("binned_recall@1") for d in results.DIRECTIONS}
         for split in ("val", "test")
@@ -429,8 +461,11 @@ def log_outcome(
     shown = out.get("test") or out.get("val")
     if shown:
         with tempfile.TemporaryDirectory() as tmp:
-            png = plot_binned_recall({method: shown}, os.path.join(tmp, "binned_recall.png"),
-                                     title=f"{method} lr={lr:g} seed={seed}")  # fmt: skip
+            png = plot_binned_recall(
+                {method: shown},
+                os.path.join(tmp, "binned_recall.png"),
+                title=f"{method} lr={lr:g} seed={seed}",
+            )
             run.log_artifact(png)
     with adapter_directory(out, checkpoint, member_dir) as model:
         if model is not None:  # embeddings in; and captions in when it names its encoder
@@ -455,5 +490,3 @@ def adapter_directory(
         return
     with checkpoint.as_directory() as directory:
         yield os.path.join(directory, member_dir) if member_dir else directory
-
-

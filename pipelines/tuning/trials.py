@@ -160,8 +160,9 @@ def direct_trial(config: dict[str, Any]) -> None:
         maybe_inject_failure(sweep.fault_injection, trainer.epoch, 0)
 
     try:
-        out = run_protocol(spec, device=_device(), state=state, on_epoch=on_epoch,
-                           cache=PROCESS_CACHE)  # fmt: skip
+        out = run_protocol(
+            spec, device=_device(), state=state, on_epoch=on_epoch, cache=PROCESS_CACHE
+        )
     except AsymVLMError as exc:
         raise TrialFailed(failure_reason(exc)) from None
     assert out is not None  # rank 0
@@ -218,16 +219,22 @@ def packed_trial(config: dict[str, Any]) -> None:
         maybe_inject_failure(sweep.fault_injection, epoch, 0)
 
     try:
-        outs = run_packed_protocol(specs, device=_device(), on_epoch=on_epoch,
-                                   on_state=on_state, cache=PROCESS_CACHE,
-                                   state=state)  # fmt: skip
+        outs = run_packed_protocol(
+            specs,
+            device=_device(),
+            on_epoch=on_epoch,
+            on_state=on_state,
+            cache=PROCESS_CACHE,
+            state=state,
+        )
     except AsymVLMError as exc:
         raise TrialFailed(failure_reason(exc)) from None
     outcomes = [
-        {"failed": " ".join(str(out["diverged"]).split())} if out.get("diverged")
+        {"failed": " ".join(str(out["diverged"]).split())}
+        if out.get("diverged")
         else final_report({"trial": trial, "stage": config["stage"]}, out)
         for trial, out in zip(members, outs, strict=True)
-    ]  # fmt: skip
+    ]
     tune.report({"pack_outcomes": outcomes})
 
 

@@ -48,9 +48,13 @@ class NodeWait(tune.Callback):
         waited = now - self._since
         if not self._warned and waited >= min(30.0, self.seconds / 2):
             self._warned = True
-            logger.warning("sweep %s: %d trial(s) wait for a node with room for them (the sweep "
-                           "stops after %.0f s: node_wait_s)", self.label, len(waiting),
-                           self.seconds)  # fmt: skip
+            logger.warning(
+                "sweep %s: %d trial(s) wait for a node with room for them (the sweep "
+                "stops after %.0f s: node_wait_s)",
+                self.label,
+                len(waiting),
+                self.seconds,
+            )
         if waited < self.seconds:
             return
         unfinished = [t for t in trials if t.status not in ("TERMINATED", "ERROR")]

@@ -48,17 +48,25 @@ def main(out: str, uri: str, proxy: str) -> None:
     found["sweeps"] = {}
     for name in OUTPUTS:
         prefix = f"bucket/{name}/"
-        records = [k for k in keys if k.startswith(f"{prefix}journal/trials/")
-                   and k.endswith(".json")]  # fmt: skip
-        found["journals"][name] = {k.rsplit("/", 1)[1][:-5]: json.loads(fs.cat_file(k))
-                                   for k in records}  # fmt: skip
+        records = [
+            k for k in keys if k.startswith(f"{prefix}journal/trials/") and k.endswith(".json")
+        ]
+        found["journals"][name] = {
+            k.rsplit("/", 1)[1][:-5]: json.loads(fs.cat_file(k)) for k in records
+        }
         for sweep in [k for k in keys if k.startswith(prefix) and k.endswith("/sweep.json")]:
             found["sweeps"][sweep] = json.loads(fs.cat_file(sweep))
     # The history in the last checkpoint of the pipeline job's (killed and resumed) trial.
-    last = sorted(k for k in keys if k.startswith("bucket/run/sweeps/tiny/tune/trials/")
-                  and k.endswith("/history.jsonl"))  # fmt: skip
-    found["history"] = [json.loads(line) for line in fs.cat_file(last[-1]).decode().splitlines()
-                        if line.strip()] if last else []  # fmt: skip
+    last = sorted(
+        k
+        for k in keys
+        if k.startswith("bucket/run/sweeps/tiny/tune/trials/") and k.endswith("/history.jsonl")
+    )
+    found["history"] = (
+        [json.loads(line) for line in fs.cat_file(last[-1]).decode().splitlines() if line.strip()]
+        if last
+        else []
+    )
     # Every checkpoint folder and the files in it.
     folders: dict[str, list[str]] = {}
     for k in keys:
@@ -71,15 +79,25 @@ def main(out: str, uri: str, proxy: str) -> None:
     runs = []
     for exp in client.search_experiments():
         for run in client.search_runs([exp.experiment_id], max_results=1000):
-            row = {"experiment": exp.name, "run_id": run.info.run_id, "name": run.info.run_name,
-                   "status": run.info.status, "artifact_uri": run.info.artifact_uri,
-                   "tags": dict(run.data.tags), "metrics": dict(run.data.metrics)}  # fmt: skip
+            row = {
+                "experiment": exp.name,
+                "run_id": run.info.run_id,
+                "name": run.info.run_name,
+                "status": run.info.status,
+                "artifact_uri": run.info.artifact_uri,
+                "tags": dict(run.data.tags),
+                "metrics": dict(run.data.metrics),
+            }
             if run.data.tags.get("kind") == "trial":
                 history = client.get_metric_history(run.info.run_id, "train_loss")
                 row["epochs"] = [[m.step, m.timestamp] for m in history]
                 row["artifacts"] = sorted(a.path for a in client.list_artifacts(run.info.run_id))
-                row["models"] = sorted(m.name for m in client.search_logged_models(
-                    [exp.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"))
+                row["models"] = sorted(
+                    m.name
+                    for m in client.search_logged_models(
+                        [exp.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"
+                    )
+                )
             runs.append(row)
     found["runs"] = runs
     try:

@@ -69,10 +69,14 @@ def check_hub_model(model: str) -> None:
             missing.append(filename)
         except RepositoryNotFoundError as err:
             if isinstance(err, GatedRepoError):
-                raise ValueError(f"{model!r}: the Hub repository {repo!r} is gated; accept its "
-                                 "terms and log in (hf auth login)") from None  # fmt: skip
-            raise ValueError(f"{model!r}: the Hub has no repository {repo!r} (or it is private: "
-                             "log in with hf auth login)") from None  # fmt: skip
+                raise ValueError(
+                    f"{model!r}: the Hub repository {repo!r} is gated; accept its "
+                    "terms and log in (hf auth login)"
+                ) from None
+            raise ValueError(
+                f"{model!r}: the Hub has no repository {repo!r} (or it is private: "
+                "log in with hf auth login)"
+            ) from None
         except Exception as err:  # no connection, a proxy, an expired token...
             reason = " ".join(str(err).split())[:300] or type(err).__name__
             raise ValueError(

@@ -94,8 +94,6 @@ def read_hierarcaps(req: Request) -> SourceData:
     ids = sorted(images)
     return SourceData(
         images_table(ids, path=[images[i] for i in ids]),
-        captions_table(
-            caption_ids, caption_images, texts, {"level": pa.array(levels, pa.int64())}
-        ),
+        captions_table(caption_ids, caption_images, texts, {"level": pa.array(levels, pa.int64())}),
         description={"format": "hierarcaps-csv", "levels": HIERARCAPS_LEVELS},
     )

@@ -1018,6 +1018,4 @@ n15075141 toilet paper
 """
 
 #: Synset id (the class folder's name) -> CLIP's class name, 1000 entries in class-index order.
-IMAGENET_CLASSES: dict[str, str] = dict(
-    line.split(" ", 1) for line in _TABLE.strip().splitlines()
-)
+IMAGENET_CLASSES: dict[str, str] = dict(line.split(" ", 1) for line in _TABLE.strip().splitlines())
