@@ -1,17 +1,7 @@
-"""Data-parallel training on cached embeddings: contrastive objectives over the global batch.
-
-Every contrastive objective here (InfoNCE Eq. 2, SigLIP App. A.3, PCME++, ProLIP, ELIP) pairs
-each item with every other item of its batch. With N workers holding b rows each, the batch a
-worker sees must be the *global* one of N * b rows, or training changes with the number of
-workers. As open_clip's distributed loss does, each worker encodes its own rows, all-gathers the
-encodings and evaluates the objective on the global batch; the gather is autograd-aware, so
-gradients flow back to every worker's own rows. Every worker computes the same global loss L,
-so the gradient reaching a worker's rows is N * dL/d(rows) and DDP's averaging brings the
-parameters' gradient back to exactly dL/dtheta: N workers x b = one process with batch N * b
-(tested on gloo).
-
-This is plain ``torch.distributed``; the Ray Train wiring (process groups, devices) lives in
-``pipelines/``.
+"""Data-parallel training over the global batch (Eq. 2, App. A.3): each worker encodes its rows,
+all-gathers the encodings (autograd-aware) and evaluates the objective on the global batch, as
+open_clip's distributed loss; with DDP's gradient averaging N workers x b rows equal one process
+with batch N * b. The Ray Train wiring lives in ``pipelines/``.
 """
 
 from __future__ import annotations
@@ -20,6 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.nn.functional import all_gather
 
 from asymvlm.methods import Encoding, Method
 
@@ -38,33 +29,12 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-class _AllGather(torch.autograd.Function):
-    """Concatenate equal-sized row blocks of every worker; the backward pass hands each worker
-    the sum over workers of the gradient of its own block (all-reduce, then this rank's slice:
-    works on gloo, which has no reduce-scatter, and on NCCL)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        ctx.rank, ctx.rows = dist.get_rank(), x.shape[0]
-        blocks = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(blocks, x.contiguous())
-        return torch.cat(blocks, dim=0)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        grad = grad.clone(memory_format=torch.contiguous_format)  # may alias another grad
-        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
-        return grad[ctx.rank * ctx.rows : (ctx.rank + 1) * ctx.rows]
-
-
 def gather_encoding(encoding: Encoding) -> Encoding:
-    """Concatenate every worker's rows (in rank order), keeping gradients to the local rows.
-
-    Every worker must hold the same number of rows (the same local batch size).
-    """
+    """Every worker's rows (equal counts, in rank order); each worker's gradient reaches its
+    own rows summed over the workers' (identical) global losses."""
     if not is_distributed():
         return encoding
-    return {key: _AllGather.apply(value) for key, value in encoding.items()}
+    return {key: torch.cat(all_gather(value), dim=0) for key, value in encoding.items()}
 
 
 def global_batch_loss(

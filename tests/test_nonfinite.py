@@ -289,7 +289,7 @@ def test_accelerators_record_the_first_bad_step_and_stop_at_the_epoch_end() -> N
     with pytest.raises(NonFiniteError) as err:
         trainer.fit(progress=False)
     assert str(err.value).startswith(
-        "non-finite loss and gradient at epoch 2 of 4, step 2 of 3 (detected at the end of the "
+        "non-finite loss or gradient at epoch 2 of 4, step 2 of 3 (detected at the end of the "
         "epoch) (asymvlm-vmf, sgd lr 0.01)"
     )
     assert calls[0] == 6 and trainer.epoch == 1  # ran to the end of epoch 2, which is dropped

@@ -22,7 +22,7 @@ from asymvlm.training import (
     resolve_device,
     use_streaming,
 )
-from asymvlm.training.packed import PackedStateHook, require_alike
+from asymvlm.training.packed import require_alike
 
 __all__ = ["PackedProtocolHook", "check_packable_specs", "run_packed_protocol"]
 
@@ -59,7 +59,7 @@ def run_packed_protocol(
     vmap: bool = True,
     cache: SplitCache | None = None,
     state: Mapping[str, Any] | None = None,
-    on_state: PackedStateHook | None = None,
+    on_state: Callable[[PackedTrainer], None] | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`~asymvlm.protocol.run_protocol` (App. B.4) for K runs at once, trained packed.
 
