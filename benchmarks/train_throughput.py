@@ -282,10 +282,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     step_times: list[float] = []
     real_step = trainer.step
 
-    def timed_step(images: torch.Tensor, texts: torch.Tensor) -> torch.Tensor:
+    def timed_step(images: torch.Tensor, texts: torch.Tensor, index: int = 0) -> torch.Tensor:
         sync(device)
         t0 = time.perf_counter()
-        loss = real_step(images, texts)
+        loss = real_step(images, texts, index)
         sync(device)
         step_times.append(time.perf_counter() - t0)
         return loss

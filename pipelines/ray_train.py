@@ -1,20 +1,6 @@
-"""Ray Train: one adapter training run as a ``TorchTrainer`` (DDP over cached embeddings).
-
-The run itself is :func:`asymvlm.protocol.run_protocol` (the paper's protocol, App. B.4: train,
-then evaluate on the validation split -- for model selection -- and the test split), run on
-every worker: each keeps its shard of the captions as tensors on its device (GPU when the
-cluster has them: NCCL, bf16 autocast; else gloo, fp32); the contrastive objective spans the
-global batch. This module adds only what Ray brings: after every epoch each worker reports to
-Ray Train, and when a checkpoint is due (every ``checkpoint_every`` epochs and after the last)
-rank 0 attaches a ``ray.train.Checkpoint`` -- a checkpoint folder of
-:mod:`asymvlm.checkpoints` (adapter, trainer state, history); with
-``FailureConfig(max_failures)`` a run whose worker dies resumes from the latest checkpoint and
-ends exactly where an uninterrupted run ends. Rank 0's results are the run's
-``Result.return_value``.
-
-The run travels typed: ``train_loop_config`` is ``{"spec": RunSpec, "fault": FaultInjection |
-None}`` (pickled once, at the Ray Train boundary).
-"""
+"""Ray Train: one run of :func:`asymvlm.protocol.run_protocol` as a ``TorchTrainer`` (DDP over
+cached embeddings). Each worker reports every epoch; rank 0 attaches a checkpoint folder when one
+is due, from which ``FailureConfig(max_failures)`` resumes a run whose worker died."""
 
 from __future__ import annotations
 
@@ -51,8 +37,7 @@ logger = logging.getLogger(__name__)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
-    """:func:`run_protocol` on this worker (rank, world size and device from Ray Train),
-    continued from the run's latest checkpoint if there is one; rank 0 returns the results."""
+    """:func:`run_protocol` on this worker, continued from the run's latest checkpoint."""
     import ray.train
     import ray.train.torch
 
@@ -90,10 +75,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
 def checkpoint_folder(
     trainer: Trainer, history: History, write: bool = True
 ) -> Iterator[str | None]:
-    """A temporary checkpoint folder of the run where ``trainer`` stands (adapter, trainer
-    state, history: :func:`asymvlm.checkpoints.save_run_checkpoint`) for the block, to report
-    to Ray; None when this worker does not write it (``write``: rank 0 only, one copy of the
-    replicated state)."""
+    """A temporary checkpoint folder of the run where ``trainer`` stands, to report to Ray
+    (None unless ``write``: rank 0 writes the one copy of the replicated state)."""
     if not write:
         yield None
         return
@@ -105,8 +88,7 @@ def checkpoint_folder(
 
 def maybe_inject_failure(fault: FaultInjection | None, epoch: int, rank: int) -> None:
     """A drill (:class:`~pipelines.schema.FaultInjection`, else ``$ASYMVLM_FAULT_INJECTION``):
-    worker ``fault.rank`` SIGKILLs its own process once (or pauses), right after the checkpoint
-    of epoch ``fault.epoch`` was reported (its marker file makes it once)."""
+    worker ``fault.rank`` SIGKILLs itself (or pauses) once after reporting epoch ``fault.epoch``."""
     fault = fault or FaultInjection.from_environment()
     if fault is None or epoch != fault.epoch or rank != fault.rank:
         return
@@ -141,10 +123,8 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def worker_logging(rank: int, label: str = "train rank") -> None:
-    """This run's log records (``asymvlm.*`` and this module's, INFO and up) go to the worker's
-    stderr as ``[train rank N] message``, which Ray streams to the driver's (the job's) log.
-    Ray leaves other loggers to the root logger, which may drop INFO; they do not propagate
-    there, so no record shows twice. Idempotent."""
+    """``asymvlm.*`` records (INFO and up) to the worker's stderr as ``[train rank N] message``,
+    which Ray streams to the driver's log (not propagated: no record shows twice)."""
     formatter = logging.Formatter(f"[{label} {rank}] %(message)s")
     for log in (logging.getLogger("asymvlm"), logger):
         for old in [h for h in log.handlers if getattr(h, "worker_handler", False)]:
@@ -169,12 +149,8 @@ def run_training(
     fault: FaultInjection | None = None,
     callbacks: list | None = None,
 ) -> dict[str, Any]:
-    """Run ``spec`` as a TorchTrainer on the running cluster; returns rank 0's results plus
-    where they are stored (``path``, ``checkpoint``: the final checkpoint folder's URI).
-
-    ``use_gpu=None`` uses GPUs when the cluster has them (NCCL), else gloo on CPUs.
-    ``callbacks``: Ray Train callbacks of the run (``RunConfig(callbacks=...)``), e.g. to pass
-    every epoch's report on."""
+    """Run ``spec`` as a TorchTrainer on the running cluster (GPUs and NCCL when it has them,
+    else gloo); rank 0's results with ``path`` and ``checkpoint`` (the final one's URI)."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -182,8 +158,6 @@ def run_training(
     require_ray("a Ray Train run")
     if use_gpu is None:
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    # Local folder, or an object store every node reaches (Ray Train needs storage that all
-    # workers share: checkpoints are uploaded there from whichever node reports them).
     storage_path, storage_filesystem = storage.ray_storage(storage_path)
     resources = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if use_gpu else {})}
     trainer = TorchTrainer(

@@ -78,14 +78,8 @@ def _unpacked(cfg: TrainConfig, data, method_cls=None) -> tuple[torch.nn.Module,
 
 
 # -- equality with unpacked runs ------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("method", "optimizer"),
-    [("asymvlm-vmf", "adamw"), ("asymvlm-ps", "sgd"), ("determ-ft", "adamw")],
-)
-def test_the_packed_protocol_equals_three_unpacked_runs(
-    small_world, one_thread, method, optimizer
-) -> None:
-    specs = _specs(small_world, method, optimizer=optimizer)
+def test_the_packed_protocol_equals_three_unpacked_runs(small_world, one_thread) -> None:
+    specs = _specs(small_world, "asymvlm-vmf", optimizer="adamw")
     packed = run_packed_protocol(specs)
     alone = [run_protocol(spec) for spec in specs]
     assert len(packed) == 3
@@ -100,7 +94,7 @@ def test_the_packed_protocol_equals_three_unpacked_runs(
     assert len({round(x, 6) for x in finals}) == 3
 
 
-@pytest.mark.parametrize("method", ["asymvlm-vmf", "asymvlm-ps", "determ-ft", "elip"])
+@pytest.mark.parametrize("method", ["asymvlm-ps", "elip"])
 def test_packed_members_end_with_the_parameters_of_their_unpacked_runs(
     small_world, one_thread, method
 ) -> None:
@@ -184,15 +178,7 @@ def test_deferred_detection_names_the_first_bad_step_and_spares_the_others(
 # -- what cannot be packed ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     "change",
-    [
-        {"epochs": 4},
-        {"batch_size": 32},
-        {"method": "asymvlm-ps"},
-        {"optimizer": "sgd"},
-        {"hidden_dim": 32},
-        {"precision": "bf16"},
-        {"method_kwargs": {"init_temperature": 2.0}},
-    ],
+    [{"epochs": 4}, {"method": "asymvlm-ps"}, {"method_kwargs": {"init_temperature": 2.0}}],
 )
 def test_configurations_differing_in_more_than_lr_and_seed_are_refused(small_world, change):
     cfgs = [
@@ -266,18 +252,13 @@ def _roundtrip(state: dict) -> dict:
     return torch.load(buf, map_location="cpu", weights_only=False)
 
 
-@pytest.mark.parametrize("vmap", [True, False], ids=["packed", "one-after-another"])
-def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(
-    small_world, one_thread, vmap
-) -> None:
-    """Stopped after its 2nd state (packed: epoch 2 of 4; one after another: member 0's 2nd
-    epoch), saved, loaded into a freshly built pack and trained on: the same epoch rows and
-    parameters, bit for bit, as the pack that was never stopped -- a member that diverged
-    before the stop stays stopped."""
+def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(small_world, one_thread):
+    """Stopped after epoch 2 of 4, saved, loaded into a fresh pack and trained on: the rows and
+    parameters of the pack never stopped, bit for bit; a diverged member stays stopped."""
     data = load_split(small_world, "train", "raw", "cpu")
     members = ((5e-3, 1), (1e6, 2), (2e-3, 3))  # member 1 diverges in its first epoch
     cfgs = [_cfg("asymvlm-vmf", lr, seed, epochs=4, optimizer="sgd") for lr, seed in members]
-    whole = PackedTrainer.build(cfgs, data, vmap=vmap)
+    whole = PackedTrainer.build(cfgs, data)
     whole.fit()
     assert whole.errors[1] is not None and whole.errors[0] is whole.errors[2] is None
 
@@ -288,17 +269,17 @@ def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(
         if len(saved) == 2:
             raise _Killed
 
-    first = PackedTrainer.build(cfgs, data, vmap=vmap)
+    first = PackedTrainer.build(cfgs, data)
     with pytest.raises(_Killed):
         first.fit(on_state=stop_at_second)
     state = saved[-1]
     # every tensor of the state owns its storage (not a view of the pack's stacked leaves)
     for tensor in state["trainers"][2]["method"].values():
         assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
-    resumed = PackedTrainer.build(cfgs, data, vmap=vmap)
+    resumed = PackedTrainer.build(cfgs, data)
     resumed.load_state_dict(state)
     resumed.fit()
-    assert resumed.mode == whole.mode == ("packed" if vmap else "sequential")
+    assert resumed.mode == whole.mode == "packed"
     assert resumed.errors == whole.errors
     assert resumed.histories[1] == whole.histories[1] == []  # diverged in its first epoch
     for k in range(3):
@@ -325,9 +306,8 @@ def test_a_pack_refuses_the_state_of_another_pack(small_world) -> None:
 
 
 def test_a_pack_never_streams_it_says_so(small_world, tmp_path) -> None:
-    """A pack holds its split in memory: ``stream: always`` is refused at the sweep's config and
-    by the pack itself, and so is ``auto`` for a split that would stream (it was silently
-    trained in memory before)."""
+    """A pack holds its split in memory: ``stream: always`` is refused, and so is ``auto`` for a
+    split that would stream."""
     from pipelines.schema import sweep_config
 
     doc = {

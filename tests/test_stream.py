@@ -54,7 +54,7 @@ def _order(stream: CaptionStream, epoch: int) -> list[bytes]:
 
 
 def test_order_depends_on_seed_and_epoch_only(parted_world):
-    a, b = _stream(parted_world), _stream(parted_world, read_ahead=False)
+    a, b = _stream(parted_world), _stream(parted_world)
     assert _order(a, 0) == _order(b, 0)
     assert _order(a, 0) != _order(a, 1)
     assert _order(a, 0) != _order(_stream(parted_world, seed=1), 0)

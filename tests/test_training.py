@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import copy
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 import torch
 
 from asymvlm import tables
-from asymvlm.checkpoints import RunState, load_checkpoint, save_checkpoint
-from asymvlm.errors import CheckpointError
+from asymvlm.checkpoints import load_checkpoint, save_checkpoint
 from asymvlm.methods import build_method
 from asymvlm.protocol import RunSpec, run_protocol, train
 from asymvlm.splits import SplitTensors, hold_out_images, load_split
@@ -109,7 +101,7 @@ def test_loss_falls_and_stats_are_logged() -> None:
     torch.manual_seed(0)
     trainer = Trainer(
         build_method("asymvlm-vmf", 8, hidden_dim=32, depth=2),
-        _cfg(epochs=30, optimizer="adamw", lr=3e-3),
+        _cfg(epochs=12, optimizer="adamw", lr=1e-2),
         _toy_split(),
     )
     history = trainer.fit(progress=False)
@@ -117,41 +109,6 @@ def test_loss_falls_and_stats_are_logged() -> None:
     for key in ("lr", "temperature", "kappa_mean", "kappa_p05", "kappa_p50", "kappa_p95"):
         assert key in history[-1] and np.isfinite(history[-1][key])
     assert history[-1]["kappa_p05"] <= history[-1]["kappa_p50"] <= history[-1]["kappa_p95"]
-
-
-def test_bad_optimizer_is_rejected() -> None:
-    with pytest.raises(ValueError, match="optimizer"):
-        Trainer(
-            build_method("pfe", 8, hidden_dim=8, depth=1), _cfg(optimizer="lbfgs"), _toy_split()
-        )
-
-
-def test_checkpoint_round_trip(tmp_path) -> None:
-    data = _toy_split()
-    method = build_method("symvlm", 8, hidden_dim=16, depth=2)
-    cfg = _cfg(method="symvlm")
-    save_checkpoint(str(tmp_path), method, cfg, dim=8)
-    loaded, meta = load_checkpoint(str(tmp_path))
-    assert meta["method"] == "symvlm" and meta["method_kwargs"]["hidden_dim"] == 16
-    method.eval()
-    torch.testing.assert_close(
-        loaded.log_likelihood(data.image_emb, data.text_emb),
-        method.log_likelihood(data.image_emb, data.text_emb),
-    )
-    with pytest.raises(CheckpointError, match="nope: no checkpoint there"):
-        load_checkpoint(str(tmp_path / "nope"))
-
-
-def test_train_from_tables_writes_checkpoint_and_history(small_world, tmp_path) -> None:
-    out = tmp_path / "ckpt"
-    cfg = TrainConfig(method="asymvlm-vmf", epochs=3, batch_size=128, hidden_dim=32, depth=2)
-    method, history = train(small_world, "train", cfg, output=str(out), progress=False)
-    assert len(history) == 3
-    lines = (out / "history.jsonl").read_text().splitlines()
-    assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3]
-    meta = json.loads((out / "config.json").read_text())
-    assert meta["embedding_model"] == "synthetic-world" and meta["adapter_input"] == "raw"
-    assert os.path.exists(out / "model.safetensors")
 
 
 def test_frozen_reference_needs_no_training(small_world, tmp_path) -> None:
@@ -191,7 +148,6 @@ def test_fit_start_calibrates_the_adapter_input_scale(tmp_path) -> None:
 
 
 # -- the protocol: one run of the paper's protocol, without Ray ---------------------------------
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _spec(root: str, epochs: int = 4, **kw) -> RunSpec:
@@ -209,57 +165,15 @@ def _spec(root: str, epochs: int = 4, **kw) -> RunSpec:
     return RunSpec(embeddings=root, train=train, **kw)
 
 
-def _losses(history: list[dict[str, float]]) -> list[float]:
-    return [row["train_loss"] for row in history]
-
-
-def _recalls(out: dict) -> dict[tuple[str, str, str], float]:
-    return {
-        (split, d, f"recall@{k}"): out[split][d][f"recall@{k}"]
-        for split in ("val", "test")
-        for d in ("t2i", "i2t")
-        for k in (1, 5, 10)
-    }
-
-
-def test_the_protocol_runs_without_ray_and_trains_like_asymvlm_train(small_world, one_thread):
-    script = textwrap.dedent("""
-        import json, sys
-        import torch
-        torch.set_num_threads(1)
-        from asymvlm.protocol import run_protocol, RunSpec
-        out = run_protocol(RunSpec.model_validate_json(sys.argv[1]))
-        assert not [m for m in sys.modules if m.split(".")[0] == "ray"], "ray was imported"
-        json.dump(out, sys.stdout)
-    """)
-    spec = _spec(small_world)
-    done = subprocess.run(
-        [sys.executable, "-c", script, spec.model_dump_json()],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout)
-    assert sorted(out) == ["dim", "epochs_run", "history", "test", "val"]
-    assert (out["dim"], out["epochs_run"]) == (16, 4)
-    assert [row["epoch"] for row in out["history"]] == [1, 2, 3, 4]
-    assert (out["val"]["n_image"], out["test"]["n_image"]) == (60, 60)
-    _, history = train(small_world, "train", spec.train, progress=False)
-    assert _losses(out["history"]) == pytest.approx(_losses(history), rel=1e-6, abs=1e-7)
-
-
-def test_the_protocol_reports_every_epoch_and_resumes_to_the_same_outcome(small_world, one_thread):
+def test_the_protocol_reports_every_epoch_with_a_checkpoint_when_due(small_world, one_thread):
     spec = _spec(small_world, epochs=5, checkpoint_every=2)
-    calls, saved = [], {}
+    calls = []
 
     def on_epoch(row, trainer, history, due) -> None:
         calls.append((row["epoch"], trainer.epoch, len(history), due))
-        if due and trainer.epoch == 2:  # what a checkpoint holds
-            saved["state"] = RunState(copy.deepcopy(trainer.state_dict()), copy.deepcopy(history))
 
-    whole = run_protocol(spec, on_epoch=on_epoch)
+    out = run_protocol(spec, on_epoch=on_epoch)
+    assert sorted(out) == ["dim", "epochs_run", "history", "test", "val"]
     assert calls == [
         (1, 1, 1, False),
         (2, 2, 2, True),
@@ -267,23 +181,10 @@ def test_the_protocol_reports_every_epoch_and_resumes_to_the_same_outcome(small_
         (4, 4, 4, True),
         (5, 5, 5, True),
     ]
-    rest: list[int] = []
-    resumed = run_protocol(
-        spec, state=saved["state"], on_epoch=lambda row, *_: rest.append(row["epoch"])
-    )
-    assert rest == [3, 4, 5] and resumed["epochs_run"] == 5
-
-    def timeless(history):
-        return [{k: v for k, v in row.items() if k != "epoch_seconds"} for row in history]
-
-    assert timeless(resumed["history"]) == timeless(whole["history"])
-    assert _recalls(resumed) == _recalls(whole)
 
 
 def test_an_untrained_method_reports_once_with_a_checkpoint_due(small_world, one_thread) -> None:
-    """The frozen ``clip`` has no epochs: the protocol reports it once, with a checkpoint due,
-    so that its Ray run keeps a checkpoint (and its sweep trial an adapter for the
-    evaluations); its outcome is the frozen model's cosine ranking."""
+    """The frozen ``clip`` reports once with a checkpoint due (its Ray run keeps an adapter)."""
     from asymvlm.evaluation import evaluate_retrieval
 
     base = _spec(small_world, epochs=3, checkpoint_every=2)
@@ -351,29 +252,10 @@ def test_a_diverged_protocol_run_returns_the_reason_and_history(small_world, mon
     assert [row["epoch"] for row in out["history"]] == [1]
 
 
-@pytest.mark.slow
-def test_the_protocol_gives_the_outcome_of_the_ray_train_run(
-    ray_session, small_world, tmp_path, one_thread
-) -> None:
-    from pipelines.ray_train import run_training
-
-    spec = _spec(small_world).model_copy(update={"checkpoint_every": 2})
-    on_ray = run_training(spec, name="protocol", storage_path=str(tmp_path / "ray"), num_workers=1)
-    local = run_protocol(spec)
-    assert [row["epoch"] for row in local["history"]] == [row["epoch"] for row in on_ray["history"]]
-    assert _losses(local["history"]) == pytest.approx(
-        _losses(on_ray["history"]), rel=1e-6, abs=1e-7
-    )
-    assert _recalls(local) == pytest.approx(_recalls(on_ray), abs=1e-9)
-    assert (local["dim"], local["epochs_run"]) == (on_ray["dim"], on_ray["epochs_run"])
-
-
 def test_the_ray_train_entry_point_without_lr_takes_the_protocols(
     small_world, monkeypatch, capsys
 ) -> None:
-    """``python pipelines/train.py`` without ``--lr`` once died with a TypeError after Ray had
-    started (the run's name formatted ``None``): the run is now validated first -- its lr is
-    the protocol's for the method -- and named from it; bad flags fail before Ray."""
+    """The run is validated (its lr the protocol's) and named before Ray starts."""
     import contextlib
 
     import pipelines.train as entry

@@ -31,22 +31,10 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
 ) -> tuple[Method, History]:
-    """Load a split, build the method, train it and (with ``output``) write a checkpoint folder.
-
-    The folder gets an incomplete checkpoint every ``checkpoint_every`` epochs (default: none)
-    and a complete one at the end, each published as a whole
-    (:func:`asymvlm.checkpoints.save_run_checkpoint`), so a killed run leaves the last
-    checkpoint intact. An existing checkpoint in ``output`` is refused unless ``resume`` --
-    continue it with the same settings (:func:`asymvlm.checkpoints.check_resumable`); a
-    complete one is returned untouched; with none there the run starts fresh -- or
-    ``overwrite`` (the old checkpoint is discarded once the data is loaded). A resumed run ends
-    where the uninterrupted one ends (bit for bit on the CPU) and its history holds every epoch
-    once. A diverged run raises :class:`NonFiniteError`, leaving the last good (incomplete)
-    checkpoint as it was: nothing is marked complete.
-
-    The run is the protocol's (:class:`~asymvlm.protocol.TrainingRun`) without the evaluation.
-    Returns the trained method and the whole history (earlier epochs of a resumed run too).
-    """
+    """``asymvlm train``: a run of the protocol without evaluation, into the checkpoint folder
+    ``output`` (an incomplete checkpoint every ``checkpoint_every`` epochs, a complete one at
+    the end). ``resume`` continues the folder's run, ``overwrite`` replaces it; a diverged run
+    keeps its last good checkpoint. Returns the method and the whole history."""
     if checkpoint_every is not None and checkpoint_every < 1:
         raise ConfigError(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
     previous = None

@@ -14,13 +14,8 @@ __all__ = ["RunSpec"]
 
 
 class RunSpec(BaseModel):
-    """One run: the embedding tables, the hyper-parameters, the splits.
-
-    Validated once (pydantic) and frozen: a sweep builds its trials' specs from one validated
-    base (:meth:`variant`), and a spec crosses process boundaries (Tune, Ray Train) as it is.
-    Table roots are recorded in one spelling (:func:`asymvlm.storage.absolute`: local paths
-    absolute, URIs as they are), since workers run elsewhere.
-    """
+    """One run: the embedding tables, the hyper-parameters, the splits (validated once, frozen;
+    table roots in one spelling, :func:`asymvlm.storage.absolute`, since workers run elsewhere)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -52,8 +47,7 @@ class RunSpec(BaseModel):
         return None if value is None else absolute(value)
 
     def variant(self, *, lr: float, seed: int) -> RunSpec:
-        """This run at another ``lr`` and ``seed`` (already validated: a sweep's grid), without
-        validating the rest again."""
+        """This run at another ``lr`` and ``seed``."""
         return self.model_copy(
             update={"train": self.train.model_copy(update={"lr": lr, "seed": seed})}
         )

@@ -1,18 +1,7 @@
-"""Drawing a split piece by piece with the very numbers of the one-piece draw.
-
-A split drawn without blocks takes each of its random quantities (leaves, object and view
-noise, levels, caption noise, norms; then the word and pre-projection streams') from one stream
-over the whole split, one quantity after the other. To draw it window by window with bounded
-memory, :class:`SplitStream` first runs through every stream once, quantity by quantity
-(a *phase*), recording the generator's state where each window's numbers begin; a window is
-then drawn by restoring those states. numpy's generators give the same numbers whether a run of
-draws is made at once or in consecutive calls (normals, uniforms, bounded integers and Poisson
-draws consume the bit stream the same way), so the windows hold exactly the one-piece numbers.
-
-Windows have at least :data:`MIN_WINDOW_IMAGES` images: BLAS may compute a product of a few rows
-with other kernels (another rounding) than a product of many, and every matrix product of the
-world is row by row over a window's images or captions.
-"""
+"""Drawing a split window by window with the very numbers of the one-piece draw: one pass over
+each generator records its state where every window's numbers begin (numpy draws the same
+numbers at once or in consecutive calls). Windows have at least :data:`MIN_WINDOW_IMAGES`
+images, so that BLAS rounds their matrix products as it rounds the whole split's."""
 
 from __future__ import annotations
 
@@ -35,10 +24,8 @@ DrawFn = Callable[[str, int], np.ndarray]
 
 @dataclass(frozen=True)
 class Phase:
-    """One random quantity of a split: the stream it comes from (``role``), what its count is
-    per window (``unit``: ``"image"``, ``"caption"`` or ``"sum"`` -- the sum of the previous
-    phase's values in the window, e.g. the fillers of all captions) and how ``count`` values
-    are drawn."""
+    """One random quantity: its stream (``role``), its count per window (``unit``: ``image``,
+    ``caption`` or ``sum`` of the previous phase's values) and how ``count`` values are drawn."""
 
     role: str
     unit: str
@@ -48,8 +35,7 @@ class Phase:
 def windows(
     n_images: int, size: int = WINDOW_IMAGES, smallest: int = MIN_WINDOW_IMAGES
 ) -> list[tuple[int, int]]:
-    """``[(start, stop), ...]`` covering ``0 .. n_images`` in windows of ``size`` images; a tail
-    shorter than ``smallest`` joins the window before it."""
+    """``[(start, stop), ...]`` windows of ``size`` images; a short tail joins the one before."""
     if size < 1:
         raise ValueError(f"window size must be >= 1, got {size}")
     bounds = [*range(0, n_images, size), n_images]
@@ -60,13 +46,8 @@ def windows(
 
 
 class SplitStream:
-    """The states of a split's generators at the start of every window, phase by phase.
-
-    ``generators`` makes each role's generator as the one-piece draw starts it; ``phases``
-    lists every phase in the order of the draws (per role). Construction draws every number
-    once (a window at a time, then dropped): the price of bounded memory is one extra pass of
-    the generators.
-    """
+    """The states of a split's generators at the start of every window, phase by phase
+    (``phases`` in the order of the draws; construction draws every number once)."""
 
     def __init__(
         self,

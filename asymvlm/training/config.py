@@ -23,20 +23,9 @@ OPTIMIZER_KEYS = ("optimizer", "lr", "momentum", "weight_decay")
 
 class TrainConfig(BaseModel):
     """Hyper-parameters of one training run; defaults are the paper's protocol (App. B.4,
-    Table A.1).
-
-    ``protocol``: ``improved`` (this project's defaults) or ``official`` (the authors' code:
-    architecture, init, loss form, uncertainty and the per-method optimiser defaults of their
-    train.py); README "Protocols" lists every difference. The optimiser settings left unset
-    (:data:`OPTIMIZER_KEYS`) take the protocol's defaults for the method when the config is
-    built (:func:`asymvlm.methods.official.optimizer_defaults`).
-
-    Validated on construction (pydantic): unknown fields, wrong types and out-of-range values
-    (epochs < 1, lr <= 0 or NaN, batch < 1, unknown method/optimizer ...) raise
-    :class:`pydantic.ValidationError`, which the config boundary reports as one line
-    (:func:`asymvlm.config.validate`). Frozen: a value is parsed once and travels as it is
-    (``model_copy(update=...)`` makes a variant).
-    """
+    Table A.1). ``protocol: official`` follows the authors' code (README "Protocols"); optimiser
+    settings left unset (:data:`OPTIMIZER_KEYS`) take the protocol's defaults for the method.
+    Validated (pydantic) and frozen."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -124,14 +113,13 @@ class TrainConfig(BaseModel):
         return value
 
     def method_args(self) -> dict[str, Any]:
-        """``build_method`` arguments: the protocol, the sizes that were set, method_kwargs."""
+        """``build_method`` arguments."""
         sizes = {k: getattr(self, k) for k in ("hidden_dim", "depth") if getattr(self, k)}
         return {"protocol": self.protocol, **sizes, **self.method_kwargs}
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` = CUDA when available; an explicit device that this machine lacks is a
-    :class:`~asymvlm.errors.ConfigError`."""
+    """``auto`` = CUDA when available; a device this machine lacks is a ConfigError."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not _DEVICE.match(device):

@@ -31,7 +31,6 @@ logger = logging.getLogger(__name__)
 
 #: The :class:`TrainConfig` fields in which the members of a pack may differ.
 PACKABLE_FIELDS = ("lr", "seed")
-RngState = torch.Tensor
 
 
 def check_packable(cfgs: Sequence[TrainConfig]) -> None:
@@ -73,8 +72,7 @@ class PackedTrainer:
         members: Sequence[tuple[Method, TrainConfig]],
         data: SplitTensors,
         *,
-        rng_states: Sequence[RngState] | None = None,
-        vmap: bool = True,
+        rng_states: Sequence[torch.Tensor] | None = None,
     ) -> None:
         if is_distributed():
             raise ConfigError("packed trials run in one process; not inside a DDP group")
@@ -87,16 +85,14 @@ class PackedTrainer:
         self.trainable = self.methods[0].trainable
         self.histories: list[History] = [[] for _ in members]
         self.errors: list[str | None] = [None] * len(members)
-        self.mode = "packed" if vmap and self.trainable else "sequential"
-        self.note: str | None = None if vmap else "packing switched off (vmap=False)"
+        self.mode = "packed" if self.trainable else "sequential"
+        self.note: str | None = None
         self.epoch = 0
         self._started = False
         self._template = GlobalBatchLoss(self.methods[0])  # functional_call swaps its tensors
 
     @classmethod
-    def build(
-        cls, cfgs: Sequence[TrainConfig], data: SplitTensors, *, vmap: bool = True
-    ) -> PackedTrainer:
+    def build(cls, cfgs: Sequence[TrainConfig], data: SplitTensors) -> PackedTrainer:
         """Each member built as its unpacked run builds it (``torch.manual_seed(seed)``, then
         ``build_method``); the caller's global RNG state is left as it was."""
         check_packable(cfgs)
@@ -109,7 +105,7 @@ class PackedTrainer:
                 states.append(torch.get_rng_state())
         finally:
             torch.set_rng_state(outer)
-        return cls(members, data, rng_states=states, vmap=vmap)
+        return cls(members, data, rng_states=states)
 
     def __len__(self) -> int:
         return len(self.methods)
@@ -313,14 +309,13 @@ class PackedTrainer:
                     leaf.grad = None
                 losses.sum().backward()
                 losses = losses.detach()
-                grads = [leaf.grad.reshape(len(self), -1) for leaf in leaves if leaf.grad is not None]
-                norms = [torch.linalg.vector_norm(g, dim=1) for g in grads]
+                grads = [leaf.grad for leaf in leaves if leaf.grad is not None]
+                norms = [torch.linalg.vector_norm(g.reshape(len(self), -1), dim=1) for g in grads]
                 bad = ~torch.isfinite(torch.stack([losses.float(), *norms])).all(dim=0)
                 if lead.sync_free:  # the CPU: a member stops at its bad step, before its update
                     for k in (k for k, b in enumerate(bad.tolist()) if b and alive[k]):
                         alive[k] = False
-                        own = [leaf.grad[k] for leaf in leaves if leaf.grad is not None]
-                        what = what_diverged(losses[k], own)
+                        what = what_diverged(losses[k], [g[k] for g in grads])
                         self._fail(k, self.trainers[k].diverged(what, step))
                 else:  # accelerators: the first bad step is read with the epoch's loss
                     first_bad = torch.where(bad & (first_bad < 0), step, first_bad)

@@ -38,11 +38,18 @@ def steps_per_epoch(n_items: int, batch_size: int) -> int:
     return max(1, n_items // batch_size)
 
 
+def layout(n_text: int, batch_size: int, world_size: int) -> tuple[int, int]:
+    """(one worker's batch size, steps per epoch): the same on every worker."""
+    global_batch = min(batch_size, n_text)
+    if global_batch % world_size:
+        raise ValueError(f"batch_size {global_batch} is not divisible by {world_size} workers")
+    batch = global_batch // world_size
+    return batch, steps_per_epoch(n_text // world_size, batch)
+
+
 def make_optimizer(method: Method, cfg: TrainConfig) -> torch.optim.Optimizer:
     """SGD with momentum or AdamW over the trainable parameters (fused kernels when available)."""
     params = [p for p in method.parameters() if p.requires_grad]
-    if cfg.optimizer not in ("sgd", "adamw"):
-        raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {cfg.optimizer!r}")
     cls = torch.optim.SGD if cfg.optimizer == "sgd" else torch.optim.AdamW
     kwargs: dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
     if cfg.optimizer == "sgd":
@@ -54,9 +61,14 @@ def make_optimizer(method: Method, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def non_finite(x: torch.Tensor) -> int:
-    """The first row of ``x`` holding a non-finite value, -1 when none does."""
-    bad = (~torch.isfinite(x.reshape(x.shape[0], -1))).any(dim=1).nonzero()
-    return int(bad[0, 0]) if len(bad) else -1
+    """The first row of ``x`` holding a non-finite value, -1 when none does (in blocks: no
+    full-size temporaries)."""
+    for start in range(0, x.shape[0], 65536):
+        block = x[start : start + 65536]
+        bad = (~torch.isfinite(block.reshape(block.shape[0], -1))).any(dim=1).nonzero()
+        if len(bad):
+            return start + int(bad[0, 0])
+    return -1
 
 
 def what_diverged(loss: torch.Tensor, grads: list[torch.Tensor]) -> str:
@@ -98,13 +110,11 @@ class Trainer:
         self._check_inputs(data)
         self.batch_size, self.steps = self._layout(n_text)
         self._whole: SplitTensors | None = data  # until start(): fit_start sees it all
-        rows = shard_rows(n_text, rank, world_size, cfg.seed).to(self.device)
-        texts, owners = (
-            (data.text_emb, data.text_to_image)
-            if world_size == 1
-            else (data.text_emb[rows], data.text_to_image[rows])
-        )
-        self.data = SplitTensors(data.image_emb, texts, owners, data.split)  # this worker's shard
+        rows: Any = slice(None)
+        if world_size > 1:
+            rows = shard_rows(n_text, rank, world_size, cfg.seed).to(self.device)
+        shard = data.text_emb[rows], data.text_to_image[rows]
+        self.data = SplitTensors(data.image_emb, *shard, data.split)  # this worker's rows
         self.epoch = 0
         self.sync_free = self.device.type == "cpu"  # reading a flag costs no device sync
         self.first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
@@ -123,14 +133,7 @@ class Trainer:
         self._probe = probe.to(self.device)
 
     def _layout(self, n_text: int) -> tuple[int, int]:
-        """(this worker's batch size, steps per epoch): the same on every worker."""
-        global_batch = min(self.cfg.batch_size, n_text)
-        if global_batch % self.world_size:
-            raise ValueError(
-                f"batch_size {global_batch} is not divisible by {self.world_size} workers"
-            )
-        batch = global_batch // self.world_size
-        return batch, steps_per_epoch(n_text // self.world_size, batch)
+        return layout(n_text, self.cfg.batch_size, self.world_size)
 
     @staticmethod
     def _check_inputs(data: SplitTensors) -> None:
