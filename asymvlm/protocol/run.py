@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from asymvlm import tables
 from asymvlm.checkpoints import RunState
 from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.evaluation.registry import evaluate_split
@@ -49,15 +48,13 @@ def training_data(
     cfg = spec.train
     load = cache.load if cache is not None else load_split
     data = load(spec.embeddings, spec.train_split, cfg.adapter_input, device)
-    fraction, val_split = spec.val_fraction, spec.val_split
-    if fraction and (not val_split or val_split not in tables.list_splits(spec.embeddings)):
-        if cache is None:
-            return hold_out_images(data, float(fraction), seed=0)
-        key = ("hold-out", spec.train_split, cfg.adapter_input, str(device), float(fraction))
-        return cache.memo(
-            spec.embeddings, key, lambda: hold_out_images(data, float(fraction), seed=0)
-        )
-    return data, None
+    if not spec.holds_out():
+        return data, None
+    fraction = float(spec.val_fraction or 0)
+    if cache is None:
+        return hold_out_images(data, fraction, seed=0)
+    key = ("hold-out", spec.train_split, cfg.adapter_input, str(device), fraction)
+    return cache.memo(spec.embeddings, key, lambda: hold_out_images(data, fraction, seed=0))
 
 
 def log_epoch(cfg: TrainConfig, row: EpochRow, note: str = "") -> None:
@@ -123,7 +120,7 @@ class TrainingRun:
             device=self.device,
         )
         if stream is not None:
-            if spec.val_fraction and spec.val_split not in tables.list_splits(spec.embeddings):
+            if spec.holds_out():
                 raise ConfigError(
                     f"{spec.embeddings}/{spec.train_split} streams, and holding out "
                     f"val_fraction={spec.val_fraction} of it is not supported: write a "

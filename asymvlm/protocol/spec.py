@@ -7,6 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from asymvlm import tables
 from asymvlm.storage import absolute
 from asymvlm.training import TrainConfig
 
@@ -51,6 +52,11 @@ class RunSpec(BaseModel):
         return self.model_copy(
             update={"train": self.train.model_copy(update={"lr": lr, "seed": seed})}
         )
+
+    def holds_out(self) -> bool:
+        """Whether ``val_fraction`` of the training images is held out (no ``val_split``)."""
+        splits = tables.list_splits(self.embeddings) if self.val_fraction else []
+        return bool(self.val_fraction) and self.val_split not in splits
 
     def checkpoint_due(self, epoch: int) -> bool:
         every = self.checkpoint_every

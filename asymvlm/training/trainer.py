@@ -175,25 +175,18 @@ class Trainer:
 
     # -- the loop: start, then per epoch begin_epoch, step..., end_epoch ----------------------
     def start(self) -> None:
-        """Once before the first epoch of a fresh run: the method's ``fit_start`` calibration
-        on the whole split."""
+        """Once before the first epoch of a fresh run: ``fit_start`` on the whole split."""
         if self._whole is not None:
             self.method.fit_start(self._whole.image_emb, self._whole.text_emb)
-        self.prepare()
 
-    def prepare(self) -> None:
-        """Drop the whole split and wrap the loss for DDP (once; also on resume)."""
-        if self._whole is None:
-            return
-        self._whole = None
-        if self.world_size > 1 and self.method.trainable:
+    def begin_epoch(self) -> None:
+        """Before an epoch's steps: the whole split dropped, the loss wrapped for DDP (once)."""
+        if self._whole is not None and self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.loss_module = DistributedDataParallel(self.loss_module, device_ids=ids)
-
-    def begin_epoch(self) -> None:
-        self.prepare()
+        self._whole = None
         self.method.train()
         self.first_bad.fill_(-1)
 
@@ -313,4 +306,3 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
         self.epoch = int(state["epoch"])
-        self.prepare()
