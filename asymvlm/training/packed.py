@@ -59,6 +59,18 @@ def require_alike(items: list[dict[str, Any]], free: Collection[str], noun: str,
             )
 
 
+def _rng_state(device: torch.device) -> list[torch.Tensor]:
+    """The global CPU (and CUDA) RNG states."""
+    cuda = [torch.cuda.get_rng_state(device)] if device.type == "cuda" else []
+    return [torch.get_rng_state(), *cuda]
+
+
+def _set_rng_state(state: Sequence[torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if len(state) > 1:
+        torch.cuda.set_rng_state(state[1], device)
+
+
 class PackedTrainer:
     """Trains K ``(method, cfg)`` members on one split as one batched model.
 
@@ -72,7 +84,7 @@ class PackedTrainer:
         members: Sequence[tuple[Method, TrainConfig]],
         data: SplitTensors,
         *,
-        rng_states: Sequence[torch.Tensor] | None = None,
+        rng_states: Sequence[list[torch.Tensor]] | None = None,
     ) -> None:
         if is_distributed():
             raise ConfigError("packed trials run in one process; not inside a DDP group")
@@ -80,7 +92,7 @@ class PackedTrainer:
         check_packable(self.cfgs)
         self.methods = [method for method, _ in members]
         self.device = data.image_emb.device
-        self._rng = list(rng_states or [torch.get_rng_state()] * len(members))
+        self._rng = list(rng_states or [_rng_state(self.device)] * len(members))
         self.trainers = [Trainer(method, cfg, data) for method, cfg in members]
         self.trainable = self.methods[0].trainable
         self.histories: list[History] = [[] for _ in members]
@@ -96,15 +108,16 @@ class PackedTrainer:
         """Each member built as its unpacked run builds it (``torch.manual_seed(seed)``, then
         ``build_method``); the caller's global RNG state is left as it was."""
         check_packable(cfgs)
-        outer = torch.get_rng_state()
+        device = data.image_emb.device
+        outer = _rng_state(device)
         members, states = [], []
         try:
             for cfg in cfgs:
                 torch.manual_seed(cfg.seed)
                 members.append((build_method(cfg.method, data.dim, **cfg.method_args()), cfg))
-                states.append(torch.get_rng_state())
+                states.append(_rng_state(device))
         finally:
-            torch.set_rng_state(outer)
+            _set_rng_state(outer, device)
         return cls(members, data, rng_states=states)
 
     def __len__(self) -> int:
@@ -113,13 +126,13 @@ class PackedTrainer:
     @contextmanager
     def member_rng(self, k: int) -> Iterator[None]:
         """Member ``k``'s global RNG stream for the duration."""
-        outer = torch.get_rng_state()
-        torch.set_rng_state(self._rng[k])
+        outer = _rng_state(self.device)
+        _set_rng_state(self._rng[k], self.device)
         try:
             yield
         finally:
-            self._rng[k] = torch.get_rng_state()
-            torch.set_rng_state(outer)
+            self._rng[k] = _rng_state(self.device)
+            _set_rng_state(outer, self.device)
 
     def fit(
         self,
@@ -189,10 +202,10 @@ class PackedTrainer:
             raise CheckpointError(
                 f"the checkpoint holds a pack of (lr, seed) {members}; this pack is {ours}"
             )
-        outer = torch.get_rng_state()
+        outer = _rng_state(self.device)
         for trainer, trainer_state in zip(self.trainers, state["trainers"], strict=True):
             trainer.load_state_dict(trainer_state)
-        torch.set_rng_state(outer)
+        _set_rng_state(outer, self.device)
         self._rng = list(state["rng"])
         self.histories = [[dict(row) for row in history] for history in state["histories"]]
         self.errors = list(state["errors"])

@@ -288,14 +288,6 @@ def open_stream(
     """The :class:`CaptionStream` of a run when it streams (:func:`use_streaming`), else None."""
     if not use_streaming(cfg, root, split, device):
         return None
-    return CaptionStream(
-        root,
-        split,
-        batch_size=cfg.batch_size,
-        shuffle_buffer=cfg.shuffle_buffer,
-        seed=cfg.seed,
-        adapter_input=cfg.adapter_input,
-        rank=rank,
-        world_size=world_size,
-        device=device,
-    )
+    keys = ("batch_size", "shuffle_buffer", "seed", "adapter_input")
+    kwargs = {key: getattr(cfg, key) for key in keys}
+    return CaptionStream(root, split, rank=rank, world_size=world_size, device=device, **kwargs)
