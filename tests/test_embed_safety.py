@@ -187,17 +187,6 @@ def test_relative_and_absolute_spellings_are_one_job(small, tmp_path, monkeypatc
     assert again == {"n_images": 6, "skipped": True}
 
 
-def test_finished_output_of_an_older_version_is_still_recognised(small) -> None:
-    cfg = EmbedConfig(**BASE, **small)
-    legacy = cfg._legacy_fingerprint(_source(cfg))
-    assert "version" not in legacy and legacy["annotations"] == small["annotations"]
-    storage.write_json(cfg.output, f"test/{SUCCESS}", {"fingerprint": legacy, "summary": {}})
-    assert run_embed(cfg) == {"skipped": True}
-    other = EmbedConfig(**BASE, **small, sample=2)
-    with pytest.raises(tables.TableError, match="sample 2 here vs None there"):
-        run_embed(other)
-
-
 def test_manifest_of_the_same_model_in_another_spelling_is_accepted(small, monkeypatch) -> None:
     from pipelines.embedding.shards import check_manifest
 

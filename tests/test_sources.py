@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import pickle
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -26,7 +27,13 @@ from asymvlm.data.sources import (
     open_fs,
     read_source,
 )
-from asymvlm.data.templates import templates_for
+from asymvlm.data.templates import (
+    GENERIC_TEMPLATES,
+    IMAGENET_CLASSES,
+    TEMPLATES,
+    imagenet_class_names,
+    templates_for,
+)
 from tests.helpers import HIERARCAPS
 
 
@@ -878,3 +885,45 @@ def test_invalid_utf8_in_class_names_is_named(tmp_path):
     dump(root / "batches.meta", {b"label_names": [b"cat", b"d\xf6g"]})
     with pytest.raises(SourceError, match=r"batches\.meta: label_names\[1\]: class name is not"):
         read_source("cifar10", annotations=None, images=str(tmp_path), split="test")
+
+
+# -- zero-shot templates -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("dataset", "count"),
+    [("cifar10", 18), ("cifar100", 18), ("stl10", 2), ("imagenet", 80), ("ImageNet1k", 80)],
+)
+def test_template_counts_per_data_set(dataset: str, count: int) -> None:
+    templates = templates_for(dataset)
+    assert len(templates) == count == len(set(templates))
+    assert templates[0] in ("a photo of a {}.", "a bad photo of a {}.")
+
+
+def test_templates_have_one_slot_and_others_get_the_generic_ones() -> None:
+    assert templates_for("coco") == templates_for("no-such-set") == GENERIC_TEMPLATES
+    assert len(GENERIC_TEMPLATES) == 5
+    for templates in (*TEMPLATES.values(), GENERIC_TEMPLATES):
+        for template in templates:
+            assert template.count("{}") == 1 and not re.search(r"\{[^}]", template), template
+
+
+def test_imagenet_class_names_are_clips_for_ilsvrc_synsets(tmp_path) -> None:
+    wnids = list(IMAGENET_CLASSES)
+    assert len(wnids) == 1000 and wnids == sorted(wnids)
+    assert all(re.fullmatch(r"n\d{8}", w) for w in wnids)
+    # CLIP's curated names, not WordNet's first lemma ("cock", "hammerhead", "water ouzel").
+    assert imagenet_class_names(["n01514668", "n01494475", "n01601694"]) == [
+        "rooster",
+        "hammerhead shark",
+        "American dipper",
+    ]
+    assert imagenet_class_names(["n01514668", "cats"]) is None
+    assert imagenet_class_names([]) is None
+    for folder in ("n01514668", "n15075141"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.JPEG").write_bytes(b"x")
+    data = read_source("imagenet", annotations=None, images=str(tmp_path), split="val")
+    assert data.description["classes"] == ["rooster", "toilet paper"]
+    assert data.prompts["text"][80].as_py() == "a bad photo of a toilet paper."
+    (tmp_path / "cats").mkdir()  # not an ImageNet synset: the folder names stay
+    data = read_source("imagenet", annotations=None, images=str(tmp_path), split="val")
+    assert data.description["classes"] == ["cats", "n01514668", "n15075141"]

@@ -1,7 +1,4 @@
-"""The Ray Data passes of the embedding stage: image rows (with their captions) -> decode tasks
-or decoding actors -> the encoder actor pool, and text-only rows -> the text encoder. The
-callables they run are plain Python (:mod:`asymvlm.data.encode`); no ``runtime_env`` is passed
-(see :mod:`pipelines.embedding`)."""
+"""The Ray Data passes of the embedding stage (``map_batches`` with an ``ActorPoolStrategy``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""An embedding output's layout and identity: shard parts and markers, ``_JOB.json`` checked
-and written before the first shard, ``_SUCCESS.json``, ``ROOT/manifest.json`` under its own lock,
-and the totals of what was written (see :mod:`pipelines.embedding`)."""
+"""An embedding output's layout and identity: parts, markers, ``_JOB.json``, ``_SUCCESS.json``
+and ``ROOT/manifest.json``.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import pyarrow.fs as pafs
 
 from asymvlm import storage, tables
 from asymvlm.data.embed import PATH_KEYS, EmbedConfig, normalised_location
-from asymvlm.data.sources import SourceData
 
 SUCCESS = "_SUCCESS.json"
 JOB = "_JOB.json"
@@ -48,7 +47,7 @@ def manifest_lock(cfg: EmbedConfig) -> storage.OutputLock:
 
 
 def claim(
-    cfg: EmbedConfig, source: SourceData, fingerprint: dict[str, Any], lock: storage.OutputLock
+    cfg: EmbedConfig, fingerprint: dict[str, Any], lock: storage.OutputLock
 ) -> dict[str, Any] | None:
     """Check the output's identity before any write (refusing another job's output) and record
     this job's in ``_JOB.json``; returns ``_SUCCESS.json`` when this very job is complete."""
@@ -56,8 +55,7 @@ def claim(
     done = storage.read_json(cfg.output, f"{cfg.split}/{SUCCESS}")
     if done is not None:
         stored = done.get("fingerprint") or {}
-        ours = fingerprint if "version" in stored else cfg._legacy_fingerprint(source)
-        _refuse_other_job(shown, "holds a finished embedding of another job", ours, stored)
+        _refuse_other_job(shown, "holds a finished embedding of another job", fingerprint, stored)
         return done
     job = storage.read_json(cfg.output, f"{cfg.split}/{JOB}")
     if job is not None:
@@ -69,8 +67,8 @@ def claim(
     stray = _written_parts(cfg)
     if stray:
         raise tables.TableError(
-            f"{shown} holds {stray} but no {JOB} saying which job wrote it (an output of an "
-            "older version, or copied files); cannot tell whether it belongs to this job -- "
+            f"{shown} holds {stray} but no {JOB} saying which job wrote it; cannot tell "
+            "whether it belongs to this job -- "
             "choose another --output, or delete that folder to start over"
         )
     lock.check()

@@ -39,15 +39,8 @@ _SOURCE_IMAGE_COLUMNS = frozenset({"image_id", "path", "offset", "length", "data
 
 
 def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> dict[str, Any]:
-    """Embed one split of one data set into ``cfg.output``; returns a summary dict.
-
-    Ray is needed only when there is something to embed: it is asked of the entry point's
-    ``session`` then (which starts or joins it); without one, a running Ray is required.
-
-    Raises :class:`~asymvlm.errors.ConfigError` for a missing input,
-    :class:`~asymvlm.errors.LockError` when another writer holds ``ROOT/<split>`` and
-    :class:`~asymvlm.tables.TableError` when the output belongs to another job.
-    """
+    """Embed one split of one data set into ``cfg.output``; returns a summary dict. Ray is
+    asked of ``session`` only when there is something to embed."""
     t0 = time.perf_counter()
     cfg.check_inputs()
     need_ray = session.require if session is not None else lambda: require_ray("embedding")
@@ -68,7 +61,7 @@ def _run_locked(
         id_list=cfg.id_list,
     )
     fingerprint = cfg.fingerprint(source)
-    done = claim(cfg, source, fingerprint, lock)
+    done = claim(cfg, fingerprint, lock)
     if done is not None:
         log.info(f"{cfg.output}/{cfg.split} is complete and matches this job: nothing to do")
         return {**done["summary"], "skipped": True}

@@ -1,19 +1,5 @@
-"""What every reader shares: the table schemas, :class:`SourceError`, :class:`SourceData`, file
-reading and path joining, JSON with key-path errors, the table builders, the ``id_list`` /
-``sample`` selection and the request a reader gets.
-
-The tables' contract is in the package docstring (:mod:`asymvlm.data.sources`). Every path may be
-local or an fsspec URL (``s3://bucket/key``, ...); :func:`open_fs` (the storage layer's
-:func:`asymvlm.storage.fsspec_filesystem`) is the one place that opens them (it honours
-``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for s3).
-
-Selection (any data set): ``id_list`` (a text file, one image id per line) keeps exactly those
-ids (an unknown id is an error naming it); then ``sample=N`` keeps
-``ids[numpy.random.default_rng(seed).choice(len(ids), N, replace=False)]`` of the sorted
-remaining ids (:class:`Selector`).
-
-Errors: a malformed annotation file raises :class:`SourceError` (a ``ValueError``) at once,
-naming the file and the 1-based line (text formats) or the JSON key path.
+"""What every reader shares: schemas, errors, file reading, JSON records, table builders and the
+``id_list`` / ``sample`` selection.
 """
 
 from __future__ import annotations
