@@ -34,10 +34,6 @@ def part_name(shard: int) -> str:
     return f"part-{shard:05d}"
 
 
-def errors_table(rows: list[dict[str, str]]) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=ERROR_SCHEMA)
-
-
 def manifest_lock(cfg: EmbedConfig) -> storage.OutputLock:
     """``ROOT/manifest.json`` is shared by the splits: read-modify-write it under a short lock
     (waiting for a job on another split that is updating it)."""
