@@ -8,7 +8,6 @@ import logging
 import os
 import socket
 import time
-from collections import defaultdict
 from concurrent.futures import Future
 from typing import Any
 
@@ -119,21 +118,14 @@ def _written_parts(cfg: EmbedConfig) -> str | None:
 
 
 def split_totals(cfg: EmbedConfig) -> dict[str, int]:
-    counts = defaultdict(int)
-    fs_root = cfg.output
-    for kind in (tables.IMAGES_DIR, tables.TEXTS_DIR):
-        t = tables.read_parts(fs_root, cfg.split, kind)
-        counts[f"n_{'images' if kind == tables.IMAGES_DIR else 'captions'}"] = (
-            0 if t is None else t.num_rows
-        )
-    errors = tables.read_parts(fs_root, cfg.split, ERRORS_DIR)
-    if errors is not None:
-        kinds = errors.column("kind").to_pylist()
-        counts["n_image_errors"] = kinds.count("image")
-        counts["n_caption_errors"] = kinds.count("caption")
-    counts.setdefault("n_image_errors", 0)
-    counts.setdefault("n_caption_errors", 0)
-    return dict(counts)
+    counts = {}
+    for kind, key in ((tables.IMAGES_DIR, "n_images"), (tables.TEXTS_DIR, "n_captions")):
+        table = tables.read_parts(cfg.output, cfg.split, kind)
+        counts[key] = 0 if table is None else table.num_rows
+    errors = tables.read_parts(cfg.output, cfg.split, ERRORS_DIR)
+    kinds = [] if errors is None else errors["kind"].to_pylist()
+    counts.update(n_image_errors=kinds.count("image"), n_caption_errors=kinds.count("caption"))
+    return counts
 
 
 def write_manifest_once(cfg: EmbedConfig, dim: int, info: Future) -> None:
