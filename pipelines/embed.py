@@ -1,13 +1,6 @@
-"""Ray cluster entry point of the embedding stage.
+"""Ray cluster entry point of the embedding stage: the ``EmbedConfig`` job(s) of a YAML file.
 
-    ray job submit --working-dir . -- python pipelines/embed.py --config configs/embed-coco.yaml
-
-The YAML holds ``EmbedConfig`` keys (see ``asymvlm/data/embed.py``): either one job at the top
-level, or ``defaults:`` plus a list of ``jobs:`` (e.g. train and test splits of one data set).
-``--set key.sub=value`` overrides a key of the document (``defaults.batch_size=32``,
-``jobs.0.split=val``); every job is validated before the first one starts. Connects to the
-cluster given by ``RAY_ADDRESS`` (set by ``ray job submit``) or starts a local one -- only when
-a job has something to embed.
+ray job submit --working-dir . -- python pipelines/embed.py --config configs/embed-coco.yaml
 """
 
 from __future__ import annotations
@@ -28,7 +21,6 @@ from pipelines.session import RaySession  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``pipelines/embed.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML file with the embedding job(s)")
     parser.add_argument(

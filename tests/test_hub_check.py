@@ -5,9 +5,6 @@ server on 127.0.0.1 (or a closed port); the cache a temporary folder."""
 from __future__ import annotations
 
 import http.server
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 
@@ -17,7 +14,6 @@ from asymvlm.data.embed import EmbedConfig, check_model
 from asymvlm.data.encoder.hub import check_hub_model, hub_files
 from asymvlm.errors import ConfigError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAION = "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
 
 
@@ -128,8 +124,14 @@ def test_the_hub_says_whether_it_has_the_model(hub) -> None:
         check_hub_model("someone/not-a-model")
 
 
-def test_embed_names_the_model_with_exit_2_and_writes_nothing(hub_cache, tmp_path) -> None:
-    """The command, in a process of its own, offline: no Ray, no worker, no output."""
+def test_embed_names_the_model_with_exit_2_and_writes_nothing(
+    hub_cache, tmp_path, monkeypatch, capsys
+) -> None:
+    """Offline, the command stops before Ray or any worker: one line, exit 2, no output."""
+    from huggingface_hub import constants
+
+    from asymvlm.cli import main as cli_main
+
     out = tmp_path / "tables"
     cfg = EmbedConfig(
         dataset="hierarcaps", split="test", model="openai/clip-vit-base-patch32", output=str(out)
@@ -140,37 +142,11 @@ def test_embed_names_the_model_with_exit_2_and_writes_nothing(hub_cache, tmp_pat
         check_model("open_clip:ViT-B-32")
     annotations = tmp_path / "hc.csv"
     annotations.write_text("caption\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "asymvlm.cli",
-            "embed",
-            "--dataset",
-            "hierarcaps",
-            "--annotations",
-            str(annotations),
-            "--images",
-            str(tmp_path),
-            "--split",
-            "test",
-            "--model",
-            "openai/clip-vit-base-patch32",
-            "--output",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert (
-        proc.stderr.strip()
-        .splitlines()[-1]
-        .startswith("error: model 'openai/clip-vit-base-patch32' is not in the Hugging Face cache")
-    )
-    assert "HF_HUB_OFFLINE is set" in proc.stderr and "Traceback" not in proc.stderr
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    args = ["--dataset", "hierarcaps", "--annotations", str(annotations), "--images"]
+    args += [str(tmp_path), "--split", "test", "--model", "openai/clip-vit-base-patch32"]
+    assert cli_main(["embed", *args, "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: model 'openai/clip-vit-base-patch32' is not in the Hugging Face")
+    assert "HF_HUB_OFFLINE is set" in err and "\n" not in err
     assert not out.exists()

@@ -96,56 +96,38 @@ def test_unknown_tags_and_missing_files_are_refused_with_what_exists(tmp_path) -
 
 # -- preprocessing and encoding ----------------------------------------------------------------
 @requires_hierarcaps
-def test_preprocessing_equals_open_clips_transform_on_real_images(
-    tiny, reference, image_files
+@pytest.mark.parametrize("library", ["open_clip", "transformers"])
+def test_preprocessing_equals_the_librarys_own_on_real_images(
+    library, tiny, reference, image_files, tmp_path
 ) -> None:
-    import pyarrow as pa
-
-    from asymvlm.data.encode import decode_batch
-
-    _, transform, _ = reference
-    pil = [Image.open(p).convert("RGB") for p in image_files]
-    want = torch.stack([transform(im) for im in pil]).numpy()
-    assert want.shape == (len(pil), 3, 64, 64)
-    # the encoder, the preprocessing-only encoder (meta weights) and the stage's decode step
-    full = load_encoder(tiny["name"], device="cpu")
-    np.testing.assert_array_equal(full.preprocess_images(pil), want)
-    light = load_encoder(tiny["name"], device="cpu", load_model=False)
-    assert light.model is None
-    np.testing.assert_array_equal(light.preprocess_images(pil), want)
-    rows = pa.table(
-        {
-            "image_id": [f"i{k}" for k in range(len(pil))],
-            "path": image_files,
-            "shard": [0] * len(pil),
-        }
-    )
-    decoded = decode_batch(rows, tiny["name"])
-    assert list(decoded["error"]) == [""] * len(pil)
-    np.testing.assert_array_equal(decoded["pixel_values"], want)
-
-
-@requires_hierarcaps
-def test_transformers_preprocessing_equals_its_processor_on_real_images(
-    tmp_path, image_files
-) -> None:
+    """The encoder, the preprocessing-only encoder and the stage's decode step give the pixels
+    of open_clip's inference transform / the transformers image processor."""
     import pyarrow as pa
     from transformers import AutoImageProcessor
 
     from asymvlm.data.encode import decode_batch
     from asymvlm.data.tiny import save_tiny_clip
 
-    folder = save_tiny_clip(str(tmp_path / "clip"))
     pil = [Image.open(p).convert("RGB") for p in image_files]
-    want = AutoImageProcessor.from_pretrained(folder)(images=pil, return_tensors="np")
+    if library == "open_clip":
+        name = tiny["name"]
+        want = torch.stack([reference[1](im) for im in pil]).numpy()
+    else:
+        name = save_tiny_clip(str(tmp_path / "clip"))
+        want = AutoImageProcessor.from_pretrained(name)(images=pil, return_tensors="np")
+        want = want["pixel_values"]
+    assert want.shape == (len(pil), 3, 64, 64)
+    np.testing.assert_array_equal(load_encoder(name, device="cpu").preprocess_images(pil), want)
+    light = load_encoder(name, device="cpu", load_model=False)
+    assert light.model is None
+    np.testing.assert_array_equal(light.preprocess_images(pil), want)
+    n = len(pil)
     rows = pa.table(
-        {
-            "image_id": [f"i{k}" for k in range(len(pil))],
-            "path": image_files,
-            "shard": [0] * len(pil),
-        }
+        {"image_id": [f"i{k}" for k in range(n)], "path": image_files, "shard": [0] * n}
     )
-    np.testing.assert_array_equal(decode_batch(rows, folder)["pixel_values"], want["pixel_values"])
+    decoded = decode_batch(rows, name)
+    assert list(decoded["error"]) == [""] * n
+    np.testing.assert_array_equal(decoded["pixel_values"], want)
 
 
 @requires_hierarcaps

@@ -1,23 +1,13 @@
-"""One embedding job: :class:`EmbedConfig` (the ``asymvlm embed`` flags / the YAML keys of
-``pipelines/embed.py``), validated on construction, and its identity
-(:meth:`EmbedConfig.fingerprint`: inputs as normalised absolute paths or URIs, a hash of the
-rows read from them, model, precision, perturbations, sampling, shard size).
-
-The stage that runs a job on Ray Data -- shards, ``_JOB.json``, the output lock, the manifest --
-is :mod:`pipelines.embedding` (``run_embed``); the row-level work it runs (read, decode,
-preprocess, the frozen encoder) is :mod:`asymvlm.data.encode`. Nothing here imports Ray.
-"""
+"""One embedding job: :class:`EmbedConfig`, validated on construction, and its fingerprint."""
 
 from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import re
 from typing import Annotated, Any, Literal
 
-import numpy as np
 import pyarrow as pa
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass
@@ -50,13 +40,8 @@ NonEmpty = Annotated[str, Field(min_length=1)]
 
 @dataclass(config=ConfigDict(extra="forbid"))
 class EmbedConfig:
-    """Everything that defines one embedding job (the CLI flags / the YAML keys).
-
-    Validated on construction (pydantic): unknown keys, wrong types and out-of-range values raise
-    :class:`pydantic.ValidationError` naming the key. Input paths are checked separately, by
-    :meth:`check_inputs` at the start of :func:`~pipelines.embedding.run_embed` (a pipeline may
-    create them later).
-    """
+    """One embedding job (the CLI flags / the YAML keys), validated on construction; input
+    paths are checked by :meth:`check_inputs` when the job starts."""
 
     dataset: str = Field(description="the reader: " + ", ".join(sorted(READERS)))
     model: NonEmpty = Field(
@@ -85,17 +70,11 @@ class EmbedConfig:
     )
     decode_cpus: PositiveFloat = Field(1.0, description="CPUs per image-decoding task")
     actor_cpus: PositiveFloat = Field(1.0, description="CPUs per encoder actor")
-    #: Where images are decoded: "tasks" (CPU tasks streaming into the encoder actors, for GPU
-    #: clusters), "actor" (inside the encoder actor, best on CPU-only machines) or "auto".
     decode_in: Literal["auto", "tasks", "actor"] = Field(
         "auto",
         description="where images are decoded: tasks (CPU tasks feeding the encoder "
         "actors, for GPU clusters), actor (inside the encoder actor, best on CPU only) or auto",
     )
-    #: OOD robustness: perturb images / captions before embedding ("kind:severity", see
-    #: :mod:`asymvlm.data.perturb`), seeded per item by ``perturbation_seed`` and its id.
-    #: Classification sets: prompts embedded beside the class prompts as class_index -1, the
-    #: "none-of-the-above" candidates of Table 2.
     dummy_prompts: tuple[str, ...] = Field(
         DUMMY_PROMPTS,
         description="classification sets: the none-of-the-above prompts "
@@ -112,9 +91,6 @@ class EmbedConfig:
         "word_order, synonyms, casing; severity 1-5); the original stays in clean_text",
     )
     perturbation_seed: NonNegativeInt = Field(0, description="the perturbations' seed")
-    #: Also write the pre-projection features (``image_features_pre`` / ``text_features_pre``)
-    #: and the model's projections (``ROOT/projection.npz``), which BayesVLM's posterior needs.
-    #: CLIP models only (:func:`asymvlm.data.encoder.pre_projection_dims`).
     pre_projection: bool = Field(
         False,
         description="also write the pre-projection features and ROOT/projection.npz "
@@ -159,10 +135,8 @@ class EmbedConfig:
         return value or None
 
     def check_inputs(self) -> None:
-        """:class:`~asymvlm.errors.ConfigError` naming the key when a local input path
-        (``annotations``, ``images``, ``id_list``, a ``model`` directory) does not exist.
-        URIs (``s3://`` ...) are left to the readers; a ``model`` that is not path-like is a
-        hub id."""
+        """:class:`~asymvlm.errors.ConfigError` naming the key of a local input that does not
+        exist (URIs are left to the readers; a ``model`` that is not path-like is a hub id)."""
         check_model(self.model)
         for key in ("annotations", "images", "id_list", "model"):
             value = getattr(self, key)
@@ -211,35 +185,11 @@ class EmbedConfig:
         return fp
 
     def _roots(self) -> list[str]:
-        """The locations, as written, that readers prefix to image paths (the ``images``
-        folder, else the annotation file's folder)."""
+        """The locations, as written, that readers prefix to image paths."""
         roots = [r.rstrip("/") for r in (self.images, self.annotations) if r]
         if self.annotations:
             roots[-1] = roots[-1].rpartition("/")[0]
         return sorted({r for r in roots if r}, key=len, reverse=True)
-
-    def _legacy_fingerprint(self, source: SourceData) -> dict[str, Any]:
-        """The fingerprint as written before ``_JOB.json`` existed (finished outputs)."""
-        keys = (
-            "dataset",
-            "model",
-            "split",
-            "annotations",
-            "images",
-            "sample",
-            "seed",
-            "id_list",
-            "image_perturbation",
-            "text_perturbation",
-            "perturbation_seed",
-        )
-        fp = {k: getattr(self, k) for k in keys}
-        fp.update(
-            shard_size=self.shard_size,
-            n_images=source.images.num_rows,
-            n_captions=source.captions.num_rows,
-        )
-        return fp
 
 
 def _check_open_clip_name(model: str) -> None:
@@ -263,11 +213,8 @@ def _check_open_clip_name(model: str) -> None:
 
 
 def check_model(model: str) -> None:
-    """:class:`ConfigError` when the encoder of ``model`` could not be loaded here: a malformed
-    ``open_clip:`` name or one whose local files do not exist, or a model the encoders fetch
-    from the Hugging Face Hub that is neither in the local cache nor to be had from the Hub
-    (asked once, here, rather than by every worker after its retries). Local folders are the
-    caller's to check."""
+    """:class:`ConfigError` when the encoder of ``model`` cannot be had here (a malformed
+    ``open_clip:`` name, missing local files, or a Hub model neither cached nor served)."""
     from asymvlm.data.encoder.hub import check_hub_model
 
     if is_open_clip(model):
@@ -318,10 +265,8 @@ def normalised_location(value: str | None, model: bool = False) -> str | None:
 
 
 def _source_digest(source: SourceData, roots: list[str]) -> str:
-    """SHA-256 of the rows read (ids, image locations below ``roots``, labels, captions): an
-    annotation file edited in place makes another job. Image paths are hashed without the
-    ``roots`` prefix as written (the fingerprint holds those normalised), so a relative and an
-    absolute spelling of the same input agree. Hashes Arrow buffers, not Python objects."""
+    """SHA-256 of the rows read (their Arrow IPC bytes), image paths below ``roots`` written
+    ``<root>/...`` so that relative and absolute spellings of one input agree."""
     import pyarrow.compute as pc
 
     digest = hashlib.sha256()
@@ -329,43 +274,13 @@ def _source_digest(source: SourceData, roots: list[str]) -> str:
         if table is None:
             digest.update(b"\0none")
             continue
-        for name in table.column_names:
-            column = table.column(name)
-            if table is source.images and name == "path":
-                for root in roots:
-                    pattern = "^" + re.escape(root) + "/"
-                    column = pc.replace_substring_regex(column, pattern, "<root>/")
-            digest.update(f"\0{name}:{table.schema.field(name).type}".encode())
-            _digest_column(digest, column)
+        if table is source.images:
+            path = table["path"]
+            for root in roots:
+                path = pc.replace_substring_regex(path, "^" + re.escape(root) + "/", "<root>/")
+            table = table.set_column(table.schema.get_field_index("path"), "path", path)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table.combine_chunks())
+        digest.update(sink.getvalue())
     return digest.hexdigest()
-
-
-_BYTES_TYPES = (
-    pa.types.is_string,
-    pa.types.is_large_string,
-    pa.types.is_binary,
-    pa.types.is_large_binary,
-)
-
-
-def _digest_column(digest, column: pa.ChunkedArray) -> None:
-    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    n = len(arr)
-    digest.update(n.to_bytes(8, "little"))
-    if not n:
-        return
-    digest.update(np.packbits(arr.is_null().to_numpy(zero_copy_only=False)).tobytes())
-    typ = arr.type
-    if pa.types.is_dictionary(typ):
-        arr, typ = arr.cast(typ.value_type), typ.value_type
-    if any(test(typ) for test in _BYTES_TYPES):
-        arr = arr.cast(pa.large_binary())
-        _, offsets_buf, data_buf = arr.buffers()
-        offsets = np.frombuffer(offsets_buf, np.int64)[arr.offset : arr.offset + n + 1]
-        digest.update((offsets - offsets[0]).tobytes())
-        if data_buf is not None:
-            digest.update(memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])])
-    elif pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ):
-        digest.update(arr.fill_null(0).to_numpy(zero_copy_only=False).tobytes())
-    else:
-        digest.update(json.dumps(arr.to_pylist(), default=str).encode())

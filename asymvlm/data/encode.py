@@ -1,8 +1,5 @@
-"""Row-level work of the embedding stage: read, decode (perturb) and preprocess images, and the
-frozen-encoder callables that embed images and captions.
-
-Plain Python: the Ray Data stage (:mod:`pipelines.embedding`) runs these inside its tasks and
-actors (``map_batches``); nothing here imports Ray.
+"""Row-level work of the embedding stage (run inside Ray Data tasks and actors): decode images,
+embed images and captions with the frozen encoder.
 """
 
 from __future__ import annotations
@@ -115,13 +112,9 @@ class _EncoderHolder:
 
 
 class EncoderActor(_EncoderHolder):
-    """Ray Data actor: holds the frozen encoder and embeds a batch of decoded images **and the
-    captions attached to them** (``captions``: JSON ``[[caption_id, text], ...]``), so one actor
-    pool and one model load serve both modalities. Output rows are ``kind`` "image" (failed
-    images pass through with their ``error``) and ``kind`` "caption" (captions of images that
-    decoded; those of failed images are left out). With ``pre_projection`` the rows also get
-    ``image_pre`` and ``text_pre`` (the pre-projection features of the row's kind, zeros in the
-    other column)."""
+    """Ray Data actor: embeds decoded images and the captions riding with them (JSON
+    ``[[caption_id, text], ...]``) with one model; rows of ``kind`` "image" (failed ones keep
+    their ``error``) and "caption" (of images that decoded)."""
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ok = batch["error"] == ""
@@ -201,13 +194,8 @@ class TextEncoderActor(_EncoderHolder):
 def encode_texts_by_length(
     encoder, texts: list[str], batch_size: int, pre: bool = False
 ) -> tuple[np.ndarray, ...]:
-    """``encoder.encode_texts`` over chunks of captions of similar length, in input order:
-    (unit embeddings, raw norms), and with ``pre`` the pre-projection features.
-
-    Sorting by token count before chunking keeps padding (wasted compute when a batch is padded
-    to its longest caption, as CLIP is) small; CLIP's causal attention with a mask makes each
-    embedding independent of its batch, so the result is the same up to float rounding.
-    """
+    """``encoder.encode_texts`` over chunks of captions sorted by token count (less padding),
+    returned in input order."""
     dim = encoder.info.dim
     out = [np.empty((len(texts), dim), np.float32), np.empty(len(texts), np.float32)]
     if pre:

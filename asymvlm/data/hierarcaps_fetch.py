@@ -1,46 +1,9 @@
-"""HierarCaps for the demo anywhere: the local copy, else a verified cache, else a download.
-
-:func:`locate_hierarcaps` returns a folder in the layout the readers take
-(:func:`asymvlm.data.demo_sets.write_hierarcaps_cifar`, the embedding sources)::
-
-    hierarcaps_test.csv        id, captions, image_url (1,000 rows)
-    images/<name>              name = last path component of image_url (MS-COCO val2014)
-    SHA256SUMS                 (cache only) ``sha256  relative/path`` lines, as sha256sum writes
-
-Where it looks, in order:
-
-1. the local copy (:func:`~asymvlm.data.demo_sets.find_hierarcaps`: ``$ASYMVLM_HIERARCAPS``,
-   else ``../shared/data/hierarcaps`` beside the checkout), used as it is;
-2. ``<cache>/hierarcaps`` (``<cache>`` = ``cache_dir``, else ``$ASYMVLM_CACHE``, else
-   ``~/.cache/asymvlm``) when complete and verified;
-3. a download into that folder from the public sources: the csv of the HierarCaps release
-   (:data:`CSV_URL`, checked against the pinned :data:`CSV_SHA256`), then every image from
-   COCO's own server (:data:`COCO_IMAGES_URL`).
-
-Integrity: the csv must match its pinned sha256 (else :class:`HierarCapsChecksumError`; the file
-is not kept). The upstream sums of the images are not pinned, so they are trusted on first
-download: every image must decode (PIL), and once all are present their sums are recorded in
-``SHA256SUMS``; later calls check every file against it, and a damaged or missing file is
-fetched again, alone (it must then match its recorded sum). Downloads use threads
-(:data:`WORKERS`), timeouts (:data:`TIMEOUT_S`) and retries (:data:`RETRIES`), write each file
-atomically (temporary file + rename) and are resumable: files already good are never fetched
-again, so an interrupted download continues where it stopped.
-
-Mirrors (and tests) override the sources: ``base_urls={"csv": ..., "images": ...}`` or the
-environment variables ``ASYMVLM_HIERARCAPS_CSV_URL`` (the csv's full URL) and
-``ASYMVLM_COCO_IMAGES_URL`` (a prefix replacing ``http://images.cocodataset.org/val2014/``).
-
-Failures: with neither a local copy nor the network (a connection that cannot be made, a DNS
-failure, a timeout), :func:`locate_hierarcaps` logs one warning line saying how to get the data
-and returns None; it does not raise. A server that answers wrongly (an HTTP error such as 404,
-an image that does not decode, a sum that does not match) raises :class:`HierarCapsError` naming
-the file(s) and URL(s), after every other file was tried: the good ones stay in the cache.
-"""
+"""HierarCaps for the demo: the local copy, else a verified cache, else a download
+(docs/data.md)."""
 
 from __future__ import annotations
 
 import csv
-import functools
 import hashlib
 import http.client
 import io
@@ -53,7 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from asymvlm.data import demo_sets
@@ -99,13 +62,11 @@ _CHUNK = 1 << 16
 
 
 class HierarCapsError(AsymVLMError, RuntimeError):
-    """The HierarCaps download failed in a way a retry will not fix (an HTTP error such as 404,
-    an image that does not decode, a malformed csv); the message names the file(s) and URL(s)."""
+    """The download failed in a way a retry will not fix; names the file(s) and URL(s)."""
 
 
 class HierarCapsChecksumError(HierarCapsError):
-    """A downloaded file does not match its expected sha256; the message names the URL, the
-    expected and the actual sum. The file is not kept."""
+    """A downloaded file does not match its expected sha256 (not kept)."""
 
 
 class _Unreachable(Exception):
@@ -119,8 +80,7 @@ def default_cache_dir() -> str:
 
 
 def _sources(base_urls: Mapping[str, str] | None) -> tuple[str, str]:
-    """(csv URL, image prefix ending in "/"): ``base_urls``, else the environment, else the
-    public sources."""
+    """(csv URL, image prefix ending in "/"): ``base_urls``, else the environment, else public."""
     given = dict(base_urls or {})
     unknown = sorted(set(given) - {"csv", "images"})
     if unknown:
@@ -177,7 +137,7 @@ def _image_names(csv_path: str) -> list[str]:
 
 
 def _read_sums(root: str) -> dict[str, str]:
-    """``SHA256SUMS`` as {relative path: sha256}; missing file or malformed lines give nothing."""
+    """``SHA256SUMS`` as {relative path: sha256} (malformed lines skipped)."""
     sums: dict[str, str] = {}
     try:
         with open(os.path.join(root, SUMS_NAME), encoding="utf-8") as fh:
@@ -190,12 +150,12 @@ def _read_sums(root: str) -> dict[str, str]:
     return sums
 
 
-def _write_atomic(path: str, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``."""
+def _write_atomic(path: str, body: bytes) -> None:
+    """``body`` into a temporary file beside ``path``, then renamed to ``path``."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
-    os.close(fd)
     try:
-        write(tmp)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -203,19 +163,15 @@ def _write_atomic(path: str, write: Callable[[str], None]) -> None:
 
 
 def _write_sums(root: str, sums: dict[str, str]) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.writelines(f"{sums[rel]}  {rel}\n" for rel in sorted(sums))
-
-    _write_atomic(os.path.join(root, SUMS_NAME), write)
+    text = "".join(f"{sums[rel]}  {rel}\n" for rel in sorted(sums))
+    _write_atomic(os.path.join(root, SUMS_NAME), text.encode())
 
 
 def _check_images(
     root: str, names: list[str], recorded: dict[str, str]
 ) -> tuple[dict[str, str], list[str]]:
-    """({relative path: sha256} of the good images, names of the missing or damaged ones). An
-    image with a recorded sum is good when it matches; one without (an interrupted first
-    download) when it decodes."""
+    """({relative path: sha256} of the good images, names of the missing or damaged ones): good
+    is matching the recorded sum, or without one (a first download) decoding."""
 
     def check(name: str) -> tuple[str, str | None]:
         path = os.path.join(root, IMAGES_DIR, name)
@@ -240,11 +196,8 @@ def _check_images(
 
 # -- downloads ----------------------------------------------------------------------------------
 def _download(url: str, dest: str, *, image: bool, expected: str | None = None) -> str:
-    """Download ``url`` to ``dest`` atomically; returns its sha256. ``image``: it must decode;
-    ``expected``: it must have that sum (else :class:`HierarCapsChecksumError`, not retried).
-    Raises :class:`_Unreachable` when the server cannot be reached and
-    :class:`HierarCapsError` when it answers wrongly, after :data:`RETRIES` attempts; OSError
-    when ``dest`` cannot be written."""
+    """Download ``url`` to ``dest`` atomically, with :data:`RETRIES` attempts; returns its sha256.
+    ``image``: it must decode; ``expected``: it must have that sum (not retried)."""
     last, unreachable = "", True
     for attempt in range(1, RETRIES + 1):
         if attempt > 1:
@@ -274,24 +227,18 @@ def _download(url: str, dest: str, *, image: bool, expected: str | None = None) 
         if image and not _decodes(body):
             last, unreachable = "the body is not a decodable image", False
             continue
-        _write_atomic(dest, functools.partial(_write_bytes, body=body))
+        _write_atomic(dest, body)
         return digest
     if unreachable:
         raise _Unreachable(f"{url}: {last}")
     raise HierarCapsError(f"{os.path.basename(dest)}: {url}: {last}")
 
 
-def _write_bytes(path: str, body: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(body)
-
-
 def _fetch_images(
     root: str, names: list[str], prefix: str, recorded: dict[str, str]
 ) -> tuple[dict[str, str], list[HierarCapsError], list[str]]:
-    """Download ``names`` in :data:`WORKERS` threads. Returns ({relative path: sha256} of the
-    files fetched, errors of the files the server refused or that came back wrong, reasons of
-    the files it could not reach). The first unreachable file stops the files not started."""
+    """Download ``names`` in threads: ({rel path: sha256} fetched, errors, unreachable reasons);
+    the first unreachable file stops the files not started."""
     stop = threading.Event()
     fetched: dict[str, str] = {}
     errors: list[HierarCapsError] = []
@@ -323,8 +270,8 @@ def _fetch_images(
 
 
 def _ensure(root: str, csv_url: str, prefix: str, download: bool) -> str | None:
-    """The cache folder ``root``, completed and verified; None (after one warning) when it is
-    incomplete and cannot be completed for want of a network or of ``download``."""
+    """The cache folder ``root``, completed and verified; None (after one warning) when it
+    cannot be completed (no network, or ``download`` false)."""
     csv_path = os.path.join(root, CSV_NAME)
     expected_csv = CSV_SHA256
     csv_ok = os.path.isfile(csv_path) and _sha256(csv_path) == expected_csv
@@ -388,21 +335,9 @@ def locate_hierarcaps(
     download: bool = True,
     base_urls: Mapping[str, str] | None = None,
 ) -> str | None:
-    """The folder of the HierarCaps test set (``hierarcaps_test.csv`` + ``images/``).
-
-    Returns the local copy when there is one (:func:`~asymvlm.data.demo_sets.find_hierarcaps`,
-    no check, no request); else ``<cache_dir>/hierarcaps`` (``cache_dir`` defaults to
-    :func:`default_cache_dir`) once complete and verified, downloading what is missing or
-    damaged when ``download`` is true. ``base_urls`` (``{"csv": url, "images": prefix}``)
-    overrides ``$ASYMVLM_HIERARCAPS_CSV_URL`` / ``$ASYMVLM_COCO_IMAGES_URL`` and the public
-    sources.
-
-    Returns None, after one warning line on how to get the data, when the cache is incomplete
-    and cannot be completed: no network, or ``download`` false. Raises
-    :class:`HierarCapsChecksumError` when the csv (or a re-fetched image) does not match its
-    sum, :class:`HierarCapsError` when the server refuses files (e.g. HTTP 404) or sends images
-    that do not decode (naming them; the good files are kept), ValueError for unknown
-    ``base_urls`` keys, and OSError when the cache cannot be written."""
+    """The HierarCaps test folder (``hierarcaps_test.csv`` + ``images/``): the local copy, else
+    ``<cache_dir>/hierarcaps`` completed and verified (docs/data.md); None after one warning
+    when it cannot be completed."""
     local = demo_sets.find_hierarcaps()
     if local:
         return local

@@ -1,7 +1,4 @@
-"""The Ray Data passes of the embedding stage: image rows (with their captions) -> decode tasks
-or decoding actors -> the encoder actor pool, and text-only rows -> the text encoder. The
-callables they run are plain Python (:mod:`asymvlm.data.encode`); no ``runtime_env`` is passed
-(see :mod:`pipelines.embedding`)."""
+"""The Ray Data passes of the embedding stage (``map_batches`` with an ``ActorPoolStrategy``)."""
 
 from __future__ import annotations
 
@@ -26,8 +23,8 @@ def _has_gpu(device: str) -> bool:
 
 
 def _map_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
-    """``map_batches`` arguments of the encoder actor pool. No ``runtime_env``: credentials and
-    endpoints come from each node's environment, never from the job (see the module doc)."""
+    """``map_batches`` arguments of the encoder actor pool (no ``runtime_env``: credentials
+    come from each node's environment)."""
     import ray
 
     gpu = _has_gpu(cfg.device)
@@ -38,7 +35,7 @@ def _map_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
             "device": "cuda" if gpu else "cpu",
             "dtype": cfg.dtype,
             "threads": threads,
-            "text_batch_size": _text_batch_size(cfg),
+            "text_batch_size": cfg.batch_size,  # captions per forward pass
             "pre_projection": cfg.pre_projection,
         },
         "compute": ray.data.ActorPoolStrategy(size=cfg.num_actors),
@@ -47,12 +44,6 @@ def _map_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
         "batch_size": cfg.batch_size,
         "batch_format": "numpy",
     }
-
-
-def _text_batch_size(cfg: EmbedConfig) -> int:
-    """Captions per forward pass: the image batch size. An actor call holds the captions of
-    ``batch_size`` images (~5 each), sorted by length into chunks of this size."""
-    return cfg.batch_size
 
 
 def embed_images_and_captions(cfg: EmbedConfig, images: pa.Table) -> pa.Table:
@@ -76,7 +67,7 @@ def embed_images_and_captions(cfg: EmbedConfig, images: pa.Table) -> pa.Table:
 
 
 def _decode_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
-    """``map_batches`` arguments of the CPU decode tasks (no ``runtime_env`` either)."""
+    """``map_batches`` arguments of the CPU decode tasks."""
     return {
         "fn_kwargs": {
             "model": cfg.model,
@@ -92,9 +83,7 @@ def _decode_kwargs(cfg: EmbedConfig) -> dict[str, Any]:
 def embed_texts(cfg: EmbedConfig, captions: pa.Table) -> pa.Table:
     import ray
 
-    ds = ray.data.from_arrow(
-        _blocks(captions.select(["caption_id", "text"]), _text_batch_size(cfg))
-    )
+    ds = ray.data.from_arrow(_blocks(captions.select(["caption_id", "text"]), cfg.batch_size))
     return _to_arrow(ds.map_batches(TextEncoderActor, **_map_kwargs(cfg)))
 
 

@@ -1,6 +1,6 @@
-"""An embedding output's layout and identity: shard parts and markers, ``_JOB.json`` checked
-and written before the first shard, ``_SUCCESS.json``, ``ROOT/manifest.json`` under its own lock,
-and the totals of what was written (see :mod:`pipelines.embedding`)."""
+"""An embedding output's layout and identity: parts, markers, ``_JOB.json``, ``_SUCCESS.json``
+and ``ROOT/manifest.json``.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import logging
 import os
 import socket
 import time
-from collections import defaultdict
 from concurrent.futures import Future
 from typing import Any
 
@@ -17,7 +16,6 @@ import pyarrow.fs as pafs
 
 from asymvlm import storage, tables
 from asymvlm.data.embed import PATH_KEYS, EmbedConfig, normalised_location
-from asymvlm.data.sources import SourceData
 
 SUCCESS = "_SUCCESS.json"
 JOB = "_JOB.json"
@@ -35,10 +33,6 @@ def part_name(shard: int) -> str:
     return f"part-{shard:05d}"
 
 
-def errors_table(rows: list[dict[str, str]]) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=ERROR_SCHEMA)
-
-
 def manifest_lock(cfg: EmbedConfig) -> storage.OutputLock:
     """``ROOT/manifest.json`` is shared by the splits: read-modify-write it under a short lock
     (waiting for a job on another split that is updating it)."""
@@ -48,7 +42,7 @@ def manifest_lock(cfg: EmbedConfig) -> storage.OutputLock:
 
 
 def claim(
-    cfg: EmbedConfig, source: SourceData, fingerprint: dict[str, Any], lock: storage.OutputLock
+    cfg: EmbedConfig, fingerprint: dict[str, Any], lock: storage.OutputLock
 ) -> dict[str, Any] | None:
     """Check the output's identity before any write (refusing another job's output) and record
     this job's in ``_JOB.json``; returns ``_SUCCESS.json`` when this very job is complete."""
@@ -56,8 +50,7 @@ def claim(
     done = storage.read_json(cfg.output, f"{cfg.split}/{SUCCESS}")
     if done is not None:
         stored = done.get("fingerprint") or {}
-        ours = fingerprint if "version" in stored else cfg._legacy_fingerprint(source)
-        _refuse_other_job(shown, "holds a finished embedding of another job", ours, stored)
+        _refuse_other_job(shown, "holds a finished embedding of another job", fingerprint, stored)
         return done
     job = storage.read_json(cfg.output, f"{cfg.split}/{JOB}")
     if job is not None:
@@ -69,8 +62,8 @@ def claim(
     stray = _written_parts(cfg)
     if stray:
         raise tables.TableError(
-            f"{shown} holds {stray} but no {JOB} saying which job wrote it (an output of an "
-            "older version, or copied files); cannot tell whether it belongs to this job -- "
+            f"{shown} holds {stray} but no {JOB} saying which job wrote it; cannot tell "
+            "whether it belongs to this job -- "
             "choose another --output, or delete that folder to start over"
         )
     lock.check()
@@ -125,21 +118,14 @@ def _written_parts(cfg: EmbedConfig) -> str | None:
 
 
 def split_totals(cfg: EmbedConfig) -> dict[str, int]:
-    counts = defaultdict(int)
-    fs_root = cfg.output
-    for kind in (tables.IMAGES_DIR, tables.TEXTS_DIR):
-        t = tables.read_parts(fs_root, cfg.split, kind)
-        counts[f"n_{'images' if kind == tables.IMAGES_DIR else 'captions'}"] = (
-            0 if t is None else t.num_rows
-        )
-    errors = tables.read_parts(fs_root, cfg.split, ERRORS_DIR)
-    if errors is not None:
-        kinds = errors.column("kind").to_pylist()
-        counts["n_image_errors"] = kinds.count("image")
-        counts["n_caption_errors"] = kinds.count("caption")
-    counts.setdefault("n_image_errors", 0)
-    counts.setdefault("n_caption_errors", 0)
-    return dict(counts)
+    counts = {}
+    for kind, key in ((tables.IMAGES_DIR, "n_images"), (tables.TEXTS_DIR, "n_captions")):
+        table = tables.read_parts(cfg.output, cfg.split, kind)
+        counts[key] = 0 if table is None else table.num_rows
+    errors = tables.read_parts(cfg.output, cfg.split, ERRORS_DIR)
+    kinds = [] if errors is None else errors["kind"].to_pylist()
+    counts.update(n_image_errors=kinds.count("image"), n_caption_errors=kinds.count("caption"))
+    return counts
 
 
 def write_manifest_once(cfg: EmbedConfig, dim: int, info: Future) -> None:

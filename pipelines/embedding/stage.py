@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from asymvlm import storage, tables
 from asymvlm.data.embed import EmbedConfig
@@ -20,12 +21,12 @@ from asymvlm.data.encode import perturb_captions
 from asymvlm.data.sources import read_source
 from pipelines.embedding.ray_data import embed_images_and_captions, embed_texts
 from pipelines.embedding.shards import (
+    ERROR_SCHEMA,
     ERRORS_DIR,
     PARTS_DIR,
     PROMPTS_DIR,
     SUCCESS,
     claim,
-    errors_table,
     manifest_lock,
     part_name,
     record_projection,
@@ -36,18 +37,12 @@ from pipelines.session import RaySession, require_ray
 
 log = logging.getLogger(__name__)
 _SOURCE_IMAGE_COLUMNS = frozenset({"image_id", "path", "offset", "length", "data", "shard"})
+CAPTION_KEYS = ("caption_id", "image_id", "text")
 
 
 def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> dict[str, Any]:
-    """Embed one split of one data set into ``cfg.output``; returns a summary dict.
-
-    Ray is needed only when there is something to embed: it is asked of the entry point's
-    ``session`` then (which starts or joins it); without one, a running Ray is required.
-
-    Raises :class:`~asymvlm.errors.ConfigError` for a missing input,
-    :class:`~asymvlm.errors.LockError` when another writer holds ``ROOT/<split>`` and
-    :class:`~asymvlm.tables.TableError` when the output belongs to another job.
-    """
+    """Embed one split of one data set into ``cfg.output``; returns a summary dict. Ray is
+    asked of ``session`` only when there is something to embed."""
     t0 = time.perf_counter()
     cfg.check_inputs()
     need_ray = session.require if session is not None else lambda: require_ray("embedding")
@@ -68,7 +63,7 @@ def _run_locked(
         id_list=cfg.id_list,
     )
     fingerprint = cfg.fingerprint(source)
-    done = claim(cfg, source, fingerprint, lock)
+    done = claim(cfg, fingerprint, lock)
     if done is not None:
         log.info(f"{cfg.output}/{cfg.split} is complete and matches this job: nothing to do")
         return {**done["summary"], "skipped": True}
@@ -133,40 +128,17 @@ def _embed_prompts(
     if tables.read_parts(cfg.output, cfg.split, PROMPTS_DIR) is not None:
         return
     need_ray()
-    if cfg.dummy_prompts:
-        extra = (
-            pa.table(
-                {
-                    "class_index": pa.array(
-                        [-1] * len(cfg.dummy_prompts), prompts.schema.field("class_index").type
-                    ),
-                    "class_name": pa.array([""] * len(cfg.dummy_prompts), pa.string()),
-                    "template": pa.array([""] * len(cfg.dummy_prompts), pa.string()),
-                    "text": pa.array(list(cfg.dummy_prompts), pa.string()),
-                }
-            )
-            .select(prompts.column_names)
-            .cast(prompts.schema)
-        )
-        prompts = pa.concat_tables([prompts, extra])
-    ids = [
-        f"class{c}-t{t}"
-        for c, t in zip(
-            prompts.column("class_index").to_pylist(), range(prompts.num_rows), strict=True
-        )
-    ]
-    keyed = prompts.append_column("caption_id", pa.array(ids, pa.string()))
-    out = embed_texts(cfg, keyed)
-    pos = {cid: i for i, cid in enumerate(out.column("caption_id").to_pylist())}
-    order = pa.array([pos[c] for c in ids], pa.int64())
-    emb = tables.column_matrix(out.column("embedding"))[np.asarray(order)]
-    table = (
-        keyed.drop_columns(["caption_id"])
-        .append_column(
-            "embedding", pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel()), emb.shape[1])
-        )
-        .append_column("norm", out.column("norm").take(order))
-    )
+    n = len(cfg.dummy_prompts)  # the none-of-the-above prompts (Table 2), class_index -1
+    dummies = {"class_index": [-1] * n, "class_name": [""] * n, "template": [""] * n}
+    extra = pa.table({**dummies, "text": list(cfg.dummy_prompts)}, schema=prompts.schema)
+    prompts = pa.concat_tables([prompts, extra])
+    ids = [f"class{c}-t{t}" for t, c in enumerate(prompts["class_index"].to_pylist())]
+    out = embed_texts(cfg, prompts.append_column("caption_id", pa.array(ids)))
+    order = pc.index_in(pa.array(ids), out["caption_id"])
+    emb = tables.column_matrix(out["embedding"])[order.to_numpy()]
+    embedding = pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel()), emb.shape[1])
+    table = prompts.append_column("embedding", embedding)
+    table = table.append_column("norm", out["norm"].take(order))
     lock.check()
     tables.write_part(cfg.output, cfg.split, PROMPTS_DIR, "part-00000", table)
 
@@ -181,165 +153,110 @@ def _embed_group(
     lock: storage.OutputLock,
 ) -> None:
     """Embed the images and captions of some shards and write them (marker last)."""
-    import pyarrow.compute as pc
-
-    wanted = pa.array(group, pa.int64())
-    todo = images.filter(pc.is_in(images.column("shard"), wanted))
-    errors: dict[int, list[dict[str, str]]] = defaultdict(list)
-
-    # This group's captions ride with their image (JSON [[caption_id, text], ...]); empty
-    # captions become errors before any work is done.
-    cap_ids = captions.column("image_id").to_pylist()
-    cap_shard = np.array([image_shard.get(i, -1) for i in cap_ids], dtype=np.int64)
-    group_caps = captions.filter(pa.array(np.isin(cap_shard, np.array(group))))
+    todo = images.filter(pc.is_in(images["shard"], pa.array(group, pa.int64())))
+    caps = captions.filter(pc.is_in(captions["image_id"], todo["image_id"]))
+    caps = caps.append_column(
+        "shard", pa.array([image_shard[i] for i in caps["image_id"].to_pylist()], pa.int64())
+    )
+    empty = pc.equal(pc.utf8_trim_whitespace(pc.fill_null(caps["text"], "")), "")
+    errors = [_errors(caps.filter(empty), "caption", "caption_id", "empty caption")]
+    caps = caps.filter(pc.invert(empty))
+    # Each image's captions ride with it (JSON [[caption_id, text], ...]).
     attached: dict[str, list[list[str]]] = defaultdict(list)
-    keep = []
-    for i, row in enumerate(group_caps.select(["caption_id", "image_id", "text"]).to_pylist()):
-        if (row["text"] or "").strip():
-            attached[row["image_id"]].append([row["caption_id"], row["text"]])
-            keep.append(i)
-        else:
-            errors[image_shard[row["image_id"]]].append(
-                {"kind": "caption", "id": row["caption_id"], "path": "", "reason": "empty caption"}
-            )
-    group_caps = group_caps.take(pa.array(keep, pa.int64()))
-    todo_ids = todo.column("image_id").to_pylist()
-    payload = [json.dumps(attached.get(i, []), ensure_ascii=False) for i in todo_ids]
+    for cid, iid, text in zip(*(caps[c].to_pylist() for c in CAPTION_KEYS), strict=True):
+        attached[iid].append([cid, text])
+    payload = [json.dumps(attached[i], ensure_ascii=False) for i in todo["image_id"].to_pylist()]
     log.info(
         f"shards {group[0]}..{group[-1]}: embedding {todo.num_rows} images and "
-        f"{group_caps.num_rows} captions"
+        f"{caps.num_rows} captions"
     )
-    out = embed_images_and_captions(
-        cfg, todo.append_column("captions", pa.array(payload, pa.string()))
-    )
-    is_image = pc.equal(out.column("kind"), "image")
-    img_out = out.filter(is_image)
-    txt_out = out.filter(pc.invert(is_image))
-    ok_mask = pc.equal(img_out.column("error"), "")
-    ok_images = img_out.filter(ok_mask)
-    failed = img_out.filter(pc.invert(ok_mask))
+    out = embed_images_and_captions(cfg, todo.append_column("captions", pa.array(payload)))
+    img = out.filter(pc.equal(out["kind"], "image"))
+    txt = out.filter(pc.equal(out["kind"], "caption"))
+    failed = img.filter(pc.not_equal(img["error"], ""))
+    img = img.filter(pc.equal(img["error"], "")).sort_by("image_id")
+    lost = pc.is_in(caps["image_id"], failed["image_id"])
+    errors.append(_errors(failed, "image", "image_id", failed["error"], failed["path"]))
+    reasons = pc.binary_join_element_wise("image ", caps.filter(lost)["image_id"], " failed", "")
+    errors.append(_errors(caps.filter(lost), "caption", "caption_id", reasons))
+    errors_all = pa.concat_tables(errors).sort_by([("kind", "descending"), ("id", "ascending")])
+    caps = caps.filter(pc.invert(lost))
 
-    failed_ids = set()
-    for row in failed.select(["image_id", "path", "shard", "error"]).to_pylist():
-        failed_ids.add(row["image_id"])
-        errors[row["shard"]].append(
-            {"kind": "image", "id": row["image_id"], "path": row["path"], "reason": row["error"]}
-        )
-        for caption_id, _ in attached.get(row["image_id"], []):
-            errors[row["shard"]].append(
-                {
-                    "kind": "caption",
-                    "id": caption_id,
-                    "path": "",
-                    "reason": f"image {row['image_id']} failed",
-                }
-            )
-    for rows in errors.values():
-        rows.sort(key=lambda r: (r["kind"] != "image", r["id"]))
-    if failed_ids:
-        group_caps = group_caps.filter(
-            pc.invert(pc.is_in(group_caps.column("image_id"), pa.array(sorted(failed_ids))))
-        )
-    if not txt_out.num_rows:
-        txt_out = None
-
-    # Join results back by id and write shard by shard.
-    text_by_id: dict[str, int] = {}
-    if txt_out is not None:
-        text_by_id = {cid: i for i, cid in enumerate(txt_out.column("id").to_pylist())}
-    img_ids = ok_images.column("image_id").to_pylist()
-    img_pos = {iid: i for i, iid in enumerate(img_ids)}
-    img_emb = tables.column_matrix(ok_images.column("embedding"))
-    img_norm = ok_images.column("norm").to_numpy()
-    txt_emb = tables.column_matrix(txt_out.column("embedding")) if txt_out is not None else None
-    txt_norm = txt_out.column("norm").to_numpy() if txt_out is not None else None
-    img_pre = txt_pre = None  # the pre-projection features of each row's kind
-    if cfg.pre_projection and ok_images.num_rows:
-        img_pre = tables.column_matrix(ok_images.column("image_pre"))
-    if cfg.pre_projection and txt_out is not None:
-        txt_pre = tables.column_matrix(txt_out.column("text_pre"))
-    dim = img_emb.shape[1] if img_emb.size else (txt_emb.shape[1] if txt_emb is not None else 0)
+    dim = next((tables.column_matrix(t["embedding"]).shape[1] for t in (img, txt) if t.num_rows), 0)
     if not dim:  # every image of these shards failed: the model still says what dim is
         dim = int(info.result()["dim"])
         if failed.num_rows:
             log.warning(
                 f"every image of shards {group[0]}..{group[-1]} failed to load, e.g. "
-                f"{failed.column('path')[0].as_py()}: {failed.column('error')[0].as_py()} "
+                f"{failed['path'][0].as_py()}: {failed['error'][0].as_py()} "
                 "(check --images and the storage credentials of the Ray nodes)"
             )
-
     lock.check()
     write_manifest_once(cfg, dim, info)
     if cfg.pre_projection:
         record_projection(cfg)
-    # Source image columns worth keeping (e.g. `label` of classification sets), by image id.
     carried = [c for c in todo.column_names if c not in _SOURCE_IMAGE_COLUMNS]
-    todo_pos = {iid: i for i, iid in enumerate(todo.column("image_id").to_pylist())}
-    extra_names = [
-        c for c in group_caps.column_names if c not in ("caption_id", "image_id", "text")
-    ]
+    extra_text = [c for c in caps.column_names if c not in (*CAPTION_KEYS, "shard")]
     for shard in group:
-        shard_ids = sorted(i for i in img_ids if image_shard[i] == shard)
-        rows_i = np.array([img_pos[i] for i in shard_ids], dtype=np.int64)
-        caps = group_caps.filter(
-            pc.is_in(group_caps.column("image_id"), pa.array(shard_ids, pa.string()))
-        )
-        rows_t = np.array(
-            [text_by_id[c] for c in caps.column("caption_id").to_pylist()], dtype=np.int64
-        )
+        im = img.filter(pc.equal(img["shard"], shard))
+        cp = caps.filter(pc.equal(caps["shard"], shard))
+        tx = txt.take(pc.index_in(cp["caption_id"], txt["id"]))
+        source = todo.take(pc.index_in(im["image_id"], todo["image_id"]))
+        shard_errors = errors_all.filter(pc.equal(errors_all["shard"], shard))
         part = part_name(shard)
         lock.check()
         tables.write_part(
-            cfg.output, cfg.split, ERRORS_DIR, part, errors_table(errors.get(shard, []))
+            cfg.output, cfg.split, ERRORS_DIR, part, shard_errors.drop_columns(["shard"])
         )
         tables.write_split(
             cfg.output,
             cfg.split,
-            image_ids=shard_ids,
-            image_embeddings=img_emb[rows_i].reshape(len(rows_i), dim),
-            image_norms=img_norm[rows_i],
-            extra_image_columns={
-                c: todo.column(c)
-                .take(pa.array([todo_pos[i] for i in shard_ids], pa.int64()))
-                .to_numpy(zero_copy_only=False)
-                for c in carried
-            },
-            caption_ids=caps.column("caption_id").to_pylist(),
-            caption_image_ids=caps.column("image_id").to_pylist(),
-            texts=caps.column("text").to_pylist(),
-            text_embeddings=(
-                txt_emb[rows_t] if txt_emb is not None else np.zeros((0, dim), np.float32)
-            ).reshape(len(rows_t), dim),
-            text_norms=txt_norm[rows_t] if txt_norm is not None else np.zeros(0, np.float32),
-            image_features_pre=_pre_rows(img_pre, rows_i, cfg, "image"),
-            text_features_pre=_pre_rows(txt_pre, rows_t, cfg, "text"),
-            extra_text_columns={
-                c: caps.column(c).to_numpy(zero_copy_only=False) for c in extra_names
-            },
+            image_ids=im["image_id"].to_pylist(),
+            image_embeddings=_matrix(im, "embedding", dim),
+            image_norms=im["norm"].to_numpy(),
+            extra_image_columns={c: source[c].to_numpy(zero_copy_only=False) for c in carried},
+            caption_ids=cp["caption_id"].to_pylist(),
+            caption_image_ids=cp["image_id"].to_pylist(),
+            texts=cp["text"].to_pylist(),
+            text_embeddings=_matrix(tx, "embedding", dim),
+            text_norms=tx["norm"].to_numpy(),
+            image_features_pre=_pre_rows(im, cfg, "image"),
+            text_features_pre=_pre_rows(tx, cfg, "text"),
+            extra_text_columns={c: cp[c].to_numpy(zero_copy_only=False) for c in extra_text},
             part=part,
         )
         storage.write_json(
             cfg.output,
             f"{cfg.split}/{PARTS_DIR}/{part}.json",
-            {
-                "images": len(shard_ids),
-                "captions": caps.num_rows,
-                "errors": len(errors.get(shard, [])),
-            },
+            {"images": im.num_rows, "captions": cp.num_rows, "errors": shard_errors.num_rows},
         )
 
 
-def _pre_rows(
-    pre: np.ndarray | None, rows: np.ndarray, cfg: EmbedConfig, kind: str
-) -> np.ndarray | None:
-    """Rows of the pre-projection features (an empty matrix of the manifest's width for a
-    shard without rows); None without ``pre_projection``."""
+def _errors(rows: pa.Table, kind: str, id_column: str, reason, path=None) -> pa.Table:
+    """Error rows (ERROR_SCHEMA + the shard they belong to) for ``rows``."""
+    n = rows.num_rows
+    columns = {
+        "kind": pa.array([kind] * n),
+        "id": rows[id_column],
+        "path": pa.array([""] * n) if path is None else path,
+        "reason": pa.array([reason] * n) if isinstance(reason, str) else reason,
+        "shard": rows["shard"],
+    }
+    return pa.table(columns).cast(ERROR_SCHEMA.append(pa.field("shard", pa.int64())))
+
+
+def _matrix(rows: pa.Table, column: str, width: int) -> np.ndarray:
+    if not rows.num_rows:
+        return np.zeros((0, width), np.float32)
+    return tables.column_matrix(rows[column])
+
+
+def _pre_rows(rows: pa.Table, cfg: EmbedConfig, kind: str) -> np.ndarray | None:
+    """The pre-projection features of ``rows`` (the manifest's width when there are none);
+    None without ``pre_projection``."""
     if not cfg.pre_projection:
         return None
-    if pre is None:
-        width = tables.read_manifest(cfg.output).pre_dim[kind]
-        return np.zeros((0, width), np.float32)
-    return pre[rows]
+    return _matrix(rows, f"{kind}_pre", tables.read_manifest(cfg.output).pre_dim[kind])
 
 
 def _encoder_info(model: str) -> dict[str, Any]:

@@ -1,12 +1,4 @@
-"""Frozen vision-language encoders: images and captions to unit embeddings plus raw norms.
-
-``load_encoder(model, device=..., dtype=...)`` builds the encoder for the library a name belongs to:
-a transformers CLIP / SigLIP hub id or folder (:mod:`asymvlm.data.encoder.hf`) or an open_clip
-model, ``open_clip:ARCH/TAG`` and friends (:mod:`asymvlm.data.encoder.openclip`). Both give the
-same float32 outputs -- the unit embedding and the raw norm of the projection -- and record
-their provenance (:class:`EncoderInfo`) for the tables' manifest. Names are read without torch
-(:mod:`asymvlm.data.encoder.names`); the rest is imported on first use.
-"""
+"""Frozen vision-language encoders: images and captions to unit embeddings plus raw norms."""
 
 from asymvlm.data.encoder.names import (
     OPEN_CLIP_PREFIX,

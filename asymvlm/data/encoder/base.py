@@ -41,13 +41,8 @@ class EncoderInfo:
 
 
 def files_sha256(location: str | os.PathLike) -> str:
-    """SHA-256 over the sorted (name, bytes) of a model directory's weight/config/tokenizer
-    files, or over one weights file.
-
-    In a directory only top-level files ending in .safetensors, .bin, .json, .txt, .model,
-    .tiktoken, .pt or .pth count; each contributes its name, its length and its bytes, so
-    renames and edits both change it.
-    """
+    """SHA-256 over (name, length, bytes) of a weights file or of a model folder's top-level
+    weight/config/tokenizer files, sorted by name."""
     location = os.fspath(location)
     if os.path.isfile(location):
         folder, names = os.path.dirname(location), [os.path.basename(location)]
@@ -99,18 +94,9 @@ def unit_and_norm(projected: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Encoder:
-    """A frozen vision-language model that maps images / captions to unit embeddings + raw
-    norms (the base of every library's encoder). :func:`~asymvlm.data.encoder.load_encoder`
-    builds the one for the library a name belongs to: ``open_clip:...`` names an open_clip
-    model (:class:`~asymvlm.data.encoder.openclip.OpenClipEncoder`), anything else a
-    transformers CLIP / SigLIP id or folder (:class:`~asymvlm.data.encoder.hf.
-    TransformersEncoder`).
-
-    Every encoder has ``info`` (:class:`EncoderInfo`), ``dim``, ``image_size``,
-    ``preprocess_images`` (PIL -> float32 pixels, CPU), ``encode_pixels``, ``tokenize``,
-    ``token_lengths`` and ``encode_texts``; only transformers CLIP also has the
-    pre-projection features BayesVLM needs (``pre_dims`` / ``projections``).
-    """
+    """A frozen vision-language model: images / captions to unit embeddings + raw norms
+    (``preprocess_images``, ``encode_pixels``, ``tokenize``, ``token_lengths``,
+    ``encode_texts``); transformers CLIP also gives BayesVLM's pre-projection features."""
 
     info: EncoderInfo
     model: Any
@@ -121,8 +107,7 @@ class Encoder:
         return self.info.dim
 
     def token_lengths(self, texts: list[str]) -> list[int]:
-        """Token count of each caption (truncated as encoded): sorting by it keeps padding
-        small when a batch is padded to its longest caption."""
+        """Token count of each caption, truncated as encoded."""
         raise NotImplementedError
 
     def pre_dims(self) -> dict[str, int]:

@@ -11,10 +11,8 @@ __all__ = ["load_encoder"]
 
 
 def load_encoder(model: str = "openai/clip-vit-base-patch32", *args: Any, **kwargs: Any) -> Encoder:
-    """The frozen encoder ``model`` names (``args``/``kwargs``: its constructor's, e.g.
-    ``device``, ``dtype``, ``revision``, ``load_model=False`` for preprocessing only):
-    ``open_clip:...`` an open_clip model, anything else a transformers CLIP / SigLIP hub id or
-    folder. Only the library the name needs is imported."""
+    """The frozen encoder ``model`` names: ``open_clip:...`` an open_clip model, anything else a
+    transformers CLIP / SigLIP hub id or folder (only that library is imported)."""
     if is_open_clip(model):
         from asymvlm.data.encoder.openclip import OpenClipEncoder
 

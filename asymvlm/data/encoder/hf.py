@@ -1,30 +1,9 @@
-"""Frozen transformers CLIP / SigLIP encoders: images and captions to unit embeddings plus raw
-norms.
-
-:class:`TransformersEncoder` wraps a Hugging Face ``CLIPModel`` or ``SiglipModel`` (from a hub id
-or a local directory) and its processor. Preprocessing (:meth:`~TransformersEncoder.
-preprocess_images`) is kept apart from inference (:meth:`~TransformersEncoder.encode_pixels`) so
-that CPU workers can decode and resize images while accelerator workers only run the model. Every
-output is float32: the projection is cast to float32, its norm is taken (the *raw* norm, which
-AsymVLM's text adapter consumes), and the unit vector is the projection divided by that norm.
-
-With ``pre=True`` the encoders also return the *pre-projection* features (CLIP only): the pooled
-output of ``vision_model`` / ``text_model`` before ``visual_projection`` / ``text_projection``
-(bias-free linear maps; ViT-B/32: 768 -> 512 and 512 -> 512), so that the raw projection is
-``projection @ pre`` (:meth:`~TransformersEncoder.projections`). BayesVLM's posterior is over
-those two matrices. SigLIP has no such final linear map on the image side (its embedding is the
-attention-pooling head's MLP output plus a residual; the text head is a biased Linear), so
-pre-projection features are refused for it (:func:`pre_projection_dims`).
-
-Text handling follows how each family was trained: CLIP pads to the longest caption of the batch
-with an attention mask (causal attention and first-EOS pooling make the result independent of the
-padding) and truncates to 77 tokens; SigLIP pads every caption to ``max_length`` (64) and is
-given no attention mask, because it pools the last position and was trained that way.
-"""
+"""Frozen transformers CLIP / SigLIP encoders: unit embeddings plus raw norms (docs/data.md)."""
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -43,15 +22,6 @@ from asymvlm.data.encoder.names import looks_like_path
 __all__ = ["FAMILIES", "TransformersEncoder", "pre_projection_dims"]
 
 FAMILIES = ("clip", "siglip")
-
-
-def _offline() -> bool:
-    try:
-        from huggingface_hub import constants
-
-        return bool(constants.HF_HUB_OFFLINE)
-    except ImportError:
-        return False
 
 
 def _hub_commit(model: str, revision: str | None) -> str | None:
@@ -87,9 +57,8 @@ def _projection(output: Any) -> torch.Tensor:
 
 
 def pre_projection_dims(config: Any) -> dict[str, int]:
-    """Widths of the pre-projection features of a model config: ``{"image": vision hidden size,
-    "text": text hidden size}``. ValueError for a model without bias-free final projections
-    (SigLIP; see the module docstring)."""
+    """``{"image": vision hidden size, "text": text hidden size}`` of a CLIP config; ValueError
+    for models without bias-free final projections (SigLIP)."""
     family = getattr(config, "model_type", None)
     if family != "clip":
         raise ValueError(
@@ -105,15 +74,8 @@ def pre_projection_dims(config: Any) -> dict[str, int]:
 
 
 class TransformersEncoder(Encoder):
-    """A frozen transformers CLIP or SigLIP model: images / captions to unit embeddings + norms.
-
-    ``model`` is a hub id (resolved through the Hugging Face cache; with ``HF_HUB_OFFLINE=1`` it
-    must already be cached) or a local directory holding model + processor. ``device="auto"``
-    picks CUDA when available; ``dtype="auto"`` is bf16 on CUDA (fp16 where bf16 is unsupported)
-    and fp32 elsewhere. ``max_text_length`` defaults to the text model's position limit (77 for
-    CLIP, 64 for SigLIP). ``load_model=False`` loads only the processor and config, enough for
-    :meth:`preprocess_images` in CPU workers.
-    """
+    """A frozen transformers CLIP or SigLIP model (hub id or folder); ``load_model=False``
+    loads only the processor, for preprocessing in CPU workers."""
 
     def __init__(
         self,
@@ -153,11 +115,10 @@ class TransformersEncoder(Encoder):
                 self.model = cls.from_pretrained(model, revision=revision, **dtype_kw)
                 self.model.to(self.device).eval().requires_grad_(False)
         except (OSError, ImportError) as err:
-            hint = (
-                " (offline mode: a hub id must already be in the Hugging Face cache)"
-                if _offline()
-                else ""
-            )
+            from huggingface_hub import constants
+
+            offline = " (offline mode: a hub id must already be in the Hugging Face cache)"
+            hint = offline if constants.HF_HUB_OFFLINE else ""
             raise OSError(f"Could not load encoder model {model!r}{hint}: {err}") from err
         except ValueError as err:
             if model in str(err):
@@ -326,8 +287,4 @@ class TransformersEncoder(Encoder):
 
 
 def _is_sha(revision: str | None) -> bool:
-    return (
-        revision is not None
-        and len(revision) == 40
-        and all(c in "0123456789abcdef" for c in revision.lower())
-    )
+    return re.fullmatch(r"[0-9a-fA-F]{40}", revision or "") is not None

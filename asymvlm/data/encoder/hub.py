@@ -1,11 +1,4 @@
-"""Whether a model named by a Hugging Face Hub id can be had here, asked before any worker
-loads it (torch-free).
-
-A worker that cannot fetch its model fails in its constructor, after the Hub client's retries,
-and the job would end in a worker's traceback. The driver asks first: a model whose files are
-in the local Hugging Face cache is there; otherwise one metadata request (no retries) says
-whether the Hub serves it.
-"""
+"""Whether a Hugging Face Hub model can be had here, asked once by the driver (torch-free)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,5 @@
-"""Frozen open_clip encoders (the ``open_clip_torch`` package): images and captions to unit
-embeddings plus raw norms, the same contract as the transformers encoders.
-
-A model is named ``open_clip:`` followed by what open_clip itself accepts:
-
-* ``open_clip:ViT-B-32/laion2b_s34b_b79k`` -- a built-in architecture and a pretrained tag
-  (``open_clip.list_pretrained()``), resolved through the Hugging Face cache;
-* ``open_clip:ViT-B-32/path/to/weights.safetensors`` -- a built-in architecture and a local
-  weights file (anything after the first ``/`` that is a path or ends in a weights suffix);
-* ``open_clip:hf-hub:timm/ViT-B-16-SigLIP`` -- a hub repository with ``open_clip_config.json``;
-* ``open_clip:local-dir:path/to/folder`` -- a folder with ``open_clip_config.json`` and weights.
-
-A bare architecture (``open_clip:ViT-B-32``) is refused: open_clip would give it random weights.
-Local paths are recorded absolute, so a checkpoint's scorer finds the same files.
-
-Preprocessing is open_clip's own inference transform (``image_transform_v2`` of the model's
-``preprocess_cfg``, as ``create_model_and_transforms`` builds it); captions go through the
-model's own tokenizer (``open_clip.get_tokenizer``), which pads every caption to the model's
-context length; embeddings are ``encode_image`` / ``encode_text`` without normalisation, split
-into the unit vector and the raw norm. ``load_model=False`` builds the model on the meta device
-(no weights read) for its preprocessing settings only.
+"""Frozen open_clip encoders (``open_clip:ARCH/TAG``, ``open_clip:ARCH/WEIGHTS``,
+``open_clip:hf-hub:ORG/REPO``, ``open_clip:local-dir:FOLDER``; docs/data.md).
 """
 
 from __future__ import annotations
@@ -59,10 +40,8 @@ def import_open_clip():
 
 
 class OpenClipEncoder(Encoder):
-    """A frozen open_clip model (see the module docstring for names). ``device``, ``dtype`` and
-    ``load_model`` as for the transformers encoders; ``max_text_length`` can only be the
-    model's context length; ``revision`` is not used (a pretrained tag names one set of
-    weights)."""
+    """A frozen open_clip model; ``max_text_length`` can only be its context length and
+    ``revision`` is unused (a pretrained tag names one set of weights)."""
 
     def __init__(
         self,

@@ -1,38 +1,5 @@
-"""Readers: an image-caption data set in its real annotation format -> two pyarrow tables.
-
-Nothing here decodes or even stats image files (a missing or corrupt image is a per-row error of
-the embedding stage); only the pixel-in-annotation sets (CIFAR, STL-10) are turned into PNG bytes.
-Every path may be local or an fsspec URL (``s3://bucket/key``, ...); :func:`open_fs` (the storage
-layer's :func:`asymvlm.storage.fsspec_filesystem`) is the one place that opens them (it honours
-``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for s3).
-
-Contract::
-
-    read_source(dataset, *, annotations, images, split, sample=None, seed=0, id_list=None,
-                templates=None) -> SourceData
-
-    SourceData.images     one row per image, sorted by image_id (IMAGE_SCHEMA)
-        image_id  string  unique, deterministic
-        path      string  nullable; the file to read (local path or URL)
-        offset    int64   nullable; with ``length``: byte range of the image inside ``path``
-        length    int64   nullable   (WebDataset tar shards; null = the whole file)
-        data      binary  nullable; encoded PNG bytes when the set stores pixels inline
-        label     int64   nullable; class index (classification sets)
-    SourceData.captions   sorted by (image_id, caption_id) (CAPTION_SCHEMA + extra columns)
-        caption_id string unique, deterministic; image_id string (always in ``images``);
-        text string (whitespace-stripped; empty captions are kept, the pipeline reports them);
-        extra columns, e.g. ``level: int64`` for HierarCaps (0 = most general)
-    SourceData.prompts    classification sets only, else None (PROMPT_SCHEMA): class_index,
-        class_name, template, text -- one row per class x template, in that order; the
-        templates are the data set's zero-shot templates as CLIP's evaluation uses them
-        (``templates=None``: :func:`asymvlm.data.templates.templates_for`)
-    SourceData.description  JSON-serialisable dict for the manifest: dataset, split,
-        annotations, images, format, counts, sample, seed, id_list (+ sampled_ids, classes ...)
-
-Data sets (``READERS``; ``split`` is only a label unless said otherwise), each documented in
-its module: ``coco``, ``coco-karpathy``, ``flickr30k`` (:mod:`.coco`); ``cc`` (Conceptual
-Captions, :mod:`.conceptual`); ``hierarcaps`` (:mod:`.hierarcaps`); ``cifar10``, ``cifar100``,
-``stl10`` (:mod:`.pixels`); ``imagenet`` (:mod:`.imagenet`).
+"""Readers: an image-caption data set in its annotation format -> image, caption and prompt
+tables (the contract: docs/data.md).
 """
 
 from __future__ import annotations

@@ -1,24 +1,22 @@
-"""COCO, COCO-Karpathy and Flickr30k readers (the Karpathy split reader is shared).
+"""COCO, COCO-Karpathy and Flickr30k readers.
 
-* ``coco``: official ``captions_{train,val}2017.json``; ``images`` = the image folder.
-  image_id = str(image id), caption_id = str(annotation id), path = images/file_name.
-* ``coco-karpathy``: ``dataset_coco.json``; ``split`` selects train (= train + restval), restval,
-  val or test. image_id = str(cocoid), caption_id = str(sentid),
-  path = images/filepath/filename.
-* ``flickr30k``: by extension -- Karpathy ``dataset_flickr30k.json`` (split selects as above,
-  image_id = file-name stem, caption_id = str(sentid)); ``results.csv`` (``image_name|
-  comment_number| comment`` with a header; the Kaggle copy's one line that lacks the second
-  ``|`` is accepted) or ``results_20130124.token`` (``NAME.jpg#N<TAB>caption``): all images,
-  image_id = stem, caption_id = f"{stem}#{N}".
+* ``coco``: ``captions_{train,val}2017.json``; image_id = image id, caption_id = annotation id.
+* ``coco-karpathy``: ``dataset_coco.json``; ``split`` train (= train + restval), restval, val or
+  test; image_id = cocoid, caption_id = sentid, path = images/filepath/filename.
+* ``flickr30k``: Karpathy ``dataset_flickr30k.json`` (image_id = file stem), ``results.csv``
+  (``image_name| comment_number| comment``) or ``results_20130124.token``
+  (``NAME.jpg#N<TAB>caption``); image_id = stem, caption_id = f"{stem}#{N}".
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+
+from pydantic import BaseModel, StrictStr, TypeAdapter
 
 from .common import (
-    Json,
+    Ident,
     Request,
     SourceData,
     SourceError,
@@ -26,8 +24,8 @@ from .common import (
     captions_table,
     images_table,
     join_url,
-    load_json,
     numbered_lines,
+    parse_json,
     read_text,
     stem,
 )
@@ -40,102 +38,107 @@ KARPATHY_SPLITS = {
 }
 
 
-def _karpathy_wanted(req: Request) -> tuple[str, ...]:
-    try:
-        return KARPATHY_SPLITS[req.split]
-    except KeyError:
-        raise ValueError(
-            f"{req.dataset}: split must be one of {sorted(KARPATHY_SPLITS)}, got {req.split!r}"
-        ) from None
+class _CocoImage(BaseModel):
+    id: Ident
+    file_name: StrictStr
 
 
-# -- COCO --------------------------------------------------------------------------------------
+class _CocoCaption(BaseModel):
+    id: Ident
+    image_id: Ident
+    caption: StrictStr
+
+
+class _Coco(BaseModel):
+    images: list[_CocoImage]
+    annotations: list[_CocoCaption]
+
+
+class _Sentence(BaseModel):
+    sentid: Ident
+    raw: StrictStr
+
+
+class _KarpathyImage(BaseModel):
+    split: StrictStr
+    filename: StrictStr
+    filepath: StrictStr = ""
+    sentences: list[_Sentence]
+    cocoid: Ident | None = None
+
+
+class _Karpathy(BaseModel):
+    images: list[_KarpathyImage]
+
+
+def _first_duplicate(url: str, ids: list[str], where: list[str], what: str) -> None:
+    seen: dict[str, str] = {}
+    for i, at in zip(ids, where, strict=True):
+        if i in seen:
+            raise SourceError(f"{url}: {at}: duplicate {what} {i} (also {seen[i]})")
+        seen[i] = at
+
+
 def read_coco(req: Request) -> SourceData:
     ann, folder = req.need("annotations"), req.need("images")
-    j = Json(ann)
-    doc = load_json(ann)
-    where_of: dict[str, str] = {}
-    ids, paths = [], []
-    for i, item in enumerate(j.items(doc, "images", "")):
-        where = f"images[{i}]"
-        image_id, name = j.ident(item, "id", where), j.string(item, "file_name", where)
-        if image_id in where_of:
-            raise j.error(where, f"duplicate image id {image_id} (also {where_of[image_id]})")
-        where_of[image_id] = where
-        ids.append(image_id)
-        paths.append(join_url(folder, name))
-    caption_ids, caption_images, texts = [], [], []
-    seen: dict[str, str] = {}
-    for k, item in enumerate(j.items(doc, "annotations", "")):
-        where = f"annotations[{k}]"
-        caption_id = j.ident(item, "id", where)
-        image_id = j.ident(item, "image_id", where)
-        text = j.string(item, "caption", where)
-        if caption_id in seen:
-            raise j.error(where, f"duplicate annotation id {caption_id} (also {seen[caption_id]})")
-        if image_id not in where_of:
-            raise j.error(where, f"image_id {image_id} is not in 'images'")
-        seen[caption_id] = where
-        caption_ids.append(caption_id)
-        caption_images.append(image_id)
-        texts.append(text.strip())
+    doc = parse_json(ann, TypeAdapter(_Coco))
+    ids = [im.id for im in doc.images]
+    _first_duplicate(ann, ids, [f"images[{i}]" for i in range(len(ids))], "image id")
+    caps = doc.annotations
+    where = [f"annotations[{k}]" for k in range(len(caps))]
+    _first_duplicate(ann, [c.id for c in caps], where, "annotation id")
+    known = set(ids)
+    for c, at in zip(caps, where, strict=True):
+        if c.image_id not in known:
+            raise SourceError(f"{ann}: {at}: image_id {c.image_id} is not in 'images'")
     return SourceData(
-        images_table(ids, path=paths),
-        captions_table(caption_ids, caption_images, texts),
+        images_table(ids, path=[join_url(folder, im.file_name) for im in doc.images]),
+        captions_table(
+            [c.id for c in caps], [c.image_id for c in caps], [c.caption.strip() for c in caps]
+        ),
         description={"format": "coco-captions-json"},
     )
 
 
-# -- Karpathy splits (COCO, Flickr30k) ---------------------------------------------------------
-def _read_karpathy(req: Request, image_key: Callable[[Json, dict, str], str]) -> SourceData:
+def _read_karpathy(req: Request, coco: bool) -> SourceData:
     ann, folder = req.need("annotations"), req.need("images")
-    wanted = _karpathy_wanted(req)
-    j = Json(ann)
-    doc = load_json(ann)
-    where_of: dict[str, str] = {}
-    caption_where: dict[str, str] = {}
-    ids, paths, caption_ids, caption_images, texts = [], [], [], [], []
-    for i, item in enumerate(j.items(doc, "images", "")):
-        where = f"images[{i}]"
-        split = j.string(item, "split", where)
-        name = j.string(item, "filename", where)
-        subdir = j.optional_string(item, "filepath", where)
-        image_id = image_key(j, item, where)
-        sentences = j.items(item, "sentences", where)
-        parsed = []
-        for s, sentence in enumerate(sentences):
-            at = f"{where}.sentences[{s}]"
-            parsed.append((j.ident(sentence, "sentid", at), j.string(sentence, "raw", at), at))
-        if image_id in where_of:
-            raise j.error(where, f"duplicate image id {image_id} (also {where_of[image_id]})")
-        where_of[image_id] = where
-        for caption_id, _, at in parsed:
-            if caption_id in caption_where:
-                raise j.error(
-                    at, f"duplicate sentid {caption_id} (also {caption_where[caption_id]})"
-                )
-            caption_where[caption_id] = at
-        if split not in wanted:
-            continue
-        ids.append(image_id)
-        paths.append(join_url(folder, subdir, name))
-        for caption_id, raw, _ in parsed:
-            caption_ids.append(caption_id)
-            caption_images.append(image_id)
-            texts.append(raw.strip())
+    try:
+        wanted = KARPATHY_SPLITS[req.split]
+    except KeyError:
+        raise ValueError(
+            f"{req.dataset}: split must be one of {sorted(KARPATHY_SPLITS)}, got {req.split!r}"
+        ) from None
+    images = parse_json(ann, TypeAdapter(_Karpathy)).images
+    ids = []
+    for i, im in enumerate(images):
+        if coco and im.cocoid is None:
+            raise SourceError(f"{ann}: images[{i}]: missing 'cocoid'")
+        ids.append(im.cocoid if coco else stem(im.filename))
+    _first_duplicate(ann, ids, [f"images[{i}]" for i in range(len(ids))], "image id")
+    sentences = [
+        (s.sentid, f"images[{i}].sentences[{k}]")
+        for i, im in enumerate(images)
+        for k, s in enumerate(im.sentences)
+    ]
+    _first_duplicate(ann, [s for s, _ in sentences], [at for _, at in sentences], "sentid")
+    keep = [(i, im) for i, im in zip(ids, images, strict=True) if im.split in wanted]
+    caps = [(s.sentid, i, s.raw.strip()) for i, im in keep for s in im.sentences]
     return SourceData(
-        images_table(ids, path=paths),
-        captions_table(caption_ids, caption_images, texts),
+        images_table(
+            [i for i, _ in keep],
+            path=[join_url(folder, im.filepath, im.filename) for _, im in keep],
+        ),
+        captions_table([c[0] for c in caps], [c[1] for c in caps], [c[2] for c in caps]),
         description={"format": "karpathy-json", "karpathy_splits": list(wanted)},
     )
 
 
 def read_coco_karpathy(req: Request) -> SourceData:
-    return _read_karpathy(req, lambda j, item, where: j.ident(item, "cocoid", where))
+    return _read_karpathy(req, coco=True)
 
 
 def _flickr_karpathy(req: Request) -> SourceData:
-    return _read_karpathy(req, lambda j, item, where: stem(j.string(item, "filename", where)))
+    return _read_karpathy(req, coco=False)
 
 
 # -- Flickr30k caption files -------------------------------------------------------------------

@@ -1,34 +1,20 @@
-"""What every reader shares: the table schemas, :class:`SourceError`, :class:`SourceData`, file
-reading and path joining, JSON with key-path errors, the table builders, the ``id_list`` /
-``sample`` selection and the request a reader gets.
-
-The tables' contract is in the package docstring (:mod:`asymvlm.data.sources`). Every path may be
-local or an fsspec URL (``s3://bucket/key``, ...); :func:`open_fs` (the storage layer's
-:func:`asymvlm.storage.fsspec_filesystem`) is the one place that opens them (it honours
-``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for s3).
-
-Selection (any data set): ``id_list`` (a text file, one image id per line) keeps exactly those
-ids (an unknown id is an error naming it); then ``sample=N`` keeps
-``ids[numpy.random.default_rng(seed).choice(len(ids), N, replace=False)]`` of the sorted
-remaining ids (:class:`Selector`).
-
-Errors: a malformed annotation file raises :class:`SourceError` (a ``ValueError``) at once,
-naming the file and the 1-based line (text formats) or the JSON key path.
+"""What every reader shares: schemas, errors, file reading, JSON records, table builders and the
+``id_list`` / ``sample`` selection.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import AfterValidator, StrictInt, StrictStr, TypeAdapter, ValidationError
 
 from asymvlm.data.templates import GENERIC_TEMPLATES
 from asymvlm.errors import AsymVLMError
@@ -36,6 +22,7 @@ from asymvlm.storage import fsspec_filesystem
 
 #: Templates of data sets without their own list (:func:`asymvlm.data.templates.templates_for`).
 DEFAULT_TEMPLATES: tuple[str, ...] = GENERIC_TEMPLATES
+T = TypeVar("T")
 
 IMAGE_SCHEMA = pa.schema(
     [
@@ -138,52 +125,21 @@ def require(value: str | None, name: str, dataset: str) -> str:
     return os.fspath(value)
 
 
-# -- JSON with key-path errors -----------------------------------------------------------------
-def load_json(url: str) -> Any:
-    text = read_text(url)
+# -- JSON records (pydantic) ------------------------------------------------------------------
+#: A JSON id (integer or string, not a boolean), read as a string.
+Ident = Annotated[StrictInt | StrictStr, AfterValidator(str)]
+
+
+def parse_json(url: str, adapter: TypeAdapter[T]) -> T:
+    """The JSON document at ``url`` as ``adapter``'s type (errors name the file and key path)."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
+        return adapter.validate_json(read_text(url))
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in first["loc"])
         raise SourceError(
-            f"{url}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}"
+            f"{url}: {where.lstrip('.') + ': ' if where else ''}{first['msg']}"
         ) from None
-
-
-def json_type(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-class Json:
-    """Typed access to a parsed JSON document; errors name the file and the key path."""
-
-    def __init__(self, url: str):
-        self.url = url
-
-    def error(self, where: str, message: str) -> SourceError:
-        return SourceError(f"{self.url}: {where}: {message}" if where else f"{self.url}: {message}")
-
-    def get(self, obj: Any, key: str, where: str, types: Any, what: str) -> Any:
-        if not isinstance(obj, dict):
-            raise self.error(where, f"expected an object, got {json_type(obj)}")
-        if key not in obj:
-            raise self.error(where, f"missing {key!r}")
-        value = obj[key]
-        if not isinstance(value, types) or isinstance(value, bool):
-            path = f"{where}.{key}" if where else key
-            raise self.error(path, f"expected {what}, got {json_type(value)}")
-        return value
-
-    def string(self, obj: Any, key: str, where: str) -> str:
-        return self.get(obj, key, where, str, "a string")
-
-    def ident(self, obj: Any, key: str, where: str) -> str:
-        return str(self.get(obj, key, where, (int, str), "an integer or string id"))
-
-    def items(self, obj: Any, key: str, where: str) -> list:
-        return self.get(obj, key, where, list, "a list")
-
-    def optional_string(self, obj: Any, key: str, where: str) -> str:
-        return self.string(obj, key, where) if key in obj else ""
 
 
 # -- table builders ----------------------------------------------------------------------------

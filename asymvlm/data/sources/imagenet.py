@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import posixpath
 
+from pydantic import StrictStr, TypeAdapter
+
 from asymvlm.data.templates import imagenet_class_names
 
 from .common import (
@@ -21,36 +23,22 @@ from .common import (
     empty_captions,
     images_table,
     join_url,
-    json_type,
-    load_json,
     numbered_lines,
     open_fs,
+    parse_json,
     prompts_table,
     read_text,
 )
 
+_MAPPING = TypeAdapter(dict[str, StrictStr | tuple[StrictStr, StrictStr]])
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 
 def _class_mapping(url: str) -> dict[str, str]:
     """Folder name -> human class name, from a text or JSON mapping file."""
-    if url.lower().endswith(".json"):
-        doc = load_json(url)
-        if not isinstance(doc, dict):
-            raise SourceError(f"{url}: expected an object, got {json_type(doc)}")
-        mapping = {}
-        for key, value in doc.items():
-            if isinstance(value, str):
-                mapping[key] = value
-            elif (
-                isinstance(value, list)
-                and len(value) == 2
-                and all(isinstance(v, str) for v in value)
-            ):
-                mapping[value[0]] = value[1]  # Keras imagenet_class_index.json
-            else:
-                raise SourceError(f"{url}: {key}: expected a name or [folder, name], got {value!r}")
-        return mapping
+    if url.lower().endswith(".json"):  # {folder: name} or Keras {"0": [folder, name]}
+        doc = parse_json(url, _MAPPING)
+        return dict(v if isinstance(v, tuple) else (k, v) for k, v in doc.items())
     mapping = {}
     for number, line in numbered_lines(read_text(url)):
         sep = "\t" if "\t" in line else None
