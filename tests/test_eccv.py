@@ -143,17 +143,10 @@ def _best_eccv() -> dict[str, dict[str, float]]:
 
 
 @pytest.mark.slow
-def test_eccv_positives_last_score_zero() -> None:
-    worst = _eccv("eccv", -2.0)
-    for direction in ("i2t", "t2i"):
-        assert set(worst[direction]) == {"eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1"}
-        for key in ("eccv_map_at_r", "eccv_rprecision", "eccv_r1"):
-            assert worst[direction][key] == 0.0, (direction, key)
-
-
-@pytest.mark.slow
 def test_cxc_positives_first_give_cxc_recall_one() -> None:
     res = _eccv("cxc", 2.0)
+    for direction in ("i2t", "t2i"):
+        assert set(res[direction]) == {"eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1"}
     assert res["i2t"]["cxc_r1"] == 1.0 and res["t2i"]["cxc_r1"] == 1.0
     # The noise alone does not rank ECCV positives first.
     assert res["t2i"]["eccv_map_at_r"] < 1.0
