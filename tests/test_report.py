@@ -24,8 +24,10 @@ from tests.test_ood import _pair
 from tests.test_zeroshot import IdentityVMF
 
 
-def _store(tmp_path) -> str:
-    return "sqlite:///" + str(tmp_path / "mlflow.db")
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """One MLflow store for the module's tests, each in its own experiment."""
+    return "sqlite:///" + str(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
 
 
 def row(text: str, *first: str) -> list[str]:
@@ -50,8 +52,8 @@ def test_mean_std_cells_leave_undefined_values_out() -> None:
     assert mean_std(stats, "y", scale=100, digits=1, bare=True) == ["–", "100.0"]
 
 
-def test_report_gathers_tables_figures_and_paper_numbers(tmp_path) -> None:
-    uri, exp = _store(tmp_path), "report-test"
+def test_report_gathers_tables_figures_and_paper_numbers(store, tmp_path) -> None:
+    uri, exp = store, "report-test"
     nota = {
         "dummy": {
             "a photo": {
@@ -127,12 +129,12 @@ def test_report_gathers_tables_figures_and_paper_numbers(tmp_path) -> None:
 
 
 def test_tables_2_and_3_of_a_synthetic_world_put_the_papers_real_data_numbers_beside(
-    tmp_path,
+    store, tmp_path
 ) -> None:
     """Set names from the evaluation's params, mean ± std over seeds with the seed count, the
     frozen model marked as not fine-tuned, and the paper's CLIP ViT-B/32 numbers on real data
     in a labelled column beside ours (the set-up is not theirs)."""
-    uri, exp = _store(tmp_path), "synthetic-tables"
+    uri, exp = store, "synthetic-tables"
     nota = {
         "dummy": {
             "a photo": {
@@ -227,14 +229,14 @@ def _classification(root: str, n_per_class: int, classes: int, offset: int, seed
     tables.write_part(root, "test", "prompts", "part-00000", prompts)
 
 
-def test_cli_analyze_logs_runs_that_the_report_shows(tmp_path, capsys) -> None:
+def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys) -> None:
     pos, neg = str(tmp_path / "cifar10"), str(tmp_path / "cifar100")
     _classification(pos, 5, 3, offset=0, seed=0)
     _classification(neg, 5, 3, offset=4, seed=1)  # images near none of the classes
     ckpt = str(tmp_path / "ckpt")
     method = build_method("asymvlm-vmf", 8, hidden_dim=16)
     save_checkpoint(ckpt, method, TrainConfig(method="asymvlm-vmf", hidden_dim=16, seed=3), 8)
-    uri = _store(tmp_path)
+    uri = store
     rc = main(
         [
             "analyze",
@@ -349,8 +351,8 @@ def _ms(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
 
 
 @pytest.mark.slow
-def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(tmp_path) -> None:
-    uri, exp = _store(tmp_path), "table1"
+def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(store, tmp_path) -> None:
+    uri, exp = store, "table1"
     vmf = [_test_results(0.30, 0.70, 0.40, 0.10, 2.1), _test_results(0.34, 0.76, 0.36, 0.14, 2.4)]
     ft = [_test_results(0.40, 0.5, 0.5, 0.2, 3.0), _test_results(0.44, 0.5, 0.5, 0.3, 3.2)]
     for test in ft:  # no uncertainty: no binned curve, S, detectors or risk-coverage
