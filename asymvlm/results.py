@@ -129,17 +129,14 @@ def seed_stats(
     sample std is 0 for one value."""
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     values = frame.reindex(columns=list(columns)).apply(pd.to_numeric, errors="coerce")
-    groups = values.astype(float).groupby([frame[k] for k in _keys(by)], sort=False)
+    keys = [frame[k] for k in ([by] if isinstance(by, str) else by)]
+    groups = values.astype(float).groupby(keys, sort=False)
     stats = groups.agg(["mean", "std", "count"])
     stats.columns = [f"{c}_{'n' if k == 'count' else k}" for c, k in stats.columns]
     for column in columns:
         stats.loc[stats[f"{column}_n"] == 1, f"{column}_std"] = 0.0
     stats.insert(0, "seeds", groups.size())
     return stats
-
-
-def _keys(by: str | list[str]) -> list[str]:
-    return [by] if isinstance(by, str) else by
 
 
 def mean_std(
