@@ -476,11 +476,13 @@ def test_metric_names_flatten_every_scalar_and_leave_undefined_out() -> None:
 
 # -- the command line -------------------------------------------------------------------------
 def test_evaluate_cli_writes_the_new_keys(small_world, tmp_path, capsys) -> None:
+    from asymvlm.checkpoints import save_checkpoint
     from asymvlm.cli import main
-    from tests.test_cli import _train
+    from asymvlm.training import TrainConfig
 
     ckpt = str(tmp_path / "ckpt")
-    assert _train(small_world, ckpt) == 0
+    method = build_method("asymvlm-vmf", 16, hidden_dim=16)
+    save_checkpoint(ckpt, method, TrainConfig(method="asymvlm-vmf", hidden_dim=16), 16)
     args = [
         "evaluate",
         "--embeddings",
