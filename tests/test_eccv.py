@@ -99,7 +99,7 @@ def _eccv(relation: str, bonus: float) -> dict:
         TABLE.text_to_image,
         depth=test.i2t_depth,
         top_t2i=test.t2i_depth,
-        chunk_size=4096,
+        chunk_size=1024,
     )
     return eccv.eccv_metrics(ranking.t2i_top, ranking.i2t_top, test)
 
@@ -216,7 +216,7 @@ def _fold_top10(test: eccv.KarpathyTest, pairs: torch.Tensor, bonus: float):
 def test_evaluate_adds_eccv_and_coco_1k_on_the_karpathy_test_split() -> None:
     pairs = TABLE.pairs("eccv")
     method = _RowScores(pairs, 2.0)  # ECCV positives first
-    res = evaluate_retrieval(method, _data(), fold_size=1000, chunk_size=4096)
+    res = evaluate_retrieval(method, _data(), fold_size=1000, chunk_size=1024)
     json.dumps(res, allow_nan=False)
     assert res["n_text"] == 25000 + N_EXTRA and res["n_image"] == 5000
     best = _best_eccv()
