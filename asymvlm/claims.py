@@ -1,34 +1,20 @@
-"""The paper's claims a report judges, each by the rule written beside it.
-
-A claim compares two sets of numbers, one value per training seed: a method against Determ. FT
-or the frozen model (Tables 2 and 3 of Ju et al., NeurIPS 2025), or a statistic against 0
-(Table 1: Recall@1 falls as the uncertainty rises, S < 0). Its rule (:func:`judge`):
-
-* the difference is ``mean(A) - mean(B)`` and its standard error
-  ``SE = sqrt(s_A^2 / n_A + s_B^2 / n_B)`` (sample variances over seeds; 0 for a single value,
-  e.g. the frozen model, which has no seed);
-* **supports** when the difference lies in the paper's direction by more than ``Z = 2`` standard
-  errors and by more than ``MIN_EFFECT = 0.01`` (an accuracy or a Spearman S closer than that
-  is not read as an effect: at 1,000 images it is 10 of them, and at a ceiling, where the seeds
-  agree to the last image, the standard error alone would call any difference real);
-  **contradicts** when it lies in the other direction by as much; **not supported** otherwise;
-  **undetermined** when neither side has two seeds (no standard error).
-
-Two standard errors is roughly a two-sided 5 % test with many seeds; with 5 seeds per side it is
-lenient (a t-quantile would be about 2.3-2.8), which the report says. The rule judges the
-direction of a claim, never the paper's magnitude: the synthetic world is not CLIP on CIFAR.
-:data:`GENERIC_CURVE` is the measured dependence of Table 2 on the share of generic training
-captions (benchmarks/generic_captions.py), which the report's closing note prints.
+"""The paper's claims a report judges, each by one rule (:func:`judge`; docs/synthetic-world.md):
+a method against Determ. FT or the frozen model (Tables 2 and 3 of Ju et al., NeurIPS 2025), or
+Table 1's Spearman S against 0, one value per training seed on each side.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import pandas as pd
+
+from asymvlm.paper_numbers import TABLE2, TABLE3
+from asymvlm.results import markdown
 
 __all__ = [
     "GENERIC_CURVE",
@@ -56,40 +42,23 @@ PROBABILISTIC = ("asymvlm-vmf", "asymvlm-ps")
 BASELINE = "determ-ft"
 FROZEN = "clip"
 
-#: The p curve of benchmarks/generic_captions.py (demo world, 12 epochs, 5 seeds; docs/
-#: synthetic-world.md): p -> method -> (median kappa of "a photo", of the class prompts,
-#: sibling negatives rejected, far negatives rejected), dummy prompt "a photo", means over seeds.
+#: The p curve of benchmarks/generic_captions.py (demo world, 12 epochs, 5 seeds, dummy prompt
+#: "a photo", means over seeds): p -> method -> (median kappa of "a photo", of the class
+#: prompts, sibling negatives rejected, far negatives rejected).
+_CURVE_METHODS = ("asymvlm-vmf", "asymvlm-ps", "determ-ft", "clip")
+_CURVE = {  # p: (kappa, kappa of the class prompts: vMF, PS), sibling, far rejected per method
+    0.0: ((23.8, 18.6, 35.6, 26.4), (0.043, 0.049, 0.132, 0.110), (0.280, 0.266, 0.361, 0.559)),
+    0.005: ((9.1, 17.4, 12.5, 24.2), (0.452, 0.601, 0.347, 0.110), (0.437, 0.439, 0.182, 0.559)),
+    0.01: ((7.9, 16.5, 10.4, 23.1), (0.564, 0.729, 0.436, 0.110), (0.327, 0.336, 0.070, 0.559)),
+    0.02: ((6.8, 15.6, 8.8, 22.2), (0.697, 0.813, 0.529, 0.110), (0.328, 0.356, 0.033, 0.559)),
+    0.05: ((5.4, 14.9, 6.4, 21.0), (0.850, 0.906, 0.647, 0.110), (0.393, 0.443, 0.036, 0.559)),
+}
 GENERIC_CURVE: dict[float, dict[str, tuple[float | None, float | None, float, float]]] = {
-    0.0: {
-        "asymvlm-vmf": (23.8, 18.6, 0.043, 0.280),
-        "asymvlm-ps": (35.6, 26.4, 0.049, 0.266),
-        "determ-ft": (None, None, 0.132, 0.361),
-        "clip": (None, None, 0.110, 0.559),
-    },
-    0.005: {
-        "asymvlm-vmf": (9.1, 17.4, 0.452, 0.437),
-        "asymvlm-ps": (12.5, 24.2, 0.601, 0.439),
-        "determ-ft": (None, None, 0.347, 0.182),
-        "clip": (None, None, 0.110, 0.559),
-    },
-    0.01: {
-        "asymvlm-vmf": (7.9, 16.5, 0.564, 0.327),
-        "asymvlm-ps": (10.4, 23.1, 0.729, 0.336),
-        "determ-ft": (None, None, 0.436, 0.070),
-        "clip": (None, None, 0.110, 0.559),
-    },
-    0.02: {
-        "asymvlm-vmf": (6.8, 15.6, 0.697, 0.328),
-        "asymvlm-ps": (8.8, 22.2, 0.813, 0.356),
-        "determ-ft": (None, None, 0.529, 0.033),
-        "clip": (None, None, 0.110, 0.559),
-    },
-    0.05: {
-        "asymvlm-vmf": (5.4, 14.9, 0.850, 0.393),
-        "asymvlm-ps": (6.4, 21.0, 0.906, 0.443),
-        "determ-ft": (None, None, 0.647, 0.036),
-        "clip": (None, None, 0.110, 0.559),
-    },
+    p: {
+        m: ((*kappa[2 * k : 2 * k + 2],) if k < 2 else (None, None)) + (sib[k], far[k])
+        for k, m in enumerate(_CURVE_METHODS)
+    }
+    for p, (kappa, sib, far) in _CURVE.items()
 }
 
 
@@ -120,18 +89,14 @@ def _stat(values: Sequence[float]) -> str:
 
 
 def standard_error_of_difference(a: Sequence[float], b: Sequence[float]) -> float:
-    """SE of ``mean(a) - mean(b)`` for independent samples: sqrt(s_a^2/n_a + s_b^2/n_b), a
-    side with one value counting as exact (variance 0)."""
-    var = 0.0
-    for side in (a, b):
-        if len(side) > 1:
-            var += statistics.variance(side) / len(side)
-    return math.sqrt(var)
+    """SE of ``mean(a) - mean(b)``: sqrt(s_a^2/n_a + s_b^2/n_b), one value counting as exact."""
+    return math.sqrt(sum(statistics.variance(x) / len(x) for x in (a, b) if len(x) > 1))
 
 
 def judge(a: Sequence[float], b: Sequence[float], direction: int = 1) -> tuple[float, float, str]:
     """``(difference, SE, verdict)`` of the claim that ``mean(a) - mean(b)`` has the sign of
-    ``direction`` (+1: a above b), by the rule of the module docstring."""
+    ``direction``: supported beyond ``max(Z SE, MIN_EFFECT)``, contradicted as far the other
+    way, undetermined when neither side has two seeds."""
     if not a or not b:
         raise ValueError("a claim needs values on both sides")
     diff = statistics.fmean(a) - statistics.fmean(b)
@@ -146,152 +111,86 @@ def judge(a: Sequence[float], b: Sequence[float], direction: int = 1) -> tuple[f
     return diff, se, "not supported"
 
 
-def _verdict(
-    table: str,
-    claim: str,
-    where: str,
-    a: Sequence[float],
-    b: Sequence[float],
-    a_name: str,
-    b_name: str,
-    paper: str,
-    direction: int = 1,
-) -> Verdict:
-    diff, se, verdict = judge(a, b, direction)
-    return Verdict(
-        table, claim, where, tuple(a), tuple(b), a_name, b_name, diff, se, verdict, paper
-    )
+def _verdict(table: str, claim: str, where: str, a, b, names, paper: str, sign=1) -> Verdict:
+    a, b = tuple(map(float, a)), tuple(map(float, b))
+    return Verdict(table, claim, where, a, b, *names, *judge(a, b, sign), paper)
 
 
 def _base(name: str) -> str:
     return name.split("/", 1)[0]
 
 
-# -- Table 2 -------------------------------------------------------------------------------------
-def _paper_table2(method: str, index: int) -> float:
-    """The paper's Table 2 value (0: positives, 1: negatives) of ``method``, mean over its three
-    dummy prompts."""
-    from asymvlm.paper_numbers import TABLE2
+def _per_seed(frame: pd.DataFrame, key: str, method: str) -> list[float]:
+    """The defined values of ``key`` of ``method``'s rows (one per seed)."""
+    if key not in frame:
+        return []
+    return frame.loc[frame["method"] == method, key].dropna().tolist()
 
-    cells = [TABLE2[d][method][index] for d in TABLE2 if method in TABLE2[d] and d != "(none)"]
+
+def _paper_table2(method: str, index: int) -> float:
+    """The paper's Table 2 value (0: positives, 1: negatives), mean over its dummy prompts."""
+    cells = [v[method][index] for d, v in TABLE2.items() if method in v and d != "(none)"]
     return statistics.fmean(cells)
 
 
-def nota_per_seed(res: Mapping[str, Any], key: str) -> dict[str, list[float]]:
-    """Method -> one value per seed (or the frozen model's one) of ``key`` (``neg_acc``,
-    ``far_neg_acc``, ``pos_acc``), each the mean over the dummy prompts."""
-    by_model: dict[str, list[float]] = defaultdict(list)
-    for per_method in res.get("dummy", {}).values():
-        for name, cell in per_method.items():
-            if key in cell:
-                by_model[name].append(float(cell[key]))
-    out: dict[str, list[float]] = defaultdict(list)
-    for name, values in by_model.items():
-        out[_base(name)].append(statistics.fmean(values))
-    return dict(out)
-
-
 def table2_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
-    """Table 2's claims on one none-of-the-above result: each probabilistic method rejects more
-    (sibling, far) negatives than Determ. FT and than the frozen model, and keeps more
-    positives than Determ. FT (values: mean over the dummy prompts, per seed)."""
+    """Table 2's claims: each probabilistic method rejects more (sibling, far) negatives than
+    Determ. FT and than the frozen model, and keeps more positives than Determ. FT (per seed:
+    the mean over the dummy prompts)."""
+    cells = pd.DataFrame(
+        [{**c, "name": n} for per in res.get("dummy", {}).values() for n, c in per.items()]
+    )
+    keys = [k for k in ("neg_acc", "far_neg_acc", "pos_acc") if k in cells]
+    frame = cells.groupby("name", sort=False)[keys].mean().reset_index() if keys else cells
+    frame["method"] = frame["name"].map(_base) if "name" in frame else []
     out: list[Verdict] = []
-    kinds = [("neg_acc", "sibling negatives"), ("far_neg_acc", "far negatives")]
     for method in PROBABILISTIC:
-        paper_neg = _paper_table2(method, 1)
-        for key, where in kinds:
-            values = nota_per_seed(res, key)
-            if method not in values:
-                continue
+        for key, where in (("neg_acc", "sibling negatives"), ("far_neg_acc", "far negatives")):
             for other, label in ((BASELINE, "Determ. FT"), (FROZEN, "the frozen model")):
-                if other not in values:
-                    continue
-                paper = f"{paper_neg:.3f} vs {_paper_table2(other, 1):.3f} (CIFAR-100)"
-                out.append(
-                    _verdict(
-                        "Table 2",
-                        f"{method} rejects more negatives than {label}",
-                        where,
-                        values[method],
-                        values[other],
-                        method,
-                        other,
-                        paper,
+                a, b = _per_seed(frame, key, method), _per_seed(frame, key, other)
+                if a and b:
+                    paper = f"{_paper_table2(method, 1):.3f} vs {_paper_table2(other, 1):.3f}"
+                    claim = f"{method} rejects more negatives than {label}"
+                    out.append(
+                        _verdict(
+                            "Table 2", claim, where, a, b, (method, other), paper + " (CIFAR-100)"
+                        )
                     )
-                )
-        pos = nota_per_seed(res, "pos_acc")
-        if method in pos and BASELINE in pos:
-            out.append(
-                _verdict(
-                    "Table 2",
-                    f"{method} keeps more positives than Determ. FT",
-                    "positives",
-                    pos[method],
-                    pos[BASELINE],
-                    method,
-                    BASELINE,
-                    f"{_paper_table2(method, 0):.3f} vs {_paper_table2(BASELINE, 0):.3f} "
-                    "(CIFAR-10)",
-                )
-            )
+        a, b = _per_seed(frame, "pos_acc", method), _per_seed(frame, "pos_acc", BASELINE)
+        if a and b:
+            paper = f"{_paper_table2(method, 0):.3f} vs {_paper_table2(BASELINE, 0):.3f} (CIFAR-10)"
+            claim = f"{method} keeps more positives than Determ. FT"
+            out.append(_verdict("Table 2", claim, "positives", a, b, (method, BASELINE), paper))
     return out
 
 
-# -- Table 3 -------------------------------------------------------------------------------------
 def table3_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
-    """Table 3's claim on one zero-shot result, per evaluation set: each probabilistic method
-    keeps more zero-shot accuracy after fine-tuning than Determ. FT."""
-    from asymvlm.paper_numbers import TABLE3
-
-    per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for name, cells in res.items():
-        for s, value in cells.items():
-            per[s][_base(name)].append(float(value))
+    """Table 3's claim per evaluation set: each probabilistic method keeps more zero-shot
+    accuracy after fine-tuning than Determ. FT."""
+    frame = pd.DataFrame([{**c, "method": _base(n)} for n, c in res.items()])
     out: list[Verdict] = []
     for method in PROBABILISTIC:
-        paper = TABLE3["coco"][method]
-        base = TABLE3["coco"][BASELINE]
-        text = f"{paper['cifar10']:.3f} vs {base['cifar10']:.3f} (CIFAR-10; all four sets this way)"
-        for s in sorted(per):
-            if method in per[s] and BASELINE in per[s]:
-                out.append(
-                    _verdict(
-                        "Table 3",
-                        f"{method} keeps more zero-shot accuracy after fine-tuning than Determ. FT",
-                        s,
-                        per[s][method],
-                        per[s][BASELINE],
-                        method,
-                        BASELINE,
-                        text,
-                    )
-                )
+        paper, base = TABLE3["coco"][method]["cifar10"], TABLE3["coco"][BASELINE]["cifar10"]
+        text = f"{paper:.3f} vs {base:.3f} (CIFAR-10; all four sets this way)"
+        claim = f"{method} keeps more zero-shot accuracy after fine-tuning than Determ. FT"
+        for s in sorted(c for c in frame.columns if c != "method"):
+            a, b = _per_seed(frame, s, method), _per_seed(frame, s, BASELINE)
+            if a and b:
+                out.append(_verdict("Table 3", claim, s, a, b, (method, BASELINE), text))
     return out
 
 
-# -- Table 1 -------------------------------------------------------------------------------------
-def table1_verdicts(rows: Sequence[Mapping[str, Any]]) -> list[Verdict]:
+def table1_verdicts(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> list[Verdict]:
     """Table 1's claim per retrieval direction: Recall@1 falls as a probabilistic method's
-    uncertainty rises (Spearman S of bin index vs recall below 0; ``rows``: one per seed)."""
+    uncertainty rises, Spearman S < 0 (``rows``: one per seed, as the report's Table 1)."""
+    frame = pd.DataFrame(rows)
     out: list[Verdict] = []
     for method in PROBABILISTIC:
-        for direction in ("i2t", "t2i"):
-            values = [r.get(f"{direction}_spearman") for r in rows if r["method"] == method]
-            values = [float(v) for v in values if v is not None]
-            if values:
-                out.append(
-                    _verdict(
-                        "Table 1",
-                        f"Recall@1 falls as {method}'s uncertainty rises (S < 0)",
-                        direction,
-                        values,
-                        [0.0],
-                        "S",
-                        "0",
-                        "S ≈ −0.99 to −1.00 (COCO, both directions)",
-                        direction=-1,
-                    )
-                )
+        for d in ("i2t", "t2i"):
+            if values := _per_seed(frame, f"{d}_spearman", method):
+                claim = f"Recall@1 falls as {method}'s uncertainty rises (S < 0)"
+                paper = "S ≈ −0.99 to −1.00 (COCO, both directions)"
+                out.append(_verdict("Table 1", claim, d, values, [0.0], ("S", "0"), paper, -1))
     return out
 
 
@@ -305,49 +204,59 @@ def world_of(nota_runs: Sequence[tuple[Mapping[str, Any], Any]]) -> dict | None:
     return None
 
 
-# -- markdown ------------------------------------------------------------------------------------
-def _bold(verdict: str) -> str:
-    return f"**{verdict}**" if verdict in ("supports", "contradicts") else verdict
-
-
 def claims_markdown(judged: Sequence[tuple[str, Verdict]]) -> list[str]:
     """The claims section: the rule, then one row per ``(source, verdict)`` (source: the sweep
     or evaluation it was judged on)."""
     if not judged:
         return []
-    lines = [
+    table = pd.DataFrame(
+        [
+            {
+                "source": source,
+                "claim": f"{v.table}: {v.claim}",
+                "on": v.where,
+                "ours (mean ± std over seeds)": v.ours(),
+                "difference ± SE": f"{v.difference:+.3f} ± {v.se:.3f}",
+                "verdict": f"**{v.verdict}**"
+                if v.verdict in ("supports", "contradicts")
+                else v.verdict,
+                "paper": v.paper,
+            }
+            for source, v in judged
+        ]
+    )
+    return [
         "## The paper's claims, judged by rule",
         "",
         f"Rule, for every row: {RULE}. The direction is the paper's; its magnitudes come "
         "from CLIP ViT-B/32 on real data and are shown for reference only. With 5 seeds a "
         "side, 2 SE is a lenient bar (a t-test would ask for about 2.3–2.8 SE).",
         "",
-        "| source | claim | on | ours (mean ± std over seeds) | difference ± SE | "
-        "verdict | paper |",
-        "|---|---|---|---|---|---|---|",
+        markdown(table),
+        "",
     ]
-    for source, v in judged:
-        diff = f"{v.difference:+.3f} ± {v.se:.3f}"
-        lines.append(
-            f"| {source} | {v.table}: {v.claim} | {v.where} | {v.ours()} | {diff} | "
-            f"{_bold(v.verdict)} | {v.paper} |"
-        )
-    return lines + [""]
 
 
-def _curve_lines() -> list[str]:
-    lines = [
-        '| p | κ("a photo") / κ(class prompts), AsymVLM vMF | sibling neg. rejected: vMF / '
-        "PS / Determ. FT / frozen | far neg. rejected: vMF / PS / Determ. FT / frozen |",
-        "|---|---|---|---|",
-    ]
-    order = ("asymvlm-vmf", "asymvlm-ps", "determ-ft", "clip")
-    for p, row in GENERIC_CURVE.items():
-        kappa = row["asymvlm-vmf"]
-        sib = " / ".join(f"{row[m][2]:.2f}" for m in order)
-        far = " / ".join(f"{row[m][3]:.2f}" for m in order)
-        lines.append(f"| {p:g} | {kappa[0]:.1f} / {kappa[1]:.1f} | {sib} | {far} |")
-    return lines
+def _curve_table() -> str:
+    methods = "vMF / PS / Determ. FT / frozen"
+    table = pd.DataFrame(
+        [
+            [
+                f"{p:g}",
+                f"{kappa[0]:.1f} / {kappa[1]:.1f}",
+                " / ".join(f"{v:.2f}" for v in sib),
+                " / ".join(f"{v:.2f}" for v in far),
+            ]
+            for p, (kappa, sib, far) in _CURVE.items()
+        ],
+        columns=[
+            "p",
+            'κ("a photo") / κ(class prompts), AsymVLM vMF',
+            f"sibling neg. rejected: {methods}",
+            f"far neg. rejected: {methods}",
+        ],
+    )
+    return markdown(table)
 
 
 def closing_note(
@@ -386,7 +295,7 @@ def closing_note(
         "claim then fails for a reason of the world, not of the method. How far the rejection "
         'goes depends on p, which real data does not fix well (5 seeds, dummy "a photo"):',
         "",
-        *_curve_lines(),
+        _curve_table(),
         "",
         "  Far negatives (concepts under other level-0 concepts) are a different test from "
         "sibling ones: the frozen model's cosine already rejects many of them here (the root "

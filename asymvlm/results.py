@@ -5,20 +5,22 @@ tests share them.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import re
-import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+import pandas as pd
 
 __all__ = [
     "DIRECTIONS",
     "DIRECTION_MEANINGS",
     "METRIC_MEANINGS",
     "SUMMARY_COLUMNS",
+    "markdown",
+    "mean_std",
     "retrieval_metric_names",
+    "seed_stats",
     "seed_summary",
     "summary_csv",
     "summary_markdown",
@@ -119,61 +121,88 @@ def retrieval_metric_names(evaluation: Mapping[str, Any], prefix: str = "") -> d
 SUMMARY_COLUMNS = [f"{d}_{m}" for d in ("i2t", "t2i") for m in ("recall_at_1", "spearman", "r2")]
 
 
+def seed_stats(
+    rows: Iterable[Mapping[str, Any]] | pd.DataFrame, by: str | list[str], columns: Sequence[str]
+) -> pd.DataFrame:
+    """Per group of ``by`` (first-seen order): its ``seeds`` (rows) and ``<column>_mean``,
+    ``_std`` and ``_n`` over the defined values of each column (None, NaN: undefined); the
+    sample std is 0 for one value."""
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    values = frame.reindex(columns=list(columns)).apply(pd.to_numeric, errors="coerce")
+    keys = [frame[k] for k in ([by] if isinstance(by, str) else by)]
+    groups = values.astype(float).groupby(keys, sort=False)
+    stats = groups.agg(["mean", "std", "count"])
+    stats.columns = [f"{c}_{'n' if k == 'count' else k}" for c, k in stats.columns]
+    for column in columns:
+        stats.loc[stats[f"{column}_n"] == 1, f"{column}_std"] = 0.0
+    stats.insert(0, "seeds", groups.size())
+    return stats
+
+
+def mean_std(
+    stats: pd.DataFrame, column: str, scale: float = 1.0, digits: int = 3, bare: bool = False
+) -> list[str]:
+    """The cells ``mean ± std`` of :func:`seed_stats`' ``column``, scaled; "–" where no value is
+    defined; ``bare``: a single value without "± 0"."""
+    cells = []
+    for mean, std, n in zip(*(stats[f"{column}_{k}"] for k in ("mean", "std", "n")), strict=True):
+        if not n > 0:
+            cells.append("–")
+        elif bare and n == 1:
+            cells.append(f"{scale * mean:.{digits}f}")
+        else:
+            cells.append(f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}")
+    return cells
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    """A frame of text cells as a markdown table (cells kept as written)."""
+    return frame.to_markdown(index=False, disable_numparse=True)
+
+
 def seed_summary(runs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per method: mean, std (sample, ddof=1) and n over seeds of every summary column.
-
-    ``runs`` are dicts with ``method`` and the flat final metrics of one seed each.
-    """
-    by_method: dict[str, list[Mapping[str, Any]]] = {}
-    for run in runs:
-        by_method.setdefault(run["method"], []).append(run)
-    out: dict[str, dict[str, Any]] = {}
-    for method, rows in by_method.items():
-        cells: dict[str, Any] = {"n_seeds": len(rows)}
-        for col in SUMMARY_COLUMNS:
-            values = [float(r[col]) for r in rows if r.get(col) is not None]
-            if values:
-                cells[col] = {
-                    "mean": statistics.fmean(values),
-                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                    "n": len(values),
-                }
-        out[method] = cells
-    return out
+    """Per method: ``n_seeds`` and the mean, std (ddof 1) and n over seeds of every summary
+    column that has a value (``runs``: ``method`` and one seed's flat final metrics each)."""
+    stats = seed_stats(runs, "method", SUMMARY_COLUMNS)
+    return {
+        method: {
+            "n_seeds": int(row["seeds"]),
+            **{
+                c: {k: float(row[f"{c}_{k}"]) for k in ("mean", "std")} | {"n": int(row[f"{c}_n"])}
+                for c in SUMMARY_COLUMNS
+                if row[f"{c}_n"]
+            },
+        }
+        for method, row in stats.iterrows()
+    }
 
 
-def _cell(stats: Mapping[str, float] | None, scale: float) -> str:
-    if not stats:
-        return "–"
-    return f"{scale * stats['mean']:.2f} ± {scale * stats['std']:.2f}"
+def _summary_frame(summary: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """:func:`seed_summary` as one row per method: ``method``, ``n_seeds``, ``<col>_mean`` ..."""
+    fields = ["method", "n_seeds"] + [
+        f"{c}_{k}" for c in SUMMARY_COLUMNS for k in ("mean", "std", "n")
+    ]
+    rows = [
+        {"method": m, "n_seeds": cells["n_seeds"]}
+        | {f"{c}_{k}": v for c in SUMMARY_COLUMNS for k, v in cells.get(c, {}).items()}
+        for m, cells in summary.items()
+    ]
+    return pd.DataFrame(rows).reindex(columns=fields)
 
 
 def summary_markdown(summary: Mapping[str, Mapping[str, Any]], title: str = "") -> str:
     """The table as markdown: R@1 in %, S and R² as is, mean ± std over n seeds."""
-    head = ["Method", "seeds"] + [
-        f"{d} {m}" for d in ("i2t", "t2i") for m in ("R@1 (%)", "S", "R²")
-    ]
-    lines = [f"### {title}", ""] if title else []
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for method, cells in summary.items():
-        row = [method, str(cells["n_seeds"])]
-        for col in SUMMARY_COLUMNS:
-            row.append(_cell(cells.get(col), 100.0 if "recall" in col else 1.0))
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+    stats = _summary_frame(summary)
+    table = pd.DataFrame({"Method": stats["method"], "seeds": stats["n_seeds"].astype(str)})
+    for col in SUMMARY_COLUMNS:
+        d, name = col.split("_", 1)
+        head = {"recall_at_1": "R@1 (%)", "spearman": "S", "r2": "R²"}[name]
+        table[f"{d} {head}"] = mean_std(stats, col, 100.0 if name == "recall_at_1" else 1.0, 2)
+    return (f"### {title}\n\n" if title else "") + markdown(table) + "\n"
 
 
 def summary_csv(summary: Mapping[str, Mapping[str, Any]]) -> str:
     """The table as CSV: one row per method, ``<col>_mean`` / ``<col>_std`` columns."""
-    buf = io.StringIO()
-    fields = ["method", "n_seeds"] + [f"{c}_{s}" for c in SUMMARY_COLUMNS for s in ("mean", "std")]
-    writer = csv.DictWriter(buf, fieldnames=fields)
-    writer.writeheader()
-    for method, cells in summary.items():
-        row: dict[str, Any] = {"method": method, "n_seeds": cells["n_seeds"]}
-        for col in SUMMARY_COLUMNS:
-            stats = cells.get(col)
-            row[f"{col}_mean"] = "" if not stats else repr(stats["mean"])
-            row[f"{col}_std"] = "" if not stats else repr(stats["std"])
-        writer.writerow(row)
-    return buf.getvalue()
+    stats = _summary_frame(summary)
+    stats = stats[[c for c in stats.columns if not c.endswith("_n")]]
+    return stats.to_csv(index=False, float_format=lambda v: repr(float(v)))

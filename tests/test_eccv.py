@@ -99,7 +99,7 @@ def _eccv(relation: str, bonus: float) -> dict:
         TABLE.text_to_image,
         depth=test.i2t_depth,
         top_t2i=test.t2i_depth,
-        chunk_size=4096,
+        chunk_size=1024,
     )
     return eccv.eccv_metrics(ranking.t2i_top, ranking.i2t_top, test)
 
@@ -143,17 +143,10 @@ def _best_eccv() -> dict[str, dict[str, float]]:
 
 
 @pytest.mark.slow
-def test_eccv_positives_last_score_zero() -> None:
-    worst = _eccv("eccv", -2.0)
-    for direction in ("i2t", "t2i"):
-        assert set(worst[direction]) == {"eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1"}
-        for key in ("eccv_map_at_r", "eccv_rprecision", "eccv_r1"):
-            assert worst[direction][key] == 0.0, (direction, key)
-
-
-@pytest.mark.slow
 def test_cxc_positives_first_give_cxc_recall_one() -> None:
     res = _eccv("cxc", 2.0)
+    for direction in ("i2t", "t2i"):
+        assert set(res[direction]) == {"eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1"}
     assert res["i2t"]["cxc_r1"] == 1.0 and res["t2i"]["cxc_r1"] == 1.0
     # The noise alone does not rank ECCV positives first.
     assert res["t2i"]["eccv_map_at_r"] < 1.0
@@ -223,7 +216,7 @@ def _fold_top10(test: eccv.KarpathyTest, pairs: torch.Tensor, bonus: float):
 def test_evaluate_adds_eccv_and_coco_1k_on_the_karpathy_test_split() -> None:
     pairs = TABLE.pairs("eccv")
     method = _RowScores(pairs, 2.0)  # ECCV positives first
-    res = evaluate_retrieval(method, _data(), fold_size=1000, chunk_size=4096)
+    res = evaluate_retrieval(method, _data(), fold_size=1000, chunk_size=1024)
     json.dumps(res, allow_nan=False)
     assert res["n_text"] == 25000 + N_EXTRA and res["n_image"] == 5000
     best = _best_eccv()

@@ -1,4 +1,5 @@
-"""Tests for asymvlm.metrics: retrieval Recall@K and the binned-uncertainty protocol (App. B)."""
+"""Retrieval metrics: Recall@K both ways, the binned-uncertainty protocol (App. B), RSUM, the
+COCO 1K fold averages and their MLflow names."""
 
 from __future__ import annotations
 
@@ -9,12 +10,19 @@ import pytest
 import torch
 from scipy import stats
 
+from asymvlm.errors import ConfigError
+from asymvlm.evaluation import evaluate_retrieval
+from asymvlm.methods import build_method
 from asymvlm.metrics import (
+    average_folds,
     binned_recall,
     curve_statistics,
     retrieval_metrics,
+    rsum,
     spearman_uncertainty,
 )
+from asymvlm.results import retrieval_metric_names
+from asymvlm.splits import SplitTensors
 
 # 3 images, 6 captions; captions 0,1 -> image 0; 2,3 -> image 1; 4,5 -> image 2.
 #
@@ -62,9 +70,8 @@ def run_small(**kwargs):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("chunk_size", [1, 4, 100])
-def test_hand_computed_recall(chunk_size):
-    res = run_small(chunk_size=chunk_size)
+def test_hand_computed_recall():
+    res = run_small(chunk_size=4)
     assert res["t2i"]["recall@1"] == pytest.approx(4 / 6)
     assert res["t2i"]["recall@2"] == pytest.approx(5 / 6)
     assert res["t2i"]["recall@5"] == pytest.approx(1.0)
@@ -150,9 +157,13 @@ def test_image_without_caption_excluded_from_i2t():
     assert res["i2t"]["binned_recall@1"] == [0.0, 1.0, 1.0]
 
 
-def test_bad_score_shape_raises():
+def test_bad_input_raises():
     with pytest.raises(ValueError, match="shape"):
         retrieval_metrics(lambda a, b: torch.zeros(b - a, 2), 6, 3, PAIRS)
+    with pytest.raises(ValueError, match="bins"):
+        run_small(text_uncertainty=TEXT_UNC, n_bins=4)  # i2t has 3 images < 4 bins
+    with pytest.raises(ValueError):
+        binned_recall(torch.ones(3), torch.ones(4), 2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,6 +191,8 @@ def test_i2t_uses_retrieved_caption_uncertainty():
     # (The images' own first captions c0 .5, c2 .9, c4 .2 would give [1, 1, 0] instead.)
     assert res["i2t"]["uncertainty_source"] == "retrieved_text"
     assert res["i2t"]["binned_recall@1"] == [0.0, 1.0, 1.0]
+    both = run_small(text_uncertainty=TEXT_UNC, image_uncertainty=torch.zeros(3), n_bins=3)
+    assert both["i2t"] == res["i2t"]  # the text's uncertainty takes precedence
     # y = [0, 1, 1]: Spearman = sqrt(3)/2, R^2 = 0.75 (sxy = 1, sxx = 2, syy = 2/3)
     assert res["i2t"]["spearman"] == pytest.approx(np.sqrt(3) / 2)
     assert res["i2t"]["r2"] == pytest.approx(0.75)
@@ -210,17 +223,6 @@ def test_image_uncertainty_fallbacks():
     assert res["i2t"]["uncertainty_source"] == "image"
     assert res["i2t"]["binned_recall@1"] == [0.0, 1.0]
     assert res["i2t"]["recall@1"] == pytest.approx(0.5)
-
-
-def test_text_uncertainty_takes_precedence():
-    res = run_small(text_uncertainty=TEXT_UNC, image_uncertainty=torch.zeros(3), n_bins=3)
-    assert res["t2i"]["uncertainty_source"] == "text"
-    assert res["i2t"]["uncertainty_source"] == "retrieved_text"
-
-
-def test_too_few_items_for_bins_raises():
-    with pytest.raises(ValueError, match="bins"):
-        run_small(text_uncertainty=TEXT_UNC, n_bins=4)  # i2t has 3 images < 4 bins
 
 
 def test_constant_curve_gives_none_and_is_json():
@@ -273,37 +275,15 @@ def test_binned_recall_stable_ties():
     assert binned_recall(hits, unc, 6) == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
 
 
-def test_binned_recall_errors():
-    with pytest.raises(ValueError):
-        binned_recall(torch.ones(3), torch.ones(3), 4)
-    with pytest.raises(ValueError):
-        binned_recall(torch.ones(3), torch.ones(4), 2)
-
-
-def test_curve_statistics_perfect_line():
-    rho, r2 = curve_statistics([0.9 - 0.05 * i for i in range(10)])
-    assert rho == pytest.approx(-1.0)
-    assert r2 == pytest.approx(1.0)
-    rho, r2 = curve_statistics([0.1, 0.2, 0.3])
-    assert rho == pytest.approx(1.0)
-    assert r2 == pytest.approx(1.0)
-
-
-def test_curve_statistics_undefined():
-    assert curve_statistics([0.5] * 10) == (None, None)
-    assert curve_statistics([0.5]) == (None, None)
-    assert curve_statistics([0.1, float("nan"), 0.3]) == (None, None)
-
-
-def test_curve_statistics_matches_scipy():
-    rng = np.random.default_rng(1)
-    y = rng.random(10)
+def test_curve_statistics():
+    assert curve_statistics([0.9 - 0.05 * i for i in range(10)]) == pytest.approx((-1.0, 1.0))
+    assert curve_statistics([0.1, 0.2, 0.3]) == pytest.approx((1.0, 1.0))
+    for undefined in ([0.5] * 10, [0.5], [0.1, float("nan"), 0.3]):
+        assert curve_statistics(undefined) == (None, None)
+    y = np.random.default_rng(1).random(10)
     rho, r2 = curve_statistics(list(y))
-    x = np.arange(10)
-    assert rho == pytest.approx(stats.spearmanr(x, y).statistic)
-    assert r2 == pytest.approx(stats.linregress(x, y).rvalue ** 2)
-    assert -1.0 <= rho <= 1.0 and 0.0 <= r2 <= 1.0
-    assert isinstance(rho, float) and isinstance(r2, float)
+    assert rho == pytest.approx(stats.spearmanr(np.arange(10), y).statistic)
+    assert r2 == pytest.approx(stats.linregress(np.arange(10), y).rvalue ** 2)
 
 
 def test_spearman_uncertainty():
@@ -389,14 +369,13 @@ def test_chunking_invariance_matches_brute_force(quantize):
     assert 0.0 < ref["i2t"]["recall@1"] < 1.0
 
 
-def test_memory_bound_large():
-    n_text, n_image, chunk = 5000, 3000, 256
+def test_memory_bound():
+    n_text, n_image, chunk = 1000, 600, 64
     pairs = torch.arange(n_text) % n_image
     seen = []
 
     def score_fn(start, stop):
         seen.append((start, stop))
-        assert stop - start <= chunk
         g = torch.Generator().manual_seed(start)
         s = torch.rand(stop - start, n_image, generator=g)
         s[torch.arange(stop - start), pairs[start:stop]] += 0.999  # paired nearly always best
@@ -405,44 +384,126 @@ def test_memory_bound_large():
     res = retrieval_metrics(
         score_fn, n_text, n_image, pairs, text_uncertainty=torch.rand(n_text), chunk_size=chunk
     )
-    assert seen[0] == (0, chunk) and seen[-1][1] == n_text
-    assert len(seen) == -(-n_text // chunk)
-    assert all(b - a <= chunk for a, b in seen)
-    assert res["t2i"]["recall@1"] > 0.99
-    assert res["i2t"]["recall@1"] > 0.99
+    assert seen == [(a, min(a + chunk, n_text)) for a in range(0, n_text, chunk)]
+    assert res["t2i"]["recall@1"] > 0.99 and res["i2t"]["recall@1"] > 0.99
     assert len(res["t2i"]["binned_recall@1"]) == 10
 
 
-def test_error_auroc_and_aurc_by_hand():
-    from asymvlm.metrics import aurc, error_auroc
-
-    unc = [0.1, 0.2, 0.3, 0.4]
-    # Errors on the two most uncertain queries: a perfect predictor.
-    assert error_auroc(unc, [False, False, True, True]) == 1.0
-    assert aurc(unc, [0, 0, 1, 1]) == pytest.approx(((0 + 0 + 1 / 3 + 2 / 4) / 4, 0.0))
-    # Errors on the two most confident ones: the worst order.
-    assert error_auroc(unc, [True, True, False, False]) == 0.0
-    value, excess = aurc(unc, [1, 1, 0, 0])
-    assert value == pytest.approx((1 + 1 + 2 / 3 + 2 / 4) / 4)
-    assert excess == pytest.approx(value - (1 / 3 + 2 / 4) / 4)
-    # Ties count half; one error among equal uncertainties.
-    assert error_auroc([0.5, 0.5, 0.5], [True, False, False]) == 0.5
-    assert error_auroc(unc, [False] * 4) is None and error_auroc(unc, [True] * 4) is None
+# -- RSUM and folds -----------------------------------------------------------------------------
+def test_rsum() -> None:
+    res = retrieval_metrics(matrix_fn(SCORES), 6, 3, PAIRS, ks=(1, 2, 5, 10))
+    recalls = [res[d][f"recall@{k}"] for d in ("t2i", "i2t") for k in (1, 5, 10)]
+    assert res["rsum"] == pytest.approx(100 * sum(recalls))
+    assert retrieval_metrics(matrix_fn(SCORES), 6, 3, PAIRS, ks=(1, 5))["rsum"] is None
+    assert rsum({"t2i": {"recall@1": 0.5, "recall@5": 1, "recall@10": 1}}) is None
 
 
-def test_retrieval_reports_selective_metrics_from_top1_errors():
+def _toy(n_image: int = 40, per_image: int = 2, seed: int = 0) -> SplitTensors:
+    g = torch.Generator().manual_seed(seed)
+    images = torch.nn.functional.normalize(torch.randn(n_image, 8, generator=g), dim=-1)
+    t2i = torch.randperm(n_image * per_image, generator=g) % n_image
+    texts = images[t2i] + 0.6 * torch.randn(len(t2i), 8, generator=g)
+    return SplitTensors(image_emb=images, text_emb=texts, text_to_image=t2i, split=None)
+
+
+def test_folds_average_the_metrics_of_consecutive_images() -> None:
+    data = _toy()
+    method = build_method("clip", 8)
+    res = evaluate_retrieval(method, data, fold_size=10, ks=(1, 5, 10))
+    folds = res["folds_10"]
+    unit = torch.nn.functional.normalize(data.text_emb, dim=-1)
+    per_fold = []
+    for start in range(0, 40, 10):
+        rows = torch.nonzero((data.text_to_image >= start) & (data.text_to_image < start + 10))
+        rows = rows[:, 0]
+        scores = unit[rows] @ data.image_emb[start : start + 10].T
+        per_fold.append(
+            retrieval_metrics(matrix_fn(scores), len(rows), 10, data.text_to_image[rows] - start)
+        )
+    assert folds["n_folds"] == 4 and folds["fold_size"] == 10
+    for direction in ("t2i", "i2t"):
+        for key in ("recall@1", "recall@5", "recall@10", "ece"):
+            expected = np.mean([f[direction][key] for f in per_fold])
+            assert folds[direction][key] == pytest.approx(expected, abs=1e-6), (direction, key)
+        assert folds[direction]["spearman"] is None  # the frozen model has no uncertainty
+        assert "binned_recall@1" not in folds[direction]
+    assert folds["rsum"] == pytest.approx(rsum(folds))
+    assert folds["t2i"]["recall@1"] > res["t2i"]["recall@1"]  # 10 images are easier than 40
+    names = retrieval_metric_names(res, prefix="val_")
+    assert names["val_folds10_t2i_recall_at_1"] == folds["t2i"]["recall@1"]
+    assert names["val_folds10_rsum"] == folds["rsum"]
+
+
+def test_folds_of_1000_are_coco_1k() -> None:
+    res = evaluate_retrieval(build_method("clip", 8), _toy(2000, 1), fold_size=1000)
+    assert res["coco_1k"]["n_folds"] == 2 and "folds_1000" not in res
+    names = retrieval_metric_names(res)
+    assert names["coco1k_i2t_recall_at_5"] == res["coco_1k"]["i2t"]["recall@5"]
+
+
+def test_a_fold_size_that_does_not_divide_the_images_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="40 images, not a multiple of it"):
+        evaluate_retrieval(build_method("clip", 8), _toy(), fold_size=7)
+    with pytest.raises(ConfigError):
+        evaluate_retrieval(build_method("clip", 8), _toy(), fold_size=0)
+
+
+def test_average_folds_leaves_undefined_means_undefined() -> None:
+    a = {"t2i": {"recall@1": 0.2, "auroc": 0.6, "risk_coverage": {}}, "i2t": {"recall@1": 0.4}}
+    b = {"t2i": {"recall@1": 0.4, "auroc": None, "risk_coverage": {}}, "i2t": {"recall@1": 0.6}}
+    out = average_folds([a, b])
+    assert out["t2i"] == {"recall@1": pytest.approx(0.3), "auroc": None}
+    assert out["i2t"] == {"recall@1": pytest.approx(0.5)} and out["n_folds"] == 2
+
+
+# -- MLflow names -------------------------------------------------------------------------------
+def test_metric_names_flatten_every_scalar_and_leave_undefined_out() -> None:
     res = retrieval_metrics(
-        matrix_fn(SCORES), 6, 3, PAIRS, text_uncertainty=torch.arange(6.0), n_bins=2
+        matrix_fn(SCORES), 6, 3, PAIRS, n_bins=2, text_uncertainty=torch.arange(6.0)
     )
-    from asymvlm.metrics import aurc, error_auroc
+    names = retrieval_metric_names(res)
+    mlflow = {"recall@1": "recall_at_1", "fpr@95tpr": "fpr_at_95tpr"}
+    for direction in ("t2i", "i2t"):
+        for key, value in res[direction].items():
+            name = f"{direction}_{mlflow.get(key, key).replace('@', '_at_')}"
+            if value is None or not isinstance(value, float):  # undefined, curves, names
+                assert name not in names
+            else:
+                assert names[name] == value
+    assert names["rsum"] == res["rsum"] and "t2i_aupr" in names and "i2t_spearman" in names
+    assert all(isinstance(v, float) for v in names.values())
 
-    t2i = res["t2i"]
-    errors = [r != 0 for r in _t2i_ranks(SCORES, PAIRS)]
-    assert t2i["auroc"] == error_auroc(torch.arange(6.0), errors)
-    assert (t2i["aurc"], t2i["e_aurc"]) == aurc(torch.arange(6.0), [float(x) for x in errors])
-    assert 0.0 <= t2i["e_aurc"] <= t2i["aurc"] <= 1.0
 
+# -- the command line -------------------------------------------------------------------------
+def test_evaluate_cli_writes_the_new_keys(small_world, tmp_path, capsys) -> None:
+    from asymvlm.checkpoints import save_checkpoint
+    from asymvlm.cli import main
+    from asymvlm.training import TrainConfig
 
-def _t2i_ranks(scores, pairs):
-    s = torch.as_tensor(scores)
-    return [int((s[m] > s[m, int(pairs[m])]).sum()) for m in range(s.shape[0])]
+    ckpt = str(tmp_path / "ckpt")
+    method = build_method("asymvlm-vmf", 16, hidden_dim=16)
+    save_checkpoint(ckpt, method, TrainConfig(method="asymvlm-vmf", hidden_dim=16), 16)
+    args = [
+        "evaluate",
+        "--embeddings",
+        small_world,
+        "--split",
+        "test",
+        "--checkpoint",
+        ckpt,
+        "--quiet",
+        "--output",
+    ]
+    out = str(tmp_path / "m.json")
+    assert main([*args, out, "--fold-size", "20"]) == 0
+    res = json.loads(open(out).read())
+    for direction in ("t2i", "i2t"):
+        assert 0.0 <= res[direction]["ece"] <= 1.0
+        assert len(res[direction]["risk_coverage"]["risk"]) == 20
+    assert res["rsum"] == pytest.approx(rsum(res))
+    assert res["folds_20"]["n_folds"] == 3 and "eccv" not in res  # a synthetic table
+    capsys.readouterr()
+    assert main([*args, str(tmp_path / "bad.json"), "--fold-size", "7"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fold size 7" in err[0] and "60 images" in err[0]
+    assert not (tmp_path / "bad.json").exists()

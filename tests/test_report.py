@@ -16,6 +16,7 @@ from asymvlm.evaluation.registry import log_evaluation
 from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
 from asymvlm.methods import build_method
 from asymvlm.report import build_report
+from asymvlm.results import mean_std, seed_stats
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
 from tests.test_hierarchy import _write as write_hierarchy
@@ -23,12 +24,36 @@ from tests.test_ood import _pair
 from tests.test_zeroshot import IdentityVMF
 
 
-def _store(tmp_path) -> str:
-    return "sqlite:///" + str(tmp_path / "mlflow.db")
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """One MLflow store for the module's tests, each in its own experiment."""
+    return "sqlite:///" + str(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
 
 
-def test_report_gathers_tables_figures_and_paper_numbers(tmp_path) -> None:
-    uri, exp = _store(tmp_path), "report-test"
+def row(text: str, *first: str) -> list[str]:
+    """The cells of the first markdown table row whose leading cells are ``first``."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[: len(first)] == list(first):
+            return cells
+    raise AssertionError(f"no table row {first}")
+
+
+def test_mean_std_cells_leave_undefined_values_out() -> None:
+    """One value: bare or ± 0; none defined (None, NaN: a constant uncertainty's Spearman): –."""
+    rows = [
+        {"m": "a", "x": 0.5, "y": float("nan")},
+        {"m": "a", "x": 0.7, "y": None},
+        {"m": "b", "x": 0.25, "y": 1.0},
+    ]
+    stats = seed_stats(rows, "m", ["x", "y"])
+    assert stats["seeds"].tolist() == [2, 1]
+    assert mean_std(stats, "x") == ["0.600 ± 0.141", "0.250 ± 0.000"]
+    assert mean_std(stats, "y", scale=100, digits=1, bare=True) == ["–", "100.0"]
+
+
+def test_report_gathers_tables_figures_and_paper_numbers(store, tmp_path) -> None:
+    uri, exp = store, "report-test"
     nota = {
         "dummy": {
             "a photo": {
@@ -69,16 +94,27 @@ def test_report_gathers_tables_figures_and_paper_numbers(tmp_path) -> None:
 
     path = build_report(uri, exp, str(tmp_path / "report"))
     text = open(path).read()
-    assert '| "a photo" | asymvlm-vmf | 2 | 0.850 ± 0.071 | 0.500 ± 0.141 | 0.857, 0.587 |' in text
-    assert '| "a photo" | clip | 1 | 0.950 | 0.000 | 0.888, 0.009 |' in text
-    assert "| (none) | threshold-based (frozen) | 1 | 0.700 | 0.500 | 0.646, 0.560 |" in text
+    assert row(text, '"a photo"', "asymvlm-vmf")[2:] == [
+        "2",
+        "0.850 ± 0.071",
+        "0.500 ± 0.141",
+        "0.857, 0.587",
+    ]
+    assert row(text, '"a photo"', "clip")[2:] == ["1", "0.950", "0.000", "0.888, 0.009"]
+    assert row(text, "(none)")[1:] == [
+        "threshold-based (frozen)",
+        "1",
+        "0.700",
+        "0.500",
+        "0.646, 0.560",
+    ]
     assert "(positives: CIFAR-10, negatives: CIFAR-100)" in text  # no set names logged
     assert "CLIP ViT-B/32 on real data: CIFAR-10 positives, CIFAR-100 negatives" in text
-    assert "| coco | asymvlm-vmf | 2 | 0.600 ± 0.141 | 0.900 ± 0.000 |" in text
-    assert "| coco | asymvlm-vmf (paper) | – | 0.837 | 0.940 |" in text  # CIFAR-10, STL-10
-    row = next(line for line in text.splitlines() if line.startswith("| identity | -0.9"))
-    assert row.endswith("| 1.000 |")  # every hierarchy's uncertainty falls with level
-    assert "| identity | typos:3 |" in text
+    assert row(text, "coco", "asymvlm-vmf")[2:] == ["2", "0.600 ± 0.141", "0.900 ± 0.000"]
+    assert row(text, "coco", "asymvlm-vmf (paper)")[2:] == ["–", "0.837", "0.940"]
+    hierarchy = row(text, "identity")
+    assert hierarchy[1].startswith("-0.9") and hierarchy[3] == "1.000"  # uncertainty falls
+    assert row(text, "identity", "typos:3")
     for name in ("fig5_hierarcaps.png", "fig_ood_typos.png"):
         assert open(os.path.join(tmp_path / "report", name), "rb").read(4) == b"\x89PNG"
     from mlflow import MlflowClient
@@ -93,12 +129,12 @@ def test_report_gathers_tables_figures_and_paper_numbers(tmp_path) -> None:
 
 
 def test_tables_2_and_3_of_a_synthetic_world_put_the_papers_real_data_numbers_beside(
-    tmp_path,
+    store, tmp_path
 ) -> None:
     """Set names from the evaluation's params, mean ± std over seeds with the seed count, the
     frozen model marked as not fine-tuned, and the paper's CLIP ViT-B/32 numbers on real data
     in a labelled column beside ours (the set-up is not theirs)."""
-    uri, exp = _store(tmp_path), "synthetic-tables"
+    uri, exp = store, "synthetic-tables"
     nota = {
         "dummy": {
             "a photo": {
@@ -132,14 +168,28 @@ def test_tables_2_and_3_of_a_synthetic_world_put_the_papers_real_data_numbers_be
         "### Table 2 analogue — none-of-the-above (positives: synthetic-positives, "
         "negatives: synthetic-negatives) — synthetic"
     ) in text
-    assert '| "a photo" | asymvlm-vmf | 2 | 0.700 ± 0.141 | 0.400 ± 0.141 | 0.857, 0.587 |' in text
-    assert "| positives | zeroshot | paper (CLIP ViT-B/32 fine-tuned on COCO, real data: " in text
-    assert (
-        "| synthetic | asymvlm-vmf | 2 | 0.600 ± 0.141 | 0.400 ± 0.141 | "
-        "0.837 / 0.477 / 0.940 / 0.507 |"
-    ) in text
-    assert "| – (frozen) | clip | 1 | 0.400 | 0.200 | 0.888 / 0.642 / 0.974 / 0.632 |" in text
-    assert " (paper) |" not in text  # no paper rows pretending to be on our sets
+    assert row(text, '"a photo"', "asymvlm-vmf")[2:] == [
+        "2",
+        "0.700 ± 0.141",
+        "0.400 ± 0.141",
+        "0.857, 0.587",
+    ]
+    head = row(text, "fine-tuned on")
+    assert head[3:5] == ["positives", "zeroshot"]
+    assert head[5].startswith("paper (CLIP ViT-B/32 fine-tuned on COCO, real data: ")
+    assert row(text, "synthetic", "asymvlm-vmf")[2:] == [
+        "2",
+        "0.600 ± 0.141",
+        "0.400 ± 0.141",
+        "0.837 / 0.477 / 0.940 / 0.507",
+    ]
+    assert row(text, "– (frozen)", "clip")[2:] == [
+        "1",
+        "0.400",
+        "0.200",
+        "0.888 / 0.642 / 0.974 / 0.632",
+    ]
+    assert " (paper)" not in text  # no paper rows pretending to be on our sets
 
 
 def _with_input(method, adapter_input: str = "raw"):
@@ -179,14 +229,14 @@ def _classification(root: str, n_per_class: int, classes: int, offset: int, seed
     tables.write_part(root, "test", "prompts", "part-00000", prompts)
 
 
-def test_cli_analyze_logs_runs_that_the_report_shows(tmp_path, capsys) -> None:
+def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys) -> None:
     pos, neg = str(tmp_path / "cifar10"), str(tmp_path / "cifar100")
     _classification(pos, 5, 3, offset=0, seed=0)
     _classification(neg, 5, 3, offset=4, seed=1)  # images near none of the classes
     ckpt = str(tmp_path / "ckpt")
     method = build_method("asymvlm-vmf", 8, hidden_dim=16)
     save_checkpoint(ckpt, method, TrainConfig(method="asymvlm-vmf", hidden_dim=16, seed=3), 8)
-    uri = _store(tmp_path)
+    uri = store
     rc = main(
         [
             "analyze",
@@ -253,29 +303,28 @@ def _curve(scale: float) -> dict[str, list[float]]:
     return {"coverage": coverage, "risk": [scale * c for c in coverage]}
 
 
-def _trial_metrics(r1: float, auroc: float, aurc: float, ece: float, rsum: float) -> dict:
-    out = {}
+def _test_results(r1: float, auroc: float, aurc: float, ece: float, rsum: float) -> dict:
+    """A trial's test results as ``evaluate_retrieval`` returns them (i2t: t2i + 0.01)."""
+    out: dict = {"rsum": rsum}
     for d, shift in (("t2i", 0.0), ("i2t", 0.01)):
-        out.update(
-            {
-                f"{d}_recall_at_1": r1 + shift,
-                f"{d}_spearman": -0.9 + shift,
-                f"{d}_r2": 0.8 + shift,
-                f"{d}_auroc": auroc + shift,
-                f"{d}_aurc": aurc + shift,
-                f"{d}_e_aurc": 0.01,
-                f"{d}_ece": ece + shift,
-                f"{d}_aupr": auroc / 2 + shift,
-                f"{d}_fpr_at_95tpr": 1 - auroc + shift,
-            }
-        )
-    out["rsum"] = rsum
+        out[d] = {
+            "recall@1": r1 + shift,
+            "spearman": -0.9 + shift,
+            "r2": 0.8 + shift,
+            "auroc": auroc + shift,
+            "aupr": auroc / 2 + shift,
+            "fpr@95tpr": 1 - auroc + shift,
+            "aurc": aurc + shift,
+            "ece": ece + shift,
+            "binned_recall@1": [r1 + shift] * 3,
+            "risk_coverage": _curve(aurc + shift),
+        }
     return out
 
 
 def _log_sweep(uri: str, exp: str, name: str, trials: list[tuple], protocol: str | None) -> None:
     """A sweep run as the report reads it: a parent ``kind=sweep`` and one seed run per trial
-    (method, MLflow metrics, results.json or None)."""
+    (method, test results) with its ``results.json``."""
     from asymvlm import tracking
 
     params = {"dataset": "synthetic", "embedding_model": "tiny"}
@@ -283,7 +332,7 @@ def _log_sweep(uri: str, exp: str, name: str, trials: list[tuple], protocol: str
     with tracking.run(
         uri, exp, f"sweep {name}", kind="sweep", params=parent_params, tags={"sweep": name}
     ) as parent:
-        for k, (method, metrics, results) in enumerate(trials):
+        for k, (method, test) in enumerate(trials):
             with tracking.run(
                 uri,
                 exp,
@@ -293,151 +342,62 @@ def _log_sweep(uri: str, exp: str, name: str, trials: list[tuple], protocol: str
                 params={**params, "method": method, "seed": k},
                 tags={"stage": "seeds"},
             ) as child:
-                child.log_metrics(metrics)
-                curves = {d: [metrics[f"{d}_recall_at_1"]] * 3 for d in ("t2i", "i2t")}
-                child.log_json("binned_recall.json", {"test": curves})
-                if results is not None:
-                    child.log_json("results.json", results)
-
-
-def _cells(text: str, method: str, after: str) -> list[str]:
-    """The cells of ``method``'s row in the first table after the line ``after``."""
-    lines = text.splitlines()
-    start = lines.index(after)
-    row = next(line for line in lines[start:] if line.startswith(f"| {method} |"))
-    return [c.strip() for c in row.strip("|").split("|")]
+                child.log_json("results.json", {"test": test, "val": {}})
 
 
 def _ms(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
-    import statistics
-
     vals = [scale * v for v in values]
-    return f"{statistics.fmean(vals):.{digits}f} ± {statistics.stdev(vals):.{digits}f}"
+    return f"{np.mean(vals):.{digits}f} ± {np.std(vals, ddof=1):.{digits}f}"
 
 
 @pytest.mark.slow
-def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(tmp_path) -> None:
-    uri, exp = _store(tmp_path), "table1"
-    vmf = [_trial_metrics(0.30, 0.70, 0.40, 0.10, 2.1), _trial_metrics(0.34, 0.76, 0.36, 0.14, 2.4)]
-    ft = [_trial_metrics(0.40, 0.5, 0.5, 0.2, 3.0), _trial_metrics(0.44, 0.5, 0.5, 0.3, 3.2)]
-    ft_ece = [m.pop("t2i_ece") for m in ft]  # t2i ECE only in results.json
-    ft_rsum = [m.pop("rsum") for m in ft]  # RSUM only in results.json, top level
-    trials = [
-        (
-            "asymvlm-vmf",
-            vmf[0],
-            {
-                "test": {
-                    "t2i": {"risk_coverage": _curve(0.2)},
-                    "i2t": {"risk_coverage": _curve(0.4)},
-                }
-            },
-        ),
-        (
-            "asymvlm-vmf",
-            vmf[1],
-            {
-                "test": {
-                    "t2i": {"risk_coverage": _curve(0.4)},
-                    "i2t": {"risk_coverage": _curve(0.6)},
-                }
-            },
-        ),
-    ]
-    trials += [
-        ("determ-ft", m, {"t2i": {"ece": e}, "i2t": {}, "rsum": r})
-        for m, e, r in zip(ft, ft_ece, ft_rsum, strict=True)
-    ]
-    _log_sweep(uri, exp, "official", trials, protocol="official")
-    old = [
-        {k: v for k, v in m.items() if k.split("_", 1)[-1] in ("recall_at_1", "spearman", "r2")}
-        for m in vmf
-    ]
-    _log_sweep(uri, exp, "old", [("asymvlm-vmf", m, None) for m in old], protocol=None)
+def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(store, tmp_path) -> None:
+    uri, exp = store, "table1"
+    vmf = [_test_results(0.30, 0.70, 0.40, 0.10, 2.1), _test_results(0.34, 0.76, 0.36, 0.14, 2.4)]
+    ft = [_test_results(0.40, 0.5, 0.5, 0.2, 3.0), _test_results(0.44, 0.5, 0.5, 0.3, 3.2)]
+    for test in ft:  # no uncertainty: no binned curve, S, detectors or risk-coverage
+        for d in ("t2i", "i2t"):
+            test[d] = {k: v for k, v in test[d].items() if k in ("recall@1", "ece")}
+    _log_sweep(uri, exp, "official", [("asymvlm-vmf", t) for t in vmf], "official")
+    _log_sweep(uri, exp, "second", [("determ-ft", t) for t in ft], protocol=None)
 
     out = tmp_path / "report"
     text = open(build_report(uri, exp, str(out))).read()
     first = "### Table 1 analogue — sweep official: synthetic (tiny)"
-    second = "### Table 1 analogue — sweep old: synthetic (tiny)"
+    second = "### Table 1 analogue — sweep second: synthetic (tiny)"
     assert text.index(first) < text.index(second)
     lines = text.splitlines()
     assert lines[lines.index(first) + 2] == "*Protocol: official (the authors' code).*"
     assert lines[lines.index(second) + 2] == (
         "*Protocol: improved (this project's defaults; see README 'Protocols').*"
     )
-    head = _cells(text, "Method", first)
-    assert head == [
-        "Method",
-        "seeds",
-        "i2t R@1 (%)",
-        "i2t S",
-        "i2t R²",
-        "i2t AUROC",
-        "i2t AUPR",
-        "i2t FPR@95",
-        "i2t AURC",
-        "i2t ECE",
-        "t2i R@1 (%)",
-        "t2i S",
-        "t2i R²",
-        "t2i AUROC",
-        "t2i AUPR",
-        "t2i FPR@95",
-        "t2i AURC",
-        "t2i ECE",
-        "RSUM",
-    ]
-    col = {name: k for k, name in enumerate(head)}
-    row = _cells(text, "asymvlm-vmf", first)
-    assert row[col["seeds"]] == "2"
+    heads = ["R@1 (%)", "S", "R²", "AUROC", "AUPR", "FPR@95", "AURC", "ECE"]
+    head = row(text, "Method")
+    assert head == ["Method", "seeds", *(f"{d} {h}" for d in ("i2t", "t2i") for h in heads), "RSUM"]
+    cells = dict(zip(head, row(text[text.index(first) :], "asymvlm-vmf"), strict=True))
+    assert cells["seeds"] == "2"
+    keys = ["spearman", "r2", "auroc", "aupr", "fpr@95tpr", "aurc", "ece"]
     for d in ("i2t", "t2i"):
-        assert row[col[f"{d} R@1 (%)"]] == _ms([m[f"{d}_recall_at_1"] for m in vmf], 100, 2)
-        for key, name in (
-            ("auroc", "AUROC"),
-            ("aupr", "AUPR"),
-            ("fpr_at_95tpr", "FPR@95"),
-            ("aurc", "AURC"),
-            ("ece", "ECE"),
-        ):
-            assert row[col[f"{d} {name}"]] == _ms([m[f"{d}_{key}"] for m in vmf])
-    assert row[col["RSUM"]] == _ms([m["rsum"] for m in vmf], digits=2)
-    row = _cells(text, "determ-ft", first)
-    assert row[col["t2i ECE"]] == _ms(ft_ece)  # read from results.json
-    assert row[col["i2t ECE"]] == _ms([m["i2t_ece"] for m in ft])  # the MLflow metric
-    assert row[col["RSUM"]] == _ms(ft_rsum, digits=2)
-    row = _cells(text, "asymvlm-vmf", second)  # an older run: the new numbers are missing
-    for name in ("AUROC", "AURC", "ECE"):
-        assert row[col[f"t2i {name}"]] == row[col[f"i2t {name}"]] == "–"
-    assert row[col["RSUM"]] == "–"
-    assert row[col["t2i R@1 (%)"]] == _ms([m["t2i_recall_at_1"] for m in vmf], 100, 2)
+        assert cells[f"{d} R@1 (%)"] == _ms([t[d]["recall@1"] for t in vmf], 100, 2)
+        for key, name in zip(keys, heads[1:], strict=True):
+            digits = 2 if key in ("spearman", "r2") else 3
+            assert cells[f"{d} {name}"] == _ms([t[d][key] for t in vmf], digits=digits)
+    assert cells["RSUM"] == _ms([t["rsum"] for t in vmf], digits=2)
+    cells = dict(zip(head, row(text[text.index(second) :], "determ-ft"), strict=True))
+    assert cells["t2i ECE"] == _ms([t["t2i"]["ece"] for t in ft])
+    assert cells["t2i AUROC"] == cells["i2t S"] == "–"  # undefined without an uncertainty
 
-    # Figures: the risk-coverage figure beside fig3, only where a sweep has curves; the second
+    # Figures: the risk-coverage figure beside fig3 only where a sweep has curves; the second
     # sweep of the same data set gets its own names.
-    for name in (
-        "fig3_synthetic.png",
-        "fig_risk_coverage_synthetic.png",
-        "fig3_synthetic_sweep_old.png",
-    ):
+    for name in ("fig3_synthetic.png", "fig_risk_coverage_synthetic.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
         assert f"]({name})" in text
-    assert not (out / "fig_risk_coverage_synthetic_sweep_old.png").exists()
+    assert (out / "fig3_synthetic_sweep_second.png").exists()
+    assert not (out / "fig_risk_coverage_synthetic_sweep_second.png").exists()
     page = (out / "report.html").read_text()
     assert "fig_risk_coverage_synthetic.png" not in page  # inlined as a data URI
     assert page.count('<img src="data:image/png;base64,') == text.count("![")
     assert "Protocol: official (the authors" in page
-
-
-def test_trial_values_read_metrics_then_results_and_leave_missing_as_none() -> None:
-    from asymvlm.report import trial_values
-
-    got = trial_values(
-        {"t2i_ece": 0.2, "test_i2t_ece": 0.3, "t2i_recall_at_1": 0.5},
-        {"test": {"t2i": {"ece": 0.9, "auroc": 0.6}, "rsum": 1.5}},
-    )
-    assert got["t2i_ece"] == 0.2 and got["i2t_ece"] == 0.3  # metrics first, test_ prefix too
-    assert got["t2i_auroc"] == 0.6 and got["rsum"] == 1.5  # else results.json
-    assert got["i2t_aurc"] is None and got["t2i_recall_at_1"] == 0.5
-    assert trial_values({"t2i_ece": float("nan")}, None)["t2i_ece"] is None
 
 
 def test_risk_coverage_is_averaged_over_seeds_on_the_first_grid() -> None:

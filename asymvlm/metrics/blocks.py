@@ -1,11 +1,5 @@
-"""Building blocks of the memory-bounded ranking pass (:func:`asymvlm.metrics.rank_pass`).
-
-* :func:`chunk_rows`: how many captions one chunk may hold so that its working memory (the
-  ``[chunk, n_image]`` score block and the temporaries made from it) stays within a budget;
-* :func:`top_k`: the ``k`` best entries of every column, in the exact order of a stable
-  descending sort (ties: lower row first) at the cost of a ``torch.topk``;
-* :func:`all_finite`: a cheap NaN/inf check of a large tensor.
-"""
+"""Building blocks of the memory-bounded ranking pass (:func:`asymvlm.metrics.rank_pass`): the
+chunk size from a memory budget, an exact top-k and a cheap finiteness check."""
 
 from __future__ import annotations
 
@@ -15,17 +9,11 @@ import torch
 
 __all__ = ["DEFAULT_MEMORY_BUDGET", "SCORE_WORK_BYTES", "all_finite", "chunk_rows", "top_k"]
 
-#: Working memory of one caption chunk, by default (bytes). What one chunk costs on top of the
-#: tables (embeddings, encodings, the per-query results) is about this, whatever the gallery.
+#: Working memory of one caption chunk, by default (bytes).
 DEFAULT_MEMORY_BUDGET = 512 * 2**20
-
-#: Bytes of working memory per score entry at the peak of a chunk of
-#: :func:`~asymvlm.metrics.rank_pass`: the float32 score block (4) and, while the predictive
-#: softmax is normalised, its float64 copy (8) and the float64 temporary of
-#: ``torch.logsumexp`` (8), 21-23 bytes measured with the bool masks; rounded up for the
-#: allocator: glibc keeps freed blocks below its (dynamic, up to 32 MiB) mmap threshold in the
-#: heap, which adds up to ~50 % over many chunks (``benchmarks/eval_scale.py``, peak RSS minus
-#: the tables).
+#: Bytes per score of a chunk at its peak: the float32 block, its float64 copy and the float64
+#: temporary of the softmax normaliser (21-23 bytes), with room for the allocator's heap
+#: (``benchmarks/eval_scale.py``: peak RSS minus the tables).
 SCORE_WORK_BYTES = 40
 
 
@@ -41,11 +29,8 @@ def chunk_rows(
 
 
 def all_finite(x: torch.Tensor) -> bool:
-    """Whether every entry of ``x`` is finite.
-
-    One sum instead of a bool tensor of ``x``'s size: a NaN or inf makes the sum non-finite
-    (inf - inf = NaN); only when the sum is not finite (or overflows) is the exact check run.
-    """
+    """Whether every entry of ``x`` is finite: one sum (NaN or inf make it non-finite), the
+    exact check only when the sum is not finite."""
     if not x.is_floating_point():
         return True
     if x.numel() == 0 or bool(torch.isfinite(x.sum())):
@@ -83,16 +68,10 @@ def _top_k_at_ties(
 
 
 def top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, row indices) ``[min(k, m), n]`` of the ``k`` best entries of every column of
-    ``values`` ``[m, n]``, best first, ties broken by the lower row.
-
-    Exactly the first ``k`` rows of ``torch.sort(values, dim=0, descending=True,
-    stable=True)``, but from ``torch.topk(values, k + 1)``: where the k-th best value of a
-    column is strictly above the (k+1)-th, the top-k set is unique and only needs ordering; in
-    the other columns (a tie across the cut: float32 log-likelihoods near 1e3 tie often) the
-    entries at the cut value are taken by row, a quarter of the columns at a time. Memory and
-    work are linear in ``values``. ``values`` must hold no NaN (mask it to -inf first). Pass
-    ``x.T`` for the best entries per row.
+    """(values, row indices) ``[min(k, m), n]`` of the ``k`` best entries of every column,
+    best first, ties to the lower row: the head of a stable descending ``torch.sort`` at the
+    cost of ``torch.topk(k + 1)`` (columns tied across the cut take the cut value by row).
+    ``values`` must hold no NaN. Pass ``x.T`` for the best entries per row.
     """
     m, n = values.shape
     k = min(k, m)

@@ -1,19 +1,7 @@
-"""ECCV Caption and CxC metrics on the COCO Karpathy 5k test split (Chun et al., ECCV 2022).
-
-COCO's retrieval ground truth marks one image per caption and five captions per image as
-positives, although many other pairs match. ECCV Caption adds machine- and human-verified
-positives for a subset of the test queries (1,332 captions, 1,261 images) and scores rankings by
-mAP@R and R-Precision over those positives (R = the query's number of positives) besides R@1;
-CxC (Crisscrossed Captions, Parekh et al., 2021) adds human-rated positives for every query
-and is reported as R@1. The ground truth ships with the ``eccv_caption`` package (no download);
-its :class:`eccv_caption.Metrics` computes the numbers from the ranked ids of each query.
-
-A table qualifies when it holds exactly the 5,000 Karpathy test images and all 25,000 captions
-of the ground truth, under COCO's ids (``coco-karpathy`` tables: image_id = the COCO image id,
-caption_id = the Karpathy sentid, which is COCO's caption annotation id). The gallery is the
-ground truth's 25,000 captions, five per image, as in the package's protocol: the split's few
-further captions (two of them ECCV positives, which thus can never be retrieved) are dropped
-from the i2t rankings (the ranking of the other captions is unchanged) and are no queries.
+"""ECCV Caption (mAP@R, R-Precision, R@1) and CxC R@1 on the COCO Karpathy 5k test split
+(Chun et al., ECCV 2022; Parekh et al., 2021), from the ground truth of the ``eccv_caption``
+package. A table qualifies when it holds exactly the 5,000 test images and all 25,000 captions
+of the ground truth under COCO's ids; other captions are dropped from the i2t rankings.
 """
 
 from __future__ import annotations

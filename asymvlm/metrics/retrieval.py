@@ -1,34 +1,7 @@
-"""Cross-modal retrieval metrics (paper App. B) and the field's summaries of them.
-
-* Recall@K for text-to-image (t2i) and image-to-text (i2t) retrieval with several captions per
-  image. For i2t an image counts as a hit at K when *any* of its captions is among the K
-  best-scoring captions.
-* Per direction, from the same pass: the uncertainty-binned Recall@1 curve and its Spearman S /
-  R^2 (App. B, :mod:`asymvlm.metrics.uncertainty`), the failure-prediction and selective-
-  retrieval numbers AUROC, AUPR, FPR@95TPR, AURC, E-AURC and risk-coverage points, and the ECE
-  of the predictive softmax over the gallery (:mod:`asymvlm.metrics.selective`).
-* RSUM, the sum of R@1, R@5 and R@10 of both directions in percent (0-600), and the COCO 1K
-  protocol: the metrics averaged over folds of 1000 images (:func:`average_folds`).
-
-Everything is memory-bounded: :func:`rank_pass` asks ``score_fn`` for blocks of at most
-``chunk_size`` captions against all images and never materialises the full
-``n_text x n_image`` score matrix (peak memory ``O(chunk_size * n_image)``, about
-:data:`~asymvlm.metrics.blocks.SCORE_WORK_BYTES` bytes per score of a chunk). Without an
-explicit ``chunk_size`` the chunk is as large as a memory budget allows
-(:func:`~asymvlm.metrics.blocks.chunk_rows`, 512 MiB by default). What it keeps per query
-(ranks, the best few items, the softmax normaliser) is ``O(n_text + n_image)`` times the number
-of items kept, and the work per chunk is linear in its scores (no sort over a chunk).
-
-Tie-breaking is deterministic and independent of ``chunk_size``: among equal scores the lower
-index (image for t2i, caption for i2t) ranks first.
-
-Non-finite scores (NaN, +inf, -inf) are never hits: they rank below every finite score, a caption
-whose paired image scores non-finite is a miss at every K (t2i), and a caption with a non-finite
-score never counts for an image (i2t), even when all of that image's candidates are non-finite.
-A broken model therefore scores Recall@K = 0, not 1 (``NaN > x`` is false for every ``x``, so
-counting better-scoring items would rank a NaN target first). Finite scores rank exactly as they
-would without the non-finite ones; in the predictive softmax they have probability 0 (a query
-with no finite score at all gets the uniform distribution).
+"""Cross-modal retrieval metrics (paper App. B) from one memory-bounded pass over caption
+chunks: Recall@K both ways, the uncertainty-binned Recall@1 (S, R²), failure prediction,
+selective risk, ECE, RSUM and fold averages (COCO 1K). Ties, non-finite scores and the memory
+bound: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -117,33 +90,11 @@ def rank_pass(
     memory_budget: int | None = None,
     progress: bool = False,
 ) -> Ranking:
-    """One pass over caption chunks: ranks, the best items per query and softmax confidences.
-
-    Args:
-        score_fn: ``score_fn(start, stop)`` returns the ``[stop - start, n_image]`` scores of
-            captions ``start..stop-1`` against all images (higher = better). It is called once
-            per chunk, with at most ``chunk_size`` captions.
-        n_text: number of captions.
-        n_image: number of images.
-        text_to_image: ``[n_text]`` index of each caption's paired image.
-        depth: captions kept per image (a running top-``depth`` across chunks); the largest K
-            of Recall@K that the ranking answers.
-        top_t2i: images kept per caption in :attr:`Ranking.t2i_top`.
-        scale: logit scale of the predictive distribution ``softmax(scale * scores)`` over the
-            gallery whose top-1 probability is the confidence (a method's
-            ``calibration_scale()``). For i2t the softmax runs over all captions, so its
-            normaliser (a log-sum-exp per image) is accumulated across chunks.
-        chunk_size: captions scored per ``score_fn`` call; None: as many as fit
-            ``memory_budget`` (:func:`~asymvlm.metrics.blocks.chunk_rows`).
-        memory_budget: working memory of one chunk in bytes (score block and temporaries,
-            :data:`~asymvlm.metrics.blocks.SCORE_WORK_BYTES` per score); None:
-            :data:`~asymvlm.metrics.blocks.DEFAULT_MEMORY_BUDGET`. Ignored with ``chunk_size``.
-        progress: show a tqdm bar over chunks.
-
-    Per chunk the work is linear in its scores: two comparison passes for the t2i ranks, one
-    argmax, the float64 softmax normalisers of rows and columns, and for i2t one comparison
-    against the running ``depth``-th best caption of every image; only the images that some
-    caption of the chunk beats get a top-k and a merge (:func:`~asymvlm.metrics.blocks.top_k`).
+    """One pass over chunks of at most ``chunk_size`` captions (None: as many as fit
+    ``memory_budget``, :func:`~asymvlm.metrics.blocks.chunk_rows`): the rank of each query's
+    first hit, its best ``depth`` captions per image / ``top_t2i`` images per caption, and the
+    top-1 probability of ``softmax(scale * scores)`` over the gallery (the i2t normaliser is
+    accumulated across chunks). Work per chunk is linear in its scores.
     """
     if n_text < 1 or n_image < 1:
         raise ValueError(f"need n_text >= 1 and n_image >= 1, got {n_text}, {n_image}")
@@ -292,33 +243,25 @@ def _direction_result(
     source: str | None,
     n_bins: int,
 ) -> dict:
-    """Assemble one direction's result from the rank of the first hit (``>= max(ks)``: none)."""
-    out: dict = {}
-    for k in ks:
-        out[f"recall@{k}"] = float((hit_rank < k).double().mean())
+    """One direction's numbers from the rank of each query's first hit (``>= max(ks)``: none);
+    the binned curve of a constant uncertainty (no order to bin by) is undefined."""
+    out: dict = {f"recall@{k}": float((hit_rank < k).double().mean()) for k in ks}
     hit = hit_rank == 0
     out["ece"] = expected_calibration_error(confidence, hit, ECE_BINS)
+    keys = ("binned_recall@1", "spearman", "r2", "auroc", "aupr", "fpr@95tpr", "aurc", "e_aurc")
+    out |= dict.fromkeys(keys) | {"risk_coverage": None, "uncertainty_source": None}
     if uncertainty is None:
-        out["binned_recall@1"] = None
-        out["spearman"] = None
-        out["r2"] = None
-        out["auroc"] = out["aupr"] = out["fpr@95tpr"] = None
-        out["aurc"] = out["e_aurc"] = None
-        out["risk_coverage"] = None
-        out["uncertainty_source"] = None
-    else:
-        binned = binned_recall(hit, uncertainty, n_bins)
-        rho, r2 = curve_statistics(binned)
-        out["binned_recall@1"] = binned
-        out["spearman"] = rho
-        out["r2"] = r2
-        error = ~hit
-        out["auroc"] = error_auroc(uncertainty, error)
-        out["aupr"] = error_aupr(uncertainty, error)
-        out["fpr@95tpr"] = fpr_at_tpr(uncertainty, error, FPR_AT_TPR)
-        out["aurc"], out["e_aurc"] = aurc(uncertainty, error.double())
-        out["risk_coverage"] = risk_coverage(uncertainty, error.double(), COVERAGE_POINTS)
-        out["uncertainty_source"] = source
+        return out
+    if not bool((uncertainty == uncertainty[0]).all()):
+        out["binned_recall@1"] = binned_recall(hit, uncertainty, n_bins)
+        out["spearman"], out["r2"] = curve_statistics(out["binned_recall@1"])
+    error = ~hit
+    out["auroc"] = error_auroc(uncertainty, error)
+    out["aupr"] = error_aupr(uncertainty, error)
+    out["fpr@95tpr"] = fpr_at_tpr(uncertainty, error, FPR_AT_TPR)
+    out["aurc"], out["e_aurc"] = aurc(uncertainty, error.double())
+    out["risk_coverage"] = risk_coverage(uncertainty, error.double(), COVERAGE_POINTS)
+    out["uncertainty_source"] = source
     return out
 
 
@@ -389,52 +332,16 @@ def retrieval_metrics(
     scale: float = 100.0,
     memory_budget: int | None = None,
 ) -> dict[str, Any]:
-    """Recall@K, uncertainty-binned Recall@1, selective risk and ECE in both directions.
+    """Recall@K, uncertainty-binned Recall@1, failure prediction, selective risk and ECE in
+    both directions from ``score_fn(start, stop)`` (the ``[stop - start, n_image]`` scores of
+    captions ``start..stop-1``, higher = better).
 
-    Args:
-        score_fn: ``score_fn(start, stop)`` returns the ``[stop - start, n_image]`` scores of
-            captions ``start..stop-1`` against all images (higher = better). It is called once
-            per chunk, with at most ``chunk_size`` captions.
-        n_text: number of captions.
-        n_image: number of images.
-        text_to_image: ``[n_text]`` index of each caption's paired image.
-        text_uncertainty: optional ``[n_text]`` caption uncertainty (higher = more uncertain).
-        image_uncertainty: optional ``[n_image]`` image uncertainty.
-        ks: the K of Recall@K.
-        n_bins: number of equal-count uncertainty bins.
-        chunk_size: captions scored per ``score_fn`` call; None: as many as fit
-            ``memory_budget``.
-        progress: show a tqdm bar over chunks.
-        scale: logit scale of the predictive softmax whose ECE is reported (a method's
-            ``calibration_scale()``: its trained temperature, else CLIP's 100).
-        memory_budget: bytes of working memory per chunk when ``chunk_size`` is None
-            (see :func:`rank_pass`).
-
-    Returns:
-        ``{"t2i": {...}, "i2t": {...}, "rsum": float | None}``; each direction holds
-        ``"recall@K"`` per K, ``"ece"`` (15 equal-width confidence bins), ``"binned_recall@1"``
-        (list or ``None``), ``"spearman"``, ``"r2"``, ``"auroc"``, ``"aupr"``, ``"fpr@95tpr"``,
-        ``"aurc"``, ``"e_aurc"`` (top-1 errors against the binning uncertainty; float or
-        ``None``), ``"risk_coverage"``
-        (``{"coverage": [0.05, ..., 1.0], "risk": [...]}`` or ``None``) and
-        ``"uncertainty_source"``. ``"rsum"`` is R@1 + R@5 + R@10 of both directions in percent
-        (``None`` unless ``ks`` include 1, 5 and 10).
-
-    Semantics:
-        * t2i: caption m hits at K when its paired image is among the K best images.
-          Binning uses the caption's own uncertainty (``"text"``), else the uncertainty of its
-          top-1 retrieved image (``"retrieved_image"``).
-        * i2t: image n hits at K when any caption paired with n is among the K best captions.
-          Images without any caption are excluded from i2t (recall, ECE and binning). Binning
-          uses the uncertainty of the image's top-1 retrieved caption (``"retrieved_text"``,
-          the official protocol), else the image's own uncertainty (``"image"``).
-        * ECE: the predictive distribution of a query is ``softmax(scale * scores)`` over the
-          gallery (t2i: over the images, per caption; i2t: over the captions, per image), its
-          confidence the top-1 probability and it is correct on a top-1 hit (i2t: the best
-          caption belongs to the image).
-        * A non-finite score (NaN, +inf, -inf) ranks below every finite one and is never a hit:
-          a caption whose paired image scores non-finite misses at every K, and a caption scoring
-          non-finite against an image never counts for it in i2t.
+    Returns ``{"t2i": {...}, "i2t": {...}, "rsum": float | None}``, each direction with
+    ``recall@K``, ``ece``, ``binned_recall@1``, ``spearman``, ``r2``, ``auroc``, ``aupr``,
+    ``fpr@95tpr``, ``aurc``, ``e_aurc``, ``risk_coverage`` and ``uncertainty_source`` (None
+    without an uncertainty). The binning uncertainty is the caption's own (t2i) and that of an
+    image's top-1 caption (i2t, the authors' protocol), else the image's (i2t) and that of a
+    caption's top-1 image (t2i). Images without captions are left out of i2t.
     """
     ks = [int(k) for k in ks]
     if not ks or min(ks) < 1:

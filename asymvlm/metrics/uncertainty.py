@@ -1,11 +1,5 @@
 """Uncertainty calibration of retrieval (paper App. B): Recall@1 per uncertainty bin and the
-Spearman S / R^2 summary of that curve.
-
-The queries are sorted by uncertainty and cut into ``n_bins`` equal-count bins (bin 0 = lowest
-uncertainty); Recall@1 is computed per bin. The curve is summarised by Spearman's S between bin
-index and per-bin Recall@1 (``-1``: recall falls monotonically as uncertainty rises) and by the
-R^2 of a least-squares line through it.
-"""
+Spearman S / R^2 of that curve against bin index."""
 
 from __future__ import annotations
 
@@ -32,20 +26,9 @@ def to_numpy_1d(x: torch.Tensor | np.ndarray | Sequence[float], name: str) -> np
 
 
 def binned_recall(hits: torch.Tensor, uncertainty: torch.Tensor, n_bins: int = 10) -> list[float]:
-    """Recall per uncertainty bin (paper App. B).
-
-    Items are stable-sorted by ascending ``uncertainty`` and cut into ``n_bins`` bins of
-    ``len(hits) // n_bins`` items each; bin 0 holds the least uncertain items. The remainder
-    (the most uncertain items at the end of the order) is dropped, as in the official code.
-
-    Args:
-        hits: ``[n]`` bool or float hit indicators (e.g. hit@1 per query).
-        uncertainty: ``[n]`` uncertainty per item, higher = more uncertain.
-        n_bins: number of bins.
-
-    Returns:
-        ``n_bins`` python floats, the mean of ``hits`` within each bin.
-    """
+    """Mean of ``hits`` per uncertainty bin (paper App. B): items stable-sorted by ascending
+    ``uncertainty`` into ``n_bins`` bins of ``n // n_bins``, the most uncertain remainder
+    dropped as in the authors' code."""
     hits = torch.as_tensor(hits).detach().to("cpu", torch.float64)
     uncertainty = torch.as_tensor(uncertainty).detach().to("cpu", torch.float64)
     if hits.ndim != 1 or uncertainty.ndim != 1:
@@ -66,12 +49,8 @@ def binned_recall(hits: torch.Tensor, uncertainty: torch.Tensor, n_bins: int = 1
 
 
 def curve_statistics(binned: Sequence[float]) -> tuple[float | None, float | None]:
-    """Spearman S and R^2 of a binned Recall@1 curve against bin index (paper App. B).
-
-    S is ``scipy.stats.spearmanr(bin_index, binned)``; R^2 is ``linregress(...).rvalue ** 2``.
-    Both are ``None`` when undefined (fewer than two bins, a constant curve, or non-finite
-    values), so the result is always JSON-serialisable.
-    """
+    """Spearman S and R^2 (``linregress`` r²) of a binned Recall@1 curve against bin index
+    (paper App. B); None where undefined (under two bins, constant or non-finite)."""
     y = np.asarray(list(binned), dtype=np.float64)
     if y.ndim != 1 or y.shape[0] < 2 or not np.all(np.isfinite(y)) or np.all(y == y[0]):
         return None, None
@@ -87,11 +66,8 @@ def spearman_uncertainty(
     uncertainty: torch.Tensor | np.ndarray | Sequence[float],
     reference: torch.Tensor | np.ndarray | Sequence[float],
 ) -> float:
-    """Plain Spearman correlation between two 1-D arrays (``scipy.stats.spearmanr``).
-
-    Used e.g. for Spearman(uncertainty, abstraction level) (paper Sec. 5). May be NaN when one
-    input is constant.
-    """
+    """Spearman correlation of two 1-D arrays, e.g. uncertainty vs abstraction level (paper
+    Sec. 5); NaN when one is constant."""
     u = to_numpy_1d(uncertainty, "uncertainty")
     r = to_numpy_1d(reference, "reference")
     if u.shape[0] != r.shape[0]:
