@@ -13,21 +13,22 @@ from scipy.stats import gennorm, multivariate_normal
 
 from asymvlm.methods import METHODS, build_method
 from asymvlm.methods.base import unit
-from asymvlm.methods.baselines import (
+from asymvlm.methods.baselines.elip import (
     bayes_risk,
-    csd,
     dirichlet_alpha,
     evidential_loss,
     evidential_uncertainty,
-    ggd_nll,
-    ggd_variance,
+    misleading_evidence_kl,
+)
+from asymvlm.methods.baselines.gaussian import (
+    csd,
     inclusion_hypothesis,
     inclusion_loss,
     log_inclusion,
-    misleading_evidence_kl,
     mutual_likelihood_score,
     probabilistic_cosine,
 )
+from asymvlm.methods.baselines.probvlm import ggd_nll, ggd_variance
 from tests.helpers import rotated_pairs
 
 F64 = torch.float64

@@ -456,7 +456,8 @@ def test_siglip_loss_by_hand_and_trainable_bias_temperature(name: str) -> None:
 
     # At kappa -> 0 the shifted kernel vanishes: the logits start at the bias, as in SigLIP.
     tiny = torch.full((3,), 1e-6, dtype=F64)
-    near_zero = model.kernel(mu[:3], tiny, img, exact=False) - model.reference_log_density()
+    near_zero = model.kernel({"mu": mu[:3], "kappa": tiny}, {"mu": img}, exact=False)
+    near_zero = near_zero - model.reference_log_density()
     assert near_zero.abs().max() < 1e-4
 
     params = dict(model.named_parameters())

@@ -23,7 +23,7 @@ from asymvlm.evaluation.ood import ood_retrieval
 from asymvlm.evaluation.zeroshot import (
     ClassPrompts,
     check_aggregation,
-    none_of_the_above_each,
+    none_of_the_above,
     rejection_baselines,
     zero_shot_accuracy,
 )
@@ -183,7 +183,7 @@ def evaluate_none_of_the_above(
         ai = adapter_input(m)
         prompts = pos.class_prompts(ai)
         far_rows = None if far is None else m.image_rows(far.image_emb, far.image_norm)
-        each = none_of_the_above_each(
+        each = none_of_the_above(
             m,
             m.image_rows(pos.image_emb, pos.image_norm),
             pos.labels,
