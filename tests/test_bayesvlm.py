@@ -230,18 +230,10 @@ def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:
     ckpt = str(tmp_path / "ckpt")
     assert (
         main(
-            [
-                "train",
-                "--embeddings",
-                pre_world,
-                "--method",
-                "bayesvlm",
-                "--output",
-                ckpt,
-                "--method-arg",
-                "class_batch=256",
-                "--quiet",
-            ]
+            (
+                f"train --embeddings {pre_world} --method bayesvlm --output {ckpt} "
+                "--method-arg class_batch=256 --quiet"
+            ).split()
         )
         == 0
     )
@@ -316,44 +308,20 @@ def test_hierarcaps_tables_with_pre_projection(ray_session, tiny_clip, tmp_path,
     out = str(tmp_path / "tables")
     assert (
         main(
-            [
-                "embed",
-                "--dataset",
-                "hierarcaps",
-                "--annotations",
-                csv,
-                "--images",
-                images,
-                "--model",
-                tiny_clip,
-                "--split",
-                "test",
-                "--output",
-                out,
-                "--batch-size",
-                "16",
-                "--pre-projection",
-            ]
+            (
+                f"embed --dataset hierarcaps --annotations {csv} --images {images} --model "
+                f"{tiny_clip} --split test --output {out} --batch-size 16 --pre-projection"
+            ).split()
         )
         == 0
     )
     ckpt = str(tmp_path / "ckpt")
     assert (
         main(
-            [
-                "train",
-                "--embeddings",
-                out,
-                "--split",
-                "test",
-                "--method",
-                "bayesvlm",
-                "--output",
-                ckpt,
-                "--method-arg",
-                "class_batch=32",
-                "--quiet",
-            ]
+            (
+                f"train --embeddings {out} --split test --method bayesvlm --output {ckpt} "
+                "--method-arg class_batch=32 --quiet"
+            ).split()
         )
         == 0
     )
