@@ -307,7 +307,7 @@ def test_probvlm_uncertainty_is_mean_ggd_variance() -> None:
 
 def test_probvlm_cross_modal_term_makes_noisy_captions_more_uncertain() -> None:
     """With a strong cross-modal term, captions far from their image get wider GGDs."""
-    img, txt, _ = half_noisy_pairs(512, seed=0)
+    img, txt, _ = half_noisy_pairs(256, seed=0)
     img2, txt2, noisy = half_noisy_pairs(256, seed=100)
     method = make("probvlm", cross_weight=1.0)
     train(method, img, txt, 200)
@@ -320,7 +320,7 @@ def test_probvlm_cross_modal_term_makes_noisy_captions_more_uncertain() -> None:
 
 
 def test_pfe_noisy_captions_get_higher_uncertainty() -> None:
-    img, txt, _ = half_noisy_pairs(512, seed=0)
+    img, txt, _ = half_noisy_pairs(256, seed=0)
     img2, txt2, noisy = half_noisy_pairs(256, seed=100)  # held out
     method = make("pfe")
     train(method, img, txt, 200)
