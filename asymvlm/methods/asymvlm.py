@@ -246,8 +246,9 @@ class SymVLM(_Spherical):
 
 @register("asymvlm-gauss")
 class AsymVLMGauss(_Spherical):
-    """Ablation AsymVLM(G) (Sec. 5.2): caption ~ N(m(t), sigma^2(t) I), sigma^2 = softplus;
-    the kernel is the Gaussian log-likelihood of the image, the direction m / ||m||."""
+    """Ablation AsymVLM(G) (Sec. 5.2): caption ~ N(m(t), sigma^2(t) I), then normalised.
+
+    sigma^2 = softplus; the kernel is the Gaussian log-likelihood of the image."""
 
     text_out = 1
     uncertainty_doc = "sigma^2 of the caption's isotropic Gaussian"

@@ -180,9 +180,10 @@ def expected_norm_unit(mean: torch.Tensor, trace: torch.Tensor) -> torch.Tensor:
 
 @register("bayesvlm")
 class BayesVLM(Method):
-    """BayesVLM on cached pre-projection features: :meth:`fit_posthoc` fits both posteriors;
-    the state dict holds the MAP projections, ``A'^-1``, diag ``B'^-1`` and the prior
-    precisions. Encodings: ``mean`` = W* phi, ``trace`` = tr Cov[g] (the uncertainty) and
+    """BayesVLM on cached pre-projection features (module docstring).
+
+    :meth:`fit_posthoc` fits both posteriors; the state dict holds the MAP projections,
+    ``A'^-1``, diag ``B'^-1`` and the prior precisions. Encodings: ``mean`` = W* phi, ``trace`` = tr Cov[g] (the uncertainty) and
     ``mu`` = mean / sqrt(|mean|^2 + trace), so the base score is ProbCosine's."""
 
     trainable = False

@@ -155,8 +155,10 @@ class _PostHocGaussian(Method):
 
 @register("pfe")
 class PFE(_PostHocGaussian):
-    """PFE*: sigma^2 = softplus(mlp(x)); loss -``loss_scale`` * mean MLS of matched pairs, on
-    unit means with a 1e-6 floor (``improved``) or, as the port, twice it on raw inputs."""
+    """PFE*: sigma^2 = softplus(mlp(x)) per dimension, means frozen.
+
+    Loss -``loss_scale`` * mean MLS of matched pairs: on unit means with a 1e-6 floor
+    (``improved``), or twice it on the raw inputs as the port (``official``)."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "raw_means": True, "min_var": 0.0, "loss_scale": 2.0},
@@ -189,8 +191,10 @@ class PFE(_PostHocGaussian):
 
 @register("pcmepp")
 class PCMEPP(_PostHocGaussian):
-    """PCME++*: ln sigma^2 = mlp(mu); BCE over logits -a CSD + b of the pair matrix, doubled
-    (i2t + t2i) as the official code; a = softplus(a_raw) (``improved``) or a_raw (``official``)."""
+    """PCME++*: ln sigma^2 = mlp(mu), means frozen; probabilistic matching loss.
+
+    BCE over logits -a CSD + b of the pair matrix, doubled (i2t + t2i) as the official code;
+    a = softplus(a_raw) (``improved``) or a_raw (``official``)."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "positive_scale": False},
@@ -235,9 +239,11 @@ class PCMEPP(_PostHocGaussian):
 
 @register("prolip")
 class ProLIP(_PostHocGaussian):
-    """ProLIP*: PPCL (Eq. 2) over s * probabilistic cosine + b, plus ``inclusion_weight`` *
-    L_inc(Z_v in Z_t) (Eq. 3-5) and ``vib_weight`` * the port's VIB term. s, b learnt (init 10,
-    -10; ``improved``) or fixed at 1, 0 (``official``); ln sigma^2 starts at ``init_log_var``."""
+    """ProLIP*: the PCME++ heads with ProLIP's objective, means frozen.
+
+    PPCL (Eq. 2) over s * probabilistic cosine + b, plus ``inclusion_weight`` * L_inc(Z_v in Z_t)
+    (Eq. 3-5) and ``vib_weight`` * the port's VIB term. s, b learnt (init 10, -10; ``improved``)
+    or fixed at 1, 0 (``official``); ln sigma^2 starts at ``init_log_var``."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {

@@ -105,9 +105,11 @@ def probvlm_criterion(
 
 @register("probvlm")
 class ProbVLM(Method):
-    """ProbVLM: per modality the criterion on its own embedding plus ``cross_weight`` times the
-    criterion on the other modality's (supp. Eq. 5); uncertainty the mean GGD variance
-    (``improved``) or the port's precision (``official``), both modalities."""
+    """ProbVLM: a BayesCap adapter per modality; GGD(mu_hat, alpha, beta) per dimension.
+
+    Loss per modality: the criterion on its own embedding plus ``cross_weight`` times the one on
+    the other modality's (supp. Eq. 5). Uncertainty: the mean GGD variance (``improved``) or the
+    port's precision (``official``), both modalities."""
 
     uncertainty_doc = "mean GGD variance alpha^2 Gamma(3/beta)/Gamma(1/beta) over dims (both)"
     OFFICIAL_RAW_IMAGES = True
