@@ -183,8 +183,9 @@ class BayesVLM(Method):
     """BayesVLM on cached pre-projection features (module docstring).
 
     :meth:`fit_posthoc` fits both posteriors; the state dict holds the MAP projections,
-    ``A'^-1``, diag ``B'^-1`` and the prior precisions. Encodings: ``mean`` = W* phi, ``trace`` = tr Cov[g] (the uncertainty) and
-    ``mu`` = mean / sqrt(|mean|^2 + trace), so the base score is ProbCosine's."""
+    ``A'^-1``, diag ``B'^-1`` and the prior precisions. Encodings: ``mean`` = W* phi,
+    ``trace`` = tr Cov[g] (the uncertainty) and ``mu`` = mean / sqrt(|mean|^2 + trace), so the
+    base score is ProbCosine's."""
 
     trainable = False
     uncertainty_doc = (
