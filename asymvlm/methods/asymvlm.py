@@ -176,6 +176,9 @@ class _Spherical(Method):
     def uncertainty_from(self, enc: Encoding) -> torch.Tensor | None:
         return 1.0 / enc["kappa"] if "kappa" in enc else None
 
+    def kappa(self, text_emb: torch.Tensor) -> torch.Tensor | None:
+        return self.encode_texts(text_emb).get("kappa")
+
     def reference_log_density(self) -> float:
         """The training kernel's log-normaliser at kappa = 0 (F_d(0) for vMF, the uniform
         density for PS): SigLIP's kernel is taken relative to it, so b starts at SigLIP's scale."""

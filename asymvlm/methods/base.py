@@ -184,7 +184,7 @@ class Method(nn.Module):
 
     def kappa(self, text_emb: torch.Tensor) -> torch.Tensor | None:
         """Concentration per caption where the method defines one (vMF/PS), else None."""
-        return self.encode_texts(text_emb).get("kappa")
+        return None
 
     def loss_features(
         self, image_emb: torch.Tensor, text_emb: torch.Tensor
