@@ -1,17 +1,8 @@
-"""Directional distributions on the unit hypersphere S^{d-1} (paper Sec. 4.2).
-
-Two small :class:`torch.distributions.Distribution` subclasses with ``loc`` (the mean direction
-mu, unit norm) and ``scale`` (the concentration kappa >= 0):
-
-* :class:`VonMisesFisher` -- density C_d(kappa) exp(kappa mu^T x) with the *exact*
-  log-normaliser (numerically stable log-Bessel, float64 inside), Wood's (1994) sampler.
-* :class:`PowerSpherical` -- density C_d(kappa) (1 + mu^T x)^kappa with the closed-form
-  normaliser (De Cao & Aziz, 2020), sampled through its Beta marginal.
-
-The training kernel of AsymVLM uses the paper's approximation F_d(kappa) of ln C_d(kappa)
-(App. A.1, Eq. 4): :func:`vmf_log_normalizer_approx`. It differs from the exact log-normaliser
-by a constant plus a small kappa-dependent error (at d=512 within 0.07 nats for kappa in
-[0.5, 500]); the constant cancels in the InfoNCE loss, so the exact form is the test oracle.
+"""Directional distributions on the unit sphere S^{d-1} (paper Sec. 4.2), ``loc`` = mu and
+``scale`` = kappa: :class:`VonMisesFisher` (exact log-normaliser through a stable log-Bessel,
+Wood's sampler) and :class:`PowerSpherical` (closed-form normaliser, Beta marginal; De Cao &
+Aziz, 2020). :func:`vmf_log_normalizer_approx` is the paper's F_d (App. A.1, Eq. 4), the
+training kernel: exact up to a constant plus < 0.07 nats at d = 512, kappa in [0.5, 500].
 """
 
 from __future__ import annotations
@@ -32,8 +23,7 @@ __all__ = [
     "vmf_mean_resultant_length",
 ]
 
-# Below this order the Debye expansion is not accurate enough; we shift the order up and come
-# back down with the (stable) backward recurrence for I_v.
+# Below this order the Debye expansion is shifted up and brought back by backward recurrence.
 _DEBYE_MIN_ORDER = 30.0
 _KAPPA_FLOOR = 1e-30
 
@@ -142,26 +132,18 @@ def uniform_log_density(dim: int) -> float:
     return math.lgamma(dim / 2.0) - math.log(2.0) - (dim / 2.0) * math.log(math.pi)
 
 
-def _householder_to_loc(x: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
-    """Reflect samples drawn around e_1 so that e_1 maps to ``loc``."""
+def _assemble(w: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+    """x = (w, sqrt(1 - w^2) v) around e_1 with v uniform on S^{d-2}, then the Householder
+    reflection that maps e_1 to ``loc``."""
+    v = torch.randn(*w.shape, loc.shape[-1] - 1, dtype=loc.dtype, device=loc.device)
+    v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    x = torch.cat([w.unsqueeze(-1), torch.sqrt((1.0 - w * w).clamp_min(0.0)).unsqueeze(-1) * v], -1)
+    loc = loc.expand(x.shape)
     e1 = torch.zeros_like(loc)
     e1[..., 0] = 1.0
     u = e1 - loc
     u = u / u.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     return x - 2.0 * (x * u).sum(-1, keepdim=True) * u
-
-
-def _tangent_uniform(shape: torch.Size, dim: int, like: torch.Tensor) -> torch.Tensor:
-    """Uniform directions on S^{d-2}, the sphere orthogonal to e_1."""
-    v = torch.randn(*shape, dim - 1, dtype=like.dtype, device=like.device)
-    return v / v.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-
-
-def _assemble(w: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
-    """Sample x = (w, sqrt(1 - w^2) v) around e_1, then rotate to ``loc``."""
-    v = _tangent_uniform(w.shape, loc.shape[-1], loc)
-    x = torch.cat([w.unsqueeze(-1), torch.sqrt((1.0 - w * w).clamp_min(0.0)).unsqueeze(-1) * v], -1)
-    return _householder_to_loc(x, loc.expand(x.shape))
 
 
 class _SphericalBase(Distribution):
@@ -201,13 +183,9 @@ class _SphericalBase(Distribution):
 
 
 class VonMisesFisher(_SphericalBase):
-    """vMF(mu, kappa) on S^{d-1}: p(x) = C_d(kappa) exp(kappa mu^T x) (paper Sec. 4.2).
-
-    ``log_prob`` uses the exact normaliser (:func:`vmf_log_normalizer`). ``rsample`` draws the
-    cosine w = mu^T x with Wood's (1994) rejection sampler; accepted proposals are mapped through
-    the differentiable transform w = h(eps, kappa) (Davidson et al., 2018, without the
-    correction term), and the direction is reparameterised through ``loc`` by a Householder map.
-    """
+    """vMF(mu, kappa): p(x) = C_d(kappa) exp(kappa mu^T x) (Sec. 4.2), exact normaliser;
+    ``rsample`` by Wood's (1994) rejection sampler, differentiable in kappa through
+    w = h(eps, kappa) (Davidson et al., 2018, without the correction term)."""
 
     def log_normalizer(self) -> torch.Tensor:
         return vmf_log_normalizer(self.scale, self.dim)
@@ -254,11 +232,8 @@ class VonMisesFisher(_SphericalBase):
 
 
 class PowerSpherical(_SphericalBase):
-    """PS(mu, kappa) on S^{d-1}: p(x) = C_d(kappa) (1 + mu^T x)^kappa (paper Sec. 4.2).
-
-    Closed-form normaliser (:func:`ps_log_normalizer`); exact reparameterised sampling:
-    (1 + mu^T x)/2 ~ Beta((d-1)/2 + kappa, (d-1)/2) (De Cao & Aziz, 2020).
-    """
+    """PS(mu, kappa): p(x) = C_d(kappa) (1 + mu^T x)^kappa (Sec. 4.2); exact reparameterised
+    sampling, (1 + mu^T x)/2 ~ Beta((d-1)/2 + kappa, (d-1)/2) (De Cao & Aziz, 2020)."""
 
     def _alpha_beta(self) -> tuple[torch.Tensor, torch.Tensor]:
         beta = torch.full_like(self.scale, (self.dim - 1) / 2.0)

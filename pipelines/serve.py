@@ -3,18 +3,9 @@
     python pipelines/serve.py --checkpoint runs/demo/sweeps/hierarcaps-tiny/adapters/<method>/seed0
     python pipelines/serve.py --config serve.yaml [--set replicas=2 --set gpus_per_replica=0.5]
 
-The keys (:class:`pipelines.schema.ServeConfig`): ``checkpoint`` (a checkpoint folder or an
-MLflow model URI such as ``runs:/<run>/adapter``), ``encoder``, ``tracking_uri``, ``device``,
-``replicas``, ``cpus_per_replica``, ``gpus_per_replica``, dynamic batching (``batching``,
-``max_batch_size``, ``batch_wait_timeout_s``: requests that arrive together are embedded
-together), limits per request (``max_captions``, ``max_images``, ``max_caption_chars``),
-``host`` / ``port`` / ``route_prefix`` / ``name``. The adapter and its encoder are checked here
-before anything is deployed (a bad checkpoint is one line and exit 2, not a replica that
-never starts). The API is :mod:`pipelines.serving`'s (``POST /uncertainty``, ``POST /score``,
-``GET /health``).
-
-Runs until Ctrl-C or SIGTERM, then deletes its app (only its own: other Serve apps on the
-cluster stay); ``--no-block``: deploy and return, the app stays.
+The keys are :class:`pipelines.schema.ServeConfig`'s, the API :mod:`pipelines.serving`'s. The
+adapter is checked before anything is deployed (a bad checkpoint: one line, exit 2). Runs until
+Ctrl-C or SIGTERM, then deletes its own app; ``--no-block``: deploy and return.
 """
 
 from __future__ import annotations
@@ -66,10 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_serve(args.config, args.set, args.checkpoint)
         meta = check(cfg)
         with RaySession(eager=True):
-            # Ctrl-C and SIGTERM (a container stopping) end the same way: the app is taken
-            # down, exit 130 with one line (not Ray's fatal-signal stack dump: ray.init installs
-            # that handler, so ours are installed after it). While the app is being deployed
-            # the signal is only noted and acted on as soon as the deployment returns.
+            # Ctrl-C and SIGTERM: the app is taken down, exit 130 with one line (our handlers
+            # after ray.init's); during the deployment the signal is noted, acted on after.
             stop: list[int] = []
             signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
             signal.signal(signal.SIGINT, lambda signum, frame: stop.append(signum))
@@ -95,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(3600)
             finally:
                 if not keep and ray.is_initialized():
-                    # this app only: Serve may host others on a shared cluster (serve.shutdown
-                    # would take them down too, and it printed a failed-task line on stdout)
+                    # this app only: Serve may host others on a shared cluster
                     serve.delete(cfg.name)
 
     return guarded(run)

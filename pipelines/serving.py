@@ -1,20 +1,11 @@
-"""Ray Serve wiring: the scorer (:class:`asymvlm.Scorer`) as a deployment behind FastAPI.
+"""Ray Serve wiring: :class:`asymvlm.Scorer` as a deployment behind FastAPI.
 
-The API (JSON):
-
-* ``POST /uncertainty`` ``{"captions": ["a dog", ...]}`` -> ``{"results": [{"text", "kappa"
-  (where the method has one), "uncertainty"}, ...]}`` -- the numbers of ``asymvlm score-text``;
-* ``POST /score`` ``{"captions": [...], "images": ["<base64 of an encoded image>", ...]}`` ->
-  ``{"scores": [[...]]}``, captions x images (log-likelihoods for AsymVLM);
-* ``GET /health`` -> ``{"status": "ok", "method", "dim", "encoder"}``.
-
-An empty, over-long or non-string caption, too many captions or images, or an image that does
-not decode is a 4xx with the reason (naming its position); nothing else reaches the client as a
-server error. The entry point is ``pipelines/serve.py``.
+``POST /uncertainty`` ``{"captions": [...]}`` -> ``{"results": [{"text", "kappa", "uncertainty"}]}``
+(the numbers of ``asymvlm score-text``); ``POST /score`` ``{"captions", "images": [base64]}`` ->
+``{"scores"}`` (captions x images); ``GET /health``. Bad input is a 400 naming its position.
 """
 
-# No ``from __future__ import annotations`` here: FastAPI reads the request models from the
-# endpoints' annotations at runtime.
+# No ``from __future__ import annotations``: FastAPI reads the annotations at runtime.
 import base64
 import binascii
 from typing import Any
@@ -66,7 +57,6 @@ class ScorerDeployment:
         self._batched.set_max_batch_size(self.cfg.max_batch_size)
         self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
 
-    # -- checks -------------------------------------------------------------------------------
     def _captions(self, captions: list[str]) -> list[str]:
         if not captions:
             raise _bad("no captions")
@@ -102,7 +92,6 @@ class ScorerDeployment:
         except ScoringInputError as exc:
             raise _bad(str(exc)) from None
 
-    # -- the API ------------------------------------------------------------------------------
     @app.get("/health")
     def health(self) -> dict[str, Any]:
         return {
@@ -142,8 +131,8 @@ class ScorerDeployment:
 
 
 def check(cfg: ServeConfig) -> dict[str, Any]:
-    """Load the scorer once here: a bad checkpoint or encoder fails before any deployment.
-    Returns the adapter's ``config.json``."""
+    """Load the scorer here, so a bad checkpoint fails before any deployment; returns its
+    ``config.json``."""
     from asymvlm.scoring import Scorer
 
     scorer = Scorer.from_checkpoint(
@@ -153,8 +142,7 @@ def check(cfg: ServeConfig) -> dict[str, Any]:
 
 
 def deploy(cfg: ServeConfig) -> str:
-    """Start Serve's HTTP proxy on ``host:port`` on the running cluster and deploy the scorer;
-    returns its URL."""
+    """Start Serve's HTTP proxy on ``host:port`` and deploy the scorer; returns its URL."""
     require_ray("Serve")
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     options: dict[str, Any] = {"num_cpus": cfg.cpus_per_replica}

@@ -11,27 +11,27 @@ import torch
 from scipy import integrate, special
 from scipy.stats import gennorm, multivariate_normal
 
-from asymvlm.methods import METHODS, build_method
+from asymvlm.methods import build_method
 from asymvlm.methods.base import unit
-from asymvlm.methods.baselines import (
+from asymvlm.methods.baselines.elip import (
     bayes_risk,
-    csd,
     dirichlet_alpha,
     evidential_loss,
     evidential_uncertainty,
-    ggd_nll,
-    ggd_variance,
+    misleading_evidence_kl,
+)
+from asymvlm.methods.baselines.gaussian import (
+    csd,
     inclusion_hypothesis,
     inclusion_loss,
     log_inclusion,
-    misleading_evidence_kl,
     mutual_likelihood_score,
     probabilistic_cosine,
 )
+from asymvlm.methods.baselines.probvlm import ggd_nll, ggd_variance
 from tests.helpers import rotated_pairs
 
 F64 = torch.float64
-BASELINES = ["probvlm", "pfe", "pcmepp", "prolip", "elip"]
 POST_HOC = ["pfe", "pcmepp", "prolip"]
 SMALL = {"hidden_dim": 64, "depth": 2}
 
@@ -279,43 +279,6 @@ def test_evidential_loss_combines_risk_and_weighted_kl() -> None:
 # -- every baseline through the Method interface ---------------------------------------------
 
 
-def test_all_baselines_registered_with_uncertainty_doc() -> None:
-    for name in BASELINES:
-        assert name in METHODS
-        assert METHODS[name].uncertainty_doc != "none"
-
-
-@pytest.mark.parametrize("name", BASELINES)
-def test_shapes_uncertainty_and_loss(name: str) -> None:
-    img, txt = rotated_pairs()
-    method = make(name)
-    method.fit_start(img, txt)
-    with torch.no_grad():
-        texts, images = method.encode_texts(txt[:10]), method.encode_images(img[:7])
-        scores = method.score(texts, images)
-        u_t = method.text_uncertainty_from(texts)
-        u_i = method.image_uncertainty_from(images)
-    assert scores.shape == (10, 7)
-    torch.testing.assert_close(method.log_likelihood(img[:7], txt[:10]).detach(), scores)
-    assert u_t.shape == (10,) and u_i.shape == (7,)
-    for u in (u_t, u_i):
-        assert torch.isfinite(u).all() and (u > 0).all()
-    loss = method.loss(img, txt, epoch=3)
-    assert loss.ndim == 0 and torch.isfinite(loss)
-    assert all(math.isfinite(v) for v in method.training_stats().values())
-
-
-@pytest.mark.parametrize("name", BASELINES)
-def test_training_lowers_the_loss(name: str) -> None:
-    img, txt = rotated_pairs()
-    method = make(name)
-    method.fit_start(img, txt)
-    epoch = 15 if name == "elip" else 0  # ELIP: full KL weight
-    losses = train(method, img, txt, 40, epoch=epoch)
-    assert all(math.isfinite(v) for v in losses)
-    assert losses[-1] < losses[0] - 0.2 * abs(losses[0])
-
-
 @pytest.mark.parametrize("name", POST_HOC)
 def test_post_hoc_scores_are_frozen_cosines(name: str) -> None:
     img, txt = rotated_pairs(seed=1, scale=1.0)
@@ -344,7 +307,7 @@ def test_probvlm_uncertainty_is_mean_ggd_variance() -> None:
 
 def test_probvlm_cross_modal_term_makes_noisy_captions_more_uncertain() -> None:
     """With a strong cross-modal term, captions far from their image get wider GGDs."""
-    img, txt, _ = half_noisy_pairs(512, seed=0)
+    img, txt, _ = half_noisy_pairs(256, seed=0)
     img2, txt2, noisy = half_noisy_pairs(256, seed=100)
     method = make("probvlm", cross_weight=1.0)
     train(method, img, txt, 200)
@@ -357,7 +320,7 @@ def test_probvlm_cross_modal_term_makes_noisy_captions_more_uncertain() -> None:
 
 
 def test_pfe_noisy_captions_get_higher_uncertainty() -> None:
-    img, txt, _ = half_noisy_pairs(512, seed=0)
+    img, txt, _ = half_noisy_pairs(256, seed=0)
     img2, txt2, noisy = half_noisy_pairs(256, seed=100)  # held out
     method = make("pfe")
     train(method, img, txt, 200)

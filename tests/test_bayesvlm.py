@@ -173,7 +173,7 @@ def test_monte_carlo_fisher_estimates_the_exact_ggn() -> None:
     sigma^2 = sum_n Var_n / mc_samples (computed per pair); it is a sum of many independent
     draws, so its square is close to sigma^2 / 16 times a chi^2 with 16 (= d^2) degrees of
     freedom, and 3 sigma is exceeded with probability ~1e-20."""
-    phi, w, targets = _problem(n=480, p=6, d=4, seed=3)
+    phi, w, targets = _problem(n=96, p=6, d=4, seed=3)
     n, k = len(phi), 64
     mc = _fit(phi, w, targets, class_batch=16, prior_steps=1, fisher="mc", mc_samples=k)
     exact, _, variance = _ggn_by_hand(phi, w, targets, logit_scale=4.0, class_batch=16)
@@ -230,18 +230,10 @@ def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:
     ckpt = str(tmp_path / "ckpt")
     assert (
         main(
-            [
-                "train",
-                "--embeddings",
-                pre_world,
-                "--method",
-                "bayesvlm",
-                "--output",
-                ckpt,
-                "--method-arg",
-                "class_batch=256",
-                "--quiet",
-            ]
+            (
+                f"train --embeddings {pre_world} --method bayesvlm --output {ckpt} "
+                "--method-arg class_batch=256 --quiet"
+            ).split()
         )
         == 0
     )
@@ -316,44 +308,20 @@ def test_hierarcaps_tables_with_pre_projection(ray_session, tiny_clip, tmp_path,
     out = str(tmp_path / "tables")
     assert (
         main(
-            [
-                "embed",
-                "--dataset",
-                "hierarcaps",
-                "--annotations",
-                csv,
-                "--images",
-                images,
-                "--model",
-                tiny_clip,
-                "--split",
-                "test",
-                "--output",
-                out,
-                "--batch-size",
-                "16",
-                "--pre-projection",
-            ]
+            (
+                f"embed --dataset hierarcaps --annotations {csv} --images {images} --model "
+                f"{tiny_clip} --split test --output {out} --batch-size 16 --pre-projection"
+            ).split()
         )
         == 0
     )
     ckpt = str(tmp_path / "ckpt")
     assert (
         main(
-            [
-                "train",
-                "--embeddings",
-                out,
-                "--split",
-                "test",
-                "--method",
-                "bayesvlm",
-                "--output",
-                ckpt,
-                "--method-arg",
-                "class_batch=32",
-                "--quiet",
-            ]
+            (
+                f"train --embeddings {out} --split test --method bayesvlm --output {ckpt} "
+                "--method-arg class_batch=32 --quiet"
+            ).split()
         )
         == 0
     )

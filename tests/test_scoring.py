@@ -33,65 +33,30 @@ def trained(ray_session, tmp_path_factory) -> dict[str, str]:
     root = str(base / "tables")
     assert (
         cli_main(
-            [
-                "embed",
-                "--dataset",
-                "hierarcaps",
-                "--annotations",
-                csv,
-                "--images",
-                images,
-                "--model",
-                model,
-                "--split",
-                "test",
-                "--output",
-                root,
-                "--batch-size",
-                "8",
-            ]
+            (
+                f"embed --dataset hierarcaps --annotations {csv} --images {images} --model "
+                f"{model} --split test --output {root} --batch-size 8"
+            ).split()
         )
         == 0
     )
     checkpoint = str(base / "adapter")
     assert (
         cli_main(
-            [
-                "train",
-                "--embeddings",
-                root,
-                "--split",
-                "test",
-                "--method",
-                "asymvlm-vmf",
-                "--epochs",
-                "3",
-                "--optimizer",
-                "adamw",
-                "--lr",
-                "1e-2",
-                "--output",
-                checkpoint,
-                "--quiet",
-            ]
+            (
+                f"train --embeddings {root} --split test --method asymvlm-vmf --epochs 3 "
+                f"--optimizer adamw --lr 1e-2 --output {checkpoint} --quiet"
+            ).split()
         )
         == 0
     )
     scores = str(base / "scores.parquet")
     assert (
         cli_main(
-            [
-                "score",
-                "--embeddings",
-                root,
-                "--split",
-                "test",
-                "--checkpoint",
-                checkpoint,
-                "--output",
-                scores,
-                "--quiet",
-            ]
+            (
+                f"score --embeddings {root} --split test --checkpoint {checkpoint} "
+                f"--output {scores} --quiet"
+            ).split()
         )
         == 0
     )
@@ -196,20 +161,10 @@ def test_score_text_files_to_parquet_equal_asymvlm_score(trained, tmp_path) -> N
     out = tmp_path / "out" / "scored.parquet"
     assert (
         cli_main(
-            [
-                "score-text",
-                "--checkpoint",
-                trained["checkpoint"],
-                "--device",
-                "cpu",
-                "--input",
-                str(txt),
-                "--output",
-                str(out),
-                "--batch-size",
-                "4",
-                "--quiet",
-            ]
+            (
+                f"score-text --checkpoint {trained['checkpoint']} --device cpu --input "
+                f"{txt} --output {out} --batch-size 4 --quiet"
+            ).split()
         )
         == 0
     )
@@ -223,20 +178,10 @@ def test_score_text_files_to_parquet_equal_asymvlm_score(trained, tmp_path) -> N
     out2 = tmp_path / "scored2.parquet"
     assert (
         cli_main(
-            [
-                "score-text",
-                "--checkpoint",
-                trained["checkpoint"],
-                "--device",
-                "cpu",
-                "--input",
-                str(parquet),
-                "--column",
-                "caption",
-                "--output",
-                str(out2),
-                "--quiet",
-            ]
+            (
+                f"score-text --checkpoint {trained['checkpoint']} --device cpu --input "
+                f"{parquet} --column caption --output {out2} --quiet"
+            ).split()
         )
         == 0
     )
@@ -305,20 +250,10 @@ def test_the_encoder_is_found_or_the_error_says_what_to_do(trained, small_world,
     synthetic = tmp_path / "synthetic-adapter"
     assert (
         cli_main(
-            [
-                "train",
-                "--embeddings",
-                small_world,
-                "--split",
-                "train",
-                "--method",
-                "asymvlm-vmf",
-                "--epochs",
-                "1",
-                "--output",
-                str(synthetic),
-                "--quiet",
-            ]
+            (
+                f"train --embeddings {small_world} --split train --method asymvlm-vmf "
+                f"--epochs 1 --output {synthetic} --quiet"
+            ).split()
         )
         == 0
     )

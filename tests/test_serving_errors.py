@@ -147,24 +147,16 @@ def test_served_good_request_gets_finite_numbers(server) -> None:
         assert row["uncertainty"] == pytest.approx(1.0 / row["kappa"], rel=1e-5)
 
 
-def test_served_wrong_dimension_is_a_400_with_the_message(server) -> None:
+def test_served_bad_input_is_a_400_naming_the_row(server) -> None:
     status, body = _post(server, ["embedding", "norm"], [[UNIT[:8], 8.0]])
     assert status == 400
     assert body["error_code"] == "INVALID_PARAMETER_VALUE"
     assert "row 0: 'embedding' has 8 values; this adapter expects dim 16" in body["message"]
-
-
-def test_served_nan_is_a_400(server) -> None:
     # Python's json writes NaN / Infinity tokens, which MLflow's server parses.
-    status, body = _post(server, ["embedding", "norm"], [[[math.nan] + UNIT[1:], 8.0]])
-    assert status == 400
-    assert "'embedding' holds a NaN or infinite value" in body["message"]
-    status, body = _post(server, ["embedding", "norm"], [[UNIT, math.inf]])
-    assert status == 400
-    assert "'norm' must be a positive finite number, got inf" in body["message"]
-
-
-def test_served_missing_column_is_a_400(server) -> None:
-    status, body = _post(server, ["embedding"], [[UNIT]])
-    assert status == 400
-    assert "norm" in body["message"]
+    for columns, row, message in (
+        (["embedding", "norm"], [[math.nan] + UNIT[1:], 8.0], "holds a NaN or infinite value"),
+        (["embedding", "norm"], [UNIT, math.inf], "'norm' must be a positive finite number"),
+        (["embedding"], [UNIT], "norm"),
+    ):
+        status, body = _post(server, columns, [row])
+        assert status == 400 and message in body["message"]

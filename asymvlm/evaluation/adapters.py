@@ -1,9 +1,5 @@
-"""The trained adapters an evaluation takes: checkpoint folders, or a sweep's seed runs.
-
-Both give ``"<method>/seed<k>"`` -> the method, with its ``adapter_input`` attribute set from
-its checkpoint (what it reads from the tables), ready for :func:`asymvlm.evaluation.registry.
-evaluate`; the frozen model is added by :func:`~asymvlm.evaluation.registry.with_frozen`.
-"""
+"""The trained adapters an evaluation takes, ``"<method>/seed<k>"`` -> method (its
+``adapter_input`` set from its checkpoint): checkpoint folders or a sweep's seed runs."""
 
 from __future__ import annotations
 
@@ -45,10 +41,8 @@ def checkpoint_adapters(
 
 
 def sweep_adapters(tracking_uri: str, sweep_run_id: str) -> dict[str, Method]:
-    """The seed-stage adapters of a sweep (its run ``sweep_run_id``), loaded from its trials'
-    ``adapter`` models. Only FINISHED runs take part: a failed (e.g. diverged) trial has no
-    adapter. A finished run without one (the frozen ``clip`` or ``bayesvlm`` of a sweep run
-    before their trials saved a checkpoint) is left out with a warning."""
+    """The seed-stage adapters of the sweep run ``sweep_run_id`` (its trials' ``adapter``
+    models); a run without one is left out with a warning."""
     from asymvlm.tracking import child_runs
 
     out: dict[str, Method] = {}

@@ -1,12 +1,9 @@
 """What the learned uncertainty means: the HierarCaps analysis (paper Sec. 5.3, Fig. 5).
 
-HierarCaps gives every image four captions from general (level 0, "an animal") to detailed
-(level 3). A faithful caption uncertainty falls as the caption gets more specific. Per method:
-
-* uncertainty per level (mean, quartiles) and Spearman S between level and uncertainty;
-* the log-likelihood of the paired image per level (App. A.2 score of the true pair);
-* caption length (words) against uncertainty (Spearman);
-* the fraction of hierarchies (images) whose uncertainty falls strictly with every level step.
+Captions of an image go from general (level 0) to detailed (level 3); a faithful uncertainty
+falls with the level. Per method: uncertainty per level and its Spearman S with the level and
+with the caption length, the paired log-likelihood per level, and the fraction of images whose
+uncertainty falls strictly with every level step.
 """
 
 from __future__ import annotations
@@ -27,11 +24,8 @@ __all__ = ["hierarchy_analysis", "plot_hierarchy"]
 
 @torch.no_grad()
 def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "level") -> dict:
-    """The Fig. 5 statistics of ``method`` on a split whose captions carry ``level`` (0 = general).
-
-    Returns ``None`` values for the uncertainty statistics of methods without a caption
-    uncertainty; the paired log-likelihood is reported for every method.
-    """
+    """The Fig. 5 statistics of ``method`` on a split whose captions carry ``level`` (None for
+    the uncertainty statistics of a method without one)."""
     levels_all = data.split.extra_text_columns.get(level_column)
     if levels_all is None:
         raise TableError(
@@ -94,11 +88,8 @@ def _paired_scores(method: Method, texts, images, owner: torch.Tensor, chunk: in
 
 
 def _monotone_fraction(owner: np.ndarray, levels: np.ndarray, unc: np.ndarray) -> tuple[float, int]:
-    """Fraction of images whose captions, ordered by level, have strictly falling uncertainty.
-
-    Only images with one caption per level of at least two levels count. Vectorised over the
-    captions sorted by (image, level): one pass of neighbour comparisons, no loop per caption.
-    """
+    """Fraction of images (with one caption per level, >= 2 levels) whose uncertainty falls
+    strictly with the level; and how many such images there are."""
     if len(owner) == 0:
         return float("nan"), 0
     order = np.lexsort((levels, owner))

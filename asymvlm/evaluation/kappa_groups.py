@@ -1,13 +1,5 @@
-"""Probes of a trained adapter on the synthetic world: the concentration kappa it gives to each
-kind of text (assumptions G and U of :mod:`asymvlm.synthetic`).
-
-None-of-the-above (paper Sec. 5.4, Table 2) works when the dummy prompt ("a photo") has a
-*broad* distribution (low kappa, high uncertainty u = 1/kappa, Sec. 4.3) next to the class
-prompts: then an image that fits no class well scores higher under the dummy. Whether it does
-is a property of the adapter that can be read off directly, before any accuracy is computed:
-:func:`kappa_by_group` gives the median kappa of the training captions per level (``-1``: the
-generic captions of U), of the class prompts and of each dummy prompt.
-"""
+"""The concentration kappa a trained adapter gives to each kind of text of the synthetic world:
+none-of-the-above (Sec. 5.4) works when the dummy prompt gets a low kappa next to the classes'."""
 
 from __future__ import annotations
 
@@ -31,10 +23,8 @@ def _median_kappa(method: Method, inputs: torch.Tensor) -> float:
 def kappa_by_group(
     method: Method, world: str, classes: str, split: str = "train"
 ) -> dict[str, float] | None:
-    """Median kappa of ``method``'s text adapter per group of texts (None for a method without
-    kappa): ``level <l>`` for the captions of each level of ``world``'s ``split`` (``level -1``:
-    generic captions), ``class prompts`` for the prompts of the classification set at
-    ``classes`` (root, split ``test``) and ``dummy "<text>"`` for each of its dummy prompts."""
+    """Median kappa (None for a method without) per ``level <l>`` of ``world``'s captions,
+    for the ``class prompts`` of ``classes`` (split test) and each ``dummy "<text>"``."""
     adapter_input = getattr(method, "adapter_input", "raw")
     method.eval()
     data = load_split(world, split, adapter_input)

@@ -1,17 +1,8 @@
-"""One registry of the paper's evaluations, for the CLI, the pipeline and the protocol alike.
+"""One registry of the paper's evaluations for the CLI, the pipeline and the protocol.
 
-Each :class:`Evaluation` names its kind (the config's ``kind``, the CLI's ``asymvlm analyze
-<kind>`` and the MLflow tag ``kind=eval-<kind>``), its inputs (config keys, which are also the
-CLI options: :class:`Input`) and the function that computes it from trained methods and
-embedding tables (:mod:`asymvlm.evaluation.suite`). From the inputs each kind has its typed spec
-(:meth:`Evaluation.spec_model`, a pydantic model: locations parsed once into
-:class:`~asymvlm.tables.Location`), which the pipeline's schema extends with its own keys.
-
-``retrieval`` (Table 1, Fig. 3) is a kind like the others: ``asymvlm evaluate`` and the demo run
-it through :func:`evaluate`, and the protocol's validation and test evaluations through
-:func:`evaluate_split` on splits it holds in memory. :func:`log_evaluation` puts a result into
-MLflow: its numbers as metrics, ``results.json`` beside them, nested under the pipeline run when
-there is one.
+Each :class:`Evaluation` names its kind (the config's ``kind``, ``asymvlm analyze <kind>``, the
+MLflow tag ``eval-<kind>``), its inputs (config keys and CLI options) and the function computing
+it (:mod:`asymvlm.evaluation.suite`); :attr:`Evaluation.spec_model` is its typed spec.
 """
 
 from __future__ import annotations
@@ -64,13 +55,8 @@ _FORMS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Input:
-    """One input of an evaluation: a config key, and the CLI option ``--<key with dashes>``.
-
-    ``location``: ``ROOT:SPLIT`` of embedding tables; ``named``: ``NAME=ROOT:SPLIT``, repeated
-    (a mapping in the config); ``text``: a plain string; ``count``: a positive integer option;
-    ``aggregation``: one of :data:`~asymvlm.evaluation.zeroshot.TEMPLATE_AGGREGATIONS`.
-    ``default``: the value of an optional input left out.
-    """
+    """One input of an evaluation: a config key and the CLI option ``--<key with dashes>``;
+    ``form`` picks its type (:data:`_FORMS`), ``default`` the value of an optional one."""
 
     key: str
     form: Literal["location", "named", "text", "count", "aggregation"]
@@ -85,8 +71,7 @@ class Input:
 
 
 class EvaluationSpec(BaseModel):
-    """The base of every kind's spec: its ``kind`` and its inputs (:meth:`Evaluation.
-    spec_model` adds them), frozen once validated."""
+    """The base of every kind's spec (frozen once validated)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -100,10 +85,8 @@ class Evaluation:
     title: str
     inputs: tuple[Input, ...]
     compute: Compute
-    #: The location whose tables give the embedding dimension of a frozen-only evaluation.
-    dim_from: str
-    #: The kind's computation on one split already in memory (kinds of one split only):
-    #: ``on_split(method, data, spec, progress)``.
+    dim_from: str  # the input whose tables give the dimension of a frozen-only evaluation
+    #: ``on_split(method, data, spec, progress)`` on a split in memory (one-split kinds).
     on_split: Callable[[Method, SplitTensors, Any, bool], dict[str, Any]] | None = None
 
     @property
@@ -112,8 +95,7 @@ class Evaluation:
 
     @cached_property
     def spec_model(self) -> type[EvaluationSpec]:
-        """The typed spec of this kind: ``kind`` plus one field per input (required inputs
-        required; a location parsed into a :class:`~asymvlm.tables.Location`)."""
+        """The typed spec of this kind: ``kind`` plus one field per input."""
         fields: dict[str, Any] = {
             "kind": (Literal[self.kind], Field(self.kind, description="the evaluation"))  # type: ignore[valid-type]
         }
@@ -148,14 +130,11 @@ def _retrieval_on_split(
     )
 
 
-#: How a likelihood method combines the log-likelihoods of a class's prompts (the paper leaves
-#: it open; :data:`asymvlm.evaluation.zeroshot.TEMPLATE_AGGREGATIONS`).
 _AGGREGATION = Input(
     "template_aggregation",
     "aggregation",
-    "how a likelihood method combines a "
-    "class's prompts: mean (of the log-likelihoods; default) or logmeanexp "
-    "(log of the mean likelihood)",
+    "how a likelihood method combines a class's prompts: mean (of the log-likelihoods; "
+    "default) or logmeanexp (log of the mean likelihood)",
     False,
     metavar="mean|logmeanexp",
     default="mean",
@@ -266,9 +245,8 @@ EVALUATIONS: dict[str, Evaluation] = {
 def spec(
     kind: str, values: Mapping[str, Any], source: str | None = None, flags: bool = False
 ) -> EvaluationSpec:
-    """The typed spec of evaluation ``kind`` from config keys (locations as ``ROOT:SPLIT``
-    strings, or :class:`~asymvlm.tables.Location`); a problem is a :class:`ConfigError` naming
-    ``source`` and the key (``flags``: spelt as command-line flags)."""
+    """The typed spec of evaluation ``kind`` from config keys; a problem is a
+    :class:`ConfigError` naming ``source`` and the key (``flags``: spelt as CLI flags)."""
     if kind not in EVALUATIONS:
         raise ConfigError(f"unknown evaluation {kind!r}; choose from {sorted(EVALUATIONS)}")
     ev = EVALUATIONS[kind]
@@ -279,8 +257,7 @@ def spec(
 
 
 def defaults(kind: str) -> EvaluationSpec:
-    """Evaluation ``kind`` with its optional inputs at their defaults and no locations: the
-    settings of :func:`evaluate_split` on a split already in memory."""
+    """Evaluation ``kind``'s spec with its optional inputs at their defaults, no locations."""
     ev = EVALUATIONS[kind]
     values = {inp.key: inp.default for inp in ev.inputs if not inp.required}
     return ev.spec_model.model_construct(kind=kind, **values)
@@ -307,8 +284,8 @@ def with_frozen(
 def evaluate(
     parsed: EvaluationSpec, methods: Mapping[str, Method], *, device: str | torch.device = "cpu"
 ) -> dict[str, Any]:
-    """Run the evaluation ``parsed`` describes (:func:`spec`) for ``methods``, its splits read
-    onto ``device``; returns its result (for most kinds: method name -> numbers)."""
+    """Run the evaluation ``parsed`` (:func:`spec`) for ``methods``, splits read onto
+    ``device``."""
     ev = EVALUATIONS[parsed.kind]  # type: ignore[attr-defined]
     if not methods:
         raise ConfigError(
@@ -320,9 +297,8 @@ def evaluate(
 def evaluate_split(
     parsed: EvaluationSpec | str, method: Method, data: SplitTensors, *, progress: bool = False
 ) -> dict[str, Any]:
-    """Evaluation ``parsed`` (a spec, or a kind at its :func:`defaults`) of ``method`` on a split
-    already in memory (the protocol's held-out validation part, its cached splits; ``asymvlm
-    evaluate``'s split), instead of the location the spec names."""
+    """Evaluation ``parsed`` (a spec, or a kind at its :func:`defaults`) of ``method`` on a
+    split already in memory instead of the location the spec names."""
     parsed = defaults(parsed) if isinstance(parsed, str) else parsed
     ev = EVALUATIONS[parsed.kind]  # type: ignore[attr-defined]
     if ev.on_split is None:
@@ -331,8 +307,8 @@ def evaluate_split(
 
 
 def result_metrics(result: Any, prefix: str = "") -> dict[str, float]:
-    """Every finite number of a result as an MLflow metric named by its path
-    (``asymvlm-vmf/seed0/spearman_level_uncertainty``); lists (curves) stay in the JSON."""
+    """Every finite number of a result as an MLflow metric named by its path; lists stay in the
+    JSON."""
     out: dict[str, float] = {}
     if isinstance(result, Mapping):
         for key, value in result.items():

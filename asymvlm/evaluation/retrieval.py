@@ -1,16 +1,8 @@
 """Cross-modal retrieval with uncertainty (paper Sec. 5.1, Table 1, Fig. 3).
 
-Encodes a split once (captions in chunks), then hands :func:`asymvlm.metrics.rank_pass` a score
-function over caption chunks, so memory stays O(chunk x n_image): the chunk is sized from a
-memory budget (512 MiB of scores and temporaries by default) unless ``chunk_size`` is given.
-On the COCO Karpathy 5k test split the same pass keeps the best few items per query for ECCV
-Caption / CxC (:mod:`asymvlm.metrics.eccv`); the COCO 1K folds are evaluated as splits of
-their own.
-
-A broken adapter is refused rather than scored: a non-finite encoding (kappa, mu, means,
-variances ...), uncertainty or score raises :class:`~asymvlm.errors.NonFiniteError` naming the
-method, the quantity and the first caption / image it hit. The check costs one
-``torch.isfinite(...).all()`` per tensor; rows are looked up only on failure.
+A split is encoded once, then :func:`asymvlm.metrics.rank_pass` scores caption chunks sized
+from a memory budget. A non-finite encoding, uncertainty or score raises
+:class:`~asymvlm.errors.NonFiniteError` naming the method, the quantity and the first row.
 """
 
 from __future__ import annotations
@@ -33,8 +25,7 @@ from asymvlm.splits import SplitTensors
 def _encode_chunked(
     fn: Callable[[torch.Tensor], Encoding], x: torch.Tensor, chunk_size: int
 ) -> Encoding:
-    """``fn(x)`` in chunks of rows, written into tensors allocated once (no list of parts and
-    concatenated copy: the peak is the encoding plus one chunk's activations)."""
+    """``fn(x)`` in chunks of rows, written into tensors allocated once."""
     out: Encoding = {}
     for i in range(0, x.shape[0], chunk_size):
         part = fn(x[i : i + chunk_size])
@@ -65,11 +56,10 @@ def _first_bad_row(value: torch.Tensor) -> int:
 def check_finite(
     method: Method, name: str, value: torch.Tensor | None, kind: str, ids: Sequence[str] | None
 ) -> None:
-    """Raise :class:`NonFiniteError` when ``value`` (one row per caption/image) has a NaN/inf:
-    ``"asymvlm-vmf: non-finite kappa for caption 'c17' (row 17)"``."""
+    """:class:`NonFiniteError` when ``value`` (a row per caption/image) has a NaN/inf."""
     if value is None or not torch.is_tensor(value) or not value.is_floating_point():
         return
-    if all_finite(value):  # one sum: torch.isfinite would allocate ~1.75x the tensor
+    if all_finite(value):
         return
     if value.ndim == 0:
         raise NonFiniteError(f"{method.name}: non-finite {name} (a {kind} scalar)")
@@ -81,10 +71,7 @@ def check_finite(
 def encode_split(
     method: Method, data: SplitTensors, chunk_size: int = 8192
 ) -> tuple[Encoding, Encoding]:
-    """(text encoding, image encoding) of a whole split, computed in chunks.
-
-    Raises :class:`NonFiniteError` when any tensor of either encoding is non-finite.
-    """
+    """(text encoding, image encoding) of a whole split in chunks, checked finite."""
     method.eval()
     image_rows, text_rows = method.split_inputs(data)
     texts = _encode_chunked(method.encode_texts, text_rows, chunk_size)
@@ -97,9 +84,8 @@ def encode_split(
 
 
 def coco_karpathy_test(data: SplitTensors) -> eccv_caption.KarpathyTest | None:
-    """The ECCV Caption row maps when ``data`` is the COCO Karpathy 5k test split: its tables'
-    manifest records a ``coco-karpathy`` split ``test`` (``splits.<name>.dataset`` / ``.split``,
-    written by ``asymvlm embed``) and its ids are the test split's (a sample is not)."""
+    """The ECCV Caption row maps when the manifest says ``data`` is the COCO Karpathy 5k test
+    split (``splits.<name>.dataset`` / ``.split``) and its ids are that split's."""
     split = data.split
     described = getattr(getattr(split, "manifest", None), "extra", {}).get("splits")
     if not isinstance(described, dict) or not any(
@@ -132,8 +118,8 @@ def _subset(data: SplitTensors, images: np.ndarray, texts: np.ndarray) -> SplitT
 def _folds(
     data: SplitTensors, fold_size: int, karpathy: eccv_caption.KarpathyTest | None
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(image rows, caption rows) per fold: COCO 1K's standard folds on the Karpathy test split,
-    else runs of ``fold_size`` consecutive images with all their captions."""
+    """(image rows, caption rows) per fold: COCO 1K's folds on the Karpathy test split, else
+    runs of ``fold_size`` consecutive images with their captions."""
     if karpathy is not None and fold_size == 1000:
         return list(karpathy.folds)
     n_image = data.image_emb.shape[0]
@@ -159,30 +145,11 @@ def evaluate_retrieval(
     eccv: bool = True,
     memory_budget: int | None = None,
 ) -> dict[str, Any]:
-    """Recall@K both ways, binned Recall@1 by uncertainty, Spearman S and R^2 (App. B), with
-    AUROC / AURC / E-AURC, risk-coverage points and ECE per direction and RSUM.
-
-    Args:
-        method: the adapter; its ``calibration_scale()`` is the logit scale of the softmax
-            whose ECE is reported.
-        data: the split.
-        n_bins, ks, progress: as :func:`asymvlm.metrics.retrieval_metrics`.
-        chunk_size: captions scored against all images at once; None (default): as many as
-            fit ``memory_budget``.
-        fold_size: also report the metrics averaged over folds of ``fold_size`` consecutive
-            images with their captions, under ``coco_1k`` for 1000 (COCO 1K; on the Karpathy test
-            split its standard folds: the Karpathy order, five captions per image) and
-            ``folds_<size>`` otherwise. A :class:`ConfigError` when the images do not split
-            evenly.
-        eccv: on the COCO Karpathy 5k test split (:func:`coco_karpathy_test`), add ``eccv``:
-            ECCV Caption mAP@R, R-Precision, R@1 and CxC R@1 per direction.
-        memory_budget: bytes of working memory of one caption chunk (its ``[chunk, n_image]``
-            scores and their temporaries, :func:`asymvlm.metrics.chunk_rows`); None: 512 MiB.
-            Beyond it the evaluation holds the tables: the split, its encodings and ``O(n_text
-            + n_image)`` results.
-
-    Raises :class:`NonFiniteError` for a non-finite encoding, uncertainty or score (a broken
-    adapter), naming the method, the quantity and the first caption/image id it hit.
+    """Recall@K both ways, binned Recall@1 by uncertainty, Spearman S and R^2 (App. B), AUROC /
+    AURC / E-AURC, risk-coverage and ECE (softmax of ``calibration_scale() * score``) per
+    direction, RSUM; with ``fold_size`` the mean over image folds (``coco_1k`` for 1000), with
+    ``eccv`` on the COCO Karpathy test split ECCV Caption / CxC metrics. ``chunk_size`` captions
+    are scored at once (None: as many as ``memory_budget`` bytes allow, 512 MiB by default).
     """
     n_text, n_image = data.text_emb.shape[0], data.image_emb.shape[0]
     if n_text == 0 or n_image == 0:
@@ -255,10 +222,7 @@ def evaluate_retrieval(
 
 @torch.no_grad()
 def caption_scores(method: Method, data: SplitTensors) -> pa.Table:
-    """Per caption: ``caption_id``, ``kappa`` (where defined, else null) and ``uncertainty``.
-
-    Raises :class:`NonFiniteError` for a non-finite encoding or uncertainty (no NaN is written).
-    """
+    """Per caption: ``caption_id``, ``kappa`` and ``uncertainty`` (null where undefined)."""
     texts, _ = encode_split(method, data)
     unc = method.text_uncertainty_from(texts)
     check_finite(method, "uncertainty", unc, "caption", _ids(data, "caption"))

@@ -1,11 +1,6 @@
-"""The paper's evaluations on embedding tables, for one or more trained methods.
-
-Each ``evaluate_*`` takes ``methods`` (name -> trained :class:`Method`, e.g. one per seed as
-"asymvlm-vmf/seed1") and table locations (:class:`~asymvlm.tables.Location`), and returns plain
-dicts. The registry (:mod:`asymvlm.evaluation.registry`) names them for the CLI, the pipeline
-and the protocol and logs results to MLflow; trained adapters come from checkpoint folders or a
-sweep's runs (:mod:`asymvlm.evaluation.adapters`).
-"""
+"""The paper's evaluations on embedding tables for trained methods (name -> :class:`Method`,
+e.g. "asymvlm-vmf/seed1"), each returning plain dicts; named by
+:mod:`asymvlm.evaluation.registry`."""
 
 from __future__ import annotations
 
@@ -23,7 +18,7 @@ from asymvlm.evaluation.ood import ood_retrieval
 from asymvlm.evaluation.zeroshot import (
     ClassPrompts,
     check_aggregation,
-    none_of_the_above_each,
+    none_of_the_above,
     rejection_baselines,
     zero_shot_accuracy,
 )
@@ -31,22 +26,10 @@ from asymvlm.methods import Method, build_method
 from asymvlm.splits import SplitCache, SplitTensors
 from asymvlm.tables import Location
 
-__all__ = [
-    "ClassificationSet",
-    "SplitLoader",
-    "adapter_input",
-    "evaluate_hierarcaps",
-    "evaluate_none_of_the_above",
-    "evaluate_ood",
-    "evaluate_zero_shot",
-    "hierarchy_analysis",
-    "load_classification",
-]
-
 
 class SplitLoader:
-    """``loader(location, adapter_input)``: a split of the tables on ``device``, read once per
-    (location, adapter input) -- several seeds of a method share the same tables."""
+    """``loader(location, adapter_input)``: a split on ``device``, read once per (location,
+    adapter input)."""
 
     def __init__(self, device: str | torch.device = "cpu", cache: SplitCache | None = None):
         self.device = torch.device(device)
@@ -99,8 +82,7 @@ class ClassificationSet:
         }
 
 
-def load_classification(root: str, split: str) -> ClassificationSet:
-    return ClassificationSet(root, split)
+load_classification = ClassificationSet
 
 
 def adapter_input(method: Method, default: str = "raw") -> str:
@@ -116,8 +98,7 @@ def _aggregation(value: str | None) -> str:
 
 
 def set_info(root: str) -> dict[str, Any]:
-    """What a results file says of a classification set: its name, and for a synthetic one its
-    role and the world's knobs (``world``) from the manifest (where it has one)."""
+    """A classification set's name, and for a synthetic one its role and ``world`` knobs."""
     info: dict[str, Any] = {"name": root.rstrip("/").rsplit("/", 1)[-1]}
     try:
         extra = tables.read_manifest(root).extra
@@ -137,9 +118,7 @@ def evaluate_zero_shot(
     sets: Mapping[str, Location],
     template_aggregation: str | None = "mean",
 ) -> dict[str, dict[str, float]]:
-    """Table 3: method -> evaluation set -> zero-shot accuracy (likelihood methods combine a
-    class's prompts by ``template_aggregation``, :data:`~asymvlm.evaluation.zeroshot.\
-TEMPLATE_AGGREGATIONS`)."""
+    """Table 3: method -> evaluation set -> zero-shot accuracy."""
     how = _aggregation(template_aggregation)
     loaded = {name: load_classification(*where) for name, where in sets.items()}
     return {
@@ -164,10 +143,8 @@ def evaluate_none_of_the_above(
     far_negatives: Location | None = None,
     template_aggregation: str | None = "mean",
 ) -> dict[str, Any]:
-    """Table 2: per dummy prompt and method, positive / negative accuracy (and with
-    ``far_negatives``, images of concepts unrelated to every positive class, the share of them
-    rejected: ``far_neg_acc``); plus the frozen model's threshold- and margin-based rejection
-    (Table 2, "None"). ``settings`` records the template aggregation and the sets."""
+    """Table 2: per dummy prompt and method :func:`none_of_the_above`, the frozen model's
+    :func:`rejection_baselines` and the ``settings`` (aggregation, sets)."""
     how = _aggregation(template_aggregation)
     pos, neg = load_classification(*positives), load_classification(*negatives)
     far = load_classification(*far_negatives) if far_negatives else None
@@ -183,7 +160,7 @@ def evaluate_none_of_the_above(
         ai = adapter_input(m)
         prompts = pos.class_prompts(ai)
         far_rows = None if far is None else m.image_rows(far.image_emb, far.image_norm)
-        each = none_of_the_above_each(
+        each = none_of_the_above(
             m,
             m.image_rows(pos.image_emb, pos.image_norm),
             pos.labels,
@@ -210,7 +187,7 @@ def evaluate_none_of_the_above(
 def evaluate_hierarcaps(
     methods: Mapping[str, Method], where: Location, load: SplitLoader | None = None
 ) -> dict[str, Any]:
-    """Fig. 5: per method, the statistics of :func:`hierarchy_analysis`."""
+    """Fig. 5: :func:`hierarchy_analysis` per method."""
     load = load or SplitLoader()
     return {
         name: hierarchy_analysis(m, load(where, adapter_input(m))) for name, m in methods.items()
@@ -223,8 +200,7 @@ def evaluate_ood(
     perturbed: Mapping[str, Location],
     load: SplitLoader | None = None,
 ) -> dict[str, Any]:
-    """OOD suite: ``perturbed`` maps "kind:severity" to the tables of that perturbed copy
-    (image kinds perturb images, caption kinds captions)."""
+    """Retrieval under perturbation: ``perturbed`` maps "kind:severity" to a perturbed copy."""
     load, out = load or SplitLoader(), {}
     for name, m in methods.items():
         ai = adapter_input(m)

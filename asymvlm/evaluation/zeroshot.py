@@ -1,29 +1,10 @@
 """Zero-shot classification with adapted VLMs (paper Sec. 5.4, Tables 2 and 3).
 
-Every class c is described by prompts (one per template, "a photo of a {c}."; the data set's
-templates as CLIP's evaluation uses them, :mod:`asymvlm.data.templates`). A method scores an
-image against a class and predicts the best class:
-
-* methods that score by the cosine of unit embeddings (the frozen model, Determ. FT and the
-  baselines that retrieve by the cosine of their means) use CLIP's prompt ensemble: the class
-  embedding is the mean of the class's unit prompt embeddings, re-normalised
-  (:func:`prompt_ensemble`), and the score its cosine;
-* the probabilistic methods scoring by the log-likelihood ln p(z_I | prompt) (App. A.2) use,
-  by default (``aggregation="mean"``), the mean over the class's prompts of that
-  log-likelihood (maximum likelihood over classes). The paper does not say how a class's
-  templates combine; the alternative ``"logmeanexp"`` scores a class by the log of the mean
-  likelihood, ln (1/K) sum_k p(z_I | prompt_k) -- the class as a mixture of its prompts'
-  distributions. By Jensen's inequality it is never below the mean, and the gap grows with the
-  spread of a class's templates, so it matters for none-of-the-above, where a dummy class has
-  one prompt and the real classes several.
-
-* :func:`zero_shot_accuracy`: robust fine-tuning (Table 3): accuracy of an adapter trained on
-  COCO/Flickr/CC on CIFAR-10/100, STL-10, ImageNet, against the frozen model.
-* :func:`none_of_the_above`: Table 2: positives (CIFAR-10 images) must get their class,
-  negatives (CIFAR-100 images) the *dummy* prompt ("a photo") added as one more class. A vague
-  prompt has a broad distribution under AsymVLM, so it wins for images that fit no class well.
-* :func:`rejection_baselines`: the frozen model's softmax with threshold- or margin-based
-  rejection (Table 2, "None"), the cut-off chosen on a calibration part of the data.
+A class is described by prompts (one per template). Methods scoring by the cosine use CLIP's
+prompt ensemble (:func:`prompt_ensemble`); likelihood methods combine the log-likelihoods
+ln p(z_I | prompt) of a class's prompts by their mean (default) or, ``"logmeanexp"``, by the
+log of the mean likelihood (the class as a mixture of its prompts; never below the mean, by
+Jensen, which matters for none-of-the-above: a dummy class has one prompt, real classes many).
 """
 
 from __future__ import annotations
@@ -38,19 +19,6 @@ import torch
 from asymvlm.methods import Method
 from asymvlm.methods.base import unit
 from asymvlm.tables import TableError
-
-__all__ = [
-    "TEMPLATE_AGGREGATIONS",
-    "ClassPrompts",
-    "aggregation_note",
-    "class_scores",
-    "none_of_the_above",
-    "none_of_the_above_each",
-    "prompt_ensemble",
-    "rejection_baselines",
-    "zero_shot_accuracy",
-]
-
 
 #: How the log-likelihoods of a class's prompts combine into its score (module docstring).
 TEMPLATE_AGGREGATIONS = ("mean", "logmeanexp")
@@ -82,10 +50,10 @@ def aggregation_note(aggregation: str) -> str:
 
 @dataclass
 class ClassPrompts:
-    """Prompt features (adapter inputs: raw or unit, as the method was trained) and classes."""
+    """Prompt features [n_prompts, d] (adapter inputs) and their classes 0..n_classes-1."""
 
-    inputs: torch.Tensor  # [n_prompts, d]
-    class_index: torch.Tensor  # [n_prompts] long, 0..n_classes-1
+    inputs: torch.Tensor
+    class_index: torch.Tensor
     n_classes: int
 
     def __post_init__(self) -> None:
@@ -100,14 +68,11 @@ class ClassPrompts:
 
 
 def prompt_ensemble(mu: torch.Tensor, class_index: torch.Tensor, n_classes: int) -> torch.Tensor:
-    """CLIP's prompt ensemble (Radford et al. 2021, Sec. 3.1.4; its ImageNet notebook): per
-    class c, w_c = m_c / ||m_c|| with m_c the mean of the class's unit prompt embeddings mu_k.
-
-    ``mu`` [n_prompts, d] unit rows, ``class_index`` [n_prompts] -> [n_classes, d] unit rows.
-    """
+    """CLIP's prompt ensemble (Radford et al. 2021, Sec. 3.1.4): per class the direction of the
+    mean of its unit prompt embeddings, [n_classes, d]."""
     summed = torch.zeros(n_classes, mu.shape[1], dtype=mu.dtype, device=mu.device)
     summed.index_add_(0, class_index.to(mu.device), mu)
-    return unit(summed)  # the mean's direction: dividing by the count first changes nothing
+    return unit(summed)
 
 
 def _scores_by_cosine(method: Method) -> bool:
@@ -118,8 +83,7 @@ def _scores_by_cosine(method: Method) -> bool:
 def mean_over_prompts(
     per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor
 ) -> torch.Tensor:
-    """[n, n_classes]: the mean over each class's prompts of ``per_prompt`` [n, n_prompts]
-    (the mean log-likelihood, ``aggregation="mean"``)."""
+    """[n, n_classes]: the mean over each class's prompts of ``per_prompt`` [n, n_prompts]."""
     summed = torch.zeros(per_prompt.shape[0], len(counts), dtype=per_prompt.dtype)
     summed.index_add_(1, class_index, per_prompt)
     return summed / counts
@@ -128,9 +92,8 @@ def mean_over_prompts(
 def log_mean_exp_over_prompts(
     per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor
 ) -> torch.Tensor:
-    """[n, n_classes]: ln((1/K_c) sum_{k in c} exp(per_prompt_k)), the log of the mean
-    likelihood over each class's prompts (``aggregation="logmeanexp"``), stabilised by the
-    class's largest term."""
+    """[n, n_classes]: ln((1/K_c) sum_{k in c} exp(per_prompt_k)), stabilised by the class's
+    largest term."""
     index = class_index.unsqueeze(0).expand_as(per_prompt)
     peak = torch.full((per_prompt.shape[0], len(counts)), -torch.inf, dtype=per_prompt.dtype)
     peak.scatter_reduce_(1, index, per_prompt, reduce="amax")
@@ -147,9 +110,8 @@ def class_scores(
     chunk_size: int = 4096,
     aggregation: str = "mean",
 ) -> torch.Tensor:
-    """[n_image, n_classes]: the cosine to the class's :func:`prompt_ensemble` for methods that
-    score by the cosine, else the method's score (log-likelihood) combined over the class's
-    prompts by ``aggregation`` (:data:`TEMPLATE_AGGREGATIONS`; module docstring)."""
+    """[n_image, n_classes]: the cosine to the :func:`prompt_ensemble` for cosine methods, else
+    the method's score combined over the class's prompts by ``aggregation``."""
     combine = {"mean": mean_over_prompts, "logmeanexp": log_mean_exp_over_prompts}[
         check_aggregation(aggregation)
     ]
@@ -188,41 +150,13 @@ def none_of_the_above(
     labels: torch.Tensor,
     negatives: torch.Tensor,
     prompts: ClassPrompts,
-    dummy_inputs: torch.Tensor,
-    far_negatives: torch.Tensor | None = None,
-    aggregation: str = "mean",
-) -> dict[str, float]:
-    """Table 2: the dummy prompt(s) form class ``n_classes``; a prediction of it is a rejection.
-
-    Positive accuracy: positives assigned their own class; negative accuracy: negatives
-    rejected; with ``far_negatives`` (images of concepts unrelated to every class),
-    ``far_neg_acc``: those rejected.
-    """
-    return none_of_the_above_each(
-        method,
-        positives,
-        labels,
-        negatives,
-        prompts,
-        {"dummy": dummy_inputs},
-        far_negatives,
-        aggregation,
-    )["dummy"]
-
-
-def none_of_the_above_each(
-    method: Method,
-    positives: torch.Tensor,
-    labels: torch.Tensor,
-    negatives: torch.Tensor,
-    prompts: ClassPrompts,
     dummies: Mapping[str, torch.Tensor],
     far_negatives: torch.Tensor | None = None,
     aggregation: str = "mean",
 ) -> dict[str, dict[str, float]]:
-    """:func:`none_of_the_above` for each of several dummy prompts (name -> its prompt rows),
-    each tried alone as the extra class. The classes' scores do not depend on the dummy, so they
-    are computed once per image set; a tie goes to the class, as with the dummy last."""
+    """Table 2, per dummy prompt (name -> its prompt rows), each alone as one more class: a
+    prediction of it is a rejection (a tie goes to the class). ``pos_acc``: positives given
+    their class; ``neg_acc`` (``far_neg_acc``): negatives (far negatives) rejected."""
     names = list(dummies)
     dummy_prompts = ClassPrompts(
         inputs=torch.cat([dummies[n] for n in names]),
@@ -271,13 +205,9 @@ def rejection_baselines(
     seed: int = 0,
     far_negatives: torch.Tensor | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Threshold (max softmax probability) and margin (top-1 minus top-2 probability) rejection.
-
-    Softmax over ``temperature`` x scores (CLIP's logit scale). The cut-off maximises the mean of
-    positive and negative accuracy on a seeded ``calibration_fraction`` of positives and
-    negatives; accuracies are reported on the rest. With ``far_negatives``, ``far_neg_acc`` is
-    the share of them rejected at that same cut-off (calibrated on the negatives).
-    """
+    """The frozen model's threshold (max softmax probability) and margin (top-1 minus top-2)
+    rejection (Table 2, "None"): the cut-off maximises the mean of positive and negative
+    accuracy on a seeded ``calibration_fraction``; accuracies are reported on the rest."""
     rng = np.random.default_rng(seed)
     pred_p, conf_p, margin_p = _softmax_stats(method, positives, prompts, temperature)
     _, conf_n, margin_n = _softmax_stats(method, negatives, prompts, temperature)

@@ -1,14 +1,9 @@
 """AsymVLM (paper Sec. 4) and its ablations (Sec. 5.2).
 
-* ``asymvlm-vmf`` / ``asymvlm-ps``: a text adapter g_T maps f_T(t) to eta; kappa = ||eta||,
-  mu = eta / kappa; the caption is vMF(mu, kappa) or PS(mu, kappa); images stay deterministic.
-  L(m, n) = ln p_{z_T,m}(z_I,n); loss = symmetric InfoNCE over tau * L (Eq. 2), tau trainable.
-* ``asymvlm-vmf-siglip`` / ``asymvlm-ps-siglip``: the SigLIP pairwise loss with the same kernel
-  (App. A.3).
-* ``asymvlm-image``: only images are probabilistic; ``symvlm``: both, symmetrised kernel;
-  ``asymvlm-gauss``: isotropic Gaussian text embedding with the Gaussian log-likelihood kernel.
-
-Uncertainty of a caption is u = 1/kappa (Sec. 4.3); for ``asymvlm-gauss`` it is sigma^2.
+A text adapter g_T maps f_T(t) to eta = kappa mu; the caption is vMF(mu, kappa) or PS(mu, kappa),
+images stay points; L(m, n) = ln p_{z_T,m}(z_I,n) and the loss is InfoNCE over tau * L (Eq. 2) or
+SigLIP's (App. A.3). Ablations: only images probabilistic (``asymvlm-image``), both
+(``symvlm``), an isotropic Gaussian caption (``asymvlm-gauss``). Uncertainty: 1/kappa (Sec. 4.3).
 """
 
 from __future__ import annotations
@@ -48,21 +43,16 @@ def vmf_log_likelihood(
     exact: bool = True,
     scale: torch.Tensor | float = 1.0,
 ) -> torch.Tensor:
-    """vMF kernel L(m, n) = kappa_m mu_m^T z_n + ln C_d(kappa_m), shape [n_mu, n_z] (Sec. 4.2).
+    """vMF kernel scale * (kappa_m mu_m^T z_n + ln C_d(kappa_m)), [n_mu, n_z] (Sec. 4.2).
 
-    ``exact=False`` uses F_d(kappa) (App. A.1, Eq. 4) instead of the exact log-normaliser: equal
-    up to a constant, cheaper, and what the training loss uses. ``scale`` (the InfoNCE
-    temperature) multiplies L inside the single matrix product, kappa mu = eta being the
-    adapter's raw output: one pass over the [n_mu, n_z] matrix.
+    ``exact=False``: F_d(kappa) (App. A.1, Eq. 4) for ln C_d, the training kernel.
     """
     dim = mu.shape[-1]
     log_c = vmf_log_normalizer(kappa, dim) if exact else vmf_log_normalizer_approx(kappa, dim)
     eta = (scale * kappa).unsqueeze(-1) * mu
     bias = (scale * log_c).unsqueeze(-1)
     if torch.is_autocast_enabled(z.device.type):
-        # Half-precision matmul, but ln C (~1e3 at d=512) is added in float32: in bf16 it
-        # would swamp the kappa mu^T z differences.
-        return (eta @ z.T).float() + bias
+        return (eta @ z.T).float() + bias  # ln C (~1e3 at d=512) added in float32
     return torch.addmm(bias, eta, z.T)
 
 
@@ -74,11 +64,8 @@ def ps_log_likelihood(
     exact: bool = True,
     scale: torch.Tensor | float = 1.0,
 ) -> torch.Tensor:
-    """PS kernel L(m, n) = kappa_m ln(1 + mu_m^T z_n) + ln C_d(kappa_m), [n_mu, n_z] (Sec. 4.2).
-
-    The normaliser is closed-form, so ``exact`` is accepted for symmetry and ignored; ``scale``
-    multiplies L (see :func:`vmf_log_likelihood`).
-    """
+    """PS kernel scale * (kappa_m ln(1 + mu_m^T z_n) + ln C_d(kappa_m)), [n_mu, n_z] (Sec. 4.2);
+    the normaliser is closed-form, so ``exact`` is ignored."""
     log1p_cos = torch.log1p((mu @ z.T).clamp_min(_COS_FLOOR))
     log_c = ps_log_normalizer(kappa, mu.shape[-1])
     return torch.addcmul((scale * log_c).unsqueeze(-1), (scale * kappa).unsqueeze(-1), log1p_cos)
@@ -88,31 +75,35 @@ KERNELS = {"vmf": vmf_log_likelihood, "ps": ps_log_likelihood}
 
 
 def spherical_head(eta: torch.Tensor) -> Encoding:
-    """Decompose the adapter output eta = kappa * mu (App. B.1).
-
-    In float32 even under autocast: the normalisers of kappa (lgamma, Bessel, F_d) are of
-    order 1e3 at d=512 and need the precision.
-    """
+    """kappa = ||eta||, mu = eta / kappa (App. B.1), in float32 at least (the normalisers)."""
     eta = eta.to(torch.promote_types(eta.dtype, torch.float32))
     kappa = eta.norm(dim=-1).clamp_min(_MIN_KAPPA)
     return {"mu": eta / kappa.unsqueeze(-1), "kappa": kappa}
 
 
-class _Spherical(Method):
-    """Shared machinery: a kernel, a trainable temperature, and InfoNCE or SigLIP loss.
+def gaussian_log_likelihood(mean: torch.Tensor, var: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """ln N(z_n; m_m, sigma_m^2 I) for all pairs, [n_m, n_z] (AsymVLM(G), Sec. 5.2)."""
+    dim = mean.shape[-1]
+    sq = (mean * mean).sum(-1, keepdim=True) - 2.0 * mean @ z.T + (z * z).sum(-1)
+    return -0.5 * sq / var.unsqueeze(-1) - 0.5 * dim * torch.log(2.0 * math.pi * var).unsqueeze(-1)
 
-    Protocol ``official`` (the authors' code): PyTorch's default init, inputs unscaled, and
-    retrieval scores with the training kernel (for vMF the approximate normaliser F_d, App. A.1,
-    whose values differ from the exact log-likelihood by a constant plus <= 0.07 nats);
-    ``improved``: He init, calibrated input scale, the exact log-likelihood.
+
+class _Spherical(Method):
+    """A spherical distribution on the text side, the image side or both, a trainable
+    temperature tau, and InfoNCE or SigLIP over tau * L.
+
+    ``official``: default init, unscaled inputs and retrieval with the training kernel (F_d for
+    vMF); ``improved``: He init, calibrated inputs, the exact log-likelihood.
     """
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "calibrate_input": False, "exact_scores": False},
     }
-
     distribution: ClassVar[str] = "vmf"
     objective: ClassVar[str] = "infonce"
+    #: Which modalities are distributions (the others are points).
+    probabilistic: ClassVar[tuple[str, ...]] = ("text",)
+    text_out: ClassVar[int] = 0  # extra adapter outputs (asymvlm-gauss: the variance)
 
     def __init__(
         self,
@@ -127,58 +118,85 @@ class _Spherical(Method):
         exact_scores: bool = True,
     ) -> None:
         super().__init__(dim)
-        self.calibrate_input = calibrate_input
-        self.init, self.exact_scores = init, exact_scores
+        self.calibrate_input, self.exact_scores = calibrate_input, exact_scores
         if distribution is not None:
             self.distribution = distribution
         if self.distribution not in KERNELS:
             raise ValueError(f"distribution must be one of {sorted(KERNELS)}")
-        self.hidden_dim, self.depth = hidden_dim, depth
-        # tau multiplies the log-likelihood, raw parameter as in the official code.
         self.temperature = nn.Parameter(torch.tensor(float(init_temperature)))
         if self.objective == "siglip":
             self.bias = nn.Parameter(torch.tensor(float(init_bias)))
+        for modality in self.probabilistic:
+            out = dim + (self.text_out if modality == "text" else 0)
+            setattr(self, f"{modality}_adapter", Adapter(dim, out, hidden_dim, depth, init))
+
+    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
+        if "text" in self.probabilistic:
+            return spherical_head(self.text_adapter(text_emb))
+        return super().encode_texts(text_emb)
+
+    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
+        if "image" in self.probabilistic:
+            return spherical_head(self.image_adapter(image_emb))
+        return super().encode_images(image_emb)
 
     def kernel(
         self,
-        mu: torch.Tensor,
-        kappa: torch.Tensor,
-        z: torch.Tensor,
+        dist: Encoding,
+        z: Encoding,
         *,
         exact: bool | None = None,
         scale: torch.Tensor | float = 1.0,
     ) -> torch.Tensor:
-        """The kernel L (Sec. 4.2); ``exact`` None: the protocol's retrieval kernel."""
+        """L of ``z``'s mu under ``dist``'s distributions (Sec. 4.2); ``exact`` None: the
+        protocol's retrieval kernel."""
         exact = self.exact_scores if exact is None else exact
-        return KERNELS[self.distribution](mu, kappa, z, exact=exact, scale=scale)
+        kernel = KERNELS[self.distribution]
+        return kernel(dist["mu"], dist["kappa"], z["mu"], exact=exact, scale=scale)
 
-    def objective_loss(self, scaled_log_lik: torch.Tensor) -> torch.Tensor:
-        """Eq. 2 (InfoNCE over tau * L) or App. A.3 (SigLIP over tau * L + b).
+    def score(
+        self,
+        texts: Encoding,
+        images: Encoding,
+        *,
+        exact: bool | None = None,
+        scale: torch.Tensor | float = 1.0,
+    ) -> torch.Tensor:
+        """[n_text, n_image] log-likelihood (App. A.2): ln p_{z_T}(z_I), its transpose
+        ln p_{z_I}(z_T) (``asymvlm-image``), or the mean of both (``symvlm``)."""
+        both = len(self.probabilistic) == 2
+        half = 0.5 * scale if both else scale
+        out = 0.0
+        if "text" in self.probabilistic:
+            out = self.kernel(texts, images, exact=exact, scale=half)
+        if "image" in self.probabilistic:
+            out = out + self.kernel(images, texts, exact=exact, scale=half).T
+        return out
 
-        Takes tau * L (the kernels fold tau in). For SigLIP the kernel is taken relative to
-        the uniform density on the sphere, a constant shift (irrelevant for InfoNCE) that puts
-        L = 0 at kappa = 0 so the bias b starts on the same scale as SigLIP's.
-        """
-        if self.objective == "infonce":
-            return info_nce(scaled_log_lik)
-        shift = self.bias - self.temperature * self.reference_log_density()
-        return sigmoid_pair_loss(scaled_log_lik + shift)
+    def uncertainty_from(self, enc: Encoding) -> torch.Tensor | None:
+        return 1.0 / enc["kappa"] if "kappa" in enc else None
+
+    def kappa(self, text_emb: torch.Tensor) -> torch.Tensor | None:
+        return self.encode_texts(text_emb).get("kappa")
 
     def reference_log_density(self) -> float:
-        """The training kernel's log-normaliser at kappa = 0: the uniform density on the sphere
-        (for vMF up to F_d's constant offset, since the training kernel uses F_d)."""
+        """The training kernel's log-normaliser at kappa = 0 (F_d(0) for vMF, the uniform
+        density for PS): SigLIP's kernel is taken relative to it, so b starts at SigLIP's scale."""
         if self.distribution == "vmf":
-            zero = torch.zeros(1, dtype=torch.float64)
-            return float(vmf_log_normalizer_approx(zero, self.dim))
+            return float(vmf_log_normalizer_approx(torch.zeros(1, dtype=torch.float64), self.dim))
         return uniform_log_density(self.dim)
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
-        """tau * L on the batch (training kernel: F_d for vMF), then Eq. 2 or App. A.3."""
+        """InfoNCE over tau * L (Eq. 2) or SigLIP over tau * (L - L_0) + b (App. A.3), with the
+        training kernel."""
         tau_l = self.score(texts, images, exact=False, scale=self.temperature)
-        return self.objective_loss(tau_l)
+        if self.objective == "infonce":
+            return info_nce(tau_l)
+        shift = self.bias - self.temperature * self.reference_log_density()
+        return sigmoid_pair_loss(tau_l + shift)
 
     def training_stats(self) -> dict[str, float]:
-        stats = {"temperature": float(self.temperature.detach())}
+        stats = super().training_stats()
         if self.objective == "siglip":
             stats["bias"] = float(self.bias.detach())
         return stats
@@ -186,33 +204,14 @@ class _Spherical(Method):
 
 @register("asymvlm-vmf")
 class AsymVLM(_Spherical):
-    """Text ~ vMF(mu(t), kappa(t)), images deterministic (Sec. 4). Uncertainty 1/kappa."""
+    """Text ~ vMF(mu(t), kappa(t)), images deterministic (Sec. 4)."""
 
     uncertainty_doc = "1/kappa of the caption's vMF (Sec. 4.3)"
-
-    def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
-        super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.text_adapter = Adapter(dim, dim, hidden_dim, depth, self.init)
-
-    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        return spherical_head(self.text_adapter(text_emb))
-
-    def score(
-        self, texts: Encoding, images: Encoding, *, exact: bool | None = None, scale: float = 1.0
-    ) -> torch.Tensor:
-        """Log-likelihood ln p_{z_T}(z_I) (App. A.2), exact normaliser unless ``exact=False``."""
-        return self.kernel(texts["mu"], texts["kappa"], images["mu"], exact=exact, scale=scale)
-
-    def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
-        return 1.0 / texts["kappa"]
-
-    def kappa(self, text_emb: torch.Tensor) -> torch.Tensor:
-        return self.encode_texts(text_emb)["kappa"]
 
 
 @register("asymvlm-ps")
 class AsymVLMPS(AsymVLM):
-    """Text ~ PowerSpherical(mu(t), kappa(t)) (Sec. 4.2). Uncertainty 1/kappa."""
+    """Text ~ PowerSpherical(mu(t), kappa(t)) (Sec. 4.2)."""
 
     distribution = "ps"
     uncertainty_doc = "1/kappa of the caption's Power Spherical (Sec. 4.3)"
@@ -234,79 +233,28 @@ class AsymVLMPSSigLIP(AsymVLMPS):
 
 @register("asymvlm-image")
 class AsymVLMImage(_Spherical):
-    """Ablation (Sec. 5.2): only images are probabilistic, z_I ~ vMF; texts deterministic.
+    """Ablation (Sec. 5.2): images ~ vMF, texts deterministic; L(m, n) = ln p_{z_I,n}(t_m)."""
 
-    L(m, n) = ln p_{z_I,n}(f_T(t_m)); uncertainty 1/kappa of the image.
-    """
-
+    probabilistic = ("image",)
     uncertainty_doc = "image only: 1/kappa of the image's vMF"
-
-    def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
-        super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.image_adapter = Adapter(dim, dim, hidden_dim, depth, self.init)
-
-    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        return spherical_head(self.image_adapter(image_emb))
-
-    def score(
-        self, texts: Encoding, images: Encoding, *, exact: bool | None = None, scale: float = 1.0
-    ) -> torch.Tensor:
-        return self.kernel(images["mu"], images["kappa"], texts["mu"], exact=exact, scale=scale).T
-
-    def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
-        return 1.0 / images["kappa"]
 
 
 @register("symvlm")
-class SymVLM(AsymVLM):
-    """Ablation (Sec. 5.2): both modalities spherical; symmetrised kernel.
+class SymVLM(_Spherical):
+    """Ablation (Sec. 5.2): both modalities vMF; L = 1/2 [ln p_{z_T}(mu_I) + ln p_{z_I}(mu_T)]."""
 
-    L(m, n) = 1/2 [ln p_{z_T,m}(mu_I,n) + ln p_{z_I,n}(mu_T,m)], each density evaluated at the
-    other modality's mean direction. Uncertainty 1/kappa for texts and for images.
-    """
-
+    probabilistic = ("text", "image")
     uncertainty_doc = "1/kappa for captions and for images"
-
-    def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
-        super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.image_adapter = Adapter(dim, dim, hidden_dim, depth, self.init)
-
-    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        return spherical_head(self.image_adapter(image_emb))
-
-    def score(
-        self, texts: Encoding, images: Encoding, *, exact: bool | None = None, scale: float = 1.0
-    ) -> torch.Tensor:
-        half = 0.5 * scale
-        t2i = self.kernel(texts["mu"], texts["kappa"], images["mu"], exact=exact, scale=half)
-        i2t = self.kernel(images["mu"], images["kappa"], texts["mu"], exact=exact, scale=half)
-        return t2i + i2t.T
-
-    def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
-        return 1.0 / images["kappa"]
-
-
-def gaussian_log_likelihood(mean: torch.Tensor, var: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """ln N(z_n; m_m, sigma_m^2 I) for all pairs, [n_m, n_z] (AsymVLM(G), Sec. 5.2)."""
-    dim = mean.shape[-1]
-    sq = (mean * mean).sum(-1, keepdim=True) - 2.0 * mean @ z.T + (z * z).sum(-1)
-    return -0.5 * sq / var.unsqueeze(-1) - 0.5 * dim * torch.log(2.0 * math.pi * var).unsqueeze(-1)
 
 
 @register("asymvlm-gauss")
 class AsymVLMGauss(_Spherical):
     """Ablation AsymVLM(G) (Sec. 5.2): caption ~ N(m(t), sigma^2(t) I), then normalised.
 
-    The adapter outputs d + 1 numbers: the mean m and a variance (softplus). The kernel is the
-    Gaussian log-likelihood of the image embedding; the retrieval direction is m / ||m||.
-    Uncertainty sigma^2.
-    """
+    sigma^2 = softplus; the kernel is the Gaussian log-likelihood of the image."""
 
+    text_out = 1
     uncertainty_doc = "sigma^2 of the caption's isotropic Gaussian"
-
-    def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, **kwargs) -> None:
-        super().__init__(dim, hidden_dim, depth, **kwargs)
-        self.text_adapter = Adapter(dim, dim + 1, hidden_dim, depth, self.init)
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
         out = self.text_adapter(text_emb)
@@ -315,9 +263,14 @@ class AsymVLMGauss(_Spherical):
         return {"mean": mean, "mu": unit(mean), "var": var}
 
     def score(
-        self, texts: Encoding, images: Encoding, *, exact: bool | None = None, scale: float = 1.0
+        self,
+        texts: Encoding,
+        images: Encoding,
+        *,
+        exact: bool | None = None,
+        scale: torch.Tensor | float = 1.0,
     ) -> torch.Tensor:
         return scale * gaussian_log_likelihood(texts["mean"], texts["var"], images["mu"])
 
-    def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
-        return texts["var"]
+    def uncertainty_from(self, enc: Encoding) -> torch.Tensor | None:
+        return enc.get("var")

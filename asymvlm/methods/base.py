@@ -1,26 +1,12 @@
-"""One interface for every method, and the registry that names them.
+"""The interface every method implements, and the registry that names them.
 
-Every method is an ``nn.Module`` working on cached, frozen VLM embeddings:
-
-* ``image_emb`` -- [n_image, d] unit-norm image embeddings z_I (images are only normalised).
-* ``text_emb``  -- [n_text, d] text features f_T(t): the adapter input, either the raw
-  (unnormalised) text projection or its unit vector (``--adapter-input``). Methods that need
-  the unit vector normalise it themselves.
-
-and offers
-
-* ``encode_texts`` / ``encode_images`` -> a dict of tensors (the per-item parameters: mu, kappa,
-  variances ...), computed once per gallery;
-* ``score(texts, images)`` -> [n_text, n_image] retrieval scores from two encodings (for the
-  probabilistic methods: the log-likelihood, App. A.2), so evaluation can score chunks;
-* ``log_likelihood(image_emb, text_emb)`` = ``score(encode_texts(t), encode_images(i))``;
-* ``text_uncertainty`` / ``image_uncertainty`` -> [n] scalar per item, higher = more uncertain,
-  or ``None`` where the method does not define one;
-* ``loss(image_emb, text_emb, epoch=...)`` on a paired batch (row r of both is a pair), which
-  is ``pair_loss(*loss_features(image_emb, text_emb), epoch=...)``: per-item encodings first,
-  then the batch objective over them -- so data-parallel training can all-gather the encodings
-  in between and every worker's objective spans the global batch
-  (:mod:`asymvlm.distributed`).
+A method is an ``nn.Module`` on cached frozen embeddings: ``image_emb`` [n, d] unit image
+embeddings, ``text_emb`` [n, d] text features (raw or unit, ``--adapter-input``). It encodes
+items once (``encode_texts`` / ``encode_images`` -> dict of tensors), scores two encodings
+(``score`` -> [n_text, n_image], the log-likelihood for probabilistic methods, App. A.2), gives a
+per-item uncertainty (higher = more uncertain, or None) and a batch loss
+``pair_loss(*loss_features(image_emb, text_emb))`` whose two halves let data-parallel training
+gather the encodings of the global batch in between (:mod:`asymvlm.distributed`).
 """
 
 from __future__ import annotations
@@ -36,9 +22,14 @@ if TYPE_CHECKING:
     from asymvlm.splits import SplitTensors
 
 Encoding = dict[str, torch.Tensor]
+Init = Literal["he", "default"]
 _log = logging.getLogger(__name__)
 
 METHODS: dict[str, type[Method]] = {}
+#: ``official``: the authors' code; ``improved``: this project's fixes (README "Protocols").
+PROTOCOLS = ("improved", "official")
+#: Rows per block where a whole split is reduced (no full-size temporary).
+_BLOCK_ROWS = 65536
 
 
 def register(name: str) -> Callable[[type[Method]], type[Method]]:
@@ -55,40 +46,21 @@ def register(name: str) -> Callable[[type[Method]], type[Method]]:
 
 
 def check_method_name(name: str) -> str:
-    """``name`` if it is registered, else a ValueError listing the known names (the one check
-    behind every config schema and :func:`build_method`)."""
+    """``name`` if it is registered, else a ValueError listing the known names."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
     return name
 
 
-#: The two protocols (README "Protocols"): ``official`` reproduces the authors' code for every
-#: method (architecture, PyTorch's default init, clamps, loss form, uncertainty as their
-#: evaluation ranks it); ``improved`` is this project's (He init, input calibration, exact GGD
-#: term, variance as uncertainty ...).
-PROTOCOLS = ("improved", "official")
-
-
-def check_protocol(protocol: str) -> str:
-    """``protocol`` if it is one of :data:`PROTOCOLS`, else a ValueError naming them."""
+def build_method(name: str, dim: int, protocol: str = "improved", **kwargs: Any) -> Method:
+    """A registered method for ``dim``-d embeddings under ``protocol``; ``kwargs`` override the
+    protocol's constructor arguments (:attr:`Method.PROTOCOL_KWARGS`)."""
+    cls = METHODS[check_method_name(name)]
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
-    return protocol
-
-
-def build_method(name: str, dim: int, protocol: str = "improved", **kwargs: Any) -> Method:
-    """Instantiate a registered method for embeddings of dimension ``dim`` under ``protocol``.
-
-    The class's :meth:`Method.protocol_kwargs` give the constructor arguments that make the
-    protocol; explicit ``kwargs`` override them.
-    """
-    cls = METHODS[check_method_name(name)]
-    method = cls(dim=dim, **{**cls.protocol_kwargs(check_protocol(protocol)), **kwargs})
+    method = cls(dim=dim, **{**cls.PROTOCOL_KWARGS.get(protocol, {}), **kwargs})
     method.protocol = protocol
     return method
-
-
-Init = Literal["he", "default"]
 
 
 def mlp(
@@ -96,42 +68,27 @@ def mlp(
 ) -> nn.Sequential:
     """The adapter MLP of App. B.1: ``depth`` hidden ReLU layers of width ``hidden_dim``.
 
-    The official code uses three hidden layers (a four-layer perceptron, as App. B.1 calls it);
-    no residual, normalisation or dropout. ``init="he"`` (protocol ``improved``): He (Kaiming)
-    normal weights for ReLU (linear gain on the output layer) and zero biases, so activations
-    keep their scale through the depth: with unit-RMS inputs the output starts at unit RMS per
-    coordinate (kappa ~ sqrt(d) for AsymVLM) instead of shrinking ~2.5x per layer as under
-    PyTorch's default init, which leaves kappa near 0.55 and costs many epochs to recover.
-    ``init="default"`` keeps PyTorch's default ``nn.Linear`` init, as the authors' code does
-    (protocol ``official``; the layers draw from the generator in construction order).
+    ``init="he"`` (``improved``): Kaiming-normal weights and zero biases, so unit-RMS inputs give
+    unit-RMS outputs; ``"default"`` (``official``): PyTorch's ``nn.Linear`` init.
     """
-    layers: list[nn.Module] = []
-    width = d_in
-    for _ in range(depth):
-        layers += [nn.Linear(width, hidden_dim), nn.ReLU()]
-        width = hidden_dim
-    layers.append(nn.Linear(width, d_out))
-    if init == "he":
-        for layer in layers:
-            if isinstance(layer, nn.Linear):
-                gain = "linear" if layer is layers[-1] else "relu"
-                nn.init.kaiming_normal_(layer.weight, nonlinearity=gain)
-                nn.init.zeros_(layer.bias)
-    elif init != "default":
+    if init not in ("he", "default"):
         raise ValueError(f"init must be 'he' or 'default', got {init!r}")
+    widths = [d_in] + [hidden_dim] * depth
+    layers: list[nn.Module] = []
+    for a, b in zip(widths[:-1], widths[1:], strict=True):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers.append(nn.Linear(widths[-1], d_out))
+    if init == "he":
+        for layer in layers[::2]:
+            gain = "linear" if layer is layers[-1] else "relu"
+            nn.init.kaiming_normal_(layer.weight, nonlinearity=gain)
+            nn.init.zeros_(layer.bias)
     return nn.Sequential(*layers)
 
 
 class Adapter(nn.Module):
-    """The adapter MLP of App. B.1 behind a fixed input scale.
-
-    ``calibrate`` (called once on the training set by :meth:`Method.fit_start`) sets the scale
-    to sqrt(d / mean ||x||^2), so inputs reach the first layer with unit RMS per coordinate.
-    It is one constant: the function class is the MLP's own (the first layer absorbs it) and
-    relative norms -- the information in the raw text norm -- are kept. It spares the optimiser
-    a badly scaled start when inputs are unit vectors (coordinates ~ 1/sqrt(d)). Scale 1, the
-    value before calibration, is the official code.
-    """
+    """The MLP of App. B.1 behind one input scale, set by :meth:`calibrate` to
+    sqrt(d / mean ||x||^2) (unit RMS per coordinate); 1 before calibration (the official code)."""
 
     def __init__(
         self, d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3, init: Init = "he"
@@ -142,7 +99,6 @@ class Adapter(nn.Module):
 
     @torch.no_grad()
     def calibrate(self, x: torch.Tensor) -> None:
-        # in blocks: no full-size temporary (the same value as x.float().pow(2).sum(-1).mean())
         mean_sq = torch.cat([b.float().pow(2).sum(-1) for b in x.split(_BLOCK_ROWS)])
         mean_sq = mean_sq.mean().clamp_min(1e-12)
         self.input_scale.fill_(float(torch.sqrt(x.shape[-1] / mean_sq)))
@@ -151,69 +107,49 @@ class Adapter(nn.Module):
         return self.net(x * self.input_scale)
 
 
-#: Rows per block where a whole split is reduced (a full-size temporary of a COCO-size caption
-#: matrix would cost as much memory as the matrix).
-_BLOCK_ROWS = 65536
-
-
 def unit(x: torch.Tensor) -> torch.Tensor:
     """Project onto the unit sphere."""
     return nn.functional.normalize(x, dim=-1, eps=1e-12)
 
 
 def info_nce(logits: torch.Tensor) -> torch.Tensor:
-    """Symmetric InfoNCE (paper Eq. 2) over a [B, B] logit matrix whose diagonal holds the pairs.
-
-    Captions of the same image in one batch are negatives, as in the official code.
-    """
-    # = 1/2 (CE(rows) + CE(columns)) with labels = arange, written on the diagonals of the two
-    # log-softmaxes: no transposed copy of the [B, B] matrix, no one-hot scatter.
+    """Symmetric InfoNCE (Eq. 2) over [B, B] logits whose diagonal holds the pairs."""
     rows = logits.log_softmax(dim=1).diagonal()
     cols = logits.log_softmax(dim=0).diagonal()
     return -0.5 * (rows.mean() + cols.mean())
 
 
 def sigmoid_pair_loss(logits: torch.Tensor) -> torch.Tensor:
-    """SigLIP's pairwise log-sigmoid loss (App. A.3): -1/B sum_{r,s} ln sigmoid(y_rs logits_rs)."""
+    """SigLIP's pairwise loss (App. A.3): -1/B sum_{r,s} ln sigmoid(y_rs logits_rs)."""
     signs = 2.0 * torch.eye(logits.shape[0], device=logits.device, dtype=logits.dtype) - 1.0
     return -nn.functional.logsigmoid(signs * logits).sum() / logits.shape[0]
 
 
 class Method(nn.Module):
-    """Base class; see the module docstring for the contract."""
+    """Base class (module docstring): the frozen model's cosine, no uncertainty, no loss."""
 
     name: ClassVar[str] = "base"
-    #: False for reference methods without parameters (nothing to train).
+    #: False for methods without SGD (nothing to train, or fitted post hoc).
     trainable: ClassVar[bool] = True
-    #: What ``text_uncertainty`` returns, for documentation and reports.
+    #: What the uncertainty is, for reports.
     uncertainty_doc: ClassVar[str] = "none"
-    #: Constructor arguments per protocol (see :data:`PROTOCOLS`), e.g. ``{"official":
-    #: {"init": "default"}}``; a protocol not listed builds the method with its defaults.
+    #: Constructor arguments per protocol, e.g. ``{"official": {"init": "default"}}``.
     PROTOCOL_KWARGS: ClassVar[dict[str, dict[str, Any]]] = {}
-    #: The protocol the method was built under (set by :func:`build_method`).
-    protocol: str = "improved"
-    #: True where the authors' code feeds this method the raw image projection and the norm
-    #: reaches its output (their embedding cache keeps raw projections; AsymVLM, PCME++ and
-    #: ProLIP normalise it first, PFE's means and variance head and ProbVLM's backbone and
-    #: targets do not): under ``official`` such a method takes ``image_emb * image_norm``.
+    #: True where the authors' code feeds the raw image projection (PFE, ProbVLM).
     OFFICIAL_RAW_IMAGES: ClassVar[bool] = False
-    #: Buffers that stay empty until the method is fitted (ELIP's galleries, BayesVLM's
-    #: posterior): loading a state dict first gives them the saved shape.
+    #: Buffers empty until fitted; loading a state dict gives them the saved shape.
     FITTED_BUFFERS: ClassVar[tuple[str, ...]] = ()
-    #: Whether :meth:`split_inputs` needs the pre-projection features and the frozen model's
-    #: projections (BayesVLM): a scorer of new inputs must then embed them too.
+    #: Whether :meth:`split_inputs` needs pre-projection features (BayesVLM).
     USES_PRE_FEATURES: ClassVar[bool] = False
-
-    @classmethod
-    def protocol_kwargs(cls, protocol: str) -> dict[str, Any]:
-        """Constructor arguments that make ``protocol`` for this method."""
-        return dict(cls.PROTOCOL_KWARGS.get(protocol, {}))
+    #: The logit scale of methods without a trained one: CLIP's (clamped at 100).
+    default_calibration_scale: ClassVar[float] = 100.0
+    protocol: str = "improved"
+    calibrate_input: bool = True
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.dim = dim
 
-    # -- encodings ---------------------------------------------------------------------------
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
         return {"mu": unit(text_emb)}
 
@@ -228,26 +164,32 @@ class Method(nn.Module):
         """The retrieval score matrix [n_text, n_image] of App. A.2."""
         return self.score(self.encode_texts(text_emb), self.encode_images(image_emb))
 
-    # -- uncertainty -------------------------------------------------------------------------
-    def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor | None:
+    def uncertainty_from(self, enc: Encoding) -> torch.Tensor | None:
+        """Per-item uncertainty of an encoding, for methods that treat both modalities alike."""
         return None
+
+    def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor | None:
+        return self.uncertainty_from(texts)
 
     def image_uncertainty_from(self, images: Encoding) -> torch.Tensor | None:
-        return None
+        return self.uncertainty_from(images)
 
     def text_uncertainty(self, text_emb: torch.Tensor) -> torch.Tensor | None:
-        """[n_text] scalar uncertainty per caption (higher = more uncertain), or None."""
+        """[n_text] uncertainty per caption, or None."""
         return self.text_uncertainty_from(self.encode_texts(text_emb))
 
     def image_uncertainty(self, image_emb: torch.Tensor) -> torch.Tensor | None:
-        """[n_image] scalar uncertainty per image (symmetric methods), or None."""
+        """[n_image] uncertainty per image, or None."""
         return self.image_uncertainty_from(self.encode_images(image_emb))
 
-    # -- training ----------------------------------------------------------------------------
+    def kappa(self, text_emb: torch.Tensor) -> torch.Tensor | None:
+        """Concentration per caption where the method defines one (vMF/PS), else None."""
+        return None
+
     def loss_features(
         self, image_emb: torch.Tensor, text_emb: torch.Tensor
     ) -> tuple[Encoding, Encoding]:
-        """Per-item encodings of a paired batch (rows = items) that :meth:`pair_loss` needs."""
+        """Per-item encodings of a paired batch that :meth:`pair_loss` needs."""
         return self.encode_images(image_emb), self.encode_texts(text_emb)
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
@@ -257,23 +199,17 @@ class Method(nn.Module):
     def loss(
         self, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
     ) -> torch.Tensor:
-        """Training loss on a paired batch: :meth:`pair_loss` of :meth:`loss_features`."""
         return self.pair_loss(*self.loss_features(image_emb, text_emb), epoch=epoch)
 
-    #: Calibrate the input scale of the adapters (see :class:`Adapter`) in ``fit_start``.
-    calibrate_input: bool = True
-
     def fit_start(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> None:
-        """Hook called once with the whole training set before the first step.
+        """Called once with the training set: calibrates the :class:`Adapter` input scales."""
+        if self.calibrate_input:
+            for attr, data in (("text_adapter", text_emb), ("image_adapter", image_emb)):
+                if isinstance(adapter := getattr(self, attr, None), Adapter):
+                    adapter.calibrate(data)
 
-        By default it calibrates the input scale of ``text_adapter`` / ``image_adapter``.
-        """
-        if not self.calibrate_input:
-            return
-        for attr, data in (("text_adapter", text_emb), ("image_adapter", image_emb)):
-            adapter = getattr(self, attr, None)
-            if isinstance(adapter, Adapter):
-                adapter.calibrate(data)
+    def fit_posthoc(self, data: SplitTensors) -> None:
+        """Fit a method without SGD on the whole training split (default: nothing)."""
 
     def _load_from_state_dict(
         self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
@@ -285,55 +221,39 @@ class Method(nn.Module):
                 setattr(self, name, torch.empty(saved.shape, dtype=buf.dtype, device=buf.device))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def fit_posthoc(self, data: SplitTensors) -> None:
-        """Hook of methods fitted post hoc instead of by SGD (``trainable = False``): called once
-        with the whole training split (its optional tensors included) when training starts.
-        Default: nothing."""
-
     @property
     def raw_image_input(self) -> bool:
         """Whether this method takes raw image projections (``official`` PFE and ProbVLM)."""
         return self.OFFICIAL_RAW_IMAGES and self.protocol == "official"
 
     def image_rows(self, image_emb: torch.Tensor, image_norm: torch.Tensor | None) -> torch.Tensor:
-        """The image input this method takes from unit embeddings and their raw norms: the unit
-        embeddings, or ``image_emb * image_norm`` where :attr:`raw_image_input`. Tables without
-        an image ``norm`` column give unit images then, with a warning (once per method)."""
+        """The image input: unit embeddings, or ``image_emb * image_norm`` where
+        :attr:`raw_image_input` (unit, with one warning, when the tables have no norm)."""
         if not self.raw_image_input:
             return image_emb
         if image_norm is None:
             if not getattr(self, "_warned_unit_images", False):
                 self._warned_unit_images = True
                 _log.warning(
-                    "%s (protocol official) takes raw image projections, as the authors' code "
-                    "does, but these tables have no image `norm` column: using unit images "
-                    "(re-embed with this version to record the norm)",
+                    "%s (protocol official) takes raw image projections, but these tables have "
+                    "no image `norm` column: using unit images (re-embed to record the norm)",
                     self.name,
                 )
             return image_emb
         return image_emb * image_norm.to(image_emb)[:, None]
 
     def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """(image rows, text rows) of a split that :meth:`encode_images` / :meth:`encode_texts`
-        take: the image rows of :meth:`image_rows` and ``data.text_emb`` by default."""
+        """(image rows, text rows) of a split for :meth:`encode_images` / :meth:`encode_texts`."""
         return self.image_rows(data.image_emb, data.image_norm), data.text_emb
 
-    def kappa(self, text_emb: torch.Tensor) -> torch.Tensor | None:
-        """Concentration per caption where the method defines one (vMF/PS), else None."""
-        return None
-
     def training_stats(self) -> dict[str, float]:
-        """Scalars worth logging per epoch (e.g. the temperature)."""
-        return {}
-
-    #: The logit scale of methods without a trained one: CLIP's (its learned logit scale is
-    #: clamped at 100, Radford et al. 2021).
-    default_calibration_scale: ClassVar[float] = 100.0
+        """Scalars worth logging per epoch: the trained temperature where there is one."""
+        temperature = getattr(self, "temperature", None)
+        return {"temperature": float(temperature.detach())} if temperature is not None else {}
 
     def calibration_scale(self) -> float:
-        """tau such that softmax(tau * score) is the method's predictive distribution over a
-        gallery (the ECE of that softmax is reported): the trained temperature where the method
-        has one (AsymVLM's tau multiplies L, Eq. 2), else :attr:`default_calibration_scale`."""
+        """tau such that softmax(tau * score) is the predictive distribution over a gallery:
+        the trained temperature, else :attr:`default_calibration_scale`."""
         temperature = getattr(self, "temperature", None)
         if isinstance(temperature, torch.Tensor):
             return float(temperature.detach())

@@ -1,49 +1,12 @@
-"""BayesVLM: a post-hoc Laplace posterior over the frozen VLM's projection layers.
+"""BayesVLM (Baumann et al., arXiv:2412.06014; reference code AaltoML/BayesVLM): a post-hoc
+Laplace posterior over the frozen VLM's projection layers g = W phi, nothing trained.
 
-Baumann et al., *Post-hoc Probabilistic Vision-Language Models* (arXiv:2412.06014, ICLR 2026);
-reference implementation AaltoML/BayesVLM (``bayesvlm/hessians.py``, ``bayesvlm/vlm.py``,
-``scripts/hessian_estimation.py``). Equation numbers are not quoted here: the formulas below
-follow the paper's method section (the Laplace approximation of the last layers, and
-"ProbCosine", its analytic expected cosine similarity) as the reference code implements them.
-
-Nothing is trained. A CLIP encoder ends in bias-free linear projections, ``g = W phi`` from the
-pooled feature ``phi`` (the tables' pre-projection columns) to the raw embedding ``g``. With the
-encoders frozen at their MAP ``W*``, BayesVLM puts a Gaussian posterior on each ``W``
-(:func:`fit_projection_posterior`, one per modality, using laplace-torch):
-
-* likelihood: the contrastive softmax of the VLM's own objective, ``p(target | source) =
-  softmax_c(s * cos(g, t_c))`` over the other modality's (frozen, unit) embeddings ``t_c`` of a
-  class batch of pairs (the image posterior's targets are captions and vice versa; ``s`` is
-  CLIP's logit scale, 100); BayesVLM uses the generalised Gauss-Newton of this likelihood;
-* curvature: KFAC, the GGN of ``vec W`` approximated as ``A (x) B`` with ``A`` the input factor
-  (pooled features, mean of ``phi phi^T``) and ``B`` the output factor (sum over the data of
-  ``J^T (diag(p) - p p^T) J``, ``J`` the Jacobian of the logits in ``g``), balanced so that each
-  factor carries ``sqrt(n)`` of the data's scale, as BayesVLM's ``A / sqrt(n)``, ``B / sqrt(n)``;
-* prior: isotropic Gaussian ``N(0, 1/lambda)`` on ``W``, added to each factor as ``sqrt(lambda) I``
-  (the damped KFAC of Ritter et al. 2018 that BayesVLM uses): the posterior precision is
-  ``A' (x) B' = (A + sqrt(lambda) I) (x) (B + sqrt(lambda) I)``, so ``Cov[vec W] = A'^-1 (x)
-  B'^-1``; ``lambda`` maximises the Laplace marginal likelihood (laplace-torch's
-  ``optimize_prior_precision(method="marglik")``).
-
-From the posterior, for each image or caption (:func:`embedding_trace`, :func:`prob_cosine`):
-
-* ``g ~ N(W* phi, (phi^T A'^-1 phi) B'^-1)``; the scalar uncertainty is
-  ``tr Cov[g] = (phi^T A'^-1 phi) tr(B'^-1)``;
-* retrieval ranks by ProbCosine's expected cosine of two independent Gaussian embeddings,
-  ``E[cos(g_t, g_i)] ~= mu_t . mu_i / sqrt((|mu_t|^2 + tr Cov[g_t]) (|mu_i|^2 + tr Cov[g_i]))``.
-
-Curvature backend: laplace-torch's curvlinops KFAC. Its exact GGN (``fisher="type-2"``)
-back-propagates one column of the softmax Hessian's square root per class (and forms a C x C
-matrix per sample), C backward passes per batch: with BayesVLM's class batches of thousands of
-pairs that is hours on a CPU. The default ``fisher="mc"`` is the Monte Carlo Fisher (a label
-drawn from the model's own softmax per pair, ``mc_samples`` times), whose expectation is that
-same GGN (for a softmax likelihood Fisher = GGN), at one backward pass per batch.
-
-Inputs: for a split the method reads rows ``[embedding input (d) | pre-projection feature (p)]``
-(:meth:`BayesVLM.split_inputs`); the first ``d`` columns only make the width unambiguous (a
-caption table without pre-projection features, e.g. class prompts, is refused rather than
-misread). SigLIP is not supported: its embeddings are not a linear projection of one pooled
-feature (see :mod:`asymvlm.data.encoder`).
+Per modality a damped KFAC Laplace posterior over W (laplace-torch) under the contrastive
+softmax likelihood p(target | source) = softmax_c(s cos(g, t_c)) over a class batch, prior
+precision by marginal likelihood: Cov[vec W] = A'^-1 (x) B'^-1. An item's uncertainty is
+tr Cov[g] = (phi^T A'^-1 phi) tr(B'^-1); retrieval ranks by ProbCosine's expected cosine.
+Rows are ``[embedding (d) | pre-projection feature (p)]`` (:meth:`BayesVLM.split_inputs`).
+The design is described in docs/methods.md.
 """
 
 from __future__ import annotations
@@ -70,9 +33,6 @@ MISSING_PRE = (
 )
 
 
-# -- the posterior ----------------------------------------------------------------------------
-
-
 class _CosineSoftmaxLogits(nn.Module):
     """The likelihood's logits for a class batch: ``s * cos(W phi, t_c)`` over the batch's
     targets (the other modality's unit embeddings of the same pairs), as in the VLM's own
@@ -90,19 +50,6 @@ class _CosineSoftmaxLogits(nn.Module):
         return self.logit_scale * unit(self.proj(batch["input_ids"])) @ batch["targets"].T
 
 
-class _Pairs(torch.utils.data.Dataset):
-    """Pair indices; the loader's collate turns a class batch of them into the model's input."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
 def _class_batches(
     source: torch.Tensor, targets: torch.Tensor, class_batch: int, seed: int
 ) -> torch.utils.data.DataLoader:
@@ -117,7 +64,7 @@ def _class_batches(
         return {"input_ids": source[idx], "targets": targets[idx], "labels": labels}
 
     return torch.utils.data.DataLoader(
-        _Pairs(len(source)), batch_sampler=batches, collate_fn=collate
+        range(len(source)), batch_sampler=batches, collate_fn=collate
     )
 
 
@@ -135,13 +82,12 @@ def fit_projection_posterior(
     prior_init: float = 1.0,
     seed: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """BayesVLM's Laplace posterior over one projection ``g = W phi`` (module docstring).
+    """BayesVLM's Laplace posterior over one projection ``g = W phi``.
 
-    ``source`` [n, p]: the pre-projection features of the n training pairs' items of this
-    modality; ``targets`` [n, d]: the other modality's unit embeddings of the same pairs;
-    ``projection`` [d, p]: ``W*``. Returns ``a_inv`` [p, p] = ``A'^-1``, ``b_inv`` [d, d] =
-    ``B'^-1`` and ``prior_precision`` (lambda, 0-d), float64, and the laplace object
-    (``laplace``) for inspection.
+    ``source`` [n, p]: pre-projection features of this modality's items of the training pairs;
+    ``targets`` [n, d]: the other modality's unit embeddings of the same pairs; ``projection``
+    [d, p]: ``W*``. Returns float64 ``a_inv`` [p, p], ``b_inv`` [d, d], ``prior_precision``
+    (0-d) and the fitted ``laplace`` object.
     """
     from laplace.curvature import CurvlinopsGGN
 
@@ -175,13 +121,8 @@ def fit_projection_posterior(
 
 
 def _damped_kron_laplace() -> type:
-    """laplace-torch's ``KronLaplace`` whose posterior precision keeps ``damping=True``.
-
-    laplace-torch 0.3 builds ``posterior_precision`` as ``H * factor + prior``, and
-    ``KronDecomposed.__mul__`` / ``__add__`` return new objects without the damping flag: the
-    marginal likelihood, functional variance and samples of ``KronLaplace(damping=True)`` would
-    silently use the undamped ``A (x) B + lambda I``. This subclass puts the flag back.
-    """
+    """laplace-torch's ``KronLaplace`` whose posterior precision keeps ``damping=True``
+    (laplace-torch 0.3 drops the flag in ``H * factor + prior``)."""
     from laplace import KronLaplace
 
     class DampedKronLaplace(KronLaplace):
@@ -195,10 +136,8 @@ def _damped_kron_laplace() -> type:
 
 
 def _balance_kron_factors(la: Any, n: int) -> None:
-    """Rescale laplace-torch's KFAC factors ``(B, A)`` = (sum over the data, mean over the data)
-    to ``(B / sqrt(n), A * sqrt(n))``: the same Kronecker product (the KFAC of the summed GGN),
-    with each factor carrying ``sqrt(n)``, as BayesVLM's ``A / sqrt(n)``, ``B / sqrt(n)`` of
-    summed factors; the damped prior ``sqrt(lambda) I`` is added to factors of that scale."""
+    """Rescale the KFAC factors (B, A) = (sum, mean over the data) to (B / sqrt(n), A sqrt(n)):
+    the same product, each factor carrying sqrt(n) as BayesVLM's, before the damped prior."""
     for factors in la.H_facs.kfacs:
         b, a = factors
         factors[0], factors[1] = b / math.sqrt(n), a * math.sqrt(n)
@@ -239,21 +178,14 @@ def expected_norm_unit(mean: torch.Tensor, trace: torch.Tensor) -> torch.Tensor:
     return mean / (mean.pow(2).sum(-1) + trace).clamp_min(1e-30).sqrt().unsqueeze(-1)
 
 
-# -- the method -------------------------------------------------------------------------------
-
-
 @register("bayesvlm")
 class BayesVLM(Method):
     """BayesVLM on cached pre-projection features (module docstring).
 
-    No SGD: :meth:`fit_posthoc` fits both posteriors on the whole training split when training
-    starts. Saved in the state dict: the MAP projections (``<modality>_projection`` [d, p]),
-    ``<modality>_a_inv`` [p, p], the diagonal of ``B'^-1`` (``<modality>_b_inv_diag`` [d]) and
-    the prior precisions; the p-sized buffers are empty until fitted and take a checkpoint's
-    shape when loaded. Encodings: ``mean`` (``W* phi``), ``trace`` (``tr Cov[g]``, the
-    uncertainty) and ``mu`` = ``mean / sqrt(|mean|^2 + trace)``, so the base score
-    ``mu_t . mu_i`` is ProbCosine's expected cosine.
-    """
+    :meth:`fit_posthoc` fits both posteriors; the state dict holds the MAP projections,
+    ``A'^-1``, diag ``B'^-1`` and the prior precisions. Encodings: ``mean`` = W* phi,
+    ``trace`` = tr Cov[g] (the uncertainty) and ``mu`` = mean / sqrt(|mean|^2 + trace), so the
+    base score is ProbCosine's."""
 
     trainable = False
     uncertainty_doc = (
@@ -300,7 +232,6 @@ class BayesVLM(Method):
             self.register_buffer(f"{modality}_b_inv_diag", torch.zeros(dim))
             self.register_buffer(f"{modality}_prior_precision", torch.zeros(()))
 
-    # -- fitting ------------------------------------------------------------------------------
     def fit_posthoc(self, data: SplitTensors) -> None:
         """Fit both projection posteriors on the whole training split: the image posterior
         with each caption's image as source and the captions as targets, the text posterior
@@ -346,7 +277,6 @@ class BayesVLM(Method):
             )
         return data.image_pre, data.text_pre
 
-    # -- encodings ----------------------------------------------------------------------------
     def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``[embedding input | pre-projection feature]`` of the split's images and
         captions (see the module docstring)."""
@@ -380,13 +310,8 @@ class BayesVLM(Method):
     def encode_images(self, image_emb: torch.Tensor) -> Encoding:
         return self._encode("image", image_emb)
 
-    # score: the base class's mu_t . mu_i, ProbCosine's expected cosine (prob_cosine).
-
-    def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
-        return texts["trace"]
-
-    def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
-        return images["trace"]
+    def uncertainty_from(self, enc: Encoding) -> torch.Tensor:
+        return enc["trace"]
 
     def calibration_scale(self) -> float:
         """The logit scale of the likelihood (CLIP's 100 by default)."""

@@ -1,10 +1,5 @@
-"""Deterministic references: the frozen model itself and deterministic fine-tuning.
-
-* ``clip``: no parameters, cosine similarity of the frozen embeddings (the pre-trained VLM).
-* ``determ-ft``: the AsymVLM text adapter MLP without kappa: t' = g_T(f_T(t)) / ||.||, CLIP's
-  InfoNCE on tau * cos with a trainable tau (Tables 2-3, "Determ. FT").
-Neither defines an uncertainty.
-"""
+"""Deterministic references: ``clip`` (the frozen model's cosine, nothing to train) and
+``determ-ft`` (the text adapter MLP without kappa, InfoNCE on tau * cos; Tables 2-3)."""
 
 from __future__ import annotations
 
@@ -23,16 +18,13 @@ class FrozenCLIP(Method):
     trainable = False
 
     def __init__(self, dim: int, **adapter_kwargs: object) -> None:
-        """Adapter sizes (``hidden_dim``, ``depth``) are accepted and ignored: nothing to adapt."""
+        """Adapter sizes (``hidden_dim``, ``depth``) are accepted and ignored."""
         super().__init__(dim)
 
 
 @register("determ-ft")
 class DeterministicFT(Method):
-    """Deterministic fine-tuning of the text side with the same adapter MLP (App. B.1).
-
-    Protocol ``official``: PyTorch's default init and unscaled inputs, as the authors' adapters.
-    """
+    """Deterministic fine-tuning of the text side with the adapter of App. B.1."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "calibrate_input": False},
@@ -56,8 +48,4 @@ class DeterministicFT(Method):
         return {"mu": unit(self.text_adapter(text_emb))}
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
-        scaled = self.temperature * texts["mu"]
-        return info_nce(scaled @ images["mu"].T)  # tau * cos in one matrix product
-
-    def training_stats(self) -> dict[str, float]:
-        return {"temperature": float(self.temperature.detach())}
+        return info_nce((self.temperature * texts["mu"]) @ images["mu"].T)

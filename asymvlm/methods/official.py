@@ -1,14 +1,6 @@
-"""The authors' code (li-ju666/asymvlm) seen from this project: method keys, parameter names and
-optimiser defaults per protocol.
-
-* :data:`OFFICIAL_KEYS` -- this project's method name -> the official ``--method`` key.
-* :func:`from_official_state_dict` -- an official adaptor's ``state_dict`` -> this project's
-  parameter names (used by ``asymvlm import-official`` and the conformance tests).
-* :func:`optimizer_defaults` -- optimiser, lr, momentum and weight decay of a method under a
-  protocol: ``official`` = the defaults of the authors' ``train.py`` per method (SGD for
-  AsymVLM and PFE, AdamW for ProbVLM, PCME++ and ProLIP); ``improved`` = the paper's text
-  (SGD with momentum 0.9, weight decay 5e-4, lr 1e-2 before the grid search) for every method.
-"""
+"""The authors' code (li-ju666/asymvlm) seen from this project: method keys, parameter names
+(:func:`from_official_state_dict`, used by ``asymvlm import-official`` and the conformance tests)
+and optimiser defaults per protocol (:func:`optimizer_defaults`)."""
 
 from __future__ import annotations
 
@@ -27,9 +19,8 @@ OFFICIAL_KEYS = {
     "prolip": "prolip",
 }
 
-#: (official name pattern, this project's name) per method; the first match wins. The
-#: official ProbVLM backbone has a dropout (p = 0) at index 4, so its last Linear is ``mod.5``
-#: where this project's two-hidden-layer MLP has index 4.
+#: (official name pattern, this project's name) per method; the first match wins. The official
+#: ProbVLM backbone has a dropout at index 4, so its last Linear is ``mod.5`` (ours: 4).
 _NAME_MAP: dict[str, list[tuple[str, str]]] = {
     "asymvlm": [
         (r"^text_adaptor\.temperature$", "temperature"),
@@ -57,19 +48,13 @@ _NAME_MAP["prolip"] = _NAME_MAP["pcmepp"][:2]
 _MODALITY = {"img": "image_adapter", "txt": "text_adapter"}
 
 
-def official_name_map(method: str) -> list[tuple[str, str]]:
-    """The (official pattern, our name) rules of ``method``; KeyError for methods the authors'
-    code does not have."""
+def our_name(method: str, official: str) -> str:
+    """This project's parameter name for the official parameter ``official`` of ``method``."""
     if method not in OFFICIAL_KEYS:
         raise KeyError(
             f"the authors' code has no {method!r}; it has {', '.join(sorted(OFFICIAL_KEYS))}"
         )
-    return _NAME_MAP["asymvlm" if method.startswith("asymvlm") else method]
-
-
-def our_name(method: str, official: str) -> str:
-    """This project's parameter name for the official ``official`` of ``method``."""
-    for pattern, target in official_name_map(method):
+    for pattern, target in _NAME_MAP["asymvlm" if method.startswith("asymvlm") else method]:
         if re.match(pattern, official):
             name = re.sub(pattern, target, official)
             head, _, rest = name.partition(".")
@@ -80,11 +65,9 @@ def our_name(method: str, official: str) -> str:
 def from_official_state_dict(
     method: str, state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """An official adaptor's ``state_dict`` renamed (and reshaped: the official PCME++ scalars
-    have shape [1]) onto ``reference``, the state dict of this project's method built under
-    protocol ``official``. Buffers the official code lacks (the input scale, 1 = unscaled)
-    keep the reference's values. Every official tensor must land on a reference entry of the
-    same number of elements, and every reference parameter must be covered."""
+    """An official ``state_dict`` renamed and reshaped onto ``reference`` (this project's
+    ``official`` method's state dict); every reference parameter but the input scale (1 =
+    unscaled) must be covered, each by a tensor of as many elements."""
     out = dict(reference)
     covered: set[str] = set()
     for name, value in state.items():
@@ -113,51 +96,39 @@ _OFFICIAL_OPTIMIZERS: dict[str, dict[str, Any]] = {
     "pcmepp": {"optimizer": "adamw", "lr": 5e-4, "weight_decay": 1e-4},
     "prolip": {"optimizer": "adamw", "lr": 5e-4, "weight_decay": 5e-4},
 }
-#: The paper's text for every method (protocol ``improved``; the lr is a grid's start).
-_IMPROVED_OPTIMIZER: dict[str, Any] = {
-    "optimizer": "sgd",
-    "lr": 1e-2,
-    "momentum": 0.9,
-    "weight_decay": 5e-4,
-}
 
 
 def optimizer_defaults(method: str, protocol: str) -> dict[str, Any]:
-    """``{"optimizer", "lr", "momentum", "weight_decay"}`` of ``method`` under ``protocol``.
-
-    ``official``: the authors' per-method defaults; methods their code lacks (the ablations,
-    SigLIP variants, ELIP, Determ. FT) take AsymVLM's (SGD 1e-2), as the paper trains them.
-    ``momentum`` is 0.9 wherever AdamW ignores it.
-    """
+    """``{"optimizer", "lr", "momentum", "weight_decay"}`` of ``method`` under ``protocol``:
+    the authors' per-method defaults (``official``; AsymVLM's for methods their code lacks) or
+    the paper's SGD (momentum 0.9, weight decay 5e-4, lr 1e-2) for every method (``improved``)."""
     if protocol == "official":
-        picked = _OFFICIAL_OPTIMIZERS.get(method, _OFFICIAL_OPTIMIZERS["asymvlm"])
-        return {"momentum": 0.9, **picked}
-    return dict(_IMPROVED_OPTIMIZER)
+        return {
+            "momentum": 0.9,
+            **_OFFICIAL_OPTIMIZERS.get(method, _OFFICIAL_OPTIMIZERS["asymvlm"]),
+        }
+    return dict(_OFFICIAL_OPTIMIZERS["asymvlm"])
 
 
 def method_name(key: str) -> str:
     """This project's name for an official ``--method`` key (or for one of ours)."""
     ours = {official: name for name, official in OFFICIAL_KEYS.items()}
-    if key in ours:
-        return ours[key]
-    if key in OFFICIAL_KEYS:
-        return key
+    if key in ours or key in OFFICIAL_KEYS:
+        return ours.get(key, key)
     known = sorted(set(OFFICIAL_KEYS) | set(ours))
     raise KeyError(f"the authors' code has no method {key!r}; it has {', '.join(known)}")
 
 
 def official_dim(method: str, state: dict[str, torch.Tensor]) -> int:
-    """The embedding dimension of an official state dict: the input width of its first layer."""
+    """The embedding dimension of an official state dict: its first layer's input width."""
     first = next(name for name in state if name.endswith(".0.weight"))
     return int(state[first].shape[1])
 
 
 def load_official(method: str, state: dict[str, torch.Tensor]) -> Any:
-    """This project's ``method`` under protocol ``official`` holding the official weights
-    ``state`` (a ``torch.save(adaptor.state_dict())`` of the authors' train.py)."""
+    """This project's ``method`` under protocol ``official`` holding the official weights."""
     from asymvlm.methods.base import build_method
 
     model = build_method(method, official_dim(method, state), protocol="official")
-    reference = model.state_dict()
-    model.load_state_dict(from_official_state_dict(method, state, reference))
+    model.load_state_dict(from_official_state_dict(method, state, model.state_dict()))
     return model

@@ -1,16 +1,8 @@
-"""A trained adapter as an MLflow model, embeddings in or captions in.
-
-Every finished trial of a sweep logs its adapter as the pyfunc model ``adapter``
-(:class:`CaptionUncertaintyModel`: frozen text embeddings in, uncertainty out) and, for tables
-written by the embedding stage, ``text-adapter`` (:class:`CaptionTextModel`: captions in, the
-numbers of ``asymvlm score-text``); both are served by ``mlflow models serve``. The model holds
-the adapter's checkpoint folder (:data:`asymvlm.checkpoints.ADAPTER_FILES`) as its artifact;
-MLflow's API is reached through :mod:`asymvlm.tracking` only (:func:`log_adapter_models`).
-"""
+"""A trained adapter as MLflow pyfunc models, logged for every trial of a sweep and served by
+``mlflow models serve``: ``adapter`` (text embeddings in) and ``text-adapter`` (captions in)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 from typing import Any
@@ -25,26 +17,14 @@ from asymvlm.tracking import PythonModel, Run, invalid_input, pinned_requirement
 
 __all__ = ["CaptionTextModel", "CaptionUncertaintyModel", "log_adapter_models"]
 
-logger = logging.getLogger(__name__)
-
 #: The libraries every logged model needs (pinned to the versions installed here).
 REQUIREMENTS = ("torch", "numpy", "pandas", "scipy", "pyarrow", "mlflow")
 
 
 class CaptionUncertaintyModel(PythonModel):
-    """Scores caption uncertainty from frozen text embeddings with a trained adapter.
-
-    Input: a DataFrame with ``embedding`` (unit text embedding, a list of d floats per row) and,
-    for adapters trained on raw features (``adapter_input = "raw"``, the default), ``norm`` (the
-    raw projection norm, as in the embedding tables). Output: ``uncertainty`` (the method's
-    per-caption uncertainty, e.g. 1/kappa) and ``kappa`` where the method has one (null where
-    it has none).
-
-    Bad input -- a missing column, an embedding that is not ``d`` numbers, a NaN/inf embedding
-    value, a norm that is not a positive finite number -- raises
-    an invalid-input error (:func:`asymvlm.tracking.invalid_input`) naming the row, which the
-    scoring server answers with HTTP 400 and that message; a response never holds NaN.
-    """
+    """Frozen text embeddings in (``embedding``: d floats a row, and ``norm`` for adapters on
+    raw features), ``uncertainty`` and ``kappa`` (null where undefined) out. Bad input is an
+    invalid-input error naming the row (HTTP 400 from the server); no response holds NaN."""
 
     def load_context(self, context) -> None:
         self.method, self.meta = load_checkpoint(context.artifacts["checkpoint"])
@@ -106,17 +86,8 @@ class CaptionUncertaintyModel(PythonModel):
 
 
 class CaptionTextModel(PythonModel):
-    """Text in, uncertainty out: the adapter with the frozen encoder its tables were embedded
-    with (:class:`asymvlm.Scorer`).
-
-    Input: a DataFrame with a ``text`` column (one caption a row). Output: ``uncertainty`` and
-    ``kappa`` (null where the method has none), the numbers of ``asymvlm score-text``. The
-    encoder is referenced, not copied into the model (a CLIP is hundreds of MB and every trial
-    logs one): its id or folder and the SHA-256 of a folder's files are in the adapter's
-    ``config.json``, so the server loads it by id (a hub download) or from the same folder, and
-    refuses a folder whose files changed. A missing ``text`` column, an empty or non-string
-    caption is an invalid-input error naming the row (HTTP 400 from ``mlflow models serve``).
-    """
+    """Captions in (``text``), the numbers of ``asymvlm score-text`` out, through
+    :class:`asymvlm.Scorer`; the encoder is referenced by the checkpoint, not copied."""
 
     def load_context(self, context) -> None:
         self.scorer = Scorer.from_checkpoint(context.artifacts["checkpoint"], device="cpu")
@@ -140,11 +111,8 @@ class CaptionTextModel(PythonModel):
 
 
 def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
-    """Log the adapter of the checkpoint folder ``checkpoint_dir`` on ``run``: as ``adapter``
-    (embeddings in) and, when its checkpoint names the encoder of its tables (tables written by
-    the embedding stage), as ``text-adapter`` (captions in; the encoder is referenced by id or
-    folder, not copied). Only the adapter's files travel (no optimiser state, no history).
-    Returns the names logged."""
+    """Log the adapter of ``checkpoint_dir`` on ``run`` as ``adapter`` and, when its checkpoint
+    names an encoder, as ``text-adapter``; returns the names logged."""
     meta = read_checkpoint_meta(checkpoint_dir) or {}
     dim = int(meta["dim"])
     example = pd.DataFrame({"embedding": [[0.0] * dim], "norm": [1.0]})

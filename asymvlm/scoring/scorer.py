@@ -1,26 +1,13 @@
-"""Text in, uncertainty out: score new captions (and images) with a trained adapter.
-
-A checkpoint records the frozen encoder its tables were embedded with (``encoder`` in its
-``config.json``: the model id or local directory, revision, family, the SHA-256 of a local
-model's files, the embedding width; :func:`asymvlm.checkpoints.provenance`).
-:class:`Scorer` loads that encoder (:class:`asymvlm.data.encoder.Encoder`, the embedding stage's
-own) beside the adapter, so that a caption scored here gets the numbers ``asymvlm score`` gives
-for the same caption in a table embedded with the same encoder:
+"""Text in, uncertainty out: :class:`Scorer`, a trained adapter with the frozen encoder its
+tables were embedded with (recorded in its checkpoint), so a caption gets the numbers ``asymvlm
+score`` gives for the same caption in a table::
 
     >>> scorer = Scorer.from_checkpoint("runs/demo/adapter")          # doctest: +SKIP
     >>> scorer.caption_uncertainty(["a dog", "a golden retriever catching a red frisbee"])
-
-``from_checkpoint`` takes a checkpoint folder, an MLflow model URI (``runs:/<run>/adapter``,
-``models:/<name>/<version>``) of a model logged by a sweep (:mod:`asymvlm.scoring.models`) or a
-Hub model ``hf-hub:ORG/REPO[@REVISION]`` (:func:`asymvlm.checkpoints.resolve_checkpoint`);
-``from_pretrained`` takes model folders only (``asymvlm export``, the Hub), refusing one with a
-pickle or a changed file.
-Captions and images go through in batches of ``batch_size`` on the scorer's device.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,14 +17,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from asymvlm import logs, tables
+from asymvlm import logs
 from asymvlm.checkpoints import load_checkpoint, resolve_checkpoint
 from asymvlm.data.encoder import files_sha256, load_encoder, local_source
 from asymvlm.data.encoder.hub import check_hub_model
 from asymvlm.errors import AsymVLMError, CheckpointError
 from asymvlm.splits import SplitTensors
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["NOT_AN_ENCODER", "CaptionScores", "Scorer", "ScoringInputError"]
 
@@ -59,8 +44,7 @@ class ScoringInputError(AsymVLMError, ValueError):
 
 @dataclass
 class CaptionScores:
-    """Per caption: the method's uncertainty, kappa where the method has one (vMF / Power
-    Spherical concentration; None otherwise) and the mean direction ``mu`` [n, d]."""
+    """Per caption: the uncertainty, kappa (None where the method has none) and ``mu`` [n, d]."""
 
     text: list[str]
     uncertainty: np.ndarray | None
@@ -68,8 +52,7 @@ class CaptionScores:
     mu: np.ndarray
 
     def records(self) -> list[dict[str, Any]]:
-        """One JSON-ready object per caption: ``text``, ``kappa`` (where defined) and
-        ``uncertainty``."""
+        """One JSON-ready dict per caption: ``text``, ``kappa`` (where defined), ``uncertainty``."""
         out = []
         for i, text in enumerate(self.text):
             row: dict[str, Any] = {"text": text}
@@ -80,8 +63,7 @@ class CaptionScores:
         return out
 
     def table(self) -> pa.Table:
-        """``text``, ``kappa`` and ``uncertainty`` as float32 columns (null where the method
-        defines none)."""
+        """``text``, ``kappa`` and ``uncertainty`` columns (null where undefined)."""
         n = len(self.text)
         columns: dict[str, pa.Array] = {"text": pa.array(self.text, pa.string())}
         for name in ("kappa", "uncertainty"):
@@ -93,13 +75,8 @@ class CaptionScores:
 
 
 class Scorer:
-    """A trained adapter with the frozen encoder its tables were embedded with.
-
-    Build it with :meth:`from_checkpoint`; :meth:`caption_uncertainty` takes captions,
-    :meth:`score` images and captions. ``encoder`` is an
-    :class:`~asymvlm.data.encoder.Encoder` (loaded once, :func:`~asymvlm.data.encoder.load_encoder`;
-    the scorer only runs it).
-    """
+    """A trained adapter with its frozen :class:`~asymvlm.data.encoder.Encoder`, batches of
+    ``batch_size`` on the encoder's device; build it with :meth:`from_checkpoint`."""
 
     def __init__(
         self,
@@ -120,13 +97,11 @@ class Scorer:
         self.method.to(self.device)
         self.raw_text = meta.get("adapter_input", "raw") == "raw"
         self.uses_pre = bool(getattr(method, "USES_PRE_FEATURES", False))
-        #: The frozen model's projections, for methods on pre-projection features (once).
         self.projections = {
             f"{m}_projection": torch.from_numpy(w).to(self.device)
             for m, w in (encoder.projections().items() if self.uses_pre else ())
         }
 
-    # -- loading ------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(
         cls,
@@ -137,11 +112,8 @@ class Scorer:
         dtype: str = "float32",
         batch_size: int = 256,
     ) -> Scorer:
-        """The adapter of a model folder (``asymvlm export``) or of a Hub repository
-        (``hf-hub:ORG/REPO[@REVISION]``, downloaded through ``huggingface_hub``: its cache,
-        ``HF_HUB_OFFLINE``, a token from the environment), with its encoder (as
-        :meth:`from_checkpoint`). A folder holding a pickle, or whose ``model.safetensors``
-        differs from the SHA-256 its ``config.json`` records, is refused naming the file."""
+        """:meth:`from_checkpoint` of a model folder (``asymvlm export``) or Hub repository
+        (``hf-hub:ORG/REPO[@REVISION]``) only; a pickle or a changed file is refused."""
         return cls.from_checkpoint(
             name,
             encoder=encoder,
@@ -164,13 +136,9 @@ class Scorer:
         pretrained: bool = False,
     ) -> Scorer:
         """The adapter of ``source`` (a checkpoint folder, an MLflow model URI or
-        ``hf-hub:ORG/REPO[@REVISION]``) with the encoder its checkpoint names -- or ``encoder``
-        when given: a transformers id or folder, or an ``open_clip:`` name (e.g. for a model
-        folder that moved), or an encoder object (:class:`~asymvlm.data.encoder.Encoder`, or a
-        :class:`~asymvlm.scoring.TableEncoder` for tables without an encoder). Local encoder
-        files that differ from those the tables were embedded with are refused unless
-        ``encoder`` names them. ``pretrained``: ``source`` must be a model folder
-        (:meth:`from_pretrained`)."""
+        ``hf-hub:ORG/REPO[@REVISION]``) with the encoder its checkpoint names, or ``encoder``
+        (a name, or an encoder object such as a :class:`~asymvlm.scoring.TableEncoder`).
+        Local encoder files that changed since the tables were embedded are refused."""
         folder = resolve_checkpoint(source, tracking_uri, pretrained=pretrained)
         method, meta = load_checkpoint(folder, "cpu")
         if encoder is not None and not isinstance(encoder, str):  # an encoder, already loaded
@@ -207,7 +175,6 @@ class Scorer:
             loaded = load_encoder(name, device=device, dtype=dtype, revision=revision)
         return cls(method, meta, loaded, batch_size=batch_size)
 
-    # -- captions -----------------------------------------------------------------------------
     def _check_captions(self, captions: Sequence[str]) -> list[str]:
         if isinstance(captions, str):
             captions = [captions]
@@ -235,15 +202,14 @@ class Scorer:
         return self._on_device(parts)
 
     def _on_device(self, parts: list[tuple[np.ndarray, ...]]) -> dict[str, torch.Tensor]:
-        """The encoder's batches -- (unit, norm[, pre]) each -- joined, on the device."""
+        """The encoder's batches of (unit, norm[, pre]) joined, on the device."""
         columns = [
             torch.from_numpy(np.concatenate(c)).to(self.device) for c in zip(*parts, strict=True)
         ]
         return dict(zip(("unit", "norm", "pre"), columns, strict=False))
 
     def _text_rows(self, embedded: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The adapter's caption input, as the trainer builds it from tables
-        (``adapter_input``: raw = unit embedding x raw norm, or unit)."""
+        """The adapter's caption input: unit x raw norm (``adapter_input`` raw) or unit."""
         unit = embedded["unit"]
         return unit * embedded["norm"][:, None] if self.raw_text else unit
 
@@ -275,11 +241,10 @@ class Scorer:
                 )
         return result
 
-    # -- images -------------------------------------------------------------------------------
     @staticmethod
     def _open_image(image: Any, index: int):
-        """A PIL image from a PIL image, a path (any filesystem) or encoded bytes, decoded as
-        the embedding stage decodes (:func:`asymvlm.data.encode.load_image`)."""
+        """A PIL image from a PIL image, a path or encoded bytes, decoded as the embedding stage
+        decodes."""
         from PIL import Image
 
         from asymvlm.data.encode import load_image
@@ -311,9 +276,7 @@ class Scorer:
         return self._on_device(parts)
 
     def score(self, images: Sequence[Any], captions: Sequence[str]) -> np.ndarray:
-        """[n_captions, n_images] retrieval scores: the log-likelihood of each image under each
-        caption's distribution for AsymVLM (Sec. 3; the method's own score for the others);
-        retrieval is the argmax."""
+        """[n_captions, n_images] retrieval scores (the log-likelihood for AsymVLM, App. A.2)."""
         captions = self._check_captions(captions)
         images = list(images)
         if not captions or not images:
@@ -326,36 +289,20 @@ class Scorer:
             )
         return scores.float().cpu().numpy()
 
-    # -- the split the methods take -----------------------------------------------------------
     def _split(self, texts: dict[str, torch.Tensor], images: dict[str, torch.Tensor] | None = None):
-        """A :class:`~asymvlm.splits.SplitTensors` of these inputs, as the trainer builds
-        one from tables (so each method picks its own inputs: :meth:`Method.split_inputs`)."""
-        dim = int(self.meta["dim"])
-        if images is None:  # captions only: no images (nothing is compared)
-            images = {
-                "unit": torch.zeros(0, dim, device=self.device),
-                "norm": torch.zeros(0, device=self.device),
-            }
+        """A :class:`~asymvlm.splits.SplitTensors` of these inputs, so that each method takes
+        its own rows (:meth:`Method.split_inputs`)."""
+        if images is None:  # captions only
+            images = {"unit": torch.zeros(0, int(self.meta["dim"]), device=self.device)}
+            images["norm"] = torch.zeros(0, device=self.device)
             if self.uses_pre:
                 images["pre"] = torch.zeros(0, self.encoder.pre_dims()["image"], device=self.device)
-        n_text, n_image = texts["unit"].shape[0], images["unit"].shape[0]
-        empty = np.zeros((0, dim), np.float32)
-        split = tables.EmbeddingSplit(
-            image_ids=[str(i) for i in range(n_image)],
-            image_embeddings=empty,
-            caption_ids=[str(i) for i in range(n_text)],
-            text_image_index=np.zeros(n_text, np.int64),
-            texts=[],
-            text_embeddings=empty,
-            text_norms=None,
-            extra_text_columns={},
-            manifest=None,
-        )
+        n_text = texts["unit"].shape[0]
         return SplitTensors(
             image_emb=images["unit"],
             text_emb=self._text_rows(texts),
             text_to_image=torch.zeros(n_text, dtype=torch.long, device=self.device),
-            split=split,
+            split=None,
             image_norm=images["norm"],
             image_pre=images.get("pre"),
             text_pre=texts.get("pre"),

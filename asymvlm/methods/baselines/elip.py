@@ -1,9 +1,6 @@
 """ELIP (evidential retrieval) on cached embeddings: residual adapters on both modalities,
-Dirichlet evidence e = exp(tau * cos) over a gallery, evidential loss (ELIP Eq. 6-10),
-uncertainty u = K / S (Eq. 4).
-
-The authors' code has no ELIP; protocol ``official`` only applies their common conventions
-(PyTorch's default init of the hidden layers).
+Dirichlet evidence e = exp(tau * cos) over a gallery, the evidential loss (ELIP Eq. 6-10) and
+u = K / S (Eq. 4). The authors' code has no ELIP; ``official`` only uses the default init.
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from torch.distributions import Dirichlet, kl_divergence
 
 from asymvlm.methods.base import Encoding, Init, Method, mlp, register, unit
 
-#: Cap on tau * cos before exp (e^30 ~ 1e13): overflow safety only; a pair reaches it only when
-#: tau > 30, so unlike ELIP's clamp at +-10 with tau = 100 it does not kill the gradients.
+#: Cap on tau * cos before exp (e^30 ~ 1e13): overflow safety only.
 MAX_EVIDENCE_LOGIT = 30.0
 
 
@@ -56,14 +52,10 @@ def evidential_loss(alpha: torch.Tensor, y: torch.Tensor, kl_weight: float) -> t
 class ELIP(Method):
     """ELIP on cached embeddings: residual adapters x' = unit(x + mlp(x)) for both modalities.
 
-    The last Linear of each mlp is zero-initialised, so training starts at the frozen model.
-    Evidence e = exp(tau * cos) with tau = exp(ln tau) learnable (init 10), alpha = e + 1
-    (Eq. 6); loss 1/2 (L_i2t + L_t2i) over the batch (Eq. 10), each the Bayes risk (Eq. 8) plus
-    lambda_t KL to the uniform Dirichlet (Eq. 9), lambda_t = min(1, epoch / kl_anneal_epochs).
-    Score: cosine of the adapted embeddings. Uncertainty u = K / S (Eq. 4) of a caption over a
-    FIXED gallery of K training images (of an image, over K training captions), both adapted;
-    the gallery is drawn once in ``fit_start`` and saved with the state dict.
-    """
+    The last layer starts at zero (training starts at the frozen model); tau = exp(ln tau)
+    (init 10); loss 1/2 (L_i2t + L_t2i) (Eq. 10), lambda_t = min(1, epoch / kl_anneal_epochs).
+    Uncertainty: u = K / S of an item over a fixed gallery of K training items of the other
+    modality, drawn in ``fit_start``."""
 
     uncertainty_doc = "K / S over a fixed gallery of K items (ELIP Eq. 4), both modalities"
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {"official": {"init": "default"}}
@@ -101,7 +93,6 @@ class ELIP(Method):
     def encode_images(self, image_emb: torch.Tensor) -> Encoding:
         return {"mu": unit(image_emb + self.image_adapter(image_emb))}
 
-    # -- gallery -----------------------------------------------------------------------------
     def fit_start(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> None:
         """Draw the fixed reference galleries (raw embeddings, adapted when used)."""
         for name, emb in zip(self.FITTED_BUFFERS, (image_emb, text_emb), strict=True):
@@ -119,16 +110,17 @@ class ELIP(Method):
             )
         return gallery
 
-    # -- uncertainty -------------------------------------------------------------------------
     def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
-        gallery = self.encode_images(self._gallery("gallery_images"))["mu"]
-        return evidential_uncertainty(dirichlet_alpha(texts["mu"] @ gallery.T, self.temperature))
+        return self._evidential_u(texts, self.encode_images(self._gallery("gallery_images")))
 
     def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
-        gallery = self.encode_texts(self._gallery("gallery_texts"))["mu"]
-        return evidential_uncertainty(dirichlet_alpha(images["mu"] @ gallery.T, self.temperature))
+        return self._evidential_u(images, self.encode_texts(self._gallery("gallery_texts")))
 
-    # -- training ----------------------------------------------------------------------------
+    def _evidential_u(self, items: Encoding, gallery: Encoding) -> torch.Tensor:
+        return evidential_uncertainty(
+            dirichlet_alpha(items["mu"] @ gallery["mu"].T, self.temperature)
+        )
+
     def kl_weight(self, epoch: int) -> float:
         """lambda_t = min(1, t / kl_anneal_epochs) (ELIP Eq. 9)."""
         if self.kl_anneal_epochs <= 0:
@@ -141,6 +133,3 @@ class ELIP(Method):
         y = torch.eye(cos.shape[0], dtype=cos.dtype, device=cos.device)
         lam = self.kl_weight(epoch)
         return 0.5 * (evidential_loss(alpha, y, lam) + evidential_loss(alpha.T, y, lam))
-
-    def training_stats(self) -> dict[str, float]:
-        return {"temperature": float(self.temperature.detach())}

@@ -1,19 +1,7 @@
-"""Post-hoc Gaussian baselines on cached embeddings (paper Sec. 5, App. B.3): PFE*, PCME++*,
-ProLIP*. Frozen means, a per-dimension variance head per modality; retrieval is the frozen
-model's cosine, so only the uncertainty depends on training.
-
-* ``pfe``: PFE* (Shi & Jain 2019) -- sigma^2 = softplus(mlp(x)), the mutual likelihood score
-  (MLS) of matched pairs.
-* ``pcmepp``: PCME++* (Chun 2024) -- ln sigma^2 = mlp(mu), BCE over the pair matrix with
-  logits -a * CSD + b (ProLIP Eq. 1).
-* ``prolip``: ProLIP* (Chun et al. 2025) -- the same heads, the probabilistic pairwise
-  contrastive loss (PPCL, ProLIP Eq. 2), plus the inclusion loss (Eq. 3-5, ``improved``) or
-  the official port's small VIB term (``official``).
-
-Protocols (README "Protocols"): ``official`` is the authors' port (PyTorch's default init; PFE
-with raw means and the loss without the 1/2; PCME++ with raw a and b; ProLIP with s = 1, b = 0
-fixed and a 1e-5 VIB term); ``improved`` is this project's (He init; PFE on unit means;
-a = softplus(a_raw) > 0; ProLIP's learnt s and b, ln sigma^2 starting at -10, inclusion loss).
+"""Post-hoc Gaussian baselines (paper Sec. 5, App. B.3): frozen means, a per-dimension variance
+head per modality, retrieval by the frozen cosine. ``pfe``: PFE* (Shi & Jain 2019, the mutual
+likelihood score); ``pcmepp``: PCME++* (Chun 2024, BCE over -a CSD + b); ``prolip``: ProLIP*
+(Chun et al. 2025, PPCL plus the inclusion loss or, ``official``, the port's VIB term).
 """
 
 from __future__ import annotations
@@ -133,11 +121,8 @@ def _inverse_softplus(y: float) -> float:
 
 
 class _PostHocGaussian(Method):
-    """Frozen means mu = unit(x); a per-dimension variance head per modality (App. B.3).
-
-    ``encode_*`` return ``mu`` (frozen mean), ``var`` (sigma^2) and ``log_var``.
-    Score: cosine of the frozen means. Uncertainty (both modalities): mean sigma^2 over dims.
-    """
+    """Frozen means, a variance head per modality; encodings ``mu``, ``var`` (sigma^2),
+    ``log_var``; uncertainty the mean sigma^2 over dimensions (both modalities)."""
 
     uncertainty_doc = "mean sigma^2 over dimensions (both modalities)"
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {"official": {"init": "default"}}
@@ -148,7 +133,9 @@ class _PostHocGaussian(Method):
         self.text_var_head = mlp(dim, dim, hidden_dim, depth, init)
 
     def _gaussian(self, head: nn.Module, x: torch.Tensor) -> Encoding:
-        raise NotImplementedError
+        mu = unit(x)
+        log_var = head(mu)
+        return {"mu": mu, "var": torch.exp(log_var), "log_var": log_var}
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
         return self._gaussian(self.text_var_head, text_emb)
@@ -156,27 +143,27 @@ class _PostHocGaussian(Method):
     def encode_images(self, image_emb: torch.Tensor) -> Encoding:
         return self._gaussian(self.image_var_head, image_emb)
 
-    def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
-        return texts["var"].mean(-1)
+    def uncertainty_from(self, enc: Encoding) -> torch.Tensor:
+        return enc["var"].mean(-1)
 
-    def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
-        return images["var"].mean(-1)
+    def init_log_var(self, value: float | None) -> None:
+        """Set the heads' output bias, so ln sigma^2 starts near ``value`` (None: leave it)."""
+        if value is not None:
+            for head in (self.image_var_head, self.text_var_head):
+                nn.init.constant_(head[-1].bias, value)
 
 
 @register("pfe")
 class PFE(_PostHocGaussian):
     """PFE*: sigma^2 = softplus(mlp(x)) per dimension, means frozen.
 
-    Loss: ``loss_scale`` * -mean over matched pairs of MLS(image, text) (PFE's mutual
-    likelihood score): 1 (``improved``: unit means, a 1e-6 floor on sigma^2) or 2 (``official``:
-    the port's sum_d[(x_i - x_t)^2 / (s_i^2 + s_t^2) + ln(s_i^2 + s_t^2)] on the raw inputs, no
-    floor). Score: frozen cosine. Uncertainty: mean sigma^2, both modalities.
-    """
+    Loss -``loss_scale`` * mean MLS of matched pairs: on unit means with a 1e-6 floor
+    (``improved``), or twice it on the raw inputs as the port (``official``)."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "raw_means": True, "min_var": 0.0, "loss_scale": 2.0},
     }
-    OFFICIAL_RAW_IMAGES = True  # the means and the variance head see the image norm
+    OFFICIAL_RAW_IMAGES = True
 
     def __init__(
         self,
@@ -194,40 +181,20 @@ class PFE(_PostHocGaussian):
     def _gaussian(self, head: nn.Module, x: torch.Tensor) -> Encoding:
         var = F.softplus(head(x)) + self.min_var
         mu = unit(x)
-        mean = x if self.raw_means else mu  # the Gaussian's mean in the loss
+        mean = x if self.raw_means else mu
         return {"mu": mu, "mean": mean, "var": var, "log_var": torch.log(var)}
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
-        img, txt = images, texts
-        mls = mutual_likelihood_score(img["mean"], img["var"], txt["mean"], txt["var"])
+        mls = mutual_likelihood_score(images["mean"], images["var"], texts["mean"], texts["var"])
         return -self.loss_scale * mls.mean()
 
 
-class _LogVarianceHeads(_PostHocGaussian):
-    """PCME++-style heads: ln sigma^2 = mlp(mu) on the frozen unit embedding."""
-
-    def _init_log_var(self, value: float | None) -> None:
-        """Set the heads' output bias, so ln sigma^2 starts near ``value`` (None: leave it)."""
-        if value is not None:
-            for head in (self.image_var_head, self.text_var_head):
-                nn.init.constant_(head[-1].bias, value)
-
-    def _gaussian(self, head: nn.Module, x: torch.Tensor) -> Encoding:
-        mu = unit(x)
-        log_var = head(mu)
-        return {"mu": mu, "var": torch.exp(log_var), "log_var": log_var}
-
-
 @register("pcmepp")
-class PCMEPP(_LogVarianceHeads):
+class PCMEPP(_PostHocGaussian):
     """PCME++*: ln sigma^2 = mlp(mu), means frozen; probabilistic matching loss.
 
-    Logits -a * CSD(image, text) + b over the B x B pair matrix, BCE with positives on the
-    diagonal, doubled as the official code does (i2t + t2i). a = softplus(a_raw) stays positive
-    (``improved``) or is the raw parameter (``official``); both start at 5, b too.
-    ``init_log_var`` optionally sets the heads' output bias (the official port leaves the
-    default init). Score: frozen cosine. Uncertainty: mean exp(ln sigma^2), both modalities.
-    """
+    BCE over logits -a CSD + b of the pair matrix, doubled (i2t + t2i) as the official code;
+    a = softplus(a_raw) (``improved``) or a_raw (``official``)."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "positive_scale": False},
@@ -245,7 +212,7 @@ class PCMEPP(_LogVarianceHeads):
         positive_scale: bool = True,
     ) -> None:
         super().__init__(dim, hidden_dim, depth, init)
-        self._init_log_var(init_log_var)
+        self.init_log_var(init_log_var)
         self.positive_scale = positive_scale
         raw = _inverse_softplus(init_scale) if positive_scale else float(init_scale)
         self.scale_raw = nn.Parameter(torch.tensor(raw))
@@ -257,8 +224,8 @@ class PCMEPP(_LogVarianceHeads):
         return F.softplus(self.scale_raw) if self.positive_scale else self.scale_raw
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
-        img, txt = images, texts
-        logits = -self.scale * csd(img["mu"], img["var"], txt["mu"], txt["var"]) + self.shift
+        dist = csd(images["mu"], images["var"], texts["mu"], texts["var"])
+        logits = -self.scale * dist + self.shift
         target = torch.eye(logits.shape[0], dtype=logits.dtype, device=logits.device)
         return 2.0 * F.binary_cross_entropy_with_logits(logits, target)
 
@@ -271,18 +238,12 @@ class PCMEPP(_LogVarianceHeads):
 
 
 @register("prolip")
-class ProLIP(_LogVarianceHeads):
+class ProLIP(_PostHocGaussian):
     """ProLIP*: the PCME++ heads with ProLIP's objective, means frozen.
 
-    Loss: PPCL (Eq. 2), logits s * (mu_v^T mu_t - 1/2 sum(sigma_v^2 + sigma_t^2)) + b with the
-    pairwise log-sigmoid loss, plus ``inclusion_weight`` * L_inc(Z_v in Z_t) on matched pairs
-    (Eq. 3-5, c = ``inclusion_scale``; 0 disables) and ``vib_weight`` * the official port's VIB
-    term (:func:`vib_kl`, both modalities; 0 disables). ``learn_scale``: s = exp(ln s) (init
-    10) and b (init -10) are learnt (``improved``); else s = 1 and b = 0 are fixed
-    (``official``). The heads' output bias starts at ``init_log_var`` (-10, as ProLIP
-    initialises ln sigma^2, Sec. 4.1; None: the default init). Score: frozen cosine.
-    Uncertainty: mean sigma^2 (both modalities).
-    """
+    PPCL (Eq. 2) over s * probabilistic cosine + b, plus ``inclusion_weight`` * L_inc(Z_v in Z_t)
+    (Eq. 3-5) and ``vib_weight`` * the port's VIB term. s, b learnt (init 10, -10; ``improved``)
+    or fixed at 1, 0 (``official``); ln sigma^2 starts at ``init_log_var``."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {
@@ -310,7 +271,7 @@ class ProLIP(_LogVarianceHeads):
         vib_weight: float = 0.0,
     ) -> None:
         super().__init__(dim, hidden_dim, depth, init)
-        self._init_log_var(init_log_var)
+        self.init_log_var(init_log_var)
         self.learn_scale = learn_scale
         if learn_scale:
             self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
