@@ -5,10 +5,8 @@
 * :mod:`~asymvlm.tracking.runs` -- :func:`run` / :func:`open_run`: a run with its name, kind,
   parent and MLflow's standard tags; metrics (step = epoch), params, artifacts, status;
   :func:`resume_run` reopens one;
-* :mod:`~asymvlm.tracking.writer` / :mod:`~asymvlm.tracking.spool` -- every write in order,
-  waiting in a local spool folder while the store is unreachable (:func:`use_spool`,
-  :func:`pending`, :func:`drain`); :func:`replay` (``asymvlm replay``) applies a spool a
-  process left behind;
+* :mod:`~asymvlm.tracking.writer` -- every write in order, waiting while the store is
+  unreachable (:func:`use_spool`, :func:`pending`, :func:`drain`);
 * :mod:`~asymvlm.tracking.pyfunc` -- MLflow's model API (the served models themselves are
   :mod:`asymvlm.scoring.models`, logged with :meth:`Run.log_pyfunc`);
 * :mod:`~asymvlm.tracking.queries` -- reading runs, their artifacts and models back.
@@ -41,7 +39,6 @@ from asymvlm.tracking.runs import (
     source_name,
     standard_tags,
 )
-from asymvlm.tracking.spool import SpoolError
 from asymvlm.tracking.store import (
     default_artifact_location,
     default_tracking_uri,
@@ -50,18 +47,11 @@ from asymvlm.tracking.store import (
     global_tracking_uri,
     relocate_local_store,
 )
-from asymvlm.tracking.writer import (
-    drain,
-    pending,
-    pending_line,
-    replay,
-    use_spool,
-)
+from asymvlm.tracking.writer import drain, pending, use_spool
 
 __all__ = [
     "PythonModel",
     "Run",
-    "SpoolError",
     "child_runs",
     "default_artifact_location",
     "default_tracking_uri",
@@ -79,10 +69,8 @@ __all__ = [
     "model_run",
     "open_run",
     "pending",
-    "pending_line",
     "pinned_requirements",
     "relocate_local_store",
-    "replay",
     "resume_run",
     "run",
     "signature",

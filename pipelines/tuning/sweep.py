@@ -49,7 +49,7 @@ from asymvlm import config, results, storage, tables, tracking
 from asymvlm.errors import AsymVLMError, ConfigError, Unfinished, one_line
 from asymvlm.methods import METHODS
 from pipelines.schema import SweepConfig, check_shared_output
-from pipelines.session import require_ray, ship_by_value
+from pipelines.session import require_ray
 from pipelines.tuning.journal import Journal, Previous, TrialJournal, restored_key
 from pipelines.tuning.search import StagedSearch
 from pipelines.tuning.trial_log import MlflowTrialLogger
@@ -60,9 +60,6 @@ from pipelines.tuning.trials import (
     torch_trainer_trial,
 )
 from pipelines.tuning.waiting import NodeWait
-
-if __name__ != "__main__":  # workers may lack pipelines/ on their path
-    ship_by_value(__name__)
 
 __all__ = [
     "ADAPTERS_DIR",

@@ -25,13 +25,9 @@ from ray.tune.result import AUTO_RESULT_KEYS
 from asymvlm import results, storage, tracking
 from asymvlm.checkpoints import MEMBER_FOLDER, copy_adapter
 from pipelines.schema import SweepConfig
-from pipelines.session import ship_by_value
 from pipelines.tuning.journal import TrialRecord, trial_label
 from pipelines.tuning.search import describe_trial, member_keys
 from pipelines.tuning.trials import SELECTION_METRIC, failure_reason
-
-if __name__ != "__main__":  # workers may lack pipelines/ on their path
-    ship_by_value(__name__)
 
 logger = logging.getLogger("pipelines.sweep")  # its lines are the sweep's
 

@@ -18,11 +18,7 @@ from typing import Any
 from ray import tune
 
 from asymvlm.errors import Unfinished
-from pipelines.session import ship_by_value
 from pipelines.tuning.search import describe_trial
-
-if __name__ != "__main__":  # workers may lack pipelines/ on their path
-    ship_by_value(__name__)
 
 __all__ = ["NodeWait"]
 
