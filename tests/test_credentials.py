@@ -135,35 +135,16 @@ evaluations:
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def test_tune_does_not_copy_aws_credentials_into_trial_runtime_envs(monkeypatch) -> None:
-    """Ray Tune's class cache copies the driver's AWS credentials into every trial actor's
-    runtime_env (shown in Ray's logs and dashboard); the pipelines switch that off."""
-    import inspect
-
-    from ray.tune.execution import class_cache
-
-    from pipelines.session import CREDENTIAL_VARIABLES, keep_credentials_on_nodes
-
-    source = inspect.getsource(class_cache)  # what this Ray does (even if patched already)
-    assert "AWS_SECRET_ACCESS_KEY" in source and "ENV_VARS_TO_PROPAGATE" in source
-    monkeypatch.setattr(
-        class_cache,
-        "ENV_VARS_TO_PROPAGATE",
-        set(class_cache.ENV_VARS_TO_PROPAGATE) | set(CREDENTIAL_VARIABLES),
-    )
-    keep_credentials_on_nodes()
-    assert not CREDENTIAL_VARIABLES & set(class_cache.ENV_VARS_TO_PROPAGATE)
-    assert "TUNE_ORIG_WORKING_DIR" not in CREDENTIAL_VARIABLES
-
-
-def test_trial_actors_carry_no_runtime_env_so_they_take_prestarted_workers(monkeypatch) -> None:
-    """Tune gives trainable actors ``{"env_vars": {"PL_DISABLE_FORK": "1", ...}}``; an actor
-    with a non-empty runtime_env cannot take one of Ray's prestarted (preloaded) workers."""
+def test_trial_actors_carry_no_runtime_env(monkeypatch) -> None:
+    """Tune copies the driver's AWS credentials (and ``PL_DISABLE_FORK``) into every trainable
+    actor's runtime_env, shown in Ray's logs; after :func:`keep_credentials_on_nodes` it copies
+    nothing (and the actor can take a prestarted worker)."""
     from ray.tune.execution import class_cache
 
     from pipelines.session import keep_credentials_on_nodes
 
     monkeypatch.setattr(class_cache, "DEFAULT_ENV_VARS", {"PL_DISABLE_FORK": "1"})
+    monkeypatch.setattr(class_cache, "ENV_VARS_TO_PROPAGATE", class_cache.ENV_VARS_TO_PROPAGATE)
     for name in class_cache.ENV_VARS_TO_PROPAGATE:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-trials")
@@ -171,20 +152,14 @@ def test_trial_actors_carry_no_runtime_env_so_they_take_prestarted_workers(monke
     class Trainable:
         pass
 
-    monkeypatch.setattr(
-        class_cache,
-        "ENV_VARS_TO_PROPAGATE",
-        set(class_cache.ENV_VARS_TO_PROPAGATE) | {"AWS_SECRET_ACCESS_KEY"},
-    )
+    class Other:
+        pass
+
     before = class_cache._ActorClassCache().get(Trainable)
     assert before._default_options["runtime_env"]["env_vars"] == {
         "PL_DISABLE_FORK": "1",
         "AWS_SECRET_ACCESS_KEY": "not-for-trials",
     }
     keep_credentials_on_nodes()
-
-    class Other:
-        pass
-
     after = class_cache._ActorClassCache().get(Other)
     assert not (after._default_options.get("runtime_env") or {}).get("env_vars")
