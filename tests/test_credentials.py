@@ -1,29 +1,13 @@
-"""Credentials never leave the environment: not into configs, Ray's runtime_env, Tune's files,
-MLflow or logs."""
+"""Credentials never leave the environment: not into configs or Ray's runtime_env (outputs,
+MLflow and logs: tests/test_mlflow_story.py)."""
 
 from __future__ import annotations
-
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 
 import pytest
 
 from asymvlm import config
 from asymvlm.errors import ConfigError
 from pipelines import schema
-from tests.helpers import HIERARCAPS, hierarcaps_subset
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAKE = {
-    "AWS_ACCESS_KEY_ID": "AKIAFAKEKEYID1234567",
-    "AWS_SECRET_ACCESS_KEY": "fakeSecretAccessKeyDoNotLeak0123456789",
-    "AWS_SESSION_TOKEN": "fakeSessionTokenDoNotLeak987654321",
-    "HF_TOKEN": "hf_fakeHubTokenDoNotLeak55555",
-    "MLFLOW_TRACKING_PASSWORD": "fakeMlflowPasswordDoNotLeak777",
-}
 
 
 @pytest.mark.parametrize(
@@ -65,74 +49,6 @@ def test_plain_variables_expand_and_unset_ones_fail(tmp_path, monkeypatch) -> No
     path.write_text("name: x\noutput: ${ASYMVLM_NOT_SET_ANYWHERE}/out\n")
     with pytest.raises(ConfigError, match="ASYMVLM_NOT_SET_ANYWHERE.*is not set"):
         schema.load_pipeline(str(path))
-
-
-def _grep(root: str, needles: list[str]) -> list[str]:
-    """Every file under ``root`` (bytes, binary files and SQLite stores included) that holds
-    one of ``needles``."""
-    hits = []
-    for folder, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(folder, name)
-            try:
-                with open(path, "rb") as fh:
-                    data = fh.read()
-            except OSError:
-                continue
-            hits += [f"{path}: {n[:6]}..." for n in needles if n.encode() in data]
-    return hits
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(HIERARCAPS is None, reason="real HierarCaps data not found")
-def test_no_credential_reaches_outputs_mlflow_tune_or_ray_logs(tmp_path) -> None:
-    """A small pipeline (embed with Ray Data, a Tune sweep of Ray Train runs, an evaluation,
-    the report) with fake credentials in the environment: none of them may appear in any
-    output, the MLflow store and artifacts, Tune's and Train's folders or Ray's session logs."""
-    csv, images = hierarcaps_subset(tmp_path / "hc", 8)
-    out = tmp_path / "out"
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(f"""
-name: creds
-output: {out}
-prepare:
-  tiny_clip: "${{output}}/models/tiny-clip"
-  synthetic: {{output: "${{output}}/tables/synthetic", dim: 16, train_images: 200,
-              val_images: 40, test_images: 40, captions_per_image: 3}}
-embed:
-  jobs:
-    - {{dataset: hierarcaps, annotations: {csv}, images: {images},
-       model: "${{output}}/models/tiny-clip", split: test, output: "${{output}}/tables/hc",
-       batch_size: 8}}
-sweeps:
-  - {{name: syn, embeddings: "${{output}}/tables/synthetic", methods: [asymvlm-vmf],
-     lr: [1.0e-3], seeds: [0], epochs: 2, batch_size: 64, optimizer: adamw, hidden_dim: 16,
-     checkpoint_every: 1}}
-evaluations:
-  - {{kind: hierarcaps, sweep: syn, data: "${{output}}/tables/synthetic:test"}}
-""")
-    ray_tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    env.update(FAKE, RAY_TMPDIR=ray_tmp, PYTHONPATH=REPO)
-    try:
-        proc = subprocess.run(
-            [sys.executable, os.path.join(REPO, "pipelines", "full.py"), "--config", str(cfg)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=str(tmp_path),
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert (out / "report" / "report.md").exists()
-        assert os.path.isdir(os.path.join(out, "sweeps", "syn", "tune"))
-        assert any("session" in d for d in os.listdir(os.path.join(ray_tmp, "ray")))
-        needles = list(FAKE.values())
-        leaks = _grep(str(out), needles) + _grep(ray_tmp, needles)
-        leaks += [f"console: {n[:6]}..." for n in needles if n in proc.stdout + proc.stderr]
-        assert not leaks, leaks
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def test_trial_actors_carry_no_runtime_env(monkeypatch) -> None:

@@ -34,7 +34,7 @@ class NodeWait(tune.Callback):
         now = time.monotonic()
         self._since = self._since or now
         waited = now - self._since
-        if not self._warned and waited >= min(30.0, self.seconds / 2):
+        if not self._warned and waited >= self.seconds / 2:
             self._warned = True
             logger.warning(
                 "sweep %s: %d trial(s) wait for a node with room for them (the sweep "
