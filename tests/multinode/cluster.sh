@@ -59,7 +59,7 @@ cleanup() {
 }
 trap cleanup EXIT
 wait_port() {
-    for _ in $(seq 120); do
+    for _ in $(seq 600); do
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
         sleep 0.5
     done
