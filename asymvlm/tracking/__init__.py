@@ -11,13 +11,8 @@
   :mod:`asymvlm.scoring.models`, logged with :meth:`Run.log_pyfunc`);
 * :mod:`~asymvlm.tracking.queries` -- reading runs, their artifacts and models back.
 
-It imports no other part of the science package but the config's redaction of URIs and the
-error types: what is logged (an adapter, an evaluation) is handed to it.
-
-The story in the UI: the pipeline run is the root; its sweeps, their trials (live: per-epoch
-metrics as they happen), its evaluations (metrics + ``results.json``) and its report (markdown and
-HTML with inline figures) are nested under it. A sweep run on its own is its own root.
-Result tables (mean ± std over seeds) are plain Python in :mod:`asymvlm.results`.
+The pipeline run is the root; its sweeps, their trials (per-epoch metrics, live), its
+evaluations and its report are nested under it.
 """
 
 from asymvlm.tracking.pyfunc import PythonModel, invalid_input, pinned_requirements, signature

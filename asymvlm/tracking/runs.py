@@ -1,15 +1,6 @@
-"""MLflow runs: the one place that creates, fills and ends them.
-
-:func:`run` is a context manager for a run with a name, a ``kind`` tag, an optional parent and
-MLflow's standard tags filled (``mlflow.source.git.commit``, ``mlflow.source.name``,
-``mlflow.source.type``, ``mlflow.user``, ``mlflow.note.content`` for the description); it ends
-FINISHED, or FAILED with the reason (tag ``failure_reason`` and the description) when the block
-raises, or KILLED on Ctrl-C. :func:`open_run` starts one whose end comes later (a Tune trial's
-run opens when the trial starts and ends when it finishes). The pipeline run is the root: its
-sweeps, their trials, its evaluations and its report are nested under it. :func:`resume_run`
-reopens a run that ended (a resumed sweep goes on writing to it).
-Every write goes through the store's writer (:mod:`asymvlm.tracking.writer`).
-"""
+"""MLflow runs, created, filled and ended through their store's writer
+(:mod:`asymvlm.tracking.writer`): :func:`run` (a block), :func:`open_run` (ended later),
+:func:`resume_run` (a run that ended, RUNNING again), each with MLflow's standard tags."""
 
 from __future__ import annotations
 
