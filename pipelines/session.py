@@ -16,7 +16,7 @@ CREDENTIAL_VARIABLES = frozenset(
     {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
 )
 #: How long the end of a job waits for MLflow to take a write that waits in its spool.
-DRAIN_S = 60.0
+DRAIN_S = 300.0
 
 
 def keep_credentials_on_nodes() -> None:
