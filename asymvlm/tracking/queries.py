@@ -14,8 +14,8 @@ def child_runs(
     tracking_uri: str, parent_run_id: str, *, stage: str | None = None, status: str = "FINISHED"
 ) -> list[Any]:
     """The runs nested under ``parent_run_id`` (a sweep's trials; ``stage`` "grid", or "seeds":
-    those tagged ``seed_stage``, the grid trial at the chosen lr included), with ``status``
-    (FINISHED by default: failed trials have no adapter or results)."""
+    those tagged ``seed_stage``, the grid trial at the chosen lr included, else those tagged
+    ``stage: seeds``), with ``status`` (FINISHED by default)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -24,11 +24,12 @@ def child_runs(
     if status:
         base += f" and attributes.status = '{status}'"
 
+    def search(extra: str) -> list[Any]:
+        return client.search_runs([parent.info.experiment_id], base + extra, max_results=10000)
+
     if stage == "seeds":
-        base += " and tags.seed_stage = 'true'"
-    elif stage:
-        base += f" and tags.stage = '{stage}'"
-    return client.search_runs([parent.info.experiment_id], base, max_results=10000)
+        return search(" and tags.seed_stage = 'true'") or search(" and tags.stage = 'seeds'")
+    return search(f" and tags.stage = '{stage}'" if stage else "")
 
 
 def last_step(tracking_uri: str, run_id: str, key: str) -> int:
