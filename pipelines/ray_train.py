@@ -20,10 +20,7 @@ from asymvlm.errors import NonFiniteError
 from asymvlm.protocol import RunSpec, run_protocol
 from asymvlm.training import EpochRow, History, Trainer
 from pipelines.schema import FaultInjection
-from pipelines.session import require_ray, ship_by_value
-
-if __name__ != "__main__":  # workers may lack pipelines/ on their path
-    ship_by_value(__name__)
+from pipelines.session import require_ray
 
 __all__ = [
     "checkpoint_folder",

@@ -15,10 +15,7 @@ from pydantic import BaseModel
 from ray import serve
 
 from pipelines.schema import ServeConfig
-from pipelines.session import require_ray, ship_by_value
-
-if __name__ != "__main__":  # workers may lack pipelines/ on their path
-    ship_by_value(__name__)
+from pipelines.session import require_ray
 
 __all__ = ["ScorerDeployment", "check", "deploy"]
 

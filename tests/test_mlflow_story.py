@@ -1,14 +1,17 @@
 """The whole story of a pipeline run in MLflow: its shape, statuses, tags and live curves.
 
 One small pipeline (the synthetic world, a two-lr sweep with two seeds, one evaluation, the
-report) runs as a user runs it, ``python pipelines/full.py``; then the MLflow store is read back.
+report) runs as a user runs it, ``python pipelines/full.py``, with fake credentials in its
+environment; then the MLflow store is read back, and every file it left is searched for them.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -16,6 +19,13 @@ from asymvlm import tracking
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 3
+FAKE = {
+    "AWS_ACCESS_KEY_ID": "AKIAFAKEKEYID1234567",
+    "AWS_SECRET_ACCESS_KEY": "fakeSecretAccessKeyDoNotLeak0123456789",
+    "AWS_SESSION_TOKEN": "fakeSessionTokenDoNotLeak987654321",
+    "HF_TOKEN": "hf_fakeHubTokenDoNotLeak55555",
+    "MLFLOW_TRACKING_PASSWORD": "fakeMlflowPasswordDoNotLeak777",
+}
 
 CONFIG = f"""
 name: story
@@ -40,31 +50,69 @@ evaluations:
 """
 
 
+def _grep(root: str, needles: list[str]) -> list[str]:
+    """Every file under ``root`` (binary files and SQLite stores included) holding a needle."""
+    hits = []
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except OSError:
+                continue
+            hits += [f"{path}: {n[:6]}..." for n in needles if n.encode() in data]
+    return hits
+
+
 @pytest.fixture(scope="module")
 def story(tmp_path_factory):
     folder = tmp_path_factory.mktemp("story")
     path = folder / "story.yaml"
     path.write_text(CONFIG)
     output = folder / "out"
-    done = subprocess.run(
-        [sys.executable, "pipelines/full.py", "--config", str(path), "--output", str(output)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env.update(FAKE, RAY_TMPDIR=ray_tmp)
+    try:
+        done = subprocess.run(
+            [sys.executable, "pipelines/full.py", "--config", str(path), "--output", str(output)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert any("session" in d for d in os.listdir(os.path.join(ray_tmp, "ray")))
+        needles = list(FAKE.values())
+        leaks = _grep(str(output), needles) + _grep(ray_tmp, needles)
+        leaks += [f"console: {n[:6]}..." for n in needles if n in done.stdout + done.stderr]
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     from mlflow import MlflowClient
 
     uri = tracking.default_tracking_uri(str(output))
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("story")
     runs = client.search_runs([exp.experiment_id], max_results=1000)
-    return {"client": client, "runs": runs, "stderr": done.stderr, "output": output, "uri": uri}
+    return {
+        "client": client,
+        "runs": runs,
+        "stderr": done.stderr,
+        "output": output,
+        "uri": uri,
+        "leaks": leaks,
+    }
 
 
 def _kind(runs, kind):
     return [r for r in runs if r.data.tags.get("kind") == kind]
+
+
+@pytest.mark.slow
+def test_no_credential_reaches_outputs_mlflow_tune_or_ray_logs(story) -> None:
+    assert not story["leaks"], story["leaks"]
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ and PID namespaces with a private tmpfs over its scratch directory. ``ray job su
    resumed on the new node, with the results of a run that never stopped;
 4. a sweep during which the MLflow server is stopped for longer than the client's (shortened)
    retries, then started again: every metric and status lands, in order;
-5. a sweep whose S3 requests fail 30 % of the time for 40 s (503 SlowDown, dropped
+5. a sweep whose S3 requests fail 30 % of the time for 150 s (503 SlowDown, dropped
    connections): it succeeds, and no object is half-written.
 
 The harness runs once per session (a few minutes); each test reads what it left.

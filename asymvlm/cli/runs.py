@@ -1,5 +1,5 @@
-"""``asymvlm report``, ``asymvlm ui`` and ``asymvlm replay``: what an MLflow store holds, as a
-report or in the UI, and the writes that waited for it in a spool folder."""
+"""``asymvlm report`` and ``asymvlm ui``: what an MLflow store holds, as a report or in the
+UI."""
 
 from __future__ import annotations
 
@@ -52,14 +52,6 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
-    from asymvlm import tracking
-
-    applied = tracking.replay(args.spool, args.mlflow_uri)
-    logger.info("replayed %d tracking writes from %s", applied, args.spool)
-    return 0
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
@@ -86,22 +78,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=5000, help="port of the UI")
     p.add_argument("--host", default="127.0.0.1", help="address the UI listens on")
     p.set_defaults(func=cmd_ui)
-
-    p = sub.add_parser(
-        "replay",
-        help="apply the tracking writes that waited in a spool folder to their MLflow store",
-        description="Applies, in order, the MLflow writes a run kept in its spool folder while "
-        "the tracking store was unreachable, once the store is back. Applying a spool again "
-        "applies nothing twice.",
-        formatter_class=Help,
-    )
-    p.add_argument(
-        "spool", metavar="SPOOL_DIR", help="the spool folder (or the folder holding one per store)"
-    )
-    p.add_argument(
-        "--mlflow-uri",
-        default=None,
-        help="tracking URI to apply it to (default: the one the spool recorded; "
-        "needed when that one carries credentials or the store moved)",
-    )
-    p.set_defaults(func=cmd_replay)

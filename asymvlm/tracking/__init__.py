@@ -5,21 +5,14 @@
 * :mod:`~asymvlm.tracking.runs` -- :func:`run` / :func:`open_run`: a run with its name, kind,
   parent and MLflow's standard tags; metrics (step = epoch), params, artifacts, status;
   :func:`resume_run` reopens one;
-* :mod:`~asymvlm.tracking.writer` / :mod:`~asymvlm.tracking.spool` -- every write in order,
-  waiting in a local spool folder while the store is unreachable (:func:`use_spool`,
-  :func:`pending`, :func:`drain`); :func:`replay` (``asymvlm replay``) applies a spool a
-  process left behind;
+* :mod:`~asymvlm.tracking.writer` -- every write in order, waiting while the store is
+  unreachable (:func:`use_spool`, :func:`pending`, :func:`drain`);
 * :mod:`~asymvlm.tracking.pyfunc` -- MLflow's model API (the served models themselves are
   :mod:`asymvlm.scoring.models`, logged with :meth:`Run.log_pyfunc`);
 * :mod:`~asymvlm.tracking.queries` -- reading runs, their artifacts and models back.
 
-It imports no other part of the science package but the config's redaction of URIs and the
-error types: what is logged (an adapter, an evaluation) is handed to it.
-
-The story in the UI: the pipeline run is the root; its sweeps, their trials (live: per-epoch
-metrics as they happen), its evaluations (metrics + ``results.json``) and its report (markdown and
-HTML with inline figures) are nested under it. A sweep run on its own is its own root.
-Result tables (mean ± std over seeds) are plain Python in :mod:`asymvlm.results`.
+The pipeline run is the root; its sweeps, their trials (per-epoch metrics, live), its
+evaluations and its report are nested under it.
 """
 
 from asymvlm.tracking.pyfunc import PythonModel, invalid_input, pinned_requirements, signature
@@ -41,7 +34,6 @@ from asymvlm.tracking.runs import (
     source_name,
     standard_tags,
 )
-from asymvlm.tracking.spool import SpoolError
 from asymvlm.tracking.store import (
     default_artifact_location,
     default_tracking_uri,
@@ -50,18 +42,11 @@ from asymvlm.tracking.store import (
     global_tracking_uri,
     relocate_local_store,
 )
-from asymvlm.tracking.writer import (
-    drain,
-    pending,
-    pending_line,
-    replay,
-    use_spool,
-)
+from asymvlm.tracking.writer import drain, pending, use_spool
 
 __all__ = [
     "PythonModel",
     "Run",
-    "SpoolError",
     "child_runs",
     "default_artifact_location",
     "default_tracking_uri",
@@ -79,10 +64,8 @@ __all__ = [
     "model_run",
     "open_run",
     "pending",
-    "pending_line",
     "pinned_requirements",
     "relocate_local_store",
-    "replay",
     "resume_run",
     "run",
     "signature",

@@ -13,12 +13,9 @@ __all__ = ["child_runs", "download", "experiment_runs", "json_artifact", "last_s
 def child_runs(
     tracking_uri: str, parent_run_id: str, *, stage: str | None = None, status: str = "FINISHED"
 ) -> list[Any]:
-    """The runs nested under ``parent_run_id`` (a sweep's trials; ``stage`` "grid"/"seeds"),
-    with ``status`` (FINISHED by default: failed trials have no adapter or results).
-
-    ``stage="seeds"`` means the runs of stage 2, tagged ``seed_stage``: the grid trial of the
-    first seed at the chosen lr is one of them (stage 2 does not run it again). Sweeps
-    recorded before that tag existed are found by their ``stage`` tag."""
+    """The runs nested under ``parent_run_id`` (a sweep's trials; ``stage`` "grid", or "seeds":
+    those tagged ``seed_stage``, the grid trial at the chosen lr included, else those tagged
+    ``stage: seeds``), with ``status`` (FINISHED by default)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri)

@@ -1,18 +1,6 @@
-"""MLflow runs: the one place that creates, fills and ends them.
-
-:func:`run` is a context manager for a run with a name, a ``kind`` tag, an optional parent and
-MLflow's standard tags filled (``mlflow.source.git.commit``, ``mlflow.source.name``,
-``mlflow.source.type``, ``mlflow.user``, ``mlflow.note.content`` for the description); it ends
-FINISHED, or FAILED with the reason (tag ``failure_reason`` and the description) when the block
-raises, or KILLED on Ctrl-C. :func:`open_run` starts one whose end comes later (a Tune trial's
-run opens when the trial starts and ends when it finishes). The pipeline run is the root: its
-sweeps, their trials, its evaluations and its report are nested under it. :func:`resume_run`
-reopens a run that ended (a resumed sweep goes on writing to it).
-
-Every write goes through the store's writer (:mod:`asymvlm.tracking.writer`): while the store is
-unreachable and a spool folder is configured, writes wait there, in order, and the caller goes
-on.
-"""
+"""MLflow runs, created, filled and ended through their store's writer
+(:mod:`asymvlm.tracking.writer`): :func:`run` (a block), :func:`open_run` (ended later),
+:func:`resume_run` (a run that ended, RUNNING again), each with MLflow's standard tags."""
 
 from __future__ import annotations
 
@@ -31,7 +19,7 @@ from typing import Any
 
 from asymvlm.tracking import writer as writers
 from asymvlm.tracking.store import git_commit
-from asymvlm.tracking.writer import KEY_TAG, PACKAGE
+from asymvlm.tracking.writer import PACKAGE
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +65,8 @@ class Run:
     """One MLflow run, written through :class:`mlflow.MlflowClient` (no global active run, so
     any number can be open at once, e.g. one per running trial), by way of its store's writer.
 
-    ``id`` is the MLflow run id; None while the run exists only in the spool (created while the
-    store was unreachable), and set once its creation lands. ``key`` names the run in the spool.
+    ``id`` is the MLflow run id; None while its creation waits for the store. ``key`` names
+    the run in the writer's queue.
     """
 
     def __init__(self, client, run_id: str | None, tracking_uri: str) -> None:
@@ -140,7 +128,7 @@ class Run:
 
     # -- files ---------------------------------------------------------------------------------
     def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
-        """Upload file or folder ``path`` (a copy waits in the spool while the store is away)."""
+        """Upload file or folder ``path`` (a copy waits while the store is away)."""
         self._write("log_artifact", path=os.path.abspath(path), artifact_path=artifact_path)
 
     def log_text(self, name: str, text: str, artifact_path: str | None = None) -> None:
@@ -156,9 +144,7 @@ class Run:
     def log_pyfunc(self, name: str, python_model: Any, **options: Any) -> None:
         """Log ``python_model`` (a :class:`~asymvlm.tracking.PythonModel`) as the pyfunc model
         ``name`` of this run, with this package as its code (``options``: ``artifacts``,
-        ``pip_requirements``, ``signature``, ``input_example`` of ``mlflow.pyfunc.log_model``).
-        While the store is away, the model and its options wait pickled (cloudpickle), its
-        artifacts copied."""
+        ``pip_requirements``, ``signature``, ``input_example`` of ``mlflow.pyfunc.log_model``)."""
         self._write("log_pyfunc", name=name, python_model=python_model, options=options)
 
     # -- the end -------------------------------------------------------------------------------
@@ -204,15 +190,13 @@ def open_run(
 ) -> Run:
     """Start a run (status RUNNING) in ``experiment``; the caller ends it with :meth:`Run.end`.
     ``start_time`` (seconds; default now): when what the run records began, for a run opened
-    later by a writer thread. While the store is unreachable the run is created in the spool
-    (its ``id`` is None until that lands)."""
+    later by a writer thread."""
     writer = writers.writer(tracking_uri)
     out = Run(writer.client, None, tracking_uri)
     all_tags = {
         **standard_tags(description, source),
         "kind": kind,
         **(tags or {}),
-        KEY_TAG: out.key,
     }
     if isinstance(parent, Run) and parent.tracking_uri == tracking_uri:
         link = {"parent_key": parent.key}  # resolved when the run is created: it may wait too

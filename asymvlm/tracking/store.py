@@ -1,12 +1,6 @@
-"""Where runs go: the tracking URI, the experiment, and a local store that can be moved.
-
-The local default is a SQLite store beside the outputs (``<output>/mlflow.db``, artifacts in
-``<output>/mlartifacts``). MLflow records artifact locations as absolute ``file://`` URIs, so a
-store copied elsewhere would still point at the old folder; :func:`relocate_local_store` points
-it at the ``mlartifacts`` beside the database again, and every entry point that opens a store
-calls it (``asymvlm ui`` too). Remote stores (``http(s)://`` tracking servers) keep their own
-artifact locations.
-"""
+"""Where runs go: the tracking URI (default a SQLite store ``<output>/mlflow.db``, artifacts in
+``<output>/mlartifacts``), the experiment, and a local store that can be moved
+(:func:`relocate_local_store`: MLflow records absolute ``file://`` artifact locations)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,7 @@
-"""A sweep's journal: how a rerun of the same command goes on where the last one stopped.
-
-The driver records, in the sweep's own folder (shared storage, so it outlives the head node):
-
-* ``<output>/journal/run.json``: the sweep's MLflow run, which a rerun reopens (RUNNING again)
-  instead of starting another;
-* ``<output>/journal/trials/<label>.json``, one per trial (``<label>`` is
-  :func:`trial_label`: stage, method, lr, seed): the run it trains (the whole
-  :class:`~asymvlm.protocol.RunSpec`), its latest checkpoint as it is reported (URI and epoch)
-  and, once it has finished, its final row (the selection score and every number of its
-  evaluation).
-
-A rerun (:meth:`Journal.previous`) reads every record whose run is exactly the one the sweep
-would train now: a finished trial is read back -- its row, adapter and MLflow run are used as
-they are, it is not trained again -- and an unfinished one starts from its latest checkpoint.
-A record of another run (the config changed: other epochs, tables, batch size ...) is left
-out, with a warning, and its trial runs afresh. Writes are whole-file replacements
-(:func:`asymvlm.storage.write_json`): a record is the old one or the new one, never half.
+"""A sweep's journal in ``<output>/journal/`` (shared storage): the sweep's MLflow run and, per
+trial, its run spec, latest checkpoint and final row. A rerun of the same command reads back
+the trials that finished and resumes the others from their checkpoints; records of another
+config are left out, with a warning.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Both stages of a sweep as one Tune experiment: :class:`StagedSearch`.
-
-Stage 1 (the lr grid at the first seed) and stage 2 (every other seed at each method's chosen
-lr) used to be two Tune experiments, one after the other. Here they are one, and a method's
-second stage starts as soon as *its* grid trials have ended (the lr of one method is chosen
-from that method's validation scores alone), while other methods' grid trials still run: the
-trial actors, and the tables they keep in memory, go on from trial to trial without a gap.
-"""
+"""Both stages of a sweep as one Tune experiment: :class:`StagedSearch` (a method's second
+stage starts as soon as its own grid has ended)."""
 
 from __future__ import annotations
 
@@ -17,9 +11,7 @@ from ray.tune.search import Searcher
 if TYPE_CHECKING:
     from pipelines.tuning.journal import Previous
 
-#: ``select(method, grid_trial_ids) -> that method's stage-2 trials``: called once per method,
-#: when every grid trial of the method has ended, with the Tune trial ids of those that did not
-#: fail (Tune hands searchers flattened results: the caller keeps the trials' own rows).
+#: ``select(method, ids of its grid trials that did not fail) -> its stage-2 trials``.
 Select = Callable[[str, list[str]], list[dict[str, Any]]]
 
 

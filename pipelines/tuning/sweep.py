@@ -1,35 +1,9 @@
-"""Ray Tune sweep of the paper's protocol (App. B.4), tracked in MLflow: :func:`run_sweep`
-(the entry point is ``pipelines/sweep.py``; the full pipeline runs it too).
+"""Ray Tune sweep of the paper's protocol (App. B.4), tracked in MLflow: :func:`run_sweep`.
 
-Stage 1 grid-searches ``method x lr`` with seed 0; the best lr of every method is chosen on the
-**validation** split (mean of t2i and i2t Recall@1; the test split never takes part); stage 2
-repeats each method at its best lr with every seed in ``seeds`` -- except the first seed,
-which stage 1 already ran at that lr (that trial is reused, not run again).
-
-Trials (:mod:`pipelines.tuning.trials`): with ``num_workers: 1`` a trial runs the protocol inside
-the Tune trial on ``cpus_per_worker`` CPUs (or ``gpus_per_worker`` of a GPU: 0.25 puts four
-trials on one GPU), and the Tune actors are reused from trial to trial with the tables kept in
-memory -- no per-trial start-up; with ``num_workers > 1`` a trial is one Ray Train run
-(:mod:`pipelines.ray_train`, DDP over ``num_workers`` workers).
-
-MLflow (through :mod:`asymvlm.tracking`; the driver is the only writer): one run per sweep
-(nested under the pipeline run when there is one) with the resolved config, the git commit, the
-lr selection and the mean ± std table over seeds (Table A.2 layout, markdown and CSV); one
-nested run per trial, live: it opens when the trial starts, gets every epoch's metrics as the
-epoch ends (step = epoch), then the final metrics, the binned Recall@1 curves (JSON + PNG) and
-the adapter as an MLflow model, and ends FINISHED or FAILED with the reason. Default store:
-``sqlite:///<output>/mlflow.db`` -- open it with ``asymvlm ui <output>``.
-
-YAML keys: ``embeddings, methods, lr, seeds, epochs, batch_size, optimizer, num_workers,
-mlflow: {tracking_uri, experiment}``; optional ``output`` (default ``runs/<experiment>``),
-``train_split/val_split/test_split``, any :class:`asymvlm.training.TrainConfig` field
-(``hidden_dim``, ``depth``, ``weight_decay``, ``momentum``, ``adapter_input``, ``precision``),
-``method_kwargs: {method: {...}}``, ``checkpoint_every``, ``max_failures``, ``cpus_per_worker``,
-``gpus_per_worker``, ``trial_runner`` (``torch_trainer``: every trial through a TorchTrainer),
-``val_fraction`` (hold out that share of the training images for lr selection when the tables
-have no validation split) and ``test_embeddings`` (test tables from
-another root, e.g. COCO for adapters trained on CC-200k). Other keys are allowed and ignored
-here (the full pipeline reads them).
+Stage 1 grid-searches ``method x lr`` at the first seed; each method's lr is chosen on the
+validation split (mean of t2i and i2t Recall@1); stage 2 runs the other seeds at that lr. One
+MLflow run per sweep (nested under the pipeline's), one nested run per trial; the keys are
+those of :class:`pipelines.schema.SweepConfig`.
 """
 
 from __future__ import annotations
@@ -37,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import sys
 from typing import Any
@@ -49,8 +22,9 @@ from asymvlm import config, results, storage, tables, tracking
 from asymvlm.errors import AsymVLMError, ConfigError, Unfinished, one_line
 from asymvlm.methods import METHODS
 from pipelines.schema import SweepConfig, check_shared_output
-from pipelines.session import require_ray, ship_by_value
+from pipelines.session import require_ray
 from pipelines.tuning.journal import Journal, Previous, TrialJournal, restored_key
+from pipelines.tuning.outcomes import failures_markdown, select_lr
 from pipelines.tuning.search import StagedSearch
 from pipelines.tuning.trial_log import MlflowTrialLogger
 from pipelines.tuning.trials import (
@@ -60,9 +34,6 @@ from pipelines.tuning.trials import (
     torch_trainer_trial,
 )
 from pipelines.tuning.waiting import NodeWait
-
-if __name__ != "__main__":  # workers may lack pipelines/ on their path
-    ship_by_value(__name__)
 
 __all__ = [
     "ADAPTERS_DIR",
@@ -97,14 +68,12 @@ def _concurrency(sweep: SweepConfig) -> int:
 def _run_trials(
     sweep: SweepConfig, search: StagedSearch, trial_logger, journal: Journal, total: int
 ):
-    """Both stages as one Tune experiment (:class:`~pipelines.tuning.search.StagedSearch` hands out
-    the trials); returns (finished trials' final rows, failed trials with their reasons).
-    Raises :class:`~asymvlm.errors.Unfinished` when trials waited ``node_wait_s`` for a node."""
+    """Both stages as one Tune experiment; (finished trials' final rows, failed trials with
+    their reasons). :class:`~asymvlm.errors.Unfinished` when trials waited ``node_wait_s``."""
     label = sweep.label
     tune_path, tune_fs = storage.ray_storage(storage.uri_join(sweep.output, "tune"))
     if sweep.uses_torch_trainer():
-        # The trial only drives its TorchTrainer, whose workers ask for their own CPUs/GPUs:
-        # it reserves no CPU (Tune needs some resource in a request: a little memory).
+        # the TorchTrainer's workers reserve the CPUs/GPUs; the trial a little memory
         trainable = tune.with_resources(
             torch_trainer_trial, {"cpu": 0, "memory": TRIAL_DRIVER_MEMORY}
         )
@@ -123,8 +92,6 @@ def _run_trials(
             search_alg=search,
             num_samples=-1,  # until the search says it has finished
             max_concurrent_trials=_concurrency(sweep),
-            # one process runs trial after trial, stage 1 into stage 2 (its splits stay
-            # loaded: PROCESS_CACHE)
             reuse_actors=not sweep.uses_torch_trainer(),
         ),
         run_config=tune.RunConfig(
@@ -133,8 +100,6 @@ def _run_trials(
             storage_filesystem=tune_fs,
             callbacks=[trial_logger, TrialJournal(journal), NodeWait(sweep.node_wait_s, label)],
             failure_config=retries,
-            # a retry resumes from the latest; the older ones would pile up (a trial of 200
-            # epochs checkpoints every checkpoint_every of them)
             checkpoint_config=tune.CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
             verbose=0,  # one line per finished trial comes from the MLflow callback
         ),
@@ -197,10 +162,8 @@ def _base_params(sweep: SweepConfig) -> dict[str, Any]:
 
 # -- the sweep ----------------------------------------------------------------------------------
 def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
-    """Stage 1 (grid, seed 0) -> lr selection on validation -> stage 2 (seeds) -> summary, on
-    the running Ray cluster.
-
-    The sweep's MLflow run is nested under ``parent`` (the pipeline run) when given."""
+    """Stage 1 -> lr selection on validation -> stage 2 -> summary, on the running Ray cluster;
+    the sweep's MLflow run nested under ``parent`` when given."""
     require_ray("a sweep")
     check_tables(sweep)
     if not storage.is_remote(sweep.output):
@@ -254,8 +217,6 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
         )
         return run
 
-    # The sweep's run is opened on the MLflow writer thread while Tune starts the first trials
-    # (creating a new SQLite store alone takes a second or two).
     trial_logger = MlflowTrialLogger(sweep, open_sweep_run, base, previous_runs)
     with tracking.ended(trial_logger.opened_parent):  # FINISHED, FAILED or KILLED
         try:
@@ -270,29 +231,20 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
             trial_logger.close()  # every write done before the sweep's run ends
     sweep_run = trial_logger.parent
     storage.write_text(storage.uri_join(sweep.output, "summary.md"), markdown)
-    storage.write_text(
-        storage.uri_join(sweep.output, SWEEP_RECORD),
-        json.dumps(
-            {
-                "parent_run_id": sweep_run.id,
-                "experiment": experiment,
-                "tracking_uri": config.redact(uri),
-                "selection": selection,
-                "summary": summary,
-                "failed": failed,
-                "adapters": adapters,
-            },
-            indent=2,
-        ),
-    )
-    return {
+    record = {
         "parent_run_id": sweep_run.id,
-        "experiment_id": _experiment_id(sweep_run),
-        "tracking_uri": uri,
+        "experiment": experiment,
+        "tracking_uri": config.redact(uri),
         "selection": selection,
         "summary": summary,
         "failed": failed,
         "adapters": adapters,
+    }
+    storage.write_text(storage.uri_join(sweep.output, SWEEP_RECORD), json.dumps(record, indent=2))
+    return {
+        **record,
+        "experiment_id": _experiment_id(sweep_run),
+        "tracking_uri": uri,
         "markdown": markdown,
         "child_run_ids": list(trial_logger.child_ids.values()),
     }
@@ -301,9 +253,8 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
 def _reopen(
     uri: str, run_id: str, previous_runs: dict[str, tuple[str, str]]
 ) -> tracking.Run | None:
-    """The sweep's run of an earlier attempt, RUNNING again, with its trials' runs (label ->
-    (run id, status), the latest of a label) put in ``previous_runs``; None if the store lost
-    it."""
+    """The sweep's run of an earlier attempt, RUNNING again, its trials' runs put in
+    ``previous_runs``; None if the store lost it."""
     try:
         children = tracking.child_runs(uri, run_id, status="")
     except Exception as exc:  # e.g. MlflowException RESOURCE_DOES_NOT_EXIST: a new store
@@ -322,9 +273,8 @@ def _reopen(
 def _stages(
     sweep: SweepConfig, trial_logger, base: dict[str, Any], journal: Journal, previous: Previous
 ):
-    """Both stages and the summary, logged on the sweep's run (``trial_logger.parent``);
-    (selection, summary, failed, summary markdown, exported adapters). Trials ``previous``
-    finished are read back, not run again."""
+    """Both stages and the summary, logged on the sweep's run; (selection, summary, failed,
+    summary markdown, exported adapters). Trials ``previous`` finished are read back."""
     name = sweep.label
     first = sweep.seeds[0]
     grid = [{"method": m, "lr": lr, "seed": first} for m in sweep.methods for lr in sweep.lr]
@@ -440,9 +390,8 @@ ADAPTERS_DIR = "adapters"
 
 
 def export_adapters(sweep: SweepConfig, trial_logger, keys: list[str]) -> dict[str, Any]:
-    """Every seed-stage adapter (the runs ``keys``) copied to
-    ``<output>/adapters/<method>/seed<seed>``, a checkpoint folder that ``asymvlm evaluate``,
-    ``score`` and ``score-text`` take; returns method -> seed -> its URI."""
+    """Every seed-stage adapter (the runs ``keys``) copied to a checkpoint folder
+    ``<output>/adapters/<method>/seed<seed>``; method -> seed -> its URI."""
     out: dict[str, dict[str, str]] = {}
     for key in dict.fromkeys(keys):
         row = trial_logger.final[key]
@@ -454,23 +403,6 @@ def export_adapters(sweep: SweepConfig, trial_logger, keys: list[str]) -> dict[s
 
 class NoResults(AsymVLMError):
     """Every trial of a sweep failed: nothing to select or summarise."""
-
-
-def failures_markdown(failed: list[dict[str, Any]]) -> str:
-    """The failed trials under the summary table: how many, which, and why."""
-    if not failed:
-        return ""
-    lines = [
-        "",
-        f"**{len(failed)} trial(s) failed** and are left out of the selection and the table above:",
-        "",
-        "| stage | method | lr | seed | reason |",
-        "|---|---|---|---|---|",
-    ]
-    for f in failed:
-        reason = f["reason"].replace("|", "\\|")
-        lines.append(f"| {f['stage']} | {f['method']} | {f['lr']:g} | {f['seed']} | {reason} |")
-    return "\n".join(lines) + "\n"
 
 
 def check_tables(sweep: SweepConfig) -> None:
@@ -495,22 +427,3 @@ def check_tables(sweep: SweepConfig) -> None:
             f"{sweep.embeddings}: no validation split {val!r}; add one or set val_fraction "
             "to hold out training images for the lr selection"
         )
-
-
-def select_lr(grid: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per method, the lr with the best validation score (ties: the smaller lr). Only trials
-    that finished with a finite score take part: a diverged or failed trial is never chosen,
-    and a method none of whose lrs finished is absent from the result."""
-    best: dict[str, dict[str, Any]] = {}
-    scores: dict[str, dict[str, float]] = {}
-    for r in sorted(grid, key=lambda r: (r["method"], r["lr"])):
-        score = float(r[SELECTION_METRIC])
-        if not math.isfinite(score):
-            continue
-        scores.setdefault(r["method"], {})[f"{r['lr']:g}"] = score
-        current = best.get(r["method"])
-        if current is None or score > current["score"]:
-            best[r["method"]] = {"lr": r["lr"], "score": score}
-    for method in best:
-        best[method]["scores_by_lr"] = scores[method]
-    return best

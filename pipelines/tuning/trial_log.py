@@ -1,10 +1,4 @@
-"""A sweep's trials in MLflow (the driver is the only writer): :class:`MlflowTrialLogger`.
-
-Every trial -- and every member of a packed trial -- is a nested MLflow run under the sweep's
-run, opened when the trial starts, with each epoch's metrics as the epoch ends, the final
-metrics, curves and adapter, and the status FINISHED or FAILED with the reason. All writes go
-through :mod:`asymvlm.tracking`.
-"""
+"""A sweep's trials in MLflow, written by the driver: :class:`MlflowTrialLogger`."""
 
 from __future__ import annotations
 
@@ -16,22 +10,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from ray import tune
 from ray.tune.result import AUTO_RESULT_KEYS
 
-from asymvlm import results, storage, tracking
+from asymvlm import storage, tracking
 from asymvlm.checkpoints import MEMBER_FOLDER, copy_adapter
 from pipelines.schema import SweepConfig
-from pipelines.session import ship_by_value
 from pipelines.tuning.journal import TrialRecord, trial_label
+from pipelines.tuning.outcomes import adapter_directory, log_outcome
 from pipelines.tuning.search import describe_trial, member_keys
 from pipelines.tuning.trials import SELECTION_METRIC, failure_reason
-
-if __name__ != "__main__":  # workers may lack pipelines/ on their path
-    ship_by_value(__name__)
 
 logger = logging.getLogger("pipelines.sweep")  # its lines are the sweep's
 
@@ -46,17 +37,11 @@ def _trial_label(config: dict[str, Any]) -> tuple[str, float, int, str]:
 
 
 class MlflowTrialLogger(tune.Callback):
-    """Tune callback on the driver: every trial is a nested MLflow run from its start, with each
-    epoch's metrics as the epoch ends (step = epoch), the final metrics and artifacts, and the
-    status FINISHED or FAILED (with the reason) at its end; one console line per finished
-    trial. Every epoch is logged once: a trial that Tune retries from its checkpoint reports
-    the epochs after it again, and a run a resumed sweep reopens (:attr:`previous_runs`) has
-    its epochs so far; those rows are not written twice.
-
-    The MLflow writes happen in order on one writer thread, so Tune's loop never waits for
-    the tracking store (an adapter and its plots take a second or two per trial): Tune goes on
-    starting trials and taking results meanwhile. :meth:`flush` waits for every write so far
-    (and raises the first that failed)."""
+    """Tune callback: every trial (every member of a pack) is a nested MLflow run from its
+    start, with each epoch's metrics once (step = epoch; a retried trial or a reopened run
+    reports some again), its final metrics and artifacts, and FINISHED or FAILED with the
+    reason. The writes run in order on one writer thread, so Tune's loop never waits for the
+    store; :meth:`flush` waits for them (and raises the first that failed)."""
 
     def __init__(
         self,
@@ -65,20 +50,17 @@ class MlflowTrialLogger(tune.Callback):
         base_params: dict[str, Any],
         previous_runs: dict[str, tuple[str, str]] | None = None,
     ):
-        """``parent``: the sweep's run, or a function that opens it -- called first on the
-        writer thread, so Tune starts its trials while the run (and a new store) is made;
-        ``previous_runs``: :attr:`previous_runs` (that function may fill it)."""
+        """``parent``: the sweep's run, or a function that opens it on the writer thread (which
+        may fill ``previous_runs``: trial label -> its run in an earlier run of the sweep, and
+        that run's status)."""
         self.sweep, self.base_params = sweep, base_params
         self.runs: dict[str, tracking.Run] = {}
-        #: Run key -> when its trial started (seconds): the MLflow run's start, the duration.
+        #: Run key -> when its trial started (seconds).
         self.started_at: dict[str, float] = {}
         #: Trial id -> the trial's final row (selection score and outcome), as it came.
         self.final: dict[str, dict[str, Any]] = {}
         #: Run key -> (the trial's last Tune checkpoint, the member's folder in it).
         self.checkpoints: dict[str, tuple[Any, str]] = {}
-        #: Trial label -> (its MLflow run in an earlier run of the sweep, that run's status),
-        #: set by the function that opens the sweep's run, on the writer thread: a trial that
-        #: goes on reopens it.
         self.previous_runs: dict[str, tuple[str, str]] = (
             {} if previous_runs is None else previous_runs
         )
@@ -109,8 +91,7 @@ class MlflowTrialLogger(tune.Callback):
             self.parent  # noqa: B018 -- raises the error of opening it
 
     def __getstate__(self) -> dict[str, Any]:
-        """Tune saves its callbacks with the experiment state: everything but the thread (and
-        the sweep's run while it is still being opened: Tune saves them as it starts)."""
+        """Tune saves its callbacks: everything but the thread (and a run still being opened)."""
         state = dict(self.__dict__)
         if not isinstance(self._parent, tracking.Run):
             state["_parent"] = None
@@ -164,8 +145,8 @@ class MlflowTrialLogger(tune.Callback):
         return {trial_id: run.id for trial_id, run in self.runs.items()}
 
     def _run(self, trial_id: str, config: dict[str, Any]) -> tracking.Run:
-        """The trial's MLflow run, opened at its first write (on the writer thread): its run in
-        an earlier run of the sweep, reopened, or a new one."""
+        """The trial's MLflow run, opened at its first write: its earlier run reopened, or a new
+        one."""
         if trial_id not in self.runs:
             method, lr, seed, stage = _trial_label(config)
             label = trial_label(stage, config["trial"])
@@ -207,8 +188,7 @@ class MlflowTrialLogger(tune.Callback):
 
     @contextlib.contextmanager
     def progress(self, label: str, total: int):
-        """A progress bar of finished trials on a terminal (none in logs and pipes); the log
-        lines print above it."""
+        """A progress bar of finished trials on a terminal (none in logs and pipes)."""
         from tqdm import tqdm
 
         with tqdm(
@@ -226,8 +206,7 @@ class MlflowTrialLogger(tune.Callback):
             self._bar.update(1)
 
     def join_seed_stage(self, keys: list[str]) -> None:
-        """Stage-1 trials that are also stage 2's (the first seed at the chosen lr; their run
-        keys): their runs get the ``seed_stage`` tag that stage 2's runs carry."""
+        """Tag the runs ``keys`` (stage-1 trials at the chosen lr) as stage 2's."""
 
         def tag() -> None:
             for key in keys:
@@ -252,10 +231,8 @@ class MlflowTrialLogger(tune.Callback):
 
     def read_back(self, key: str, record: TrialRecord) -> None:
         """A trial an earlier run of the sweep finished (its journal ``record``), taken as it
-        is: its final row, its adapter (in its checkpoint), its MLflow run (found by its label
-        once the sweep's run is open). A run the earlier driver had not closed yet (it was
-        stopped between the trial's end and the MLflow writes) gets its results and FINISHED
-        now."""
+        is; its MLflow run gets its results and FINISHED now if the earlier driver stopped
+        before writing them."""
         final = record.final
         assert final is not None
         self.final[key] = final
@@ -287,8 +264,7 @@ class MlflowTrialLogger(tune.Callback):
     # -- Tune's events (driver thread: read the trial now, write later) ---------------------
     @staticmethod
     def _members(trial_id: str, config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-        """(run key, the member's config) of every run a trial makes: itself, or each member
-        of a pack (``<trial id>#<k>``)."""
+        """(run key, config) of every run a trial makes: itself, or each member of a pack."""
         pack = config.get("pack")
         if not pack:
             return [(trial_id, config)]
@@ -338,9 +314,7 @@ class MlflowTrialLogger(tune.Callback):
             self._log_epoch(key, config, int(result["epoch"]), metrics)
 
     def _log_epoch(self, key: str, config: dict[str, Any], step: int, metrics: dict) -> None:
-        """An epoch's metrics wait in their run's queue; one write takes every row queued by
-        the time it runs (one MLflow request while the store is slower than the epochs, one
-        per epoch while it keeps up)."""
+        """Queue an epoch's metrics; one write takes every row of the run queued by then."""
         with self._lock:
             queued = self._epochs.setdefault(key, [])
             queued.append((step, metrics, time.time()))
@@ -411,8 +385,7 @@ class MlflowTrialLogger(tune.Callback):
 
 
 def _trial_error(trial) -> BaseException | str | None:
-    """The error Tune just wrote beside the trial (local files: the copies in the experiment's
-    storage are synced later)."""
+    """The error Tune just wrote beside the trial."""
     import ray.cloudpickle
 
     for path, read in (
@@ -426,67 +399,3 @@ def _trial_error(trial) -> BaseException | str | None:
             except Exception:  # unreadable: try the next form; the run is logged regardless
                 continue
     return None
-
-
-def log_outcome(
-    run: tracking.Run,
-    result: dict[str, Any],
-    checkpoint=None,
-    member_dir: str = "",
-) -> None:
-    """A finished trial's final metrics, binned Recall@1 curves (JSON + PNG), every number of
-    its evaluation (results.json) and adapter: from its Ray Train run's checkpoint, or (a trial
-    that trained in place) from ``checkpoint``, the trial's latest Tune checkpoint (a pack's
-    holds each member's adapter under ``member_dir``)."""
-    from asymvlm.plots import plot_binned_recall
-    from asymvlm.scoring.models import log_adapter_models
-
-    out = result["outcome"]
-    method, lr, seed = result["method"], result["lr"], result["seed"]
-    run.log_metrics(
-        {
-            **results.retrieval_metric_names(out.get("test", {})),
-            **results.retrieval_metric_names(out.get("val", {}), prefix="val_"),
-            SELECTION_METRIC: result[SELECTION_METRIC],
-        }
-    )
-    curves = {
-        split: {d: out[split][d].get("binned_recall@1") for d in results.DIRECTIONS}
-        for split in ("val", "test")
-        if split in out
-    }
-    run.log_json("binned_recall.json", curves)
-    # every number of the evaluation, lists too (risk-coverage curves for the report)
-    run.log_json("results.json", {split: out[split] for split in ("val", "test") if split in out})
-    shown = out.get("test") or out.get("val")
-    if shown:
-        with tempfile.TemporaryDirectory() as tmp:
-            png = plot_binned_recall(
-                {method: shown},
-                os.path.join(tmp, "binned_recall.png"),
-                title=f"{method} lr={lr:g} seed={seed}",
-            )
-            run.log_artifact(png)
-    with adapter_directory(out, checkpoint, member_dir) as model:
-        if model is not None:  # embeddings in; and captions in when it names its encoder
-            log_adapter_models(run, model)
-
-
-@contextlib.contextmanager
-def adapter_directory(
-    out: dict[str, Any], checkpoint=None, member_dir: str = ""
-) -> Iterator[str | None]:
-    """A local checkpoint folder holding a finished trial's adapter
-    (:func:`asymvlm.checkpoints.load_checkpoint` reads it) for the block: its Ray Train run's
-    checkpoint (``out["checkpoint"]``), else ``checkpoint``, the trial's latest Tune checkpoint
-    (a pack's holds each member's folder ``member_dir``); None without either."""
-    if out.get("checkpoint"):
-        from ray.train import Checkpoint
-
-        # (path, filesystem) as Ray Train wrote it (pyarrow's own, for object stores)
-        checkpoint = Checkpoint(*storage.ray_storage(out["checkpoint"]))
-    if checkpoint is None:
-        yield None
-        return
-    with checkpoint.as_directory() as directory:
-        yield os.path.join(directory, member_dir) if member_dir else directory

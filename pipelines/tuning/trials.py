@@ -1,24 +1,7 @@
-"""One sweep trial: the paper's protocol for one (method, lr, seed), as a Tune trainable.
-
-Two ways to run it, both reporting the same rows (every epoch, then the selection score and
-the outcome) and both resuming from their latest checkpoint when Tune retries them:
-
-* :func:`direct_trial` (``num_workers: 1``, the default way): the protocol runs inside the Tune
-  trial itself, on the CPUs (or fraction of a GPU) the trial reserves -- no Ray Train
-  ``TorchTrainer`` to start per trial. The Tune actors are reused from trial to trial, and the
-  splits a trial reads stay in its process (:data:`asymvlm.splits.PROCESS_CACHE`), so the
-  later trials on the same actor start training at once.
-* :func:`packed_trial` (``pack: K``): up to K trials of one method and stage trained as one
-  batched model in one trial (:func:`asymvlm.protocol.run_packed_protocol`).
-* :func:`torch_trainer_trial` (``num_workers > 1``, or ``trial_runner: torch_trainer``): the
-  trial drives a ``TorchTrainer`` (:mod:`pipelines.ray_train`), DDP over ``num_workers``.
-
-A trial's config is ``{"sweep": SweepConfig, "stage", "trial": {method, lr, seed}}`` (``"pack":
-[trials]`` for a pack; ``"resume"``: the checkpoint an earlier run of the sweep left, see
-:mod:`pipelines.tuning.journal`): the validated sweep crosses the Tune boundary as it is, and
-the trial's run is :meth:`~pipelines.schema.SweepConfig.run_spec` of what varies -- typed, not
-validated again. Checkpoints are checkpoint folders of :mod:`asymvlm.checkpoints`.
-"""
+"""One sweep trial, the paper's protocol for one (method, lr, seed), as a Tune trainable: in
+the trial's process (:func:`direct_trial`), several trials batched as one model
+(:func:`packed_trial`), or through a TorchTrainer (:func:`torch_trainer_trial`). Each reports
+every epoch, then :func:`final_report`, and resumes from its latest checkpoint on a retry."""
 
 from __future__ import annotations
 
@@ -43,13 +26,9 @@ from pipelines.ray_train import (
     worker_logging,
 )
 from pipelines.schema import SweepConfig
-from pipelines.session import ship_by_value
 
 if TYPE_CHECKING:
     from asymvlm.training import PackedTrainer
-
-if __name__ != "__main__":  # workers may lack pipelines/ on their path
-    ship_by_value(__name__)
 
 __all__ = [
     "FAILED_MARKER",
@@ -80,10 +59,8 @@ def trial_run(config: dict[str, Any], trial: dict[str, Any] | None = None) -> Ru
 
 
 def use_reserved_cpus(sweep: SweepConfig) -> None:
-    """Torch threads = the CPUs the trial reserved. Ray sets ``OMP_NUM_THREADS`` for a trial's
-    process, but a process that imported torch before (a reused actor, a worker that preloaded
-    torch) keeps the thread count it started with: two trials of one CPU each would then run
-    two threads each on two CPUs."""
+    """Torch threads = the CPUs the trial reserved (a reused actor keeps the count it started
+    with, whatever ``OMP_NUM_THREADS`` says)."""
     torch.set_num_threads(max(1, int(sweep.cpus_per_worker)))
 
 
@@ -93,9 +70,8 @@ def _device() -> torch.device:
 
 
 def _resume_point(read: Callable[[str], T], config: dict[str, Any]) -> T | None:
-    """What the trial's latest checkpoint holds (``read`` of its folder): Tune's, when Tune
-    retries the trial, else ``config["resume"]``, the checkpoint (a folder URI) an earlier run
-    of the sweep left (:mod:`pipelines.tuning.journal`); None for a trial that starts fresh."""
+    """``read`` of the trial's latest checkpoint: Tune's on a retry, else ``config["resume"]``
+    (left by an earlier run of the sweep); None for a fresh trial."""
     from ray import tune
 
     checkpoint = tune.get_checkpoint()
@@ -125,17 +101,10 @@ def final_report(config: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
 
 # -- in place -----------------------------------------------------------------------------------
 def direct_trial(config: dict[str, Any]) -> None:
-    """Tune function trainable: :func:`asymvlm.protocol.run_protocol` in this process.
-
-    Reports every epoch's row (with a checkpoint when due: a checkpoint folder, as a Ray
-    Train run's, :func:`pipelines.ray_train.checkpoint_folder`), resumes from Tune's checkpoint
-    on a retry, and ends with :func:`final_report`. A diverged run fails the trial (Tune error
-    state) with the trainer's message; a retry of it fails at once instead of diverging
-    again."""
+    """:func:`asymvlm.protocol.run_protocol` in the trial's process, reporting every epoch (with
+    a checkpoint when due). A diverged run fails the trial, and a retry of it fails at once."""
     from ray import tune
 
-    # Imported here, in the trial's process: the cache is that process's (this module's
-    # functions travel by value, and a global would travel as a copy).
     from asymvlm.splits import PROCESS_CACHE
 
     if "pack" in config:
@@ -177,15 +146,10 @@ def direct_trial(config: dict[str, Any]) -> None:
 
 # -- packed -------------------------------------------------------------------------------------
 def packed_trial(config: dict[str, Any]) -> None:
-    """The trials ``config["pack"]`` (one method, one stage, other lr/seed) trained as one
-    batched model (:func:`asymvlm.protocol.run_packed_protocol`). Every epoch of every member
-    is reported as ``{"member": k, **row}``; when a checkpoint is due (``checkpoint_every``, and
-    after a member's last epoch) the last report of the epoch carries the pack's checkpoint
-    (:func:`asymvlm.checkpoints.save_pack_checkpoint`), from which Tune's retry resumes the
-    pack; the last one holds every finished member's adapter. The end is one report with each
-    member's final row (:func:`final_report`) or failure (``{"failed": reason}``) under
-    ``"pack_outcomes"``. A member that diverges fails alone. (A sweep packs only methods
-    trained by SGD.)"""
+    """The trials ``config["pack"]`` (one method and stage) trained as one batched model
+    (:func:`asymvlm.protocol.run_packed_protocol`): every member's epoch reported as ``{"member":
+    k, **row}``, the last of an epoch with the pack's checkpoint when due; at the end each
+    member's :func:`final_report` or ``{"failed": reason}`` under ``"pack_outcomes"``."""
     from ray import tune
 
     from asymvlm.protocol import run_packed_protocol
@@ -266,9 +230,8 @@ def torch_trainer_trial(config: dict[str, Any]) -> None:
 
 # -- failures -----------------------------------------------------------------------------------
 def failure_reason(exc: BaseException | str | None) -> str:
-    """The root cause of a failed trial as one line: our own errors (e.g. "non-finite loss at
-    epoch 2, step 3 ...") verbatim, others as ``Type: first line``; digs through Ray's
-    wrappers (task errors, Train worker-group errors, Tune errors)."""
+    """The root cause of a failed trial on one line: our errors verbatim, others as ``Type:
+    first line``, through Ray's wrappers."""
     if exc is None:
         return "unknown error"
     if isinstance(exc, str):  # Tune's text trace: the last "Error: message" line

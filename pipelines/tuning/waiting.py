@@ -1,13 +1,5 @@
-"""Trials that wait for a node: :class:`NodeWait` ends a sweep that waited too long.
-
-When a worker node goes (a spot instance preempted: every process on it and its local disk
-gone), Tune retries its trials (``max_failures``) from their latest checkpoints in the shared
-storage, as soon as a node with room for them is there -- one that joins later, or one whose
-trials end. Until then they are PENDING. If for ``node_wait_s`` seconds trials wait while none
-runs, no node is coming: the sweep ends with :class:`~asymvlm.errors.Unfinished` naming the
-trials that could not finish; the finished ones are in the sweep's journal
-(:mod:`pipelines.tuning.journal`), so the same command run again goes on from there.
-"""
+"""Trials that wait too long for a node end the sweep: :class:`NodeWait` (Tune has no such
+limit: a lost node's trials stay PENDING until one joins)."""
 
 from __future__ import annotations
 
@@ -18,11 +10,7 @@ from typing import Any
 from ray import tune
 
 from asymvlm.errors import Unfinished
-from pipelines.session import ship_by_value
 from pipelines.tuning.search import describe_trial
-
-if __name__ != "__main__":  # workers may lack pipelines/ on their path
-    ship_by_value(__name__)
 
 __all__ = ["NodeWait"]
 
@@ -46,7 +34,7 @@ class NodeWait(tune.Callback):
         now = time.monotonic()
         self._since = self._since or now
         waited = now - self._since
-        if not self._warned and waited >= min(30.0, self.seconds / 2):
+        if not self._warned and waited >= self.seconds / 2:
             self._warned = True
             logger.warning(
                 "sweep %s: %d trial(s) wait for a node with room for them (the sweep "

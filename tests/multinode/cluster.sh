@@ -16,7 +16,7 @@
 #      killed whole (its PID namespace ended, its tmpfs gone); a new worker node is started;
 #   4. outage: a sweep during which the MLflow server is stopped for longer than the client's
 #      (shortened) retries, then started again;
-#   5. flaky: a sweep whose S3 requests go through the proxy, failing 30 % of them for 40 s from
+#   5. flaky: a sweep whose S3 requests go through the proxy, failing 30 % of them for 150 s from
 #      the job's start (table reads, checkpoints, Tune's state).
 # Usage (from the repository root):
 #   unshare --net --pid --fork --mount-proc bash tests/multinode/cluster.sh RESULTS_DIR
@@ -59,7 +59,7 @@ cleanup() {
 }
 trap cleanup EXIT
 wait_port() {
-    for _ in $(seq 120); do
+    for _ in $(seq 600); do
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
         sleep 0.5
     done
@@ -225,7 +225,7 @@ finish outage "$job" "$start"
 log "job 5: the object store fails 30 % of the requests"
 start=$(date +%s)
 FLAKY="{\"env_vars\": {\"AWS_ENDPOINT_URL\": \"http://127.0.0.1:$PROXY\"}}"
-"$PY" -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:$PROXY/__faults__?share=0.3&seconds=40', method='POST'))"
+"$PY" -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:$PROXY/__faults__?share=0.3&seconds=150', method='POST'))"
 stamp faults-opened
 submit "${DRILL[@]}" s3://bucket/flaky "$RESULTS/job-flaky.log" --runtime-env-json "$FLAKY" \
     --set mlflow.experiment=drill-flaky &

@@ -1,15 +1,10 @@
-"""A tracking store that goes away for longer than the client's retries: the writes wait in a
-local spool, in order, and land when it is back (or by ``asymvlm replay`` from a fresh process);
-a write that is wrong in itself still raises; without a spool an outage raises as before.
-
-The client's retries are shortened through MLflow's environment (no retry, no backoff) so that
-an outage is seen at once; the slow tests run a real ``mlflow server`` and stop it."""
+"""A tracking store that goes away for longer than the client's retries (shortened here: no
+retry, no backoff): the writes wait, in order, and land when it is back; a write that is wrong
+in itself still raises; without a spool folder an outage raises."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,10 +17,8 @@ import pandas as pd
 import pytest
 
 from asymvlm import tracking
-from asymvlm.cli import main
 from asymvlm.tracking.writer import is_transient
 
-REPO = Path(__file__).resolve().parents[1]
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))
 
 
@@ -118,12 +111,6 @@ def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
 
 
-def _spooled(spool: Path) -> list[dict]:
-    """The writes kept in the (only) store's spool under ``spool``."""
-    [store] = list(spool.iterdir())
-    return [json.loads(line) for line in (store / "ops.jsonl").read_text().splitlines()]
-
-
 class Doubler(tracking.PythonModel):
     """A tiny served model: its input times the factor in its artifact."""
 
@@ -135,7 +122,7 @@ class Doubler(tracking.PythonModel):
 
 
 # -- without a server ----------------------------------------------------------------------------
-def test_without_a_spool_an_unreachable_store_raises_as_before(tmp_path) -> None:
+def test_without_a_spool_an_unreachable_store_raises(tmp_path) -> None:
     from mlflow.exceptions import MlflowException
 
     dead = f"http://127.0.0.1:{_free_port()}"
@@ -173,96 +160,37 @@ def test_failures_of_the_store_are_told_from_wrong_writes(tmp_path) -> None:
     assert not is_transient(sqlite3.OperationalError("no such table: runs"))
 
 
-def test_writes_that_waited_land_in_order_once(tmp_path, spool_dir) -> None:
-    """Writes to an unreachable store wait (the caller goes on); the spool replays into the
-    store (here one given instead of the recorded one) in order, with parents resolved and the
-    times of the calls kept. Replaying it again, or a copy of it whose counts and key map were
-    lost (a process that died after its writes landed), duplicates nothing."""
-    from mlflow import MlflowClient
+def test_writes_to_an_unreachable_store_wait_in_order(tmp_path, spool_dir, caplog) -> None:
+    """The caller goes on; the writes wait in order, an artifact copied (the caller deletes
+    its own); without the spool folder any left are dropped, with a warning."""
+    from asymvlm.tracking.writer import writer
 
     dead = f"http://127.0.0.1:{_free_port()}"
     sweep = tracking.open_run(dead, "e", "sweep", kind="sweep", params={"seeds": 2})
     trial = tracking.open_run(dead, "e", "trial", kind="trial", parent=sweep)
-    for epoch in (1, 2, 3):
-        trial.log_metrics({"loss": 1.0 / epoch}, step=epoch)
+    trial.log_metrics({"loss": 1.0}, step=1)
     trial.log_json("results.json", {"r1": 0.5})
     trial.end("FAILED", "diverged")
-    before_end = int(1000 * time.time())
-    sweep.end()
-    assert (sweep.id, trial.id) == (None, None)  # they exist only in the spool
-    assert tracking.pending() == 10
-    kinds = [op["op"] for op in _spooled(spool_dir)]
-    assert kinds == ["create_run", "log_batch", "create_run"] + ["log_batch"] * 3 + [
-        "log_artifact",
+    assert (sweep.id, trial.id) == (None, None)
+    kinds = [op["op"] for op in writer(dead).queue]
+    assert kinds == ["create_run", "log_batch", "create_run", "log_batch", "log_artifact"] + [
         "log_batch",
         "set_terminated",
-        "set_terminated",
     ]
-    assert tracking.pending_line() == (
-        f"10 tracking writes wait in {spool_dir}; replay them with `asymvlm replay {spool_dir}`"
-    )
-    tracking.use_spool(None)  # the process is done with it: the spool stays
-    lost = tmp_path / "copy"
-    shutil.copytree(spool_dir, lost)
-
-    store = tracking.default_tracking_uri(str(tmp_path / "store"))
-    assert tracking.replay(str(spool_dir), store) == 10
-    assert tracking.replay(str(spool_dir), store) == 0
-    assert tracking.replay(str(lost), store) == 10  # applied again: nothing doubles
-    client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("e").experiment_id])
-    assert sorted(r.info.run_name for r in runs) == ["sweep", "trial"]
-    by_name = {r.info.run_name: r for r in runs}
-    one = by_name["trial"]
-    assert one.data.tags["mlflow.parentRunId"] == by_name["sweep"].info.run_id
-    assert _history(client, one.info.run_id, "loss") == [(1, 1.0), (2, 0.5), (3, 1 / 3)]
-    assert (one.info.status, one.data.tags["failure_reason"]) == ("FAILED", "diverged")
-    assert one.info.end_time <= before_end  # when end() was called, not when it landed
-    assert by_name["sweep"].info.status == "FINISHED"
-    assert by_name["sweep"].data.params == {"seeds": "2"}
-    path = tracking.download(f"runs:/{one.info.run_id}/results.json", store)
-    assert json.loads(Path(path).read_text()) == {"r1": 0.5}
-
-
-def test_a_torn_last_line_is_dropped(tmp_path, spool_dir) -> None:
-    """A write cut short by a crash (its call never returned) is not replayed; the rest is."""
-    dead = f"http://127.0.0.1:{_free_port()}"
-    tracking.open_run(dead, "e", "trial", kind="trial").log_metrics({"loss": 1.0}, step=1)
+    [copy] = [op["path"] for op in writer(dead).queue if op["op"] == "log_artifact"]
+    assert copy.startswith(str(spool_dir)) and Path(copy).read_text().startswith("{")
     tracking.use_spool(None)
-    [store] = list(spool_dir.iterdir())
-    with open(store / "ops.jsonl", "a") as fh:
-        fh.write('{"op": "log_batch", "run": "x", "metr')
-    target = tracking.default_tracking_uri(str(tmp_path / "store"))
-    assert tracking.replay(str(spool_dir), target) == 2
-
-
-def test_a_spool_left_in_the_folder_is_taken_over(tmp_path, spool_dir) -> None:
-    """A process that uses the spool folder again takes over the writes left there: they stay
-    first, and its own writes to that store wait behind them."""
-    dead = f"http://127.0.0.1:{_free_port()}"
-    tracking.open_run(dead, "e", "first", kind="trial")
-    tracking.use_spool(None)  # the process that wrote it is done
-    assert tracking.pending() == 0
-    tracking.use_spool(str(spool_dir))
-    assert tracking.pending() == 1
-    tracking.open_run(dead, "e", "second", kind="trial")
-    assert tracking.pending() == 2
-    assert [op["name"] for op in _spooled(spool_dir)] == ["first", "second"]
-
-
-def test_replay_of_a_folder_that_is_not_a_spool(tmp_path, capsys) -> None:
-    (tmp_path / "notes.txt").write_text("not a spool")
-    assert main(["replay", str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: {tmp_path}: not a tracking spool (no spool.json in it or its folders)"]
+    assert tracking.pending() == 0 and "7 tracking writes never reached" in caplog.text
 
 
 # -- a real tracking server, stopped and started -------------------------------------------------
 @pytest.mark.slow
-def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir) -> None:
-    """Metrics, tags, an artifact, a new run and the ends, written while the server is down,
-    return at once; when it is back on the same port and database, ``drain`` lands them all, in
-    order, the new run under its parent."""
+def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir, tmp_path) -> None:
+    """Metrics, tags, an artifact, a model (whose artifact file is gone by then), a new run and
+    the ends, written while the server is down, return at once; when it is back on the same
+    port and database, ``drain`` lands them all, in order, the new run under its parent, the
+    times those of the calls."""
+    import mlflow
     from mlflow import MlflowClient
 
     sweep = tracking.open_run(server.uri, "outage", "sweep", kind="sweep")
@@ -279,13 +207,20 @@ def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir) -> None
         trial.log_metrics({"loss": 1.0 / epoch}, step=epoch)
     trial.set_tags({"stage": "grid"})
     trial.log_text("notes.txt", "written during the outage")
+    factor = tmp_path / "factor.txt"
+    factor.write_text("3")
+    trial.log_pyfunc(
+        "adapter", Doubler(), artifacts={"factor": str(factor)}, pip_requirements=["mlflow"]
+    )
+    factor.unlink()  # a copy waits
     late = tracking.open_run(server.uri, "outage", "late", kind="trial", parent=sweep)
     late.log_metrics({"loss": 0.25}, step=1)
     for run in (trial, late, sweep):
         run.end("FINISHED")
+    before_end = int(1000 * time.time())
     assert time.monotonic() - began < 30  # no write waited for the server
-    assert late.id is None and tracking.pending() == 10
-    assert tracking.drain(0) == 10  # still down
+    assert late.id is None and tracking.pending() == 11
+    assert tracking.drain(0) == 11  # still down
 
     server.start()
     assert tracking.drain(120) == 0
@@ -294,55 +229,14 @@ def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir) -> None
     assert _history(client, trial.id, "loss") == [(e, 1.0 / e) for e in range(1, 7)]
     got = client.get_run(trial.id)
     assert got.data.tags["stage"] == "grid" and got.data.params == {"lr": "0.1"}
+    assert got.info.end_time <= before_end  # when end() was called, not when it landed
     notes = tracking.download(f"runs:/{trial.id}/notes.txt", server.uri)
     assert Path(notes).read_text() == "written during the outage"
     assert [client.get_run(r.id).info.status for r in (sweep, trial, late)] == ["FINISHED"] * 3
     assert client.get_run(late.id).data.tags["mlflow.parentRunId"] == sweep.id
     assert _history(client, late.id, "loss") == [(1, 0.25)]
-
-
-@pytest.mark.slow
-def test_a_spool_left_behind_is_replayed_by_a_fresh_process(server, spool_dir, tmp_path):
-    """The server does not come back while the process runs: its writes (a model whose
-    artifact file is gone by then, a run made meanwhile) stay in the spool; ``asymvlm replay``
-    in a fresh process lands them once it is back, and a second replay lands nothing twice."""
-    import mlflow
-    from mlflow import MlflowClient
-
-    run = tracking.open_run(server.uri, "left", "trial", kind="trial")
-    run.log_metrics({"loss": 1.0}, step=1)
-    server.stop()
-    run.log_metrics({"loss": 0.5}, step=2)
-    factor = tmp_path / "factor.txt"
-    factor.write_text("3")
-    run.log_pyfunc(
-        "adapter", Doubler(), artifacts={"factor": str(factor)}, pip_requirements=["mlflow"]
-    )
-    factor.unlink()  # the spool kept a copy
-    run.end()
-    late = tracking.open_run(server.uri, "left", "late", kind="trial", parent=run)
-    late.end()
-    assert tracking.pending() == 5 and run.id is not None and late.id is None
-    tracking.use_spool(None)  # the process is done with it
-
-    server.start()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    replay = [sys.executable, "-m", "asymvlm.cli", "replay", str(spool_dir)]
-    first = subprocess.run(replay, cwd=REPO, env=env, capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert f"replayed 5 tracking writes from {spool_dir}" in first.stderr
-    again = subprocess.run(replay, cwd=REPO, env=env, capture_output=True, text=True)
-    assert again.returncode == 0 and "replayed 0 tracking writes" in again.stderr
-
-    client = MlflowClient(server.uri)
-    runs = client.search_runs([client.get_experiment_by_name("left").experiment_id])
-    assert sorted(r.info.run_name for r in runs) == ["late", "trial"]  # none twice
-    assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]
-    [made] = [r for r in runs if r.info.run_name == "late"]
-    assert made.data.tags["mlflow.parentRunId"] == run.id
-    assert _history(client, run.id, "loss") == [(1, 1.0), (2, 0.5)]
     with tracking.global_tracking_uri(server.uri):
-        model = mlflow.pyfunc.load_model(f"runs:/{run.id}/adapter")
+        model = mlflow.pyfunc.load_model(f"runs:/{trial.id}/adapter")
     assert model.predict(pd.DataFrame({"x": [1.0, 2.0]}))["x"].tolist() == [3.0, 6.0]
 
 
