@@ -131,7 +131,7 @@ def test_weights_of_another_method_are_named(tmp_path) -> None:
         f"{folder}: model.safetensors does not match config.json, which "
         "names method 'determ-ft' (dim 8): "
     )
-    assert "the weights fit symvlm" in message
+    assert "key(s) in state_dict" in message  # what does not fit, named by torch
 
 
 def test_missing_weights_and_incomplete_checkpoints(tmp_path) -> None:
@@ -170,35 +170,6 @@ def test_the_weights_are_safetensors_with_their_hash_recorded(tmp_path) -> None:
     loaded, _ = load_checkpoint(str(folder))
     for key, value in loaded.state_dict().items():
         assert torch.equal(value, _weights(folder)[key]), key
-
-
-def test_an_older_pickle_checkpoint_still_loads_with_one_line(tmp_path, caplog) -> None:
-    """Checkpoints written before safetensors hold model.pt (torch.save) and no hashes."""
-    folder = tmp_path / "ckpt"
-    _save(folder)
-    weights = _weights(folder)
-    torch.save(weights, folder / "model.pt")
-    os.remove(folder / "model.safetensors")
-    meta = _meta(folder)
-    del meta["sha256"]
-    (folder / "config.json").write_text(json.dumps(meta))
-    with caplog.at_level("INFO", logger="asymvlm"):
-        loaded, _ = load_checkpoint(str(folder))
-    lines = [r.getMessage() for r in caplog.records if "model.pt" in r.getMessage()]
-    assert len(lines) == 1 and "read as weights only" in lines[0]
-    for key, value in loaded.state_dict().items():
-        assert torch.equal(value, weights[key]), key
-
-
-def test_checkpoints_from_before_the_flag_load_as_complete(tmp_path) -> None:
-    folder = tmp_path / "ckpt"
-    _save(folder)
-    meta = _meta(folder)
-    for key in ("complete", "epoch", "epochs"):
-        del meta[key]
-    (folder / "config.json").write_text(json.dumps(meta))
-    _, loaded = load_checkpoint(str(folder))
-    assert loaded["complete"] is True
 
 
 # -- train(): refusal, overwrite, resume -----------------------------------------------------
@@ -417,21 +388,6 @@ def test_cli_refuses_an_existing_checkpoint_in_one_line(small_world, tmp_path, c
     with pytest.raises(SystemExit) as exit_:  # argparse: the two flags exclude each other
         main(_argv(small_world, out, "--overwrite", "--resume"))
     assert exit_.value.code == 2
-
-
-def test_cli_resume_of_a_checkpoint_from_before_the_flag(small_world, tmp_path, capsys) -> None:
-    out = str(tmp_path / "ckpt")
-    assert main(_argv(small_world, out)) == 0
-    meta = _meta(out)
-    for key in ("complete", "epoch", "epochs"):
-        del meta[key]
-    with open(os.path.join(out, "config.json"), "w") as fh:
-        json.dump(meta, fh)
-    capsys.readouterr()
-    assert main(_argv(small_world, out, "--resume")) == 0
-    assert capsys.readouterr().err == (
-        f"{out} already holds a complete checkpoint; nothing to do\n"
-    )
 
 
 def test_cli_evaluate_refuses_an_incomplete_checkpoint(small_world, tmp_path, capsys) -> None:

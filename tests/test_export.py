@@ -206,25 +206,6 @@ def test_a_folder_with_a_pickle_or_a_changed_file_is_refused_by_name(vmf, world,
         resolve_checkpoint(vmf, pretrained=True)
 
 
-def test_an_older_pickle_checkpoint_exports_to_safetensors(vmf, tmp_path) -> None:
-    old = tmp_path / "old"
-    shutil.copytree(vmf, old)
-    torch.save(load_file(old / "model.safetensors"), old / "model.pt")
-    os.remove(old / "model.safetensors")
-    os.remove(old / "trainer.pt")
-    meta = json.loads((old / "config.json").read_text())
-    del meta["sha256"]
-    (old / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match=r"holds model\.pt, a pickle"):
-        resolve_checkpoint(str(old), pretrained=True)
-    export_adapter(str(old), str(tmp_path / "exported"))
-    assert sorted(os.listdir(tmp_path / "exported")) == [
-        "README.md",
-        "config.json",
-        "model.safetensors",
-    ]
-
-
 # -- hf-hub: names --------------------------------------------------------------------------------
 @pytest.fixture
 def hub(tmp_path, monkeypatch):

@@ -40,7 +40,6 @@ the file(s) and URL(s), after every other file was tried: the good ones stay in 
 from __future__ import annotations
 
 import csv
-import functools
 import hashlib
 import http.client
 import io
@@ -48,14 +47,14 @@ import logging
 import os
 import re
 import socket
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from asymvlm import storage
 from asymvlm.data import demo_sets
 from asymvlm.errors import AsymVLMError
 
@@ -190,24 +189,9 @@ def _read_sums(root: str) -> dict[str, str]:
     return sums
 
 
-def _write_atomic(path: str, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def _write_sums(root: str, sums: dict[str, str]) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.writelines(f"{sums[rel]}  {rel}\n" for rel in sorted(sums))
-
-    _write_atomic(os.path.join(root, SUMS_NAME), write)
+    text = "".join(f"{sums[rel]}  {rel}\n" for rel in sorted(sums))
+    storage.write_text(os.path.join(root, SUMS_NAME), text)
 
 
 def _check_images(
@@ -274,16 +258,11 @@ def _download(url: str, dest: str, *, image: bool, expected: str | None = None) 
         if image and not _decodes(body):
             last, unreachable = "the body is not a decodable image", False
             continue
-        _write_atomic(dest, functools.partial(_write_bytes, body=body))
+        storage.write_bytes(dest, body)
         return digest
     if unreachable:
         raise _Unreachable(f"{url}: {last}")
     raise HierarCapsError(f"{os.path.basename(dest)}: {url}: {last}")
-
-
-def _write_bytes(path: str, body: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(body)
 
 
 def _fetch_images(

@@ -18,15 +18,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from asymvlm.errors import AsymVLMError
-from asymvlm.storage import (
-    atomic_write_bytes,
-    atomic_write_table,
-    display,
-    filesystem,
-    join,
-    named_failures,
-    read_bytes,
-)
+from asymvlm.storage import absolute, atomic_path, filesystem, join, uri_join, write_bytes
+from asymvlm.storage import read_bytes as read_uri
 
 MANIFEST_NAME = "manifest.json"
 #: The frozen model's projection matrices (``image`` [dim, pre_dim.image], ``text``
@@ -115,19 +108,14 @@ def write_manifest(root: str, manifest: Manifest | dict[str, Any]) -> None:
         manifest = Manifest.from_dict(manifest)
     else:
         manifest = Manifest.from_dict(manifest.to_dict())
-    fs, base = filesystem(root)
-    fs.create_dir(base, recursive=True)
     data = json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode() + b"\n"
-    atomic_write_bytes(fs, join(base, MANIFEST_NAME), data)
+    write_bytes(uri_join(root, MANIFEST_NAME), data)
 
 
 def read_manifest(root: str) -> Manifest:
     """Read ``ROOT/manifest.json``; :class:`TableError` if missing, not JSON, or lacking keys."""
-    fs, base = filesystem(root)
-    path = join(base, MANIFEST_NAME)
-    shown = display(root, path)
-    with named_failures(shown):
-        raw = read_bytes(fs, path)
+    shown = absolute(uri_join(root, MANIFEST_NAME))
+    raw = read_uri(shown)
     if raw is None:
         raise TableError(f"{shown}: manifest not found")
     try:
@@ -160,21 +148,17 @@ def write_projection(root: str, **matrices: Any) -> None:
     arrays = {k: _projection_matrix(k, v) for k, v in matrices.items()}
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    fs, base = filesystem(root)
-    fs.create_dir(base, recursive=True)
-    atomic_write_bytes(fs, join(base, PROJECTION_NAME), buffer.getvalue())
+    write_bytes(uri_join(root, PROJECTION_NAME), buffer.getvalue())
 
 
 def read_projection(root: str, manifest: Manifest | None = None) -> dict[str, np.ndarray] | None:
     """``ROOT/projection.npz`` as ``{"image": [dim, pre_dim.image], "text": ...}`` float32, or
     None when the root has none. :class:`TableError` naming the file when it cannot be read or
     a matrix disagrees with the manifest's ``dim`` / ``pre_dim``."""
-    fs, base = filesystem(root)
-    path = join(base, PROJECTION_NAME)
-    raw = read_bytes(fs, path)
+    shown = absolute(uri_join(root, PROJECTION_NAME))
+    raw = read_uri(shown)
     if raw is None:
         return None
-    shown = display(root, path)
     manifest = manifest if manifest is not None else read_manifest(root)
     try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
@@ -214,12 +198,10 @@ def list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
 
 def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> str:
     """Atomically write ``ROOT/split/kind/part.parquet`` (any table, e.g. ``errors``)."""
-    fs, base = filesystem(root)
-    folder = join(base, split, kind)
-    fs.create_dir(folder, recursive=True)
-    path = join(folder, f"{part}.parquet")
-    atomic_write_table(fs, path, table)
-    return display(root, path)
+    uri = uri_join(root, split, kind, f"{part}.parquet")
+    with atomic_path(uri) as (fs, tmp):
+        pq.write_table(table, tmp, filesystem=fs)
+    return absolute(uri)
 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -49,6 +49,7 @@ import time
 import uuid
 from typing import Any
 
+from asymvlm import storage
 from asymvlm.config import redact
 from asymvlm.errors import AsymVLMError, one_line
 
@@ -227,13 +228,7 @@ def _read(path: str) -> str:
         return ""
 
 
-def _write_text(path: str, text: str) -> None:
-    """Replace ``path`` by ``text`` atomically, on disk when this returns."""
-    with open(path + ".tmp", "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(path + ".tmp", path)
+_write_text = storage.write_text
 
 
 def _write_json(path: str, payload: Any) -> None:
