@@ -422,13 +422,15 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
     )
 
 
-def test_cli_diverged_run_exits_3_without_a_complete_checkpoint(small_world, tmp_path) -> None:
+def test_cli_diverged_run_exits_3_without_a_complete_checkpoint(
+    small_world, tmp_path, capsys
+) -> None:
     out = str(tmp_path / "ckpt")
     argv = _argv(small_world, out, "--checkpoint-every", "1")
     argv[argv.index("adamw")] = "sgd"
     argv[argv.index("1e-3")] = "5"
-    _, err = (proc := _cli(*argv)).communicate(timeout=120)
-    assert proc.returncode == 3, err
+    assert main(argv) == 3
+    err = capsys.readouterr().err
     assert "Traceback" not in err
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]
     assert "non-finite" in line and "epoch 1 of 2, step" in line and "lr 5" in line
@@ -439,7 +441,7 @@ def test_cli_diverged_run_exits_3_without_a_complete_checkpoint(small_world, tmp
 @pytest.mark.slow
 def test_sigkill_then_resume_gives_the_uninterrupted_result(small_world, tmp_path) -> None:
     """A real kill -9 after the first checkpoint, then ``--resume``: same weights, history."""
-    epochs = "60"
+    epochs = "15"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def argv(out: str) -> list[str]:

@@ -24,7 +24,6 @@ from asymvlm.checkpoints import (
 from asymvlm.cli import main as cli_main
 from asymvlm.errors import CheckpointError
 from asymvlm.evaluation.retrieval import caption_scores, encode_split
-from asymvlm.methods import METHODS
 from asymvlm.protocol import train
 from asymvlm.scoring import Scorer, TableEncoder
 from asymvlm.splits import load_split
@@ -84,7 +83,7 @@ def _outputs(folder: str, world: str) -> dict[str, np.ndarray]:
 
 
 # -- export -> load, every method ----------------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", ["asymvlm-ps", "bayesvlm", "elip"])  # fitted buffers too
 def test_export_then_load_gives_the_checkpoints_numbers(name, world, tmp_path) -> None:
     checkpoint, exported = str(tmp_path / "ckpt"), str(tmp_path / "exported")
     train(world, "train", _cfg(name), output=checkpoint, progress=False)
