@@ -1,8 +1,5 @@
-"""The files of a table root: names, ``manifest.json``, parquet parts and ``projection.npz``.
-
-Shared by the writer (:mod:`asymvlm.tables.write`) and the reader
-(:mod:`asymvlm.tables.read`); see :mod:`asymvlm.tables` for the contract.
-"""
+"""The files of a table root: names, ``manifest.json``, parquet parts and ``projection.npz``
+(the contract: :mod:`asymvlm.tables`)."""
 
 from __future__ import annotations
 
@@ -205,34 +202,22 @@ def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> 
 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """``[n, width]`` float32 from a list / fixed-size-list / tensor column (no validation:
-    for tables this package wrote itself, e.g. ``read_parts`` output).
-
-    One chunk of float32 values is viewed without a copy (read-only, like the column); several
-    chunks, or other value types, are copied chunk by chunk into one preallocated matrix
-    (no combined intermediate)."""
+    """``[n, width]`` float32 from a list / fixed-size-list / tensor column of a table this
+    package wrote (no checks); one float32 chunk is viewed without a copy."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    chunks = [c for c in chunks if len(c)] or chunks[:1]
-    if not chunks:  # a chunked array without chunks
+    blocks = [
+        np.asarray(c.to_numpy_ndarray())
+        if isinstance(c, pa.ExtensionArray)
+        else c.flatten().to_numpy(zero_copy_only=False).reshape(len(c), -1)
+        for c in chunks
+        if len(c)
+    ]
+    if not blocks:
         typ = column.type
         return np.zeros((0, typ.list_size if pa.types.is_fixed_size_list(typ) else 0), np.float32)
-    if isinstance(chunks[0], pa.ExtensionArray):
-        blocks = [np.asarray(c.to_numpy_ndarray(), dtype=np.float32) for c in chunks]
-        return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
-    n = sum(len(c) for c in chunks)
-    flats = [c.flatten() for c in chunks]
-    typ = chunks[0].type
-    width = typ.list_size if pa.types.is_fixed_size_list(typ) else sum(map(len, flats)) // max(n, 1)
-    if len(chunks) == 1:
-        values = flats[0].to_numpy(zero_copy_only=False)
-        return values.astype(np.float32, copy=False).reshape(n, width)
-    out = np.empty((n, width), dtype=np.float32)
-    start = 0
-    for chunk, flat in zip(chunks, flats, strict=True):
-        rows = len(chunk)
-        out[start : start + rows] = flat.to_numpy(zero_copy_only=False).reshape(rows, width)
-        start += rows
-    return out
+    return (blocks[0] if len(blocks) == 1 else np.concatenate(blocks)).astype(
+        np.float32, copy=False
+    )
 
 
 def read_parts(root: str, split: str, kind: str) -> pa.Table | None:
