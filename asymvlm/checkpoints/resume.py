@@ -1,10 +1,5 @@
-"""Whether a run's output folder may hold a new checkpoint, or be continued.
-
-``asymvlm train --output DIR`` writes a checkpoint folder (:mod:`asymvlm.checkpoints.folder`)
-that replaces ``DIR`` as a whole, so :func:`check_output` refuses a folder holding anything
-else; :func:`checkpoint_to_resume` decides between starting fresh, ``--resume`` and
-``--overwrite``; :func:`check_resumable` refuses to continue a checkpoint with other settings.
-"""
+"""Whether a run's output folder may take a new checkpoint (:func:`check_output`), or be
+continued (:func:`checkpoint_to_resume`, :func:`check_resumable`)."""
 
 from __future__ import annotations
 
