@@ -69,7 +69,7 @@ def test_a_record_rewritten_while_it_is_read_reads_whole(s3_server) -> None:
     writer = threading.Thread(target=rewrite)
     writer.start()
     try:
-        for _ in range(60):
+        for _ in range(20):
             seen.add(storage.read_json("s3://bucket/run", "rec.json")["n"])
             json.loads(storage.read_text("s3://bucket/run/rec.json"))
     finally:
