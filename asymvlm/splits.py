@@ -1,18 +1,7 @@
 """Embedding splits on the device: :class:`SplitTensors`, what training, evaluation and
-scoring consume.
-
-:func:`load_split` reads and validates ``ROOT/<split>`` (:mod:`asymvlm.tables`) onto a device;
-:func:`hold_out_images` takes a seeded share of a split's images (with their captions) as a
-validation split; :class:`SplitCache` keeps loaded splits per process.
-
-A sweep runs many trials on the same tables. Reading and validating a split (Parquet -> one
-tensor on the device) is the same work for every trial, so a process that runs several trials
-(a Tune actor reused from trial to trial) keeps the splits it loaded in :data:`PROCESS_CACHE`
-and hands every later trial the same tensors. Nothing in a run writes into them: the trainer
-indexes them (copies) and methods build their own inputs from them. The cache key is (tables
-root, split, adapter input, device) plus the manifest's content, so tables rewritten in place
-under a long-lived process are read again rather than served stale.
-"""
+scoring consume; :func:`load_split`, :func:`hold_out_images` and the per-process
+:class:`SplitCache` (a Tune actor runs trial after trial on the same tables: keyed by root,
+split, adapter input, device and the manifest's content)."""
 
 from __future__ import annotations
 
@@ -40,14 +29,7 @@ __all__ = [
 
 @dataclass
 class SplitTensors:
-    """One split on the device: what training and evaluation consume.
-
-    The optional tensors are None when the tables lack them: ``image_norm`` (the raw image
-    projection norm, ``image_emb * image_norm`` is the unnormalised projection), the
-    pre-projection features ``image_pre`` / ``text_pre`` and the frozen model's projection
-    matrices ``image_projection`` [d, pre_dim.image] / ``text_projection`` (from
-    ``ROOT/projection.npz``, loaded with the pre-projection features).
-    """
+    """One split on the device; the optional tensors are None when the tables lack them."""
 
     image_emb: torch.Tensor  # [n_image, d] unit
     text_emb: torch.Tensor  # [n_text, d] adapter input (raw or unit)
@@ -64,11 +46,8 @@ class SplitTensors:
         return self.image_emb.shape[1]
 
     def subset(self, images: np.ndarray, texts: np.ndarray) -> SplitTensors:
-        """Image rows ``images`` and caption rows ``texts`` (of those images), renumbered.
-
-        Tensors that share their memory with the split's arrays (a CPU split from
-        :func:`load_split`) share it with the subset split's arrays too: each row is copied
-        once, not once for the split and once more for the tensor."""
+        """Image rows ``images`` and caption rows ``texts`` (of those images), renumbered; a
+        tensor that is its split's array stays its subset split's array (one copy per row)."""
         old = self.split
         split = old.subset(images, texts)
         device = self.image_emb.device
@@ -134,19 +113,9 @@ def _tensor(values: np.ndarray | None, device: torch.device) -> torch.Tensor | N
 def load_split(
     root: str, split: str, adapter_input: str = "raw", device: str | torch.device = "cpu"
 ) -> SplitTensors:
-    """Read and validate ``ROOT/<split>`` and move it to ``device``.
-
-    A split without images or without captions is a :class:`~asymvlm.tables.TableError`
-    naming it (nothing can be trained or evaluated on it). The optional columns (image
-    ``norm``, pre-projection features) are loaded when the tables have them, and with the
-    pre-projection features the root's ``projection.npz`` (None where absent).
-
-    Memory: the raw text inputs are computed in the memory of the unit text embeddings
-    (``text_inputs("raw", in_place=True)``; ``split.text_embeddings`` is then derived on
-    access), and on the CPU the tensors are the split's arrays (``torch.from_numpy``, no
-    copy), so a split costs its float32 matrices once. On another device the tensors are
-    copies of the split's arrays, which stay on the host.
-    """
+    """Read and validate ``ROOT/<split>`` onto ``device`` (an empty split is a
+    :class:`~asymvlm.tables.TableError`). The raw text inputs are made in place and on the CPU
+    the tensors are the split's arrays: a split costs its float32 matrices once."""
     data = tables.read_split(root, split)
     if len(data.image_ids) == 0 or len(data.caption_ids) == 0:
         raise tables.TableError(
@@ -197,11 +166,8 @@ T = TypeVar("T")
 
 
 class SplitCache:
-    """Least-recently-used splits on their devices, at most ``max_entries`` of them.
-
-    :meth:`load` is :func:`load_split` memoised; :meth:`memo` keeps what is
-    derived from a split (the protocol's held-out validation part, which depends only on the
-    image ids). ``hits`` and ``misses`` count lookups."""
+    """Least-recently-used splits (:meth:`load`) and what is derived from them (:meth:`memo`),
+    at most ``max_entries``; ``hits`` and ``misses`` count lookups."""
 
     def __init__(self, max_entries: int = 6) -> None:
         self.max_entries = max_entries

@@ -131,7 +131,7 @@ def test_weights_of_another_method_are_named(tmp_path) -> None:
         f"{folder}: model.safetensors does not match config.json, which "
         "names method 'determ-ft' (dim 8): "
     )
-    assert "the weights fit symvlm" in message
+    assert "key(s) in state_dict" in message  # what does not fit, named by torch
 
 
 def test_missing_weights_and_incomplete_checkpoints(tmp_path) -> None:
@@ -170,35 +170,6 @@ def test_the_weights_are_safetensors_with_their_hash_recorded(tmp_path) -> None:
     loaded, _ = load_checkpoint(str(folder))
     for key, value in loaded.state_dict().items():
         assert torch.equal(value, _weights(folder)[key]), key
-
-
-def test_an_older_pickle_checkpoint_still_loads_with_one_line(tmp_path, caplog) -> None:
-    """Checkpoints written before safetensors hold model.pt (torch.save) and no hashes."""
-    folder = tmp_path / "ckpt"
-    _save(folder)
-    weights = _weights(folder)
-    torch.save(weights, folder / "model.pt")
-    os.remove(folder / "model.safetensors")
-    meta = _meta(folder)
-    del meta["sha256"]
-    (folder / "config.json").write_text(json.dumps(meta))
-    with caplog.at_level("INFO", logger="asymvlm"):
-        loaded, _ = load_checkpoint(str(folder))
-    lines = [r.getMessage() for r in caplog.records if "model.pt" in r.getMessage()]
-    assert len(lines) == 1 and "read as weights only" in lines[0]
-    for key, value in loaded.state_dict().items():
-        assert torch.equal(value, weights[key]), key
-
-
-def test_checkpoints_from_before_the_flag_load_as_complete(tmp_path) -> None:
-    folder = tmp_path / "ckpt"
-    _save(folder)
-    meta = _meta(folder)
-    for key in ("complete", "epoch", "epochs"):
-        del meta[key]
-    (folder / "config.json").write_text(json.dumps(meta))
-    _, loaded = load_checkpoint(str(folder))
-    assert loaded["complete"] is True
 
 
 # -- train(): refusal, overwrite, resume -----------------------------------------------------
@@ -247,18 +218,6 @@ def test_unusable_outputs_are_refused(small_world, tmp_path, monkeypatch) -> Non
     )
     with pytest.raises(CheckpointError, match=f"\\({locked} is read-only"):
         train(small_world, "train", _cfg(), output=str(locked / "ckpt"))
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_a_read_only_folder_is_refused(small_world, tmp_path) -> None:
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        with pytest.raises(CheckpointError, match="is read-only"):
-            train(small_world, "train", _cfg(), output=str(locked / "ckpt"))
-    finally:
-        locked.chmod(0o700)
 
 
 class _Killed(Exception):
@@ -419,21 +378,6 @@ def test_cli_refuses_an_existing_checkpoint_in_one_line(small_world, tmp_path, c
     assert exit_.value.code == 2
 
 
-def test_cli_resume_of_a_checkpoint_from_before_the_flag(small_world, tmp_path, capsys) -> None:
-    out = str(tmp_path / "ckpt")
-    assert main(_argv(small_world, out)) == 0
-    meta = _meta(out)
-    for key in ("complete", "epoch", "epochs"):
-        del meta[key]
-    with open(os.path.join(out, "config.json"), "w") as fh:
-        json.dump(meta, fh)
-    capsys.readouterr()
-    assert main(_argv(small_world, out, "--resume")) == 0
-    assert capsys.readouterr().err == (
-        f"{out} already holds a complete checkpoint; nothing to do\n"
-    )
-
-
 def test_cli_evaluate_refuses_an_incomplete_checkpoint(small_world, tmp_path, capsys) -> None:
     out = tmp_path / "ckpt"
     save_checkpoint(
@@ -466,13 +410,15 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
     )
 
 
-def test_cli_diverged_run_exits_3_without_a_complete_checkpoint(small_world, tmp_path) -> None:
+def test_cli_diverged_run_exits_3_without_a_complete_checkpoint(
+    small_world, tmp_path, capsys
+) -> None:
     out = str(tmp_path / "ckpt")
     argv = _argv(small_world, out, "--checkpoint-every", "1")
     argv[argv.index("adamw")] = "sgd"
     argv[argv.index("1e-3")] = "5"
-    _, err = (proc := _cli(*argv)).communicate(timeout=120)
-    assert proc.returncode == 3, err
+    assert main(argv) == 3
+    err = capsys.readouterr().err
     assert "Traceback" not in err
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]
     assert "non-finite" in line and "epoch 1 of 2, step" in line and "lr 5" in line
@@ -483,7 +429,7 @@ def test_cli_diverged_run_exits_3_without_a_complete_checkpoint(small_world, tmp
 @pytest.mark.slow
 def test_sigkill_then_resume_gives_the_uninterrupted_result(small_world, tmp_path) -> None:
     """A real kill -9 after the first checkpoint, then ``--resume``: same weights, history."""
-    epochs = "60"
+    epochs = "15"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def argv(out: str) -> list[str]:
@@ -493,7 +439,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_result(small_world, tmp_pat
 
     plain, out = str(tmp_path / "plain"), str(tmp_path / "killed")
     proc = _cli(*argv(out), env=env)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # a loaded machine starts the CLI slowly
     while not os.path.exists(os.path.join(out, "config.json")):
         assert proc.poll() is None, proc.communicate()[1]
         assert time.monotonic() < deadline, "no checkpoint appeared"

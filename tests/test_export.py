@@ -24,7 +24,6 @@ from asymvlm.checkpoints import (
 from asymvlm.cli import main as cli_main
 from asymvlm.errors import CheckpointError
 from asymvlm.evaluation.retrieval import caption_scores, encode_split
-from asymvlm.methods import METHODS
 from asymvlm.protocol import train
 from asymvlm.scoring import Scorer, TableEncoder
 from asymvlm.splits import load_split
@@ -84,7 +83,7 @@ def _outputs(folder: str, world: str) -> dict[str, np.ndarray]:
 
 
 # -- export -> load, every method ----------------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", ["asymvlm-ps", "bayesvlm", "elip"])  # fitted buffers too
 def test_export_then_load_gives_the_checkpoints_numbers(name, world, tmp_path) -> None:
     checkpoint, exported = str(tmp_path / "ckpt"), str(tmp_path / "exported")
     train(world, "train", _cfg(name), output=checkpoint, progress=False)
@@ -204,25 +203,6 @@ def test_a_folder_with_a_pickle_or_a_changed_file_is_refused_by_name(vmf, world,
     # A training checkpoint is no model folder: its optimiser state is a pickle.
     with pytest.raises(CheckpointError, match=r"holds trainer\.pt, a pickle"):
         resolve_checkpoint(vmf, pretrained=True)
-
-
-def test_an_older_pickle_checkpoint_exports_to_safetensors(vmf, tmp_path) -> None:
-    old = tmp_path / "old"
-    shutil.copytree(vmf, old)
-    torch.save(load_file(old / "model.safetensors"), old / "model.pt")
-    os.remove(old / "model.safetensors")
-    os.remove(old / "trainer.pt")
-    meta = json.loads((old / "config.json").read_text())
-    del meta["sha256"]
-    (old / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match=r"holds model\.pt, a pickle"):
-        resolve_checkpoint(str(old), pretrained=True)
-    export_adapter(str(old), str(tmp_path / "exported"))
-    assert sorted(os.listdir(tmp_path / "exported")) == [
-        "README.md",
-        "config.json",
-        "model.safetensors",
-    ]
 
 
 # -- hf-hub: names --------------------------------------------------------------------------------

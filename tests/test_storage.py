@@ -34,11 +34,8 @@ def test_s3_with_a_custom_endpoint(s3_server, tmp_path) -> None:
     import s3fs
 
     s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server}).mkdir("bucket")
-    path, fs = storage.ray_storage("s3://bucket/run/ray")
-    assert path == "bucket/run/ray" and isinstance(fs, pafs.S3FileSystem)
-    host = s3_server.split("://", 1)[1]
-    assert fs.get_file_info("bucket").type == pafs.FileType.Directory  # it reaches the server
-    assert host  # endpoint_override came from AWS_ENDPOINT_URL
+    path, fs = storage.ray_storage("s3://bucket/run/ray")  # the endpoint: AWS_ENDPOINT_URL
+    assert path == "bucket/run/ray" and fs.get_file_info("bucket").type == pafs.FileType.Directory
     storage.write_text("s3://bucket/run/sweep.json", json.dumps({"a": 1}))
     assert json.loads(storage.read_text("s3://bucket/run/sweep.json")) == {"a": 1}
     local = tmp_path / "report"
@@ -72,7 +69,7 @@ def test_a_record_rewritten_while_it_is_read_reads_whole(s3_server) -> None:
     writer = threading.Thread(target=rewrite)
     writer.start()
     try:
-        for _ in range(60):
+        for _ in range(20):
             seen.add(storage.read_json("s3://bucket/run", "rec.json")["n"])
             json.loads(storage.read_text("s3://bucket/run/rec.json"))
     finally:

@@ -1,22 +1,7 @@
-"""A trained adapter as a Hugging Face model folder (``asymvlm export``).
-
-:func:`export_adapter` reads a checkpoint (a folder, ``runs:/...`` or ``models:/...``; through
-:func:`~asymvlm.checkpoints.resolve_checkpoint` and :func:`~asymvlm.checkpoints.load_checkpoint`,
-so it is complete, its hash checked and its weights fit its method) and writes the Hub's
-layout as a whole (:func:`~asymvlm.checkpoints.publish_folder`):
-
-* ``model.safetensors`` -- the adapter's weights (no pickle, nothing that runs code on load);
-* ``config.json`` -- the checkpoint's config (method, width, method arguments, adapter input,
-  training settings, the encoder's name, revision and file hash) plus ``format``
-  (:data:`~asymvlm.checkpoints.EXPORT_FORMAT`), the protocol, the input calibration (the
-  adapters' fitted input scales), the run it came from and its final metrics, and the SHA-256
-  of ``model.safetensors`` (checked on load);
-* ``README.md`` -- the model card (:func:`~asymvlm.checkpoints.card.model_card`).
-
-The tables' local path is kept as its last component only: a published folder names no path of
-the machine it was trained on (a local encoder folder stays named: the scorer needs it, and
-``--encoder`` points elsewhere). Publishing is ``hf upload ORG/REPO FOLDER``.
-"""
+"""A trained adapter as a Hugging Face model folder (``asymvlm export``): ``model.safetensors``,
+``config.json`` (the checkpoint's, plus ``format``, protocol, input calibration, the source run
+and its metrics, the weights' SHA-256; the tables' path cut to its last component) and the
+``README.md`` model card, published as a whole. Publishing is ``hf upload ORG/REPO FOLDER``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Whether a run's output folder may hold a new checkpoint, or be continued.
-
-``asymvlm train --output DIR`` writes a checkpoint folder (:mod:`asymvlm.checkpoints.folder`)
-that replaces ``DIR`` as a whole, so :func:`check_output` refuses a folder holding anything
-else; :func:`checkpoint_to_resume` decides between starting fresh, ``--resume`` and
-``--overwrite``; :func:`check_resumable` refuses to continue a checkpoint with other settings.
-"""
+"""Whether a run's output folder may take a new checkpoint (:func:`check_output`), or be
+continued (:func:`checkpoint_to_resume`, :func:`check_resumable`)."""
 
 from __future__ import annotations
 
@@ -21,7 +16,6 @@ from asymvlm.checkpoints.folder import (
     read_checkpoint_meta,
     recover_checkpoint,
     sibling_paths,
-    weights_file,
 )
 from asymvlm.errors import CheckpointError, ConfigError
 from asymvlm.storage import absolute
@@ -31,15 +25,13 @@ __all__ = ["RESUME_MAY_DIFFER", "check_output", "check_resumable", "checkpoint_t
 
 #: Settings a resumed run may change: where it runs, not what it computes.
 RESUME_MAY_DIFFER = frozenset({"device", "stream_memory_bytes"})
-#: Fields every checkpoint has recorded: a missing one is a difference, not a default.
-_ALWAYS_RECORDED = frozenset({"method", "lr", "seed", "epochs", "batch_size", "optimizer"})
 
 
 def check_output(directory: str) -> None:
     """Refuse an output that cannot hold a checkpoint folder: an existing file, a folder (or
     nearest existing parent) that is not writable, or a folder holding other files (a
     checkpoint replaces its folder as a whole, so anything else in it would be deleted)."""
-    target, _, _, _ = sibling_paths(directory)
+    target = sibling_paths(directory)[0]
     if os.path.lexists(target) and not os.path.isdir(target):
         raise CheckpointError(f"{directory} is a file, not a checkpoint folder")
     if target == os.path.realpath(os.getcwd()):
@@ -84,7 +76,7 @@ def checkpoint_to_resume(
             "--overwrite to replace it"
         )
     meta = read_checkpoint_meta(directory)
-    needed = [CONFIG_FILE, weights_file(directory) or WEIGHTS_FILE]
+    needed = [CONFIG_FILE, WEIGHTS_FILE]
     if meta is not None and not meta["complete"]:
         needed += [TRAINER_FILE, HISTORY_FILE]
     missing = [f for f in needed if f not in present]
@@ -103,12 +95,7 @@ def check_resumable(
     included, since they shape the cosine schedule -- and on the same embeddings; the
     differing fields are named in the :class:`CheckpointError`."""
     ours = json.loads(json.dumps(cfg.model_dump()))
-    # keys a checkpoint of an earlier version lacks were their defaults then
-    defaults = json.loads(json.dumps(TrainConfig().model_dump()))
-    theirs = {
-        **{k: v for k, v in defaults.items() if k not in _ALWAYS_RECORDED},
-        **dict(meta.get("train_config", {})),
-    }
+    theirs = dict(meta.get("train_config", {}))
     diffs = [
         f"{key} {theirs.get(key)!r} (checkpoint) vs {ours.get(key)!r} (now)"
         for key in sorted(set(ours) | set(theirs))

@@ -1,24 +1,7 @@
-"""Where an adapter comes from: a checkpoint folder, an MLflow model of a sweep's trial, or a
-model folder on the Hugging Face Hub.
-
-:func:`resolve_checkpoint` turns what a user gives (``--checkpoint`` of ``score-text``,
-``evaluate``, ``score`` and ``analyze``, ``Scorer.from_checkpoint`` / ``from_pretrained``, the
-Serve deployment) into a local checkpoint folder:
-
-* a folder: the folder itself;
-* an MLflow model URI (``runs:/<run>/adapter``, ``models:/<name>/<version>``,
-  ``mlflow-artifacts:/...``): the adapter checkpoint inside the downloaded model
-  (:func:`asymvlm.tracking.download`);
-* ``hf-hub:ORG/REPO[@REVISION]``: the repository's snapshot, through ``huggingface_hub`` -- its
-  cache, ``HF_HUB_OFFLINE``, revisions (branch, tag or commit) and a token from the
-  environment (``HF_TOKEN``) or ``hf auth login``.
-
-A model folder (what ``asymvlm export`` writes, what the Hub serves, what
-``Scorer.from_pretrained`` takes) is checked before anything is read from it
-(:func:`check_model_folder`): no pickle file anywhere in it (``.pt``, ``.pkl``, ``.bin`` ...:
-a pickle can run code when loaded), its weights in ``model.safetensors``, and that file's
-SHA-256 the one ``config.json`` records. Each refusal names the file.
-"""
+"""Where an adapter comes from: a checkpoint folder, an MLflow model URI or
+``hf-hub:ORG/REPO[@REVISION]`` (through ``huggingface_hub``: its cache, ``HF_HUB_OFFLINE``,
+revisions, ``HF_TOKEN``), resolved to a local folder; a model folder is checked first
+(:func:`check_model_folder`: no pickle, the recorded SHA-256)."""
 
 from __future__ import annotations
 
@@ -29,25 +12,12 @@ from asymvlm.checkpoints.folder import (
     CONFIG_FILE,
     EXPORT_FORMAT,
     HASHES_KEY,
-    LEGACY_WEIGHTS_FILE,
-    PICKLE_SUFFIXES,
     WEIGHTS_FILE,
     check_hashes,
     check_no_pickle,
     read_checkpoint_meta,
 )
 from asymvlm.errors import CheckpointError
-
-__all__ = [
-    "HUB_PREFIX",
-    "MLFLOW_SCHEMES",
-    "PICKLE_SUFFIXES",
-    "check_model_folder",
-    "is_hub_name",
-    "is_model_uri",
-    "parse_hub_name",
-    "resolve_checkpoint",
-]
 
 #: Prefixes of MLflow model URIs.
 MLFLOW_SCHEMES = ("runs:/", "models:/", "mlflow-artifacts:/")
@@ -170,7 +140,7 @@ def resolve_checkpoint(
     except Exception as exc:  # any failure of the store or the URI: one line naming it
         raise CheckpointError(f"{source}: cannot download the model: {exc}") from None
     for folder, _, files in sorted(os.walk(local)):
-        if CONFIG_FILE in files and (WEIGHTS_FILE in files or LEGACY_WEIGHTS_FILE in files):
+        if CONFIG_FILE in files and WEIGHTS_FILE in files:
             if pretrained:
                 check_model_folder(folder, source)
             return folder

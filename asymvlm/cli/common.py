@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Sequence
 
+from asymvlm import storage
 from asymvlm.errors import ConfigError
 
 __all__ = ["Help", "add_data_args", "parse_kv", "write_json"]
@@ -27,16 +27,8 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def write_json(path: str, payload: dict) -> None:
-    """``payload`` as JSON at ``path``, written to a temporary name and renamed."""
-
-    def refuse(obj: object) -> object:
-        raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(payload, fh, indent=2, default=refuse, allow_nan=False)
-    os.replace(tmp, path)
+    """``payload`` as JSON at ``path``, written atomically."""
+    storage.write_text(path, json.dumps(payload, indent=2, allow_nan=False))
 
 
 def parse_kv(items: Sequence[str], flag: str = "--method-arg") -> dict[str, object]:

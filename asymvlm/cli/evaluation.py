@@ -8,6 +8,7 @@ import json
 import logging
 import os
 
+from asymvlm import storage
 from asymvlm.cli.common import Help, add_data_args, write_json
 from asymvlm.errors import CheckpointError, ConfigError
 from asymvlm.evaluation import registry
@@ -75,10 +76,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     method, data = _load(args)
     table = caption_scores(method, data)
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    tmp = args.output + ".tmp"
-    pq.write_table(table, tmp)
-    os.replace(tmp, args.output)
+    with storage.atomic_path(args.output) as (fs, tmp):
+        pq.write_table(table, tmp, filesystem=fs)
     unc = table.column("uncertainty")
     if unc.null_count == len(unc):
         logger.info("%s defines no caption uncertainty (column is null)", method.name)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from asymvlm import storage
 from asymvlm.cli.common import Help
 from asymvlm.errors import ConfigError
 
@@ -68,39 +69,33 @@ def cmd_score_text(args: argparse.Namespace) -> int:
         tracking_uri=args.tracking_uri,
     )
     chunk = args.batch_size * 16
-    writer, tmp = None, None
-    try:
-        with tqdm(
-            total=len(captions),
-            unit="caption",
-            disable=args.quiet or not args.input,
-            desc="scoring",
-        ) as bar:
-            for start in range(0, len(captions), chunk):
-                try:
-                    result = scorer.caption_uncertainty(captions[start : start + chunk])
-                except ScoringInputError as exc:  # positions are the file's, not the chunk's
-                    raise exc.moved(start) from None
-                if args.output:
-                    table = result.table()
-                    if writer is None:
-                        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-                        tmp = args.output + ".tmp"
-                        writer = pq.ParquetWriter(tmp, table.schema)
-                    writer.write_table(table)
-                else:
-                    for record in result.records():
-                        print(json.dumps(record, ensure_ascii=False))
-                bar.update(len(result.text))
-        if writer is not None:
-            writer.close()
-            writer = None
-            os.replace(tmp, args.output)
-            logger.info("%d captions scored -> %s", len(captions), args.output)
-    finally:
-        if writer is not None:  # failed half way: nothing half-written is left
-            writer.close()
-            os.remove(tmp)
+    writer = None
+    with contextlib.ExitStack() as stack:
+        bar = stack.enter_context(
+            tqdm(
+                total=len(captions),
+                unit="caption",
+                disable=args.quiet or not args.input,
+                desc="scoring",
+            )
+        )
+        for start in range(0, len(captions), chunk):
+            try:
+                result = scorer.caption_uncertainty(captions[start : start + chunk])
+            except ScoringInputError as exc:  # positions are the file's, not the chunk's
+                raise exc.moved(start) from None
+            if args.output:
+                table = result.table()
+                if writer is None:  # written to a temporary name, renamed when complete
+                    fs, tmp = stack.enter_context(storage.atomic_path(args.output))
+                    writer = stack.enter_context(pq.ParquetWriter(tmp, table.schema, filesystem=fs))
+                writer.write_table(table)
+            else:
+                for record in result.records():
+                    print(json.dumps(record, ensure_ascii=False))
+            bar.update(len(result.text))
+    if writer is not None:
+        logger.info("%d captions scored -> %s", len(captions), args.output)
     return 0
 
 

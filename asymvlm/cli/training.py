@@ -159,7 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--output",
         required=True,
         metavar="DIR",
-        help="checkpoint folder (config.json, model.pt, history.jsonl, trainer.pt), "
+        help="checkpoint folder (config.json, model.safetensors, history.jsonl, trainer.pt), "
         "written as a whole",
     )
     p.add_argument(

@@ -11,7 +11,6 @@ import logging
 import os
 import re
 import socket
-import tempfile
 import threading
 import time
 import urllib.error
@@ -19,6 +18,7 @@ import urllib.request
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from asymvlm import storage
 from asymvlm.data import demo_sets
 from asymvlm.errors import AsymVLMError
 
@@ -150,21 +150,9 @@ def _read_sums(root: str) -> dict[str, str]:
     return sums
 
 
-def _write_atomic(path: str, body: bytes) -> None:
-    """``body`` into a temporary file beside ``path``, then renamed to ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(body)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def _write_sums(root: str, sums: dict[str, str]) -> None:
     text = "".join(f"{sums[rel]}  {rel}\n" for rel in sorted(sums))
-    _write_atomic(os.path.join(root, SUMS_NAME), text.encode())
+    storage.write_text(os.path.join(root, SUMS_NAME), text)
 
 
 def _check_images(
@@ -227,7 +215,7 @@ def _download(url: str, dest: str, *, image: bool, expected: str | None = None) 
         if image and not _decodes(body):
             last, unreachable = "the body is not a decodable image", False
             continue
-        _write_atomic(dest, body)
+        storage.write_bytes(dest, body)
         return digest
     if unreachable:
         raise _Unreachable(f"{url}: {last}")

@@ -1,8 +1,5 @@
-"""The files of a table root: names, ``manifest.json``, parquet parts and ``projection.npz``.
-
-Shared by the writer (:mod:`asymvlm.tables.write`) and the reader
-(:mod:`asymvlm.tables.read`); see :mod:`asymvlm.tables` for the contract.
-"""
+"""The files of a table root: names, ``manifest.json``, parquet parts and ``projection.npz``
+(the contract: :mod:`asymvlm.tables`)."""
 
 from __future__ import annotations
 
@@ -18,15 +15,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from asymvlm.errors import AsymVLMError
-from asymvlm.storage import (
-    atomic_write_bytes,
-    atomic_write_table,
-    display,
-    filesystem,
-    join,
-    named_failures,
-    read_bytes,
-)
+from asymvlm.storage import absolute, atomic_path, filesystem, join, uri_join, write_bytes
+from asymvlm.storage import read_bytes as read_uri
 
 MANIFEST_NAME = "manifest.json"
 #: The frozen model's projection matrices (``image`` [dim, pre_dim.image], ``text``
@@ -115,19 +105,14 @@ def write_manifest(root: str, manifest: Manifest | dict[str, Any]) -> None:
         manifest = Manifest.from_dict(manifest)
     else:
         manifest = Manifest.from_dict(manifest.to_dict())
-    fs, base = filesystem(root)
-    fs.create_dir(base, recursive=True)
     data = json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode() + b"\n"
-    atomic_write_bytes(fs, join(base, MANIFEST_NAME), data)
+    write_bytes(uri_join(root, MANIFEST_NAME), data)
 
 
 def read_manifest(root: str) -> Manifest:
     """Read ``ROOT/manifest.json``; :class:`TableError` if missing, not JSON, or lacking keys."""
-    fs, base = filesystem(root)
-    path = join(base, MANIFEST_NAME)
-    shown = display(root, path)
-    with named_failures(shown):
-        raw = read_bytes(fs, path)
+    shown = absolute(uri_join(root, MANIFEST_NAME))
+    raw = read_uri(shown)
     if raw is None:
         raise TableError(f"{shown}: manifest not found")
     try:
@@ -160,21 +145,17 @@ def write_projection(root: str, **matrices: Any) -> None:
     arrays = {k: _projection_matrix(k, v) for k, v in matrices.items()}
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    fs, base = filesystem(root)
-    fs.create_dir(base, recursive=True)
-    atomic_write_bytes(fs, join(base, PROJECTION_NAME), buffer.getvalue())
+    write_bytes(uri_join(root, PROJECTION_NAME), buffer.getvalue())
 
 
 def read_projection(root: str, manifest: Manifest | None = None) -> dict[str, np.ndarray] | None:
     """``ROOT/projection.npz`` as ``{"image": [dim, pre_dim.image], "text": ...}`` float32, or
     None when the root has none. :class:`TableError` naming the file when it cannot be read or
     a matrix disagrees with the manifest's ``dim`` / ``pre_dim``."""
-    fs, base = filesystem(root)
-    path = join(base, PROJECTION_NAME)
-    raw = read_bytes(fs, path)
+    shown = absolute(uri_join(root, PROJECTION_NAME))
+    raw = read_uri(shown)
     if raw is None:
         return None
-    shown = display(root, path)
     manifest = manifest if manifest is not None else read_manifest(root)
     try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
@@ -214,43 +195,29 @@ def list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
 
 def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> str:
     """Atomically write ``ROOT/split/kind/part.parquet`` (any table, e.g. ``errors``)."""
-    fs, base = filesystem(root)
-    folder = join(base, split, kind)
-    fs.create_dir(folder, recursive=True)
-    path = join(folder, f"{part}.parquet")
-    atomic_write_table(fs, path, table)
-    return display(root, path)
+    uri = uri_join(root, split, kind, f"{part}.parquet")
+    with atomic_path(uri) as (fs, tmp):
+        pq.write_table(table, tmp, filesystem=fs)
+    return absolute(uri)
 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """``[n, width]`` float32 from a list / fixed-size-list / tensor column (no validation:
-    for tables this package wrote itself, e.g. ``read_parts`` output).
-
-    One chunk of float32 values is viewed without a copy (read-only, like the column); several
-    chunks, or other value types, are copied chunk by chunk into one preallocated matrix
-    (no combined intermediate)."""
+    """``[n, width]`` float32 from a list / fixed-size-list / tensor column of a table this
+    package wrote (no checks); one float32 chunk is viewed without a copy."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    chunks = [c for c in chunks if len(c)] or chunks[:1]
-    if not chunks:  # a chunked array without chunks
+    blocks = [
+        np.asarray(c.to_numpy_ndarray())
+        if isinstance(c, pa.ExtensionArray)
+        else c.flatten().to_numpy(zero_copy_only=False).reshape(len(c), -1)
+        for c in chunks
+        if len(c)
+    ]
+    if not blocks:
         typ = column.type
         return np.zeros((0, typ.list_size if pa.types.is_fixed_size_list(typ) else 0), np.float32)
-    if isinstance(chunks[0], pa.ExtensionArray):
-        blocks = [np.asarray(c.to_numpy_ndarray(), dtype=np.float32) for c in chunks]
-        return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
-    n = sum(len(c) for c in chunks)
-    flats = [c.flatten() for c in chunks]
-    typ = chunks[0].type
-    width = typ.list_size if pa.types.is_fixed_size_list(typ) else sum(map(len, flats)) // max(n, 1)
-    if len(chunks) == 1:
-        values = flats[0].to_numpy(zero_copy_only=False)
-        return values.astype(np.float32, copy=False).reshape(n, width)
-    out = np.empty((n, width), dtype=np.float32)
-    start = 0
-    for chunk, flat in zip(chunks, flats, strict=True):
-        rows = len(chunk)
-        out[start : start + rows] = flat.to_numpy(zero_copy_only=False).reshape(rows, width)
-        start += rows
-    return out
+    return (blocks[0] if len(blocks) == 1 else np.concatenate(blocks)).astype(
+        np.float32, copy=False
+    )
 
 
 def read_parts(root: str, split: str, kind: str) -> pa.Table | None:

@@ -1,22 +1,14 @@
-"""Reading and validating a split: :func:`read_split` (see :mod:`asymvlm.tables` for the
-contract and what is refused; :class:`EmbeddingSplit` lives in :mod:`asymvlm.tables.split`).
+"""Reading and validating a split: :func:`read_split` (the contract: :mod:`asymvlm.tables`).
 
-Memory. Each ``list<float>`` column (``embedding`` and the pre-projection features) goes
-straight into one float32 matrix per folder, allocated once from the row counts in the parquet
-footers: a file's column is read in batches of at most about 32 MiB (``iter_batches``, buffered
-column-chunk reads), each batch's values buffer viewed by numpy without a copy and copied once
-into its rows of the matrix. Only the other columns (ids, captions, norms, extra columns) are
-kept as Arrow tables, and the checks run block by block, so reading a split peaks near the size
-of its matrices. The reader reports the same problem for a file as reading it whole would: the
-checks of a list column keep the order of the chunks ``pq.read_table`` gives (row groups, cut
-every 2^17 rows), and a pre-projection column's problems are reported at their turn, after the
-checks of the other columns, as before.
+Each parquet file is read whole (``pq.read_table``) and checked chunk by chunk (row groups);
+the ``list<float>`` columns of a folder become one float32 matrix, concatenated once from
+numpy views of the Arrow values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,19 +17,6 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from asymvlm.storage import display, filesystem, join
-from asymvlm.tables.columns import (
-    RowBuffer,
-    StringColumn,
-    check_list_type,
-    check_unit,
-    check_utf8,
-    fill_matrix,
-    first_nonfinite,
-    first_true,
-    is_list_of_numbers,
-    row_error,
-    string_column,
-)
 from asymvlm.tables.files import (
     IMAGE_COLUMNS,
     IMAGE_PRE,
@@ -58,198 +37,151 @@ from asymvlm.tables.split import EmbeddingSplit
 
 __all__ = ["EmbeddingSplit", "read_split"]
 
-#: ``pq.read_table`` cuts a row group into chunks of this many rows; the checks of a list
-#: column report the first problem of the first chunk that has one, in this order.
-_READ_CHUNK = 1 << 17
-#: About this many bytes of float32 per batch read from a list column.
-_BATCH_BYTES = 1 << 25
-#: Buffered reads of a column chunk (not the whole chunk in memory at once).
-_BUFFER = 1 << 22
+#: Rows per block when checking a matrix (NaN/inf, unit norm).
+_CHECK_ROWS = 1 << 15
 
 
-# --------------------------------------------------------------------------------------------
-# one folder (images/ or texts/)
+def row_error(shown: str, row: int, id_name: str, ids: Any, msg: str) -> TableError:
+    ident = ids[row].as_py() if ids is not None and row < len(ids) else None
+    return TableError(f"{shown} row {row} ({id_name} {ident!r}): {msg}")
+
+
+def first_true(mask: np.ndarray) -> int | None:
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if hits.size else None
+
+
+def check_utf8(arr: pa.Array, name: str, shown: str, id_name: str, ids: Any) -> None:
+    """:class:`TableError` naming file, row and column of invalid UTF-8 (parquet does not
+    check it on write)."""
+    try:
+        arr.validate(full=True)
+        return
+    except pa.ArrowInvalid:
+        pass
+    raw = arr.cast(pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary())
+    for row, value in enumerate(raw.to_pylist()):
+        try:
+            (value or b"").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            what = (
+                f"column {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start}: "
+                f"{value[max(0, exc.start - 16) : exc.start + 4]!r})"
+            )
+            if ids is None:  # the id column itself: its value cannot be shown
+                raise TableError(f"{shown} row {row}: {what}") from None
+            raise row_error(shown, row, id_name, ids, what) from None
+    raise TableError(f"{shown}: column {name!r} is not a valid string column")
+
+
+def string_column(table: pa.Table, name: str, shown: str, id_name: str, ids: Any) -> pa.Array:
+    """Column ``name`` as one ``string`` array; refused when it is not a string column, holds
+    invalid UTF-8 or a null."""
+    col = table.column(name)
+    typ = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+        raise TableError(f"{shown}: column {name!r} has type {col.type}, expected string")
+    arr = col.cast(pa.string()).combine_chunks() if len(col) else pa.array([], pa.string())
+    check_utf8(arr, name, shown, id_name, ids)
+    if arr.null_count:
+        row = first_true(arr.is_null().to_numpy(zero_copy_only=False))
+        raise row_error(shown, row, id_name, ids if ids is not None else arr, f"{name} is null")
+    return arr
+
+
+def is_list_of_numbers(typ: pa.DataType) -> bool:
+    return (
+        pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)
+    ) and (pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type))
+
+
+def check_list_type(typ: pa.DataType, name: str, shown: str) -> None:
+    if not is_list_of_numbers(typ):
+        raise TableError(f"{shown}: column {name!r} has type {typ}, expected list<float32>")
+
+
+def _list_values(
+    table: pa.Table, name: str, width: int, shown: str, id_name: str, ids: pa.Array, what: str
+) -> list[np.ndarray]:
+    """The rows of a list column as ``[rows, width]`` numpy views, one per chunk. The first
+    chunk with a problem is refused: a null row, else a row of another length, else null
+    values (``what`` names the width)."""
+    views, start = [], 0
+    for chunk in table[name].chunks:
+        if chunk.null_count:
+            row = start + first_true(chunk.is_null().to_numpy(zero_copy_only=False))
+            raise row_error(shown, row, id_name, ids, f"{name} is null")
+        lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False)
+        bad = first_true(lengths != width)
+        if bad is not None:
+            msg = f"{name} has length {lengths[bad]}, {what} is {width}"
+            raise row_error(shown, start + bad, id_name, ids, msg)
+        values = chunk.flatten()
+        if values.null_count:
+            row = start + first_true(values.is_null().to_numpy(zero_copy_only=False)) // width
+            raise row_error(shown, row, id_name, ids, f"{name} has null values")
+        views.append(values.to_numpy(zero_copy_only=False).reshape(len(chunk), width))
+        start += len(chunk)
+    return views
+
+
+def _first_bad(views: list[np.ndarray], test) -> tuple[int, Any] | None:
+    """The first row (over the blocks) where ``test(block)`` is true, with its value."""
+    start = 0
+    for view in views:
+        for lo in range(0, len(view), _CHECK_ROWS):
+            mask, values = test(view[lo : lo + _CHECK_ROWS])
+            bad = first_true(mask)
+            if bad is not None:
+                return start + lo + bad, values[bad]
+        start += len(view)
+    return None
+
+
+def _nonfinite(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return ~np.isfinite(block).all(axis=1), block
+
+
+def _check_unit(views: list[np.ndarray], atol: float, shown: str, id_name: str, ids) -> None:
+    """The first row with NaN/inf, else the first whose norm is not 1 within ``atol``."""
+    bad = _first_bad(views, _nonfinite)
+    if bad is not None:
+        raise row_error(shown, bad[0], id_name, ids, "embedding has NaN/inf")
+
+    def off_unit(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        norms = np.sqrt(np.einsum("ij,ij->i", block, block, dtype=np.float64))
+        return np.abs(norms - 1.0) > atol, norms
+
+    bad = _first_bad(views, off_unit)
+    if bad is not None:
+        msg = f"embedding norm is {bad[1]:.6g}, expected 1 within {atol:g}"
+        raise row_error(shown, bad[0], id_name, ids, msg)
 
 
 @dataclass
 class _Part:
-    """One parquet file of a folder: its schema, ids and the columns other than the list
-    columns (those are in the folder's matrices, from row ``start`` on)."""
+    """One parquet file of a folder: its ids and table; a pre-projection problem is kept and
+    raised at its turn (after the norms)."""
 
     shown: str
     ids: pa.Array
-    schema: pa.Schema
     table: pa.Table
-    start: int
-    #: A pre-projection column's problem (structural, or NaN/inf with ``validate``), raised at
-    #: its turn by :func:`_pre_features`.
     pre_error: TableError | None = None
-    pre_nonfinite: TableError | None = None
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.table.schema
 
 
-@dataclass
-class _Folder:
-    parts: list[_Part]
-    embeddings: np.ndarray
-    #: The pre-projection matrix when the column could be read from the files (else None).
-    pre: np.ndarray | None = None
-    rows: int = 0
-    pre_buffer: RowBuffer | None = field(default=None, repr=False)
-
-
-def _unreadable(fs: pafs.FileSystem, path: str, shown: str, exc: Exception) -> TableError:
-    """The reader's message for a file that cannot be read: pyarrow's own, as reading the whole
-    file gives it (that reading is only tried here, on the error path)."""
-    try:
-        pq.read_table(path, filesystem=fs)
-    except (OSError, pa.ArrowException) as whole:
-        exc = whole
-    return TableError(f"{shown}: cannot read parquet file ({exc})")
-
-
-def _open(fs: pafs.FileSystem, path: str, shown: str) -> pq.ParquetFile:
-    try:
-        return pq.ParquetFile(path, filesystem=fs, pre_buffer=False, buffer_size=_BUFFER)
-    except (OSError, pa.ArrowException) as exc:
-        raise _unreadable(fs, path, shown, exc) from exc
-
-
-def _footer_rows(fs: pafs.FileSystem, path: str) -> int:
-    """Rows of a file from its footer (0 when it cannot be read: the reader names it later)."""
-    try:
-        return int(pq.read_metadata(path, filesystem=fs).num_rows)
-    except (OSError, pa.ArrowException):
-        return 0
-
-
-def _chunks(
-    pf: pq.ParquetFile, name: str, shown: str, width: int
-) -> Iterator[tuple[pa.Array, bool]]:
-    """Column ``name`` of a file in batches, each with whether it ends one of the chunks
-    ``pq.read_table`` would give (a row group, cut every ``_READ_CHUNK`` rows)."""
-    rows = max(1, _BATCH_BYTES // (4 * max(width, 1)))
-    batch = 1 << min(17, max(0, rows.bit_length() - 1))  # a power of two dividing _READ_CHUNK
-    try:
-        for group in range(pf.num_row_groups):
-            in_group = 0
-            size = pf.metadata.row_group(group).num_rows
-            for record in pf.iter_batches(
-                batch_size=batch, row_groups=[group], columns=[name], use_threads=False
-            ):
-                col = record.column(0)
-                while len(col):
-                    take = min(len(col), _READ_CHUNK - in_group % _READ_CHUNK)
-                    piece, col = col.slice(0, take), col.slice(take)
-                    in_group += take
-                    yield piece, in_group % _READ_CHUNK == 0 or in_group >= size
-    except (OSError, pa.ArrowException) as exc:
-        raise TableError(f"{shown}: cannot read parquet file ({exc})") from exc
-
-
-def _read_small(pf: pq.ParquetFile, columns: list[str], shown: str) -> pa.Table:
-    try:
-        return pf.read(columns=columns, use_threads=False)
-    except (OSError, pa.ArrowException) as exc:
-        raise TableError(f"{shown}: cannot read parquet file ({exc})") from exc
-
-
-def _read_folder(
-    fs: pafs.FileSystem,
-    root: str,
-    folder: str,
-    required: tuple[str, ...],
-    id_name: str,
-    dim: int,
-    validate: bool,
-    norm_atol: float,
-    pre: tuple[str, int | None, str],
-) -> _Folder:
-    """Read and check every file of a folder in name order; ``pre`` = (pre-projection column,
-    its width from the manifest or None, what names the width)."""
-    files = list_parquet(fs, folder)
-    if not files:
-        raise TableError(f"{display(root, folder)}: no parquet files in this folder")
-    total = sum(_footer_rows(fs, path) for path in files)
-    emb = RowBuffer(total, dim)
-    pre_name, pre_width, pre_what = pre
-    out = _Folder(parts=[], embeddings=emb.data)
-    start = 0
-    for path in files:
-        shown = display(root, path)
-        with _open(fs, path, shown) as pf:
-            schema = pf.schema_arrow
-            missing = [c for c in required if c not in schema.names]
-            if missing:
-                raise TableError(
-                    f"{shown}: missing required column(s) {', '.join(map(repr, missing))}"
-                )
-            if out.parts:
-                _same_kind(out.parts[0], shown, schema, "embedding", _value_type)
-            small = _read_small(
-                pf, [c for c in schema.names if c not in ("embedding", pre_name)], shown
-            )
-            ids = string_column(small, id_name, shown, id_name, None)
-            n = len(ids)
-            check_list_type(schema.field("embedding").type, "embedding", shown)
-            rows = emb.rows(start, n)
-            report = fill_matrix(_chunks(pf, "embedding", shown, dim), rows, dim)
-            error = report.error(shown, id_name, ids, "embedding", dim, "manifest dim")
-            if error is not None:
-                raise error
-            if validate:
-                check_unit(rows, norm_atol, shown, id_name, ids)
-            part = _Part(shown, ids, schema, small, start)
-            if pre_name in schema.names and pre_width is not None:
-                _read_pre(pf, part, out, total, pre, id_name, validate)
-        out.parts.append(part)
-        start += n
-    if not start:
-        raise TableError(
-            f"{display(root, folder)}: no rows ({len(out.parts)} parquet file(s), all empty)"
-        )
-    out.rows = start
-    out.embeddings = emb.result(start)
-    if out.pre_buffer is not None:
-        out.pre = out.pre_buffer.result(start)
-        out.pre_buffer = None
-    # Arrow's allocator keeps the freed batches for reuse; hand them back (milliseconds).
-    pa.default_memory_pool().release_unused()
-    return out
-
-
-def _read_pre(
-    pf: pq.ParquetFile,
-    part: _Part,
-    folder: _Folder,
-    total: int,
-    pre: tuple[str, int | None, str],
-    id_name: str,
-    validate: bool,
-) -> None:
-    """Copy a file's pre-projection column into the folder's matrix; its problems are kept on
-    the part and raised at their turn (:func:`_pre_features`)."""
-    name, width, what = pre
-    assert width is not None
-    if not is_list_of_numbers(part.schema.field(name).type):
-        return  # refused at its turn, naming the type
-    if folder.pre_buffer is None:
-        folder.pre_buffer = RowBuffer(total, width)
-    n = len(part.ids)
-    rows = folder.pre_buffer.rows(part.start, n)
-    report = fill_matrix(_chunks(pf, name, part.shown, width), rows, width)
-    part.pre_error = report.error(part.shown, id_name, part.ids, name, width, what)
-    if part.pre_error is None and validate:
-        bad = first_nonfinite(rows)
-        if bad is not None:
-            part.pre_nonfinite = row_error(
-                part.shown, bad, id_name, part.ids, f"{name} has NaN/inf"
-            )
+def _matrix(blocks: list[np.ndarray], width: int) -> np.ndarray:
+    """The blocks as one writable float32 matrix (the one copy)."""
+    if not blocks:
+        return np.zeros((0, width), np.float32)
+    return np.concatenate(blocks, dtype=np.float32, casting="unsafe")
 
 
 def _value_type(typ: pa.DataType) -> pa.DataType:
-    """What must agree between the parts of a folder for the embedding column: the value type
-    (float32 vs float64 ...); list or fixed-size list and the child's name may differ between
-    writers, and every row's length is checked against the manifest anyway."""
+    """The list value type: list or fixed-size list may differ between the parts of a folder."""
     return typ.value_type if hasattr(typ, "value_type") else typ
 
 
@@ -263,35 +195,79 @@ def _same_kind(first: _Part, shown: str, schema: pa.Schema, name: str, key=lambd
         )
 
 
-# --------------------------------------------------------------------------------------------
-# checks across the files of a folder
+def _read_folder(
+    fs: pafs.FileSystem,
+    root: str,
+    folder: str,
+    required: tuple[str, ...],
+    id_name: str,
+    dim: int,
+    validate: bool,
+    norm_atol: float,
+    pre: tuple[str, int | None, str],
+) -> tuple[list[_Part], np.ndarray, np.ndarray | None]:
+    """Read and check every file of a folder in name order: (parts, embeddings, pre-projection
+    matrix or None); ``pre`` = (column, width from the manifest or None, what names it)."""
+    files = list_parquet(fs, folder)
+    if not files:
+        raise TableError(f"{display(root, folder)}: no parquet files in this folder")
+    pre_name, pre_width, pre_what = pre
+    parts: list[_Part] = []
+    emb: list[np.ndarray] = []
+    pre_blocks: list[np.ndarray] = []
+    for path in files:
+        shown = display(root, path)
+        try:
+            table = pq.read_table(path, filesystem=fs)
+        except (OSError, pa.ArrowException) as exc:
+            raise TableError(f"{shown}: cannot read parquet file ({exc})") from exc
+        missing = [c for c in required if c not in table.column_names]
+        if missing:
+            raise TableError(f"{shown}: missing required column(s) {', '.join(map(repr, missing))}")
+        if parts:
+            _same_kind(parts[0], shown, table.schema, "embedding", _value_type)
+        ids = string_column(table, id_name, shown, id_name, None)
+        check_list_type(table.schema.field("embedding").type, "embedding", shown)
+        views = _list_values(table, "embedding", dim, shown, id_name, ids, "manifest dim")
+        if validate:
+            _check_unit(views, norm_atol, shown, id_name, ids)
+        emb += views
+        part = _Part(shown, ids, table)
+        if pre_name in table.column_names and pre_width is not None:
+            if is_list_of_numbers(table.schema.field(pre_name).type):
+                try:
+                    blocks = _list_values(table, pre_name, pre_width, shown, id_name, ids, pre_what)
+                    bad = _first_bad(blocks, _nonfinite) if validate else None
+                    if bad is not None:
+                        raise row_error(shown, bad[0], id_name, ids, f"{pre_name} has NaN/inf")
+                    pre_blocks += blocks
+                except TableError as exc:
+                    part.pre_error = exc
+        parts.append(part)
+    if not sum(len(p.ids) for p in parts):
+        raise TableError(
+            f"{display(root, folder)}: no rows ({len(parts)} parquet file(s), all empty)"
+        )
+    pre_matrix = None if pre_width is None else _matrix(pre_blocks, pre_width)
+    return parts, _matrix(emb, dim), pre_matrix
 
 
 def _locate(parts: list[_Part], row: int) -> tuple[_Part, int]:
-    """Map a global row to ``(part, row within that part's file)``."""
+    """Map a row of the folder to ``(part, row within that part's file)``."""
     offsets = np.cumsum([0] + [len(p.ids) for p in parts])
     k = int(np.searchsorted(offsets, row, side="right") - 1)
     return parts[k], row - int(offsets[k])
 
 
-def check_unique(parts: list[_Part], all_ids: pa.Array, id_name: str) -> None:
+def _check_unique(parts: list[_Part], all_ids: pa.Array, id_name: str) -> None:
     if len(pc.unique(all_ids)) == len(all_ids):
         return
     first = pc.index_in(all_ids, value_set=all_ids).to_numpy(zero_copy_only=False)
     row = first_true(first != np.arange(len(all_ids)))
     part, local = _locate(parts, row)
     prev_part, prev_local = _locate(parts, int(first[row]))
-    raise row_error(
-        part.shown,
-        local,
-        id_name,
-        part.ids,
-        f"duplicate {id_name}, first seen in {prev_part.shown} row {prev_local}",
-    )
-
-
-def _concat_ids(parts: list[_Part]) -> pa.Array:
-    return pa.concat_arrays([p.ids for p in parts]) if parts else pa.array([], pa.string())
+    msg = f"duplicate {id_name}, first seen in {prev_part.shown} row {prev_local}"
+    raise row_error(part.shown, local, id_name, part.ids, msg)
 
 
 def _same_columns(parts: list[_Part], names: list[str]) -> None:
@@ -307,8 +283,9 @@ def _same_columns(parts: list[_Part], names: list[str]) -> None:
 
 
 def _extra(parts: list[_Part], reserved: frozenset[str], id_name: str) -> dict[str, np.ndarray]:
-    names = list(dict.fromkeys(c for p in parts for c in p.schema.names))
-    names = [c for c in names if c not in reserved]
+    names = [
+        c for c in dict.fromkeys(c for p in parts for c in p.schema.names) if c not in reserved
+    ]
     _same_columns(parts, names)
     out: dict[str, np.ndarray] = {}
     for name in names:
@@ -321,14 +298,13 @@ def _extra(parts: list[_Part], reserved: frozenset[str], id_name: str) -> dict[s
             for p, col in zip(parts, cols, strict=True):
                 arr = col.cast(value_type).combine_chunks() if len(col) else pa.array([], typ)
                 check_utf8(arr, name, p.shown, id_name, p.ids)
-        arr = pa.chunked_array([c for col in cols for c in col.chunks], type=typ)
-        out[name] = arr.to_numpy()
+        out[name] = pa.chunked_array([c for col in cols for c in col.chunks], type=typ).to_numpy()
     return out
 
 
 def _norms(parts: list[_Part], validate: bool, id_name: str) -> np.ndarray | None:
-    """The raw projection norms of a folder (texts or images), or None without a ``norm``
-    column; ``validate``: finite, > 0 and within the spread bounds."""
+    """The raw projection norms of a folder, or None without a ``norm`` column; ``validate``:
+    finite, > 0, within ``NORM_SPREAD`` of the split's median and at most ``NORM_MAX``."""
     if not any("norm" in p.schema.names for p in parts):
         return None
     _same_columns(parts, ["norm"])
@@ -339,51 +315,41 @@ def _norms(parts: list[_Part], validate: bool, id_name: str) -> np.ndarray | Non
             raise TableError(f"{p.shown}: column 'norm' has type {col.type}, expected float32")
         _same_kind(parts[0], p.shown, p.schema, "norm")
         vals = col.cast(pa.float64()).to_numpy() if len(col) else np.zeros(0)
-        if validate:
-            bad = first_true(~(np.isfinite(vals) & (vals > 0)))
-            if bad is not None:
-                msg = f"norm is {vals[bad]!r}, must be finite and > 0"
-                raise row_error(p.shown, bad, id_name, p.ids, msg)
+        bad = first_true(~(np.isfinite(vals) & (vals > 0))) if validate else None
+        if bad is not None:
+            msg = f"norm is {vals[bad]!r}, must be finite and > 0"
+            raise row_error(p.shown, bad, id_name, p.ids, msg)
         blocks.append(vals)
-    if validate:
-        _check_norm_spread(parts, blocks, id_name)
-    norms = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+    norms = np.concatenate(blocks)
+    if validate and norms.size:
+        median = float(np.median(norms))
+        low, high = median / NORM_SPREAD, min(median * NORM_SPREAD, NORM_MAX)
+        for p, vals in zip(parts, blocks, strict=True):
+            bad = first_true((vals < low) | (vals > high))
+            if bad is not None:
+                raise row_error(
+                    p.shown,
+                    bad,
+                    id_name,
+                    p.ids,
+                    f"norm is {vals[bad]:.6g}, outside [{low:.3g}, {high:.3g}] (within a factor "
+                    f"{NORM_SPREAD:g} of the split's median norm {median:.6g}, at most "
+                    f"{NORM_MAX:g}); such a row would dominate the raw adapter input "
+                    "(embedding * norm)",
+                )
     return norms.astype(np.float32)
 
 
-def _check_norm_spread(parts: list[_Part], blocks: list[np.ndarray], id_name: str) -> None:
-    """Raw norms within ``NORM_SPREAD`` of the split's median and at most ``NORM_MAX``."""
-    everything = np.concatenate(blocks)
-    if not everything.size:
-        return
-    median = float(np.median(everything))
-    low, high = median / NORM_SPREAD, min(median * NORM_SPREAD, NORM_MAX)
-    for p, vals in zip(parts, blocks, strict=True):
-        bad = first_true((vals < low) | (vals > high))
-        if bad is not None:
-            raise row_error(
-                p.shown,
-                bad,
-                id_name,
-                p.ids,
-                f"norm is {vals[bad]:.6g}, outside [{low:.3g}, {high:.3g}] (within a factor "
-                f"{NORM_SPREAD:g} of the split's median norm {median:.6g}, at most "
-                f"{NORM_MAX:g}); such a row would dominate the raw adapter input "
-                "(embedding * norm)",
-            )
-
-
-def _pre_features(folder: _Folder, manifest: Manifest, modality: str) -> np.ndarray | None:
-    """The ``<modality>_features_pre`` matrix of a folder ``[n, pre_dim]``, or None when no
-    file has the column; its width is the manifest's ``pre_dim.<modality>``. The problems found
-    while reading it are raised here, in the order of the checks."""
-    parts = folder.parts
+def _pre_features(
+    parts: list[_Part], matrix: np.ndarray | None, manifest: Manifest, modality: str
+) -> np.ndarray | None:
+    """The ``<modality>_features_pre`` matrix ``[n, pre_dim]`` (None when no file has the
+    column), its problems raised here, after the other checks."""
     name = IMAGE_PRE if modality == "image" else TEXT_PRE
     if not any(name in p.schema.names for p in parts):
         return None
     _same_columns(parts, [name])
-    width = manifest.pre_dim.get(modality)
-    if width is None:
+    if manifest.pre_dim.get(modality) is None:
         raise TableError(
             f"{parts[0].shown}: column {name!r} is present but the manifest has no "
             f"pre_dim.{modality} (its width)"
@@ -393,14 +359,7 @@ def _pre_features(folder: _Folder, manifest: Manifest, modality: str) -> np.ndar
         check_list_type(p.schema.field(name).type, name, p.shown)
         if p.pre_error is not None:
             raise p.pre_error
-        if p.pre_nonfinite is not None:
-            raise p.pre_nonfinite
-    assert folder.pre is not None  # every file's column was read into it
-    return folder.pre
-
-
-# --------------------------------------------------------------------------------------------
-# the split
+    return matrix
 
 
 def read_split(
@@ -408,73 +367,61 @@ def read_split(
 ) -> EmbeddingSplit:
     """Read and (by default) validate ``ROOT/split``; raises :class:`TableError` on violations.
 
-    Structural problems (missing files or columns, wrong embedding length, nulls, captions of
-    unknown images) always raise; ``validate`` adds NaN/inf, unit-norm (within ``norm_atol``),
-    duplicate-id and ``norm``-column checks. The optional ``norm`` (images and texts) and
-    pre-projection columns are read when present (``image_norms``, ``text_norms``,
-    ``image_features_pre``, ``text_features_pre``; None otherwise). The matrices are writable
-    float32 arrays of their own; ``texts`` is a :class:`~asymvlm.tables.columns.StringColumn`.
+    Structural problems always raise; ``validate`` adds NaN/inf, unit-norm (within
+    ``norm_atol``), duplicate-id and ``norm``-column checks.
     """
     manifest = read_manifest(root)
-    dim = manifest.dim
     fs, base = filesystem(root)
     pre_dim = manifest.pre_dim
-
-    images = _read_folder(
+    img_parts, img_emb, img_pre = _read_folder(
         fs,
         root,
         join(base, split, IMAGES_DIR),
         IMAGE_COLUMNS,
         "image_id",
-        dim,
+        manifest.dim,
         validate,
         norm_atol,
         (IMAGE_PRE, pre_dim.get("image"), "manifest pre_dim.image"),
     )
-    texts = _read_folder(
+    txt_parts, txt_emb, txt_pre = _read_folder(
         fs,
         root,
         join(base, split, TEXTS_DIR),
         TEXT_COLUMNS,
         "caption_id",
-        dim,
+        manifest.dim,
         validate,
         norm_atol,
         (TEXT_PRE, pre_dim.get("text"), "manifest pre_dim.text"),
     )
-    img_parts, txt_parts = images.parts, texts.parts
-
-    image_ids = _concat_ids(img_parts)
-    caption_ids = _concat_ids(txt_parts)
+    image_ids = pa.concat_arrays([p.ids for p in img_parts])
+    caption_ids = pa.concat_arrays([p.ids for p in txt_parts])
     if validate:
-        check_unique(img_parts, image_ids, "image_id")
-        check_unique(txt_parts, caption_ids, "caption_id")
-
-    index_blocks = []
-    text_arrays: list[pa.Array] = []
+        _check_unique(img_parts, image_ids, "image_id")
+        _check_unique(txt_parts, caption_ids, "caption_id")
+    index_blocks, texts = [], []
     for p in txt_parts:
         cap_img = string_column(p.table, "image_id", p.shown, "caption_id", p.ids)
         idx = pc.index_in(cap_img, value_set=image_ids)
         if idx.null_count:
             row = first_true(idx.is_null().to_numpy(zero_copy_only=False))
-            raise row_error(
-                p.shown, row, "caption_id", p.ids, f"unknown image_id {cap_img[row].as_py()!r}"
-            )
+            msg = f"unknown image_id {cap_img[row].as_py()!r}"
+            raise row_error(p.shown, row, "caption_id", p.ids, msg)
         index_blocks.append(idx.to_numpy(zero_copy_only=False).astype(np.int64))
-        text_arrays.append(string_column(p.table, "text", p.shown, "caption_id", p.ids))
-
+        texts += string_column(p.table, "text", p.shown, "caption_id", p.ids).to_pylist()
     return EmbeddingSplit(
         image_ids=image_ids.to_pylist(),
-        image_embeddings=images.embeddings,
+        image_embeddings=img_emb,
         caption_ids=caption_ids.to_pylist(),
-        text_image_index=np.concatenate(index_blocks) if index_blocks else np.zeros(0, np.int64),
-        texts=StringColumn(pa.chunked_array(text_arrays, type=pa.string())),
-        text_embeddings=texts.embeddings,
+        text_image_index=np.concatenate(index_blocks),
+        texts=texts,
+        text_embeddings=txt_emb,
         text_norms=_norms(txt_parts, validate, "caption_id"),
         extra_text_columns=_extra(txt_parts, TEXT_RESERVED, "caption_id"),
         manifest=manifest,
         extra_image_columns=_extra(img_parts, IMAGE_RESERVED, "image_id"),
         image_norms=_norms(img_parts, validate, "image_id"),
-        image_features_pre=_pre_features(images, manifest, "image"),
-        text_features_pre=_pre_features(texts, manifest, "text"),
+        image_features_pre=_pre_features(img_parts, img_pre, manifest, "image"),
+        text_features_pre=_pre_features(txt_parts, txt_pre, manifest, "text"),
     )

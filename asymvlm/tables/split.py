@@ -9,17 +9,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from asymvlm.tables.columns import StringColumn
 from asymvlm.tables.files import Manifest
 
 
 @dataclass(eq=False)
 class EmbeddingSplit:
     """One split read from the tables: images, captions and their unit-norm embeddings.
-
-    ``texts`` is any sequence of ``str``: :func:`~asymvlm.tables.read_split` gives a
-    :class:`~asymvlm.tables.columns.StringColumn` (the captions stay in Arrow memory until
-    asked for; slices are lists).
 
     The text matrix is stored once: the unit embeddings, or -- after
     ``text_inputs("raw", in_place=True)`` -- the raw adapter inputs ``embedding * norm`` in the
@@ -75,16 +70,12 @@ class EmbeddingSplit:
         owner = new_index[self.text_image_index[texts]]
         if (owner < 0).any():
             raise ValueError("subset: some captions belong to images left out")
-        if isinstance(self.texts, StringColumn):
-            sub_texts: Sequence[str] = self.texts.take(texts)
-        else:
-            sub_texts = [self.texts[t] for t in texts]
         out = EmbeddingSplit(
             image_ids=[self.image_ids[i] for i in images],
             image_embeddings=self.image_embeddings[images],
             caption_ids=[self.caption_ids[t] for t in texts],
             text_image_index=owner,
-            texts=sub_texts,
+            texts=[self.texts[t] for t in texts],
             text_embeddings=self.text_matrix[texts],
             text_norms=None if self.text_norms is None else self.text_norms[texts],
             extra_text_columns={k: v[texts] for k, v in self.extra_text_columns.items()},

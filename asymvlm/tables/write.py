@@ -5,6 +5,7 @@ each, holding one piece in memory at a time."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from asymvlm.storage import atomic_write_table, filesystem, join, remove_quietly, tmp_name
+from asymvlm.storage import atomic_path, filesystem, join, uri_join
 from asymvlm.tables.files import (
     IMAGE_PRE,
     IMAGE_RESERVED,
@@ -170,57 +171,14 @@ def _split_tables(
     return pa.table(image_cols), pa.table(text_cols)
 
 
-def write_split(
-    root: str,
-    split: str,
-    *,
-    image_ids: Any,
-    image_embeddings: Any,
-    caption_ids: Any,
-    caption_image_ids: Any,
-    texts: Any,
-    text_embeddings: Any,
-    text_norms: Any | None = None,
-    extra_text_columns: dict[str, Any] | None = None,
-    extra_image_columns: dict[str, Any] | None = None,
-    image_norms: Any | None = None,
-    image_features_pre: Any | None = None,
-    text_features_pre: Any | None = None,
-    part: str = "part-00000",
-) -> None:
-    """Write ``ROOT/split/images/{part}.parquet`` and ``ROOT/split/texts/{part}.parquet``.
-
-    Embeddings are stored as fixed-size ``list<float32>[dim]``; each file is written to a hidden
-    temporary name in its folder and then renamed, so a crash never leaves a half-written file
-    under the final name. Shapes, finiteness and the raw ``text_norms`` / ``image_norms``
-    (positive, finite) are checked here; unit norm and caption → image references are checked
-    by :func:`~asymvlm.tables.read_split` (captions may refer to images in another part). If a
-    manifest exists, ``dim`` must match it, and the widths of ``image_features_pre`` /
-    ``text_features_pre`` its ``pre_dim``.
-    """
-    img, txt = _matrices(image_embeddings, text_embeddings)
-    _check_part_name(part)
-    fs, base = filesystem(root)
-    pre_dim = _manifest_pre_dim(fs, base, root, img.shape[1])
-    images, texts_table = _split_tables(
-        img,
-        txt,
-        image_ids=image_ids,
-        caption_ids=caption_ids,
-        caption_image_ids=caption_image_ids,
-        texts=texts,
-        text_norms=text_norms,
-        extra_text_columns=extra_text_columns,
-        extra_image_columns=extra_image_columns,
-        image_norms=image_norms,
-        image_features_pre=image_features_pre,
-        text_features_pre=text_features_pre,
-        pre_dim=pre_dim,
-    )
-    for sub, table in ((IMAGES_DIR, images), (TEXTS_DIR, texts_table)):
-        folder = join(base, split, sub)
-        fs.create_dir(folder, recursive=True)
-        atomic_write_table(fs, join(folder, f"{part}.parquet"), table)
+def write_split(root: str, split: str, *, part: str = "part-00000", **columns: Any) -> None:
+    """Write ``ROOT/split/images/{part}.parquet`` and ``ROOT/split/texts/{part}.parquet``
+    atomically from ``columns`` (``image_ids``, ``image_embeddings``, ``caption_ids``,
+    ``caption_image_ids``, ``texts``, ``text_embeddings``, optional ``text_norms``,
+    ``image_norms``, ``image_features_pre``, ``text_features_pre``, ``extra_text_columns``,
+    ``extra_image_columns``). Shapes, finiteness, positive norms and the manifest's ``dim`` /
+    ``pre_dim`` are checked here; unit norm and references by :func:`read_split`."""
+    write_split_pieces(root, split, [columns], part=part)
 
 
 def write_split_pieces(
@@ -236,14 +194,12 @@ def write_split_pieces(
     """
     _check_part_name(part)
     fs, base = filesystem(root)
-    folders = [join(base, split, sub) for sub in (IMAGES_DIR, TEXTS_DIR)]
-    finals = [join(folder, f"{part}.parquet") for folder in folders]
-    temps = [tmp_name(path) for path in finals]
+    uris = [uri_join(root, split, sub, f"{part}.parquet") for sub in (IMAGES_DIR, TEXTS_DIR)]
     writers: list[pq.ParquetWriter] = []
     pre_dim: dict | None = None
     dim: int | None = None
     count = 0
-    try:
+    with ExitStack() as stack:
         for piece in pieces:
             rest = dict(piece)
             img, txt = _matrices(rest.pop("image_embeddings"), rest.pop("text_embeddings"), dim)
@@ -253,9 +209,10 @@ def write_split_pieces(
             tables_ = _split_tables(img, txt, **rest, pre_dim=pre_dim)
             del img, txt, rest
             if not writers:
-                for folder, tmp, table in zip(folders, temps, tables_, strict=True):
-                    fs.create_dir(folder, recursive=True)
-                    writers.append(pq.ParquetWriter(tmp, table.schema, filesystem=fs))
+                for uri, table in zip(uris, tables_, strict=True):
+                    out_fs, tmp = stack.enter_context(atomic_path(uri))
+                    writer = pq.ParquetWriter(tmp, table.schema, filesystem=out_fs)
+                    writers.append(stack.enter_context(writer))
             for writer, table in zip(writers, tables_, strict=True):
                 if table.schema != writer.schema:
                     diff = sorted(set(map(str, table.schema)) ^ set(map(str, writer.schema)))
@@ -267,17 +224,4 @@ def write_split_pieces(
             count += 1
         if not writers:
             raise ValueError(f"part {part!r} of split {split!r} has no pieces")
-        for writer in writers:
-            writer.close()
-        for tmp, path in zip(temps, finals, strict=True):
-            fs.move(tmp, path)
-    except BaseException:
-        for writer in writers:
-            try:
-                writer.close()
-            except Exception:  # best-effort cleanup while another error propagates
-                pass
-        for tmp in temps:
-            remove_quietly(fs, tmp)
-        raise
     return count

@@ -18,7 +18,7 @@ from pydantic import AfterValidator, StrictInt, StrictStr, TypeAdapter, Validati
 
 from asymvlm.data.templates import GENERIC_TEMPLATES
 from asymvlm.errors import AsymVLMError
-from asymvlm.storage import fsspec_filesystem
+from asymvlm.storage import fsspec_filesystem, uri_join
 
 #: Templates of data sets without their own list (:func:`asymvlm.data.templates.templates_for`).
 DEFAULT_TEMPLATES: tuple[str, ...] = GENERIC_TEMPLATES
@@ -64,6 +64,7 @@ class SourceData:
 
 # -- file systems ------------------------------------------------------------------------------
 open_fs = fsspec_filesystem  # the storage layer's resolver (s3 honours AWS_ENDPOINT_URL)
+join_url = uri_join
 
 
 def read_bytes(url: str) -> bytes:
@@ -90,15 +91,6 @@ def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
         line = line.rstrip("\r")
         if line.strip():
             yield number, line
-
-
-def join_url(base: str, *parts: str) -> str:
-    """``base/part/...`` for local paths and URLs alike (empty parts are skipped)."""
-    out = base.rstrip("/")
-    for part in parts:
-        if part:
-            out += "/" + part.strip("/")
-    return out
 
 
 def parent_url(url: str) -> str:
