@@ -4,7 +4,6 @@ word captions, classification sets, domains and presets (:mod:`asymvlm.synthetic
 from __future__ import annotations
 
 import math
-import time
 import tracemalloc
 
 import numpy as np
@@ -369,13 +368,10 @@ def test_presets() -> None:
         WorldConfig.preset("imagenet")
 
 
-def test_cli_writes_the_demo_preset_and_its_sets_quickly(tmp_path, capsys) -> None:
-    t0 = time.perf_counter()
+def test_cli_writes_the_demo_preset_and_its_sets(tmp_path, capsys) -> None:
     main(
         ["--output", str(tmp_path / "w"), "--preset", "demo", "--classes", "--class-images", "200"]
     )
-    seconds = time.perf_counter() - t0
-    assert seconds < 10, seconds  # the demo's budget is minutes; this takes about a second
     out = capsys.readouterr().out
     assert "wrote positives" in out and "wrote zeroshot" in out
     split = tables.read_split(str(tmp_path / "w"), "train")
@@ -399,9 +395,8 @@ def test_cli_writes_the_demo_preset_and_its_sets_quickly(tmp_path, capsys) -> No
         ]
     )
     assert WorldConfig.from_manifest(str(tmp_path / "u")).level_probs is None
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--output", str(tmp_path / "x"), "--level-probs", "0.5,0.6,0,0"])
-    assert exit_info.value.code == 2 and "sum to 1" in capsys.readouterr().err
+    assert main(["--output", str(tmp_path / "x"), "--level-probs", "0.5,0.6,0,0"]) == 2
+    assert "sum to 1" in capsys.readouterr().err
 
 
 @pytest.mark.slow
