@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
 
-from asymvlm.errors import ConfigError, guarded
+from asymvlm.errors import guarded
 from asymvlm.synthetic.classes import ClassificationSpec, write_classification_sets
 from asymvlm.synthetic.world import DEFAULT_SHARD_IMAGES, PRESETS, WorldConfig, write_world
 
@@ -66,20 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def world_config(args: argparse.Namespace) -> WorldConfig:
-    """The preset (or the default sizes 8000/1000/1000) with the knobs given as flags."""
-    base = PRESETS[args.preset] if args.preset else WorldConfig()
-    splits = dict(base.splits) if args.preset else {"train": 8000, "val": 1000, "test": 1000}
-    if args.train_images is not None:
-        splits["train"] = args.train_images
-    if args.test_images is not None:
-        splits["val"] = splits["test"] = args.test_images
+    """The preset (or the default world) with the sizes and knobs given as flags."""
     knobs = {name: getattr(args, name) for name, _, _ in KNOBS if getattr(args, name) is not None}
     if hasattr(args, "level_probs"):  # None: uniform
         knobs["level_probs"] = args.level_probs
-    try:
-        return replace(base, splits=splits, **knobs)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    sizes = {"train": args.train_images, "val": args.test_images, "test": args.test_images}
+    return WorldConfig.preset(args.preset, sizes, **knobs)
 
 
 def main(argv: list[str] | None = None) -> int:

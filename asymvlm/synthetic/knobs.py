@@ -4,6 +4,7 @@ the assumptions they control are lettered in docs/synthetic.md."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -15,8 +16,7 @@ __all__ = ["COCO_LEVEL_PROBS", "GENERIC_CAPTION_SHARE", "PRESETS", "WorldConfig"
 #: Knobs left out of the manifest at their defaults (recorded worlds' manifests stay the same).
 _LATER_KNOBS = ("block_images", "caption_words", "filler_words", "finetune_roots")
 _LATER_KNOBS += ("domain_misalignment", "level_probs", "generic_captions")
-#: The COCO-like caption-level mix (levels 0-3: mostly detailed captions, some vague ones),
-#: fixed before it was measured (docs/i2t-analysis.md).
+#: The COCO-like caption-level mix of levels 0-3 (docs/i2t-analysis.md).
 COCO_LEVEL_PROBS: tuple[float, float, float, float] = (0.05, 0.15, 0.30, 0.50)
 
 
@@ -85,11 +85,16 @@ class WorldConfig:
                 raise ConfigError(message)
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> WorldConfig:
-        """A named world (:data:`PRESETS`) with ``overrides`` applied."""
-        if name not in PRESETS:
+    def preset(
+        cls, name: str | None, sizes: Mapping[str, int | None] | None = None, **overrides: Any
+    ) -> WorldConfig:
+        """A named world (:data:`PRESETS`; None: the default knobs) with images per split
+        ``sizes`` (None: the preset's) and the knobs ``overrides``."""
+        if name is not None and name not in PRESETS:
             raise ConfigError(f"unknown world preset {name!r}; known: {', '.join(PRESETS)}")
-        return replace(PRESETS[name], **overrides)
+        base = PRESETS[name] if name else cls()
+        given = {split: n for split, n in (sizes or {}).items() if n is not None}
+        return replace(base, splits={**base.splits, **given}, **overrides)
 
     @classmethod
     def from_manifest(cls, root: str) -> WorldConfig:
@@ -112,19 +117,12 @@ class WorldConfig:
         return {k: v for k, v in world.items() if k not in _LATER_KNOBS or v != defaults[k].default}
 
 
-#: The share of generic training captions of the presets (assumption U of
-#: :mod:`asymvlm.synthetic`): 16 of the 4,000 caption texts of the real HierarCaps test split are
-#: generic ("object", "scene", "stuff", ...), fixed before any outcome was measured.
+#: The share of generic training captions of the presets (assumption U, docs/synthetic.md).
 GENERIC_CAPTION_SHARE = 0.004
 
-#: Named worlds. ``demo``: the size of the offline demo's world (configs/demo.yaml
-#: ``prepare.synthetic``: d = 32, 1500/300/300 images, 4 captions), with word captions and a
-#: fine-tuning / zero-shot domain split (4 of 6 level-0 concepts fine-tuned on); written in about
-#: a second. ``coco``: MS-COCO's size (2017 train: 118,287 images, 5 captions each; 5,000 val and
-#: test) at CLIP ViT-B/32's width d = 512, written in blocks with bounded memory. Both draw caption
-#: levels with the COCO-like mix :data:`COCO_LEVEL_PROBS` (most captions detailed), have generic
-#: training captions (U, :data:`GENERIC_CAPTION_SHARE`) and no shared text-encoder rotation: the
-#: forgetting regime F, whose frozen encoder is misaligned only by each domain's own rotation.
+#: Named worlds: ``demo`` (the offline demo's, d = 32) and ``coco`` (MS-COCO's size at CLIP
+#: ViT-B/32's width, written in blocks), both in the forgetting regime F with word captions,
+#: the COCO-like level mix, generic training captions and two domains.
 PRESETS: dict[str, WorldConfig] = {
     "demo": WorldConfig(
         dim=32,

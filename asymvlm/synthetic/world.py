@@ -184,9 +184,10 @@ class SyntheticWorld:
         n_levels, probs = self.n_levels, cfg.level_probs
 
         def normal(width: int | None) -> Callable[[np.random.Generator, int], np.ndarray]:
-            if width is None:
-                return lambda rng, n: rng.standard_normal(n)
-            return lambda rng, n: rng.standard_normal((n, width))
+            return lambda rng, n: rng.standard_normal(n if width is None else (n, width))
+
+        def ints(k: int) -> Callable[[np.random.Generator, int], np.ndarray]:
+            return lambda rng, n: rng.integers(0, k, n)
 
         def levels(rng: np.random.Generator, n: int) -> np.ndarray:
             if probs is None:
@@ -194,7 +195,7 @@ class SyntheticWorld:
             return rng.choice(n_levels, n, p=np.asarray(probs))
 
         phases = {
-            "leaves": Phase("main", "image", lambda rng, n: rng.integers(0, n_leaves, n)),
+            "leaves": Phase("main", "image", ints(n_leaves)),
             "objects": Phase("main", "image", normal(cfg.dim)),
             "views": Phase("main", "image", normal(cfg.dim)),
             "levels": Phase("main", "caption", levels),
@@ -203,16 +204,12 @@ class SyntheticWorld:
         }
         if cfg.caption_words:
             fill = cfg.filler_words
-            phases["opener"] = Phase(
-                "words", "caption", lambda rng, n: rng.integers(0, len(OPENERS), n)
-            )
+            phases["opener"] = Phase("words", "caption", ints(len(OPENERS)))
             phases["n_fill"] = Phase("words", "caption", lambda rng, n: rng.poisson(fill, n))
-            phases["fill"] = Phase("words", "sum", lambda rng, n: rng.integers(0, len(FILLERS), n))
+            phases["fill"] = Phase("words", "sum", ints(len(FILLERS)))
         if self.has_generic(name):
             p = cfg.generic_captions
-            phases["generic_text"] = Phase(
-                "generic", "caption", lambda rng, n: rng.integers(0, len(GENERIC_TEXTS), n)
-            )
+            phases["generic_text"] = Phase("generic", "caption", ints(len(GENERIC_TEXTS)))
             phases["generic_pick"] = Phase(
                 "generic", "caption", lambda rng, n: (rng.random(n) < p).astype(np.int64)
             )
