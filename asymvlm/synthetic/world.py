@@ -300,9 +300,8 @@ class SyntheticWorld:
     def _generic_captions(
         self, draw: DrawFn, true_text: np.ndarray, n_captions: int
     ) -> tuple[np.ndarray, list[str]]:
-        """Assumption U: each caption is generic with probability ``generic_captions``; a
-        generic caption's meaning is the hierarchy's root with paraphrase noise, as a dummy
-        prompt's (G). Overwrites those rows of ``true_text``; returns the mask and their texts."""
+        """Assumption U: the generic captions' meanings written into ``true_text`` (the root
+        with paraphrase noise); returns their mask and texts."""
         cfg = self.config
         choice = draw("generic_text", n_captions)
         generic = draw("generic_pick", n_captions).astype(bool)
@@ -312,8 +311,7 @@ class SyntheticWorld:
         return generic, [GENERIC_TEXTS[c] for c in choice[generic]]
 
     def iter_blocks(self, name: str, n_images: int) -> Iterator[dict]:
-        """The split as chunks: one (the whole split) without ``block_images``, else its
-        blocks in order."""
+        """The split whole (without ``block_images``) or block by block."""
         size = self.config.block_images
         if size is None:
             yield self._draw(name, 0, n_images, ())
@@ -328,11 +326,8 @@ class SyntheticWorld:
         shard_images: int = DEFAULT_SHARD_IMAGES,
         window_images: int = WINDOW_IMAGES,
     ) -> Iterator[tuple[int, dict]]:
-        """The split as ``(part, piece)`` pairs in order: the part files of about
-        ``shard_images`` images are runs of pieces, and no piece is larger than a block (with
-        ``block_images``) or a window of about ``window_images`` images (without: the split's
-        one-piece draw, window by window, :mod:`asymvlm.synthetic.stream`). Memory stays that
-        of one piece whatever the size of the split."""
+        """The split as ``(part, piece)`` pairs in order, a piece a block or a window of the
+        one-piece draw (:mod:`asymvlm.synthetic.stream`): memory stays that of one piece."""
         if shard_images < 1:
             raise ConfigError(f"shard_images must be >= 1, got {shard_images}")
         size = self.config.block_images
@@ -370,8 +365,7 @@ class SyntheticWorld:
         return concat_splits(list(self.iter_blocks(name, n_images)))
 
     def _pre_projection(self, draw: DrawFn, split: dict) -> dict[str, np.ndarray]:
-        """Image norms and the pre-projection features of a split (package docstring), drawn
-        from a stream of their own so the rest of the split does not change."""
+        """Image norms and the pre-projection features of a split (assumption P)."""
         cfg = self.config
         image_emb = split["image_embeddings"].astype(np.float64)
         image_norms = cfg.norm_mean * np.exp(
@@ -391,9 +385,8 @@ class SyntheticWorld:
         return out
 
     def write(self, root: str, shard_images: int = DEFAULT_SHARD_IMAGES) -> str:
-        """Write ``ROOT/manifest.json`` and every split, in part files of about
-        ``shard_images`` images each, streamed a piece at a time (:meth:`iter_pieces`, one row
-        group each): memory does not grow with the size of the world; returns ``root``."""
+        """Write ``ROOT/manifest.json`` and every split in part files of about ``shard_images``
+        images, a piece (:meth:`iter_pieces`) per row group; returns ``root``."""
         cfg = self.config
         manifest = {
             "dim": cfg.dim,
