@@ -94,7 +94,8 @@ class WorldConfig:
             raise ConfigError(f"unknown world preset {name!r}; known: {', '.join(PRESETS)}")
         base = PRESETS[name] if name else cls()
         given = {split: n for split, n in (sizes or {}).items() if n is not None}
-        return replace(base, splits={**base.splits, **given}, **overrides)
+        splits = {**overrides.pop("splits", base.splits), **given}
+        return replace(base, splits=splits, **overrides)
 
     @classmethod
     def from_manifest(cls, root: str) -> WorldConfig:
