@@ -1,16 +1,9 @@
-"""The project's error types, and how an entry point shows them (a leaf: imports no project module).
+"""The project's error types and how an entry point shows them (a leaf: imports no project module).
 
-Every entry point (``asymvlm`` sub-commands, ``pipelines/*.py``) runs through :func:`guarded`:
-an error of the project's own types prints ``error: <message>`` (one line, no traceback) and
-exits with :data:`EXIT_USER_ERROR` (bad input: config, paths, tables, sources, checkpoints),
-:data:`EXIT_DIVERGED` (a training run whose loss or gradient became non-finite) or
-:data:`EXIT_UNFINISHED` (the cluster could not finish the work: rerun the same command to go
-on). The message
-always names what is wrong: the file, row, key or epoch/step. Anything else is a bug: its
-traceback is shown.
-
-The types of other layers subclass :class:`AsymVLMError` where they are defined
-(:class:`asymvlm.tables.TableError`, :class:`asymvlm.data.sources.SourceError`, ...).
+An entry point runs through :func:`guarded`: an error of the project's own types prints
+``error: <message>`` (one line naming the file, row, key or epoch) and exits with its code;
+anything else is a bug and shows its traceback. Other layers subclass :class:`AsymVLMError`
+where they are defined (:class:`asymvlm.tables.TableError`, ...).
 """
 
 from __future__ import annotations
@@ -35,10 +28,8 @@ __all__ = [
     "one_line",
 ]
 
-EXIT_USER_ERROR = 2
-EXIT_DIVERGED = 3
-#: sysexits.h's EX_TEMPFAIL: a temporary failure, the user is invited to retry.
-EXIT_UNFINISHED = 75
+#: Bad input; a diverged training run; work the cluster could not finish (sysexits' TEMPFAIL).
+EXIT_USER_ERROR, EXIT_DIVERGED, EXIT_UNFINISHED = 2, 3, 75
 
 
 class AsymVLMError(Exception):
@@ -62,13 +53,12 @@ class NonFiniteError(AsymVLMError, FloatingPointError):
 
 
 class TrialFailed(AsymVLMError, RuntimeError):
-    """A sweep trial that produced no result; the message is the reason, in one line. (Defined
-    here, in the installed package, so that it unpickles as this class on the driver.)"""
+    """A sweep trial that produced no result; the message is the reason, in one line."""
 
 
 class Unfinished(AsymVLMError, RuntimeError):
-    """Work the cluster could not finish (no node to run it); what finished is kept, and the
-    same command run again goes on from there."""
+    """Work the cluster could not finish; what finished is kept, and the same command run again
+    goes on from there."""
 
 
 def one_line(exc: BaseException) -> str:
@@ -77,12 +67,10 @@ def one_line(exc: BaseException) -> str:
 
 
 def _validation_line(exc: BaseException) -> str | None:
-    """A pydantic ``ValidationError`` that escaped the config boundary (which turns them into
-    :class:`ConfigError`, :func:`asymvlm.config.validate`) as one line; None for other errors."""
-    try:
-        from pydantic import ValidationError
-    except ImportError:  # pragma: no cover - pydantic is a dependency
-        return None
+    """A pydantic ``ValidationError`` that escaped :func:`asymvlm.config.validate` as one line;
+    None for other errors."""
+    from pydantic import ValidationError
+
     if not isinstance(exc, ValidationError):
         return None
     problems = [
@@ -93,8 +81,7 @@ def _validation_line(exc: BaseException) -> str | None:
 
 
 def exit_code(exc: BaseException) -> int | None:
-    """The exit code of an error shown to users as one line (the project's own types, and the
-    config boundary's validation errors), or None for a bug."""
+    """The exit code of an error shown as one line, or None for a bug."""
     if isinstance(exc, NonFiniteError):
         return EXIT_DIVERGED
     if isinstance(exc, Unfinished):
@@ -105,9 +92,8 @@ def exit_code(exc: BaseException) -> int | None:
 
 
 def guarded(main: Callable[[], int], prefix: str = "error") -> int:
-    """Run an entry point: the project's errors print ``error: <message>`` (one line) and give
-    their exit code instead of a traceback; anything else (a bug) raises with its traceback.
-    ``ASYMVLM_TRACEBACK=1`` re-raises every error, for debugging."""
+    """Run an entry point: the project's errors print ``error: <message>`` and give their exit
+    code; a bug raises with its traceback. ``ASYMVLM_TRACEBACK=1`` re-raises every error."""
     try:
         return main()
     except KeyboardInterrupt:

@@ -1,10 +1,6 @@
-"""The console and the log file: what a person running the pipeline sees.
-
-By default the console shows this project's own messages (loggers ``asymvlm`` and
-``pipelines``) at INFO, one line each, and its warnings; everything else -- Ray, Tune, Train,
-Ray Data, MLflow, Python warnings -- goes at WARNING and above into a log file (under the
-output when it is local). ``verbose`` shows everything, on the console too, at INFO.
-"""
+"""The console and the log file: this project's messages (loggers ``asymvlm``, ``pipelines``) at
+INFO on the console, one line each; every other library's (Ray, MLflow, warnings) at WARNING and
+above into a log file; ``verbose``: everything, on the console too."""
 
 from __future__ import annotations
 
@@ -12,54 +8,46 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 import warnings
 
-__all__ = ["configure", "log_file_for", "quiet_third_party"]
+__all__ = ["configure", "log_file_for", "quiet_third_party", "quiet_transformers", "verbose"]
 
 OURS = ("asymvlm", "pipelines")
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_THIRD_PARTY = ("ray", "ray.data", "ray.tune", "ray.train", "ray.serve", "mlflow", "alembic")
+_THIRD_PARTY += ("urllib3", "filelock", "py.warnings")
 _state = {"verbose": False}
 
 
-class _Console(logging.Formatter):
-    """``message`` for INFO, ``warning: message`` / ``error: message`` above."""
+class _Console(logging.Handler):
+    """To whatever ``sys.stderr`` is now (capture, redirection), above a progress bar (tqdm)
+    when one shows; brief: ``message``, ``warning: message``."""
+
+    def __init__(self, brief: bool) -> None:
+        super().__init__()
+        self.brief = brief
+        if brief:
+            self.addFilter(lambda record: record.name.split(".")[0] in OURS)
+        else:
+            self.setFormatter(logging.Formatter(_FORMAT))
+            self.setLevel(logging.INFO)
 
     def format(self, record: logging.LogRecord) -> str:
+        if not self.brief:
+            return super().format(record)
         text = record.getMessage()
-        if record.levelno >= logging.WARNING:
-            text = f"{record.levelname.lower()}: {text}"
-        return text
-
-
-class _CurrentStderr(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time (test capture, redirection)."""
-
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-
-    @property  # type: ignore[override]
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
+        return f"{record.levelname.lower()}: {text}" if record.levelno >= logging.WARNING else text
 
     def emit(self, record: logging.LogRecord) -> None:
-        """Above a progress bar when one is showing (tqdm), else a plain line."""
-        bars = sys.modules.get("tqdm")
-        if bars is not None and getattr(bars.tqdm, "_instances", None):
-            try:
-                bars.tqdm.write(self.format(record), file=sys.stderr)
-                return
-            except Exception:  # fall back to a plain line
-                pass
-        super().emit(record)
-
-
-class _Ours(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.name.split(".")[0] in OURS
+        try:
+            text, bars = self.format(record), sys.modules.get("tqdm")
+            if bars is not None and getattr(bars.tqdm, "_instances", None):
+                bars.tqdm.write(text, file=sys.stderr)
+            else:
+                sys.stderr.write(text + "\n")
+        except Exception:
+            self.handleError(record)
 
 
 def log_file_for(output: str | None, name: str) -> str:
@@ -67,35 +55,25 @@ def log_file_for(output: str | None, name: str) -> str:
     if output and "://" not in output:
         folder = os.path.join(os.path.abspath(output), "logs")
     else:
-        import tempfile
-
         folder = os.path.join(tempfile.gettempdir(), "asymvlm-logs")
     os.makedirs(folder, exist_ok=True)
     return os.path.join(folder, f"{name}.log")
 
 
 def configure(verbose: bool = False, log_file: str | None = None) -> None:
-    """Console and file handlers on the root logger (idempotent: a second call replaces them)."""
+    """Console and file handlers on the root logger (a second call replaces them)."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        if getattr(handler, "_asymvlm", False):
-            root.removeHandler(handler)
-            handler.close()
-    console = _CurrentStderr()
-    console._asymvlm = True  # type: ignore[attr-defined]
-    if verbose:
-        console.setFormatter(logging.Formatter(_FORMAT))
-        console.setLevel(logging.INFO)
-    else:
-        console.setFormatter(_Console())
-        console.addFilter(_Ours())
-    root.addHandler(console)
+    for handler in [h for h in root.handlers if getattr(h, "_asymvlm", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    handlers: list[logging.Handler] = [_Console(brief=not verbose)]
     if log_file:
-        to_file = logging.FileHandler(log_file)
-        to_file._asymvlm = True  # type: ignore[attr-defined]
-        to_file.setFormatter(logging.Formatter(_FORMAT))
-        to_file.setLevel(logging.INFO if verbose else logging.WARNING)
-        root.addHandler(to_file)
+        handlers.append(logging.FileHandler(log_file))
+        handlers[-1].setFormatter(logging.Formatter(_FORMAT))
+        handlers[-1].setLevel(logging.INFO if verbose else logging.WARNING)
+    for handler in handlers:
+        handler._asymvlm = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
     root.setLevel(logging.INFO)
     for name in OURS:
         logging.getLogger(name).setLevel(logging.INFO)
@@ -111,32 +89,19 @@ def verbose() -> bool:
 
 
 def quiet_third_party() -> None:
-    """Ray's and MLflow's loggers bring their own console handlers: send their records to ours
-    (the file, or everything when verbose) instead. Call again after ``ray.init``."""
-    level = logging.INFO if _state["verbose"] else logging.WARNING
-    for name in (
-        "ray",
-        "ray.data",
-        "ray.tune",
-        "ray.train",
-        "ray.serve",
-        "mlflow",
-        "alembic",
-        "urllib3",
-        "filelock",
-        "py.warnings",
-    ):
+    """Send Ray's and MLflow's records (they bring their own console handlers) to ours instead:
+    the file, or everything when verbose. Call again after ``ray.init``."""
+    for name in _THIRD_PARTY:
         lg = logging.getLogger(name)
         for handler in list(lg.handlers):
             lg.removeHandler(handler)
         lg.propagate = True
-        lg.setLevel(level)
+        lg.setLevel(logging.INFO if _state["verbose"] else logging.WARNING)
 
 
 @contextlib.contextmanager
 def quiet_transformers():
-    """transformers at ERROR and without its progress bars (weight loading, shards) for the
-    block, unless ``--verbose``; restored after it."""
+    """transformers at ERROR and without its progress bars for the block (unless verbose)."""
     from transformers.utils import logging as hf_logging
 
     if _state["verbose"]:

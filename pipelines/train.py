@@ -2,12 +2,9 @@
 
     python pipelines/train.py --embeddings ROOT --method asymvlm-vmf --lr 1e-2 --num-workers 2
 
-The run is :func:`asymvlm.protocol.run_protocol` on every worker (:mod:`pipelines.ray_train`):
-train, then evaluate on the validation and test splits; checkpoints every
-``--checkpoint-every`` epochs, a worker that dies is resumed (``--max-failures``). The flags of
-the run are the fields of :class:`asymvlm.training.TrainConfig` and
-:class:`asymvlm.protocol.RunSpec`; ``--set KEY=VALUE`` sets any other training key. Prints rank
-0's results (without the per-epoch history) as JSON.
+The run is :func:`asymvlm.protocol.run_protocol` on every worker (train, then evaluate); the
+flags are the fields of ``RunSpec`` and ``TrainConfig``, ``--set KEY=VALUE`` any other training
+key. Prints rank 0's results (without the per-epoch history) as JSON.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""The ``asymvlm`` command line: train, evaluate and score on cached embedding tables.
-
-Single process, CPU or one GPU; one module per group of sub-commands:
-
-* :mod:`~asymvlm.cli.training` -- ``train``, ``import-official``, ``methods``;
-* :mod:`~asymvlm.cli.evaluation` -- ``evaluate``, ``score``, ``analyze <kind>`` (the evaluation
-  registry);
-* :mod:`~asymvlm.cli.text` -- ``score-text`` (captions in);
-* :mod:`~asymvlm.cli.runs` -- ``report``, ``ui`` (an MLflow store);
-* :mod:`~asymvlm.cli.export` -- ``export`` (an adapter as a Hugging Face model folder);
-* :mod:`~asymvlm.cli.embed` -- ``embed``, the one sub-command of the Ray layer (``pipelines/``),
-  imported when it runs.
-"""
+"""The ``asymvlm`` command line: train, evaluate and score on cached embedding tables (one
+process, CPU or one GPU); one module per group of sub-commands, ``embed`` the one of the Ray
+layer (imported when it runs)."""
 
 from __future__ import annotations
 

@@ -40,26 +40,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
             return 0
         logger.info("resuming %s%s", args.output, where)
-    if METHODS[cfg.method].trainable:
-        logger.info(
-            "training %s on %s/%s (%d epochs, %s lr=%g, batch %d, device %s)",
-            cfg.method,
-            args.embeddings,
-            args.split,
-            cfg.epochs,
-            cfg.optimizer,
-            cfg.lr,
-            cfg.batch_size,
-            device,
-        )
-    else:  # nothing is trained: fitted post hoc (bayesvlm) or used as is (clip)
-        logger.info(
-            "fitting %s on %s/%s (no training; device %s)",
-            cfg.method,
-            args.embeddings,
-            args.split,
-            device,
-        )
+    what = f"{cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr:g}, batch {cfg.batch_size}, "
+    if not METHODS[cfg.method].trainable:  # fitted post hoc (bayesvlm) or used as is (clip)
+        what = "no training; "
+    verb = "training" if METHODS[cfg.method].trainable else "fitting"
+    logger.info(
+        "%s %s on %s/%s (%sdevice %s)", verb, cfg.method, args.embeddings, args.split, what, device
+    )
     _, history = train(
         args.embeddings,
         args.split,

@@ -1,21 +1,40 @@
-"""Config documents: YAML files and ``--set`` overrides.
+"""Config documents: YAML files, ``--set`` overrides and ``${VAR}`` from the environment.
 
-One YAML dialect (YAML 1.1 with YAML 1.2 floats, :func:`parse_yaml`) and one override syntax
-for every entry point (``--set key.sub=value``, YAML-typed values, integers index lists:
-``sweeps.0.epochs=5``, :func:`apply_overrides`).
+One YAML dialect (YAML 1.1 with YAML 1.2 floats), one override syntax for every entry point
+(``--set key.sub=value``, YAML-typed values, integers index lists), and an environment that
+never lends a credential to a config (configs are logged: MLflow, Tune, Ray).
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import yaml
 
 from asymvlm.errors import ConfigError
 
-__all__ = ["apply_overrides", "child", "load_yaml", "parse_yaml", "walk"]
+__all__ = [
+    "CREDENTIAL_NAME",
+    "apply_overrides",
+    "check_no_credentials",
+    "expand_env",
+    "load_yaml",
+    "parse_yaml",
+    "redact",
+]
+
+#: Environment variable names that look like credentials (never expanded into a config).
+CREDENTIAL_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*):[^/@\s]*@")
+_FLOAT = r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$"""
 
 
 class _Loader(yaml.SafeLoader):
@@ -23,21 +42,12 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+][0-9]+)?
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
+    "tag:yaml.org,2002:float", re.compile(_FLOAT, re.X), list("-+0123456789.")
 )
 
 
 def parse_yaml(text: str) -> Any:
-    """``yaml.safe_load`` with YAML 1.2 floats (see :class:`_Loader`)."""
+    """``yaml.safe_load`` with YAML 1.2 floats."""
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
@@ -50,16 +60,14 @@ def load_yaml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read the config ({exc.strerror or exc})") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
+    if not isinstance(doc, dict | None):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(doc).__name__}")
-    return doc
+    return doc or {}
 
 
 def apply_overrides(doc: dict[str, Any], items: Iterable[str]) -> dict[str, Any]:
     """Apply ``key.sub=value`` overrides in place (YAML-typed values; integers index lists:
-    ``sweeps.0.epochs=5``). The one ``--set`` syntax of every entry point."""
+    ``sweeps.0.epochs=5``)."""
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -68,47 +76,83 @@ def apply_overrides(doc: dict[str, Any], items: Iterable[str]) -> dict[str, Any]
             value = parse_yaml(raw)
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {item!r}: the value is not valid YAML ({exc})") from None
-        parts = key.strip().split(".")
+        parts: list[Any] = key.strip().split(".")
         target: Any = doc
         for depth, part in enumerate(parts):
-            last = depth == len(parts) - 1
-            shown = ".".join(parts[: depth + 1])
             if isinstance(target, list):
                 if not part.lstrip("-").isdigit():
+                    shown = ".".join(parts[: depth + 1])
                     raise ConfigError(f"--set {key}: {shown} indexes a list; use a number")
-                index = int(part)
-                if not -len(target) <= index < len(target):
+                part = int(part)
+                if not -len(target) <= part < len(target):
                     raise ConfigError(
-                        f"--set {key}: index {index} is out of range ({len(target)} entries)"
+                        f"--set {key}: index {part} is out of range ({len(target)} entries)"
                     )
-                if last:
-                    target[index] = value
-                else:
-                    target = target[index]
-            elif isinstance(target, dict):
-                if last:
-                    target[part] = value
-                else:
-                    if target.get(part) is None:
-                        target[part] = {}
-                    target = target[part]
-            else:
+            elif not isinstance(target, dict):
                 raise ConfigError(f"--set {key}: {'.'.join(parts[:depth])} is not a mapping")
+            elif depth < len(parts) - 1 and target.get(part) is None:
+                target[part] = {}
+            if depth == len(parts) - 1:
+                target[part] = value
+            else:
+                target = target[part]
     return doc
 
 
-def child(path: str, key: Any, root: str) -> str:
-    """``root: key`` at the top, ``path.key`` below."""
-    return f"{root}: {key}" if path == root else f"{path}.{key}"
-
-
-def walk(value: Any, path: str, root: str | None = None) -> Iterable[tuple[str, Any]]:
-    """``(key path, item)`` for ``value`` and everything nested in it."""
-    root = path if root is None else root
-    yield path, value
+def _map_strings(value: Any, path: str, fn: Callable[[str, str], str], top: bool = True) -> Any:
+    """``value`` with ``fn(text, key path)`` applied to every string nested in it."""
+    if isinstance(value, str):
+        return fn(value, path)
+    if isinstance(value, list | tuple):
+        return [_map_strings(v, f"{path}[{i}]", fn, False) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        for k, v in value.items():
-            yield from walk(v, child(path, k, root), root)
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            yield from walk(v, f"{path}[{i}]", root)
+        return {
+            k: _map_strings(v, f"{path}: {k}" if top else f"{path}.{k}", fn, False)
+            for k, v in value.items()
+        }
+    return value
+
+
+def redact(text: str) -> str:
+    """``scheme://user:password@host`` -> ``scheme://user:***@host`` (anything else unchanged)."""
+    return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
+
+
+def check_no_credentials(value: Any, where: str = "config") -> None:
+    """Refuse a URI with an embedded password anywhere in a (parsed) config."""
+
+    def check(text: str, path: str) -> str:
+        if _USERINFO.search(text):
+            raise ConfigError(
+                f"{path}: {redact(text)!r} carries a password in the URI; give credentials "
+                "through the environment instead (MLFLOW_TRACKING_USERNAME/PASSWORD, AWS_* or "
+                "an instance role, a Kubernetes secret) so they never reach logs or MLflow"
+            )
+        return text
+
+    _map_strings(value, where, check)
+
+
+def expand_env(value: Any, where: str = "config", extra: Mapping[str, str] | None = None) -> Any:
+    """Expand ``${VAR}`` / ``$VAR`` in every string of ``value`` from ``extra`` then the
+    environment. Credential-looking names are refused; an unset variable is an error."""
+    extra = dict(extra or {})
+
+    def expand(text: str, path: str) -> str:
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1) or match.group(2)
+            if name in extra:
+                return extra[name]
+            if CREDENTIAL_NAME.search(name):
+                raise ConfigError(
+                    f"{path}: refusing to expand ${{{name}}}: it looks like a credential, and "
+                    "configs are logged (MLflow, Tune, Ray). Leave credentials in the "
+                    "environment; the libraries read them from there"
+                )
+            if name not in os.environ:
+                raise ConfigError(f"{path}: ${{{name}}} is not set in the environment")
+            return os.environ[name]
+
+        return _ENV_REF.sub(sub, text)
+
+    return _map_strings(value, where, expand)

@@ -7,7 +7,6 @@ import types
 from collections.abc import Collection, Mapping, Sequence
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 __all__ = ["add_model_flags", "model_values"]
@@ -15,48 +14,44 @@ __all__ = ["add_model_flags", "model_values"]
 
 def _plain(tp: Any) -> Any:
     """``X`` of ``Annotated[X, ...]`` and ``X | None``."""
-    while True:
-        origin = get_origin(tp)
-        if origin is Annotated:
-            tp = get_args(tp)[0]
-        elif origin in (Union, types.UnionType):
-            args = [a for a in get_args(tp) if a is not type(None)]
-            tp = args[0] if len(args) == 1 else str
-        else:
-            return tp
+    while get_origin(tp) in (Annotated, Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        tp = args[0] if get_origin(tp) is Annotated or len(args) == 1 else str
+    return tp
 
 
 def add_model_flags(
     parser: argparse.ArgumentParser,
-    model: type[BaseModel],
+    model: Any,
     *,
     exclude: Collection[str] = (),
     required: Collection[str] = (),
     choices: Mapping[str, Sequence[str]] | None = None,
     metavars: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """One ``--flag`` per field of ``model`` of a scalar type (but ``exclude``), with the
-    field's type, choices (a ``Literal``), default and description. Returns the field names
-    added (read back with :func:`model_values`)."""
+    """One ``--flag`` per scalar field of a pydantic model or dataclass (but ``exclude``), with
+    its type, choices (a ``Literal``), default and description; a bool is a switch. Returns the
+    field names added (read back with :func:`model_values`)."""
     added = []
-    for name, info in model.model_fields.items():
+    for name, info in model.__pydantic_fields__.items():
         tp = _plain(info.annotation)
         if name in exclude or tp not in (int, float, str, bool) and get_origin(tp) is not Literal:
             continue
         kwargs: dict[str, Any] = {"help": info.description, "dest": name}
-        if get_origin(tp) is Literal:
+        if tp is bool:
+            kwargs["action"] = "store_true"
+        elif get_origin(tp) is Literal:
             kwargs["choices"] = list(get_args(tp))
         else:
             kwargs["type"] = tp
-        if (choices or {}).get(name) is not None:
+        if name in (choices or {}):
             kwargs["choices"] = list(choices[name])  # type: ignore[index]
-        if (metavars or {}).get(name):
+        if name in (metavars or {}):
             kwargs["metavar"] = metavars[name]  # type: ignore[index]
         if name in required:
             kwargs["required"] = True
         else:
-            default = info.default
-            kwargs["default"] = None if default is PydanticUndefined else default
+            kwargs["default"] = None if info.default is PydanticUndefined else info.default
         parser.add_argument(f"--{name.replace('_', '-')}", **kwargs)
         added.append(name)
     return added

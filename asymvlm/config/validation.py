@@ -1,21 +1,18 @@
 """The config boundary: a document validated into a typed object, every problem one line.
 
-:func:`validate` runs a pydantic model (or pydantic dataclass) on a parsed document and turns a
-``ValidationError`` into a :class:`~asymvlm.errors.ConfigError` whose one-line message names the
-file and the key path (:func:`validation_message`): unknown keys with a "did you mean" suggestion
-(``hiden_dim`` -> ``hidden_dim``), missing keys, bad types and ranges. Schemas derive from
-:class:`StrictModel` (unknown keys are errors, defaults are validated too).
+:func:`validate` runs pydantic (a model or a pydantic dataclass, through ``TypeAdapter``) and
+shapes its ``ValidationError`` into one :class:`~asymvlm.errors.ConfigError` line naming the
+file and the key path, with a "did you mean" for an unknown key.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import functools
 from dataclasses import fields, is_dataclass
-from types import UnionType
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from asymvlm.errors import ConfigError
 
@@ -31,140 +28,82 @@ class StrictModel(BaseModel):
 
 
 def validate(model: type[T], data: Any, source: str, flags: bool = False) -> T:
-    """``model`` validated from ``data`` (a pydantic model or dataclass), errors as one
-    :class:`ConfigError` line naming ``source`` and the key (``flags``: spelt as flags)."""
+    """``model`` validated from ``data``; errors as one :class:`ConfigError` line naming
+    ``source`` and the key (``flags``: keys spelt as command-line flags)."""
     try:
-        if isinstance(model, type) and issubclass(model, BaseModel):
-            return model.model_validate(data)
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: expected a mapping, got {type(data).__name__}")
-        return model(**data)
+        return _adapter(model).validate_python(data)
     except ValidationError as err:
         raise ConfigError(validation_message(err, source, model, flags=flags)) from None
 
 
-# -- error messages -----------------------------------------------------------------------------
-def _field_names(tp: Any) -> list[str]:
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return list(tp.model_fields)
-    if is_dataclass(tp):
-        return [f.name for f in fields(tp)]
-    return []
+@functools.cache
+def _adapter(model: Any) -> TypeAdapter:
+    return TypeAdapter(model)
 
 
-def _unwrap(tp: Any) -> list[Any]:
-    """The model/dataclass types reachable through Optional/Union/list/dict/Annotated."""
-    origin = get_origin(tp)
-    if origin is Annotated:
-        return _unwrap(get_args(tp)[0])
-    if origin in (Union, UnionType, list, tuple, dict):  # X | Y has origin UnionType
-        return [t for arg in get_args(tp) for t in _unwrap(arg)]
-    return [tp] if _field_names(tp) else []
+def _fields(tp: Any) -> dict[str, Any]:
+    """Field name -> annotation of a pydantic model or (pydantic) dataclass, else ``{}``."""
+    infos = getattr(tp, "__pydantic_fields__", None)
+    if isinstance(tp, type) and infos is not None:
+        return {name: info.annotation for name, info in infos.items()}
+    return {f.name: f.type for f in fields(tp)} if is_dataclass(tp) else {}
 
 
-def _annotation(model: Any, name: str) -> Any:
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        info = model.model_fields.get(name)
-        return None if info is None else info.annotation
-    if is_dataclass(model):
-        for f in fields(model):
-            if f.name == name:
-                return f.type if not isinstance(f.type, str) else Any
-    return None
-
-
-def _tag_values(model: Any) -> list[str]:
-    """The values of a discriminated union member's ``kind`` tag (``Literal[...]``)."""
-    tag = _annotation(model, "kind")
-    if tag is not None and get_origin(tag) is Literal:
-        return [str(v) for v in get_args(tag)]
-    return []
-
-
-def _tags(schema: Any) -> set[str]:
-    """Every union tag value reachable in ``schema`` (pydantic puts the tag into ``loc``)."""
-    out: set[str] = set()
+def _schema_words(schema: Any) -> tuple[set[str], set[str]]:
+    """Every key name and every union tag (a ``kind: Literal[...]``) reachable in ``schema``."""
+    names: set[str] = set()
+    tags: set[str] = set()
     seen: set[int] = set()
-    stack = list(_unwrap(schema)) if schema is not None else []
+    stack = [schema]
     while stack:
-        model = stack.pop()
-        if id(model) in seen:
+        tp = stack.pop()
+        if id(tp) in seen:
             continue
-        seen.add(id(model))
-        out.update(_tag_values(model))
-        for name in _field_names(model):
-            stack += _unwrap(_annotation(model, name))
-    return out
-
-
-def _loc_text(loc: Iterable[Any], tags: set[str]) -> str:
-    out = ""
-    previous: Any = None
-    for part in loc:
-        tag = isinstance(previous, int) and part in tags  # a discriminated union's tag
-        previous = part
-        if tag:
-            continue
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _siblings(root: Any, loc: tuple[Any, ...]) -> list[str]:
-    """The valid key names next to the bad one at ``loc`` (walking the schema)."""
-    current = [root]
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        nxt: list[Any] = []
-        for model in current:
-            annotation = _annotation(model, part)
-            if annotation is not None:
-                nxt += _unwrap(annotation)
-            # discriminated unions: the tag is part of loc (e.g. 'hierarcaps'); keep going
-            if not nxt and isinstance(part, str):
-                nxt += [t for t in _unwrap(model) if part in _tag_values(t)]
-        current = nxt or current
-    names: list[str] = []
-    for model in current:
-        names += _field_names(model)
-    return names
+        seen.add(id(tp))
+        found = _fields(tp)
+        names.update(found)
+        if get_origin(found.get("kind")) is Literal:
+            tags.update(str(v) for v in get_args(found["kind"]))
+        stack += [*found.values(), *get_args(tp)]
+    return names, tags
 
 
 def validation_message(
     err: ValidationError, source: str, schema: Any = None, flags: bool = False, limit: int = 3
 ) -> str:
-    """One line per problem (at most ``limit``): ``source: key.path: what is wrong``.
-
+    """``source: key.path: what is wrong`` for each problem (at most ``limit``), on one line;
     ``flags=True`` spells keys as command-line flags (``--hidden-dim``)."""
+    names, tags = _schema_words(schema)
     lines = []
-    errors = err.errors()
-    tags = _tags(schema)
-    for e in errors[:limit]:
-        loc = tuple(e["loc"])
+    for e in err.errors()[:limit]:
+        loc = list(e["loc"])
         key = loc[-1] if loc else ""
-        shown = _loc_text(loc, tags)
+        # a discriminated union puts its tag after a list index: evaluations[3].retrieval.data
+        loc = [
+            p for i, p in enumerate(loc) if not (i and isinstance(loc[i - 1], int) and p in tags)
+        ]
+        shown = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
         if flags and isinstance(key, str):
             shown = "--" + key.replace("_", "-")
+        ctx, given = e.get("ctx", {}), e.get("input")
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            names = _siblings(schema, loc) if schema is not None else []
             hint = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
-            suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
-            lines.append(f"{shown}: unknown key{suggestion}")
+            lines.append(
+                f"{shown}: unknown key" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            )
         elif e["type"] == "missing":
             lines.append(f"{shown}: required key is missing")
         elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
-            expected = e.get("ctx", {}).get("expected_tags", "")
-            given = e.get("ctx", {}).get("tag")
-            lines.append(f"{shown}.kind = {given!r}: must be one of {expected}")
+            lines.append(
+                f"{shown}.kind = {ctx.get('tag')!r}: must be one of {ctx.get('expected_tags', '')}"
+            )
+        elif isinstance(given, str | int | float | bool) or given is None:
+            lines.append(f"{shown} = {given!r}: {e['msg'].removeprefix('Value error, ')}")
         else:
-            msg = e["msg"].removeprefix("Value error, ")
-            given = e.get("input")
-            if isinstance(given, str | int | float | bool) or given is None:
-                lines.append(f"{shown} = {given!r}: {msg}")
-            else:
-                lines.append(f"{shown}: {msg}")
-    more = f" (and {len(errors) - limit} more)" if len(errors) > limit else ""
-    return f"{source}: " + "; ".join(lines) + more
+            lines.append(f"{shown}: {e['msg'].removeprefix('Value error, ')}")
+    more = len(err.errors()) - limit
+    return (
+        f"{source}: "
+        + "; ".join(line.removeprefix(": ") for line in lines)
+        + (f" (and {more} more)" if more > 0 else "")
+    )

@@ -1,6 +1,6 @@
-"""``python -m asymvlm.synthetic``: write a synthetic world (see :mod:`asymvlm.synthetic.cli`)."""
+"""``python -m asymvlm.synthetic``: write a synthetic world (:mod:`asymvlm.synthetic.cli`)."""
 
 from asymvlm.synthetic.cli import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

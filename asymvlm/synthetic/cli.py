@@ -4,148 +4,91 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
 
+from asymvlm.errors import guarded
 from asymvlm.synthetic.classes import ClassificationSpec, write_classification_sets
 from asymvlm.synthetic.world import DEFAULT_SHARD_IMAGES, PRESETS, WorldConfig, write_world
 
+_PRE_DIM = "also write pre-projection features of this width (> --dim) and projection.npz"
+#: The :class:`WorldConfig` knobs given as flags: name, type, help.
+KNOBS = (
+    ("dim", int, None),
+    ("seed", int, None),
+    ("pre_dim", int, _PRE_DIM + ", as `asymvlm embed --pre-projection` does (for bayesvlm)"),
+    ("block_images", int, "draw each split in blocks of this many images (another world)"),
+    ("generic_captions", float, "share of the train split's generic captions ('a picture')"),
+    ("misalignment", float, "angle (rad) of the text encoder's shared rotation"),
+    ("caption_words", bool, "captions whose word count follows the level with noise"),
+)
 
-def _level_probs(parser: argparse.ArgumentParser, text: str) -> tuple[float, ...] | None:
-    """``--level-probs``: ``uniform`` -> None, ``0.05,0.15,0.3,0.5`` -> floats."""
+
+def _level_probs(text: str) -> tuple[float, ...] | None:
+    """``uniform`` -> None, ``0.05,0.15,0.3,0.5`` -> floats."""
     if text.strip() == "uniform":
         return None
     try:
         return tuple(float(p) for p in text.split(","))
     except ValueError:
-        parser.error(f"--level-probs: expected comma-separated numbers or 'uniform', got {text!r}")
-        raise  # not reached: parser.error exits
+        raise argparse.ArgumentTypeError("expected comma-separated numbers or 'uniform'") from None
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse ``argv`` and write the world (and, with ``--classes``, its classification sets)."""
-    parser = argparse.ArgumentParser(description="Write the synthetic world's embedding tables.")
-    parser.add_argument("--output", required=True, help="table root (local path or s3://)")
-    parser.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        default=None,
-        help="a named world (sizes and features); other flags override it",
-    )
-    parser.add_argument("--dim", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--train-images", type=int, default=None)
-    parser.add_argument("--test-images", type=int, default=None, help="val and test images")
-    parser.add_argument(
-        "--pre-dim",
-        type=int,
-        default=None,
-        help="also write pre-projection features of this width (> --dim) and projection.npz, "
-        "as `asymvlm embed --pre-projection` does (for bayesvlm)",
-    )
-    parser.add_argument(
-        "--block-images",
-        type=int,
-        default=None,
-        help="draw each split in blocks of this many images (a stream per block: another world)",
-    )
-    parser.add_argument(
-        "--caption-words",
-        action="store_true",
-        default=None,
-        help="captions whose word count follows the level with noise",
-    )
-    parser.add_argument(
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``python -m asymvlm.synthetic``; a knob not given is the preset's."""
+    p = argparse.ArgumentParser(description="Write the synthetic world's embedding tables.")
+    p.add_argument("--output", required=True, help="table root (local path or s3://)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a named world; flags override it")
+    p.add_argument("--train-images", type=int)
+    p.add_argument("--test-images", type=int, help="val and test images")
+    for name, kind, text in KNOBS:
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            p.add_argument(flag, action="store_true", default=None, help=text)
+        else:
+            p.add_argument(flag, type=kind, help=text)
+    p.add_argument(
         "--level-probs",
-        default=None,
+        type=_level_probs,
+        default=argparse.SUPPRESS,
         metavar="P0,P1,P2,P3",
-        help="probability of each caption level, most general first ('uniform': every level "
-        "equally likely; default: the preset's, else uniform)",
+        help="probability of each caption level, most general first ('uniform': all equal)",
     )
-    parser.add_argument(
-        "--generic-captions",
-        type=float,
-        default=None,
-        metavar="P",
-        help="share of the train split's captions that are generic, 'a picture' (default: the "
-        "preset's, else 0)",
-    )
-    parser.add_argument(
-        "--misalignment",
-        type=float,
-        default=None,
-        help="angle (rad) of the text encoder's shared rotation (0: the forgetting regime; "
-        "default: the preset's, else 1.0)",
-    )
-    parser.add_argument(
-        "--shard-images", type=int, default=DEFAULT_SHARD_IMAGES, help="images per part file"
-    )
-    parser.add_argument(
+    p.add_argument("--shard-images", type=int, default=DEFAULT_SHARD_IMAGES)
+    p.add_argument(
         "--classes",
         action="store_true",
-        help="also write OUTPUT-positives, OUTPUT-negatives (and OUTPUT-zeroshot, "
-        "OUTPUT-far-negatives)",
+        help="also write OUTPUT-positives, -negatives (and -zeroshot, -far-negatives)",
     )
-    parser.add_argument(
-        "--only-classes",
-        action="store_true",
-        help="write only the classification sets, for the world at OUTPUT",
-    )
-    parser.add_argument("--class-level", type=int, default=1)
-    parser.add_argument("--class-images", type=int, default=1000, help="images per set")
-    args = parser.parse_args(argv)
-    spec = ClassificationSpec(
-        level=args.class_level,
-        positives=args.class_images,
-        negatives=args.class_images,
-        zeroshot=args.class_images,
-    )
-    if args.only_classes:
-        for role, where in write_classification_sets(args.output, None, spec).items():
-            print(f"wrote {role} to {where}")
-        return
-    if args.preset:
-        cfg = PRESETS[args.preset]
-        if args.train_images is not None or args.test_images is not None:
-            splits = dict(cfg.splits)
-            if args.train_images is not None:
-                splits["train"] = args.train_images
-            if args.test_images is not None:
-                splits["val"] = splits["test"] = args.test_images
-            cfg = replace(cfg, splits=splits)
-    else:
-        cfg = WorldConfig(
-            splits={
-                "train": args.train_images or 8000,
-                "val": args.test_images or 1000,
-                "test": args.test_images or 1000,
-            }
-        )
-    overrides = {
-        k: v
-        for k, v in (
-            ("dim", args.dim),
-            ("seed", args.seed),
-            ("pre_dim", args.pre_dim),
-            ("block_images", args.block_images),
-            ("caption_words", args.caption_words),
-            ("generic_captions", args.generic_captions),
-            ("misalignment", args.misalignment),
-        )
-        if v is not None
-    }
-    if args.level_probs is not None:
-        overrides["level_probs"] = _level_probs(parser, args.level_probs)
-    try:
-        cfg = replace(cfg, **overrides)
-    except ValueError as err:  # a knob out of range: one line, exit 2
-        parser.error(str(err))
-    t0 = time.perf_counter()
-    write_world(args.output, cfg, shard_images=args.shard_images)
-    print(f"wrote synthetic world to {args.output} ({time.perf_counter() - t0:.1f} s)")
-    if args.classes:
-        for role, where in write_classification_sets(args.output, cfg, spec).items():
-            print(f"wrote {role} to {where}")
+    p.add_argument("--only-classes", action="store_true", help="only the sets, for OUTPUT's world")
+    p.add_argument("--class-level", type=int, default=1)
+    p.add_argument("--class-images", type=int, default=1000, help="images per set")
+    return p
 
 
-if __name__ == "__main__":
-    main()
+def world_config(args: argparse.Namespace) -> WorldConfig:
+    """The preset (or the default world) with the sizes and knobs given as flags."""
+    knobs = {name: getattr(args, name) for name, _, _ in KNOBS if getattr(args, name) is not None}
+    if hasattr(args, "level_probs"):  # None: uniform
+        knobs["level_probs"] = args.level_probs
+    sizes = {"train": args.train_images, "val": args.test_images, "test": args.test_images}
+    return WorldConfig.preset(args.preset, sizes, **knobs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the world (and with ``--classes`` its classification sets); bad input is one line
+    and exit code 2."""
+    args = build_parser().parse_args(argv)
+
+    def run() -> int:
+        n = args.class_images
+        spec = ClassificationSpec(args.class_level, positives=n, negatives=n, zeroshot=n)
+        cfg = None
+        if not args.only_classes:
+            cfg, t0 = world_config(args), time.perf_counter()
+            write_world(args.output, cfg, shard_images=args.shard_images)
+            print(f"wrote synthetic world to {args.output} ({time.perf_counter() - t0:.1f} s)")
+        if args.classes or args.only_classes:
+            for role, where in write_classification_sets(args.output, cfg, spec).items():
+                print(f"wrote {role} to {where}")
+        return 0
+
+    return guarded(run)

@@ -1,30 +1,22 @@
 """The knobs of the synthetic world (:class:`WorldConfig`) and its named worlds (:data:`PRESETS`);
-the assumptions they control are stated in :mod:`asymvlm.synthetic`, the generative process is
-:mod:`asymvlm.synthetic.world`."""
+the assumptions they control are lettered in docs/synthetic.md."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from asymvlm import tables
+from asymvlm.errors import ConfigError
 
 __all__ = ["COCO_LEVEL_PROBS", "GENERIC_CAPTION_SHARE", "PRESETS", "WorldConfig"]
 
-#: Knobs added after the first worlds were written: left out of the manifest at their defaults,
-#: so that a world of today's knobs writes today's manifest.
-_LATER_KNOBS = (
-    "block_images",
-    "caption_words",
-    "filler_words",
-    "finetune_roots",
-    "domain_misalignment",
-    "level_probs",
-    "generic_captions",
-)
-#: The COCO-like caption-level mix (levels 0-3: mostly detailed captions, some vague ones),
-#: fixed before it was measured (docs/i2t-analysis.md).
+#: Knobs left out of the manifest at their defaults (recorded worlds' manifests stay the same).
+_LATER_KNOBS = ("block_images", "caption_words", "filler_words", "finetune_roots")
+_LATER_KNOBS += ("domain_misalignment", "level_probs", "generic_captions")
+#: The COCO-like caption-level mix of levels 0-3 (docs/i2t-analysis.md).
 COCO_LEVEL_PROBS: tuple[float, float, float, float] = (0.05, 0.15, 0.30, 0.50)
 
 
@@ -49,7 +41,7 @@ class WorldConfig:
     #: Width of the pre-projection features (None: no pre-projection columns); > dim.
     pre_dim: int | None = None
     pre_noise: float = 0.5  # null-space nuisance of a pre-projection feature, per unit norm
-    #: Draw each split in blocks of this many images (a stream per block; module docstring).
+    #: Draw each split in blocks of this many images (a stream per block: another world).
     block_images: int | None = None
     #: Captions with words whose count follows the level with noise (assumption W).
     caption_words: bool = False
@@ -69,34 +61,41 @@ class WorldConfig:
     def __post_init__(self) -> None:
         self.branching = tuple(int(b) for b in self.branching)  # type: ignore[assignment]
         self.spread = tuple(float(s) for s in self.spread)  # type: ignore[assignment]
+        n_levels = len(self.branching) + 1
         if self.level_probs is not None:
-            probs = tuple(float(p) for p in self.level_probs)
-            n_levels = len(self.branching) + 1
+            self.level_probs = probs = tuple(float(p) for p in self.level_probs)
             if len(probs) != n_levels:
-                raise ValueError(
+                raise ConfigError(
                     f"level_probs needs {n_levels} probabilities (levels 0..{n_levels - 1}), "
                     f"got {len(probs)}"
                 )
             if not all(math.isfinite(p) and p >= 0 for p in probs) or abs(sum(probs) - 1) > 1e-6:
-                raise ValueError(f"level_probs must be >= 0 and sum to 1, got {list(probs)}")
-            self.level_probs = probs
-        if self.block_images is not None and self.block_images < 1:
-            raise ValueError(f"block_images must be >= 1, got {self.block_images}")
-        if self.finetune_roots is not None and not 1 <= self.finetune_roots <= self.branching[0]:
-            raise ValueError(
-                f"finetune_roots must be in 1..{self.branching[0]}, got {self.finetune_roots}"
-            )
-        if not 0.0 <= self.generic_captions <= 1.0:
-            raise ValueError(f"generic_captions must be in [0, 1], got {self.generic_captions}")
-        if self.filler_words < 0 or self.domain_misalignment < 0:
-            raise ValueError("filler_words and domain_misalignment must be >= 0")
+                raise ConfigError(f"level_probs must be >= 0 and sum to 1, got {list(probs)}")
+        checks = {
+            "block_images must be >= 1": self.block_images is None or self.block_images >= 1,
+            f"finetune_roots must be in 1..{self.branching[0]}": self.finetune_roots is None
+            or 1 <= self.finetune_roots <= self.branching[0],
+            "generic_captions must be in [0, 1]": 0.0 <= self.generic_captions <= 1.0,
+            "filler_words must be >= 0": self.filler_words >= 0,
+            "domain_misalignment must be >= 0": self.domain_misalignment >= 0,
+            f"pre_dim must exceed dim {self.dim}": self.pre_dim is None or self.pre_dim > self.dim,
+        }
+        for message, ok in checks.items():
+            if not ok:
+                raise ConfigError(message)
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> WorldConfig:
-        """A named world (:data:`PRESETS`) with ``overrides`` applied."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown world preset {name!r}; known: {', '.join(PRESETS)}")
-        return replace(PRESETS[name], **overrides)
+    def preset(
+        cls, name: str | None, sizes: Mapping[str, int | None] | None = None, **overrides: Any
+    ) -> WorldConfig:
+        """A named world (:data:`PRESETS`; None: the default knobs) with images per split
+        ``sizes`` (None: the preset's) and the knobs ``overrides``."""
+        if name is not None and name not in PRESETS:
+            raise ConfigError(f"unknown world preset {name!r}; known: {', '.join(PRESETS)}")
+        base = PRESETS[name] if name else cls()
+        given = {split: n for split, n in (sizes or {}).items() if n is not None}
+        splits = {**overrides.pop("splits", base.splits), **given}
+        return replace(base, splits=splits, **overrides)
 
     @classmethod
     def from_manifest(cls, root: str) -> WorldConfig:
@@ -119,19 +118,12 @@ class WorldConfig:
         return {k: v for k, v in world.items() if k not in _LATER_KNOBS or v != defaults[k].default}
 
 
-#: The share of generic training captions of the presets (assumption U of
-#: :mod:`asymvlm.synthetic`): 16 of the 4,000 caption texts of the real HierarCaps test split are
-#: generic ("object", "scene", "stuff", ...), fixed before any outcome was measured.
+#: The share of generic training captions of the presets (assumption U, docs/synthetic.md).
 GENERIC_CAPTION_SHARE = 0.004
 
-#: Named worlds. ``demo``: the size of the offline demo's world (configs/demo.yaml
-#: ``prepare.synthetic``: d = 32, 1500/300/300 images, 4 captions), with word captions and a
-#: fine-tuning / zero-shot domain split (4 of 6 level-0 concepts fine-tuned on); written in about
-#: a second. ``coco``: MS-COCO's size (2017 train: 118,287 images, 5 captions each; 5,000 val and
-#: test) at CLIP ViT-B/32's width d = 512, written in blocks with bounded memory. Both draw caption
-#: levels with the COCO-like mix :data:`COCO_LEVEL_PROBS` (most captions detailed), have generic
-#: training captions (U, :data:`GENERIC_CAPTION_SHARE`) and no shared text-encoder rotation: the
-#: forgetting regime F, whose frozen encoder is misaligned only by each domain's own rotation.
+#: Named worlds: ``demo`` (the offline demo's, d = 32) and ``coco`` (MS-COCO's size at CLIP
+#: ViT-B/32's width, written in blocks), both in the forgetting regime F with word captions,
+#: the COCO-like level mix, generic training captions and two domains.
 PRESETS: dict[str, WorldConfig] = {
     "demo": WorldConfig(
         dim=32,

@@ -1,40 +1,5 @@
-"""The synthetic world's generative process: :class:`SyntheticWorld`, :func:`write_world` (the
-knobs, :class:`WorldConfig`, and the presets live in :mod:`asymvlm.synthetic.knobs`; the
-assumptions are stated in the package docstring, :mod:`asymvlm.synthetic`).
-
-Random streams. Everything a world of today's knobs writes comes from the world's generator
-(``default_rng(seed)``: concepts, the shared text rotation, one seed per split) and, per split,
-``default_rng(split_seed)``: leaves, objects, views, levels, paraphrase noise, norms -- in that
-order, over the whole split. Every later feature draws from a generator of its own, so turning it
-on leaves every other output bit-identical:
-
-* ``[split_seed, 1]`` pre-projection features and image norms;
-* ``[split_seed, 3]`` caption words (``caption_words``);
-* ``[split_seed, 6]`` generic captions (``generic_captions``, the ``train`` split only): which
-  captions are generic, their texts and their paraphrase noise. The caption they replace is
-  still drawn from the split's stream (and dropped), so every other caption, image and norm is
-  that of the world without them;
-* ``level_probs`` (a caption-level mix other than uniform) replaces the uniform level draw of the
-  split's (or block's) stream by a weighted one at the same place: a world with it set is
-  another world, one without it is drawn as before;
-* ``[seed, 5]`` the domain-specific text rotations (``domain_misalignment``);
-* ``[seed, 4, ...]`` classification sets (:mod:`asymvlm.synthetic.classes`).
-
-Blocks (``block_images``, opt-in). With ``block_images = B`` the split is drawn in blocks of B
-images, block ``b`` from ``[split_seed, 2, b]`` (its pre-projection, word and generic-caption
-streams: ``[split_seed, 1, b]``, ``[split_seed, 3, b]``, ``[split_seed, 6, b]``), so a part file
-is a run of whole blocks; the tables read back are the same whatever the part size
-(:meth:`SyntheticWorld.iter_parts`). A blocked world is another world than the unblocked one of
-the same seed (other streams), which is why it is opt-in.
-
-Memory. The writer streams either kind of world a piece at a time (:meth:`SyntheticWorld.
-iter_pieces`, one row group of a part file per piece): a block, or -- without blocks -- a window
-of about :data:`~asymvlm.synthetic.stream.WINDOW_IMAGES` images of the one-piece draw, whose
-numbers are found by restoring the generators' states recorded in one extra pass
-(:mod:`asymvlm.synthetic.stream`); the tables are those of the one-piece draw, bit for bit, and
-the peak does not grow with the world (a COCO-sized world at d = 512 once took about 10 GB
-unblocked). :meth:`SyntheticWorld.sample_split` still draws a split in memory.
-"""
+"""The synthetic world's generative process (:class:`SyntheticWorld`, :func:`write_world`); its
+random streams and bounded-memory writing are described in docs/synthetic.md."""
 
 from __future__ import annotations
 
@@ -48,13 +13,8 @@ from typing import Any
 import numpy as np
 
 from asymvlm import tables
-from asymvlm.synthetic.captions import (
-    FILLERS,
-    GENERIC_TEXTS,
-    OPENERS,
-    compose_word_texts,
-    tag_texts,
-)
+from asymvlm.errors import ConfigError
+from asymvlm.synthetic.captions import FILLERS, GENERIC_TEXTS, OPENERS, caption_texts
 from asymvlm.synthetic.knobs import (
     COCO_LEVEL_PROBS,
     GENERIC_CAPTION_SHARE,
@@ -73,29 +33,27 @@ __all__ = [
     "write_world",
 ]
 
-#: Images per part file when writing (a split this small or smaller is one ``part-00000``).
+#: Images per part file when writing.
 DEFAULT_SHARD_IMAGES = 16384
-#: Second entry of a split's feature generators: ``default_rng([split_seed, TAG, ...])``.
-_PRE, _BLOCK, _WORDS, _GENERIC = 1, 2, 3, 6
+#: Second entry of a split's generators, ``default_rng([split_seed, TAG, *block])``, by role.
+_TAGS = {"pre": 1, "block": 2, "words": 3, "generic": 6}
 _DOMAIN_STREAM = 5
-#: The split whose captions may be generic (``generic_captions``): the fine-tuning data.
-GENERIC_SPLIT = "train"
-#: The ``level`` of a generic caption: above the most general concept level 0 (the root).
-GENERIC_LEVEL = -1
+#: The split whose captions may be generic (assumption U), and their ``level``.
+GENERIC_SPLIT, GENERIC_LEVEL = "train", -1
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
-def _offset(rng: np.random.Generator, centers: np.ndarray, scale: float) -> np.ndarray:
-    """Points around ``centers`` at angle ~atan(scale): normalise(c + scale * random unit)."""
-    return _toward(centers, scale, rng.standard_normal(centers.shape))
-
-
 def _toward(centers: np.ndarray, scale: float, noise: np.ndarray) -> np.ndarray:
-    """:func:`_offset` with its normal draws ``noise`` (same shape as ``centers``) given."""
+    """Points around ``centers`` at angle ~atan(scale): ``unit(c + scale * unit(noise))``."""
     return _unit(centers + scale * _unit(noise))
+
+
+def _offset(rng: np.random.Generator, centers: np.ndarray, scale: float) -> np.ndarray:
+    """:func:`_toward` with standard normal noise drawn from ``rng``."""
+    return _toward(centers, scale, rng.standard_normal(centers.shape))
 
 
 def _orthonormal_rows(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -115,7 +73,7 @@ def _rotation(rng: np.random.Generator, dim: int, angle: float) -> np.ndarray:
 
 
 def concat_splits(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """One split dict from consecutive chunks (lists joined, arrays stacked, dicts per key)."""
+    """One split dict from consecutive chunks."""
     if len(chunks) == 1:
         return chunks[0]
     out: dict[str, Any] = {}
@@ -152,16 +110,13 @@ class SyntheticWorld:
         }
         self.projections: dict[str, np.ndarray] = {}
         if cfg.pre_dim is not None:
-            if cfg.pre_dim <= cfg.dim:
-                raise ValueError(f"pre_dim must exceed dim {cfg.dim}, got {cfg.pre_dim}")
             pre_rng = np.random.default_rng([cfg.seed, 1])  # not the world's stream
             self.projections = {
                 kind: _orthonormal_rows(pre_rng, cfg.dim, cfg.pre_dim) for kind in ("image", "text")
             }
-        # Assumption G: the most general text describes every object; its meaning is the
-        # direction of the level-0 concepts' mean (the hierarchy's root).
+        # G: the most general text's meaning is the level-0 concepts' mean direction (the root)
         self.generic = _unit(self.concepts[0].mean(axis=0))
-        # Assumption D: domains of the level-0 concepts and their text-encoder errors.
+        # D: domains of the level-0 concepts and their text-encoder errors
         self.root_domain = np.zeros(cfg.branching[0], dtype=np.int64)
         if cfg.finetune_roots is not None:
             self.root_domain[cfg.finetune_roots :] = 1
@@ -216,35 +171,31 @@ class SyntheticWorld:
         objects = _offset(rng, self.concepts[-1][leaves], cfg.object_spread)
         return objects, _offset(rng, objects, cfg.image_noise)
 
-    def _stream(self, name: str, tag: int, block: tuple[int, ...]) -> np.random.Generator:
-        seed = self._split_seeds[name]
-        return np.random.default_rng([seed, tag, *block] if block or tag else seed)
-
     def has_generic(self, name: str) -> bool:
         """Whether split ``name`` has generic captions (assumption U: the ``train`` split of a
         world with ``generic_captions > 0``)."""
         return name == GENERIC_SPLIT and self.config.generic_captions > 0
 
     def _phases(self, name: str) -> dict[str, Phase]:
-        """Every random quantity of split ``name``, in the order of the draws within its stream
-        (``main``: the split's or block's own stream; ``words``; ``generic``; ``pre``)."""
+        """Every random quantity of split ``name``, in the order of the draws of each role's
+        stream (``main``: the split's or block's own; ``words``; ``generic``; ``pre``)."""
         cfg = self.config
         n_leaves = len(self.concepts[-1] if cfg.finetune_roots is None else self.domain_leaves(0))
         n_levels, probs = self.n_levels, cfg.level_probs
 
         def normal(width: int | None) -> Callable[[np.random.Generator, int], np.ndarray]:
-            if width is None:
-                return lambda rng, n: rng.standard_normal(n)
-            return lambda rng, n: rng.standard_normal((n, width))
+            return lambda rng, n: rng.standard_normal(n if width is None else (n, width))
+
+        def ints(k: int) -> Callable[[np.random.Generator, int], np.ndarray]:
+            return lambda rng, n: rng.integers(0, k, n)
 
         def levels(rng: np.random.Generator, n: int) -> np.ndarray:
             if probs is None:
                 return rng.integers(0, n_levels, n)
-            # the same place in the stream, weighted (module docstring)
             return rng.choice(n_levels, n, p=np.asarray(probs))
 
         phases = {
-            "leaves": Phase("main", "image", lambda rng, n: rng.integers(0, n_leaves, n)),
+            "leaves": Phase("main", "image", ints(n_leaves)),
             "objects": Phase("main", "image", normal(cfg.dim)),
             "views": Phase("main", "image", normal(cfg.dim)),
             "levels": Phase("main", "caption", levels),
@@ -253,16 +204,12 @@ class SyntheticWorld:
         }
         if cfg.caption_words:
             fill = cfg.filler_words
-            phases["opener"] = Phase(
-                "words", "caption", lambda rng, n: rng.integers(0, len(OPENERS), n)
-            )
+            phases["opener"] = Phase("words", "caption", ints(len(OPENERS)))
             phases["n_fill"] = Phase("words", "caption", lambda rng, n: rng.poisson(fill, n))
-            phases["fill"] = Phase("words", "sum", lambda rng, n: rng.integers(0, len(FILLERS), n))
+            phases["fill"] = Phase("words", "sum", ints(len(FILLERS)))
         if self.has_generic(name):
             p = cfg.generic_captions
-            phases["generic_text"] = Phase(
-                "generic", "caption", lambda rng, n: rng.integers(0, len(GENERIC_TEXTS), n)
-            )
+            phases["generic_text"] = Phase("generic", "caption", ints(len(GENERIC_TEXTS)))
             phases["generic_pick"] = Phase(
                 "generic", "caption", lambda rng, n: (rng.random(n) < p).astype(np.int64)
             )
@@ -275,10 +222,10 @@ class SyntheticWorld:
 
     def _generator(self, name: str, role: str, block: tuple[int, ...]) -> np.random.Generator:
         """A role's generator as a draw starts it: the split's (``block == ()``) or a block's."""
-        tag = {"main": _BLOCK if block else 0, "words": _WORDS, "pre": _PRE, "generic": _GENERIC}[
-            role
-        ]
-        return self._stream(name, tag, block)
+        seed = self._split_seeds[name]
+        if role == "main" and not block:
+            return np.random.default_rng(seed)
+        return np.random.default_rng([seed, _TAGS["block" if role == "main" else role], *block])
 
     def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> dict:
         """Images ``start .. start+n_images`` of a split, drawn from the split's streams
@@ -327,13 +274,11 @@ class SyntheticWorld:
 
         image_ids = [f"{name}-img{start + i:06d}" for i in range(n_images)]
         caption_ids = [f"{image_ids[i]}-c{j}" for i in range(n_images) for j in range(n_cap)]
+        words = None
         if cfg.caption_words:
-            opener = draw("opener", len(levels))
-            n_fill = draw("n_fill", len(levels))
-            fill = draw("fill", int(n_fill.sum()))
-            names = compose_word_texts(opener, n_fill, fill, path, cap_image, levels, start)
-        else:
-            names = tag_texts(path, cap_image, levels, start)
+            opener, n_fill = draw("opener", len(levels)), draw("n_fill", len(levels))
+            words = (opener, n_fill, draw("fill", int(n_fill.sum())))
+        names = caption_texts(path, cap_image, levels, start, words)
         if generic is not None:
             for row, caption in zip(np.flatnonzero(generic), generic_texts, strict=True):
                 names[row] = caption
@@ -355,9 +300,8 @@ class SyntheticWorld:
     def _generic_captions(
         self, draw: DrawFn, true_text: np.ndarray, n_captions: int
     ) -> tuple[np.ndarray, list[str]]:
-        """Assumption U: each caption is generic with probability ``generic_captions``; a
-        generic caption's meaning is the hierarchy's root with paraphrase noise, as a dummy
-        prompt's (G). Overwrites those rows of ``true_text``; returns the mask and their texts."""
+        """Assumption U: the generic captions' meanings written into ``true_text`` (the root
+        with paraphrase noise); returns their mask and texts."""
         cfg = self.config
         choice = draw("generic_text", n_captions)
         generic = draw("generic_pick", n_captions).astype(bool)
@@ -367,8 +311,7 @@ class SyntheticWorld:
         return generic, [GENERIC_TEXTS[c] for c in choice[generic]]
 
     def iter_blocks(self, name: str, n_images: int) -> Iterator[dict]:
-        """The split as chunks: one (the whole split) without ``block_images``, else its
-        blocks in order."""
+        """The split whole (without ``block_images``) or block by block."""
         size = self.config.block_images
         if size is None:
             yield self._draw(name, 0, n_images, ())
@@ -383,13 +326,10 @@ class SyntheticWorld:
         shard_images: int = DEFAULT_SHARD_IMAGES,
         window_images: int = WINDOW_IMAGES,
     ) -> Iterator[tuple[int, dict]]:
-        """The split as ``(part, piece)`` pairs in order: the part files of about
-        ``shard_images`` images are runs of pieces, and no piece is larger than a block (with
-        ``block_images``) or a window of about ``window_images`` images (without: the split's
-        one-piece draw, window by window, :mod:`asymvlm.synthetic.stream`). Memory stays that
-        of one piece whatever the size of the split."""
+        """The split as ``(part, piece)`` pairs in order, a piece a block or a window of the
+        one-piece draw (:mod:`asymvlm.synthetic.stream`): memory stays that of one piece."""
         if shard_images < 1:
-            raise ValueError(f"shard_images must be >= 1, got {shard_images}")
+            raise ConfigError(f"shard_images must be >= 1, got {shard_images}")
         size = self.config.block_images
         if size is not None:
             per_part = max(1, shard_images // size)
@@ -420,23 +360,12 @@ class SyntheticWorld:
                 lo = hi
             del window
 
-    def iter_parts(
-        self, name: str, n_images: int, shard_images: int = DEFAULT_SHARD_IMAGES
-    ) -> Iterator[dict]:
-        """The split as part files of about ``shard_images`` images (whole blocks each), built
-        one at a time; their concatenation is :meth:`sample_split`."""
-        for _, pieces in itertools.groupby(
-            self.iter_pieces(name, n_images, shard_images), key=operator.itemgetter(0)
-        ):
-            yield concat_splits([piece for _, piece in pieces])
-
     def sample_split(self, name: str, n_images: int) -> dict:
         """Draw images, objects and captions for one split (deterministic per split name)."""
         return concat_splits(list(self.iter_blocks(name, n_images)))
 
     def _pre_projection(self, draw: DrawFn, split: dict) -> dict[str, np.ndarray]:
-        """Image norms and the pre-projection features of a split (package docstring), drawn
-        from a stream of their own so the rest of the split does not change."""
+        """Image norms and the pre-projection features of a split (assumption P)."""
         cfg = self.config
         image_emb = split["image_embeddings"].astype(np.float64)
         image_norms = cfg.norm_mean * np.exp(
@@ -456,9 +385,8 @@ class SyntheticWorld:
         return out
 
     def write(self, root: str, shard_images: int = DEFAULT_SHARD_IMAGES) -> str:
-        """Write ``ROOT/manifest.json`` and every split, in part files of about
-        ``shard_images`` images each, streamed a piece at a time (:meth:`iter_pieces`, one row
-        group each): memory does not grow with the size of the world; returns ``root``."""
+        """Write ``ROOT/manifest.json`` and every split in part files of about ``shard_images``
+        images, a piece (:meth:`iter_pieces`) per row group; returns ``root``."""
         cfg = self.config
         manifest = {
             "dim": cfg.dim,

@@ -1,27 +1,9 @@
-"""The Ray layer's configs, validated once into typed objects: sweeps, the whole pipeline, Serve.
-
-Every entry point reads its config here (:func:`load_sweep`, :func:`load_pipeline`,
-:func:`load_embed_jobs`, :func:`load_serve`): the YAML, the ``--set`` overrides, ``${VAR}``
-from the environment (never a credential) and the validation of **everything** -- every sweep,
-every embedding job, every evaluation, every input path -- before Ray or any stage starts, so a
-bad value deep in a config fails in seconds as one line naming the file and the key.
-
-Validation is resolution: a validated :class:`SweepConfig` has its output, MLflow store and
-table roots filled and absolute, and builds the typed run of each trial
-(:meth:`SweepConfig.run_spec`, an :class:`asymvlm.protocol.RunSpec`) without validating or
-serialising again; the pipeline fills its sweeps' ``mlflow``, ``storage`` and ``output`` before
-they are validated. The science's own schemas are reused, not repeated:
-:class:`~asymvlm.training.TrainConfig` (a sweep's training keys),
-:class:`~asymvlm.protocol.RunSpec` (its tables and splits),
-:class:`~asymvlm.data.embed.EmbedConfig` (embedding jobs), the evaluation registry's specs
-(:mod:`asymvlm.evaluation.registry`) and the synthetic world's
-:class:`~asymvlm.synthetic.WorldConfig`.
-
-* :mod:`~pipelines.schema.sweep` -- :class:`SweepConfig` and the shared sections;
-* :mod:`~pipelines.schema.pipeline` -- :class:`PipelineConfig`;
-* :mod:`~pipelines.schema.serve` -- :class:`ServeConfig`;
-* :mod:`~pipelines.schema.load` -- the files;
-* :mod:`~pipelines.schema.cluster` -- the checks made once Ray is up.
+"""The Ray layer's configs, validated once into typed objects before Ray or any stage starts:
+sweeps (:mod:`~pipelines.schema.sweep`), the whole pipeline (:mod:`~pipelines.schema.pipeline`),
+Serve (:mod:`~pipelines.schema.serve`), read by :mod:`~pipelines.schema.load`; the checks made
+once Ray is up in :mod:`~pipelines.schema.cluster`. The science's schemas are reused, not
+repeated (``TrainConfig``, ``RunSpec``, ``EmbedConfig``, the evaluation registry's specs,
+``WorldConfig``).
 """
 
 from pipelines.schema.cluster import check_shared_output

@@ -70,14 +70,10 @@ def load_serve(path: str | None, overrides: list[str], checkpoint: str | None) -
 
 
 def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConfig:
-    """The whole pipeline (:class:`PipelineConfig`), validated and resolved -- every stage,
-    every sweep, every embedding job, every input path -- before Ray or any stage starts.
-
-    ``${output}`` in any value is the output folder. Items with ``requires: [hierarcaps]`` get
-    the HierarCaps test set from ``$ASYMVLM_HIERARCAPS``, a copy beside the checkout, the
-    download cache, or a download from its public sources
-    (:func:`asymvlm.data.hierarcaps_fetch.locate_hierarcaps`); without any of these they are
-    left out, with one line saying so."""
+    """The whole pipeline (:class:`PipelineConfig`) validated and resolved, every input path
+    checked, before Ray or any stage starts; ``${output}`` in any value is the output folder.
+    Items with ``requires: [hierarcaps]`` are left out (one line says so) when
+    :func:`~asymvlm.data.hierarcaps_fetch.locate_hierarcaps` finds no HierarCaps."""
     doc = _document(path, overrides)
     available = {}
     if "hierarcaps" in required_data(doc):
@@ -113,10 +109,8 @@ def _produced(cfg: PipelineConfig) -> list[str]:
 
 
 def check_inputs(cfg: PipelineConfig, source: str) -> None:
-    """Every local input path exists, or is written by an earlier stage of this pipeline; every
-    embedding model that is not a local folder can be had (:func:`asymvlm.data.embed.
-    check_model`: a Hugging Face Hub id or an open_clip name, told apart from a folder by
-    :func:`asymvlm.data.encoder.local_source`)."""
+    """Every local input path exists or is written by an earlier stage of this pipeline; every
+    embedding model that is not a local folder can be had (a Hub id or an open_clip name)."""
     from asymvlm.data.embed import check_model
     from asymvlm.data.encoder import local_source
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Mapping
-from dataclasses import fields, replace
+from dataclasses import fields
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
@@ -64,8 +64,7 @@ Evaluation = Annotated[
 # -- prepare ------------------------------------------------------------------------------------
 class SyntheticClasses(StrictModel):
     """``prepare.synthetic.classes``: the classification sets written next to the world
-    (:class:`asymvlm.synthetic.ClassificationSpec`): ``ROOT-positives``, ``ROOT-negatives`` and,
-    for a world with two domains, ``ROOT-zeroshot`` (split ``test``)."""
+    (:class:`asymvlm.synthetic.ClassificationSpec`)."""
 
     level: Annotated[int, Field(ge=0)] = Field(1, description="the concept level of the classes")
     n_classes: PositiveInt | None = Field(
@@ -80,41 +79,27 @@ class SyntheticClasses(StrictModel):
 
 
 class SyntheticPrepare(StrictModel):
-    """``prepare.synthetic``: the synthetic world's output and its WorldConfig knobs.
-
-    ``preset`` names a world (:data:`asymvlm.synthetic.PRESETS`); the sizes and knobs given
-    beside it override the preset's. Without a preset the sizes default to 8000/1000/1000
-    images and the knobs to :class:`~asymvlm.synthetic.WorldConfig`'s. ``classes`` (``true``
-    or the keys of :class:`SyntheticClasses`) also writes the classification sets."""
+    """``prepare.synthetic``: the synthetic world's output, a preset and the
+    :class:`~asymvlm.synthetic.WorldConfig` knobs that override it."""
 
     model_config = ConfigDict(extra="allow")
     output: Absolute = Field(description="the world's table root")
     preset: Literal["demo", "coco"] | None = Field(
-        None,
-        description="a named world (asymvlm.synthetic.PRESETS); any WorldConfig knob "
-        "given beside it (e.g. dim, misalignment) overrides the preset's",
+        None, description="a named world; any WorldConfig knob given beside it overrides it"
     )
     train_images: PositiveInt | None = Field(None, description="images of the train split")
-    val_images: Annotated[int, Field(ge=0)] | None = Field(
-        None, description="images of the val split (0: none)"
-    )
-    test_images: Annotated[int, Field(ge=0)] | None = Field(
-        None, description="images of the test split (0: none)"
-    )
+    val_images: Annotated[int, Field(ge=0)] | None = Field(None, description="0: no val split")
+    test_images: Annotated[int, Field(ge=0)] | None = Field(None, description="0: no test split")
     classes: SyntheticClasses | None = Field(
         None,
         description="true (every default) or the keys below: also write the "
-        "classification sets (ROOT-positives, ROOT-negatives, ROOT-zeroshot, "
-        "ROOT-far-negatives)",
+        "classification sets (ROOT-positives, -negatives, -zeroshot, -far-negatives)",
     )
 
     @field_validator("classes", mode="before")
     @classmethod
     def _classes_flag(cls, value: Any) -> Any:
-        """``classes: true`` is every default of :class:`SyntheticClasses`; ``false``: none."""
-        if value is True:
-            return {}
-        return None if value is False else value
+        return {} if value is True else None if value is False else value
 
     @model_validator(mode="after")
     def _world_keys(self) -> SyntheticPrepare:
@@ -124,49 +109,40 @@ class SyntheticPrepare(StrictModel):
         for key in self.model_extra or {}:
             if key not in known:
                 hint = difflib.get_close_matches(key, known + list(type(self).model_fields), 1)
-                tip = f" (did you mean {hint[0]!r}?)" if hint else ""
-                raise ValueError(f"unknown key {key!r}{tip}")
+                raise ValueError(
+                    f"unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                )
         self.world_config()  # every knob's value is checked here, not when the stage runs
         return self
 
     def world_config(self) -> Any:
         """The :class:`~asymvlm.synthetic.WorldConfig` this section describes."""
-        from asymvlm.synthetic import PRESETS, WorldConfig
+        from asymvlm.synthetic import WorldConfig
 
-        base = PRESETS[self.preset] if self.preset else WorldConfig()
-        splits = dict(base.splits) if self.preset else {"train": 8000, "val": 1000, "test": 1000}
-        for split in ("train", "val", "test"):
-            given = getattr(self, f"{split}_images")
-            if given is not None:
-                splits[split] = given
+        sizes = {split: getattr(self, f"{split}_images") for split in ("train", "val", "test")}
         try:
-            return replace(base, splits=splits, **(self.model_extra or {}))
+            return WorldConfig.preset(self.preset, sizes, **(self.model_extra or {}))
         except (TypeError, ValueError) as err:  # a knob's value out of range or of a bad type
             raise ValueError(f"world knobs: {err}") from None
 
     def classification_spec(self) -> Any:
         """The :class:`~asymvlm.synthetic.ClassificationSpec` of ``classes`` (None: no sets)."""
-        if self.classes is None:
-            return None
         from asymvlm.synthetic import ClassificationSpec
 
+        if self.classes is None:
+            return None
         keys = self.classes.model_dump(exclude_none=True)
         if "templates" in keys:
             keys["templates"] = tuple(keys["templates"])
         return ClassificationSpec(**keys)
 
     def class_set_roots(self) -> dict[str, str]:
-        """Role -> table root of the classification sets this section writes (``{}``: none;
-        :func:`asymvlm.synthetic.classification_roles`: the zero-shot set for a world with two
-        domains, the far negatives where the world has concepts unrelated to every class)."""
-        spec = self.classification_spec()
-        if spec is None:
-            return {}
+        """Role -> table root of the classification sets this section writes (``{}``: none)."""
         from asymvlm.synthetic import classification_roles
 
-        roles = classification_roles(self.world_config(), spec)
-        base = self.output.rstrip("/")
-        return {role: f"{base}-{role}" for role in roles}
+        spec = self.classification_spec()
+        roles = classification_roles(self.world_config(), spec) if spec else ()
+        return {role: f"{self.output.rstrip('/')}-{role}" for role in roles}
 
 
 class HierarCapsCifarPrepare(StrictModel):
