@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     from asymvlm import Scorer, logs
-    from asymvlm.config import ServeConfig
-    from pipelines.serve import deploy
+    from pipelines.schema import ServeConfig
+    from pipelines.serving import deploy
 
     logs.configure(verbose=False)
     # stdout carries the JSON alone: Ray prints some of its workers' messages (Serve's
