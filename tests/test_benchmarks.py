@@ -59,7 +59,7 @@ def test_benchmark_smoke_run(name: str, small_world: str, tmp_path) -> None:
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={**env, "TMPDIR": str(tmp_path)},
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result, _ = json.JSONDecoder().raw_decode(done.stdout[done.stdout.index("{") :])
