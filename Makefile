@@ -1,7 +1,7 @@
 # The two front-door commands: `make demo` (set up + main job) and `make test`.
 PY := .venv/bin/python
 
-.PHONY: setup demo quick-demo test lint bench docs
+.PHONY: setup demo quick-demo test coverage lint bench docs
 setup:
 	bash scripts/setup.sh
 
@@ -13,10 +13,19 @@ demo: setup
 quick-demo: setup
 	$(PY) -m asymvlm.demo
 
-# The import contracts (pyproject.toml [tool.importlinter]) first: a broken layer fails at once.
+# The import contracts (pyproject.toml [tool.importlinter]) first: a broken layer fails at once;
+# then formatting and lint; then the suite on two workers, a test file per worker (its
+# module-scoped runs made once; tests/multinode's fixed ports used by one worker at a time).
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
 test: setup
 	.venv/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+	$(PYTEST)
+
+# The suite with coverage of asymvlm/ and pipelines/ (subprocesses included).
+coverage: setup
+	$(PYTEST) --cov --cov-report=term-missing:skip-covered
 
 # The documentation site into site/ (the references are generated from the code); the tests
 # build it too. `.venv/bin/mkdocs serve` previews it.
@@ -24,6 +33,7 @@ docs: setup
 	.venv/bin/mkdocs build --strict
 
 lint:
+	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	.venv/bin/lint-imports
 

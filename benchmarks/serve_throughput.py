@@ -132,13 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     from asymvlm import Scorer, logs
-    from asymvlm.config import ServeConfig
-    from pipelines.serve import deploy
+    from pipelines.schema import ServeConfig
+    from pipelines.serving import deploy
+    from pipelines.session import RaySession
 
     logs.configure(verbose=False)
     # stdout carries the JSON alone: Ray prints some of its workers' messages (Serve's
     # shutdown) to the driver's stdout, so everything else goes to stderr meanwhile.
     stdout, sys.stdout = sys.stdout, sys.stderr
+    RaySession().require()  # left running: the script ends with the process
     scratch = tempfile.mkdtemp(prefix="serve-throughput-")
     try:
         checkpoint = args.checkpoint or _untrained_checkpoint(scratch)

@@ -47,33 +47,38 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.fixture
-def s3_server(monkeypatch):
-    """A local S3-compatible server (moto's server mode) on 127.0.0.1."""
+@pytest.fixture(scope="session")
+def _moto_endpoint():
+    """One local S3-compatible server (moto's server mode) on 127.0.0.1 per test process."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_server(_moto_endpoint, monkeypatch):
+    """The local S3 server, emptied, with its endpoint and test credentials in the environment."""
     import urllib.request
 
-    # Moto servers in one process share their buckets: start every test from an empty store.
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"))
+    import s3fs
+
+    reset = urllib.request.Request(f"{_moto_endpoint}/moto-api/reset", method="POST")
+    urllib.request.urlopen(reset).close()
     for key, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ENDPOINT_URL": _moto_endpoint,
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-    import s3fs
-
     s3fs.S3FileSystem.clear_instance_cache()
-    yield endpoint
+    yield _moto_endpoint
     s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
 
 
 @pytest.fixture
