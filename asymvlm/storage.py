@@ -28,6 +28,32 @@ import pyarrow.fs as pafs
 
 from asymvlm.errors import AsymVLMError, LockError
 
+__all__ = [
+    "OutputLock",
+    "StorageError",
+    "absolute",
+    "atomic_path",
+    "attempts",
+    "display",
+    "exists",
+    "filesystem",
+    "fsspec_filesystem",
+    "is_remote",
+    "join",
+    "list_names",
+    "named_failures",
+    "ray_storage",
+    "read_bytes",
+    "read_json",
+    "read_text",
+    "upload_dir",
+    "uri_join",
+    "uri_of",
+    "write_bytes",
+    "write_json",
+    "write_text",
+]
+
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = "_LOCK"

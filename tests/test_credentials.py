@@ -60,7 +60,11 @@ def test_trial_actors_carry_no_runtime_env(monkeypatch) -> None:
     from pipelines.session import keep_credentials_on_nodes
 
     monkeypatch.setattr(class_cache, "DEFAULT_ENV_VARS", {"PL_DISABLE_FORK": "1"})
-    monkeypatch.setattr(class_cache, "ENV_VARS_TO_PROPAGATE", class_cache.ENV_VARS_TO_PROPAGATE)
+    monkeypatch.setattr(  # Tune's default (another test file may have applied the function)
+        class_cache,
+        "ENV_VARS_TO_PROPAGATE",
+        frozenset(class_cache.ENV_VARS_TO_PROPAGATE) | {"AWS_SECRET_ACCESS_KEY"},
+    )
     for name in class_cache.ENV_VARS_TO_PROPAGATE:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-trials")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -166,7 +167,8 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     from asymvlm.report import build_report
 
     report = open(build_report(out["tracking_uri"], "ci-sweep", str(tmp_path / "report"))).read()
-    assert "Table 1 analogue" in report and "| asymvlm-vmf | 2 |" in report
+    assert "Table 1 analogue" in report
+    assert re.search(r"\|\s*asymvlm-vmf\s*\|\s*2\s*\|", report)  # two seeds
     assert len(list((tmp_path / "report").glob("fig3_*.png"))) == 1
 
     # The seed adapters come back from MLflow for the evaluations (here: the world's levels).

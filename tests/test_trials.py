@@ -295,7 +295,7 @@ def test_a_trainer_state_is_read_on_the_cpu_whatever_the_device(world, tmp_path)
     trainer.epoch = 1  # (the state of a run stopped after its first epoch)
     with checkpoint_folder(trainer, history) as folder:  # what a Ray run reports
         state = read_run_state(folder)
-    assert state.trainer["rng"]["torch"].device.type == "cpu"
+    assert state.trainer["torch_rng"].device.type == "cpu"
     assert {t.device.type for t in state.trainer["method"].values()} == {"cpu"}
     assert state.history == history
     torch.manual_seed(1)

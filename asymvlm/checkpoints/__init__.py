@@ -2,9 +2,9 @@
 (:mod:`.resume`), where an adapter comes from (:mod:`.sources`: a folder, an MLflow model,
 ``hf-hub:ORG/REPO[@REVISION]``) and its export as a Hugging Face model folder (:mod:`.export`)."""
 
-from asymvlm.checkpoints.card import model_card  # noqa: F401
-from asymvlm.checkpoints.export import EXPORT_FILES, export_adapter  # noqa: F401
-from asymvlm.checkpoints.folder import (  # noqa: F401
+from asymvlm.checkpoints.card import model_card
+from asymvlm.checkpoints.export import EXPORT_FILES, export_adapter
+from asymvlm.checkpoints.folder import (
     ADAPTER_FILES,
     CARD_FILE,
     CHECKPOINT_FILES,
@@ -34,13 +34,13 @@ from asymvlm.checkpoints.folder import (  # noqa: F401
     save_pack_checkpoint,
     save_run_checkpoint,
 )
-from asymvlm.checkpoints.resume import (  # noqa: F401
+from asymvlm.checkpoints.resume import (
     RESUME_MAY_DIFFER,
     check_output,
     check_resumable,
     checkpoint_to_resume,
 )
-from asymvlm.checkpoints.sources import (  # noqa: F401
+from asymvlm.checkpoints.sources import (
     HUB_PREFIX,
     check_model_folder,
     is_hub_name,
@@ -48,3 +48,47 @@ from asymvlm.checkpoints.sources import (  # noqa: F401
     parse_hub_name,
     resolve_checkpoint,
 )
+
+__all__ = [
+    "ADAPTER_FILES",
+    "CARD_FILE",
+    "CHECKPOINT_FILES",
+    "CONFIG_FILE",
+    "EXPORT_FILES",
+    "EXPORT_FORMAT",
+    "HASHES_KEY",
+    "HISTORY_FILE",
+    "HUB_PREFIX",
+    "MEMBER_FOLDER",
+    "PACK_STATE_FILE",
+    "RESUME_MAY_DIFFER",
+    "RunState",
+    "TRAINER_FILE",
+    "WEIGHTS_FILE",
+    "check_hashes",
+    "check_model_folder",
+    "check_output",
+    "check_resumable",
+    "checkpoint_to_resume",
+    "copy_adapter",
+    "discard_checkpoint",
+    "export_adapter",
+    "file_sha256",
+    "is_hub_name",
+    "is_model_uri",
+    "load_checkpoint",
+    "member_folder",
+    "model_card",
+    "parse_hub_name",
+    "provenance",
+    "publish_folder",
+    "read_checkpoint_meta",
+    "read_history",
+    "read_pack_state",
+    "read_run_state",
+    "recover_checkpoint",
+    "resolve_checkpoint",
+    "save_checkpoint",
+    "save_pack_checkpoint",
+    "save_run_checkpoint",
+]

@@ -19,6 +19,16 @@ from asymvlm.checkpoints.folder import (
 )
 from asymvlm.errors import CheckpointError
 
+__all__ = [
+    "HUB_PREFIX",
+    "MLFLOW_SCHEMES",
+    "check_model_folder",
+    "is_hub_name",
+    "is_model_uri",
+    "parse_hub_name",
+    "resolve_checkpoint",
+]
+
 #: Prefixes of MLflow model URIs.
 MLFLOW_SCHEMES = ("runs:/", "models:/", "mlflow-artifacts:/")
 #: The prefix of a model folder on the Hugging Face Hub: ``hf-hub:ORG/REPO[@REVISION]``.

@@ -20,6 +20,20 @@ from asymvlm.methods import Method
 from asymvlm.methods.base import unit
 from asymvlm.tables import TableError
 
+__all__ = [
+    "ClassPrompts",
+    "TEMPLATE_AGGREGATIONS",
+    "aggregation_note",
+    "check_aggregation",
+    "class_scores",
+    "log_mean_exp_over_prompts",
+    "mean_over_prompts",
+    "none_of_the_above",
+    "prompt_ensemble",
+    "rejection_baselines",
+    "zero_shot_accuracy",
+]
+
 #: How the log-likelihoods of a class's prompts combine into its score (module docstring).
 TEMPLATE_AGGREGATIONS = ("mean", "logmeanexp")
 

@@ -13,6 +13,14 @@ import json
 from collections.abc import Sequence
 from importlib.resources import files
 
+__all__ = [
+    "GENERIC_TEMPLATES",
+    "IMAGENET_CLASSES",
+    "TEMPLATES",
+    "imagenet_class_names",
+    "templates_for",
+]
+
 _DATA = files(__name__)
 _LISTS: dict[str, list[str]] = json.loads(_DATA.joinpath("templates.json").read_text("utf-8"))
 
