@@ -124,29 +124,27 @@ GENERIC_CAPTION_SHARE = 0.004
 #: Named worlds: ``demo`` (the offline demo's, d = 32) and ``coco`` (MS-COCO's size at CLIP
 #: ViT-B/32's width, written in blocks), both in the forgetting regime F with word captions,
 #: the COCO-like level mix, generic training captions and two domains.
+_REGIME_F = dict(
+    caption_words=True,
+    finetune_roots=4,
+    domain_misalignment=0.5,
+    level_probs=COCO_LEVEL_PROBS,
+    misalignment=0.0,
+    generic_captions=GENERIC_CAPTION_SHARE,
+)
 PRESETS: dict[str, WorldConfig] = {
     "demo": WorldConfig(
         dim=32,
         captions_per_image=4,
         splits={"train": 1500, "val": 300, "test": 300},
         block_images=512,
-        caption_words=True,
-        finetune_roots=4,
-        domain_misalignment=0.5,
-        level_probs=COCO_LEVEL_PROBS,
-        misalignment=0.0,
-        generic_captions=GENERIC_CAPTION_SHARE,
+        **_REGIME_F,
     ),
     "coco": WorldConfig(
         dim=512,
         captions_per_image=5,
         splits={"train": 118_287, "val": 5000, "test": 5000},
         block_images=2048,
-        caption_words=True,
-        finetune_roots=4,
-        domain_misalignment=0.5,
-        level_probs=COCO_LEVEL_PROBS,
-        misalignment=0.0,
-        generic_captions=GENERIC_CAPTION_SHARE,
+        **_REGIME_F,
     ),
 }
