@@ -1,28 +1,23 @@
-"""What every reader shares: schemas, errors, file reading, JSON records, table builders and the
-``id_list`` / ``sample`` selection.
-"""
+"""What every reader shares: the table schemas, errors naming the file and line or key, the
+request and the ``id_list`` / ``sample`` selection."""
 
 from __future__ import annotations
 
-import os
 import posixpath
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import AfterValidator, StrictInt, StrictStr, TypeAdapter, ValidationError
 
-from asymvlm.data.templates import GENERIC_TEMPLATES
+from asymvlm import storage
 from asymvlm.errors import AsymVLMError
-from asymvlm.storage import fsspec_filesystem, uri_join
 
-#: Templates of data sets without their own list (:func:`asymvlm.data.templates.templates_for`).
-DEFAULT_TEMPLATES: tuple[str, ...] = GENERIC_TEMPLATES
 T = TypeVar("T")
+join_url = storage.uri_join
 
 IMAGE_SCHEMA = pa.schema(
     [
@@ -48,13 +43,12 @@ PROMPT_SCHEMA = pa.schema(
 
 
 class SourceError(AsymVLMError, ValueError):
-    """A malformed annotation file; the message names the file and the line or JSON key path."""
+    """A malformed annotation file; the message names the file and the line, row or key."""
 
 
 @dataclass
 class SourceData:
-    """What a reader returns; see the package docstring (:mod:`asymvlm.data.sources`) for the
-    columns."""
+    """What a reader returns (columns: docs/data.md)."""
 
     images: pa.Table
     captions: pa.Table
@@ -62,18 +56,12 @@ class SourceData:
     description: dict[str, Any] = field(default_factory=dict)
 
 
-# -- file systems ------------------------------------------------------------------------------
-open_fs = fsspec_filesystem  # the storage layer's resolver (s3 honours AWS_ENDPOINT_URL)
-join_url = uri_join
-
-
+# -- reading -----------------------------------------------------------------------------------
 def read_bytes(url: str) -> bytes:
-    fs, path = open_fs(url)
-    try:
-        with fs.open(path, "rb") as f:
-            return f.read()
-    except IsADirectoryError:
-        raise SourceError(f"{url}: a folder; this reads a file (give the file in it)") from None
+    raw = storage.read_bytes(url)
+    if raw is None:
+        raise SourceError(f"{url}: no such file")
+    return raw
 
 
 def read_text(url: str) -> str:
@@ -85,39 +73,17 @@ def read_text(url: str) -> str:
         raise SourceError(f"{url}: line {line}: not UTF-8 ({e.reason})") from None
 
 
-def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line) for the non-blank lines (only \\n ends a line)."""
-    for number, line in enumerate(text.split("\n"), 1):
-        line = line.rstrip("\r")
+def numbered_lines(url: str) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line) of the non-blank lines of the text file at ``url``."""
+    for number, line in enumerate(read_text(url).split("\n"), 1):
         if line.strip():
-            yield number, line
-
-
-def parent_url(url: str) -> str:
-    head, _, _ = url.rstrip("/").rpartition("/")
-    return head or "."
-
-
-def is_absolute(path: str) -> bool:
-    return "://" in path or path.startswith("/")
+            yield number, line.rstrip("\r")
 
 
 def stem(name: str) -> str:
     return posixpath.splitext(posixpath.basename(name))[0]
 
 
-def with_protocol(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
-    """A listed path in the form of the URL it came from (plain path stays plain)."""
-    return fs.unstrip_protocol(path) if "://" in like else path
-
-
-def require(value: str | None, name: str, dataset: str) -> str:
-    if value is None:
-        raise ValueError(f"{dataset}: needs {name}=")
-    return os.fspath(value)
-
-
-# -- JSON records (pydantic) ------------------------------------------------------------------
 #: A JSON id (integer or string, not a boolean), read as a string.
 Ident = Annotated[StrictInt | StrictStr, AfterValidator(str)]
 
@@ -129,151 +95,95 @@ def parse_json(url: str, adapter: TypeAdapter[T]) -> T:
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in first["loc"])
-        raise SourceError(
-            f"{url}: {where.lstrip('.') + ': ' if where else ''}{first['msg']}"
-        ) from None
+        where = where.lstrip(".") + ": " if where else ""
+        raise SourceError(f"{url}: {where}{first['msg']}") from None
 
 
-# -- table builders ----------------------------------------------------------------------------
+def first_duplicate(url: str, ids: Sequence[str], where: Sequence[str], what: str) -> None:
+    """A :class:`SourceError` at the second place an id occurs."""
+    seen: dict[str, str] = {}
+    for i, at in zip(ids, where, strict=True):
+        if i in seen:
+            raise SourceError(f"{url}: {at}: duplicate {what} {i} (also {seen[i]})")
+        seen[i] = at
+
+
+# -- tables ------------------------------------------------------------------------------------
 def images_table(image_id: Sequence[str], **columns: Any) -> pa.Table:
-    n = len(image_id)
-    arrays = [pa.array(image_id, pa.string())]
-    for f in list(IMAGE_SCHEMA)[1:]:
-        values = columns.pop(f.name, None)
-        arrays.append(pa.nulls(n, f.type) if values is None else pa.array(values, f.type))
-    if columns:
-        raise TypeError(f"unknown image columns {sorted(columns)}")
-    return pa.Table.from_arrays(arrays, schema=IMAGE_SCHEMA)
+    arrays = {f.name: pa.nulls(len(image_id), f.type) for f in IMAGE_SCHEMA}
+    arrays["image_id"] = pa.array(image_id, pa.string())
+    arrays.update(
+        {k: pa.array(v, IMAGE_SCHEMA.field(k).type) for k, v in columns.items() if v is not None}
+    )
+    return pa.table(arrays, schema=IMAGE_SCHEMA)
 
 
 def captions_table(
-    caption_id: Sequence[str],
-    image_id: Sequence[str],
-    text: Sequence[str],
-    extra: dict[str, pa.Array] | None = None,
+    caption_id: Sequence[str], image_id: Sequence[str], text: Sequence[str], **extra: pa.Array
 ) -> pa.Table:
-    table = pa.Table.from_arrays(
-        [
-            pa.array(caption_id, pa.string()),
-            pa.array(image_id, pa.string()),
-            pa.array(text, pa.string()),
-        ],
-        schema=CAPTION_SCHEMA,
-    )
-    for name, values in (extra or {}).items():
+    table = pa.table([caption_id, image_id, text], schema=CAPTION_SCHEMA)
+    for name, values in extra.items():
         table = table.append_column(name, values)
     return table
 
 
 def prompts_table(names: Sequence[str], templates: Sequence[str]) -> pa.Table:
     rows = [
-        (k, name, t, t.format(name.replace("_", " ")))
-        for k, name in enumerate(names)
+        {"class_index": k, "class_name": n, "template": t, "text": t.format(n.replace("_", " "))}
+        for k, n in enumerate(names)
         for t in templates
     ]
-    return pa.Table.from_arrays(
-        [pa.array([r[i] for r in rows], f.type) for i, f in enumerate(PROMPT_SCHEMA)],
-        schema=PROMPT_SCHEMA,
-    )
+    return pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA)
 
 
-def empty_captions() -> pa.Table:
-    return captions_table([], [], [])
-
-
-# -- selection ---------------------------------------------------------------------------------
-class Selector:
-    """``id_list`` restriction, then a seeded sample; decided once, on the first id list seen."""
-
-    def __init__(self, sample: int | None, seed: int, id_list: str | None):
-        if sample is not None and sample < 0:
-            raise ValueError(f"sample must be >= 0, got {sample}")
-        self.sample, self.seed, self.id_list = sample, seed, id_list
-        self.chosen: pa.Array | None = None  # sorted selected ids
-
-    @property
-    def active(self) -> bool:
-        return self.sample is not None or self.id_list is not None
-
-    def mask(self, ids: pa.Array | pa.ChunkedArray) -> pa.Array | None:
-        """Boolean mask of the selected ``ids``, or None when everything is kept."""
-        if not self.active:
-            return None
-        if self.chosen is None:
-            self.chosen = self._resolve(ids)
-        return pc.is_in(ids, value_set=self.chosen)
-
-    def _resolve(self, ids: pa.Array | pa.ChunkedArray) -> pa.Array:
-        pool = pc.unique(ids)
-        if isinstance(pool, pa.ChunkedArray):
-            pool = pool.combine_chunks()
-        pool = pool.take(pc.sort_indices(pool))
-        if self.id_list is not None:
-            numbers, wanted = [], []
-            for number, line in numbered_lines(read_text(self.id_list)):
-                numbers.append(number)
-                wanted.append(line.strip())
-            known = pc.is_in(pa.array(wanted, pa.string()), value_set=pool).to_numpy(
-                zero_copy_only=False
-            )
-            if not known.all():
-                k = int(np.flatnonzero(~known)[0])
-                raise SourceError(
-                    f"{self.id_list}: line {numbers[k]}: unknown id {wanted[k]!r} "
-                    f"(not among the {len(pool)} ids of the data set)"
-                )
-            pool = pa.array(sorted(set(wanted)), pa.string())
-        if self.sample is not None:
-            if self.sample > len(pool):
-                raise SourceError(f"sample={self.sample} but only {len(pool)} ids are available")
-            picked = np.random.default_rng(self.seed).choice(
-                len(pool), size=self.sample, replace=False
-            )
-            pool = pool.take(pa.array(np.sort(picked)))
-        return pool
-
-
-@dataclass(frozen=True)
+# -- request and selection ---------------------------------------------------------------------
+@dataclass
 class Request:
     dataset: str
     annotations: str | None
     images: str | None
     split: str
     templates: tuple[str, ...]
-    select: Selector
+    sample: int | None = None
+    seed: int = 0
+    id_list: str | None = None
+    chosen: pa.Array | None = None  # the selected ids, sorted, once decided
 
     def need(self, name: str) -> str:
-        return require(getattr(self, name), name, self.dataset)
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"{self.dataset}: needs {name}=")
+        return value
 
     def root(self) -> str:
         """The data folder of a pixel set: ``images``, else ``annotations``."""
-        value = self.images if self.images is not None else self.annotations
-        return require(value, "images", self.dataset)
+        return self.images or self.need("annotations")
 
     def selected(self, ids: Sequence[str]) -> np.ndarray:
-        """Indices of ``ids`` that survive the selection (to skip work on the others)."""
-        mask = self.select.mask(pa.array(ids, pa.string()))
-        if mask is None:
+        """Indices of ``ids`` kept by ``id_list`` then a seeded ``sample`` (decided once, on the
+        first ids seen; to skip work on the others)."""
+        if self.sample is None and self.id_list is None:
             return np.arange(len(ids))
+        if self.chosen is None:
+            self.chosen = pa.array(_choose(ids, self.sample, self.seed, self.id_list), pa.string())
+        mask = pc.is_in(pa.array(ids, pa.string()), value_set=self.chosen)
         return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
 
 
-# -- format by file extension ------------------------------------------------------------------
-def by_extension(url: str, table: dict[str, Callable], default: Callable | None = None):
-    lower = url.lower().rstrip("/")
-    for ext, fn in table.items():
-        if lower.endswith(ext):
-            return fn
-    if default is None:
-        raise SourceError(f"{url}: cannot tell the format (expected one of {sorted(table)})")
-    return default
-
-
-# -- checks of a reader's output ---------------------------------------------------------------
-def check_unique(table: pa.Table, column: str, dataset: str) -> None:
-    values = table[column]
-    if len(pc.unique(values)) == len(values):
-        return
-    counts = pc.value_counts(values)
-    dup = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")[0]
-    raise SourceError(f"{dataset}: duplicate {column} {dup.as_py()!r}")
+def _choose(ids: Sequence[str], sample: int | None, seed: int, id_list: str | None) -> list[str]:
+    pool = sorted(set(ids))
+    if id_list is not None:
+        known = set(pool)
+        for number, line in numbered_lines(id_list):
+            if line.strip() not in known:
+                raise SourceError(
+                    f"{id_list}: line {number}: unknown id {line.strip()!r} "
+                    f"(not among the {len(pool)} ids of the data set)"
+                )
+        pool = sorted({line.strip() for _, line in numbered_lines(id_list)})
+    if sample is not None:
+        if sample > len(pool):
+            raise SourceError(f"sample={sample} but only {len(pool)} ids are available")
+        picked = np.random.default_rng(seed).choice(len(pool), size=sample, replace=False)
+        pool = [pool[i] for i in np.sort(picked)]
+    return pool

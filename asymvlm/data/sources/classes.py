@@ -1,0 +1,294 @@
+"""Classification readers (images + labels + zero-shot prompts): ImageNet folders, CIFAR, STL-10.
+
+* ``imagenet``: ``images`` = a folder of class folders (sorted names = class index), image_id =
+  the path relative to it; optional ``annotations`` maps folder -> class name (``LOC_synset_
+  mapping.txt`` / ``words.txt`` lines, first comma-separated name, or JSON ``{folder: name}`` /
+  Keras ``{"0": [wnid, name]}``); without it ILSVRC-2012 synsets get CLIP's curated names.
+* ``cifar10`` / ``cifar100``: the python pickle batches (``images`` or ``annotations`` = the
+  ``cifar-10-batches-py`` / ``cifar-100-python`` folder or its parent), split train/test,
+  read by a restricted unpickler; image_id = f"cifar10-{split}-{index:05d}"; PNG bytes + label
+  (fine labels for CIFAR-100).
+* ``stl10``: ``stl10_binary`` (or its parent); split train/test/unlabeled; labels 0-based.
+"""
+
+from __future__ import annotations
+
+import codecs
+import importlib
+import io
+import pickle
+import posixpath
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+from pydantic import StrictStr, TypeAdapter
+
+from asymvlm import storage
+from asymvlm.data.templates import imagenet_class_names
+
+from .common import (
+    Request,
+    SourceData,
+    SourceError,
+    captions_table,
+    images_table,
+    join_url,
+    numbered_lines,
+    parse_json,
+    prompts_table,
+    read_bytes,
+)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+_MAPPING = TypeAdapter(dict[str, StrictStr | tuple[StrictStr, StrictStr]])
+
+
+def _classified(
+    req: Request, ids: list[str], labels: Any, classes: list[str], desc: dict, **columns: Any
+) -> SourceData:
+    return SourceData(
+        images_table(ids, label=labels, **columns),
+        captions_table([], [], []),
+        prompts_table(classes, req.templates),
+        description={**desc, "classes": classes, "templates": list(req.templates)},
+    )
+
+
+# -- ImageNet-style folders --------------------------------------------------------------------
+def _class_mapping(url: str) -> dict[str, str]:
+    """Folder name -> human class name, from a text or JSON mapping file."""
+    if url.lower().endswith(".json"):  # {folder: name} or Keras {"0": [folder, name]}
+        doc = parse_json(url, _MAPPING)
+        return dict(v if isinstance(v, tuple) else (k, v) for k, v in doc.items())
+    mapping = {}
+    for number, line in numbered_lines(url):
+        parts = line.strip().split("\t" if "\t" in line else None, 1)
+        if len(parts) != 2 or not parts[1].strip():
+            raise SourceError(f"{url}: line {number}: expected 'folder name', got {line[:80]!r}")
+        mapping[parts[0].strip()] = parts[1].split(",")[0].strip()
+    return mapping
+
+
+def read_imagenet(req: Request) -> SourceData:
+    root_url = req.need("images")
+    fs, root = storage.fsspec_filesystem(root_url)
+    root = root.rstrip("/")
+    folders = sorted(
+        name
+        for e in fs.ls(root, detail=True)
+        if e["type"] == "directory"
+        and not (name := posixpath.basename(e["name"].rstrip("/"))).startswith(".")
+    )
+    if not folders:
+        raise SourceError(f"{root_url}: no class folders")
+    index = {f: k for k, f in enumerate(folders)}
+    found = [p[len(root) + 1 :] for p in sorted(fs.find(root))]
+    ids = [
+        rel
+        for rel in found
+        if rel.partition("/")[0] in index
+        and rel.partition("/")[2]
+        and rel.lower().endswith(IMAGE_EXTENSIONS)
+    ]
+    names = imagenet_class_names(folders) or folders
+    if req.annotations is not None:
+        mapping = _class_mapping(req.annotations)
+        missing = [f for f in folders if f not in mapping]
+        if missing:
+            raise SourceError(f"{req.annotations}: no class name for folder {missing[0]!r}")
+        names = [mapping[f] for f in folders]
+    return _classified(
+        req,
+        ids,
+        [index[rel.partition("/")[0]] for rel in ids],
+        names,
+        {"format": "image-folders", "folders": folders},
+        path=[join_url(root_url, rel) for rel in ids],
+    )
+
+
+# -- pixels in the annotation files ------------------------------------------------------------
+_NUMPY_CORE = "numpy._core" if int(np.__version__.split(".")[0]) >= 2 else "numpy.core"
+_NUMPY_PICKLE_NAMES = {("multiarray", "_reconstruct"), ("multiarray", "scalar")}
+_NUMPY_PICKLE_NAMES |= {("numeric", "_frombuffer")}
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Unpickles plain containers and numpy arrays only (no arbitrary code from a data file)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        package, _, sub = module.rpartition(".")
+        if module == "numpy" and name in ("ndarray", "dtype"):
+            return getattr(np, name)
+        if (module, name) == ("_codecs", "encode"):  # bytes in protocol-2 pickles from Python 3
+            return codecs.encode
+        if package in ("numpy.core", "numpy._core") and (sub, name) in _NUMPY_PICKLE_NAMES:
+            return getattr(importlib.import_module(f"{_NUMPY_CORE}.{sub}"), name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _unpickle(url: str, *keys: str) -> list[Any]:
+    """The values of ``keys`` in the pickled dict at ``url``."""
+    try:
+        obj = _SafeUnpickler(io.BytesIO(read_bytes(url)), encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
+        raise SourceError(f"{url}: not a CIFAR pickle ({e})") from None
+    if not isinstance(obj, dict):
+        raise SourceError(f"{url}: expected a pickled dict, got {type(obj).__name__}")
+    missing = [k for k in keys if k.encode() not in obj]
+    if missing:
+        raise SourceError(f"{url}: missing key b{missing[0]!r}")
+    return [obj[k.encode()] for k in keys]
+
+
+def _png(hwc: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(hwc)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _check_labels(y: np.ndarray, n: int, lowest: int, classes: list[str], where: str) -> None:
+    if len(y) != n:
+        raise SourceError(f"{where}: {len(y)} labels for {n} images")
+    bad = np.flatnonzero((y < lowest) | (y >= lowest + len(classes)))
+    if len(bad):
+        raise SourceError(
+            f"{where}[{bad[0]}] = {y[bad[0]]} outside {lowest}..{lowest + len(classes) - 1}"
+        )
+
+
+def _pixel_set(
+    req: Request,
+    name: str,
+    pixels: np.ndarray,
+    labels: np.ndarray | None,
+    classes: list[str],
+    to_hwc: Callable[[np.ndarray], np.ndarray],
+    root: str,
+    fmt: str,
+) -> SourceData:
+    """Images stored inline -> PNG rows, encoded only for the selected ids."""
+    ids = [f"{name}-{req.split}-{i:05d}" for i in range(len(pixels))]
+    keep = req.selected(ids)
+    return _classified(
+        req,
+        [ids[i] for i in keep],
+        None if labels is None else labels[keep].tolist(),
+        classes,
+        {"format": fmt, "root": root},
+        data=[_png(to_hwc(pixels[i])) for i in keep],
+    )
+
+
+def _find_root(req: Request, marker: str, folder: str) -> str:
+    """The data folder, or its ``folder`` (the archive's top folder) when it lacks ``marker``."""
+    base = req.root()
+    return base if storage.exists(join_url(base, marker)) else join_url(base, folder)
+
+
+class CifarLayout(NamedTuple):
+    name: str
+    folder: str
+    meta: str
+    names_key: str
+    labels_key: str
+    files: dict[str, tuple[str, ...]]
+
+
+CIFAR10 = CifarLayout(
+    "cifar10",
+    "cifar-10-batches-py",
+    "batches.meta",
+    "label_names",
+    "labels",
+    {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)},
+)
+CIFAR100 = CifarLayout(
+    "cifar100",
+    "cifar-100-python",
+    "meta",
+    "fine_label_names",
+    "fine_labels",
+    {"train": ("train",), "test": ("test",)},
+)
+
+
+def _read_cifar(req: Request, layout: CifarLayout) -> SourceData:
+    if req.split not in layout.files:
+        raise ValueError(f"{req.dataset}: split must be one of {sorted(layout.files)}")
+    root = _find_root(req, layout.meta, layout.folder)
+    meta = join_url(root, layout.meta)
+    (raw_names,) = _unpickle(meta, layout.names_key)
+    classes = []
+    for k, v in enumerate(raw_names if isinstance(raw_names, list | tuple) else []):
+        try:
+            classes.append(v.decode("utf-8") if isinstance(v, bytes) else str(v))
+        except UnicodeDecodeError as e:
+            raise SourceError(f"{meta}: {layout.names_key}[{k}]: not UTF-8 ({e.reason})") from None
+    if not classes:
+        raise SourceError(f"{meta}: {layout.names_key}: expected a non-empty list of class names")
+    blocks, labels = [], []
+    for name in layout.files[req.split]:
+        url = join_url(root, name)
+        data, y = _unpickle(url, "data", layout.labels_key)
+        data, y = np.asarray(data), np.asarray(y, dtype=np.int64).reshape(-1)
+        if data.dtype != np.uint8 or data.shape[1:] != (3072,):
+            raise SourceError(
+                f"{url}: b'data': expected uint8 (N, 3072), got {data.dtype} {data.shape}"
+            )
+        _check_labels(y, len(data), 0, classes, f"{url}: {layout.labels_key}")
+        blocks.append(data)
+        labels.append(y)
+    return _pixel_set(
+        req,
+        layout.name,
+        np.concatenate(blocks),
+        np.concatenate(labels),
+        classes,
+        lambda row: row.reshape(3, 32, 32).transpose(1, 2, 0),
+        root,
+        "cifar-python-pickle",
+    )
+
+
+def read_cifar10(req: Request) -> SourceData:
+    return _read_cifar(req, CIFAR10)
+
+
+def read_cifar100(req: Request) -> SourceData:
+    return _read_cifar(req, CIFAR100)
+
+
+STL10_SIDE = 96
+
+
+def read_stl10(req: Request) -> SourceData:
+    if req.split not in ("train", "test", "unlabeled"):
+        raise ValueError(f"stl10: split must be one of train, test, unlabeled, got {req.split!r}")
+    root = _find_root(req, "class_names.txt", "stl10_binary")
+    classes = [line.strip() for _, line in numbered_lines(join_url(root, "class_names.txt"))]
+    x_url = join_url(root, f"{req.split}_X.bin")
+    raw, size = read_bytes(x_url), 3 * STL10_SIDE * STL10_SIDE
+    if len(raw) % size:
+        raise SourceError(f"{x_url}: {len(raw)} bytes is not a multiple of {size}")
+    pixels = np.frombuffer(raw, np.uint8).reshape(-1, 3, STL10_SIDE, STL10_SIDE)
+    labels = None
+    if req.split != "unlabeled":
+        y_url = join_url(root, f"{req.split}_y.bin")
+        y = np.frombuffer(read_bytes(y_url), np.uint8).astype(np.int64)
+        _check_labels(y, len(pixels), 1, classes, f"{y_url}: byte")
+        labels = y - 1
+    # each image is stored column-major, one channel after another: (C, W, H) in C order
+    return _pixel_set(
+        req,
+        "stl10",
+        pixels,
+        labels,
+        classes,
+        lambda img: img.transpose(2, 1, 0),
+        root,
+        "stl10-binary",
+    )
