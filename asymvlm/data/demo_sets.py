@@ -1,21 +1,23 @@
 """Offline stand-ins for the zero-shot sets, made from the real HierarCaps images.
 
-The demo has no CIFAR download. It builds CIFAR-10- and CIFAR-100-format folders (python pickle
-batches, 32 x 32 images, exactly the files the real readers take) from the HierarCaps images:
-the classes are the most frequent general (level-0) captions, e.g. "dog", "pizza"; images of
-the first ``n_classes`` of them are the positives (the "CIFAR-10" set), images of the next ones
-the negatives (the "CIFAR-100" set, whose classes the positives' prompts do not name). With the
-tiny random CLIP of the demo the numbers mean nothing; the files exercise the real code path.
+CIFAR-10- and CIFAR-100-format folders (the python pickle files the real readers take, 32 x 32
+images): the classes are the most frequent general (level-0) captions, e.g. "dog"; images of the
+first ``n_classes`` of them are the positives ("CIFAR-10"), images of the next ones the negatives
+("CIFAR-100"). With the demo's tiny random CLIP the numbers mean nothing; the files exercise the
+real code path.
 """
 
 from __future__ import annotations
 
-import csv
 import os
 import pickle
 from collections import Counter
 
 import numpy as np
+
+from asymvlm import storage
+from asymvlm.data.sources.captions import read_csv
+from asymvlm.data.sources.classes import CIFAR10, CIFAR100
 
 __all__ = ["find_hierarcaps", "write_hierarcaps_cifar"]
 
@@ -24,13 +26,10 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 def find_hierarcaps() -> str | None:
     """The read-only HierarCaps copy: ``$ASYMVLM_HIERARCAPS``, else ``../shared/data/hierarcaps``
-    beside this checkout; None when neither has the csv. A local lookup only: no cache, no
-    network (:func:`asymvlm.data.hierarcaps_fetch.locate_hierarcaps` adds those)."""
-    candidates = [
-        os.environ.get("ASYMVLM_HIERARCAPS"),
-        os.path.join(os.path.dirname(_REPO), "shared", "data", "hierarcaps"),
-    ]
-    for c in candidates:
+    beside this checkout; None when neither has the csv (no cache, no network:
+    :func:`asymvlm.data.hierarcaps_fetch.locate_hierarcaps` adds those)."""
+    shared = os.path.join(os.path.dirname(_REPO), "shared", "data", "hierarcaps")
+    for c in (os.environ.get("ASYMVLM_HIERARCAPS"), shared):
         if c and os.path.isfile(os.path.join(c, "hierarcaps_test.csv")):
             return os.path.abspath(c)
     return None
@@ -50,52 +49,30 @@ def _rows(folder: str, names: list[str]) -> np.ndarray:
 def write_hierarcaps_cifar(hierarcaps: str, output: str, n_classes: int = 5) -> dict[str, str]:
     """Write ``output/cifar10/cifar-10-batches-py`` and ``output/cifar100/cifar-100-python``
     (test split) from ``hierarcaps`` (csv + images/); returns the two data-set roots."""
-    with open(os.path.join(hierarcaps, "hierarcaps_test.csv"), newline="", encoding="utf-8") as fh:
-        rows = [
-            (r["captions"].split("=>")[0].strip(), r["image_url"].rsplit("/", 1)[-1])
-            for r in csv.DictReader(fh)
-        ]
+    frame = read_csv(os.path.join(hierarcaps, "hierarcaps_test.csv"), ("captions", "image_url"))
     images = os.path.join(hierarcaps, "images")
+    rows = [
+        (captions.split("=>")[0].strip(), url.rsplit("/", 1)[-1])
+        for captions, url in frame[["captions", "image_url"]].values
+    ]
     rows = [(c, n) for c, n in rows if os.path.exists(os.path.join(images, n))]
     ranked: list[str] = []  # most frequent first; "animal" and "animals" count as one
     for caption, _ in Counter(c for c, _ in rows).most_common():
         if caption.rstrip("s") not in {r.rstrip("s") for r in ranked}:
             ranked.append(caption)
-    ranked = ranked[: 2 * n_classes]
     if len(ranked) < 2 * n_classes:
         raise ValueError(f"{hierarcaps}: fewer than {2 * n_classes} general captions")
-    pos_classes, neg_classes = ranked[:n_classes], ranked[n_classes:]
     out = {}
-    for name, folder, meta, names_key, labels_key, batch, classes in (
-        (
-            "cifar10",
-            "cifar-10-batches-py",
-            "batches.meta",
-            b"label_names",
-            b"labels",
-            "test_batch",
-            pos_classes,
-        ),
-        (
-            "cifar100",
-            "cifar-100-python",
-            "meta",
-            b"fine_label_names",
-            b"fine_labels",
-            "test",
-            neg_classes,
-        ),
-    ):
-        root = os.path.join(output, name, folder)
-        os.makedirs(root, exist_ok=True)
+    for layout, classes in (CIFAR10, ranked[:n_classes]), (CIFAR100, ranked[n_classes:]):
+        classes = classes[:n_classes]
+        root = os.path.join(output, layout.name, layout.folder)
         picked = [(classes.index(c), n) for c, n in rows if c in classes]
-        with open(os.path.join(root, meta), "wb") as fh:
-            pickle.dump({names_key: [c.encode() for c in classes]}, fh, protocol=2)
-        payload = {
-            labels_key: [label for label, _ in picked],
+        meta = {layout.names_key.encode(): [c.encode() for c in classes]}
+        batch = {
+            layout.labels_key.encode(): [label for label, _ in picked],
             b"data": _rows(images, [n for _, n in picked]),
         }
-        with open(os.path.join(root, batch), "wb") as fh:
-            pickle.dump(payload, fh, protocol=2)
-        out[name] = os.path.join(output, name)
+        for name, obj in (layout.meta, meta), (layout.files["test"][0], batch):
+            storage.write_bytes(os.path.join(root, name), pickle.dumps(obj, protocol=2))
+        out[layout.name] = os.path.join(output, layout.name)
     return out
