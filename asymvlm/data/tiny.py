@@ -1,14 +1,9 @@
 """Tiny, randomly initialised CLIP / SigLIP / open_clip checkpoints that load like hub models,
-offline.
+offline, deterministic in ``seed`` (for tests and the offline demo: their numbers mean nothing).
 
-They exist for tests and for the offline demo: the weights are random, so any number computed
-with them is clearly not meaningful science. Each builder trains a small tokenizer with the
-``tokenizers`` library, builds the model from a config, and saves model + processor into one
-directory so that ``AutoModel.from_pretrained(d)`` and ``AutoProcessor.from_pretrained(d)`` work
-with no network. :func:`save_tiny_open_clip` writes an open_clip folder instead
-(``open_clip_config.json`` + ``open_clip_model.safetensors``, loaded as
-``open_clip:local-dir:DIR``); it uses open_clip's own BPE tokenizer. Output is deterministic
-given ``captions`` and ``seed``.
+CLIP and SigLIP: model + processor in one folder (``AutoModel`` / ``AutoProcessor``), with a small
+BPE trained on a built-in caption vocabulary; open_clip: ``open_clip_config.json`` +
+``open_clip_model.safetensors``, loaded as ``open_clip:local-dir:DIR``.
 """
 
 from __future__ import annotations
@@ -16,19 +11,24 @@ from __future__ import annotations
 import os
 import string
 from collections import Counter
-from collections.abc import Iterable
 
 import torch
 
-from asymvlm import logs
+from asymvlm import logs, storage
 
 __all__ = ["save_tiny_clip", "save_tiny_open_clip", "save_tiny_siglip", "TINY_IMAGE_SIZE"]
 
 TINY_IMAGE_SIZE = 64
 _PATCH = 16
 _HIDDEN = 32
+_LAYERS = {
+    "hidden_size": _HIDDEN,
+    "intermediate_size": 2 * _HIDDEN,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+}
 
-# A small caption-like corpus so the tokenizer has a vocabulary even without captions.
+# A small caption-like corpus: the tokenizer's vocabulary.
 _BUILTIN_WORDS = (
     "a an the of on in at with and to near by from under over next its their his her two three "
     "four several some many one man woman person people boy girl child children player group "
@@ -44,75 +44,48 @@ _BUILTIN_WORDS = (
 )
 
 
-def _corpus(captions: Iterable[str] | None) -> list[str]:
-    lines = [] if captions is None else [str(c) for c in captions]
-    lines.append(_BUILTIN_WORDS)
-    lines.append(" ".join(string.printable.strip()))  # every printable character, alone
-    return lines
+#: Every printable character alone, so that the tokenizer covers them all.
+_CORPUS = [_BUILTIN_WORDS, " ".join(string.printable.strip())]
 
 
 def _train_bpe(words: Counter, num_merges: int, suffix: str = "") -> list[tuple[str, str]]:
-    """Deterministic BPE merges: most frequent pair first, ties broken lexicographically.
-
-    The ``tokenizers`` trainer breaks ties between equally frequent pairs in hash order, which
-    changes from run to run, so the tiny checkpoints would not be byte-identical for a seed.
-    """
-    entries: list[list[str]] = []
-    counts: list[int] = []
-    for word, count in sorted(words.items()):
-        if word:
-            symbols = list(word)
-            symbols[-1] += suffix
-            entries.append(symbols)
-            counts.append(count)
-    pairs: Counter = Counter()
-    where: dict[tuple[str, str], set[int]] = {}
-
-    def account(i: int, sign: int) -> None:
-        for pair in zip(entries[i], entries[i][1:], strict=False):
-            pairs[pair] += sign * counts[i]
-            if sign > 0:
-                where.setdefault(pair, set()).add(i)
-
-    for i in range(len(entries)):
-        account(i, +1)
+    """BPE merges, most frequent pair first, ties broken lexicographically (the ``tokenizers``
+    trainer breaks ties in hash order, so its checkpoints differ from run to run)."""
+    entries = [(list(w[:-1]) + [w[-1] + suffix], c) for w, c in sorted(words.items()) if w]
     merges: list[tuple[str, str]] = []
     while len(merges) < num_merges:
-        live = [p for p, c in pairs.items() if c > 0]
-        if not live:
+        pairs: Counter = Counter()
+        for symbols, count in entries:
+            for pair in zip(symbols, symbols[1:], strict=False):
+                pairs[pair] += count
+        if not pairs:
             break
-        best = min(live, key=lambda p: (-pairs[p], p))
+        best = min(pairs, key=lambda p: (-pairs[p], p))
         merges.append(best)
-        for i in sorted(where.pop(best, ())):
-            account(i, -1)
-            symbols, out, j = entries[i], [], 0
-            while j < len(symbols):
-                if j + 1 < len(symbols) and (symbols[j], symbols[j + 1]) == best:
-                    out.append(symbols[j] + symbols[j + 1])
-                    j += 2
-                else:
-                    out.append(symbols[j])
-                    j += 1
-            entries[i] = out
-            account(i, +1)
+        for symbols, _ in entries:
+            j = 0
+            while j < len(symbols) - 1:
+                if (symbols[j], symbols[j + 1]) == best:
+                    symbols[j : j + 2] = [symbols[j] + symbols[j + 1]]
+                j += 1
     return merges
 
 
-def _pretokenized(backend, lines: list[str]) -> Counter:
+def _pretokenized(backend) -> Counter:
     words: Counter = Counter()
-    for line in lines:
+    for line in _CORPUS:
         text = backend.normalizer.normalize_str(line) if backend.normalizer else line
         words.update(piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text))
     return words
 
 
-def _clip_tokenizer(captions: Iterable[str] | None, num_merges: int):
+def _clip_tokenizer(num_merges: int = 300):
     """A byte-level BPE with CLIP's exact pipeline (``</w>`` suffix, specials at the end)."""
     from tokenizers import pre_tokenizers
     from transformers import CLIPTokenizer
 
     template = CLIPTokenizer()  # empty vocabulary: we borrow its normaliser and pre-tokeniser
-    words = _pretokenized(template.backend_tokenizer, _corpus(captions))
+    words = _pretokenized(template.backend_tokenizer)
     merges = _train_bpe(words, num_merges, suffix="</w>")
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     # CLIP's vocabulary layout: bytes, bytes + "</w>", merged tokens in merge order, specials.
@@ -132,11 +105,9 @@ def _clip_tokenizer(captions: Iterable[str] | None, num_merges: int):
     )
 
 
-def _siglip_tokenizer(captions: Iterable[str] | None, num_merges: int):
-    """A Metaspace BPE wrapped as a plain fast tokenizer (SigLIP's own needs sentencepiece).
-
-    Like SigLIP's: ``</s>`` appended to every sequence and used as the pad token; no BOS.
-    """
+def _siglip_tokenizer(num_merges: int = 300):
+    """A Metaspace BPE as a plain fast tokenizer (SigLIP's own needs sentencepiece); like
+    SigLIP's, ``</s>`` ends every sequence and pads, no BOS."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -144,7 +115,7 @@ def _siglip_tokenizer(captions: Iterable[str] | None, num_merges: int):
     pre_tokenizer = pre_tokenizers.Metaspace()
     probe = Tokenizer(models.BPE())
     probe.normalizer, probe.pre_tokenizer = normalizer, pre_tokenizer
-    words = _pretokenized(probe, _corpus(captions))
+    words = _pretokenized(probe)
     merges = _train_bpe(words, num_merges)
     vocab: dict[str, int] = {"<pad>": 0, "</s>": 1, "<unk>": 2}
     for token in [*sorted({c for w in words for c in w}), *(a + b for a, b in merges)]:
@@ -181,89 +152,48 @@ def _text_ids(tok) -> dict:
     )
 
 
-def _layers(hidden: int) -> dict:
-    return dict(
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-    )
+def _save(directory: str | os.PathLike, seed: int, model_cls, config, processor) -> str:
+    directory = os.fspath(directory)
+    torch.manual_seed(seed)
+    with logs.quiet_transformers():
+        model_cls(config).eval().save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
 
 
-def save_tiny_clip(
-    directory: str | os.PathLike,
-    captions: list[str] | None = None,
-    seed: int = 0,
-    projection_dim: int = 24,
-    num_merges: int = 300,
-) -> str:
+def save_tiny_clip(directory: str | os.PathLike, seed: int = 0) -> str:
     """Write a tiny random CLIP (hidden 32, 2 layers, 64 px, patch 16) and its processor."""
     from transformers import CLIPConfig, CLIPModel, CLIPProcessor
 
-    directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
-    tok = _clip_tokenizer(captions, num_merges)
+    tok = _clip_tokenizer()
     config = CLIPConfig(
-        text_config=dict(**_layers(_HIDDEN), max_position_embeddings=77, **_text_ids(tok)),
-        vision_config=dict(**_layers(_HIDDEN), image_size=TINY_IMAGE_SIZE, patch_size=_PATCH),
-        projection_dim=projection_dim,
+        text_config=dict(**_LAYERS, max_position_embeddings=77, **_text_ids(tok)),
+        vision_config=dict(**_LAYERS, image_size=TINY_IMAGE_SIZE, patch_size=_PATCH),
+        projection_dim=24,
     )
-    torch.manual_seed(seed)
-    model = CLIPModel(config).eval()
-    with logs.quiet_transformers():
-        model.save_pretrained(directory)
-    processor = CLIPProcessor(
-        image_processor=_image_processor(
-            "CLIPImageProcessor",
-            size={"shortest_edge": TINY_IMAGE_SIZE},
-            crop_size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE},
-        ),
-        tokenizer=tok,
+    size = {"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE}
+    images = _image_processor(
+        "CLIPImageProcessor", size={"shortest_edge": TINY_IMAGE_SIZE}, crop_size=size
     )
-    processor.save_pretrained(directory)
-    return directory
+    return _save(directory, seed, CLIPModel, config, CLIPProcessor(images, tok))
 
 
-def save_tiny_siglip(
-    directory: str | os.PathLike,
-    captions: list[str] | None = None,
-    seed: int = 0,
-    hidden_size: int = _HIDDEN,
-    num_merges: int = 300,
-) -> str:
-    """Write a tiny random SigLIP (embedding dim = ``hidden_size``, 64 px, patch 16)."""
+def save_tiny_siglip(directory: str | os.PathLike, seed: int = 0) -> str:
+    """Write a tiny random SigLIP (embedding dim 32, 64 px, patch 16) and its processor."""
     from transformers import SiglipConfig, SiglipModel, SiglipProcessor
 
-    directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
-    tok = _siglip_tokenizer(captions, num_merges)
+    tok = _siglip_tokenizer()
+    text = dict(**_LAYERS, max_position_embeddings=64, projection_size=_HIDDEN, **_text_ids(tok))
     config = SiglipConfig(
-        text_config=dict(
-            **_layers(hidden_size),
-            max_position_embeddings=64,
-            projection_size=hidden_size,
-            **_text_ids(tok),
-        ),
-        vision_config=dict(**_layers(hidden_size), image_size=TINY_IMAGE_SIZE, patch_size=_PATCH),
+        text_config=text,
+        vision_config=dict(**_LAYERS, image_size=TINY_IMAGE_SIZE, patch_size=_PATCH),
     )
-    torch.manual_seed(seed)
-    model = SiglipModel(config).eval()
-    with logs.quiet_transformers():
-        model.save_pretrained(directory)
-    processor = SiglipProcessor(
-        image_processor=_image_processor(
-            "SiglipImageProcessor",
-            size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE},
-        ),
-        tokenizer=tok,
-    )
-    processor.save_pretrained(directory)
-    return directory
+    size = {"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE}
+    images = _image_processor("SiglipImageProcessor", size=size)
+    return _save(directory, seed, SiglipModel, config, SiglipProcessor(images, tok))
 
 
-def save_tiny_open_clip(
-    directory: str | os.PathLike, seed: int = 0, embed_dim: int = 24, context_length: int = 32
-) -> str:
+def save_tiny_open_clip(directory: str | os.PathLike, seed: int = 0) -> str:
     """Write a tiny random open_clip CLIP (ViT: width 32, 2 layers, 64 px, patch 16; text:
     width 32, 2 layers, open_clip's 49,408-token BPE) as a ``local-dir`` folder; returns the
     ``open_clip:local-dir:DIR`` name that loads it."""
@@ -273,10 +203,9 @@ def save_tiny_open_clip(
     from safetensors.torch import save_file
 
     directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
     config = {
         "model_cfg": {
-            "embed_dim": embed_dim,
+            "embed_dim": 24,
             "vision_cfg": {
                 "image_size": TINY_IMAGE_SIZE,
                 "layers": 2,
@@ -285,7 +214,7 @@ def save_tiny_open_clip(
                 "patch_size": _PATCH,
             },
             "text_cfg": {
-                "context_length": context_length,
+                "context_length": 32,
                 "vocab_size": 49408,
                 "width": _HIDDEN,
                 "heads": 2,
@@ -299,39 +228,11 @@ def save_tiny_open_clip(
             "resize_mode": "shortest",
         },
     }
-    with open(os.path.join(directory, "open_clip_config.json"), "w") as fh:
-        json.dump(config, fh, indent=2)
+    storage.write_text(
+        os.path.join(directory, "open_clip_config.json"), json.dumps(config, indent=2)
+    )
     torch.manual_seed(seed)
     model = open_clip.CLIP(**config["model_cfg"]).eval()
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, os.path.join(directory, "open_clip_model.safetensors"))
     return f"open_clip:local-dir:{os.path.abspath(directory)}"
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m asymvlm.data.tiny --output DIR [--family siglip]``: a random offline model."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        description="Write a tiny, randomly initialised CLIP/SigLIP with its processor, or an "
-        "open_clip folder (offline; "
-        "for tests and demos -- its embeddings carry no meaning)."
-    )
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--family", choices=["clip", "siglip", "open_clip"], default="clip")
-    parser.add_argument("--captions", default=None, help="CSV/text file to train the tokenizer on")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    captions = None
-    if args.captions:
-        with open(args.captions) as fh:
-            captions = [line.strip() for line in fh if line.strip()]
-    if args.family == "open_clip":
-        print(save_tiny_open_clip(args.output, seed=args.seed))
-        return
-    save = save_tiny_clip if args.family == "clip" else save_tiny_siglip
-    print(save(args.output, captions=captions, seed=args.seed))
-
-
-if __name__ == "__main__":
-    main()
