@@ -1,13 +1,9 @@
 """Input perturbations for the OOD robustness suite (beyond the paper; from ELIP, Sec. 2).
 
-Images (PIL in, PIL out) and captions (str in, str out), each at severity 1-5, deterministic
-given a seed (the embedding stage seeds each item by its id, so batching never changes them).
-A perturbation is named ``"kind:severity"``, e.g. ``"zoom_blur:3"`` or ``"typos:5"``.
-
-Images (ImageNet-C style constants): ``gaussian_noise``, ``rotation``, ``zoom_blur``, ``jpeg``,
-``low_resolution``. Captions: ``typos`` (character swaps, drops, insertions, replacements),
-``word_order`` (adjacent word swaps), ``synonyms`` (word replacement from a small built-in
-table of caption vocabulary; no network, no WordNet), ``casing`` (random case and punctuation).
+``"kind:severity"`` (severity 1-5), deterministic in a seed (the embedding stage seeds each item
+by its id, so batching never changes them). Images (PIL, ImageNet-C style constants):
+``gaussian_noise``, ``rotation``, ``zoom_blur``, ``jpeg``, ``low_resolution``; captions:
+``typos``, ``word_order``, ``synonyms`` (a built-in table, no WordNet), ``casing``.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ import string
 from collections.abc import Callable
 
 import numpy as np
+from PIL import Image
 
 __all__ = [
     "CAPTION_PERTURBATIONS",
@@ -39,8 +36,6 @@ def item_seed(seed: int, item_id: str) -> int:
 
 # -- images -------------------------------------------------------------------------------------
 def _gaussian_noise(image, severity: int, rng: np.random.Generator):
-    from PIL import Image
-
     sigma = (0.04, 0.06, 0.08, 0.09, 0.10)[severity - 1]
     x = np.asarray(image, dtype=np.float32) / 255.0
     x = np.clip(x + rng.normal(0.0, sigma, x.shape), 0.0, 1.0)
@@ -53,8 +48,6 @@ def _rotation(image, severity: int, rng: np.random.Generator):
 
 
 def _zoom_blur(image, severity: int, rng: np.random.Generator):
-    from PIL import Image
-
     top, step = ((1.11, 0.01), (1.16, 0.01), (1.21, 0.02), (1.26, 0.02), (1.31, 0.03))[severity - 1]
     w, h = image.size
     base = np.asarray(image, dtype=np.float32)
@@ -70,8 +63,6 @@ def _zoom_blur(image, severity: int, rng: np.random.Generator):
 
 
 def _jpeg(image, severity: int, rng: np.random.Generator):
-    from PIL import Image
-
     quality = (25, 18, 15, 10, 7)[severity - 1]
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=quality)
@@ -131,62 +122,22 @@ def _word_order(text: str, severity: int, rng: np.random.Generator) -> str:
     return " ".join(words)
 
 
+_SYNONYM_TABLE = """
+man=guy|gentleman|male woman=lady|female men=guys women=ladies person=individual|human
+people=persons|folks child=kid|youngster children=kids boy=lad|kid girl=lass|kid
+dog=puppy|canine|hound cat=kitty|feline car=automobile|vehicle picture=photo|image
+photo=picture image=picture large=big|huge big=large|huge small=little|tiny little=small
+street=road road=street standing=upright sitting=seated walking=strolling riding=on
+holding=carrying|gripping looking=gazing|staring table=desk plate=dish food=meal|dish
+building=structure near=close_to|by next=beside top=upper_part water=sea field=meadow
+grass=lawn bike=bicycle bicycle=bike train=locomotive bus=coach room=chamber
+kitchen=cookhouse white=pale black=dark red=crimson blue=azure green=verdant young=youthful
+old=elderly|aged playing=toying eating=consuming
+"""
 #: Caption vocabulary -> near-synonyms (common COCO/CC words).
 SYNONYMS: dict[str, tuple[str, ...]] = {
-    "man": ("guy", "gentleman", "male"),
-    "woman": ("lady", "female"),
-    "men": ("guys",),
-    "women": ("ladies",),
-    "person": ("individual", "human"),
-    "people": ("persons", "folks"),
-    "child": ("kid", "youngster"),
-    "children": ("kids",),
-    "boy": ("lad", "kid"),
-    "girl": ("lass", "kid"),
-    "dog": ("puppy", "canine", "hound"),
-    "cat": ("kitty", "feline"),
-    "car": ("automobile", "vehicle"),
-    "picture": ("photo", "image"),
-    "photo": ("picture",),
-    "image": ("picture",),
-    "large": ("big", "huge"),
-    "big": ("large", "huge"),
-    "small": ("little", "tiny"),
-    "little": ("small",),
-    "street": ("road",),
-    "road": ("street",),
-    "standing": ("upright",),
-    "sitting": ("seated",),
-    "walking": ("strolling",),
-    "riding": ("on",),
-    "holding": ("carrying", "gripping"),
-    "looking": ("gazing", "staring"),
-    "table": ("desk",),
-    "plate": ("dish",),
-    "food": ("meal", "dish"),
-    "building": ("structure",),
-    "near": ("close to", "by"),
-    "next": ("beside",),
-    "top": ("upper part",),
-    "water": ("sea",),
-    "field": ("meadow",),
-    "grass": ("lawn",),
-    "bike": ("bicycle",),
-    "bicycle": ("bike",),
-    "train": ("locomotive",),
-    "bus": ("coach",),
-    "room": ("chamber",),
-    "kitchen": ("cookhouse",),
-    "white": ("pale",),
-    "black": ("dark",),
-    "red": ("crimson",),
-    "blue": ("azure",),
-    "green": ("verdant",),
-    "young": ("youthful",),
-    "old": ("elderly", "aged"),
-    "playing": ("toying",),
-    "eating": ("consuming",),
-    "street sign": ("road sign",),
+    word: tuple(o.replace("_", " ") for o in options.split("|"))
+    for word, _, options in (entry.partition("=") for entry in _SYNONYM_TABLE.split())
 }
 
 
