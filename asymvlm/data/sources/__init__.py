@@ -61,6 +61,12 @@ def read_source(
     )
     req = Request(dataset, annotations, images, split, templates, sample, seed, id_list)
     out = READERS[dataset](req)
+    for table, key in (out.images, "image_id"), (out.captions, "caption_id"):
+        counts = pc.value_counts(table[key])
+        dup = counts.filter(pc.greater(counts.field("counts"), 1))
+        if len(dup):
+            where = annotations or images
+            raise SourceError(f"{where}: duplicate {key} {dup[0]['values'].as_py()!r}")
     image_table = out.images.take(req.selected(out.images["image_id"].to_pylist()))
     captions = out.captions.filter(
         pc.is_in(out.captions["image_id"], value_set=image_table["image_id"])

@@ -49,7 +49,7 @@ def _classified(
 ) -> SourceData:
     return SourceData(
         images_table(ids, label=labels, **columns),
-        captions_table([], [], []),
+        captions_table([]),
         prompts_table(classes, req.templates),
         description={**desc, "classes": classes, "templates": list(req.templates)},
     )

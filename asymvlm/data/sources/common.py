@@ -99,15 +99,6 @@ def parse_json(url: str, adapter: TypeAdapter[T]) -> T:
         raise SourceError(f"{url}: {where}{first['msg']}") from None
 
 
-def first_duplicate(url: str, ids: Sequence[str], where: Sequence[str], what: str) -> None:
-    """A :class:`SourceError` at the second place an id occurs."""
-    seen: dict[str, str] = {}
-    for i, at in zip(ids, where, strict=True):
-        if i in seen:
-            raise SourceError(f"{url}: {at}: duplicate {what} {i} (also {seen[i]})")
-        seen[i] = at
-
-
 # -- tables ------------------------------------------------------------------------------------
 def images_table(image_id: Sequence[str], **columns: Any) -> pa.Table:
     arrays = {f.name: pa.nulls(len(image_id), f.type) for f in IMAGE_SCHEMA}
@@ -118,10 +109,9 @@ def images_table(image_id: Sequence[str], **columns: Any) -> pa.Table:
     return pa.table(arrays, schema=IMAGE_SCHEMA)
 
 
-def captions_table(
-    caption_id: Sequence[str], image_id: Sequence[str], text: Sequence[str], **extra: pa.Array
-) -> pa.Table:
-    table = pa.table([caption_id, image_id, text], schema=CAPTION_SCHEMA)
+def captions_table(rows: Sequence[tuple[str, str, str]], **extra: pa.Array) -> pa.Table:
+    """A caption table of ``(caption_id, image_id, text)`` rows and ``extra`` columns."""
+    table = pa.table(list(zip(*rows, strict=True)) or [[], [], []], schema=CAPTION_SCHEMA)
     for name, values in extra.items():
         table = table.append_column(name, values)
     return table
