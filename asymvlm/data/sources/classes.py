@@ -1,9 +1,8 @@
 """Classification readers (images + labels + zero-shot prompts): ImageNet folders, CIFAR, STL-10.
 
 * ``imagenet``: ``images`` = a folder of class folders (sorted names = class index), image_id =
-  the path relative to it; optional ``annotations`` maps folder -> class name (``LOC_synset_
-  mapping.txt`` / ``words.txt`` lines, first comma-separated name, or JSON ``{folder: name}`` /
-  Keras ``{"0": [wnid, name]}``); without it ILSVRC-2012 synsets get CLIP's curated names.
+  the path relative to it; class names: CLIP's curated ones for ILSVRC-2012 synset folders,
+  else the folder names.
 * ``cifar10`` / ``cifar100``: the python pickle batches (``images`` or ``annotations`` = the
   ``cifar-10-batches-py`` / ``cifar-100-python`` folder or its parent), split train/test,
   read by a restricted unpickler; image_id = f"cifar10-{split}-{index:05d}"; PNG bytes + label
@@ -22,7 +21,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
-from pydantic import StrictStr, TypeAdapter
 
 from asymvlm import storage
 from asymvlm.data.templates import imagenet_class_names
@@ -35,13 +33,11 @@ from .common import (
     images_table,
     join_url,
     numbered_lines,
-    parse_json,
     prompts_table,
     read_bytes,
 )
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
-_MAPPING = TypeAdapter(dict[str, StrictStr | tuple[StrictStr, StrictStr]])
 
 
 def _classified(
@@ -56,20 +52,6 @@ def _classified(
 
 
 # -- ImageNet-style folders --------------------------------------------------------------------
-def _class_mapping(url: str) -> dict[str, str]:
-    """Folder name -> human class name, from a text or JSON mapping file."""
-    if url.lower().endswith(".json"):  # {folder: name} or Keras {"0": [folder, name]}
-        doc = parse_json(url, _MAPPING)
-        return dict(v if isinstance(v, tuple) else (k, v) for k, v in doc.items())
-    mapping = {}
-    for number, line in numbered_lines(url):
-        parts = line.strip().split("\t" if "\t" in line else None, 1)
-        if len(parts) != 2 or not parts[1].strip():
-            raise SourceError(f"{url}: line {number}: expected 'folder name', got {line[:80]!r}")
-        mapping[parts[0].strip()] = parts[1].split(",")[0].strip()
-    return mapping
-
-
 def read_imagenet(req: Request) -> SourceData:
     root_url = req.need("images")
     fs, root = storage.fsspec_filesystem(root_url)
@@ -83,26 +65,13 @@ def read_imagenet(req: Request) -> SourceData:
     if not folders:
         raise SourceError(f"{root_url}: no class folders")
     index = {f: k for k, f in enumerate(folders)}
-    found = [p[len(root) + 1 :] for p in sorted(fs.find(root))]
-    ids = [
-        rel
-        for rel in found
-        if rel.partition("/")[0] in index
-        and rel.partition("/")[2]
-        and rel.lower().endswith(IMAGE_EXTENSIONS)
-    ]
-    names = imagenet_class_names(folders) or folders
-    if req.annotations is not None:
-        mapping = _class_mapping(req.annotations)
-        missing = [f for f in folders if f not in mapping]
-        if missing:
-            raise SourceError(f"{req.annotations}: no class name for folder {missing[0]!r}")
-        names = [mapping[f] for f in folders]
+    found = [p[len(root) + 1 :].partition("/") for p in sorted(fs.find(root))]
+    ids = [f"{c}/{r}" for c, _, r in found if c in index and r.lower().endswith(IMAGE_EXTENSIONS)]
     return _classified(
         req,
         ids,
         [index[rel.partition("/")[0]] for rel in ids],
-        names,
+        imagenet_class_names(folders) or folders,
         {"format": "image-folders", "folders": folders},
         path=[join_url(root_url, rel) for rel in ids],
     )

@@ -19,27 +19,12 @@ from asymvlm.errors import AsymVLMError
 T = TypeVar("T")
 join_url = storage.uri_join
 
+_STR, _INT = pa.string(), pa.int64()
 IMAGE_SCHEMA = pa.schema(
-    [
-        ("image_id", pa.string()),
-        ("path", pa.string()),
-        ("offset", pa.int64()),
-        ("length", pa.int64()),
-        ("data", pa.binary()),
-        ("label", pa.int64()),
-    ]
+    dict(image_id=_STR, path=_STR, offset=_INT, length=_INT, data=pa.binary(), label=_INT)
 )
-CAPTION_SCHEMA = pa.schema(
-    [("caption_id", pa.string()), ("image_id", pa.string()), ("text", pa.string())]
-)
-PROMPT_SCHEMA = pa.schema(
-    [
-        ("class_index", pa.int64()),
-        ("class_name", pa.string()),
-        ("template", pa.string()),
-        ("text", pa.string()),
-    ]
-)
+CAPTION_SCHEMA = pa.schema({"caption_id": _STR, "image_id": _STR, "text": _STR})
+PROMPT_SCHEMA = pa.schema({"class_index": _INT, "class_name": _STR, "template": _STR, "text": _STR})
 
 
 class SourceError(AsymVLMError, ValueError):
