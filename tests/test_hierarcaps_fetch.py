@@ -57,7 +57,8 @@ def cache(monkeypatch, tmp_path) -> Path:
 
 @pytest.fixture
 def served(tmp_path, monkeypatch):
-    """(folder, base_urls, requests) of a server of the first ``N`` rows and their images."""
+    """(folder, {csv, images} URLs, requests) of a server of the first ``N`` rows and their
+    images, set as the sources."""
     folder = tmp_path / "served"
     csv_path, _ = hierarcaps_subset(folder, n=N)
     monkeypatch.setattr(hierarcaps_fetch, "CSV_SHA256", sha256(Path(csv_path)))
@@ -68,10 +69,17 @@ def served(tmp_path, monkeypatch):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield folder, {"csv": f"{url}/hierarcaps_test.csv", "images": f"{url}/images/"}, server.requests
+    urls = {"csv": f"{url}/hierarcaps_test.csv", "images": f"{url}/images/"}
+    sources(monkeypatch, **urls)
+    yield folder, urls, server.requests
     server.shutdown()
     server.server_close()
     thread.join(timeout=10)
+
+
+def sources(monkeypatch, csv: str | None = None, images: str | None = None) -> None:
+    monkeypatch.setenv("ASYMVLM_HIERARCAPS_CSV_URL", csv or "")
+    monkeypatch.setenv("ASYMVLM_COCO_IMAGES_URL", images or "")
 
 
 def messages(caplog, level: int) -> list[str]:
@@ -82,8 +90,6 @@ def messages(caplog, level: int) -> list[str]:
 def test_download_verifies_and_repairs_alone(cache, served, monkeypatch, caplog):
     folder, urls, requests = served
     names = sorted(p.name for p in (folder / "images").iterdir())
-    monkeypatch.setenv("ASYMVLM_HIERARCAPS_CSV_URL", urls["csv"])
-    monkeypatch.setenv("ASYMVLM_COCO_IMAGES_URL", urls["images"])
     caplog.set_level(logging.INFO, logger=hierarcaps_fetch.__name__)
     assert locate() == str(cache)
     for rel in ["hierarcaps_test.csv", *(f"images/{n}" for n in names)]:
@@ -94,9 +100,9 @@ def test_download_verifies_and_repairs_alone(cache, served, monkeypatch, caplog)
         f"downloading HierarCaps ({N} of {N} images) into {cache}",
         f"HierarCaps ready in {cache}: {N} images downloaded",
     ]
-    # the cached copy is verified and used as it is: no request, even with downloads disabled
+    # the cached copy is verified and used as it is: no request
     requests.clear()
-    assert locate() == locate(download=False) == str(cache) and requests == []
+    assert locate() == str(cache) and requests == []
 
     # a damaged and a missing image are fetched again, alone
     damaged, missing = names[:2]
@@ -108,12 +114,6 @@ def test_download_verifies_and_repairs_alone(cache, served, monkeypatch, caplog)
     assert sorted(requests) == [f"/images/{damaged}", f"/images/{missing}"]
     assert (cache / "images" / damaged).read_bytes() == good
     assert (cache / "SHA256SUMS").read_text() == sums
-    # with downloads disabled, a damaged cache is not used: None and one warning
-    (cache / "images" / damaged).write_bytes(b"not a jpeg")
-    caplog.clear()
-    assert locate(download=False) is None
-    (warning,) = messages(caplog, logging.WARNING)
-    assert f"1 of {N} cached images missing or damaged" in warning
 
 
 def test_a_wrong_csv_is_an_error_and_not_kept(cache, served, monkeypatch):
@@ -121,13 +121,13 @@ def test_a_wrong_csv_is_an_error_and_not_kept(cache, served, monkeypatch):
     actual = hierarcaps_fetch.CSV_SHA256
     monkeypatch.setattr(hierarcaps_fetch, "CSV_SHA256", "0" * 64)
     with pytest.raises(HierarCapsChecksumError, match=rf"{urls['csv']}: .*{'0' * 64}.*{actual}"):
-        locate(base_urls=urls)
+        locate()
     assert not (cache / "hierarcaps_test.csv").exists()
     assert requests == ["/hierarcaps_test.csv"]  # a wrong sum is not retried
     (folder / "hierarcaps_test.csv").write_text("id,captions,image_url\n0,a,http://x/../..\n")
     monkeypatch.setattr(hierarcaps_fetch, "CSV_SHA256", sha256(folder / "hierarcaps_test.csv"))
     with pytest.raises(HierarCapsError, match=r"hierarcaps_test\.csv: row 1: bad image_url"):
-        locate(base_urls=urls)
+        locate()
 
 
 def test_failed_images_are_named_and_the_rest_kept(cache, served):
@@ -137,7 +137,7 @@ def test_failed_images_are_named_and_the_rest_kept(cache, served):
     good = (folder / "images" / bad).read_bytes()
     (folder / "images" / bad).write_bytes(b"<html>not found</html>")
     with pytest.raises(HierarCapsError) as info:
-        locate(base_urls=urls)
+        locate()
     message = str(info.value)
     assert message.startswith(f"HierarCaps download incomplete: 2 of {N} images failed")
     assert f"{urls['images']}{gone}: HTTP 404" in message
@@ -151,32 +151,33 @@ def test_failed_images_are_named_and_the_rest_kept(cache, served):
     shutil.move(folder / "kept.jpg", folder / "images" / gone)
     (folder / "images" / bad).write_bytes(good)
     requests.clear()
-    assert locate(base_urls=urls) == str(cache)
+    assert locate() == str(cache)
     assert sorted(requests) == sorted([f"/images/{gone}", f"/images/{bad}"])
 
 
-def test_no_network_is_one_warning_and_an_interrupted_download_resumes(cache, served, caplog):
+def test_no_network_is_one_warning_and_an_interrupted_download_resumes(
+    cache, served, monkeypatch, caplog
+):
     _, urls, requests = served
     offline = f"http://127.0.0.1:{closed_port()}"
     caplog.set_level(logging.INFO, logger=hierarcaps_fetch.__name__)
-    assert locate(base_urls={"csv": f"{offline}/x.csv"}) is None
-    assert locate(download=False) is None
-    warnings = messages(caplog, logging.WARNING)
-    assert len(warnings) == 2 and "network" in warnings[0] and "disabled" in warnings[1]
-    assert "ASYMVLM_HIERARCAPS" in warnings[0] and str(cache) in warnings[0]
+    sources(monkeypatch, csv=f"{offline}/x.csv")
+    assert locate() is None
+    (warning,) = messages(caplog, logging.WARNING)
+    assert "network" in warning and "ASYMVLM_HIERARCAPS" in warning and str(cache) in warning
     caplog.clear()
-    assert locate(base_urls={**urls, "images": f"{offline}/images/"}) is None
+    sources(monkeypatch, csv=urls["csv"], images=f"{offline}/images/")
+    assert locate() is None
     assert f"{N} images still missing" in messages(caplog, logging.WARNING)[0]
     assert requests == ["/hierarcaps_test.csv"]
     requests.clear()
-    assert locate(base_urls=urls) == str(cache)
+    sources(monkeypatch, **urls)
+    assert locate() == str(cache)
     assert len(requests) == N and "/hierarcaps_test.csv" not in requests
 
 
-def test_local_copy_wins_and_unknown_keys(cache, served, monkeypatch, tmp_path):
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['cvs'\]"):
-        locate(base_urls={"cvs": "http://127.0.0.1:1/x.csv"})
+def test_local_copy_wins(cache, served, monkeypatch, tmp_path):
     hierarcaps_subset(tmp_path / "local", n=2)
     monkeypatch.setenv("ASYMVLM_HIERARCAPS", str(tmp_path / "local"))
-    assert locate(base_urls=served[1]) == str(tmp_path / "local")
+    assert locate() == str(tmp_path / "local")
     assert served[2] == [] and not cache.exists()

@@ -13,7 +13,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from asymvlm import storage
@@ -151,25 +150,31 @@ def _fetch_images(root: str, names: list[str], prefix: str, recorded: dict[str, 
         return dict(pool.map(fetch, names))
 
 
-def _ensure(root: str, csv_url: str, prefix: str, download: bool) -> str | None:
-    """The cache folder ``root``, completed and verified; None (after one warning) when it
-    cannot be completed (no network, or ``download`` false)."""
+def locate_hierarcaps() -> str | None:
+    """The HierarCaps test folder (``hierarcaps_test.csv`` + ``images/``): the local copy, else
+    ``$ASYMVLM_CACHE/hierarcaps`` completed and verified, downloading from
+    ``$ASYMVLM_HIERARCAPS_CSV_URL`` / ``$ASYMVLM_COCO_IMAGES_URL`` or the public sources; None
+    after one warning when there is no network (docs/data.md)."""
+    local = demo_sets.find_hierarcaps()
+    if local:
+        return local
+    root = os.path.abspath(os.path.join(default_cache_dir(), "hierarcaps"))
+    prefix = (os.environ.get("ASYMVLM_COCO_IMAGES_URL") or COCO_IMAGES_URL).rstrip("/") + "/"
 
     def unavailable(reason: str) -> None:
         log.warning(
-            f"HierarCaps is not available ({reason}): set ASYMVLM_HIERARCAPS to a copy "
-            f"({CSV_NAME} + {IMAGES_DIR}/), or allow network access so that it is downloaded "
-            f"into {root}"
+            f"HierarCaps is not available (no local copy and no network: {reason}): set "
+            f"ASYMVLM_HIERARCAPS to a copy ({CSV_NAME} + {IMAGES_DIR}/), or allow network access "
+            f"so that it is downloaded into {root}"
         )
 
     csv_path = os.path.join(root, CSV_NAME)
     if not (os.path.isfile(csv_path) and _sha256(csv_path) == CSV_SHA256):
-        if not download:
-            return unavailable("no local copy, no complete cached copy, downloads disabled")
+        csv_url = os.environ.get("ASYMVLM_HIERARCAPS_CSV_URL") or CSV_URL
         try:
             _download(csv_url, csv_path, image=False, expected=CSV_SHA256)
         except _Unreachable as exc:
-            return unavailable(f"no local copy and no network: {exc}")
+            return unavailable(str(exc))
     names = _image_names(csv_path)
     sums_path = os.path.join(root, SUMS_NAME)
     lines = (storage.read_bytes(sums_path) or b"").decode().splitlines()
@@ -181,9 +186,6 @@ def _ensure(root: str, csv_url: str, prefix: str, download: bool) -> str | None:
         if digest and (recorded.get(rel) == digest or rel not in recorded and _decodes(path)):
             good[rel] = digest
     bad = [n for n in names if f"{IMAGES_DIR}/{n}" not in good]
-    if bad and not download:
-        n = f"{len(bad):,} of {len(names):,}"
-        return unavailable(f"{n} cached images missing or damaged, downloads disabled")
     if bad:
         log.info(f"downloading HierarCaps ({len(bad):,} of {len(names):,} images) into {root}")
         fetched = _fetch_images(root, bad, prefix, recorded)
@@ -191,42 +193,16 @@ def _ensure(root: str, csv_url: str, prefix: str, download: bool) -> str | None:
         missing = sum(not isinstance(v, str) for v in fetched.values())
         good.update((rel, v) for rel, v in fetched.items() if isinstance(v, str))
         if errors:
-            changed = any(isinstance(e, HierarCapsChecksumError) for e in fetched.values())
-            raise (HierarCapsChecksumError if changed else HierarCapsError)(
+            raise HierarCapsError(
                 f"HierarCaps download incomplete: {missing:,} of {len(names):,} images failed "
                 f"({'; '.join(errors[:5])}{'; ...' if len(errors) > 5 else ''}); the good "
                 f"images stay in {root} and the next call fetches only the missing ones"
-                + (f" (if the source changed, delete {root} to start afresh)" if changed else "")
             )
         if missing:
             reason = next(str(e) for e in fetched.values() if isinstance(e, _Unreachable))
-            return unavailable(f"no network: {reason}; {missing:,} images still missing")
+            return unavailable(f"{reason}; {missing:,} images still missing")
         log.info(f"HierarCaps ready in {root}: {len(bad):,} images downloaded")
     sums = {CSV_NAME: CSV_SHA256, **good}
     if sums != recorded:
         storage.write_text(sums_path, "".join(f"{sums[r]}  {r}\n" for r in sorted(sums)))
     return root
-
-
-def locate_hierarcaps(
-    cache_dir: str | os.PathLike[str] | None = None,
-    download: bool = True,
-    base_urls: Mapping[str, str] | None = None,
-) -> str | None:
-    """The HierarCaps test folder (``hierarcaps_test.csv`` + ``images/``): the local copy, else
-    ``<cache_dir>/hierarcaps`` completed and verified, downloading from ``base_urls`` (``csv``,
-    ``images``), ``$ASYMVLM_HIERARCAPS_CSV_URL`` / ``$ASYMVLM_COCO_IMAGES_URL`` or the public
-    sources; None after one warning when it cannot be completed (docs/data.md)."""
-    local = demo_sets.find_hierarcaps()
-    if local:
-        return local
-    given = dict(base_urls or {})
-    if set(given) - {"csv", "images"}:
-        raise ValueError(f"base_urls: unknown key(s) {sorted(set(given) - {'csv', 'images'})}")
-    csv_url = given.get("csv") or os.environ.get("ASYMVLM_HIERARCAPS_CSV_URL") or CSV_URL
-    prefix = given.get("images") or os.environ.get("ASYMVLM_COCO_IMAGES_URL") or COCO_IMAGES_URL
-    base = os.path.expanduser(
-        os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
-    )
-    root = os.path.abspath(os.path.join(base, "hierarcaps"))
-    return _ensure(root, csv_url, prefix.rstrip("/") + "/", download)
