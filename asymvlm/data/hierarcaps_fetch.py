@@ -20,15 +20,7 @@ from asymvlm.data import demo_sets
 from asymvlm.data.sources.captions import read_csv
 from asymvlm.errors import AsymVLMError
 
-__all__ = [
-    "COCO_IMAGES_URL",
-    "CSV_SHA256",
-    "CSV_URL",
-    "HierarCapsChecksumError",
-    "HierarCapsError",
-    "default_cache_dir",
-    "locate_hierarcaps",
-]
+__all__ = ["HierarCapsChecksumError", "HierarCapsError", "locate_hierarcaps"]
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +49,6 @@ class HierarCapsChecksumError(HierarCapsError):
 
 class _Unreachable(Exception):
     """The server could not be reached (connection, DNS, timeout) after every retry."""
-
-
-def default_cache_dir() -> str:
-    """``$ASYMVLM_CACHE``, else ``~/.cache/asymvlm`` (HierarCaps goes into ``hierarcaps/``)."""
-    return os.path.expanduser(os.environ.get("ASYMVLM_CACHE") or "~/.cache/asymvlm")
 
 
 def _sha256(path: str) -> str:
@@ -158,7 +145,8 @@ def locate_hierarcaps() -> str | None:
     local = demo_sets.find_hierarcaps()
     if local:
         return local
-    root = os.path.abspath(os.path.join(default_cache_dir(), "hierarcaps"))
+    cache = os.path.expanduser(os.environ.get("ASYMVLM_CACHE") or "~/.cache/asymvlm")
+    root = os.path.abspath(os.path.join(cache, "hierarcaps"))
     prefix = (os.environ.get("ASYMVLM_COCO_IMAGES_URL") or COCO_IMAGES_URL).rstrip("/") + "/"
 
     def unavailable(reason: str) -> None:

@@ -25,8 +25,6 @@ __all__ = [
     "item_seed",
 ]
 
-SEVERITIES = (1, 2, 3, 4, 5)
-
 
 def item_seed(seed: int, item_id: str) -> int:
     """A per-item seed from the run seed and the item's id (independent of batching)."""
@@ -50,8 +48,7 @@ def _rotation(image, severity: int, rng: np.random.Generator):
 def _zoom_blur(image, severity: int, rng: np.random.Generator):
     top, step = ((1.11, 0.01), (1.16, 0.01), (1.21, 0.02), (1.26, 0.02), (1.31, 0.03))[severity - 1]
     w, h = image.size
-    base = np.asarray(image, dtype=np.float32)
-    acc = base.copy()
+    acc = np.asarray(image, dtype=np.float32).copy()
     zooms = np.arange(1.0 + step, top, step)
     for z in zooms:
         zw, zh = int(round(w * z)), int(round(h * z))
@@ -77,11 +74,7 @@ def _low_resolution(image, severity: int, rng: np.random.Generator):
 
 
 IMAGE_PERTURBATIONS: dict[str, Callable] = {
-    "gaussian_noise": _gaussian_noise,
-    "rotation": _rotation,
-    "zoom_blur": _zoom_blur,
-    "jpeg": _jpeg,
-    "low_resolution": _low_resolution,
+    f.__name__[1:]: f for f in (_gaussian_noise, _rotation, _zoom_blur, _jpeg, _low_resolution)
 }
 
 
@@ -174,10 +167,7 @@ def _casing(text: str, severity: int, rng: np.random.Generator) -> str:
 
 
 CAPTION_PERTURBATIONS: dict[str, Callable] = {
-    "typos": _typos,
-    "word_order": _word_order,
-    "synonyms": _synonyms,
-    "casing": _casing,
+    f.__name__[1:]: f for f in (_typos, _word_order, _synonyms, _casing)
 }
 
 
@@ -185,7 +175,7 @@ CAPTION_PERTURBATIONS: dict[str, Callable] = {
 def parse_perturbation(spec: str, kinds: dict[str, Callable]) -> tuple[str, int]:
     """``"kind:severity"`` -> (kind, severity), checked against ``kinds``."""
     kind, sep, level = spec.partition(":")
-    if kind not in kinds or not sep or not level.isdigit() or int(level) not in SEVERITIES:
+    if kind not in kinds or not sep or level not in ("1", "2", "3", "4", "5"):
         raise ValueError(
             f"perturbation {spec!r}: expected KIND:SEVERITY with KIND in {sorted(kinds)} "
             f"and SEVERITY in 1-5"

@@ -144,12 +144,8 @@ def _image_processor(kind: str, **kwargs):
 
 
 def _text_ids(tok) -> dict:
-    return dict(
-        vocab_size=len(tok),
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
+    ids = {f"{k}_token_id": getattr(tok, f"{k}_token_id") for k in ("pad", "bos", "eos")}
+    return {"vocab_size": len(tok), **ids}
 
 
 def _save(directory: str | os.PathLike, seed: int, model_cls, config, processor) -> str:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import pyarrow.compute as pc
 
 from asymvlm.data.templates import templates_for
 from asymvlm.storage import fsspec_filesystem as open_fs
 
-from .captions import read_cc, read_coco, read_coco_karpathy, read_flickr30k, read_hierarcaps
-from .classes import read_cifar10, read_cifar100, read_imagenet, read_stl10
+from .captions import read_cc, read_coco, read_hierarcaps, read_karpathy
+from .classes import CIFAR10, CIFAR100, read_cifar, read_imagenet, read_stl10
 from .common import CAPTION_SCHEMA, IMAGE_SCHEMA, PROMPT_SCHEMA, Request, SourceData, SourceError
 
 __all__ = [
@@ -28,12 +29,12 @@ __all__ = [
 
 READERS: dict[str, Callable[[Request], SourceData]] = {
     "coco": read_coco,
-    "coco-karpathy": read_coco_karpathy,
-    "flickr30k": read_flickr30k,
+    "coco-karpathy": partial(read_karpathy, coco=True),
+    "flickr30k": partial(read_karpathy, coco=False),
     "cc": read_cc,
     "hierarcaps": read_hierarcaps,
-    "cifar10": read_cifar10,
-    "cifar100": read_cifar100,
+    "cifar10": partial(read_cifar, layout=CIFAR10),
+    "cifar100": partial(read_cifar, layout=CIFAR100),
     "stl10": read_stl10,
     "imagenet": read_imagenet,
 }

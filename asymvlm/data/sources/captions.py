@@ -105,7 +105,7 @@ def read_coco(req: Request) -> SourceData:
     )
 
 
-def _read_karpathy(req: Request, coco: bool) -> SourceData:
+def read_karpathy(req: Request, coco: bool) -> SourceData:
     ann, folder = req.need("annotations"), req.need("images")
     if req.split not in KARPATHY_SPLITS:
         raise ValueError(f"{req.dataset}: split must be one of {sorted(KARPATHY_SPLITS)}")
@@ -124,14 +124,6 @@ def _read_karpathy(req: Request, coco: bool) -> SourceData:
         captions_table(caps),
         description={"format": "karpathy-json", "karpathy_splits": list(wanted)},
     )
-
-
-def read_coco_karpathy(req: Request) -> SourceData:
-    return _read_karpathy(req, coco=True)
-
-
-def read_flickr30k(req: Request) -> SourceData:
-    return _read_karpathy(req, coco=False)
 
 
 # -- Conceptual Captions -----------------------------------------------------------------------

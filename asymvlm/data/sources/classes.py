@@ -185,20 +185,16 @@ CIFAR100 = CifarLayout(
 )
 
 
-def _read_cifar(req: Request, layout: CifarLayout) -> SourceData:
+def read_cifar(req: Request, layout: CifarLayout) -> SourceData:
     if req.split not in layout.files:
         raise ValueError(f"{req.dataset}: split must be one of {sorted(layout.files)}")
     root = _find_root(req, layout.meta, layout.folder)
     meta = join_url(root, layout.meta)
-    (raw_names,) = _unpickle(meta, layout.names_key)
-    classes = []
-    for k, v in enumerate(raw_names if isinstance(raw_names, list | tuple) else []):
-        try:
-            classes.append(v.decode("utf-8") if isinstance(v, bytes) else str(v))
-        except UnicodeDecodeError as e:
-            raise SourceError(f"{meta}: {layout.names_key}[{k}]: not UTF-8 ({e.reason})") from None
-    if not classes:
-        raise SourceError(f"{meta}: {layout.names_key}: expected a non-empty list of class names")
+    (classes,) = _unpickle(meta, layout.names_key)
+    try:
+        classes = [name.decode("utf-8") for name in classes or None]
+    except (AttributeError, TypeError, UnicodeDecodeError) as e:
+        raise SourceError(f"{meta}: {layout.names_key}: not a list of class names ({e})") from None
     blocks, labels = [], []
     for name in layout.files[req.split]:
         url = join_url(root, name)
@@ -221,14 +217,6 @@ def _read_cifar(req: Request, layout: CifarLayout) -> SourceData:
         root,
         "cifar-python-pickle",
     )
-
-
-def read_cifar10(req: Request) -> SourceData:
-    return _read_cifar(req, CIFAR10)
-
-
-def read_cifar100(req: Request) -> SourceData:
-    return _read_cifar(req, CIFAR100)
 
 
 STL10_SIDE = 96
