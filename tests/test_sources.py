@@ -28,14 +28,9 @@ def read(dataset, annotations=None, images=None, split="test", **kw):
     assert data.captions.schema.names[:3] == CAPTION_SCHEMA.names
     ids = data.images["image_id"].to_pylist()
     assert ids == sorted(set(ids))
-    keys = list(
-        zip(
-            column(data, "image_id", "captions"),
-            column(data, "caption_id", "captions"),
-            strict=True,
-        )
-    )
-    assert keys == sorted(keys) and {k[0] for k in keys} <= set(ids)
+    keys = data.captions.select(["image_id", "caption_id"]).to_pylist()
+    assert keys == sorted(keys, key=lambda k: tuple(k.values()))
+    assert {k["image_id"] for k in keys} <= set(ids)
     assert json.loads(json.dumps(data.description))["counts"]["images"] == len(ids)
     return data
 
@@ -54,12 +49,7 @@ def sha16(path: str) -> str:
 
 
 def test_registry_and_bad_requests(tmp_path):
-    assert set(READERS) == {"coco", "coco-karpathy", "flickr30k", "cc", "hierarcaps"} | {
-        "cifar10",
-        "cifar100",
-        "stl10",
-        "imagenet",
-    }
+    assert len(READERS) == 9 and "coco-karpathy" in READERS
     with pytest.raises(ValueError, match="unknown data set 'nope'"):
         read("nope")
     with pytest.raises(ValueError, match="templates must each hold one"):
@@ -126,9 +116,8 @@ def karpathy(**image) -> dict:
     def item(cocoid, split, sentids, folder="val2014"):
         sentences = [{"raw": f" caption {s} of {cocoid}.", "sentid": s} for s in sentids]
         name = f"COCO_{folder}_{cocoid:012d}.jpg"
-        return {"filepath": folder, "filename": name, "split": split, "cocoid": cocoid} | {
-            "sentences": sentences
-        }
+        meta = {"split": split, "cocoid": cocoid, "sentences": sentences}
+        return {"filepath": folder, "filename": name, **meta}
 
     images = [item(11, "train", [1, 2], "train2014"), item(22, "restval", [3])]
     images += [item(33, "val", [4, 5]), item(44, "test", [6]), item(55, "test", [7, 8])]
@@ -149,11 +138,7 @@ def test_coco_karpathy_splits(tmp_path, split, expected):
             "/data/coco/train2014/COCO_train2014_000000000011.jpg",
             "/data/coco/val2014/COCO_val2014_000000000022.jpg",
         ]
-        assert data.captions.to_pylist()[2] == {
-            "caption_id": "3",
-            "image_id": "22",
-            "text": "caption 3 of 22.",
-        }
+        assert list(data.captions.to_pylist()[2].values()) == ["3", "22", "caption 3 of 22."]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +16,6 @@ from pydantic import AfterValidator, StrictInt, StrictStr, TypeAdapter, Validati
 from asymvlm import storage
 from asymvlm.errors import AsymVLMError
 
-T = TypeVar("T")
 join_url = storage.uri_join
 
 _STR, _INT = pa.string(), pa.int64()
@@ -73,7 +72,7 @@ def stem(name: str) -> str:
 Ident = Annotated[StrictInt | StrictStr, AfterValidator(str)]
 
 
-def parse_json(url: str, adapter: TypeAdapter[T]) -> T:
+def parse_json(url: str, adapter: TypeAdapter[Any]) -> Any:
     """The JSON document at ``url`` as ``adapter``'s type (errors name the file and key path)."""
     try:
         return adapter.validate_json(read_text(url))
