@@ -11,15 +11,15 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from PIL import Image
 
+from asymvlm.data.demo_sets import write_hierarcaps_cifar
 from asymvlm.data.sources import CAPTION_SCHEMA, IMAGE_SCHEMA, READERS, SourceError, read_source
 from asymvlm.data.templates import GENERIC_TEMPLATES, TEMPLATES, imagenet_class_names
 from asymvlm.data.templates import templates_for as tf
 from asymvlm.storage import StorageError
-from tests.helpers import HIERARCAPS
+from tests.helpers import HIERARCAPS, hierarcaps_subset
 
 
 def read(dataset, annotations=None, images=None, split="test", **kw):
@@ -317,20 +317,22 @@ def test_sample_and_id_list(tmp_path):
 
 # -- HierarCaps (real data) --------------------------------------------------------------------
 @pytest.mark.skipif(HIERARCAPS is None, reason="no real HierarCaps copy")
-def test_hierarcaps_real():
-    folder = str(HIERARCAPS / "images")
-    data = read("hierarcaps", str(HIERARCAPS / "hierarcaps_test.csv"), folder)
+def test_hierarcaps_real_and_its_cifar_stand_ins(tmp_path):
+    data = read("hierarcaps", str(HIERARCAPS / "hierarcaps_test.csv"), str(HIERARCAPS / "images"))
     assert data.description["counts"] == {"images": 1000, "captions": 4000}
     assert set(column(data, "image_id")) == {p.stem for p in (HIERARCAPS / "images").glob("*")}
     assert Path(data.images["path"][0].as_py()).is_file()
-    levels = column(data, "level", "captions")
-    assert data.captions.schema.field("level").type == pa.int64()
-    assert {lv: levels.count(lv) for lv in set(levels)} == {0: 1000, 1: 1000, 2: 1000, 3: 1000}
+    levels = data.captions["level"].value_counts().to_pylist()
+    assert sorted((c["values"], c["counts"]) for c in levels) == [(k, 1000) for k in range(4)]
     first = [r for r in data.captions.to_pylist() if r["caption_id"].startswith("0-")]
     assert [(r["text"], r["level"]) for r in first[:2]] == [("table", 0), ("table with plates", 1)]
     assert {r["image_id"] for r in first} == {"COCO_val2014_000000301718"}
     url = read("hierarcaps", str(HIERARCAPS / "hierarcaps_test.csv"))
     assert column(url, "path")[0].startswith("http")
+    hierarcaps_subset(tmp_path / "hc", n=40)  # the demo's CIFAR-format stand-ins
+    roots = write_hierarcaps_cifar(str(tmp_path / "hc"), str(tmp_path / "out"), n_classes=2)
+    pos, neg = (read(d, images=roots[d]).description["classes"] for d in ("cifar10", "cifar100"))
+    assert len(pos) == len(neg) == 2 and not set(pos) & set(neg)
 
 
 # -- CIFAR / STL-10 ----------------------------------------------------------------------------
@@ -462,9 +464,6 @@ def test_templates():
     for template in [t for ts in (*TEMPLATES.values(), GENERIC_TEMPLATES) for t in ts]:
         assert template.count("{}") == 1 and not re.search(r"\{[^}]", template), template
     # CLIP's curated names, not WordNet's first lemma ("cock", "hammerhead", "water ouzel").
-    assert imagenet_class_names(["n01514668", "n01494475", "n01601694"]) == [
-        "rooster",
-        "hammerhead shark",
-        "American dipper",
-    ]
+    names = imagenet_class_names(["n01514668", "n01494475", "n01601694"])
+    assert names == ["rooster", "hammerhead shark", "American dipper"]
     assert imagenet_class_names(["n01514668", "cats"]) is None
