@@ -28,35 +28,18 @@ class FakeHub:
     def add(self, repo: str, folder: str, branch: str = "main") -> str:
         """Publish the files of ``folder`` (read now) as the head of ``branch``; returns the
         commit id."""
-        names = sorted(os.listdir(folder))
-        data = {n: pathlib.Path(folder, n).read_bytes() for n in names}
-        commit = hashlib.sha1(b"".join(n.encode() + data[n] for n in names)).hexdigest()
-        resolve, api = (
-            os.path.join(self.root, repo, "resolve"),
-            os.path.join(self.root, "api/models", repo),
-        )
+        data = {n: pathlib.Path(folder, n).read_bytes() for n in sorted(os.listdir(folder))}
+        commit = hashlib.sha1(b"".join(n.encode() + b for n, b in data.items())).hexdigest()
+        resolve, api = os.path.join(self.root, repo, "resolve"), f"{self.root}/api/models/{repo}"
         shutil.copytree(folder, os.path.join(resolve, commit), dirs_exist_ok=True)
         if os.path.lexists(os.path.join(resolve, branch)):
             os.remove(os.path.join(resolve, branch))
         os.symlink(commit, os.path.join(resolve, branch))
-        tree = [
-            {"type": "file", "path": n, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-            for n, b in data.items()
-        ]
-        for path, payload in (
-            (
-                f"revision/{branch}",
-                {"id": repo, "sha": commit, "siblings": [{"rfilename": n} for n in names]},
-            ),
-            (
-                f"revision/{commit}",
-                {"id": repo, "sha": commit, "siblings": [{"rfilename": n} for n in names]},
-            ),
-            (f"tree/{commit}", tree),
-        ):
-            os.makedirs(os.path.dirname(os.path.join(api, path)), exist_ok=True)
-            with open(os.path.join(api, path), "w") as fh:
-                json.dump(payload, fh)
+        os.makedirs(f"{api}/revision", exist_ok=True)
+        os.makedirs(f"{api}/tree", exist_ok=True)
+        pathlib.Path(api, "revision", branch).write_text(json.dumps({"id": repo, "sha": commit}))
+        tree = [{"type": "file", "path": n, "size": len(b), "oid": commit} for n, b in data.items()]
+        pathlib.Path(api, "tree", commit).write_text(json.dumps(tree))
         return commit
 
 

@@ -203,9 +203,12 @@ def test_resume_ends_bit_for_bit_where_an_uninterrupted_run_ends(
     assert _rows(out) == _rows(plain)
 
 
-def test_resume_with_other_settings_names_them(small_world, tmp_path) -> None:
+def test_resume_starts_fresh_or_with_the_same_settings_only(small_world, tmp_path) -> None:
     out = str(tmp_path / "ckpt")
-    train(small_world, "train", _cfg(epochs=2), output=out, progress=False)
+    _, history = train(
+        small_world, "train", _cfg(epochs=2), output=out, progress=False, resume=True
+    )
+    assert [r["epoch"] for r in history] == [1, 2] and _meta(out)["complete"] is True
     with pytest.raises(CheckpointError) as err:
         train(small_world, "train", _cfg(epochs=3, lr=2e-3), output=out, resume=True)
     assert str(err.value) == (
@@ -215,14 +218,6 @@ def test_resume_with_other_settings_names_them(small_world, tmp_path) -> None:
     )
     with pytest.raises(CheckpointError, match=r"split 'train' \(checkpoint\) vs 'val' \(now\)"):
         train(small_world, "val", _cfg(epochs=2), output=out, resume=True)
-
-
-def test_resume_without_a_checkpoint_starts_fresh(small_world, tmp_path) -> None:
-    out = str(tmp_path / "ckpt")
-    _, history = train(
-        small_world, "train", _cfg(epochs=2), output=out, progress=False, resume=True
-    )
-    assert [r["epoch"] for r in history] == [1, 2] and _meta(out)["complete"] is True
     with pytest.raises(ConfigError, match="exclude each other"):
         train(small_world, "train", _cfg(), output=out, resume=True, overwrite=True)
 
