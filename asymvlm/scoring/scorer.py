@@ -24,7 +24,7 @@ from asymvlm.data.encoder.hub import check_hub_model
 from asymvlm.errors import AsymVLMError, CheckpointError
 from asymvlm.splits import SplitTensors
 
-__all__ = ["NOT_AN_ENCODER", "CaptionScores", "Scorer", "ScoringInputError"]
+__all__ = ["CaptionScores", "Scorer", "ScoringInputError"]
 
 #: Models that are names of tables, not encoders (the synthetic worlds).
 NOT_AN_ENCODER = frozenset({"synthetic-world"})
