@@ -29,18 +29,18 @@ def read_captions(path: str, column: str) -> list[str]:
                     "choose one with --column"
                 )
             values = pq.read_table(path, columns=[column]).column(column).to_pylist()
-            where = [f"row {i}: {column!r} is not a caption ({t!r})" for i, t in enumerate(values)]
         else:
             with open(path, encoding="utf-8") as fh:
                 values = fh.read().splitlines()
             while values and not values[-1].strip():  # trailing blank lines are no captions
                 values.pop()
-            where = [f"line {i}: empty caption" for i in range(1, len(values) + 1)]
     except (OSError, pa.ArrowInvalid) as exc:  # missing, unreadable, not Parquet
         raise ConfigError(f"{path}: cannot read the captions ({exc})") from None
-    for text, problem in zip(values, where, strict=True):
+    for i, text in enumerate(values):
         if not isinstance(text, str) or not text.strip():
-            raise ConfigError(f"{path} {problem}")
+            if path.endswith(".parquet"):
+                raise ConfigError(f"{path} row {i}: {column!r} is not a caption ({text!r})")
+            raise ConfigError(f"{path} line {i + 1}: empty caption")
     return values
 
 
@@ -66,7 +66,9 @@ def cmd_score_text(args: argparse.Namespace) -> int:
     chunk, writer = args.batch_size * 16, None
     with contextlib.ExitStack() as stack:
         quiet = args.quiet or not args.input
-        bar = stack.enter_context(tqdm(total=len(captions), desc="scoring", disable=quiet))
+        bar = stack.enter_context(
+            tqdm(total=len(captions), unit="caption", desc="scoring", disable=quiet)
+        )
         for start in range(0, len(captions), chunk):
             try:
                 result = scorer.caption_uncertainty(captions[start : start + chunk])
