@@ -141,78 +141,69 @@ def model_card(
     ]
     where = f"hf-hub:{repo}" if repo else "FOLDER"
     if name and name != _NO_ENCODER:
-        use = [
-            f'asymvlm score-text --checkpoint {where} "a dog" "a golden retriever catching '
-            'a red frisbee"',
-            "```",
-            "",
-            "```python",
-            "from asymvlm import Scorer",
-            "",
-            f'scorer = Scorer.from_pretrained("{where}")',
-            'scorer.caption_uncertainty(["a dog"])  # kappa, uncertainty, mu',
-        ]
+        use = f"""asymvlm score-text --checkpoint {where} "a dog" "a golden retriever catching a \
+red frisbee"
+```
+
+```python
+from asymvlm import Scorer
+
+scorer = Scorer.from_pretrained("{where}")
+scorer.caption_uncertainty(["a dog"])  # kappa, uncertainty, mu"""
     else:
-        use = [
-            f"asymvlm evaluate --checkpoint {where} --embeddings TABLES --split test "
-            "--output metrics.json"
-        ]
-    limits = []
+        use = f"asymvlm evaluate --checkpoint {where} --embeddings TABLES --split test --output \
+metrics.json"
+    limits = ""
     if name == _NO_ENCODER:
-        limits.append(
-            "* Trained on a **synthetic world** (toy embeddings with known uncertainty): "
-            "for learning and testing the method, not for real images or text."
-        )
+        limits = """
+* Trained on a **synthetic world** (toy embeddings with known uncertainty): for learning and \
+testing the method, not for real images or text."""
     elif name and not base:
-        limits.append(
-            f"* The encoder is a local folder (`{_label(name)}`, its path in `config.json`): "
-            "on another machine give its copy with `--encoder` (`encoder=`); a copy with other "
-            "files is refused."
-        )
-    lines = [
-        "---",
-        data.to_yaml(),
-        "---",
-        "",
-        f"# {method} adapter" + (f" for {_label(name)}" if name else ""),
-        "",
-        "A probabilistic adapter for a frozen vision-language model, exported by the "
-        f"`asymvlm` package {package_version()} (AsymVLM, Ju et al., NeurIPS 2025, and its "
-        "baselines): it turns a caption's embedding into a distribution whose spread is "
-        "the caption's uncertainty.",
-        "",
-        "## Method",
-        "",
-        f"`{method}`: {summary or '(not a registered method here)'}",
-        "",
-        f"Its uncertainty (higher = more uncertain): {spread}.",
-        "",
-        "## Training data and protocol",
-        "",
-        "Trained on cached embeddings of a frozen vision-language model; only the adapter "
-        "is here, the encoder is referenced, not copied.",
-        "",
-        "| setting | value |",
-        "|---|---|",
-        *[f"| {k} | `{v}` |" for k, v in rows if v not in (None, "", "None of None")],
-        "",
-        "## Evaluation",
-        "",
-        *_metrics_section(metrics or {}, source),
-        "",
-        "## How to use",
-        "",
-        "```bash",
-        "pip install asymvlm",
-        "",
-        *use,
-        "```",
-        "",
-        "Publish a folder with `hf upload ORG/REPO FOLDER` (the folder holds no pickle).",
-        "",
-        "## Intended use",
-        "",
-        _USE,
-        *limits,
-    ]
-    return "\n".join(lines).rstrip() + "\n"
+        limits = f"""
+* The encoder is a local folder (`{_label(name)}`, its path in `config.json`): on another \
+machine give its copy with `--encoder` (`encoder=`); a copy with other files is refused."""
+    table = "\n".join(f"| {k} | `{v}` |" for k, v in rows if v not in (None, "", "None of None"))
+    evaluation = "\n".join(_metrics_section(metrics or {}, source))
+    return f"""---
+{data.to_yaml()}
+---
+
+# {method} adapter{f" for {_label(name)}" if name else ""}
+
+A probabilistic adapter for a frozen vision-language model, exported by the `asymvlm` package \
+{package_version()} (AsymVLM, Ju et al., NeurIPS 2025, and its baselines): it turns a caption's \
+embedding into a distribution whose spread is the caption's uncertainty.
+
+## Method
+
+`{method}`: {summary or "(not a registered method here)"}
+
+Its uncertainty (higher = more uncertain): {spread}.
+
+## Training data and protocol
+
+Trained on cached embeddings of a frozen vision-language model; only the adapter is here, the \
+encoder is referenced, not copied.
+
+| setting | value |
+|---|---|
+{table}
+
+## Evaluation
+
+{evaluation}
+
+## How to use
+
+```bash
+pip install asymvlm
+
+{use}
+```
+
+Publish a folder with `hf upload ORG/REPO FOLDER` (the folder holds no pickle).
+
+## Intended use
+
+{_USE}{limits}
+"""
