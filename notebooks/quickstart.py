@@ -163,7 +163,7 @@ save(fig, "binned_recall.png")
 # ## 4. Export the adapter and score captions with the `Scorer`
 #
 # `asymvlm export` (here `export_adapter`) writes the Hugging Face layout: `model.safetensors`
-# (no pickle), `config.json` (method, protocol, encoder, input calibration, the weights' hash)
+# (no pickle), `config.json` (method, protocol, encoder, input calibration)
 # and a `README.md` model card. `hf upload ORG/REPO FOLDER` publishes it, and
 # `Scorer.from_pretrained("hf-hub:ORG/REPO")` loads it back anywhere.
 #

@@ -10,10 +10,12 @@ import base64
 import binascii
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from ray import serve
 
+from asymvlm.scoring import ScoringInputError
 from pipelines.schema import ServeConfig
 from pipelines.session import require_ray
 
@@ -33,6 +35,12 @@ class ScoreRequest(BaseModel):
 
 def _bad(message: str) -> HTTPException:
     return HTTPException(status_code=400, detail=message)
+
+
+@app.exception_handler(ScoringInputError)
+def _bad_input(request: Request, exc: ScoringInputError) -> JSONResponse:
+    """A caption or image the scorer cannot take: 400, naming its position."""
+    return JSONResponse(status_code=400, content={"detail": str(exc)})
 
 
 @serve.deployment
@@ -81,14 +89,6 @@ class ScorerDeployment:
                 raise _bad(f"image {i}: not base64") from None
         return out
 
-    def _records(self, captions: list[str]) -> list[dict[str, Any]]:
-        from asymvlm.scoring import ScoringInputError
-
-        try:
-            return self.scorer.caption_uncertainty(captions).records()
-        except ScoringInputError as exc:
-            raise _bad(str(exc)) from None
-
     @app.get("/health")
     def health(self) -> dict[str, Any]:
         return {
@@ -103,12 +103,12 @@ class ScorerDeployment:
         captions = self._captions(request.captions)
         if self.cfg.batching:
             return {"results": await self._batched(captions)}
-        return {"results": self._records(captions)}
+        return {"results": self.scorer.caption_uncertainty(captions).records()}
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
     async def _batched(self, requests: list[list[str]]) -> list[list[dict[str, Any]]]:
         """The captions of every request that came together, embedded as one batch."""
-        records = self._records([c for r in requests for c in r])
+        records = self.scorer.caption_uncertainty([c for r in requests for c in r]).records()
         out, start = [], 0
         for r in requests:
             out.append(records[start : start + len(r)])
@@ -117,14 +117,8 @@ class ScorerDeployment:
 
     @app.post("/score")
     async def score(self, request: ScoreRequest) -> dict[str, Any]:
-        from asymvlm.scoring import ScoringInputError
-
         captions, images = self._captions(request.captions), self._images(request.images)
-        try:
-            scores = self.scorer.score(images, captions)
-        except ScoringInputError as exc:
-            raise _bad(str(exc)) from None
-        return {"scores": scores.tolist()}
+        return {"scores": self.scorer.score(images, captions).tolist()}
 
 
 def check(cfg: ServeConfig) -> dict[str, Any]:

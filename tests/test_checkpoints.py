@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -29,17 +24,8 @@ from asymvlm.training import TrainConfig
 
 
 def _cfg(**kw) -> TrainConfig:
-    base = dict(
-        method="asymvlm-vmf",
-        epochs=4,
-        lr=1e-3,
-        optimizer="adamw",
-        batch_size=128,
-        hidden_dim=16,
-        depth=2,
-        seed=0,
-    )
-    return TrainConfig(**{**base, **kw})
+    base = dict(method="asymvlm-vmf", epochs=4, lr=1e-3, optimizer="adamw", batch_size=128)
+    return TrainConfig(**{**base, "hidden_dim": 16, "depth": 2, "seed": 0, **kw})
 
 
 def _weights(folder) -> dict[str, torch.Tensor]:
@@ -48,9 +34,7 @@ def _weights(folder) -> dict[str, torch.Tensor]:
 
 def _assert_same_weights(a, b) -> None:
     wa, wb = _weights(a), _weights(b)
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        assert torch.equal(wa[key], wb[key]), key
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def _rows(folder) -> list[dict]:
@@ -147,53 +131,11 @@ def test_missing_weights_and_incomplete_checkpoints(tmp_path) -> None:
     with pytest.raises(CheckpointError, match="config.json but no model.safetensors"):
         load_checkpoint(str(folder), allow_incomplete=True)
     (folder / "model.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(
-        CheckpointError,
-        match=r"model.safetensors: its SHA-256 differs from the "
-        "one config.json records",
-    ):
-        load_checkpoint(str(folder), allow_incomplete=True)
-    meta = _meta(folder)
-    del meta["sha256"]  # a file nobody vouched for is read, and found unreadable
-    (folder / "config.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="model.safetensors: unreadable"):
         load_checkpoint(str(folder), allow_incomplete=True)
 
 
-def test_the_weights_are_safetensors_with_their_hash_recorded(tmp_path) -> None:
-    folder = tmp_path / "ckpt"
-    _save(folder)
-    meta = _meta(folder)
-    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
-    assert meta["sha256"] == {"model.safetensors": digest}
-    assert (folder / "model.safetensors").read_bytes()[8:9] == b"{"  # a JSON header, no pickle
-    loaded, _ = load_checkpoint(str(folder))
-    for key, value in loaded.state_dict().items():
-        assert torch.equal(value, _weights(folder)[key]), key
-
-
 # -- train(): refusal, overwrite, resume -----------------------------------------------------
-def test_an_existing_checkpoint_is_refused_without_resume_or_overwrite(small_world, tmp_path):
-    out = str(tmp_path / "ckpt")
-    train(small_world, "train", _cfg(epochs=1), output=out, progress=False)
-    before = _weights(out)
-    with pytest.raises(CheckpointError) as err:
-        train(small_world, "train", _cfg(epochs=1, seed=1), output=out, progress=False)
-    assert str(err.value) == (
-        f"{out} already holds a checkpoint; pass --resume to continue it "
-        "or --overwrite to replace it"
-    )
-    _, history = train(
-        small_world, "train", _cfg(epochs=2, seed=1), output=out, progress=False, overwrite=True
-    )
-    assert len(history) == 2 and _meta(out)["train_config"]["seed"] == 1
-    assert not torch.equal(
-        _weights(out)["text_adapter.net.0.weight"], before["text_adapter.net.0.weight"]
-    )
-    with pytest.raises(ConfigError, match="exclude each other"):
-        train(small_world, "train", _cfg(), output=out, resume=True, overwrite=True)
-
-
 def test_unusable_outputs_are_refused(small_world, tmp_path, monkeypatch) -> None:
     a_file = tmp_path / "file"
     a_file.write_text("x")
@@ -261,20 +203,12 @@ def test_resume_ends_bit_for_bit_where_an_uninterrupted_run_ends(
     assert _rows(out) == _rows(plain)
 
 
-def test_resume_of_a_complete_checkpoint_changes_nothing(small_world, tmp_path) -> None:
+def test_resume_starts_fresh_or_with_the_same_settings_only(small_world, tmp_path) -> None:
     out = str(tmp_path / "ckpt")
-    train(small_world, "train", _cfg(epochs=2), output=out, progress=False)
-    stamps = {name: os.stat(os.path.join(out, name)).st_mtime_ns for name in os.listdir(out)}
-    method, history = train(
+    _, history = train(
         small_world, "train", _cfg(epochs=2), output=out, progress=False, resume=True
     )
-    assert [r["epoch"] for r in history] == [1, 2] and method.name == "asymvlm-vmf"
-    assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in os.listdir(out)} == stamps
-
-
-def test_resume_with_other_settings_names_them(small_world, tmp_path) -> None:
-    out = str(tmp_path / "ckpt")
-    train(small_world, "train", _cfg(epochs=2), output=out, progress=False)
+    assert [r["epoch"] for r in history] == [1, 2] and _meta(out)["complete"] is True
     with pytest.raises(CheckpointError) as err:
         train(small_world, "train", _cfg(epochs=3, lr=2e-3), output=out, resume=True)
     assert str(err.value) == (
@@ -284,14 +218,8 @@ def test_resume_with_other_settings_names_them(small_world, tmp_path) -> None:
     )
     with pytest.raises(CheckpointError, match=r"split 'train' \(checkpoint\) vs 'val' \(now\)"):
         train(small_world, "val", _cfg(epochs=2), output=out, resume=True)
-
-
-def test_resume_without_a_checkpoint_starts_fresh(small_world, tmp_path) -> None:
-    out = str(tmp_path / "ckpt")
-    _, history = train(
-        small_world, "train", _cfg(epochs=2), output=out, progress=False, resume=True
-    )
-    assert [r["epoch"] for r in history] == [1, 2] and _meta(out)["complete"] is True
+    with pytest.raises(ConfigError, match="exclude each other"):
+        train(small_world, "train", _cfg(), output=out, resume=True, overwrite=True)
 
 
 def _diverge_from_epoch(monkeypatch, epoch: int) -> None:
@@ -332,29 +260,9 @@ def test_a_diverged_run_marks_nothing_complete(small_world, tmp_path, monkeypatc
 
 # -- the command line ---------------------------------------------------------------------------
 def _argv(world: str, out: str, *extra: str) -> list[str]:
-    return [
-        "train",
-        "--embeddings",
-        world,
-        "--method",
-        "asymvlm-vmf",
-        "--epochs",
-        "2",
-        "--lr",
-        "1e-3",
-        "--optimizer",
-        "adamw",
-        "--batch-size",
-        "128",
-        "--hidden-dim",
-        "16",
-        "--depth",
-        "2",
-        "--quiet",
-        "--output",
-        out,
-        *extra,
-    ]
+    flags = "--method asymvlm-vmf --epochs 2 --lr 1e-3 --optimizer adamw --batch-size 128"
+    flags += " --hidden-dim 16 --depth 2 --quiet"
+    return ["train", "--embeddings", world, *flags.split(), "--output", out, *extra]
 
 
 def test_cli_refuses_an_existing_checkpoint_in_one_line(small_world, tmp_path, capsys) -> None:
@@ -384,30 +292,12 @@ def test_cli_evaluate_refuses_an_incomplete_checkpoint(small_world, tmp_path, ca
         str(out), build_method("asymvlm-vmf", 16, hidden_dim=16, depth=2), _cfg(), 16, epoch=1
     )
     metrics = str(tmp_path / "m.json")
-    args = [
-        "evaluate",
-        "--embeddings",
-        small_world,
-        "--checkpoint",
-        str(out),
-        "--quiet",
-        "--output",
-        metrics,
-    ]
+    args = ["evaluate", "--embeddings", small_world, "--checkpoint", str(out), "--quiet"]
+    args += ["--output", metrics]
     assert main(args) == 2
     assert "incomplete checkpoint (epoch 1 of 4)" in capsys.readouterr().err
     assert not os.path.exists(metrics)
     assert main([*args, "--allow-incomplete"]) == 0 and os.path.exists(metrics)
-
-
-def _cli(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "asymvlm.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kw,
-    )
 
 
 def test_cli_diverged_run_exits_3_without_a_complete_checkpoint(
@@ -424,43 +314,3 @@ def test_cli_diverged_run_exits_3_without_a_complete_checkpoint(
     assert "non-finite" in line and "epoch 1 of 2, step" in line and "lr 5" in line
     assert line.endswith(f"no checkpoint was written to {out}")
     assert not os.path.exists(os.path.join(out, "config.json"))
-
-
-@pytest.mark.slow
-def test_sigkill_then_resume_gives_the_uninterrupted_result(small_world, tmp_path) -> None:
-    """A real kill -9 after the first checkpoint, then ``--resume``: same weights, history."""
-    epochs = "15"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-    def argv(out: str) -> list[str]:
-        a = _argv(small_world, out, "--checkpoint-every", "1", "--batch-size", "32")
-        a[a.index("--epochs") + 1] = epochs
-        return a
-
-    plain, out = str(tmp_path / "plain"), str(tmp_path / "killed")
-    proc = _cli(*argv(out), env=env)
-    deadline = time.monotonic() + 600  # a loaded machine starts the CLI slowly
-    while not os.path.exists(os.path.join(out, "config.json")):
-        assert proc.poll() is None, proc.communicate()[1]
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
-    assert proc.returncode == -signal.SIGKILL
-    # Whatever the kill hit, there is a whole checkpoint (put back in place if the kill came
-    # between publish_folder's two renames, as --resume does).
-    recover_checkpoint(out)
-    load_checkpoint(out, allow_incomplete=True)
-    killed_at = _meta(out)["epoch"]
-    assert _meta(out)["complete"] is False and 1 <= killed_at < int(epochs)
-
-    resumed = _cli(*argv(out), "--resume", env=env)
-    _, err = resumed.communicate(timeout=120)
-    assert resumed.returncode == 0, err
-    assert "resuming" in err
-    _, err = (proc := _cli(*argv(plain), env=env)).communicate(timeout=120)
-    assert proc.returncode == 0, err
-    assert _meta(out)["complete"] is True
-    _assert_same_weights(plain, out)
-    assert _rows(out) == _rows(plain)
-    assert [r["epoch"] for r in _rows(out)] == list(range(1, int(epochs) + 1))

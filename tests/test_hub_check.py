@@ -1,69 +1,37 @@
 """A Hub model that cannot be had here is named before any worker starts, with the reason and
-exit 2 -- not a worker's traceback after the Hub client's retries. The Hub is a local HTTP
-server on 127.0.0.1 (or a closed port); the cache a temporary folder."""
+exit 2 -- not a worker's traceback after the Hub client's retries. The Hub is a stand-in on
+127.0.0.1 (or a closed port); the cache a temporary folder."""
 
 from __future__ import annotations
 
-import http.server
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from asymvlm.data.embed import EmbedConfig, check_model
 from asymvlm.data.encoder.hub import check_hub_model, hub_files
 from asymvlm.errors import ConfigError
+from tests.hub_server import serve_hub
 
 LAION = "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
 
 
-class _Hub(http.server.BaseHTTPRequestHandler):
-    """Answers HEAD /<repo>/resolve/<revision>/<file> as the Hub does: the file's metadata,
-    or 404 with the Hub's error code."""
-
-    files: dict[str, set[str]] = {}  # repo -> files it has
-
-    def do_HEAD(self) -> None:  # noqa: N802 (http.server's name)
-        repo, _, rest = self.path.lstrip("/").partition("/resolve/")
-        filename = rest.partition("/")[2]
-        if repo not in self.files:
-            self.send_response(404)
-            self.send_header("X-Error-Code", "RepoNotFound")
-        elif filename not in self.files[repo]:
-            self.send_response(404)
-            self.send_header("X-Error-Code", "EntryNotFound")
-        else:
-            self.send_response(200)
-            self.send_header("X-Repo-Commit", "0" * 40)
-            self.send_header("ETag", '"abc"')
-            self.send_header("Content-Length", "2")
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture
-def hub(hub_cache, monkeypatch) -> Iterator[dict[str, set[str]]]:
-    """A Hub on 127.0.0.1 serving the repositories put into the returned dict."""
+def hub(hub_cache, monkeypatch, tmp_path) -> Iterator[Callable[..., None]]:
+    """``hub(repo, *files)`` publishes a repository on a Hub on 127.0.0.1."""
     from huggingface_hub import constants
 
-    files: dict[str, set[str]] = {}
-    handler = type("Hub", (_Hub,), {"files": files})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    port = server.server_address[1]
-    monkeypatch.setattr(
-        constants,
-        "HUGGINGFACE_CO_URL_TEMPLATE",
-        f"http://127.0.0.1:{port}/{{repo_id}}/resolve/{{revision}}/{{filename}}",
-    )
-    try:
-        yield files
-    finally:
-        server.shutdown()
-        server.server_close()
+    def add(repo: str, *files: str) -> None:
+        folder = tmp_path / "repos" / repo
+        folder.mkdir(parents=True)
+        for name in files:
+            (folder / name).write_text("{}")
+        server.add(repo, str(folder))
+
+    with serve_hub() as server:
+        template = server.url + "/{repo_id}/resolve/{revision}/{filename}"
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+        yield add
 
 
 def test_which_files_a_name_is_fetched_by(tmp_path) -> None:
@@ -113,13 +81,13 @@ def test_offline_mode_is_named(hub_cache, monkeypatch) -> None:
 
 
 def test_the_hub_says_whether_it_has_the_model(hub) -> None:
-    hub["openai/clip-vit-base-patch32"] = {"config.json"}
+    hub("openai/clip-vit-base-patch32", "config.json")
     check_hub_model("openai/clip-vit-base-patch32")
-    hub[LAION] = {"open_clip_pytorch_model.bin"}  # the second name open_clip tries
+    hub(LAION, "open_clip_pytorch_model.bin")  # the second name open_clip tries
     check_hub_model("open_clip:ViT-B-32/laion2b_s34b_b79k")
     with pytest.raises(ValueError, match=r"the Hub has no repository 'someone/no-such-model'"):
         check_hub_model("someone/no-such-model")
-    hub["someone/not-a-model"] = {"README.md"}
+    hub("someone/not-a-model", "README.md")
     with pytest.raises(ValueError, match=r"'someone/not-a-model' has none of config\.json"):
         check_hub_model("someone/not-a-model")
 

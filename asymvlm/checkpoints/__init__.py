@@ -2,27 +2,13 @@
 (:mod:`.resume`), where an adapter comes from (:mod:`.sources`: a folder, an MLflow model,
 ``hf-hub:ORG/REPO[@REVISION]``) and its export as a Hugging Face model folder (:mod:`.export`)."""
 
-from asymvlm.checkpoints.card import model_card
-from asymvlm.checkpoints.export import EXPORT_FILES, export_adapter
+from asymvlm.checkpoints.export import export_adapter
 from asymvlm.checkpoints.folder import (
-    ADAPTER_FILES,
-    CARD_FILE,
-    CHECKPOINT_FILES,
-    CONFIG_FILE,
-    EXPORT_FORMAT,
-    HASHES_KEY,
-    HISTORY_FILE,
     MEMBER_FOLDER,
-    PACK_STATE_FILE,
-    TRAINER_FILE,
-    WEIGHTS_FILE,
     RunState,
-    check_hashes,
     copy_adapter,
     discard_checkpoint,
-    file_sha256,
     load_checkpoint,
-    member_folder,
     provenance,
     publish_folder,
     read_checkpoint_meta,
@@ -34,52 +20,20 @@ from asymvlm.checkpoints.folder import (
     save_pack_checkpoint,
     save_run_checkpoint,
 )
-from asymvlm.checkpoints.resume import (
-    RESUME_MAY_DIFFER,
-    check_output,
-    check_resumable,
-    checkpoint_to_resume,
-)
-from asymvlm.checkpoints.sources import (
-    HUB_PREFIX,
-    check_model_folder,
-    is_hub_name,
-    is_model_uri,
-    parse_hub_name,
-    resolve_checkpoint,
-)
+from asymvlm.checkpoints.resume import check_output, check_resumable, checkpoint_to_resume
+from asymvlm.checkpoints.sources import is_model_uri, resolve_checkpoint
 
 __all__ = [
-    "ADAPTER_FILES",
-    "CARD_FILE",
-    "CHECKPOINT_FILES",
-    "CONFIG_FILE",
-    "EXPORT_FILES",
-    "EXPORT_FORMAT",
-    "HASHES_KEY",
-    "HISTORY_FILE",
-    "HUB_PREFIX",
     "MEMBER_FOLDER",
-    "PACK_STATE_FILE",
-    "RESUME_MAY_DIFFER",
     "RunState",
-    "TRAINER_FILE",
-    "WEIGHTS_FILE",
-    "check_hashes",
-    "check_model_folder",
     "check_output",
     "check_resumable",
     "checkpoint_to_resume",
     "copy_adapter",
     "discard_checkpoint",
     "export_adapter",
-    "file_sha256",
-    "is_hub_name",
     "is_model_uri",
     "load_checkpoint",
-    "member_folder",
-    "model_card",
-    "parse_hub_name",
     "provenance",
     "publish_folder",
     "read_checkpoint_meta",

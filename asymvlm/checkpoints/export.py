@@ -1,11 +1,10 @@
 """A trained adapter as a Hugging Face model folder (``asymvlm export``): ``model.safetensors``,
 ``config.json`` (the checkpoint's, plus ``format``, protocol, input calibration, the source run
-and its metrics, the weights' SHA-256; the tables' path cut to its last component) and the
-``README.md`` model card, published as a whole. Publishing is ``hf upload ORG/REPO FOLDER``."""
+and its metrics; the tables' path cut to its last component) and the ``README.md`` model card,
+published as a whole. Publishing is ``hf upload ORG/REPO FOLDER``."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -13,71 +12,61 @@ from typing import Any
 
 from asymvlm.checkpoints.card import model_card, package_version
 from asymvlm.checkpoints.folder import (
-    CARD_FILE,
-    CONFIG_FILE,
     EXPORT_FORMAT,
-    HASHES_KEY,
-    WEIGHTS_FILE,
-    file_sha256,
     load_checkpoint,
     publish_folder,
     read_checkpoint_meta,
     sibling_paths,
-    state_tensors,
+    write_config,
     write_weights,
 )
-from asymvlm.checkpoints.sources import is_hub_name, is_model_uri, resolve_checkpoint
+from asymvlm.checkpoints.sources import HUB_PREFIX, is_model_uri, resolve_checkpoint
 from asymvlm.errors import CheckpointError
 
-__all__ = ["EXPORT_FILES", "export_adapter"]
+__all__ = ["export_adapter"]
 
 logger = logging.getLogger(__name__)
-
-#: The files of an exported model folder.
-EXPORT_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
-#: Config keys a published folder does not carry: where the checkpoint lay on this machine.
-_LOCAL_ONLY = ("embeddings",)
 
 
 def _run_of(source: str, tracking_uri: str | None) -> dict[str, Any] | None:
     """The MLflow run that logged ``source`` (None for folders and Hub models)."""
-    if not is_model_uri(source) or is_hub_name(source):
+    if not is_model_uri(source) or source.startswith(HUB_PREFIX):
         return None
     from asymvlm.tracking import model_run
 
     try:
         return model_run(source, tracking_uri)
     except Exception as exc:  # the store cannot say: the card says no run was recorded
+        reason = " ".join(str(exc).split())[:200]
         logger.warning(
-            "%s: the run that logged it cannot be read (%s); the model card has no evaluation",
-            source,
-            " ".join(str(exc).split())[:200],
+            "%s: its run cannot be read (%s); the card has no evaluation", source, reason
         )
         return None
 
 
 def _check_target(output: str, source_folder: str, overwrite: bool) -> None:
-    """Refuse to write over the checkpoint itself, over a file, over a folder holding anything
-    but an earlier export, and over an earlier export unless ``overwrite``."""
+    """Refuse to write over the checkpoint itself, a file, a folder holding anything but an
+    earlier export, and an earlier export unless ``overwrite``."""
     target = sibling_paths(output)[0]
     if target == os.path.realpath(source_folder):
         raise CheckpointError(f"{output}: the checkpoint's own folder; export to a new folder")
     if os.path.lexists(target) and not os.path.isdir(target):
         raise CheckpointError(f"{output} is a file, not a folder")
-    if os.path.isdir(target) and os.listdir(target):
-        try:
-            earlier = (read_checkpoint_meta(target) or {}).get("format") == EXPORT_FORMAT
-        except CheckpointError:  # an unreadable config.json: not ours
-            earlier = False
-        if not earlier:
-            raise CheckpointError(
-                f"{output} already holds files that are not an exported model; "
-                "choose a new or empty folder"
-            )
-        if not overwrite:
-            raise CheckpointError(
-                f"{output} already holds an exported model; pass --overwrite to replace it"
-            )
+    if not os.path.isdir(target) or not os.listdir(target):
+        return
+    try:
+        earlier = (read_checkpoint_meta(target) or {}).get("format") == EXPORT_FORMAT
+    except CheckpointError:  # an unreadable config.json: not ours
+        earlier = False
+    if not earlier:
+        raise CheckpointError(
+            f"{output} already holds files that are not an exported model; "
+            "choose a new or empty folder"
+        )
+    if not overwrite:
+        raise CheckpointError(
+            f"{output} already holds an exported model; pass --overwrite to replace it"
+        )
 
 
 def export_adapter(
@@ -95,18 +84,18 @@ def export_adapter(
     folder = resolve_checkpoint(source, tracking_uri)
     method, meta = load_checkpoint(folder, "cpu")
     _check_target(output, folder, overwrite)
-    weights = state_tensors(method.state_dict())
+    state = method.state_dict()
     run = _run_of(source, tracking_uri)
-    train = dict(meta.get("train_config") or {})
-    config: dict[str, Any] = {k: v for k, v in meta.items() if k not in (HASHES_KEY, *_LOCAL_ONLY)}
-    if meta.get("embeddings"):
+    config = dict(meta)
+    if meta.get("embeddings"):  # no path of this machine in a published folder
         config["embeddings"] = os.path.basename(str(meta["embeddings"]).rstrip("/"))
     config.update(
         format=EXPORT_FORMAT,
         asymvlm_version=package_version(),
-        protocol=train.get("protocol") or (meta.get("method_kwargs") or {}).get("protocol"),
+        protocol=(meta.get("train_config") or {}).get("protocol")
+        or (meta.get("method_kwargs") or {}).get("protocol"),
         input_calibration={
-            k: float(v) for k, v in weights.items() if k.endswith("input_scale") and v.numel() == 1
+            k: float(v) for k, v in state.items() if k.endswith("input_scale") and v.numel() == 1
         },
     )
     metrics: dict[str, float] = {}
@@ -125,11 +114,9 @@ def export_adapter(
     card = model_card(config, metrics=metrics, source=run, repo=repo, license=license)
 
     def write(staging: str) -> None:
-        path = write_weights(weights, os.path.join(staging, WEIGHTS_FILE))
-        config[HASHES_KEY] = {WEIGHTS_FILE: file_sha256(path)}
-        with open(os.path.join(staging, CONFIG_FILE), "w") as fh:
-            fh.write(json.dumps(config, indent=2, allow_nan=False) + "\n")
-        with open(os.path.join(staging, CARD_FILE), "w", encoding="utf-8") as fh:
+        write_weights(state, staging)
+        write_config(config, staging)
+        with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as fh:
             fh.write(card)
 
     publish_folder(output, write)

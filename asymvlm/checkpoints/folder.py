@@ -1,14 +1,13 @@
 """The checkpoint folder, one layout for every writer and reader.
 
-``config.json`` names the method and holds what rebuilds it, ``complete``/``epoch``/``epochs``,
-provenance and the SHA-256 of ``model.safetensors`` (the ``state_dict``); ``trainer.pt`` and
-``history.jsonl`` resume a run. A pack holds ``pack_state.pt`` and one ``member{k}`` adapter
-folder per finished member. A folder is published as a whole (:func:`publish_folder`).
+``config.json`` names the method and holds what rebuilds it, ``complete``/``epoch``/``epochs``
+and provenance; ``model.safetensors`` the ``state_dict``; ``trainer.pt`` and ``history.jsonl``
+resume a run. A pack holds ``pack_state.pt`` and one ``member{k}`` adapter folder per finished
+member. A folder is replaced as a whole (:func:`publish_folder`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -18,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors.torch import load_file as load_safetensors
-from safetensors.torch import save_file as save_safetensors
+from safetensors.torch import load_file, save_file
 
 from asymvlm.errors import CheckpointError
 from asymvlm.methods import Method, build_method
@@ -33,14 +31,10 @@ TRAINER_FILE = "trainer.pt"
 CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, HISTORY_FILE, TRAINER_FILE)
 #: The adapter alone: what is exported and logged as a model.
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
-#: A model folder's model card (``asymvlm export``).
-CARD_FILE = "README.md"
 #: ``format`` in the ``config.json`` of a model folder written by ``asymvlm export``.
 EXPORT_FORMAT = "asymvlm-adapter"
 #: Python pickles (``torch.save`` included), refused in model folders: loading one can run code.
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib")
-#: The key of ``config.json`` recording ``{file: SHA-256}``.
-HASHES_KEY = "sha256"
 PACK_STATE_FILE = "pack_state.pt"
 MEMBER_FOLDER = "member{k}"
 
@@ -56,27 +50,6 @@ class RunState:
 def member_folder(directory: str, k: int) -> str:
     """The adapter folder of member ``k`` in the pack checkpoint ``directory``."""
     return os.path.join(directory, MEMBER_FOLDER.format(k=k))
-
-
-def file_sha256(path: str) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def check_hashes(directory: str, meta: dict[str, Any]) -> None:
-    """Refuse a folder whose files differ from the SHA-256 its ``config.json`` records."""
-    recorded = meta.get(HASHES_KEY) or {}
-    if not isinstance(recorded, dict):
-        raise CheckpointError(f"{directory}: {CONFIG_FILE}'s {HASHES_KEY!r} is not a mapping")
-    for name, expected in sorted(recorded.items()):
-        path = os.path.join(directory, name)
-        if not os.path.isfile(path):
-            raise CheckpointError(f"{path}: missing ({CONFIG_FILE} records its SHA-256)")
-        if file_sha256(path) != expected:
-            raise CheckpointError(
-                f"{path}: its SHA-256 differs from the one {CONFIG_FILE} records (the file "
-                "changed after the checkpoint was written); refusing to load it"
-            )
 
 
 def check_no_pickle(folder: str, label: str | None = None) -> None:
@@ -158,18 +131,15 @@ def provenance(manifest: Any) -> dict[str, Any]:
     return out
 
 
-def state_tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """A state dict as safetensors stores it: contiguous CPU copies (no shared memory)."""
-    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+def write_weights(state: dict[str, torch.Tensor], folder: str) -> None:
+    """``state`` as ``model.safetensors`` in ``folder`` (contiguous CPU copies)."""
+    weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+    save_file(weights, os.path.join(folder, WEIGHTS_FILE), metadata={"format": "pt"})
 
 
-def write_weights(weights: dict[str, torch.Tensor], path: str) -> str:
-    """Write ``weights`` as safetensors at ``path``, readable as the umask allows."""
-    save_safetensors(weights, path, metadata={"format": "pt"})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-    return path
+def write_config(config: dict[str, Any], folder: str) -> None:
+    with open(os.path.join(folder, CONFIG_FILE), "w") as fh:
+        fh.write(json.dumps(config, indent=2, allow_nan=False) + "\n")
 
 
 def save_checkpoint(
@@ -201,17 +171,16 @@ def save_checkpoint(
     }
     json.dumps(meta, allow_nan=False)  # not JSON: refused before anything is written
     rows = "".join(json.dumps(row, allow_nan=False) + "\n" for row in history or [])
-    weights = state_tensors(method.state_dict())
+    state = method.state_dict()
 
     def write(folder: str) -> None:
-        path = write_weights(weights, os.path.join(folder, WEIGHTS_FILE))
+        write_weights(state, folder)
         if trainer_state is not None:
             torch.save(trainer_state, os.path.join(folder, TRAINER_FILE))
         if history is not None:
             with open(os.path.join(folder, HISTORY_FILE), "w") as fh:
                 fh.write(rows)
-        with open(os.path.join(folder, CONFIG_FILE), "w") as fh:
-            json.dump({**meta, HASHES_KEY: {WEIGHTS_FILE: file_sha256(path)}}, fh, indent=2)
+        write_config(meta, folder)
 
     publish_folder(directory, write)
 
@@ -319,10 +288,8 @@ def load_checkpoint(
     directory: str, device: str | torch.device = "cpu", *, allow_incomplete: bool = False
 ) -> tuple[Method, dict[str, Any]]:
     """Rebuild the method saved by :func:`save_checkpoint`; returns (method, config dict).
-
-    A :class:`CheckpointError` names the folder when the weights are missing, unreadable,
-    changed since written or do not fit the named method, and for an incomplete checkpoint
-    unless ``allow_incomplete``."""
+    A :class:`CheckpointError` names the folder when the weights are missing, unreadable or
+    do not fit the named method, and for an incomplete checkpoint unless ``allow_incomplete``."""
     if not os.path.isdir(directory):
         previous = sibling_paths(directory)[2]
         hint = (
@@ -346,14 +313,13 @@ def load_checkpoint(
     weights = os.path.join(directory, WEIGHTS_FILE)
     if not os.path.isfile(weights):
         raise CheckpointError(f"{directory}: {CONFIG_FILE} but no {WEIGHTS_FILE} (a partial copy?)")
-    check_hashes(directory, meta)
     name, dim = meta["method"], meta["dim"]
     try:
         method = build_method(name, dim, **meta.get("method_kwargs", {}))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild method {name!r}: {exc}") from exc
     try:
-        state = load_safetensors(weights, device="cpu")
+        state = load_file(weights, device="cpu")
     except Exception as exc:  # safetensors' own error type, or an OSError
         raise CheckpointError(f"{weights}: unreadable ({exc})") from exc
     try:

@@ -21,16 +21,16 @@ from asymvlm.errors import CheckpointError, ConfigError
 from asymvlm.storage import absolute
 from asymvlm.training import TrainConfig
 
-__all__ = ["RESUME_MAY_DIFFER", "check_output", "check_resumable", "checkpoint_to_resume"]
+__all__ = ["check_output", "check_resumable", "checkpoint_to_resume"]
 
 #: Settings a resumed run may change: where it runs, not what it computes.
 RESUME_MAY_DIFFER = frozenset({"device", "stream_memory_bytes"})
 
 
 def check_output(directory: str) -> None:
-    """Refuse an output that cannot hold a checkpoint folder: an existing file, a folder (or
-    nearest existing parent) that is not writable, or a folder holding other files (a
-    checkpoint replaces its folder as a whole, so anything else in it would be deleted)."""
+    """Refuse an output that cannot hold a checkpoint folder: a file, a folder (or nearest
+    existing parent) that is not writable, a folder holding other files (it is replaced as a
+    whole)."""
     target = sibling_paths(directory)[0]
     if os.path.lexists(target) and not os.path.isdir(target):
         raise CheckpointError(f"{directory} is a file, not a checkpoint folder")
@@ -57,12 +57,9 @@ def check_output(directory: str) -> None:
 def checkpoint_to_resume(
     directory: str, *, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any] | None:
-    """Check ``directory`` as a training run's output; returns the config of the checkpoint to
-    continue (``resume``), or None to start fresh (no checkpoint there, or ``overwrite``).
-
-    An existing checkpoint without ``resume`` or ``overwrite`` is a :class:`CheckpointError`;
-    so is one that cannot be resumed (an incomplete checkpoint without its trainer state).
-    """
+    """The config of the checkpoint in the run output ``directory`` to continue (``resume``),
+    or None to start fresh (none there, or ``overwrite``); a :class:`CheckpointError` for a
+    checkpoint there without either, or one that cannot be resumed."""
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: pick one")
     check_output(directory)
@@ -91,9 +88,8 @@ def checkpoint_to_resume(
 def check_resumable(
     directory: str, meta: dict[str, Any], cfg: TrainConfig, root: str, split: str
 ) -> None:
-    """A checkpoint is continued only with the settings it was started with -- ``epochs``
-    included, since they shape the cosine schedule -- and on the same embeddings; the
-    differing fields are named in the :class:`CheckpointError`."""
+    """Refuse to continue a checkpoint with other settings than it was started with (``epochs``
+    shape the cosine schedule) or on other embeddings, naming the differing fields."""
     ours = json.loads(json.dumps(cfg.model_dump()))
     theirs = dict(meta.get("train_config", {}))
     diffs = [

@@ -23,13 +23,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         license=args.license,
         overwrite=args.overwrite,
     )
-    where = args.repo or "ORG/REPO"
     logger.info(
-        "%s adapter exported to %s (model.safetensors, config.json, README.md); "
-        "publish it with: hf upload %s %s",
+        "%s adapter exported to %s (model.safetensors, config.json, README.md); publish it "
+        "with: hf upload %s %s",
         config["method"],
         args.output,
-        where,
+        args.repo or "ORG/REPO",
         args.output,
     )
     return 0
@@ -42,8 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=Help,
         description="Write the adapter of a checkpoint folder or an MLflow model as a model "
         "folder in the Hugging Face layout: model.safetensors (weights, no pickle), config.json "
-        "(method, width, protocol, the encoder's name/revision/hash, the input calibration, the "
-        "SHA-256 of the weights) and README.md (the model card, with the run's metrics for an "
+        "(method, width, protocol, the encoder's name/revision/hash, the input calibration) and "
+        "README.md (the model card, with the run's metrics for an "
         "MLflow model). Load it with --checkpoint FOLDER or, once uploaded (hf upload ORG/REPO "
         "FOLDER), --checkpoint hf-hub:ORG/REPO.",
     )

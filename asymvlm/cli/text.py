@@ -21,32 +21,27 @@ def read_captions(path: str, column: str) -> list[str]:
     """Captions of a ``.txt`` file (one a line) or a ``.parquet`` file (``column``); an empty or
     missing caption is an error naming its line or row."""
     try:
-        return _captions_of(path, column)
+        if path.endswith(".parquet"):
+            names = pq.read_schema(path).names
+            if column not in names:
+                raise ConfigError(
+                    f"{path}: no column {column!r} (columns: {', '.join(names)}); "
+                    "choose one with --column"
+                )
+            values = pq.read_table(path, columns=[column]).column(column).to_pylist()
+        else:
+            with open(path, encoding="utf-8") as fh:
+                values = fh.read().splitlines()
+            while values and not values[-1].strip():  # trailing blank lines are no captions
+                values.pop()
     except (OSError, pa.ArrowInvalid) as exc:  # missing, unreadable, not Parquet
         raise ConfigError(f"{path}: cannot read the captions ({exc})") from None
-
-
-def _captions_of(path: str, column: str) -> list[str]:
-    if path.endswith(".parquet"):
-        schema = pq.read_schema(path)
-        if column not in schema.names:
-            names = ", ".join(schema.names)
-            raise ConfigError(
-                f"{path}: no column {column!r} (columns: {names}); choose one with --column"
-            )
-        values = pq.read_table(path, columns=[column]).column(column).to_pylist()
-        for row, text in enumerate(values):
-            if not isinstance(text, str) or not text.strip():
-                raise ConfigError(f"{path} row {row}: {column!r} is not a caption ({text!r})")
-        return values
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.read().splitlines()
-    while lines and not lines[-1].strip():
-        lines.pop()
-    for number, text in enumerate(lines, start=1):
-        if not text.strip():
-            raise ConfigError(f"{path} line {number}: empty caption")
-    return lines
+    for i, text in enumerate(values):
+        if not isinstance(text, str) or not text.strip():
+            if path.endswith(".parquet"):
+                raise ConfigError(f"{path} row {i}: {column!r} is not a caption ({text!r})")
+            raise ConfigError(f"{path} line {i + 1}: empty caption")
+    return values
 
 
 def cmd_score_text(args: argparse.Namespace) -> int:
@@ -58,9 +53,9 @@ def cmd_score_text(args: argparse.Namespace) -> int:
         raise ConfigError("give captions on the command line or --input FILE, not both")
     if args.output and not args.output.endswith(".parquet"):
         raise ConfigError(f"--output {args.output}: write a .parquet file")
-    captions = list(args.captions) or read_captions(args.input, args.column)
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
+    captions = list(args.captions) or read_captions(args.input, args.column)
     scorer = Scorer.from_checkpoint(
         args.checkpoint,
         encoder=args.encoder,
@@ -68,31 +63,26 @@ def cmd_score_text(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         tracking_uri=args.tracking_uri,
     )
-    chunk = args.batch_size * 16
-    writer = None
+    chunk, writer = args.batch_size * 16, None
     with contextlib.ExitStack() as stack:
+        quiet = args.quiet or not args.input
         bar = stack.enter_context(
-            tqdm(
-                total=len(captions),
-                unit="caption",
-                disable=args.quiet or not args.input,
-                desc="scoring",
-            )
+            tqdm(total=len(captions), unit="caption", desc="scoring", disable=quiet)
         )
         for start in range(0, len(captions), chunk):
             try:
                 result = scorer.caption_uncertainty(captions[start : start + chunk])
             except ScoringInputError as exc:  # positions are the file's, not the chunk's
                 raise exc.moved(start) from None
-            if args.output:
+            if not args.output:
+                for record in result.records():
+                    print(json.dumps(record, ensure_ascii=False))
+            else:
                 table = result.table()
                 if writer is None:  # written to a temporary name, renamed when complete
                     fs, tmp = stack.enter_context(storage.atomic_path(args.output))
                     writer = stack.enter_context(pq.ParquetWriter(tmp, table.schema, filesystem=fs))
                 writer.write_table(table)
-            else:
-                for record in result.records():
-                    print(json.dumps(record, ensure_ascii=False))
             bar.update(len(result.text))
     if writer is not None:
         logger.info("%d captions scored -> %s", len(captions), args.output)

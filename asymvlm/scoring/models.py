@@ -32,9 +32,7 @@ class CaptionUncertaintyModel(PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         import torch
 
-        invalid = invalid_input
-        frame = pd.DataFrame(model_input)
-        dim = int(self.meta["dim"])
+        invalid, frame, dim = invalid_input, pd.DataFrame(model_input), int(self.meta["dim"])
         raw = self.meta.get("adapter_input", "raw") == "raw"
         needed = {"embedding": "one list of floats per caption"}
         if raw:
@@ -53,12 +51,9 @@ class CaptionUncertaintyModel(PythonModel):
             if vector.shape != (dim,):
                 got = f"{vector.shape[0]} values" if vector.ndim == 1 else f"shape {vector.shape}"
                 raise invalid(f"row {row}: 'embedding' has {got}; this adapter expects dim {dim}")
-            if not np.isfinite(vector).all():
-                raise invalid(f"row {row}: 'embedding' holds a NaN or infinite value")
             emb[row] = vector
-        if not np.isfinite(emb).all():  # finite float64 beyond the float32 range
-            row = int(np.flatnonzero(~np.isfinite(emb).all(axis=1))[0])
-            raise invalid(f"row {row}: 'embedding' holds a value beyond float32's range")
+            if not np.isfinite(emb[row]).all():  # NaN, inf, or beyond float32's range
+                raise invalid(f"row {row}: 'embedding' holds a NaN or infinite value")
         if raw:
             norm = pd.to_numeric(frame["norm"], errors="coerce").to_numpy(dtype=np.float64)
             bad = ~(np.isfinite(norm) & (norm > 0) & (norm < np.finfo(np.float32).max))
@@ -71,17 +66,13 @@ class CaptionUncertaintyModel(PythonModel):
         with torch.no_grad():
             texts = self.method.encode_texts(torch.from_numpy(emb))
             unc = self.method.text_uncertainty_from(texts)
-        kappa = texts.get("kappa")
         out: dict[str, Any] = {}
-        for name, value in (("uncertainty", unc), ("kappa", kappa)):
-            if value is None:
-                out[name] = [None] * len(frame)
-                continue
-            array = value.float().numpy().astype(np.float64)
-            if not np.isfinite(array).all():
+        for name, value in (("uncertainty", unc), ("kappa", texts.get("kappa"))):
+            array = None if value is None else value.float().numpy().astype(np.float64)
+            if array is not None and not np.isfinite(array).all():
                 row = int(np.flatnonzero(~np.isfinite(array))[0])
                 raise invalid(f"row {row}: the adapter gives a non-finite {name} for this input")
-            out[name] = array
+            out[name] = [None] * len(frame) if array is None else array
         return pd.DataFrame(out, index=frame.index)
 
 
@@ -100,11 +91,10 @@ class CaptionTextModel(PythonModel):
             result = self.scorer.caption_uncertainty(list(frame["text"]))
         except ScoringInputError as exc:
             raise invalid_input(f"row {exc.index}: {exc.problem}") from None
-        n = len(frame)
         return pd.DataFrame(
             {
-                "uncertainty": result.uncertainty if result.uncertainty is not None else [None] * n,
-                "kappa": result.kappa if result.kappa is not None else [None] * n,
+                k: [None] * len(frame) if v is None else v
+                for k, v in (("uncertainty", result.uncertainty), ("kappa", result.kappa))
             },
             index=frame.index,
         )

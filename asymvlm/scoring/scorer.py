@@ -24,7 +24,7 @@ from asymvlm.data.encoder.hub import check_hub_model
 from asymvlm.errors import AsymVLMError, CheckpointError
 from asymvlm.splits import SplitTensors
 
-__all__ = ["NOT_AN_ENCODER", "CaptionScores", "Scorer", "ScoringInputError"]
+__all__ = ["CaptionScores", "Scorer", "ScoringInputError"]
 
 #: Models that are names of tables, not encoders (the synthetic worlds).
 NOT_AN_ENCODER = frozenset({"synthetic-world"})
@@ -53,39 +53,27 @@ class CaptionScores:
 
     def records(self) -> list[dict[str, Any]]:
         """One JSON-ready dict per caption: ``text``, ``kappa`` (where defined), ``uncertainty``."""
-        out = []
-        for i, text in enumerate(self.text):
-            row: dict[str, Any] = {"text": text}
-            if self.kappa is not None:
-                row["kappa"] = float(self.kappa[i])
-            row["uncertainty"] = None if self.uncertainty is None else float(self.uncertainty[i])
-            out.append(row)
-        return out
+        return self.table().drop_columns([] if self.kappa is not None else ["kappa"]).to_pylist()
 
     def table(self) -> pa.Table:
         """``text``, ``kappa`` and ``uncertainty`` columns (null where undefined)."""
         n = len(self.text)
-        columns: dict[str, pa.Array] = {"text": pa.array(self.text, pa.string())}
-        for name in ("kappa", "uncertainty"):
-            value = getattr(self, name)
-            columns[name] = (
-                pa.nulls(n, pa.float32()) if value is None else pa.array(value, pa.float32())
-            )
-        return pa.table(columns)
+        return pa.table(
+            {
+                "text": pa.array(self.text, pa.string()),
+                **{
+                    k: pa.nulls(n, pa.float32()) if v is None else pa.array(v, pa.float32())
+                    for k, v in (("kappa", self.kappa), ("uncertainty", self.uncertainty))
+                },
+            }
+        )
 
 
 class Scorer:
     """A trained adapter with its frozen :class:`~asymvlm.data.encoder.Encoder`, batches of
     ``batch_size`` on the encoder's device; build it with :meth:`from_checkpoint`."""
 
-    def __init__(
-        self,
-        method: Any,
-        meta: dict[str, Any],
-        encoder: Any,
-        *,
-        batch_size: int = 256,
-    ) -> None:
+    def __init__(self, method: Any, meta: dict[str, Any], encoder: Any, batch_size: int = 256):
         if int(encoder.dim) != int(meta["dim"]):
             raise CheckpointError(
                 f"the encoder {encoder.info.model!r} embeds in {encoder.dim} dimensions, the "
@@ -103,25 +91,10 @@ class Scorer:
         }
 
     @classmethod
-    def from_pretrained(
-        cls,
-        name: str,
-        *,
-        encoder: Any = None,
-        device: str = "auto",
-        dtype: str = "float32",
-        batch_size: int = 256,
-    ) -> Scorer:
+    def from_pretrained(cls, name: str, **kwargs: Any) -> Scorer:
         """:meth:`from_checkpoint` of a model folder (``asymvlm export``) or Hub repository
-        (``hf-hub:ORG/REPO[@REVISION]``) only; a pickle or a changed file is refused."""
-        return cls.from_checkpoint(
-            name,
-            encoder=encoder,
-            device=device,
-            dtype=dtype,
-            batch_size=batch_size,
-            pretrained=True,
-        )
+        (``hf-hub:ORG/REPO[@REVISION]``) only; a folder holding a pickle is refused."""
+        return cls.from_checkpoint(name, pretrained=True, **kwargs)
 
     @classmethod
     def from_checkpoint(
@@ -187,31 +160,31 @@ class Scorer:
             out.append(text)
         return out
 
-    def _embed_captions(self, captions: list[str]) -> dict[str, torch.Tensor]:
-        """Unit embeddings, raw norms (and pre-projection features) of the captions."""
+    def _embed(self, items: list, encode) -> dict[str, torch.Tensor]:
+        """``encode(batch)`` over batches of ``items``: (unit, norm[, pre]) joined, on the
+        device; an input error names its position in ``items``."""
         parts = []
-        for start in range(0, len(captions), self.batch_size):
+        for start in range(0, len(items), self.batch_size):
             try:
-                parts.append(
-                    self.encoder.encode_texts(
-                        captions[start : start + self.batch_size], pre=self.uses_pre
-                    )
-                )
-            except ScoringInputError as exc:  # positions are the call's, not the batch's
+                parts.append(encode(items[start : start + self.batch_size]))
+            except ScoringInputError as exc:
                 raise exc.moved(start) from None
-        return self._on_device(parts)
-
-    def _on_device(self, parts: list[tuple[np.ndarray, ...]]) -> dict[str, torch.Tensor]:
-        """The encoder's batches of (unit, norm[, pre]) joined, on the device."""
         columns = [
             torch.from_numpy(np.concatenate(c)).to(self.device) for c in zip(*parts, strict=True)
         ]
         return dict(zip(("unit", "norm", "pre"), columns, strict=False))
 
-    def _text_rows(self, embedded: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The adapter's caption input: unit x raw norm (``adapter_input`` raw) or unit."""
-        unit = embedded["unit"]
-        return unit * embedded["norm"][:, None] if self.raw_text else unit
+    def _embed_captions(self, captions: list[str]) -> dict[str, torch.Tensor]:
+        return self._embed(captions, lambda b: self.encoder.encode_texts(b, pre=self.uses_pre))
+
+    def _embed_images(self, images: list) -> dict[str, torch.Tensor]:
+        def encode(batch: list) -> tuple[np.ndarray, ...]:
+            opened = [self._open_image(im, i) for i, im in enumerate(batch)]
+            return self.encoder.encode_pixels(
+                self.encoder.preprocess_images(opened), pre=self.uses_pre
+            )
+
+        return self._embed(images, encode)
 
     def caption_uncertainty(self, captions: Sequence[str]) -> CaptionScores:
         """κ, uncertainty and μ of each caption (in order)."""
@@ -264,17 +237,6 @@ class Scorer:
         except OSError as exc:  # PIL's UnidentifiedImageError too
             raise ScoringInputError("image", index, f"cannot be decoded ({exc})") from None
 
-    def _embed_images(self, images: Sequence[Any]) -> dict[str, torch.Tensor]:
-        parts: list[tuple[np.ndarray, ...]] = []
-        for start in range(0, len(images), self.batch_size):
-            batch = [
-                self._open_image(im, start + i)
-                for i, im in enumerate(images[start : start + self.batch_size])
-            ]
-            pixels = self.encoder.preprocess_images(batch)
-            parts.append(self.encoder.encode_pixels(pixels, pre=self.uses_pre))
-        return self._on_device(parts)
-
     def score(self, images: Sequence[Any], captions: Sequence[str]) -> np.ndarray:
         """[n_captions, n_images] retrieval scores (the log-likelihood for AsymVLM, App. A.2)."""
         captions = self._check_captions(captions)
@@ -300,7 +262,7 @@ class Scorer:
         n_text = texts["unit"].shape[0]
         return SplitTensors(
             image_emb=images["unit"],
-            text_emb=self._text_rows(texts),
+            text_emb=texts["unit"] * texts["norm"][:, None] if self.raw_text else texts["unit"],
             text_to_image=torch.zeros(n_text, dtype=torch.long, device=self.device),
             split=None,
             image_norm=images["norm"],
