@@ -188,6 +188,8 @@ def test_spherical_methods_by_hand(name: str) -> None:
                 eta = getattr(model, f"{side}_adapter")(x)
                 torch.testing.assert_close(enc[side]["kappa"][:, None] * enc[side]["mu"], eta)
                 torch.testing.assert_close(u, 1.0 / eta.norm(dim=-1))
+                if side == "text":
+                    torch.testing.assert_close(model.kappa(x), eta.norm(dim=-1))
             else:
                 torch.testing.assert_close(enc[side]["mu"], unit(x))
                 assert u is None
