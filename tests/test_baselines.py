@@ -13,21 +13,21 @@ from scipy.stats import gennorm, multivariate_normal, norm
 
 from asymvlm.methods import build_method
 from asymvlm.methods.base import unit
-from asymvlm.methods.baselines.elip import (
+from asymvlm.methods.elip import (
     bayes_risk,
     dirichlet_alpha,
     evidential_loss,
     evidential_uncertainty,
     misleading_evidence_kl,
 )
-from asymvlm.methods.baselines.gaussian import (
+from asymvlm.methods.gaussian import (
     csd,
     inclusion_loss,
     log_inclusion,
     mutual_likelihood_score,
     probabilistic_cosine,
 )
-from asymvlm.methods.baselines.probvlm import ggd_nll, ggd_variance
+from asymvlm.methods.probvlm import ggd_nll, ggd_variance
 from tests.helpers import rotated_pairs
 
 F64 = torch.float64

@@ -210,8 +210,9 @@ class SymVLM(_Spherical):
 
 @register("asymvlm-gauss")
 class AsymVLMGauss(_Spherical):
-    """Ablation AsymVLM(G) (Sec. 5.2): caption ~ N(m(t), sigma^2(t) I), sigma^2 = softplus; L is
-    the Gaussian log-likelihood of the image."""
+    """Ablation AsymVLM(G) (Sec. 5.2): caption ~ N(m(t), sigma^2(t) I), then normalised.
+
+    sigma^2 = softplus; L is the Gaussian log-likelihood of the image."""
 
     text_out = 1
     uncertainty_doc = "sigma^2 of the caption's isotropic Gaussian"
@@ -223,12 +224,7 @@ class AsymVLMGauss(_Spherical):
         return {"mean": mean, "mu": unit(mean), "var": var}
 
     def score(
-        self,
-        texts: Encoding,
-        images: Encoding,
-        *,
-        exact: bool | None = None,
-        scale: torch.Tensor | float = 1.0,
+        self, texts: Encoding, images: Encoding, *, scale: torch.Tensor | float = 1.0, **_: object
     ) -> torch.Tensor:
         return scale * gaussian_log_likelihood(texts["mean"], texts["var"], images["mu"])
 

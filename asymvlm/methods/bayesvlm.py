@@ -145,9 +145,10 @@ def expected_norm_unit(mean: torch.Tensor, trace: torch.Tensor) -> torch.Tensor:
 
 @register("bayesvlm")
 class BayesVLM(Method):
-    """BayesVLM on cached pre-projection features (module docstring): :meth:`fit_posthoc` fits
-    both posteriors; encodings ``mean`` = W* phi, ``trace`` = tr Cov[g] (the uncertainty) and
-    ``mu`` = :func:`expected_norm_unit`, so the base score is ProbCosine's."""
+    """BayesVLM on cached pre-projection features (module docstring).
+
+    :meth:`fit_posthoc` fits both posteriors; encodings ``mean`` = W* phi, ``trace`` = tr Cov[g]
+    (the uncertainty) and ``mu`` = :func:`expected_norm_unit`, so the base score is ProbCosine's."""
 
     trainable = False
     uncertainty_doc = (

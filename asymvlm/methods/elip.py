@@ -50,9 +50,11 @@ def evidential_loss(alpha: torch.Tensor, y: torch.Tensor, kl_weight: float) -> t
 
 @register("elip")
 class ELIP(Method):
-    """ELIP: residual adapters x' = unit(x + mlp(x)) whose last layer starts at zero (the frozen
-    model), tau = exp(ln tau) from 10, loss 1/2 (L_i2t + L_t2i) (Eq. 10). Uncertainty: u = K / S
-    over a fixed gallery of K training items of the other modality, drawn in ``fit_start``."""
+    """ELIP on cached embeddings: residual adapters x' = unit(x + mlp(x)) for both modalities.
+
+    The last layer starts at zero (the frozen model), tau = exp(ln tau) from 10, loss 1/2 (L_i2t +
+    L_t2i) (Eq. 10). Uncertainty: u = K / S over a fixed gallery of K training items of the other
+    modality, drawn in ``fit_start``."""
 
     uncertainty_doc = "K / S over a fixed gallery of K items (ELIP Eq. 4), both modalities"
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {"official": {"init": "default"}}

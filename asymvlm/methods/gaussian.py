@@ -128,7 +128,9 @@ class _PostHocGaussian(Method):
 
 @register("pfe")
 class PFE(_PostHocGaussian):
-    """PFE*: sigma^2 = softplus(mlp(x)) + ``min_var``; loss -``loss_scale`` * mean MLS of the
+    """PFE*: sigma^2 = softplus(mlp(x)) per dimension, means frozen.
+
+    sigma^2 has the floor ``min_var``; loss -``loss_scale`` * mean MLS of the
     pairs, on unit means (``improved``) or, as the port, twice it on raw inputs (``official``)."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
@@ -162,7 +164,9 @@ class PFE(_PostHocGaussian):
 
 @register("pcmepp")
 class PCMEPP(_PostHocGaussian):
-    """PCME++*: BCE over the logits -a CSD + b of the pair matrix, doubled (i2t + t2i) as the
+    """PCME++*: ln sigma^2 = mlp(mu), means frozen; probabilistic matching loss.
+
+    BCE over the logits -a CSD + b of the pair matrix, doubled (i2t + t2i) as the
     official code; a = softplus(a_raw) (``improved``) or a_raw (``official``)."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
@@ -207,7 +211,9 @@ class PCMEPP(_PostHocGaussian):
 
 @register("prolip")
 class ProLIP(_PostHocGaussian):
-    """ProLIP*: PPCL (Eq. 2) over s * probabilistic cosine + b, plus ``inclusion_weight`` *
+    """ProLIP*: the PCME++ heads with ProLIP's objective, means frozen.
+
+    PPCL (Eq. 2) over s * probabilistic cosine + b, plus ``inclusion_weight`` *
     L_inc(Z_v in Z_t) (Eq. 3-5) and ``vib_weight`` * the port's VIB term. s, b learnt from
     10, -10 (``improved``) or fixed at 1, 0 (``official``)."""
 

@@ -86,7 +86,9 @@ class BayesCapAdapter(nn.Module):
 
 @register("probvlm")
 class ProbVLM(Method):
-    """ProbVLM: per modality, T1 * L1(mu_hat, z) + T2 * mean GGD term on its own embedding plus
+    """ProbVLM: a BayesCap adapter per modality; GGD(mu_hat, alpha, beta) per dimension.
+
+    Loss per modality: T1 * L1(mu_hat, z) + T2 * mean GGD term on its own embedding plus
     ``cross_weight`` times that on the other modality's (supp. Eq. 5). Uncertainty: the mean
     GGD variance (``improved``) or the port's precision (``official``), both modalities."""
 
