@@ -10,20 +10,18 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from scipy import stats
 
 from asymvlm import tables
 from asymvlm.cli import main
+from asymvlm.methods import build_method
 from asymvlm.methods.base import unit
 from asymvlm.methods.bayesvlm import (
     embedding_trace,
+    expected_norm_unit,
     fit_projection_posterior,
-    kron_posterior_factors,
-    prob_cosine,
 )
 from asymvlm.synthetic import SyntheticWorld, write_world
 from tests.conftest import small_world_config
-from tests.helpers import requires_hierarcaps
 
 pytest.importorskip("laplace")
 
@@ -69,71 +67,47 @@ def _ggn_by_hand(phi, w, targets, logit_scale: float, class_batch: int, seed: in
     return b, phi.T @ phi, variance
 
 
-def test_kfac_factors_are_the_ggn_of_the_contrastive_likelihood() -> None:
-    """laplace-torch's KFAC of the cosine-softmax likelihood, balanced as BayesVLM's
-    (A / sqrt(n), B / sqrt(n) of summed factors), equals the GGN computed pair by pair."""
-    phi, w, targets = _problem()
-    fit = _fit(phi, w, targets)
-    b_sum, a_sum, _ = _ggn_by_hand(phi, w, targets, logit_scale=4.0, class_batch=6)
-    b, a = fit["laplace"].H_facs.kfacs[0]
-    n = len(phi)
-    torch.testing.assert_close(a, a_sum / np.sqrt(n), rtol=1e-8, atol=1e-10)
-    torch.testing.assert_close(b, b_sum / np.sqrt(n), rtol=1e-8, atol=1e-10)
-    # The posterior factors are the damped ones: A' = A + sqrt(lambda) I, B' likewise.
-    root = fit["prior_precision"].sqrt()
-    eye_a, eye_b = torch.eye(a.shape[0], dtype=a.dtype), torch.eye(b.shape[0], dtype=b.dtype)
-    torch.testing.assert_close(fit["a_inv"], torch.linalg.inv(a + root * eye_a))
-    torch.testing.assert_close(fit["b_inv"], torch.linalg.inv(b + root * eye_b))
-
-
-def test_trace_formula_matches_the_dense_covariance() -> None:
-    """tr Cov[W phi] = (phi^T A'^-1 phi) tr(B'^-1), against the dense posterior covariance of
-    vec W built from the Kronecker precision by hand, and against laplace-torch's own GLM
-    functional variance of g (its Jacobian in vec W is phi^T per output row)."""
+def test_kfac_posterior_is_the_damped_ggn_and_gives_the_trace() -> None:
+    """laplace-torch's KFAC of the cosine-softmax likelihood, balanced as BayesVLM's (summed
+    factors / sqrt(n)), is the GGN computed pair by pair; the posterior factors are the damped
+    A + sqrt(lambda) I, B + sqrt(lambda) I; tr Cov[W phi] = (phi^T A'^-1 phi) tr(B'^-1) against
+    the dense covariance of vec W (row-major: precision B' (x) A') and laplace-torch's own GLM
+    functional variance."""
     phi, w, targets = _problem()
     fit = _fit(phi, w, targets)
     la = fit["laplace"]
-    d, p = w.shape
-    a_inv, b_inv = kron_posterior_factors(la)
-    root = fit["prior_precision"].sqrt()
+    b_sum, a_sum, _ = _ggn_by_hand(phi, w, targets, logit_scale=4.0, class_batch=6)
     b, a = la.H_facs.kfacs[0]
-    # row-major vec W (output-major): the precision is B' (x) A'
+    torch.testing.assert_close(a, a_sum / np.sqrt(len(phi)), rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(b, b_sum / np.sqrt(len(phi)), rtol=1e-8, atol=1e-10)
+    (d, p), root = w.shape, fit["prior_precision"].sqrt()
     eye_b, eye_a = torch.eye(d, dtype=b.dtype), torch.eye(p, dtype=a.dtype)
-    precision = torch.kron(b + root * eye_b, a + root * eye_a)
-    covariance = torch.linalg.inv(precision)
+    torch.testing.assert_close(fit["a_inv"], torch.linalg.inv(a + root * eye_a))
+    torch.testing.assert_close(fit["b_inv"], torch.linalg.inv(b + root * eye_b))
+    covariance = torch.linalg.inv(torch.kron(b + root * eye_b, a + root * eye_a))
     x = torch.randn(7, p, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    jac = torch.stack([torch.kron(torch.eye(d, dtype=x.dtype), row[None]) for row in x])
+    jac = torch.stack([torch.kron(eye_b, row[None]) for row in x])
     dense = jac @ covariance @ jac.transpose(1, 2)  # [7, d, d]
-    formula = embedding_trace(x, a_inv, b_inv.trace())
-    torch.testing.assert_close(formula, dense.diagonal(dim1=1, dim2=2).sum(-1))
-    torch.testing.assert_close(dense, torch.einsum("n,ij->nij", ((x @ a_inv) * x).sum(-1), b_inv))
-    laplace_cov = la.functional_variance(jac)
-    torch.testing.assert_close(laplace_cov, dense)
+    trace = embedding_trace(x, fit["a_inv"], fit["b_inv"].trace())
+    torch.testing.assert_close(trace, dense.diagonal(dim1=1, dim2=2).sum(-1))
+    torch.testing.assert_close(la.functional_variance(jac), dense)
 
 
 def test_prob_cosine_matches_monte_carlo_over_the_posterior() -> None:
-    """ProbCosine against the mean cosine of two independent embeddings g = W phi, W drawn
-    from laplace-torch's posterior (la.sample, two independent streams).
-
-    E[g_t . g_i] = mu_t . mu_i and E|g|^2 = |mu|^2 + tr Cov[g] are exact, so they must agree
-    within Monte Carlo error (4 standard errors). E[cos] is their ratio only to first order:
-    expanding 1/|g| around sqrt(E|g|^2) gives a correction bounded by about 2.5 (e_t + e_i),
-    e = lambda_max(Cov[g]) / E|g|^2, plus O(e^2); the tolerance is 4 standard errors plus
-    3 (e_t + e_i). With 24 output dimensions tr Cov >> lambda_max(Cov), so leaving the trace
-    terms out moves the value by more than the tolerance (asserted): the test can fail."""
+    """ProbCosine against the mean cosine of g = W phi over W drawn from laplace-torch's
+    posterior: E[g_t . g_i] and E|g|^2 = |mu|^2 + tr Cov[g] within 4 standard errors; E[cos]
+    to first order in e = lambda_max(Cov[g]) / E|g|^2 (tolerance 4 se + 3 (e_t + e_i)), a
+    tolerance that the cosine without the trace terms misses."""
     n_samples = 20000
     phi, w, targets = _problem(n=60, p=4, d=24)
     fit = _fit(phi, w, targets, prior_steps=1)  # lambda stays 1: a broad posterior
     b_max = torch.linalg.eigvalsh(fit["b_inv"]).max()
     items = []
     for seed, x in enumerate((phi[0], phi[0] + 0.3 * phi[1])):
-        mean = w @ x
-        s = x @ fit["a_inv"] @ x
-        trace = embedding_trace(x[None], fit["a_inv"], fit["b_inv"].trace())
+        mean, trace = w @ x, embedding_trace(x[None], fit["a_inv"], fit["b_inv"].trace())
         draws = fit["laplace"].sample(n_samples, generator=torch.Generator().manual_seed(seed))
-        g = draws.reshape(n_samples, *w.shape) @ x
-        e = float(s * b_max / (mean.pow(2).sum() + trace))
-        items.append((mean[None], trace, g, e))
+        e = float((x @ fit["a_inv"] @ x) * b_max / (mean.pow(2).sum() + trace))
+        items.append((mean[None], trace, draws.reshape(n_samples, *w.shape) @ x, e))
     (mu_t, tr_t, g_t, e_t), (mu_i, tr_i, g_i, e_i) = items
     for mu, tr, g, _ in items:
         sq = g.pow(2).sum(-1)
@@ -145,7 +119,7 @@ def test_prob_cosine_matches_monte_carlo_over_the_posterior() -> None:
 
     cos = (unit(g_t) * unit(g_i)).sum(-1)
     mc, se = float(cos.mean()), float(cos.std()) / np.sqrt(n_samples)
-    closed = float(prob_cosine(mu_t, tr_t, mu_i, tr_i))
+    closed = float(expected_norm_unit(mu_t, tr_t) @ expected_norm_unit(mu_i, tr_i).T)
     tolerance = 4 * se + 3 * (e_t + e_i)
     assert abs(mc - closed) < tolerance, (mc, closed, tolerance)
     without_trace = float(unit(mu_t) @ unit(mu_i).T)
@@ -167,21 +141,18 @@ def test_prior_precision_maximises_the_marginal_likelihood_and_moves_with_the_da
 
 
 def test_monte_carlo_fisher_estimates_the_exact_ggn() -> None:
-    """The default curvature (fisher="mc") estimates the same GGN output factor: each pair
-    contributes g g^T, g = J^T (p - e_y) with y drawn from the model's softmax, whose mean is
-    that pair's GGN term. The estimate's mean squared Frobenius error is exactly
-    sigma^2 = sum_n Var_n / mc_samples (computed per pair); it is a sum of many independent
-    draws, so its square is close to sigma^2 / 16 times a chi^2 with 16 (= d^2) degrees of
-    freedom, and 3 sigma is exceeded with probability ~1e-20."""
-    phi, w, targets = _problem(n=96, p=6, d=4, seed=3)
-    n, k = len(phi), 64
+    """The default curvature (fisher="mc", g g^T with g = J^T (p - e_y), y ~ softmax) is an
+    unbiased estimate of the GGN output factor whose mean squared Frobenius error is
+    sigma^2 = sum_n Var_n / mc_samples: an error over 3 sigma has probability ~1e-20."""
+    phi, w, targets = _problem(n=48, p=6, d=4, seed=3)
+    n, k = len(phi), 16
     mc = _fit(phi, w, targets, class_batch=16, prior_steps=1, fisher="mc", mc_samples=k)
     exact, _, variance = _ggn_by_hand(phi, w, targets, logit_scale=4.0, class_batch=16)
     estimate = mc["laplace"].H_facs.kfacs[0][0] * np.sqrt(n)  # undo the balancing
     error = float(torch.linalg.matrix_norm(estimate - exact))
     sigma = np.sqrt(variance / k)
     assert error < 3 * sigma, (error, sigma)
-    assert 3 * sigma < 0.2 * float(torch.linalg.matrix_norm(exact))  # a test that can fail
+    assert 3 * sigma < 0.3 * float(torch.linalg.matrix_norm(exact))  # a test that can fail
 
 
 # -- the synthetic world and the command line ---------------------------------------------------
@@ -223,26 +194,27 @@ def test_missing_pre_projection_columns_exit_2(small_world, tmp_path, capsys) ->
 
 
 def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:
+    """Fitted through the CLI on the synthetic world: the checkpoint holds the root's
+    projections and positive prior precisions; evaluate and score read it; inputs without
+    pre-projection features are refused with one line."""
     from asymvlm.checkpoints import load_checkpoint
+    from asymvlm.errors import ConfigError
     from asymvlm.evaluation import evaluate_retrieval
-    from asymvlm.splits import load_split
+    from asymvlm.splits import SplitTensors, load_split
 
+    with pytest.raises(TypeError, match="class_bach"):
+        build_method("bayesvlm", 16, class_bach=8)
     ckpt = str(tmp_path / "ckpt")
+    argv = f"train --embeddings {pre_world} --method bayesvlm --output {ckpt} --quiet"
     assert (
-        main(
-            (
-                f"train --embeddings {pre_world} --method bayesvlm --output {ckpt} "
-                "--method-arg class_batch=256 --quiet"
-            ).split()
-        )
+        main([*argv.split(), "--method-arg", "class_batch=256", "--method-arg", "prior_steps=50"])
         == 0
     )
     method, meta = load_checkpoint(ckpt)
     assert meta["method"] == "bayesvlm" and meta["complete"]
-    manifest = tables.read_manifest(pre_world)
     assert method.text_a_inv.shape == (40, 40) and method.image_projection.shape == (16, 40)
     np.testing.assert_array_equal(
-        method.text_projection.numpy(), tables.read_projection(pre_world, manifest)["text"]
+        method.text_projection.numpy(), tables.read_projection(pre_world)["text"]
     )
     assert float(method.text_prior_precision) > 0 and float(method.image_prior_precision) > 0
 
@@ -254,98 +226,19 @@ def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:
     test = load_split(pre_world, "test")
     again = evaluate_retrieval(method, test)
     for direction in ("t2i", "i2t"):
-        assert result[direction]["recall@1"] == again[direction]["recall@1"]
-        assert result[direction]["recall@1"] > 5 / 60  # 60 test images: chance is 1/60
+        assert result[direction]["recall@1"] == again[direction]["recall@1"] > 5 / 60  # chance 1/60
     scores = str(tmp_path / "scores.parquet")
     assert main(["score", *args, "--output", scores]) == 0
-    table = pq.read_table(scores)
-    image_rows, text_rows = method.split_inputs(test)
-    trace = method.encode_texts(text_rows)["trace"]
-    np.testing.assert_allclose(table.column("uncertainty").to_numpy(), trace.numpy(), rtol=1e-6)
-    level = table.column("level").to_numpy()
-    s = stats.spearmanr(table.column("uncertainty").to_numpy(), level).statistic
-    print(f"bayesvlm Spearman(uncertainty, level) on the small world: {s:+.3f}")
-    assert np.isfinite(s)
+    trace = method.encode_texts(method.split_inputs(test)[1])["trace"]
+    unc = pq.read_table(scores).column("uncertainty").to_numpy()
+    np.testing.assert_allclose(unc, trace.numpy(), rtol=1e-6)
 
-
-def test_inputs_without_pre_projection_features_are_refused(pre_world) -> None:
-    from asymvlm.errors import ConfigError
-    from asymvlm.protocol import RunSpec, TrainingRun
-    from asymvlm.splits import SplitTensors, load_split
-    from asymvlm.training import TrainConfig
-
-    cfg = TrainConfig(method="bayesvlm", device="cpu", method_kwargs={"class_batch": 256})
-    run = TrainingRun(RunSpec(embeddings=pre_world, train=cfg, val_split=None, test_split=None))
-    run.fit()
-    test = load_split(pre_world, "test")
     plain = SplitTensors(test.image_emb, test.text_emb, test.text_to_image, test.split)
     with pytest.raises(tables.TableError, match="--pre-projection"):
-        run.method.split_inputs(plain)
+        method.split_inputs(plain)
     with pytest.raises(ConfigError, match="cannot be scored"):
-        run.method.encode_texts(test.text_emb)  # embeddings alone, as class prompts are
-
-
-# -- HierarCaps tables embedded with --pre-projection -----------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_clip(tmp_path_factory) -> str:
-    from asymvlm.data.tiny import save_tiny_clip
-
-    return save_tiny_clip(str(tmp_path_factory.mktemp("tiny-clip")))
-
-
-@pytest.mark.slow
-@requires_hierarcaps
-def test_hierarcaps_tables_with_pre_projection(ray_session, tiny_clip, tmp_path, capsys) -> None:
-    """Real HierarCaps images and captions through a tiny CLIP with --pre-projection, then
-    bayesvlm fitted on them, evaluated, scored and analysed along the caption hierarchies."""
-    from asymvlm.checkpoints import load_checkpoint
-    from asymvlm.splits import load_split
-    from tests.helpers import hierarcaps_subset
-
-    csv, images = hierarcaps_subset(tmp_path / "hc", n=24)
-    out = str(tmp_path / "tables")
-    assert (
-        main(
-            (
-                f"embed --dataset hierarcaps --annotations {csv} --images {images} --model "
-                f"{tiny_clip} --split test --output {out} --batch-size 16 --pre-projection"
-            ).split()
-        )
-        == 0
-    )
-    ckpt = str(tmp_path / "ckpt")
-    assert (
-        main(
-            (
-                f"train --embeddings {out} --split test --method bayesvlm --output {ckpt} "
-                "--method-arg class_batch=32 --quiet"
-            ).split()
-        )
-        == 0
-    )
-    method, _ = load_checkpoint(ckpt)
-    projection = tables.read_projection(out)
-    np.testing.assert_array_equal(method.image_projection.numpy(), projection["image"])
-    assert method.image_a_inv.shape == (32, 32)  # the tiny CLIP's pooled width
-
-    metrics = str(tmp_path / "metrics.json")
-    args = ["--embeddings", out, "--split", "test", "--checkpoint", ckpt, "--quiet"]
-    assert main(["evaluate", *args, "--output", metrics]) == 0
-    with open(metrics) as fh:
-        result = json.load(fh)
-    for direction in ("t2i", "i2t"):
-        assert 0 <= result[direction]["recall@1"] <= 1
-        assert np.isfinite(result[direction]["auroc"])
-    scores = str(tmp_path / "scores.parquet")
-    assert main(["score", *args, "--output", scores]) == 0
-    table = pq.read_table(scores)
-    test = load_split(out, "test")
-    trace = method.encode_texts(method.split_inputs(test)[1])["trace"].numpy()
-    np.testing.assert_allclose(table.column("uncertainty").to_numpy(), trace, rtol=1e-6)
-    assert np.all(trace > 0) and len(set(np.round(trace, 6))) > len(trace) // 2
+        method.encode_texts(test.text_emb)  # embeddings alone, as class prompts are
     capsys.readouterr()
-    assert main(["analyze", "hierarcaps", "--checkpoint", ckpt, "--data", f"{out}:test"]) == 0
+    assert main(["analyze", "hierarcaps", "--checkpoint", ckpt, "--data", f"{pre_world}:test"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert "bayesvlm" in json.dumps(report)
+    assert np.isfinite(report["bayesvlm/seed0"]["spearman_level_uncertainty"])

@@ -1,12 +1,11 @@
 """Every method of the paper behind one registry: ``build_method(name, dim, **kwargs)``.
 
-Importing this package registers them all; ``METHODS`` maps names to classes.
+Importing this package registers them all; ``METHODS`` maps names to classes. The baselines
+(paper Sec. 5, App. B.3): :mod:`.probvlm`, :mod:`.gaussian` (PFE*, PCME++*, ProLIP*), :mod:`.elip`
+and :mod:`.bayesvlm`.
 """
 
-from asymvlm.methods import asymvlm as _asymvlm  # noqa: F401  (registers)
-from asymvlm.methods import baselines as _baselines  # noqa: F401
-from asymvlm.methods import bayesvlm as _bayesvlm  # noqa: F401
-from asymvlm.methods import deterministic as _deterministic  # noqa: F401
+from asymvlm.methods import asymvlm, bayesvlm, deterministic, elip, gaussian, probvlm  # noqa: F401
 from asymvlm.methods.base import (
     METHODS,
     Encoding,

@@ -1,25 +1,19 @@
 """AsymVLM (paper Sec. 4) and its ablations (Sec. 5.2).
 
-A text adapter g_T maps f_T(t) to eta = kappa mu; the caption is vMF(mu, kappa) or PS(mu, kappa),
-images stay points; L(m, n) = ln p_{z_T,m}(z_I,n) and the loss is InfoNCE over tau * L (Eq. 2) or
-SigLIP's (App. A.3). Ablations: only images probabilistic (``asymvlm-image``), both
-(``symvlm``), an isotropic Gaussian caption (``asymvlm-gauss``). Uncertainty: 1/kappa (Sec. 4.3).
+A text adapter g_T maps f_T(t) to eta = kappa mu, the caption is vMF(mu, kappa) or PS(mu, kappa),
+images stay points; L(m, n) = ln p_{z_T,m}(z_I,n) (Sec. 4.2), trained by InfoNCE over tau * L
+(Eq. 2) or SigLIP's loss (App. A.3); the uncertainty is 1/kappa (Sec. 4.3).
 """
 
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
-from asymvlm.distributions import (
-    ps_log_normalizer,
-    uniform_log_density,
-    vmf_log_normalizer,
-    vmf_log_normalizer_approx,
-)
+from asymvlm.distributions import ps_log_normalizer, vmf_log_normalizer, vmf_log_normalizer_approx
 from asymvlm.methods.base import (
     Adapter,
     Encoding,
@@ -31,11 +25,13 @@ from asymvlm.methods.base import (
     unit,
 )
 
+Family = Literal["vmf", "ps"]
 _MIN_KAPPA = 1e-6
 _COS_FLOOR = -1.0 + 1e-6
 
 
-def vmf_log_likelihood(
+def spherical_log_likelihood(
+    family: Family,
     mu: torch.Tensor,
     kappa: torch.Tensor,
     z: torch.Tensor,
@@ -43,35 +39,20 @@ def vmf_log_likelihood(
     exact: bool = True,
     scale: torch.Tensor | float = 1.0,
 ) -> torch.Tensor:
-    """vMF kernel scale * (kappa_m mu_m^T z_n + ln C_d(kappa_m)), [n_mu, n_z] (Sec. 4.2).
-
-    ``exact=False``: F_d(kappa) (App. A.1, Eq. 4) for ln C_d, the training kernel.
-    """
+    """scale * ln p(z_n | mu_m, kappa_m) for all pairs, [n_mu, n_z] (Sec. 4.2): vMF
+    kappa mu^T z + ln C_d (F_d of App. A.1, Eq. 4, where not ``exact``: the training kernel) or
+    PS kappa ln(1 + mu^T z) + ln C_d (closed form)."""
     dim = mu.shape[-1]
+    if family == "ps":
+        log1p_cos = torch.log1p((mu @ z.T).clamp_min(_COS_FLOOR))
+        bias = (scale * ps_log_normalizer(kappa, dim)).unsqueeze(-1)
+        return torch.addcmul(bias, (scale * kappa).unsqueeze(-1), log1p_cos)
     log_c = vmf_log_normalizer(kappa, dim) if exact else vmf_log_normalizer_approx(kappa, dim)
     eta = (scale * kappa).unsqueeze(-1) * mu
     bias = (scale * log_c).unsqueeze(-1)
     if torch.is_autocast_enabled(z.device.type):
         return (eta @ z.T).float() + bias  # ln C (~1e3 at d=512) added in float32
     return torch.addmm(bias, eta, z.T)
-
-
-def ps_log_likelihood(
-    mu: torch.Tensor,
-    kappa: torch.Tensor,
-    z: torch.Tensor,
-    *,
-    exact: bool = True,
-    scale: torch.Tensor | float = 1.0,
-) -> torch.Tensor:
-    """PS kernel scale * (kappa_m ln(1 + mu_m^T z_n) + ln C_d(kappa_m)), [n_mu, n_z] (Sec. 4.2);
-    the normaliser is closed-form, so ``exact`` is ignored."""
-    log1p_cos = torch.log1p((mu @ z.T).clamp_min(_COS_FLOOR))
-    log_c = ps_log_normalizer(kappa, mu.shape[-1])
-    return torch.addcmul((scale * log_c).unsqueeze(-1), (scale * kappa).unsqueeze(-1), log1p_cos)
-
-
-KERNELS = {"vmf": vmf_log_likelihood, "ps": ps_log_likelihood}
 
 
 def spherical_head(eta: torch.Tensor) -> Encoding:
@@ -89,21 +70,17 @@ def gaussian_log_likelihood(mean: torch.Tensor, var: torch.Tensor, z: torch.Tens
 
 
 class _Spherical(Method):
-    """A spherical distribution on the text side, the image side or both, a trainable
-    temperature tau, and InfoNCE or SigLIP over tau * L.
-
-    ``official``: default init, unscaled inputs and retrieval with the training kernel (F_d for
-    vMF); ``improved``: He init, calibrated inputs, the exact log-likelihood.
-    """
+    """Spherical distributions on the ``probabilistic`` sides, a trained temperature tau, and
+    InfoNCE or SigLIP over tau * L. ``official``: default init, unscaled inputs, retrieval
+    with the training kernel; ``improved``: He init, calibrated inputs, the exact kernel."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "calibrate_input": False, "exact_scores": False},
     }
-    distribution: ClassVar[str] = "vmf"
-    objective: ClassVar[str] = "infonce"
-    #: Which modalities are distributions (the others are points).
+    distribution: ClassVar[Family] = "vmf"
+    objective: ClassVar[Literal["infonce", "siglip"]] = "infonce"
     probabilistic: ClassVar[tuple[str, ...]] = ("text",)
-    text_out: ClassVar[int] = 0  # extra adapter outputs (asymvlm-gauss: the variance)
+    text_out: ClassVar[int] = 0  # extra text adapter outputs (asymvlm-gauss: the variance)
 
     def __init__(
         self,
@@ -112,17 +89,12 @@ class _Spherical(Method):
         depth: int = 3,
         init_temperature: float = 1.0,
         init_bias: float = -10.0,
-        distribution: str | None = None,
         calibrate_input: bool = True,
         init: Init = "he",
         exact_scores: bool = True,
     ) -> None:
         super().__init__(dim)
         self.calibrate_input, self.exact_scores = calibrate_input, exact_scores
-        if distribution is not None:
-            self.distribution = distribution
-        if self.distribution not in KERNELS:
-            raise ValueError(f"distribution must be one of {sorted(KERNELS)}")
         self.temperature = nn.Parameter(torch.tensor(float(init_temperature)))
         if self.objective == "siglip":
             self.bias = nn.Parameter(torch.tensor(float(init_bias)))
@@ -140,20 +112,6 @@ class _Spherical(Method):
             return spherical_head(self.image_adapter(image_emb))
         return super().encode_images(image_emb)
 
-    def kernel(
-        self,
-        dist: Encoding,
-        z: Encoding,
-        *,
-        exact: bool | None = None,
-        scale: torch.Tensor | float = 1.0,
-    ) -> torch.Tensor:
-        """L of ``z``'s mu under ``dist``'s distributions (Sec. 4.2); ``exact`` None: the
-        protocol's retrieval kernel."""
-        exact = self.exact_scores if exact is None else exact
-        kernel = KERNELS[self.distribution]
-        return kernel(dist["mu"], dist["kappa"], z["mu"], exact=exact, scale=scale)
-
     def score(
         self,
         texts: Encoding,
@@ -162,15 +120,18 @@ class _Spherical(Method):
         exact: bool | None = None,
         scale: torch.Tensor | float = 1.0,
     ) -> torch.Tensor:
-        """[n_text, n_image] log-likelihood (App. A.2): ln p_{z_T}(z_I), its transpose
-        ln p_{z_I}(z_T) (``asymvlm-image``), or the mean of both (``symvlm``)."""
-        both = len(self.probabilistic) == 2
-        half = 0.5 * scale if both else scale
+        """[n_text, n_image] L (App. A.2): ln p_{z_T}(z_I), the transpose of ln p_{z_I}(z_T)
+        (``asymvlm-image``) or the mean of both (``symvlm``); ``exact`` None: the protocol's."""
+        exact = self.exact_scores if exact is None else exact
+        half = 0.5 * scale if len(self.probabilistic) == 2 else scale
+        kernel = lambda d, z: spherical_log_likelihood(  # noqa: E731
+            self.distribution, d["mu"], d["kappa"], z["mu"], exact=exact, scale=half
+        )
         out = 0.0
         if "text" in self.probabilistic:
-            out = self.kernel(texts, images, exact=exact, scale=half)
+            out = kernel(texts, images)
         if "image" in self.probabilistic:
-            out = out + self.kernel(images, texts, exact=exact, scale=half).T
+            out = out + kernel(images, texts).T
         return out
 
     def uncertainty_from(self, enc: Encoding) -> torch.Tensor | None:
@@ -180,11 +141,11 @@ class _Spherical(Method):
         return self.encode_texts(text_emb).get("kappa")
 
     def reference_log_density(self) -> float:
-        """The training kernel's log-normaliser at kappa = 0 (F_d(0) for vMF, the uniform
-        density for PS): SigLIP's kernel is taken relative to it, so b starts at SigLIP's scale."""
+        """The training kernel's ln C at kappa = 0, F_d(0) (vMF) or the uniform density (PS):
+        SigLIP's logits are taken relative to it, so the bias b starts at SigLIP's scale."""
         if self.distribution == "vmf":
             return float(vmf_log_normalizer_approx(torch.zeros(1, dtype=torch.float64), self.dim))
-        return uniform_log_density(self.dim)
+        return math.lgamma(self.dim / 2.0) - math.log(2.0) - (self.dim / 2.0) * math.log(math.pi)
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
         """InfoNCE over tau * L (Eq. 2) or SigLIP over tau * (L - L_0) + b (App. A.3), with the
@@ -251,7 +212,7 @@ class SymVLM(_Spherical):
 class AsymVLMGauss(_Spherical):
     """Ablation AsymVLM(G) (Sec. 5.2): caption ~ N(m(t), sigma^2(t) I), then normalised.
 
-    sigma^2 = softplus; the kernel is the Gaussian log-likelihood of the image."""
+    sigma^2 = softplus; L is the Gaussian log-likelihood of the image."""
 
     text_out = 1
     uncertainty_doc = "sigma^2 of the caption's isotropic Gaussian"
@@ -263,12 +224,7 @@ class AsymVLMGauss(_Spherical):
         return {"mean": mean, "mu": unit(mean), "var": var}
 
     def score(
-        self,
-        texts: Encoding,
-        images: Encoding,
-        *,
-        exact: bool | None = None,
-        scale: torch.Tensor | float = 1.0,
+        self, texts: Encoding, images: Encoding, *, scale: torch.Tensor | float = 1.0, **_: object
     ) -> torch.Tensor:
         return scale * gaussian_log_likelihood(texts["mean"], texts["var"], images["mu"])
 

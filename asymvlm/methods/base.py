@@ -1,12 +1,11 @@
 """The interface every method implements, and the registry that names them.
 
-A method is an ``nn.Module`` on cached frozen embeddings: ``image_emb`` [n, d] unit image
-embeddings, ``text_emb`` [n, d] text features (raw or unit, ``--adapter-input``). It encodes
-items once (``encode_texts`` / ``encode_images`` -> dict of tensors), scores two encodings
+A method is an ``nn.Module`` on cached frozen embeddings (``image_emb``, ``text_emb`` [n, d]): it
+encodes items (``encode_texts`` / ``encode_images`` -> dict of tensors), scores two encodings
 (``score`` -> [n_text, n_image], the log-likelihood for probabilistic methods, App. A.2), gives a
 per-item uncertainty (higher = more uncertain, or None) and a batch loss
-``pair_loss(*loss_features(image_emb, text_emb))`` whose two halves let data-parallel training
-gather the encodings of the global batch in between (:mod:`asymvlm.distributed`).
+``pair_loss(*loss_features(image_emb, text_emb))``, split so that data-parallel training can
+gather the global batch's encodings in between (:mod:`asymvlm.distributed`).
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ _log = logging.getLogger(__name__)
 METHODS: dict[str, type[Method]] = {}
 #: ``official``: the authors' code; ``improved``: this project's fixes (README "Protocols").
 PROTOCOLS = ("improved", "official")
-#: Rows per block where a whole split is reduced (no full-size temporary).
-_BLOCK_ROWS = 65536
+_BLOCK_ROWS = 65536  # rows per block where a whole split is reduced
 
 
 def register(name: str) -> Callable[[type[Method]], type[Method]]:
@@ -66,11 +64,8 @@ def build_method(name: str, dim: int, protocol: str = "improved", **kwargs: Any)
 def mlp(
     d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3, init: Init = "he"
 ) -> nn.Sequential:
-    """The adapter MLP of App. B.1: ``depth`` hidden ReLU layers of width ``hidden_dim``.
-
-    ``init="he"`` (``improved``): Kaiming-normal weights and zero biases, so unit-RMS inputs give
-    unit-RMS outputs; ``"default"`` (``official``): PyTorch's ``nn.Linear`` init.
-    """
+    """The adapter MLP of App. B.1: ``depth`` hidden ReLU layers of width ``hidden_dim``;
+    ``init="he"``: Kaiming-normal weights, zero biases; ``"default"``: PyTorch's init."""
     if init not in ("he", "default"):
         raise ValueError(f"init must be 'he' or 'default', got {init!r}")
     widths = [d_in] + [hidden_dim] * depth
@@ -87,8 +82,8 @@ def mlp(
 
 
 class Adapter(nn.Module):
-    """The MLP of App. B.1 behind one input scale, set by :meth:`calibrate` to
-    sqrt(d / mean ||x||^2) (unit RMS per coordinate); 1 before calibration (the official code)."""
+    """The MLP of App. B.1 behind an input scale, sqrt(d / mean ||x||^2) after
+    :meth:`calibrate` (unit RMS per coordinate), 1 before (the official code)."""
 
     def __init__(
         self, d_in: int, d_out: int, hidden_dim: int = 1024, depth: int = 3, init: Init = "he"
@@ -129,20 +124,14 @@ class Method(nn.Module):
     """Base class (module docstring): the frozen model's cosine, no uncertainty, no loss."""
 
     name: ClassVar[str] = "base"
-    #: False for methods without SGD (nothing to train, or fitted post hoc).
-    trainable: ClassVar[bool] = True
-    #: What the uncertainty is, for reports.
-    uncertainty_doc: ClassVar[str] = "none"
+    trainable: ClassVar[bool] = True  # False: nothing to train, or fitted post hoc
+    uncertainty_doc: ClassVar[str] = "none"  # what the uncertainty is, for reports
     #: Constructor arguments per protocol, e.g. ``{"official": {"init": "default"}}``.
     PROTOCOL_KWARGS: ClassVar[dict[str, dict[str, Any]]] = {}
-    #: True where the authors' code feeds the raw image projection (PFE, ProbVLM).
-    OFFICIAL_RAW_IMAGES: ClassVar[bool] = False
+    OFFICIAL_RAW_IMAGES: ClassVar[bool] = False  # the authors feed raw image projections
     #: Buffers empty until fitted; loading a state dict gives them the saved shape.
     FITTED_BUFFERS: ClassVar[tuple[str, ...]] = ()
-    #: Whether :meth:`split_inputs` needs pre-projection features (BayesVLM).
-    USES_PRE_FEATURES: ClassVar[bool] = False
-    #: The logit scale of methods without a trained one: CLIP's (clamped at 100).
-    default_calibration_scale: ClassVar[float] = 100.0
+    USES_PRE_FEATURES: ClassVar[bool] = False  # split_inputs needs pre-projection features
     protocol: str = "improved"
     calibrate_input: bool = True
 
@@ -165,7 +154,7 @@ class Method(nn.Module):
         return self.score(self.encode_texts(text_emb), self.encode_images(image_emb))
 
     def uncertainty_from(self, enc: Encoding) -> torch.Tensor | None:
-        """Per-item uncertainty of an encoding, for methods that treat both modalities alike."""
+        """Per-item uncertainty of an encoding (methods that treat both modalities alike)."""
         return None
 
     def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor | None:
@@ -175,11 +164,9 @@ class Method(nn.Module):
         return self.uncertainty_from(images)
 
     def text_uncertainty(self, text_emb: torch.Tensor) -> torch.Tensor | None:
-        """[n_text] uncertainty per caption, or None."""
         return self.text_uncertainty_from(self.encode_texts(text_emb))
 
     def image_uncertainty(self, image_emb: torch.Tensor) -> torch.Tensor | None:
-        """[n_image] uncertainty per image, or None."""
         return self.image_uncertainty_from(self.encode_images(image_emb))
 
     def kappa(self, text_emb: torch.Tensor) -> torch.Tensor | None:
@@ -227,8 +214,8 @@ class Method(nn.Module):
         return self.OFFICIAL_RAW_IMAGES and self.protocol == "official"
 
     def image_rows(self, image_emb: torch.Tensor, image_norm: torch.Tensor | None) -> torch.Tensor:
-        """The image input: unit embeddings, or ``image_emb * image_norm`` where
-        :attr:`raw_image_input` (unit, with one warning, when the tables have no norm)."""
+        """The image input: ``image_emb * image_norm`` where :attr:`raw_image_input`, else (or
+        when the tables have no norm, with one warning) the unit embeddings."""
         if not self.raw_image_input:
             return image_emb
         if image_norm is None:
@@ -253,8 +240,6 @@ class Method(nn.Module):
 
     def calibration_scale(self) -> float:
         """tau such that softmax(tau * score) is the predictive distribution over a gallery:
-        the trained temperature, else :attr:`default_calibration_scale`."""
+        the trained temperature, else CLIP's logit scale 100."""
         temperature = getattr(self, "temperature", None)
-        if isinstance(temperature, torch.Tensor):
-            return float(temperature.detach())
-        return self.default_calibration_scale
+        return float(temperature.detach()) if isinstance(temperature, torch.Tensor) else 100.0

@@ -1,16 +1,16 @@
-"""BayesVLM (Baumann et al., arXiv:2412.06014; reference code AaltoML/BayesVLM): a post-hoc
-Laplace posterior over the frozen VLM's projection layers g = W phi, nothing trained.
+"""BayesVLM (Baumann et al., arXiv:2412.06014; code AaltoML/BayesVLM): a post-hoc Laplace
+posterior over the frozen VLM's projections g = W phi, nothing trained (docs/methods.md).
 
-Per modality a damped KFAC Laplace posterior over W (laplace-torch) under the contrastive
-softmax likelihood p(target | source) = softmax_c(s cos(g, t_c)) over a class batch, prior
-precision by marginal likelihood: Cov[vec W] = A'^-1 (x) B'^-1. An item's uncertainty is
-tr Cov[g] = (phi^T A'^-1 phi) tr(B'^-1); retrieval ranks by ProbCosine's expected cosine.
-Rows are ``[embedding (d) | pre-projection feature (p)]`` (:meth:`BayesVLM.split_inputs`).
-The design is described in docs/methods.md.
+Per modality, laplace-torch's damped KFAC Laplace posterior over W under the contrastive
+likelihood softmax_c(s cos(W phi, t_c)) over a class batch, its prior precision by marginal
+likelihood: Cov[vec W] = A'^-1 (x) B'^-1. The uncertainty is tr Cov[g] = (phi^T A'^-1 phi)
+tr(B'^-1); retrieval ranks by ProbCosine's expected cosine. Rows are ``[embedding (d) |
+pre-projection feature (p)]`` (:meth:`BayesVLM.split_inputs`).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,9 +34,8 @@ MISSING_PRE = (
 
 
 class _CosineSoftmaxLogits(nn.Module):
-    """The likelihood's logits for a class batch: ``s * cos(W phi, t_c)`` over the batch's
-    targets (the other modality's unit embeddings of the same pairs), as in the VLM's own
-    contrastive objective. ``W`` (``proj``) is the only parameter."""
+    """The likelihood's logits ``s * cos(W phi, t_c)`` over a class batch's targets (the
+    other modality's unit embeddings of its pairs); ``W`` (``proj``) is the only parameter."""
 
     def __init__(self, projection: torch.Tensor, logit_scale: float) -> None:
         super().__init__()
@@ -53,8 +52,8 @@ class _CosineSoftmaxLogits(nn.Module):
 def _class_batches(
     source: torch.Tensor, targets: torch.Tensor, class_batch: int, seed: int
 ) -> torch.utils.data.DataLoader:
-    """Class batches of ``class_batch`` pairs (a seeded permutation): the pairs' source features
-    (``input_ids``), the targets of the same pairs and, per pair, its own target's index."""
+    """Class batches of ``class_batch`` pairs in a seeded order: source features
+    (``input_ids``), the pairs' targets and each pair's own target index (``labels``)."""
     order = torch.randperm(len(source), generator=torch.Generator().manual_seed(seed))
     batches = [order[i : i + class_batch].tolist() for i in range(0, len(order), class_batch)]
 
@@ -81,19 +80,22 @@ def fit_projection_posterior(
     prior_lr: float = 0.1,
     prior_init: float = 1.0,
     seed: int = 0,
-) -> dict[str, torch.Tensor]:
-    """BayesVLM's Laplace posterior over one projection ``g = W phi``.
-
-    ``source`` [n, p]: pre-projection features of this modality's items of the training pairs;
-    ``targets`` [n, d]: the other modality's unit embeddings of the same pairs; ``projection``
-    [d, p]: ``W*``. Returns float64 ``a_inv`` [p, p], ``b_inv`` [d, d], ``prior_precision``
-    (0-d) and the fitted ``laplace`` object.
-    """
+) -> dict[str, Any]:
+    """BayesVLM's Laplace posterior over ``g = W phi``: ``source`` [n, p] features of this
+    modality, ``targets`` [n, d] the other's unit embeddings, ``projection`` W* [d, p].
+    Returns float64 ``a_inv`` [p, p], ``b_inv`` [d, d], ``prior_precision`` and ``laplace``."""
+    from laplace import KronLaplace
     from laplace.curvature import CurvlinopsGGN
 
-    model = _CosineSoftmaxLogits(projection, logit_scale)
-    la = _damped_kron_laplace()(
-        model,
+    class DampedKronLaplace(KronLaplace):  # laplace-torch 0.3 drops damping in H * f + prior
+        @property
+        def posterior_precision(self) -> Any:
+            precision = super().posterior_precision
+            precision.damping = self.damping
+            return precision
+
+    la = DampedKronLaplace(
+        _CosineSoftmaxLogits(projection, logit_scale),
         "classification",
         damping=True,
         backend=CurvlinopsGGN,
@@ -101,7 +103,10 @@ def fit_projection_posterior(
         asdl_fisher_kwargs={"mc_samples": mc_samples} if fisher == "mc" else None,
     )
     la.fit(_class_batches(source, targets, class_batch, seed))
-    _balance_kron_factors(la, len(source))
+    root_n = math.sqrt(len(source))  # (B, A) over (sum, mean) -> BayesVLM's (B/sqrt n, A sqrt n)
+    for factors in la.H_facs.kfacs:
+        factors[0], factors[1] = factors[0] / root_n, factors[1] * root_n
+    la.H = la.H_facs.decompose(damping=la.damping)
     with warnings.catch_warnings():  # laplace's note on the probit link of its predictive
         warnings.simplefilter("ignore", UserWarning)
         la.optimize_prior_precision(
@@ -112,69 +117,29 @@ def fit_projection_posterior(
             init_prior_prec=prior_init,
         )
     a_inv, b_inv = kron_posterior_factors(la)
-    return {
-        "a_inv": a_inv,
-        "b_inv": b_inv,
-        "prior_precision": la.prior_precision.detach().reshape(()).double(),
-        "laplace": la,
-    }
-
-
-def _damped_kron_laplace() -> type:
-    """laplace-torch's ``KronLaplace`` whose posterior precision keeps ``damping=True``
-    (laplace-torch 0.3 drops the flag in ``H * factor + prior``)."""
-    from laplace import KronLaplace
-
-    class DampedKronLaplace(KronLaplace):
-        @property
-        def posterior_precision(self) -> Any:
-            precision = super().posterior_precision
-            precision.damping = self.damping
-            return precision
-
-    return DampedKronLaplace
-
-
-def _balance_kron_factors(la: Any, n: int) -> None:
-    """Rescale the KFAC factors (B, A) = (sum, mean over the data) to (B / sqrt(n), A sqrt(n)):
-    the same product, each factor carrying sqrt(n) as BayesVLM's, before the damped prior."""
-    for factors in la.H_facs.kfacs:
-        b, a = factors
-        factors[0], factors[1] = b / math.sqrt(n), a * math.sqrt(n)
-    la.H = la.H_facs.decompose(damping=la.damping)
+    prior_precision = la.prior_precision.detach().reshape(()).double()
+    return {"a_inv": a_inv, "b_inv": b_inv, "prior_precision": prior_precision, "laplace": la}
 
 
 def kron_posterior_factors(la: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(A'^-1, B'^-1)`` of a fitted damped KronLaplace over one bias-free Linear: its
-    posterior precision is ``(B + sqrt(lambda) I) (x) (A + sqrt(lambda) I)`` in laplace-torch's
-    (output, input) order, so ``Cov[vec W] = B'^-1 (x) A'^-1`` for the row-major ``vec W``."""
+    """(A'^-1, B'^-1) of a fitted damped KronLaplace over one bias-free Linear: its precision
+    is (B + sqrt(lambda) I) (x) (A + sqrt(lambda) I) in (output, input) order."""
     precision = la.posterior_precision  # eigen-decomposed factors, deltas = the prior
     (q_b, q_a), (l_b, l_a) = precision.eigenvectors[0], precision.eigenvalues[0]
-    root = precision.deltas[0].sqrt()
+    root = precision.deltas[0].sqrt().double()
     q_a, q_b, l_a, l_b = (t.detach().double() for t in (q_a, q_b, l_a, l_b))
-    a_inv = (q_a / (l_a + root.double())) @ q_a.T
-    b_inv = (q_b / (l_b + root.double())) @ q_b.T
-    return a_inv, b_inv
+    return (q_a / (l_a + root)) @ q_a.T, (q_b / (l_b + root)) @ q_b.T
 
 
 def embedding_trace(
     phi: torch.Tensor, a_inv: torch.Tensor, b_inv_trace: torch.Tensor
 ) -> torch.Tensor:
-    """``tr Cov[g] = (phi^T A'^-1 phi) tr(B'^-1)`` for ``g = W phi`` under ``Cov[vec W] =
-    A'^-1 (x) B'^-1`` (``Cov[g] = (phi^T A'^-1 phi) B'^-1``); [n]."""
+    """tr Cov[g] = (phi^T A'^-1 phi) tr(B'^-1) for g = W phi, Cov[vec W] = A'^-1 (x) B'^-1."""
     return ((phi @ a_inv) * phi).sum(-1) * b_inv_trace
 
 
-def prob_cosine(
-    mean_t: torch.Tensor, trace_t: torch.Tensor, mean_i: torch.Tensor, trace_i: torch.Tensor
-) -> torch.Tensor:
-    """ProbCosine's expected cosine similarity of independent Gaussians ``g_t``, ``g_i``:
-    ``mu_t . mu_i / sqrt((|mu_t|^2 + tr Cov[g_t]) (|mu_i|^2 + tr Cov[g_i]))`` ([n_t, n_i])."""
-    return expected_norm_unit(mean_t, trace_t) @ expected_norm_unit(mean_i, trace_i).T
-
-
 def expected_norm_unit(mean: torch.Tensor, trace: torch.Tensor) -> torch.Tensor:
-    """``mu / sqrt(E|g|^2)`` with ``E|g|^2 = |mu|^2 + tr Cov[g]``: ProbCosine's per-item factor."""
+    """mu / sqrt(|mu|^2 + tr Cov[g]): the dot product of two is ProbCosine's expected cosine."""
     return mean / (mean.pow(2).sum(-1) + trace).clamp_min(1e-30).sqrt().unsqueeze(-1)
 
 
@@ -182,10 +147,8 @@ def expected_norm_unit(mean: torch.Tensor, trace: torch.Tensor) -> torch.Tensor:
 class BayesVLM(Method):
     """BayesVLM on cached pre-projection features (module docstring).
 
-    :meth:`fit_posthoc` fits both posteriors; the state dict holds the MAP projections,
-    ``A'^-1``, diag ``B'^-1`` and the prior precisions. Encodings: ``mean`` = W* phi,
-    ``trace`` = tr Cov[g] (the uncertainty) and ``mu`` = mean / sqrt(|mean|^2 + trace), so the
-    base score is ProbCosine's."""
+    :meth:`fit_posthoc` fits both posteriors; encodings ``mean`` = W* phi, ``trace`` = tr Cov[g]
+    (the uncertainty) and ``mu`` = :func:`expected_norm_unit`, so the base score is ProbCosine's."""
 
     trainable = False
     uncertainty_doc = (
@@ -199,33 +162,16 @@ class BayesVLM(Method):
         self,
         dim: int,
         logit_scale: float = 100.0,
-        class_batch: int = 1024,
-        fisher: Literal["mc", "type-2"] = "mc",
-        mc_samples: int = 1,
-        prior_steps: int = 300,
-        prior_lr: float = 0.1,
-        prior_init: float = 1.0,
-        seed: int = 0,
         hidden_dim: int | None = None,
         depth: int | None = None,
+        **fit_kwargs: Any,
     ) -> None:
-        """``hidden_dim`` / ``depth`` (adapter sizes) are accepted and ignored: no adapter."""
+        """``fit_kwargs``: :func:`fit_projection_posterior`'s options; ``hidden_dim`` and
+        ``depth`` (adapter sizes) are accepted and ignored."""
         super().__init__(dim)
-        if fisher not in ("mc", "type-2"):
-            raise ValueError(f"fisher must be 'mc' or 'type-2', got {fisher!r}")
-        if class_batch < 2 or mc_samples < 1 or prior_steps < 1:
-            raise ValueError("class_batch must be >= 2, mc_samples and prior_steps >= 1")
+        inspect.signature(fit_projection_posterior).bind(None, None, None, **fit_kwargs)
         self.logit_scale = float(logit_scale)
-        self.fit_kwargs = dict(
-            logit_scale=self.logit_scale,
-            class_batch=class_batch,
-            fisher=fisher,
-            mc_samples=mc_samples,
-            prior_steps=prior_steps,
-            prior_lr=prior_lr,
-            prior_init=prior_init,
-            seed=seed,
-        )
+        self.fit_kwargs = {"logit_scale": self.logit_scale, **fit_kwargs}
         for modality in MODALITIES:
             self.register_buffer(f"{modality}_projection", torch.empty(dim, 0))
             self.register_buffer(f"{modality}_a_inv", torch.empty(0, 0))
@@ -233,16 +179,13 @@ class BayesVLM(Method):
             self.register_buffer(f"{modality}_prior_precision", torch.zeros(()))
 
     def fit_posthoc(self, data: SplitTensors) -> None:
-        """Fit both projection posteriors on the whole training split: the image posterior
-        with each caption's image as source and the captions as targets, the text posterior
-        the other way round (every training pair is one datum)."""
+        """Fit both posteriors on the training split, every pair one datum: the image posterior
+        with captions as targets, the text posterior with their images."""
         image_pre, text_pre = self._pre_features(data)
-        w_image, w_text = data.image_projection, data.text_projection
-        pairs_image = image_pre[data.text_to_image]
         unit_texts, unit_images = unit(data.text_emb), unit(data.image_emb)[data.text_to_image]
         for modality, source, targets, w in (
-            ("image", pairs_image, unit_texts, w_image),
-            ("text", text_pre, unit_images, w_text),
+            ("image", image_pre[data.text_to_image], unit_texts, data.image_projection),
+            ("text", text_pre, unit_images, data.text_projection),
         ):
             fit = fit_projection_posterior(
                 source.float(), targets.float(), w.float(), **self.fit_kwargs
@@ -254,32 +197,17 @@ class BayesVLM(Method):
             getattr(self, f"{modality}_prior_precision").fill_(float(fit["prior_precision"]))
 
     def _pre_features(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """(image_pre, text_pre) of a split; :class:`TableError` when the tables lack them or
-        the projections, or their widths disagree."""
+        """(image_pre, text_pre) of a split; :class:`TableError` when the split lacks them or
+        the projections."""
         needed = ("image_pre", "text_pre", "image_projection", "text_projection")
         missing = [name for name in needed if getattr(data, name, None) is None]
         if missing:
             raise TableError(f"{MISSING_PRE} (this split has no {', '.join(missing)})")
-        for modality in MODALITIES:
-            pre, w = getattr(data, f"{modality}_pre"), getattr(data, f"{modality}_projection")
-            if w.shape != (self.dim, pre.shape[1]):
-                raise TableError(
-                    f"the {modality} projection has shape {list(w.shape)}, but the features "
-                    f"are {pre.shape[1]}-d and the embeddings {self.dim}-d"
-                )
-        if self.image_projection.numel() and any(
-            getattr(data, f"{m}_pre").shape[1] != getattr(self, f"{m}_projection").shape[1]
-            for m in MODALITIES
-        ):
-            raise TableError(
-                "the pre-projection features of this split are not as wide as the ones "
-                "bayesvlm was fitted on (another embedding model?)"
-            )
         return data.image_pre, data.text_pre
 
     def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``[embedding input | pre-projection feature]`` of the split's images and
-        captions (see the module docstring)."""
+        captions."""
         image_pre, text_pre = self._pre_features(data)
         return torch.cat([data.image_emb, image_pre], 1), torch.cat([data.text_emb, text_pre], 1)
 
@@ -295,13 +223,12 @@ class BayesVLM(Method):
             raise ConfigError(
                 f"bayesvlm encodes {modality} rows [embedding ({self.dim}) | pre-projection "
                 f"feature ({w.shape[1]})] of width {width}, got width {rows.shape[-1]}: inputs "
-                "without pre-projection features (e.g. class prompts) cannot be scored"
+                "without these pre-projection features (e.g. class prompts) cannot be scored"
             )
         phi = rows[..., self.dim :].to(w.dtype)
         mean = phi @ w.T
-        trace = embedding_trace(
-            phi, getattr(self, f"{modality}_a_inv"), getattr(self, f"{modality}_b_inv_diag").sum()
-        )
+        b_trace = getattr(self, f"{modality}_b_inv_diag").sum()
+        trace = embedding_trace(phi, getattr(self, f"{modality}_a_inv"), b_trace)
         return {"mu": expected_norm_unit(mean, trace), "mean": mean, "trace": trace}
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
@@ -314,7 +241,7 @@ class BayesVLM(Method):
         return enc["trace"]
 
     def calibration_scale(self) -> float:
-        """The logit scale of the likelihood (CLIP's 100 by default)."""
+        """The likelihood's logit scale (CLIP's 100 by default)."""
         return self.logit_scale
 
     def training_stats(self) -> dict[str, float]:

@@ -4,7 +4,6 @@ and optimiser defaults per protocol (:func:`optimizer_defaults`)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -19,33 +18,33 @@ OFFICIAL_KEYS = {
     "prolip": "prolip",
 }
 
-#: (official name pattern, this project's name) per method; the first match wins. The official
+#: Official parameter-name prefix -> ours, per method; the first match wins. The official
 #: ProbVLM backbone has a dropout at index 4, so its last Linear is ``mod.5`` (ours: 4).
-_NAME_MAP: dict[str, list[tuple[str, str]]] = {
-    "asymvlm": [
-        (r"^text_adaptor\.temperature$", "temperature"),
-        (r"^text_adaptor\.etta\.(\d+)\.(weight|bias)$", r"text_adapter.net.\1.\2"),
-    ],
-    "probvlm": [
-        (r"^(img|txt)_BayesCap\.mod\.5\.(weight|bias)$", r"\1.backbone.4.\2"),
-        (r"^(img|txt)_BayesCap\.mod\.(\d+)\.(weight|bias)$", r"\1.backbone.\2.\3"),
-        (r"^(img|txt)_BayesCap\.block_mu\.(\d+)\.(weight|bias)$", r"\1.mu_head.\2.\3"),
-        (r"^(img|txt)_BayesCap\.block_alpha\.(\d+)\.(weight|bias)$", r"\1.inv_alpha_head.\2.\3"),
-        (r"^(img|txt)_BayesCap\.block_beta\.(\d+)\.(weight|bias)$", r"\1.beta_head.\2.\3"),
-    ],
-    "pfe": [
-        (r"^image_adaptor\.logvar\.(\d+)\.(weight|bias)$", r"image_var_head.\1.\2"),
-        (r"^text_adaptor\.logvar\.(\d+)\.(weight|bias)$", r"text_var_head.\1.\2"),
-    ],
-    "pcmepp": [
-        (r"^img_enc\.logvar\.(\d+)\.(weight|bias)$", r"image_var_head.\1.\2"),
-        (r"^txt_enc\.logvar\.(\d+)\.(weight|bias)$", r"text_var_head.\1.\2"),
-        (r"^loss_func\.shift$", "shift"),
-        (r"^loss_func\.negative_scale$", "scale_raw"),
-    ],
+_PREFIXES: dict[str, dict[str, str]] = {
+    "asymvlm": {
+        "text_adaptor.temperature": "temperature",
+        "text_adaptor.etta.": "text_adapter.net.",
+    },
+    "probvlm": {
+        f"{theirs}_BayesCap.{a}.": f"{ours}_adapter.{b}."
+        for theirs, ours in (("img", "image"), ("txt", "text"))
+        for a, b in (
+            ("mod.5", "backbone.4"),
+            ("mod", "backbone"),
+            ("block_mu", "mu_head"),
+            ("block_alpha", "inv_alpha_head"),
+            ("block_beta", "beta_head"),
+        )
+    },
+    "pfe": {"image_adaptor.logvar.": "image_var_head.", "text_adaptor.logvar.": "text_var_head."},
+    "pcmepp": {
+        "img_enc.logvar.": "image_var_head.",
+        "txt_enc.logvar.": "text_var_head.",
+        "loss_func.shift": "shift",
+        "loss_func.negative_scale": "scale_raw",
+    },
+    "prolip": {"img_enc.logvar.": "image_var_head.", "txt_enc.logvar.": "text_var_head."},
 }
-_NAME_MAP["prolip"] = _NAME_MAP["pcmepp"][:2]
-_MODALITY = {"img": "image_adapter", "txt": "text_adapter"}
 
 
 def our_name(method: str, official: str) -> str:
@@ -54,11 +53,9 @@ def our_name(method: str, official: str) -> str:
         raise KeyError(
             f"the authors' code has no {method!r}; it has {', '.join(sorted(OFFICIAL_KEYS))}"
         )
-    for pattern, target in _NAME_MAP["asymvlm" if method.startswith("asymvlm") else method]:
-        if re.match(pattern, official):
-            name = re.sub(pattern, target, official)
-            head, _, rest = name.partition(".")
-            return f"{_MODALITY[head]}.{rest}" if head in _MODALITY else name
+    for prefix, ours in _PREFIXES["asymvlm" if method.startswith("asymvlm") else method].items():
+        if official.startswith(prefix):
+            return ours + official[len(prefix) :]
     raise KeyError(f"{method}: unexpected parameter {official!r} in an official state dict")
 
 
@@ -102,12 +99,11 @@ def optimizer_defaults(method: str, protocol: str) -> dict[str, Any]:
     """``{"optimizer", "lr", "momentum", "weight_decay"}`` of ``method`` under ``protocol``:
     the authors' per-method defaults (``official``; AsymVLM's for methods their code lacks) or
     the paper's SGD (momentum 0.9, weight decay 5e-4, lr 1e-2) for every method (``improved``)."""
-    if protocol == "official":
-        return {
-            "momentum": 0.9,
-            **_OFFICIAL_OPTIMIZERS.get(method, _OFFICIAL_OPTIMIZERS["asymvlm"]),
-        }
-    return dict(_OFFICIAL_OPTIMIZERS["asymvlm"])
+    table = _OFFICIAL_OPTIMIZERS
+    return {
+        "momentum": 0.9,
+        **table.get(method if protocol == "official" else "", table["asymvlm"]),
+    }
 
 
 def method_name(key: str) -> str:

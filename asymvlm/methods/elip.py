@@ -6,6 +6,7 @@ u = K / S (Eq. 4). The authors' code has no ELIP; ``official`` only uses the def
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -14,12 +15,11 @@ from torch.distributions import Dirichlet, kl_divergence
 
 from asymvlm.methods.base import Encoding, Init, Method, mlp, register, unit
 
-#: Cap on tau * cos before exp (e^30 ~ 1e13): overflow safety only.
-MAX_EVIDENCE_LOGIT = 30.0
+MAX_EVIDENCE_LOGIT = 30.0  # cap on tau * cos before exp (e^30 ~ 1e13): overflow safety only
 
 
 def dirichlet_alpha(cos: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
-    """alpha = e + 1 with evidence e = exp(tau * cos) (ELIP Eq. 6; tau * cos capped at 30)."""
+    """alpha = e + 1, evidence e = exp(tau * cos) (ELIP Eq. 6)."""
     return torch.exp((tau * cos).clamp(max=MAX_EVIDENCE_LOGIT)) + 1.0
 
 
@@ -52,9 +52,8 @@ def evidential_loss(alpha: torch.Tensor, y: torch.Tensor, kl_weight: float) -> t
 class ELIP(Method):
     """ELIP on cached embeddings: residual adapters x' = unit(x + mlp(x)) for both modalities.
 
-    The last layer starts at zero (training starts at the frozen model); tau = exp(ln tau)
-    (init 10); loss 1/2 (L_i2t + L_t2i) (Eq. 10), lambda_t = min(1, epoch / kl_anneal_epochs).
-    Uncertainty: u = K / S of an item over a fixed gallery of K training items of the other
+    The last layer starts at zero (the frozen model), tau = exp(ln tau) from 10, loss 1/2 (L_i2t +
+    L_t2i) (Eq. 10). Uncertainty: u = K / S over a fixed gallery of K training items of the other
     modality, drawn in ``fit_start``."""
 
     uncertainty_doc = "K / S over a fixed gallery of K items (ELIP Eq. 4), both modalities"
@@ -101,31 +100,26 @@ class ELIP(Method):
             buf = getattr(self, name)
             setattr(self, name, emb[idx].detach().to(device=buf.device, dtype=buf.dtype).clone())
 
-    def _gallery(self, name: str) -> torch.Tensor:
-        gallery = getattr(self, name)
-        if gallery.shape[0] == 0:
+    def _evidential_u(self, items: Encoding, gallery: str, encode: Callable) -> torch.Tensor:
+        """u = K / S of ``items`` over the adapted ``gallery`` (ELIP Eq. 4)."""
+        rows = getattr(self, gallery)
+        if rows.shape[0] == 0:
             raise RuntimeError(
                 "ELIP's uncertainty needs a reference gallery: call fit_start(image_emb, "
                 "text_emb) with the training set first (or load a state dict that has one)"
             )
-        return gallery
+        cos = items["mu"] @ encode(rows)["mu"].T
+        return evidential_uncertainty(dirichlet_alpha(cos, self.temperature))
 
     def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
-        return self._evidential_u(texts, self.encode_images(self._gallery("gallery_images")))
+        return self._evidential_u(texts, "gallery_images", self.encode_images)
 
     def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
-        return self._evidential_u(images, self.encode_texts(self._gallery("gallery_texts")))
-
-    def _evidential_u(self, items: Encoding, gallery: Encoding) -> torch.Tensor:
-        return evidential_uncertainty(
-            dirichlet_alpha(items["mu"] @ gallery["mu"].T, self.temperature)
-        )
+        return self._evidential_u(images, "gallery_texts", self.encode_texts)
 
     def kl_weight(self, epoch: int) -> float:
         """lambda_t = min(1, t / kl_anneal_epochs) (ELIP Eq. 9)."""
-        if self.kl_anneal_epochs <= 0:
-            return 1.0
-        return min(1.0, epoch / self.kl_anneal_epochs)
+        return min(1.0, epoch / self.kl_anneal_epochs) if self.kl_anneal_epochs > 0 else 1.0
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
         cos = images["mu"] @ texts["mu"].T

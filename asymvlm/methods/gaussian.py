@@ -1,7 +1,7 @@
 """Post-hoc Gaussian baselines (paper Sec. 5, App. B.3): frozen means, a per-dimension variance
-head per modality, retrieval by the frozen cosine. ``pfe``: PFE* (Shi & Jain 2019, the mutual
+head per modality, retrieval by the frozen cosine. ``pfe``: PFE* (Shi & Jain 2019, mutual
 likelihood score); ``pcmepp``: PCME++* (Chun 2024, BCE over -a CSD + b); ``prolip``: ProLIP*
-(Chun et al. 2025, PPCL plus the inclusion loss or, ``official``, the port's VIB term).
+(Chun et al. 2025, PPCL plus the inclusion loss, or the port's VIB term under ``official``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ from asymvlm.methods.base import Encoding, Init, Method, mlp, register, sigmoid_
 def mutual_likelihood_score(
     mu1: torch.Tensor, var1: torch.Tensor, mu2: torch.Tensor, var2: torch.Tensor
 ) -> torch.Tensor:
-    """PFE's MLS, -1/2 sum_l [(mu1 - mu2)^2 / (s1^2 + s2^2) + ln(s1^2 + s2^2)] (constant dropped).
-
-    Broadcasts over leading dimensions and sums the last one.
-    """
+    """PFE's MLS, -1/2 sum_l [(mu1 - mu2)^2 / (s1^2 + s2^2) + ln(s1^2 + s2^2)] (no constant),
+    row by row."""
     var = var1 + var2
     return -0.5 * ((mu1 - mu2) ** 2 / var + torch.log(var)).sum(-1)
 
@@ -30,10 +28,7 @@ def mutual_likelihood_score(
 def csd(
     mu1: torch.Tensor, var1: torch.Tensor, mu2: torch.Tensor, var2: torch.Tensor
 ) -> torch.Tensor:
-    """Closed-form sampled distance (ProLIP Eq. 1), all pairs: [n1, n2].
-
-    d(Z1, Z2) = ||mu1 - mu2||^2 + sum(sigma1^2 + sigma2^2).
-    """
+    """Closed-form sampled distance ||mu1 - mu2||^2 + sum(s1^2 + s2^2) (ProLIP Eq. 1), [n1, n2]."""
     sq = (mu1 * mu1).sum(-1, keepdim=True) - 2.0 * mu1 @ mu2.T + (mu2 * mu2).sum(-1)
     return sq + var1.sum(-1, keepdim=True) + var2.sum(-1)
 
@@ -41,10 +36,7 @@ def csd(
 def probabilistic_cosine(
     mu1: torch.Tensor, var1: torch.Tensor, mu2: torch.Tensor, var2: torch.Tensor
 ) -> torch.Tensor:
-    """mu1^T mu2 - 1/2 sum(sigma1^2 + sigma2^2), all pairs [n1, n2] (ProLIP Eq. 2, App. A.4).
-
-    Equals 1 - CSD / 2 for unit means.
-    """
+    """mu1^T mu2 - 1/2 sum(s1^2 + s2^2) (ProLIP Eq. 2, App. A.4), [n1, n2]."""
     return mu1 @ mu2.T - 0.5 * (var1.sum(-1, keepdim=True) + var2.sum(-1))
 
 
@@ -60,14 +52,9 @@ def log_inclusion(
     *,
     log_eps: float = 0.0,
 ) -> torch.Tensor:
-    """inc(Z1, Z2) = ln int p1(x)^2 p2(x) dx for diagonal Gaussians, summed over dims (Eq. 3).
-
-    Derived afresh (ProLIP's printed Eq. 3 doubles the log-variance coefficients): per dim
-    -ln s1^2 - 1/2 ln s2^2 - 1/2 ln A + B^2 / (4A) - C + const with A = 1/s1^2 + 1/(2 s2^2),
-    B = 2 mu1/s1^2 + mu2/s2^2, C = mu1^2/s1^2 + mu2^2/(2 s2^2); the constant is kept, so this
-    is the exact log-integral. ``log_eps`` < 0 scales the precisions in A, B, C by e^log_eps
-    (ProLIP's stabiliser, Sec. 3.3); 0 gives the exact value.
-    """
+    """inc(Z1, Z2) = ln int p1(x)^2 p2(x) dx of diagonal Gaussians, summed over dims (ProLIP
+    Eq. 3, derived afresh: the printed one doubles the log-variance coefficients). ``log_eps``
+    < 0 scales the precisions by e^log_eps (ProLIP's stabiliser, Sec. 3.3)."""
     p1 = torch.exp(log_eps - log_var1)
     p2 = torch.exp(log_eps - log_var2)
     a = p1 + 0.5 * p2
@@ -75,20 +62,6 @@ def log_inclusion(
     c = mu1**2 * p1 + 0.5 * mu2**2 * p2
     per_dim = -log_var1 - 0.5 * log_var2 - 0.5 * torch.log(a) + b**2 / (4.0 * a) - c
     return (per_dim + _INCLUSION_CONST).sum(-1)
-
-
-def inclusion_hypothesis(
-    mu1: torch.Tensor,
-    log_var1: torch.Tensor,
-    mu2: torch.Tensor,
-    log_var2: torch.Tensor,
-    *,
-    log_eps: float = 0.0,
-) -> torch.Tensor:
-    """H(Z1 in Z2) = inc(Z1, Z2) - inc(Z2, Z1) (ProLIP Eq. 4): > 0 when Z1 lies inside Z2."""
-    return log_inclusion(mu1, log_var1, mu2, log_var2, log_eps=log_eps) - log_inclusion(
-        mu2, log_var2, mu1, log_var1, log_eps=log_eps
-    )
 
 
 def inclusion_loss(
@@ -100,37 +73,43 @@ def inclusion_loss(
     scale: float = 10.0,
     log_eps: float = 0.0,
 ) -> torch.Tensor:
-    """L_inc(Z1 in Z2) = -ln sigmoid(c * H(Z1 in Z2)), averaged over rows (ProLIP Eq. 5)."""
-    h = inclusion_hypothesis(mu1, log_var1, mu2, log_var2, log_eps=log_eps)
+    """L_inc(Z1 in Z2) = -ln sigmoid(c H), H = inc(Z1, Z2) - inc(Z2, Z1) (ProLIP Eq. 4-5),
+    averaged over rows."""
+    h = log_inclusion(mu1, log_var1, mu2, log_var2, log_eps=log_eps) - log_inclusion(
+        mu2, log_var2, mu1, log_var1, log_eps=log_eps
+    )
     return -F.logsigmoid(scale * h).mean()
 
 
 def vib_kl(mu: torch.Tensor, log_var: torch.Tensor, cap: float = 1e4) -> torch.Tensor:
-    """The official ProLIP port's VIB term: -1/2 mean(1 + v/2 - mu^2 - exp(v/2)), v = ln sigma^2.
-
-    It reads half the head's output as ln sigma (the KL of N(mu, sigma) to N(0, 1) up to its
-    form) and returns 0 when the value exceeds ``cap``, as the port does.
-    """
+    """The official ProLIP port's VIB term, -1/2 mean(1 + v/2 - mu^2 - exp(v/2)) with
+    v = ln sigma^2, and 0 above ``cap`` as the port."""
     half = 0.5 * log_var
     kl = -0.5 * (1.0 + half - mu**2 - torch.exp(half)).mean()
     return torch.where(kl > cap, torch.zeros_like(kl), kl)
 
 
-def _inverse_softplus(y: float) -> float:
-    return y + math.log(-math.expm1(-y))
-
-
 class _PostHocGaussian(Method):
-    """Frozen means, a variance head per modality; encodings ``mu``, ``var`` (sigma^2),
-    ``log_var``; uncertainty the mean sigma^2 over dimensions (both modalities)."""
+    """Frozen means, a variance head per modality, its last bias at ``init_log_var`` (None: as
+    initialised); encodings ``mu``, ``var`` = sigma^2 = exp(head(mu)), ``log_var``."""
 
     uncertainty_doc = "mean sigma^2 over dimensions (both modalities)"
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {"official": {"init": "default"}}
 
-    def __init__(self, dim: int, hidden_dim: int = 1024, depth: int = 3, init: Init = "he") -> None:
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int = 1024,
+        depth: int = 3,
+        init: Init = "he",
+        init_log_var: float | None = None,
+    ) -> None:
         super().__init__(dim)
         self.image_var_head = mlp(dim, dim, hidden_dim, depth, init)
         self.text_var_head = mlp(dim, dim, hidden_dim, depth, init)
+        if init_log_var is not None:
+            for head in (self.image_var_head, self.text_var_head):
+                nn.init.constant_(head[-1].bias, init_log_var)
 
     def _gaussian(self, head: nn.Module, x: torch.Tensor) -> Encoding:
         mu = unit(x)
@@ -146,19 +125,13 @@ class _PostHocGaussian(Method):
     def uncertainty_from(self, enc: Encoding) -> torch.Tensor:
         return enc["var"].mean(-1)
 
-    def init_log_var(self, value: float | None) -> None:
-        """Set the heads' output bias, so ln sigma^2 starts near ``value`` (None: leave it)."""
-        if value is not None:
-            for head in (self.image_var_head, self.text_var_head):
-                nn.init.constant_(head[-1].bias, value)
-
 
 @register("pfe")
 class PFE(_PostHocGaussian):
     """PFE*: sigma^2 = softplus(mlp(x)) per dimension, means frozen.
 
-    Loss -``loss_scale`` * mean MLS of matched pairs: on unit means with a 1e-6 floor
-    (``improved``), or twice it on the raw inputs as the port (``official``)."""
+    sigma^2 has the floor ``min_var``; loss -``loss_scale`` * mean MLS of the
+    pairs, on unit means (``improved``) or, as the port, twice it on raw inputs (``official``)."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "raw_means": True, "min_var": 0.0, "loss_scale": 2.0},
@@ -193,8 +166,8 @@ class PFE(_PostHocGaussian):
 class PCMEPP(_PostHocGaussian):
     """PCME++*: ln sigma^2 = mlp(mu), means frozen; probabilistic matching loss.
 
-    BCE over logits -a CSD + b of the pair matrix, doubled (i2t + t2i) as the official code;
-    a = softplus(a_raw) (``improved``) or a_raw (``official``)."""
+    BCE over the logits -a CSD + b of the pair matrix, doubled (i2t + t2i) as the
+    official code; a = softplus(a_raw) (``improved``) or a_raw (``official``)."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "positive_scale": False},
@@ -211,16 +184,15 @@ class PCMEPP(_PostHocGaussian):
         init: Init = "he",
         positive_scale: bool = True,
     ) -> None:
-        super().__init__(dim, hidden_dim, depth, init)
-        self.init_log_var(init_log_var)
+        super().__init__(dim, hidden_dim, depth, init, init_log_var)
         self.positive_scale = positive_scale
-        raw = _inverse_softplus(init_scale) if positive_scale else float(init_scale)
-        self.scale_raw = nn.Parameter(torch.tensor(raw))
+        raw = init_scale + math.log(-math.expm1(-init_scale)) if positive_scale else init_scale
+        self.scale_raw = nn.Parameter(torch.tensor(float(raw)))
         self.shift = nn.Parameter(torch.tensor(float(init_shift)))
 
     @property
     def scale(self) -> torch.Tensor:
-        """a of the logits: softplus(a_raw) (``improved``) or a_raw itself (``official``)."""
+        """a: softplus(a_raw) (``improved``) or a_raw itself (``official``)."""
         return F.softplus(self.scale_raw) if self.positive_scale else self.scale_raw
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
@@ -230,7 +202,7 @@ class PCMEPP(_PostHocGaussian):
         return 2.0 * F.binary_cross_entropy_with_logits(logits, target)
 
     def calibration_scale(self) -> float:
-        """2a: -a * CSD = 2a cos + terms constant per pair of items, for unit means."""
+        """2a: -a CSD = 2a cos + terms constant per pair of items, for unit means."""
         return 2.0 * float(self.scale.detach())
 
     def training_stats(self) -> dict[str, float]:
@@ -241,9 +213,9 @@ class PCMEPP(_PostHocGaussian):
 class ProLIP(_PostHocGaussian):
     """ProLIP*: the PCME++ heads with ProLIP's objective, means frozen.
 
-    PPCL (Eq. 2) over s * probabilistic cosine + b, plus ``inclusion_weight`` * L_inc(Z_v in Z_t)
-    (Eq. 3-5) and ``vib_weight`` * the port's VIB term. s, b learnt (init 10, -10; ``improved``)
-    or fixed at 1, 0 (``official``); ln sigma^2 starts at ``init_log_var``."""
+    PPCL (Eq. 2) over s * probabilistic cosine + b, plus ``inclusion_weight`` *
+    L_inc(Z_v in Z_t) (Eq. 3-5) and ``vib_weight`` * the port's VIB term. s, b learnt from
+    10, -10 (``improved``) or fixed at 1, 0 (``official``)."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {
@@ -270,35 +242,27 @@ class ProLIP(_PostHocGaussian):
         learn_scale: bool = True,
         vib_weight: float = 0.0,
     ) -> None:
-        super().__init__(dim, hidden_dim, depth, init)
-        self.init_log_var(init_log_var)
+        super().__init__(dim, hidden_dim, depth, init, init_log_var)
         self.learn_scale = learn_scale
         if learn_scale:
             self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
             self.bias = nn.Parameter(torch.tensor(float(init_bias)))
-        self.inclusion_weight = inclusion_weight
-        self.inclusion_scale = inclusion_scale
-        self.inclusion_log_eps = inclusion_log_eps
-        self.vib_weight = vib_weight
+        self.inclusion_weight, self.vib_weight = inclusion_weight, vib_weight
+        self.inclusion_scale, self.inclusion_log_eps = inclusion_scale, inclusion_log_eps
 
     def logit_scale_bias(self) -> tuple[torch.Tensor | float, torch.Tensor | float]:
         """(s, b) of the PPCL logits: learnt, or the official port's fixed (1, 0)."""
-        if self.learn_scale:
-            return self.log_scale.exp(), self.bias
-        return 1.0, 0.0
+        return (self.log_scale.exp(), self.bias) if self.learn_scale else (1.0, 0.0)
 
     def loss_terms(self, images: Encoding, texts: Encoding) -> dict[str, torch.Tensor]:
-        """``ppcl`` (Eq. 2), ``inclusion`` (Eq. 5, weighted) and ``vib`` (weighted)."""
+        """``ppcl`` (Eq. 2), ``inclusion`` (Eq. 5) and ``vib``, each weighted."""
         img, txt = images, texts
         s, b = self.logit_scale_bias()
         sim = probabilistic_cosine(img["mu"], img["var"], txt["mu"], txt["var"])
         terms = {"ppcl": sigmoid_pair_loss(s * sim + b)}
         if self.inclusion_weight:
             terms["inclusion"] = self.inclusion_weight * inclusion_loss(
-                img["mu"],
-                img["log_var"],
-                txt["mu"],
-                txt["log_var"],
+                *(img["mu"], img["log_var"], txt["mu"], txt["log_var"]),
                 scale=self.inclusion_scale,
                 log_eps=self.inclusion_log_eps,
             )
@@ -312,7 +276,7 @@ class ProLIP(_PostHocGaussian):
 
     def calibration_scale(self) -> float:
         """s: the PPCL logits are s * cos + terms constant per pair of items."""
-        return float(self.logit_scale_bias()[0])
+        return float(torch.as_tensor(self.logit_scale_bias()[0]).detach())
 
     def training_stats(self) -> dict[str, float]:
         if not self.learn_scale:

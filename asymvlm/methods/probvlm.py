@@ -1,9 +1,8 @@
 """ProbVLM (Upadhyay et al. 2023) on cached frozen embeddings (paper Sec. 5, App. B.3): per
 modality a BayesCap adapter predicts GGD(mu_hat, alpha, beta) per dimension; retrieval is the
-cosine of the mean heads. ``official``: the port (two hidden layers, default init, raw heads and
-targets, the linearised GGD term :func:`official_ggd_term`, :func:`official_precision` as
-uncertainty); ``improved``: the exact GGD NLL (:func:`ggd_nll`), unit targets, floors on the
-heads and the mean GGD variance as uncertainty.
+cosine of the mean heads. ``official``: the port (two hidden layers, default init, raw heads
+and targets, its linearised GGD term and precision); ``improved``: the exact GGD NLL, unit
+targets, floors on the heads and the mean GGD variance as uncertainty.
 """
 
 from __future__ import annotations
@@ -17,28 +16,20 @@ from torch.nn import functional as F
 
 from asymvlm.methods.base import Encoding, Init, Method, mlp, register, unit
 
-#: Ranges of 1/alpha, beta (>= 0.1 keeps the variance finite in float32) and |x - mu| / alpha.
-INV_ALPHA_RANGE = (1e-4, 1e4)
-BETA_RANGE = (1e-1, 1e2)
-RATIO_RANGE = (1e-4, 1e3)
-#: Cap on beta * log(ratio) before exponentiating (e^30 ~ 1e13): overflow safety only.
-_MAX_LOG_POWER = 30.0
-
-#: The official port's constants (loss eps, residual clamp, the guards of its uncertainty).
-OFFICIAL_EPS = 1e-4
-OFFICIAL_RESIDUAL_RANGE = (1e-4, 1e3)
-OFFICIAL_ALPHA_EPS = 1e-5
-OFFICIAL_ALPHA_RANGE = (1e-4, 5.0)
-OFFICIAL_BETA_SHIFT = 0.1
-OFFICIAL_BETA_RANGE = (0.1, 5.0)
+INV_ALPHA_RANGE = (1e-4, 1e4)  # of 1/alpha
+BETA_RANGE = (1e-1, 1e2)  # beta >= 0.1 keeps the variance finite in float32
+RATIO_RANGE = (1e-4, 1e3)  # of |x - mu| / alpha
+_MAX_LOG_POWER = 30.0  # cap on beta ln(ratio) before exp: overflow safety only
+OFFICIAL_EPS = 1e-4  # the port's constants: loss eps and the guards of its uncertainty
+OFFICIAL_ALPHA_EPS, OFFICIAL_ALPHA_RANGE = 1e-5, (1e-4, 5.0)
+OFFICIAL_BETA_SHIFT, OFFICIAL_BETA_RANGE = 0.1, (0.1, 5.0)
 
 
 def ggd_nll(
     x: torch.Tensor, mu: torch.Tensor, inv_alpha: torch.Tensor, beta: torch.Tensor
 ) -> torch.Tensor:
-    """-ln GGD(x; mu, alpha, beta) elementwise (ProbVLM supp. Eq. 5), ``inv_alpha`` = 1/alpha:
-    (|x - mu| / alpha)^beta - ln beta + ln(2 alpha) + ln Gamma(1/beta), ratio clamped and power
-    capped so it never overflows."""
+    """-ln GGD(x; mu, alpha, beta) = (|x - mu| / alpha)^beta - ln beta + ln(2 alpha)
+    + ln Gamma(1/beta) elementwise (ProbVLM supp. Eq. 5), the ratio clamped, the power capped."""
     ratio = ((x - mu).abs() * inv_alpha).clamp(*RATIO_RANGE)
     power = torch.exp((beta * torch.log(ratio)).clamp(max=_MAX_LOG_POWER))
     return power - torch.log(beta) - torch.log(inv_alpha) + math.log(2.0) + torch.lgamma(1 / beta)
@@ -53,24 +44,24 @@ def ggd_variance(inv_alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
 def official_ggd_term(
     x: torch.Tensor, mu: torch.Tensor, inv_alpha: torch.Tensor, beta: torch.Tensor
 ) -> torch.Tensor:
-    """The official port's linearised GGD term: clamp(|x - mu| (1/alpha + eps)(beta + eps),
-    1e-4, 1e3) - ln(1/alpha + eps) + ln Gamma(1/(beta + eps)) - ln(beta + eps)."""
+    """The port's linearised GGD term: clamp(|x - mu| (1/alpha + eps)(beta + eps), 1e-4, 1e3)
+    - ln(1/alpha + eps) + ln Gamma(1/(beta + eps)) - ln(beta + eps)."""
     r, b = inv_alpha + OFFICIAL_EPS, beta + OFFICIAL_EPS
-    residual = ((x - mu).abs() * r * b).clamp(*OFFICIAL_RESIDUAL_RANGE)
+    residual = ((x - mu).abs() * r * b).clamp(*RATIO_RANGE)
     return residual - torch.log(r) + torch.lgamma(1 / b) - torch.log(b)
 
 
 def official_precision(inv_alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """The official port's "uncertainty": 1 / mean_d GGD variance with its guards on alpha and
-    beta -- a precision, larger = more certain."""
+    """The port's "uncertainty": 1 / mean_d GGD variance with its guards on alpha and beta, a
+    precision (larger = more certain)."""
     alpha = (1.0 / (inv_alpha + OFFICIAL_ALPHA_EPS)).clamp(*OFFICIAL_ALPHA_RANGE)
     beta = (beta + OFFICIAL_BETA_SHIFT).clamp(*OFFICIAL_BETA_RANGE)
     return 1.0 / ggd_variance(1.0 / alpha, beta).mean(-1)
 
 
 class BayesCapAdapter(nn.Module):
-    """ProbVLM's BayesCap MLP: h = x + mlp(x), then Linear-ReLU-Linear heads for mu_hat,
-    1/alpha and beta (softplus; with ``floors`` their ranges are enforced)."""
+    """ProbVLM's BayesCap: h = x + mlp(x), then Linear-ReLU-Linear heads for mu_hat, 1/alpha and
+    beta (softplus; ``floors`` enforces their ranges)."""
 
     def __init__(
         self, dim: int, hidden_dim: int, depth: int, init: Init = "he", floors: bool = True
@@ -93,23 +84,13 @@ class BayesCapAdapter(nn.Module):
         return {"mu_hat": mu_hat, "mu": unit(mu_hat), "inv_alpha": inv_alpha, "beta": beta}
 
 
-def probvlm_criterion(
-    enc: Encoding, target: torch.Tensor, l1_weight: float, nll_weight: float, official: bool
-) -> torch.Tensor:
-    """T1 * L1(mu_hat, z) + T2 * mean GGD term of z (supp. Eq. 5), exact or the port's."""
-    term = official_ggd_term if official else ggd_nll
-    l1 = (enc["mu_hat"] - target).abs().mean()
-    nll = term(target, enc["mu_hat"], enc["inv_alpha"], enc["beta"]).mean()
-    return l1_weight * l1 + nll_weight * nll
-
-
 @register("probvlm")
 class ProbVLM(Method):
     """ProbVLM: a BayesCap adapter per modality; GGD(mu_hat, alpha, beta) per dimension.
 
-    Loss per modality: the criterion on its own embedding plus ``cross_weight`` times the one on
-    the other modality's (supp. Eq. 5). Uncertainty: the mean GGD variance (``improved``) or the
-    port's precision (``official``), both modalities."""
+    Loss per modality: T1 * L1(mu_hat, z) + T2 * mean GGD term on its own embedding plus
+    ``cross_weight`` times that on the other modality's (supp. Eq. 5). Uncertainty: the mean
+    GGD variance (``improved``) or the port's precision (``official``), both modalities."""
 
     uncertainty_doc = "mean GGD variance alpha^2 Gamma(3/beta)/Gamma(1/beta) over dims (both)"
     OFFICIAL_RAW_IMAGES = True
@@ -156,15 +137,20 @@ class ProbVLM(Method):
         txt = {**self.encode_texts(text_emb), "z": target(text_emb)}
         return img, txt
 
+    def criterion(self, enc: Encoding, target: torch.Tensor) -> torch.Tensor:
+        """T1 * L1(mu_hat, z) + T2 * mean GGD term of z (supp. Eq. 5), exact or the port's."""
+        term = official_ggd_term if self.official else ggd_nll
+        l1 = (enc["mu_hat"] - target).abs().mean()
+        nll = term(target, enc["mu_hat"], enc["inv_alpha"], enc["beta"]).mean()
+        return self.l1_weight * l1 + self.nll_weight * nll
+
     def loss_terms(self, images: Encoding, texts: Encoding) -> dict[str, torch.Tensor]:
-        """The four criteria: own targets (``loss_i``, ``loss_t``), cross-modal ones."""
-        w = (self.l1_weight, self.nll_weight, self.official)
-        z_i, z_t = images["z"], texts["z"]
+        """The criteria on own targets (``loss_i``, ``loss_t``) and cross-modal ones."""
         return {
-            "loss_i": probvlm_criterion(images, z_i, *w),
-            "loss_t": probvlm_criterion(texts, z_t, *w),
-            "loss_i4t": probvlm_criterion(images, z_t, *w),
-            "loss_t4i": probvlm_criterion(texts, z_i, *w),
+            "loss_i": self.criterion(images, images["z"]),
+            "loss_t": self.criterion(texts, texts["z"]),
+            "loss_i4t": self.criterion(images, texts["z"]),
+            "loss_t4i": self.criterion(texts, images["z"]),
         }
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
