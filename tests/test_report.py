@@ -328,7 +328,8 @@ def _log_sweep(uri: str, exp: str, name: str, trials: list[tuple], protocol: str
     from asymvlm import tracking
 
     params = {"dataset": "synthetic", "embedding_model": "tiny"}
-    parent_params = {**params, **({"protocol": protocol} if protocol else {})}
+    methods = json.dumps(sorted({m for m, _ in trials}, reverse=True))  # not the logged order
+    parent_params = {**params, "methods": methods, **({"protocol": protocol} if protocol else {})}
     with tracking.run(
         uri, exp, f"sweep {name}", kind="sweep", params=parent_params, tags={"sweep": name}
     ) as parent:
@@ -358,7 +359,8 @@ def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(store, t
     for test in ft:  # no uncertainty: no binned curve, S, detectors or risk-coverage
         for d in ("t2i", "i2t"):
             test[d] = {k: v for k, v in test[d].items() if k in ("recall@1", "ece")}
-    _log_sweep(uri, exp, "official", [("asymvlm-vmf", t) for t in vmf], "official")
+    trials = [("asymvlm-vmf", vmf[0]), ("determ-ft", ft[0]), ("asymvlm-vmf", vmf[1])]
+    _log_sweep(uri, exp, "official", trials, "official")
     _log_sweep(uri, exp, "second", [("determ-ft", t) for t in ft], protocol=None)
 
     out = tmp_path / "report"
@@ -374,7 +376,9 @@ def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(store, t
     heads = ["R@1 (%)", "S", "R²", "AUROC", "AUPR", "FPR@95", "AURC", "ECE"]
     head = row(text, "Method")
     assert head == ["Method", "seeds", *(f"{d} {h}" for d in ("i2t", "t2i") for h in heads), "RSUM"]
-    cells = dict(zip(head, row(text[text.index(first) :], "asymvlm-vmf"), strict=True))
+    official = text[text.index(first) : text.index(second)]
+    assert official.index("| determ-ft") < official.index("| asymvlm-vmf")  # config order
+    cells = dict(zip(head, row(official, "asymvlm-vmf"), strict=True))
     assert cells["seeds"] == "2"
     keys = ["spearman", "r2", "auroc", "aupr", "fpr@95tpr", "aurc", "ece"]
     for d in ("i2t", "t2i"):
@@ -398,15 +402,3 @@ def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(store, t
     assert "fig_risk_coverage_synthetic.png" not in page  # inlined as a data URI
     assert page.count('<img src="data:image/png;base64,') == text.count("![")
     assert "Protocol: official (the authors" in page
-
-
-def test_risk_coverage_is_averaged_over_seeds_on_the_first_grid() -> None:
-    from asymvlm.report import _mean_curve
-
-    a = {"coverage": [0.5, 1.0], "risk": [0.1, 0.3]}
-    b = {"coverage": [0.5, 1.0], "risk": [0.3, 0.5]}
-    mean = _mean_curve([a, b])
-    assert mean["coverage"] == [0.5, 1.0] and mean["risk"] == pytest.approx([0.2, 0.4])
-    c = {"coverage": [1.0, 0.25], "risk": [0.5, 0.2]}  # another grid, unsorted: interpolated
-    want = [(0.1 + 0.2 + (0.5 - 0.25) / 0.75 * 0.3) / 2, (0.3 + 0.5) / 2]
-    assert _mean_curve([a, c])["risk"] == pytest.approx(want)
