@@ -178,14 +178,6 @@ def _sweep_section(
     return lines, figures, rows
 
 
-def _set_name(settings: dict, params: dict, key: str, default: str | None) -> str | None:
-    """A set's logged name, else the table root of its location param, else ``default``."""
-    if name := (settings.get(key) or {}).get("name"):
-        return name
-    location = str(params.get(key) or "")
-    return os.path.basename((location.rpartition(":")[0] or location).rstrip("/")) or default
-
-
 def _heading(params: dict) -> str:
     parts = [p for p in (params.get("sweep"), params.get("note")) if p]
     return f" — {', '.join(parts)}" if parts else ""
@@ -201,9 +193,14 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
     lines: list[str] = []
     for res, params in runs:
         settings = res.get("settings") or {}
-        pos = _set_name(settings, params, "positives", "CIFAR-10")
-        neg = _set_name(settings, params, "negatives", "CIFAR-100")
-        far = (settings.get("far_negatives") or {}).get("name")
+        pos, neg, far = (
+            (settings.get(key) or {}).get("name") or default
+            for key, default in (
+                ("positives", "CIFAR-10"),
+                ("negatives", "CIFAR-100"),
+                ("far_negatives", None),
+            )
+        )
         sets = f"positives: {pos}, negatives: {neg}" + (f", far negatives: {far}" if far else "")
         keys = {"pos_acc": "pos. acc.", "neg_acc": "sibling neg. rejected" if far else "neg. acc."}
         keys |= {"far_neg_acc": "far neg. rejected"} if far else {}

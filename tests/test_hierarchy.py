@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from asymvlm import tables
-from asymvlm.evaluation.hierarcaps import hierarchy_analysis, plot_hierarchy
+from asymvlm.evaluation.hierarcaps import _monotone_fraction, hierarchy_analysis, plot_hierarchy
 from asymvlm.methods import build_method
 from asymvlm.splits import load_split
 from tests.test_zeroshot import IdentityVMF
@@ -82,3 +84,31 @@ def test_methods_without_uncertainty_and_missing_levels(tmp_path, small_world) -
     data.split.extra_text_columns.pop("level", None)
     with pytest.raises(ValueError, match="level"):
         hierarchy_analysis(build_method("clip", data.dim), data)
+
+
+# -- HierarCaps: the monotone fraction without a loop per caption -----------------------------
+def _monotone_by_image(owner, levels, unc) -> tuple[float, int]:
+    hits = total = 0
+    for image in sorted(set(owner.tolist())):
+        rows = np.flatnonzero(owner == image)
+        rows = rows[np.argsort(levels[rows], kind="stable")]
+        if len(rows) >= 2 and len(set(levels[rows].tolist())) == len(rows):
+            total += 1
+            hits += bool(np.all(np.diff(unc[rows]) < 0))
+    return (hits / total if total else float("nan")), total
+
+
+def test_monotone_fraction_matches_a_loop_over_images() -> None:
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        n = int(rng.integers(0, 40))
+        owner, levels = rng.integers(0, 8, n), rng.integers(0, 4, n)
+        unc = np.round(rng.normal(size=n), 1 if trial % 2 else 6)
+        if trial % 3 == 0:  # complete hierarchies, mostly falling
+            levels, owner = np.arange(n) % 4, np.arange(n) // 4
+            unc = -levels + 0.3 * rng.normal(size=n)
+        if trial % 5 == 0 and n:
+            unc[rng.integers(0, n)] = np.nan
+        got, want = _monotone_fraction(owner, levels, unc), _monotone_by_image(owner, levels, unc)
+        assert got[1] == want[1]
+        assert got[0] == want[0] or (math.isnan(got[0]) and math.isnan(want[0]))

@@ -18,22 +18,15 @@ from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import Encoding, Method
 from asymvlm.metrics import average_folds, fold_key, image_folds, rank_pass, ranking_metrics
 from asymvlm.metrics import eccv as eccv_caption
-from asymvlm.metrics.blocks import all_finite
 from asymvlm.splits import SplitTensors
 
 
 def _encode_chunked(
     fn: Callable[[torch.Tensor], Encoding], x: torch.Tensor, chunk_size: int
 ) -> Encoding:
-    """``fn(x)`` in chunks of rows, written into tensors allocated once."""
-    out: Encoding = {}
-    for i in range(0, x.shape[0], chunk_size):
-        part = fn(x[i : i + chunk_size])
-        if not out:
-            out = {k: v.new_empty((x.shape[0], *v.shape[1:])) for k, v in part.items()}
-        for k, v in part.items():
-            out[k][i : i + v.shape[0]] = v
-    return out
+    """``fn(x)`` in chunks of rows."""
+    parts = [fn(x[i : i + chunk_size]) for i in range(0, x.shape[0], chunk_size)]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 def _ids(data: SplitTensors, kind: str) -> Sequence[str] | None:
@@ -59,7 +52,7 @@ def check_finite(
     """:class:`NonFiniteError` when ``value`` (a row per caption/image) has a NaN/inf."""
     if value is None or not torch.is_tensor(value) or not value.is_floating_point():
         return
-    if all_finite(value):
+    if bool(torch.isfinite(value).all()):
         return
     if value.ndim == 0:
         raise NonFiniteError(f"{method.name}: non-finite {name} (a {kind} scalar)")
@@ -157,8 +150,6 @@ def evaluate_retrieval(
             f"{method.name}: cannot evaluate retrieval on a split with {n_image} images and "
             f"{n_text} captions"
         )
-    if fold_size is not None and fold_size < 1:
-        raise ConfigError(f"fold size must be >= 1, got {fold_size}")
     if n_bins > min(n_text, n_image):  # each bin needs at least one caption and one image
         raise ConfigError(
             f"{n_bins} uncertainty bins: the split has {n_text} captions and {n_image} images; "
@@ -175,7 +166,7 @@ def evaluate_retrieval(
 
     def score_fn(start: int, stop: int) -> torch.Tensor:
         scores = method.score({k: v[start:stop] for k, v in texts.items()}, images)
-        if not all_finite(scores):
+        if not bool(torch.isfinite(scores).all()):
             row = _first_bad_row(scores)
             col = int((~torch.isfinite(scores[row])).nonzero()[0, 0])
             raise NonFiniteError(
