@@ -50,14 +50,10 @@ def check_finite(
     method: Method, name: str, value: torch.Tensor | None, kind: str, ids: Sequence[str] | None
 ) -> None:
     """:class:`NonFiniteError` when ``value`` (a row per caption/image) has a NaN/inf."""
-    if value is None or not torch.is_tensor(value) or not value.is_floating_point():
+    if not torch.is_tensor(value) or not value.is_floating_point() or value.isfinite().all():
         return
-    if bool(torch.isfinite(value).all()):
-        return
-    if value.ndim == 0:
-        raise NonFiniteError(f"{method.name}: non-finite {name} (a {kind} scalar)")
-    row = _first_bad_row(value)
-    raise NonFiniteError(f"{method.name}: non-finite {name} for {_named(kind, ids, row)}")
+    where = f"a {kind} scalar" if value.ndim == 0 else _named(kind, ids, _first_bad_row(value))
+    raise NonFiniteError(f"{method.name}: non-finite {name} for {where}")
 
 
 @torch.no_grad()
@@ -87,25 +83,6 @@ def coco_karpathy_test(data: SplitTensors) -> eccv_caption.KarpathyTest | None:
     ):
         return None
     return eccv_caption.karpathy_test(split.image_ids, split.caption_ids)
-
-
-def _subset(data: SplitTensors, images: np.ndarray, texts: np.ndarray) -> SplitTensors:
-    """Image rows ``images`` and caption rows ``texts`` (of those images), renumbered."""
-    if data.split is not None:
-        return data.subset(images, texts)
-    device = data.image_emb.device
-    index = torch.full((data.image_emb.shape[0],), -1, dtype=torch.long, device=device)
-    index[torch.as_tensor(images, device=device)] = torch.arange(len(images), device=device)
-    rows = torch.as_tensor(texts, device=device)
-    image_rows = torch.as_tensor(images, device=device)
-    norm = None if data.image_norm is None else data.image_norm[image_rows]
-    return SplitTensors(
-        image_emb=data.image_emb[image_rows],
-        image_norm=norm,
-        text_emb=data.text_emb[rows],
-        text_to_image=index[data.text_to_image[rows]],
-        split=None,
-    )
 
 
 def _folds(
@@ -195,7 +172,7 @@ def evaluate_retrieval(
         per_fold = [
             evaluate_retrieval(
                 method,
-                _subset(data, images, captions),
+                data.subset(images, captions),
                 n_bins=n_bins,
                 ks=ks,
                 chunk_size=chunk_size,
