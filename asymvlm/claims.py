@@ -17,6 +17,7 @@ from asymvlm.paper_numbers import TABLE2, TABLE3
 from asymvlm.results import markdown
 
 __all__ = [
+    "CURVE_METHODS",
     "GENERIC_CURVE",
     "MIN_EFFECT",
     "RULE",
@@ -43,22 +44,15 @@ BASELINE = "determ-ft"
 FROZEN = "clip"
 
 #: The p curve of benchmarks/generic_captions.py (demo world, 12 epochs, 5 seeds, dummy prompt
-#: "a photo", means over seeds): p -> method -> (median kappa of "a photo", of the class
-#: prompts, sibling negatives rejected, far negatives rejected).
-_CURVE_METHODS = ("asymvlm-vmf", "asymvlm-ps", "determ-ft", "clip")
-_CURVE = {  # p: (kappa, kappa of the class prompts: vMF, PS), sibling, far rejected per method
+#: "a photo", means over seeds): p -> (median kappa of "a photo" and of the class prompts for
+#: vMF, PS), (sibling negatives rejected), (far negatives rejected) per :data:`CURVE_METHODS`.
+CURVE_METHODS = ("asymvlm-vmf", "asymvlm-ps", "determ-ft", "clip")
+GENERIC_CURVE = {
     0.0: ((23.8, 18.6, 35.6, 26.4), (0.043, 0.049, 0.132, 0.110), (0.280, 0.266, 0.361, 0.559)),
     0.005: ((9.1, 17.4, 12.5, 24.2), (0.452, 0.601, 0.347, 0.110), (0.437, 0.439, 0.182, 0.559)),
     0.01: ((7.9, 16.5, 10.4, 23.1), (0.564, 0.729, 0.436, 0.110), (0.327, 0.336, 0.070, 0.559)),
     0.02: ((6.8, 15.6, 8.8, 22.2), (0.697, 0.813, 0.529, 0.110), (0.328, 0.356, 0.033, 0.559)),
     0.05: ((5.4, 14.9, 6.4, 21.0), (0.850, 0.906, 0.647, 0.110), (0.393, 0.443, 0.036, 0.559)),
-}
-GENERIC_CURVE: dict[float, dict[str, tuple[float | None, float | None, float, float]]] = {
-    p: {
-        m: ((*kappa[2 * k : 2 * k + 2],) if k < 2 else (None, None)) + (sib[k], far[k])
-        for k, m in enumerate(_CURVE_METHODS)
-    }
-    for p, (kappa, sib, far) in _CURVE.items()
 }
 
 
@@ -247,7 +241,7 @@ def _curve_table() -> str:
                 " / ".join(f"{v:.2f}" for v in sib),
                 " / ".join(f"{v:.2f}" for v in far),
             ]
-            for p, (kappa, sib, far) in _CURVE.items()
+            for p, (kappa, sib, far) in GENERIC_CURVE.items()
         ],
         columns=[
             "p",

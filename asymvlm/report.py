@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import os
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +26,7 @@ from asymvlm.evaluation.zeroshot import aggregation_note
 from asymvlm.plots import plot_binned_recall, plot_risk_coverage
 from asymvlm.results import DIRECTIONS, markdown, mean_std, retrieval_metric_names, seed_stats
 
-__all__ = ["PROTOCOL_LABELS", "build_report", "protocol_label", "table1_markdown"]
+__all__ = ["build_report"]
 
 ABLATIONS = ("asymvlm-vmf", "asymvlm-image", "symvlm", "asymvlm-gauss")
 #: Table 1 cells per direction: (MLflow name without the direction, heading, scale, digits).
@@ -49,27 +51,24 @@ PAPER_TABLE3_SETUP = (
 )
 
 
-def protocol_label(params: Mapping[str, str]) -> str:
-    """The caption line naming a sweep's protocol (param ``protocol``, else "improved")."""
-    value = str(params.get("protocol") or "improved").strip().strip('"') or "improved"
-    return PROTOCOL_LABELS.get(value, f"Protocol: {value}")
-
-
 def _base(name: str) -> str:
     """ "asymvlm-vmf/seed1" -> "asymvlm-vmf"."""
     return name.split("/", 1)[0]
 
 
-def table1_markdown(rows: Sequence[Mapping[str, Any]], title: str, caption: str) -> str:
-    """Table 1 analogue: per method (``rows``: one per seed, ``method`` and the MLflow names
-    of its test numbers) the seeds and mean ± std of :data:`TABLE1_CELLS` both ways, and RSUM."""
+def _table1(rows: Sequence[Mapping[str, Any]], title: str, params: Mapping[str, str]) -> str:
+    """Table 1 analogue: per method (``rows``: one per seed) the seeds and mean ± std of
+    :data:`TABLE1_CELLS` both ways, and RSUM; captioned with the sweep's protocol."""
     cells = [(f"{d}_{c[0]}", f"{d} {c[1]}", *c[2:]) for d in ("i2t", "t2i") for c in TABLE1_CELLS]
     cells.append(("rsum", "RSUM", 1.0, 2))
     stats = seed_stats(rows, "method", [c[0] for c in cells])
-    table = pd.DataFrame({"Method": stats.index, "seeds": stats["seeds"].astype(str)})
-    for col, head, scale, digits in cells:
-        table[head] = mean_std(stats, col, scale, digits)
-    return f"### {title}\n\n{caption}\n\n{markdown(table)}\n"
+    table = pd.DataFrame(
+        {"Method": stats.index, "seeds": stats["seeds"].astype(str)}
+        | {head: mean_std(stats, col, scale, digits) for col, head, scale, digits in cells}
+    )
+    protocol = str(params.get("protocol") or "improved").strip().strip('"') or "improved"
+    caption = PROTOCOL_LABELS.get(protocol, f"Protocol: {protocol}")
+    return f"### {title}\n\n*{caption}.*\n\n{markdown(table)}\n"
 
 
 def _trial(uri: str, child) -> dict[str, Any]:
@@ -86,16 +85,28 @@ def _trial(uri: str, child) -> dict[str, Any]:
     return row
 
 
-def _mean_curve(curves: Sequence[Mapping[str, Sequence[float]]]) -> dict[str, list[float]]:
-    """The mean over seeds of risk-coverage curves, each read (interpolated) at the first's
-    coverages."""
-    grid = np.asarray(curves[0]["coverage"], dtype=float)
-    risks = []
-    for curve in curves:
-        x, y = np.asarray(curve["coverage"], float), np.asarray(curve["risk"], float)
-        order = np.argsort(x)
-        risks.append(np.interp(grid, x[order], y[order]))
-    return {"coverage": grid.tolist(), "risk": np.mean(risks, axis=0).tolist()}
+def _seed_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
+    """Per method and direction, the seed means the figures draw (curves share one grid)."""
+    out: dict[str, dict] = defaultdict(dict)
+    for method, group in pd.DataFrame(rows).groupby("method", sort=False):
+        for d in DIRECTIONS:
+            means = {
+                n: pd.to_numeric(group.get(f"{d}_{n}", pd.Series()), errors="coerce").mean()
+                for n in ("recall_at_1", "spearman", "r2", "aurc")
+            }
+            binned = [c for c in group[f"{d}_binned"] if c]
+            risk = [c for c in group[f"{d}_risk"] if c]
+            out[method][d] = {k: None if pd.isna(v) else float(v) for k, v in means.items()} | {
+                "recall@1": float(means["recall_at_1"]),
+                "binned_recall@1": np.mean(binned, axis=0).tolist() if binned else None,
+                "risk_coverage": {
+                    "coverage": risk[0]["coverage"],
+                    "risk": np.mean([c["risk"] for c in risk], axis=0).tolist(),
+                }
+                if risk
+                else None,
+            }
+    return out
 
 
 def _paper_table1(dataset: str | None, model: str | None) -> list[str]:
@@ -116,45 +127,8 @@ def _paper_table1(dataset: str | None, model: str | None) -> list[str]:
         }
         for method, v in paper.items()
     )
-    return [
-        f"*Paper (Ju et al. 2025, Table 1, CLIP ViT-B/32 on {dataset}), for comparison — "
-        "not produced here:*\n",
-        markdown(table),
-        "",
-    ]
-
-
-def _seed_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
-    """Per method and direction, the seed means the figures draw."""
-    names = ("recall_at_1", "spearman", "r2", "aurc")
-    stats = seed_stats(rows, "method", [f"{d}_{n}" for d in DIRECTIONS for n in names])
-    out: dict[str, dict] = {}
-    for method, row in stats.iterrows():
-        out[method] = {}
-        for d in DIRECTIONS:
-            means = {n: float(row[f"{d}_{n}_mean"]) if row[f"{d}_{n}_n"] else None for n in names}
-            seeds = [r for r in rows if r["method"] == method]
-            binned = [r[f"{d}_binned"] for r in seeds if r[f"{d}_binned"]]
-            risk = [r[f"{d}_risk"] for r in seeds if r[f"{d}_risk"]]
-            out[method][d] = {
-                "recall@1": float("nan") if means["recall_at_1"] is None else means["recall_at_1"],
-                "binned_recall@1": np.mean(binned, axis=0).tolist() if binned else None,
-                "spearman": means["spearman"],
-                "r2": means["r2"],
-                "aurc": means["aurc"],
-                "risk_coverage": _mean_curve(risk) if risk else None,
-            }
-    return out
-
-
-def _figure_tag(dataset: str | None, parent, used: set[str]) -> str:
-    """``<dataset>``, with the sweep's name when another sweep of the report took it."""
-    tag = (dataset or "data").replace("/", "_")
-    if tag in used:
-        name = parent.info.run_name or parent.info.run_id
-        tag = f"{tag}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}"
-    used.add(tag)
-    return tag
+    note = f"Paper (Ju et al. 2025, Table 1, CLIP ViT-B/32 on {dataset}), for comparison"
+    return [f"*{note} — not produced here:*\n", markdown(table), ""]
 
 
 def _sweep_section(
@@ -167,10 +141,13 @@ def _sweep_section(
         return [], {}, []
     params = children[0].data.params
     dataset, model = params.get("dataset"), params.get("embedding_model")
-    rows = [_trial(uri, child) for child in children]
+    order = json.loads(parent.data.params.get("methods") or "[]")  # Table 1 in config order
+    rows = sorted(
+        (_trial(uri, child) for child in children),
+        key=lambda r: order.index(r["method"]) if r["method"] in order else len(order),
+    )
     title = f"Table 1 analogue — {parent.info.run_name}: {dataset} ({model})"
-    caption = f"*{protocol_label({**params, **parent.data.params})}.*"
-    lines = [table1_markdown(rows, title, caption)]
+    lines = [_table1(rows, title, {**params, **parent.data.params})]
     if parent.data.tags.get("note"):
         lines.append(f"> {parent.data.tags['note']}\n")
     if n_failed := int(parent.data.metrics.get("failed_trials", 0)):
@@ -180,11 +157,12 @@ def _sweep_section(
         )
     lines += _paper_table1(dataset, model)
     results = _seed_means(rows)
-    tag = _figure_tag(dataset, parent, used)
-    figures = {}
-    fig3 = os.path.join(output, f"fig3_{tag}.png")
-    plot_binned_recall(results, fig3, title=f"{dataset}")
-    figures[fig3] = f"Fig. 3 analogue — Recall@1 per uncertainty level, {dataset}"
+    tag = (dataset or "data").replace("/", "_")  # and the sweep's name if another took it
+    if tag in used:
+        tag += "_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", parent.info.run_name or parent.info.run_id)
+    used.add(tag)
+    fig3 = plot_binned_recall(results, os.path.join(output, f"fig3_{tag}.png"), f"{dataset}")
+    figures = {fig3: f"Fig. 3 analogue — Recall@1 per uncertainty level, {dataset}"}
     ablations = {m: results[m] for m in ABLATIONS if m in results}
     if len(ablations) >= 2:
         fig4 = os.path.join(output, f"fig4_{tag}.png")
@@ -192,21 +170,12 @@ def _sweep_section(
         figures[fig4] = f"Fig. 4 analogue — ablations, {dataset}"
     if any(d.get("risk_coverage") for r in results.values() for d in r.values()):
         path = os.path.join(output, f"fig_risk_coverage_{tag}.png")
-        plot_risk_coverage(results, path, title=f"{dataset}")
-        figures[path] = (
-            f"Risk-coverage — top-1 risk of the most certain queries kept, "
-            f"{dataset}, mean over seeds"
+        figures[plot_risk_coverage(results, path, f"{dataset}")] = (
+            f"Risk-coverage — top-1 risk of the most certain queries kept, {dataset}, mean over "
+            "seeds"
         )
     lines += [f"![{caption}]({os.path.basename(path)})\n" for path, caption in figures.items()]
     return lines, figures, rows
-
-
-def _set_name(location: str | None, default: str) -> str:
-    """``/x/tables/synthetic-positives:test`` -> ``synthetic-positives``."""
-    if not location:
-        return default
-    root = str(location).rpartition(":")[0] or str(location)
-    return os.path.basename(root.rstrip("/")) or default
 
 
 def _heading(params: dict) -> str:
@@ -224,13 +193,14 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
     lines: list[str] = []
     for res, params in runs:
         settings = res.get("settings") or {}
-        pos = (settings.get("positives") or {}).get("name") or _set_name(
-            params.get("positives"), "CIFAR-10"
+        pos, neg, far = (
+            (settings.get(key) or {}).get("name") or default
+            for key, default in (
+                ("positives", "CIFAR-10"),
+                ("negatives", "CIFAR-100"),
+                ("far_negatives", None),
+            )
         )
-        neg = (settings.get("negatives") or {}).get("name") or _set_name(
-            params.get("negatives"), "CIFAR-100"
-        )
-        far = (settings.get("far_negatives") or {}).get("name")
         sets = f"positives: {pos}, negatives: {neg}" + (f", far negatives: {far}" if far else "")
         keys = {"pos_acc": "pos. acc.", "neg_acc": "sibling neg. rejected" if far else "neg. acc."}
         keys |= {"far_neg_acc": "far neg. rejected"} if far else {}
@@ -246,21 +216,17 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
                 "method": [m for _, m in stats.index],
                 "seeds": stats["seeds"].astype(str).to_numpy(),
             }
+            | {head: mean_std(stats, key, bare=True) for key, head in keys.items()}
+            | {
+                "paper (pos., neg.)": [
+                    _pair(paper_numbers.TABLE2.get(d, {}).get(m)) for d, m in stats.index
+                ]
+            }
         )
-        for key, head in keys.items():
-            table[head] = mean_std(stats, key, bare=True)
-        table["paper (pos., neg.)"] = [
-            _pair(paper_numbers.TABLE2.get(d, {}).get(m)) for d, m in stats.index
-        ]
         for name, cell in res.get("rejection", {}).items():
-            values = [cell.get(k) for k in keys]
-            table.loc[len(table)] = [
-                "(none)",
-                f"{name}-based (frozen)",
-                "1",
-                *("–" if v is None else f"{v:.3f}" for v in values),
-                _pair(paper_numbers.TABLE2["(none)"].get(name)),
-            ]
+            values = ["–" if cell.get(k) is None else f"{cell[k]:.3f}" for k in keys]
+            paper = _pair(paper_numbers.TABLE2["(none)"].get(name))
+            table.loc[len(table)] = ["(none)", f"{name}-based (frozen)", "1", *values, paper]
         lines += [
             f"### Table 2 analogue — none-of-the-above ({sets}){_heading(params)}",
             "",
@@ -297,16 +263,14 @@ def _table3(runs: list[tuple[dict, dict]]) -> list[str]:
         rows = []
         for k, method in enumerate(stats.index):
             tuned = "– (frozen)" if method == "clip" else ft
-            row = [tuned, method, str(stats["seeds"].iloc[k]), *(cells[s][k] for s in sets)]
-            if not matched:
+            rows.append([tuned, method, str(stats["seeds"].iloc[k]), *(cells[s][k] for s in sets)])
+            if matched:
+                if paper := paper_numbers.TABLE3.get(ft, {}).get(method):
+                    values = [f"{paper.get(s, float('nan')):.3f}" for s in sets]
+                    rows.append([ft, f"{method} (paper)", "–", *values])
+            else:
                 paper = paper_numbers.TABLE3["none" if method == "clip" else "coco"].get(method)
-                sets4 = ("cifar10", "cifar100", "stl10", "imagenet")
-                row.append(" / ".join(f"{paper[s]:.3f}" for s in sets4) if paper else "–")
-            rows.append(row)
-            paper = paper_numbers.TABLE3.get(ft, {}).get(method)
-            if paper and matched:
-                values = [f"{paper.get(s, float('nan')):.3f}" for s in sets]
-                rows.append([ft, f"{method} (paper)", "–", *values])
+                rows[-1].append(" / ".join(f"{v:.3f}" for v in paper.values()) if paper else "–")
         head = ["fine-tuned on", "method", "seeds", *sets]
         head += [] if matched else [f"paper ({PAPER_TABLE3_SETUP})"]
         note = (
@@ -337,24 +301,21 @@ def _hierarchy(res: dict, output: str, params: dict, tag: str) -> tuple[list[str
         "monotone_fraction": "monotone hierarchies",
     }
     stats = seed_stats([{**c, "method": _base(n)} for n, c in res.items()], "method", list(keys))
-    table = pd.DataFrame({"method": stats.index})
-    for key, head in keys.items():
-        table[head] = mean_std(stats, key, bare=True)
+    table = pd.DataFrame(
+        {"method": stats.index} | {h: mean_std(stats, k, bare=True) for k, h in keys.items()}
+    )
     first: dict[str, dict] = {}
     for name, cell in res.items():
         first.setdefault(_base(name), cell)
-    name = f"fig5_{tag}.png"
-    path = os.path.join(output, name)
-    plot_hierarchy(first, path)
-    lines = [
-        f"### HierarCaps analysis (Fig. 5 analogue){_heading(params)}",
-        "",
+    path = plot_hierarchy(first, os.path.join(output, f"fig5_{tag}.png"))
+    return [
+        f"### HierarCaps analysis (Fig. 5 analogue){_heading(params)}\n",
         markdown(table),
         "",
-        f"![Fig. 5 analogue — uncertainty and paired score per caption level]({name})",
+        "![Fig. 5 analogue — uncertainty and paired score per caption level]"
+        f"({os.path.basename(path)})",
         "",
-    ]
-    return lines, {path: "fig5"}
+    ], {path: "fig5"}
 
 
 def _ood(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dict]:
@@ -372,28 +333,20 @@ def _ood(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dic
     stats = seed_stats(cells, ["method", "spec"], [*keys, "clean_t2i_recall_at_1"])
     table = pd.DataFrame(
         {"method": [m for m, _ in stats.index], "perturbation": [s for _, s in stats.index]}
+        | {h: mean_std(stats, k, bare=True) for k, h in keys.items()}
     )
-    for key, head in keys.items():
-        table[head] = mean_std(stats, key, bare=True)
     curves: dict[str, dict[str, dict[int, float]]] = defaultdict(dict)
     for (method, spec), row in stats.iterrows():
         kind, severity = spec.split(":")
-        curve = curves[kind].setdefault(method, {})
-        curve[0] = row["clean_t2i_recall_at_1_mean"]
+        curve = curves[kind].setdefault(method, {0: row["clean_t2i_recall_at_1_mean"]})
         curve[int(severity)] = row["t2i_recall_at_1_mean"]
     lines = [f"### OOD robustness (beyond the paper){_heading(params)}", "", markdown(table)]
     figures = {}
     for kind, per_method in curves.items():
         name = f"fig_ood_{kind}{tag}.png"
-        path = os.path.join(output, name)
-        plot_severity(per_method, path, ylabel="t2i Recall@1", title=kind)
-        figures[path] = kind
+        figures[plot_severity(per_method, os.path.join(output, name), "t2i Recall@1", kind)] = kind
         lines.append(f"![OOD: t2i Recall@1 vs {kind} severity]({name})\n")
     return lines + [""], figures
-
-
-def _plumbing(note: str | None) -> bool:
-    return "plumbing only" in (note or "").lower()
 
 
 def build_report(
@@ -420,7 +373,7 @@ def build_report(
         section, figs, rows = _sweep_section(tracking_uri, sweep, output, used_tags)
         lines += section
         figures.update(figs)
-        if not _plumbing(sweep.data.tags.get("note")):
+        if "plumbing only" not in sweep.data.tags.get("note", "").lower():
             name = sweep.info.run_name or sweep.info.run_id
             judged += [(name, v) for v in claims.table1_verdicts(rows)]
     evals: dict[str, list] = defaultdict(list)
@@ -435,7 +388,7 @@ def build_report(
         ("eval-zeroshot", claims.table3_verdicts),
     ):
         for res, params in evals[kind]:
-            if not _plumbing(params.get("note")):
+            if "plumbing only" not in (params.get("note") or "").lower():
                 source = f"{kind[5:]} ({params.get('sweep') or '–'})"
                 judged += [(source, v) for v in judge(res)]
     lines += claims.claims_markdown(judged)
@@ -455,12 +408,9 @@ def build_report(
     elif judged or world:
         lines += claims.closing_note(judged, world)
     text = "\n".join(lines) + "\n"
-    path = os.path.join(output, "report.md")
-    page = os.path.join(output, "report.html")
-    with open(path, "w") as fh:
-        fh.write(text)
-    with open(page, "w") as fh:
-        fh.write(report_html(text, output, title=f"AsymVLM report — {experiment}"))
+    path, page = os.path.join(output, "report.md"), os.path.join(output, "report.html")
+    Path(path).write_text(text)
+    Path(page).write_text(_html(text, output, title=f"AsymVLM report — {experiment}"))
     about = f"Tables and figures of experiment {experiment}"
     with tracking.run(
         tracking_uri, experiment, "report", kind="report", parent=parent, description=about
@@ -473,7 +423,7 @@ def build_report(
 _IMAGE = re.compile(r'<img src="([^"/:]+\.png)"')
 
 
-def report_html(markdown_text: str, folder: str, title: str) -> str:
+def _html(markdown_text: str, folder: str, title: str) -> str:
     """The report as one HTML page (markdown-it), figures from ``folder`` inlined as data URIs
     so that the MLflow UI's artifact viewer shows it whole."""
     from markdown_it import MarkdownIt
@@ -481,11 +431,8 @@ def report_html(markdown_text: str, folder: str, title: str) -> str:
     body = MarkdownIt("commonmark").enable("table").render(markdown_text)
 
     def inline(match: re.Match) -> str:
-        path = os.path.join(folder, match.group(1))
-        if not os.path.isfile(path):
-            return match.group(0)
-        with open(path, "rb") as fh:
-            return f'<img src="data:image/png;base64,{base64.b64encode(fh.read()).decode()}"'
+        png = Path(folder, match.group(1)).read_bytes()
+        return f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}"'
 
     style = (
         "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"

@@ -27,19 +27,20 @@ __all__ = [
 ]
 
 DIRECTIONS = ("t2i", "i2t")
-_FINAL_KEYS = {
-    "recall@1": "recall_at_1",
-    "recall@5": "recall_at_5",
-    "recall@10": "recall_at_10",
-    "spearman": "spearman",
-    "r2": "r2",
-    "auroc": "auroc",
-    "aupr": "aupr",
-    "fpr@95tpr": "fpr_at_95tpr",
-    "aurc": "aurc",
-    "e_aurc": "e_aurc",
-    "ece": "ece",
-}
+#: The final numbers of a direction; MLflow names spell "@" as "_at_".
+_FINAL_KEYS = (
+    "recall@1",
+    "recall@5",
+    "recall@10",
+    "spearman",
+    "r2",
+    "auroc",
+    "aupr",
+    "fpr@95tpr",
+    "aurc",
+    "e_aurc",
+    "ece",
+)
 #: What each final retrieval metric says, by its MLflow name without the direction
 #: (``t2i_``/``i2t_``) or split (``val_``) prefix: for model cards and the documentation.
 METRIC_MEANINGS = {
@@ -66,13 +67,6 @@ DIRECTION_MEANINGS = {
     "t2i": "text to image: a caption retrieves its image",
     "i2t": "image to text: an image retrieves one of its captions",
 }
-# ECCV Caption / CxC (asymvlm.metrics.eccv): result key -> "<group>_<direction>_<name>"
-_ECCV_KEYS = {
-    "eccv_map_at_r": ("eccv", "map_at_r"),
-    "eccv_rprecision": ("eccv", "rprecision"),
-    "eccv_r1": ("eccv", "r1"),
-    "cxc_r1": ("cxc", "r1"),
-}
 _FOLDS = re.compile(r"(coco_1k|folds_\d+)")
 
 
@@ -85,10 +79,10 @@ def _number(value: Any) -> float | None:
 def _directions(evaluation: Mapping[str, Any], prefix: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for direction in DIRECTIONS:
-        for key, name in _FINAL_KEYS.items():
+        for key in _FINAL_KEYS:
             value = _number((evaluation.get(direction) or {}).get(key))
             if value is not None:
-                out[f"{prefix}{direction}_{name}"] = value
+                out[f"{prefix}{direction}_{key.replace('@', '_at_')}"] = value
     value = _number(evaluation.get("rsum"))
     if value is not None:
         out[f"{prefix}rsum"] = value
@@ -110,9 +104,9 @@ def retrieval_metric_names(evaluation: Mapping[str, Any], prefix: str = "") -> d
         if _FOLDS.fullmatch(str(key)) and isinstance(value, Mapping):
             out.update(_directions(value, f"{prefix}{str(key).replace('_', '')}_"))
     for direction, scores in (evaluation.get("eccv") or {}).items():
-        for key, (group, name) in _ECCV_KEYS.items():
-            value = _number((scores or {}).get(key))
-            if value is not None:
+        for key, value in (scores or {}).items():  # eccv_map_at_r -> eccv_<direction>_map_at_r
+            group, name = key.split("_", 1)
+            if (value := _number(value)) is not None:
                 out[f"{prefix}{group}_{direction}_{name}"] = value
     return out
 

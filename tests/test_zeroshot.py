@@ -103,21 +103,6 @@ def test_zero_shot_accuracy_counts_maximum_likelihood_hits() -> None:
     assert zero_shot_accuracy(IdentityVMF(D), positives, wrong, prompts) == pytest.approx(24 / 30)
 
 
-def test_rejection_baselines_find_a_separating_cut() -> None:
-    """Positives sit on their class, negatives halfway between two classes: the frozen model's
-    top probability (and margin) is high for the first and low for the second, so the cut chosen
-    on the calibration half separates the held-out half perfectly."""
-    prompts, positives, labels, _, _ = _world()
-    basis = torch.eye(D, dtype=torch.float64)
-    negatives = unit(basis[0] + basis[1]).repeat(20, 1) + 0.0
-    out = rejection_baselines(
-        build_method("clip", D), positives, labels, negatives, prompts, temperature=10.0
-    )
-    for name in ("threshold", "margin"):
-        assert out[name]["pos_acc"] == 1.0 and out[name]["neg_acc"] == 1.0
-        assert 0.0 < out[name]["cut"] <= 1.0
-
-
 def test_logmeanexp_scores_a_class_by_the_log_of_its_mean_likelihood() -> None:
     """The documented alternative: ln((1/K) sum_k p(z | prompt_k)), at least the mean of the
     log-likelihoods (Jensen), equal to it for a class of one prompt; unknown names refused."""
@@ -147,7 +132,8 @@ def test_logmeanexp_scores_a_class_by_the_log_of_its_mean_likelihood() -> None:
 
 def test_far_negatives_are_counted_apart_from_the_negatives() -> None:
     """``far_neg_acc``: the share of far negatives rejected, by the dummy prompt and by the
-    frozen model's baselines at the cut calibrated on the (sibling) negatives."""
+    frozen model's baselines at the cut calibrated on the (sibling) negatives: negatives
+    halfway between two classes, which that cut separates from the positives."""
     prompts, positives, labels, negatives, dummy = _world()
     basis = torch.eye(D, dtype=torch.float64)
     far = basis[0].repeat(6, 1)  # on class 0: not rejected
@@ -165,6 +151,8 @@ def test_far_negatives_are_counted_apart_from_the_negatives() -> None:
         far_negatives=torch.cat([halfway[:3], far]),
     )
     for name in ("threshold", "margin"):
+        assert base[name]["pos_acc"] == 1.0 and base[name]["neg_acc"] == 1.0
+        assert 0.0 < base[name]["cut"] <= 1.0
         assert base[name]["far_neg_acc"] == pytest.approx(3 / 9)
 
 

@@ -33,7 +33,6 @@ __all__ = [
     "EvaluationSpec",
     "Input",
     "SplitLoader",
-    "defaults",
     "evaluate",
     "evaluate_split",
     "log_evaluation",
@@ -86,8 +85,6 @@ class Evaluation:
     inputs: tuple[Input, ...]
     compute: Compute
     dim_from: str  # the input whose tables give the dimension of a frozen-only evaluation
-    #: ``on_split(method, data, spec, progress)`` on a split in memory (one-split kinds).
-    on_split: Callable[[Method, SplitTensors, Any, bool], dict[str, Any]] | None = None
 
     @property
     def tag(self) -> str:
@@ -173,7 +170,6 @@ EVALUATIONS: dict[str, Evaluation] = {
             ),
             _retrieval,
             "data",
-            on_split=_retrieval_on_split,
         ),
         Evaluation(
             "zeroshot",
@@ -219,7 +215,6 @@ EVALUATIONS: dict[str, Evaluation] = {
             (Input("data", "location", "tables with caption levels (HierarCaps, synthetic)"),),
             lambda methods, spec, load: suite.evaluate_hierarcaps(methods, spec.data, load),
             "data",
-            on_split=lambda method, data, spec: suite.hierarchy_analysis(method, data),
         ),
         Evaluation(
             "ood",
@@ -256,13 +251,6 @@ def spec(
     )
 
 
-def defaults(kind: str) -> EvaluationSpec:
-    """Evaluation ``kind``'s spec with its optional inputs at their defaults, no locations."""
-    ev = EVALUATIONS[kind]
-    values = {inp.key: inp.default for inp in ev.inputs if not inp.required}
-    return ev.spec_model.model_construct(kind=kind, **values)
-
-
 def _dimension(ev: Evaluation, parsed: EvaluationSpec) -> int:
     where = getattr(parsed, ev.dim_from)
     root = next(iter(where.values())).root if isinstance(where, dict) else where.root
@@ -297,13 +285,13 @@ def evaluate(
 def evaluate_split(
     parsed: EvaluationSpec | str, method: Method, data: SplitTensors, *, progress: bool = False
 ) -> dict[str, Any]:
-    """Evaluation ``parsed`` (a spec, or a kind at its :func:`defaults`) of ``method`` on a
-    split already in memory instead of the location the spec names."""
-    parsed = defaults(parsed) if isinstance(parsed, str) else parsed
-    ev = EVALUATIONS[parsed.kind]  # type: ignore[attr-defined]
-    if ev.on_split is None:
-        raise ValueError(f"evaluation {ev.kind!r} takes more than one split")
-    return ev.on_split(method, data, parsed, progress)
+    """The retrieval evaluation ``parsed`` (a spec, or "retrieval" at its defaults) of
+    ``method`` on a split already in memory instead of the location the spec names."""
+    if isinstance(parsed, str):
+        ev = EVALUATIONS[parsed]
+        values = {inp.key: inp.default for inp in ev.inputs if not inp.required}
+        parsed = ev.spec_model.model_construct(kind=parsed, **values)
+    return _retrieval_on_split(method, data, parsed, progress)
 
 
 def result_metrics(result: Any, prefix: str = "") -> dict[str, float]:

@@ -18,22 +18,15 @@ from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import Encoding, Method
 from asymvlm.metrics import average_folds, fold_key, image_folds, rank_pass, ranking_metrics
 from asymvlm.metrics import eccv as eccv_caption
-from asymvlm.metrics.blocks import all_finite
 from asymvlm.splits import SplitTensors
 
 
 def _encode_chunked(
     fn: Callable[[torch.Tensor], Encoding], x: torch.Tensor, chunk_size: int
 ) -> Encoding:
-    """``fn(x)`` in chunks of rows, written into tensors allocated once."""
-    out: Encoding = {}
-    for i in range(0, x.shape[0], chunk_size):
-        part = fn(x[i : i + chunk_size])
-        if not out:
-            out = {k: v.new_empty((x.shape[0], *v.shape[1:])) for k, v in part.items()}
-        for k, v in part.items():
-            out[k][i : i + v.shape[0]] = v
-    return out
+    """``fn(x)`` in chunks of rows."""
+    parts = [fn(x[i : i + chunk_size]) for i in range(0, x.shape[0], chunk_size)]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 def _ids(data: SplitTensors, kind: str) -> Sequence[str] | None:
@@ -57,14 +50,10 @@ def check_finite(
     method: Method, name: str, value: torch.Tensor | None, kind: str, ids: Sequence[str] | None
 ) -> None:
     """:class:`NonFiniteError` when ``value`` (a row per caption/image) has a NaN/inf."""
-    if value is None or not torch.is_tensor(value) or not value.is_floating_point():
+    if not torch.is_tensor(value) or not value.is_floating_point() or value.isfinite().all():
         return
-    if all_finite(value):
-        return
-    if value.ndim == 0:
-        raise NonFiniteError(f"{method.name}: non-finite {name} (a {kind} scalar)")
-    row = _first_bad_row(value)
-    raise NonFiniteError(f"{method.name}: non-finite {name} for {_named(kind, ids, row)}")
+    where = f"a {kind} scalar" if value.ndim == 0 else _named(kind, ids, _first_bad_row(value))
+    raise NonFiniteError(f"{method.name}: non-finite {name} for {where}")
 
 
 @torch.no_grad()
@@ -94,25 +83,6 @@ def coco_karpathy_test(data: SplitTensors) -> eccv_caption.KarpathyTest | None:
     ):
         return None
     return eccv_caption.karpathy_test(split.image_ids, split.caption_ids)
-
-
-def _subset(data: SplitTensors, images: np.ndarray, texts: np.ndarray) -> SplitTensors:
-    """Image rows ``images`` and caption rows ``texts`` (of those images), renumbered."""
-    if data.split is not None:
-        return data.subset(images, texts)
-    device = data.image_emb.device
-    index = torch.full((data.image_emb.shape[0],), -1, dtype=torch.long, device=device)
-    index[torch.as_tensor(images, device=device)] = torch.arange(len(images), device=device)
-    rows = torch.as_tensor(texts, device=device)
-    image_rows = torch.as_tensor(images, device=device)
-    norm = None if data.image_norm is None else data.image_norm[image_rows]
-    return SplitTensors(
-        image_emb=data.image_emb[image_rows],
-        image_norm=norm,
-        text_emb=data.text_emb[rows],
-        text_to_image=index[data.text_to_image[rows]],
-        split=None,
-    )
 
 
 def _folds(
@@ -157,8 +127,6 @@ def evaluate_retrieval(
             f"{method.name}: cannot evaluate retrieval on a split with {n_image} images and "
             f"{n_text} captions"
         )
-    if fold_size is not None and fold_size < 1:
-        raise ConfigError(f"fold size must be >= 1, got {fold_size}")
     if n_bins > min(n_text, n_image):  # each bin needs at least one caption and one image
         raise ConfigError(
             f"{n_bins} uncertainty bins: the split has {n_text} captions and {n_image} images; "
@@ -175,7 +143,7 @@ def evaluate_retrieval(
 
     def score_fn(start: int, stop: int) -> torch.Tensor:
         scores = method.score({k: v[start:stop] for k, v in texts.items()}, images)
-        if not all_finite(scores):
+        if not bool(torch.isfinite(scores).all()):
             row = _first_bad_row(scores)
             col = int((~torch.isfinite(scores[row])).nonzero()[0, 0])
             raise NonFiniteError(
@@ -204,7 +172,7 @@ def evaluate_retrieval(
         per_fold = [
             evaluate_retrieval(
                 method,
-                _subset(data, images, captions),
+                data.subset(images, captions),
                 n_bins=n_bins,
                 ks=ks,
                 chunk_size=chunk_size,

@@ -1,12 +1,14 @@
 """Retrieval and uncertainty metrics of the paper (Ju et al., NeurIPS 2025, App. B) and the
 numbers the field reports beside them (docs/metrics.md)."""
 
-from asymvlm.metrics.blocks import DEFAULT_MEMORY_BUDGET, SCORE_WORK_BYTES, chunk_rows
 from asymvlm.metrics.retrieval import (
+    DEFAULT_MEMORY_BUDGET,
     DIRECTIONS,
+    SCORE_WORK_BYTES,
     Ranking,
     ScoreFn,
     average_folds,
+    chunk_rows,
     fold_key,
     image_folds,
     rank_pass,

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from asymvlm.metrics.blocks import all_finite, chunk_rows, top_k
 from asymvlm.metrics.selective import (
     aurc,
     error_aupr,
@@ -27,12 +26,15 @@ from asymvlm.metrics.selective import (
 from asymvlm.metrics.uncertainty import binned_recall, curve_statistics
 
 __all__ = [
+    "DEFAULT_MEMORY_BUDGET",
     "DIRECTIONS",
     "ECE_BINS",
     "RSUM_KS",
     "Ranking",
+    "SCORE_WORK_BYTES",
     "ScoreFn",
     "average_folds",
+    "chunk_rows",
     "fold_key",
     "image_folds",
     "rank_pass",
@@ -40,6 +42,12 @@ __all__ = [
     "retrieval_metrics",
     "rsum",
 ]
+
+#: Working memory of one caption chunk, by default (bytes).
+DEFAULT_MEMORY_BUDGET = 512 * 2**20
+#: Bytes per score of a chunk at its peak: the float32 block, its float64 copy, the float64
+#: softmax temporary and the allocator's slack (``benchmarks/eval_scale.py``).
+SCORE_WORK_BYTES = 40
 
 ScoreFn = Callable[[int, int], torch.Tensor]
 """``score_fn(start, stop) -> [stop - start, n_image]`` scores of captions ``start..stop-1``
@@ -70,6 +78,37 @@ class Ranking:
     has_caption: torch.Tensor  # [n_image] bool; images without captions are left out of i2t
 
 
+def chunk_rows(
+    n_columns: int, memory_budget: int | None = None, bytes_per_entry: int = SCORE_WORK_BYTES
+) -> int:
+    """Captions per chunk so that ``rows * n_columns * bytes_per_entry <= memory_budget``
+    (:data:`DEFAULT_MEMORY_BUDGET` when None); at least 1."""
+    budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else int(memory_budget)
+    if budget < 1:
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {budget}")
+    return max(1, budget // (bytes_per_entry * max(1, n_columns)))
+
+
+def _top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, rows) of the ``k`` best entries of every column, best first, ties to the lower
+    row: the head of a stable descending sort, at the cost of ``torch.topk(k + 1)``."""
+    k = min(k, values.shape[0])
+    top = torch.topk(values, min(k + 1, values.shape[0]), dim=0)
+    rows = top.indices[:k]
+    if k < values.shape[0]:  # columns where the cut splits a tie: every entry above the k-th
+        kth = top.values[k - 1]  # value and, of those equal to it, the lowest rows
+        cols = (kth == top.values[k]).nonzero()[:, 0]
+        part, kth = values[:, cols], kth[cols]
+        above, level = part > kth, part == kth
+        need = k - above.sum(dim=0, dtype=torch.int32)
+        chosen = above | (level & (level.cumsum(dim=0, dtype=torch.int32) <= need))
+        rows[:, cols] = chosen.T.nonzero()[:, 1].view(-1, k).T
+    rows = rows.sort(dim=0).values
+    vals = values.gather(0, rows)
+    order = torch.sort(vals, dim=0, descending=True, stable=True).indices
+    return vals.gather(0, order), rows.gather(0, order)
+
+
 def _lse_confidence(top: torch.Tensor, lse: torch.Tensor, n: int) -> torch.Tensor:
     """max softmax = exp(top - logsumexp); uniform ``1 / n`` where no score is finite."""
     conf = torch.exp(top - lse)
@@ -91,146 +130,63 @@ def rank_pass(
     progress: bool = False,
 ) -> Ranking:
     """One pass over chunks of at most ``chunk_size`` captions (None: as many as fit
-    ``memory_budget``, :func:`~asymvlm.metrics.blocks.chunk_rows`): the rank of each query's
-    first hit, its best ``depth`` captions per image / ``top_t2i`` images per caption, and the
-    top-1 probability of ``softmax(scale * scores)`` over the gallery (the i2t normaliser is
-    accumulated across chunks). Work per chunk is linear in its scores.
+    ``memory_budget``, :func:`chunk_rows`): the rank of each query's first hit (ties: the lower
+    index first; a non-finite score ranks below every finite one), its best ``depth`` captions
+    per image / ``top_t2i`` images per caption, and the top-1 probability of
+    ``softmax(scale * scores)`` over the gallery (the i2t normaliser accumulated over chunks).
     """
-    if n_text < 1 or n_image < 1:
-        raise ValueError(f"need n_text >= 1 and n_image >= 1, got {n_text}, {n_image}")
-    if chunk_size is None:
-        chunk_size = chunk_rows(n_image, memory_budget)
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    if depth < 1 or top_t2i < 1:
-        raise ValueError(f"depth and top_t2i must be >= 1, got {depth}, {top_t2i}")
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a positive number, got {scale}")
+    chunk_size = chunk_size or chunk_rows(n_image, memory_budget)
     text_to_image = torch.as_tensor(text_to_image).long().reshape(-1).cpu()
-    if text_to_image.shape[0] != n_text:
-        raise ValueError(f"text_to_image has {text_to_image.shape[0]} entries, expected {n_text}")
-    if int(text_to_image.min()) < 0 or int(text_to_image.max()) >= n_image:
-        raise ValueError("text_to_image has indices outside [0, n_image)")
-
-    k_i2t = min(depth, n_text)  # captions kept per image in the running top-k
-    k_t2i = min(top_t2i, n_image)
-
-    t2i_rank = torch.empty(n_text, dtype=torch.long)  # rank of the paired image, 0-based
+    k_i2t, k_t2i = min(depth, n_text), min(top_t2i, n_image)
+    t2i_rank = torch.empty(n_text, dtype=torch.long)
     t2i_top = torch.empty(n_text, k_t2i, dtype=torch.long)
     t2i_conf = torch.empty(n_text, dtype=torch.float64)
-    run_vals: torch.Tensor | None = None  # [<= k_i2t, n_image] best caption scores per image
-    run_idx: torch.Tensor | None = None  # [<= k_i2t, n_image] their caption indices
-    run_lse: torch.Tensor | None = None  # [n_image] logsumexp over captions of scale * score
-    pairs_dev: torch.Tensor | None = None
-
+    run_vals = run_idx = run_lse = None  # best captions per image so far, the i2t normaliser
     starts = range(0, n_text, chunk_size)
     for start in tqdm(starts, desc="retrieval", disable=not progress, leave=False):
         stop = min(start + chunk_size, n_text)
-        scores = score_fn(start, stop)
+        scores = score_fn(start, stop).detach()
         if tuple(scores.shape) != (stop - start, n_image):
             raise ValueError(
                 f"score_fn({start}, {stop}) returned shape {tuple(scores.shape)}, "
                 f"expected {(stop - start, n_image)}"
             )
-        scores = scores.detach()
-        if not scores.is_floating_point():
-            scores = scores.float()
-        device = scores.device
-        if pairs_dev is None or pairs_dev.device != device:
-            pairs_dev = text_to_image.to(device)
-        target = pairs_dev[start:stop]
-        # Non-finite scores become -inf: below every finite score, so they never outrank one
-        # (a copy, never the caller's tensor; only made when the chunk has a non-finite entry).
-        if not all_finite(scores):
-            scores = scores.masked_fill(~torch.isfinite(scores), -math.inf)
+        scores = scores if scores.is_floating_point() else scores.float()
+        scores = torch.where(torch.isfinite(scores), scores, -math.inf)
+        target = text_to_image[start:stop].to(scores.device)[:, None]
+        paired = scores.gather(1, target)
+        lower = torch.arange(n_image, device=scores.device) < target
+        rank = (scores > paired).sum(1) + ((scores == paired) & lower).sum(1)
+        t2i_rank[start:stop] = torch.where(paired[:, 0] == -math.inf, depth, rank).cpu()
+        best = scores.argmax(dim=1, keepdim=True)  # the first maximum: the lowest index
+        t2i_top[start:stop] = (best if k_t2i == 1 else _top_k(scores.T, k_t2i)[1].T).cpu()
 
-        # --- t2i: rank of the paired image (ties: lower image index first) -------------------
-        target_score = scores.gather(1, target[:, None])
-        # (int32 counts: summing bools into int64 is half as fast on the CPU)
-        rank = (scores > target_score).sum(dim=1, dtype=torch.int32)
-        # Rows where another image ties with the paired one also count the tied images of
-        # lower index (only those rows: two comparison passes for the others).
-        level = scores == target_score
-        ties = level.sum(dim=1, dtype=torch.int32) > 1
-        tied = (ties & (target_score[:, 0] != -math.inf)).nonzero()[:, 0]
-        if tied.numel():
-            image_ids = torch.arange(n_image, device=device)
-            lower = image_ids[None, :] < target[tied, None]
-            rank[tied] += (level.index_select(0, tied) & lower).sum(dim=1, dtype=torch.int32)
-            del lower
-        del level
-        # A non-finite paired score is a miss at every K (rank `depth` is outside every top-K).
-        rank = torch.where(target_score[:, 0] == -math.inf, depth, rank)
-        t2i_rank[start:stop] = rank.cpu()
-        best = scores.argmax(dim=1, keepdim=True)  # first maximum = lowest index
-        if k_t2i == 1:
-            t2i_top[start:stop] = best.cpu()
-        else:
-            t2i_top[start:stop] = top_k(scores.T, k_t2i)[1].T.cpu()
-
-        # --- predictive softmax(scale * scores): t2i per caption, i2t normaliser per image ---
-        # max(scale * x) = scale * max(x) exactly (rounding is monotone), so the row maximum
-        # comes from the argmax instead of a pass over the float64 logits.
-        logits = scores.to(torch.float64, copy=True).mul_(scale)
-        row_lse = torch.logsumexp(logits, dim=1)
-        row_max = scores.gather(1, best)[:, 0].double() * scale
-        t2i_conf[start:stop] = _lse_confidence(row_max, row_lse, n_image).cpu()
+        logits = scores.double() * scale
+        top = logits.gather(1, best)[:, 0]
+        t2i_conf[start:stop] = _lse_confidence(top, torch.logsumexp(logits, 1), n_image).cpu()
         col_lse = torch.logsumexp(logits, dim=0)
-        run_lse = col_lse if run_lse is None else torch.logaddexp(run_lse.to(device), col_lse)
+        run_lse = col_lse if run_lse is None else torch.logaddexp(run_lse, col_lse)
         del logits
 
-        # --- i2t: merge the chunk into the running top-k captions per image ------------------
-        # Ties go to the lower caption index, so a caption of this chunk enters an image's
-        # top-k only when it scores strictly above the image's k-th best caption so far.
-        if run_vals is None:
-            run_vals, run_idx = top_k(scores, k_i2t)
-            run_idx += start
+        vals, idx = _top_k(scores, k_i2t)
+        if run_vals is not None:  # earlier chunks first: ties keep the lower caption index
+            vals, idx = torch.cat([run_vals, vals]), torch.cat([run_idx, idx + start])
+            order = torch.sort(vals, dim=0, descending=True, stable=True).indices[:k_i2t]
+            run_vals, run_idx = vals.gather(0, order), idx.gather(0, order)
         else:
-            run_vals, run_idx = run_vals.to(device), run_idx.to(device)
-            cols: torch.Tensor | None = None  # None: every image
-            if run_vals.shape[0] == k_i2t:
-                cols = (scores > run_vals[-1]).any(dim=0).nonzero()[:, 0]
-                if cols.numel() == n_image:
-                    cols = None
-            if cols is None or cols.numel():
-                part = scores if cols is None else scores.index_select(1, cols)
-                chunk_vals, chunk_idx = top_k(part, k_i2t)
-                del part
-                # Running entries come first and have lower caption indices, so a stable sort
-                # keeps "lower caption index first" among ties regardless of chunking.
-                old_vals = run_vals if cols is None else run_vals[:, cols]
-                old_idx = run_idx if cols is None else run_idx[:, cols]
-                cand_vals = torch.cat([old_vals, chunk_vals], dim=0)
-                cand_idx = torch.cat([old_idx, chunk_idx + start], dim=0)
-                keep = min(k_i2t, cand_vals.shape[0])
-                order = torch.sort(cand_vals, dim=0, descending=True, stable=True).indices[:keep]
-                new_vals, new_idx = cand_vals.gather(0, order), cand_idx.gather(0, order)
-                if cols is None:
-                    run_vals, run_idx = new_vals, new_idx
-                else:
-                    run_vals[:, cols], run_idx[:, cols] = new_vals, new_idx
-        del scores
+            run_vals, run_idx = vals, idx
 
-    assert run_idx is not None and run_vals is not None and run_lse is not None
-    top_captions = run_idx.cpu()  # [k_i2t, n_image]
-    top_scores = run_vals.cpu()
-
-    # i2t rank of the first paired caption among the top-k (`depth` when none is there); a
-    # non-finite score (-inf here, sorted after every finite one) is never a hit.
-    image_ids = torch.arange(n_image)
-    is_pair = text_to_image[top_captions] == image_ids[None, :]  # [k_i2t, n_image]
-    is_pair &= top_scores != -math.inf
+    top_captions, top_scores = run_idx.cpu(), run_vals.cpu()  # [k_i2t, n_image]
+    is_pair = (text_to_image[top_captions] == torch.arange(n_image)) & (top_scores != -math.inf)
     pos = torch.arange(top_captions.shape[0])[:, None].expand_as(is_pair)
-    i2t_rank = torch.where(is_pair, pos, torch.full_like(pos, depth)).min(dim=0).values
-    i2t_conf = _lse_confidence(top_scores[0].double() * scale, run_lse.cpu(), n_text)
     return Ranking(
         depth=depth,
         t2i_rank=t2i_rank,
         t2i_top=t2i_top,
         t2i_confidence=t2i_conf,
-        i2t_rank=i2t_rank,
+        i2t_rank=torch.where(is_pair, pos, depth).min(dim=0).values,
         i2t_top=top_captions.T.contiguous(),
-        i2t_confidence=i2t_conf,
+        i2t_confidence=_lse_confidence(top_scores[0].double() * scale, run_lse.cpu(), n_text),
         has_caption=torch.bincount(text_to_image, minlength=n_image) > 0,
     )
 
@@ -272,29 +228,21 @@ def ranking_metrics(
     image_uncertainty: torch.Tensor | None = None,
     n_bins: int = 10,
 ) -> dict[str, Any]:
-    """The metrics of :func:`retrieval_metrics` from a :class:`Ranking` (see there)."""
-    ks = [int(k) for k in ks]
-    if not ks or min(ks) < 1:
-        raise ValueError(f"ks must be non-empty positive integers, got {ks}")
-    if max(ks) > ranking.depth:
-        raise ValueError(f"K = {max(ks)} exceeds the ranking's depth {ranking.depth}")
-    n_text, n_image = ranking.t2i_rank.shape[0], ranking.i2t_rank.shape[0]
+    """Recall@K, uncertainty-binned Recall@1 (App. B), failure prediction, selective risk and
+    ECE of both directions: ``{"t2i": {...}, "i2t": {...}, "rsum": float | None}``, each with
+    ``recall@K``, ``ece``, ``binned_recall@1``, ``spearman``, ``r2``, ``auroc``, ``aupr``,
+    ``fpr@95tpr``, ``aurc``, ``e_aurc``, ``risk_coverage`` and ``uncertainty_source`` (None
+    without an uncertainty). The binning uncertainty is the caption's own (t2i) and that of an
+    image's top-1 caption (i2t, the authors' protocol), else the image's (i2t) and that of a
+    caption's top-1 image (t2i). Images without captions are left out of i2t."""
+    has_caption = ranking.has_caption
     if text_uncertainty is not None:
         text_uncertainty = torch.as_tensor(text_uncertainty).detach().reshape(-1).cpu()
-        if text_uncertainty.shape[0] != n_text:
-            raise ValueError("text_uncertainty must have n_text entries")
-    if image_uncertainty is not None:
-        image_uncertainty = torch.as_tensor(image_uncertainty).detach().reshape(-1).cpu()
-        if image_uncertainty.shape[0] != n_image:
-            raise ValueError("image_uncertainty must have n_image entries")
-    has_caption = ranking.has_caption
-
-    # --- uncertainty sources -----------------------------------------------------------------
-    if text_uncertainty is not None:
         t2i_unc, t2i_src = text_uncertainty, "text"
         i2t_unc = text_uncertainty[ranking.i2t_top[:, 0]][has_caption]
         i2t_src = "retrieved_text"
     elif image_uncertainty is not None:
+        image_uncertainty = torch.as_tensor(image_uncertainty).detach().reshape(-1).cpu()
         t2i_unc, t2i_src = image_uncertainty[ranking.t2i_top[:, 0]], "retrieved_image"
         i2t_unc, i2t_src = image_uncertainty[has_caption], "image"
     else:
@@ -332,20 +280,8 @@ def retrieval_metrics(
     scale: float = 100.0,
     memory_budget: int | None = None,
 ) -> dict[str, Any]:
-    """Recall@K, uncertainty-binned Recall@1, failure prediction, selective risk and ECE in
-    both directions from ``score_fn(start, stop)`` (the ``[stop - start, n_image]`` scores of
-    captions ``start..stop-1``, higher = better).
-
-    Returns ``{"t2i": {...}, "i2t": {...}, "rsum": float | None}``, each direction with
-    ``recall@K``, ``ece``, ``binned_recall@1``, ``spearman``, ``r2``, ``auroc``, ``aupr``,
-    ``fpr@95tpr``, ``aurc``, ``e_aurc``, ``risk_coverage`` and ``uncertainty_source`` (None
-    without an uncertainty). The binning uncertainty is the caption's own (t2i) and that of an
-    image's top-1 caption (i2t, the authors' protocol), else the image's (i2t) and that of a
-    caption's top-1 image (t2i). Images without captions are left out of i2t.
-    """
-    ks = [int(k) for k in ks]
-    if not ks or min(ks) < 1:
-        raise ValueError(f"ks must be non-empty positive integers, got {ks}")
+    """:func:`ranking_metrics` of the :func:`rank_pass` over ``score_fn(start, stop)`` (the
+    ``[stop - start, n_image]`` scores of captions ``start..stop-1``, higher = better)."""
     ranking = rank_pass(
         score_fn,
         n_text,
