@@ -1,6 +1,6 @@
 """A tracking store that goes away for longer than the client's retries (shortened here: no
-retry, no backoff): the writes wait, in order, and land when it is back; a write that is wrong
-in itself still raises; without a spool folder an outage raises."""
+retry, no backoff): inside ``outage_queue`` the writes wait, in order, and land when it is back;
+a write that is wrong in itself still raises; outside it an outage raises."""
 
 from __future__ import annotations
 
@@ -32,11 +32,10 @@ def short_retries(monkeypatch):
 
 
 @pytest.fixture
-def spool_dir(tmp_path):
-    """This process's spool folder for the test (none again after it)."""
-    tracking.use_spool(str(tmp_path / "spool"))
-    yield tmp_path / "spool"
-    tracking.use_spool(None)
+def queued():
+    """Writes to an unreachable store wait during the test (dropped after it)."""
+    with tracking.outage_queue(drain_s=0):
+        yield
 
 
 def _free_port() -> int:
@@ -122,7 +121,7 @@ class Doubler(tracking.PythonModel):
 
 
 # -- without a server ----------------------------------------------------------------------------
-def test_without_a_spool_an_unreachable_store_raises(tmp_path) -> None:
+def test_outside_the_queue_an_unreachable_store_raises() -> None:
     from mlflow.exceptions import MlflowException
 
     dead = f"http://127.0.0.1:{_free_port()}"
@@ -131,7 +130,7 @@ def test_without_a_spool_an_unreachable_store_raises(tmp_path) -> None:
     assert tracking.pending() == 0
 
 
-def test_failures_of_the_store_are_told_from_wrong_writes(tmp_path) -> None:
+def test_failures_of_the_store_are_told_from_wrong_writes() -> None:
     """Only the errors' types decide: a message quoting a logged value ("timeout") is a wrong
     write; a refused connection or a locked database waits."""
     import sqlite3
@@ -160,32 +159,33 @@ def test_failures_of_the_store_are_told_from_wrong_writes(tmp_path) -> None:
     assert not is_transient(sqlite3.OperationalError("no such table: runs"))
 
 
-def test_writes_to_an_unreachable_store_wait_in_order(tmp_path, spool_dir, caplog) -> None:
+def test_writes_to_an_unreachable_store_wait_in_order(caplog) -> None:
     """The caller goes on; the writes wait in order, an artifact copied (the caller deletes
-    its own); without the spool folder any left are dropped, with a warning."""
+    its own); what still waits at the end of the queue's block is dropped, with a warning."""
     from asymvlm.tracking.writer import writer
 
     dead = f"http://127.0.0.1:{_free_port()}"
-    sweep = tracking.open_run(dead, "e", "sweep", kind="sweep", params={"seeds": 2})
-    trial = tracking.open_run(dead, "e", "trial", kind="trial", parent=sweep)
-    trial.log_metrics({"loss": 1.0}, step=1)
-    trial.log_json("results.json", {"r1": 0.5})
-    trial.end("FAILED", "diverged")
-    assert (sweep.id, trial.id) == (None, None)
-    kinds = [op["op"] for op in writer(dead).queue]
-    assert kinds == ["create_run", "log_batch", "create_run", "log_batch", "log_artifact"] + [
-        "log_batch",
-        "set_terminated",
-    ]
-    [copy] = [op["path"] for op in writer(dead).queue if op["op"] == "log_artifact"]
-    assert copy.startswith(str(spool_dir)) and Path(copy).read_text().startswith("{")
-    tracking.use_spool(None)
+    with tracking.outage_queue(drain_s=0):
+        sweep = tracking.open_run(dead, "e", "sweep", kind="sweep", params={"seeds": 2})
+        trial = tracking.open_run(dead, "e", "trial", kind="trial", parent=sweep)
+        trial.log_metrics({"loss": 1.0}, step=1)
+        trial.log_json("results.json", {"r1": 0.5})
+        trial.end("FAILED", "diverged")
+        assert (sweep.id, trial.id) == (None, None)
+        kinds = [op["op"] for op in writer(dead).queue]
+        assert kinds == ["create_run", "log_batch", "create_run", "log_batch", "log_artifact"] + [
+            "log_batch",
+            "set_terminated",
+        ]
+        [copy] = [op["path"] for op in writer(dead).queue if op["op"] == "log_artifact"]
+        assert Path(copy).read_text().startswith("{")
     assert tracking.pending() == 0 and "7 tracking writes never reached" in caplog.text
+    assert not Path(copy).exists()
 
 
 # -- a real tracking server, stopped and started -------------------------------------------------
 @pytest.mark.slow
-def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir, tmp_path) -> None:
+def test_an_outage_longer_than_the_retries_is_bridged(server, queued, tmp_path) -> None:
     """Metrics, tags, an artifact, a model (whose artifact file is gone by then), a new run and
     the ends, written while the server is down, return at once; when it is back on the same
     port and database, ``drain`` lands them all, in order, the new run under its parent, the
@@ -199,7 +199,7 @@ def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir, tmp_pat
     )
     for epoch in (1, 2, 3):
         trial.log_metrics({"loss": 1.0 / epoch}, step=epoch)
-    assert tracking.pending() == 0 and not spool_dir.exists()  # nothing waited so far
+    assert tracking.pending() == 0  # nothing waited so far
 
     server.stop()
     began = time.monotonic()
@@ -241,8 +241,8 @@ def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_wrong_write_still_raises_while_the_server_is_up(server, spool_dir) -> None:
-    """With a spool configured, a write the store refuses (an unknown run, a param changed)
+def test_a_wrong_write_still_raises_while_the_server_is_up(server, queued) -> None:
+    """Inside the queue, a write the store refuses (an unknown run, a param changed)
     raises to the caller and waits for nothing; a run that ended can be resumed."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
@@ -252,7 +252,7 @@ def test_a_wrong_write_still_raises_while_the_server_is_up(server, spool_dir) ->
     run = tracking.open_run(server.uri, "wrong", "trial", kind="trial", params={"lr": 0.1})
     with pytest.raises(MlflowException, match="INVALID_PARAMETER_VALUE"):
         run.log_params({"lr": 0.2})
-    assert tracking.pending() == 0 and not spool_dir.exists()
+    assert tracking.pending() == 0
     run.end()
     client = MlflowClient(server.uri)
     assert client.get_run(run.id).info.status == "FINISHED"
@@ -262,29 +262,3 @@ def test_a_wrong_write_still_raises_while_the_server_is_up(server, spool_dir) ->
     again.end()
     assert client.get_run(run.id).info.status == "FINISHED"
     assert _history(client, run.id, "loss") == [(7, 0.1)]
-
-
-class _Store:
-    """A writer whose store takes one waiting write per try (``landing``) or none."""
-
-    def __init__(self, waiting: int, landing: bool) -> None:
-        self.waiting, self.landing = waiting, landing
-
-    def drain_once(self) -> int:
-        time.sleep(0.2)  # a slow store: each try takes a while
-        if self.landing:
-            self.waiting = max(0, self.waiting - 1)
-        return self.waiting
-
-
-def test_drain_waits_while_writes_land_and_gives_up_without_progress(monkeypatch) -> None:
-    from asymvlm.tracking import writer
-
-    slow = _Store(6, landing=True)  # 6 tries of 0.2 s plus the pauses: well past 0.5 s
-    monkeypatch.setattr(writer, "_writers", {"http://slow": slow})
-    t0 = time.monotonic()
-    assert writer.drain(0.5) == 0 and time.monotonic() - t0 > 1.0
-    stuck = _Store(3, landing=False)
-    monkeypatch.setattr(writer, "_writers", {"http://stuck": stuck})
-    t0 = time.monotonic()
-    assert writer.drain(0.5) == 3 and time.monotonic() - t0 < 2.0
