@@ -4,11 +4,8 @@ a write that is wrong in itself still raises; outside it an outage raises."""
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -18,8 +15,6 @@ import pytest
 
 from asymvlm import tracking
 from asymvlm.tracking.writer import is_transient
-
-MLFLOW = str(Path(sys.executable).with_name("mlflow"))
 
 
 @pytest.fixture(autouse=True)
@@ -45,65 +40,41 @@ def _free_port() -> int:
 
 
 class Server:
-    """``mlflow server`` on 127.0.0.1 over a SQLite database, stopped and started again on the
-    same port and database."""
+    """MLflow's tracking server (its app) on 127.0.0.1 in this process, stopped and started again
+    on the same port and database: while stopped, nothing answers on its port."""
 
-    def __init__(self, root: Path) -> None:
-        self.root, self.port = root, _free_port()
+    def __init__(self) -> None:
+        self.port = _free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 300) -> None:
-        command = [
-            MLFLOW,
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{self.root / 'db'}",
-            "--artifacts-destination",
-            str(self.root / "art"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--workers",
-            "1",
-        ]
-        with open(self.root / "server.log", "ab") as log:
-            self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, (self.root / "server.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(self.uri + "/health", timeout=5) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise TimeoutError(f"mlflow server on port {self.port} did not start")
+    def start(self) -> None:
+        from mlflow.server import app
+        from werkzeug.serving import make_server
+
+        self.http = make_server("127.0.0.1", self.port, app, threaded=True)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
-        """Stop the server's process group (the one started here), and wait for it."""
-        if self.process is None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(60)
-        self.process = None
+        self.http.shutdown()
+        self.http.server_close()
         with pytest.raises(OSError):  # gone: nothing answers on its port
             urllib.request.urlopen(self.uri + "/health", timeout=5)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    one = Server(tmp_path_factory.mktemp("mlflow-server"))
-    one.start()
-    yield one
-    one.stop()
+    from mlflow import server as mlflow_server
+
+    root = tmp_path_factory.mktemp("mlflow-server")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(mlflow_server.BACKEND_STORE_URI_ENV_VAR, f"sqlite:///{root / 'db'}")
+        env.setenv(mlflow_server.SERVE_ARTIFACTS_ENV_VAR, "true")
+        env.setenv(mlflow_server.ARTIFACT_ROOT_ENV_VAR, "mlflow-artifacts:/")
+        env.setenv(mlflow_server.ARTIFACTS_DESTINATION_ENV_VAR, str(root / "art"))
+        one = Server()
+        one.start()
+        yield one
+        one.stop()
 
 
 def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
