@@ -92,15 +92,6 @@ class Doubler(tracking.PythonModel):
 
 
 # -- without a server ----------------------------------------------------------------------------
-def test_outside_the_queue_an_unreachable_store_raises() -> None:
-    from mlflow.exceptions import MlflowException
-
-    dead = f"http://127.0.0.1:{_free_port()}"
-    with pytest.raises(MlflowException, match="Connection refused"):
-        tracking.open_run(dead, "e", "trial", kind="trial")
-    assert tracking.pending() == 0
-
-
 def test_failures_of_the_store_are_told_from_wrong_writes() -> None:
     """Only the errors' types decide: a message quoting a logged value ("timeout") is a wrong
     write; a refused connection or a locked database waits."""
@@ -117,10 +108,9 @@ def test_failures_of_the_store_are_told_from_wrong_writes() -> None:
         refused = exc
     assert is_transient(refused)
     # how MLflow's SQL stores raise a locked database (the statement's values follow)
+    locked_db = sqlite3.OperationalError("database is locked")
     database = sqlalchemy.exc.OperationalError(
-        "INSERT INTO params VALUES (?)",
-        ("timeout",),
-        sqlite3.OperationalError("database is locked"),
+        "INSERT INTO params VALUES (?)", ("timeout",), locked_db
     )
     locked = MlflowException(str(database), error_code=TEMPORARILY_UNAVAILABLE)
     locked.__cause__ = database
@@ -131,11 +121,16 @@ def test_failures_of_the_store_are_told_from_wrong_writes() -> None:
 
 
 def test_writes_to_an_unreachable_store_wait_in_order(caplog) -> None:
-    """The caller goes on; the writes wait in order, an artifact copied (the caller deletes
-    its own); what still waits at the end of the queue's block is dropped, with a warning."""
+    """Outside the queue an outage raises. Inside, the caller goes on; the writes wait in order,
+    an artifact copied (the caller deletes its own); what still waits at the end of the block
+    is dropped, with a warning."""
+    from mlflow.exceptions import MlflowException
+
     from asymvlm.tracking.writer import writer
 
     dead = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(MlflowException, match="Connection refused"):
+        tracking.open_run(dead, "e", "trial", kind="trial")
     with tracking.outage_queue(drain_s=0):
         sweep = tracking.open_run(dead, "e", "sweep", kind="sweep", params={"seeds": 2})
         trial = tracking.open_run(dead, "e", "trial", kind="trial", parent=sweep)
