@@ -1,32 +1,11 @@
-"""The project's error types and how an entry point shows them (a leaf: imports no project module).
-
-An entry point runs through :func:`guarded`: an error of the project's own types prints
-``error: <message>`` (one line naming the file, row, key or epoch) and exits with its code;
-anything else is a bug and shows its traceback. Other layers subclass :class:`AsymVLMError`
-where they are defined (:class:`asymvlm.tables.TableError`, ...).
-"""
+"""The project's error types and how an entry point shows them (:func:`guarded`); a leaf:
+imports no project module. Other layers subclass :class:`AsymVLMError` where they live."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Callable
-
-__all__ = [
-    "EXIT_DIVERGED",
-    "EXIT_UNFINISHED",
-    "EXIT_USER_ERROR",
-    "AsymVLMError",
-    "CheckpointError",
-    "ConfigError",
-    "LockError",
-    "NonFiniteError",
-    "TrialFailed",
-    "Unfinished",
-    "exit_code",
-    "guarded",
-    "one_line",
-]
 
 #: Bad input; a diverged training run; work the cluster could not finish (sysexits' TEMPFAIL).
 EXIT_USER_ERROR, EXIT_DIVERGED, EXIT_UNFINISHED = 2, 3, 75
@@ -67,8 +46,8 @@ def one_line(exc: BaseException) -> str:
 
 
 def _validation_line(exc: BaseException) -> str | None:
-    """A pydantic ``ValidationError`` that escaped :func:`asymvlm.config.validate` as one line;
-    None for other errors."""
+    """A pydantic ``ValidationError`` that escaped :func:`asymvlm.config.validate`, on one
+    line; None for other errors."""
     from pydantic import ValidationError
 
     if not isinstance(exc, ValidationError):

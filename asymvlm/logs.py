@@ -11,8 +11,6 @@ import sys
 import tempfile
 import warnings
 
-__all__ = ["configure", "log_file_for", "quiet_third_party", "quiet_transformers", "verbose"]
-
 OURS = ("asymvlm", "pipelines")
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _THIRD_PARTY = ("ray", "ray.data", "ray.tune", "ray.train", "ray.serve", "mlflow", "alembic")

@@ -10,6 +10,7 @@ folder (a ``flock`` on local disks, a renewed lease object on object stores).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -28,36 +29,10 @@ import pyarrow.fs as pafs
 
 from asymvlm.errors import AsymVLMError, LockError
 
-__all__ = [
-    "OutputLock",
-    "StorageError",
-    "absolute",
-    "atomic_path",
-    "attempts",
-    "display",
-    "exists",
-    "filesystem",
-    "fsspec_filesystem",
-    "is_remote",
-    "join",
-    "list_names",
-    "named_failures",
-    "ray_storage",
-    "read_bytes",
-    "read_json",
-    "read_text",
-    "upload_dir",
-    "uri_join",
-    "uri_of",
-    "write_bytes",
-    "write_json",
-    "write_text",
-]
-
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = "_LOCK"
-LEASE_NAME = "_LEASE.json"
+LEASE_NAME = "_LEASE.json"  # on object stores; ``_LOCK`` with a flock on local disks
 LEASE_TTL = 120.0
 LEASE_RENEW = 30.0
 LEASE_SETTLE = 1.0
@@ -143,33 +118,22 @@ def display(root: str, path: str) -> str:
     return f"{os.fspath(root).split('://', 1)[0]}://{path}" if is_remote(root) else path
 
 
-def tmp_name(path: str) -> str:
-    """A hidden temporary name in the same folder (never listed as a part or a record)."""
-    folder, name = posixpath.split(path)
-    return join(folder, f".{name}.tmp-{uuid.uuid4().hex}")
-
-
-def remove_quietly(fs: pafs.FileSystem, path: str) -> None:
-    try:
-        fs.delete_file(path)
-    except Exception:  # best-effort cleanup while another error propagates
-        pass
-
-
 @contextmanager
 def atomic_path(uri: str) -> Iterator[tuple[pafs.FileSystem, str]]:
-    """``(filesystem, temporary path)`` beside ``uri`` to write; renamed onto ``uri`` when the
-    block ends, deleted when it fails. The one atomic write of the project."""
+    """``(filesystem, hidden temporary path)`` beside ``uri`` to write; renamed onto ``uri``
+    when the block ends, deleted when it fails. The one atomic write of the project."""
     fs, path = filesystem(uri)
-    tmp = tmp_name(path)
+    folder, name = posixpath.split(path)
+    tmp = join(folder, f".{name}.tmp-{uuid.uuid4().hex}")
     with named_failures(uri):
-        fs.create_dir(posixpath.dirname(path), recursive=True)
+        fs.create_dir(folder, recursive=True)
     try:
         yield fs, tmp
         with named_failures(uri):
             fs.move(tmp, path)
     except BaseException:
-        remove_quietly(fs, tmp)
+        with contextlib.suppress(Exception):  # cleanup while the error propagates
+            fs.delete_file(tmp)
         raise
 
 
@@ -198,6 +162,7 @@ def read_bytes(uri: str) -> bytes | None:
 
 
 def read_text(uri: str) -> str:
+    """The text at ``uri``; FileNotFoundError if there is none."""
     raw = read_bytes(uri)
     if raw is None:
         raise FileNotFoundError(uri)
@@ -247,32 +212,26 @@ class OutputLock:
         *,
         name: str = "",
         wait: float = 0.0,
-        ttl: float | None = None,
-        renew_every: float | None = None,
-        settle: float | None = None,
+        ttl: float = LEASE_TTL,
+        renew_every: float = LEASE_RENEW,
+        settle: float = LEASE_SETTLE,
         log=None,
     ) -> None:
-        self.root, self.folder = os.fspath(root), folder
+        self.root, self.wait, self.ttl = os.fspath(root), wait, ttl
+        self.renew_every, self.settle = renew_every, settle
         self.fs, base = filesystem(self.root)
         self.dir = join(base, folder) if folder else base
-        suffix = f".{name}" if name else ""
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
-        stem, ext = posixpath.splitext(LEASE_NAME)
-        self.path = join(self.dir, LOCK_NAME + suffix if self.local else stem + suffix + ext)
-        self.shown = display(self.root, self.dir)
-        self.uri = display(self.root, self.path)
-        self.wait = wait
-        self.ttl = LEASE_TTL if ttl is None else ttl
-        self.renew_every = LEASE_RENEW if renew_every is None else renew_every
-        self.settle = LEASE_SETTLE if settle is None else settle
+        suffix = f".{name}" if name else ""
+        self.path = join(self.dir, f"{LOCK_NAME}{suffix}" if self.local else f"_LEASE{suffix}.json")
+        self.shown, self.uri = display(self.root, self.dir), display(self.root, self.path)
         self.owner = uuid.uuid4().hex
         self._log = log or logger.warning
         self._fd: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lost: str | None = None
-        self._expires = 0.0
-        self._since = 0.0
+        self._expires = self._since = 0.0
 
     def acquire(self) -> OutputLock:
         deadline = time.monotonic() + self.wait
@@ -352,13 +311,8 @@ class OutputLock:
 
     def _write_lease(self) -> None:
         self._expires = time.time() + self.ttl
-        info = {
-            **self._info(),
-            "since": self._since,
-            "expires": self._expires,
-            "expires_utc": _when(self._expires),
-            "ttl": self.ttl,
-        }
+        info = {**self._info(), "since": self._since, "expires": self._expires, "ttl": self.ttl}
+        info["expires_utc"] = _when(self._expires)
         with self.fs.open_output_stream(self.path) as out:
             out.write(json.dumps(info, indent=2).encode())
 
@@ -374,14 +328,7 @@ class OutputLock:
                     f"lease expires at {_when(expires)} ({expires - now:.0f} s from now) unless "
                     "renewed -- wait for it to finish or choose another --output"
                 )
-            self._log(
-                f"taking over the expired lease on {self.shown} ({_holder(current)}, "
-                + (
-                    f"expired at {_when(expires)})"
-                    if isinstance(expires, int | float)
-                    else "unreadable lease)"
-                )
-            )
+            self._log(f"taking over the expired lease on {self.shown} ({_holder(current)})")
         self._since = time.time()
         self._write_lease()
         if self.settle > 0:

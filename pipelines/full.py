@@ -5,25 +5,9 @@
     python pipelines/full.py --config configs/coco.yaml --stages sweep,evaluate,report \\
         --set sweeps.0.epochs=50
 
-Every stage is resumable (:mod:`pipelines.stages`): embedding jobs skip finished tables (and
-finish interrupted ones), a sweep with a ``sweep.json`` in its folder is done, an evaluation
-with its result file is done, and the report is rebuilt from MLflow. ``--stages`` runs a
-subset. The resolved config and the git commit are logged to MLflow (a run ``kind=pipeline``),
-and at the end the script prints where the report and the MLflow store are, and the command to
-open them.
-
-The config (:class:`pipelines.schema.PipelineConfig`, see ``configs/*.yaml``): ``name``,
-``output``, ``mlflow: {tracking_uri, experiment}``, ``prepare`` (``tiny_clip``, ``synthetic``,
-``hierarcaps_cifar``: offline stand-ins; ``synthetic: {output, preset: demo|coco, <sizes and
-world knobs overriding the preset>, classes: true|{...}}`` also writes the world's
-classification sets ``<output>-positives``, ``-negatives`` and, with two domains,
-``-zeroshot``), ``embed`` (``defaults`` + ``jobs``, the keys of ``pipelines/embed.py``),
-``sweeps`` (a list of ``pipelines/sweep.py`` configs with a ``name``; ``mlflow`` and
-``output`` are filled in), ``evaluations`` (a list of ``{kind: retrieval|zeroshot|nota|
-hierarcaps|ood, sweep: <name>, ...}``, see ``asymvlm analyze``), ``report: {output}``.
-``${output}`` in any value is the output folder, ``${VAR}`` an environment variable; other
-relative paths are relative to the working directory. Everything is validated before Ray or
-any stage starts.
+Every stage is resumable (:mod:`pipelines.stages`); ``--stages`` runs a subset. The config is a
+:class:`pipelines.schema.PipelineConfig` (``configs/*.yaml``), validated before Ray or any stage
+starts; ``${output}`` in any value is the output folder.
 """
 
 from __future__ import annotations
@@ -37,10 +21,10 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm import config, logs  # noqa: E402
+from asymvlm import config, logs, tracking  # noqa: E402
 from asymvlm.errors import ConfigError, guarded  # noqa: E402
 from pipelines.schema import load_pipeline  # noqa: E402
-from pipelines.session import RaySession, tracking_spool  # noqa: E402
+from pipelines.session import RaySession  # noqa: E402
 from pipelines.stages import STAGES, final_tables, run_pipeline  # noqa: E402
 
 DEFAULT_CONFIG = os.path.join(
@@ -51,7 +35,6 @@ logger = logging.getLogger("pipelines.full")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``pipelines/full.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML (default: the demo)")
     parser.add_argument(
@@ -68,9 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--verbose",
         action="store_true",
-        help="show everything on the console: Ray, Tune, Train, MLflow and the "
-        "workers' output (default: this project's lines; the rest goes "
-        "to OUTPUT/logs/pipeline.log at WARNING)",
+        help="everything on the console (default: this project's lines; the rest goes to "
+        "OUTPUT/logs/pipeline.log at WARNING)",
     )
     return parser
 
@@ -90,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         log_file = logs.log_file_for(cfg.output, "pipeline")
         logs.configure(verbose=args.verbose, log_file=log_file)
         logger.info("pipeline %s: stages %s -> %s", cfg.name, ",".join(stages), cfg.output)
-        with tracking_spool(cfg.output), RaySession() as session:
+        with tracking.outage_queue(), RaySession() as session:
             out = run_pipeline(cfg, stages, session)
         final_tables(cfg)
         uri = config.redact(cfg.mlflow.tracking_uri)
@@ -98,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if out.get("report"):
             logger.info("report:   %s (and report.html)", out["report"])
         logger.info(
-            "MLflow:   %s, experiment %r, pipeline run %s",
-            uri,
-            cfg.mlflow.experiment,
-            out["run_id"],
+            "MLflow:   %s, experiment %r, run %s", uri, cfg.mlflow.experiment, out["run_id"]
         )
         if uri.startswith("sqlite:///"):
             logger.info("open it:  asymvlm ui %s", cfg.output)

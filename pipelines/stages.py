@@ -1,11 +1,6 @@
-"""The whole pipeline's stages, on the running Ray cluster: prepare -> embed -> sweep ->
-evaluate -> report (:func:`run_pipeline`; the entry point is ``pipelines/full.py``).
-
-Every stage is resumable: embedding jobs skip finished tables (and finish interrupted ones), a
-sweep with a ``sweep.json`` in its folder is done, an evaluation with its result file is done,
-and the report is rebuilt from MLflow. Everything runs under one MLflow run, the root: sweeps,
-their trials, evaluations and the report are nested under it.
-"""
+"""The whole pipeline's stages on Ray (:func:`run_pipeline`), each resumable: embedding jobs
+skip finished tables, a sweep with its ``sweep.json`` is done, an evaluation with its result
+file is done, and the report is rebuilt from MLflow."""
 
 from __future__ import annotations
 
@@ -24,18 +19,6 @@ from pipelines.embedding import run_embed
 from pipelines.schema import PipelineConfig, SyntheticPrepare, check_shared_output
 from pipelines.session import RaySession
 from pipelines.tuning.sweep import SWEEP_RECORD, run_sweep
-
-__all__ = [
-    "STAGES",
-    "final_tables",
-    "prepare_synthetic",
-    "run_pipeline",
-    "stage_embed",
-    "stage_evaluate",
-    "stage_prepare",
-    "stage_report",
-    "stage_sweep",
-]
 
 STAGES = ("embed", "sweep", "evaluate", "report")
 
@@ -93,13 +76,8 @@ def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
             logger.info("sweep %s: done already", sweep.name)
             continue
         t0 = time.perf_counter()
-        logger.info(
-            "sweep %s: %d methods x %d lrs x %d seeds",
-            sweep.name,
-            len(sweep.methods),
-            len(sweep.lr),
-            len(sweep.seeds),
-        )
+        sizes = len(sweep.methods), len(sweep.lr), len(sweep.seeds)
+        logger.info("sweep %s: %d methods x %d lrs x %d seeds", sweep.name, *sizes)
         out = run_sweep(sweep, parent=parent)
         failed = f", {len(out['failed'])} trial(s) failed" if out["failed"] else ""
         logger.info("sweep %s: done in %.0f s%s", sweep.name, time.perf_counter() - t0, failed)
@@ -138,19 +116,11 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
         if ev.frozen:
             methods = registry.with_frozen(methods, ev, dim=ev.dim)
         result = registry.evaluate(ev, methods)
-        params: dict[str, Any] = {
-            "sweep": ev.sweep or "",
-            "note": ev.note or "",
-            "models": len(methods),
-        }
-        inputs = ev.model_dump(mode="json", include=set(type(ev).model_fields) - {"kind"})
-        params.update(
-            {
-                k: inputs[k]
-                for k in ("fine_tuned_on", "embedding_model", "positives", "negatives")
-                if inputs.get(k)
-            }
-        )
+        params: dict[str, Any] = {"sweep": ev.sweep or "", "note": ev.note or ""}
+        params["models"] = len(methods)
+        inputs = ev.model_dump(mode="json", exclude={"kind"})
+        keys = ("fine_tuned_on", "embedding_model", "positives", "negatives")
+        params.update({k: inputs[k] for k in keys if inputs.get(k)})
         if ev.kind == "zeroshot":
             params.setdefault("fine_tuned_on", ev.sweep or "?")
         registry.log_evaluation(
@@ -195,13 +165,9 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str], session: RaySession) ->
     out: dict[str, Any] = {"output": cfg.output, "tracking_uri": uri}
     about = f"The {cfg.name} pipeline: {' -> '.join(stages)}"
     params = {"stages": ",".join(stages), "output": cfg.output}
+    name = f"pipeline {cfg.name}"
     with tracking.run(
-        uri,
-        cfg.mlflow.experiment,
-        f"pipeline {cfg.name}",
-        kind="pipeline",
-        params=params,
-        description=about,
+        uri, cfg.mlflow.experiment, name, kind="pipeline", params=params, description=about
     ) as root:
         root.log_text(
             "resolved_config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -22,10 +22,10 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm import config, logs, storage  # noqa: E402
+from asymvlm import config, logs, storage, tracking  # noqa: E402
 from asymvlm.errors import guarded  # noqa: E402
 from pipelines.schema import load_sweep  # noqa: E402
-from pipelines.session import RaySession, tracking_spool  # noqa: E402
+from pipelines.session import RaySession  # noqa: E402
 from pipelines.tuning.sweep import ADAPTERS_DIR, check_tables, run_sweep  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = load_sweep(args.config, args.set)  # validated before Ray starts
         logs.configure(verbose=args.verbose, log_file=logs.log_file_for(sweep.output, "sweep"))
         check_tables(sweep)
-        with tracking_spool(sweep.output), RaySession(eager=True):
+        with tracking.outage_queue(), RaySession(eager=True):
             out = run_sweep(sweep)
         logger.info("\n%s", out["markdown"])
         logger.info("open the runs: asymvlm ui %s", sweep.output)

@@ -39,20 +39,13 @@ def _sweep_doc(tmp_path, **extra):
         ("hiden_dim", 64, "hiden_dim: unknown key (did you mean 'hidden_dim'?)"),
         ("epochs", 0, "epochs = 0: Input should be greater than or equal to 1"),
         ("lr", [float("nan")], "lr[0] = nan: Input should be a finite number"),
-        ("lr", [-1e-3], "lr[0] = -0.001: Input should be greater than 0"),
         ("lr", [], "lr: List should have at least 1 item"),
-        ("batch_size", -5, "batch_size = -5: Input should be greater than or equal to 1"),
-        ("hidden_dim", 0, "hidden_dim = 0: Input should be greater than or equal to 1"),
-        ("depth", 0, "depth = 0: Input should be greater than or equal to 1"),
-        ("num_workers", 0, "num_workers = 0: Input should be greater than or equal to 1"),
         ("optimizer", "adam", "optimizer = 'adam': Input should be 'sgd' or 'adamw'"),
         ("methods", ["asymvlm-vfm"], "methods[0] = 'asymvlm-vfm': unknown method"),
         ("seeds", [0, 0], "seeds has duplicates"),
-        ("val_fraction", 1.5, "val_fraction = 1.5: Input should be less than 1"),
-        ("gpus_per_worker", 2, "gpus_per_worker = 2: Input should be less than or equal to 1"),
-        ("precision", "fp8", "precision = 'fp8': Input should be"),
         ("mlflow", {"experimnt": "x"}, "mlflow.experimnt: unknown key (did you mean 'experim"),
         ("method_kwargs", {"probvlm": {}}, "method_kwargs names methods that are not swept"),
+        ("protocol", "paper", "protocol = 'paper'"),
     ],
 )
 def test_sweep_values_are_checked(tmp_path, key, value, message) -> None:
@@ -99,11 +92,6 @@ def test_optimizer_defaults_follow_the_protocol(method, protocol, expected) -> N
     assert cfg.method_args() == {"protocol": protocol}
 
 
-def test_unknown_protocol_is_refused(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="protocol"):
-        schema.sweep_config(_sweep_doc(tmp_path, protocol="paper"), source="space.yaml")
-
-
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "tune_spaces", "*.yaml"))))
 def test_shipped_tune_spaces_validate(path, tmp_path) -> None:
     cfg = schema.load_sweep(path, [f"output={tmp_path}"])
@@ -144,13 +132,10 @@ def test_one_set_syntax() -> None:
     ("override", "message"),
     [
         ("sweeps.1.hiden_dim=3", "sweeps[1].hiden_dim: unknown key (did you mean 'hidden_dim'?)"),
-        ("sweeps.0.epochs=0", "sweeps[0].epochs = 0"),
-        ("sweeps.1.lr=[.nan]", "sweeps[1].lr[0] = nan: Input should be a finite number"),
         ("evaluations.3.dat=x", "evaluations[3].dat: unknown key (did you mean 'data'?)"),
         ("evaluations.0.data=nosplit", "expected ROOT:SPLIT"),
         ("prepare.synthetic.dimm=3", "unknown key 'dimm' (did you mean 'dim'?)"),
-        ("repot={output: x}", "repot: unknown key (did you mean 'report'?)"),
-        ("embed.jobs.0.batch_size=0", "embed.jobs[0].batch_size = 0"),
+        ("prepare.synthetic.level_probs=[1, 1, 0, 0]", "level_probs must be >= 0 and sum to 1"),
         ("embed.jobs.1.datset=coco", "embed.jobs[1].datset: unknown key (did you mean 'dataset'?)"),
         ("sweeps.0.embeddings=/nonexistent/tables", "/nonexistent/tables does not exist"),
     ],
@@ -176,50 +161,35 @@ def test_pipeline_fails_in_seconds_before_ray(
     assert not never.exists()
 
 
-def _train(world: str, output, *flags: str) -> int:
-    args = ["train", "--embeddings", world, "--method", "asymvlm-vmf", "--output", str(output)]
-    return cli_main([*args, "--quiet", *flags])
+TRAIN = "train --embeddings {world} --method asymvlm-vmf --quiet --output {tmp}/"
+EVALUATE = "evaluate --embeddings {world} --checkpoint {tmp} --output {tmp}/out "
 
 
 @pytest.mark.parametrize(
-    ("flags", "message"),
+    ("argv", "message"),
     [
-        (["--epochs", "0"], "--epochs = 0: Input should be greater than or equal to 1"),
-        (["--lr", "nan"], "--lr = nan: Input should be a finite number"),
+        (TRAIN + "out --epochs 0", "--epochs = 0: Input should be greater than or equal to 1"),
+        (TRAIN + "out --lr nan", "--lr = nan: Input should be a finite number"),
+        (TRAIN + "file.txt --epochs 1", "file.txt"),
+        (EVALUATE + "--levels 0", "--levels"),
+        (EVALUATE + "--chunk-size 0", "--chunk-size"),
     ],
 )
-def test_cli_train_values(small_world, tmp_path, capsys, flags, message) -> None:
-    """Flags are named as flags (the ranges themselves: test_sweep_values_are_checked)."""
-    code = _train(small_world, tmp_path / "ckpt", *flags)
+def test_cli_values(small_world, tmp_path, capsys, argv, message) -> None:
+    """Flags are named as flags; one ``error:`` line, exit 2, nothing written."""
+    (tmp_path / "file.txt").write_text("keep me")
+    code = cli_main(argv.format(world=small_world, tmp=tmp_path).split())
     err = capsys.readouterr().err
-    assert code == 2
-    assert message in err and "Traceback" not in err
+    assert code == 2 and message in err
     assert [ln for ln in err.splitlines() if ln.startswith("error:")] == err.strip().splitlines()
-    assert not (tmp_path / "ckpt").exists()
+    assert not (tmp_path / "out").exists() and (tmp_path / "file.txt").read_text() == "keep me"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cli_device_without_cuda(small_world, tmp_path, capsys) -> None:
-    code = _train(small_world, tmp_path / "c", "--device", "cuda")
-    err = capsys.readouterr().err
-    assert code == 2 and "CUDA is not available" in err and "Traceback" not in err
-
-
-def test_cli_output_that_is_a_file(small_world, tmp_path, capsys) -> None:
-    target = tmp_path / "file.txt"
-    target.write_text("keep me")
-    code = _train(small_world, target, "--epochs", "1")
-    err = capsys.readouterr().err
-    assert code == 2 and str(target) in err and "Traceback" not in err
-    assert target.read_text() == "keep me"
-
-
-@pytest.mark.parametrize("flags", [["--levels", "0"], ["--chunk-size", "0"]])
-def test_cli_evaluate_values(small_world, tmp_path, capsys, flags) -> None:
-    args = ["--checkpoint", str(tmp_path), "--output", str(tmp_path / "m.json"), *flags]
-    code = cli_main(["evaluate", "--embeddings", small_world, *args])
-    err = capsys.readouterr().err
-    assert code == 2 and flags[0] in err and "Traceback" not in err
+    argv = ["train", "--embeddings", small_world, "--method", "clip", "--device", "cuda"]
+    assert cli_main([*argv, "--output", str(tmp_path / "c")]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
 
 
 # -- prepare.synthetic: presets, knobs, classification sets --------------------------------------
@@ -227,27 +197,18 @@ def _synthetic(**keys) -> schema.SyntheticPrepare:
     return config.validate(schema.SyntheticPrepare, {"output": "w", **keys}, "c.yaml")
 
 
-def test_synthetic_prepare_presets_and_overrides() -> None:
-    from asymvlm.synthetic import COCO_LEVEL_PROBS, PRESETS, WorldConfig
+def test_synthetic_prepare_presets_overrides_and_classes() -> None:
+    from asymvlm.synthetic import PRESETS, ClassificationSpec, WorldConfig
 
     assert set(PRESETS) == {"demo", "coco"}  # the schema's choices
-    # Without a preset: WorldConfig's knobs and 8000/1000/1000 images, as before.
     assert _synthetic().world_config() == WorldConfig()
     plain = _synthetic(dim=16, test_images=50).world_config()
     assert plain.dim == 16 and plain.splits == {"train": 8000, "val": 1000, "test": 50}
-    # A preset, with the keys given beside it overriding it (sizes and knobs alike).
-    demo = _synthetic(preset="demo").world_config()
-    assert demo == PRESETS["demo"] and demo.level_probs == COCO_LEVEL_PROBS
+    # a preset, with the keys given beside it overriding it (sizes and knobs alike)
     small = _synthetic(preset="demo", train_images=200, seed=3, level_probs=None).world_config()
     assert small.splits == {"train": 200, "val": 300, "test": 300}
     assert (small.seed, small.level_probs, small.finetune_roots) == (3, None, 4)
-    assert _synthetic(preset="demo").classification_spec() is None
-    assert _synthetic(preset="demo").class_set_roots() == {}
-
-
-def test_synthetic_prepare_classes() -> None:
-    from asymvlm.synthetic import ClassificationSpec
-
+    assert _synthetic(preset="demo", classes=False).class_set_roots() == {}
     spec = _synthetic(preset="demo", classes=True)
     assert spec.classification_spec() == ClassificationSpec()
     assert spec.class_set_roots() == {
@@ -257,9 +218,8 @@ def test_synthetic_prepare_classes() -> None:
     custom = _synthetic(preset="demo", classes={"positives": 300, "level": 2, "n_classes": 5})
     got = custom.classification_spec()
     assert (got.positives, got.negatives, got.level, got.n_classes) == (300, 1000, 2, 5)
-    # One domain (no preset): no zero-shot set; every root holds a positive class: no far set.
+    # one domain (no preset): no zero-shot set; every root holds a positive class: no far set
     assert set(_synthetic(classes=True).class_set_roots()) == {"positives", "negatives"}
-    assert _synthetic(preset="demo", classes=False).class_set_roots() == {}
 
 
 @pytest.mark.parametrize(
@@ -267,28 +227,11 @@ def test_synthetic_prepare_classes() -> None:
     [
         ({"preset": "imagenet"}, "preset = 'imagenet': Input should be 'demo' or 'coco'"),
         ({"presett": "demo"}, "unknown key 'presett' (did you mean 'preset'?)"),
-        ({"level_prob": [1, 0, 0, 0]}, "unknown key 'level_prob' (did you mean 'level_probs'?)"),
-        ({"level_probs": [0.5, 0.5]}, "level_probs needs 4 probabilities"),
-        ({"level_probs": [0.5, 0.6, 0, 0]}, "level_probs must be >= 0 and sum to 1"),
         ({"finetune_roots": 9}, "finetune_roots must be in 1..6"),
         ({"classes": {"positive": 10}}, "classes.positive: unknown key (did you mean 'positives'"),
-        ({"classes": {"zeroshot": 0}}, "classes.zeroshot = 0: Input should be greater than"),
-        ({"train_images": 0}, "train_images = 0: Input should be greater than or equal to 1"),
     ],
 )
 def test_synthetic_prepare_refuses_bad_keys(keys, message) -> None:
     with pytest.raises(ConfigError, match="c.yaml: ") as err:
         _synthetic(**keys)
     assert message in str(err.value) and "\n" not in str(err.value)
-
-
-def test_pipeline_with_a_bad_world_knob_fails_in_one_line(
-    capsys, tmp_path, hierarcaps_standin
-) -> None:
-    bad = "prepare.synthetic.level_probs=[1, 1, 0, 0]"
-    args = ["--output", str(tmp_path / "never"), "--stages", "embed"]
-    code = full.main(["--config", DEMO, "--set", bad, *args])
-    err = capsys.readouterr().err
-    assert code == 2 and "level_probs must be >= 0 and sum to 1" in err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "never").exists()

@@ -1,14 +1,11 @@
 """A tracking store that goes away for longer than the client's retries (shortened here: no
-retry, no backoff): the writes wait, in order, and land when it is back; a write that is wrong
-in itself still raises; without a spool folder an outage raises."""
+retry, no backoff): inside ``outage_queue`` the writes wait, in order, and land when it is back;
+a write that is wrong in itself still raises; outside it an outage raises."""
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -18,8 +15,6 @@ import pytest
 
 from asymvlm import tracking
 from asymvlm.tracking.writer import is_transient
-
-MLFLOW = str(Path(sys.executable).with_name("mlflow"))
 
 
 @pytest.fixture(autouse=True)
@@ -32,11 +27,10 @@ def short_retries(monkeypatch):
 
 
 @pytest.fixture
-def spool_dir(tmp_path):
-    """This process's spool folder for the test (none again after it)."""
-    tracking.use_spool(str(tmp_path / "spool"))
-    yield tmp_path / "spool"
-    tracking.use_spool(None)
+def queued():
+    """Writes to an unreachable store wait during the test (dropped after it)."""
+    with tracking.outage_queue(drain_s=0):
+        yield
 
 
 def _free_port() -> int:
@@ -46,65 +40,41 @@ def _free_port() -> int:
 
 
 class Server:
-    """``mlflow server`` on 127.0.0.1 over a SQLite database, stopped and started again on the
-    same port and database."""
+    """MLflow's tracking server (its app) on 127.0.0.1 in this process, stopped and started again
+    on the same port and database: while stopped, nothing answers on its port."""
 
-    def __init__(self, root: Path) -> None:
-        self.root, self.port = root, _free_port()
+    def __init__(self) -> None:
+        self.port = _free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 300) -> None:
-        command = [
-            MLFLOW,
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{self.root / 'db'}",
-            "--artifacts-destination",
-            str(self.root / "art"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--workers",
-            "1",
-        ]
-        with open(self.root / "server.log", "ab") as log:
-            self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, (self.root / "server.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(self.uri + "/health", timeout=5) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise TimeoutError(f"mlflow server on port {self.port} did not start")
+    def start(self) -> None:
+        from mlflow.server import app
+        from werkzeug.serving import make_server
+
+        self.http = make_server("127.0.0.1", self.port, app, threaded=True)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
-        """Stop the server's process group (the one started here), and wait for it."""
-        if self.process is None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(60)
-        self.process = None
+        self.http.shutdown()
+        self.http.server_close()
         with pytest.raises(OSError):  # gone: nothing answers on its port
             urllib.request.urlopen(self.uri + "/health", timeout=5)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    one = Server(tmp_path_factory.mktemp("mlflow-server"))
-    one.start()
-    yield one
-    one.stop()
+    from mlflow import server as mlflow_server
+
+    root = tmp_path_factory.mktemp("mlflow-server")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(mlflow_server.BACKEND_STORE_URI_ENV_VAR, f"sqlite:///{root / 'db'}")
+        env.setenv(mlflow_server.SERVE_ARTIFACTS_ENV_VAR, "true")
+        env.setenv(mlflow_server.ARTIFACT_ROOT_ENV_VAR, "mlflow-artifacts:/")
+        env.setenv(mlflow_server.ARTIFACTS_DESTINATION_ENV_VAR, str(root / "art"))
+        one = Server()
+        one.start()
+        yield one
+        one.stop()
 
 
 def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -122,16 +92,7 @@ class Doubler(tracking.PythonModel):
 
 
 # -- without a server ----------------------------------------------------------------------------
-def test_without_a_spool_an_unreachable_store_raises(tmp_path) -> None:
-    from mlflow.exceptions import MlflowException
-
-    dead = f"http://127.0.0.1:{_free_port()}"
-    with pytest.raises(MlflowException, match="Connection refused"):
-        tracking.open_run(dead, "e", "trial", kind="trial")
-    assert tracking.pending() == 0
-
-
-def test_failures_of_the_store_are_told_from_wrong_writes(tmp_path) -> None:
+def test_failures_of_the_store_are_told_from_wrong_writes() -> None:
     """Only the errors' types decide: a message quoting a logged value ("timeout") is a wrong
     write; a refused connection or a locked database waits."""
     import sqlite3
@@ -147,10 +108,9 @@ def test_failures_of_the_store_are_told_from_wrong_writes(tmp_path) -> None:
         refused = exc
     assert is_transient(refused)
     # how MLflow's SQL stores raise a locked database (the statement's values follow)
+    locked_db = sqlite3.OperationalError("database is locked")
     database = sqlalchemy.exc.OperationalError(
-        "INSERT INTO params VALUES (?)",
-        ("timeout",),
-        sqlite3.OperationalError("database is locked"),
+        "INSERT INTO params VALUES (?)", ("timeout",), locked_db
     )
     locked = MlflowException(str(database), error_code=TEMPORARILY_UNAVAILABLE)
     locked.__cause__ = database
@@ -160,32 +120,38 @@ def test_failures_of_the_store_are_told_from_wrong_writes(tmp_path) -> None:
     assert not is_transient(sqlite3.OperationalError("no such table: runs"))
 
 
-def test_writes_to_an_unreachable_store_wait_in_order(tmp_path, spool_dir, caplog) -> None:
-    """The caller goes on; the writes wait in order, an artifact copied (the caller deletes
-    its own); without the spool folder any left are dropped, with a warning."""
+def test_writes_to_an_unreachable_store_wait_in_order(caplog) -> None:
+    """Outside the queue an outage raises. Inside, the caller goes on; the writes wait in order,
+    an artifact copied (the caller deletes its own); what still waits at the end of the block
+    is dropped, with a warning."""
+    from mlflow.exceptions import MlflowException
+
     from asymvlm.tracking.writer import writer
 
     dead = f"http://127.0.0.1:{_free_port()}"
-    sweep = tracking.open_run(dead, "e", "sweep", kind="sweep", params={"seeds": 2})
-    trial = tracking.open_run(dead, "e", "trial", kind="trial", parent=sweep)
-    trial.log_metrics({"loss": 1.0}, step=1)
-    trial.log_json("results.json", {"r1": 0.5})
-    trial.end("FAILED", "diverged")
-    assert (sweep.id, trial.id) == (None, None)
-    kinds = [op["op"] for op in writer(dead).queue]
-    assert kinds == ["create_run", "log_batch", "create_run", "log_batch", "log_artifact"] + [
-        "log_batch",
-        "set_terminated",
-    ]
-    [copy] = [op["path"] for op in writer(dead).queue if op["op"] == "log_artifact"]
-    assert copy.startswith(str(spool_dir)) and Path(copy).read_text().startswith("{")
-    tracking.use_spool(None)
+    with pytest.raises(MlflowException, match="Connection refused"):
+        tracking.open_run(dead, "e", "trial", kind="trial")
+    with tracking.outage_queue(drain_s=0):
+        sweep = tracking.open_run(dead, "e", "sweep", kind="sweep", params={"seeds": 2})
+        trial = tracking.open_run(dead, "e", "trial", kind="trial", parent=sweep)
+        trial.log_metrics({"loss": 1.0}, step=1)
+        trial.log_json("results.json", {"r1": 0.5})
+        trial.end("FAILED", "diverged")
+        assert (sweep.id, trial.id) == (None, None)
+        kinds = [op["op"] for op in writer(dead).queue]
+        assert kinds == ["create_run", "log_batch", "create_run", "log_batch", "log_artifact"] + [
+            "log_batch",
+            "set_terminated",
+        ]
+        [copy] = [op["path"] for op in writer(dead).queue if op["op"] == "log_artifact"]
+        assert Path(copy).read_text().startswith("{")
     assert tracking.pending() == 0 and "7 tracking writes never reached" in caplog.text
+    assert not Path(copy).exists()
 
 
 # -- a real tracking server, stopped and started -------------------------------------------------
 @pytest.mark.slow
-def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir, tmp_path) -> None:
+def test_an_outage_longer_than_the_retries_is_bridged(server, queued, tmp_path) -> None:
     """Metrics, tags, an artifact, a model (whose artifact file is gone by then), a new run and
     the ends, written while the server is down, return at once; when it is back on the same
     port and database, ``drain`` lands them all, in order, the new run under its parent, the
@@ -199,7 +165,7 @@ def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir, tmp_pat
     )
     for epoch in (1, 2, 3):
         trial.log_metrics({"loss": 1.0 / epoch}, step=epoch)
-    assert tracking.pending() == 0 and not spool_dir.exists()  # nothing waited so far
+    assert tracking.pending() == 0  # nothing waited so far
 
     server.stop()
     began = time.monotonic()
@@ -241,8 +207,8 @@ def test_an_outage_longer_than_the_retries_is_bridged(server, spool_dir, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_wrong_write_still_raises_while_the_server_is_up(server, spool_dir) -> None:
-    """With a spool configured, a write the store refuses (an unknown run, a param changed)
+def test_a_wrong_write_still_raises_while_the_server_is_up(server, queued) -> None:
+    """Inside the queue, a write the store refuses (an unknown run, a param changed)
     raises to the caller and waits for nothing; a run that ended can be resumed."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
@@ -252,7 +218,7 @@ def test_a_wrong_write_still_raises_while_the_server_is_up(server, spool_dir) ->
     run = tracking.open_run(server.uri, "wrong", "trial", kind="trial", params={"lr": 0.1})
     with pytest.raises(MlflowException, match="INVALID_PARAMETER_VALUE"):
         run.log_params({"lr": 0.2})
-    assert tracking.pending() == 0 and not spool_dir.exists()
+    assert tracking.pending() == 0
     run.end()
     client = MlflowClient(server.uri)
     assert client.get_run(run.id).info.status == "FINISHED"
@@ -262,29 +228,3 @@ def test_a_wrong_write_still_raises_while_the_server_is_up(server, spool_dir) ->
     again.end()
     assert client.get_run(run.id).info.status == "FINISHED"
     assert _history(client, run.id, "loss") == [(7, 0.1)]
-
-
-class _Store:
-    """A writer whose store takes one waiting write per try (``landing``) or none."""
-
-    def __init__(self, waiting: int, landing: bool) -> None:
-        self.waiting, self.landing = waiting, landing
-
-    def drain_once(self) -> int:
-        time.sleep(0.2)  # a slow store: each try takes a while
-        if self.landing:
-            self.waiting = max(0, self.waiting - 1)
-        return self.waiting
-
-
-def test_drain_waits_while_writes_land_and_gives_up_without_progress(monkeypatch) -> None:
-    from asymvlm.tracking import writer
-
-    slow = _Store(6, landing=True)  # 6 tries of 0.2 s plus the pauses: well past 0.5 s
-    monkeypatch.setattr(writer, "_writers", {"http://slow": slow})
-    t0 = time.monotonic()
-    assert writer.drain(0.5) == 0 and time.monotonic() - t0 > 1.0
-    stuck = _Store(3, landing=False)
-    monkeypatch.setattr(writer, "_writers", {"http://stuck": stuck})
-    t0 = time.monotonic()
-    assert writer.drain(0.5) == 3 and time.monotonic() - t0 < 2.0

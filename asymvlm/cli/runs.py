@@ -1,5 +1,4 @@
-"""``asymvlm report`` and ``asymvlm ui``: what an MLflow store holds, as a report or in the
-UI."""
+"""``asymvlm report`` and ``asymvlm ui``: an MLflow store as a report or in the UI."""
 
 from __future__ import annotations
 
@@ -35,20 +34,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
         )
     uri = "sqlite:///" + database
     tracking.relocate_local_store(uri)
-    command = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "ui",
-        "--backend-store-uri",
-        uri,
-        "--host",
-        args.host,
-        "--port",
-        str(args.port),
-    ]
+    where = ["--host", args.host, "--port", str(args.port)]
     logger.info("MLflow UI on http://%s:%d (Ctrl-C stops it)", args.host, args.port)
-    os.execv(sys.executable, command)
+    os.execv(
+        sys.executable, [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, *where]
+    )
     return 0  # not reached
 
 

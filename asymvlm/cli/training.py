@@ -40,13 +40,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
             return 0
         logger.info("resuming %s%s", args.output, where)
-    what = f"{cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr:g}, batch {cfg.batch_size}, "
-    if not METHODS[cfg.method].trainable:  # fitted post hoc (bayesvlm) or used as is (clip)
-        what = "no training; "
-    verb = "training" if METHODS[cfg.method].trainable else "fitting"
-    logger.info(
-        "%s %s on %s/%s (%sdevice %s)", verb, cfg.method, args.embeddings, args.split, what, device
-    )
+    if METHODS[cfg.method].trainable:
+        what = f"training {cfg.method} ({cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr:g}, "
+        what += f"batch {cfg.batch_size}, device {device})"
+    else:  # fitted post hoc (bayesvlm) or used as is (clip)
+        what = f"fitting {cfg.method} (no training; device {device})"
+    logger.info("%s on %s/%s", what, args.embeddings, args.split)
     _, history = train(
         args.embeddings,
         args.split,

@@ -1,31 +1,41 @@
-"""Reading runs back: a sweep's trials, an experiment's runs, a run's artifacts and models."""
+"""Reading runs back (a sweep's trials, an experiment's runs, artifacts, models), and MLflow's
+model API as the served models use it (:mod:`asymvlm.scoring.models`)."""
 
 from __future__ import annotations
 
 import json
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from asymvlm.config import redact
 from asymvlm.tracking.store import global_tracking_uri, relocate_once
 
-__all__ = ["child_runs", "download", "experiment_runs", "json_artifact", "last_step", "model_run"]
+try:  # mlflow is a dependency; keep `import asymvlm.tracking` cheap to fail clearly
+    from mlflow.pyfunc import PythonModel
+except ImportError:  # pragma: no cover
+    PythonModel = object  # type: ignore[assignment,misc]
+
+
+def _client(tracking_uri: str | None) -> Any:
+    from mlflow import MlflowClient
+
+    if tracking_uri:
+        relocate_once(tracking_uri)
+    return MlflowClient(tracking_uri or None)
 
 
 def child_runs(
     tracking_uri: str, parent_run_id: str, *, stage: str | None = None, status: str = "FINISHED"
 ) -> list[Any]:
-    """The runs nested under ``parent_run_id`` (a sweep's trials; ``stage`` "grid", or "seeds":
-    those tagged ``seed_stage``, the grid trial at the chosen lr included, else those tagged
-    ``stage: seeds``), with ``status`` (FINISHED by default)."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    parent = client.get_run(parent_run_id)
+    """The runs nested under ``parent_run_id`` with ``status`` ("": any); ``stage`` "grid", or
+    "seeds" (tagged ``seed_stage``, else ``stage: seeds``)."""
+    client = _client(tracking_uri)
+    experiment = client.get_run(parent_run_id).info.experiment_id
     base = f"tags.mlflow.parentRunId = '{parent_run_id}'"
-    if status:
-        base += f" and attributes.status = '{status}'"
+    base += f" and attributes.status = '{status}'" if status else ""
 
     def search(extra: str) -> list[Any]:
-        return client.search_runs([parent.info.experiment_id], base + extra, max_results=10000)
+        return client.search_runs([experiment], base + extra, max_results=10000)
 
     if stage == "seeds":
         return search(" and tags.seed_stage = 'true'") or search(" and tags.stage = 'seeds'")
@@ -34,20 +44,13 @@ def child_runs(
 
 def last_step(tracking_uri: str, run_id: str, key: str) -> int:
     """The largest step at which run ``run_id`` has metric ``key`` (0: none)."""
-    from mlflow import MlflowClient
-
-    history = MlflowClient(tracking_uri).get_metric_history(run_id, key)
+    history = _client(tracking_uri).get_metric_history(run_id, key)
     return max((int(m.step) for m in history), default=0)
 
 
 def experiment_runs(tracking_uri: str, experiment: str) -> tuple[str, list[Any]]:
     """(experiment id, its runs, oldest first); ValueError if there is no such experiment."""
-    from mlflow import MlflowClient
-
-    from asymvlm.config import redact
-
-    relocate_once(tracking_uri)
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ValueError(f"no MLflow experiment {experiment!r} at {redact(tracking_uri)}")
@@ -65,39 +68,31 @@ def json_artifact(tracking_uri: str, run_id: str, path: str) -> Any:
 
 
 def download(uri: str, tracking_uri: str | None = None) -> str:
-    """A local copy of the artifacts or model at ``uri`` (``runs:/<run>/<path>``,
-    ``models:/<name>/<version>``, ``mlflow-artifacts:/...``), resolved through the store
-    ``tracking_uri`` (default: ``$MLFLOW_TRACKING_URI``); returns its local path."""
+    """A local copy of the artifacts or model at ``uri`` (``runs:/``, ``models:/``,
+    ``mlflow-artifacts:/``) through the store ``tracking_uri`` (default
+    ``$MLFLOW_TRACKING_URI``); its local path."""
     import mlflow
 
     if tracking_uri:
         relocate_once(tracking_uri)
-    with global_tracking_uri(tracking_uri or None):  # runs:/ URIs resolve through it
+    with global_tracking_uri(tracking_uri):
         return mlflow.artifacts.download_artifacts(artifact_uri=uri)
 
 
 def model_run(uri: str, tracking_uri: str | None = None) -> dict[str, Any] | None:
     """The run that logged the model ``uri`` (``runs:/<run>/<path>``, ``models:/<name>/<version>``
-    or ``models:/<name>@<alias>``): ``{"run_id", "run_name", "experiment", "metrics",
-    "params"}`` with the run's latest metric values; None for other URIs."""
-    from mlflow import MlflowClient
-
-    from asymvlm.config import redact
-
-    if tracking_uri:
-        relocate_once(tracking_uri)
-    with global_tracking_uri(tracking_uri or None):
-        client = MlflowClient(tracking_uri or None)
+    or ``models:/<name>@<alias>``) with its latest metrics and params; None for other URIs."""
+    client = _client(tracking_uri)
+    with global_tracking_uri(tracking_uri):
         if uri.startswith("runs:/"):
             run_id = uri.removeprefix("runs:/").split("/", 1)[0]
         elif uri.startswith("models:/"):
             name, at, alias = uri.removeprefix("models:/").partition("@")
             if at:
-                version = client.get_model_version_by_alias(name, alias)
+                run_id = client.get_model_version_by_alias(name, alias).run_id
             else:
                 name, _, number = name.partition("/")
-                version = client.get_model_version(name, number.split("/")[0])
-            run_id = version.run_id
+                run_id = client.get_model_version(name, number.split("/")[0]).run_id
         else:
             return None
         run = client.get_run(run_id)
@@ -110,3 +105,29 @@ def model_run(uri: str, tracking_uri: str | None = None) -> dict[str, Any] | Non
         "metrics": dict(run.data.metrics),
         "params": dict(run.data.params),
     }
+
+
+def invalid_input(message: str) -> Exception:
+    """The error a served model raises for bad input (MLflow's server answers HTTP 400)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+
+
+def signature(example_input: Any, example_output: Any) -> Any:
+    """The model signature of an input and an output example (pandas DataFrames)."""
+    from mlflow.models import infer_signature
+
+    return infer_signature(example_input, example_output)
+
+
+def pinned_requirements(*packages: str) -> list[str]:
+    """``package==version`` of each installed package (unpinned when not installed)."""
+    out = []
+    for package in packages:
+        try:
+            out.append(f"{package}=={version(package).split('+')[0]}")
+        except PackageNotFoundError:
+            out.append(package)
+    return out

@@ -1,34 +1,28 @@
-"""Reading a config file into its typed object, once, before Ray or any stage starts."""
+"""Reading a config file into its typed object, once, before Ray or any stage starts; and the
+one check that needs Ray up (:func:`check_shared_output`)."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from asymvlm import config, storage
 from asymvlm.data.embed import EmbedConfig
 from asymvlm.errors import ConfigError
 from asymvlm.tables import Location
-from pipelines.schema.pipeline import (
-    EmbedSection,
-    PipelineConfig,
-    drop_unavailable,
-    required_data,
-)
+from pipelines.schema.pipeline import EmbedSection, PipelineConfig
 from pipelines.schema.serve import ServeConfig
 from pipelines.schema.sweep import SweepConfig
 
-__all__ = [
-    "check_inputs",
-    "load_embed_jobs",
-    "load_pipeline",
-    "load_serve",
-    "load_sweep",
-    "sweep_config",
-]
-
 logger = logging.getLogger("pipelines.full")
+
+#: Data sets a pipeline item may declare with ``requires: [name]``: without them the item is
+#: left out (the demo's HierarCaps part, when there is neither a copy nor network).
+OPTIONAL_DATA = ("hierarcaps",)
 
 
 def _document(path: str, overrides: list[str] | None) -> dict[str, Any]:
@@ -37,22 +31,19 @@ def _document(path: str, overrides: list[str] | None) -> dict[str, Any]:
     return doc
 
 
-def sweep_config(doc: dict[str, Any], source: str = "<sweep>") -> Any:
-    """A sweep document validated and resolved (:class:`SweepConfig`): unknown keys, types and
-    ranges are one :class:`~asymvlm.errors.ConfigError` line naming ``source`` and the key."""
+def sweep_config(doc: dict[str, Any], source: str = "<sweep>") -> SweepConfig:
+    """A sweep document validated and resolved (:class:`SweepConfig`)."""
     config.check_no_credentials(doc, source)
     return config.validate(SweepConfig, config.expand_env(doc, source), source)
 
 
-def load_sweep(path: str, overrides: list[str] | None = None) -> Any:
-    """A sweep file (``tune_spaces/*.yaml``) with ``--set`` overrides, validated and resolved
-    (:class:`SweepConfig`)."""
+def load_sweep(path: str, overrides: list[str] | None = None) -> SweepConfig:
+    """A sweep file (``tune_spaces/*.yaml``) with ``--set`` overrides, validated."""
     return sweep_config(_document(path, overrides), path)
 
 
 def load_embed_jobs(path: str, overrides: list[str] | None = None) -> list[EmbedConfig]:
-    """The embedding jobs of ``path``: one job at the top level, or ``defaults`` + ``jobs``;
-    every job validated before any starts."""
+    """The embedding jobs of ``path``: one job at the top level, or ``defaults`` + ``jobs``."""
     doc = config.expand_env(_document(path, overrides), path)
     if "jobs" in doc or "defaults" in doc:
         return config.validate(EmbedSection, doc, path).jobs
@@ -62,50 +53,78 @@ def load_embed_jobs(path: str, overrides: list[str] | None = None) -> list[Embed
 def load_serve(path: str | None, overrides: list[str], checkpoint: str | None) -> ServeConfig:
     """Serve's settings: a YAML of :class:`ServeConfig` keys (optional), ``--set`` overrides and
     ``--checkpoint``."""
-    doc: dict[str, Any] = config.load_yaml(path) if path else {}
-    doc = config.apply_overrides(doc, overrides)
+    doc = config.apply_overrides(config.load_yaml(path) if path else {}, overrides)
     if checkpoint:
         doc["checkpoint"] = checkpoint
     return config.validate(ServeConfig, doc, path or "serve options")
 
 
-def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConfig:
-    """The whole pipeline (:class:`PipelineConfig`) validated and resolved, every input path
-    checked, before Ray or any stage starts; ``${output}`` in any value is the output folder.
-    Items with ``requires: [hierarcaps]`` are left out (one line says so) when
-    :func:`~asymvlm.data.hierarcaps_fetch.locate_hierarcaps` finds no HierarCaps."""
-    doc = _document(path, overrides)
-    available = {}
-    if "hierarcaps" in required_data(doc):
-        from asymvlm.data.hierarcaps_fetch import locate_hierarcaps
+def _hierarcaps_found(_: str) -> bool:
+    from asymvlm.data.hierarcaps_fetch import locate_hierarcaps
 
-        found = locate_hierarcaps()
-        if found:
-            os.environ["ASYMVLM_HIERARCAPS"] = found
-        available["hierarcaps"] = found is not None
-    doc, dropped = drop_unavailable(doc, available, path)
+    found = locate_hierarcaps()
+    if found:
+        os.environ["ASYMVLM_HIERARCAPS"] = found
+    return found is not None
+
+
+def drop_unavailable(
+    doc: dict[str, Any], available: Callable[[str], bool], source: str
+) -> tuple[dict[str, Any], list[str]]:
+    """``doc`` without the items whose ``requires`` names a data set that is not
+    ``available`` (and the evaluations of a sweep so dropped); the labels of those left out."""
+    doc, dropped, gone = copy.deepcopy(doc), list[str](), set[str]()
+
+    def keep(label: str, item: Any) -> bool:
+        if not isinstance(item, dict):
+            return True
+        needs = item.pop("requires", None) or []
+        if not isinstance(needs, list) or any(n not in OPTIONAL_DATA for n in needs):
+            raise ConfigError(
+                f"{source}: {label}.requires: expected a list of {list(OPTIONAL_DATA)}, "
+                f"got {needs!r}"
+            )
+        if all(available(n) for n in needs) and item.get("sweep") not in gone:
+            return True
+        dropped.append(label)
+        gone.add(item.get("name") or label)
+        return False
+
+    prepare = doc.get("prepare") or {}
+    for key in [k for k, item in prepare.items() if not keep(f"prepare.{k}", item)]:
+        del prepare[key]
+    if isinstance(doc.get("embed"), dict) and doc["embed"].get("jobs"):
+        jobs = enumerate(doc["embed"]["jobs"])
+        doc["embed"]["jobs"] = [j for i, j in jobs if keep(f"embed.jobs[{i}]", j)]
+    for section in ("sweeps", "evaluations"):
+        if doc.get(section):
+            items = doc[section]
+            doc[section] = [
+                x for i, x in enumerate(items) if keep(f"{section}[{_name(x) or i}]", x)
+            ]
+    return doc, dropped
+
+
+def _name(item: Any) -> Any:
+    return item.get("name") if isinstance(item, dict) else None
+
+
+def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConfig:
+    """The whole pipeline validated and resolved, every input path checked, before Ray or any
+    stage starts; ``${output}`` in any value is the output folder. Items with
+    ``requires: [hierarcaps]`` are left out (one line says so) when HierarCaps is not found."""
+    available = functools.cache(_hierarcaps_found)  # asked once per load, if at all
+    doc, dropped = drop_unavailable(_document(path, overrides), available, path)
     if dropped:
         logger.warning(
             "without HierarCaps, these parts of %s are left out: %s", path, ", ".join(dropped)
         )
     name = doc.get("name") or os.path.splitext(os.path.basename(path))[0]
-    raw_output = config.expand_env(doc.get("output") or f"runs/{name}", f"{path}: output")
-    output = storage.absolute(raw_output)
+    output = storage.absolute(config.expand_env(doc.get("output") or f"runs/{name}", path))
     doc = config.expand_env(doc, path, extra={"output": output})
     cfg = config.validate(PipelineConfig, {**doc, "name": name, "output": output}, path)
     check_inputs(cfg, path)
     return cfg
-
-
-def _produced(cfg: PipelineConfig) -> list[str]:
-    """Local folders that the pipeline's own stages write (prepare, embed)."""
-    prep = cfg.prepare
-    out = [prep.tiny_clip]
-    if prep.synthetic:
-        out += [prep.synthetic.output, *prep.synthetic.class_set_roots().values()]
-    out += [prep.hierarcaps_cifar.output if prep.hierarcaps_cifar else None]
-    out += [job.output for job in cfg.embed.jobs]
-    return [os.path.abspath(p) for p in out if p and not storage.is_remote(p)]
 
 
 def check_inputs(cfg: PipelineConfig, source: str) -> None:
@@ -114,23 +133,27 @@ def check_inputs(cfg: PipelineConfig, source: str) -> None:
     from asymvlm.data.embed import check_model
     from asymvlm.data.encoder import local_source
 
-    made = _produced(cfg)
+    prep = cfg.prepare
+    made = [prep.tiny_clip, *(job.output for job in cfg.embed.jobs)]
+    if prep.synthetic:
+        made += [prep.synthetic.output, *prep.synthetic.class_set_roots().values()]
+    made += [prep.hierarcaps_cifar.output] if prep.hierarcaps_cifar else []
+    made = [os.path.abspath(p) for p in made if p and not storage.is_remote(p)]
 
     def produced(path: str) -> bool:
         return any(path == m or path.startswith(m + os.sep) for m in made)
 
     def check(value: str | None, key: str) -> None:
-        if not value or "://" in value:
-            return
-        path = os.path.abspath(value)
-        if os.path.exists(path) or produced(path):
-            return
-        raise ConfigError(
-            f"{source}: {key}: {value} does not exist, and no stage of this pipeline writes it"
-        )
+        if value and "://" not in value:
+            path = os.path.abspath(value)
+            if not os.path.exists(path) and not produced(path):
+                raise ConfigError(
+                    f"{source}: {key}: {value} does not exist, and no stage of this pipeline "
+                    "writes it"
+                )
 
-    if cfg.prepare.hierarcaps_cifar:
-        check(cfg.prepare.hierarcaps_cifar.hierarcaps, "prepare.hierarcaps_cifar.hierarcaps")
+    if prep.hierarcaps_cifar:
+        check(prep.hierarcaps_cifar.hierarcaps, "prepare.hierarcaps_cifar.hierarcaps")
     for i, job in enumerate(cfg.embed.jobs):
         for key in ("annotations", "images", "id_list"):
             check(getattr(job, key), f"embed.jobs[{i}].{key}")
@@ -147,7 +170,22 @@ def check_inputs(cfg: PipelineConfig, source: str) -> None:
             check(getattr(sweep, key), f"sweeps[{sweep.name}].{key}")
     for i, ev in enumerate(cfg.evaluations):
         for value in dict(ev).values():
-            locations = value.values() if isinstance(value, dict) else [value]
-            for where in locations:
+            for where in value.values() if isinstance(value, dict) else [value]:
                 if isinstance(where, Location):
                     check(where.root, f"evaluations[{i}] ({ev.kind})")
+
+
+def check_shared_output(output: str, shared_filesystem: bool) -> None:
+    """On a Ray cluster of more than one node, a local ``output`` must be declared shared (every
+    stage reads back what another node wrote). Call after Ray is up, before any work."""
+    import ray
+
+    if storage.is_remote(output) or shared_filesystem or not ray.is_initialized():
+        return
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) > 1:
+        raise ConfigError(
+            f"output {output} is a local path, but this Ray cluster has {len(nodes)} nodes: "
+            "shared storage is needed. Use an object store (--output s3://bucket/run) or a "
+            "mount every node shares, declared with storage.shared_filesystem=true"
+        )

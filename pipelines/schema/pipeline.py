@@ -3,9 +3,7 @@ report), and the optional data its items may require."""
 
 from __future__ import annotations
 
-import copy
 import difflib
-from collections.abc import Mapping
 from dataclasses import fields
 from typing import Annotated, Any, Literal, Union
 
@@ -14,7 +12,6 @@ from pydantic import ConfigDict, Field, create_model, field_validator, model_val
 from asymvlm import storage
 from asymvlm.config import StrictModel
 from asymvlm.data.embed import EmbedConfig
-from asymvlm.errors import ConfigError
 from asymvlm.evaluation.registry import EVALUATIONS
 from pipelines.schema.sweep import (
     Absolute,
@@ -24,16 +21,6 @@ from pipelines.schema.sweep import (
     SweepConfig,
     default_store,
 )
-
-__all__ = [
-    "EVALUATION_ITEMS",
-    "OPTIONAL_DATA",
-    "EmbedSection",
-    "PipelineConfig",
-    "SyntheticPrepare",
-    "drop_unavailable",
-    "required_data",
-]
 
 
 # -- evaluations --------------------------------------------------------------------------------
@@ -280,65 +267,3 @@ class PipelineConfig(StrictModel):
     def sweep(self, name: str) -> Any:
         """The sweep called ``name``."""
         return next(s for s in self.sweeps if s.name == name)
-
-
-# -- optional data ------------------------------------------------------------------------------
-#: Data sets a pipeline item may declare with ``requires: [name]``: without them the item is
-#: left out (the demo's HierarCaps part, when there is neither a copy nor network).
-OPTIONAL_DATA = ("hierarcaps",)
-
-
-def _requiring_items(doc: Mapping[str, Any]):
-    """``(label, item)`` for every prepare entry, embedding job, sweep and evaluation."""
-    for key, item in (doc.get("prepare") or {}).items():
-        if isinstance(item, dict):
-            yield f"prepare.{key}", item
-    for i, job in enumerate((doc.get("embed") or {}).get("jobs") or []):
-        if isinstance(job, dict):
-            yield f"embed.jobs[{i}]", job
-    for section in ("sweeps", "evaluations"):
-        for i, item in enumerate(doc.get(section) or []):
-            if isinstance(item, dict):
-                yield f"{section}[{item.get('name') or i}]", item
-
-
-def required_data(doc: Mapping[str, Any]) -> set[str]:
-    """The optional data sets that items of a pipeline document declare in ``requires``."""
-    return {name for _, item in _requiring_items(doc) for name in item.get("requires") or []}
-
-
-def drop_unavailable(
-    doc: dict[str, Any], available: Mapping[str, bool], source: str
-) -> tuple[dict[str, Any], list[str]]:
-    """``doc`` without the items whose ``requires`` names a data set that is not available (and
-    without evaluations of a sweep so dropped), the ``requires`` keys removed; plus the labels
-    of what was left out. An unknown name in ``requires`` is a :class:`ConfigError`."""
-    doc = copy.deepcopy(doc)
-    dropped: list[str] = []
-    gone: list[int] = []
-    for label, item in list(_requiring_items(doc)):
-        needs = item.get("requires") or []
-        if not isinstance(needs, list) or any(n not in OPTIONAL_DATA for n in needs):
-            raise ConfigError(
-                f"{source}: {label}.requires: expected a list of "
-                f"{list(OPTIONAL_DATA)}, got {needs!r}"
-            )
-        if any(not available.get(n, True) for n in needs):
-            dropped.append(label)
-            gone.append(id(item))
-    names = {s.get("name") for s in doc.get("sweeps") or [] if id(s) in gone}
-    for i, ev in enumerate(doc.get("evaluations") or []):
-        if isinstance(ev, dict) and ev.get("sweep") in names and id(ev) not in gone:
-            dropped.append(f"evaluations[{i}]")
-            gone.append(id(ev))
-    prepare = doc.get("prepare") or {}
-    for key in [k for k, v in prepare.items() if id(v) in gone]:
-        del prepare[key]
-    if isinstance(doc.get("embed"), dict) and doc["embed"].get("jobs"):
-        doc["embed"]["jobs"] = [j for j in doc["embed"]["jobs"] if id(j) not in gone]
-    for section in ("sweeps", "evaluations"):
-        if doc.get(section):
-            doc[section] = [x for x in doc[section] if id(x) not in gone]
-    for _, item in _requiring_items(doc):
-        item.pop("requires", None)
-    return doc, dropped

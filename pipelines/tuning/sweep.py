@@ -205,7 +205,7 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
             raise ConfigError(
                 f"mlflow.tracking_uri: cannot open the MLflow store {config.redact(uri)}: {exc}"
             ) from None
-        if run.id:  # None while its creation waits in the spool (MLflow unreachable)
+        if run.id:  # None while its creation waits for MLflow (unreachable)
             journal.set_run_id(run.id)
         run.log_text("config.yaml", yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False))
         logger.info(
@@ -377,7 +377,7 @@ def _stages(
 
 
 def _experiment_id(run: tracking.Run) -> str | None:
-    """The experiment of ``run``; None while MLflow cannot say (its writes wait in the spool)."""
+    """The experiment of ``run``; None while MLflow cannot say (its writes wait for it)."""
     try:
         return run.client.get_run(run.id).info.experiment_id if run.id else None
     except Exception as exc:  # the store is away: the sweep's results stand without it
