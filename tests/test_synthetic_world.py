@@ -34,7 +34,7 @@ from asymvlm.synthetic import (
 )
 from asymvlm.synthetic.captions import GENERIC_TEXTS
 from asymvlm.synthetic.classes import concept_roots
-from asymvlm.synthetic.world import GENERIC_LEVEL, _unit, concat_splits
+from asymvlm.synthetic.world import GENERIC_LEVEL, _unit
 from asymvlm.training import TrainConfig
 from tests.conftest import small_world_config
 from tests.world_fingerprint import OLD_WORLDS, RECORDED, compare, fingerprint_world
@@ -101,22 +101,6 @@ def test_only_the_train_split_has_generic_captions() -> None:
     assert world.has_generic("train") and not world.has_generic("test")
     test = world.sample_split("test", 200)
     assert (test["extra_text_columns"]["level"] >= 0).all()
-
-
-def test_generic_captions_drawn_window_by_window_are_those_of_one_piece() -> None:
-    """Unblocked worlds are written a window at a time (:mod:`asymvlm.synthetic.stream`): the
-    generic stream's windows hold the numbers of the one-piece draw."""
-    world = SyntheticWorld(small_world_config(generic_captions=0.1, caption_words=True))
-    one = world.sample_split("train", 1200)
-    pieces = concat_splits(
-        [piece for _, piece in world.iter_pieces("train", 1200, window_images=300)]
-    )
-    for key in ("image_embeddings", "text_embeddings", "text_norms"):
-        np.testing.assert_array_equal(one[key], pieces[key])
-    np.testing.assert_array_equal(
-        one["extra_text_columns"]["level"], pieces["extra_text_columns"]["level"]
-    )
-    assert one["texts"] == pieces["texts"]
 
 
 def test_generic_captions_in_the_manifest_and_their_range(tmp_path) -> None:
@@ -338,23 +322,18 @@ def test_a_blocked_world_has_the_structure_of_the_unblocked_one() -> None:
     assert not np.array_equal(blocks[0], blocks[1])
 
 
-def test_writing_bounds_peak_memory(tmp_path) -> None:
-    """tracemalloc (numpy's allocations) on medium worlds: drawn in blocks or in one piece
-    (streamed window by window), the writer's peak stays near one piece and does not grow with
-    the split."""
+def test_writing_a_blocked_world_bounds_peak_memory(tmp_path) -> None:
+    """tracemalloc (numpy's allocations): drawn in blocks, the writer's peak stays near one
+    block and does not grow with the split."""
     write_world(str(tmp_path / "warm"), WorldConfig(dim=64, splits={"train": 300}))  # imports
     peaks = {}
-    for block in (None, 250):
-        for n in (3000, 6000):
-            cfg = WorldConfig(dim=64, splits={"train": n}, block_images=block)
-            tracemalloc.start()
-            write_world(str(tmp_path / f"{block}-{n}"), cfg, shard_images=500)
-            peaks[block, n] = tracemalloc.get_traced_memory()[1] / 2**20
-            tracemalloc.stop()
-    # In one piece, 6000 images x 5 captions x 64 dims would hold float64 temporaries of ~15 MiB
-    # each (~50 MiB at the peak); a window of 2048 images holds ~5 MiB each.
-    assert peaks[None, 6000] < 1.3 * peaks[None, 3000] and peaks[None, 6000] < 40, peaks
-    assert peaks[250, 6000] < 1.3 * peaks[250, 3000] and peaks[250, 6000] < 12, peaks
+    for n in (1500, 3000):
+        cfg = WorldConfig(dim=64, splits={"train": n}, block_images=250)
+        tracemalloc.start()
+        write_world(str(tmp_path / f"{n}"), cfg, shard_images=500)
+        peaks[n] = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+    assert peaks[3000] < 1.3 * peaks[1500] and peaks[3000] < 12, peaks
 
 
 # -- word captions -------------------------------------------------------------------------------
@@ -543,21 +522,15 @@ def test_cli_writes_the_demo_preset_and_its_sets(tmp_path, capsys) -> None:
     assert "sum to 1" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_coco_preset_streams_with_bounded_memory(tmp_path) -> None:
-    """A COCO-sized split at d = 512 (118k images, 590k captions) written in parts: numpy's
-    peak (tracemalloc) stays near a few parts (measured: ~640 MiB), where drawing it in one
-    piece peaks near 8 GiB (~1 GiB measured for an eighth of it)."""
+def test_the_coco_preset_is_written_in_parts(tmp_path) -> None:
+    """The COCO-sized preset (d = 512, drawn in blocks) at a few thousand images: whole blocks
+    per part, every row once (memory: test_writing_a_blocked_world_bounds_peak_memory)."""
     import pyarrow.parquet as pq
 
-    cfg = WorldConfig.preset("coco", splits={"train": 118_287})
-    tracemalloc.start()
-    write_world(str(tmp_path / "coco"), cfg)
-    peak = tracemalloc.get_traced_memory()[1] / 2**20
-    tracemalloc.stop()
-    assert peak < 1000, peak
+    cfg = WorldConfig.preset("coco", splits={"train": 3000})
+    write_world(str(tmp_path / "coco"), cfg, shard_images=2048)
     texts = sorted((tmp_path / "coco" / "train" / "texts").glob("*.parquet"))
     images = sorted((tmp_path / "coco" / "train" / "images").glob("*.parquet"))
-    assert len(texts) == math.ceil(118_287 / 16_384)
-    assert sum(pq.ParquetFile(f).metadata.num_rows for f in images) == 118_287
-    assert sum(pq.ParquetFile(f).metadata.num_rows for f in texts) == 5 * 118_287
+    assert len(texts) == 2
+    assert [pq.ParquetFile(f).metadata.num_rows for f in images] == [2048, 952]
+    assert sum(pq.ParquetFile(f).metadata.num_rows for f in texts) == 5 * 3000
