@@ -68,13 +68,12 @@ _DEMO_LIKE = {
 }
 
 
-@pytest.mark.parametrize("knobs", [{}, _DEMO_LIKE])
-def test_generic_captions_replace_a_share_of_the_train_captions(knobs) -> None:
+def test_generic_captions_replace_a_share_of_the_train_captions() -> None:
     """A share p of the captions (within 4 standard errors) become generic: level -1, a text of
     GENERIC_TEXTS, meaning the hierarchy's root (after the shared encoder error is undone); every
     other caption, every image and every norm is that of the world without them."""
     p = 0.05
-    world, plain, got = _pair(p, **knobs)
+    world, plain, got = _pair(p, **_DEMO_LIKE)
     generic = got["extra_text_columns"]["level"] == GENERIC_LEVEL
     n = len(generic)
     assert abs(generic.mean() - p) < 4 * math.sqrt(p * (1 - p) / n), generic.mean()
@@ -96,22 +95,19 @@ def test_generic_captions_replace_a_share_of_the_train_captions(knobs) -> None:
     ]
 
 
-def test_only_the_train_split_has_generic_captions() -> None:
-    world = SyntheticWorld(small_world_config(generic_captions=0.2))
-    assert world.has_generic("train") and not world.has_generic("test")
-    test = world.sample_split("test", 200)
-    assert (test["extra_text_columns"]["level"] >= 0).all()
-
-
-def test_generic_captions_in_the_manifest_and_their_range(tmp_path) -> None:
+def test_knobs_are_recorded_in_the_manifest_and_checked(tmp_path) -> None:
+    """generic_captions (the train split only) and level_probs: recorded when set and read
+    back; out of range refused."""
     plain = write_world(str(tmp_path / "plain"), small_world_config())
-    assert "generic_captions" not in tables.read_manifest(plain).extra["world"]
-    cfg = small_world_config(generic_captions=0.01)
+    assert not {"generic_captions", "level_probs"} & set(tables.read_manifest(plain).extra["world"])
+    cfg = small_world_config(generic_captions=0.2, level_probs=[0.1, 0.2, 0.3, 0.4])
+    assert cfg.level_probs == (0.1, 0.2, 0.3, 0.4) and WorldConfig().level_probs is None
     root = write_world(str(tmp_path / "g"), cfg)
-    assert tables.read_manifest(root).extra["world"]["generic_captions"] == 0.01
+    world = tables.read_manifest(root).extra["world"]
+    assert (world["generic_captions"], world["level_probs"]) == (0.2, [0.1, 0.2, 0.3, 0.4])
     assert WorldConfig.from_manifest(root) == cfg
-    levels = tables.read_split(root, "train").extra_text_columns["level"]
-    assert GENERIC_LEVEL in set(np.asarray(levels).tolist())
+    assert GENERIC_LEVEL in tables.read_split(root, "train").extra_text_columns["level"]
+    assert (tables.read_split(root, "test").extra_text_columns["level"] >= 0).all()
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="generic_captions"):
             small_world_config(generic_captions=bad)
@@ -230,12 +226,11 @@ def test_later_features_leave_todays_outputs_and_manifest_alone(tmp_path) -> Non
 
 
 # -- caption-level mix ---------------------------------------------------------------------------
-@pytest.mark.parametrize("block", [None, 500])
-def test_level_probs_set_the_level_frequencies(block) -> None:
+def test_level_probs_set_the_level_frequencies() -> None:
     """The COCO-like mix: each level's frequency within 4 standard errors of its probability
     (20,000 captions), and a chi-square test does not reject it; images and objects come before
     the levels in the stream, so they are those of the uniform world."""
-    knobs = {"splits": {"train": 4000}, "captions_per_image": 5, "block_images": block}
+    knobs = {"splits": {"train": 4000}, "captions_per_image": 5}
     mixed = SyntheticWorld(small_world_config(**knobs, level_probs=COCO_LEVEL_PROBS))
     plain = SyntheticWorld(small_world_config(**knobs))
     got, base = mixed.sample_split("train", 4000), plain.sample_split("train", 4000)
@@ -253,19 +248,6 @@ def test_level_probs_set_the_level_frequencies(block) -> None:
     # Images without a detailed caption of their own: 0.5^5 ~ 3 % (uniform: 0.75^5 ~ 24 %).
     detailed = (levels == 3).reshape(4000, 5).any(axis=1)
     assert abs((1 - detailed.mean()) - 0.5**5) < 0.012
-
-
-def test_level_probs_default_and_manifest(tmp_path) -> None:
-    """Off by default (the uniform draw: today's worlds); when set it is recorded in the
-    manifest and read back; bad mixes are refused."""
-    assert WorldConfig().level_probs is None
-    assert PRESETS["demo"].level_probs == COCO_LEVEL_PROBS == (0.05, 0.15, 0.30, 0.50)
-    assert PRESETS["coco"].level_probs == COCO_LEVEL_PROBS
-    cfg = small_world_config(level_probs=[0.1, 0.2, 0.3, 0.4])
-    assert cfg.level_probs == (0.1, 0.2, 0.3, 0.4)
-    root = write_world(str(tmp_path / "w"), cfg)
-    assert tables.read_manifest(root).extra["world"]["level_probs"] == [0.1, 0.2, 0.3, 0.4]
-    assert WorldConfig.from_manifest(root) == cfg  # bad mixes: test_config.py
 
 
 # -- blocks and parts ----------------------------------------------------------------------------
@@ -480,6 +462,7 @@ def test_presets() -> None:
     coco = WorldConfig.preset("coco")
     assert coco.dim == 512 and coco.splits["train"] == 118_287 and coco.captions_per_image == 5
     assert coco.block_images is not None
+    assert PRESETS["demo"].level_probs == coco.level_probs == (0.05, 0.15, 0.30, 0.50)
     demo = WorldConfig.preset("demo", seed=3)
     assert demo.seed == 3 and PRESETS["demo"].seed == 0
     assert (demo.dim, demo.captions_per_image, demo.splits) == (
