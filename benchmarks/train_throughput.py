@@ -12,7 +12,7 @@ both:
 
 It also measures the machine's fp32 matmul throughput (square ``torch.mm``), counts the matmul
 FLOPs of one training step analytically, and reports which fraction of the matmul peak a step
-reaches, with a torch.profiler breakdown of one step. One JSON object goes to stdout, progress
+reaches. One JSON object goes to stdout, progress
 to stderr::
 
     .venv/bin/python benchmarks/train_throughput.py [--batch-size 2048 --threads 2 ...]
@@ -178,60 +178,6 @@ def timed_epoch(run: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-# -- profile ------------------------------------------------------------------------------------
-def profile_step(
-    trainer: Trainer, images: torch.Tensor, texts: torch.Tensor, top: int = 8, runs: int = 3
-):
-    """torch.profiler of one ``Trainer.step`` (top ops by self CPU time) and of its phases."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    trainer.step(images, texts)  # warm
-    # Each op's self CPU time is the minimum over `runs` separately profiled steps: on a shared
-    # machine one profile is easily inflated by other processes.
-    self_us: dict[str, float] = {}
-    calls: dict[str, int] = {}
-    totals = []
-    for _ in range(runs):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            trainer.step(images, texts)
-        averages = prof.key_averages()
-        totals.append(sum(e.self_cpu_time_total for e in averages))
-        for e in averages:
-            self_us[e.key] = min(self_us.get(e.key, float("inf")), e.self_cpu_time_total)
-            calls[e.key] = e.count
-    total_us = min(totals)
-    ranked = sorted(self_us.items(), key=lambda kv: kv[1], reverse=True)
-    top_ops = [
-        {
-            "name": name,
-            "self_cpu_ms": round(us / 1e3, 2),
-            "calls": calls[name],
-            "share": round(us / total_us, 3),
-        }
-        for name, us in ranked[:top]
-    ]
-
-    # Phase split of the same step (re-enacted; Trainer.step has no record_function marks).
-    method, opt = trainer.method, trainer.optimizer
-    assert opt is not None
-    names = ("forward_loss", "backward", "optimizer")
-    phases: dict[str, float] = {}
-    for _ in range(runs):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            with record_function(names[0]):
-                loss = method.loss(images, texts, epoch=trainer.epoch)
-            opt.zero_grad(set_to_none=True)
-            with record_function(names[1]):
-                loss.backward()
-            with record_function(names[2]):
-                opt.step()
-        for e in prof.key_averages():
-            if e.key in names:
-                ms = round(e.cpu_time_total / 1e3, 2)
-                phases[e.key] = min(phases.get(e.key, float("inf")), ms)
-    return top_ops, round(total_us / 1e3, 2), phases
-
-
 # -- main ---------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -246,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=3, help="timed epochs per loop, interleaved")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--peak-sizes", default="2048,4096", help="square torch.mm sizes of the peak")
     args = p.parse_args(argv)
 
     if args.threads is not None:
@@ -292,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     trainer.step = timed_step  # type: ignore[method-assign]
 
-    peak = MatmulPeak(device)
+    peak = MatmulPeak(device, tuple(int(n) for n in args.peak_sizes.split(",")))
     log("warm-up epoch (both loops)")
     trainer.train_epoch()
     naive.train_epoch()
@@ -342,25 +288,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "matmul_flops_per_s": peak.flops_per_s,
         "matmul_flops_per_s_by_size": {str(n): f for n, f in peak.best.items()},
         "step_matmul_flops": flops,
-        # The cruder "backward = 2x forward everywhere" count, for comparison with other reports.
-        "step_matmul_flops_all_3x": step_matmul_flops(
-            batch, args.dim, args.hidden_dim, args.depth, image_grad=True
-        )
-        + 2 * batch * args.dim * args.hidden_dim,
         "step_seconds": round(step_best, 4),
         "step_seconds_median": round(step_median, 4),
         "step_flops_per_s": flops / step_best,
         "fraction_of_peak": round(flops / step_best / peak.flops_per_s, 3),
         "fraction_of_peak_median": round(flops / step_median / peak.flops_per_s, 3),
     }
-    if not args.no_profile:
-        log("profiling one step")
-        idx = torch.arange(batch, device=device)
-        images, texts = data.image_emb[data.text_to_image[idx]], data.text_emb[idx]
-        top_ops, total_ms, phases = profile_step(trainer, images, texts)
-        result["profile_top_ops"] = top_ops
-        result["profile_self_cpu_total_ms"] = total_ms
-        result["profile_phases_ms"] = phases
     print(json.dumps(result, indent=2))
     return result
 

@@ -19,7 +19,7 @@ TINY_TRAIN = ["--hidden-dim", "16", "--batch-size", "64", "--method", "asymvlm-v
 SMOKE: dict[str, list] = {
     "eval_scale": ["--captions", "200", "--images", "50", "--dim", "16"],
     "train_throughput": [*TINY_TRAIN, "--dim", "16", "--n-text", "256", "--epochs", "1"]
-    + ["--repeats", "1", "--no-profile"],
+    + ["--repeats", "1", "--peak-sizes", "256"],
     "packed_trials": [*TINY_TRAIN, "--k", "2", "--dim", "16", "--n-text", "256"]
     + ["--epochs", "1", "--repeats", "1"],
     "train_memory": ["--scale", "0.001", "--no-unblocked"],

@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from asymvlm.errors import ConfigError, NonFiniteError
+from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
 from asymvlm.methods import build_method
-from asymvlm.methods.asymvlm import AsymVLM
 from asymvlm.protocol import RunSpec, run_packed_protocol, run_protocol
 from asymvlm.splits import load_split
 from asymvlm.training import PackedTrainer, TrainConfig, Trainer, check_packable
@@ -79,19 +78,23 @@ def _unpacked(cfg: TrainConfig, data, method_cls=None) -> tuple[torch.nn.Module,
 
 # -- equality with unpacked runs ------------------------------------------------------------------
 def test_the_packed_protocol_equals_three_unpacked_runs(small_world, one_thread) -> None:
-    specs = _specs(small_world, "asymvlm-vmf", optimizer="adamw")
+    """Each member's history and evaluation are its unpacked run's; a diverging member stops
+    alone, with the unpacked run's message and history."""
+    members = ((1e-2, 1), (1e6, 2), (5e-3, 3))
+    specs = _specs(small_world, "asymvlm-vmf", members=members, optimizer="sgd")
     packed = run_packed_protocol(specs)
     alone = [run_protocol(spec) for spec in specs]
-    assert len(packed) == 3
-    for p, a in zip(packed, alone, strict=True):
+    where = r"at epoch \d+ of 3, step \d+ of 14 \(asymvlm-vmf, sgd lr 1e\+06\)"
+    assert re.match(rf"non-finite .* {where}", alone[1]["diverged"])
+    assert packed[1] == alone[1]  # the same message, the same history before it
+    for k in (0, 2):
+        p, a = packed[k], alone[k]
         assert sorted(p) == sorted(a) == ["dim", "epochs_run", "history", "test", "val"]
         assert p["epochs_run"] == a["epochs_run"] == 3
         _assert_rows_equal(p["history"], a["history"])
         _assert_nested_equal(p["val"], a["val"], "val")
         _assert_nested_equal(p["test"], a["test"], "test")
-    # the members really differ (lr and seed reach them), so equality is not trivial
-    finals = [p["history"][-1]["train_loss"] for p in packed]
-    assert len({round(x, 6) for x in finals}) == 3
+    assert packed[0]["history"][-1]["train_loss"] != packed[2]["history"][-1]["train_loss"]
 
 
 @pytest.mark.parametrize("method", ["asymvlm-ps", "elip"])
@@ -103,7 +106,6 @@ def test_packed_members_end_with_the_parameters_of_their_unpacked_runs(
     cfgs = [_cfg(method, lr, seed, epochs=2) for lr, seed in MEMBERS]
     pack = PackedTrainer.build(cfgs, data)
     histories = pack.fit()
-    assert pack.mode == "packed", pack.note
     assert pack.errors == [None, None, None]
     for k, cfg in enumerate(cfgs):
         method_alone, history = _unpacked(cfg, data)
@@ -127,21 +129,6 @@ def test_the_frozen_reference_packs_as_its_own_runs(small_world, one_thread) -> 
 
 
 # -- divergence ----------------------------------------------------------------------------------
-def test_a_diverging_member_stops_alone_with_the_trainers_message(small_world, one_thread):
-    members = ((1e-2, 1), (1e6, 2), (5e-3, 3))
-    specs = _specs(small_world, "asymvlm-vmf", members=members, optimizer="sgd")
-    packed = run_packed_protocol(specs)
-    alone = [run_protocol(spec) for spec in specs]
-    assert "diverged" in alone[1], "the reference run must diverge for this test to mean much"
-    where = r"at epoch \d+ of 3, step \d+ of 14 \(asymvlm-vmf, sgd lr 1e\+06\)"
-    assert re.match(rf"non-finite .* {where}", alone[1]["diverged"])
-    assert packed[1] == alone[1]  # the same message, the same history before it
-    for k in (0, 2):
-        assert "diverged" not in packed[k]
-        _assert_rows_equal(packed[k]["history"], alone[k]["history"])
-        _assert_nested_equal(packed[k]["test"], alone[k]["test"], "test")
-
-
 def test_deferred_detection_names_the_first_bad_step_and_spares_the_others(
     small_world, one_thread
 ) -> None:
@@ -205,38 +192,6 @@ def test_runs_on_other_data_are_refused(small_world) -> None:
         run_packed_protocol([])
 
 
-class _DataDependent(AsymVLM):
-    """AsymVLM-vMF whose loss reads a value on the host: not vmappable."""
-
-    def pair_loss(self, images, texts, *, epoch: int = 0) -> torch.Tensor:
-        loss = super().pair_loss(images, texts, epoch=epoch)
-        if float(loss.detach()) > 1e30:  # data-dependent Python control flow
-            raise AssertionError("never")
-        return loss
-
-
-def test_a_loss_that_cannot_be_vmapped_trains_its_members_one_after_another(
-    small_world, one_thread
-) -> None:
-    data = load_split(small_world, "train", "raw", "cpu")
-    cfgs = [_cfg("asymvlm-vmf", lr, seed, epochs=2) for lr, seed in MEMBERS[:2]]
-    members = []
-    for cfg in cfgs:
-        torch.manual_seed(cfg.seed)
-        members.append((_DataDependent(data.dim, hidden_dim=16, depth=2), cfg))
-    pack = PackedTrainer(members, data)
-    histories = pack.fit()
-    assert pack.mode == "sequential"
-    assert pack.note and "RuntimeError" in pack.note
-    for k, cfg in enumerate(cfgs):
-        method, history = _unpacked(cfg, data, _DataDependent)
-        _assert_rows_equal(histories[k], history)
-        for key, value in method.state_dict().items():
-            torch.testing.assert_close(
-                pack.methods[k].state_dict()[key], value, rtol=RTOL, atol=1e-6
-            )
-
-
 # -- resuming ------------------------------------------------------------------------------------
 class _Killed(Exception):
     """Stands for the process dying right after a checkpoint."""
@@ -279,7 +234,6 @@ def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(small_worl
     resumed = PackedTrainer.build(cfgs, data)
     resumed.load_state_dict(state)
     resumed.fit()
-    assert resumed.mode == whole.mode == "packed"
     assert resumed.errors == whole.errors
     assert resumed.histories[1] == whole.histories[1] == []  # diverged in its first epoch
     for k in range(3):
@@ -292,15 +246,7 @@ def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(small_worl
         for key in theirs:
             torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=0, msg=key)
     assert len(resumed.histories[0]) == 4
-
-
-def test_a_pack_refuses_the_state_of_another_pack(small_world) -> None:
-    from asymvlm.errors import CheckpointError
-
-    data = load_split(small_world, "train", "raw", "cpu")
-    cfgs = [_cfg("asymvlm-vmf", lr, seed, epochs=1) for lr, seed in MEMBERS]
-    state = PackedTrainer.build(cfgs, data).state_dict()
-    other = [_cfg("asymvlm-vmf", lr, seed + 10, epochs=1) for lr, seed in MEMBERS]
+    other = [_cfg("asymvlm-vmf", lr, seed + 10, epochs=4) for lr, seed in members]
     with pytest.raises(CheckpointError, match=r"pack of \(lr, seed\)"):
         PackedTrainer.build(other, data).load_state_dict(state)
 

@@ -34,7 +34,7 @@ from asymvlm.synthetic import (
 )
 from asymvlm.synthetic.captions import GENERIC_TEXTS
 from asymvlm.synthetic.classes import concept_roots
-from asymvlm.synthetic.world import GENERIC_LEVEL, _unit, concat_splits
+from asymvlm.synthetic.world import GENERIC_LEVEL, _unit
 from asymvlm.training import TrainConfig
 from tests.conftest import small_world_config
 from tests.world_fingerprint import OLD_WORLDS, RECORDED, compare, fingerprint_world
@@ -68,13 +68,12 @@ _DEMO_LIKE = {
 }
 
 
-@pytest.mark.parametrize("knobs", [{}, _DEMO_LIKE])
-def test_generic_captions_replace_a_share_of_the_train_captions(knobs) -> None:
+def test_generic_captions_replace_a_share_of_the_train_captions() -> None:
     """A share p of the captions (within 4 standard errors) become generic: level -1, a text of
     GENERIC_TEXTS, meaning the hierarchy's root (after the shared encoder error is undone); every
     other caption, every image and every norm is that of the world without them."""
     p = 0.05
-    world, plain, got = _pair(p, **knobs)
+    world, plain, got = _pair(p, **_DEMO_LIKE)
     generic = got["extra_text_columns"]["level"] == GENERIC_LEVEL
     n = len(generic)
     assert abs(generic.mean() - p) < 4 * math.sqrt(p * (1 - p) / n), generic.mean()
@@ -96,38 +95,19 @@ def test_generic_captions_replace_a_share_of_the_train_captions(knobs) -> None:
     ]
 
 
-def test_only_the_train_split_has_generic_captions() -> None:
-    world = SyntheticWorld(small_world_config(generic_captions=0.2))
-    assert world.has_generic("train") and not world.has_generic("test")
-    test = world.sample_split("test", 200)
-    assert (test["extra_text_columns"]["level"] >= 0).all()
-
-
-def test_generic_captions_drawn_window_by_window_are_those_of_one_piece() -> None:
-    """Unblocked worlds are written a window at a time (:mod:`asymvlm.synthetic.stream`): the
-    generic stream's windows hold the numbers of the one-piece draw."""
-    world = SyntheticWorld(small_world_config(generic_captions=0.1, caption_words=True))
-    one = world.sample_split("train", 1200)
-    pieces = concat_splits(
-        [piece for _, piece in world.iter_pieces("train", 1200, window_images=300)]
-    )
-    for key in ("image_embeddings", "text_embeddings", "text_norms"):
-        np.testing.assert_array_equal(one[key], pieces[key])
-    np.testing.assert_array_equal(
-        one["extra_text_columns"]["level"], pieces["extra_text_columns"]["level"]
-    )
-    assert one["texts"] == pieces["texts"]
-
-
-def test_generic_captions_in_the_manifest_and_their_range(tmp_path) -> None:
+def test_knobs_are_recorded_in_the_manifest_and_checked(tmp_path) -> None:
+    """generic_captions (the train split only) and level_probs: recorded when set and read
+    back; out of range refused."""
     plain = write_world(str(tmp_path / "plain"), small_world_config())
-    assert "generic_captions" not in tables.read_manifest(plain).extra["world"]
-    cfg = small_world_config(generic_captions=0.01)
+    assert not {"generic_captions", "level_probs"} & set(tables.read_manifest(plain).extra["world"])
+    cfg = small_world_config(generic_captions=0.2, level_probs=[0.1, 0.2, 0.3, 0.4])
+    assert cfg.level_probs == (0.1, 0.2, 0.3, 0.4) and WorldConfig().level_probs is None
     root = write_world(str(tmp_path / "g"), cfg)
-    assert tables.read_manifest(root).extra["world"]["generic_captions"] == 0.01
+    world = tables.read_manifest(root).extra["world"]
+    assert (world["generic_captions"], world["level_probs"]) == (0.2, [0.1, 0.2, 0.3, 0.4])
     assert WorldConfig.from_manifest(root) == cfg
-    levels = tables.read_split(root, "train").extra_text_columns["level"]
-    assert GENERIC_LEVEL in set(np.asarray(levels).tolist())
+    assert GENERIC_LEVEL in tables.read_split(root, "train").extra_text_columns["level"]
+    assert (tables.read_split(root, "test").extra_text_columns["level"] >= 0).all()
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="generic_captions"):
             small_world_config(generic_captions=bad)
@@ -246,12 +226,11 @@ def test_later_features_leave_todays_outputs_and_manifest_alone(tmp_path) -> Non
 
 
 # -- caption-level mix ---------------------------------------------------------------------------
-@pytest.mark.parametrize("block", [None, 500])
-def test_level_probs_set_the_level_frequencies(block) -> None:
+def test_level_probs_set_the_level_frequencies() -> None:
     """The COCO-like mix: each level's frequency within 4 standard errors of its probability
     (20,000 captions), and a chi-square test does not reject it; images and objects come before
     the levels in the stream, so they are those of the uniform world."""
-    knobs = {"splits": {"train": 4000}, "captions_per_image": 5, "block_images": block}
+    knobs = {"splits": {"train": 4000}, "captions_per_image": 5}
     mixed = SyntheticWorld(small_world_config(**knobs, level_probs=COCO_LEVEL_PROBS))
     plain = SyntheticWorld(small_world_config(**knobs))
     got, base = mixed.sample_split("train", 4000), plain.sample_split("train", 4000)
@@ -269,19 +248,6 @@ def test_level_probs_set_the_level_frequencies(block) -> None:
     # Images without a detailed caption of their own: 0.5^5 ~ 3 % (uniform: 0.75^5 ~ 24 %).
     detailed = (levels == 3).reshape(4000, 5).any(axis=1)
     assert abs((1 - detailed.mean()) - 0.5**5) < 0.012
-
-
-def test_level_probs_default_and_manifest(tmp_path) -> None:
-    """Off by default (the uniform draw: today's worlds); when set it is recorded in the
-    manifest and read back; bad mixes are refused."""
-    assert WorldConfig().level_probs is None
-    assert PRESETS["demo"].level_probs == COCO_LEVEL_PROBS == (0.05, 0.15, 0.30, 0.50)
-    assert PRESETS["coco"].level_probs == COCO_LEVEL_PROBS
-    cfg = small_world_config(level_probs=[0.1, 0.2, 0.3, 0.4])
-    assert cfg.level_probs == (0.1, 0.2, 0.3, 0.4)
-    root = write_world(str(tmp_path / "w"), cfg)
-    assert tables.read_manifest(root).extra["world"]["level_probs"] == [0.1, 0.2, 0.3, 0.4]
-    assert WorldConfig.from_manifest(root) == cfg  # bad mixes: test_config.py
 
 
 # -- blocks and parts ----------------------------------------------------------------------------
@@ -338,23 +304,18 @@ def test_a_blocked_world_has_the_structure_of_the_unblocked_one() -> None:
     assert not np.array_equal(blocks[0], blocks[1])
 
 
-def test_writing_bounds_peak_memory(tmp_path) -> None:
-    """tracemalloc (numpy's allocations) on medium worlds: drawn in blocks or in one piece
-    (streamed window by window), the writer's peak stays near one piece and does not grow with
-    the split."""
+def test_writing_a_blocked_world_bounds_peak_memory(tmp_path) -> None:
+    """tracemalloc (numpy's allocations): drawn in blocks, the writer's peak stays near one
+    block and does not grow with the split."""
     write_world(str(tmp_path / "warm"), WorldConfig(dim=64, splits={"train": 300}))  # imports
     peaks = {}
-    for block in (None, 250):
-        for n in (3000, 6000):
-            cfg = WorldConfig(dim=64, splits={"train": n}, block_images=block)
-            tracemalloc.start()
-            write_world(str(tmp_path / f"{block}-{n}"), cfg, shard_images=500)
-            peaks[block, n] = tracemalloc.get_traced_memory()[1] / 2**20
-            tracemalloc.stop()
-    # In one piece, 6000 images x 5 captions x 64 dims would hold float64 temporaries of ~15 MiB
-    # each (~50 MiB at the peak); a window of 2048 images holds ~5 MiB each.
-    assert peaks[None, 6000] < 1.3 * peaks[None, 3000] and peaks[None, 6000] < 40, peaks
-    assert peaks[250, 6000] < 1.3 * peaks[250, 3000] and peaks[250, 6000] < 12, peaks
+    for n in (1500, 3000):
+        cfg = WorldConfig(dim=64, splits={"train": n}, block_images=250)
+        tracemalloc.start()
+        write_world(str(tmp_path / f"{n}"), cfg, shard_images=500)
+        peaks[n] = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+    assert peaks[3000] < 1.3 * peaks[1500] and peaks[3000] < 12, peaks
 
 
 # -- word captions -------------------------------------------------------------------------------
@@ -501,6 +462,7 @@ def test_presets() -> None:
     coco = WorldConfig.preset("coco")
     assert coco.dim == 512 and coco.splits["train"] == 118_287 and coco.captions_per_image == 5
     assert coco.block_images is not None
+    assert PRESETS["demo"].level_probs == coco.level_probs == (0.05, 0.15, 0.30, 0.50)
     demo = WorldConfig.preset("demo", seed=3)
     assert demo.seed == 3 and PRESETS["demo"].seed == 0
     assert (demo.dim, demo.captions_per_image, demo.splits) == (
@@ -543,21 +505,15 @@ def test_cli_writes_the_demo_preset_and_its_sets(tmp_path, capsys) -> None:
     assert "sum to 1" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_coco_preset_streams_with_bounded_memory(tmp_path) -> None:
-    """A COCO-sized split at d = 512 (118k images, 590k captions) written in parts: numpy's
-    peak (tracemalloc) stays near a few parts (measured: ~640 MiB), where drawing it in one
-    piece peaks near 8 GiB (~1 GiB measured for an eighth of it)."""
+def test_the_coco_preset_is_written_in_parts(tmp_path) -> None:
+    """The COCO-sized preset (d = 512, drawn in blocks) at a few thousand images: whole blocks
+    per part, every row once (memory: test_writing_a_blocked_world_bounds_peak_memory)."""
     import pyarrow.parquet as pq
 
-    cfg = WorldConfig.preset("coco", splits={"train": 118_287})
-    tracemalloc.start()
-    write_world(str(tmp_path / "coco"), cfg)
-    peak = tracemalloc.get_traced_memory()[1] / 2**20
-    tracemalloc.stop()
-    assert peak < 1000, peak
+    cfg = WorldConfig.preset("coco", splits={"train": 3000})
+    write_world(str(tmp_path / "coco"), cfg, shard_images=2048)
     texts = sorted((tmp_path / "coco" / "train" / "texts").glob("*.parquet"))
     images = sorted((tmp_path / "coco" / "train" / "images").glob("*.parquet"))
-    assert len(texts) == math.ceil(118_287 / 16_384)
-    assert sum(pq.ParquetFile(f).metadata.num_rows for f in images) == 118_287
-    assert sum(pq.ParquetFile(f).metadata.num_rows for f in texts) == 5 * 118_287
+    assert len(texts) == 2
+    assert [pq.ParquetFile(f).metadata.num_rows for f in images] == [2048, 952]
+    assert sum(pq.ParquetFile(f).metadata.num_rows for f in texts) == 5 * 3000

@@ -20,8 +20,6 @@ import torch
 
 from asymvlm import storage, tables
 from asymvlm.splits import hold_out_images, load_split
-from asymvlm.synthetic import COCO_LEVEL_PROBS, SyntheticWorld, WorldConfig
-from asymvlm.synthetic.world import concat_splits
 from asymvlm.tables import (
     Manifest,
     TableError,
@@ -613,34 +611,3 @@ def test_projection_file(where: str, tmp_path: Path, request: pytest.FixtureRequ
         tables.read_projection(root)
     with pytest.raises(ValueError, match="NaN/inf"):
         tables.write_projection(root, image=np.full((DIM, 6), np.nan))
-
-
-# -- the synthetic generator's streamed pieces --------------------------------------------------
-@pytest.mark.parametrize(
-    "knobs",
-    [
-        {},
-        {"caption_words": True, "pre_dim": 40, "level_probs": COCO_LEVEL_PROBS},
-        {"caption_words": True, "finetune_roots": 4, "domain_misalignment": 0.5},
-    ],
-)
-def test_an_unblocked_split_streamed_in_windows_is_the_one_piece_draw(knobs: dict) -> None:
-    """Windows of the one-piece draw hold its numbers bit for bit, whatever the window and
-    part sizes (a short tail joins a window)."""
-    n = 1300
-    world = SyntheticWorld(WorldConfig(dim=32, splits={"train": n}, **knobs))
-    whole = world.sample_split("train", n)
-    for shard, window in ((10_000, 300), (128, 300), (1, 512), (700, 1024)):
-        pieces = list(world.iter_pieces("train", n, shard, window_images=window))
-        parts = [k for k, _ in pieces]
-        assert parts == sorted(parts) and parts[-1] == (n - 1) // shard
-        assert max(len(p["image_ids"]) for _, p in pieces) <= max(window, 2 * 256)
-        got = concat_splits([piece for _, piece in pieces])
-        for key, value in whole.items():
-            if isinstance(value, dict):
-                for name, column in value.items():
-                    np.testing.assert_array_equal(got[key][name], column, err_msg=name)
-            elif isinstance(value, np.ndarray):
-                np.testing.assert_array_equal(got[key], value, err_msg=key)
-            else:
-                assert got[key] == value, key

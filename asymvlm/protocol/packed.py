@@ -8,8 +8,7 @@ from typing import Any
 import torch
 
 from asymvlm.errors import ConfigError
-from asymvlm.evaluation.registry import evaluate_split
-from asymvlm.protocol.run import eval_splits, log_epoch, training_data
+from asymvlm.protocol.run import eval_splits, log_epoch, results, training_data
 from asymvlm.protocol.spec import RunSpec
 from asymvlm.splits import SplitCache
 from asymvlm.training import (
@@ -87,15 +86,6 @@ def run_packed_protocol(
         if pack.errors[k] is not None:
             out.append({"diverged": pack.errors[k], "history": pack.histories[k]})
             continue
-        method.eval()
-        result = {
-            "history": pack.histories[k],
-            "dim": data.dim,
-            "epochs_run": pack.trainers[k].epoch,
-        }
         with pack.member_rng(k):
-            result.update(
-                (name, evaluate_split("retrieval", method, d)) for name, d in splits.items()
-            )
-        out.append(result)
+            out.append(results(method, pack.histories[k], pack.trainers[k].epoch, data.dim, splits))
     return out

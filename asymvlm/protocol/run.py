@@ -30,6 +30,7 @@ __all__ = [
     "TrainingRun",
     "eval_splits",
     "log_epoch",
+    "results",
     "run_protocol",
     "training_data",
 ]
@@ -84,6 +85,15 @@ def eval_splits(
         root = spec.test_embeddings or spec.embeddings
         out["test"] = load(root, spec.test_split, adapter_input, device)
     return out
+
+
+def results(
+    method: Method, history: History, epochs_run: int, dim: int, splits: dict[str, SplitTensors]
+) -> dict[str, Any]:
+    """A run's outcome: ``history``, ``dim``, ``epochs_run`` and retrieval on each split."""
+    method.eval()
+    evals = {name: evaluate_split("retrieval", method, d) for name, d in splits.items()}
+    return {"history": history, "dim": dim, "epochs_run": epochs_run, **evals}
 
 
 class TrainingRun:
@@ -168,14 +178,8 @@ class TrainingRun:
     def results(self) -> dict[str, Any]:
         """``history``, ``dim``, ``epochs_run`` and retrieval on the validation (``val``) and
         test (``test``) splits the spec names."""
-        self.method.eval()
         splits = eval_splits(self.spec, self.held_out, self.device, self.cache)
-        return {
-            "history": self.history,
-            "dim": self.dim,
-            "epochs_run": self.trainer.epoch,
-            **{name: evaluate_split("retrieval", self.method, d) for name, d in splits.items()},
-        }
+        return results(self.method, self.history, self.trainer.epoch, self.dim, splits)
 
 
 def run_protocol(

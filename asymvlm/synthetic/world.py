@@ -6,8 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Callable, Iterator
-from functools import partial
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,6 @@ from asymvlm.synthetic.knobs import (
     PRESETS,
     WorldConfig,
 )
-from asymvlm.synthetic.stream import WINDOW_IMAGES, DrawFn, Phase, SplitStream, windows
 
 __all__ = [
     "COCO_LEVEL_PROBS",
@@ -176,84 +174,39 @@ class SyntheticWorld:
         world with ``generic_captions > 0``)."""
         return name == GENERIC_SPLIT and self.config.generic_captions > 0
 
-    def _phases(self, name: str) -> dict[str, Phase]:
-        """Every random quantity of split ``name``, in the order of the draws of each role's
-        stream (``main``: the split's or block's own; ``words``; ``generic``; ``pre``)."""
-        cfg = self.config
-        n_leaves = len(self.concepts[-1] if cfg.finetune_roots is None else self.domain_leaves(0))
-        n_levels, probs = self.n_levels, cfg.level_probs
-
-        def normal(width: int | None) -> Callable[[np.random.Generator, int], np.ndarray]:
-            return lambda rng, n: rng.standard_normal(n if width is None else (n, width))
-
-        def ints(k: int) -> Callable[[np.random.Generator, int], np.ndarray]:
-            return lambda rng, n: rng.integers(0, k, n)
-
-        def levels(rng: np.random.Generator, n: int) -> np.ndarray:
-            if probs is None:
-                return rng.integers(0, n_levels, n)
-            return rng.choice(n_levels, n, p=np.asarray(probs))
-
-        phases = {
-            "leaves": Phase("main", "image", ints(n_leaves)),
-            "objects": Phase("main", "image", normal(cfg.dim)),
-            "views": Phase("main", "image", normal(cfg.dim)),
-            "levels": Phase("main", "caption", levels),
-            "caption_noise": Phase("main", "caption", normal(cfg.dim)),
-            "norms": Phase("main", "caption", normal(None)),
-        }
-        if cfg.caption_words:
-            fill = cfg.filler_words
-            phases["opener"] = Phase("words", "caption", ints(len(OPENERS)))
-            phases["n_fill"] = Phase("words", "caption", lambda rng, n: rng.poisson(fill, n))
-            phases["fill"] = Phase("words", "sum", ints(len(FILLERS)))
-        if self.has_generic(name):
-            p = cfg.generic_captions
-            phases["generic_text"] = Phase("generic", "caption", ints(len(GENERIC_TEXTS)))
-            phases["generic_pick"] = Phase(
-                "generic", "caption", lambda rng, n: (rng.random(n) < p).astype(np.int64)
-            )
-            phases["generic_noise"] = Phase("generic", "sum", normal(cfg.dim))
-        if self.projections:
-            phases["pre_image_norms"] = Phase("pre", "image", normal(None))
-            phases["pre_image_noise"] = Phase("pre", "image", normal(cfg.pre_dim))
-            phases["pre_text_noise"] = Phase("pre", "caption", normal(cfg.pre_dim))
-        return phases
-
-    def _generator(self, name: str, role: str, block: tuple[int, ...]) -> np.random.Generator:
-        """A role's generator as a draw starts it: the split's (``block == ()``) or a block's."""
-        seed = self._split_seeds[name]
-        if role == "main" and not block:
-            return np.random.default_rng(seed)
-        return np.random.default_rng([seed, _TAGS["block" if role == "main" else role], *block])
-
     def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> dict:
         """Images ``start .. start+n_images`` of a split, drawn from the split's streams
         (``block == ()``, the whole split) or from block ``block[0]``'s."""
-        phases = self._phases(name)
-        generators: dict[str, np.random.Generator] = {}
+        seed = self._split_seeds[name]
 
-        def draw(phase: str, count: int) -> np.ndarray:
-            role = phases[phase].role
-            if role not in generators:
-                generators[role] = self._generator(name, role, block)
-            return phases[phase].draw(generators[role], count)
+        def rng(role: str) -> np.random.Generator:
+            if role == "main" and not block:
+                return np.random.default_rng(seed)
+            return np.random.default_rng([seed, _TAGS["block" if role == "main" else role], *block])
 
-        return self._compose(name, start, n_images, draw)
+        streams = {role: rng(role) for role in ("main", "words", "generic", "pre")}
+        return self._compose(name, start, n_images, streams)
 
-    def _compose(self, name: str, start: int, n_images: int, draw: DrawFn) -> dict:
-        """Images ``start .. start+n_images`` of a split and their captions, from the numbers
-        ``draw(phase, count)`` gives (:meth:`_phases`, asked for in the order of the draws)."""
-        cfg = self.config
-        idx = draw("leaves", n_images)
-        leaves = idx if cfg.finetune_roots is None else self.domain_leaves(0)[idx]
-        objects = _toward(self.concepts[-1][leaves], cfg.object_spread, draw("objects", n_images))
-        images = _toward(objects, cfg.image_noise, draw("views", n_images))
+    def _compose(
+        self, name: str, start: int, n_images: int, rng: dict[str, np.random.Generator]
+    ) -> dict:
+        """Images ``start .. start+n_images`` of a split and their captions, drawn from the
+        streams ``rng`` (by role: ``main``, ``words``, ``generic``, ``pre``)."""
+        cfg, main = self.config, rng["main"]
+        pool = self.domain_leaves(0)  # every leaf in a world of one domain
+        leaves = pool[main.integers(0, len(pool), n_images)]
+        objects = _toward(
+            self.concepts[-1][leaves], cfg.object_spread, main.standard_normal((n_images, cfg.dim))
+        )
+        images = _toward(objects, cfg.image_noise, main.standard_normal((n_images, cfg.dim)))
         path = self.ancestors(leaves)
 
         n_cap = cfg.captions_per_image
         cap_image = np.repeat(np.arange(n_images), n_cap)
-        levels = draw("levels", n_images * n_cap)
+        if cfg.level_probs is None:
+            levels = main.integers(0, self.n_levels, n_images * n_cap)
+        else:
+            levels = main.choice(self.n_levels, n_images * n_cap, p=np.asarray(cfg.level_probs))
         targets = np.empty((len(cap_image), cfg.dim))
         for level in range(self.n_levels):
             rows = levels == level
@@ -261,23 +214,25 @@ class SyntheticWorld:
                 targets[rows] = self.concepts[level][path[level][cap_image[rows]]]
             else:
                 targets[rows] = objects[cap_image[rows]]
-        true_text = _toward(targets, cfg.caption_noise, draw("caption_noise", len(cap_image)))
+        noise = main.standard_normal((len(cap_image), cfg.dim))
+        true_text = _toward(targets, cfg.caption_noise, noise)
         del targets
         domain = self.root_domain[path[0]][cap_image]
         generic = None
         if self.has_generic(name):
-            generic, generic_texts = self._generic_captions(draw, true_text, len(cap_image))
+            generic, generic_texts = self._generic_captions(rng["generic"], true_text)
             domain = np.where(generic, -1, domain)  # generic texts: the shared error only (D)
         text = self.encode_text(true_text, domain)  # the frozen text encoder's error
         del true_text
-        norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * draw("norms", len(text)))
+        norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * main.standard_normal(len(text)))
 
         image_ids = [f"{name}-img{start + i:06d}" for i in range(n_images)]
         caption_ids = [f"{image_ids[i]}-c{j}" for i in range(n_images) for j in range(n_cap)]
         words = None
         if cfg.caption_words:
-            opener, n_fill = draw("opener", len(levels)), draw("n_fill", len(levels))
-            words = (opener, n_fill, draw("fill", int(n_fill.sum())))
+            opener = rng["words"].integers(0, len(OPENERS), len(levels))
+            n_fill = rng["words"].poisson(cfg.filler_words, len(levels))
+            words = (opener, n_fill, rng["words"].integers(0, len(FILLERS), int(n_fill.sum())))
         names = caption_texts(path, cap_image, levels, start, words)
         if generic is not None:
             for row, caption in zip(np.flatnonzero(generic), generic_texts, strict=True):
@@ -294,18 +249,18 @@ class SyntheticWorld:
             "extra_text_columns": {"level": levels.astype(np.int64)},
         }
         if self.projections:
-            out.update(self._pre_projection(draw, out))
+            out.update(self._pre_projection(rng["pre"], out))
         return out
 
     def _generic_captions(
-        self, draw: DrawFn, true_text: np.ndarray, n_captions: int
+        self, rng: np.random.Generator, true_text: np.ndarray
     ) -> tuple[np.ndarray, list[str]]:
         """Assumption U: the generic captions' meanings written into ``true_text`` (the root
         with paraphrase noise); returns their mask and texts."""
-        cfg = self.config
-        choice = draw("generic_text", n_captions)
-        generic = draw("generic_pick", n_captions).astype(bool)
-        noise = draw("generic_noise", int(generic.sum()))
+        cfg, n_captions = self.config, len(true_text)
+        choice = rng.integers(0, len(GENERIC_TEXTS), n_captions)
+        generic = rng.random(n_captions) < cfg.generic_captions
+        noise = rng.standard_normal((int(generic.sum()), cfg.dim))
         roots = np.broadcast_to(self.generic, noise.shape)
         true_text[generic] = _toward(roots, cfg.caption_noise, noise)
         return generic, [GENERIC_TEXTS[c] for c in choice[generic]]
@@ -320,14 +275,10 @@ class SyntheticWorld:
             yield self._draw(name, start, min(size, n_images - start), (b,))
 
     def iter_pieces(
-        self,
-        name: str,
-        n_images: int,
-        shard_images: int = DEFAULT_SHARD_IMAGES,
-        window_images: int = WINDOW_IMAGES,
+        self, name: str, n_images: int, shard_images: int = DEFAULT_SHARD_IMAGES
     ) -> Iterator[tuple[int, dict]]:
-        """The split as ``(part, piece)`` pairs in order, a piece a block or a window of the
-        one-piece draw (:mod:`asymvlm.synthetic.stream`): memory stays that of one piece."""
+        """The split as ``(part, piece)`` pairs in order: a block per piece (memory: one
+        block), or the one-piece draw cut into parts of ``shard_images`` images."""
         if shard_images < 1:
             raise ConfigError(f"shard_images must be >= 1, got {shard_images}")
         size = self.config.block_images
@@ -336,48 +287,27 @@ class SyntheticWorld:
             for b, block in enumerate(self.iter_blocks(name, n_images)):
                 yield b // per_part, block
             return
-        if n_images < 1:  # one empty part, as the one-piece draw writes it
-            yield 0, self._draw(name, 0, n_images, ())
-            return
-        bounds = windows(n_images, window_images)
-        stream = None
-        if len(bounds) > 1:  # one window is the one-piece draw itself: no states to record
-            phases = self._phases(name)
-            roles = dict.fromkeys(phase.role for phase in phases.values())
-            generators = {role: partial(self._generator, name, role, ()) for role in roles}
-            stream = SplitStream(generators, phases, bounds, self.config.captions_per_image)
+        whole = self._draw(name, 0, n_images, ())
         n_cap = self.config.captions_per_image
-        for start, stop in bounds:
-            if stream is None:
-                window = self._draw(name, start, stop - start, ())
-            else:
-                window = self._compose(name, start, stop - start, stream.draws(start))
-            lo = start
-            while lo < stop:
-                part = lo // shard_images
-                hi = min(stop, (part + 1) * shard_images)
-                yield part, _slice_split(window, lo - start, hi - start, n_cap)
-                lo = hi
-            del window
+        for part, lo in enumerate(range(0, max(n_images, 1), shard_images)):
+            yield part, _slice_split(whole, lo, min(n_images, lo + shard_images), n_cap)
 
     def sample_split(self, name: str, n_images: int) -> dict:
         """Draw images, objects and captions for one split (deterministic per split name)."""
         return concat_splits(list(self.iter_blocks(name, n_images)))
 
-    def _pre_projection(self, draw: DrawFn, split: dict) -> dict[str, np.ndarray]:
+    def _pre_projection(self, rng: np.random.Generator, split: dict) -> dict[str, np.ndarray]:
         """Image norms and the pre-projection features of a split (assumption P)."""
         cfg = self.config
         image_emb = split["image_embeddings"].astype(np.float64)
-        image_norms = cfg.norm_mean * np.exp(
-            cfg.norm_log_sd * draw("pre_image_norms", len(image_emb))
-        )
+        image_norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * rng.standard_normal(len(image_emb)))
         out: dict[str, np.ndarray] = {"image_norms": image_norms.astype(np.float32)}
         for kind, emb, norms in (
             ("image", image_emb, image_norms),
             ("text", split["text_embeddings"].astype(np.float64), split["text_norms"]),
         ):
             w = self.projections[kind]
-            noise = draw(f"pre_{kind}_noise", len(emb))
+            noise = rng.standard_normal((len(emb), cfg.pre_dim))
             noise -= (noise @ w.T) @ w  # into the null space of W
             noise *= cfg.pre_noise / np.sqrt(cfg.pre_dim - cfg.dim)
             phi = (norms[:, None] * emb) @ w + norms[:, None] * noise

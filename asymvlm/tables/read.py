@@ -160,13 +160,11 @@ def _check_unit(views: list[np.ndarray], atol: float, shown: str, id_name: str, 
 
 @dataclass
 class _Part:
-    """One parquet file of a folder: its ids and table; a pre-projection problem is kept and
-    raised at its turn (after the norms)."""
+    """One parquet file of a folder: its ids and table."""
 
     shown: str
     ids: pa.Array
     table: pa.Table
-    pre_error: TableError | None = None
 
     @property
     def schema(self) -> pa.Schema:
@@ -204,17 +202,13 @@ def _read_folder(
     dim: int,
     validate: bool,
     norm_atol: float,
-    pre: tuple[str, int | None, str],
-) -> tuple[list[_Part], np.ndarray, np.ndarray | None]:
-    """Read and check every file of a folder in name order: (parts, embeddings, pre-projection
-    matrix or None); ``pre`` = (column, width from the manifest or None, what names it)."""
+) -> tuple[list[_Part], np.ndarray]:
+    """Read and check every file of a folder in name order: (parts, embeddings)."""
     files = list_parquet(fs, folder)
     if not files:
         raise TableError(f"{display(root, folder)}: no parquet files in this folder")
-    pre_name, pre_width, pre_what = pre
     parts: list[_Part] = []
     emb: list[np.ndarray] = []
-    pre_blocks: list[np.ndarray] = []
     for path in files:
         shown = display(root, path)
         try:
@@ -232,24 +226,12 @@ def _read_folder(
         if validate:
             _check_unit(views, norm_atol, shown, id_name, ids)
         emb += views
-        part = _Part(shown, ids, table)
-        if pre_name in table.column_names and pre_width is not None:
-            if is_list_of_numbers(table.schema.field(pre_name).type):
-                try:
-                    blocks = _list_values(table, pre_name, pre_width, shown, id_name, ids, pre_what)
-                    bad = _first_bad(blocks, _nonfinite) if validate else None
-                    if bad is not None:
-                        raise row_error(shown, bad[0], id_name, ids, f"{pre_name} has NaN/inf")
-                    pre_blocks += blocks
-                except TableError as exc:
-                    part.pre_error = exc
-        parts.append(part)
+        parts.append(_Part(shown, ids, table))
     if not sum(len(p.ids) for p in parts):
         raise TableError(
             f"{display(root, folder)}: no rows ({len(parts)} parquet file(s), all empty)"
         )
-    pre_matrix = None if pre_width is None else _matrix(pre_blocks, pre_width)
-    return parts, _matrix(emb, dim), pre_matrix
+    return parts, _matrix(emb, dim)
 
 
 def _locate(parts: list[_Part], row: int) -> tuple[_Part, int]:
@@ -341,25 +323,31 @@ def _norms(parts: list[_Part], validate: bool, id_name: str) -> np.ndarray | Non
 
 
 def _pre_features(
-    parts: list[_Part], matrix: np.ndarray | None, manifest: Manifest, modality: str
+    parts: list[_Part], manifest: Manifest, modality: str, validate: bool, id_name: str
 ) -> np.ndarray | None:
     """The ``<modality>_features_pre`` matrix ``[n, pre_dim]`` (None when no file has the
-    column), its problems raised here, after the other checks."""
+    column), checked after the other columns."""
     name = IMAGE_PRE if modality == "image" else TEXT_PRE
     if not any(name in p.schema.names for p in parts):
         return None
     _same_columns(parts, [name])
-    if manifest.pre_dim.get(modality) is None:
+    width = manifest.pre_dim.get(modality)
+    if width is None:
         raise TableError(
             f"{parts[0].shown}: column {name!r} is present but the manifest has no "
             f"pre_dim.{modality} (its width)"
         )
+    blocks: list[np.ndarray] = []
     for p in parts:
         _same_kind(parts[0], p.shown, p.schema, name, _value_type)
         check_list_type(p.schema.field(name).type, name, p.shown)
-        if p.pre_error is not None:
-            raise p.pre_error
-    return matrix
+        what = f"manifest pre_dim.{modality}"
+        views = _list_values(p.table, name, width, p.shown, id_name, p.ids, what)
+        bad = _first_bad(views, _nonfinite) if validate else None
+        if bad is not None:
+            raise row_error(p.shown, bad[0], id_name, p.ids, f"{name} has NaN/inf")
+        blocks += views
+    return _matrix(blocks, width)
 
 
 def read_split(
@@ -372,29 +360,11 @@ def read_split(
     """
     manifest = read_manifest(root)
     fs, base = filesystem(root)
-    pre_dim = manifest.pre_dim
-    img_parts, img_emb, img_pre = _read_folder(
-        fs,
-        root,
-        join(base, split, IMAGES_DIR),
-        IMAGE_COLUMNS,
-        "image_id",
-        manifest.dim,
-        validate,
-        norm_atol,
-        (IMAGE_PRE, pre_dim.get("image"), "manifest pre_dim.image"),
-    )
-    txt_parts, txt_emb, txt_pre = _read_folder(
-        fs,
-        root,
-        join(base, split, TEXTS_DIR),
-        TEXT_COLUMNS,
-        "caption_id",
-        manifest.dim,
-        validate,
-        norm_atol,
-        (TEXT_PRE, pre_dim.get("text"), "manifest pre_dim.text"),
-    )
+    checks = (manifest.dim, validate, norm_atol)
+    folder = join(base, split, IMAGES_DIR)
+    img_parts, img_emb = _read_folder(fs, root, folder, IMAGE_COLUMNS, "image_id", *checks)
+    folder = join(base, split, TEXTS_DIR)
+    txt_parts, txt_emb = _read_folder(fs, root, folder, TEXT_COLUMNS, "caption_id", *checks)
     image_ids = pa.concat_arrays([p.ids for p in img_parts])
     caption_ids = pa.concat_arrays([p.ids for p in txt_parts])
     if validate:
@@ -422,6 +392,6 @@ def read_split(
         manifest=manifest,
         extra_image_columns=_extra(img_parts, IMAGE_RESERVED, "image_id"),
         image_norms=_norms(img_parts, validate, "image_id"),
-        image_features_pre=_pre_features(img_parts, img_pre, manifest, "image"),
-        text_features_pre=_pre_features(txt_parts, txt_pre, manifest, "text"),
+        image_features_pre=_pre_features(img_parts, manifest, "image", validate, "image_id"),
+        text_features_pre=_pre_features(txt_parts, manifest, "text", validate, "caption_id"),
     )

@@ -3,8 +3,7 @@
 Each member keeps its own :class:`~asymvlm.training.Trainer` (initialisation, global-RNG stream,
 permutations, optimiser, schedule, divergence checks); every step evaluates the K members' losses
 at once with ``torch.func.vmap(functional_call(...))`` over their stacked parameters, so member k
-ends where its unpacked run ends (to float rounding). A loss that cannot be vmapped trains the
-members one after another.
+ends where its unpacked run ends (to float rounding).
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ class PackedTrainer:
 
     ``rng_states``: each member's global RNG state at the start (what :meth:`build` records).
     After :meth:`fit`: ``histories[k]``, ``errors[k]`` (None or the divergence message),
-    ``methods[k]``, ``trainers[k]``, ``mode`` (``packed`` / ``sequential``) and ``note``.
+    ``methods[k]`` and ``trainers[k]``.
     """
 
     def __init__(
@@ -97,8 +96,6 @@ class PackedTrainer:
         self.trainable = self.methods[0].trainable
         self.histories: list[History] = [[] for _ in members]
         self.errors: list[str | None] = [None] * len(members)
-        self.mode = "packed" if self.trainable else "sequential"
-        self.note: str | None = None
         self.epoch = 0
         self._started = False
         self._template = GlobalBatchLoss(self.methods[0])  # functional_call swaps its tensors
@@ -157,7 +154,7 @@ class PackedTrainer:
         for _ in tqdm(epochs, desc=f"train {len(self)} x", disable=not progress):
             if all(error is not None for error in self.errors):
                 break
-            rows = self._sequential_epoch() if self.mode == "sequential" else self._packed_epoch()
+            rows = self._packed_epoch()
             self.epoch += 1
             for k, row in rows.items():
                 self.histories[k].append(row)
@@ -170,19 +167,16 @@ class PackedTrainer:
         logger.warning("packed member %d: %s", k, exc)
 
     def _start(self) -> None:
-        """Each member's ``Trainer.start`` in its own RNG stream, then the probe."""
+        """Each member's ``Trainer.start`` in its own RNG stream."""
         self._started = True
         for k, trainer in enumerate(self.trainers):
             with self.member_rng(k):
                 trainer.start()
-        if self.mode == "packed" and (why := self._probe()) is not None:
-            self.mode, self.note = "sequential", why
-            logger.warning("%s trains its members one after another: %s", self.cfgs[0].method, why)
 
     # -- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Every member's trainer state, RNG stream, history and failure; the pack's epoch and
-        mode (taken between epochs)."""
+        """Every member's trainer state, RNG stream, history and failure; the pack's epoch
+        (taken between epochs)."""
         return {
             "members": [(cfg.lr, cfg.seed) for cfg in self.cfgs],
             "trainers": [trainer.state_dict() for trainer in self.trainers],
@@ -190,8 +184,6 @@ class PackedTrainer:
             "histories": [[dict(row) for row in history] for history in self.histories],
             "errors": list(self.errors),
             "epoch": self.epoch,
-            "mode": self.mode,
-            "note": self.note,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -209,25 +201,10 @@ class PackedTrainer:
         self._rng = list(state["rng"])
         self.histories = [[dict(row) for row in history] for history in state["histories"]]
         self.errors = list(state["errors"])
-        self.epoch, self.mode, self.note = int(state["epoch"]), state["mode"], state["note"]
+        self.epoch = int(state["epoch"])
         self._started = True
 
     # -- one epoch ----------------------------------------------------------------------------
-    def _sequential_epoch(self) -> dict[int, EpochRow]:
-        """The fallback: each live member's own ``Trainer`` epoch, one after another."""
-        rows = {}
-        for k, trainer in enumerate(self.trainers):
-            if self.errors[k] is None and trainer.epoch < self.cfgs[k].epochs:
-                t0 = time.perf_counter()
-                try:
-                    with self.member_rng(k):
-                        rows[k] = trainer.train_epoch()
-                except NonFiniteError as exc:
-                    self._fail(k, exc)
-                    continue
-                rows[k]["epoch_seconds"] = time.perf_counter() - t0
-        return rows
-
     def _names(self, kind: str) -> list[str]:
         named = getattr(self.methods[0], f"named_{kind}")()
         return [f"method.{name}" for name, _ in named]
@@ -265,31 +242,6 @@ class PackedTrainer:
         dtype = self.trainers[0].autocast
         with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=bool(dtype)):
             return vmap(one, randomness="error")(params, buffers, images, texts)
-
-    def _probe(self) -> str | None:
-        """Why one batched step does not give each member its own loss (None: it does)."""
-        lead = self.trainers[0]
-        image, text = next(lead.epoch_batches())
-        shape = (len(self), *image.shape)
-        for method in self.methods:
-            method.train()
-        with self._stacked() as (leaves, buffers):
-            before = {name: b.clone() for name, b in buffers.items()}
-            try:
-                losses = self._losses(leaves, buffers, image.expand(shape), text.expand(shape), 0)
-                losses.sum().backward()
-            except Exception as exc:  # not vmappable: train one by one
-                return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-            changed = [n for n in before if not torch.equal(before[n], buffers[n])]
-        if changed:
-            return f"its loss changes buffers ({', '.join(changed)})"
-        rtol = 1e-4 if lead.autocast is None else 2e-2
-        with torch.no_grad():
-            for k, trainer in enumerate(self.trainers):
-                own = trainer.loss_module(image, text, 0).float()
-                if not torch.isclose(losses[k].detach().float(), own, rtol=rtol, atol=1e-6):
-                    return f"member {k}'s batched loss {float(losses[k]):.6g} is not its own"
-        return None
 
     def _packed_epoch(self) -> dict[int, EpochRow]:
         """One epoch of every member at once; the rows of the members that finished it. A
