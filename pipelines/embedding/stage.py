@@ -3,12 +3,12 @@ group by shard group (see :mod:`pipelines.embedding`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -86,16 +86,14 @@ def _run_locked(
         f"{cfg.dataset}/{cfg.split}: {n_img} images, {captions.num_rows} captions, "
         f"{n_shards} shards ({n_shards - len(pending)} already written)"
     )
-    with ThreadPoolExecutor(1) as pool:
-        # The manifest's provenance (processor settings, file hashes) is read while Ray works.
-        info = pool.submit(_encoder_info, cfg.model)
-        if pending:
-            need_ray()
-        for start in range(0, len(pending), cfg.shards_per_round):
-            group = pending[start : start + cfg.shards_per_round]
-            _embed_group(cfg, images, captions, image_shard, group, info, lock)
-        if source.prompts is not None and source.prompts.num_rows:
-            _embed_prompts(cfg, source.prompts, lock, need_ray)
+    info = functools.cache(functools.partial(_encoder_info, cfg.model))
+    if pending:
+        need_ray()
+    for start in range(0, len(pending), cfg.shards_per_round):
+        group = pending[start : start + cfg.shards_per_round]
+        _embed_group(cfg, images, captions, image_shard, group, info, lock)
+    if source.prompts is not None and source.prompts.num_rows:
+        _embed_prompts(cfg, source.prompts, lock, need_ray)
     totals = split_totals(cfg)
     summary = {
         "dataset": cfg.dataset,
@@ -149,7 +147,7 @@ def _embed_group(
     captions: pa.Table,
     image_shard: dict[str, int],
     group: list[int],
-    info: Future,
+    info: Callable[[], dict[str, Any]],
     lock: storage.OutputLock,
 ) -> None:
     """Embed the images and captions of some shards and write them (marker last)."""
@@ -184,7 +182,7 @@ def _embed_group(
 
     dim = next((tables.column_matrix(t["embedding"]).shape[1] for t in (img, txt) if t.num_rows), 0)
     if not dim:  # every image of these shards failed: the model still says what dim is
-        dim = int(info.result()["dim"])
+        dim = int(info()["dim"])
         if failed.num_rows:
             log.warning(
                 f"every image of shards {group[0]}..{group[-1]} failed to load, e.g. "
