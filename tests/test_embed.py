@@ -1,8 +1,5 @@
-"""The embedding stage (Ray Data) end to end: the tables hold the frozen encoder's rows and the
-unreadable inputs' errors; a finished job is skipped, a lost shard restored, a SIGKILLed run
-resumes to the uninterrupted result; job identity before the first shard; one writer at a time
-(file lock / object-store lease); s3:// with the environment's credentials; CC shards, CIFAR
-prompts, perturbed copies, pre-projection features and open_clip models."""
+"""The embedding stage (Ray Data) end to end: its tables, job identity, one writer at a time,
+resuming after a lost shard or a SIGKILL, s3://, the data set kinds and open_clip models."""
 
 from __future__ import annotations
 
@@ -289,7 +286,6 @@ def small(tmp_path) -> dict[str, str]:
 
 
 def _record(cfg: EmbedConfig, name: str, **extra) -> None:
-    """Write ``_JOB.json`` / ``_SUCCESS.json`` as job ``cfg`` would have."""
     from asymvlm.data.sources import read_source
 
     source = read_source(cfg.dataset, annotations=cfg.annotations, images=cfg.images, split="test")
@@ -415,24 +411,12 @@ time.sleep(600)
 """
 
 
-def _hold_in_child(root: str, folder: str) -> subprocess.Popen:
-    child = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, root, folder], cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
-    assert child.stdout.readline().strip() == "held"
-    return child
-
-
-def _kill(child: subprocess.Popen) -> None:
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    child.stdout.close()
-
-
 def test_local_lock_excludes_other_processes_and_dies_with_its_holder(small, capsys) -> None:
     root = small["output"]
-    child = _hold_in_child(root, "test")
+    command = [sys.executable, "-c", _HOLDER, root, "test"]
+    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline().strip() == "held"
         with pytest.raises(LockError) as exc:
             storage.OutputLock(root, "test").acquire()
         assert str(exc.value).startswith(
@@ -451,7 +435,9 @@ def test_local_lock_excludes_other_processes_and_dies_with_its_holder(small, cap
         )
         assert not os.path.exists(os.path.join(root, "test", JOB))
     finally:
-        _kill(child)
+        child.kill()
+        child.wait()
+        child.stdout.close()
     with storage.OutputLock(root, "test"):  # SIGKILL leaves no stale lock
         pass
 
@@ -505,17 +491,9 @@ def test_object_store_lease_refuses_renews_expires_and_is_lost_loudly(s3) -> Non
     assert storage.read_json("s3://bucket/out", path)["owner"] == "dead"  # not ours to delete
 
 
-def test_run_embed_holds_the_output_for_the_whole_job(small) -> None:
-    cfg = EmbedConfig(**BASE, **small)
-    with storage.OutputLock(cfg.output, "test"):
-        with pytest.raises(LockError, match="is being written by another job"):
-            run_embed(cfg)
-    assert not os.path.exists(os.path.join(cfg.output, "test", JOB))
-
-
 # -- real signals and storage: the CLI in a subprocess ----------------------------------------
 def _embed_command(job: dict[str, str], model: str, output: str) -> list[str]:
-    extra = ("--batch-size", "4", "--shard-size", "4", "--shards-per-round", "1")
+    extra = ("--batch-size", "4", "--shard-size", "6", "--shards-per-round", "1")
     return [sys.executable, "-m", "asymvlm.cli", "embed", *_args(job, model, output, *extra)]
 
 
@@ -550,11 +528,8 @@ def test_sigkilled_embed_resumes_to_the_uninterrupted_result(embedded, models, h
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
         proc.wait()
     assert not (Path(out) / "test" / SUCCESS).exists(), "the job finished before the kill"
-    written = len(list(markers.glob("part-*.json")))
-    assert 1 <= written < 3
-    rerun = _run(command)
-    assert f"({written} already written)" in rerun.stderr
-    assert json.loads(rerun.stdout)["n_images"] == 10
+    assert len(list(markers.glob("part-*.json"))) == 1  # of 2
+    assert "(1 already written)" in _run(command).stderr
     got, want = tables.read_split(out, "test"), tables.read_split(embedded, "test")
     assert got.image_ids == want.image_ids and got.caption_ids == want.caption_ids
     np.testing.assert_allclose(got.image_embeddings, want.image_embeddings, atol=1e-6)

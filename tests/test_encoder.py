@@ -223,7 +223,6 @@ def test_what_cannot_load_is_named(tmp_path, models, model, kwargs, error, match
 
 
 def test_hub_id_from_cache_records_commit(tmp_path, monkeypatch) -> None:
-    """A hub id resolved from a (fake, offline) Hugging Face cache records its snapshot commit."""
     import huggingface_hub.constants
 
     commit = "0123456789abcdef0123456789abcdef01234567"

@@ -17,10 +17,10 @@ from asymvlm.data.sources import READERS, SourceData
 from asymvlm.errors import ConfigError
 
 DUMMY_PROMPTS = ("a photo", "a photo of an object", "a photo of something")
-
-
-#: Keys of the fingerprint that are locations (compared in normalised form).
-PATH_KEYS = ("model", "annotations", "images", "id_list")
+_FINGERPRINT_KEYS = (
+    "dataset split sample seed image_perturbation text_perturbation perturbation_seed "
+    "shard_size dtype pre_projection"
+).split()
 PositiveInt = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -124,28 +124,20 @@ class EmbedConfig:
                     raise ConfigError(f"{key} {value!r}: no file matches this pattern")
             elif not os.path.exists(path):
                 raise ConfigError(f"{key} {value!r}: no such file or directory")
-        if self.pre_projection:
-            _check_pre_projection(self.model)
+        if self.pre_projection:  # transformers CLIP only
+            from asymvlm.data.encoder import load_encoder
+
+            try:
+                load_encoder(self.model, device="cpu", load_model=False).pre_dims()
+            except ValueError as err:
+                raise ConfigError(f"pre_projection with model {self.model!r}: {err}") from None
 
     def fingerprint(self, source: SourceData) -> dict[str, Any]:
         """What makes two runs the same job (output location and scheduling excluded): the
         inputs (normalised locations and a hash of the rows read from them), the model and its
         precision, perturbations, sampling and the shard size."""
-        fp: dict[str, Any] = {}
-        for key in (
-            "dataset",
-            "split",
-            "sample",
-            "seed",
-            "image_perturbation",
-            "text_perturbation",
-            "perturbation_seed",
-            "shard_size",
-            "dtype",
-            "pre_projection",
-        ):
-            fp[key] = getattr(self, key)
-        for key in PATH_KEYS:
+        fp: dict[str, Any] = {k: getattr(self, k) for k in _FINGERPRINT_KEYS}
+        for key in ("model", "annotations", "images", "id_list"):  # locations, in one spelling
             fp[key] = normalised_location(getattr(self, key), model=key == "model")
         fp.update(
             n_images=source.images.num_rows,
@@ -178,28 +170,6 @@ def check_model(model: str) -> None:
         check_hub_model(model)
     except ValueError as err:
         raise ConfigError(f"model {err}") from None
-
-
-def _check_pre_projection(model: str) -> None:
-    """:class:`ConfigError` when ``model`` has no pre-projection features (not transformers
-    CLIP); a model whose config cannot be read here is left to the encoder, which reports it."""
-    from transformers import AutoConfig
-
-    from asymvlm.data.encoder import pre_projection_dims
-
-    if is_open_clip(model):
-        raise ConfigError(
-            f"pre_projection with model {model!r}: pre-projection features (BayesVLM) are "
-            "written for transformers CLIP models only, not open_clip ones"
-        )
-    try:
-        config = AutoConfig.from_pretrained(os.path.expanduser(model.removeprefix("file://")))
-    except (OSError, ValueError):
-        return
-    try:
-        pre_projection_dims(config)
-    except ValueError as err:
-        raise ConfigError(f"pre_projection with model {model!r}: {err}") from None
 
 
 def normalised_location(value: str | None, model: bool = False) -> str | None:

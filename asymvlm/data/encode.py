@@ -22,15 +22,6 @@ def _preprocessor(model: str):
     return load_encoder(model, device="cpu", load_model=False)
 
 
-def _read_bytes(path: str, offset: Any, length: Any) -> bytes:
-    fs, fpath = open_fs(path)
-    with fs.open(fpath, "rb") as fh:
-        if offset is None:
-            return fh.read()
-        fh.seek(int(offset))
-        return fh.read(int(length))
-
-
 def load_image(row: dict[str, Any]):
     """The RGB image of a row: its encoded bytes (``data``), or the bytes at ``path`` (any
     filesystem; ``offset``/``length`` for a member of a tar shard). Raises on files that do not
@@ -39,7 +30,10 @@ def load_image(row: dict[str, Any]):
 
     data = row.get("data")
     if data is None:
-        data = _read_bytes(row["path"], row.get("offset"), row.get("length"))
+        fs, path = open_fs(row["path"])
+        with fs.open(path, "rb") as handle:
+            handle.seek(int(row.get("offset") or 0))
+            data = handle.read(-1 if row.get("length") is None else int(row["length"]))
     image = Image.open(io.BytesIO(data))
     image.load()  # raises on truncated files
     return image.convert("RGB")
@@ -65,12 +59,11 @@ def decode_batch(
         except Exception as exc:  # any unreadable image is data, not a crash
             images.append(None)
             errors.append(f"{type(exc).__name__}: {exc}")
-    ok = [im for im in images if im is not None]
-    pixels = preprocessor.preprocess_images(ok) if ok else None
-    shape = pixels.shape[1:] if pixels is not None else (1,)
-    out = np.zeros((len(rows), *shape), dtype=np.float32)
-    if pixels is not None:
-        out[[i for i, im in enumerate(images) if im is not None]] = pixels
+    ok = [i for i, image in enumerate(images) if image is not None]
+    size = preprocessor.image_size
+    out = np.zeros((len(rows), 3, size, size), dtype=np.float32)
+    if ok:
+        out[ok] = preprocessor.preprocess_images([images[i] for i in ok])
     return {
         "image_id": np.array([r["image_id"] for r in rows], dtype=object),
         "path": np.array([r.get("path") or "" for r in rows], dtype=object),

@@ -132,33 +132,25 @@ def write_manifest_once(cfg: EmbedConfig, dim: int, info: Callable[[], dict[str,
 
 
 def record_projection(cfg: EmbedConfig) -> None:
-    """With ``pre_projection``: record the width of the pre-projection features in the
-    manifest (``pre_dim``) and the model's projections in ``ROOT/projection.npz``, once per
-    root, before the first part with such columns. The model is loaded here (CPU, fp32) only
-    when either is missing; a root whose ``pre_dim`` differs is refused."""
+    """With ``pre_projection``: the pre-projection widths in the manifest (``pre_dim``) and the
+    model's projections in ``ROOT/projection.npz``, once per root, before the first part with
+    such columns (the model is loaded only when either is missing)."""
     manifest = tables.read_manifest(cfg.output)
     if manifest.pre_dim and tables.read_projection(cfg.output, manifest) is not None:
         return  # the manifest's model is this job's (check_manifest)
     from asymvlm.data.encoder import load_encoder
 
     encoder = load_encoder(cfg.model, device="cpu", dtype="fp32")
-    pre_dim, matrices = encoder.pre_dims(), encoder.projections()
     with manifest_lock(cfg):
         manifest = tables.read_manifest(cfg.output)
-        if manifest.pre_dim:
-            _check_pre_dim(cfg, manifest.pre_dim, pre_dim)
-        else:
-            tables.write_manifest(cfg.output, {**manifest.to_dict(), "pre_dim": pre_dim})
+        if manifest.pre_dim not in (None, {}, encoder.pre_dims()):
+            raise tables.TableError(
+                f"{cfg.output} records pre-projection widths {manifest.pre_dim} in its "
+                f"manifest, but {cfg.model!r} has {encoder.pre_dims()}; choose another --output"
+            )
+        tables.write_manifest(cfg.output, {**manifest.to_dict(), "pre_dim": encoder.pre_dims()})
         if tables.read_projection(cfg.output) is None:
-            tables.write_projection(cfg.output, **matrices)
-
-
-def _check_pre_dim(cfg: EmbedConfig, recorded: dict[str, int], ours: dict[str, int]) -> None:
-    if recorded != ours:
-        raise tables.TableError(
-            f"{cfg.output} records pre-projection widths {recorded} in its manifest, but "
-            f"{cfg.model!r} has {ours}; choose another --output"
-        )
+            tables.write_projection(cfg.output, **encoder.projections())
 
 
 def check_manifest(cfg: EmbedConfig, dim: int) -> bool:
