@@ -139,7 +139,3 @@ class Encoder:
         """The outputs for no rows (with ``pre``: the ``"image"``/``"text"`` features too)."""
         out = (np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32))
         return out if pre is None else (*out, np.zeros((0, self.pre_dims()[pre]), np.float32))
-
-    def __repr__(self) -> str:
-        i = self.info
-        return f"Encoder({i.model!r}, family={i.family}, dim={i.dim}, {i.dtype} on {i.device})"
