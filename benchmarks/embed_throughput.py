@@ -30,9 +30,7 @@ CLIP of that vision width is written to a temporary folder instead, e.g. the ViT
 
 The plain loop is timed with 1 torch thread and with torch's default (= cores); the faster is
 the baseline of each repeat (``--threads``). The stage runs as ``run_embed`` configures itself
-(on a CPU-only cluster: ``decode_in="auto"`` = decode inside the encoder actor, whose torch
-uses the node's CPUs); ``--decode-in tasks`` times the GPU-cluster layout (decode in CPU tasks
-streaming into the actor pool) instead.
+(images decoded in CPU tasks streaming into the encoder actor pool).
 
 ``ratio`` compares with that plain loop (what a user would write). The stage also batches
 captions by token length; ``plain_sorted`` runs the plain loop with that same batching, so
@@ -156,8 +154,6 @@ def run_stage(args: argparse.Namespace, model: str, out: str, ray_address: str) 
     ]
     if args.sample:
         cmd += ["--sample", str(args.sample)]
-    if args.decode_in:
-        cmd += ["--decode-in", args.decode_in]
     env = {**os.environ, "RAY_ADDRESS": ray_address}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -311,12 +307,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--actor-cpus", type=float, default=1.0)
     p.add_argument("--num-cpus", type=int, default=2, help="ray.init(num_cpus=...)")
     p.add_argument(
-        "--decode-in",
-        choices=["auto", "tasks", "actor"],
-        default=None,
-        help="EmbedConfig.decode_in (default: the stage's own default)",
-    )
-    p.add_argument(
         "--threads",
         type=lambda v: sorted({int(x) for x in v.split(",")}),
         default=None,
@@ -455,7 +445,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             "decode_cpus": args.decode_cpus,
             "actor_cpus": args.actor_cpus,
             "ray_num_cpus": args.num_cpus,
-            "decode_in": args.decode_in or "(EmbedConfig default)",
             "plain_torch_threads": threads,
             "repeats": args.repeats,
             "data": args.data,

@@ -1,254 +1,558 @@
-"""The Ray Data embedding stage on real HierarCaps files and generated data sets."""
+"""The embedding stage (Ray Data) end to end: its tables, job identity, one writer at a time,
+resuming after a lost shard or a SIGKILL, s3://, the data set kinds and open_clip models."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
-from asymvlm import tables
+from asymvlm import storage, tables
+from asymvlm.cli import main as cli_main
 from asymvlm.data.embed import EmbedConfig
-from pipelines.embedding import run_embed
-from tests.helpers import HIERARCAPS, hierarcaps_subset, requires_hierarcaps
+from asymvlm.data.encoder import files_sha256, load_encoder
+from asymvlm.errors import ConfigError, LockError
+from pipelines.embedding import JOB, SUCCESS, run_embed
+from tests.helpers import hierarcaps_subset, requires_hierarcaps, tiny_encoders
 
-pytestmark = requires_hierarcaps
-
-
-@pytest.fixture(scope="module")
-def tiny_clip(tmp_path_factory) -> str:
-    from asymvlm.data.tiny import save_tiny_clip
-
-    return save_tiny_clip(str(tmp_path_factory.mktemp("tiny-clip")))
+REPO = Path(__file__).resolve().parent.parent
+BASE = dict(dataset="hierarcaps", split="test")
 
 
 @pytest.fixture(scope="module")
-def hierarcaps_copy(tmp_path_factory) -> dict[str, str]:
-    """The first 48 real HierarCaps hierarchies and images, one image truncated, one deleted."""
-    csv, images = hierarcaps_subset(tmp_path_factory.mktemp("hierarcaps"), n=48)
+def models(tmp_path_factory) -> dict[str, str]:
+    return tiny_encoders(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def hc(tmp_path_factory) -> dict[str, str]:
+    """12 real HierarCaps hierarchies and their images, one image truncated, one deleted."""
+    csv, images = hierarcaps_subset(tmp_path_factory.mktemp("hc"), n=12)
     names = sorted(os.listdir(images))
-    truncated, deleted = names[10], names[20]
+    truncated, deleted = names[3], names[7]
     data = (Path(images) / truncated).read_bytes()
     (Path(images) / truncated).write_bytes(data[: len(data) // 3])
     os.remove(Path(images) / deleted)
-    return {"csv": csv, "images": images, "truncated": truncated, "deleted": deleted}
+    return {"annotations": csv, "images": images, "truncated": truncated, "deleted": deleted}
 
 
-def _snapshot(root: str) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            out[os.path.relpath(path, root)] = open(path, "rb").read()
+def _args(job: dict[str, str], model: str, output: str, *extra: str) -> list[str]:
+    args = ["--dataset", "hierarcaps", "--annotations", job["annotations"], "--images"]
+    return [*args, job["images"], "--model", model, "--split", "test", "--output", output, *extra]
+
+
+@pytest.fixture(scope="module")
+def embedded(ray_session, models, hc, tmp_path_factory) -> str:
+    """``asymvlm embed`` of ``hc`` with the tiny CLIP and its pre-projection features."""
+    out = str(tmp_path_factory.mktemp("embedded") / "tables")
+    extra = ("--batch-size", "4", "--shard-size", "4", "--pre-projection")
+    assert cli_main(["embed", *_args(hc, models["clip"], out, *extra)]) == 0
     return out
 
 
-@pytest.mark.slow
-def test_hierarcaps_acceptance(ray_session, tiny_clip, hierarcaps_copy, tmp_path) -> None:
-    out = str(tmp_path / "tables")
-    cfg = EmbedConfig(
-        dataset="hierarcaps",
-        annotations=hierarcaps_copy["csv"],
-        images=hierarcaps_copy["images"],
-        model=tiny_clip,
-        split="test",
-        output=out,
-        batch_size=16,
-        shard_size=20,
-    )
-    summary = run_embed(cfg)
-    assert summary["n_images"] == 46 and summary["n_image_errors"] == 2
-    split = tables.read_split(out, "test")  # validates ids, norms, dims
-    assert split.n_images == 46 and split.n_texts == 46 * 4
-    levels = split.extra_text_columns["level"]
-    assert sorted(set(levels.tolist())) == [0, 1, 2, 3]
-    assert np.bincount(levels).tolist() == [46] * 4
-    np.testing.assert_allclose(np.linalg.norm(split.image_embeddings, axis=1), 1, atol=1e-5)
-    assert split.text_norms is not None and np.all(split.text_norms > 0)
-    manifest = tables.read_manifest(out)
-    assert manifest.dim == split.image_embeddings.shape[1] == 24
-    assert manifest.model == tiny_clip
+def _cfg(hc, models, output: str, **kw) -> EmbedConfig:
+    paths = {k: hc[k] for k in ("annotations", "images")}
+    return EmbedConfig(**BASE, **paths, model=models["clip"], output=output, **kw)
 
-    errors = tables.read_parts(out, "test", "errors").to_pylist()
-    image_errors = {
-        os.path.basename(e["path"]): e["reason"] for e in errors if e["kind"] == "image"
-    }
-    assert set(image_errors) == {hierarcaps_copy["truncated"], hierarcaps_copy["deleted"]}
-    assert "truncated" in image_errors[hierarcaps_copy["truncated"]].lower()
-    assert "FileNotFoundError" in image_errors[hierarcaps_copy["deleted"]]
-    caption_errors = [e for e in errors if e["kind"] == "caption"]
-    assert len(caption_errors) == 8 and all("failed" in e["reason"] for e in caption_errors)
 
-    # Every row is what the frozen encoder gives for that very image / caption.
+def _snapshot(root: str) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in Path(root).rglob("*") if p.is_file()}
+
+
+@requires_hierarcaps
+def test_tables_hold_the_encoders_rows_and_the_errors(embedded, models, hc) -> None:
     from PIL import Image
 
-    from asymvlm.data.encoder import load_encoder
+    from asymvlm.splits import load_split
 
-    encoder = load_encoder(tiny_clip, device="cpu")
-    rng = np.random.default_rng(0)
-    rows = rng.choice(split.n_images, 12, replace=False)
-    pictures = [
-        Image.open(os.path.join(hierarcaps_copy["images"], f"{split.image_ids[i]}.jpg")).convert(
-            "RGB"
-        )
-        for i in rows
-    ]
-    unit, norm = encoder.encode_pixels(encoder.preprocess_images(pictures))
-    np.testing.assert_allclose(split.image_embeddings[rows], unit, atol=1e-5)
-    np.testing.assert_allclose(split.image_norms[rows], norm, rtol=1e-5)
-    rows = rng.choice(split.n_texts, 40, replace=False)
-    unit, norm = encoder.encode_texts([split.texts[i] for i in rows])
-    np.testing.assert_allclose(split.text_embeddings[rows], unit, atol=1e-5)
-    np.testing.assert_allclose(split.text_norms[rows], norm, rtol=1e-5)
+    split = tables.read_split(embedded, "test")  # validates ids, norms, dims
+    assert split.n_images == 10 and split.n_texts == 40
+    assert np.bincount(split.extra_text_columns["level"]).tolist() == [10] * 4
+    manifest = tables.read_manifest(embedded)
+    assert (manifest.model, manifest.dim) == (models["clip"], 24)
+    errors = tables.read_parts(embedded, "test", "errors").to_pylist()
+    reasons = {os.path.basename(e["path"]): e["reason"] for e in errors if e["kind"] == "image"}
+    assert set(reasons) == {hc["truncated"], hc["deleted"]}
+    assert "truncated" in reasons[hc["truncated"]].lower()
+    assert "FileNotFoundError" in reasons[hc["deleted"]]
+    caption_errors = [e for e in errors if e["kind"] == "caption"]
+    assert len(caption_errors) == 8 and all("failed" in e["reason"] for e in caption_errors)
+    # every row is what the frozen encoder gives for that very image / caption
+    encoder = load_encoder(models["clip"], device="cpu")
+    files = [os.path.join(hc["images"], f"{i}.jpg") for i in split.image_ids]
+    pixels = encoder.preprocess_images([Image.open(f).convert("RGB") for f in files])
+    unit, norm, image_pre = encoder.encode_pixels(pixels, pre=True)
+    np.testing.assert_allclose(split.image_embeddings, unit, atol=1e-5)
+    np.testing.assert_allclose(split.image_norms, norm, rtol=1e-5)
+    np.testing.assert_allclose(split.image_features_pre, image_pre, atol=1e-5)
+    unit, norm, text_pre = encoder.encode_texts(split.texts, pre=True)
+    np.testing.assert_allclose(split.text_embeddings, unit, atol=1e-5)
+    np.testing.assert_allclose(split.text_norms, norm, rtol=1e-5)
+    np.testing.assert_allclose(split.text_features_pre, text_pre, atol=1e-5)
+    # pre-projection: the manifest records the widths, W @ pre is the raw projection
+    assert manifest.pre_dim == {"image": 32, "text": 32}
+    projection = tables.read_projection(embedded)
+    raw = split.text_embeddings * split.text_norms[:, None]
+    np.testing.assert_allclose(split.text_features_pre @ projection["text"].T, raw, atol=1e-5)
+    data = load_split(embedded, "test")
+    np.testing.assert_array_equal(data.image_pre.numpy(), split.image_features_pre)
+    np.testing.assert_array_equal(data.image_projection.numpy(), projection["image"])
 
+
+@requires_hierarcaps
+def test_finished_job_is_skipped_and_a_lost_shard_restored(embedded, models, hc, tmp_path, capsys):
+    out = str(tmp_path / "copy")
+    shutil.copytree(embedded, out)
     before = _snapshot(out)
-    again = run_embed(cfg)
-    assert again["skipped"] is True
+    # the same job from a pipeline YAML file finds it finished: nothing is embedded again
+    from pipelines.embed import main as pipeline_main
+
+    config = tmp_path / "embed.yaml"
+    config.write_text(
+        f"defaults: {{model: {models['clip']}, batch_size: 4, pre_projection: true}}\n"
+        f"jobs:\n  - {{dataset: hierarcaps, annotations: {hc['annotations']}, "
+        f"images: {hc['images']}, split: test, output: {out}, shard_size: 4}}\n"
+    )
+    assert pipeline_main(["--config", str(config)]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["skipped"] is True
     assert _snapshot(out) == before
-
-
-@pytest.mark.slow
-def test_interrupted_run_resumes_without_duplicates(
-    ray_session, tiny_clip, hierarcaps_copy, tmp_path
-) -> None:
-    """Losing shard 1 (its marker and one file) and re-running restores exactly that shard."""
-    out = str(tmp_path / "tables")
-    cfg = EmbedConfig(
-        dataset="hierarcaps",
-        annotations=hierarcaps_copy["csv"],
-        images=hierarcaps_copy["images"],
-        model=tiny_clip,
-        split="test",
-        output=out,
-        batch_size=8,
-        shard_size=16,
-        decode_in="tasks",  # the GPU-cluster layout: decode in CPU tasks, stream to the actors
-    )
-    run_embed(cfg)
-    complete = tables.read_split(out, "test")
-    # Simulate a crash in shard 1: marker and texts part gone, success marker gone.
-    os.remove(os.path.join(out, "test", "_parts", "part-00001.json"))
-    os.remove(os.path.join(out, "test", "texts", "part-00001.parquet"))
-    os.remove(os.path.join(out, "test", "_SUCCESS.json"))
-    untouched = open(os.path.join(out, "test", "images", "part-00000.parquet"), "rb").read()
-    summary = run_embed(cfg)
+    # losing shard 1 (its marker and texts part): the re-run restores exactly that shard
+    for name in ("_parts/part-00001.json", "texts/part-00001.parquet", SUCCESS):
+        os.remove(os.path.join(out, "test", name))
+    summary = run_embed(_cfg(hc, models, out, batch_size=4, shard_size=4, pre_projection=True))
     assert "skipped" not in summary
-    resumed = tables.read_split(out, "test")
+    after = _snapshot(out)
+    assert after["test/images/part-00000.parquet"] == before["test/images/part-00000.parquet"]
+    resumed, complete = tables.read_split(out, "test"), tables.read_split(embedded, "test")
     assert resumed.caption_ids == complete.caption_ids
-    assert resumed.image_ids == complete.image_ids
     np.testing.assert_allclose(resumed.text_embeddings, complete.text_embeddings, atol=1e-6)
-    assert open(os.path.join(out, "test", "images", "part-00000.parquet"), "rb").read() == untouched
 
 
+@requires_hierarcaps
 @pytest.mark.slow
-def test_perturbed_copies_for_the_ood_suite(ray_session, tiny_clip, hierarcaps_copy, tmp_path):
-    base = dict(
-        dataset="hierarcaps",
-        annotations=hierarcaps_copy["csv"],
-        images=hierarcaps_copy["images"],
-        model=tiny_clip,
-        split="test",
-        sample=24,
-    )
-    clean = str(tmp_path / "clean")
-    run_embed(EmbedConfig(output=clean, **base))
+def test_perturbed_copies_for_the_ood_suite(embedded, models, hc, tmp_path) -> None:
     noisy = str(tmp_path / "noisy")
-    run_embed(
-        EmbedConfig(output=noisy, image_perturbation="jpeg:5", text_perturbation="typos:5", **base)
-    )
-    a, b = tables.read_split(clean, "test"), tables.read_split(noisy, "test")
+    perturbed = dict(image_perturbation="jpeg:5", text_perturbation="typos:5")
+    run_embed(_cfg(hc, models, noisy, batch_size=8, **perturbed))
+    a, b = tables.read_split(embedded, "test"), tables.read_split(noisy, "test")
     assert a.image_ids == b.image_ids and a.caption_ids == b.caption_ids
     assert b.extra_text_columns["clean_text"].tolist() == a.texts
     assert sum(x != y for x, y in zip(a.texts, b.texts, strict=True)) > len(a.texts) // 2
     moved = np.linalg.norm(a.image_embeddings - b.image_embeddings, axis=1)
     assert np.all(moved > 1e-4)  # every image was re-encoded from its perturbed pixels
-    with pytest.raises(ValueError, match="KIND:SEVERITY"):
-        EmbedConfig(output=noisy, image_perturbation="blur:9", **base)
 
 
-def test_pre_projection_columns_and_projection(ray_session, tiny_clip, tmp_path) -> None:
-    """--pre-projection: W @ pre is the raw projection (embedding * norm) of every row, the
-    columns round-trip through read_split / load_split, and the manifest records pre_dim."""
-    from asymvlm.cli import main as cli_main
-    from asymvlm.splits import load_split
+def test_cc_webdataset_shards_with_siglip(ray_session, models, tmp_path) -> None:
+    from tests.test_sources import write_shards
 
-    csv, images = hierarcaps_subset(tmp_path / "hc", n=6)
+    expected = write_shards(tmp_path / "shards")
     out = str(tmp_path / "tables")
-    code = cli_main(
-        [
-            "embed",
-            "--dataset",
-            "hierarcaps",
-            "--annotations",
-            csv,
-            "--images",
-            images,
-            "--model",
-            tiny_clip,
-            "--split",
-            "test",
-            "--output",
-            out,
-            "--batch-size",
-            "4",
-            "--shard-size",
-            "4",
-            "--pre-projection",
-        ]
+    cfg = EmbedConfig(
+        dataset="cc",
+        annotations=str(tmp_path / "shards"),
+        model=models["siglip"],
+        split="train",
+        output=out,
+        batch_size=4,
     )
-    assert code == 0
+    assert run_embed(cfg)["n_images"] == 8
+    split = tables.read_split(out, "train")
+    assert sorted(split.image_ids) == sorted(expected)
+    assert sorted(split.texts) == sorted(caption for _, caption in expected.values())
     manifest = tables.read_manifest(out)
-    assert manifest.pre_dim == {"image": 32, "text": 32}  # the tiny CLIP's hidden sizes
-    projection = tables.read_projection(out)
-    assert projection["image"].shape == projection["text"].shape == (manifest.dim, 32)
+    assert manifest.dim == 32 and manifest.extra["family"] == "siglip"
+
+
+def test_cifar10_images_with_labels_and_class_prompts(ray_session, models, tmp_path) -> None:
+    from asymvlm.data.templates import templates_for
+    from tests.test_sources import cifar_rows, dump
+
+    root = tmp_path / "cifar" / "cifar-10-batches-py"
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    dump(root / "batches.meta", {b"label_names": [b"cat", b"dog", b"ship"]})
+    for b in range(1, 6):
+        dump(root / f"data_batch_{b}", {b"labels": [0, 1], b"data": cifar_rows(rng, 2)[1]})
+    dump(root / "test_batch", {b"labels": [0, 1, 2, 2, 1, 0], b"data": cifar_rows(rng, 6)[1]})
+    out = str(tmp_path / "tables")
+    cfg = EmbedConfig(
+        dataset="cifar10",
+        images=str(tmp_path / "cifar"),
+        model=models["clip"],
+        split="test",
+        output=out,
+        batch_size=4,
+    )
+    run_embed(cfg)
+    assert tables.read_parts(out, "test", "images")["label"].to_pylist() == [0, 1, 2, 2, 1, 0]
+    prompts = tables.read_parts(out, "test", "prompts")
+    cifar = templates_for("cifar10")
+    want = [t.format(name) for name in ("cat", "dog", "ship") for t in cifar]
+    want += ["a photo", "a photo of an object", "a photo of something"]  # the dummies
+    assert prompts["text"].to_pylist() == want
+    assert prompts["class_index"].to_pylist() == [c for c in range(3) for _ in cifar] + [-1] * 3
+    emb = tables.column_matrix(prompts["embedding"])
+    encoder = load_encoder(models["clip"], device="cpu")
+    np.testing.assert_allclose(emb, encoder.encode_texts(want)[0], atol=1e-5)
+
+
+@requires_hierarcaps
+@pytest.mark.slow
+def test_open_clip_tables_and_the_scorer_that_reloads_the_model(
+    ray_session, models, hc, tmp_path, capsys
+) -> None:
+    import mlflow
+    import pandas as pd
+    import pyarrow.parquet as pq
+    from safetensors.torch import load_file, save_file
+
+    from asymvlm import Scorer, tracking
+    from asymvlm.data.encoder.names import parse_name
+    from asymvlm.errors import CheckpointError
+    from asymvlm.scoring.models import log_adapter_models
+
+    name, out = models["open_clip"], str(tmp_path / "tables")
+    assert cli_main(["embed", *_args(hc, name, out, "--batch-size", "8")]) == 0
     split = tables.read_split(out, "test")
-    assert split.image_features_pre.shape == (6, 32)
-    assert split.text_features_pre.shape == (24, 32)
-    raw_images = split.image_embeddings * split.image_norms[:, None]
-    raw_texts = split.text_embeddings * split.text_norms[:, None]
-    np.testing.assert_allclose(
-        split.image_features_pre @ projection["image"].T, raw_images, atol=1e-5
-    )
-    np.testing.assert_allclose(split.text_features_pre @ projection["text"].T, raw_texts, atol=1e-5)
-    # The features are the frozen encoder's for that very caption.
-    from asymvlm.data.encoder import load_encoder
+    unit, norm = load_encoder(name, device="cpu").encode_texts(split.texts)
+    np.testing.assert_allclose(split.text_embeddings, unit, atol=1e-5)
+    manifest = tables.read_manifest(out).to_dict()
+    assert (manifest["model"], manifest["family"], manifest["dim"]) == (name, "open_clip", 24)
+    folder = parse_name(name).local
+    assert manifest["files_sha256"] == files_sha256(folder)
+    # pre-projection features are transformers-CLIP only: exit 2 before anything runs
+    assert cli_main(["embed", *_args(hc, name, out, "--pre-projection")]) == 2
+    assert "CLIP models only" in capsys.readouterr().err
 
-    encoder = load_encoder(tiny_clip, device="cpu")
-    _, _, pre = encoder.encode_texts(split.texts[:5], pre=True)
-    np.testing.assert_allclose(split.text_features_pre[:5], pre, atol=1e-5)
-    data = load_split(out, "test")
-    np.testing.assert_array_equal(data.text_pre.numpy(), split.text_features_pre)
-    np.testing.assert_array_equal(data.image_pre.numpy(), split.image_features_pre)
-    np.testing.assert_array_equal(data.image_projection.numpy(), projection["image"])
-    np.testing.assert_array_equal(data.image_norm.numpy(), split.image_norms)
+    checkpoint = str(tmp_path / "adapter")
+    train = ["train", "--embeddings", out, "--split", "test", "--method", "asymvlm-vmf"]
+    assert cli_main([*train, "--epochs", "2", "--output", checkpoint, "--quiet"]) == 0
+    meta = json.loads(Path(checkpoint, "config.json").read_text())
+    assert meta["encoder"]["model"] == name and meta["encoder"]["family"] == "open_clip"
+    scores = str(tmp_path / "scores.parquet")
+    score = ["score", "--embeddings", out, "--split", "test", "--checkpoint", checkpoint]
+    assert cli_main([*score, "--output", scores, "--quiet"]) == 0
+    got = Scorer.from_checkpoint(checkpoint, device="cpu").caption_uncertainty(split.texts)
+    np.testing.assert_allclose(got.kappa, pq.read_table(scores)["kappa"].to_numpy(), rtol=2e-5)
+    capsys.readouterr()
+    assert cli_main(["score-text", "--checkpoint", checkpoint, "a dog"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    # the MLflow text model of such a checkpoint: the same numbers, open_clip in its requirements
+    uri = tracking.default_tracking_uri(str(tmp_path))
+    run = tracking.open_run(uri, "e", "trial", kind="trial")
+    log_adapter_models(run, checkpoint)
+    run.end()
+    mlflow.set_tracking_uri(uri)
+    served = mlflow.pyfunc.load_model(f"runs:/{run.id}/text-adapter")
+    kappa = served.predict(pd.DataFrame({"text": ["a dog"]}))["kappa"]
+    np.testing.assert_allclose(kappa, [printed["kappa"]], rtol=1e-6)
+    requirements = mlflow.pyfunc.get_model_dependencies(f"runs:/{run.id}/text-adapter")
+    assert "open_clip_torch" in Path(requirements).read_text()
+    # the weights changed in place: refused, named
+    weights = os.path.join(folder, "open_clip_model.safetensors")
+    state = load_file(weights)
+    try:
+        save_file({k: v + 1e-3 for k, v in state.items()}, weights)
+        with pytest.raises(CheckpointError, match="encoder files .*differ from the ones"):
+            Scorer.from_checkpoint(checkpoint, device="cpu")
+    finally:
+        save_file(state, weights)
 
 
-def test_pre_projection_is_refused_for_siglip(tmp_path, capsys) -> None:
-    from asymvlm.cli import main as cli_main
-    from asymvlm.data.tiny import save_tiny_siglip
+# -- the configuration and job identity -------------------------------------------------------
+@pytest.fixture
+def small(tmp_path) -> dict[str, str]:
+    """Six made-up HierarCaps rows (their image files need not exist) and an empty model."""
+    lines = ["id,captions,image_url"]
+    lines += [f"{i},a => a b => a b c => a b c d {i},http://x/img{i:03d}.jpg" for i in range(6)]
+    (tmp_path / "hc.csv").write_text("\n".join(lines) + "\n")
+    for folder in ("images", "model"):
+        (tmp_path / folder).mkdir()
+    return {
+        "annotations": str(tmp_path / "hc.csv"),
+        "images": str(tmp_path / "images"),
+        "model": str(tmp_path / "model"),
+        "output": str(tmp_path / "out"),
+    }
 
-    siglip = save_tiny_siglip(str(tmp_path / "siglip"))
-    csv, images = os.path.join(HIERARCAPS, "hierarcaps_test.csv"), str(tmp_path)
-    code = cli_main(
-        [
-            "embed",
-            "--dataset",
-            "hierarcaps",
-            "--annotations",
-            csv,
-            "--images",
-            images,
-            "--model",
-            siglip,
-            "--split",
-            "test",
-            "--output",
-            str(tmp_path / "out"),
-            "--pre-projection",
-        ]
-    )
-    assert code == 2
+
+def _record(cfg: EmbedConfig, name: str, **extra) -> None:
+    from asymvlm.data.sources import read_source
+
+    source = read_source(cfg.dataset, annotations=cfg.annotations, images=cfg.images, split="test")
+    payload = {"fingerprint": cfg.fingerprint(source), **extra}
+    storage.write_json(cfg.output, f"{cfg.split}/{name}", payload)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("batch_size", 0),
+        ("actor_cpus", float("nan")),
+        ("seed", -1),
+        ("device", "tpu"),
+        ("dtype", "fp8"),
+        ("dataset", "hierarcapz"),
+        ("split", "../test"),
+        ("text_perturbation", "typos:9"),
+        ("image_perturbation", "blur:1"),
+        ("batchsize", 8),
+    ],
+)
+def test_embed_config_is_validated_on_construction(key, value) -> None:
+    with pytest.raises(ValidationError) as exc:
+        EmbedConfig(**{**BASE, "model": "m", "output": "o", key: value})
+    assert exc.value.errors()[0]["loc"] == (key,)
+
+
+def test_missing_local_inputs_are_named_before_anything_is_written(small, hub_cache) -> None:
+    from pipelines.schema import load_embed_jobs
+
+    for key in ("annotations", "images", "id_list", "model"):
+        cfg = EmbedConfig(**BASE, **{**small, key: small["images"] + "-missing"})
+        with pytest.raises(ConfigError, match=rf"^{key} '.*images-missing': no such file"):
+            run_embed(cfg)
+    assert not os.path.exists(small["output"])
+    # URIs are the readers' business; a hub id is not a path; a glob must match something
+    EmbedConfig(**BASE, **{**small, "annotations": "s3://bucket/hc.csv"}).check_inputs()
+    hub_cache("openai/clip-vit-base-patch32", "config.json")
+    EmbedConfig(**BASE, **{**small, "model": "openai/clip-vit-base-patch32"}).check_inputs()
+    shards = {**small, "annotations": small["images"] + "/*.tar"}
+    with pytest.raises(ConfigError, match="no file matches"):
+        EmbedConfig(**{**BASE, "dataset": "cc"}, **shards).check_inputs()
+    bad = Path(small["images"]).parent / "bad.yaml"
+    bad.write_text("dataset: hierarcaps\nmodel: x\nsplit: t\noutput: o\nbatchsize: 3\n")
+    with pytest.raises(ValueError, match="bad.yaml: batchsize: unknown key .*'batch_size'"):
+        load_embed_jobs(str(bad))
+
+
+def test_job_record_is_written_before_the_first_shard(small, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    def no_ray() -> None:
+        raise RuntimeError("stopped where Ray would start")
+
+    cfg = EmbedConfig(**BASE, **small, text_perturbation="typos:3")
+    with pytest.raises(RuntimeError, match="stopped where Ray"):
+        run_embed(cfg, SimpleNamespace(require=no_ray))  # the entry point's Ray session
+    fingerprint = storage.read_json(cfg.output, f"test/{JOB}")["fingerprint"]
+    assert fingerprint["text_perturbation"] == "typos:3" and fingerprint["n_images"] == 6
+    assert len(fingerprint["source_sha256"]) == 64
+    assert sorted(os.listdir(os.path.join(cfg.output, "test"))) == sorted([storage.LOCK_NAME, JOB])
+
+
+@pytest.mark.parametrize("record", [JOB, SUCCESS])
+def test_another_jobs_output_is_refused_naming_what_differs(small, record) -> None:
+    theirs = EmbedConfig(**BASE, **small, text_perturbation="typos:3")
+    _record(theirs, record, summary={})
+    what = "was written by another job" if record == JOB else "holds a finished embedding"
+    with pytest.raises(tables.TableError) as exc:
+        run_embed(EmbedConfig(**BASE, **small))
+    message = str(exc.value)
+    assert message.startswith(f"{small['output']}/test {what}")
+    assert "text_perturbation None here vs 'typos:3' there" in message
+    assert message.endswith("choose another --output (or --split)")
+    # edited annotations (same path, same counts) are another job too
+    path = Path(small["annotations"])
+    path.write_text(path.read_text().replace("a b c d 5", "a b c e 5"))
+    with pytest.raises(tables.TableError, match=r"source_sha256 '[0-9a-f]{12}\.\.\.' here"):
+        run_embed(theirs)
+
+
+def test_spellings_of_one_location_are_one_job(small, tmp_path, monkeypatch) -> None:
+    from pipelines.embedding.shards import check_manifest
+
+    monkeypatch.chdir(tmp_path)
+    relative = {k: os.path.relpath(v) for k, v in small.items()}
+    assert not os.path.isabs(relative["annotations"])
+    _record(EmbedConfig(**BASE, **{**relative, "model": "./model"}), SUCCESS, summary={"n": 6})
+    again = run_embed(EmbedConfig(**BASE, **{**small, "images": small["images"] + "/"}))
+    assert again == {"n": 6, "skipped": True}
+    tables.write_manifest(small["output"], {"dim": 24, "model": "./model"})
+    assert check_manifest(EmbedConfig(**BASE, **small), 24)  # absolute spelling, same folder
+    with pytest.raises(tables.TableError, match="refusing to add 'openai/clip-vit-base-patch32'"):
+        check_manifest(
+            EmbedConfig(**BASE, **{**small, "model": "openai/clip-vit-base-patch32"}), 24
+        )
+
+
+def test_parts_without_a_job_record_are_refused(small) -> None:
+    cfg = EmbedConfig(**BASE, **small)
+    storage.write_json(cfg.output, "test/_parts/part-00000.json", {"images": 3})
+    with pytest.raises(tables.TableError, match=r"holds _parts/ markers but no _JOB\.json"):
+        run_embed(cfg)
+
+
+def test_pre_projection_is_refused_for_siglip(models, small, capsys) -> None:
+    args = ["--annotations", small["annotations"], "--images", small["images"], "--split", "test"]
+    args += ["--dataset", "hierarcaps", "--model", models["siglip"], "--pre-projection"]
+    assert cli_main(["embed", *args, "--output", small["output"]]) == 2
     err = capsys.readouterr().err
     assert "pre_projection" in err and "CLIP models only" in err and "Traceback" not in err
-    assert not os.path.exists(tmp_path / "out")
+    assert not os.path.exists(small["output"])
+
+
+# -- one writer at a time ---------------------------------------------------------------------
+_HOLDER = """
+import sys, time
+from asymvlm.storage import OutputLock
+OutputLock(sys.argv[1], sys.argv[2]).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_local_lock_excludes_other_processes_and_dies_with_its_holder(small, capsys) -> None:
+    root = small["output"]
+    command = [sys.executable, "-c", _HOLDER, root, "test"]
+    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(LockError) as exc:
+            storage.OutputLock(root, "test").acquire()
+        assert str(exc.value).startswith(
+            f"{root}/test is being written by another job (pid {child.pid} on "
+        )
+        assert "wait for it to finish or choose another --output" in str(exc.value)
+        with storage.OutputLock(root, "train"):  # other splits are free
+            pass
+        args = ["--dataset", "hierarcaps", "--annotations", small["annotations"], "--images"]
+        args += [small["images"], "--model", small["model"], "--split", "test"]
+        assert cli_main(["embed", *args, "--output", root]) == 2
+        err = capsys.readouterr().err.strip()
+        assert (
+            err.startswith(f"error: {root}/test is being written by another job")
+            and "\n" not in err
+        )
+        assert not os.path.exists(os.path.join(root, "test", JOB))
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    with storage.OutputLock(root, "test"):  # SIGKILL leaves no stale lock
+        pass
+
+
+@pytest.fixture
+def s3(s3_server):
+    """The shared local S3 server (tests/conftest.py), empty, with a bucket."""
+    import s3fs
+
+    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server}).mkdir("bucket")
+    return s3_server
+
+
+def _lease(**kw) -> storage.OutputLock:
+    return storage.OutputLock("s3://bucket/out", "test", settle=0.05, **kw)
+
+
+def test_object_store_lease_refuses_renews_expires_and_is_lost_loudly(s3) -> None:
+    path, logs = "test/" + storage.LEASE_NAME, []
+    first = _lease(ttl=1.0, renew_every=0.2).acquire()
+    try:
+        held = storage.read_json("s3://bucket/out", path)
+        assert held["owner"] == first.owner and held["pid"] == os.getpid()
+        with pytest.raises(LockError) as exc:
+            _lease().acquire()
+        assert str(exc.value).startswith(
+            f"s3://bucket/out/test is being written by another job (pid {os.getpid()} on "
+        )
+        assert f"lease expires at {held['expires_utc']}" in str(exc.value)
+        time.sleep(1.5)  # longer than the ttl: only renewal keeps the lease
+        assert storage.read_json("s3://bucket/out", path)["expires"] > held["expires"] + 1.0
+    finally:
+        first.release()
+    assert storage.read_json("s3://bucket/out", path) is None
+    # a holder that died (no renewal) leaves a lease that expires and is then taken over
+    dead = {"owner": "dead", "host": "node-7", "pid": 4242, "expires": time.time() - 5}
+    storage.write_json("s3://bucket/out", path, dead)
+    second = _lease(ttl=30.0, renew_every=0.2, log=logs.append).acquire()
+    try:
+        assert logs[0].startswith(
+            "taking over the expired lease on s3://bucket/out/test (pid 4242 on node-7"
+        )
+        second.check()
+        # someone else overwrites the lease: the holder notices at its next renewal and stops
+        storage.write_json("s3://bucket/out", path, {**dead, "expires": time.time() + 60})
+        time.sleep(0.6)
+        with pytest.raises(LockError, match="this job lost its write lease .*pid 4242 on node-7"):
+            second.check()
+    finally:
+        second.release()
+    assert storage.read_json("s3://bucket/out", path)["owner"] == "dead"  # not ours to delete
+
+
+# -- real signals and storage: the CLI in a subprocess ----------------------------------------
+def _embed_command(job: dict[str, str], model: str, output: str) -> list[str]:
+    extra = ("--batch-size", "4", "--shard-size", "6", "--shards-per-round", "1")
+    return [sys.executable, "-m", "asymvlm.cli", "embed", *_args(job, model, output, *extra)]
+
+
+def _run(command: list[str], **kw) -> subprocess.CompletedProcess:
+    run = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=300, start_new_session=True, **kw
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+@requires_hierarcaps
+@pytest.mark.slow
+def test_sigkilled_embed_resumes_to_the_uninterrupted_result(embedded, models, hc, tmp_path):
+    out = str(tmp_path / "out")
+    command = _embed_command(hc, models["clip"], out)
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    markers = Path(out) / "test" / "_parts"
+    try:
+        deadline = time.monotonic() + 180
+        while not list(markers.glob("part-*.json")):
+            assert proc.poll() is None, "embed exited before writing its first shard"
+            assert time.monotonic() < deadline, "no shard written in 180 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
+        proc.wait()
+    assert not (Path(out) / "test" / SUCCESS).exists(), "the job finished before the kill"
+    assert len(list(markers.glob("part-*.json"))) == 1  # of 2
+    assert "(1 already written)" in _run(command).stderr
+    got, want = tables.read_split(out, "test"), tables.read_split(embedded, "test")
+    assert got.image_ids == want.image_ids and got.caption_ids == want.caption_ids
+    np.testing.assert_allclose(got.image_embeddings, want.image_embeddings, atol=1e-6)
+    np.testing.assert_allclose(got.text_embeddings, want.text_embeddings, atol=1e-6)
+
+
+@requires_hierarcaps
+@pytest.mark.slow
+def test_cli_embed_to_s3_takes_credentials_from_the_environment(models, tmp_path, s3) -> None:
+    """The workers of the local Ray that ``asymvlm embed`` starts read the images from s3 with
+    the credentials of the environment (none travel in runtime_env); the lease is released."""
+    import s3fs
+
+    hierarcaps_subset(tmp_path / "hc", 4)
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3})
+    fs.put(str(tmp_path / "hc") + "/", "bucket/hc/", recursive=True)
+    job = {"annotations": "s3://bucket/hc/hierarcaps_test.csv", "images": "s3://bucket/hc/images"}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run = _run(_embed_command(job, models["clip"], "s3://bucket/tables"), env=env)
+    assert json.loads(run.stdout)["n_images"] == 4
+    fs.invalidate_cache()
+    assert fs.exists("bucket/tables/test/_JOB.json")
+    assert not fs.exists("bucket/tables/test/_LEASE.json")
+    assert not fs.exists("bucket/tables/_LEASE.manifest.json")
+    split = tables.read_split("s3://bucket/tables", "test")
+    assert split.n_images == 4 and split.n_texts == 16

@@ -1,271 +1,228 @@
-"""The frozen-encoder wrapper, on tiny random CLIP / SigLIP checkpoints built offline.
-
-Real HierarCaps images and captions go through the tiny models, so the plumbing (processors,
-tokenisers, truncation, batching, provenance) is exercised on real inputs; the embeddings
-themselves mean nothing.
-"""
+"""The frozen encoders (transformers CLIP / SigLIP, open_clip) against the libraries' own
+processors, tokenizers and models, on tiny random checkpoints built offline and real HierarCaps
+images and captions (the embeddings mean nothing, the plumbing runs on real inputs)."""
 
 from __future__ import annotations
 
 import csv
-import json
+import itertools
 import shutil
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from PIL import Image
 
-from asymvlm.data.encoder import Encoder, EncoderInfo, files_sha256, load_encoder
-from asymvlm.data.tiny import save_tiny_clip, save_tiny_siglip
-from tests.helpers import HIERARCAPS
+from asymvlm.data.encode import decode_batch, encode_texts_by_length
+from asymvlm.data.encoder import files_sha256, load_encoder
+from asymvlm.data.encoder.names import parse_name
+from asymvlm.data.tiny import save_tiny_clip
+from tests.helpers import HIERARCAPS, requires_hierarcaps, tiny_encoders
 
-DIMS = {"clip": 24, "siglip": 32}
-MAX_TEXT = {"clip": 77, "siglip": 64}
-BUILDERS = {"clip": save_tiny_clip, "siglip": save_tiny_siglip}
+pytestmark = requires_hierarcaps
+FAMILIES = ("clip", "siglip", "open_clip")
+DIMS = {"clip": 24, "siglip": 32, "open_clip": 24}
+MAX_TEXT = {"clip": 77, "siglip": 64, "open_clip": 32}
 
 
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch):
-    """Offline for these tests only (the environment is restored after each, so a later test's
-    subprocess does not inherit it); huggingface_hub reads HF_HUB_OFFLINE at import, so its
-    constant is forced too."""
     import huggingface_hub.constants
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
-@pytest.fixture(scope="session")
-def captions() -> list[str]:
-    """Real HierarCaps captions, every level of the first rows (1 to ~20 words)."""
-    if HIERARCAPS is None:
-        pytest.skip("HierarCaps test captions not available")
-    path = HIERARCAPS / "hierarcaps_test.csv"
-    if not path.exists():
-        pytest.skip("HierarCaps test captions not available")
-    with open(path, newline="", encoding="utf-8") as handle:
-        rows = [row["captions"] for _, row in zip(range(6), csv.DictReader(handle), strict=False)]
-    return [level.strip() for row in rows for level in row.split("=>")]
+@pytest.fixture(scope="module")
+def data() -> dict[str, list]:
+    """Real HierarCaps captions (every level of 6 rows) and 4 of its image files."""
+    with open(HIERARCAPS / "hierarcaps_test.csv", newline="", encoding="utf-8") as handle:
+        rows = list(itertools.islice(csv.DictReader(handle), 6))
+    captions = [c.strip() for row in rows for c in row["captions"].split("=>")]
+    paths = [str(p) for p in sorted((HIERARCAPS / "images").glob("*.jpg"))[:4]]
+    return {
+        "captions": captions,
+        "paths": paths,
+        "images": [Image.open(p).convert("RGB") for p in paths],
+    }
 
 
-@pytest.fixture(scope="session")
-def images() -> list[Image.Image]:
-    """A few real COCO images (opened read-only)."""
-    if HIERARCAPS is None:
-        pytest.skip("HierarCaps images not available")
-    folder = HIERARCAPS / "images"
-    if not folder.is_dir():
-        pytest.skip("HierarCaps images not available")
-    paths = sorted(folder.glob("*.jpg"))[:4]
-    out = []
-    for path in paths:
-        with Image.open(path) as img:
-            out.append(img.convert("RGB"))
-    return out
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, data) -> dict[str, str]:
+    return tiny_encoders(tmp_path_factory.mktemp("encoders"), data["captions"])
 
 
-@pytest.fixture(scope="session")
-def tiny_dirs(tmp_path_factory, captions) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("tiny_encoders")
-    return {family: build(root / family, captions) for family, build in BUILDERS.items()}
+@pytest.fixture(scope="module")
+def encoders(models) -> dict:
+    return {family: load_encoder(name, device="cpu") for family, name in models.items()}
 
 
-@pytest.fixture(scope="session")
-def encoders(tiny_dirs) -> dict[str, Encoder]:
-    return {family: load_encoder(path, device="cpu") for family, path in tiny_dirs.items()}
+def _reference(family: str, name: str, images: list, captions: list[str]):
+    """The library's own pixels, raw image projections and raw caption projections."""
+    if family == "open_clip":
+        import open_clip
 
-
-@pytest.fixture(params=sorted(BUILDERS))
-def family(request) -> str:
-    return request.param
-
-
-def _assert_unit(unit: np.ndarray, norms: np.ndarray, n: int, dim: int) -> None:
-    assert unit.shape == (n, dim) and unit.dtype == np.float32
-    assert norms.shape == (n,) and norms.dtype == np.float32
-    assert np.isfinite(unit).all() and np.isfinite(norms).all()
-    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)
-    assert (norms > 0).all()
-
-
-def test_tiny_checkpoints_are_deterministic(tmp_path, family):
-    build = BUILDERS[family]
-    first = build(tmp_path / "a", ["a man with a dog"], seed=3)
-    again = build(tmp_path / "b", ["a man with a dog"], seed=3)
-    other = build(tmp_path / "c", ["a man with a dog"], seed=4)
-    assert files_sha256(first) == files_sha256(again)
-    assert files_sha256(first) != files_sha256(other)
-
-
-def test_unit_vectors_raw_norms_deterministic_and_empty(encoders, family, images, captions):
-    encoder = encoders[family]
-    assert encoder.dim == DIMS[family]
-    pixels = encoder.preprocess_images(images)
-    assert pixels.shape == (len(images), 3, 64, 64) and pixels.dtype == np.float32
-    np.testing.assert_array_equal(pixels, encoder.preprocess_images(images))
-    _assert_unit(*encoder.encode_pixels(pixels), len(images), DIMS[family])
-    _assert_unit(*encoder.encode_texts(captions), len(captions), DIMS[family])
-    for a, b in zip(encoder.encode_texts(captions), encoder.encode_texts(captions), strict=True):
-        np.testing.assert_array_equal(a, b)
-    unit, norms = encoder.encode_texts([])
-    assert unit.shape == (0, DIMS[family]) and norms.shape == (0,)
-    assert encoder.encode_pixels(encoder.preprocess_images([]))[0].shape == (0, DIMS[family])
-    assert encoder.preprocess_images([images[0].convert("L")]).shape == (1, 3, 64, 64)
-
-
-def test_batch_invariance(encoders, family, images, captions):
-    encoder = encoders[family]
-    pixels = encoder.preprocess_images(images[:2])
-    together = encoder.encode_pixels(pixels)
-    apart = [encoder.encode_pixels(pixels[i : i + 1]) for i in range(2)]
-    for k in range(2):  # unit vectors, then norms
-        np.testing.assert_allclose(together[k], np.concatenate([a[k] for a in apart]), atol=1e-5)
-    # Captions of different lengths: CLIP pads to the longest, so padding must not leak in.
-    texts = [captions[0], captions[3]]
-    assert len(texts[0].split()) != len(texts[1].split())
-    together = encoder.encode_texts(texts)
-    apart = [encoder.encode_texts([t]) for t in texts]
-    for k in range(2):
-        np.testing.assert_allclose(
-            together[k], np.concatenate([a[k] for a in apart]), atol=1e-5, rtol=1e-5
-        )
-
-
-def test_length_sorted_chunks_keep_order_and_values(encoders, family, captions):
-    from asymvlm.data.embed import encode_texts_by_length
-
-    encoder = encoders[family]
-    texts = captions + ["", "a"]
-    one_by_one = [encoder.encode_texts([t]) for t in texts]
-    unit, norms = encode_texts_by_length(encoder, texts, batch_size=5)
-    np.testing.assert_allclose(unit, np.concatenate([u for u, _ in one_by_one]), atol=1e-5)
-    np.testing.assert_allclose(norms, np.concatenate([n for _, n in one_by_one]), rtol=1e-5)
-    empty_unit, empty_norms = encode_texts_by_length(encoder, [], batch_size=5)
-    assert empty_unit.shape == (0, DIMS[family]) and empty_norms.shape == (0,)
-
-
-def test_matches_transformers_directly(tiny_dirs, encoders, family, images, captions):
+        model, _, transform = open_clip.create_model_and_transforms(name.removeprefix("open_clip:"))
+        pixels = torch.stack([transform(im) for im in images])
+        tokens = open_clip.get_tokenizer(name.removeprefix("open_clip:"))(captions)
+        with torch.no_grad():
+            return pixels.numpy(), model.eval().encode_image(pixels), model.encode_text(tokens)
     from transformers import AutoProcessor, CLIPModel, SiglipModel
 
-    encoder = encoders[family]
-    path = tiny_dirs[family]
-    model = (CLIPModel if family == "clip" else SiglipModel).from_pretrained(path).eval()
-    processor = AutoProcessor.from_pretrained(path)
+    model = (CLIPModel if family == "clip" else SiglipModel).from_pretrained(name).eval()
+    processor = AutoProcessor.from_pretrained(name)
+    pixels = processor(images=images, return_tensors="pt")["pixel_values"]
     with torch.no_grad():
-        pixels = processor(images=images, return_tensors="pt")["pixel_values"]
-        image_out = model.get_image_features(pixel_values=pixels)
+        image = model.get_image_features(pixel_values=pixels)
         if family == "clip":
-            tokens = processor.tokenizer(captions, padding=True, return_tensors="pt")
-            text_out = model.get_text_features(**tokens)
+            text = model.get_text_features(
+                **processor.tokenizer(captions, padding=True, return_tensors="pt")
+            )
         else:  # SigLIP: padded to max_length, no attention mask, as it was trained
             tokens = processor.tokenizer(captions, padding="max_length", return_tensors="pt")
-            text_out = model.get_text_features(input_ids=tokens["input_ids"])
-    for out, (unit, norms) in [
-        (image_out, encoder.encode_pixels(encoder.preprocess_images(images))),
-        (text_out, encoder.encode_texts(captions)),
+            text = model.get_text_features(input_ids=tokens["input_ids"])
+    return (
+        pixels.numpy(),
+        getattr(image, "pooler_output", image),
+        getattr(text, "pooler_output", text),
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_embeddings_are_the_librarys_own(family, models, encoders, data) -> None:
+    """Pixels (encoder, preprocessing-only encoder, the stage's decode step), unit embeddings and
+    raw norms equal the library's processor / transform and projections."""
+    encoder, name, images = encoders[family], models[family], data["images"]
+    pixels, image_raw, text_raw = _reference(family, name, images, data["captions"])
+    assert pixels.shape == (len(images), 3, 64, 64)
+    np.testing.assert_array_equal(encoder.preprocess_images(images), pixels)
+    light = load_encoder(name, device="cpu", load_model=False)
+    assert light.model is None and light.info == encoder.info
+    np.testing.assert_array_equal(light.preprocess_images(images), pixels)
+    with pytest.raises(RuntimeError, match="load_model=False"):
+        light.encode_texts(["a dog"])
+    n = len(images)
+    rows = pa.table(
+        {"image_id": [f"i{k}" for k in range(n)], "path": data["paths"], "shard": [0] * n}
+    )
+    decoded = decode_batch(rows, name)
+    assert list(decoded["error"]) == [""] * n
+    np.testing.assert_array_equal(decoded["pixel_values"], pixels)
+    for raw, (unit, norm) in [
+        (image_raw, encoder.encode_pixels(pixels)),
+        (text_raw, encoder.encode_texts(data["captions"])),
     ]:
-        projected = out.pooler_output if not isinstance(out, torch.Tensor) else out
-        assert projected.shape[-1] == DIMS[family]
-        raw = projected.norm(dim=-1)
-        np.testing.assert_allclose(norms, raw.numpy(), rtol=1e-5)
-        np.testing.assert_allclose(unit, (projected / raw[:, None]).numpy(), atol=1e-5)
+        assert unit.shape == (len(raw), DIMS[family]) and unit.dtype == norm.dtype == np.float32
+        np.testing.assert_allclose(norm, raw.norm(dim=-1).numpy(), rtol=1e-5)
+        np.testing.assert_allclose(unit * norm[:, None], raw.numpy(), rtol=1e-4, atol=1e-5)
+    unit, norm = encoder.encode_texts([])
+    assert unit.shape == (0, DIMS[family]) and norm.shape == (0,)
+    assert encoder.encode_pixels(encoder.preprocess_images([]))[0].shape == (0, DIMS[family])
 
 
-def test_long_captions_are_truncated(encoders, family, captions):
-    encoder = encoders[family]
-    words = f"{captions[-1]} and a dog".split()
-    long_caption = " ".join(words[i % len(words)] for i in range(200))
-    tokens = encoder.tokenize([long_caption, captions[0]])["input_ids"]
+@pytest.mark.parametrize("family", FAMILIES)
+def test_captions_truncated_batched_and_sorted_by_length(family, encoders, data) -> None:
+    """Long captions are cut to the context length; padding does not leak into a batch; the
+    length-sorted chunks of the stage give each caption's own embedding, in order."""
+    encoder, captions = encoders[family], data["captions"]
+    long_caption = " ".join((captions[-1] + " and a dog").split() * 30)
+    tokens = next(iter(encoder.tokenize([long_caption, captions[0]]).values()))
     assert tokens.shape[1] == MAX_TEXT[family]
-    assert tokens[0, -1].item() == encoder.tokenizer.eos_token_id
-    unit, norms = encoder.encode_texts([long_caption, long_caption + " with more words", "", "a"])
-    _assert_unit(unit, norms, 4, DIMS[family])
+    unit, _ = encoder.encode_texts([long_caption, long_caption + " with more words"])
     np.testing.assert_allclose(unit[0], unit[1], atol=1e-6)  # the tail was cut off
+    texts = [*captions[:7], "", "a"]
+    one_by_one = [encoder.encode_texts([t]) for t in texts]
+    unit, norms = encode_texts_by_length(encoder, texts, batch_size=4)
+    np.testing.assert_allclose(unit, np.concatenate([u for u, _ in one_by_one]), atol=1e-5)
+    np.testing.assert_allclose(norms, np.concatenate([n for _, n in one_by_one]), rtol=1e-5)
+    assert encode_texts_by_length(encoder, [], batch_size=4)[0].shape == (0, DIMS[family])
 
 
-def test_shorter_max_text_length(tiny_dirs):
-    encoder = load_encoder(tiny_dirs["clip"], device="cpu", max_text_length=8)
-    assert encoder.tokenize(["a " * 50])["input_ids"].shape[1] == 8
-    assert encoder.info.preprocessing["max_text_length"] == 8
-
-
-def test_projection_accepts_tensor_or_model_output():
-    from transformers.modeling_outputs import BaseModelOutputWithPooling
-
-    from asymvlm.data.encoder.hf import _projection
-
-    x = torch.randn(2, 5)
-    assert _projection(x) is x
-    assert _projection(BaseModelOutputWithPooling(pooler_output=x)) is x
-    with pytest.raises(TypeError):
-        _projection(BaseModelOutputWithPooling(last_hidden_state=x))
-
-
-# ------------------------------------------------------------------------------- provenance
-def test_info_fields(encoders, tiny_dirs, family):
-    info = encoders[family].info
-    assert isinstance(info, EncoderInfo)
-    assert info.model == tiny_dirs[family]
-    assert info.family == family and info.dim == DIMS[family]
-    assert info.dtype == "float32" and info.device == "cpu"
-    assert info.revision is None  # a local directory, not a hub snapshot
-    assert info.preprocessing["image_size"] == 64
-    assert info.preprocessing["max_text_length"] == MAX_TEXT[family]
-    assert len(info.preprocessing["image_mean"]) == 3 and len(info.preprocessing["image_std"]) == 3
-    # which of transformers' image backends ran (torchvision and PIL resize slightly differently)
-    backend = encoders[family].image_processor
-    assert info.preprocessing["image_backend"] in {c.__name__ for c in type(backend).__mro__}
-    assert info.preprocessing["image_backend"] in ("TorchvisionBackend", "PilBackend")
-    json.dumps(info.to_dict())  # stored beside the embedding tables
-
-
-def test_files_sha256_is_stable_and_tracks_changes(tiny_dirs, tmp_path, family):
-    source = tiny_dirs[family]
-    first = load_encoder(source, device="cpu", load_model=False).info.files_sha256
-    second = load_encoder(source, device="cpu", load_model=False).info.files_sha256
-    assert first == second and len(first) == 64
-    copy = shutil.copytree(source, tmp_path / "copy")
-    assert files_sha256(copy) == first  # content, not location
+def test_provenance(models, encoders, tmp_path) -> None:
+    """The info stored beside the tables: family, dim, precision, preprocessing settings and a
+    hash of the model's files (content, not location; other files ignored)."""
+    clip = encoders["clip"].info
+    assert (clip.model, clip.family, clip.dim, clip.dtype) == (
+        models["clip"],
+        "clip",
+        24,
+        "float32",
+    )
+    assert clip.revision is None  # a local directory, not a hub snapshot
+    pre = clip.preprocessing
+    assert pre["image_size"] == 64 and pre["max_text_length"] == 77 and len(pre["image_mean"]) == 3
+    assert pre["image_backend"] in ("TorchvisionBackend", "PilBackend")  # they resize differently
+    oc = encoders["open_clip"].info
+    assert oc.model == models["open_clip"] and oc.family == "open_clip"
+    assert oc.preprocessing["size"] == [64, 64] and oc.preprocessing["resize_mode"] == "shortest"
+    assert oc.files_sha256 == files_sha256(parse_name(models["open_clip"]).local)
+    copy = shutil.copytree(models["clip"], tmp_path / "copy")
+    assert files_sha256(copy) == clip.files_sha256 and len(clip.files_sha256) == 64
     (copy / "unrelated.log").write_text("not a model file")
-    assert files_sha256(copy) == first
+    assert files_sha256(copy) == clip.files_sha256
     with open(copy / "config.json", "a", encoding="utf-8") as handle:
         handle.write("\n")
-    assert files_sha256(copy) != first
+    assert files_sha256(copy) != clip.files_sha256
+    assert files_sha256(save_tiny_clip(tmp_path / "again", seed=0)) != files_sha256(
+        save_tiny_clip(tmp_path / "other", seed=1)
+    )
 
 
-def test_processor_only_encoder(tiny_dirs, images):
-    encoder = load_encoder(tiny_dirs["siglip"], device="cpu", load_model=False)
-    assert encoder.preprocess_images(images[:1]).shape == (1, 3, 64, 64)
-    with pytest.raises(RuntimeError, match="load_model=False"):
-        encoder.encode_texts(["a dog"])
+def test_pre_projection_is_clip_only(encoders, data) -> None:
+    clip = encoders["clip"]
+    unit, norm, pre = clip.encode_texts(data["captions"][:3], pre=True)
+    np.testing.assert_allclose(pre @ clip.projections()["text"].T, unit * norm[:, None], atol=1e-5)
+    for family in ("siglip", "open_clip"):
+        with pytest.raises(ValueError, match="CLIP models only"):
+            encoders[family].encode_texts(["a dog"], pre=True)
 
 
-def _bert(tmp_path) -> str:
+def test_names_are_taken_apart_and_local_paths_made_absolute(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    tag = parse_name("open_clip:ViT-B-32/laion2b_s34b_b79k")
+    assert (tag.model_name, tag.pretrained, tag.local) == ("ViT-B-32", "laion2b_s34b_b79k", None)
+    folder = parse_name("open_clip:local-dir:models/oc")
+    assert folder.local == str(tmp_path / "models" / "oc")
+    assert folder.name == f"open_clip:local-dir:{tmp_path}/models/oc"
+    weights = parse_name("open_clip:ViT-B-32/w/epoch_3.pt")
+    assert weights.pretrained == weights.local == str(tmp_path / "w" / "epoch_3.pt")
+    hub = parse_name("open_clip:hf-hub:timm/ViT-B-16-SigLIP")
+    assert (hub.model_name, hub.pretrained) == ("hf-hub:timm/ViT-B-16-SigLIP", None)
+    for bad, why in [
+        ("open_clip:", "no architecture"),
+        ("open_clip:local-dir:", "no folder"),
+        ("open_clip:hf-hub:", "no repo"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            parse_name(bad)
+
+
+def _bert(folder) -> str:
     from transformers import BertConfig
 
-    BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path)
-    return str(tmp_path)
+    BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2).save_pretrained(folder)
+    return str(folder)
 
 
 @pytest.mark.parametrize(
     ("model", "kwargs", "error", "match"),
     [
-        (lambda tmp, dirs: str(tmp / "no-such-model"), {}, OSError, "no-such-model"),
-        (lambda tmp, dirs: "asymvlm-test/not-a-model", {}, OSError, "asymvlm-test/not-a-model"),
-        (lambda tmp, dirs: _bert(tmp), {}, ValueError, "bert"),
-        (lambda tmp, dirs: dirs["clip"], {"dtype": "float8"}, ValueError, "dtype"),
-        (lambda tmp, dirs: dirs["clip"], {"max_text_length": 500}, ValueError, "max_text_length"),
+        (lambda tmp, m: str(tmp / "no-such-model"), {}, OSError, "no-such-model"),
+        (lambda tmp, m: "asymvlm-test/not-a-model", {}, OSError, "asymvlm-test/not-a-model"),
+        (lambda tmp, m: _bert(tmp), {}, ValueError, "bert"),
+        (lambda tmp, m: m["clip"], {"dtype": "float8"}, ValueError, "dtype"),
+        (lambda tmp, m: "open_clip:ViT-B-32/nosuchtag", {}, OSError, "tags of ViT-B-32: openai"),
+        (lambda tmp, m: f"open_clip:local-dir:{tmp}/nowhere", {}, FileNotFoundError, "not exist"),
+        (lambda tmp, m: "open_clip:ViT-B-32", {}, ValueError, "names no weights"),
     ],
 )
-def test_what_cannot_load_is_named(tmp_path, tiny_dirs, model, kwargs, error, match):
+def test_what_cannot_load_is_named(tmp_path, models, model, kwargs, error, match) -> None:
     with pytest.raises(error, match=match):
-        load_encoder(model(tmp_path, tiny_dirs), device="cpu", **kwargs)
+        load_encoder(model(tmp_path, models), device="cpu", **kwargs)
 
 
-def test_hub_id_from_cache_records_commit(tmp_path, monkeypatch):
-    """A hub id resolved from a (fake, offline) Hugging Face cache records its snapshot commit."""
+def test_hub_id_from_cache_records_commit(tmp_path, monkeypatch) -> None:
     import huggingface_hub.constants
 
     commit = "0123456789abcdef0123456789abcdef01234567"
@@ -275,5 +232,4 @@ def test_hub_id_from_cache_records_commit(tmp_path, monkeypatch):
     (repo / "refs" / "main").write_text(commit)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     info = load_encoder("asymvlm-test/tiny-clip", device="cpu").info
-    assert info.revision == commit
-    assert info.family == "clip" and info.dim == DIMS["clip"]
+    assert (info.revision, info.family, info.dim) == (commit, "clip", 24)

@@ -12,26 +12,15 @@ import pyarrow as pa
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass
 
-from asymvlm.data.encode import (  # noqa: F401 - row-level work, importable from here too
-    DecodeEncodeActor,
-    EncoderActor,
-    TextEncoderActor,
-    decode_batch,
-    encode_texts_by_length,
-)
-from asymvlm.data.encoder.names import is_open_clip, looks_like_path
+from asymvlm.data.encoder.names import is_open_clip, local_source, parse_name
 from asymvlm.data.sources import READERS, SourceData
 from asymvlm.errors import ConfigError
 
 DUMMY_PROMPTS = ("a photo", "a photo of an object", "a photo of something")
-
-
-#: Encoder precisions (``asymvlm.data.encoder`` accepts these names, case-insensitively).
-DTYPES = ("auto", "fp32", "float32", "fp16", "float16", "half", "bf16", "bfloat16")
-_DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
-#: Keys of the fingerprint that are locations (compared in normalised form).
-PATH_KEYS = ("model", "annotations", "images", "id_list")
-FINGERPRINT_VERSION = 2
+_FINGERPRINT_KEYS = (
+    "dataset split sample seed image_perturbation text_perturbation perturbation_seed "
+    "shard_size dtype pre_projection"
+).split()
 PositiveInt = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -57,9 +46,8 @@ class EmbedConfig:
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: a GPU when the cluster has one"
     )
-    dtype: str = Field(
-        "auto",
-        description="auto: bf16/fp16 on GPU, fp32 on CPU; or one of " + ", ".join(DTYPES[1:]),
+    dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(
+        "auto", description="auto: bf16/fp16 on GPU, fp32 on CPU"
     )
     sample: PositiveInt | None = Field(None, description="CC: sample this many pairs (CC-200k)")
     seed: NonNegativeInt = Field(0, description="the sampling seed")
@@ -70,11 +58,6 @@ class EmbedConfig:
     )
     decode_cpus: PositiveFloat = Field(1.0, description="CPUs per image-decoding task")
     actor_cpus: PositiveFloat = Field(1.0, description="CPUs per encoder actor")
-    decode_in: Literal["auto", "tasks", "actor"] = Field(
-        "auto",
-        description="where images are decoded: tasks (CPU tasks feeding the encoder "
-        "actors, for GPU clusters), actor (inside the encoder actor, best on CPU only) or auto",
-    )
     dummy_prompts: tuple[str, ...] = Field(
         DUMMY_PROMPTS,
         description="classification sets: the none-of-the-above prompts "
@@ -113,13 +96,6 @@ class EmbedConfig:
             )
         return value
 
-    @field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, value: str) -> str:
-        if value.lower() not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {value!r}")
-        return _DTYPE_ALIASES.get(value.lower(), value.lower())
-
     @field_validator("image_perturbation", "text_perturbation")
     @classmethod
     def _perturbation(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -138,43 +114,30 @@ class EmbedConfig:
         """:class:`~asymvlm.errors.ConfigError` naming the key of a local input that does not
         exist (URIs are left to the readers; a ``model`` that is not path-like is a hub id)."""
         check_model(self.model)
-        for key in ("annotations", "images", "id_list", "model"):
+        for key in ("annotations", "images", "id_list"):
             value = getattr(self, key)
-            if key == "model" and is_open_clip(value):
-                continue
             if value is None or "://" in value and not value.lower().startswith("file://"):
                 continue
             path = os.path.expanduser(value.removeprefix("file://"))
-            if key == "model" and not looks_like_path(value) and not os.path.exists(path):
-                continue  # e.g. openai/clip-vit-base-patch32
             if key == "annotations" and glob.has_magic(path):  # WebDataset shards
                 if not glob.glob(path):
                     raise ConfigError(f"{key} {value!r}: no file matches this pattern")
-                continue
-            if not os.path.exists(path):
+            elif not os.path.exists(path):
                 raise ConfigError(f"{key} {value!r}: no such file or directory")
-        if self.pre_projection:
-            _check_pre_projection(self.model)
+        if self.pre_projection:  # transformers CLIP only
+            from asymvlm.data.encoder import load_encoder
+
+            try:
+                load_encoder(self.model, device="cpu", load_model=False).pre_dims()
+            except ValueError as err:
+                raise ConfigError(f"pre_projection with model {self.model!r}: {err}") from None
 
     def fingerprint(self, source: SourceData) -> dict[str, Any]:
         """What makes two runs the same job (output location and scheduling excluded): the
         inputs (normalised locations and a hash of the rows read from them), the model and its
         precision, perturbations, sampling and the shard size."""
-        fp: dict[str, Any] = {"version": FINGERPRINT_VERSION}
-        for key in (
-            "dataset",
-            "split",
-            "sample",
-            "seed",
-            "image_perturbation",
-            "text_perturbation",
-            "perturbation_seed",
-            "shard_size",
-            "dtype",
-            "pre_projection",
-        ):
-            fp[key] = getattr(self, key)
-        for key in PATH_KEYS:
+        fp: dict[str, Any] = {k: getattr(self, k) for k in _FINGERPRINT_KEYS}
+        for key in ("model", "annotations", "images", "id_list"):  # locations, in one spelling
             fp[key] = normalised_location(getattr(self, key), model=key == "model")
         fp.update(
             n_images=source.images.num_rows,
@@ -192,76 +155,36 @@ class EmbedConfig:
         return sorted({r for r in roots if r}, key=len, reverse=True)
 
 
-def _check_open_clip_name(model: str) -> None:
-    """:class:`ConfigError` for an ``open_clip:`` name that is malformed, whose local folder or
-    weights file does not exist, or when open_clip is not installed."""
-    import importlib.util
-
-    from asymvlm.data.encoder.names import parse_name
-
-    try:
-        local = parse_name(model).local
-    except ValueError as err:
-        raise ConfigError(f"model: {err}") from None
-    if importlib.util.find_spec("open_clip") is None:
-        raise ConfigError(
-            f"model {model!r}: open_clip models need the open_clip_torch package "
-            "(pip install open_clip_torch)"
-        )
-    if local is not None and not os.path.exists(local):
-        raise ConfigError(f"model {model!r}: no such file or directory ({local})")
-
-
 def check_model(model: str) -> None:
     """:class:`ConfigError` when the encoder of ``model`` cannot be had here (a malformed
     ``open_clip:`` name, missing local files, or a Hub model neither cached nor served)."""
     from asymvlm.data.encoder.hub import check_hub_model
 
-    if is_open_clip(model):
-        _check_open_clip_name(model)
+    try:
+        local = local_source(model)
+    except ValueError as err:  # a malformed open_clip name
+        raise ConfigError(f"model: {err}") from None
+    if local is not None and not os.path.exists(local):
+        raise ConfigError(f"model {model!r}: no such file or directory")
     try:
         check_hub_model(model)
     except ValueError as err:
         raise ConfigError(f"model {err}") from None
 
 
-def _check_pre_projection(model: str) -> None:
-    """:class:`ConfigError` when ``model`` has no pre-projection features (not transformers
-    CLIP); a model whose config cannot be read here is left to the encoder, which reports it."""
-    from transformers import AutoConfig
-
-    from asymvlm.data.encoder import pre_projection_dims
-
-    if is_open_clip(model):
-        raise ConfigError(
-            f"pre_projection with model {model!r}: pre-projection features (BayesVLM) are "
-            "written for transformers CLIP models only, not open_clip ones"
-        )
-    try:
-        config = AutoConfig.from_pretrained(os.path.expanduser(model.removeprefix("file://")))
-    except (OSError, ValueError):
-        return
-    try:
-        pre_projection_dims(config)
-    except ValueError as err:
-        raise ConfigError(f"pre_projection with model {model!r}: {err}") from None
-
-
 def normalised_location(value: str | None, model: bool = False) -> str | None:
     """A location in one spelling: local paths absolute and normalised (``file://`` URIs too),
-    other URIs without a trailing slash; hub model ids as they are."""
+    other URIs without a trailing slash; hub model ids and open_clip tags as they are."""
     if value is None:
         return None
-    if model and is_open_clip(value):
-        from asymvlm.data.encoder.names import parse_name
-
-        return parse_name(value).name  # local folders and weights files absolute
+    if model:
+        local = local_source(value)
+        if is_open_clip(value) or local is None:
+            return parse_name(value).name if is_open_clip(value) else value
+        return os.path.normpath(local)
     if "://" in value and not value.lower().startswith("file://"):
         return value.rstrip("/") or value
-    path = os.path.expanduser(value[len("file://") :] if "://" in value else value)
-    if model and not looks_like_path(value) and not os.path.exists(path):
-        return value
-    return os.path.normpath(os.path.abspath(path))
+    return os.path.normpath(os.path.abspath(os.path.expanduser(value[7 * ("://" in value) :])))
 
 
 def _source_digest(source: SourceData, roots: list[str]) -> str:

@@ -1,6 +1,5 @@
-"""Row-level work of the embedding stage (run inside Ray Data tasks and actors): decode images,
-embed images and captions with the frozen encoder.
-"""
+"""Row-level work of the embedding stage (Ray Data tasks and actors): decode images, embed
+images and captions with the frozen encoder."""
 
 from __future__ import annotations
 
@@ -15,22 +14,12 @@ import pyarrow as pa
 from asymvlm.data.sources import open_fs
 
 
-# -- per-row work (plain Python, run inside Ray tasks / actors) -------------------------------
 @functools.lru_cache(maxsize=4)
 def _preprocessor(model: str):
     """Processor-only encoder (no weights), cached per worker process."""
     from asymvlm.data.encoder import load_encoder
 
     return load_encoder(model, device="cpu", load_model=False)
-
-
-def _read_bytes(path: str, offset: Any, length: Any) -> bytes:
-    fs, fpath = open_fs(path)
-    with fs.open(fpath, "rb") as fh:
-        if offset is None:
-            return fh.read()
-        fh.seek(int(offset))
-        return fh.read(int(length))
 
 
 def load_image(row: dict[str, Any]):
@@ -41,7 +30,10 @@ def load_image(row: dict[str, Any]):
 
     data = row.get("data")
     if data is None:
-        data = _read_bytes(row["path"], row.get("offset"), row.get("length"))
+        fs, path = open_fs(row["path"])
+        with fs.open(path, "rb") as handle:
+            handle.seek(int(row.get("offset") or 0))
+            data = handle.read(-1 if row.get("length") is None else int(row["length"]))
     image = Image.open(io.BytesIO(data))
     image.load()  # raises on truncated files
     return image.convert("RGB")
@@ -67,12 +59,11 @@ def decode_batch(
         except Exception as exc:  # any unreadable image is data, not a crash
             images.append(None)
             errors.append(f"{type(exc).__name__}: {exc}")
-    ok = [im for im in images if im is not None]
-    pixels = preprocessor.preprocess_images(ok) if ok else None
-    shape = pixels.shape[1:] if pixels is not None else (1,)
-    out = np.zeros((len(rows), *shape), dtype=np.float32)
-    if pixels is not None:
-        out[[i for i, im in enumerate(images) if im is not None]] = pixels
+    ok = [i for i, image in enumerate(images) if image is not None]
+    size = preprocessor.image_size
+    out = np.zeros((len(rows), 3, size, size), dtype=np.float32)
+    if ok:
+        out[ok] = preprocessor.preprocess_images([images[i] for i in ok])
     return {
         "image_id": np.array([r["image_id"] for r in rows], dtype=object),
         "path": np.array([r.get("path") or "" for r in rows], dtype=object),
@@ -83,19 +74,11 @@ def decode_batch(
     }
 
 
-def _load_encoder(model: str, device: str, dtype: str, threads: int | None):
-    import torch
-
-    from asymvlm.data.encoder import load_encoder
-
-    if threads:  # Ray pins OMP threads to the actor's num_cpus; on CPU-only nodes use the node
-        torch.set_num_threads(threads)
-    return load_encoder(model, device=device, dtype=dtype)
-
-
-class _EncoderHolder:
-    """The frozen encoder an actor holds (loaded once per actor), its caption chunk size and
-    whether it also returns the pre-projection features (``pre_projection``)."""
+class EncoderActor:
+    """Ray Data actor holding the frozen encoder (loaded once): a batch of decoded images and
+    the captions riding with them (JSON ``[[caption_id, text], ...]``) -> rows of ``kind``
+    "image" (failed ones keep their ``error``) and "caption"; a text-only batch (``caption_id``,
+    ``text``: class prompts) -> its embeddings."""
 
     def __init__(
         self,
@@ -106,89 +89,58 @@ class _EncoderHolder:
         text_batch_size: int = 256,
         pre_projection: bool = False,
     ) -> None:
-        self.encoder = _load_encoder(model, device, dtype, threads)
+        import torch
+
+        from asymvlm.data.encoder import load_encoder
+
+        if threads:  # Ray pins OMP threads to the actor's num_cpus; on CPU-only nodes use the node
+            torch.set_num_threads(threads)
+        self.encoder = load_encoder(model, device=device, dtype=dtype)
         self.text_batch_size = text_batch_size
-        self.pre_projection = pre_projection
-
-
-class EncoderActor(_EncoderHolder):
-    """Ray Data actor: embeds decoded images and the captions riding with them (JSON
-    ``[[caption_id, text], ...]``) with one model; rows of ``kind`` "image" (failed ones keep
-    their ``error``) and "caption" (of images that decoded)."""
+        self.pre_dims = self.encoder.pre_dims() if pre_projection else None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if "pixel_values" not in batch:
+            texts = [str(t) for t in batch["text"]]
+            emb, norm = encode_texts_by_length(self.encoder, texts, self.text_batch_size)
+            return {"caption_id": batch["caption_id"], "embedding": emb, "norm": norm}
         ok = batch["error"] == ""
-        dim = self.encoder.info.dim
-        emb = np.zeros((len(ok), dim), dtype=np.float32)
-        norm = np.zeros(len(ok), dtype=np.float32)
-        pre_dims = self.encoder.pre_dims() if self.pre_projection else None
-        image_pre = np.zeros((len(ok), pre_dims["image"]), np.float32) if pre_dims else None
+        n, dim, pre = len(ok), self.encoder.dim, self.pre_dims
+        emb, norm = np.zeros((n, dim), np.float32), np.zeros(n, np.float32)
+        image_pre = np.zeros((n, pre["image"]), np.float32) if pre else None
         if ok.any():
-            encoded = self.encoder.encode_pixels(batch["pixel_values"][ok], pre=bool(pre_dims))
+            encoded = self.encoder.encode_pixels(batch["pixel_values"][ok], pre=bool(pre))
             emb[ok], norm[ok] = encoded[:2]
-            if image_pre is not None:
+            if pre:
                 image_pre[ok] = encoded[2]
-        cap_ids, cap_images, texts = [], [], []
-        for image_id, captions, good in zip(
-            batch["image_id"], batch.get("captions", [None] * len(ok)), ok, strict=True
-        ):
-            if good and captions:
-                for caption_id, text in json.loads(captions):
-                    cap_ids.append(caption_id)
-                    cap_images.append(image_id)
-                    texts.append(text)
-        cap = encode_texts_by_length(self.encoder, texts, self.text_batch_size, bool(pre_dims))
-        cap_emb, cap_norm = cap[:2]
-        n_cap = len(cap_ids)
+        riding = [
+            (caption_id, image_id, text)
+            for image_id, captions, good in zip(
+                batch["image_id"], batch["captions"], ok, strict=True
+            )
+            if good
+            for caption_id, text in json.loads(captions)
+        ]
+        cap_ids, cap_images, texts = (
+            (list(c) for c in zip(*riding, strict=True)) if riding else ([], [], [])
+        )
+        cap = encode_texts_by_length(self.encoder, texts, self.text_batch_size, bool(pre))
+        m = len(cap_ids)
         out = {
-            "kind": np.array(["image"] * len(ok) + ["caption"] * n_cap, dtype=object),
+            "kind": np.array(["image"] * n + ["caption"] * m, dtype=object),
             "id": np.concatenate([batch["image_id"], np.array(cap_ids, dtype=object)]),
             "image_id": np.concatenate([batch["image_id"], np.array(cap_images, dtype=object)]),
-            "path": np.concatenate([batch["path"], np.full(n_cap, "", dtype=object)]),
-            "shard": np.concatenate([batch["shard"], np.full(n_cap, -1, dtype=np.int64)]),
-            "embedding": np.concatenate([emb, cap_emb.reshape(n_cap, dim)]),
-            "norm": np.concatenate([norm, cap_norm]),
-            "error": np.concatenate([batch["error"], np.full(n_cap, "", dtype=object)]),
+            "path": np.concatenate([batch["path"], np.full(m, "", dtype=object)]),
+            "shard": np.concatenate([batch["shard"], np.full(m, -1, dtype=np.int64)]),
+            "embedding": np.concatenate([emb, cap[0].reshape(m, dim)]),
+            "norm": np.concatenate([norm, cap[1]]),
+            "error": np.concatenate([batch["error"], np.full(m, "", dtype=object)]),
         }
-        if pre_dims:
-            n = len(ok)
-            out["image_pre"] = np.concatenate(
-                [image_pre, np.zeros((n_cap, pre_dims["image"]), np.float32)]
-            )
-            out["text_pre"] = np.concatenate(
-                [np.zeros((n, pre_dims["text"]), np.float32), cap[2].reshape(n_cap, -1)]
-            )
+        if pre:
+            out["image_pre"] = np.concatenate([image_pre, np.zeros((m, pre["image"]), np.float32)])
+            text_pre = cap[2].reshape(m, -1)
+            out["text_pre"] = np.concatenate([np.zeros((n, pre["text"]), np.float32), text_pre])
         return out
-
-
-class DecodeEncodeActor(EncoderActor):
-    """CPU-only clusters: decode inside the encoder actor (no pixel arrays through the object
-    store; the encoder is CPU-bound anyway, so separate decode tasks would only add copies)."""
-
-    def __init__(
-        self,
-        model: str,
-        device: str,
-        dtype: str,
-        image_perturbation: str | None = None,
-        perturbation_seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(model, device, dtype, **kwargs)
-        self.model = model
-        self.perturbation, self.seed = image_perturbation, perturbation_seed
-
-    def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:  # type: ignore[override]
-        return super().__call__(decode_batch(batch, self.model, self.perturbation, self.seed))
-
-
-class TextEncoderActor(_EncoderHolder):
-    """Ray Data actor: embeds text-only batches (class prompts) with the frozen text encoder."""
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        texts = [str(t) for t in batch["text"]]
-        emb, norm = encode_texts_by_length(self.encoder, texts, self.text_batch_size)
-        return {"caption_id": batch["caption_id"], "embedding": emb, "norm": norm}
 
 
 def encode_texts_by_length(
@@ -196,12 +148,11 @@ def encode_texts_by_length(
 ) -> tuple[np.ndarray, ...]:
     """``encoder.encode_texts`` over chunks of captions sorted by token count (less padding),
     returned in input order."""
-    dim = encoder.info.dim
-    out = [np.empty((len(texts), dim), np.float32), np.empty(len(texts), np.float32)]
+    if not texts:
+        return encoder.empty("text" if pre else None)
+    out = [np.empty((len(texts), encoder.dim), np.float32), np.empty(len(texts), np.float32)]
     if pre:
         out.append(np.empty((len(texts), encoder.pre_dims()["text"]), np.float32))
-    if not texts:
-        return tuple(out)
     lengths = encoder.token_lengths(texts)
     order = np.argsort(np.asarray(lengths), kind="stable")
     for start in range(0, len(texts), batch_size):

@@ -1,6 +1,5 @@
 """An embedding output's layout and identity: parts, markers, ``_JOB.json``, ``_SUCCESS.json``
-and ``ROOT/manifest.json``.
-"""
+and ``ROOT/manifest.json``."""
 
 from __future__ import annotations
 
@@ -8,14 +7,14 @@ import logging
 import os
 import socket
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from asymvlm import storage, tables
-from asymvlm.data.embed import PATH_KEYS, EmbedConfig, normalised_location
+from asymvlm.data.embed import EmbedConfig, normalised_location
 
 SUCCESS = "_SUCCESS.json"
 JOB = "_JOB.json"
@@ -83,20 +82,11 @@ def claim(
 def _refuse_other_job(shown: str, what: str, ours: dict[str, Any], theirs: dict[str, Any]) -> None:
     """:class:`TableError` listing the fields that differ, this job's value first."""
     diffs = []
-    for key in sorted(set(ours) | set(theirs)):
-        if key == "version":
-            continue
-        a, b = ours.get(key), theirs.get(key)
-        if key in PATH_KEYS and a is not None and b is not None:
-            model = key == "model"
-            a_norm = normalised_location(a, model=model)
-            b_norm = normalised_location(b, model=model)
-            if a == b or a_norm == b_norm:
-                continue
-        if a != b and key in theirs:
-            if key == "source_sha256":
-                a, b = f"{a}"[:12] + "...", f"{b}"[:12] + "..."
-            diffs.append(f"{key} {a!r} here vs {b!r} there")
+    for key in sorted(k for k in theirs if ours.get(k) != theirs[k]):
+        a, b = ours.get(key), theirs[key]
+        if key == "source_sha256":
+            a, b = f"{a}"[:12] + "...", f"{b}"[:12] + "..."
+        diffs.append(f"{key} {a!r} here vs {b!r} there")
     if diffs:
         raise tables.TableError(
             f"{shown} {what}: {'; '.join(diffs)}; choose another --output (or --split)"
@@ -128,7 +118,7 @@ def split_totals(cfg: EmbedConfig) -> dict[str, int]:
     return counts
 
 
-def write_manifest_once(cfg: EmbedConfig, dim: int, info: Future) -> None:
+def write_manifest_once(cfg: EmbedConfig, dim: int, info: Callable[[], dict[str, Any]]) -> None:
     """Write (or check) ``ROOT/manifest.json`` before the first parquet part of this job; the
     manifest lock is only taken when there is none yet (then checked again under it)."""
     if check_manifest(cfg, dim):
@@ -136,39 +126,31 @@ def write_manifest_once(cfg: EmbedConfig, dim: int, info: Future) -> None:
     with manifest_lock(cfg):
         if check_manifest(cfg, dim):
             return
-        manifest = dict(info.result())
+        manifest = dict(info())
         manifest.update(model=cfg.model, dim=dim, embedding_dtype="float32", normalised=True)
         tables.write_manifest(cfg.output, manifest)
 
 
 def record_projection(cfg: EmbedConfig) -> None:
-    """With ``pre_projection``: record the width of the pre-projection features in the
-    manifest (``pre_dim``) and the model's projections in ``ROOT/projection.npz``, once per
-    root, before the first part with such columns. The model is loaded here (CPU, fp32) only
-    when either is missing; a root whose ``pre_dim`` differs is refused."""
+    """With ``pre_projection``: the pre-projection widths in the manifest (``pre_dim``) and the
+    model's projections in ``ROOT/projection.npz``, once per root, before the first part with
+    such columns (the model is loaded only when either is missing)."""
     manifest = tables.read_manifest(cfg.output)
     if manifest.pre_dim and tables.read_projection(cfg.output, manifest) is not None:
         return  # the manifest's model is this job's (check_manifest)
     from asymvlm.data.encoder import load_encoder
 
     encoder = load_encoder(cfg.model, device="cpu", dtype="fp32")
-    pre_dim, matrices = encoder.pre_dims(), encoder.projections()
     with manifest_lock(cfg):
         manifest = tables.read_manifest(cfg.output)
-        if manifest.pre_dim:
-            _check_pre_dim(cfg, manifest.pre_dim, pre_dim)
-        else:
-            tables.write_manifest(cfg.output, {**manifest.to_dict(), "pre_dim": pre_dim})
+        if manifest.pre_dim not in (None, {}, encoder.pre_dims()):
+            raise tables.TableError(
+                f"{cfg.output} records pre-projection widths {manifest.pre_dim} in its "
+                f"manifest, but {cfg.model!r} has {encoder.pre_dims()}; choose another --output"
+            )
+        tables.write_manifest(cfg.output, {**manifest.to_dict(), "pre_dim": encoder.pre_dims()})
         if tables.read_projection(cfg.output) is None:
-            tables.write_projection(cfg.output, **matrices)
-
-
-def _check_pre_dim(cfg: EmbedConfig, recorded: dict[str, int], ours: dict[str, int]) -> None:
-    if recorded != ours:
-        raise tables.TableError(
-            f"{cfg.output} records pre-projection widths {recorded} in its manifest, but "
-            f"{cfg.model!r} has {ours}; choose another --output"
-        )
+            tables.write_projection(cfg.output, **encoder.projections())
 
 
 def check_manifest(cfg: EmbedConfig, dim: int) -> bool:

@@ -3,12 +3,12 @@ group by shard group (see :mod:`pipelines.embedding`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -41,8 +41,8 @@ CAPTION_KEYS = ("caption_id", "image_id", "text")
 
 
 def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> dict[str, Any]:
-    """Embed one split of one data set into ``cfg.output``; returns a summary dict. Ray is
-    asked of ``session`` only when there is something to embed."""
+    """Embed one split of one data set into ``cfg.output`` under its lock; returns a summary.
+    Ray is asked of ``session`` only when there is something to embed."""
     t0 = time.perf_counter()
     cfg.check_inputs()
     need_ray = session.require if session is not None else lambda: require_ray("embedding")
@@ -53,15 +53,8 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> dict[str, 
 def _run_locked(
     cfg: EmbedConfig, lock: storage.OutputLock, t0: float, need_ray: Callable[[], None]
 ) -> dict[str, Any]:
-    source = read_source(
-        cfg.dataset,
-        annotations=cfg.annotations,
-        images=cfg.images,
-        split=cfg.split,
-        sample=cfg.sample,
-        seed=cfg.seed,
-        id_list=cfg.id_list,
-    )
+    keys = ("annotations", "images", "split", "sample", "seed", "id_list")
+    source = read_source(cfg.dataset, **{k: getattr(cfg, k) for k in keys})
     fingerprint = cfg.fingerprint(source)
     done = claim(cfg, fingerprint, lock)
     if done is not None:
@@ -72,7 +65,6 @@ def _run_locked(
     n_img = images.num_rows
     shard_of = np.arange(n_img) // cfg.shard_size
     images = images.append_column("shard", pa.array(shard_of, pa.int64()))
-    image_shard = dict(zip(images.column("image_id").to_pylist(), shard_of.tolist(), strict=True))
     captions = source.captions.sort_by([("image_id", "ascending"), ("caption_id", "ascending")])
     if cfg.text_perturbation:
         captions = perturb_captions(captions, cfg.text_perturbation, cfg.perturbation_seed)
@@ -86,16 +78,14 @@ def _run_locked(
         f"{cfg.dataset}/{cfg.split}: {n_img} images, {captions.num_rows} captions, "
         f"{n_shards} shards ({n_shards - len(pending)} already written)"
     )
-    with ThreadPoolExecutor(1) as pool:
-        # The manifest's provenance (processor settings, file hashes) is read while Ray works.
-        info = pool.submit(_encoder_info, cfg.model)
-        if pending:
-            need_ray()
-        for start in range(0, len(pending), cfg.shards_per_round):
-            group = pending[start : start + cfg.shards_per_round]
-            _embed_group(cfg, images, captions, image_shard, group, info, lock)
-        if source.prompts is not None and source.prompts.num_rows:
-            _embed_prompts(cfg, source.prompts, lock, need_ray)
+    info = functools.cache(functools.partial(_encoder_info, cfg.model))
+    if pending:
+        need_ray()
+    for start in range(0, len(pending), cfg.shards_per_round):
+        group = pending[start : start + cfg.shards_per_round]
+        _embed_group(cfg, images, captions, group, info, lock)
+    if source.prompts is not None and source.prompts.num_rows:
+        _embed_prompts(cfg, source.prompts, lock, need_ray)
     totals = split_totals(cfg)
     summary = {
         "dataset": cfg.dataset,
@@ -113,11 +103,7 @@ def _run_locked(
     storage.write_json(
         cfg.output, f"{cfg.split}/{SUCCESS}", {"fingerprint": fingerprint, "summary": summary}
     )
-    log.info(
-        f"done: {totals['n_images']} images, {totals['n_captions']} captions, "
-        f"{totals['n_image_errors']} image errors, {totals['n_caption_errors']} caption errors "
-        f"-> {cfg.output}/{cfg.split}"
-    )
+    log.info(f"done: {totals} -> {cfg.output}/{cfg.split}")
     return summary
 
 
@@ -147,16 +133,15 @@ def _embed_group(
     cfg: EmbedConfig,
     images: pa.Table,
     captions: pa.Table,
-    image_shard: dict[str, int],
     group: list[int],
-    info: Future,
+    info: Callable[[], dict[str, Any]],
     lock: storage.OutputLock,
 ) -> None:
     """Embed the images and captions of some shards and write them (marker last)."""
     todo = images.filter(pc.is_in(images["shard"], pa.array(group, pa.int64())))
     caps = captions.filter(pc.is_in(captions["image_id"], todo["image_id"]))
     caps = caps.append_column(
-        "shard", pa.array([image_shard[i] for i in caps["image_id"].to_pylist()], pa.int64())
+        "shard", todo["shard"].take(pc.index_in(caps["image_id"], todo["image_id"]))
     )
     empty = pc.equal(pc.utf8_trim_whitespace(pc.fill_null(caps["text"], "")), "")
     errors = [_errors(caps.filter(empty), "caption", "caption_id", "empty caption")]
@@ -182,15 +167,13 @@ def _embed_group(
     errors_all = pa.concat_tables(errors).sort_by([("kind", "descending"), ("id", "ascending")])
     caps = caps.filter(pc.invert(lost))
 
-    dim = next((tables.column_matrix(t["embedding"]).shape[1] for t in (img, txt) if t.num_rows), 0)
-    if not dim:  # every image of these shards failed: the model still says what dim is
-        dim = int(info.result()["dim"])
-        if failed.num_rows:
-            log.warning(
-                f"every image of shards {group[0]}..{group[-1]} failed to load, e.g. "
-                f"{failed['path'][0].as_py()}: {failed['error'][0].as_py()} "
-                "(check --images and the storage credentials of the Ray nodes)"
-            )
+    dim = int(info()["dim"])
+    if failed.num_rows and not img.num_rows:
+        log.warning(
+            f"every image of shards {group[0]}..{group[-1]} failed to load, e.g. "
+            f"{failed['path'][0].as_py()}: {failed['error'][0].as_py()} "
+            "(check --images and the storage credentials of the Ray nodes)"
+        )
     lock.check()
     write_manifest_once(cfg, dim, info)
     if cfg.pre_projection:

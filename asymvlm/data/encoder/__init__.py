@@ -1,14 +1,12 @@
 """Frozen vision-language encoders: images and captions to unit embeddings plus raw norms."""
 
-from asymvlm.data.encoder.names import (
-    OPEN_CLIP_PREFIX,
-    is_open_clip,
-    local_source,
-    looks_like_path,
-)
+from __future__ import annotations
+
+from typing import Any
+
+from asymvlm.data.encoder.names import OPEN_CLIP_PREFIX, is_open_clip, local_source, looks_like_path
 
 __all__ = [
-    "FAMILIES",
     "OPEN_CLIP_PREFIX",
     "Encoder",
     "EncoderInfo",
@@ -19,19 +17,27 @@ __all__ = [
     "looks_like_path",
     "pre_projection_dims",
 ]
-_LAZY = {
-    "Encoder": "base",
-    "EncoderInfo": "base",
-    "files_sha256": "base",
-    "load_encoder": "factory",
-    "FAMILIES": "hf",
-    "pre_projection_dims": "hf",
-}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+def load_encoder(model: str, device: str = "auto", dtype: str = "auto", **kwargs: Any):
+    """The frozen :class:`Encoder` ``model`` names: ``open_clip:...`` an open_clip model, anything
+    else a transformers CLIP / SigLIP hub id or folder (only that library is imported)."""
+    if is_open_clip(model):
+        from asymvlm.data.encoder.openclip import OpenClipEncoder
 
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        return OpenClipEncoder(model, device, dtype, **kwargs)
+    from asymvlm.data.encoder.hf import TransformersEncoder
+
+    return TransformersEncoder(model, device, dtype, **kwargs)
+
+
+def __getattr__(name: str):  # torch is imported only when an encoder is wanted
+    if name in ("Encoder", "EncoderInfo", "files_sha256"):
+        from asymvlm.data.encoder import base
+
+        return getattr(base, name)
+    if name == "pre_projection_dims":
+        from asymvlm.data.encoder.hf import pre_projection_dims
+
+        return pre_projection_dims
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

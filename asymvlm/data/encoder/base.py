@@ -1,5 +1,5 @@
-"""What every frozen encoder shares: the provenance record, the name -> library dispatch, device
-and precision names, and the (unit embedding, raw norm) split of a projection."""
+"""What every frozen encoder shares: the provenance record, device and precision names, and the
+(unit embedding, raw norm) split of a projection."""
 
 from __future__ import annotations
 
@@ -12,15 +12,9 @@ import numpy as np
 import torch
 
 _HASHED_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".tiktoken", ".pt", ".pth")
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
+#: Precision names (the config's and torch's spellings).
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES.update({str(t).removeprefix("torch."): t for t in list(DTYPES.values())})
 
 
 @dataclass
@@ -49,11 +43,11 @@ def files_sha256(location: str | os.PathLike) -> str:
     else:
         folder = location
         names = sorted(
-            name
-            for name in os.listdir(folder)
-            if not name.startswith(".")
-            and name.endswith(_HASHED_SUFFIXES)
-            and os.path.isfile(os.path.join(folder, name))
+            n
+            for n in os.listdir(folder)
+            if not n.startswith(".")
+            and n.endswith(_HASHED_SUFFIXES)
+            and os.path.isfile(os.path.join(folder, n))
         )
     digest = hashlib.sha256()
     for name in names:
@@ -66,25 +60,6 @@ def files_sha256(location: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    try:
-        return _DTYPES[dtype.lower()]
-    except KeyError:
-        raise ValueError(
-            f"Unknown dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPES)}"
-        ) from None
-
-
 def unit_and_norm(projected: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """A projection [n, d] as (unit embeddings float32 [n, d], raw norms float32 [n])."""
     projected = projected.float()
@@ -94,46 +69,73 @@ def unit_and_norm(projected: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Encoder:
-    """A frozen vision-language model: images / captions to unit embeddings + raw norms
-    (``preprocess_images``, ``encode_pixels``, ``tokenize``, ``token_lengths``,
-    ``encode_texts``); transformers CLIP also gives BayesVLM's pre-projection features."""
+    """A frozen vision-language model: ``preprocess_images`` (PIL -> pixels, CPU),
+    ``encode_pixels`` and ``encode_texts`` (-> unit embeddings, raw norms[, pre-projection
+    features]), ``token_lengths``; ``load_model=False`` builds a preprocessing-only one."""
 
     info: EncoderInfo
     model: Any
-    model_name: str
+    image_size: int
+    max_text_length: int
+
+    def __init__(self, device: str, dtype: str) -> None:
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if dtype == "auto" and self.device.type == "cuda":
+            dtype = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        try:
+            self.dtype = DTYPES["fp32" if dtype == "auto" else dtype.lower()]
+        except KeyError:
+            raise ValueError(
+                f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(DTYPES)}"
+            ) from None
 
     @property
     def dim(self) -> int:
         return self.info.dim
 
-    def token_lengths(self, texts: list[str]) -> list[int]:
-        """Token count of each caption, truncated as encoded."""
-        raise NotImplementedError
+    def _info(self, model: str, family: str, dim: int, **kw: Any) -> EncoderInfo:
+        dtype = str(self.dtype).removeprefix("torch.")
+        return EncoderInfo(
+            model, family=family, dim=dim, dtype=dtype, device=str(self.device), **kw
+        )
 
     def pre_dims(self) -> dict[str, int]:
+        """Widths of the pre-projection features (transformers CLIP only)."""
         raise ValueError(
-            f"pre-projection features are written for transformers CLIP models only, not "
-            f"{self.info.family} ({self.model_name!r})"
+            "pre-projection features are written for transformers CLIP models only, not "
+            f"{self.info.family} ({self.info.model!r})"
         )
 
     def projections(self) -> dict[str, np.ndarray]:
-        self.pre_dims()
-        raise AssertionError("unreachable")
+        return self.pre_dims()  # raises
 
-    def _require_model(self):
+    def _net(self, pixels: Any = None) -> Any:
+        """The model, ready for a batch (``pixels`` as a tensor on its device and in its dtype)."""
         if self.model is None:
             raise RuntimeError(
-                f"Encoder for {self.model_name!r} was built with load_model=False: "
+                f"the encoder of {self.info.model!r} was built with load_model=False: "
                 "it can preprocess but not encode"
             )
-        return self.model
+        if pixels is None:
+            return self.model
+        return self.model, torch.as_tensor(np.asarray(pixels), dtype=self.dtype, device=self.device)
 
-    def _empty(self, pre: str | None = None) -> tuple[np.ndarray, ...]:
-        empty = (np.zeros((0, self.dim), dtype=np.float32), np.zeros((0,), dtype=np.float32))
-        if pre is None:
-            return empty
-        return (*empty, np.zeros((0, self.pre_dims()[pre]), dtype=np.float32))
+    def preprocess_images(self, images: list) -> np.ndarray:
+        """PIL images to float32 pixels [n, 3, H, W] with the model's own transform (CPU)."""
+        if not images:
+            return np.zeros((0, 3, self.image_size, self.image_size), np.float32)
+        return np.ascontiguousarray(self._preprocess(list(images)), dtype=np.float32)
 
-    def __repr__(self) -> str:
-        i = self.info
-        return f"Encoder({i.model!r}, family={i.family}, dim={i.dim}, {i.dtype} on {i.device})"
+    def _preprocess(self, images: list) -> Any:
+        raise NotImplementedError
+
+    def token_lengths(self, texts: list[str]) -> list[int]:
+        """Token count of each caption, truncated as encoded."""
+        return [self.max_text_length] * len(texts)
+
+    def empty(self, pre: str | None = None) -> tuple[np.ndarray, ...]:
+        """The outputs for no rows (with ``pre``: the ``"image"``/``"text"`` features too)."""
+        out = (np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32))
+        return out if pre is None else (*out, np.zeros((0, self.pre_dims()[pre]), np.float32))
