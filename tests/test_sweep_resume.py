@@ -176,12 +176,14 @@ def test_a_retried_trial_and_a_reopened_run_log_each_epoch_once(tmp_path) -> Non
     doc = _sweep_doc(str(tmp_path), str(tmp_path / "o"), lr=[0.5])
     sweep = sweep_config({**doc, "mlflow": {"tracking_uri": uri, "experiment": "rs"}})
     parent = tracking.open_run(uri, "rs", "sweep", kind="sweep")
+    error = tmp_path / "error.txt"
+    error.write_text("Traceback (most recent call last):\n  ...\nRuntimeError: worker died\n")
     trial = SimpleNamespace(
         trial_id="t1",
         last_result={},
         config={"stage": "grid", "members": [{"method": "asymvlm-vmf", "lr": 0.5, "seed": 0}]},
-        get_pickled_error=lambda: None,
-        get_error=lambda: "Traceback (most recent call last):\n  ...\nRuntimeError: worker died\n",
+        pickled_error_file=None,
+        error_file=str(error),
     )
     logger = MlflowTrialLogger(sweep, parent, {"dataset": "d"})
     logger.on_trial_start(0, [], trial)

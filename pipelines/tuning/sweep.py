@@ -165,12 +165,15 @@ def _fit(sweep: SweepConfig, stage: str, trials: list[dict[str, Any]], callback)
     digest = hashlib.sha1(json.dumps(specs, sort_keys=True).encode()).hexdigest()[:10]
     root, fs = storage.ray_storage(storage.uri_join(sweep.output, "tune", "trials"))
     name = f"{stage}-{digest}"
+    import ray
+
+    cluster, concurrent = ray.cluster_resources(), None
     if sweep.uses_torch_trainer():  # its workers reserve the CPUs/GPUs; the trial a little memory
         resources: dict[str, float] = {"cpu": 0, "memory": TRIAL_DRIVER_MEMORY}
+        cpus = sweep.num_workers * sweep.cpus_per_worker  # a trial's TorchTrainer, at once
+        concurrent = max(1, int(cluster.get("CPU", 1) // cpus))
     else:
-        import ray
-
-        gpu = sweep.gpus_per_worker if ray.cluster_resources().get("GPU", 0) > 0 else 0
+        gpu = sweep.gpus_per_worker if cluster.get("GPU", 0) > 0 else 0
         resources = {"cpu": sweep.cpus_per_worker, "gpu": gpu}
     trainable = tune.with_resources(sweep_trial, resources)
     path = f"{root}/{name}"
@@ -184,8 +187,7 @@ def _fit(sweep: SweepConfig, stage: str, trials: list[dict[str, Any]], callback)
             trainable,
             param_space={"sweep": sweep, "stage": stage, "members": tune.grid_search(packs)},
             tune_config=tune.TuneConfig(
-                max_concurrent_trials=_concurrency(sweep),
-                reuse_actors=not sweep.uses_torch_trainer(),
+                max_concurrent_trials=concurrent, reuse_actors=not sweep.uses_torch_trainer()
             ),
             run_config=tune.RunConfig(
                 name=name,
@@ -213,19 +215,6 @@ def _fit(sweep: SweepConfig, stage: str, trials: list[dict[str, Any]], callback)
                 reason = row.get("failed") or failure_reason(r.error)
                 failed.append({"stage": stage, **trial, "reason": reason})
     return done, failed
-
-
-def _concurrency(sweep: SweepConfig) -> int | None:
-    """TorchTrainer trials that fit the cluster at once (Tune places the others itself)."""
-    import ray
-
-    if not sweep.uses_torch_trainer():
-        return None
-    total, workers = ray.cluster_resources(), sweep.num_workers
-    fits = [int(total.get("CPU", 1) // (workers * sweep.cpus_per_worker))]
-    if total.get("GPU", 0) > 0:
-        fits.append(int(total["GPU"] // (workers * sweep.gpus_per_worker)))
-    return max(1, min(fits))
 
 
 def _base_params(sweep: SweepConfig) -> dict[str, Any]:

@@ -137,7 +137,7 @@ class MlflowTrialLogger(tune.Callback):
             self._end(key, trial.config["stage"], member, reason)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        reason = failure_reason(trial.get_pickled_error() or trial.get_error())
+        reason = failure_reason(_error(trial))
         for key, member in self._members(trial):
             self._end(key, trial.config["stage"], member, reason)
 
@@ -151,6 +151,19 @@ class MlflowTrialLogger(tune.Callback):
         run.end("FINISHED")
         seconds = time.time() - self.started.get(key, time.time())
         logger.info("trial %s FINISHED in %.0f s", shown, seconds)
+
+
+def _error(trial) -> BaseException | str | None:
+    """The error Tune just wrote beside the trial (on the driver, before its upload)."""
+    import ray.cloudpickle
+
+    if trial.pickled_error_file and os.path.exists(trial.pickled_error_file):
+        with open(trial.pickled_error_file, "rb") as fh:
+            return ray.cloudpickle.load(fh)
+    if trial.error_file and os.path.exists(trial.error_file):
+        with open(trial.error_file) as fh:
+            return fh.read()
+    return None
 
 
 def log_outcome(run: tracking.Run, row: dict[str, Any], checkpoint=None, where: str = "") -> None:
