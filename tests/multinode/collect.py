@@ -23,7 +23,8 @@ OUTPUTS = ("run", "node", "outage", "flaky")  # the jobs' outputs in the bucket
 def _readable(fs: s3fs.S3FileSystem, key: str) -> str | None:
     """Why the object ``key`` does not read whole (None: it does)."""
     try:
-        if key.rsplit("/", 1)[-1].startswith("search_gen_state-"):  # Tune's, a pickle
+        name = key.rsplit("/", 1)[-1]
+        if name.startswith(("search_gen_state-", "basic-variant-state-")):  # Tune's, pickles
             cloudpickle.loads(fs.cat_file(key))
         elif key.endswith(".json"):
             json.loads(fs.cat_file(key))
