@@ -3,12 +3,10 @@
     python pipelines/sweep.py --config tune_spaces/cpu-small.yaml [--set key=value ...]
     ray job submit --working-dir . -- python pipelines/sweep.py --config tune_spaces/coco-clip.yaml
 
-Stage 1 grid-searches ``method x lr`` with seed 0; the best lr of every method is chosen on the
-**validation** split; stage 2 repeats each method at its best lr with every seed
-(:mod:`pipelines.tuning.sweep`). The keys are those of :class:`pipelines.schema.SweepConfig`
-(every :class:`asymvlm.training.TrainConfig` field but method/lr/seed, the splits, the Ray
-resources, ``mlflow: {tracking_uri, experiment}``, ``output``); see ``tune_spaces/``. Connects
-to the cluster given by ``RAY_ADDRESS`` (set by ``ray job submit``) or starts a local one.
+Stage 1 grid-searches ``method x lr`` at the first seed, each method's lr is chosen on the
+validation split, stage 2 runs every seed at it (:mod:`pipelines.tuning.sweep`); the keys are
+those of :class:`pipelines.schema.SweepConfig` (see ``tune_spaces/``). Connects to the cluster
+of ``RAY_ADDRESS`` (set by ``ray job submit``) or starts a local one.
 """
 
 from __future__ import annotations
@@ -43,16 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a key (YAML value; dots for nesting: mlflow.experiment=x)",
     )
     parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="everything on the console (Ray, Tune, Train, MLflow)",
+        "--verbose", action="store_true", help="everything on the console (Ray, Tune, MLflow)"
     )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logs.configure(verbose=args.verbose)
 
     def run() -> int:
@@ -65,21 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("open the runs: asymvlm ui %s", sweep.output)
         if out["adapters"]:
             where = storage.uri_join(sweep.output, ADAPTERS_DIR)
-            logger.info(
-                'adapters: %s/<method>/seed<k> (asymvlm score-text --checkpoint DIR "a caption")',
-                where,
-            )
-        json.dump(
-            {
-                "parent_run_id": out["parent_run_id"],
-                "tracking_uri": config.redact(out["tracking_uri"]),
-                "selection": out["selection"],
-                "failed_trials": len(out["failed"]),
-            },
-            sys.stdout,
-            indent=2,
-        )
-        print()
+            logger.info("adapters: %s/<method>/seed<k> (asymvlm score-text --checkpoint)", where)
+        keys = ("parent_run_id", "tracking_uri", "selection")
+        shown = {k: out[k] for k in keys} | {"failed_trials": len(out["failed"])}
+        print(json.dumps({**shown, "tracking_uri": config.redact(out["tracking_uri"])}, indent=2))
         return 0
 
     return guarded(run)

@@ -41,26 +41,6 @@ def test_the_cache_reads_a_split_once_per_process(world, tmp_path) -> None:
     assert cache.load(copy, "train").text_emb.shape[0] != old.text_emb.shape[0]
 
 
-def test_a_trial_runs_as_many_torch_threads_as_cpus_it_reserved() -> None:
-    """A process that imported torch before its trial (a reused actor, a preloaded worker)
-    keeps its first thread count unless the trial sets it."""
-    from types import SimpleNamespace
-
-    from pipelines.tuning.trials import use_reserved_cpus
-
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        use_reserved_cpus(SimpleNamespace(cpus_per_worker=1.0))
-        assert torch.get_num_threads() == 1
-        use_reserved_cpus(SimpleNamespace(cpus_per_worker=0.5))  # a fraction: one thread
-        assert torch.get_num_threads() == 1
-        use_reserved_cpus(SimpleNamespace(cpus_per_worker=3))
-        assert torch.get_num_threads() == 3
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_runs_on_cached_splits_equal_runs_that_read_their_own(world) -> None:
     """Two runs through one cache (the second trains on the first's tensors, hold-out
     included) end exactly where runs that read the tables themselves end."""
@@ -143,108 +123,19 @@ def test_trials_in_place_give_the_results_of_torch_trainer_trials(
     )
 
 
-def _plain_and_killed(world: str, tmp_path, prefix: str, space: dict) -> tuple[dict, dict]:
-    """The sweep of ``space`` run plainly, then with its trial's process SIGKILLed right after
-    epoch 2's checkpoint; the second must finish with the first one's summary."""
-    from pipelines.tuning.sweep import run_sweep
-
-    plain = run_sweep(_sweep_cfg(world, tmp_path, prefix + "plain", **space))
-    marker = tmp_path / f"{prefix}killed.txt"
-    drill = {"epoch": 2, "rank": 0, "marker": str(marker)}
-    killed = run_sweep(
-        _sweep_cfg(world, tmp_path, prefix + "killed", fault_injection=drill, **space)
-    )
-    assert marker.exists(), "the failure was injected"
-    assert not killed["failed"]
-    assert killed["summary"] == plain["summary"]
-    return plain, killed
-
-
 @pytest.mark.slow
-def test_a_killed_trial_resumes_from_its_checkpoint(ray_session, world, tmp_path) -> None:
-    """The trial's process is SIGKILLed after epoch 2's checkpoint; Tune retries it
-    (``max_failures``) from that checkpoint and it ends where an uninterrupted trial ends."""
-
-    one = {
-        "methods": ["asymvlm-vmf"],
-        "lr": [5e-3],
-        "seeds": [0],
-        "epochs": 4,
-        "checkpoint_every": 1,
-        "max_failures": 1,
-    }
-    _, killed = _plain_and_killed(world, tmp_path, "", one)
-    # Resumed, not started over: epochs 1-2 before the kill, 3-4 after, each logged once.
-    from mlflow import MlflowClient
-
-    (run_id,) = killed["child_run_ids"]
-    steps = [
-        m.step
-        for m in MlflowClient(killed["tracking_uri"]).get_metric_history(run_id, "train_loss")
-    ]
-    assert sorted(steps) == [1, 2, 3, 4]
-
-
-@pytest.mark.slow
-def test_a_killed_pack_resumes_from_its_checkpoint(ray_session, world, tmp_path) -> None:
-    """A pack of two lrs is SIGKILLed right after epoch 2's checkpoint; Tune's retry resumes
-    it from there (``max_failures``): both members end as in the uninterrupted sweep, each
-    epoch in MLflow once, and the trial keeps only its latest checkpoints."""
+def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp_path) -> None:
+    """``pack: 3``: the grid (three lrs, one diverging) is one pack, stage 2 (two seeds)
+    another, its process SIGKILLed once after epoch 2 (Tune's retry resumes it there). A
+    diverged trial fails visibly (FAILED run with the reason, the summary's failures table)
+    and is never selected; each member keeps its own MLflow run with every epoch once; the
+    selection, seed metrics and adapters equal those of one trial per run."""
     import glob
 
     from mlflow import MlflowClient
 
-    from pipelines.tuning.sweep import KEEP_CHECKPOINTS
-
-    space = {
-        "methods": ["asymvlm-vmf"],
-        "lr": [1e-3, 5e-3],
-        "seeds": [0],
-        "epochs": 4,
-        "checkpoint_every": 1,
-        "max_failures": 1,
-        "pack": 2,
-    }
-    plain, killed = _plain_and_killed(world, tmp_path, "pack-", space)
-    assert killed["selection"] == plain["selection"]
-    client = MlflowClient(killed["tracking_uri"])
-    assert len(killed["child_run_ids"]) == 2
-    for run_id in killed["child_run_ids"]:  # resumed at epoch 2, not started over
-        steps = [m.step for m in client.get_metric_history(run_id, "train_loss")]
-        assert sorted(steps) == [1, 2, 3, 4]
-    trial_dirs = glob.glob(str(tmp_path / "pack-killed" / "tune" / "trials" / "direct_trial_*"))
-    assert len(trial_dirs) == 1
-    kept = glob.glob(os.path.join(trial_dirs[0], "checkpoint_*"))
-    assert 0 < len(kept) <= KEEP_CHECKPOINTS, kept  # of the 4 epochs' checkpoints
-
-
-@pytest.mark.slow
-def test_a_packed_method_fitted_post_hoc_leaves_its_adapters(ray_session, world, tmp_path) -> None:
-    """``pack`` packs only methods trained by SGD: the frozen reference's trials run one by one
-    and every seed's adapter reaches MLflow and the sweep's adapter folders."""
     from asymvlm.evaluation.adapters import sweep_adapters
-    from pipelines.tuning.sweep import run_sweep
-
-    out = run_sweep(
-        _sweep_cfg(world, tmp_path, "clip-pack", methods=["clip"], lr=[1e-3], seeds=[0, 1], pack=2)
-    )
-    assert not out["failed"]
-    adapters = sweep_adapters(out["tracking_uri"], out["parent_run_id"])
-    assert set(adapters) == {"clip/seed0", "clip/seed1"}
-    assert set(out["adapters"]["clip"]) == {"0", "1"}
-    for uri in out["adapters"]["clip"].values():
-        assert os.path.exists(os.path.join(uri, "config.json"))
-
-
-@pytest.mark.slow
-def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp_path) -> None:
-    """``pack: 3``: the grid (three lrs, one diverging) is one pack, stage 2 (two seeds)
-    another; each member keeps its own MLflow run, a diverging member fails alone, and the
-    selection, seed metrics and adapters equal those of one trial per run."""
-    from mlflow import MlflowClient
-
-    from asymvlm.evaluation.adapters import sweep_adapters
-    from pipelines.tuning.sweep import run_sweep
+    from pipelines.tuning.sweep import KEEP_CHECKPOINTS, run_sweep
 
     space = {
         "methods": ["asymvlm-vmf"],
@@ -252,29 +143,47 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
         "seeds": [0, 1, 2],
         "optimizer": "sgd",
         "epochs": 3,
+        "checkpoint_every": 1,
     }
     single = run_sweep(_sweep_cfg(world, tmp_path, "single", **space))
-    packed = run_sweep(_sweep_cfg(world, tmp_path, "packed", pack=3, **space))
+    marker = tmp_path / "killed.txt"
+    drill = {"epoch": 2, "rank": 0, "marker": str(marker)}
+    packed = run_sweep(
+        _sweep_cfg(world, tmp_path, "packed", pack=3, fault_injection=drill, **space)
+    )
+    assert marker.exists(), "the failure was injected"
     for out in (single, packed):
         assert [(f["stage"], f["lr"]) for f in out["failed"]] == [("grid", 100.0)]
         assert "non-finite" in out["failed"][0]["reason"]
-    assert packed["selection"]["asymvlm-vmf"]["lr"] == single["selection"]["asymvlm-vmf"]["lr"]
-    cells = single["summary"]["asymvlm-vmf"]
-    assert packed["summary"]["asymvlm-vmf"]["n_seeds"] == cells["n_seeds"] == 3
-    for metric, cell in cells.items():
+    assert packed["selection"] == single["selection"]
+    assert single["summary"]["asymvlm-vmf"]["n_seeds"] == 3
+    for metric, cell in single["summary"]["asymvlm-vmf"].items():
         if isinstance(cell, dict):
-            assert packed["summary"]["asymvlm-vmf"][metric]["mean"] == pytest.approx(
-                cell["mean"], abs=1e-6
-            ), metric
+            got = packed["summary"]["asymvlm-vmf"][metric]["mean"]
+            assert got == pytest.approx(cell["mean"], abs=1e-6), metric
+
+    summary = (tmp_path / "single" / "summary.md").read_text()
+    assert "1 trial(s) failed" in summary and "non-finite" in summary
+    assert "nan" not in summary.lower().replace("non-finite", "")
+    client = MlflowClient(single["tracking_uri"])
+    assert client.get_run(single["parent_run_id"]).data.metrics["failed_trials"] == 1
+    (failed,) = client.search_runs(
+        [single["experiment_id"]], "attributes.status = 'FAILED' and tags.kind = 'trial'"
+    )
+    assert failed.data.params["lr"] == "100.0" and failed.data.tags["stage"] == "grid"
+    assert "non-finite" in failed.data.tags["failure_reason"]
 
     client = MlflowClient(packed["tracking_uri"])
     runs = [client.get_run(i) for i in packed["child_run_ids"]]
     assert sorted(r.info.status for r in runs) == ["FAILED"] + ["FINISHED"] * 4
-    for run in runs:  # every member has its own epochs
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    for run in runs:  # every member has its own epochs, once each
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss"))
         assert steps == [1, 2, 3] or (run.info.status == "FAILED" and len(steps) < 3)
     adapters = sweep_adapters(packed["tracking_uri"], packed["parent_run_id"])
     assert set(adapters) == {f"asymvlm-vmf/seed{s}" for s in (0, 1, 2)}
+    for trial in glob.glob(str(tmp_path / "packed" / "tune" / "trials" / "*" / "sweep_trial_*")):
+        kept = glob.glob(os.path.join(trial, "checkpoint_*"))
+        assert 0 < len(kept) <= KEEP_CHECKPOINTS, kept  # of the 3 epochs' checkpoints
 
 
 def test_a_trainer_state_is_read_on_the_cpu_whatever_the_device(world, tmp_path) -> None:

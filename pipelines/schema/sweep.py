@@ -22,7 +22,6 @@ from asymvlm.training import TrainConfig
 
 __all__ = [
     "FAULT_ENV",
-    "SWEPT",
     "Absolute",
     "FaultInjection",
     "MlflowSettings",
@@ -62,12 +61,10 @@ class MlflowSettings(StrictModel):
 
 
 class FaultInjection(StrictModel):
-    """A drill (tests, fault tolerance): trial worker ``rank`` SIGKILLs its own process once
-    (``action: kill``), or holds still for ``seconds`` (``action: pause``: time for a drill to
-    take its node away), right after the checkpoint of ``epoch`` was reported; ``marker`` (a
-    file, written first) makes it once. A submitted job reads it from
-    ``$ASYMVLM_FAULT_INJECTION`` (``"epoch=2,rank=0,marker=/tmp/killed"``,
-    :meth:`from_environment`)."""
+    """A drill: trial worker ``rank`` SIGKILLs its own process (``kill``) or holds still for
+    ``seconds`` (``pause``) right after the checkpoint of ``epoch`` was reported, once per
+    ``marker`` file; a submitted job reads it from ``$ASYMVLM_FAULT_INJECTION``
+    (``"epoch=2,rank=0,marker=killed.txt"``)."""
 
     epoch: PositiveInt = Field(description="the epoch after whose checkpoint the worker dies")
     rank: Annotated[int, Field(ge=0)] = Field(0, description="the worker that dies")
@@ -79,7 +76,6 @@ class FaultInjection(StrictModel):
 
     @classmethod
     def from_environment(cls) -> FaultInjection | None:
-        """The drill ``$ASYMVLM_FAULT_INJECTION`` describes, or None."""
         raw = os.environ.get(FAULT_ENV)
         if not raw:
             return None
@@ -187,8 +183,7 @@ class _SweepBase(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _resolve(cls, data: Any) -> Any:
-        """A sweep's defaults that depend on each other: experiment ``asymvlm``, output
-        ``runs/<experiment>``, the SQLite store beside the output."""
+        """Experiment ``asymvlm``, output ``runs/<experiment>``, the store beside it."""
         if not isinstance(data, dict):
             return data
         doc = dict(data)
@@ -236,17 +231,14 @@ class _SweepBase(StrictModel):
         return self
 
     def train_config(self, method: str) -> TrainConfig:
-        """The training config of ``method``'s trials but their lr and seed (the protocol's
-        optimiser defaults for the method filled in)."""
+        """``method``'s training config (its lr and seed: the first of the grid)."""
         return self._specs[method].train
 
     def run_spec(self, method: str, lr: float, seed: int) -> RunSpec:
-        """The run of one trial: the method's validated base run at ``lr`` and ``seed`` (values
-        of the sweep's own validated grid), not validated again."""
+        """One trial's run: the method's validated base run at ``lr`` and ``seed``."""
         return self._specs[method].variant(lr=lr, seed=seed)
 
     def uses_torch_trainer(self) -> bool:
-        """Whether the trials drive a ``TorchTrainer`` (DDP) rather than run in place."""
         return self.num_workers > 1 or self.trial_runner == "torch_trainer"
 
     @property

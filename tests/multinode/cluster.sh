@@ -111,18 +111,18 @@ else:
 print(ray.cluster_resources(), file=sys.stderr)
 PYEOF
 }
-wait_journal() {  # OUTPUT EPOCH: until a trial of the sweep at s3://bucket/OUTPUT has
-    # checkpointed EPOCH (its journal record; the driver writes it when the checkpoint is in)
+wait_checkpoint() {  # OUTPUT EPOCH: until a trial of the sweep at s3://bucket/OUTPUT has
+    # reported its checkpoint of EPOCH (checkpoint_every: 1, Tune numbers them from 0)
     "$PY" - "$1" "$2" <<'PYEOF'
-import json, sys, time
+import sys, time
 import s3fs
 fs = s3fs.S3FileSystem()
 for _ in range(360):
     fs.invalidate_cache()
-    for key in fs.glob(f"bucket/{sys.argv[1]}/journal/trials/*.json"):
-        record = json.loads(fs.cat_file(key))
-        if record.get("epoch", 0) >= int(sys.argv[2]) and "final" not in record:
-            sys.exit(0)
+    index = int(sys.argv[2]) - 1
+    if fs.glob(f"bucket/{sys.argv[1]}/tune/trials/*/*/checkpoint_{index:06d}/trainer.pt"):
+        time.sleep(3)  # the rest of the folder, and the report
+        sys.exit(0)
     time.sleep(0.5)
 sys.exit("the trial never got there")
 PYEOF
@@ -194,7 +194,7 @@ HOLD="{\"env_vars\": {\"ASYMVLM_FAULT_INJECTION\": \"epoch=2,action=pause,second
 submit "${DRILL[@]}" s3://bucket/node "$RESULTS/job-node.log" --runtime-env-json "$HOLD" \
     --set mlflow.experiment=drill-node &
 job=$!
-if wait_journal node 2; then
+if wait_checkpoint node 2; then
     stamp node-killed
     log "the worker node goes"
     stop_worker
@@ -211,7 +211,7 @@ SHORT="{\"env_vars\": {\"MLFLOW_HTTP_REQUEST_MAX_RETRIES\": \"1\", \"MLFLOW_HTTP
 submit "${DRILL[@]}" s3://bucket/outage "$RESULTS/job-outage.log" --runtime-env-json "$SHORT" \
     --set mlflow.experiment=drill-outage --set "seeds=[0, 1]" &
 job=$!
-if wait_journal outage 1; then
+if wait_checkpoint outage 1; then
     log "the MLflow server stops"
     stamp mlflow-stopped
     stop_mlflow

@@ -23,7 +23,8 @@ OUTPUTS = ("run", "node", "outage", "flaky")  # the jobs' outputs in the bucket
 def _readable(fs: s3fs.S3FileSystem, key: str) -> str | None:
     """Why the object ``key`` does not read whole (None: it does)."""
     try:
-        if key.rsplit("/", 1)[-1].startswith("search_gen_state-"):  # Tune's, a pickle
+        name = key.rsplit("/", 1)[-1]
+        if name.startswith(("search_gen_state-", "basic-variant-state-")):  # Tune's, pickles
             cloudpickle.loads(fs.cat_file(key))
         elif key.endswith(".json"):
             json.loads(fs.cat_file(key))
@@ -44,16 +45,9 @@ def main(out: str, uri: str, proxy: str) -> None:
     keys = fs.find("bucket")
     found: dict = {"keys": keys}
     found["unreadable"] = {k: why for k in keys if (why := _readable(fs, k))}
-    found["journals"] = {}
     found["sweeps"] = {}
     for name in OUTPUTS:
         prefix = f"bucket/{name}/"
-        records = [
-            k for k in keys if k.startswith(f"{prefix}journal/trials/") and k.endswith(".json")
-        ]
-        found["journals"][name] = {
-            k.rsplit("/", 1)[1][:-5]: json.loads(fs.cat_file(k)) for k in records
-        }
         for sweep in [k for k in keys if k.startswith(prefix) and k.endswith("/sweep.json")]:
             found["sweeps"][sweep] = json.loads(fs.cat_file(sweep))
     # The history in the last checkpoint of the pipeline job's (killed and resumed) trial.
