@@ -150,7 +150,7 @@ def run_stage(args: argparse.Namespace, model: str, out: str, ray_address: str) 
         "--device",
         "cpu",
         "--dtype",
-        "float32",
+        "fp32",
     ]
     if args.sample:
         cmd += ["--sample", str(args.sample)]
@@ -224,7 +224,7 @@ def run_plain(
     paths = source.images.column("path").to_pylist()
     texts = source.captions.column("text").to_pylist()
     t1 = time.perf_counter()
-    enc = load_encoder(model, device="cpu", dtype="float32")
+    enc = load_encoder(model, device="cpu", dtype="fp32")
     t2 = time.perf_counter()
     phases["source"], phases["load_model"] = t1 - t0, t2 - t1
     decode = encode = 0.0

@@ -51,13 +51,13 @@ def hierarcaps_subset(folder: Path, n: int = 6) -> tuple[str, str]:
     return str(folder / "hierarcaps_test.csv"), str(folder / "images")
 
 
-def tiny_encoders(folder: Path, captions: list[str] | None = None) -> dict[str, str]:
+def tiny_encoders(folder: Path) -> dict[str, str]:
     """Tiny random CLIP, SigLIP and open_clip models saved under ``folder``: family -> the model
     name that loads it."""
     from asymvlm.data.tiny import save_tiny_clip, save_tiny_open_clip, save_tiny_siglip
 
     return {
-        "clip": save_tiny_clip(str(folder / "clip"), captions),
-        "siglip": save_tiny_siglip(str(folder / "siglip"), captions),
+        "clip": save_tiny_clip(str(folder / "clip")),
+        "siglip": save_tiny_siglip(str(folder / "siglip")),
         "open_clip": save_tiny_open_clip(str(folder / "open_clip")),
     }

@@ -50,7 +50,7 @@ def data() -> dict[str, list]:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, data) -> dict[str, str]:
-    return tiny_encoders(tmp_path_factory.mktemp("encoders"), data["captions"])
+    return tiny_encoders(tmp_path_factory.mktemp("encoders"))
 
 
 @pytest.fixture(scope="module")

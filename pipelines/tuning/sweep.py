@@ -267,7 +267,7 @@ def _sweep_run(sweep: SweepConfig, base: dict[str, Any], parent: str | None) -> 
         raise ConfigError(
             f"mlflow.tracking_uri: cannot open the MLflow store {config.redact(uri)}: {exc}"
         ) from None
-    if run.id:  # None while its creation waits in the spool (MLflow unreachable)
+    if run.id:  # None while its creation waits for MLflow (unreachable)
         storage.write_json(folder, _RUN_ID, {"run_id": run.id})
     run.log_text("config.yaml", yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False))
     logger.info("sweep %s: MLflow run %s in %s", sweep.label, run.id, config.redact(uri))
@@ -303,7 +303,7 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
     storage.write_text(storage.uri_join(sweep.output, SWEEP_RECORD), json.dumps(record, indent=2))
     try:
         experiment_id = run.client.get_run(run.id).info.experiment_id if run.id else None
-    except Exception:  # the store is away: its writes wait in the spool
+    except Exception:  # the store is away: its writes wait for it
         experiment_id = None
     return {
         **record,
