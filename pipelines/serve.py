@@ -46,8 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logs.configure(verbose=args.verbose)
 
     def run() -> int:
@@ -60,32 +59,25 @@ def main(argv: list[str] | None = None) -> int:
             # Ctrl-C and SIGTERM: the app is taken down, exit 130 with one line (our handlers
             # after ray.init's); during the deployment the signal is noted, acted on after.
             stop: list[int] = []
-            signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
-            signal.signal(signal.SIGINT, lambda signum, frame: stop.append(signum))
-            keep = False  # --no-block: the app stays up once deployed
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda signum, frame: stop.append(signum))
             try:
                 url = deploy(cfg)
-                signal.signal(signal.SIGTERM, _interrupt)
-                signal.signal(signal.SIGINT, _interrupt)
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, _interrupt)
                 if stop:
                     raise KeyboardInterrupt
                 print(
                     json.dumps({"url": url, "method": meta["method"], "name": cfg.name}), flush=True
                 )
-                print(
-                    f"serving {meta['method']} at {url} (POST /uncertainty, POST /score, "
-                    "GET /health); Ctrl-C stops",
-                    file=sys.stderr,
-                )
-                if args.no_block:
-                    keep = True
-                    return 0
-                while True:
+                print(f"serving at {url} (POST /uncertainty, /score; GET /health)", file=sys.stderr)
+                while not args.no_block:  # --no-block: the app stays up once deployed
                     time.sleep(3600)
-            finally:
-                if not keep and ray.is_initialized():
-                    # this app only: Serve may host others on a shared cluster
+                return 0
+            except BaseException:
+                if ray.is_initialized():  # this app only: Serve may host others on the cluster
                     serve.delete(cfg.name)
+                raise
 
     return guarded(run)
 

@@ -8,6 +8,7 @@
 # No ``from __future__ import annotations``: FastAPI reads the annotations at runtime.
 import base64
 import binascii
+import itertools
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -39,7 +40,6 @@ def _bad(message: str) -> HTTPException:
 
 @app.exception_handler(ScoringInputError)
 def _bad_input(request: Request, exc: ScoringInputError) -> JSONResponse:
-    """A caption or image the scorer cannot take: 400, naming its position."""
     return JSONResponse(status_code=400, content={"detail": str(exc)})
 
 
@@ -56,7 +56,6 @@ class ScorerDeployment:
             self.cfg.checkpoint,
             encoder=self.cfg.encoder,
             device=self.cfg.device,
-            batch_size=self.cfg.encode_batch_size,
             tracking_uri=self.cfg.tracking_uri,
         )
         self._batched.set_max_batch_size(self.cfg.max_batch_size)
@@ -108,12 +107,8 @@ class ScorerDeployment:
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
     async def _batched(self, requests: list[list[str]]) -> list[list[dict[str, Any]]]:
         """The captions of every request that came together, embedded as one batch."""
-        records = self.scorer.caption_uncertainty([c for r in requests for c in r]).records()
-        out, start = [], 0
-        for r in requests:
-            out.append(records[start : start + len(r)])
-            start += len(r)
-        return out
+        records = iter(self.scorer.caption_uncertainty([c for r in requests for c in r]).records())
+        return [list(itertools.islice(records, len(r))) for r in requests]
 
     @app.post("/score")
     async def score(self, request: ScoreRequest) -> dict[str, Any]:
@@ -122,26 +117,21 @@ class ScorerDeployment:
 
 
 def check(cfg: ServeConfig) -> dict[str, Any]:
-    """Load the scorer here, so a bad checkpoint fails before any deployment; returns its
-    ``config.json``."""
+    """Load the scorer here, so a bad checkpoint fails before any deployment; its config."""
     from asymvlm.scoring import Scorer
 
-    scorer = Scorer.from_checkpoint(
+    return Scorer.from_checkpoint(
         cfg.checkpoint, encoder=cfg.encoder, device="cpu", tracking_uri=cfg.tracking_uri
-    )
-    return scorer.meta
+    ).meta
 
 
 def deploy(cfg: ServeConfig) -> str:
     """Start Serve's HTTP proxy on ``host:port`` and deploy the scorer; returns its URL."""
     require_ray("Serve")
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    options: dict[str, Any] = {"num_cpus": cfg.cpus_per_replica}
-    if cfg.gpus_per_replica:
-        options["num_gpus"] = cfg.gpus_per_replica
+    options = {"num_cpus": cfg.cpus_per_replica, "num_gpus": cfg.gpus_per_replica}
     bound = ScorerDeployment.options(
         name=cfg.name, num_replicas=cfg.replicas, ray_actor_options=options
     ).bind(cfg.model_dump())
     serve.run(bound, name=cfg.name, route_prefix=cfg.route_prefix, blocking=False)
-    prefix = cfg.route_prefix.rstrip("/")
-    return f"http://{cfg.host}:{cfg.port}{prefix}"
+    return f"http://{cfg.host}:{cfg.port}{cfg.route_prefix.rstrip('/')}"

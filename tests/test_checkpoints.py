@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,12 +29,8 @@ def _cfg(**kw) -> TrainConfig:
     return TrainConfig(**{**base, "hidden_dim": 16, "depth": 2, "seed": 0, **kw})
 
 
-def _weights(folder) -> dict[str, torch.Tensor]:
-    return load_file(os.path.join(folder, "model.safetensors"))
-
-
 def _assert_same_weights(a, b) -> None:
-    wa, wb = _weights(a), _weights(b)
+    wa, wb = (load_file(os.path.join(f, "model.safetensors")) for f in (a, b))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -53,96 +50,55 @@ def _save(folder, method: str = "symvlm", **kw) -> None:
 
 
 # -- the folder and its atomic publication -----------------------------------------------------
-def test_a_run_writes_the_whole_folder(small_world, tmp_path) -> None:
-    out = tmp_path / "ckpt"
-    _, history = train(small_world, "train", _cfg(), output=str(out), progress=False)
-    assert sorted(os.listdir(out)) == [
-        "config.json",
-        "history.jsonl",
-        "model.safetensors",
-        "trainer.pt",
-    ]
-    meta = _meta(out)
-    assert (meta["complete"], meta["epoch"], meta["epochs"]) == (True, 4, 4)
-    assert meta["train_config"]["lr"] == 1e-3 and meta["split"] == "train"
-    assert meta["embeddings"] == os.path.abspath(small_world)
-    assert [r["epoch"] for r in read_history(out)] == [1, 2, 3, 4] == [r["epoch"] for r in history]
-    assert torch.load(out / "trainer.pt", weights_only=True)["epoch"] == 4
-    assert sorted(os.listdir(tmp_path)) == ["ckpt"]  # no hidden leftovers beside it
-
-
-def test_a_crash_while_writing_leaves_the_old_checkpoint(tmp_path) -> None:
+def test_a_killed_write_leaves_or_recovers_the_old_checkpoint(tmp_path) -> None:
     folder = tmp_path / "ckpt"
     _save(folder)
     before = {name: (folder / name).read_bytes() for name in os.listdir(folder)}
 
     def dies_halfway(staging: str) -> None:
-        with open(os.path.join(staging, "model.safetensors"), "wb") as fh:
-            fh.write(b"half a file")
+        Path(staging, "model.safetensors").write_bytes(b"half a file")
         raise KeyboardInterrupt  # as a kill would, mid-write
 
     with pytest.raises(KeyboardInterrupt):
         publish_folder(str(folder), dies_halfway)
     assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before
-    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
-
-
-def test_a_crash_between_the_renames_is_recovered(tmp_path) -> None:
-    folder = tmp_path / "ckpt"
-    _save(folder)
-    # Killed after the old folder went aside and before the new one took its place:
+    # killed after the old folder went aside and before the new one took its place:
     os.rename(folder, tmp_path / ".ckpt.previous")
     os.mkdir(tmp_path / ".ckpt.writing")
-    with pytest.raises(CheckpointError, match=r"\.ckpt\.previous; `asymvlm train --resume`"):
-        load_checkpoint(str(folder))
     recover_checkpoint(str(folder))
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
-    loaded, meta = load_checkpoint(str(folder))
-    assert meta["method"] == "symvlm" and meta["complete"] is True
+    assert load_checkpoint(str(folder))[1]["method"] == "symvlm"
 
 
 # -- load_checkpoint ---------------------------------------------------------------------------
-def test_weights_of_another_method_are_named(tmp_path) -> None:
+def test_unloadable_checkpoints_are_named(tmp_path) -> None:
     folder = tmp_path / "ckpt"
-    _save(folder)
-    meta = _meta(folder)
-    meta["method"] = "determ-ft"  # config.json edited or mixed up with another run's weights
+    _save(folder, epoch=2)
+    assert (_meta(folder)["complete"], _meta(folder)["epochs"]) == (False, 4)
+    with pytest.raises(CheckpointError, match=r"incomplete checkpoint \(epoch 2 of 4\)"):
+        load_checkpoint(str(folder))
+    assert load_checkpoint(str(folder), allow_incomplete=True)[0].name == "symvlm"
+    meta = {**_meta(folder), "method": "determ-ft", "complete": True}  # another run's config
     (folder / "config.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(str(folder))
-    message = str(err.value)
-    assert message.startswith(
+    assert str(err.value).startswith(
         f"{folder}: model.safetensors does not match config.json, which "
         "names method 'determ-ft' (dim 8): "
     )
-    assert "key(s) in state_dict" in message  # what does not fit, named by torch
-
-
-def test_missing_weights_and_incomplete_checkpoints(tmp_path) -> None:
-    folder = tmp_path / "ckpt"
-    _save(folder, epoch=2)
-    meta = _meta(folder)
-    assert (meta["complete"], meta["epoch"], meta["epochs"]) == (False, 2, 4)
-    with pytest.raises(CheckpointError, match=r"incomplete checkpoint \(epoch 2 of 4\)"):
-        load_checkpoint(str(folder))
-    loaded, _ = load_checkpoint(str(folder), allow_incomplete=True)
-    assert loaded.name == "symvlm"
-    os.remove(folder / "model.safetensors")
-    with pytest.raises(CheckpointError, match="config.json but no model.safetensors"):
-        load_checkpoint(str(folder), allow_incomplete=True)
+    assert "key(s) in state_dict" in str(err.value)  # what does not fit, named by torch
     (folder / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match="model.safetensors: unreadable"):
-        load_checkpoint(str(folder), allow_incomplete=True)
+        load_checkpoint(str(folder))
 
 
 # -- train(): refusal, overwrite, resume -----------------------------------------------------
 def test_unusable_outputs_are_refused(small_world, tmp_path, monkeypatch) -> None:
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    with pytest.raises(CheckpointError, match="is a file, not a checkpoint folder"):
-        train(small_world, "train", _cfg(), output=str(a_file))
-    with pytest.raises(CheckpointError, match=f"{a_file} is a file, not a folder"):
-        train(small_world, "train", _cfg(), output=str(a_file / "ckpt"))
+    for output in (a_file, a_file / "ckpt"):
+        with pytest.raises(CheckpointError, match=f"{a_file} is a file, not a folder"):
+            train(small_world, "train", _cfg(), output=str(output))
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
@@ -185,7 +141,17 @@ def test_resume_ends_bit_for_bit_where_an_uninterrupted_run_ends(
 ) -> None:
     cfg = _cfg(epochs=5)
     plain = str(tmp_path / "plain")
-    train(small_world, "train", cfg, output=plain, progress=False)
+    _, history = train(small_world, "train", cfg, output=plain, progress=False)
+    files = ["config.json", "history.jsonl", "model.safetensors", "trainer.pt"]
+    assert sorted(os.listdir(plain)) == files and os.listdir(tmp_path) == ["plain"]
+    meta = _meta(plain)
+    assert (meta["complete"], meta["epoch"], meta["split"]) == (True, 5, "train")
+    assert meta["train_config"]["lr"] == 1e-3 and meta["embeddings"] == os.path.abspath(small_world)
+    assert (
+        [r["epoch"] for r in read_history(plain)]
+        == [1, 2, 3, 4, 5]
+        == [r["epoch"] for r in history]
+    )
     out = str(tmp_path / "resumed")
     with monkeypatch.context() as patch:
         _die_before_epoch(patch, 4)
@@ -281,9 +247,6 @@ def test_cli_refuses_an_existing_checkpoint_in_one_line(small_world, tmp_path, c
     )
     assert main(_argv(small_world, out, "--overwrite", "--seed", "3")) == 0
     assert _meta(out)["train_config"]["seed"] == 3
-    with pytest.raises(SystemExit) as exit_:  # argparse: the two flags exclude each other
-        main(_argv(small_world, out, "--overwrite", "--resume"))
-    assert exit_.value.code == 2
 
 
 def test_cli_evaluate_refuses_an_incomplete_checkpoint(small_world, tmp_path, capsys) -> None:
@@ -298,19 +261,3 @@ def test_cli_evaluate_refuses_an_incomplete_checkpoint(small_world, tmp_path, ca
     assert "incomplete checkpoint (epoch 1 of 4)" in capsys.readouterr().err
     assert not os.path.exists(metrics)
     assert main([*args, "--allow-incomplete"]) == 0 and os.path.exists(metrics)
-
-
-def test_cli_diverged_run_exits_3_without_a_complete_checkpoint(
-    small_world, tmp_path, capsys
-) -> None:
-    out = str(tmp_path / "ckpt")
-    argv = _argv(small_world, out, "--checkpoint-every", "1")
-    argv[argv.index("adamw")] = "sgd"
-    argv[argv.index("1e-3")] = "5"
-    assert main(argv) == 3
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
-    assert "non-finite" in line and "epoch 1 of 2, step" in line and "lr 5" in line
-    assert line.endswith(f"no checkpoint was written to {out}")
-    assert not os.path.exists(os.path.join(out, "config.json"))

@@ -1,11 +1,14 @@
-"""Checkpoint folders (:mod:`.folder`), whether an output may be written or resumed
-(:mod:`.resume`), where an adapter comes from (:mod:`.sources`: a folder, an MLflow model,
+"""Checkpoint folders (:mod:`.folder`: layout, atomic writes, whether an output may be written or
+resumed), where an adapter comes from (:mod:`.sources`: a folder, an MLflow model,
 ``hf-hub:ORG/REPO[@REVISION]``) and its export as a Hugging Face model folder (:mod:`.export`)."""
 
 from asymvlm.checkpoints.export import export_adapter
 from asymvlm.checkpoints.folder import (
     MEMBER_FOLDER,
     RunState,
+    check_output,
+    check_resumable,
+    checkpoint_to_resume,
     copy_adapter,
     discard_checkpoint,
     load_checkpoint,
@@ -20,7 +23,6 @@ from asymvlm.checkpoints.folder import (
     save_pack_checkpoint,
     save_run_checkpoint,
 )
-from asymvlm.checkpoints.resume import check_output, check_resumable, checkpoint_to_resume
 from asymvlm.checkpoints.sources import is_model_uri, resolve_checkpoint
 
 __all__ = [

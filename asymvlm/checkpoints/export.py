@@ -1,16 +1,17 @@
 """A trained adapter as a Hugging Face model folder (``asymvlm export``): ``model.safetensors``,
 ``config.json`` (the checkpoint's, plus ``format``, protocol, input calibration, the source run
-and its metrics; the tables' path cut to its last component) and the ``README.md`` model card,
-published as a whole. Publishing is ``hf upload ORG/REPO FOLDER``."""
+and its metrics; the tables' path cut to its last component) and the ``README.md`` model card
+(its metadata block by ``huggingface_hub``'s ``ModelCardData``), published as a whole."""
 
 from __future__ import annotations
 
 import logging
 import math
 import os
+import re
+from collections.abc import Mapping
 from typing import Any
 
-from asymvlm.checkpoints.card import model_card, package_version
 from asymvlm.checkpoints.folder import (
     EXPORT_FORMAT,
     load_checkpoint,
@@ -20,17 +21,197 @@ from asymvlm.checkpoints.folder import (
     write_config,
     write_weights,
 )
-from asymvlm.checkpoints.sources import HUB_PREFIX, is_model_uri, resolve_checkpoint
+from asymvlm.checkpoints.sources import resolve_checkpoint
 from asymvlm.errors import CheckpointError
+from asymvlm.methods import METHODS
+from asymvlm.results import DIRECTION_MEANINGS, METRIC_MEANINGS
 
-__all__ = ["export_adapter"]
+__all__ = ["export_adapter", "model_card", "package_version"]
 
 logger = logging.getLogger(__name__)
+
+#: Encoder names that are not models (the tables of a synthetic world).
+_NO_ENCODER = "synthetic-world"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_METRIC = re.compile(r"(?:(val|test)_)?(?:(?:t2i|i2t)_)?(\w+)")
+_USE = """\
+Research on uncertainty in vision-language retrieval: ranking captions by how specific they \
+are, flagging queries whose retrieval is likely wrong, abstaining (risk-coverage), \
+none-of-the-above decisions. Not for decisions about people.
+
+## Limits
+
+* The adapter only makes sense on embeddings of the exact frozen encoder named above (its \
+revision and file hash are recorded); any other encoder gives meaningless numbers.
+* The uncertainty ranks captions within the training domain; on other data it is \
+uncalibrated and its meaning is not guaranteed.
+* Numbers above come from the run's own tables, not from a public benchmark unless those \
+tables are one."""
+
+
+def package_version() -> str:
+    """This package's installed version (without importing the package root)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("asymvlm")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
+def _label(name: str) -> str:
+    """A Hub id or open_clip name as is, a local folder by its last component."""
+    local = name.startswith(("/", ".", "~")) or os.sep in name and not _HUB_ID.fullmatch(name)
+    return f"{os.path.basename(name.rstrip('/'))} (a local folder)" if local else name
+
+
+def _evaluation(metrics: Mapping[str, float], run: Mapping[str, Any] | None) -> str:
+    """The card's evaluation: one row per final metric of the run, then what each means."""
+    rows, keys = [], []
+    for name, value in metrics.items():
+        key = _METRIC.fullmatch(name).group(2)  # type: ignore[union-attr]
+        if key in METRIC_MEANINGS:
+            split = "validation" if name.startswith("val_") else "test"
+            rows.append(f"| {name} | {split} | {value:.4f} |")
+            keys += [key] * (key not in keys)
+    if not rows or not run:
+        return (
+            "No evaluation was recorded with this adapter (exported from a checkpoint "
+            "folder): run `asymvlm evaluate` on your tables."
+        )
+    experiment = f" (experiment `{run['experiment']}`)" if run.get("experiment") else ""
+    meanings = "; ".join(f"**{d}**: {m}" for d, m in DIRECTION_MEANINGS.items())
+    return "\n".join(
+        [
+            f"The final numbers of MLflow run `{run.get('run_id')}`{experiment}. {meanings}.",
+            "",
+            "| metric | split | value |",
+            "|---|---|---|",
+            *rows,
+            "",
+            "What the numbers mean:",
+            "",
+            *(f"* `{k}`: {METRIC_MEANINGS[k]}" for k in keys),
+        ]
+    )
+
+
+def model_card(
+    config: Mapping[str, Any],
+    *,
+    metrics: Mapping[str, float] | None = None,
+    source: Mapping[str, Any] | None = None,
+    repo: str | None = None,
+    license: str = "apache-2.0",
+) -> str:
+    """The ``README.md`` of an exported adapter: the metadata block, then the method, training
+    data and protocol, evaluation (``metrics``, the final values of the MLflow run ``source``),
+    use (``repo``: the Hub repository it goes to), intended use and limits."""
+    from huggingface_hub import ModelCardData
+
+    method = str(config["method"])
+    train = dict(config.get("train_config") or {})
+    enc = {"model": config.get("embedding_model"), **(config.get("encoder") or {})}
+    name = enc["model"] if isinstance(enc["model"], str) and enc["model"] else None
+    base = name if name and _label(name) == name and _HUB_ID.fullmatch(name) else None
+    tags = ["asymvlm", "probabilistic-embeddings", "uncertainty", "vision-language"]
+    data = ModelCardData(
+        library_name="asymvlm", license=license, tags=[*tags, "clip-adapter", method]
+    )
+    if base:
+        data.base_model = base
+    cls = METHODS.get(method)
+    summary = (cls.__doc__ or "").strip().splitlines()[0] if cls and cls.__doc__ else None
+    calibration = ", ".join(
+        f"{k} = {v:.6g}" for k, v in (config.get("input_calibration") or {}).items()
+    )
+    rows = [
+        ("embedding width", config.get("dim")),
+        ("frozen encoder", _label(name) if name else None),
+        ("encoder revision", enc.get("revision")),
+        ("encoder files SHA-256", enc.get("files_sha256")),
+        ("tables", config.get("embeddings")),
+        ("split", config.get("split")),
+        ("protocol", config.get("protocol") or train.get("protocol")),
+        ("adapter input", config.get("adapter_input")),
+        ("input calibration", calibration or None),
+        ("epochs", f"{config.get('epoch')} of {config.get('epochs')}"),
+        *((k, train.get(k)) for k in ("optimizer", "lr", "batch_size", "weight_decay")),
+        ("adapter width x depth", f"{train.get('hidden_dim')} x {train.get('depth') or 'default'}"),
+        ("seed", train.get("seed")),
+    ]
+    table = "\n".join(f"| {k} | `{v}` |" for k, v in rows if v not in (None, "", "None of None"))
+    where = f"hf-hub:{repo}" if repo else "FOLDER"
+    if name and name != _NO_ENCODER:
+        use = f"""asymvlm score-text --checkpoint {where} "a dog" "a golden retriever catching a \
+red frisbee"
+```
+
+```python
+from asymvlm import Scorer
+
+scorer = Scorer.from_pretrained("{where}")
+scorer.caption_uncertainty(["a dog"])  # kappa, uncertainty, mu"""
+    else:
+        use = f"asymvlm evaluate --checkpoint {where} --embeddings TABLES --split test --output \
+metrics.json"
+    limits = ""
+    if name == _NO_ENCODER:
+        limits = """
+* Trained on a **synthetic world** (toy embeddings with known uncertainty): for learning and \
+testing the method, not for real images or text."""
+    elif name and not base:
+        limits = f"""
+* The encoder is a local folder (`{_label(name)}`, its path in `config.json`): on another \
+machine give its copy with `--encoder` (`encoder=`); a copy with other files is refused."""
+    return f"""---
+{data.to_yaml()}
+---
+
+# {method} adapter{f" for {_label(name)}" if name else ""}
+
+A probabilistic adapter for a frozen vision-language model, exported by the `asymvlm` package \
+{package_version()} (AsymVLM, Ju et al., NeurIPS 2025, and its baselines): it turns a caption's \
+embedding into a distribution whose spread is the caption's uncertainty.
+
+## Method
+
+`{method}`: {summary or "(not a registered method here)"}
+
+Its uncertainty (higher = more uncertain): {cls.uncertainty_doc if cls else "see the method"}.
+
+## Training data and protocol
+
+Trained on cached embeddings of a frozen vision-language model; only the adapter is here, the \
+encoder is referenced, not copied.
+
+| setting | value |
+|---|---|
+{table}
+
+## Evaluation
+
+{_evaluation(metrics or {}, source)}
+
+## How to use
+
+```bash
+pip install asymvlm
+
+{use}
+```
+
+Publish a folder with `hf upload ORG/REPO FOLDER` (the folder holds no pickle).
+
+## Intended use
+
+{_USE}{limits}
+"""
 
 
 def _run_of(source: str, tracking_uri: str | None) -> dict[str, Any] | None:
     """The MLflow run that logged ``source`` (None for folders and Hub models)."""
-    if not is_model_uri(source) or source.startswith(HUB_PREFIX):
+    if not source.startswith(("runs:/", "models:/")):
         return None
     from asymvlm.tracking import model_run
 
@@ -45,28 +226,21 @@ def _run_of(source: str, tracking_uri: str | None) -> dict[str, Any] | None:
 
 
 def _check_target(output: str, source_folder: str, overwrite: bool) -> None:
-    """Refuse to write over the checkpoint itself, a file, a folder holding anything but an
+    """Refuse to write over the checkpoint itself, a file or a folder holding anything but an
     earlier export, and an earlier export unless ``overwrite``."""
     target = sibling_paths(output)[0]
     if target == os.path.realpath(source_folder):
         raise CheckpointError(f"{output}: the checkpoint's own folder; export to a new folder")
-    if os.path.lexists(target) and not os.path.isdir(target):
-        raise CheckpointError(f"{output} is a file, not a folder")
-    if not os.path.isdir(target) or not os.listdir(target):
+    if not os.path.lexists(target) or os.path.isdir(target) and not os.listdir(target):
         return
     try:
         earlier = (read_checkpoint_meta(target) or {}).get("format") == EXPORT_FORMAT
     except CheckpointError:  # an unreadable config.json: not ours
         earlier = False
-    if not earlier:
-        raise CheckpointError(
-            f"{output} already holds files that are not an exported model; "
-            "choose a new or empty folder"
-        )
-    if not overwrite:
-        raise CheckpointError(
-            f"{output} already holds an exported model; pass --overwrite to replace it"
-        )
+    if not (earlier and overwrite):
+        what = "files that are not an exported model; choose a new or empty folder"
+        what = "an exported model; pass --overwrite to replace it" if earlier else what
+        raise CheckpointError(f"{output} already holds {what}")
 
 
 def export_adapter(

@@ -1,10 +1,7 @@
-"""The checkpoint folder, one layout for every writer and reader.
-
-``config.json`` names the method and holds what rebuilds it, ``complete``/``epoch``/``epochs``
-and provenance; ``model.safetensors`` the ``state_dict``; ``trainer.pt`` and ``history.jsonl``
-resume a run. A pack holds ``pack_state.pt`` and one ``member{k}`` adapter folder per finished
-member. A folder is replaced as a whole (:func:`publish_folder`).
-"""
+"""The checkpoint folder, one layout for every writer and reader: ``config.json`` (the method,
+what rebuilds it, ``complete``/``epoch``/``epochs``, provenance), ``model.safetensors``, and
+``trainer.pt`` + ``history.jsonl`` to resume a run; a pack holds ``pack_state.pt`` and one
+``member{k}`` adapter folder per finished member. A folder is replaced as a whole."""
 
 from __future__ import annotations
 
@@ -19,8 +16,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from asymvlm.errors import CheckpointError
+from asymvlm.errors import CheckpointError, ConfigError
 from asymvlm.methods import Method, build_method
+from asymvlm.storage import absolute
 from asymvlm.training import History, TrainConfig, Trainer
 
 CONFIG_FILE = "config.json"
@@ -37,6 +35,8 @@ EXPORT_FORMAT = "asymvlm-adapter"
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib")
 PACK_STATE_FILE = "pack_state.pt"
 MEMBER_FOLDER = "member{k}"
+#: Settings a resumed run may change: where it runs, not what it computes.
+RESUME_MAY_DIFFER = frozenset({"device", "stream_memory_bytes"})
 
 
 @dataclass
@@ -47,29 +47,21 @@ class RunState:
     history: History
 
 
-def member_folder(directory: str, k: int) -> str:
-    """The adapter folder of member ``k`` in the pack checkpoint ``directory``."""
-    return os.path.join(directory, MEMBER_FOLDER.format(k=k))
-
-
 def check_no_pickle(folder: str, label: str | None = None) -> None:
     """Refuse a model folder holding a pickle anywhere, naming it."""
     for root, _, files in os.walk(folder):
-        for name in sorted(files):
-            if name.lower().endswith(PICKLE_SUFFIXES):
-                where = os.path.relpath(os.path.join(root, name), folder)
-                raise CheckpointError(
-                    f"{label or folder}: holds {where}, a pickle (it can run code when loaded); "
-                    f"a model folder keeps its weights in {WEIGHTS_FILE} only"
-                )
+        for name in sorted(f for f in files if f.lower().endswith(PICKLE_SUFFIXES)):
+            raise CheckpointError(
+                f"{label or folder}: holds {os.path.relpath(os.path.join(root, name), folder)}, "
+                f"a pickle (it can run code when loaded); a model folder keeps its weights in "
+                f"{WEIGHTS_FILE} only"
+            )
 
 
 def sibling_paths(directory: str) -> tuple[str, str, str]:
     """(folder, staging, previous): the folder and its hidden siblings."""
     target = os.path.realpath(directory)
     parent, name = os.path.split(target)
-    if not name:
-        raise CheckpointError(f"{directory}: a checkpoint folder cannot be the file-system root")
     return (
         target,
         os.path.join(parent, f".{name}.writing"),
@@ -125,9 +117,8 @@ def provenance(manifest: Any) -> dict[str, Any]:
     info = manifest.to_dict()
     out: dict[str, Any] = {"embedding_model": manifest.model}
     if info.get("family"):
-        out["encoder"] = {
-            k: info.get(k) for k in ("model", "revision", "family", "files_sha256", "dim")
-        }
+        keys = ("model", "revision", "family", "files_sha256", "dim")
+        out["encoder"] = {k: info.get(k) for k in keys}
     return out
 
 
@@ -218,15 +209,12 @@ def _torch_load(path: str, what: str) -> Any:
 
 def read_run_state(directory: str) -> RunState:
     """The trainer state and history of a checkpoint folder, to resume its run."""
-    path = os.path.join(directory, TRAINER_FILE)
-    trainer = _torch_load(path, "the run")
-    if not isinstance(trainer, dict) or "epoch" not in trainer:
-        raise CheckpointError(f"{path}: not a trainer state (no epoch)")
+    trainer = _torch_load(os.path.join(directory, TRAINER_FILE), "the run")
     history = read_history(directory)
-    epoch = int(trainer["epoch"])
-    if [row.get("epoch") for row in history] != list(range(1, epoch + 1)):
+    epoch = trainer.get("epoch") if isinstance(trainer, dict) else None
+    if epoch is None or [row.get("epoch") for row in history] != list(range(1, int(epoch) + 1)):
         raise CheckpointError(
-            f"{directory}: {HISTORY_FILE} does not hold epochs 1..{epoch} of {TRAINER_FILE}; "
+            f"{directory}: {HISTORY_FILE} does not hold the epochs of {TRAINER_FILE}; "
             "pass --overwrite to start over"
         )
     return RunState(trainer=trainer, history=history)
@@ -247,7 +235,8 @@ def save_pack_checkpoint(directory: str, pack: Any) -> None:
     torch.save(pack.state_dict(), os.path.join(directory, PACK_STATE_FILE))
     for k, trainer in enumerate(pack.trainers):
         if pack.errors[k] is None and trainer.epoch == trainer.cfg.epochs:
-            save_run_checkpoint(member_folder(directory, k), trainer, state=False)
+            folder = os.path.join(directory, MEMBER_FOLDER.format(k=k))
+            save_run_checkpoint(folder, trainer, state=False)
 
 
 def read_pack_state(directory: str) -> dict[str, Any]:
@@ -265,9 +254,7 @@ def read_checkpoint_meta(directory: str) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{directory}: unreadable {CONFIG_FILE} ({exc})") from exc
     if not isinstance(meta, dict) or not {"method", "dim", "complete"} <= meta.keys():
-        raise CheckpointError(
-            f"{directory}: {CONFIG_FILE} is not a checkpoint's (no method/dim/complete)"
-        )
+        raise CheckpointError(f"{directory}: {CONFIG_FILE} is not a checkpoint's")
     return meta
 
 
@@ -277,11 +264,10 @@ def read_history(directory: str) -> History:
     if not os.path.isfile(path):
         return []
     with open(path) as fh:
-        lines = [line for line in fh.read().splitlines() if line.strip()]
-    try:
-        return [json.loads(line) for line in lines]
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: line {exc.lineno} is not JSON ({exc.msg})") from exc
+        try:
+            return [json.loads(line) for line in fh if line.strip()]
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path}: not JSON lines ({exc.msg})") from exc
 
 
 def load_checkpoint(
@@ -290,15 +276,6 @@ def load_checkpoint(
     """Rebuild the method saved by :func:`save_checkpoint`; returns (method, config dict).
     A :class:`CheckpointError` names the folder when the weights are missing, unreadable or
     do not fit the named method, and for an incomplete checkpoint unless ``allow_incomplete``."""
-    if not os.path.isdir(directory):
-        previous = sibling_paths(directory)[2]
-        hint = (
-            f" (an interrupted write left the last checkpoint in {previous}; "
-            "`asymvlm train --resume` puts it back)"
-            if os.path.isdir(previous)
-            else ""
-        )
-        raise CheckpointError(f"{directory}: no checkpoint there (no such folder){hint}")
     meta = read_checkpoint_meta(directory)
     if meta is None:
         raise CheckpointError(f"{directory}: not a checkpoint folder (no {CONFIG_FILE})")
@@ -310,14 +287,12 @@ def load_checkpoint(
         )
     if meta.get("format") == EXPORT_FORMAT:
         check_no_pickle(directory)
-    weights = os.path.join(directory, WEIGHTS_FILE)
-    if not os.path.isfile(weights):
-        raise CheckpointError(f"{directory}: {CONFIG_FILE} but no {WEIGHTS_FILE} (a partial copy?)")
     name, dim = meta["method"], meta["dim"]
     try:
         method = build_method(name, dim, **meta.get("method_kwargs", {}))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory}: cannot rebuild method {name!r}: {exc}") from exc
+    weights = os.path.join(directory, WEIGHTS_FILE)
     try:
         state = load_file(weights, device="cpu")
     except Exception as exc:  # safetensors' own error type, or an OSError
@@ -329,5 +304,73 @@ def load_checkpoint(
             f"{directory}: {WEIGHTS_FILE} does not match {CONFIG_FILE}, which names method "
             f"{name!r} (dim {dim}): {' '.join(str(exc).split())}"
         ) from exc
-    method.to(torch.device(device)).eval()
-    return method, meta
+    return method.to(torch.device(device)).eval(), meta
+
+
+def check_output(directory: str) -> None:
+    """Refuse an output that cannot hold a checkpoint folder: a file, a read-only place, the
+    current folder, a folder holding other files (it is replaced as a whole)."""
+    target = sibling_paths(directory)[0]
+    if target == os.path.realpath(os.getcwd()):
+        raise CheckpointError(f"{directory} is the current folder; name a new folder for it")
+    ancestor = target
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise CheckpointError(f"{directory}: {ancestor} is a file, not a folder")
+    parent = os.path.dirname(target) if ancestor == target else ancestor
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CheckpointError(f"{directory}: cannot write a checkpoint ({parent} is read-only)")
+    foreign = sorted(set(os.listdir(target)) - set(CHECKPOINT_FILES)) if ancestor == target else []
+    if foreign:
+        raise CheckpointError(
+            f"{directory} holds files that are not part of a checkpoint ({', '.join(foreign[:5])}"
+            "); a checkpoint replaces its whole folder: choose a new or empty folder"
+        )
+
+
+def checkpoint_to_resume(
+    directory: str, *, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any] | None:
+    """The config of the checkpoint in the run output ``directory`` to continue (``resume``),
+    or None to start fresh (none there, or ``overwrite``); a :class:`CheckpointError` for a
+    checkpoint there without either, or one that cannot be resumed."""
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other: pick one")
+    check_output(directory)
+    recover_checkpoint(directory)
+    present = [f for f in CHECKPOINT_FILES if os.path.lexists(os.path.join(directory, f))]
+    if not present or overwrite:
+        return None
+    if not resume:
+        raise CheckpointError(
+            f"{directory} already holds a checkpoint; pass --resume to continue it or "
+            "--overwrite to replace it"
+        )
+    meta = read_checkpoint_meta(directory)
+    if meta is None:
+        raise CheckpointError(f"{directory}: cannot resume: no {CONFIG_FILE}; pass --overwrite")
+    return meta
+
+
+def check_resumable(
+    directory: str, meta: dict[str, Any], cfg: TrainConfig, root: str, split: str
+) -> None:
+    """Refuse to continue a checkpoint with other settings than it was started with (``epochs``
+    shape the cosine schedule) or on other embeddings, naming the differing fields."""
+    ours = json.loads(json.dumps(cfg.model_dump()))
+    theirs = dict(meta.get("train_config", {}))
+    pairs = [(k, theirs.get(k), ours.get(k)) for k in sorted(set(ours) | set(theirs))]
+    for key, now in (("embeddings", absolute(root)), ("split", split)):
+        if key in meta:
+            pairs.append((key, absolute(meta[key]) if key == "embeddings" else meta[key], now))
+    diffs = [
+        f"{key} {then!r} (checkpoint) vs {now!r} (now)"
+        for key, then, now in pairs
+        if key not in RESUME_MAY_DIFFER and then != now
+    ]
+    if diffs:
+        raise CheckpointError(
+            f"{directory}: cannot resume with other settings: {'; '.join(diffs)}. Resume with "
+            "the checkpoint's settings, or pass --overwrite to start over"
+        )

@@ -39,19 +39,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "export",
         help="write an adapter as a Hugging Face model folder (safetensors + model card)",
         formatter_class=Help,
-        description="Write the adapter of a checkpoint folder or an MLflow model as a model "
-        "folder in the Hugging Face layout: model.safetensors (weights, no pickle), config.json "
-        "(method, width, protocol, the encoder's name/revision/hash, the input calibration) and "
-        "README.md (the model card, with the run's metrics for an "
-        "MLflow model). Load it with --checkpoint FOLDER or, once uploaded (hf upload ORG/REPO "
-        "FOLDER), --checkpoint hf-hub:ORG/REPO.",
+        description="Write the adapter of a checkpoint folder or an MLflow model as a Hugging "
+        "Face model folder: model.safetensors, config.json and README.md (the model card). Load "
+        "it with --checkpoint FOLDER or, once uploaded, --checkpoint hf-hub:ORG/REPO.",
     )
     p.add_argument(
         "--checkpoint",
         required=True,
         metavar="DIR|URI",
-        help="checkpoint folder or MLflow model URI (runs:/<run>/adapter, "
-        "models:/<name>/<version>)",
+        help="checkpoint folder or MLflow model URI (runs:/.., models:/..)",
     )
     p.add_argument("--output", required=True, metavar="FOLDER", help="the model folder to write")
     p.add_argument(

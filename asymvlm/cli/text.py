@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 
@@ -20,34 +19,34 @@ logger = logging.getLogger("asymvlm.cli")
 def read_captions(path: str, column: str) -> list[str]:
     """Captions of a ``.txt`` file (one a line) or a ``.parquet`` file (``column``); an empty or
     missing caption is an error naming its line or row."""
+    parquet = path.endswith(".parquet")
     try:
-        if path.endswith(".parquet"):
-            names = pq.read_schema(path).names
-            if column not in names:
+        if parquet:
+            table = pq.read_table(path)
+            if column not in table.column_names:
                 raise ConfigError(
-                    f"{path}: no column {column!r} (columns: {', '.join(names)}); "
+                    f"{path}: no column {column!r} (columns: {', '.join(table.column_names)}); "
                     "choose one with --column"
                 )
-            values = pq.read_table(path, columns=[column]).column(column).to_pylist()
+            values = table.column(column).to_pylist()
         else:
             with open(path, encoding="utf-8") as fh:
-                values = fh.read().splitlines()
-            while values and not values[-1].strip():  # trailing blank lines are no captions
-                values.pop()
+                values = fh.read().rstrip().splitlines()  # trailing blank lines are no captions
     except (OSError, pa.ArrowInvalid) as exc:  # missing, unreadable, not Parquet
         raise ConfigError(f"{path}: cannot read the captions ({exc})") from None
     for i, text in enumerate(values):
         if not isinstance(text, str) or not text.strip():
-            if path.endswith(".parquet"):
-                raise ConfigError(f"{path} row {i}: {column!r} is not a caption ({text!r})")
-            raise ConfigError(f"{path} line {i + 1}: empty caption")
+            where = (
+                f"row {i}: {column!r} is not a caption ({text!r})"
+                if parquet
+                else f"line {i + 1}: empty caption"
+            )
+            raise ConfigError(f"{path} {where}")
     return values
 
 
 def cmd_score_text(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from asymvlm.scoring import Scorer, ScoringInputError
+    from asymvlm.scoring import Scorer
 
     if bool(args.captions) == bool(args.input):
         raise ConfigError("give captions on the command line or --input FILE, not both")
@@ -63,29 +62,14 @@ def cmd_score_text(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         tracking_uri=args.tracking_uri,
     )
-    chunk, writer = args.batch_size * 16, None
-    with contextlib.ExitStack() as stack:
-        quiet = args.quiet or not args.input
-        bar = stack.enter_context(
-            tqdm(total=len(captions), unit="caption", desc="scoring", disable=quiet)
-        )
-        for start in range(0, len(captions), chunk):
-            try:
-                result = scorer.caption_uncertainty(captions[start : start + chunk])
-            except ScoringInputError as exc:  # positions are the file's, not the chunk's
-                raise exc.moved(start) from None
-            if not args.output:
-                for record in result.records():
-                    print(json.dumps(record, ensure_ascii=False))
-            else:
-                table = result.table()
-                if writer is None:  # written to a temporary name, renamed when complete
-                    fs, tmp = stack.enter_context(storage.atomic_path(args.output))
-                    writer = stack.enter_context(pq.ParquetWriter(tmp, table.schema, filesystem=fs))
-                writer.write_table(table)
-            bar.update(len(result.text))
-    if writer is not None:
-        logger.info("%d captions scored -> %s", len(captions), args.output)
+    result = scorer.caption_uncertainty(captions)
+    if not args.output:
+        for record in result.records():
+            print(json.dumps(record, ensure_ascii=False))
+        return 0
+    with storage.atomic_path(args.output) as (fs, tmp):
+        pq.write_table(result.table(), tmp, filesystem=fs)
+    logger.info("%d captions scored -> %s", len(captions), args.output)
     return 0
 
 
@@ -122,5 +106,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--batch-size", type=int, default=256, help="captions encoded at once")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_score_text)

@@ -21,20 +21,13 @@ class TableEncoder:
     ``root`` (first row wins); a caption not there is a :class:`ScoringInputError`."""
 
     def __init__(self, root: str, splits: Sequence[str] = ("test",), device: str = "cpu") -> None:
-        rows: dict[str, tuple[np.ndarray, float]] = {}
-        dim = None
+        self._rows: dict[str, tuple[np.ndarray, float]] = {}
         for name in splits:
             split = read_split(root, name)
-            dim = split.manifest.dim
-            norms = split.text_norms
-            embeddings = split.text_embeddings
-            for i, text in enumerate(split.texts):
-                if text not in rows:
-                    rows[text] = (embeddings[i], 1.0 if norms is None else float(norms[i]))
-        if dim is None:
-            raise ValueError("TableEncoder needs at least one split")
-        self._rows = rows
-        self.dim = int(dim)
+            norms = split.text_norms if split.text_norms is not None else [1.0] * len(split.texts)
+            for text, unit, norm in zip(split.texts, split.text_embeddings, norms, strict=True):
+                self._rows.setdefault(text, (unit, float(norm)))
+            self.dim = int(split.manifest.dim)
         self.device = torch.device(device)
         self.info = SimpleNamespace(model=f"tables:{root}")
 
@@ -49,15 +42,8 @@ class TableEncoder:
         for i, text in enumerate(texts):
             if text not in self._rows:
                 raise ScoringInputError("caption", i, f"{text!r} is not in the tables")
-        if not texts:
-            return np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32)
-        unit = np.stack([self._rows[t][0] for t in texts]).astype(np.float32)
-        norm = np.asarray([self._rows[t][1] for t in texts], np.float32)
-        return unit, norm
+        unit = np.asarray([self._rows[t][0] for t in texts], np.float32).reshape(-1, self.dim)
+        return unit, np.asarray([self._rows[t][1] for t in texts], np.float32)
 
     def projections(self) -> dict[str, np.ndarray]:
-        """None: no pre-projection features."""
         return {}
-
-    def preprocess_images(self, images: list) -> None:
-        raise ValueError("a TableEncoder embeds captions only, not images")

@@ -34,35 +34,30 @@ class CaptionUncertaintyModel(PythonModel):
 
         invalid, frame, dim = invalid_input, pd.DataFrame(model_input), int(self.meta["dim"])
         raw = self.meta.get("adapter_input", "raw") == "raw"
-        needed = {"embedding": "one list of floats per caption"}
-        if raw:
-            needed["norm"] = "the raw projection norm per caption: this adapter reads raw features"
-        for column, what in needed.items():
+        for column in ("embedding", "norm") if raw else ("embedding",):
             if column not in frame:
-                raise invalid(f"input needs a {column!r} column ({what})")
+                raise invalid(
+                    f"input needs a {column!r} column (norm: this adapter reads raw features)"
+                )
         if len(frame) == 0:
             raise invalid("input has no rows")
         emb = np.empty((len(frame), dim), dtype=np.float32)
         for row, value in enumerate(frame["embedding"]):
             try:
-                vector = np.asarray(value, dtype=np.float64)
+                vector = np.asarray(value, dtype=np.float32)
             except (TypeError, ValueError):
-                raise invalid(f"row {row}: 'embedding' must be a list of {dim} numbers") from None
-            if vector.shape != (dim,):
-                got = f"{vector.shape[0]} values" if vector.ndim == 1 else f"shape {vector.shape}"
-                raise invalid(f"row {row}: 'embedding' has {got}; this adapter expects dim {dim}")
+                vector = np.empty(0, np.float32)
+            if vector.shape != (dim,) or not np.isfinite(vector).all():
+                raise invalid(f"row {row}: 'embedding' must be {dim} finite numbers")
             emb[row] = vector
-            if not np.isfinite(emb[row]).all():  # NaN, inf, or beyond float32's range
-                raise invalid(f"row {row}: 'embedding' holds a NaN or infinite value")
         if raw:
-            norm = pd.to_numeric(frame["norm"], errors="coerce").to_numpy(dtype=np.float64)
-            bad = ~(np.isfinite(norm) & (norm > 0) & (norm < np.finfo(np.float32).max))
-            if bad.any():
-                row = int(np.flatnonzero(bad)[0])
-                value = frame["norm"].iloc[row]
+            norm = pd.to_numeric(frame["norm"], errors="coerce").to_numpy(dtype=np.float32)
+            bad = np.flatnonzero(~(np.isfinite(norm) & (norm > 0)))
+            if len(bad):
+                value = frame["norm"].iloc[bad[0]]
                 shown = repr(value) if isinstance(value, str) else str(value)
-                raise invalid(f"row {row}: 'norm' must be a positive finite number, got {shown}")
-            emb = emb * norm.astype(np.float32)[:, None]
+                raise invalid(f"row {bad[0]}: 'norm' must be a positive finite number, not {shown}")
+            emb = emb * norm[:, None]
         with torch.no_grad():
             texts = self.method.encode_texts(torch.from_numpy(emb))
             unc = self.method.text_uncertainty_from(texts)
@@ -105,8 +100,7 @@ def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
     names an encoder, as ``text-adapter``; returns the names logged."""
     meta = read_checkpoint_meta(checkpoint_dir) or {}
     dim = int(meta["dim"])
-    example = pd.DataFrame({"embedding": [[0.0] * dim], "norm": [1.0]})
-    example.at[0, "embedding"] = list(np.eye(dim, dtype=float)[0])
+    example = pd.DataFrame({"embedding": [[1.0] + [0.0] * (dim - 1)], "norm": [1.0]})
     with tempfile.TemporaryDirectory() as tmp:
         adapter = copy_adapter(checkpoint_dir, os.path.join(tmp, "checkpoint"))
         run.log_pyfunc(

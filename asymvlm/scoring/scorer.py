@@ -1,10 +1,6 @@
 """Text in, uncertainty out: :class:`Scorer`, a trained adapter with the frozen encoder its
 tables were embedded with (recorded in its checkpoint), so a caption gets the numbers ``asymvlm
-score`` gives for the same caption in a table::
-
-    >>> scorer = Scorer.from_checkpoint("runs/demo/adapter")          # doctest: +SKIP
-    >>> scorer.caption_uncertainty(["a dog", "a golden retriever catching a red frisbee"])
-"""
+score`` gives for the same caption in a table."""
 
 from __future__ import annotations
 
@@ -36,10 +32,6 @@ class ScoringInputError(AsymVLMError, ValueError):
     def __init__(self, kind: str, index: int, problem: str) -> None:
         super().__init__(f"{kind} {index}: {problem}")
         self.kind, self.index, self.problem = kind, index, problem
-
-    def moved(self, offset: int) -> ScoringInputError:
-        """The same error for inputs that started ``offset`` items later (a chunk's)."""
-        return ScoringInputError(self.kind, self.index + offset, self.problem)
 
 
 @dataclass
@@ -103,7 +95,6 @@ class Scorer:
         *,
         encoder: Any = None,
         device: str = "auto",
-        dtype: str = "float32",
         batch_size: int = 256,
         tracking_uri: str | None = None,
         pretrained: bool = False,
@@ -145,20 +136,16 @@ class Scorer:
             raise CheckpointError(f"{source}: the encoder {err}") from None
         revision = recorded.get("revision") if not encoder else None
         with logs.quiet_transformers():
-            loaded = load_encoder(name, device=device, dtype=dtype, revision=revision)
+            loaded = load_encoder(name, device=device, dtype="float32", revision=revision)
         return cls(method, meta, loaded, batch_size=batch_size)
 
     def _check_captions(self, captions: Sequence[str]) -> list[str]:
-        if isinstance(captions, str):
-            captions = [captions]
-        out = []
+        captions = [captions] if isinstance(captions, str) else list(captions)
         for i, text in enumerate(captions):
-            if not isinstance(text, str):
-                raise ScoringInputError("caption", i, f"not a string ({type(text).__name__})")
-            if not text.strip():
-                raise ScoringInputError("caption", i, "empty")
-            out.append(text)
-        return out
+            if not isinstance(text, str) or not text.strip():
+                what = "empty" if isinstance(text, str) else f"not a string ({type(text).__name__})"
+                raise ScoringInputError("caption", i, what)
+        return captions
 
     def _embed(self, items: list, encode) -> dict[str, torch.Tensor]:
         """``encode(batch)`` over batches of ``items``: (unit, norm[, pre]) joined, on the
@@ -167,8 +154,8 @@ class Scorer:
         for start in range(0, len(items), self.batch_size):
             try:
                 parts.append(encode(items[start : start + self.batch_size]))
-            except ScoringInputError as exc:
-                raise exc.moved(start) from None
+            except ScoringInputError as e:
+                raise ScoringInputError(e.kind, e.index + start, e.problem) from None
         columns = [
             torch.from_numpy(np.concatenate(c)).to(self.device) for c in zip(*parts, strict=True)
         ]
@@ -179,10 +166,10 @@ class Scorer:
 
     def _embed_images(self, images: list) -> dict[str, torch.Tensor]:
         def encode(batch: list) -> tuple[np.ndarray, ...]:
-            opened = [self._open_image(im, i) for i, im in enumerate(batch)]
-            return self.encoder.encode_pixels(
-                self.encoder.preprocess_images(opened), pre=self.uses_pre
+            pixels = self.encoder.preprocess_images(
+                [_open_image(im, i) for i, im in enumerate(batch)]
             )
+            return self.encoder.encode_pixels(pixels, pre=self.uses_pre)
 
         return self._embed(images, encode)
 
@@ -192,50 +179,19 @@ class Scorer:
         if not captions:
             empty = np.zeros((0, int(self.meta["dim"])), np.float32)
             return CaptionScores([], None, None, empty)
-        embedded = self._embed_captions(captions)
-        data = self._split(texts=embedded)
-        _, text_rows = self.method.split_inputs(data)
+        _, text_rows = self.method.split_inputs(self._split(self._embed_captions(captions)))
         with torch.no_grad():
             texts = self.method.encode_texts(text_rows)
             unc = self.method.text_uncertainty_from(texts)
-        kappa = texts.get("kappa")
-        result = CaptionScores(
-            text=captions,
-            uncertainty=None if unc is None else unc.float().cpu().numpy(),
-            kappa=None if kappa is None else kappa.float().cpu().numpy(),
-            mu=texts["mu"].float().cpu().numpy(),
-        )
-        for name in ("uncertainty", "kappa"):
-            value = getattr(result, name)
-            if value is not None and not np.isfinite(value).all():
-                bad = int(np.flatnonzero(~np.isfinite(value))[0])
+        numbers = {"uncertainty": unc, "kappa": texts.get("kappa")}
+        for name, value in numbers.items():
+            numbers[name] = None if value is None else value.float().cpu().numpy()
+            if value is not None and not torch.isfinite(value).all():
+                bad = int(torch.nonzero(~torch.isfinite(value))[0])
                 raise ScoringInputError(
                     "caption", bad, f"the adapter gives a non-finite {name} for {captions[bad]!r}"
                 )
-        return result
-
-    @staticmethod
-    def _open_image(image: Any, index: int):
-        """A PIL image from a PIL image, a path or encoded bytes, decoded as the embedding stage
-        decodes."""
-        from PIL import Image
-
-        from asymvlm.data.encode import load_image
-
-        if isinstance(image, Image.Image):
-            return image.convert("RGB")
-        if isinstance(image, bytes | bytearray):
-            row = {"data": bytes(image)}
-        elif isinstance(image, str | os.PathLike):
-            row = {"path": os.fspath(image)}
-        else:
-            raise ScoringInputError(
-                "image", index, f"give a PIL image, a path or bytes, not {type(image).__name__}"
-            )
-        try:
-            return load_image(row)
-        except OSError as exc:  # PIL's UnidentifiedImageError too
-            raise ScoringInputError("image", index, f"cannot be decoded ({exc})") from None
+        return CaptionScores(captions, mu=texts["mu"].float().cpu().numpy(), **numbers)
 
     def score(self, images: Sequence[Any], captions: Sequence[str]) -> np.ndarray:
         """[n_captions, n_images] retrieval scores (the log-likelihood for AsymVLM, App. A.2)."""
@@ -270,3 +226,26 @@ class Scorer:
             text_pre=texts.get("pre"),
             **self.projections,
         )
+
+
+def _open_image(image: Any, index: int):
+    """A PIL image from a PIL image, a path or encoded bytes, decoded as the embedding stage
+    decodes."""
+    from PIL import Image
+
+    from asymvlm.data.encode import load_image
+
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if isinstance(image, bytes | bytearray):
+        row = {"data": bytes(image)}
+    elif isinstance(image, str | os.PathLike):
+        row = {"path": os.fspath(image)}
+    else:
+        raise ScoringInputError(
+            "image", index, f"give a PIL image, a path or bytes, not {type(image).__name__}"
+        )
+    try:
+        return load_image(row)
+    except OSError as exc:  # PIL's UnidentifiedImageError too
+        raise ScoringInputError("image", index, f"cannot be decoded ({exc})") from None

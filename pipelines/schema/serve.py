@@ -41,7 +41,6 @@ class ServeConfig(StrictModel):
     batch_wait_timeout_s: Annotated[float, Field(ge=0)] = Field(
         0.01, description="how long a request waits for others"
     )
-    encode_batch_size: PositiveInt = Field(256, description="captions encoded at once")
     max_caption_chars: PositiveInt = Field(1000, description="characters per caption, at most")
     max_captions: PositiveInt = Field(1024, description="captions per request, at most")
     max_images: PositiveInt = Field(64, description="images per request, at most")
