@@ -1,12 +1,7 @@
 """Caption uncertainty over HTTP: an :class:`asymvlm.Scorer` behind Ray Serve.
 
-    python pipelines/serve.py --checkpoint runs/demo/sweeps/hierarcaps-tiny/adapters/<method>/seed0
-    python pipelines/serve.py --config serve.yaml [--set replicas=2 --set gpus_per_replica=0.5]
-
-The keys are :class:`pipelines.schema.ServeConfig`'s, the API :mod:`pipelines.serving`'s. The
-adapter is checked before anything is deployed (a bad checkpoint: one line, exit 2). Runs until
-Ctrl-C or SIGTERM, then deletes its own app; ``--no-block``: deploy and return.
-"""
+Settings: :class:`pipelines.schema.ServeConfig` (``--config`` YAML, ``--set KEY=VALUE``); the API:
+:mod:`pipelines.serving`. Runs until Ctrl-C or SIGTERM, then deletes its own app."""
 
 from __future__ import annotations
 

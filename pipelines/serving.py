@@ -1,9 +1,6 @@
-"""Ray Serve wiring: :class:`asymvlm.Scorer` as a deployment behind FastAPI.
-
-``POST /uncertainty`` ``{"captions": [...]}`` -> ``{"results": [{"text", "kappa", "uncertainty"}]}``
-(the numbers of ``asymvlm score-text``); ``POST /score`` ``{"captions", "images": [base64]}`` ->
-``{"scores"}`` (captions x images); ``GET /health``. Bad input is a 400 naming its position.
-"""
+"""Ray Serve wiring: :class:`asymvlm.Scorer` behind FastAPI. ``POST /uncertainty``
+``{"captions"}`` -> ``{"results": [{"text", "kappa", "uncertainty"}]}``; ``POST /score``
+``{"captions", "images": [base64]}`` -> ``{"scores"}``; ``GET /health``; bad input: a 400."""
 
 # No ``from __future__ import annotations``: FastAPI reads the annotations at runtime.
 import base64
@@ -43,21 +40,23 @@ def _bad_input(request: Request, exc: ScoringInputError) -> JSONResponse:
     return JSONResponse(status_code=400, content={"detail": str(exc)})
 
 
+def _scorer(cfg: ServeConfig, device: str) -> Any:
+    """The scorer of ``cfg`` (defined before the deployment, which is pickled as it is made)."""
+    from asymvlm.scoring import Scorer
+
+    return Scorer.from_checkpoint(
+        cfg.checkpoint, encoder=cfg.encoder, device=device, tracking_uri=cfg.tracking_uri
+    )
+
+
 @serve.deployment
 @serve.ingress(app)
 class ScorerDeployment:
     """One replica: the scorer on its device; batched ``/uncertainty`` when ``batching``."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
-        from asymvlm.scoring import Scorer
-
         self.cfg = ServeConfig.model_validate(settings)
-        self.scorer = Scorer.from_checkpoint(
-            self.cfg.checkpoint,
-            encoder=self.cfg.encoder,
-            device=self.cfg.device,
-            tracking_uri=self.cfg.tracking_uri,
-        )
+        self.scorer = _scorer(self.cfg, self.cfg.device)
         self._batched.set_max_batch_size(self.cfg.max_batch_size)
         self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
 
@@ -118,11 +117,7 @@ class ScorerDeployment:
 
 def check(cfg: ServeConfig) -> dict[str, Any]:
     """Load the scorer here, so a bad checkpoint fails before any deployment; its config."""
-    from asymvlm.scoring import Scorer
-
-    return Scorer.from_checkpoint(
-        cfg.checkpoint, encoder=cfg.encoder, device="cpu", tracking_uri=cfg.tracking_uri
-    ).meta
+    return _scorer(cfg, "cpu").meta
 
 
 def deploy(cfg: ServeConfig) -> str:

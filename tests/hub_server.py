@@ -1,7 +1,5 @@
-"""A stand-in for the Hugging Face Hub on 127.0.0.1 (``http.server``): the routes
-``huggingface_hub`` downloads by (``api/models/REPO/revision/REV``, ``api/models/REPO/tree/SHA``,
-``REPO/resolve/REV/FILE``) with the headers it reads (``X-Repo-Commit``, ``ETag``,
-``X-Error-Code``)."""
+"""A stand-in for the Hugging Face Hub on 127.0.0.1 (``http.server``): the routes and headers
+``huggingface_hub`` downloads by."""
 
 from __future__ import annotations
 
@@ -69,15 +67,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serve_hub() -> Iterator[FakeHub]:
-    """A :class:`FakeHub` on 127.0.0.1 (a free port) until the block ends; ``hub.url`` is its
-    endpoint."""
+def serve_hub(monkeypatch) -> Iterator[FakeHub]:
+    """A :class:`FakeHub` on 127.0.0.1 (a free port), ``huggingface_hub``'s Hub until the block
+    ends."""
+    from huggingface_hub import constants
+
     hub = FakeHub()
     handler = type("Handler", (_Handler,), {"hub": hub})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     hub.url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    template = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
     try:
         yield hub
     finally:

@@ -1,6 +1,5 @@
 """A Hub model that cannot be had here is named before any worker starts, with the reason and
-exit 2 -- not a worker's traceback after the Hub client's retries. The Hub is a stand-in on
-127.0.0.1 (or a closed port); the cache a temporary folder."""
+exit 2. The Hub is a stand-in on 127.0.0.1 (or a closed port); the cache a temporary folder."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ LAION = "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
 
 @pytest.fixture
 def hub(hub_cache, monkeypatch, tmp_path) -> Iterator[Callable[..., None]]:
-    """``hub(repo, *files)`` publishes a repository on a Hub on 127.0.0.1."""
-    from huggingface_hub import constants
+    """``hub(repo, *files)`` publishes a repository on the stand-in Hub."""
 
     def add(repo: str, *files: str) -> None:
         folder = tmp_path / "repos" / repo
@@ -28,53 +26,35 @@ def hub(hub_cache, monkeypatch, tmp_path) -> Iterator[Callable[..., None]]:
             (folder / name).write_text("{}")
         server.add(repo, str(folder))
 
-    with serve_hub() as server:
-        template = server.url + "/{repo_id}/resolve/{revision}/{filename}"
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    with serve_hub(monkeypatch) as server:
         yield add
 
 
 def test_which_files_a_name_is_fetched_by(tmp_path) -> None:
-    assert hub_files("openai/clip-vit-base-patch32") == (
-        "openai/clip-vit-base-patch32",
-        ("config.json",),
-    )
-    assert hub_files("open_clip:ViT-B-32/laion2b_s34b_b79k") == (
-        LAION,
-        ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"),
-    )
-    assert hub_files("open_clip:hf-hub:timm/ViT-B-16-SigLIP") == (
-        "timm/ViT-B-16-SigLIP",
-        ("open_clip_config.json",),
-    )
+    clip, siglip = "openai/clip-vit-base-patch32", "timm/ViT-B-16-SigLIP"
+    assert hub_files(clip) == (clip, ("config.json",))
+    weights = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+    assert hub_files("open_clip:ViT-B-32/laion2b_s34b_b79k") == (LAION, weights)
+    assert hub_files(f"open_clip:hf-hub:{siglip}") == (siglip, ("open_clip_config.json",))
     # local folders and files are never the Hub's
-    assert hub_files(str(tmp_path)) is None
-    assert hub_files("./models/clip") is None
+    assert hub_files(str(tmp_path)) is None and hub_files("./models/clip") is None
     assert hub_files(f"open_clip:local-dir:{tmp_path}") is None
     assert hub_files(f"open_clip:ViT-B-32/{tmp_path}/weights.pt") is None
 
 
-def test_a_cached_model_needs_no_hub(hub_cache) -> None:
-    """The Hub is a closed port: only the cache can answer."""
+def test_the_cache_answers_when_the_hub_cannot(hub_cache, monkeypatch) -> None:
+    """The Hub is a closed port: only the cache can answer, or the error says why not."""
+    from huggingface_hub import constants
+
+    message = r"'openai/clip-vit-base-patch32' is not in the Hugging Face cache \(.*hf-cache\) and "
+    with pytest.raises(
+        ValueError, match=message + r"the Hub cannot be asked for it \(.*\); download"
+    ):
+        check_hub_model("openai/clip-vit-base-patch32")
     hub_cache("openai/clip-vit-base-patch32", "config.json")
     check_hub_model("openai/clip-vit-base-patch32")
     hub_cache(LAION, "open_clip_pytorch_model.bin")  # either weights file will do
     check_hub_model("open_clip:ViT-B-32/laion2b_s34b_b79k")
-
-
-def test_an_unreachable_hub_is_named_at_once(hub_cache) -> None:
-    with pytest.raises(
-        ValueError,
-        match=r"is not in the Hugging Face cache \(.*hf-cache\) and "
-        r"the Hub cannot be asked for it \(.*\); download it",
-    ) as exc:
-        check_hub_model("openai/clip-vit-base-patch32")
-    assert "'openai/clip-vit-base-patch32'" in str(exc.value)
-
-
-def test_offline_mode_is_named(hub_cache, monkeypatch) -> None:
-    from huggingface_hub import constants
-
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match="HF_HUB_OFFLINE is set"):
         check_hub_model("google/siglip-base-patch16-224")

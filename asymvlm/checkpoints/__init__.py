@@ -1,8 +1,7 @@
 """Checkpoint folders (:mod:`.folder`: layout, atomic writes, whether an output may be written or
-resumed), where an adapter comes from (:mod:`.sources`: a folder, an MLflow model,
-``hf-hub:ORG/REPO[@REVISION]``) and its export as a Hugging Face model folder (:mod:`.export`)."""
+resumed) and adapters shared as model folders (:mod:`.sharing`: from a folder, an MLflow model or
+``hf-hub:ORG/REPO[@REVISION]``; exported as a Hugging Face model folder)."""
 
-from asymvlm.checkpoints.export import export_adapter
 from asymvlm.checkpoints.folder import (
     MEMBER_FOLDER,
     RunState,
@@ -23,7 +22,7 @@ from asymvlm.checkpoints.folder import (
     save_pack_checkpoint,
     save_run_checkpoint,
 )
-from asymvlm.checkpoints.sources import is_model_uri, resolve_checkpoint
+from asymvlm.checkpoints.sharing import export_adapter, is_model_uri, resolve_checkpoint
 
 __all__ = [
     "MEMBER_FOLDER",

@@ -62,16 +62,11 @@ def sibling_paths(directory: str) -> tuple[str, str, str]:
     """(folder, staging, previous): the folder and its hidden siblings."""
     target = os.path.realpath(directory)
     parent, name = os.path.split(target)
-    return (
-        target,
-        os.path.join(parent, f".{name}.writing"),
-        os.path.join(parent, f".{name}.previous"),
-    )
+    return target, os.path.join(parent, f".{name}.writing"), os.path.join(parent, f".{name}.old")
 
 
 def recover_checkpoint(directory: str) -> None:
-    """After a killed :func:`publish_folder`: put the old folder back if the new one never took
-    its place; delete the leftovers."""
+    """After a killed :func:`publish_folder`: the old folder back in place, no leftovers."""
     target, staging, previous = sibling_paths(directory)
     if os.path.isdir(previous):
         if os.path.lexists(target):
@@ -82,8 +77,7 @@ def recover_checkpoint(directory: str) -> None:
 
 
 def publish_folder(directory: str, write: Callable[[str], None]) -> None:
-    """Replace the folder ``directory`` as a whole by what ``write(staging)`` writes into a
-    hidden sibling: the old folder is renamed aside, the new one renamed into place."""
+    """Replace the folder ``directory`` as a whole by what ``write(staging)`` writes beside it."""
     target, staging, previous = sibling_paths(directory)
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -95,10 +89,7 @@ def publish_folder(directory: str, write: Callable[[str], None]) -> None:
         os.rename(staging, target)
         shutil.rmtree(previous, ignore_errors=True)
     except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
-        raise CheckpointError(
-            f"{directory}: cannot write the checkpoint: {exc.strerror or exc}{where}"
-        ) from exc
+        raise CheckpointError(f"{directory}: cannot write the checkpoint ({exc})") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # only left when something failed
 
@@ -110,16 +101,12 @@ def discard_checkpoint(directory: str) -> None:
 
 
 def provenance(manifest: Any) -> dict[str, Any]:
-    """What a checkpoint records of its tables' :class:`~asymvlm.tables.Manifest`: the
-    embedding model and, for tables of the embedding stage, the encoder to embed new inputs."""
+    """What a checkpoint records of its tables' manifest: the model and encoder they come from."""
     if manifest is None:
         return {}
-    info = manifest.to_dict()
-    out: dict[str, Any] = {"embedding_model": manifest.model}
-    if info.get("family"):
-        keys = ("model", "revision", "family", "files_sha256", "dim")
-        out["encoder"] = {k: info.get(k) for k in keys}
-    return out
+    info, keys = manifest.to_dict(), ("model", "revision", "family", "files_sha256", "dim")
+    encoder = {"encoder": {k: info.get(k) for k in keys}} if info.get("family") else {}
+    return {"embedding_model": manifest.model, **encoder}
 
 
 def write_weights(state: dict[str, torch.Tensor], folder: str) -> None:
@@ -145,8 +132,7 @@ def save_checkpoint(
     trainer_state: dict[str, Any] | None = None,
     history: History | None = None,
 ) -> None:
-    """Write the checkpoint folder ``directory`` as a whole; ``epoch`` defaults to the end of
-    training, ``complete`` to ``epoch >= epochs``."""
+    """Write the checkpoint folder ``directory``; ``epoch`` defaults to the end of training."""
     epochs = cfg.epochs if method.trainable else 0
     epoch = epochs if epoch is None else int(epoch)
     meta = {
@@ -199,17 +185,17 @@ def save_run_checkpoint(
     )
 
 
-def _torch_load(path: str, what: str) -> Any:
+def _torch_load(path: str) -> Any:
     """A ``torch.save`` file on the CPU, weights only (the RNG state must stay on the CPU)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"{path}: cannot resume {what} from it ({exc})") from exc
+        raise CheckpointError(f"{path}: cannot resume from it ({exc})") from exc
 
 
 def read_run_state(directory: str) -> RunState:
     """The trainer state and history of a checkpoint folder, to resume its run."""
-    trainer = _torch_load(os.path.join(directory, TRAINER_FILE), "the run")
+    trainer = _torch_load(os.path.join(directory, TRAINER_FILE))
     history = read_history(directory)
     epoch = trainer.get("epoch") if isinstance(trainer, dict) else None
     if epoch is None or [row.get("epoch") for row in history] != list(range(1, int(epoch) + 1)):
@@ -229,8 +215,7 @@ def copy_adapter(directory: str, target: str) -> str:
 
 
 def save_pack_checkpoint(directory: str, pack: Any) -> None:
-    """A :class:`~asymvlm.training.PackedTrainer`'s checkpoint: its state and the adapter of
-    every member that has finished its epochs."""
+    """A pack's checkpoint: its state and the adapter of every member that has finished."""
     os.makedirs(directory, exist_ok=True)
     torch.save(pack.state_dict(), os.path.join(directory, PACK_STATE_FILE))
     for k, trainer in enumerate(pack.trainers):
@@ -240,7 +225,7 @@ def save_pack_checkpoint(directory: str, pack: Any) -> None:
 
 
 def read_pack_state(directory: str) -> dict[str, Any]:
-    return _torch_load(os.path.join(directory, PACK_STATE_FILE), "the pack")
+    return _torch_load(os.path.join(directory, PACK_STATE_FILE))
 
 
 def read_checkpoint_meta(directory: str) -> dict[str, Any] | None:
@@ -273,9 +258,8 @@ def read_history(directory: str) -> History:
 def load_checkpoint(
     directory: str, device: str | torch.device = "cpu", *, allow_incomplete: bool = False
 ) -> tuple[Method, dict[str, Any]]:
-    """Rebuild the method saved by :func:`save_checkpoint`; returns (method, config dict).
-    A :class:`CheckpointError` names the folder when the weights are missing, unreadable or
-    do not fit the named method, and for an incomplete checkpoint unless ``allow_incomplete``."""
+    """(method, config) of the checkpoint folder ``directory``; an incomplete checkpoint only
+    with ``allow_incomplete``."""
     meta = read_checkpoint_meta(directory)
     if meta is None:
         raise CheckpointError(f"{directory}: not a checkpoint folder (no {CONFIG_FILE})")
@@ -308,8 +292,7 @@ def load_checkpoint(
 
 
 def check_output(directory: str) -> None:
-    """Refuse an output that cannot hold a checkpoint folder: a file, a read-only place, the
-    current folder, a folder holding other files (it is replaced as a whole)."""
+    """Refuse an output that cannot hold a checkpoint folder (replaced as a whole)."""
     target = sibling_paths(directory)[0]
     if target == os.path.realpath(os.getcwd()):
         raise CheckpointError(f"{directory} is the current folder; name a new folder for it")
@@ -332,9 +315,8 @@ def check_output(directory: str) -> None:
 def checkpoint_to_resume(
     directory: str, *, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any] | None:
-    """The config of the checkpoint in the run output ``directory`` to continue (``resume``),
-    or None to start fresh (none there, or ``overwrite``); a :class:`CheckpointError` for a
-    checkpoint there without either, or one that cannot be resumed."""
+    """The config of the checkpoint in ``directory`` to continue (``resume``), or None to start
+    fresh (none there, or ``overwrite``)."""
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: pick one")
     check_output(directory)
@@ -356,8 +338,7 @@ def checkpoint_to_resume(
 def check_resumable(
     directory: str, meta: dict[str, Any], cfg: TrainConfig, root: str, split: str
 ) -> None:
-    """Refuse to continue a checkpoint with other settings than it was started with (``epochs``
-    shape the cosine schedule) or on other embeddings, naming the differing fields."""
+    """Refuse to continue a checkpoint with other settings or embeddings, naming them."""
     ours = json.loads(json.dumps(cfg.model_dump()))
     theirs = dict(meta.get("train_config", {}))
     pairs = [(k, theirs.get(k), ours.get(k)) for k in sorted(set(ours) | set(theirs))]

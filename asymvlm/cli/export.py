@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 from asymvlm.cli.common import Help
 
@@ -15,7 +14,7 @@ logger = logging.getLogger("asymvlm.cli")
 def cmd_export(args: argparse.Namespace) -> int:
     from asymvlm.checkpoints import export_adapter
 
-    config = export_adapter(
+    export_adapter(
         args.checkpoint,
         args.output,
         tracking_uri=args.tracking_uri,
@@ -23,14 +22,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         license=args.license,
         overwrite=args.overwrite,
     )
-    logger.info(
-        "%s adapter exported to %s (model.safetensors, config.json, README.md); publish it "
-        "with: hf upload %s %s",
-        config["method"],
-        args.output,
-        args.repo or "ORG/REPO",
-        args.output,
-    )
+    logger.info("publish it with: hf upload %s %s", args.repo or "ORG/REPO", args.output)
     return 0
 
 
@@ -43,24 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Face model folder: model.safetensors, config.json and README.md (the model card). Load "
         "it with --checkpoint FOLDER or, once uploaded, --checkpoint hf-hub:ORG/REPO.",
     )
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="DIR|URI",
-        help="checkpoint folder or MLflow model URI (runs:/.., models:/..)",
-    )
+    p.add_argument("--checkpoint", required=True, metavar="DIR|URI", help="folder or MLflow URI")
     p.add_argument("--output", required=True, metavar="FOLDER", help="the model folder to write")
-    p.add_argument(
-        "--repo",
-        default=None,
-        metavar="ORG/REPO",
-        help="the Hub repository it will be uploaded to (named in the card's snippets)",
-    )
+    p.add_argument("--repo", metavar="ORG/REPO", help="the Hub repository named in the card")
     p.add_argument("--license", default="apache-2.0", help="the card's license")
-    p.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="the MLflow store of a runs:/ or models:/ URI (default: $MLFLOW_TRACKING_URI)",
-    )
+    p.add_argument("--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export there")
     p.set_defaults(func=cmd_export)

@@ -35,13 +35,10 @@ def read_captions(path: str, column: str) -> list[str]:
     except (OSError, pa.ArrowInvalid) as exc:  # missing, unreadable, not Parquet
         raise ConfigError(f"{path}: cannot read the captions ({exc})") from None
     for i, text in enumerate(values):
-        if not isinstance(text, str) or not text.strip():
-            where = (
-                f"row {i}: {column!r} is not a caption ({text!r})"
-                if parquet
-                else f"line {i + 1}: empty caption"
-            )
-            raise ConfigError(f"{path} {where}")
+        if parquet and not (isinstance(text, str) and text.strip()):
+            raise ConfigError(f"{path} row {i}: {column!r} is not a caption ({text!r})")
+        if not text.strip():
+            raise ConfigError(f"{path} line {i + 1}: empty caption")
     return values
 
 
@@ -83,27 +80,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "where the method has one, uncertainty), or write them to --output as Parquet.",
     )
     p.add_argument("captions", nargs="*", metavar="CAPTION", help="captions to score")
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="DIR|URI",
-        help="checkpoint or model folder, MLflow model URI (runs:/.., models:/..) or "
-        "hf-hub:ORG/REPO[@REVISION]",
-    )
+    p.add_argument("--checkpoint", required=True, metavar="DIR|URI", help="folder, URI, hf-hub:")
     p.add_argument("--input", metavar="FILE", help="captions.txt (one a line) or .parquet")
     p.add_argument("--column", default="text", help="the caption column of a .parquet input")
     p.add_argument("--output", metavar="FILE.parquet", help="write text, kappa, uncertainty here")
-    p.add_argument(
-        "--encoder",
-        default=None,
-        metavar="MODEL",
-        help="the encoder to use instead of the one the checkpoint names (a moved folder)",
-    )
-    p.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="the MLflow store of a runs:/ or models:/ URI (default: $MLFLOW_TRACKING_URI)",
-    )
+    p.add_argument("--encoder", metavar="MODEL", help="instead of the one the checkpoint names")
+    p.add_argument("--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--batch-size", type=int, default=256, help="captions encoded at once")
     p.set_defaults(func=cmd_score_text)

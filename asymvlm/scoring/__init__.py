@@ -2,7 +2,6 @@
 :class:`TableEncoder` (captions looked up in tables without an encoder) and, in
 :mod:`~asymvlm.scoring.models`, the adapter as MLflow models."""
 
-from asymvlm.scoring.lookup import TableEncoder
-from asymvlm.scoring.scorer import CaptionScores, Scorer, ScoringInputError
+from asymvlm.scoring.scorer import CaptionScores, Scorer, ScoringInputError, TableEncoder
 
 __all__ = ["CaptionScores", "Scorer", "ScoringInputError", "TableEncoder"]

@@ -21,6 +21,16 @@ __all__ = ["CaptionTextModel", "CaptionUncertaintyModel", "log_adapter_models"]
 REQUIREMENTS = ("torch", "numpy", "pandas", "scipy", "pyarrow", "mlflow")
 
 
+def _answer(index: pd.Index, uncertainty: Any, kappa: Any) -> pd.DataFrame:
+    """The models' output: ``uncertainty`` and ``kappa`` per row, null where undefined."""
+    columns = {"uncertainty": uncertainty, "kappa": kappa}
+    nulls = [None] * len(index)
+    return pd.DataFrame(
+        {k: nulls if v is None else np.asarray(v, np.float64) for k, v in columns.items()},
+        index=index,
+    )
+
+
 class CaptionUncertaintyModel(PythonModel):
     """Frozen text embeddings in (``embedding``: d floats a row, and ``norm`` for adapters on
     raw features), ``uncertainty`` and ``kappa`` (null where undefined) out. Bad input is an
@@ -61,14 +71,11 @@ class CaptionUncertaintyModel(PythonModel):
         with torch.no_grad():
             texts = self.method.encode_texts(torch.from_numpy(emb))
             unc = self.method.text_uncertainty_from(texts)
-        out: dict[str, Any] = {}
         for name, value in (("uncertainty", unc), ("kappa", texts.get("kappa"))):
-            array = None if value is None else value.float().numpy().astype(np.float64)
-            if array is not None and not np.isfinite(array).all():
-                row = int(np.flatnonzero(~np.isfinite(array))[0])
+            if value is not None and not torch.isfinite(value).all():
+                row = int(torch.nonzero(~torch.isfinite(value))[0])
                 raise invalid(f"row {row}: the adapter gives a non-finite {name} for this input")
-            out[name] = [None] * len(frame) if array is None else array
-        return pd.DataFrame(out, index=frame.index)
+        return _answer(frame.index, unc, texts.get("kappa"))
 
 
 class CaptionTextModel(PythonModel):
@@ -86,13 +93,7 @@ class CaptionTextModel(PythonModel):
             result = self.scorer.caption_uncertainty(list(frame["text"]))
         except ScoringInputError as exc:
             raise invalid_input(f"row {exc.index}: {exc.problem}") from None
-        return pd.DataFrame(
-            {
-                k: [None] * len(frame) if v is None else v
-                for k, v in (("uncertainty", result.uncertainty), ("kappa", result.kappa))
-            },
-            index=frame.index,
-        )
+        return _answer(frame.index, result.uncertainty, result.kappa)
 
 
 def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:

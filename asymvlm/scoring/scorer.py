@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,11 +20,9 @@ from asymvlm.data.encoder import files_sha256, load_encoder, local_source
 from asymvlm.data.encoder.hub import check_hub_model
 from asymvlm.errors import AsymVLMError, CheckpointError
 from asymvlm.splits import SplitTensors
+from asymvlm.tables import read_split
 
-__all__ = ["CaptionScores", "Scorer", "ScoringInputError"]
-
-#: Models that are names of tables, not encoders (the synthetic worlds).
-NOT_AN_ENCODER = frozenset({"synthetic-world"})
+__all__ = ["CaptionScores", "Scorer", "ScoringInputError", "TableEncoder"]
 
 
 class ScoringInputError(AsymVLMError, ValueError):
@@ -49,16 +48,44 @@ class CaptionScores:
 
     def table(self) -> pa.Table:
         """``text``, ``kappa`` and ``uncertainty`` columns (null where undefined)."""
-        n = len(self.text)
-        return pa.table(
-            {
-                "text": pa.array(self.text, pa.string()),
-                **{
-                    k: pa.nulls(n, pa.float32()) if v is None else pa.array(v, pa.float32())
-                    for k, v in (("kappa", self.kappa), ("uncertainty", self.uncertainty))
-                },
-            }
-        )
+        numbers = {"kappa": self.kappa, "uncertainty": self.uncertainty}
+        none = pa.nulls(len(self.text), pa.float32())
+        columns = {k: none if v is None else pa.array(v, pa.float32()) for k, v in numbers.items()}
+        return pa.table({"text": pa.array(self.text, pa.string()), **columns})
+
+
+class TableEncoder:
+    """An encoder for tables that have none (the synthetic worlds): captions' (unit embedding,
+    raw norm) looked up by text in ``splits`` of the tables at ``root`` (first row wins), so a
+    :class:`Scorer` gives the numbers ``asymvlm score`` gives for the same rows."""
+
+    def __init__(self, root: str, splits: Sequence[str] = ("test",), device: str = "cpu") -> None:
+        self._rows: dict[str, tuple[np.ndarray, float]] = {}
+        for name in splits:
+            split = read_split(root, name)
+            norms = split.text_norms if split.text_norms is not None else [1.0] * len(split.texts)
+            for text, unit, norm in zip(split.texts, split.text_embeddings, norms, strict=True):
+                self._rows.setdefault(text, (unit, float(norm)))
+            self.dim = int(split.manifest.dim)
+        self.device = torch.device(device)
+        self.info = SimpleNamespace(model=f"tables:{root}")
+
+    def captions(self) -> list[str]:
+        """Every caption it can embed, in table order."""
+        return list(self._rows)
+
+    def encode_texts(self, texts: list[str], pre: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(unit embeddings [n, dim], raw norms [n]) of ``texts``, from the tables."""
+        if pre:
+            raise ValueError("a TableEncoder has no pre-projection features")
+        for i, text in enumerate(texts):
+            if text not in self._rows:
+                raise ScoringInputError("caption", i, f"{text!r} is not in the tables")
+        unit = np.asarray([self._rows[t][0] for t in texts], np.float32).reshape(-1, self.dim)
+        return unit, np.asarray([self._rows[t][1] for t in texts], np.float32)
+
+    def projections(self) -> dict[str, np.ndarray]:
+        return {}
 
 
 class Scorer:
@@ -99,17 +126,15 @@ class Scorer:
         tracking_uri: str | None = None,
         pretrained: bool = False,
     ) -> Scorer:
-        """The adapter of ``source`` (a checkpoint folder, an MLflow model URI or
-        ``hf-hub:ORG/REPO[@REVISION]``) with the encoder its checkpoint names, or ``encoder``
-        (a name, or an encoder object such as a :class:`~asymvlm.scoring.TableEncoder`).
-        Local encoder files that changed since the tables were embedded are refused."""
+        """The adapter of ``source`` (a folder, an MLflow model URI or a Hub name) with the
+        encoder its checkpoint names, or ``encoder`` (a name, or an encoder object)."""
         folder = resolve_checkpoint(source, tracking_uri, pretrained=pretrained)
         method, meta = load_checkpoint(folder, "cpu")
         if encoder is not None and not isinstance(encoder, str):  # an encoder, already loaded
             return cls(method, meta, encoder, batch_size=batch_size)
         recorded = meta.get("encoder") or {}
         name = encoder or recorded.get("model") or meta.get("embedding_model")
-        if not name or name in NOT_AN_ENCODER:
+        if not name or name == "synthetic-world":  # tables, not an encoder
             what = name or "no model recorded"
             raise CheckpointError(
                 f"{source}: the adapter was trained on tables without an encoder ({what}): "

@@ -1,7 +1,8 @@
-"""A trained adapter as a Hugging Face model folder (``asymvlm export``): ``model.safetensors``,
-``config.json`` (the checkpoint's, plus ``format``, protocol, input calibration, the source run
-and its metrics; the tables' path cut to its last component) and the ``README.md`` model card
-(its metadata block by ``huggingface_hub``'s ``ModelCardData``), published as a whole."""
+"""Adapters shared as model folders: where one comes from (:func:`resolve_checkpoint`: a
+checkpoint folder, an MLflow model URI or ``hf-hub:ORG/REPO[@REVISION]`` through
+``huggingface_hub``'s ``snapshot_download``) and its export (``asymvlm export``) as a Hugging Face
+model folder: ``model.safetensors``, ``config.json`` (the checkpoint's, plus ``format``,
+protocol, input calibration, the source run and its metrics) and the ``README.md`` model card."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from importlib.metadata import version
 from typing import Any
 
 from asymvlm.checkpoints.folder import (
+    CONFIG_FILE,
     EXPORT_FORMAT,
+    WEIGHTS_FILE,
+    check_no_pickle,
     load_checkpoint,
     publish_folder,
     read_checkpoint_meta,
@@ -21,19 +26,18 @@ from asymvlm.checkpoints.folder import (
     write_config,
     write_weights,
 )
-from asymvlm.checkpoints.sources import resolve_checkpoint
 from asymvlm.errors import CheckpointError
 from asymvlm.methods import METHODS
 from asymvlm.results import DIRECTION_MEANINGS, METRIC_MEANINGS
 
-__all__ = ["export_adapter", "model_card", "package_version"]
+__all__ = ["export_adapter", "is_model_uri", "model_card", "resolve_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 #: Encoder names that are not models (the tables of a synthetic world).
 _NO_ENCODER = "synthetic-world"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-_METRIC = re.compile(r"(?:(val|test)_)?(?:(?:t2i|i2t)_)?(\w+)")
+_METRIC = re.compile(r"(?:(val|test)_)?(?:(?:t2i|i2t)_)?(.*)")
 _USE = """\
 Research on uncertainty in vision-language retrieval: ranking captions by how specific they \
 are, flagging queries whose retrieval is likely wrong, abstaining (risk-coverage), \
@@ -49,14 +53,72 @@ uncalibrated and its meaning is not guaranteed.
 tables are one."""
 
 
-def package_version() -> str:
-    """This package's installed version (without importing the package root)."""
-    from importlib.metadata import PackageNotFoundError, version
+HUB_PREFIX = "hf-hub:"
 
+
+def is_model_uri(source: str) -> bool:
+    """Whether ``source`` names an MLflow model or a Hub repository, not a local folder."""
+    return "://" in source or source.startswith(
+        ("runs:/", "models:/", "mlflow-artifacts:/", HUB_PREFIX)
+    )
+
+
+def _hub_snapshot(source: str) -> str:
+    """The local snapshot of ``hf-hub:ORG/REPO[@REVISION]`` (downloaded, or from the cache)."""
+    from huggingface_hub import errors as hub
+    from huggingface_hub import snapshot_download, utils
+
+    repo, at, revision = source.removeprefix(HUB_PREFIX).partition("@")
+    if not _HUB_ID.fullmatch(repo) or (at and not revision):
+        raise CheckpointError(
+            f"{source}: not a Hub model name (hf-hub:ORG/REPO or hf-hub:ORG/REPO@REVISION)"
+        )
+    quiet = utils.are_progress_bars_disabled()
+    utils.disable_progress_bars()  # a few small files: no bars on the console
     try:
-        return version("asymvlm")
-    except PackageNotFoundError:  # run from a source tree that is not installed
-        return "unknown"
+        return snapshot_download(repo, revision=revision or None)
+    except hub.RevisionNotFoundError:
+        reason = f"the repository has no revision {revision!r}"
+    except hub.RepositoryNotFoundError:  # gated ones too
+        reason = "no such repository on the Hub (or it is private or gated: hf auth login)"
+    except hub.LocalEntryNotFoundError:
+        reason = "not in the Hugging Face cache, and the Hub cannot be reached (or HF_HUB_OFFLINE)"
+    except Exception as exc:  # a proxy, a server error, a full disk...
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+    finally:
+        if not quiet:
+            utils.enable_progress_bars()
+    raise CheckpointError(f"{source}: cannot download the model: {reason}")
+
+
+def resolve_checkpoint(
+    source: str, tracking_uri: str | None = None, *, pretrained: bool = False
+) -> str:
+    """A local checkpoint folder for ``source`` (a folder, an MLflow model URI or a Hub name).
+    A model folder (a Hub snapshot, an export, any folder with ``pretrained``) holding a pickle
+    is refused."""
+    if source.startswith(HUB_PREFIX):
+        folder, pretrained = _hub_snapshot(source), True
+    elif not is_model_uri(source):
+        folder = source
+        meta = read_checkpoint_meta(source) or {}
+        pretrained = pretrained or meta.get("format") == EXPORT_FORMAT
+    else:
+        from asymvlm.tracking import download
+
+        try:
+            local = download(source, tracking_uri)
+        except Exception as exc:  # any failure of the store or the URI: one line naming it
+            raise CheckpointError(f"{source}: cannot download the model: {exc}") from None
+        found = [d for d, _, files in sorted(os.walk(local)) if CONFIG_FILE in files]
+        folder = found[0] if found else local
+    if pretrained:
+        check_no_pickle(folder, source)
+    if read_checkpoint_meta(folder) is None:
+        raise CheckpointError(f"{source}: not a checkpoint folder (no {CONFIG_FILE})")
+    if not os.path.isfile(os.path.join(folder, WEIGHTS_FILE)):
+        raise CheckpointError(f"{source}: no {WEIGHTS_FILE} (a partial copy or upload?)")
+    return folder
 
 
 def _label(name: str) -> str:
@@ -104,9 +166,8 @@ def model_card(
     repo: str | None = None,
     license: str = "apache-2.0",
 ) -> str:
-    """The ``README.md`` of an exported adapter: the metadata block, then the method, training
-    data and protocol, evaluation (``metrics``, the final values of the MLflow run ``source``),
-    use (``repo``: the Hub repository it goes to), intended use and limits."""
+    """The ``README.md`` of an exported adapter (``metrics``: of the MLflow run ``source``;
+    ``repo``: the Hub repository it goes to)."""
     from huggingface_hub import ModelCardData
 
     method = str(config["method"])
@@ -171,7 +232,7 @@ machine give its copy with `--encoder` (`encoder=`); a copy with other files is 
 # {method} adapter{f" for {_label(name)}" if name else ""}
 
 A probabilistic adapter for a frozen vision-language model, exported by the `asymvlm` package \
-{package_version()} (AsymVLM, Ju et al., NeurIPS 2025, and its baselines): it turns a caption's \
+{version("asymvlm")} (AsymVLM, Ju et al., NeurIPS 2025, and its baselines): it turns a caption's \
 embedding into a distribution whose spread is the caption's uncertainty.
 
 ## Method
@@ -252,9 +313,7 @@ def export_adapter(
     license: str = "apache-2.0",
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Export the adapter of ``source`` (a checkpoint folder or an MLflow model URI) into the
-    model folder ``output``; returns its ``config.json``. ``repo`` (``ORG/REPO``) is named in
-    the card's snippets; ``license`` goes into its metadata block."""
+    """Export the adapter of ``source`` into the model folder ``output``; its ``config.json``."""
     folder = resolve_checkpoint(source, tracking_uri)
     method, meta = load_checkpoint(folder, "cpu")
     _check_target(output, folder, overwrite)
@@ -265,7 +324,7 @@ def export_adapter(
         config["embeddings"] = os.path.basename(str(meta["embeddings"]).rstrip("/"))
     config.update(
         format=EXPORT_FORMAT,
-        asymvlm_version=package_version(),
+        asymvlm_version=version("asymvlm"),
         protocol=(meta.get("train_config") or {}).get("protocol")
         or (meta.get("method_kwargs") or {}).get("protocol"),
         input_calibration={
