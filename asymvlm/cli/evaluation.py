@@ -85,22 +85,22 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flag(key: str) -> str:
+    return "--" + {"sets": "set"}.get(key, key).replace("_", "-")
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from asymvlm.evaluation.adapters import checkpoint_adapters, sweep_adapters
 
-    ev = registry.EVALUATIONS[args.kind]
     values: dict[str, object] = {}
-    for inp in ev.inputs:
-        value = getattr(args, inp.key)
-        if inp.form == "named" and value:
-            pairs = {}
-            for item in value:
-                name, eq, where = item.partition("=")
-                if not eq:
-                    raise ConfigError(f"{inp.flag} expects {inp.metavar}, got {item!r}")
-                pairs[name] = where
-            value = pairs
-        values[inp.key] = value
+    for key in registry.EVALUATIONS[args.kind].spec_model.model_fields:
+        value = getattr(args, key, None)
+        if isinstance(value, list):  # NAME=ROOT:SPLIT, repeated
+            pairs = [item.partition("=") for item in value]
+            if bad := [f"{a}{eq}{b}" for a, eq, b in pairs if not eq]:
+                raise ConfigError(f"{_flag(key)} expects {METAVARS[key]}, got {bad[0]!r}")
+            value = {name: where for name, _, where in pairs}
+        values[key] = value
     parsed = registry.spec(args.kind, values, f"asymvlm analyze {args.kind}", flags=True)
     methods = checkpoint_adapters(args.checkpoint)
     if args.sweep:
@@ -148,27 +148,37 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_inputs(p: argparse.ArgumentParser, ev: registry.Evaluation, skip=()) -> None:
-    """The options of an evaluation's inputs (:class:`~asymvlm.evaluation.registry.Input`)."""
-    metavars = {"location": "ROOT:SPLIT", "text": "TEXT", "count": "N", "named": None}
-    for inp in ev.inputs:
-        if inp.key in skip:
+METAVARS = {
+    "levels": "N",
+    "fold_size": "N",
+    "chunk_size": "N",
+    "memory_budget": "BYTES",
+    "template_aggregation": "mean|logmeanexp",
+    "sets": "NAME=ROOT:SPLIT",
+    "perturbed": "KIND:SEVERITY=ROOT:SPLIT",
+}
+
+
+def _add_inputs(p: argparse.ArgumentParser, kind: str, skip: tuple[str, ...] = ()) -> None:
+    """An option per field of the evaluation's spec (validated by the spec: counts are
+    parsed there), repeated for a mapping."""
+    for key, info in registry.EVALUATIONS[kind].spec_model.model_fields.items():
+        if key == "kind" or key in skip:
             continue
-        repeat = inp.form == "named"
+        tp = str(info.annotation)
+        repeat = tp.startswith("dict")
         p.add_argument(
-            inp.flag,
-            dest=inp.key,
-            required=inp.required and not repeat,
+            _flag(key),
+            dest=key,
+            required=info.is_required() and not repeat,
             action="append" if repeat else "store",
-            type=int if inp.form == "count" else str,
-            default=inp.default,
-            metavar=inp.metavar or metavars[inp.form],
-            help=inp.help,
+            default=None if info.is_required() else info.default,
+            metavar=METAVARS.get(key, "ROOT:SPLIT" if "Location" in tp else "TEXT"),
+            help=info.description,
         )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    retrieval = registry.EVALUATIONS["retrieval"]
     p = sub.add_parser(
         "evaluate",
         help="retrieval + uncertainty metrics of a checkpoint",
@@ -178,7 +188,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_data_args(p, "test")
     _add_checkpoint_args(p)
-    _add_inputs(p, retrieval, skip=("data",))
+    _add_inputs(p, "retrieval", skip=("data",))
     p.add_argument("--output", required=True, metavar="FILE.json", help="metrics as JSON")
     p.set_defaults(func=cmd_evaluate)
 
@@ -206,16 +216,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "`asymvlm analyze KIND --help` lists the options of one.",
     )
     kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
-    for ev in registry.EVALUATIONS.values():
+    for kind, ev in registry.EVALUATIONS.items():
         k = kinds.add_parser(
-            ev.kind,
+            kind,
             help=ev.title,
-            description=ev.title[0].upper()
-            + ev.title[1:]
-            + ". Locations are ROOT:SPLIT of embedding tables.",
+            description=f"{ev.title[0].upper()}{ev.title[1:]}. Locations are ROOT:SPLIT of "
+            "embedding tables.",
             formatter_class=Help,
         )
-        _add_inputs(k, ev)
+        _add_inputs(k, kind)
         k.add_argument(
             "--checkpoint",
             action="append",

@@ -22,30 +22,13 @@ from asymvlm.tables import TableError
 
 __all__ = [
     "ClassPrompts",
-    "TEMPLATE_AGGREGATIONS",
     "aggregation_note",
-    "check_aggregation",
     "class_scores",
-    "log_mean_exp_over_prompts",
-    "mean_over_prompts",
     "none_of_the_above",
     "prompt_ensemble",
     "rejection_baselines",
     "zero_shot_accuracy",
 ]
-
-#: How the log-likelihoods of a class's prompts combine into its score (module docstring).
-TEMPLATE_AGGREGATIONS = ("mean", "logmeanexp")
-
-
-def check_aggregation(aggregation: str) -> str:
-    """``aggregation`` if it is one of :data:`TEMPLATE_AGGREGATIONS`, else ValueError."""
-    if aggregation not in TEMPLATE_AGGREGATIONS:
-        raise ValueError(
-            f"template aggregation must be one of {list(TEMPLATE_AGGREGATIONS)}, "
-            f"got {aggregation!r}"
-        )
-    return aggregation
 
 
 def aggregation_note(aggregation: str) -> str:
@@ -89,23 +72,13 @@ def prompt_ensemble(mu: torch.Tensor, class_index: torch.Tensor, n_classes: int)
     return unit(summed)
 
 
-def _scores_by_cosine(method: Method) -> bool:
-    """Whether ``method`` scores by the cosine of unit ``mu`` (the base :meth:`Method.score`)."""
-    return type(method).score is Method.score
-
-
-def mean_over_prompts(
-    per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor
-) -> torch.Tensor:
+def _mean(per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor):
     """[n, n_classes]: the mean over each class's prompts of ``per_prompt`` [n, n_prompts]."""
     summed = torch.zeros(per_prompt.shape[0], len(counts), dtype=per_prompt.dtype)
-    summed.index_add_(1, class_index, per_prompt)
-    return summed / counts
+    return summed.index_add_(1, class_index, per_prompt) / counts
 
 
-def log_mean_exp_over_prompts(
-    per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor
-) -> torch.Tensor:
+def _log_mean_exp(per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor):
     """[n, n_classes]: ln((1/K_c) sum_{k in c} exp(per_prompt_k)), stabilised by the class's
     largest term."""
     index = class_index.unsqueeze(0).expand_as(per_prompt)
@@ -116,6 +89,9 @@ def log_mean_exp_over_prompts(
     return peak + torch.log(summed) - torch.log(counts)
 
 
+AGGREGATIONS = {"mean": _mean, "logmeanexp": _log_mean_exp}
+
+
 @torch.no_grad()
 def class_scores(
     method: Method,
@@ -124,14 +100,16 @@ def class_scores(
     chunk_size: int = 4096,
     aggregation: str = "mean",
 ) -> torch.Tensor:
-    """[n_image, n_classes]: the cosine to the :func:`prompt_ensemble` for cosine methods, else
-    the method's score combined over the class's prompts by ``aggregation``."""
-    combine = {"mean": mean_over_prompts, "logmeanexp": log_mean_exp_over_prompts}[
-        check_aggregation(aggregation)
-    ]
+    """[n_image, n_classes]: the cosine to the :func:`prompt_ensemble` for methods scoring by
+    the cosine (the base :meth:`Method.score`), else the method's score combined over the
+    class's prompts by ``aggregation`` (module docstring)."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(
+            f"template aggregation must be one of {list(AGGREGATIONS)}, got {aggregation!r}"
+        )
     method.eval()
     texts = method.encode_texts(prompts.inputs)
-    cosine = _scores_by_cosine(method)
+    cosine = type(method).score is Method.score
     if cosine:
         texts = {"mu": prompt_ensemble(texts["mu"], prompts.class_index, prompts.n_classes)}
     counts = torch.bincount(prompts.class_index, minlength=prompts.n_classes).to(image_emb.dtype)
@@ -139,10 +117,8 @@ def class_scores(
     for start in range(0, image_emb.shape[0], chunk_size):
         images = method.encode_images(image_emb[start : start + chunk_size])
         per_text = method.score(texts, images).T.float()  # [chunk, n_classes or n_prompts]
-        if cosine:
-            out.append(per_text)
-            continue
-        out.append(combine(per_text, prompts.class_index, counts))
+        combine = AGGREGATIONS[aggregation]
+        out.append(per_text if cosine else combine(per_text, prompts.class_index, counts))
     return torch.cat(out)
 
 
