@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+from pathlib import Path
 
 from asymvlm import storage
 from asymvlm.cli.common import Help, add_data_args, write_json
@@ -41,15 +42,9 @@ def _load(args: argparse.Namespace):
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """The registry's ``retrieval`` of one checkpoint on one split."""
-    values = {
-        key: getattr(args, key) for key in ("levels", "fold_size", "chunk_size", "memory_budget")
-    }
-    parsed = registry.spec(
-        "retrieval",
-        {"data": Location(args.embeddings, args.split), **values},
-        "asymvlm evaluate",
-        flags=True,
-    )
+    keys = ("levels", "fold_size", "chunk_size", "memory_budget")
+    values = {"data": Location(args.embeddings, args.split)} | {k: getattr(args, k) for k in keys}
+    parsed = registry.spec("retrieval", values, "asymvlm evaluate", flags=True)
     method, data = _load(args)
     result = registry.evaluate_split(parsed, method, data, progress=not args.quiet)
     result.update(checkpoint=args.checkpoint, embeddings=args.embeddings, split=args.split)
@@ -113,8 +108,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     text = json.dumps(result, indent=2, default=float)
     print(text)
     if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text + "\n")
+        Path(args.output).write_text(text + "\n")
     if args.mlflow_uri:
         dumped = parsed.model_dump(mode="json", exclude={"kind"}, exclude_none=True)
         params = {k: v for k, v in dumped.items() if isinstance(v, str | int)}
@@ -149,9 +143,6 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
 
 
 METAVARS = {
-    "levels": "N",
-    "fold_size": "N",
-    "chunk_size": "N",
     "memory_budget": "BYTES",
     "template_aggregation": "mean|logmeanexp",
     "sets": "NAME=ROOT:SPLIT",
@@ -173,7 +164,8 @@ def _add_inputs(p: argparse.ArgumentParser, kind: str, skip: tuple[str, ...] = (
             required=info.is_required() and not repeat,
             action="append" if repeat else "store",
             default=None if info.is_required() else info.default,
-            metavar=METAVARS.get(key, "ROOT:SPLIT" if "Location" in tp else "TEXT"),
+            metavar=METAVARS.get(key)
+            or ("N" if "[int," in tp else "ROOT:SPLIT" if "Location" in tp else "TEXT"),
             help=info.description,
         )
 
@@ -192,19 +184,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", required=True, metavar="FILE.json", help="metrics as JSON")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser(
-        "score",
-        help="per-caption kappa and uncertainty as Parquet",
-        formatter_class=Help,
-    )
+    p = sub.add_parser("score", help="per-caption kappa and uncertainty", formatter_class=Help)
     add_data_args(p, "test")
     _add_checkpoint_args(p)
-    p.add_argument(
-        "--output",
-        required=True,
-        metavar="FILE.parquet",
-        help="one row per caption: kappa, uncertainty",
-    )
+    p.add_argument("--output", required=True, metavar="FILE.parquet", help="a row per caption")
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser(

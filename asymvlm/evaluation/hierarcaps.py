@@ -77,14 +77,11 @@ def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "
 
 
 def _paired_scores(method: Method, texts, images, owner: torch.Tensor, chunk: int = 4096):
-    """score(caption m, its own image) for every caption, without an all-pairs matrix."""
+    """score(caption m, its own image) for every caption, a chunk x chunk block at a time."""
     out = []
-    for start in range(0, owner.shape[0], chunk):
-        rows = slice(start, start + chunk)
+    for rows in (slice(s, s + chunk) for s in range(0, owner.shape[0], chunk)):
         t = {k: v[rows] for k, v in texts.items()}
-        idx = owner[rows]
-        i = {k: v[idx] for k, v in images.items()}
-        out.append(torch.diagonal(method.score(t, i)))  # chunk x chunk: bounded by `chunk`
+        out.append(torch.diagonal(method.score(t, {k: v[owner[rows]] for k, v in images.items()})))
     return torch.cat(out)
 
 

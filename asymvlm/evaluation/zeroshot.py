@@ -198,18 +198,17 @@ def rejection_baselines(
     """The frozen model's threshold (max softmax probability) and margin (top-1 minus top-2)
     rejection (Table 2, "None"): the cut-off maximises the mean of positive and negative
     accuracy on a seeded ``calibration_fraction``; accuracies are reported on the rest."""
+    sets = {"pos": positives, "neg": negatives, "far": far_negatives}
+    got = {
+        k: _softmax_stats(method, x, prompts, temperature) for k, x in sets.items() if x is not None
+    }
+    correct = got["pos"][0] == labels.numpy()
     rng = np.random.default_rng(seed)
-    pred_p, conf_p, margin_p = _softmax_stats(method, positives, prompts, temperature)
-    _, conf_n, margin_n = _softmax_stats(method, negatives, prompts, temperature)
-    far = None
-    if far_negatives is not None:
-        _, conf_f, margin_f = _softmax_stats(method, far_negatives, prompts, temperature)
-        far = {"threshold": conf_f, "margin": margin_f}
-    correct = pred_p == labels.numpy()
-    cal_p = rng.random(len(conf_p)) < calibration_fraction
-    cal_n = rng.random(len(conf_n)) < calibration_fraction
+    cal_p = rng.random(len(correct)) < calibration_fraction
+    cal_n = rng.random(len(got["neg"][0])) < calibration_fraction
     out: dict[str, dict[str, Any]] = {}
-    for name, sp, sn in (("threshold", conf_p, conf_n), ("margin", margin_p, margin_n)):
+    for k, name in ((1, "threshold"), (2, "margin")):
+        sp, sn = got["pos"][k], got["neg"][k]
         values = np.unique(np.concatenate([sp[cal_p], sn[cal_n]]))
         # Cuts halfway between neighbouring calibration scores (and below / above all).
         candidates = np.concatenate(
@@ -226,6 +225,6 @@ def rejection_baselines(
             "neg_acc": float(np.mean(sn[~cal_n] < best_cut)),
             "cut": best_cut,
         }
-        if far is not None:
-            out[name]["far_neg_acc"] = float(np.mean(far[name] < best_cut))
+        if "far" in got:
+            out[name]["far_neg_acc"] = float(np.mean(got["far"][k] < best_cut))
     return out

@@ -26,18 +26,6 @@ from asymvlm.metrics.uncertainty import (
     risk_coverage,
 )
 
-__all__ = [
-    "DEFAULT_MEMORY_BUDGET",
-    "SCORE_WORK_BYTES",
-    "Ranking",
-    "average_folds",
-    "chunk_rows",
-    "rank_pass",
-    "ranking_metrics",
-    "retrieval_metrics",
-    "rsum",
-]
-
 #: Working memory of one caption chunk, by default (bytes).
 DEFAULT_MEMORY_BUDGET = 512 * 2**20
 #: Bytes per score of a chunk at its peak: the float32 block, its float64 copy, the float64

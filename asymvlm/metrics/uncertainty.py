@@ -12,18 +12,6 @@ import torch
 from scipy import stats
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
-__all__ = [
-    "aurc",
-    "binned_recall",
-    "curve_statistics",
-    "error_aupr",
-    "error_auroc",
-    "expected_calibration_error",
-    "fpr_at_tpr",
-    "risk_coverage",
-    "spearman_uncertainty",
-]
-
 
 def _array(x: Any) -> np.ndarray:
     """A tensor, array or sequence as a 1-D float64 array."""
