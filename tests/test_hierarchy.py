@@ -48,31 +48,27 @@ def test_uncertainty_falling_with_level_is_recognised(tmp_path) -> None:
     data = load_split(str(tmp_path), "test", adapter_input="raw")
     res = hierarchy_analysis(IdentityVMF(D), data)
     assert res["monotone_fraction"] == 1.0 and res["n_hierarchies"] == N_IMAGES
-    # Perfectly falling; not exactly -1 since levels tie within a level and the uncertainties
-    # (float32 kappas) do not.
-    assert res["spearman_level_uncertainty"] < -0.95
-    assert res["spearman_words_uncertainty"] < -0.95
+    # Falling; not exactly -1: levels tie within a level, the (float32) uncertainties do not.
+    assert res["spearman_level_uncertainty"] < -0.95 and res["spearman_words_uncertainty"] < -0.95
     means = [res["per_level"][str(level)]["uncertainty_mean"] for level in range(4)]
     np.testing.assert_allclose(means, 1 / kappas[0], rtol=1e-6)
     # The paired score is the model's own log-likelihood of the true pair.
     method = IdentityVMF(D)
-    texts = method.encode_texts(data.text_emb)
-    ll = method.score(texts, method.encode_images(data.image_emb))
+    ll = method.score(method.encode_texts(data.text_emb), method.encode_images(data.image_emb))
     want = ll[torch.arange(len(ll)), data.text_to_image].numpy()
-    levels = data.split.extra_text_columns["level"]
-    got = res["per_level"]["2"]["paired_log_likelihood_mean"]
-    assert got == pytest.approx(want[levels == 2].mean())
+    want = want[data.split.extra_text_columns["level"] == 2].mean()
+    assert res["per_level"]["2"]["paired_log_likelihood_mean"] == pytest.approx(want)
 
 
-def test_methods_without_uncertainty_and_missing_levels(tmp_path, small_world) -> None:
+def test_methods_without_uncertainty_and_missing_levels(tmp_path) -> None:
     _write(str(tmp_path), np.ones((N_IMAGES, 4)))
-    res = hierarchy_analysis(build_method("clip", D), load_split(str(tmp_path), "test"))
+    data = load_split(str(tmp_path), "test")
+    res = hierarchy_analysis(build_method("clip", D), data)
     assert res["monotone_fraction"] is None and res["spearman_level_uncertainty"] is None
     assert set(res["per_level"]) == {"0", "1", "2", "3"}
-    data = load_split(small_world, "test")
-    data.split.extra_text_columns.pop("level", None)
+    data.split.extra_text_columns.pop("level")
     with pytest.raises(ValueError, match="level"):
-        hierarchy_analysis(build_method("clip", data.dim), data)
+        hierarchy_analysis(build_method("clip", D), data)
 
 
 def test_monotone_fraction_counts_complete_hierarchies_that_fall_strictly() -> None:

@@ -109,14 +109,9 @@ def test_far_negatives_are_counted_apart_from_the_negatives() -> None:
     assert out["neg_acc"] == 1.0 and out["far_neg_acc"] == 0.0
     assert "far_neg_acc" not in nota(IdentityVMF(D), positives, labels, negatives, prompts, dummy)
     halfway = unit(basis[0] + basis[1]).repeat(20, 1)
+    clip, far = build_method("clip", D), torch.cat([halfway[:3], far])
     base = rejection_baselines(
-        build_method("clip", D),
-        positives,
-        labels,
-        halfway,
-        prompts,
-        temperature=10.0,
-        far_negatives=torch.cat([halfway[:3], far]),
+        clip, positives, labels, halfway, prompts, temperature=10.0, far_negatives=far
     )
     for name in ("threshold", "margin"):
         assert base[name]["pos_acc"] == 1.0 and base[name]["neg_acc"] == 1.0
@@ -125,21 +120,14 @@ def test_far_negatives_are_counted_apart_from_the_negatives() -> None:
 
 
 def _reference_nota(method, positives, labels, negatives, prompts, rows) -> dict[str, float]:
-    """Table 2 as first written: the dummy's rows appended as class ``n_classes``, argmax."""
-    both = ClassPrompts(
-        inputs=torch.cat([prompts.inputs, rows]),
-        class_index=torch.cat(
-            [prompts.class_index, torch.full((rows.shape[0],), prompts.n_classes)]
-        ),
-        n_classes=prompts.n_classes + 1,
-    )
+    """Table 2 by its definition: the dummy's rows appended as class ``n``, argmax."""
+    n = prompts.n_classes
+    index = torch.cat([prompts.class_index, torch.full((rows.shape[0],), n)])
+    both = ClassPrompts(torch.cat([prompts.inputs, rows]), index, n + 1)
     pos = class_scores(method, positives, both).argmax(1)
     neg = class_scores(method, negatives, both).argmax(1)
-    return {
-        "pos_acc": float((pos == labels).double().mean()),
-        "neg_acc": float((neg == prompts.n_classes).double().mean()),
-        "pos_rejected": float((pos == prompts.n_classes).double().mean()),
-    }
+    hits = {"pos_acc": pos == labels, "neg_acc": neg == n, "pos_rejected": pos == n}
+    return {key: float(hit.double().mean()) for key, hit in hits.items()}
 
 
 def test_the_vague_dummy_prompt_wins_for_images_of_no_class_each_dummy_tried_alone() -> None:

@@ -62,12 +62,24 @@ def chunk_rows(n_columns: int, memory_budget: int | None = None) -> int:
     return max(1, budget // (SCORE_WORK_BYTES * max(1, n_columns)))
 
 
-def _top(values: torch.Tensor, k: int, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, indices) of the ``k`` best entries along ``dim``, best first, ties to the
-    lower index."""
-    vals, idx = torch.sort(values, dim=dim, descending=True, stable=True)
-    k = min(k, values.shape[dim])
-    return vals.narrow(dim, 0, k), idx.narrow(dim, 0, k)
+def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, rows) of the ``k`` best entries of every column, best first, ties to the lower
+    row: a stable descending sort's head, at the cost of one ``torch.topk(k + 1)``."""
+    n = values.shape[0]
+    k = min(k, n)
+    top = torch.topk(values, min(k + 1, n), dim=0)
+    rows = top.indices[:k]
+    if k < n:  # columns where the cut splits a tie: the lowest rows of the tie
+        cols = (top.values[k - 1] == top.values[k]).nonzero()[:, 0]
+        part, kth = values[:, cols], top.values[k - 1, cols]
+        above, level = part > kth, part == kth
+        need = k - above.sum(dim=0, dtype=torch.int32)
+        chosen = above | (level & (level.cumsum(dim=0, dtype=torch.int32) <= need))
+        rows[:, cols] = chosen.T.nonzero()[:, 1].view(-1, k).T
+    rows = rows.sort(dim=0).values
+    vals = values.gather(0, rows)
+    order = torch.sort(vals, dim=0, descending=True, stable=True).indices
+    return vals.gather(0, order), rows.gather(0, order)
 
 
 def _confidence(top: torch.Tensor, lse: torch.Tensor, n: int) -> torch.Tensor:
@@ -112,7 +124,7 @@ def rank_pass(
         rank = (scores > paired).sum(1) + ((scores == paired) & lower).sum(1)
         t2i_rank[start:stop] = torch.where(paired[:, 0] == -math.inf, depth, rank).cpu()
         best = scores.argmax(dim=1, keepdim=True)  # the first maximum: the lowest index
-        t2i_top[start:stop] = (best if k_t2i == 1 else _top(scores, k_t2i, 1)[1]).cpu()
+        t2i_top[start:stop] = (best if k_t2i == 1 else _top(scores.T, k_t2i)[1].T).cpu()
 
         logits = scores.double() * scale
         top = logits.gather(1, best)[:, 0]
