@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from asymvlm import tables
 from asymvlm.data.perturb import (
@@ -18,24 +17,15 @@ from asymvlm.data.perturb import (
 from asymvlm.evaluation.ood import align, mmi, ood_retrieval, plot_severity, uncertainty_auroc
 from asymvlm.methods import build_method
 from asymvlm.splits import SplitTensors, load_split
-from tests.helpers import HIERARCAPS, requires_hierarcaps
 from tests.test_zeroshot import IdentityVMF
 
 CAPTION = "A young man riding a bike next to a large white dog on the street."
 
 
-@pytest.fixture(scope="module")
-def photo():
-    from PIL import Image
-
-    name = sorted(os.listdir(HIERARCAPS / "images"))[0]
-    with Image.open(HIERARCAPS / "images" / name) as im:
-        return im.convert("RGB").resize((96, 96))
-
-
-@requires_hierarcaps
 @pytest.mark.parametrize("kind", sorted(IMAGE_PERTURBATIONS))
-def test_image_perturbations_are_seeded_and_graded(photo, kind) -> None:
+def test_image_perturbations_are_seeded_and_graded(kind) -> None:
+    smooth = np.add.outer(np.arange(96), np.arange(96))[:, :, None] * [1, 2, 3] % 256
+    photo = Image.fromarray(smooth.astype(np.uint8))  # gradients: blur and JPEG change them
     base = np.asarray(photo, dtype=np.float64)
     a = perturb_image(photo, f"{kind}:3", seed=1)
     assert a.size == photo.size and a.mode == "RGB"

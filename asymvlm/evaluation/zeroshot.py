@@ -54,8 +54,6 @@ class ClassPrompts:
     n_classes: int
 
     def __post_init__(self) -> None:
-        if self.inputs.shape[0] != self.class_index.shape[0]:
-            raise ValueError("one class index per prompt is needed")
         present = torch.unique(self.class_index)
         if present.numel() != self.n_classes or int(present.min()) != 0:
             raise TableError(
@@ -153,11 +151,9 @@ def none_of_the_above(
         class_index=torch.cat([torch.full((dummies[n].shape[0],), k) for k, n in enumerate(names)]),
         n_classes=len(names),
     )
-    sets = {"pos": positives, "neg": negatives}
-    if far_negatives is not None:
-        sets["far"] = far_negatives
+    sets = {"pos": positives, "neg": negatives, "far": far_negatives}
     rejected, predicted = {}, {}
-    for key, images in sets.items():
+    for key, images in ((k, x) for k, x in sets.items() if x is not None):
         classes = class_scores(method, images, prompts, aggregation=aggregation)
         extra = class_scores(method, images, dummy_prompts, aggregation=aggregation)
         best, predicted[key] = classes.max(1)
