@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -79,3 +80,12 @@ def test_monotone_fraction_counts_complete_hierarchies_that_fall_strictly() -> N
     unc = np.array([1.0, 3.0, 2.0, 1.0, 1.0, 2.0, 1.0, 5.0, np.nan, 1.0])
     assert _monotone_fraction(owner, levels, unc) == (1 / 3, 3)
     assert math.isnan(_monotone_fraction(owner[:0], levels[:0], unc[:0])[0])
+
+
+def test_analyze_without_adapters_evaluates_the_frozen_model(small_world, capsys) -> None:
+    from asymvlm.cli import main
+
+    assert main(["analyze", "hierarcaps", "--data", f"{small_world}:test"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"clip"}
+    assert main(["analyze", "ood", "--data", f"{small_world}:test", "--perturbed", "typos:3"]) == 2
+    assert "--perturbed expects KIND:SEVERITY=ROOT:SPLIT" in capsys.readouterr().err
