@@ -56,8 +56,7 @@ class _Table:
         self.positive[tuple(torch.tensor(sorted(pairs)).T)] = True
 
     def scores(self, rows: torch.Tensor, cols: torch.Tensor, bonus: float) -> torch.Tensor:
-        """A fixed pseudo-random number in [0, 1) per (caption row, image row), plus ``bonus``
-        for the ECCV positives."""
+        """Fixed noise in [0, 1) per (caption row, image row), + ``bonus`` for ECCV positives."""
         x = torch.sin(rows.double()[:, None] * 12.9898 + cols.double()[None, :] * 78.233)
         return torch.frac(torch.abs(x * 43758.5453)) + bonus * self.positive[rows[:, None], cols]
 

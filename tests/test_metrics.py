@@ -1,6 +1,5 @@
-"""Retrieval metrics: Recall@K both ways, the binned-uncertainty protocol (App. B), failure
-prediction, selective risk and calibration, RSUM, fold averages and their MLflow names; the
-chunked ranking pass equals the whole-matrix ranking and its largest tensor is one chunk."""
+"""Retrieval metrics (Recall@K, binned uncertainty, failure prediction, selective risk, ECE, RSUM,
+folds, MLflow names); the chunked ranking equals the whole-matrix one within one chunk's memory."""
 
 from __future__ import annotations
 
