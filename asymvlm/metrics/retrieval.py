@@ -117,7 +117,7 @@ def rank_pass(
         stop = min(start + chunk_size, n_text)
         scores = score_fn(start, stop).detach()
         scores = scores if scores.is_floating_point() else scores.float()
-        scores = torch.where(torch.isfinite(scores), scores, -math.inf)
+        scores = scores.nan_to_num(-math.inf, posinf=-math.inf, neginf=-math.inf)
         target = text_to_image[start:stop].to(scores.device)[:, None]
         paired = scores.gather(1, target)
         lower = torch.arange(n_image, device=scores.device) < target
