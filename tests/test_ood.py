@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from asymvlm import tables
 from asymvlm.data.perturb import (
@@ -15,29 +14,18 @@ from asymvlm.data.perturb import (
     perturb_caption,
     perturb_image,
 )
-from asymvlm.evaluation.ood import mmi, ood_retrieval, plot_severity, uncertainty_auroc
+from asymvlm.evaluation.ood import align, mmi, ood_retrieval, plot_severity, uncertainty_auroc
 from asymvlm.methods import build_method
-from asymvlm.splits import load_split
-from tests.helpers import HIERARCAPS, requires_hierarcaps
+from asymvlm.splits import SplitTensors, load_split
 from tests.test_zeroshot import IdentityVMF
 
 CAPTION = "A young man riding a bike next to a large white dog on the street."
 
 
-@pytest.fixture(scope="module")
-def photo():
-    from PIL import Image
-
-    if HIERARCAPS is None:
-        pytest.skip("HierarCaps images not available")
-    name = sorted(os.listdir(HIERARCAPS / "images"))[0]
-    with Image.open(HIERARCAPS / "images" / name) as im:
-        return im.convert("RGB").resize((96, 96))
-
-
-@requires_hierarcaps
 @pytest.mark.parametrize("kind", sorted(IMAGE_PERTURBATIONS))
-def test_image_perturbations_are_seeded_and_graded(photo, kind) -> None:
+def test_image_perturbations_are_seeded_and_graded(kind) -> None:
+    smooth = np.add.outer(np.arange(96), np.arange(96))[:, :, None] * [1, 2, 3] % 256
+    photo = Image.fromarray(smooth.astype(np.uint8))  # gradients: blur and JPEG change them
     base = np.asarray(photo, dtype=np.float64)
     a = perturb_image(photo, f"{kind}:3", seed=1)
     assert a.size == photo.size and a.mode == "RGB"
@@ -52,8 +40,7 @@ def test_image_perturbations_are_seeded_and_graded(photo, kind) -> None:
 @pytest.mark.parametrize("kind", sorted(CAPTION_PERTURBATIONS))
 def test_caption_perturbations_are_seeded_and_graded(kind) -> None:
     outs = {s: perturb_caption(CAPTION, f"{kind}:{s}", seed=4) for s in (1, 5)}
-    assert outs[1] == perturb_caption(CAPTION, f"{kind}:1", seed=4)
-    assert outs[5] != CAPTION
+    assert outs[1] == perturb_caption(CAPTION, f"{kind}:1", seed=4) and outs[5] != CAPTION
 
     def changed(text: str) -> int:
         return sum(a != b for a, b in zip(text.split(), CAPTION.split(), strict=False))
@@ -103,20 +90,18 @@ def _pair(tmp_path, noise: float, kappa_scale: float = 1.0):
 
 def test_mmi_and_auroc_see_the_damage(tmp_path) -> None:
     clean, noisy = _pair(tmp_path, noise=3.0, kappa_scale=0.2)
-    out = ood_retrieval(IdentityVMF(16), clean, text_ood=noisy)
-    assert set(out["cases"]) == {"clean", "text_ood"}
-    assert out["cases"]["clean"]["t2i"]["recall@1"] == 1.0
-    assert out["mmi_text_ood"]["t2i_mmi_at_1"] > 0.5  # most captions lost their image
+    out = ood_retrieval(IdentityVMF(16), clean, noisy, image=False)
+    assert out["clean_t2i_recall_at_1"] == 1.0
+    assert out["t2i_mmi_at_1"] > 0.5  # most captions lost their image
     assert out["uncertainty_auroc"] == 1.0  # every perturbed caption is less concentrated
 
 
 def test_identical_copies_have_no_impact(tmp_path) -> None:
     clean, _ = _pair(tmp_path, noise=0.05)
-    out = ood_retrieval(build_method("clip", 16), clean, image_ood=clean, text_ood=clean)
-    assert set(out["cases"]) == {"clean", "image_ood", "text_ood", "both_ood"}
-    for case in ("image_ood", "text_ood", "both_ood"):
-        assert out[f"mmi_{case}"]["t2i_mmi"] == 0.0 and out[f"mmi_{case}"]["i2t_mmi"] == 0.0
-    assert out["uncertainty_auroc"] is None  # clip has no uncertainty
+    for image in (True, False):
+        out = ood_retrieval(build_method("clip", 16), clean, clean, image=image)
+        assert out["t2i_mmi"] == 0.0 and out["i2t_mmi"] == 0.0
+        assert out["uncertainty_auroc"] is None  # images perturbed, or clip: no uncertainty
     assert uncertainty_auroc(IdentityVMF(16), clean, clean) == 0.5
 
 
@@ -134,10 +119,9 @@ def test_alignment_drops_what_the_perturbation_lost(tmp_path) -> None:
     clean, noisy = _pair(tmp_path, noise=0.05)
     keep = np.arange(1, 40)
     fewer = noisy.split.subset(keep, keep)
-    from asymvlm.splits import SplitTensors
-
     noisy = SplitTensors(
         noisy.image_emb[1:], noisy.text_emb[1:], torch.as_tensor(fewer.text_image_index), fewer
     )
-    out = ood_retrieval(build_method("clip", 16), clean, text_ood=noisy)
-    assert out["cases"]["clean"]["n_text"] == 39 == out["cases"]["text_ood"]["n_text"]
+    a, b = align(clean, noisy)
+    assert a.split.caption_ids == b.split.caption_ids == clean.split.caption_ids[1:]
+    assert torch.equal(a.text_to_image, b.text_to_image)

@@ -44,18 +44,6 @@ def nota(method, positives, labels, negatives, prompts, dummy, **kw) -> dict[str
     return none_of_the_above(method, positives, labels, negatives, prompts, {"d": dummy}, **kw)["d"]
 
 
-def test_the_vague_dummy_prompt_wins_for_images_of_no_class() -> None:
-    prompts, positives, labels, negatives, dummy = _world()
-    asym = nota(IdentityVMF(D), positives, labels, negatives, prompts, dummy)
-    assert asym == {"pos_acc": 1.0, "neg_acc": 1.0, "pos_rejected": 0.0}
-    # The frozen model's cosine cannot prefer the dummy: it is no closer to an orthogonal image.
-    clip = nota(build_method("clip", D), positives, labels, negatives, prompts, dummy)
-    assert clip["pos_acc"] == 1.0 and clip["neg_acc"] == 0.0
-    # The same direction with a large kappa is no longer "none of the above".
-    sharp = nota(IdentityVMF(D), positives, labels, negatives, prompts, 40 * dummy)
-    assert sharp["neg_acc"] == 0.0
-
-
 def test_cosine_methods_score_against_clips_prompt_ensemble() -> None:
     """CLIP's ensemble: a class's unit prompt embeddings averaged, then re-normalised."""
     clip = build_method("clip", D)
@@ -83,29 +71,9 @@ def test_cosine_methods_score_against_clips_prompt_ensemble() -> None:
         ClassPrompts(inputs=raw[:2], class_index=torch.tensor([0, 2]), n_classes=3)
 
 
-def test_probabilistic_methods_average_the_log_likelihood_over_templates() -> None:
-    method = IdentityVMF(D)
-    basis = torch.eye(D, dtype=torch.float64)
-    inputs = torch.stack([20 * basis[0], 5 * basis[1], 10 * basis[2], 30 * basis[3]])
-    prompts = ClassPrompts(inputs=inputs, class_index=torch.tensor([0, 0, 1, 1]), n_classes=2)
-    image = unit(torch.tensor([[1.0, 0.5, 0.0, 0.2, 0, 0, 0, 0]], dtype=torch.float64))
-    per_prompt = method.log_likelihood(image, inputs)[:, 0]  # [n_prompts]
-    want = torch.stack([per_prompt[:2].mean(), per_prompt[2:].mean()])
-    got = class_scores(method, image, prompts)[0].double()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # scores are float32
-
-
-def test_zero_shot_accuracy_counts_maximum_likelihood_hits() -> None:
-    prompts, positives, labels, _, _ = _world()
-    wrong = labels.clone()
-    wrong[:6] = (wrong[:6] + 1) % 3
-    assert zero_shot_accuracy(IdentityVMF(D), positives, labels, prompts) == 1.0
-    assert zero_shot_accuracy(IdentityVMF(D), positives, wrong, prompts) == pytest.approx(24 / 30)
-
-
-def test_logmeanexp_scores_a_class_by_the_log_of_its_mean_likelihood() -> None:
-    """The documented alternative: ln((1/K) sum_k p(z | prompt_k)), at least the mean of the
-    log-likelihoods (Jensen), equal to it for a class of one prompt; unknown names refused."""
+def test_likelihood_methods_combine_a_class_prompts_by_mean_or_logmeanexp() -> None:
+    """The mean of the log-likelihoods (default) or ln((1/K) sum_k p(z | prompt_k)): at least
+    the mean (Jensen), equal to it for a class of one prompt; unknown names refused."""
     method = IdentityVMF(D)
     basis = torch.eye(D, dtype=torch.float64)
     inputs = torch.stack([20 * basis[0], 5 * basis[1], 10 * basis[2], 30 * basis[3], 8 * basis[4]])
@@ -113,27 +81,26 @@ def test_logmeanexp_scores_a_class_by_the_log_of_its_mean_likelihood() -> None:
     rows = [[1.0, 0.5, 0.0, 0.2, 0.3, 0, 0, 0], [0.0, 0.1, 1.0, 0.0, 0.0, 0, 0, 0]]
     image = unit(torch.tensor(rows, dtype=torch.float64))
     per_prompt = method.log_likelihood(image, inputs).T  # [n_image, n_prompts]
-    want = torch.stack(
-        [
-            torch.logsumexp(per_prompt[:, :2], 1) - math.log(2),
-            torch.logsumexp(per_prompt[:, 2:4], 1) - math.log(2),
-            per_prompt[:, 4],
-        ],
-        1,
-    )
-    got = class_scores(method, image, prompts, aggregation="logmeanexp").double()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    groups = (slice(0, 2), slice(2, 4), slice(4, 5))
     mean = class_scores(method, image, prompts).double()
+    want = torch.stack([per_prompt[:, g].mean(1) for g in groups], 1)
+    torch.testing.assert_close(mean, want, rtol=1e-5, atol=1e-4)  # scores are float32
+    got = class_scores(method, image, prompts, aggregation="logmeanexp").double()
+    lme = [torch.logsumexp(per_prompt[:, g], 1) - math.log(g.stop - g.start) for g in groups]
+    torch.testing.assert_close(got, torch.stack(lme, 1), rtol=1e-5, atol=1e-4)
     assert (got[:, :2] > mean[:, :2] + 1e-3).all()  # the templates disagree: a strict gap
     torch.testing.assert_close(got[:, 2], mean[:, 2])
     with pytest.raises(ValueError, match="template aggregation"):
         class_scores(method, image, prompts, aggregation="max")
+    positives, labels = _world()[1:3]
+    wrong = labels.clone()
+    wrong[:6] = (wrong[:6] + 1) % 3
+    assert zero_shot_accuracy(method, positives, wrong, _world()[0]) == pytest.approx(24 / 30)
 
 
 def test_far_negatives_are_counted_apart_from_the_negatives() -> None:
-    """``far_neg_acc``: the share of far negatives rejected, by the dummy prompt and by the
-    frozen model's baselines at the cut calibrated on the (sibling) negatives: negatives
-    halfway between two classes, which that cut separates from the positives."""
+    """``far_neg_acc``: far negatives rejected by the dummy prompt, and by the frozen model's
+    cut calibrated on negatives halfway between two classes."""
     prompts, positives, labels, negatives, dummy = _world()
     basis = torch.eye(D, dtype=torch.float64)
     far = basis[0].repeat(6, 1)  # on class 0: not rejected
@@ -141,14 +108,9 @@ def test_far_negatives_are_counted_apart_from_the_negatives() -> None:
     assert out["neg_acc"] == 1.0 and out["far_neg_acc"] == 0.0
     assert "far_neg_acc" not in nota(IdentityVMF(D), positives, labels, negatives, prompts, dummy)
     halfway = unit(basis[0] + basis[1]).repeat(20, 1)
+    clip, far = build_method("clip", D), torch.cat([halfway[:3], far])
     base = rejection_baselines(
-        build_method("clip", D),
-        positives,
-        labels,
-        halfway,
-        prompts,
-        temperature=10.0,
-        far_negatives=torch.cat([halfway[:3], far]),
+        clip, positives, labels, halfway, prompts, temperature=10.0, far_negatives=far
     )
     for name in ("threshold", "margin"):
         assert base[name]["pos_acc"] == 1.0 and base[name]["neg_acc"] == 1.0
@@ -157,31 +119,29 @@ def test_far_negatives_are_counted_apart_from_the_negatives() -> None:
 
 
 def _reference_nota(method, positives, labels, negatives, prompts, rows) -> dict[str, float]:
-    """Table 2 as first written: the dummy's rows appended as class ``n_classes``, argmax."""
-    both = ClassPrompts(
-        inputs=torch.cat([prompts.inputs, rows]),
-        class_index=torch.cat(
-            [prompts.class_index, torch.full((rows.shape[0],), prompts.n_classes)]
-        ),
-        n_classes=prompts.n_classes + 1,
-    )
+    """Table 2 by its definition: the dummy's rows appended as class ``n``, argmax."""
+    n = prompts.n_classes
+    index = torch.cat([prompts.class_index, torch.full((rows.shape[0],), n)])
+    both = ClassPrompts(torch.cat([prompts.inputs, rows]), index, n + 1)
     pos = class_scores(method, positives, both).argmax(1)
     neg = class_scores(method, negatives, both).argmax(1)
-    return {
-        "pos_acc": float((pos == labels).double().mean()),
-        "neg_acc": float((neg == prompts.n_classes).double().mean()),
-        "pos_rejected": float((pos == prompts.n_classes).double().mean()),
-    }
+    hits = {"pos_acc": pos == labels, "neg_acc": neg == n, "pos_rejected": pos == n}
+    return {key: float(hit.double().mean()) for key, hit in hits.items()}
 
 
-def test_several_dummy_prompts_at_once_are_each_tried_alone() -> None:
+def test_the_vague_dummy_prompt_wins_for_images_of_no_class_each_dummy_tried_alone() -> None:
     """``none_of_the_above`` scores the classes once; each dummy's numbers are those of the
     dummy appended alone as an extra class (a vague, a sharp and a two-prompt dummy here)."""
     prompts, positives, labels, negatives, dummy = _world()
     dummies = {"vague": dummy, "sharp": 40 * dummy, "two rows": torch.cat([dummy, 2 * dummy])}
+    got = {}
     for method in (IdentityVMF(D), build_method("clip", D)):
-        each = none_of_the_above(method, positives, labels, negatives, prompts, dummies)
+        got[method.name] = none_of_the_above(method, positives, labels, negatives, prompts, dummies)
         for name, rows in dummies.items():
             want = _reference_nota(method, positives, labels, negatives, prompts, rows)
-            assert each[name] == want, (name, type(method).__name__)
-    assert each["vague"]["neg_acc"] == 0.0  # the frozen model: cosine, no rejection
+            assert got[method.name][name] == want, (name, method.name)
+    asym, clip = got[IdentityVMF(D).name], got["clip"]
+    assert asym["vague"] == {"pos_acc": 1.0, "neg_acc": 1.0, "pos_rejected": 0.0}
+    assert asym["sharp"]["neg_acc"] == 0.0  # a large kappa is no longer "none of the above"
+    # The frozen model's cosine cannot prefer the dummy: it is no closer to an orthogonal image.
+    assert clip["vague"]["pos_acc"] == 1.0 and clip["vague"]["neg_acc"] == 0.0

@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+from pathlib import Path
 
 from asymvlm import storage
 from asymvlm.cli.common import Help, add_data_args, write_json
@@ -41,15 +42,9 @@ def _load(args: argparse.Namespace):
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """The registry's ``retrieval`` of one checkpoint on one split."""
-    values = {
-        key: getattr(args, key) for key in ("levels", "fold_size", "chunk_size", "memory_budget")
-    }
-    parsed = registry.spec(
-        "retrieval",
-        {"data": Location(args.embeddings, args.split), **values},
-        "asymvlm evaluate",
-        flags=True,
-    )
+    keys = ("levels", "fold_size", "chunk_size", "memory_budget")
+    values = {"data": Location(args.embeddings, args.split)} | {k: getattr(args, k) for k in keys}
+    parsed = registry.spec("retrieval", values, "asymvlm evaluate", flags=True)
     method, data = _load(args)
     result = registry.evaluate_split(parsed, method, data, progress=not args.quiet)
     result.update(checkpoint=args.checkpoint, embeddings=args.embeddings, split=args.split)
@@ -85,22 +80,22 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flag(key: str) -> str:
+    return "--" + {"sets": "set"}.get(key, key).replace("_", "-")
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from asymvlm.evaluation.adapters import checkpoint_adapters, sweep_adapters
 
-    ev = registry.EVALUATIONS[args.kind]
     values: dict[str, object] = {}
-    for inp in ev.inputs:
-        value = getattr(args, inp.key)
-        if inp.form == "named" and value:
-            pairs = {}
-            for item in value:
-                name, eq, where = item.partition("=")
-                if not eq:
-                    raise ConfigError(f"{inp.flag} expects {inp.metavar}, got {item!r}")
-                pairs[name] = where
-            value = pairs
-        values[inp.key] = value
+    for key in registry.EVALUATIONS[args.kind].spec_model.model_fields:
+        value = getattr(args, key, None)
+        if isinstance(value, list):  # NAME=ROOT:SPLIT, repeated
+            pairs = [item.partition("=") for item in value]
+            if bad := [f"{a}{eq}{b}" for a, eq, b in pairs if not eq]:
+                raise ConfigError(f"{_flag(key)} expects {METAVARS[key]}, got {bad[0]!r}")
+            value = {name: where for name, _, where in pairs}
+        values[key] = value
     parsed = registry.spec(args.kind, values, f"asymvlm analyze {args.kind}", flags=True)
     methods = checkpoint_adapters(args.checkpoint)
     if args.sweep:
@@ -113,8 +108,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     text = json.dumps(result, indent=2, default=float)
     print(text)
     if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text + "\n")
+        Path(args.output).write_text(text + "\n")
     if args.mlflow_uri:
         dumped = parsed.model_dump(mode="json", exclude={"kind"}, exclude_none=True)
         params = {k: v for k, v in dumped.items() if isinstance(v, str | int)}
@@ -148,27 +142,35 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_inputs(p: argparse.ArgumentParser, ev: registry.Evaluation, skip=()) -> None:
-    """The options of an evaluation's inputs (:class:`~asymvlm.evaluation.registry.Input`)."""
-    metavars = {"location": "ROOT:SPLIT", "text": "TEXT", "count": "N", "named": None}
-    for inp in ev.inputs:
-        if inp.key in skip:
+METAVARS = {
+    "memory_budget": "BYTES",
+    "template_aggregation": "mean|logmeanexp",
+    "sets": "NAME=ROOT:SPLIT",
+    "perturbed": "KIND:SEVERITY=ROOT:SPLIT",
+}
+
+
+def _add_inputs(p: argparse.ArgumentParser, kind: str, skip: tuple[str, ...] = ()) -> None:
+    """An option per field of the evaluation's spec (validated by the spec: counts are
+    parsed there), repeated for a mapping."""
+    for key, info in registry.EVALUATIONS[kind].spec_model.model_fields.items():
+        if key == "kind" or key in skip:
             continue
-        repeat = inp.form == "named"
+        tp = str(info.annotation)
+        repeat = tp.startswith("dict")
         p.add_argument(
-            inp.flag,
-            dest=inp.key,
-            required=inp.required and not repeat,
+            _flag(key),
+            dest=key,
+            required=info.is_required() and not repeat,
             action="append" if repeat else "store",
-            type=int if inp.form == "count" else str,
-            default=inp.default,
-            metavar=inp.metavar or metavars[inp.form],
-            help=inp.help,
+            default=None if info.is_required() else info.default,
+            metavar=METAVARS.get(key)
+            or ("N" if "[int," in tp else "ROOT:SPLIT" if "Location" in tp else "TEXT"),
+            help=info.description,
         )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    retrieval = registry.EVALUATIONS["retrieval"]
     p = sub.add_parser(
         "evaluate",
         help="retrieval + uncertainty metrics of a checkpoint",
@@ -178,23 +180,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_data_args(p, "test")
     _add_checkpoint_args(p)
-    _add_inputs(p, retrieval, skip=("data",))
+    _add_inputs(p, "retrieval", skip=("data",))
     p.add_argument("--output", required=True, metavar="FILE.json", help="metrics as JSON")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser(
-        "score",
-        help="per-caption kappa and uncertainty as Parquet",
-        formatter_class=Help,
-    )
+    p = sub.add_parser("score", help="per-caption kappa and uncertainty", formatter_class=Help)
     add_data_args(p, "test")
     _add_checkpoint_args(p)
-    p.add_argument(
-        "--output",
-        required=True,
-        metavar="FILE.parquet",
-        help="one row per caption: kappa, uncertainty",
-    )
+    p.add_argument("--output", required=True, metavar="FILE.parquet", help="a row per caption")
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser(
@@ -206,16 +199,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "`asymvlm analyze KIND --help` lists the options of one.",
     )
     kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
-    for ev in registry.EVALUATIONS.values():
+    for kind, ev in registry.EVALUATIONS.items():
         k = kinds.add_parser(
-            ev.kind,
+            kind,
             help=ev.title,
-            description=ev.title[0].upper()
-            + ev.title[1:]
-            + ". Locations are ROOT:SPLIT of embedding tables.",
+            description=f"{ev.title[0].upper()}{ev.title[1:]}. Locations are ROOT:SPLIT of "
+            "embedding tables.",
             formatter_class=Help,
         )
-        _add_inputs(k, ev)
+        _add_inputs(k, kind)
         k.add_argument(
             "--checkpoint",
             action="append",

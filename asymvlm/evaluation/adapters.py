@@ -20,22 +20,16 @@ logger = logging.getLogger(__name__)
 
 def _named(method: Method, meta: dict[str, Any]) -> tuple[str, Method]:
     method.adapter_input = meta.get("adapter_input", "raw")
-    seed = meta.get("train_config", {}).get("seed", 0)
-    return f"{meta['method']}/seed{seed}", method
+    return f"{meta['method']}/seed{meta.get('train_config', {}).get('seed', 0)}", method
 
 
 def checkpoint_adapters(
     folders: Iterable[str], device: str | torch.device = "cpu", *, allow_incomplete: bool = False
 ) -> dict[str, Method]:
     """The adapters of checkpoint folders (or MLflow model URIs), by ``method/seed<k>``."""
+    load = {"allow_incomplete": allow_incomplete}
     return dict(
-        _named(
-            *load_checkpoint(
-                resolve_checkpoint(f) if is_model_uri(f) else f,
-                device,
-                allow_incomplete=allow_incomplete,
-            )
-        )
+        _named(*load_checkpoint(resolve_checkpoint(f) if is_model_uri(f) else f, device, **load))
         for f in folders
     )
 
@@ -48,14 +42,13 @@ def sweep_adapters(tracking_uri: str, sweep_run_id: str) -> dict[str, Method]:
     out: dict[str, Method] = {}
     children = child_runs(tracking_uri, sweep_run_id, stage="seeds")
     for child in sorted(children, key=lambda c: (c.data.params["method"], c.data.params["seed"])):
+        run_id, params = child.info.run_id, child.data.params
         try:
-            folder = resolve_checkpoint(f"runs:/{child.info.run_id}/adapter", tracking_uri)
+            folder = resolve_checkpoint(f"runs:/{run_id}/adapter", tracking_uri)
         except CheckpointError:
             logger.warning(
                 "trial run %s (%s, seed %s) has no adapter model: left out of the evaluations",
-                child.info.run_id,
-                child.data.params["method"],
-                child.data.params["seed"],
+                *(run_id, params["method"], params["seed"]),
             )
             continue
         name, method = _named(*load_checkpoint(folder))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from scipy import stats
 
@@ -76,35 +77,23 @@ def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "
 
 
 def _paired_scores(method: Method, texts, images, owner: torch.Tensor, chunk: int = 4096):
-    """score(caption m, its own image) for every caption, without an all-pairs matrix."""
+    """score(caption m, its own image) for every caption, a chunk x chunk block at a time."""
     out = []
-    for start in range(0, owner.shape[0], chunk):
-        rows = slice(start, start + chunk)
+    for rows in (slice(s, s + chunk) for s in range(0, owner.shape[0], chunk)):
         t = {k: v[rows] for k, v in texts.items()}
-        idx = owner[rows]
-        i = {k: v[idx] for k, v in images.items()}
-        out.append(torch.diagonal(method.score(t, i)))  # chunk x chunk: bounded by `chunk`
+        out.append(torch.diagonal(method.score(t, {k: v[owner[rows]] for k, v in images.items()})))
     return torch.cat(out)
 
 
 def _monotone_fraction(owner: np.ndarray, levels: np.ndarray, unc: np.ndarray) -> tuple[float, int]:
     """Fraction of images (with one caption per level, >= 2 levels) whose uncertainty falls
-    strictly with the level; and how many such images there are."""
-    if len(owner) == 0:
-        return float("nan"), 0
-    order = np.lexsort((levels, owner))
-    o, lv, u = owner[order], levels[order], unc[order]
-    same = o[1:] == o[:-1]  # neighbours within one image
-    group = np.concatenate([[0], np.cumsum(~same)])  # image group of each sorted caption
-    n_groups = int(group[-1]) + 1
-    size = np.bincount(group, minlength=n_groups)
-    repeated = np.bincount(group[1:][same & (lv[1:] == lv[:-1])], minlength=n_groups) > 0
-    # NaN uncertainties compare false: not falling, as np.all(np.diff(...) < 0) says.
-    rises = np.bincount(group[1:][same & ~(u[1:] < u[:-1])], minlength=n_groups) > 0
-    counted = (size >= 2) & ~repeated
+    strictly with the level (a NaN does not fall); and how many such images there are."""
+    frame = pd.DataFrame({"owner": owner, "level": levels, "u": unc})
+    groups = frame.sort_values(["owner", "level"]).groupby("owner")
+    counted = (groups.size() >= 2) & (groups["level"].nunique() == groups.size())
+    falls = groups["u"].agg(lambda u: bool(np.all(np.diff(u.to_numpy()) < 0)))
     total = int(counted.sum())
-    hits = int((counted & ~rises).sum())
-    return (hits / total if total else float("nan")), total
+    return (int((counted & falls).sum()) / total if total else float("nan")), total
 
 
 def plot_hierarchy(results: dict[str, dict], path: str, title: str = "") -> str:

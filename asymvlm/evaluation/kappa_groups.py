@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from asymvlm.evaluation.suite import load_classification
+from asymvlm.evaluation.suite import adapter_input, load_classification
 from asymvlm.methods import Method
 from asymvlm.splits import load_split
 
@@ -14,29 +14,21 @@ __all__ = ["kappa_by_group"]
 
 
 @torch.no_grad()
-def _median_kappa(method: Method, inputs: torch.Tensor) -> float:
-    kappa = method.kappa(inputs)
-    assert kappa is not None
-    return float(kappa.median())
-
-
 def kappa_by_group(
     method: Method, world: str, classes: str, split: str = "train"
 ) -> dict[str, float] | None:
     """Median kappa (None for a method without) per ``level <l>`` of ``world``'s captions,
     for the ``class prompts`` of ``classes`` (split test) and each ``dummy "<text>"``."""
-    adapter_input = getattr(method, "adapter_input", "raw")
     method.eval()
-    data = load_split(world, split, adapter_input)
+    data = load_split(world, split, adapter_input(method))
     if method.kappa(data.text_emb[:1]) is None:
         return None
     levels = np.asarray(data.split.extra_text_columns["level"])
-    out: dict[str, float] = {}
-    for level in np.unique(levels):
-        rows = torch.as_tensor(np.flatnonzero(levels == level))
-        out[f"level {int(level)}"] = _median_kappa(method, data.text_emb[rows])
     sets = load_classification(classes, "test")
-    out["class prompts"] = _median_kappa(method, sets.class_prompts(adapter_input).inputs)
-    for text, inputs in sets.dummy_inputs(adapter_input).items():
-        out[f'dummy "{text}"'] = _median_kappa(method, inputs)
-    return out
+    groups = {
+        f"level {int(v)}": data.text_emb[torch.as_tensor(levels == v)] for v in np.unique(levels)
+    }
+    groups["class prompts"] = sets.class_prompts(adapter_input(method)).inputs
+    for text, inputs in sets.dummy_inputs(adapter_input(method)).items():
+        groups[f'dummy "{text}"'] = inputs
+    return {name: float(method.kappa(x).median()) for name, x in groups.items()}

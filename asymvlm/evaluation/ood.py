@@ -18,42 +18,28 @@ from asymvlm.tables import TableError
 
 __all__ = ["align", "mmi", "ood_retrieval", "plot_severity", "uncertainty_auroc"]
 
-KS = (1, 5, 10)
-
 
 def align(clean: SplitTensors, other: SplitTensors) -> tuple[SplitTensors, SplitTensors]:
     """Both splits restricted to the images and captions they share, in the same order."""
     a, b = clean.split, other.split
-    other_images, other_captions = set(b.image_ids), set(b.caption_ids)  # once, not per id
-    images = [i for i in a.image_ids if i in other_images]
-    captions = [c for c in a.caption_ids if c in other_captions]
+    shared_images, shared_captions = set(b.image_ids), set(b.caption_ids)
+    images = [i for i in a.image_ids if i in shared_images]
+    captions = [c for c in a.caption_ids if c in shared_captions]
     if not images or not captions:
         raise TableError(
             "the clean and perturbed splits share no images or captions (are "
             "they copies of the same data?)"
         )
+    kept = set(images)
     out = []
     for data in (clean, other):
-        pos_i = {iid: k for k, iid in enumerate(data.split.image_ids)}
-        pos_c = {cid: k for k, cid in enumerate(data.split.caption_ids)}
-        rows_i = np.array([pos_i[i] for i in images])
-        owner = data.split.text_image_index
-        kept = set(images)
-        rows_t = np.array(
-            [pos_c[c] for c in captions if data.split.image_ids[owner[pos_c[c]]] in kept]
-        )
-        out.append(data.subset(rows_i, rows_t))
+        split = data.split
+        pos_i = {iid: k for k, iid in enumerate(split.image_ids)}
+        pos_c = {cid: k for k, cid in enumerate(split.caption_ids)}
+        owner = split.text_image_index
+        rows_t = [pos_c[c] for c in captions if split.image_ids[owner[pos_c[c]]] in kept]
+        out.append(data.subset(np.array([pos_i[i] for i in images]), np.array(rows_t)))
     return out[0], out[1]
-
-
-def _mix(images_from: SplitTensors, texts_from: SplitTensors) -> SplitTensors:
-    return SplitTensors(
-        image_emb=images_from.image_emb,
-        image_norm=images_from.image_norm,
-        text_emb=texts_from.text_emb,
-        text_to_image=texts_from.text_to_image,
-        split=texts_from.split,
-    )
 
 
 def mmi(clean: dict[str, Any], ood: dict[str, Any]) -> dict[str, float]:
@@ -61,7 +47,7 @@ def mmi(clean: dict[str, Any], ood: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     for direction in ("t2i", "i2t"):
         drops = []
-        for k in KS:
+        for k in (1, 5, 10):
             base = clean[direction][f"recall@{k}"]
             drop = 1.0 - ood[direction][f"recall@{k}"] / base if base > 0 else float("nan")
             out[f"{direction}_mmi_at_{k}"] = drop
@@ -72,36 +58,28 @@ def mmi(clean: dict[str, Any], ood: dict[str, Any]) -> dict[str, float]:
 
 @torch.no_grad()
 def ood_retrieval(
-    method: Method,
-    clean: SplitTensors,
-    image_ood: SplitTensors | None = None,
-    text_ood: SplitTensors | None = None,
+    method: Method, clean: SplitTensors, perturbed: SplitTensors, image: bool
 ) -> dict[str, Any]:
-    """Retrieval on clean / image-perturbed / caption-perturbed / both, with MMI per case."""
-    if image_ood is None and text_ood is None:
-        raise ValueError("give image_ood, text_ood or both")
-    base = clean
-    if image_ood is not None:
-        base, image_ood = align(base, image_ood)
-    if text_ood is not None:
-        base, text_ood = align(base, text_ood)
-        if image_ood is not None:
-            image_ood, _ = align(image_ood, text_ood)
-    cases = {"clean": base}
-    if image_ood is not None:
-        cases["image_ood"] = _mix(image_ood, base)
-    if text_ood is not None:
-        cases["text_ood"] = _mix(base, text_ood)
-    if image_ood is not None and text_ood is not None:
-        cases["both_ood"] = _mix(image_ood, text_ood)
-    results = {name: evaluate_retrieval(method, data) for name, data in cases.items()}
-    out: dict[str, Any] = {"method": method.name, "cases": results}
-    for name in cases:
-        if name != "clean":
-            out[f"mmi_{name}"] = mmi(results["clean"], results[name])
-    if text_ood is not None:
-        out["uncertainty_auroc"] = uncertainty_auroc(method, base, text_ood)
-    return out
+    """Recall@1 on the clean split and with its images (``image``) or captions perturbed, the
+    MMI of the perturbed case and, for captions, :func:`uncertainty_auroc`."""
+    clean, perturbed = align(clean, perturbed)
+    images, texts = (perturbed, clean) if image else (clean, perturbed)
+    mixed = SplitTensors(
+        image_emb=images.image_emb,
+        image_norm=images.image_norm,
+        text_emb=texts.text_emb,
+        text_to_image=texts.text_to_image,
+        split=texts.split,
+    )
+    base, ood = evaluate_retrieval(method, clean), evaluate_retrieval(method, mixed)
+    return {
+        "clean_t2i_recall_at_1": base["t2i"]["recall@1"],
+        "clean_i2t_recall_at_1": base["i2t"]["recall@1"],
+        "t2i_recall_at_1": ood["t2i"]["recall@1"],
+        "i2t_recall_at_1": ood["i2t"]["recall@1"],
+        **mmi(base, ood),
+        "uncertainty_auroc": None if image else uncertainty_auroc(method, clean, perturbed),
+    }
 
 
 @torch.no_grad()
@@ -113,8 +91,7 @@ def uncertainty_auroc(method: Method, clean: SplitTensors, perturbed: SplitTenso
         return None
     u_pert = method.text_uncertainty_from(encode_split(method, perturbed)[0])
     a, b = u_pert.double().cpu().numpy(), u_clean.double().cpu().numpy()
-    u = stats.mannwhitneyu(a, b, alternative="two-sided").statistic
-    return float(u / (len(a) * len(b)))
+    return float(stats.mannwhitneyu(a, b).statistic / (len(a) * len(b)))
 
 
 def plot_severity(

@@ -1,38 +1,29 @@
-"""One registry of the paper's evaluations for the CLI, the pipeline and the protocol.
-
-Each :class:`Evaluation` names its kind (the config's ``kind``, ``asymvlm analyze <kind>``, the
-MLflow tag ``eval-<kind>``), its inputs (config keys and CLI options) and the function computing
-it (:mod:`asymvlm.evaluation.suite`); :attr:`Evaluation.spec_model` is its typed spec.
-"""
+"""One registry of the paper's evaluations for the CLI, the pipeline and the protocol: a kind
+(the config's ``kind``, ``asymvlm analyze <kind>``, the MLflow tag ``eval-<kind>``) names its
+typed spec and the function computing it (:mod:`asymvlm.evaluation.suite`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field
 
 from asymvlm import tables
 from asymvlm.config import validate
 from asymvlm.errors import ConfigError
 from asymvlm.evaluation import suite
 from asymvlm.evaluation.retrieval import evaluate_retrieval
-from asymvlm.evaluation.suite import SplitLoader
-from asymvlm.evaluation.zeroshot import TEMPLATE_AGGREGATIONS
 from asymvlm.methods import METHODS, Method
 from asymvlm.splits import SplitTensors
-from asymvlm.tables import LocationField
+from asymvlm.tables import Location, LocationField
 
 __all__ = [
     "EVALUATIONS",
     "Evaluation",
     "EvaluationSpec",
-    "Input",
-    "SplitLoader",
     "evaluate",
     "evaluate_split",
     "log_evaluation",
@@ -42,31 +33,12 @@ __all__ = [
 ]
 
 PositiveInt = Annotated[int, Field(ge=1)]
-#: The Python type of each input form in a spec.
-_FORMS: dict[str, Any] = {
-    "location": LocationField,
-    "named": Annotated[dict[str, LocationField], Field(min_length=1)],
-    "text": str,
-    "count": PositiveInt,
-    "aggregation": Literal[TEMPLATE_AGGREGATIONS],  # type: ignore[valid-type]
-}
-
-
-@dataclass(frozen=True)
-class Input:
-    """One input of an evaluation: a config key and the CLI option ``--<key with dashes>``;
-    ``form`` picks its type (:data:`_FORMS`), ``default`` the value of an optional one."""
-
-    key: str
-    form: Literal["location", "named", "text", "count", "aggregation"]
-    help: str
-    required: bool = True
-    metavar: str | None = None
-    default: Any = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + {"sets": "set"}.get(self.key, self.key).replace("_", "-")
+Named = Annotated[dict[str, LocationField], Field(min_length=1)]
+Aggregation = Literal["mean", "logmeanexp"]
+AGGREGATION = (
+    "how a likelihood method combines a class's prompts: mean (of the log-likelihoods; "
+    "default) or logmeanexp (log of the mean likelihood)"
+)
 
 
 class EvaluationSpec(BaseModel):
@@ -75,42 +47,61 @@ class EvaluationSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-Compute = Callable[[Mapping[str, Method], Any, SplitLoader], dict[str, Any]]
+class RetrievalSpec(EvaluationSpec):
+    kind: Literal["retrieval"] = Field("retrieval", description="the evaluation")
+    data: LocationField = Field(description="the tables to retrieve in")
+    levels: PositiveInt | None = Field(10, description="uncertainty bins")
+    fold_size: PositiveInt | None = Field(
+        None,
+        description="also average the metrics over folds of N consecutive images and their "
+        "captions (1000 on the COCO 5K test split: COCO 1K)",
+    )
+    chunk_size: PositiveInt | None = Field(
+        None, description="captions scored at once (default: as many as --memory-budget allows)"
+    )
+    memory_budget: PositiveInt | None = Field(
+        None, description="working memory of one chunk of scores (default 512 MiB)"
+    )
 
 
-@dataclass(frozen=True)
-class Evaluation:
-    kind: str
+class ZeroshotSpec(EvaluationSpec):
+    kind: Literal["zeroshot"] = Field("zeroshot", description="the evaluation")
+    sets: Named = Field(description="an evaluation set (repeat)")
+    fine_tuned_on: str | None = Field(None, description="the training data set's name (report)")
+    embedding_model: str | None = Field(None, description="the frozen model's name (report)")
+    template_aggregation: Aggregation | None = Field("mean", description=AGGREGATION)
+
+
+class NotaSpec(EvaluationSpec):
+    kind: Literal["nota"] = Field("nota", description="the evaluation")
+    positives: LocationField = Field(description="CIFAR-10-like set whose classes are prompted")
+    negatives: LocationField = Field(description="CIFAR-100-like set of unprompted classes")
+    far_negatives: LocationField | None = Field(
+        None,
+        description="images of concepts unrelated to every positive class (the synthetic "
+        "world's far negatives)",
+    )
+    template_aggregation: Aggregation | None = Field("mean", description=AGGREGATION)
+
+
+class HierarcapsSpec(EvaluationSpec):
+    kind: Literal["hierarcaps"] = Field("hierarcaps", description="the evaluation")
+    data: LocationField = Field(description="tables with caption levels (HierarCaps, synthetic)")
+
+
+class OodSpec(EvaluationSpec):
+    kind: Literal["ood"] = Field("ood", description="the evaluation")
+    data: LocationField = Field(description="the clean tables")
+    perturbed: Named = Field(description="a perturbed copy of the data (repeat)")
+
+
+Compute = Callable[[Mapping[str, Method], Any, suite.SplitLoader], dict[str, Any]]
+
+
+class Evaluation(NamedTuple):
     title: str
-    inputs: tuple[Input, ...]
+    spec_model: type[EvaluationSpec]
     compute: Compute
-    dim_from: str  # the input whose tables give the dimension of a frozen-only evaluation
-
-    @property
-    def tag(self) -> str:
-        return f"eval-{self.kind}"
-
-    @cached_property
-    def spec_model(self) -> type[EvaluationSpec]:
-        """The typed spec of this kind: ``kind`` plus one field per input."""
-        fields: dict[str, Any] = {
-            "kind": (Literal[self.kind], Field(self.kind, description="the evaluation"))  # type: ignore[valid-type]
-        }
-        for inp in self.inputs:
-            tp = _FORMS[inp.form]
-            if inp.required:
-                fields[inp.key] = (tp, Field(..., description=inp.help))
-            else:
-                fields[inp.key] = (tp | None, Field(inp.default, description=inp.help))
-        name = "".join(part.title() for part in self.kind.split("_")) + "Spec"
-        return create_model(name, __base__=EvaluationSpec, **fields)
-
-
-def _retrieval(methods: Mapping[str, Method], spec: Any, load: SplitLoader) -> dict[str, Any]:
-    return {
-        name: _retrieval_on_split(m, load(spec.data, suite.adapter_input(m)), spec)
-        for name, m in methods.items()
-    }
 
 
 def _retrieval_on_split(
@@ -127,113 +118,39 @@ def _retrieval_on_split(
     )
 
 
-_AGGREGATION = Input(
-    "template_aggregation",
-    "aggregation",
-    "how a likelihood method combines a class's prompts: mean (of the log-likelihoods; "
-    "default) or logmeanexp (log of the mean likelihood)",
-    False,
-    metavar="mean|logmeanexp",
-    default="mean",
-)
-
 EVALUATIONS: dict[str, Evaluation] = {
-    ev.kind: ev
-    for ev in (
-        Evaluation(
-            "retrieval",
-            "cross-modal retrieval with uncertainty (Table 1, Fig. 3)",
-            (
-                Input("data", "location", "the tables to retrieve in"),
-                Input("levels", "count", "uncertainty bins", False, default=10),
-                Input(
-                    "fold_size",
-                    "count",
-                    "also average the metrics over folds of N consecutive "
-                    "images and their captions (1000 on the COCO 5K test split: COCO 1K)",
-                    False,
-                    metavar="N",
-                ),
-                Input(
-                    "chunk_size",
-                    "count",
-                    "captions scored at once (default: as many as --memory-budget allows)",
-                    False,
-                ),
-                Input(
-                    "memory_budget",
-                    "count",
-                    "working memory of one chunk of scores (default 512 MiB)",
-                    False,
-                    metavar="BYTES",
-                ),
-            ),
-            _retrieval,
-            "data",
+    "retrieval": Evaluation(
+        "cross-modal retrieval with uncertainty (Table 1, Fig. 3)",
+        RetrievalSpec,
+        lambda methods, spec, load: {
+            name: _retrieval_on_split(m, load(spec.data, suite.adapter_input(m)), spec)
+            for name, m in methods.items()
+        },
+    ),
+    "zeroshot": Evaluation(
+        "zero-shot accuracy after fine-tuning (Table 3)",
+        ZeroshotSpec,
+        lambda methods, spec, load: suite.evaluate_zero_shot(
+            methods, spec.sets, spec.template_aggregation
         ),
-        Evaluation(
-            "zeroshot",
-            "zero-shot accuracy after fine-tuning (Table 3)",
-            (
-                Input("sets", "named", "an evaluation set (repeat)", metavar="NAME=ROOT:SPLIT"),
-                Input("fine_tuned_on", "text", "the training data set's name (report)", False),
-                Input("embedding_model", "text", "the frozen model's name (report)", False),
-                _AGGREGATION,
-            ),
-            lambda methods, spec, load: suite.evaluate_zero_shot(
-                methods, spec.sets, spec.template_aggregation
-            ),
-            "sets",
+    ),
+    "nota": Evaluation(
+        "none-of-the-above prompts (Table 2)",
+        NotaSpec,
+        lambda methods, spec, load: suite.evaluate_none_of_the_above(
+            methods, spec.positives, spec.negatives, spec.far_negatives, spec.template_aggregation
         ),
-        Evaluation(
-            "nota",
-            "none-of-the-above prompts (Table 2)",
-            (
-                Input("positives", "location", "CIFAR-10-like set whose classes are prompted"),
-                Input("negatives", "location", "CIFAR-100-like set of unprompted classes"),
-                Input(
-                    "far_negatives",
-                    "location",
-                    "images of concepts unrelated to every "
-                    "positive class (the synthetic world's far negatives)",
-                    False,
-                ),
-                _AGGREGATION,
-            ),
-            lambda methods, spec, load: suite.evaluate_none_of_the_above(
-                methods,
-                spec.positives,
-                spec.negatives,
-                spec.far_negatives,
-                spec.template_aggregation,
-            ),
-            "positives",
-        ),
-        Evaluation(
-            "hierarcaps",
-            "uncertainty along caption hierarchies (Fig. 5)",
-            (Input("data", "location", "tables with caption levels (HierarCaps, synthetic)"),),
-            lambda methods, spec, load: suite.evaluate_hierarcaps(methods, spec.data, load),
-            "data",
-        ),
-        Evaluation(
-            "ood",
-            "retrieval under perturbed images and captions (beyond the paper)",
-            (
-                Input("data", "location", "the clean tables"),
-                Input(
-                    "perturbed",
-                    "named",
-                    "a perturbed copy of the data (repeat)",
-                    metavar="KIND:SEVERITY=ROOT:SPLIT",
-                ),
-            ),
-            lambda methods, spec, load: suite.evaluate_ood(
-                methods, spec.data, spec.perturbed, load
-            ),
-            "data",
-        ),
-    )
+    ),
+    "hierarcaps": Evaluation(
+        "uncertainty along caption hierarchies (Fig. 5)",
+        HierarcapsSpec,
+        lambda methods, spec, load: suite.evaluate_hierarcaps(methods, spec.data, load),
+    ),
+    "ood": Evaluation(
+        "retrieval under perturbed images and captions (beyond the paper)",
+        OodSpec,
+        lambda methods, spec, load: suite.evaluate_ood(methods, spec.data, spec.perturbed, load),
+    ),
 }
 
 
@@ -244,26 +161,22 @@ def spec(
     :class:`ConfigError` naming ``source`` and the key (``flags``: spelt as CLI flags)."""
     if kind not in EVALUATIONS:
         raise ConfigError(f"unknown evaluation {kind!r}; choose from {sorted(EVALUATIONS)}")
-    ev = EVALUATIONS[kind]
     given = {k: v for k, v in values.items() if k != "kind" and v not in (None, {}, [])}
-    return validate(
-        ev.spec_model, {"kind": kind, **given}, source or f"asymvlm analyze {kind}", flags=flags
-    )
-
-
-def _dimension(ev: Evaluation, parsed: EvaluationSpec) -> int:
-    where = getattr(parsed, ev.dim_from)
-    root = next(iter(where.values())).root if isinstance(where, dict) else where.root
-    return int(tables.read_manifest(root).dim)
+    model = EVALUATIONS[kind].spec_model
+    return validate(model, {"kind": kind, **given}, source or f"asymvlm analyze {kind}", flags)
 
 
 def with_frozen(
     methods: Mapping[str, Method], parsed: EvaluationSpec, dim: int | None = None
 ) -> dict[str, Method]:
-    """``methods`` plus the frozen model (``clip``: cosine scores, no uncertainty)."""
-    ev = EVALUATIONS[parsed.kind]  # type: ignore[attr-defined]
+    """``methods`` plus the frozen model (``clip``: cosine scores, no uncertainty); its width
+    that of the methods, else ``dim``, else that of the spec's first tables."""
+    if dim is None and methods:
+        dim = next(iter(methods.values())).dim
     if dim is None:
-        dim = next(iter(methods.values())).dim if methods else _dimension(ev, parsed)
+        first = next(v for v in dict(parsed).values() if isinstance(v, Location | dict))
+        where = next(iter(first.values())) if isinstance(first, dict) else first
+        dim = int(tables.read_manifest(where.root).dim)
     frozen = METHODS["clip"](dim=dim)
     frozen.adapter_input = "unit"
     return {**methods, "clip": frozen}
@@ -274,12 +187,12 @@ def evaluate(
 ) -> dict[str, Any]:
     """Run the evaluation ``parsed`` (:func:`spec`) for ``methods``, splits read onto
     ``device``."""
-    ev = EVALUATIONS[parsed.kind]  # type: ignore[attr-defined]
+    kind = parsed.kind  # type: ignore[attr-defined]
     if not methods:
         raise ConfigError(
-            f"{ev.kind}: no adapters to evaluate (give a sweep or checkpoints, or the frozen model)"
+            f"{kind}: no adapters to evaluate (give a sweep or checkpoints, or the frozen model)"
         )
-    return ev.compute(methods, parsed, SplitLoader(device))
+    return EVALUATIONS[kind].compute(methods, parsed, suite.split_loader(device))
 
 
 def evaluate_split(
@@ -288,29 +201,23 @@ def evaluate_split(
     """The retrieval evaluation ``parsed`` (a spec, or "retrieval" at its defaults) of
     ``method`` on a split already in memory instead of the location the spec names."""
     if isinstance(parsed, str):
-        ev = EVALUATIONS[parsed]
-        values = {inp.key: inp.default for inp in ev.inputs if not inp.required}
-        parsed = ev.spec_model.model_construct(kind=parsed, **values)
+        parsed = EVALUATIONS[parsed].spec_model.model_construct()
     return _retrieval_on_split(method, data, parsed, progress)
 
 
 def result_metrics(result: Any, prefix: str = "") -> dict[str, float]:
-    """Every finite number of a result as an MLflow metric named by its path; lists stay in the
-    JSON."""
+    """Every finite number of a result as an MLflow metric named by its path (alphanumerics,
+    ``_ - . / :`` and spaces); lists stay in the JSON."""
     out: dict[str, float] = {}
     if isinstance(result, Mapping):
         for key, value in result.items():
-            name = _metric_key(f"{prefix}/{key}" if prefix else str(key))
+            name = f"{prefix}/{key}" if prefix else str(key)
+            name = "".join(c if c.isalnum() or c in "_-./: " else "_" for c in name)[:250]
             out.update(result_metrics(value, name))
     elif isinstance(result, int | float) and not isinstance(result, bool):
         if math.isfinite(result):
             out[prefix] = float(result)
     return out
-
-
-def _metric_key(name: str) -> str:
-    """MLflow metric names: alphanumerics, ``_ - . / :`` and spaces."""
-    return "".join(c if c.isalnum() or c in "_-./: " else "_" for c in name)[:250]
 
 
 def log_evaluation(
@@ -327,16 +234,15 @@ def log_evaluation(
     """One MLflow run ``kind=eval-<kind>``: the numbers as metrics, ``results.json``, figures."""
     from asymvlm import tracking
 
-    ev = EVALUATIONS[kind]
-    description = ev.title[0].upper() + ev.title[1:]
+    title = EVALUATIONS[kind].title
     with tracking.run(
         tracking_uri,
         experiment,
         name or f"eval {kind}",
-        kind=ev.tag,
+        kind=f"eval-{kind}",
         parent=parent,
         params={"kind": kind, **(params or {})},
-        description=description,
+        description=title[0].upper() + title[1:],
     ) as run:
         run.log_metrics(result_metrics(result))
         run.log_json("results.json", result)

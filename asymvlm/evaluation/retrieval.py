@@ -7,7 +7,6 @@ from a memory budget. A non-finite encoding, uncertainty or score raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,43 +15,28 @@ import torch
 
 from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import Encoding, Method
-from asymvlm.metrics import average_folds, fold_key, image_folds, rank_pass, ranking_metrics
+from asymvlm.metrics import average_folds, rank_pass, ranking_metrics
 from asymvlm.metrics import eccv as eccv_caption
 from asymvlm.splits import SplitTensors
 
 
-def _encode_chunked(
-    fn: Callable[[torch.Tensor], Encoding], x: torch.Tensor, chunk_size: int
-) -> Encoding:
-    """``fn(x)`` in chunks of rows."""
-    parts = [fn(x[i : i + chunk_size]) for i in range(0, x.shape[0], chunk_size)]
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-
-
-def _ids(data: SplitTensors, kind: str) -> Sequence[str] | None:
-    split = data.split
-    return getattr(split, "caption_ids" if kind == "caption" else "image_ids", None)
-
-
-def _named(kind: str, ids: Sequence[str] | None, row: int) -> str:
+def _row(data: SplitTensors, kind: str, row: int) -> str:
     """``caption 'c17' (row 17)``, or ``caption row 17`` when the split has no ids."""
-    if ids is not None and 0 <= row < len(ids):
-        return f"{kind} {ids[row]!r} (row {row})"
-    return f"{kind} row {row}"
+    ids = getattr(data.split, "caption_ids" if kind == "caption" else "image_ids", None)
+    return f"{kind} {ids[row]!r} (row {row})" if ids is not None else f"{kind} row {row}"
 
 
 def _first_bad_row(value: torch.Tensor) -> int:
-    bad = ~torch.isfinite(value.reshape(value.shape[0], -1)).all(dim=1)
-    return int(bad.nonzero()[0, 0])
+    return int((~torch.isfinite(value.reshape(value.shape[0], -1)).all(dim=1)).nonzero()[0, 0])
 
 
 def check_finite(
-    method: Method, name: str, value: torch.Tensor | None, kind: str, ids: Sequence[str] | None
+    method: Method, name: str, value: torch.Tensor | None, kind: str, data: SplitTensors
 ) -> None:
     """:class:`NonFiniteError` when ``value`` (a row per caption/image) has a NaN/inf."""
     if not torch.is_tensor(value) or not value.is_floating_point() or value.isfinite().all():
         return
-    where = f"a {kind} scalar" if value.ndim == 0 else _named(kind, ids, _first_bad_row(value))
+    where = f"a {kind} scalar" if value.ndim == 0 else _row(data, kind, _first_bad_row(value))
     raise NonFiniteError(f"{method.name}: non-finite {name} for {where}")
 
 
@@ -63,13 +47,17 @@ def encode_split(
     """(text encoding, image encoding) of a whole split in chunks, checked finite."""
     method.eval()
     image_rows, text_rows = method.split_inputs(data)
-    texts = _encode_chunked(method.encode_texts, text_rows, chunk_size)
-    images = _encode_chunked(method.encode_images, image_rows, chunk_size)
-    for kind, encoding in (("caption", texts), ("image", images)):
-        ids = _ids(data, kind)
+    out = []
+    for kind, fn, x in (
+        ("caption", method.encode_texts, text_rows),
+        ("image", method.encode_images, image_rows),
+    ):
+        parts = [fn(x[i : i + chunk_size]) for i in range(0, x.shape[0], chunk_size)]
+        encoding = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
         for name, value in encoding.items():
-            check_finite(method, name, value, kind, ids)
-    return texts, images
+            check_finite(method, name, value, kind, data)
+        out.append(encoding)
+    return out[0], out[1]
 
 
 def coco_karpathy_test(data: SplitTensors) -> eccv_caption.KarpathyTest | None:
@@ -85,42 +73,23 @@ def coco_karpathy_test(data: SplitTensors) -> eccv_caption.KarpathyTest | None:
     return eccv_caption.karpathy_test(split.image_ids, split.caption_ids)
 
 
-def _folds(
-    data: SplitTensors, fold_size: int, karpathy: eccv_caption.KarpathyTest | None
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(image rows, caption rows) per fold: COCO 1K's folds on the Karpathy test split, else
-    runs of ``fold_size`` consecutive images with their captions."""
-    if karpathy is not None and fold_size == 1000:
-        return list(karpathy.folds)
-    n_image = data.image_emb.shape[0]
-    try:
-        folds = image_folds(n_image, fold_size)
-    except ValueError:
-        raise ConfigError(
-            f"fold size {fold_size}: the split has {n_image} images, not a multiple of it"
-        ) from None
-    owner = data.text_to_image.cpu().numpy()
-    return [(rows, np.flatnonzero(np.isin(owner, rows))) for rows in folds]
-
-
 @torch.no_grad()
 def evaluate_retrieval(
     method: Method,
     data: SplitTensors,
     n_bins: int = 10,
-    ks: tuple[int, ...] = (1, 5, 10),
     chunk_size: int | None = None,
     progress: bool = False,
     fold_size: int | None = None,
     eccv: bool = True,
     memory_budget: int | None = None,
 ) -> dict[str, Any]:
-    """Recall@K both ways, binned Recall@1 by uncertainty, Spearman S and R^2 (App. B), AUROC /
-    AURC / E-AURC, risk-coverage and ECE (softmax of ``calibration_scale() * score``) per
-    direction, RSUM; with ``fold_size`` the mean over image folds (``coco_1k`` for 1000), with
-    ``eccv`` on the COCO Karpathy test split ECCV Caption / CxC metrics. ``chunk_size`` captions
-    are scored at once (None: as many as ``memory_budget`` bytes allow, 512 MiB by default).
-    """
+    """Recall@{1,5,10} both ways, binned Recall@1 by uncertainty, Spearman S and R^2 (App. B),
+    AUROC / AURC / E-AURC, risk-coverage and ECE (softmax of ``calibration_scale() * score``)
+    per direction, RSUM; with ``fold_size`` the mean over folds of that many consecutive
+    images (``coco_1k`` for 1000: COCO 1K's folds on the Karpathy test split), with ``eccv``
+    on the COCO Karpathy test split ECCV Caption / CxC metrics. ``chunk_size`` captions are
+    scored at once (None: as many as ``memory_budget`` bytes allow, 512 MiB by default)."""
     n_text, n_image = data.text_emb.shape[0], data.image_emb.shape[0]
     if n_text == 0 or n_image == 0:
         raise ValueError(
@@ -132,14 +101,16 @@ def evaluate_retrieval(
             f"{n_bins} uncertainty bins: the split has {n_text} captions and {n_image} images; "
             "give at most as many bins (--levels) as either"
         )
+    if fold_size is not None and n_image % fold_size:
+        raise ConfigError(
+            f"fold size {fold_size}: the split has {n_image} images, not a multiple of it"
+        )
     karpathy = coco_karpathy_test(data) if eccv or fold_size == 1000 else None
-    folds = _folds(data, fold_size, karpathy) if fold_size is not None else None
     texts, images = encode_split(method, data)
-    caption_ids, image_ids = _ids(data, "caption"), _ids(data, "image")
     text_unc = method.text_uncertainty_from(texts)
     image_unc = method.image_uncertainty_from(images)
-    check_finite(method, "uncertainty", text_unc, "caption", caption_ids)
-    check_finite(method, "uncertainty", image_unc, "image", image_ids)
+    check_finite(method, "uncertainty", text_unc, "caption", data)
+    check_finite(method, "uncertainty", image_unc, "image", data)
 
     def score_fn(start: int, stop: int) -> torch.Tensor:
         scores = method.score({k: v[start:stop] for k, v in texts.items()}, images)
@@ -147,8 +118,8 @@ def evaluate_retrieval(
             row = _first_bad_row(scores)
             col = int((~torch.isfinite(scores[row])).nonzero()[0, 0])
             raise NonFiniteError(
-                f"{method.name}: non-finite score for {_named('caption', caption_ids, start + row)}"
-                f" against {_named('image', image_ids, col)}"
+                f"{method.name}: non-finite score for {_row(data, 'caption', start + row)}"
+                f" against {_row(data, 'image', col)}"
             )
         return scores
 
@@ -158,34 +129,38 @@ def evaluate_retrieval(
         n_text,
         n_image,
         data.text_to_image,
-        depth=max(max(ks), karpathy.i2t_depth if with_eccv else 0),
+        depth=max(10, karpathy.i2t_depth if with_eccv else 0),
         top_t2i=karpathy.t2i_depth if with_eccv else 1,
         scale=method.calibration_scale(),
         chunk_size=chunk_size,
         memory_budget=memory_budget,
         progress=progress,
     )
-    result = ranking_metrics(ranking, ks, text_unc, image_unc, n_bins)
+    result = ranking_metrics(ranking, (1, 5, 10), text_unc, image_unc, n_bins)
     if with_eccv:
         result["eccv"] = eccv_caption.eccv_metrics(ranking.t2i_top, ranking.i2t_top, karpathy)
-    if folds is not None:
+    if fold_size is not None:
+        if karpathy is not None and fold_size == 1000:
+            folds = list(karpathy.folds)
+        else:
+            owner = data.text_to_image.cpu().numpy()
+            starts = range(0, n_image, fold_size)
+            rows = [np.arange(s, s + fold_size) for s in starts]
+            folds = [(r, np.flatnonzero(np.isin(owner, r))) for r in rows]
         per_fold = [
             evaluate_retrieval(
                 method,
-                data.subset(images, captions),
+                data.subset(image_rows, caption_rows),
                 n_bins=n_bins,
-                ks=ks,
                 chunk_size=chunk_size,
                 eccv=False,
                 memory_budget=memory_budget,
             )
-            for images, captions in folds
+            for image_rows, caption_rows in folds
         ]
-        result[fold_key(fold_size)] = {**average_folds(per_fold), "fold_size": fold_size}
-    result["method"] = method.name
-    result["n_text"] = int(data.text_emb.shape[0])
-    result["n_image"] = int(data.image_emb.shape[0])
-    return result
+        key = "coco_1k" if fold_size == 1000 else f"folds_{fold_size}"
+        result[key] = {**average_folds(per_fold), "fold_size": fold_size}
+    return result | {"method": method.name, "n_text": n_text, "n_image": n_image}
 
 
 @torch.no_grad()
@@ -193,20 +168,19 @@ def caption_scores(method: Method, data: SplitTensors) -> pa.Table:
     """Per caption: ``caption_id``, ``kappa`` and ``uncertainty`` (null where undefined)."""
     texts, _ = encode_split(method, data)
     unc = method.text_uncertainty_from(texts)
-    check_finite(method, "uncertainty", unc, "caption", _ids(data, "caption"))
+    check_finite(method, "uncertainty", unc, "caption", data)
     n = data.text_emb.shape[0]
-    columns: dict[str, pa.Array] = {"caption_id": pa.array(data.split.caption_ids, pa.string())}
-    kappa = texts.get("kappa")
-    columns["kappa"] = (
-        pa.array(kappa.float().cpu().numpy(), pa.float32())
-        if kappa is not None
-        else pa.nulls(n, pa.float32())
-    )
-    columns["uncertainty"] = (
-        pa.array(unc.float().cpu().numpy(), pa.float32())
-        if unc is not None
-        else pa.nulls(n, pa.float32())
-    )
+
+    def column(value: torch.Tensor | None) -> pa.Array:
+        if value is None:
+            return pa.nulls(n, pa.float32())
+        return pa.array(value.float().cpu().numpy(), pa.float32())
+
+    columns = {
+        "caption_id": pa.array(data.split.caption_ids, pa.string()),
+        "kappa": column(texts.get("kappa")),
+        "uncertainty": column(unc),
+    }
     for name, values in data.split.extra_text_columns.items():
         columns[name] = pa.array(np.asarray(values))
     return pa.table(columns)

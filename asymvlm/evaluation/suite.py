@@ -4,7 +4,7 @@ e.g. "asymvlm-vmf/seed1"), each returning plain dicts; named by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,21 +32,20 @@ __all__ = [
     "evaluate_none_of_the_above",
     "evaluate_ood",
     "evaluate_zero_shot",
-    "hierarchy_analysis",
     "load_classification",
+    "split_loader",
 ]
 
+#: ``load(location, adapter_input)``: a split in memory.
+SplitLoader = Callable[[Location, str], SplitTensors]
 
-class SplitLoader:
-    """``loader(location, adapter_input)``: a split on ``device``, read once per (location,
-    adapter input)."""
 
-    def __init__(self, device: str | torch.device = "cpu", cache: SplitCache | None = None):
-        self.device = torch.device(device)
-        self.cache = cache or SplitCache(max_entries=16)
-
-    def __call__(self, where: Location, adapter_input: str = "raw") -> SplitTensors:
-        return self.cache.load(where.root, where.split, adapter_input, self.device)
+def split_loader(device: str | torch.device = "cpu") -> SplitLoader:
+    """A :data:`SplitLoader` onto ``device`` that reads each (location, adapter input) once."""
+    cache = SplitCache(max_entries=16)
+    return lambda where, adapter_input="raw": cache.load(
+        where.root, where.split, adapter_input, torch.device(device)
+    )
 
 
 class ClassificationSet:
@@ -63,7 +62,7 @@ class ClassificationSet:
             )
         self.image_emb = torch.tensor(tables.column_matrix(images.column("embedding")))
         self.image_norm = (
-            torch.as_tensor(np.asarray(images.column("norm").to_pylist(), dtype=np.float32))
+            torch.as_tensor(np.asarray(images.column("norm"), dtype=np.float32))
             if "norm" in images.column_names
             else None
         )
@@ -91,47 +90,40 @@ class ClassificationSet:
             t: inputs[i : i + 1] for i, t in enumerate(self.prompt_text) if self.prompt_class[i] < 0
         }
 
+    def images_for(self, method: Method) -> torch.Tensor:
+        return method.image_rows(self.image_emb, self.image_norm)
+
+    def info(self) -> dict[str, Any]:
+        """The set's name, and for a synthetic one its role and ``world`` knobs."""
+        out: dict[str, Any] = {"name": self.root.rstrip("/").rsplit("/", 1)[-1]}
+        try:
+            extra = tables.read_manifest(self.root).extra
+        except tables.TableError:  # tables written without a manifest: the name only
+            return out
+        if role := (extra.get("classification") or {}).get("role"):
+            out["role"] = role
+        if isinstance(extra.get("world"), dict):
+            out["world"] = extra["world"]
+        return out
+
 
 load_classification = ClassificationSet
 
 
-def adapter_input(method: Method, default: str = "raw") -> str:
+def adapter_input(method: Method) -> str:
     """What ``method`` reads from the tables (set from its checkpoint when it was loaded)."""
-    return getattr(method, "adapter_input", default)
+    return getattr(method, "adapter_input", "raw")
 
 
-def set_info(root: str) -> dict[str, Any]:
-    """A classification set's name, and for a synthetic one its role and ``world`` knobs."""
-    info: dict[str, Any] = {"name": root.rstrip("/").rsplit("/", 1)[-1]}
-    try:
-        extra = tables.read_manifest(root).extra
-    except tables.TableError:  # tables written without a manifest: the name only
-        return info
-    role = (extra.get("classification") or {}).get("role")
-    if role:
-        info["role"] = role
-    if isinstance(extra.get("world"), dict):
-        info["world"] = extra["world"]
-    return info
-
-
-# -- evaluations --------------------------------------------------------------------------------
 def evaluate_zero_shot(
-    methods: Mapping[str, Method],
-    sets: Mapping[str, Location],
-    template_aggregation: str | None = "mean",
+    methods: Mapping[str, Method], sets: Mapping[str, Location], how: str | None = "mean"
 ) -> dict[str, dict[str, float]]:
     """Table 3: method -> evaluation set -> zero-shot accuracy."""
-    how = template_aggregation or "mean"
-    loaded = {name: load_classification(*where) for name, where in sets.items()}
+    loaded = {name: ClassificationSet(*where) for name, where in sets.items()}
     return {
         name: {
             s: zero_shot_accuracy(
-                m,
-                m.image_rows(data.image_emb, data.image_norm),
-                data.labels,
-                data.class_prompts(adapter_input(m)),
-                aggregation=how,
+                m, data.images_for(m), data.labels, data.class_prompts(adapter_input(m)), how
             )
             for s, data in loaded.items()
         }
@@ -144,40 +136,32 @@ def evaluate_none_of_the_above(
     positives: Location,
     negatives: Location,
     far_negatives: Location | None = None,
-    template_aggregation: str | None = "mean",
+    how: str | None = "mean",
 ) -> dict[str, Any]:
     """Table 2: per dummy prompt and method :func:`none_of_the_above`, the frozen model's
     :func:`rejection_baselines` and the ``settings`` (aggregation, sets)."""
-    how = template_aggregation or "mean"
-    pos, neg = load_classification(*positives), load_classification(*negatives)
-    far = load_classification(*far_negatives) if far_negatives else None
-    settings: dict[str, Any] = {
-        "template_aggregation": how,
-        "positives": set_info(pos.root),
-        "negatives": set_info(neg.root),
-    }
+    how = how or "mean"
+    pos, neg = ClassificationSet(*positives), ClassificationSet(*negatives)
+    far = ClassificationSet(*far_negatives) if far_negatives else None
+    settings = {"template_aggregation": how, "positives": pos.info(), "negatives": neg.info()}
     if far is not None:
-        settings["far_negatives"] = set_info(far.root)
+        settings["far_negatives"] = far.info()
     out: dict[str, Any] = {"dummy": {}, "rejection": {}, "settings": settings}
     for name, m in methods.items():
-        ai = adapter_input(m)
-        prompts = pos.class_prompts(ai)
-        far_rows = None if far is None else m.image_rows(far.image_emb, far.image_norm)
         each = none_of_the_above(
             m,
-            m.image_rows(pos.image_emb, pos.image_norm),
+            pos.images_for(m),
             pos.labels,
-            m.image_rows(neg.image_emb, neg.image_norm),
-            prompts,
-            pos.dummy_inputs(ai),
-            far_negatives=far_rows,
+            neg.images_for(m),
+            pos.class_prompts(adapter_input(m)),
+            pos.dummy_inputs(adapter_input(m)),
+            far_negatives=None if far is None else far.images_for(m),
             aggregation=how,
         )
         for text, cell in each.items():
             out["dummy"].setdefault(text, {})[name] = cell
-    frozen = build_method("clip", pos.image_emb.shape[1])
     out["rejection"] = rejection_baselines(
-        frozen,
+        build_method("clip", pos.image_emb.shape[1]),
         pos.image_emb,
         pos.labels,
         neg.image_emb,
@@ -191,7 +175,7 @@ def evaluate_hierarcaps(
     methods: Mapping[str, Method], where: Location, load: SplitLoader | None = None
 ) -> dict[str, Any]:
     """Fig. 5: :func:`hierarchy_analysis` per method."""
-    load = load or SplitLoader()
+    load = load or split_loader()
     return {
         name: hierarchy_analysis(m, load(where, adapter_input(m))) for name, m in methods.items()
     }
@@ -204,28 +188,16 @@ def evaluate_ood(
     load: SplitLoader | None = None,
 ) -> dict[str, Any]:
     """Retrieval under perturbation: ``perturbed`` maps "kind:severity" to a perturbed copy."""
-    load, out = load or SplitLoader(), {}
-    for name, m in methods.items():
-        ai = adapter_input(m)
-        base = load(clean, ai)
-        per: dict[str, Any] = {}
-        for spec, where in perturbed.items():
-            other = load(where, ai)
-            image_kind = spec.split(":")[0] in IMAGE_PERTURBATIONS
-            res = ood_retrieval(
+    load = load or split_loader()
+    return {
+        name: {
+            spec: ood_retrieval(
                 m,
-                base,
-                image_ood=other if image_kind else None,
-                text_ood=None if image_kind else other,
+                load(clean, adapter_input(m)),
+                load(where, adapter_input(m)),
+                image=spec.split(":")[0] in IMAGE_PERTURBATIONS,
             )
-            case = "image_ood" if image_kind else "text_ood"
-            per[spec] = {
-                "clean_t2i_recall_at_1": res["cases"]["clean"]["t2i"]["recall@1"],
-                "clean_i2t_recall_at_1": res["cases"]["clean"]["i2t"]["recall@1"],
-                "t2i_recall_at_1": res["cases"][case]["t2i"]["recall@1"],
-                "i2t_recall_at_1": res["cases"][case]["i2t"]["recall@1"],
-                **res[f"mmi_{case}"],
-                "uncertainty_auroc": res.get("uncertainty_auroc"),
-            }
-        out[name] = per
-    return out
+            for spec, where in perturbed.items()
+        }
+        for name, m in methods.items()
+    }

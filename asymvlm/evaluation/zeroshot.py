@@ -22,30 +22,13 @@ from asymvlm.tables import TableError
 
 __all__ = [
     "ClassPrompts",
-    "TEMPLATE_AGGREGATIONS",
     "aggregation_note",
-    "check_aggregation",
     "class_scores",
-    "log_mean_exp_over_prompts",
-    "mean_over_prompts",
     "none_of_the_above",
     "prompt_ensemble",
     "rejection_baselines",
     "zero_shot_accuracy",
 ]
-
-#: How the log-likelihoods of a class's prompts combine into its score (module docstring).
-TEMPLATE_AGGREGATIONS = ("mean", "logmeanexp")
-
-
-def check_aggregation(aggregation: str) -> str:
-    """``aggregation`` if it is one of :data:`TEMPLATE_AGGREGATIONS`, else ValueError."""
-    if aggregation not in TEMPLATE_AGGREGATIONS:
-        raise ValueError(
-            f"template aggregation must be one of {list(TEMPLATE_AGGREGATIONS)}, "
-            f"got {aggregation!r}"
-        )
-    return aggregation
 
 
 def aggregation_note(aggregation: str) -> str:
@@ -71,8 +54,6 @@ class ClassPrompts:
     n_classes: int
 
     def __post_init__(self) -> None:
-        if self.inputs.shape[0] != self.class_index.shape[0]:
-            raise ValueError("one class index per prompt is needed")
         present = torch.unique(self.class_index)
         if present.numel() != self.n_classes or int(present.min()) != 0:
             raise TableError(
@@ -89,23 +70,13 @@ def prompt_ensemble(mu: torch.Tensor, class_index: torch.Tensor, n_classes: int)
     return unit(summed)
 
 
-def _scores_by_cosine(method: Method) -> bool:
-    """Whether ``method`` scores by the cosine of unit ``mu`` (the base :meth:`Method.score`)."""
-    return type(method).score is Method.score
-
-
-def mean_over_prompts(
-    per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor
-) -> torch.Tensor:
+def _mean(per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor):
     """[n, n_classes]: the mean over each class's prompts of ``per_prompt`` [n, n_prompts]."""
     summed = torch.zeros(per_prompt.shape[0], len(counts), dtype=per_prompt.dtype)
-    summed.index_add_(1, class_index, per_prompt)
-    return summed / counts
+    return summed.index_add_(1, class_index, per_prompt) / counts
 
 
-def log_mean_exp_over_prompts(
-    per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor
-) -> torch.Tensor:
+def _log_mean_exp(per_prompt: torch.Tensor, class_index: torch.Tensor, counts: torch.Tensor):
     """[n, n_classes]: ln((1/K_c) sum_{k in c} exp(per_prompt_k)), stabilised by the class's
     largest term."""
     index = class_index.unsqueeze(0).expand_as(per_prompt)
@@ -116,6 +87,9 @@ def log_mean_exp_over_prompts(
     return peak + torch.log(summed) - torch.log(counts)
 
 
+AGGREGATIONS = {"mean": _mean, "logmeanexp": _log_mean_exp}
+
+
 @torch.no_grad()
 def class_scores(
     method: Method,
@@ -124,14 +98,16 @@ def class_scores(
     chunk_size: int = 4096,
     aggregation: str = "mean",
 ) -> torch.Tensor:
-    """[n_image, n_classes]: the cosine to the :func:`prompt_ensemble` for cosine methods, else
-    the method's score combined over the class's prompts by ``aggregation``."""
-    combine = {"mean": mean_over_prompts, "logmeanexp": log_mean_exp_over_prompts}[
-        check_aggregation(aggregation)
-    ]
+    """[n_image, n_classes]: the cosine to the :func:`prompt_ensemble` for methods scoring by
+    the cosine (the base :meth:`Method.score`), else the method's score combined over the
+    class's prompts by ``aggregation`` (module docstring)."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(
+            f"template aggregation must be one of {list(AGGREGATIONS)}, got {aggregation!r}"
+        )
     method.eval()
     texts = method.encode_texts(prompts.inputs)
-    cosine = _scores_by_cosine(method)
+    cosine = type(method).score is Method.score
     if cosine:
         texts = {"mu": prompt_ensemble(texts["mu"], prompts.class_index, prompts.n_classes)}
     counts = torch.bincount(prompts.class_index, minlength=prompts.n_classes).to(image_emb.dtype)
@@ -139,10 +115,8 @@ def class_scores(
     for start in range(0, image_emb.shape[0], chunk_size):
         images = method.encode_images(image_emb[start : start + chunk_size])
         per_text = method.score(texts, images).T.float()  # [chunk, n_classes or n_prompts]
-        if cosine:
-            out.append(per_text)
-            continue
-        out.append(combine(per_text, prompts.class_index, counts))
+        combine = AGGREGATIONS[aggregation]
+        out.append(per_text if cosine else combine(per_text, prompts.class_index, counts))
     return torch.cat(out)
 
 
@@ -177,11 +151,9 @@ def none_of_the_above(
         class_index=torch.cat([torch.full((dummies[n].shape[0],), k) for k, n in enumerate(names)]),
         n_classes=len(names),
     )
-    sets = {"pos": positives, "neg": negatives}
-    if far_negatives is not None:
-        sets["far"] = far_negatives
+    sets = {"pos": positives, "neg": negatives, "far": far_negatives}
     rejected, predicted = {}, {}
-    for key, images in sets.items():
+    for key, images in ((k, x) for k, x in sets.items() if x is not None):
         classes = class_scores(method, images, prompts, aggregation=aggregation)
         extra = class_scores(method, images, dummy_prompts, aggregation=aggregation)
         best, predicted[key] = classes.max(1)
@@ -222,18 +194,17 @@ def rejection_baselines(
     """The frozen model's threshold (max softmax probability) and margin (top-1 minus top-2)
     rejection (Table 2, "None"): the cut-off maximises the mean of positive and negative
     accuracy on a seeded ``calibration_fraction``; accuracies are reported on the rest."""
+    sets = {"pos": positives, "neg": negatives, "far": far_negatives}
+    got = {
+        k: _softmax_stats(method, x, prompts, temperature) for k, x in sets.items() if x is not None
+    }
+    correct = got["pos"][0] == labels.numpy()
     rng = np.random.default_rng(seed)
-    pred_p, conf_p, margin_p = _softmax_stats(method, positives, prompts, temperature)
-    _, conf_n, margin_n = _softmax_stats(method, negatives, prompts, temperature)
-    far = None
-    if far_negatives is not None:
-        _, conf_f, margin_f = _softmax_stats(method, far_negatives, prompts, temperature)
-        far = {"threshold": conf_f, "margin": margin_f}
-    correct = pred_p == labels.numpy()
-    cal_p = rng.random(len(conf_p)) < calibration_fraction
-    cal_n = rng.random(len(conf_n)) < calibration_fraction
+    cal_p = rng.random(len(correct)) < calibration_fraction
+    cal_n = rng.random(len(got["neg"][0])) < calibration_fraction
     out: dict[str, dict[str, Any]] = {}
-    for name, sp, sn in (("threshold", conf_p, conf_n), ("margin", margin_p, margin_n)):
+    for k, name in ((1, "threshold"), (2, "margin")):
+        sp, sn = got["pos"][k], got["neg"][k]
         values = np.unique(np.concatenate([sp[cal_p], sn[cal_n]]))
         # Cuts halfway between neighbouring calibration scores (and below / above all).
         candidates = np.concatenate(
@@ -250,6 +221,6 @@ def rejection_baselines(
             "neg_acc": float(np.mean(sn[~cal_n] < best_cut)),
             "cut": best_cut,
         }
-        if far is not None:
-            out[name]["far_neg_acc"] = float(np.mean(far[name] < best_cut))
+        if "far" in got:
+            out[name]["far_neg_acc"] = float(np.mean(got["far"][k] < best_cut))
     return out

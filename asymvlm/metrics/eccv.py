@@ -43,73 +43,53 @@ class KarpathyTest:
     i2t_depth: int  # captions needed per image query, with the rows outside the GT
 
 
-def _as_int(ids: Sequence[str]) -> np.ndarray | None:
-    try:
-        return np.asarray([int(i) for i in ids], dtype=np.int64)
-    except (TypeError, ValueError):
-        return None
-
-
 def karpathy_test(image_ids: Sequence[str], caption_ids: Sequence[str]) -> KarpathyTest | None:
-    """The row maps of a table that holds the COCO Karpathy 5k test split, else None.
-
-    The images must be exactly the ground truth's 5,000 and the captions must include all of its
-    25,000 (by COCO id). ``folds`` are COCO 1K's: the ground truth's caption order (the Karpathy
-    test order, five captions per image) cut into five runs of 5000 captions and their images.
-    """
-    images, captions = _as_int(image_ids), _as_int(caption_ids)
-    if images is None or captions is None:
+    """The row maps of a table whose images are exactly the ground truth's 5,000 and whose
+    captions include all of its 25,000 (by COCO id), else None. ``folds`` are COCO 1K's: the
+    ground truth's caption order (the Karpathy test order) cut into five runs of 5000 captions
+    and their images."""
+    try:
+        images = np.asarray([int(i) for i in image_ids], dtype=np.int64)
+        captions = np.asarray([int(c) for c in caption_ids], dtype=np.int64)
+    except (TypeError, ValueError):
         return None
     gt = _ground_truth()
     gt_captions = np.asarray(gt.coco_ids, dtype=np.int64)
-    caption_to_image = gt.coco_gts["t2i"]
-    if len(images) != len(gt.coco_gts["i2t"]) or not set(images.tolist()) == set(
-        gt.coco_gts["i2t"]
+    caption_row = {int(c): row for row, c in enumerate(captions.tolist())}
+    if (
+        len(images) != len(gt.coco_gts["i2t"])
+        or set(images.tolist()) != set(gt.coco_gts["i2t"])
+        or len(caption_row) != len(captions)
+        or any(int(c) not in caption_row for c in gt_captions)
     ):
         return None
-    caption_row = {int(c): row for row, c in enumerate(captions.tolist())}
-    if len(caption_row) != len(captions) or any(int(c) not in caption_row for c in gt_captions):
-        return None
-    in_gt = np.isin(captions, gt_captions)
     image_row = {int(i): row for row, i in enumerate(images.tolist())}
     folds = []
     for start in range(0, len(gt_captions), FOLD_CAPTIONS):
-        fold = gt_captions[start : start + FOLD_CAPTIONS]
-        owners = dict.fromkeys(caption_to_image[int(c)][0] for c in fold)  # ordered, unique
+        fold = gt_captions[start : start + FOLD_CAPTIONS].tolist()
+        owners = dict.fromkeys(gt.coco_gts["t2i"][c][0] for c in fold)  # ordered, unique
         folds.append(
             (
                 np.asarray([image_row[i] for i in owners], dtype=np.int64),
-                np.asarray([caption_row[int(c)] for c in fold], dtype=np.int64),
+                np.asarray([caption_row[c] for c in fold], dtype=np.int64),
             )
         )
-    eccv = gt.eccv_gts
+    in_gt = np.isin(captions, gt_captions)
     return KarpathyTest(
         image_ids=images,
         caption_ids=np.where(in_gt, captions, -1),
         folds=tuple(folds),
-        t2i_depth=max(len(v) for v in eccv["t2i"].values()),
-        i2t_depth=max(len(v) for v in eccv["i2t"].values()) + int((~in_gt).sum()),
+        t2i_depth=max(len(v) for v in gt.eccv_gts["t2i"].values()),
+        i2t_depth=max(len(v) for v in gt.eccv_gts["i2t"].values()) + int((~in_gt).sum()),
     )
 
 
 def eccv_metrics(
     t2i_top: torch.Tensor, i2t_top: torch.Tensor, test: KarpathyTest
 ) -> dict[str, dict[str, float]]:
-    """ECCV Caption mAP@R, R-Precision and R@1, and CxC R@1, in both directions.
-
-    Args:
-        t2i_top: ``[n_text, >= test.t2i_depth]`` image rows per caption row, best first.
-        i2t_top: ``[n_image, >= test.i2t_depth]`` caption rows per image row, best first.
-        test: the table's :func:`karpathy_test` maps.
-
-    Returns:
-        ``{"i2t": {"eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1"}, "t2i": {...}}``.
-    """
-    if t2i_top.shape[1] < test.t2i_depth or i2t_top.shape[1] < test.i2t_depth:
-        raise ValueError(
-            f"ECCV Caption needs the best {test.t2i_depth} images per caption and "
-            f"{test.i2t_depth} captions per image, got {t2i_top.shape[1]} and {i2t_top.shape[1]}"
-        )
+    """``{"i2t": {"eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1"}, "t2i": {...}}``
+    from the image rows per caption row (``t2i_top``, best first, at least ``test.t2i_depth``)
+    and the caption rows per image row (``i2t_top``, at least ``test.i2t_depth``)."""
     image_ids, caption_ids = test.image_ids, test.caption_ids
     t2i_ids = image_ids[t2i_top.cpu().numpy()]
     i2t_ids = caption_ids[i2t_top.cpu().numpy()]
@@ -123,11 +103,7 @@ def eccv_metrics(
     with contextlib.redirect_stderr(io.StringIO()):  # the package's unconditional tqdm bars
         eccv = gt.eccv_metrics(retrieved, "all")
         cxc = gt.cxc_recalls(retrieved, "all", K=1)
-    out: dict[str, dict[str, float]] = {}
-    for direction in ("i2t", "t2i"):
-        out[direction] = {
-            key: float(eccv[key][direction])
-            for key in ("eccv_map_at_r", "eccv_rprecision", "eccv_r1")
-        }
-        out[direction]["cxc_r1"] = float(cxc[direction])
-    return out
+    keys = ("eccv_map_at_r", "eccv_rprecision", "eccv_r1")
+    return {
+        d: {k: float(eccv[k][d]) for k in keys} | {"cxc_r1": float(cxc[d])} for d in ("i2t", "t2i")
+    }
