@@ -62,6 +62,9 @@ def _data(seed: int = 0, n_img: int = 5, n_txt: int = 12, pre: bool = True, tag:
     return d
 
 
+D = _data()
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> str:
     r = str(tmp_path / "emb")
@@ -166,125 +169,51 @@ def test_manifest_errors_and_listing(tmp_path: Path) -> None:
     )
 
 
-def _with(values, row: int, value) -> list:
-    out = list(np.asarray(values).tolist())
-    out[row] = value
-    return out
+def _corrupt(path: str, column: str, row: int, value) -> None:
+    """Set one row of a column of a parquet file (bytes: not UTF-8; parquet does not check)."""
+    table = pq.read_table(path)
+    values, typ = table[column].to_pylist(), table[column].type
+    values[row] = value
+    if isinstance(value, bytes):
+        raw = [v.encode() if isinstance(v, str) else v for v in values]
+        array = pa.array(raw, pa.binary()).view(pa.string())
+    else:
+        array = pa.array(values, pa.list_(pa.float32()) if "list" in str(typ) else typ)
+    _rewrite(path, **{column: array})
 
 
-def _bad_utf8(values: list[str], row: int) -> pa.Array:
-    raw = [v.encode() for v in values]
-    raw[row] = b"caf\xe9 au lait"  # latin-1, not UTF-8; parquet does not check it
-    return pa.array(raw, pa.binary()).view(pa.string())
-
-
-D = _data()
-# case: (folder, columns to rewrite, where in the file, what the message says)
-CORRUPTIONS = {
-    "short row": (
-        "images",
-        {"embedding": pa.array(_with(D["image_embeddings"], 3, [0.5] * 7), pa.list_(pa.float32()))},
-        "row 3 (image_id 'img3')",
-        "embedding has length 7, manifest dim is 8",
-    ),
-    "nan": (
-        "texts",
-        {
-            "embedding": _listed(
-                D["text_embeddings"] * np.where(np.arange(12) == 7, np.nan, 1)[:, None]
-            )
-        },
-        "row 7 (caption_id 'c7')",
-        "embedding has NaN/inf",
-    ),
-    "not unit": (
-        "images",
-        {
-            "embedding": _listed(
-                D["image_embeddings"] * np.where(np.arange(5) == 4, 2.5, 1)[:, None]
-            )
-        },
-        "row 4 (image_id 'img4')",
-        "embedding norm is 2.5",
-    ),
-    "null embedding": (
-        "texts",
-        {"embedding": pa.array(_with(D["text_embeddings"], 2, None), pa.list_(pa.float32()))},
-        "row 2 (caption_id 'c2')",
-        "embedding is null",
-    ),
-    "null id": (
-        "images",
-        {"image_id": pa.array(_with(D["image_ids"], 2, None), pa.string())},
-        "row 2",
-        "image_id is null",
-    ),
-    "duplicate id": (
-        "images",
-        {"image_id": pa.array(_with(D["image_ids"], 3, "img1"))},
-        "row 3 (image_id 'img1')",
-        "duplicate image_id, first seen in",
-    ),
-    "unknown image": (
-        "texts",
-        {"image_id": pa.array(_with(D["caption_image_ids"], 5, "ghost"))},
-        "row 5 (caption_id 'c5')",
-        "unknown image_id 'ghost'",
-    ),
-    "zero norm": (
-        "texts",
-        {"norm": pa.array(_with(D["text_norms"], 6, 0.0), pa.float32())},
-        "row 6 (caption_id 'c6')",
-        "norm is np.float64(0.0), must be finite and > 0",
-    ),
-    "norm outlier": (
-        "images",
-        {"norm": pa.array(_with(D["image_norms"], 3, 1e9), pa.float32())},
-        "row 3 (image_id 'img3')",
-        "the split's median norm",
-    ),
-    "invalid utf8 text": (
-        "texts",
-        {"text": _bad_utf8(D["texts"], 4)},
-        "row 4 (caption_id 'c4')",
-        "column 'text' is not valid UTF-8 (invalid continuation byte at byte 3",
-    ),
-    "invalid utf8 id": (
-        "texts",
-        {"caption_id": _bad_utf8(D["caption_ids"], 4)},
-        "row 4",
-        "column 'caption_id' is not valid UTF-8",
-    ),
-    "pre nan": (
-        "images",
-        {
-            "image_features_pre": _listed(
-                D["image_features_pre"] * np.where(np.arange(5) == 2, np.nan, 1)[:, None]
-            )
-        },
-        "row 2 (image_id 'img2')",
-        "image_features_pre has NaN/inf",
-    ),
-    "wrong type": (
-        "texts",
-        {"level": pa.array(["x"] * 12)},
-        "",
-        "column 'level' has type string, but int64 in",
-    ),
-}
+NAN, BAD = [float("nan")] * 8, b"caf\xe9 au lait"
+# folder, column, row, value, what the message says after "FILE row ROW"
+CORRUPTIONS = [
+    ("images", "embedding", 3, [0.5] * 7, " (image_id 'img3'): embedding has length 7, manifest"),
+    ("texts", "embedding", 7, NAN, " (caption_id 'c7'): embedding has NaN/inf"),
+    ("images", "embedding", 4, [1.0] * 8, " (image_id 'img4'): embedding norm is 2.82843"),
+    ("texts", "embedding", 2, None, " (caption_id 'c2'): embedding is null"),
+    ("images", "image_id", 2, None, ": image_id is null"),
+    ("images", "image_id", 3, "img1", " (image_id 'img1'): duplicate image_id, first seen in"),
+    ("texts", "image_id", 5, "ghost", " (caption_id 'c5'): unknown image_id 'ghost'"),
+    ("texts", "norm", 6, 0.0, " (caption_id 'c6'): norm is np.float64(0.0), must be finite"),
+    ("images", "norm", 3, 1e9, " (image_id 'img3'): norm is 1e+09, outside ["),
+    ("texts", "text", 4, BAD, " (caption_id 'c4'): column 'text' is not valid UTF-8 (invalid"),
+    ("texts", "caption_id", 4, BAD, ": column 'caption_id' is not valid UTF-8"),
+    ("images", "image_features_pre", 2, NAN[:6], " (image_id 'img2'): image_features_pre has NaN"),
+]
 
 
 def test_a_corrupt_file_is_refused_naming_file_row_and_id(root: str) -> None:
     """Part 1 is corrupted; part 0 before it is clean (its rows are counted out of the row)."""
     write_split(root, "test", **_data(tag="z"))
-    for case, (kind, columns, where, what) in CORRUPTIONS.items():
+    for kind, column, row, value, what in CORRUPTIONS:
         write_split(root, "test", **D, part="part-00001")
         path = _file(root, kind, 1)
-        _rewrite(path, **columns)
+        _corrupt(path, column, row, value)
         with pytest.raises(TableError) as exc:
             read_split(root, "test")
-        assert str(exc.value).startswith(f"{path} {where}".strip()), (case, str(exc.value))
-        assert what in str(exc.value), case
+        assert str(exc.value).startswith(f"{path} row {row}{what}"), str(exc.value)
+    write_split(root, "test", **D, part="part-00001")
+    _rewrite(_file(root, "texts", 1), level=pa.array(["x"] * 12))
+    with pytest.raises(TableError, match="column 'level' has type string, but int64 in"):
+        read_split(root, "test")
 
 
 def test_what_validation_refuses_and_what_no_validation_reads(root: str) -> None:
@@ -293,7 +222,7 @@ def test_what_validation_refuses_and_what_no_validation_reads(root: str) -> None
     write_split(root, "test", **D)
     _rewrite(_file(root, "images"), embedding=_listed(D["image_embeddings"] * 2.5))
     assert read_split(root, "test", norm_atol=2.0).n_images == 5
-    _rewrite(_file(root, "texts"), norm=pa.array(_with(D["text_norms"], 7, 1e30), pa.float32()))
+    _corrupt(_file(root, "texts"), "norm", 7, 1e30)
     assert read_split(root, "test", validate=False).text_norms[7] == np.float32(1e30)
     _rewrite(_file(root, "texts"), text=None)
     with pytest.raises(TableError, match=r"texts/part-00000.parquet: missing required .*'text'"):
