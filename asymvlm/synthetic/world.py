@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from asymvlm import tables
-from asymvlm.errors import ConfigError
 from asymvlm.synthetic.captions import FILLERS, GENERIC_TEXTS, OPENERS, caption_texts
 from asymvlm.synthetic.knobs import WorldConfig
 
@@ -54,20 +53,12 @@ def _rotation(rng: np.random.Generator, dim: int, angle: float) -> np.ndarray:
     return basis @ block @ basis.T
 
 
-def concat_splits(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """One split dict from consecutive chunks."""
-    out: dict[str, Any] = {}
-    for key, first in chunks[0].items():
-        values = [c[key] for c in chunks]
-        if isinstance(first, dict):
-            out[key] = {k: np.concatenate([v[k] for v in values]) for k in first}
-        else:
-            out[key] = (
-                np.concatenate(values)
-                if isinstance(first, np.ndarray)
-                else [x for v in values for x in v]
-            )
-    return out
+def concat_splits(chunks: list[Any]) -> Any:
+    """One split dict from consecutive chunks (dicts, arrays and lists joined key by key)."""
+    first = chunks[0]
+    if isinstance(first, dict):
+        return {key: concat_splits([c[key] for c in chunks]) for key in first}
+    return np.concatenate(chunks) if isinstance(first, np.ndarray) else [*itertools.chain(*chunks)]
 
 
 class SyntheticWorld:
@@ -282,8 +273,6 @@ class SyntheticWorld:
         tables.write_manifest(root, manifest)
         if self.projections:
             tables.write_projection(root, **self.projections)
-        if shard_images < 1:
-            raise ConfigError(f"shard_images must be >= 1, got {shard_images}")
         for name, n_images in cfg.splits.items():
             per_part = max(1, shard_images // (cfg.block_images or max(n_images, 1)))
             blocks = enumerate(self.iter_blocks(name, n_images))
