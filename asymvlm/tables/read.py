@@ -115,20 +115,19 @@ class _Folder:
             raise TableError(
                 f"{self.files[0]}: column {name!r} has type {col.type}, expected list<float32>"
             )
-        arr = col.combine_chunks()
-        if arr.null_count:
-            raise self.error(
-                _first(arr.is_null().to_numpy(zero_copy_only=False)), f"{name} is null"
-            )
-        lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+        if col.null_count:
+            raise self.error(_first(col.is_null().to_numpy()), f"{name} is null")
+        lengths = pc.list_value_length(col).to_numpy()
         bad = _first(lengths != width)
         if bad is not None:
             raise self.error(bad, f"{name} has length {lengths[bad]}, {what} is {width}")
-        values = arr.flatten()
-        if values.null_count:
-            row = _first(values.is_null().to_numpy(zero_copy_only=False)) // width
-            raise self.error(row, f"{name} has null values")
-        out = np.array(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, width)
+        values = [chunk.flatten() for chunk in col.chunks]  # views, copied once below
+        nulls = [v.is_null().to_numpy(zero_copy_only=False) for v in values]
+        bad = _first(np.concatenate(nulls)) if any(v.null_count for v in values) else None
+        if bad is not None:
+            raise self.error(bad // width, f"{name} has null values")
+        blocks = [v.to_numpy(zero_copy_only=False) for v in values] or [np.zeros(0)]
+        out = np.concatenate(blocks, dtype=np.float32, casting="unsafe").reshape(-1, width)
         square = np.einsum("ij,ij->i", out, out, dtype=np.float64)
         bad = _first(~np.isfinite(square))
         if bad is not None:
