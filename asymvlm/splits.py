@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,68 +46,40 @@ class SplitTensors:
         return self.image_emb.shape[1]
 
     def subset(self, images: np.ndarray, texts: np.ndarray) -> SplitTensors:
-        """Image rows ``images`` and caption rows ``texts`` (of those images), renumbered; a
-        tensor that is its split's array stays its subset split's array (one copy per row)."""
+        """Image rows ``images`` and caption rows ``texts`` (of those images), renumbered; a CPU
+        tensor that is its split's array becomes the subset split's array (no second copy)."""
         old = self.split
         split = old.subset(images, texts)
-        device = self.image_emb.device
-        image_rows = torch.as_tensor(images, device=device)
-        text_rows = torch.as_tensor(texts, device=device)
+        rows = {"image": torch.as_tensor(images), "text": torch.as_tensor(texts)}
+
+        def take(tensor: torch.Tensor | None, kind: str, name: str) -> torch.Tensor | None:
+            was, new = getattr(old, name), getattr(split, name)
+            if tensor is None:
+                return None
+            if tensor.device.type == "cpu" and was is not None and was.size:
+                if tensor.data_ptr() == was.__array_interface__["data"][0]:
+                    return torch.from_numpy(new)
+            return tensor[rows[kind].to(tensor.device)]
+
         return replace(
             self,
-            image_emb=_take(
-                self.image_emb, image_rows, old.image_embeddings, split.image_embeddings
-            ),
-            text_emb=_take(self.text_emb, text_rows, old.text_matrix, split.text_matrix),
-            text_to_image=torch.as_tensor(split.text_image_index, device=device),
+            image_emb=take(self.image_emb, "image", "image_embeddings"),
+            text_emb=take(self.text_emb, "text", "text_matrix"),
+            text_to_image=torch.as_tensor(split.text_image_index, device=self.text_to_image.device),
             split=split,
-            image_norm=_take(self.image_norm, image_rows, old.image_norms, split.image_norms),
-            image_pre=_take(
-                self.image_pre, image_rows, old.image_features_pre, split.image_features_pre
-            ),
-            text_pre=_take(
-                self.text_pre, text_rows, old.text_features_pre, split.text_features_pre
-            ),
+            image_norm=take(self.image_norm, "image", "image_norms"),
+            image_pre=take(self.image_pre, "image", "image_features_pre"),
+            text_pre=take(self.text_pre, "text", "text_features_pre"),
         )
 
 
-def _shares(tensor: torch.Tensor, array: np.ndarray | None) -> bool:
-    """Whether ``tensor`` is ``array``'s memory as is (a CPU tensor from ``torch.from_numpy``)."""
-    return (
-        array is not None
-        and array.size > 0
-        and tensor.device.type == "cpu"
-        and tuple(array.shape) == tuple(tensor.shape)
-        and array.dtype.itemsize == tensor.element_size()
-        and array.__array_interface__["data"][0] == tensor.data_ptr()
-    )
-
-
-def _take(
-    values: torch.Tensor | None,
-    rows: torch.Tensor,
-    old: np.ndarray | None,
-    new: np.ndarray | None,
-) -> torch.Tensor | None:
-    """``values[rows]``; when ``values`` is ``old``'s memory, the array ``new`` (``old[rows]``,
-    already made by the split's subset) is viewed instead of copying the rows again."""
+def _tensor(values: np.ndarray | None, device: torch.device) -> torch.Tensor | None:
+    """A float32 tensor on ``device``; on the CPU a writable float32 array is viewed, not copied."""
     if values is None:
         return None
-    if new is not None and _shares(values, old):
-        return _as_tensor(new, values.dtype, values.device)
-    return values[rows]
-
-
-def _as_tensor(values: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``values`` as a ``dtype`` tensor on ``device``: on the CPU a writable array of that
-    dtype is viewed (``torch.from_numpy``, no copy), otherwise one copy is made."""
-    if values.flags.writeable and values.dtype.isnative:
-        return torch.from_numpy(values).to(device=device, dtype=dtype)
-    return torch.tensor(values, dtype=dtype, device=device)
-
-
-def _tensor(values: np.ndarray | None, device: torch.device) -> torch.Tensor | None:
-    return None if values is None else _as_tensor(values, torch.float32, device)
+    if values.flags.writeable and values.dtype == np.float32:
+        return torch.from_numpy(values).to(device)
+    return torch.tensor(values, dtype=torch.float32, device=device)
 
 
 def load_split(
@@ -122,16 +94,18 @@ def load_split(
             f"{root}/{split}: the split is empty ({len(data.image_ids)} images, "
             f"{len(data.caption_ids)} captions); training and evaluation need at least one of each"
         )
+    if adapter_input not in ("raw", "unit"):
+        raise ValueError(f"adapter_input must be 'raw' or 'unit', got {adapter_input!r}")
     device = torch.device(device)
     projection = None
     if data.image_features_pre is not None or data.text_features_pre is not None:
         projection = tables.read_projection(root, data.manifest)
     projection = projection or {}
-    text = data.text_inputs(adapter_input, in_place=True)
+    text = data.raw_text() if adapter_input == "raw" else data.text_matrix
     return SplitTensors(
-        image_emb=_as_tensor(data.image_embeddings, torch.float32, device),
-        text_emb=_as_tensor(text, torch.float32, device),
-        text_to_image=_as_tensor(data.text_image_index, torch.long, device),
+        image_emb=_tensor(data.image_embeddings, device),
+        text_emb=_tensor(text, device),
+        text_to_image=torch.from_numpy(data.text_image_index).to(device),
         split=data,
         image_norm=_tensor(data.image_norms, device),
         image_pre=_tensor(data.image_features_pre, device),
@@ -161,26 +135,19 @@ def hold_out_images(
     return rest, out
 
 
-# -- splits loaded once per process ----------------------------------------------------------
-T = TypeVar("T")
-
-
 class SplitCache:
     """Least-recently-used splits (:meth:`load`) and what is derived from them (:meth:`memo`),
-    at most ``max_entries``; ``hits`` and ``misses`` count lookups."""
+    keyed by the tables' manifest too; at most ``max_entries``, ``hits``/``misses`` counted."""
 
     def __init__(self, max_entries: int = 6) -> None:
-        self.max_entries = max_entries
-        self._entries: OrderedDict[tuple, object] = OrderedDict()
+        self.max_entries, self.hits, self.misses = max_entries, 0, 0
+        self._entries: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
 
-    def _key(self, root: str, *rest: object) -> tuple:
+    def memo(self, root: str, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()`` once per (tables ``root`` and its manifest, ``key``)."""
         manifest = json.dumps(tables.read_manifest(root).to_dict(), sort_keys=True, default=str)
-        return (root, manifest, *rest)
-
-    def _get(self, key: tuple, make: Callable[[], T]) -> T:
+        key = (root, manifest, *key)
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
@@ -190,31 +157,17 @@ class SplitCache:
         with self._lock:
             self.misses += 1
             self._entries[key] = value
-            self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
         return value
 
     def load(
-        self,
-        root: str,
-        split: str,
-        adapter_input: str = "raw",
-        device: str | torch.device = "cpu",
+        self, root: str, split: str, adapter_input: str = "raw", device: str | torch.device = "cpu"
     ) -> SplitTensors:
         """``load_split(root, split, adapter_input, device)``, read once per process."""
         device = torch.device(device)
-        key = self._key(root, "split", split, adapter_input, str(device))
-        return self._get(key, lambda: load_split(root, split, adapter_input, device))
-
-    def memo(self, root: str, key: tuple, make: Callable[[], T]) -> T:
-        """``make()`` once per (tables ``root`` and its manifest, ``key``): for what is derived
-        from a split, e.g. its held-out validation part."""
-        return self._get(self._key(root, *key), make)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
+        key = ("split", split, adapter_input, str(device))
+        return self.memo(root, key, lambda: load_split(root, split, adapter_input, device))
 
 
 #: The cache of this process (a Tune actor running one trial after another).

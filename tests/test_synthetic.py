@@ -7,7 +7,6 @@ import pytest
 import torch
 from scipy import stats
 
-from asymvlm import tables
 from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.methods import build_method
 from asymvlm.metrics import spearman_uncertainty
@@ -15,18 +14,6 @@ from asymvlm.protocol import train
 from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import SyntheticWorld, WorldConfig, write_world
 from asymvlm.training import TrainConfig
-
-
-def test_tables_are_valid_and_complete(small_world) -> None:
-    assert tables.list_splits(small_world) == ["test", "train", "val"]
-    manifest = tables.read_manifest(small_world)
-    assert manifest.dim == 16 and manifest.model == "synthetic-world"
-    split = tables.read_split(small_world, "train")  # validates ids, norms, dims
-    assert split.n_images == 300 and split.n_texts == 900
-    levels = split.extra_text_columns["level"]
-    assert set(levels.tolist()) == {0, 1, 2, 3}
-    assert np.all(np.bincount(levels) > 150)
-    assert split.text_norms is not None and np.all(split.text_norms > 0)
 
 
 def _true_world_split(cfg: WorldConfig) -> tuple[SyntheticWorld, dict]:

@@ -1,6 +1,6 @@
-"""The synthetic world's tables: worlds of the old knobs byte-identical to the recorded ones,
-later features on streams of their own, blocked (sharded) writing, word and generic captions,
-classification sets, domains, presets and the CLI (:mod:`asymvlm.synthetic`)."""
+"""The synthetic world's tables: the recorded worlds unchanged, later knobs on streams of their
+own, blocked writing, word and generic captions, classification sets, domains, presets and the
+CLI (:mod:`asymvlm.synthetic`)."""
 
 from __future__ import annotations
 
@@ -40,12 +40,10 @@ from tests.conftest import small_world_config
 from tests.world_fingerprint import OLD_WORLDS, RECORDED, compare, fingerprint_world
 
 
-# -- worlds of the old knobs ---------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(OLD_WORLDS))
 def test_worlds_of_the_old_knobs_are_those_the_old_code_wrote(name, tmp_path) -> None:
-    """Every table and manifest of a world of the old knobs, and of its classification sets,
-    against the fingerprints recorded by running the code before generic captions and far
-    negatives existed; the far negatives are the one new set written beside them."""
+    """Every table and manifest of a recorded world and its classification sets; the far
+    negatives are the one set written beside them."""
     with open(RECORDED) as fh:
         want = json.load(fh)[name]
     got = fingerprint_world(name, str(tmp_path))
@@ -53,115 +51,94 @@ def test_worlds_of_the_old_knobs_are_those_the_old_code_wrote(name, tmp_path) ->
     assert compare({role: got[role] for role in want}, want) == []
 
 
-# -- generic captions (U) ------------------------------------------------------------------------
-def _pair(p: float, **knobs) -> tuple[SyntheticWorld, dict, dict]:
-    cfg = small_world_config(splits={"train": 2000, "test": 100}, **knobs)
-    plain, generic = SyntheticWorld(cfg), SyntheticWorld(replace(cfg, generic_captions=p))
-    return generic, plain.sample_split("train", 2000), generic.sample_split("train", 2000)
-
-
-_DEMO_LIKE = {
-    "block_images": 300,
-    "finetune_roots": 4,
-    "domain_misalignment": 0.5,
-    "caption_words": True,
-}
-
-
 def test_generic_captions_replace_a_share_of_the_train_captions() -> None:
     """A share p of the captions (within 4 standard errors) become generic: level -1, a text of
-    GENERIC_TEXTS, meaning the hierarchy's root (after the shared encoder error is undone); every
-    other caption, every image and every norm is that of the world without them."""
-    p = 0.05
-    world, plain, got = _pair(p, **_DEMO_LIKE)
+    GENERIC_TEXTS, meaning the hierarchy's root; every other caption, image and norm is that of
+    the world without them."""
+    p, knobs = 0.05, dict(block_images=300, finetune_roots=4, domain_misalignment=0.5)
+    cfg = small_world_config(splits={"train": 2000}, caption_words=True, **knobs)
+    world = SyntheticWorld(replace(cfg, generic_captions=p))
+    plain, got = SyntheticWorld(cfg).sample_split("train", 2000), world.sample_split("train", 2000)
     generic = got["extra_text_columns"]["level"] == GENERIC_LEVEL
-    n = len(generic)
-    assert abs(generic.mean() - p) < 4 * math.sqrt(p * (1 - p) / n), generic.mean()
+    assert abs(generic.mean() - p) < 4 * math.sqrt(p * (1 - p) / len(generic)), generic.mean()
     assert {got["texts"][i] for i in np.flatnonzero(generic)} <= set(GENERIC_TEXTS)
-    meaning = got["text_embeddings"][generic].astype(np.float64) @ world.text_rotation
-    assert (meaning @ world.generic).min() > 0.95  # the root, with paraphrase noise
-    concept = got["text_embeddings"][~generic].astype(np.float64) @ world.text_rotation
-    assert np.median(concept @ world.generic) < 0.6  # other captions are not near the root
-    np.testing.assert_array_equal(got["image_embeddings"], plain["image_embeddings"])
-    np.testing.assert_array_equal(got["text_norms"], plain["text_norms"])
+    meaning = got["text_embeddings"].astype(np.float64) @ world.text_rotation @ world.generic
+    assert meaning[generic].min() > 0.95 and np.median(meaning[~generic]) < 0.6
+    for key in ("image_embeddings", "text_norms"):
+        np.testing.assert_array_equal(got[key], plain[key])
     np.testing.assert_array_equal(
         got["text_embeddings"][~generic], plain["text_embeddings"][~generic]
     )
-    np.testing.assert_array_equal(
-        got["extra_text_columns"]["level"][~generic], plain["extra_text_columns"]["level"][~generic]
-    )
-    assert [t for t, g in zip(got["texts"], generic, strict=True) if not g] == [
-        t for t, g in zip(plain["texts"], generic, strict=True) if not g
-    ]
+    assert np.array(got["texts"])[~generic].tolist() == np.array(plain["texts"])[~generic].tolist()
 
 
-def test_knobs_are_recorded_in_the_manifest_and_checked(tmp_path) -> None:
-    """generic_captions (the train split only) and level_probs: recorded when set and read
-    back; out of range refused."""
+def test_knobs_are_recorded_when_set_and_later_ones_leave_the_world_alone(tmp_path) -> None:
+    """Later knobs at their defaults leave the manifest as it was; set, they are recorded and
+    read back, and word captions change only the texts; out of range is refused."""
     plain = write_world(str(tmp_path / "plain"), small_world_config())
-    assert not {"generic_captions", "level_probs"} & set(tables.read_manifest(plain).extra["world"])
-    cfg = small_world_config(generic_captions=0.2, level_probs=[0.1, 0.2, 0.3, 0.4])
-    assert cfg.level_probs == (0.1, 0.2, 0.3, 0.4) and WorldConfig().level_probs is None
+    later = {"block_images", "caption_words", "pre_dim", "level_probs", "generic_captions"}
+    assert not later & set(tables.read_manifest(plain).extra["world"])
+    assert WorldConfig.from_manifest(plain) == small_world_config()
+    cfg = small_world_config(
+        caption_words=True, generic_captions=0.2, level_probs=[0.1, 0.2, 0.3, 0.4]
+    )
     root = write_world(str(tmp_path / "g"), cfg)
     world = tables.read_manifest(root).extra["world"]
     assert (world["generic_captions"], world["level_probs"]) == (0.2, [0.1, 0.2, 0.3, 0.4])
-    assert WorldConfig.from_manifest(root) == cfg
+    assert WorldConfig.from_manifest(root) == cfg and cfg.level_probs == (0.1, 0.2, 0.3, 0.4)
     assert GENERIC_LEVEL in tables.read_split(root, "train").extra_text_columns["level"]
     assert (tables.read_split(root, "test").extra_text_columns["level"] >= 0).all()
+    words = write_world(str(tmp_path / "words"), small_world_config(caption_words=True))
+    a, b = tables.read_split(plain, "train"), tables.read_split(words, "train")
+    np.testing.assert_array_equal(a.text_embeddings, b.text_embeddings)
+    np.testing.assert_array_equal(a.image_embeddings, b.image_embeddings)
+    assert a.texts != b.texts
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="generic_captions"):
             small_world_config(generic_captions=bad)
 
 
-# -- far negatives -------------------------------------------------------------------------------
 def test_far_negatives_contain_no_positive_concept(tmp_path) -> None:
-    """The far negatives' classes sit under level-0 concepts that hold no positive class; their
-    images are nearest to those level-0 concepts; the sibling negatives share roots with the
-    positives."""
+    """Far negatives' classes sit under level-0 concepts holding no positive class (in the
+    demo's world: the 2 zero-shot roots) and their images are nearest those; the sibling
+    negatives share roots with the positives."""
     cfg = replace(PRESETS["demo"], splits={"train": 10})
     world = SyntheticWorld(cfg)
-    sets = write_classification_sets(
-        str(tmp_path / "w"), cfg, ClassificationSpec(positives=200, negatives=300)
-    )
+    spec = ClassificationSpec(positives=50, negatives=200, zeroshot=20)
+    sets = write_classification_sets(str(tmp_path / "w"), cfg, spec)
     info = {r: tables.read_manifest(sets[r]).extra["classification"] for r in sets}
     level = info["positives"]["level"]
     roots = {
         r: set(concept_roots(world, level, np.asarray(info[r]["concepts"])).tolist()) for r in sets
     }
-    far = set(info["far-negatives"]["concepts"])
-    assert far and not far & set(info["positives"]["concepts"])
-    assert not roots["far-negatives"] & roots["positives"]
-    assert roots["negatives"] <= roots["positives"]  # siblings, in the demo's world
-    # 4 fine-tuning roots all hold a positive class: the far ones are the 2 zero-shot roots.
-    assert roots["far-negatives"] == {4, 5}
+    assert not set(info["far-negatives"]["concepts"]) & set(info["positives"]["concepts"])
+    assert roots["far-negatives"] == {4, 5} and roots["negatives"] <= roots["positives"]
     data = load_classification(sets["far-negatives"], "test")
-    assert data.image_emb.shape == (300, cfg.dim)
     nearest_root = (data.image_emb.double().numpy() @ world.concepts[0].T).argmax(1)
-    assert np.isin(nearest_root, sorted(roots["far-negatives"])).mean() > 0.9
+    assert np.isin(nearest_root, [4, 5]).mean() > 0.9
 
 
-# -- the forgetting regime (F) and the mechanism of U ---------------------------------------------
 def test_the_presets_frozen_encoder_is_well_aligned_on_the_zeroshot_domain(tmp_path) -> None:
-    """F: without the shared rotation the frozen model classifies the zero-shot domain well
-    (measured 0.964), so fine-tuning can only lose accuracy there; with the old shared rotation
-    (1 rad) it could gain (frozen 0.38)."""
-    frozen = build_method("clip", 32)
+    """F: without the shared rotation the frozen model classifies the zero-shot domain well, so
+    fine-tuning can only lose there; with a shared rotation of 1 rad it could gain."""
     accuracy = {}
     for mis in (0.0, 1.0):
         cfg = replace(PRESETS["demo"], splits={"train": 10}, misalignment=mis)
-        sets = write_classification_sets(str(tmp_path / f"m{mis}"), cfg, ClassificationSpec())
-        data = load_classification(sets["zeroshot"], "test")
+        spec = ClassificationSpec(positives=20, negatives=20, zeroshot=300)
+        data = load_classification(
+            write_classification_sets(str(tmp_path / f"m{mis}"), cfg, spec)["zeroshot"], "test"
+        )
+        prompts = data.class_prompts("unit")
         accuracy[mis] = zero_shot_accuracy(
-            frozen, data.image_emb, data.labels, data.class_prompts("unit")
+            build_method("clip", 32), data.image_emb, data.labels, prompts
         )
     assert accuracy[0.0] > 0.9 and accuracy[1.0] < 0.5, accuracy
 
 
 def test_generic_captions_give_the_dummy_prompts_a_low_kappa(tmp_path, one_thread) -> None:
-    """The mechanism of U, read off a trained adapter (the demo's world and training, seed 0):
-    with the presets' generic captions, generic captions and every dummy prompt get a lower kappa
-    (a broader distribution) than the class prompts; without them (G) the ReLU adapter
-    extrapolates and a dummy prompt gets a higher kappa than the class prompts."""
+    """The mechanism of U on a trained adapter (the demo's world): with generic captions, generic
+    captions and every dummy prompt get a lower kappa than the class prompts; without them (G)
+    the ReLU adapter extrapolates and a dummy prompt gets a higher kappa."""
     groups = {}
     for p in (PRESETS["demo"].generic_captions, 0.0):
         cfg = replace(PRESETS["demo"], generic_captions=p)
@@ -188,120 +165,45 @@ def test_generic_captions_give_the_dummy_prompts_a_low_kappa(tmp_path, one_threa
     assert max(without[d] for d in dummies) > without["class prompts"] + 2, without
 
 
-def test_the_cli_sets_generic_captions_and_misalignment(tmp_path, capsys) -> None:
-    flags = "--preset demo --generic-captions 0.02 --misalignment 0.3 --train-images 50"
-    assert main(["--output", str(tmp_path / "w"), *flags.split(), "--test-images", "10"]) == 0
-    cfg = WorldConfig.from_manifest(str(tmp_path / "w"))
-    assert (cfg.generic_captions, cfg.misalignment) == (0.02, 0.3)
-    assert PRESETS["demo"].generic_captions == 0.004 and PRESETS["demo"].misalignment == 0.0
-    assert main(["--output", str(tmp_path / "x"), "--generic-captions", "2"]) == 2
-    assert "generic_captions" in capsys.readouterr().err
-
-
-# -- later features ------------------------------------------------------------------------------
-def test_later_features_leave_todays_outputs_and_manifest_alone(tmp_path) -> None:
-    """Word captions, domain rotations and classification sets draw from streams of their own:
-    with them off the manifest has no new key; with words on, only the text column changes."""
-    plain = write_world(str(tmp_path / "plain"), small_world_config())
-    world = tables.read_manifest(plain).extra["world"]
-    assert not {
-        "block_images",
-        "caption_words",
-        "finetune_roots",
-        "domain_misalignment",
-        "filler_words",
-        "pre_dim",
-        "level_probs",
-    } & set(world)
-    assert WorldConfig.from_manifest(plain) == small_world_config()
-    words = write_world(str(tmp_path / "words"), small_world_config(caption_words=True))
-    a, b = tables.read_split(plain, "train"), tables.read_split(words, "train")
-    np.testing.assert_array_equal(a.text_embeddings, b.text_embeddings)
-    np.testing.assert_array_equal(a.image_embeddings, b.image_embeddings)
-    assert a.texts != b.texts
-    written = write_classification_sets(plain)
-    assert tuple(written) == classification_roles(small_world_config(), ClassificationSpec())
-    c = tables.read_split(plain, "train")
-    np.testing.assert_array_equal(a.text_embeddings, c.text_embeddings)
-
-
-# -- caption-level mix ---------------------------------------------------------------------------
 def test_level_probs_set_the_level_frequencies() -> None:
-    """The COCO-like mix: each level's frequency within 4 standard errors of its probability
-    (20,000 captions), and a chi-square test does not reject it; images and objects come before
-    the levels in the stream, so they are those of the uniform world."""
+    """Each level's frequency within 4 standard errors of its probability (20,000 captions);
+    images come before the levels in the stream, so they are those of the uniform world."""
     knobs = {"splits": {"train": 4000}, "captions_per_image": 5}
     mixed = SyntheticWorld(small_world_config(**knobs, level_probs=COCO_LEVEL_PROBS))
-    plain = SyntheticWorld(small_world_config(**knobs))
-    got, base = mixed.sample_split("train", 4000), plain.sample_split("train", 4000)
-    levels = got["extra_text_columns"]["level"]
-    n = len(levels)
-    assert n == 20_000
-    p = np.asarray(COCO_LEVEL_PROBS)
-    freq = np.bincount(levels, minlength=4) / n
-    assert np.all(np.abs(freq - p) < 4 * np.sqrt(p * (1 - p) / n)), freq
-    assert stats.chisquare(np.bincount(levels, minlength=4), p * n).pvalue > 1e-3
-    # The uniform world's levels are uniform (the same test), and differ from the mix.
-    base_freq = np.bincount(base["extra_text_columns"]["level"], minlength=4) / n
-    assert np.all(np.abs(base_freq - 0.25) < 4 * np.sqrt(0.25 * 0.75 / n)), base_freq
+    got = mixed.sample_split("train", 4000)
+    base = SyntheticWorld(small_world_config(**knobs)).sample_split("train", 4000)
+    n, p = 20_000, np.asarray(COCO_LEVEL_PROBS)
+    for levels, want in (
+        (got["extra_text_columns"]["level"], p),
+        (base["extra_text_columns"]["level"], 0.25),
+    ):
+        freq = np.bincount(levels, minlength=4) / n
+        assert np.all(np.abs(freq - want) < 4 * np.sqrt(want * (1 - want) / n)), freq
     np.testing.assert_array_equal(got["image_embeddings"], base["image_embeddings"])
     # Images without a detailed caption of their own: 0.5^5 ~ 3 % (uniform: 0.75^5 ~ 24 %).
-    detailed = (levels == 3).reshape(4000, 5).any(axis=1)
+    detailed = (got["extra_text_columns"]["level"] == 3).reshape(4000, 5).any(axis=1)
     assert abs((1 - detailed.mean()) - 0.5**5) < 0.012
 
 
-# -- blocks and parts ----------------------------------------------------------------------------
-def _columns(root: str, split: str) -> dict:
-    s = tables.read_split(root, split)
-    return {
-        "image_ids": s.image_ids,
-        "caption_ids": s.caption_ids,
-        "texts": s.texts,
-        "img": s.image_embeddings,
-        "txt": s.text_embeddings,
-        "norm": s.text_norms,
-        "level": s.extra_text_columns["level"],
-    }
-
-
-def _assert_same(a: dict, b: dict) -> None:
-    for key in a:
-        if isinstance(a[key], np.ndarray):
-            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
-        else:
-            assert list(a[key]) == list(b[key]), key
-
-
-@pytest.mark.parametrize("block", [None, 64])
-def test_sharded_writing_gives_the_tables_of_one_piece(tmp_path, block) -> None:
-    cfg = small_world_config(
-        block_images=block, caption_words=True, pre_dim=24, splits={"train": 500, "test": 130}
-    )
+def test_a_blocked_world_is_written_in_whole_blocks_per_part(tmp_path) -> None:
+    """Blocks are other draws of the same process (ids run on); parts of whole blocks read
+    back as the one-part tables and as the split drawn in memory."""
+    cfg = small_world_config(block_images=64, caption_words=True, pre_dim=24, splits={"train": 500})
     one = write_world(str(tmp_path / "one"), cfg, shard_images=10_000)
     many = write_world(str(tmp_path / "many"), cfg, shard_images=128)
     parts = sorted(p.name for p in (tmp_path / "many" / "train" / "texts").iterdir())
     assert parts == [f"part-{k:05d}.parquet" for k in range(4)]  # 128, 128, 128, 116 images
-    assert len(list((tmp_path / "one" / "train" / "texts").iterdir())) == 1
-    for split in ("train", "test"):
-        _assert_same(_columns(one, split), _columns(many, split))
-        a, b = tables.read_split(one, split), tables.read_split(many, split)
-        np.testing.assert_array_equal(a.text_features_pre, b.text_features_pre)
-        np.testing.assert_array_equal(a.image_norms, b.image_norms)
+    a, b = tables.read_split(one, "train"), tables.read_split(many, "train")
+    assert (a.image_ids, a.caption_ids, a.texts) == (b.image_ids, b.caption_ids, b.texts)
+    for key in ("image_embeddings", "text_embeddings", "text_features_pre", "image_norms"):
+        np.testing.assert_array_equal(getattr(a, key), getattr(b, key), err_msg=key)
     whole = SyntheticWorld(cfg).sample_split("train", 500)
-    np.testing.assert_array_equal(
-        whole["text_embeddings"], tables.read_split(many, "train").text_embeddings
-    )
-
-
-def test_a_blocked_world_has_the_structure_of_the_unblocked_one() -> None:
-    """Blocks are other draws of the same process: same level balance, ids run on."""
-    cfg = small_world_config(block_images=100, splits={"train": 1000})
-    s = SyntheticWorld(cfg).sample_split("train", 1000)
-    assert s["image_ids"][100] == "train-img000100" and len(set(s["image_ids"])) == 1000
-    levels = s["extra_text_columns"]["level"]
-    assert np.all(np.abs(np.bincount(levels) / len(levels) - 0.25) < 0.04)
-    blocks = s["image_embeddings"].reshape(10, 100, -1)
-    assert not np.array_equal(blocks[0], blocks[1])
+    np.testing.assert_array_equal(whole["text_embeddings"], b.text_embeddings)
+    assert b.image_ids[64] == "train-img000064" and len(set(b.image_ids)) == 500
+    assert not np.array_equal(b.image_embeddings[:64], b.image_embeddings[64:128])
+    unblocked = write_world(str(tmp_path / "u"), replace(cfg, block_images=None), shard_images=128)
+    assert len(list((tmp_path / "u" / "train" / "texts").iterdir())) == 1
+    assert tables.read_split(unblocked, "train").n_images == 500
 
 
 def test_writing_a_blocked_world_bounds_peak_memory(tmp_path) -> None:
@@ -318,27 +220,18 @@ def test_writing_a_blocked_world_bounds_peak_memory(tmp_path) -> None:
     assert peaks[3000] < 1.3 * peaks[1500] and peaks[3000] < 12, peaks
 
 
-# -- word captions -------------------------------------------------------------------------------
 def test_word_counts_follow_the_level_with_noise() -> None:
-    cfg = WorldConfig(dim=16, splits={"test": 1500}, caption_words=True)
-    s = SyntheticWorld(cfg).sample_split("test", 1500)
+    s = SyntheticWorld(WorldConfig(dim=16, caption_words=True)).sample_split("test", 1500)
     words = np.array([len(t.split()) for t in s["texts"]])
     level = s["extra_text_columns"]["level"]
-    rho = stats.spearmanr(words, level).statistic
-    assert 0.4 < rho < 0.75, rho
+    assert 0.4 < stats.spearmanr(words, level).statistic < 0.75
     means = [words[level == k].mean() for k in range(4)]
     assert all(b - a == pytest.approx(1.0, abs=0.2) for a, b in zip(means, means[1:], strict=False))
-    # Tag captions: the word count is a function of the level.
-    tags = SyntheticWorld(WorldConfig(dim=16, splits={"test": 300})).sample_split("test", 300)
+    tags = SyntheticWorld(WorldConfig(dim=16)).sample_split("test", 300)  # tag captions
     tag_words = np.array([len(t.split()) for t in tags["texts"]])
-    tag_level = tags["extra_text_columns"]["level"]
-    assert all(len(set(tag_words[tag_level == k])) == 1 for k in range(4))
-    # An uncertainty that is exactly the abstraction: perfect with levels, not with words.
-    unc = -level.astype(float)
-    assert stats.spearmanr(-words, unc).statistic == pytest.approx(rho)
+    assert all(len(set(tag_words[tags["extra_text_columns"]["level"] == k])) == 1 for k in range(4))
 
 
-# -- classification sets -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def class_sets(tmp_path_factory) -> tuple[WorldConfig, dict[str, str]]:
     cfg = small_world_config(dim=32, finetune_roots=4, domain_misalignment=0.5)
@@ -347,36 +240,27 @@ def class_sets(tmp_path_factory) -> tuple[WorldConfig, dict[str, str]]:
     return cfg, write_classification_sets(root, spec=spec)
 
 
-def test_classification_sets_validate_through_the_readers(class_sets) -> None:
+def test_classification_sets_validate_and_their_concepts_are_apart(class_sets) -> None:
     cfg, roots = class_sets
-    assert set(roots) == {"positives", "negatives", "zeroshot", "far-negatives"}
     assert tuple(roots) == classification_roles(cfg, ClassificationSpec())  # known beforehand
     assert roots["positives"].endswith("world-positives")
-    n_templates = len(ClassificationSpec().templates)
     for role, n in (("positives", 400), ("negatives", 300), ("zeroshot", 300)):
         data = load_classification(roots[role], "test")
-        manifest = tables.read_manifest(roots[role])
-        n_classes = len(manifest.extra["classification"]["concepts"])
-        assert data.image_emb.shape == (n, 32) and manifest.dim == 32
+        n_classes = len(tables.read_manifest(roots[role]).extra["classification"]["concepts"])
+        assert data.image_emb.shape == (n, 32)
         assert sorted(data.labels.unique().tolist()) == list(range(n_classes))
-        prompts = data.class_prompts("raw")
-        assert prompts.n_classes == n_classes
-        assert prompts.inputs.shape[0] == n_classes * n_templates
+        assert data.class_prompts("raw").inputs.shape[0] == n_classes * len(
+            ClassificationSpec().templates
+        )
         assert list(data.dummy_inputs("raw")) == list(DUMMY_PROMPTS)
         torch.testing.assert_close(data.image_emb.norm(dim=1), torch.ones(n))
-
-
-def test_negatives_are_of_concepts_outside_the_positives(class_sets) -> None:
-    cfg, roots = class_sets
     world = SyntheticWorld(cfg)
     info = {r: tables.read_manifest(roots[r]).extra["classification"] for r in roots}
     pos, neg, away = (set(info[r]["concepts"]) for r in ("positives", "negatives", "zeroshot"))
-    assert pos and neg and not pos & neg and not (pos | neg) & away
     # 4 fine-tuning roots x 4 level-1 children: 8 classes, 8 negatives; 2 roots x 4 away.
-    assert (len(pos), len(neg), len(away)) == (8, 8, 8)
-    root_of = world.parents[1]
-    assert all(world.root_domain[root_of[c]] == 0 for c in pos | neg)
-    assert all(world.root_domain[root_of[c]] == 1 for c in away)
+    assert (len(pos), len(neg), len(away)) == (8, 8, 8) and not pos & neg
+    assert {world.root_domain[world.parents[1][c]] for c in pos | neg} == {0}
+    assert {world.root_domain[world.parents[1][c]] for c in away} == {1}
 
 
 def _accuracy(data, rotate: np.ndarray | None = None) -> float:
@@ -391,77 +275,51 @@ def _accuracy(data, rotate: np.ndarray | None = None) -> float:
     return zero_shot_accuracy(build_method("clip", 32), data.image_emb, data.labels, prompts)
 
 
-def test_class_prompts_and_dummies_mean_what_they_say(class_sets) -> None:
+def test_class_prompts_dummies_and_domains_mean_what_they_say(class_sets) -> None:
+    """Prompts name their classes once the encoder's error is undone; dummies sit at the root;
+    D: the fine-tuning correction is exact on its domain, partial on the other, and with a
+    larger domain part it hurts there."""
     cfg, roots = class_sets
     world = SyntheticWorld(cfg)
     pos = load_classification(roots["positives"], "test")
-    n_classes = int(pos.labels.max()) + 1
-    # With the encoder's error undone, the prompts name their classes: high accuracy; frozen
-    # (misaligned) CLIP is far worse but above chance.
-    oracle = _accuracy(pos, world.text_map(0))
-    frozen = _accuracy(pos)
-    assert oracle > 0.9 and 1.5 / n_classes < frozen < oracle - 0.2, (oracle, frozen)
-    # Dummies: after the shared error is undone, closer to the hierarchy's root than any class
-    # prompt is, and about as close to every level-0 concept.
+    oracle, frozen = _accuracy(pos, world.text_map(0)), _accuracy(pos)
+    assert oracle > 0.9 and 1.5 / 8 < frozen < oracle - 0.2, (oracle, frozen)
     rows = pos.prompt_class < 0
     unit = pos.prompt_inputs("unit").numpy() @ world.text_rotation
     to_root = unit @ world.generic
     assert to_root[rows].min() > 0.95 and to_root[rows].min() > to_root[~rows].max()
-    to_concepts = unit[rows] @ world.concepts[0].T
-    assert to_concepts.std(axis=1).max() < 0.1
-
-
-def test_domain_shift_statistics(class_sets) -> None:
-    """Assumption D in numbers: the fine-tuning domain's ideal correction is exact there and
-    partial on the zero-shot domain; with a larger domain part it makes things worse."""
-    cfg, roots = class_sets
+    assert (unit[rows] @ world.concepts[0].T).std(axis=1).max() < 0.1
     x = _unit(np.random.default_rng(0).standard_normal((2000, 32)))
 
     def cosines(world: SyntheticWorld, domain: int) -> tuple[float, float]:
         y = world.encode_text(x, domain)
-        frozen = float(np.mean(np.sum(y * x, 1)))
-        tuned = float(np.mean(np.sum((y @ world.text_map(0)) * x, 1)))
-        return frozen, tuned
+        return float(np.mean(np.sum(y * x, 1))), float(
+            np.mean(np.sum((y @ world.text_map(0)) * x, 1))
+        )
 
-    world = SyntheticWorld(cfg)  # shared 1.0 rad, own 0.5 rad
-    f0, t0 = cosines(world, 0)
-    f1, t1 = cosines(world, 1)
-    assert t0 == pytest.approx(1.0) and 0.4 < f0 < 0.55 and 0.4 < f1 < 0.55
-    assert f1 + 0.2 < t1 < 0.9  # helps elsewhere, not fully
-    forget = SyntheticWorld(
-        small_world_config(dim=32, finetune_roots=4, misalignment=0.3, domain_misalignment=1.0)
-    )
-    f1, t1 = cosines(forget, 1)
-    assert t1 < f1 - 0.1  # fine-tuning's correction hurts the other domain
-    # On the zero-shot set: the fine-tuning correction helps CLIP, the exact one helps more.
+    (f0, t0), (f1, t1) = cosines(world, 0), cosines(world, 1)  # shared 1.0 rad, own 0.5 rad
+    assert t0 == pytest.approx(1.0) and 0.4 < f0 < 0.55 and 0.4 < f1 < 0.55 and f1 + 0.2 < t1 < 0.9
+    knobs = dict(dim=32, finetune_roots=4, misalignment=0.3, domain_misalignment=1.0)
+    f1, t1 = cosines(SyntheticWorld(small_world_config(**knobs)), 1)
+    assert t1 < f1 - 0.1
     away = load_classification(roots["zeroshot"], "test")
-    frozen, tuned, exact = (
-        _accuracy(away, r) for r in (None, world.text_map(0), world.text_map(1))
-    )
-    assert frozen < tuned < exact, (frozen, tuned, exact)
+    accuracy = [_accuracy(away, r) for r in (None, world.text_map(0), world.text_map(1))]
+    assert accuracy == sorted(accuracy) and len(set(accuracy)) == 3, accuracy
 
 
-def test_a_world_with_one_domain_has_no_zeroshot_set(tmp_path) -> None:
+def test_a_world_with_one_domain_shows_every_concept_and_has_no_zeroshot_set(tmp_path) -> None:
     root = write_world(str(tmp_path / "w"), small_world_config())
     out = write_classification_sets(root, spec=ClassificationSpec(positives=50, negatives=50))
     assert "zeroshot" not in out and {"positives", "negatives"} <= set(out)
     with pytest.raises(ValueError, match="n_classes"):
         write_classification_sets(root, spec=ClassificationSpec(n_classes=24))
-
-
-# -- domains in the retrieval tables, presets, CLI -----------------------------------------------
-def test_finetuning_splits_show_only_the_finetuning_domain() -> None:
-    cfg = small_world_config(finetune_roots=2, splits={"train": 400})
-    world = SyntheticWorld(cfg)
-    s = world.sample_split("train", 400)
-    first = [int(t.split("of c")[1].split()[0]) for t in s["texts"]]
-    assert set(first) == {0, 1}
+    s = SyntheticWorld(small_world_config(finetune_roots=2)).sample_split("train", 400)
+    assert {int(t.split("of c")[1].split()[0]) for t in s["texts"]} == {0, 1}
 
 
 def test_presets() -> None:
     coco = WorldConfig.preset("coco")
-    assert coco.dim == 512 and coco.splits["train"] == 118_287 and coco.captions_per_image == 5
-    assert coco.block_images is not None
+    assert (coco.dim, coco.splits["train"], coco.captions_per_image) == (512, 118_287, 5)
     assert PRESETS["demo"].level_probs == coco.level_probs == (0.05, 0.15, 0.30, 0.50)
     demo = WorldConfig.preset("demo", seed=3)
     assert demo.seed == 3 and PRESETS["demo"].seed == 0
@@ -469,23 +327,28 @@ def test_presets() -> None:
         32,
         4,
         {"train": 1500, "val": 300, "test": 300},
-    )  # the demo's world size
+    )
+    assert (demo.generic_captions, demo.misalignment) == (0.004, 0.0)
     with pytest.raises(ValueError, match="unknown world preset"):
         WorldConfig.preset("imagenet")
 
 
-def test_cli_writes_the_demo_preset_and_its_sets(tmp_path, capsys) -> None:
-    main(
-        ["--output", str(tmp_path / "w"), "--preset", "demo", "--classes", "--class-images", "200"]
+def test_the_cli_writes_a_preset_its_knobs_and_its_sets(tmp_path, capsys) -> None:
+    flags = "--preset demo --generic-captions 0.02 --misalignment 0.3 --train-images 50"
+    assert (
+        main(["--output", str(tmp_path / "w"), *flags.split(), "--classes", "--class-images", "30"])
+        == 0
     )
-    out = capsys.readouterr().out
-    assert "wrote positives" in out and "wrote zeroshot" in out
-    split = tables.read_split(str(tmp_path / "w"), "train")
-    assert split.n_images == 1500 and split.n_texts == 6000
-    assert load_classification(str(tmp_path / "w-negatives"), "test").labels.shape == (200,)
+    assert "wrote positives" in capsys.readouterr().out
+    cfg = WorldConfig.from_manifest(str(tmp_path / "w"))
+    assert (cfg.generic_captions, cfg.misalignment, cfg.level_probs) == (
+        0.02,
+        0.3,
+        COCO_LEVEL_PROBS,
+    )
+    assert tables.read_split(str(tmp_path / "w"), "train").n_texts == 200
     main(["--output", str(tmp_path / "w"), "--only-classes", "--class-images", "20"])
     assert load_classification(str(tmp_path / "w-positives"), "test").labels.shape == (20,)
-    assert WorldConfig.from_manifest(str(tmp_path / "w")).level_probs == COCO_LEVEL_PROBS
     main(
         [
             "--output",
@@ -496,24 +359,10 @@ def test_cli_writes_the_demo_preset_and_its_sets(tmp_path, capsys) -> None:
             "uniform",
             "--train-images",
             "10",
-            "--test-images",
-            "5",
         ]
     )
     assert WorldConfig.from_manifest(str(tmp_path / "u")).level_probs is None
     assert main(["--output", str(tmp_path / "x"), "--level-probs", "0.5,0.6,0,0"]) == 2
-    assert "sum to 1" in capsys.readouterr().err
-
-
-def test_the_coco_preset_is_written_in_parts(tmp_path) -> None:
-    """The COCO-sized preset (d = 512, drawn in blocks) at a few thousand images: whole blocks
-    per part, every row once (memory: test_writing_a_blocked_world_bounds_peak_memory)."""
-    import pyarrow.parquet as pq
-
-    cfg = WorldConfig.preset("coco", splits={"train": 3000})
-    write_world(str(tmp_path / "coco"), cfg, shard_images=2048)
-    texts = sorted((tmp_path / "coco" / "train" / "texts").glob("*.parquet"))
-    images = sorted((tmp_path / "coco" / "train" / "images").glob("*.parquet"))
-    assert len(texts) == 2
-    assert [pq.ParquetFile(f).metadata.num_rows for f in images] == [2048, 952]
-    assert sum(pq.ParquetFile(f).metadata.num_rows for f in texts) == 5 * 3000
+    assert main(["--output", str(tmp_path / "x"), "--generic-captions", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "sum to 1" in err and "generic_captions" in err

@@ -1,13 +1,8 @@
-"""Fingerprints of written synthetic worlds, to check that worlds of the old knobs stay the same.
-
-A fingerprint holds, per table of a world (its splits' ``images``/``texts`` folders and the
-classification sets' ``images``/``prompts``): the SHA-256 of every integer and string column and
-of ``manifest.json``, exactly; and for every float column, its sum, its sum of squares and 16
-values at evenly spaced positions -- compared with a tolerance, because another BLAS may round a
-matrix product differently in the last bit, while a change of any random stream changes them
-entirely. ``tests/data/old_world_fingerprints.json`` was recorded by running the code of the
-commit before generic captions and far negatives existed (``python -m tests.world_fingerprint``).
-"""
+"""Fingerprints of written synthetic worlds: the guard that the world's random streams stay those
+of the recorded code (``tests/data/old_world_fingerprints.json``, ``python -m
+tests.world_fingerprint``). Per table: SHA-256 of ``manifest.json`` and of every integer and
+string column; per float column its sum, sum of squares and 16 evenly spaced values, compared
+within 1e-6 (another BLAS may round the last bit; another stream changes them entirely)."""
 
 from __future__ import annotations
 
@@ -31,33 +26,19 @@ from asymvlm.synthetic import (
 )
 
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "old_world_fingerprints.json")
-
-#: Worlds of the knobs that existed before (keyword arguments of WorldConfig).
+_OLD_DEMO = dict(block_images=128, caption_words=True, finetune_roots=4, domain_misalignment=0.5)
+#: The recorded worlds (keyword arguments of WorldConfig).
 OLD_WORLDS: dict[str, dict[str, Any]] = {
     "defaults": dict(dim=16, splits={"train": 300, "val": 60, "test": 60}, captions_per_image=3),
-    # the demo preset as it was, at a smaller size
     "old-demo": dict(
-        dim=32,
-        captions_per_image=4,
-        splits={"train": 300, "val": 60, "test": 60},
-        block_images=128,
-        caption_words=True,
-        finetune_roots=4,
-        domain_misalignment=0.5,
-        level_probs=COCO_LEVEL_PROBS,
-    ),
+        dim=32, captions_per_image=4, splits={"train": 300, "val": 60, "test": 60}, **_OLD_DEMO
+    )
+    | {"level_probs": COCO_LEVEL_PROBS},
     "pre-projection": dict(
-        dim=16,
-        splits={"train": 200, "test": 40},
-        captions_per_image=2,
-        pre_dim=24,
-        caption_words=True,
-        level_probs=COCO_LEVEL_PROBS,
-        misalignment=0.3,
-        seed=7,
-    ),
+        dim=16, splits={"train": 200, "test": 40}, captions_per_image=2, pre_dim=24, seed=7
+    )
+    | {"caption_words": True, "level_probs": COCO_LEVEL_PROBS, "misalignment": 0.3},
 }
-CLASS_IMAGES = 100
 
 
 def _column(col: pa.ChunkedArray) -> dict[str, Any]:
@@ -65,64 +46,54 @@ def _column(col: pa.ChunkedArray) -> dict[str, Any]:
         values = np.asarray(tables.column_matrix(col), dtype=np.float64)
     else:
         values = np.asarray(col.to_pylist())
-    if values.dtype.kind == "f":
-        flat = values.reshape(-1)
-        picks = np.linspace(0, len(flat) - 1, 16).round().astype(int) if len(flat) else []
-        return {
-            "sum": float(flat.sum()),
-            "sumsq": float((flat**2).sum()),
-            "values": [float(flat[i]) for i in picks],
-        }
-    text = "\x1f".join(map(str, values.tolist()))
-    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "n": int(len(values))}
-
-
-def fingerprint_root(root: str) -> dict[str, Any]:
-    """One table root's fingerprint (every split and folder under it)."""
-    with open(os.path.join(root, "manifest.json"), "rb") as fh:
-        out: dict[str, Any] = {"manifest": hashlib.sha256(fh.read()).hexdigest()}
-    for split in sorted(tables.list_splits(root)):
-        for kind in ("images", "texts", "prompts"):
-            table = tables.read_parts(root, split, kind)
-            if table is None:
-                continue
-            out[f"{split}/{kind}"] = {
-                name: _column(table.column(name)) for name in table.column_names
-            }
-    return out
+    if values.dtype.kind != "f":
+        text = "\x1f".join(map(str, values.tolist()))
+        return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "n": int(len(values))}
+    flat = values.reshape(-1)
+    picks = np.linspace(0, len(flat) - 1, 16).round().astype(int) if len(flat) else []
+    values = [float(flat[i]) for i in picks]
+    return {"sum": float(flat.sum()), "sumsq": float((flat**2).sum()), "values": values}
 
 
 def fingerprint_world(name: str, folder: str) -> dict[str, Any]:
-    """Write world ``name`` of :data:`OLD_WORLDS` (and its classification sets) under ``folder``
-    and fingerprint every table root."""
+    """Write world ``name`` of :data:`OLD_WORLDS` and its classification sets under ``folder``;
+    the fingerprint of every table root."""
     cfg = WorldConfig(**OLD_WORLDS[name])
-    root = os.path.join(folder, name)
-    write_world(root, cfg)
-    spec = ClassificationSpec(positives=CLASS_IMAGES, negatives=CLASS_IMAGES, zeroshot=CLASS_IMAGES)
-    roots = {"world": root, **write_classification_sets(root, cfg, spec)}
-    return {role: fingerprint_root(where) for role, where in sorted(roots.items())}
+    root = write_world(os.path.join(folder, name), cfg)
+    spec = ClassificationSpec(positives=100, negatives=100, zeroshot=100)
+    out = {}
+    for role, where in {"world": root, **write_classification_sets(root, cfg, spec)}.items():
+        with open(os.path.join(where, "manifest.json"), "rb") as fh:
+            out[role] = {"manifest": hashlib.sha256(fh.read()).hexdigest()}
+        for split in tables.list_splits(where):
+            for kind in ("images", "texts", "prompts"):
+                table = tables.read_parts(where, split, kind)
+                if table is not None:
+                    columns = {c: _column(table.column(c)) for c in table.column_names}
+                    out[role][f"{split}/{kind}"] = columns
+    return out
 
 
-def compare(got: Any, want: Any, where: str = "") -> list[str]:
-    """Differences between two fingerprints (floats within 1e-6 relative, the rest exact)."""
-    if isinstance(want, dict):
-        if not isinstance(got, dict) or set(got) != set(want):
-            return [
-                f"{where}: keys {sorted(got) if isinstance(got, dict) else got} != {sorted(want)}"
-            ]
-        return [d for k in want for d in compare(got[k], want[k], f"{where}/{k}")]
-    if isinstance(want, list):
-        if not isinstance(got, list) or len(got) != len(want):
-            return [f"{where}: {got} != {want}"]
-        return [
-            d
-            for i, (g, w) in enumerate(zip(got, want, strict=True))
-            for d in compare(g, w, f"{where}[{i}]")
-        ]
-    if isinstance(want, float):
-        ok = isinstance(got, float) and abs(got - want) <= 1e-6 * max(1.0, abs(want))
-        return [] if ok else [f"{where}: {got} != {want}"]
-    return [] if got == want else [f"{where}: {got} != {want}"]
+def _flat(tree: Any, at: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict | list):
+        items = tree.items() if isinstance(tree, dict) else enumerate(tree)
+        return {k: v for key, sub in items for k, v in _flat(sub, f"{at}/{key}").items()}
+    return {at: tree}
+
+
+def compare(got: Any, want: Any) -> list[str]:
+    """Where two fingerprints differ (floats within 1e-6 relative, the rest exactly)."""
+    got, want = _flat(got), _flat(want)
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, float) and isinstance(b, float):
+            return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+        return a == b
+
+    keys = sorted(set(got) | set(want))
+    return [
+        f"{k}: {got.get(k)} != {want.get(k)}" for k in keys if not same(got.get(k), want.get(k))
+    ]
 
 
 if __name__ == "__main__":

@@ -6,33 +6,22 @@ Its assumptions are lettered in docs/synthetic.md (the code refers to the letter
 
 from asymvlm.synthetic.classes import (
     DUMMY_PROMPTS,
-    TEMPLATES,
     ClassificationSpec,
     classification_roles,
     write_classification_sets,
 )
 from asymvlm.synthetic.cli import main
-from asymvlm.synthetic.world import (
-    COCO_LEVEL_PROBS,
-    DEFAULT_SHARD_IMAGES,
-    GENERIC_CAPTION_SHARE,
-    PRESETS,
-    SyntheticWorld,
-    WorldConfig,
-    write_world,
-)
+from asymvlm.synthetic.knobs import COCO_LEVEL_PROBS, PRESETS, WorldConfig
+from asymvlm.synthetic.world import SyntheticWorld, write_world
 
 __all__ = [
     "COCO_LEVEL_PROBS",
-    "DEFAULT_SHARD_IMAGES",
     "DUMMY_PROMPTS",
-    "GENERIC_CAPTION_SHARE",
     "PRESETS",
-    "TEMPLATES",
     "ClassificationSpec",
-    "classification_roles",
     "SyntheticWorld",
     "WorldConfig",
+    "classification_roles",
     "main",
     "write_classification_sets",
     "write_world",

@@ -124,9 +124,16 @@ def _dummies(world: SyntheticWorld, rng: np.random.Generator) -> dict[str, list]
     }
 
 
-def _embeddings(rows: list | np.ndarray, dim: int) -> pa.FixedSizeListArray:
-    flat = np.asarray(rows, dtype=np.float32).reshape(-1)
-    return pa.FixedSizeListArray.from_arrays(pa.array(flat), dim)
+def _table(columns: dict[str, list | np.ndarray], dim: int) -> pa.Table:
+    """Integer, string and ``norm`` (float32) columns, and the embedding as fixed-size lists."""
+
+    def array(name: str, values: list | np.ndarray) -> pa.Array:
+        if name == "embedding":
+            flat = pa.array(np.asarray(values, dtype=np.float32).reshape(-1))
+            return pa.FixedSizeListArray.from_arrays(flat, dim)
+        return pa.array(np.asarray(values, np.float32) if name == "norm" else values)
+
+    return pa.table({k: array(k, v) for k, v in columns.items()})
 
 
 def _write_set(
@@ -153,12 +160,12 @@ def _write_set(
     template_dirs, dummies = shared
     prompts = _prompts(world, rng, concepts, level, template_dirs, spec.templates, domain)
     image_cols = {
-        "image_id": pa.array([f"{role}-img{i:06d}" for i in range(n_images)], pa.string()),
-        "embedding": _embeddings(images, cfg.dim),
-        "label": pa.array(np.searchsorted(concepts, ancestor[leaf]), pa.int64()),
+        "image_id": [f"{role}-img{i:06d}" for i in range(n_images)],
+        "embedding": images,
+        "label": np.searchsorted(concepts, ancestor[leaf]).astype(np.int64),
     }
     if cfg.pre_dim is not None:
-        image_cols["norm"] = pa.array(_norms(world, rng, n_images), pa.float32())
+        image_cols["norm"] = _norms(world, rng, n_images)
     classification = {"role": role, "level": level, "domain": np.asarray(domain).tolist()}
     manifest = {
         "dim": cfg.dim,
@@ -169,17 +176,9 @@ def _write_set(
         "classification": {**classification, "concepts": concepts.tolist()},
     }
     tables.write_manifest(root, manifest)
-    tables.write_part(root, SPLIT, tables.IMAGES_DIR, "part-00000", pa.table(image_cols))
+    tables.write_part(root, SPLIT, tables.IMAGES_DIR, "part-00000", _table(image_cols, cfg.dim))
     rows = {k: prompts[k] + dummies[k] for k in prompts}
-    prompt_cols = {
-        "class_index": pa.array(rows["class_index"], pa.int64()),
-        "class_name": pa.array(rows["class_name"], pa.string()),
-        "template": pa.array(rows["template"], pa.string()),
-        "text": pa.array(rows["text"], pa.string()),
-        "embedding": _embeddings(rows["embedding"], cfg.dim),
-        "norm": pa.array(np.asarray(rows["norm"], np.float32), pa.float32()),
-    }
-    tables.write_part(root, SPLIT, "prompts", "part-00000", pa.table(prompt_cols))
+    tables.write_part(root, SPLIT, "prompts", "part-00000", _table(rows, cfg.dim))
     return root
 
 

@@ -7,14 +7,14 @@ import time
 
 from asymvlm.errors import guarded
 from asymvlm.synthetic.classes import ClassificationSpec, write_classification_sets
-from asymvlm.synthetic.world import DEFAULT_SHARD_IMAGES, PRESETS, WorldConfig, write_world
+from asymvlm.synthetic.knobs import PRESETS, WorldConfig
+from asymvlm.synthetic.world import DEFAULT_SHARD_IMAGES, write_world
 
-_PRE_DIM = "also write pre-projection features of this width (> --dim) and projection.npz"
 #: The :class:`WorldConfig` knobs given as flags: name, type, help.
 KNOBS = (
     ("dim", int, None),
     ("seed", int, None),
-    ("pre_dim", int, _PRE_DIM + ", as `asymvlm embed --pre-projection` does (for bayesvlm)"),
+    ("pre_dim", int, "also write pre-projection features of this width (> --dim)"),
     ("block_images", int, "draw each split in blocks of this many images (another world)"),
     ("generic_captions", float, "share of the train split's generic captions ('a picture')"),
     ("misalignment", float, "angle (rad) of the text encoder's shared rotation"),
@@ -24,10 +24,8 @@ KNOBS = (
 
 def _level_probs(text: str) -> tuple[float, ...] | None:
     """``uniform`` -> None, ``0.05,0.15,0.3,0.5`` -> floats."""
-    if text.strip() == "uniform":
-        return None
     try:
-        return tuple(float(p) for p in text.split(","))
+        return None if text.strip() == "uniform" else tuple(map(float, text.split(",")))
     except ValueError:
         raise argparse.ArgumentTypeError("expected comma-separated numbers or 'uniform'") from None
 
@@ -53,24 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="probability of each caption level, most general first ('uniform': all equal)",
     )
     p.add_argument("--shard-images", type=int, default=DEFAULT_SHARD_IMAGES)
-    p.add_argument(
-        "--classes",
-        action="store_true",
-        help="also write OUTPUT-positives, -negatives (and -zeroshot, -far-negatives)",
-    )
+    p.add_argument("--classes", action="store_true", help="also write OUTPUT-<role> sets")
     p.add_argument("--only-classes", action="store_true", help="only the sets, for OUTPUT's world")
     p.add_argument("--class-level", type=int, default=1)
     p.add_argument("--class-images", type=int, default=1000, help="images per set")
     return p
-
-
-def world_config(args: argparse.Namespace) -> WorldConfig:
-    """The preset (or the default world) with the sizes and knobs given as flags."""
-    knobs = {name: getattr(args, name) for name, _, _ in KNOBS if getattr(args, name) is not None}
-    if hasattr(args, "level_probs"):  # None: uniform
-        knobs["level_probs"] = args.level_probs
-    sizes = {"train": args.train_images, "val": args.test_images, "test": args.test_images}
-    return WorldConfig.preset(args.preset, sizes, **knobs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         spec = ClassificationSpec(args.class_level, positives=n, negatives=n, zeroshot=n)
         cfg = None
         if not args.only_classes:
-            cfg, t0 = world_config(args), time.perf_counter()
+            knobs = {k: getattr(args, k) for k, _, _ in KNOBS if getattr(args, k) is not None}
+            if hasattr(args, "level_probs"):  # None: uniform
+                knobs["level_probs"] = args.level_probs
+            sizes = {"train": args.train_images, "val": args.test_images, "test": args.test_images}
+            cfg, t0 = WorldConfig.preset(args.preset, sizes, **knobs), time.perf_counter()
             write_world(args.output, cfg, shard_images=args.shard_images)
             print(f"wrote synthetic world to {args.output} ({time.perf_counter() - t0:.1f} s)")
         if args.classes or args.only_classes:

@@ -11,7 +11,7 @@ from typing import Any
 from asymvlm import tables
 from asymvlm.errors import ConfigError
 
-__all__ = ["COCO_LEVEL_PROBS", "GENERIC_CAPTION_SHARE", "PRESETS", "WorldConfig"]
+__all__ = ["COCO_LEVEL_PROBS", "PRESETS", "WorldConfig"]
 
 #: Knobs left out of the manifest at their defaults (recorded worlds' manifests stay the same).
 _LATER_KNOBS = ("block_images", "caption_words", "filler_words", "finetune_roots")
@@ -38,49 +38,42 @@ class WorldConfig:
         default_factory=lambda: {"train": 8000, "val": 1000, "test": 1000}
     )
     seed: int = 0
-    #: Width of the pre-projection features (None: no pre-projection columns); > dim.
-    pre_dim: int | None = None
+    pre_dim: int | None = None  # width of pre-projection features (None: none); > dim
     pre_noise: float = 0.5  # null-space nuisance of a pre-projection feature, per unit norm
-    #: Draw each split in blocks of this many images (a stream per block: another world).
-    block_images: int | None = None
-    #: Captions with words whose count follows the level with noise (assumption W).
-    caption_words: bool = False
+    block_images: int | None = None  # draw each split in blocks (a stream per block)
+    caption_words: bool = False  # word count follows the level with noise (assumption W)
     filler_words: float = 1.5  # Poisson mean of a word caption's style words
-    #: Level-0 concepts whose objects the retrieval splits show (the fine-tuning domain); the
-    #: others form the zero-shot domain (assumption D). None: every concept, one domain.
-    finetune_roots: int | None = None
-    #: Angle (rad) of each domain's own text-encoder rotation, after the shared one (D).
-    domain_misalignment: float = 0.0
-    #: Probability of each caption level 0..L (most general .. the object itself); None: every
-    #: level equally likely (assumption C). :data:`COCO_LEVEL_PROBS` is the COCO-like mix.
-    level_probs: tuple[float, ...] | None = None
-    #: Fraction of the ``train`` split's captions that are generic ("a picture": the
-    #: hierarchy's root, assumption U); 0: none, as assumption G has it.
-    generic_captions: float = 0.0
+    finetune_roots: int | None = None  # level-0 concepts of the fine-tuning domain (D)
+    domain_misalignment: float = 0.0  # angle (rad) of each domain's own rotation (D)
+    level_probs: tuple[float, ...] | None = None  # of caption levels 0..L (None: uniform, C)
+    generic_captions: float = 0.0  # share of generic train captions (U; 0: none, G)
 
     def __post_init__(self) -> None:
-        self.branching = tuple(int(b) for b in self.branching)  # type: ignore[assignment]
-        self.spread = tuple(float(s) for s in self.spread)  # type: ignore[assignment]
-        n_levels = len(self.branching) + 1
-        if self.level_probs is not None:
-            self.level_probs = probs = tuple(float(p) for p in self.level_probs)
-            if len(probs) != n_levels:
-                raise ConfigError(
-                    f"level_probs needs {n_levels} probabilities (levels 0..{n_levels - 1}), "
-                    f"got {len(probs)}"
-                )
-            if not all(math.isfinite(p) and p >= 0 for p in probs) or abs(sum(probs) - 1) > 1e-6:
-                raise ConfigError(f"level_probs must be >= 0 and sum to 1, got {list(probs)}")
-        checks = {
-            "block_images must be >= 1": self.block_images is None or self.block_images >= 1,
-            f"finetune_roots must be in 1..{self.branching[0]}": self.finetune_roots is None
-            or 1 <= self.finetune_roots <= self.branching[0],
-            "generic_captions must be in [0, 1]": 0.0 <= self.generic_captions <= 1.0,
-            "filler_words must be >= 0": self.filler_words >= 0,
-            "domain_misalignment must be >= 0": self.domain_misalignment >= 0,
-            f"pre_dim must exceed dim {self.dim}": self.pre_dim is None or self.pre_dim > self.dim,
-        }
-        for message, ok in checks.items():
+        self.branching = tuple(map(int, self.branching))  # type: ignore[assignment]
+        self.spread = tuple(map(float, self.spread))  # type: ignore[assignment]
+        probs, n_levels = self.level_probs, len(self.branching) + 1
+        if probs is not None:
+            self.level_probs = probs = tuple(map(float, probs))
+        for ok, message in (
+            (probs is None or len(probs) == n_levels, f"level_probs needs {n_levels} values"),
+            (
+                probs is None
+                or (all(math.isfinite(p) and p >= 0 for p in probs) and abs(sum(probs) - 1) < 1e-6),
+                f"level_probs must be >= 0 and sum to 1, got {probs}",
+            ),
+            (self.block_images is None or self.block_images >= 1, "block_images must be >= 1"),
+            (
+                self.finetune_roots is None or 1 <= self.finetune_roots <= self.branching[0],
+                f"finetune_roots must be in 1..{self.branching[0]}",
+            ),
+            (0.0 <= self.generic_captions <= 1.0, "generic_captions must be in [0, 1]"),
+            (self.filler_words >= 0, "filler_words must be >= 0"),
+            (self.domain_misalignment >= 0, "domain_misalignment must be >= 0"),
+            (
+                self.pre_dim is None or self.pre_dim > self.dim,
+                f"pre_dim must exceed dim {self.dim}",
+            ),
+        ):
             if not ok:
                 raise ConfigError(message)
 
@@ -101,12 +94,8 @@ class WorldConfig:
     def from_manifest(cls, root: str) -> WorldConfig:
         """The configuration a world's ``manifest.json`` records (key ``world``)."""
         world = tables.read_manifest(root).extra.get("world")
-        if not isinstance(world, dict):
-            raise tables.TableError(f"{root}: manifest has no 'world' (not a synthetic world)")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(world) - known)
-        if unknown:
-            raise tables.TableError(f"{root}: unknown world keys {unknown}")
+        if not isinstance(world, dict) or set(world) - {f.name for f in fields(cls)}:
+            raise tables.TableError(f"{root}: the manifest's 'world' is no synthetic world's")
         return cls(**world)
 
     def manifest_world(self) -> dict[str, Any]:
@@ -118,12 +107,10 @@ class WorldConfig:
         return {k: v for k, v in world.items() if k not in _LATER_KNOBS or v != defaults[k].default}
 
 
-#: The share of generic training captions of the presets (assumption U, docs/synthetic.md).
-GENERIC_CAPTION_SHARE = 0.004
-
 #: Named worlds: ``demo`` (the offline demo's, d = 32) and ``coco`` (MS-COCO's size at CLIP
 #: ViT-B/32's width, written in blocks), both in the forgetting regime F with word captions,
 #: the COCO-like level mix, generic training captions and two domains.
+GENERIC_CAPTION_SHARE = 0.004  # of the presets' train captions (assumption U)
 _REGIME_F = dict(
     caption_words=True,
     finetune_roots=4,

@@ -5,31 +5,14 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from asymvlm import tables
-from asymvlm.errors import ConfigError
 from asymvlm.synthetic.captions import FILLERS, GENERIC_TEXTS, OPENERS, caption_texts
-from asymvlm.synthetic.knobs import (
-    COCO_LEVEL_PROBS,
-    GENERIC_CAPTION_SHARE,
-    PRESETS,
-    WorldConfig,
-)
-
-__all__ = [
-    "COCO_LEVEL_PROBS",
-    "DEFAULT_SHARD_IMAGES",
-    "GENERIC_CAPTION_SHARE",
-    "PRESETS",
-    "SyntheticWorld",
-    "WorldConfig",
-    "write_world",
-]
+from asymvlm.synthetic.knobs import WorldConfig
 
 #: Images per part file when writing.
 DEFAULT_SHARD_IMAGES = 16384
@@ -70,20 +53,12 @@ def _rotation(rng: np.random.Generator, dim: int, angle: float) -> np.ndarray:
     return basis @ block @ basis.T
 
 
-def concat_splits(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """One split dict from consecutive chunks."""
-    if len(chunks) == 1:
-        return chunks[0]
-    out: dict[str, Any] = {}
-    for key, first in chunks[0].items():
-        values = [c[key] for c in chunks]
-        if isinstance(first, dict):
-            out[key] = {k: np.concatenate([v[k] for v in values]) for k in first}
-        elif isinstance(first, np.ndarray):
-            out[key] = np.concatenate(values)
-        else:
-            out[key] = [x for v in values for x in v]
-    return out
+def concat_splits(chunks: list[Any]) -> Any:
+    """One split dict from consecutive chunks (dicts, arrays and lists joined key by key)."""
+    first = chunks[0]
+    if isinstance(first, dict):
+        return {key: concat_splits([c[key] for c in chunks]) for key in first}
+    return np.concatenate(chunks) if isinstance(first, np.ndarray) else [*itertools.chain(*chunks)]
 
 
 class SyntheticWorld:
@@ -169,30 +144,16 @@ class SyntheticWorld:
         objects = _offset(rng, self.concepts[-1][leaves], cfg.object_spread)
         return objects, _offset(rng, objects, cfg.image_noise)
 
-    def has_generic(self, name: str) -> bool:
-        """Whether split ``name`` has generic captions (assumption U: the ``train`` split of a
-        world with ``generic_captions > 0``)."""
-        return name == GENERIC_SPLIT and self.config.generic_captions > 0
-
     def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> dict:
-        """Images ``start .. start+n_images`` of a split, drawn from the split's streams
-        (``block == ()``, the whole split) or from block ``block[0]``'s."""
-        seed = self._split_seeds[name]
-
-        def rng(role: str) -> np.random.Generator:
-            if role == "main" and not block:
-                return np.random.default_rng(seed)
-            return np.random.default_rng([seed, _TAGS["block" if role == "main" else role], *block])
-
-        streams = {role: rng(role) for role in ("main", "words", "generic", "pre")}
-        return self._compose(name, start, n_images, streams)
-
-    def _compose(
-        self, name: str, start: int, n_images: int, rng: dict[str, np.random.Generator]
-    ) -> dict:
         """Images ``start .. start+n_images`` of a split and their captions, drawn from the
-        streams ``rng`` (by role: ``main``, ``words``, ``generic``, ``pre``)."""
-        cfg, main = self.config, rng["main"]
+        split's streams (``block == ()``, the whole split) or from block ``block[0]``'s."""
+        seed = self._split_seeds[name]
+        rng = {
+            role: np.random.default_rng([seed, _TAGS[role], *block])
+            for role in ("words", "generic", "pre")
+        }
+        main = np.random.default_rng([seed, _TAGS["block"], *block] if block else seed)
+        cfg = self.config
         pool = self.domain_leaves(0)  # every leaf in a world of one domain
         leaves = pool[main.integers(0, len(pool), n_images)]
         objects = _toward(
@@ -219,7 +180,7 @@ class SyntheticWorld:
         del targets
         domain = self.root_domain[path[0]][cap_image]
         generic = None
-        if self.has_generic(name):
+        if name == GENERIC_SPLIT and cfg.generic_captions > 0:
             generic, generic_texts = self._generic_captions(rng["generic"], true_text)
             domain = np.where(generic, -1, domain)  # generic texts: the shared error only (D)
         text = self.encode_text(true_text, domain)  # the frozen text encoder's error
@@ -274,24 +235,6 @@ class SyntheticWorld:
         for b, start in enumerate(range(0, n_images, size)):
             yield self._draw(name, start, min(size, n_images - start), (b,))
 
-    def iter_pieces(
-        self, name: str, n_images: int, shard_images: int = DEFAULT_SHARD_IMAGES
-    ) -> Iterator[tuple[int, dict]]:
-        """The split as ``(part, piece)`` pairs in order: a block per piece (memory: one
-        block), or the one-piece draw cut into parts of ``shard_images`` images."""
-        if shard_images < 1:
-            raise ConfigError(f"shard_images must be >= 1, got {shard_images}")
-        size = self.config.block_images
-        if size is not None:
-            per_part = max(1, shard_images // size)
-            for b, block in enumerate(self.iter_blocks(name, n_images)):
-                yield b // per_part, block
-            return
-        whole = self._draw(name, 0, n_images, ())
-        n_cap = self.config.captions_per_image
-        for part, lo in enumerate(range(0, max(n_images, 1), shard_images)):
-            yield part, _slice_split(whole, lo, min(n_images, lo + shard_images), n_cap)
-
     def sample_split(self, name: str, n_images: int) -> dict:
         """Draw images, objects and captions for one split (deterministic per split name)."""
         return concat_splits(list(self.iter_blocks(name, n_images)))
@@ -315,8 +258,8 @@ class SyntheticWorld:
         return out
 
     def write(self, root: str, shard_images: int = DEFAULT_SHARD_IMAGES) -> str:
-        """Write ``ROOT/manifest.json`` and every split in part files of about ``shard_images``
-        images, a piece (:meth:`iter_pieces`) per row group; returns ``root``."""
+        """Write ``ROOT/manifest.json`` and every split, a block per row group and whole blocks
+        of about ``shard_images`` images per part file (an unblocked split: one part)."""
         cfg = self.config
         manifest = {
             "dim": cfg.dim,
@@ -331,26 +274,12 @@ class SyntheticWorld:
         if self.projections:
             tables.write_projection(root, **self.projections)
         for name, n_images in cfg.splits.items():
-            pieces = self.iter_pieces(name, n_images, shard_images)
-            for k, run in itertools.groupby(pieces, key=operator.itemgetter(0)):
-                tables.write_split_pieces(
-                    root, name, (piece for _, piece in run), part=f"part-{k:05d}"
-                )
+            per_part = max(1, shard_images // (cfg.block_images or max(n_images, 1)))
+            blocks = enumerate(self.iter_blocks(name, n_images))
+            for k, run in itertools.groupby(blocks, key=lambda block: block[0] // per_part):
+                pieces = (piece for _, piece in run)
+                tables.write_split_pieces(root, name, pieces, part=f"part-{k:05d}")
         return root
-
-
-def _slice_split(split: dict, start: int, stop: int, n_cap: int) -> dict:
-    """Images ``start:stop`` of an in-memory split and their captions (captions are stored
-    ``n_cap`` per image, in image order)."""
-    if start == 0 and stop == len(split["image_ids"]):
-        return split
-    out: dict[str, Any] = {}
-    for key, value in split.items():
-        lo, hi = (start, stop) if key.startswith("image") else (start * n_cap, stop * n_cap)
-        out[key] = (
-            {k: v[lo:hi] for k, v in value.items()} if isinstance(value, dict) else value[lo:hi]
-        )
-    return out
 
 
 def write_world(

@@ -19,23 +19,15 @@ Layout under a root (a local path, a ``file://`` URI, ``s3://bucket/prefix`` or 
 Every folder may hold several parquet files, read in file-name order. Embeddings are unit-norm;
 ``embedding * norm`` is the unnormalised projection (the adapters' raw input), and
 ``embedding * norm == projection @ features_pre`` row by row. :func:`read_split` names the
-file, row and id of the first violation (:class:`TableError`); raw norms must lie within
-``NORM_SPREAD`` of the split's median and under ``NORM_MAX``.
+file, row and id of the first violation (:class:`TableError`).
 """
 
 from __future__ import annotations
 
-from asymvlm.tables.files import (  # noqa: F401 - the names every stage uses
-    IMAGE_COLUMNS,
-    IMAGE_PRE,
+from asymvlm.tables.files import (
     IMAGES_DIR,
     MANIFEST_NAME,
-    NORM_MAX,
-    NORM_SPREAD,
     PRE_COLUMNS,
-    PROJECTION_NAME,
-    TEXT_COLUMNS,
-    TEXT_PRE,
     TEXTS_DIR,
     Manifest,
     TableError,
@@ -55,17 +47,25 @@ from asymvlm.tables.split import EmbeddingSplit
 from asymvlm.tables.write import write_split, write_split_pieces
 
 __all__ = [
+    "IMAGES_DIR",
+    "MANIFEST_NAME",
+    "PRE_COLUMNS",
+    "TEXTS_DIR",
     "EmbeddingSplit",
     "Location",
     "LocationField",
     "Manifest",
     "TableError",
+    "column_matrix",
+    "list_parquet",
     "list_splits",
     "parse_location",
     "read_manifest",
+    "read_parts",
     "read_projection",
     "read_split",
     "write_manifest",
+    "write_part",
     "write_projection",
     "write_split",
     "write_split_pieces",

@@ -19,21 +19,16 @@ from asymvlm.storage import absolute, atomic_path, filesystem, join, uri_join, w
 from asymvlm.storage import read_bytes as read_uri
 
 MANIFEST_NAME = "manifest.json"
-#: The frozen model's projection matrices (``image`` [dim, pre_dim.image], ``text``
-#: [dim, pre_dim.text]), written once per root by an embedding job with pre-projection columns.
 PROJECTION_NAME = "projection.npz"
 IMAGES_DIR = "images"
 TEXTS_DIR = "texts"
 IMAGE_COLUMNS = ("image_id", "embedding")
 TEXT_COLUMNS = ("caption_id", "image_id", "text", "embedding")
-#: Optional pre-projection columns: the pooled encoder output that the projection maps to the
-#: raw embedding (``embedding * norm == projection @ pre``), list<float32>[pre_dim.<modality>].
 IMAGE_PRE = "image_features_pre"
 TEXT_PRE = "text_features_pre"
 PRE_COLUMNS = {"image": IMAGE_PRE, "text": TEXT_PRE}
 TEXT_RESERVED = frozenset(TEXT_COLUMNS) | {"norm", TEXT_PRE}
 IMAGE_RESERVED = frozenset(IMAGE_COLUMNS) | {"norm", IMAGE_PRE}
-#: Bounds on the raw ``norm`` columns (see the package docstring).
 NORM_SPREAD = 1e4
 NORM_MAX = 1e6
 
@@ -42,21 +37,14 @@ class TableError(AsymVLMError, ValueError):
     """A table or manifest violates the contract; the message names the file and first bad row."""
 
 
-# --------------------------------------------------------------------------------------------
-# manifest
-
-
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 @dataclass
 class Manifest:
-    """``manifest.json``: embedding dimension, embedding model name and any extra keys.
-
-    The optional ``pre_dim`` key (``{"image": int, "text": int}``, either may be absent) is the
-    width of the pre-projection columns; it must be there before such columns are written.
-    """
+    """``manifest.json``: embedding dimension, embedding model name and any extra keys (e.g.
+    ``pre_dim``, ``{"image": int, "text": int}``: the width of the pre-projection columns)."""
 
     dim: int
     model: str
@@ -72,45 +60,44 @@ class Manifest:
         return {**self.extra, "dim": int(self.dim), "model": str(self.model)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "manifest") -> Manifest:
+    def from_dict(cls, data: Any, *, source: str = "manifest") -> Manifest:
         """Parse a manifest object; raises :class:`TableError` (naming ``source``) if invalid."""
         if not isinstance(data, dict):
             raise TableError(f"{source}: manifest must be a JSON object, got {type(data).__name__}")
-        for key in ("dim", "model"):
-            if key not in data:
-                raise TableError(f"{source}: manifest has no {key!r} key")
-        dim = data["dim"]
-        if not _positive_int(dim):
-            raise TableError(f"{source}: manifest 'dim' must be a positive int, got {dim!r}")
-        model = data["model"]
-        if not isinstance(model, str):
-            raise TableError(f"{source}: manifest 'model' must be a string, got {model!r}")
         pre_dim = data.get("pre_dim")
-        if pre_dim is not None and not (
-            isinstance(pre_dim, dict)
-            and set(pre_dim) <= set(PRE_COLUMNS)
-            and all(_positive_int(v) for v in pre_dim.values())
+        for key, ok, want in (
+            ("dim", _positive_int(data.get("dim")), "a positive int"),
+            ("model", isinstance(data.get("model"), str), "a string"),
+            (
+                "pre_dim",
+                pre_dim is None
+                or (
+                    isinstance(pre_dim, dict)
+                    and set(pre_dim) <= set(PRE_COLUMNS)
+                    and all(map(_positive_int, pre_dim.values()))
+                ),
+                "a map of 'image' and/or 'text' to positive ints",
+            ),
         ):
-            raise TableError(
-                f"{source}: manifest 'pre_dim' must map 'image' and/or 'text' to positive ints, "
-                f"got {pre_dim!r}"
-            )
+            if not ok:
+                raise TableError(
+                    f"{source}: manifest {key!r} must be {want}, got {data.get(key)!r}"
+                )
         extra = {k: v for k, v in data.items() if k not in ("dim", "model")}
-        return cls(dim=dim, model=model, extra=extra)
+        return cls(dim=data["dim"], model=data["model"], extra=extra)
 
 
 def write_manifest(root: str, manifest: Manifest | dict[str, Any]) -> None:
-    """Write ``ROOT/manifest.json`` atomically (validates ``dim`` and ``model`` first)."""
-    if not isinstance(manifest, Manifest):
-        manifest = Manifest.from_dict(manifest)
-    else:
-        manifest = Manifest.from_dict(manifest.to_dict())
-    data = json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode() + b"\n"
-    write_bytes(uri_join(root, MANIFEST_NAME), data)
+    """Write ``ROOT/manifest.json`` atomically (validated first)."""
+    data = manifest.to_dict() if isinstance(manifest, Manifest) else manifest
+    data = Manifest.from_dict(data).to_dict()
+    write_bytes(
+        uri_join(root, MANIFEST_NAME), json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
+    )
 
 
 def read_manifest(root: str) -> Manifest:
-    """Read ``ROOT/manifest.json``; :class:`TableError` if missing, not JSON, or lacking keys."""
+    """Read ``ROOT/manifest.json``; :class:`TableError` if missing, not JSON, or invalid."""
     shown = absolute(uri_join(root, MANIFEST_NAME))
     raw = read_uri(shown)
     if raw is None:
@@ -122,27 +109,15 @@ def read_manifest(root: str) -> Manifest:
     return Manifest.from_dict(data, source=shown)
 
 
-# --------------------------------------------------------------------------------------------
-# the projection matrices
-
-
-def _projection_matrix(name: str, value: Any) -> np.ndarray:
-    arr = np.asarray(value, dtype=np.float32)
-    if arr.ndim != 2 or 0 in arr.shape:
-        raise ValueError(f"{name} projection must be a 2-D [dim, pre_dim] array, got {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name} projection has NaN/inf")
-    return np.ascontiguousarray(arr)
-
-
 def write_projection(root: str, **matrices: Any) -> None:
     """Write ``ROOT/projection.npz`` atomically: the frozen model's projection per modality
-    (``image=`` / ``text=``, each [dim, pre_dim], float32), so that
-    ``embedding * norm == matrix @ features_pre`` row by row."""
-    unknown = sorted(set(matrices) - set(PRE_COLUMNS))
-    if unknown or not matrices:
+    (``image=`` / ``text=``, each [dim, pre_dim], float32): ``embedding * norm == matrix @
+    features_pre`` row by row."""
+    if not matrices or set(matrices) - set(PRE_COLUMNS):
         raise ValueError(f"write_projection takes image= and/or text=, got {sorted(matrices)}")
-    arrays = {k: _projection_matrix(k, v) for k, v in matrices.items()}
+    arrays = {k: np.asarray(v, dtype=np.float32) for k, v in matrices.items()}
+    if not all(np.isfinite(a).all() and a.ndim == 2 for a in arrays.values()):
+        raise ValueError("projection matrices must be 2-D [dim, pre_dim] without NaN/inf")
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     write_bytes(uri_join(root, PROJECTION_NAME), buffer.getvalue())
@@ -150,7 +125,7 @@ def write_projection(root: str, **matrices: Any) -> None:
 
 def read_projection(root: str, manifest: Manifest | None = None) -> dict[str, np.ndarray] | None:
     """``ROOT/projection.npz`` as ``{"image": [dim, pre_dim.image], "text": ...}`` float32, or
-    None when the root has none. :class:`TableError` naming the file when it cannot be read or
+    None when the root has none; :class:`TableError` naming the file when it cannot be read or
     a matrix disagrees with the manifest's ``dim`` / ``pre_dim``."""
     shown = absolute(uri_join(root, PROJECTION_NAME))
     raw = read_uri(shown)
@@ -163,21 +138,14 @@ def read_projection(root: str, manifest: Manifest | None = None) -> dict[str, np
     except (OSError, ValueError, EOFError) as exc:
         raise TableError(f"{shown}: not a readable .npz file ({exc})") from exc
     for key, matrix in out.items():
-        if key not in PRE_COLUMNS:
-            raise TableError(f"{shown}: unexpected array {key!r} (expected image, text)")
         expected = (manifest.dim, manifest.pre_dim.get(key))
-        if matrix.ndim != 2 or matrix.shape != expected:
+        if matrix.shape != expected or not np.isfinite(matrix).all():
             raise TableError(
-                f"{shown}: {key} projection has shape {list(matrix.shape)}, the manifest says "
-                f"[dim, pre_dim.{key}] = {list(expected)}"
+                f"{shown}: {key} projection has shape {list(matrix.shape)} (finite: "
+                f"{bool(np.isfinite(matrix).all())}), the manifest says [dim, pre_dim.{key}] = "
+                f"{list(expected)}"
             )
-        if not np.isfinite(matrix).all():
-            raise TableError(f"{shown}: {key} projection has NaN/inf")
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# parts
 
 
 def list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
@@ -233,14 +201,12 @@ def list_splits(root: str) -> list[str]:
     """Names of the splits under ``root`` (sub-folders holding ``images/`` or ``texts/``)."""
     fs, base = filesystem(root)
     infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-    dirs = [i for i in infos if i.type == pafs.FileType.Directory]
-    if not dirs:
-        return []
-    wanted = [join(d.path, sub) for d in dirs for sub in (IMAGES_DIR, TEXTS_DIR)]
-    present = {i.path for i in fs.get_file_info(wanted) if i.type == pafs.FileType.Directory}
-    names = {
-        d.base_name
-        for d in dirs
-        if join(d.path, IMAGES_DIR) in present or join(d.path, TEXTS_DIR) in present
-    }
-    return sorted(names)
+    dirs = [i.path for i in infos if i.type == pafs.FileType.Directory]
+    subs = fs.get_file_info([join(d, sub) for d in dirs for sub in (IMAGES_DIR, TEXTS_DIR)])
+    return sorted(
+        {
+            posixpath.basename(posixpath.dirname(i.path))
+            for i in subs
+            if i.type == pafs.FileType.Directory
+        }
+    )
