@@ -66,8 +66,8 @@ def test_registry_and_bad_requests(tmp_path):
 
 
 # -- COCO and Karpathy -------------------------------------------------------------------------
-def coco_doc() -> dict:
-    return {
+def coco_doc(mutate=lambda doc: None) -> dict:
+    doc = {
         "images": [
             {"id": 397133, "file_name": "000000397133.jpg", "height": 427},
             {"id": 37777, "file_name": "000000037777.jpg"},
@@ -78,6 +78,8 @@ def coco_doc() -> dict:
             {"image_id": 397133, "id": 375000, "caption": "   "},
         ],
     }
+    mutate(doc)
+    return doc
 
 
 def test_coco(tmp_path):
@@ -95,23 +97,6 @@ def test_coco(tmp_path):
     assert data.description["counts"] == {"images": 2, "captions": 3}
 
 
-@pytest.mark.parametrize(
-    "mutate, message",
-    [
-        (lambda d: d["annotations"][1].pop("caption"), r"annotations\[1\]\.caption: Field requ"),
-        (lambda d: d["annotations"][0].update(image_id=5), r"annotations\[0\]: image_id 5 is not"),
-        (lambda d: d["images"].append(d["images"][0]), r"duplicate image_id '397133'"),
-        (lambda d: d["annotations"][1].update(id=370509), r"duplicate caption_id '370509'"),
-    ],
-)
-def test_coco_malformed(tmp_path, mutate, message):
-    doc = coco_doc()
-    mutate(doc)
-    ann = write(tmp_path / "captions_val2017.json", doc)
-    with pytest.raises(SourceError, match=rf"^{ann}: {message}"):
-        read("coco", ann, str(tmp_path), split="val")
-
-
 def karpathy(**image) -> dict:
     def item(cocoid, split, sentids, folder="val2014"):
         sentences = [{"raw": f" caption {s} of {cocoid}.", "sentid": s} for s in sentids]
@@ -125,36 +110,20 @@ def karpathy(**image) -> dict:
     return {"dataset": "coco", "images": images}
 
 
-@pytest.mark.parametrize(
-    "split, expected",
-    [("train", ["11", "22"]), ("restval", ["22"]), ("val", ["33"]), ("test", ["44", "55"])],
-)
-def test_coco_karpathy_splits(tmp_path, split, expected):
+def _json(doc) -> str:
+    return json.dumps(doc)
+
+
+def test_karpathy_json_splits(tmp_path):
     ann = write(tmp_path / "dataset_coco.json", karpathy())
-    data = read("coco-karpathy", ann, "/data/coco", split=split)
-    assert column(data, "image_id") == expected
-    if split == "train":
-        assert column(data, "path") == [
-            "/data/coco/train2014/COCO_train2014_000000000011.jpg",
-            "/data/coco/val2014/COCO_val2014_000000000022.jpg",
-        ]
-        assert list(data.captions.to_pylist()[2].values()) == ["3", "22", "caption 3 of 22."]
-
-
-@pytest.mark.parametrize(
-    "image, message",
-    [
-        ({"sentences": [{"sentid": 6}]}, r"images\[3\]\.sentences\[0\]\.raw: Field required"),
-        ({"cocoid": None}, r"images\[3\]: missing 'cocoid'"),
-    ],
-)
-def test_coco_karpathy_malformed(tmp_path, image, message):
-    ann = write(tmp_path / "dataset_coco.json", karpathy(**image))
-    with pytest.raises(SourceError, match=rf"dataset_coco\.json: {message}"):
-        read("coco-karpathy", ann, "/x")
-
-
-def test_flickr30k_karpathy_json(tmp_path):
+    for split, ids in [("train", ["11", "22"]), ("restval", ["22"]), ("test", ["44", "55"])]:
+        assert column(read("coco-karpathy", ann, "/data/coco", split=split), "image_id") == ids
+    data = read("coco-karpathy", ann, "/data/coco", split="train")
+    assert column(data, "path") == [
+        "/data/coco/train2014/COCO_train2014_000000000011.jpg",
+        "/data/coco/val2014/COCO_val2014_000000000022.jpg",
+    ]
+    assert list(data.captions.to_pylist()[2].values()) == ["3", "22", "caption 3 of 22."]
     images = [
         {"filename": name, "split": split, "sentences": [{"raw": f"{name} a", "sentid": k}]}
         for k, (name, split) in enumerate([("1000.jpg", "train"), ("20.jpg", "test")])
@@ -169,6 +138,28 @@ def test_flickr30k_karpathy_json(tmp_path):
     ("dataset", "name", "text", "message"),
     [
         ("coco", "c.json", '{"images": [\n{"id": 1,}\n]}', r"Invalid JSON: .* line 2 column \d+"),
+        *[
+            ("coco", "c.json", _json(coco_doc(mutate)), message)
+            for mutate, message in [
+                (
+                    lambda d: d["annotations"][1].pop("caption"),
+                    r"annotations\[1\]\.caption: Field req",
+                ),
+                (
+                    lambda d: d["annotations"][0].update(image_id=5),
+                    r"annotations\[0\]: image_id 5 is",
+                ),
+                (lambda d: d["images"].append(d["images"][0]), r"duplicate image_id '397133'"),
+                (lambda d: d["annotations"][1].update(id=370509), r"duplicate caption_id '370509'"),
+            ]
+        ],
+        (
+            "coco-karpathy",
+            "k.json",
+            _json(karpathy(sentences=[{"sentid": 6}])),
+            r"images\[3\]\.sentences\[0\]\.raw: Field required",
+        ),
+        ("coco-karpathy", "k.json", _json(karpathy(cocoid=None)), r"images\[3\]: missing 'cocoid'"),
         ("cc", "gcc.tsv", "ok\ta.jpg\ncap\twith\ttabs.jpg\n", r"line 2: expected 'caption<TAB>pa"),
         ("cc", "gcc.tsv", "ok\tb\xe9.jpg\n".encode("latin-1"), r"line 1: not UTF-8"),
         (
@@ -198,7 +189,7 @@ def test_malformed_text_names_file_and_line(tmp_path, dataset, name, text, messa
     ann = tmp_path / name
     ann.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(SourceError, match=rf"^{ann}: {message}"):
-        read(dataset, str(ann), "/x", split="all")
+        read(dataset, str(ann), "/x")
 
 
 # -- Conceptual Captions -----------------------------------------------------------------------
