@@ -65,7 +65,6 @@ def test_registry_and_bad_requests(tmp_path):
         read("hierarcaps", annotations=str(tmp_path))
 
 
-# -- COCO and Karpathy -------------------------------------------------------------------------
 def coco_doc(mutate=lambda doc: None) -> dict:
     doc = {
         "images": [
@@ -110,10 +109,6 @@ def karpathy(**image) -> dict:
     return {"dataset": "coco", "images": images}
 
 
-def _json(doc) -> str:
-    return json.dumps(doc)
-
-
 def test_karpathy_json_splits(tmp_path):
     ann = write(tmp_path / "dataset_coco.json", karpathy())
     for split, ids in [("train", ["11", "22"]), ("restval", ["22"]), ("test", ["44", "55"])]:
@@ -139,7 +134,7 @@ def test_karpathy_json_splits(tmp_path):
     [
         ("coco", "c.json", '{"images": [\n{"id": 1,}\n]}', r"Invalid JSON: .* line 2 column \d+"),
         *[
-            ("coco", "c.json", _json(coco_doc(mutate)), message)
+            ("coco", "c.json", json.dumps(coco_doc(mutate)), message)
             for mutate, message in [
                 (
                     lambda d: d["annotations"][1].pop("caption"),
@@ -156,10 +151,15 @@ def test_karpathy_json_splits(tmp_path):
         (
             "coco-karpathy",
             "k.json",
-            _json(karpathy(sentences=[{"sentid": 6}])),
+            json.dumps(karpathy(sentences=[{"sentid": 6}])),
             r"images\[3\]\.sentences\[0\]\.raw: Field required",
         ),
-        ("coco-karpathy", "k.json", _json(karpathy(cocoid=None)), r"images\[3\]: missing 'cocoid'"),
+        (
+            "coco-karpathy",
+            "k.json",
+            json.dumps(karpathy(cocoid=None)),
+            r"images\[3\]: missing 'cocoid'",
+        ),
         ("cc", "gcc.tsv", "ok\ta.jpg\ncap\twith\ttabs.jpg\n", r"line 2: expected 'caption<TAB>pa"),
         ("cc", "gcc.tsv", "ok\tb\xe9.jpg\n".encode("latin-1"), r"line 1: not UTF-8"),
         (
@@ -192,7 +192,6 @@ def test_malformed_text_names_file_and_line(tmp_path, dataset, name, text, messa
         read(dataset, str(ann), "/x")
 
 
-# -- Conceptual Captions -----------------------------------------------------------------------
 def test_cc_tsv(tmp_path):
     ann = tmp_path / "gcc.tsv"
     ann.write_text("a dog\timages/0.jpg\na cat\t/abs/cat.png\n\nthe dog again\timages/0.jpg\n")
@@ -284,7 +283,6 @@ def test_cc_webdataset_errors(tmp_path):
         read("cc", str(tmp_path / "empty*.tar"), split="train")
 
 
-# -- selection ---------------------------------------------------------------------------------
 def test_sample_and_id_list(tmp_path):
     ann = write(tmp_path / "cc.tsv", "".join(f"c{i}\timages/{i}.jpg\n" for i in range(40)))
     a, b, c = (read("cc", ann, sample=10, seed=seed) for seed in (0, 0, 1))
@@ -306,7 +304,6 @@ def test_sample_and_id_list(tmp_path):
         read("cc", ann, id_list=id_list)
 
 
-# -- HierarCaps (real data) --------------------------------------------------------------------
 @pytest.mark.skipif(HIERARCAPS is None, reason="no real HierarCaps copy")
 def test_hierarcaps_real_and_its_cifar_stand_ins(tmp_path):
     data = read("hierarcaps", str(HIERARCAPS / "hierarcaps_test.csv"), str(HIERARCAPS / "images"))
@@ -326,7 +323,6 @@ def test_hierarcaps_real_and_its_cifar_stand_ins(tmp_path):
     assert len(pos) == len(neg) == 2 and not set(pos) & set(neg)
 
 
-# -- CIFAR / STL-10 ----------------------------------------------------------------------------
 def cifar_rows(rng, n):
     hwc = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
     return hwc, hwc.transpose(0, 3, 1, 2).reshape(n, 3072)  # rows are CHW, as the real files
@@ -425,7 +421,6 @@ def test_cifar100_and_stl10(tmp_path):
         read("stl10", images=str(folder))
 
 
-# -- ImageNet-style folders and templates ------------------------------------------------------
 def test_imagenet(tmp_path):
     root = tmp_path / "val"
     for rel in ["n01440764/b.JPEG", "n01440764/a.JPEG", "n01443537/sub/c.png", "n01440764/n.txt"]:

@@ -104,34 +104,26 @@ class EncoderActor:
             target[ok] = value
         riding = [
             (caption_id, image_id, text)
-            for image_id, captions, good in zip(
-                batch["image_id"], batch["captions"], ok, strict=True
-            )
-            if good
+            for image_id, captions in zip(batch["image_id"][ok], batch["captions"][ok], strict=True)
             for caption_id, text in json.loads(captions)
         ]
-        cap_ids, cap_images, texts = (
-            (list(c) for c in zip(*riding, strict=True)) if riding else ([], [], [])
-        )
-        text = encode_texts_by_length(self.encoder, texts, self.text_batch_size, self.pre)
-        n, m = len(ok), len(cap_ids)
-
-        def both(a: Any, b: Any) -> np.ndarray:
-            return np.concatenate([a, b])
-
+        columns = zip(*riding, strict=True) if riding else ([], [], [])
+        ids, images, texts = (np.array(c, dtype=object) for c in columns)
+        text = encode_texts_by_length(self.encoder, list(texts), self.text_batch_size, self.pre)
+        n, m = len(ok), len(ids)
         out = {
             "kind": np.array(["image"] * n + ["caption"] * m, dtype=object),
-            "id": both(batch["image_id"], np.array(cap_ids, dtype=object)),
-            "image_id": both(batch["image_id"], np.array(cap_images, dtype=object)),
-            "path": both(batch["path"], np.full(m, "", dtype=object)),
-            "shard": both(batch["shard"], np.full(m, -1, dtype=np.int64)),
-            "embedding": both(image[0], text[0]),
-            "norm": both(image[1], text[1]),
-            "error": both(batch["error"], np.full(m, "", dtype=object)),
+            "id": np.concatenate([batch["image_id"], ids]),
+            "image_id": np.concatenate([batch["image_id"], images]),
+            "path": np.concatenate([batch["path"], np.full(m, "", dtype=object)]),
+            "shard": np.concatenate([batch["shard"], np.full(m, -1, dtype=np.int64)]),
+            "embedding": np.concatenate([image[0], text[0]]),
+            "norm": np.concatenate([image[1], text[1]]),
+            "error": np.concatenate([batch["error"], np.full(m, "", dtype=object)]),
         }
         if self.pre:
-            out["image_pre"] = both(image[2], np.zeros((m, image[2].shape[1]), np.float32))
-            out["text_pre"] = both(np.zeros((n, text[2].shape[1]), np.float32), text[2])
+            out["image_pre"] = np.concatenate([image[2], np.zeros((m, image[2].shape[1]), "f4")])
+            out["text_pre"] = np.concatenate([np.zeros((n, text[2].shape[1]), "f4"), text[2]])
         return out
 
 
