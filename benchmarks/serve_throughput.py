@@ -66,7 +66,7 @@ def _untrained_checkpoint(folder: str) -> str:
 
     model = save_tiny_clip(os.path.join(folder, "tiny-clip"))
     info = load_encoder(model, device="cpu", load_model=False).info
-    manifest = tables.Manifest(dim=info.dim, model=model, extra=info.to_dict())
+    manifest = tables.Manifest(dim=info.dim, model=model, extra=vars(info))
     cfg = TrainConfig(method="asymvlm-vmf", epochs=1)
     method = build_method("asymvlm-vmf", info.dim, **cfg.method_args())
     out = os.path.join(folder, "adapter")

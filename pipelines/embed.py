@@ -28,26 +28,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a key (YAML value; dots and list indices: "
-        "defaults.batch_size=32, jobs.0.split=val)",
+        help="override a key (YAML value; dots and list indices: jobs.0.split=val)",
     )
-    parser.add_argument(
-        "--verbose", action="store_true", help="everything on the console (Ray Data and its bars)"
-    )
+    parser.add_argument("--verbose", action="store_true", help="everything on the console")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logs.configure(verbose=args.verbose)
 
     def run() -> int:
         jobs = load_embed_jobs(args.config, args.set)  # every job validated before any starts
         with RaySession() as session:
             summaries = [run_embed(job, session) for job in jobs]
-        json.dump(summaries, sys.stdout, indent=2)
-        print()
+        print(json.dumps(summaries, indent=2))
         return 0
 
     return guarded(run)

@@ -27,12 +27,6 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Handler(http.server.SimpleHTTPRequestHandler):
     def do_GET(self) -> None:
         self.server.requests.append(self.path)  # type: ignore[attr-defined]
@@ -60,12 +54,10 @@ def served(tmp_path, monkeypatch):
     folder = tmp_path / "served"
     csv_path, _ = hierarcaps_subset(folder, n=N)
     monkeypatch.setattr(hierarcaps_fetch, "CSV_SHA256", sha256(Path(csv_path)))
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Handler, directory=str(folder))
-    )
+    handler = functools.partial(Handler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.requests = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     urls = {"csv": f"{url}/hierarcaps_test.csv", "images": f"{url}/images/"}
     sources(monkeypatch, **urls)
@@ -156,7 +148,9 @@ def test_no_network_is_one_warning_and_an_interrupted_download_resumes(
     cache, served, monkeypatch, caplog
 ):
     _, urls, requests = served
-    offline = f"http://127.0.0.1:{closed_port()}"
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        offline = f"http://127.0.0.1:{closed.getsockname()[1]}"
     caplog.set_level(logging.INFO, logger=hierarcaps_fetch.__name__)
     sources(monkeypatch, csv=f"{offline}/x.csv")
     assert locate() is None
@@ -174,7 +168,7 @@ def test_no_network_is_one_warning_and_an_interrupted_download_resumes(
 
 
 def test_local_copy_wins(cache, served, monkeypatch, tmp_path):
-    hierarcaps_subset(tmp_path / "local", n=2)
-    monkeypatch.setenv("ASYMVLM_HIERARCAPS", str(tmp_path / "local"))
-    assert locate() == str(tmp_path / "local")
-    assert served[2] == [] and not cache.exists()
+    monkeypatch.setenv(
+        "ASYMVLM_HIERARCAPS", str(Path(hierarcaps_subset(tmp_path / "l", 2)[0]).parent)
+    )
+    assert locate() == str(tmp_path / "l") and served[2] == [] and not cache.exists()

@@ -17,6 +17,7 @@ from asymvlm.training import TrainConfig, Trainer
 from tests.conftest import small_world_config
 
 RAW = {"pfe", "probvlm"}
+SMALL = {"hidden_dim": 8, "depth": 1}
 
 
 @pytest.fixture(scope="module")
@@ -26,30 +27,25 @@ def normed_world(tmp_path_factory) -> str:
     return write_world(str(root), small_world_config(pre_dim=20))
 
 
-def test_only_official_pfe_and_probvlm_take_raw_images(normed_world) -> None:
+def test_only_official_pfe_and_probvlm_take_raw_images(normed_world, small_world, caplog) -> None:
     data = load_split(normed_world, "test")
     assert data.image_norm is not None and float(data.image_norm.std()) > 0
     raw = data.image_emb * data.image_norm[:, None]
-    for name in sorted(METHODS):
-        if name == "bayesvlm":  # its rows are [embedding | pre-projection feature]
-            continue
+    for name in sorted(set(METHODS) - {"bayesvlm"}):  # bayesvlm: [embedding | pre-projection]
         for protocol in ("official", "improved"):
-            method = build_method(name, 16, protocol=protocol)
-            rows = method.split_inputs(data)[0]
+            rows = build_method(name, 16, protocol=protocol).split_inputs(data)[0]
             expected = raw if (protocol == "official" and name in RAW) else data.image_emb
             torch.testing.assert_close(rows, expected, msg=f"{name}/{protocol}")
-
-
-def test_tables_without_image_norms_fall_back_to_unit_with_one_warning(small_world, caplog) -> None:
+    # tables without image norms: the unit rows, with one warning
     data = load_split(small_world, "test")
-    assert data.image_norm is None
-    method = build_method("pfe", 16, protocol="official", hidden_dim=8, depth=1)
+    method = build_method("pfe", 16, protocol="official", **SMALL)
     with caplog.at_level(logging.WARNING, logger="asymvlm.methods.base"):
-        first = method.split_inputs(data)[0]
+        assert method.split_inputs(data)[0] is data.image_emb
         method.split_inputs(data)
-    assert first is data.image_emb
-    warnings = [r for r in caplog.records if "no image `norm` column" in r.getMessage()]
-    assert len(warnings) == 1 and "pfe" in warnings[0].getMessage()
+    (warning,) = [
+        r.getMessage() for r in caplog.records if "no image `norm` column" in r.getMessage()
+    ]
+    assert "pfe" in warning
 
 
 @pytest.mark.parametrize("name", sorted(RAW))
@@ -60,34 +56,26 @@ def test_training_and_evaluation_see_the_raw_images(name, normed_world, tmp_path
 
     data = load_split(normed_world, "train")
     cfg = TrainConfig(
-        method=name,
-        protocol="official",
-        epochs=1,
-        batch_size=64,
-        hidden_dim=8,
-        depth=1,
-        device="cpu",
+        method=name, protocol="official", epochs=1, batch_size=64, device="cpu", **SMALL
     )
     torch.manual_seed(0)
-    method = build_method(name, 16, protocol="official", hidden_dim=8, depth=1)
+    method = build_method(name, 16, protocol="official", **SMALL)
     trainer = Trainer(method, cfg, data)
     raw = data.image_emb * data.image_norm[:, None]
     torch.testing.assert_close(trainer.data.image_emb, raw)
-    txt = data.text_emb[:32]
-    img = raw[data.text_to_image[:32]]
-    unit_img = data.image_emb[data.text_to_image[:32]]
+    txt, rows = data.text_emb[:32], data.text_to_image[:32]
     with torch.no_grad():
-        assert abs(float(method.loss(img, txt)) - float(method.loss(unit_img, txt))) > 1e-3
+        assert (
+            abs(float(method.loss(raw[rows], txt)) - float(method.loss(data.image_emb[rows], txt)))
+            > 1e-3
+        )
     trainer.fit()
-
-    folder = str(tmp_path / "ckpt")
-    save_checkpoint(folder, method, cfg, 16)
-    loaded, _ = load_checkpoint(folder)
+    save_checkpoint(str(tmp_path / "ckpt"), method, cfg, 16)
+    loaded, _ = load_checkpoint(str(tmp_path / "ckpt"))
     assert loaded.protocol == "official" and loaded.raw_image_input
     test = load_split(normed_world, "test")
     _, images = encode_split(loaded, test)
     with torch.no_grad():
         expected = loaded.encode_images(test.image_emb * test.image_norm[:, None])
-    torch.testing.assert_close(
-        loaded.image_uncertainty_from(images), loaded.image_uncertainty_from(expected)
-    )
+    uncertainty = loaded.image_uncertainty_from
+    torch.testing.assert_close(uncertainty(images), uncertainty(expected))

@@ -65,9 +65,8 @@ def test_registry_and_bad_requests(tmp_path):
         read("hierarcaps", annotations=str(tmp_path))
 
 
-# -- COCO and Karpathy -------------------------------------------------------------------------
-def coco_doc() -> dict:
-    return {
+def coco_doc(mutate=lambda doc: None) -> dict:
+    doc = {
         "images": [
             {"id": 397133, "file_name": "000000397133.jpg", "height": 427},
             {"id": 37777, "file_name": "000000037777.jpg"},
@@ -78,6 +77,8 @@ def coco_doc() -> dict:
             {"image_id": 397133, "id": 375000, "caption": "   "},
         ],
     }
+    mutate(doc)
+    return doc
 
 
 def test_coco(tmp_path):
@@ -95,23 +96,6 @@ def test_coco(tmp_path):
     assert data.description["counts"] == {"images": 2, "captions": 3}
 
 
-@pytest.mark.parametrize(
-    "mutate, message",
-    [
-        (lambda d: d["annotations"][1].pop("caption"), r"annotations\[1\]\.caption: Field requ"),
-        (lambda d: d["annotations"][0].update(image_id=5), r"annotations\[0\]: image_id 5 is not"),
-        (lambda d: d["images"].append(d["images"][0]), r"duplicate image_id '397133'"),
-        (lambda d: d["annotations"][1].update(id=370509), r"duplicate caption_id '370509'"),
-    ],
-)
-def test_coco_malformed(tmp_path, mutate, message):
-    doc = coco_doc()
-    mutate(doc)
-    ann = write(tmp_path / "captions_val2017.json", doc)
-    with pytest.raises(SourceError, match=rf"^{ann}: {message}"):
-        read("coco", ann, str(tmp_path), split="val")
-
-
 def karpathy(**image) -> dict:
     def item(cocoid, split, sentids, folder="val2014"):
         sentences = [{"raw": f" caption {s} of {cocoid}.", "sentid": s} for s in sentids]
@@ -125,36 +109,16 @@ def karpathy(**image) -> dict:
     return {"dataset": "coco", "images": images}
 
 
-@pytest.mark.parametrize(
-    "split, expected",
-    [("train", ["11", "22"]), ("restval", ["22"]), ("val", ["33"]), ("test", ["44", "55"])],
-)
-def test_coco_karpathy_splits(tmp_path, split, expected):
+def test_karpathy_json_splits(tmp_path):
     ann = write(tmp_path / "dataset_coco.json", karpathy())
-    data = read("coco-karpathy", ann, "/data/coco", split=split)
-    assert column(data, "image_id") == expected
-    if split == "train":
-        assert column(data, "path") == [
-            "/data/coco/train2014/COCO_train2014_000000000011.jpg",
-            "/data/coco/val2014/COCO_val2014_000000000022.jpg",
-        ]
-        assert list(data.captions.to_pylist()[2].values()) == ["3", "22", "caption 3 of 22."]
-
-
-@pytest.mark.parametrize(
-    "image, message",
-    [
-        ({"sentences": [{"sentid": 6}]}, r"images\[3\]\.sentences\[0\]\.raw: Field required"),
-        ({"cocoid": None}, r"images\[3\]: missing 'cocoid'"),
-    ],
-)
-def test_coco_karpathy_malformed(tmp_path, image, message):
-    ann = write(tmp_path / "dataset_coco.json", karpathy(**image))
-    with pytest.raises(SourceError, match=rf"dataset_coco\.json: {message}"):
-        read("coco-karpathy", ann, "/x")
-
-
-def test_flickr30k_karpathy_json(tmp_path):
+    for split, ids in [("train", ["11", "22"]), ("restval", ["22"]), ("test", ["44", "55"])]:
+        assert column(read("coco-karpathy", ann, "/data/coco", split=split), "image_id") == ids
+    data = read("coco-karpathy", ann, "/data/coco", split="train")
+    assert column(data, "path") == [
+        "/data/coco/train2014/COCO_train2014_000000000011.jpg",
+        "/data/coco/val2014/COCO_val2014_000000000022.jpg",
+    ]
+    assert list(data.captions.to_pylist()[2].values()) == ["3", "22", "caption 3 of 22."]
     images = [
         {"filename": name, "split": split, "sentences": [{"raw": f"{name} a", "sentid": k}]}
         for k, (name, split) in enumerate([("1000.jpg", "train"), ("20.jpg", "test")])
@@ -169,6 +133,33 @@ def test_flickr30k_karpathy_json(tmp_path):
     ("dataset", "name", "text", "message"),
     [
         ("coco", "c.json", '{"images": [\n{"id": 1,}\n]}', r"Invalid JSON: .* line 2 column \d+"),
+        *[
+            ("coco", "c.json", json.dumps(coco_doc(mutate)), message)
+            for mutate, message in [
+                (
+                    lambda d: d["annotations"][1].pop("caption"),
+                    r"annotations\[1\]\.caption: Field req",
+                ),
+                (
+                    lambda d: d["annotations"][0].update(image_id=5),
+                    r"annotations\[0\]: image_id 5 is",
+                ),
+                (lambda d: d["images"].append(d["images"][0]), r"duplicate image_id '397133'"),
+                (lambda d: d["annotations"][1].update(id=370509), r"duplicate caption_id '370509'"),
+            ]
+        ],
+        (
+            "coco-karpathy",
+            "k.json",
+            json.dumps(karpathy(sentences=[{"sentid": 6}])),
+            r"images\[3\]\.sentences\[0\]\.raw: Field required",
+        ),
+        (
+            "coco-karpathy",
+            "k.json",
+            json.dumps(karpathy(cocoid=None)),
+            r"images\[3\]: missing 'cocoid'",
+        ),
         ("cc", "gcc.tsv", "ok\ta.jpg\ncap\twith\ttabs.jpg\n", r"line 2: expected 'caption<TAB>pa"),
         ("cc", "gcc.tsv", "ok\tb\xe9.jpg\n".encode("latin-1"), r"line 1: not UTF-8"),
         (
@@ -198,10 +189,9 @@ def test_malformed_text_names_file_and_line(tmp_path, dataset, name, text, messa
     ann = tmp_path / name
     ann.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(SourceError, match=rf"^{ann}: {message}"):
-        read(dataset, str(ann), "/x", split="all")
+        read(dataset, str(ann), "/x")
 
 
-# -- Conceptual Captions -----------------------------------------------------------------------
 def test_cc_tsv(tmp_path):
     ann = tmp_path / "gcc.tsv"
     ann.write_text("a dog\timages/0.jpg\na cat\t/abs/cat.png\n\nthe dog again\timages/0.jpg\n")
@@ -293,7 +283,6 @@ def test_cc_webdataset_errors(tmp_path):
         read("cc", str(tmp_path / "empty*.tar"), split="train")
 
 
-# -- selection ---------------------------------------------------------------------------------
 def test_sample_and_id_list(tmp_path):
     ann = write(tmp_path / "cc.tsv", "".join(f"c{i}\timages/{i}.jpg\n" for i in range(40)))
     a, b, c = (read("cc", ann, sample=10, seed=seed) for seed in (0, 0, 1))
@@ -315,7 +304,6 @@ def test_sample_and_id_list(tmp_path):
         read("cc", ann, id_list=id_list)
 
 
-# -- HierarCaps (real data) --------------------------------------------------------------------
 @pytest.mark.skipif(HIERARCAPS is None, reason="no real HierarCaps copy")
 def test_hierarcaps_real_and_its_cifar_stand_ins(tmp_path):
     data = read("hierarcaps", str(HIERARCAPS / "hierarcaps_test.csv"), str(HIERARCAPS / "images"))
@@ -335,7 +323,6 @@ def test_hierarcaps_real_and_its_cifar_stand_ins(tmp_path):
     assert len(pos) == len(neg) == 2 and not set(pos) & set(neg)
 
 
-# -- CIFAR / STL-10 ----------------------------------------------------------------------------
 def cifar_rows(rng, n):
     hwc = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
     return hwc, hwc.transpose(0, 3, 1, 2).reshape(n, 3072)  # rows are CHW, as the real files
@@ -434,7 +421,6 @@ def test_cifar100_and_stl10(tmp_path):
         read("stl10", images=str(folder))
 
 
-# -- ImageNet-style folders and templates ------------------------------------------------------
 def test_imagenet(tmp_path):
     root = tmp_path / "val"
     for rel in ["n01440764/b.JPEG", "n01440764/a.JPEG", "n01443537/sub/c.png", "n01440764/n.txt"]:

@@ -23,9 +23,8 @@ def _preprocessor(model: str):
 
 
 def load_image(row: dict[str, Any]):
-    """The RGB image of a row: its encoded bytes (``data``), or the bytes at ``path`` (any
-    filesystem; ``offset``/``length`` for a member of a tar shard). Raises on files that do not
-    decode, truncated ones included."""
+    """The RGB image of a row: its bytes (``data``), or those at ``path`` (any filesystem;
+    ``offset``/``length`` for a member of a tar shard). Raises on files that do not decode."""
     from PIL import Image
 
     data = row.get("data")
@@ -42,8 +41,7 @@ def load_image(row: dict[str, Any]):
 def decode_batch(
     batch: pa.Table, model: str, perturbation: str | None = None, seed: int = 0
 ) -> dict[str, np.ndarray]:
-    """Read, decode (perturb) and preprocess a batch of image rows; failures become ``error``
-    strings."""
+    """Read, decode (perturb) and preprocess image rows; failures become ``error`` strings."""
     from asymvlm.data.perturb import item_seed, perturb_image
 
     preprocessor = _preprocessor(model)
@@ -57,28 +55,24 @@ def decode_batch(
             images.append(image)
             errors.append("")
         except Exception as exc:  # any unreadable image is data, not a crash
-            images.append(None)
             errors.append(f"{type(exc).__name__}: {exc}")
-    ok = [i for i, image in enumerate(images) if image is not None]
     size = preprocessor.image_size
-    out = np.zeros((len(rows), 3, size, size), dtype=np.float32)
-    if ok:
-        out[ok] = preprocessor.preprocess_images([images[i] for i in ok])
+    pixels = np.zeros((len(rows), 3, size, size), dtype=np.float32)
+    pixels[np.array(errors) == ""] = preprocessor.preprocess_images(images)
     return {
         "image_id": np.array([r["image_id"] for r in rows], dtype=object),
         "path": np.array([r.get("path") or "" for r in rows], dtype=object),
         "shard": np.array([r["shard"] for r in rows], dtype=np.int64),
-        "pixel_values": out,
+        "pixel_values": pixels,
         "error": np.array(errors, dtype=object),
         "captions": np.array([r.get("captions") or "[]" for r in rows], dtype=object),
     }
 
 
 class EncoderActor:
-    """Ray Data actor holding the frozen encoder (loaded once): a batch of decoded images and
-    the captions riding with them (JSON ``[[caption_id, text], ...]``) -> rows of ``kind``
-    "image" (failed ones keep their ``error``) and "caption"; a text-only batch (``caption_id``,
-    ``text``: class prompts) -> its embeddings."""
+    """Ray Data actor holding the frozen encoder: decoded images with the captions riding with
+    them (JSON ``[[caption_id, text], ...]``) -> rows of ``kind`` "image" (failed ones keep their
+    ``error``) and "caption"; a text-only batch (``caption_id``, ``text``) -> its embeddings."""
 
     def __init__(
         self,
@@ -96,8 +90,7 @@ class EncoderActor:
         if threads:  # Ray pins OMP threads to the actor's num_cpus; on CPU-only nodes use the node
             torch.set_num_threads(threads)
         self.encoder = load_encoder(model, device=device, dtype=dtype)
-        self.text_batch_size = text_batch_size
-        self.pre_dims = self.encoder.pre_dims() if pre_projection else None
+        self.text_batch_size, self.pre = text_batch_size, pre_projection
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "pixel_values" not in batch:
@@ -105,41 +98,32 @@ class EncoderActor:
             emb, norm = encode_texts_by_length(self.encoder, texts, self.text_batch_size)
             return {"caption_id": batch["caption_id"], "embedding": emb, "norm": norm}
         ok = batch["error"] == ""
-        n, dim, pre = len(ok), self.encoder.dim, self.pre_dims
-        emb, norm = np.zeros((n, dim), np.float32), np.zeros(n, np.float32)
-        image_pre = np.zeros((n, pre["image"]), np.float32) if pre else None
-        if ok.any():
-            encoded = self.encoder.encode_pixels(batch["pixel_values"][ok], pre=bool(pre))
-            emb[ok], norm[ok] = encoded[:2]
-            if pre:
-                image_pre[ok] = encoded[2]
+        encoded = self.encoder.encode_pixels(batch["pixel_values"][ok], pre=self.pre)
+        image = [np.zeros((len(ok), *a.shape[1:]), np.float32) for a in encoded]
+        for target, value in zip(image, encoded, strict=True):
+            target[ok] = value
         riding = [
             (caption_id, image_id, text)
-            for image_id, captions, good in zip(
-                batch["image_id"], batch["captions"], ok, strict=True
-            )
-            if good
+            for image_id, captions in zip(batch["image_id"][ok], batch["captions"][ok], strict=True)
             for caption_id, text in json.loads(captions)
         ]
-        cap_ids, cap_images, texts = (
-            (list(c) for c in zip(*riding, strict=True)) if riding else ([], [], [])
-        )
-        cap = encode_texts_by_length(self.encoder, texts, self.text_batch_size, bool(pre))
-        m = len(cap_ids)
+        columns = zip(*riding, strict=True) if riding else ([], [], [])
+        ids, images, texts = (np.array(c, dtype=object) for c in columns)
+        text = encode_texts_by_length(self.encoder, list(texts), self.text_batch_size, self.pre)
+        n, m = len(ok), len(ids)
         out = {
             "kind": np.array(["image"] * n + ["caption"] * m, dtype=object),
-            "id": np.concatenate([batch["image_id"], np.array(cap_ids, dtype=object)]),
-            "image_id": np.concatenate([batch["image_id"], np.array(cap_images, dtype=object)]),
+            "id": np.concatenate([batch["image_id"], ids]),
+            "image_id": np.concatenate([batch["image_id"], images]),
             "path": np.concatenate([batch["path"], np.full(m, "", dtype=object)]),
             "shard": np.concatenate([batch["shard"], np.full(m, -1, dtype=np.int64)]),
-            "embedding": np.concatenate([emb, cap[0].reshape(m, dim)]),
-            "norm": np.concatenate([norm, cap[1]]),
+            "embedding": np.concatenate([image[0], text[0]]),
+            "norm": np.concatenate([image[1], text[1]]),
             "error": np.concatenate([batch["error"], np.full(m, "", dtype=object)]),
         }
-        if pre:
-            out["image_pre"] = np.concatenate([image_pre, np.zeros((m, pre["image"]), np.float32)])
-            text_pre = cap[2].reshape(m, -1)
-            out["text_pre"] = np.concatenate([np.zeros((n, pre["text"]), np.float32), text_pre])
+        if self.pre:
+            out["image_pre"] = np.concatenate([image[2], np.zeros((m, image[2].shape[1]), "f4")])
+            out["text_pre"] = np.concatenate([np.zeros((n, text[2].shape[1]), "f4"), text[2]])
         return out
 
 
@@ -148,32 +132,26 @@ def encode_texts_by_length(
 ) -> tuple[np.ndarray, ...]:
     """``encoder.encode_texts`` over chunks of captions sorted by token count (less padding),
     returned in input order."""
-    if not texts:
-        return encoder.empty("text" if pre else None)
-    out = [np.empty((len(texts), encoder.dim), np.float32), np.empty(len(texts), np.float32)]
-    if pre:
-        out.append(np.empty((len(texts), encoder.pre_dims()["text"]), np.float32))
-    lengths = encoder.token_lengths(texts)
-    order = np.argsort(np.asarray(lengths), kind="stable")
-    for start in range(0, len(texts), batch_size):
-        rows = order[start : start + batch_size]
-        for target, value in zip(
-            out, encoder.encode_texts([texts[i] for i in rows], pre=pre), strict=True
-        ):
-            target[rows] = value
-    return tuple(out)
+    lengths = encoder.token_lengths(texts) if texts else []
+    order = np.argsort(np.asarray(lengths, np.int64), kind="stable")
+    chunks = [
+        encoder.encode_texts([texts[i] for i in order[start : start + batch_size]], pre=pre)
+        for start in range(0, len(texts), batch_size)
+    ] or [encoder.encode_texts([], pre=pre)]
+    inverse = np.argsort(order)
+    return tuple(np.concatenate(parts)[inverse] for parts in zip(*chunks, strict=True))
 
 
 def perturb_captions(captions: pa.Table, spec: str, seed: int) -> pa.Table:
-    """Replace ``text`` by its perturbed version; the original is kept as ``clean_text``."""
+    """``text`` replaced by its perturbed version; the original is kept as ``clean_text``."""
     from asymvlm.data.perturb import item_seed, perturb_caption
 
-    clean = captions.column("text").to_pylist()
-    ids = captions.column("caption_id").to_pylist()
+    clean = captions["text"].to_pylist()
     noisy = [
         perturb_caption(text or "", spec, item_seed(seed, cid))
-        for text, cid in zip(clean, ids, strict=True)
+        for text, cid in zip(clean, captions["caption_id"].to_pylist(), strict=True)
     ]
-    index = captions.column_names.index("text")
-    captions = captions.set_column(index, "text", pa.array(noisy, pa.string()))
+    captions = captions.set_column(
+        captions.column_names.index("text"), "text", pa.array(noisy, pa.string())
+    )
     return captions.append_column("clean_text", pa.array(clean, pa.string()))

@@ -24,18 +24,11 @@ __all__ = ["HierarCapsChecksumError", "HierarCapsError", "locate_hierarcaps"]
 
 log = logging.getLogger(__name__)
 
-#: The test csv of the public HierarCaps release (Hugging Face hub, ``tau-vailab/HierarCaps``).
 CSV_URL = "https://huggingface.co/datasets/tau-vailab/HierarCaps/resolve/main/hierarcaps_test.csv"
-#: Its sha256; read at call time (tests serving a smaller csv replace it).
 CSV_SHA256 = "3474564194fd2a85e1d8f4dbe6e040c795e94677b2982cfb161b14908cae33b0"
-#: The prefix of every ``image_url`` of the csv (COCO's own server).
 COCO_IMAGES_URL = "http://images.cocodataset.org/val2014/"
 CSV_NAME, SUMS_NAME, IMAGES_DIR = "hierarcaps_test.csv", "SHA256SUMS", "images"
-
-WORKERS = 8  #: download threads
-RETRIES = 3  #: attempts per file for transient failures (network, 408/429/5xx, bad content)
-TIMEOUT_S = 30.0  #: socket timeout of one request
-RETRY_BACKOFF_S = 1.0  #: sleep before attempt k+1 is RETRY_BACKOFF_S * 2**(k-1)
+WORKERS, RETRIES, TIMEOUT_S, RETRY_BACKOFF_S = 8, 3, 30.0, 1.0
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -68,36 +61,26 @@ def _decodes(source: str | bytes) -> bool:
         return False
 
 
-def _image_names(csv_path: str) -> list[str]:
-    """The image file names the csv names (last path component of ``image_url``), in order."""
-    urls = read_csv(csv_path, ("image_url",))["image_url"]
-    names = [u.rstrip("/").rsplit("/", 1)[-1] for u in urls]
-    for row, (url, name) in enumerate(zip(urls, names, strict=True), 1):
-        if not _SAFE_NAME.match(name):
-            raise HierarCapsError(f"{csv_path}: row {row}: bad image_url {url!r}")
-    return list(dict.fromkeys(names))
-
-
 def _download(url: str, dest: str, *, image: bool, expected: str | None = None) -> str:
-    """Download ``url`` to ``dest`` (atomically), :data:`RETRIES` attempts; returns its sha256.
-    ``image``: it must decode; ``expected``: it must have that sum (not retried)."""
+    """``url`` written atomically to ``dest`` after :data:`RETRIES` attempts at most; returns its
+    sha256. ``image``: it must decode; ``expected``: it must have that sum (not retried)."""
     last, unreachable = "", True
     for attempt in range(RETRIES):
         time.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1) if attempt else 0)
-        request = urllib.request.Request(url, headers={"User-Agent": "asymvlm-hierarcaps/1"})
         try:
+            request = urllib.request.Request(url, headers={"User-Agent": "asymvlm-hierarcaps/1"})
             with urllib.request.urlopen(request, timeout=TIMEOUT_S) as resp:
-                body = resp.read()  # a short body raises IncompleteRead
+                body = resp.read()
         except urllib.error.HTTPError as exc:
             last, unreachable = f"HTTP {exc.code} {exc.reason}", False
-            if exc.code not in (408, 429) and exc.code < 500:
-                break  # 404 & co.: the server said no; asking again changes nothing
-            continue
+            if exc.code in (408, 429) or exc.code >= 500:
+                continue
+            break  # 404 & co.: asking again changes nothing
         except OSError as exc:  # URLError, timeouts, a connection cut mid-body
             reason = getattr(exc, "reason", None) or exc
             last, unreachable = f"{type(reason).__name__}: {reason}", True
             if isinstance(reason, socket.gaierror):
-                break  # the host name does not resolve: offline (or a wrong URL)
+                break  # the host name does not resolve: offline
             continue
         digest = hashlib.sha256(body).hexdigest()
         if expected is not None and digest != expected:
@@ -115,33 +98,33 @@ def _download(url: str, dest: str, *, image: bool, expected: str | None = None) 
     raise HierarCapsError(f"{os.path.basename(dest)}: {url}: {last}")
 
 
-def _fetch_images(root: str, names: list[str], prefix: str, recorded: dict[str, str]) -> dict:
-    """``{relative path: sha256 or the error}`` of ``names`` downloaded in threads; the first
-    unreachable file stops the files not started."""
+def _fetch_images(root: str, rels: list[str], prefix: str, recorded: dict[str, str]) -> dict:
+    """``{relative path: sha256 or the error (None: not tried)}``, downloaded in threads; the
+    first unreachable file stops the ones not started."""
     stop = threading.Event()
 
-    def fetch(name: str) -> tuple[str, str | Exception | None]:
-        rel = f"{IMAGES_DIR}/{name}"
+    def fetch(rel: str) -> tuple[str, str | Exception | None]:
         if stop.is_set():
             return rel, None
+        url = prefix + rel.removeprefix(f"{IMAGES_DIR}/")
         try:
-            dest = os.path.join(root, rel)
-            return rel, _download(prefix + name, dest, image=True, expected=recorded.get(rel))
-        except _Unreachable as exc:
-            stop.set()
-            return rel, exc
-        except HierarCapsError as exc:
+            return rel, _download(
+                url, os.path.join(root, rel), image=True, expected=recorded.get(rel)
+            )
+        except (_Unreachable, HierarCapsError) as exc:
+            if isinstance(exc, _Unreachable):
+                stop.set()
             return rel, exc
 
     with ThreadPoolExecutor(WORKERS) as pool:
-        return dict(pool.map(fetch, names))
+        return dict(pool.map(fetch, rels))
 
 
 def locate_hierarcaps() -> str | None:
     """The HierarCaps test folder (``hierarcaps_test.csv`` + ``images/``): the local copy, else
-    ``$ASYMVLM_CACHE/hierarcaps`` completed and verified, downloading from
-    ``$ASYMVLM_HIERARCAPS_CSV_URL`` / ``$ASYMVLM_COCO_IMAGES_URL`` or the public sources; None
-    after one warning when there is no network (docs/data.md)."""
+    ``$ASYMVLM_CACHE/hierarcaps`` completed and verified (sources: ``$ASYMVLM_HIERARCAPS_CSV_URL``
+    / ``$ASYMVLM_COCO_IMAGES_URL``, else the public ones); None after one warning when there is
+    no network."""
     local = demo_sets.find_hierarcaps()
     if local:
         return local
@@ -158,39 +141,42 @@ def locate_hierarcaps() -> str | None:
 
     csv_path = os.path.join(root, CSV_NAME)
     if not (os.path.isfile(csv_path) and _sha256(csv_path) == CSV_SHA256):
-        csv_url = os.environ.get("ASYMVLM_HIERARCAPS_CSV_URL") or CSV_URL
         try:
+            csv_url = os.environ.get("ASYMVLM_HIERARCAPS_CSV_URL") or CSV_URL
             _download(csv_url, csv_path, image=False, expected=CSV_SHA256)
         except _Unreachable as exc:
             return unavailable(str(exc))
-    names = _image_names(csv_path)
-    sums_path = os.path.join(root, SUMS_NAME)
-    lines = (storage.read_bytes(sums_path) or b"").decode().splitlines()
+    rels = []
+    for row, url in enumerate(read_csv(csv_path, ("image_url",))["image_url"], 1):
+        if not _SAFE_NAME.match(name := url.rstrip("/").rsplit("/", 1)[-1]):
+            raise HierarCapsError(f"{csv_path}: row {row}: bad image_url {url!r}")
+        rels.append(f"{IMAGES_DIR}/{name}")
+    rels = list(dict.fromkeys(rels))
+    lines = (storage.read_bytes(os.path.join(root, SUMS_NAME)) or b"").decode().splitlines()
     recorded = dict(line.split("  ", 1)[::-1] for line in lines if "  " in line)
     good: dict[str, str] = {}
-    for name in names:  # a recorded sum must match; without one (a first download) it decodes
-        path, rel = os.path.join(root, IMAGES_DIR, name), f"{IMAGES_DIR}/{name}"
+    for rel in rels:  # a recorded sum must match; without one (a first download) it decodes
+        path = os.path.join(root, rel)
         digest = _sha256(path) if os.path.isfile(path) else None
         if digest and (recorded.get(rel) == digest or rel not in recorded and _decodes(path)):
             good[rel] = digest
-    bad = [n for n in names if f"{IMAGES_DIR}/{n}" not in good]
-    if bad:
-        log.info(f"downloading HierarCaps ({len(bad):,} of {len(names):,} images) into {root}")
+    if bad := [rel for rel in rels if rel not in good]:
+        log.info(f"downloading HierarCaps ({len(bad):,} of {len(rels):,} images) into {root}")
         fetched = _fetch_images(root, bad, prefix, recorded)
-        errors = sorted(str(e) for e in fetched.values() if isinstance(e, HierarCapsError))
-        missing = sum(not isinstance(v, str) for v in fetched.values())
         good.update((rel, v) for rel, v in fetched.items() if isinstance(v, str))
-        if errors:
+        missing = [v for v in fetched.values() if not isinstance(v, str)]
+        if errors := sorted(str(e) for e in missing if isinstance(e, HierarCapsError)):
             raise HierarCapsError(
-                f"HierarCaps download incomplete: {missing:,} of {len(names):,} images failed "
-                f"({'; '.join(errors[:5])}{'; ...' if len(errors) > 5 else ''}); the good "
-                f"images stay in {root} and the next call fetches only the missing ones"
+                f"HierarCaps download incomplete: {len(missing):,} of {len(rels):,} images "
+                f"failed ({'; '.join(errors[:5])}{'; ...' if len(errors) > 5 else ''}); the "
+                f"good images stay in {root} and the next call fetches only the missing ones"
             )
         if missing:
-            reason = next(str(e) for e in fetched.values() if isinstance(e, _Unreachable))
-            return unavailable(f"{reason}; {missing:,} images still missing")
+            reason = next(str(e) for e in missing if isinstance(e, _Unreachable))
+            return unavailable(f"{reason}; {len(missing):,} images still missing")
         log.info(f"HierarCaps ready in {root}: {len(bad):,} images downloaded")
     sums = {CSV_NAME: CSV_SHA256, **good}
     if sums != recorded:
-        storage.write_text(sums_path, "".join(f"{sums[r]}  {r}\n" for r in sorted(sums)))
+        text = "".join(f"{sums[r]}  {r}\n" for r in sorted(sums))
+        storage.write_text(os.path.join(root, SUMS_NAME), text)
     return root

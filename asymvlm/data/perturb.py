@@ -16,15 +16,6 @@ from collections.abc import Callable
 import numpy as np
 from PIL import Image
 
-__all__ = [
-    "CAPTION_PERTURBATIONS",
-    "IMAGE_PERTURBATIONS",
-    "parse_perturbation",
-    "perturb_caption",
-    "perturb_image",
-    "item_seed",
-]
-
 
 def item_seed(seed: int, item_id: str) -> int:
     """A per-item seed from the run seed and the item's id (independent of batching)."""
@@ -32,7 +23,6 @@ def item_seed(seed: int, item_id: str) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
-# -- images -------------------------------------------------------------------------------------
 def _gaussian_noise(image, severity: int, rng: np.random.Generator):
     sigma = (0.04, 0.06, 0.08, 0.09, 0.10)[severity - 1]
     x = np.asarray(image, dtype=np.float32) / 255.0
@@ -61,8 +51,7 @@ def _zoom_blur(image, severity: int, rng: np.random.Generator):
 
 def _jpeg(image, severity: int, rng: np.random.Generator):
     quality = (25, 18, 15, 10, 7)[severity - 1]
-    buffer = io.BytesIO()
-    image.save(buffer, format="JPEG", quality=quality)
+    image.save(buffer := io.BytesIO(), format="JPEG", quality=quality)
     return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
 
 
@@ -78,7 +67,6 @@ IMAGE_PERTURBATIONS: dict[str, Callable] = {
 }
 
 
-# -- captions -----------------------------------------------------------------------------------
 def _typos(text: str, severity: int, rng: np.random.Generator) -> str:
     p = (0.02, 0.05, 0.08, 0.12, 0.16)[severity - 1]
     chars, out, i = list(text), [], 0
@@ -171,7 +159,6 @@ CAPTION_PERTURBATIONS: dict[str, Callable] = {
 }
 
 
-# -- entry points -------------------------------------------------------------------------------
 def parse_perturbation(spec: str, kinds: dict[str, Callable]) -> tuple[str, int]:
     """``"kind:severity"`` -> (kind, severity), checked against ``kinds``."""
     kind, sep, level = spec.partition(":")

@@ -1,13 +1,10 @@
 """Tiny, randomly initialised CLIP / SigLIP / open_clip checkpoints that load like hub models,
-offline, deterministic in ``seed`` (for tests and the offline demo: their numbers mean nothing).
-
-CLIP and SigLIP: model + processor in one folder (``AutoModel`` / ``AutoProcessor``), with a small
-BPE trained on a built-in caption vocabulary; open_clip: ``open_clip_config.json`` +
-``open_clip_model.safetensors``, loaded as ``open_clip:local-dir:DIR``.
+offline and deterministic in ``seed`` (for tests and the offline demo: their numbers mean nothing).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import string
 from collections import Counter
@@ -19,17 +16,10 @@ from asymvlm import logs, storage
 __all__ = ["save_tiny_clip", "save_tiny_open_clip", "save_tiny_siglip", "TINY_IMAGE_SIZE"]
 
 TINY_IMAGE_SIZE = 64
-_PATCH = 16
-_HIDDEN = 32
-_LAYERS = {
-    "hidden_size": _HIDDEN,
-    "intermediate_size": 2 * _HIDDEN,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-}
-
-# A small caption-like corpus: the tokenizer's vocabulary.
-_BUILTIN_WORDS = (
+_LAYERS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+_VISION = dict(**_LAYERS, image_size=TINY_IMAGE_SIZE, patch_size=16)
+# A small caption-like corpus (the tokenizer's vocabulary) and every printable character.
+_CORPUS = [
     "a an the of on in at with and to near by from under over next its their his her two three "
     "four several some many one man woman person people boy girl child children player group "
     "dog cat horse bird cow sheep elephant giraffe zebra bear animal animals "
@@ -40,18 +30,15 @@ _BUILTIN_WORDS = (
     "red blue green yellow white black brown orange small large big old young tall "
     "sitting standing walking riding holding eating playing looking lying flying parked "
     "is are was being has have there this that it top front side back down up "
-    "photo picture image view close"
-)
+    "photo picture image view close",
+    " ".join(string.printable.strip()),
+]
 
 
-#: Every printable character alone, so that the tokenizer covers them all.
-_CORPUS = [_BUILTIN_WORDS, " ".join(string.printable.strip())]
-
-
-def _train_bpe(words: Counter, num_merges: int, suffix: str = "") -> list[tuple[str, str]]:
+def _train_bpe(words: Counter, num_merges: int) -> list[tuple[str, str]]:
     """BPE merges, most frequent pair first, ties broken lexicographically (the ``tokenizers``
     trainer breaks ties in hash order, so its checkpoints differ from run to run)."""
-    entries = [(list(w[:-1]) + [w[-1] + suffix], c) for w, c in sorted(words.items()) if w]
+    entries = [(list(w[:-1]) + [w[-1] + "</w>"], c) for w, c in sorted(words.items()) if w]
     merges: list[tuple[str, str]] = []
     while len(merges) < num_merges:
         pairs: Counter = Counter()
@@ -71,164 +58,95 @@ def _train_bpe(words: Counter, num_merges: int, suffix: str = "") -> list[tuple[
     return merges
 
 
-def _pretokenized(backend) -> Counter:
-    words: Counter = Counter()
-    for line in _CORPUS:
-        text = backend.normalizer.normalize_str(line) if backend.normalizer else line
-        words.update(piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text))
-    return words
-
-
-def _clip_tokenizer(num_merges: int = 300):
+def _clip_tokenizer(max_length: int):
     """A byte-level BPE with CLIP's exact pipeline (``</w>`` suffix, specials at the end)."""
     from tokenizers import pre_tokenizers
     from transformers import CLIPTokenizer
 
-    template = CLIPTokenizer()  # empty vocabulary: we borrow its normaliser and pre-tokeniser
-    words = _pretokenized(template.backend_tokenizer)
-    merges = _train_bpe(words, num_merges, suffix="</w>")
+    backend = CLIPTokenizer().backend_tokenizer  # empty: its normaliser and pre-tokeniser
+    words: Counter = Counter()
+    for line in _CORPUS:
+        text = backend.normalizer.normalize_str(line) if backend.normalizer else line
+        words.update(piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text))
+    merges = _train_bpe(words, 300)
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    # CLIP's vocabulary layout: bytes, bytes + "</w>", merged tokens in merge order, specials.
     vocab: dict[str, int] = {}
     for token in [*alphabet, *(c + "</w>" for c in alphabet), *(a + b for a, b in merges)]:
         vocab.setdefault(token, len(vocab))
     for special in ("<|startoftext|>", "<|endoftext|>"):
         vocab.setdefault(special, len(vocab))
+    end = "<|endoftext|>"
     return CLIPTokenizer(
         vocab=vocab,
         merges=merges,
         bos_token="<|startoftext|>",
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        unk_token="<|endoftext|>",
-        model_max_length=77,
+        eos_token=end,
+        pad_token=end,
+        unk_token=end,
+        model_max_length=max_length,
     )
 
 
-def _siglip_tokenizer(num_merges: int = 300):
-    """A Metaspace BPE as a plain fast tokenizer (SigLIP's own needs sentencepiece); like
-    SigLIP's, ``</s>`` ends every sequence and pads, no BOS."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
-    pre_tokenizer = pre_tokenizers.Metaspace()
-    probe = Tokenizer(models.BPE())
-    probe.normalizer, probe.pre_tokenizer = normalizer, pre_tokenizer
-    words = _pretokenized(probe)
-    merges = _train_bpe(words, num_merges)
-    vocab: dict[str, int] = {"<pad>": 0, "</s>": 1, "<unk>": 2}
-    for token in [*sorted({c for w in words for c in w}), *(a + b for a, b in merges)]:
-        vocab.setdefault(token, len(vocab))
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>"))
-    backend.normalizer, backend.pre_tokenizer = normalizer, pre_tokenizer
-    backend.decoder = decoders.Metaspace()
-    backend.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="</s>",
-        pad_token="</s>",
-        unk_token="<unk>",
-        model_max_length=64,
-    )
-
-
-def _image_processor(kind: str, **kwargs):
-    """The PIL-backed image processor when this transformers has one (no torchvision warning)."""
+def _save(directory, seed: int, family: str, max_length: int, images: dict, **config) -> str:
+    """Write a random transformers ``family`` model and its processor (the tiny BPE; a
+    PIL-backed image processor when this transformers has one)."""
     import transformers
 
-    cls = getattr(transformers, f"{kind}Pil", None) or getattr(transformers, kind)
-    return cls(**kwargs)
-
-
-def _text_ids(tok) -> dict:
+    prefix = {"clip": "CLIP", "siglip": "Siglip"}[family]
+    tok = _clip_tokenizer(max_length)
     ids = {f"{k}_token_id": getattr(tok, f"{k}_token_id") for k in ("pad", "bos", "eos")}
-    return {"vocab_size": len(tok), **ids}
-
-
-def _save(directory: str | os.PathLike, seed: int, model_cls, config, processor) -> str:
+    text = dict(**_LAYERS, max_position_embeddings=max_length, vocab_size=len(tok), **ids)
+    text.update(config.pop("text", {}))
+    model = getattr(transformers, f"{prefix}Config")(
+        text_config=text, vision_config=_VISION, **config
+    )
+    kind = f"{prefix}ImageProcessor"
+    processor = getattr(transformers, f"{prefix}Processor")(
+        (getattr(transformers, f"{kind}Pil", None) or getattr(transformers, kind))(**images), tok
+    )
     directory = os.fspath(directory)
     torch.manual_seed(seed)
     with logs.quiet_transformers():
-        model_cls(config).eval().save_pretrained(directory)
+        getattr(transformers, f"{prefix}Model")(model).eval().save_pretrained(directory)
     processor.save_pretrained(directory)
     return directory
 
 
+_SIZE = {"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE}
+
+
 def save_tiny_clip(directory: str | os.PathLike, seed: int = 0) -> str:
     """Write a tiny random CLIP (hidden 32, 2 layers, 64 px, patch 16) and its processor."""
-    from transformers import CLIPConfig, CLIPModel, CLIPProcessor
-
-    tok = _clip_tokenizer()
-    config = CLIPConfig(
-        text_config=dict(**_LAYERS, max_position_embeddings=77, **_text_ids(tok)),
-        vision_config=dict(**_LAYERS, image_size=TINY_IMAGE_SIZE, patch_size=_PATCH),
-        projection_dim=24,
-    )
-    size = {"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE}
-    images = _image_processor(
-        "CLIPImageProcessor", size={"shortest_edge": TINY_IMAGE_SIZE}, crop_size=size
-    )
-    return _save(directory, seed, CLIPModel, config, CLIPProcessor(images, tok))
+    images = {"size": {"shortest_edge": TINY_IMAGE_SIZE}, "crop_size": _SIZE}
+    return _save(directory, seed, "clip", 77, images, projection_dim=24)
 
 
 def save_tiny_siglip(directory: str | os.PathLike, seed: int = 0) -> str:
     """Write a tiny random SigLIP (embedding dim 32, 64 px, patch 16) and its processor."""
-    from transformers import SiglipConfig, SiglipModel, SiglipProcessor
-
-    tok = _siglip_tokenizer()
-    text = dict(**_LAYERS, max_position_embeddings=64, projection_size=_HIDDEN, **_text_ids(tok))
-    config = SiglipConfig(
-        text_config=text,
-        vision_config=dict(**_LAYERS, image_size=TINY_IMAGE_SIZE, patch_size=_PATCH),
-    )
-    size = {"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE}
-    images = _image_processor("SiglipImageProcessor", size=size)
-    return _save(directory, seed, SiglipModel, config, SiglipProcessor(images, tok))
+    return _save(directory, seed, "siglip", 64, {"size": _SIZE}, text={"projection_size": 32})
 
 
 def save_tiny_open_clip(directory: str | os.PathLike, seed: int = 0) -> str:
-    """Write a tiny random open_clip CLIP (ViT: width 32, 2 layers, 64 px, patch 16; text:
-    width 32, 2 layers, open_clip's 49,408-token BPE) as a ``local-dir`` folder; returns the
-    ``open_clip:local-dir:DIR`` name that loads it."""
-    import json
-
+    """Write a tiny random open_clip CLIP (width 32, 2 layers, 64 px, patch 16; open_clip's
+    BPE) as a folder; returns the ``open_clip:local-dir:DIR`` name that loads it."""
     import open_clip
     from safetensors.torch import save_file
 
-    directory = os.fspath(directory)
-    config = {
-        "model_cfg": {
-            "embed_dim": 24,
-            "vision_cfg": {
-                "image_size": TINY_IMAGE_SIZE,
-                "layers": 2,
-                "width": _HIDDEN,
-                "head_width": _HIDDEN // 2,
-                "patch_size": _PATCH,
-            },
-            "text_cfg": {
-                "context_length": 32,
-                "vocab_size": 49408,
-                "width": _HIDDEN,
-                "heads": 2,
-                "layers": 2,
-            },
-        },
-        "preprocess_cfg": {
-            "mean": [0.48145466, 0.4578275, 0.40821073],
-            "std": [0.26862954, 0.26130258, 0.27577711],
-            "interpolation": "bicubic",
-            "resize_mode": "shortest",
-        },
-    }
-    storage.write_text(
-        os.path.join(directory, "open_clip_config.json"), json.dumps(config, indent=2)
+    directory = os.path.abspath(directory)
+    vision = dict(image_size=TINY_IMAGE_SIZE, layers=2, width=32, head_width=16, patch_size=16)
+    text = dict(context_length=32, vocab_size=49408, width=32, heads=2, layers=2)
+    model_cfg = dict(embed_dim=24, vision_cfg=vision, text_cfg=text)
+    preprocess = dict(
+        mean=[0.48145466, 0.4578275, 0.40821073],
+        std=[0.26862954, 0.26130258, 0.27577711],
+        interpolation="bicubic",
+        resize_mode="shortest",
     )
+    config = json.dumps({"model_cfg": model_cfg, "preprocess_cfg": preprocess}, indent=2)
+    storage.write_text(os.path.join(directory, "open_clip_config.json"), config)
     torch.manual_seed(seed)
-    model = open_clip.CLIP(**config["model_cfg"]).eval()
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    save_file(state, os.path.join(directory, "open_clip_model.safetensors"))
-    return f"open_clip:local-dir:{os.path.abspath(directory)}"
+    state = open_clip.CLIP(**model_cfg).eval().state_dict()
+    save_file(
+        {k: v.contiguous() for k, v in state.items()}, f"{directory}/open_clip_model.safetensors"
+    )
+    return f"open_clip:local-dir:{directory}"

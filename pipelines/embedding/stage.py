@@ -29,7 +29,6 @@ from pipelines.embedding.shards import (
     claim,
     manifest_lock,
     part_name,
-    record_projection,
     split_totals,
     write_manifest_once,
 )
@@ -47,84 +46,67 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> dict[str, 
     cfg.check_inputs()
     need_ray = session.require if session is not None else lambda: require_ray("embedding")
     with storage.OutputLock(cfg.output, cfg.split, log=log.warning) as lock:
-        return _run_locked(cfg, lock, t0, need_ray)
-
-
-def _run_locked(
-    cfg: EmbedConfig, lock: storage.OutputLock, t0: float, need_ray: Callable[[], None]
-) -> dict[str, Any]:
-    keys = ("annotations", "images", "split", "sample", "seed", "id_list")
-    source = read_source(cfg.dataset, **{k: getattr(cfg, k) for k in keys})
-    fingerprint = cfg.fingerprint(source)
-    done = claim(cfg, fingerprint, lock)
-    if done is not None:
-        log.info(f"{cfg.output}/{cfg.split} is complete and matches this job: nothing to do")
-        return {**done["summary"], "skipped": True}
-
-    images = source.images.sort_by("image_id")
-    n_img = images.num_rows
-    shard_of = np.arange(n_img) // cfg.shard_size
-    images = images.append_column("shard", pa.array(shard_of, pa.int64()))
-    captions = source.captions.sort_by([("image_id", "ascending"), ("caption_id", "ascending")])
-    if cfg.text_perturbation:
-        captions = perturb_captions(captions, cfg.text_perturbation, cfg.perturbation_seed)
-    n_shards = int(shard_of.max()) + 1 if n_img else 0
-    pending = [
-        k
-        for k in range(n_shards)
-        if storage.read_json(cfg.output, f"{cfg.split}/{PARTS_DIR}/{part_name(k)}.json") is None
-    ]
-    log.info(
-        f"{cfg.dataset}/{cfg.split}: {n_img} images, {captions.num_rows} captions, "
-        f"{n_shards} shards ({n_shards - len(pending)} already written)"
-    )
-    info = functools.cache(functools.partial(_encoder_info, cfg.model))
-    if pending:
-        need_ray()
-    for start in range(0, len(pending), cfg.shards_per_round):
-        group = pending[start : start + cfg.shards_per_round]
-        _embed_group(cfg, images, captions, group, info, lock)
-    if source.prompts is not None and source.prompts.num_rows:
-        _embed_prompts(cfg, source.prompts, lock, need_ray)
-    totals = split_totals(cfg)
-    summary = {
-        "dataset": cfg.dataset,
-        "split": cfg.split,
-        "output": cfg.output,
-        **totals,
-        "seconds": round(time.perf_counter() - t0, 2),
-    }
-    lock.check()
-    with manifest_lock(cfg):
-        manifest = tables.read_manifest(cfg.output).to_dict()
-        manifest.setdefault("splits", {})[cfg.split] = {**source.description, **totals}
-        tables.write_manifest(cfg.output, manifest)
-    lock.check()
-    storage.write_json(
-        cfg.output, f"{cfg.split}/{SUCCESS}", {"fingerprint": fingerprint, "summary": summary}
-    )
-    log.info(f"done: {totals} -> {cfg.output}/{cfg.split}")
-    return summary
+        keys = ("annotations", "images", "split", "sample", "seed", "id_list")
+        source = read_source(cfg.dataset, **{k: getattr(cfg, k) for k in keys})
+        fingerprint = cfg.fingerprint(source)
+        done = claim(cfg, fingerprint, lock)
+        if done is not None:
+            log.info(f"{cfg.output}/{cfg.split} is complete and matches this job: nothing to do")
+            return {**done["summary"], "skipped": True}
+        images = source.images
+        shard_of = np.arange(images.num_rows) // cfg.shard_size
+        images = images.append_column("shard", pa.array(shard_of, pa.int64()))
+        captions = source.captions
+        if cfg.text_perturbation:
+            captions = perturb_captions(captions, cfg.text_perturbation, cfg.perturbation_seed)
+        n_shards = int(shard_of.max()) + 1 if len(shard_of) else 0
+        done = storage.list_names(storage.uri_join(cfg.output, cfg.split, PARTS_DIR))
+        pending = [k for k in range(n_shards) if f"{part_name(k)}.json" not in done]
+        log.info(
+            f"{cfg.dataset}/{cfg.split}: {images.num_rows} images, {captions.num_rows} captions, "
+            f"{n_shards} shards ({n_shards - len(pending)} already written)"
+        )
+        info = functools.cache(functools.partial(_encoder_info, cfg.model))
+        for start in range(0, len(pending), cfg.shards_per_round):
+            need_ray()
+            group = pending[start : start + cfg.shards_per_round]
+            _embed_group(cfg, images, captions, group, info, lock)
+        if source.prompts is not None and source.prompts.num_rows:
+            _embed_prompts(cfg, source.prompts, lock, need_ray)
+        totals = split_totals(cfg)
+        summary = {"dataset": cfg.dataset, "split": cfg.split, "output": cfg.output, **totals}
+        summary["seconds"] = round(time.perf_counter() - t0, 2)
+        lock.check()
+        with manifest_lock(cfg):
+            manifest = tables.read_manifest(cfg.output).to_dict()
+            manifest.setdefault("splits", {})[cfg.split] = {**source.description, **totals}
+            tables.write_manifest(cfg.output, manifest)
+        lock.check()
+        storage.write_json(
+            cfg.output, f"{cfg.split}/{SUCCESS}", dict(fingerprint=fingerprint, summary=summary)
+        )
+        log.info(f"done: {totals} -> {cfg.output}/{cfg.split}")
+        return summary
 
 
 def _embed_prompts(
     cfg: EmbedConfig, prompts: pa.Table, lock: storage.OutputLock, need_ray: Callable[[], None]
 ) -> None:
-    """Classification sets: class-name prompts (class x template) -> ``ROOT/split/prompts``."""
+    """Classification sets: class-name prompts (class x template) and the none-of-the-above
+    prompts (Table 2, class_index -1) -> ``ROOT/split/prompts``."""
     if tables.read_parts(cfg.output, cfg.split, PROMPTS_DIR) is not None:
         return
     need_ray()
-    n = len(cfg.dummy_prompts)  # the none-of-the-above prompts (Table 2), class_index -1
+    n = len(cfg.dummy_prompts)
     dummies = {"class_index": [-1] * n, "class_name": [""] * n, "template": [""] * n}
     extra = pa.table({**dummies, "text": list(cfg.dummy_prompts)}, schema=prompts.schema)
     prompts = pa.concat_tables([prompts, extra])
-    ids = [f"class{c}-t{t}" for t, c in enumerate(prompts["class_index"].to_pylist())]
-    out = embed_texts(cfg, prompts.append_column("caption_id", pa.array(ids)))
-    order = pc.index_in(pa.array(ids), out["caption_id"])
-    emb = tables.column_matrix(out["embedding"])[order.to_numpy()]
+    ids = pa.array([f"class{c}-t{t}" for t, c in enumerate(prompts["class_index"].to_pylist())])
+    out = embed_texts(cfg, prompts.append_column("caption_id", ids))
+    out = out.take(pc.index_in(ids, out["caption_id"]))
+    emb = tables.column_matrix(out["embedding"])
     embedding = pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel()), emb.shape[1])
-    table = prompts.append_column("embedding", embedding)
-    table = table.append_column("norm", out["norm"].take(order))
+    table = prompts.append_column("embedding", embedding).append_column("norm", out["norm"])
     lock.check()
     tables.write_part(cfg.output, cfg.split, PROMPTS_DIR, "part-00000", table)
 
@@ -146,8 +128,7 @@ def _embed_group(
     empty = pc.equal(pc.utf8_trim_whitespace(pc.fill_null(caps["text"], "")), "")
     errors = [_errors(caps.filter(empty), "caption", "caption_id", "empty caption")]
     caps = caps.filter(pc.invert(empty))
-    # Each image's captions ride with it (JSON [[caption_id, text], ...]).
-    attached: dict[str, list[list[str]]] = defaultdict(list)
+    attached: dict[str, list[list[str]]] = defaultdict(list)  # captions ride with their image
     for cid, iid, text in zip(*(caps[c].to_pylist() for c in CAPTION_KEYS), strict=True):
         attached[iid].append([cid, text])
     payload = [json.dumps(attached[i], ensure_ascii=False) for i in todo["image_id"].to_pylist()]
@@ -166,20 +147,29 @@ def _embed_group(
     errors.append(_errors(caps.filter(lost), "caption", "caption_id", reasons))
     errors_all = pa.concat_tables(errors).sort_by([("kind", "descending"), ("id", "ascending")])
     caps = caps.filter(pc.invert(lost))
-
-    dim = int(info()["dim"])
     if failed.num_rows and not img.num_rows:
         log.warning(
             f"every image of shards {group[0]}..{group[-1]} failed to load, e.g. "
             f"{failed['path'][0].as_py()}: {failed['error'][0].as_py()} "
             "(check --images and the storage credentials of the Ray nodes)"
         )
+    dim = int(info()["dim"])
     lock.check()
     write_manifest_once(cfg, dim, info)
-    if cfg.pre_projection:
-        record_projection(cfg)
+    pre_dim = tables.read_manifest(cfg.output).pre_dim if cfg.pre_projection else {}
     carried = [c for c in todo.column_names if c not in _SOURCE_IMAGE_COLUMNS]
     extra_text = [c for c in caps.column_names if c not in (*CAPTION_KEYS, "shard")]
+
+    def matrix(rows: pa.Table, column: str, width: int) -> np.ndarray:
+        return (
+            tables.column_matrix(rows[column])
+            if rows.num_rows
+            else np.zeros((0, width), np.float32)
+        )
+
+    def pre(rows: pa.Table, kind: str) -> np.ndarray | None:
+        return matrix(rows, f"{kind}_pre", pre_dim[kind]) if cfg.pre_projection else None
+
     for shard in group:
         im = img.filter(pc.equal(img["shard"], shard))
         cp = caps.filter(pc.equal(caps["shard"], shard))
@@ -195,24 +185,21 @@ def _embed_group(
             cfg.output,
             cfg.split,
             image_ids=im["image_id"].to_pylist(),
-            image_embeddings=_matrix(im, "embedding", dim),
+            image_embeddings=matrix(im, "embedding", dim),
             image_norms=im["norm"].to_numpy(),
             extra_image_columns={c: source[c].to_numpy(zero_copy_only=False) for c in carried},
             caption_ids=cp["caption_id"].to_pylist(),
             caption_image_ids=cp["image_id"].to_pylist(),
             texts=cp["text"].to_pylist(),
-            text_embeddings=_matrix(tx, "embedding", dim),
+            text_embeddings=matrix(tx, "embedding", dim),
             text_norms=tx["norm"].to_numpy(),
-            image_features_pre=_pre_rows(im, cfg, "image"),
-            text_features_pre=_pre_rows(tx, cfg, "text"),
+            image_features_pre=pre(im, "image"),
+            text_features_pre=pre(tx, "text"),
             extra_text_columns={c: cp[c].to_numpy(zero_copy_only=False) for c in extra_text},
             part=part,
         )
-        storage.write_json(
-            cfg.output,
-            f"{cfg.split}/{PARTS_DIR}/{part}.json",
-            {"images": im.num_rows, "captions": cp.num_rows, "errors": shard_errors.num_rows},
-        )
+        counts = {"images": im.num_rows, "captions": cp.num_rows, "errors": shard_errors.num_rows}
+        storage.write_json(cfg.output, f"{cfg.split}/{PARTS_DIR}/{part}.json", counts)
 
 
 def _errors(rows: pa.Table, kind: str, id_column: str, reason, path=None) -> pa.Table:
@@ -228,21 +215,7 @@ def _errors(rows: pa.Table, kind: str, id_column: str, reason, path=None) -> pa.
     return pa.table(columns).cast(ERROR_SCHEMA.append(pa.field("shard", pa.int64())))
 
 
-def _matrix(rows: pa.Table, column: str, width: int) -> np.ndarray:
-    if not rows.num_rows:
-        return np.zeros((0, width), np.float32)
-    return tables.column_matrix(rows[column])
-
-
-def _pre_rows(rows: pa.Table, cfg: EmbedConfig, kind: str) -> np.ndarray | None:
-    """The pre-projection features of ``rows`` (the manifest's width when there are none);
-    None without ``pre_projection``."""
-    if not cfg.pre_projection:
-        return None
-    return _matrix(rows, f"{kind}_pre", tables.read_manifest(cfg.output).pre_dim[kind])
-
-
 def _encoder_info(model: str) -> dict[str, Any]:
     from asymvlm.data.encoder import load_encoder
 
-    return load_encoder(model, device="cpu", load_model=False).info.to_dict()
+    return vars(load_encoder(model, device="cpu", load_model=False).info)

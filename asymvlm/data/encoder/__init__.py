@@ -9,13 +9,11 @@ from asymvlm.data.encoder.names import OPEN_CLIP_PREFIX, is_open_clip, local_sou
 __all__ = [
     "OPEN_CLIP_PREFIX",
     "Encoder",
-    "EncoderInfo",
     "files_sha256",
     "is_open_clip",
     "load_encoder",
     "local_source",
     "looks_like_path",
-    "pre_projection_dims",
 ]
 
 
@@ -23,21 +21,15 @@ def load_encoder(model: str, device: str = "auto", dtype: str = "auto", **kwargs
     """The frozen :class:`Encoder` ``model`` names: ``open_clip:...`` an open_clip model, anything
     else a transformers CLIP / SigLIP hub id or folder (only that library is imported)."""
     if is_open_clip(model):
-        from asymvlm.data.encoder.openclip import OpenClipEncoder
-
-        return OpenClipEncoder(model, device, dtype, **kwargs)
-    from asymvlm.data.encoder.hf import TransformersEncoder
-
-    return TransformersEncoder(model, device, dtype, **kwargs)
+        from asymvlm.data.encoder.openclip import OpenClipEncoder as cls
+    else:
+        from asymvlm.data.encoder.hf import TransformersEncoder as cls
+    return cls(model, device, dtype, **kwargs)
 
 
 def __getattr__(name: str):  # torch is imported only when an encoder is wanted
-    if name in ("Encoder", "EncoderInfo", "files_sha256"):
+    if name in ("Encoder", "files_sha256"):
         from asymvlm.data.encoder import base
 
         return getattr(base, name)
-    if name == "pre_projection_dims":
-        from asymvlm.data.encoder.hf import pre_projection_dims
-
-        return pre_projection_dims
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,11 +1,11 @@
-"""What every frozen encoder shares: the provenance record, device and precision names, and the
+"""What every frozen encoder shares: the provenance record, device and precision, and the
 (unit embedding, raw norm) split of a projection."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -14,24 +14,7 @@ import torch
 _HASHED_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".tiktoken", ".pt", ".pth")
 #: Precision names (the config's and torch's spellings).
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-DTYPES.update({str(t).removeprefix("torch."): t for t in list(DTYPES.values())})
-
-
-@dataclass
-class EncoderInfo:
-    """Provenance of the embeddings an :class:`Encoder` produces (stored beside the tables)."""
-
-    model: str
-    revision: str | None
-    files_sha256: str | None
-    family: str
-    dim: int
-    dtype: str
-    device: str
-    preprocessing: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+DTYPES |= {str(t).removeprefix("torch."): t for t in list(DTYPES.values())}
 
 
 def files_sha256(location: str | os.PathLike) -> str:
@@ -39,7 +22,8 @@ def files_sha256(location: str | os.PathLike) -> str:
     weight/config/tokenizer files, sorted by name."""
     location = os.fspath(location)
     if os.path.isfile(location):
-        folder, names = os.path.dirname(location), [os.path.basename(location)]
+        folder, names = os.path.split(location)
+        names = [names]
     else:
         folder = location
         names = sorted(
@@ -52,8 +36,7 @@ def files_sha256(location: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     for name in names:
         path = os.path.join(folder, name)
-        digest.update(name.encode("utf-8") + b"\0")
-        digest.update(os.path.getsize(path).to_bytes(8, "little"))
+        digest.update(name.encode("utf-8") + b"\0" + os.path.getsize(path).to_bytes(8, "little"))
         with open(path, "rb") as handle:
             while chunk := handle.read(1 << 20):
                 digest.update(chunk)
@@ -71,9 +54,9 @@ def unit_and_norm(projected: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 class Encoder:
     """A frozen vision-language model: ``preprocess_images`` (PIL -> pixels, CPU),
     ``encode_pixels`` and ``encode_texts`` (-> unit embeddings, raw norms[, pre-projection
-    features]), ``token_lengths``; ``load_model=False`` builds a preprocessing-only one."""
+    features with ``pre``]); ``load_model=False`` builds a preprocessing-only one."""
 
-    info: EncoderInfo
+    info: SimpleNamespace
     model: Any
     image_size: int
     max_text_length: int
@@ -82,23 +65,28 @@ class Encoder:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        if dtype == "auto" and self.device.type == "cuda":
-            dtype = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        try:
-            self.dtype = DTYPES["fp32" if dtype == "auto" else dtype.lower()]
-        except KeyError:
-            raise ValueError(
-                f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(DTYPES)}"
-            ) from None
+        if dtype == "auto":
+            cuda = self.device.type == "cuda"
+            dtype = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if cuda else "fp32"
+        if dtype.lower() not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(DTYPES)}")
+        self.dtype = DTYPES[dtype.lower()]
 
     @property
     def dim(self) -> int:
         return self.info.dim
 
-    def _info(self, model: str, family: str, dim: int, **kw: Any) -> EncoderInfo:
-        dtype = str(self.dtype).removeprefix("torch.")
-        return EncoderInfo(
-            model, family=family, dim=dim, dtype=dtype, device=str(self.device), **kw
+    def _info(self, model: str, family: str, dim: int, **kw: Any) -> SimpleNamespace:
+        """Provenance of the embeddings (stored beside the tables)."""
+        return SimpleNamespace(
+            model=model,
+            revision=kw.get("revision"),
+            files_sha256=kw.get("files_sha256"),
+            family=family,
+            dim=dim,
+            dtype=str(self.dtype).removeprefix("torch."),
+            device=str(self.device),
+            preprocessing=kw.get("preprocessing", {}),
         )
 
     def pre_dims(self) -> dict[str, int]:
@@ -111,16 +99,29 @@ class Encoder:
     def projections(self) -> dict[str, np.ndarray]:
         return self.pre_dims()  # raises
 
-    def _net(self, pixels: Any = None) -> Any:
-        """The model, ready for a batch (``pixels`` as a tensor on its device and in its dtype)."""
+    def _run(self, kind: str, inputs: Any, pre: bool) -> tuple[np.ndarray, ...]:
         if self.model is None:
             raise RuntimeError(
                 f"the encoder of {self.info.model!r} was built with load_model=False: "
                 "it can preprocess but not encode"
             )
-        if pixels is None:
-            return self.model
-        return self.model, torch.as_tensor(np.asarray(pixels), dtype=self.dtype, device=self.device)
+        width = self.pre_dims()[kind] if pre else None
+        if not len(inputs):
+            out = (np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32))
+            return out if width is None else (*out, np.zeros((0, width), np.float32))
+        with torch.inference_mode():
+            return getattr(self, f"_{kind}")(inputs, pre)
+
+    def encode_pixels(self, pixel_values: np.ndarray, pre: bool = False) -> tuple[np.ndarray, ...]:
+        """Pixels [n, 3, H, W] to (unit embeddings float32 [n, d], raw norms [n]); with ``pre``
+        also the pre-projection features float32 [n, pre_dims.image]."""
+        pixels = torch.as_tensor(np.asarray(pixel_values), dtype=self.dtype, device=self.device)
+        return self._run("image", pixels, pre)
+
+    def encode_texts(self, texts: list[str], pre: bool = False) -> tuple[np.ndarray, ...]:
+        """Captions to (unit embeddings float32 [n, d], raw norms [n]); with ``pre`` also the
+        pre-projection features float32 [n, pre_dims.text]."""
+        return self._run("text", [str(t) for t in texts], pre)
 
     def preprocess_images(self, images: list) -> np.ndarray:
         """PIL images to float32 pixels [n, 3, H, W] with the model's own transform (CPU)."""
@@ -128,14 +129,6 @@ class Encoder:
             return np.zeros((0, 3, self.image_size, self.image_size), np.float32)
         return np.ascontiguousarray(self._preprocess(list(images)), dtype=np.float32)
 
-    def _preprocess(self, images: list) -> Any:
-        raise NotImplementedError
-
     def token_lengths(self, texts: list[str]) -> list[int]:
         """Token count of each caption, truncated as encoded."""
         return [self.max_text_length] * len(texts)
-
-    def empty(self, pre: str | None = None) -> tuple[np.ndarray, ...]:
-        """The outputs for no rows (with ``pre``: the ``"image"``/``"text"`` features too)."""
-        out = (np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32))
-        return out if pre is None else (*out, np.zeros((0, self.pre_dims()[pre]), np.float32))

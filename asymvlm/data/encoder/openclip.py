@@ -38,9 +38,8 @@ class OpenClipEncoder(Encoder):
         root, level = logging.getLogger(), logging.getLogger().level
         root.setLevel(logging.CRITICAL)
         try:
-            # open_clip's "fp16"/"bf16" keep its LayerNormFp32 layers in float32
-            precision = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(self.dtype, "fp32")
-            if load_model:
+            if load_model:  # open_clip's "fp16"/"bf16" keep its LayerNormFp32 layers in float32
+                precision = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(self.dtype, "fp32")
                 net = open_clip.create_model(
                     name.model_name,
                     name.pretrained,
@@ -66,8 +65,7 @@ class OpenClipEncoder(Encoder):
         cfg = dict(net.visual.preprocess_cfg)
         self.transform = image_transform_v2(PreprocessCfg(**cfg), is_train=False)
         self.max_text_length = int(self.tokenizer.context_length)
-        size = cfg["size"]
-        self.image_size = int(size if isinstance(size, int) else size[0])
+        self.image_size = int(np.atleast_1d(cfg["size"])[0])
         dim = getattr(net.visual, "output_dim", None)
         if dim is None:  # towers that do not say (timm): the width of one caption's embedding
             with torch.inference_mode():
@@ -94,27 +92,12 @@ class OpenClipEncoder(Encoder):
     def _preprocess(self, images: list) -> np.ndarray:
         return torch.stack([self.transform(image) for image in images]).numpy()
 
-    def encode_pixels(self, pixel_values: np.ndarray, pre: bool = False) -> tuple[np.ndarray, ...]:
-        """Pixels [n, 3, H, W] to (unit embeddings float32 [n, d], raw norms [n])."""
-        model, pixels = self._net(pixel_values)
-        if pre:
-            self.pre_dims()
-        if not len(pixels):
-            return self.empty()
-        with torch.inference_mode():
-            return unit_and_norm(model.encode_image(pixels, normalize=False))
+    def _image(self, pixels: torch.Tensor, pre: bool) -> tuple[np.ndarray, ...]:
+        return unit_and_norm(self.model.encode_image(pixels, normalize=False))
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
         """Token ids [n, context length] exactly as :meth:`encode_texts` feeds them."""
-        return {"text": self.tokenizer([str(t) for t in texts])}
+        return {"text": self.tokenizer([str(t) for t in texts]).to(self.device)}
 
-    def encode_texts(self, texts: list[str], pre: bool = False) -> tuple[np.ndarray, ...]:
-        """Captions to (unit embeddings float32 [n, d], raw projection norms float32 [n])."""
-        model = self._net()
-        if pre:
-            self.pre_dims()
-        if not texts:
-            return self.empty()
-        tokens = self.tokenize(list(texts))["text"].to(self.device)
-        with torch.inference_mode():
-            return unit_and_norm(model.encode_text(tokens, normalize=False))
+    def _text(self, texts: list[str], pre: bool) -> tuple[np.ndarray, ...]:
+        return unit_and_norm(self.model.encode_text(self.tokenize(texts)["text"], normalize=False))

@@ -3,13 +3,13 @@ tables (the contract: docs/data.md)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from functools import partial
 
 import pyarrow.compute as pc
 
 from asymvlm.data.templates import templates_for
+from asymvlm.storage import absolute
 from asymvlm.storage import fsspec_filesystem as open_fs
 
 from .captions import read_cc, read_coco, read_hierarcaps, read_karpathy
@@ -51,15 +51,13 @@ def read_source(
     id_list: str | None = None,
     templates: Sequence[str] | None = None,
 ) -> SourceData:
-    """Read one split of ``dataset`` (a key of :data:`READERS`), sorted by id and selected."""
+    """Read one split of ``dataset`` (a key of :data:`READERS`), selected and sorted by id."""
     if dataset not in READERS:
         raise ValueError(f"unknown data set {dataset!r}; known: {sorted(READERS)}")
     templates = templates_for(dataset) if templates is None else tuple(templates)
     if not templates or any(t.count("{}") != 1 for t in templates):
         raise ValueError(f"templates must each hold one '{{}}', got {list(templates)}")
-    annotations, images, id_list = (
-        None if p is None else os.fspath(p) for p in (annotations, images, id_list)
-    )
+    annotations, images, id_list = (p and absolute(p) for p in (annotations, images, id_list))
     req = Request(dataset, annotations, images, split, templates, sample, seed, id_list)
     out = READERS[dataset](req)
     for table, key in (out.images, "image_id"), (out.captions, "caption_id"):
@@ -69,25 +67,15 @@ def read_source(
             where = annotations or images
             raise SourceError(f"{where}: duplicate {key} {dup[0]['values'].as_py()!r}")
     image_table = out.images.take(req.selected(out.images["image_id"].to_pylist()))
-    captions = out.captions.filter(
-        pc.is_in(out.captions["image_id"], value_set=image_table["image_id"])
-    )
     image_table = image_table.sort_by("image_id").combine_chunks()
+    captions = out.captions.filter(pc.is_in(out.captions["image_id"], image_table["image_id"]))
     captions = captions.sort_by([("image_id", "ascending"), ("caption_id", "ascending")])
     counts = {"images": image_table.num_rows, "captions": captions.num_rows}
     if out.prompts is not None:
         counts["prompts"] = out.prompts.num_rows
-    description = {
-        "dataset": dataset,
-        "split": split,
-        "annotations": annotations,
-        "images": images,
-        **out.description,
-        "counts": counts,
-        "sample": sample,
-        "seed": seed,
-        "id_list": id_list,
-    }
+    description = dict(dataset=dataset, split=split, annotations=annotations, images=images)
+    description |= {**out.description, "counts": counts, "sample": sample, "seed": seed}
+    description["id_list"] = id_list
     if sample is not None:
         description["sampled_ids"] = req.chosen.to_pylist()
     return SourceData(image_table, captions.combine_chunks(), out.prompts, description)

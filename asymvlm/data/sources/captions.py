@@ -43,17 +43,12 @@ from .common import (
     stem,
 )
 
-KARPATHY_SPLITS = {
-    "train": ("train", "restval"),
-    "restval": ("restval",),
-    "val": ("val",),
-    "test": ("test",),
-}
+KARPATHY_SPLITS = {"train": ("train", "restval"), "restval": ("restval",), "val": ("val",)}
+KARPATHY_SPLITS["test"] = ("test",)
 HIERARCAPS_LEVELS = 4
 WDS_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # preference order inside one sample
 
 
-# -- COCO and Karpathy JSON --------------------------------------------------------------------
 class _CocoImage(BaseModel):
     id: Ident
     file_name: StrictStr
@@ -94,13 +89,10 @@ def read_coco(req: Request) -> SourceData:
     for k, c in enumerate(doc.annotations):
         if c.image_id not in known:
             raise SourceError(f"{ann}: annotations[{k}]: image_id {c.image_id} is not in 'images'")
-    caps = [(c.id, c.image_id, c.caption.strip()) for c in doc.annotations]
+    paths = [join_url(folder, im.file_name) for im in doc.images]
     return SourceData(
-        images_table(
-            [im.id for im in doc.images],
-            path=[join_url(folder, im.file_name) for im in doc.images],
-        ),
-        captions_table(caps),
+        images_table([im.id for im in doc.images], path=paths),
+        captions_table([(c.id, c.image_id, c.caption.strip()) for c in doc.annotations]),
         description={"format": "coco-captions-json"},
     )
 
@@ -109,24 +101,22 @@ def read_karpathy(req: Request, coco: bool) -> SourceData:
     ann, folder = req.need("annotations"), req.need("images")
     if req.split not in KARPATHY_SPLITS:
         raise ValueError(f"{req.dataset}: split must be one of {sorted(KARPATHY_SPLITS)}")
-    wanted = KARPATHY_SPLITS[req.split]
     images = parse_json(ann, TypeAdapter(_Karpathy)).images
     for i, im in enumerate(images):
         if coco and im.cocoid is None:
             raise SourceError(f"{ann}: images[{i}]: missing 'cocoid'")
+    wanted = KARPATHY_SPLITS[req.split]
     keep = [(im.cocoid if coco else stem(im.filename), im) for im in images if im.split in wanted]
-    caps = [(s.sentid, i, s.raw.strip()) for i, im in keep for s in im.sentences]
     return SourceData(
         images_table(
             [i for i, _ in keep],
             path=[join_url(folder, im.filepath, im.filename) for _, im in keep],
         ),
-        captions_table(caps),
+        captions_table([(s.sentid, i, s.raw.strip()) for i, im in keep for s in im.sentences]),
         description={"format": "karpathy-json", "karpathy_splits": list(wanted)},
     )
 
 
-# -- Conceptual Captions -----------------------------------------------------------------------
 def _scan_shard(fs: fsspec.AbstractFileSystem, path: str, shard: str) -> dict[str, list]:
     """``{key: [image (ext, offset, size) or None, caption or None]}`` of one tar shard."""
     samples: dict[str, list] = {}
@@ -160,18 +150,15 @@ def _cc_webdataset(ann: str) -> SourceData:
     shards = sorted(p for p in fs.glob(path) if p.lower().endswith(".tar"))
     if not shards:
         raise SourceError(f"{ann}: no .tar shards found")
-    ids, paths, offsets, lengths, texts = [], [], [], [], []
+    rows = []
     for path in shards:
         shard = fs.unstrip_protocol(path) if "://" in ann else path
         for key, (image, caption) in _scan_shard(fs, path, shard).items():
             if image is None and caption is not None:
                 raise SourceError(f"{shard}: sample {key!r} has a caption but no image member")
             if image is not None:  # else e.g. only KEY.json
-                ids.append(key)
-                paths.append(shard)
-                offsets.append(image[1])
-                lengths.append(image[2])
-                texts.append((caption or "").strip())
+                rows.append((key, shard, *image[1:], (caption or "").strip()))
+    ids, paths, offsets, lengths, texts = map(list, zip(*rows, strict=True)) if rows else [[]] * 5
     return SourceData(
         images_table(ids, path=paths, offset=offsets, length=lengths),
         captions_table(list(zip([f"{k}-0" for k in ids], ids, texts, strict=True))),
@@ -203,7 +190,6 @@ def read_cc(req: Request) -> SourceData:
     )
 
 
-# -- HierarCaps --------------------------------------------------------------------------------
 def read_csv(url: str, columns: tuple[str, ...]) -> pd.DataFrame:
     """A CSV with (at least) ``columns``, every cell a string; row k of the frame is data row
     k + 1 of the file (errors name the file and row)."""

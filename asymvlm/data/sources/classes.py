@@ -51,7 +51,6 @@ def _classified(
     )
 
 
-# -- ImageNet-style folders --------------------------------------------------------------------
 def read_imagenet(req: Request) -> SourceData:
     root_url = req.need("images")
     fs, root = storage.fsspec_filesystem(root_url)
@@ -77,7 +76,6 @@ def read_imagenet(req: Request) -> SourceData:
     )
 
 
-# -- pixels in the annotation files ------------------------------------------------------------
 _NUMPY_CORE = "numpy._core" if int(np.__version__.split(".")[0]) >= 2 else "numpy.core"
 _NUMPY_PICKLE_NAMES = {("multiarray", "_reconstruct"), ("multiarray", "scalar")}
 _NUMPY_PICKLE_NAMES |= {("numeric", "_frombuffer")}
@@ -114,8 +112,7 @@ def _unpickle(url: str, *keys: str) -> list[Any]:
 def _png(hwc: np.ndarray) -> bytes:
     from PIL import Image
 
-    buffer = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(hwc)).save(buffer, format="PNG")
+    Image.fromarray(np.ascontiguousarray(hwc)).save(buffer := io.BytesIO(), format="PNG")
     return buffer.getvalue()
 
 
@@ -130,31 +127,20 @@ def _check_labels(y: np.ndarray, n: int, lowest: int, classes: list[str], where:
 
 
 def _pixel_set(
-    req: Request,
-    name: str,
-    pixels: np.ndarray,
-    labels: np.ndarray | None,
-    classes: list[str],
-    to_hwc: Callable[[np.ndarray], np.ndarray],
-    root: str,
-    fmt: str,
+    req: Request, pixels: np.ndarray, labels: Any, classes: list[str], to_hwc: Callable, desc: dict
 ) -> SourceData:
     """Images stored inline -> PNG rows, encoded only for the selected ids."""
-    ids = [f"{name}-{req.split}-{i:05d}" for i in range(len(pixels))]
+    ids = [f"{req.dataset}-{req.split}-{i:05d}" for i in range(len(pixels))]
     keep = req.selected(ids)
-    return _classified(
-        req,
-        [ids[i] for i in keep],
-        None if labels is None else labels[keep].tolist(),
-        classes,
-        {"format": fmt, "root": root},
-        data=[_png(to_hwc(pixels[i])) for i in keep],
-    )
+    labels = None if labels is None else labels[keep].tolist()
+    data = [_png(to_hwc(pixels[i])) for i in keep]
+    return _classified(req, [ids[i] for i in keep], labels, classes, desc, data=data)
 
 
 def _find_root(req: Request, marker: str, folder: str) -> str:
-    """The data folder, or its ``folder`` (the archive's top folder) when it lacks ``marker``."""
-    base = req.root()
+    """The data folder (``images``, else ``annotations``), or its ``folder`` (the archive's top
+    folder) when it lacks ``marker``."""
+    base = req.images or req.need("annotations")
     return base if storage.exists(join_url(base, marker)) else join_url(base, folder)
 
 
@@ -167,13 +153,9 @@ class CifarLayout(NamedTuple):
     files: dict[str, tuple[str, ...]]
 
 
+_BATCHES = {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)}
 CIFAR10 = CifarLayout(
-    "cifar10",
-    "cifar-10-batches-py",
-    "batches.meta",
-    "label_names",
-    "labels",
-    {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)},
+    "cifar10", "cifar-10-batches-py", "batches.meta", "label_names", "labels", _BATCHES
 )
 CIFAR100 = CifarLayout(
     "cifar100",
@@ -207,16 +189,9 @@ def read_cifar(req: Request, layout: CifarLayout) -> SourceData:
         _check_labels(y, len(data), 0, classes, f"{url}: {layout.labels_key}")
         blocks.append(data)
         labels.append(y)
-    return _pixel_set(
-        req,
-        layout.name,
-        np.concatenate(blocks),
-        np.concatenate(labels),
-        classes,
-        lambda row: row.reshape(3, 32, 32).transpose(1, 2, 0),
-        root,
-        "cifar-python-pickle",
-    )
+    hwc = lambda row: row.reshape(3, 32, 32).transpose(1, 2, 0)  # noqa: E731
+    desc = {"format": "cifar-python-pickle", "root": root}
+    return _pixel_set(req, np.concatenate(blocks), np.concatenate(labels), classes, hwc, desc)
 
 
 STL10_SIDE = 96
@@ -239,13 +214,5 @@ def read_stl10(req: Request) -> SourceData:
         _check_labels(y, len(pixels), 1, classes, f"{y_url}: byte")
         labels = y - 1
     # each image is stored column-major, one channel after another: (C, W, H) in C order
-    return _pixel_set(
-        req,
-        "stl10",
-        pixels,
-        labels,
-        classes,
-        lambda img: img.transpose(2, 1, 0),
-        root,
-        "stl10-binary",
-    )
+    desc = {"format": "stl10-binary", "root": root}
+    return _pixel_set(req, pixels, labels, classes, lambda img: img.transpose(2, 1, 0), desc)

@@ -17,13 +17,14 @@ from asymvlm import storage
 from asymvlm.errors import AsymVLMError
 
 join_url = storage.uri_join
-
 _STR, _INT = pa.string(), pa.int64()
 IMAGE_SCHEMA = pa.schema(
     dict(image_id=_STR, path=_STR, offset=_INT, length=_INT, data=pa.binary(), label=_INT)
 )
 CAPTION_SCHEMA = pa.schema({"caption_id": _STR, "image_id": _STR, "text": _STR})
 PROMPT_SCHEMA = pa.schema({"class_index": _INT, "class_name": _STR, "template": _STR, "text": _STR})
+#: A JSON id (integer or string, not a boolean), read as a string.
+Ident = Annotated[StrictInt | StrictStr, AfterValidator(str)]
 
 
 class SourceError(AsymVLMError, ValueError):
@@ -40,7 +41,6 @@ class SourceData:
     description: dict[str, Any] = field(default_factory=dict)
 
 
-# -- reading -----------------------------------------------------------------------------------
 def read_bytes(url: str) -> bytes:
     raw = storage.read_bytes(url)
     if raw is None:
@@ -68,10 +68,6 @@ def stem(name: str) -> str:
     return posixpath.splitext(posixpath.basename(name))[0]
 
 
-#: A JSON id (integer or string, not a boolean), read as a string.
-Ident = Annotated[StrictInt | StrictStr, AfterValidator(str)]
-
-
 def parse_json(url: str, adapter: TypeAdapter[Any]) -> Any:
     """The JSON document at ``url`` as ``adapter``'s type (errors name the file and key path)."""
     try:
@@ -83,13 +79,12 @@ def parse_json(url: str, adapter: TypeAdapter[Any]) -> Any:
         raise SourceError(f"{url}: {where}{first['msg']}") from None
 
 
-# -- tables ------------------------------------------------------------------------------------
 def images_table(image_id: Sequence[str], **columns: Any) -> pa.Table:
     arrays = {f.name: pa.nulls(len(image_id), f.type) for f in IMAGE_SCHEMA}
-    arrays["image_id"] = pa.array(image_id, pa.string())
     arrays.update(
         {k: pa.array(v, IMAGE_SCHEMA.field(k).type) for k, v in columns.items() if v is not None}
     )
+    arrays["image_id"] = pa.array(image_id, _STR)
     return pa.table(arrays, schema=IMAGE_SCHEMA)
 
 
@@ -110,7 +105,6 @@ def prompts_table(names: Sequence[str], templates: Sequence[str]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA)
 
 
-# -- request and selection ---------------------------------------------------------------------
 @dataclass
 class Request:
     dataset: str
@@ -124,40 +118,33 @@ class Request:
     chosen: pa.Array | None = None  # the selected ids, sorted, once decided
 
     def need(self, name: str) -> str:
-        value = getattr(self, name)
-        if value is None:
+        if getattr(self, name) is None:
             raise ValueError(f"{self.dataset}: needs {name}=")
-        return value
-
-    def root(self) -> str:
-        """The data folder of a pixel set: ``images``, else ``annotations``."""
-        return self.images or self.need("annotations")
+        return getattr(self, name)
 
     def selected(self, ids: Sequence[str]) -> np.ndarray:
         """Indices of ``ids`` kept by ``id_list`` then a seeded ``sample`` (decided once, on the
-        first ids seen; to skip work on the others)."""
+        first ids seen, so that pixel sets encode only the kept images)."""
         if self.sample is None and self.id_list is None:
             return np.arange(len(ids))
         if self.chosen is None:
-            self.chosen = pa.array(_choose(ids, self.sample, self.seed, self.id_list), pa.string())
-        mask = pc.is_in(pa.array(ids, pa.string()), value_set=self.chosen)
+            pool = sorted(set(ids))
+            if self.id_list is not None:
+                lines, known = list(numbered_lines(self.id_list)), set(pool)
+                for number, line in lines:
+                    if line.strip() not in known:
+                        raise SourceError(
+                            f"{self.id_list}: line {number}: unknown id {line.strip()!r} "
+                            f"(not among the {len(pool)} ids of the data set)"
+                        )
+                pool = sorted({line.strip() for _, line in lines})
+            if self.sample is not None:
+                if self.sample > len(pool):
+                    raise SourceError(
+                        f"sample={self.sample} but only {len(pool)} ids are available"
+                    )
+                rng = np.random.default_rng(self.seed)
+                pool = [pool[i] for i in np.sort(rng.choice(len(pool), self.sample, replace=False))]
+            self.chosen = pa.array(pool, _STR)
+        mask = pc.is_in(pa.array(ids, _STR), value_set=self.chosen)
         return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
-
-
-def _choose(ids: Sequence[str], sample: int | None, seed: int, id_list: str | None) -> list[str]:
-    pool = sorted(set(ids))
-    if id_list is not None:
-        known = set(pool)
-        for number, line in numbered_lines(id_list):
-            if line.strip() not in known:
-                raise SourceError(
-                    f"{id_list}: line {number}: unknown id {line.strip()!r} "
-                    f"(not among the {len(pool)} ids of the data set)"
-                )
-        pool = sorted({line.strip() for _, line in numbered_lines(id_list)})
-    if sample is not None:
-        if sample > len(pool):
-            raise SourceError(f"sample={sample} but only {len(pool)} ids are available")
-        picked = np.random.default_rng(seed).choice(len(pool), size=sample, replace=False)
-        pool = [pool[i] for i in np.sort(picked)]
-    return pool

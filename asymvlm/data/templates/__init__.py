@@ -13,33 +13,25 @@ import json
 from collections.abc import Sequence
 from importlib.resources import files
 
-__all__ = [
-    "GENERIC_TEMPLATES",
-    "IMAGENET_CLASSES",
-    "TEMPLATES",
-    "imagenet_class_names",
-    "templates_for",
-]
-
 _DATA = files(__name__)
 _LISTS: dict[str, list[str]] = json.loads(_DATA.joinpath("templates.json").read_text("utf-8"))
-
 #: The fallback for data sets without their own list (five of CLIP's ImageNet templates).
 GENERIC_TEMPLATES: tuple[str, ...] = tuple(_LISTS.pop("generic"))
-#: Data set (a reader name, :data:`asymvlm.data.sources.READERS`) -> its templates.
+#: Data set (a reader name) -> its templates.
 TEMPLATES: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in _LISTS.items()}
 #: ILSVRC-2012 synset id (the class folder) -> CLIP's curated class name, in class-index order.
 IMAGENET_CLASSES: dict[str, str] = dict(
     line.split(" ", 1)
     for line in _DATA.joinpath("imagenet_classes.txt").read_text("utf-8").splitlines()
 )
-_ALIASES = {"imagenet1k": "imagenet", "imagenet-1k": "imagenet"}  # CLIP_benchmark's names
 
 
 def templates_for(dataset: str) -> tuple[str, ...]:
-    """The templates of ``dataset`` (case-insensitive), else :data:`GENERIC_TEMPLATES`."""
+    """The templates of ``dataset`` (case-insensitive; CLIP_benchmark's ImageNet names too),
+    else :data:`GENERIC_TEMPLATES`."""
     key = dataset.lower()
-    return TEMPLATES.get(_ALIASES.get(key, key), GENERIC_TEMPLATES)
+    key = "imagenet" if key in ("imagenet1k", "imagenet-1k") else key
+    return TEMPLATES.get(key, GENERIC_TEMPLATES)
 
 
 def imagenet_class_names(folders: Sequence[str]) -> list[str] | None:
