@@ -24,36 +24,29 @@ from asymvlm.evaluation.hierarcaps import plot_hierarchy
 from asymvlm.evaluation.ood import plot_severity
 from asymvlm.evaluation.zeroshot import aggregation_note
 from asymvlm.plots import plot_binned_recall, plot_risk_coverage
-from asymvlm.results import DIRECTIONS, markdown, mean_std, retrieval_metric_names, seed_stats
-
-__all__ = ["build_report"]
+from asymvlm.results import DIRECTIONS, markdown, mean_std, seed_stats, stats_table
+from asymvlm.results import retrieval_metric_names as metric_names
 
 ABLATIONS = ("asymvlm-vmf", "asymvlm-image", "symvlm", "asymvlm-gauss")
 #: Table 1 cells per direction: (MLflow name without the direction, heading, scale, digits).
-TABLE1_CELLS = (
-    ("recall_at_1", "R@1 (%)", 100.0, 2),
-    ("spearman", "S", 1.0, 2),
-    ("r2", "R²", 1.0, 2),
-    ("auroc", "AUROC", 1.0, 3),
-    ("aupr", "AUPR", 1.0, 3),
-    ("fpr_at_95tpr", "FPR@95", 1.0, 3),
-    ("aurc", "AURC", 1.0, 3),
-    ("ece", "ECE", 1.0, 3),
-)
+TABLE1_CELLS = [("recall_at_1", "R@1 (%)", 100.0, 2), ("spearman", "S", 1.0, 2)]
+TABLE1_CELLS += [("r2", "R²", 1.0, 2), ("auroc", "AUROC", 1.0, 3), ("aupr", "AUPR", 1.0, 3)]
+TABLE1_CELLS += [(n, h, 1.0, 3) for n, h in (("fpr_at_95tpr", "FPR@95"), ("aurc", "AURC"))]
+TABLE1_CELLS += [("ece", "ECE", 1.0, 3)]
 PROTOCOL_LABELS = {
     "official": "Protocol: official (the authors' code)",
     "improved": "Protocol: improved (this project's defaults; see README 'Protocols')",
 }
 #: What the paper's Table 2 / Table 3 numbers were measured on, for their column headings.
 PAPER_TABLE2_SETUP = "CLIP ViT-B/32 on real data: CIFAR-10 positives, CIFAR-100 negatives"
+TABLE2_SETS = ("CIFAR-10", "CIFAR-100", None)  # the sets' names where a run logs none
 PAPER_TABLE3_SETUP = (
     "CLIP ViT-B/32 fine-tuned on COCO, real data: CIFAR-10 / CIFAR-100 / STL-10 / ImageNet"
 )
 
 
 def _base(name: str) -> str:
-    """ "asymvlm-vmf/seed1" -> "asymvlm-vmf"."""
-    return name.split("/", 1)[0]
+    return name.split("/", 1)[0]  # "asymvlm-vmf/seed1" -> "asymvlm-vmf"
 
 
 def _table1(rows: Sequence[Mapping[str, Any]], title: str, params: Mapping[str, str]) -> str:
@@ -61,14 +54,10 @@ def _table1(rows: Sequence[Mapping[str, Any]], title: str, params: Mapping[str, 
     :data:`TABLE1_CELLS` both ways, and RSUM; captioned with the sweep's protocol."""
     cells = [(f"{d}_{c[0]}", f"{d} {c[1]}", *c[2:]) for d in ("i2t", "t2i") for c in TABLE1_CELLS]
     cells.append(("rsum", "RSUM", 1.0, 2))
-    stats = seed_stats(rows, "method", [c[0] for c in cells])
-    table = pd.DataFrame(
-        {"Method": stats.index, "seeds": stats["seeds"].astype(str)}
-        | {head: mean_std(stats, col, scale, digits) for col, head, scale, digits in cells}
-    )
+    table = stats_table(seed_stats(rows, "method", [c[0] for c in cells]), cells)
     protocol = str(params.get("protocol") or "improved").strip().strip('"') or "improved"
     caption = PROTOCOL_LABELS.get(protocol, f"Protocol: {protocol}")
-    return f"### {title}\n\n*{caption}.*\n\n{markdown(table)}\n"
+    return f"### {title}\n\n*{caption}.*\n\n{table}\n"
 
 
 def _trial(uri: str, child) -> dict[str, Any]:
@@ -78,10 +67,11 @@ def _trial(uri: str, child) -> dict[str, Any]:
         test = tracking.json_artifact(uri, child.info.run_id, "results.json").get("test") or {}
     except Exception:  # a trial without results: its numbers show as "–"
         test = {}
-    row = {"method": child.data.params["method"], **retrieval_metric_names(test)}
+    row = {"method": child.data.params["method"], **metric_names(test)}
     for d in DIRECTIONS:
-        cell = test.get(d) or {}
-        row |= {f"{d}_binned": cell.get("binned_recall@1"), f"{d}_risk": cell.get("risk_coverage")}
+        row |= {
+            f"{d}_{k}": (test.get(d) or {}).get(k) for k in ("binned_recall@1", "risk_coverage")
+        }
     return row
 
 
@@ -94,17 +84,16 @@ def _seed_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
                 n: pd.to_numeric(group.get(f"{d}_{n}", pd.Series()), errors="coerce").mean()
                 for n in ("recall_at_1", "spearman", "r2", "aurc")
             }
-            binned = [c for c in group[f"{d}_binned"] if c]
-            risk = [c for c in group[f"{d}_risk"] if c]
+            binned = [c for c in group[f"{d}_binned_recall@1"] if c]
+            risk = [c for c in group[f"{d}_risk_coverage"] if c]
             out[method][d] = {k: None if pd.isna(v) else float(v) for k, v in means.items()} | {
                 "recall@1": float(means["recall_at_1"]),
                 "binned_recall@1": np.mean(binned, axis=0).tolist() if binned else None,
-                "risk_coverage": {
+                "risk_coverage": risk
+                and {
                     "coverage": risk[0]["coverage"],
-                    "risk": np.mean([c["risk"] for c in risk], axis=0).tolist(),
-                }
-                if risk
-                else None,
+                    "risk": np.mean([c["risk"] for c in risk], 0),
+                },
             }
     return out
 
@@ -195,10 +184,8 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
         settings = res.get("settings") or {}
         pos, neg, far = (
             (settings.get(key) or {}).get("name") or default
-            for key, default in (
-                ("positives", "CIFAR-10"),
-                ("negatives", "CIFAR-100"),
-                ("far_negatives", None),
+            for key, default in zip(
+                ("positives", "negatives", "far_negatives"), TABLE2_SETS, strict=True
             )
         )
         sets = f"positives: {pos}, negatives: {neg}" + (f", far negatives: {far}" if far else "")

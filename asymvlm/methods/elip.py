@@ -66,7 +66,6 @@ class ELIP(Method):
         hidden_dim: int = 1024,
         depth: int = 3,
         init_temperature: float = 10.0,
-        kl_anneal_epochs: int = 15,
         gallery_size: int = 1000,
         init: Init = "he",
     ) -> None:
@@ -77,7 +76,6 @@ class ELIP(Method):
             nn.init.zeros_(adapter[-1].weight)
             nn.init.zeros_(adapter[-1].bias)
         self.log_temperature = nn.Parameter(torch.tensor(math.log(init_temperature)))
-        self.kl_anneal_epochs = kl_anneal_epochs
         self.gallery_size = gallery_size
         for name in self.FITTED_BUFFERS:
             self.register_buffer(name, torch.empty(0, dim), persistent=True)
@@ -118,8 +116,8 @@ class ELIP(Method):
         return self._evidential_u(images, "gallery_texts", self.encode_texts)
 
     def kl_weight(self, epoch: int) -> float:
-        """lambda_t = min(1, t / kl_anneal_epochs) (ELIP Eq. 9)."""
-        return min(1.0, epoch / self.kl_anneal_epochs) if self.kl_anneal_epochs > 0 else 1.0
+        """lambda_t = min(1, t / 15) (ELIP Eq. 9)."""
+        return min(1.0, epoch / 15)
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
         cos = images["mu"] @ texts["mu"].T
