@@ -135,11 +135,15 @@ class Method(nn.Module):
         super().__init__()
         self.dim = dim
 
+    def encode(self, side: str, x: torch.Tensor) -> Encoding:
+        """The encoding of rows of ``side`` ("text" or "image"): here the unit embeddings."""
+        return {"mu": unit(x)}
+
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        return {"mu": unit(text_emb)}
+        return self.encode("text", text_emb)
 
     def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        return {"mu": unit(image_emb)}
+        return self.encode("image", image_emb)
 
     def score(self, texts: Encoding, images: Encoding) -> torch.Tensor:
         """[n_text, n_image] retrieval scores (higher = better match)."""

@@ -201,7 +201,7 @@ class BayesVLM(Method):
             torch.cat([data.text_emb, data.text_pre], 1),
         )
 
-    def _encode(self, modality: str, rows: torch.Tensor) -> Encoding:
+    def encode(self, modality: str, rows: torch.Tensor) -> Encoding:
         w = getattr(self, f"{modality}_projection")
         if w.shape[1] == 0:
             raise RuntimeError(
@@ -220,12 +220,6 @@ class BayesVLM(Method):
         b_trace = getattr(self, f"{modality}_b_inv_diag").sum()
         trace = embedding_trace(phi, getattr(self, f"{modality}_a_inv"), b_trace)
         return {"mu": expected_norm_unit(mean, trace), "mean": mean, "trace": trace}
-
-    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        return self._encode("text", text_emb)
-
-    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        return self._encode("image", image_emb)
 
     def uncertainty_from(self, enc: Encoding) -> torch.Tensor:
         return enc["trace"]

@@ -89,16 +89,10 @@ class _PostHocGaussian(Method):
         self.image_var_head = mlp(dim, dim, hidden_dim, depth, init)
         self.text_var_head = mlp(dim, dim, hidden_dim, depth, init)
 
-    def _gaussian(self, head: nn.Module, x: torch.Tensor) -> Encoding:
+    def encode(self, side: str, x: torch.Tensor) -> Encoding:
         mu = unit(x)
-        log_var = head(mu)
+        log_var = getattr(self, f"{side}_var_head")(mu)
         return {"mu": mu, "var": torch.exp(log_var), "log_var": log_var}
-
-    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        return self._gaussian(self.text_var_head, text_emb)
-
-    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        return self._gaussian(self.image_var_head, image_emb)
 
     def uncertainty_from(self, enc: Encoding) -> torch.Tensor:
         return enc["var"].mean(-1)
@@ -111,8 +105,8 @@ class PFE(_PostHocGaussian):
 
     OFFICIAL_RAW_IMAGES = True
 
-    def _gaussian(self, head: nn.Module, x: torch.Tensor) -> Encoding:
-        var = F.softplus(head(x)) + (0.0 if self.official else 1e-6)
+    def encode(self, side: str, x: torch.Tensor) -> Encoding:
+        var = F.softplus(getattr(self, f"{side}_var_head")(x)) + (0.0 if self.official else 1e-6)
         mu = unit(x)
         mean = x if self.official else mu
         return {"mu": mu, "mean": mean, "var": var, "log_var": torch.log(var)}

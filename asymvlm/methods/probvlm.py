@@ -115,11 +115,8 @@ class ProbVLM(Method):
         self.image_adapter = BayesCapAdapter(dim, hidden_dim, depth, init, floors=not official)
         self.text_adapter = BayesCapAdapter(dim, hidden_dim, depth, init, floors=not official)
 
-    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        return self.text_adapter(text_emb)
-
-    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        return self.image_adapter(image_emb)
+    def encode(self, side: str, x: torch.Tensor) -> Encoding:
+        return getattr(self, f"{side}_adapter")(x)
 
     def uncertainty_from(self, enc: Encoding) -> torch.Tensor:
         if self.official:
