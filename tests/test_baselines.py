@@ -49,17 +49,6 @@ def half_noisy_pairs(n: int, seed: int, d: int = 16) -> tuple[torch.Tensor, ...]
     return img, 3.0 * unit(txt), noisy
 
 
-def trained(name: str, img: torch.Tensor, txt: torch.Tensor, steps: int, **kwargs):
-    torch.manual_seed(0)
-    method = build_method(name, 16, hidden_dim=64, depth=2, **kwargs)
-    opt = torch.optim.AdamW(method.parameters(), lr=1e-3)
-    for _ in range(steps):
-        opt.zero_grad()
-        method.loss(img, txt, epoch=3).backward()
-        opt.step()
-    return method
-
-
 def _gaussians(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     mu = torch.randn(n, d, generator=g, dtype=F64)
@@ -165,18 +154,6 @@ def test_evidential_loss_is_bayes_risk_plus_weighted_kl() -> None:
 # -- the baselines' uncertainties ------------------------------------------------------------
 
 
-def test_probvlm_uncertainty_is_mean_ggd_variance() -> None:
-    _, txt = rotated_pairs()
-    torch.manual_seed(0)
-    method = build_method("probvlm", 16, hidden_dim=64, depth=2)
-    with torch.no_grad():
-        enc = method.encode_texts(txt[:5])
-        u = method.text_uncertainty_from(enc)
-    alpha = (1.0 / enc["inv_alpha"]).double().numpy()
-    ref = gennorm.var(enc["beta"].double().numpy(), scale=alpha).mean(-1)
-    np.testing.assert_allclose(u.numpy(), ref, rtol=1e-4)
-
-
 @pytest.mark.parametrize(
     ("name", "ratio", "kwargs"), [("pfe", 5.0, {}), ("probvlm", 1.15, {"cross_weight": 1.0})]
 )
@@ -185,7 +162,13 @@ def test_noisy_captions_get_higher_uncertainty(name: str, ratio: float, kwargs: 
     cross-modal term)."""
     img, txt, _ = half_noisy_pairs(256, seed=0)
     _, held_out, noisy = half_noisy_pairs(256, seed=100)
-    method = trained(name, img, txt, 200, **kwargs)
+    torch.manual_seed(0)
+    method = build_method(name, 16, hidden_dim=64, depth=2, **kwargs)
+    opt = torch.optim.AdamW(method.parameters(), lr=1e-3)
+    for _ in range(200):
+        opt.zero_grad()
+        method.loss(img, txt).backward()
+        opt.step()
     with torch.no_grad():
         u = method.text_uncertainty(held_out)
     assert float(u[noisy].mean()) > ratio * float(u[~noisy].mean())
@@ -208,11 +191,7 @@ def test_elip_gallery_uncertainty_and_state_dict() -> None:
         cos = unit(txt[:8]) @ unit(method.gallery_images).T
     torch.testing.assert_close(u, 20 / (torch.exp(10 * cos) + 1).sum(-1))
     assert [method.kl_weight(e) for e in (0, 3, 15, 40)] == [0.0, 0.2, 1.0, 1.0]
-    opt = torch.optim.AdamW(method.parameters(), lr=1e-3)
-    for _ in range(5):
-        opt.zero_grad()
-        method.loss(img, txt, epoch=3).backward()
-        opt.step()
+    torch.nn.init.normal_(method.text_adapter[-1].weight)  # away from the frozen model
     fresh = build_method("elip", 16, hidden_dim=64, depth=2)
     fresh.load_state_dict(method.state_dict())
     with torch.no_grad():

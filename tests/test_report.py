@@ -19,13 +19,13 @@ from asymvlm.evaluation.registry import log_evaluation
 from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
 from asymvlm.methods import build_method
 from asymvlm.report import build_report
-from asymvlm.results import mean_std, seed_stats
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
 from tests.test_hierarchy import _write as write_hierarchy
 from tests.test_ood import _pair
 from tests.test_zeroshot import IdentityVMF
 
+RETRIEVAL_KEYS = ("recall@1", "spearman", "r2", "auroc", "aupr", "fpr@95tpr", "aurc", "ece")
 CURVE_RUN = "docs/synthetic-world/generic_captions.json"
 
 
@@ -42,19 +42,6 @@ def row(text: str, *first: str) -> list[str]:
         if line.startswith("|") and cells[: len(first)] == list(first):
             return cells
     raise AssertionError(f"no table row {first}")
-
-
-def test_mean_std_cells_leave_undefined_values_out() -> None:
-    """One value: bare or ± 0; none defined (None, NaN: a constant uncertainty's Spearman): –."""
-    rows = [
-        {"m": "a", "x": 0.5, "y": float("nan")},
-        {"m": "a", "x": 0.7, "y": None},
-        {"m": "b", "x": 0.25, "y": 1.0},
-    ]
-    stats = seed_stats(rows, "m", ["x", "y"])
-    assert stats["seeds"].tolist() == [2, 1]
-    assert mean_std(stats, "x") == ["0.600 ± 0.141", "0.250 ± 0.000"]
-    assert mean_std(stats, "y", scale=100, digits=1, bare=True) == ["–", "100.0"]
 
 
 def test_report_gathers_tables_figures_claims_and_paper_numbers(store, tmp_path) -> None:
@@ -115,10 +102,9 @@ def test_report_gathers_tables_figures_claims_and_paper_numbers(store, tmp_path)
     assert official.index("| determ-ft") < official.index("| asymvlm-vmf")  # config order
     cells = dict(zip(head, row(official, "asymvlm-vmf"), strict=True))
     assert cells["seeds"] == "2"
-    keys = ["spearman", "r2", "auroc", "aupr", "fpr@95tpr", "aurc", "ece"]
     for d in ("i2t", "t2i"):
         assert cells[f"{d} R@1 (%)"] == _ms([t[d]["recall@1"] for t in vmf], 100, 2)
-        for key, name in zip(keys, heads[1:], strict=True):
+        for key, name in zip(RETRIEVAL_KEYS[1:], heads[1:], strict=True):
             digits = 2 if key in ("spearman", "r2") else 3
             assert cells[f"{d} {name}"] == _ms([t[d][key] for t in vmf], digits=digits)
     assert cells["RSUM"] == _ms([t["rsum"] for t in vmf], digits=2)
@@ -199,90 +185,44 @@ def _with_input(method, adapter_input: str = "raw"):
     return method
 
 
-def _classification(root: str, n_per_class: int, classes: int, offset: int, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    d = 8
-    basis = np.eye(d)
-    labels = np.repeat(np.arange(classes), n_per_class)
-    emb = basis[labels + offset] + 0.2 * rng.standard_normal((len(labels), d))
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    images = pa.table(
-        {
-            "image_id": [f"i{k}" for k in range(len(labels))],
-            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel(), pa.float32()), d),
-            "label": labels,
-        }
-    )
-    texts = [f"a photo of a c{c}." for c in range(3)] + ["a photo"]
-    prompt = np.vstack([basis[:3], np.full((1, d), 1 / np.sqrt(d))])
-    prompts = pa.table(
-        {
-            "class_index": [0, 1, 2, -1],
-            "class_name": ["c0", "c1", "c2", ""],
-            "template": ["a photo of a {}."] * 3 + [""],
-            "text": texts,
-            "embedding": pa.FixedSizeListArray.from_arrays(
-                pa.array(prompt.ravel(), pa.float32()), d
-            ),
-            "norm": pa.array([20.0, 20.0, 20.0, 0.5], pa.float32()),
-        }
-    )
-    tables.write_part(root, "test", "images", "part-00000", images)
-    tables.write_part(root, "test", "prompts", "part-00000", prompts)
+def _classification(root: str, offset: int, seed: int) -> None:
+    """5 images of each of 3 classes near basis vector ``offset + class``; the class prompts on
+    the first 3 basis vectors and the dummy "a photo" between them."""
+    labels = np.repeat(np.arange(3), 5)
+    emb = np.eye(8)[labels + offset] + 0.2 * np.random.default_rng(seed).standard_normal((15, 8))
+    prompt = np.vstack([np.eye(8)[:3], np.full((1, 8), 1 / np.sqrt(8))])
+
+    def vectors(x: np.ndarray) -> pa.Array:
+        return pa.FixedSizeListArray.from_arrays(pa.array(x.ravel(), pa.float32()), 8)
+
+    images = {"image_id": [f"i{k}" for k in range(15)], "label": labels}
+    images["embedding"] = vectors(emb / np.linalg.norm(emb, axis=1, keepdims=True))
+    prompts = {"class_index": [0, 1, 2, -1], "class_name": ["c0", "c1", "c2", ""]}
+    prompts |= {"template": ["a photo of a {}."] * 3 + [""], "embedding": vectors(prompt)}
+    prompts |= {"text": [f"a photo of a c{c}." for c in range(3)] + ["a photo"]}
+    prompts["norm"] = pa.array([20.0, 20.0, 20.0, 0.5], pa.float32())
+    tables.write_part(root, "test", "images", "part-00000", pa.table(images))
+    tables.write_part(root, "test", "prompts", "part-00000", pa.table(prompts))
 
 
-def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys) -> None:
+def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys, monkeypatch) -> None:
     pos, neg = str(tmp_path / "cifar10"), str(tmp_path / "cifar100")
-    _classification(pos, 5, 3, offset=0, seed=0)
-    _classification(neg, 5, 3, offset=4, seed=1)  # images near none of the classes
+    _classification(pos, offset=0, seed=0)
+    _classification(neg, offset=4, seed=1)  # images near none of the classes
     ckpt = str(tmp_path / "ckpt")
     method = build_method("asymvlm-vmf", 8, hidden_dim=16)
     save_checkpoint(ckpt, method, TrainConfig(method="asymvlm-vmf", hidden_dim=16, seed=3), 8)
-    uri = store
-    rc = main(
-        [
-            "analyze",
-            "nota",
-            "--checkpoint",
-            ckpt,
-            "--frozen",
-            "--positives",
-            f"{pos}:test",
-            "--negatives",
-            f"{neg}:test",
-            "--mlflow-uri",
-            uri,
-            "--experiment",
-            "cli",
-        ]
-    )
-    assert rc == 0
+    log = ["--checkpoint", ckpt, "--mlflow-uri", store, "--experiment", "cli"]
+    sets = ["--positives", f"{pos}:test", "--negatives", f"{neg}:test"]
+    assert main(["analyze", "nota", "--frozen", *sets, *log]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["dummy"]["a photo"]) == {"asymvlm-vmf/seed3", "clip"}
     assert out["dummy"]["a photo"]["clip"]["pos_acc"] == 1.0  # positives sit on their class
-    rc = main(
-        [
-            "analyze",
-            "zeroshot",
-            "--checkpoint",
-            ckpt,
-            "--set",
-            f"cifar10={pos}:test",
-            "--fine-tuned-on",
-            "coco",
-            "--mlflow-uri",
-            uri,
-            "--experiment",
-            "cli",
-        ]
-    )
-    assert rc == 0
+    zeroshot = ["--set", f"cifar10={pos}:test", "--fine-tuned-on", "coco"]
+    assert main(["analyze", "zeroshot", *zeroshot, *log]) == 0
     capsys.readouterr()
-    os.environ["MLFLOW_TRACKING_URI"] = uri  # asymvlm report honours it (no --mlflow-uri)
-    try:
-        assert main(["report", "--experiment", "cli", "--output", str(tmp_path / "rep")]) == 0
-    finally:
-        del os.environ["MLFLOW_TRACKING_URI"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)  # asymvlm report honours it
+    assert main(["report", "--experiment", "cli", "--output", str(tmp_path / "rep")]) == 0
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "Table 2 analogue" in text and "Table 3 analogue" in text
     page = (tmp_path / "rep" / "report.html").read_text()
@@ -299,6 +239,7 @@ def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys) ->
     assert "--negatives" in capsys.readouterr().err
 
 
+# -- Table 1 analogue: sweeps as the report reads them ---------------------------------------
 def _curve(scale: float) -> dict[str, list[float]]:
     coverage = [(k + 1) / 20 for k in range(20)]
     return {"coverage": coverage, "risk": [scale * c for c in coverage]}
@@ -308,18 +249,9 @@ def _test_results(r1: float, auroc: float, aurc: float, ece: float, rsum: float)
     """A trial's test results as ``evaluate_retrieval`` returns them (i2t: t2i + 0.01)."""
     out: dict = {"rsum": rsum}
     for d, shift in (("t2i", 0.0), ("i2t", 0.01)):
-        out[d] = {
-            "recall@1": r1 + shift,
-            "spearman": -0.9 + shift,
-            "r2": 0.8 + shift,
-            "auroc": auroc + shift,
-            "aupr": auroc / 2 + shift,
-            "fpr@95tpr": 1 - auroc + shift,
-            "aurc": aurc + shift,
-            "ece": ece + shift,
-            "binned_recall@1": [r1 + shift] * 3,
-            "risk_coverage": _curve(aurc + shift),
-        }
+        values = (r1, -0.9, 0.8, auroc, auroc / 2, 1 - auroc, aurc, ece)
+        out[d] = {k: v + shift for k, v in zip(RETRIEVAL_KEYS, values, strict=True)}
+        out[d] |= {"binned_recall@1": [r1 + shift] * 3, "risk_coverage": _curve(aurc + shift)}
     return out
 
 
@@ -335,14 +267,9 @@ def _log_sweep(uri: str, exp: str, name: str, trials: list[tuple], protocol: str
         uri, exp, f"sweep {name}", kind="sweep", params=parent_params, tags={"sweep": name}
     ) as parent:
         for k, (method, test) in enumerate(trials):
+            trial = {"params": {**params, "method": method, "seed": k}, "tags": {"stage": "seeds"}}
             with tracking.run(
-                uri,
-                exp,
-                f"{method} seed{k}",
-                kind="trial",
-                parent=parent,
-                params={**params, "method": method, "seed": k},
-                tags={"stage": "seeds"},
+                uri, exp, f"{method} seed{k}", kind="trial", parent=parent, **trial
             ) as child:
                 child.log_json("results.json", {"test": test, "val": {}})
 
