@@ -23,6 +23,7 @@ from asymvlm.config import redact
 from asymvlm.evaluation.hierarcaps import plot_hierarchy
 from asymvlm.evaluation.ood import plot_severity
 from asymvlm.evaluation.zeroshot import aggregation_note
+from asymvlm.paper_numbers import TABLE3
 from asymvlm.plots import plot_binned_recall, plot_risk_coverage
 from asymvlm.results import DIRECTIONS, markdown, mean_std, seed_stats, stats_table
 from asymvlm.results import retrieval_metric_names as metric_names
@@ -237,41 +238,34 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
 
 def _table3(runs: list[tuple[dict, dict]]) -> list[str]:
     """Table 3 analogue per zero-shot run: per method the seeds and mean ± std of zero-shot
-    accuracy on each set; the paper's rows where the set-up is theirs, else a column."""
+    accuracy on each set, the paper's numbers beside them (its COCO rows unless the set-up is
+    the paper's)."""
     lines: list[str] = []
     for res, params in runs:
         ft = params.get("fine_tuned_on", "?")
         sets = sorted({s for cells in res.values() for s in cells})
         matched = paper_numbers.matches_paper(params.get("embedding_model"), ft)
-        stats = seed_stats(
-            [{**cells, "method": _base(name)} for name, cells in res.items()], "method", sets
+        setup = PAPER_TABLE3_SETUP.replace("COCO", ft) if matched else PAPER_TABLE3_SETUP
+        rows = [{**cells, "method": _base(name)} for name, cells in res.items()]
+        stats = seed_stats(rows, "method", sets)
+        table = pd.DataFrame(
+            {"fine-tuned on": ["– (frozen)" if m == "clip" else ft for m in stats.index]}
+            | {"method": stats.index, "seeds": stats["seeds"].astype(str).to_numpy()}
+            | {s: mean_std(stats, s, bare=True) for s in sets}
         )
-        cells = {s: mean_std(stats, s, bare=True) for s in sets}
-        rows = []
-        for k, method in enumerate(stats.index):
-            tuned = "– (frozen)" if method == "clip" else ft
-            rows.append([tuned, method, str(stats["seeds"].iloc[k]), *(cells[s][k] for s in sets)])
-            if matched:
-                if paper := paper_numbers.TABLE3.get(ft, {}).get(method):
-                    values = [f"{paper.get(s, float('nan')):.3f}" for s in sets]
-                    rows.append([ft, f"{method} (paper)", "–", *values])
-            else:
-                paper = paper_numbers.TABLE3["none" if method == "clip" else "coco"].get(method)
-                rows[-1].append(" / ".join(f"{v:.3f}" for v in paper.values()) if paper else "–")
-        head = ["fine-tuned on", "method", "seeds", *sets]
-        head += [] if matched else [f"paper ({PAPER_TABLE3_SETUP})"]
-        note = (
-            "Paper rows: Ju et al. 2025, Table 3 (CLIP ViT-B/32)."
-            if matched
-            else f"Paper column: Ju et al. 2025, Table 3 — {PAPER_TABLE3_SETUP} (the "
-            "frozen CLIP's row: no fine-tuning); other sets than ours, not produced here."
-        )
+        paper = [TABLE3["none" if m == "clip" else ft if matched else "coco"] for m in stats.index]
+        paper = [p.get(m) for p, m in zip(paper, stats.index, strict=True)]
+        table[f"paper ({setup})"] = [
+            " / ".join(f"{v:.3f}" for v in p.values()) if p else "–" for p in paper
+        ]
         lines += [
             f"### Table 3 analogue — zero-shot accuracy after fine-tuning{_heading(params)}",
             "",
-            markdown(pd.DataFrame(rows, columns=head)),
+            markdown(table),
             "",
-            f"*Ours: mean ± std over the sweep's seeds (one value for the frozen model). {note}*",
+            "*Ours: mean ± std over the sweep's seeds (one value for the frozen model). Paper "
+            f"column: Ju et al. 2025, Table 3 — {setup} (the frozen CLIP's row: no fine-tuning); "
+            "other sets than ours, not produced here.*",
             "",
             f"*{aggregation_note(params.get('template_aggregation') or 'mean')}*",
             "",
