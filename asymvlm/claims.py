@@ -58,28 +58,19 @@ class Verdict:
     paper: str
 
     def ours(self) -> str:
-        return f"{self.a_name} {_stat(self.a)} vs {self.b_name} {_stat(self.b)}"
+        def stat(v: Sequence[float]) -> str:
+            sd = f" ± {statistics.stdev(v):.3f} (n={len(v)})" if len(v) > 1 else ""
+            return f"{statistics.fmean(v):.3f}{sd}"
 
-
-def _stat(values: Sequence[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f} (n={len(values)})"
-
-
-def standard_error_of_difference(a: Sequence[float], b: Sequence[float]) -> float:
-    """SE of ``mean(a) - mean(b)``: sqrt(s_a^2/n_a + s_b^2/n_b), one value counting as exact."""
-    return math.sqrt(sum(statistics.variance(x) / len(x) for x in (a, b) if len(x) > 1))
+        return f"{self.a_name} {stat(self.a)} vs {self.b_name} {stat(self.b)}"
 
 
 def judge(a: Sequence[float], b: Sequence[float], direction: int = 1) -> tuple[float, float, str]:
     """``(difference, SE, verdict)`` of the claim that ``mean(a) - mean(b)`` has the sign of
     ``direction``: supported beyond ``max(Z SE, MIN_EFFECT)``, contradicted as far the other
     way, undetermined when neither side has two seeds."""
-    if not a or not b:
-        raise ValueError("a claim needs values on both sides")
     diff = statistics.fmean(a) - statistics.fmean(b)
-    se = standard_error_of_difference(a, b)
+    se = math.sqrt(sum(statistics.variance(x) / len(x) for x in (a, b) if len(x) > 1))
     if len(a) < 2 and len(b) < 2:
         return diff, se, "undetermined (no seeds to estimate an error)"
     signed, bar = direction * diff, max(Z * se, MIN_EFFECT)

@@ -77,9 +77,6 @@ TABLE3: dict[str, dict[str, dict[str, float]]] = {
     for ft, rows in _T3.items()
 }
 
-#: The embedding model the paper's numbers were measured with.
-PAPER_MODEL = "openai/clip-vit-base-patch32"
-
 
 def matches_paper(model: str | None, dataset: str | None) -> bool:
     """True when our set-up is the paper's (CLIP ViT-B/32 on one of its data sets)."""

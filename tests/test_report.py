@@ -25,6 +25,7 @@ from tests.test_hierarchy import _write as write_hierarchy
 from tests.test_ood import _pair
 from tests.test_zeroshot import IdentityVMF
 
+COVERAGE = [(k + 1) / 20 for k in range(20)]
 RETRIEVAL_KEYS = ("recall@1", "spearman", "r2", "auroc", "aupr", "fpr@95tpr", "aurc", "ece")
 CURVE_RUN = "docs/synthetic-world/generic_captions.json"
 
@@ -242,18 +243,16 @@ def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys, mo
 
 
 # -- Table 1 analogue: sweeps as the report reads them ---------------------------------------
-def _curve(scale: float) -> dict[str, list[float]]:
-    coverage = [(k + 1) / 20 for k in range(20)]
-    return {"coverage": coverage, "risk": [scale * c for c in coverage]}
-
-
 def _test_results(r1: float, auroc: float, aurc: float, ece: float, rsum: float) -> dict:
     """A trial's test results as ``evaluate_retrieval`` returns them (i2t: t2i + 0.01)."""
     out: dict = {"rsum": rsum}
     for d, shift in (("t2i", 0.0), ("i2t", 0.01)):
         values = (r1, -0.9, 0.8, auroc, auroc / 2, 1 - auroc, aurc, ece)
         out[d] = {k: v + shift for k, v in zip(RETRIEVAL_KEYS, values, strict=True)}
-        out[d] |= {"binned_recall@1": [r1 + shift] * 3, "risk_coverage": _curve(aurc + shift)}
+        out[d] |= {
+            "binned_recall@1": [r1 + shift] * 3,
+            "risk_coverage": {"coverage": COVERAGE, "risk": [(aurc + shift) * c for c in COVERAGE]},
+        }
     return out
 
 
