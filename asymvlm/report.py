@@ -23,7 +23,7 @@ from asymvlm.config import redact
 from asymvlm.evaluation.hierarcaps import plot_hierarchy
 from asymvlm.evaluation.ood import plot_severity
 from asymvlm.evaluation.zeroshot import aggregation_note
-from asymvlm.paper_numbers import TABLE3
+from asymvlm.paper_numbers import TABLE2, TABLE3
 from asymvlm.plots import plot_binned_recall, plot_risk_coverage
 from asymvlm.results import DIRECTIONS, markdown, mean_std, seed_stats, stats_table
 from asymvlm.results import retrieval_metric_names as metric_names
@@ -198,22 +198,15 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
             for name, cell in per_method.items()
         ]
         stats = seed_stats(cells, ["dummy", "method"], list(keys))
-        table = pd.DataFrame(
-            {
-                "dummy prompt": [f'"{d}"' for d, _ in stats.index],
-                "method": [m for _, m in stats.index],
-                "seeds": stats["seeds"].astype(str).to_numpy(),
-            }
-            | {head: mean_std(stats, key, bare=True) for key, head in keys.items()}
-            | {
-                "paper (pos., neg.)": [
-                    _pair(paper_numbers.TABLE2.get(d, {}).get(m)) for d, m in stats.index
-                ]
-            }
-        )
+        table = stats.index.to_frame(index=False, name=["dummy prompt", "method"])
+        table["dummy prompt"] = [f'"{d}"' for d in table["dummy prompt"]]
+        table["seeds"] = stats["seeds"].astype(str).to_numpy()
+        for key, head in keys.items():
+            table[head] = mean_std(stats, key, bare=True)
+        table["paper (pos., neg.)"] = [_pair(TABLE2.get(d, {}).get(m)) for d, m in stats.index]
         for name, cell in res.get("rejection", {}).items():
             values = ["–" if cell.get(k) is None else f"{cell[k]:.3f}" for k in keys]
-            paper = _pair(paper_numbers.TABLE2["(none)"].get(name))
+            paper = _pair(TABLE2["(none)"].get(name))
             table.loc[len(table)] = ["(none)", f"{name}-based (frozen)", "1", *values, paper]
         lines += [
             f"### Table 2 analogue — none-of-the-above ({sets}){_heading(params)}",
@@ -364,10 +357,8 @@ def build_report(
             result = tracking.json_artifact(tracking_uri, run.info.run_id, "results.json")
             evals[kind].append((result, run.data.params))
     lines += _table2(evals["eval-nota"]) + _table3(evals["eval-zeroshot"])
-    for kind, judge in (
-        ("eval-nota", claims.table2_verdicts),
-        ("eval-zeroshot", claims.table3_verdicts),
-    ):
+    verdicts = {"eval-nota": claims.table2_verdicts, "eval-zeroshot": claims.table3_verdicts}
+    for kind, judge in verdicts.items():
         for res, params in evals[kind]:
             if "plumbing only" not in (params.get("note") or "").lower():
                 source = f"{kind[5:]} ({params.get('sweep') or '–'})"
