@@ -1,10 +1,6 @@
-"""The offline demo: a synthetic world, four methods, the paper's metrics and a figure.
-
-``python -m asymvlm.demo [--output DIR]`` -- no network, no GPU, a few minutes on 2 CPUs.
-It writes the synthetic world's embedding tables, trains the frozen reference, deterministic
-fine-tuning and AsymVLM (vMF and PS), evaluates them on the test split, and writes
-``results.json``, ``results.md`` and ``fig3_synthetic.png`` (Recall@1 per uncertainty level).
-"""
+"""``python -m asymvlm.demo [--output DIR]``: the offline single-process demo (no network, no GPU)
+-- a synthetic world, the frozen model, Determ. FT and AsymVLM (vMF, PS) on its test split, as
+``results.json``, ``results.md`` and ``fig3_synthetic.png``."""
 
 from __future__ import annotations
 

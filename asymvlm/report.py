@@ -278,9 +278,7 @@ def _hierarchy(res: dict, output: str, params: dict, tag: str) -> tuple[list[str
     table = pd.DataFrame(
         {"method": stats.index} | {h: mean_std(stats, k, bare=True) for k, h in keys.items()}
     )
-    first: dict[str, dict] = {}
-    for name, cell in res.items():
-        first.setdefault(_base(name), cell)
+    first = {m: next(c for n, c in res.items() if _base(n) == m) for m in map(_base, res)}
     path = plot_hierarchy(first, os.path.join(output, f"fig5_{tag}.png"))
     return [
         f"### HierarCaps analysis (Fig. 5 analogue){_heading(params)}\n",
@@ -305,10 +303,9 @@ def _ood(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dic
     cells = [{**c, "method": _base(n), "spec": s} for n, per in res.items() for s, c in per.items()]
     cells.sort(key=lambda c: (order[c["method"]], c["spec"]))
     stats = seed_stats(cells, ["method", "spec"], [*keys, "clean_t2i_recall_at_1"])
-    table = pd.DataFrame(
-        {"method": [m for m, _ in stats.index], "perturbation": [s for _, s in stats.index]}
-        | {h: mean_std(stats, k, bare=True) for k, h in keys.items()}
-    )
+    table = stats.index.to_frame(index=False, name=["method", "perturbation"])
+    for key, head in keys.items():
+        table[head] = mean_std(stats, key, bare=True)
     curves: dict[str, dict[str, dict[int, float]]] = defaultdict(dict)
     for (method, spec), row in stats.iterrows():
         kind, severity = spec.split(":")
