@@ -100,8 +100,10 @@ class _PostHocGaussian(Method):
 
 @register("pfe")
 class PFE(_PostHocGaussian):
-    """PFE*: sigma^2 = softplus(mlp(x)) + 1e-6 per dimension, means frozen; loss -mean MLS of
-    the pairs on unit means, or (``official``, the port) twice it on raw inputs, no floor."""
+    """PFE*: sigma^2 = softplus(mlp(x)) per dimension, means frozen.
+
+    Loss -mean MLS of the pairs on unit means, sigma^2 floored at 1e-6, or (``official``, the
+    port) twice it on raw inputs, no floor."""
 
     OFFICIAL_RAW_IMAGES = True
 
@@ -118,9 +120,10 @@ class PFE(_PostHocGaussian):
 
 @register("pcmepp")
 class PCMEPP(_PostHocGaussian):
-    """PCME++*: ln sigma^2 = mlp(mu), means frozen; BCE over the logits -a CSD + b of the pair
-    matrix, doubled (i2t + t2i) as the official code; a = softplus(a_raw), or a_raw
-    (``official``); a and b start at 5."""
+    """PCME++*: ln sigma^2 = mlp(mu), means frozen; probabilistic matching loss.
+
+    BCE over the logits -a CSD + b of the pair matrix, doubled (i2t + t2i) as the official
+    code; a = softplus(a_raw), or a_raw (``official``); a and b start at 5."""
 
     def __init__(self, dim: int, *args: Any, **kwargs: Any) -> None:
         super().__init__(dim, *args, **kwargs)
@@ -149,10 +152,11 @@ class PCMEPP(_PostHocGaussian):
 
 @register("prolip")
 class ProLIP(_PostHocGaussian):
-    """ProLIP*: the PCME++ heads with ProLIP's objective, means frozen: PPCL (Eq. 2) over
-    s * probabilistic cosine + b, s, b learnt from 10, -10, the heads' last bias at -10, plus
-    0.01 L_inc(Z_v in Z_t) (Eq. 3-5); ``official`` (the port): s, b fixed at 1, 0, the heads
-    as initialised and 1e-5 times the port's VIB term instead of L_inc."""
+    """ProLIP*: the PCME++ heads with ProLIP's objective, means frozen.
+
+    PPCL (Eq. 2) over s * probabilistic cosine + b, s, b learnt from 10, -10, the heads' last
+    bias at -10, plus 0.01 L_inc(Z_v in Z_t) (Eq. 3-5); ``official`` (the port): s, b fixed at
+    1, 0, the heads as initialised and 1e-5 times the port's VIB term instead of L_inc."""
 
     def __init__(self, dim: int, *args: Any, **kwargs: Any) -> None:
         super().__init__(dim, *args, **kwargs)
