@@ -16,21 +16,6 @@ import pandas as pd
 from asymvlm.paper_numbers import TABLE2, TABLE3
 from asymvlm.results import markdown
 
-__all__ = [
-    "CURVE_METHODS",
-    "GENERIC_CURVE",
-    "MIN_EFFECT",
-    "RULE",
-    "Z",
-    "Verdict",
-    "judge",
-    "standard_error_of_difference",
-    "table1_verdicts",
-    "table2_verdicts",
-    "table3_verdicts",
-    "world_of",
-]
-
 #: Standard errors, and the least absolute difference, a difference must exceed to count.
 Z = 2.0
 MIN_EFFECT = 0.01
@@ -73,28 +58,19 @@ class Verdict:
     paper: str
 
     def ours(self) -> str:
-        return f"{self.a_name} {_stat(self.a)} vs {self.b_name} {_stat(self.b)}"
+        def stat(v: Sequence[float]) -> str:
+            sd = f" ± {statistics.stdev(v):.3f} (n={len(v)})" if len(v) > 1 else ""
+            return f"{statistics.fmean(v):.3f}{sd}"
 
-
-def _stat(values: Sequence[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f} (n={len(values)})"
-
-
-def standard_error_of_difference(a: Sequence[float], b: Sequence[float]) -> float:
-    """SE of ``mean(a) - mean(b)``: sqrt(s_a^2/n_a + s_b^2/n_b), one value counting as exact."""
-    return math.sqrt(sum(statistics.variance(x) / len(x) for x in (a, b) if len(x) > 1))
+        return f"{self.a_name} {stat(self.a)} vs {self.b_name} {stat(self.b)}"
 
 
 def judge(a: Sequence[float], b: Sequence[float], direction: int = 1) -> tuple[float, float, str]:
     """``(difference, SE, verdict)`` of the claim that ``mean(a) - mean(b)`` has the sign of
     ``direction``: supported beyond ``max(Z SE, MIN_EFFECT)``, contradicted as far the other
     way, undetermined when neither side has two seeds."""
-    if not a or not b:
-        raise ValueError("a claim needs values on both sides")
     diff = statistics.fmean(a) - statistics.fmean(b)
-    se = standard_error_of_difference(a, b)
+    se = math.sqrt(sum(statistics.variance(x) / len(x) for x in (a, b) if len(x) > 1))
     if len(a) < 2 and len(b) < 2:
         return diff, se, "undetermined (no seeds to estimate an error)"
     signed, bar = direction * diff, max(Z * se, MIN_EFFECT)
@@ -105,20 +81,21 @@ def judge(a: Sequence[float], b: Sequence[float], direction: int = 1) -> tuple[f
     return diff, se, "not supported"
 
 
-def _verdict(table: str, claim: str, where: str, a, b, names, paper: str, sign=1) -> Verdict:
-    a, b = tuple(map(float, a)), tuple(map(float, b))
-    return Verdict(table, claim, where, a, b, *names, *judge(a, b, sign), paper)
-
-
-def _base(name: str) -> str:
-    return name.split("/", 1)[0]
+def _verdicts(
+    table: str, claim: str, frame: pd.DataFrame, key: str, a: str, b: str, paper: str, where=None
+) -> list[Verdict]:
+    """The claim ``a`` > ``b`` on ``key`` (one value per seed each), where both sides have one."""
+    va, vb = (tuple(map(float, _per_seed(frame, key, m))) for m in (a, b))
+    if not (va and vb):
+        return []
+    return [Verdict(table, claim, where or key, va, vb, a, b, *judge(va, vb), paper)]
 
 
 def _per_seed(frame: pd.DataFrame, key: str, method: str) -> list[float]:
     """The defined values of ``key`` of ``method``'s rows (one per seed)."""
     if key not in frame:
         return []
-    return frame.loc[frame["method"] == method, key].dropna().tolist()
+    return frame.loc[frame["name"].str.split("/").str[0] == method, key].dropna().tolist()
 
 
 def _paper_table2(method: str, index: int) -> float:
@@ -136,55 +113,45 @@ def table2_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
     )
     keys = [k for k in ("neg_acc", "far_neg_acc", "pos_acc") if k in cells]
     frame = cells.groupby("name", sort=False)[keys].mean().reset_index() if keys else cells
-    frame["method"] = frame["name"].map(_base) if "name" in frame else []
     out: list[Verdict] = []
-    for method in PROBABILISTIC:
+    for m in PROBABILISTIC:
         for key, where in (("neg_acc", "sibling negatives"), ("far_neg_acc", "far negatives")):
             for other, label in ((BASELINE, "Determ. FT"), (FROZEN, "the frozen model")):
-                a, b = _per_seed(frame, key, method), _per_seed(frame, key, other)
-                if a and b:
-                    paper = f"{_paper_table2(method, 1):.3f} vs {_paper_table2(other, 1):.3f}"
-                    claim = f"{method} rejects more negatives than {label}"
-                    out.append(
-                        _verdict(
-                            "Table 2", claim, where, a, b, (method, other), paper + " (CIFAR-100)"
-                        )
-                    )
-        a, b = _per_seed(frame, "pos_acc", method), _per_seed(frame, "pos_acc", BASELINE)
-        if a and b:
-            paper = f"{_paper_table2(method, 0):.3f} vs {_paper_table2(BASELINE, 0):.3f} (CIFAR-10)"
-            claim = f"{method} keeps more positives than Determ. FT"
-            out.append(_verdict("Table 2", claim, "positives", a, b, (method, BASELINE), paper))
+                paper = f"{_paper_table2(m, 1):.3f} vs {_paper_table2(other, 1):.3f} (CIFAR-100)"
+                claim = f"{m} rejects more negatives than {label}"
+                out += _verdicts("Table 2", claim, frame, key, m, other, paper, where)
+        paper = f"{_paper_table2(m, 0):.3f} vs {_paper_table2(BASELINE, 0):.3f} (CIFAR-10)"
+        claim = f"{m} keeps more positives than Determ. FT"
+        out += _verdicts("Table 2", claim, frame, "pos_acc", m, BASELINE, paper, "positives")
     return out
 
 
 def table3_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
     """Table 3's claim per evaluation set: each probabilistic method keeps more zero-shot
     accuracy after fine-tuning than Determ. FT."""
-    frame = pd.DataFrame([{**c, "method": _base(n)} for n, c in res.items()])
+    frame = pd.DataFrame([{**c, "name": n} for n, c in res.items()])
     out: list[Verdict] = []
-    for method in PROBABILISTIC:
-        paper, base = TABLE3["coco"][method]["cifar10"], TABLE3["coco"][BASELINE]["cifar10"]
+    for m in PROBABILISTIC:
+        paper, base = TABLE3["coco"][m]["cifar10"], TABLE3["coco"][BASELINE]["cifar10"]
         text = f"{paper:.3f} vs {base:.3f} (CIFAR-10; all four sets this way)"
-        claim = f"{method} keeps more zero-shot accuracy after fine-tuning than Determ. FT"
-        for s in sorted(c for c in frame.columns if c != "method"):
-            a, b = _per_seed(frame, s, method), _per_seed(frame, s, BASELINE)
-            if a and b:
-                out.append(_verdict("Table 3", claim, s, a, b, (method, BASELINE), text))
+        claim = f"{m} keeps more zero-shot accuracy after fine-tuning than Determ. FT"
+        for s in sorted(c for c in frame.columns if c != "name"):
+            out += _verdicts("Table 3", claim, frame, s, m, BASELINE, text)
     return out
 
 
 def table1_verdicts(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> list[Verdict]:
     """Table 1's claim per retrieval direction: Recall@1 falls as a probabilistic method's
     uncertainty rises, Spearman S < 0 (``rows``: one per seed, as the report's Table 1)."""
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(rows).rename(columns={"method": "name"})
     out: list[Verdict] = []
     for method in PROBABILISTIC:
         for d in ("i2t", "t2i"):
-            if values := _per_seed(frame, f"{d}_spearman", method):
+            if values := tuple(map(float, _per_seed(frame, f"{d}_spearman", method))):
                 claim = f"Recall@1 falls as {method}'s uncertainty rises (S < 0)"
                 paper = "S ≈ −0.99 to −1.00 (COCO, both directions)"
-                out.append(_verdict("Table 1", claim, d, values, [0.0], ("S", "0"), paper, -1))
+                judged = judge(values, (0.0,), -1)
+                out.append(Verdict("Table 1", claim, d, values, (0.0,), "S", "0", *judged, paper))
     return out
 
 
@@ -211,9 +178,7 @@ def claims_markdown(judged: Sequence[tuple[str, Verdict]]) -> list[str]:
                 "on": v.where,
                 "ours (mean ± std over seeds)": v.ours(),
                 "difference ± SE": f"{v.difference:+.3f} ± {v.se:.3f}",
-                "verdict": f"**{v.verdict}**"
-                if v.verdict in ("supports", "contradicts")
-                else v.verdict,
+                "verdict": f"**{v.verdict}**" if v.verdict[0] in "sc" else v.verdict,
                 "paper": v.paper,
             }
             for source, v in judged
@@ -233,24 +198,13 @@ def claims_markdown(judged: Sequence[tuple[str, Verdict]]) -> list[str]:
 
 def _curve_table() -> str:
     methods = "vMF / PS / Determ. FT / frozen"
-    table = pd.DataFrame(
-        [
-            [
-                f"{p:g}",
-                f"{kappa[0]:.1f} / {kappa[1]:.1f}",
-                " / ".join(f"{v:.2f}" for v in sib),
-                " / ".join(f"{v:.2f}" for v in far),
-            ]
-            for p, (kappa, sib, far) in GENERIC_CURVE.items()
-        ],
-        columns=[
-            "p",
-            'κ("a photo") / κ(class prompts), AsymVLM vMF',
-            f"sibling neg. rejected: {methods}",
-            f"far neg. rejected: {methods}",
-        ],
-    )
-    return markdown(table)
+    head = ["p", 'κ("a photo") / κ(class prompts), AsymVLM vMF']
+    head += [f"sibling neg. rejected: {methods}", f"far neg. rejected: {methods}"]
+    rows = [
+        [f"{p:g}", f"{k[0]:.1f} / {k[1]:.1f}", *(" / ".join(f"{v:.2f}" for v in c) for c in cs)]
+        for p, (k, *cs) in GENERIC_CURVE.items()
+    ]
+    return markdown(pd.DataFrame(rows, columns=head))
 
 
 def closing_note(
@@ -274,43 +228,27 @@ def closing_note(
         lines.append("")
     if world is None:
         return lines
-    p = float(world.get("generic_captions", 0.0))
-    mis = float(world.get("misalignment", 1.0))
-    lines += [
-        "**What the synthetic world can and cannot show.** The world encodes mechanisms, and a "
-        "claim can only be tested where one is encoded (assumptions in `asymvlm.synthetic`):",
-        "",
-        f"- *Table 2 (none-of-the-above).* A share p = {p:g} of the training captions are "
-        "generic (assumption U; 0.4 % of the real HierarCaps test hierarchies' texts are, fixed "
-        "before measuring). A generic caption seen in training teaches the adapter a broad "
-        "distribution for texts near the hierarchy's root, so the dummy prompt becomes a "
-        "likelihood-ratio test against the image marginal. Without generic captions the dummy "
-        "prompts lie outside the training texts and the adapter extrapolates a *high* κ: the "
-        "claim then fails for a reason of the world, not of the method. How far the rejection "
-        'goes depends on p, which real data does not fix well (5 seeds, dummy "a photo"):',
+    p, mis = float(world.get("generic_captions", 0.0)), float(world.get("misalignment", 1.0))
+    table3 = (
+        "the world is in the forgetting regime (assumption F): fine-tuning can only cost "
+        "zero-shot accuracy, and the world encodes **no mechanism** by which one adapter forgets "
+        "less than another, so a gap between them is an outcome of training"
+        if mis == 0.0
+        else f"the frozen text encoder is misaligned by a shared rotation ({mis:g} rad), so "
+        "fine-tuning helps every method on the other domain: the paper's forgetting cannot be "
+        "tested in this world"
+    )
+    return lines + [
+        "**What the synthetic world can and cannot show** (docs/synthetic-world.md). *Table 2:* "
+        f"a share p = {p:g} of the training captions are generic (assumption U); without them "
+        "the adapter extrapolates a *high* κ to the dummy prompts and the claim fails for a "
+        'reason of the world. The measured p curve (5 seeds, dummy "a photo"):',
         "",
         _curve_table(),
         "",
-        "  Far negatives (concepts under other level-0 concepts) are a different test from "
-        "sibling ones: the frozen model's cosine already rejects many of them here (the root "
-        "direction of the dummy lies nearer to them than the class prompts do), unlike CLIP on "
-        "CIFAR-100 (0.009), so the frozen column is no reference for the paper's.",
-        "- *Table 3 (zero-shot after fine-tuning).* "
-        + (
-            "The world is in the forgetting regime (assumption F, no shared text-encoder "
-            "rotation): the frozen encoder is well aligned on the zero-shot domain, so "
-            "fine-tuning can only cost accuracy there. The world encodes **no mechanism** by "
-            "which one adapter forgets less than another (AsymVLM and Determ. FT move the mean "
-            "embedding alike): a gap between them is an outcome of training, not a built-in "
-            "effect, and no mechanism here predicts its sign."
-            if mis == 0.0
-            else f"The frozen text encoder is misaligned by a shared rotation ({mis:g} rad), so "
-            "fine-tuning on one domain helps every method on the other: the paper's forgetting "
-            "cannot be tested in this world."
-        ),
-        "- *Not in the world at all:* CLIP's real text geometry (generic prompts near the "
-        "text-embedding mean), real class names and templates, and the magnitudes of the "
-        "paper's numbers; the paper columns are there for the direction only.",
+        "Far negatives are rejected by the frozen model's cosine here (unlike CLIP on CIFAR-100, "
+        f"0.009): its column is no reference for the paper's. *Table 3:* {table3}. *Not in the "
+        "world:* CLIP's real text geometry, class names and templates, and the paper's "
+        "magnitudes; the paper columns are there for the direction only.",
         "",
     ]
-    return lines

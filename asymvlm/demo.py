@@ -1,10 +1,6 @@
-"""The offline demo: a synthetic world, four methods, the paper's metrics and a figure.
-
-``python -m asymvlm.demo [--output DIR]`` -- no network, no GPU, a few minutes on 2 CPUs.
-It writes the synthetic world's embedding tables, trains the frozen reference, deterministic
-fine-tuning and AsymVLM (vMF and PS), evaluates them on the test split, and writes
-``results.json``, ``results.md`` and ``fig3_synthetic.png`` (Recall@1 per uncertainty level).
-"""
+"""``python -m asymvlm.demo [--output DIR]``: the offline single-process demo (no network, no GPU)
+-- a synthetic world, the frozen model, Determ. FT and AsymVLM (vMF, PS) on its test split, as
+``results.json``, ``results.md`` and ``fig3_synthetic.png``."""
 
 from __future__ import annotations
 
@@ -14,11 +10,14 @@ import logging
 import os
 import time
 
+import pandas as pd
+
 from asymvlm import logs
 from asymvlm.evaluation.registry import evaluate_split
 from asymvlm.metrics import spearman_uncertainty
 from asymvlm.plots import plot_binned_recall
 from asymvlm.protocol import train
+from asymvlm.results import markdown
 from asymvlm.splits import load_split
 from asymvlm.synthetic import WorldConfig, write_world
 from asymvlm.training import TrainConfig
@@ -28,24 +27,20 @@ DEMO_METHODS = ("clip", "determ-ft", "asymvlm-vmf", "asymvlm-ps")
 logger = logging.getLogger(__name__)
 
 
-def _fmt(x: float | None, spec: str = ".3f") -> str:
-    return "—" if x is None else format(x, spec)
-
-
 def results_table(results: dict[str, dict]) -> str:
     """Markdown table in the layout of Table A.2 (i2t | t2i)."""
-    lines = [
-        "| method | i2t R@1 | i2t R² | i2t S | t2i R@1 | t2i R² | t2i S | S(u, abstraction) |",
-        "|---|---|---|---|---|---|---|---|",
+    cells = [("recall@1", "R@1", ".3f"), ("r2", "R²", ".3f"), ("spearman", "S", "+.3f")]
+    rows = [
+        {"method": name}
+        | {f"{d} {h}": _fmt(r[d][k], f) for d in ("i2t", "t2i") for k, h, f in cells}
+        | {"S(u, abstraction)": _fmt(r.get("spearman_uncertainty_abstraction"), "+.3f")}
+        for name, r in results.items()
     ]
-    for name, r in results.items():
-        i, t = r["i2t"], r["t2i"]
-        lines.append(
-            f"| {name} | {_fmt(i['recall@1'])} | {_fmt(i['r2'])} | {_fmt(i['spearman'], '+.3f')} "
-            f"| {_fmt(t['recall@1'])} | {_fmt(t['r2'])} | {_fmt(t['spearman'], '+.3f')} "
-            f"| {_fmt(r.get('spearman_uncertainty_abstraction'), '+.3f')} |"
-        )
-    return "\n".join(lines)
+    return markdown(pd.DataFrame(rows))
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
 
 
 def run(output: str, epochs: int = 40, methods: tuple[str, ...] = DEMO_METHODS) -> dict:
@@ -69,13 +64,7 @@ def run(output: str, epochs: int = 40, methods: tuple[str, ...] = DEMO_METHODS) 
         )
         res["seconds"] = time.perf_counter() - t0
         results[name] = res
-        logger.info(
-            "%s: t2i R@1 %.3f, i2t R@1 %.3f (%.0f s)",
-            name,
-            res["t2i"]["recall@1"],
-            res["i2t"]["recall@1"],
-            res["seconds"],
-        )
+        logger.info("%s: t2i R@1 %.3f (%.0f s)", name, res["t2i"]["recall@1"], res["seconds"])
     with open(os.path.join(output, "results.json"), "w") as fh:
         json.dump(results, fh, indent=2)
     table = results_table(results)

@@ -8,7 +8,6 @@ fine-tuning). Keys use this project's method and data-set names.
 from __future__ import annotations
 
 #: Table 1: dataset -> method -> metric -> value (t2i/i2t Recall@1, R², Spearman S).
-TABLE1: dict[str, dict[str, dict[str, float]]] = {}
 _T1 = {
     "coco": {
         "pfe": (0.500, 0.558, -0.722, 0.304, 0.946, -0.988),
@@ -35,44 +34,27 @@ _T1 = {
         "asymvlm-ps": (0.393, 0.992, -1.000, 0.380, 0.993, -1.000),
     },
 }
-_T1_COLUMNS = (
-    "t2i_recall_at_1",
-    "t2i_r2",
-    "t2i_spearman",
-    "i2t_recall_at_1",
-    "i2t_r2",
-    "i2t_spearman",
-)
-for _dataset, _rows in _T1.items():
-    TABLE1[_dataset] = {m: dict(zip(_T1_COLUMNS, v, strict=True)) for m, v in _rows.items()}
-
-#: Table 2: dummy prompt -> method -> (positive accuracy, negative accuracy).
-TABLE2: dict[str, dict[str, tuple[float, float]]] = {
-    "a photo": {
-        "clip": (0.888, 0.009),
-        "determ-ft": (0.769, 0.115),
-        "asymvlm-ps": (0.845, 0.547),
-        "asymvlm-vmf": (0.857, 0.587),
-    },
-    "a photo of an object": {
-        "clip": (0.888, 0.009),
-        "determ-ft": (0.778, 0.037),
-        "asymvlm-ps": (0.849, 0.609),
-        "asymvlm-vmf": (0.858, 0.557),
-    },
-    "a photo of something": {
-        "clip": (0.888, 0.009),
-        "determ-ft": (0.769, 0.125),
-        "asymvlm-ps": (0.843, 0.595),
-        "asymvlm-vmf": (0.857, 0.585),
-    },
-    "(none)": {"margin": (0.584, 0.579), "threshold": (0.646, 0.560)},
+_T1_COLUMNS = [f"{d}_{m}" for d in ("t2i", "i2t") for m in ("recall_at_1", "r2", "spearman")]
+TABLE1: dict[str, dict[str, dict[str, float]]] = {
+    dataset: {m: dict(zip(_T1_COLUMNS, v, strict=True)) for m, v in rows.items()}
+    for dataset, rows in _T1.items()
 }
 
+#: Table 2: dummy prompt -> method -> (positive accuracy, negative accuracy).
+_T2_METHODS = ("clip", "determ-ft", "asymvlm-ps", "asymvlm-vmf")
+TABLE2: dict[str, dict[str, tuple[float, float]]] = {
+    dummy: dict(zip(_T2_METHODS, cells, strict=True))
+    for dummy, cells in {
+        "a photo": ((0.888, 0.009), (0.769, 0.115), (0.845, 0.547), (0.857, 0.587)),
+        "a photo of an object": ((0.888, 0.009), (0.778, 0.037), (0.849, 0.609), (0.858, 0.557)),
+        "a photo of something": ((0.888, 0.009), (0.769, 0.125), (0.843, 0.595), (0.857, 0.585)),
+    }.items()
+}
+TABLE2["(none)"] = {"margin": (0.584, 0.579), "threshold": (0.646, 0.560)}
+
 #: Table 3: fine-tuning data set -> method -> evaluation set -> zero-shot accuracy.
-TABLE3: dict[str, dict[str, dict[str, float]]] = {}
 _T3_SETS = ("cifar10", "cifar100", "stl10", "imagenet")
-for _ft, _rows3 in {
+_T3 = {
     "coco": {
         "determ-ft": (0.684, 0.300, 0.829, 0.395),
         "asymvlm-ps": (0.847, 0.470, 0.952, 0.502),
@@ -89,11 +71,11 @@ for _ft, _rows3 in {
         "asymvlm-vmf": (0.866, 0.542, 0.967, 0.527),
     },
     "none": {"clip": (0.888, 0.642, 0.974, 0.632)},
-}.items():
-    TABLE3[_ft] = {m: dict(zip(_T3_SETS, v, strict=True)) for m, v in _rows3.items()}
-
-#: The embedding model the paper's numbers were measured with.
-PAPER_MODEL = "openai/clip-vit-base-patch32"
+}
+TABLE3: dict[str, dict[str, dict[str, float]]] = {
+    ft: {m: dict(zip(_T3_SETS, v, strict=True)) for m, v in rows.items()}
+    for ft, rows in _T3.items()
+}
 
 
 def matches_paper(model: str | None, dataset: str | None) -> bool:

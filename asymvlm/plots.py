@@ -28,15 +28,7 @@ def plot_binned_recall(results: Mapping[str, Mapping[str, Any]], path: str, titl
                     label += f" (S={r['spearman']:+.2f}, R²={r['r2']:.2f})"
                 ax.plot(range(1, len(curve) + 1), curve, marker="o", label=label)
             else:
-                ax.axhline(r["recall@1"], linestyle="--", linewidth=1, color="grey")
-                ax.annotate(
-                    f"{name} (no uncertainty)",
-                    (1, r["recall@1"]),
-                    textcoords="offset points",
-                    xytext=(2, 3),
-                    fontsize=8,
-                    color="grey",
-                )
+                _flat(ax, name, 1, r["recall@1"])
         ax.set_xlabel("uncertainty level (1 = most certain)")
         ax.set_ylabel("Recall@1")
         ax.set_title(f"{direction} {title}".strip())
@@ -60,21 +52,19 @@ def plot_risk_coverage(results: Mapping[str, Mapping[str, Any]], path: str, titl
                 label = name if r.get("aurc") is None else f"{name} (AURC={r['aurc']:.3f})"
                 ax.plot(curve["coverage"], curve["risk"], marker=".", label=label)
             elif r.get("recall@1") is not None and r["recall@1"] == r["recall@1"]:
-                risk = 1.0 - r["recall@1"]
-                ax.axhline(risk, linestyle="--", linewidth=1, color="grey")
-                ax.annotate(
-                    f"{name} (no uncertainty)",
-                    (0, risk),
-                    textcoords="offset points",
-                    xytext=(2, 3),
-                    fontsize=8,
-                    color="grey",
-                )
+                _flat(ax, name, 0, 1.0 - r["recall@1"])
         ax.set_xlim(0.0, 1.0)
         ax.set_xlabel("coverage (fraction of queries kept, most certain first)")
         ax.set_ylabel("top-1 risk (error rate)")
         ax.set_title(f"{direction} {title}".strip())
     return save_figure(fig, axes, path)
+
+
+def _flat(ax, name: str, x: float, y: float) -> None:
+    """A method without uncertainty: a dashed grey line at its overall value ``y``."""
+    ax.axhline(y, linestyle="--", linewidth=1, color="grey")
+    kw = {"textcoords": "offset points", "xytext": (2, 3), "fontsize": 8, "color": "grey"}
+    ax.annotate(f"{name} (no uncertainty)", (x, y), **kw)
 
 
 def save_figure(fig, axes, path: str) -> str:

@@ -23,37 +23,31 @@ from asymvlm.config import redact
 from asymvlm.evaluation.hierarcaps import plot_hierarchy
 from asymvlm.evaluation.ood import plot_severity
 from asymvlm.evaluation.zeroshot import aggregation_note
+from asymvlm.paper_numbers import TABLE2, TABLE3
 from asymvlm.plots import plot_binned_recall, plot_risk_coverage
-from asymvlm.results import DIRECTIONS, markdown, mean_std, retrieval_metric_names, seed_stats
-
-__all__ = ["build_report"]
+from asymvlm.results import DIRECTIONS, markdown, mean_std, seed_stats, stats_table
+from asymvlm.results import retrieval_metric_names as metric_names
 
 ABLATIONS = ("asymvlm-vmf", "asymvlm-image", "symvlm", "asymvlm-gauss")
 #: Table 1 cells per direction: (MLflow name without the direction, heading, scale, digits).
-TABLE1_CELLS = (
-    ("recall_at_1", "R@1 (%)", 100.0, 2),
-    ("spearman", "S", 1.0, 2),
-    ("r2", "R²", 1.0, 2),
-    ("auroc", "AUROC", 1.0, 3),
-    ("aupr", "AUPR", 1.0, 3),
-    ("fpr_at_95tpr", "FPR@95", 1.0, 3),
-    ("aurc", "AURC", 1.0, 3),
-    ("ece", "ECE", 1.0, 3),
-)
+TABLE1_CELLS = [("recall_at_1", "R@1 (%)", 100.0, 2), ("spearman", "S", 1.0, 2)]
+TABLE1_CELLS += [("r2", "R²", 1.0, 2), ("auroc", "AUROC", 1.0, 3), ("aupr", "AUPR", 1.0, 3)]
+TABLE1_CELLS += [(n, h, 1.0, 3) for n, h in (("fpr_at_95tpr", "FPR@95"), ("aurc", "AURC"))]
+TABLE1_CELLS += [("ece", "ECE", 1.0, 3)]
 PROTOCOL_LABELS = {
     "official": "Protocol: official (the authors' code)",
     "improved": "Protocol: improved (this project's defaults; see README 'Protocols')",
 }
 #: What the paper's Table 2 / Table 3 numbers were measured on, for their column headings.
 PAPER_TABLE2_SETUP = "CLIP ViT-B/32 on real data: CIFAR-10 positives, CIFAR-100 negatives"
+TABLE2_SETS = ("CIFAR-10", "CIFAR-100", None)  # the sets' names where a run logs none
 PAPER_TABLE3_SETUP = (
     "CLIP ViT-B/32 fine-tuned on COCO, real data: CIFAR-10 / CIFAR-100 / STL-10 / ImageNet"
 )
 
 
 def _base(name: str) -> str:
-    """ "asymvlm-vmf/seed1" -> "asymvlm-vmf"."""
-    return name.split("/", 1)[0]
+    return name.split("/", 1)[0]  # "asymvlm-vmf/seed1" -> "asymvlm-vmf"
 
 
 def _table1(rows: Sequence[Mapping[str, Any]], title: str, params: Mapping[str, str]) -> str:
@@ -61,14 +55,10 @@ def _table1(rows: Sequence[Mapping[str, Any]], title: str, params: Mapping[str, 
     :data:`TABLE1_CELLS` both ways, and RSUM; captioned with the sweep's protocol."""
     cells = [(f"{d}_{c[0]}", f"{d} {c[1]}", *c[2:]) for d in ("i2t", "t2i") for c in TABLE1_CELLS]
     cells.append(("rsum", "RSUM", 1.0, 2))
-    stats = seed_stats(rows, "method", [c[0] for c in cells])
-    table = pd.DataFrame(
-        {"Method": stats.index, "seeds": stats["seeds"].astype(str)}
-        | {head: mean_std(stats, col, scale, digits) for col, head, scale, digits in cells}
-    )
+    table = stats_table(seed_stats(rows, "method", [c[0] for c in cells]), cells)
     protocol = str(params.get("protocol") or "improved").strip().strip('"') or "improved"
     caption = PROTOCOL_LABELS.get(protocol, f"Protocol: {protocol}")
-    return f"### {title}\n\n*{caption}.*\n\n{markdown(table)}\n"
+    return f"### {title}\n\n*{caption}.*\n\n{table}\n"
 
 
 def _trial(uri: str, child) -> dict[str, Any]:
@@ -78,10 +68,11 @@ def _trial(uri: str, child) -> dict[str, Any]:
         test = tracking.json_artifact(uri, child.info.run_id, "results.json").get("test") or {}
     except Exception:  # a trial without results: its numbers show as "–"
         test = {}
-    row = {"method": child.data.params["method"], **retrieval_metric_names(test)}
+    row = {"method": child.data.params["method"], **metric_names(test)}
     for d in DIRECTIONS:
-        cell = test.get(d) or {}
-        row |= {f"{d}_binned": cell.get("binned_recall@1"), f"{d}_risk": cell.get("risk_coverage")}
+        row |= {
+            f"{d}_{k}": (test.get(d) or {}).get(k) for k in ("binned_recall@1", "risk_coverage")
+        }
     return row
 
 
@@ -94,17 +85,16 @@ def _seed_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
                 n: pd.to_numeric(group.get(f"{d}_{n}", pd.Series()), errors="coerce").mean()
                 for n in ("recall_at_1", "spearman", "r2", "aurc")
             }
-            binned = [c for c in group[f"{d}_binned"] if c]
-            risk = [c for c in group[f"{d}_risk"] if c]
+            binned = [c for c in group[f"{d}_binned_recall@1"] if c]
+            risk = [c for c in group[f"{d}_risk_coverage"] if c]
             out[method][d] = {k: None if pd.isna(v) else float(v) for k, v in means.items()} | {
                 "recall@1": float(means["recall_at_1"]),
                 "binned_recall@1": np.mean(binned, axis=0).tolist() if binned else None,
-                "risk_coverage": {
+                "risk_coverage": risk
+                and {
                     "coverage": risk[0]["coverage"],
-                    "risk": np.mean([c["risk"] for c in risk], axis=0).tolist(),
-                }
-                if risk
-                else None,
+                    "risk": np.mean([c["risk"] for c in risk], 0),
+                },
             }
     return out
 
@@ -195,10 +185,8 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
         settings = res.get("settings") or {}
         pos, neg, far = (
             (settings.get(key) or {}).get("name") or default
-            for key, default in (
-                ("positives", "CIFAR-10"),
-                ("negatives", "CIFAR-100"),
-                ("far_negatives", None),
+            for key, default in zip(
+                ("positives", "negatives", "far_negatives"), TABLE2_SETS, strict=True
             )
         )
         sets = f"positives: {pos}, negatives: {neg}" + (f", far negatives: {far}" if far else "")
@@ -210,22 +198,15 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
             for name, cell in per_method.items()
         ]
         stats = seed_stats(cells, ["dummy", "method"], list(keys))
-        table = pd.DataFrame(
-            {
-                "dummy prompt": [f'"{d}"' for d, _ in stats.index],
-                "method": [m for _, m in stats.index],
-                "seeds": stats["seeds"].astype(str).to_numpy(),
-            }
-            | {head: mean_std(stats, key, bare=True) for key, head in keys.items()}
-            | {
-                "paper (pos., neg.)": [
-                    _pair(paper_numbers.TABLE2.get(d, {}).get(m)) for d, m in stats.index
-                ]
-            }
-        )
+        table = stats.index.to_frame(index=False, name=["dummy prompt", "method"])
+        table["dummy prompt"] = [f'"{d}"' for d in table["dummy prompt"]]
+        table["seeds"] = stats["seeds"].astype(str).to_numpy()
+        for key, head in keys.items():
+            table[head] = mean_std(stats, key, bare=True)
+        table["paper (pos., neg.)"] = [_pair(TABLE2.get(d, {}).get(m)) for d, m in stats.index]
         for name, cell in res.get("rejection", {}).items():
             values = ["–" if cell.get(k) is None else f"{cell[k]:.3f}" for k in keys]
-            paper = _pair(paper_numbers.TABLE2["(none)"].get(name))
+            paper = _pair(TABLE2["(none)"].get(name))
             table.loc[len(table)] = ["(none)", f"{name}-based (frozen)", "1", *values, paper]
         lines += [
             f"### Table 2 analogue — none-of-the-above ({sets}){_heading(params)}",
@@ -250,41 +231,34 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
 
 def _table3(runs: list[tuple[dict, dict]]) -> list[str]:
     """Table 3 analogue per zero-shot run: per method the seeds and mean ± std of zero-shot
-    accuracy on each set; the paper's rows where the set-up is theirs, else a column."""
+    accuracy on each set, the paper's numbers beside them (its COCO rows unless the set-up is
+    the paper's)."""
     lines: list[str] = []
     for res, params in runs:
         ft = params.get("fine_tuned_on", "?")
         sets = sorted({s for cells in res.values() for s in cells})
         matched = paper_numbers.matches_paper(params.get("embedding_model"), ft)
-        stats = seed_stats(
-            [{**cells, "method": _base(name)} for name, cells in res.items()], "method", sets
+        setup = PAPER_TABLE3_SETUP.replace("COCO", ft) if matched else PAPER_TABLE3_SETUP
+        rows = [{**cells, "method": _base(name)} for name, cells in res.items()]
+        stats = seed_stats(rows, "method", sets)
+        table = pd.DataFrame(
+            {"fine-tuned on": ["– (frozen)" if m == "clip" else ft for m in stats.index]}
+            | {"method": stats.index, "seeds": stats["seeds"].astype(str).to_numpy()}
+            | {s: mean_std(stats, s, bare=True) for s in sets}
         )
-        cells = {s: mean_std(stats, s, bare=True) for s in sets}
-        rows = []
-        for k, method in enumerate(stats.index):
-            tuned = "– (frozen)" if method == "clip" else ft
-            rows.append([tuned, method, str(stats["seeds"].iloc[k]), *(cells[s][k] for s in sets)])
-            if matched:
-                if paper := paper_numbers.TABLE3.get(ft, {}).get(method):
-                    values = [f"{paper.get(s, float('nan')):.3f}" for s in sets]
-                    rows.append([ft, f"{method} (paper)", "–", *values])
-            else:
-                paper = paper_numbers.TABLE3["none" if method == "clip" else "coco"].get(method)
-                rows[-1].append(" / ".join(f"{v:.3f}" for v in paper.values()) if paper else "–")
-        head = ["fine-tuned on", "method", "seeds", *sets]
-        head += [] if matched else [f"paper ({PAPER_TABLE3_SETUP})"]
-        note = (
-            "Paper rows: Ju et al. 2025, Table 3 (CLIP ViT-B/32)."
-            if matched
-            else f"Paper column: Ju et al. 2025, Table 3 — {PAPER_TABLE3_SETUP} (the "
-            "frozen CLIP's row: no fine-tuning); other sets than ours, not produced here."
-        )
+        paper = [TABLE3["none" if m == "clip" else ft if matched else "coco"] for m in stats.index]
+        paper = [p.get(m) for p, m in zip(paper, stats.index, strict=True)]
+        table[f"paper ({setup})"] = [
+            " / ".join(f"{v:.3f}" for v in p.values()) if p else "–" for p in paper
+        ]
         lines += [
             f"### Table 3 analogue — zero-shot accuracy after fine-tuning{_heading(params)}",
             "",
-            markdown(pd.DataFrame(rows, columns=head)),
+            markdown(table),
             "",
-            f"*Ours: mean ± std over the sweep's seeds (one value for the frozen model). {note}*",
+            "*Ours: mean ± std over the sweep's seeds (one value for the frozen model). Paper "
+            f"column: Ju et al. 2025, Table 3 — {setup} (the frozen CLIP's row: no fine-tuning); "
+            "other sets than ours, not produced here.*",
             "",
             f"*{aggregation_note(params.get('template_aggregation') or 'mean')}*",
             "",
@@ -304,9 +278,7 @@ def _hierarchy(res: dict, output: str, params: dict, tag: str) -> tuple[list[str
     table = pd.DataFrame(
         {"method": stats.index} | {h: mean_std(stats, k, bare=True) for k, h in keys.items()}
     )
-    first: dict[str, dict] = {}
-    for name, cell in res.items():
-        first.setdefault(_base(name), cell)
+    first = {m: next(c for n, c in res.items() if _base(n) == m) for m in map(_base, res)}
     path = plot_hierarchy(first, os.path.join(output, f"fig5_{tag}.png"))
     return [
         f"### HierarCaps analysis (Fig. 5 analogue){_heading(params)}\n",
@@ -331,10 +303,9 @@ def _ood(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dic
     cells = [{**c, "method": _base(n), "spec": s} for n, per in res.items() for s, c in per.items()]
     cells.sort(key=lambda c: (order[c["method"]], c["spec"]))
     stats = seed_stats(cells, ["method", "spec"], [*keys, "clean_t2i_recall_at_1"])
-    table = pd.DataFrame(
-        {"method": [m for m, _ in stats.index], "perturbation": [s for _, s in stats.index]}
-        | {h: mean_std(stats, k, bare=True) for k, h in keys.items()}
-    )
+    table = stats.index.to_frame(index=False, name=["method", "perturbation"])
+    for key, head in keys.items():
+        table[head] = mean_std(stats, key, bare=True)
     curves: dict[str, dict[str, dict[int, float]]] = defaultdict(dict)
     for (method, spec), row in stats.iterrows():
         kind, severity = spec.split(":")
@@ -383,10 +354,8 @@ def build_report(
             result = tracking.json_artifact(tracking_uri, run.info.run_id, "results.json")
             evals[kind].append((result, run.data.params))
     lines += _table2(evals["eval-nota"]) + _table3(evals["eval-zeroshot"])
-    for kind, judge in (
-        ("eval-nota", claims.table2_verdicts),
-        ("eval-zeroshot", claims.table3_verdicts),
-    ):
+    verdicts = {"eval-nota": claims.table2_verdicts, "eval-zeroshot": claims.table3_verdicts}
+    for kind, judge in verdicts.items():
         for res, params in evals[kind]:
             if "plumbing only" not in (params.get("note") or "").lower():
                 source = f"{kind[5:]} ({params.get('sweep') or '–'})"

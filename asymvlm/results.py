@@ -12,35 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = [
-    "DIRECTIONS",
-    "DIRECTION_MEANINGS",
-    "METRIC_MEANINGS",
-    "SUMMARY_COLUMNS",
-    "markdown",
-    "mean_std",
-    "retrieval_metric_names",
-    "seed_stats",
-    "seed_summary",
-    "summary_csv",
-    "summary_markdown",
-]
-
 DIRECTIONS = ("t2i", "i2t")
 #: The final numbers of a direction; MLflow names spell "@" as "_at_".
-_FINAL_KEYS = (
-    "recall@1",
-    "recall@5",
-    "recall@10",
-    "spearman",
-    "r2",
-    "auroc",
-    "aupr",
-    "fpr@95tpr",
-    "aurc",
-    "e_aurc",
-    "ece",
-)
+_FINAL_KEYS = "recall@1 recall@5 recall@10 spearman r2 auroc aupr fpr@95tpr aurc e_aurc ece".split()
 #: What each final retrieval metric says, by its MLflow name without the direction
 #: (``t2i_``/``i2t_``) or split (``val_``) prefix: for model cards and the documentation.
 METRIC_MEANINGS = {
@@ -77,16 +51,12 @@ def _number(value: Any) -> float | None:
 
 
 def _directions(evaluation: Mapping[str, Any], prefix: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for direction in DIRECTIONS:
-        for key in _FINAL_KEYS:
-            value = _number((evaluation.get(direction) or {}).get(key))
-            if value is not None:
-                out[f"{prefix}{direction}_{key.replace('@', '_at_')}"] = value
-    value = _number(evaluation.get("rsum"))
-    if value is not None:
-        out[f"{prefix}rsum"] = value
-    return out
+    out = {
+        f"{prefix}{d}_{key.replace('@', '_at_')}": _number((evaluation.get(d) or {}).get(key))
+        for d in DIRECTIONS
+        for key in _FINAL_KEYS
+    } | {f"{prefix}rsum": _number(evaluation.get("rsum"))}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def retrieval_metric_names(evaluation: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -138,15 +108,15 @@ def mean_std(
 ) -> list[str]:
     """The cells ``mean ± std`` of :func:`seed_stats`' ``column``, scaled; "–" where no value is
     defined; ``bare``: a single value without "± 0"."""
-    cells = []
-    for mean, std, n in zip(*(stats[f"{column}_{k}"] for k in ("mean", "std", "n")), strict=True):
-        if not n > 0:
-            cells.append("–")
-        elif bare and n == 1:
-            cells.append(f"{scale * mean:.{digits}f}")
-        else:
-            cells.append(f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}")
-    return cells
+    return [
+        "–"
+        if not n > 0
+        else f"{scale * mean:.{digits}f}"
+        + ("" if bare and n == 1 else f" ± {scale * std:.{digits}f}")
+        for mean, std, n in zip(
+            *(stats[f"{column}_{k}"] for k in ("mean", "std", "n")), strict=True
+        )
+    ]
 
 
 def markdown(frame: pd.DataFrame) -> str:
@@ -172,31 +142,35 @@ def seed_summary(runs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
 
 
 def _summary_frame(summary: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
-    """:func:`seed_summary` as one row per method: ``method``, ``n_seeds``, ``<col>_mean`` ..."""
-    fields = ["method", "n_seeds"] + [
-        f"{c}_{k}" for c in SUMMARY_COLUMNS for k in ("mean", "std", "n")
-    ]
-    rows = [
-        {"method": m, "n_seeds": cells["n_seeds"]}
+    """:func:`seed_summary` as :func:`seed_stats` gives it: ``seeds``, ``<col>_mean`` ..."""
+    fields = ["seeds"] + [f"{c}_{k}" for c in SUMMARY_COLUMNS for k in ("mean", "std", "n")]
+    rows = {
+        m: {"seeds": cells["n_seeds"]}
         | {f"{c}_{k}": v for c in SUMMARY_COLUMNS for k, v in cells.get(c, {}).items()}
         for m, cells in summary.items()
-    ]
-    return pd.DataFrame(rows).reindex(columns=fields)
+    }
+    return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=fields)
+
+
+def stats_table(stats: pd.DataFrame, cells: Iterable[tuple[str, str, float, int]]) -> str:
+    """Markdown: per group of :func:`seed_stats` its seeds and ``mean ± std`` of each cell
+    ``(column, heading, scale, digits)``."""
+    table = {"Method": stats.index, "seeds": stats["seeds"].astype(str)}
+    table |= {head: mean_std(stats, col, scale, digits) for col, head, scale, digits in cells}
+    return markdown(pd.DataFrame(table))
 
 
 def summary_markdown(summary: Mapping[str, Mapping[str, Any]], title: str = "") -> str:
     """The table as markdown: R@1 in %, S and R² as is, mean ± std over n seeds."""
-    stats = _summary_frame(summary)
-    table = pd.DataFrame({"Method": stats["method"], "seeds": stats["n_seeds"].astype(str)})
-    for col in SUMMARY_COLUMNS:
-        d, name = col.split("_", 1)
-        head = {"recall_at_1": "R@1 (%)", "spearman": "S", "r2": "R²"}[name]
-        table[f"{d} {head}"] = mean_std(stats, col, 100.0 if name == "recall_at_1" else 1.0, 2)
-    return (f"### {title}\n\n" if title else "") + markdown(table) + "\n"
+    heads = (("recall_at_1", "R@1 (%)", 100.0), ("spearman", "S", 1.0), ("r2", "R²", 1.0))
+    cells = [(f"{d}_{c}", f"{d} {h}", s, 2) for d in ("i2t", "t2i") for c, h, s in heads]
+    return (
+        (f"### {title}\n\n" if title else "") + stats_table(_summary_frame(summary), cells) + "\n"
+    )
 
 
 def summary_csv(summary: Mapping[str, Mapping[str, Any]]) -> str:
     """The table as CSV: one row per method, ``<col>_mean`` / ``<col>_std`` columns."""
-    stats = _summary_frame(summary)
+    stats = _summary_frame(summary).rename(columns={"seeds": "n_seeds"}).rename_axis("method")
     stats = stats[[c for c in stats.columns if not c.endswith("_n")]]
-    return stats.to_csv(index=False, float_format=lambda v: repr(float(v)))
+    return stats.to_csv(float_format=lambda v: repr(float(v)))

@@ -1,11 +1,6 @@
-"""Reading the conformance vectors computed by the authors' code (README of the vectors' folder).
-
-The folder is ``$ASYMVLM_CONFORMANCE``, else ``../shared/conformance`` beside this checkout. It
-holds ``inputs_seed<S>.npz`` and ``<method>_seed<S>.npz`` per seed ``S``; every seed present is
-tested. Weight matrices are not stored: they are rebuilt from the seed (one ``nn.Linear(in, out)``
-per row of ``init/linear_out_in`` after ``torch.manual_seed``) and checked against their
-SHA-256 digests; biases and scalars are stored in full.
-"""
+"""The conformance vectors of the authors' code: ``$ASYMVLM_CONFORMANCE``, else
+``../shared/conformance`` beside this checkout; ``inputs_seed<S>.npz`` and ``<method>_seed<S>.npz``
+per seed; weights rebuilt from the seed and checked against their SHA-256 digests."""
 
 from __future__ import annotations
 
@@ -39,12 +34,8 @@ def cases() -> list[tuple[str, int]]:
     root = folder()
     if root is None:
         return []
-    found = []
-    for path in sorted(root.glob("*_seed*.npz")):
-        match = re.fullmatch(r"(.+)_seed(\d+)\.npz", path.name)
-        if match and match.group(1) in METHODS:
-            found.append((match.group(1), int(match.group(2))))
-    return found
+    found = (re.fullmatch(r"(.+)_seed(\d+)\.npz", p.name) for p in sorted(root.glob("*_seed*.npz")))
+    return [(m.group(1), int(m.group(2))) for m in found if m and m.group(1) in METHODS]
 
 
 def load(method: str, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

@@ -17,7 +17,6 @@ from asymvlm.methods.elip import (
     bayes_risk,
     dirichlet_alpha,
     evidential_loss,
-    evidential_uncertainty,
     misleading_evidence_kl,
 )
 from asymvlm.methods.gaussian import (
@@ -47,17 +46,6 @@ def half_noisy_pairs(n: int, seed: int, d: int = 16) -> tuple[torch.Tensor, ...]
     noisy = torch.arange(n) % 2 == 1
     txt[noisy, d // 2 :] += torch.randn(int(noisy.sum()), d // 2, generator=g)
     return img, 3.0 * unit(txt), noisy
-
-
-def trained(name: str, img: torch.Tensor, txt: torch.Tensor, steps: int, **kwargs):
-    torch.manual_seed(0)
-    method = build_method(name, 16, hidden_dim=64, depth=2, **kwargs)
-    opt = torch.optim.AdamW(method.parameters(), lr=1e-3)
-    for _ in range(steps):
-        opt.zero_grad()
-        method.loss(img, txt, epoch=3).backward()
-        opt.step()
-    return method
 
 
 def _gaussians(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,17 +120,11 @@ def test_log_inclusion_matches_quadrature_and_the_loss_its_sign() -> None:
     assert inside < 0.01 < float(inclusion_loss(zero, wide, zero, narrow))
 
 
-def test_dirichlet_evidence_and_uncertainty_mass() -> None:
-    alpha = dirichlet_alpha(torch.zeros(3, 7), 10.0)
-    torch.testing.assert_close(alpha, torch.full((3, 7), 2.0))  # e = exp(0) = 1
-    torch.testing.assert_close(evidential_uncertainty(alpha), torch.full((3,), 0.5))
-    big = dirichlet_alpha(torch.ones(1, 2), torch.tensor(1e4))  # tau * cos capped at 30
-    assert float(big[0, 0]) == pytest.approx(math.exp(30) + 1)
-
-
 def test_evidential_loss_is_bayes_risk_plus_weighted_kl() -> None:
-    """Bayes risk = E[-ln p_y] under Dir(alpha) (Monte Carlo); the KL has ELIP's closed form
-    (Eq. 9); the loss is their weighted sum."""
+    """alpha = exp(tau cos) + 1, tau cos capped at 30 (Eq. 6); Bayes risk = E[-ln p_y] under
+    Dir(alpha) (Monte Carlo); the KL has ELIP's closed form (Eq. 9); the loss their weighted sum."""
+    big = dirichlet_alpha(torch.ones(1, 2), torch.tensor(1e4))
+    assert float(big[0, 0]) == pytest.approx(math.exp(30) + 1)
     alpha = torch.tensor([[2.0, 5.0, 1.5, 3.0]], dtype=F64)
     y = torch.tensor([[0.0, 1.0, 0.0, 0.0]], dtype=F64)
     p = np.random.default_rng(0).dirichlet(alpha[0].numpy(), size=200_000)
@@ -151,30 +133,17 @@ def test_evidential_loss_is_bayes_risk_plus_weighted_kl() -> None:
     y = torch.zeros(3, 6, dtype=F64)
     y[torch.arange(3), torch.tensor([0, 4, 2])] = 1.0
     kl = misleading_evidence_kl(alpha, y)
-    for r in range(3):
-        a = (y[r] + (1 - y[r]) * alpha[r]).numpy()
-        s = a.sum()
-        log_norm = special.gammaln(s) - special.gammaln(a.size) - special.gammaln(a).sum()
-        ref = log_norm + ((a - 1) * (special.digamma(a) - special.digamma(s))).sum()
-        assert float(kl[r]) == pytest.approx(ref, rel=1e-9)
+    a = (y + (1 - y) * alpha).numpy()
+    s = a.sum(-1, keepdims=True)
+    ref = special.gammaln(s) - special.gammaln(6) - special.gammaln(a).sum(-1, keepdims=True)
+    ref += ((a - 1) * (special.digamma(a) - special.digamma(s))).sum(-1, keepdims=True)
+    np.testing.assert_allclose(kl.numpy(), ref[:, 0], rtol=1e-9)
     risk = bayes_risk(alpha, y).mean()
     assert float(evidential_loss(alpha, y, 0.0)) == pytest.approx(float(risk))
     assert float(evidential_loss(alpha, y, 0.4)) == pytest.approx(float(risk + 0.4 * kl.mean()))
 
 
 # -- the baselines' uncertainties ------------------------------------------------------------
-
-
-def test_probvlm_uncertainty_is_mean_ggd_variance() -> None:
-    _, txt = rotated_pairs()
-    torch.manual_seed(0)
-    method = build_method("probvlm", 16, hidden_dim=64, depth=2)
-    with torch.no_grad():
-        enc = method.encode_texts(txt[:5])
-        u = method.text_uncertainty_from(enc)
-    alpha = (1.0 / enc["inv_alpha"]).double().numpy()
-    ref = gennorm.var(enc["beta"].double().numpy(), scale=alpha).mean(-1)
-    np.testing.assert_allclose(u.numpy(), ref, rtol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +154,13 @@ def test_noisy_captions_get_higher_uncertainty(name: str, ratio: float, kwargs: 
     cross-modal term)."""
     img, txt, _ = half_noisy_pairs(256, seed=0)
     _, held_out, noisy = half_noisy_pairs(256, seed=100)
-    method = trained(name, img, txt, 200, **kwargs)
+    torch.manual_seed(0)
+    method = build_method(name, 16, hidden_dim=64, depth=2, **kwargs)
+    opt = torch.optim.AdamW(method.parameters(), lr=1e-3)
+    for _ in range(200):
+        opt.zero_grad()
+        method.loss(img, txt).backward()
+        opt.step()
     with torch.no_grad():
         u = method.text_uncertainty(held_out)
     assert float(u[noisy].mean()) > ratio * float(u[~noisy].mean())
@@ -208,11 +183,7 @@ def test_elip_gallery_uncertainty_and_state_dict() -> None:
         cos = unit(txt[:8]) @ unit(method.gallery_images).T
     torch.testing.assert_close(u, 20 / (torch.exp(10 * cos) + 1).sum(-1))
     assert [method.kl_weight(e) for e in (0, 3, 15, 40)] == [0.0, 0.2, 1.0, 1.0]
-    opt = torch.optim.AdamW(method.parameters(), lr=1e-3)
-    for _ in range(5):
-        opt.zero_grad()
-        method.loss(img, txt, epoch=3).backward()
-        opt.step()
+    torch.nn.init.normal_(method.text_adapter[-1].weight)  # away from the frozen model
     fresh = build_method("elip", 16, hidden_dim=64, depth=2)
     fresh.load_state_dict(method.state_dict())
     with torch.no_grad():

@@ -20,7 +20,7 @@ from asymvlm.methods.bayesvlm import (
     expected_norm_unit,
     fit_projection_posterior,
 )
-from asymvlm.synthetic import SyntheticWorld, write_world
+from asymvlm.synthetic import write_world
 from tests.conftest import small_world_config
 
 pytest.importorskip("laplace")
@@ -42,13 +42,9 @@ def _fit(phi, w, targets, **kwargs):
 
 def _ggn_by_hand(phi, w, targets, logit_scale: float, class_batch: int, seed: int = 0):
     """Sum over pairs of J^T (diag p - p p^T) J (J: the logits' Jacobian in g = W phi), with
-    the class batches fit_projection_posterior draws; sum of phi phi^T; and the variance of
-    the one-label Monte Carlo estimate of the first sum, sum_n E|g g^T - G_n|_F^2 with
-    g = J^T (p - e_y), y ~ p (sum_y p_y |g_y|^4 - |G_n|_F^2 per pair)."""
+    the class batches fit_projection_posterior draws, and the sum of phi phi^T."""
     order = torch.randperm(len(phi), generator=torch.Generator().manual_seed(seed))
-    d = w.shape[0]
-    b = torch.zeros(d, d, dtype=torch.float64)
-    variance = 0.0
+    b = torch.zeros(w.shape[0], w.shape[0], dtype=torch.float64)
     for start in range(0, len(phi), class_batch):
         rows = order[start : start + class_batch]
         t = targets[rows]
@@ -60,11 +56,8 @@ def _ggn_by_hand(phi, w, targets, logit_scale: float, class_batch: int, seed: in
             g = w @ phi[r]
             jac = torch.autograd.functional.jacobian(logits, g)
             prob = logits(g).softmax(-1)
-            term = jac.T @ (torch.diag(prob) - torch.outer(prob, prob)) @ jac
-            grads = (prob[None] - torch.eye(len(prob), dtype=prob.dtype)) @ jac  # g_y per row
-            variance += float((prob * grads.pow(2).sum(-1).pow(2)).sum() - term.pow(2).sum())
-            b += term
-    return b, phi.T @ phi, variance
+            b += jac.T @ (torch.diag(prob) - torch.outer(prob, prob)) @ jac
+    return b, phi.T @ phi
 
 
 def test_kfac_posterior_is_the_damped_ggn_and_gives_the_trace() -> None:
@@ -76,7 +69,7 @@ def test_kfac_posterior_is_the_damped_ggn_and_gives_the_trace() -> None:
     phi, w, targets = _problem()
     fit = _fit(phi, w, targets)
     la = fit["laplace"]
-    b_sum, a_sum, _ = _ggn_by_hand(phi, w, targets, logit_scale=4.0, class_batch=6)
+    b_sum, a_sum = _ggn_by_hand(phi, w, targets, logit_scale=4.0, class_batch=6)
     b, a = la.H_facs.kfacs[0]
     torch.testing.assert_close(a, a_sum / np.sqrt(len(phi)), rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(b, b_sum / np.sqrt(len(phi)), rtol=1e-8, atol=1e-10)
@@ -95,9 +88,8 @@ def test_kfac_posterior_is_the_damped_ggn_and_gives_the_trace() -> None:
 
 def test_prob_cosine_matches_monte_carlo_over_the_posterior() -> None:
     """ProbCosine against the mean cosine of g = W phi over W drawn from laplace-torch's
-    posterior: E[g_t . g_i] and E|g|^2 = |mu|^2 + tr Cov[g] within 4 standard errors; E[cos]
-    to first order in e = lambda_max(Cov[g]) / E|g|^2 (tolerance 4 se + 3 (e_t + e_i)), a
-    tolerance that the cosine without the trace terms misses."""
+    posterior, to first order in e = lambda_max(Cov[g]) / E|g|^2 (tolerance 4 se + 3 (e_t +
+    e_i)), a tolerance that the cosine without the trace terms misses."""
     n_samples = 20000
     phi, w, targets = _problem(n=60, p=4, d=24)
     fit = _fit(phi, w, targets, prior_steps=1)  # lambda stays 1: a broad posterior
@@ -109,14 +101,6 @@ def test_prob_cosine_matches_monte_carlo_over_the_posterior() -> None:
         e = float((x @ fit["a_inv"] @ x) * b_max / (mean.pow(2).sum() + trace))
         items.append((mean[None], trace, draws.reshape(n_samples, *w.shape) @ x, e))
     (mu_t, tr_t, g_t, e_t), (mu_i, tr_i, g_i, e_i) = items
-    for mu, tr, g, _ in items:
-        sq = g.pow(2).sum(-1)
-        expected = float(mu.pow(2).sum() + tr)
-        assert abs(float(sq.mean()) - expected) < 4 * float(sq.std()) / np.sqrt(n_samples)
-    dot = (g_t * g_i).sum(-1)
-    exact = float(mu_t @ mu_i.T)
-    assert abs(float(dot.mean()) - exact) < 4 * float(dot.std()) / np.sqrt(n_samples)
-
     cos = (unit(g_t) * unit(g_i)).sum(-1)
     mc, se = float(cos.mean()), float(cos.std()) / np.sqrt(n_samples)
     closed = float(expected_norm_unit(mu_t, tr_t) @ expected_norm_unit(mu_i, tr_i).T)
@@ -126,54 +110,7 @@ def test_prob_cosine_matches_monte_carlo_over_the_posterior() -> None:
     assert abs(mc - without_trace) > tolerance, (mc, without_trace, tolerance)
 
 
-def test_prior_precision_maximises_the_marginal_likelihood_and_moves_with_the_data() -> None:
-    phi, w, targets = _problem(n=48)
-    small = _fit(phi, w, targets)
-    large = _fit(3.0 * phi, w, targets)  # the same data seen through larger features
-    lam_small, lam_large = float(small["prior_precision"]), float(large["prior_precision"])
-    assert lam_small > 0 and lam_large > 0
-    assert abs(np.log(lam_small / lam_large)) > 0.1, (lam_small, lam_large)
-    la = small["laplace"]
-    best = float(la.log_marginal_likelihood(torch.tensor([lam_small], dtype=torch.float64)))
-    for factor in (0.5, 2.0):
-        other = torch.tensor([lam_small * factor], dtype=torch.float64)
-        assert float(la.log_marginal_likelihood(other)) < best
-
-
-def test_monte_carlo_fisher_estimates_the_exact_ggn() -> None:
-    """The default curvature (fisher="mc", g g^T with g = J^T (p - e_y), y ~ softmax) is an
-    unbiased estimate of the GGN output factor whose mean squared Frobenius error is
-    sigma^2 = sum_n Var_n / mc_samples: an error over 3 sigma has probability ~1e-20."""
-    phi, w, targets = _problem(n=48, p=6, d=4, seed=3)
-    n, k = len(phi), 16
-    mc = _fit(phi, w, targets, class_batch=16, prior_steps=1, fisher="mc", mc_samples=k)
-    exact, _, variance = _ggn_by_hand(phi, w, targets, logit_scale=4.0, class_batch=16)
-    estimate = mc["laplace"].H_facs.kfacs[0][0] * np.sqrt(n)  # undo the balancing
-    error = float(torch.linalg.matrix_norm(estimate - exact))
-    sigma = np.sqrt(variance / k)
-    assert error < 3 * sigma, (error, sigma)
-    assert 3 * sigma < 0.3 * float(torch.linalg.matrix_norm(exact))  # a test that can fail
-
-
 # -- the synthetic world and the command line ---------------------------------------------------
-
-
-def test_synthetic_pre_projection_leaves_the_world_unchanged() -> None:
-    plain = SyntheticWorld(small_world_config())
-    pre = SyntheticWorld(small_world_config(pre_dim=40))
-    a, b = plain.sample_split("train", 50), pre.sample_split("train", 50)
-    for key, value in a.items():
-        if isinstance(value, np.ndarray):
-            np.testing.assert_array_equal(value, b[key])
-    raw_text = b["text_embeddings"] * b["text_norms"][:, None]
-    raw_image = b["image_embeddings"] * b["image_norms"][:, None]
-    np.testing.assert_allclose(
-        b["text_features_pre"] @ pre.projections["text"].T, raw_text, atol=1e-5
-    )
-    np.testing.assert_allclose(
-        b["image_features_pre"] @ pre.projections["image"].T, raw_image, atol=1e-5
-    )
-    assert b["text_features_pre"].shape == (150, 40)
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,6 @@
-"""Protocol ``official`` against numbers computed by the authors' code.
-
-For every method and seed of the conformance vectors (tests/conformance.py): this project's
-method, built under ``protocol="official"`` in float64 with the official parameters loaded
-through :func:`asymvlm.methods.official.from_official_state_dict`, reproduces the official
-training loss (and its terms), the gradient norm over all parameters, the text and image
-uncertainties and the score matrix to rtol 1e-6 / atol 1e-9, and the binned Recall@1 of the
-official evaluation exactly (the stable-sort variant through this project's
-:func:`asymvlm.metrics.retrieval_metrics`; the numpy-sort variant in the stored numpy order).
-"""
+"""Protocol ``official`` against the authors' code (the vectors of tests/conformance.py): loss
+and its terms, gradient norm, uncertainties and scores to rtol 1e-6 / atol 1e-9 with the official
+weights loaded, and the official binned Recall@1 exactly (stable sort, and numpy's order)."""
 
 from __future__ import annotations
 

@@ -30,19 +30,20 @@ def _official_file(tmp_path, method: str) -> str:
 
 
 def _test_table(root: str, inputs) -> None:
+    """The test set as a table without image norms (unit images, as the authors evaluate)."""
     images = inputs["input/test_image_emb"].astype(np.float32)
     texts = inputs["input/test_text_emb"].astype(np.float64)
     norms = np.linalg.norm(texts, axis=1)
-    owner = inputs["input/test_caption_image_index"]
     tables.write_manifest(root, {"dim": 512, "model": "conformance"})
+    ids = {"image_ids": [f"i{i}" for i in range(len(images))], "texts": ["x"] * len(texts)}
+    ids |= {"caption_ids": [f"c{i}" for i in range(len(texts))]}
+    ids["caption_image_ids"] = [f"i{i}" for i in inputs["input/test_caption_image_index"]]
+    unit_images = images / np.linalg.norm(images, axis=1, keepdims=True)
     tables.write_split(
         root,
         "test",
-        image_ids=[f"i{i}" for i in range(len(images))],
-        image_embeddings=images / np.linalg.norm(images, axis=1, keepdims=True),
-        caption_ids=[f"c{i}" for i in range(len(texts))],
-        caption_image_ids=[f"i{i}" for i in owner],
-        texts=["x"] * len(texts),
+        **ids,
+        image_embeddings=unit_images,
         text_embeddings=texts / norms[:, None],
         text_norms=norms,
     )
@@ -57,19 +58,15 @@ def test_imported_checkpoint_gives_the_official_numbers(method, tmp_path, capsys
     assert main([*argv, "--output", out]) == 0
 
     model, meta = load_checkpoint(out)
-    assert (meta["method"], meta["method_kwargs"]["protocol"], meta["complete"]) == (
-        method,
-        "official",
-        True,
-    )
+    assert meta["method"] == method and meta["complete"]
+    assert meta["method_kwargs"]["protocol"] == "official"
     model = model.double().eval()
     text = torch.as_tensor(inputs["input/text_emb"])
     image = torch.as_tensor(inputs["input/image_emb"])
     with torch.no_grad():
         uncertainty = model.text_uncertainty(text).numpy()
         scores = model.log_likelihood(image, text).numpy()
-    expected = arrays["out/text_uncertainty"]
-    torch.testing.assert_close(uncertainty, expected, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(uncertainty, arrays["out/text_uncertainty"], rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(scores, arrays["out/scores"], rtol=1e-6, atol=1e-9)
 
     # Through the CLI on a table of the test set: the ranking key of the official evaluation

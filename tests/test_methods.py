@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from asymvlm.distributions import PowerSpherical, VonMisesFisher, vmf_log_normalizer
 from asymvlm.methods import METHODS, Method, build_method
-from asymvlm.methods.asymvlm import gaussian_log_likelihood, spherical_log_likelihood
+from asymvlm.methods.asymvlm import spherical_log_likelihood
 from asymvlm.methods.base import register, unit
 from tests.helpers import rotated_pairs
 
@@ -23,7 +23,6 @@ EXPECTED = {
     *("symvlm", "asymvlm-gauss", "probvlm", "pfe", "pcmepp", "prolip", "elip", "determ-ft"),
     *("clip", "bayesvlm"),
 }
-TRAINABLE = sorted(name for name, cls in METHODS.items() if cls.trainable)
 SPHERICAL = ["asymvlm-vmf", "asymvlm-ps", "asymvlm-vmf-siglip", "asymvlm-ps-siglip"]
 SPHERICAL += ["asymvlm-image", "symvlm"]
 DISTRIBUTION = {"vmf": VonMisesFisher, "ps": PowerSpherical}
@@ -69,7 +68,7 @@ def pairs_log_prob(family: str, mu: torch.Tensor, kappa: torch.Tensor, z: torch.
 def test_registry() -> None:
     assert set(METHODS) == EXPECTED
     assert all(cls.name == name and issubclass(cls, Method) for name, cls in METHODS.items())
-    assert TRAINABLE == sorted(EXPECTED - {"clip", "bayesvlm"})
+    assert {n for n, cls in METHODS.items() if cls.trainable} == EXPECTED - {"clip", "bayesvlm"}
     with pytest.raises(ValueError, match="unknown method 'nope'") as info:
         build_method("nope", 8)
     assert all(name in str(info.value) for name in EXPECTED)
@@ -83,11 +82,11 @@ def test_registry() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(set(METHODS) - {"bayesvlm"}))
-def test_every_method_keeps_the_interface(name: str) -> None:
+def test_every_method_keeps_the_interface_and_trains(name: str) -> None:
     """Scores [n_text, n_image] equal log_likelihood; uncertainties are None exactly where the
-    method documents none, else finite and positive per item; a finite scalar loss where
-    trainable; finite training stats; SigLIP's bias only in the SigLIP variants."""
-    img, txt = rotated_pairs(seed=2)
+    method documents none, else finite and positive per item; finite training stats; where
+    trainable, 60 AdamW steps lower the loss by 10 % with finite gradients throughout."""
+    img, txt = rotated_pairs(128, seed=3)
     torch.manual_seed(0)
     model = build_method(name, D, **SMALL)
     assert isinstance(model, METHODS[name]) and model.dim == D
@@ -101,24 +100,16 @@ def test_every_method_keeps_the_interface(name: str) -> None:
     assert (u_t is None and u_i is None) == (model.uncertainty_doc == "none")
     for u, n in ((u_t, 10), (u_i, 7)):
         assert u is None or (u.shape == (n,) and torch.isfinite(u).all() and (u > 0).all())
-    if model.trainable:
-        loss = model.loss(img, txt, epoch=3)
-        assert loss.ndim == 0 and torch.isfinite(loss)
-    else:
-        with pytest.raises(NotImplementedError):
-            model.loss(img, txt)
     assert all(math.isfinite(v) for v in model.training_stats().values())
     assert math.isfinite(model.calibration_scale())
     if name in SPHERICAL:
         assert ("bias" in dict(model.named_parameters())) == name.endswith("siglip")
-
-
-@pytest.mark.parametrize("name", TRAINABLE)
-def test_training_lowers_loss(name: str) -> None:
-    img, txt = rotated_pairs(128, seed=3)
-    torch.manual_seed(0)
-    model = build_method(name, D, **SMALL)
-    model.fit_start(img, txt)
+    if not model.trainable:
+        with pytest.raises(NotImplementedError):
+            model.loss(img, txt)
+        return
+    loss = model.loss(img, txt, epoch=3)
+    assert loss.ndim == 0 and torch.isfinite(loss)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3)
     losses = []
@@ -129,11 +120,8 @@ def test_training_lowers_loss(name: str) -> None:
         assert all(p.grad is None or torch.isfinite(p.grad).all() for p in params), name
         opt.step()
         losses.append(float(loss.detach()))
-    with torch.no_grad():
-        final = float(model.loss(img, txt))
-        score = model.log_likelihood(img[:8], txt[:8])
+    final = float(model.loss(img, txt).detach())
     assert losses[0] - final > 0.1 * abs(losses[0]), (name, losses[0], final)
-    assert score.shape == (8, 8) and torch.isfinite(score).all()
 
 
 # -- kernels (Sec. 4.2) ------------------------------------------------------------------------
@@ -161,14 +149,6 @@ def test_spherical_kernels_equal_the_distributions(d: int) -> None:
     torch.testing.assert_close(at_antipode - mode, kappa * (math.log(1e-6) - math.log(2.0)))
 
 
-def test_gaussian_kernel_equals_normal() -> None:
-    mean = torch.randn(5, D, generator=torch.Generator().manual_seed(11), dtype=F64)
-    var = torch.tensor([0.01, 0.3, 1.0, 2.5, 40.0], dtype=F64)
-    z = random_unit(7, D, seed=12)
-    want = torch.distributions.Normal(mean[:, None], var.sqrt()[:, None, None]).log_prob(z[None])
-    torch.testing.assert_close(gaussian_log_likelihood(mean, var, z), want.sum(-1))
-
-
 # -- AsymVLM and its ablations (Sec. 4, 5.2, App. A) ---------------------------------------------
 
 
@@ -194,10 +174,7 @@ def test_spherical_methods_by_hand(name: str) -> None:
                 torch.testing.assert_close(enc[side]["mu"], unit(x))
                 assert u is None
         exact, train = [], []
-        for dist, z, flip in (
-            (enc["text"], enc["image"], False),
-            (enc["image"], enc["text"], True),
-        ):
+        for dist, z, flip in ((enc["text"], enc["image"], 0), (enc["image"], enc["text"], 1)):
             if "kappa" in dist:
                 mu, kappa = dist["mu"], dist["kappa"]
                 ll = pairs_log_prob(model.distribution, mu, kappa, z["mu"])
@@ -214,11 +191,9 @@ def test_spherical_methods_by_hand(name: str) -> None:
         if model.objective == "infonce":
             want = info_nce_by_hand(tau_l)
         else:
-            uniform = math.lgamma(D / 2) - math.log(2.0) - D / 2 * math.log(math.pi)
+            zero = math.lgamma(D / 2) - math.log(2.0) - D / 2 * math.log(math.pi)  # uniform
             zero = (
-                float(f_d(torch.zeros((), dtype=F64), D))
-                if model.distribution == "vmf"
-                else uniform
+                float(f_d(torch.zeros((), dtype=F64), D)) if model.distribution == "vmf" else zero
             )
             y = 2.0 * torch.eye(12, dtype=F64) - 1.0
             want = -F.logsigmoid(y * (tau_l - tau * zero + model.bias.detach())).sum() / 12
@@ -227,22 +202,6 @@ def test_spherical_methods_by_hand(name: str) -> None:
     loss.backward()
     assert float(model.temperature.grad) != 0.0
     assert model.objective == "infonce" or float(model.bias.grad) != 0.0
-
-
-def test_fd_leaves_infonce_nearly_unchanged() -> None:
-    """F_d - ln C_d is constant in each row's softmax and nearly constant (< 0.1 nats spread)
-    in each column's, so InfoNCE with F_d is the exact loss to ~1e-3 (App. A.1)."""
-    model = build64("asymvlm-vmf", init_temperature=2.0)
-    img, txt = pairs64(64)
-    with torch.no_grad():
-        t = model.encode_texts(txt)
-        exact_ll = spherical_log_likelihood("vmf", t["mu"], t["kappa"], img)
-        eps = (f_d(t["kappa"], D) - vmf_log_normalizer(t["kappa"], D)).double()
-        exact_loss = info_nce_by_hand(2.0 * exact_ll)
-        approx_loss = model.loss(img, txt)
-    bound = 0.5 * 2.0 * float(eps.max() - eps.min())
-    assert float(eps.min()) > 10.0 and bound < 0.1
-    assert abs(float(approx_loss - exact_loss)) <= bound + 1e-6
 
 
 @pytest.mark.parametrize("family", ["vmf", "ps"])
@@ -294,23 +253,6 @@ def test_deterministic_references() -> None:
         assert model.kappa(txt) is None
         torch.testing.assert_close(model.loss(img, txt), info_nce_by_hand(cos / 0.07))
     assert model.training_stats() == {"temperature": pytest.approx(1 / 0.07)}
-
-
-@pytest.mark.parametrize("name", ["asymvlm-vmf", "asymvlm-ps", "clip", "pfe", "pcmepp", "prolip"])
-def test_which_methods_see_the_raw_norm(name: str) -> None:
-    """The AsymVLM adapters see the caption's raw norm; the frozen-mean methods score by the
-    frozen cosine whatever the norm."""
-    model = build64(name) if name != "clip" else build_method(name, D).double()
-    img, txt = pairs64(8)
-    with torch.no_grad():
-        for p in model.parameters():  # biases, so the MLP is not positively homogeneous
-            p.add_(0.1 * torch.randn_like(p))
-        raw, scaled = model.log_likelihood(img, txt), model.log_likelihood(img, 7.3 * unit(txt))
-    if name.startswith("asymvlm"):
-        assert (raw - scaled).abs().max() > 1e-3
-    else:
-        torch.testing.assert_close(raw, unit(txt) @ img.T)
-        torch.testing.assert_close(scaled, raw)
 
 
 @pytest.mark.parametrize("name", ["asymvlm-vmf", "asymvlm-ps-siglip", "symvlm"])

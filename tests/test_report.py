@@ -1,27 +1,33 @@
-"""Evaluation runs in MLflow -> report.md with the paper's tables, figures and paper numbers."""
+"""Evaluation runs in MLflow -> report.md with the paper's tables, figures, paper numbers and
+claims judged by their rule (:mod:`asymvlm.claims`)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from asymvlm import tables
+from asymvlm import claims, tables
 from asymvlm.checkpoints import save_checkpoint
 from asymvlm.cli import main
 from asymvlm.evaluation.registry import log_evaluation
 from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
 from asymvlm.methods import build_method
 from asymvlm.report import build_report
-from asymvlm.results import mean_std, seed_stats
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
 from tests.test_hierarchy import _write as write_hierarchy
 from tests.test_ood import _pair
 from tests.test_zeroshot import IdentityVMF
+
+COVERAGE = [(k + 1) / 20 for k in range(20)]
+RETRIEVAL_KEYS = ("recall@1", "spearman", "r2", "auroc", "aupr", "fpr@95tpr", "aurc", "ece")
+CURVE_RUN = "docs/synthetic-world/generic_captions.json"
 
 
 @pytest.fixture(scope="module")
@@ -39,46 +45,35 @@ def row(text: str, *first: str) -> list[str]:
     raise AssertionError(f"no table row {first}")
 
 
-def test_mean_std_cells_leave_undefined_values_out() -> None:
-    """One value: bare or ± 0; none defined (None, NaN: a constant uncertainty's Spearman): –."""
-    rows = [
-        {"m": "a", "x": 0.5, "y": float("nan")},
-        {"m": "a", "x": 0.7, "y": None},
-        {"m": "b", "x": 0.25, "y": 1.0},
-    ]
-    stats = seed_stats(rows, "m", ["x", "y"])
-    assert stats["seeds"].tolist() == [2, 1]
-    assert mean_std(stats, "x") == ["0.600 ± 0.141", "0.250 ± 0.000"]
-    assert mean_std(stats, "y", scale=100, digits=1, bare=True) == ["–", "100.0"]
-
-
-def test_report_gathers_tables_figures_and_paper_numbers(store, tmp_path) -> None:
+def test_report_gathers_tables_figures_claims_and_paper_numbers(store, tmp_path) -> None:
+    """One experiment with two sweeps and every evaluation kind -> one report."""
     uri, exp = store, "report-test"
-    nota = {
-        "dummy": {
-            "a photo": {
-                "asymvlm-vmf/seed0": {"pos_acc": 0.8, "neg_acc": 0.6},
-                "asymvlm-vmf/seed1": {"pos_acc": 0.9, "neg_acc": 0.4},
-                "clip": {"pos_acc": 0.95, "neg_acc": 0.0},
-            }
-        },
-        "rejection": {"threshold": {"pos_acc": 0.7, "neg_acc": 0.5, "cut": 0.3}},
+    vmf = [_test_results(0.30, 0.70, 0.40, 0.10, 2.1), _test_results(0.34, 0.76, 0.36, 0.14, 2.4)]
+    ft = [_test_results(0.40, 0.5, 0.5, 0.2, 3.0), _test_results(0.44, 0.5, 0.5, 0.3, 3.2)]
+    for test in ft:  # no uncertainty: no binned curve, S, detectors or risk-coverage
+        for d in ("t2i", "i2t"):
+            test[d] = {k: v for k, v in test[d].items() if k in ("recall@1", "ece")}
+    trials = [("asymvlm-vmf", vmf[0]), ("determ-ft", ft[0]), ("asymvlm-vmf", vmf[1])]
+    _log_sweep(uri, exp, "official", trials, "official")
+    _log_sweep(uri, exp, "second", [("determ-ft", t) for t in ft], protocol=None)
+    nota = _nota_result()
+    nota["rejection"] = {"threshold": {"pos_acc": 0.7, "neg_acc": 0.5, "cut": 0.3}}
+    nota["settings"] = {
+        "template_aggregation": "mean",
+        "positives": {"world": {"generic_captions": 0.004, "misalignment": 0.0}},
+        "negatives": {"name": "w-negatives"},
+        "far_negatives": {"name": "w-far-negatives"},
     }
-    log_evaluation(uri, exp, "nota", nota)
-    zero = {
-        "asymvlm-vmf/seed0": {"cifar10": 0.5, "stl10": 0.9},
-        "asymvlm-vmf/seed1": {"cifar10": 0.7, "stl10": 0.9},
-    }
-    log_evaluation(
-        uri,
-        exp,
-        "zeroshot",
-        zero,
-        params={"fine_tuned_on": "coco", "embedding_model": "openai/clip-vit-base-patch32"},
-    )
+    log_evaluation(uri, exp, "nota", nota, params={"sweep": "synthetic"})
+    zero = {f"asymvlm-vmf/seed{s}": {"zeroshot": 0.75 + 0.01 * s} for s in range(3)}
+    zero |= {f"determ-ft/seed{s}": {"zeroshot": 0.74 + 0.01 * s} for s in range(3)}
+    zero["clip"] = {"zeroshot": 0.2}
+    params = {"sweep": "synthetic", "fine_tuned_on": "synthetic"}
+    log_evaluation(uri, exp, "zeroshot", zero, params=params)
+    zero = {f"asymvlm-vmf/seed{s}": {"cifar10": 0.5 + 0.2 * s, "stl10": 0.9} for s in range(2)}
+    params = {"fine_tuned_on": "coco", "embedding_model": "openai/clip-vit-base-patch32"}
+    log_evaluation(uri, exp, "zeroshot", zero, params={**params, "note": "plumbing only"})
     write_hierarchy(str(tmp_path / "hc"), np.tile([2.0, 5.0, 12.0, 30.0], (6, 1)))
-    from asymvlm.splits import load_split
-
     hier = evaluate_hierarcaps(
         {"identity/seed0": _with_input(IdentityVMF(8))}, Location(str(tmp_path / "hc"), "test")
     )
@@ -90,40 +85,100 @@ def test_report_gathers_tables_figures_and_paper_numbers(store, tmp_path) -> Non
         {"typos:3": Location(str(tmp_path / "typos"), "test")},
     )
     log_evaluation(uri, exp, "ood", ood)
-    assert load_split(str(tmp_path / "hc"), "test").split.n_texts == 24
 
-    path = build_report(uri, exp, str(tmp_path / "report"))
-    text = open(path).read()
+    out = tmp_path / "report"
+    text = open(build_report(uri, exp, str(out))).read()
+    # Table 1 analogues: protocol captions, selective columns, config order, undefined cells.
+    first = "### Table 1 analogue — sweep official: synthetic (tiny)"
+    second = "### Table 1 analogue — sweep second: synthetic (tiny)"
+    lines = text.splitlines()
+    assert lines[lines.index(first) + 2] == "*Protocol: official (the authors' code).*"
+    assert lines[lines.index(second) + 2] == (
+        "*Protocol: improved (this project's defaults; see README 'Protocols').*"
+    )
+    heads = ["R@1 (%)", "S", "R²", "AUROC", "AUPR", "FPR@95", "AURC", "ECE"]
+    head = row(text, "Method")
+    assert head == ["Method", "seeds", *(f"{d} {h}" for d in ("i2t", "t2i") for h in heads), "RSUM"]
+    official = text[text.index(first) : text.index(second)]
+    assert official.index("| determ-ft") < official.index("| asymvlm-vmf")  # config order
+    cells = dict(zip(head, row(official, "asymvlm-vmf"), strict=True))
+    assert cells["seeds"] == "2"
+    for d in ("i2t", "t2i"):
+        assert cells[f"{d} R@1 (%)"] == _ms([t[d]["recall@1"] for t in vmf], 100, 2)
+        for key, name in zip(RETRIEVAL_KEYS[1:], heads[1:], strict=True):
+            digits = 2 if key in ("spearman", "r2") else 3
+            assert cells[f"{d} {name}"] == _ms([t[d][key] for t in vmf], digits=digits)
+    assert cells["RSUM"] == _ms([t["rsum"] for t in vmf], digits=2)
+    cells = dict(zip(head, row(text[text.index(second) :], "determ-ft"), strict=True))
+    assert cells["t2i ECE"] == _ms([t["t2i"]["ece"] for t in ft])
+    assert cells["t2i AUROC"] == cells["i2t S"] == "–"  # undefined without an uncertainty
+    # Table 2: named and default sets, seeds, the frozen model bare, the paper beside them.
+    assert "(positives: CIFAR-10, negatives: w-negatives, far negatives: w-far-negatives)" in text
     assert row(text, '"a photo"', "asymvlm-vmf")[2:] == [
-        "2",
-        "0.850 ± 0.071",
-        "0.500 ± 0.141",
-        "0.857, 0.587",
+        *("3", "0.900 ± 0.000", "0.510 ± 0.010", "0.300 ± 0.000", "0.857, 0.587")
     ]
-    assert row(text, '"a photo"', "clip")[2:] == ["1", "0.950", "0.000", "0.888, 0.009"]
+    assert row(text, '"a photo"', "clip")[2:] == ["1", "0.950", "0.100", "0.600", "0.888, 0.009"]
     assert row(text, "(none)")[1:] == [
-        "threshold-based (frozen)",
-        "1",
-        "0.700",
-        "0.500",
-        "0.646, 0.560",
+        *("threshold-based (frozen)", "1", "0.700", "0.500", "–", "0.646, 0.560")
     ]
-    assert "(positives: CIFAR-10, negatives: CIFAR-100)" in text  # no set names logged
     assert "CLIP ViT-B/32 on real data: CIFAR-10 positives, CIFAR-100 negatives" in text
-    assert row(text, "coco", "asymvlm-vmf")[2:] == ["2", "0.600 ± 0.141", "0.900 ± 0.000"]
-    assert row(text, "coco", "asymvlm-vmf (paper)")[2:] == ["–", "0.837", "0.940"]
+    assert "the mean of the log-likelihoods over the class's prompt templates" in text
+    # Table 3: the paper's numbers of the set-up when it is theirs, else of COCO, labelled.
+    assert row(text, "coco", "asymvlm-vmf")[2:] == [
+        *("2", "0.600 ± 0.141", "0.900 ± 0.000", "0.837 / 0.477 / 0.940 / 0.507")
+    ]
+    assert "CLIP ViT-B/32 fine-tuned on coco, real data" in text
+    synthetic = text[text.index("fine-tuning — synthetic") :]
+    assert row(synthetic, "fine-tuned on")[3:] == [
+        "zeroshot",
+        "paper (CLIP ViT-B/32 fine-tuned on COCO, real data: "
+        "CIFAR-10 / CIFAR-100 / STL-10 / ImageNet)",
+    ]
+    assert row(synthetic, "synthetic", "asymvlm-vmf")[2:] == [
+        *("3", "0.760 ± 0.010", "0.837 / 0.477 / 0.940 / 0.507")
+    ]
+    assert row(synthetic, "– (frozen)", "clip")[2:] == [
+        *("1", "0.200", "0.888 / 0.642 / 0.974 / 0.632")
+    ]
+    # HierarCaps and OOD tables.
     hierarchy = row(text, "identity")
     assert hierarchy[1].startswith("-0.9") and hierarchy[3] == "1.000"  # uncertainty falls
     assert row(text, "identity", "typos:3")
-    for name in ("fig5_hierarcaps.png", "fig_ood_typos.png"):
-        assert open(os.path.join(tmp_path / "report", name), "rb").read(4) == b"\x89PNG"
+    # The claims, judged by rule (plumbing-only runs left out), and the closing note.
+    assert "## The paper's claims, judged by rule" in text and claims.RULE in text
+    claim = "Table 2: asymvlm-vmf rejects more negatives than Determ. FT"
+    cells = row(text, "nota (synthetic)", claim, "sibling negatives")
+    assert cells[4:6] == ["+0.310 ± 0.008", "**supports**"]
+    assert row(
+        text, "sweep official", "Table 1: Recall@1 falls as asymvlm-vmf's uncertainty rises (S < 0)"
+    )
+    closing = text.split("## Closing note", 1)[1]
+    assert "5 of 8 judged claims are supported by their rule." in closing
+    assert (
+        "- Table 3, asymvlm-vmf keeps more zero-shot accuracy after fine-tuning than "
+        "Determ. FT, on zeroshot (zeroshot (synthetic)): +0.010 ± 0.008 — not "
+        "supported."
+    ) in closing
+    assert "p = 0.004" in closing and row(closing, "0.02")[1] == "6.8 / 15.6"
+    assert "forgetting regime" in closing and "**no mechanism**" in closing
+    # Figures: risk-coverage only where a sweep has curves; a second sweep of the same data set
+    # gets its own names; all inlined in the HTML page and logged with the report run.
+    figures = ["fig3_synthetic.png", "fig_risk_coverage_synthetic.png", "fig5_hierarcaps.png"]
+    for name in [*figures, "fig_ood_typos.png", "fig3_synthetic_sweep_second.png"]:
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+        assert f"]({name})" in text
+    assert not (out / "fig_risk_coverage_synthetic_sweep_second.png").exists()
+    page = (out / "report.html").read_text()
+    assert "fig_risk_coverage_synthetic.png" not in page  # inlined as a data URI
+    assert page.count('<img src="data:image/png;base64,') == text.count("![")
+    assert "Protocol: official (the authors" in page
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(exp)
     reports = client.search_runs([experiment.experiment_id], "tags.kind = 'report'")
     logged = {a.path for a in client.list_artifacts(reports[0].info.run_id)}
-    assert {"report.md", "fig5_hierarcaps.png", "fig_ood_typos.png"} <= logged
+    assert {"report.md", "report.html", *figures} <= logged
     with pytest.raises(ValueError, match="no MLflow experiment"):
         build_report(uri, "nope", str(tmp_path / "r2"))
 
@@ -133,90 +188,44 @@ def _with_input(method, adapter_input: str = "raw"):
     return method
 
 
-def _classification(root: str, n_per_class: int, classes: int, offset: int, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    d = 8
-    basis = np.eye(d)
-    labels = np.repeat(np.arange(classes), n_per_class)
-    emb = basis[labels + offset] + 0.2 * rng.standard_normal((len(labels), d))
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    images = pa.table(
-        {
-            "image_id": [f"i{k}" for k in range(len(labels))],
-            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel(), pa.float32()), d),
-            "label": labels,
-        }
-    )
-    texts = [f"a photo of a c{c}." for c in range(3)] + ["a photo"]
-    prompt = np.vstack([basis[:3], np.full((1, d), 1 / np.sqrt(d))])
-    prompts = pa.table(
-        {
-            "class_index": [0, 1, 2, -1],
-            "class_name": ["c0", "c1", "c2", ""],
-            "template": ["a photo of a {}."] * 3 + [""],
-            "text": texts,
-            "embedding": pa.FixedSizeListArray.from_arrays(
-                pa.array(prompt.ravel(), pa.float32()), d
-            ),
-            "norm": pa.array([20.0, 20.0, 20.0, 0.5], pa.float32()),
-        }
-    )
-    tables.write_part(root, "test", "images", "part-00000", images)
-    tables.write_part(root, "test", "prompts", "part-00000", prompts)
+def _classification(root: str, offset: int, seed: int) -> None:
+    """5 images of each of 3 classes near basis vector ``offset + class``; the class prompts on
+    the first 3 basis vectors and the dummy "a photo" between them."""
+    labels = np.repeat(np.arange(3), 5)
+    emb = np.eye(8)[labels + offset] + 0.2 * np.random.default_rng(seed).standard_normal((15, 8))
+    prompt = np.vstack([np.eye(8)[:3], np.full((1, 8), 1 / np.sqrt(8))])
+
+    def vectors(x: np.ndarray) -> pa.Array:
+        return pa.FixedSizeListArray.from_arrays(pa.array(x.ravel(), pa.float32()), 8)
+
+    images = {"image_id": [f"i{k}" for k in range(15)], "label": labels}
+    images["embedding"] = vectors(emb / np.linalg.norm(emb, axis=1, keepdims=True))
+    prompts = {"class_index": [0, 1, 2, -1], "class_name": ["c0", "c1", "c2", ""]}
+    prompts |= {"template": ["a photo of a {}."] * 3 + [""], "embedding": vectors(prompt)}
+    prompts |= {"text": [f"a photo of a c{c}." for c in range(3)] + ["a photo"]}
+    prompts["norm"] = pa.array([20.0, 20.0, 20.0, 0.5], pa.float32())
+    tables.write_part(root, "test", "images", "part-00000", pa.table(images))
+    tables.write_part(root, "test", "prompts", "part-00000", pa.table(prompts))
 
 
-def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys) -> None:
+def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys, monkeypatch) -> None:
     pos, neg = str(tmp_path / "cifar10"), str(tmp_path / "cifar100")
-    _classification(pos, 5, 3, offset=0, seed=0)
-    _classification(neg, 5, 3, offset=4, seed=1)  # images near none of the classes
+    _classification(pos, offset=0, seed=0)
+    _classification(neg, offset=4, seed=1)  # images near none of the classes
     ckpt = str(tmp_path / "ckpt")
     method = build_method("asymvlm-vmf", 8, hidden_dim=16)
     save_checkpoint(ckpt, method, TrainConfig(method="asymvlm-vmf", hidden_dim=16, seed=3), 8)
-    uri = store
-    rc = main(
-        [
-            "analyze",
-            "nota",
-            "--checkpoint",
-            ckpt,
-            "--frozen",
-            "--positives",
-            f"{pos}:test",
-            "--negatives",
-            f"{neg}:test",
-            "--mlflow-uri",
-            uri,
-            "--experiment",
-            "cli",
-        ]
-    )
-    assert rc == 0
+    log = ["--checkpoint", ckpt, "--mlflow-uri", store, "--experiment", "cli"]
+    sets = ["--positives", f"{pos}:test", "--negatives", f"{neg}:test"]
+    assert main(["analyze", "nota", "--frozen", *sets, *log]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["dummy"]["a photo"]) == {"asymvlm-vmf/seed3", "clip"}
     assert out["dummy"]["a photo"]["clip"]["pos_acc"] == 1.0  # positives sit on their class
-    rc = main(
-        [
-            "analyze",
-            "zeroshot",
-            "--checkpoint",
-            ckpt,
-            "--set",
-            f"cifar10={pos}:test",
-            "--fine-tuned-on",
-            "coco",
-            "--mlflow-uri",
-            uri,
-            "--experiment",
-            "cli",
-        ]
-    )
-    assert rc == 0
+    zeroshot = ["--set", f"cifar10={pos}:test", "--fine-tuned-on", "coco"]
+    assert main(["analyze", "zeroshot", *zeroshot, *log]) == 0
     capsys.readouterr()
-    os.environ["MLFLOW_TRACKING_URI"] = uri  # asymvlm report honours it (no --mlflow-uri)
-    try:
-        assert main(["report", "--experiment", "cli", "--output", str(tmp_path / "rep")]) == 0
-    finally:
-        del os.environ["MLFLOW_TRACKING_URI"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)  # asymvlm report honours it
+    assert main(["report", "--experiment", "cli", "--output", str(tmp_path / "rep")]) == 0
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "Table 2 analogue" in text and "Table 3 analogue" in text
     page = (tmp_path / "rep" / "report.html").read_text()
@@ -233,27 +242,16 @@ def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys) ->
     assert "--negatives" in capsys.readouterr().err
 
 
-# -- Table 1 analogue: selective-retrieval columns, protocol, risk-coverage figure ---------------
-def _curve(scale: float) -> dict[str, list[float]]:
-    coverage = [(k + 1) / 20 for k in range(20)]
-    return {"coverage": coverage, "risk": [scale * c for c in coverage]}
-
-
+# -- Table 1 analogue: sweeps as the report reads them ---------------------------------------
 def _test_results(r1: float, auroc: float, aurc: float, ece: float, rsum: float) -> dict:
     """A trial's test results as ``evaluate_retrieval`` returns them (i2t: t2i + 0.01)."""
     out: dict = {"rsum": rsum}
     for d, shift in (("t2i", 0.0), ("i2t", 0.01)):
-        out[d] = {
-            "recall@1": r1 + shift,
-            "spearman": -0.9 + shift,
-            "r2": 0.8 + shift,
-            "auroc": auroc + shift,
-            "aupr": auroc / 2 + shift,
-            "fpr@95tpr": 1 - auroc + shift,
-            "aurc": aurc + shift,
-            "ece": ece + shift,
+        values = (r1, -0.9, 0.8, auroc, auroc / 2, 1 - auroc, aurc, ece)
+        out[d] = {k: v + shift for k, v in zip(RETRIEVAL_KEYS, values, strict=True)}
+        out[d] |= {
             "binned_recall@1": [r1 + shift] * 3,
-            "risk_coverage": _curve(aurc + shift),
+            "risk_coverage": {"coverage": COVERAGE, "risk": [(aurc + shift) * c for c in COVERAGE]},
         }
     return out
 
@@ -270,14 +268,9 @@ def _log_sweep(uri: str, exp: str, name: str, trials: list[tuple], protocol: str
         uri, exp, f"sweep {name}", kind="sweep", params=parent_params, tags={"sweep": name}
     ) as parent:
         for k, (method, test) in enumerate(trials):
+            trial = {"params": {**params, "method": method, "seed": k}, "tags": {"stage": "seeds"}}
             with tracking.run(
-                uri,
-                exp,
-                f"{method} seed{k}",
-                kind="trial",
-                parent=parent,
-                params={**params, "method": method, "seed": k},
-                tags={"stage": "seeds"},
+                uri, exp, f"{method} seed{k}", kind="trial", parent=parent, **trial
             ) as child:
                 child.log_json("results.json", {"test": test, "val": {}})
 
@@ -287,54 +280,73 @@ def _ms(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
     return f"{np.mean(vals):.{digits}f} ± {np.std(vals, ddof=1):.{digits}f}"
 
 
-@pytest.mark.slow
-def test_table1_has_selective_columns_protocol_and_risk_coverage_figure(store, tmp_path) -> None:
-    uri, exp = store, "table1"
-    vmf = [_test_results(0.30, 0.70, 0.40, 0.10, 2.1), _test_results(0.34, 0.76, 0.36, 0.14, 2.4)]
-    ft = [_test_results(0.40, 0.5, 0.5, 0.2, 3.0), _test_results(0.44, 0.5, 0.5, 0.3, 3.2)]
-    for test in ft:  # no uncertainty: no binned curve, S, detectors or risk-coverage
-        for d in ("t2i", "i2t"):
-            test[d] = {k: v for k, v in test[d].items() if k in ("recall@1", "ece")}
-    trials = [("asymvlm-vmf", vmf[0]), ("determ-ft", ft[0]), ("asymvlm-vmf", vmf[1])]
-    _log_sweep(uri, exp, "official", trials, "official")
-    _log_sweep(uri, exp, "second", [("determ-ft", t) for t in ft], protocol=None)
+# -- the paper's claims, judged by their rule (asymvlm.claims) -----------------------------------
+@pytest.mark.parametrize(
+    ("a", "b", "direction", "verdict"),
+    [
+        ([0.60, 0.62, 0.64], [0.40, 0.42, 0.44], 1, "supports"),
+        ([0.60, 0.62, 0.64], [0.40, 0.42, 0.44], -1, "contradicts"),
+        ([0.40, 0.60, 0.50], [0.45, 0.55, 0.45], 1, "not supported"),  # within 2 SE
+        ([0.999, 0.999, 0.999], [0.998, 0.998, 0.998], 1, "not supported"),  # below 0.01
+        ([0.50, 0.60], [0.46, 0.46], 1, "not supported"),  # 0.09 < 2 SE = 0.1
+        ([0.50, 0.60], [0.40, 0.40], 1, "supports"),  # 0.15 > 2 SE
+        ([-0.9, -0.95, -0.97], [0.0], -1, "supports"),  # Table 1: S below 0
+        ([0.6], [0.4], 1, "undetermined (no seeds to estimate an error)"),
+    ],
+)
+def test_the_rule(a, b, direction, verdict) -> None:
+    """Beyond 2 SE of the difference of two means (one value counting as exact) and 0.01."""
+    diff, se, got = claims.judge(a, b, direction)
+    assert got == verdict
+    assert diff == pytest.approx(statistics.fmean(a) - statistics.fmean(b))
+    want = math.sqrt(sum(statistics.variance(x) / len(x) for x in (a, b) if len(x) > 1))
+    assert se == pytest.approx(want)
 
-    out = tmp_path / "report"
-    text = open(build_report(uri, exp, str(out))).read()
-    first = "### Table 1 analogue — sweep official: synthetic (tiny)"
-    second = "### Table 1 analogue — sweep second: synthetic (tiny)"
-    assert text.index(first) < text.index(second)
-    lines = text.splitlines()
-    assert lines[lines.index(first) + 2] == "*Protocol: official (the authors' code).*"
-    assert lines[lines.index(second) + 2] == (
-        "*Protocol: improved (this project's defaults; see README 'Protocols').*"
-    )
-    heads = ["R@1 (%)", "S", "R²", "AUROC", "AUPR", "FPR@95", "AURC", "ECE"]
-    head = row(text, "Method")
-    assert head == ["Method", "seeds", *(f"{d} {h}" for d in ("i2t", "t2i") for h in heads), "RSUM"]
-    official = text[text.index(first) : text.index(second)]
-    assert official.index("| determ-ft") < official.index("| asymvlm-vmf")  # config order
-    cells = dict(zip(head, row(official, "asymvlm-vmf"), strict=True))
-    assert cells["seeds"] == "2"
-    keys = ["spearman", "r2", "auroc", "aupr", "fpr@95tpr", "aurc", "ece"]
-    for d in ("i2t", "t2i"):
-        assert cells[f"{d} R@1 (%)"] == _ms([t[d]["recall@1"] for t in vmf], 100, 2)
-        for key, name in zip(keys, heads[1:], strict=True):
-            digits = 2 if key in ("spearman", "r2") else 3
-            assert cells[f"{d} {name}"] == _ms([t[d][key] for t in vmf], digits=digits)
-    assert cells["RSUM"] == _ms([t["rsum"] for t in vmf], digits=2)
-    cells = dict(zip(head, row(text[text.index(second) :], "determ-ft"), strict=True))
-    assert cells["t2i ECE"] == _ms([t["t2i"]["ece"] for t in ft])
-    assert cells["t2i AUROC"] == cells["i2t S"] == "–"  # undefined without an uncertainty
 
-    # Figures: the risk-coverage figure beside fig3 only where a sweep has curves; the second
-    # sweep of the same data set gets its own names.
-    for name in ("fig3_synthetic.png", "fig_risk_coverage_synthetic.png"):
-        assert (out / name).read_bytes()[:4] == b"\x89PNG"
-        assert f"]({name})" in text
-    assert (out / "fig3_synthetic_sweep_second.png").exists()
-    assert not (out / "fig_risk_coverage_synthetic_sweep_second.png").exists()
-    page = (out / "report.html").read_text()
-    assert "fig_risk_coverage_synthetic.png" not in page  # inlined as a data URI
-    assert page.count('<img src="data:image/png;base64,') == text.count("![")
-    assert "Protocol: official (the authors" in page
+def _nota_result() -> dict:
+    cells = {}
+    for dummy, shift in (("a photo", 0.0), ("a photo of something", 0.02)):
+        cells[dummy] = {"clip": {"pos_acc": 0.95, "neg_acc": 0.1, "far_neg_acc": 0.6}}
+        for s in range(3):
+            vmf = {"pos_acc": 0.9, "neg_acc": 0.5 + 0.01 * s + shift, "far_neg_acc": 0.3}
+            ft = {"pos_acc": 0.8, "neg_acc": 0.2 + 0.01 * s, "far_neg_acc": 0.3 + 0.01 * s}
+            cells[dummy] |= {f"asymvlm-vmf/seed{s}": vmf, f"determ-ft/seed{s}": ft}
+    return {"dummy": cells, "rejection": {}}
+
+
+def test_table2_and_table3_claims_per_seed() -> None:
+    """Table 2: per seed the mean over the dummy prompts; Table 3: per evaluation set."""
+    verdicts = {(v.claim, v.where): v for v in claims.table2_verdicts(_nota_result())}
+    sib = verdicts["asymvlm-vmf rejects more negatives than Determ. FT", "sibling negatives"]
+    assert sib.a == pytest.approx((0.51, 0.52, 0.53)) and sib.b == pytest.approx((0.2, 0.21, 0.22))
+    assert sib.verdict == "supports" and sib.paper.startswith("0.576 vs 0.092")
+    far = verdicts["asymvlm-vmf rejects more negatives than the frozen model", "far negatives"]
+    assert far.b == (0.6,) and far.verdict == "contradicts"
+    far = verdicts["asymvlm-vmf rejects more negatives than Determ. FT", "far negatives"]
+    assert far.verdict == "not supported"
+    pos = verdicts["asymvlm-vmf keeps more positives than Determ. FT", "positives"]
+    assert pos.verdict == "supports"
+    assert not any("asymvlm-ps" in claim for claim, _ in verdicts)  # not evaluated: not judged
+    res = {f"asymvlm-vmf/seed{s}": {"zs": 0.75 + 0.01 * s, "pos": 0.99} for s in range(5)}
+    res |= {f"determ-ft/seed{s}": {"zs": 0.70 + 0.01 * s, "pos": 0.99} for s in range(5)}
+    res["clip"] = {"zs": 0.96, "pos": 0.99}
+    got = {v.where: v for v in claims.table3_verdicts(res)}
+    assert set(got) == {"pos", "zs"} and got["pos"].verdict == "not supported"
+    assert got["zs"].difference == pytest.approx(0.05)
+    assert got["zs"].se == pytest.approx(0.01) and got["zs"].verdict == "supports"
+
+
+def test_the_generic_curve_is_the_recorded_benchmark() -> None:
+    """:data:`GENERIC_CURVE` (printed by the report) holds the means of the run kept in docs."""
+    with open(os.path.join(os.path.dirname(__file__), "..", CURVE_RUN)) as fh:
+        run = json.load(fh)
+    assert [c["p"] for c in run["curve"]] == list(claims.GENERIC_CURVE)
+    for point in run["curve"]:
+        kappa, sibling, far = claims.GENERIC_CURVE[point["p"]]
+        for k, method in enumerate(claims.CURVE_METHODS):
+            mean = point["mean"][method]
+            assert sibling[k] == pytest.approx(mean["sibling_rejected"], abs=6e-4)
+            assert far[k] == pytest.approx(mean["far_rejected"], abs=6e-4)
+            if k < 2:  # kappa: the probabilistic methods
+                assert kappa[2 * k] == pytest.approx(mean["kappa"]['dummy "a photo"'], abs=0.06)
+                assert kappa[2 * k + 1] == pytest.approx(mean["kappa"]["class prompts"], abs=0.06)

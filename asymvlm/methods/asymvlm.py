@@ -102,15 +102,10 @@ class _Spherical(Method):
             out = dim + (self.text_out if modality == "text" else 0)
             setattr(self, f"{modality}_adapter", Adapter(dim, out, hidden_dim, depth, init))
 
-    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        if "text" in self.probabilistic:
-            return spherical_head(self.text_adapter(text_emb))
-        return super().encode_texts(text_emb)
-
-    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        if "image" in self.probabilistic:
-            return spherical_head(self.image_adapter(image_emb))
-        return super().encode_images(image_emb)
+    def encode(self, side: str, x: torch.Tensor) -> Encoding:
+        if side in self.probabilistic:
+            return spherical_head(getattr(self, f"{side}_adapter")(x))
+        return super().encode(side, x)
 
     def score(
         self,

@@ -1,12 +1,4 @@
-"""The interface every method implements, and the registry that names them.
-
-A method is an ``nn.Module`` on cached frozen embeddings (``image_emb``, ``text_emb`` [n, d]): it
-encodes items (``encode_texts`` / ``encode_images`` -> dict of tensors), scores two encodings
-(``score`` -> [n_text, n_image], the log-likelihood for probabilistic methods, App. A.2), gives a
-per-item uncertainty (higher = more uncertain, or None) and a batch loss
-``pair_loss(*loss_features(image_emb, text_emb))``, split so that data-parallel training can
-gather the global batch's encodings in between (:mod:`asymvlm.distributed`).
-"""
+"""The interface every method implements (:class:`Method`) and the registry that names them."""
 
 from __future__ import annotations
 
@@ -121,7 +113,11 @@ def sigmoid_pair_loss(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Method(nn.Module):
-    """Base class (module docstring): the frozen model's cosine, no uncertainty, no loss."""
+    """An ``nn.Module`` on cached frozen embeddings [n, d]: encodings (dicts of tensors), scores
+    [n_text, n_image] (the log-likelihood for probabilistic methods, App. A.2), a per-item
+    uncertainty (higher = more uncertain, or None) and a batch loss ``pair_loss(*loss_features(
+    ...))``, split so that data-parallel training gathers the global batch in between. The base:
+    the frozen model's cosine, no uncertainty, no loss."""
 
     name: ClassVar[str] = "base"
     trainable: ClassVar[bool] = True  # False: nothing to train, or fitted post hoc
@@ -139,11 +135,15 @@ class Method(nn.Module):
         super().__init__()
         self.dim = dim
 
+    def encode(self, side: str, x: torch.Tensor) -> Encoding:
+        """The encoding of rows of ``side`` ("text" or "image"): here the unit embeddings."""
+        return {"mu": unit(x)}
+
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        return {"mu": unit(text_emb)}
+        return self.encode("text", text_emb)
 
     def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        return {"mu": unit(image_emb)}
+        return self.encode("image", image_emb)
 
     def score(self, texts: Encoding, images: Encoding) -> torch.Tensor:
         """[n_text, n_image] retrieval scores (higher = better match)."""
@@ -160,8 +160,7 @@ class Method(nn.Module):
     def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor | None:
         return self.uncertainty_from(texts)
 
-    def image_uncertainty_from(self, images: Encoding) -> torch.Tensor | None:
-        return self.uncertainty_from(images)
+    image_uncertainty_from = text_uncertainty_from
 
     def text_uncertainty(self, text_emb: torch.Tensor) -> torch.Tensor | None:
         return self.text_uncertainty_from(self.encode_texts(text_emb))

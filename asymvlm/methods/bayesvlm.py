@@ -1,12 +1,5 @@
-"""BayesVLM (Baumann et al., arXiv:2412.06014; code AaltoML/BayesVLM): a post-hoc Laplace
-posterior over the frozen VLM's projections g = W phi, nothing trained (docs/methods.md).
-
-Per modality, laplace-torch's damped KFAC Laplace posterior over W under the contrastive
-likelihood softmax_c(s cos(W phi, t_c)) over a class batch, its prior precision by marginal
-likelihood: Cov[vec W] = A'^-1 (x) B'^-1. The uncertainty is tr Cov[g] = (phi^T A'^-1 phi)
-tr(B'^-1); retrieval ranks by ProbCosine's expected cosine. Rows are ``[embedding (d) |
-pre-projection feature (p)]`` (:meth:`BayesVLM.split_inputs`).
-"""
+"""BayesVLM (Baumann et al., arXiv:2412.06014): laplace-torch's damped KFAC Laplace posterior
+over the frozen VLM's projections g = W phi, nothing trained (docs/methods.md)."""
 
 from __future__ import annotations
 
@@ -77,8 +70,6 @@ def fit_projection_posterior(
     fisher: Literal["mc", "type-2"] = "mc",
     mc_samples: int = 1,
     prior_steps: int = 300,
-    prior_lr: float = 0.1,
-    prior_init: float = 1.0,
     seed: int = 0,
 ) -> dict[str, Any]:
     """BayesVLM's Laplace posterior over ``g = W phi``: ``source`` [n, p] features of this
@@ -109,13 +100,7 @@ def fit_projection_posterior(
     la.H = la.H_facs.decompose(damping=la.damping)
     with warnings.catch_warnings():  # laplace's note on the probit link of its predictive
         warnings.simplefilter("ignore", UserWarning)
-        la.optimize_prior_precision(
-            pred_type="glm",
-            method="marglik",
-            n_steps=prior_steps,
-            lr=prior_lr,
-            init_prior_prec=prior_init,
-        )
+        la.optimize_prior_precision(pred_type="glm", method="marglik", n_steps=prior_steps, lr=0.1)
     a_inv, b_inv = kron_posterior_factors(la)
     prior_precision = la.prior_precision.detach().reshape(()).double()
     return {"a_inv": a_inv, "b_inv": b_inv, "prior_precision": prior_precision, "laplace": la}
@@ -141,6 +126,13 @@ def embedding_trace(
 def expected_norm_unit(mean: torch.Tensor, trace: torch.Tensor) -> torch.Tensor:
     """mu / sqrt(|mu|^2 + tr Cov[g]): the dot product of two is ProbCosine's expected cosine."""
     return mean / (mean.pow(2).sum(-1) + trace).clamp_min(1e-30).sqrt().unsqueeze(-1)
+
+
+def _check_pre_features(data: SplitTensors) -> None:
+    """A :class:`TableError` when the split lacks the pre-projection features or projections."""
+    needed = ("image_pre", "text_pre", "image_projection", "text_projection")
+    if missing := [name for name in needed if getattr(data, name, None) is None]:
+        raise TableError(f"{MISSING_PRE} (this split has no {', '.join(missing)})")
 
 
 @register("bayesvlm")
@@ -181,14 +173,19 @@ class BayesVLM(Method):
     def fit_posthoc(self, data: SplitTensors) -> None:
         """Fit both posteriors on the training split, every pair one datum: the image posterior
         with captions as targets, the text posterior with their images."""
-        image_pre, text_pre = self._pre_features(data)
-        unit_texts, unit_images = unit(data.text_emb), unit(data.image_emb)[data.text_to_image]
+        _check_pre_features(data)
+        unit_images = unit(data.image_emb)[data.text_to_image]
         for modality, source, targets, w in (
-            ("image", image_pre[data.text_to_image], unit_texts, data.image_projection),
-            ("text", text_pre, unit_images, data.text_projection),
+            (
+                "image",
+                data.image_pre[data.text_to_image],
+                unit(data.text_emb),
+                data.image_projection,
+            ),
+            ("text", data.text_pre, unit_images, data.text_projection),
         ):
             fit = fit_projection_posterior(
-                source.float(), targets.float(), w.float(), **self.fit_kwargs
+                *(t.float() for t in (source, targets, w)), **self.fit_kwargs
             )
             device = self.image_b_inv_diag.device
             setattr(self, f"{modality}_projection", w.detach().float().to(device).clone())
@@ -196,22 +193,15 @@ class BayesVLM(Method):
             getattr(self, f"{modality}_b_inv_diag").copy_(fit["b_inv"].diagonal())
             getattr(self, f"{modality}_prior_precision").fill_(float(fit["prior_precision"]))
 
-    def _pre_features(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """(image_pre, text_pre) of a split; :class:`TableError` when the split lacks them or
-        the projections."""
-        needed = ("image_pre", "text_pre", "image_projection", "text_projection")
-        missing = [name for name in needed if getattr(data, name, None) is None]
-        if missing:
-            raise TableError(f"{MISSING_PRE} (this split has no {', '.join(missing)})")
-        return data.image_pre, data.text_pre
-
     def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows ``[embedding input | pre-projection feature]`` of the split's images and
-        captions."""
-        image_pre, text_pre = self._pre_features(data)
-        return torch.cat([data.image_emb, image_pre], 1), torch.cat([data.text_emb, text_pre], 1)
+        """Rows ``[embedding (d) | pre-projection feature (p)]`` of the images and captions."""
+        _check_pre_features(data)
+        return (
+            torch.cat([data.image_emb, data.image_pre], 1),
+            torch.cat([data.text_emb, data.text_pre], 1),
+        )
 
-    def _encode(self, modality: str, rows: torch.Tensor) -> Encoding:
+    def encode(self, modality: str, rows: torch.Tensor) -> Encoding:
         w = getattr(self, f"{modality}_projection")
         if w.shape[1] == 0:
             raise RuntimeError(
@@ -230,12 +220,6 @@ class BayesVLM(Method):
         b_trace = getattr(self, f"{modality}_b_inv_diag").sum()
         trace = embedding_trace(phi, getattr(self, f"{modality}_a_inv"), b_trace)
         return {"mu": expected_norm_unit(mean, trace), "mean": mean, "trace": trace}
-
-    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        return self._encode("text", text_emb)
-
-    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        return self._encode("image", image_emb)
 
     def uncertainty_from(self, enc: Encoding) -> torch.Tensor:
         return enc["trace"]

@@ -6,7 +6,6 @@ u = K / S (Eq. 4). The authors' code has no ELIP; ``official`` only uses the def
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -66,7 +65,6 @@ class ELIP(Method):
         hidden_dim: int = 1024,
         depth: int = 3,
         init_temperature: float = 10.0,
-        kl_anneal_epochs: int = 15,
         gallery_size: int = 1000,
         init: Init = "he",
     ) -> None:
@@ -77,7 +75,6 @@ class ELIP(Method):
             nn.init.zeros_(adapter[-1].weight)
             nn.init.zeros_(adapter[-1].bias)
         self.log_temperature = nn.Parameter(torch.tensor(math.log(init_temperature)))
-        self.kl_anneal_epochs = kl_anneal_epochs
         self.gallery_size = gallery_size
         for name in self.FITTED_BUFFERS:
             self.register_buffer(name, torch.empty(0, dim), persistent=True)
@@ -86,11 +83,8 @@ class ELIP(Method):
     def temperature(self) -> torch.Tensor:
         return self.log_temperature.exp()
 
-    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        return {"mu": unit(text_emb + self.text_adapter(text_emb))}
-
-    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        return {"mu": unit(image_emb + self.image_adapter(image_emb))}
+    def encode(self, side: str, x: torch.Tensor) -> Encoding:
+        return {"mu": unit(x + getattr(self, f"{side}_adapter")(x))}
 
     def fit_start(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> None:
         """Draw the fixed reference galleries (raw embeddings, adapted when used)."""
@@ -100,26 +94,26 @@ class ELIP(Method):
             buf = getattr(self, name)
             setattr(self, name, emb[idx].detach().to(device=buf.device, dtype=buf.dtype).clone())
 
-    def _evidential_u(self, items: Encoding, gallery: str, encode: Callable) -> torch.Tensor:
-        """u = K / S of ``items`` over the adapted ``gallery`` (ELIP Eq. 4)."""
-        rows = getattr(self, gallery)
+    def _evidential_u(self, items: Encoding, other: str) -> torch.Tensor:
+        """u = K / S of ``items`` over the adapted gallery of the ``other`` side (ELIP Eq. 4)."""
+        rows = getattr(self, f"gallery_{other}s")
         if rows.shape[0] == 0:
             raise RuntimeError(
                 "ELIP's uncertainty needs a reference gallery: call fit_start(image_emb, "
                 "text_emb) with the training set first (or load a state dict that has one)"
             )
-        cos = items["mu"] @ encode(rows)["mu"].T
+        cos = items["mu"] @ self.encode(other, rows)["mu"].T
         return evidential_uncertainty(dirichlet_alpha(cos, self.temperature))
 
     def text_uncertainty_from(self, texts: Encoding) -> torch.Tensor:
-        return self._evidential_u(texts, "gallery_images", self.encode_images)
+        return self._evidential_u(texts, "image")
 
     def image_uncertainty_from(self, images: Encoding) -> torch.Tensor:
-        return self._evidential_u(images, "gallery_texts", self.encode_texts)
+        return self._evidential_u(images, "text")
 
     def kl_weight(self, epoch: int) -> float:
-        """lambda_t = min(1, t / kl_anneal_epochs) (ELIP Eq. 9)."""
-        return min(1.0, epoch / self.kl_anneal_epochs) if self.kl_anneal_epochs > 0 else 1.0
+        """lambda_t = min(1, t / 15) (ELIP Eq. 9)."""
+        return min(1.0, epoch / 15)
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
         cos = images["mu"] @ texts["mu"].T

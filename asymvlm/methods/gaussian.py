@@ -7,7 +7,7 @@ likelihood score); ``pcmepp``: PCME++* (Chun 2024, BCE over -a CSD + b); ``proli
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -45,18 +45,11 @@ _INCLUSION_CONST = -1.5 * math.log(2.0 * math.pi) + 0.5 * math.log(math.pi)
 
 
 def log_inclusion(
-    mu1: torch.Tensor,
-    log_var1: torch.Tensor,
-    mu2: torch.Tensor,
-    log_var2: torch.Tensor,
-    *,
-    log_eps: float = 0.0,
+    mu1: torch.Tensor, log_var1: torch.Tensor, mu2: torch.Tensor, log_var2: torch.Tensor
 ) -> torch.Tensor:
     """inc(Z1, Z2) = ln int p1(x)^2 p2(x) dx of diagonal Gaussians, summed over dims (ProLIP
-    Eq. 3, derived afresh: the printed one doubles the log-variance coefficients). ``log_eps``
-    < 0 scales the precisions by e^log_eps (ProLIP's stabiliser, Sec. 3.3)."""
-    p1 = torch.exp(log_eps - log_var1)
-    p2 = torch.exp(log_eps - log_var2)
+    Eq. 3, derived afresh: the printed one doubles the log-variance coefficients)."""
+    p1, p2 = torch.exp(-log_var1), torch.exp(-log_var2)
     a = p1 + 0.5 * p2
     b = 2.0 * mu1 * p1 + mu2 * p2
     c = mu1**2 * p1 + 0.5 * mu2**2 * p2
@@ -65,20 +58,12 @@ def log_inclusion(
 
 
 def inclusion_loss(
-    mu1: torch.Tensor,
-    log_var1: torch.Tensor,
-    mu2: torch.Tensor,
-    log_var2: torch.Tensor,
-    *,
-    scale: float = 10.0,
-    log_eps: float = 0.0,
+    mu1: torch.Tensor, log_var1: torch.Tensor, mu2: torch.Tensor, log_var2: torch.Tensor
 ) -> torch.Tensor:
-    """L_inc(Z1 in Z2) = -ln sigmoid(c H), H = inc(Z1, Z2) - inc(Z2, Z1) (ProLIP Eq. 4-5),
-    averaged over rows."""
-    h = log_inclusion(mu1, log_var1, mu2, log_var2, log_eps=log_eps) - log_inclusion(
-        mu2, log_var2, mu1, log_var1, log_eps=log_eps
-    )
-    return -F.logsigmoid(scale * h).mean()
+    """L_inc(Z1 in Z2) = -ln sigmoid(c H), H = inc(Z1, Z2) - inc(Z2, Z1), c = 10 (ProLIP
+    Eq. 4-5), averaged over rows."""
+    h = log_inclusion(mu1, log_var1, mu2, log_var2) - log_inclusion(mu2, log_var2, mu1, log_var1)
+    return -F.logsigmoid(10.0 * h).mean()
 
 
 def vib_kl(mu: torch.Tensor, log_var: torch.Tensor, cap: float = 1e4) -> torch.Tensor:
@@ -90,37 +75,24 @@ def vib_kl(mu: torch.Tensor, log_var: torch.Tensor, cap: float = 1e4) -> torch.T
 
 
 class _PostHocGaussian(Method):
-    """Frozen means, a variance head per modality, its last bias at ``init_log_var`` (None: as
-    initialised); encodings ``mu``, ``var`` = sigma^2 = exp(head(mu)), ``log_var``."""
+    """Frozen means and a variance head per modality; encodings ``mu``, ``var`` = sigma^2 =
+    exp(head(mu)), ``log_var``. ``official``: the authors' port's variant of the method."""
 
     uncertainty_doc = "mean sigma^2 over dimensions (both modalities)"
-    PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {"official": {"init": "default"}}
+    PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {"official": {"init": "default", "official": True}}
 
     def __init__(
-        self,
-        dim: int,
-        hidden_dim: int = 1024,
-        depth: int = 3,
-        init: Init = "he",
-        init_log_var: float | None = None,
+        self, dim: int, hidden_dim: int = 1024, depth: int = 3, init: Init = "he", official=False
     ) -> None:
         super().__init__(dim)
+        self.official = official
         self.image_var_head = mlp(dim, dim, hidden_dim, depth, init)
         self.text_var_head = mlp(dim, dim, hidden_dim, depth, init)
-        if init_log_var is not None:
-            for head in (self.image_var_head, self.text_var_head):
-                nn.init.constant_(head[-1].bias, init_log_var)
 
-    def _gaussian(self, head: nn.Module, x: torch.Tensor) -> Encoding:
+    def encode(self, side: str, x: torch.Tensor) -> Encoding:
         mu = unit(x)
-        log_var = head(mu)
+        log_var = getattr(self, f"{side}_var_head")(mu)
         return {"mu": mu, "var": torch.exp(log_var), "log_var": log_var}
-
-    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        return self._gaussian(self.text_var_head, text_emb)
-
-    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        return self._gaussian(self.image_var_head, image_emb)
 
     def uncertainty_from(self, enc: Encoding) -> torch.Tensor:
         return enc["var"].mean(-1)
@@ -130,70 +102,39 @@ class _PostHocGaussian(Method):
 class PFE(_PostHocGaussian):
     """PFE*: sigma^2 = softplus(mlp(x)) per dimension, means frozen.
 
-    sigma^2 has the floor ``min_var``; loss -``loss_scale`` * mean MLS of the
-    pairs, on unit means (``improved``) or, as the port, twice it on raw inputs (``official``)."""
+    Loss -mean MLS of the pairs on unit means, sigma^2 floored at 1e-6, or (``official``, the
+    port) twice it on raw inputs, no floor."""
 
-    PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
-        "official": {"init": "default", "raw_means": True, "min_var": 0.0, "loss_scale": 2.0},
-    }
     OFFICIAL_RAW_IMAGES = True
 
-    def __init__(
-        self,
-        dim: int,
-        hidden_dim: int = 1024,
-        depth: int = 3,
-        init: Init = "he",
-        raw_means: bool = False,
-        min_var: float = 1e-6,
-        loss_scale: float = 1.0,
-    ) -> None:
-        super().__init__(dim, hidden_dim, depth, init)
-        self.raw_means, self.min_var, self.loss_scale = raw_means, min_var, loss_scale
-
-    def _gaussian(self, head: nn.Module, x: torch.Tensor) -> Encoding:
-        var = F.softplus(head(x)) + self.min_var
+    def encode(self, side: str, x: torch.Tensor) -> Encoding:
+        var = F.softplus(getattr(self, f"{side}_var_head")(x)) + (0.0 if self.official else 1e-6)
         mu = unit(x)
-        mean = x if self.raw_means else mu
+        mean = x if self.official else mu
         return {"mu": mu, "mean": mean, "var": var, "log_var": torch.log(var)}
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
         mls = mutual_likelihood_score(images["mean"], images["var"], texts["mean"], texts["var"])
-        return -self.loss_scale * mls.mean()
+        return -(2.0 if self.official else 1.0) * mls.mean()
 
 
 @register("pcmepp")
 class PCMEPP(_PostHocGaussian):
     """PCME++*: ln sigma^2 = mlp(mu), means frozen; probabilistic matching loss.
 
-    BCE over the logits -a CSD + b of the pair matrix, doubled (i2t + t2i) as the
-    official code; a = softplus(a_raw) (``improved``) or a_raw (``official``)."""
+    BCE over the logits -a CSD + b of the pair matrix, doubled (i2t + t2i) as the official
+    code; a = softplus(a_raw), or a_raw (``official``); a and b start at 5."""
 
-    PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
-        "official": {"init": "default", "positive_scale": False},
-    }
-
-    def __init__(
-        self,
-        dim: int,
-        hidden_dim: int = 1024,
-        depth: int = 3,
-        init_scale: float = 5.0,
-        init_shift: float = 5.0,
-        init_log_var: float | None = None,
-        init: Init = "he",
-        positive_scale: bool = True,
-    ) -> None:
-        super().__init__(dim, hidden_dim, depth, init, init_log_var)
-        self.positive_scale = positive_scale
-        raw = init_scale + math.log(-math.expm1(-init_scale)) if positive_scale else init_scale
-        self.scale_raw = nn.Parameter(torch.tensor(float(raw)))
-        self.shift = nn.Parameter(torch.tensor(float(init_shift)))
+    def __init__(self, dim: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(dim, *args, **kwargs)
+        raw = 5.0 if self.official else 5.0 + math.log(-math.expm1(-5.0))
+        self.scale_raw = nn.Parameter(torch.tensor(raw))
+        self.shift = nn.Parameter(torch.tensor(5.0))
 
     @property
     def scale(self) -> torch.Tensor:
-        """a: softplus(a_raw) (``improved``) or a_raw itself (``official``)."""
-        return F.softplus(self.scale_raw) if self.positive_scale else self.scale_raw
+        """a: softplus(a_raw), or a_raw itself (``official``)."""
+        return self.scale_raw if self.official else F.softplus(self.scale_raw)
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
         dist = csd(images["mu"], images["var"], texts["mu"], texts["var"])
@@ -213,63 +154,32 @@ class PCMEPP(_PostHocGaussian):
 class ProLIP(_PostHocGaussian):
     """ProLIP*: the PCME++ heads with ProLIP's objective, means frozen.
 
-    PPCL (Eq. 2) over s * probabilistic cosine + b, plus ``inclusion_weight`` *
-    L_inc(Z_v in Z_t) (Eq. 3-5) and ``vib_weight`` * the port's VIB term. s, b learnt from
-    10, -10 (``improved``) or fixed at 1, 0 (``official``)."""
+    PPCL (Eq. 2) over s * probabilistic cosine + b, s, b learnt from 10, -10, the heads' last
+    bias at -10, plus 0.01 L_inc(Z_v in Z_t) (Eq. 3-5); ``official`` (the port): s, b fixed at
+    1, 0, the heads as initialised and 1e-5 times the port's VIB term instead of L_inc."""
 
-    PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
-        "official": {
-            "init": "default",
-            "init_log_var": None,
-            "learn_scale": False,
-            "inclusion_weight": 0.0,
-            "vib_weight": 1e-5,
-        },
-    }
-
-    def __init__(
-        self,
-        dim: int,
-        hidden_dim: int = 1024,
-        depth: int = 3,
-        init_scale: float = 10.0,
-        init_bias: float = -10.0,
-        inclusion_weight: float = 0.01,
-        inclusion_scale: float = 10.0,
-        inclusion_log_eps: float = 0.0,
-        init_log_var: float | None = -10.0,
-        init: Init = "he",
-        learn_scale: bool = True,
-        vib_weight: float = 0.0,
-    ) -> None:
-        super().__init__(dim, hidden_dim, depth, init, init_log_var)
-        self.learn_scale = learn_scale
-        if learn_scale:
-            self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
-            self.bias = nn.Parameter(torch.tensor(float(init_bias)))
-        self.inclusion_weight, self.vib_weight = inclusion_weight, vib_weight
-        self.inclusion_scale, self.inclusion_log_eps = inclusion_scale, inclusion_log_eps
+    def __init__(self, dim: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(dim, *args, **kwargs)
+        if not self.official:
+            self.log_scale = nn.Parameter(torch.tensor(math.log(10.0)))
+            self.bias = nn.Parameter(torch.tensor(-10.0))
+            for head in (self.image_var_head, self.text_var_head):
+                nn.init.constant_(head[-1].bias, -10.0)
 
     def logit_scale_bias(self) -> tuple[torch.Tensor | float, torch.Tensor | float]:
         """(s, b) of the PPCL logits: learnt, or the official port's fixed (1, 0)."""
-        return (self.log_scale.exp(), self.bias) if self.learn_scale else (1.0, 0.0)
+        return (1.0, 0.0) if self.official else (self.log_scale.exp(), self.bias)
 
     def loss_terms(self, images: Encoding, texts: Encoding) -> dict[str, torch.Tensor]:
-        """``ppcl`` (Eq. 2), ``inclusion`` (Eq. 5) and ``vib``, each weighted."""
+        """``ppcl`` (Eq. 2) and ``inclusion`` (Eq. 5) or the port's ``vib``, each weighted."""
         img, txt = images, texts
         s, b = self.logit_scale_bias()
         sim = probabilistic_cosine(img["mu"], img["var"], txt["mu"], txt["var"])
-        terms = {"ppcl": sigmoid_pair_loss(s * sim + b)}
-        if self.inclusion_weight:
-            terms["inclusion"] = self.inclusion_weight * inclusion_loss(
-                *(img["mu"], img["log_var"], txt["mu"], txt["log_var"]),
-                scale=self.inclusion_scale,
-                log_eps=self.inclusion_log_eps,
-            )
-        if self.vib_weight:
+        if self.official:
             kl = vib_kl(img["mu"], img["log_var"]) + vib_kl(txt["mu"], txt["log_var"])
-            terms["vib"] = self.vib_weight * kl
-        return terms
+            return {"ppcl": sigmoid_pair_loss(s * sim + b), "vib": 1e-5 * kl}
+        inclusion = inclusion_loss(img["mu"], img["log_var"], txt["mu"], txt["log_var"])
+        return {"ppcl": sigmoid_pair_loss(s * sim + b), "inclusion": 0.01 * inclusion}
 
     def pair_loss(self, images: Encoding, texts: Encoding, *, epoch: int = 0) -> torch.Tensor:
         return sum(self.loss_terms(images, texts).values())
@@ -279,6 +189,6 @@ class ProLIP(_PostHocGaussian):
         return float(torch.as_tensor(self.logit_scale_bias()[0]).detach())
 
     def training_stats(self) -> dict[str, float]:
-        if not self.learn_scale:
+        if self.official:
             return {}
         return {"scale": float(self.log_scale.detach().exp()), "bias": float(self.bias.detach())}

@@ -49,10 +49,6 @@ _PREFIXES: dict[str, dict[str, str]] = {
 
 def our_name(method: str, official: str) -> str:
     """This project's parameter name for the official parameter ``official`` of ``method``."""
-    if method not in OFFICIAL_KEYS:
-        raise KeyError(
-            f"the authors' code has no {method!r}; it has {', '.join(sorted(OFFICIAL_KEYS))}"
-        )
     for prefix, ours in _PREFIXES["asymvlm" if method.startswith("asymvlm") else method].items():
         if official.startswith(prefix):
             return ours + official[len(prefix) :]
@@ -108,11 +104,11 @@ def optimizer_defaults(method: str, protocol: str) -> dict[str, Any]:
 
 def method_name(key: str) -> str:
     """This project's name for an official ``--method`` key (or for one of ours)."""
-    ours = {official: name for name, official in OFFICIAL_KEYS.items()}
-    if key in ours or key in OFFICIAL_KEYS:
-        return ours.get(key, key)
-    known = sorted(set(OFFICIAL_KEYS) | set(ours))
-    raise KeyError(f"the authors' code has no method {key!r}; it has {', '.join(known)}")
+    names = {k: k for k in OFFICIAL_KEYS} | {v: k for k, v in OFFICIAL_KEYS.items()}
+    if key not in names:
+        known = ", ".join(sorted(names))
+        raise KeyError(f"the authors' code has no method {key!r}; it has {known}")
+    return names[key]
 
 
 def official_dim(method: str, state: dict[str, torch.Tensor]) -> int:

@@ -88,7 +88,7 @@ class BayesCapAdapter(nn.Module):
 class ProbVLM(Method):
     """ProbVLM: a BayesCap adapter per modality; GGD(mu_hat, alpha, beta) per dimension.
 
-    Loss per modality: T1 * L1(mu_hat, z) + T2 * mean GGD term on its own embedding plus
+    Loss per modality: L1(mu_hat, z) + 0.05 mean GGD term on its own embedding plus
     ``cross_weight`` times that on the other modality's (supp. Eq. 5). Uncertainty: the mean
     GGD variance (``improved``) or the port's precision (``official``), both modalities."""
 
@@ -103,25 +103,20 @@ class ProbVLM(Method):
         dim: int,
         hidden_dim: int = 1024,
         depth: int = 3,
-        l1_weight: float = 1.0,
-        nll_weight: float = 5e-2,
         cross_weight: float = 1e-4,
         init: Init = "he",
         official: bool = False,
     ) -> None:
         super().__init__(dim)
-        self.l1_weight, self.nll_weight, self.cross_weight = l1_weight, nll_weight, cross_weight
+        self.cross_weight = cross_weight
         self.official = official
         if official:
             self.uncertainty_doc = "1 / mean GGD variance (a precision: larger = more certain)"
         self.image_adapter = BayesCapAdapter(dim, hidden_dim, depth, init, floors=not official)
         self.text_adapter = BayesCapAdapter(dim, hidden_dim, depth, init, floors=not official)
 
-    def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
-        return self.text_adapter(text_emb)
-
-    def encode_images(self, image_emb: torch.Tensor) -> Encoding:
-        return self.image_adapter(image_emb)
+    def encode(self, side: str, x: torch.Tensor) -> Encoding:
+        return getattr(self, f"{side}_adapter")(x)
 
     def uncertainty_from(self, enc: Encoding) -> torch.Tensor:
         if self.official:
@@ -138,11 +133,11 @@ class ProbVLM(Method):
         return img, txt
 
     def criterion(self, enc: Encoding, target: torch.Tensor) -> torch.Tensor:
-        """T1 * L1(mu_hat, z) + T2 * mean GGD term of z (supp. Eq. 5), exact or the port's."""
+        """L1(mu_hat, z) + 0.05 mean GGD term of z (supp. Eq. 5), exact or the port's."""
         term = official_ggd_term if self.official else ggd_nll
         l1 = (enc["mu_hat"] - target).abs().mean()
         nll = term(target, enc["mu_hat"], enc["inv_alpha"], enc["beta"]).mean()
-        return self.l1_weight * l1 + self.nll_weight * nll
+        return l1 + 5e-2 * nll
 
     def loss_terms(self, images: Encoding, texts: Encoding) -> dict[str, torch.Tensor]:
         """The criteria on own targets (``loss_i``, ``loss_t``) and cross-modal ones."""
