@@ -4,11 +4,10 @@ The trials of a sweep of ``--config`` (default ``tune_spaces/cpu-small.yaml``: s
 ``methods x lr`` at the first seed, stage 2 the other seeds at the chosen lrs) run as
 ``run_sweep`` (both stages, selection, MLflow runs, adapters, summary), as a plain loop of
 :func:`asymvlm.protocol.run_protocol` (at torch's default threads and at one; the faster
-counts), and, unless ``--no-torch-trainer``, as the sweep with every trial a TorchTrainer.
-Prints one JSON object (``sweep_seconds``, ``sequential_seconds``, ``overhead_ratio``, ...)::
+counts). Prints one JSON object (``sweep_seconds``, ``sequential_seconds``, ...)::
 
     .venv/bin/python benchmarks/sweep_overhead.py [--config ...] [--set epochs=4 ...]
-        [--tables runs/synthetic] [--no-torch-trainer]
+        [--tables runs/synthetic]
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=os.path.join(REPO, "tune_spaces", "cpu-small.yaml"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--tables", default=None, help="default: the config's (else written)")
-    parser.add_argument("--no-torch-trainer", action="store_true")
+    parser.add_argument("--no-torch-trainer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     import torch
@@ -99,17 +98,6 @@ def main(argv: list[str] | None = None) -> int:
             "overhead_ratio": round(sweep_seconds / sequential, 3),
             "selection": {m: p["lr"] for m, p in out["selection"].items()},
         }
-        if not args.no_torch_trainer:
-            log("the sweep with every trial a TorchTrainer ...")
-            tt = sweep_config(
-                {**doc, "trial_runner": "torch_trainer", "output": os.path.join(scratch, "tt")}
-            )
-            tt_seconds, tt_out = _timed(run_sweep, tt)
-            result.update(
-                torch_trainer_seconds=tt_seconds,
-                speedup_over_torch_trainer=round(tt_seconds / sweep_seconds, 3),
-                same_summary=tt_out["summary"] == out["summary"],
-            )
         print(json.dumps({**result, **machine(load_before)}, indent=2))
         return 0
     finally:

@@ -133,8 +133,8 @@ class _SweepBase(StrictModel):
     seeds: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
         description="the seeds of stage 2 (the first one also runs the lr grid)"
     )
-    num_workers: PositiveInt = Field(
-        1, description="DDP workers per trial (> 1: each trial drives a TorchTrainer)"
+    num_workers: Literal[1] = Field(
+        1, description="processes per trial (DDP runs of one config: pipelines/train.py)"
     )
     mlflow: MlflowSettings = Field(
         default_factory=MlflowSettings, description="the tracking store and experiment"
@@ -163,16 +163,11 @@ class _SweepBase(StrictModel):
     method_kwargs: dict[MethodName, dict[str, Any]] = Field(
         default_factory=dict, description="extra constructor arguments, per method"
     )
-    trial_runner: Literal["auto", "torch_trainer"] = Field(
-        "auto",
-        description="auto: a one-worker trial runs the protocol inside the Tune trial "
-        "(no TorchTrainer start-up); torch_trainer: every trial through a TorchTrainer",
-    )
     pack: PositiveInt = Field(
         1,
         description="train up to this many trials of one method and stage (other lr and/or "
         "seed) in one process as one batched model, each with its own optimiser, schedule, "
-        "metrics and MLflow run; one-worker trials only",
+        "metrics and MLflow run",
     )
     fault_injection: FaultInjection | None = Field(
         None, description="a drill: kill a trial's worker once after an epoch (tests)"
@@ -204,10 +199,6 @@ class _SweepBase(StrictModel):
             values = getattr(self, field_name)
             if len(set(values)) != len(values):
                 raise ValueError(f"{field_name} has duplicates: {values}")
-        if self.pack > 1 and (self.num_workers > 1 or self.trial_runner != "auto"):
-            raise ValueError(
-                "pack > 1 packs one-worker trials: it needs num_workers: 1 and trial_runner: auto"
-            )
         if self.pack > 1 and getattr(self, "stream", "auto") == "always":
             raise ValueError(
                 "pack > 1 holds the training split in memory and cannot stream it: "
@@ -237,9 +228,6 @@ class _SweepBase(StrictModel):
     def run_spec(self, method: str, lr: float, seed: int) -> RunSpec:
         """One trial's run: the method's validated base run at ``lr`` and ``seed``."""
         return self._specs[method].variant(lr=lr, seed=seed)
-
-    def uses_torch_trainer(self) -> bool:
-        return self.num_workers > 1 or self.trial_runner == "torch_trainer"
 
     @property
     def label(self) -> str:
