@@ -58,14 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logs.configure(verbose=args.verbose)
 
     def run() -> int:
         stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-        unknown = [s for s in stages if s not in STAGES]
-        if unknown:
+        if unknown := [s for s in stages if s not in STAGES]:
             raise ConfigError(f"--stages: unknown stages {unknown}; choose from {list(STAGES)}")
         overrides = list(args.set) + ([f"output={args.output}"] if args.output else [])
         cfg = load_pipeline(args.config, overrides)  # everything validated before Ray starts
@@ -76,14 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             out = run_pipeline(cfg, stages, session)
         final_tables(cfg)
         uri = config.redact(cfg.mlflow.tracking_uri)
-        logger.info("finished in %.0f s", out["seconds"])
-        if out.get("report"):
-            logger.info("report:   %s (and report.html)", out["report"])
-        logger.info(
-            "MLflow:   %s, experiment %r, run %s", uri, cfg.mlflow.experiment, out["run_id"]
-        )
-        if uri.startswith("sqlite:///"):
-            logger.info("open it:  asymvlm ui %s", cfg.output)
+        logger.info("finished in %.0f s; report: %s", out["seconds"], out.get("report"))
+        logger.info("MLflow: %s, experiment %r (asymvlm ui OUTPUT)", uri, cfg.mlflow.experiment)
         logger.info("log file: %s", log_file)
         print(json.dumps({**out, "tracking_uri": uri}))
         return 0

@@ -47,11 +47,11 @@ class RaySession:
         self.started |= _init_ray()
 
     def __exit__(self, *exc: object) -> None:
-        if self.started:
-            import ray
+        import ray
 
+        if self.started:
             ray.shutdown()
-            self.started = False
+        self.started = False
 
 
 def _init_ray() -> bool:
@@ -67,12 +67,9 @@ def _init_ray() -> bool:
     if ray.is_initialized():
         return False
     verbose = logs.verbose()
-    ray.init(
-        address=os.environ.get("RAY_ADDRESS"),
-        include_dashboard=False,
-        log_to_driver=verbose,
-        logging_level=logging.INFO if verbose else logging.WARNING,
-    )
+    level = logging.INFO if verbose else logging.WARNING
+    address = os.environ.get("RAY_ADDRESS")
+    ray.init(address=address, include_dashboard=False, log_to_driver=verbose, logging_level=level)
     logs.quiet_third_party()
     DataContext.get_current().enable_progress_bars = verbose
     return True

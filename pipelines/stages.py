@@ -84,12 +84,11 @@ def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
 
 
 def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
-    """Every evaluation of the config, through the one registry
-    (:mod:`asymvlm.evaluation.registry`), logged as a run nested under ``parent``; a marker file
-    per finished one."""
-    from asymvlm.evaluation.adapters import checkpoint_adapters, sweep_adapters
+    """Every evaluation of the config through the registry (:mod:`asymvlm.evaluation.registry`)
+    on the sweeps' seed adapters, logged as a run nested under ``parent``; a marker file per
+    finished one."""
+    from asymvlm.evaluation.adapters import checkpoint_adapters
 
-    uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
     folder = storage.uri_join(cfg.output, "evaluations")
     for i, ev in enumerate(cfg.evaluations):
         label = f"{ev.kind} ({ev.sweep})" if ev.sweep else ev.kind
@@ -101,30 +100,28 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
         methods: dict[str, Any] = {}
         if ev.sweep:
             where = storage.uri_join(cfg.sweep(ev.sweep).output, SWEEP_RECORD)
-            record = json.loads(storage.read_text(where))
-            copies = record.get("adapters") or {}  # the sweep's own copies: no MLflow needed
-            folders = [
-                seeds[seed]
-                for _, seeds in sorted(copies.items())
-                for seed in sorted(seeds, key=int)
-            ]
-            methods.update(
-                checkpoint_adapters(folders)
-                if folders
-                else sweep_adapters(uri, record["parent_run_id"])
+            copies = json.loads(storage.read_text(where))["adapters"]
+            methods = checkpoint_adapters(
+                seeds[s] for _, seeds in sorted(copies.items()) for s in sorted(seeds, key=int)
             )
         if ev.frozen:
             methods = registry.with_frozen(methods, ev, dim=ev.dim)
         result = registry.evaluate(ev, methods)
-        params: dict[str, Any] = {"sweep": ev.sweep or "", "note": ev.note or ""}
-        params["models"] = len(methods)
         inputs = ev.model_dump(mode="json", exclude={"kind"})
         keys = ("fine_tuned_on", "embedding_model", "positives", "negatives")
-        params.update({k: inputs[k] for k in keys if inputs.get(k)})
+        params = {"sweep": ev.sweep or "", "note": ev.note or "", "models": len(methods)}
+        params |= {k: inputs[k] for k in keys if inputs.get(k)}
         if ev.kind == "zeroshot":
             params.setdefault("fine_tuned_on", ev.sweep or "?")
+        mlflow = cfg.mlflow
         registry.log_evaluation(
-            uri, experiment, ev.kind, result, params=params, parent=parent, name=f"eval {label}"
+            mlflow.tracking_uri,
+            mlflow.experiment,
+            ev.kind,
+            result,
+            params=params,
+            parent=parent,
+            name=f"eval {label}",
         )
         storage.write_text(marker, json.dumps(result, indent=2, default=float))
         logger.info(

@@ -20,7 +20,7 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm import config, logs, storage, tracking  # noqa: E402
+from asymvlm import config, logs, tracking  # noqa: E402
 from asymvlm.errors import guarded  # noqa: E402
 from pipelines.schema import load_sweep  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
@@ -57,13 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         with tracking.outage_queue(), RaySession(eager=True):
             out = run_sweep(sweep)
         logger.info("\n%s", out["markdown"])
-        logger.info("open the runs: asymvlm ui %s", sweep.output)
-        if out["adapters"]:
-            where = storage.uri_join(sweep.output, ADAPTERS_DIR)
-            logger.info("adapters: %s/<method>/seed<k> (asymvlm score-text --checkpoint)", where)
-        keys = ("parent_run_id", "tracking_uri", "selection")
-        shown = {k: out[k] for k in keys} | {"failed_trials": len(out["failed"])}
-        print(json.dumps({**shown, "tracking_uri": config.redact(out["tracking_uri"])}, indent=2))
+        logger.info(
+            "runs: asymvlm ui %s; adapters: %s/<method>/seed<k>", sweep.output, ADAPTERS_DIR
+        )
+        shown = {k: out[k] for k in ("parent_run_id", "selection")}
+        uri = config.redact(out["tracking_uri"])
+        print(json.dumps({**shown, "tracking_uri": uri, "failed_trials": len(out["failed"])}))
         return 0
 
     return guarded(run)

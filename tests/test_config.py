@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pickle
 
 import pytest
 import torch
@@ -42,10 +43,11 @@ def _sweep_doc(tmp_path, **extra):
         ("lr", [], "lr: List should have at least 1 item"),
         ("optimizer", "adam", "optimizer = 'adam': Input should be 'sgd' or 'adamw'"),
         ("methods", ["asymvlm-vfm"], "methods[0] = 'asymvlm-vfm': unknown method"),
-        ("seeds", [0, 0], "seeds has duplicates"),
+        ("seeds", [0, 0], "seeds: duplicates: [0, 0]"),
         ("mlflow", {"experimnt": "x"}, "mlflow.experimnt: unknown key (did you mean 'experim"),
         ("method_kwargs", {"probvlm": {}}, "method_kwargs names methods that are not swept"),
         ("protocol", "paper", "protocol = 'paper'"),
+        ("embeddings", None, "embeddings = None: Input should be a valid string"),
     ],
 )
 def test_sweep_values_are_checked(tmp_path, key, value, message) -> None:
@@ -57,8 +59,9 @@ def test_sweep_values_are_checked(tmp_path, key, value, message) -> None:
 
 
 def test_sweep_defaults_are_the_papers_protocol(tmp_path) -> None:
-    doc = {"embeddings": str(tmp_path), "methods": ["asymvlm-vmf"], "lr": [1e-2], "seeds": [0]}
+    doc = {"embeddings": "x", "methods": ["asymvlm-vmf"], "lr": [1e-2], "seeds": [0]}
     cfg = schema.sweep_config(doc)
+    assert cfg.embeddings == os.path.abspath("x")  # trials run in their own directories
     assert (cfg.epochs, cfg.batch_size, cfg.min_lr) == (200, 2048, 1e-6)
     assert cfg.protocol == "improved"
     # optimiser and sizes: the protocol's per method, resolved once for each method's trials
@@ -66,7 +69,7 @@ def test_sweep_defaults_are_the_papers_protocol(tmp_path) -> None:
     assert cfg.train_config("asymvlm-vmf").optimizer == "sgd"
     run = cfg.run_spec("asymvlm-vmf", 5e-3, 3)
     assert (run.train.lr, run.train.seed, run.train.weight_decay) == (5e-3, 3, 5e-4)
-    assert run.embeddings == str(tmp_path) and run.checkpoint_every == 5
+    assert run.embeddings == os.path.abspath("x") and run.checkpoint_every == 5
 
 
 @pytest.mark.parametrize(
@@ -94,12 +97,17 @@ def test_optimizer_defaults_follow_the_protocol(method, protocol, expected) -> N
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "tune_spaces", "*.yaml"))))
 def test_shipped_tune_spaces_validate(path, tmp_path) -> None:
-    cfg = schema.load_sweep(path, [f"output={tmp_path}"])
-    assert cfg.methods and cfg.lr and cfg.seeds
-    # every method's run is validated with the file (the trials only vary lr and seed)
-    assert {m: cfg.run_spec(m, cfg.lr[0], cfg.seeds[0]).train.method for m in cfg.methods} == {
-        m: m for m in cfg.methods
-    }
+    cfg = schema.load_sweep(path, [f"output={tmp_path}", "mlflow.experiment=other"])
+    assert cfg.mlflow.experiment == "other" and cfg.mlflow.tracking_uri.startswith("sqlite:///")
+    if not path.endswith("cpu-small.yaml"):  # the paper's protocol
+        assert cfg.lr == [1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2] and cfg.seeds == [0, 1, 2, 3, 4]
+        assert (cfg.epochs, cfg.batch_size, cfg.protocol) == (200, 2048, "official")
+        assert cfg.optimizer is None  # the authors' optimiser per method
+    # it crosses the Tune boundary as it is (pickled), every method's validated run with it
+    again = pickle.loads(pickle.dumps(cfg))
+    assert again == cfg
+    for m in cfg.methods:
+        assert again.run_spec(m, cfg.lr[-1], 4) == cfg.run_spec(m, cfg.lr[-1], 4)
 
 
 def test_one_set_syntax() -> None:

@@ -81,8 +81,7 @@ def drop_unavailable(
         needs = item.pop("requires", None) or []
         if not isinstance(needs, list) or any(n not in OPTIONAL_DATA for n in needs):
             raise ConfigError(
-                f"{source}: {label}.requires: expected a list of {list(OPTIONAL_DATA)}, "
-                f"got {needs!r}"
+                f"{source}: {label}.requires: expected a list of {[*OPTIONAL_DATA]}, got {needs!r}"
             )
         if all(available(n) for n in needs) and item.get("sweep") not in gone:
             return True
@@ -93,20 +92,16 @@ def drop_unavailable(
     prepare = doc.get("prepare") or {}
     for key in [k for k, item in prepare.items() if not keep(f"prepare.{k}", item)]:
         del prepare[key]
-    if isinstance(doc.get("embed"), dict) and doc["embed"].get("jobs"):
-        jobs = enumerate(doc["embed"]["jobs"])
-        doc["embed"]["jobs"] = [j for i, j in jobs if keep(f"embed.jobs[{i}]", j)]
-    for section in ("sweeps", "evaluations"):
-        if doc.get(section):
-            items = doc[section]
-            doc[section] = [
-                x for i, x in enumerate(items) if keep(f"{section}[{_name(x) or i}]", x)
+    lists = [("sweeps", doc), ("evaluations", doc), ("jobs", doc.get("embed"))]
+    for key, parent in lists:
+        if isinstance(parent, dict) and isinstance(parent.get(key), list):
+            label = "embed.jobs" if key == "jobs" else key
+            parent[key] = [
+                x
+                for i, x in enumerate(parent[key])
+                if keep(f"{label}[{x.get('name', i) if isinstance(x, dict) else i}]", x)
             ]
     return doc, dropped
-
-
-def _name(item: Any) -> Any:
-    return item.get("name") if isinstance(item, dict) else None
 
 
 def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConfig:
