@@ -1,10 +1,6 @@
-"""The config boundary shared by every entry point: documents in, typed objects out.
-
-A YAML file (:func:`load_yaml`, YAML 1.1 with YAML 1.2 floats), ``--set key.sub=value``
-overrides (:func:`apply_overrides`), ``${VAR}`` from the environment but never a credential
-(:func:`expand_env`), validated (:func:`validate`) into the schema that lives with what it
-describes; every problem is one :class:`~asymvlm.errors.ConfigError` line naming file and key.
-"""
+"""The config boundary of every entry point: a YAML file (:func:`load_yaml`), ``--set key=value``
+overrides, ``${VAR}`` from the environment but never a credential, validated (:func:`validate`);
+every problem is one :class:`~asymvlm.errors.ConfigError` line naming file and key."""
 
 from __future__ import annotations
 
@@ -22,18 +18,6 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic_core import PydanticUndefined
 
 from asymvlm.errors import ConfigError
-
-__all__ = [
-    "StrictModel",
-    "add_model_flags",
-    "apply_overrides",
-    "check_no_credentials",
-    "expand_env",
-    "load_yaml",
-    "model_values",
-    "redact",
-    "validate",
-]
 
 T = TypeVar("T")
 #: Environment variable names that look like credentials (never expanded into a config).

@@ -48,26 +48,17 @@ def prepare_synthetic(syn: SyntheticPrepare) -> None:
     classification sets next to it; each skipped when its manifest is there already."""
     from asymvlm.synthetic import write_classification_sets, write_world
 
+    def missing(root: str) -> bool:
+        return not storage.exists(storage.uri_join(storage.absolute(root), "manifest.json"))
+
     world = syn.world_config()
-    if not storage.exists(storage.uri_join(syn.output, "manifest.json")):
-        preset = f" (preset {syn.preset})" if syn.preset else ""
-        logger.info("prepare: the synthetic world%s -> %s", preset, syn.output)
+    if missing(syn.output):
+        logger.info("prepare: the synthetic world (preset %s) -> %s", syn.preset, syn.output)
         write_world(syn.output, world)
     roots = syn.class_set_roots()
-    if roots and not all(
-        storage.exists(storage.uri_join(storage.absolute(r), "manifest.json"))
-        for r in roots.values()
-    ):
-        logger.info(
-            "prepare: the synthetic classification sets (%s) -> %s-*", ", ".join(roots), syn.output
-        )
+    if any(missing(root) for root in roots.values()):
+        logger.info("prepare: the synthetic classification sets %s", ", ".join(roots.values()))
         write_classification_sets(syn.output, world, syn.classification_spec())
-
-
-def stage_embed(cfg: PipelineConfig, session: RaySession) -> None:
-    for job in cfg.embed.jobs:
-        logger.info("embed: %s/%s -> %s", job.dataset, job.split, job.output)
-        run_embed(job, session)
 
 
 def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
@@ -75,12 +66,10 @@ def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
         if storage.exists(storage.uri_join(sweep.output, SWEEP_RECORD)):
             logger.info("sweep %s: done already", sweep.name)
             continue
-        t0 = time.perf_counter()
         sizes = len(sweep.methods), len(sweep.lr), len(sweep.seeds)
         logger.info("sweep %s: %d methods x %d lrs x %d seeds", sweep.name, *sizes)
         out = run_sweep(sweep, parent=parent)
-        failed = f", {len(out['failed'])} trial(s) failed" if out["failed"] else ""
-        logger.info("sweep %s: done in %.0f s%s", sweep.name, time.perf_counter() - t0, failed)
+        logger.info("sweep %s: done, %d trial(s) failed", sweep.name, len(out["failed"]))
 
 
 def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
@@ -159,20 +148,20 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str], session: RaySession) ->
     session.require()
     check_shared_output(cfg.output, cfg.storage.shared_filesystem)
     uri = cfg.mlflow.tracking_uri
-    out: dict[str, Any] = {"output": cfg.output, "tracking_uri": uri}
-    about = f"The {cfg.name} pipeline: {' -> '.join(stages)}"
     params = {"stages": ",".join(stages), "output": cfg.output}
+    about = f"The {cfg.name} pipeline: {' -> '.join(stages)}"
     name = f"pipeline {cfg.name}"
     with tracking.run(
         uri, cfg.mlflow.experiment, name, kind="pipeline", params=params, description=about
     ) as root:
-        root.log_text(
-            "resolved_config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-        )
-        out["run_id"] = root.id
+        resolved = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+        root.log_text("resolved_config.yaml", resolved)
+        out: dict[str, Any] = {"output": cfg.output, "tracking_uri": uri, "run_id": root.id}
         if "embed" in stages:
             stage_prepare(cfg)
-            stage_embed(cfg, session)
+            for job in cfg.embed.jobs:
+                logger.info("embed: %s/%s -> %s", job.dataset, job.split, job.output)
+                run_embed(job, session)
         if "sweep" in stages:
             stage_sweep(cfg, parent=root.id)
         if "evaluate" in stages:

@@ -20,41 +20,25 @@ DEMO = os.path.join(REPO, "configs", "demo.yaml")
 
 
 def _sweep_doc(tmp_path, **extra):
-    doc = {
-        "embeddings": str(tmp_path),
-        "methods": ["asymvlm-vmf"],
-        "lr": [1e-3],
-        "seeds": [0],
-        "epochs": 2,
-        "batch_size": 64,
-        "optimizer": "adamw",
-        "output": str(tmp_path / "o"),
-    }
-    doc.update(extra)
-    return doc
+    doc = {"embeddings": str(tmp_path), "methods": ["asymvlm-vmf"], "lr": [1e-3], "seeds": [0]}
+    return {**doc, "output": str(tmp_path / "o"), **extra}
 
 
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
         ("hiden_dim", 64, "hiden_dim: unknown key (did you mean 'hidden_dim'?)"),
-        ("epochs", 0, "epochs = 0: Input should be greater than or equal to 1"),
         ("lr", [float("nan")], "lr[0] = nan: Input should be a finite number"),
-        ("lr", [], "lr: List should have at least 1 item"),
-        ("optimizer", "adam", "optimizer = 'adam': Input should be 'sgd' or 'adamw'"),
         ("methods", ["asymvlm-vfm"], "methods[0] = 'asymvlm-vfm': unknown method"),
         ("seeds", [0, 0], "seeds: duplicates: [0, 0]"),
         ("mlflow", {"experimnt": "x"}, "mlflow.experimnt: unknown key (did you mean 'experim"),
         ("method_kwargs", {"probvlm": {}}, "method_kwargs names methods that are not swept"),
-        ("protocol", "paper", "protocol = 'paper'"),
-        ("embeddings", None, "embeddings = None: Input should be a valid string"),
     ],
 )
 def test_sweep_values_are_checked(tmp_path, key, value, message) -> None:
     with pytest.raises(ConfigError) as err:
         schema.sweep_config(_sweep_doc(tmp_path, **{key: value}), source="space.yaml")
-    assert str(err.value).startswith("space.yaml: ")
-    assert message in str(err.value)
+    assert str(err.value).startswith("space.yaml: ") and message in str(err.value)
     assert "\n" not in str(err.value)
 
 
@@ -228,18 +212,3 @@ def test_synthetic_prepare_presets_overrides_and_classes() -> None:
     assert (got.positives, got.negatives, got.level, got.n_classes) == (300, 1000, 2, 5)
     # one domain (no preset): no zero-shot set; every root holds a positive class: no far set
     assert set(_synthetic(classes=True).class_set_roots()) == {"positives", "negatives"}
-
-
-@pytest.mark.parametrize(
-    ("keys", "message"),
-    [
-        ({"preset": "imagenet"}, "preset = 'imagenet': Input should be 'demo' or 'coco'"),
-        ({"presett": "demo"}, "unknown key 'presett' (did you mean 'preset'?)"),
-        ({"finetune_roots": 9}, "finetune_roots must be in 1..6"),
-        ({"classes": {"positive": 10}}, "classes.positive: unknown key (did you mean 'positives'"),
-    ],
-)
-def test_synthetic_prepare_refuses_bad_keys(keys, message) -> None:
-    with pytest.raises(ConfigError, match="c.yaml: ") as err:
-        _synthetic(**keys)
-    assert message in str(err.value) and "\n" not in str(err.value)

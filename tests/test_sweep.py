@@ -6,7 +6,6 @@ import json
 import re
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
@@ -62,7 +61,6 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     """Trained (asymvlm-vmf), post hoc (bayesvlm) and frozen (clip) methods: nested runs with
     their metrics and adapters, lr chosen on validation, the summary, the report, and the seed
     adapters back for the evaluations (from MLflow and from the sweep's own copies)."""
-    import mlflow
     from mlflow import MlflowClient
 
     from asymvlm.checkpoints import load_checkpoint
@@ -158,28 +156,13 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     )
     assert got == pytest.approx(bayes.data.metrics["t2i_recall_at_1"], abs=1e-9)
 
-    # The logged adapter scores caption uncertainty from embeddings ...
-    vmf = next(
-        c
-        for c in members
-        if c.data.params["method"] == "asymvlm-vmf" and c.data.params["seed"] == "1"
-    )
-    mlflow.set_tracking_uri(out["tracking_uri"])
-    model = mlflow.pyfunc.load_model(f"runs:/{vmf.info.run_id}/adapter")
-    test = load_split(world, "test")
-    frame = pd.DataFrame(
-        {"embedding": list(test.split.text_embeddings[:5]), "norm": test.split.text_norms[:5]}
-    )
-    scored = model.predict(frame)
-    assert list(scored.columns) == ["uncertainty", "kappa"] and np.all(scored["kappa"] > 0)
-    np.testing.assert_allclose(scored["uncertainty"], 1.0 / scored["kappa"], rtol=1e-5)
-    # ... and the sweep left every seed-stage adapter as a checkpoint folder: the same weights
+    # The sweep left every seed-stage adapter as a checkpoint folder: the weights logged.
     assert {m: sorted(s) for m, s in out["adapters"].items()} == {m: ["0", "1"] for m in METHODS}
     where = out["adapters"]["asymvlm-vmf"]["1"]
     assert where == str(tmp_path / "sweep" / "adapters" / "asymvlm-vmf" / "seed1")
     exported, meta = load_checkpoint(where, "cpu")
-    logged = model.unwrap_python_model().method.state_dict()
     assert meta["train_config"]["seed"] == 1 and meta["embedding_model"] == "synthetic-world"
+    logged = adapters["asymvlm-vmf/seed1"].state_dict()
     for name, value in exported.state_dict().items():
         torch.testing.assert_close(value, logged[name].cpu(), rtol=0, atol=0)
 

@@ -263,20 +263,17 @@ def _stages(sweep: SweepConfig, run: tracking.Run, callback, base: dict) -> dict
     grid = [{"method": m, "lr": lr, "seed": first} for m in sweep.methods for lr in sweep.lr]
     grid = grid if len(sweep.lr) > 1 else []  # one lr: nothing to select
     done, failed = _fit(sweep, "grid", grid, callback) if grid else ([], [])
-    if grid:
-        picks = select_lr(done)
-    else:
-        picks = {m: {"lr": sweep.lr[0], "score": None, "scores_by_lr": {}} for m in sweep.methods}
-    selection = {m: picks[m] for m in sweep.methods if m in picks}  # config order
-    if not selection:
+    one = {m: {"lr": sweep.lr[0], "score": None, "scores_by_lr": {}} for m in sweep.methods}
+    picks = select_lr(done) if grid else one
+    if not (selection := {m: picks[m] for m in sweep.methods if m in picks}):  # config order
         raise NoResults(f"sweep {sweep.label}: every trial failed; first: {failed[0]['reason']}")
     for method in sorted(set(sweep.methods) - set(selection)):
         logger.warning("sweep %s: %s failed at every lr; left out of stage 2", sweep.label, method)
     run.log_params({f"best_lr/{m}": p["lr"] for m, p in selection.items()})
     reused = [r for r in done if r["lr"] == selection.get(r["method"], {}).get("lr")]
     ids = _trial_runs(run)  # the grid trial at the chosen lr is its method's first seed
-    for r in reused:
-        if (label := trial_label("grid", r)) in ids:
+    for label in (trial_label("grid", r) for r in reused):
+        if label in ids:
             tracking.existing_run(run.tracking_uri, ids[label]).set_tags({"seed_stage": "true"})
     seeds = [
         {"method": m, "lr": p["lr"], "seed": s}
@@ -287,15 +284,9 @@ def _stages(sweep: SweepConfig, run: tracking.Run, callback, base: dict) -> dict
     more, failed_seeds = _fit(sweep, "seeds", seeds, callback) if seeds else ([], [])
     failed += failed_seeds
     repeats = reused + more
+    test = [(r, results.retrieval_metric_names(r["outcome"].get("test", {}))) for r in repeats]
     summary = results.seed_summary(
-        [
-            {
-                "method": r["method"],
-                "seed": r["seed"],
-                **results.retrieval_metric_names(r["outcome"].get("test", {})),
-            }
-            for r in repeats
-        ]
+        [{"method": r["method"], "seed": r["seed"], **m} for r, m in test]
     )
     title = f"{base['dataset']} ({base['embedding_model']}), mean ± std over seeds"
     markdown = results.summary_markdown(summary, title=title) + failures_markdown(failed)
@@ -305,18 +296,14 @@ def _stages(sweep: SweepConfig, run: tracking.Run, callback, base: dict) -> dict
     run.log_text("summary.csv", results.summary_csv(summary))
     run.log_json("selection.json", selection)
     run.log_json("failures.json", failed)
-    run.log_metrics(
-        {
-            "failed_trials": len(failed),
-            **{
-                f"{method}/{col}_{stat}": stats[stat]
-                for method, cells in summary.items()
-                for col, stats in cells.items()
-                if isinstance(stats, dict)
-                for stat in ("mean", "std")
-            },
-        }
-    )
+    stats = {
+        f"{method}/{col}_{stat}": cell[stat]
+        for method, cells in summary.items()
+        for col, cell in cells.items()
+        if isinstance(cell, dict)
+        for stat in ("mean", "std")
+    }
+    run.log_metrics({"failed_trials": len(failed), **stats})
     return {
         "parent_run_id": run.id,
         "experiment": sweep.mlflow.experiment,
