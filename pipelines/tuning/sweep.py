@@ -27,7 +27,7 @@ from asymvlm.errors import AsymVLMError, ConfigError, Unfinished, one_line
 from asymvlm.methods import METHODS
 from pipelines.schema import SweepConfig, check_shared_output
 from pipelines.session import require_ray
-from pipelines.tuning.trial_log import MlflowTrialLogger, adapter_directory, trial_label
+from pipelines.tuning.trial_log import MlflowTrialLogger, adapter_directory, shown, trial_label
 from pipelines.tuning.trials import SELECTION_METRIC, failure_reason, sweep_trial
 
 logger = logging.getLogger("pipelines.sweep")
@@ -100,13 +100,8 @@ class NodeWait(tune.Callback):
         self.since = self.since or time.monotonic()
         if time.monotonic() - self.since < self.seconds:
             return
-        names = "; ".join(
-            " + ".join(
-                f"{m['method']} lr={m['lr']:g} seed={m['seed']}" for m in t.config["members"]
-            )
-            for t in trials
-            if t.status not in ("TERMINATED", "ERROR")
-        )
+        waiting = [t for t in trials if t.status not in ("TERMINATED", "ERROR")]
+        names = "; ".join(" + ".join(map(shown, t.config["members"])) for t in waiting)
         raise Unfinished(
             f"sweep {self.label}: no node could run its trials for {self.seconds:.0f} s "
             f"(node_wait_s); not finished: {names}. The finished trials are kept: run the same "
@@ -118,12 +113,11 @@ def _packs(sweep: SweepConfig, trials: list[dict[str, Any]]) -> list[list[dict[s
     """Up to ``sweep.pack`` consecutive trials of one method trained by SGD go as one trial."""
     out: list[list[dict[str, Any]]] = []
     for t in trials:
-        last = out[-1] if out else []
-        if last and last[0]["method"] == t["method"] and METHODS[t["method"]].trainable:
-            if len(last) < sweep.pack:
-                last.append(t)
-                continue
-        out.append([t])
+        same = out and out[-1][0]["method"] == t["method"] and len(out[-1]) < sweep.pack
+        if same and METHODS[t["method"]].trainable:
+            out[-1].append(t)
+        else:
+            out.append([t])
     return out
 
 

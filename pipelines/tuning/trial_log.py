@@ -29,7 +29,8 @@ def trial_label(stage: str, trial: dict[str, Any]) -> str:
     return f"{stage}-{trial['method']}-lr{float(trial['lr'])!r}-seed{int(trial['seed'])}"
 
 
-def _shown(trial: dict[str, Any]) -> str:
+def shown(trial: dict[str, Any]) -> str:
+    """``asymvlm-vmf lr=0.002 seed=0``."""
     return f"{trial['method']} lr={trial['lr']:g} seed={trial['seed']}"
 
 
@@ -67,13 +68,13 @@ class MlflowTrialLogger(tune.Callback):
         self.runs[key] = tracking.open_run(
             uri,
             self.sweep.mlflow.experiment,
-            _shown(trial),
+            shown(trial),
             kind="trial",
             parent=self.parent,
             params={**self.base_params, **trial, "stage": stage, "optimizer": optimizer},
             tags={"stage": stage, "method": trial["method"], "trial": label}
             | ({"seed_stage": "true"} if stage == "seeds" else {}),
-            description=f"{stage} trial: {_shown(trial)}",
+            description=f"{stage} trial: {shown(trial)}",
             start_time=self.started.get(key),
         )
         return self.runs[key]
@@ -112,10 +113,10 @@ class MlflowTrialLogger(tune.Callback):
         run = self._run(key, stage, trial)
         run.end("FAILED" if reason else "FINISHED", reason or None)
         if reason:
-            logger.warning("trial %s FAILED: %s", _shown(trial), reason)
+            logger.warning("trial %s FAILED: %s", shown(trial), reason)
         else:
             seconds = time.time() - self.started.get(key, time.time())
-            logger.info("trial %s FINISHED in %.0f s", _shown(trial), seconds)
+            logger.info("trial %s FINISHED in %.0f s", shown(trial), seconds)
 
 
 def _error(trial) -> BaseException | str | None:
@@ -152,7 +153,7 @@ def log_outcome(run: tracking.Run, row: dict[str, Any], *checkpoint: Any) -> Non
     if shown := out.get("test") or out.get("val"):
         with tempfile.TemporaryDirectory() as tmp:
             png = os.path.join(tmp, "binned_recall.png")
-            run.log_artifact(plot_binned_recall({row["method"]: shown}, png, title=_shown(row)))
+            run.log_artifact(plot_binned_recall({row["method"]: shown}, png, title=shown(row)))
     with adapter_directory(*checkpoint) as model:
         if model is not None:
             log_adapter_models(run, model)
