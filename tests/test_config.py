@@ -46,8 +46,7 @@ def test_sweep_defaults_are_the_papers_protocol(tmp_path) -> None:
     doc = {"embeddings": "x", "methods": ["asymvlm-vmf"], "lr": [1e-2], "seeds": [0]}
     cfg = schema.sweep_config(doc)
     assert cfg.embeddings == os.path.abspath("x")  # trials run in their own directories
-    assert (cfg.epochs, cfg.batch_size, cfg.min_lr) == (200, 2048, 1e-6)
-    assert cfg.protocol == "improved"
+    assert (cfg.epochs, cfg.batch_size, cfg.min_lr, cfg.protocol) == (200, 2048, 1e-6, "improved")
     # optimiser and sizes: the protocol's per method, resolved once for each method's trials
     assert cfg.optimizer is None and cfg.hidden_dim is None
     assert cfg.train_config("asymvlm-vmf").optimizer == "sgd"
@@ -146,11 +145,9 @@ def test_pipeline_fails_in_seconds_before_ray(
     monkeypatch.setattr(ray, "init", lambda *a, **k: started.append("ray.init"))
     code = full.main(["--config", DEMO, "--set", override, "--output", str(never)])
     err = capsys.readouterr().err
-    assert code == 2, err
-    assert message in err
+    assert code == 2 and message in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert started == []
-    assert not never.exists()
+    assert started == [] and not never.exists()
 
 
 TRAIN = "train --embeddings {world} --method asymvlm-vmf --quiet --output {tmp}/"

@@ -61,10 +61,8 @@ def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypat
 
     from asymvlm.data import demo_sets, hierarcaps_fetch
 
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()  # nothing listens there
+    with socket.socket() as closed:  # nothing listens there once closed
+        port = closed.bind(("127.0.0.1", 0)) or closed.getsockname()[1]
     monkeypatch.delenv("ASYMVLM_HIERARCAPS", raising=False)
     monkeypatch.setenv("ASYMVLM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("ASYMVLM_HIERARCAPS_CSV_URL", f"http://127.0.0.1:{port}/h.csv")

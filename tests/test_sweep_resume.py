@@ -151,13 +151,10 @@ def test_a_retried_trial_and_a_reopened_run_log_each_epoch_once(tmp_path) -> Non
     parent = tracking.open_run(uri, "rs", "sweep", kind="sweep")
     error = tmp_path / "error.txt"
     error.write_text("Traceback (most recent call last):\n  ...\nRuntimeError: worker died\n")
-    trial = SimpleNamespace(
-        trial_id="t1",
-        last_result={},
-        config={"stage": "grid", "members": [{"method": "asymvlm-vmf", "lr": 0.5, "seed": 0}]},
-        pickled_error_file=None,
-        error_file=str(error),
-    )
+    member = {"method": "asymvlm-vmf", "lr": 0.5, "seed": 0}
+    config = {"stage": "grid", "members": [member]}
+    trial = SimpleNamespace(trial_id="t1", config=config, pickled_error_file=None)
+    trial.error_file = str(error)
     logger = MlflowTrialLogger(sweep, parent, {"dataset": "d"})
     logger.setup()
     logger.on_trial_start(0, [], trial)

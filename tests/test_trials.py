@@ -57,22 +57,6 @@ def test_runs_on_cached_splits_equal_runs_that_read_their_own(world) -> None:
     assert cache.misses == 3 and cache.hits >= 3
 
 
-def _sweep_cfg(world: str, tmp_path, name: str, **extra):
-    from pipelines.schema import sweep_config
-
-    return sweep_config(
-        {
-            "embeddings": world,
-            "batch_size": 64,
-            "hidden_dim": 16,
-            "val_fraction": 0.2,
-            "output": str(tmp_path / name),
-            "mlflow": {"experiment": name},
-            **extra,
-        }
-    )
-
-
 @pytest.mark.slow
 def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp_path) -> None:
     """``pack: 2``: the grid (two lrs, one diverging) is one pack, stage 2 (two seeds)
@@ -85,22 +69,17 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
     from mlflow import MlflowClient
 
     from asymvlm.evaluation.adapters import sweep_adapters
+    from pipelines.schema import sweep_config
     from pipelines.tuning.sweep import KEEP_CHECKPOINTS, run_sweep
 
-    space = {
-        "methods": ["asymvlm-vmf"],
-        "lr": [5e-3, 100.0],
-        "seeds": [0, 1, 2],
-        "optimizer": "sgd",
-        "epochs": 3,
-        "checkpoint_every": 1,
-    }
-    single = run_sweep(_sweep_cfg(world, tmp_path, "single", **space))
+    space = {"methods": ["asymvlm-vmf"], "lr": [5e-3, 100.0], "seeds": [0, 1, 2], "epochs": 3}
+    sizes = {"optimizer": "sgd", "batch_size": 64, "hidden_dim": 16, "val_fraction": 0.2}
+    doc = {"embeddings": world, "checkpoint_every": 1, **space, **sizes}
+    outputs = {n: {"output": str(tmp_path / n), "mlflow": {"experiment": n}} for n in ("1", "2")}
+    single = run_sweep(sweep_config({**doc, **outputs["1"]}))
     marker = tmp_path / "killed.txt"
     drill = {"epoch": 2, "rank": 0, "marker": str(marker)}
-    packed = run_sweep(
-        _sweep_cfg(world, tmp_path, "packed", pack=2, fault_injection=drill, **space)
-    )
+    packed = run_sweep(sweep_config({**doc, **outputs["2"], "pack": 2, "fault_injection": drill}))
     assert marker.exists(), "the failure was injected"
     for out in (single, packed):
         assert [(f["stage"], f["lr"]) for f in out["failed"]] == [("grid", 100.0)]
@@ -112,7 +91,7 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
             got = packed["summary"]["asymvlm-vmf"][metric]["mean"]
             assert got == pytest.approx(cell["mean"], abs=1e-6), metric
 
-    summary = (tmp_path / "single" / "summary.md").read_text()
+    summary = (tmp_path / "1" / "summary.md").read_text()
     assert "1 trial(s) failed" in summary and "non-finite" in summary
     assert "nan" not in summary.lower().replace("non-finite", "")
     client = MlflowClient(single["tracking_uri"])
@@ -130,7 +109,7 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
         assert steps == [1, 2, 3] or (run.info.status == "FAILED" and len(steps) < 3)
     adapters = sweep_adapters(packed["tracking_uri"], packed["parent_run_id"])
     assert set(adapters) == {f"asymvlm-vmf/seed{s}" for s in (0, 1, 2)}
-    for trial in glob.glob(str(tmp_path / "packed" / "tune" / "trials" / "*" / "sweep_trial_*")):
+    for trial in glob.glob(str(tmp_path / "2" / "tune" / "trials" / "*" / "sweep_trial_*")):
         kept = glob.glob(os.path.join(trial, "checkpoint_*"))
         assert 0 < len(kept) <= KEEP_CHECKPOINTS, kept  # of the 3 epochs' checkpoints
 
