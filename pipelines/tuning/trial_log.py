@@ -150,10 +150,10 @@ def log_outcome(run: tracking.Run, row: dict[str, Any], *checkpoint: Any) -> Non
     curves = {s: {d: out[s][d].get("binned_recall@1") for d in results.DIRECTIONS} for s in splits}
     run.log_json("binned_recall.json", curves)
     run.log_json("results.json", {split: out[split] for split in splits})
-    if shown := out.get("test") or out.get("val"):
+    if plotted := out.get("test") or out.get("val"):
         with tempfile.TemporaryDirectory() as tmp:
             png = os.path.join(tmp, "binned_recall.png")
-            run.log_artifact(plot_binned_recall({row["method"]: shown}, png, title=shown(row)))
+            run.log_artifact(plot_binned_recall({row["method"]: plotted}, png, title=shown(row)))
     with adapter_directory(*checkpoint) as model:
         if model is not None:
             log_adapter_models(run, model)
