@@ -37,23 +37,13 @@ logger = logging.getLogger("pipelines.full")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML (default: the demo)")
-    parser.add_argument(
-        "--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}"
-    )
+    subset = f"comma-separated subset of {','.join(STAGES)}"
+    parser.add_argument("--stages", default=",".join(STAGES), help=subset)
     parser.add_argument("--output", default=None, help="override the config's output folder")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a key (YAML value; dots and list indices: sweeps.0.epochs=5)",
-    )
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="everything on the console (default: this project's lines; the rest goes to "
-        "OUTPUT/logs/pipeline.log at WARNING)",
-    )
+    override = "override a key (YAML value; dots and list indices: sweeps.0.epochs=5)"
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
+    verbose = "everything on the console (default: our lines; the rest to OUTPUT/logs/pipeline.log)"
+    parser.add_argument("--verbose", action="store_true", help=verbose)
     return parser
 
 
