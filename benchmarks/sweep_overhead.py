@@ -1,13 +1,6 @@
-"""What a Tune sweep costs over running the same trials one after another in plain Python.
-
-The trials of a sweep of ``--config`` (default ``tune_spaces/cpu-small.yaml``: stage 1
-``methods x lr`` at the first seed, stage 2 the other seeds at the chosen lrs) run as
-``run_sweep`` (both stages, selection, MLflow runs, adapters, summary), as a plain loop of
-:func:`asymvlm.protocol.run_protocol` (at torch's default threads and at one; the faster
-counts). Prints one JSON object (``sweep_seconds``, ``sequential_seconds``, ...)::
-
-    .venv/bin/python benchmarks/sweep_overhead.py [--config ...] [--set epochs=4 ...]
-        [--tables runs/synthetic]
+"""What a Tune sweep costs over running the same trials one after another in plain Python:
+``run_sweep`` on the trials of ``--config`` against a loop of ``run_protocol`` (the faster of
+torch's default threads and one). Prints one JSON object; see benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -15,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -66,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.tuning.sweep import run_sweep
 
     logs.configure(verbose=False)
-    scratch = tempfile.mkdtemp(prefix="sweep-overhead-")
-    try:
+    with tempfile.TemporaryDirectory(
+        prefix="sweep-overhead-", ignore_cleanup_errors=True
+    ) as scratch:
         doc = config.apply_overrides(config.load_yaml(args.config), args.set)
         doc["embeddings"] = os.path.abspath(args.tables or doc["embeddings"])
         try:
@@ -80,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         load_before = loadavg()
         log("sweep ...")
         sweep_seconds, out = _timed(run_sweep, cfg)
-        first = cfg.seeds[0]
-        grid = [(m, lr, first) for m in cfg.methods for lr in cfg.lr] if len(cfg.lr) > 1 else []
-        picked = [(m, p["lr"], s) for m, p in out["selection"].items() for s in cfg.seeds]
-        trials = grid + [t for t in picked if t not in grid]
+        trials = [(r["method"], r["lr"], r["seed"]) for r in out["trials"]]
         log(f"sweep: {sweep_seconds} s for {len(trials)} trials; the plain loops ...")
         threads = sorted({torch.get_num_threads(), 1})
         by_threads = {n: _timed(_loop, cfg, trials, n)[0] for n in threads}
@@ -100,8 +90,6 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(json.dumps({**result, **machine(load_before)}, indent=2))
         return 0
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

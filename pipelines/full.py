@@ -2,12 +2,9 @@
 
     python pipelines/full.py                               # configs/demo.yaml: offline demo
     ray job submit --working-dir . -- python pipelines/full.py --config configs/coco.yaml
-    python pipelines/full.py --config configs/coco.yaml --stages sweep,evaluate,report \\
-        --set sweeps.0.epochs=50
 
-Every stage is resumable (:mod:`pipelines.stages`); ``--stages`` runs a subset. The config is a
-:class:`pipelines.schema.PipelineConfig` (``configs/*.yaml``), validated before Ray or any stage
-starts; ``${output}`` in any value is the output folder.
+Every stage is resumable (:mod:`pipelines.stages`); the config is a
+:class:`pipelines.schema.PipelineConfig`, validated before Ray or any stage starts.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The whole pipeline's stages on Ray (:func:`run_pipeline`), each resumable: embedding jobs
-skip finished tables, a sweep with its ``sweep.json`` is done, an evaluation with its result
-file is done, and the report is rebuilt from MLflow."""
+"""The whole pipeline's stages on Ray (:func:`run_pipeline`), each resumable: finished tables,
+sweeps (``sweep.json``) and evaluations (their result file) are skipped."""
 
 from __future__ import annotations
 
@@ -73,9 +72,8 @@ def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
 
 
 def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
-    """Every evaluation of the config through the registry (:mod:`asymvlm.evaluation.registry`)
-    on the sweeps' seed adapters, logged as a run nested under ``parent``; a marker file per
-    finished one."""
+    """Every evaluation through the registry on the sweeps' seed adapters, each an MLflow run
+    under ``parent`` and a marker file."""
     from asymvlm.evaluation.adapters import checkpoint_adapters
 
     folder = storage.uri_join(cfg.output, "evaluations")

@@ -3,10 +3,7 @@
     python pipelines/sweep.py --config tune_spaces/cpu-small.yaml [--set key=value ...]
     ray job submit --working-dir . -- python pipelines/sweep.py --config tune_spaces/coco-clip.yaml
 
-Stage 1 grid-searches ``method x lr`` at the first seed, each method's lr is chosen on the
-validation split, stage 2 runs every seed at it (:mod:`pipelines.tuning.sweep`); the keys are
-those of :class:`pipelines.schema.SweepConfig` (see ``tune_spaces/``). Connects to the cluster
-of ``RAY_ADDRESS`` (set by ``ray job submit``) or starts a local one.
+The stages: :mod:`pipelines.tuning.sweep`; the keys: :class:`pipelines.schema.SweepConfig`.
 """
 
 from __future__ import annotations
