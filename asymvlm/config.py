@@ -1,6 +1,5 @@
-"""The config boundary of every entry point: a YAML file (:func:`load_yaml`), ``--set key=value``
-overrides, ``${VAR}`` from the environment but never a credential, validated (:func:`validate`);
-every problem is one :class:`~asymvlm.errors.ConfigError` line naming file and key."""
+"""The config boundary of every entry point: YAML, ``--set key=value``, ``${VAR}`` (never a
+credential), validated; each problem one :class:`~asymvlm.errors.ConfigError` line."""
 
 from __future__ import annotations
 

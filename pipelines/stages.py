@@ -138,8 +138,7 @@ def final_tables(cfg: PipelineConfig) -> None:
 
 
 def run_pipeline(cfg: PipelineConfig, stages: list[str], session: RaySession) -> dict[str, Any]:
-    """The stages in order under one MLflow run, the root: sweeps, their trials, evaluations
-    and the report are nested under it. Ray is asked of ``session`` (the entry point's)."""
+    """The stages in order under one root MLflow run; Ray asked of the entry point's ``session``."""
     t0 = time.perf_counter()
     if not storage.is_remote(cfg.output):
         os.makedirs(cfg.output, exist_ok=True)

@@ -1,5 +1,4 @@
-"""The whole pipeline's config: :class:`PipelineConfig` (prepare, embed, sweeps, evaluations,
-report), and the optional data its items may require."""
+"""The whole pipeline's config: :class:`PipelineConfig` (prepare, embed, sweeps, evaluations)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ Evaluation = Annotated[
 
 # -- prepare ------------------------------------------------------------------------------------
 class SyntheticClasses(StrictModel):
-    """``prepare.synthetic.classes``: the classification sets written next to the world
-    (:class:`asymvlm.synthetic.ClassificationSpec`)."""
+    """``prepare.synthetic.classes``: a :class:`asymvlm.synthetic.ClassificationSpec`."""
 
     level: Annotated[int, Field(ge=0)] = Field(1, description="the concept level of the classes")
     n_classes: PositiveInt | None = Field(None, description="classes per set (default: all)")
@@ -164,9 +162,8 @@ class ReportConfig(StrictModel):
 
 
 class PipelineConfig(StrictModel):
-    """``pipelines/full.py``: prepare -> embed -> sweep -> evaluate -> report. Every sweep gets
-    the pipeline's MLflow store, storage and the output ``<output>/sweeps/<name>`` unless it
-    names one (:func:`pipelines.schema.load_pipeline`)."""
+    """``pipelines/full.py``: prepare -> embed -> sweep -> evaluate -> report; every sweep with
+    the pipeline's MLflow store and storage, and the output ``<output>/sweeps/<name>``."""
 
     name: str = Field(description="the pipeline's name (MLflow experiment asymvlm-<name>)")
     output: Absolute = Field(description="everything lands below it; ${output} in any value")

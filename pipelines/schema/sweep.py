@@ -39,9 +39,8 @@ class MlflowSettings(StrictModel):
 
 
 class FaultInjection(StrictModel):
-    """A drill: trial worker ``rank`` SIGKILLs its own process (``kill``) or holds still for
-    ``seconds`` (``pause``) right after the checkpoint of ``epoch`` was reported, once per
-    ``marker`` file; a submitted job reads ``$ASYMVLM_FAULT_INJECTION`` (``epoch=2,rank=0``)."""
+    """A drill: worker ``rank`` SIGKILLs itself or pauses after reporting the checkpoint of
+    ``epoch``, once per ``marker``; a job reads ``$ASYMVLM_FAULT_INJECTION`` (``epoch=2``)."""
 
     epoch: PositiveInt = Field(description="the epoch after whose checkpoint the worker dies")
     rank: Annotated[int, Field(ge=0)] = Field(0, description="the worker that dies")

@@ -1,9 +1,6 @@
-"""The paper's sweep (App. B.4) on Ray Tune, tracked in MLflow: :func:`run_sweep`.
-
-Stage 1 grid-searches ``method x lr`` at the first seed (one ``Tuner``); each method's lr is
-chosen on the validation split (mean of t2i and i2t Recall@1); stage 2 runs the other seeds at
-that lr (a second ``Tuner``). A stage that stopped part-way is restored (``Tuner.restore``).
-"""
+"""The paper's sweep (App. B.4) on Ray Tune, tracked in MLflow (:func:`run_sweep`): a ``Tuner``
+for ``method x lr`` at the first seed, the lr chosen on validation, a ``Tuner`` for the other
+seeds; a stage that stopped part-way is restored (``Tuner.restore``)."""
 
 from __future__ import annotations
 
@@ -86,8 +83,7 @@ def check_tables(sweep: SweepConfig) -> None:
 
 
 class NodeWait(tune.Callback):
-    """Raises :class:`~asymvlm.errors.Unfinished` once trials have waited ``seconds`` for a
-    node while none ran (Tune waits for ever: a lost node's trials stay PENDING)."""
+    """:class:`~asymvlm.errors.Unfinished` once trials waited ``seconds`` for a node, none ran."""
 
     def __init__(self, seconds: float, label: str) -> None:
         self.seconds, self.label, self.since = seconds, label, None
@@ -122,8 +118,7 @@ def _packs(sweep: SweepConfig, trials: list[dict[str, Any]]) -> list[list[dict[s
 
 
 def _fit(sweep: SweepConfig, stage: str, trials: list[dict[str, Any]], callback) -> tuple:
-    """One stage's trials as one Tune experiment (restored when an earlier run of the same
-    trials stopped part-way); (finished members' rows, failed members with their reasons)."""
+    """One stage as one (restored) Tune experiment: (finished rows, failed rows with reasons)."""
     import ray
 
     packs = _packs(sweep, trials)
@@ -229,8 +224,7 @@ def _trial_runs(run: tracking.Run) -> dict[str, str]:
 
 
 def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
-    """Stage 1 -> lr selection on validation -> stage 2 -> summary, on the running Ray cluster;
-    the sweep's MLflow run nested under ``parent`` when given."""
+    """Stage 1 -> lr chosen on validation -> stage 2 -> summary; its MLflow run under ``parent``."""
     require_ray("a sweep")
     check_tables(sweep)
     if not storage.is_remote(sweep.output):
@@ -312,8 +306,7 @@ def _stages(sweep: SweepConfig, run: tracking.Run, callback, base: dict) -> dict
 
 
 def _export_adapters(sweep: SweepConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every seed-stage adapter copied to ``<output>/adapters/<method>/seed<seed>``; method ->
-    seed -> its URI."""
+    """Seed-stage adapters copied to ``<output>/adapters/<method>/seed<k>``; method/seed -> URI."""
     out: dict[str, dict[str, str]] = {}
     for row in rows:
         uri = storage.uri_join(sweep.output, ADAPTERS_DIR, row["method"], f"seed{row['seed']}")

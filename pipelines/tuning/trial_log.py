@@ -1,5 +1,4 @@
-"""A sweep's trials in MLflow: :class:`MlflowTrialLogger` (a Tune callback on the driver), and
-what a finished trial leaves there (:func:`log_outcome`)."""
+"""A sweep's trials in MLflow: :class:`MlflowTrialLogger` (a Tune callback), :func:`log_outcome`."""
 
 from __future__ import annotations
 
@@ -35,9 +34,8 @@ def shown(trial: dict[str, Any]) -> str:
 
 
 class MlflowTrialLogger(tune.Callback):
-    """Every member of a trial is a run nested under the sweep's ``parent``, reopened when an
-    earlier attempt of the sweep left it: each epoch's metrics once (step = epoch), its outcome
-    (:func:`log_outcome`), and FINISHED, or FAILED with the reason."""
+    """Every member of a trial is a run under the sweep's ``parent`` (an earlier attempt's,
+    reopened): each epoch once (step = epoch), its outcome, FINISHED or FAILED with the reason."""
 
     def __init__(self, sweep: SweepConfig, parent: tracking.Run, base_params: dict[str, Any]):
         self.sweep, self.parent, self.base_params = sweep, parent, base_params

@@ -1,7 +1,5 @@
-"""A sweep trial as a Tune function trainable, :func:`sweep_trial`: the paper's protocol
-(App. B.4) for its ``members`` (one (method, lr, seed) each) in the trial's process, several
-as one batched model. It reports every epoch (a checkpoint when due), resumes from Tune's
-checkpoint, and ends with ``{"outcomes": [one per member]}``."""
+"""A sweep trial, :func:`sweep_trial`: the protocol (App. B.4) for its ``members`` in the Tune
+trial's process (several as one batched model), resumed from Tune's checkpoint."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ SELECTION_METRIC = "val_mean_recall_at_1"
 
 
 def final_report(trial: dict[str, Any], stage: str, out: dict[str, Any]) -> dict[str, Any]:
-    """A member's last row: the selection score (mean validation Recall@1 of both directions)
-    and the whole outcome."""
+    """A member's last row: its outcome and score (mean validation Recall@1 of both directions)."""
     val = results.retrieval_metric_names(out.get("val", {}), prefix="val_")
     score = [val[k] for k in ("val_t2i_recall_at_1", "val_i2t_recall_at_1") if k in val]
     mean = sum(score) / len(score) if score else float("nan")
@@ -82,8 +79,7 @@ def _in_place(sweep: SweepConfig, specs: list, device: torch.device) -> list[dic
 
 
 def _packed(sweep: SweepConfig, specs: list, device: torch.device) -> list[dict[str, Any]]:
-    """:func:`asymvlm.protocol.run_packed_protocol`: every member's epoch reported as
-    ``{"member": k, **row}``, the epoch's last with the pack's checkpoint when due."""
+    """Every member's epoch reported as ``{"member": k, **row}``, the last with the checkpoint."""
     rows: list[dict[str, Any]] = []
 
     def on_state(pack) -> None:
