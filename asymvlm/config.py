@@ -1,10 +1,5 @@
-"""The config boundary shared by every entry point: documents in, typed objects out.
-
-A YAML file (:func:`load_yaml`, YAML 1.1 with YAML 1.2 floats), ``--set key.sub=value``
-overrides (:func:`apply_overrides`), ``${VAR}`` from the environment but never a credential
-(:func:`expand_env`), validated (:func:`validate`) into the schema that lives with what it
-describes; every problem is one :class:`~asymvlm.errors.ConfigError` line naming file and key.
-"""
+"""The config boundary of every entry point: YAML, ``--set key=value``, ``${VAR}`` (never a
+credential), validated; each problem one :class:`~asymvlm.errors.ConfigError` line."""
 
 from __future__ import annotations
 
@@ -15,7 +10,6 @@ import os
 import re
 import types
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import fields, is_dataclass
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
@@ -23,18 +17,6 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic_core import PydanticUndefined
 
 from asymvlm.errors import ConfigError
-
-__all__ = [
-    "StrictModel",
-    "add_model_flags",
-    "apply_overrides",
-    "check_no_credentials",
-    "expand_env",
-    "load_yaml",
-    "model_values",
-    "redact",
-    "validate",
-]
 
 T = TypeVar("T")
 #: Environment variable names that look like credentials (never expanded into a config).
@@ -186,29 +168,22 @@ def validate(model: type[T], data: Any, source: str, flags: bool = False) -> T:
         raise ConfigError(_message(err, source, model, flags)) from None
 
 
-def _fields(tp: Any) -> dict[str, Any]:
-    """Field name -> annotation of a pydantic model or (pydantic) dataclass, else ``{}``."""
-    infos = getattr(tp, "__pydantic_fields__", None)
-    if isinstance(tp, type) and infos is not None:
-        return {name: info.annotation for name, info in infos.items()}
-    return {f.name: f.type for f in fields(tp)} if is_dataclass(tp) else {}
-
-
 def _schema_words(schema: Any) -> tuple[set[str], set[str]]:
-    """Every key name and every union tag (a ``kind: Literal[...]``) reachable in ``schema``."""
+    """Every key name and every union tag (a ``kind``) in ``schema``'s JSON schema."""
     names: set[str] = set()
     tags: set[str] = set()
-    seen: set[int] = set()
-    stack = [schema]
-    while stack:
-        tp = stack.pop()
-        if id(tp) not in seen:
-            seen.add(id(tp))
-            found = _fields(tp)
-            names.update(found)
-            if get_origin(found.get("kind")) is Literal:
-                tags.update(str(v) for v in get_args(found["kind"]))
-            stack += [*found.values(), *get_args(tp)]
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            names.update(node.get("properties") or {})
+            tags.update((node.get("discriminator") or {}).get("mapping") or {})
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(_adapter(schema).json_schema())
     return names, tags
 
 

@@ -1,14 +1,6 @@
-"""What a Tune sweep costs over running the same trials one after another in plain Python.
-
-The trials of a sweep of ``--config`` (default ``tune_spaces/cpu-small.yaml``: stage 1
-``methods x lr`` at the first seed, stage 2 the other seeds at the chosen lrs) run as
-``run_sweep`` (both stages, selection, MLflow runs, adapters, summary), as a plain loop of
-:func:`asymvlm.protocol.run_protocol` (at torch's default threads and at one; the faster
-counts), and, unless ``--no-torch-trainer``, as the sweep with every trial a TorchTrainer.
-Prints one JSON object (``sweep_seconds``, ``sequential_seconds``, ``overhead_ratio``, ...)::
-
-    .venv/bin/python benchmarks/sweep_overhead.py [--config ...] [--set epochs=4 ...]
-        [--tables runs/synthetic] [--no-torch-trainer]
+"""What a Tune sweep costs over running the same trials one after another in plain Python:
+``run_sweep`` on the trials of ``--config`` against a loop of ``run_protocol`` (the faster of
+torch's default threads and one). Prints one JSON object; see benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -16,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -55,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=os.path.join(REPO, "tune_spaces", "cpu-small.yaml"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--tables", default=None, help="default: the config's (else written)")
-    parser.add_argument("--no-torch-trainer", action="store_true")
+    parser.add_argument("--no-torch-trainer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     import torch
@@ -67,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.tuning.sweep import run_sweep
 
     logs.configure(verbose=False)
-    scratch = tempfile.mkdtemp(prefix="sweep-overhead-")
-    try:
+    with tempfile.TemporaryDirectory(
+        prefix="sweep-overhead-", ignore_cleanup_errors=True
+    ) as scratch:
         doc = config.apply_overrides(config.load_yaml(args.config), args.set)
         doc["embeddings"] = os.path.abspath(args.tables or doc["embeddings"])
         try:
@@ -81,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         load_before = loadavg()
         log("sweep ...")
         sweep_seconds, out = _timed(run_sweep, cfg)
-        first = cfg.seeds[0]
-        grid = [(m, lr, first) for m in cfg.methods for lr in cfg.lr] if len(cfg.lr) > 1 else []
-        picked = [(m, p["lr"], s) for m, p in out["selection"].items() for s in cfg.seeds]
-        trials = grid + [t for t in picked if t not in grid]
+        trials = [(r["method"], r["lr"], r["seed"]) for r in out["trials"]]
         log(f"sweep: {sweep_seconds} s for {len(trials)} trials; the plain loops ...")
         threads = sorted({torch.get_num_threads(), 1})
         by_threads = {n: _timed(_loop, cfg, trials, n)[0] for n in threads}
@@ -99,21 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             "overhead_ratio": round(sweep_seconds / sequential, 3),
             "selection": {m: p["lr"] for m, p in out["selection"].items()},
         }
-        if not args.no_torch_trainer:
-            log("the sweep with every trial a TorchTrainer ...")
-            tt = sweep_config(
-                {**doc, "trial_runner": "torch_trainer", "output": os.path.join(scratch, "tt")}
-            )
-            tt_seconds, tt_out = _timed(run_sweep, tt)
-            result.update(
-                torch_trainer_seconds=tt_seconds,
-                speedup_over_torch_trainer=round(tt_seconds / sweep_seconds, 3),
-                same_summary=tt_out["summary"] == out["summary"],
-            )
         print(json.dumps({**result, **machine(load_before)}, indent=2))
         return 0
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,9 @@
 
     python pipelines/full.py                               # configs/demo.yaml: offline demo
     ray job submit --working-dir . -- python pipelines/full.py --config configs/coco.yaml
-    python pipelines/full.py --config configs/coco.yaml --stages sweep,evaluate,report \\
-        --set sweeps.0.epochs=50
 
-Every stage is resumable (:mod:`pipelines.stages`); ``--stages`` runs a subset. The config is a
-:class:`pipelines.schema.PipelineConfig` (``configs/*.yaml``), validated before Ray or any stage
-starts; ``${output}`` in any value is the output folder.
+Every stage is resumable (:mod:`pipelines.stages`); the config is a
+:class:`pipelines.schema.PipelineConfig`, validated before Ray or any stage starts.
 """
 
 from __future__ import annotations
@@ -37,35 +34,23 @@ logger = logging.getLogger("pipelines.full")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML (default: the demo)")
-    parser.add_argument(
-        "--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}"
-    )
+    subset = f"comma-separated subset of {','.join(STAGES)}"
+    parser.add_argument("--stages", default=",".join(STAGES), help=subset)
     parser.add_argument("--output", default=None, help="override the config's output folder")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a key (YAML value; dots and list indices: sweeps.0.epochs=5)",
-    )
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="everything on the console (default: this project's lines; the rest goes to "
-        "OUTPUT/logs/pipeline.log at WARNING)",
-    )
+    override = "override a key (YAML value; dots and list indices: sweeps.0.epochs=5)"
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
+    verbose = "everything on the console (default: our lines; the rest to OUTPUT/logs/pipeline.log)"
+    parser.add_argument("--verbose", action="store_true", help=verbose)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logs.configure(verbose=args.verbose)
 
     def run() -> int:
         stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-        unknown = [s for s in stages if s not in STAGES]
-        if unknown:
+        if unknown := [s for s in stages if s not in STAGES]:
             raise ConfigError(f"--stages: unknown stages {unknown}; choose from {list(STAGES)}")
         overrides = list(args.set) + ([f"output={args.output}"] if args.output else [])
         cfg = load_pipeline(args.config, overrides)  # everything validated before Ray starts
@@ -76,14 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             out = run_pipeline(cfg, stages, session)
         final_tables(cfg)
         uri = config.redact(cfg.mlflow.tracking_uri)
-        logger.info("finished in %.0f s", out["seconds"])
-        if out.get("report"):
-            logger.info("report:   %s (and report.html)", out["report"])
-        logger.info(
-            "MLflow:   %s, experiment %r, run %s", uri, cfg.mlflow.experiment, out["run_id"]
-        )
-        if uri.startswith("sqlite:///"):
-            logger.info("open it:  asymvlm ui %s", cfg.output)
+        logger.info("finished in %.0f s; report: %s", out["seconds"], out.get("report"))
+        logger.info("MLflow: %s, experiment %r (asymvlm ui OUTPUT)", uri, cfg.mlflow.experiment)
         logger.info("log file: %s", log_file)
         print(json.dumps({**out, "tracking_uri": uri}))
         return 0

@@ -1,5 +1,4 @@
-"""Ray's lifecycle, owned by the entry points: :class:`RaySession` starts or joins Ray on first
-use; the Ray wiring below only checks that Ray is there (:func:`require_ray`)."""
+"""Ray's lifecycle, owned by the entry points (:class:`RaySession`); the rest checks for it."""
 
 from __future__ import annotations
 
@@ -12,9 +11,8 @@ CREDENTIAL_VARIABLES = frozenset(
 
 
 def keep_credentials_on_nodes() -> None:
-    """Ray Tune copies the driver's AWS credentials into every trial actor's runtime_env (then
-    into Ray's logs), with no public switch: they are taken off its list. Its default env var
-    goes too: an actor with a runtime_env cannot take a prestarted worker."""
+    """Off Tune's list of variables copied into every trial actor's runtime_env (and Ray's logs):
+    AWS credentials, and its default variable (a runtime_env forbids prestarted workers)."""
     from ray.tune.execution import class_cache
 
     class_cache.ENV_VARS_TO_PROPAGATE = (
@@ -47,11 +45,11 @@ class RaySession:
         self.started |= _init_ray()
 
     def __exit__(self, *exc: object) -> None:
-        if self.started:
-            import ray
+        import ray
 
+        if self.started:
             ray.shutdown()
-            self.started = False
+        self.started = False
 
 
 def _init_ray() -> bool:
@@ -67,12 +65,9 @@ def _init_ray() -> bool:
     if ray.is_initialized():
         return False
     verbose = logs.verbose()
-    ray.init(
-        address=os.environ.get("RAY_ADDRESS"),
-        include_dashboard=False,
-        log_to_driver=verbose,
-        logging_level=logging.INFO if verbose else logging.WARNING,
-    )
+    level = logging.INFO if verbose else logging.WARNING
+    address = os.environ.get("RAY_ADDRESS")
+    ray.init(address=address, include_dashboard=False, log_to_driver=verbose, logging_level=level)
     logs.quiet_third_party()
     DataContext.get_current().enable_progress_bars = verbose
     return True

@@ -1,6 +1,5 @@
-"""The whole pipeline's stages on Ray (:func:`run_pipeline`), each resumable: embedding jobs
-skip finished tables, a sweep with its ``sweep.json`` is done, an evaluation with its result
-file is done, and the report is rebuilt from MLflow."""
+"""The whole pipeline's stages on Ray (:func:`run_pipeline`), each resumable: finished tables,
+sweeps (``sweep.json``) and evaluations (their result file) are skipped."""
 
 from __future__ import annotations
 
@@ -48,26 +47,17 @@ def prepare_synthetic(syn: SyntheticPrepare) -> None:
     classification sets next to it; each skipped when its manifest is there already."""
     from asymvlm.synthetic import write_classification_sets, write_world
 
+    def missing(root: str) -> bool:
+        return not storage.exists(storage.uri_join(storage.absolute(root), "manifest.json"))
+
     world = syn.world_config()
-    if not storage.exists(storage.uri_join(syn.output, "manifest.json")):
-        preset = f" (preset {syn.preset})" if syn.preset else ""
-        logger.info("prepare: the synthetic world%s -> %s", preset, syn.output)
+    if missing(syn.output):
+        logger.info("prepare: the synthetic world (preset %s) -> %s", syn.preset, syn.output)
         write_world(syn.output, world)
     roots = syn.class_set_roots()
-    if roots and not all(
-        storage.exists(storage.uri_join(storage.absolute(r), "manifest.json"))
-        for r in roots.values()
-    ):
-        logger.info(
-            "prepare: the synthetic classification sets (%s) -> %s-*", ", ".join(roots), syn.output
-        )
+    if any(missing(root) for root in roots.values()):
+        logger.info("prepare: the synthetic classification sets %s", ", ".join(roots.values()))
         write_classification_sets(syn.output, world, syn.classification_spec())
-
-
-def stage_embed(cfg: PipelineConfig, session: RaySession) -> None:
-    for job in cfg.embed.jobs:
-        logger.info("embed: %s/%s -> %s", job.dataset, job.split, job.output)
-        run_embed(job, session)
 
 
 def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
@@ -75,21 +65,17 @@ def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
         if storage.exists(storage.uri_join(sweep.output, SWEEP_RECORD)):
             logger.info("sweep %s: done already", sweep.name)
             continue
-        t0 = time.perf_counter()
         sizes = len(sweep.methods), len(sweep.lr), len(sweep.seeds)
         logger.info("sweep %s: %d methods x %d lrs x %d seeds", sweep.name, *sizes)
         out = run_sweep(sweep, parent=parent)
-        failed = f", {len(out['failed'])} trial(s) failed" if out["failed"] else ""
-        logger.info("sweep %s: done in %.0f s%s", sweep.name, time.perf_counter() - t0, failed)
+        logger.info("sweep %s: done, %d trial(s) failed", sweep.name, len(out["failed"]))
 
 
 def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
-    """Every evaluation of the config, through the one registry
-    (:mod:`asymvlm.evaluation.registry`), logged as a run nested under ``parent``; a marker file
-    per finished one."""
-    from asymvlm.evaluation.adapters import checkpoint_adapters, sweep_adapters
+    """Every evaluation through the registry on the sweeps' seed adapters, each an MLflow run
+    under ``parent`` and a marker file."""
+    from asymvlm.evaluation.adapters import checkpoint_adapters
 
-    uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
     folder = storage.uri_join(cfg.output, "evaluations")
     for i, ev in enumerate(cfg.evaluations):
         label = f"{ev.kind} ({ev.sweep})" if ev.sweep else ev.kind
@@ -101,30 +87,28 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
         methods: dict[str, Any] = {}
         if ev.sweep:
             where = storage.uri_join(cfg.sweep(ev.sweep).output, SWEEP_RECORD)
-            record = json.loads(storage.read_text(where))
-            copies = record.get("adapters") or {}  # the sweep's own copies: no MLflow needed
-            folders = [
-                seeds[seed]
-                for _, seeds in sorted(copies.items())
-                for seed in sorted(seeds, key=int)
-            ]
-            methods.update(
-                checkpoint_adapters(folders)
-                if folders
-                else sweep_adapters(uri, record["parent_run_id"])
+            copies = json.loads(storage.read_text(where))["adapters"]
+            methods = checkpoint_adapters(
+                seeds[s] for _, seeds in sorted(copies.items()) for s in sorted(seeds, key=int)
             )
         if ev.frozen:
             methods = registry.with_frozen(methods, ev, dim=ev.dim)
         result = registry.evaluate(ev, methods)
-        params: dict[str, Any] = {"sweep": ev.sweep or "", "note": ev.note or ""}
-        params["models"] = len(methods)
         inputs = ev.model_dump(mode="json", exclude={"kind"})
         keys = ("fine_tuned_on", "embedding_model", "positives", "negatives")
-        params.update({k: inputs[k] for k in keys if inputs.get(k)})
+        params = {"sweep": ev.sweep or "", "note": ev.note or "", "models": len(methods)}
+        params |= {k: inputs[k] for k in keys if inputs.get(k)}
         if ev.kind == "zeroshot":
             params.setdefault("fine_tuned_on", ev.sweep or "?")
+        mlflow = cfg.mlflow
         registry.log_evaluation(
-            uri, experiment, ev.kind, result, params=params, parent=parent, name=f"eval {label}"
+            mlflow.tracking_uri,
+            mlflow.experiment,
+            ev.kind,
+            result,
+            params=params,
+            parent=parent,
+            name=f"eval {label}",
         )
         storage.write_text(marker, json.dumps(result, indent=2, default=float))
         logger.info(
@@ -154,28 +138,27 @@ def final_tables(cfg: PipelineConfig) -> None:
 
 
 def run_pipeline(cfg: PipelineConfig, stages: list[str], session: RaySession) -> dict[str, Any]:
-    """The stages in order under one MLflow run, the root: sweeps, their trials, evaluations
-    and the report are nested under it. Ray is asked of ``session`` (the entry point's)."""
+    """The stages in order under one root MLflow run; Ray asked of the entry point's ``session``."""
     t0 = time.perf_counter()
     if not storage.is_remote(cfg.output):
         os.makedirs(cfg.output, exist_ok=True)
     session.require()
     check_shared_output(cfg.output, cfg.storage.shared_filesystem)
     uri = cfg.mlflow.tracking_uri
-    out: dict[str, Any] = {"output": cfg.output, "tracking_uri": uri}
-    about = f"The {cfg.name} pipeline: {' -> '.join(stages)}"
     params = {"stages": ",".join(stages), "output": cfg.output}
+    about = f"The {cfg.name} pipeline: {' -> '.join(stages)}"
     name = f"pipeline {cfg.name}"
     with tracking.run(
         uri, cfg.mlflow.experiment, name, kind="pipeline", params=params, description=about
     ) as root:
-        root.log_text(
-            "resolved_config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-        )
-        out["run_id"] = root.id
+        resolved = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+        root.log_text("resolved_config.yaml", resolved)
+        out: dict[str, Any] = {"output": cfg.output, "tracking_uri": uri, "run_id": root.id}
         if "embed" in stages:
             stage_prepare(cfg)
-            stage_embed(cfg, session)
+            for job in cfg.embed.jobs:
+                logger.info("embed: %s/%s -> %s", job.dataset, job.split, job.output)
+                run_embed(job, session)
         if "sweep" in stages:
             stage_sweep(cfg, parent=root.id)
         if "evaluate" in stages:

@@ -3,10 +3,7 @@
     python pipelines/sweep.py --config tune_spaces/cpu-small.yaml [--set key=value ...]
     ray job submit --working-dir . -- python pipelines/sweep.py --config tune_spaces/coco-clip.yaml
 
-Stage 1 grid-searches ``method x lr`` at the first seed, each method's lr is chosen on the
-validation split, stage 2 runs every seed at it (:mod:`pipelines.tuning.sweep`); the keys are
-those of :class:`pipelines.schema.SweepConfig` (see ``tune_spaces/``). Connects to the cluster
-of ``RAY_ADDRESS`` (set by ``ray job submit``) or starts a local one.
+The stages: :mod:`pipelines.tuning.sweep`; the keys: :class:`pipelines.schema.SweepConfig`.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm import config, logs, storage, tracking  # noqa: E402
+from asymvlm import config, logs, tracking  # noqa: E402
 from asymvlm.errors import guarded  # noqa: E402
 from pipelines.schema import load_sweep  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
@@ -33,16 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``pipelines/sweep.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="a YAML of tune_spaces/")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a key (YAML value; dots for nesting: mlflow.experiment=x)",
-    )
-    parser.add_argument(
-        "--verbose", action="store_true", help="everything on the console (Ray, Tune, MLflow)"
-    )
+    override = "override a key (YAML value; dots for nesting: mlflow.experiment=x)"
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
+    verbose = "everything on the console (Ray, Tune, MLflow)"
+    parser.add_argument("--verbose", action="store_true", help=verbose)
     return parser
 
 
@@ -57,13 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         with tracking.outage_queue(), RaySession(eager=True):
             out = run_sweep(sweep)
         logger.info("\n%s", out["markdown"])
-        logger.info("open the runs: asymvlm ui %s", sweep.output)
-        if out["adapters"]:
-            where = storage.uri_join(sweep.output, ADAPTERS_DIR)
-            logger.info("adapters: %s/<method>/seed<k> (asymvlm score-text --checkpoint)", where)
-        keys = ("parent_run_id", "tracking_uri", "selection")
-        shown = {k: out[k] for k in keys} | {"failed_trials": len(out["failed"])}
-        print(json.dumps({**shown, "tracking_uri": config.redact(out["tracking_uri"])}, indent=2))
+        logger.info(
+            "runs: asymvlm ui %s; adapters: %s/<method>/seed<k>", sweep.output, ADAPTERS_DIR
+        )
+        shown = {k: out[k] for k in ("parent_run_id", "selection")}
+        uri = config.redact(out["tracking_uri"])
+        print(json.dumps({**shown, "tracking_uri": uri, "failed_trials": len(out["failed"])}))
         return 0
 
     return guarded(run)

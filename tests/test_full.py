@@ -11,7 +11,9 @@ from pipelines import full, schema, stages
 DEMO = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.yaml")
 
 
-def test_demo_config_resolves(tmp_path, hierarcaps_standin) -> None:
+def test_demo_config_resolves_and_its_finished_stages_are_skipped(
+    tmp_path, hierarcaps_standin, capsys
+) -> None:
     cfg = schema.load_pipeline(DEMO, [f"output={tmp_path}", "sweeps.0.epochs=3"])
     assert cfg.mlflow.tracking_uri == "sqlite:///" + str(tmp_path / "mlflow.db")
     assert cfg.sweeps[0].epochs == 3 and cfg.sweeps[0].seeds == [0, 1, 2, 3, 4]  # 5 for claims
@@ -39,6 +41,18 @@ def test_demo_config_resolves(tmp_path, hierarcaps_standin) -> None:
     scfg = cfg.sweep("hierarcaps-tiny")
     assert scfg.output == str(tmp_path / "sweeps" / "hierarcaps-tiny") and scfg.mlflow == cfg.mlflow
 
+    for sweep in cfg.sweeps:  # finished sweeps and evaluations are skipped (no Ray here)
+        (tmp_path / "sweeps" / sweep.name).mkdir(parents=True)
+        (tmp_path / "sweeps" / sweep.name / "sweep.json").write_text("{}")
+    (tmp_path / "evaluations").mkdir()
+    for i, ev in enumerate(cfg.evaluations):
+        (tmp_path / "evaluations" / f"{i:02d}-{ev.kind}.json").write_text("{}")
+    capsys.readouterr()
+    stages.stage_sweep(cfg)
+    stages.stage_evaluate(cfg)
+    err = capsys.readouterr().err
+    assert err.count("done already") == len(cfg.sweeps) + len(cfg.evaluations)
+
 
 def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypatch, caplog):
     """No local copy, an empty cache and no network: the HierarCaps items (and the evaluations
@@ -47,10 +61,8 @@ def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypat
 
     from asymvlm.data import demo_sets, hierarcaps_fetch
 
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()  # nothing listens there
+    with socket.socket() as closed:  # nothing listens there once closed
+        port = closed.bind(("127.0.0.1", 0)) or closed.getsockname()[1]
     monkeypatch.delenv("ASYMVLM_HIERARCAPS", raising=False)
     monkeypatch.setenv("ASYMVLM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("ASYMVLM_HIERARCAPS_CSV_URL", f"http://127.0.0.1:{port}/h.csv")
@@ -94,55 +106,32 @@ def test_bad_configs_fail_naming_the_problem(tmp_path, capsys) -> None:
     assert "unknown stages ['dance']" in capsys.readouterr().err
 
 
-def test_finished_sweeps_and_evaluations_are_skipped(tmp_path, capsys) -> None:
-    cfg = schema.load_pipeline(DEMO, [f"output={tmp_path}"])
-    for sweep in cfg.sweeps:
-        folder = tmp_path / "sweeps" / sweep.name
-        folder.mkdir(parents=True)
-        (folder / "sweep.json").write_text("{}")
-    stages.stage_sweep(cfg)  # would need Ray and train otherwise
-    (tmp_path / "evaluations").mkdir()
-    for i, ev in enumerate(cfg.evaluations):
-        (tmp_path / "evaluations" / f"{i:02d}-{ev.kind}.json").write_text("{}")
-    stages.stage_evaluate(cfg)
-    err = capsys.readouterr().err
-    assert err.count("done already") == len(cfg.sweeps) + len(cfg.evaluations)
-
-
-@pytest.mark.parametrize("name", ["coco", "flickr30k", "cc200k", "paper"])
+@pytest.mark.parametrize("name", ["coco", "flickr30k", "cc200k", "paper", "synthetic-full"])
 def test_shipped_pipeline_configs_resolve(name, tmp_path, hierarcaps_standin, hub_cache) -> None:
+    """The paper's protocol; synthetic-full (docs/synthetic-full/) sweeps every method of the
+    registry on a world with the pre-projection features bayesvlm needs."""
+    from asymvlm.methods import METHODS
+
     for repo in ("openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"):
         hub_cache(repo, "config.json")  # downloaded (the check asks the cache, then the Hub)
-    path = os.path.join(os.path.dirname(DEMO), f"{name}.yaml")
-    cfg = schema.load_pipeline(path, [f"output={tmp_path}"])
-    jobs = cfg.embed.jobs
-    assert jobs and all(job.model for job in jobs)
-    for scfg in cfg.sweeps:  # the paper's protocol
+    cfg = schema.load_pipeline(
+        os.path.join(os.path.dirname(DEMO), f"{name}.yaml"), [f"output={tmp_path}"]
+    )
+    if name == "synthetic-full":
+        (scfg,) = cfg.sweeps
+        assert sorted(scfg.methods) == sorted(METHODS) and len(METHODS) == 15
+        assert (scfg.seeds, scfg.lr, scfg.epochs) == ([0, 1], [2e-3], 12)
+        world = cfg.prepare.synthetic.world_config()
+        assert (world.pre_dim, world.dim, world.splits["train"]) == (64, 32, 1500)
+        return
+    assert cfg.embed.jobs and all(job.model for job in cfg.embed.jobs)
+    for scfg in cfg.sweeps:
         assert scfg.methods and scfg.epochs == 200 and scfg.batch_size == 2048
         assert scfg.lr == [1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2] and len(scfg.seeds) == 5
     if name == "paper":
-        models = {job.model for job in jobs}
+        models = {job.model for job in cfg.embed.jobs}
         assert models == {"openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"}
-        assert {s.name for s in cfg.sweeps} == {
-            f"{d}-{b}" for d in ("coco", "flickr30k", "cc200k") for b in ("clip", "siglip")
-        }
-
-
-def test_the_synthetic_full_config_sweeps_every_registered_method(tmp_path) -> None:
-    """configs/synthetic-full.yaml (its report is docs/synthetic-full/): every method of the
-    registry x seeds 0 and 1 in one sweep, on a world with the pre-projection features that
-    bayesvlm needs; a method added to the registry must be added there too."""
-    from asymvlm.methods import METHODS
-
-    cfg = schema.load_pipeline(
-        os.path.join(os.path.dirname(DEMO), "synthetic-full.yaml"), [f"output={tmp_path}"]
-    )
-    (scfg,) = cfg.sweeps
-    assert sorted(scfg.methods) == sorted(METHODS) and len(METHODS) == 15
-    assert (scfg.seeds, scfg.lr, scfg.epochs) == ([0, 1], [2e-3], 12)
-    world = cfg.prepare.synthetic.world_config()
-    assert world.pre_dim == 64 and world.dim == 32 and world.splits["train"] == 1500
-    assert [ev.sweep for ev in cfg.evaluations] == [scfg.name]
+        assert len(cfg.sweeps) == 6  # 3 data sets x 2 backbones
 
 
 def _prepare_config(tmp_path, synthetic: str, evaluations: str = "[]") -> str:
@@ -190,9 +179,8 @@ def test_prepare_writes_the_preset_world_and_its_classification_sets(tmp_path, c
 def test_prepare_without_classes_or_domains_writes_no_sets(tmp_path) -> None:
     """Evaluations naming sets that no stage writes fail at load time, naming the key."""
     evals = "[{kind: zeroshot, frozen: true, dim: 8, sets: {z: '${output}/w-zeroshot:test'}}]"
-    for synthetic in ("preset: demo, train_images: 10", "dim: 8, classes: true"):
-        with pytest.raises(ValueError, match=r"evaluations\[0\] \(zeroshot\).*no stage"):
-            schema.load_pipeline(_prepare_config(tmp_path, synthetic, evals))
+    with pytest.raises(ValueError, match=r"evaluations\[0\] \(zeroshot\).*no stage"):
+        schema.load_pipeline(_prepare_config(tmp_path, "dim: 8, classes: true", evals))
     sizes = "dim: 8, train_images: 30, val_images: 5, test_images: 5"
     cfg = schema.load_pipeline(_prepare_config(tmp_path, sizes))
     stages.stage_prepare(cfg)

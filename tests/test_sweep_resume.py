@@ -16,7 +16,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from asymvlm import errors, results, tracking
+from asymvlm import errors, tracking
 from asymvlm.synthetic import write_world
 from tests.conftest import small_world_config
 
@@ -30,31 +30,18 @@ def world(tmp_path_factory) -> str:
 
 
 def _sweep_doc(world: str, output: str, **extra) -> dict:
-    return {
-        "name": "rs",
-        "embeddings": world,
-        "output": output,
-        "methods": ["asymvlm-vmf"],
-        "lr": [1e-3, 1e-2],
-        "seeds": [0, 1],
-        "epochs": 4,
-        "batch_size": 128,
-        "optimizer": "adamw",
-        "hidden_dim": 32,
-        "checkpoint_every": 1,
-        "val_split": "val",
-        "mlflow": {"experiment": "rs"},
-        **extra,
-    }
+    space = {"methods": ["asymvlm-vmf"], "lr": [1e-3, 1e-2], "seeds": [0, 1], "epochs": 3}
+    sizes = {"batch_size": 128, "optimizer": "adamw", "hidden_dim": 32, "checkpoint_every": 1}
+    where = {"name": "rs", "embeddings": world, "output": output, "mlflow": {"experiment": "rs"}}
+    return {**space, **sizes, **where, **extra}
 
 
 def _trial_runs(output: str) -> list:
-    uri = tracking.default_tracking_uri(output)
     if not os.path.exists(os.path.join(output, "mlflow.db")):
         return []
     try:
-        _, runs = tracking.experiment_runs(uri, "rs")
-    except ValueError:
+        _, runs = tracking.experiment_runs(tracking.default_tracking_uri(output), "rs")
+    except ValueError:  # not created yet
         return []
     return [r for r in runs if r.data.tags.get("kind") == "trial"]
 
@@ -107,39 +94,28 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
 
     client = MlflowClient(tracking.default_tracking_uri(output))
     runs = _trial_runs(output)
+    chosen = record["selection"]["asymvlm-vmf"]["lr"]
     assert sorted(r.data.tags["trial"] for r in runs) == [
         "grid-asymvlm-vmf-lr0.001-seed0",
         "grid-asymvlm-vmf-lr0.01-seed0",
-        "seeds-asymvlm-vmf-lr0.01-seed1",
+        f"seeds-asymvlm-vmf-lr{chosen!r}-seed1",
     ]
     for run in runs:
         assert run.info.status == "FINISHED"
         assert run.data.tags["mlflow.parentRunId"] == record["parent_run_id"]
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
-        assert sorted(steps) == [1, 2, 3, 4], (run.data.tags["trial"], steps)
+        assert sorted(steps) == [1, 2, 3], (run.data.tags["trial"], steps)
     sweeps = client.search_runs([runs[0].info.experiment_id], "tags.kind = 'sweep'")
     assert [r.info.status for r in sweeps] == ["FINISHED"]
-
-    # The same results as runs straight through, and the summary and selection made of them.
+    # Each trial's results are those of its run straight through; the selection is made of them.
     sweep = sweep_config(_sweep_doc(world, output))
-    rows = record["trials"]
-    for row in rows:
+    for row in record["trials"]:
         straight = run_protocol(sweep.run_spec(row["method"], row["lr"], row["seed"]))
-        for split in ("val", "test"):
-            assert row["outcome"][split] == json.loads(json.dumps(straight[split]))
-    grid = [r for r in rows if r["stage"] == "grid"]
+        assert {s: row["outcome"][s] for s in ("val", "test")} == json.loads(
+            json.dumps({s: straight[s] for s in ("val", "test")})
+        )
+    grid = [r for r in record["trials"] if r["stage"] == "grid"]
     assert record["selection"] == json.loads(json.dumps(select_lr(grid)))
-    chosen = record["selection"]["asymvlm-vmf"]["lr"]
-    flat = [
-        {
-            "method": r["method"],
-            "seed": r["seed"],
-            **results.retrieval_metric_names(r["outcome"]["test"]),
-        }
-        for r in rows
-        if r["lr"] == chosen
-    ]
-    assert record["summary"] == json.loads(json.dumps(results.seed_summary(flat)))
 
 
 def test_trials_that_wait_too_long_for_a_node_end_the_sweep_naming_them(
@@ -150,11 +126,8 @@ def test_trials_that_wait_too_long_for_a_node_end_the_sweep_naming_them(
     from pipelines.schema import sweep_config
     from pipelines.tuning.sweep import run_sweep
 
-    sweep = sweep_config(
-        _sweep_doc(
-            world, str(tmp_path / "out"), lr=[1e-3], seeds=[0], cpus_per_worker=4, node_wait_s=3
-        )
-    )
+    doc = _sweep_doc(world, str(tmp_path / "out"), lr=[1e-3], seeds=[0], node_wait_s=3)
+    sweep = sweep_config({**doc, "cpus_per_worker": 4})
     with pytest.raises(errors.Unfinished) as caught:
         run_sweep(sweep)
     message = str(caught.value)
@@ -178,14 +151,12 @@ def test_a_retried_trial_and_a_reopened_run_log_each_epoch_once(tmp_path) -> Non
     parent = tracking.open_run(uri, "rs", "sweep", kind="sweep")
     error = tmp_path / "error.txt"
     error.write_text("Traceback (most recent call last):\n  ...\nRuntimeError: worker died\n")
-    trial = SimpleNamespace(
-        trial_id="t1",
-        last_result={},
-        config={"stage": "grid", "members": [{"method": "asymvlm-vmf", "lr": 0.5, "seed": 0}]},
-        pickled_error_file=None,
-        error_file=str(error),
-    )
+    member = {"method": "asymvlm-vmf", "lr": 0.5, "seed": 0}
+    config = {"stage": "grid", "members": [member]}
+    trial = SimpleNamespace(trial_id="t1", config=config, pickled_error_file=None)
+    trial.error_file = str(error)
     logger = MlflowTrialLogger(sweep, parent, {"dataset": "d"})
+    logger.setup()
     logger.on_trial_start(0, [], trial)
     for epoch in (1, 2, 3, 2, 3, 4):  # killed after 3, retried from the checkpoint of 2
         logger.on_trial_result(0, [], trial, {"epoch": epoch, "lr": 0.1, "train_loss": epoch})
@@ -197,19 +168,12 @@ def test_a_retried_trial_and_a_reopened_run_log_each_epoch_once(tmp_path) -> Non
     run = client.get_run(run_id)
     assert run.info.status == "FAILED" and run.data.tags["mlflow.parentRunId"] == parent.id
     assert run.data.tags["failure_reason"] == "RuntimeError: worker died"
-    assert run.data.params == {
-        "dataset": "d",
-        "method": "asymvlm-vmf",
-        "lr": "0.5",
-        "seed": "0",
-        "stage": "grid",
-        "optimizer": "adamw",
-    }
+    want = {"dataset": "d", "method": "asymvlm-vmf", "lr": "0.5", "seed": "0", "stage": "grid"}
+    assert run.data.params == {**want, "optimizer": "adamw"}
 
-    # A rerun (the callback as Tune restores it): the trial reopens its run, logs 5 and 6.
-    import pickle
-
-    again = pickle.loads(pickle.dumps(logger))
+    # A rerun (Tune sets the callback up again): the trial reopens its run, logs 5 and 6.
+    again = MlflowTrialLogger(sweep, parent, {"dataset": "d"})
+    again.setup()
     trial.trial_id = "t9"
     again.on_trial_start(0, [], trial)
     for epoch in (4, 5, 6):

@@ -1,31 +1,16 @@
 """The Ray layer's configs, validated once into typed objects before Ray or any stage starts:
 sweeps (:mod:`~pipelines.schema.sweep`), the whole pipeline (:mod:`~pipelines.schema.pipeline`),
-Serve (:mod:`~pipelines.schema.serve`), read by :mod:`~pipelines.schema.load`. The science's
-schemas are reused, not repeated (``TrainConfig``, ``RunSpec``, ``EmbedConfig``, ...)."""
+Serve (:mod:`~pipelines.schema.serve`), read by :mod:`~pipelines.schema.load`."""
 
-from pipelines.schema.load import (
-    check_shared_output,
-    load_embed_jobs,
-    load_pipeline,
-    load_serve,
-    load_sweep,
-    sweep_config,
-)
-from pipelines.schema.pipeline import PipelineConfig, SyntheticPrepare
-from pipelines.schema.serve import ServeConfig
-from pipelines.schema.sweep import FaultInjection, StorageSettings, SweepConfig
-
-__all__ = [
-    "FaultInjection",
-    "PipelineConfig",
-    "ServeConfig",
-    "StorageSettings",
-    "SweepConfig",
-    "SyntheticPrepare",
-    "check_shared_output",
-    "load_embed_jobs",
-    "load_pipeline",
-    "load_serve",
-    "load_sweep",
-    "sweep_config",
-]
+from pipelines.schema.load import check_shared_output as check_shared_output
+from pipelines.schema.load import load_embed_jobs as load_embed_jobs
+from pipelines.schema.load import load_pipeline as load_pipeline
+from pipelines.schema.load import load_serve as load_serve
+from pipelines.schema.load import load_sweep as load_sweep
+from pipelines.schema.load import sweep_config as sweep_config
+from pipelines.schema.pipeline import PipelineConfig as PipelineConfig
+from pipelines.schema.pipeline import SyntheticPrepare as SyntheticPrepare
+from pipelines.schema.serve import ServeConfig as ServeConfig
+from pipelines.schema.sweep import FaultInjection as FaultInjection
+from pipelines.schema.sweep import StorageSettings as StorageSettings
+from pipelines.schema.sweep import SweepConfig as SweepConfig

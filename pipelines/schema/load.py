@@ -1,5 +1,4 @@
-"""Reading a config file into its typed object, once, before Ray or any stage starts; and the
-one check that needs Ray up (:func:`check_shared_output`)."""
+"""A config file read into its typed object, once, before Ray or any stage starts."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import copy
 import functools
 import logging
 import os
-from collections.abc import Callable
 from typing import Any
 
 from asymvlm import config, storage
@@ -51,8 +49,7 @@ def load_embed_jobs(path: str, overrides: list[str] | None = None) -> list[Embed
 
 
 def load_serve(path: str | None, overrides: list[str], checkpoint: str | None) -> ServeConfig:
-    """Serve's settings: a YAML of :class:`ServeConfig` keys (optional), ``--set`` overrides and
-    ``--checkpoint``."""
+    """Serve's settings: an optional YAML, ``--set`` overrides and ``--checkpoint``."""
     doc = config.apply_overrides(config.load_yaml(path) if path else {}, overrides)
     if checkpoint:
         doc["checkpoint"] = checkpoint
@@ -68,12 +65,11 @@ def _hierarcaps_found(_: str) -> bool:
     return found is not None
 
 
-def drop_unavailable(
-    doc: dict[str, Any], available: Callable[[str], bool], source: str
-) -> tuple[dict[str, Any], list[str]]:
+def drop_unavailable(doc: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]:
     """``doc`` without the items whose ``requires`` names a data set that is not
     ``available`` (and the evaluations of a sweep so dropped); the labels of those left out."""
     doc, dropped, gone = copy.deepcopy(doc), list[str](), set[str]()
+    available = functools.cache(_hierarcaps_found)  # asked once per load, if at all
 
     def keep(label: str, item: Any) -> bool:
         if not isinstance(item, dict):
@@ -81,8 +77,7 @@ def drop_unavailable(
         needs = item.pop("requires", None) or []
         if not isinstance(needs, list) or any(n not in OPTIONAL_DATA for n in needs):
             raise ConfigError(
-                f"{source}: {label}.requires: expected a list of {list(OPTIONAL_DATA)}, "
-                f"got {needs!r}"
+                f"{source}: {label}.requires: expected a list of {[*OPTIONAL_DATA]}, got {needs!r}"
             )
         if all(available(n) for n in needs) and item.get("sweep") not in gone:
             return True
@@ -93,28 +88,22 @@ def drop_unavailable(
     prepare = doc.get("prepare") or {}
     for key in [k for k, item in prepare.items() if not keep(f"prepare.{k}", item)]:
         del prepare[key]
-    if isinstance(doc.get("embed"), dict) and doc["embed"].get("jobs"):
-        jobs = enumerate(doc["embed"]["jobs"])
-        doc["embed"]["jobs"] = [j for i, j in jobs if keep(f"embed.jobs[{i}]", j)]
-    for section in ("sweeps", "evaluations"):
-        if doc.get(section):
-            items = doc[section]
-            doc[section] = [
-                x for i, x in enumerate(items) if keep(f"{section}[{_name(x) or i}]", x)
+    lists = [("sweeps", doc), ("evaluations", doc), ("jobs", doc.get("embed"))]
+    for key, parent in lists:
+        if isinstance(parent, dict) and isinstance(parent.get(key), list):
+            label = "embed.jobs" if key == "jobs" else key
+            parent[key] = [
+                x
+                for i, x in enumerate(parent[key])
+                if keep(f"{label}[{x.get('name', i) if isinstance(x, dict) else i}]", x)
             ]
     return doc, dropped
 
 
-def _name(item: Any) -> Any:
-    return item.get("name") if isinstance(item, dict) else None
-
-
 def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConfig:
-    """The whole pipeline validated and resolved, every input path checked, before Ray or any
-    stage starts; ``${output}`` in any value is the output folder. Items with
+    """The whole pipeline validated, every input path checked, before Ray starts; items with
     ``requires: [hierarcaps]`` are left out (one line says so) when HierarCaps is not found."""
-    available = functools.cache(_hierarcaps_found)  # asked once per load, if at all
-    doc, dropped = drop_unavailable(_document(path, overrides), available, path)
+    doc, dropped = drop_unavailable(_document(path, overrides), path)
     if dropped:
         logger.warning(
             "without HierarCaps, these parts of %s are left out: %s", path, ", ".join(dropped)

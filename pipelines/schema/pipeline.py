@@ -1,5 +1,4 @@
-"""The whole pipeline's config: :class:`PipelineConfig` (prepare, embed, sweeps, evaluations,
-report), and the optional data its items may require."""
+"""The whole pipeline's config: :class:`PipelineConfig` (prepare, embed, sweeps, evaluations)."""
 
 from __future__ import annotations
 
@@ -50,17 +49,14 @@ Evaluation = Annotated[
 
 # -- prepare ------------------------------------------------------------------------------------
 class SyntheticClasses(StrictModel):
-    """``prepare.synthetic.classes``: the classification sets written next to the world
-    (:class:`asymvlm.synthetic.ClassificationSpec`)."""
+    """``prepare.synthetic.classes``: a :class:`asymvlm.synthetic.ClassificationSpec`."""
 
     level: Annotated[int, Field(ge=0)] = Field(1, description="the concept level of the classes")
-    n_classes: PositiveInt | None = Field(
-        None, description="classes per set (default: every concept of the level in the domain)"
-    )
+    n_classes: PositiveInt | None = Field(None, description="classes per set (default: all)")
     positives: PositiveInt = Field(1000, description="images of the positive set")
     negatives: PositiveInt = Field(1000, description="images of the negative set")
     zeroshot: PositiveInt = Field(1000, description="images of the zero-shot domain's set")
-    templates: Annotated[list[str], Field(min_length=1)] | None = Field(
+    templates: Annotated[tuple[str, ...], Field(min_length=1)] | None = Field(
         None, description="prompt templates with {} for the class name (default: the world's)"
     )
 
@@ -78,9 +74,7 @@ class SyntheticPrepare(StrictModel):
     val_images: Annotated[int, Field(ge=0)] | None = Field(None, description="0: no val split")
     test_images: Annotated[int, Field(ge=0)] | None = Field(None, description="0: no test split")
     classes: SyntheticClasses | None = Field(
-        None,
-        description="true (every default) or the keys below: also write the "
-        "classification sets (ROOT-positives, -negatives, -zeroshot, -far-negatives)",
+        None, description="true (every default) or its keys: also write the classification sets"
     )
 
     @field_validator("classes", mode="before")
@@ -93,12 +87,11 @@ class SyntheticPrepare(StrictModel):
         from asymvlm.synthetic import WorldConfig
 
         known = [f.name for f in fields(WorldConfig) if f.name != "splits"]
-        for key in self.model_extra or {}:
-            if key not in known:
-                hint = difflib.get_close_matches(key, known + list(type(self).model_fields), 1)
-                raise ValueError(
-                    f"unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
-                )
+        for key in set(self.model_extra or {}) - set(known):
+            hint = difflib.get_close_matches(key, known + list(type(self).model_fields), 1)
+            raise ValueError(
+                f"unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            )
         self.world_config()  # every knob's value is checked here, not when the stage runs
         return self
 
@@ -116,12 +109,7 @@ class SyntheticPrepare(StrictModel):
         """The :class:`~asymvlm.synthetic.ClassificationSpec` of ``classes`` (None: no sets)."""
         from asymvlm.synthetic import ClassificationSpec
 
-        if self.classes is None:
-            return None
-        keys = self.classes.model_dump(exclude_none=True)
-        if "templates" in keys:
-            keys["templates"] = tuple(keys["templates"])
-        return ClassificationSpec(**keys)
+        return self.classes and ClassificationSpec(**self.classes.model_dump(exclude_none=True))
 
     def class_set_roots(self) -> dict[str, str]:
         """Role -> table root of the classification sets this section writes (``{}``: none)."""
@@ -143,36 +131,28 @@ class HierarCapsCifarPrepare(StrictModel):
 class PrepareConfig(StrictModel):
     """Offline stand-ins written before the embedding stage."""
 
-    tiny_clip: Absolute | None = Field(
-        None, description="write a tiny random CLIP here (plumbing runs, no download)"
-    )
+    tiny_clip: Absolute | None = Field(None, description="write a tiny random CLIP here")
     synthetic: SyntheticPrepare | None = Field(None, description="write a synthetic world")
     hierarcaps_cifar: HierarCapsCifarPrepare | None = Field(
         None, description="write a classification set from HierarCaps images"
     )
 
 
-# -- embed --------------------------------------------------------------------------------------
+# -- embed, report, the pipeline ----------------------------------------------------------------
 class EmbedSection(StrictModel):
     """``embed``: ``defaults`` + ``jobs``, each job an :class:`~asymvlm.data.embed.EmbedConfig`
     once the defaults are merged into it."""
 
-    defaults: dict[str, Any] = Field(
-        default_factory=dict, description="keys every job takes unless it sets them"
-    )
-    jobs: list[EmbedConfig] = Field(default_factory=list, description="the embedding jobs")
+    defaults: dict[str, Any] = Field({}, description="keys every job takes unless it sets them")
+    jobs: list[EmbedConfig] = Field([], description="the embedding jobs")
 
     @model_validator(mode="before")
     @classmethod
     def _with_defaults(cls, data: Any) -> Any:
-        """Each job with the defaults under its own keys."""
-        if not isinstance(data, dict) or not isinstance(data.get("jobs") or [], list):
+        if not isinstance(data, dict) or not isinstance(jobs := data.get("jobs") or [], list):
             return data
-        defaults = dict(data.get("defaults") or {})
-        jobs = [
-            {**defaults, **job} if isinstance(job, dict) else job for job in data.get("jobs") or []
-        ]
-        return {**data, "jobs": jobs}
+        defaults = data.get("defaults") or {}
+        return {**data, "jobs": [{**defaults, **j} if isinstance(j, dict) else j for j in jobs]}
 
 
 class ReportConfig(StrictModel):
@@ -181,38 +161,19 @@ class ReportConfig(StrictModel):
     output: str | None = Field(None, description="the report's folder (default: OUTPUT/report)")
 
 
-# -- the pipeline -------------------------------------------------------------------------------
 class PipelineConfig(StrictModel):
-    """``pipelines/full.py``: prepare -> embed -> sweep -> evaluate -> report.
-
-    Validated with its name and output known (:func:`pipelines.schema.load_pipeline`): every
-    sweep gets the pipeline's MLflow store and storage and the output
-    ``<output>/sweeps/<name>`` unless it names one, before it is validated."""
+    """``pipelines/full.py``: prepare -> embed -> sweep -> evaluate -> report; every sweep with
+    the pipeline's MLflow store and storage, and the output ``<output>/sweeps/<name>``."""
 
     name: str = Field(description="the pipeline's name (MLflow experiment asymvlm-<name>)")
-    output: Absolute = Field(
-        description="everything lands below it (a folder or an object-store URI); ${output} "
-        "in any value"
-    )
-    storage: StorageSettings = Field(
-        default_factory=StorageSettings, description="how the output is shared between nodes"
-    )
-    mlflow: MlflowSettings = Field(
-        default_factory=MlflowSettings, description="the tracking store and experiment"
-    )
-    prepare: PrepareConfig = Field(
-        default_factory=PrepareConfig, description="offline stand-ins written first"
-    )
-    embed: EmbedSection = Field(
-        default_factory=EmbedSection, description="the embedding stage's jobs"
-    )
-    sweeps: list[SweepConfig] = Field(  # type: ignore[valid-type]
-        default_factory=list, description="the Tune sweeps (each needs a name)"
-    )
-    evaluations: list[Evaluation] = Field(  # type: ignore[valid-type]
-        default_factory=list, description="the paper's evaluations, by kind"
-    )
-    report: ReportConfig = Field(default_factory=ReportConfig, description="the report")
+    output: Absolute = Field(description="everything lands below it; ${output} in any value")
+    storage: StorageSettings = Field(StorageSettings(), description="how nodes share the output")
+    mlflow: MlflowSettings = Field(MlflowSettings(), description="the tracking store, experiment")
+    prepare: PrepareConfig = Field(PrepareConfig(), description="offline stand-ins written first")
+    embed: EmbedSection = Field(EmbedSection(), description="the embedding stage's jobs")
+    sweeps: list[SweepConfig] = Field([], description="the Tune sweeps (each needs a name)")  # type: ignore[valid-type]
+    evaluations: list[Evaluation] = Field([], description="the paper's evaluations, by kind")  # type: ignore[valid-type]
+    report: ReportConfig = Field(ReportConfig(), description="the report")
 
     @model_validator(mode="before")
     @classmethod
@@ -221,47 +182,34 @@ class PipelineConfig(StrictModel):
         MLflow, storage and output from the pipeline's."""
         if not isinstance(data, dict) or "output" not in data or "name" not in data:
             return data
-        doc = dict(data)
-        doc["output"] = storage.absolute(doc["output"])
+        doc = {**data, "output": storage.absolute(data["output"])}
         default_store(doc, f"asymvlm-{doc['name']}")
-        sweeps = []
-        for i, sweep in enumerate(doc.get("sweeps") or []):
-            if not isinstance(sweep, dict):
-                sweeps.append(sweep)
-                continue
-            if not sweep.get("name"):
-                raise ValueError(f"sweeps[{i}] needs a name")
-            sweep = {
-                **sweep,
-                "mlflow": dict(doc["mlflow"]),
-                "storage": dict(doc.get("storage") or {}),
-            }
-            sweep["output"] = sweep.get("output") or storage.uri_join(
-                doc["output"], "sweeps", sweep["name"]
-            )
-            sweeps.append(sweep)
-        doc["sweeps"] = sweeps
+        shared = {"mlflow": doc["mlflow"], "storage": doc.get("storage") or {}}
+        doc["sweeps"] = sweeps = list(doc.get("sweeps") or [])
+        for i, sweep in enumerate(sweeps):
+            if isinstance(sweep, dict):
+                if not sweep.get("name"):
+                    raise ValueError(f"sweeps[{i}] needs a name")
+                where = storage.uri_join(doc["output"], "sweeps", sweep["name"])
+                sweeps[i] = {**sweep, **shared, "output": sweep.get("output") or where}
         return doc
 
     @model_validator(mode="after")
     def _references(self) -> PipelineConfig:
         names = [s.name for s in self.sweeps]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"every sweep needs a unique name; repeated: {dupes}")
         for i, ev in enumerate(self.evaluations):
             if ev.sweep and ev.sweep not in names:
                 raise ValueError(f"evaluations[{i}] names unknown sweep {ev.sweep!r}")
             if ev.frozen and not ev.sweep and ev.dim is None:
                 raise ValueError(f"evaluations[{i}]: a frozen-only evaluation needs dim")
-        if storage.is_remote(self.output):
-            for key in ("tiny_clip", "hierarcaps_cifar"):
-                where = getattr(self.prepare, key)
-                where = getattr(where, "output", where)
-                if where and storage.is_remote(where):
-                    raise ValueError(
-                        f"prepare.{key} writes local files; give it a local folder, not {where}"
-                    )
+        for key in ("tiny_clip", "hierarcaps_cifar"):
+            where = getattr(self.prepare, key)
+            if (where := getattr(where, "output", where)) and storage.is_remote(where):
+                raise ValueError(
+                    f"prepare.{key} writes local files; give it a local folder, not {where}"
+                )
         return self
 
     def sweep(self, name: str) -> Any:

@@ -1,9 +1,6 @@
-"""The paper's sweep (App. B.4) on Ray Tune, tracked in MLflow: :func:`run_sweep`.
-
-Stage 1 grid-searches ``method x lr`` at the first seed (one ``Tuner``); each method's lr is
-chosen on the validation split (mean of t2i and i2t Recall@1); stage 2 runs the other seeds at
-that lr (a second ``Tuner``). A stage that stopped part-way is restored (``Tuner.restore``).
-"""
+"""The paper's sweep (App. B.4) on Ray Tune, tracked in MLflow (:func:`run_sweep`): a ``Tuner``
+for ``method x lr`` at the first seed, the lr chosen on validation, a ``Tuner`` for the other
+seeds; a stage that stopped part-way is restored (``Tuner.restore``)."""
 
 from __future__ import annotations
 
@@ -27,31 +24,14 @@ from asymvlm.errors import AsymVLMError, ConfigError, Unfinished, one_line
 from asymvlm.methods import METHODS
 from pipelines.schema import SweepConfig, check_shared_output
 from pipelines.session import require_ray
-from pipelines.tuning.trial_log import (
-    MlflowTrialLogger,
-    adapter_directory,
-    member_dir,
-    trial_label,
-)
+from pipelines.tuning.trial_log import MlflowTrialLogger, adapter_directory, shown, trial_label
 from pipelines.tuning.trials import SELECTION_METRIC, failure_reason, sweep_trial
-
-__all__ = [
-    "ADAPTERS_DIR",
-    "KEEP_CHECKPOINTS",
-    "SWEEP_RECORD",
-    "NoResults",
-    "check_tables",
-    "failures_markdown",
-    "run_sweep",
-    "select_lr",
-]
 
 logger = logging.getLogger("pipelines.sweep")
 
 SWEEP_RECORD = "sweep.json"  # written last: a sweep with it is done
 ADAPTERS_DIR = "adapters"  # <output>/adapters/<method>/seed<k>: the seed stage's adapters
 KEEP_CHECKPOINTS = 2  # per trial, the latest
-TRIAL_DRIVER_MEMORY = 256 * 1024**2  # bytes: a TorchTrainer trial's own reservation
 _RUN_ID = "mlflow_run.json"  # in <output>/tune: the sweep's MLflow run, reopened by a rerun
 
 
@@ -60,12 +40,10 @@ class NoResults(AsymVLMError):
 
 
 def select_lr(grid: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per method, the lr with the best finite validation score (ties: the smaller lr); a
-    method none of whose lrs finished is absent."""
+    """Per method, the lr with the best finite validation score (ties: the smaller lr)."""
     best: dict[str, dict[str, Any]] = {}
     for r in sorted(grid, key=lambda r: (r["method"], r["lr"])):
-        score = float(r[SELECTION_METRIC])
-        if not math.isfinite(score):
+        if not math.isfinite(score := float(r[SELECTION_METRIC])):
             continue
         pick = best.setdefault(r["method"], {"lr": r["lr"], "score": score, "scores_by_lr": {}})
         pick["scores_by_lr"][f"{r['lr']:g}"] = score
@@ -78,13 +56,8 @@ def failures_markdown(failed: list[dict[str, Any]]) -> str:
     """The failed trials under the summary table: how many, which, and why."""
     if not failed:
         return ""
-    lines = [
-        "",
-        f"**{len(failed)} trial(s) failed** and are left out of the selection and the table above:",
-        "",
-        "| stage | method | lr | seed | reason |",
-        "|---|---|---|---|---|",
-    ]
+    head = f"\n**{len(failed)} trial(s) failed** and are left out of the selection and the table"
+    lines = [head + " above:\n", "| stage | method | lr | seed | reason |", "|---|---|---|---|---|"]
     for f in failed:
         reason = f["reason"].replace("|", "\\|")
         lines.append(f"| {f['stage']} | {f['method']} | {f['lr']:g} | {f['seed']} | {reason} |")
@@ -96,28 +69,21 @@ def check_tables(sweep: SweepConfig) -> None:
     needs = [(sweep.embeddings, sweep.train_split)]
     if sweep.test_split:
         needs.append((sweep.test_embeddings or sweep.embeddings, sweep.test_split))
+    if sweep.val_split and not sweep.val_fraction:
+        needs.append((sweep.embeddings, sweep.val_split))
     for root, split in needs:
         tables.read_manifest(root)  # raises TableError naming the missing manifest
-        if split not in tables.list_splits(root):
-            raise tables.TableError(
-                f"{root}: no split {split!r} (found {tables.list_splits(root)})"
-            )
-    val = sweep.val_split
-    if len(sweep.lr) > 1 and not val and not sweep.val_fraction:
+        if split not in (found := tables.list_splits(root)):
+            raise tables.TableError(f"{root}: no split {split!r} (found {found})")
+    if len(sweep.lr) > 1 and not sweep.val_split and not sweep.val_fraction:
         raise ConfigError(
             f"{len(sweep.lr)} learning rates but no validation data to choose among them: "
             "set val_split or val_fraction (the test split never takes part in the choice)"
         )
-    if val and val not in tables.list_splits(sweep.embeddings) and not sweep.val_fraction:
-        raise tables.TableError(
-            f"{sweep.embeddings}: no validation split {val!r}; add one or set val_fraction "
-            "to hold out training images for the lr selection"
-        )
 
 
 class NodeWait(tune.Callback):
-    """Raises :class:`~asymvlm.errors.Unfinished` once trials have waited ``seconds`` for a
-    node while none ran (Tune waits for ever: a lost node's trials stay PENDING)."""
+    """:class:`~asymvlm.errors.Unfinished` once trials waited ``seconds`` for a node, none ran."""
 
     def __init__(self, seconds: float, label: str) -> None:
         self.seconds, self.label, self.since = seconds, label, None
@@ -130,13 +96,8 @@ class NodeWait(tune.Callback):
         self.since = self.since or time.monotonic()
         if time.monotonic() - self.since < self.seconds:
             return
-        names = "; ".join(
-            " + ".join(
-                f"{m['method']} lr={m['lr']:g} seed={m['seed']}" for m in t.config["members"]
-            )
-            for t in trials
-            if t.status not in ("TERMINATED", "ERROR")
-        )
+        waiting = [t for t in trials if t.status not in ("TERMINATED", "ERROR")]
+        names = "; ".join(" + ".join(map(shown, t.config["members"])) for t in waiting)
         raise Unfinished(
             f"sweep {self.label}: no node could run its trials for {self.seconds:.0f} s "
             f"(node_wait_s); not finished: {names}. The finished trials are kept: run the same "
@@ -148,35 +109,25 @@ def _packs(sweep: SweepConfig, trials: list[dict[str, Any]]) -> list[list[dict[s
     """Up to ``sweep.pack`` consecutive trials of one method trained by SGD go as one trial."""
     out: list[list[dict[str, Any]]] = []
     for t in trials:
-        last = out[-1] if out else []
-        same = last and last[0]["method"] == t["method"] and METHODS[t["method"]].trainable
-        if same and len(last) < sweep.pack:
-            last.append(t)
+        same = out and out[-1][0]["method"] == t["method"] and len(out[-1]) < sweep.pack
+        if same and METHODS[t["method"]].trainable:
+            out[-1].append(t)
         else:
             out.append([t])
     return out
 
 
 def _fit(sweep: SweepConfig, stage: str, trials: list[dict[str, Any]], callback) -> tuple:
-    """One stage's trials as one Tune experiment (restored when an earlier run of the same
-    trials stopped part-way); (finished members' rows, failed members with their reasons)."""
+    """One stage as one (restored) Tune experiment: (finished rows, failed rows with reasons)."""
+    import ray
+
     packs = _packs(sweep, trials)
     specs = [[sweep.run_spec(**t).model_dump(mode="json") for t in p] for p in packs]
     digest = hashlib.sha1(json.dumps(specs, sort_keys=True).encode()).hexdigest()[:10]
     root, fs = storage.ray_storage(storage.uri_join(sweep.output, "tune", "trials"))
-    name = f"{stage}-{digest}"
-    import ray
-
-    cluster, concurrent = ray.cluster_resources(), None
-    if sweep.uses_torch_trainer():  # its workers reserve the CPUs/GPUs; the trial a little memory
-        resources: dict[str, float] = {"cpu": 0, "memory": TRIAL_DRIVER_MEMORY}
-        cpus = sweep.num_workers * sweep.cpus_per_worker  # a trial's TorchTrainer, at once
-        concurrent = max(1, int(cluster.get("CPU", 1) // cpus))
-    else:
-        gpu = sweep.gpus_per_worker if cluster.get("GPU", 0) > 0 else 0
-        resources = {"cpu": sweep.cpus_per_worker, "gpu": gpu}
-    trainable = tune.with_resources(sweep_trial, resources)
-    path = f"{root}/{name}"
+    gpu = sweep.gpus_per_worker if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    trainable = tune.with_resources(sweep_trial, {"cpu": sweep.cpus_per_worker, "gpu": gpu})
+    path = f"{root}/{stage}-{digest}"
     if tune.Tuner.can_restore(path, storage_filesystem=fs):
         logger.info(
             "sweep %s: the %s stage goes on where it stopped (%s)", sweep.label, stage, path
@@ -186,18 +137,13 @@ def _fit(sweep: SweepConfig, stage: str, trials: list[dict[str, Any]], callback)
         tuner = tune.Tuner(
             trainable,
             param_space={"sweep": sweep, "stage": stage, "members": tune.grid_search(packs)},
-            tune_config=tune.TuneConfig(
-                max_concurrent_trials=concurrent, reuse_actors=not sweep.uses_torch_trainer()
-            ),
+            tune_config=tune.TuneConfig(reuse_actors=True),
             run_config=tune.RunConfig(
-                name=name,
+                name=f"{stage}-{digest}",
                 storage_path=root,
                 storage_filesystem=fs,
                 callbacks=[callback, NodeWait(sweep.node_wait_s, sweep.label)],
-                # a TorchTrainer retries its own workers
-                failure_config=tune.FailureConfig(
-                    max_failures=0 if sweep.uses_torch_trainer() else sweep.max_failures
-                ),
+                failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
                 verbose=0,
             ),
@@ -210,7 +156,7 @@ def _fit(sweep: SweepConfig, stage: str, trials: list[dict[str, Any]], callback)
             zip(members, outcomes or [{}] * len(members), strict=True)
         ):
             if "outcome" in row:
-                done.append({**row, "_checkpoint": (r.checkpoint, member_dir(k, len(members)))})
+                done.append({**row, "_checkpoint": (r.checkpoint, k, len(members))})
             else:
                 reason = row.get("failed") or failure_reason(r.error)
                 failed.append({"stage": stage, **trial, "reason": reason})
@@ -218,25 +164,18 @@ def _fit(sweep: SweepConfig, stage: str, trials: list[dict[str, Any]], callback)
 
 
 def _base_params(sweep: SweepConfig) -> dict[str, Any]:
-    try:
-        manifest = tables.read_manifest(sweep.embeddings)
-        model, doc = manifest.model, manifest.to_dict()
-        split = doc.get("splits", {}).get(sweep.train_split, {})
-        dataset = doc.get("dataset") or split.get("dataset")
-    except Exception:  # the params are provenance; a missing manifest fails later, clearly
-        model, dataset = None, None
-    optional = ("hidden_dim", "depth", "adapter_input")
+    """The provenance every run of the sweep carries as params."""
+    manifest = tables.read_manifest(sweep.embeddings)
+    doc = manifest.to_dict()
+    dataset = doc.get("dataset") or doc.get("splits", {}).get(sweep.train_split, {}).get("dataset")
+    keys = ("epochs", "batch_size", "protocol", "hidden_dim", "depth", "adapter_input")
     return {
         "dataset": dataset or os.path.basename(os.path.normpath(sweep.embeddings)),
-        "embedding_model": model,
+        "embedding_model": manifest.model,
         "embeddings": sweep.embeddings,
         "git_commit": tracking.git_commit(),
-        "epochs": sweep.epochs,
-        "batch_size": sweep.batch_size,
-        "protocol": sweep.protocol,
         "optimizer": sweep.optimizer or "per method (protocol default)",
-        "num_workers": sweep.num_workers,
-        **{k: getattr(sweep, k) for k in optional if getattr(sweep, k) is not None},
+        **{k: getattr(sweep, k) for k in keys if getattr(sweep, k) is not None},
     }
 
 
@@ -285,8 +224,7 @@ def _trial_runs(run: tracking.Run) -> dict[str, str]:
 
 
 def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
-    """Stage 1 -> lr selection on validation -> stage 2 -> summary, on the running Ray cluster;
-    the sweep's MLflow run nested under ``parent`` when given."""
+    """Stage 1 -> lr chosen on validation -> stage 2 -> summary; its MLflow run under ``parent``."""
     require_ray("a sweep")
     check_tables(sweep)
     if not storage.is_remote(sweep.output):
@@ -301,13 +239,8 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
             run.end("KILLED", one_line(exc))
             raise
     storage.write_text(storage.uri_join(sweep.output, SWEEP_RECORD), json.dumps(record, indent=2))
-    try:
-        experiment_id = run.client.get_run(run.id).info.experiment_id if run.id else None
-    except Exception:  # the store is away: its writes wait for it
-        experiment_id = None
     return {
         **record,
-        "experiment_id": experiment_id,
         "tracking_uri": sweep.mlflow.tracking_uri,
         "child_run_ids": list(_trial_runs(run).values()),
     }
@@ -318,22 +251,17 @@ def _stages(sweep: SweepConfig, run: tracking.Run, callback, base: dict) -> dict
     grid = [{"method": m, "lr": lr, "seed": first} for m in sweep.methods for lr in sweep.lr]
     grid = grid if len(sweep.lr) > 1 else []  # one lr: nothing to select
     done, failed = _fit(sweep, "grid", grid, callback) if grid else ([], [])
-    if grid:
-        picks = select_lr(done)
-    else:
-        picks = {m: {"lr": sweep.lr[0], "score": None, "scores_by_lr": {}} for m in sweep.methods}
-    selection = {m: picks[m] for m in sweep.methods if m in picks}  # config order
-    if not selection:
+    one = {m: {"lr": sweep.lr[0], "score": None, "scores_by_lr": {}} for m in sweep.methods}
+    picks = select_lr(done) if grid else one
+    if not (selection := {m: picks[m] for m in sweep.methods if m in picks}):  # config order
         raise NoResults(f"sweep {sweep.label}: every trial failed; first: {failed[0]['reason']}")
     for method in sorted(set(sweep.methods) - set(selection)):
         logger.warning("sweep %s: %s failed at every lr; left out of stage 2", sweep.label, method)
     run.log_params({f"best_lr/{m}": p["lr"] for m, p in selection.items()})
-    reused = [
-        r for r in done if r["method"] in selection and r["lr"] == selection[r["method"]]["lr"]
-    ]
+    reused = [r for r in done if r["lr"] == selection.get(r["method"], {}).get("lr")]
     ids = _trial_runs(run)  # the grid trial at the chosen lr is its method's first seed
-    for r in reused:
-        if (label := trial_label("grid", r)) in ids:
+    for label in (trial_label("grid", r) for r in reused):
+        if label in ids:
             tracking.existing_run(run.tracking_uri, ids[label]).set_tags({"seed_stage": "true"})
     seeds = [
         {"method": m, "lr": p["lr"], "seed": s}
@@ -344,33 +272,26 @@ def _stages(sweep: SweepConfig, run: tracking.Run, callback, base: dict) -> dict
     more, failed_seeds = _fit(sweep, "seeds", seeds, callback) if seeds else ([], [])
     failed += failed_seeds
     repeats = reused + more
-    flat = [
-        {
-            "method": r["method"],
-            "seed": r["seed"],
-            **results.retrieval_metric_names(r["outcome"].get("test", {})),
-        }
-        for r in repeats
-    ]
-    summary = results.seed_summary(flat)
+    test = [(r, results.retrieval_metric_names(r["outcome"].get("test", {}))) for r in repeats]
+    summary = results.seed_summary(
+        [{"method": r["method"], "seed": r["seed"], **m} for r, m in test]
+    )
     title = f"{base['dataset']} ({base['embedding_model']}), mean ± std over seeds"
     markdown = results.summary_markdown(summary, title=title) + failures_markdown(failed)
     storage.write_text(storage.uri_join(sweep.output, "summary.md"), markdown)
-    run.log_metrics({"failed_trials": len(failed)})
     run.set_tags({"failed_trials": str(len(failed))})
     run.log_text("summary.md", markdown)
     run.log_text("summary.csv", results.summary_csv(summary))
     run.log_json("selection.json", selection)
     run.log_json("failures.json", failed)
-    run.log_metrics(
-        {
-            f"{method}/{col}_{stat}": stats[stat]
-            for method, cells in summary.items()
-            for col, stats in cells.items()
-            if isinstance(stats, dict)
-            for stat in ("mean", "std")
-        }
-    )
+    stats = {
+        f"{method}/{col}_{stat}": cell[stat]
+        for method, cells in summary.items()
+        for col, cell in cells.items()
+        if isinstance(cell, dict)
+        for stat in ("mean", "std")
+    }
+    run.log_metrics({"failed_trials": len(failed), **stats})
     return {
         "parent_run_id": run.id,
         "experiment": sweep.mlflow.experiment,
@@ -385,13 +306,12 @@ def _stages(sweep: SweepConfig, run: tracking.Run, callback, base: dict) -> dict
 
 
 def _export_adapters(sweep: SweepConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every seed-stage adapter copied to ``<output>/adapters/<method>/seed<seed>``; method ->
-    seed -> its URI."""
+    """Seed-stage adapters copied to ``<output>/adapters/<method>/seed<k>``; method/seed -> URI."""
     out: dict[str, dict[str, str]] = {}
     for row in rows:
         uri = storage.uri_join(sweep.output, ADAPTERS_DIR, row["method"], f"seed{row['seed']}")
         with (
-            adapter_directory(row["outcome"], *row["_checkpoint"]) as model,
+            adapter_directory(*row["_checkpoint"]) as model,
             tempfile.TemporaryDirectory() as tmp,
         ):
             if model is not None and os.path.isdir(model):  # the adapter alone
