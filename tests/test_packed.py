@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
+from asymvlm.errors import ConfigError
 from asymvlm.methods import build_method
 from asymvlm.protocol import RunSpec, run_packed_protocol, run_protocol
 from asymvlm.splits import load_split
@@ -21,17 +21,8 @@ MEMBERS = ((5e-3, 1), (1e-2, 2), (2e-3, 3))
 
 
 def _cfg(method: str, lr: float, seed: int, **kw: Any) -> TrainConfig:
-    base = dict(
-        method=method,
-        epochs=3,
-        lr=lr,
-        seed=seed,
-        batch_size=64,
-        hidden_dim=16,
-        depth=2,
-        device="cpu",
-    )
-    return TrainConfig(**{**base, **kw})
+    base = dict(epochs=3, batch_size=64, hidden_dim=16, depth=2, device="cpu")
+    return TrainConfig(**{**base, "method": method, "lr": lr, "seed": seed, **kw})
 
 
 def _specs(root: str, method: str, members=MEMBERS, **kw: Any) -> list[RunSpec]:
@@ -66,13 +57,10 @@ def _assert_nested_equal(packed: Any, alone: Any, path: str = "") -> None:
         assert packed == alone, path
 
 
-def _unpacked(cfg: TrainConfig, data, method_cls=None) -> tuple[torch.nn.Module, list[dict]]:
+def _unpacked(cfg: TrainConfig, data) -> tuple[torch.nn.Module, list[dict]]:
     """What TrainingRun does for one run: seed, build, train with a Trainer."""
     torch.manual_seed(cfg.seed)
-    if method_cls is None:
-        method = build_method(cfg.method, data.dim, **cfg.method_args())
-    else:
-        method = method_cls(data.dim, hidden_dim=cfg.hidden_dim, depth=cfg.depth)
+    method = build_method(cfg.method, data.dim, **cfg.method_args())
     return method, Trainer(method, cfg, data).fit(progress=False)
 
 
@@ -104,7 +92,7 @@ def test_packed_members_end_with_the_parameters_of_their_unpacked_runs(
     # elip draws its galleries from the global RNG in fit_start: each member's own stream
     data = load_split(small_world, "train", "raw", "cpu")
     cfgs = [_cfg(method, lr, seed, epochs=2) for lr, seed in MEMBERS]
-    pack = PackedTrainer.build(cfgs, data)
+    pack = PackedTrainer(cfgs, data)
     histories = pack.fit()
     assert pack.errors == [None, None, None]
     for k, cfg in enumerate(cfgs):
@@ -128,40 +116,6 @@ def test_the_frozen_reference_packs_as_its_own_runs(small_world, one_thread) -> 
         _assert_nested_equal(p["test"], alone["test"], "test")
 
 
-# -- divergence ----------------------------------------------------------------------------------
-def test_deferred_detection_names_the_first_bad_step_and_spares_the_others(
-    small_world, one_thread
-) -> None:
-    """The accelerator path (no host sync per step), forced on the CPU: the bad member runs
-    on to the end of the epoch, then stops with the deferred message; the others are exact."""
-    data = load_split(small_world, "train", "raw", "cpu")
-    cfgs = [
-        _cfg("asymvlm-vmf", lr, seed, optimizer="sgd")
-        for lr, seed in ((1e-2, 1), (1e6, 2), (5e-3, 3))
-    ]
-    pack = PackedTrainer.build(cfgs, data)
-    for trainer in pack.trainers:
-        trainer.sync_free = False
-    pack.fit()
-    for k, cfg in enumerate(cfgs):
-        torch.manual_seed(cfg.seed)
-        method = build_method(cfg.method, data.dim, **cfg.method_args())
-        trainer = Trainer(method, cfg, data)
-        trainer.sync_free = False
-        history: list[dict] = []
-        try:
-            history = trainer.fit(progress=False)
-            error = None
-        except NonFiniteError as exc:
-            error = str(exc)
-        if k == 1:
-            assert error is not None and "(detected at the end of the epoch)" in error
-            assert pack.errors[1] == error
-        else:
-            assert error is None and pack.errors[k] is None
-            _assert_rows_equal(pack.histories[k], history)
-
-
 # -- what cannot be packed ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     "change",
@@ -178,7 +132,7 @@ def test_configurations_differing_in_more_than_lr_and_seed_are_refused(small_wor
         check_packable(cfgs)
     data = load_split(small_world, "train", "raw", "cpu")
     with pytest.raises(ConfigError, match=field):
-        PackedTrainer.build(cfgs, data)
+        PackedTrainer(cfgs, data)
     with pytest.raises(ConfigError, match=field):
         run_packed_protocol([RunSpec(embeddings=small_world, train=c) for c in cfgs])
 
@@ -213,7 +167,7 @@ def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(small_worl
     data = load_split(small_world, "train", "raw", "cpu")
     members = ((5e-3, 1), (1e6, 2), (2e-3, 3))  # member 1 diverges in its first epoch
     cfgs = [_cfg("asymvlm-vmf", lr, seed, epochs=4, optimizer="sgd") for lr, seed in members]
-    whole = PackedTrainer.build(cfgs, data)
+    whole = PackedTrainer(cfgs, data)
     whole.fit()
     assert whole.errors[1] is not None and whole.errors[0] is whole.errors[2] is None
 
@@ -224,14 +178,14 @@ def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(small_worl
         if len(saved) == 2:
             raise _Killed
 
-    first = PackedTrainer.build(cfgs, data)
+    first = PackedTrainer(cfgs, data)
     with pytest.raises(_Killed):
         first.fit(on_state=stop_at_second)
     state = saved[-1]
     # every tensor of the state owns its storage (not a view of the pack's stacked leaves)
     for tensor in state["trainers"][2]["method"].values():
         assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
-    resumed = PackedTrainer.build(cfgs, data)
+    resumed = PackedTrainer(cfgs, data)
     resumed.load_state_dict(state)
     resumed.fit()
     assert resumed.errors == whole.errors
@@ -244,11 +198,8 @@ def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(small_worl
         assert resumed.trainers[k].epoch == whole.trainers[k].epoch
         mine, theirs = resumed.methods[k].state_dict(), whole.methods[k].state_dict()
         for key in theirs:
-            torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=0, msg=key)
+            torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=0, equal_nan=True)
     assert len(resumed.histories[0]) == 4
-    other = [_cfg("asymvlm-vmf", lr, seed + 10, epochs=4) for lr, seed in members]
-    with pytest.raises(CheckpointError, match=r"pack of \(lr, seed\)"):
-        PackedTrainer.build(other, data).load_state_dict(state)
 
 
 def test_a_pack_never_streams_it_says_so(small_world, tmp_path) -> None:

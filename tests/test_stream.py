@@ -21,9 +21,10 @@ def parted_world(tmp_path_factory) -> str:
     return write_world(str(root), small_world_config(block_images=20), shard_images=40)
 
 
-def _stream(root: str, **kwargs) -> CaptionStream:
+def _stream(root: str, rank: int = 0, world_size: int = 1, **kwargs) -> CaptionStream:
     args = dict(batch_size=30, shuffle_buffer=50, seed=0, adapter_input="unit")
-    return CaptionStream(root, "train", **{**args, **kwargs})
+    cfg = TrainConfig(**{**args, **kwargs})
+    return CaptionStream(root, "train", cfg, rank=rank, world_size=world_size)
 
 
 def _keys(text: np.ndarray) -> list[bytes]:

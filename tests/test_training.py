@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from asymvlm import tables
 from asymvlm.checkpoints import load_checkpoint, save_checkpoint
 from asymvlm.methods import build_method
 from asymvlm.protocol import RunSpec, run_protocol, train
@@ -110,15 +109,6 @@ def test_frozen_reference_needs_no_training(small_world, tmp_path) -> None:
     assert loaded.name == "clip"
 
 
-def test_adapter_input_raw_uses_the_stored_norm(small_world) -> None:
-    raw = load_split(small_world, "test", "raw")
-    unit = load_split(small_world, "test", "unit")
-    norms = raw.text_emb.norm(dim=-1)
-    split = tables.read_split(small_world, "test")
-    np.testing.assert_allclose(norms.numpy(), split.text_norms, rtol=1e-5)
-    torch.testing.assert_close(unit.text_emb.norm(dim=-1), torch.ones(len(norms)))
-
-
 def test_fit_start_calibrates_the_adapter_input_scale(tmp_path) -> None:
     data = _toy_split()
     trainer = Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), data)
@@ -179,17 +169,8 @@ def test_an_untrained_method_reports_once_with_a_checkpoint_due(small_world, one
     """The frozen ``clip`` reports once with a checkpoint due (its Ray run keeps an adapter)."""
     from asymvlm.evaluation import evaluate_retrieval
 
-    base = _spec(small_world, epochs=3, checkpoint_every=2)
-    spec = RunSpec(
-        embeddings=small_world,
-        train=TrainConfig(
-            **{
-                **{k: getattr(base.train, k) for k in ("epochs", "lr", "seed", "device")},
-                "method": "clip",
-            }
-        ),
-        checkpoint_every=2,
-    )
+    cfg = _spec(small_world).train.model_copy(update={"method": "clip", "epochs": 3})
+    spec = RunSpec(embeddings=small_world, train=cfg, checkpoint_every=2)
     calls = []
 
     def on_epoch(row, trainer, history, due) -> None:
@@ -201,12 +182,6 @@ def test_an_untrained_method_reports_once_with_a_checkpoint_due(small_world, one
     frozen = evaluate_retrieval(build_method("clip", 16), load_split(small_world, "test"))
     for d in ("t2i", "i2t"):
         assert out["test"][d]["recall@1"] == frozen[d]["recall@1"]
-    # Trained methods are unchanged: one report per epoch, none after the last.
-    trained = []
-    run_protocol(
-        _spec(small_world, epochs=2), on_epoch=lambda row, *_: trained.append(row["epoch"])
-    )
-    assert trained == [1, 2]
 
 
 def test_the_protocol_holds_out_validation_images_when_the_tables_have_none(small_world) -> None:
@@ -259,23 +234,8 @@ def test_the_ray_train_entry_point_without_lr_takes_the_protocols(
         "run_training",
         lambda spec, *, name, **kw: runs.append((spec, name)) or {"history": [], "dim": 16},
     )
-    assert (
-        entry.main(
-            [
-                "--embeddings",
-                small_world,
-                "--method",
-                "asymvlm-vmf",
-                "--epochs",
-                "2",
-                "--set",
-                "hidden_dim=16",
-                "--val-split",
-                "",
-            ]
-        )
-        == 0
-    )
+    argv = f"--embeddings {small_world} --method asymvlm-vmf --epochs 2 --set hidden_dim=16"
+    assert entry.main([*argv.split(), "--val-split", ""]) == 0
     ((spec, name),) = runs
     assert (spec.train.lr, spec.train.optimizer, spec.train.hidden_dim) == (1e-2, "sgd", 16)
     assert spec.val_split is None and spec.test_split == "test"

@@ -110,8 +110,7 @@ class TrainingRun:
         device: str | torch.device | None = None,
         cache: SplitCache | None = None,
     ) -> None:
-        self.spec = spec
-        cfg = self.spec.train
+        self.spec, cfg = spec, spec.train
         if device is None:
             self.device = resolve_device(cfg.device)
         else:
@@ -119,34 +118,25 @@ class TrainingRun:
             cfg = cfg.model_copy(update={"device": str(self.device)})
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         torch.manual_seed(cfg.seed)
-        self.cache = cache
-        self.history: History = []
-        stream = open_stream(
-            cfg,
-            self.spec.embeddings,
-            self.spec.train_split,
-            rank=rank,
-            world_size=world_size,
-            device=self.device,
-        )
-        if stream is not None:
-            if spec.holds_out():
-                raise ConfigError(
-                    f"{spec.embeddings}/{spec.train_split} streams, and holding out "
-                    f"val_fraction={spec.val_fraction} of it is not supported: write a "
-                    f"{spec.val_split or 'val'} split to the tables or set stream='never'"
-                )
-            self.held_out = None
-            self.dim = stream.dim
-            self.method: Method = build_method(cfg.method, stream.dim, **cfg.method_args())
-            self.trainer: Trainer = StreamingTrainer(
-                self.method, cfg, stream, rank=rank, world_size=world_size
+        self.cache, self.history = cache, []
+        where = (spec.embeddings, spec.train_split)
+        stream = open_stream(cfg, *where, rank=rank, world_size=world_size, device=self.device)
+        if stream is not None and spec.holds_out():
+            raise ConfigError(
+                f"{spec.embeddings}/{spec.train_split} streams, and holding out "
+                f"val_fraction={spec.val_fraction} of it is not supported: write a "
+                f"{spec.val_split or 'val'} split to the tables or set stream='never'"
             )
-            return
-        data, self.held_out = training_data(self.spec, self.device, cache)
+        data, self.held_out = (
+            (stream.sample, None) if stream else training_data(spec, self.device, cache)
+        )
         self.dim = data.dim
-        self.method = build_method(cfg.method, data.dim, **cfg.method_args())
-        self.trainer = Trainer(self.method, cfg, data, rank=rank, world_size=world_size)
+        self.method: Method = build_method(cfg.method, data.dim, **cfg.method_args())
+        self.trainer: Trainer = (
+            StreamingTrainer(self.method, cfg, stream, rank=rank, world_size=world_size)
+            if stream
+            else Trainer(self.method, cfg, data, rank=rank, world_size=world_size)
+        )
 
     def resume(self, state: RunState) -> None:
         """Continue from ``state`` (the trainer's state and the history of its epochs)."""

@@ -4,14 +4,12 @@
 :mod:`asymvlm.protocol`.
 """
 
-from asymvlm.training.config import OPTIMIZER_KEYS, TrainConfig, autocast_dtype, resolve_device
-from asymvlm.training.packed import PACKABLE_FIELDS, PackedTrainer, check_packable
+from asymvlm.training.config import TrainConfig, autocast_dtype, resolve_device
+from asymvlm.training.packed import PackedTrainer, check_packable
 from asymvlm.training.stream import CaptionStream, StreamingTrainer, open_stream, use_streaming
 from asymvlm.training.trainer import EpochRow, History, Trainer, make_optimizer, steps_per_epoch
 
 __all__ = [
-    "OPTIMIZER_KEYS",
-    "PACKABLE_FIELDS",
     "CaptionStream",
     "EpochRow",
     "History",

@@ -12,7 +12,7 @@ from asymvlm.errors import ConfigError
 from asymvlm.methods import check_method_name
 from asymvlm.methods.official import optimizer_defaults
 
-__all__ = ["OPTIMIZER_KEYS", "TrainConfig", "autocast_dtype", "resolve_device"]
+__all__ = ["TrainConfig", "autocast_dtype", "resolve_device"]
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -67,7 +67,9 @@ class TrainConfig(BaseModel):
         "raw",
         description="raw = unnormalised text projection (embedding * norm), as the official code",
     )
-    device: str = Field("auto", description="cpu, cuda, cuda:1 ... or auto (cuda when available)")
+    device: str = Field(
+        "auto", pattern=_DEVICE.pattern, description="cpu, cuda, cuda:1 ... or auto (cuda if any)"
+    )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU"
     )
@@ -95,8 +97,7 @@ class TrainConfig(BaseModel):
         """Fill the optimiser settings left unset with the protocol's defaults for the method."""
         if not isinstance(data, dict):
             return data
-        method = data.get("method") or cls.model_fields["method"].default
-        protocol = data.get("protocol") or cls.model_fields["protocol"].default
+        method, protocol = data.get("method") or "asymvlm-vmf", data.get("protocol") or "improved"
         defaults = optimizer_defaults(str(method), str(protocol))
         return {**data, **{k: defaults[k] for k in OPTIMIZER_KEYS if data.get(k) is None}}
 
@@ -104,13 +105,6 @@ class TrainConfig(BaseModel):
     @classmethod
     def _known_method(cls, value: str) -> str:
         return check_method_name(value)
-
-    @field_validator("device")
-    @classmethod
-    def _device_name(cls, value: str) -> str:
-        if not _DEVICE.match(value):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
-        return value
 
     def method_args(self) -> dict[str, Any]:
         """``build_method`` arguments."""
@@ -125,11 +119,9 @@ def resolve_device(device: str = "auto") -> torch.device:
     if not _DEVICE.match(device):
         raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
     dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {device}: CUDA is not available on this machine")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} GPU(s)")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise ConfigError(f"--device {device}: CUDA is not available on this machine ({n} GPUs)")
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"--device {device}: MPS is not available on this machine")
     return dev
