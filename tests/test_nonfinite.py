@@ -16,7 +16,8 @@ from asymvlm.methods import build_method
 from asymvlm.metrics import retrieval_metrics
 from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import WorldConfig, write_world
-from asymvlm.training import Trainer, steps_per_epoch
+from asymvlm.training import Trainer
+from asymvlm.training.trainer import steps_per_epoch
 from tests.test_metrics import PAIRS, SCORES
 from tests.test_training import _cfg, _toy_split
 

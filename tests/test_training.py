@@ -10,7 +10,8 @@ from asymvlm.checkpoints import load_checkpoint, save_checkpoint
 from asymvlm.methods import build_method
 from asymvlm.protocol import RunSpec, run_protocol, train
 from asymvlm.splits import SplitTensors, hold_out_images, load_split
-from asymvlm.training import TrainConfig, Trainer, steps_per_epoch
+from asymvlm.training import TrainConfig, Trainer
+from asymvlm.training.trainer import steps_per_epoch
 
 
 def _toy_split(n_image: int = 40, n_text: int = 100, dim: int = 8, seed: int = 0) -> SplitTensors:

@@ -8,8 +8,7 @@ from typing import Any
 import torch
 
 from asymvlm.errors import ConfigError
-from asymvlm.protocol.run import eval_splits, log_epoch, results, training_data
-from asymvlm.protocol.spec import RunSpec
+from asymvlm.protocol.run import RunSpec, eval_splits, log_epoch, results, training_data
 from asymvlm.splits import SplitCache
 from asymvlm.training import (
     EpochRow,

@@ -1,10 +1,7 @@
-"""Packed trials: K runs of one method (other ``lr`` / ``seed``) trained as one batched model.
-
-Each member keeps its own :class:`~asymvlm.training.Trainer` (initialisation, global-RNG stream,
-permutations, optimiser, schedule, divergence checks); every step evaluates the K members' losses
-at once with ``torch.func.vmap(functional_call(...))`` over their stacked parameters, so member k
-ends where its unpacked run ends (to float rounding).
-"""
+"""Packed trials: K runs of one method (other ``lr`` / ``seed``) trained as one batched model,
+each member with its own :class:`~asymvlm.training.Trainer`; every step evaluates the K losses
+at once (``vmap(functional_call(...))`` over the stacked parameters), so member k ends where its
+unpacked run ends (to float rounding)."""
 
 from __future__ import annotations
 
@@ -17,14 +14,13 @@ from typing import Any
 import torch
 from torch.func import functional_call, vmap
 
-from asymvlm.distributed import GlobalBatchLoss, epoch_generator, is_distributed
+from asymvlm.distributed import GlobalBatchLoss, epoch_generator
 from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import Method, build_method
 from asymvlm.splits import SplitTensors
-from asymvlm.training.config import TrainConfig
-from asymvlm.training.trainer import EpochRow, History, Trainer, bad_code
+from asymvlm.training.trainer import EpochRow, History, TrainConfig, Trainer, bad_code
 
-__all__ = ["PACKABLE_FIELDS", "PackedTrainer", "check_packable", "require_alike"]
+__all__ = ["PackedTrainer", "check_packable", "require_alike"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +75,6 @@ class PackedTrainer:
     """
 
     def __init__(self, cfgs: Sequence[TrainConfig], data: SplitTensors) -> None:
-        if is_distributed():
-            raise ConfigError("packed trials run in one process; not inside a DDP group")
         check_packable(cfgs)
         self.cfgs, self.device = list(cfgs), data.image_emb.device
         self.methods: list[Method] = []

@@ -19,8 +19,7 @@ from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import METHODS, Method
 from asymvlm.splits import SplitTensors
 from asymvlm.storage import display, filesystem, join
-from asymvlm.training.config import TrainConfig
-from asymvlm.training.trainer import Trainer, layout, non_finite
+from asymvlm.training.trainer import TrainConfig, Trainer, layout, non_finite
 
 __all__ = ["CaptionStream", "StreamingTrainer", "open_stream", "split_bytes", "use_streaming"]
 
@@ -224,20 +223,8 @@ class StreamingTrainer(Trainer):
     """:class:`Trainer` over a :class:`CaptionStream`: its ``data`` is the stream's sample
     (``fit_start``, kappa probe), its batches and steps are the stream's."""
 
-    def __init__(
-        self,
-        method: Method,
-        cfg: TrainConfig,
-        stream: CaptionStream,
-        *,
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> None:
-        if not method.trainable:
-            raise ConfigError(f"{method.name} is not trained by SGD; it cannot stream")
-        if (stream.rank, stream.world_size) != (rank, world_size):
-            raise ValueError("the stream belongs to another worker")
-        self.stream = stream
+    def __init__(self, method: Method, cfg: TrainConfig, stream: CaptionStream) -> None:
+        self.stream, rank, world_size = stream, stream.rank, stream.world_size
         super().__init__(method, cfg, stream.sample, rank=rank, world_size=world_size)
 
     def _layout(self, n_text: int) -> tuple[int, int]:
