@@ -220,7 +220,7 @@ class Trainer:
                 self.optimizer, T_max=max(1, cfg.epochs * self.steps), eta_min=cfg.min_lr
             )
         generator = torch.Generator().manual_seed(0)  # a fixed caption sample for kappa stats
-        probe = torch.randperm(self.data.text_emb.shape[0], generator=generator)[:4096]
+        probe = torch.randperm(self.data.text_emb.shape[0], generator=generator)[:1024]
         self._probe = probe.to(self.device)
 
     def _layout(self, n_text: int) -> tuple[int, int]:
