@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -24,12 +23,6 @@ METHODS += ["pcmepp", "prolip", "probvlm", "elip"]
 DIM, BATCH, WORLD = 8, 12, 2
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     img, txt = rotated_pairs(BATCH, DIM, noise=0.3, seed=3)
     return img.double(), (2.0 * txt).double()
@@ -43,11 +36,9 @@ def _method(name: str):
     return method
 
 
-def _worker(rank: int, port: int, queue) -> None:
+def _worker(rank: int, store: str, queue) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
-    )
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     from torch.nn.parallel import DistributedDataParallel
 
     from asymvlm.distributed import GlobalBatchLoss
@@ -71,11 +62,11 @@ def _worker(rank: int, port: int, queue) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_worker_results() -> dict:
+def two_worker_results(tmp_path_factory) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, queue)) for r in range(WORLD)]
+    store = str(tmp_path_factory.mktemp("gloo") / "store")
+    procs = [ctx.Process(target=_worker, args=(r, store, queue)) for r in range(WORLD)]
     for p in procs:
         p.start()
     results = dict(queue.get(timeout=300) for _ in procs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 from typing import Any
 
@@ -142,12 +143,9 @@ class _Killed(Exception):
 
 def _roundtrip(state: dict) -> dict:
     """Through a file, as a checkpoint travels (loaded on the CPU)."""
-    import io
-
     buf = io.BytesIO()
     torch.save(state, buf)
-    buf.seek(0)
-    return torch.load(buf, map_location="cpu", weights_only=False)
+    return torch.load(io.BytesIO(buf.getvalue()), map_location="cpu", weights_only=False)
 
 
 def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(small_world, one_thread):
@@ -179,9 +177,7 @@ def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(small_worl
     resumed.fit()
     assert resumed.errors == whole.errors
     assert resumed.histories[1] == whole.histories[1] == []  # diverged in its first epoch
-    for k in range(3):
-        epochs = [row["epoch"] for row in whole.histories[k]]
-        assert [row["epoch"] for row in resumed.histories[k]] == epochs
+    for k in range(3):  # every epoch logged once, as in the pack never stopped
         _assert_close(resumed.histories[k], whole.histories[k])
         assert resumed.trainers[k].epoch == whole.trainers[k].epoch
         mine, theirs = resumed.methods[k].state_dict(), whole.methods[k].state_dict()
@@ -195,15 +191,8 @@ def test_a_pack_never_streams_it_says_so(small_world, tmp_path) -> None:
     split that would stream."""
     from pipelines.schema import sweep_config
 
-    doc = {
-        "embeddings": small_world,
-        "methods": ["asymvlm-vmf"],
-        "lr": [1e-3, 1e-2],
-        "seeds": [0],
-        "output": str(tmp_path / "o"),
-        "pack": 2,
-        "stream": "always",
-    }
+    doc = dict(embeddings=small_world, methods=["asymvlm-vmf"], lr=[1e-3, 1e-2], seeds=[0])
+    doc.update(output=str(tmp_path / "o"), pack=2, stream="always")
     with pytest.raises(ConfigError, match="pack > 1 .* cannot stream it"):
         sweep_config(doc, "space.yaml")
     sweep_config({**doc, "stream": "never"}, "space.yaml")  # in memory: fine
