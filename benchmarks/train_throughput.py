@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trainer.start()
     torch.manual_seed(0)
     naive = DataLoaderLoop(build_method(args.method, args.dim, **cfg.method_args()), cfg, data)
+    naive.method.load_state_dict(trainer.method.state_dict())  # the same (calibrated) model
 
     # Per-step times inside the real train_epoch (an instance attribute shadows the method).
     step_times: list[float] = []
