@@ -12,16 +12,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.nn.functional import all_gather
 
-from asymvlm.methods import Encoding, Method
+from asymvlm.methods import Method
 
-__all__ = [
-    "GlobalBatchLoss",
-    "epoch_generator",
-    "gather_encoding",
-    "global_batch_loss",
-    "is_distributed",
-    "shard_rows",
-]
+__all__ = ["GlobalBatchLoss", "epoch_generator", "is_distributed", "shard_rows"]
 
 
 def is_distributed() -> bool:
@@ -29,28 +22,10 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def gather_encoding(encoding: Encoding) -> Encoding:
-    """Every worker's rows (equal counts, in rank order); each worker's gradient reaches its
-    own rows summed over the workers' (identical) global losses."""
-    if not is_distributed():
-        return encoding
-    return {key: torch.cat(all_gather(value), dim=0) for key, value in encoding.items()}
-
-
-def global_batch_loss(
-    method: Method, image_emb: torch.Tensor, text_emb: torch.Tensor, *, epoch: int = 0
-) -> torch.Tensor:
-    """``method``'s loss over the global batch: local encodings, all-gathered, then the objective.
-
-    Outside a process group (or with one worker) this is ``method.loss`` exactly.
-    """
-    images, texts = method.loss_features(image_emb, text_emb)
-    return method.pair_loss(gather_encoding(images), gather_encoding(texts), epoch=epoch)
-
-
 class GlobalBatchLoss(nn.Module):
-    """``forward(image_emb, text_emb, epoch)`` = :func:`global_batch_loss`, for wrapping in
-    ``DistributedDataParallel`` (whose gradient hooks need the loss computed in a forward)."""
+    """``method``'s loss over the global batch: local encodings, all-gathered (every worker's
+    rows in rank order; each worker's gradient reaches its own rows), then the objective. A
+    module, for ``DistributedDataParallel``; outside a process group it is ``method.loss``."""
 
     def __init__(self, method: Method) -> None:
         super().__init__()
@@ -59,7 +34,13 @@ class GlobalBatchLoss(nn.Module):
     def forward(
         self, image_emb: torch.Tensor, text_emb: torch.Tensor, epoch: int = 0
     ) -> torch.Tensor:
-        return global_batch_loss(self.method, image_emb, text_emb, epoch=epoch)
+        images, texts = self.method.loss_features(image_emb, text_emb)
+        if is_distributed():
+            images, texts = (
+                {key: torch.cat(all_gather(value), dim=0) for key, value in enc.items()}
+                for enc in (images, texts)
+            )
+        return self.method.pair_loss(images, texts, epoch=epoch)
 
 
 def shard_rows(n: int, rank: int, world_size: int, seed: int) -> torch.Tensor:

@@ -1,13 +1,14 @@
 """Directional distributions on the unit sphere S^{d-1} (paper Sec. 4.2), ``loc`` = mu and
 ``scale`` = kappa: :class:`VonMisesFisher` (exact log-normaliser through a stable log-Bessel) and
-:class:`PowerSpherical` (De Cao & Aziz, 2020). F_d (App. A.1, Eq. 4) is the training kernel."""
+:class:`PowerSpherical` (De Cao & Aziz, 2020), their densities and entropies. F_d (App. A.1,
+Eq. 4) is the training kernel."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-from torch.distributions import Beta, Distribution, constraints
+from torch.distributions import Distribution, constraints
 
 __all__ = [
     "PowerSpherical",
@@ -83,12 +84,10 @@ def ps_log_normalizer(kappa: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class _Spherical(Distribution):
-    """Rotationally symmetric around ``loc``: x = (w, sqrt(1 - w^2) v) around e_1, v uniform on
-    S^{d-2}, reflected onto ``loc``; subclasses give the marginal of w = mu^T x."""
+    """Rotationally symmetric around ``loc`` on the unit sphere."""
 
     arg_constraints = {"loc": constraints.real_vector, "scale": constraints.nonnegative}
     support = constraints.real_vector  # the unit sphere; torch has no such constraint
-    has_rsample = True
 
     def __init__(self, loc: torch.Tensor, scale: torch.Tensor, validate_args: bool | None = None):
         scale = torch.as_tensor(scale, dtype=loc.dtype, device=loc.device)
@@ -97,24 +96,13 @@ class _Spherical(Distribution):
         self.dim = loc.shape[-1]
         super().__init__(batch_shape, torch.Size([self.dim]), validate_args=validate_args)
 
-    def rsample(self, sample_shape: torch.Size | tuple = ()) -> torch.Tensor:
-        w = self._marginal_w(torch.Size(sample_shape)).unsqueeze(-1)
-        v = torch.randn(*w.shape[:-1], self.dim - 1, dtype=w.dtype, device=w.device)
-        v = v / v.norm(dim=-1, keepdim=True)
-        x = torch.cat([w, (1.0 - w * w).clamp_min(0.0).sqrt() * v], -1)
-        u = -self.loc.expand(x.shape).clone()
-        u[..., 0] += 1.0  # Householder reflection taking e_1 to loc
-        u = u / u.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        return x - 2.0 * (x * u).sum(-1, keepdim=True) * u
-
     @property
     def mean(self) -> torch.Tensor:
         return self.mean_resultant_length().unsqueeze(-1) * self.loc
 
 
 class VonMisesFisher(_Spherical):
-    """vMF(mu, kappa): p(x) = C_d(kappa) exp(kappa mu^T x) (Sec. 4.2); ``rsample`` by Wood's
-    (1994) rejection sampler, w = h(eps, kappa) differentiable in kappa (Davidson et al., 2018)."""
+    """vMF(mu, kappa): p(x) = C_d(kappa) exp(kappa mu^T x) (Sec. 4.2)."""
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         return vmf_log_normalizer(self.scale, self.dim) + self.scale * (self.loc * value).sum(-1)
@@ -129,29 +117,10 @@ class VonMisesFisher(_Spherical):
         log_c = vmf_log_normalizer(self.scale, self.dim)
         return -log_c - self.scale * self.mean_resultant_length()
 
-    def _marginal_w(self, sample_shape: torch.Size) -> torch.Tensor:
-        m1 = float(self.dim - 1)
-        kappa = self.scale.to(torch.float64).expand(sample_shape + self.batch_shape)
-        kappa = kappa.clamp_min(1e-12)
-        k = kappa.detach()
-        b = m1 / (2.0 * k + torch.sqrt(4.0 * k * k + m1 * m1))  # stable form of Wood's b
-        x0 = (1.0 - b) / (1.0 + b)
-        c = k * x0 + m1 * torch.log1p(-x0 * x0)
-        proposal = Beta(torch.full_like(k, m1 / 2.0), torch.full_like(k, m1 / 2.0))
-        eps, todo = torch.empty_like(k), torch.ones_like(k, dtype=torch.bool)
-        while todo.any():  # acceptance rate > 0.5 for every kappa and d
-            z = proposal.sample()
-            w = (1.0 - (1.0 + b) * z) / (1.0 - (1.0 - b) * z)
-            accept = todo & (k * w + m1 * torch.log1p(-x0 * w) - c >= torch.rand_like(z).log())
-            eps, todo = torch.where(accept, z, eps), todo & ~accept
-        b = m1 / (2.0 * kappa + torch.sqrt(4.0 * kappa * kappa + m1 * m1))
-        w = (1.0 - (1.0 + b) * eps) / (1.0 - (1.0 - b) * eps)
-        return w.clamp(-1.0, 1.0).to(self.loc.dtype)
-
 
 class PowerSpherical(_Spherical):
-    """PS(mu, kappa): p(x) = C_d(kappa) (1 + mu^T x)^kappa (Sec. 4.2), exact reparameterised
-    sampling: (1 + mu^T x) / 2 ~ Beta((d-1)/2 + kappa, (d-1)/2)."""
+    """PS(mu, kappa): p(x) = C_d(kappa) (1 + mu^T x)^kappa (Sec. 4.2); (1 + mu^T x) / 2 ~
+    Beta((d-1)/2 + kappa, (d-1)/2)."""
 
     def _alpha_beta(self) -> tuple[torch.Tensor, torch.Tensor]:
         beta = torch.full_like(self.scale, (self.dim - 1) / 2.0)
@@ -169,6 +138,3 @@ class PowerSpherical(_Spherical):
         alpha, beta = self._alpha_beta()
         expected_log = math.log(2.0) + torch.digamma(alpha) - torch.digamma(alpha + beta)
         return -(ps_log_normalizer(self.scale, self.dim) + self.scale * expected_log)
-
-    def _marginal_w(self, sample_shape: torch.Size) -> torch.Tensor:
-        return 2.0 * Beta(*self._alpha_beta()).rsample(sample_shape) - 1.0

@@ -5,7 +5,7 @@ in-memory split of a small world (d = 64 by default: unit images, raw texts, a c
 index) this script trains K such trials (lr spread over a factor of 4, seeds 0..K-1) both ways
 and times them side by side, interleaved (A, B, then B, A, ...) so that machine noise hits both:
 
-* **packed**: ``PackedTrainer.build(cfgs, data).fit()`` -- every step is one vmapped forward
+* **packed**: ``PackedTrainer(cfgs, data).fit()`` -- every step is one vmapped forward
   and backward pass over the K members' stacked parameters and batches;
 * **sequential**: for each trial, what ``TrainingRun`` does -- ``torch.manual_seed(seed)``,
   ``build_method``, ``Trainer(...).fit()`` -- one after another.
@@ -63,7 +63,7 @@ def configs(args: argparse.Namespace) -> list[TrainConfig]:
 
 def run_packed(cfgs: list[TrainConfig], data: SplitTensors) -> list[float]:
     """Train the K trials packed; their final epoch losses."""
-    pack = PackedTrainer.build(cfgs, data)
+    pack = PackedTrainer(cfgs, data)
     histories = pack.fit()
     return [h[-1]["train_loss"] if h else float("nan") for h in histories]
 

@@ -22,13 +22,7 @@ from asymvlm.training import EpochRow, History, Trainer
 from pipelines.schema import FaultInjection
 from pipelines.session import require_ray
 
-__all__ = [
-    "checkpoint_folder",
-    "maybe_inject_failure",
-    "run_training",
-    "train_loop_per_worker",
-    "worker_logging",
-]
+__all__ = ["checkpoint_folder", "maybe_inject_failure", "run_training", "worker_logging"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +38,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     rank, world_size = context.get_world_rank(), context.get_world_size()
     worker_logging(rank)
     state = None
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
+    if (checkpoint := ray.train.get_checkpoint()) is not None:
         with checkpoint.as_directory() as directory:
             state = read_run_state(directory)
 
     def on_epoch(row: EpochRow, trainer: Trainer, history: History, due: bool) -> None:
-        if due:
-            with checkpoint_folder(trainer, history, rank == 0) as folder:
-                ckpt = ray.train.Checkpoint.from_directory(folder) if folder else None
-                ray.train.report(row, checkpoint=ckpt)
+        if due and rank == 0:  # rank 0 writes the one copy of the replicated state
+            with checkpoint_folder(trainer, history) as folder:
+                ray.train.report(row, checkpoint=ray.train.Checkpoint.from_directory(folder))
         else:
             ray.train.report(row)
         maybe_inject_failure(fault, trainer.epoch, rank)
@@ -69,18 +61,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def checkpoint_folder(
-    trainer: Trainer, history: History, write: bool = True
-) -> Iterator[str | None]:
-    """A temporary checkpoint folder of the run where ``trainer`` stands, to report to Ray
-    (None unless ``write``: rank 0 writes the one copy of the replicated state)."""
-    if not write:
-        yield None
-        return
+def checkpoint_folder(trainer: Trainer, history: History) -> Iterator[str]:
+    """A temporary checkpoint folder of the run where ``trainer`` stands, to report to Ray."""
     with tempfile.TemporaryDirectory() as tmp:
-        folder = os.path.join(tmp, "checkpoint")
-        save_run_checkpoint(folder, trainer, history)
-        yield folder
+        save_run_checkpoint(os.path.join(tmp, "checkpoint"), trainer, history)
+        yield os.path.join(tmp, "checkpoint")
 
 
 def maybe_inject_failure(fault: FaultInjection | None, epoch: int, rank: int) -> None:
@@ -94,29 +79,19 @@ def maybe_inject_failure(fault: FaultInjection | None, epoch: int, rank: int) ->
             fh.write(f"worker {rank}: {fault.action} after epoch {epoch}\n")
         if fault.action == "pause":
             logger.warning(
-                "injected pause: worker %d holds for %.0f s after epoch %d",
-                rank,
-                fault.seconds,
-                epoch,
+                f"injected pause: worker {rank} holds for {fault.seconds:.0f} s after epoch {epoch}"
             )
             time.sleep(fault.seconds)
-            return
-        logger.warning("injected failure: worker %d is killed after epoch %d", rank, epoch)
-        os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            logger.warning(f"injected failure: worker {rank} is killed after epoch {epoch}")
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when a record comes (Ray redirects it)."""
 
     worker_handler = True  # marks ours (the class itself may be shipped anew by value)
-
-    @property
-    def stream(self):  # type: ignore[override]
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
+    stream = property(lambda self: sys.stderr, lambda self, value: None)  # type: ignore[assignment]
 
 
 def worker_logging(rank: int, label: str = "train rank") -> None:

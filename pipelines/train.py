@@ -26,16 +26,7 @@ from pipelines.ray_train import run_training  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
 
 #: The training flags (the others are --set keys).
-TRAIN_FLAGS = (
-    "method",
-    "protocol",
-    "epochs",
-    "lr",
-    "optimizer",
-    "batch_size",
-    "hidden_dim",
-    "seed",
-)
+TRAIN_FLAGS = "method protocol epochs lr optimizer batch_size hidden_dim seed".split()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                 cpus_per_worker=args.cpus_per_worker,
                 max_failures=args.max_failures,
             )
-        summary = {k: v for k, v in out.items() if k != "history"}
-        sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
+        out.pop("history", None)
+        sys.stdout.write(json.dumps(out, indent=2, default=str) + "\n")
         return 0
 
     return guarded(run)

@@ -56,6 +56,11 @@ def test_vmf_log_prob_matches_scipy(dim: int) -> None:
             log_c = v * math.log(kappa) - dim / 2 * math.log(2 * math.pi) - _mp_log_iv(v, kappa)
             ref = log_c + kappa * (x @ mu).numpy()
         np.testing.assert_allclose(ours, ref, rtol=1e-9, atol=1e-9)
+        with np.errstate(all="ignore"):
+            ref = vonmises_fisher(mu.numpy(), kappa).entropy()
+        if np.isfinite(ref) and kappa < 1e5:  # scipy's underflows or loses digits
+            entropy = VonMisesFisher(mu, torch.tensor(kappa, dtype=F64)).entropy()
+            np.testing.assert_allclose(float(entropy), ref, rtol=1e-7, atol=1e-7)
 
 
 def test_normalisers_at_small_kappa_are_the_uniform_density() -> None:
@@ -113,34 +118,6 @@ def test_power_spherical_matches_reference_package_and_paper(dim: int) -> None:
         ours, ref = PowerSpherical(mu, k), ref_pkg.PowerSpherical(mu, k)
         np.testing.assert_allclose(ours.log_prob(x).numpy(), ref.log_prob(x).numpy(), rtol=1e-10)
         np.testing.assert_allclose(ours.entropy().numpy(), ref.entropy().numpy(), rtol=1e-10)
-    k = torch.tensor([0.0, 1.0, 77.0, 5000.0], dtype=F64)
-    paper = (  # Sec. 4.2
-        -(dim - 1 + k) * math.log(2)
-        - torch.lgamma((dim - 1) / 2 + k)
-        + torch.lgamma(dim - 1 + k)
-        - (dim - 1) / 2 * math.log(math.pi)
-    )
-    np.testing.assert_allclose(ps_log_normalizer(k, dim).numpy(), paper.numpy(), rtol=1e-12)
-
-
-@pytest.mark.parametrize("cls", CLASSES)
-@pytest.mark.parametrize("dim,kappa", [(3, 0.5), (3, 20.0), (64, 200.0), (512, 50.0)])
-def test_samples_have_the_distributions_moments(cls, dim: int, kappa: float) -> None:
-    """Unit samples whose mean cosine to mu is the mean resultant length, isotropic around mu,
-    and whose mean -log_prob is the entropy."""
-    torch.manual_seed(0)
-    mu = _unit(dim, seed=11)
-    dist = cls(mu, torch.tensor(kappa, dtype=F64))
-    x = dist.sample((5000,))
-    np.testing.assert_allclose(x.norm(dim=-1).numpy(), 1.0, atol=1e-9)
-    cos = x @ mu
-    assert (
-        abs(float(cos.mean() - dist.mean_resultant_length()))
-        < 5 * float(cos.std()) / math.sqrt(5000) + 1e-4
-    )
-    assert (x - cos[:, None] * mu).mean(0).norm() < 5 * math.sqrt(dim / 5000)
-    nll = -dist.log_prob(x)
-    assert abs(float(nll.mean() - dist.entropy())) < 5 * float(nll.std()) / math.sqrt(5000) + 1e-6
 
 
 def test_vmf_mean_resultant_length_against_scipy_samples() -> None:
@@ -150,28 +127,12 @@ def test_vmf_mean_resultant_length_against_scipy_samples() -> None:
 
 
 @pytest.mark.parametrize("cls", CLASSES)
-def test_shapes_gradients_and_concentration(cls) -> None:
-    """Batch shapes broadcast; rsample is differentiable in loc and scale; density at the mode
-    rises and entropy falls with kappa."""
+def test_shapes_and_concentration(cls) -> None:
+    """Batch shapes broadcast; density at the mode rises and entropy falls with kappa."""
     loc, scale = _unit(4, 3, 8), torch.rand(4, 3, dtype=F64) * 10
     d = cls(loc, scale)
-    assert (
-        d.batch_shape == (4, 3)
-        and d.event_shape == (8,)
-        and cls(loc[0, 0], scale[0]).batch_shape == (3,)
-    )
-    s = d.rsample((5,))
-    assert (
-        s.shape == (5, 4, 3, 8) and d.log_prob(s).shape == (5, 4, 3) and d.mean.shape == (4, 3, 8)
-    )
-    torch.manual_seed(0)
-    loc = _unit(16).requires_grad_(True)
-    scale = torch.tensor(5.0, dtype=F64, requires_grad=True)
-    (cls(loc / loc.norm(), scale).rsample((256,))[:, 3]).mean().backward()
-    assert (
-        loc.grad.abs().sum() > 0 and torch.isfinite(loc.grad).all() and torch.isfinite(scale.grad)
-    )
+    assert (d.batch_shape, d.event_shape, d.mean.shape) == ((4, 3), (8,), (4, 3, 8))
+    assert cls(loc[0, 0], scale[0]).batch_shape == (3,) and d.log_prob(loc).shape == (4, 3)
     mu, k = _unit(32), torch.tensor([1.0, 10.0, 100.0], dtype=F64)
-    assert torch.all(cls(mu, k).log_prob(mu).diff() > 0) and torch.all(
-        cls(mu, k).entropy().diff() < 0
-    )
+    assert torch.all(cls(mu, k).log_prob(mu).diff() > 0)
+    assert torch.all(cls(mu, k).entropy().diff() < 0)

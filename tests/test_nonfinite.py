@@ -16,7 +16,8 @@ from asymvlm.methods import build_method
 from asymvlm.metrics import retrieval_metrics
 from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import WorldConfig, write_world
-from asymvlm.training import TrainConfig, Trainer, steps_per_epoch
+from asymvlm.training import Trainer
+from asymvlm.training.trainer import steps_per_epoch
 from tests.test_metrics import PAIRS, SCORES
 from tests.test_training import _cfg, _toy_split
 
@@ -27,15 +28,10 @@ NAN, INF = float("nan"), float("inf")
 KS = (1, 2, 5)
 
 
-def _metrics(scores: torch.Tensor, pairs: torch.Tensor = PAIRS, chunk_size: int = 4, **kw):
+def _metrics(scores: torch.Tensor, chunk_size: int = 4):
+    n_text, n_image = scores.shape
     return retrieval_metrics(
-        lambda a, b: scores[a:b],
-        scores.shape[0],
-        scores.shape[1],
-        pairs,
-        ks=kw.pop("ks", KS),
-        chunk_size=chunk_size,
-        **kw,
+        lambda a, b: scores[a:b], n_text, n_image, PAIRS, ks=KS, chunk_size=chunk_size
     )
 
 
@@ -45,51 +41,13 @@ def _recalls(res: dict) -> dict[str, list[float]]:
 
 # -- retrieval_metrics ------------------------------------------------------------------------
 @pytest.mark.parametrize("value", [NAN, INF, -INF])
-@pytest.mark.parametrize("chunk_size", [1, 4, 100])
-def test_an_all_non_finite_matrix_has_zero_recall(value, chunk_size) -> None:
-    res = _metrics(torch.full((6, 3), value), chunk_size=chunk_size)
-    # K=5 exceeds the gallery: today's "rank < K" would count every caption as a hit.
-    assert _recalls(res) == {"t2i": [0.0, 0.0, 0.0], "i2t": [0.0, 0.0, 0.0]}
-
-
-@pytest.mark.parametrize("value", [NAN, INF, -INF])
-def test_non_finite_paired_scores_are_misses(value) -> None:
-    scores = SCORES.clone()
+@pytest.mark.parametrize("everywhere", [True, False])
+def test_non_finite_pairs_are_misses(value, everywhere) -> None:
+    scores = torch.full((6, 3), value) if everywhere else SCORES.clone()
     scores[torch.arange(6), PAIRS] = value
-    res = _metrics(scores)
-    assert _recalls(res) == {"t2i": [0.0, 0.0, 0.0], "i2t": [0.0, 0.0, 0.0]}
-
-
-def test_one_nan_pair_costs_exactly_its_caption() -> None:
-    scores = SCORES.clone()
-    scores[0, 0] = NAN  # c0 was a t2i hit@1 and img0's only i2t hit@1 (c0 tops its column)
-    res = _metrics(scores)
-    # t2i: c0 misses at every K -> R@1 3/6, R@2 4/6, R@5 5/6.
-    # i2t: img0's column without c0: c3 .6 (img1), c5 .5 (img2), c1 .2 (img0) -> rank 2.
-    assert res["t2i"]["recall@1"] == pytest.approx(3 / 6)
-    assert res["t2i"]["recall@2"] == pytest.approx(4 / 6)
-    assert res["t2i"]["recall@5"] == pytest.approx(5 / 6)
-    assert res["i2t"]["recall@1"] == pytest.approx(1 / 3)
-    assert res["i2t"]["recall@2"] == pytest.approx(2 / 3)
-    assert res["i2t"]["recall@5"] == pytest.approx(1.0)
-
-
-@pytest.mark.parametrize("chunk_size", [1, 4, 100])
-def test_inf_entries_do_not_win(chunk_size) -> None:
-    scores = SCORES.clone()
-    scores[0, 1] = INF  # c0 (img0, .9) against img1: would outrank c0's pair and top img1
-    scores[3, 2] = NAN  # c3 (img1, .2) against img2 (.5 before): no longer above c3's pair
-    before = scores.clone()
-    res = _metrics(scores, chunk_size=chunk_size)
-    assert torch.equal(scores.nan_to_num(), before.nan_to_num())  # the caller's tensor as it was
-    assert scores[3, 2].isnan()
-    # t2i: c0 still hits@1; c3's pair now ranks 2nd (img0 .6 above) -> R@2 = 6/6.
-    # i2t: img1's column is c1 .8, c2 .7 (hit@2) as before; img2's top is still c5.
-    assert _recalls(res) == {"t2i": [4 / 6, 1.0, 1.0], "i2t": [2 / 3, 1.0, 1.0]}
-    # Non-finite entries act exactly like the worst finite score.
-    worst = SCORES.clone()
-    worst[0, 1] = worst[3, 2] = -1e9
-    assert _recalls(res) == _recalls(_metrics(worst, chunk_size=chunk_size))
+    for chunk_size in (1, 4, 100):  # K=5 exceeds the gallery: only finite pairs may count
+        res = _metrics(scores, chunk_size=chunk_size)
+        assert _recalls(res) == {"t2i": [0.0, 0.0, 0.0], "i2t": [0.0, 0.0, 0.0]}
 
 
 def _reference(scores: torch.Tensor, pairs: torch.Tensor, ks) -> dict[str, list[float]]:
@@ -134,10 +92,12 @@ def test_random_non_finite_entries_match_the_reference_for_every_chunk_size(quan
     ks = (1, 5, 10, 40)  # 40 > n_image: only finite pairs may count
     ref = _reference(scores, pairs, ks)
     assert 0.0 < ref["t2i"][0] < ref["t2i"][3] < 1.0  # not degenerate
+    before = scores.clone()
     for chunk_size in (1, 7, 64, 1000):
         res = retrieval_metrics(
             lambda a, b: scores[a:b], n_text, n_image, pairs, ks=ks, chunk_size=chunk_size
         )
+        assert torch.equal(scores.nan_to_num(), before.nan_to_num())  # the caller's, as it was
         for direction in ("t2i", "i2t"):
             got = [res[direction][f"recall@{k}"] for k in ks]
             assert got == pytest.approx(ref[direction], abs=1e-12), (direction, chunk_size)
@@ -151,38 +111,31 @@ def test_split(tmp_path_factory) -> SplitTensors:
     return load_split(str(root), "test")
 
 
-def _corrupt(method, attr: str, key: str, row: int):
+@pytest.mark.parametrize(
+    "name,attr,key,row,kind",
+    [
+        ("asymvlm-vmf", "encode_texts", "kappa", 17, "caption"),
+        ("symvlm", "encode_images", "mu", 5, "image"),
+    ],
+)
+def test_a_non_finite_encoding_names_its_caption_or_image(test_split, name, attr, key, row, kind):
+    method = build_method(name, 8, hidden_dim=8, depth=1)
     original = getattr(method, attr)
 
     def broken(x):
         out = original(x)
-        value = out[key].clone()
-        value[row] = NAN
-        return {**out, key: value}
+        out[key] = out[key].clone().index_fill_(0, torch.tensor([row]), NAN)
+        return out
 
     setattr(method, attr, broken)
-
-
-def test_non_finite_kappa_names_the_caption(test_split) -> None:
-    method = build_method("asymvlm-vmf", 8, hidden_dim=8, depth=1)
-    _corrupt(method, "encode_texts", "kappa", 17)
-    caption = test_split.split.caption_ids[17]
-    expected = f"asymvlm-vmf: non-finite kappa for caption '{caption}' (row 17)"
-    with pytest.raises(NonFiniteError) as err:
-        evaluate_retrieval(method, test_split)
-    assert str(err.value) == expected
-    with pytest.raises(NonFiniteError) as err:
-        caption_scores(method, test_split)
-    assert str(err.value) == expected
-
-
-def test_non_finite_image_encoding_names_the_image(test_split) -> None:
-    method = build_method("symvlm", 8, hidden_dim=8, depth=1)
-    _corrupt(method, "encode_images", "mu", 5)
-    image = test_split.split.image_ids[5]
-    with pytest.raises(NonFiniteError) as err:
-        evaluate_retrieval(method, test_split)
-    assert str(err.value) == f"symvlm: non-finite mu for image '{image}' (row 5)"
+    ident = getattr(test_split.split, f"{kind}_ids")[row]
+    expected = f"{name}: non-finite {key} for {kind} '{ident}' (row {row})"
+    for evaluate in (
+        (evaluate_retrieval, caption_scores) if kind == "caption" else (evaluate_retrieval,)
+    ):
+        with pytest.raises(NonFiniteError) as err:
+            evaluate(method, test_split)
+        assert str(err.value) == expected
 
 
 def test_non_finite_score_names_caption_and_image(test_split) -> None:
@@ -217,97 +170,42 @@ def test_no_registered_method_raises_a_false_alarm(test_split) -> None:
         assert caption_scores(method, test_split).num_rows == 24
 
 
-# -- training stops at the first non-finite step -----------------------------------------------
+# -- training stops at the end of the epoch of the first non-finite step -----------------------
+def _trainer() -> Trainer:
+    torch.manual_seed(0)  # 100 captions, batch 32: 3 steps per epoch
+    return Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), _toy_split())
 
 
-def _inject_nan_at_call(method, call: int) -> list[int]:
-    """Make the ``call``-th batch (1-based) carry a NaN caption embedding."""
-    calls = [0]
-    original = method.loss_features
+def test_the_first_bad_step_is_named_and_its_epoch_dropped() -> None:
+    trainer = _trainer()
+    calls, original = [0], trainer.method.loss_features
 
-    def spy(image_emb, text_emb):
+    def spy(image_emb, text_emb):  # the 5th batch (epoch 2, step 2) carries a NaN caption
         calls[0] += 1
-        if calls[0] == call:
+        if calls[0] == 5:
             text_emb = text_emb.clone()
             text_emb[3, 0] = NAN
         return original(image_emb, text_emb)
 
-    method.loss_features = spy
-    return calls
-
-
-def test_the_exact_step_is_named_and_its_update_skipped_on_cpu() -> None:
-    torch.manual_seed(0)
-    method = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2)
-    trainer = Trainer(method, _cfg(), _toy_split())  # 100 captions, batch 32: 3 steps/epoch
-    _inject_nan_at_call(method, 5)  # epoch 2, step 2
-    snapshots = []
-    trainer.optimizer.register_step_post_hook(
-        lambda *_: snapshots.append({k: v.clone() for k, v in method.state_dict().items()})
-    )
+    trainer.method.loss_features = spy
     with pytest.raises(NonFiniteError) as err:
         trainer.fit(progress=False)
-    assert str(err.value).startswith(
-        "non-finite loss and gradient at epoch 2 of 4, step 2 of 3 (asymvlm-vmf, sgd lr 0.01)"
-    )
-    assert len(snapshots) == 4  # steps 1-4 updated, the bad 5th did not
-    for key, value in method.state_dict().items():
-        assert torch.equal(value, snapshots[-1][key])
-
-
-def test_accelerators_record_the_first_bad_step_and_stop_at_the_epoch_end() -> None:
-    # The device-side path (no host sync per step), exercised on the CPU.
-    torch.manual_seed(0)
-    method = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2)
-    trainer = Trainer(method, _cfg(), _toy_split())
-    trainer.sync_free = False
-    calls = _inject_nan_at_call(method, 5)
-    with pytest.raises(NonFiniteError) as err:
-        trainer.fit(progress=False)
-    assert str(err.value).startswith(
-        "non-finite loss or gradient at epoch 2 of 4, step 2 of 3 (detected at the end of the "
-        "epoch) (asymvlm-vmf, sgd lr 0.01)"
+    assert str(err.value) == (
+        "non-finite loss and gradient at epoch 2 of 4, step 2 of 3 (asymvlm-vmf, sgd lr 0.01): "
+        "the run diverged; lower the learning rate"
     )
     assert calls[0] == 6 and trainer.epoch == 1  # ran to the end of epoch 2, which is dropped
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_real_divergence_on_cuda_is_caught_by_the_end_of_the_epoch(small_world) -> None:
-    data = load_split(small_world, "train", device="cuda")
-    cfg = TrainConfig(
-        method="asymvlm-vmf",
-        epochs=5,
-        lr=5.0,
-        optimizer="sgd",
-        batch_size=128,
-        hidden_dim=16,
-        depth=2,
-        device="cuda",
-        precision="fp32",
-    )
-    torch.manual_seed(0)
-    trainer = Trainer(build_method("asymvlm-vmf", data.dim, **cfg.method_args()), cfg, data)
-    assert not trainer.sync_free
-    with pytest.raises(
-        NonFiniteError,
-        match=r"^non-finite .* at epoch 1 of 5, step \d of 7 "
-        r"\(detected at the end of the epoch\)",
-    ):
-        trainer.fit(progress=False)
-    assert trainer.epoch == 0
-
-
 def test_a_non_finite_gradient_with_a_finite_loss() -> None:
-    torch.manual_seed(0)
-    method = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2)
-    trainer = Trainer(method, _cfg(), _toy_split())
+    trainer = _trainer()
     calls = [0]
 
     def poison(grad: torch.Tensor) -> torch.Tensor:
         calls[0] += 1
         return grad * INF if calls[0] == 3 else grad
 
-    next(p for p in method.parameters() if p.requires_grad).register_hook(poison)
+    next(p for p in trainer.method.parameters() if p.requires_grad).register_hook(poison)
     with pytest.raises(NonFiniteError, match=r"^non-finite gradient at epoch 1 of 4, step 3 of 3 "):
         trainer.fit(progress=False)
 

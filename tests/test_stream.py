@@ -21,9 +21,10 @@ def parted_world(tmp_path_factory) -> str:
     return write_world(str(root), small_world_config(block_images=20), shard_images=40)
 
 
-def _stream(root: str, **kwargs) -> CaptionStream:
+def _stream(root: str, rank: int = 0, world_size: int = 1, **kwargs) -> CaptionStream:
     args = dict(batch_size=30, shuffle_buffer=50, seed=0, adapter_input="unit")
-    return CaptionStream(root, "train", **{**args, **kwargs})
+    cfg = TrainConfig(**{**args, **kwargs})
+    return CaptionStream(root, "train", cfg, rank=rank, world_size=world_size)
 
 
 def _keys(text: np.ndarray) -> list[bytes]:
@@ -89,27 +90,14 @@ def test_auto_streams_above_the_threshold_only(parted_world):
     high = TrainingRun(RunSpec(**spec, train=cfg))
     assert isinstance(low.trainer, StreamingTrainer)
     assert type(high.trainer).__name__ == "Trainer"
+    always = cfg.model_copy(update={"stream": "always"})
+    with pytest.raises(ConfigError, match="val_fraction"):  # holding out needs the split
+        TrainingRun(RunSpec(embeddings=parted_world, train=always, val_split="-", val_fraction=0.1))
 
 
-def test_hold_out_is_refused_in_streaming_mode(parted_world):
-    cfg = TrainConfig(method="asymvlm-vmf", epochs=1, device="cpu", stream="always")
-    spec = RunSpec(embeddings=parted_world, train=cfg, val_split="none", val_fraction=0.1)
-    with pytest.raises(ConfigError, match="val_fraction"):
-        TrainingRun(spec)
-
-
-def _run(root: str, stream: str, epochs: int = 20) -> dict:
-    cfg = TrainConfig(
-        method="asymvlm-vmf",
-        epochs=epochs,
-        batch_size=60,
-        hidden_dim=64,
-        depth=2,
-        device="cpu",
-        stream=stream,
-        shuffle_buffer=60,
-    )
-    out = run_protocol(RunSpec(embeddings=root, train=cfg))
+def _run(root: str, stream: str) -> dict:
+    cfg = dict(batch_size=60, hidden_dim=64, depth=2, device="cpu", shuffle_buffer=60)
+    out = run_protocol(RunSpec(embeddings=root, train=TrainConfig(epochs=20, stream=stream, **cfg)))
     assert out is not None and "diverged" not in out
     return out
 
@@ -125,11 +113,9 @@ def test_streaming_run_learns_like_the_in_memory_run(parted_world, one_thread):
         assert abs(ours - theirs) < 0.15  # close, not bit-identical (docs/streaming.md)
 
 
-def _write_big(
-    root: str, parts: int = 25, images: int = 200, per_image: int = 10, dim: int = 2048
-) -> None:
+def _write_big(root: str, parts: int = 25, images: int = 200, per_image: int = 10) -> None:
     """About 460 MB of float32 (50,000 captions and 5,000 images at d = 2048) in 25 parts."""
-    rng = np.random.default_rng(0)
+    rng, dim = np.random.default_rng(0), 2048
     tables.write_manifest(root, {"dim": dim, "model": "random"})
     for k in range(parts):
         img = rng.standard_normal((images, dim), dtype=np.float32)
@@ -138,17 +124,15 @@ def _write_big(
         owner = np.repeat(np.arange(images), per_image)
         txt = img[owner] + rng.standard_normal((len(owner), dim), dtype=np.float32) / 64
         txt /= np.linalg.norm(txt, axis=1, keepdims=True)
-        tables.write_split(
-            root,
-            "train",
-            part=f"part-{k:05d}",
-            image_ids=ids,
-            image_embeddings=img,
+        columns = dict(
+            image_ids=ids, image_embeddings=img, text_embeddings=txt, texts=[""] * len(owner)
+        )
+        columns.update(
             caption_ids=[f"c{k}-{j}" for j in range(len(owner))],
             caption_image_ids=[ids[o] for o in owner],
-            texts=[""] * len(owner),
-            text_embeddings=txt,
-            text_norms=np.full(len(owner), 8.0, np.float32),
+        )
+        tables.write_split(
+            root, "train", part=f"p{k}", text_norms=np.full(len(owner), 8.0, np.float32), **columns
         )
 
 
@@ -173,46 +157,17 @@ def test_streaming_trains_a_table_larger_than_the_memory_cap(tmp_path):
 
     # one OpenMP thread: under the cap a thread's stack can be what fails to allocate first
     # ("libgomp: Thread creation failed"), which hides the allocation error looked for below
-    env = {
-        **os.environ,
-        "ARROW_DEFAULT_MEMORY_POOL": "system",
-        "MALLOC_ARENA_MAX": "1",
-        "OMP_NUM_THREADS": "1",
-    }
+    env = dict(os.environ, ARROW_DEFAULT_MEMORY_POOL="system", MALLOC_ARENA_MAX="1")
+    env["OMP_NUM_THREADS"] = "1"
     codes = {}
     for mode, threshold in (("auto", "100000000"), ("never", "0")):
-        args = [
-            sys.executable,
-            "-m",
-            "asymvlm.cli",
-            "train",
-            "--embeddings",
-            root,
-            "--method",
-            "determ-ft",
-            "--epochs",
-            "1",
-            "--batch-size",
-            "1024",
-            "--hidden-dim",
-            "64",
-            "--depth",
-            "1",
-            "--device",
-            "cpu",
-            "--quiet",
-            "--stream",
-            mode,
-            "--stream-memory-bytes",
-            threshold,
-            "--shuffle-buffer",
-            "4096",
-            "--output",
-            str(tmp_path / mode),
-        ]
-        done = subprocess.run(
-            args, preexec_fn=cap, env=env, capture_output=True, text=True, timeout=600
+        args = (
+            f"train --embeddings {root} --method determ-ft --epochs 1 --batch-size 1024 --depth 1"
         )
+        args += f" --hidden-dim 64 --device cpu --quiet --stream {mode} --shuffle-buffer 4096"
+        args += f" --stream-memory-bytes {threshold} --output {tmp_path}/{mode}"
+        args = [sys.executable, "-m", "asymvlm.cli", *args.split()]
+        done = subprocess.run(args, preexec_fn=cap, env=env, capture_output=True, text=True)
         codes[mode] = (done.returncode, done.stderr[-400:])
     assert codes["auto"][0] == 0, codes["auto"][1]  # streamed: fits under the cap
     assert codes["never"][0] != 0 and "allocate" in codes["never"][1].lower()  # in memory: not

@@ -3,18 +3,8 @@
 ``asymvlm train``). ``pipelines/`` runs the same functions in Tune trials and Ray Train workers.
 """
 
-from asymvlm.protocol.folder import train
 from asymvlm.protocol.packed import check_packable_specs, run_packed_protocol
-from asymvlm.protocol.run import EpochHook, TrainingRun, run_protocol, training_data
-from asymvlm.protocol.spec import RunSpec
+from asymvlm.protocol.run import EpochHook, RunSpec, TrainingRun, run_protocol, train, training_data
 
-__all__ = [
-    "EpochHook",
-    "RunSpec",
-    "TrainingRun",
-    "check_packable_specs",
-    "run_packed_protocol",
-    "run_protocol",
-    "train",
-    "training_data",
-]
+__all__ = ["EpochHook", "RunSpec", "TrainingRun", "check_packable_specs", "run_packed_protocol"]
+__all__ += ["run_protocol", "train", "training_data"]

@@ -8,8 +8,7 @@ from typing import Any
 import torch
 
 from asymvlm.errors import ConfigError
-from asymvlm.protocol.run import eval_splits, log_epoch, results, training_data
-from asymvlm.protocol.spec import RunSpec
+from asymvlm.protocol.run import RunSpec, eval_splits, log_epoch, results, training_data
 from asymvlm.splits import SplitCache
 from asymvlm.training import (
     EpochRow,
@@ -22,19 +21,14 @@ from asymvlm.training import (
 )
 from asymvlm.training.packed import require_alike
 
-__all__ = ["PackedProtocolHook", "check_packable_specs", "run_packed_protocol"]
-
-
-#: The :class:`RunSpec` fields that do not change a run's training or evaluation.
-_SPEC_FREE = ("train", "checkpoint_every")
-#: ``on_epoch(member, row, trainer, history)`` of :func:`run_packed_protocol`.
-PackedProtocolHook = Callable[[int, EpochRow, Trainer, History], None]
+__all__ = ["check_packable_specs", "run_packed_protocol"]
 
 
 def check_packable_specs(specs: Sequence[RunSpec]) -> None:
     """:func:`check_packable` for run specs, which must also name the same tables and splits."""
+    free = ("train", "checkpoint_every")  # what does not change a run's data
     require_alike(
-        [s.model_dump() for s in specs], _SPEC_FREE, "run", "train and evaluate on the same data"
+        [s.model_dump() for s in specs], free, "run", "train and evaluate on the same data"
     )
     check_packable([s.train for s in specs])
     lead = specs[0]
@@ -51,7 +45,7 @@ def run_packed_protocol(
     specs: Sequence[RunSpec],
     *,
     device: str | torch.device | None = None,
-    on_epoch: PackedProtocolHook | None = None,
+    on_epoch: Callable[[int, EpochRow, Trainer, History], None] | None = None,
     progress: bool = False,
     cache: SplitCache | None = None,
     state: Mapping[str, Any] | None = None,
@@ -64,13 +58,11 @@ def run_packed_protocol(
     runs = list(specs)
     check_packable_specs(runs)
     cfgs = [run.train for run in runs]
-    if device is None:
-        dev = resolve_device(cfgs[0].device)
-    else:
-        dev = torch.device(device)
+    dev = resolve_device(cfgs[0].device) if device is None else torch.device(device)
+    if device is not None:
         cfgs = [cfg.model_copy(update={"device": str(dev)}) for cfg in cfgs]
     data, held_out = training_data(runs[0], dev, cache)
-    pack = PackedTrainer.build(cfgs, data)
+    pack = PackedTrainer(cfgs, data)
     if state is not None:
         pack.load_state_dict(state)
 

@@ -1,20 +1,33 @@
-"""The paper's protocol (App. B.4) for one (method, lr, seed) run, without Ray: seed, load the
-training split, build the method and its trainer, resume, train, evaluate retrieval."""
+"""The paper's protocol (App. B.4) for one (method, lr, seed) run, without Ray: the typed
+:class:`RunSpec`; seed, load the training split, build the method and its trainer, resume,
+train, evaluate retrieval (:func:`run_protocol`), or train into a checkpoint folder
+(:func:`train`, ``asymvlm train``)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from asymvlm.checkpoints import RunState
+from asymvlm import tables
+from asymvlm.checkpoints import (
+    RunState,
+    check_resumable,
+    checkpoint_to_resume,
+    discard_checkpoint,
+    load_checkpoint,
+    read_history,
+    read_run_state,
+    save_run_checkpoint,
+)
 from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.evaluation.registry import evaluate_split
 from asymvlm.methods import Method, build_method
-from asymvlm.protocol.spec import RunSpec
 from asymvlm.splits import SplitCache, SplitTensors, hold_out_images, load_split
+from asymvlm.storage import absolute
 from asymvlm.training import (
     EpochRow,
     History,
@@ -24,16 +37,6 @@ from asymvlm.training import (
     open_stream,
     resolve_device,
 )
-
-__all__ = [
-    "EpochHook",
-    "TrainingRun",
-    "eval_splits",
-    "log_epoch",
-    "results",
-    "run_protocol",
-    "training_data",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +113,7 @@ class TrainingRun:
         device: str | torch.device | None = None,
         cache: SplitCache | None = None,
     ) -> None:
-        self.spec = spec
-        cfg = self.spec.train
+        self.spec, cfg = spec, spec.train
         if device is None:
             self.device = resolve_device(cfg.device)
         else:
@@ -119,34 +121,24 @@ class TrainingRun:
             cfg = cfg.model_copy(update={"device": str(self.device)})
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         torch.manual_seed(cfg.seed)
-        self.cache = cache
-        self.history: History = []
-        stream = open_stream(
-            cfg,
-            self.spec.embeddings,
-            self.spec.train_split,
-            rank=rank,
-            world_size=world_size,
-            device=self.device,
-        )
-        if stream is not None:
-            if spec.holds_out():
-                raise ConfigError(
-                    f"{spec.embeddings}/{spec.train_split} streams, and holding out "
-                    f"val_fraction={spec.val_fraction} of it is not supported: write a "
-                    f"{spec.val_split or 'val'} split to the tables or set stream='never'"
-                )
-            self.held_out = None
-            self.dim = stream.dim
-            self.method: Method = build_method(cfg.method, stream.dim, **cfg.method_args())
-            self.trainer: Trainer = StreamingTrainer(
-                self.method, cfg, stream, rank=rank, world_size=world_size
+        self.cache, self.history = cache, []
+        where = (spec.embeddings, spec.train_split)
+        stream = open_stream(cfg, *where, rank=rank, world_size=world_size, device=self.device)
+        if stream is not None and spec.holds_out():
+            raise ConfigError(
+                f"{spec.embeddings}/{spec.train_split} streams, and holding out "
+                f"val_fraction={spec.val_fraction} of it is not supported: write a "
+                f"{spec.val_split or 'val'} split to the tables or set stream='never'"
             )
-            return
-        data, self.held_out = training_data(self.spec, self.device, cache)
-        self.dim = data.dim
-        self.method = build_method(cfg.method, data.dim, **cfg.method_args())
-        self.trainer = Trainer(self.method, cfg, data, rank=rank, world_size=world_size)
+        data, self.held_out = (
+            training_data(spec, self.device, cache) if not stream else (None, None)
+        )
+        self.dim = stream.dim if stream else data.dim
+        self.method: Method = build_method(cfg.method, self.dim, **cfg.method_args())
+        if stream:
+            self.trainer: Trainer = StreamingTrainer(self.method, cfg, stream)
+        else:
+            self.trainer = Trainer(self.method, cfg, data, rank=rank, world_size=world_size)
 
     def resume(self, state: RunState) -> None:
         """Continue from ``state`` (the trainer's state and the history of its epochs)."""
@@ -154,13 +146,7 @@ class TrainingRun:
         self.history = list(state.history)
         logger.info("resumed %s from epoch %d", self.cfg.method, self.trainer.epoch)
 
-    def fit(
-        self,
-        on_epoch: EpochHook | None = None,
-        *,
-        progress: bool = False,
-        log_epochs: bool = True,
-    ) -> History:
+    def fit(self, on_epoch: EpochHook | None = None, *, progress=False, log_epochs=True) -> History:
         """Train the remaining epochs; after each the row joins the history and ``on_epoch(row,
         trainer, history, checkpoint_due)`` is called (rank 0 logs every tenth epoch)."""
         trainer, cfg = self.trainer, self.cfg
@@ -210,3 +196,123 @@ def run_protocol(
     except NonFiniteError as exc:
         logger.warning("%s", exc)
         return {"diverged": str(exc), "history": run.history} if rank == 0 else None
+
+
+class RunSpec(BaseModel):
+    """One run: the embedding tables, the hyper-parameters, the splits (validated once, frozen;
+    table roots in one spelling, :func:`asymvlm.storage.absolute`, since workers run elsewhere)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    embeddings: str = Field(description="the embedding tables ROOT (a folder or an s3:// URI)")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="the hyper-parameters")
+    train_split: str = Field("train", description="split of the tables to train on")
+    val_split: str | None = Field(
+        "val", description="split to select the learning rate on (none: no validation)"
+    )
+    test_split: str | None = Field("test", description="split to report (none: no test)")
+    val_fraction: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = Field(
+        None,
+        description="when the tables have no val_split: hold out this share of the training "
+        "images (with their captions) for validation -- the same for every worker, seed and "
+        "method",
+    )
+    test_embeddings: str | None = Field(
+        None, description="the tables holding test_split, when they are not embeddings"
+    )
+    checkpoint_every: Annotated[int, Field(ge=1)] | None = Field(
+        1,
+        description="a checkpoint is due every that many epochs and after the last one (none: "
+        "after the last one only)",
+    )
+
+    @field_validator("embeddings", "test_embeddings")
+    @classmethod
+    def _one_spelling(cls, value: str | None) -> str | None:
+        return None if value is None else absolute(value)
+
+    def variant(self, *, lr: float, seed: int) -> RunSpec:
+        """This run at another ``lr`` and ``seed``."""
+        return self.model_copy(
+            update={"train": self.train.model_copy(update={"lr": lr, "seed": seed})}
+        )
+
+    def holds_out(self) -> bool:
+        """Whether ``val_fraction`` of the training images is held out (no ``val_split``)."""
+        splits = tables.list_splits(self.embeddings) if self.val_fraction else []
+        return bool(self.val_fraction) and self.val_split not in splits
+
+    def checkpoint_due(self, epoch: int) -> bool:
+        every = self.checkpoint_every
+        return epoch == self.train.epochs or (every is not None and epoch % every == 0)
+
+
+def train(
+    root: str,
+    split: str,
+    cfg: TrainConfig,
+    output: str | None = None,
+    progress: bool = True,
+    *,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> tuple[Method, History]:
+    """``asymvlm train``: a run of the protocol without evaluation, into the checkpoint folder
+    ``output`` (an incomplete checkpoint every ``checkpoint_every`` epochs, a complete one at
+    the end). ``resume`` continues the folder's run, ``overwrite`` replaces it; a diverged run
+    keeps its last good checkpoint. Returns the method and the whole history."""
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise ConfigError(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
+    previous = None
+    if output is not None:
+        previous = checkpoint_to_resume(output, resume=resume, overwrite=overwrite)
+        if previous is not None:
+            check_resumable(output, previous, cfg, root, split)
+            if previous["complete"]:
+                method, _ = load_checkpoint(output, resolve_device(cfg.device))
+                return method, read_history(output)
+    spec = RunSpec(
+        embeddings=root,
+        train=cfg,
+        train_split=split,
+        val_split=None,
+        test_split=None,
+        checkpoint_every=checkpoint_every,
+    )
+    run = TrainingRun(spec)
+    method, trainer = run.method, run.trainer
+    last_good: str | None = None
+    if previous is not None:
+        assert output is not None
+        run.resume(read_run_state(output))
+        last_good = f"epoch {trainer.epoch} of {cfg.epochs}"
+    elif output is not None and overwrite:
+        discard_checkpoint(output)  # the replaced run's checkpoint goes before training starts
+    where = {"embeddings": spec.embeddings, "split": split}
+
+    def write(complete: bool) -> None:
+        assert output is not None
+        save_run_checkpoint(output, trainer, run.history, where, complete=complete)
+
+    def on_epoch(row: EpochRow, trainer: Trainer, history: History, due: bool) -> None:
+        nonlocal last_good
+        if output is not None and due and trainer.epoch < cfg.epochs:
+            write(complete=False)
+            last_good = f"epoch {trainer.epoch} of {cfg.epochs}"
+
+    try:
+        run.fit(on_epoch, progress=progress, log_epochs=False)  # the bar shows progress
+    except NonFiniteError as exc:
+        if output is None:
+            raise
+        kept = (
+            f"{output} keeps the last good checkpoint ({last_good}, incomplete)"
+            if last_good
+            else f"no checkpoint was written to {output}"
+        )
+        raise NonFiniteError(f"{exc}; {kept}") from exc
+    method.eval()
+    if output is not None:
+        write(complete=True)
+    return method, run.history

@@ -4,26 +4,9 @@
 :mod:`asymvlm.protocol`.
 """
 
-from asymvlm.training.config import OPTIMIZER_KEYS, TrainConfig, autocast_dtype, resolve_device
-from asymvlm.training.packed import PACKABLE_FIELDS, PackedTrainer, check_packable
+from asymvlm.training.packed import PackedTrainer, check_packable
 from asymvlm.training.stream import CaptionStream, StreamingTrainer, open_stream, use_streaming
-from asymvlm.training.trainer import EpochRow, History, Trainer, make_optimizer, steps_per_epoch
+from asymvlm.training.trainer import EpochRow, History, TrainConfig, Trainer, resolve_device
 
-__all__ = [
-    "OPTIMIZER_KEYS",
-    "PACKABLE_FIELDS",
-    "CaptionStream",
-    "EpochRow",
-    "History",
-    "PackedTrainer",
-    "StreamingTrainer",
-    "TrainConfig",
-    "Trainer",
-    "autocast_dtype",
-    "check_packable",
-    "make_optimizer",
-    "open_stream",
-    "resolve_device",
-    "steps_per_epoch",
-    "use_streaming",
-]
+__all__ = ["CaptionStream", "EpochRow", "History", "PackedTrainer", "StreamingTrainer", "Trainer"]
+__all__ += ["TrainConfig", "check_packable", "open_stream", "resolve_device", "use_streaming"]

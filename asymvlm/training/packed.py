@@ -1,10 +1,7 @@
-"""Packed trials: K runs of one method (other ``lr`` / ``seed``) trained as one batched model.
-
-Each member keeps its own :class:`~asymvlm.training.Trainer` (initialisation, global-RNG stream,
-permutations, optimiser, schedule, divergence checks); every step evaluates the K members' losses
-at once with ``torch.func.vmap(functional_call(...))`` over their stacked parameters, so member k
-ends where its unpacked run ends (to float rounding).
-"""
+"""Packed trials: K runs of one method (other ``lr`` / ``seed``) trained as one batched model,
+each member with its own :class:`~asymvlm.training.Trainer`; every step evaluates the K losses
+at once (``vmap(functional_call(...))`` over the stacked parameters), so member k ends where its
+unpacked run ends (to float rounding)."""
 
 from __future__ import annotations
 
@@ -17,14 +14,13 @@ from typing import Any
 import torch
 from torch.func import functional_call, vmap
 
-from asymvlm.distributed import GlobalBatchLoss, epoch_generator, is_distributed
-from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
+from asymvlm.distributed import GlobalBatchLoss, epoch_generator
+from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import Method, build_method
 from asymvlm.splits import SplitTensors
-from asymvlm.training.config import TrainConfig
-from asymvlm.training.trainer import EpochRow, History, Trainer, what_diverged
+from asymvlm.training.trainer import EpochRow, History, TrainConfig, Trainer, bad_code
 
-__all__ = ["PACKABLE_FIELDS", "PackedTrainer", "check_packable", "require_alike"]
+__all__ = ["PackedTrainer", "check_packable", "require_alike"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,51 +67,32 @@ def _set_rng_state(state: Sequence[torch.Tensor], device: torch.device) -> None:
 
 
 class PackedTrainer:
-    """Trains K ``(method, cfg)`` members on one split as one batched model.
+    """Trains K configurations of one method on one split as one batched model, each member
+    built as its unpacked run builds it (``torch.manual_seed(seed)``, then ``build_method``).
 
-    ``rng_states``: each member's global RNG state at the start (what :meth:`build` records).
     After :meth:`fit`: ``histories[k]``, ``errors[k]`` (None or the divergence message),
     ``methods[k]`` and ``trainers[k]``.
     """
 
-    def __init__(
-        self,
-        members: Sequence[tuple[Method, TrainConfig]],
-        data: SplitTensors,
-        *,
-        rng_states: Sequence[list[torch.Tensor]] | None = None,
-    ) -> None:
-        if is_distributed():
-            raise ConfigError("packed trials run in one process; not inside a DDP group")
-        self.cfgs = [cfg for _, cfg in members]
-        check_packable(self.cfgs)
-        self.methods = [method for method, _ in members]
-        self.device = data.image_emb.device
-        self._rng = list(rng_states or [_rng_state(self.device)] * len(members))
-        self.trainers = [Trainer(method, cfg, data) for method, cfg in members]
-        self.trainable = self.methods[0].trainable
-        self.histories: list[History] = [[] for _ in members]
-        self.errors: list[str | None] = [None] * len(members)
-        self.epoch = 0
-        self._started = False
-        self._template = GlobalBatchLoss(self.methods[0])  # functional_call swaps its tensors
-
-    @classmethod
-    def build(cls, cfgs: Sequence[TrainConfig], data: SplitTensors) -> PackedTrainer:
-        """Each member built as its unpacked run builds it (``torch.manual_seed(seed)``, then
-        ``build_method``); the caller's global RNG state is left as it was."""
+    def __init__(self, cfgs: Sequence[TrainConfig], data: SplitTensors) -> None:
         check_packable(cfgs)
-        device = data.image_emb.device
-        outer = _rng_state(device)
-        members, states = [], []
+        self.cfgs, self.device = list(cfgs), data.image_emb.device
+        self.methods: list[Method] = []
+        self._rng: list[list[torch.Tensor]] = []  # each member's global RNG stream
+        outer = _rng_state(self.device)
         try:
             for cfg in cfgs:
                 torch.manual_seed(cfg.seed)
-                members.append((build_method(cfg.method, data.dim, **cfg.method_args()), cfg))
-                states.append(_rng_state(device))
+                self.methods.append(build_method(cfg.method, data.dim, **cfg.method_args()))
+                self._rng.append(_rng_state(self.device))
         finally:
-            _set_rng_state(outer, device)
-        return cls(members, data, rng_states=states)
+            _set_rng_state(outer, self.device)
+        self.trainers = [Trainer(m, cfg, data) for m, cfg in zip(self.methods, cfgs, strict=True)]
+        self.histories: list[History] = [[] for _ in cfgs]
+        self.errors: list[str | None] = [None] * len(cfgs)
+        self.epoch = 0
+        self._started = False
+        self._template = GlobalBatchLoss(self.methods[0])  # functional_call swaps its tensors
 
     def __len__(self) -> int:
         return len(self.methods)
@@ -141,13 +118,16 @@ class PackedTrainer:
         epoch of member k; ``on_state(pack)`` follows when :meth:`state_dict` is whole."""
         hook = on_epoch_end or (lambda k, row: None)
         whole = on_state or (lambda pack: None)
-        if not self.trainable:  # post-hoc fits (or none), one by one
+        if not self.methods[0].trainable:  # post-hoc fits (or none), one by one
             for k, trainer in enumerate(self.trainers):
                 with self.member_rng(k):
                     trainer.fit(progress=False)
             return self.histories
         if not self._started:
-            self._start()
+            self._started = True
+            for k, trainer in enumerate(self.trainers):
+                with self.member_rng(k):
+                    trainer.start()
         from tqdm.auto import tqdm
 
         epochs = range(self.epoch, self.cfgs[0].epochs)
@@ -162,23 +142,11 @@ class PackedTrainer:
             whole(self)
         return self.histories
 
-    def _fail(self, k: int, exc: NonFiniteError) -> None:
-        self.errors[k] = str(exc)
-        logger.warning("packed member %d: %s", k, exc)
-
-    def _start(self) -> None:
-        """Each member's ``Trainer.start`` in its own RNG stream."""
-        self._started = True
-        for k, trainer in enumerate(self.trainers):
-            with self.member_rng(k):
-                trainer.start()
-
     # -- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Every member's trainer state, RNG stream, history and failure; the pack's epoch
         (taken between epochs)."""
         return {
-            "members": [(cfg.lr, cfg.seed) for cfg in self.cfgs],
             "trainers": [trainer.state_dict() for trainer in self.trainers],
             "rng": list(self._rng),
             "histories": [[dict(row) for row in history] for history in self.histories],
@@ -187,27 +155,18 @@ class PackedTrainer:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`state_dict` of a pack of the same (lr, seed) members."""
-        members = [(float(lr), int(seed)) for lr, seed in state["members"]]
-        ours = [(cfg.lr, cfg.seed) for cfg in self.cfgs]
-        if members != ours:
-            raise CheckpointError(
-                f"the checkpoint holds a pack of (lr, seed) {members}; this pack is {ours}"
-            )
+        """Continue from :meth:`state_dict` of this pack."""
         outer = _rng_state(self.device)
         for trainer, trainer_state in zip(self.trainers, state["trainers"], strict=True):
             trainer.load_state_dict(trainer_state)
         _set_rng_state(outer, self.device)
-        self._rng = list(state["rng"])
+        self._rng, self.errors = list(state["rng"]), list(state["errors"])
         self.histories = [[dict(row) for row in history] for history in state["histories"]]
-        self.errors = list(state["errors"])
-        self.epoch = int(state["epoch"])
-        self._started = True
+        self.epoch, self._started = int(state["epoch"]), True
 
     # -- one epoch ----------------------------------------------------------------------------
     def _names(self, kind: str) -> list[str]:
-        named = getattr(self.methods[0], f"named_{kind}")()
-        return [f"method.{name}" for name, _ in named]
+        return [f"method.{name}" for name, _ in getattr(self.methods[0], f"named_{kind}")()]
 
     @contextmanager
     def _stacked(self) -> Iterator[tuple[list[torch.Tensor], dict[str, torch.Tensor]]]:
@@ -245,13 +204,13 @@ class PackedTrainer:
 
     def _packed_epoch(self) -> dict[int, EpochRow]:
         """One epoch of every member at once; the rows of the members that finished it. A
-        member that went bad keeps its row in the batch but takes no more updates."""
+        member that diverged in an earlier epoch keeps its row in the batch, without updates."""
         t0 = time.perf_counter()
-        alive = [error is None for error in self.errors]
-        lead, k_all = self.trainers[0], range(len(self))
+        alive = [k for k, error in enumerate(self.errors) if error is None]
+        lead, n_members = self.trainers[0], len(self)
         data, batch = lead.data, lead.batch_size
-        for k in k_all:
-            self.trainers[k].begin_epoch()
+        for trainer in self.trainers:
+            trainer.begin_epoch()
         n = data.text_emb.shape[0]
         perms = torch.stack(
             [
@@ -263,8 +222,8 @@ class PackedTrainer:
                 for cfg in self.cfgs
             ]
         )
-        totals = torch.zeros(len(self), device=self.device)
-        first_bad = torch.full((len(self),), -1, dtype=torch.long, device=self.device)
+        totals = torch.zeros(n_members, device=self.device)
+        first_bad = torch.zeros(n_members, dtype=torch.long, device=self.device)
         with self._stacked() as (leaves, buffers):
             for step in range(lead.steps):
                 idx = perms[:, step * batch : (step + 1) * batch]
@@ -274,17 +233,13 @@ class PackedTrainer:
                     leaf.grad = None
                 losses.sum().backward()
                 losses = losses.detach()
-                grads = [leaf.grad for leaf in leaves if leaf.grad is not None]
-                norms = [torch.linalg.vector_norm(g.reshape(len(self), -1), dim=1) for g in grads]
-                bad = ~torch.isfinite(torch.stack([losses.float(), *norms])).all(dim=0)
-                if lead.sync_free:  # the CPU: a member stops at its bad step, before its update
-                    for k in (k for k, b in enumerate(bad.tolist()) if b and alive[k]):
-                        alive[k] = False
-                        what = what_diverged(losses[k], [g[k] for g in grads])
-                        self._fail(k, self.trainers[k].diverged(what, step))
-                else:  # accelerators: the first bad step is read with the epoch's loss
-                    first_bad = torch.where(bad & (first_bad < 0), step, first_bad)
-                for k in (k for k in k_all if alive[k]):
+                grads = [
+                    leaf.grad.reshape(n_members, -1) for leaf in leaves if leaf.grad is not None
+                ]
+                norms = torch.stack([torch.linalg.vector_norm(g, dim=1) for g in grads]).sum(0)
+                code = bad_code(losses, norms)
+                first_bad = torch.where((first_bad == 0) & (code > 0), 4 * step + code, first_bad)
+                for k in alive:
                     trainer = self.trainers[k]
                     for p, leaf in zip(trainer.method.parameters(), leaves, strict=True):
                         p.grad = None if leaf.grad is None else leaf.grad[k]
@@ -292,12 +247,12 @@ class PackedTrainer:
                     trainer.scheduler.step()  # type: ignore[union-attr]
                 totals += losses
         rows: dict[int, EpochRow] = {}
-        for k in (k for k in k_all if alive[k]):
+        for k in alive:
             try:
                 with self.member_rng(k):
                     rows[k] = self.trainers[k].end_epoch(totals[k], first_bad[k])
+                rows[k]["epoch_seconds"] = time.perf_counter() - t0
             except NonFiniteError as exc:
-                self._fail(k, exc)
-                continue
-            rows[k]["epoch_seconds"] = time.perf_counter() - t0
+                self.errors[k] = str(exc)
+                logger.warning("packed member %d: %s", k, exc)
         return rows

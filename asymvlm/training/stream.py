@@ -19,23 +19,12 @@ from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import METHODS, Method
 from asymvlm.splits import SplitTensors
 from asymvlm.storage import display, filesystem, join
-from asymvlm.training.config import TrainConfig
-from asymvlm.training.trainer import Trainer, layout, non_finite
+from asymvlm.training.trainer import TrainConfig, Trainer, layout, non_finite
 
-__all__ = [
-    "CaptionStream",
-    "StreamingTrainer",
-    "memory_budget",
-    "open_stream",
-    "split_bytes",
-    "use_streaming",
-]
+__all__ = ["CaptionStream", "StreamingTrainer", "open_stream", "split_bytes", "use_streaming"]
 
 logger = logging.getLogger(__name__)
 
-#: Shares of the free host / accelerator memory the in-memory mode may take before ``auto``
-#: streams (loading a split peaks at about three copies of its float32 bytes).
-HOST_SHARE, DEVICE_SHARE = 0.25, 0.5
 #: Captions drawn once at start-up for ``fit_start`` and the kappa probe.
 SAMPLE_SIZE = 4096
 
@@ -52,34 +41,20 @@ def _dataset(root: str, split: str, kind: str) -> ds.FileSystemDataset:
 def split_bytes(root: str, split: str) -> int:
     """The float32 bytes the in-memory mode holds for ``ROOT/<split>`` (embeddings and the
     pre-projection features), from the manifest and the parquet footers."""
-    manifest = tables.read_manifest(root)
-    total = 0
+    manifest, total = tables.read_manifest(root), 0
     for kind, modality in ((tables.IMAGES_DIR, "image"), (tables.TEXTS_DIR, "text")):
         data = _dataset(root, split, kind)
-        width = manifest.dim
-        if tables.PRE_COLUMNS[modality] in data.schema.names:
-            width += manifest.pre_dim.get(modality, 0)
-        total += data.count_rows() * width * 4
+        pre = tables.PRE_COLUMNS[modality] in data.schema.names
+        total += data.count_rows() * (manifest.dim + pre * manifest.pre_dim.get(modality, 0)) * 4
     return total
-
-
-def memory_budget(device: str | torch.device = "cpu") -> int:
-    """Default ``stream_memory_bytes``: a share of the free host memory, at most a share of the
-    free memory of a CUDA ``device``."""
-    import psutil
-
-    budget = int(psutil.virtual_memory().available * HOST_SHARE)
-    device = torch.device(device)
-    if device.type == "cuda" and torch.cuda.is_available():
-        budget = min(budget, int(torch.cuda.mem_get_info(device)[0] * DEVICE_SHARE))
-    return budget
 
 
 def use_streaming(
     cfg: TrainConfig, root: str, split: str, device: str | torch.device = "cpu"
 ) -> bool:
     """Whether a run of ``cfg`` streams ``ROOT/<split>`` (``stream``: always, never, or auto:
-    above ``stream_memory_bytes``). Methods not trained by SGD never stream."""
+    above ``stream_memory_bytes``, by default a quarter of the free host memory and at most
+    half the free CUDA memory). Methods not trained by SGD never stream."""
     trainable = METHODS[cfg.method].trainable
     if cfg.stream == "always" and not trainable:
         raise ConfigError(
@@ -88,8 +63,14 @@ def use_streaming(
         )
     if cfg.stream != "auto" or not trainable:
         return cfg.stream == "always"
+    budget = cfg.stream_memory_bytes
+    if budget is None:
+        import psutil
+
+        budget = psutil.virtual_memory().available // 4
+        if (device := torch.device(device)).type == "cuda" and torch.cuda.is_available():
+            budget = min(budget, torch.cuda.mem_get_info(device)[0] // 2)
     size = split_bytes(root, split)
-    budget = memory_budget(device) if cfg.stream_memory_bytes is None else cfg.stream_memory_bytes
     if size > budget:
         logger.info("streaming %s/%s: %.1f MB over %.1f MB", root, split, size / 1e6, budget / 1e6)
     return size > budget
@@ -99,26 +80,22 @@ class CaptionStream:
     """A split's captions streamed from its parquet parts, its image table resident.
 
     :meth:`batches` yields :attr:`steps` ``(image_rows, text_batch)`` per epoch: indices into
-    :attr:`image_emb` and the captions' adapter inputs (``raw`` = ``embedding * norm``, or
-    ``unit``). With ``world_size`` workers each keeps every ``world_size``-th row of the epoch.
+    :attr:`image_emb` and the captions' adapter inputs (``cfg.adapter_input``). With
+    ``world_size`` workers each keeps every ``world_size``-th row of the epoch.
     """
 
     def __init__(
         self,
         root: str,
         split: str,
+        cfg: TrainConfig,
         *,
-        batch_size: int,
-        shuffle_buffer: int = 65536,
-        seed: int = 0,
-        adapter_input: str = "raw",
         rank: int = 0,
         world_size: int = 1,
         device: str | torch.device = "cpu",
-        sample_size: int = SAMPLE_SIZE,
     ) -> None:
-        self.root, self.split, self.seed = root, split, seed
-        self.rank, self.world_size, self.shuffle_buffer = rank, world_size, shuffle_buffer
+        self.root, self.split, self.seed = root, split, cfg.seed
+        self.rank, self.world_size, self.shuffle_buffer = rank, world_size, cfg.shuffle_buffer
         self.device = torch.device(device)
         self.manifest = tables.read_manifest(root)
         self.dim = self.manifest.dim
@@ -131,7 +108,6 @@ class CaptionStream:
         self.image_emb = self.image_emb.to(self.device)
         norm = table.column("norm").to_numpy().astype(np.float32) if has_norm else None
         self.image_norm = None if norm is None else torch.from_numpy(norm).to(self.device)
-        del table
         texts = _dataset(root, split, tables.TEXTS_DIR)
         self.parts = list(texts.get_fragments())
         self.n_text = texts.count_rows()
@@ -140,14 +116,12 @@ class CaptionStream:
                 f"{root}/{split}: the split is empty ({self.n_image} images, {self.n_text} "
                 "captions); training needs at least one of each"
             )
-        raw = adapter_input == "raw" and "norm" in texts.schema.names
+        raw = cfg.adapter_input == "raw" and "norm" in texts.schema.names
         self._columns = ["image_id", "embedding"] + ["norm"] * raw
-        self.batch_size, self.steps = layout(self.n_text, batch_size, world_size)
-        self.sample = self._validate_and_sample(sample_size)
+        self.batch_size, self.steps = layout(self.n_text, cfg.batch_size, world_size)
+        self.sample = self._validate_and_sample(SAMPLE_SIZE)
 
-    def _arrays(
-        self, batch: pa.RecordBatch, where: str = "", offset: int = 0
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _arrays(self, batch: pa.RecordBatch, where: str, offset: int) -> tuple[np.ndarray, ...]:
         """A record batch's adapter inputs and resident image rows (``offset``: its first row
         in part ``where``)."""
         text = tables.column_matrix(batch.column("embedding"))
@@ -165,21 +139,19 @@ class CaptionStream:
     def _validate_and_sample(self, size: int) -> SplitTensors:
         """One pass: image ids known, embeddings finite; the resident images with a seeded
         sample of about ``size`` captions (``fit_start`` and the kappa probe see it)."""
-        row = non_finite(self.image_emb)
-        if row >= 0:
+        if (row := non_finite(self.image_emb)) >= 0:
             raise NonFiniteError(
                 f"non-finite image embedding for image {self.image_ids[row].as_py()!r} (row "
                 f"{row}) of the training data: fix the input, it is not a training problem"
             )
         rng = np.random.default_rng([self.seed, 0x5A4D])
         keep = min(1.0, size / self.n_text)
-        texts, owners, ids, words = [], [], [], []
+        texts, owners, ids = [], [], []
         for part in self.parts:
             where, offset = display(self.root, part.path), 0
-            for batch in part.to_batches(columns=[*self._columns, "caption_id", "text"]):
+            for batch in part.to_batches(columns=[*self._columns, "caption_id"]):
                 text, owner = self._arrays(batch, where, offset)
-                bad = np.flatnonzero(~np.isfinite(text).all(axis=1))[:1]
-                if len(bad):
+                if len(bad := np.flatnonzero(~np.isfinite(text).all(axis=1))):
                     raise NonFiniteError(
                         "non-finite caption embedding for caption "
                         f"{batch.column('caption_id')[bad[0]].as_py()!r} (row {offset + bad[0]} of "
@@ -190,7 +162,6 @@ class CaptionStream:
                 texts.append(text[take])
                 owners.append(owner[take])
                 ids.extend(batch.column("caption_id").take(take).to_pylist())
-                words.extend(batch.column("text").take(take).to_pylist())
                 offset += len(text)
         empty = np.zeros((0, self.dim), np.float32)  # the sample's embeddings live as tensors
         split = tables.EmbeddingSplit(
@@ -198,7 +169,7 @@ class CaptionStream:
             image_embeddings=empty,
             caption_ids=ids,
             text_image_index=np.concatenate(owners),
-            texts=words,
+            texts=[""] * len(ids),
             text_embeddings=empty,
             text_norms=None,
             extra_text_columns={},
@@ -225,7 +196,7 @@ class CaptionStream:
         chunk_rows = max(b, self.shuffle_buffer)
         for k in self.part_order(epoch):
             for batch in self.parts[k].to_batches(columns=self._columns, batch_size=chunk_rows):
-                text, owner = self._arrays(batch)
+                text, owner = self._arrays(batch, "", 0)
                 mine = (offset + np.arange(len(text))) % self.world_size == self.rank
                 offset += len(text)
                 text = np.concatenate([carry[0], text[mine]])
@@ -252,20 +223,8 @@ class StreamingTrainer(Trainer):
     """:class:`Trainer` over a :class:`CaptionStream`: its ``data`` is the stream's sample
     (``fit_start``, kappa probe), its batches and steps are the stream's."""
 
-    def __init__(
-        self,
-        method: Method,
-        cfg: TrainConfig,
-        stream: CaptionStream,
-        *,
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> None:
-        if not method.trainable:
-            raise ConfigError(f"{method.name} is not trained by SGD; it cannot stream")
-        if (stream.rank, stream.world_size) != (rank, world_size):
-            raise ValueError("the stream belongs to another worker")
-        self.stream = stream
+    def __init__(self, method: Method, cfg: TrainConfig, stream: CaptionStream) -> None:
+        self.stream, rank, world_size = stream, stream.rank, stream.world_size
         super().__init__(method, cfg, stream.sample, rank=rank, world_size=world_size)
 
     def _layout(self, n_text: int) -> tuple[int, int]:
@@ -277,17 +236,9 @@ class StreamingTrainer(Trainer):
 
 
 def open_stream(
-    cfg: TrainConfig,
-    root: str,
-    split: str,
-    *,
-    rank: int = 0,
-    world_size: int = 1,
-    device: str | torch.device = "cpu",
+    cfg: TrainConfig, root: str, split: str, *, rank: int = 0, world_size: int = 1, device="cpu"
 ) -> CaptionStream | None:
     """The :class:`CaptionStream` of a run when it streams (:func:`use_streaming`), else None."""
     if not use_streaming(cfg, root, split, device):
         return None
-    keys = ("batch_size", "shuffle_buffer", "seed", "adapter_input")
-    kwargs = {key: getattr(cfg, key) for key in keys}
-    return CaptionStream(root, split, rank=rank, world_size=world_size, device=device, **kwargs)
+    return CaptionStream(root, split, cfg, rank=rank, world_size=world_size, device=device)

@@ -1,34 +1,124 @@
-"""The trainer of one run (paper App. B.4): SGD-momentum (or AdamW), cosine per iteration to
-``min_lr``, one fresh permutation of the captions per epoch; the split lives on the device."""
+"""One training run (paper App. B.4): its hyper-parameters (:class:`TrainConfig`) and its
+:class:`Trainer`: SGD-momentum (or AdamW), cosine per iteration to ``min_lr``, one fresh
+permutation of the captions per epoch; the split lives on the device."""
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from tqdm.auto import tqdm
 
 from asymvlm.distributed import GlobalBatchLoss, epoch_generator, shard_rows
 from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
-from asymvlm.methods import Method
+from asymvlm.methods import Method, check_method_name
+from asymvlm.methods.official import optimizer_defaults
 from asymvlm.splits import SplitTensors
-from asymvlm.training.config import TrainConfig, autocast_dtype
 
-__all__ = [
-    "EpochRow",
-    "History",
-    "Trainer",
-    "make_optimizer",
-    "steps_per_epoch",
-    "what_diverged",
-]
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=1)]
+#: The optimiser settings whose default depends on the method and protocol.
+OPTIMIZER_KEYS = ("optimizer", "lr", "momentum", "weight_decay")
+_DEFAULT = "default: the protocol's for the method; improved:"
+
+
+class TrainConfig(BaseModel):
+    """Hyper-parameters of one training run; defaults are the paper's protocol (App. B.4,
+    Table A.1). ``protocol: official`` follows the authors' code (README "Protocols"); optimiser
+    settings left unset (:data:`OPTIMIZER_KEYS`) take the protocol's defaults for the method."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str = Field("asymvlm-vmf", description="method name (`asymvlm methods` lists them)")
+    protocol: Literal["improved", "official"] = Field(
+        "improved", description="official: the authors' code; improved: this project's (README)"
+    )
+    epochs: Count = Field(200, description="passes over the data")
+    lr: PositiveFloat | None = Field(None, description=f"peak learning rate ({_DEFAULT} 1e-2)")
+    optimizer: Literal["sgd", "adamw"] | None = Field(
+        None, description=f"sgd or adamw ({_DEFAULT} sgd)"
+    )
+    momentum: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = Field(
+        None, description="SGD momentum (default: 0.9)"
+    )
+    weight_decay: NonNegativeFloat | None = Field(None, description=f"L2 ({_DEFAULT} 5e-4)")
+    batch_size: Count = Field(2048, description="pairs per step (the global contrastive batch)")
+    min_lr: NonNegativeFloat = Field(1e-6, description="end of the cosine schedule")
+    hidden_dim: Count | None = Field(None, description="adapter hidden width (default: 1024)")
+    depth: Count | None = Field(None, description="hidden layers (default: 3; official ProbVLM: 2)")
+    seed: Annotated[int, Field(ge=0)] = Field(0, description="initialisation and order")
+    adapter_input: Literal["raw", "unit"] = Field(
+        "raw", description="raw: the unnormalised text projection (embedding * norm)"
+    )
+    device: str = Field("auto", pattern=_DEVICE.pattern, description="cpu, cuda, cuda:1 or auto")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU"
+    )
+    method_kwargs: dict[str, Any] = Field({}, description="extra method constructor arguments")
+    stream: Literal["auto", "always", "never"] = Field(
+        "auto", description="stream the captions from the parquet parts (docs/streaming.md)"
+    )
+    stream_memory_bytes: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="auto streams above this (default: a share of the free memory)"
+    )
+    shuffle_buffer: Annotated[int, Field(ge=0)] = Field(65536, description="rows mixed in streams")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _protocol_defaults(cls, data: Any) -> Any:
+        """Fill the optimiser settings left unset with the protocol's defaults for the method."""
+        if not isinstance(data, dict):
+            return data
+        method, protocol = data.get("method") or "asymvlm-vmf", data.get("protocol") or "improved"
+        defaults = optimizer_defaults(str(method), str(protocol))
+        return {**data, **{k: defaults[k] for k in OPTIMIZER_KEYS if data.get(k) is None}}
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, value: str) -> str:
+        return check_method_name(value)
+
+    def method_args(self) -> dict[str, Any]:
+        """``build_method`` arguments."""
+        sizes = {k: getattr(self, k) for k in ("hidden_dim", "depth") if getattr(self, k)}
+        return {"protocol": self.protocol, **sizes, **self.method_kwargs}
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto`` = CUDA when available; a device this machine lacks is a ConfigError."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not _DEVICE.match(device):
+        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    dev = torch.device(device)
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise ConfigError(f"--device {device}: CUDA is not available on this machine ({n} GPUs)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {device}: MPS is not available on this machine")
+    return dev
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of ``precision`` on ``device`` (None: full fp32)."""
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
 
 #: One epoch's statistics (``epoch``, ``train_loss``, ``lr``, kappa quantiles ...).
 EpochRow = dict[str, float]
 History = list[EpochRow]
+#: What a step's non-finite code (1: loss, 2: gradient, 3: both) names.
+BAD = {1: "loss", 2: "gradient", 3: "loss and gradient"}
 
 
 def steps_per_epoch(n_items: int, batch_size: int) -> int:
@@ -50,10 +140,10 @@ def layout(n_text: int, batch_size: int, world_size: int) -> tuple[int, int]:
 def make_optimizer(method: Method, cfg: TrainConfig) -> torch.optim.Optimizer:
     """SGD with momentum or AdamW over the trainable parameters (fused kernels when available)."""
     params = [p for p in method.parameters() if p.requires_grad]
-    cls = torch.optim.SGD if cfg.optimizer == "sgd" else torch.optim.AdamW
     kwargs: dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
     if cfg.optimizer == "sgd":
         kwargs["momentum"] = cfg.momentum
+    cls = torch.optim.SGD if cfg.optimizer == "sgd" else torch.optim.AdamW
     try:
         return cls(params, fused=True, **kwargs)
     except (RuntimeError, TypeError, ValueError):  # older torch / unsupported device
@@ -61,30 +151,23 @@ def make_optimizer(method: Method, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def non_finite(x: torch.Tensor) -> int:
-    """The first row of ``x`` holding a non-finite value, -1 when none does (in blocks: no
-    full-size temporaries)."""
-    for start in range(0, x.shape[0], 65536):
-        block = x[start : start + 65536]
-        bad = (~torch.isfinite(block.reshape(block.shape[0], -1))).any(dim=1).nonzero()
-        if len(bad):
-            return start + int(bad[0, 0])
-    return -1
+    """The first row of ``x`` holding a non-finite value, -1 when none does."""
+    bad = (~torch.isfinite(x.reshape(len(x), -1))).any(dim=1).nonzero()
+    return int(bad[0, 0]) if len(bad) else -1
 
 
-def what_diverged(loss: torch.Tensor, grads: list[torch.Tensor]) -> str:
-    """Which of a bad step's values are non-finite: ``loss``, ``gradient`` or both."""
-    named = (("loss", [loss]), ("gradient", grads))
-    bad = [name for name, ts in named if not all(bool(torch.isfinite(t).all()) for t in ts)]
-    return " and ".join(bad) or "gradient norm"
+def bad_code(losses: torch.Tensor, grad_norms: torch.Tensor) -> torch.Tensor:
+    """Per member: 1 where the loss is non-finite, + 2 where a gradient is (no host sync)."""
+    return (~torch.isfinite(losses)).long() + 2 * (~torch.isfinite(grad_norms)).long()
 
 
 class Trainer:
     """Trains one method on one split held in device memory (this worker's shard with
     ``world_size`` > 1: the loss spans the global batch, :mod:`asymvlm.distributed`).
 
-    A non-finite loss or gradient raises :class:`~asymvlm.errors.NonFiniteError` naming the
-    epoch, step, method and lr: on the CPU at the step, before its update; on accelerators
-    (no host sync per step) at the end of the epoch, naming the first bad step.
+    A non-finite loss or gradient is recorded on the device and raises
+    :class:`~asymvlm.errors.NonFiniteError` at the end of its epoch, naming the epoch, the first
+    bad step, the method and the lr; the epoch is not counted.
     """
 
     def __init__(
@@ -107,71 +190,52 @@ class Trainer:
             )
         if method.trainable:  # official PFE/ProbVLM take raw image projections
             data = replace(data, image_emb=method.image_rows(data.image_emb, data.image_norm))
-        self._check_inputs(data)
+        for kind, tensor, ids in (
+            ("caption", data.text_emb, getattr(data.split, "caption_ids", None)),
+            ("image", data.image_emb, getattr(data.split, "image_ids", None)),
+        ):
+            if (row := non_finite(tensor)) >= 0:
+                name = f"{ids[row]!r} (row {row})" if ids is not None else f"row {row}"
+                raise NonFiniteError(
+                    f"non-finite {kind} embedding for {kind} {name} of the training data: fix "
+                    "the input, it is not a training problem"
+                )
         self.batch_size, self.steps = self._layout(n_text)
-        self._whole: SplitTensors | None = data  # until start(): fit_start sees it all
+        self._whole: SplitTensors | None = data  # until the first epoch: fit_start sees it all
         rows: Any = slice(None)
         if world_size > 1:
             rows = shard_rows(n_text, rank, world_size, cfg.seed).to(self.device)
         shard = data.text_emb[rows], data.text_to_image[rows]
         self.data = SplitTensors(data.image_emb, *shard, data.split)  # this worker's rows
         self.epoch = 0
-        self.sync_free = self.device.type == "cpu"  # reading a flag costs no device sync
-        self.first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
+        self.first_bad = torch.zeros((), dtype=torch.long, device=self.device)
         self._params = [p for p in method.parameters() if p.requires_grad]
         self.autocast = autocast_dtype(cfg.precision, self.device)
+        self.loss_module: torch.nn.Module = GlobalBatchLoss(method)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-        self.loss_module: torch.nn.Module = GlobalBatchLoss(method)
         if method.trainable:
             self.optimizer = make_optimizer(method, cfg)
             self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
                 self.optimizer, T_max=max(1, cfg.epochs * self.steps), eta_min=cfg.min_lr
             )
         generator = torch.Generator().manual_seed(0)  # a fixed caption sample for kappa stats
-        probe = torch.randperm(self.data.text_emb.shape[0], generator=generator)[:4096]
+        probe = torch.randperm(self.data.text_emb.shape[0], generator=generator)[:1024]
         self._probe = probe.to(self.device)
 
     def _layout(self, n_text: int) -> tuple[int, int]:
         return layout(n_text, self.cfg.batch_size, self.world_size)
 
-    @staticmethod
-    def _check_inputs(data: SplitTensors) -> None:
-        """Name a non-finite input embedding instead of reporting a diverged loss."""
-        for kind, tensor, ids in (
-            ("caption", data.text_emb, getattr(data.split, "caption_ids", None)),
-            ("image", data.image_emb, getattr(data.split, "image_ids", None)),
-        ):
-            row = non_finite(tensor)
-            if row >= 0:
-                name = f"{ids[row]!r} (row {row})" if ids is not None else f"row {row}"
-                raise NonFiniteError(
-                    f"non-finite {kind} embedding for {kind} {name} of the training data: fix "
-                    "the input, it is not a training problem"
-                )
-
-    def _where(self) -> str:
-        rank = f", rank {self.rank}" if self.world_size > 1 else ""
-        return f"({self.method.name}, {self.cfg.optimizer} lr {self.cfg.lr:g}{rank})"
-
-    def diverged(
-        self, what: str, step: int | None = None, deferred: bool = False
-    ) -> NonFiniteError:
+    def diverged(self, what: str, step: int | None = None) -> NonFiniteError:
         """The error of a non-finite ``what`` in the running epoch (at 0-based ``step``)."""
         at = f"at epoch {self.epoch + 1} of {self.cfg.epochs}"
         if step is not None:
             at += f", step {step + 1} of {self.steps}"
-        when = " (detected at the end of the epoch)" if deferred else ""
+        rank = f", rank {self.rank}" if self.world_size > 1 else ""
         return NonFiniteError(
-            f"non-finite {what} {at}{when} {self._where()}: the run diverged; lower the "
-            "learning rate"
+            f"non-finite {what} {at} ({self.method.name}, {self.cfg.optimizer} lr "
+            f"{self.cfg.lr:g}{rank}): the run diverged; lower the learning rate"
         )
-
-    def bad_step(self, loss: torch.Tensor) -> torch.Tensor:
-        """0-d bool on the device: the loss or a gradient's 2-norm is non-finite."""
-        grads = [p.grad for p in self._params if p.grad is not None]
-        norms = [n.float() for n in torch._foreach_norm(grads)] if grads else []
-        return ~torch.isfinite(torch.stack([loss.detach().float(), *norms])).all()
 
     # -- the loop: start, then per epoch begin_epoch, step..., end_epoch ----------------------
     def start(self) -> None:
@@ -188,60 +252,57 @@ class Trainer:
             self.loss_module = DistributedDataParallel(self.loss_module, device_ids=ids)
         self._whole = None
         self.method.train()
-        self.first_bad.fill_(-1)
+        self.first_bad.zero_()
 
     def epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This epoch's (image, text) batches: slices of a permutation drawn from
         :func:`epoch_generator` (seed, rank, epoch)."""
         generator = epoch_generator(self.cfg.seed, self.rank, self.epoch, self.device)
         perm = torch.randperm(self.data.text_emb.shape[0], generator=generator, device=self.device)
-        for step in range(self.steps):
-            idx = perm[step * self.batch_size : (step + 1) * self.batch_size]
-            yield self.data.image_emb[self.data.text_to_image[idx]], self.data.text_emb[idx]
+        images, texts = self.data.image_emb, self.data.text_emb
+        owners = self.data.text_to_image[perm]
+        for start in range(0, self.steps * self.batch_size, self.batch_size):
+            end = start + self.batch_size
+            yield images[owners[start:end]], texts[perm[start:end]]
 
     def step(self, images: torch.Tensor, texts: torch.Tensor, index: int = 0) -> torch.Tensor:
-        """One SGD step on a paired batch (step ``index`` of the epoch)."""
+        """One SGD step on a paired batch (step ``index`` of the epoch); a non-finite loss or
+        gradient is recorded in :attr:`first_bad` as ``4 * index + code``."""
         assert self.optimizer is not None and self.scheduler is not None
-        dtype = self.autocast or torch.float32
-        with torch.autocast(self.device.type, dtype=dtype, enabled=self.autocast is not None):
+        with torch.autocast(self.device.type, self.autocast, enabled=self.autocast is not None):
             loss = self.loss_module(images, texts, self.epoch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        bad = self.bad_step(loss)
-        if self.sync_free:
-            if bool(bad):
-                grads = [p.grad for p in self._params if p.grad is not None]
-                raise self.diverged(what_diverged(loss, grads), index)
-        else:
-            self.first_bad = torch.where(bad & (self.first_bad < 0), index, self.first_bad)
+        grads = [p.grad for p in self._params if p.grad is not None]
+        norm = torch.stack(torch._foreach_norm(grads)).sum() if grads else loss.new_zeros(())
+        code = bad_code(loss.detach(), norm)
+        first = (self.first_bad == 0) & (code > 0)
+        self.first_bad.copy_(torch.where(first, 4 * index + code, self.first_bad))
         self.optimizer.step()
         self.scheduler.step()
-        return loss
+        return loss.detach()
 
     def train_epoch(self) -> EpochRow:
         self.begin_epoch()
         total = torch.zeros((), device=self.device)
         for index, (images, texts) in enumerate(self.epoch_batches()):
-            total += self.step(images, texts, index).detach()
+            total += self.step(images, texts, index)
         return self.end_epoch(total)
 
     def end_epoch(self, total: torch.Tensor, first_bad: torch.Tensor | None = None) -> EpochRow:
         """Close the epoch whose step losses sum to ``total``: one host read of the loss, the
         first bad step and the parameters' max-norm; raises when the run diverged."""
         first_bad = self.first_bad if first_bad is None else first_bad
-        norms = [n.float() for n in torch._foreach_norm(self._params, math.inf)]
+        norms = torch._foreach_norm(self._params, math.inf) if self._params else []
         param_max = torch.stack(norms).max() if norms else total.new_zeros(())
-        loss_sum, bad, param_max = torch.stack(
-            [total.double(), first_bad.double(), param_max.double()]
-        ).tolist()
-        if bad >= 0:
-            raise self.diverged("loss or gradient", int(bad), deferred=True)
-        if not math.isfinite(param_max):
-            raise self.diverged("parameters")
+        values = torch.stack([total.double(), first_bad.double(), param_max.double()])
+        loss_sum, bad, param_max = values.tolist()
+        if bad > 0:
+            raise self.diverged(BAD[int(bad) % 4], int(bad) // 4)
         row = {"epoch": self.epoch + 1, "train_loss": loss_sum / self.steps, **self.stats()}
         bad_keys = [key for key, value in row.items() if not math.isfinite(value)]
-        if bad_keys:
-            raise self.diverged(", ".join(bad_keys))
+        if not math.isfinite(param_max) or bad_keys:
+            raise self.diverged(", ".join(bad_keys) or "parameters")
         self.epoch += 1
         return row
 
@@ -271,8 +332,6 @@ class Trainer:
             return []
         if self.epoch == 0:
             self.start()
-        from tqdm.auto import tqdm
-
         history: History = []
         name = f"train {self.method.name}"
         for _ in tqdm(range(self.epoch, self.cfg.epochs), desc=name, disable=not progress):
