@@ -46,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=os.path.join(REPO, "tune_spaces", "cpu-small.yaml"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--tables", default=None, help="default: the config's (else written)")
-    parser.add_argument("--no-torch-trainer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     import torch

@@ -31,7 +31,7 @@ SMOKE: dict[str, list] = {
     "generic_captions": ["--p", "0", "--seeds", "0", "--methods", "determ-ft", "--epochs", "1"]
     + ["--hidden-dim", "16", "--class-images", "10"],
     "serve_throughput": ["--requests", "4", "--captions", "2", "--concurrency", "2"],
-    "sweep_overhead": ["--tables", "{world}", "--no-torch-trainer", "--set", "epochs=1"]
+    "sweep_overhead": ["--tables", "{world}", "--set", "epochs=1"]
     + ["--set", "methods=[determ-ft]", "--set", "lr=[0.001]", "--set", "seeds=[0]"]
     + ["--set", "hidden_dim=16", "--set", "batch_size=64"],
     "embed_throughput": ["--data", str(HIERARCAPS), "--n-images", "4", "--repeats", "1"]

@@ -99,7 +99,6 @@ class _SweepBase(StrictModel):
     methods: _grid(MethodName) = Field(description="methods to sweep (`asymvlm methods`)")
     lr: _grid(Finite) = Field(description="the learning-rate grid")
     seeds: _grid(Annotated[int, Field(ge=0)]) = Field(description="the seeds of stage 2")
-    num_workers: Literal[1] = Field(1, description="processes per trial (DDP: pipelines/train.py)")
     mlflow: MlflowSettings = Field(MlflowSettings(), description="the tracking store, experiment")
     output: Absolute = Field(description="the sweep's folder (default: runs/<experiment>)")
     storage: StorageSettings = Field(StorageSettings(), description="how nodes share the output")
