@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import tomllib
 from typing import Any
+from unittest import mock
 
 import jsonschema
 import pytest
@@ -96,19 +97,10 @@ def test_kuberay_manifest(name: str) -> None:
         assert ray_container["image"] == f"{PROJECT_IMAGE}:{version}-{variant}"
         secrets = {e["secretRef"]["name"] for e in ray_container["envFrom"]}
         assert secrets == {"asymvlm-mlflow", "asymvlm-s3"}  # settings only from secrets
-
-
-@pytest.mark.parametrize(
-    "breakage",
-    [
-        lambda s: s["headGroupSpec"].update(rayStartParam={}),  # an unknown field
-        lambda s: s["headGroupSpec"]["rayStartParams"].update({"num-cpus": 0}),  # a wrong type
-    ],
-)
-def test_the_crd_schemas_refuse_a_broken_manifest(breakage) -> None:
-    doc = _load("raycluster.yaml")
-    breakage(doc["spec"])
-    assert kuberay_errors(doc)
+    head = spec["headGroupSpec"]
+    head["rayStartParams"]["num-cpus"] = 0  # a wrong type
+    head["rayStartParam"] = {}  # an unknown field
+    assert len(kuberay_errors(doc)) == 2
 
 
 def test_rayjob_runs_the_cluster_of_raycluster() -> None:
@@ -126,32 +118,21 @@ def test_rayjob_entrypoint_resolves_on_the_head(monkeypatch, hub_cache) -> None:
 
     def words(command: str, env: dict) -> list[str]:
         printf = ["sh", "-c", "printf '%s\\0' " + command]
-        return (
-            subprocess.run(printf, env=env, check=True, capture_output=True, text=True)
-            .stdout[:-1]
-            .split("\0")
-        )
+        done = subprocess.run(printf, env=env, check=True, capture_output=True, text=True)
+        return done.stdout[:-1].split("\0")
 
-    head_env = {**env, "MLFLOW_TRACKING_URI": "https://mlflow.example.com"}
-    argv = words(shlex.join(words(entrypoint, env)), head_env)
+    tracking_uri = "https://mlflow.example.com"
+    argv = words(shlex.join(words(entrypoint, env)), {**env, "MLFLOW_TRACKING_URI": tracking_uri})
     assert argv[:2] == ["python", "pipelines/full.py"]
-
-    class Resolved(Exception):
-        pass
-
-    def capture(cfg, stages, session):
-        raise Resolved(cfg)
-
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", head_env["MLFLOW_TRACKING_URI"])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
     monkeypatch.chdir(ROOT)  # the image's working directory is the project
     for repo in ("openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"):
         hub_cache(repo, "config.json")  # the head has them (or the Hub)
+    capture = mock.Mock(side_effect=KeyboardInterrupt)  # stops it before any work
     monkeypatch.setattr(full, "run_pipeline", capture)
-    with pytest.raises(Resolved) as caught:
-        full.main(argv[2:])
-    cfg = caught.value.args[0]
-    assert cfg.mlflow.tracking_uri == "https://mlflow.example.com"
-    assert cfg.output.startswith("s3://")
+    assert full.main(argv[2:]) == 130
+    cfg = capture.call_args.args[0]
+    assert cfg.mlflow.tracking_uri == tracking_uri and cfg.output.startswith("s3://")
 
 
 def test_cluster_launcher() -> None:

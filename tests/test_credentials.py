@@ -44,33 +44,17 @@ def test_plain_variables_expand_and_unset_ones_fail(tmp_path, monkeypatch) -> No
 
 def test_trial_actors_carry_no_runtime_env(monkeypatch) -> None:
     """Tune copies the driver's AWS credentials (and ``PL_DISABLE_FORK``) into every trainable
-    actor's runtime_env, shown in Ray's logs; after :func:`keep_credentials_on_nodes` it copies
-    nothing (and the actor can take a prestarted worker)."""
+    actor's runtime_env, shown in Ray's logs; after :func:`keep_credentials_on_nodes` nothing."""
     from ray.tune.execution import class_cache
 
     from pipelines.session import keep_credentials_on_nodes
 
     monkeypatch.setattr(class_cache, "DEFAULT_ENV_VARS", {"PL_DISABLE_FORK": "1"})
-    monkeypatch.setattr(  # Tune's default (another test file may have applied the function)
-        class_cache,
-        "ENV_VARS_TO_PROPAGATE",
-        frozenset(class_cache.ENV_VARS_TO_PROPAGATE) | {"AWS_SECRET_ACCESS_KEY"},
-    )
-    for name in class_cache.ENV_VARS_TO_PROPAGATE:
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(class_cache, "ENV_VARS_TO_PROPAGATE", {"AWS_SECRET_ACCESS_KEY"})
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-trials")
-
-    class Trainable:
-        pass
-
-    class Other:
-        pass
-
-    before = class_cache._ActorClassCache().get(Trainable)
-    assert before._default_options["runtime_env"]["env_vars"] == {
-        "PL_DISABLE_FORK": "1",
-        "AWS_SECRET_ACCESS_KEY": "not-for-trials",
-    }
+    before = class_cache._ActorClassCache().get(type("Trainable", (), {}))
+    env = {"PL_DISABLE_FORK": "1", "AWS_SECRET_ACCESS_KEY": "not-for-trials"}
+    assert before._default_options["runtime_env"]["env_vars"] == env
     keep_credentials_on_nodes()
-    after = class_cache._ActorClassCache().get(Other)
+    after = class_cache._ActorClassCache().get(type("Other", (), {}))
     assert not (after._default_options.get("runtime_env") or {}).get("env_vars")
