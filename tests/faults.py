@@ -1,8 +1,7 @@
-"""An S3 endpoint that stumbles, for the tests: :class:`FlakyProxy` forwards every request to an
-S3 server (moto) except, while a fault window is open, a share of them, which get a ``503
-SlowDown`` or a connection dropped without an answer. The window is opened by
-:meth:`FlakyProxy.fail` or, for ``python -m tests.faults --listen PORT --upstream URL``, by ``POST
-/__faults__?share=0.3&seconds=15``; ``GET /__faults__`` gives the counts as JSON."""
+"""An S3 endpoint that stumbles: :class:`FlakyProxy` forwards requests to moto but, while a fault
+window is open (:meth:`FlakyProxy.fail`, or ``POST /__faults__?share=0.3&seconds=15`` to ``python
+-m tests.faults --listen PORT --upstream URL``), answers a share of them with a ``503 SlowDown``
+or a dropped connection; ``GET /__faults__`` gives the counts as JSON."""
 
 from __future__ import annotations
 

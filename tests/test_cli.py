@@ -110,8 +110,7 @@ def test_console_script_lists_the_methods(capsys) -> None:
     [("probvlm", "adamw", 1e-4, 2), ("pfe", "sgd", 1e-3, None)],
 )
 def test_official_protocol_from_the_cli(small_world, tmp_path, method, optimizer, lr, depth):
-    """--protocol official: the authors' optimiser and architecture for the method unless given;
-    the checkpoint rebuilds the official model."""
+    """--protocol official: the authors' optimiser and architecture, rebuilt from the checkpoint."""
     from asymvlm.checkpoints import load_checkpoint
 
     args = ["--method", method, "--protocol", "official", "--epochs", "1", "--hidden-dim", "16"]

@@ -135,20 +135,16 @@ def test_rayjob_entrypoint_resolves_on_the_head(monkeypatch, hub_cache) -> None:
     assert cfg.mlflow.tracking_uri == tracking_uri and cfg.output.startswith("s3://")
 
 
-def test_cluster_launcher() -> None:
-    doc = _load("cluster-launcher.yaml")
+def test_the_launcher_the_image_and_the_setup_install_the_pins() -> None:
+    doc, ray_pin = _load("cluster-launcher.yaml"), _pins()["ray"]
     assert launcher_errors(doc) == []
     assert launcher_errors({**doc, "setup_command": []})  # an unknown key is refused
-    ray_pin = _pins()["ray"]
     assert doc["docker"]["head_image"] == f"rayproject/ray:{ray_pin}-py311"
     assert doc["docker"]["image"] == f"rayproject/ray:{ray_pin}-py311-gpu"
     installs = [c for c in doc["setup_commands"] if "pip install" in c]
     assert installs and all("constraints.txt" in c and " -e " not in c for c in installs)
-
-
-def test_the_image_and_setup_install_the_pins() -> None:
     docker = _read("cluster", "Dockerfile")
-    assert f"ARG RAY_IMAGE=rayproject/ray:{_pins()['ray']}-py311-gpu\n" in docker
+    assert f"ARG RAY_IMAGE=rayproject/ray:{ray_pin}-py311-gpu\n" in docker
     assert "pip install --no-cache-dir -c constraints.txt ." in docker
     setup = [ln for ln in _read("scripts", "setup.sh").splitlines() if "pip install" in ln]
     assert setup and all("pip install -c constraints.txt" in ln for ln in setup), setup

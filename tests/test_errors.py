@@ -3,19 +3,14 @@ errors; anything else is a bug and shows its traceback."""
 
 from __future__ import annotations
 
+from unittest.mock import Mock
+
 import pytest
 from pydantic import BaseModel, ValidationError
 
 from asymvlm.data.sources import SourceError
 from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError, Unfinished, guarded
 from asymvlm.tables import TableError
-
-
-def _raise(exc: BaseException):
-    def main() -> int:
-        raise exc
-
-    return main
 
 
 @pytest.mark.parametrize(
@@ -31,14 +26,14 @@ def _raise(exc: BaseException):
     ],
 )
 def test_the_projects_errors_are_one_line_and_their_code(exc, code, capsys) -> None:
-    assert guarded(_raise(exc)) == code
+    assert guarded(Mock(side_effect=exc)) == code
     assert capsys.readouterr().err == f"error: {str(exc) or 'interrupted'}\n"
 
 
 @pytest.mark.parametrize("exc", [ValueError("a bug"), OSError(5, "a bug"), KeyError("bug")])
 def test_anything_else_is_a_bug_with_its_traceback(exc) -> None:
     with pytest.raises(type(exc)):
-        guarded(_raise(exc))
+        guarded(Mock(side_effect=exc))
 
 
 def test_a_validation_error_that_escaped_the_config_boundary_is_one_line(capsys) -> None:
@@ -47,7 +42,7 @@ def test_a_validation_error_that_escaped_the_config_boundary_is_one_line(capsys)
 
     with pytest.raises(ValidationError) as caught:
         Spec(epochs="many")
-    assert guarded(_raise(caught.value)) == 2
+    assert guarded(Mock(side_effect=caught.value)) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: Spec: epochs: Input should be a valid integer")
     assert len(err.strip().splitlines()) == 1

@@ -1,9 +1,9 @@
-"""The whole story of a pipeline run in MLflow: its shape, statuses, tags and live curves.
-
-One small pipeline (the synthetic world, a two-lr sweep with two seeds, one evaluation, the
-report) runs as a user runs it, ``python pipelines/full.py``, with fake credentials in its
-environment; then the MLflow store is read back, and every file it left is searched for them.
-"""
+"""The whole story of a pipeline run in MLflow (its shape, statuses, tags and live curves), and
+credentials that never leave the environment (not into configs, Ray's runtime_env, outputs,
+MLflow or logs). One small pipeline (the synthetic world, a two-lr sweep with two seeds, one
+evaluation, the report) runs as a user runs it, ``python pipelines/full.py``, with fake
+credentials in its environment; then the MLflow store is read back, and every file it left is
+searched for them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import tempfile
 
 import pytest
 
-from asymvlm import tracking
+from asymvlm import config, tracking
+from asymvlm.errors import ConfigError
+from pipelines import schema
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 2
@@ -86,11 +88,6 @@ def _kind(runs, kind):
 
 
 @pytest.mark.slow
-def test_no_credential_reaches_outputs_mlflow_tune_or_ray_logs(story) -> None:
-    assert not story["leaks"], story["leaks"]
-
-
-@pytest.mark.slow
 def test_the_pipeline_run_is_the_root_of_everything(story) -> None:
     """Every run FINISHED, with MLflow's standard tags, nested under the pipeline's run."""
     runs, commit = story["runs"], tracking.git_commit()
@@ -138,7 +135,8 @@ def test_trials_are_live_runs_with_per_epoch_curves(story) -> None:
 
 
 @pytest.mark.slow
-def test_the_console_is_short_and_says_where_everything_is(story) -> None:
+def test_the_console_is_short_and_no_credential_reaches_outputs_mlflow_or_logs(story) -> None:
+    assert not story["leaks"], story["leaks"]
     text = story["stderr"]
     lines = text.splitlines()
     assert len(lines) <= 40 and not [ln for ln in lines if "arning" in ln], text
@@ -158,3 +156,47 @@ def test_a_copied_store_keeps_its_artifacts(story, tmp_path) -> None:
     local = tracking.download(f"runs:/{report.info.run_id}/report.md", uri)
     assert open(local).read().startswith("# AsymVLM report")
     assert tracking.relocate_local_store(uri) == 0  # once is enough
+
+
+def test_configs_expand_plain_variables_only_and_refuse_passwords(tmp_path, monkeypatch) -> None:
+    path, secrets = tmp_path / "c.yaml", ("AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "DB_PASSWORD")
+    monkeypatch.setenv("ASYMVLM_TEST_ROOT", str(tmp_path))
+    path.write_text("name: x\noutput: ${ASYMVLM_TEST_ROOT}/out\nreport: {output: '${output}/r'}\n")
+    cfg = schema.load_pipeline(str(path))
+    assert (cfg.output, cfg.report.output) == (str(tmp_path / "out"), str(tmp_path / "out/r"))
+    refused = {
+        "output: ${ASYMVLM_NOT_SET_ANYWHERE}/out": "ASYMVLM_NOT_SET_ANYWHERE.*is not set",
+        "mlflow: {tracking_uri: 'http://alice:hunter2@m:5000'}": (
+            r"(?=.*mlflow\.tracking_uri)(?=.*alice:\*\*\*@)"
+        ),
+        **{
+            f"mlflow: {{experiment: '${{{n}}}'}}": f"refusing to expand \\${{{n}}}" for n in secrets
+        },
+    }
+    for name in secrets:
+        monkeypatch.setenv(name, "s3cr3t")
+    for text, message in refused.items():
+        path.write_text(f"name: x\n{text}\n")
+        with pytest.raises(ConfigError, match=message) as err:
+            schema.load_pipeline(str(path))
+        assert "hunter2" not in str(err.value) and "s3cr3t" not in str(err.value)
+    assert config.redact("s3://k:s@h/b and http://u:p@x") == "s3://k:***@h/b and http://u:***@x"
+    assert config.redact("http://mlflow.internal:5000/x") == "http://mlflow.internal:5000/x"
+
+
+def test_trial_actors_carry_no_runtime_env(monkeypatch) -> None:
+    """Tune copies the driver's AWS credentials (and ``PL_DISABLE_FORK``) into every trainable
+    actor's runtime_env, shown in Ray's logs; after :func:`keep_credentials_on_nodes` nothing."""
+    from ray.tune.execution import class_cache
+
+    from pipelines.session import keep_credentials_on_nodes
+
+    monkeypatch.setattr(class_cache, "DEFAULT_ENV_VARS", {"PL_DISABLE_FORK": "1"})
+    monkeypatch.setattr(class_cache, "ENV_VARS_TO_PROPAGATE", {"AWS_SECRET_ACCESS_KEY"})
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-trials")
+    before = class_cache._ActorClassCache().get(type("Trainable", (), {}))
+    env = {"PL_DISABLE_FORK": "1", "AWS_SECRET_ACCESS_KEY": "not-for-trials"}
+    assert before._default_options["runtime_env"]["env_vars"] == env
+    keep_credentials_on_nodes()
+    after = class_cache._ActorClassCache().get(type("Other", (), {}))
+    assert not (after._default_options.get("runtime_env") or {}).get("env_vars")
