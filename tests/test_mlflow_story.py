@@ -49,8 +49,11 @@ def _grep(root: str, needles: list[str]) -> list[str]:
     hits = []
     for folder, _, files in os.walk(root):
         for path in (os.path.join(folder, name) for name in files):
-            with open(path, "rb") as fh:
-                data = fh.read()
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except OSError:  # sockets
+                continue
             hits += [f"{path}: {n[:6]}..." for n in needles if n.encode() in data]
     return hits
 
