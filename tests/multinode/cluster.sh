@@ -86,7 +86,7 @@ start_worker() {  # LOGNAME: a node of its own (mount and PID namespaces, a fres
     unshare --mount --pid --fork --kill-child bash -c '
         mount -t tmpfs tmpfs "$1" && mkdir -p "$1/ray" || exit 1
         exec ray start --address "127.0.0.1:$2" --node-ip-address 127.0.0.1 --num-cpus 3 \
-            --resources "{\"trainer\": 2}" --temp-dir "$1/ray" --block --disable-usage-stats
+            --temp-dir "$1/ray" --block --disable-usage-stats
     ' worker "$T/wk" "$GCS" >"$RESULTS/$1.log" 2>&1 &
     WORKER_PID=$!
 }
