@@ -46,8 +46,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def _validation_line(exc: BaseException) -> str | None:
-    """A pydantic ``ValidationError`` that escaped :func:`asymvlm.config.validate`, on one
-    line; None for other errors."""
+    """A pydantic ``ValidationError`` that escaped the config boundary, on one line (else None)."""
     from pydantic import ValidationError
 
     if not isinstance(exc, ValidationError):
@@ -61,13 +60,11 @@ def _validation_line(exc: BaseException) -> str | None:
 
 def exit_code(exc: BaseException) -> int | None:
     """The exit code of an error shown as one line, or None for a bug."""
-    if isinstance(exc, NonFiniteError):
-        return EXIT_DIVERGED
-    if isinstance(exc, Unfinished):
-        return EXIT_UNFINISHED
-    if isinstance(exc, AsymVLMError) or _validation_line(exc) is not None:
-        return EXIT_USER_ERROR
-    return None
+    for kind, code in ((NonFiniteError, EXIT_DIVERGED), (Unfinished, EXIT_UNFINISHED)):
+        if isinstance(exc, kind):
+            return code
+    user = isinstance(exc, AsymVLMError) or _validation_line(exc) is not None
+    return EXIT_USER_ERROR if user else None
 
 
 def guarded(main: Callable[[], int], prefix: str = "error") -> int:

@@ -18,34 +18,23 @@ _THIRD_PARTY += ("urllib3", "filelock", "py.warnings")
 _state = {"verbose": False}
 
 
-class _Console(logging.Handler):
-    """To whatever ``sys.stderr`` is now (capture, redirection), above a progress bar (tqdm)
-    when one shows; brief: ``message``, ``warning: message``."""
-
-    def __init__(self, brief: bool) -> None:
-        super().__init__()
-        self.brief = brief
-        if brief:
-            self.addFilter(lambda record: record.name.split(".")[0] in OURS)
-        else:
-            self.setFormatter(logging.Formatter(_FORMAT))
-            self.setLevel(logging.INFO)
+class _Brief(logging.Formatter):
+    """``message``; ``warning: message`` from WARNING up."""
 
     def format(self, record: logging.LogRecord) -> str:
-        if not self.brief:
-            return super().format(record)
         text = record.getMessage()
         return f"{record.levelname.lower()}: {text}" if record.levelno >= logging.WARNING else text
 
+
+class _Console(logging.StreamHandler):
+    """To whatever ``sys.stderr`` is now (capture, redirection), above a progress bar (tqdm)."""
+
+    stream = property(lambda self: sys.stderr, lambda self, value: None)  # type: ignore[assignment]
+
     def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text, bars = self.format(record), sys.modules.get("tqdm")
-            if bars is not None and getattr(bars.tqdm, "_instances", None):
-                bars.tqdm.write(text, file=sys.stderr)
-            else:
-                sys.stderr.write(text + "\n")
-        except Exception:
-            self.handleError(record)
+        bars = getattr(sys.modules.get("tqdm"), "tqdm", None)
+        with bars.external_write_mode(file=sys.stderr) if bars else contextlib.nullcontext():
+            super().emit(record)
 
 
 def log_file_for(output: str | None, name: str) -> str:
@@ -64,7 +53,11 @@ def configure(verbose: bool = False, log_file: str | None = None) -> None:
     for handler in [h for h in root.handlers if getattr(h, "_asymvlm", False)]:
         root.removeHandler(handler)
         handler.close()
-    handlers: list[logging.Handler] = [_Console(brief=not verbose)]
+    console = _Console()
+    console.setFormatter(logging.Formatter(_FORMAT) if verbose else _Brief())
+    if not verbose:
+        console.addFilter(lambda record: record.name.split(".")[0] in OURS)
+    handlers: list[logging.Handler] = [console]
     if log_file:
         handlers.append(logging.FileHandler(log_file))
         handlers[-1].setFormatter(logging.Formatter(_FORMAT))

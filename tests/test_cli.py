@@ -22,71 +22,56 @@ def _train(world: str, out: str, method: str = "asymvlm-vmf", *extra: str) -> in
 
 
 def test_train_evaluate_score(small_world, tmp_path, capsys) -> None:
-    ckpt = str(tmp_path / "ckpt")
+    ckpt, metrics, scores = (str(tmp_path / n) for n in ("ckpt", "metrics.json", "s.parquet"))
     assert _train(small_world, ckpt) == 0
-    assert os.path.exists(os.path.join(ckpt, "model.safetensors"))
-
-    metrics_path = str(tmp_path / "metrics.json")
     args = ["--embeddings", small_world, "--split", "test", "--checkpoint", ckpt, "--quiet"]
-    assert main(["evaluate", *args, "--levels", "10", "--output", metrics_path]) == 0
-    result = json.loads(open(metrics_path).read())
-    for direction in ("t2i", "i2t"):
-        r = result[direction]
-        for key in ("recall@1", "recall@5", "recall@10", "binned_recall@1", "spearman", "r2"):
-            assert key in r
+    assert main(["evaluate", *args, "--levels", "10", "--output", metrics]) == 0
+    result = json.loads(open(metrics).read())
+    for r in (result["t2i"], result["i2t"]):
+        assert {"binned_recall@1", "spearman", "r2"} <= set(r) and len(r["binned_recall@1"]) == 10
         assert 0.0 <= r["recall@1"] <= r["recall@5"] <= r["recall@10"] <= 1.0
-        assert len(r["binned_recall@1"]) == 10
     out = capsys.readouterr().out
     assert "t2i: R@1" in out and "i2t: R@1" in out
-
-    scores_path = str(tmp_path / "scores.parquet")
-    assert main(["score", *args, "--output", scores_path]) == 0
-    table = pq.read_table(scores_path)
-    split = tables.read_split(small_world, "test")
+    assert main(["score", *args, "--output", scores]) == 0
+    table, split = pq.read_table(scores), tables.read_split(small_world, "test")
     assert table.column("caption_id").to_pylist() == split.caption_ids
     kappa = table.column("kappa").to_numpy()
-    unc = table.column("uncertainty").to_numpy()
     assert np.all(kappa > 0)
-    np.testing.assert_allclose(unc, 1.0 / kappa, rtol=1e-5)
+    np.testing.assert_allclose(table.column("uncertainty").to_numpy(), 1.0 / kappa, rtol=1e-5)
     assert table.column("level").to_pylist() == split.extra_text_columns["level"].tolist()
 
 
 def test_score_for_a_method_without_uncertainty(small_world, tmp_path) -> None:
-    ckpt = str(tmp_path / "clip")
+    ckpt, out, metrics = str(tmp_path / "clip"), str(tmp_path / "s.parquet"), tmp_path / "m.json"
     assert _train(small_world, ckpt, "clip") == 0
-    out = str(tmp_path / "s.parquet")
-    args = ["--embeddings", small_world, "--checkpoint", ckpt, "--quiet", "--output", out]
-    assert main(["score", *args]) == 0
+    args = ["--embeddings", small_world, "--checkpoint", ckpt, "--quiet", "--output"]
+    assert main(["score", *args, out]) == 0
     table = pq.read_table(out)
     assert table.column("uncertainty").null_count == table.num_rows
-    metrics = str(tmp_path / "m.json")
-    args = ["--embeddings", small_world, "--checkpoint", ckpt, "--quiet", "--output", metrics]
-    assert main(["evaluate", *args]) == 0
-    r = json.loads(open(metrics).read())["t2i"]
+    assert main(["evaluate", *args, str(metrics)]) == 0
+    r = json.loads(metrics.read_text())["t2i"]
     assert r["binned_recall@1"] is None and r["spearman"] is None
 
 
 def test_method_arguments_reach_the_constructor(small_world, tmp_path) -> None:
-    ckpt = str(tmp_path / "ckpt")
-    assert _train(small_world, ckpt, "elip", "--method-arg", "gallery_size=50") == 0
-    meta = json.loads(open(os.path.join(ckpt, "config.json")).read())
+    assert _train(small_world, str(tmp_path), "elip", "--method-arg", "gallery_size=50") == 0
+    meta = json.loads((tmp_path / "config.json").read_text())
     assert meta["method_kwargs"]["gallery_size"] == 50
 
 
 def test_bad_table_gives_a_clear_error_naming_the_file(small_world, tmp_path, capsys) -> None:
-    broken = tmp_path / "broken"
-    shutil.copytree(small_world, broken)
-    path = broken / "train" / "texts" / "part-00000.parquet"
+    shutil.copytree(small_world, tmp_path / "broken")
+    path = tmp_path / "broken" / "train" / "texts" / "part-00000.parquet"
     table = pq.read_table(path)
     emb = table.column("embedding").combine_chunks()
     values = emb.values.to_numpy().copy()
-    values[5 * emb.type.list_size] = np.nan
+    values[5 * emb.type.list_size] = np.nan  # row 5
     bad = pa.FixedSizeListArray.from_arrays(pa.array(values, pa.float32()), emb.type.list_size)
-    table = table.set_column(table.schema.get_field_index("embedding"), "embedding", bad)
-    pq.write_table(table, path)
-    code = _train(str(broken), str(tmp_path / "ckpt"))
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("embedding"), "embedding", bad), path
+    )
+    assert _train(str(tmp_path / "broken"), str(tmp_path / "ckpt")) == 2
     err = capsys.readouterr().err
-    assert code == 2
     assert "part-00000.parquet" in err and "row 5" in err
     assert not os.path.exists(tmp_path / "ckpt" / "model.safetensors")
 
@@ -125,16 +110,13 @@ def test_console_script_lists_the_methods(capsys) -> None:
     [("probvlm", "adamw", 1e-4, 2), ("pfe", "sgd", 1e-3, None)],
 )
 def test_official_protocol_from_the_cli(small_world, tmp_path, method, optimizer, lr, depth):
-    """--protocol official: the authors' optimiser and architecture for the method unless given;
-    the checkpoint rebuilds the official model."""
+    """--protocol official: the authors' optimiser and architecture, rebuilt from the checkpoint."""
     from asymvlm.checkpoints import load_checkpoint
 
-    out = str(tmp_path / "ckpt")
     args = ["--method", method, "--protocol", "official", "--epochs", "1", "--hidden-dim", "16"]
-    args += ["--batch-size", "128", "--embeddings", small_world, "--output", out, "--quiet"]
-    args = ["train", *args]
-    assert main(args) == 0
-    model, meta = load_checkpoint(out)
+    args += ["--batch-size", "128", "--embeddings", small_world, "--quiet"]
+    assert main(["train", *args, "--output", str(tmp_path)]) == 0
+    model, meta = load_checkpoint(str(tmp_path))
     cfg = meta["train_config"]
     assert (cfg["protocol"], cfg["optimizer"], cfg["lr"]) == ("official", optimizer, lr)
     assert model.protocol == "official"

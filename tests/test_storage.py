@@ -1,28 +1,48 @@
-"""The storage layer: local paths and object-store URIs resolved in one place, and pipelines whose
-every output (Tune state, Train checkpoints, sweep records, evaluations, report) goes there."""
+"""The storage layer: local paths and object-store URIs in one place, retried through an object
+store that stumbles (:mod:`tests.faults`) with nothing half-written; sweeps write there."""
 
 from __future__ import annotations
 
-import json
 import os
+import threading
 
+import numpy as np
 import pyarrow.fs as pafs
 import pytest
 
-from asymvlm import storage, tracking
+from asymvlm import storage, tables, tracking
 from asymvlm.errors import ConfigError
 from asymvlm.synthetic import write_world
 from pipelines import schema
 from tests.conftest import small_world_config
+from tests.faults import FlakyProxy
+
+
+@pytest.fixture
+def bucket(s3_server):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True)
+    fs.mkdir("bucket")
+    return fs
+
+
+@pytest.fixture
+def flaky(bucket, s3_server, monkeypatch):
+    """moto behind a proxy that fails requests on demand; the clients talk to the proxy."""
+    import s3fs
+
+    with FlakyProxy(s3_server, seed=1) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        s3fs.S3FileSystem.clear_instance_cache()
+        yield proxy
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_local_paths_and_uris(tmp_path) -> None:
     assert storage.uri_join("s3://b/run/", "sweeps", "a") == "s3://b/run/sweeps/a"
-    assert storage.uri_join(str(tmp_path), "x", "y.json") == str(tmp_path / "x" / "y.json")
-    assert storage.is_remote("s3://b/x") and storage.is_remote("gs://b/x")
-    assert not storage.is_remote("file:///tmp/x") and not storage.is_remote("runs/x")
-    path, fs = storage.ray_storage(str(tmp_path / "ray"))
-    assert (path, fs) == (str(tmp_path / "ray"), None)
+    assert storage.is_remote("s3://b/x") and not storage.is_remote("file:///tmp/x")
+    assert storage.ray_storage(str(tmp_path / "ray")) == (str(tmp_path / "ray"), None)
     target = storage.uri_join(str(tmp_path), "sub", "a.txt")
     assert not storage.exists(target)
     storage.write_text(target, "héllo")
@@ -30,33 +50,12 @@ def test_local_paths_and_uris(tmp_path) -> None:
     assert storage.uri_of(pafs.LocalFileSystem(), target) == target
 
 
-def test_s3_with_a_custom_endpoint(s3_server, tmp_path) -> None:
-    import s3fs
-
-    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server}).mkdir("bucket")
-    path, fs = storage.ray_storage("s3://bucket/run/ray")  # the endpoint: AWS_ENDPOINT_URL
-    assert path == "bucket/run/ray" and fs.get_file_info("bucket").type == pafs.FileType.Directory
-    storage.write_text("s3://bucket/run/sweep.json", json.dumps({"a": 1}))
-    assert json.loads(storage.read_text("s3://bucket/run/sweep.json")) == {"a": 1}
-    local = tmp_path / "report"
-    (local / "figs").mkdir(parents=True)
-    (local / "report.md").write_text("# r")
-    (local / "figs" / "f.png").write_bytes(b"\x89PNG")
-    storage.upload_dir(str(local), "s3://bucket/run/report")
-    assert storage.read_text("s3://bucket/run/report/report.md") == "# r"
-    assert storage.exists("s3://bucket/run/report/figs/f.png")
-    s3fs_fs, s3_path = storage.filesystem("s3://bucket/run/sweep.json")
-    assert storage.uri_of(s3fs_fs, s3_path) == "s3://bucket/run/sweep.json"
-
-
-def test_a_record_rewritten_while_it_is_read_reads_whole(s3_server) -> None:
+def test_s3_files_and_a_record_rewritten_while_it_is_read(bucket) -> None:
     """Another process rewriting a JSON record (a renewed lease, sweep.json) never makes a
     concurrent read fail: it sees the old or the new content."""
-    import threading
-
-    import s3fs
-
-    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server}).mkdir("bucket")
+    path, fs = storage.ray_storage("s3://bucket/run/ray")  # the endpoint: AWS_ENDPOINT_URL
+    assert path == "bucket/run/ray" and fs.get_file_info("bucket").type == pafs.FileType.Directory
+    assert storage.uri_of(fs, path) == "s3://bucket/run/ray"
     storage.write_json("s3://bucket/run", "rec.json", {"n": 0, "pad": "x" * 4096})
     stop, seen = threading.Event(), set()
 
@@ -71,7 +70,6 @@ def test_a_record_rewritten_while_it_is_read_reads_whole(s3_server) -> None:
     try:
         for _ in range(20):
             seen.add(storage.read_json("s3://bucket/run", "rec.json")["n"])
-            json.loads(storage.read_text("s3://bucket/run/rec.json"))
     finally:
         stop.set()
         writer.join()
@@ -81,28 +79,62 @@ def test_a_record_rewritten_while_it_is_read_reads_whole(s3_server) -> None:
         storage.read_text("s3://bucket/run/missing.json")
 
 
-def test_object_store_output_needs_a_tracking_server(tmp_path) -> None:
-    path = tmp_path / "c.yaml"
+@pytest.mark.slow
+def test_tables_records_and_checkpoints_survive_a_third_of_the_requests_failing(
+    flaky, bucket
+) -> None:
+    """Tables, records and Ray's checkpoints (through ``ray_storage``'s filesystem) are written
+    and read through the retries; no temporary object is left."""
+    flaky.fail(share=0.3, seconds=600)
+    root = write_world("s3://bucket/world", small_world_config(dim=8, splits={"train": 60}))
+    storage.write_json(root, "records/one.json", {"epoch": 3})
+    assert storage.read_json(root, "records/one.json") == {"epoch": 3}
+    split = tables.read_split(root, "train")
+    assert split.n_images == 60 and np.isfinite(split.image_embeddings).all()
+    path, fs = storage.ray_storage("s3://bucket/ray")
+    payload = bytes(range(256)) * 64
+    for k in range(4):
+        with fs.open_output_stream(f"{path}/checkpoint_{k:06d}/model.pt") as out:
+            out.write(payload)
+    for k in range(4):
+        with fs.open_input_stream(f"{path}/checkpoint_{k:06d}/model.pt") as fh:
+            assert fh.read() == payload
+    assert flaky.counts["failed"] > 10 and flaky.counts["503"] and flaky.counts["drop"]
+    flaky.fail(share=0.0, seconds=0)
+    bucket.invalidate_cache()
+    assert not [k for k in bucket.find("bucket") if ".tmp-" in k]
+
+
+def test_a_request_that_keeps_failing_names_its_uri(flaky, bucket, monkeypatch) -> None:
+    monkeypatch.setenv("ASYMVLM_STORAGE_ATTEMPTS", "many")
+    with pytest.raises(storage.StorageError, match="ASYMVLM_STORAGE_ATTEMPTS"):
+        storage.attempts()
+    monkeypatch.setenv("ASYMVLM_STORAGE_ATTEMPTS", "2")
+    flaky.fail(share=1.0, seconds=600)
+    with pytest.raises(storage.StorageError) as caught:
+        storage.write_text("s3://bucket/run/sweep.json", "{}")
+    assert str(caught.value).startswith("s3://bucket/run/sweep.json: ")
+    assert "after 2 attempts" in str(caught.value)
+    flaky.fail(share=0.0, seconds=0)
+    bucket.invalidate_cache()
+    assert not [k for k in bucket.find("bucket") if k.startswith("bucket/run")]
+
+
+def test_an_object_store_output_needs_a_tracking_server_and_shared_storage(
+    tmp_path, monkeypatch
+) -> None:
+    import ray
+
+    path, server = tmp_path / "c.yaml", "mlflow: {tracking_uri: 'http://m:5000'}\n"
     path.write_text("name: x\noutput: s3://bucket/run\n")
     with pytest.raises(ConfigError, match="set mlflow.tracking_uri to a tracking server"):
         schema.load_pipeline(str(path))
-    path.write_text(
-        "name: x\noutput: s3://bucket/run\nmlflow: {tracking_uri: 'http://m:5000'}\n"
-        "prepare: {tiny_clip: '${output}/models/tiny'}\n"
-    )
+    path.write_text(f"output: s3://bucket/run\n{server}prepare: {{tiny_clip: '${{output}}/m'}}\n")
     with pytest.raises(ConfigError, match="prepare.tiny_clip writes local files"):
         schema.load_pipeline(str(path))
-    path.write_text(
-        "name: x\noutput: s3://bucket/run\nmlflow: {tracking_uri: 'http://m:5000'}\n"
-        "storage: {shared_filesystem: false}\n"
-    )
+    path.write_text(f"output: s3://bucket/run\n{server}storage: {{shared_filesystem: false}}\n")
     cfg = schema.load_pipeline(str(path))
     assert cfg.output == "s3://bucket/run" and cfg.report.output is None
-
-
-def test_a_local_output_on_several_nodes_is_refused(monkeypatch, tmp_path) -> None:
-    import ray
-
     two = [{"Alive": True, "NodeID": "a"}, {"Alive": True, "NodeID": "b"}]
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "nodes", lambda: two)
@@ -115,45 +147,29 @@ def test_a_local_output_on_several_nodes_is_refused(monkeypatch, tmp_path) -> No
 
 
 @pytest.mark.slow
-def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, tmp_path) -> None:
+def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, bucket, tmp_path) -> None:
     """Tune state, trial checkpoints, the sweep record and summary land in the bucket; the
-    adapter logged to MLflow is read back from the checkpoint in the bucket (not a local path).
-    """
+    adapter logged to MLflow is read back from the checkpoint in the bucket."""
     import mlflow
     import pandas as pd
-    import s3fs
 
-    from pipelines.schema import sweep_config as resolve_config
+    from pipelines.schema import sweep_config
     from pipelines.tuning.sweep import run_sweep
 
-    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": ray_on_s3_nodes})
-    fs.mkdir("bucket")
     world = write_world("s3://bucket/tables", small_world_config())
     uri = "sqlite:///" + str(tmp_path / "mlflow.db")
-    cfg = resolve_config(
-        {
-            "embeddings": world,
-            "methods": ["asymvlm-vmf"],
-            "lr": [1e-3],
-            "seeds": [0],
-            "epochs": 2,
-            "batch_size": 128,
-            "optimizer": "adamw",
-            "hidden_dim": 16,
-            "checkpoint_every": 1,
-            "output": "s3://bucket/run/sweep",
-            "mlflow": {"tracking_uri": uri, "experiment": "s3"},
-        }
-    )
-    before = set(os.listdir(tmp_path))
-    out = run_sweep(cfg)
-    assert set(os.listdir(tmp_path)) - before <= {"mlartifacts", "mlflow.db"}  # MLflow only
-    keys = fs.find("bucket/run/sweep")
-    assert "bucket/run/sweep/sweep.json" in keys and "bucket/run/sweep/summary.md" in keys
-    assert any(k.startswith("bucket/run/sweep/tune/trials/") for k in keys)  # Tune state
+    space = {"methods": ["asymvlm-vmf"], "lr": [1e-3], "seeds": [0], "epochs": 2}
+    train = {"batch_size": 128, "optimizer": "adamw", "hidden_dim": 16, "checkpoint_every": 1}
+    where = {"output": "s3://bucket/run/sweep", "mlflow": {"tracking_uri": uri}}
+    out = run_sweep(sweep_config({"embeddings": world, **space, **train, **where}))
+    assert set(os.listdir(tmp_path)) <= {"mlartifacts", "mlflow.db"}  # MLflow only
+    keys = bucket.find("bucket/run/sweep")
+    assert {"bucket/run/sweep/sweep.json", "bucket/run/sweep/summary.md"} <= set(keys)
     # the trial's checkpoints (it trained in place: Tune's checkpoints, beside its state)
-    assert any("/checkpoint_" in k and k.endswith("trainer.pt") for k in keys)
-    record = json.loads(storage.read_text("s3://bucket/run/sweep/sweep.json"))
+    assert any(
+        k.startswith("bucket/run/sweep/tune/trials/") and k.endswith("trainer.pt") for k in keys
+    )
+    record = storage.read_json("s3://bucket/run/sweep", "sweep.json")
     assert record["parent_run_id"] == out["parent_run_id"]
     (child,) = tracking.child_runs(uri, out["parent_run_id"])
     model = mlflow.pyfunc.load_model(tracking.download(f"runs:/{child.info.run_id}/adapter", uri))

@@ -40,12 +40,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
             return 0
         logger.info("resuming %s%s", args.output, where)
-    if METHODS[cfg.method].trainable:
-        what = f"training {cfg.method} ({cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr:g}, "
-        what += f"batch {cfg.batch_size}, device {device})"
-    else:  # fitted post hoc (bayesvlm) or used as is (clip)
-        what = f"fitting {cfg.method} (no training; device {device})"
-    logger.info("%s on %s/%s", what, args.embeddings, args.split)
+    what = f"{cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr:g}, batch {cfg.batch_size}"
+    if not METHODS[cfg.method].trainable:  # fitted post hoc (bayesvlm) or used as is (clip)
+        what = "no training"
+    logger.info(
+        "%s (%s, device %s) on %s/%s", cfg.method, what, device, args.embeddings, args.split
+    )
     _, history = train(
         args.embeddings,
         args.split,
@@ -141,27 +141,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="extra method constructor argument (repeatable)",
     )
-    p.add_argument(
-        "--output",
-        required=True,
-        metavar="DIR",
-        help="checkpoint folder (config.json, model.safetensors, history.jsonl, trainer.pt), "
-        "written as a whole",
-    )
+    p.add_argument("--output", required=True, metavar="DIR", help="checkpoint folder")
     p.add_argument(
         "--checkpoint-every",
         type=int,
         default=None,
         metavar="N",
-        help="also write an incomplete checkpoint every N epochs, to --resume from "
-        "(default: only the final one)",
+        help="also write a checkpoint every N epochs to --resume from (default: the final only)",
     )
     again = p.add_mutually_exclusive_group()
     again.add_argument(
         "--resume",
         action="store_true",
-        help="continue the checkpoint in --output (same flags, --epochs too); a "
-        "complete one is left as it is; without one, start fresh",
+        help="continue the checkpoint in --output (same flags); a complete one is left as it is",
     )
     again.add_argument(
         "--overwrite", action="store_true", help="replace a checkpoint already in --output"
@@ -171,17 +163,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "import-official",
         help="turn a checkpoint of the authors' train.py into one of this project",
-        description="Reads torch.save(adaptor.state_dict()) of the authors' code "
-        "(li-ju666/asymvlm) and writes a complete checkpoint of the same method under "
-        "protocol official, for asymvlm evaluate/score.",
+        description="Reads torch.save(adaptor.state_dict()) of the authors' code and writes a "
+        "checkpoint of the same method under protocol official.",
         formatter_class=Help,
     )
-    p.add_argument(
-        "--method",
-        required=True,
-        help="the official --method key (asymvlm-vmf, asymvlm-psd, probvlm, pfe, "
-        "pcmepp, prolip) or this project's name",
-    )
+    p.add_argument("--method", required=True, help="the official --method key or this project's")
     p.add_argument(
         "--checkpoint",
         required=True,

@@ -4,8 +4,9 @@
 (:mod:`~asymvlm.tracking.writer`), and reading them back (:mod:`~asymvlm.tracking.queries`).
 The pipeline run is the root; its sweeps, trials, evaluations and report are nested under it."""
 
+from mlflow.pyfunc import PythonModel
+
 from asymvlm.tracking.queries import (
-    PythonModel,
     child_runs,
     download,
     experiment_runs,

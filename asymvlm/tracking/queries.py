@@ -10,11 +10,6 @@ from typing import Any
 from asymvlm.config import redact
 from asymvlm.tracking.store import global_tracking_uri, relocate_once
 
-try:  # mlflow is a dependency; keep `import asymvlm.tracking` cheap to fail clearly
-    from mlflow.pyfunc import PythonModel
-except ImportError:  # pragma: no cover
-    PythonModel = object  # type: ignore[assignment,misc]
-
 
 def _client(tracking_uri: str | None) -> Any:
     from mlflow import MlflowClient
@@ -83,16 +78,14 @@ def model_run(uri: str, tracking_uri: str | None = None) -> dict[str, Any] | Non
     """The run that logged the model ``uri`` (``runs:/<run>/<path>``, ``models:/<name>/<version>``
     or ``models:/<name>@<alias>``) with its latest metrics and params; None for other URIs."""
     client = _client(tracking_uri)
-    with global_tracking_uri(tracking_uri):
+    with global_tracking_uri(tracking_uri):  # the model registry follows it
         if uri.startswith("runs:/"):
             run_id = uri.removeprefix("runs:/").split("/", 1)[0]
         elif uri.startswith("models:/"):
             name, at, alias = uri.removeprefix("models:/").partition("@")
-            if at:
-                run_id = client.get_model_version_by_alias(name, alias).run_id
-            else:
-                name, _, number = name.partition("/")
-                run_id = client.get_model_version(name, number.split("/")[0]).run_id
+            name, _, number = name.partition("/")
+            found = client.get_model_version_by_alias(name, alias) if at else None
+            run_id = (found or client.get_model_version(name, number.split("/")[0])).run_id
         else:
             return None
         run = client.get_run(run_id)

@@ -65,15 +65,10 @@ class Run:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (Tune saves its callbacks) with its id, without its writer."""
-        return {
-            "tracking_uri": self.tracking_uri,
-            "key": self.key,
-            "ended": self.ended,
-            "_id": self.id,
-        }
+        return {"uri": self.tracking_uri, "key": self.key, "ended": self.ended, "id": self.id}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["_id"], state["tracking_uri"], state["key"])  # type: ignore[misc]
+        self.__init__(state["id"], state["uri"], state["key"])  # type: ignore[misc]
         self.ended = state["ended"]
 
     def _write(self, op: str, **fields: Any) -> None:
@@ -93,13 +88,9 @@ class Run:
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
         """Finite numbers only (None, NaN and non-numbers are left out)."""
-        self.log_metric_rows([(step, metrics, time.time())])
-
-    def log_metric_rows(self, rows: list[tuple[int, Mapping[str, Any], float]]) -> None:
-        """Several steps' metrics at once: ``(step, metrics, timestamp in seconds)`` each."""
+        now = int(1000 * time.time())
         items = [
-            [str(k), float(v), int(1000 * ts), int(step)]
-            for step, metrics, ts in rows
+            [str(k), float(v), now, int(step)]
             for k, v in metrics.items()
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
         ]
@@ -135,7 +126,7 @@ class Run:
             return
         if reason:
             self.set_tags({"failure_reason": reason, "mlflow.note.content": f"{status}: {reason}"})
-        self._write("set_terminated", status=status)
+        self._write("set_terminated", status=status, end_time=int(1000 * time.time()))
         self.ended = True
 
 
@@ -171,7 +162,7 @@ def open_run(
         experiment=experiment,
         name=name,
         tags={k: str(v)[:5000] for k, v in all_tags.items() if v is not None},
-        start_time=None if start_time is None else int(1000 * start_time),
+        start_time=int(1000 * (time.time() if start_time is None else start_time)),
         **link,
     )
     if params:

@@ -51,31 +51,29 @@ def relocate_local_store(tracking_uri: str) -> int:
     """Point a moved SQLite store (MLflow records absolute ``file://`` locations) at the
     ``mlartifacts`` folder beside it, unless the artifacts are still only at the old place;
     the number of locations rewritten."""
-    here = _artifacts_beside(tracking_uri)
-    database = tracking_uri.removeprefix("sqlite:///")
+    here, database = _artifacts_beside(tracking_uri), tracking_uri.removeprefix("sqlite:///")
     if here is None or not os.path.isfile(database):
         return 0
-    moved = 0
+    moved, mark = 0, f"/{ARTIFACTS_DIR}"
     with sqlite3.connect(database) as db:
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if "experiments" not in tables:
+        try:
+            found = db.execute("SELECT artifact_location FROM experiments").fetchall()
+        except sqlite3.OperationalError:  # not an MLflow store yet
             return 0
         roots = {
-            loc[: loc.rindex(f"/{ARTIFACTS_DIR}") + len(ARTIFACTS_DIR) + 1]
-            for (loc,) in db.execute("SELECT artifact_location FROM experiments")
-            if loc and loc.startswith("file://") and f"/{ARTIFACTS_DIR}" in loc
+            loc[: loc.rindex(mark) + len(mark)]
+            for (loc,) in found
+            if loc and loc.startswith("file://") and mark in loc
         }
-        for old in sorted(roots - {here}):
+        for old in roots - {here}:
             if os.path.isdir(old.removeprefix("file://")) and not os.path.isdir(here[7:]):
                 continue
             for table, column in _LOCATION_COLUMNS:
-                columns = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
-                if table in tables and column in columns:
-                    moved += db.execute(
-                        f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
-                        f"WHERE substr({column}, 1, ?) = ?",
-                        (here, len(old) + 1, len(old), old),
-                    ).rowcount
+                moved += db.execute(
+                    f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                    f"WHERE substr({column}, 1, ?) = ?",
+                    (here, len(old) + 1, len(old), old),
+                ).rowcount
     if moved:
         logger.info("MLflow store %s moved: artifact locations now under %s", database, here)
     return moved

@@ -1,4 +1,4 @@
-"""Every write to a tracking store, in order: straight to the store, or -- inside
+"""Every write to a tracking store, in order: straight to the store or -- inside
 :func:`outage_queue`, while the store is unreachable after MLflow's own retries -- queued in
 memory (its files copied) and sent when the store is back."""
 
@@ -9,11 +9,9 @@ import logging
 import os
 import re
 import shutil
-import socket
 import tempfile
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,36 +52,17 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
-def _unreachable(tracking_uri: str) -> bool:
-    """Whether an HTTP store's host refuses a connection: a quick look before the waiting
-    writes are tried (MLflow's retries take minutes)."""
-    import requests
-
-    parts = urllib.parse.urlsplit(tracking_uri)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return False
-    if requests.utils.get_environ_proxies(tracking_uri):
-        return False
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        socket.create_connection((parts.hostname, port), timeout=10).close()
-    except OSError:
-        return True
-    return False
-
-
 class Writer:
     """The writes to one tracking store, in order (``ids``: run key -> MLflow run id)."""
 
     def __init__(self, tracking_uri: str) -> None:
         from mlflow import MlflowClient
 
-        self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri)
+        self.tracking_uri, self.client = tracking_uri, MlflowClient(tracking_uri)
         self.ids: dict[str, str] = {}
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
         self.lock = threading.RLock()
-        self._retry_at, self._wait = 0.0, FIRST_RETRY_S
+        self.retry_at, self._wait = 0.0, FIRST_RETRY_S
 
     def write(self, op: dict[str, Any]) -> None:
         """Apply ``op`` now, or queue it behind the waiting writes."""
@@ -95,14 +74,12 @@ class Writer:
                     if _state["folder"] is None or not is_transient(exc):
                         raise
                     self._failed()
+                    shown = redact(self.tracking_uri)
                     logger.warning(
-                        "tracking store %s unreachable (%s): its writes wait",
-                        redact(self.tracking_uri),
-                        one_line(exc),
+                        "tracking store %s unreachable (%s): its writes wait", shown, one_line(exc)
                     )
             self.queue.append(_kept(op))
-            if time.monotonic() >= self._retry_at:
-                self.drain_once()
+            self.drain_once()
 
     def _apply(self, op: dict[str, Any]) -> None:
         from mlflow.entities import Metric, Param, RunTag
@@ -113,19 +90,17 @@ class Writer:
             if parent := op.get("parent_id") or op.get("parent_key") and self.ids[op["parent_key"]]:
                 tags["mlflow.parentRunId"] = parent
             experiment = experiment_id(client, op["experiment"], self.tracking_uri)
-            created = client.create_run(
-                experiment, run_name=op["name"], tags=tags, start_time=op.get("start_time")
-            )
+            created = client.create_run(experiment, op["start_time"], tags, op["name"])
             self.ids[op["run"]] = created.info.run_id
             return
         run_id = self.ids[op["run"]]
         if kind == "log_batch":
-            client.log_batch(
-                run_id,
-                metrics=[Metric(*m) for m in op.get("metrics", [])],
-                params=[Param(*p) for p in op.get("params", [])],
-                tags=[RunTag(*t) for t in op.get("tags", [])],
+            metrics = [Metric(*m) for m in op.get("metrics", [])]
+            params, tags = (
+                [Param(*p) for p in op.get("params", [])],
+                [RunTag(*t) for t in op.get("tags", [])],
             )
+            client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
         elif kind == "log_artifact":
             client.log_artifact(run_id, op["path"], op.get("artifact_path"))
         elif kind == "log_pyfunc":
@@ -137,48 +112,41 @@ class Writer:
                 )
             client.update_run(run_id, status="RUNNING")  # leaving start_run ended it
         elif kind == "set_terminated":
-            client.set_terminated(run_id, op["status"], op.get("end_time"))
+            client.set_terminated(run_id, op["status"], op["end_time"])
         else:
             client.update_run(run_id, status=op["status"])
 
     def _failed(self) -> None:
-        self._retry_at = time.monotonic() + self._wait
+        self.retry_at = time.monotonic() + self._wait
         self._wait = min(2 * self._wait, MAX_RETRY_S)
 
     def drain_once(self) -> int:
         """Apply the waiting writes in order until the store fails again (a write the store
         refuses is dropped with a warning); the number still waiting."""
         with self.lock:
-            if self.queue and _unreachable(self.tracking_uri):
-                self._failed()
-            while self.queue and time.monotonic() >= self._retry_at:
-                op = self.queue[0]
+            while self.queue and time.monotonic() >= self.retry_at:
                 try:
-                    self._apply(op)
+                    self._apply(self.queue[0])
                 except Exception as exc:
                     if is_transient(exc):
                         self._failed()
                         break
+                    shown, kind = redact(self.tracking_uri), self.queue[0]["op"]
                     logger.warning(
                         "tracking store %s refused a waiting write (%s): %s",
-                        redact(self.tracking_uri),
-                        op["op"],
+                        shown,
+                        kind,
                         one_line(exc),
                     )
                 self.queue.popleft()
                 if not self.queue:
-                    self._retry_at, self._wait = 0.0, FIRST_RETRY_S
+                    self.retry_at, self._wait = 0.0, FIRST_RETRY_S
                     logger.info("tracking store %s is back", redact(self.tracking_uri))
             return len(self.queue)
 
 
 def _kept(op: dict[str, Any]) -> dict[str, Any]:
-    """``op`` as it waits: its time fixed now, its files copied (the caller may delete them)."""
-    now = int(1000 * time.time())
-    if op["op"] == "create_run":
-        return {**op, "start_time": op.get("start_time") or now}
-    if op["op"] == "set_terminated":
-        return {**op, "end_time": now}
+    """``op`` as it waits: its files copied (the caller may delete them)."""
     if op["op"] == "log_artifact":
         return {**op, "path": _copy(op["path"])}
     if op["op"] == "log_pyfunc":
@@ -213,7 +181,7 @@ def drain(timeout_s: float) -> int:
     deadline = time.monotonic() + timeout_s
     while True:
         for each in list(_writers.values()):
-            each._retry_at = 0.0
+            each.retry_at = 0.0
         left = sum(each.drain_once() for each in list(_writers.values()))
         if not left or time.monotonic() >= deadline:
             return left
@@ -233,10 +201,9 @@ def outage_queue(drain_s: float = 300.0) -> Iterator[None]:
             drain(drain_s)
         for each in list(_writers.values()):
             if each.queue:
+                shown = redact(each.tracking_uri)
                 logger.warning(
-                    "%d tracking writes never reached %s and are dropped",
-                    len(each.queue),
-                    redact(each.tracking_uri),
+                    "%d tracking writes never reached %s and are dropped", len(each.queue), shown
                 )
                 each.queue.clear()
         shutil.rmtree(_state["folder"], ignore_errors=True)

@@ -6,18 +6,19 @@
 #   * an MLflow tracking server (SQLite on the head, artifacts in the bucket, written through
 #     the proxy);
 #   * a head offering 0 CPUs (so training can only run on the worker), with the dashboard;
-#   * a worker with 2 CPUs in its own mount and PID namespaces, a private tmpfs over its scratch
+#   * a worker with 3 CPUs in its own mount and PID namespaces, a private tmpfs over its scratch
 #     directory (a local path written on one node does not exist on the other).
-# Then jobs are submitted with `ray job submit` (findings go to $RESULTS):
+# Then jobs are submitted with `ray job submit` (findings go to $RESULTS), side by side where they
+# cannot disturb each other:
 #   1. s3: the pipeline with an s3:// output; the trial's process SIGKILLs itself once after
-#      epoch 2 (it must succeed);
+#      epoch 2 (it must succeed); beside it, once its tables are in the bucket:
 #   2. local: the pipeline with a local output (it must fail: shared storage is needed);
-#   3. node: a sweep whose trial holds after its checkpoint of epoch 2, when the worker node is
+#   3. flaky: a sweep whose S3 requests go through the proxy, failing 30 % of them for 150 s from
+#      the job's start (table reads, checkpoints, Tune's state);
+#   4. node: a sweep whose trial holds after its checkpoint of epoch 2, when the worker node is
 #      killed whole (its PID namespace ended, its tmpfs gone); a new worker node is started;
-#   4. outage: a sweep during which the MLflow server is stopped for longer than the client's
-#      (shortened) retries, then started again;
-#   5. flaky: a sweep whose S3 requests go through the proxy, failing 30 % of them for 150 s from
-#      the job's start (table reads, checkpoints, Tune's state).
+#   5. outage (submitted once the new node is up): a sweep during which the MLflow server is
+#      stopped for longer than the client's (shortened) retries, then started again.
 # Usage (from the repository root):
 #   unshare --net --pid --fork --mount-proc bash tests/multinode/cluster.sh RESULTS_DIR
 # Its own PID namespace (with /proc remounted) keeps `ray stop` from seeing, let alone stopping,
@@ -84,8 +85,8 @@ stop_mlflow() {
 start_worker() {  # LOGNAME: a node of its own (mount and PID namespaces, a fresh tmpfs)
     unshare --mount --pid --fork --kill-child bash -c '
         mount -t tmpfs tmpfs "$1" && mkdir -p "$1/ray" || exit 1
-        exec ray start --address "127.0.0.1:$2" --node-ip-address 127.0.0.1 --num-cpus 2 \
-            --resources "{\"trainer\": 2}" --temp-dir "$1/ray" --block --disable-usage-stats
+        exec ray start --address "127.0.0.1:$2" --node-ip-address 127.0.0.1 --num-cpus 3 \
+            --temp-dir "$1/ray" --block --disable-usage-stats
     ' worker "$T/wk" "$GCS" >"$RESULTS/$1.log" 2>&1 &
     WORKER_PID=$!
 }
@@ -111,21 +112,22 @@ else:
 print(ray.cluster_resources(), file=sys.stderr)
 PYEOF
 }
-wait_checkpoint() {  # OUTPUT EPOCH: until a trial of the sweep at s3://bucket/OUTPUT has
-    # reported its checkpoint of EPOCH (checkpoint_every: 1, Tune numbers them from 0)
-    "$PY" - "$1" "$2" <<'PYEOF'
+wait_glob() {  # PATTERN [SETTLE]: until an object matches PATTERN in the bucket, then SETTLE s
+    "$PY" - "$1" "${2:-0}" <<'PYEOF'
 import sys, time
 import s3fs
 fs = s3fs.S3FileSystem()
-for _ in range(360):
+for _ in range(720):
     fs.invalidate_cache()
-    index = int(sys.argv[2]) - 1
-    if fs.glob(f"bucket/{sys.argv[1]}/tune/trials/*/*/checkpoint_{index:06d}/trainer.pt"):
-        time.sleep(3)  # the rest of the folder, and the report
+    if fs.glob(sys.argv[1]):
+        time.sleep(float(sys.argv[2]))  # a checkpoint: the rest of its folder, and its report
         sys.exit(0)
     time.sleep(0.5)
-sys.exit("the trial never got there")
+sys.exit(f"nothing ever matched {sys.argv[1]}")
 PYEOF
+}
+checkpoint() {  # OUTPUT EPOCH: a trial's checkpoint of EPOCH (Tune numbers them from 0)
+    printf 'bucket/%s/tune/trials/*/*/checkpoint_%06d/trainer.pt' "$1" "$(($2 - 1))"
 }
 
 log "S3 server and the proxy in front of it"
@@ -171,30 +173,35 @@ finish() {  # NAME PID START: wait for a job in the background, record its exit 
 PIPELINE=(pipelines/full.py tests/multinode/config.yaml)
 DRILL=(pipelines/sweep.py tests/multinode/sweep.yaml)
 
-log "job 1: s3 output"
+log "jobs 1-3: s3 output; local output and flaky object store once the tables are there"
 start=$(date +%s)
 # The trial's process SIGKILLs itself once after reporting the checkpoint of epoch 2 (the marker
 # lives on the worker's private tmpfs); Tune restarts it from the checkpoint in the bucket.
 FAULT="{\"env_vars\": {\"ASYMVLM_FAULT_INJECTION\": \"epoch=2,rank=0,marker=$T/wk/killed\"}}"
 submit "${PIPELINE[@]}" s3://bucket/run "$RESULTS/job-s3.log" --runtime-env-json "$FAULT" &
-finish s3 $! "$start"
-
-log "job 2: local output"
-# The inputs stay in the bucket (the first job wrote them), so the only fault is the local
-# output.
-start=$(date +%s)
+s3_job=$!
+wait_glob bucket/run/tables/synthetic/manifest.json
+# The inputs are in the bucket, so the only fault of this job is its local output.
 submit "${PIPELINE[@]}" "$T/head/local-run" "$RESULTS/job-local.log" \
     --set sweeps.0.embeddings=s3://bucket/run/tables/synthetic \
     --set evaluations.0.data=s3://bucket/run/tables/synthetic:test &
-finish local $! "$start"
+local_job=$!
+FLAKY="{\"env_vars\": {\"AWS_ENDPOINT_URL\": \"http://127.0.0.1:$PROXY\"}}"
+"$PY" -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:$PROXY/__faults__?share=0.3&seconds=150', method='POST'))"
+submit "${DRILL[@]}" s3://bucket/flaky "$RESULTS/job-flaky.log" --runtime-env-json "$FLAKY" \
+    --set mlflow.experiment=drill-flaky &
+flaky_job=$!
+finish local $local_job "$start"
+finish flaky $flaky_job "$start"
+finish s3 $s3_job "$start"
 
-log "job 3: the worker node is lost mid-trial"
+log "job 4: the worker node is lost mid-trial"
 start=$(date +%s)
 HOLD="{\"env_vars\": {\"ASYMVLM_FAULT_INJECTION\": \"epoch=2,action=pause,seconds=120,marker=$T/wk/held\"}}"
 submit "${DRILL[@]}" s3://bucket/node "$RESULTS/job-node.log" --runtime-env-json "$HOLD" \
     --set mlflow.experiment=drill-node &
-job=$!
-if wait_checkpoint node 2; then
+node_job=$!
+if wait_glob "$(checkpoint node 2)" 3; then
     stamp node-killed
     log "the worker node goes"
     stop_worker
@@ -203,15 +210,14 @@ if wait_checkpoint node 2; then
     start_worker worker2
     wait_nodes 2 && stamp node-joined
 fi
-finish node "$job" "$start"
 
-log "job 4: the tracking server goes away mid-sweep"
-start=$(date +%s)
+log "job 5: the tracking server goes away mid-sweep"
+start5=$(date +%s)
 SHORT="{\"env_vars\": {\"MLFLOW_HTTP_REQUEST_MAX_RETRIES\": \"1\", \"MLFLOW_HTTP_REQUEST_TIMEOUT\": \"10\", \"MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR\": \"1\", \"ASYMVLM_FAULT_INJECTION\": \"epoch=1,action=pause,seconds=8,marker=$T/wk/held-outage\"}}"
 submit "${DRILL[@]}" s3://bucket/outage "$RESULTS/job-outage.log" --runtime-env-json "$SHORT" \
     --set mlflow.experiment=drill-outage --set "seeds=[0, 1]" &
-job=$!
-if wait_checkpoint outage 1; then
+outage_job=$!
+if wait_glob "$(checkpoint outage 1)" 3; then
     log "the MLflow server stops"
     stamp mlflow-stopped
     stop_mlflow
@@ -220,16 +226,8 @@ if wait_checkpoint outage 1; then
     start_mlflow
     wait_port "$MLF" && stamp mlflow-started
 fi
-finish outage "$job" "$start"
-
-log "job 5: the object store fails 30 % of the requests"
-start=$(date +%s)
-FLAKY="{\"env_vars\": {\"AWS_ENDPOINT_URL\": \"http://127.0.0.1:$PROXY\"}}"
-"$PY" -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:$PROXY/__faults__?share=0.3&seconds=150', method='POST'))"
-stamp faults-opened
-submit "${DRILL[@]}" s3://bucket/flaky "$RESULTS/job-flaky.log" --runtime-env-json "$FLAKY" \
-    --set mlflow.experiment=drill-flaky &
-finish flaky $! "$start"
+finish node $node_job "$start"
+finish outage $outage_job "$start5"
 ray list jobs --address "http://127.0.0.1:$DASH" --format json >"$RESULTS/jobs.json" 2>/dev/null
 
 log "collect"

@@ -17,21 +17,16 @@ import pyarrow.parquet as pq
 import s3fs
 from mlflow import MlflowClient
 
-OUTPUTS = ("run", "node", "outage", "flaky")  # the jobs' outputs in the bucket
-
 
 def _readable(fs: s3fs.S3FileSystem, key: str) -> str | None:
     """Why the object ``key`` does not read whole (None: it does)."""
     try:
-        name = key.rsplit("/", 1)[-1]
-        if name.startswith(("search_gen_state-", "basic-variant-state-")):  # Tune's, pickles
-            cloudpickle.loads(fs.cat_file(key))
+        if key.rsplit("/", 1)[-1].startswith(("search_gen_state-", "basic-variant-state-")):
+            cloudpickle.loads(fs.cat_file(key))  # Tune's state
         elif key.endswith(".json"):
             json.loads(fs.cat_file(key))
         elif key.endswith(".jsonl"):
-            for line in fs.cat_file(key).decode().splitlines():
-                if line.strip():
-                    json.loads(line)
+            [json.loads(line) for line in fs.cat_file(key).decode().splitlines() if line.strip()]
         elif key.endswith(".parquet"):
             with fs.open(key, "rb") as fh:
                 pq.read_table(fh)
@@ -40,60 +35,40 @@ def _readable(fs: s3fs.S3FileSystem, key: str) -> str | None:
     return None
 
 
+def _run(client: MlflowClient, experiment, run) -> dict:
+    row = {"experiment": experiment.name, "status": run.info.status, "tags": dict(run.data.tags)}
+    row |= {"artifact_uri": run.info.artifact_uri, "metrics": dict(run.data.metrics)}
+    if run.data.tags.get("kind") == "trial":
+        history = client.get_metric_history(run.info.run_id, "train_loss")
+        row["epochs"] = [[m.step, m.timestamp] for m in history]
+        where = f"source_run_id = '{run.info.run_id}'"
+        models = client.search_logged_models([experiment.experiment_id], filter_string=where)
+        row["models"] = sorted(m.name for m in models)
+    return row
+
+
 def main(out: str, uri: str, proxy: str) -> None:
     fs = s3fs.S3FileSystem()
     keys = fs.find("bucket")
-    found: dict = {"keys": keys}
-    found["unreadable"] = {k: why for k in keys if (why := _readable(fs, k))}
-    found["sweeps"] = {}
-    for name in OUTPUTS:
-        prefix = f"bucket/{name}/"
-        for sweep in [k for k in keys if k.startswith(prefix) and k.endswith("/sweep.json")]:
-            found["sweeps"][sweep] = json.loads(fs.cat_file(sweep))
+    found: dict = {"keys": keys, "unreadable": {k: why for k in keys if (why := _readable(fs, k))}}
+    found["sweeps"] = {k: json.loads(fs.cat_file(k)) for k in keys if k.endswith("/sweep.json")}
     # The history in the last checkpoint of the pipeline job's (killed and resumed) trial.
-    last = sorted(
-        k
-        for k in keys
-        if k.startswith("bucket/run/sweeps/tiny/tune/trials/") and k.endswith("/history.jsonl")
-    )
-    found["history"] = (
-        [json.loads(line) for line in fs.cat_file(last[-1]).decode().splitlines() if line.strip()]
-        if last
-        else []
-    )
-    # Every checkpoint folder and the files in it.
-    folders: dict[str, list[str]] = {}
+    trials = "bucket/run/sweeps/tiny/tune/trials/"
+    last = sorted(k for k in keys if k.startswith(trials) and k.endswith("/history.jsonl"))
+    lines = fs.cat_file(last[-1]).decode().splitlines() if last else []
+    found["history"] = [json.loads(line) for line in lines if line.strip()]
+    found["checkpoints"] = {}  # every checkpoint folder and the files in it
     for k in keys:
-        parts = k.split("/")
-        for i, part in enumerate(parts[:-1]):
-            if part.startswith("checkpoint_"):
-                folders.setdefault("/".join(parts[: i + 1]), []).append("/".join(parts[i + 1 :]))
-    found["checkpoints"] = folders
+        if "/checkpoint_" in k:
+            folder, _, rest = k.partition("/checkpoint_")
+            number, _, name = rest.partition("/")
+            found["checkpoints"].setdefault(f"{folder}/checkpoint_{number}", []).append(name)
     client = MlflowClient(uri)
-    runs = []
-    for exp in client.search_experiments():
-        for run in client.search_runs([exp.experiment_id], max_results=1000):
-            row = {
-                "experiment": exp.name,
-                "run_id": run.info.run_id,
-                "name": run.info.run_name,
-                "status": run.info.status,
-                "artifact_uri": run.info.artifact_uri,
-                "tags": dict(run.data.tags),
-                "metrics": dict(run.data.metrics),
-            }
-            if run.data.tags.get("kind") == "trial":
-                history = client.get_metric_history(run.info.run_id, "train_loss")
-                row["epochs"] = [[m.step, m.timestamp] for m in history]
-                row["artifacts"] = sorted(a.path for a in client.list_artifacts(run.info.run_id))
-                row["models"] = sorted(
-                    m.name
-                    for m in client.search_logged_models(
-                        [exp.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"
-                    )
-                )
-            runs.append(row)
-    found["runs"] = runs
+    found["runs"] = [
+        _run(client, exp, run)
+        for exp in client.search_experiments()
+        for run in client.search_runs([exp.experiment_id], max_results=1000)
+    ]
     try:
         with urllib.request.urlopen(f"{proxy}/__faults__", timeout=10) as answer:
             found["proxy"] = json.loads(answer.read())
