@@ -38,7 +38,7 @@ prepare:
 sweeps:
   - {{name: tiny, note: "a two-lr sweep", embeddings: "${{output}}/tables/synthetic",
      methods: [asymvlm-vmf], lr: [1.0e-3, 4.0e-3], seeds: [0, 1], epochs: {EPOCHS},
-     batch_size: 64, optimizer: adamw, num_workers: 1, hidden_dim: 16}}
+     batch_size: 64, optimizer: adamw, hidden_dim: 16}}
 evaluations:
   - {{kind: hierarcaps, sweep: tiny, data: "${{output}}/tables/synthetic:test"}}
 """
