@@ -188,6 +188,15 @@ def exists(uri: str) -> bool:
         return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
+def list_names(uri: str) -> list[str]:
+    """The names of the files directly in folder ``uri``, sorted, hidden ones left out."""
+    fs, path = filesystem(uri)
+    with named_failures(uri):
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    names = (i.base_name for i in infos if i.type == pafs.FileType.File)
+    return sorted(n for n in names if not n.startswith("."))
+
+
 def upload_dir(local: str, uri: str) -> str:
     """Copy the files of the local folder ``local`` to ``uri``; returns ``uri``."""
     if not is_remote(uri) and os.path.abspath(uri) == os.path.abspath(local):

@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         final_tables(cfg)
         uri = config.redact(cfg.mlflow.tracking_uri)
         logger.info("finished in %.0f s; report: %s", out["seconds"], out.get("report"))
-        logger.info("MLflow: %s, experiment %r (asymvlm ui OUTPUT)", uri, cfg.mlflow.experiment)
+        logger.info("MLflow: %s, experiment %r", uri, cfg.mlflow.experiment)
+        if uri.startswith("sqlite:///"):
+            logger.info("open it: asymvlm ui %s", cfg.output)
         logger.info("log file: %s", log_file)
         print(json.dumps({**out, "tracking_uri": uri}))
         return 0
