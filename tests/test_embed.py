@@ -431,18 +431,16 @@ def _run(command: list[str], **kw) -> subprocess.CompletedProcess:
 def test_sigkilled_embed_resumes_to_the_uninterrupted_result(embedded, models, hc, tmp_path):
     out = str(tmp_path / "out")
     command = _embed_command(hc, models["clip"], out)
-    proc = subprocess.Popen(
-        command,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    err = tmp_path / "embed.err"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+        )
     markers = Path(out) / "test" / "_parts"
     try:
         deadline = time.monotonic() + 180
         while not list(markers.glob("part-*.json")):
-            assert proc.poll() is None, "embed exited before writing its first shard"
+            assert proc.poll() is None, f"embed exited before its first shard: {err.read_text()}"
             assert time.monotonic() < deadline, "no shard written in 180 s"
             time.sleep(0.05)
     finally:
