@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from queue import Empty
 
 import numpy as np
 import pytest
@@ -36,9 +38,10 @@ def _method(name: str):
     return method
 
 
-def _worker(rank: int, store: str, queue) -> None:
+def _worker(rank: int, port: int, queue) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
     from torch.nn.parallel import DistributedDataParallel
 
     from asymvlm.distributed import GlobalBatchLoss
@@ -62,14 +65,23 @@ def _worker(rank: int, store: str, queue) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_worker_results(tmp_path_factory) -> dict:
+def two_worker_results() -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    store = str(tmp_path_factory.mktemp("gloo") / "store")
-    procs = [ctx.Process(target=_worker, args=(r, store, queue)) for r in range(WORLD)]
+    # The store lives here, on a port the kernel picked: the workers only connect to it.
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    procs = [ctx.Process(target=_worker, args=(r, server.port, queue)) for r in range(WORLD)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=300) for _ in procs)
+    results, deadline = {}, time.monotonic() + 300
+    while len(results) < WORLD:
+        assert time.monotonic() < deadline, "the gloo workers are still running after 300 s"
+        try:
+            rank, out = queue.get(timeout=5)
+            results[rank] = out
+        except Empty:
+            codes = [p.exitcode for p in procs]
+            assert all(c in (None, 0) for c in codes), f"a gloo worker died: exit codes {codes}"
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
