@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from asymvlm.synthetic import WorldConfig, write_world
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist each test worker owns one core: torch (and, through the environment,
+    every process it starts) computes on one thread, so the workers' thread pools do not fight
+    over the cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(1)
 
 
 def small_world_config(**overrides) -> WorldConfig:
