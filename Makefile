@@ -14,8 +14,9 @@ quick-demo: setup
 	$(PY) -m asymvlm.demo
 
 # The import contracts (pyproject.toml [tool.importlinter]) first: a broken layer fails at once;
-# then formatting and lint; then the suite on two workers, a test file per worker (its
-# module-scoped runs made once; tests/multinode's fixed ports used by one worker at a time).
+# then formatting and lint; then the suite on two workers of one thread each (tests/conftest.py),
+# a test file per worker (its module-scoped runs made once; tests/multinode's fixed ports used by
+# one worker at a time).
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
 test: setup
 	.venv/bin/lint-imports
