@@ -53,10 +53,16 @@ def test_score_for_a_method_without_uncertainty(small_world, tmp_path) -> None:
     assert r["binned_recall@1"] is None and r["spearman"] is None
 
 
-def test_method_arguments_reach_the_constructor(small_world, tmp_path) -> None:
-    assert _train(small_world, str(tmp_path), "elip", "--method-arg", "gallery_size=50") == 0
+@pytest.mark.parametrize(
+    ("method", "arg", "value"),
+    [("elip", "gallery_size=50", 50), ("asymvlm-vmf", "calibrate_input=false", False)],
+)
+def test_method_arguments_reach_the_constructor(small_world, tmp_path, method, arg, value):
+    """A ``--method-arg`` string lands in the checkpoint as the type the method declares."""
+    assert _train(small_world, str(tmp_path), method, "--method-arg", arg) == 0
     meta = json.loads((tmp_path / "config.json").read_text())
-    assert meta["method_kwargs"]["gallery_size"] == 50
+    stored = meta["method_kwargs"][arg.split("=")[0]]
+    assert stored == value and type(stored) is type(value)
 
 
 def test_bad_table_gives_a_clear_error_naming_the_file(small_world, tmp_path, capsys) -> None:
@@ -103,6 +109,18 @@ def test_console_script_lists_the_methods(capsys) -> None:
     assert script.value == "asymvlm.cli:main" and main(["methods"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in ("asymvlm-vmf", "asymvlm-ps", "probvlm", "elip", "clip"))
+
+
+def test_methods_lists_a_methods_arguments(capsys) -> None:
+    assert main(["methods", "asymvlm-vmf"]) == 0
+    out = capsys.readouterr().out
+    assert "--method-arg calibrate_input: bool (default True, official False)" in out
+    assert "--method-arg init: Literal['he', 'default'] (default 'he'" in out
+    assert "probvlm" not in out
+    assert main(["methods", "--verbose"]) == 0
+    assert "--method-arg fisher: Literal['mc', 'type-2'] (default 'mc')" in capsys.readouterr().out
+    assert main(["methods"]) == 0
+    assert "--method-arg" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,17 @@ def _sweep_doc(tmp_path, **extra):
         ("seeds", [0, 0], "seeds: duplicates: [0, 0]"),
         ("mlflow", {"experimnt": "x"}, "mlflow.experimnt: unknown key (did you mean 'experim"),
         ("method_kwargs", {"probvlm": {}}, "method_kwargs names methods that are not swept"),
+        (
+            "method_kwargs",
+            {"asymvlm-vmf": {"bogus": 1}},
+            "method_kwargs.asymvlm-vmf.bogus = 1: unknown key; asymvlm-vmf takes init_temperature, "
+            "init_bias, calibrate_input, init, exact_scores",
+        ),
+        (
+            "method_kwargs",
+            {"asymvlm-vmf": {"init": "xavier"}},
+            "method_kwargs.asymvlm-vmf.init = 'xavier': Input should be 'he' or 'default'",
+        ),
     ],
 )
 def test_sweep_values_are_checked(tmp_path, key, value, message) -> None:
@@ -160,6 +171,15 @@ EVALUATE = "evaluate --embeddings {world} --checkpoint {tmp} --output {tmp}/out 
         (TRAIN + "out --epochs 0", "--epochs = 0: Input should be greater than or equal to 1"),
         (TRAIN + "out --lr nan", "--lr = nan: Input should be a finite number"),
         (TRAIN + "file.txt --epochs 1", "file.txt"),
+        (
+            TRAIN + "out --method-arg bogus=1",
+            "method_kwargs.bogus = '1': unknown key; asymvlm-vmf takes init_temperature, init_bias",
+        ),
+        (
+            TRAIN + "out --method-arg calibrate_input=maybe",
+            "method_kwargs.calibrate_input = 'maybe': Input should be a valid boolean",
+        ),
+        (TRAIN + "out --method-arg calibrate_input", "--method-arg expects key=value"),
         (EVALUATE + "--levels 0", "--levels"),
         (EVALUATE + "--chunk-size 0", "--chunk-size"),
     ],

@@ -3,16 +3,19 @@ and the deterministic references against formulas written out here and torch.dis
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
 import torch
+from pydantic import ValidationError
 from torch.nn import functional as F
 
 from asymvlm.distributions import PowerSpherical, VonMisesFisher, vmf_log_normalizer
-from asymvlm.methods import METHODS, Method, build_method
+from asymvlm.methods import METHODS, Method, build_method, check_method_kwargs, method_arguments
 from asymvlm.methods.asymvlm import spherical_log_likelihood
 from asymvlm.methods.base import register, unit
+from asymvlm.methods.bayesvlm import fit_projection_posterior
 from tests.helpers import rotated_pairs
 
 F64 = torch.float64
@@ -63,6 +66,32 @@ def info_nce_by_hand(logits: torch.Tensor) -> torch.Tensor:
 def pairs_log_prob(family: str, mu: torch.Tensor, kappa: torch.Tensor, z: torch.Tensor):
     """[n_mu, n_z] log-densities through the distribution class."""
     return DISTRIBUTION[family](mu[:, None, :], kappa[:, None]).log_prob(z[None, :, :])
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_methods_arguments_are_declared(name) -> None:
+    """The keys a method takes come from its constructor; its defaults validate and build it."""
+    defaults = {k: p.default for k, p in method_arguments(name).items() if p.default is not p.empty}
+    assert check_method_kwargs(name, defaults) == defaults
+    assert build_method(name, D, **SMALL, **defaults).dim == D
+    with pytest.raises(ValidationError) as err:
+        check_method_kwargs(name, {"bogus": 1})
+    assert err.value.errors()[0]["loc"] == ("bogus",)
+    assert f"{name} takes {', '.join(defaults) or 'no arguments'}" in str(err.value)
+
+
+def test_method_arguments_are_converted_and_checked() -> None:
+    kwargs = {"calibrate_input": "false", "init_temperature": "0.5", "init": "default"}
+    converted = check_method_kwargs("asymvlm-vmf", kwargs)
+    assert converted == {"calibrate_input": False, "init_temperature": 0.5, "init": "default"}
+    assert type(converted["calibrate_input"]) is bool
+    with pytest.raises(ValidationError) as err:  # bayesvlm's Literal, unchecked before
+        check_method_kwargs("bayesvlm", {"fisher": "exact", "prior_steps": "10"})
+    assert [(e["loc"], e["input"]) for e in err.value.errors()] == [(("fisher",), "exact")]
+    posterior = inspect.signature(fit_projection_posterior).parameters
+    assert {k: posterior[k].default for k in method_arguments("bayesvlm")} == {
+        k: p.default for k, p in method_arguments("bayesvlm").items()
+    }
 
 
 def test_registry() -> None:

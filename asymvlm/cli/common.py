@@ -31,17 +31,14 @@ def write_json(path: str, payload: dict) -> None:
     storage.write_text(path, json.dumps(payload, indent=2, allow_nan=False))
 
 
-def parse_kv(items: Sequence[str], flag: str = "--method-arg") -> dict[str, object]:
-    """``key=value`` pairs; values parsed as JSON when possible (numbers, true/false)."""
-    out: dict[str, object] = {}
+def parse_kv(items: Sequence[str], flag: str = "--method-arg") -> dict[str, str]:
+    """``key=value`` pairs as strings; the schema that takes them converts the values."""
+    out: dict[str, str] = {}
     for item in items:
-        if "=" not in item:
+        key, eq, value = item.partition("=")
+        if not eq:
             raise ConfigError(f"{flag} expects key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
+        out[key] = value
     return out
 
 

@@ -9,7 +9,8 @@ import os
 from asymvlm.cli.common import Help, add_data_args, parse_kv
 from asymvlm.config import add_model_flags, model_values, validate
 from asymvlm.errors import CheckpointError, ConfigError
-from asymvlm.methods import METHODS
+from asymvlm.methods import METHODS, method_arguments
+from asymvlm.methods.arguments import argument_type
 from asymvlm.training import TrainConfig
 
 logger = logging.getLogger("asymvlm.cli")
@@ -110,10 +111,17 @@ def cmd_import_official(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    for name in sorted(METHODS):
+    for name in [args.name] if args.name else sorted(METHODS):
         cls = METHODS[name]
         doc = (cls.__doc__ or "").strip().splitlines()[0]
         print(f"{name:22s} {doc}\n{'':22s} uncertainty: {cls.uncertainty_doc}")
+        official = cls.PROTOCOL_KWARGS.get("official", {})
+        for key, p in method_arguments(cls).items() if args.name or args.verbose else ():
+            kind = argument_type(p)
+            kind = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
+            default = "required" if p.default is p.empty else f"default {p.default!r}"
+            extra = f", official {official[key]!r}" if key in official else ""
+            print(f"{'':22s}   --method-arg {key}: {kind} ({default}{extra})")
     return 0
 
 
@@ -139,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra method constructor argument (repeatable)",
+        help="the method's own argument (repeatable; `asymvlm methods NAME` lists them)",
     )
     p.add_argument("--output", required=True, metavar="DIR", help="checkpoint folder")
     p.add_argument(
@@ -180,5 +188,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=cmd_import_official)
 
-    p = sub.add_parser("methods", help="list the registered methods and their uncertainty")
+    p = sub.add_parser(
+        "methods",
+        help="list the registered methods, their uncertainty and arguments",
+        formatter_class=Help,
+    )
+    p.add_argument(
+        "name",
+        nargs="?",
+        choices=sorted(METHODS),
+        metavar="NAME",
+        help="this method and its arguments",
+    )
+    p.add_argument("--verbose", action="store_true", help="every method's arguments (--method-arg)")
     p.set_defaults(func=cmd_methods)

@@ -6,6 +6,7 @@ and :mod:`.bayesvlm`.
 """
 
 from asymvlm.methods import asymvlm, bayesvlm, deterministic, elip, gaussian, probvlm  # noqa: F401
+from asymvlm.methods.arguments import check_method_kwargs, method_arguments
 from asymvlm.methods.base import (
     METHODS,
     Encoding,
@@ -15,4 +16,13 @@ from asymvlm.methods.base import (
     register,
 )
 
-__all__ = ["METHODS", "Encoding", "Method", "build_method", "check_method_name", "register"]
+__all__ = [
+    "METHODS",
+    "Encoding",
+    "Method",
+    "build_method",
+    "check_method_kwargs",
+    "check_method_name",
+    "method_arguments",
+    "register",
+]

@@ -3,7 +3,6 @@ over the frozen VLM's projections g = W phi, nothing trained (docs/methods.md)."
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
@@ -24,6 +23,8 @@ MISSING_PRE = (
     "root's projection.npz; embed with --pre-projection (or write the synthetic world with "
     "--pre-dim)"
 )
+#: The Fisher of the Laplace fit: Monte-Carlo sampled labels, or the exact GGN (type-2).
+Fisher = Literal["mc", "type-2"]
 
 
 class _CosineSoftmaxLogits(nn.Module):
@@ -67,7 +68,7 @@ def fit_projection_posterior(
     *,
     logit_scale: float = 100.0,
     class_batch: int = 1024,
-    fisher: Literal["mc", "type-2"] = "mc",
+    fisher: Fisher = "mc",
     mc_samples: int = 1,
     prior_steps: int = 300,
     seed: int = 0,
@@ -154,16 +155,26 @@ class BayesVLM(Method):
         self,
         dim: int,
         logit_scale: float = 100.0,
+        class_batch: int = 1024,
+        fisher: Fisher = "mc",
+        mc_samples: int = 1,
+        prior_steps: int = 300,
+        seed: int = 0,
         hidden_dim: int | None = None,
         depth: int | None = None,
-        **fit_kwargs: Any,
     ) -> None:
-        """``fit_kwargs``: :func:`fit_projection_posterior`'s options; ``hidden_dim`` and
-        ``depth`` (adapter sizes) are accepted and ignored."""
+        """:func:`fit_projection_posterior`'s options; ``hidden_dim`` and ``depth`` (adapter
+        sizes) are accepted and ignored."""
         super().__init__(dim)
-        inspect.signature(fit_projection_posterior).bind(None, None, None, **fit_kwargs)
         self.logit_scale = float(logit_scale)
-        self.fit_kwargs = {"logit_scale": self.logit_scale, **fit_kwargs}
+        self.fit_kwargs = {
+            "logit_scale": self.logit_scale,
+            "class_batch": class_batch,
+            "fisher": fisher,
+            "mc_samples": mc_samples,
+            "prior_steps": prior_steps,
+            "seed": seed,
+        }
         for modality in MODALITIES:
             self.register_buffer(f"{modality}_projection", torch.empty(dim, 0))
             self.register_buffer(f"{modality}_a_inv", torch.empty(0, 0))

@@ -12,12 +12,19 @@ from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from tqdm.auto import tqdm
 
 from asymvlm.distributed import GlobalBatchLoss, epoch_generator, shard_rows
 from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
-from asymvlm.methods import Method, check_method_name
+from asymvlm.methods import Method, check_method_kwargs, check_method_name
 from asymvlm.methods.official import optimizer_defaults
 from asymvlm.splits import SplitTensors
 
@@ -62,7 +69,9 @@ class TrainConfig(BaseModel):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU"
     )
-    method_kwargs: dict[str, Any] = Field({}, description="extra method constructor arguments")
+    method_kwargs: dict[str, Any] = Field(
+        {}, description="the method's own arguments (`asymvlm methods NAME` lists them)"
+    )
     stream: Literal["auto", "always", "never"] = Field(
         "auto", description="stream the captions from the parquet parts (docs/streaming.md)"
     )
@@ -85,6 +94,13 @@ class TrainConfig(BaseModel):
     @classmethod
     def _known_method(cls, value: str) -> str:
         return check_method_name(value)
+
+    @field_validator("method_kwargs")
+    @classmethod
+    def _method_kwargs(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """The method's own arguments, converted to the types its constructor declares."""
+        method = info.data.get("method")
+        return value if method is None else check_method_kwargs(method, value)
 
     def method_args(self) -> dict[str, Any]:
         """``build_method`` arguments."""

@@ -5,11 +5,19 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, PrivateAttr, create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    PrivateAttr,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from asymvlm import config, storage, tracking
 from asymvlm.config import StrictModel
 from asymvlm.methods import check_method_name
+from asymvlm.methods.arguments import arguments_model
 from asymvlm.protocol import RunSpec
 from asymvlm.training import TrainConfig
 
@@ -130,6 +138,13 @@ class _SweepBase(StrictModel):
         doc["output"] = storage.absolute(doc["output"])
         default_store(doc, experiment)
         return doc
+
+    @field_validator("method_kwargs")
+    @classmethod
+    def _method_kwargs(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Each method's arguments in its declared types; a bad one named by its key path."""
+        each = create_model("method_kwargs", **{m: (arguments_model(m), ...) for m in value})
+        return each.model_validate(value).model_dump(exclude_unset=True)
 
     @model_validator(mode="after")
     def _consistent(self) -> _SweepBase:
