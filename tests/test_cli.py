@@ -119,6 +119,8 @@ def test_methods_lists_a_methods_arguments(capsys) -> None:
     assert "probvlm" not in out
     assert main(["methods", "--verbose"]) == 0
     assert "--method-arg fisher: Literal['mc', 'type-2'] (default 'mc')" in capsys.readouterr().out
+    assert main(["methods", "clip"]) == 0
+    assert capsys.readouterr().out.endswith("arguments: none\n")
     assert main(["methods"]) == 0
     assert "--method-arg" not in capsys.readouterr().out
 

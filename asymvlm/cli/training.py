@@ -116,7 +116,10 @@ def cmd_methods(args: argparse.Namespace) -> int:
         doc = (cls.__doc__ or "").strip().splitlines()[0]
         print(f"{name:22s} {doc}\n{'':22s} uncertainty: {cls.uncertainty_doc}")
         official = cls.PROTOCOL_KWARGS.get("official", {})
-        for key, p in method_arguments(cls).items() if args.name or args.verbose else ():
+        arguments = method_arguments(cls) if args.name or args.verbose else None
+        if arguments == {}:
+            print(f"{'':22s} arguments: none")
+        for key, p in (arguments or {}).items():
             kind = argument_type(p)
             kind = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
             default = "required" if p.default is p.empty else f"default {p.default!r}"
