@@ -10,9 +10,18 @@ from asymvlm.methods.base import (
     METHODS,
     Encoding,
     Method,
+    Roles,
     build_method,
     check_method_name,
     register,
 )
 
-__all__ = ["METHODS", "Encoding", "Method", "build_method", "check_method_name", "register"]
+__all__ = [
+    "METHODS",
+    "Encoding",
+    "Method",
+    "Roles",
+    "build_method",
+    "check_method_name",
+    "register",
+]
