@@ -368,6 +368,11 @@ def plugin(monkeypatch) -> None:
     monkeypatch.setitem(METHODS, "vmf-const", ConstKappa)
 
 
+def cells(table: str, method: str) -> dict[str, str]:
+    """A markdown table's row of ``method`` by heading."""
+    return dict(zip(row(table, "Method"), row(table, method), strict=True))
+
+
 def _seed_rows(method: str, uncertainty, seeds: int = 2) -> list[dict]:
     """One Table 1 row per seed: 60 captions of 60 images, noisy scores, ``uncertainty(seed)``."""
     rows = []
@@ -388,13 +393,12 @@ def test_a_constant_uncertainty_is_undefined_in_table1_and_not_judged(plugin) ->
     rows = _seed_rows("asymvlm-vmf", paired) + _seed_rows("vmf-const", lambda *_: torch.ones(60))
     rows += _seed_rows("no-roles", paired, seeds=1)
     text = report._table1(rows, "T", {})
-    head = row(text, "Method")
-    const = dict(zip(head, row(text, "vmf-const"), strict=True))
+    const = cells(text, "vmf-const")
     for d in ("i2t", "t2i"):
         for h in ("S", "R²", "AUROC", "AUPR", "FPR@95", "AURC"):
             assert const[f"{d} {h}"] == "–"
         assert const[f"{d} R@1 (%)"] != "–" and const[f"{d} ECE"] != "–"
-    vmf = dict(zip(head, row(text, "asymvlm-vmf"), strict=True))
+    vmf = cells(text, "asymvlm-vmf")
     assert vmf["t2i S"] != "–" and vmf["t2i AUROC"] != "–"
     assert row(text, "no-roles")[1] == "1"
     judged = claims.table1_verdicts(rows)
@@ -408,9 +412,8 @@ def test_an_undefined_seed_value_is_left_out_of_mean_and_std() -> None:
     rows = [{"method": "asymvlm-vmf", "t2i_spearman": v} for v in (-0.9, math.nan, None, -0.7)]
     rows.append({"method": "determ-ft", "t2i_spearman": math.nan})
     text = report._table1(rows, "T", {})
-    head = row(text, "Method")
-    assert dict(zip(head, row(text, "asymvlm-vmf"), strict=True))["t2i S"] == "-0.80 ± 0.14"
-    assert dict(zip(head, row(text, "determ-ft"), strict=True))["t2i S"] == "–"
+    assert cells(text, "asymvlm-vmf")["t2i S"] == "-0.80 ± 0.14"
+    assert cells(text, "determ-ft")["t2i S"] == "–"
     (verdict,) = claims.table1_verdicts(rows)
     assert verdict.a == (-0.9, -0.7) and verdict.ours().startswith("S -0.800 ± 0.141 (n=2)")
 
@@ -434,25 +437,18 @@ def test_methods_enter_the_ablation_figure_and_claims_by_their_roles(plugin) -> 
 
 def test_a_method_declaring_no_uncertainty_shows_none(monkeypatch) -> None:
     """``Roles(uncertainty=False)``: the report blanks the numbers its uncertainty gave."""
-    test = {d: {"recall@1": 0.5, "spearman": -0.5, "auroc": 0.6, "e_aurc": 0.1} for d in ("t2i",)}
-    test["t2i"]["binned_recall@1"] = [0.6, 0.4]
-    monkeypatch.setattr(report.tracking, "json_artifact", lambda *_: {"test": test})
-    monkeypatch.setitem(
-        METHODS, "flat", type("Flat", (AsymVLM,), {"roles": Roles(uncertainty=False)})
-    )
-
-    def child(method: str) -> types.SimpleNamespace:
-        info, data = (
-            types.SimpleNamespace(run_id="r"),
-            types.SimpleNamespace(params={"method": method}),
-        )
-        return types.SimpleNamespace(info=info, data=data)
-
-    flat, vmf = report._trial("uri", child("flat")), report._trial("uri", child("asymvlm-vmf"))
-    assert flat["t2i_recall_at_1"] == vmf["t2i_recall_at_1"] == 0.5
-    assert (vmf["t2i_spearman"], vmf["t2i_e_aurc"], vmf["t2i_binned_recall@1"]) == (
-        -0.5,
-        0.1,
-        [0.6, 0.4],
-    )
-    assert {k for k, v in flat.items() if v is not None} == {"method", "t2i_recall_at_1"}
+    t2i = {"recall@1": 0.5, "spearman": -0.5, "e_aurc": 0.1, "binned_recall@1": [0.6, 0.4]}
+    monkeypatch.setattr(report.tracking, "json_artifact", lambda *_: {"test": {"t2i": t2i}})
+    flat = type("Flat", (AsymVLM,), {"roles": Roles(uncertainty=False)})
+    monkeypatch.setitem(METHODS, "flat", flat)
+    ns = types.SimpleNamespace
+    got = {
+        m: report._trial("", ns(info=ns(run_id=""), data=ns(params={"method": m})))
+        for m in ("flat", "asymvlm-vmf")
+    }
+    vmf = [got["asymvlm-vmf"][f"t2i_{k}"] for k in ("spearman", "e_aurc", "binned_recall@1")]
+    assert vmf == [-0.5, 0.1, [0.6, 0.4]]
+    assert {k: v for k, v in got["flat"].items() if v is not None} == {
+        "method": "flat",
+        "t2i_recall_at_1": 0.5,
+    }
