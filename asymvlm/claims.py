@@ -1,6 +1,7 @@
 """The paper's claims a report judges, each by one rule (:func:`judge`; docs/synthetic-world.md):
 a method against Determ. FT or the frozen model (Tables 2 and 3 of Ju et al., NeurIPS 2025), or
-Table 1's Spearman S against 0, one value per training seed on each side.
+Table 1's Spearman S against 0, one value per training seed on each side. The methods judged
+are those that declare ``Roles(claims=True)`` (:func:`roles`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from asymvlm.methods import METHODS, Roles
 from asymvlm.paper_numbers import TABLE2, TABLE3
 from asymvlm.results import markdown
 
@@ -24,7 +26,6 @@ RULE = (
     f"errors (SE = √(s²_A/n_A + s²_B/n_B) over seeds) and by more than {MIN_EFFECT:g}; "
     "contradicts: by as much the other way; otherwise not supported"
 )
-PROBABILISTIC = ("asymvlm-vmf", "asymvlm-ps")
 BASELINE = "determ-ft"
 FROZEN = "clip"
 
@@ -39,6 +40,18 @@ GENERIC_CURVE = {
     0.02: ((6.8, 15.6, 8.8, 22.2), (0.697, 0.813, 0.529, 0.110), (0.328, 0.356, 0.033, 0.559)),
     0.05: ((5.4, 14.9, 6.4, 21.0), (0.850, 0.906, 0.647, 0.110), (0.393, 0.443, 0.036, 0.559)),
 }
+
+
+def roles(method: str) -> Roles:
+    """The roles ``method`` declares (:class:`asymvlm.methods.Roles`); none if unknown here."""
+    cls = METHODS.get(method)
+    return cls.roles if cls is not None else Roles()
+
+
+def _judged(names: Sequence[str] | pd.Series) -> list[str]:
+    """The methods among ``names`` ("method" or "method/seed", first-seen order) that declare
+    the claims role."""
+    return [m for m in dict.fromkeys(str(n).split("/")[0] for n in names) if roles(m).claims]
 
 
 @dataclass(frozen=True)
@@ -98,29 +111,32 @@ def _per_seed(frame: pd.DataFrame, key: str, method: str) -> list[float]:
     return frame.loc[frame["name"].str.split("/").str[0] == method, key].dropna().tolist()
 
 
-def _paper_table2(method: str, index: int) -> float:
-    """The paper's Table 2 value (0: positives, 1: negatives), mean over its dummy prompts."""
-    cells = [v[method][index] for d, v in TABLE2.items() if method in v and d != "(none)"]
-    return statistics.fmean(cells)
+def _paper_table2(a: str, b: str, index: int, where: str) -> str:
+    """The paper's Table 2 values of ``a`` and ``b`` (0: positives, 1: negatives), means over
+    its dummy prompts; "–" where it has no row for one of them."""
+    cells = [[v[m][index] for d, v in TABLE2.items() if m in v and d != "(none)"] for m in (a, b)]
+    if not all(cells):
+        return "–"
+    return f"{statistics.fmean(cells[0]):.3f} vs {statistics.fmean(cells[1]):.3f} ({where})"
 
 
 def table2_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
     """Table 2's claims: each probabilistic method rejects more (sibling, far) negatives than
     Determ. FT and than the frozen model, and keeps more positives than Determ. FT (per seed:
-    the mean over the dummy prompts)."""
+    the mean over the dummy prompts); the methods judged: :func:`_judged`."""
     cells = pd.DataFrame(
         [{**c, "name": n} for per in res.get("dummy", {}).values() for n, c in per.items()]
     )
     keys = [k for k in ("neg_acc", "far_neg_acc", "pos_acc") if k in cells]
     frame = cells.groupby("name", sort=False)[keys].mean().reset_index() if keys else cells
     out: list[Verdict] = []
-    for m in PROBABILISTIC:
+    for m in _judged(frame.get("name", [])):
         for key, where in (("neg_acc", "sibling negatives"), ("far_neg_acc", "far negatives")):
             for other, label in ((BASELINE, "Determ. FT"), (FROZEN, "the frozen model")):
-                paper = f"{_paper_table2(m, 1):.3f} vs {_paper_table2(other, 1):.3f} (CIFAR-100)"
+                paper = _paper_table2(m, other, 1, "CIFAR-100")
                 claim = f"{m} rejects more negatives than {label}"
                 out += _verdicts("Table 2", claim, frame, key, m, other, paper, where)
-        paper = f"{_paper_table2(m, 0):.3f} vs {_paper_table2(BASELINE, 0):.3f} (CIFAR-10)"
+        paper = _paper_table2(m, BASELINE, 0, "CIFAR-10")
         claim = f"{m} keeps more positives than Determ. FT"
         out += _verdicts("Table 2", claim, frame, "pos_acc", m, BASELINE, paper, "positives")
     return out
@@ -131,9 +147,13 @@ def table3_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
     accuracy after fine-tuning than Determ. FT."""
     frame = pd.DataFrame([{**c, "name": n} for n, c in res.items()])
     out: list[Verdict] = []
-    for m in PROBABILISTIC:
-        paper, base = TABLE3["coco"][m]["cifar10"], TABLE3["coco"][BASELINE]["cifar10"]
-        text = f"{paper:.3f} vs {base:.3f} (CIFAR-10; all four sets this way)"
+    for m in _judged(frame.get("name", [])):
+        paper, base = (TABLE3["coco"].get(k, {}).get("cifar10") for k in (m, BASELINE))
+        text = (
+            f"{paper:.3f} vs {base:.3f} (CIFAR-10; all four sets this way)"
+            if paper is not None
+            else "–"
+        )
         claim = f"{m} keeps more zero-shot accuracy after fine-tuning than Determ. FT"
         for s in sorted(c for c in frame.columns if c != "name"):
             out += _verdicts("Table 3", claim, frame, s, m, BASELINE, text)
@@ -145,7 +165,7 @@ def table1_verdicts(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> list[Ve
     uncertainty rises, Spearman S < 0 (``rows``: one per seed, as the report's Table 1)."""
     frame = pd.DataFrame(rows).rename(columns={"method": "name"})
     out: list[Verdict] = []
-    for method in PROBABILISTIC:
+    for method in _judged(frame.get("name", [])):
         for d in ("i2t", "t2i"):
             if values := tuple(map(float, _per_seed(frame, f"{d}_spearman", method))):
                 claim = f"Recall@1 falls as {method}'s uncertainty rises (S < 0)"

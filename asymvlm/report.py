@@ -28,7 +28,9 @@ from asymvlm.plots import plot_binned_recall, plot_risk_coverage
 from asymvlm.results import DIRECTIONS, markdown, mean_std, seed_stats, stats_table
 from asymvlm.results import retrieval_metric_names as metric_names
 
-ABLATIONS = ("asymvlm-vmf", "asymvlm-image", "symvlm", "asymvlm-gauss")
+#: How the names of an uncertainty's numbers and curves end (``t2i_spearman``, ``i2t_e_aurc``).
+UNCERTAINTY_METRICS = ("spearman", "r2", "auroc", "aupr", "fpr_at_95tpr", "aurc")
+UNCERTAINTY_METRICS += ("binned_recall@1", "risk_coverage")
 #: Table 1 cells per direction: (MLflow name without the direction, heading, scale, digits).
 TABLE1_CELLS = [("recall_at_1", "R@1 (%)", 100.0, 2), ("spearman", "S", 1.0, 2)]
 TABLE1_CELLS += [("r2", "R²", 1.0, 2), ("auroc", "AUROC", 1.0, 3), ("aupr", "AUPR", 1.0, 3)]
@@ -63,17 +65,21 @@ def _table1(rows: Sequence[Mapping[str, Any]], title: str, params: Mapping[str, 
 
 def _trial(uri: str, child) -> dict[str, Any]:
     """A seed run's row: its method, test numbers under their MLflow names and test curves
-    (``<direction>_binned``, ``<direction>_risk``) from its ``results.json``."""
+    (``<direction>_binned``, ``<direction>_risk``) from its ``results.json``; none of an
+    uncertainty's where the method declares it meaningless (``Roles(uncertainty=False)``)."""
     try:
         test = tracking.json_artifact(uri, child.info.run_id, "results.json").get("test") or {}
     except Exception:  # a trial without results: its numbers show as "–"
         test = {}
-    row = {"method": child.data.params["method"], **metric_names(test)}
+    method = child.data.params["method"]
+    row = {"method": method, **metric_names(test)}
     for d in DIRECTIONS:
         row |= {
             f"{d}_{k}": (test.get(d) or {}).get(k) for k in ("binned_recall@1", "risk_coverage")
         }
-    return row
+    if claims.roles(method).uncertainty:
+        return row
+    return {k: None if k.endswith(UNCERTAINTY_METRICS) else v for k, v in row.items()}
 
 
 def _seed_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
@@ -97,6 +103,13 @@ def _seed_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
                 },
             }
     return out
+
+
+def _ablations(results: Mapping[str, Any]) -> dict[str, Any]:
+    """Fig. 4's methods, in table order: those that declare ``Roles(ablation_of=...)`` and the
+    methods they are ablations of."""
+    of = {claims.roles(m).ablation_of for m in results}
+    return {m: r for m, r in results.items() if m in of or claims.roles(m).ablation_of}
 
 
 def _paper_table1(dataset: str | None, model: str | None) -> list[str]:
@@ -153,7 +166,7 @@ def _sweep_section(
     used.add(tag)
     fig3 = plot_binned_recall(results, os.path.join(output, f"fig3_{tag}.png"), f"{dataset}")
     figures = {fig3: f"Fig. 3 analogue — Recall@1 per uncertainty level, {dataset}"}
-    ablations = {m: results[m] for m in ABLATIONS if m in results}
+    ablations = _ablations(results)
     if len(ablations) >= 2:
         fig4 = os.path.join(output, f"fig4_{tag}.png")
         plot_binned_recall(ablations, fig4, title=f"ablations, {dataset}")

@@ -67,6 +67,9 @@ def test_methods_without_uncertainty_and_missing_levels(tmp_path) -> None:
     res = hierarchy_analysis(build_method("clip", D), data)
     assert res["monotone_fraction"] is None and res["spearman_level_uncertainty"] is None
     assert set(res["per_level"]) == {"0", "1", "2", "3"}
+    const = hierarchy_analysis(IdentityVMF(D), load_split(str(tmp_path), "test"))
+    assert const["monotone_fraction"] is None and const["spearman_words_uncertainty"] is None
+    assert "uncertainty_mean" not in const["per_level"]["0"]  # a constant 1/kappa: undefined
     data.split.extra_text_columns.pop("level")
     with pytest.raises(ValueError, match="level"):
         hierarchy_analysis(build_method("clip", D), data)

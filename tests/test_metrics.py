@@ -18,6 +18,7 @@ from asymvlm.metrics import (
     binned_recall,
     chunk_rows,
     curve_statistics,
+    distinct_levels,
     rank_pass,
     retrieval_metrics,
     rsum,
@@ -110,10 +111,18 @@ def test_a_constant_curve_or_uncertainty_has_no_statistics():
     assert all_hits["t2i"]["binned_recall@1"] == [1.0, 1.0, 1.0]
     assert all_hits["t2i"]["spearman"] is None and all_hits["t2i"]["r2"] is None
     assert "NaN" not in json.dumps(all_hits)
-    blind = run(text_uncertainty=torch.ones(6), n_bins=2)
-    for d in ("t2i", "i2t"):
-        assert blind[d]["binned_recall@1"] is None and blind[d]["spearman"] is None
-        assert blind[d]["auroc"] == 0.5  # blind, but defined
+    undefined = ("binned_recall@1", "spearman", "r2", "auroc", "aupr", "fpr@95tpr", "aurc")
+    undefined += ("e_aurc", "risk_coverage", "uncertainty_source")
+    # A constant uncertainty, exactly or up to float noise, and one of 2 levels for 3 bins.
+    noisy = 0.25 + 1e-9 * torch.randn(6, generator=torch.Generator().manual_seed(0))
+    for unc in (torch.ones(6), noisy, torch.tensor([0.1, 0.1, 0.1, 0.9, 0.9, 0.9])):
+        blind = run(text_uncertainty=unc, n_bins=3)
+        for d in ("t2i", "i2t"):
+            assert {k: blind[d][k] for k in undefined} == dict.fromkeys(undefined)
+            assert blind[d]["recall@1"] == run()[d]["recall@1"] and blind[d]["ece"] is not None
+        assert retrieval_metric_names(blind).keys() == retrieval_metric_names(run()).keys()
+    assert [distinct_levels(u) for u in (torch.ones(6), noisy, TEXT_UNC)] == [1, 1, 6]
+    assert distinct_levels(torch.tensor([0.0, NAN, INF])) == 1
 
 
 def test_binned_recall_drops_the_most_uncertain_remainder_and_keeps_ties_in_order():

@@ -7,18 +7,23 @@ import json
 import math
 import os
 import statistics
+import types
 
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
-from asymvlm import claims, tables
+from asymvlm import claims, report, tables
 from asymvlm.checkpoints import save_checkpoint
 from asymvlm.cli import main
 from asymvlm.evaluation.registry import log_evaluation
 from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
-from asymvlm.methods import build_method
+from asymvlm.methods import METHODS, Roles, build_method
+from asymvlm.methods.asymvlm import AsymVLM
+from asymvlm.metrics import retrieval_metrics
 from asymvlm.report import build_report
+from asymvlm.results import retrieval_metric_names
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
 from tests.test_hierarchy import _write as write_hierarchy
@@ -350,3 +355,100 @@ def test_the_generic_curve_is_the_recorded_benchmark() -> None:
             if k < 2:  # kappa: the probabilistic methods
                 assert kappa[2 * k] == pytest.approx(mean["kappa"]['dummy "a photo"'], abs=0.06)
                 assert kappa[2 * k + 1] == pytest.approx(mean["kappa"]["class prompts"], abs=0.06)
+
+
+class ConstKappa(AsymVLM):
+    """A plugin's method: one kappa shared by every caption."""
+
+    roles = Roles(claims=True, ablation_of="asymvlm-vmf")
+
+
+@pytest.fixture
+def plugin(monkeypatch) -> None:
+    monkeypatch.setitem(METHODS, "vmf-const", ConstKappa)
+
+
+def cells(table: str, method: str) -> dict[str, str]:
+    """A markdown table's row of ``method`` by heading."""
+    return dict(zip(row(table, "Method"), row(table, method), strict=True))
+
+
+def _seed_rows(method: str, uncertainty, seeds: int = 2) -> list[dict]:
+    """One Table 1 row per seed: 60 captions of 60 images, noisy scores, ``uncertainty(seed)``."""
+    rows = []
+    for seed in range(seeds):
+        gen = torch.Generator().manual_seed(seed)
+        scores = torch.eye(60) + 3 * torch.rand(60, 60, generator=gen)
+        res = retrieval_metrics(
+            lambda a, b, s=scores: s[a:b], 60, 60, torch.arange(60), uncertainty(seed, scores)
+        )
+        rows.append({"method": method, **retrieval_metric_names(res)})
+    return rows
+
+
+def test_a_constant_uncertainty_is_undefined_in_table1_and_not_judged(plugin) -> None:
+    """A constant uncertainty: its S, R², AUROC ... show "–" and it enters no claim; R@1 and
+    ECE stay; a method that declares no role still has its row."""
+    paired = lambda seed, s: -s.diagonal()  # noqa: E731 -- uncertain where the pair scores low
+    rows = _seed_rows("asymvlm-vmf", paired) + _seed_rows("vmf-const", lambda *_: torch.ones(60))
+    rows += _seed_rows("no-roles", paired, seeds=1)
+    text = report._table1(rows, "T", {})
+    const = cells(text, "vmf-const")
+    for d in ("i2t", "t2i"):
+        for h in ("S", "R²", "AUROC", "AUPR", "FPR@95", "AURC"):
+            assert const[f"{d} {h}"] == "–"
+        assert const[f"{d} R@1 (%)"] != "–" and const[f"{d} ECE"] != "–"
+    vmf = cells(text, "asymvlm-vmf")
+    assert vmf["t2i S"] != "–" and vmf["t2i AUROC"] != "–"
+    assert row(text, "no-roles")[1] == "1"
+    judged = claims.table1_verdicts(rows)
+    assert {(v.claim, v.where) for v in judged} == {
+        ("Recall@1 falls as asymvlm-vmf's uncertainty rises (S < 0)", d) for d in ("i2t", "t2i")
+    }
+
+
+def test_an_undefined_seed_value_is_left_out_of_mean_and_std() -> None:
+    """NaN and None in one seed's cell: mean ± std over the other seeds, and judged on them."""
+    rows = [{"method": "asymvlm-vmf", "t2i_spearman": v} for v in (-0.9, math.nan, None, -0.7)]
+    rows.append({"method": "determ-ft", "t2i_spearman": math.nan})
+    text = report._table1(rows, "T", {})
+    assert cells(text, "asymvlm-vmf")["t2i S"] == "-0.80 ± 0.14"
+    assert cells(text, "determ-ft")["t2i S"] == "–"
+    (verdict,) = claims.table1_verdicts(rows)
+    assert verdict.a == (-0.9, -0.7) and verdict.ours().startswith("S -0.800 ± 0.141 (n=2)")
+
+
+def test_methods_enter_the_ablation_figure_and_claims_by_their_roles(plugin) -> None:
+    """Fig. 4: the methods declaring ``ablation_of`` and the method they ablate, in table
+    order; a plugin judged by the claims without paper numbers gets "–" for them."""
+    results = dict.fromkeys(["determ-ft", "symvlm", "asymvlm-vmf", "vmf-const", "unknown", "clip"])
+    assert list(report._ablations(results)) == ["symvlm", "asymvlm-vmf", "vmf-const"]
+    assert list(report._ablations({"determ-ft": 0, "unknown": 0})) == []
+    nota = _nota_result()
+    for cells in nota["dummy"].values():
+        cells |= {f"vmf-const/seed{s}": cells[f"asymvlm-vmf/seed{s}"] for s in range(3)}
+    judged = claims.table2_verdicts(nota)
+    const = [v for v in judged if v.a_name == "vmf-const"]
+    assert len(const) == len(judged) / 2 == 5 and {v.paper for v in const} == {"–"}
+    zero = {f"vmf-const/seed{s}": {"zs": 0.8} for s in range(2)} | {"determ-ft/seed0": {"zs": 0.7}}
+    (verdict,) = claims.table3_verdicts(zero)
+    assert verdict.paper == "–" and verdict.a_name == "vmf-const"
+
+
+def test_a_method_declaring_no_uncertainty_shows_none(monkeypatch) -> None:
+    """``Roles(uncertainty=False)``: the report blanks the numbers its uncertainty gave."""
+    t2i = {"recall@1": 0.5, "spearman": -0.5, "e_aurc": 0.1, "binned_recall@1": [0.6, 0.4]}
+    monkeypatch.setattr(report.tracking, "json_artifact", lambda *_: {"test": {"t2i": t2i}})
+    flat = type("Flat", (AsymVLM,), {"roles": Roles(uncertainty=False)})
+    monkeypatch.setitem(METHODS, "flat", flat)
+    ns = types.SimpleNamespace
+    got = {
+        m: report._trial("", ns(info=ns(run_id=""), data=ns(params={"method": m})))
+        for m in ("flat", "asymvlm-vmf")
+    }
+    vmf = [got["asymvlm-vmf"][f"t2i_{k}"] for k in ("spearman", "e_aurc", "binned_recall@1")]
+    assert vmf == [-0.5, 0.1, [0.6, 0.4]]
+    assert {k: v for k, v in got["flat"].items() if v is not None} == {
+        "method": "flat",
+        "t2i_recall_at_1": 0.5,
+    }

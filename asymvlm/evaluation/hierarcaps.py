@@ -17,6 +17,7 @@ from scipy import stats
 
 from asymvlm.evaluation.retrieval import encode_split
 from asymvlm.methods import Method
+from asymvlm.metrics import distinct_levels
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import TableError
 
@@ -26,7 +27,7 @@ __all__ = ["hierarchy_analysis", "plot_hierarchy"]
 @torch.no_grad()
 def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "level") -> dict:
     """The Fig. 5 statistics of ``method`` on a split whose captions carry ``level`` (None for
-    the uncertainty statistics of a method without one)."""
+    the uncertainty statistics of a method without one, or with a constant one)."""
     levels_all = data.split.extra_text_columns.get(level_column)
     if levels_all is None:
         raise TableError(
@@ -38,7 +39,8 @@ def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "
     owner = data.text_to_image
     paired = _paired_scores(method, texts, images, owner).cpu().numpy()
     unc_t = method.text_uncertainty_from(texts)
-    unc = None if unc_t is None else unc_t.double().cpu().numpy()
+    constant = unc_t is None or distinct_levels(unc_t) < 2
+    unc = None if constant else unc_t.double().cpu().numpy()
     words = np.array([len(t.split()) for t in data.split.texts])
 
     per_level: dict[str, dict[str, Any]] = {}

@@ -13,6 +13,7 @@ from scipy import stats
 
 from asymvlm.evaluation.retrieval import encode_split, evaluate_retrieval
 from asymvlm.methods import Method
+from asymvlm.metrics import distinct_levels
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import TableError
 
@@ -85,12 +86,14 @@ def ood_retrieval(
 @torch.no_grad()
 def uncertainty_auroc(method: Method, clean: SplitTensors, perturbed: SplitTensors) -> float | None:
     """P(uncertainty of a perturbed caption > a clean one's), ties half (Mann-Whitney U / n n');
-    None without caption uncertainty."""
+    None without caption uncertainty or with a constant one."""
     u_clean = method.text_uncertainty_from(encode_split(method, clean)[0])
     if u_clean is None:
         return None
     u_pert = method.text_uncertainty_from(encode_split(method, perturbed)[0])
     a, b = u_pert.double().cpu().numpy(), u_clean.double().cpu().numpy()
+    if distinct_levels(np.concatenate([a, b])) < 2:
+        return None
     return float(stats.mannwhitneyu(a, b).statistic / (len(a) * len(b)))
 
 

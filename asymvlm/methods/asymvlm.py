@@ -19,6 +19,7 @@ from asymvlm.methods.base import (
     Encoding,
     Init,
     Method,
+    Roles,
     info_nce,
     register,
     sigmoid_pair_loss,
@@ -163,6 +164,7 @@ class AsymVLM(_Spherical):
     """Text ~ vMF(mu(t), kappa(t)), images deterministic (Sec. 4)."""
 
     uncertainty_doc = "1/kappa of the caption's vMF (Sec. 4.3)"
+    roles = Roles(claims=True)
 
 
 @register("asymvlm-ps")
@@ -178,6 +180,7 @@ class AsymVLMSigLIP(AsymVLM):
     """AsymVLM-vMF trained with the SigLIP pairwise loss (App. A.3)."""
 
     objective = "siglip"
+    roles = Roles()
 
 
 @register("asymvlm-ps-siglip")
@@ -185,6 +188,7 @@ class AsymVLMPSSigLIP(AsymVLMPS):
     """AsymVLM-PS trained with the SigLIP pairwise loss (App. A.3)."""
 
     objective = "siglip"
+    roles = Roles()
 
 
 @register("asymvlm-image")
@@ -193,6 +197,7 @@ class AsymVLMImage(_Spherical):
 
     probabilistic = ("image",)
     uncertainty_doc = "image only: 1/kappa of the image's vMF"
+    roles = Roles(ablation_of="asymvlm-vmf")
 
 
 @register("symvlm")
@@ -201,6 +206,7 @@ class SymVLM(_Spherical):
 
     probabilistic = ("text", "image")
     uncertainty_doc = "1/kappa for captions and for images"
+    roles = Roles(ablation_of="asymvlm-vmf")
 
 
 @register("asymvlm-gauss")
@@ -211,6 +217,7 @@ class AsymVLMGauss(_Spherical):
 
     text_out = 1
     uncertainty_doc = "sigma^2 of the caption's isotropic Gaussian"
+    roles = Roles(ablation_of="asymvlm-vmf")
 
     def encode_texts(self, text_emb: torch.Tensor) -> Encoding:
         out = self.text_adapter(text_emb)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -112,6 +113,15 @@ def sigmoid_pair_loss(logits: torch.Tensor) -> torch.Tensor:
     return -nn.functional.logsigmoid(signs * logits).sum() / logits.shape[0]
 
 
+@dataclass(frozen=True)
+class Roles:
+    """Where a method enters the report beside Table 1, which lists every method."""
+
+    claims: bool = False  # judged in the paper's claims (Tables 1-3) as a probabilistic method
+    ablation_of: str | None = None  # in the ablation figure (Fig. 4) beside this method
+    uncertainty: bool = True  # False: its uncertainty means nothing; S, R², AUROC ... show "–"
+
+
 class Method(nn.Module):
     """An ``nn.Module`` on cached frozen embeddings [n, d]: encodings (dicts of tensors), scores
     [n_text, n_image] (the log-likelihood for probabilistic methods, App. A.2), a per-item
@@ -122,6 +132,7 @@ class Method(nn.Module):
     name: ClassVar[str] = "base"
     trainable: ClassVar[bool] = True  # False: nothing to train, or fitted post hoc
     uncertainty_doc: ClassVar[str] = "none"  # what the uncertainty is, for reports
+    roles: ClassVar[Roles] = Roles()  # the paper's tables, figures and claims it enters
     #: Constructor arguments per protocol, e.g. ``{"official": {"init": "default"}}``.
     PROTOCOL_KWARGS: ClassVar[dict[str, dict[str, Any]]] = {}
     OFFICIAL_RAW_IMAGES: ClassVar[bool] = False  # the authors feed raw image projections

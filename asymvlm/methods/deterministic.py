@@ -8,7 +8,16 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from asymvlm.methods.base import Adapter, Encoding, Init, Method, info_nce, register, unit
+from asymvlm.methods.base import (
+    Adapter,
+    Encoding,
+    Init,
+    Method,
+    Roles,
+    info_nce,
+    register,
+    unit,
+)
 
 
 @register("clip")
@@ -16,6 +25,7 @@ class FrozenCLIP(Method):
     """The frozen VLM: cosine scores, nothing to train, no uncertainty."""
 
     trainable = False
+    roles = Roles(uncertainty=False)
 
     def __init__(self, dim: int, **adapter_kwargs: object) -> None:
         """Adapter sizes (``hidden_dim``, ``depth``) are accepted and ignored."""
@@ -26,6 +36,7 @@ class FrozenCLIP(Method):
 class DeterministicFT(Method):
     """Deterministic fine-tuning of the text side with the adapter of App. B.1."""
 
+    roles = Roles(uncertainty=False)
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "calibrate_input": False},
     }

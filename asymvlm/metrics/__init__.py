@@ -11,7 +11,12 @@ from asymvlm.metrics.retrieval import (
     retrieval_metrics,
     rsum,
 )
-from asymvlm.metrics.uncertainty import binned_recall, curve_statistics, spearman_uncertainty
+from asymvlm.metrics.uncertainty import (
+    binned_recall,
+    curve_statistics,
+    distinct_levels,
+    spearman_uncertainty,
+)
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -20,6 +25,7 @@ __all__ = [
     "binned_recall",
     "chunk_rows",
     "curve_statistics",
+    "distinct_levels",
     "rank_pass",
     "ranking_metrics",
     "retrieval_metrics",

@@ -19,6 +19,7 @@ from asymvlm.metrics.uncertainty import (
     aurc,
     binned_recall,
     curve_statistics,
+    distinct_levels,
     error_aupr,
     error_auroc,
     expected_calibration_error,
@@ -162,18 +163,19 @@ def _direction_result(
     source: str | None,
     n_bins: int,
 ) -> dict[str, Any]:
-    """One direction's numbers from the rank of each query's first hit; the binned curve of a
-    constant uncertainty (no order to bin by) is undefined."""
+    """One direction's numbers from the rank of each query's first hit. An uncertainty with
+    fewer distinct values (:func:`distinct_levels`) than ``n_bins`` -- a constant one among
+    them -- has no order to bin or rank by: its binned curve, S, R², AUROC, AUPR, FPR@95TPR,
+    AURC, E-AURC, risk-coverage and source are undefined (None)."""
     out: dict[str, Any] = {f"recall@{k}": float((hit_rank < k).double().mean()) for k in ks}
     hit = hit_rank == 0
     out["ece"] = expected_calibration_error(confidence, hit, ECE_BINS)
     keys = ("binned_recall@1", "spearman", "r2", "auroc", "aupr", "fpr@95tpr", "aurc", "e_aurc")
     out |= dict.fromkeys(keys) | {"risk_coverage": None, "uncertainty_source": None}
-    if uncertainty is None:
+    if uncertainty is None or distinct_levels(uncertainty) < n_bins:
         return out
-    if not bool((uncertainty == uncertainty[0]).all()):
-        out["binned_recall@1"] = binned_recall(hit, uncertainty, n_bins)
-        out["spearman"], out["r2"] = curve_statistics(out["binned_recall@1"])
+    out["binned_recall@1"] = binned_recall(hit, uncertainty, n_bins)
+    out["spearman"], out["r2"] = curve_statistics(out["binned_recall@1"])
     error = ~hit
     out["auroc"] = error_auroc(uncertainty, error)
     out["aupr"] = error_aupr(uncertainty, error)

@@ -18,6 +18,20 @@ def _array(x: Any) -> np.ndarray:
     return torch.as_tensor(x, dtype=torch.float64).detach().cpu().numpy().reshape(-1)
 
 
+#: Values closer than this share of the largest magnitude count as one uncertainty level.
+LEVEL_RTOL = 1e-6
+
+
+def distinct_levels(uncertainty: Any) -> int:
+    """How many distinct values ``uncertainty`` takes, values within :data:`LEVEL_RTOL` of its
+    largest magnitude counted as one (float noise on a constant is one level)."""
+    u = _array(uncertainty)
+    u = u[np.isfinite(u)]
+    if u.size == 0:
+        return 0
+    return int(np.unique(np.round(u / (np.abs(u).max() or 1.0) / LEVEL_RTOL)).size)
+
+
 def binned_recall(hits: Any, uncertainty: Any, n_bins: int = 10) -> list[float]:
     """Mean of ``hits`` per uncertainty bin (App. B): items stable-sorted by ascending
     uncertainty into ``n_bins`` bins of ``n // n_bins``, the most uncertain remainder dropped

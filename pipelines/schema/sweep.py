@@ -16,7 +16,7 @@ from pydantic import (
 
 from asymvlm import config, storage, tracking
 from asymvlm.config import StrictModel
-from asymvlm.methods import check_method_name
+from asymvlm.methods import METHODS, check_method_name
 from asymvlm.methods.arguments import arguments_model
 from asymvlm.protocol import RunSpec
 from asymvlm.training import TrainConfig
@@ -104,7 +104,9 @@ def _grid(item: Any) -> Any:
 class _SweepBase(StrictModel):
     name: str | None = Field(None, description="the sweep's name (required in a pipeline)")
     note: str | None = Field(None, description="a note shown in MLflow and the report")
-    methods: _grid(MethodName) = Field(description="methods to sweep (`asymvlm methods`)")
+    methods: _grid(MethodName) = Field(
+        description="methods to sweep (`asymvlm methods`), or `all`: every registered method"
+    )
     lr: _grid(Finite) = Field(description="the learning-rate grid")
     seeds: _grid(Annotated[int, Field(ge=0)]) = Field(description="the seeds of stage 2")
     mlflow: MlflowSettings = Field(MlflowSettings(), description="the tracking store, experiment")
@@ -130,11 +132,14 @@ class _SweepBase(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _resolve(cls, data: Any) -> Any:
-        """Experiment ``asymvlm``, output ``runs/<experiment>``, the store beside it."""
+        """Experiment ``asymvlm``, output ``runs/<experiment>``, the store beside it; ``methods:
+        all``: every registered method, in registry order."""
         if not isinstance(data, dict):
             return data
         experiment = (data.get("mlflow") or {}).get("experiment") or "asymvlm"
         doc = {**data, "output": data.get("output") or os.path.join("runs", experiment)}
+        if doc.get("methods") == "all":
+            doc["methods"] = list(METHODS)
         doc["output"] = storage.absolute(doc["output"])
         default_store(doc, experiment)
         return doc
