@@ -1,6 +1,7 @@
 """Every method of the paper behind one registry: ``build_method(name, dim, **kwargs)``.
 
-Importing this package registers them all; ``METHODS`` maps names to classes. The baselines
+Importing this package registers them all; ``METHODS`` maps names to classes, plugins included
+(the ``asymvlm.methods`` entry points of installed packages, docs "Adding a method"). The baselines
 (paper Sec. 5, App. B.3): :mod:`.probvlm`, :mod:`.gaussian` (PFE*, PCME++*, ProLIP*), :mod:`.elip`
 and :mod:`.bayesvlm`.
 """
@@ -12,7 +13,16 @@ from asymvlm.methods.base import (
     Method,
     build_method,
     check_method_name,
+    method_distribution,
     register,
 )
 
-__all__ = ["METHODS", "Encoding", "Method", "build_method", "check_method_name", "register"]
+__all__ = [
+    "METHODS",
+    "Encoding",
+    "Method",
+    "build_method",
+    "check_method_name",
+    "method_distribution",
+    "register",
+]
