@@ -70,6 +70,17 @@ def test_a_bad_entry_point_is_one_line_naming_it_and_its_package(
     assert why in str(e.value) and "\n" not in str(e.value)
 
 
+def test_the_cli_shows_a_broken_plugin_in_one_line(monkeypatch, capsys) -> None:
+    from asymvlm import cli
+    from asymvlm.cli import training
+
+    monkeypatch.setattr(training, "METHODS", _registry(monkeypatch, _entry_point("x", _fails)))
+    assert cli.main(["methods"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: entry point x = 'pkg_x:x' of pkg-x 1.2 does not load")
+    assert err.count("\n") == 1
+
+
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory) -> dict[str, str]:
     """The example plugin installed into a throwaway folder, and an environment that sees it."""

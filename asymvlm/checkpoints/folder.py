@@ -275,13 +275,9 @@ def load_checkpoint(
         check_no_pickle(directory)
     name, dim = meta["method"], meta["dim"]
     if name not in METHODS:
-        package = meta.get("method_package")
-        install = (
-            f"{package['name']}=={package['version']}" if package else "the package providing it"
-        )
-        raise CheckpointError(
-            f"{directory}: method {name!r} is not installed here; `pip install {install}`"
-        )
+        package = meta.get("method_package") or {}
+        install = f"; `pip install {package['name']}=={package['version']}`" if package else ""
+        raise CheckpointError(f"{directory}: method {name!r} is not installed here{install}")
     try:
         method = build_method(name, dim, **meta.get("method_kwargs", {}))
     except (TypeError, ValueError) as exc:
