@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -31,7 +32,7 @@ class _Registry(Mapping[str, "type[Method]"]):
         self.dists: dict[
             str, dict[str, str]
         ] = {}  # plugin name -> its distribution's name, version
-        self._discovered = False
+        self._discovered, self._lock = False, threading.RLock()
 
     def add(self, name: str, cls: type[Method]) -> None:
         if name in self._classes:
@@ -40,10 +41,11 @@ class _Registry(Mapping[str, "type[Method]"]):
         self._classes[name] = cls
 
     def _discover(self) -> dict[str, type[Method]]:
-        if not self._discovered:
-            self._discovered = True
-            for ep in entry_points(group=self.GROUP):
-                self._load(ep)
+        with self._lock:  # once per process, whichever thread reads first
+            if not self._discovered:
+                self._discovered = True
+                for ep in entry_points(group=self.GROUP):
+                    self._load(ep)
         return self._classes
 
     def _load(self, ep: Any) -> None:
