@@ -183,3 +183,20 @@ def test_a_sweep_runs_plugin_trials_in_ray_workers(plugin_env, world, tmp_path) 
     trials = [r for r in runs if r.data.tags.get("kind") == "trial"]
     assert sorted(r.data.tags["method"] for r in trials) == ["asymvlm-vmf", "vmf-const"]
     assert {r.info.status for r in trials} == {"FINISHED"}
+
+
+@pytest.mark.parametrize(
+    ("package", "line"),
+    [
+        ({}, "not installed here"),
+        ({"name": "p", "version": "2"}, "not installed here; `pip install p==2`"),
+    ],
+)
+def test_a_checkpoint_of_a_missing_method_says_what_to_install(tmp_path, package, line) -> None:
+    from asymvlm.checkpoints.folder import load_checkpoint
+    from asymvlm.errors import CheckpointError
+
+    config = {"method": "gone", "dim": 4, "complete": True, "method_package": package}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=f"method 'gone' is {line}$"):
+        load_checkpoint(str(tmp_path))
