@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         log_file = logs.log_file_for(cfg.output, "pipeline")
         logs.configure(verbose=args.verbose, log_file=log_file)
         logger.info("pipeline %s: stages %s -> %s", cfg.name, ",".join(stages), cfg.output)
-        with tracking.outage_queue(), RaySession() as session:
+        with tracking.outage_queue(), RaySession(init=cfg.ray.init_kwargs()) as session:
             out = run_pipeline(cfg, stages, session)
         final_tables(cfg)
         uri = config.redact(cfg.mlflow.tracking_uri)

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = load_serve(args.config, args.set, args.checkpoint)
         meta = check(cfg)
-        with RaySession(eager=True):
+        with RaySession(eager=True, init=cfg.ray.init_kwargs()):
             # Ctrl-C and SIGTERM: the app is taken down, exit 130 with one line (our handlers
             # after ray.init's); during the deployment the signal is noted, acted on after.
             stop: list[int] = []

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = load_sweep(args.config, args.set)  # validated before Ray starts
         logs.configure(verbose=args.verbose, log_file=logs.log_file_for(sweep.output, "sweep"))
         check_tables(sweep)
-        with tracking.outage_queue(), RaySession(eager=True):
+        with tracking.outage_queue(), RaySession(eager=True, init=sweep.ray.init_kwargs()):
             out = run_sweep(sweep)
         logger.info("\n%s", out["markdown"])
         logger.info(
