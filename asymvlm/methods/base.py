@@ -303,7 +303,10 @@ class Method(nn.Module):
         return image_emb * image_norm.to(image_emb)[:, None]
 
     def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """(image rows, text rows) of a split for :meth:`encode_images` / :meth:`encode_texts`."""
+        """(image rows, text rows) of a split for :meth:`encode_images` / :meth:`encode_texts`:
+        the one input contract of training, evaluation and scoring (a row per image / caption;
+        per-caption inputs such as ``data.captions`` or ``data.split.extra_text_columns`` join
+        the text rows as columns, ``docs/api.md``)."""
         return self.image_rows(data.image_emb, data.image_norm), data.text_emb
 
     def training_stats(self) -> dict[str, float]:
