@@ -3,6 +3,7 @@ imports no project module. Other layers subclass :class:`AsymVLMError` where the
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -74,6 +75,10 @@ EXTRAS = {
 }
 
 
+def _install_line(module: str) -> str:
+    return f"{module} is not installed: pip install 'asymvlm[{EXTRAS[module]}]'"
+
+
 def missing_extra(exc: BaseException) -> str | None:
     """One line naming the extra to install when ``exc`` (or its cause) is the ImportError of a
     module an extra provides, else None."""
@@ -81,9 +86,18 @@ def missing_extra(exc: BaseException) -> str | None:
     while cause is not None:
         module = (getattr(cause, "name", None) or "").split(".")[0]
         if isinstance(cause, ImportError) and module in EXTRAS:
-            return f"{module} is not installed: pip install 'asymvlm[{EXTRAS[module]}]'"
+            return _install_line(module)
         cause = cause.__cause__
     return None
+
+
+def require(*extras: str) -> None:
+    """An entry point's first check: where a module of one of ``extras`` is not installed, print
+    the one line naming its extra and exit 2."""
+    for module, extra in EXTRAS.items():
+        if extra in extras and importlib.util.find_spec(module) is None:
+            print(f"error: {_install_line(module)}", file=sys.stderr)
+            raise SystemExit(EXIT_USER_ERROR)
 
 
 def exit_code(exc: BaseException) -> int | None:

@@ -11,7 +11,7 @@ import tomllib
 
 import pytest
 
-from asymvlm.errors import EXTRAS, exit_code, missing_extra
+from asymvlm.errors import EXTRAS, exit_code, missing_extra, require
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,6 +55,20 @@ def test_a_missing_extra_is_one_line_naming_the_extra() -> None:
         assert missing_extra(chained) == "s3fs is not installed: pip install 'asymvlm[s3]'"
     not_an_extra = ModuleNotFoundError("No module named 'numpy'", name="numpy")
     assert missing_extra(not_an_extra) is None and exit_code(not_an_extra) is None
+
+
+def test_an_entry_point_that_needs_a_missing_extra_exits_2_with_one_line(
+    monkeypatch, capsys
+) -> None:
+    require("s3", "tracking")  # installed here: nothing happens
+    monkeypatch.setitem(EXTRAS, "no_such_module", "s3")
+    with pytest.raises(SystemExit) as exited:
+        require("ray", "s3")
+    assert exited.value.code == 2
+    assert (
+        capsys.readouterr().err
+        == "error: no_such_module is not installed: pip install 'asymvlm[s3]'\n"
+    )
 
 
 def test_every_extra_named_is_declared_and_the_core_has_none_of_them() -> None:
