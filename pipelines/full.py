@@ -18,8 +18,11 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from asymvlm.errors import ConfigError, guarded, require  # noqa: E402
+
+require("ray", "tracking", "report")
+
 from asymvlm import config, logs, tracking  # noqa: E402
-from asymvlm.errors import ConfigError, guarded  # noqa: E402
 from pipelines.schema import load_pipeline  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
 from pipelines.stages import STAGES, final_tables, run_pipeline  # noqa: E402

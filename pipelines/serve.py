@@ -16,8 +16,11 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from asymvlm.errors import guarded, require  # noqa: E402
+
+require("ray", "tracking")
+
 from asymvlm import logs  # noqa: E402
-from asymvlm.errors import guarded  # noqa: E402
 from pipelines.schema import load_serve  # noqa: E402
 from pipelines.serving import check, deploy  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
