@@ -11,14 +11,25 @@ layers, which ``lint-imports`` holds.
 
 __version__ = "0.1.0"
 
-__all__ = ["CaptionScores", "Scorer", "__version__"]
+#: The public API (``docs/api.md``): name -> the module that defines it, imported on first use
+#: so that ``import asymvlm`` stays light.
+_API = {
+    "train": "asymvlm.protocol.run",
+    "evaluate": "asymvlm.protocol.api",
+    "score": "asymvlm.protocol.api",
+    "load_checkpoint": "asymvlm.protocol.api",
+    "TrainConfig": "asymvlm.training",
+    "Scorer": "asymvlm.scoring",
+    "CaptionScores": "asymvlm.scoring",
+}
+
+__all__ = [*_API, "__version__"]
 
 
 def __getattr__(name: str):
-    """``asymvlm.Scorer`` (text in, uncertainty out: :mod:`asymvlm.scoring`), imported on first
-    use so that ``import asymvlm`` stays light."""
-    if name in ("Scorer", "CaptionScores"):
-        from asymvlm import scoring
+    """The public API's functions and classes (:data:`_API`), imported on first use."""
+    if name in _API:
+        import importlib
 
-        return getattr(scoring, name)
+        return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'asymvlm' has no attribute {name!r}")

@@ -3,6 +3,7 @@ imports no project module. Other layers subclass :class:`AsymVLMError` where the
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -58,12 +59,53 @@ def _validation_line(exc: BaseException) -> str | None:
     return f"{exc.title}: " + "; ".join(problems)
 
 
+#: The extra (``pip install 'asymvlm[EXTRA]'``) that provides each optional top-level module.
+EXTRAS = {
+    "ray": "ray",
+    "fastapi": "ray",
+    "mlflow": "tracking",
+    "matplotlib": "report",
+    "tabulate": "report",
+    "markdown_it": "report",
+    "transformers": "embed",
+    "open_clip": "embed",
+    "PIL": "embed",
+    "s3fs": "s3",
+    "eccv_caption": "eccv",
+}
+
+
+def _install_line(module: str) -> str:
+    return f"{module} is not installed: pip install 'asymvlm[{EXTRAS[module]}]'"
+
+
+def missing_extra(exc: BaseException) -> str | None:
+    """One line naming the extra to install when ``exc`` (or its cause) is the ImportError of a
+    module an extra provides, else None."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        module = (getattr(cause, "name", None) or "").split(".")[0]
+        if isinstance(cause, ImportError) and module in EXTRAS:
+            return _install_line(module)
+        cause = cause.__cause__
+    return None
+
+
+def require(*extras: str) -> None:
+    """An entry point's first check: where a module of one of ``extras`` is not installed, print
+    the one line naming its extra and exit 2."""
+    for module, extra in EXTRAS.items():
+        if extra in extras and importlib.util.find_spec(module) is None:
+            print(f"error: {_install_line(module)}", file=sys.stderr)
+            raise SystemExit(EXIT_USER_ERROR)
+
+
 def exit_code(exc: BaseException) -> int | None:
     """The exit code of an error shown as one line, or None for a bug."""
     for kind, code in ((NonFiniteError, EXIT_DIVERGED), (Unfinished, EXIT_UNFINISHED)):
         if isinstance(exc, kind):
             return code
-    user = isinstance(exc, AsymVLMError) or _validation_line(exc) is not None
+    user = isinstance(exc, AsymVLMError) or bool(_validation_line(exc) or missing_extra(exc))
     return EXIT_USER_ERROR if user else None
 
 
@@ -79,5 +121,6 @@ def guarded(main: Callable[[], int], prefix: str = "error") -> int:
         code = exit_code(exc)
         if code is None or os.environ.get("ASYMVLM_TRACEBACK"):
             raise
-        print(f"{prefix}: {_validation_line(exc) or one_line(exc)}", file=sys.stderr)
+        line = _validation_line(exc) or missing_extra(exc) or one_line(exc)
+        print(f"{prefix}: {line}", file=sys.stderr)
         return code

@@ -9,7 +9,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,6 +40,7 @@ class SplitTensors:
     text_pre: torch.Tensor | None = None  # [n_text, pre_dim.text]
     image_projection: torch.Tensor | None = None  # [d, pre_dim.image]
     text_projection: torch.Tensor | None = None  # [d, pre_dim.text]
+    captions: Sequence[str] | None = None  # [n_text] the caption texts
 
     @property
     def dim(self) -> int:
@@ -70,6 +71,7 @@ class SplitTensors:
             image_norm=take(self.image_norm, "image", "image_norms"),
             image_pre=take(self.image_pre, "image", "image_features_pre"),
             text_pre=take(self.text_pre, "text", "text_features_pre"),
+            captions=None if self.captions is None else [self.captions[t] for t in texts],
         )
 
 
@@ -112,6 +114,7 @@ def load_split(
         text_pre=_tensor(data.text_features_pre, device),
         image_projection=_tensor(projection.get("image"), device),
         text_projection=_tensor(projection.get("text"), device),
+        captions=data.texts,
     )
 
 

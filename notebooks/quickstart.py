@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -81,14 +83,13 @@ print({role: os.path.basename(root) for role, root in sets.items()})
 # %% [markdown]
 # ## 2. Train AsymVLM
 #
-# `asymvlm.protocol.train` is what `asymvlm train` runs: it reads the split, trains with the
+# `asymvlm.train` is what `asymvlm train` runs: it reads the split, trains with the
 # settings of a `TrainConfig` (the paper's defaults are SGD, 200 epochs, batch 2048 -- here a
 # short AdamW run that fits a CPU) and writes a checkpoint folder. The frozen model (`clip`) is
 # the reference: it trains nothing.
 
 # %%
-from asymvlm.protocol import train
-from asymvlm.training import TrainConfig
+from asymvlm import TrainConfig, train
 
 settings = dict(epochs=15, lr=2e-3, optimizer="adamw", batch_size=256, hidden_dim=128, seed=0)
 checkpoints, models = {}, {}
@@ -114,7 +115,7 @@ print(sorted(os.listdir(checkpoints["asymvlm-vmf"])))
 # the level (detailed captions are specific), so 1/κ falls.
 
 # %%
-from asymvlm.evaluation.registry import evaluate_split
+from asymvlm import evaluate
 from asymvlm.splits import load_split
 
 test = load_split(world, "test")
@@ -136,12 +137,13 @@ for k in levels:
 # %% [markdown]
 # The paper's Fig. 3: sort the test captions by their uncertainty into 10 equal bins and
 # measure text-to-image Recall@1 in each. If the uncertainty means something, recall falls from
-# the most certain bin to the least certain one -- Spearman S near -1. `evaluate_split` is what
-# `asymvlm evaluate` runs; beside S it reports the failure-prediction numbers (AUROC, AUPR and
-# FPR@95TPR of the uncertainty as a detector of top-1 errors) and the risk-coverage curve.
+# the most certain bin to the least certain one -- Spearman S near -1. `asymvlm.evaluate` is
+# what `asymvlm evaluate` runs (on a checkpoint folder or model URI); beside S it reports the
+# failure-prediction numbers (AUROC, AUPR and FPR@95TPR of the uncertainty as a detector of
+# top-1 errors) and the risk-coverage curve.
 
 # %%
-results = {name: evaluate_split("retrieval", model, test) for name, model in models.items()}
+results = {name: evaluate(checkpoints[name], world, "test", device="cpu") for name in models}
 vmf = results["asymvlm-vmf"]["t2i"]
 print(f"t2i R@1 {vmf['recall@1']:.3f}  (frozen: {results['clip']['t2i']['recall@1']:.3f})")
 print(

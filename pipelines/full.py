@@ -18,8 +18,11 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from asymvlm.errors import ConfigError, guarded, require  # noqa: E402
+
+require("ray", "tracking", "report")
+
 from asymvlm import config, logs, tracking  # noqa: E402
-from asymvlm.errors import ConfigError, guarded  # noqa: E402
 from pipelines.schema import load_pipeline  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
 from pipelines.stages import STAGES, final_tables, run_pipeline  # noqa: E402
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         log_file = logs.log_file_for(cfg.output, "pipeline")
         logs.configure(verbose=args.verbose, log_file=log_file)
         logger.info("pipeline %s: stages %s -> %s", cfg.name, ",".join(stages), cfg.output)
-        with tracking.outage_queue(), RaySession() as session:
+        with tracking.outage_queue(), RaySession(init=cfg.ray.init_kwargs()) as session:
             out = run_pipeline(cfg, stages, session)
         final_tables(cfg)
         uri = config.redact(cfg.mlflow.tracking_uri)

@@ -16,8 +16,11 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from asymvlm.errors import guarded, require  # noqa: E402
+
+require("ray", "tracking")
+
 from asymvlm import logs  # noqa: E402
-from asymvlm.errors import guarded  # noqa: E402
 from pipelines.schema import load_serve  # noqa: E402
 from pipelines.serving import check, deploy  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = load_serve(args.config, args.set, args.checkpoint)
         meta = check(cfg)
-        with RaySession(eager=True):
+        with RaySession(eager=True, init=cfg.ray.init_kwargs()):
             # Ctrl-C and SIGTERM: the app is taken down, exit 130 with one line (our handlers
             # after ray.init's); during the deployment the signal is noted, acted on after.
             stop: list[int] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 CREDENTIAL_VARIABLES = frozenset(
     {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
@@ -31,10 +32,11 @@ def require_ray(what: str) -> None:
 
 class RaySession:
     """Ray for one entry point: joined (``$RAY_ADDRESS``) or started on first :meth:`require`
-    (or at once with ``eager``), shut down at the end if this session started it."""
+    (or at once with ``eager``), shut down at the end if this session started it; ``init``:
+    more arguments of ``ray.init`` (a config's ``ray`` section, e.g. its runtime_env)."""
 
-    def __init__(self, *, eager: bool = False) -> None:
-        self.started, self._eager = False, eager
+    def __init__(self, *, eager: bool = False, init: dict[str, Any] | None = None) -> None:
+        self.started, self._eager, self._init = False, eager, init or {}
 
     def __enter__(self) -> RaySession:
         if self._eager:
@@ -42,7 +44,7 @@ class RaySession:
         return self
 
     def require(self) -> None:
-        self.started |= _init_ray()
+        self.started |= _init_ray(self._init)
 
     def __exit__(self, *exc: object) -> None:
         import ray
@@ -52,8 +54,8 @@ class RaySession:
         self.started = False
 
 
-def _init_ray() -> bool:
-    """Join or start Ray, quiet unless ``--verbose``; True when this call did."""
+def _init_ray(init: dict[str, Any]) -> bool:
+    """Join or start Ray with ``init``, quiet unless ``--verbose``; True when this call did."""
     import ray
     from ray.data import DataContext
 
@@ -67,7 +69,8 @@ def _init_ray() -> bool:
     verbose = logs.verbose()
     level = logging.INFO if verbose else logging.WARNING
     address = os.environ.get("RAY_ADDRESS")
-    ray.init(address=address, include_dashboard=False, log_to_driver=verbose, logging_level=level)
+    quiet = {"include_dashboard": False, "log_to_driver": verbose, "logging_level": level}
+    ray.init(address=address, **quiet, **init)
     logs.quiet_third_party()
     DataContext.get_current().enable_progress_bars = verbose
     return True

@@ -17,8 +17,11 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from asymvlm.errors import guarded, require  # noqa: E402
+
+require("ray", "tracking", "report")
+
 from asymvlm import config, logs, tracking  # noqa: E402
-from asymvlm.errors import guarded  # noqa: E402
 from pipelines.schema import load_sweep  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
 from pipelines.tuning.sweep import ADAPTERS_DIR, check_tables, run_sweep  # noqa: E402
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = load_sweep(args.config, args.set)  # validated before Ray starts
         logs.configure(verbose=args.verbose, log_file=logs.log_file_for(sweep.output, "sweep"))
         check_tables(sweep)
-        with tracking.outage_queue(), RaySession(eager=True):
+        with tracking.outage_queue(), RaySession(eager=True, init=sweep.ray.init_kwargs()):
             out = run_sweep(sweep)
         logger.info("\n%s", out["markdown"])
         logger.info(

@@ -17,8 +17,11 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from asymvlm.errors import ConfigError, guarded, require  # noqa: E402
+
+require("ray", "tracking")
+
 from asymvlm import config, tables  # noqa: E402
-from asymvlm.errors import ConfigError, guarded  # noqa: E402
 from asymvlm.methods import METHODS  # noqa: E402
 from asymvlm.protocol import RunSpec  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402

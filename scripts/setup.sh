@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create ./.venv and install asymvlm with its dev extras, every package at the version pinned in
-# constraints.txt (the same pins as the cluster image, cluster/Dockerfile).
+# Create ./.venv and install asymvlm[dev] (the core, every extra and the dev tools), every
+# package at the version pinned in constraints.txt (the same pins as the cluster image,
+# cluster/Dockerfile).
 # Torch first: where no torch is present we install the pinned torch (a CPU build is on local
 # disk on our dev/CI machines; elsewhere pip resolves it from PyPI). The pin has no local label
 # (torch==2.13.0), so 2.13.0+cpu and PyPI's CUDA build both satisfy it, and pip never pulls a

@@ -156,7 +156,7 @@ def test_constraints_pin_every_dependency() -> None:
     pins = _pins()
     project = tomllib.loads(_read("pyproject.toml"))["project"]
     extras = [r for rs in project["optional-dependencies"].values() for r in rs]
-    for text in project["dependencies"] + extras:
+    for text in project["dependencies"] + [r for r in extras if not r.startswith("asymvlm[")]:
         req = Requirement(text)
         name = re.sub(r"[-_.]+", "-", req.name).lower()
         assert name in pins, f"{req.name} (pyproject.toml) is not pinned in constraints.txt"

@@ -7,6 +7,7 @@ import pytest
 
 from asymvlm import tables
 from asymvlm.errors import ConfigError
+from asymvlm.methods import Method
 from asymvlm.protocol import RunSpec, TrainingRun, run_protocol
 from asymvlm.synthetic import write_world
 from asymvlm.training import TrainConfig
@@ -171,3 +172,14 @@ def test_streaming_trains_a_table_larger_than_the_memory_cap(tmp_path):
         codes[mode] = (done.returncode, done.stderr[-400:])
     assert codes["auto"][0] == 0, codes["auto"][1]  # streamed: fits under the cap
     assert codes["never"][0] != 0 and "allocate" in codes["never"][1].lower()  # in memory: not
+
+
+def test_a_method_reading_per_caption_inputs_is_refused_in_one_line(parted_world):
+    class Captioned(Method):
+        name = "captioned"
+
+        def split_inputs(self, data):
+            return super().split_inputs(data)
+
+    with pytest.raises(ConfigError, match="^captioned reads per-caption inputs .*stream='never'"):
+        StreamingTrainer(Captioned(16), TrainConfig(), _stream(parted_world))

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from asymvlm.checkpoints import load_checkpoint, save_checkpoint
-from asymvlm.methods import build_method
+from asymvlm.evaluation.registry import evaluate_split
+from asymvlm.methods import Method, build_method
+from asymvlm.methods.base import info_nce
 from asymvlm.protocol import RunSpec, run_protocol, train
 from asymvlm.splits import SplitTensors, hold_out_images, load_split
 from asymvlm.training import TrainConfig, Trainer
@@ -219,3 +221,49 @@ def test_the_ray_train_entry_point_without_lr_takes_the_protocols(
     assert entry.main(["--embeddings", small_world, "--lr", "-1"]) == 2
     assert "--lr = -1.0: Input should be greater than 0" in capsys.readouterr().err
     assert len(runs) == 1
+
+
+class _TokenCount(Method):
+    """Cosine with a learned temperature; its text rows carry each caption's token count."""
+
+    name = "token-count"
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        self.temperature = torch.nn.Parameter(torch.tensor(10.0))
+        self.seen: list[torch.Tensor] = []
+
+    def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
+        images, texts = super().split_inputs(data)
+        counts = torch.tensor([len(c.split()) for c in data.captions], dtype=texts.dtype)
+        return images, torch.cat([texts, counts[:, None].to(texts.device)], 1)
+
+    def encode(self, side: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if side == "text":
+            self.seen.append(x.detach().clone())
+            x = x[:, :-1]
+        return {"mu": torch.nn.functional.normalize(x, dim=-1)}
+
+    def pair_loss(self, images, texts, *, epoch: int = 0) -> torch.Tensor:
+        return info_nce(self.temperature * texts["mu"] @ images["mu"].T)
+
+
+def test_a_method_sees_the_same_per_caption_inputs_in_training_and_evaluation(
+    small_world,
+) -> None:
+    method = _TokenCount(0)
+    for split in ("train", "test"):
+        data = load_split(small_world, split)
+        counts = torch.tensor([float(len(c.split())) for c in data.captions])
+        method.seen.clear()
+        if split == "train":
+            Trainer(method, _cfg(epochs=1, batch_size=64), data).train_epoch()
+        else:
+            evaluate_split("retrieval", method, data)
+        rows = torch.cat(method.seen)
+        assert len(rows) >= 64 and len(counts.unique()) > 1
+        distance, caption = torch.cdist(
+            rows[:, :-1], data.text_emb, compute_mode="donot_use_mm_for_euclid_dist"
+        ).min(dim=1)
+        assert distance.max() == 0  # every row is a caption's embedding ...
+        torch.testing.assert_close(rows[:, -1], counts[caption])  # ... with its token count

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from asymvlm.errors import CheckpointError, ConfigError
-from asymvlm.methods import Method, build_method
+from asymvlm.methods import METHODS, Method, build_method, method_distribution
 from asymvlm.storage import absolute
 from asymvlm.training import History, TrainConfig, Trainer
 
@@ -135,8 +135,10 @@ def save_checkpoint(
     """Write the checkpoint folder ``directory``; ``epoch`` defaults to the end of training."""
     epochs = cfg.epochs if method.trainable else 0
     epoch = epochs if epoch is None else int(epoch)
+    package = method_distribution(method.name)
     meta = {
         "method": method.name,
+        **({"method_package": package} if package else {}),
         "dim": dim,
         "method_kwargs": cfg.method_args(),
         "adapter_input": cfg.adapter_input,
@@ -272,6 +274,10 @@ def load_checkpoint(
     if meta.get("format") == EXPORT_FORMAT:
         check_no_pickle(directory)
     name, dim = meta["method"], meta["dim"]
+    if name not in METHODS:
+        package = meta.get("method_package") or {}
+        install = f"; `pip install {package['name']}=={package['version']}`" if package else ""
+        raise CheckpointError(f"{directory}: method {name!r} is not installed here{install}")
     try:
         method = build_method(name, dim, **meta.get("method_kwargs", {}))
     except (TypeError, ValueError) as exc:

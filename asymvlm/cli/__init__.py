@@ -32,8 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: bad input (flags, paths, tables, checkpoints) prints one ``error:`` line and
     exits 2; a diverged training run exits 3 (:mod:`asymvlm.errors`); no traceback."""
-    args = build_parser().parse_args(argv)
     from asymvlm import logs
 
-    logs.configure(verbose=args.verbose)
-    return guarded(lambda: args.func(args))
+    def run() -> int:
+        args = build_parser().parse_args(argv)  # reads the registry: a broken plugin is one line
+        logs.configure(verbose=args.verbose)
+        return args.func(args)
+
+    return guarded(run)

@@ -11,43 +11,30 @@ from pathlib import Path
 
 from asymvlm import storage
 from asymvlm.cli.common import Help, add_data_args, write_json
-from asymvlm.errors import CheckpointError, ConfigError
+from asymvlm.errors import ConfigError
 from asymvlm.evaluation import registry
 from asymvlm.tables import Location
 
 logger = logging.getLogger("asymvlm.cli")
 
 
-def _load(args: argparse.Namespace):
-    """The checkpoint's method (reading what ``--adapter-input`` or its checkpoint says) and
-    the split, both on ``--device``."""
-    from asymvlm.checkpoints import is_model_uri, load_checkpoint, resolve_checkpoint
-    from asymvlm.splits import load_split
-    from asymvlm.training import resolve_device
-
-    device = resolve_device(args.device)
-    folder = (
-        resolve_checkpoint(args.checkpoint) if is_model_uri(args.checkpoint) else args.checkpoint
-    )
-    method, meta = load_checkpoint(folder, device, allow_incomplete=args.allow_incomplete)
-    method.adapter_input = args.adapter_input or meta.get("adapter_input", "raw")
-    data = load_split(args.embeddings, args.split, method.adapter_input, device)
-    if data.dim != meta["dim"]:
-        raise CheckpointError(
-            f"checkpoint {args.checkpoint} expects dim {meta['dim']}, "
-            f"but {args.embeddings}/{args.split} has dim {data.dim}"
-        )
-    return method, data
+def _loading(args: argparse.Namespace) -> dict[str, object]:
+    """How :mod:`asymvlm.protocol.api` loads the checkpoint and the split."""
+    keys = ("device", "adapter_input", "allow_incomplete")
+    return {"checkpoint": args.checkpoint, "embeddings": args.embeddings, "split": args.split} | {
+        k: getattr(args, k) for k in keys
+    }
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """The registry's ``retrieval`` of one checkpoint on one split."""
+    """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`)."""
+    from asymvlm.protocol import api
+
     keys = ("levels", "fold_size", "chunk_size", "memory_budget")
-    values = {"data": Location(args.embeddings, args.split)} | {k: getattr(args, k) for k in keys}
-    parsed = registry.spec("retrieval", values, "asymvlm evaluate", flags=True)
-    method, data = _load(args)
-    result = registry.evaluate_split(parsed, method, data, progress=not args.quiet)
-    result.update(checkpoint=args.checkpoint, embeddings=args.embeddings, split=args.split)
+    options = {k: getattr(args, k) for k in keys}
+    values = {"data": Location(args.embeddings, args.split)} | options
+    registry.spec("retrieval", values, "asymvlm evaluate", flags=True)  # errors name the flags
+    result = api.evaluate(**_loading(args), progress=not args.quiet, **options)
     write_json(args.output, result)
     for direction in ("t2i", "i2t"):
         r = result[direction]
@@ -65,17 +52,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
+    """A row per caption (:func:`asymvlm.score`) written as parquet."""
     import pyarrow.parquet as pq
 
-    from asymvlm.evaluation import caption_scores
+    from asymvlm.protocol import api
 
-    method, data = _load(args)
-    table = caption_scores(method, data)
+    table = api.score(**_loading(args))
     with storage.atomic_path(args.output) as (fs, tmp):
         pq.write_table(table, tmp, filesystem=fs)
     unc = table.column("uncertainty")
     if unc.null_count == len(unc):
-        logger.info("%s defines no caption uncertainty (column is null)", method.name)
+        logger.info("%s defines no caption uncertainty (column is null)", args.checkpoint)
     logger.info("%d captions scored -> %s", table.num_rows, args.output)
     return 0
 

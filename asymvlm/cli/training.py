@@ -17,36 +17,14 @@ logger = logging.getLogger("asymvlm.cli")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from asymvlm.checkpoints import check_resumable, checkpoint_to_resume
     from asymvlm.protocol import train
-    from asymvlm.training import resolve_device
 
-    if args.checkpoint_every is not None and args.checkpoint_every < 1:
-        raise ConfigError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
     doc = {
         **model_values(args, args.train_keys),
         "device": args.device,
         "method_kwargs": parse_kv(args.method_arg),
     }
     cfg = validate(TrainConfig, doc, "asymvlm train", flags=True)
-    device = resolve_device(cfg.device)
-    previous = checkpoint_to_resume(args.output, resume=args.resume, overwrite=args.overwrite)
-    if previous is not None:
-        check_resumable(args.output, previous, cfg, args.embeddings, args.split)
-        epoch = previous.get("epoch")
-        where = "" if epoch is None else f" (epoch {epoch} of {previous.get('epochs')})"
-        if previous["complete"]:
-            logger.info(
-                "%s already holds a complete checkpoint%s; nothing to do", args.output, where
-            )
-            return 0
-        logger.info("resuming %s%s", args.output, where)
-    what = f"{cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr:g}, batch {cfg.batch_size}"
-    if not METHODS[cfg.method].trainable:  # fitted post hoc (bayesvlm) or used as is (clip)
-        what = "no training"
-    logger.info(
-        "%s (%s, device %s) on %s/%s", cfg.method, what, device, args.embeddings, args.split
-    )
     _, history = train(
         args.embeddings,
         args.split,
@@ -59,7 +37,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     if history:
         logger.info("final train_loss %.4f", history[-1]["train_loss"])
-    logger.info("checkpoint written to %s", args.output)
+    logger.info("checkpoint in %s", args.output)
     return 0
 
 

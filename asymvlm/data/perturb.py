@@ -14,7 +14,6 @@ import string
 from collections.abc import Callable
 
 import numpy as np
-from PIL import Image
 
 
 def item_seed(seed: int, item_id: str) -> int:
@@ -24,6 +23,8 @@ def item_seed(seed: int, item_id: str) -> int:
 
 
 def _gaussian_noise(image, severity: int, rng: np.random.Generator):
+    from PIL import Image
+
     sigma = (0.04, 0.06, 0.08, 0.09, 0.10)[severity - 1]
     x = np.asarray(image, dtype=np.float32) / 255.0
     x = np.clip(x + rng.normal(0.0, sigma, x.shape), 0.0, 1.0)
@@ -36,6 +37,8 @@ def _rotation(image, severity: int, rng: np.random.Generator):
 
 
 def _zoom_blur(image, severity: int, rng: np.random.Generator):
+    from PIL import Image
+
     top, step = ((1.11, 0.01), (1.16, 0.01), (1.21, 0.02), (1.26, 0.02), (1.31, 0.03))[severity - 1]
     w, h = image.size
     acc = np.asarray(image, dtype=np.float32).copy()
@@ -50,6 +53,8 @@ def _zoom_blur(image, severity: int, rng: np.random.Generator):
 
 
 def _jpeg(image, severity: int, rng: np.random.Generator):
+    from PIL import Image
+
     quality = (25, 18, 15, 10, 7)[severity - 1]
     image.save(buffer := io.BytesIO(), format="JPEG", quality=quality)
     return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")

@@ -1,6 +1,7 @@
 """Every method of the paper behind one registry: ``build_method(name, dim, **kwargs)``.
 
-Importing this package registers them all; ``METHODS`` maps names to classes. The baselines
+Importing this package registers them all; ``METHODS`` maps names to classes, plugins included
+(the ``asymvlm.methods`` entry points of installed packages, docs "Adding a method"). The baselines
 (paper Sec. 5, App. B.3): :mod:`.probvlm`, :mod:`.gaussian` (PFE*, PCME++*, ProLIP*), :mod:`.elip`
 and :mod:`.bayesvlm`.
 """
@@ -14,6 +15,7 @@ from asymvlm.methods.base import (
     Roles,
     build_method,
     check_method_name,
+    method_distribution,
     register,
 )
 
@@ -26,5 +28,6 @@ __all__ = [
     "check_method_kwargs",
     "check_method_name",
     "method_arguments",
+    "method_distribution",
     "register",
 ]

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import nn
+
+from asymvlm.errors import ConfigError
 
 if TYPE_CHECKING:
     from asymvlm.splits import SplitTensors
@@ -17,7 +21,63 @@ Encoding = dict[str, torch.Tensor]
 Init = Literal["he", "default"]
 _log = logging.getLogger(__name__)
 
-METHODS: dict[str, type[Method]] = {}
+
+class _Registry(Mapping[str, "type[Method]"]):
+    """Name -> Method class: the built-ins, then on first read the ``asymvlm.methods`` entry
+    points of the installed distributions (the entry point's name is the method's name)."""
+
+    GROUP = "asymvlm.methods"
+
+    def __init__(self) -> None:
+        self._classes: dict[str, type[Method]] = {}
+        self.dists: dict[
+            str, dict[str, str]
+        ] = {}  # plugin name -> its distribution's name, version
+        self._discovered, self._lock = False, threading.RLock()
+
+    def add(self, name: str, cls: type[Method]) -> None:
+        if name in self._classes:
+            raise ValueError(f"method {name!r} registered twice")
+        cls.name = name
+        self._classes[name] = cls
+
+    def _discover(self) -> dict[str, type[Method]]:
+        with self._lock:  # once per process, whichever thread reads first
+            if not self._discovered:
+                self._discovered = True
+                for ep in entry_points(group=self.GROUP):
+                    self._load(ep)
+        return self._classes
+
+    def _load(self, ep: Any) -> None:
+        dist = {"name": ep.dist.name, "version": ep.dist.version} if ep.dist else {}
+        where = f"entry point {ep.name} = {ep.value!r} of {dist.get('name')} {dist.get('version')}"
+        if ep.name in self._classes:
+            raise ConfigError(f"{where}: {ep.name!r} is already a method; rename the entry point")
+        try:
+            cls = ep.load()
+        except Exception as exc:
+            raise ConfigError(f"{where} does not load: {type(exc).__name__}: {exc}") from exc
+        if self._classes.get(ep.name) is cls:  # its module registered it too
+            del self._classes[ep.name]
+        if not (isinstance(cls, type) and issubclass(cls, Method)):
+            raise ConfigError(f"{where} is {cls!r}, not a subclass of asymvlm.methods.Method")
+        self.add(ep.name, cls)
+        if dist:
+            self.dists[ep.name] = dist
+
+    def __getitem__(self, name: str) -> type[Method]:
+        return self._discover()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._discover())
+
+    def __len__(self) -> int:
+        return len(self._discover())
+
+
+#: Every method by name, plugins included (discovered when first read).
+METHODS = _Registry()
 #: ``official``: the authors' code; ``improved``: this project's fixes (README "Protocols").
 PROTOCOLS = ("improved", "official")
 _BLOCK_ROWS = 65536  # rows per block where a whole split is reduced
@@ -27,13 +87,16 @@ def register(name: str) -> Callable[[type[Method]], type[Method]]:
     """Class decorator: make a method available as ``build_method(name, ...)``."""
 
     def deco(cls: type[Method]) -> type[Method]:
-        if name in METHODS:
-            raise ValueError(f"method {name!r} registered twice")
-        cls.name = name
-        METHODS[name] = cls
+        METHODS.add(name, cls)
         return cls
 
     return deco
+
+
+def method_distribution(name: str) -> dict[str, str] | None:
+    """``{"name", "version"}`` of the distribution that provides plugin method ``name``; None for a
+    built-in or unknown one."""
+    return METHODS.dists.get(name) if name in METHODS else None
 
 
 def check_method_name(name: str) -> str:
@@ -240,7 +303,10 @@ class Method(nn.Module):
         return image_emb * image_norm.to(image_emb)[:, None]
 
     def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """(image rows, text rows) of a split for :meth:`encode_images` / :meth:`encode_texts`."""
+        """(image rows, text rows) of a split for :meth:`encode_images` / :meth:`encode_texts`:
+        the one input contract of training, evaluation and scoring (a row per image / caption;
+        per-caption inputs such as ``data.captions`` or ``data.split.extra_text_columns`` join
+        the text rows as columns, ``docs/api.md``)."""
         return self.image_rows(data.image_emb, data.image_norm), data.text_emb
 
     def training_stats(self) -> dict[str, float]:

@@ -6,7 +6,7 @@ train, evaluate retrieval (:func:`run_protocol`), or train into a checkpoint fol
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import torch
@@ -23,9 +23,10 @@ from asymvlm.checkpoints import (
     read_run_state,
     save_run_checkpoint,
 )
+from asymvlm.config import validate
 from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.evaluation.registry import evaluate_split
-from asymvlm.methods import Method, build_method
+from asymvlm.methods import METHODS, Method, build_method
 from asymvlm.splits import SplitCache, SplitTensors, hold_out_images, load_split
 from asymvlm.storage import absolute
 from asymvlm.training import (
@@ -248,9 +249,9 @@ class RunSpec(BaseModel):
 
 
 def train(
-    root: str,
-    split: str,
-    cfg: TrainConfig,
+    embeddings: str,
+    split: str = "train",
+    cfg: TrainConfig | Mapping[str, Any] | None = None,
     output: str | None = None,
     progress: bool = True,
     *,
@@ -258,22 +259,39 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
 ) -> tuple[Method, History]:
-    """``asymvlm train``: a run of the protocol without evaluation, into the checkpoint folder
-    ``output`` (an incomplete checkpoint every ``checkpoint_every`` epochs, a complete one at
-    the end). ``resume`` continues the folder's run, ``overwrite`` replaces it; a diverged run
-    keeps its last good checkpoint. Returns the method and the whole history."""
+    """Train one method on split ``split`` of the tables ``embeddings`` (``asymvlm train``).
+
+    ``cfg``: the hyper-parameters (a :class:`TrainConfig` or its keys, e.g. ``{"method":
+    "asymvlm-vmf", "epochs": 20}``; none: the defaults). ``output``: a checkpoint folder (none:
+    nothing written) holding an incomplete checkpoint every ``checkpoint_every`` epochs and a
+    complete one at the end; ``resume`` continues its run, ``overwrite`` replaces it; a
+    diverged run keeps its last good checkpoint. Returns the method and the epochs' history.
+    """
+    if not isinstance(cfg, TrainConfig):
+        cfg = validate(TrainConfig, dict(cfg or {}), "asymvlm.train")
     if checkpoint_every is not None and checkpoint_every < 1:
         raise ConfigError(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
     previous = None
     if output is not None:
         previous = checkpoint_to_resume(output, resume=resume, overwrite=overwrite)
         if previous is not None:
-            check_resumable(output, previous, cfg, root, split)
+            check_resumable(output, previous, cfg, embeddings, split)
+            epoch = previous.get("epoch")
+            where = "" if epoch is None else f" (epoch {epoch} of {previous.get('epochs')})"
             if previous["complete"]:
+                logger.info(
+                    "%s already holds a complete checkpoint%s; nothing to do", output, where
+                )
                 method, _ = load_checkpoint(output, resolve_device(cfg.device))
                 return method, read_history(output)
+            logger.info("resuming %s%s", output, where)
+    what = f"{cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr:g}, batch {cfg.batch_size}"
+    if not METHODS[cfg.method].trainable:  # fitted post hoc (bayesvlm) or used as is (clip)
+        what = "no training"
+    device = resolve_device(cfg.device)
+    logger.info("%s (%s, device %s) on %s/%s", cfg.method, what, device, embeddings, split)
     spec = RunSpec(
-        embeddings=root,
+        embeddings=embeddings,
         train=cfg,
         train_split=split,
         val_split=None,

@@ -204,7 +204,9 @@ class Scorer:
         if not captions:
             empty = np.zeros((0, int(self.meta["dim"])), np.float32)
             return CaptionScores([], None, None, empty)
-        _, text_rows = self.method.split_inputs(self._split(self._embed_captions(captions)))
+        _, text_rows = self.method.split_inputs(
+            self._split(self._embed_captions(captions), captions=captions)
+        )
         with torch.no_grad():
             texts = self.method.encode_texts(text_rows)
             unc = self.method.text_uncertainty_from(texts)
@@ -224,7 +226,9 @@ class Scorer:
         images = list(images)
         if not captions or not images:
             return np.zeros((len(captions), len(images)), np.float32)
-        data = self._split(texts=self._embed_captions(captions), images=self._embed_images(images))
+        data = self._split(
+            self._embed_captions(captions), self._embed_images(images), captions=captions
+        )
         image_rows, text_rows = self.method.split_inputs(data)
         with torch.no_grad():
             scores = self.method.score(
@@ -232,7 +236,12 @@ class Scorer:
             )
         return scores.float().cpu().numpy()
 
-    def _split(self, texts: dict[str, torch.Tensor], images: dict[str, torch.Tensor] | None = None):
+    def _split(
+        self,
+        texts: dict[str, torch.Tensor],
+        images: dict[str, torch.Tensor] | None = None,
+        captions: Sequence[str] | None = None,
+    ):
         """A :class:`~asymvlm.splits.SplitTensors` of these inputs, so that each method takes
         its own rows (:meth:`Method.split_inputs`)."""
         if images is None:  # captions only
@@ -249,6 +258,7 @@ class Scorer:
             image_norm=images["norm"],
             image_pre=images.get("pre"),
             text_pre=texts.get("pre"),
+            captions=captions,
             **self.projections,
         )
 

@@ -224,6 +224,11 @@ class StreamingTrainer(Trainer):
     (``fit_start``, kappa probe), its batches and steps are the stream's."""
 
     def __init__(self, method: Method, cfg: TrainConfig, stream: CaptionStream) -> None:
+        if method.trainable and type(method).split_inputs is not Method.split_inputs:
+            raise ConfigError(
+                f"{method.name} reads per-caption inputs (split_inputs) that a streamed split "
+                "does not carry: train it with stream='never'"
+            )
         self.stream, rank, world_size = stream, stream.rank, stream.world_size
         super().__init__(method, cfg, stream.sample, rank=rank, world_size=world_size)
 

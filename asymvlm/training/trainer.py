@@ -204,8 +204,9 @@ class Trainer:
                 f"cannot train {method.name} on an empty split ({n_image} images, "
                 f"{n_text} captions)"
             )
-        if method.trainable:  # official PFE/ProbVLM take raw image projections
-            data = replace(data, image_emb=method.image_rows(data.image_emb, data.image_norm))
+        if method.trainable:  # the rows evaluation and scoring encode (Method.split_inputs)
+            image_rows, text_rows = method.split_inputs(data)
+            data = replace(data, image_emb=image_rows, text_emb=text_rows)
         for kind, tensor, ids in (
             ("caption", data.text_emb, getattr(data.split, "caption_ids", None)),
             ("image", data.image_emb, getattr(data.split, "image_ids", None)),

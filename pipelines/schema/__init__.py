@@ -12,5 +12,6 @@ from pipelines.schema.pipeline import PipelineConfig as PipelineConfig
 from pipelines.schema.pipeline import SyntheticPrepare as SyntheticPrepare
 from pipelines.schema.serve import ServeConfig as ServeConfig
 from pipelines.schema.sweep import FaultInjection as FaultInjection
+from pipelines.schema.sweep import RaySettings as RaySettings
 from pipelines.schema.sweep import StorageSettings as StorageSettings
 from pipelines.schema.sweep import SweepConfig as SweepConfig

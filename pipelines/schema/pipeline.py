@@ -16,6 +16,7 @@ from pipelines.schema.sweep import (
     Absolute,
     MlflowSettings,
     PositiveInt,
+    RaySettings,
     StorageSettings,
     SweepConfig,
     default_store,
@@ -169,6 +170,7 @@ class PipelineConfig(StrictModel):
     output: Absolute = Field(description="everything lands below it; ${output} in any value")
     storage: StorageSettings = Field(StorageSettings(), description="how nodes share the output")
     mlflow: MlflowSettings = Field(MlflowSettings(), description="the tracking store, experiment")
+    ray: RaySettings = Field(RaySettings(), description="the Ray session (runtime_env)")
     prepare: PrepareConfig = Field(PrepareConfig(), description="offline stand-ins written first")
     embed: EmbedSection = Field(EmbedSection(), description="the embedding stage's jobs")
     sweeps: list[SweepConfig] = Field([], description="the Tune sweeps (each needs a name)")  # type: ignore[valid-type]
@@ -179,12 +181,12 @@ class PipelineConfig(StrictModel):
     @classmethod
     def _resolve(cls, data: Any) -> Any:
         """The store (experiment ``asymvlm-<name>``, SQLite beside the output), and each sweep's
-        MLflow, storage and output from the pipeline's."""
+        MLflow, storage, Ray session and output from the pipeline's."""
         if not isinstance(data, dict) or "output" not in data or "name" not in data:
             return data
         doc = {**data, "output": storage.absolute(data["output"])}
         default_store(doc, f"asymvlm-{doc['name']}")
-        shared = {"mlflow": doc["mlflow"], "storage": doc.get("storage") or {}}
+        shared = {key: doc.get(key) or {} for key in ("mlflow", "storage", "ray")}
         doc["sweeps"] = sweeps = list(doc.get("sweeps") or [])
         for i, sweep in enumerate(sweeps):
             if isinstance(sweep, dict):

@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import Field
 
 from asymvlm.config import StrictModel
+from pipelines.schema.sweep import RaySettings
 
 __all__ = ["ServeConfig"]
 
@@ -25,6 +26,7 @@ class ServeConfig(StrictModel):
         None, description="the MLflow store of a runs:/ or models:/ URI"
     )
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
+    ray: RaySettings = Field(RaySettings(), description="the Ray session (runtime_env)")
     name: str = Field("asymvlm-scorer", description="the Serve application")
     host: str = Field("127.0.0.1", description="the address Serve's HTTP proxy listens on")
     port: Annotated[int, Field(ge=1, le=65535)] = Field(8000, description="its port")

@@ -37,6 +37,27 @@ class StorageSettings(StrictModel):
     shared_filesystem: bool = Field(False, description="a local output every node mounts")
 
 
+class RuntimeEnv(StrictModel):
+    """The part of Ray's ``runtime_env`` a config may set: what every worker gets installed or
+    on its path, e.g. a method plugin (docs "Adding a method")."""
+
+    pip: list[str] | None = Field(None, description="pip requirements (a wheel, NAME==VERSION)")
+    py_modules: list[str] | None = Field(None, description="local modules or wheels to upload")
+    working_dir: str | None = Field(None, description="a local folder each worker starts in")
+    env_vars: dict[str, str] | None = Field(None, description="environment variables")
+
+
+class RaySettings(StrictModel):
+    """The Ray session of an entry point (``ray.init``)."""
+
+    runtime_env: RuntimeEnv | None = Field(None, description="the job's runtime_env (ray.init)")
+
+    def init_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``ray.init``."""
+        env = self.runtime_env
+        return {"runtime_env": env.model_dump(exclude_none=True)} if env else {}
+
+
 class MlflowSettings(StrictModel):
     """Where runs are tracked: default a SQLite store beside the outputs."""
 
@@ -112,6 +133,7 @@ class _SweepBase(StrictModel):
     mlflow: MlflowSettings = Field(MlflowSettings(), description="the tracking store, experiment")
     output: Absolute = Field(description="the sweep's folder (default: runs/<experiment>)")
     storage: StorageSettings = Field(StorageSettings(), description="how nodes share the output")
+    ray: RaySettings = Field(RaySettings(), description="the Ray session (runtime_env)")
     max_failures: Annotated[int, Field(ge=0)] = Field(1, description="retries of a failed trial")
     node_wait_s: Finite = Field(
         600.0, description="seconds trials may wait for a node while none runs; then it stops"
