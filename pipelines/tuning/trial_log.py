@@ -7,8 +7,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import Any
 
 from ray import tune
@@ -36,12 +35,7 @@ def shown(trial: dict[str, Any]) -> str:
 
 class MlflowTrialLogger(tune.Callback):
     """Every member of a trial is a run under the sweep's ``parent`` (an earlier attempt's,
-    reopened): each epoch once (step = epoch), its outcome, FINISHED or FAILED with the reason.
-
-    The writes run in order on one thread of their own, so that Tune's loop goes on while the
-    store takes an outcome's plots and models; Tune's experiment state is saved only after the
-    writes of the results it holds (:meth:`get_state`), so a restored sweep never runs ahead of
-    MLflow."""
+    reopened): each epoch once (step = epoch), its outcome, FINISHED or FAILED with the reason."""
 
     def __init__(self, sweep: SweepConfig, parent: tracking.Run, base_params: dict[str, Any]):
         self.sweep, self.parent, self.base_params = sweep, parent, base_params
@@ -56,27 +50,6 @@ class MlflowTrialLogger(tune.Callback):
         self.earlier = {
             c.data.tags["trial"]: c.info.run_id for c in children if "trial" in c.data.tags
         }
-        self._writes = ThreadPoolExecutor(1, thread_name_prefix="mlflow-trials")
-        self._pending: list[Future] = []
-
-    def _later(self, write: Callable[..., None], *args: Any) -> None:
-        self._pending.append(self._writes.submit(write, *args))
-
-    def _wait(self) -> None:
-        """Until every write so far has landed; the first that failed is raised."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
-
-    def get_state(self) -> None:
-        """Called by Tune before it saves the experiment's state: the writes land first."""
-        self._wait()
-
-    def on_experiment_end(self, trials, **info) -> None:
-        self._wait()
-        if self._writes is not None:  # the next Tuner pickles this callback; setup() makes one
-            self._writes.shutdown()
-            self._writes = None
 
     def _members(self, trial) -> list[tuple[str, dict[str, Any]]]:
         return [(f"{trial.trial_id}#{k}", t) for k, t in enumerate(trial.config["members"])]
@@ -107,18 +80,14 @@ class MlflowTrialLogger(tune.Callback):
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         for key, member in self._members(trial):
             self.started.setdefault(key, time.time())
-            self._later(self._run, key, trial.config["stage"], member)
+            self._run(key, trial.config["stage"], member)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        self._later(
-            self._result, self._members(trial), trial.config["stage"], result, trial.checkpoint
-        )
-
-    def _result(self, members, stage: str, result: dict[str, Any], checkpoint) -> None:
+        members, stage = self._members(trial), trial.config["stage"]
         outcomes = result.get("outcomes") or [{}] * len(members)
         for k, ((key, member), row) in enumerate(zip(members, outcomes, strict=True)):
             if "outcome" in row:
-                log_outcome(self._run(key, stage, member), row, checkpoint, k, len(members))
+                log_outcome(self._run(key, stage, member), row, trial.checkpoint, k, len(members))
         if "epoch" in result:
             key, member = members[int(result.get("member", 0))]
             if (step := int(result["epoch"])) > self.logged.get(key, 0):  # a retry repeats some
@@ -131,12 +100,12 @@ class MlflowTrialLogger(tune.Callback):
         outcomes = (trial.last_result or {}).get("outcomes") or [{}] * len(members)
         for (key, member), row in zip(members, outcomes, strict=True):
             reason = row.get("failed", "" if "outcome" in row else "ended without a result")
-            self._later(self._end, key, trial.config["stage"], member, reason)
+            self._end(key, trial.config["stage"], member, reason)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         reason = failure_reason(_error(trial))
         for key, member in self._members(trial):
-            self._later(self._end, key, trial.config["stage"], member, reason)
+            self._end(key, trial.config["stage"], member, reason)
 
     def _end(self, key: str, stage: str, trial: dict[str, Any], reason: str) -> None:
         run = self._run(key, stage, trial)
