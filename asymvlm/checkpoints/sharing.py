@@ -108,6 +108,8 @@ def resolve_checkpoint(
 
         try:
             local = download(source, tracking_uri)
+        except ImportError:  # no MLflow here: the entry point names the extra to install
+            raise
         except Exception as exc:  # any failure of the store or the URI: one line naming it
             raise CheckpointError(f"{source}: cannot download the model: {exc}") from None
         found = [d for d, _, files in sorted(os.walk(local)) if CONFIG_FILE in files]

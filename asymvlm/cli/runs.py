@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
@@ -14,6 +15,8 @@ logger = logging.getLogger("asymvlm.cli")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("mlflow") is None:  # it reads MLflow runs: name that extra
+        raise ModuleNotFoundError("No module named 'mlflow'", name="mlflow")
     from asymvlm.report import build_report
 
     if not args.mlflow_uri:

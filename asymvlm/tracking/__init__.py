@@ -4,7 +4,7 @@
 (:mod:`~asymvlm.tracking.writer`), and reading them back (:mod:`~asymvlm.tracking.queries`).
 The pipeline run is the root; its sweeps, trials, evaluations and report are nested under it."""
 
-from mlflow.pyfunc import PythonModel
+from typing import Any
 
 from asymvlm.tracking.queries import (
     child_runs,
@@ -53,3 +53,13 @@ __all__ = [
     "run",
     "signature",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``PythonModel``, imported from MLflow on first use: importing this package (as every
+    sweep trial does, through the config schema) does not import MLflow."""
+    if name == "PythonModel":
+        from mlflow.pyfunc import PythonModel
+
+        return PythonModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
