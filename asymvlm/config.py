@@ -199,7 +199,7 @@ def _message(err: ValidationError, source: str, schema: Any, flags: bool, limit:
             p for i, p in enumerate(loc) if not (i and isinstance(loc[i - 1], int) and p in tags)
         ]
         shown = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-        if flags and len(loc) == 1 and isinstance(key, str):  # a nested key is not a flag
+        if flags and isinstance(key, str) and "method_kwargs" not in loc:  # a method's own keys
             shown = "--" + key.replace("_", "-")
         ctx, given, msg = e.get("ctx", {}), e.get("input"), e["msg"].removeprefix("Value error, ")
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):

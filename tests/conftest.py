@@ -48,6 +48,19 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def add_method(monkeypatch):
+    """``add_method(name, cls)``: ``cls`` in the method registry as ``name`` for one test."""
+    from asymvlm.methods import METHODS
+
+    def add(name: str, cls: type) -> None:
+        len(METHODS)  # the installed plugins discovered first
+        monkeypatch.setattr(cls, "name", name, raising=False)
+        monkeypatch.setitem(METHODS._classes, name, cls)
+
+    return add
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray cluster per test session: 2 CPUs, no dashboard."""

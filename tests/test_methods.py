@@ -296,12 +296,12 @@ def test_bf16_autocast_loss_matches_fp32_at_d512(name: str) -> None:
     assert abs(float(half - full)) < 2e-3 * abs(float(full))
 
 
-def test_methods_all_expands_to_the_registry(tmp_path, monkeypatch) -> None:
+def test_methods_all_expands_to_the_registry(tmp_path, add_method) -> None:
     """A sweep's ``methods: all`` is every registered method in registry order, plugins too."""
     from asymvlm.methods.asymvlm import AsymVLM
     from pipelines import schema
 
-    monkeypatch.setitem(METHODS, "plugin-vmf", type("Plugin", (AsymVLM,), {"name": "plugin-vmf"}))
+    add_method("plugin-vmf", type("Plugin", (AsymVLM,), {}))
     doc = {"embeddings": str(tmp_path), "methods": "all", "lr": [1e-3], "seeds": [0]}
     cfg = schema.sweep_config({**doc, "output": str(tmp_path / "o")}, source="space.yaml")
     assert cfg.methods == list(METHODS) and cfg.methods[-1] == "plugin-vmf"

@@ -19,7 +19,7 @@ from asymvlm.checkpoints import save_checkpoint
 from asymvlm.cli import main
 from asymvlm.evaluation.registry import log_evaluation
 from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
-from asymvlm.methods import METHODS, Roles, build_method
+from asymvlm.methods import Roles, build_method
 from asymvlm.methods.asymvlm import AsymVLM
 from asymvlm.metrics import retrieval_metrics
 from asymvlm.report import build_report
@@ -364,8 +364,8 @@ class ConstKappa(AsymVLM):
 
 
 @pytest.fixture
-def plugin(monkeypatch) -> None:
-    monkeypatch.setitem(METHODS, "vmf-const", ConstKappa)
+def plugin(add_method) -> None:
+    add_method("vmf-const", ConstKappa)
 
 
 def cells(table: str, method: str) -> dict[str, str]:
@@ -435,12 +435,12 @@ def test_methods_enter_the_ablation_figure_and_claims_by_their_roles(plugin) -> 
     assert verdict.paper == "–" and verdict.a_name == "vmf-const"
 
 
-def test_a_method_declaring_no_uncertainty_shows_none(monkeypatch) -> None:
+def test_a_method_declaring_no_uncertainty_shows_none(monkeypatch, add_method) -> None:
     """``Roles(uncertainty=False)``: the report blanks the numbers its uncertainty gave."""
     t2i = {"recall@1": 0.5, "spearman": -0.5, "e_aurc": 0.1, "binned_recall@1": [0.6, 0.4]}
     monkeypatch.setattr(report.tracking, "json_artifact", lambda *_: {"test": {"t2i": t2i}})
     flat = type("Flat", (AsymVLM,), {"roles": Roles(uncertainty=False)})
-    monkeypatch.setitem(METHODS, "flat", flat)
+    add_method("flat", flat)
     ns = types.SimpleNamespace
     got = {
         m: report._trial("", ns(info=ns(run_id=""), data=ns(params={"method": m})))
