@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from asymvlm.methods import Encoding
+from asymvlm.methods import Encoding, Roles
 from asymvlm.methods.asymvlm import AsymVLM
 
 
@@ -16,6 +16,7 @@ class VMFConst(AsymVLM):
     """Text ~ vMF(mu(t), kappa): the adapter gives the direction, one kappa serves every caption."""
 
     uncertainty_doc = "1/kappa, one learned kappa for every caption (a constant)"
+    roles = Roles(ablation_of="asymvlm-vmf")
 
     def __init__(self, dim: int, init_kappa: float = 0.0, **kwargs) -> None:
         super().__init__(dim, **kwargs)
