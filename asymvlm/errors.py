@@ -91,13 +91,22 @@ def missing_extra(exc: BaseException) -> str | None:
     return None
 
 
-def require(*extras: str) -> None:
-    """An entry point's first check: where a module of one of ``extras`` is not installed, print
-    the one line naming its extra and exit 2."""
+def check_extras(*extras: str) -> None:
+    """The ImportError of the first module of ``extras`` that is not installed (which
+    :func:`guarded` shows as the one line naming its extra); nothing where all are."""
     for module, extra in EXTRAS.items():
         if extra in extras and importlib.util.find_spec(module) is None:
-            print(f"error: {_install_line(module)}", file=sys.stderr)
-            raise SystemExit(EXIT_USER_ERROR)
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+
+def require(*extras: str) -> None:
+    """An entry point's first check, before it imports them: :func:`check_extras`, its line
+    printed and exit 2."""
+    try:
+        check_extras(*extras)
+    except ModuleNotFoundError as exc:
+        print(f"error: {missing_extra(exc)}", file=sys.stderr)
+        raise SystemExit(EXIT_USER_ERROR) from None
 
 
 def exit_code(exc: BaseException) -> int | None:

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import sys
 
 from asymvlm.cli.common import Help
-from asymvlm.errors import ConfigError
+from asymvlm.errors import ConfigError, check_extras
 
 logger = logging.getLogger("asymvlm.cli")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if importlib.util.find_spec("mlflow") is None:  # it reads MLflow runs: name that extra
-        raise ModuleNotFoundError("No module named 'mlflow'", name="mlflow")
+    check_extras("tracking")  # it reads MLflow runs: that extra is named first
     from asymvlm.report import build_report
 
     if not args.mlflow_uri:

@@ -30,9 +30,8 @@ class _Registry(Mapping[str, "type[Method]"]):
 
     def __init__(self) -> None:
         self._classes: dict[str, type[Method]] = {}
-        self.dists: dict[
-            str, dict[str, str]
-        ] = {}  # plugin name -> its distribution's name, version
+        #: plugin name -> its distribution's name and version
+        self.dists: dict[str, dict[str, str]] = {}
         self._discovered, self._lock = False, threading.RLock()
 
     def add(self, name: str, cls: type[Method]) -> None:
