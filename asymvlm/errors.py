@@ -75,10 +75,6 @@ EXTRAS = {
 }
 
 
-def _install_line(module: str) -> str:
-    return f"{module} is not installed: pip install 'asymvlm[{EXTRAS[module]}]'"
-
-
 def missing_extra(exc: BaseException) -> str | None:
     """One line naming the extra to install when ``exc`` (or its cause) is the ImportError of a
     module an extra provides, else None."""
@@ -86,7 +82,7 @@ def missing_extra(exc: BaseException) -> str | None:
     while cause is not None:
         module = (getattr(cause, "name", None) or "").split(".")[0]
         if isinstance(cause, ImportError) and module in EXTRAS:
-            return _install_line(module)
+            return f"{module} is not installed: pip install 'asymvlm[{EXTRAS[module]}]'"
         cause = cause.__cause__
     return None
 

@@ -18,13 +18,7 @@ import torch
 
 from asymvlm import tables
 
-__all__ = [
-    "PROCESS_CACHE",
-    "SplitCache",
-    "SplitTensors",
-    "hold_out_images",
-    "load_split",
-]
+__all__ = ["PROCESS_CACHE", "SplitCache", "SplitTensors", "hold_out_images", "load_split"]
 
 
 @dataclass

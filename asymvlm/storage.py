@@ -242,13 +242,8 @@ class OutputLock:
         settle: float = 1.0,
         log=None,
     ) -> None:
-        self.root, self.wait, self.ttl, self.renew_every, self.settle = (
-            root,
-            wait,
-            ttl,
-            renew_every,
-            settle,
-        )
+        self.root, self.wait, self.ttl = root, wait, ttl
+        self.renew_every, self.settle = renew_every, settle
         self.fs, base = filesystem(root)
         self.dir = join(base, folder) if folder else base
         self.local = not is_remote(root)

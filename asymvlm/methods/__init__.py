@@ -19,15 +19,5 @@ from asymvlm.methods.base import (
     register,
 )
 
-__all__ = [
-    "METHODS",
-    "Encoding",
-    "Method",
-    "Roles",
-    "build_method",
-    "check_method_kwargs",
-    "check_method_name",
-    "method_arguments",
-    "method_distribution",
-    "register",
-]
+__all__ = ["METHODS", "Encoding", "Method", "Roles", "build_method", "check_method_kwargs"]
+__all__ += ["check_method_name", "method_arguments", "method_distribution", "register"]

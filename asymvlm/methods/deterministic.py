@@ -8,16 +8,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from asymvlm.methods.base import (
-    Adapter,
-    Encoding,
-    Init,
-    Method,
-    Roles,
-    info_nce,
-    register,
-    unit,
-)
+from asymvlm.methods.base import Adapter, Encoding, Init, Method, Roles, info_nce, register, unit
 
 
 @register("clip")

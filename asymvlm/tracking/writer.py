@@ -96,10 +96,8 @@ class Writer:
         run_id = self.ids[op["run"]]
         if kind == "log_batch":
             metrics = [Metric(*m) for m in op.get("metrics", [])]
-            params, tags = (
-                [Param(*p) for p in op.get("params", [])],
-                [RunTag(*t) for t in op.get("tags", [])],
-            )
+            params = [Param(*p) for p in op.get("params", [])]
+            tags = [RunTag(*t) for t in op.get("tags", [])]
             client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
         elif kind == "log_artifact":
             client.log_artifact(run_id, op["path"], op.get("artifact_path"))
@@ -131,13 +129,8 @@ class Writer:
                     if is_transient(exc):
                         self._failed()
                         break
-                    shown, kind = redact(self.tracking_uri), self.queue[0]["op"]
-                    logger.warning(
-                        "tracking store %s refused a waiting write (%s): %s",
-                        shown,
-                        kind,
-                        one_line(exc),
-                    )
+                    what = redact(self.tracking_uri), self.queue[0]["op"], one_line(exc)
+                    logger.warning("tracking store %s refused a waiting write (%s): %s", *what)
                 self.queue.popleft()
                 if not self.queue:
                     self.retry_at, self._wait = 0.0, FIRST_RETRY_S

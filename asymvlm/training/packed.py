@@ -212,16 +212,8 @@ class PackedTrainer:
         for trainer in self.trainers:
             trainer.begin_epoch()
         n = data.text_emb.shape[0]
-        perms = torch.stack(
-            [
-                torch.randperm(
-                    n,
-                    device=self.device,
-                    generator=epoch_generator(cfg.seed, 0, self.epoch, self.device),
-                )
-                for cfg in self.cfgs
-            ]
-        )
+        gens = [epoch_generator(cfg.seed, 0, self.epoch, self.device) for cfg in self.cfgs]
+        perms = torch.stack([torch.randperm(n, device=self.device, generator=g) for g in gens])
         totals = torch.zeros(n_members, device=self.device)
         first_bad = torch.zeros(n_members, dtype=torch.long, device=self.device)
         with self._stacked() as (leaves, buffers):

@@ -12,14 +12,7 @@ from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from tqdm.auto import tqdm
 
 from asymvlm.distributed import GlobalBatchLoss, epoch_generator, shard_rows
@@ -178,13 +171,9 @@ def bad_code(losses: torch.Tensor, grad_norms: torch.Tensor) -> torch.Tensor:
 
 
 class Trainer:
-    """Trains one method on one split held in device memory (this worker's shard with
-    ``world_size`` > 1: the loss spans the global batch, :mod:`asymvlm.distributed`).
-
-    A non-finite loss or gradient is recorded on the device and raises
-    :class:`~asymvlm.errors.NonFiniteError` at the end of its epoch, naming the epoch, the first
-    bad step, the method and the lr; the epoch is not counted.
-    """
+    """Trains one method on one split in device memory (with ``world_size`` > 1 this worker's
+    shard, the loss over the global batch). A non-finite loss or gradient raises
+    :class:`~asymvlm.errors.NonFiniteError` at the end of its epoch, which is not counted."""
 
     def __init__(
         self,
