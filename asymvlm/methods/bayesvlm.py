@@ -185,16 +185,12 @@ class BayesVLM(Method):
         """Fit both posteriors on the training split, every pair one datum: the image posterior
         with captions as targets, the text posterior with their images."""
         _check_pre_features(data)
-        unit_images = unit(data.image_emb)[data.text_to_image]
-        for modality, source, targets, w in (
-            (
-                "image",
-                data.image_pre[data.text_to_image],
-                unit(data.text_emb),
-                data.image_projection,
-            ),
-            ("text", data.text_pre, unit_images, data.text_projection),
-        ):
+        owners = data.text_to_image
+        fits = {
+            "image": (data.image_pre[owners], unit(data.text_emb), data.image_projection),
+            "text": (data.text_pre, unit(data.image_emb)[owners], data.text_projection),
+        }
+        for modality, (source, targets, w) in fits.items():
             fit = fit_projection_posterior(
                 *(t.float() for t in (source, targets, w)), **self.fit_kwargs
             )

@@ -1,6 +1,5 @@
-"""The Python API of ``asymvlm evaluate`` and ``asymvlm score`` (``asymvlm.train`` is
-:func:`asymvlm.protocol.run.train`): the functions the command line calls, exported at the
-package's top level (``docs/api.md``)."""
+"""``asymvlm.evaluate``, ``score`` and ``load_checkpoint``: the functions behind the command
+line, exported at the package's top level (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ from asymvlm.training import resolve_device
 def load_checkpoint(
     checkpoint: str, device: str | torch.device = "auto", *, allow_incomplete: bool = False
 ) -> tuple[Method, dict[str, Any]]:
-    """(method in eval mode, its checkpoint's metadata) of ``checkpoint``: a folder, an MLflow
-    model URI (``runs:/..``, ``models:/..``) or ``hf-hub:ORG/REPO[@REVISION]``, on ``device``
-    ("auto": a GPU when there is one). ``allow_incomplete``: accept a run in progress."""
+    """(method in eval mode, metadata) of a checkpoint folder, MLflow model URI or
+    ``hf-hub:ORG/REPO[@REVISION]`` on ``device``; ``allow_incomplete``: a run in progress."""
     folder = resolve_checkpoint(checkpoint) if is_model_uri(checkpoint) else checkpoint
     method, meta = load_folder(folder, resolve_device(device), allow_incomplete=allow_incomplete)
     method.eval()
@@ -64,20 +62,12 @@ def evaluate(
     progress: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
-    """Retrieval and uncertainty metrics of ``checkpoint`` (see :func:`load_checkpoint`) on
-    split ``split`` of the tables ``embeddings``: ``result["t2i"]`` and ``["i2t"]`` hold
-    Recall@{1,5,10}, Spearman S, R², AUROC... ``options``: the retrieval evaluation's keys
-    (``levels``: uncertainty bins, ``fold_size``, ``chunk_size``, ``memory_budget``)."""
+    """Retrieval and uncertainty metrics (``result["t2i"]``, ``["i2t"]``) of ``checkpoint`` on
+    ``embeddings``/``split``; ``options``: the retrieval evaluation's keys (docs/api.md)."""
     values = {"data": Location(embeddings, split), **options}
     parsed = registry.spec("retrieval", values, "asymvlm.evaluate")
-    method, data = load_for_split(
-        checkpoint,
-        embeddings,
-        split,
-        device=device,
-        adapter_input=adapter_input,
-        allow_incomplete=allow_incomplete,
-    )
+    load = {"device": device, "adapter_input": adapter_input, "allow_incomplete": allow_incomplete}
+    method, data = load_for_split(checkpoint, embeddings, split, **load)
     result = registry.evaluate_split(parsed, method, data, progress=progress)
     return result | {"checkpoint": checkpoint, "embeddings": embeddings, "split": split}
 
@@ -91,15 +81,8 @@ def score(
     adapter_input: str | None = None,
     allow_incomplete: bool = False,
 ) -> pa.Table:
-    """A row per caption of split ``split`` of ``embeddings``: ``caption_id``, ``kappa`` and
-    ``uncertainty`` (null where the method defines none) under ``checkpoint``. For raw
-    captions and images use :class:`asymvlm.Scorer`."""
-    method, data = load_for_split(
-        checkpoint,
-        embeddings,
-        split,
-        device=device,
-        adapter_input=adapter_input,
-        allow_incomplete=allow_incomplete,
-    )
+    """A row per caption of ``embeddings``/``split``: ``caption_id``, ``kappa`` and
+    ``uncertainty`` (null where the method has none) under ``checkpoint``."""
+    load = {"device": device, "adapter_input": adapter_input, "allow_incomplete": allow_incomplete}
+    method, data = load_for_split(checkpoint, embeddings, split, **load)
     return caption_scores(method, data)

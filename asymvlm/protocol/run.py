@@ -1,7 +1,5 @@
-"""The paper's protocol (App. B.4) for one (method, lr, seed) run, without Ray: the typed
-:class:`RunSpec`; seed, load the training split, build the method and its trainer, resume,
-train, evaluate retrieval (:func:`run_protocol`), or train into a checkpoint folder
-(:func:`train`, ``asymvlm train``)."""
+"""The paper's protocol (App. B.4) for one (method, lr, seed) run, without Ray: train and
+evaluate a :class:`RunSpec` (:func:`run_protocol`), or train into a checkpoint (:func:`train`)."""
 
 from __future__ import annotations
 
@@ -180,12 +178,9 @@ def run_protocol(
     progress: bool = False,
     cache: SplitCache | None = None,
 ) -> dict[str, Any] | None:
-    """The paper's protocol for one run (App. B.4) on this worker of ``world_size``.
-
-    Rank 0 returns :meth:`TrainingRun.results`, or ``{"diverged": reason, "history"}`` (every
-    rank stops at the same step: a retry would diverge again); other ranks return None. A
-    method not trained by SGD reports once, ``{"epoch": 0}`` with a checkpoint due.
-    """
+    """The paper's protocol for one run (App. B.4) on this worker of ``world_size``: rank 0
+    returns :meth:`TrainingRun.results` or ``{"diverged": reason, "history"}``, other ranks None.
+    A method not trained by SGD reports once, ``{"epoch": 0}`` with a checkpoint due."""
     run = TrainingRun(spec, rank=rank, world_size=world_size, device=device, cache=cache)
     if state is not None:
         run.resume(state)
@@ -259,14 +254,9 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
 ) -> tuple[Method, History]:
-    """Train one method on split ``split`` of the tables ``embeddings`` (``asymvlm train``).
-
-    ``cfg``: the hyper-parameters (a :class:`TrainConfig` or its keys, e.g. ``{"method":
-    "asymvlm-vmf", "epochs": 20}``; none: the defaults). ``output``: a checkpoint folder (none:
-    nothing written) holding an incomplete checkpoint every ``checkpoint_every`` epochs and a
-    complete one at the end; ``resume`` continues its run, ``overwrite`` replaces it; a
-    diverged run keeps its last good checkpoint. Returns the method and the epochs' history.
-    """
+    """Train one method on ``embeddings``/``split`` (``asymvlm train``, docs/api.md): ``cfg`` a
+    :class:`TrainConfig` or its keys; ``output`` a checkpoint folder (incomplete every
+    ``checkpoint_every`` epochs, complete at the end). Returns (method, history)."""
     if not isinstance(cfg, TrainConfig):
         cfg = validate(TrainConfig, dict(cfg or {}), "asymvlm.train")
     if checkpoint_every is not None and checkpoint_every < 1:
