@@ -123,8 +123,7 @@ def check_no_credentials(value: Any, where: str = "config") -> None:
 
 
 def expand_env(value: Any, where: str = "config", extra: Mapping[str, str] | None = None) -> Any:
-    """Expand ``${VAR}`` / ``$VAR`` in every string of ``value`` from ``extra`` then the
-    environment; a credential-looking or unset name is an error."""
+    """``${VAR}`` / ``$VAR`` expanded from ``extra``, then the environment (not credentials)."""
     extra = dict(extra or {})
 
     def expand(text: str, path: str) -> str:
@@ -160,8 +159,7 @@ def _adapter(model: Any) -> TypeAdapter:
 
 
 def validate(model: type[T], data: Any, source: str, flags: bool = False) -> T:
-    """``model`` validated from ``data``; errors as one :class:`ConfigError` line naming
-    ``source`` and the key (``flags``: keys spelt as command-line flags)."""
+    """``model`` from ``data``, or a one-line :class:`ConfigError` naming ``source`` and the key."""
     try:
         return _adapter(model).validate_python(data)
     except ValidationError as err:

@@ -76,8 +76,7 @@ EXTRAS = {
 
 
 def missing_extra(exc: BaseException) -> str | None:
-    """One line naming the extra to install when ``exc`` (or its cause) is the ImportError of a
-    module an extra provides, else None."""
+    """The extra to install, when ``exc`` (or its cause) is an optional module's ImportError."""
     cause: BaseException | None = exc
     while cause is not None:
         module = (getattr(cause, "name", None) or "").split(".")[0]
@@ -88,16 +87,14 @@ def missing_extra(exc: BaseException) -> str | None:
 
 
 def check_extras(*extras: str) -> None:
-    """The ImportError of the first module of ``extras`` that is not installed (which
-    :func:`guarded` shows as the one line naming its extra); nothing where all are."""
+    """Raise the ImportError of the first module of ``extras`` that is not installed."""
     for module, extra in EXTRAS.items():
         if extra in extras and importlib.util.find_spec(module) is None:
             raise ModuleNotFoundError(f"No module named {module!r}", name=module)
 
 
 def require(*extras: str) -> None:
-    """An entry point's first check, before it imports them: :func:`check_extras`, its line
-    printed and exit 2."""
+    """:func:`check_extras` for an entry point: the missing extra printed, exit 2."""
     try:
         check_extras(*extras)
     except ModuleNotFoundError as exc:

@@ -1,7 +1,5 @@
-"""Embedding splits on the device: :class:`SplitTensors`, what training, evaluation and
-scoring consume; :func:`load_split`, :func:`hold_out_images` and the per-process
-:class:`SplitCache` (a Tune actor runs trial after trial on the same tables: keyed by root,
-split, adapter input, device and the manifest's content)."""
+"""Embedding splits on the device (:class:`SplitTensors`), what training, evaluation and scoring
+consume; :func:`load_split`, :func:`hold_out_images` and the per-process :class:`SplitCache`."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """One storage layer: local paths and URIs (``file://``, ``s3://`` ...) through fsspec, wrapped
-as a pyarrow filesystem for Arrow and Ray. ``s3://`` honours ``AWS_ENDPOINT_URL(_S3)`` and
-retries with botocore's ``standard`` mode for :func:`attempts` attempts; a request that still
-fails is a :class:`StorageError` naming the URI. Files are written to a hidden temporary name and
-renamed (:func:`atomic_path`); :class:`OutputLock` admits one writer per output folder."""
+as a pyarrow filesystem for Arrow and Ray; atomic writes (:func:`atomic_path`) and one writer per
+output folder (:class:`OutputLock`). A request that fails for good is a :class:`StorageError`."""
 
 from __future__ import annotations
 
@@ -45,8 +43,7 @@ def attempts() -> int:
 
 @contextmanager
 def named_failures(uri: str) -> Iterator[None]:
-    """A request's final failure as a :class:`StorageError` naming ``uri`` (a missing file
-    stays a ``FileNotFoundError``)."""
+    """A request's final failure as a :class:`StorageError` naming ``uri`` (not a missing file)."""
     try:
         yield
     except (FileNotFoundError, StorageError):
@@ -108,8 +105,7 @@ def display(root: str, path: str) -> str:
 
 @contextmanager
 def atomic_path(uri: str) -> Iterator[tuple[pafs.FileSystem, str]]:
-    """``(filesystem, hidden temporary path)`` beside ``uri`` to write; renamed onto ``uri``
-    when the block ends, deleted when it fails. The one atomic write of the project."""
+    """``(filesystem, hidden temporary path)`` to write, renamed onto ``uri`` at the block's end."""
     fs, path = filesystem(uri)
     folder, name = posixpath.split(path)
     tmp = join(folder, f".{name}.tmp-{uuid.uuid4().hex}")
@@ -138,8 +134,7 @@ def write_text(uri: str, text: str) -> str:
 
 
 def read_bytes(uri: str) -> bytes | None:
-    """The whole file at ``uri`` (None: there is none), on object stores by one uncached GET:
-    a file rewritten while it is read gives the old or the new content."""
+    """The whole file at ``uri`` by one uncached GET (None: there is none)."""
     fs, path = fsspec_filesystem(uri)
     try:
         with named_failures(uri):
@@ -168,8 +163,7 @@ def read_json(root: str, relative: str) -> Any:
 
 
 def absolute(location: str) -> str:
-    """A location in the one spelling every record uses: a local path absolute (``file://``
-    and ``~`` resolved), an object-store URI without a trailing slash."""
+    """A local path made absolute, an object-store URI without a trailing slash."""
     location = os.fspath(location)
     if is_remote(location):
         return location.rstrip("/") or location
@@ -223,12 +217,9 @@ def _holder(info: dict[str, Any] | None) -> str:
 
 
 class OutputLock:
-    """Exclusive hold of ``ROOT/folder`` by one writer: a ``flock`` on ``_LOCK`` locally (the
-    kernel drops it with its process); on object stores a ``_LEASE.json`` renewed every
-    ``renew_every`` s, valid ``ttl`` s, taken over once expired, with a write-wait-reread
-    handshake (``settle`` s) between writers starting together. Another holder is a
-    :class:`LockError` naming it (after retrying ``wait`` s); :meth:`check` raises once the
-    lease was lost."""
+    """Exclusive hold of ``ROOT/folder`` by one writer (docs/data.md): a ``flock`` on ``_LOCK``
+    locally, a renewed ``_LEASE.json`` on object stores. Another holder is a :class:`LockError`
+    naming it (after retrying ``wait`` s); :meth:`check` raises once the lease was lost."""
 
     def __init__(
         self,

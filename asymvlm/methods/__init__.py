@@ -1,10 +1,6 @@
-"""Every method of the paper behind one registry: ``build_method(name, dim, **kwargs)``.
-
-Importing this package registers them all; ``METHODS`` maps names to classes, plugins included
-(the ``asymvlm.methods`` entry points of installed packages, docs "Adding a method"). The baselines
-(paper Sec. 5, App. B.3): :mod:`.probvlm`, :mod:`.gaussian` (PFE*, PCME++*, ProLIP*), :mod:`.elip`
-and :mod:`.bayesvlm`.
-"""
+"""Every method behind one registry, ``METHODS`` (plugins included, docs/adding-a-method.md):
+``build_method(name, dim, **kwargs)``. The baselines (Sec. 5, App. B.3): :mod:`.probvlm`,
+:mod:`.gaussian` (PFE*, PCME++*, ProLIP*), :mod:`.elip` and :mod:`.bayesvlm`."""
 
 from asymvlm.methods import asymvlm, bayesvlm, deterministic, elip, gaussian, probvlm  # noqa: F401
 from asymvlm.methods.arguments import check_method_kwargs, method_arguments

@@ -69,6 +69,5 @@ def arguments_model(method: str) -> type[BaseModel]:
 
 
 def check_method_kwargs(method: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` converted to the types ``method`` declares ("false" -> False, "0.5" -> 0.5);
-    a pydantic ValidationError names an unknown key or a bad value."""
+    """``kwargs`` converted to the types ``method`` declares ("false" -> False, "0.5" -> 0.5)."""
     return arguments_model(method).model_validate(kwargs).model_dump(exclude_unset=True)

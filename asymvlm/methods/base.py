@@ -93,8 +93,7 @@ def register(name: str) -> Callable[[type[Method]], type[Method]]:
 
 
 def method_distribution(name: str) -> dict[str, str] | None:
-    """``{"name", "version"}`` of the distribution that provides plugin method ``name``; None for a
-    built-in or unknown one."""
+    """``{"name", "version"}`` of the distribution providing plugin method ``name``, else None."""
     return METHODS.dists.get(name) if name in METHODS else None
 
 
@@ -314,7 +313,6 @@ class Method(nn.Module):
         return {"temperature": float(temperature.detach())} if temperature is not None else {}
 
     def calibration_scale(self) -> float:
-        """tau such that softmax(tau * score) is the predictive distribution over a gallery:
-        the trained temperature, else CLIP's logit scale 100."""
+        """tau of the predictive softmax(tau * score): the trained temperature, else CLIP's 100."""
         temperature = getattr(self, "temperature", None)
         return float(temperature.detach()) if isinstance(temperature, torch.Tensor) else 100.0

@@ -163,8 +163,7 @@ class BayesVLM(Method):
         hidden_dim: int | None = None,
         depth: int | None = None,
     ) -> None:
-        """:func:`fit_projection_posterior`'s options; ``hidden_dim`` and ``depth`` (adapter
-        sizes) are accepted and ignored."""
+        """:func:`fit_projection_posterior`'s options; ``hidden_dim`` and ``depth`` are ignored."""
         super().__init__(dim)
         self.logit_scale = float(logit_scale)
         self.fit_kwargs = {

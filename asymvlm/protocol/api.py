@@ -38,8 +38,7 @@ def load_for_split(
     adapter_input: str | None = None,
     allow_incomplete: bool = False,
 ) -> tuple[Method, SplitTensors]:
-    """The checkpoint's method and the split it reads (``adapter_input``: "raw" or "unit"
-    instead of what the checkpoint says), both on ``device``."""
+    """The checkpoint's method and the split it reads, both on ``device``."""
     method, meta = load_checkpoint(checkpoint, device, allow_incomplete=allow_incomplete)
     method.adapter_input = adapter_input or meta.get("adapter_input", "raw")
     data = load_split(embeddings, split, method.adapter_input, resolve_device(device))

@@ -161,8 +161,7 @@ class TrainingRun:
         return self.history
 
     def results(self) -> dict[str, Any]:
-        """``history``, ``dim``, ``epochs_run`` and retrieval on the validation (``val``) and
-        test (``test``) splits the spec names."""
+        """``history``, ``dim``, ``epochs_run`` and retrieval on the spec's ``val`` and ``test``."""
         splits = eval_splits(self.spec, self.held_out, self.device, self.cache)
         return results(self.method, self.history, self.trainer.epoch, self.dim, splits)
 

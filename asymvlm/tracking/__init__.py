@@ -1,7 +1,5 @@
-"""MLflow tracking, the only package that talks to MLflow: where runs go
-(:mod:`~asymvlm.tracking.store`), runs with their tags, metrics, artifacts and models
-(:mod:`~asymvlm.tracking.runs`), every write in order, waiting while the store is away
-(:mod:`~asymvlm.tracking.writer`), and reading them back (:mod:`~asymvlm.tracking.queries`).
+"""MLflow tracking, the only package that talks to MLflow: where runs go (:mod:`.store`), runs
+(:mod:`.runs`), writes that wait while the store is away (:mod:`.writer`), reads (:mod:`.queries`).
 The pipeline run is the root; its sweeps, trials, evaluations and report are nested under it."""
 
 from typing import Any

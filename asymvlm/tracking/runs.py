@@ -23,8 +23,7 @@ _REPO = os.path.dirname(writers.PACKAGE)
 
 
 def source_name() -> str:
-    """The entry point as MLflow's Source column shows it (``pipelines/full.py``,
-    ``asymvlm analyze``)."""
+    """The entry point for MLflow's Source column (``pipelines/full.py``, ``asymvlm analyze``)."""
     script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     if os.path.basename(script) == "asymvlm":
         return " ".join(["asymvlm", *[a for a in sys.argv[1:] if not a.startswith("-")][:1]])
@@ -115,13 +114,11 @@ class Run:
         self.log_text(name, json.dumps(payload, indent=2, default=_json_default), artifact_path)
 
     def log_pyfunc(self, name: str, python_model: Any, **options: Any) -> None:
-        """Log ``python_model`` as the pyfunc model ``name`` of this run, with this package as
-        its code (``options`` of ``mlflow.pyfunc.log_model``)."""
+        """Log ``python_model`` as pyfunc model ``name``, this package as its code."""
         self._write("log_pyfunc", name=name, model=python_model, options=options)
 
     def end(self, status: str = "FINISHED", reason: str | None = None) -> None:
-        """FINISHED, FAILED (``reason`` as tag ``failure_reason`` and description) or KILLED;
-        a second call does nothing."""
+        """FINISHED, FAILED (``reason`` tagged ``failure_reason``) or KILLED; once only."""
         if self.ended:
             return
         if reason:

@@ -100,8 +100,7 @@ def git_commit() -> str:
 
 @contextmanager
 def global_tracking_uri(tracking_uri: str | None) -> Iterator[None]:
-    """MLflow's global tracking URI set for the block (None: unchanged), for the APIs that read
-    only the global one (``mlflow.start_run``, ``runs:/`` URIs)."""
+    """MLflow's global tracking URI for the block (None: unchanged), for ``runs:/`` URIs."""
     import mlflow
 
     if not tracking_uri:

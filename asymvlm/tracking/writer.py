@@ -119,8 +119,7 @@ class Writer:
         self._wait = min(2 * self._wait, MAX_RETRY_S)
 
     def drain_once(self) -> int:
-        """Apply the waiting writes in order until the store fails again (a write the store
-        refuses is dropped with a warning); the number still waiting."""
+        """Apply the waiting writes until the store fails again; the number still waiting."""
         with self.lock:
             while self.queue and time.monotonic() >= self.retry_at:
                 try:
@@ -169,8 +168,7 @@ def pending() -> int:
 
 
 def drain(timeout_s: float) -> int:
-    """Try the waiting writes every second until all landed or ``timeout_s`` passed; the
-    number still waiting."""
+    """Retry the waiting writes each second for ``timeout_s``; the number still waiting."""
     deadline = time.monotonic() + timeout_s
     while True:
         for each in list(_writers.values()):

@@ -1,8 +1,5 @@
-"""Training an adapter on cached embeddings (paper App. B.4): :class:`Trainer` (split in memory),
-:class:`StreamingTrainer` (captions streamed from the parquet parts), :class:`PackedTrainer`
-(K runs of one method as one batched model). The whole run (train, evaluate) is
-:mod:`asymvlm.protocol`.
-"""
+"""Training an adapter on cached embeddings (App. B.4): :class:`Trainer` (split in memory),
+:class:`StreamingTrainer` (captions streamed), :class:`PackedTrainer` (K runs as one model)."""
 
 from asymvlm.training.packed import PackedTrainer, check_packable
 from asymvlm.training.stream import CaptionStream, StreamingTrainer, open_stream, use_streaming

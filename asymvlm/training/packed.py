@@ -1,7 +1,5 @@
-"""Packed trials: K runs of one method (other ``lr`` / ``seed``) trained as one batched model,
-each member with its own :class:`~asymvlm.training.Trainer`; every step evaluates the K losses
-at once (``vmap(functional_call(...))`` over the stacked parameters), so member k ends where its
-unpacked run ends (to float rounding)."""
+"""Packed trials: K runs of one method (other ``lr`` / ``seed``) as one batched model, the K
+losses vmapped over stacked parameters; member k ends where its unpacked run ends."""
 
 from __future__ import annotations
 
@@ -144,8 +142,7 @@ class PackedTrainer:
 
     # -- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Every member's trainer state, RNG stream, history and failure; the pack's epoch
-        (taken between epochs)."""
+        """Every member's trainer state, RNG stream, history and failure; the pack's epoch."""
         return {
             "trainers": [trainer.state_dict() for trainer in self.trainers],
             "rng": list(self._rng),

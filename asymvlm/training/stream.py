@@ -122,8 +122,7 @@ class CaptionStream:
         self.sample = self._validate_and_sample(SAMPLE_SIZE)
 
     def _arrays(self, batch: pa.RecordBatch, where: str, offset: int) -> tuple[np.ndarray, ...]:
-        """A record batch's adapter inputs and resident image rows (``offset``: its first row
-        in part ``where``)."""
+        """A record batch's adapter inputs and resident image rows (for errors: part, offset)."""
         text = tables.column_matrix(batch.column("embedding"))
         if "norm" in self._columns:
             text = text * batch.column("norm").to_numpy().astype(np.float32)[:, None]

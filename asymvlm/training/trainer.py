@@ -261,8 +261,7 @@ class Trainer:
         self.first_bad.zero_()
 
     def epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This epoch's (image, text) batches: slices of a permutation drawn from
-        :func:`epoch_generator` (seed, rank, epoch)."""
+        """This epoch's (image, text) batches: slices of a (seed, rank, epoch) permutation."""
         generator = epoch_generator(self.cfg.seed, self.rank, self.epoch, self.device)
         perm = torch.randperm(self.data.text_emb.shape[0], generator=generator, device=self.device)
         images, texts = self.data.image_emb, self.data.text_emb
