@@ -66,11 +66,8 @@ def _set_rng_state(state: Sequence[torch.Tensor], device: torch.device) -> None:
 
 class PackedTrainer:
     """Trains K configurations of one method on one split as one batched model, each member
-    built as its unpacked run builds it (``torch.manual_seed(seed)``, then ``build_method``).
-
-    After :meth:`fit`: ``histories[k]``, ``errors[k]`` (None or the divergence message),
-    ``methods[k]`` and ``trainers[k]``.
-    """
+    built as its unpacked run builds it; after :meth:`fit`: ``histories[k]``, ``errors[k]``
+    (None or the divergence message), ``methods[k]`` and ``trainers[k]``."""
 
     def __init__(self, cfgs: Sequence[TrainConfig], data: SplitTensors) -> None:
         check_packable(cfgs)

@@ -77,12 +77,8 @@ def use_streaming(
 
 
 class CaptionStream:
-    """A split's captions streamed from its parquet parts, its image table resident.
-
-    :meth:`batches` yields :attr:`steps` ``(image_rows, text_batch)`` per epoch: indices into
-    :attr:`image_emb` and the captions' adapter inputs (``cfg.adapter_input``). With
-    ``world_size`` workers each keeps every ``world_size``-th row of the epoch.
-    """
+    """A split's captions streamed from its parquet parts, its image table resident; with
+    ``world_size`` workers each keeps every ``world_size``-th row of the epoch."""
 
     def __init__(
         self,
