@@ -91,10 +91,9 @@ def load_split(
     if adapter_input not in ("raw", "unit"):
         raise ValueError(f"adapter_input must be 'raw' or 'unit', got {adapter_input!r}")
     device = torch.device(device)
-    projection = None
+    projection = {}
     if data.image_features_pre is not None or data.text_features_pre is not None:
-        projection = tables.read_projection(root, data.manifest)
-    projection = projection or {}
+        projection = tables.read_projection(root, data.manifest) or {}
     text = data.raw_text() if adapter_input == "raw" else data.text_matrix
     return SplitTensors(
         image_emb=_tensor(data.image_embeddings, device),

@@ -95,11 +95,8 @@ def optimizer_defaults(method: str, protocol: str) -> dict[str, Any]:
     """``{"optimizer", "lr", "momentum", "weight_decay"}`` of ``method`` under ``protocol``:
     the authors' per-method defaults (``official``; AsymVLM's for methods their code lacks) or
     the paper's SGD (momentum 0.9, weight decay 5e-4, lr 1e-2) for every method (``improved``)."""
-    table = _OFFICIAL_OPTIMIZERS
-    return {
-        "momentum": 0.9,
-        **table.get(method if protocol == "official" else "", table["asymvlm"]),
-    }
+    official = _OFFICIAL_OPTIMIZERS.get(method) if protocol == "official" else None
+    return {"momentum": 0.9, **(official or _OFFICIAL_OPTIMIZERS["asymvlm"])}
 
 
 def method_name(key: str) -> str:

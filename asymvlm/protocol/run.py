@@ -129,9 +129,7 @@ class TrainingRun:
                 f"val_fraction={spec.val_fraction} of it is not supported: write a "
                 f"{spec.val_split or 'val'} split to the tables or set stream='never'"
             )
-        data, self.held_out = (
-            training_data(spec, self.device, cache) if not stream else (None, None)
-        )
+        data, self.held_out = (None, None) if stream else training_data(spec, self.device, cache)
         self.dim = stream.dim if stream else data.dim
         self.method: Method = build_method(cfg.method, self.dim, **cfg.method_args())
         if stream:

@@ -74,10 +74,8 @@ class Writer:
                     if _state["folder"] is None or not is_transient(exc):
                         raise
                     self._failed()
-                    shown = redact(self.tracking_uri)
-                    logger.warning(
-                        "tracking store %s unreachable (%s): its writes wait", shown, one_line(exc)
-                    )
+                    what = redact(self.tracking_uri), one_line(exc)
+                    logger.warning("tracking store %s unreachable (%s): its writes wait", *what)
             self.queue.append(_kept(op))
             self.drain_once()
 
@@ -192,10 +190,8 @@ def outage_queue(drain_s: float = 300.0) -> Iterator[None]:
             drain(drain_s)
         for each in list(_writers.values()):
             if each.queue:
-                shown = redact(each.tracking_uri)
-                logger.warning(
-                    "%d tracking writes never reached %s and are dropped", len(each.queue), shown
-                )
+                what = len(each.queue), redact(each.tracking_uri)
+                logger.warning("%d tracking writes never reached %s and are dropped", *what)
                 each.queue.clear()
         shutil.rmtree(_state["folder"], ignore_errors=True)
         _state["folder"] = previous
