@@ -174,9 +174,8 @@ class PackedTrainer:
             for k, p in enumerate(own):
                 p.data = leaf.detach()[k]
             leaves.append(leaf)
-        buffers = [
-            torch.stack(own) for own in zip(*(m.buffers() for m in self.methods), strict=True)
-        ]
+        members = (m.buffers() for m in self.methods)
+        buffers = [torch.stack(own) for own in zip(*members, strict=True)]
         try:
             yield leaves, dict(zip(self._names("buffers"), buffers, strict=True))
         finally:
