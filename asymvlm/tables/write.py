@@ -1,6 +1,5 @@
-"""Writing one part of a split: :func:`write_split`, and :func:`write_split_pieces`, one row
-group per piece, one piece in memory at a time (the contract: :mod:`asymvlm.tables`; the values
-are checked when read, by :func:`~asymvlm.tables.read_split`)."""
+"""Writing one part of a split (values are checked when read, by
+:func:`~asymvlm.tables.read_split`)."""
 
 from __future__ import annotations
 
@@ -101,9 +100,8 @@ def write_split(root: str, split: str, *, part: str = "part-00000", **columns: A
 def write_split_pieces(
     root: str, split: str, pieces: Iterable[dict[str, Any]], *, part: str = "part-00000"
 ) -> int:
-    """Write one part of a split given as consecutive ``pieces`` (each the keyword arguments of
-    :func:`write_split`), one row group per piece; both files appear only after the last piece.
-    Returns the number of pieces."""
+    """Write one part of a split from ``pieces`` (:func:`write_split`'s arguments), a row group
+    each; both files appear after the last. Returns the number of pieces."""
     if not part or "/" in part or part.startswith((".", "_")):
         raise ValueError(f"invalid part name {part!r}")
     uris = [uri_join(root, split, sub, f"{part}.parquet") for sub in (IMAGES_DIR, TEXTS_DIR)]
