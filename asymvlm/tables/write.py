@@ -89,11 +89,8 @@ def _tables(
 
 
 def write_split(root: str, split: str, *, part: str = "part-00000", **columns: Any) -> None:
-    """Write ``ROOT/split/images/{part}.parquet`` and ``ROOT/split/texts/{part}.parquet``
-    atomically from ``columns``: ``image_ids``, ``image_embeddings``, ``caption_ids``,
-    ``caption_image_ids``, ``texts``, ``text_embeddings``, optional ``text_norms``,
-    ``image_norms``, ``image_features_pre``, ``text_features_pre``, ``extra_text_columns``,
-    ``extra_image_columns``."""
+    """Write ``ROOT/split/{images,texts}/{part}.parquet`` atomically from ``columns``: ids,
+    texts, embeddings and optional norms, pre-projection features and extra columns."""
     write_split_pieces(root, split, [columns], part=part)
 
 
