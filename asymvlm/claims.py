@@ -1,8 +1,5 @@
-"""The paper's claims a report judges, each by one rule (:func:`judge`; docs/synthetic-world.md):
-a method against Determ. FT or the frozen model (Tables 2 and 3 of Ju et al., NeurIPS 2025), or
-Table 1's Spearman S against 0, one value per training seed on each side. The methods judged
-are those that declare ``Roles(claims=True)`` (:func:`roles`).
-"""
+"""The paper's claims (Ju et al., NeurIPS 2025, Tables 1-3) judged by one rule, :func:`judge`,
+for the methods with ``Roles(claims=True)`` (docs/synthetic-world.md)."""
 
 from __future__ import annotations
 
@@ -49,8 +46,7 @@ def roles(method: str) -> Roles:
 
 
 def _judged(names: Sequence[str] | pd.Series) -> list[str]:
-    """The methods among ``names`` ("method" or "method/seed", first-seen order) that declare
-    the claims role."""
+    """The methods among ``names`` ("method/seed", first-seen order) with the claims role."""
     return [m for m in dict.fromkeys(str(n).split("/")[0] for n in names) if roles(m).claims]
 
 
@@ -80,8 +76,7 @@ class Verdict:
 
 def judge(a: Sequence[float], b: Sequence[float], direction: int = 1) -> tuple[float, float, str]:
     """``(difference, SE, verdict)`` of the claim that ``mean(a) - mean(b)`` has the sign of
-    ``direction``: supported beyond ``max(Z SE, MIN_EFFECT)``, contradicted as far the other
-    way, undetermined when neither side has two seeds."""
+    ``direction``, by :data:`RULE` (undetermined when neither side has two seeds)."""
     diff = statistics.fmean(a) - statistics.fmean(b)
     se = math.sqrt(sum(statistics.variance(x) / len(x) for x in (a, b) if len(x) > 1))
     if len(a) < 2 and len(b) < 2:
@@ -113,7 +108,7 @@ def _per_seed(frame: pd.DataFrame, key: str, method: str) -> list[float]:
 
 def _paper_table2(a: str, b: str, index: int, where: str) -> str:
     """The paper's Table 2 values of ``a`` and ``b`` (0: positives, 1: negatives), means over
-    its dummy prompts; "–" where it has no row for one of them."""
+    its dummy prompts, or "–"."""
     cells = [[v[m][index] for d, v in TABLE2.items() if m in v and d != "(none)"] for m in (a, b)]
     if not all(cells):
         return "–"
@@ -121,9 +116,8 @@ def _paper_table2(a: str, b: str, index: int, where: str) -> str:
 
 
 def table2_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
-    """Table 2's claims: each probabilistic method rejects more (sibling, far) negatives than
-    Determ. FT and than the frozen model, and keeps more positives than Determ. FT (per seed:
-    the mean over the dummy prompts); the methods judged: :func:`_judged`."""
+    """Table 2's claims: a method rejects more negatives than Determ. FT and the frozen model
+    and keeps more positives than Determ. FT (per seed: the mean over the dummy prompts)."""
     cells = pd.DataFrame(
         [{**c, "name": n} for per in res.get("dummy", {}).values() for n, c in per.items()]
     )
@@ -143,8 +137,7 @@ def table2_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
 
 
 def table3_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
-    """Table 3's claim per evaluation set: each probabilistic method keeps more zero-shot
-    accuracy after fine-tuning than Determ. FT."""
+    """Table 3's claim per set: a method keeps more zero-shot accuracy than Determ. FT."""
     frame = pd.DataFrame([{**c, "name": n} for n, c in res.items()])
     out: list[Verdict] = []
     for m in _judged(frame.get("name", [])):
@@ -161,8 +154,7 @@ def table3_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
 
 
 def table1_verdicts(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> list[Verdict]:
-    """Table 1's claim per retrieval direction: Recall@1 falls as a probabilistic method's
-    uncertainty rises, Spearman S < 0 (``rows``: one per seed, as the report's Table 1)."""
+    """Table 1's claim per direction: S < 0 (``rows``: one per seed, as the report's Table 1)."""
     frame = pd.DataFrame(rows).rename(columns={"method": "name"})
     out: list[Verdict] = []
     for method in _judged(frame.get("name", [])):
@@ -176,8 +168,7 @@ def table1_verdicts(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> list[Ve
 
 
 def world_of(nota_runs: Sequence[tuple[Mapping[str, Any], Any]]) -> dict | None:
-    """The synthetic world's knobs, from the first none-of-the-above result whose positives are
-    a synthetic set (``settings.positives.world``); None when there is none."""
+    """The synthetic world's knobs of the first none-of-the-above result on one, or None."""
     for res, _ in nota_runs:
         world = ((res.get("settings") or {}).get("positives") or {}).get("world")
         if isinstance(world, dict):
@@ -186,8 +177,7 @@ def world_of(nota_runs: Sequence[tuple[Mapping[str, Any], Any]]) -> dict | None:
 
 
 def claims_markdown(judged: Sequence[tuple[str, Verdict]]) -> list[str]:
-    """The claims section: the rule, then one row per ``(source, verdict)`` (source: the sweep
-    or evaluation it was judged on)."""
+    """The claims section: the rule, then one row per ``(source, verdict)``."""
     if not judged:
         return []
     table = pd.DataFrame(
@@ -230,9 +220,8 @@ def _curve_table() -> str:
 def closing_note(
     judged: Sequence[tuple[str, Verdict]], world: Mapping[str, Any] | None
 ) -> list[str]:
-    """The report's closing note: what the judged claims show, plainly, and -- for a synthetic
-    world (``world``: its knobs from a manifest) -- what the world can and cannot show, with the
-    measured p curve of generic captions (:data:`GENERIC_CURVE`)."""
+    """The report's closing note: what the judged claims show and, for a synthetic ``world``,
+    what it can and cannot show (with :data:`GENERIC_CURVE`)."""
     lines = ["## Closing note", ""]
     if judged:
         held = [(s, v) for s, v in judged if v.verdict == "supports"]

@@ -80,8 +80,8 @@ def verbose() -> bool:
 
 
 def quiet_third_party() -> None:
-    """Send Ray's and MLflow's records (they bring their own console handlers) to ours instead:
-    the file, or everything when verbose. Call again after ``ray.init``."""
+    """Send Ray's and MLflow's records to our handlers instead of theirs (again after
+    ``ray.init``)."""
     for name in _THIRD_PARTY:
         lg = logging.getLogger(name)
         for handler in list(lg.handlers):

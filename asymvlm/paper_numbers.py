@@ -1,9 +1,6 @@
-"""The paper's reported numbers (CLIP ViT-B/32 embeddings), printed beside ours in reports.
-
-Ju et al., NeurIPS 2025: Table 1 (means of 5 runs; std in Table A.2), Table 2 (none-of-the-
-above, CIFAR-10 positives / CIFAR-100 negatives) and Table 3 (zero-shot accuracy after
-fine-tuning). Keys use this project's method and data-set names.
-"""
+"""The numbers of Ju et al., NeurIPS 2025 (CLIP ViT-B/32), printed beside ours in reports, under
+this project's names: Table 1 (means of 5 runs), Table 2 (none-of-the-above, CIFAR-10 positives
+/ CIFAR-100 negatives), Table 3 (zero-shot accuracy after fine-tuning)."""
 
 from __future__ import annotations
 

@@ -12,11 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def plot_binned_recall(results: Mapping[str, Mapping[str, Any]], path: str, title: str = "") -> str:
-    """Fig. 3 style: Recall@1 per uncertainty level, t2i and i2t side by side.
-
-    ``results`` maps a method name to the dict returned by ``evaluate_retrieval``; methods
-    without uncertainty are drawn as a dashed horizontal line at their overall Recall@1.
-    """
+    """Fig. 3 style: Recall@1 per uncertainty level of each method's ``evaluate_retrieval``
+    result, t2i and i2t side by side; a method without uncertainty as a dashed line."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=False)
     for ax, direction in zip(axes, ("t2i", "i2t"), strict=True):
         for name, res in results.items():
@@ -36,13 +33,8 @@ def plot_binned_recall(results: Mapping[str, Mapping[str, Any]], path: str, titl
 
 
 def plot_risk_coverage(results: Mapping[str, Mapping[str, Any]], path: str, title: str = "") -> str:
-    """Risk-coverage curves (Geifman & El-Yaniv, 2017), t2i and i2t side by side.
-
-    ``results[method][direction]`` holds ``risk_coverage`` (``{"coverage": [...], "risk":
-    [...]}``: the top-1 error rate of the most certain queries kept, per fraction kept) and
-    ``recall@1``; a method without a curve (no uncertainty to rank by) is drawn as a dashed
-    horizontal line at its overall top-1 risk 1 - Recall@1, what keeping a random subset gives.
-    """
+    """Risk-coverage curves (Geifman & El-Yaniv, 2017), t2i and i2t side by side; a method
+    without one as a dashed line at its top-1 risk 1 - Recall@1 (a random subset's)."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=False)
     for ax, direction in zip(axes, ("t2i", "i2t"), strict=True):
         for name, res in results.items():
@@ -68,8 +60,7 @@ def _flat(ax, name: str, x: float, y: float) -> None:
 
 
 def save_figure(fig, axes, path: str) -> str:
-    """The house style's last steps: grid, a legend where something is labelled, tight layout,
-    PNG at 120 dpi; closes the figure and returns ``path``."""
+    """Grid, legends, tight layout, PNG at 120 dpi; closes the figure and returns ``path``."""
     for ax in axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

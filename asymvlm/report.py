@@ -1,7 +1,5 @@
-"""``asymvlm report``: the sweeps and evaluation runs of one MLflow experiment as ``report.md``
-and ``report.html``: Tables 1-3, Figs. 3-5 and the OOD suite as analogues of the paper's, its
-claims judged (:mod:`asymvlm.claims`), logged as a run ``kind=report``.
-"""
+"""``asymvlm report``: one MLflow experiment as ``report.md`` and ``report.html`` (analogues of
+Tables 1-3, Figs. 3-5, the OOD suite; claims judged by :mod:`asymvlm.claims`)."""
 
 from __future__ import annotations
 
@@ -53,8 +51,7 @@ def _base(name: str) -> str:
 
 
 def _table1(rows: Sequence[Mapping[str, Any]], title: str, params: Mapping[str, str]) -> str:
-    """Table 1 analogue: per method (``rows``: one per seed) the seeds and mean ± std of
-    :data:`TABLE1_CELLS` both ways, and RSUM; captioned with the sweep's protocol."""
+    """Table 1 analogue: mean ± std over seeds (``rows``) of :data:`TABLE1_CELLS` both ways."""
     cells = [(f"{d}_{c[0]}", f"{d} {c[1]}", *c[2:]) for d in ("i2t", "t2i") for c in TABLE1_CELLS]
     cells.append(("rsum", "RSUM", 1.0, 2))
     table = stats_table(seed_stats(rows, "method", [c[0] for c in cells]), cells)
@@ -64,9 +61,8 @@ def _table1(rows: Sequence[Mapping[str, Any]], title: str, params: Mapping[str, 
 
 
 def _trial(uri: str, child) -> dict[str, Any]:
-    """A seed run's row: its method, test numbers under their MLflow names and test curves
-    (``<direction>_binned``, ``<direction>_risk``) from its ``results.json``; none of an
-    uncertainty's where the method declares it meaningless (``Roles(uncertainty=False)``)."""
+    """A seed run's row from its ``results.json``: method, test numbers and curves (no
+    uncertainty numbers for a method with ``Roles(uncertainty=False)``)."""
     try:
         test = tracking.json_artifact(uri, child.info.run_id, "results.json").get("test") or {}
     except Exception:  # a trial without results: its numbers show as "–"
@@ -83,7 +79,7 @@ def _trial(uri: str, child) -> dict[str, Any]:
 
 
 def _seed_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
-    """Per method and direction, the seed means the figures draw (curves share one grid)."""
+    """Per method and direction, the seed means the figures draw."""
     out: dict[str, dict] = defaultdict(dict)
     for method, group in pd.DataFrame(rows).groupby("method", sort=False):
         for d in DIRECTIONS:
@@ -106,8 +102,7 @@ def _seed_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
 
 
 def _ablations(results: Mapping[str, Any]) -> dict[str, Any]:
-    """Fig. 4's methods, in table order: those that declare ``Roles(ablation_of=...)`` and the
-    methods they are ablations of."""
+    """Fig. 4's methods: those with ``Roles(ablation_of=...)`` and what they ablate."""
     of = {claims.roles(m).ablation_of for m in results}
     return {m: r for m, r in results.items() if m in of or claims.roles(m).ablation_of}
 
@@ -137,8 +132,8 @@ def _paper_table1(dataset: str | None, model: str | None) -> list[str]:
 def _sweep_section(
     uri: str, parent, output: str, used: set[str]
 ) -> tuple[list[str], dict, list[dict]]:
-    """One sweep's Table 1 analogue, the paper's numbers where they apply, the Fig. 3 / Fig. 4
-    analogues and the risk-coverage figure; also its rows (one per seed run) for the claims."""
+    """One sweep's Table 1 analogue, paper rows, Figs. 3/4 and risk-coverage analogues; also
+    its rows (one per seed run) for the claims."""
     children = tracking.child_runs(uri, parent.info.run_id, stage="seeds")
     if not children:
         return [], {}, []
@@ -191,16 +186,14 @@ def _pair(paper: tuple[float, float] | None) -> str:
 
 
 def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
-    """Table 2 analogue per none-of-the-above run: per dummy prompt and method the seeds and
-    mean ± std of positive and negative accuracy, the paper's numbers beside them."""
+    """Table 2 analogue per none-of-the-above run, the paper's numbers beside ours."""
     lines: list[str] = []
     for res, params in runs:
         settings = res.get("settings") or {}
+        roles = ("positives", "negatives", "far_negatives")
         pos, neg, far = (
-            (settings.get(key) or {}).get("name") or default
-            for key, default in zip(
-                ("positives", "negatives", "far_negatives"), TABLE2_SETS, strict=True
-            )
+            (settings.get(r) or {}).get("name") or s
+            for r, s in zip(roles, TABLE2_SETS, strict=True)
         )
         sets = f"positives: {pos}, negatives: {neg}" + (f", far negatives: {far}" if far else "")
         keys = {"pos_acc": "pos. acc.", "neg_acc": "sibling neg. rejected" if far else "neg. acc."}
@@ -243,9 +236,8 @@ def _table2(runs: list[tuple[dict, dict]]) -> list[str]:
 
 
 def _table3(runs: list[tuple[dict, dict]]) -> list[str]:
-    """Table 3 analogue per zero-shot run: per method the seeds and mean ± std of zero-shot
-    accuracy on each set, the paper's numbers beside them (its COCO rows unless the set-up is
-    the paper's)."""
+    """Table 3 analogue per zero-shot run, the paper's numbers beside ours (its COCO rows
+    unless the set-up is the paper's)."""
     lines: list[str] = []
     for res, params in runs:
         ft = params.get("fine_tuned_on", "?")
@@ -280,8 +272,7 @@ def _table3(runs: list[tuple[dict, dict]]) -> list[str]:
 
 
 def _hierarchy(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dict]:
-    """The HierarCaps table (a constant uncertainty's undefined Spearman shows as "–") and
-    the Fig. 5 analogue of each method's first model."""
+    """The HierarCaps table and the Fig. 5 analogue of each method's first model."""
     keys = {
         "spearman_level_uncertainty": "S(level, uncertainty)",
         "spearman_words_uncertainty": "S(words, uncertainty)",
@@ -336,8 +327,8 @@ def _ood(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dic
 def build_report(
     tracking_uri: str, experiment: str, output: str, *, parent: str | None = None
 ) -> str:
-    """Write ``output/report.md`` and ``report.html`` (+ figures) from the experiment and log
-    them as a run ``kind=report`` (nested under ``parent``); returns the markdown's path."""
+    """Write ``output/report.md``, ``report.html`` and figures, logged as a run ``kind=report``
+    (nested under ``parent``); returns the markdown's path."""
     _, runs = tracking.experiment_runs(tracking_uri, experiment)
     os.makedirs(output, exist_ok=True)
     lines = [
@@ -406,8 +397,7 @@ _IMAGE = re.compile(r'<img src="([^"/:]+\.png)"')
 
 
 def _html(markdown_text: str, folder: str, title: str) -> str:
-    """The report as one HTML page (markdown-it), figures from ``folder`` inlined as data URIs
-    so that the MLflow UI's artifact viewer shows it whole."""
+    """The report as one HTML page, figures inlined (the MLflow UI's viewer shows it whole)."""
     from markdown_it import MarkdownIt
 
     body = MarkdownIt("commonmark").enable("table").render(markdown_text)

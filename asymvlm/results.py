@@ -1,7 +1,5 @@
 """Result tables: final retrieval metrics under MLflow-safe names and the mean ± std over seeds
-(Table A.2 layout, markdown and CSV). Plain Python, no MLflow: the sweep, the report and the
-tests share them.
-"""
+(Table A.2 layout, markdown and CSV)."""
 
 from __future__ import annotations
 
@@ -60,15 +58,9 @@ def _directions(evaluation: Mapping[str, Any], prefix: str) -> dict[str, float]:
 
 
 def retrieval_metric_names(evaluation: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """Flatten :func:`asymvlm.evaluation.evaluate_retrieval` output into MLflow metric names.
-
-    ``{"t2i": {"recall@1": .3, "spearman": -.9, "ece": .1, ...}, "rsum": 250.0}`` ->
-    ``{"t2i_recall_at_1": .3, "t2i_spearman": -.9, "t2i_ece": .1, ..., "rsum": 250.0}``; the
-    COCO 1K fold means as ``coco1k_t2i_recall_at_1``, ``coco1k_rsum`` ... (other fold sizes:
-    ``folds<size>_...``); ECCV Caption as ``eccv_i2t_map_at_r``, ``eccv_i2t_rprecision``,
-    ``eccv_i2t_r1`` and CxC as ``cxc_i2t_r1`` (and ``t2i``). Undefined values (no uncertainty:
-    spearman/r2 None) are left out, and so are curves (``risk_coverage``, binned recall).
-    """
+    """:func:`asymvlm.evaluation.evaluate_retrieval`'s defined numbers under MLflow names:
+    ``t2i_recall_at_1``, ``rsum``, ``coco1k_t2i_recall_at_1`` (``folds<size>_...``),
+    ``eccv_i2t_map_at_r``, ``cxc_i2t_r1`` ...; curves left out."""
     out = _directions(evaluation, prefix)
     for key, value in evaluation.items():
         if _FOLDS.fullmatch(str(key)) and isinstance(value, Mapping):
@@ -88,9 +80,8 @@ SUMMARY_COLUMNS = [f"{d}_{m}" for d in ("i2t", "t2i") for m in ("recall_at_1", "
 def seed_stats(
     rows: Iterable[Mapping[str, Any]] | pd.DataFrame, by: str | list[str], columns: Sequence[str]
 ) -> pd.DataFrame:
-    """Per group of ``by`` (first-seen order): its ``seeds`` (rows) and ``<column>_mean``,
-    ``_std`` and ``_n`` over the defined values of each column (None, NaN: undefined); the
-    sample std is 0 for one value."""
+    """Per group of ``by`` (first-seen order): ``seeds`` (rows) and ``<column>_mean``, ``_std``
+    (0 for one value) and ``_n`` over the defined values of each column."""
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     values = frame.reindex(columns=list(columns)).apply(pd.to_numeric, errors="coerce")
     keys = [frame[k] for k in ([by] if isinstance(by, str) else by)]
@@ -106,8 +97,8 @@ def seed_stats(
 def mean_std(
     stats: pd.DataFrame, column: str, scale: float = 1.0, digits: int = 3, bare: bool = False
 ) -> list[str]:
-    """The cells ``mean ± std`` of :func:`seed_stats`' ``column``, scaled; "–" where no value is
-    defined; ``bare``: a single value without "± 0"."""
+    """The cells ``mean ± std`` of :func:`seed_stats`' ``column``, scaled ("–": no value;
+    ``bare``: a single value without "± 0")."""
     return [
         "–"
         if not n > 0
@@ -125,8 +116,8 @@ def markdown(frame: pd.DataFrame) -> str:
 
 
 def seed_summary(runs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per method: ``n_seeds`` and the mean, std (ddof 1) and n over seeds of every summary
-    column that has a value (``runs``: ``method`` and one seed's flat final metrics each)."""
+    """Per method: ``n_seeds`` and the mean, std and n over seeds (``runs``) of each summary
+    column that has a value."""
     stats = seed_stats(runs, "method", SUMMARY_COLUMNS)
     return {
         method: {
@@ -144,12 +135,8 @@ def seed_summary(runs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
 def _summary_frame(summary: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     """:func:`seed_summary` as :func:`seed_stats` gives it: ``seeds``, ``<col>_mean`` ..."""
     fields = ["seeds"] + [f"{c}_{k}" for c in SUMMARY_COLUMNS for k in ("mean", "std", "n")]
-    rows = {
-        m: {"seeds": cells["n_seeds"]}
-        | {f"{c}_{k}": v for c in SUMMARY_COLUMNS for k, v in cells.get(c, {}).items()}
-        for m, cells in summary.items()
-    }
-    return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=fields)
+    frame = pd.json_normalize(list(summary.values()), sep="_").set_axis(list(summary))
+    return frame.rename(columns={"n_seeds": "seeds"}).reindex(columns=fields)
 
 
 def stats_table(stats: pd.DataFrame, cells: Iterable[tuple[str, str, float, int]]) -> str:

@@ -1,10 +1,5 @@
-"""What the learned uncertainty means: the HierarCaps analysis (paper Sec. 5.3, Fig. 5).
-
-Captions of an image go from general (level 0) to detailed (level 3); a faithful uncertainty
-falls with the level. Per method: uncertainty per level and its Spearman S with the level and
-with the caption length, the paired log-likelihood per level, and the fraction of images whose
-uncertainty falls strictly with every level step.
-"""
+"""The HierarCaps analysis (paper Sec. 5.3, Fig. 5): a faithful uncertainty falls from general
+(level 0) to detailed (level 3) captions."""
 
 from __future__ import annotations
 
@@ -26,8 +21,8 @@ __all__ = ["hierarchy_analysis", "plot_hierarchy"]
 
 @torch.no_grad()
 def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "level") -> dict:
-    """The Fig. 5 statistics of ``method`` on a split whose captions carry ``level`` (None for
-    the uncertainty statistics of a method without one, or with a constant one)."""
+    """Per level the uncertainty and paired score, their Spearman S with level and length, and
+    the share of images whose uncertainty falls at every level (None without uncertainty)."""
     levels_all = data.split.extra_text_columns.get(level_column)
     if levels_all is None:
         raise TableError(

@@ -1,7 +1,5 @@
-"""Retrieval under perturbed inputs (beyond the paper; ELIP Sec. 2): Recall@K on clean and
-perturbed copies (``asymvlm embed --image-perturbation`` / ``--text-perturbation``), the MMI
-score 1 - R_ood / R_id, and the AUROC of caption uncertainty for perturbed vs clean captions.
-"""
+"""Retrieval under perturbed inputs (beyond the paper; ELIP Sec. 2): Recall@K, the MMI score
+1 - R_ood / R_id and the AUROC of caption uncertainty for perturbed vs clean captions."""
 
 from __future__ import annotations
 

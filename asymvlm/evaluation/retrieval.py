@@ -1,9 +1,5 @@
-"""Cross-modal retrieval with uncertainty (paper Sec. 5.1, Table 1, Fig. 3).
-
-A split is encoded once, then :func:`asymvlm.metrics.rank_pass` scores caption chunks sized
-from a memory budget. A non-finite encoding, uncertainty or score raises
-:class:`~asymvlm.errors.NonFiniteError` naming the method, the quantity and the first row.
-"""
+"""Cross-modal retrieval with uncertainty (paper Sec. 5.1, Table 1, Fig. 3); a non-finite
+encoding, uncertainty or score raises :class:`~asymvlm.errors.NonFiniteError` naming the row."""
 
 from __future__ import annotations
 
@@ -62,7 +58,7 @@ def encode_split(
 
 def coco_karpathy_test(data: SplitTensors) -> eccv_caption.KarpathyTest | None:
     """The ECCV Caption row maps when the manifest says ``data`` is the COCO Karpathy 5k test
-    split (``splits.<name>.dataset`` / ``.split``) and its ids are that split's."""
+    split and its ids are that split's."""
     split = data.split
     described = getattr(getattr(split, "manifest", None), "extra", {}).get("splits")
     if not isinstance(described, dict) or not any(
@@ -84,12 +80,9 @@ def evaluate_retrieval(
     eccv: bool = True,
     memory_budget: int | None = None,
 ) -> dict[str, Any]:
-    """Recall@{1,5,10} both ways, binned Recall@1 by uncertainty, Spearman S and R^2 (App. B),
-    AUROC / AURC / E-AURC, risk-coverage and ECE (softmax of ``calibration_scale() * score``)
-    per direction, RSUM; with ``fold_size`` the mean over folds of that many consecutive
-    images (``coco_1k`` for 1000: COCO 1K's folds on the Karpathy test split), with ``eccv``
-    on the COCO Karpathy test split ECCV Caption / CxC metrics. ``chunk_size`` captions are
-    scored at once (None: as many as ``memory_budget`` bytes allow, 512 MiB by default)."""
+    """The retrieval metrics of docs/metrics.md (App. B) per direction and RSUM; with
+    ``fold_size`` also their mean over folds of that many consecutive images (``coco_1k``: COCO
+    1K's folds), with ``eccv`` ECCV Caption / CxC on the COCO Karpathy test split."""
     n_text, n_image = data.text_emb.shape[0], data.image_emb.shape[0]
     if n_text == 0 or n_image == 0:
         raise ValueError(

@@ -1,10 +1,7 @@
-"""Zero-shot classification with adapted VLMs (paper Sec. 5.4, Tables 2 and 3).
-
-A class is described by prompts (one per template). Methods scoring by the cosine use CLIP's
-prompt ensemble (:func:`prompt_ensemble`); likelihood methods combine the log-likelihoods
-ln p(z_I | prompt) of a class's prompts by their mean (default) or, ``"logmeanexp"``, by the
-log of the mean likelihood (the class as a mixture of its prompts; never below the mean, by
-Jensen, which matters for none-of-the-above: a dummy class has one prompt, real classes many).
+"""Zero-shot classification (paper Sec. 5.4, Tables 2 and 3): cosine methods use CLIP's
+:func:`prompt_ensemble`; likelihood methods combine a class's prompt log-likelihoods by their
+mean (default) or, ``"logmeanexp"``, the log of the mean likelihood (the class as a mixture of
+its prompts; never below the mean, by Jensen: a dummy class has one prompt, real classes many).
 """
 
 from __future__ import annotations
@@ -98,9 +95,8 @@ def class_scores(
     chunk_size: int = 4096,
     aggregation: str = "mean",
 ) -> torch.Tensor:
-    """[n_image, n_classes]: the cosine to the :func:`prompt_ensemble` for methods scoring by
-    the cosine (the base :meth:`Method.score`), else the method's score combined over the
-    class's prompts by ``aggregation`` (module docstring)."""
+    """[n_image, n_classes]: the cosine to the :func:`prompt_ensemble` for cosine methods, else
+    the score combined over the class's prompts by ``aggregation``."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(
             f"template aggregation must be one of {list(AGGREGATIONS)}, got {aggregation!r}"

@@ -1,8 +1,5 @@
-"""ECCV Caption (mAP@R, R-Precision, R@1) and CxC R@1 on the COCO Karpathy 5k test split
-(Chun et al., ECCV 2022; Parekh et al., 2021), from the ground truth of the ``eccv_caption``
-package. A table qualifies when it holds exactly the 5,000 test images and all 25,000 captions
-of the ground truth under COCO's ids; other captions are dropped from the i2t rankings.
-"""
+"""ECCV Caption and CxC metrics on the COCO Karpathy 5k test split (Chun et al., ECCV 2022;
+Parekh et al., 2021); which tables qualify: docs/metrics.md."""
 
 from __future__ import annotations
 
@@ -44,10 +41,7 @@ class KarpathyTest:
 
 
 def karpathy_test(image_ids: Sequence[str], caption_ids: Sequence[str]) -> KarpathyTest | None:
-    """The row maps of a table whose images are exactly the ground truth's 5,000 and whose
-    captions include all of its 25,000 (by COCO id), else None. ``folds`` are COCO 1K's: the
-    ground truth's caption order (the Karpathy test order) cut into five runs of 5000 captions
-    and their images."""
+    """The row maps (and COCO 1K folds) of a table that qualifies, else None."""
     try:
         images = np.asarray([int(i) for i in image_ids], dtype=np.int64)
         captions = np.asarray([int(c) for c in caption_ids], dtype=np.int64)
@@ -88,8 +82,7 @@ def eccv_metrics(
     t2i_top: torch.Tensor, i2t_top: torch.Tensor, test: KarpathyTest
 ) -> dict[str, dict[str, float]]:
     """``{"i2t": {"eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1"}, "t2i": {...}}``
-    from the image rows per caption row (``t2i_top``, best first, at least ``test.t2i_depth``)
-    and the caption rows per image row (``i2t_top``, at least ``test.i2t_depth``)."""
+    from the best images per caption (``t2i_top``) and captions per image (``i2t_top``)."""
     image_ids, caption_ids = test.image_ids, test.caption_ids
     t2i_ids = image_ids[t2i_top.cpu().numpy()]
     i2t_ids = caption_ids[i2t_top.cpu().numpy()]

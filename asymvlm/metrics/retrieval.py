@@ -1,8 +1,5 @@
 """Cross-modal retrieval metrics (paper App. B) from one memory-bounded pass over caption
-chunks: Recall@K both ways, the uncertainty metrics of :mod:`asymvlm.metrics.uncertainty`, ECE,
-RSUM and fold averages (COCO 1K). Ties, non-finite scores and the memory bound:
-docs/metrics.md.
-"""
+chunks; ties, non-finite scores and the memory bound: docs/metrics.md."""
 
 from __future__ import annotations
 
@@ -43,8 +40,8 @@ ECE_BINS = 15  # Guo et al. (2017)
 
 @dataclass
 class Ranking:
-    """What one pass over the caption chunks keeps (on the CPU); ``depth`` is the rank of a
-    query without a hit among its ``depth`` best items (or with a non-finite paired score)."""
+    """What one pass over the caption chunks keeps (on the CPU); ``depth``: the rank of a
+    query without a hit among its ``depth`` best."""
 
     depth: int
     t2i_rank: torch.Tensor  # [n_text] rank of the paired image, 0-based
@@ -102,10 +99,9 @@ def rank_pass(
     memory_budget: int | None = None,
     progress: bool = False,
 ) -> Ranking:
-    """One pass over chunks of at most ``chunk_size`` captions (None: :func:`chunk_rows`): the
-    rank of each query's first hit (ties: the lower index first; a non-finite score ranks
-    below every finite one), its best ``depth`` captions per image / ``top_t2i`` images per
-    caption, and the top-1 probability of ``softmax(scale * scores)`` over the gallery."""
+    """One pass over chunks of ``chunk_size`` captions (None: :func:`chunk_rows`): each query's
+    first-hit rank, its best ``depth`` captions / ``top_t2i`` images and the top-1 probability
+    of ``softmax(scale * scores)``."""
     chunk_size = chunk_size or chunk_rows(n_image, memory_budget)
     text_to_image = torch.as_tensor(text_to_image).long().reshape(-1).cpu()
     k_i2t, k_t2i = min(depth, n_text), min(top_t2i, n_image)
@@ -163,10 +159,8 @@ def _direction_result(
     source: str | None,
     n_bins: int,
 ) -> dict[str, Any]:
-    """One direction's numbers from the rank of each query's first hit. An uncertainty with
-    fewer distinct values (:func:`distinct_levels`) than ``n_bins`` -- a constant one among
-    them -- has no order to bin or rank by: its binned curve, S, R², AUROC, AUPR, FPR@95TPR,
-    AURC, E-AURC, risk-coverage and source are undefined (None)."""
+    """One direction's numbers from the rank of each query's first hit; the uncertainty ones
+    None for an uncertainty with fewer :func:`distinct_levels` than ``n_bins``."""
     out: dict[str, Any] = {f"recall@{k}": float((hit_rank < k).double().mean()) for k in ks}
     hit = hit_rank == 0
     out["ece"] = expected_calibration_error(confidence, hit, ECE_BINS)
@@ -193,12 +187,9 @@ def ranking_metrics(
     image_uncertainty: torch.Tensor | None = None,
     n_bins: int = 10,
 ) -> dict[str, Any]:
-    """``{"t2i": {...}, "i2t": {...}, "rsum"}``: per direction Recall@K, ECE, binned Recall@1
-    with S and R^2 (App. B), AUROC, AUPR, FPR@95TPR, AURC, E-AURC, risk-coverage and the
-    ``uncertainty_source`` (None without one). The binning uncertainty is the caption's own
-    (t2i) and that of an image's top-1 caption (i2t, the authors' protocol), else the image's
-    (i2t) and that of a caption's top-1 image (t2i). Images without captions are left out of
-    i2t."""
+    """``{"t2i": {...}, "i2t": {...}, "rsum"}`` (docs/metrics.md). The uncertainty is the
+    caption's (t2i) and that of an image's top-1 caption (i2t, the authors' protocol), else the
+    image's (i2t) and that of a caption's top-1 image (t2i)."""
     has_caption = ranking.has_caption
     t2i_unc = t2i_src = i2t_unc = i2t_src = None
     if text_uncertainty is not None:
@@ -246,16 +237,14 @@ def retrieval_metrics(
 
 
 def rsum(result: Mapping[str, Any]) -> float | None:
-    """RSUM: R@1 + R@5 + R@10 of t2i and i2t in percent (0-600); None when a direction lacks
-    one of these recalls."""
+    """RSUM: R@1 + R@5 + R@10 of t2i and i2t in percent; None when one is missing."""
     values = [result.get(d, {}).get(f"recall@{k}") for d in DIRECTIONS for k in (1, 5, 10)]
     return None if None in values else float(100.0 * sum(values))
 
 
 def average_folds(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``{"t2i", "i2t", "rsum", "n_folds"}``: the mean over folds of every number of each
-    direction (None when a fold has none) and the RSUM of the mean recalls; curves and names
-    are left out."""
+    """The mean over folds of every number of each direction (None if a fold has none), the
+    RSUM of the mean recalls and ``n_folds``; curves left out."""
     out: dict[str, Any] = {}
     for d in DIRECTIONS:
         out[d] = {}

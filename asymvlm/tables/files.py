@@ -1,5 +1,4 @@
-"""The files of a table root: names, ``manifest.json``, parquet parts and ``projection.npz``
-(the contract: :mod:`asymvlm.tables`)."""
+"""The files of a table root: ``manifest.json``, parquet parts and ``projection.npz``."""
 
 from __future__ import annotations
 
@@ -111,8 +110,7 @@ def read_manifest(root: str) -> Manifest:
 
 def write_projection(root: str, **matrices: Any) -> None:
     """Write ``ROOT/projection.npz`` atomically: the frozen model's projection per modality
-    (``image=`` / ``text=``, each [dim, pre_dim], float32): ``embedding * norm == matrix @
-    features_pre`` row by row."""
+    (``image=`` / ``text=``, each [dim, pre_dim])."""
     if not matrices or set(matrices) - set(PRE_COLUMNS):
         raise ValueError(f"write_projection takes image= and/or text=, got {sorted(matrices)}")
     arrays = {k: np.asarray(v, dtype=np.float32) for k, v in matrices.items()}
@@ -124,9 +122,8 @@ def write_projection(root: str, **matrices: Any) -> None:
 
 
 def read_projection(root: str, manifest: Manifest | None = None) -> dict[str, np.ndarray] | None:
-    """``ROOT/projection.npz`` as ``{"image": [dim, pre_dim.image], "text": ...}`` float32, or
-    None when the root has none; :class:`TableError` naming the file when it cannot be read or
-    a matrix disagrees with the manifest's ``dim`` / ``pre_dim``."""
+    """``ROOT/projection.npz`` as ``{"image": [dim, pre_dim.image], "text": ...}`` or None;
+    :class:`TableError` when unreadable or at odds with the manifest."""
     shown = absolute(uri_join(root, PROJECTION_NAME))
     raw = read_uri(shown)
     if raw is None:
@@ -170,8 +167,7 @@ def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> 
 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """``[n, width]`` float32 from a list / fixed-size-list / tensor column of a table this
-    package wrote (no checks); one float32 chunk is viewed without a copy."""
+    """``[n, width]`` float32 of a list or tensor column this package wrote (no checks)."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     blocks = [
         np.asarray(c.to_numpy_ndarray())

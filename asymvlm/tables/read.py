@@ -1,8 +1,5 @@
-"""Reading and validating a split: :func:`read_split` (the contract: :mod:`asymvlm.tables`).
-
-A folder's parquet files are read with ``pq.read_table`` and concatenated; every check runs once
-over the folder and names the file, row and id of the first violation.
-"""
+"""Reading and validating a split, :func:`read_split`: every check runs once over a folder's
+concatenated parquet files and names the file, row and id of the first violation."""
 
 from __future__ import annotations
 
@@ -215,11 +212,8 @@ def _read_folder(fs: pafs.FileSystem, root: str, folder: str, required, id_name:
 def read_split(
     root: str, split: str, *, validate: bool = True, norm_atol: float = 1e-3
 ) -> EmbeddingSplit:
-    """Read and (by default) validate ``ROOT/split``; raises :class:`TableError` on violations.
-
-    Structural problems always raise; ``validate`` adds unit-norm (within ``norm_atol``),
-    duplicate-id and ``norm``-column checks.
-    """
+    """Read ``ROOT/split``; :class:`TableError` on structural problems and, with ``validate``,
+    on non-unit rows (beyond ``norm_atol``), duplicate ids or bad ``norm`` values."""
     manifest = read_manifest(root)
     fs, base = filesystem(root)
     atol = norm_atol if validate else None

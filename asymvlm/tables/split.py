@@ -1,5 +1,4 @@
-"""One split in memory: :class:`EmbeddingSplit` (what :func:`~asymvlm.tables.read_split`
-returns; see :mod:`asymvlm.tables` for the contract)."""
+"""One split in memory: :class:`EmbeddingSplit`, what :func:`~asymvlm.tables.read_split` returns."""
 
 from __future__ import annotations
 
@@ -14,12 +13,8 @@ from asymvlm.tables.files import Manifest
 
 @dataclass(eq=False)
 class EmbeddingSplit:
-    """One split read from the tables: images, captions and their unit-norm embeddings.
-
-    The text matrix is stored once (:attr:`text_matrix`): the unit embeddings, or after
-    :meth:`raw_text` the raw adapter inputs ``embedding * norm`` in the same memory
-    (:attr:`text_is_raw`); :attr:`text_embeddings` then derives the unit rows on access.
-    """
+    """Images, captions and their unit-norm embeddings; the text matrix is stored once, as the
+    raw inputs after :meth:`raw_text` (:attr:`text_embeddings` then derives the unit rows)."""
 
     image_ids: list[str]
     image_embeddings: np.ndarray

@@ -1,6 +1,5 @@
-"""Writing one part of a split: :func:`write_split`, and :func:`write_split_pieces`, one row
-group per piece, one piece in memory at a time (the contract: :mod:`asymvlm.tables`; the values
-are checked when read, by :func:`~asymvlm.tables.read_split`)."""
+"""Writing one part of a split (values are checked when read, by
+:func:`~asymvlm.tables.read_split`)."""
 
 from __future__ import annotations
 
@@ -90,20 +89,16 @@ def _tables(
 
 
 def write_split(root: str, split: str, *, part: str = "part-00000", **columns: Any) -> None:
-    """Write ``ROOT/split/images/{part}.parquet`` and ``ROOT/split/texts/{part}.parquet``
-    atomically from ``columns``: ``image_ids``, ``image_embeddings``, ``caption_ids``,
-    ``caption_image_ids``, ``texts``, ``text_embeddings``, optional ``text_norms``,
-    ``image_norms``, ``image_features_pre``, ``text_features_pre``, ``extra_text_columns``,
-    ``extra_image_columns``."""
+    """Write ``ROOT/split/{images,texts}/{part}.parquet`` atomically from ``columns``: ids,
+    texts, embeddings and optional norms, pre-projection features and extra columns."""
     write_split_pieces(root, split, [columns], part=part)
 
 
 def write_split_pieces(
     root: str, split: str, pieces: Iterable[dict[str, Any]], *, part: str = "part-00000"
 ) -> int:
-    """Write one part of a split given as consecutive ``pieces`` (each the keyword arguments of
-    :func:`write_split`), one row group per piece; both files appear only after the last piece.
-    Returns the number of pieces."""
+    """Write one part of a split from ``pieces`` (:func:`write_split`'s arguments), a row group
+    each; both files appear after the last. Returns the number of pieces."""
     if not part or "/" in part or part.startswith((".", "_")):
         raise ValueError(f"invalid part name {part!r}")
     uris = [uri_join(root, split, sub, f"{part}.parquet") for sub in (IMAGES_DIR, TEXTS_DIR)]
