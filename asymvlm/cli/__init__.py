@@ -1,6 +1,5 @@
-"""The ``asymvlm`` command line: train, evaluate and score on cached embedding tables (one
-process, CPU or one GPU); one module per group of sub-commands, ``embed`` the one of the Ray
-layer (imported when it runs)."""
+"""The ``asymvlm`` command line on cached embedding tables (one process), a module per group of
+sub-commands; ``embed`` imports the Ray layer when it runs."""
 
 from __future__ import annotations
 

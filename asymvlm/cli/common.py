@@ -13,8 +13,7 @@ __all__ = ["Help", "add_data_args", "parse_kv", "write_json"]
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults shown once: appended unless the help already speaks of its default, and never
-    for options without one."""
+    """A default shown once: not where the help names it, nor for options without one."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""

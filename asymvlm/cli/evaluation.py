@@ -138,8 +138,7 @@ METAVARS = {
 
 
 def _add_inputs(p: argparse.ArgumentParser, kind: str, skip: tuple[str, ...] = ()) -> None:
-    """An option per field of the evaluation's spec (validated by the spec: counts are
-    parsed there), repeated for a mapping."""
+    """An option per field of the evaluation's spec (which validates it), repeated for a map."""
     for key, info in registry.EVALUATIONS[kind].spec_model.model_fields.items():
         if key == "kind" or key in skip:
             continue

@@ -15,13 +15,8 @@ import pyarrow as pa
 from asymvlm import storage, tables
 from asymvlm.data.embed import EmbedConfig, normalised_model
 
-SUCCESS, JOB, PARTS_DIR, ERRORS_DIR, PROMPTS_DIR = (
-    "_SUCCESS.json",
-    "_JOB.json",
-    "_parts",
-    "errors",
-    "prompts",
-)
+SUCCESS, JOB = "_SUCCESS.json", "_JOB.json"
+PARTS_DIR, ERRORS_DIR, PROMPTS_DIR = "_parts", "errors", "prompts"
 ERROR_SCHEMA = pa.schema(
     {"kind": pa.string(), "id": pa.string(), "path": pa.string(), "reason": pa.string()}
 )
@@ -48,10 +43,7 @@ def claim(
     shown = f"{cfg.output.rstrip('/')}/{cfg.split}"
     for name, what in (
         (SUCCESS, "holds a finished embedding of another job"),
-        (
-            JOB,
-            "was written by another job",
-        ),
+        (JOB, "was written by another job"),
     ):
         record = storage.read_json(cfg.output, f"{cfg.split}/{name}")
         if record is None:

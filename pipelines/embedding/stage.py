@@ -161,11 +161,8 @@ def _embed_group(
     extra_text = [c for c in caps.column_names if c not in (*CAPTION_KEYS, "shard")]
 
     def matrix(rows: pa.Table, column: str, width: int) -> np.ndarray:
-        return (
-            tables.column_matrix(rows[column])
-            if rows.num_rows
-            else np.zeros((0, width), np.float32)
-        )
+        empty = np.zeros((0, width), np.float32)
+        return tables.column_matrix(rows[column]) if rows.num_rows else empty
 
     def pre(rows: pa.Table, kind: str) -> np.ndarray | None:
         return matrix(rows, f"{kind}_pre", pre_dim[kind]) if cfg.pre_projection else None
