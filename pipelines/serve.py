@@ -1,7 +1,6 @@
 """Caption uncertainty over HTTP: an :class:`asymvlm.Scorer` behind Ray Serve.
 
-Settings: :class:`pipelines.schema.ServeConfig` (``--config`` YAML, ``--set KEY=VALUE``); the API:
-:mod:`pipelines.serving`. Runs until Ctrl-C or SIGTERM, then deletes its own app."""
+Keys: :class:`pipelines.schema.ServeConfig`; runs until Ctrl-C or SIGTERM, then deletes its app."""
 
 from __future__ import annotations
 

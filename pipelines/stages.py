@@ -93,15 +93,9 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
         params |= {k: inputs[k] for k in keys if inputs.get(k)}
         if ev.kind == "zeroshot":
             params.setdefault("fine_tuned_on", ev.sweep or "?")
-        mlflow = cfg.mlflow
+        uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
         registry.log_evaluation(
-            mlflow.tracking_uri,
-            mlflow.experiment,
-            ev.kind,
-            result,
-            params=params,
-            parent=parent,
-            name=f"eval {label}",
+            uri, experiment, ev.kind, result, params=params, parent=parent, name=f"eval {label}"
         )
         storage.write_text(marker, json.dumps(result, indent=2, default=float))
         logger.info(

@@ -29,8 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: bad input (flags, paths, tables, checkpoints) prints one ``error:`` line and
-    exits 2; a diverged training run exits 3 (:mod:`asymvlm.errors`); no traceback."""
+    """Entry point: bad input prints one ``error:`` line, exits 2; a diverged run exits 3."""
     from asymvlm import logs
 
     def run() -> int:

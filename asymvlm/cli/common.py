@@ -1,15 +1,13 @@
-"""What the sub-commands share: the help formatter, the data flags, small I/O."""
+"""What the sub-commands share: the help formatter, the data flags, ``key=value`` pairs."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 
-from asymvlm import storage
 from asymvlm.errors import ConfigError
 
-__all__ = ["Help", "add_data_args", "parse_kv", "write_json"]
+__all__ = ["Help", "add_data_args", "parse_kv"]
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -23,11 +21,6 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):
         if default == [] or default == argparse.SUPPRESS:
             return text
         return super()._get_help_string(action)
-
-
-def write_json(path: str, payload: dict) -> None:
-    """``payload`` as JSON at ``path``, written atomically."""
-    storage.write_text(path, json.dumps(payload, indent=2, allow_nan=False))
 
 
 def parse_kv(items: Sequence[str], flag: str = "--method-arg") -> dict[str, str]:

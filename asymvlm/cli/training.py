@@ -70,20 +70,10 @@ def cmd_import_official(args: argparse.Namespace) -> int:
         raise CheckpointError(f"{args.checkpoint}: {detail}") from None
     checkpoint_to_resume(args.output, resume=False, overwrite=args.overwrite)  # refuses one
     cfg = TrainConfig(method=method, protocol="official", device="cpu")
-    save_checkpoint(
-        args.output,
-        model,
-        cfg,
-        official.official_dim(method, state),
-        {"imported_from": os.path.abspath(args.checkpoint)},
-    )
-    logger.info(
-        "%s (official %s, %d parameters) -> %s",
-        method,
-        args.method,
-        sum(p.numel() for p in model.parameters()),
-        args.output,
-    )
+    dim, source = official.official_dim(method, state), os.path.abspath(args.checkpoint)
+    save_checkpoint(args.output, model, cfg, dim, {"imported_from": source})
+    size = sum(p.numel() for p in model.parameters())
+    logger.info("%s (official %s, %d parameters) -> %s", method, args.method, size, args.output)
     return 0
 
 

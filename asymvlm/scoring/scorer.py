@@ -87,8 +87,7 @@ class TableEncoder:
 
 
 class Scorer:
-    """A trained adapter with its frozen :class:`~asymvlm.data.encoder.Encoder`, batches of
-    ``batch_size`` on the encoder's device; build it with :meth:`from_checkpoint`."""
+    """A trained adapter with its frozen encoder, on its device (:meth:`from_checkpoint`)."""
 
     def __init__(self, method: Any, meta: dict[str, Any], encoder: Any, batch_size: int = 256):
         if int(encoder.dim) != int(meta["dim"]):
@@ -123,8 +122,7 @@ class Scorer:
         tracking_uri: str | None = None,
         pretrained: bool = False,
     ) -> Scorer:
-        """The adapter of ``source`` (a folder, an MLflow model URI or a Hub name) with the
-        encoder its checkpoint names, or ``encoder`` (a name, or an encoder object)."""
+        """The adapter of ``source`` with the encoder its checkpoint names, or ``encoder``."""
         folder = resolve_checkpoint(source, tracking_uri, pretrained=pretrained)
         method, meta = load_checkpoint(folder, "cpu")
         if encoder is not None and not isinstance(encoder, str):  # an encoder, already loaded
