@@ -1,7 +1,4 @@
-"""Ray cluster entry point of the embedding stage: the ``EmbedConfig`` job(s) of a YAML file.
-
-ray job submit --working-dir . -- python pipelines/embed.py --config configs/embed-coco.yaml
-"""
+"""Ray cluster entry point of the embedding stage: the ``EmbedConfig`` job(s) of a YAML file."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """The whole pipeline on Ray: prepare -> embed -> sweep -> evaluate -> report.
 
-    python pipelines/full.py                               # configs/demo.yaml: offline demo
-    ray job submit --working-dir . -- python pipelines/full.py --config configs/coco.yaml
-
-Every stage is resumable (:mod:`pipelines.stages`); the config is a
-:class:`pipelines.schema.PipelineConfig`, validated before Ray or any stage starts.
-"""
+Stages: :mod:`pipelines.stages` (each resumable); keys: :class:`pipelines.schema.PipelineConfig`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Ray Train: one run of :func:`asymvlm.protocol.run_protocol` as a ``TorchTrainer`` (DDP over
-cached embeddings). Each worker reports every epoch; rank 0 attaches a checkpoint folder when one
-is due, from which ``FailureConfig(max_failures)`` resumes a run whose worker died."""
+"""Ray Train: :func:`asymvlm.protocol.run_protocol` as a ``TorchTrainer`` (DDP); rank 0 reports a
+checkpoint when one is due, from which ``FailureConfig`` resumes a run whose worker died."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ def checkpoint_folder(trainer: Trainer, history: History) -> Iterator[str]:
 
 
 def maybe_inject_failure(fault: FaultInjection | None, epoch: int, rank: int) -> None:
-    """A drill (:class:`~pipelines.schema.FaultInjection`, else ``$ASYMVLM_FAULT_INJECTION``):
-    worker ``fault.rank`` SIGKILLs itself (or pauses) once after reporting epoch ``fault.epoch``."""
+    """A drill (:class:`~pipelines.schema.FaultInjection`, else from the environment)."""
     fault = fault or FaultInjection.from_environment()
     if fault is None or epoch != fault.epoch or rank != fault.rank:
         return
@@ -95,8 +93,7 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def worker_logging(rank: int, label: str = "train rank") -> None:
-    """``asymvlm.*`` records (INFO and up) to the worker's stderr as ``[train rank N] message``,
-    which Ray streams to the driver's log (not propagated: no record shows twice)."""
+    """``asymvlm.*`` records (INFO and up) to the worker's stderr as ``[train rank N] message``."""
     formatter = logging.Formatter(f"[{label} {rank}] %(message)s")
     for log in (logging.getLogger("asymvlm"), logger):
         for old in [h for h in log.handlers if getattr(h, "worker_handler", False)]:
@@ -121,8 +118,7 @@ def run_training(
     fault: FaultInjection | None = None,
     callbacks: list | None = None,
 ) -> dict[str, Any]:
-    """Run ``spec`` as a TorchTrainer on the running cluster (GPUs and NCCL when it has them,
-    else gloo); rank 0's results with ``path`` and ``checkpoint`` (the final one's URI)."""
+    """``spec`` as a TorchTrainer (NCCL on GPUs, else gloo); rank 0's results, ``checkpoint``."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer

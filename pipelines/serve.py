@@ -1,7 +1,6 @@
 """Caption uncertainty over HTTP: an :class:`asymvlm.Scorer` behind Ray Serve.
 
-Settings: :class:`pipelines.schema.ServeConfig` (``--config`` YAML, ``--set KEY=VALUE``); the API:
-:mod:`pipelines.serving`. Runs until Ctrl-C or SIGTERM, then deletes its own app."""
+Keys: :class:`pipelines.schema.ServeConfig`; runs until Ctrl-C or SIGTERM, then deletes its app."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import os
 import signal
 import sys
 import time
-from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,10 +22,6 @@ from asymvlm import logs  # noqa: E402
 from pipelines.schema import load_serve  # noqa: E402
 from pipelines.serving import check, deploy  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 url = deploy(cfg)
                 for sig in (signal.SIGTERM, signal.SIGINT):
-                    signal.signal(sig, _interrupt)
+                    signal.signal(sig, signal.default_int_handler)  # KeyboardInterrupt
                 if stop:
                     raise KeyboardInterrupt
                 print(

@@ -15,7 +15,7 @@ import yaml
 from asymvlm import storage, tracking
 from asymvlm.evaluation import registry
 from pipelines.embedding import run_embed
-from pipelines.schema import PipelineConfig, SyntheticPrepare, check_shared_output
+from pipelines.schema import PipelineConfig, check_shared_output
 from pipelines.session import RaySession
 from pipelines.tuning.sweep import SWEEP_RECORD, run_sweep
 
@@ -32,32 +32,26 @@ def stage_prepare(cfg: PipelineConfig) -> None:
 
         logger.info("prepare: a tiny random CLIP (not meaningful science) -> %s", prep.tiny_clip)
         save_tiny_clip(prep.tiny_clip)
-    if prep.synthetic:
-        prepare_synthetic(prep.synthetic)
+    if syn := prep.synthetic:  # the world and its classification sets, each unless written
+        from asymvlm.synthetic import write_classification_sets, write_world
+
+        def missing(root: str) -> bool:
+            return not storage.exists(storage.uri_join(storage.absolute(root), "manifest.json"))
+
+        world = syn.world_config()
+        if missing(syn.output):
+            logger.info("prepare: the synthetic world (preset %s) -> %s", syn.preset, syn.output)
+            write_world(syn.output, world)
+        roots = syn.class_set_roots()
+        if any(missing(root) for root in roots.values()):
+            logger.info("prepare: the synthetic classification sets %s", ", ".join(roots.values()))
+            write_classification_sets(syn.output, world, syn.classification_spec())
     hc = prep.hierarcaps_cifar
     if hc and not os.path.exists(os.path.join(hc.output, "cifar100")):
         from asymvlm.data.demo_sets import write_hierarcaps_cifar
 
         logger.info("prepare: CIFAR-format stand-ins from HierarCaps images -> %s", hc.output)
         write_hierarcaps_cifar(hc.hierarcaps, hc.output, hc.n_classes)
-
-
-def prepare_synthetic(syn: SyntheticPrepare) -> None:
-    """The synthetic world (its preset, with the section's knobs) and, with ``classes``, its
-    classification sets next to it; each skipped when its manifest is there already."""
-    from asymvlm.synthetic import write_classification_sets, write_world
-
-    def missing(root: str) -> bool:
-        return not storage.exists(storage.uri_join(storage.absolute(root), "manifest.json"))
-
-    world = syn.world_config()
-    if missing(syn.output):
-        logger.info("prepare: the synthetic world (preset %s) -> %s", syn.preset, syn.output)
-        write_world(syn.output, world)
-    roots = syn.class_set_roots()
-    if any(missing(root) for root in roots.values()):
-        logger.info("prepare: the synthetic classification sets %s", ", ".join(roots.values()))
-        write_classification_sets(syn.output, world, syn.classification_spec())
 
 
 def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
@@ -72,8 +66,7 @@ def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
 
 
 def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
-    """Every evaluation through the registry on the sweeps' seed adapters, each an MLflow run
-    under ``parent`` and a marker file."""
+    """Every evaluation on the sweeps' seed adapters: an MLflow run under ``parent``, a marker."""
     from asymvlm.evaluation.adapters import checkpoint_adapters
 
     folder = storage.uri_join(cfg.output, "evaluations")
@@ -100,15 +93,9 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
         params |= {k: inputs[k] for k in keys if inputs.get(k)}
         if ev.kind == "zeroshot":
             params.setdefault("fine_tuned_on", ev.sweep or "?")
-        mlflow = cfg.mlflow
+        uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
         registry.log_evaluation(
-            mlflow.tracking_uri,
-            mlflow.experiment,
-            ev.kind,
-            result,
-            params=params,
-            parent=parent,
-            name=f"eval {label}",
+            uri, experiment, ev.kind, result, params=params, parent=parent, name=f"eval {label}"
         )
         storage.write_text(marker, json.dumps(result, indent=2, default=float))
         logger.info(

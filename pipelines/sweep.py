@@ -1,10 +1,6 @@
 """Ray Tune sweep of the paper's protocol (App. B.4), tracked in MLflow.
 
-    python pipelines/sweep.py --config tune_spaces/cpu-small.yaml [--set key=value ...]
-    ray job submit --working-dir . -- python pipelines/sweep.py --config tune_spaces/coco-clip.yaml
-
-The stages: :mod:`pipelines.tuning.sweep`; the keys: :class:`pipelines.schema.SweepConfig`.
-"""
+The stages: :mod:`pipelines.tuning.sweep`; the keys: :class:`pipelines.schema.SweepConfig`."""
 
 from __future__ import annotations
 

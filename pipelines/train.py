@@ -1,11 +1,6 @@
 """Ray Train: one adapter training run as a ``TorchTrainer`` (DDP over cached embeddings).
 
-    python pipelines/train.py --embeddings ROOT --method asymvlm-vmf --lr 1e-2 --num-workers 2
-
-The run is :func:`asymvlm.protocol.run_protocol` on every worker (train, then evaluate); the
-flags are the fields of ``RunSpec`` and ``TrainConfig``, ``--set KEY=VALUE`` any other training
-key. Prints rank 0's results (without the per-epoch history) as JSON.
-"""
+Flags: the fields of ``RunSpec`` and ``TrainConfig``; prints rank 0's results as JSON."""
 
 from __future__ import annotations
 
@@ -59,17 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    run_keys, train_keys = args.run_keys, args.train_keys
+    args = build_parser().parse_args(argv)
 
     def run() -> int:
         if args.num_workers < 1 or args.max_failures < 0 or not args.cpus_per_worker > 0:
             raise ConfigError(
                 "--num-workers must be >= 1, --max-failures >= 0 and --cpus-per-worker > 0"
             )
-        train = config.apply_overrides(config.model_values(args, train_keys), args.set)
-        doc = {**config.model_values(args, run_keys), "train": train}
+        train = config.apply_overrides(config.model_values(args, args.train_keys), args.set)
+        doc = {**config.model_values(args, args.run_keys), "train": train}
         for split in ("val_split", "test_split"):  # "" switches a split off
             doc[split] = getattr(args, split) or None
         spec = config.validate(RunSpec, doc, "pipelines/train.py", flags=True)

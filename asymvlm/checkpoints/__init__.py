@@ -1,11 +1,8 @@
-"""Checkpoint folders (:mod:`.folder`: layout, atomic writes, whether an output may be written or
-resumed) and adapters shared as model folders (:mod:`.sharing`: from a folder, an MLflow model or
-``hf-hub:ORG/REPO[@REVISION]``; exported as a Hugging Face model folder)."""
+"""Checkpoint folders (:mod:`.folder`) and adapters shared as model folders (:mod:`.sharing`)."""
 
 from asymvlm.checkpoints.folder import (
     MEMBER_FOLDER,
     RunState,
-    check_output,
     check_resumable,
     checkpoint_to_resume,
     copy_adapter,
@@ -27,7 +24,6 @@ from asymvlm.checkpoints.sharing import export_adapter, is_model_uri, resolve_ch
 __all__ = [
     "MEMBER_FOLDER",
     "RunState",
-    "check_output",
     "check_resumable",
     "checkpoint_to_resume",
     "copy_adapter",

@@ -1,7 +1,5 @@
-"""The checkpoint folder, one layout for every writer and reader: ``config.json`` (the method,
-what rebuilds it, ``complete``/``epoch``/``epochs``, provenance), ``model.safetensors``, and
-``trainer.pt`` + ``history.jsonl`` to resume a run; a pack holds ``pack_state.pt`` and one
-``member{k}`` adapter folder per finished member. A folder is replaced as a whole."""
+"""The checkpoint folder, one layout for every writer and reader (docs/sharing.md); a folder is
+replaced as a whole. A pack holds ``pack_state.pt`` and a ``member{k}`` folder per finished one."""
 
 from __future__ import annotations
 
@@ -260,8 +258,7 @@ def read_history(directory: str) -> History:
 def load_checkpoint(
     directory: str, device: str | torch.device = "cpu", *, allow_incomplete: bool = False
 ) -> tuple[Method, dict[str, Any]]:
-    """(method, config) of the checkpoint folder ``directory``; an incomplete checkpoint only
-    with ``allow_incomplete``."""
+    """(method, config) of a checkpoint folder; an incomplete one only with ``allow_incomplete``."""
     meta = read_checkpoint_meta(directory)
     if meta is None:
         raise CheckpointError(f"{directory}: not a checkpoint folder (no {CONFIG_FILE})")
@@ -321,8 +318,7 @@ def check_output(directory: str) -> None:
 def checkpoint_to_resume(
     directory: str, *, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any] | None:
-    """The config of the checkpoint in ``directory`` to continue (``resume``), or None to start
-    fresh (none there, or ``overwrite``)."""
+    """The config of the checkpoint in ``directory`` to ``resume``, or None to start afresh."""
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: pick one")
     check_output(directory)

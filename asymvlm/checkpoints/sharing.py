@@ -1,8 +1,5 @@
-"""Adapters shared as model folders: where one comes from (:func:`resolve_checkpoint`: a
-checkpoint folder, an MLflow model URI or ``hf-hub:ORG/REPO[@REVISION]`` through
-``huggingface_hub``'s ``snapshot_download``) and its export (``asymvlm export``) as a Hugging Face
-model folder: ``model.safetensors``, ``config.json`` (the checkpoint's, plus ``format``,
-protocol, input calibration, the source run and its metrics) and the ``README.md`` model card."""
+"""Adapters shared as model folders (docs/sharing.md): where one comes from
+(:func:`resolve_checkpoint`) and its export as a Hugging Face model folder with a model card."""
 
 from __future__ import annotations
 
@@ -94,9 +91,8 @@ def _hub_snapshot(source: str) -> str:
 def resolve_checkpoint(
     source: str, tracking_uri: str | None = None, *, pretrained: bool = False
 ) -> str:
-    """A local checkpoint folder for ``source`` (a folder, an MLflow model URI or a Hub name).
-    A model folder (a Hub snapshot, an export, any folder with ``pretrained``) holding a pickle
-    is refused."""
+    """A local checkpoint folder for ``source`` (a folder, an MLflow model URI or a Hub name); a
+    model folder (Hub snapshot, export, any folder with ``pretrained``) with a pickle is refused."""
     if source.startswith(HUB_PREFIX):
         folder, pretrained = _hub_snapshot(source), True
     elif not is_model_uri(source):
@@ -168,8 +164,7 @@ def model_card(
     repo: str | None = None,
     license: str = "apache-2.0",
 ) -> str:
-    """The ``README.md`` of an exported adapter (``metrics``: of the MLflow run ``source``;
-    ``repo``: the Hub repository it goes to)."""
+    """The ``README.md`` of an exported adapter (``metrics`` of the run ``source``)."""
     from huggingface_hub import ModelCardData
 
     method = str(config["method"])
@@ -272,25 +267,9 @@ Publish a folder with `hf upload ORG/REPO FOLDER` (the folder holds no pickle).
 """
 
 
-def _run_of(source: str, tracking_uri: str | None) -> dict[str, Any] | None:
-    """The MLflow run that logged ``source`` (None for folders and Hub models)."""
-    if not source.startswith(("runs:/", "models:/")):
-        return None
-    from asymvlm.tracking import model_run
-
-    try:
-        return model_run(source, tracking_uri)
-    except Exception as exc:  # the store cannot say: the card says no run was recorded
-        reason = " ".join(str(exc).split())[:200]
-        logger.warning(
-            "%s: its run cannot be read (%s); the card has no evaluation", source, reason
-        )
-        return None
-
-
 def _check_target(output: str, source_folder: str, overwrite: bool) -> None:
-    """Refuse to write over the checkpoint itself, a file or a folder holding anything but an
-    earlier export, and an earlier export unless ``overwrite``."""
+    """Refuse the checkpoint's own folder, a folder holding anything but an earlier export, and
+    an earlier export unless ``overwrite``."""
     target = sibling_paths(output)[0]
     if target == os.path.realpath(source_folder):
         raise CheckpointError(f"{output}: the checkpoint's own folder; export to a new folder")
@@ -320,7 +299,17 @@ def export_adapter(
     method, meta = load_checkpoint(folder, "cpu")
     _check_target(output, folder, overwrite)
     state = method.state_dict()
-    run = _run_of(source, tracking_uri)
+    run = None  # the MLflow run that logged source, if any
+    if source.startswith(("runs:/", "models:/")):
+        from asymvlm.tracking import model_run
+
+        try:
+            run = model_run(source, tracking_uri)
+        except Exception as exc:  # the store cannot say: the card says no run was recorded
+            reason = " ".join(str(exc).split())[:200]
+            logger.warning(
+                "%s: its run cannot be read (%s); the card has no evaluation", source, reason
+            )
     config = dict(meta)
     if meta.get("embeddings"):  # no path of this machine in a published folder
         config["embeddings"] = os.path.basename(str(meta["embeddings"]).rstrip("/"))

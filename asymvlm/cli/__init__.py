@@ -1,6 +1,5 @@
-"""The ``asymvlm`` command line: train, evaluate and score on cached embedding tables (one
-process, CPU or one GPU); one module per group of sub-commands, ``embed`` the one of the Ray
-layer (imported when it runs)."""
+"""The ``asymvlm`` command line on cached embedding tables (one process), a module per group of
+sub-commands; ``embed`` imports the Ray layer when it runs."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: bad input (flags, paths, tables, checkpoints) prints one ``error:`` line and
-    exits 2; a diverged training run exits 3 (:mod:`asymvlm.errors`); no traceback."""
+    """Entry point: bad input prints one ``error:`` line, exits 2; a diverged run exits 3."""
     from asymvlm import logs
 
     def run() -> int:

@@ -1,20 +1,17 @@
-"""What the sub-commands share: the help formatter, the data flags, small I/O."""
+"""What the sub-commands share: the help formatter, the data flags, ``key=value`` pairs."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 
-from asymvlm import storage
 from asymvlm.errors import ConfigError
 
-__all__ = ["Help", "add_data_args", "parse_kv", "write_json"]
+__all__ = ["Help", "add_data_args", "parse_kv"]
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults shown once: appended unless the help already speaks of its default, and never
-    for options without one."""
+    """A default shown once: not where the help names it, nor for options without one."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -24,11 +21,6 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):
         if default == [] or default == argparse.SUPPRESS:
             return text
         return super()._get_help_string(action)
-
-
-def write_json(path: str, payload: dict) -> None:
-    """``payload`` as JSON at ``path``, written atomically."""
-    storage.write_text(path, json.dumps(payload, indent=2, allow_nan=False))
 
 
 def parse_kv(items: Sequence[str], flag: str = "--method-arg") -> dict[str, str]:

@@ -1,5 +1,4 @@
-"""``asymvlm embed``: a data set into embedding tables with a frozen CLIP/SigLIP (Ray Data); the
-one sub-command of the Ray layer, which it imports when it runs."""
+"""``asymvlm embed``: a data set into embedding tables (Ray Data, imported when it runs)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from asymvlm import storage
-from asymvlm.cli.common import Help, add_data_args, write_json
+from asymvlm.cli.common import Help, add_data_args
 from asymvlm.errors import ConfigError
 from asymvlm.evaluation import registry
 from asymvlm.tables import Location
@@ -20,10 +20,8 @@ logger = logging.getLogger("asymvlm.cli")
 
 def _loading(args: argparse.Namespace) -> dict[str, object]:
     """How :mod:`asymvlm.protocol.api` loads the checkpoint and the split."""
-    keys = ("device", "adapter_input", "allow_incomplete")
-    return {"checkpoint": args.checkpoint, "embeddings": args.embeddings, "split": args.split} | {
-        k: getattr(args, k) for k in keys
-    }
+    keys = ("checkpoint", "embeddings", "split", "device", "adapter_input", "allow_incomplete")
+    return {k: getattr(args, k) for k in keys}
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -35,7 +33,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     values = {"data": Location(args.embeddings, args.split)} | options
     registry.spec("retrieval", values, "asymvlm evaluate", flags=True)  # errors name the flags
     result = api.evaluate(**_loading(args), progress=not args.quiet, **options)
-    write_json(args.output, result)
+    storage.write_text(args.output, json.dumps(result, indent=2, allow_nan=False))  # atomic
     for direction in ("t2i", "i2t"):
         r = result[direction]
 
@@ -138,8 +136,7 @@ METAVARS = {
 
 
 def _add_inputs(p: argparse.ArgumentParser, kind: str, skip: tuple[str, ...] = ()) -> None:
-    """An option per field of the evaluation's spec (validated by the spec: counts are
-    parsed there), repeated for a mapping."""
+    """An option per field of the evaluation's spec (which validates it), repeated for a map."""
     for key, info in registry.EVALUATIONS[kind].spec_model.model_fields.items():
         if key == "kind" or key in skip:
             continue

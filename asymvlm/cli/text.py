@@ -17,8 +17,7 @@ logger = logging.getLogger("asymvlm.cli")
 
 
 def read_captions(path: str, column: str) -> list[str]:
-    """Captions of a ``.txt`` file (one a line) or a ``.parquet`` file (``column``); an empty or
-    missing caption is an error naming its line or row."""
+    """Captions of a ``.txt`` file (one a line) or a ``.parquet`` file (``column``), none empty."""
     parquet = path.endswith(".parquet")
     try:
         if parquet:

@@ -44,7 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_import_official(args: argparse.Namespace) -> int:
     import torch
 
-    from asymvlm.checkpoints import check_output, checkpoint_to_resume, save_checkpoint
+    from asymvlm.checkpoints import checkpoint_to_resume, save_checkpoint
     from asymvlm.methods import official
 
     try:
@@ -68,23 +68,12 @@ def cmd_import_official(args: argparse.Namespace) -> int:
     except (KeyError, ValueError, StopIteration) as err:
         detail = err.args[0] if err.args else "no layer found"
         raise CheckpointError(f"{args.checkpoint}: {detail}") from None
-    check_output(args.output)
     checkpoint_to_resume(args.output, resume=False, overwrite=args.overwrite)  # refuses one
     cfg = TrainConfig(method=method, protocol="official", device="cpu")
-    save_checkpoint(
-        args.output,
-        model,
-        cfg,
-        official.official_dim(method, state),
-        {"imported_from": os.path.abspath(args.checkpoint)},
-    )
-    logger.info(
-        "%s (official %s, %d parameters) -> %s",
-        method,
-        args.method,
-        sum(p.numel() for p in model.parameters()),
-        args.output,
-    )
+    dim, source = official.official_dim(method, state), os.path.abspath(args.checkpoint)
+    save_checkpoint(args.output, model, cfg, dim, {"imported_from": source})
+    size = sum(p.numel() for p in model.parameters())
+    logger.info("%s (official %s, %d parameters) -> %s", method, args.method, size, args.output)
     return 0
 
 

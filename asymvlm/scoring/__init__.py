@@ -1,6 +1,5 @@
-"""Text in, uncertainty out: :class:`Scorer` (``asymvlm score-text``, the Serve deployment),
-:class:`TableEncoder` (captions looked up in tables without an encoder) and, in
-:mod:`~asymvlm.scoring.models`, the adapter as MLflow models."""
+"""Text in, uncertainty out: :class:`Scorer`, :class:`TableEncoder` (captions looked up in tables)
+and, in :mod:`~asymvlm.scoring.models`, the adapter as MLflow models."""
 
 from asymvlm.scoring.scorer import CaptionScores, Scorer, ScoringInputError, TableEncoder
 

@@ -32,9 +32,8 @@ def _answer(index: pd.Index, uncertainty: Any, kappa: Any) -> pd.DataFrame:
 
 
 class CaptionUncertaintyModel(PythonModel):
-    """Frozen text embeddings in (``embedding``: d floats a row, and ``norm`` for adapters on
-    raw features), ``uncertainty`` and ``kappa`` (null where undefined) out. Bad input is an
-    invalid-input error naming the row (HTTP 400 from the server); no response holds NaN."""
+    """Text embeddings in (``embedding``, and ``norm`` for adapters on raw features),
+    ``uncertainty`` and ``kappa`` out; bad input is an invalid-input error (HTTP 400)."""
 
     def load_context(self, context) -> None:
         self.method, self.meta = load_checkpoint(context.artifacts["checkpoint"])
@@ -79,8 +78,7 @@ class CaptionUncertaintyModel(PythonModel):
 
 
 class CaptionTextModel(PythonModel):
-    """Captions in (``text``), the numbers of ``asymvlm score-text`` out, through
-    :class:`asymvlm.Scorer`; the encoder is referenced by the checkpoint, not copied."""
+    """Captions in (``text``), the numbers of ``asymvlm score-text`` out (:class:`Scorer`)."""
 
     def load_context(self, context) -> None:
         self.scorer = Scorer.from_checkpoint(context.artifacts["checkpoint"], device="cpu")
@@ -97,8 +95,7 @@ class CaptionTextModel(PythonModel):
 
 
 def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
-    """Log the adapter of ``checkpoint_dir`` on ``run`` as ``adapter`` and, when its checkpoint
-    names an encoder, as ``text-adapter``; returns the names logged."""
+    """Log ``checkpoint_dir`` on ``run`` as ``adapter`` and, with an encoder, ``text-adapter``."""
     meta = read_checkpoint_meta(checkpoint_dir) or {}
     dim = int(meta["dim"])
     example = pd.DataFrame({"embedding": [[1.0] + [0.0] * (dim - 1)], "norm": [1.0]})

@@ -1,6 +1,5 @@
 """Text in, uncertainty out: :class:`Scorer`, a trained adapter with the frozen encoder its
-tables were embedded with (recorded in its checkpoint), so a caption gets the numbers ``asymvlm
-score`` gives for the same caption in a table."""
+checkpoint names, giving a caption the numbers ``asymvlm score`` gives it in a table."""
 
 from __future__ import annotations
 
@@ -55,9 +54,8 @@ class CaptionScores:
 
 
 class TableEncoder:
-    """An encoder for tables that have none (the synthetic worlds): captions' (unit embedding,
-    raw norm) looked up by text in ``splits`` of the tables at ``root`` (first row wins), so a
-    :class:`Scorer` gives the numbers ``asymvlm score`` gives for the same rows."""
+    """An encoder for tables that have none (synthetic worlds): a caption's (unit embedding, raw
+    norm) looked up by text in ``splits`` of the tables at ``root`` (first row wins)."""
 
     def __init__(self, root: str, splits: Sequence[str] = ("test",), device: str = "cpu") -> None:
         self._rows: dict[str, tuple[np.ndarray, float]] = {}
@@ -89,8 +87,7 @@ class TableEncoder:
 
 
 class Scorer:
-    """A trained adapter with its frozen :class:`~asymvlm.data.encoder.Encoder`, batches of
-    ``batch_size`` on the encoder's device; build it with :meth:`from_checkpoint`."""
+    """A trained adapter with its frozen encoder, on its device (:meth:`from_checkpoint`)."""
 
     def __init__(self, method: Any, meta: dict[str, Any], encoder: Any, batch_size: int = 256):
         if int(encoder.dim) != int(meta["dim"]):
@@ -111,8 +108,7 @@ class Scorer:
 
     @classmethod
     def from_pretrained(cls, name: str, **kwargs: Any) -> Scorer:
-        """:meth:`from_checkpoint` of a model folder (``asymvlm export``) or Hub repository
-        (``hf-hub:ORG/REPO[@REVISION]``) only; a folder holding a pickle is refused."""
+        """:meth:`from_checkpoint` of a model folder or Hub repository (no pickle in it)."""
         return cls.from_checkpoint(name, pretrained=True, **kwargs)
 
     @classmethod
@@ -126,8 +122,7 @@ class Scorer:
         tracking_uri: str | None = None,
         pretrained: bool = False,
     ) -> Scorer:
-        """The adapter of ``source`` (a folder, an MLflow model URI or a Hub name) with the
-        encoder its checkpoint names, or ``encoder`` (a name, or an encoder object)."""
+        """The adapter of ``source`` with the encoder its checkpoint names, or ``encoder``."""
         folder = resolve_checkpoint(source, tracking_uri, pretrained=pretrained)
         method, meta = load_checkpoint(folder, "cpu")
         if encoder is not None and not isinstance(encoder, str):  # an encoder, already loaded
@@ -173,8 +168,7 @@ class Scorer:
         return captions
 
     def _embed(self, items: list, encode) -> dict[str, torch.Tensor]:
-        """``encode(batch)`` over batches of ``items``: (unit, norm[, pre]) joined, on the
-        device; an input error names its position in ``items``."""
+        """``encode`` over batches of ``items``: (unit, norm[, pre]) joined, on the device."""
         parts = []
         for start in range(0, len(items), self.batch_size):
             try:
@@ -242,8 +236,7 @@ class Scorer:
         images: dict[str, torch.Tensor] | None = None,
         captions: Sequence[str] | None = None,
     ):
-        """A :class:`~asymvlm.splits.SplitTensors` of these inputs, so that each method takes
-        its own rows (:meth:`Method.split_inputs`)."""
+        """These inputs as a split, from which each method takes its rows (``split_inputs``)."""
         if images is None:  # captions only
             images = {"unit": torch.zeros(0, int(self.meta["dim"]), device=self.device)}
             images["norm"] = torch.zeros(0, device=self.device)
@@ -264,8 +257,7 @@ class Scorer:
 
 
 def _open_image(image: Any, index: int):
-    """A PIL image from a PIL image, a path or encoded bytes, decoded as the embedding stage
-    decodes."""
+    """A PIL image from a PIL image, a path or bytes, decoded as the embedding stage decodes."""
     from PIL import Image
 
     from asymvlm.data.encode import load_image

@@ -11,8 +11,7 @@ from asymvlm.data.encode import EncoderActor, decode_batch
 
 
 def _encode(cfg: EmbedConfig, ds: ray.data.Dataset) -> pa.Table:
-    """``ds`` through the encoder actor pool, materialised on the driver (credentials come from
-    each node's environment: no ``runtime_env``)."""
+    """``ds`` through the encoder actor pool, materialised on the driver."""
     gpu = cfg.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
     ds = ds.map_batches(
         EncoderActor,

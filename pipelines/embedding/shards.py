@@ -15,13 +15,8 @@ import pyarrow as pa
 from asymvlm import storage, tables
 from asymvlm.data.embed import EmbedConfig, normalised_model
 
-SUCCESS, JOB, PARTS_DIR, ERRORS_DIR, PROMPTS_DIR = (
-    "_SUCCESS.json",
-    "_JOB.json",
-    "_parts",
-    "errors",
-    "prompts",
-)
+SUCCESS, JOB = "_SUCCESS.json", "_JOB.json"
+PARTS_DIR, ERRORS_DIR, PROMPTS_DIR = "_parts", "errors", "prompts"
 ERROR_SCHEMA = pa.schema(
     {"kind": pa.string(), "id": pa.string(), "path": pa.string(), "reason": pa.string()}
 )
@@ -43,15 +38,11 @@ def manifest_lock(cfg: EmbedConfig) -> storage.OutputLock:
 def claim(
     cfg: EmbedConfig, fingerprint: dict[str, Any], lock: storage.OutputLock
 ) -> dict[str, Any] | None:
-    """Check the output's identity before any write (refusing another job's output) and record
-    this job's in ``_JOB.json``; returns ``_SUCCESS.json`` when this very job is complete."""
+    """Refuse another job's output, record this job in ``_JOB.json``; ``_SUCCESS.json`` if done."""
     shown = f"{cfg.output.rstrip('/')}/{cfg.split}"
     for name, what in (
         (SUCCESS, "holds a finished embedding of another job"),
-        (
-            JOB,
-            "was written by another job",
-        ),
+        (JOB, "was written by another job"),
     ):
         record = storage.read_json(cfg.output, f"{cfg.split}/{name}")
         if record is None:
@@ -95,17 +86,12 @@ def split_totals(cfg: EmbedConfig) -> dict[str, int]:
         counts[key] = 0 if table is None else table.num_rows
     errors = tables.read_parts(cfg.output, cfg.split, ERRORS_DIR)
     kinds = [] if errors is None else errors["kind"].to_pylist()
-    return {
-        **counts,
-        "n_image_errors": kinds.count("image"),
-        "n_caption_errors": kinds.count("caption"),
-    }
+    return counts | {f"n_{kind}_errors": kinds.count(kind) for kind in ("image", "caption")}
 
 
 def write_manifest_once(cfg: EmbedConfig, dim: int, info: Callable[[], dict[str, Any]]) -> None:
-    """Write (or check) ``ROOT/manifest.json`` before this job's first parquet part; with
-    ``pre_projection`` also the pre-projection widths (``pre_dim``) and ``ROOT/projection.npz``
-    (the model is loaded only when either is missing)."""
+    """Write (or check) ``ROOT/manifest.json`` before the first part; with ``pre_projection``
+    also ``pre_dim`` and ``ROOT/projection.npz`` (loading the model only when either is missing)."""
     if not check_manifest(cfg, dim):
         with manifest_lock(cfg):
             if not check_manifest(cfg, dim):
@@ -133,8 +119,7 @@ def write_manifest_once(cfg: EmbedConfig, dim: int, info: Callable[[], dict[str,
 
 
 def check_manifest(cfg: EmbedConfig, dim: int) -> bool:
-    """True if ``ROOT/manifest.json`` exists and matches this model and dim; raises if it
-    belongs to another model (spellings of one local model directory are the same model)."""
+    """Whether ``ROOT/manifest.json`` exists (and matches this model and dim, or raises)."""
     existing = storage.read_json(cfg.output, tables.MANIFEST_NAME)
     if existing is None:
         return False

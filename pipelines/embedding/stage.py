@@ -40,8 +40,7 @@ CAPTION_KEYS = ("caption_id", "image_id", "text")
 
 
 def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> dict[str, Any]:
-    """Embed one split of one data set into ``cfg.output`` under its lock; returns a summary.
-    Ray is asked of ``session`` only when there is something to embed."""
+    """One split into ``cfg.output`` under its lock, asking Ray only when there is work."""
     t0 = time.perf_counter()
     cfg.check_inputs()
     need_ray = session.require if session is not None else lambda: require_ray("embedding")
@@ -92,8 +91,7 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> dict[str, 
 def _embed_prompts(
     cfg: EmbedConfig, prompts: pa.Table, lock: storage.OutputLock, need_ray: Callable[[], None]
 ) -> None:
-    """Classification sets: class-name prompts (class x template) and the none-of-the-above
-    prompts (Table 2, class_index -1) -> ``ROOT/split/prompts``."""
+    """Class-name prompts and the none-of-the-above ones (Table 2, class -1) -> ``prompts/``."""
     if tables.read_parts(cfg.output, cfg.split, PROMPTS_DIR) is not None:
         return
     need_ray()
@@ -161,11 +159,8 @@ def _embed_group(
     extra_text = [c for c in caps.column_names if c not in (*CAPTION_KEYS, "shard")]
 
     def matrix(rows: pa.Table, column: str, width: int) -> np.ndarray:
-        return (
-            tables.column_matrix(rows[column])
-            if rows.num_rows
-            else np.zeros((0, width), np.float32)
-        )
+        empty = np.zeros((0, width), np.float32)
+        return tables.column_matrix(rows[column]) if rows.num_rows else empty
 
     def pre(rows: pa.Table, kind: str) -> np.ndarray | None:
         return matrix(rows, f"{kind}_pre", pre_dim[kind]) if cfg.pre_projection else None

@@ -1,6 +1,4 @@
-"""The Ray layer's configs, validated once into typed objects before Ray or any stage starts:
-sweeps (:mod:`~pipelines.schema.sweep`), the whole pipeline (:mod:`~pipelines.schema.pipeline`),
-Serve (:mod:`~pipelines.schema.serve`), read by :mod:`~pipelines.schema.load`."""
+"""The Ray layer's configs, validated into typed objects (:mod:`~pipelines.schema.load`) first."""
 
 from pipelines.schema.load import check_shared_output as check_shared_output
 from pipelines.schema.load import load_embed_jobs as load_embed_jobs
@@ -12,6 +10,4 @@ from pipelines.schema.pipeline import PipelineConfig as PipelineConfig
 from pipelines.schema.pipeline import SyntheticPrepare as SyntheticPrepare
 from pipelines.schema.serve import ServeConfig as ServeConfig
 from pipelines.schema.sweep import FaultInjection as FaultInjection
-from pipelines.schema.sweep import RaySettings as RaySettings
-from pipelines.schema.sweep import StorageSettings as StorageSettings
 from pipelines.schema.sweep import SweepConfig as SweepConfig

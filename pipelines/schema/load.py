@@ -66,8 +66,7 @@ def _hierarcaps_found(_: str) -> bool:
 
 
 def drop_unavailable(doc: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]:
-    """``doc`` without the items whose ``requires`` names a data set that is not
-    ``available`` (and the evaluations of a sweep so dropped); the labels of those left out."""
+    """``doc`` without the items whose ``requires`` is not available; the labels left out."""
     doc, dropped, gone = copy.deepcopy(doc), list[str](), set[str]()
     available = functools.cache(_hierarcaps_found)  # asked once per load, if at all
 
@@ -101,8 +100,7 @@ def drop_unavailable(doc: dict[str, Any], source: str) -> tuple[dict[str, Any], 
 
 
 def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConfig:
-    """The whole pipeline validated, every input path checked, before Ray starts; items with
-    ``requires: [hierarcaps]`` are left out (one line says so) when HierarCaps is not found."""
+    """The whole pipeline validated, every input path checked, before Ray starts."""
     doc, dropped = drop_unavailable(_document(path, overrides), path)
     if dropped:
         logger.warning(
@@ -117,8 +115,7 @@ def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConf
 
 
 def check_inputs(cfg: PipelineConfig, source: str) -> None:
-    """Every local input path exists or is written by an earlier stage of this pipeline; every
-    embedding model that is not a local folder can be had (a Hub id or an open_clip name)."""
+    """Every local input exists or is written by a stage; every non-local model can be had."""
     from asymvlm.data.embed import check_model
     from asymvlm.data.encoder import local_source
 
@@ -165,8 +162,7 @@ def check_inputs(cfg: PipelineConfig, source: str) -> None:
 
 
 def check_shared_output(output: str, shared_filesystem: bool) -> None:
-    """On a Ray cluster of more than one node, a local ``output`` must be declared shared (every
-    stage reads back what another node wrote). Call after Ray is up, before any work."""
+    """On a cluster of several nodes, a local ``output`` must be declared shared (Ray is up)."""
     import ray
 
     if storage.is_remote(output) or shared_filesystem or not ray.is_initialized():

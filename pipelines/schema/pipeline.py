@@ -141,8 +141,7 @@ class PrepareConfig(StrictModel):
 
 # -- embed, report, the pipeline ----------------------------------------------------------------
 class EmbedSection(StrictModel):
-    """``embed``: ``defaults`` + ``jobs``, each job an :class:`~asymvlm.data.embed.EmbedConfig`
-    once the defaults are merged into it."""
+    """``embed``: ``defaults`` merged into each of the ``jobs`` (an ``EmbedConfig`` each)."""
 
     defaults: dict[str, Any] = Field({}, description="keys every job takes unless it sets them")
     jobs: list[EmbedConfig] = Field([], description="the embedding jobs")
@@ -180,8 +179,7 @@ class PipelineConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _resolve(cls, data: Any) -> Any:
-        """The store (experiment ``asymvlm-<name>``, SQLite beside the output), and each sweep's
-        MLflow, storage, Ray session and output from the pipeline's."""
+        """The store; each sweep's MLflow, storage, Ray session and output from the pipeline's."""
         if not isinstance(data, dict) or "output" not in data or "name" not in data:
             return data
         doc = {**data, "output": storage.absolute(data["output"])}

@@ -7,11 +7,9 @@ from typing import Annotated
 from pydantic import Field
 
 from asymvlm.config import StrictModel
-from pipelines.schema.sweep import RaySettings
+from pipelines.schema.sweep import PositiveInt, RaySettings
 
 __all__ = ["ServeConfig"]
-
-PositiveInt = Annotated[int, Field(ge=1)]
 
 
 class ServeConfig(StrictModel):

@@ -31,15 +31,13 @@ FAULT_ENV = "ASYMVLM_FAULT_INJECTION"
 
 
 class StorageSettings(StrictModel):
-    """Where ``output`` lives: a local folder (one node), an object-store URI, or a mount that
-    every node shares (NFS, EFS ...), which must be declared with ``shared_filesystem: true``."""
+    """Where ``output`` lives: a local folder (one node), an object store, or a shared mount."""
 
     shared_filesystem: bool = Field(False, description="a local output every node mounts")
 
 
 class RuntimeEnv(StrictModel):
-    """The part of Ray's ``runtime_env`` a config may set: what every worker gets installed or
-    on its path, e.g. a method plugin (docs "Adding a method")."""
+    """The part of Ray's ``runtime_env`` a config may set, e.g. a method plugin for workers."""
 
     pip: list[str] | None = Field(None, description="pip requirements (a wheel, NAME==VERSION)")
     py_modules: list[str] | None = Field(None, description="local modules or wheels to upload")
@@ -86,8 +84,7 @@ class FaultInjection(StrictModel):
 
 
 def default_store(doc: dict[str, Any], experiment: str) -> None:
-    """Fill ``mlflow.experiment`` and ``mlflow.tracking_uri`` (a SQLite store beside ``output``)
-    of a document whose ``output`` is known; an object-store output needs a tracking server."""
+    """Fill ``mlflow.experiment`` and ``mlflow.tracking_uri`` (SQLite beside ``output``)."""
     mlflow = {**(doc.get("mlflow") or {})}
     mlflow["experiment"] = mlflow.get("experiment") or experiment
     if storage.is_remote(output := doc["output"]) and not mlflow.get("tracking_uri"):
@@ -154,8 +151,7 @@ class _SweepBase(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _resolve(cls, data: Any) -> Any:
-        """Experiment ``asymvlm``, output ``runs/<experiment>``, the store beside it; ``methods:
-        all``: every registered method, in registry order."""
+        """Default experiment, output and store; ``methods: all``: every registered method."""
         if not isinstance(data, dict):
             return data
         experiment = (data.get("mlflow") or {}).get("experiment") or "asymvlm"
