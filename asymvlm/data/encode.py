@@ -70,9 +70,8 @@ def decode_batch(
 
 
 class EncoderActor:
-    """Ray Data actor holding the frozen encoder: decoded images with the captions riding with
-    them (JSON ``[[caption_id, text], ...]``) -> rows of ``kind`` "image" (failed ones keep their
-    ``error``) and "caption"; a text-only batch (``caption_id``, ``text``) -> its embeddings."""
+    """The frozen encoder as a Ray Data actor: decoded images and their captions (JSON
+    ``[[caption_id, text], ...]``) -> "image" and "caption" rows; a text-only batch -> its rows."""
 
     def __init__(
         self,

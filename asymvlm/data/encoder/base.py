@@ -52,9 +52,8 @@ def unit_and_norm(projected: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Encoder:
-    """A frozen vision-language model: ``preprocess_images`` (PIL -> pixels, CPU),
-    ``encode_pixels`` and ``encode_texts`` (-> unit embeddings, raw norms[, pre-projection
-    features with ``pre``]); ``load_model=False`` builds a preprocessing-only one."""
+    """A frozen vision-language model (pixels and captions -> unit embeddings and raw norms);
+    ``load_model=False`` builds a preprocessing-only one."""
 
     info: SimpleNamespace
     model: Any
