@@ -1,5 +1,4 @@
-"""Row-level work of the embedding stage (Ray Data tasks and actors): decode images, embed
-images and captions with the frozen encoder."""
+"""Row-level work of the embedding stage: decode images, embed images and captions."""
 
 from __future__ import annotations
 

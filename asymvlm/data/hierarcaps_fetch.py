@@ -1,5 +1,4 @@
-"""HierarCaps for the demo: the local copy, else a verified cache, else a download
-(docs/data.md)."""
+"""HierarCaps: the local copy, else a verified cache, else a download (docs/data.md)."""
 
 from __future__ import annotations
 

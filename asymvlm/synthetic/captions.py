@@ -1,5 +1,4 @@
-"""Caption texts of the synthetic world: tag captions (``"a photo of c1 / c7"``) and captions
-with words (assumption W)."""
+"""Caption texts of the synthetic world: tag captions and captions with words (assumption W)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The knobs of the synthetic world (:class:`WorldConfig`) and its named worlds (:data:`PRESETS`);
-the assumptions they control are lettered in docs/synthetic.md."""
+"""The synthetic world's knobs (:class:`WorldConfig`) and named worlds (docs/synthetic.md)."""
 
 from __future__ import annotations
 

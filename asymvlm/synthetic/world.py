@@ -1,5 +1,4 @@
-"""The synthetic world's generative process (:class:`SyntheticWorld`, :func:`write_world`); its
-random streams and bounded-memory writing are described in docs/synthetic.md."""
+"""The synthetic world's generative process (random streams: docs/synthetic.md)."""
 
 from __future__ import annotations
 

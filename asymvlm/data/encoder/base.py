@@ -1,5 +1,4 @@
-"""What every frozen encoder shares: the provenance record, device and precision, and the
-(unit embedding, raw norm) split of a projection."""
+"""What every frozen encoder shares: provenance, device and precision, unit and raw norm."""
 
 from __future__ import annotations
 
