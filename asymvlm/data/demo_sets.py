@@ -1,11 +1,5 @@
-"""Offline stand-ins for the zero-shot sets, made from the real HierarCaps images.
-
-CIFAR-10- and CIFAR-100-format folders (the python pickle files the real readers take, 32 x 32
-images): the classes are the most frequent general (level-0) captions, e.g. "dog"; images of the
-first ``n_classes`` of them are the positives ("CIFAR-10"), images of the next ones the negatives
-("CIFAR-100"). With the demo's tiny random CLIP the numbers mean nothing; the files exercise the
-real code path.
-"""
+"""Offline CIFAR-format stand-ins for the zero-shot sets, made from the HierarCaps images
+(docs/data.md)."""
 
 from __future__ import annotations
 
@@ -26,8 +20,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 def find_hierarcaps() -> str | None:
     """The read-only HierarCaps copy: ``$ASYMVLM_HIERARCAPS``, else ``../shared/data/hierarcaps``
-    beside this checkout; None when neither has the csv (no cache, no network:
-    :func:`asymvlm.data.hierarcaps_fetch.locate_hierarcaps` adds those)."""
+    beside this checkout; None when neither has the csv."""
     shared = os.path.join(os.path.dirname(_REPO), "shared", "data", "hierarcaps")
     for c in (os.environ.get("ASYMVLM_HIERARCAPS"), shared):
         if c and os.path.isfile(os.path.join(c, "hierarcaps_test.csv")):

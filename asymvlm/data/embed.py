@@ -8,22 +8,21 @@ import os
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, NonNegativeInt, ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass
 
 from asymvlm import storage
 from asymvlm.data.encoder.names import is_open_clip, local_source, parse_name
 from asymvlm.data.sources import READERS, SourceData
+from asymvlm.data.templates import DUMMY_PROMPTS
 from asymvlm.errors import ConfigError
 
-DUMMY_PROMPTS = ("a photo", "a photo of an object", "a photo of something")
 _FINGERPRINT_KEYS = (
     "dataset split sample seed image_perturbation text_perturbation perturbation_seed "
     "shard_size dtype pre_projection"
 ).split()
 PositiveInt = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
@@ -76,8 +75,8 @@ class EmbedConfig:
     def _perturbation(cls, value: str | None, info: ValidationInfo) -> str | None:
         from asymvlm.data import perturb
 
-        image = info.field_name == "image_perturbation"
         if value:
+            image = info.field_name == "image_perturbation"
             kinds = perturb.IMAGE_PERTURBATIONS if image else perturb.CAPTION_PERTURBATIONS
             perturb.parse_perturbation(value, kinds)
         return value or None
@@ -105,9 +104,8 @@ class EmbedConfig:
                 raise ConfigError(f"pre_projection with model {self.model!r}: {err}") from None
 
     def fingerprint(self, source: SourceData) -> dict[str, Any]:
-        """What makes two runs the same job (output location and scheduling excluded): the
-        inputs (absolute locations and a hash of the rows read from them), the model and its
-        precision, perturbations, sampling and the shard size."""
+        """What makes two runs the same job: inputs (absolute, and a hash of the rows read), model,
+        precision, perturbations, sampling and shard size (docs/data.md)."""
         fp: dict[str, Any] = {k: getattr(self, k) for k in _FINGERPRINT_KEYS}
         fp["model"] = normalised_model(self.model)
         for key in ("annotations", "images", "id_list"):

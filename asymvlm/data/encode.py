@@ -1,5 +1,4 @@
-"""Row-level work of the embedding stage (Ray Data tasks and actors): decode images, embed
-images and captions with the frozen encoder."""
+"""Row-level work of the embedding stage: decode images, embed images and captions."""
 
 from __future__ import annotations
 
@@ -70,9 +69,8 @@ def decode_batch(
 
 
 class EncoderActor:
-    """Ray Data actor holding the frozen encoder: decoded images with the captions riding with
-    them (JSON ``[[caption_id, text], ...]``) -> rows of ``kind`` "image" (failed ones keep their
-    ``error``) and "caption"; a text-only batch (``caption_id``, ``text``) -> its embeddings."""
+    """The frozen encoder as a Ray Data actor: decoded images and their captions (JSON
+    ``[[caption_id, text], ...]``) -> "image" and "caption" rows; a text-only batch -> its rows."""
 
     def __init__(
         self,

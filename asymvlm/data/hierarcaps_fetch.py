@@ -1,5 +1,4 @@
-"""HierarCaps for the demo: the local copy, else a verified cache, else a download
-(docs/data.md)."""
+"""HierarCaps: the local copy, else a verified cache, else a download (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -98,33 +97,9 @@ def _download(url: str, dest: str, *, image: bool, expected: str | None = None) 
     raise HierarCapsError(f"{os.path.basename(dest)}: {url}: {last}")
 
 
-def _fetch_images(root: str, rels: list[str], prefix: str, recorded: dict[str, str]) -> dict:
-    """``{relative path: sha256 or the error (None: not tried)}``, downloaded in threads; the
-    first unreachable file stops the ones not started."""
-    stop = threading.Event()
-
-    def fetch(rel: str) -> tuple[str, str | Exception | None]:
-        if stop.is_set():
-            return rel, None
-        url = prefix + rel.removeprefix(f"{IMAGES_DIR}/")
-        try:
-            return rel, _download(
-                url, os.path.join(root, rel), image=True, expected=recorded.get(rel)
-            )
-        except (_Unreachable, HierarCapsError) as exc:
-            if isinstance(exc, _Unreachable):
-                stop.set()
-            return rel, exc
-
-    with ThreadPoolExecutor(WORKERS) as pool:
-        return dict(pool.map(fetch, rels))
-
-
 def locate_hierarcaps() -> str | None:
-    """The HierarCaps test folder (``hierarcaps_test.csv`` + ``images/``): the local copy, else
-    ``$ASYMVLM_CACHE/hierarcaps`` completed and verified (sources: ``$ASYMVLM_HIERARCAPS_CSV_URL``
-    / ``$ASYMVLM_COCO_IMAGES_URL``, else the public ones); None after one warning when there is
-    no network."""
+    """The HierarCaps test folder: the local copy, else ``$ASYMVLM_CACHE/hierarcaps`` completed
+    and verified; None after one warning when there is no network (docs/data.md)."""
     local = demo_sets.find_hierarcaps()
     if local:
         return local
@@ -160,9 +135,25 @@ def locate_hierarcaps() -> str | None:
         digest = _sha256(path) if os.path.isfile(path) else None
         if digest and (recorded.get(rel) == digest or rel not in recorded and _decodes(path)):
             good[rel] = digest
+    stop = threading.Event()  # set by the first unreachable file: the ones not started stay
+
+    def fetch(rel: str) -> tuple[str, str | Exception | None]:  # sha256 or the error
+        if stop.is_set():
+            return rel, None
+        url = prefix + rel.removeprefix(f"{IMAGES_DIR}/")
+        try:
+            return rel, _download(
+                url, os.path.join(root, rel), image=True, expected=recorded.get(rel)
+            )
+        except (_Unreachable, HierarCapsError) as exc:
+            if isinstance(exc, _Unreachable):
+                stop.set()
+            return rel, exc
+
     if bad := [rel for rel in rels if rel not in good]:
         log.info(f"downloading HierarCaps ({len(bad):,} of {len(rels):,} images) into {root}")
-        fetched = _fetch_images(root, bad, prefix, recorded)
+        with ThreadPoolExecutor(WORKERS) as pool:
+            fetched = dict(pool.map(fetch, bad))
         good.update((rel, v) for rel, v in fetched.items() if isinstance(v, str))
         missing = [v for v in fetched.values() if not isinstance(v, str)]
         if errors := sorted(str(e) for e in missing if isinstance(e, HierarCapsError)):

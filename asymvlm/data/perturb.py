@@ -1,10 +1,4 @@
-"""Input perturbations for the OOD robustness suite (beyond the paper; from ELIP, Sec. 2).
-
-``"kind:severity"`` (severity 1-5), deterministic in a seed (the embedding stage seeds each item
-by its id, so batching never changes them). Images (PIL, ImageNet-C style constants):
-``gaussian_noise``, ``rotation``, ``zoom_blur``, ``jpeg``, ``low_resolution``; captions:
-``typos``, ``word_order``, ``synonyms`` (a built-in table, no WordNet), ``casing``.
-"""
+"""Input perturbations ``"kind:severity"`` of the OOD robustness suite (docs/data.md)."""
 
 from __future__ import annotations
 

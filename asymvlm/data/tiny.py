@@ -1,6 +1,5 @@
-"""Tiny, randomly initialised CLIP / SigLIP / open_clip checkpoints that load like hub models,
-offline and deterministic in ``seed`` (for tests and the offline demo: their numbers mean nothing).
-"""
+"""Tiny random CLIP / SigLIP / open_clip checkpoints that load like hub models, offline and
+deterministic in ``seed`` (for tests and the offline demo: their numbers mean nothing)."""
 
 from __future__ import annotations
 

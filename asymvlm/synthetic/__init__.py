@@ -1,8 +1,5 @@
-"""A toy world with known, asymmetric uncertainty (Sec. 3), written as embedding tables.
-
-Its assumptions are lettered in docs/synthetic.md (the code refers to the letters); presets
-``demo`` and ``coco`` in :data:`PRESETS`.
-"""
+"""A toy world with known, asymmetric uncertainty (Sec. 3), written as embedding tables; its
+assumptions are lettered in docs/synthetic.md (the code refers to the letters)."""
 
 from asymvlm.synthetic.classes import (
     DUMMY_PROMPTS,

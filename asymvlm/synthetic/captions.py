@@ -1,5 +1,4 @@
-"""Caption texts of the synthetic world: tag captions (``"a photo of c1 / c7"``) and captions
-with words (assumption W)."""
+"""Caption texts of the synthetic world: tag captions and captions with words (assumption W)."""
 
 from __future__ import annotations
 
@@ -23,11 +22,9 @@ def caption_texts(
     start: int,
     words: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> list[str]:
-    """Each caption's concept path down to its level (``c<id>``) and, at the object level, the
-    object (image ``start + i``). Tag captions: ``"a photo of c3 / c17"`` (+ ``" / object i"``);
-    with ``words = (opener, n_fill, fill)`` (indices into :data:`OPENERS` per caption, filler
-    counts per caption, :data:`FILLERS` indices one caption after the other):
-    ``"there is a small c3 c17 o5"``."""
+    """Tag captions ``"a photo of c3 / c17"`` (+ ``" / object i"`` at the object level, image
+    ``start + i``); with ``words = (opener, n_fill, fill)`` (indices into :data:`OPENERS`,
+    filler counts, :data:`FILLERS` indices) word captions ``"there is a small c3 c17 o5"``."""
     n_concept_levels = len(path)
     ends = np.cumsum(words[1]) if words else None
     out = []

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from asymvlm import tables
+from asymvlm.data.templates import DUMMY_PROMPTS
 from asymvlm.errors import ConfigError
 from asymvlm.synthetic.world import SyntheticWorld, WorldConfig, _offset, _unit
 
@@ -18,12 +19,9 @@ __all__ = [
     "ClassificationSpec",
     "classification_roles",
     "concept_roots",
-    "far_concepts",
     "write_classification_sets",
 ]
 
-#: The most general captions (assumption G); the same texts as ``asymvlm embed`` uses.
-DUMMY_PROMPTS = ("a photo", "a photo of an object", "a photo of something")
 #: Prompt templates of a class ensemble (each adds a direction of its own, assumption K).
 TEMPLATES = ("a photo of a {}", "a picture of a {}", "an image of the {}", "a drawing of a {}")
 _SETS_STREAM = 4
@@ -46,18 +44,12 @@ class ClassificationSpec:
 
 def class_name(world: SyntheticWorld, level: int, concept: int) -> str:
     """A concept's name, its tag path as in tag captions: ``"c1 / c7"``."""
-    path = [concept]
-    for lv in range(level, 0, -1):
-        path.append(int(world.parents[lv][path[-1]]))
-    return " / ".join(f"c{c}" for c in path[::-1])
+    return " / ".join(f"c{c}" for c in world.ancestors(concept, level))
 
 
 def concept_roots(world: SyntheticWorld, level: int, concepts: np.ndarray) -> np.ndarray:
     """The level-0 ancestor of each level-``level`` concept of ``concepts``."""
-    root = np.asarray(concepts)
-    for lv in range(level, 0, -1):
-        root = world.parents[lv][root]
-    return root
+    return world.ancestors(np.asarray(concepts), level)[0]
 
 
 def domain_concepts(world: SyntheticWorld, level: int, domain: int) -> np.ndarray:
@@ -66,14 +58,6 @@ def domain_concepts(world: SyntheticWorld, level: int, domain: int) -> np.ndarra
         raise ConfigError(f"level must be in 0..{len(world.concepts) - 1}, got {level}")
     root = concept_roots(world, level, np.arange(len(world.concepts[level])))
     return np.nonzero(world.root_domain[root] == domain)[0]
-
-
-def far_concepts(world: SyntheticWorld, level: int, positives: np.ndarray) -> np.ndarray:
-    """Ids of the level-``level`` concepts under the level-0 concepts that hold none of
-    ``positives`` (the far negatives' classes)."""
-    every = np.arange(len(world.concepts[level]))
-    taken = np.unique(concept_roots(world, level, positives))
-    return every[~np.isin(concept_roots(world, level, every), taken)]
 
 
 def _norms(world: SyntheticWorld, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -182,10 +166,10 @@ def _write_set(
     return root
 
 
-def _selection(world: SyntheticWorld, spec: ClassificationSpec):
-    """``(the fine-tuning domain's concepts of the level, the positive classes among them,
-    what every set shares: template directions and dummy rows)``."""
-    home = domain_concepts(world, spec.level, 0)
+def _sets(world: SyntheticWorld, spec: ClassificationSpec):
+    """``{role: (concepts, domain, images, stream)}`` of the sets this world and spec have, and
+    what they share (template directions and dummy rows)."""
+    level, home = spec.level, domain_concepts(world, spec.level, 0)
     n_classes = spec.n_classes if spec.n_classes is not None else max(1, len(home) // 2)
     if not 1 <= n_classes < len(home):
         raise ConfigError(
@@ -195,14 +179,7 @@ def _selection(world: SyntheticWorld, spec: ClassificationSpec):
     rng = np.random.default_rng([world.config.seed, _SETS_STREAM, 0])
     template_dirs = _unit(rng.standard_normal((len(spec.templates), world.config.dim)))
     shared = (template_dirs, _dummies(world, rng))
-    return home, np.sort(rng.permutation(home)[:n_classes]), shared
-
-
-def _sets(world: SyntheticWorld, spec: ClassificationSpec):
-    """``{role: (concepts, domain, images, stream)}`` of the sets this world and spec have, and
-    what they share."""
-    home, chosen, shared = _selection(world, spec)
-    level = spec.level
+    chosen = np.sort(rng.permutation(home)[:n_classes])
     sets = {
         "positives": (chosen, 0, spec.positives, 1),
         "negatives": (np.setdiff1d(home, chosen), 0, spec.negatives, 2),
@@ -210,14 +187,10 @@ def _sets(world: SyntheticWorld, spec: ClassificationSpec):
     away = domain_concepts(world, level, 1)
     if len(away):
         sets["zeroshot"] = (away, 1, spec.zeroshot, 3)
-    far = far_concepts(world, level, chosen)
+    roots = concept_roots(world, level, np.arange(len(world.concepts[level])))
+    far = np.flatnonzero(~np.isin(roots, roots[chosen]))  # under roots that hold no positive
     if len(far):
-        sets["far-negatives"] = (
-            far,
-            world.root_domain[concept_roots(world, level, far)],
-            spec.negatives,
-            4,
-        )
+        sets["far-negatives"] = (far, world.root_domain[roots[far]], spec.negatives, 4)
     return sets, shared
 
 

@@ -1,5 +1,4 @@
-"""The knobs of the synthetic world (:class:`WorldConfig`) and its named worlds (:data:`PRESETS`);
-the assumptions they control are lettered in docs/synthetic.md."""
+"""The synthetic world's knobs (:class:`WorldConfig`) and named worlds (docs/synthetic.md)."""
 
 from __future__ import annotations
 
@@ -54,25 +53,19 @@ class WorldConfig:
         probs, n_levels = self.level_probs, len(self.branching) + 1
         if probs is not None:
             self.level_probs = probs = tuple(map(float, probs))
+        probs_ok = probs is None or (
+            all(math.isfinite(p) and p >= 0 for p in probs) and abs(sum(probs) - 1) < 1e-6
+        )
+        roots, top, pre_dim = self.finetune_roots, self.branching[0], self.pre_dim
         for ok, message in (
             (probs is None or len(probs) == n_levels, f"level_probs needs {n_levels} values"),
-            (
-                probs is None
-                or (all(math.isfinite(p) and p >= 0 for p in probs) and abs(sum(probs) - 1) < 1e-6),
-                f"level_probs must be >= 0 and sum to 1, got {probs}",
-            ),
+            (probs_ok, f"level_probs must be >= 0 and sum to 1, got {probs}"),
             (self.block_images is None or self.block_images >= 1, "block_images must be >= 1"),
-            (
-                self.finetune_roots is None or 1 <= self.finetune_roots <= self.branching[0],
-                f"finetune_roots must be in 1..{self.branching[0]}",
-            ),
+            (roots is None or 1 <= roots <= top, f"finetune_roots must be in 1..{top}"),
             (0.0 <= self.generic_captions <= 1.0, "generic_captions must be in [0, 1]"),
             (self.filler_words >= 0, "filler_words must be >= 0"),
             (self.domain_misalignment >= 0, "domain_misalignment must be >= 0"),
-            (
-                self.pre_dim is None or self.pre_dim > self.dim,
-                f"pre_dim must exceed dim {self.dim}",
-            ),
+            (pre_dim is None or pre_dim > self.dim, f"pre_dim must exceed dim {self.dim}"),
         ):
             if not ok:
                 raise ConfigError(message)

@@ -1,5 +1,4 @@
-"""The synthetic world's generative process (:class:`SyntheticWorld`, :func:`write_world`); its
-random streams and bounded-memory writing are described in docs/synthetic.md."""
+"""The synthetic world's generative process (random streams: docs/synthetic.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,6 @@ def _toward(centers: np.ndarray, scale: float, noise: np.ndarray) -> np.ndarray:
 
 
 def _offset(rng: np.random.Generator, centers: np.ndarray, scale: float) -> np.ndarray:
-    """:func:`_toward` with standard normal noise drawn from ``rng``."""
     return _toward(centers, scale, rng.standard_normal(centers.shape))
 
 
@@ -77,10 +75,8 @@ class SyntheticWorld:
             self.concepts.append(_offset(rng, self.concepts[-1][parent], cfg.spread[level]))
             self.parents.append(parent)
         self.text_rotation = _rotation(rng, cfg.dim, cfg.misalignment)
-        self._split_seeds = {
-            name: int(s)
-            for name, s in zip(cfg.splits, rng.integers(0, 2**31, len(cfg.splits)), strict=True)
-        }
+        seeds = rng.integers(0, 2**31, len(cfg.splits)).tolist()
+        self._split_seeds = dict(zip(cfg.splits, seeds, strict=True))
         self.projections: dict[str, np.ndarray] = {}
         if cfg.pre_dim is not None:
             pre_rng = np.random.default_rng([cfg.seed, 1])  # not the world's stream
@@ -93,7 +89,6 @@ class SyntheticWorld:
         self.root_domain = np.zeros(cfg.branching[0], dtype=np.int64)
         if cfg.finetune_roots is not None:
             self.root_domain[cfg.finetune_roots :] = 1
-        self.leaf_root = self.ancestors(np.arange(len(self.concepts[-1])))[0]
         self.domain_rotations: list[np.ndarray] = []
         if cfg.domain_misalignment > 0:
             dom_rng = np.random.default_rng([cfg.seed, _DOMAIN_STREAM])
@@ -105,17 +100,12 @@ class SyntheticWorld:
     def n_levels(self) -> int:
         return len(self.config.branching) + 1
 
-    def ancestors(self, leaf: np.ndarray) -> list[np.ndarray]:
-        """Concept index at every concept level (0..L-1) for level-(L-1) concept ids."""
-        path = [leaf]
-        for level in range(len(self.concepts) - 1, 0, -1):
-            path.append(self.parents[level][path[-1]])
+    def ancestors(self, ids: np.ndarray, level: int = -1) -> list[np.ndarray]:
+        """Concept ids at levels 0..``level`` of level-``level`` concept ids (default: leaves)."""
+        path = [ids]
+        for lv in range(level % len(self.concepts), 0, -1):
+            path.append(self.parents[lv][path[-1]])
         return path[::-1]
-
-    def domain_leaves(self, domain: int) -> np.ndarray:
-        """Ids of the leaf (level L-1) concepts under the level-0 concepts of ``domain``
-        (0: fine-tuning, 1: zero-shot)."""
-        return np.nonzero(self.root_domain[self.leaf_root] == domain)[0]
 
     def text_map(self, domain: int) -> np.ndarray:
         """The frozen text encoder's error on texts of ``domain`` (-1: generic texts, of no
@@ -154,12 +144,10 @@ class SyntheticWorld:
         }
         main = np.random.default_rng([seed, _TAGS["block"], *block] if block else seed)
         cfg = self.config
-        pool = self.domain_leaves(0)  # every leaf in a world of one domain
+        leaf_root = self.ancestors(np.arange(len(self.concepts[-1])))[0]
+        pool = np.nonzero(self.root_domain[leaf_root] == 0)[0]  # the fine-tuning domain's leaves
         leaves = pool[main.integers(0, len(pool), n_images)]
-        objects = _toward(
-            self.concepts[-1][leaves], cfg.object_spread, main.standard_normal((n_images, cfg.dim))
-        )
-        images = _toward(objects, cfg.image_noise, main.standard_normal((n_images, cfg.dim)))
+        objects, images = self.draw_views(main, leaves)
         path = self.ancestors(leaves)
 
         n_cap = cfg.captions_per_image
@@ -180,8 +168,13 @@ class SyntheticWorld:
         del targets
         domain = self.root_domain[path[0]][cap_image]
         generic = None
-        if name == GENERIC_SPLIT and cfg.generic_captions > 0:
-            generic, generic_texts = self._generic_captions(rng["generic"], true_text)
+        if name == GENERIC_SPLIT and cfg.generic_captions > 0:  # U: the root, paraphrased
+            choice = rng["generic"].integers(0, len(GENERIC_TEXTS), len(true_text))
+            generic = rng["generic"].random(len(true_text)) < cfg.generic_captions
+            noise = rng["generic"].standard_normal((int(generic.sum()), cfg.dim))
+            roots = np.broadcast_to(self.generic, noise.shape)
+            true_text[generic] = _toward(roots, cfg.caption_noise, noise)
+            generic_texts = [GENERIC_TEXTS[c] for c in choice[generic]]
             domain = np.where(generic, -1, domain)  # generic texts: the shared error only (D)
         text = self.encode_text(true_text, domain)  # the frozen text encoder's error
         del true_text
@@ -212,19 +205,6 @@ class SyntheticWorld:
         if self.projections:
             out.update(self._pre_projection(rng["pre"], out))
         return out
-
-    def _generic_captions(
-        self, rng: np.random.Generator, true_text: np.ndarray
-    ) -> tuple[np.ndarray, list[str]]:
-        """Assumption U: the generic captions' meanings written into ``true_text`` (the root
-        with paraphrase noise); returns their mask and texts."""
-        cfg, n_captions = self.config, len(true_text)
-        choice = rng.integers(0, len(GENERIC_TEXTS), n_captions)
-        generic = rng.random(n_captions) < cfg.generic_captions
-        noise = rng.standard_normal((int(generic.sum()), cfg.dim))
-        roots = np.broadcast_to(self.generic, noise.shape)
-        true_text[generic] = _toward(roots, cfg.caption_noise, noise)
-        return generic, [GENERIC_TEXTS[c] for c in choice[generic]]
 
     def iter_blocks(self, name: str, n_images: int) -> Iterator[dict]:
         """The split whole (without ``block_images``) or block by block."""

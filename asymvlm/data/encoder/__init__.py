@@ -4,17 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from asymvlm.data.encoder.names import OPEN_CLIP_PREFIX, is_open_clip, local_source, looks_like_path
+from asymvlm.data.encoder.names import is_open_clip, local_source
 
-__all__ = [
-    "OPEN_CLIP_PREFIX",
-    "Encoder",
-    "files_sha256",
-    "is_open_clip",
-    "load_encoder",
-    "local_source",
-    "looks_like_path",
-]
+__all__ = ["Encoder", "files_sha256", "load_encoder", "local_source"]
 
 
 def load_encoder(model: str, device: str = "auto", dtype: str = "auto", **kwargs: Any):

@@ -1,5 +1,4 @@
-"""What every frozen encoder shares: the provenance record, device and precision, and the
-(unit embedding, raw norm) split of a projection."""
+"""What every frozen encoder shares: provenance, device and precision, unit and raw norm."""
 
 from __future__ import annotations
 
@@ -52,9 +51,8 @@ def unit_and_norm(projected: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Encoder:
-    """A frozen vision-language model: ``preprocess_images`` (PIL -> pixels, CPU),
-    ``encode_pixels`` and ``encode_texts`` (-> unit embeddings, raw norms[, pre-projection
-    features with ``pre``]); ``load_model=False`` builds a preprocessing-only one."""
+    """A frozen vision-language model (pixels and captions -> unit embeddings and raw norms);
+    ``load_model=False`` builds a preprocessing-only one."""
 
     info: SimpleNamespace
     model: Any

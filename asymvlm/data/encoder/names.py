@@ -1,5 +1,4 @@
-"""Model names without loading anything (no torch): which library a name belongs to, the local
-files it stands for, and open_clip names taken apart (:func:`parse_name`)."""
+"""Model names taken apart without loading anything (no torch): library, local files, open_clip."""
 
 from __future__ import annotations
 

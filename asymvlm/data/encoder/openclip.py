@@ -1,5 +1,4 @@
-"""Frozen open_clip encoders (``open_clip:ARCH/TAG``, ``open_clip:ARCH/WEIGHTS``,
-``open_clip:hf-hub:ORG/REPO``, ``open_clip:local-dir:FOLDER``; docs/data.md)."""
+"""Frozen open_clip encoders (``open_clip:...`` names: docs/data.md)."""
 
 from __future__ import annotations
 

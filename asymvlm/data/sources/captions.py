@@ -1,18 +1,5 @@
-"""Image-caption readers: COCO, COCO-Karpathy, Flickr30k, Conceptual Captions, HierarCaps.
-
-* ``coco``: ``captions_{train,val}2017.json``; image_id = image id, caption_id = annotation id.
-* ``coco-karpathy``: ``dataset_coco.json``; ``split`` train (= train + restval), restval, val or
-  test; image_id = cocoid, caption_id = sentid, path = images/filepath/filename.
-* ``flickr30k``: Karpathy ``dataset_flickr30k.json``; image_id = file stem, caption_id = sentid.
-* ``cc``: img2dataset WebDataset shards (a ``.tar``, a folder of them or a glob: ``KEY.jpg|jpeg|
-  png|webp`` + ``KEY.txt``; path = the shard, offset/length = the member's bytes, image_id = KEY,
-  caption_id = f"{KEY}-0") or a ``*.tsv`` (``caption<TAB>path``, no header; relative paths
-  against ``images``, else the TSV's folder; image_id = sha1(path as written)[:16], caption_id =
-  f"{image_id}-{n}" for its n-th caption).
-* ``hierarcaps``: ``hierarcaps_test.csv`` (id, captions joined by " => ", image_url): one caption
-  per level (``level`` 0..3), image_id = file stem, caption_id = f"{id}-{level}", path =
-  images/<last component of image_url> (the URL itself without ``images``).
-"""
+"""Image-caption readers: COCO, COCO-Karpathy, Flickr30k, Conceptual Captions, HierarCaps
+(formats: docs/data.md)."""
 
 from __future__ import annotations
 

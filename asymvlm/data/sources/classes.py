@@ -1,14 +1,5 @@
-"""Classification readers (images + labels + zero-shot prompts): ImageNet folders, CIFAR, STL-10.
-
-* ``imagenet``: ``images`` = a folder of class folders (sorted names = class index), image_id =
-  the path relative to it; class names: CLIP's curated ones for ILSVRC-2012 synset folders,
-  else the folder names.
-* ``cifar10`` / ``cifar100``: the python pickle batches (``images`` or ``annotations`` = the
-  ``cifar-10-batches-py`` / ``cifar-100-python`` folder or its parent), split train/test,
-  read by a restricted unpickler; image_id = f"cifar10-{split}-{index:05d}"; PNG bytes + label
-  (fine labels for CIFAR-100).
-* ``stl10``: ``stl10_binary`` (or its parent); split train/test/unlabeled; labels 0-based.
-"""
+"""Classification readers (images + labels + zero-shot prompts): ImageNet folders, CIFAR, STL-10
+(formats: docs/data.md)."""
 
 from __future__ import annotations
 
@@ -109,13 +100,6 @@ def _unpickle(url: str, *keys: str) -> list[Any]:
     return [obj[k.encode()] for k in keys]
 
 
-def _png(hwc: np.ndarray) -> bytes:
-    from PIL import Image
-
-    Image.fromarray(np.ascontiguousarray(hwc)).save(buffer := io.BytesIO(), format="PNG")
-    return buffer.getvalue()
-
-
 def _check_labels(y: np.ndarray, n: int, lowest: int, classes: list[str], where: str) -> None:
     if len(y) != n:
         raise SourceError(f"{where}: {len(y)} labels for {n} images")
@@ -130,10 +114,15 @@ def _pixel_set(
     req: Request, pixels: np.ndarray, labels: Any, classes: list[str], to_hwc: Callable, desc: dict
 ) -> SourceData:
     """Images stored inline -> PNG rows, encoded only for the selected ids."""
+    from PIL import Image
+
     ids = [f"{req.dataset}-{req.split}-{i:05d}" for i in range(len(pixels))]
     keep = req.selected(ids)
     labels = None if labels is None else labels[keep].tolist()
-    data = [_png(to_hwc(pixels[i])) for i in keep]
+    data = []
+    for i in keep:
+        Image.fromarray(np.ascontiguousarray(to_hwc(pixels[i]))).save(png := io.BytesIO(), "PNG")
+        data.append(png.getvalue())
     return _classified(req, [ids[i] for i in keep], labels, classes, desc, data=data)
 
 
@@ -157,13 +146,9 @@ _BATCHES = {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("te
 CIFAR10 = CifarLayout(
     "cifar10", "cifar-10-batches-py", "batches.meta", "label_names", "labels", _BATCHES
 )
+_FILES = {"train": ("train",), "test": ("test",)}
 CIFAR100 = CifarLayout(
-    "cifar100",
-    "cifar-100-python",
-    "meta",
-    "fine_label_names",
-    "fine_labels",
-    {"train": ("train",), "test": ("test",)},
+    "cifar100", "cifar-100-python", "meta", "fine_label_names", "fine_labels", _FILES
 )
 
 

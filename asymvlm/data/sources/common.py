@@ -1,5 +1,4 @@
-"""What every reader shares: the table schemas, errors naming the file and line or key, the
-request and the ``id_list`` / ``sample`` selection."""
+"""What every reader shares: schemas, errors, the request and the id_list / sample selection."""
 
 from __future__ import annotations
 

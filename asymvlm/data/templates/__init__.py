@@ -15,6 +15,8 @@ from importlib.resources import files
 
 _DATA = files(__name__)
 _LISTS: dict[str, list[str]] = json.loads(_DATA.joinpath("templates.json").read_text("utf-8"))
+#: The none-of-the-above prompts (Table 2; the most general captions, assumption G).
+DUMMY_PROMPTS = ("a photo", "a photo of an object", "a photo of something")
 #: The fallback for data sets without their own list (five of CLIP's ImageNet templates).
 GENERIC_TEMPLATES: tuple[str, ...] = tuple(_LISTS.pop("generic"))
 #: Data set (a reader name) -> its templates.
