@@ -49,8 +49,8 @@ def _trial_runs(output: str) -> list:
 @pytest.mark.slow
 def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_thread) -> None:
     """The driver (and the local Ray it started) killed while one grid trial has finished and
-    the other holds after epoch 2; the same command again restores the stage, trains that trial
-    on, runs stage 2, and lands what a sweep that never stopped would: each trial's results
+    the other holds after epoch 2; the same command again restores the sweep, trains that trial
+    on, runs the seed stage, and lands what a sweep that never stopped would: each trial's results
     equal to its run straight through, one MLflow run per trial with every epoch once."""
     from asymvlm.protocol import run_protocol
     from pipelines.schema import sweep_config
@@ -88,7 +88,7 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
 
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert "the grid stage goes on where it stopped" in again.stderr
+    assert "goes on where it stopped" in again.stderr
     with open(os.path.join(output, "sweep.json")) as fh:
         record = json.load(fh)
 

@@ -1,6 +1,6 @@
-"""The paper's sweep (App. B.4) on Ray Tune, tracked in MLflow (:func:`run_sweep`): a ``Tuner``
-for ``method x lr`` at the first seed, the lr chosen on validation, a ``Tuner`` for the other
-seeds; a stage that stopped part-way is restored (``Tuner.restore``)."""
+"""The paper's sweep (App. B.4) on Ray Tune, tracked in MLflow (:func:`run_sweep`): ``method x
+lr`` at the first seed, the lr chosen on validation, the other seeds at it, in one ``Tuner``
+(:class:`StagedSearch`); a sweep that stopped part-way is restored (``Tuner.restore``)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ import json
 import logging
 import math
 import os
+import pickle
 import sys
 import tempfile
 import time
+from collections import Counter, defaultdict
 from typing import Any
 
 import yaml
 from ray import tune
+from ray.tune.search import Searcher
 
 from asymvlm import config, results, storage, tables, tracking
 from asymvlm.checkpoints import copy_adapter
@@ -117,29 +120,78 @@ def _packs(sweep: SweepConfig, trials: list[dict[str, Any]]) -> list[list[dict[s
     return out
 
 
-def _fit(sweep: SweepConfig, stage: str, trials: list[dict[str, Any]], callback) -> tuple:
-    """One stage as one (restored) Tune experiment: (finished rows, failed rows with reasons)."""
+class StagedSearch(Searcher):
+    """The grid's trials, then each method's other seeds at its chosen lr as soon as that
+    method's grid trials have all ended: the two stages pipelined in one experiment."""
+
+    def __init__(self, sweep: SweepConfig, grid: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.sweep, self.grid, self.live = sweep, bool(grid), {}  # live: id -> (stage, method)
+        self.queue = [("grid", p) for p in _packs(sweep, grid)]
+        self.waiting = Counter(members[0]["method"] for _, members in self.queue)
+        self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)  # grid rows per method
+        for method in [] if grid else sweep.methods:  # one lr: every seed at once
+            self._release(method)
+
+    def _release(self, method: str) -> None:
+        if not self.grid:
+            lr, seeds = self.sweep.lr[0], self.sweep.seeds
+        elif pick := select_lr(self.rows[method]).get(method):
+            lr, seeds = pick["lr"], self.sweep.seeds[1:]
+        else:  # it failed at every lr
+            return
+        trials = [{"method": method, "lr": lr, "seed": s} for s in seeds]
+        self.queue += [("seeds", p) for p in _packs(self.sweep, trials)]
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if not self.queue:
+            return None if self.live else Searcher.FINISHED
+        stage, members = self.queue.pop(0)
+        self.live[trial_id] = (stage, members[0]["method"])
+        return {"sweep": self.sweep, "stage": stage, "members": members}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error=False) -> None:
+        stage, method = self.live.pop(trial_id)
+        if stage == "grid":
+            outcomes = (result or {}).get("outcomes") or []
+            self.rows[method] += [r for r in outcomes if "outcome" in r]
+            self.waiting[method] -= 1
+            if not self.waiting[method]:
+                self._release(method)
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self.__dict__, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self.__dict__.update(pickle.load(f))
+
+
+def _fit(sweep: SweepConfig, grid: list[dict[str, Any]], callback) -> tuple:
+    """The sweep as one (restored) Tune experiment: (finished rows, failed rows with reasons)."""
     import ray
 
-    packs = _packs(sweep, trials)
-    specs = [[sweep.run_spec(**t).model_dump(mode="json") for t in p] for p in packs]
+    space = [
+        sweep.run_spec(m, lr, s) for m in sweep.methods for lr in sweep.lr for s in sweep.seeds
+    ]
+    specs = [sweep.pack, [spec.model_dump(mode="json") for spec in space]]
     digest = hashlib.sha1(json.dumps(specs, sort_keys=True).encode()).hexdigest()[:10]
     root, fs = storage.ray_storage(storage.uri_join(sweep.output, "tune", "trials"))
     gpu = sweep.gpus_per_worker if ray.cluster_resources().get("GPU", 0) > 0 else 0
     trainable = tune.with_resources(sweep_trial, {"cpu": sweep.cpus_per_worker, "gpu": gpu})
-    path = f"{root}/{stage}-{digest}"
+    path = f"{root}/sweep-{digest}"
     if tune.Tuner.can_restore(path, storage_filesystem=fs):
-        logger.info(
-            "sweep %s: the %s stage goes on where it stopped (%s)", sweep.label, stage, path
-        )
+        logger.info("sweep %s goes on where it stopped (%s)", sweep.label, path)
         tuner = tune.Tuner.restore(path, trainable, storage_filesystem=fs)
     else:
         tuner = tune.Tuner(
             trainable,
-            param_space={"sweep": sweep, "stage": stage, "members": tune.grid_search(packs)},
-            tune_config=tune.TuneConfig(reuse_actors=True),
+            tune_config=tune.TuneConfig(
+                search_alg=StagedSearch(sweep, grid), num_samples=-1, reuse_actors=True
+            ),
             run_config=tune.RunConfig(
-                name=f"{stage}-{digest}",
+                name=f"sweep-{digest}",
                 storage_path=root,
                 storage_filesystem=fs,
                 callbacks=[callback, NodeWait(sweep.node_wait_s, sweep.label)],
@@ -150,7 +202,7 @@ def _fit(sweep: SweepConfig, stage: str, trials: list[dict[str, Any]], callback)
         )
     done, failed = [], []
     for r in tuner.fit():
-        members = r.config["members"]
+        stage, members = r.config["stage"], r.config["members"]
         outcomes = (r.metrics or {}).get("outcomes") if r.error is None else None
         for k, (trial, row) in enumerate(
             zip(members, outcomes or [{}] * len(members), strict=True)
@@ -250,7 +302,9 @@ def _stages(sweep: SweepConfig, run: tracking.Run, callback, base: dict) -> dict
     first = sweep.seeds[0]
     grid = [{"method": m, "lr": lr, "seed": first} for m in sweep.methods for lr in sweep.lr]
     grid = grid if len(sweep.lr) > 1 else []  # one lr: nothing to select
-    done, failed = _fit(sweep, "grid", grid, callback) if grid else ([], [])
+    rows, failed = _fit(sweep, grid, callback)
+    done = [r for r in rows if r["stage"] == "grid"]
+    more = [r for r in rows if r["stage"] == "seeds"]
     one = {m: {"lr": sweep.lr[0], "score": None, "scores_by_lr": {}} for m in sweep.methods}
     picks = select_lr(done) if grid else one
     if not (selection := {m: picks[m] for m in sweep.methods if m in picks}):  # config order
@@ -263,14 +317,6 @@ def _stages(sweep: SweepConfig, run: tracking.Run, callback, base: dict) -> dict
     for label in (trial_label("grid", r) for r in reused):
         if label in ids:
             tracking.existing_run(run.tracking_uri, ids[label]).set_tags({"seed_stage": "true"})
-    seeds = [
-        {"method": m, "lr": p["lr"], "seed": s}
-        for m, p in selection.items()
-        for s in sweep.seeds
-        if not (grid and s == first)
-    ]
-    more, failed_seeds = _fit(sweep, "seeds", seeds, callback) if seeds else ([], [])
-    failed += failed_seeds
     repeats = reused + more
     test = [(r, results.retrieval_metric_names(r["outcome"].get("test", {}))) for r in repeats]
     summary = results.seed_summary(
