@@ -11,9 +11,7 @@ from asymvlm.synthetic import WorldConfig, write_world
 
 
 def pytest_configure(config) -> None:
-    """Under pytest-xdist each test worker owns one core: torch (and, through the environment,
-    every process it starts) computes on one thread, so the workers' thread pools do not fight
-    over the cores."""
+    """Under pytest-xdist each worker (and every process it starts) computes on one thread."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         torch.set_num_threads(1)
@@ -106,9 +104,18 @@ def s3_server(_moto_endpoint, monkeypatch):
 
 
 @pytest.fixture
+def bucket(s3_server):
+    """An s3fs filesystem on the local S3 server, with an empty ``bucket``."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True)
+    fs.mkdir("bucket")
+    return fs
+
+
+@pytest.fixture
 def ray_on_s3_nodes(ray_session, s3_server):
-    """Ray restarted after the S3 settings are in the environment: workers get credentials from
-    their node's environment (as on a cluster), never through a runtime_env."""
+    """Ray restarted with the S3 settings in the environment: workers read credentials there."""
     ray_session.shutdown()
     ray_session.init(num_cpus=2, include_dashboard=False)
     yield s3_server
@@ -118,8 +125,7 @@ def ray_on_s3_nodes(ray_session, s3_server):
 
 @pytest.fixture
 def hierarcaps_standin(tmp_path, monkeypatch) -> None:
-    """The whole demo config validates whether or not the real HierarCaps data is here: a
-    stand-in folder with its csv keeps every part (none is left out, no download is tried)."""
+    """A stand-in HierarCaps folder: the whole demo config validates without the real data."""
     hierarcaps = tmp_path / "hierarcaps-standin"
     (hierarcaps / "images").mkdir(parents=True)
     (hierarcaps / "hierarcaps_test.csv").write_text("")
@@ -128,9 +134,8 @@ def hierarcaps_standin(tmp_path, monkeypatch) -> None:
 
 @pytest.fixture
 def hub_cache(tmp_path, monkeypatch):
-    """An empty Hugging Face cache (``HF_HUB_CACHE``) and no reachable Hub (its URLs point at
-    a closed port on 127.0.0.1); ``hub_cache(repo, *files)`` puts files into the cache, as a
-    download would, so that Hub model names count as there without a network."""
+    """An empty Hugging Face cache and an unreachable Hub; ``hub_cache(repo, *files)`` fills the
+    cache as a download would."""
     import socket
 
     from huggingface_hub import constants

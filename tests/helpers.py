@@ -37,8 +37,7 @@ requires_hierarcaps = pytest.mark.skipif(
 
 
 def hierarcaps_subset(folder: Path, n: int = 6) -> tuple[str, str]:
-    """The first ``n`` HierarCaps hierarchies and their images copied to ``folder``; returns
-    (csv path, image folder)."""
+    """The first ``n`` HierarCaps hierarchies and their images in ``folder``: (csv, images)."""
     import shutil
 
     folder = Path(folder)
@@ -52,8 +51,7 @@ def hierarcaps_subset(folder: Path, n: int = 6) -> tuple[str, str]:
 
 
 def tiny_encoders(folder: Path) -> dict[str, str]:
-    """Tiny random CLIP, SigLIP and open_clip models saved under ``folder``: family -> the model
-    name that loads it."""
+    """Tiny random CLIP, SigLIP and open_clip models under ``folder``: family -> model name."""
     from asymvlm.data.tiny import save_tiny_clip, save_tiny_open_clip, save_tiny_siglip
 
     return {

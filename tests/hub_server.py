@@ -68,8 +68,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @contextmanager
 def serve_hub(monkeypatch) -> Iterator[FakeHub]:
-    """A :class:`FakeHub` on 127.0.0.1 (a free port), ``huggingface_hub``'s Hub until the block
-    ends."""
+    """A :class:`FakeHub` on a free port, ``huggingface_hub``'s Hub until the block ends."""
     from huggingface_hub import constants
 
     hub = FakeHub()

@@ -1,5 +1,4 @@
-"""The public Python API (``asymvlm.train/evaluate/score/load_checkpoint``), the functions the
-command line calls: end to end on a small synthetic world, and equal to the CLI."""
+"""The public Python API end to end on a small synthetic world, equal to the CLI."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The baselines' formulas against scipy, quadrature and Monte Carlo, and what each baseline's
-uncertainty does on small synthetic pairs (probvlm, pfe, pcmepp, prolip, elip)."""
+"""The baselines' formulas against scipy, quadrature and Monte Carlo, and their uncertainties."""
 
 from __future__ import annotations
 
@@ -150,8 +149,7 @@ def test_evidential_loss_is_bayes_risk_plus_weighted_kl() -> None:
     ("name", "ratio", "kwargs"), [("pfe", 5.0, {}), ("probvlm", 1.15, {"cross_weight": 1.0})]
 )
 def test_noisy_captions_get_higher_uncertainty(name: str, ratio: float, kwargs: dict) -> None:
-    """Held-out captions far from their image get wider distributions (ProbVLM through its
-    cross-modal term)."""
+    """Held-out captions far from their image get wider distributions."""
     img, txt, _ = half_noisy_pairs(256, seed=0)
     _, held_out, noisy = half_noisy_pairs(256, seed=100)
     torch.manual_seed(0)

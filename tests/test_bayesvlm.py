@@ -1,5 +1,4 @@
-"""BayesVLM: the KFAC Laplace posterior over the projections, its trace uncertainty and
-ProbCosine, on hand-checked tiny problems and end to end on the synthetic world."""
+"""BayesVLM: the KFAC Laplace posterior, its trace uncertainty and ProbCosine."""
 
 from __future__ import annotations
 
@@ -131,9 +130,7 @@ def test_missing_pre_projection_columns_exit_2(small_world, tmp_path, capsys) ->
 
 
 def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:
-    """Fitted through the CLI on the synthetic world: the checkpoint holds the root's
-    projections and positive prior precisions; evaluate and score read it; inputs without
-    pre-projection features are refused with one line."""
+    """Fitted through the CLI; evaluate and score read it; tables without pre-projection refused."""
     from asymvlm.checkpoints import load_checkpoint
     from asymvlm.errors import ConfigError
     from asymvlm.evaluation import evaluate_retrieval

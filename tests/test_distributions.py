@@ -1,5 +1,4 @@
-"""asymvlm.distributions against mpmath, scipy, the power_spherical package and Monte Carlo
-(paper Sec. 4.2, App. A.1)."""
+"""asymvlm.distributions against mpmath, scipy, power_spherical and Monte Carlo (Sec. 4.2)."""
 
 from __future__ import annotations
 

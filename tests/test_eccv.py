@@ -140,8 +140,7 @@ def _best_eccv() -> dict[str, dict[str, float]]:
 
 
 def _fold_top10(test: eccv.KarpathyTest, bonus: float):
-    """Independent COCO 1K rankings: per query, its fold's 10 best items (COCO ids; the scores
-    have no ties, so ``torch.topk`` ranks them)."""
+    """Per query, its COCO 1K fold's 10 best items (COCO ids; no ties)."""
     t2i, i2t = {}, {}
     for images, captions in test.folds:
         rows, cols = torch.from_numpy(captions), torch.from_numpy(images)

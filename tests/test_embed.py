@@ -1,5 +1,4 @@
-"""The embedding stage (Ray Data) end to end: its tables, job identity, one writer at a time,
-resuming after a lost shard or a SIGKILL, s3://, the data set kinds and open_clip models."""
+"""The embedding stage (Ray Data) end to end: tables, job identity, locks, resume, s3://."""
 
 from __future__ import annotations
 
@@ -346,14 +345,10 @@ def test_local_lock_excludes_other_processes_and_dies_with_its_holder(small, cap
         assert "wait for it to finish or choose another --output" in str(exc.value)
         with storage.OutputLock(root, "train"):  # other splits are free
             pass
-        args = ["--dataset", "hierarcaps", "--annotations", small["annotations"], "--images"]
-        args += [small["images"], "--model", small["model"], "--split", "test"]
-        assert cli_main(["embed", *args, "--output", root]) == 2
+        assert cli_main(["embed", *_args(small, small["model"], root)]) == 2
         err = capsys.readouterr().err.strip()
-        assert (
-            err.startswith(f"error: {root}/test is being written by another job")
-            and "\n" not in err
-        )
+        assert err.startswith(f"error: {root}/test is being written by another job")
+        assert "\n" not in err
         assert not os.path.exists(os.path.join(root, "test", JOB))
     finally:
         child.kill()
@@ -363,20 +358,11 @@ def test_local_lock_excludes_other_processes_and_dies_with_its_holder(small, cap
         pass
 
 
-@pytest.fixture
-def s3(s3_server):
-    """The shared local S3 server (tests/conftest.py), empty, with a bucket."""
-    import s3fs
-
-    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_server}).mkdir("bucket")
-    return s3_server
-
-
 def _lease(**kw) -> storage.OutputLock:
     return storage.OutputLock("s3://bucket/out", "test", settle=0.05, **kw)
 
 
-def test_object_store_lease_refuses_renews_expires_and_is_lost_loudly(s3) -> None:
+def test_object_store_lease_refuses_renews_expires_and_is_lost_loudly(bucket) -> None:
     path, logs = "test/" + storage.LEASE_NAME, []
     first = _lease(ttl=1.0, renew_every=0.2).acquire()
     try:
@@ -457,21 +443,17 @@ def test_sigkilled_embed_resumes_to_the_uninterrupted_result(embedded, models, h
 
 @requires_hierarcaps
 @pytest.mark.slow
-def test_cli_embed_to_s3_takes_credentials_from_the_environment(models, tmp_path, s3) -> None:
-    """The workers of the local Ray that ``asymvlm embed`` starts read the images from s3 with
-    the credentials of the environment (none travel in runtime_env); the lease is released."""
-    import s3fs
-
+def test_cli_embed_to_s3_takes_credentials_from_the_environment(models, tmp_path, bucket) -> None:
+    """Ray workers read s3 with the environment's credentials; the lease is released."""
     hierarcaps_subset(tmp_path / "hc", 4)
-    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3})
-    fs.put(str(tmp_path / "hc") + "/", "bucket/hc/", recursive=True)
+    bucket.put(str(tmp_path / "hc") + "/", "bucket/hc/", recursive=True)
     job = {"annotations": "s3://bucket/hc/hierarcaps_test.csv", "images": "s3://bucket/hc/images"}
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     run = _run(_embed_command(job, models["clip"], "s3://bucket/tables"), env=env)
     assert json.loads(run.stdout)["n_images"] == 4
-    fs.invalidate_cache()
-    assert fs.exists("bucket/tables/test/_JOB.json")
-    assert not fs.exists("bucket/tables/test/_LEASE.json")
-    assert not fs.exists("bucket/tables/_LEASE.manifest.json")
+    bucket.invalidate_cache()
+    assert bucket.exists("bucket/tables/test/_JOB.json")
+    assert not bucket.exists("bucket/tables/test/_LEASE.json")
+    assert not bucket.exists("bucket/tables/_LEASE.manifest.json")
     split = tables.read_split("s3://bucket/tables", "test")
     assert split.n_images == 4 and split.n_texts == 16

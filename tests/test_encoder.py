@@ -1,6 +1,5 @@
-"""The frozen encoders (transformers CLIP / SigLIP, open_clip) against the libraries' own
-processors, tokenizers and models, on tiny random checkpoints built offline and real HierarCaps
-images and captions (the embeddings mean nothing, the plumbing runs on real inputs)."""
+"""The frozen encoders (CLIP, SigLIP, open_clip) against the libraries' own processors and
+models, on tiny random checkpoints and real HierarCaps inputs."""
 
 from __future__ import annotations
 
@@ -82,17 +81,13 @@ def _reference(family: str, name: str, images: list, captions: list[str]):
         else:  # SigLIP: padded to max_length, no attention mask, as it was trained
             tokens = processor.tokenizer(captions, padding="max_length", return_tensors="pt")
             text = model.get_text_features(input_ids=tokens["input_ids"])
-    return (
-        pixels.numpy(),
-        getattr(image, "pooler_output", image),
-        getattr(text, "pooler_output", text),
-    )
+    image, text = (getattr(x, "pooler_output", x) for x in (image, text))
+    return pixels.numpy(), image, text
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_embeddings_are_the_librarys_own(family, models, encoders, data) -> None:
-    """Pixels (encoder, preprocessing-only encoder, the stage's decode step), unit embeddings and
-    raw norms equal the library's processor / transform and projections."""
+    """Pixels, unit embeddings and raw norms equal the library's processor and projections."""
     encoder, name, images = encoders[family], models[family], data["images"]
     pixels, image_raw, text_raw = _reference(family, name, images, data["captions"])
     assert pixels.shape == (len(images), 3, 64, 64)
@@ -125,8 +120,7 @@ def test_embeddings_are_the_librarys_own(family, models, encoders, data) -> None
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_captions_truncated_batched_and_sorted_by_length(family, encoders, data) -> None:
-    """Long captions are cut to the context length; padding does not leak into a batch; the
-    length-sorted chunks of the stage give each caption's own embedding, in order."""
+    """Long captions are cut; padding does not leak; length-sorted chunks keep the order."""
     encoder, captions = encoders[family], data["captions"]
     long_caption = " ".join((captions[-1] + " and a dog").split() * 30)
     tokens = next(iter(encoder.tokenize([long_caption, captions[0]]).values()))
@@ -150,8 +144,7 @@ def test_perturbed_captions_keep_the_clean_text() -> None:
 
 
 def test_provenance(models, encoders, tmp_path) -> None:
-    """The info stored beside the tables: family, dim, precision, preprocessing settings and a
-    hash of the model's files (content, not location; other files ignored)."""
+    """The info stored beside the tables; the hash is of the model files' content."""
     clip = encoders["clip"].info
     assert (clip.model, clip.family, clip.dim, clip.dtype) == (
         models["clip"],
@@ -164,11 +157,8 @@ def test_provenance(models, encoders, tmp_path) -> None:
     assert pre["image_size"] == 64 and pre["max_text_length"] == 77 and len(pre["image_mean"]) == 3
     assert pre["image_backend"] in ("TorchvisionBackend", "PilBackend")  # they resize differently
     oc = encoders["open_clip"].info
-    assert (oc.model, oc.family, oc.preprocessing["size"]) == (
-        models["open_clip"],
-        "open_clip",
-        [64, 64],
-    )
+    assert (oc.model, oc.family) == (models["open_clip"], "open_clip")
+    assert oc.preprocessing["size"] == [64, 64]
     assert oc.files_sha256 == files_sha256(parse_name(models["open_clip"]).local)
     copy = shutil.copytree(models["clip"], tmp_path / "copy")
     (copy / "unrelated.log").write_text("not a model file")
@@ -189,11 +179,8 @@ def test_pre_projection_is_clip_only(encoders, data) -> None:
 
 def test_names_are_taken_apart_and_local_paths_made_absolute(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert parse_name("open_clip:ViT-B-32/laion2b_s34b_b79k")[1:] == (
-        "ViT-B-32",
-        "laion2b_s34b_b79k",
-        None,
-    )
+    parts = parse_name("open_clip:ViT-B-32/laion2b_s34b_b79k")[1:]
+    assert parts == ("ViT-B-32", "laion2b_s34b_b79k", None)
     folder = parse_name("open_clip:local-dir:models/oc")
     assert folder.local == str(tmp_path / "models" / "oc")
     assert folder.name == f"open_clip:local-dir:{tmp_path}/models/oc"

@@ -1,5 +1,4 @@
-"""The exit-code mapping knows the project's error types and the config boundary's validation
-errors; anything else is a bug and shows its traceback."""
+"""The exit-code mapping: the project's errors exit 2, anything else shows its traceback."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Adapters as Hub-style model folders: ``asymvlm export`` (safetensors, config.json, a model
-card), loading them back (folders, ``hf-hub:`` names through a stand-in Hub on 127.0.0.1), the
-refusal of a folder holding a pickle, and the adapter as an MLflow model (embeddings in)."""
+"""Adapters as Hub-style model folders: ``asymvlm export``, loading back, ``hf-hub:``, MLflow."""
 
 from __future__ import annotations
 

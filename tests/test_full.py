@@ -55,8 +55,7 @@ def test_demo_config_resolves_and_its_finished_stages_are_skipped(
 
 
 def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypatch, caplog):
-    """No local copy, an empty cache and no network: the HierarCaps items (and the evaluations
-    of the sweep that needs it) are left out, with one line saying so; what stays validates."""
+    """No HierarCaps and no network: its items are left out with one line; the rest validates."""
     import socket
 
     from asymvlm.data import demo_sets, hierarcaps_fetch
@@ -108,8 +107,7 @@ def test_bad_configs_fail_naming_the_problem(tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize("name", ["coco", "flickr30k", "cc200k", "paper", "synthetic-full"])
 def test_shipped_pipeline_configs_resolve(name, tmp_path, hierarcaps_standin, hub_cache) -> None:
-    """The paper's protocol; synthetic-full (docs/synthetic-full/) sweeps every method of the
-    registry on a world with the pre-projection features bayesvlm needs."""
+    """The paper's protocol and synthetic-full (every registered method) resolve."""
     from asymvlm.methods import METHODS
 
     for repo in ("openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"):
@@ -145,8 +143,7 @@ def _prepare_config(tmp_path, synthetic: str, evaluations: str = "[]") -> str:
 
 
 def test_prepare_writes_the_preset_world_and_its_classification_sets(tmp_path, caplog) -> None:
-    """``preset`` + overrides + ``classes``: the world and the sets next to it, readable by the
-    evaluations that name them; a second run writes nothing."""
+    """The preset world and its classification sets; a second run writes nothing."""
     from asymvlm.evaluation.suite import load_classification
     from asymvlm.synthetic import WorldConfig
 

@@ -1,5 +1,4 @@
-"""HierarCaps downloads (asymvlm.data.hierarcaps_fetch) from a local HTTP server (127.0.0.1)
-serving the first rows of the real csv and their images; it records the requests."""
+"""HierarCaps downloads from a local HTTP server serving the first rows of the real csv."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ def cache(monkeypatch, tmp_path) -> Path:
 
 @pytest.fixture
 def served(tmp_path, monkeypatch):
-    """(folder, {csv, images} URLs, requests) of a server of the first ``N`` rows and their
-    images, set as the sources."""
+    """(folder, {csv, images} URLs, requests) of a server of the first ``N`` rows."""
     folder = tmp_path / "served"
     csv_path, _ = hierarcaps_subset(folder, n=N)
     monkeypatch.setattr(hierarcaps_fetch, "CSV_SHA256", sha256(Path(csv_path)))

@@ -1,5 +1,4 @@
-"""A Hub model that cannot be had here is named before any worker starts, with the reason and
-exit 2. The Hub is a stand-in on 127.0.0.1 (or a closed port); the cache a temporary folder."""
+"""A Hub model that cannot be had is named before any worker starts, with exit 2."""
 
 from __future__ import annotations
 

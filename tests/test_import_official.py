@@ -1,6 +1,4 @@
-"""``asymvlm import-official``: a checkpoint of the authors' train.py (``torch.save`` of the
-adaptor's state dict, float32) becomes a checkpoint of this project that ``asymvlm score`` and
-``evaluate`` read, giving the authors' numbers (the conformance vectors, tests/conformance.py)."""
+"""``asymvlm import-official``: an authors' checkpoint scored and evaluated with their numbers."""
 
 from __future__ import annotations
 
@@ -38,14 +36,9 @@ def _test_table(root: str, inputs) -> None:
     ids = {"image_ids": [f"i{i}" for i in range(len(images))], "texts": ["x"] * len(texts)}
     ids |= {"caption_ids": [f"c{i}" for i in range(len(texts))]}
     ids["caption_image_ids"] = [f"i{i}" for i in inputs["input/test_caption_image_index"]]
-    unit_images = images / np.linalg.norm(images, axis=1, keepdims=True)
+    ids["image_embeddings"] = images / np.linalg.norm(images, axis=1, keepdims=True)
     tables.write_split(
-        root,
-        "test",
-        **ids,
-        image_embeddings=unit_images,
-        text_embeddings=texts / norms[:, None],
-        text_norms=norms,
+        root, "test", **ids, text_embeddings=texts / norms[:, None], text_norms=norms
     )
 
 

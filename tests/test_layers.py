@@ -1,5 +1,4 @@
-"""What ``lint-imports`` cannot see: the CLI (whose ``embed`` imports the Ray layer inside a
-function) builds its whole parser without importing Ray."""
+"""What ``lint-imports`` cannot see: the CLI builds its parser without importing Ray."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The method registry, the interface every method keeps, and AsymVLM (Sec. 4, 5.2, App. A)
-and the deterministic references against formulas written out here and torch.distributions."""
+"""The method registry, the method interface, AsymVLM (Sec. 4, 5.2, App. A) and the references."""
 
 from __future__ import annotations
 
@@ -264,8 +263,7 @@ def test_asymvlm_gauss() -> None:
 
 
 def test_deterministic_references() -> None:
-    """``clip``: the frozen cosine, no parameters; ``determ-ft``: the adapter's cosine and
-    InfoNCE over it at tau = 1/0.07."""
+    """``clip``: the frozen cosine; ``determ-ft``: the adapter's cosine, InfoNCE at tau = 1/0.07."""
     img, txt = pairs64(16)
     clip = build_method("clip", D)
     assert not clip.trainable and list(clip.parameters()) == []
@@ -282,8 +280,7 @@ def test_deterministic_references() -> None:
 
 @pytest.mark.parametrize("name", ["asymvlm-vmf", "asymvlm-ps-siglip", "symvlm"])
 def test_bf16_autocast_loss_matches_fp32_at_d512(name: str) -> None:
-    """The normalisers (~1e3 nats at d=512) stay in float32 under autocast (CPU autocast casts
-    like CUDA's); only the matmuls run in bf16."""
+    """The normalisers stay in float32 under autocast; only the matmuls run in bf16."""
     torch.manual_seed(0)
     img, txt = rotated_pairs(128, d=512, seed=2, scale=8.0)
     model = build_method(name, 512, hidden_dim=128, depth=2)

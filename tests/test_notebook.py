@@ -1,5 +1,4 @@
-"""The quickstart notebook: stripped, in step with its jupytext script, public names only, and
-executed (offline, on the synthetic world) with its figures written."""
+"""The quickstart notebook: stripped, in step with its script, and executed offline."""
 
 from __future__ import annotations
 
@@ -60,17 +59,12 @@ def test_the_notebook_runs_offline(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("QUICKSTART_FIGURES", str(tmp_path / "figures"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
+    resources = {"metadata": {"path": str(tmp_path)}}
     nbclient.NotebookClient(
-        notebook,
-        timeout=600,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(tmp_path)}},
+        notebook, timeout=600, kernel_name="python3", resources=resources
     ).execute()
-    assert sorted(os.listdir(tmp_path / "figures")) == [
-        "binned_recall.png",
-        "risk_coverage.png",
-        "uncertainty_by_level.png",
-    ]
+    figures = ["binned_recall.png", "risk_coverage.png", "uncertainty_by_level.png"]
+    assert sorted(os.listdir(tmp_path / "figures")) == figures
     text = "".join(
         o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs
     )

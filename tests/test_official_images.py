@@ -1,6 +1,4 @@
-"""protocol official: PFE* and ProbVLM take the raw image projection (the authors' embedding
-cache keeps it and those two ports do not normalise it); every other method, and every method
-under improved, takes the unit image embedding."""
+"""Protocol official: PFE* and ProbVLM take the raw image projection, all else unit images."""
 
 from __future__ import annotations
 
@@ -50,8 +48,7 @@ def test_only_official_pfe_and_probvlm_take_raw_images(normed_world, small_world
 
 @pytest.mark.parametrize("name", sorted(RAW))
 def test_training_and_evaluation_see_the_raw_images(name, normed_world, tmp_path) -> None:
-    """Trained on the raw rows: the loss of the first batch is the loss of the raw images (and
-    not of the unit ones); a saved checkpoint comes back official and encodes raw rows."""
+    """Trained and saved on the raw image rows; the checkpoint comes back official."""
     from asymvlm.evaluation.retrieval import encode_split
 
     data = load_split(normed_world, "train")

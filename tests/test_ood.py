@@ -74,17 +74,9 @@ def _pair(tmp_path, noise: float, kappa_scale: float = 1.0):
         texts /= np.linalg.norm(texts, axis=1, keepdims=True)
         root = str(tmp_path / name)
         tables.write_manifest(root, {"dim": d, "model": "hand-built"})
-        tables.write_split(
-            root,
-            "test",
-            image_ids=ids,
-            image_embeddings=images,
-            caption_ids=[f"c{k}" for k in range(n)],
-            caption_image_ids=ids,
-            texts=["x"] * n,
-            text_embeddings=texts,
-            text_norms=np.full(n, 20.0 * scale),
-        )
+        captions = dict(caption_ids=[f"c{k}" for k in range(n)], caption_image_ids=ids)
+        text = dict(texts=["x"] * n, text_embeddings=texts, text_norms=np.full(n, 20.0 * scale))
+        tables.write_split(root, "test", image_ids=ids, image_embeddings=images, **captions, **text)
     return load_split(str(tmp_path / "clean"), "test"), load_split(str(tmp_path / "typos"), "test")
 
 

@@ -187,8 +187,7 @@ def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(small_worl
 
 
 def test_a_pack_never_streams_it_says_so(small_world, tmp_path) -> None:
-    """A pack holds its split in memory: ``stream: always`` is refused, and so is ``auto`` for a
-    split that would stream."""
+    """A pack holds its split in memory: streaming is refused."""
     from pipelines.schema import sweep_config
 
     doc = dict(embeddings=small_world, methods=["asymvlm-vmf"], lr=[1e-3, 1e-2], seeds=[0])

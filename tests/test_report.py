@@ -1,5 +1,4 @@
-"""Evaluation runs in MLflow -> report.md with the paper's tables, figures, paper numbers and
-claims judged by their rule (:mod:`asymvlm.claims`)."""
+"""MLflow evaluation runs -> report.md: the paper's tables, figures and claims (asymvlm.claims)."""
 
 from __future__ import annotations
 
@@ -194,8 +193,7 @@ def _with_input(method, adapter_input: str = "raw"):
 
 
 def _classification(root: str, offset: int, seed: int) -> None:
-    """5 images of each of 3 classes near basis vector ``offset + class``; the class prompts on
-    the first 3 basis vectors and the dummy "a photo" between them."""
+    """15 images of 3 classes near basis vectors ``offset + class``; class and dummy prompts."""
     labels = np.repeat(np.arange(3), 5)
     emb = np.eye(8)[labels + offset] + 0.2 * np.random.default_rng(seed).standard_normal((15, 8))
     prompt = np.vstack([np.eye(8)[:3], np.full((1, 8), 1 / np.sqrt(8))])
@@ -262,8 +260,7 @@ def _test_results(r1: float, auroc: float, aurc: float, ece: float, rsum: float)
 
 
 def _log_sweep(uri: str, exp: str, name: str, trials: list[tuple], protocol: str | None) -> None:
-    """A sweep run as the report reads it: a parent ``kind=sweep`` and one seed run per trial
-    (method, test results) with its ``results.json``."""
+    """A parent ``kind=sweep`` run and one seed run per (method, test results)."""
     from asymvlm import tracking
 
     params = {"dataset": "synthetic", "embedding_model": "tiny"}
@@ -387,8 +384,7 @@ def _seed_rows(method: str, uncertainty, seeds: int = 2) -> list[dict]:
 
 
 def test_a_constant_uncertainty_is_undefined_in_table1_and_not_judged(plugin) -> None:
-    """A constant uncertainty: its S, R², AUROC ... show "–" and it enters no claim; R@1 and
-    ECE stay; a method that declares no role still has its row."""
+    """A constant uncertainty's columns show "–" and enter no claim; R@1 and ECE stay."""
     paired = lambda seed, s: -s.diagonal()  # noqa: E731 -- uncertain where the pair scores low
     rows = _seed_rows("asymvlm-vmf", paired) + _seed_rows("vmf-const", lambda *_: torch.ones(60))
     rows += _seed_rows("no-roles", paired, seeds=1)
@@ -419,8 +415,7 @@ def test_an_undefined_seed_value_is_left_out_of_mean_and_std() -> None:
 
 
 def test_methods_enter_the_ablation_figure_and_claims_by_their_roles(plugin) -> None:
-    """Fig. 4: the methods declaring ``ablation_of`` and the method they ablate, in table
-    order; a plugin judged by the claims without paper numbers gets "–" for them."""
+    """Fig. 4 and the claims by ``Roles``; a plugin without paper numbers gets "–"."""
     results = dict.fromkeys(["determ-ft", "symvlm", "asymvlm-vmf", "vmf-const", "unknown", "clip"])
     assert list(report._ablations(results)) == ["symvlm", "asymvlm-vmf", "vmf-const"]
     assert list(report._ablations({"determ-ft": 0, "unknown": 0})) == []

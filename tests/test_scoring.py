@@ -1,5 +1,4 @@
-"""Text in, uncertainty out: asymvlm.Scorer, `asymvlm score-text`, the MLflow text model and Ray
-Serve against `asymvlm score` on tables the embedding stage wrote with a tiny, random CLIP."""
+"""Text in, uncertainty out: Scorer, score-text, the MLflow text model and Ray Serve."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ CAPTIONS = ["a dog", "a golden retriever catching a red frisbee", "a red bus"]
 
 @pytest.fixture(scope="module")
 def trained(ray_session, tmp_path_factory) -> dict[str, Any]:
-    """Tables embedded by `asymvlm embed` with a tiny CLIP, an adapter trained on them, its
-    `asymvlm score` table and its scorer."""
+    """Tables embedded with a tiny CLIP, an adapter trained on them, its scores and scorer."""
     from asymvlm.data.tiny import save_tiny_clip
 
     base = tmp_path_factory.mktemp("scoring")
@@ -172,8 +170,7 @@ def test_the_encoder_is_found_or_the_error_says_what_to_do(
 
 
 def test_the_logged_mlflow_models_give_the_numbers_of_score_text(trained, tmp_path) -> None:
-    """A trial's models: the adapter folder behind runs:/ and the text model (captions in, the
-    Scorer's numbers out; a bad caption an MlflowException naming the row)."""
+    """A trial's adapter (runs:/) and text model give the Scorer's numbers."""
     import mlflow
     import pandas as pd
     from mlflow.exceptions import MlflowException
@@ -253,16 +250,9 @@ def served(trained):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = ServeConfig(
-        checkpoint=trained["checkpoint"],
-        device="cpu",
-        port=port,
-        name="test-scorer",
-        max_caption_chars=200,
-        max_captions=50,
-        max_batch_size=8,
-        batch_wait_timeout_s=0.05,
-    )
+    limits = dict(max_caption_chars=200, max_captions=50, max_batch_size=8)
+    rest = dict(batch_wait_timeout_s=0.05, name="test-scorer", device="cpu")
+    cfg = ServeConfig(checkpoint=trained["checkpoint"], port=port, **limits, **rest)
     assert check(cfg)["method"] == "asymvlm-vmf"
     try:
         yield deploy(cfg), port
@@ -321,8 +311,7 @@ def test_serve_refuses_a_bad_checkpoint_before_deploying(tmp_path, capsys) -> No
 
 
 def test_serve_stops_its_own_app_on_sigterm(trained, served, ray_session, tmp_path) -> None:
-    """`python pipelines/serve.py`, joining the cluster where another app is served, serves
-    until SIGTERM, then deletes its own app only and exits with one line."""
+    """On SIGTERM ``pipelines/serve.py`` deletes its own app only and exits with one line."""
     url, port = served
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     script = os.path.join(os.path.dirname(os.path.dirname(__file__)), "pipelines", "serve.py")

@@ -1,5 +1,4 @@
-"""The storage layer: local paths and object-store URIs in one place, retried through an object
-store that stumbles (:mod:`tests.faults`) with nothing half-written; sweeps write there."""
+"""The storage layer: local paths and object-store URIs, retried through a flaky store."""
 
 from __future__ import annotations
 
@@ -16,15 +15,6 @@ from asymvlm.synthetic import write_world
 from pipelines import schema
 from tests.conftest import small_world_config
 from tests.faults import FlakyProxy
-
-
-@pytest.fixture
-def bucket(s3_server):
-    import s3fs
-
-    fs = s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True)
-    fs.mkdir("bucket")
-    return fs
 
 
 @pytest.fixture
@@ -51,8 +41,7 @@ def test_local_paths_and_uris(tmp_path) -> None:
 
 
 def test_s3_files_and_a_record_rewritten_while_it_is_read(bucket) -> None:
-    """Another process rewriting a JSON record (a renewed lease, sweep.json) never makes a
-    concurrent read fail: it sees the old or the new content."""
+    """A JSON record rewritten by another process reads as the old or the new content."""
     path, fs = storage.ray_storage("s3://bucket/run/ray")  # the endpoint: AWS_ENDPOINT_URL
     assert path == "bucket/run/ray" and fs.get_file_info("bucket").type == pafs.FileType.Directory
     assert storage.uri_of(fs, path) == "s3://bucket/run/ray"
@@ -83,8 +72,7 @@ def test_s3_files_and_a_record_rewritten_while_it_is_read(bucket) -> None:
 def test_tables_records_and_checkpoints_survive_a_third_of_the_requests_failing(
     flaky, bucket
 ) -> None:
-    """Tables, records and Ray's checkpoints (through ``ray_storage``'s filesystem) are written
-    and read through the retries; no temporary object is left."""
+    """Tables, records and Ray checkpoints through the retries; no temporary object left."""
     flaky.fail(share=0.3, seconds=600)
     root = write_world("s3://bucket/world", small_world_config(dim=8, splits={"train": 60}))
     storage.write_json(root, "records/one.json", {"epoch": 3})
@@ -148,8 +136,7 @@ def test_an_object_store_output_needs_a_tracking_server_and_shared_storage(
 
 @pytest.mark.slow
 def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, bucket, tmp_path) -> None:
-    """Tune state, trial checkpoints, the sweep record and summary land in the bucket; the
-    adapter logged to MLflow is read back from the checkpoint in the bucket."""
+    """Tune state, checkpoints, the sweep record and the logged adapter all in the bucket."""
     import mlflow
     import pandas as pd
 

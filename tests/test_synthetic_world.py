@@ -1,6 +1,4 @@
-"""The synthetic world's tables: the recorded worlds unchanged, later knobs on streams of their
-own, blocked writing, word and generic captions, classification sets, domains, presets and the
-CLI (:mod:`asymvlm.synthetic`)."""
+"""The synthetic world (:mod:`asymvlm.synthetic`): tables, knobs, classification sets, CLI."""
 
 from __future__ import annotations
 
@@ -42,8 +40,7 @@ from tests.world_fingerprint import OLD_WORLDS, RECORDED, compare, fingerprint_w
 
 @pytest.mark.parametrize("name", sorted(OLD_WORLDS))
 def test_worlds_of_the_old_knobs_are_those_the_old_code_wrote(name, tmp_path) -> None:
-    """Every table and manifest of a recorded world and its classification sets; the far
-    negatives are the one set written beside them."""
+    """Every table and manifest; the far negatives are the one set written beside them."""
     with open(RECORDED) as fh:
         want = json.load(fh)[name]
     got = fingerprint_world(name, str(tmp_path))
@@ -52,9 +49,7 @@ def test_worlds_of_the_old_knobs_are_those_the_old_code_wrote(name, tmp_path) ->
 
 
 def test_generic_captions_replace_a_share_of_the_train_captions() -> None:
-    """A share p of the captions (within 4 standard errors) become generic: level -1, a text of
-    GENERIC_TEXTS, meaning the hierarchy's root; every other caption, image and norm is that of
-    the world without them."""
+    """A share p (within 4 SE) become generic captions at the root; all else is unchanged."""
     p, knobs = 0.05, dict(block_images=300, finetune_roots=4, domain_misalignment=0.5)
     cfg = small_world_config(splits={"train": 2000}, caption_words=True, **knobs)
     world = SyntheticWorld(replace(cfg, generic_captions=p))
@@ -73,8 +68,6 @@ def test_generic_captions_replace_a_share_of_the_train_captions() -> None:
 
 
 def test_knobs_are_recorded_when_set_and_later_ones_leave_the_world_alone(tmp_path) -> None:
-    """Later knobs at their defaults leave the manifest as it was; set, they are recorded and
-    read back, and word captions change only the texts; out of range is refused."""
     plain = write_world(str(tmp_path / "plain"), small_world_config())
     later = {"block_images", "caption_words", "pre_dim", "level_probs", "generic_captions"}
     assert not later & set(tables.read_manifest(plain).extra["world"])
@@ -99,9 +92,7 @@ def test_knobs_are_recorded_when_set_and_later_ones_leave_the_world_alone(tmp_pa
 
 
 def test_far_negatives_contain_no_positive_concept(tmp_path) -> None:
-    """Far negatives' classes sit under level-0 concepts holding no positive class (in the
-    demo's world: the 2 zero-shot roots) and their images are nearest those; the sibling
-    negatives share roots with the positives."""
+    """Far negatives sit under the roots holding no positive class; sibling negatives do not."""
     cfg = replace(PRESETS["demo"], splits={"train": 10})
     world = SyntheticWorld(cfg)
     spec = ClassificationSpec(positives=50, negatives=200, zeroshot=20)
@@ -119,8 +110,7 @@ def test_far_negatives_contain_no_positive_concept(tmp_path) -> None:
 
 
 def test_the_presets_frozen_encoder_is_well_aligned_on_the_zeroshot_domain(tmp_path) -> None:
-    """F: without the shared rotation the frozen model classifies the zero-shot domain well, so
-    fine-tuning can only lose there; with a shared rotation of 1 rad it could gain."""
+    """F: without the shared rotation the frozen model is good on the zero-shot domain."""
     accuracy = {}
     for mis in (0.0, 1.0):
         cfg = replace(PRESETS["demo"], splits={"train": 10}, misalignment=mis)
@@ -136,24 +126,14 @@ def test_the_presets_frozen_encoder_is_well_aligned_on_the_zeroshot_domain(tmp_p
 
 
 def test_generic_captions_give_the_dummy_prompts_a_low_kappa(tmp_path, one_thread) -> None:
-    """The mechanism of U on a trained adapter (the demo's world): with generic captions, generic
-    captions and every dummy prompt get a lower kappa than the class prompts; without them (G)
-    the ReLU adapter extrapolates and a dummy prompt gets a higher kappa."""
+    """U: generic captions lower the dummy prompts' kappa below the class prompts' (G: above)."""
     groups = {}
     for p in (PRESETS["demo"].generic_captions, 0.0):
         cfg = replace(PRESETS["demo"], generic_captions=p)
         root = write_world(str(tmp_path / f"p{p}"), cfg)
         sets = write_classification_sets(root, cfg, ClassificationSpec(positives=50, negatives=50))
-        train_cfg = TrainConfig(
-            method="asymvlm-vmf",
-            epochs=12,
-            lr=2e-3,
-            optimizer="adamw",
-            batch_size=256,
-            hidden_dim=128,
-            seed=0,
-            device="cpu",
-        )
+        kw = dict(method="asymvlm-vmf", epochs=12, lr=2e-3, optimizer="adamw", batch_size=256)
+        train_cfg = TrainConfig(**kw, hidden_dim=128, device="cpu")
         torch.manual_seed(0)
         method, _ = train(root, "train", train_cfg, output=None, progress=False)
         groups[p] = kappa_by_group(method, root, sets["positives"])
@@ -166,8 +146,7 @@ def test_generic_captions_give_the_dummy_prompts_a_low_kappa(tmp_path, one_threa
 
 
 def test_level_probs_set_the_level_frequencies() -> None:
-    """Each level's frequency within 4 standard errors of its probability (20,000 captions);
-    images come before the levels in the stream, so they are those of the uniform world."""
+    """Level frequencies within 4 SE of their probabilities; images as in the uniform world."""
     knobs = {"splits": {"train": 4000}, "captions_per_image": 5}
     mixed = SyntheticWorld(small_world_config(**knobs, level_probs=COCO_LEVEL_PROBS))
     got = mixed.sample_split("train", 4000)
@@ -186,8 +165,7 @@ def test_level_probs_set_the_level_frequencies() -> None:
 
 
 def test_a_blocked_world_is_written_in_whole_blocks_per_part(tmp_path) -> None:
-    """Blocks are other draws of the same process (ids run on); parts of whole blocks read
-    back as the one-part tables and as the split drawn in memory."""
+    """Parts of whole blocks read back as the one-part tables and as the split drawn in memory."""
     cfg = small_world_config(block_images=64, caption_words=True, pre_dim=24, splits={"train": 500})
     one = write_world(str(tmp_path / "one"), cfg, shard_images=10_000)
     many = write_world(str(tmp_path / "many"), cfg, shard_images=128)
@@ -207,8 +185,7 @@ def test_a_blocked_world_is_written_in_whole_blocks_per_part(tmp_path) -> None:
 
 
 def test_writing_a_blocked_world_bounds_peak_memory(tmp_path) -> None:
-    """tracemalloc (numpy's allocations): drawn in blocks, the writer's peak stays near one
-    block and does not grow with the split."""
+    """tracemalloc: drawn in blocks, the writer's peak does not grow with the split."""
     write_world(str(tmp_path / "warm"), WorldConfig(dim=64, splits={"train": 300}))  # imports
     peaks = {}
     for n in (1500, 3000):
@@ -249,9 +226,8 @@ def test_classification_sets_validate_and_their_concepts_are_apart(class_sets) -
         n_classes = len(tables.read_manifest(roots[role]).extra["classification"]["concepts"])
         assert data.image_emb.shape == (n, 32)
         assert sorted(data.labels.unique().tolist()) == list(range(n_classes))
-        assert data.class_prompts("raw").inputs.shape[0] == n_classes * len(
-            ClassificationSpec().templates
-        )
+        n_prompts = n_classes * len(ClassificationSpec().templates)
+        assert data.class_prompts("raw").inputs.shape[0] == n_prompts
         assert list(data.dummy_inputs("raw")) == list(DUMMY_PROMPTS)
         torch.testing.assert_close(data.image_emb.norm(dim=1), torch.ones(n))
     world = SyntheticWorld(cfg)
@@ -266,19 +242,13 @@ def test_classification_sets_validate_and_their_concepts_are_apart(class_sets) -
 def _accuracy(data, rotate: np.ndarray | None = None) -> float:
     """CLIP's prompt-ensemble accuracy; ``rotate`` undoes an encoder error on the prompts."""
     p = data.class_prompts("unit")
-    inputs = (
-        p.inputs
-        if rotate is None
-        else torch.as_tensor(p.inputs.numpy() @ rotate, dtype=torch.float32)
-    )
+    inputs = p.inputs if rotate is None else (p.inputs.double() @ torch.from_numpy(rotate)).float()
     prompts = ClassPrompts(inputs=inputs, class_index=p.class_index, n_classes=p.n_classes)
     return zero_shot_accuracy(build_method("clip", 32), data.image_emb, data.labels, prompts)
 
 
 def test_class_prompts_dummies_and_domains_mean_what_they_say(class_sets) -> None:
-    """Prompts name their classes once the encoder's error is undone; dummies sit at the root;
-    D: the fine-tuning correction is exact on its domain, partial on the other, and with a
-    larger domain part it hurts there."""
+    """Prompts name their classes; dummies sit at the root; D: the correction is domain-bound."""
     cfg, roots = class_sets
     world = SyntheticWorld(cfg)
     pos = load_classification(roots["positives"], "test")
@@ -293,9 +263,7 @@ def test_class_prompts_dummies_and_domains_mean_what_they_say(class_sets) -> Non
 
     def cosines(world: SyntheticWorld, domain: int) -> tuple[float, float]:
         y = world.encode_text(x, domain)
-        return float(np.mean(np.sum(y * x, 1))), float(
-            np.mean(np.sum((y @ world.text_map(0)) * x, 1))
-        )
+        return np.sum(y * x, 1).mean(), np.sum((y @ world.text_map(0)) * x, 1).mean()
 
     (f0, t0), (f1, t1) = cosines(world, 0), cosines(world, 1)  # shared 1.0 rad, own 0.5 rad
     assert t0 == pytest.approx(1.0) and 0.4 < f0 < 0.55 and 0.4 < f1 < 0.55 and f1 + 0.2 < t1 < 0.9
@@ -323,11 +291,8 @@ def test_presets() -> None:
     assert PRESETS["demo"].level_probs == coco.level_probs == (0.05, 0.15, 0.30, 0.50)
     demo = WorldConfig.preset("demo", seed=3)
     assert demo.seed == 3 and PRESETS["demo"].seed == 0
-    assert (demo.dim, demo.captions_per_image, demo.splits) == (
-        32,
-        4,
-        {"train": 1500, "val": 300, "test": 300},
-    )
+    splits = {"train": 1500, "val": 300, "test": 300}
+    assert (demo.dim, demo.captions_per_image, demo.splits) == (32, 4, splits)
     assert (demo.generic_captions, demo.misalignment) == (0.004, 0.0)
     with pytest.raises(ValueError, match="unknown world preset"):
         WorldConfig.preset("imagenet")
@@ -335,32 +300,17 @@ def test_presets() -> None:
 
 def test_the_cli_writes_a_preset_its_knobs_and_its_sets(tmp_path, capsys) -> None:
     flags = "--preset demo --generic-captions 0.02 --misalignment 0.3 --train-images 50"
-    assert (
-        main(["--output", str(tmp_path / "w"), *flags.split(), "--classes", "--class-images", "30"])
-        == 0
-    )
+    flags += " --classes --class-images 30"
+    assert main(["--output", str(tmp_path / "w"), *flags.split()]) == 0
     assert "wrote positives" in capsys.readouterr().out
     cfg = WorldConfig.from_manifest(str(tmp_path / "w"))
-    assert (cfg.generic_captions, cfg.misalignment, cfg.level_probs) == (
-        0.02,
-        0.3,
-        COCO_LEVEL_PROBS,
-    )
+    knobs = (cfg.generic_captions, cfg.misalignment, cfg.level_probs)
+    assert knobs == (0.02, 0.3, COCO_LEVEL_PROBS)
     assert tables.read_split(str(tmp_path / "w"), "train").n_texts == 200
     main(["--output", str(tmp_path / "w"), "--only-classes", "--class-images", "20"])
     assert load_classification(str(tmp_path / "w-positives"), "test").labels.shape == (20,)
-    main(
-        [
-            "--output",
-            str(tmp_path / "u"),
-            "--preset",
-            "demo",
-            "--level-probs",
-            "uniform",
-            "--train-images",
-            "10",
-        ]
-    )
+    flags = "--preset demo --level-probs uniform --train-images 10"
+    main(["--output", str(tmp_path / "u"), *flags.split()])
     assert WorldConfig.from_manifest(str(tmp_path / "u")).level_probs is None
     assert main(["--output", str(tmp_path / "x"), "--level-probs", "0.5,0.6,0,0"]) == 2
     assert main(["--output", str(tmp_path / "x"), "--generic-captions", "2"]) == 2

@@ -1,6 +1,5 @@
-"""The embedding-table contract (asymvlm.tables): round trips, every refusal naming its file, row
-and id, the files of a folder read as one, atomic writes, lean loading (one float32 copy, raw
-inputs in place) and the projection file."""
+"""The embedding-table contract (asymvlm.tables): round trips, refusals, atomic writes, lean
+loading and the projection file."""
 
 from __future__ import annotations
 
@@ -96,26 +95,16 @@ def test_round_trip_over_several_parts(root: str) -> None:
     a, b = _data(), _data(seed=1, n_img=4, n_txt=6, tag="b")
     write_split(root, "test", **a)
     write_split(root, "test", **b, part="part-00001")
+    second = _file(root, "images", 1)
     for name in ("embedding", "image_features_pre"):
-        _rewrite(
-            _file(root, "images", 1),
-            **{name: _listed(pq.read_table(_file(root, "images", 1))[name].to_pylist())},
-        )
+        _rewrite(second, **{name: _listed(pq.read_table(second)[name].to_pylist())})
     write_split(root, "train", **_data(pre=False))
     s = read_split(root, "test")
     assert s.image_ids == a["image_ids"] + b["image_ids"]
-    assert (s.caption_ids, s.texts) == (
-        a["caption_ids"] + b["caption_ids"],
-        a["texts"] + b["texts"],
-    )
-    for key in (
-        "image_embeddings",
-        "text_embeddings",
-        "text_norms",
-        "image_norms",
-        "image_features_pre",
-        "text_features_pre",
-    ):
+    assert s.caption_ids == a["caption_ids"] + b["caption_ids"]
+    assert s.texts == a["texts"] + b["texts"]
+    matrices = "image_embeddings text_embeddings text_norms image_norms image_features_pre"
+    for key in [*matrices.split(), "text_features_pre"]:
         got = getattr(s, key)
         assert got.dtype == np.float32 and got.flags.writeable and got.flags.c_contiguous, key
         np.testing.assert_array_equal(got, np.concatenate([a[key], b[key]]), err_msg=key)
@@ -164,9 +153,8 @@ def test_manifest_errors_and_listing(tmp_path: Path) -> None:
     write_manifest(local.as_uri(), {"dim": DIM, "model": "m", "pre_dim": PRE})
     write_split(local.as_uri(), "val", **_data())
     assert list_splits(local.as_uri()) == ["val"]
-    assert (
-        read_split(local.as_uri(), "val").caption_ids == read_split(str(local), "val").caption_ids
-    )
+    uri, path = read_split(local.as_uri(), "val"), read_split(str(local), "val")
+    assert uri.caption_ids == path.caption_ids
 
 
 def _corrupt(path: str, column: str, row: int, value) -> None:
@@ -299,23 +287,22 @@ def test_load_split_makes_raw_inputs_in_place_and_views_the_arrays(root: str) ->
 
 
 def test_reading_allocates_the_matrices_about_once(tmp_path: Path) -> None:
-    """numpy's and Python's allocations (tracemalloc) while ``load_split`` reads a table and
-    makes the raw text inputs: about the float32 matrices once, plus the strings."""
+    """tracemalloc while ``load_split`` reads a table: the float32 matrices once, plus strings."""
     rng = np.random.default_rng(2)
     dim, n_img, n_cap = 128, 2000, 5
     root = str(tmp_path / "mid")
     tables.write_manifest(root, {"dim": dim, "model": "m"})
-    ids = [f"i{i}" for i in range(n_img)]
+    ids, n_txt = [f"i{i}" for i in range(n_img)], n_img * n_cap
+    texts = [f"t{j}" for j in range(n_txt)]
+    owners = [ids[j // n_cap] for j in range(n_txt)]
+    images = dict(image_ids=ids, image_embeddings=_unit(rng, n_img, dim))
+    captions = dict(caption_ids=texts, caption_image_ids=owners, texts=texts)
+    text = dict(text_embeddings=_unit(rng, n_txt, dim), text_norms=rng.uniform(5, 9, n_txt))
+    tables.write_split(root, "s", **images, **captions, **text)
+    captions["caption_image_ids"] = [ids[j // n_cap] for j in range(n_txt)]
+    captions |= dict(text_embeddings=_unit(rng, n_txt, dim), text_norms=rng.uniform(5, 9, n_txt))
     tables.write_split(
-        root,
-        "s",
-        image_ids=ids,
-        image_embeddings=_unit(rng, n_img, dim),
-        caption_ids=[f"c{j}" for j in range(n_img * n_cap)],
-        caption_image_ids=[ids[j // n_cap] for j in range(n_img * n_cap)],
-        texts=[f"t{j}" for j in range(n_img * n_cap)],
-        text_embeddings=_unit(rng, n_img * n_cap, dim),
-        text_norms=rng.uniform(5, 9, n_img * n_cap),
+        root, "s", image_ids=ids, image_embeddings=_unit(rng, n_img, dim), **captions
     )
     matrices = (n_img + n_img * n_cap) * dim * 4  # 6.1 MB
     load_split(root, "s")  # imports and first-call caches
@@ -333,10 +320,7 @@ def test_reading_allocates_the_matrices_about_once(tmp_path: Path) -> None:
 def test_projection_file(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     root = str(tmp_path / "p")
     if where == "s3":
-        import s3fs
-
-        server = request.getfixturevalue("s3_server")
-        s3fs.S3FileSystem(client_kwargs={"endpoint_url": server}).mkdir("bucket")
+        request.getfixturevalue("bucket")
         root = "s3://bucket/tables"
     write_manifest(root, {"dim": DIM, "model": "m", "pre_dim": PRE})
     rng = np.random.default_rng(3)

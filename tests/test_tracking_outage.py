@@ -32,8 +32,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """MLflow's tracking server (its app) in this process, stopped and started again on the same
-    port and database; the module's writes inside ``outage_queue``."""
+    """MLflow's tracking server in this process, restartable on the same port and database."""
     from mlflow import server as mlflow_server
     from werkzeug.serving import make_server
 
@@ -96,9 +95,7 @@ def test_failures_of_the_store_are_told_from_wrong_writes() -> None:
 
 
 def test_writes_to_an_unreachable_store_wait_in_order(caplog) -> None:
-    """Outside the queue an outage raises. Inside, the writes wait in order, an artifact copied
-    (the caller deletes its own); what still waits at the end of the block is dropped, with a
-    warning."""
+    """Outside the queue an outage raises; inside, writes wait in order; the rest is dropped."""
     from mlflow.exceptions import MlflowException
 
     dead = f"http://127.0.0.1:{_free_port()}"
@@ -171,8 +168,7 @@ def test_an_outage_longer_than_the_retries_is_bridged(server, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_a_wrong_write_still_raises_while_the_server_is_up(server) -> None:
-    """Inside the queue, a write the store refuses (an unknown run, a param changed) raises to
-    the caller and waits for nothing; a run that ended can be resumed."""
+    """A write the store refuses raises at once; an ended run can be resumed."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 

@@ -99,8 +99,7 @@ def test_likelihood_methods_combine_a_class_prompts_by_mean_or_logmeanexp() -> N
 
 
 def test_far_negatives_are_counted_apart_from_the_negatives() -> None:
-    """``far_neg_acc``: far negatives rejected by the dummy prompt, and by the frozen model's
-    cut calibrated on negatives halfway between two classes."""
+    """``far_neg_acc``: far negatives rejected by the dummy prompt or the frozen model's cut."""
     prompts, positives, labels, negatives, dummy = _world()
     basis = torch.eye(D, dtype=torch.float64)
     far = basis[0].repeat(6, 1)  # on class 0: not rejected

@@ -56,8 +56,7 @@ def _column(col: pa.ChunkedArray) -> dict[str, Any]:
 
 
 def fingerprint_world(name: str, folder: str) -> dict[str, Any]:
-    """Write world ``name`` of :data:`OLD_WORLDS` and its classification sets under ``folder``;
-    the fingerprint of every table root."""
+    """Write world ``name`` and its classification sets; the fingerprint of every table root."""
     cfg = WorldConfig(**OLD_WORLDS[name])
     root = write_world(os.path.join(folder, name), cfg)
     spec = ClassificationSpec(positives=100, negatives=100, zeroshot=100)
