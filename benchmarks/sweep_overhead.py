@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", default=None, help="default: the config's (else written)")
     args = parser.parse_args(argv)
 
+    import mlflow  # noqa: F401  (imported before the timing, as torch is for the loop)
     import torch
 
     from asymvlm import config, logs, tables

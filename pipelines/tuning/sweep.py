@@ -143,6 +143,9 @@ class StagedSearch(Searcher):
         trials = [{"method": method, "lr": lr, "seed": s} for s in seeds]
         self.queue += [("seeds", p) for p in _packs(self.sweep, trials)]
 
+    def set_max_concurrency(self, max_concurrent: int) -> bool:
+        return True  # Tune runs the trials the cluster fits; the limit sets how many wait
+
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         if not self.queue:
             return None if self.live else Searcher.FINISHED
@@ -188,7 +191,10 @@ def _fit(sweep: SweepConfig, grid: list[dict[str, Any]], callback) -> tuple:
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(
-                search_alg=StagedSearch(sweep, grid), num_samples=-1, reuse_actors=True
+                search_alg=StagedSearch(sweep, grid),
+                num_samples=-1,
+                max_concurrent_trials=len(space),  # every trial may wait for a slot
+                reuse_actors=True,
             ),
             run_config=tune.RunConfig(
                 name=f"sweep-{digest}",
