@@ -403,6 +403,22 @@ def test_a_constant_uncertainty_is_undefined_in_table1_and_not_judged(plugin) ->
     }
 
 
+def test_the_demo_table_shows_an_undefined_correlation_as_a_dash() -> None:
+    """The demo's table: a constant uncertainty's NaN Spearman is "—", never "nan"."""
+    from asymvlm.demo import results_table
+
+    side = {"recall@1": 0.5, "r2": None, "spearman": math.nan}
+    text = results_table(
+        {
+            "vmf-const": {"i2t": side, "t2i": side, "seconds": 1.0}
+            | {"spearman_uncertainty_abstraction": math.nan}
+        }
+    )
+    got = dict(zip(row(text, "method"), row(text, "vmf-const"), strict=True))
+    assert got["i2t R@1"] == "0.500" and got["t2i S"] == got["S(u, abstraction)"] == "—"
+    assert "nan" not in text
+
+
 def test_an_undefined_seed_value_is_left_out_of_mean_and_std() -> None:
     """NaN and None in one seed's cell: mean ± std over the other seeds, and judged on them."""
     rows = [{"method": "asymvlm-vmf", "t2i_spearman": v} for v in (-0.9, math.nan, None, -0.7)]
