@@ -12,7 +12,7 @@ DEMO = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.yaml")
 
 
 def test_demo_config_resolves_and_its_finished_stages_are_skipped(
-    tmp_path, hierarcaps_standin, capsys
+    tmp_path, hierarcaps_standin, caplog
 ) -> None:
     cfg = schema.load_pipeline(DEMO, [f"output={tmp_path}", "sweeps.0.epochs=3"])
     assert cfg.mlflow.tracking_uri == "sqlite:///" + str(tmp_path / "mlflow.db")
@@ -47,11 +47,10 @@ def test_demo_config_resolves_and_its_finished_stages_are_skipped(
     (tmp_path / "evaluations").mkdir()
     for i, ev in enumerate(cfg.evaluations):
         (tmp_path / "evaluations" / f"{i:02d}-{ev.kind}.json").write_text("{}")
-    capsys.readouterr()
+    caplog.set_level("INFO")
     stages.stage_sweep(cfg)
     stages.stage_evaluate(cfg)
-    err = capsys.readouterr().err
-    assert err.count("done already") == len(cfg.sweeps) + len(cfg.evaluations)
+    assert caplog.text.count("done already") == len(cfg.sweeps) + len(cfg.evaluations)
 
 
 def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypatch, caplog):

@@ -243,19 +243,22 @@ def test_the_sweep_command_fails_in_one_line(tmp_path, capsys) -> None:
 def test_a_sweep_whose_mlflow_store_cannot_open_stops_with_the_reason(
     ray_session, world, tmp_path
 ) -> None:
-    """Before any trial starts, naming the key and the cause."""
+    """The run opens while Tune starts the trials: Tune's first event stops the sweep (no trial
+    trains to its end), naming the key and the cause."""
     from asymvlm.errors import ConfigError
     from pipelines.schema import sweep_config
-    from pipelines.tuning.sweep import run_sweep
+    from pipelines.tuning.sweep import SWEEP_RECORD, run_sweep
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")
-    doc = {"embeddings": world, "methods": ["clip"], "lr": [1e-3], "seeds": [0]}
+    doc = {"embeddings": world, "methods": ["asymvlm-vmf"], "lr": [1e-3], "seeds": [0]}
+    doc |= {"epochs": 300, "checkpoint_every": 300, "batch_size": 128, "hidden_dim": 32}
     mlflow = {"experiment": "no-store", "tracking_uri": f"sqlite:///{blocker}/mlflow.db"}
     cfg = sweep_config({**doc, "output": str(tmp_path / "sweep"), "mlflow": mlflow})
     with pytest.raises(ConfigError, match=r"mlflow.tracking_uri: cannot open the MLflow store"):
         run_sweep(cfg)
-    assert not (tmp_path / "sweep" / "tune").exists()
+    assert not list((tmp_path / "sweep").rglob("checkpoint_0*"))  # its only one: after 300
+    assert not (tmp_path / "sweep" / SWEEP_RECORD).exists()
 
 
 def test_failure_reasons_dig_through_ray_wrappers() -> None:

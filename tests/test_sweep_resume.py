@@ -161,6 +161,7 @@ def test_a_retried_trial_and_a_reopened_run_log_each_epoch_once(tmp_path) -> Non
     for epoch in (1, 2, 3, 2, 3, 4):  # killed after 3, retried from the checkpoint of 2
         logger.on_trial_result(0, [], trial, {"epoch": epoch, "lr": 0.1, "train_loss": epoch})
     logger.on_trial_error(0, [], trial)
+    logger.on_experiment_end([])  # its writes done, as Tune's end waits for them
     (run_id,) = [r.id for r in logger.runs.values()]
     client = MlflowClient(uri)
     points = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train_loss"))

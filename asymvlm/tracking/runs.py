@@ -53,21 +53,25 @@ class Run:
 
     def __init__(self, run_id: str | None, tracking_uri: str, key: str | None = None) -> None:
         self.tracking_uri, self.key, self.ended = tracking_uri, key or uuid.uuid4().hex, False
-        self._writer = writers.writer(tracking_uri)
-        self.client = self._writer.client
         if run_id is not None:
             self._writer.ids[self.key] = run_id
+
+    @property
+    def _writer(self) -> writers.Writer:
+        """Its store's writer (made at first use: a new SQLite store takes a second or two)."""
+        return writers.writer(self.tracking_uri)
 
     @property
     def id(self) -> str | None:
         return self._writer.ids.get(self.key)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled (Tune saves its callbacks) with its id, without its writer."""
-        return {"uri": self.tracking_uri, "key": self.key, "ended": self.ended, "id": self.id}
+        """Pickled (Tune saves its callbacks) by its key: its id is the one this process's
+        writer holds for the key (a restored sweep opens its run again under the same key)."""
+        return {"uri": self.tracking_uri, "key": self.key, "ended": self.ended}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["id"], state["uri"], state["key"])  # type: ignore[misc]
+        self.__init__(None, state["uri"], state["key"])  # type: ignore[misc]
         self.ended = state["ended"]
 
     def _write(self, op: str, **fields: Any) -> None:
@@ -145,10 +149,11 @@ def open_run(
     tags: Mapping[str, Any] | None = None,
     description: str | None = None,
     start_time: float | None = None,
+    key: str | None = None,
 ) -> Run:
     """Start a run (RUNNING) in ``experiment``, ended with :meth:`Run.end`; ``start_time``
-    (seconds, default now): when what it records began."""
-    out = Run(None, tracking_uri)
+    (seconds, default now): when what it records began; ``key``: :class:`Run`'s."""
+    out = Run(None, tracking_uri, key)
     if isinstance(parent, Run) and parent.tracking_uri == tracking_uri:
         link = {"parent_key": parent.key}  # resolved when the run is created: it may wait too
     else:
@@ -167,9 +172,9 @@ def open_run(
     return out
 
 
-def resume_run(tracking_uri: str, run_id: str) -> Run:
+def resume_run(tracking_uri: str, run_id: str, key: str | None = None) -> Run:
     """The existing run ``run_id``, RUNNING again (a resumed sweep goes on writing to it)."""
-    out = Run(run_id, tracking_uri)
+    out = Run(run_id, tracking_uri, key)
     out._write("update_run", status="RUNNING")
     return out
 

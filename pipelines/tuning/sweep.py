@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import yaml
@@ -237,15 +238,18 @@ def _base_params(sweep: SweepConfig) -> dict[str, Any]:
     }
 
 
-def _sweep_run(sweep: SweepConfig, base: dict[str, Any], parent: str | None) -> tracking.Run:
-    """The sweep's MLflow run: an earlier attempt's, RUNNING again, else a new one."""
+def _sweep_run(
+    sweep: SweepConfig, base: dict[str, Any], parent: str | None, key: str
+) -> tracking.Run:
+    """The sweep's MLflow run (:class:`tracking.Run` ``key``): an earlier attempt's, RUNNING
+    again, else a new one."""
     uri, folder = sweep.mlflow.tracking_uri, storage.uri_join(sweep.output, "tune")
     earlier = (storage.read_json(folder, _RUN_ID) or {}).get("run_id")
     run = None
     try:
         if earlier:
             try:
-                run = tracking.resume_run(uri, earlier)
+                run = tracking.resume_run(uri, earlier, key)
             except Exception as exc:  # e.g. RESOURCE_DOES_NOT_EXIST: a new store
                 logger.warning("the sweep's earlier MLflow run is gone (%s)", one_line(exc))
         if run is None:
@@ -259,6 +263,7 @@ def _sweep_run(sweep: SweepConfig, base: dict[str, Any], parent: str | None) -> 
                 params={**params, **base},
                 tags={"note": str(sweep.note or ""), "sweep": sweep.label},
                 description=sweep.note or None,
+                key=key,
             )
     except Exception as exc:
         raise ConfigError(
@@ -289,26 +294,38 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
         os.makedirs(sweep.output, exist_ok=True)
     check_shared_output(sweep.output, sweep.storage.shared_filesystem)
     base = _base_params(sweep)
-    run = _sweep_run(sweep, base, parent)
-    with tracking.ended(lambda: run), contextlib.redirect_stdout(sys.stderr):
-        try:
-            record = _stages(sweep, run, MlflowTrialLogger(sweep, run, base), base)
-        except Unfinished as exc:  # not a failure: the rerun reopens the run and goes on
-            run.end("KILLED", one_line(exc))
-            raise
+    # A new SQLite store takes a second or two: the sweep's run opens while Tune starts the
+    # trials. Its key is the same in a rerun, where Tune's pickled callback finds the run by it.
+    key = f"sweep {storage.uri_join(sweep.output, 'tune')}"
+    with ThreadPoolExecutor(1) as pool, contextlib.redirect_stdout(sys.stderr):
+        opening = pool.submit(_sweep_run, sweep, base, parent, key)
+        MlflowTrialLogger.opening[key] = opening
+        callback = MlflowTrialLogger(
+            sweep, tracking.Run(None, sweep.mlflow.tracking_uri, key), base
+        )
+        with tracking.ended(lambda: None if opening.exception() else opening.result()):
+            try:
+                record = _stages(sweep, opening, callback, base)
+            except Unfinished as exc:  # not a failure: the rerun reopens the run and goes on
+                opening.result().end("KILLED", one_line(exc))
+                raise
+            except Exception:
+                opening.result()  # a store that cannot open: the cause to report
+                raise
     storage.write_text(storage.uri_join(sweep.output, SWEEP_RECORD), json.dumps(record, indent=2))
     return {
         **record,
         "tracking_uri": sweep.mlflow.tracking_uri,
-        "child_run_ids": list(_trial_runs(run).values()),
+        "child_run_ids": list(_trial_runs(opening.result()).values()),
     }
 
 
-def _stages(sweep: SweepConfig, run: tracking.Run, callback, base: dict) -> dict[str, Any]:
+def _stages(sweep: SweepConfig, opening: Future, callback, base: dict) -> dict[str, Any]:
     first = sweep.seeds[0]
     grid = [{"method": m, "lr": lr, "seed": first} for m in sweep.methods for lr in sweep.lr]
     grid = grid if len(sweep.lr) > 1 else []  # one lr: nothing to select
     rows, failed = _fit(sweep, grid, callback)
+    run: tracking.Run = opening.result()
     done = [r for r in rows if r["stage"] == "grid"]
     more = [r for r in rows if r["stage"] == "seeds"]
     one = {m: {"lr": sweep.lr[0], "score": None, "scores_by_lr": {}} for m in sweep.methods}

@@ -7,8 +7,10 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, ClassVar
 
 from ray import tune
 from ray.tune.result import AUTO_RESULT_KEYS
@@ -35,21 +37,34 @@ def shown(trial: dict[str, Any]) -> str:
 
 class MlflowTrialLogger(tune.Callback):
     """Every member of a trial is a run under the sweep's ``parent`` (an earlier attempt's,
-    reopened): each epoch once (step = epoch), its outcome, FINISHED or FAILED with the reason."""
+    reopened): each epoch once (step = epoch), its outcome, FINISHED or FAILED with the reason.
+
+    The sweep's run may still be opening as Tune starts: ``opening`` holds its future by the
+    run's key (this process's; the key survives Tune's pickling) and Tune's first event waits
+    for it, raising what stopped it."""
+
+    opening: ClassVar[weakref.WeakValueDictionary[str, Future]] = weakref.WeakValueDictionary()
 
     def __init__(self, sweep: SweepConfig, parent: tracking.Run, base_params: dict[str, Any]):
         self.sweep, self.parent, self.base_params = sweep, parent, base_params
 
     def setup(self, **info: Any) -> None:
-        """Called by Tune as each run of the experiment starts: the runs earlier ones left."""
+        """Called by Tune as each run of the experiment starts."""
         self.runs: dict[str, tracking.Run] = {}  # run key (trial id#member) -> its run
         self.logged: dict[str, int] = {}  # run key -> the last epoch in its run
         self.started: dict[str, float] = {}
-        uri, parent = self.sweep.mlflow.tracking_uri, self.parent.id
-        children = tracking.child_runs(uri, parent, status="") if parent else []
-        self.earlier = {
-            c.data.tags["trial"]: c.info.run_id for c in children if "trial" in c.data.tags
-        }
+        self.earlier: dict[str, str] | None = None  # trial label -> an earlier attempt's run
+        # A trial waits at each report until Tune's loop takes it: the slow writes (a model,
+        # a plot) go on one thread, in order, and the loop on.
+        self.writes, self.written = ThreadPoolExecutor(1, "mlflow-trials"), []
+
+    def _later(self, write: Callable[..., Any], *args: Any) -> None:
+        self.written.append(self.writes.submit(write, *args))
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self.writes.shutdown()
+        for write in self.written:
+            write.result()
 
     def _members(self, trial) -> list[tuple[str, dict[str, Any]]]:
         return [(f"{trial.trial_id}#{k}", t) for k, t in enumerate(trial.config["members"])]
@@ -58,6 +73,13 @@ class MlflowTrialLogger(tune.Callback):
         if key in self.runs:
             return self.runs[key]
         uri, label = self.sweep.mlflow.tracking_uri, trial_label(stage, trial)
+        if self.earlier is None:  # the first event: the sweep's run, and the runs earlier left
+            if (opening := self.opening.get(self.parent.key)) is not None:
+                opening.result()
+            children = tracking.child_runs(uri, self.parent.id, status="") if self.parent.id else []
+            self.earlier = {
+                c.data.tags["trial"]: c.info.run_id for c in children if "trial" in c.data.tags
+            }
         if label in self.earlier:
             self.runs[key] = tracking.resume_run(uri, self.earlier[label])
             self.logged[key] = tracking.last_step(uri, self.earlier[label], "lr")  # every epoch's
@@ -87,7 +109,8 @@ class MlflowTrialLogger(tune.Callback):
         outcomes = result.get("outcomes") or [{}] * len(members)
         for k, ((key, member), row) in enumerate(zip(members, outcomes, strict=True)):
             if "outcome" in row:
-                log_outcome(self._run(key, stage, member), row, trial.checkpoint, k, len(members))
+                run = self._run(key, stage, member)
+                self._later(log_outcome, run, row, trial.checkpoint, k, len(members))
         if "epoch" in result:
             key, member = members[int(result.get("member", 0))]
             if (step := int(result["epoch"])) > self.logged.get(key, 0):  # a retry repeats some
@@ -108,8 +131,9 @@ class MlflowTrialLogger(tune.Callback):
             self._end(key, trial.config["stage"], member, reason)
 
     def _end(self, key: str, stage: str, trial: dict[str, Any], reason: str) -> None:
-        run = self._run(key, stage, trial)
-        run.end("FAILED" if reason else "FINISHED", reason or None)
+        self._later(
+            self._run(key, stage, trial).end, "FAILED" if reason else "FINISHED", reason or None
+        )
         if reason:
             logger.warning("trial %s FAILED: %s", shown(trial), reason)
         else:
