@@ -54,9 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-
     def run() -> int:
+        args = build_parser().parse_args(argv)  # reads the registry: a broken plugin is one line
         if args.num_workers < 1 or args.max_failures < 0 or not args.cpus_per_worker > 0:
             raise ConfigError(
                 "--num-workers must be >= 1, --max-failures >= 0 and --cpus-per-worker > 0"

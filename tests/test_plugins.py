@@ -70,15 +70,19 @@ def test_a_bad_entry_point_is_one_line_naming_it_and_its_package(
     assert why in str(e.value) and "\n" not in str(e.value)
 
 
-def test_the_cli_shows_a_broken_plugin_in_one_line(monkeypatch, capsys) -> None:
+def test_the_command_lines_show_a_broken_plugin_in_one_line(monkeypatch, capsys) -> None:
     from asymvlm import cli
     from asymvlm.cli import training
+    from pipelines import train
 
-    monkeypatch.setattr(training, "METHODS", _registry(monkeypatch, _entry_point("x", _fails)))
-    assert cli.main(["methods"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: entry point x = 'pkg_x:x' of pkg-x 1.2 does not load")
-    assert err.count("\n") == 1
+    broken = _registry(monkeypatch, _entry_point("x", _fails))
+    monkeypatch.setattr(training, "METHODS", broken)
+    monkeypatch.setattr(train, "METHODS", broken)
+    for main, argv in ((cli.main, ["methods"]), (train.main, ["--embeddings", "t"])):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: entry point x = 'pkg_x:x' of pkg-x 1.2 does not load")
+        assert err.count("\n") == 1
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +137,10 @@ def test_an_installed_plugin_trains_evaluates_and_exports(plugin_env, world, tmp
         config = json.load(fh)
     package = {"name": "asymvlm-vmf-const", "version": "0.1.0"}
     assert config["method"] == "vmf-const" and config["method_package"] == package
+    with open(os.path.join(model, "README.md")) as fh:
+        card = fh.read()  # the model card says what to install beside asymvlm
+    assert "pip install asymvlm asymvlm-vmf-const==0.1.0\n" in card
+    assert "`vmf-const` (from the package `asymvlm-vmf-const==0.1.0`)" in card
 
     bare = {k: v for k, v in plugin_env.items() if k != "PYTHONPATH"}
     done = _cli(f"{evaluate} {model}", env={**bare, "PYTHONPATH": REPO})

@@ -180,6 +180,8 @@ def model_card(
         data.base_model = base
     cls = METHODS.get(method)
     summary = (cls.__doc__ or "").strip().splitlines()[0] if cls and cls.__doc__ else None
+    package = config.get("method_package") or {}  # a method from an installed plugin
+    plugin = f"{package['name']}=={package['version']}" if package.get("name") else ""
     calibration = ", ".join(
         f"{k} = {v:.6g}" for k, v in (config.get("input_calibration") or {}).items()
     )
@@ -234,7 +236,8 @@ embedding into a distribution whose spread is the caption's uncertainty.
 
 ## Method
 
-`{method}`: {summary or "(not a registered method here)"}
+`{method}`{f" (from the package `{plugin}`)" if plugin else ""}: \
+{summary or "(not a registered method here)"}
 
 Its uncertainty (higher = more uncertain): {cls.uncertainty_doc if cls else "see the method"}.
 
@@ -254,7 +257,7 @@ encoder is referenced, not copied.
 ## How to use
 
 ```bash
-pip install asymvlm
+pip install asymvlm{" " + plugin if plugin else ""}
 
 {use}
 ```
