@@ -36,9 +36,10 @@ def _entry_point(name: str, obj: object) -> SimpleNamespace:
 
 def _registry(monkeypatch, *eps: SimpleNamespace) -> base._Registry:
     """A registry with ``clip`` built in and ``eps`` installed."""
+    clip = base.METHODS["clip"]  # the real registry discovers the real entry points first
     monkeypatch.setattr(base, "entry_points", lambda group: list(eps) if group else [])
     reg = base._Registry()
-    reg.add("clip", base.METHODS["clip"])
+    reg.add("clip", clip)
     return reg
 
 
@@ -65,9 +66,12 @@ def test_a_bad_entry_point_is_one_line_naming_it_and_its_package(
     monkeypatch, name: str, obj: object, why: str
 ) -> None:
     reg = _registry(monkeypatch, _entry_point(name, obj))
-    with pytest.raises(ConfigError, match=f"entry point {name} = 'pkg_x:{name}' of pkg-x 1.2") as e:
-        list(reg)
-    assert why in str(e.value) and "\n" not in str(e.value)
+    for _ in range(2):  # every read, not the first only
+        with pytest.raises(
+            ConfigError, match=f"entry point {name} = 'pkg_x:{name}' of pkg-x 1.2"
+        ) as e:
+            list(reg)
+        assert why in str(e.value) and "\n" not in str(e.value)
 
 
 def test_the_command_lines_show_a_broken_plugin_in_one_line(monkeypatch, capsys) -> None:

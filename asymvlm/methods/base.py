@@ -33,6 +33,7 @@ class _Registry(Mapping[str, "type[Method]"]):
         #: plugin name -> its distribution's name and version
         self.dists: dict[str, dict[str, str]] = {}
         self._discovered, self._lock = False, threading.RLock()
+        self._broken: ConfigError | None = None  # a plugin that does not load fails every read
 
     def add(self, name: str, cls: type[Method]) -> None:
         if name in self._classes:
@@ -44,8 +45,13 @@ class _Registry(Mapping[str, "type[Method]"]):
         with self._lock:  # once per process, whichever thread reads first
             if not self._discovered:
                 self._discovered = True
-                for ep in entry_points(group=self.GROUP):
-                    self._load(ep)
+                try:
+                    for ep in entry_points(group=self.GROUP):
+                        self._load(ep)
+                except ConfigError as exc:
+                    self._broken = exc
+            if self._broken:
+                raise self._broken
         return self._classes
 
     def _load(self, ep: Any) -> None:
