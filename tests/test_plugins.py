@@ -177,19 +177,28 @@ def test_a_config_runtime_env_reaches_ray_init(monkeypatch, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_a_sweep_runs_plugin_trials_in_ray_workers(plugin_env, world, tmp_path) -> None:
-    """``pipelines/sweep.py`` with ``vmf-const`` and ``asymvlm-vmf``: the local Ray it starts
-    sees the plugin in every worker; each trial's MLflow run finishes."""
+def test_a_sweep_ships_the_plugin_to_its_workers_by_runtime_env(plugin_env, world, tmp_path):
+    """``pipelines/sweep.py`` with ``vmf-const`` and ``asymvlm-vmf``, the plugin's wheel named in
+    the config's ``ray.runtime_env.pip``: the driver alone has the plugin on its path, Ray
+    installs it for the trials' workers; each trial's MLflow run finishes."""
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*pip, "-w", str(tmp_path), EXAMPLE], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("asymvlm_vmf_const-*.whl")
     output = str(tmp_path / "out")
     doc = {
         **{"methods": ["vmf-const", "asymvlm-vmf"], "lr": [1e-2], "seeds": [0], "epochs": 1},
         **{"batch_size": 128, "hidden_dim": 32, "embeddings": world, "output": output},
         "mlflow": {"experiment": "plug"},
+        "ray": {"runtime_env": {"pip": [str(wheel)]}},
     }
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(doc))
-    command = [sys.executable, os.path.join(REPO, "pipelines", "sweep.py"), "--config", str(path)]
-    done = subprocess.run(command, cwd=REPO, env=plugin_env, capture_output=True, text=True)
+    site = plugin_env["PYTHONPATH"].split(os.pathsep)[0]
+    driver = f"import runpy, sys; sys.path.insert(0, {site!r}); sys.argv.pop(0)\n"
+    driver += "runpy.run_path(sys.argv[0], run_name='__main__')"
+    command = [sys.executable, "-c", driver, "pipelines/sweep.py", "--config", str(path)]
+    env = {**plugin_env, "PYTHONPATH": REPO}  # not inherited by the workers: runtime_env only
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     _, runs = tracking.experiment_runs(tracking.default_tracking_uri(output), "plug")
     trials = [r for r in runs if r.data.tags.get("kind") == "trial"]
