@@ -40,7 +40,7 @@ def results_table(results: dict[str, dict]) -> str:
 
 
 def _fmt(x: float | None, spec: str) -> str:
-    return "—" if x is None or x != x else format(x, spec)  # NaN: undefined (a constant u)
+    return "—" if x is None else format(x, spec)  # None: undefined (a constant uncertainty)
 
 
 def run(output: str, epochs: int = 40, methods: tuple[str, ...] = DEMO_METHODS) -> dict:

@@ -147,6 +147,7 @@ def test_curve_statistics_and_spearman():
     assert r2 == pytest.approx(stats.linregress(np.arange(10), y).rvalue ** 2)
     u = torch.tensor([0.1, 0.4, 0.2, 0.9])
     assert spearman_uncertainty(u.numpy(), torch.tensor([4, 2, 3, 1])) == pytest.approx(-1.0)
+    assert spearman_uncertainty(torch.ones(4), [4, 2, 3, 1]) is None  # constant: undefined
     with pytest.raises(ValueError):
         spearman_uncertainty(u, [1, 2])
 

@@ -404,14 +404,16 @@ def test_a_constant_uncertainty_is_undefined_in_table1_and_not_judged(plugin) ->
 
 
 def test_the_demo_table_shows_an_undefined_correlation_as_a_dash() -> None:
-    """The demo's table: a constant uncertainty's NaN Spearman is "—", never "nan"."""
+    """The demo's table: a constant uncertainty's undefined Spearman is "—"."""
     from asymvlm.demo import results_table
+    from asymvlm.metrics import spearman_uncertainty
 
-    side = {"recall@1": 0.5, "r2": None, "spearman": math.nan}
+    undefined = spearman_uncertainty([0.5] * 4, [4, 2, 3, 1])
+    side = {"recall@1": 0.5, "r2": None, "spearman": undefined}
     text = results_table(
         {
             "vmf-const": {"i2t": side, "t2i": side, "seconds": 1.0}
-            | {"spearman_uncertainty_abstraction": math.nan}
+            | {"spearman_uncertainty_abstraction": undefined}
         }
     )
     got = dict(zip(row(text, "method"), row(text, "vmf-const"), strict=True))

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -53,15 +54,16 @@ def curve_statistics(binned: Any) -> tuple[float | None, float | None]:
     return float(stats.spearmanr(x, y).statistic), float(stats.linregress(x, y).rvalue) ** 2
 
 
-def spearman_uncertainty(uncertainty: Any, reference: Any) -> float:
+def spearman_uncertainty(uncertainty: Any, reference: Any) -> float | None:
     """Spearman correlation of two 1-D arrays, e.g. uncertainty vs abstraction level (Sec. 5);
-    NaN when one is constant."""
+    None (undefined) when one is constant."""
     u, r = _array(uncertainty), _array(reference)
     if len(u) != len(r):
         raise ValueError(f"lengths differ: {len(u)} vs {len(r)}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return float(stats.spearmanr(u, r).statistic)
+        rho = float(stats.spearmanr(u, r).statistic)
+    return None if math.isnan(rho) else rho
 
 
 def _detection(uncertainty: Any, error: Any) -> tuple[np.ndarray, np.ndarray] | None:
