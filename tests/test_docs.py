@@ -99,6 +99,7 @@ def test_readme_is_short_and_links_to_pages_that_exist() -> None:
         readme = fh.read()
     assert len(readme.splitlines()) <= 250
     assert "pip install" in readme and "source .venv/bin/activate" in readme
+    assert re.findall(r"[−-]?\b0\.\d\d|\b\d+ s\b", readme) == []  # results: the report's
     for link in re.findall(r"\]\(((?:docs|cluster|benchmarks)/[^)#]+)", readme):
         assert os.path.exists(os.path.join(REPO, link)), link
 
