@@ -5,8 +5,8 @@ every method of the paper behind one registry (:mod:`asymvlm.methods`), the pape
 (:mod:`asymvlm.metrics`), the embedding-table contract (:mod:`asymvlm.tables`), a synthetic world
 (:mod:`asymvlm.synthetic`), the trainers (:mod:`asymvlm.training`), the protocol of a run
 (:mod:`asymvlm.protocol`), its evaluations (:mod:`asymvlm.evaluation`) and checkpoints
-(:mod:`asymvlm.checkpoints`). The Ray layer is ``pipelines/``; the README's "Layout" gives the
-layers, which ``lint-imports`` holds.
+(:mod:`asymvlm.checkpoints`). The Ray layer is ``pipelines/``; docs/development.md ("Layout")
+gives the layers, which ``lint-imports`` holds.
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Ray cluster entry point of the embedding stage: the ``EmbedConfig`` job(s) of a YAML file."""
+"""Ray cluster entry point of the embedding stage: the EmbedConfig job(s) of a YAML file."""
 
 from __future__ import annotations
 
@@ -22,7 +22,12 @@ from pipelines.session import RaySession  # noqa: E402
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="YAML file with the embedding job(s)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="YAML file with the embedding job(s); its EmbedConfig keys: the docs' "
+        "Configuration reference",
+    )
     parser.add_argument(
         "--set",
         action="append",

@@ -1,4 +1,4 @@
-"""The whole pipeline on Ray: prepare -> embed -> sweep -> evaluate -> report.
+"""The whole pipeline on Ray: prepare -> embed -> sweep -> evaluate -> report (one YAML).
 
 Stages: :mod:`pipelines.stages` (each resumable); keys: :class:`pipelines.schema.PipelineConfig`."""
 
@@ -31,7 +31,12 @@ logger = logging.getLogger("pipelines.full")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML (default: the demo)")
+    parser.add_argument(
+        "--config",
+        default=DEFAULT_CONFIG,
+        help="pipeline YAML (default: the demo); its keys: PipelineConfig in the docs' "
+        "Configuration reference",
+    )
     subset = f"comma-separated subset of {','.join(STAGES)}"
     parser.add_argument("--stages", default=",".join(STAGES), help=subset)
     parser.add_argument("--output", default=None, help="override the config's output folder")

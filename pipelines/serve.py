@@ -1,4 +1,4 @@
-"""Caption uncertainty over HTTP: an :class:`asymvlm.Scorer` behind Ray Serve.
+"""Caption uncertainty over HTTP: an asymvlm Scorer behind Ray Serve.
 
 Keys: :class:`pipelines.schema.ServeConfig`; runs until Ctrl-C or SIGTERM, then deletes its app."""
 
@@ -27,11 +27,16 @@ from pipelines.session import RaySession  # noqa: E402
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``pipelines/serve.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="a YAML of ServeConfig keys")
+    parser.add_argument(
+        "--config",
+        help="a YAML of ServeConfig keys (each listed in the docs' Configuration reference)",
+    )
     parser.add_argument(
         "--checkpoint", help="a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO"
     )
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a ServeConfig key"
+    )
     parser.add_argument("--no-block", action="store_true", help="deploy and return")
     parser.add_argument("--verbose", action="store_true")
     return parser

@@ -28,7 +28,11 @@ logger = logging.getLogger("pipelines.sweep")
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``pipelines/sweep.py`` (also documented from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="a YAML of tune_spaces/")
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="a YAML of tune_spaces/; its SweepConfig keys: the docs' Configuration reference",
+    )
     override = "override a key (YAML value; dots for nesting: mlflow.experiment=x)"
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
     verbose = "everything on the console (Ray, Tune, MLflow)"

@@ -1,4 +1,4 @@
-"""Ray Train: one adapter training run as a ``TorchTrainer`` (DDP over cached embeddings).
+"""Ray Train: one adapter training run as a TorchTrainer (DDP over cached embeddings).
 
 Flags: the fields of ``RunSpec`` and ``TrainConfig``; prints rank 0's results as JSON."""
 

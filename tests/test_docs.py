@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
+import pandas as pd
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,3 +81,55 @@ def test_mkdocs_builds_the_site_strictly(tmp_path) -> None:
     assert (tmp_path / "cli" / "index.html").is_file()
     methods = (tmp_path / "methods" / "index.html").read_text()
     assert "asymvlm-vmf" in methods and "asymvlm:methods-table" not in methods
+
+
+def test_help_texts_are_plain_text() -> None:
+    """No Sphinx markup or <placeholders> (which HTML swallows) in any --help."""
+    page = _reference().cli_page()
+    text = "\n".join(line for line in page.splitlines() if not line.startswith("```"))
+    assert re.findall(r":\w+:`|``|<[A-Za-z_][\w-]*>", text) == []
+    assert "ROOT/SPLIT/{images,texts,errors}" in page
+    for script in ("full", "serve", "sweep", "embed"):  # --config points to the key reference
+        part = page.split(f"### `pipelines/{script}.py`")[1].split("### `")[0]
+        assert "Configuration reference" in " ".join(part.split()), script
+
+
+def test_readme_is_short_and_links_to_pages_that_exist() -> None:
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        readme = fh.read()
+    assert len(readme.splitlines()) <= 250
+    assert "pip install" in readme and "source .venv/bin/activate" in readme
+    assert re.findall(r"[−-]?\b0\.\d\d|\b\d+ s\b", readme) == []  # results: the report's
+    for link in re.findall(r"\]\(((?:docs|cluster|benchmarks)/[^)#]+)", readme):
+        assert os.path.exists(os.path.join(REPO, link)), link
+
+
+def test_the_clip_retrieval_example_of_the_tables_page_converts(tmp_path, monkeypatch) -> None:
+    """docs/tables.md's converter, run on a clip-retrieval-style folder of two shards."""
+    from asymvlm.tables import read_split
+
+    with open(os.path.join(REPO, "docs", "tables.md"), encoding="utf-8") as fh:
+        code = fh.read().split("```python\n")[1].split("```")[0]
+    src = tmp_path / "clip-inference-output"
+    rng, ids, sizes = np.random.default_rng(0), [], (30, 25)
+    for i, n in enumerate(sizes):
+        for kind in ("img", "text"):
+            (src / f"{kind}_emb").mkdir(parents=True, exist_ok=True)
+            x = rng.normal(size=(n, 8))
+            np.save(src / f"{kind}_emb" / f"{kind}_emb_{i}.npy", (x / 3).astype(np.float16))
+        names = [f"images/{i}/{k}.jpg" for k in range(n)]
+        ids += names
+        (src / "metadata").mkdir(exist_ok=True)
+        meta = pd.DataFrame({"image_path": names, "caption": [f"a photo {s}" for s in names]})
+        meta.to_parquet(src / "metadata" / f"metadata_{i}.parquet")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/tables.md", "exec"), {})
+    splits = {s: read_split("tables/my-data", s) for s in ("train", "test")}
+    assert sorted(splits["train"].image_ids + splits["test"].image_ids) == sorted(ids)
+    assert 0 < len(splits["test"].image_ids) < len(splits["train"].image_ids)
+    test = splits["test"]
+    assert test.manifest.dim == 8 and test.text_norms is None
+    assert test.texts[0] == f"a photo {test.image_ids[0]}"
+    shard, row = (int(p) for p in re.findall(r"\d+", test.image_ids[0]))
+    raw = np.load(src / "text_emb" / f"text_emb_{shard}.npy")[row].astype(np.float32)
+    np.testing.assert_allclose(test.text_embeddings[0], raw / np.linalg.norm(raw), atol=1e-6)

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "embed",
         help="embed a data set into tables with a frozen CLIP/SigLIP (Ray Data)",
         description="Read a data set, embed images and captions with a frozen CLIP/SigLIP on a "
-        "Ray Data actor pool, write ROOT/manifest.json and ROOT/<split>/{images,texts,errors}. "
+        "Ray Data actor pool, write ROOT/manifest.json and ROOT/SPLIT/{images,texts,errors}. "
         "Re-running resumes an interrupted job and leaves a finished one untouched.",
         formatter_class=Help,
     )

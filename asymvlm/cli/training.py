@@ -119,7 +119,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="the method's own argument (repeatable; `asymvlm methods NAME` lists them)",
     )
-    p.add_argument("--output", required=True, metavar="DIR", help="checkpoint folder")
+    p.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="checkpoint folder (config.json, model.safetensors, history.jsonl)",
+    )
     p.add_argument(
         "--checkpoint-every",
         type=int,
@@ -150,7 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--checkpoint",
         required=True,
         metavar="FILE",
-        help="the official .pt (checkpoints/<data>/<seed>/<method>.pt)",
+        help="the official .pt (checkpoints/DATA/SEED/METHOD.pt)",
     )
     p.add_argument("--output", required=True, metavar="DIR", help="checkpoint folder to write")
     p.add_argument(
