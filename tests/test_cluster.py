@@ -160,13 +160,14 @@ def test_the_launcher_the_image_and_the_setup_install_the_pins() -> None:
 
 def test_the_launcher_starts_every_node_with_the_token_from_a_file() -> None:
     """As tests/multinode/cluster.sh starts its nodes: RAY_AUTH_MODE=token and the token in a file
-    (shipped by file_mounts) named by RAY_AUTH_TOKEN_PATH, in every container; the dashboard on
-    the head's loopback (`ray dashboard` forwards it over SSH)."""
+    (its folder shipped by file_mounts) named by RAY_AUTH_TOKEN_PATH, in every container; the
+    dashboard on the head's loopback (`ray dashboard` forwards it over SSH)."""
     doc = _load("cluster-launcher.yaml")
     options = [o.split(maxsplit=1) for o in doc["docker"]["run_options"]]
     env = dict(value.split("=", 1) for flag, value in options if flag == "--env")
     assert env["RAY_AUTH_MODE"] == "token"
-    assert doc["file_mounts"][env["RAY_AUTH_TOKEN_PATH"]] == "~/.ray/auth_token"
+    folder, name = os.path.split(env["RAY_AUTH_TOKEN_PATH"])
+    assert doc["file_mounts"][folder] == "~/.ray/asymvlm" and name == "auth_token"
     commands = doc["head_start_ray_commands"] + doc["worker_start_ray_commands"]
     assert not [c for c in commands if "RAY_AUTH" in c]  # set for the container, not per command
     (head,) = [c for c in doc["head_start_ray_commands"] if "ray start" in c]
