@@ -23,7 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT_IMAGE = "ghcr.io/<org>/asymvlm"  # the placeholder users replace (cluster/README.md)
 SECRET_VALUE = re.compile(
     r"AKIA[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY|gh[pousr]_[A-Za-z0-9]{30,}"
-    r"|[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s'\"]+:[^/@\s'\"]+@",  # a password inside a URI
+    r"|[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s'\"]+:[^/@\s'\"]+@"  # a password inside a URI
+    r"|RAY_AUTH_TOKEN[=:]\s*[^$\s]",  # a Ray token's value (not one read from a Secret or file)
 )
 
 
@@ -97,10 +98,17 @@ def test_kuberay_manifest(name: str) -> None:
         assert ray_container["image"] == f"{PROJECT_IMAGE}:{version}-{variant}"
         secrets = {e["secretRef"]["name"] for e in ray_container["envFrom"]}
         assert secrets == {"asymvlm-mlflow", "asymvlm-s3"}  # settings only from secrets
-    head = spec["headGroupSpec"]
+        # The operator's token on every Ray container: nothing of theirs may override it.
+        assert not [e for e in ray_container.get("env", []) if e["name"].startswith("RAY_AUTH")]
+    assert spec["authOptions"] == {"mode": "token"}
+    head = spec["headGroupSpec"]  # reached inside the Kubernetes cluster: the GCS and the Jobs API
+    ports = head["template"]["spec"]["containers"][0]["ports"]
+    assert head["serviceType"] == "ClusterIP"
+    assert [p["containerPort"] for p in ports] == [6379, 8265]
     head["rayStartParams"]["num-cpus"] = 0  # a wrong type
     head["rayStartParam"] = {}  # an unknown field
-    assert len(kuberay_errors(doc)) == 2
+    spec["authOptions"]["mode"] = "Token"  # not one of KubeRay's modes
+    assert len(kuberay_errors(doc)) == 3
 
 
 def test_rayjob_runs_the_cluster_of_raycluster() -> None:
@@ -150,6 +158,22 @@ def test_the_launcher_the_image_and_the_setup_install_the_pins() -> None:
     assert setup and all("pip install -c constraints.txt" in ln for ln in setup), setup
 
 
+def test_the_launcher_starts_every_node_with_the_token_from_a_file() -> None:
+    """As tests/multinode/cluster.sh starts its nodes: RAY_AUTH_MODE=token and the token in a file
+    (its folder shipped by file_mounts) named by RAY_AUTH_TOKEN_PATH, in every container; the
+    dashboard on the head's loopback (`ray dashboard` forwards it over SSH)."""
+    doc = _load("cluster-launcher.yaml")
+    options = [o.split(maxsplit=1) for o in doc["docker"]["run_options"]]
+    env = dict(value.split("=", 1) for flag, value in options if flag == "--env")
+    assert env["RAY_AUTH_MODE"] == "token"
+    folder, name = os.path.split(env["RAY_AUTH_TOKEN_PATH"])
+    assert doc["file_mounts"][folder] == "~/.ray/asymvlm" and name == "auth_token"
+    commands = doc["head_start_ray_commands"] + doc["worker_start_ray_commands"]
+    assert not [c for c in commands if "RAY_AUTH" in c]  # set for the container, not per command
+    (head,) = [c for c in doc["head_start_ray_commands"] if "ray start" in c]
+    assert "--dashboard-host=127.0.0.1" in head.split()
+
+
 def test_constraints_pin_every_dependency() -> None:
     from packaging.requirements import Requirement
 
@@ -165,5 +189,6 @@ def test_constraints_pin_every_dependency() -> None:
 
 def test_no_secrets_in_files() -> None:
     paths = [os.path.join("cluster", n) for n in os.listdir(os.path.join(ROOT, "cluster"))]
-    for path in paths + ["constraints.txt", os.path.join("scripts", "setup.sh")]:
+    others = ["constraints.txt", os.path.join("scripts", "setup.sh")]
+    for path in paths + others + [os.path.join("tests", "multinode", "cluster.sh")]:
         assert not SECRET_VALUE.search(_read(path)), path

@@ -1,8 +1,8 @@
 """The pipeline on a real two-node Ray cluster on this one machine (`tests/multinode/cluster.sh`,
-which says what it starts and which jobs it runs), and what clouds do to it: a trial SIGKILLed,
-a local output refused, an object store failing 30 % of its requests, a worker node lost
-mid-trial, the MLflow server away for longer than its client's retries. The harness runs once
-per module; each test reads what it left."""
+which says what it starts and which jobs it runs), its doors locked by token authentication, and
+what clouds do to it: a trial SIGKILLed, a local output refused, an object store failing 30 % of
+its requests, a worker node lost mid-trial, the MLflow server away for longer than its client's
+retries. The harness runs once per module; each test reads what it left."""
 
 from __future__ import annotations
 
@@ -95,6 +95,22 @@ def harness(tmp_path_factory) -> Harness:
     command += [os.path.join(REPO, "tests", "multinode", "cluster.sh"), str(results)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
     return Harness(results, done.stderr, done.returncode)
+
+
+def test_without_the_token_no_job_is_submitted_and_no_node_joins(harness) -> None:
+    """The nodes run with token authentication as the cluster documents start them: a submission
+    without the token is refused, the same with it runs; a node without it is turned away."""
+    context = f"harness rc {harness.returncode}\n{harness.stderr[-3000:]}"
+    refused, accepted = harness.read("submit-no-token.log"), harness.read("submit-token.log")
+    assert harness.read("submit-no-token.rc").strip() == "1", context + refused[-3000:]
+    assert "Unauthorized: Missing authentication token" in refused, refused[-3000:]
+    assert "hello from the cluster" not in refused
+    assert harness.read("submit-token.rc").strip() == "0", context + accepted[-3000:]
+    assert "hello from the cluster" in accepted and "succeeded" in accepted, accepted[-3000:]
+    intruder = harness.read("intruder.log")
+    assert harness.read("intruder.rc").strip() == "1", context + intruder[-3000:]
+    assert "InvalidAuthToken: Authentication token is missing or incorrect" in intruder, intruder
+    assert len(json.loads(harness.read("nodes.json") or "[]")) == 2, context  # head and worker
 
 
 def test_the_pipeline_on_two_nodes_with_an_object_store(harness) -> None:

@@ -8,6 +8,10 @@
 #   * a head offering 0 CPUs (so training can only run on the worker), with the dashboard;
 #   * a worker with 3 CPUs in its own mount and PID namespaces, a private tmpfs over its scratch
 #     directory (a local path written on one node does not exist on the other).
+# Both nodes run with token authentication, started as cluster/cluster-launcher.yaml starts them
+# (RAY_AUTH_MODE=token, the token in a file named by RAY_AUTH_TOKEN_PATH). The doors are tried
+# first: a job submitted without the token (refused), the same with it (accepted), and a node
+# without the token trying to join (it must not).
 # Then jobs are submitted with `ray job submit` (findings go to $RESULTS), side by side where they
 # cannot disturb each other:
 #   1. s3: the pipeline with an s3:// output; the trial's process SIGKILLs itself once after
@@ -145,9 +149,11 @@ log "MLflow server"
 start_mlflow
 
 log "token and head"
-ray get-auth-token --generate >/dev/null 2>&1
-RAY_AUTH_TOKEN="$(ray get-auth-token 2>/dev/null | tail -1)"
-export RAY_AUTH_TOKEN RAY_AUTH_MODE=token
+# As cluster/cluster-launcher.yaml starts its nodes: one token, generated once, in a file every
+# node reads (RAY_AUTH_TOKEN_PATH), token authentication on (RAY_AUTH_MODE=token). Not in Ray's
+# default place (~/.ray/auth_token): a process without RAY_AUTH_TOKEN_PATH has no token.
+(umask 077 && mkdir -p "$T/token" && openssl rand -hex 32 >"$T/token/auth_token") || exit 4
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$T/token/auth_token"
 ray start --head --num-cpus 0 --node-ip-address 127.0.0.1 --port "$GCS" \
     --dashboard-host 127.0.0.1 --dashboard-port "$DASH" --temp-dir "$T/head" \
     --disable-usage-stats >"$RESULTS/head.log" 2>&1 || { cat "$RESULTS/head.log" >&2; exit 4; }
@@ -156,6 +162,19 @@ log "worker"
 start_worker worker
 wait_port "$MLF" || exit 5
 wait_nodes 2 || exit 6
+no_token() { env -u RAY_AUTH_MODE -u RAY_AUTH_TOKEN_PATH "$@"; }
+
+log "the doors: a node and a submission without the token, a submission with it"
+# A node without the token tries to join (in the background, while the jobs below run).
+no_token timeout 120 ray start --address "127.0.0.1:$GCS" --node-ip-address 127.0.0.1 \
+    --num-cpus 1 --temp-dir "$T/in" --block --disable-usage-stats >"$RESULTS/intruder.log" 2>&1 &
+intruder=$!
+HELLO=(-- python -c "print('hello from the cluster')")
+no_token ray job submit --address "http://127.0.0.1:$DASH" "${HELLO[@]}" \
+    >"$RESULTS/submit-no-token.log" 2>&1
+echo $? >"$RESULTS/submit-no-token.rc"
+ray job submit --address "http://127.0.0.1:$DASH" "${HELLO[@]}" >"$RESULTS/submit-token.log" 2>&1
+echo $? >"$RESULTS/submit-token.rc"
 
 submit() {  # SCRIPT CONFIG OUTPUT LOGFILE [--runtime-env-json JSON] [extra --set ...]
     local script="$1" config="$2" output="$3" logfile="$4" env=()
@@ -194,6 +213,12 @@ flaky_job=$!
 finish local $local_job "$start"
 finish flaky $flaky_job "$start"
 finish s3 $s3_job "$start"
+wait $intruder; echo $? >"$RESULTS/intruder.rc"
+"$PY" - "$GCS" >"$RESULTS/nodes.json" <<'PYEOF'
+import json, sys, ray
+ray.init(address=f"127.0.0.1:{sys.argv[1]}", logging_level="ERROR")
+print(json.dumps([n["NodeID"] for n in ray.nodes()]))  # every node that ever registered
+PYEOF
 
 log "job 4: the worker node is lost mid-trial"
 start=$(date +%s)
