@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import posixpath
@@ -156,6 +157,22 @@ def list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
         and not info.base_name.startswith((".", "_"))
     ]
     return sorted(files, key=posixpath.basename)
+
+
+def fingerprint(root: str, split: str, manifest: Manifest, images: int, texts: int) -> str:
+    """``sha256:<hex>`` of a split's tables without reading them (docs/sharing.md, "Provenance"):
+    the manifest, the row counts and the name and size of every parquet file of the split."""
+    fs, base = filesystem(root)
+    files = {
+        kind: [
+            [info.base_name, info.size]
+            for info in fs.get_file_info(list_parquet(fs, join(base, split, kind)))
+        ]
+        for kind in (IMAGES_DIR, TEXTS_DIR)
+    }
+    rows = {IMAGES_DIR: images, TEXTS_DIR: texts}
+    payload = {"manifest": manifest.to_dict(), "rows": rows, "files": files}
+    return "sha256:" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> str:
