@@ -316,6 +316,35 @@ def _nota_result() -> dict:
     return {"dummy": cells, "rejection": {}}
 
 
+def test_an_evaluation_run_holds_the_headline_numbers_and_the_rest_in_its_json(store) -> None:
+    """Metrics: per method (mean over seeds), direction and set; every number in results.json."""
+    from mlflow import MlflowClient
+
+    from asymvlm import tracking
+
+    retrieval = {
+        f"asymvlm-vmf/seed{s}": _test_results(0.3 + 0.1 * s, 0.7, 0.4, 0.1, 2) for s in (0, 1)
+    }
+    retrieval["clip"] = _test_results(0.5, 0.6, 0.4, 0.1, 2)
+    ids = [
+        log_evaluation(store, "headline", k, v)
+        for k, v in (("retrieval", retrieval), ("nota", _nota_result()))
+    ]
+    got, nota = (MlflowClient(store).get_run(i).data.metrics for i in ids)
+    keys = ("recall_at_1", "spearman", "r2", "auroc")  # recall@5/10 not in these results
+    assert set(got) == {
+        f"{m}/{d}/{k}" for m in ("asymvlm-vmf", "clip") for d in ("t2i", "i2t") for k in keys
+    }
+    assert got["asymvlm-vmf/i2t/recall_at_1"] == pytest.approx(0.36)  # (0.31 + 0.41) / 2
+    assert got["asymvlm-vmf/t2i/spearman"] == pytest.approx(-0.9) and got["clip/t2i/auroc"] == 0.6
+    assert tracking.json_artifact(store, ids[0], "results.json") == retrieval  # curves included
+    assert nota == pytest.approx(
+        {"clip/pos_acc": 0.95, "clip/neg_acc": 0.1, "clip/far_neg_acc": 0.6}
+        | {"asymvlm-vmf/pos_acc": 0.9, "asymvlm-vmf/neg_acc": 0.52, "asymvlm-vmf/far_neg_acc": 0.3}
+        | {"determ-ft/pos_acc": 0.8, "determ-ft/neg_acc": 0.21, "determ-ft/far_neg_acc": 0.31}
+    )
+
+
 def test_table2_and_table3_claims_per_seed() -> None:
     """Table 2: per seed the mean over the dummy prompts; Table 3: per evaluation set."""
     verdicts = {(v.claim, v.where): v for v in claims.table2_verdicts(_nota_result())}
