@@ -6,6 +6,7 @@ import json
 import math
 import os
 import statistics
+import time
 import types
 
 import numpy as np
@@ -492,3 +493,36 @@ def test_a_method_declaring_no_uncertainty_shows_none(monkeypatch, add_method) -
         "method": "flat",
         "t2i_recall_at_1": 0.5,
     }
+
+
+def test_the_ui_starts_one_quiet_worker_that_lists_the_runs(tmp_path) -> None:
+    """``asymvlm ui``: one server process, no job runner, no warning, the store's runs shown."""
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    log_evaluation(f"sqlite:///{tmp_path}/mlflow.db", "ui", "zeroshot", {"clip": {"a": 0.5}})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "asymvlm.cli", "ui", str(tmp_path), "--port", str(port)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    ui = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/runs/search"
+    try:
+        for _ in range(600):
+            try:
+                query = json.dumps({"experiment_ids": ["1"]}).encode()
+                request = urllib.request.Request(url, query, {"Content-Type": "application/json"})
+                runs = json.load(urllib.request.urlopen(request, timeout=5))["runs"]
+                break
+            except OSError:
+                assert ui.poll() is None, ui.stdout.read().decode()
+                time.sleep(0.2)
+    finally:
+        ui.terminate()
+        out = ui.communicate(timeout=60)[0].decode()
+    assert [r["info"]["run_name"] for r in runs] == ["eval zeroshot"]
+    assert out.count("Started server process") == 1, out
+    assert "Warning" not in out and "huey" not in out.lower(), out
