@@ -146,17 +146,22 @@ def read_projection(root: str, manifest: Manifest | None = None) -> dict[str, np
     return out
 
 
-def list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
+def parquet_files(fs: pafs.FileSystem, folder: str) -> list[pafs.FileInfo]:
     """Parquet files directly in ``folder`` sorted by name (hidden/temporary names skipped)."""
     infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
     files = [
-        info.path
+        info
         for info in infos
         if info.type == pafs.FileType.File
         and info.base_name.endswith(".parquet")
         and not info.base_name.startswith((".", "_"))
     ]
-    return sorted(files, key=posixpath.basename)
+    return sorted(files, key=lambda info: info.base_name)
+
+
+def list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
+    """The paths of :func:`parquet_files`."""
+    return [info.path for info in parquet_files(fs, folder)]
 
 
 def fingerprint(root: str, split: str, manifest: Manifest, images: int, texts: int) -> str:
@@ -164,10 +169,7 @@ def fingerprint(root: str, split: str, manifest: Manifest, images: int, texts: i
     the manifest, the row counts and the name and size of every parquet file of the split."""
     fs, base = filesystem(root)
     files = {
-        kind: [
-            [info.base_name, info.size]
-            for info in fs.get_file_info(list_parquet(fs, join(base, split, kind)))
-        ]
+        kind: [[info.base_name, info.size] for info in parquet_files(fs, join(base, split, kind))]
         for kind in (IMAGES_DIR, TEXTS_DIR)
     }
     rows = {IMAGES_DIR: images, TEXTS_DIR: texts}
