@@ -250,9 +250,7 @@ def headline_metrics(kind: str, result: Mapping[str, Any]) -> dict[str, float]:
     for path, value in EVALUATIONS[kind].headline(result):
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             name = re.sub(r"/seed\d+(?=/)", "", path).replace("@", "_at_")
-            values["".join(c if c.isalnum() or c in "_-./: " else "_" for c in name)[:250]] += [
-                float(value)
-            ]
+            values[re.sub(r"[^\w\-./: ]", "_", name)[:250]].append(float(value))
     return {name: sum(v) / len(v) for name, v in values.items()}
 
 
