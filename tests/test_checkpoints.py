@@ -148,15 +148,19 @@ def test_resume_ends_bit_for_bit_where_an_uninterrupted_run_ends(
 
 
 def test_the_fingerprint_changes_with_the_tables_not_their_place(small_world, tmp_path) -> None:
-    root = tmp_path / "moved"
+    root, out = tmp_path / "moved", str(tmp_path / "ckpt")
     shutil.copytree(small_world, root)
     first = read_split(str(root), "train")
     assert first.fingerprint == read_split(small_world, "train").fingerprint
     assert first.fingerprint != read_split(str(root), "val").fingerprint
+    train(str(root), "train", _cfg(epochs=1), output=out, progress=False)
+    (Path(out) / "config.json").write_text(json.dumps(_meta(out) | {"complete": False}))
     part = next((root / "train" / "texts").glob("*.parquet"))
     table = pq.read_table(part)
     pq.write_table(table.slice(0, table.num_rows - 1), part)
     assert read_split(str(root), "train").fingerprint not in (None, first.fingerprint)
+    with pytest.raises(CheckpointError, match=r"train changed since the checkpoint \(its tables'"):
+        train(str(root), "train", _cfg(epochs=1), output=out, resume=True)
 
 
 def test_resume_starts_fresh_or_with_the_same_settings_only(small_world, tmp_path) -> None:
