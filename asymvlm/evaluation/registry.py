@@ -136,7 +136,7 @@ EVALUATIONS: dict[str, Evaluation] = {
             for name, m in methods.items()
         },
         lambda res: (
-            (f"{name}/{d}/{k}", r[d].get(k))
+            (f"{name}/{d}_{k}", r[d].get(k))
             for name, r in res.items()
             for d in ("t2i", "i2t")
             for k in RETRIEVAL_HEADLINE
