@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from importlib.metadata import version
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import asymvlm.checkpoints as ck
+from asymvlm import tables
 from asymvlm.cli import main
 from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
 from asymvlm.methods import build_method
 from asymvlm.protocol import train
+from asymvlm.tables import read_split
+from asymvlm.tracking import git_commit
 from asymvlm.training import TrainConfig, Trainer
 
 
@@ -104,6 +110,17 @@ def test_resume_ends_bit_for_bit_where_an_uninterrupted_run_ends(
     meta = _meta(plain)
     assert (meta["complete"], meta["epoch"], meta["split"]) == (True, 5, "train")
     assert meta["train_config"]["lr"] == 1e-3 and meta["embeddings"] == os.path.abspath(small_world)
+    assert (meta["asymvlm_version"], meta["torch_version"]) == (
+        version("asymvlm"),
+        torch.__version__,
+    )
+    assert meta.get("git_commit", "unknown") == git_commit()
+    split = read_split(small_world, "train")
+    assert (
+        meta["tables_fingerprint"]
+        == split.fingerprint
+        == tables.fingerprint(small_world, "train", split.manifest, split.n_images, split.n_texts)
+    )
     assert [r["epoch"] for r in ck.read_history(plain)] == [r["epoch"] for r in history]
     original = Trainer.train_epoch
 
@@ -128,6 +145,22 @@ def test_resume_ends_bit_for_bit_where_an_uninterrupted_run_ends(
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
     rows = [[r | {"epoch_seconds": 0} for r in ck.read_history(f)] for f in (plain, out)]
     assert rows[0] == rows[1]
+
+
+def test_the_fingerprint_changes_with_the_tables_not_their_place(small_world, tmp_path) -> None:
+    root, out = tmp_path / "moved", str(tmp_path / "ckpt")
+    shutil.copytree(small_world, root)
+    first = read_split(str(root), "train")
+    assert first.fingerprint == read_split(small_world, "train").fingerprint
+    assert first.fingerprint != read_split(str(root), "val").fingerprint
+    train(str(root), "train", _cfg(epochs=1), output=out, progress=False)
+    (Path(out) / "config.json").write_text(json.dumps(_meta(out) | {"complete": False}))
+    part = next((root / "train" / "texts").glob("*.parquet"))
+    table = pq.read_table(part)
+    pq.write_table(table.slice(0, table.num_rows - 1), part)
+    assert read_split(str(root), "train").fingerprint not in (None, first.fingerprint)
+    with pytest.raises(CheckpointError, match=r"train changed since the checkpoint \(its tables'"):
+        train(str(root), "train", _cfg(epochs=1), output=out, resume=True)
 
 
 def test_resume_starts_fresh_or_with_the_same_settings_only(small_world, tmp_path) -> None:

@@ -68,7 +68,13 @@ def test_the_folder_has_the_hub_layout_and_a_card(vmf, tmp_path) -> None:
     scale = float(load_file(os.path.join(vmf, "model.safetensors"))["text_adapter.input_scale"])
     assert config["input_calibration"] == {"text_adapter.input_scale": pytest.approx(scale)}
     assert config["embeddings"] == "tables"  # no path of this machine in a published folder
+    assert config["torch_version"] == torch.__version__ and config["asymvlm_version"]
+    assert config["tables_fingerprint"].startswith("sha256:")
     card = ModelCard((out / "README.md").read_text())
+    settings = (
+        f"| trained with | `asymvlm {config['asymvlm_version']}, torch {torch.__version__}` |"
+    )
+    assert settings in card.text and f"| `{config['tables_fingerprint']}` |" in card.text
     assert card.data.library_name == "asymvlm" and card.data.license == "apache-2.0"
     assert "asymvlm-vmf" in card.data.tags and "base_model" not in card.data.to_dict()
     sections = "Method", "Training data and protocol", "Evaluation", "How to use", "Limits"

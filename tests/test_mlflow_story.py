@@ -7,16 +7,20 @@ searched for them."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from importlib.metadata import version
 
 import pytest
+import torch
 
 from asymvlm import config, tracking
 from asymvlm.errors import ConfigError
+from asymvlm.tables import read_split
 from pipelines import schema
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,8 +118,16 @@ def test_the_pipeline_run_is_the_root_of_everything(story) -> None:
     assert {parents[t.info.run_id] for t in trials} == {sweep.info.run_id}
     assert evaluation.info.run_name == "eval hierarcaps (tiny)"
     metrics = evaluation.data.metrics
-    assert any(k.endswith("/spearman_level_uncertainty") for k in metrics), sorted(metrics)
-    assert len([k for k in metrics if k.startswith("asymvlm-vmf/seed")]) >= 2
+    headline = {f"asymvlm-vmf/spearman_{k}_uncertainty" for k in ("level", "words")}
+    assert "asymvlm-vmf/spearman_level_uncertainty" in set(metrics) <= headline, sorted(metrics)
+    adapter = story["output"] / "sweeps" / "tiny" / "adapters" / "asymvlm-vmf" / "seed1"
+    meta = json.loads((adapter / "config.json").read_text())  # provenance, from a Ray worker
+    train = read_split(str(story["output"] / "tables" / "synthetic"), "train")
+    assert meta["tables_fingerprint"] == train.fingerprint and meta["git_commit"] == commit
+    assert (meta["torch_version"], meta["asymvlm_version"]) == (
+        torch.__version__,
+        version("asymvlm"),
+    )
     names = {a.path for a in story["client"].list_artifacts(report.info.run_id)}
     assert {"report.md", "report.html"} <= names
     html = open(story["output"] / "report" / "report.html").read()

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import statistics
+import time
 import types
 
 import numpy as np
@@ -316,6 +317,35 @@ def _nota_result() -> dict:
     return {"dummy": cells, "rejection": {}}
 
 
+def test_an_evaluation_run_holds_the_headline_numbers_and_the_rest_in_its_json(store) -> None:
+    """Metrics: per method (mean over seeds), direction and set; every number in results.json."""
+    from mlflow import MlflowClient
+
+    from asymvlm import tracking
+
+    retrieval = {
+        f"asymvlm-vmf/seed{s}": _test_results(0.3 + 0.1 * s, 0.7, 0.4, 0.1, 2) for s in (0, 1)
+    }
+    retrieval["clip"] = _test_results(0.5, 0.6, 0.4, 0.1, 2)
+    ids = [
+        log_evaluation(store, "headline", k, v)
+        for k, v in (("retrieval", retrieval), ("nota", _nota_result()))
+    ]
+    got, nota = (MlflowClient(store).get_run(i).data.metrics for i in ids)
+    keys = ("recall_at_1", "spearman", "r2", "auroc")  # recall@5/10 not in these results
+    assert set(got) == {
+        f"{m}/{d}_{k}" for m in ("asymvlm-vmf", "clip") for d in ("t2i", "i2t") for k in keys
+    }
+    assert got["asymvlm-vmf/i2t_recall_at_1"] == pytest.approx(0.36)  # (0.31 + 0.41) / 2
+    assert got["asymvlm-vmf/t2i_spearman"] == pytest.approx(-0.9) and got["clip/t2i_auroc"] == 0.6
+    assert tracking.json_artifact(store, ids[0], "results.json") == retrieval  # curves included
+    assert nota == pytest.approx(
+        {"clip/pos_acc": 0.95, "clip/neg_acc": 0.1, "clip/far_neg_acc": 0.6}
+        | {"asymvlm-vmf/pos_acc": 0.9, "asymvlm-vmf/neg_acc": 0.52, "asymvlm-vmf/far_neg_acc": 0.3}
+        | {"determ-ft/pos_acc": 0.8, "determ-ft/neg_acc": 0.21, "determ-ft/far_neg_acc": 0.31}
+    )
+
+
 def test_table2_and_table3_claims_per_seed() -> None:
     """Table 2: per seed the mean over the dummy prompts; Table 3: per evaluation set."""
     verdicts = {(v.claim, v.where): v for v in claims.table2_verdicts(_nota_result())}
@@ -465,3 +495,36 @@ def test_a_method_declaring_no_uncertainty_shows_none(monkeypatch, add_method) -
         "method": "flat",
         "t2i_recall_at_1": 0.5,
     }
+
+
+def test_the_ui_starts_one_quiet_worker_that_lists_the_runs(tmp_path) -> None:
+    """``asymvlm ui``: one server process, no job runner, no warning, the store's runs shown."""
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    log_evaluation(f"sqlite:///{tmp_path}/mlflow.db", "ui", "zeroshot", {"clip": {"a": 0.5}})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "asymvlm.cli", "ui", str(tmp_path), "--port", str(port)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    ui = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/runs/search"
+    try:
+        for _ in range(600):
+            try:
+                query = json.dumps({"experiment_ids": ["1"]}).encode()
+                request = urllib.request.Request(url, query, {"Content-Type": "application/json"})
+                runs = json.load(urllib.request.urlopen(request, timeout=5))["runs"]
+                break
+            except OSError:
+                assert ui.poll() is None, ui.stdout.read().decode()
+                time.sleep(0.2)
+    finally:
+        ui.terminate()
+        out = ui.communicate(timeout=60)[0].decode()
+    assert [r["info"]["run_name"] for r in runs] == ["eval zeroshot"]
+    assert out.count("Started server process") == 1, out
+    assert "Warning" not in out and "huey" not in out.lower(), out

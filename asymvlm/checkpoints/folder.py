@@ -9,6 +9,7 @@ import pickle
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from asymvlm.errors import CheckpointError, ConfigError
 from asymvlm.methods import METHODS, Method, build_method, method_distribution
 from asymvlm.storage import absolute
+from asymvlm.tracking.store import git_commit
 from asymvlm.training import History, TrainConfig, Trainer
 
 CONFIG_FILE = "config.json"
@@ -98,13 +100,23 @@ def discard_checkpoint(directory: str) -> None:
     shutil.rmtree(sibling_paths(directory)[0], ignore_errors=True)
 
 
-def provenance(manifest: Any) -> dict[str, Any]:
-    """What a checkpoint records of its tables' manifest: the model and encoder they come from."""
+def provenance(split: Any) -> dict[str, Any]:
+    """What a checkpoint records of the split it was trained on: the model and encoder of its
+    tables and the tables' fingerprint (:func:`asymvlm.tables.fingerprint`)."""
+    manifest = getattr(split, "manifest", None)
     if manifest is None:
         return {}
     info, keys = manifest.to_dict(), ("model", "revision", "family", "files_sha256", "dim")
     encoder = {"encoder": {k: info.get(k) for k in keys}} if info.get("family") else {}
-    return {"embedding_model": manifest.model, **encoder}
+    tables = {"tables_fingerprint": split.fingerprint} if split.fingerprint else {}
+    return {"embedding_model": manifest.model, **encoder, **tables}
+
+
+def versions() -> dict[str, str]:
+    """The versions of asymvlm and torch, and the commit when run from a git checkout."""
+    commit = git_commit()
+    found = {"asymvlm_version": version("asymvlm"), "torch_version": torch.__version__}
+    return found | ({"git_commit": commit} if commit != "unknown" else {})
 
 
 def write_weights(state: dict[str, torch.Tensor], folder: str) -> None:
@@ -144,6 +156,7 @@ def save_checkpoint(
         "complete": bool(epoch >= epochs if complete is None else complete),
         "epoch": epoch,
         "epochs": epochs,
+        **versions(),
         **(extra or {}),
     }
     json.dumps(meta, allow_nan=False)  # not JSON: refused before anything is written
@@ -177,7 +190,7 @@ def save_run_checkpoint(
         trainer.method,
         trainer.cfg,
         trainer.data.dim,
-        {**provenance(trainer.data.split.manifest), **(extra or {})},
+        {**provenance(trainer.data.split), **(extra or {})},
         epoch=trainer.epoch,
         complete=complete,
         trainer_state=trainer.state_dict() if state else None,

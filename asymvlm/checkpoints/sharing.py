@@ -156,6 +156,11 @@ def _evaluation(metrics: Mapping[str, float], run: Mapping[str, Any] | None) -> 
     )
 
 
+def _trained_with(config: Mapping[str, Any]) -> list[str]:
+    names = (("asymvlm", "asymvlm_version"), ("torch", "torch_version"))
+    return [f"{name} {config[key]}" for name, key in names if config.get(key)]
+
+
 def model_card(
     config: Mapping[str, Any],
     *,
@@ -192,6 +197,7 @@ def model_card(
         ("encoder files SHA-256", enc.get("files_sha256")),
         ("tables", config.get("embeddings")),
         ("split", config.get("split")),
+        ("tables fingerprint", config.get("tables_fingerprint")),
         ("protocol", config.get("protocol") or train.get("protocol")),
         ("adapter input", config.get("adapter_input")),
         ("input calibration", calibration or None),
@@ -199,6 +205,8 @@ def model_card(
         *((k, train.get(k)) for k in ("optimizer", "lr", "batch_size", "weight_decay")),
         ("adapter width x depth", f"{train.get('hidden_dim')} x {train.get('depth') or 'default'}"),
         ("seed", train.get("seed")),
+        ("trained with", ", ".join(_trained_with(config)) or None),
+        ("git commit", config.get("git_commit")),
     ]
     table = "\n".join(f"| {k} | `{v}` |" for k, v in rows if v not in (None, "", "None of None"))
     where = f"hf-hub:{repo}" if repo else "FOLDER"
@@ -318,7 +326,7 @@ def export_adapter(
         config["embeddings"] = os.path.basename(str(meta["embeddings"]).rstrip("/"))
     config.update(
         format=EXPORT_FORMAT,
-        asymvlm_version=version("asymvlm"),
+        asymvlm_version=meta.get("asymvlm_version") or version("asymvlm"),
         protocol=(meta.get("train_config") or {}).get("protocol")
         or (meta.get("method_kwargs") or {}).get("protocol"),
         input_calibration={

@@ -11,6 +11,8 @@ from asymvlm.cli.common import Help
 from asymvlm.errors import ConfigError, check_extras
 
 logger = logging.getLogger("asymvlm.cli")
+#: What MLflow's server prints at import (its FastAPI app wraps Flask in Starlette's WSGI shim).
+STARLETTE_WSGI_WARNING = "starlette.middleware.wsgi is deprecated"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -35,11 +37,17 @@ def cmd_ui(args: argparse.Namespace) -> int:
         )
     uri = "sqlite:///" + database
     tracking.relocate_local_store(uri)
-    where = ["--host", args.host, "--port", str(args.port)]
+    where = ["--host", args.host, "--port", str(args.port), "--workers", "1"]
     logger.info("MLflow UI on http://%s:%d (Ctrl-C stops it)", args.host, args.port)
-    os.execv(
-        sys.executable, [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, *where]
-    )
+    # One reader needs one worker and no job runner (MLflow starts 4 workers and a GenAI job
+    # runner, each importing MLflow: 4x as long on 2 cores, and a Starlette warning per worker).
+    warnings = [os.environ.get("PYTHONWARNINGS"), f"ignore:{STARLETTE_WSGI_WARNING}"]
+    env = os.environ | {
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        "PYTHONWARNINGS": ",".join(filter(None, warnings)),
+    }
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, *where]
+    os.execve(sys.executable, command, env)
     return 0  # not reached
 
 

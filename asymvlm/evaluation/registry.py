@@ -5,7 +5,9 @@ typed spec and the function computing it (:mod:`asymvlm.evaluation.suite`)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Literal, NamedTuple
 
 import torch
@@ -26,8 +28,8 @@ __all__ = [
     "EvaluationSpec",
     "evaluate",
     "evaluate_split",
+    "headline_metrics",
     "log_evaluation",
-    "result_metrics",
     "spec",
     "with_frozen",
 ]
@@ -96,12 +98,19 @@ class OodSpec(EvaluationSpec):
 
 
 Compute = Callable[[Mapping[str, Method], Any, suite.SplitLoader], dict[str, Any]]
+#: ``(metric path, value)`` of the numbers of a result that matter, adapters named ``m/seed<k>``.
+Headline = Callable[[Mapping[str, Any]], Iterable[tuple[str, Any]]]
+RETRIEVAL_HEADLINE = ("recall@1", "recall@5", "recall@10", "spearman", "r2", "auroc")
+HIERARCAPS_HEADLINE = ("spearman_level_uncertainty", "spearman_words_uncertainty")
+NOTA_HEADLINE = ("pos_acc", "neg_acc", "far_neg_acc")
+OOD_HEADLINE = ("t2i_recall_at_1", "i2t_recall_at_1", "t2i_mmi", "i2t_mmi", "uncertainty_auroc")
 
 
 class Evaluation(NamedTuple):
     title: str
     spec_model: type[EvaluationSpec]
     compute: Compute
+    headline: Headline
 
 
 def _retrieval_on_split(
@@ -126,6 +135,12 @@ EVALUATIONS: dict[str, Evaluation] = {
             name: _retrieval_on_split(m, load(spec.data, suite.adapter_input(m)), spec)
             for name, m in methods.items()
         },
+        lambda res: (
+            (f"{name}/{d}_{k}", r[d].get(k))
+            for name, r in res.items()
+            for d in ("t2i", "i2t")
+            for k in RETRIEVAL_HEADLINE
+        ),
     ),
     "zeroshot": Evaluation(
         "zero-shot accuracy after fine-tuning (Table 3)",
@@ -133,6 +148,7 @@ EVALUATIONS: dict[str, Evaluation] = {
         lambda methods, spec, load: suite.evaluate_zero_shot(
             methods, spec.sets, spec.template_aggregation
         ),
+        lambda res: ((f"{name}/{s}", v) for name, r in res.items() for s, v in r.items()),
     ),
     "nota": Evaluation(
         "none-of-the-above prompts (Table 2)",
@@ -140,16 +156,38 @@ EVALUATIONS: dict[str, Evaluation] = {
         lambda methods, spec, load: suite.evaluate_none_of_the_above(
             methods, spec.positives, spec.negatives, spec.far_negatives, spec.template_aggregation
         ),
+        lambda res: (  # over the dummy prompts too
+            *(
+                (f"{name}/{k}", cell.get(k))
+                for per_method in res["dummy"].values()
+                for name, cell in per_method.items()
+                for k in NOTA_HEADLINE
+            ),
+            *(
+                (f"{rule}-based/{k}", cell.get(k))
+                for rule, cell in res.get("rejection", {}).items()
+                for k in NOTA_HEADLINE
+            ),
+        ),
     ),
     "hierarcaps": Evaluation(
         "uncertainty along caption hierarchies (Fig. 5)",
         HierarcapsSpec,
         lambda methods, spec, load: suite.evaluate_hierarcaps(methods, spec.data, load),
+        lambda res: (
+            (f"{name}/{k}", r.get(k)) for name, r in res.items() for k in HIERARCAPS_HEADLINE
+        ),
     ),
     "ood": Evaluation(
         "retrieval under perturbed images and captions (beyond the paper)",
         OodSpec,
         lambda methods, spec, load: suite.evaluate_ood(methods, spec.data, spec.perturbed, load),
+        lambda res: (
+            (f"{name}/{p}/{k}", r.get(k))
+            for name, per in res.items()
+            for p, r in per.items()
+            for k in OOD_HEADLINE
+        ),
     ),
 }
 
@@ -205,19 +243,15 @@ def evaluate_split(
     return _retrieval_on_split(method, data, parsed, progress)
 
 
-def result_metrics(result: Any, prefix: str = "") -> dict[str, float]:
-    """Every finite number of a result as an MLflow metric named by its path (alphanumerics,
-    ``_ - . / :`` and spaces); lists stay in the JSON."""
-    out: dict[str, float] = {}
-    if isinstance(result, Mapping):
-        for key, value in result.items():
-            name = f"{prefix}/{key}" if prefix else str(key)
-            name = "".join(c if c.isalnum() or c in "_-./: " else "_" for c in name)[:250]
-            out.update(result_metrics(value, name))
-    elif isinstance(result, int | float) and not isinstance(result, bool):
-        if math.isfinite(result):
-            out[prefix] = float(result)
-    return out
+def headline_metrics(kind: str, result: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a ``kind`` result that matter, as MLflow metrics: per method (the mean
+    over its seeds), direction and set; the rest stays in ``results.json`` (docs/metrics.md)."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for path, value in EVALUATIONS[kind].headline(result):
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            name = re.sub(r"/seed\d+(?=/)", "", path).replace("@", "_at_")
+            values[re.sub(r"[^\w\-./: ]", "_", name)[:250]].append(float(value))
+    return {name: sum(v) / len(v) for name, v in values.items()}
 
 
 def log_evaluation(
@@ -231,7 +265,8 @@ def log_evaluation(
     name: str | None = None,
     figures: Mapping[str, str] | None = None,
 ) -> str:
-    """One MLflow run ``kind=eval-<kind>``: the numbers as metrics, ``results.json``, figures."""
+    """One MLflow run ``kind=eval-<kind>``: the :func:`headline_metrics`, every number in
+    ``results.json``, the figures."""
     from asymvlm import tracking
 
     title = EVALUATIONS[kind].title
@@ -244,7 +279,7 @@ def log_evaluation(
         params={"kind": kind, **(params or {})},
         description=title[0].upper() + title[1:],
     ) as run:
-        run.log_metrics(result_metrics(result))
+        run.log_metrics(headline_metrics(kind, result))
         run.log_json("results.json", result)
         for path in (figures or {}).values():
             run.log_artifact(path)

@@ -22,7 +22,7 @@ from asymvlm.checkpoints import (
     save_run_checkpoint,
 )
 from asymvlm.config import validate
-from asymvlm.errors import ConfigError, NonFiniteError
+from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
 from asymvlm.evaluation.registry import evaluate_split
 from asymvlm.methods import METHODS, Method, build_method
 from asymvlm.splits import SplitCache, SplitTensors, hold_out_images, load_split
@@ -290,6 +290,13 @@ def train(
     last_good: str | None = None
     if previous is not None:
         assert output is not None
+        if previous.get("tables_fingerprint", trainer.data.split.fingerprint) != (
+            trainer.data.split.fingerprint
+        ):
+            raise CheckpointError(
+                f"{output}: cannot resume: {embeddings}/{split} changed since the checkpoint "
+                "(its tables' fingerprint differs); pass --overwrite to start over"
+            )
         run.resume(read_run_state(output))
         last_good = f"epoch {trainer.epoch} of {cfg.epochs}"
     elif output is not None and overwrite:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import posixpath
@@ -145,17 +146,35 @@ def read_projection(root: str, manifest: Manifest | None = None) -> dict[str, np
     return out
 
 
-def list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
+def parquet_files(fs: pafs.FileSystem, folder: str) -> list[pafs.FileInfo]:
     """Parquet files directly in ``folder`` sorted by name (hidden/temporary names skipped)."""
     infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
     files = [
-        info.path
+        info
         for info in infos
         if info.type == pafs.FileType.File
         and info.base_name.endswith(".parquet")
         and not info.base_name.startswith((".", "_"))
     ]
-    return sorted(files, key=posixpath.basename)
+    return sorted(files, key=lambda info: info.base_name)
+
+
+def list_parquet(fs: pafs.FileSystem, folder: str) -> list[str]:
+    """The paths of :func:`parquet_files`."""
+    return [info.path for info in parquet_files(fs, folder)]
+
+
+def fingerprint(root: str, split: str, manifest: Manifest, images: int, texts: int) -> str:
+    """``sha256:<hex>`` of a split's tables without reading them (docs/sharing.md, "Provenance"):
+    the manifest, the row counts and the name and size of every parquet file of the split."""
+    fs, base = filesystem(root)
+    files = {
+        kind: [[info.base_name, info.size] for info in parquet_files(fs, join(base, split, kind))]
+        for kind in (IMAGES_DIR, TEXTS_DIR)
+    }
+    rows = {IMAGES_DIR: images, TEXTS_DIR: texts}
+    payload = {"manifest": manifest.to_dict(), "rows": rows, "files": files}
+    return "sha256:" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def write_part(root: str, split: str, kind: str, part: str, table: pa.Table) -> str:

@@ -23,6 +23,7 @@ from asymvlm.tables.files import (
     TEXT_RESERVED,
     TEXTS_DIR,
     TableError,
+    fingerprint,
     list_parquet,
     read_manifest,
 )
@@ -256,5 +257,6 @@ def read_split(
         caption_ids=texts.ids.to_pylist(),
         text_image_index=index.to_numpy(zero_copy_only=False).astype(np.int64),
         texts=texts.strings("text").to_pylist(),
+        fingerprint=fingerprint(root, split, manifest, len(images.ids), len(texts.ids)),
         **out,
     )

@@ -31,6 +31,8 @@ class EmbeddingSplit:
     image_features_pre: np.ndarray | None = None
     text_features_pre: np.ndarray | None = None
     text_is_raw: bool = False
+    #: The tables' :func:`~asymvlm.tables.files.fingerprint` (None for a split made in memory).
+    fingerprint: str | None = None
 
     @property
     def n_images(self) -> int:
@@ -72,6 +74,7 @@ class EmbeddingSplit:
             image_features_pre=rows(self.image_features_pre, images),
             text_features_pre=rows(self.text_features_pre, texts),
             text_is_raw=self.text_is_raw,
+            fingerprint=self.fingerprint,
         )
 
     def raw_text(self) -> np.ndarray:

@@ -169,6 +169,9 @@ class CaptionStream:
             text_norms=None,
             extra_text_columns={},
             manifest=self.manifest,
+            fingerprint=tables.fingerprint(
+                self.root, self.split, self.manifest, self.n_image, self.n_text
+            ),
         )
         return SplitTensors(
             image_emb=self.image_emb,
