@@ -16,8 +16,6 @@ from asymvlm.metrics import distinct_levels
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import TableError
 
-__all__ = ["hierarchy_analysis", "plot_hierarchy"]
-
 
 @torch.no_grad()
 def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "level") -> dict:

@@ -14,8 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["KarpathyTest", "eccv_metrics", "karpathy_test"]
-
 FOLD_CAPTIONS = 5000  # COCO 1K: five folds of 1000 images with their 5000 ground-truth captions
 
 
