@@ -49,11 +49,8 @@ class ClassificationSet:
                 "prompts/ -- embed CIFAR/STL/ImageNet with `asymvlm embed`)"
             )
         self.image_emb = torch.tensor(tables.column_matrix(images.column("embedding")))
-        self.image_norm = (
-            torch.as_tensor(np.asarray(images.column("norm"), dtype=np.float32))
-            if "norm" in images.column_names
-            else None
-        )
+        norm = images.column("norm") if "norm" in images.column_names else None
+        self.image_norm = None if norm is None else torch.as_tensor(np.asarray(norm, np.float32))
         self.labels = torch.as_tensor(np.asarray(images.column("label").to_pylist()))
         self.prompt_class = np.asarray(prompts.column("class_index").to_pylist())
         self.prompt_text = prompts.column("text").to_pylist()
