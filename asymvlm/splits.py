@@ -16,8 +16,6 @@ import torch
 
 from asymvlm import tables
 
-__all__ = ["PROCESS_CACHE", "SplitCache", "SplitTensors", "hold_out_images", "load_split"]
-
 
 @dataclass
 class SplitTensors:

@@ -14,11 +14,7 @@ from asymvlm import tables
 from asymvlm.cli import main
 from asymvlm.methods import build_method
 from asymvlm.methods.base import unit
-from asymvlm.methods.bayesvlm import (
-    embedding_trace,
-    expected_norm_unit,
-    fit_projection_posterior,
-)
+from asymvlm.methods.bayesvlm import embedding_trace, expected_norm_unit, fit_projection_posterior
 from asymvlm.synthetic import write_world
 from tests.conftest import small_world_config
 

@@ -1,11 +1,6 @@
-"""ECCV Caption / CxC and the COCO 1K folds on a fake COCO Karpathy 5k test table.
-
-The table carries the real test ids (read from the ``eccv_caption`` package's ground truth) plus
-ten captions outside it (as the Karpathy split's sixth and seventh captions), in our readers'
-order (images and captions sorted by id string). Its scores are a closed-form function of
-(caption row, image row): deterministic noise in [0, 1) plus a bonus for the ECCV positives, so
-the answers are known (or computable without the code under test).
-"""
+"""ECCV Caption / CxC and the COCO 1K folds on a fake COCO Karpathy 5k test table: the real test
+ids (``eccv_caption``'s ground truth) plus ten captions outside it, sorted by id string as our
+readers do; scores are fixed noise in [0, 1) plus a bonus for the ECCV positives (known answers)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from scipy import stats
 
 from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.methods import build_method
+from asymvlm.methods.base import unit
 from asymvlm.metrics import (
     DEFAULT_MEMORY_BUDGET,
     SCORE_WORK_BYTES,
@@ -221,7 +222,7 @@ def test_retrieval_ece_by_hand() -> None:
 
 def _split(n_text: int, n_image: int, dim: int, noise: float = 0.3) -> SplitTensors:
     g = torch.Generator().manual_seed(0)
-    images = torch.nn.functional.normalize(torch.randn(n_image, dim, generator=g), dim=-1)
+    images = unit(torch.randn(n_image, dim, generator=g))
     pairs = torch.arange(n_text) % n_image
     texts = images[pairs] + noise * torch.randn(n_text, dim, generator=g)
     return SplitTensors(image_emb=images, text_emb=texts, text_to_image=pairs, split=None)
@@ -232,7 +233,7 @@ def test_evaluate_uses_the_methods_calibration_scale() -> None:
     method = build_method("clip", 8)
     method.calibration_scale = lambda: 5.0
     res = evaluate_retrieval(method, data)
-    scores = torch.nn.functional.normalize(data.text_emb, dim=-1) @ data.image_emb.T
+    scores = unit(data.text_emb) @ data.image_emb.T
     for scale in (5.0, 100.0):  # the method's scale, not the default 100
         ref = run(scores, data.text_to_image, ks=(1, 5, 10), scale=scale)
         for direction in ("t2i", "i2t"):
@@ -346,9 +347,7 @@ def test_folds_average_the_metrics_of_consecutive_images(small_world) -> None:
     data = load_split(small_world, "test")  # 60 images, 3 captions each
     res = evaluate_retrieval(build_method("clip", data.dim), data, fold_size=20)
     folds = res["folds_20"]
-    text, image = (
-        torch.nn.functional.normalize(x, dim=-1) for x in (data.text_emb, data.image_emb)
-    )
+    text, image = unit(data.text_emb), unit(data.image_emb)
     per_fold = []
     for start in range(0, 60, 20):
         rows = torch.nonzero((data.text_to_image >= start) & (data.text_to_image < start + 20))

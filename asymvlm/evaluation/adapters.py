@@ -13,8 +13,6 @@ from asymvlm.checkpoints import is_model_uri, load_checkpoint, resolve_checkpoin
 from asymvlm.errors import CheckpointError
 from asymvlm.methods import Method
 
-__all__ = ["checkpoint_adapters", "sweep_adapters"]
-
 logger = logging.getLogger(__name__)
 
 

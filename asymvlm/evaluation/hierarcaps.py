@@ -16,8 +16,6 @@ from asymvlm.metrics import distinct_levels
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import TableError
 
-__all__ = ["hierarchy_analysis", "plot_hierarchy"]
-
 
 @torch.no_grad()
 def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "level") -> dict:
@@ -47,13 +45,10 @@ def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "
             "words_mean": float(words[rows].mean()),
         }
         if unc is not None:
-            q = np.quantile(unc[rows], [0.25, 0.5, 0.75])
-            cell.update(
-                uncertainty_mean=float(unc[rows].mean()),
-                uncertainty_q25=float(q[0]),
-                uncertainty_median=float(q[1]),
-                uncertainty_q75=float(q[2]),
-            )
+            cell["uncertainty_mean"] = float(unc[rows].mean())
+            names = ("uncertainty_q25", "uncertainty_median", "uncertainty_q75")
+            quartiles = np.quantile(unc[rows], [0.25, 0.5, 0.75]).tolist()
+            cell |= dict(zip(names, quartiles, strict=True))
         per_level[str(level)] = cell
 
     out: dict[str, Any] = {

@@ -10,8 +10,6 @@ from asymvlm.evaluation.suite import adapter_input, load_classification
 from asymvlm.methods import Method
 from asymvlm.splits import load_split
 
-__all__ = ["kappa_by_group"]
-
 
 @torch.no_grad()
 def kappa_by_group(

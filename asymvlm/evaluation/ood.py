@@ -15,8 +15,6 @@ from asymvlm.metrics import distinct_levels
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import TableError
 
-__all__ = ["align", "mmi", "ood_retrieval", "plot_severity", "uncertainty_auroc"]
-
 
 def align(clean: SplitTensors, other: SplitTensors) -> tuple[SplitTensors, SplitTensors]:
     """Both splits restricted to the images and captions they share, in the same order."""

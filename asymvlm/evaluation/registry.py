@@ -22,18 +22,6 @@ from asymvlm.methods import METHODS, Method
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import Location, LocationField
 
-__all__ = [
-    "EVALUATIONS",
-    "Evaluation",
-    "EvaluationSpec",
-    "evaluate",
-    "evaluate_split",
-    "headline_metrics",
-    "log_evaluation",
-    "spec",
-    "with_frozen",
-]
-
 PositiveInt = Annotated[int, Field(ge=1)]
 Named = Annotated[dict[str, LocationField], Field(min_length=1)]
 Aggregation = Literal["mean", "logmeanexp"]

@@ -24,18 +24,6 @@ from asymvlm.methods import Method, build_method
 from asymvlm.splits import SplitCache, SplitTensors
 from asymvlm.tables import Location
 
-__all__ = [
-    "ClassificationSet",
-    "SplitLoader",
-    "adapter_input",
-    "evaluate_hierarcaps",
-    "evaluate_none_of_the_above",
-    "evaluate_ood",
-    "evaluate_zero_shot",
-    "load_classification",
-    "split_loader",
-]
-
 #: ``load(location, adapter_input)``: a split in memory.
 SplitLoader = Callable[[Location, str], SplitTensors]
 
@@ -61,11 +49,8 @@ class ClassificationSet:
                 "prompts/ -- embed CIFAR/STL/ImageNet with `asymvlm embed`)"
             )
         self.image_emb = torch.tensor(tables.column_matrix(images.column("embedding")))
-        self.image_norm = (
-            torch.as_tensor(np.asarray(images.column("norm"), dtype=np.float32))
-            if "norm" in images.column_names
-            else None
-        )
+        norm = images.column("norm") if "norm" in images.column_names else None
+        self.image_norm = None if norm is None else torch.as_tensor(np.asarray(norm, np.float32))
         self.labels = torch.as_tensor(np.asarray(images.column("label").to_pylist()))
         self.prompt_class = np.asarray(prompts.column("class_index").to_pylist())
         self.prompt_text = prompts.column("text").to_pylist()

@@ -1,9 +1,6 @@
-"""AsymVLM (paper Sec. 4) and its ablations (Sec. 5.2).
-
-A text adapter g_T maps f_T(t) to eta = kappa mu, the caption is vMF(mu, kappa) or PS(mu, kappa),
-images stay points; L(m, n) = ln p_{z_T,m}(z_I,n) (Sec. 4.2), trained by InfoNCE over tau * L
-(Eq. 2) or SigLIP's loss (App. A.3); the uncertainty is 1/kappa (Sec. 4.3).
-"""
+"""AsymVLM (paper Sec. 4) and its ablations (Sec. 5.2): a text adapter maps f_T(t) to
+eta = kappa mu, the caption vMF(mu, kappa) or PS(mu, kappa), images points; trained by InfoNCE over
+tau * L (Eq. 2) or SigLIP's loss (App. A.3); the uncertainty is 1/kappa (Sec. 4.3)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Post-hoc Gaussian baselines (paper Sec. 5, App. B.3): frozen means, a per-dimension variance
-head per modality, retrieval by the frozen cosine. ``pfe``: PFE* (Shi & Jain 2019, mutual
-likelihood score); ``pcmepp``: PCME++* (Chun 2024, BCE over -a CSD + b); ``prolip``: ProLIP*
-(Chun et al. 2025, PPCL plus the inclusion loss, or the port's VIB term under ``official``).
-"""
+"""Post-hoc Gaussian baselines (paper Sec. 5, App. B.3): frozen means, a variance head per
+modality, retrieval by the frozen cosine: PFE* (Shi & Jain 2019), PCME++* (Chun 2024) and ProLIP*
+(Chun et al. 2025); their ``official`` variants: docs/protocols.md."""
 
 from __future__ import annotations
 

@@ -9,14 +9,8 @@ from typing import Any
 import torch
 
 #: This project's method name -> the official ``--method`` key (only these six exist there).
-OFFICIAL_KEYS = {
-    "asymvlm-vmf": "asymvlm-vmf",
-    "asymvlm-ps": "asymvlm-psd",
-    "probvlm": "probvlm",
-    "pfe": "pfe",
-    "pcmepp": "pcmepp",
-    "prolip": "prolip",
-}
+OFFICIAL_KEYS = {m: m for m in ("asymvlm-vmf", "probvlm", "pfe", "pcmepp", "prolip")}
+OFFICIAL_KEYS["asymvlm-ps"] = "asymvlm-psd"
 
 #: Official parameter-name prefix -> ours, per method; the first match wins. The official
 #: ProbVLM backbone has a dropout at index 4, so its last Linear is ``mod.5`` (ours: 4).

@@ -1,9 +1,6 @@
-"""ProbVLM (Upadhyay et al. 2023) on cached frozen embeddings (paper Sec. 5, App. B.3): per
-modality a BayesCap adapter predicts GGD(mu_hat, alpha, beta) per dimension; retrieval is the
-cosine of the mean heads. ``official``: the port (two hidden layers, default init, raw heads
-and targets, its linearised GGD term and precision); ``improved``: the exact GGD NLL, unit
-targets, floors on the heads and the mean GGD variance as uncertainty.
-"""
+"""ProbVLM (Upadhyay et al. 2023) on cached frozen embeddings (paper Sec. 5, App. B.3): a BayesCap
+adapter per modality predicts GGD(mu_hat, alpha, beta) per dimension, retrieval is the cosine of
+the mean heads; ``official`` vs ``improved``: docs/protocols.md."""
 
 from __future__ import annotations
 

@@ -14,8 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["KarpathyTest", "eccv_metrics", "karpathy_test"]
-
 FOLD_CAPTIONS = 5000  # COCO 1K: five folds of 1000 images with their 5000 ground-truth captions
 
 
@@ -62,12 +60,8 @@ def karpathy_test(image_ids: Sequence[str], caption_ids: Sequence[str]) -> Karpa
     for start in range(0, len(gt_captions), FOLD_CAPTIONS):
         fold = gt_captions[start : start + FOLD_CAPTIONS].tolist()
         owners = dict.fromkeys(gt.coco_gts["t2i"][c][0] for c in fold)  # ordered, unique
-        folds.append(
-            (
-                np.asarray([image_row[i] for i in owners], dtype=np.int64),
-                np.asarray([caption_row[c] for c in fold], dtype=np.int64),
-            )
-        )
+        rows = ([image_row[i] for i in owners], [caption_row[c] for c in fold])
+        folds.append(tuple(np.asarray(r, dtype=np.int64) for r in rows))
     in_gt = np.isin(captions, gt_captions)
     return KarpathyTest(
         image_ids=images,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["FILLERS", "GENERIC_TEXTS", "OPENERS", "caption_texts"]
-
 #: Opening phrases of a word caption (1 to 4 words), equally likely.
 OPENERS = ("a", "a photo of", "there is a", "this picture shows a", "an image of a")
 #: Texts of the generic training captions (assumption U): other words than the dummy prompts.

@@ -13,15 +13,6 @@ from asymvlm.data.templates import DUMMY_PROMPTS
 from asymvlm.errors import ConfigError
 from asymvlm.synthetic.world import SyntheticWorld, WorldConfig, _offset, _unit
 
-__all__ = [
-    "DUMMY_PROMPTS",
-    "TEMPLATES",
-    "ClassificationSpec",
-    "classification_roles",
-    "concept_roots",
-    "write_classification_sets",
-]
-
 #: Prompt templates of a class ensemble (each adds a direction of its own, assumption K).
 TEMPLATES = ("a photo of a {}", "a picture of a {}", "an image of the {}", "a drawing of a {}")
 _SETS_STREAM = 4

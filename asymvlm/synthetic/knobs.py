@@ -10,8 +10,6 @@ from typing import Any
 from asymvlm import tables
 from asymvlm.errors import ConfigError
 
-__all__ = ["COCO_LEVEL_PROBS", "PRESETS", "WorldConfig"]
-
 #: Knobs left out of the manifest at their defaults (recorded worlds' manifests stay the same).
 _LATER_KNOBS = ("block_images", "caption_words", "filler_words", "finetune_roots")
 _LATER_KNOBS += ("domain_misalignment", "level_probs", "generic_captions")

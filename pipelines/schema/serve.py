@@ -9,8 +9,6 @@ from pydantic import Field
 from asymvlm.config import StrictModel
 from pipelines.schema.sweep import PositiveInt, RaySettings
 
-__all__ = ["ServeConfig"]
-
 
 class ServeConfig(StrictModel):
     """``pipelines/serve.py``: a scorer (:class:`asymvlm.Scorer`) behind Ray Serve."""
