@@ -144,3 +144,22 @@ def test_official_protocol_from_the_cli(small_world, tmp_path, method, optimizer
         assert len(model.text_adapter.backbone) == 2 * depth + 1 and model.official
     else:  # the port's PFE: raw means in the loss, no variance floor
         assert model.official
+
+
+def test_text_table_without_norm_trains_and_records_unit(small_world, tmp_path, capsys) -> None:
+    """No `norm`: trained as unit, recorded as unit, said at WARNING; explicit raw: exit 2."""
+    world = shutil.copytree(small_world, tmp_path / "bare")
+    for path in (world / "train" / "texts").glob("*.parquet"):
+        pq.write_table(pq.read_table(path).drop_columns(["norm"]), path)
+    assert _train(str(world), str(tmp_path / "raw"), "asymvlm-vmf", "--adapter-input", "raw") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "texts: no `norm` column" in err and "\n" not in err
+    assert not (tmp_path / "raw").exists()
+    assert _train(str(world), str(tmp_path / "ckpt")) == 0
+    meta = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert meta["adapter_input"] == meta["train_config"]["adapter_input"] == "unit"
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warned == [
+        f"warning: {world}/train/texts has no `norm` column: training on unit text "
+        "embeddings (adapter_input unit, recorded in the checkpoint)"
+    ]

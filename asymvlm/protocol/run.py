@@ -35,6 +35,7 @@ from asymvlm.training import (
     Trainer,
     open_stream,
     resolve_device,
+    table_input,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,12 @@ def training_data(
         return hold_out_images(data, fraction, seed=0)
     key = ("hold-out", spec.train_split, cfg.adapter_input, str(device), fraction)
     return cache.memo(spec.embeddings, key, lambda: hold_out_images(data, fraction, seed=0))
+
+
+def with_table_input(spec: RunSpec) -> RunSpec:
+    """``spec`` training on the adapter input its tables give (:func:`table_input`)."""
+    cfg = table_input(spec.train, spec.embeddings, spec.train_split)
+    return spec if cfg is spec.train else spec.model_copy(update={"train": cfg})
 
 
 def log_epoch(cfg: TrainConfig, row: EpochRow, note: str = "") -> None:
@@ -112,6 +119,7 @@ class TrainingRun:
         device: str | torch.device | None = None,
         cache: SplitCache | None = None,
     ) -> None:
+        spec = with_table_input(spec)
         self.spec, cfg = spec, spec.train
         if device is None:
             self.device = resolve_device(cfg.device)
@@ -256,6 +264,7 @@ def train(
     ``checkpoint_every`` epochs, complete at the end). Returns (method, history)."""
     if not isinstance(cfg, TrainConfig):
         cfg = validate(TrainConfig, dict(cfg or {}), "asymvlm.train")
+    cfg = table_input(cfg, embeddings, split)  # before a resume compares it to the checkpoint's
     if checkpoint_every is not None and checkpoint_every < 1:
         raise ConfigError(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
     previous = None

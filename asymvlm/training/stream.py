@@ -21,7 +21,8 @@ from asymvlm.splits import SplitTensors
 from asymvlm.storage import display, filesystem, join
 from asymvlm.training.trainer import TrainConfig, Trainer, layout, non_finite
 
-__all__ = ["CaptionStream", "StreamingTrainer", "open_stream", "split_bytes", "use_streaming"]
+__all__ = ["CaptionStream", "StreamingTrainer", "open_stream", "split_bytes", "table_input"]
+__all__ += ["use_streaming"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,28 @@ def _dataset(root: str, split: str, kind: str) -> ds.FileSystemDataset:
     if not files:
         raise tables.TableError(f"{display(root, folder)}: no parquet files in this folder")
     return ds.dataset(files, filesystem=fs, format="parquet")
+
+
+def table_input(cfg: TrainConfig, root: str, split: str) -> TrainConfig:
+    """``cfg`` with the adapter input ``ROOT/<split>`` can give: a text table without ``norm``
+    trains (and is recorded) as ``unit``, said at WARNING; an explicit ``raw`` is refused."""
+    if cfg.adapter_input == "unit":
+        return cfg
+    texts = _dataset(root, split, tables.TEXTS_DIR)
+    if "norm" in texts.schema.names:
+        return cfg
+    where = display(root, join(filesystem(root)[1], split, tables.TEXTS_DIR))
+    if "adapter_input" in cfg.model_fields_set:
+        raise ConfigError(
+            f"{where}: no `norm` column, so adapter_input raw (embedding x norm) cannot be "
+            "made: use --adapter-input unit (adapter_input: unit), or add the column"
+        )
+    logger.warning(
+        "%s has no `norm` column: training on unit text embeddings (adapter_input unit, "
+        "recorded in the checkpoint)",
+        where,
+    )
+    return cfg.model_copy(update={"adapter_input": "unit"})
 
 
 def split_bytes(root: str, split: str) -> int:
