@@ -38,14 +38,18 @@ def read_captions(path: str, column: str) -> list[str]:
             raise ConfigError(f"{path} row {i}: {column!r} is not a caption ({text!r})")
         if not text.strip():
             raise ConfigError(f"{path} line {i + 1}: empty caption")
+    if not values:
+        raise ConfigError(f"{path}: no captions in it")
     return values
 
 
 def cmd_score_text(args: argparse.Namespace) -> int:
     from asymvlm.scoring import Scorer
 
-    if bool(args.captions) == bool(args.input):
+    if args.captions and args.input:
         raise ConfigError("give captions on the command line or --input FILE, not both")
+    if not args.captions and not args.input:
+        raise ConfigError("no captions given: give them on the command line or --input FILE")
     if args.output and not args.output.endswith(".parquet"):
         raise ConfigError(f"--output {args.output}: write a .parquet file")
     if args.batch_size < 1:
