@@ -163,3 +163,42 @@ def test_text_table_without_norm_trains_and_records_unit(small_world, tmp_path, 
         f"warning: {world}/train/texts has no `norm` column: training on unit text "
         "embeddings (adapter_input unit, recorded in the checkpoint)"
     ]
+
+
+def test_mlflow_uris_without_a_store_are_refused_before_anything_is_made(
+    small_world, tmp_path, monkeypatch, capsys
+) -> None:
+    """runs:/ and models:/ with no store: one line, exit 2, no mlflow.db; a store is named."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    data, out, run = ["--embeddings", small_world], ["--output", "o"], "runs:/abc/adapter"
+    for argv in (
+        ["score", *data, "--checkpoint", run, *out],
+        ["evaluate", *data, "--checkpoint", run, *out],
+        ["score-text", "--checkpoint", "models:/m/1", "a dog"],
+        ["export", "--checkpoint", run, *out],
+        ["analyze", "retrieval", "--data", f"{small_world}:test", "--checkpoint", run],
+        ["report", "--experiment", "e", *out],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.endswith(
+                "no tracking store configured; give --tracking-uri or set MLFLOW_TRACKING_URI\n"
+            )
+            and err.count("\n") == 1
+        ), argv
+    assert os.listdir(tmp_path) == []
+    score = ["score", *data, *out, "--tracking-uri"]
+    missing = f"sqlite:///{tmp_path}/none/mlflow.db"
+    assert main([*score, missing, "--checkpoint", run]) == 2
+    assert capsys.readouterr().err == f"error: no MLflow store at {missing} (no such file)\n"
+    assert os.listdir(tmp_path) == []
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    MlflowClient(store).create_experiment("e")
+    capsys.readouterr()
+    assert main([*score, store, "--checkpoint", run]) == 2
+    want = f"error: {run}: cannot download the model from {store}: Run with id=abc not found\n"
+    assert capsys.readouterr().err == want and not os.path.exists("o")

@@ -218,7 +218,7 @@ def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys, mo
     ckpt = str(tmp_path / "ckpt")
     method = build_method("asymvlm-vmf", 8, hidden_dim=16)
     save_checkpoint(ckpt, method, TrainConfig(method="asymvlm-vmf", hidden_dim=16, seed=3), 8)
-    log = ["--checkpoint", ckpt, "--mlflow-uri", store, "--experiment", "cli"]
+    log = ["--checkpoint", ckpt, "--tracking-uri", store, "--experiment", "cli"]
     sets = ["--positives", f"{pos}:test", "--negatives", f"{neg}:test"]
     assert main(["analyze", "nota", "--frozen", *sets, *log]) == 0
     out = json.loads(capsys.readouterr().out)

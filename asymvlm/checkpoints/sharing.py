@@ -23,7 +23,8 @@ from asymvlm.checkpoints.folder import (
     write_config,
     write_weights,
 )
-from asymvlm.errors import CheckpointError
+from asymvlm.config import redact
+from asymvlm.errors import AsymVLMError, CheckpointError, ConfigError
 from asymvlm.methods import METHODS
 from asymvlm.results import DIRECTION_MEANINGS, METRIC_MEANINGS
 
@@ -102,12 +103,20 @@ def resolve_checkpoint(
     else:
         from asymvlm.tracking import download
 
+        store = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if not store and source.startswith(("runs:/", "models:/", "mlflow-artifacts:/")):
+            raise ConfigError(
+                f"{source}: no tracking store configured; give --tracking-uri or set "
+                "MLFLOW_TRACKING_URI"
+            )
         try:
-            local = download(source, tracking_uri)
-        except ImportError:  # no MLflow here: the entry point names the extra to install
+            local = download(source, store)
+        except (ImportError, AsymVLMError):  # no MLflow (the extra is named), no such store
             raise
         except Exception as exc:  # any failure of the store or the URI: one line naming it
-            raise CheckpointError(f"{source}: cannot download the model: {exc}") from None
+            where = f" from {redact(store)}" if store else ""
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise CheckpointError(f"{source}: cannot download the model{where}: {reason}") from None
         found = [d for d, _, files in sorted(os.walk(local)) if CONFIG_FILE in files]
         folder = found[0] if found else local
     if pretrained:

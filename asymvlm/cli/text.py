@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from asymvlm import storage
-from asymvlm.cli.common import Help
+from asymvlm.cli.common import Help, add_tracking_uri
 from asymvlm.errors import ConfigError
 
 logger = logging.getLogger("asymvlm.cli")
@@ -88,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--column", default="text", help="the caption column of a .parquet input")
     p.add_argument("--output", metavar="FILE.parquet", help="write text, kappa, uncertainty here")
     p.add_argument("--encoder", metavar="MODEL", help="instead of the one the checkpoint names")
-    p.add_argument("--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI)")
+    add_tracking_uri(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--batch-size", type=int, default=256, help="captions encoded at once")
     p.set_defaults(func=cmd_score_text)
