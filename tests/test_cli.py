@@ -202,3 +202,22 @@ def test_mlflow_uris_without_a_store_are_refused_before_anything_is_made(
     assert main([*score, store, "--checkpoint", run]) == 2
     want = f"error: {run}: cannot download the model from {store}: Run with id=abc not found\n"
     assert capsys.readouterr().err == want and not os.path.exists("o")
+
+
+def test_wrong_names_are_one_line_each_and_nothing_is_written(small_world, tmp_path, capsys):
+    """A split, method, flag or table root that is not there: one line naming it, exit 2."""
+    out, bare = str(tmp_path / "out"), shutil.copytree(small_world, tmp_path / "bare")
+    os.remove(bare / "manifest.json")  # a table folder without its manifest
+    data = ["--embeddings", small_world, "--output", out]
+    for argv, message in (
+        (["analyze", "retrieval", "--data", f"{small_world}:nosuch", "--output", out], "no split"),
+        (["train", *data, "--method", "clip", "--split", "x"], "(splits there: test, train, val)"),
+        (["train", *data, "--method", "nosuch"], "asymvlm train: argument --method: invalid"),
+        (["score", *data, "--checkpoint", out, "--no-such-flag"], "unrecognized arguments"),
+        (["train", "--embeddings", str(tmp_path), "--method", "clip", "--output", out], "none"),
+        (["train", "--embeddings", str(bare), "--method", "clip", "--output", out], "manifest"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, argv
+    assert os.listdir(tmp_path) == ["bare"]

@@ -205,7 +205,7 @@ def test_a_corrupt_file_is_refused_naming_file_row_and_id(root: str) -> None:
 
 
 def test_what_validation_refuses_and_what_no_validation_reads(root: str) -> None:
-    with pytest.raises(TableError, match=f"{root}/nope/images: no parquet files"):
+    with pytest.raises(TableError, match=rf"^{root}: no split 'nope' \(splits there: none\)$"):
         read_split(root, "nope")
     write_split(root, "test", **D)
     _rewrite(_file(root, "images"), embedding=_listed(D["image_embeddings"] * 2.5))

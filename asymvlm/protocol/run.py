@@ -284,8 +284,6 @@ def train(
     what = f"{cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr:g}, batch {cfg.batch_size}"
     if not METHODS[cfg.method].trainable:  # fitted post hoc (bayesvlm) or used as is (clip)
         what = "no training"
-    device = resolve_device(cfg.device)
-    logger.info("%s (%s, device %s) on %s/%s", cfg.method, what, device, embeddings, split)
     spec = RunSpec(
         embeddings=embeddings,
         train=cfg,
@@ -294,7 +292,8 @@ def train(
         test_split=None,
         checkpoint_every=checkpoint_every,
     )
-    run = TrainingRun(spec)
+    run = TrainingRun(spec)  # the tables read and checked before a line is said
+    logger.info("%s (%s, device %s) on %s/%s", cfg.method, what, run.device, embeddings, split)
     method, trainer = run.method, run.trainer
     last_good: str | None = None
     if previous is not None:

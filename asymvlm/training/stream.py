@@ -35,6 +35,7 @@ def _dataset(root: str, split: str, kind: str) -> ds.FileSystemDataset:
     folder = join(base, split, kind)
     files = tables.list_parquet(fs, folder)
     if not files:
+        tables.check_split(root, split)
         raise tables.TableError(f"{display(root, folder)}: no parquet files in this folder")
     return ds.dataset(files, filesystem=fs, format="parquet")
 
