@@ -24,7 +24,7 @@ from asymvlm.checkpoints.folder import (
     write_weights,
 )
 from asymvlm.config import redact
-from asymvlm.errors import AsymVLMError, CheckpointError, ConfigError
+from asymvlm.errors import AsymVLMError, CheckpointError, ConfigError, check_extras
 from asymvlm.methods import METHODS
 from asymvlm.results import DIRECTION_MEANINGS, METRIC_MEANINGS
 
@@ -103,6 +103,7 @@ def resolve_checkpoint(
     else:
         from asymvlm.tracking import download
 
+        check_extras("tracking")  # named before the store it would read
         store = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not store and source.startswith(("runs:/", "models:/", "mlflow-artifacts:/")):
             raise ConfigError(

@@ -32,14 +32,9 @@ def checkpoint_adapters(
 ) -> dict[str, Method]:
     """The adapters of checkpoint folders (or MLflow model URIs in ``tracking_uri``), by
     ``method/seed<k>``."""
-    load = {"allow_incomplete": allow_incomplete}
+    local = (resolve_checkpoint(f, tracking_uri) if is_model_uri(f) else f for f in folders)
     return dict(
-        _named(
-            *load_checkpoint(
-                resolve_checkpoint(f, tracking_uri) if is_model_uri(f) else f, device, **load
-            )
-        )
-        for f in folders
+        _named(*load_checkpoint(f, device, allow_incomplete=allow_incomplete)) for f in local
     )
 
 

@@ -8,14 +8,7 @@ from typing import Any
 import torch
 
 from asymvlm.errors import ConfigError
-from asymvlm.protocol.run import (
-    RunSpec,
-    eval_splits,
-    log_epoch,
-    results,
-    training_data,
-    with_table_input,
-)
+from asymvlm.protocol.run import RunSpec, eval_splits, log_epoch, results, training_data
 from asymvlm.splits import SplitCache
 from asymvlm.training import (
     EpochRow,
@@ -62,7 +55,7 @@ def run_packed_protocol(
     ``train.lr`` / ``train.seed``, trained as one :class:`PackedTrainer` (``state`` resumes it;
     ``on_state(pack)`` follows each epoch, the place to checkpoint), each member evaluated as
     its own run; one result per spec, in order."""
-    runs = [with_table_input(spec) for spec in specs]
+    runs = [spec.with_table_input() for spec in specs]
     check_packable_specs(runs)
     cfgs = [run.train for run in runs]
     dev = resolve_device(cfgs[0].device) if device is None else torch.device(device)

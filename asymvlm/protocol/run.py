@@ -35,8 +35,8 @@ from asymvlm.training import (
     Trainer,
     open_stream,
     resolve_device,
-    table_input,
 )
+from asymvlm.training.stream import table_input
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +59,6 @@ def training_data(
         return hold_out_images(data, fraction, seed=0)
     key = ("hold-out", spec.train_split, cfg.adapter_input, str(device), fraction)
     return cache.memo(spec.embeddings, key, lambda: hold_out_images(data, fraction, seed=0))
-
-
-def with_table_input(spec: RunSpec) -> RunSpec:
-    """``spec`` training on the adapter input its tables give (:func:`table_input`)."""
-    cfg = table_input(spec.train, spec.embeddings, spec.train_split)
-    return spec if cfg is spec.train else spec.model_copy(update={"train": cfg})
 
 
 def log_epoch(cfg: TrainConfig, row: EpochRow, note: str = "") -> None:
@@ -119,7 +113,7 @@ class TrainingRun:
         device: str | torch.device | None = None,
         cache: SplitCache | None = None,
     ) -> None:
-        spec = with_table_input(spec)
+        spec = spec.with_table_input()
         self.spec, cfg = spec, spec.train
         if device is None:
             self.device = resolve_device(cfg.device)
@@ -237,6 +231,11 @@ class RunSpec(BaseModel):
         return self.model_copy(
             update={"train": self.train.model_copy(update={"lr": lr, "seed": seed})}
         )
+
+    def with_table_input(self) -> RunSpec:
+        """This run on the adapter input its tables give (:func:`table_input`)."""
+        cfg = table_input(self.train, self.embeddings, self.train_split)
+        return self if cfg is self.train else self.model_copy(update={"train": cfg})
 
     def holds_out(self) -> bool:
         """Whether ``val_fraction`` of the training images is held out (no ``val_split``)."""

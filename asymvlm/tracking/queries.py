@@ -15,9 +15,8 @@ from asymvlm.tracking.store import global_tracking_uri, relocate_once
 
 def _reading(tracking_uri: str | None) -> None:
     """Refuse a SQLite store that is not there (MLflow would create an empty one to read)."""
-    if tracking_uri and tracking_uri.startswith("sqlite:///"):
-        if not os.path.isfile(tracking_uri.removeprefix("sqlite:///")):
-            raise ConfigError(f"no MLflow store at {tracking_uri} (no such file)")
+    if (tracking_uri or "").startswith("sqlite:///") and not os.path.isfile(tracking_uri[10:]):
+        raise ConfigError(f"no MLflow store at {tracking_uri} (no such file)")
     if tracking_uri:
         relocate_once(tracking_uri)
 
