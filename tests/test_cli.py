@@ -13,6 +13,7 @@ import pytest
 
 from asymvlm import tables
 from asymvlm.cli import main
+from asymvlm.errors import ConfigError
 
 
 def _train(world: str, out: str, method: str = "asymvlm-vmf", *extra: str) -> int:
@@ -163,6 +164,15 @@ def test_text_table_without_norm_trains_and_records_unit(small_world, tmp_path, 
         f"warning: {world}/train/texts has no `norm` column: training on unit text "
         "embeddings (adapter_input unit, recorded in the checkpoint)"
     ]
+    from pipelines.schema.load import sweep_config  # the pipeline's runs decide the same
+
+    doc = {"embeddings": str(world), "methods": ["clip"], "lr": [0.1], "seeds": [0]}
+    doc["output"] = str(tmp_path / "sweep")
+    assert (
+        sweep_config(doc).run_spec("clip", 0.1, 0).with_table_input().train.adapter_input == "unit"
+    )
+    with pytest.raises(ConfigError, match="texts: no `norm` column"):
+        sweep_config({**doc, "adapter_input": "raw"}).run_spec("clip", 0.1, 0).with_table_input()
 
 
 def test_mlflow_uris_without_a_store_are_refused_before_anything_is_made(

@@ -52,6 +52,7 @@ tables are one."""
 
 
 HUB_PREFIX = "hf-hub:"
+NO_STORE = "no tracking store configured; give --tracking-uri or set MLFLOW_TRACKING_URI"
 
 
 def is_model_uri(source: str) -> bool:
@@ -106,10 +107,7 @@ def resolve_checkpoint(
         check_extras("tracking")  # named before the store it would read
         store = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not store and source.startswith(("runs:/", "models:/", "mlflow-artifacts:/")):
-            raise ConfigError(
-                f"{source}: no tracking store configured; give --tracking-uri or set "
-                "MLFLOW_TRACKING_URI"
-            )
+            raise ConfigError(f"{source}: {NO_STORE}")
         try:
             local = download(source, store)
         except (ImportError, AsymVLMError):  # no MLflow (the extra is named), no such store

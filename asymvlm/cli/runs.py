@@ -15,12 +15,11 @@ logger = logging.getLogger("asymvlm.cli")
 
 def cmd_report(args: argparse.Namespace) -> int:
     check_extras("tracking")  # it reads MLflow runs: that extra is named first
+    from asymvlm.checkpoints.sharing import NO_STORE
     from asymvlm.report import build_report
 
     if not args.tracking_uri:
-        raise ConfigError(
-            "report: no tracking store configured; give --tracking-uri or set MLFLOW_TRACKING_URI"
-        )
+        raise ConfigError(f"report: {NO_STORE}")
     path = build_report(args.tracking_uri, args.experiment, args.output)
     logger.info("report written to %s (and report.html beside it)", path)
     return 0
