@@ -181,7 +181,7 @@ def test_mlflow_uris_without_a_store_are_refused_before_anything_is_made(
     """runs:/ and models:/ with no store: one line, exit 2, no mlflow.db; a store is named."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
-    data, out, run = ["--embeddings", small_world], ["--output", "o"], "runs:/abc/adapter"
+    data, out, run = ["--embeddings", small_world], ["--output", "o.parquet"], "runs:/abc/adapter"
     for argv in (
         ["score", *data, "--checkpoint", run, *out],
         ["evaluate", *data, "--checkpoint", run, *out],
@@ -211,7 +211,7 @@ def test_mlflow_uris_without_a_store_are_refused_before_anything_is_made(
     capsys.readouterr()
     assert main([*score, store, "--checkpoint", run]) == 2
     want = f"error: {run}: cannot download the model from {store}: Run with id=abc not found\n"
-    assert capsys.readouterr().err == want and not os.path.exists("o")
+    assert capsys.readouterr().err == want and not os.path.exists("o.parquet")
 
 
 def test_wrong_names_are_one_line_each_and_nothing_is_written(small_world, tmp_path, capsys):
@@ -224,6 +224,7 @@ def test_wrong_names_are_one_line_each_and_nothing_is_written(small_world, tmp_p
         (["train", *data, "--method", "clip", "--split", "x"], "(splits there: test, train, val)"),
         (["train", *data, "--method", "nosuch"], "asymvlm train: argument --method: invalid"),
         (["score", *data, "--checkpoint", out, "--no-such-flag"], "unrecognized arguments"),
+        (["score", *data, "--checkpoint", small_world], "--output " + out + ": write a .parquet"),
         (["train", "--embeddings", str(tmp_path), "--method", "clip", "--output", out], "none"),
         (["train", "--embeddings", str(bare), "--method", "clip", "--output", out], "manifest"),
     ):

@@ -55,6 +55,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     from asymvlm.protocol import api
 
+    if not args.output.endswith(".parquet"):
+        raise ConfigError(f"--output {args.output}: write a .parquet file")
     table = api.score(**_loading(args))
     with storage.atomic_path(args.output) as (fs, tmp):
         pq.write_table(table, tmp, filesystem=fs)
