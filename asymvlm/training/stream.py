@@ -42,10 +42,8 @@ def _dataset(root: str, split: str, kind: str) -> ds.FileSystemDataset:
 def table_input(cfg: TrainConfig, root: str, split: str) -> TrainConfig:
     """``cfg`` with the adapter input ``ROOT/<split>`` can give: a text table without ``norm``
     trains (and is recorded) as ``unit``, said at WARNING; an explicit ``raw`` is refused."""
-    if cfg.adapter_input == "unit":
-        return cfg
-    texts = _dataset(root, split, tables.TEXTS_DIR)
-    if "norm" in texts.schema.names:
+    texts = _dataset(root, split, tables.TEXTS_DIR)  # a split that is not there: said here
+    if cfg.adapter_input == "unit" or "norm" in texts.schema.names:
         return cfg
     where = display(root, join(filesystem(root)[1], split, tables.TEXTS_DIR))
     if "adapter_input" in cfg.model_fields_set:
@@ -54,9 +52,8 @@ def table_input(cfg: TrainConfig, root: str, split: str) -> TrainConfig:
             "made: use --adapter-input unit (adapter_input: unit), or add the column"
         )
     logger.warning(
-        "%s has no `norm` column: training on unit text embeddings (adapter_input unit, "
-        "recorded in the checkpoint)",
-        where,
+        f"{where} has no `norm` column: training on unit text embeddings (adapter_input unit, "
+        "recorded in the checkpoint)"
     )
     return cfg.model_copy(update={"adapter_input": "unit"})
 
