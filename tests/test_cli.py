@@ -83,6 +83,17 @@ def test_bad_table_gives_a_clear_error_naming_the_file(small_world, tmp_path, ca
     assert not os.path.exists(tmp_path / "ckpt" / "model.safetensors")
 
 
+def test_a_half_written_part_is_one_line_naming_it(small_world, tmp_path, capsys) -> None:
+    world = shutil.copytree(small_world, tmp_path / "half")
+    part = world / "train" / "texts" / "part-00000.parquet"
+    part.write_bytes(part.read_bytes()[:500])  # a copy cut short
+    for stream in ("never", "always"):
+        assert _train(str(world), str(tmp_path / "ckpt"), "asymvlm-vmf", "--stream", stream) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {part.parent}: cannot read (") and str(part) in err
+        assert err.count("\n") == 1 and not (tmp_path / "ckpt").exists()
+
+
 def test_dimension_mismatch_between_checkpoint_and_table(small_world, tmp_path, capsys) -> None:
     from asymvlm.synthetic import WorldConfig, write_world
 

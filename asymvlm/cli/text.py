@@ -46,8 +46,6 @@ def read_captions(path: str, column: str) -> list[str]:
 def cmd_score_text(args: argparse.Namespace) -> int:
     from asymvlm.scoring import Scorer
 
-    if args.captions and args.input:
-        raise ConfigError("give captions on the command line or --input FILE, not both")
     if not args.captions and not args.input:
         raise ConfigError("no captions given: give them on the command line or --input FILE")
     if args.output and not args.output.endswith(".parquet"):
@@ -82,9 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with (recorded in its checkpoint) and print one JSON object per caption (text, kappa "
         "where the method has one, uncertainty), or write them to --output as Parquet.",
     )
-    p.add_argument("captions", nargs="*", metavar="CAPTION", help="captions to score")
+    given = p.add_mutually_exclusive_group()  # the default makes CAPTION optional to argparse
+    given.add_argument("captions", nargs="*", default=[], metavar="CAPTION", help="to score")
+    given.add_argument("--input", metavar="FILE", help="captions.txt (one a line) or .parquet")
     p.add_argument("--checkpoint", required=True, metavar="DIR|URI", help="folder, URI, hf-hub:")
-    p.add_argument("--input", metavar="FILE", help="captions.txt (one a line) or .parquet")
     p.add_argument("--column", default="text", help="the caption column of a .parquet input")
     p.add_argument("--output", metavar="FILE.parquet", help="write text, kappa, uncertainty here")
     p.add_argument("--encoder", metavar="MODEL", help="instead of the one the checkpoint names")

@@ -36,7 +36,10 @@ def _dataset(root: str, split: str, kind: str) -> ds.FileSystemDataset:
     if not files:
         tables.check_split(root, split)
         raise tables.TableError(f"{display(root, folder)}: no parquet files in this folder")
-    return ds.dataset(files, filesystem=fs, format="parquet")
+    try:
+        return ds.dataset(files, filesystem=fs, format="parquet")
+    except (OSError, pa.ArrowInvalid) as exc:  # a half-written or foreign file: it names it
+        raise tables.TableError(f"{display(root, folder)}: cannot read ({exc})") from None
 
 
 def table_input(cfg: TrainConfig, root: str, split: str) -> TrainConfig:
