@@ -128,6 +128,7 @@ def test_bad_captions_are_named_and_nothing_is_left_half_written(trained, tmp_pa
         ([*ck, "--input", str(blank), "--output", str(out)], f"error: {blank}: no captions in it"),
         ([*ck, "--input", str(empty), "--output", str(out)], f"error: {empty}: no captions in it"),
         ([*ck, "a dog", "--input", str(blank)], "--input: not allowed with argument CAPTION"),
+        ([*ck, "--input", "c.csv"], "error: --input c.csv: give a .txt file (a caption a line) or"),
         ([*ck, "a dog", " "], "error: caption 1: empty"),
         ([*ck, "--input", str(txt), "--output", str(out)], f"{txt} line 3: empty caption"),
         ([*ck, "--input", str(parquet)], f"{parquet} row 1: 'text' is not a caption (None)"),

@@ -114,8 +114,7 @@ def resolve_checkpoint(
             raise
         except Exception as exc:  # any failure of the store or the URI: one line naming it
             where = f" from {redact(store)}" if store else ""
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise CheckpointError(f"{source}: cannot download the model{where}: {reason}") from None
+            raise CheckpointError(f"{source}: cannot download the model{where}: {exc}") from None
         found = [d for d, _, files in sorted(os.walk(local)) if CONFIG_FILE in files]
         folder = found[0] if found else local
     if pretrained:

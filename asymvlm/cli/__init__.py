@@ -15,8 +15,7 @@ __all__ = ["build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
-    """A usage error is one line naming the sub-command and the flag (``--help`` shows usage);
-    its sub-command parsers are of this class too."""
+    """Usage errors in one line naming the sub-command and flag (so its sub-parsers' too)."""
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{self.prog}: {message}")

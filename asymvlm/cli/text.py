@@ -18,6 +18,8 @@ logger = logging.getLogger("asymvlm.cli")
 
 def read_captions(path: str, column: str) -> list[str]:
     """Captions of a ``.txt`` file (one a line) or a ``.parquet`` file (``column``), none empty."""
+    if not path.endswith((".txt", ".parquet")):
+        raise ConfigError(f"--input {path}: give a .txt file (a caption a line) or a .parquet file")
     parquet = path.endswith(".parquet")
     try:
         if parquet:
