@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -15,6 +16,8 @@ import numpy as np
 import torch
 
 from asymvlm import tables
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -92,6 +95,11 @@ def load_split(
     projection = {}
     if data.image_features_pre is not None or data.text_features_pre is not None:
         projection = tables.read_projection(root, data.manifest) or {}
+    if adapter_input == "raw" and data.text_norms is None:
+        logger.warning(
+            f"{root}/{split}: the text table has no `norm` column; the adapter reads raw inputs "
+            "(it was trained on embedding x norm) and gets the unit embeddings"
+        )
     text = data.raw_text() if adapter_input == "raw" else data.text_matrix
     return SplitTensors(
         image_emb=_tensor(data.image_embeddings, device),

@@ -13,6 +13,7 @@ import pytest
 
 from asymvlm import tables
 from asymvlm.cli import main
+from asymvlm.errors import ConfigError
 
 
 def _train(world: str, out: str, method: str = "asymvlm-vmf", *extra: str) -> int:
@@ -82,6 +83,17 @@ def test_bad_table_gives_a_clear_error_naming_the_file(small_world, tmp_path, ca
     assert not os.path.exists(tmp_path / "ckpt" / "model.safetensors")
 
 
+def test_a_half_written_part_is_one_line_naming_it(small_world, tmp_path, capsys) -> None:
+    world = shutil.copytree(small_world, tmp_path / "half")
+    part = world / "train" / "texts" / "part-00000.parquet"
+    part.write_bytes(part.read_bytes()[:500])  # a copy cut short
+    for stream in ("never", "always"):
+        assert _train(str(world), str(tmp_path / "ckpt"), "asymvlm-vmf", "--stream", stream) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {part.parent}: cannot read (") and str(part) in err
+        assert err.count("\n") == 1 and not (tmp_path / "ckpt").exists()
+
+
 def test_dimension_mismatch_between_checkpoint_and_table(small_world, tmp_path, capsys) -> None:
     from asymvlm.synthetic import WorldConfig, write_world
 
@@ -144,3 +156,90 @@ def test_official_protocol_from_the_cli(small_world, tmp_path, method, optimizer
         assert len(model.text_adapter.backbone) == 2 * depth + 1 and model.official
     else:  # the port's PFE: raw means in the loss, no variance floor
         assert model.official
+
+
+def test_text_table_without_norm_trains_and_records_unit(small_world, tmp_path, capsys) -> None:
+    """No `norm`: trained as unit, recorded as unit, said at WARNING; explicit raw: exit 2."""
+    world = shutil.copytree(small_world, tmp_path / "bare")
+    for path in (world / "train" / "texts").glob("*.parquet"):
+        pq.write_table(pq.read_table(path).drop_columns(["norm"]), path)
+    assert _train(str(world), str(tmp_path / "raw"), "asymvlm-vmf", "--adapter-input", "raw") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "texts: no `norm` column" in err and "\n" not in err
+    assert not (tmp_path / "raw").exists()
+    assert _train(str(world), str(tmp_path / "ckpt")) == 0
+    meta = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert meta["adapter_input"] == meta["train_config"]["adapter_input"] == "unit"
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warned == [
+        f"warning: {world}/train/texts has no `norm` column: training on unit text "
+        "embeddings (adapter_input unit, recorded in the checkpoint)"
+    ]
+    from pipelines.schema.load import sweep_config  # the pipeline's runs decide the same
+
+    doc = {"embeddings": str(world), "methods": ["clip"], "lr": [0.1], "seeds": [0]}
+    doc["output"] = str(tmp_path / "sweep")
+    assert (
+        sweep_config(doc).run_spec("clip", 0.1, 0).with_table_input().train.adapter_input == "unit"
+    )
+    with pytest.raises(ConfigError, match="texts: no `norm` column"):
+        sweep_config({**doc, "adapter_input": "raw"}).run_spec("clip", 0.1, 0).with_table_input()
+
+
+def test_mlflow_uris_without_a_store_are_refused_before_anything_is_made(
+    small_world, tmp_path, monkeypatch, capsys
+) -> None:
+    """runs:/ and models:/ with no store: one line, exit 2, no mlflow.db; a store is named."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    data, out, run = ["--embeddings", small_world], ["--output", "o.parquet"], "runs:/abc/adapter"
+    for argv in (
+        ["score", *data, "--checkpoint", run, *out],
+        ["evaluate", *data, "--checkpoint", run, *out],
+        ["score-text", "--checkpoint", "models:/m/1", "a dog"],
+        ["export", "--checkpoint", run, *out],
+        ["analyze", "retrieval", "--data", f"{small_world}:test", "--checkpoint", run],
+        ["report", "--experiment", "e", *out],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.endswith(
+                "no tracking store configured; give --tracking-uri or set MLFLOW_TRACKING_URI\n"
+            )
+            and err.count("\n") == 1
+        ), argv
+    assert os.listdir(tmp_path) == []
+    score = ["score", *data, *out, "--tracking-uri"]
+    missing = f"sqlite:///{tmp_path}/none/mlflow.db"
+    assert main([*score, missing, "--checkpoint", run]) == 2
+    assert capsys.readouterr().err == f"error: no MLflow store at {missing} (no such file)\n"
+    assert os.listdir(tmp_path) == []
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    MlflowClient(store).create_experiment("e")
+    capsys.readouterr()
+    assert main([*score, store, "--checkpoint", run]) == 2
+    want = f"error: {run}: cannot download the model from {store}: Run with id=abc not found\n"
+    assert capsys.readouterr().err == want and not os.path.exists("o.parquet")
+
+
+def test_wrong_names_are_one_line_each_and_nothing_is_written(small_world, tmp_path, capsys):
+    """A split, method, flag or table root that is not there: one line naming it, exit 2."""
+    out, bare = str(tmp_path / "out"), shutil.copytree(small_world, tmp_path / "bare")
+    os.remove(bare / "manifest.json")  # a table folder without its manifest
+    data = ["--embeddings", small_world, "--output", out]
+    for argv, message in (
+        (["analyze", "retrieval", "--data", f"{small_world}:nosuch", "--output", out], "no split"),
+        (["train", *data, "--method", "clip", "--split", "x"], "(splits there: test, train, val)"),
+        (["train", *data, "--method", "nosuch"], "asymvlm train: argument --method: invalid"),
+        (["score", *data, "--checkpoint", out, "--no-such-flag"], "unrecognized arguments"),
+        (["score", *data, "--checkpoint", small_world], "--output " + out + ": write a .parquet"),
+        (["train", "--embeddings", str(tmp_path), "--method", "clip", "--output", out], "none"),
+        (["train", "--embeddings", str(bare), "--method", "clip", "--output", out], "manifest"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, argv
+    assert os.listdir(tmp_path) == ["bare"]

@@ -121,16 +121,41 @@ def test_bad_captions_are_named_and_nothing_is_left_half_written(trained, tmp_pa
     txt, parquet, out = tmp_path / "c.txt", tmp_path / "c.parquet", tmp_path / "o.parquet"
     txt.write_text("a dog\na cat\n\na bird\n")
     pq.write_table(pa.table({"text": ["a dog", None]}), parquet)
+    blank, empty = tmp_path / "blank.txt", tmp_path / "empty.parquet"
+    blank.write_text("\n \n\n")
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), empty)
     for argv, message in (
+        ([*ck, "--input", str(blank), "--output", str(out)], f"error: {blank}: no captions in it"),
+        ([*ck, "--input", str(empty), "--output", str(out)], f"error: {empty}: no captions in it"),
+        ([*ck, "a dog", "--input", str(blank)], "--input: not allowed with argument CAPTION"),
+        ([*ck, "--input", "c.csv"], "error: --input c.csv: give a .txt file (a caption a line) or"),
         ([*ck, "a dog", " "], "error: caption 1: empty"),
         ([*ck, "--input", str(txt), "--output", str(out)], f"{txt} line 3: empty caption"),
         ([*ck, "--input", str(parquet)], f"{parquet} row 1: 'text' is not a caption (None)"),
         ([*ck, "--input", str(parquet), "--column", "x"], "no column 'x' (columns: text)"),
-        (ck, "give captions on the command line or --input FILE"),
+        (ck, "error: no captions given: give them on the command line or --input FILE\n"),
     ):
         assert cli_main(argv) == 2
         assert message in capsys.readouterr().err
     assert not out.exists() and not os.path.exists(str(out) + ".tmp")
+
+
+def test_a_random_test_encoder_is_said(trained, tmp_path, caplog, capsys) -> None:
+    """The tiny models are marked in their config file; the scorer warns of them, once."""
+    assert cli_main(["score-text", "--checkpoint", trained["checkpoint"], "a dog"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "random" in line]
+    assert said == [
+        f"warning: the encoder {trained['model']} is a random test model: its scores mean nothing"
+    ]
+    real = tmp_path / "real"
+    shutil.copytree(trained["model"], real)
+    config = json.loads((real / "config.json").read_text())
+    assert config.pop("random_test_model") is True
+    (real / "config.json").write_text(json.dumps(config))
+    for encoder, warned in ((trained["model"], 1), (str(real), 0)):
+        caplog.clear()
+        Scorer.from_checkpoint(trained["checkpoint"], encoder=encoder, device="cpu")
+        assert sum("random test model" in r.getMessage() for r in caplog.records) == warned
 
 
 def test_the_encoder_is_found_or_the_error_says_what_to_do(

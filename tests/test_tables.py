@@ -205,7 +205,7 @@ def test_a_corrupt_file_is_refused_naming_file_row_and_id(root: str) -> None:
 
 
 def test_what_validation_refuses_and_what_no_validation_reads(root: str) -> None:
-    with pytest.raises(TableError, match=f"{root}/nope/images: no parquet files"):
+    with pytest.raises(TableError, match=rf"^{root}: no split 'nope' \(splits there: none\)$"):
         read_split(root, "nope")
     write_split(root, "test", **D)
     _rewrite(_file(root, "images"), embedding=_listed(D["image_embeddings"] * 2.5))
@@ -258,7 +258,7 @@ def test_writes_are_atomic(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_load_split_makes_raw_inputs_in_place_and_views_the_arrays(root: str) -> None:
+def test_load_split_makes_raw_inputs_in_place_and_views_the_arrays(root: str, caplog) -> None:
     write_split(root, "test", **D)
     data = load_split(root, "test")  # raw inputs, CPU
     split = data.split
@@ -281,8 +281,12 @@ def test_load_split_makes_raw_inputs_in_place_and_views_the_arrays(root: str) ->
     with pytest.raises(ValueError, match="adapter_input"):
         load_split(root, "test", adapter_input="normalised")
     write_split(root, "test", **{**D, "text_norms": None})
-    with pytest.warns(UserWarning, match="`norm` column"):
+    with caplog.at_level("WARNING", "asymvlm"):
         no_norm = load_split(root, "test")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{root}/test: the text table has no `norm` column; the adapter reads raw inputs (it was "
+        "trained on embedding x norm) and gets the unit embeddings"
+    ]
     np.testing.assert_array_equal(no_norm.text_emb.numpy(), D["text_embeddings"])
 
 

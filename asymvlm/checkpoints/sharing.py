@@ -23,7 +23,8 @@ from asymvlm.checkpoints.folder import (
     write_config,
     write_weights,
 )
-from asymvlm.errors import CheckpointError
+from asymvlm.config import redact
+from asymvlm.errors import AsymVLMError, CheckpointError, ConfigError, check_extras
 from asymvlm.methods import METHODS
 from asymvlm.results import DIRECTION_MEANINGS, METRIC_MEANINGS
 
@@ -51,6 +52,7 @@ tables are one."""
 
 
 HUB_PREFIX = "hf-hub:"
+NO_STORE = "no tracking store configured; give --tracking-uri or set MLFLOW_TRACKING_URI"
 
 
 def is_model_uri(source: str) -> bool:
@@ -102,12 +104,17 @@ def resolve_checkpoint(
     else:
         from asymvlm.tracking import download
 
+        check_extras("tracking")  # named before the store it would read
+        store = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if not store and source.startswith(("runs:/", "models:/", "mlflow-artifacts:/")):
+            raise ConfigError(f"{source}: {NO_STORE}")
         try:
-            local = download(source, tracking_uri)
-        except ImportError:  # no MLflow here: the entry point names the extra to install
+            local = download(source, store)
+        except (ImportError, AsymVLMError):  # no MLflow (the extra is named), no such store
             raise
         except Exception as exc:  # any failure of the store or the URI: one line naming it
-            raise CheckpointError(f"{source}: cannot download the model: {exc}") from None
+            where = f" from {redact(store)}" if store else ""
+            raise CheckpointError(f"{source}: cannot download the model{where}: {exc}") from None
         found = [d for d, _, files in sorted(os.walk(local)) if CONFIG_FILE in files]
         folder = found[0] if found else local
     if pretrained:

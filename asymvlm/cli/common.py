@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 from asymvlm.errors import ConfigError
 
-__all__ = ["Help", "add_data_args", "parse_kv"]
+__all__ = ["Help", "add_data_args", "add_tracking_uri", "parse_kv"]
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -39,3 +40,15 @@ def add_data_args(p: argparse.ArgumentParser, split_default: str) -> None:
     p.add_argument("--split", default=split_default, help="split of the tables")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... or auto")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_tracking_uri(
+    p: argparse.ArgumentParser, what: str = "runs:/ and models:/ are read"
+) -> None:
+    """``--tracking-uri``, the one name of the MLflow store on every sub-command."""
+    p.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        metavar="URI",
+        help=f"the MLflow store {what} (default: $MLFLOW_TRACKING_URI)",
+    )

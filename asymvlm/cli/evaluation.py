@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 from pathlib import Path
 
 from asymvlm import storage
-from asymvlm.cli.common import Help, add_data_args
+from asymvlm.cli.common import Help, add_data_args, add_tracking_uri
 from asymvlm.errors import ConfigError
 from asymvlm.evaluation import registry
 from asymvlm.tables import Location
@@ -21,6 +20,7 @@ logger = logging.getLogger("asymvlm.cli")
 def _loading(args: argparse.Namespace) -> dict[str, object]:
     """How :mod:`asymvlm.protocol.api` loads the checkpoint and the split."""
     keys = ("checkpoint", "embeddings", "split", "device", "adapter_input", "allow_incomplete")
+    keys += ("tracking_uri",)
     return {k: getattr(args, k) for k in keys}
 
 
@@ -55,6 +55,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     from asymvlm.protocol import api
 
+    if not args.output.endswith(".parquet"):
+        raise ConfigError(f"--output {args.output}: write a .parquet file")
     table = api.score(**_loading(args))
     with storage.atomic_path(args.output) as (fs, tmp):
         pq.write_table(table, tmp, filesystem=fs)
@@ -82,11 +84,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             value = {name: where for name, _, where in pairs}
         values[key] = value
     parsed = registry.spec(args.kind, values, f"asymvlm analyze {args.kind}", flags=True)
-    methods = checkpoint_adapters(args.checkpoint)
+    methods = checkpoint_adapters(args.checkpoint, tracking_uri=args.tracking_uri)
     if args.sweep:
-        if not args.mlflow_uri:
-            raise ConfigError("--sweep needs --mlflow-uri (or $MLFLOW_TRACKING_URI)")
-        methods.update(sweep_adapters(args.mlflow_uri, args.sweep))
+        if not args.tracking_uri:
+            raise ConfigError("--sweep needs --tracking-uri (or $MLFLOW_TRACKING_URI)")
+        methods.update(sweep_adapters(args.tracking_uri, args.sweep))
     if args.frozen or not methods:
         methods = registry.with_frozen(methods, parsed)
     result = registry.evaluate(parsed, methods)
@@ -94,13 +96,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     print(text)
     if args.output:
         Path(args.output).write_text(text + "\n")
-    if args.mlflow_uri:
+    if args.tracking_uri:
         dumped = parsed.model_dump(mode="json", exclude={"kind"}, exclude_none=True)
         params = {k: v for k, v in dumped.items() if isinstance(v, str | int)}
         if args.kind == "zeroshot":
             params.setdefault("fine_tuned_on", "?")
         run_id = registry.log_evaluation(
-            args.mlflow_uri, args.experiment, args.kind, result, params=params
+            args.tracking_uri, args.experiment, args.kind, result, params=params
         )
         logger.info("logged as MLflow run %s", run_id)
     return 0
@@ -112,8 +114,9 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
         required=True,
         metavar="DIR|URI",
         help="a checkpoint or model folder, an MLflow model URI (runs:/.., models:/..; "
-        "store: $MLFLOW_TRACKING_URI) or hf-hub:ORG/REPO[@REVISION]",
+        "store: --tracking-uri) or hf-hub:ORG/REPO[@REVISION]",
     )
+    add_tracking_uri(p)
     p.add_argument(
         "--adapter-input",
         choices=["raw", "unit"],
@@ -202,11 +205,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         k.add_argument("--sweep", default=None, help="a sweep's MLflow run id: its seed adapters")
         k.add_argument("--frozen", action="store_true", help="also the frozen model (clip)")
         k.add_argument("--output", default=None, help="write the JSON here too")
-        k.add_argument(
-            "--mlflow-uri",
-            default=os.environ.get("MLFLOW_TRACKING_URI"),
-            help="log the result to this tracking store (default: "
-            "$MLFLOW_TRACKING_URI; none: not logged)",
+        add_tracking_uri(
+            k, "runs:/, --sweep are read from and the result logged to (none: not logged)"
         )
         k.add_argument("--experiment", default="asymvlm", help="MLflow experiment")
         k.set_defaults(func=cmd_analyze)

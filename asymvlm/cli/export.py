@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from asymvlm.cli.common import Help
+from asymvlm.cli.common import Help, add_tracking_uri
 
 logger = logging.getLogger("asymvlm.cli")
 
@@ -39,6 +39,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", required=True, metavar="FOLDER", help="the model folder to write")
     p.add_argument("--repo", metavar="ORG/REPO", help="the Hub repository named in the card")
     p.add_argument("--license", default="apache-2.0", help="the card's license")
-    p.add_argument("--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI)")
+    add_tracking_uri(p, "the model and its run are read from")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export there")
     p.set_defaults(func=cmd_export)

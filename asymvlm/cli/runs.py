@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from asymvlm.cli.common import Help
+from asymvlm.cli.common import Help, add_tracking_uri
 from asymvlm.errors import ConfigError, check_extras
 
 logger = logging.getLogger("asymvlm.cli")
@@ -17,11 +17,12 @@ STARLETTE_WSGI_WARNING = "starlette.middleware.wsgi is deprecated"
 
 def cmd_report(args: argparse.Namespace) -> int:
     check_extras("tracking")  # it reads MLflow runs: that extra is named first
+    from asymvlm.checkpoints.sharing import NO_STORE
     from asymvlm.report import build_report
 
-    if not args.mlflow_uri:
-        raise ConfigError("report: give --mlflow-uri or set MLFLOW_TRACKING_URI")
-    path = build_report(args.mlflow_uri, args.experiment, args.output)
+    if not args.tracking_uri:
+        raise ConfigError(f"report: {NO_STORE}")
+    path = build_report(args.tracking_uri, args.experiment, args.output)
     logger.info("report written to %s (and report.html beside it)", path)
     return 0
 
@@ -57,11 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="gather an MLflow experiment into report.md / report.html with tables and figures",
         formatter_class=Help,
     )
-    p.add_argument(
-        "--mlflow-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="tracking URI, e.g. sqlite:///runs/demo/mlflow.db (default: $MLFLOW_TRACKING_URI)",
-    )
+    add_tracking_uri(p, "(e.g. sqlite:///runs/demo/mlflow.db) the runs are read from")
     p.add_argument("--experiment", required=True, help="MLflow experiment to gather")
     p.add_argument("--output", required=True, help="folder for report.md and the figures")
     p.set_defaults(func=cmd_report)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from asymvlm import storage
-from asymvlm.cli.common import Help
+from asymvlm.cli.common import Help, add_tracking_uri
 from asymvlm.errors import ConfigError
 
 logger = logging.getLogger("asymvlm.cli")
@@ -18,6 +18,8 @@ logger = logging.getLogger("asymvlm.cli")
 
 def read_captions(path: str, column: str) -> list[str]:
     """Captions of a ``.txt`` file (one a line) or a ``.parquet`` file (``column``), none empty."""
+    if not path.endswith((".txt", ".parquet")):
+        raise ConfigError(f"--input {path}: give a .txt file (a caption a line) or a .parquet file")
     parquet = path.endswith(".parquet")
     try:
         if parquet:
@@ -38,14 +40,16 @@ def read_captions(path: str, column: str) -> list[str]:
             raise ConfigError(f"{path} row {i}: {column!r} is not a caption ({text!r})")
         if not text.strip():
             raise ConfigError(f"{path} line {i + 1}: empty caption")
+    if not values:
+        raise ConfigError(f"{path}: no captions in it")
     return values
 
 
 def cmd_score_text(args: argparse.Namespace) -> int:
     from asymvlm.scoring import Scorer
 
-    if bool(args.captions) == bool(args.input):
-        raise ConfigError("give captions on the command line or --input FILE, not both")
+    if not args.captions and not args.input:
+        raise ConfigError("no captions given: give them on the command line or --input FILE")
     if args.output and not args.output.endswith(".parquet"):
         raise ConfigError(f"--output {args.output}: write a .parquet file")
     if args.batch_size < 1:
@@ -78,13 +82,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with (recorded in its checkpoint) and print one JSON object per caption (text, kappa "
         "where the method has one, uncertainty), or write them to --output as Parquet.",
     )
-    p.add_argument("captions", nargs="*", metavar="CAPTION", help="captions to score")
+    given = p.add_mutually_exclusive_group()  # the default makes CAPTION optional to argparse
+    given.add_argument("captions", nargs="*", default=[], metavar="CAPTION", help="to score")
+    given.add_argument("--input", metavar="FILE", help="captions.txt (one a line) or .parquet")
     p.add_argument("--checkpoint", required=True, metavar="DIR|URI", help="folder, URI, hf-hub:")
-    p.add_argument("--input", metavar="FILE", help="captions.txt (one a line) or .parquet")
     p.add_argument("--column", default="text", help="the caption column of a .parquet input")
     p.add_argument("--output", metavar="FILE.parquet", help="write text, kappa, uncertainty here")
     p.add_argument("--encoder", metavar="MODEL", help="instead of the one the checkpoint names")
-    p.add_argument("--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI)")
+    add_tracking_uri(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--batch-size", type=int, default=256, help="captions encoded at once")
     p.set_defaults(func=cmd_score_text)

@@ -141,7 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     again.add_argument(
         "--overwrite", action="store_true", help="replace a checkpoint already in --output"
     )
-    p.set_defaults(func=cmd_train, train_keys=keys)
+    p.set_defaults(func=cmd_train, train_keys=keys, adapter_input=None)  # None: the tables say
 
     p = sub.add_parser(
         "import-official",

@@ -13,8 +13,11 @@ import torch
 from asymvlm import logs, storage
 
 __all__ = ["save_tiny_clip", "save_tiny_open_clip", "save_tiny_siglip", "TINY_IMAGE_SIZE"]
+__all__ += ["is_random_test_model"]
 
 TINY_IMAGE_SIZE = 64
+#: The key a tiny model's config file holds (true), by which it is recognised.
+RANDOM_MARK = "random_test_model"
 _LAYERS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
 _VISION = dict(**_LAYERS, image_size=TINY_IMAGE_SIZE, patch_size=16)
 # A small caption-like corpus (the tokenizer's vocabulary) and every printable character.
@@ -97,7 +100,7 @@ def _save(directory, seed: int, family: str, max_length: int, images: dict, **co
     text = dict(**_LAYERS, max_position_embeddings=max_length, vocab_size=len(tok), **ids)
     text.update(config.pop("text", {}))
     model = getattr(transformers, f"{prefix}Config")(
-        text_config=text, vision_config=_VISION, **config
+        text_config=text, vision_config=_VISION, **config, **{RANDOM_MARK: True}
     )
     kind = f"{prefix}ImageProcessor"
     processor = getattr(transformers, f"{prefix}Processor")(
@@ -141,11 +144,24 @@ def save_tiny_open_clip(directory: str | os.PathLike, seed: int = 0) -> str:
         interpolation="bicubic",
         resize_mode="shortest",
     )
-    config = json.dumps({"model_cfg": model_cfg, "preprocess_cfg": preprocess}, indent=2)
-    storage.write_text(os.path.join(directory, "open_clip_config.json"), config)
+    config = {"model_cfg": model_cfg, "preprocess_cfg": preprocess, RANDOM_MARK: True}
+    storage.write_text(
+        os.path.join(directory, "open_clip_config.json"), json.dumps(config, indent=2)
+    )
     torch.manual_seed(seed)
     state = open_clip.CLIP(**model_cfg).eval().state_dict()
     save_file(
         {k: v.contiguous() for k, v in state.items()}, f"{directory}/open_clip_model.safetensors"
     )
     return f"open_clip:local-dir:{directory}"
+
+
+def is_random_test_model(files: str | None) -> bool:
+    """Whether the model folder ``files`` is one of these random models (its config says so)."""
+    for name in ("config.json", "open_clip_config.json") if files else ():
+        try:
+            with open(os.path.join(files, name)) as fh:
+                return json.load(fh).get(RANDOM_MARK) is True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False

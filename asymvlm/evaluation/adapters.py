@@ -22,13 +22,17 @@ def _named(method: Method, meta: dict[str, Any]) -> tuple[str, Method]:
 
 
 def checkpoint_adapters(
-    folders: Iterable[str], device: str | torch.device = "cpu", *, allow_incomplete: bool = False
+    folders: Iterable[str],
+    device: str | torch.device = "cpu",
+    *,
+    allow_incomplete: bool = False,
+    tracking_uri: str | None = None,
 ) -> dict[str, Method]:
-    """The adapters of checkpoint folders (or MLflow model URIs), by ``method/seed<k>``."""
-    load = {"allow_incomplete": allow_incomplete}
+    """The adapters of checkpoint folders (or MLflow model URIs in ``tracking_uri``), by
+    ``method/seed<k>``."""
+    local = (resolve_checkpoint(f, tracking_uri) if is_model_uri(f) else f for f in folders)
     return dict(
-        _named(*load_checkpoint(resolve_checkpoint(f) if is_model_uri(f) else f, device, **load))
-        for f in folders
+        _named(*load_checkpoint(f, device, allow_incomplete=allow_incomplete)) for f in local
     )
 
 

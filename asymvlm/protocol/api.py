@@ -19,11 +19,17 @@ from asymvlm.training import resolve_device
 
 
 def load_checkpoint(
-    checkpoint: str, device: str | torch.device = "auto", *, allow_incomplete: bool = False
+    checkpoint: str,
+    device: str | torch.device = "auto",
+    *,
+    allow_incomplete: bool = False,
+    tracking_uri: str | None = None,
 ) -> tuple[Method, dict[str, Any]]:
-    """(method in eval mode, metadata) of a checkpoint folder, MLflow model URI or
-    ``hf-hub:ORG/REPO[@REVISION]`` on ``device``; ``allow_incomplete``: a run in progress."""
-    folder = resolve_checkpoint(checkpoint) if is_model_uri(checkpoint) else checkpoint
+    """(method in eval mode, metadata) of a checkpoint folder, MLflow model URI (in the store
+    ``tracking_uri``, default ``$MLFLOW_TRACKING_URI``) or ``hf-hub:ORG/REPO[@REVISION]`` on
+    ``device``; ``allow_incomplete``: a run in progress."""
+    uri = is_model_uri(checkpoint)
+    folder = resolve_checkpoint(checkpoint, tracking_uri) if uri else checkpoint
     method, meta = load_folder(folder, resolve_device(device), allow_incomplete=allow_incomplete)
     method.eval()
     return method, meta
@@ -37,9 +43,11 @@ def load_for_split(
     device: str | torch.device = "auto",
     adapter_input: str | None = None,
     allow_incomplete: bool = False,
+    tracking_uri: str | None = None,
 ) -> tuple[Method, SplitTensors]:
     """The checkpoint's method and the split it reads, both on ``device``."""
-    method, meta = load_checkpoint(checkpoint, device, allow_incomplete=allow_incomplete)
+    load = {"allow_incomplete": allow_incomplete, "tracking_uri": tracking_uri}
+    method, meta = load_checkpoint(checkpoint, device, **load)
     method.adapter_input = adapter_input or meta.get("adapter_input", "raw")
     data = load_split(embeddings, split, method.adapter_input, resolve_device(device))
     if data.dim != meta["dim"]:
@@ -58,6 +66,7 @@ def evaluate(
     device: str | torch.device = "auto",
     adapter_input: str | None = None,
     allow_incomplete: bool = False,
+    tracking_uri: str | None = None,
     progress: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
@@ -66,7 +75,7 @@ def evaluate(
     values = {"data": Location(embeddings, split), **options}
     parsed = registry.spec("retrieval", values, "asymvlm.evaluate")
     load = {"device": device, "adapter_input": adapter_input, "allow_incomplete": allow_incomplete}
-    method, data = load_for_split(checkpoint, embeddings, split, **load)
+    method, data = load_for_split(checkpoint, embeddings, split, **load, tracking_uri=tracking_uri)
     result = registry.evaluate_split(parsed, method, data, progress=progress)
     return result | {"checkpoint": checkpoint, "embeddings": embeddings, "split": split}
 
@@ -79,9 +88,10 @@ def score(
     device: str | torch.device = "auto",
     adapter_input: str | None = None,
     allow_incomplete: bool = False,
+    tracking_uri: str | None = None,
 ) -> pa.Table:
     """A row per caption of ``embeddings``/``split``: ``caption_id``, ``kappa`` and
     ``uncertainty`` (null where the method has none) under ``checkpoint``."""
     load = {"device": device, "adapter_input": adapter_input, "allow_incomplete": allow_incomplete}
-    method, data = load_for_split(checkpoint, embeddings, split, **load)
+    method, data = load_for_split(checkpoint, embeddings, split, **load, tracking_uri=tracking_uri)
     return caption_scores(method, data)

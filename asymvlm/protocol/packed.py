@@ -55,7 +55,7 @@ def run_packed_protocol(
     ``train.lr`` / ``train.seed``, trained as one :class:`PackedTrainer` (``state`` resumes it;
     ``on_state(pack)`` follows each epoch, the place to checkpoint), each member evaluated as
     its own run; one result per spec, in order."""
-    runs = list(specs)
+    runs = [spec.with_table_input() for spec in specs]
     check_packable_specs(runs)
     cfgs = [run.train for run in runs]
     dev = resolve_device(cfgs[0].device) if device is None else torch.device(device)

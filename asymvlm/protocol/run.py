@@ -36,6 +36,7 @@ from asymvlm.training import (
     open_stream,
     resolve_device,
 )
+from asymvlm.training.stream import table_input
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class TrainingRun:
         device: str | torch.device | None = None,
         cache: SplitCache | None = None,
     ) -> None:
+        spec = spec.with_table_input()
         self.spec, cfg = spec, spec.train
         if device is None:
             self.device = resolve_device(cfg.device)
@@ -230,6 +232,11 @@ class RunSpec(BaseModel):
             update={"train": self.train.model_copy(update={"lr": lr, "seed": seed})}
         )
 
+    def with_table_input(self) -> RunSpec:
+        """This run on the adapter input its tables give (:func:`table_input`)."""
+        cfg = table_input(self.train, self.embeddings, self.train_split)
+        return self if cfg is self.train else self.model_copy(update={"train": cfg})
+
     def holds_out(self) -> bool:
         """Whether ``val_fraction`` of the training images is held out (no ``val_split``)."""
         splits = tables.list_splits(self.embeddings) if self.val_fraction else []
@@ -256,6 +263,7 @@ def train(
     ``checkpoint_every`` epochs, complete at the end). Returns (method, history)."""
     if not isinstance(cfg, TrainConfig):
         cfg = validate(TrainConfig, dict(cfg or {}), "asymvlm.train")
+    cfg = table_input(cfg, embeddings, split)  # before a resume compares it to the checkpoint's
     if checkpoint_every is not None and checkpoint_every < 1:
         raise ConfigError(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
     previous = None
@@ -275,8 +283,6 @@ def train(
     what = f"{cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr:g}, batch {cfg.batch_size}"
     if not METHODS[cfg.method].trainable:  # fitted post hoc (bayesvlm) or used as is (clip)
         what = "no training"
-    device = resolve_device(cfg.device)
-    logger.info("%s (%s, device %s) on %s/%s", cfg.method, what, device, embeddings, split)
     spec = RunSpec(
         embeddings=embeddings,
         train=cfg,
@@ -285,7 +291,8 @@ def train(
         test_split=None,
         checkpoint_every=checkpoint_every,
     )
-    run = TrainingRun(spec)
+    run = TrainingRun(spec)  # the tables read and checked before a line is said
+    logger.info("%s (%s, device %s) on %s/%s", cfg.method, what, run.device, embeddings, split)
     method, trainer = run.method, run.trainer
     last_good: str | None = None
     if previous is not None:

@@ -3,6 +3,7 @@ checkpoint names, giving a caption the numbers ``asymvlm score`` gives it in a t
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,11 +18,14 @@ from asymvlm import logs
 from asymvlm.checkpoints import load_checkpoint, resolve_checkpoint
 from asymvlm.data.encoder import files_sha256, load_encoder, local_source
 from asymvlm.data.encoder.hub import check_hub_model
+from asymvlm.data.tiny import is_random_test_model
 from asymvlm.errors import AsymVLMError, CheckpointError
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import read_split
 
 __all__ = ["CaptionScores", "Scorer", "ScoringInputError", "TableEncoder"]
+
+logger = logging.getLogger(__name__)
 
 
 class ScoringInputError(AsymVLMError, ValueError):
@@ -154,6 +158,8 @@ class Scorer:
             check_hub_model(name)
         except ValueError as err:
             raise CheckpointError(f"{source}: the encoder {err}") from None
+        if is_random_test_model(files):
+            logger.warning("the encoder %s is a random test model: its scores mean nothing", name)
         revision = recorded.get("revision") if not encoder else None
         with logs.quiet_transformers():
             loaded = load_encoder(name, device=device, dtype="float32", revision=revision)

@@ -225,3 +225,12 @@ def list_splits(root: str) -> list[str]:
             if i.type == pafs.FileType.Directory
         }
     )
+
+
+def check_split(root: str, split: str) -> None:
+    """Refuse a ``split`` that ``root`` does not hold, naming those it does."""
+    splits = list_splits(root)
+    if split not in splits:
+        raise TableError(
+            f"{root}: no split {split!r} (splits there: {', '.join(splits) or 'none'})"
+        )

@@ -23,6 +23,7 @@ from asymvlm.tables.files import (
     TEXT_RESERVED,
     TEXTS_DIR,
     TableError,
+    check_split,
     fingerprint,
     list_parquet,
     read_manifest,
@@ -216,6 +217,7 @@ def read_split(
     """Read ``ROOT/split``; :class:`TableError` on structural problems and, with ``validate``,
     on non-unit rows (beyond ``norm_atol``), duplicate ids or bad ``norm`` values."""
     manifest = read_manifest(root)
+    check_split(root, split)
     fs, base = filesystem(root)
     atol = norm_atol if validate else None
     out: dict = {"manifest": manifest}

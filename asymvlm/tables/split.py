@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -79,14 +78,8 @@ class EmbeddingSplit:
 
     def raw_text(self) -> np.ndarray:
         """The raw text inputs ``embedding * norm`` (the official AsymVLM adapter input), made
-        once in place of the unit matrix; without a ``norm`` column a warning and the unit rows."""
+        once in place of the unit matrix; without a ``norm`` column the unit rows."""
         if self.text_norms is None:
-            warnings.warn(
-                "text table has no `norm` column: adapter_input='raw' falls back to the "
-                "unit-norm text embeddings",
-                UserWarning,
-                stacklevel=2,
-            )
             return self.text_matrix
         if not self.text_is_raw:
             matrix = self.text_matrix

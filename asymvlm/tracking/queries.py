@@ -4,18 +4,27 @@ model API as the served models use it (:mod:`asymvlm.scoring.models`)."""
 from __future__ import annotations
 
 import json
+import os
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from asymvlm.config import redact
+from asymvlm.errors import ConfigError
 from asymvlm.tracking.store import global_tracking_uri, relocate_once
+
+
+def _reading(tracking_uri: str | None) -> None:
+    """Refuse a SQLite store that is not there (MLflow would create an empty one to read)."""
+    if (tracking_uri or "").startswith("sqlite:///") and not os.path.isfile(tracking_uri[10:]):
+        raise ConfigError(f"no MLflow store at {tracking_uri} (no such file)")
+    if tracking_uri:
+        relocate_once(tracking_uri)
 
 
 def _client(tracking_uri: str | None) -> Any:
     from mlflow import MlflowClient
 
-    if tracking_uri:
-        relocate_once(tracking_uri)
+    _reading(tracking_uri)
     return MlflowClient(tracking_uri or None)
 
 
@@ -68,8 +77,7 @@ def download(uri: str, tracking_uri: str | None = None) -> str:
     ``$MLFLOW_TRACKING_URI``); its local path."""
     import mlflow
 
-    if tracking_uri:
-        relocate_once(tracking_uri)
+    _reading(tracking_uri)
     with global_tracking_uri(tracking_uri):
         return mlflow.artifacts.download_artifacts(artifact_uri=uri)
 

@@ -34,8 +34,31 @@ def _dataset(root: str, split: str, kind: str) -> ds.FileSystemDataset:
     folder = join(base, split, kind)
     files = tables.list_parquet(fs, folder)
     if not files:
+        tables.check_split(root, split)
         raise tables.TableError(f"{display(root, folder)}: no parquet files in this folder")
-    return ds.dataset(files, filesystem=fs, format="parquet")
+    try:
+        return ds.dataset(files, filesystem=fs, format="parquet")
+    except (OSError, pa.ArrowInvalid) as exc:  # a half-written or foreign file: it names it
+        raise tables.TableError(f"{display(root, folder)}: cannot read ({exc})") from None
+
+
+def table_input(cfg: TrainConfig, root: str, split: str) -> TrainConfig:
+    """``cfg`` with the adapter input ``ROOT/<split>`` can give: a text table without ``norm``
+    trains (and is recorded) as ``unit``, said at WARNING; an explicit ``raw`` is refused."""
+    texts = _dataset(root, split, tables.TEXTS_DIR)  # a split that is not there: said here
+    if cfg.adapter_input == "unit" or "norm" in texts.schema.names:
+        return cfg
+    where = display(root, join(filesystem(root)[1], split, tables.TEXTS_DIR))
+    if "adapter_input" in cfg.model_fields_set:
+        raise ConfigError(
+            f"{where}: no `norm` column, so adapter_input raw (embedding x norm) cannot be "
+            "made: use --adapter-input unit (adapter_input: unit), or add the column"
+        )
+    logger.warning(
+        f"{where} has no `norm` column: training on unit text embeddings (adapter_input unit, "
+        "recorded in the checkpoint)"
+    )
+    return cfg.model_copy(update={"adapter_input": "unit"})
 
 
 def split_bytes(root: str, split: str) -> int:

@@ -56,7 +56,9 @@ class TrainConfig(BaseModel):
     depth: Count | None = Field(None, description="hidden layers (default: 3; official ProbVLM: 2)")
     seed: Annotated[int, Field(ge=0)] = Field(0, description="initialisation and order")
     adapter_input: Literal["raw", "unit"] = Field(
-        "raw", description="raw: the unnormalised text projection (embedding * norm)"
+        "raw",
+        description="raw: the unnormalised text projection (embedding * norm); unit: the unit "
+        "embedding (used, and recorded, for a text table without `norm` unless raw is given)",
     )
     device: str = Field("auto", pattern=_DEVICE.pattern, description="cpu, cuda, cuda:1 or auto")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(

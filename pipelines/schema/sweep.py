@@ -178,7 +178,7 @@ class _SweepBase(StrictModel):
             )
         if extra := sorted(set(self.method_kwargs) - set(self.methods)):
             raise ValueError(f"method_kwargs names methods that are not swept: {extra}")
-        train = {k: getattr(self, k) for k in _TRAIN_FIELDS}
+        train = {k: getattr(self, k) for k in _TRAIN_FIELDS if k in self.model_fields_set}
         run = {k: getattr(self, k) for k in _RUN_FIELDS}
         for m in self.methods:
             kwargs = self.method_kwargs.get(m, {})
