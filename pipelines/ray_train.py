@@ -21,8 +21,6 @@ from asymvlm.training import EpochRow, History, Trainer
 from pipelines.schema import FaultInjection
 from pipelines.session import require_ray
 
-__all__ = ["checkpoint_folder", "maybe_inject_failure", "run_training", "worker_logging"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -17,8 +17,6 @@ from asymvlm.scoring import ScoringInputError
 from pipelines.schema import ServeConfig
 from pipelines.session import require_ray
 
-__all__ = ["ScorerDeployment", "check", "deploy"]
-
 app = FastAPI(title="asymvlm scorer", description="caption uncertainty of a trained adapter")
 
 

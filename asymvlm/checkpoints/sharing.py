@@ -28,8 +28,6 @@ from asymvlm.errors import AsymVLMError, CheckpointError, ConfigError, check_ext
 from asymvlm.methods import METHODS
 from asymvlm.results import DIRECTION_MEANINGS, METRIC_MEANINGS
 
-__all__ = ["export_adapter", "is_model_uri", "model_card", "resolve_checkpoint"]
-
 logger = logging.getLogger(__name__)
 
 #: Encoder names that are not models (the tables of a synthetic world).

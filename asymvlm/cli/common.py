@@ -8,8 +8,6 @@ from collections.abc import Sequence
 
 from asymvlm.errors import ConfigError
 
-__all__ = ["Help", "add_data_args", "add_tracking_uri", "parse_kv"]
-
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
     """A default shown once: not where the help names it, nor for options without one."""

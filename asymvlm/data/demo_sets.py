@@ -13,8 +13,6 @@ from asymvlm import storage
 from asymvlm.data.sources.captions import read_csv
 from asymvlm.data.sources.classes import CIFAR10, CIFAR100
 
-__all__ = ["find_hierarcaps", "write_hierarcaps_cifar"]
-
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -19,8 +19,6 @@ from asymvlm.data import demo_sets
 from asymvlm.data.sources.captions import read_csv
 from asymvlm.errors import AsymVLMError
 
-__all__ = ["HierarCapsChecksumError", "HierarCapsError", "locate_hierarcaps"]
-
 log = logging.getLogger(__name__)
 
 CSV_URL = "https://huggingface.co/datasets/tau-vailab/HierarCaps/resolve/main/hierarcaps_test.csv"

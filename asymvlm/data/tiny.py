@@ -12,9 +12,6 @@ import torch
 
 from asymvlm import logs, storage
 
-__all__ = ["save_tiny_clip", "save_tiny_open_clip", "save_tiny_siglip", "TINY_IMAGE_SIZE"]
-__all__ += ["is_random_test_model"]
-
 TINY_IMAGE_SIZE = 64
 #: The key a tiny model's config file holds (true), by which it is recognised.
 RANDOM_MARK = "random_test_model"

@@ -21,8 +21,6 @@ from asymvlm.training import (
 )
 from asymvlm.training.packed import require_alike
 
-__all__ = ["check_packable_specs", "run_packed_protocol"]
-
 
 def check_packable_specs(specs: Sequence[RunSpec]) -> None:
     """:func:`check_packable` for run specs, which must also name the same tables and splits."""

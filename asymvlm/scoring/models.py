@@ -15,8 +15,6 @@ from asymvlm.data.encoder.names import is_open_clip
 from asymvlm.scoring.scorer import Scorer, ScoringInputError
 from asymvlm.tracking import PythonModel, Run, invalid_input, pinned_requirements, signature
 
-__all__ = ["CaptionTextModel", "CaptionUncertaintyModel", "log_adapter_models"]
-
 #: The libraries every logged model needs (pinned to the versions installed here).
 REQUIREMENTS = ("torch", "numpy", "pandas", "scipy", "pyarrow", "mlflow")
 

@@ -23,8 +23,6 @@ from asymvlm.errors import AsymVLMError, CheckpointError
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import read_split
 
-__all__ = ["CaptionScores", "Scorer", "ScoringInputError", "TableEncoder"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -6,8 +6,6 @@ from typing import Annotated, Any, NamedTuple
 
 from pydantic import BeforeValidator, PlainSerializer
 
-__all__ = ["Location", "LocationField", "parse_location"]
-
 
 class Location(NamedTuple):
     """A split of embedding tables: its tables ``root`` (a folder or an object-store URI) and

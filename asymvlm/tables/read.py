@@ -30,8 +30,6 @@ from asymvlm.tables.files import (
 )
 from asymvlm.tables.split import EmbeddingSplit
 
-__all__ = ["EmbeddingSplit", "read_split"]
-
 
 def _first(mask: np.ndarray) -> int | None:
     hits = np.flatnonzero(mask)

@@ -18,8 +18,6 @@ from asymvlm.methods import Method, build_method
 from asymvlm.splits import SplitTensors
 from asymvlm.training.trainer import EpochRow, History, TrainConfig, Trainer, bad_code
 
-__all__ = ["PackedTrainer", "check_packable", "require_alike"]
-
 logger = logging.getLogger(__name__)
 
 #: The :class:`TrainConfig` fields in which the members of a pack may differ.

@@ -21,8 +21,6 @@ from asymvlm.splits import SplitTensors
 from asymvlm.storage import display, filesystem, join
 from asymvlm.training.trainer import TrainConfig, Trainer, layout, non_finite
 
-__all__ = ["CaptionStream", "StreamingTrainer", "open_stream", "split_bytes", "use_streaming"]
-
 logger = logging.getLogger(__name__)
 
 #: Captions drawn once at start-up for ``fit_start`` and the kappa probe.

@@ -12,8 +12,6 @@ import torch
 from asymvlm.data.encoder.base import Encoder, files_sha256, unit_and_norm
 from asymvlm.data.encoder.names import looks_like_path
 
-__all__ = ["TransformersEncoder"]
-
 
 def _hub_commit(model: str, revision: str | None) -> str | None:
     """The commit of the cached hub snapshot the files were loaded from, if any."""

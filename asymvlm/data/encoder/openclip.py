@@ -14,8 +14,6 @@ from open_clip.transform import PreprocessCfg, image_transform_v2
 from asymvlm.data.encoder.base import Encoder, files_sha256, unit_and_norm
 from asymvlm.data.encoder.names import parse_name
 
-__all__ = ["OpenClipEncoder"]
-
 
 class OpenClipEncoder(Encoder):
     """A frozen open_clip model; ``revision`` is unused (a pretrained tag names its weights)."""
