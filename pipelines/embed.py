@@ -28,13 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="YAML file with the embedding job(s); its EmbedConfig keys: the docs' "
         "Configuration reference",
     )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a key (YAML value; dots and list indices: jobs.0.split=val)",
-    )
+    override = "override a key (YAML value; dots and list indices: jobs.0.split=val)"
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
     parser.add_argument("--verbose", action="store_true", help="everything on the console")
     return parser
 

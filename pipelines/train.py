@@ -37,13 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         exclude=set(TrainConfig.model_fields) - set(TRAIN_FLAGS),
         choices={"method": sorted(METHODS)},
     )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other TrainConfig key (YAML value; dots: method_kwargs.calibrate_input=false)",
-    )
+    override = "any other TrainConfig key (YAML value; dots: method_kwargs.calibrate_input=false)"
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
     parser.add_argument("--output", default="runs/train", help="Ray Train storage path")
     parser.add_argument("--name", default=None, help="the run's name (default: method-lr-seed)")
     parser.add_argument("--num-workers", type=int, default=1, help="DDP workers")

@@ -112,13 +112,6 @@ def provenance(split: Any) -> dict[str, Any]:
     return {"embedding_model": manifest.model, **encoder, **tables}
 
 
-def versions() -> dict[str, str]:
-    """The versions of asymvlm and torch, and the commit when run from a git checkout."""
-    commit = git_commit()
-    found = {"asymvlm_version": version("asymvlm"), "torch_version": torch.__version__}
-    return found | ({"git_commit": commit} if commit != "unknown" else {})
-
-
 def write_weights(state: dict[str, torch.Tensor], folder: str) -> None:
     """``state`` as ``model.safetensors`` in ``folder`` (contiguous CPU copies)."""
     weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
@@ -145,7 +138,7 @@ def save_checkpoint(
     """Write the checkpoint folder ``directory``; ``epoch`` defaults to the end of training."""
     epochs = cfg.epochs if method.trainable else 0
     epoch = epochs if epoch is None else int(epoch)
-    package = method_distribution(method.name)
+    package, commit = method_distribution(method.name), git_commit()
     meta = {
         "method": method.name,
         **({"method_package": package} if package else {}),
@@ -156,7 +149,9 @@ def save_checkpoint(
         "complete": bool(epoch >= epochs if complete is None else complete),
         "epoch": epoch,
         "epochs": epochs,
-        **versions(),
+        "asymvlm_version": version("asymvlm"),
+        "torch_version": torch.__version__,
+        **({"git_commit": commit} if commit != "unknown" else {}),  # run from a git checkout
         **(extra or {}),
     }
     json.dumps(meta, allow_nan=False)  # not JSON: refused before anything is written

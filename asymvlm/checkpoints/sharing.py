@@ -161,11 +161,6 @@ def _evaluation(metrics: Mapping[str, float], run: Mapping[str, Any] | None) -> 
     )
 
 
-def _trained_with(config: Mapping[str, Any]) -> list[str]:
-    names = (("asymvlm", "asymvlm_version"), ("torch", "torch_version"))
-    return [f"{name} {config[key]}" for name, key in names if config.get(key)]
-
-
 def model_card(
     config: Mapping[str, Any],
     *,
@@ -192,6 +187,8 @@ def model_card(
     summary = (cls.__doc__ or "").strip().splitlines()[0] if cls and cls.__doc__ else None
     package = config.get("method_package") or {}  # a method from an installed plugin
     plugin = f"{package['name']}=={package['version']}" if package.get("name") else ""
+    versions = {n: config.get(f"{n}_version") for n in ("asymvlm", "torch")}
+    trained_with = ", ".join(f"{n} {v}" for n, v in versions.items() if v) or None
     calibration = ", ".join(
         f"{k} = {v:.6g}" for k, v in (config.get("input_calibration") or {}).items()
     )
@@ -210,7 +207,7 @@ def model_card(
         *((k, train.get(k)) for k in ("optimizer", "lr", "batch_size", "weight_decay")),
         ("adapter width x depth", f"{train.get('hidden_dim')} x {train.get('depth') or 'default'}"),
         ("seed", train.get("seed")),
-        ("trained with", ", ".join(_trained_with(config)) or None),
+        ("trained with", trained_with),
         ("git commit", config.get("git_commit")),
     ]
     table = "\n".join(f"| {k} | `{v}` |" for k, v in rows if v not in (None, "", "None of None"))

@@ -14,6 +14,7 @@ from asymvlm.methods.arguments import argument_type
 from asymvlm.training import TrainConfig
 
 logger = logging.getLogger("asymvlm.cli")
+OVERWRITE = "replace a checkpoint already in --output"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -138,9 +139,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="continue the checkpoint in --output (same flags); a complete one is left as it is",
     )
-    again.add_argument(
-        "--overwrite", action="store_true", help="replace a checkpoint already in --output"
-    )
+    again.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     p.set_defaults(func=cmd_train, train_keys=keys, adapter_input=None)  # None: the tables say
 
     p = sub.add_parser(
@@ -158,9 +157,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the official .pt (checkpoints/DATA/SEED/METHOD.pt)",
     )
     p.add_argument("--output", required=True, metavar="DIR", help="checkpoint folder to write")
-    p.add_argument(
-        "--overwrite", action="store_true", help="replace a checkpoint already in --output"
-    )
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     p.set_defaults(func=cmd_import_official)
 
     p = sub.add_parser(

@@ -37,11 +37,8 @@ def shown(trial: dict[str, Any]) -> str:
 
 class MlflowTrialLogger(tune.Callback):
     """Every member of a trial is a run under the sweep's ``parent`` (an earlier attempt's,
-    reopened): each epoch once (step = epoch), its outcome, FINISHED or FAILED with the reason.
-
-    The sweep's run may still be opening as Tune starts: ``opening`` holds its future by the
-    run's key (this process's; the key survives Tune's pickling) and Tune's first event waits
-    for it, raising what stopped it."""
+    reopened): each epoch once (step = epoch), its outcome, FINISHED or FAILED with the reason;
+    Tune's first event waits for the sweep's run still ``opening`` (by its key) as Tune starts."""
 
     opening: ClassVar[weakref.WeakValueDictionary[str, Future]] = weakref.WeakValueDictionary()
 
