@@ -90,10 +90,8 @@ class Manifest:
 def write_manifest(root: str, manifest: Manifest | dict[str, Any]) -> None:
     """Write ``ROOT/manifest.json`` atomically (validated first)."""
     data = manifest.to_dict() if isinstance(manifest, Manifest) else manifest
-    data = Manifest.from_dict(data).to_dict()
-    write_bytes(
-        uri_join(root, MANIFEST_NAME), json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
-    )
+    text = json.dumps(Manifest.from_dict(data).to_dict(), indent=2, sort_keys=True)
+    write_bytes(uri_join(root, MANIFEST_NAME), text.encode() + b"\n")
 
 
 def read_manifest(root: str) -> Manifest:
@@ -149,13 +147,8 @@ def read_projection(root: str, manifest: Manifest | None = None) -> dict[str, np
 def parquet_files(fs: pafs.FileSystem, folder: str) -> list[pafs.FileInfo]:
     """Parquet files directly in ``folder`` sorted by name (hidden/temporary names skipped)."""
     infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
-    files = [
-        info
-        for info in infos
-        if info.type == pafs.FileType.File
-        and info.base_name.endswith(".parquet")
-        and not info.base_name.startswith((".", "_"))
-    ]
+    files = [i for i in infos if i.type == pafs.FileType.File and i.extension == "parquet"]
+    files = [i for i in files if not i.base_name.startswith((".", "_"))]
     return sorted(files, key=lambda info: info.base_name)
 
 
@@ -198,9 +191,8 @@ def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     if not blocks:
         typ = column.type
         return np.zeros((0, typ.list_size if pa.types.is_fixed_size_list(typ) else 0), np.float32)
-    return (blocks[0] if len(blocks) == 1 else np.concatenate(blocks)).astype(
-        np.float32, copy=False
-    )
+    matrix = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+    return matrix.astype(np.float32, copy=False)
 
 
 def read_parts(root: str, split: str, kind: str) -> pa.Table | None:
@@ -218,13 +210,8 @@ def list_splits(root: str) -> list[str]:
     infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
     dirs = [i.path for i in infos if i.type == pafs.FileType.Directory]
     subs = fs.get_file_info([join(d, sub) for d in dirs for sub in (IMAGES_DIR, TEXTS_DIR)])
-    return sorted(
-        {
-            posixpath.basename(posixpath.dirname(i.path))
-            for i in subs
-            if i.type == pafs.FileType.Directory
-        }
-    )
+    found = {posixpath.dirname(i.path) for i in subs if i.type == pafs.FileType.Directory}
+    return sorted(posixpath.basename(folder) for folder in found)
 
 
 def check_split(root: str, split: str) -> None:
