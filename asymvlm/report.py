@@ -68,11 +68,9 @@ def _trial(uri: str, child) -> dict[str, Any]:
     except Exception:  # a trial without results: its numbers show as "–"
         test = {}
     method = child.data.params["method"]
-    row = {"method": method, **metric_names(test)}
-    for d in DIRECTIONS:
-        row |= {
-            f"{d}_{k}": (test.get(d) or {}).get(k) for k in ("binned_recall@1", "risk_coverage")
-        }
+    curves = ("binned_recall@1", "risk_coverage")
+    row = {f"{d}_{k}": (test.get(d) or {}).get(k) for d in DIRECTIONS for k in curves}
+    row = {"method": method, **metric_names(test), **row}
     if claims.roles(method).uncertainty:
         return row
     return {k: None if k.endswith(UNCERTAINTY_METRICS) else v for k, v in row.items()}

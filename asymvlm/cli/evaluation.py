@@ -120,7 +120,6 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--adapter-input",
         choices=["raw", "unit"],
-        default=None,
         help="override what the checkpoint says it reads",
     )
     p.add_argument(

@@ -30,9 +30,7 @@ def load_checkpoint(
     ``device``; ``allow_incomplete``: a run in progress."""
     uri = is_model_uri(checkpoint)
     folder = resolve_checkpoint(checkpoint, tracking_uri) if uri else checkpoint
-    method, meta = load_folder(folder, resolve_device(device), allow_incomplete=allow_incomplete)
-    method.eval()
-    return method, meta
+    return load_folder(folder, resolve_device(device), allow_incomplete=allow_incomplete)
 
 
 def load_for_split(

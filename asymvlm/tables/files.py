@@ -65,19 +65,15 @@ class Manifest:
         if not isinstance(data, dict):
             raise TableError(f"{source}: manifest must be a JSON object, got {type(data).__name__}")
         pre_dim = data.get("pre_dim")
+        pre_ok = pre_dim is None or (
+            isinstance(pre_dim, dict)
+            and set(pre_dim) <= set(PRE_COLUMNS)
+            and all(map(_positive_int, pre_dim.values()))
+        )
         for key, ok, want in (
             ("dim", _positive_int(data.get("dim")), "a positive int"),
             ("model", isinstance(data.get("model"), str), "a string"),
-            (
-                "pre_dim",
-                pre_dim is None
-                or (
-                    isinstance(pre_dim, dict)
-                    and set(pre_dim) <= set(PRE_COLUMNS)
-                    and all(map(_positive_int, pre_dim.values()))
-                ),
-                "a map of 'image' and/or 'text' to positive ints",
-            ),
+            ("pre_dim", pre_ok, "a map of 'image' and/or 'text' to positive ints"),
         ):
             if not ok:
                 raise TableError(
