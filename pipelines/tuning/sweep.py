@@ -379,13 +379,9 @@ def _export_adapters(sweep: SweepConfig, rows: list[dict[str, Any]]) -> dict[str
     out: dict[str, dict[str, str]] = {}
     for row in rows:
         uri = storage.uri_join(sweep.output, ADAPTERS_DIR, row["method"], f"seed{row['seed']}")
-        with (
-            adapter_directory(*row["_checkpoint"]) as model,
-            tempfile.TemporaryDirectory() as tmp,
-        ):
+        with adapter_directory(*row["_checkpoint"]) as model, tempfile.TemporaryDirectory() as tmp:
             if model is not None and os.path.isdir(model):  # the adapter alone
                 adapter = copy_adapter(model, os.path.join(tmp, "adapter"))
-                out.setdefault(row["method"], {})[str(row["seed"])] = storage.upload_dir(
-                    adapter, uri
-                )
+                seeds = out.setdefault(row["method"], {})
+                seeds[str(row["seed"])] = storage.upload_dir(adapter, uri)
     return out

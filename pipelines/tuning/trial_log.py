@@ -158,13 +158,9 @@ def log_outcome(run: tracking.Run, row: dict[str, Any], *checkpoint: Any) -> Non
     from asymvlm.scoring.models import log_adapter_models
 
     out = row["outcome"]
-    run.log_metrics(
-        {
-            **results.retrieval_metric_names(out.get("test", {})),
-            **results.retrieval_metric_names(out.get("val", {}), prefix="val_"),
-            SELECTION_METRIC: row[SELECTION_METRIC],
-        }
-    )
+    metrics = results.retrieval_metric_names(out.get("test", {}))
+    metrics |= results.retrieval_metric_names(out.get("val", {}), prefix="val_")
+    run.log_metrics({**metrics, SELECTION_METRIC: row[SELECTION_METRIC]})
     splits = [split for split in ("val", "test") if split in out]
     curves = {s: {d: out[s][d].get("binned_recall@1") for d in results.DIRECTIONS} for s in splits}
     run.log_json("binned_recall.json", curves)
