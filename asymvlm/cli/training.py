@@ -129,7 +129,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--checkpoint-every",
         type=int,
-        default=None,
         metavar="N",
         help="also write a checkpoint every N epochs to --resume from (default: the final only)",
     )

@@ -142,14 +142,11 @@ def save_tiny_open_clip(directory: str | os.PathLike, seed: int = 0) -> str:
         resize_mode="shortest",
     )
     config = {"model_cfg": model_cfg, "preprocess_cfg": preprocess, RANDOM_MARK: True}
-    storage.write_text(
-        os.path.join(directory, "open_clip_config.json"), json.dumps(config, indent=2)
-    )
+    storage.write_text(f"{directory}/open_clip_config.json", json.dumps(config, indent=2))
     torch.manual_seed(seed)
     state = open_clip.CLIP(**model_cfg).eval().state_dict()
-    save_file(
-        {k: v.contiguous() for k, v in state.items()}, f"{directory}/open_clip_model.safetensors"
-    )
+    weights = {k: v.contiguous() for k, v in state.items()}
+    save_file(weights, f"{directory}/open_clip_model.safetensors")
     return f"open_clip:local-dir:{directory}"
 
 
