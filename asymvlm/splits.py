@@ -17,6 +17,8 @@ import torch
 
 from asymvlm import tables
 
+__all__ = ["PROCESS_CACHE", "SplitCache", "SplitTensors", "hold_out_images", "load_split"]
+
 logger = logging.getLogger(__name__)
 
 

@@ -24,6 +24,18 @@ from asymvlm.methods import Method, build_method
 from asymvlm.splits import SplitCache, SplitTensors
 from asymvlm.tables import Location
 
+__all__ = [
+    "ClassificationSet",
+    "SplitLoader",
+    "adapter_input",
+    "evaluate_hierarcaps",
+    "evaluate_none_of_the_above",
+    "evaluate_ood",
+    "evaluate_zero_shot",
+    "load_classification",
+    "split_loader",
+]
+
 #: ``load(location, adapter_input)``: a split in memory.
 SplitLoader = Callable[[Location, str], SplitTensors]
 

@@ -17,6 +17,16 @@ from asymvlm.methods import Method
 from asymvlm.methods.base import unit
 from asymvlm.tables import TableError
 
+__all__ = [
+    "ClassPrompts",
+    "aggregation_note",
+    "class_scores",
+    "none_of_the_above",
+    "prompt_ensemble",
+    "rejection_baselines",
+    "zero_shot_accuracy",
+]
+
 
 def aggregation_note(aggregation: str) -> str:
     """One sentence for reports: how a likelihood method's class score combined the prompts."""
