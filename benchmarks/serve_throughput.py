@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,8 @@ def _untrained_checkpoint(folder: str) -> str:
     cfg = TrainConfig(method="asymvlm-vmf", epochs=1)
     method = build_method("asymvlm-vmf", info.dim, **cfg.method_args())
     out = os.path.join(folder, "adapter")
-    save_checkpoint(out, method, cfg, info.dim, complete=True, extra=provenance(manifest))
+    split = SimpleNamespace(manifest=manifest, fingerprint=None)  # what provenance reads
+    save_checkpoint(out, method, cfg, info.dim, complete=True, extra=provenance(split))
     return out
 
 

@@ -31,6 +31,9 @@ class Hidden:  # a finder that finds no blocked module: absent, as where no extr
         if name.partition(".")[0] not in BLOCKED:
             return self.finder.find_spec(name, path, target)
 
+    def find_distributions(self, *args, **kwargs):  # asymvlm's own version, as installed
+        return getattr(self.finder, "find_distributions", lambda *a, **k: [])(*args, **kwargs)
+
 
 sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
 from asymvlm.cli import main
