@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from asymvlm.synthetic import WorldConfig, write_world
+from tests.helpers import free_port
 
 
 def pytest_configure(config) -> None:
@@ -90,13 +91,10 @@ def s3_server(_moto_endpoint, monkeypatch):
 
     reset = urllib.request.Request(f"{_moto_endpoint}/moto-api/reset", method="POST")
     urllib.request.urlopen(reset).close()
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": _moto_endpoint,
-    }.items():
-        monkeypatch.setenv(key, value)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", _moto_endpoint)
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     s3fs.S3FileSystem.clear_instance_cache()
     yield _moto_endpoint
@@ -136,21 +134,13 @@ def hierarcaps_standin(tmp_path, monkeypatch) -> None:
 def hub_cache(tmp_path, monkeypatch):
     """An empty Hugging Face cache and an unreachable Hub; ``hub_cache(repo, *files)`` fills the
     cache as a download would."""
-    import socket
-
     from huggingface_hub import constants
 
     root = tmp_path / "hf-cache"
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{free_port()}/{{repo_id}}/resolve/{{revision}}/{{filename}}"
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(
-        constants,
-        "HUGGINGFACE_CO_URL_TEMPLATE",
-        f"http://127.0.0.1:{port}/{{repo_id}}/resolve/{{revision}}/{{filename}}",
-    )
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url)
 
     def add(repo: str, *files: str) -> None:
         folder = root / ("models--" + repo.replace("/", "--"))

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 import torch
 
 from asymvlm.methods.base import unit
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def rotated_pairs(

@@ -136,23 +136,19 @@ def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:
         build_method("bayesvlm", 16, class_bach=8)
     ckpt = str(tmp_path / "ckpt")
     argv = f"train --embeddings {pre_world} --method bayesvlm --output {ckpt} --quiet"
-    assert (
-        main([*argv.split(), "--method-arg", "class_batch=256", "--method-arg", "prior_steps=50"])
-        == 0
-    )
+    args = ["--method-arg", "class_batch=256", "--method-arg", "prior_steps=50"]
+    assert main([*argv.split(), *args]) == 0
     method, meta = load_checkpoint(ckpt)
     assert meta["method"] == "bayesvlm" and meta["complete"]
     assert method.text_a_inv.shape == (40, 40) and method.image_projection.shape == (16, 40)
-    np.testing.assert_array_equal(
-        method.text_projection.numpy(), tables.read_projection(pre_world)["text"]
-    )
+    projection = tables.read_projection(pre_world)["text"]
+    np.testing.assert_array_equal(method.text_projection.numpy(), projection)
     assert float(method.text_prior_precision) > 0 and float(method.image_prior_precision) > 0
 
     args = ["--embeddings", pre_world, "--split", "test", "--checkpoint", ckpt, "--quiet"]
-    metrics = str(tmp_path / "metrics.json")
-    assert main(["evaluate", *args, "--output", metrics]) == 0
-    with open(metrics) as fh:
-        result = json.load(fh)
+    metrics = tmp_path / "metrics.json"
+    assert main(["evaluate", *args, "--output", str(metrics)]) == 0
+    result = json.loads(metrics.read_text())
     test = load_split(pre_world, "test")
     again = evaluate_retrieval(method, test)
     for direction in ("t2i", "i2t"):

@@ -110,17 +110,14 @@ def test_resume_ends_bit_for_bit_where_an_uninterrupted_run_ends(
     meta = _meta(plain)
     assert (meta["complete"], meta["epoch"], meta["split"]) == (True, 5, "train")
     assert meta["train_config"]["lr"] == 1e-3 and meta["embeddings"] == os.path.abspath(small_world)
-    assert (meta["asymvlm_version"], meta["torch_version"]) == (
-        version("asymvlm"),
-        torch.__version__,
-    )
+    versions = (meta["asymvlm_version"], meta["torch_version"])
+    assert versions == (version("asymvlm"), torch.__version__)
     assert meta.get("git_commit", "unknown") == git_commit()
     split = read_split(small_world, "train")
-    assert (
-        meta["tables_fingerprint"]
-        == split.fingerprint
-        == tables.fingerprint(small_world, "train", split.manifest, split.n_images, split.n_texts)
+    fingerprint = tables.fingerprint(
+        small_world, "train", split.manifest, split.n_images, split.n_texts
     )
+    assert meta["tables_fingerprint"] == split.fingerprint == fingerprint
     assert [r["epoch"] for r in ck.read_history(plain)] == [r["epoch"] for r in history]
     original = Trainer.train_epoch
 

@@ -211,10 +211,8 @@ def test_synthetic_prepare_presets_overrides_and_classes() -> None:
     assert _synthetic(preset="demo", classes=False).class_set_roots() == {}
     spec = _synthetic(preset="demo", classes=True)
     assert spec.classification_spec() == ClassificationSpec()
-    assert spec.class_set_roots() == {
-        role: os.path.abspath(f"w-{role}")
-        for role in ("positives", "negatives", "zeroshot", "far-negatives")
-    }
+    roles = ("positives", "negatives", "zeroshot", "far-negatives")
+    assert spec.class_set_roots() == {role: os.path.abspath(f"w-{role}") for role in roles}
     custom = _synthetic(preset="demo", classes={"positives": 300, "level": 2, "n_classes": 5})
     got = custom.classification_spec()
     assert (got.positives, got.negatives, got.level, got.n_classes) == (300, 1000, 2, 5)

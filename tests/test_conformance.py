@@ -44,10 +44,8 @@ def case(request):
 
 
 def _batch(inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    return (
-        torch.as_tensor(inputs["input/image_emb"], dtype=F64),
-        torch.as_tensor(inputs["input/text_emb"], dtype=F64),
-    )
+    image, text = (inputs[f"input/{side}_emb"] for side in ("image", "text"))
+    return torch.as_tensor(image, dtype=F64), torch.as_tensor(text, dtype=F64)
 
 
 def test_parameter_count(case) -> None:

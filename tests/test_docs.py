@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -12,26 +11,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from scripts import docs_reference
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _reference():
-    spec = importlib.util.spec_from_file_location(
-        "docs_reference", os.path.join(REPO, "scripts", "docs_reference.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_config_key_has_a_description() -> None:
-    assert _reference().undocumented_fields() == []
+    assert docs_reference.undocumented_fields() == []
 
 
 def test_the_config_reference_holds_every_key_type_default_and_range() -> None:
     from asymvlm.training import TrainConfig
 
-    page = _reference().config_page()
+    page = docs_reference.config_page()
     lines = page.splitlines()
 
     def row(schema: str, key: str) -> list[str]:
@@ -53,7 +45,7 @@ def test_the_config_reference_holds_every_key_type_default_and_range() -> None:
 def test_the_cli_reference_holds_every_command_and_flag() -> None:
     from asymvlm.cli import build_parser
 
-    page = _reference().cli_page()
+    page = docs_reference.cli_page()
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     for name, parser in sub.choices.items():
         assert f"## `asymvlm {name}`" in page or f"### `asymvlm {name}`" in page, name
@@ -68,13 +60,8 @@ def test_the_cli_reference_holds_every_command_and_flag() -> None:
 def test_mkdocs_builds_the_site_strictly(tmp_path) -> None:
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
-    proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
-    )
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = (tmp_path / "configuration" / "index.html").read_text()
     assert "the learning-rate grid" in page and "SweepConfig" in page
@@ -85,7 +72,7 @@ def test_mkdocs_builds_the_site_strictly(tmp_path) -> None:
 
 def test_help_texts_are_plain_text() -> None:
     """No Sphinx markup or <placeholders> (which HTML swallows) in any --help."""
-    page = _reference().cli_page()
+    page = docs_reference.cli_page()
     text = "\n".join(line for line in page.splitlines() if not line.startswith("```"))
     assert re.findall(r":\w+:`|``|<[A-Za-z_][\w-]*>", text) == []
     assert "ROOT/SPLIT/{images,texts,errors}" in page

@@ -219,12 +219,8 @@ def small(tmp_path) -> dict[str, str]:
     (tmp_path / "hc.csv").write_text("\n".join(lines) + "\n")
     for folder in ("images", "model"):
         (tmp_path / folder).mkdir()
-    return {
-        "annotations": str(tmp_path / "hc.csv"),
-        "images": str(tmp_path / "images"),
-        "model": str(tmp_path / "model"),
-        "output": str(tmp_path / "out"),
-    }
+    names = {"annotations": "hc.csv", "images": "images", "model": "model", "output": "out"}
+    return {key: str(tmp_path / name) for key, name in names.items()}
 
 
 def _record(cfg: EmbedConfig, name: str, **extra) -> None:

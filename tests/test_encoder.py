@@ -40,11 +40,8 @@ def data() -> dict[str, list]:
         rows = list(itertools.islice(csv.DictReader(handle), 6))
     captions = [c.strip() for row in rows for c in row["captions"].split("=>")]
     paths = [str(p) for p in sorted((HIERARCAPS / "images").glob("*.jpg"))[:4]]
-    return {
-        "captions": captions,
-        "paths": paths,
-        "images": [Image.open(p).convert("RGB") for p in paths],
-    }
+    images = [Image.open(p).convert("RGB") for p in paths]
+    return {"captions": captions, "paths": paths, "images": images}
 
 
 @pytest.fixture(scope="module")
@@ -146,12 +143,8 @@ def test_perturbed_captions_keep_the_clean_text() -> None:
 def test_provenance(models, encoders, tmp_path) -> None:
     """The info stored beside the tables; the hash is of the model files' content."""
     clip = encoders["clip"].info
-    assert (clip.model, clip.family, clip.dim, clip.dtype) == (
-        models["clip"],
-        "clip",
-        24,
-        "float32",
-    )
+    want = (models["clip"], "clip", 24, "float32")
+    assert (clip.model, clip.family, clip.dim, clip.dtype) == want
     assert clip.revision is None  # a local directory, not a hub snapshot
     pre = clip.preprocessing
     assert pre["image_size"] == 64 and pre["max_text_length"] == 77 and len(pre["image_mean"]) == 3

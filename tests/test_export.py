@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from mlflow.exceptions import MlflowException
 from safetensors.torch import load_file
 
 from asymvlm.checkpoints import export_adapter, load_checkpoint, resolve_checkpoint
@@ -182,8 +183,6 @@ def _adapter(folder: str) -> CaptionUncertaintyModel:
     ],
 )
 def test_a_bad_row_is_an_invalid_parameter_naming_it(vmf, embedding, norm, message) -> None:
-    from mlflow.exceptions import MlflowException
-
     frame = pd.DataFrame({"embedding": [UNIT, embedding], "norm": [8.0, norm]})
     with pytest.raises(MlflowException) as err:
         _adapter(vmf).predict(None, frame)
@@ -192,8 +191,6 @@ def test_a_bad_row_is_an_invalid_parameter_naming_it(vmf, embedding, norm, messa
 
 
 def test_the_embedding_model_answers_finite_numbers_or_null(vmf, world, tmp_path) -> None:
-    from mlflow.exceptions import MlflowException
-
     model = _adapter(vmf)
     rows = model.predict(None, pd.DataFrame({"embedding": [UNIT, UNIT[::-1]], "norm": [8.0, 7.5]}))
     assert (rows["kappa"] > 0).all() and np.isfinite(rows["kappa"]).all()

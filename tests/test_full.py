@@ -7,6 +7,7 @@ import os
 import pytest
 
 from pipelines import full, schema, stages
+from tests.helpers import free_port
 
 DEMO = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.yaml")
 
@@ -55,12 +56,9 @@ def test_demo_config_resolves_and_its_finished_stages_are_skipped(
 
 def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypatch, caplog):
     """No HierarCaps and no network: its items are left out with one line; the rest validates."""
-    import socket
-
     from asymvlm.data import demo_sets, hierarcaps_fetch
 
-    with socket.socket() as closed:  # nothing listens there once closed
-        port = closed.bind(("127.0.0.1", 0)) or closed.getsockname()[1]
+    port = free_port()
     monkeypatch.delenv("ASYMVLM_HIERARCAPS", raising=False)
     monkeypatch.setenv("ASYMVLM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("ASYMVLM_HIERARCAPS_CSV_URL", f"http://127.0.0.1:{port}/h.csv")
@@ -70,9 +68,7 @@ def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypat
     cfg = schema.load_pipeline(DEMO, [f"output={tmp_path / 'out'}"])
     assert [s.name for s in cfg.sweeps] == ["synthetic"]
     assert [(e.kind, e.sweep) for e in cfg.evaluations] == [
-        ("hierarcaps", "synthetic"),
-        ("nota", "synthetic"),
-        ("zeroshot", "synthetic"),
+        (kind, "synthetic") for kind in ("hierarcaps", "nota", "zeroshot")
     ]
     assert cfg.embed.jobs == [] and not cfg.prepare.hierarcaps_cifar
     assert cfg.prepare.synthetic.output == str(tmp_path / "out" / "tables" / "synthetic")

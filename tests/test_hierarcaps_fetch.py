@@ -7,7 +7,6 @@ import hashlib
 import http.server
 import logging
 import shutil
-import socket
 import threading
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from asymvlm.data import demo_sets, hierarcaps_fetch
 from asymvlm.data.hierarcaps_fetch import HierarCapsChecksumError, HierarCapsError
 from asymvlm.data.hierarcaps_fetch import locate_hierarcaps as locate
-from tests.helpers import hierarcaps_subset, requires_hierarcaps
+from tests.helpers import free_port, hierarcaps_subset, requires_hierarcaps
 
 pytestmark = requires_hierarcaps
 N = 5
@@ -146,9 +145,7 @@ def test_no_network_is_one_warning_and_an_interrupted_download_resumes(
     cache, served, monkeypatch, caplog
 ):
     _, urls, requests = served
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        offline = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    offline = f"http://127.0.0.1:{free_port()}"
     caplog.set_level(logging.INFO, logger=hierarcaps_fetch.__name__)
     sources(monkeypatch, csv=f"{offline}/x.csv")
     assert locate() is None

@@ -1,9 +1,6 @@
-"""The whole story of a pipeline run in MLflow (its shape, statuses, tags and live curves), and
-credentials that never leave the environment (not into configs, Ray's runtime_env, outputs,
-MLflow or logs). One small pipeline (the synthetic world, a two-lr sweep with two seeds, one
-evaluation, the report) runs as a user runs it, ``python pipelines/full.py``, with fake
-credentials in its environment; then the MLflow store is read back, and every file it left is
-searched for them."""
+"""A small pipeline run as users run it (``python pipelines/full.py``) with fake credentials set:
+its whole story in MLflow (shape, statuses, tags, live curves), and the credentials in no config,
+runtime_env, output, MLflow store or log it left."""
 
 from __future__ import annotations
 
@@ -124,10 +121,8 @@ def test_the_pipeline_run_is_the_root_of_everything(story) -> None:
     meta = json.loads((adapter / "config.json").read_text())  # provenance, from a Ray worker
     train = read_split(str(story["output"] / "tables" / "synthetic"), "train")
     assert meta["tables_fingerprint"] == train.fingerprint and meta["git_commit"] == commit
-    assert (meta["torch_version"], meta["asymvlm_version"]) == (
-        torch.__version__,
-        version("asymvlm"),
-    )
+    versions = (meta["torch_version"], meta["asymvlm_version"])
+    assert versions == (torch.__version__, version("asymvlm"))
     names = {a.path for a in story["client"].list_artifacts(report.info.run_id)}
     assert {"report.md", "report.html"} <= names
     html = open(story["output"] / "report" / "report.html").read()

@@ -168,12 +168,8 @@ def test_an_empty_split_is_named_instead_of_dividing_by_zero(tmp_path) -> None:
     write_world(root, WorldConfig(dim=8, splits={"train": 0, "test": 4}, captions_per_image=2))
     with pytest.raises(tables.TableError, match=re.escape(f"{root}/train")):
         load_split(root, "train")
-    empty = SplitTensors(
-        image_emb=torch.zeros(0, 8),
-        text_emb=torch.zeros(0, 8),
-        text_to_image=torch.zeros(0, dtype=torch.long),
-        split=None,
-    )
+    no_rows = torch.zeros(0, 8)
+    empty = SplitTensors(no_rows, no_rows, torch.zeros(0, dtype=torch.long), split=None)
     with pytest.raises(ConfigError, match="empty split"):
         Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), empty)
     with pytest.raises(ValueError, match="at least one item"):

@@ -14,6 +14,7 @@ from asymvlm.methods import build_method
 from asymvlm.protocol import RunSpec, run_packed_protocol, run_protocol
 from asymvlm.splits import load_split
 from asymvlm.training import PackedTrainer, TrainConfig, Trainer, check_packable
+from tests.world_fingerprint import flatten
 
 RTOL = 1e-5
 #: (lr, seed) of the three members: different learning rates AND seeds.
@@ -29,14 +30,9 @@ def _specs(root: str, method: str, members=MEMBERS, **kw: Any) -> list[RunSpec]:
     return [RunSpec(embeddings=root, train=_cfg(method, lr, seed, **kw)) for lr, seed in members]
 
 
-def _flat(x: Any, path: str = "") -> dict[str, Any]:
+def _flat(x: Any) -> dict[str, Any]:
     """Nested dicts / lists as {path: leaf}, without the wall times."""
-    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else None
-    if items is None:
-        return {path: x}
-    return {
-        p: v for k, e in items if k != "epoch_seconds" for p, v in _flat(e, f"{path}.{k}").items()
-    }
+    return {k: v for k, v in flatten(x).items() if "epoch_seconds" not in k.split("/")}
 
 
 def _assert_close(packed: Any, alone: Any) -> None:

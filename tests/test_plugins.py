@@ -17,8 +17,6 @@ from asymvlm import tracking
 from asymvlm.errors import ConfigError
 from asymvlm.methods import base
 from asymvlm.methods.asymvlm import AsymVLM
-from asymvlm.synthetic import write_world
-from tests.conftest import small_world_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "vmf-const")
@@ -99,13 +97,6 @@ def plugin_env(tmp_path_factory) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> str:
-    return write_world(
-        str(tmp_path_factory.mktemp("plugin-world") / "tables"), small_world_config()
-    )
-
-
 _CLI = """import sys
 from asymvlm.cli import main
 for argv in sys.argv[1:]:
@@ -119,14 +110,15 @@ def _cli(*commands: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(run, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_an_installed_plugin_trains_evaluates_and_exports(plugin_env, world, tmp_path) -> None:
+def test_an_installed_plugin_trains_evaluates_and_exports(plugin_env, small_world, tmp_path):
     """``vmf-const`` from the example package through the CLI; without the package its
     checkpoint is one line naming the package to install, exit 2."""
-    ckpt, out, model = (str(tmp_path / n) for n in ("ckpt", "metrics.json", "model"))
-    evaluate = f"evaluate --embeddings {world} --split test --quiet --output {out} --checkpoint"
+    ckpt, out, model = (tmp_path / n for n in ("ckpt", "metrics.json", "model"))
+    data = f"--embeddings {small_world} --quiet"
+    evaluate = f"evaluate {data} --split test --output {out} --checkpoint"
     done = _cli(
         "methods",
-        f"train --embeddings {world} --method vmf-const --epochs 2 --quiet --output {ckpt}",
+        f"train {data} --method vmf-const --epochs 2 --output {ckpt}",
         f"{evaluate} {ckpt}",
         f"export --checkpoint {ckpt} --output {model}",
         env=plugin_env,
@@ -134,15 +126,12 @@ def test_an_installed_plugin_trains_evaluates_and_exports(plugin_env, world, tmp
     assert done.stdout.count("exit 0") == 4, done.stdout + done.stderr
     listed = {line.split()[0] for line in done.stdout.splitlines() if line[:1].strip()}
     assert {"vmf-const", "vmf-linear", "asymvlm-vmf"} <= listed
-    with open(out) as fh:
-        metrics = json.load(fh)
+    metrics = json.loads(out.read_text())
     assert metrics["t2i"]["spearman"] is None and metrics["t2i"]["recall@10"] > 0
-    with open(os.path.join(model, "config.json")) as fh:
-        config = json.load(fh)
+    config = json.loads((model / "config.json").read_text())
     package = {"name": "asymvlm-vmf-const", "version": "0.1.0"}
     assert config["method"] == "vmf-const" and config["method_package"] == package
-    with open(os.path.join(model, "README.md")) as fh:
-        card = fh.read()  # the model card says what to install beside asymvlm
+    card = (model / "README.md").read_text()  # the model card says what to install beside asymvlm
     assert "pip install asymvlm asymvlm-vmf-const==0.1.0\n" in card
     assert "`vmf-const` (from the package `asymvlm-vmf-const==0.1.0`)" in card
 
@@ -177,7 +166,7 @@ def test_a_config_runtime_env_reaches_ray_init(monkeypatch, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_a_sweep_ships_the_plugin_to_its_workers_by_runtime_env(plugin_env, world, tmp_path):
+def test_a_sweep_ships_the_plugin_to_its_workers_by_runtime_env(plugin_env, small_world, tmp_path):
     """``pipelines/sweep.py`` with ``vmf-const`` and ``asymvlm-vmf``, the plugin's wheel named in
     the config's ``ray.runtime_env.pip``: the driver alone has the plugin on its path, Ray
     installs it for the trials' workers; each trial's MLflow run finishes."""
@@ -187,7 +176,7 @@ def test_a_sweep_ships_the_plugin_to_its_workers_by_runtime_env(plugin_env, worl
     output = str(tmp_path / "out")
     doc = {
         **{"methods": ["vmf-const", "asymvlm-vmf"], "lr": [1e-2], "seeds": [0], "epochs": 1},
-        **{"batch_size": 128, "hidden_dim": 32, "embeddings": world, "output": output},
+        **{"batch_size": 128, "hidden_dim": 32, "embeddings": small_world, "output": output},
         "mlflow": {"experiment": "plug"},
         "ray": {"runtime_env": {"pip": [str(wheel)]}},
     }

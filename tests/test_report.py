@@ -13,8 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from mlflow import MlflowClient
 
-from asymvlm import claims, report, tables
+from asymvlm import claims, report, tables, tracking
 from asymvlm.checkpoints import save_checkpoint
 from asymvlm.cli import main
 from asymvlm.evaluation.registry import log_evaluation
@@ -26,6 +27,7 @@ from asymvlm.report import build_report
 from asymvlm.results import retrieval_metric_names
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
+from tests.helpers import free_port
 from tests.test_hierarchy import _write as write_hierarchy
 from tests.test_ood import _pair
 from tests.test_zeroshot import IdentityVMF
@@ -177,8 +179,6 @@ def test_report_gathers_tables_figures_claims_and_paper_numbers(store, tmp_path)
     assert "fig_risk_coverage_synthetic.png" not in page  # inlined as a data URI
     assert page.count('<img src="data:image/png;base64,') == text.count("![")
     assert "Protocol: official (the authors" in page
-    from mlflow import MlflowClient
-
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(exp)
     reports = client.search_runs([experiment.experiment_id], "tags.kind = 'report'")
@@ -262,19 +262,15 @@ def _test_results(r1: float, auroc: float, aurc: float, ece: float, rsum: float)
 
 def _log_sweep(uri: str, exp: str, name: str, trials: list[tuple], protocol: str | None) -> None:
     """A parent ``kind=sweep`` run and one seed run per (method, test results)."""
-    from asymvlm import tracking
-
     params = {"dataset": "synthetic", "embedding_model": "tiny"}
     methods = json.dumps(sorted({m for m, _ in trials}, reverse=True))  # not the logged order
     parent_params = {**params, "methods": methods, **({"protocol": protocol} if protocol else {})}
-    with tracking.run(
-        uri, exp, f"sweep {name}", kind="sweep", params=parent_params, tags={"sweep": name}
-    ) as parent:
+    sweep = {"kind": "sweep", "params": parent_params, "tags": {"sweep": name}}
+    with tracking.run(uri, exp, f"sweep {name}", **sweep) as parent:
         for k, (method, test) in enumerate(trials):
-            trial = {"params": {**params, "method": method, "seed": k}, "tags": {"stage": "seeds"}}
-            with tracking.run(
-                uri, exp, f"{method} seed{k}", kind="trial", parent=parent, **trial
-            ) as child:
+            trial = {"params": {**params, "method": method, "seed": k}, "parent": parent}
+            trial |= {"kind": "trial", "tags": {"stage": "seeds"}}
+            with tracking.run(uri, exp, f"{method} seed{k}", **trial) as child:
                 child.log_json("results.json", {"test": test, "val": {}})
 
 
@@ -319,18 +315,12 @@ def _nota_result() -> dict:
 
 def test_an_evaluation_run_holds_the_headline_numbers_and_the_rest_in_its_json(store) -> None:
     """Metrics: per method (mean over seeds), direction and set; every number in results.json."""
-    from mlflow import MlflowClient
-
-    from asymvlm import tracking
-
     retrieval = {
         f"asymvlm-vmf/seed{s}": _test_results(0.3 + 0.1 * s, 0.7, 0.4, 0.1, 2) for s in (0, 1)
     }
     retrieval["clip"] = _test_results(0.5, 0.6, 0.4, 0.1, 2)
-    ids = [
-        log_evaluation(store, "headline", k, v)
-        for k, v in (("retrieval", retrieval), ("nota", _nota_result()))
-    ]
+    runs = {"retrieval": retrieval, "nota": _nota_result()}
+    ids = [log_evaluation(store, "headline", kind, result) for kind, result in runs.items()]
     got, nota = (MlflowClient(store).get_run(i).data.metrics for i in ids)
     keys = ("recall_at_1", "spearman", "r2", "auroc")  # recall@5/10 not in these results
     assert set(got) == {
@@ -440,12 +430,9 @@ def test_the_demo_table_shows_an_undefined_correlation_as_a_dash() -> None:
 
     undefined = spearman_uncertainty([0.5] * 4, [4, 2, 3, 1])
     side = {"recall@1": 0.5, "r2": None, "spearman": undefined}
-    text = results_table(
-        {
-            "vmf-const": {"i2t": side, "t2i": side, "seconds": 1.0}
-            | {"spearman_uncertainty_abstraction": undefined}
-        }
-    )
+    result = {"i2t": side, "t2i": side, "seconds": 1.0}
+    result["spearman_uncertainty_abstraction"] = undefined
+    text = results_table({"vmf-const": result})
     got = dict(zip(row(text, "method"), row(text, "vmf-const"), strict=True))
     assert got["i2t R@1"] == "0.500" and got["t2i S"] == got["S(u, abstraction)"] == "—"
     assert "nan" not in text
@@ -491,23 +478,18 @@ def test_a_method_declaring_no_uncertainty_shows_none(monkeypatch, add_method) -
     }
     vmf = [got["asymvlm-vmf"][f"t2i_{k}"] for k in ("spearman", "e_aurc", "binned_recall@1")]
     assert vmf == [-0.5, 0.1, [0.6, 0.4]]
-    assert {k: v for k, v in got["flat"].items() if v is not None} == {
-        "method": "flat",
-        "t2i_recall_at_1": 0.5,
-    }
+    kept = {k: v for k, v in got["flat"].items() if v is not None}
+    assert kept == {"method": "flat", "t2i_recall_at_1": 0.5}
 
 
 def test_the_ui_starts_one_quiet_worker_that_lists_the_runs(tmp_path) -> None:
     """``asymvlm ui``: one server process, no job runner, no warning, the store's runs shown."""
-    import socket
     import subprocess
     import sys
     import urllib.request
 
     log_evaluation(f"sqlite:///{tmp_path}/mlflow.db", "ui", "zeroshot", {"clip": {"a": 0.5}})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "asymvlm.cli", "ui", str(tmp_path), "--port", str(port)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     ui = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from asymvlm.checkpoints import export_adapter, load_checkpoint
 from asymvlm.cli import main as cli_main
 from asymvlm.errors import CheckpointError
 from asymvlm.scoring import ScoringInputError
-from tests.helpers import hierarcaps_subset, requires_hierarcaps
+from tests.helpers import free_port, hierarcaps_subset, requires_hierarcaps
 from tests.hub_server import serve_hub
 
 pytestmark = [requires_hierarcaps, pytest.mark.slow]
@@ -55,15 +54,9 @@ def trained(ray_session, tmp_path_factory) -> dict[str, Any]:
     split = tables.read_split(root, "test")
     table = pq.read_table(scores)
     assert table.column("caption_id").to_pylist() == list(split.caption_ids)
-    return {
-        "model": model,
-        "tables": root,
-        "checkpoint": checkpoint,
-        "scores": table,
-        "texts": list(split.texts),
-        "images": images,
-        "scorer": Scorer.from_checkpoint(checkpoint, device="cpu", batch_size=5),
-    }
+    scorer = Scorer.from_checkpoint(checkpoint, device="cpu", batch_size=5)
+    made = dict(model=model, tables=root, checkpoint=checkpoint, scores=table, images=images)
+    return {**made, "texts": list(split.texts), "scorer": scorer}
 
 
 def test_scorer_gives_the_numbers_of_asymvlm_score_on_embedded_tables(trained) -> None:
@@ -272,9 +265,7 @@ def served(trained):
     from pipelines.schema import ServeConfig
     from pipelines.serving import check, deploy
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     limits = dict(max_caption_chars=200, max_captions=50, max_batch_size=8)
     rest = dict(batch_wait_timeout_s=0.05, name="test-scorer", device="cpu")
     cfg = ServeConfig(checkpoint=trained["checkpoint"], port=port, **limits, **rest)

@@ -176,10 +176,8 @@ def test_cc_tsv(tmp_path):
     ann.write_text("a dog\timages/0.jpg\na cat\t/abs/cat.png\n\nthe dog again\timages/0.jpg\n")
     data = read("cc", str(ann), split="train")
     dog, cat = sha16("images/0.jpg"), sha16("/abs/cat.png")
-    assert dict(zip(column(data, "image_id"), column(data, "path"), strict=True)) == {
-        dog: f"{tmp_path}/images/0.jpg",
-        cat: "/abs/cat.png",
-    }
+    paths = dict(zip(column(data, "image_id"), column(data, "path"), strict=True))
+    assert paths == {dog: f"{tmp_path}/images/0.jpg", cat: "/abs/cat.png"}
     texts = dict(zip(*(column(data, c, "captions") for c in ("caption_id", "text")), strict=True))
     assert texts == {f"{dog}-0": "a dog", f"{dog}-1": "the dog again", f"{cat}-0": "a cat"}
     # relative paths resolve against `images` when given

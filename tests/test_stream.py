@@ -125,16 +125,11 @@ def _write_big(root: str, parts: int = 25, images: int = 200, per_image: int = 1
         owner = np.repeat(np.arange(images), per_image)
         txt = img[owner] + rng.standard_normal((len(owner), dim), dtype=np.float32) / 64
         txt /= np.linalg.norm(txt, axis=1, keepdims=True)
-        columns = dict(
-            image_ids=ids, image_embeddings=img, text_embeddings=txt, texts=[""] * len(owner)
-        )
-        columns.update(
-            caption_ids=[f"c{k}-{j}" for j in range(len(owner))],
-            caption_image_ids=[ids[o] for o in owner],
-        )
-        tables.write_split(
-            root, "train", part=f"p{k}", text_norms=np.full(len(owner), 8.0, np.float32), **columns
-        )
+        n, captions = len(owner), [f"c{k}-{j}" for j in range(len(owner))]
+        columns = dict(image_ids=ids, image_embeddings=img, texts=[""] * n, text_embeddings=txt)
+        columns |= dict(caption_ids=captions, caption_image_ids=[ids[o] for o in owner])
+        columns["text_norms"] = np.full(n, 8.0, np.float32)
+        tables.write_split(root, "train", part=f"p{k}", **columns)
 
 
 #: The hard cap (RLIMIT_DATA) of the memory test: the process baseline (imports) is about

@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from asymvlm import results, tracking
+from asymvlm.evaluation.adapters import sweep_adapters
 from asymvlm.splits import hold_out_images, load_split
 from asymvlm.synthetic import write_world
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
+from pipelines.schema import FaultInjection, sweep_config
 from tests.conftest import small_world_config
 
 EPOCHS = 3
@@ -31,20 +33,14 @@ def world(tmp_path_factory) -> str:
 def test_killed_worker_resumes_to_the_same_result(ray_session, world, tmp_path) -> None:
     from asymvlm.protocol import RunSpec
     from pipelines.ray_train import run_training
-    from pipelines.schema import FaultInjection
 
     train = TrainConfig(method="asymvlm-vmf", epochs=EPOCHS, lr=5e-3, batch_size=128, seed=3)
     spec = RunSpec(embeddings=world, train=train, checkpoint_every=2)
-    plain = run_training(spec, name="plain", storage_path=str(tmp_path / "ray"), num_workers=2)
+    workers = {"storage_path": str(tmp_path / "ray"), "num_workers": 2}
+    plain = run_training(spec, name="plain", **workers)
     marker = tmp_path / "killed.txt"
-    broken = run_training(
-        spec,
-        fault=FaultInjection(epoch=2, rank=1, marker=str(marker)),
-        name="broken",
-        storage_path=str(tmp_path / "ray"),
-        num_workers=2,
-        max_failures=1,
-    )
+    fault = FaultInjection(epoch=2, rank=1, marker=str(marker))
+    broken = run_training(spec, fault=fault, name="broken", max_failures=1, **workers)
     assert marker.exists(), "the failure was injected"
     assert [row["epoch"] for row in broken["history"]] == list(range(1, EPOCHS + 1))
     for a, b in zip(plain["history"], broken["history"], strict=True):
@@ -65,27 +61,14 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
 
     from asymvlm.checkpoints import load_checkpoint
     from asymvlm.evaluation import evaluate_retrieval
-    from asymvlm.evaluation.adapters import sweep_adapters
     from asymvlm.evaluation.suite import evaluate_hierarcaps
     from asymvlm.report import build_report
-    from pipelines.schema import sweep_config
     from pipelines.tuning.sweep import run_sweep
 
-    doc = {
-        "embeddings": world,
-        "methods": list(METHODS),
-        "lr": [1e-3, 1e-2],
-        "seeds": [0, 1],
-        "epochs": EPOCHS,
-        "batch_size": 128,
-        "optimizer": "adamw",
-        "hidden_dim": 32,
-        "checkpoint_every": 2,
-        "output": str(tmp_path / "sweep"),
-        "mlflow": {"experiment": "ci-sweep"},
-    }
-    cfg = sweep_config(doc)
-    out = run_sweep(cfg)
+    space = {"methods": list(METHODS), "lr": [1e-3, 1e-2], "seeds": [0, 1], "epochs": EPOCHS}
+    sizes = {"batch_size": 128, "optimizer": "adamw", "hidden_dim": 32, "checkpoint_every": 2}
+    where = {"embeddings": world, "output": str(tmp_path / "sweep")}
+    out = run_sweep(sweep_config({**space, **sizes, **where, "mlflow": {"experiment": "ci-sweep"}}))
     assert not out["failed"]
     assert out["tracking_uri"] == "sqlite:///" + str(tmp_path / "sweep" / "mlflow.db")
     client = MlflowClient(out["tracking_uri"])
@@ -166,15 +149,10 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
 
 
 def test_a_seed_run_without_an_adapter_is_left_out_with_a_warning(tmp_path, caplog) -> None:
-    from asymvlm.evaluation.adapters import sweep_adapters
-
     uri = tracking.default_tracking_uri(str(tmp_path))
     with tracking.run(uri, "ci-no-adapter", "sweep", kind="sweep") as sweep:
-        params = {"method": "clip", "seed": 0}
-        tags = {"stage": "seeds"}
-        trial = tracking.open_run(
-            uri, "ci-no-adapter", "clip", kind="trial", parent=sweep, params=params, tags=tags
-        )
+        meta = {"params": {"method": "clip", "seed": 0}, "tags": {"stage": "seeds"}}
+        trial = tracking.open_run(uri, "ci-no-adapter", "clip", kind="trial", parent=sweep, **meta)
         trial.end("FINISHED")
     with caplog.at_level("WARNING", logger="asymvlm.evaluation.adapters"):
         assert sweep_adapters(uri, sweep.id) == {}
@@ -246,7 +224,6 @@ def test_a_sweep_whose_mlflow_store_cannot_open_stops_with_the_reason(
     """The run opens while Tune starts the trials: Tune's first event stops the sweep (no trial
     trains to its end), naming the key and the cause."""
     from asymvlm.errors import ConfigError
-    from pipelines.schema import sweep_config
     from pipelines.tuning.sweep import SWEEP_RECORD, run_sweep
 
     blocker = tmp_path / "a-file"

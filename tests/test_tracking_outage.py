@@ -4,7 +4,6 @@ wrong in itself still raises; outside it an outage raises."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import types
@@ -12,9 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from asymvlm import tracking
 from asymvlm.tracking.writer import is_transient, writer
+from tests.helpers import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -24,19 +26,13 @@ def short_retries(monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """MLflow's tracking server in this process, restartable on the same port and database."""
     from mlflow import server as mlflow_server
     from werkzeug.serving import make_server
 
-    root, port = tmp_path_factory.mktemp("mlflow-server"), _free_port()
+    root, port = tmp_path_factory.mktemp("mlflow-server"), free_port()
     one = types.SimpleNamespace(uri=f"http://127.0.0.1:{port}")
 
     def start() -> None:
@@ -76,12 +72,11 @@ def test_failures_of_the_store_are_told_from_wrong_writes() -> None:
     import sqlite3
 
     import sqlalchemy
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException, RestException
+    from mlflow.exceptions import RestException
     from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 
     with pytest.raises(MlflowException) as refused:
-        MlflowClient(f"http://127.0.0.1:{_free_port()}").get_experiment_by_name("e")
+        MlflowClient(f"http://127.0.0.1:{free_port()}").get_experiment_by_name("e")
     assert is_transient(refused.value)
     # how MLflow's SQL stores raise a locked database (the statement's values follow)
     locked_db = sqlite3.OperationalError("database is locked")
@@ -96,9 +91,7 @@ def test_failures_of_the_store_are_told_from_wrong_writes() -> None:
 
 def test_writes_to_an_unreachable_store_wait_in_order(caplog) -> None:
     """Outside the queue an outage raises; inside, writes wait in order; the rest is dropped."""
-    from mlflow.exceptions import MlflowException
-
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(MlflowException, match="Connection refused"):
         tracking.open_run(dead, "e", "trial", kind="trial")
     with tracking.outage_queue(drain_s=0):
@@ -118,12 +111,10 @@ def test_writes_to_an_unreachable_store_wait_in_order(caplog) -> None:
 
 @pytest.mark.slow
 def test_an_outage_longer_than_the_retries_is_bridged(server, tmp_path) -> None:
-    """Metrics, tags, an artifact, a model (its artifact file gone by then), a new run and the
-    ends, written while the server is down, return at once; when it is back on the same port
-    and database, ``drain`` lands them all, in order, the new run under its parent, the times
-    those of the calls."""
+    """Metrics, tags, an artifact, a model (its file gone by then), a new run and the ends written
+    while the server is down return at once; back on the same port and database, ``drain`` lands
+    them in order, the new run under its parent, at the times of the calls."""
     import mlflow
-    from mlflow import MlflowClient
 
     sweep = tracking.open_run(server.uri, "outage", "sweep", kind="sweep")
     trial = tracking.open_run(
@@ -169,9 +160,6 @@ def test_an_outage_longer_than_the_retries_is_bridged(server, tmp_path) -> None:
 @pytest.mark.slow
 def test_a_wrong_write_still_raises_while_the_server_is_up(server) -> None:
     """A write the store refuses raises at once; an ended run can be resumed."""
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
     with pytest.raises(MlflowException, match="RESOURCE_DOES_NOT_EXIST"):
         tracking.resume_run(server.uri, "0" * 32)
     run = tracking.open_run(server.uri, "wrong", "trial", kind="trial", params={"lr": 0.1})

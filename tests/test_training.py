@@ -26,8 +26,7 @@ def _toy_split(n_image: int = 40, n_text: int = 100, dim: int = 8, seed: int = 0
 
 def _cfg(**kw) -> TrainConfig:
     base = dict(epochs=4, lr=1e-2, batch_size=32, hidden_dim=16, depth=2, optimizer="sgd")
-    base.update(kw)
-    return TrainConfig(**base)
+    return TrainConfig(**{**base, **kw})
 
 
 def test_each_epoch_visits_distinct_captions_with_their_images() -> None:
@@ -53,11 +52,8 @@ def test_each_epoch_visits_distinct_captions_with_their_images() -> None:
 
 def test_loss_falls_lr_follows_the_cosine_and_stats_are_logged() -> None:
     torch.manual_seed(0)
-    trainer = Trainer(
-        build_method("asymvlm-vmf", 8, hidden_dim=32, depth=2),
-        _cfg(epochs=12, optimizer="adamw", lr=1e-2),
-        _toy_split(),
-    )
+    method = build_method("asymvlm-vmf", 8, hidden_dim=32, depth=2)
+    trainer = Trainer(method, _cfg(epochs=12, optimizer="adamw", lr=1e-2), _toy_split())
     history = trainer.fit(progress=False)
     assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"]
     lrs = [row["lr"] for row in history]

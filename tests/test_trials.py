@@ -60,11 +60,9 @@ def test_runs_on_cached_splits_equal_runs_that_read_their_own(world) -> None:
 
 @pytest.mark.slow
 def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp_path) -> None:
-    """``pack: 2``: the grid (two lrs, one diverging) is one pack, stage 2 (two seeds)
-    another, its process SIGKILLed once after epoch 2 (Tune's retry resumes it there). A
-    diverged trial fails visibly (FAILED run with the reason, the summary's failures table)
-    and is never selected; each member keeps its own MLflow run with every epoch once; the
-    selection, seed metrics and adapters equal those of one trial per run."""
+    """``pack: 2``: the grid (one lr diverging: a FAILED run, in the failures table, never
+    selected) and the seed stage (SIGKILLed once after epoch 2) as packs; each member its own
+    MLflow run, every epoch once; selection, metrics and adapters those of one trial per run."""
     import glob
 
     from mlflow import MlflowClient
@@ -116,10 +114,9 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
 
 
 def test_a_trainer_state_is_read_on_the_cpu_whatever_the_device(world, tmp_path) -> None:
-    """Every resume (a Ray Train run, a Tune trial, ``asymvlm train --resume``) reads the one
-    checkpoint layout through :func:`asymvlm.checkpoints.read_run_state`, on the CPU: the RNG
-    state must stay a CPU tensor (torch.set_rng_state refuses others), the trainer moves the
-    rest to its device."""
+    """Every resume (Ray Train, Tune, ``asymvlm train --resume``) reads the checkpoint by
+    :func:`asymvlm.checkpoints.read_run_state` on the CPU: the RNG state stays a CPU tensor
+    (torch.set_rng_state refuses others); the trainer moves the rest to its device."""
     from asymvlm.checkpoints import read_run_state
     from asymvlm.methods import build_method
     from asymvlm.training import Trainer

@@ -73,16 +73,16 @@ def fingerprint_world(name: str, folder: str) -> dict[str, Any]:
     return out
 
 
-def _flat(tree: Any, at: str = "") -> dict[str, Any]:
+def flatten(tree: Any, at: str = "") -> dict[str, Any]:
     if isinstance(tree, dict | list):
         items = tree.items() if isinstance(tree, dict) else enumerate(tree)
-        return {k: v for key, sub in items for k, v in _flat(sub, f"{at}/{key}").items()}
+        return {k: v for key, sub in items for k, v in flatten(sub, f"{at}/{key}").items()}
     return {at: tree}
 
 
 def compare(got: Any, want: Any) -> list[str]:
     """Where two fingerprints differ (floats within 1e-6 relative, the rest exactly)."""
-    got, want = _flat(got), _flat(want)
+    got, want = flatten(got), flatten(want)
 
     def same(a: Any, b: Any) -> bool:
         if isinstance(a, float) and isinstance(b, float):
