@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from queue import Empty
 
 import numpy as np
@@ -23,6 +24,7 @@ from tests.helpers import rotated_pairs
 METHODS = "asymvlm-vmf asymvlm-ps-siglip symvlm asymvlm-image asymvlm-gauss determ-ft pfe".split()
 METHODS += ["pcmepp", "prolip", "probvlm", "elip"]
 DIM, BATCH, WORLD = 8, 12, 2
+HANG = timedelta(seconds=60)
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,7 +43,8 @@ def _method(name: str):
 def _worker(rank: int, port: int, queue) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
+    # a hung collective ends the worker with its traceback after 60 s, not the suite's wait
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=HANG)
     from torch.nn.parallel import DistributedDataParallel
 
     from asymvlm.distributed import GlobalBatchLoss
