@@ -77,7 +77,8 @@ def download(uri: str, tracking_uri: str | None = None) -> str:
     ``$MLFLOW_TRACKING_URI``); its local path."""
     import mlflow
 
-    _reading(tracking_uri)
+    if uri.startswith(("runs:/", "models:/", "mlflow-artifacts:/")):  # not s3://, gs://
+        _reading(tracking_uri)
     with global_tracking_uri(tracking_uri):
         return mlflow.artifacts.download_artifacts(artifact_uri=uri)
 

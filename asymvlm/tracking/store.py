@@ -100,13 +100,14 @@ def git_commit() -> str:
 
 @contextmanager
 def global_tracking_uri(tracking_uri: str | None) -> Iterator[None]:
-    """MLflow's global tracking URI for the block (None: unchanged), for ``runs:/`` URIs."""
+    """MLflow's global tracking URI for the block (None: unchanged), for ``runs:/`` URIs; after
+    it, the one set before (MLflow mirrors it in ``$MLFLOW_TRACKING_URI``) or none."""
     import mlflow
 
     if not tracking_uri:
         yield
         return
-    previous = mlflow.get_tracking_uri()
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(tracking_uri)
     try:
         yield
