@@ -3,10 +3,12 @@ imports no project module. Other layers subclass :class:`AsymVLMError` where the
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 #: Bad input; a diverged training run; work the cluster could not finish (sysexits' TEMPFAIL).
 EXIT_USER_ERROR, EXIT_DIVERGED, EXIT_UNFINISHED = 2, 3, 75
@@ -18,6 +20,14 @@ class AsymVLMError(Exception):
 
 class ConfigError(AsymVLMError, ValueError):
     """A configuration value, key, flag or path is invalid; the message names it."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors (its sub-parsers' too) are a :class:`ConfigError` naming the
+    command and flag: one line under :func:`guarded`, not the whole usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{self.prog}: {message}")
 
 
 class CheckpointError(AsymVLMError, ValueError):

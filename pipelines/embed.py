@@ -10,7 +10,7 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm.errors import guarded, require  # noqa: E402
+from asymvlm.errors import ArgumentParser, guarded, require  # noqa: E402
 
 require("ray", "embed")
 
@@ -21,7 +21,7 @@ from pipelines.session import RaySession  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--config",
         required=True,
@@ -35,10 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logs.configure(verbose=args.verbose)
-
     def run() -> int:
+        args = build_parser().parse_args(argv)
+        logs.configure(verbose=args.verbose)
         jobs = load_embed_jobs(args.config, args.set)  # every job validated before any starts
         with RaySession() as session:
             summaries = [run_embed(job, session) for job in jobs]

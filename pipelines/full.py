@@ -13,7 +13,7 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm.errors import ConfigError, guarded, require  # noqa: E402
+from asymvlm.errors import ArgumentParser, ConfigError, guarded, require  # noqa: E402
 
 require("ray", "tracking", "report")
 
@@ -30,7 +30,7 @@ logger = logging.getLogger("pipelines.full")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--config",
         default=DEFAULT_CONFIG,
@@ -48,10 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logs.configure(verbose=args.verbose)
-
     def run() -> int:
+        args = build_parser().parse_args(argv)
+        logs.configure(verbose=args.verbose)
         stages = [s.strip() for s in args.stages.split(",") if s.strip()]
         if unknown := [s for s in stages if s not in STAGES]:
             raise ConfigError(f"--stages: unknown stages {unknown}; choose from {list(STAGES)}")

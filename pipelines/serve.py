@@ -14,7 +14,7 @@ import time
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm.errors import guarded, require  # noqa: E402
+from asymvlm.errors import ArgumentParser, guarded, require  # noqa: E402
 
 require("ray", "tracking")
 
@@ -26,7 +26,7 @@ from pipelines.session import RaySession  # noqa: E402
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``pipelines/serve.py`` (also documented from it)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--config",
         help="a YAML of ServeConfig keys (each listed in the docs' Configuration reference)",
@@ -43,10 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logs.configure(verbose=args.verbose)
-
     def run() -> int:
+        args = build_parser().parse_args(argv)
+        logs.configure(verbose=args.verbose)
         import ray
         from ray import serve
 

@@ -13,7 +13,7 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm.errors import guarded, require  # noqa: E402
+from asymvlm.errors import ArgumentParser, guarded, require  # noqa: E402
 
 require("ray", "tracking", "report")
 
@@ -27,7 +27,7 @@ logger = logging.getLogger("pipelines.sweep")
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``pipelines/sweep.py`` (also documented from it)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--config",
         required=True,
@@ -41,10 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logs.configure(verbose=args.verbose)
-
     def run() -> int:
+        args = build_parser().parse_args(argv)
+        logs.configure(verbose=args.verbose)
         sweep = load_sweep(args.config, args.set)  # validated before Ray starts
         logs.configure(verbose=args.verbose, log_file=logs.log_file_for(sweep.output, "sweep"))
         check_tables(sweep)

@@ -12,7 +12,7 @@ import sys
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asymvlm.errors import ConfigError, guarded, require  # noqa: E402
+from asymvlm.errors import ArgumentParser, ConfigError, guarded, require  # noqa: E402
 
 require("ray", "tracking")
 
@@ -29,7 +29,7 @@ TRAIN_FLAGS = "method protocol epochs lr optimizer batch_size hidden_dim seed".s
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``pipelines/train.py`` (also documented from it)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     run_keys = config.add_model_flags(parser, RunSpec, exclude=("train",), required=("embeddings",))
     train_keys = config.add_model_flags(
         parser,

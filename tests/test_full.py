@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -98,6 +99,10 @@ def test_bad_configs_fail_naming_the_problem(tmp_path, capsys) -> None:
         schema.load_pipeline(str(path))
     assert full.main(["--config", DEMO, "--stages", "embed,dance"]) == 2
     assert "unknown stages ['dance']" in capsys.readouterr().err
+    for entry in ("full", "embed", "serve", "sweep", "train"):  # a misspelt flag: one line
+        assert importlib.import_module(f"pipelines.{entry}").main(["--confg", "c.yaml"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, entry
 
 
 @pytest.mark.parametrize("name", ["coco", "flickr30k", "cc200k", "paper", "synthetic-full"])

@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import NoReturn
 
 from asymvlm import __version__
 from asymvlm.cli import embed, evaluation, export, runs, text, training
-from asymvlm.errors import ConfigError, guarded
+from asymvlm.errors import ArgumentParser, guarded
 
 __all__ = ["build_parser", "main"]
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line naming the sub-command and flag (so its sub-parsers' too)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{self.prog}: {message}")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = ArgumentParser(
         prog="asymvlm",
         description="Probabilistic adapters for frozen VLM embeddings (AsymVLM and baselines).",
     )
