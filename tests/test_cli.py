@@ -226,6 +226,7 @@ def test_wrong_names_are_one_line_each_and_nothing_is_written(small_world, tmp_p
         (["score", *data, "--checkpoint", out, "--no-such-flag"], "unrecognized arguments"),
         (["score", *data, "--checkpoint", small_world], "--output " + out + ": write a .parquet"),
         (["train", "--embeddings", str(tmp_path), "--method", "clip", "--output", out], "none"),
+        (["train", "--embeddings", f"{tmp_path}/no", "--method", "clip", "--output", out], "such"),
         (["train", "--embeddings", str(bare), "--method", "clip", "--output", out], "manifest"),
     ):
         assert main(argv) == 2
