@@ -201,7 +201,7 @@ def _message(err: ValidationError, source: str, schema: Any, flags: bool, limit:
             shown = "--" + key.replace("_", "-")
         ctx, given, msg = e.get("ctx", {}), e.get("input"), e["msg"].removeprefix("Value error, ")
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            hint = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+            hint = difflib.get_close_matches(str(key), names - {key}, n=1, cutoff=0.6)
             lines.append(
                 f"{shown}: unknown key" + (f" (did you mean {hint[0]!r}?)" if hint else "")
             )

@@ -27,6 +27,7 @@ def _sweep_doc(tmp_path, **extra):
     ("key", "value", "message"),
     [
         ("hiden_dim", 64, "hiden_dim: unknown key (did you mean 'hidden_dim'?)"),
+        ("epoch", 3, "epoch: unknown key (did you mean 'epochs'?)"),  # a key elsewhere
         ("lr", [float("nan")], "lr[0] = nan: Input should be a finite number"),
         ("methods", ["asymvlm-vfm"], "methods[0] = 'asymvlm-vfm': unknown method"),
         ("seeds", [0, 0], "seeds: duplicates: [0, 0]"),

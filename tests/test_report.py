@@ -184,8 +184,6 @@ def test_report_gathers_tables_figures_claims_and_paper_numbers(store, tmp_path)
     reports = client.search_runs([experiment.experiment_id], "tags.kind = 'report'")
     logged = {a.path for a in client.list_artifacts(reports[0].info.run_id)}
     assert {"report.md", "report.html", *figures} <= logged
-    with pytest.raises(ValueError, match="no MLflow experiment"):
-        build_report(uri, "nope", str(tmp_path / "r2"))
 
 
 def _with_input(method, adapter_input: str = "raw"):
@@ -235,6 +233,9 @@ def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys, mo
     page = (tmp_path / "rep" / "report.html").read_text()
     assert "<table>" in page and "Table 2 analogue" in page
     capsys.readouterr()
+    assert main(["report", "--experiment", "nope", "--output", str(tmp_path / "r2")]) == 2
+    assert capsys.readouterr().err == f"error: no MLflow experiment 'nope' at {store}\n"
+    assert not (tmp_path / "r2").exists()
     assert main(["analyze", "nota", "--positives", "nowhere", "--negatives", f"{neg}:test"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: asymvlm analyze nota: --positives = 'nowhere': expected ROOT:SPLIT (a table root "

@@ -53,11 +53,11 @@ def last_step(tracking_uri: str, run_id: str, key: str) -> int:
 
 
 def experiment_runs(tracking_uri: str, experiment: str) -> tuple[str, list[Any]]:
-    """(experiment id, its runs, oldest first); ValueError if there is no such experiment."""
+    """(experiment id, its runs, oldest first); ConfigError if there is no such experiment."""
     client = _client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise ValueError(f"no MLflow experiment {experiment!r} at {redact(tracking_uri)}")
+        raise ConfigError(f"no MLflow experiment {experiment!r} at {redact(tracking_uri)}")
     runs = client.search_runs([exp.experiment_id], max_results=10000)
     return exp.experiment_id, sorted(runs, key=lambda r: r.info.start_time)
 
