@@ -52,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         logs.configure(verbose=args.verbose)
         stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-        if unknown := [s for s in stages if s not in STAGES]:
-            raise ConfigError(f"--stages: unknown stages {unknown}; choose from {list(STAGES)}")
+        if not stages or (unknown := [s for s in stages if s not in STAGES]):
+            what = f"unknown stages {unknown}" if stages else "no stage given"
+            raise ConfigError(f"--stages: {what}; choose from {list(STAGES)}")
         overrides = list(args.set) + ([f"output={args.output}"] if args.output else [])
         cfg = load_pipeline(args.config, overrides)  # everything validated before Ray starts
         log_file = logs.log_file_for(cfg.output, "pipeline")

@@ -99,6 +99,8 @@ def test_bad_configs_fail_naming_the_problem(tmp_path, capsys) -> None:
         schema.load_pipeline(str(path))
     assert full.main(["--config", DEMO, "--stages", "embed,dance"]) == 2
     assert "unknown stages ['dance']" in capsys.readouterr().err
+    assert full.main(["--config", DEMO, "--stages", " ,"]) == 2
+    assert "--stages: no stage given; choose from" in capsys.readouterr().err
     for entry in ("full", "embed", "serve", "sweep", "train"):  # a misspelt flag: one line
         assert importlib.import_module(f"pipelines.{entry}").main(["--confg", "c.yaml"]) == 2
         err = capsys.readouterr().err
