@@ -212,11 +212,9 @@ def list_splits(root: str) -> list[str]:
 
 def check_split(root: str, split: str) -> None:
     """Refuse a ``split`` that ``root`` does not hold, naming those it does."""
-    splits = list_splits(root)
+    if split in (splits := list_splits(root)):
+        return
     fs, base = filesystem(root)
     if not splits and fs.get_file_info(base).type == pafs.FileType.NotFound:
         raise TableError(f"{root}: no such folder")
-    if split not in splits:
-        raise TableError(
-            f"{root}: no split {split!r} (splits there: {', '.join(splits) or 'none'})"
-        )
+    raise TableError(f"{root}: no split {split!r} (splits there: {', '.join(splits) or 'none'})")
