@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -238,6 +239,21 @@ def test_a_sweep_whose_mlflow_store_cannot_open_stops_with_the_reason(
     assert not (tmp_path / "sweep" / SWEEP_RECORD).exists()
 
 
+@pytest.mark.slow
+def test_a_sweep_whose_every_trial_fails_says_why(ray_session, world, tmp_path) -> None:
+    """One lr (no selection stage) and a training table cut short: one error with the reason."""
+    from pipelines.tuning.sweep import SWEEP_RECORD, NoResults, run_sweep
+
+    tables = shutil.copytree(world, tmp_path / "tables")
+    (part,) = (tables / "train" / "texts").glob("*.parquet")
+    part.write_bytes(part.read_bytes()[:300])  # a half-written file
+    doc = {"embeddings": str(tables), "methods": ["asymvlm-vmf"], "lr": [1e-3], "seeds": [0, 1]}
+    cfg = sweep_config({**doc, "epochs": 1, "max_failures": 0, "output": str(tmp_path / "o")})
+    with pytest.raises(NoResults, match=f"every trial failed; first: {part.parent}: cannot read"):
+        run_sweep(cfg)
+    assert not (tmp_path / "o" / SWEEP_RECORD).exists()
+
+
 def test_failure_reasons_dig_through_ray_wrappers() -> None:
     from ray.exceptions import RayTaskError
 
@@ -251,4 +267,6 @@ def test_failure_reasons_dig_through_ray_wrappers() -> None:
     assert failure_reason(KeyError("x")) == "KeyError: 'x'"
     trace = "Traceback (most recent call last):\n  File x\nray.exceptions.ActorDiedError: died\n"
     assert failure_reason(trace) == "ray.exceptions.ActorDiedError: died"
+    pip = "Failed to set up runtime environment.\n  ...\n    ERROR: Could not install x.whl\n"
+    assert failure_reason(RuntimeError(pip)) == "Could not install x.whl"
     assert failure_reason(None) == failure_reason("") == "unknown error"

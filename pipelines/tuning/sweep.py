@@ -207,9 +207,14 @@ def _fit(sweep: SweepConfig, grid: list[dict[str, Any]], callback) -> tuple:
                 verbose=0,
             ),
         )
-    done, failed = [], []
-    for r in tuner.fit():
-        stage, members = r.config["stage"], r.config["members"]
+    done, failed, grid_results = [], [], tuner.fit()
+    configs = {}  # a trial whose actor never started (its runtime_env did not install) has no
+    if any(r.config is None for r in grid_results):  # result: its config is in Tune's record
+        analysis = tune.ExperimentAnalysis(path, storage_filesystem=fs)
+        configs = {trial.path: trial.config for trial in analysis.trials}
+    for r in grid_results:
+        config = r.config or configs[r.path]
+        stage, members = config["stage"], config["members"]
         outcomes = (r.metrics or {}).get("outcomes") if r.error is None else None
         for k, (trial, row) in enumerate(
             zip(members, outcomes or [{}] * len(members), strict=True)
@@ -330,7 +335,8 @@ def _stages(sweep: SweepConfig, opening: Future, callback, base: dict) -> dict[s
     more = [r for r in rows if r["stage"] == "seeds"]
     one = {m: {"lr": sweep.lr[0], "score": None, "scores_by_lr": {}} for m in sweep.methods}
     picks = select_lr(done) if grid else one
-    if not (selection := {m: picks[m] for m in sweep.methods if m in picks}):  # config order
+    selection = {m: picks[m] for m in sweep.methods if m in picks}  # config order
+    if not selection or not rows:
         raise NoResults(f"sweep {sweep.label}: every trial failed; first: {failed[0]['reason']}")
     for method in sorted(set(sweep.methods) - set(selection)):
         logger.warning("sweep %s: %s failed at every lr; left out of stage 2", sweep.label, method)
