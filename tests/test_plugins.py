@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -187,7 +188,9 @@ def test_a_sweep_ships_the_plugin_to_its_workers_by_runtime_env(plugin_env, smal
     driver += "runpy.run_path(sys.argv[0], run_name='__main__')"
     command = [sys.executable, "-c", driver, "pipelines/sweep.py", "--config", str(path)]
     env = {**plugin_env, "PYTHONPATH": REPO}  # not inherited by the workers: runtime_env only
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory(prefix="ray") as ray_tmp:  # Ray's copy of the venv: ~2 GB
+        env["RAY_TMPDIR"] = ray_tmp
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     _, runs = tracking.experiment_runs(tracking.default_tracking_uri(output), "plug")
     trials = [r for r in runs if r.data.tags.get("kind") == "trial"]
