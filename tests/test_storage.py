@@ -167,17 +167,14 @@ def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, bucket, tmp_pa
 def test_an_adapter_on_s3_loads_whatever_tracking_store_is_set(bucket, tmp_path, monkeypatch):
     """An object-store adapter folder reads no MLflow store; a store set for a block is unset
     after it (MLflow mirrors it in $MLFLOW_TRACKING_URI, which later reads would follow)."""
-    from asymvlm.checkpoints import save_checkpoint
     from asymvlm.evaluation.adapters import checkpoint_adapters
-    from asymvlm.methods import build_method
-    from asymvlm.training import TrainConfig
+    from tests.test_checkpoints import _save
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with tracking.global_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db"):
         pass
     assert "MLFLOW_TRACKING_URI" not in os.environ
-    cfg = TrainConfig(method="symvlm", hidden_dim=8, depth=1, epochs=1, lr=1e-3)
-    save_checkpoint(str(tmp_path / "a"), build_method("symvlm", 8, **cfg.method_args()), cfg, 8)
+    _save(tmp_path / "a")
     uri = storage.upload_dir(str(tmp_path / "a"), "s3://bucket/run/adapters/symvlm/seed0")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/absent/mlflow.db")
     assert list(checkpoint_adapters([uri])) == ["symvlm/seed0"]

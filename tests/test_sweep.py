@@ -219,13 +219,12 @@ def test_the_sweep_command_fails_in_one_line(tmp_path, capsys) -> None:
     assert "absent.yaml" in err and str(tmp_path / "nowhere") in err and "Traceback" not in err
 
 
-def test_a_sweep_whose_mlflow_store_cannot_open_stops_with_the_reason(
-    ray_session, world, tmp_path
-) -> None:
-    """The run opens while Tune starts the trials: Tune's first event stops the sweep (no trial
-    trains to its end), naming the key and the cause."""
+def test_a_sweep_that_cannot_go_on_stops_with_the_reason(ray_session, world, tmp_path) -> None:
+    """A store that cannot open (the run opens while Tune starts the trials: Tune's first event
+    stops the sweep, no trial trains to its end); every trial failing (one lr, a table cut
+    short): one error naming the cause, no sweep record."""
     from asymvlm.errors import ConfigError
-    from pipelines.tuning.sweep import SWEEP_RECORD, run_sweep
+    from pipelines.tuning.sweep import SWEEP_RECORD, NoResults, run_sweep
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")
@@ -237,20 +236,12 @@ def test_a_sweep_whose_mlflow_store_cannot_open_stops_with_the_reason(
         run_sweep(cfg)
     assert not list((tmp_path / "sweep").rglob("checkpoint_0*"))  # its only one: after 300
     assert not (tmp_path / "sweep" / SWEEP_RECORD).exists()
-
-
-@pytest.mark.slow
-def test_a_sweep_whose_every_trial_fails_says_why(ray_session, world, tmp_path) -> None:
-    """One lr (no selection stage) and a training table cut short: one error with the reason."""
-    from pipelines.tuning.sweep import SWEEP_RECORD, NoResults, run_sweep
-
     tables = shutil.copytree(world, tmp_path / "tables")
     (part,) = (tables / "train" / "texts").glob("*.parquet")
     part.write_bytes(part.read_bytes()[:300])  # a half-written file
-    doc = {"embeddings": str(tables), "methods": ["asymvlm-vmf"], "lr": [1e-3], "seeds": [0, 1]}
-    cfg = sweep_config({**doc, "epochs": 1, "max_failures": 0, "output": str(tmp_path / "o")})
+    doc |= {"embeddings": str(tables), "seeds": [0, 1], "epochs": 1, "max_failures": 0}
     with pytest.raises(NoResults, match=f"every trial failed; first: {part.parent}: cannot read"):
-        run_sweep(cfg)
+        run_sweep(sweep_config({**doc, "output": str(tmp_path / "o")}))
     assert not (tmp_path / "o" / SWEEP_RECORD).exists()
 
 

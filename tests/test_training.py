@@ -208,9 +208,7 @@ class _TokenCount(Method):
         return info_nce(self.temperature * texts["mu"] @ images["mu"].T)
 
 
-def test_a_method_sees_the_same_per_caption_inputs_in_training_and_evaluation(
-    small_world,
-) -> None:
+def test_a_method_sees_the_same_per_caption_inputs_in_training_and_evaluation(small_world):
     method = _TokenCount(0)
     for split in ("train", "test"):
         data = load_split(small_world, split)
