@@ -27,6 +27,7 @@ from asymvlm.config import redact
 from asymvlm.errors import AsymVLMError, CheckpointError, ConfigError, check_extras
 from asymvlm.methods import METHODS
 from asymvlm.results import DIRECTION_MEANINGS, METRIC_MEANINGS
+from asymvlm.tracking.queries import STORE_URIS
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +56,7 @@ NO_STORE = "no tracking store configured; give --tracking-uri or set MLFLOW_TRAC
 
 def is_model_uri(source: str) -> bool:
     """Whether ``source`` names an MLflow model or a Hub repository, not a local folder."""
-    return "://" in source or source.startswith(
-        ("runs:/", "models:/", "mlflow-artifacts:/", HUB_PREFIX)
-    )
+    return "://" in source or source.startswith((*STORE_URIS, HUB_PREFIX))
 
 
 def _hub_snapshot(source: str) -> str:
@@ -104,7 +103,7 @@ def resolve_checkpoint(
 
         check_extras("tracking")  # named before the store it would read
         store = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-        if not store and source.startswith(("runs:/", "models:/", "mlflow-artifacts:/")):
+        if not store and source.startswith(STORE_URIS):
             raise ConfigError(f"{source}: {NO_STORE}")
         try:
             local = download(source, store)

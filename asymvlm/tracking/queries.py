@@ -12,6 +12,9 @@ from asymvlm.config import redact
 from asymvlm.errors import ConfigError
 from asymvlm.tracking.store import global_tracking_uri, relocate_once
 
+#: The URIs read through a tracking store (an ``s3://`` or ``gs://`` URI is read directly).
+STORE_URIS = ("runs:/", "models:/", "mlflow-artifacts:/")
+
 
 def _reading(tracking_uri: str | None) -> None:
     """Refuse a SQLite store that is not there (MLflow would create an empty one to read)."""
@@ -77,7 +80,7 @@ def download(uri: str, tracking_uri: str | None = None) -> str:
     ``$MLFLOW_TRACKING_URI``); its local path."""
     import mlflow
 
-    if uri.startswith(("runs:/", "models:/", "mlflow-artifacts:/")):  # not s3://, gs://
+    if uri.startswith(STORE_URIS):
         _reading(tracking_uri)
     with global_tracking_uri(tracking_uri):
         return mlflow.artifacts.download_artifacts(artifact_uri=uri)
