@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import time
 from datetime import timedelta
@@ -41,6 +42,10 @@ def _method(name: str):
 
 
 def _worker(rank: int, port: int, queue) -> None:
+    # A hang seen in 3 of 8 full fresh-clone runs, never alone, outlived the group's timeout:
+    # past 100 s (a run takes ~5) every thread's stack goes to stderr and the worker exits.
+    faulthandler.dump_traceback_later(100, exit=True)
+    torch.set_num_threads(1)  # two workers on a 2-core machine, beside the other xdist worker
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
     # a hung collective ends the worker with its traceback after 60 s, not the suite's wait
