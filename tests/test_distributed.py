@@ -42,7 +42,7 @@ def _method(name: str):
 
 
 def _worker(rank: int, port: int, queue) -> None:
-    # A hang seen in 3 of 8 full fresh-clone runs, never alone, outlived the group's timeout:
+    # A hang seen in full suites and under load, never alone, outlived the group's timeout:
     # past 100 s (a run takes ~5) every thread's stack goes to stderr and the worker exits.
     faulthandler.dump_traceback_later(100, exit=True)
     torch.set_num_threads(1)  # two workers on a 2-core machine, beside the other xdist worker
