@@ -207,12 +207,12 @@ def _fit(sweep: SweepConfig, grid: list[dict[str, Any]], callback) -> tuple:
                 verbose=0,
             ),
         )
-    done, failed, grid_results = [], [], tuner.fit()
+    result_grid, done, failed = tuner.fit(), [], []
     configs = {}  # a trial whose actor never started (its runtime_env did not install) has no
-    if any(r.config is None for r in grid_results):  # result: its config is in Tune's record
+    if any(r.config is None for r in result_grid):  # result: its config is in Tune's record
         analysis = tune.ExperimentAnalysis(path, storage_filesystem=fs)
         configs = {trial.path: trial.config for trial in analysis.trials}
-    for r in grid_results:
+    for r in result_grid:
         config = r.config or configs[r.path]
         stage, members = config["stage"], config["members"]
         outcomes = (r.metrics or {}).get("outcomes") if r.error is None else None
