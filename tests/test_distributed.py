@@ -5,7 +5,6 @@ from __future__ import annotations
 import faulthandler
 import os
 import time
-from datetime import timedelta
 from queue import Empty
 
 import numpy as np
@@ -13,8 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
 
-from asymvlm.distributed import epoch_generator, shard_rows
+from asymvlm.distributed import GlobalBatchLoss, epoch_generator, shard_rows
 from asymvlm.methods import build_method
 from asymvlm.splits import SplitTensors
 from asymvlm.training import TrainConfig, Trainer
@@ -25,7 +25,6 @@ from tests.helpers import rotated_pairs
 METHODS = "asymvlm-vmf asymvlm-ps-siglip symvlm asymvlm-image asymvlm-gauss determ-ft pfe".split()
 METHODS += ["pcmepp", "prolip", "probvlm", "elip"]
 DIM, BATCH, WORLD = 8, 12, 2
-HANG = timedelta(seconds=60)
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,33 +40,35 @@ def _method(name: str):
     return method
 
 
+def _losses_and_grads(rank: int) -> dict:
+    """Each method's loss and gradients from this worker's half of the batch, under DDP."""
+    img, txt = _batch()
+    rows = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+    out = {}
+    for name in METHODS:
+        method = _method(name)
+        ddp = DistributedDataParallel(GlobalBatchLoss(method))
+        loss = ddp(img[rows], txt[rows], 3)
+        loss.backward()
+        grads = {
+            k: p.grad.numpy().copy() for k, p in method.named_parameters() if p.grad is not None
+        }
+        out[name] = (loss.item(), grads)  # plain arrays: no shared memory to outlive us
+    return out
+
+
 def _worker(rank: int, port: int, queue) -> None:
-    # A hang seen in full suites and under load, never alone, outlived the group's timeout:
-    # past 100 s (a run takes ~5) every thread's stack goes to stderr and the worker exits.
+    # past 100 s (a run takes ~5) every thread's stack goes to stderr and the worker exits
     faulthandler.dump_traceback_later(100, exit=True)
     torch.set_num_threads(1)  # two workers on a 2-core machine, beside the other xdist worker
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
-    # a hung collective ends the worker with its traceback after 60 s, not the suite's wait
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=HANG)
-    from torch.nn.parallel import DistributedDataParallel
-
-    from asymvlm.distributed import GlobalBatchLoss
-
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
     try:
-        img, txt = _batch()
-        rows = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
-        out = {}
-        for name in METHODS:
-            method = _method(name)
-            ddp = DistributedDataParallel(GlobalBatchLoss(method))
-            loss = ddp(img[rows], txt[rows], 3)
-            loss.backward()
-            grads = {
-                k: p.grad.numpy().copy() for k, p in method.named_parameters() if p.grad is not None
-            }
-            out[name] = (loss.item(), grads)  # plain arrays: no shared memory to outlive us
-        queue.put((rank, out))
+        # DDP's reducers are gone when this returns. One outliving the group would be its last
+        # owner and join gloo's threads holding the GIL, which a thread freeing a finished
+        # collective needs: a deadlock under load (pytorch/pytorch#56297).
+        queue.put((rank, _losses_and_grads(rank)))
     finally:
         dist.destroy_process_group()
 
@@ -85,8 +86,7 @@ def two_worker_results() -> dict:
     while len(results) < WORLD:
         assert time.monotonic() < deadline, "the gloo workers are still running after 300 s"
         try:
-            rank, out = queue.get(timeout=5)
-            results[rank] = out
+            results.update([queue.get(timeout=5)])  # one (rank, results) pair
         except Empty:
             codes = [p.exitcode for p in procs]
             assert all(c in (None, 0) for c in codes), f"a gloo worker died: exit codes {codes}"
