@@ -208,8 +208,10 @@ def _fit(sweep: SweepConfig, grid: list[dict[str, Any]], callback) -> tuple:
             ),
         )
     result_grid, done, failed = tuner.fit(), [], []
-    configs = {}  # a trial whose actor never started (its runtime_env did not install) has no
-    if any(r.config is None for r in result_grid):  # result: its config is in Tune's record
+    # A trial whose actor never started (its runtime_env did not install) has no result: its
+    # config is in Tune's own record.
+    configs = {}
+    if any(r.config is None for r in result_grid):
         analysis = tune.ExperimentAnalysis(path, storage_filesystem=fs)
         configs = {trial.path: trial.config for trial in analysis.trials}
     for r in result_grid:

@@ -108,18 +108,19 @@ def _packed(sweep: SweepConfig, specs: list, device: torch.device) -> list[dict[
 
 
 def failure_reason(exc: BaseException | str | None) -> str:
-    """The root cause of a failed trial on one line: our errors verbatim, others as ``Type:
-    first line``, under Ray's wrappers; in a text trace, a subprocess's ``ERROR:`` line (pip's,
-    under a runtime_env that did not install), else its last error line."""
+    """The root cause of a failed trial on one line, under Ray's wrappers: our errors verbatim,
+    others as ``Type: message``; a text trace (or a message holding one): a subprocess's
+    ``ERROR:`` line (pip's, under a runtime_env that did not install), else its last error line."""
     while isinstance(getattr(exc, "cause", None), BaseException):  # RayTaskError(X): X
         exc = exc.cause
     if isinstance(exc, AsymVLMError):
         return one_line(exc)[:500]
     if isinstance(exc, BaseException):
-        text = f"{type(exc).__name__}: {str(exc).strip()}"
-        if "\n" not in text:
-            return text[:500]
-        exc = text  # a trace in its message: read as one
-    pip = re.findall(r"^\s*ERROR: (.+)$", exc or "", re.MULTILINE)
-    errors = pip or re.findall(r"^\s*([\w.]+(?:Error|Exception|Failed)\b.*)$", exc or "", re.M)
+        exc = f"{type(exc).__name__}: {str(exc).strip()}"
+        if "\n" not in exc:
+            return exc[:500]
+    trace = exc or ""
+    errors = re.findall(r"^\s*ERROR: (.+)$", trace, re.M) or re.findall(
+        r"^\s*([\w.]+(?:Error|Exception|Failed)\b.*)$", trace, re.M
+    )
     return errors[-1].strip()[:500] if errors else "unknown error"
