@@ -62,10 +62,11 @@ def add_method(monkeypatch):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray cluster per test session: 2 CPUs, no dashboard."""
+    """One local Ray cluster per test session: 2 CPUs, no dashboard; a new one, whatever cluster
+    Ray's temp folder names."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
     yield ray
     ray.shutdown()
 

@@ -1,6 +1,7 @@
-"""A small pipeline run as users run it (``python pipelines/full.py``) with fake credentials set:
-its whole story in MLflow (shape, statuses, tags, live curves), and the credentials in no config,
-runtime_env, output, MLflow store or log it left."""
+"""A small pipeline run as users run it (``python pipelines/full.py``) with fake credentials set
+and a dead cluster's address left in Ray's temp folder: its whole story in MLflow (shape,
+statuses, tags, live curves), and the credentials in no config, runtime_env, output, MLflow
+store or log it left."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from asymvlm import config, tracking
 from asymvlm.errors import ConfigError
 from asymvlm.tables import read_split
 from pipelines import schema
+from tests.helpers import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 2
@@ -66,6 +68,9 @@ def story(tmp_path_factory):
     path.write_text(CONFIG)
     output = folder / "out"
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths
+    os.makedirs(os.path.join(ray_tmp, "ray"))  # a cluster that is gone, as a killed head left it
+    with open(os.path.join(ray_tmp, "ray", "ray_current_cluster"), "w") as fh:
+        fh.write(f"127.0.0.1:{free_port()}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
     env.update(FAKE, RAY_TMPDIR=ray_tmp)
     try:

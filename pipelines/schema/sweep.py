@@ -48,12 +48,19 @@ class RuntimeEnv(StrictModel):
 class RaySettings(StrictModel):
     """The Ray session of an entry point (``ray.init``)."""
 
+    address: str | None = Field(
+        None,
+        description="the cluster to join: its head's HOST:PORT or ray://HOST:PORT (default: "
+        "$RAY_ADDRESS; neither: a new local Ray)",
+    )
     runtime_env: RuntimeEnv | None = Field(None, description="the job's runtime_env (ray.init)")
 
     def init_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``ray.init``."""
-        env = self.runtime_env
-        return {"runtime_env": env.model_dump(exclude_none=True)} if env else {}
+        kwargs: dict[str, Any] = {"address": self.address} if self.address else {}
+        if self.runtime_env:
+            kwargs["runtime_env"] = self.runtime_env.model_dump(exclude_none=True)
+        return kwargs
 
 
 class MlflowSettings(StrictModel):
