@@ -348,7 +348,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 fh.read()
 
         t0 = time.perf_counter()
-        context = ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+        context = ray.init(
+            address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False
+        )
         ray_init_s = time.perf_counter() - t0
         address = context.address_info["gcs_address"]
         log(f"ray.init: {ray_init_s:.2f}s (cluster at {address})")

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_world(world, WorldConfig(dim=args.dim, splits={"train": args.train_images}))
         cpus = os.cpu_count() or 1
         t0 = time.perf_counter()
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
         ray_init = time.perf_counter() - t0
         load_before = loadavg()
         single, via_ray = [], []
