@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -110,6 +112,28 @@ def test_help_everywhere(sub, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([*sub, "--help"])
     assert exit_info.value.code == 0 and "usage: asymvlm" in capsys.readouterr().out
+
+
+_HELPS = """import contextlib, io, sys
+from asymvlm.cli import main
+for argv in sys.argv[1:]:
+    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+        main(argv.split())
+print(*sorted({"torch", "ray", "mlflow"} & set(sys.modules)))
+"""
+
+
+def test_every_help_and_the_version_import_no_torch_ray_or_mlflow() -> None:
+    """The parser is built from light modules, so --help is quick (timed in
+    benchmarks/cli_startup.py); a command imports its libraries when it runs."""
+    from asymvlm.cli import build_parser
+    from asymvlm.evaluation.specs import SPECS
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    argvs = ["--help", "--version", *(f"{name} --help" for name in sub.choices)]
+    argvs += [f"analyze {kind} --help" for kind in SPECS]
+    done = subprocess.run([sys.executable, "-c", _HELPS, *argvs], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "\n", done.stderr
 
 
 def test_methods_lists_the_methods_and_their_arguments(capsys) -> None:

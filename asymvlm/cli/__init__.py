@@ -1,5 +1,6 @@
 """The ``asymvlm`` command line on cached embedding tables (one process), a module per group of
-sub-commands; ``embed`` imports the Ray layer when it runs."""
+sub-commands. Building the parser imports no torch, Ray or MLflow (every ``--help`` is quick):
+a command imports what it needs when it runs."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asymvlm import logs
 
     def run() -> int:
-        args = build_parser().parse_args(argv)  # reads the registry: a broken plugin is one line
+        args = build_parser().parse_args(argv)
         logs.configure(verbose=args.verbose)
         return args.func(args)
 

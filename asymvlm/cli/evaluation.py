@@ -1,5 +1,6 @@
 """``asymvlm evaluate``, ``asymvlm score`` and ``asymvlm analyze <kind>``: the evaluation
-registry (:mod:`asymvlm.evaluation.registry`) on the command line."""
+registry (:mod:`asymvlm.evaluation.registry`) on the command line, its flags made from the
+evaluations' specs (:mod:`asymvlm.evaluation.specs`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import json
 import logging
 from pathlib import Path
 
-from asymvlm import storage
 from asymvlm.cli.common import Help, add_data_args, add_tracking_uri
 from asymvlm.errors import ConfigError
-from asymvlm.evaluation import registry
+from asymvlm.evaluation.specs import SPECS, spec
 from asymvlm.tables import Location
 
 logger = logging.getLogger("asymvlm.cli")
@@ -26,12 +26,13 @@ def _loading(args: argparse.Namespace) -> dict[str, object]:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`)."""
+    from asymvlm import storage
     from asymvlm.protocol import api
 
     keys = ("levels", "fold_size", "chunk_size", "memory_budget")
     options = {k: getattr(args, k) for k in keys}
     values = {"data": Location(args.embeddings, args.split)} | options
-    registry.spec("retrieval", values, "asymvlm evaluate", flags=True)  # errors name the flags
+    spec("retrieval", values, "asymvlm evaluate", flags=True)  # errors name the flags
     result = api.evaluate(**_loading(args), progress=not args.quiet, **options)
     storage.write_text(args.output, json.dumps(result, indent=2, allow_nan=False))  # atomic
     for direction in ("t2i", "i2t"):
@@ -53,6 +54,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     """A row per caption (:func:`asymvlm.score`) written as parquet."""
     import pyarrow.parquet as pq
 
+    from asymvlm import storage
     from asymvlm.protocol import api
 
     if not args.output.endswith(".parquet"):
@@ -72,10 +74,11 @@ def _flag(key: str) -> str:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    from asymvlm.evaluation import registry
     from asymvlm.evaluation.adapters import checkpoint_adapters, sweep_adapters
 
     values: dict[str, object] = {}
-    for key in registry.EVALUATIONS[args.kind].spec_model.model_fields:
+    for key in SPECS[args.kind].model_fields:
         value = getattr(args, key, None)
         if isinstance(value, list):  # NAME=ROOT:SPLIT, repeated
             pairs = [item.partition("=") for item in value]
@@ -83,7 +86,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                 raise ConfigError(f"{_flag(key)} expects {METAVARS[key]}, got {bad[0]!r}")
             value = {name: where for name, _, where in pairs}
         values[key] = value
-    parsed = registry.spec(args.kind, values, f"asymvlm analyze {args.kind}", flags=True)
+    parsed = spec(args.kind, values, f"asymvlm analyze {args.kind}", flags=True)
     methods = checkpoint_adapters(args.checkpoint, tracking_uri=args.tracking_uri)
     if args.sweep:
         if not args.tracking_uri:
@@ -139,7 +142,7 @@ METAVARS = {
 
 def _add_inputs(p: argparse.ArgumentParser, kind: str, skip: tuple[str, ...] = ()) -> None:
     """An option per field of the evaluation's spec (which validates it), repeated for a map."""
-    for key, info in registry.EVALUATIONS[kind].spec_model.model_fields.items():
+    for key, info in SPECS[kind].model_fields.items():
         if key == "kind" or key in skip:
             continue
         tp = str(info.annotation)
@@ -178,18 +181,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "analyze",
-        help="the paper's evaluations: " + ", ".join(registry.EVALUATIONS),
+        help="the paper's evaluations: " + ", ".join(SPECS),
         description="Run one evaluation of the paper (Table 1, Tables 2-3, Fig. 5) or the OOD "
         "suite on embedding tables, for adapters from checkpoint folders or a sweep's seed runs; "
         "prints JSON, optionally logs an MLflow run that `asymvlm report` picks up. "
         "`asymvlm analyze KIND --help` lists the options of one.",
     )
     kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
-    for kind, ev in registry.EVALUATIONS.items():
+    for kind, model in SPECS.items():
         k = kinds.add_parser(
             kind,
-            help=ev.title,
-            description=f"{ev.title[0].upper()}{ev.title[1:]}. Locations are ROOT:SPLIT of "
+            help=model.title,
+            description=f"{model.title[0].upper()}{model.title[1:]}. Locations are ROOT:SPLIT of "
             "embedding tables.",
             formatter_class=Help,
         )

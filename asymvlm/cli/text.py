@@ -6,10 +6,6 @@ import argparse
 import json
 import logging
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from asymvlm import storage
 from asymvlm.cli.common import Help, add_tracking_uri
 from asymvlm.errors import ConfigError
 
@@ -18,6 +14,9 @@ logger = logging.getLogger("asymvlm.cli")
 
 def read_captions(path: str, column: str) -> list[str]:
     """Captions of a ``.txt`` file (one a line) or a ``.parquet`` file (``column``), none empty."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     if not path.endswith((".txt", ".parquet")):
         raise ConfigError(f"--input {path}: give a .txt file (a caption a line) or a .parquet file")
     parquet = path.endswith(".parquet")
@@ -46,6 +45,9 @@ def read_captions(path: str, column: str) -> list[str]:
 
 
 def cmd_score_text(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from asymvlm import storage
     from asymvlm.scoring import Scorer
 
     if not args.captions and not args.input:

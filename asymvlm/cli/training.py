@@ -9,8 +9,7 @@ import os
 from asymvlm.cli.common import Help, add_data_args, parse_kv
 from asymvlm.config import add_model_flags, model_values, validate
 from asymvlm.errors import CheckpointError, ConfigError
-from asymvlm.methods import METHODS, method_arguments
-from asymvlm.methods.arguments import argument_type
+from asymvlm.methods import method_names
 from asymvlm.training import TrainConfig
 
 logger = logging.getLogger("asymvlm.cli")
@@ -79,6 +78,9 @@ def cmd_import_official(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
+    from asymvlm.methods import METHODS, method_arguments
+    from asymvlm.methods.arguments import argument_type
+
     for name in [args.name] if args.name else sorted(METHODS):
         cls = METHODS[name]
         doc = (cls.__doc__ or "").strip().splitlines()[0]
@@ -110,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         TrainConfig,
         exclude=("device",),
         required=("method",),
-        choices={"method": sorted(METHODS)},
+        choices={"method": method_names()},
         metavars={"stream_memory_bytes": "BYTES", "shuffle_buffer": "ROWS"},
     )
     p.add_argument(
@@ -167,7 +169,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "name",
         nargs="?",
-        choices=sorted(METHODS),
+        choices=method_names(),
         metavar="NAME",
         help="this method and its arguments",
     )
