@@ -5,10 +5,12 @@ a command imports what it needs when it runs."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from asymvlm import __version__
 from asymvlm.cli import embed, evaluation, export, runs, text, training
+from asymvlm.cli.common import table_location
 from asymvlm.errors import ArgumentParser, guarded
 
 __all__ = ["build_parser", "main"]
@@ -36,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         args = build_parser().parse_args(argv)
         logs.configure(verbose=args.verbose)
+        if not sys.stderr.isatty():  # progress bars on a terminal only, not as a log's long line
+            args.quiet = True
+        if hasattr(args, "default_split"):
+            table_location(args)
         return args.func(args)
 
     return guarded(run)

@@ -7,9 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from pathlib import Path
 
-from asymvlm.cli.common import Help, add_data_args, add_tracking_uri
+from asymvlm.cli.common import (
+    Help,
+    add_data_args,
+    add_output_file,
+    add_tracking_uri,
+    check_output_file,
+)
 from asymvlm.errors import ConfigError
 from asymvlm.evaluation.specs import SPECS, spec
 from asymvlm.tables import Location
@@ -25,7 +30,8 @@ def _loading(args: argparse.Namespace) -> dict[str, object]:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`)."""
+    """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`):
+    its headline numbers printed, every number in ``--output`` when given."""
     from asymvlm import storage
     from asymvlm.protocol import api
 
@@ -33,8 +39,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     options = {k: getattr(args, k) for k in keys}
     values = {"data": Location(args.embeddings, args.split)} | options
     spec("retrieval", values, "asymvlm evaluate", flags=True)  # errors name the flags
+    check_output_file(args)
     result = api.evaluate(**_loading(args), progress=not args.quiet, **options)
-    storage.write_text(args.output, json.dumps(result, indent=2, allow_nan=False))  # atomic
+    if args.output:
+        storage.write_text(args.output, json.dumps(result, indent=2, allow_nan=False))  # atomic
     for direction in ("t2i", "i2t"):
         r = result[direction]
 
@@ -44,9 +52,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(
             f"{direction}: R@1 {r['recall@1']:.4f}  R@5 {r['recall@5']:.4f}  "
             f"R@10 {r['recall@10']:.4f}  S {shown('spearman', '+.3f')}  R2 {shown('r2')}  "
-            f"AUROC {shown('auroc')}  AUPR {shown('aupr')}  FPR@95TPR {shown('fpr@95tpr')}"
+            f"AUROC {shown('auroc')}  AUPR {shown('aupr')}  FPR@95TPR {shown('fpr@95tpr')}  "
+            f"ECE {shown('ece')}"
         )
-    logger.info("metrics written to %s", args.output)
+    if args.output:
+        logger.info("every metric (binned recall, risk-coverage ...) written to %s", args.output)
     return 0
 
 
@@ -59,6 +69,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     if not args.output.endswith(".parquet"):
         raise ConfigError(f"--output {args.output}: write a .parquet file")
+    check_output_file(args)
     table = api.score(**_loading(args))
     with storage.atomic_path(args.output) as (fs, tmp):
         pq.write_table(table, tmp, filesystem=fs)
@@ -74,6 +85,7 @@ def _flag(key: str) -> str:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    from asymvlm import storage
     from asymvlm.evaluation import registry
     from asymvlm.evaluation.adapters import checkpoint_adapters, sweep_adapters
 
@@ -87,6 +99,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             value = {name: where for name, _, where in pairs}
         values[key] = value
     parsed = spec(args.kind, values, f"asymvlm analyze {args.kind}", flags=True)
+    check_output_file(args)
     methods = checkpoint_adapters(args.checkpoint, tracking_uri=args.tracking_uri)
     if args.sweep:
         if not args.tracking_uri:
@@ -98,7 +111,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     text = json.dumps(result, indent=2, default=float)
     print(text)
     if args.output:
-        Path(args.output).write_text(text + "\n")
+        storage.write_text(args.output, text + "\n")
     if args.tracking_uri:
         dumped = parsed.model_dump(mode="json", exclude={"kind"}, exclude_none=True)
         params = {k: v for k, v in dumped.items() if isinstance(v, str | int)}
@@ -170,13 +183,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_data_args(p, "test")
     _add_checkpoint_args(p)
     _add_inputs(p, "retrieval", skip=("data",))
-    p.add_argument("--output", required=True, metavar="FILE.json", help="metrics as JSON")
+    add_output_file(p, "FILE.json", "also write every metric as JSON (binned, curves)")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("score", help="per-caption kappa and uncertainty", formatter_class=Help)
     add_data_args(p, "test")
     _add_checkpoint_args(p)
-    p.add_argument("--output", required=True, metavar="FILE.parquet", help="a row per caption")
+    add_output_file(p, "FILE.parquet", "a row per caption", required=True)
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser(
@@ -206,7 +219,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         )
         k.add_argument("--sweep", default=None, help="a sweep's MLflow run id: its seed adapters")
         k.add_argument("--frozen", action="store_true", help="also the frozen model (clip)")
-        k.add_argument("--output", default=None, help="write the JSON here too")
+        add_output_file(k, "FILE.json", "write the JSON here too")
         add_tracking_uri(
             k, "runs:/, --sweep are read from and the result logged to (none: not logged)"
         )

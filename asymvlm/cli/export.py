@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 
 from asymvlm.cli.common import Help, add_tracking_uri
 
@@ -22,7 +23,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         license=args.license,
         overwrite=args.overwrite,
     )
-    logger.info("publish it with: hf upload %s %s", args.repo or "ORG/REPO", args.output)
+    repo = shlex.quote(args.repo) if args.repo else "ORG/REPO"
+    logger.info("publish it with: hf upload %s %s", repo, shlex.quote(args.output))
     return 0
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 
-from asymvlm.cli.common import Help, add_tracking_uri
+from asymvlm.cli.common import Help, add_output_file, add_tracking_uri, check_output_file
 from asymvlm.errors import ConfigError
 
 logger = logging.getLogger("asymvlm.cli")
@@ -56,6 +56,7 @@ def cmd_score_text(args: argparse.Namespace) -> int:
         raise ConfigError(f"--output {args.output}: write a .parquet file")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
+    check_output_file(args)
     captions = list(args.captions) or read_captions(args.input, args.column)
     scorer = Scorer.from_checkpoint(
         args.checkpoint,
@@ -89,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     given.add_argument("--input", metavar="FILE", help="captions.txt (one a line) or .parquet")
     p.add_argument("--checkpoint", required=True, metavar="DIR|URI", help="folder, URI, hf-hub:")
     p.add_argument("--column", default="text", help="the caption column of a .parquet input")
-    p.add_argument("--output", metavar="FILE.parquet", help="write text, kappa, uncertainty here")
+    add_output_file(p, "FILE.parquet", "write text, kappa, uncertainty here")
     p.add_argument("--encoder", metavar="MODEL", help="instead of the one the checkpoint names")
     add_tracking_uri(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")

@@ -88,7 +88,7 @@ def score(
     allow_incomplete: bool = False,
     tracking_uri: str | None = None,
 ) -> pa.Table:
-    """A row per caption of ``embeddings``/``split``: ``caption_id``, ``kappa`` and
+    """A row per caption of ``embeddings``/``split``: ``caption_id``, ``text``, ``kappa`` and
     ``uncertainty`` (null where the method has none) under ``checkpoint``."""
     load = {"device": device, "adapter_input": adapter_input, "allow_incomplete": allow_incomplete}
     method, data = load_for_split(checkpoint, embeddings, split, **load, tracking_uri=tracking_uri)
