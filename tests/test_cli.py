@@ -120,15 +120,18 @@ def test_a_new_users_slips_get_a_line_that_says_what_to_do(
     assert "publish it with: hf upload ORG/REPO 'my adapter'\n" in capsys.readouterr().err
 
 
-def test_the_synthetic_worlds_command_names_itself_and_explains_every_flag(capsys) -> None:
+def test_the_python_m_commands_name_themselves_and_explain_every_flag(capsys) -> None:
+    from asymvlm import demo
     from asymvlm.synthetic import cli
 
-    parser = cli.build_parser()
-    assert parser.format_usage().startswith("usage: python -m asymvlm.synthetic [-h]")
-    assert all(action.help for action in parser._actions)
-    assert cli.main(["--output"]) == 2
-    err = capsys.readouterr().err
-    assert err == "error: python -m asymvlm.synthetic: argument --output: expected one argument\n"
+    assert all(action.help for action in cli.build_parser()._actions)
+    for name, command in (("asymvlm.synthetic", cli.main), ("asymvlm.demo", demo.main)):
+        with pytest.raises(SystemExit):
+            command(["--help"])
+        assert capsys.readouterr().out.startswith(f"usage: python -m {name} [-h]")
+        assert command(["--output"]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: python -m {name}: argument --output: expected one argument\n"
 
 
 def test_score_for_a_method_without_uncertainty(small_world, tmp_path) -> None:
