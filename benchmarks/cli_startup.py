@@ -34,12 +34,14 @@ HEAVY = ("torch", "ray", "mlflow", "pyarrow", "pandas", "scipy")
 
 
 def run(args: list[str], package_root: str, importtime: bool = False) -> tuple[float, str]:
-    """Seconds of ``python -m asymvlm.cli ARGS`` importing asymvlm from ``package_root``, and
-    its stderr."""
+    """Seconds of ``python -m asymvlm.cli ARGS`` importing asymvlm from ``package_root`` (its
+    working folder: ``-m`` puts that first on the path), and its stderr."""
     env = {**os.environ, "PYTHONPATH": package_root}
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "asymvlm.cli"]
     t0 = time.perf_counter()
-    done = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [*cmd, *args], cwd=package_root, env=env, capture_output=True, text=True, check=True
+    )
     return time.perf_counter() - t0, done.stderr
 
 

@@ -205,7 +205,8 @@ def test_help_everywhere(sub, capsys) -> None:
 
 
 _HELPS = """import contextlib, io, sys
-from asymvlm.cli import main
+from asymvlm.cli import build_parser, main
+build_parser()  # every command's flags, as the docs' reference has them
 for argv in sys.argv[1:]:
     with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
         main(argv.split())
@@ -215,10 +216,12 @@ print(*sorted({"torch", "ray", "mlflow"} & set(sys.modules)))
 
 def test_every_help_and_the_version_import_no_torch_ray_or_mlflow() -> None:
     """The parser is built from light modules, so --help is quick (timed in
-    benchmarks/cli_startup.py); a command imports its libraries when it runs."""
+    benchmarks/cli_startup.py); a command imports its libraries when it runs. Without a
+    command only the sub-commands' names and help are made, as the whole parser shows them."""
     from asymvlm.cli import build_parser
     from asymvlm.evaluation.specs import SPECS
 
+    assert build_parser("").format_help() == build_parser().format_help()
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     argvs = ["--help", "--version", *(f"{name} --help" for name in sub.choices)]
     argvs += [f"analyze {kind} --help" for kind in SPECS]

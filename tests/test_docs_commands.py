@@ -23,7 +23,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-MARKER = re.compile(r"<!-- not run by tests/test_docs_commands\.py: (?P<reason>.*?) -->")
+MARKER = re.compile(r"^<!-- not run by tests/test_docs_commands\.py: (?P<reason>.*) -->$", re.M)
 FENCE = re.compile(r"^```(?P<lang>bash|console|sh|shell)\n(?P<body>.*?)^```$", re.M | re.S)
 #: What the repository's commands read (configs, spaces, examples ...), seen from each folder.
 CHECKOUT = ("configs", "tune_spaces", "examples", "pipelines", "benchmarks", "notebooks", "scripts")
@@ -56,7 +56,7 @@ def blocks() -> list[Block]:
         text = page.read_text()
         for fence in FENCE.finditer(text):
             before = text[: fence.start()].rstrip("\n").rsplit("\n", 1)[-1]
-            marker = MARKER.fullmatch(before.strip())
+            marker = MARKER.fullmatch(before)
             line = text.count("\n", 0, fence.start()) + 1
             body = commands(fence["body"], fence["lang"])
             found.append(Block(page, line, body, marker["reason"] if marker else None))

@@ -8,7 +8,6 @@ import os
 from collections.abc import Sequence
 
 from asymvlm.errors import ConfigError
-from asymvlm.tables import parse_location
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -55,6 +54,8 @@ def add_data_args(p: argparse.ArgumentParser, split_default: str) -> None:
 def table_location(args: argparse.Namespace) -> None:
     """``args.embeddings`` and ``args.split`` from ``--embeddings ROOT`` or ``ROOT:SPLIT`` (a
     folder of that name is a root) and ``--split``; a split named twice must agree."""
+    from asymvlm.tables import parse_location
+
     value, named = args.embeddings, None
     if ":" in value and not os.path.isdir(value):
         with contextlib.suppress(ValueError):  # not ROOT:SPLIT (an s3:// root): a root

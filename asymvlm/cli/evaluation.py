@@ -16,10 +16,13 @@ from asymvlm.cli.common import (
     check_output_file,
 )
 from asymvlm.errors import ConfigError
-from asymvlm.evaluation.specs import SPECS, spec
-from asymvlm.tables import Location
 
 logger = logging.getLogger("asymvlm.cli")
+COMMANDS = {
+    "evaluate": "retrieval + uncertainty metrics of a checkpoint",
+    "score": "per-caption kappa and uncertainty",
+    "analyze": "the paper's evaluations (Tables 1-3, Figs. 3 and 5) and the OOD suite",
+}
 
 
 def _loading(args: argparse.Namespace) -> dict[str, object]:
@@ -33,7 +36,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`):
     its headline numbers printed, every number in ``--output`` when given."""
     from asymvlm import storage
+    from asymvlm.evaluation.specs import spec
     from asymvlm.protocol import api
+    from asymvlm.tables import Location
 
     keys = ("levels", "fold_size", "chunk_size", "memory_budget")
     options = {k: getattr(args, k) for k in keys}
@@ -88,6 +93,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from asymvlm import storage
     from asymvlm.evaluation import registry
     from asymvlm.evaluation.adapters import checkpoint_adapters, sweep_adapters
+    from asymvlm.evaluation.specs import SPECS, spec
 
     values: dict[str, object] = {}
     for key in SPECS[args.kind].model_fields:
@@ -155,6 +161,8 @@ METAVARS = {
 
 def _add_inputs(p: argparse.ArgumentParser, kind: str, skip: tuple[str, ...] = ()) -> None:
     """An option per field of the evaluation's spec (which validates it), repeated for a map."""
+    from asymvlm.evaluation.specs import SPECS
+
     for key, info in SPECS[kind].model_fields.items():
         if key == "kind" or key in skip:
             continue
@@ -173,9 +181,11 @@ def _add_inputs(p: argparse.ArgumentParser, kind: str, skip: tuple[str, ...] = (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from asymvlm.evaluation.specs import SPECS
+
     p = sub.add_parser(
         "evaluate",
-        help="retrieval + uncertainty metrics of a checkpoint",
+        help=COMMANDS["evaluate"],
         description="Recall@{1,5,10} both ways, binned Recall@1 by uncertainty, Spearman S, R2 "
         "(the registry's retrieval, as `asymvlm analyze retrieval`).",
         formatter_class=Help,
@@ -186,7 +196,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output_file(p, "FILE.json", "also write every metric as JSON (binned, curves)")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("score", help="per-caption kappa and uncertainty", formatter_class=Help)
+    p = sub.add_parser("score", help=COMMANDS["score"], formatter_class=Help)
     add_data_args(p, "test")
     _add_checkpoint_args(p)
     add_output_file(p, "FILE.parquet", "a row per caption", required=True)
@@ -194,7 +204,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "analyze",
-        help="the paper's evaluations: " + ", ".join(SPECS),
+        help=COMMANDS["analyze"],
         description="Run one evaluation of the paper (Table 1, Tables 2-3, Fig. 5) or the OOD "
         "suite on embedding tables, for adapters from checkpoint folders or a sweep's seed runs; "
         "prints JSON, optionally logs an MLflow run that `asymvlm report` picks up. "

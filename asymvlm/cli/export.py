@@ -10,6 +10,7 @@ import shlex
 from asymvlm.cli.common import Help, add_tracking_uri
 
 logger = logging.getLogger("asymvlm.cli")
+COMMANDS = {"export": "write an adapter as a Hugging Face model folder (safetensors + model card)"}
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -31,7 +32,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
-        help="write an adapter as a Hugging Face model folder (safetensors + model card)",
+        help=COMMANDS["export"],
         formatter_class=Help,
         description="Write the adapter of a checkpoint folder or an MLflow model as a Hugging "
         "Face model folder: model.safetensors, config.json and README.md (the model card). Load "

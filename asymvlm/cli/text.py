@@ -10,6 +10,9 @@ from asymvlm.cli.common import Help, add_output_file, add_tracking_uri, check_ou
 from asymvlm.errors import ConfigError
 
 logger = logging.getLogger("asymvlm.cli")
+COMMANDS = {
+    "score-text": "kappa and uncertainty of new captions (text in: the adapter's own encoder)"
+}
 
 
 def read_captions(path: str, column: str) -> list[str]:
@@ -79,7 +82,7 @@ def cmd_score_text(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "score-text",
-        help="kappa and uncertainty of new captions (text in: the adapter's own encoder)",
+        help=COMMANDS["score-text"],
         formatter_class=Help,
         description="Embed captions with the frozen encoder the adapter's tables were embedded "
         "with (recorded in its checkpoint) and print one JSON object per caption (text, kappa "

@@ -14,6 +14,11 @@ from asymvlm.training import TrainConfig
 
 logger = logging.getLogger("asymvlm.cli")
 OVERWRITE = "replace a checkpoint already in --output"
+COMMANDS = {
+    "train": "train a method on cached embeddings",
+    "import-official": "turn a checkpoint of the authors' train.py into one of this project",
+    "methods": "list the registered methods, their uncertainty and arguments",
+}
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -101,7 +106,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
-        help="train a method on cached embeddings",
+        help=COMMANDS["train"],
         description="Train one method; paper defaults: SGD momentum 0.9, cosine to 1e-6, "
         "batch 2048 (App. B.4).",
         formatter_class=Help,
@@ -145,7 +150,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "import-official",
-        help="turn a checkpoint of the authors' train.py into one of this project",
+        help=COMMANDS["import-official"],
         description="Reads torch.save(adaptor.state_dict()) of the authors' code and writes a "
         "checkpoint of the same method under protocol official.",
         formatter_class=Help,
@@ -163,7 +168,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "methods",
-        help="list the registered methods, their uncertainty and arguments",
+        help=COMMANDS["methods"],
         formatter_class=Help,
     )
     p.add_argument(
