@@ -88,6 +88,7 @@ class _Registry(Mapping[str, "type[Method]"]):
 
 #: Every method by name, plugins included (discovered when first read).
 METHODS = _Registry(BUILTIN)
+_BUILTIN_NAMES = {target: name for name, target in BUILTIN.items()}
 #: ``official``: the authors' code; ``improved``: this project's fixes (README "Protocols").
 PROTOCOLS = ("improved", "official")
 _BLOCK_ROWS = 65536  # rows per block where a whole split is reduced
@@ -213,6 +214,13 @@ class Method(nn.Module):
     USES_PRE_FEATURES: ClassVar[bool] = False  # split_inputs needs pre-projection features
     protocol: str = "improved"
     calibrate_input: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A built-in method knows its name once defined (a worker unpickling one has not read
+        the registry)."""
+        super().__init_subclass__(**kwargs)
+        target = f"{cls.__module__.removeprefix(__package__ + '.')}:{cls.__qualname__}"
+        cls.name = _BUILTIN_NAMES.get(target, cls.name)
 
     def __init__(self, dim: int) -> None:
         super().__init__()
