@@ -119,11 +119,11 @@ def test_an_installed_plugin_trains_evaluates_and_exports(plugin_env, small_worl
     checkpoint is one line naming the package to install, exit 2."""
     ckpt, out, model = (tmp_path / n for n in ("ckpt", "metrics.json", "model"))
     data = f"--embeddings {small_world} --quiet"
-    evaluate = f"evaluate {data} --split test --output {out} --checkpoint"
+    evaluate = f"evaluate {data} --split test --checkpoint"
     done = _cli(
         "methods",
         f"train {data} --method vmf-const --epochs 2 --output {ckpt}",
-        f"{evaluate} {ckpt}",
+        f"{evaluate} {ckpt} --output {out}",
         f"export --checkpoint {ckpt} --output {model}",
         env=plugin_env,
     )
