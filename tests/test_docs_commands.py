@@ -87,7 +87,7 @@ def inputs(tmp_path_factory) -> Path:
     from asymvlm.training import TrainConfig
 
     base = tmp_path_factory.mktemp("docs-inputs")
-    world = WorldConfig(dim=16, splits={"train": 48, "test": 16}, captions_per_image=1)
+    world = WorldConfig(dim=16, splits={"train": 24, "test": 16}, captions_per_image=1)
     write_world(str(base / "tables" / "my-data"), world)
     model = save_tiny_clip(str(tmp_path_factory.mktemp("docs-encoder") / "tiny-clip"))
     info = load_encoder(model, device="cpu", load_model=False).info
