@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -13,6 +12,7 @@ import time
 import pandas as pd
 
 from asymvlm import logs
+from asymvlm.errors import ArgumentParser, guarded
 from asymvlm.evaluation.registry import evaluate_split
 from asymvlm.metrics import spearman_uncertainty
 from asymvlm.plots import plot_binned_recall
@@ -75,15 +75,27 @@ def run(output: str, epochs: int = 40, methods: tuple[str, ...] = DEMO_METHODS) 
     return results
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default="outputs/demo", help="output directory")
-    parser.add_argument("--epochs", type=int, default=40)
-    parser.add_argument("--verbose", action="store_true", help="every library's messages too")
-    args = parser.parse_args(argv)
-    logs.configure(verbose=args.verbose)
-    run(args.output, args.epochs)
+def main(argv: list[str] | None = None) -> int:
+    """Bad input is one ``error:`` line and exit code 2."""
+
+    def demo() -> int:
+        parser = ArgumentParser(
+            prog="python -m asymvlm.demo",
+            description="The offline single-process demo (no network, no GPU): a synthetic "
+            "world, the frozen model, Determ. FT and AsymVLM (vMF, PS) on its test split.",
+        )
+        parser.add_argument(
+            "--output", default="outputs/demo", help="output folder (default outputs/demo)"
+        )
+        parser.add_argument("--epochs", type=int, default=40, help="of each method (default 40)")
+        parser.add_argument("--verbose", action="store_true", help="every library's messages too")
+        args = parser.parse_args(argv)
+        logs.configure(verbose=args.verbose)
+        run(args.output, args.epochs)
+        return 0
+
+    return guarded(demo)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

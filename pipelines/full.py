@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("finished in %.0f s; report: %s", out["seconds"], out.get("report"))
         logger.info("MLflow: %s, experiment %r", uri, cfg.mlflow.experiment)
         if uri.startswith("sqlite:///"):
-            logger.info("open it: asymvlm ui %s", cfg.output)
+            logger.info("open it: asymvlm ui %s", shlex.quote(cfg.output))
         logger.info("log file: %s", log_file)
         print(json.dumps({**out, "tracking_uri": uri}))
         return 0

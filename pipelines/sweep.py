@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 
 if __package__ in (None, ""):  # run as a script: make `pipelines` importable
@@ -51,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
             out = run_sweep(sweep)
         logger.info("\n%s", out["markdown"])
         logger.info(
-            "runs: asymvlm ui %s; adapters: %s/<method>/seed<k>", sweep.output, ADAPTERS_DIR
+            "runs: asymvlm ui %s; adapters: %s/<method>/seed<k>",
+            shlex.quote(sweep.output),
+            ADAPTERS_DIR,
         )
         shown = {k: out[k] for k in ("parent_run_id", "selection")}
         uri = config.redact(out["tracking_uri"])

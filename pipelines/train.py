@@ -17,7 +17,7 @@ from asymvlm.errors import ArgumentParser, ConfigError, guarded, require  # noqa
 require("ray", "tracking")
 
 from asymvlm import config, tables  # noqa: E402
-from asymvlm.methods import METHODS  # noqa: E402
+from asymvlm.methods import method_names  # noqa: E402
 from asymvlm.protocol import RunSpec  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
 from pipelines.ray_train import run_training  # noqa: E402
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser,
         TrainConfig,
         exclude=set(TrainConfig.model_fields) - set(TRAIN_FLAGS),
-        choices={"method": sorted(METHODS)},
+        choices={"method": method_names()},
     )
     override = "any other TrainConfig key (YAML value; dots: method_kwargs.calibrate_input=false)"
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     def run() -> int:
-        args = build_parser().parse_args(argv)  # reads the registry: a broken plugin is one line
+        args = build_parser().parse_args(argv)
         if args.num_workers < 1 or args.max_failures < 0 or not args.cpus_per_worker > 0:
             raise ConfigError(
                 "--num-workers must be >= 1, --max-failures >= 0 and --cpus-per-worker > 0"

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -22,24 +25,113 @@ def _train(world: str, out: str, method: str = "asymvlm-vmf", *extra: str) -> in
     return main(["train", *args, *flags.split(), "--output", out, "--quiet", *extra])
 
 
-def test_train_evaluate_score(small_world, tmp_path, capsys) -> None:
-    ckpt, metrics, scores = (str(tmp_path / n) for n in ("ckpt", "metrics.json", "s.parquet"))
-    assert _train(small_world, ckpt) == 0
-    args = ["--embeddings", small_world, "--split", "test", "--checkpoint", ckpt, "--quiet"]
-    assert main(["evaluate", *args, "--levels", "10", "--output", metrics]) == 0
-    result = json.loads(open(metrics).read())
-    for r in (result["t2i"], result["i2t"]):
+def test_train_evaluate_score(small_world, tmp_path, monkeypatch, capsys) -> None:
+    """evaluate prints the metrics (JSON only with --output); score writes a row per caption
+    with its text; ROOT:SPLIT reads the same tables as --embeddings ROOT --split SPLIT."""
+    monkeypatch.chdir(tmp_path)
+    assert _train(small_world, "ckpt") == 0
+    test = ["--embeddings", f"{small_world}:test", "--checkpoint", "ckpt", "--quiet"]
+    assert main(["evaluate", *test]) == 0 and os.listdir() == ["ckpt"]
+    printed = capsys.readouterr().out
+    assert main(["evaluate", *test, "--levels", "10", "--output", "metrics.json"]) == 0
+    assert capsys.readouterr().out == printed
+    result = json.loads(Path("metrics.json").read_text())
+    for direction in ("t2i", "i2t"):
+        r = result[direction]
         assert {"binned_recall@1", "spearman", "r2"} <= set(r) and len(r["binned_recall@1"]) == 10
         assert 0.0 <= r["recall@1"] <= r["recall@5"] <= r["recall@10"] <= 1.0
-    out = capsys.readouterr().out
-    assert "t2i: R@1" in out and "i2t: R@1" in out
-    assert main(["score", *args, "--output", scores]) == 0
-    table, split = pq.read_table(scores), tables.read_split(small_world, "test")
+        assert f"{direction}: R@1 {r['recall@1']:.4f}  R@5 {r['recall@5']:.4f}" in printed
+        assert f"S {r['spearman']:+.3f}  R2 {r['r2']:.3f}" in printed
+    assert main(["score", *test, "--output", "s.parquet"]) == 0
+    by_flags = ["--embeddings", small_world, "--split", "test", "--checkpoint", "ckpt"]
+    assert main(["score", *by_flags, "--output", "t.parquet"]) == 0
+    table, split = pq.read_table("s.parquet"), tables.read_split(small_world, "test")
+    assert table.equals(pq.read_table("t.parquet"))
+    assert table.column_names[:4] == ["caption_id", "text", "kappa", "uncertainty"]
     assert table.column("caption_id").to_pylist() == split.caption_ids
+    assert table.column("text").to_pylist() == list(split.texts)
     kappa = table.column("kappa").to_numpy()
     assert np.all(kappa > 0)
     np.testing.assert_allclose(table.column("uncertainty").to_numpy(), 1.0 / kappa, rtol=1e-5)
     assert table.column("level").to_pylist() == split.extra_text_columns["level"].tolist()
+
+
+def test_a_location_is_root_colon_split_unless_a_folder_has_that_name(
+    small_world, tmp_path, capsys
+) -> None:
+    named = shutil.copytree(small_world, tmp_path / "my:data")  # a folder with a colon
+    ckpt = str(tmp_path / "ckpt")
+    assert _train(str(named), ckpt, "clip", "--split", "val") == 0
+    assert json.loads(Path(ckpt, "config.json").read_text())["split"] == "val"
+    capsys.readouterr()
+    argv = ["score", "--embeddings", f"{small_world}:test", "--split", "train", "--checkpoint"]
+    assert main([*argv, ckpt, "--output", str(tmp_path / "s.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --embeddings {small_world}:test names split test, --split train\n"
+
+
+def test_an_output_file_is_kept_unless_overwrite(small_world, tmp_path, monkeypatch, capsys):
+    """As train and export keep a checkpoint: one line, exit 2, the file as it was."""
+    monkeypatch.chdir(tmp_path)
+    assert _train(small_world, "ckpt", "clip") == 0
+    data = ["--embeddings", f"{small_world}:test", "--checkpoint", "ckpt", "--output"]
+    for argv in (
+        ["score", *data, "o.parquet"],
+        ["evaluate", *data, "o.json"],
+        ["analyze", "retrieval", "--data", f"{small_world}:test", "--checkpoint", "ckpt"],
+        ["score-text", "--checkpoint", "ckpt", "a dog", "--output", "t.parquet"],
+    ):
+        out = argv[argv.index("--output") + 1] if "--output" in argv else "a.json"
+        argv += [] if "--output" in argv else ["--output", out]
+        Path(out).write_text("earlier")
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: --output {out} already exists; pass --overwrite to replace it\n"
+        assert Path(out).read_text() == "earlier"
+        if argv[0] != "score-text":  # a synthetic world has no encoder to score new text with
+            assert main([*argv, "--overwrite"]) == 0 and Path(out).read_bytes()[:4] != b"earl"
+
+
+def test_a_new_users_slips_get_a_line_that_says_what_to_do(
+    small_world, tmp_path, monkeypatch, capsys
+) -> None:
+    """A checkpoint folder that is not there, an encoder neither cached nor to be had, an
+    export folder with a space (the hint to publish it must paste), no progress bar off a
+    terminal (stderr here is captured)."""
+    from huggingface_hub import constants
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert main(["score-text", "--checkpoint", "nope", "a dog"]) == 2
+    assert capsys.readouterr().err.startswith("error: nope: no such folder (a checkpoint is")
+    argv = ["--embeddings", small_world, "--method", "asymvlm-vmf", "--epochs", "1"]
+    assert main(["train", *argv, "--hidden-dim", "8", "--output", "ckpt"]) == 0
+    assert "it/s" not in capsys.readouterr().err
+    meta = json.loads(Path("ckpt/config.json").read_text())
+    meta["embedding_model"] = "openai/clip-vit-base-patch32"
+    Path("ckpt/config.json").write_text(json.dumps(meta))
+    assert main(["score-text", "--checkpoint", "ckpt", "a dog"]) == 2
+    err = capsys.readouterr().err
+    assert "'openai/clip-vit-base-patch32' is not in the Hugging Face cache" in err
+    assert "give its folder as --encoder" in err and err.count("\n") == 1
+    assert main(["export", "--checkpoint", "ckpt", "--output", "my adapter"]) == 0
+    assert "publish it with: hf upload ORG/REPO 'my adapter'\n" in capsys.readouterr().err
+
+
+def test_the_python_m_commands_name_themselves_and_explain_every_flag(capsys) -> None:
+    from asymvlm import demo
+    from asymvlm.synthetic import cli
+
+    assert all(action.help for action in cli.build_parser()._actions)
+    for name, command in (("asymvlm.synthetic", cli.main), ("asymvlm.demo", demo.main)):
+        with pytest.raises(SystemExit):
+            command(["--help"])
+        assert capsys.readouterr().out.startswith(f"usage: python -m {name} [-h]")
+        assert command(["--output"]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: python -m {name}: argument --output: expected one argument\n"
 
 
 def test_score_for_a_method_without_uncertainty(small_world, tmp_path) -> None:
@@ -110,6 +202,31 @@ def test_help_everywhere(sub, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([*sub, "--help"])
     assert exit_info.value.code == 0 and "usage: asymvlm" in capsys.readouterr().out
+
+
+_HELPS = """import contextlib, io, sys
+from asymvlm.cli import build_parser, main
+build_parser()  # every command's flags, as the docs' reference has them
+for argv in sys.argv[1:]:
+    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+        main(argv.split())
+print(*sorted({"torch", "ray", "mlflow"} & set(sys.modules)))
+"""
+
+
+def test_every_help_and_the_version_import_no_torch_ray_or_mlflow() -> None:
+    """The parser is built from light modules, so --help is quick (timed in
+    benchmarks/cli_startup.py); a command imports its libraries when it runs. Without a
+    command only the sub-commands' names and help are made, as the whole parser shows them."""
+    from asymvlm.cli import build_parser
+    from asymvlm.evaluation.specs import SPECS
+
+    assert build_parser("").format_help() == build_parser().format_help()
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    argvs = ["--help", "--version", *(f"{name} --help" for name in sub.choices)]
+    argvs += [f"analyze {kind} --help" for kind in SPECS]
+    done = subprocess.run([sys.executable, "-c", _HELPS, *argvs], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "\n", done.stderr
 
 
 def test_methods_lists_the_methods_and_their_arguments(capsys) -> None:

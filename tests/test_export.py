@@ -84,6 +84,57 @@ def test_the_folder_has_the_hub_layout_and_a_card(vmf, tmp_path) -> None:
     assert "synthetic world" in card.text  # its limits say what the adapter is for
 
 
+@pytest.mark.parametrize(
+    ("encoder", "label", "local"),
+    [
+        ("open_clip:ViT-B-32/laion2b_s34b_b79k", "open_clip:ViT-B-32/laion2b_s34b_b79k", False),
+        ("open_clip:hf-hub:org/clip", "open_clip:hf-hub:org/clip", False),
+        ("openai/clip-vit-base-patch32", "openai/clip-vit-base-patch32", False),
+        ("/data/models/my-clip", "my-clip (a local folder)", True),
+        ("open_clip:local-dir:/data/oc", "oc (a local folder)", True),
+    ],
+)
+def test_the_card_names_the_encoder_and_the_adapter_that_was_built(encoder, label, local):
+    """A hub model is named as is (a local folder by its name, where --encoder takes its
+    copy); the adapter's sizes are the ones built (official ProbVLM: depth 2, not 3)."""
+    from asymvlm.checkpoints.sharing import model_card
+
+    cfg = TrainConfig(method="probvlm", protocol="official")
+    config = {"method": "probvlm", "train_config": cfg.model_dump(), "embedding_model": encoder}
+    config["adapter_size"] = {"hidden_dim": 1024, "depth": 2}
+    card = model_card(config)
+    assert (
+        f"| frozen encoder | `{label}` |" in card
+        and "| adapter width x depth | `1024 x 2` |" in card
+    )
+    assert ("a local folder (" in card) == local and ("its path in `config.json`" in card) == local
+    assert "None" not in card
+
+
+def test_the_checkpoint_records_the_sizes_built_and_every_file_is_readable(world, tmp_path):
+    """model.safetensors is written with the umask's mode like config.json (safetensors' own
+    writer makes it 0600: unreadable to a colleague on a shared disk)."""
+    from asymvlm.checkpoints import save_checkpoint
+    from asymvlm.methods import build_method
+
+    umask = os.umask(0o022)
+    try:
+        out, exported = tmp_path / "ckpt", tmp_path / "exported"
+        cfg = TrainConfig(method="probvlm", protocol="official")
+        save_checkpoint(str(out), build_method("probvlm", 16, **cfg.method_args()), cfg, 16)
+        export_adapter(str(out), str(exported))
+        train(world, "train", _cfg("asymvlm-vmf"), output=str(tmp_path / "trained"), progress=False)
+    finally:
+        os.umask(umask)
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["adapter_size"] == {"hidden_dim": 1024, "depth": 2}
+    assert meta["train_config"]["hidden_dim"] is None  # what was asked: the method's default
+    for folder in (out, exported, tmp_path / "trained"):
+        modes = {f.name: oct(f.stat().st_mode & 0o777) for f in folder.iterdir()}
+        assert set(modes.values()) == {"0o644"}, modes
+    assert "| adapter width x depth | `1024 x 2` |" in (exported / "README.md").read_text()
+
+
 def test_an_export_replaces_only_an_earlier_export_and_holds_no_pickle(vmf, tmp_path) -> None:
     out, other = tmp_path / "exported", tmp_path / "notes"
     export_adapter(vmf, str(out))

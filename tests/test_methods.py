@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -102,6 +104,14 @@ def test_registry() -> None:
     with pytest.raises(ValueError, match="registered twice"):
         register("clip")(type("Impostor", (Method,), {}))
     assert METHODS["clip"].__name__ == "FrozenCLIP"
+
+
+def test_a_built_in_method_knows_its_name_before_the_registry_is_read() -> None:
+    """As a Ray worker unpickling one does (the registry loads the built-ins when first read)."""
+    code = "from asymvlm.methods import base, gaussian; print(gaussian.PFE.name)"
+    code += "; print(base.METHODS._discovered)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout == "pfe\nFalse\n"
 
 
 @pytest.mark.parametrize("name", sorted(set(METHODS) - {"bayesvlm"}))

@@ -319,7 +319,7 @@ def test_serve_refuses_a_bad_checkpoint_before_deploying(tmp_path, capsys) -> No
     from pipelines.serve import main
 
     assert main(["--checkpoint", str(tmp_path / "nothing"), "--no-block"]) == 2
-    assert "not a checkpoint folder (no config.json)" in capsys.readouterr().err
+    assert "nothing: no such folder" in capsys.readouterr().err
     bad = tmp_path / "serve.yaml"
     bad.write_text(f"checkpoint: {tmp_path}\nreplica: 2\n")
     assert main(["--config", str(bad), "--no-block"]) == 2

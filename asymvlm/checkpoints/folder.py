@@ -13,10 +13,11 @@ from importlib.metadata import version
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from asymvlm.errors import CheckpointError, ConfigError
 from asymvlm.methods import METHODS, Method, build_method, method_distribution
+from asymvlm.methods.arguments import adapter_size
 from asymvlm.storage import absolute
 from asymvlm.tracking.store import git_commit
 from asymvlm.training import History, TrainConfig, Trainer
@@ -113,9 +114,11 @@ def provenance(split: Any) -> dict[str, Any]:
 
 
 def write_weights(state: dict[str, torch.Tensor], folder: str) -> None:
-    """``state`` as ``model.safetensors`` in ``folder`` (contiguous CPU copies)."""
+    """``state`` as ``model.safetensors`` in ``folder`` (contiguous CPU copies), readable as the
+    other files are (safetensors' own ``save_file`` writes mode 0600 whatever the umask)."""
     weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
-    save_file(weights, os.path.join(folder, WEIGHTS_FILE), metadata={"format": "pt"})
+    with open(os.path.join(folder, WEIGHTS_FILE), "wb") as fh:
+        fh.write(save(weights, metadata={"format": "pt"}))
 
 
 def write_config(config: dict[str, Any], folder: str) -> None:
@@ -144,6 +147,7 @@ def save_checkpoint(
         **({"method_package": package} if package else {}),
         "dim": dim,
         "method_kwargs": cfg.method_args(),
+        "adapter_size": adapter_size(method.name, cfg.protocol, cfg.method_args()),
         "adapter_input": cfg.adapter_input,
         "train_config": cfg.model_dump(),
         "complete": bool(epoch >= epochs if complete is None else complete),

@@ -24,6 +24,7 @@ from asymvlm.checkpoints.folder import (
     write_weights,
 )
 from asymvlm.config import redact
+from asymvlm.data.encoder.names import local_source
 from asymvlm.errors import AsymVLMError, CheckpointError, ConfigError, check_extras
 from asymvlm.methods import METHODS
 from asymvlm.results import DIRECTION_MEANINGS, METRIC_MEANINGS
@@ -95,6 +96,11 @@ def resolve_checkpoint(
     if source.startswith(HUB_PREFIX):
         folder, pretrained = _hub_snapshot(source), True
     elif not is_model_uri(source):
+        if not os.path.isdir(source):
+            raise CheckpointError(
+                f"{source}: no such folder (a checkpoint is a folder, runs:/..., models:/... "
+                "or hf-hub:ORG/REPO)"
+            )
         folder = source
         meta = read_checkpoint_meta(source) or {}
         pretrained = pretrained or meta.get("format") == EXPORT_FORMAT
@@ -123,10 +129,18 @@ def resolve_checkpoint(
     return folder
 
 
+def _local(name: str) -> str | None:
+    """The local files of an encoder name (a folder, ``open_clip:local-dir:...``), else None."""
+    try:
+        return local_source(name)
+    except ValueError:  # a malformed open_clip name: not a folder either
+        return None
+
+
 def _label(name: str) -> str:
     """A Hub id or open_clip name as is, a local folder by its last component."""
-    local = name.startswith(("/", ".", "~")) or os.sep in name and not _HUB_ID.fullmatch(name)
-    return f"{os.path.basename(name.rstrip('/'))} (a local folder)" if local else name
+    local = _local(name)
+    return f"{os.path.basename(local.rstrip('/'))} (a local folder)" if local else name
 
 
 def _evaluation(metrics: Mapping[str, float], run: Mapping[str, Any] | None) -> str:
@@ -175,7 +189,7 @@ def model_card(
     train = dict(config.get("train_config") or {})
     enc = {"model": config.get("embedding_model"), **(config.get("encoder") or {})}
     name = enc["model"] if isinstance(enc["model"], str) and enc["model"] else None
-    base = name if name and _label(name) == name and _HUB_ID.fullmatch(name) else None
+    base = name if name and not _local(name) and _HUB_ID.fullmatch(name) else None
     tags = ["asymvlm", "probabilistic-embeddings", "uncertainty", "vision-language"]
     data = ModelCardData(
         library_name="asymvlm", license=license, tags=[*tags, "clip-adapter", method]
@@ -188,6 +202,7 @@ def model_card(
     plugin = f"{package['name']}=={package['version']}" if package.get("name") else ""
     versions = {n: config.get(f"{n}_version") for n in ("asymvlm", "torch")}
     trained_with = ", ".join(f"{n} {v}" for n, v in versions.items() if v) or None
+    size = config.get("adapter_size") or {}
     calibration = ", ".join(
         f"{k} = {v:.6g}" for k, v in (config.get("input_calibration") or {}).items()
     )
@@ -204,7 +219,7 @@ def model_card(
         ("input calibration", calibration or None),
         ("epochs", f"{config.get('epoch')} of {config.get('epochs')}"),
         *((k, train.get(k)) for k in ("optimizer", "lr", "batch_size", "weight_decay")),
-        ("adapter width x depth", f"{train.get('hidden_dim')} x {train.get('depth') or 'default'}"),
+        ("adapter width x depth", f"{size['hidden_dim']} x {size['depth']}" if size else None),
         ("seed", train.get("seed")),
         ("trained with", trained_with),
         ("git commit", config.get("git_commit")),
@@ -229,7 +244,7 @@ metrics.json"
         limits = """
 * Trained on a **synthetic world** (toy embeddings with known uncertainty): for learning and \
 testing the method, not for real images or text."""
-    elif name and not base:
+    elif name and _local(name):
         limits = f"""
 * The encoder is a local folder (`{_label(name)}`, its path in `config.json`): on another \
 machine give its copy with `--encoder` (`encoder=`); a copy with other files is refused."""

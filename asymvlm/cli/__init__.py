@@ -1,19 +1,28 @@
 """The ``asymvlm`` command line on cached embedding tables (one process), a module per group of
-sub-commands; ``embed`` imports the Ray layer when it runs."""
+sub-commands (its ``COMMANDS``: name -> one-line help, its ``register``: their flags). Building
+the parser imports no torch, Ray or MLflow, and :func:`main` builds the flags of the command
+given only (every ``--help`` is quick); a command imports what it needs when it runs."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from asymvlm import __version__
 from asymvlm.cli import embed, evaluation, export, runs, text, training
+from asymvlm.cli.common import table_location
 from asymvlm.errors import ArgumentParser, guarded
 
 __all__ = ["build_parser", "main"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+GROUPS = (training, evaluation, text, export, embed, runs)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every sub-command with its flags; given a ``command`` (``""``: none), only its group's
+    flags, the other sub-commands named with their help."""
     parser = ArgumentParser(
         prog="asymvlm",
         description="Probabilistic adapters for frozen VLM embeddings (AsymVLM and baselines).",
@@ -23,8 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--verbose", action="store_true", help="show every library's messages (Ray, MLflow...) too"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (training, evaluation, text, export, embed, runs):
-        group.register(sub)
+    for group in GROUPS:
+        if command is None or command in group.COMMANDS:
+            group.register(sub)
+        else:
+            for name, help in group.COMMANDS.items():
+                sub.add_parser(name, help=help)
     return parser
 
 
@@ -33,8 +46,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asymvlm import logs
 
     def run() -> int:
-        args = build_parser().parse_args(argv)  # reads the registry: a broken plugin is one line
+        given = sys.argv[1:] if argv is None else argv
+        command = next((a for a in given if not a.startswith("-")), "")  # no top flag takes a value
+        args = build_parser(command).parse_args(given)
         logs.configure(verbose=args.verbose)
+        if not sys.stderr.isatty():  # progress bars on a terminal only, not as a log's long line
+            args.quiet = True
+        if hasattr(args, "default_split"):
+            table_location(args)
         return args.func(args)
 
     return guarded(run)

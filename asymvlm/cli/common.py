@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections.abc import Sequence
 
@@ -34,10 +35,51 @@ def parse_kv(items: Sequence[str], flag: str = "--method-arg") -> dict[str, str]
 
 
 def add_data_args(p: argparse.ArgumentParser, split_default: str) -> None:
-    p.add_argument("--embeddings", required=True, metavar="ROOT", help="embedding table root")
-    p.add_argument("--split", default=split_default, help="split of the tables")
+    """``--embeddings ROOT[:SPLIT]``, ``--split`` (see :func:`table_location`), ``--device``,
+    ``--quiet``."""
+    p.add_argument(
+        "--embeddings",
+        required=True,
+        metavar="ROOT[:SPLIT]",
+        help="embedding table root, or ROOT:SPLIT",
+    )
+    p.add_argument("--split", help=f"split of the tables (default: {split_default})")
+    p.set_defaults(default_split=split_default)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... or auto")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bars (none either off a terminal)"
+    )
+
+
+def table_location(args: argparse.Namespace) -> None:
+    """``args.embeddings`` and ``args.split`` from ``--embeddings ROOT`` or ``ROOT:SPLIT`` (a
+    folder of that name is a root) and ``--split``; a split named twice must agree."""
+    from asymvlm.tables import parse_location
+
+    value, named = args.embeddings, None
+    if ":" in value and not os.path.isdir(value):
+        with contextlib.suppress(ValueError):  # not ROOT:SPLIT (an s3:// root): a root
+            value, named = parse_location(value)
+    if named and args.split not in (None, named):
+        raise ConfigError(
+            f"--embeddings {args.embeddings} names split {named}, --split {args.split}"
+        )
+    args.embeddings, args.split = value, named or args.split or args.default_split
+
+
+def add_output_file(p: argparse.ArgumentParser, metavar: str, help: str, **kwargs: object) -> None:
+    """``--output FILE`` and ``--overwrite`` (a file already there is kept without it)."""
+    p.add_argument("--output", metavar=metavar, help=help, **kwargs)
+    p.add_argument("--overwrite", action="store_true", help="replace a file already at --output")
+
+
+def check_output_file(args: argparse.Namespace) -> None:
+    """Refuse a file already at ``--output`` unless ``--overwrite``, before any work (nothing
+    written is lost; train and export refuse their folders the same way)."""
+    from asymvlm import storage
+
+    if args.output and not args.overwrite and storage.exists(args.output):
+        raise ConfigError(f"--output {args.output} already exists; pass --overwrite to replace it")
 
 
 def add_tracking_uri(

@@ -8,6 +8,8 @@ import json
 from asymvlm.cli.common import Help
 from asymvlm.config import add_model_flags, model_values, validate
 
+COMMANDS = {"embed": "embed a data set into tables with a frozen CLIP/SigLIP (Ray Data)"}
+
 
 def cmd_embed(args: argparse.Namespace) -> int:
     """The embedding stage on the local or joined Ray cluster."""
@@ -27,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "embed",
-        help="embed a data set into tables with a frozen CLIP/SigLIP (Ray Data)",
+        help=COMMANDS["embed"],
         description="Read a data set, embed images and captions with a frozen CLIP/SigLIP on a "
         "Ray Data actor pool, write ROOT/manifest.json and ROOT/SPLIT/{images,texts,errors}. "
         "Re-running resumes an interrupted job and leaves a finished one untouched.",

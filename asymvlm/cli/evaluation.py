@@ -1,20 +1,28 @@
 """``asymvlm evaluate``, ``asymvlm score`` and ``asymvlm analyze <kind>``: the evaluation
-registry (:mod:`asymvlm.evaluation.registry`) on the command line."""
+registry (:mod:`asymvlm.evaluation.registry`) on the command line, its flags made from the
+evaluations' specs (:mod:`asymvlm.evaluation.specs`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-from pathlib import Path
 
-from asymvlm import storage
-from asymvlm.cli.common import Help, add_data_args, add_tracking_uri
+from asymvlm.cli.common import (
+    Help,
+    add_data_args,
+    add_output_file,
+    add_tracking_uri,
+    check_output_file,
+)
 from asymvlm.errors import ConfigError
-from asymvlm.evaluation import registry
-from asymvlm.tables import Location
 
 logger = logging.getLogger("asymvlm.cli")
+COMMANDS = {
+    "evaluate": "retrieval + uncertainty metrics of a checkpoint",
+    "score": "per-caption kappa and uncertainty",
+    "analyze": "the paper's evaluations (Tables 1-3, Figs. 3 and 5) and the OOD suite",
+}
 
 
 def _loading(args: argparse.Namespace) -> dict[str, object]:
@@ -25,15 +33,21 @@ def _loading(args: argparse.Namespace) -> dict[str, object]:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`)."""
+    """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`):
+    its headline numbers printed, every number in ``--output`` when given."""
+    from asymvlm import storage
+    from asymvlm.evaluation.specs import spec
     from asymvlm.protocol import api
+    from asymvlm.tables import Location
 
     keys = ("levels", "fold_size", "chunk_size", "memory_budget")
     options = {k: getattr(args, k) for k in keys}
     values = {"data": Location(args.embeddings, args.split)} | options
-    registry.spec("retrieval", values, "asymvlm evaluate", flags=True)  # errors name the flags
+    spec("retrieval", values, "asymvlm evaluate", flags=True)  # errors name the flags
+    check_output_file(args)
     result = api.evaluate(**_loading(args), progress=not args.quiet, **options)
-    storage.write_text(args.output, json.dumps(result, indent=2, allow_nan=False))  # atomic
+    if args.output:
+        storage.write_text(args.output, json.dumps(result, indent=2, allow_nan=False))  # atomic
     for direction in ("t2i", "i2t"):
         r = result[direction]
 
@@ -43,9 +57,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(
             f"{direction}: R@1 {r['recall@1']:.4f}  R@5 {r['recall@5']:.4f}  "
             f"R@10 {r['recall@10']:.4f}  S {shown('spearman', '+.3f')}  R2 {shown('r2')}  "
-            f"AUROC {shown('auroc')}  AUPR {shown('aupr')}  FPR@95TPR {shown('fpr@95tpr')}"
+            f"AUROC {shown('auroc')}  AUPR {shown('aupr')}  FPR@95TPR {shown('fpr@95tpr')}  "
+            f"ECE {shown('ece')}"
         )
-    logger.info("metrics written to %s", args.output)
+    if args.output:
+        logger.info("every metric (binned recall, risk-coverage ...) written to %s", args.output)
     return 0
 
 
@@ -53,10 +69,12 @@ def cmd_score(args: argparse.Namespace) -> int:
     """A row per caption (:func:`asymvlm.score`) written as parquet."""
     import pyarrow.parquet as pq
 
+    from asymvlm import storage
     from asymvlm.protocol import api
 
     if not args.output.endswith(".parquet"):
         raise ConfigError(f"--output {args.output}: write a .parquet file")
+    check_output_file(args)
     table = api.score(**_loading(args))
     with storage.atomic_path(args.output) as (fs, tmp):
         pq.write_table(table, tmp, filesystem=fs)
@@ -72,10 +90,13 @@ def _flag(key: str) -> str:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    from asymvlm import storage
+    from asymvlm.evaluation import registry
     from asymvlm.evaluation.adapters import checkpoint_adapters, sweep_adapters
+    from asymvlm.evaluation.specs import SPECS, spec
 
     values: dict[str, object] = {}
-    for key in registry.EVALUATIONS[args.kind].spec_model.model_fields:
+    for key in SPECS[args.kind].model_fields:
         value = getattr(args, key, None)
         if isinstance(value, list):  # NAME=ROOT:SPLIT, repeated
             pairs = [item.partition("=") for item in value]
@@ -83,7 +104,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                 raise ConfigError(f"{_flag(key)} expects {METAVARS[key]}, got {bad[0]!r}")
             value = {name: where for name, _, where in pairs}
         values[key] = value
-    parsed = registry.spec(args.kind, values, f"asymvlm analyze {args.kind}", flags=True)
+    parsed = spec(args.kind, values, f"asymvlm analyze {args.kind}", flags=True)
+    check_output_file(args)
     methods = checkpoint_adapters(args.checkpoint, tracking_uri=args.tracking_uri)
     if args.sweep:
         if not args.tracking_uri:
@@ -95,7 +117,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     text = json.dumps(result, indent=2, default=float)
     print(text)
     if args.output:
-        Path(args.output).write_text(text + "\n")
+        storage.write_text(args.output, text + "\n")
     if args.tracking_uri:
         dumped = parsed.model_dump(mode="json", exclude={"kind"}, exclude_none=True)
         params = {k: v for k, v in dumped.items() if isinstance(v, str | int)}
@@ -139,7 +161,9 @@ METAVARS = {
 
 def _add_inputs(p: argparse.ArgumentParser, kind: str, skip: tuple[str, ...] = ()) -> None:
     """An option per field of the evaluation's spec (which validates it), repeated for a map."""
-    for key, info in registry.EVALUATIONS[kind].spec_model.model_fields.items():
+    from asymvlm.evaluation.specs import SPECS
+
+    for key, info in SPECS[kind].model_fields.items():
         if key == "kind" or key in skip:
             continue
         tp = str(info.annotation)
@@ -157,9 +181,11 @@ def _add_inputs(p: argparse.ArgumentParser, kind: str, skip: tuple[str, ...] = (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from asymvlm.evaluation.specs import SPECS
+
     p = sub.add_parser(
         "evaluate",
-        help="retrieval + uncertainty metrics of a checkpoint",
+        help=COMMANDS["evaluate"],
         description="Recall@{1,5,10} both ways, binned Recall@1 by uncertainty, Spearman S, R2 "
         "(the registry's retrieval, as `asymvlm analyze retrieval`).",
         formatter_class=Help,
@@ -167,29 +193,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_data_args(p, "test")
     _add_checkpoint_args(p)
     _add_inputs(p, "retrieval", skip=("data",))
-    p.add_argument("--output", required=True, metavar="FILE.json", help="metrics as JSON")
+    add_output_file(p, "FILE.json", "also write every metric as JSON (binned, curves)")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("score", help="per-caption kappa and uncertainty", formatter_class=Help)
+    p = sub.add_parser("score", help=COMMANDS["score"], formatter_class=Help)
     add_data_args(p, "test")
     _add_checkpoint_args(p)
-    p.add_argument("--output", required=True, metavar="FILE.parquet", help="a row per caption")
+    add_output_file(p, "FILE.parquet", "a row per caption", required=True)
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser(
         "analyze",
-        help="the paper's evaluations: " + ", ".join(registry.EVALUATIONS),
+        help=COMMANDS["analyze"],
         description="Run one evaluation of the paper (Table 1, Tables 2-3, Fig. 5) or the OOD "
         "suite on embedding tables, for adapters from checkpoint folders or a sweep's seed runs; "
         "prints JSON, optionally logs an MLflow run that `asymvlm report` picks up. "
         "`asymvlm analyze KIND --help` lists the options of one.",
     )
     kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
-    for kind, ev in registry.EVALUATIONS.items():
+    for kind, model in SPECS.items():
         k = kinds.add_parser(
             kind,
-            help=ev.title,
-            description=f"{ev.title[0].upper()}{ev.title[1:]}. Locations are ROOT:SPLIT of "
+            help=model.title,
+            description=f"{model.title[0].upper()}{model.title[1:]}. Locations are ROOT:SPLIT of "
             "embedding tables.",
             formatter_class=Help,
         )
@@ -203,7 +229,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         )
         k.add_argument("--sweep", default=None, help="a sweep's MLflow run id: its seed adapters")
         k.add_argument("--frozen", action="store_true", help="also the frozen model (clip)")
-        k.add_argument("--output", default=None, help="write the JSON here too")
+        add_output_file(k, "FILE.json", "write the JSON here too")
         add_tracking_uri(
             k, "runs:/, --sweep are read from and the result logged to (none: not logged)"
         )

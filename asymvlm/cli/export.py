@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 
 from asymvlm.cli.common import Help, add_tracking_uri
 
 logger = logging.getLogger("asymvlm.cli")
+COMMANDS = {"export": "write an adapter as a Hugging Face model folder (safetensors + model card)"}
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -22,14 +24,15 @@ def cmd_export(args: argparse.Namespace) -> int:
         license=args.license,
         overwrite=args.overwrite,
     )
-    logger.info("publish it with: hf upload %s %s", args.repo or "ORG/REPO", args.output)
+    repo = shlex.quote(args.repo) if args.repo else "ORG/REPO"
+    logger.info("publish it with: hf upload %s %s", repo, shlex.quote(args.output))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
-        help="write an adapter as a Hugging Face model folder (safetensors + model card)",
+        help=COMMANDS["export"],
         formatter_class=Help,
         description="Write the adapter of a checkpoint folder or an MLflow model as a Hugging "
         "Face model folder: model.safetensors, config.json and README.md (the model card). Load "

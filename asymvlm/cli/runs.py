@@ -13,6 +13,10 @@ from asymvlm.errors import ConfigError, check_extras
 logger = logging.getLogger("asymvlm.cli")
 #: What MLflow's server prints at import (its FastAPI app wraps Flask in Starlette's WSGI shim).
 STARLETTE_WSGI_WARNING = "starlette.middleware.wsgi is deprecated"
+COMMANDS = {
+    "report": "gather an MLflow experiment into report.md / report.html with tables and figures",
+    "ui": "open a pipeline's MLflow store in the MLflow UI",
+}
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -55,7 +59,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
-        help="gather an MLflow experiment into report.md / report.html with tables and figures",
+        help=COMMANDS["report"],
         formatter_class=Help,
     )
     add_tracking_uri(p, "(e.g. sqlite:///runs/demo/mlflow.db) the runs are read from")
@@ -65,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "ui",
-        help="open a pipeline's MLflow store in the MLflow UI",
+        help=COMMANDS["ui"],
         description="Runs `mlflow ui` on OUTPUT/mlflow.db (a store copied or moved elsewhere "
         "is pointed at the mlartifacts folder beside it first).",
         formatter_class=Help,

@@ -6,18 +6,20 @@ import argparse
 import json
 import logging
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from asymvlm import storage
-from asymvlm.cli.common import Help, add_tracking_uri
+from asymvlm.cli.common import Help, add_output_file, add_tracking_uri, check_output_file
 from asymvlm.errors import ConfigError
 
 logger = logging.getLogger("asymvlm.cli")
+COMMANDS = {
+    "score-text": "kappa and uncertainty of new captions (text in: the adapter's own encoder)"
+}
 
 
 def read_captions(path: str, column: str) -> list[str]:
     """Captions of a ``.txt`` file (one a line) or a ``.parquet`` file (``column``), none empty."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     if not path.endswith((".txt", ".parquet")):
         raise ConfigError(f"--input {path}: give a .txt file (a caption a line) or a .parquet file")
     parquet = path.endswith(".parquet")
@@ -46,6 +48,9 @@ def read_captions(path: str, column: str) -> list[str]:
 
 
 def cmd_score_text(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from asymvlm import storage
     from asymvlm.scoring import Scorer
 
     if not args.captions and not args.input:
@@ -54,6 +59,7 @@ def cmd_score_text(args: argparse.Namespace) -> int:
         raise ConfigError(f"--output {args.output}: write a .parquet file")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
+    check_output_file(args)
     captions = list(args.captions) or read_captions(args.input, args.column)
     scorer = Scorer.from_checkpoint(
         args.checkpoint,
@@ -76,7 +82,7 @@ def cmd_score_text(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "score-text",
-        help="kappa and uncertainty of new captions (text in: the adapter's own encoder)",
+        help=COMMANDS["score-text"],
         formatter_class=Help,
         description="Embed captions with the frozen encoder the adapter's tables were embedded "
         "with (recorded in its checkpoint) and print one JSON object per caption (text, kappa "
@@ -87,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     given.add_argument("--input", metavar="FILE", help="captions.txt (one a line) or .parquet")
     p.add_argument("--checkpoint", required=True, metavar="DIR|URI", help="folder, URI, hf-hub:")
     p.add_argument("--column", default="text", help="the caption column of a .parquet input")
-    p.add_argument("--output", metavar="FILE.parquet", help="write text, kappa, uncertainty here")
+    add_output_file(p, "FILE.parquet", "write text, kappa, uncertainty here")
     p.add_argument("--encoder", metavar="MODEL", help="instead of the one the checkpoint names")
     add_tracking_uri(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")

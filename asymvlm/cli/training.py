@@ -9,12 +9,16 @@ import os
 from asymvlm.cli.common import Help, add_data_args, parse_kv
 from asymvlm.config import add_model_flags, model_values, validate
 from asymvlm.errors import CheckpointError, ConfigError
-from asymvlm.methods import METHODS, method_arguments
-from asymvlm.methods.arguments import argument_type
+from asymvlm.methods import method_names
 from asymvlm.training import TrainConfig
 
 logger = logging.getLogger("asymvlm.cli")
 OVERWRITE = "replace a checkpoint already in --output"
+COMMANDS = {
+    "train": "train a method on cached embeddings",
+    "import-official": "turn a checkpoint of the authors' train.py into one of this project",
+    "methods": "list the registered methods, their uncertainty and arguments",
+}
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -79,6 +83,9 @@ def cmd_import_official(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
+    from asymvlm.methods import METHODS, method_arguments
+    from asymvlm.methods.arguments import argument_type
+
     for name in [args.name] if args.name else sorted(METHODS):
         cls = METHODS[name]
         doc = (cls.__doc__ or "").strip().splitlines()[0]
@@ -99,7 +106,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
-        help="train a method on cached embeddings",
+        help=COMMANDS["train"],
         description="Train one method; paper defaults: SGD momentum 0.9, cosine to 1e-6, "
         "batch 2048 (App. B.4).",
         formatter_class=Help,
@@ -110,7 +117,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         TrainConfig,
         exclude=("device",),
         required=("method",),
-        choices={"method": sorted(METHODS)},
+        choices={"method": method_names()},
         metavars={"stream_memory_bytes": "BYTES", "shuffle_buffer": "ROWS"},
     )
     p.add_argument(
@@ -143,7 +150,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "import-official",
-        help="turn a checkpoint of the authors' train.py into one of this project",
+        help=COMMANDS["import-official"],
         description="Reads torch.save(adaptor.state_dict()) of the authors' code and writes a "
         "checkpoint of the same method under protocol official.",
         formatter_class=Help,
@@ -161,13 +168,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "methods",
-        help="list the registered methods, their uncertainty and arguments",
+        help=COMMANDS["methods"],
         formatter_class=Help,
     )
     p.add_argument(
         "name",
         nargs="?",
-        choices=sorted(METHODS),
+        choices=method_names(),
         metavar="NAME",
         help="this method and its arguments",
     )

@@ -129,7 +129,7 @@ def save_tiny_open_clip(directory: str | os.PathLike, seed: int = 0) -> str:
     """Write a tiny random open_clip CLIP (width 32, 2 layers, 64 px, patch 16; open_clip's
     BPE) as a folder; returns the ``open_clip:local-dir:DIR`` name that loads it."""
     import open_clip
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     directory = os.path.abspath(directory)
     vision = dict(image_size=TINY_IMAGE_SIZE, layers=2, width=32, head_width=16, patch_size=16)
@@ -146,7 +146,7 @@ def save_tiny_open_clip(directory: str | os.PathLike, seed: int = 0) -> str:
     torch.manual_seed(seed)
     state = open_clip.CLIP(**model_cfg).eval().state_dict()
     weights = {k: v.contiguous() for k, v in state.items()}
-    save_file(weights, f"{directory}/open_clip_model.safetensors")
+    storage.write_bytes(f"{directory}/open_clip_model.safetensors", save(weights))  # 0644
     return f"open_clip:local-dir:{directory}"
 
 

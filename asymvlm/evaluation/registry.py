@@ -1,6 +1,6 @@
 """One registry of the paper's evaluations for the CLI, the pipeline and the protocol: a kind
 (the config's ``kind``, ``asymvlm analyze <kind>``, the MLflow tag ``eval-<kind>``) names its
-typed spec and the function computing it (:mod:`asymvlm.evaluation.suite`)."""
+typed spec (:mod:`.specs`) and the function computing it (:mod:`asymvlm.evaluation.suite`)."""
 
 from __future__ import annotations
 
@@ -8,82 +8,25 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from asymvlm import tables
-from asymvlm.config import validate
 from asymvlm.errors import ConfigError
 from asymvlm.evaluation import suite
 from asymvlm.evaluation.retrieval import evaluate_retrieval
+from asymvlm.evaluation.specs import (
+    EvaluationSpec,
+    HierarcapsSpec,
+    NotaSpec,
+    OodSpec,
+    RetrievalSpec,
+    ZeroshotSpec,
+)
 from asymvlm.methods import METHODS, Method
 from asymvlm.splits import SplitTensors
-from asymvlm.tables import Location, LocationField
-
-PositiveInt = Annotated[int, Field(ge=1)]
-Named = Annotated[dict[str, LocationField], Field(min_length=1)]
-Aggregation = Literal["mean", "logmeanexp"]
-AGGREGATION = (
-    "how a likelihood method combines a class's prompts: mean (of the log-likelihoods; "
-    "default) or logmeanexp (log of the mean likelihood)"
-)
-
-
-class EvaluationSpec(BaseModel):
-    """The base of every kind's spec (frozen once validated)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RetrievalSpec(EvaluationSpec):
-    kind: Literal["retrieval"] = Field("retrieval", description="the evaluation")
-    data: LocationField = Field(description="the tables to retrieve in")
-    levels: PositiveInt | None = Field(10, description="uncertainty bins")
-    fold_size: PositiveInt | None = Field(
-        None,
-        description="also average the metrics over folds of N consecutive images and their "
-        "captions (1000 on the COCO 5K test split: COCO 1K)",
-    )
-    chunk_size: PositiveInt | None = Field(
-        None, description="captions scored at once (default: as many as --memory-budget allows)"
-    )
-    memory_budget: PositiveInt | None = Field(
-        None, description="working memory of one chunk of scores (default 512 MiB)"
-    )
-
-
-class ZeroshotSpec(EvaluationSpec):
-    kind: Literal["zeroshot"] = Field("zeroshot", description="the evaluation")
-    sets: Named = Field(description="an evaluation set (repeat)")
-    fine_tuned_on: str | None = Field(None, description="the training data set's name (report)")
-    embedding_model: str | None = Field(None, description="the frozen model's name (report)")
-    template_aggregation: Aggregation | None = Field("mean", description=AGGREGATION)
-
-
-class NotaSpec(EvaluationSpec):
-    kind: Literal["nota"] = Field("nota", description="the evaluation")
-    positives: LocationField = Field(description="CIFAR-10-like set whose classes are prompted")
-    negatives: LocationField = Field(description="CIFAR-100-like set of unprompted classes")
-    far_negatives: LocationField | None = Field(
-        None,
-        description="images of concepts unrelated to every positive class (the synthetic "
-        "world's far negatives)",
-    )
-    template_aggregation: Aggregation | None = Field("mean", description=AGGREGATION)
-
-
-class HierarcapsSpec(EvaluationSpec):
-    kind: Literal["hierarcaps"] = Field("hierarcaps", description="the evaluation")
-    data: LocationField = Field(description="tables with caption levels (HierarCaps, synthetic)")
-
-
-class OodSpec(EvaluationSpec):
-    kind: Literal["ood"] = Field("ood", description="the evaluation")
-    data: LocationField = Field(description="the clean tables")
-    perturbed: Named = Field(description="a perturbed copy of the data (repeat)")
-
+from asymvlm.tables import Location
 
 Compute = Callable[[Mapping[str, Method], Any, suite.SplitLoader], dict[str, Any]]
 #: ``(metric path, value)`` of the numbers of a result that matter, adapters named ``m/seed<k>``.
@@ -95,10 +38,13 @@ OOD_HEADLINE = ("t2i_recall_at_1", "i2t_recall_at_1", "t2i_mmi", "i2t_mmi", "unc
 
 
 class Evaluation(NamedTuple):
-    title: str
     spec_model: type[EvaluationSpec]
     compute: Compute
     headline: Headline
+
+    @property
+    def title(self) -> str:
+        return self.spec_model.title
 
 
 def _retrieval_on_split(
@@ -117,7 +63,6 @@ def _retrieval_on_split(
 
 EVALUATIONS: dict[str, Evaluation] = {
     "retrieval": Evaluation(
-        "cross-modal retrieval with uncertainty (Table 1, Fig. 3)",
         RetrievalSpec,
         lambda methods, spec, load: {
             name: _retrieval_on_split(m, load(spec.data, suite.adapter_input(m)), spec)
@@ -131,7 +76,6 @@ EVALUATIONS: dict[str, Evaluation] = {
         ),
     ),
     "zeroshot": Evaluation(
-        "zero-shot accuracy after fine-tuning (Table 3)",
         ZeroshotSpec,
         lambda methods, spec, load: suite.evaluate_zero_shot(
             methods, spec.sets, spec.template_aggregation
@@ -139,7 +83,6 @@ EVALUATIONS: dict[str, Evaluation] = {
         lambda res: ((f"{name}/{s}", v) for name, r in res.items() for s, v in r.items()),
     ),
     "nota": Evaluation(
-        "none-of-the-above prompts (Table 2)",
         NotaSpec,
         lambda methods, spec, load: suite.evaluate_none_of_the_above(
             methods, spec.positives, spec.negatives, spec.far_negatives, spec.template_aggregation
@@ -159,7 +102,6 @@ EVALUATIONS: dict[str, Evaluation] = {
         ),
     ),
     "hierarcaps": Evaluation(
-        "uncertainty along caption hierarchies (Fig. 5)",
         HierarcapsSpec,
         lambda methods, spec, load: suite.evaluate_hierarcaps(methods, spec.data, load),
         lambda res: (
@@ -167,7 +109,6 @@ EVALUATIONS: dict[str, Evaluation] = {
         ),
     ),
     "ood": Evaluation(
-        "retrieval under perturbed images and captions (beyond the paper)",
         OodSpec,
         lambda methods, spec, load: suite.evaluate_ood(methods, spec.data, spec.perturbed, load),
         lambda res: (
@@ -178,18 +119,6 @@ EVALUATIONS: dict[str, Evaluation] = {
         ),
     ),
 }
-
-
-def spec(
-    kind: str, values: Mapping[str, Any], source: str | None = None, flags: bool = False
-) -> EvaluationSpec:
-    """The typed spec of evaluation ``kind`` from config keys; a problem is a
-    :class:`ConfigError` naming ``source`` and the key (``flags``: spelt as CLI flags)."""
-    if kind not in EVALUATIONS:
-        raise ConfigError(f"unknown evaluation {kind!r}; choose from {sorted(EVALUATIONS)}")
-    given = {k: v for k, v in values.items() if k != "kind" and v not in (None, {}, [])}
-    model = EVALUATIONS[kind].spec_model
-    return validate(model, {"kind": kind, **given}, source or f"asymvlm analyze {kind}", flags)
 
 
 def with_frozen(

@@ -158,7 +158,8 @@ def evaluate_retrieval(
 
 @torch.no_grad()
 def caption_scores(method: Method, data: SplitTensors) -> pa.Table:
-    """Per caption: ``caption_id``, ``kappa`` and ``uncertainty`` (null where undefined)."""
+    """Per caption: ``caption_id``, ``text``, ``kappa`` and ``uncertainty`` (null where
+    undefined), then the split's other caption columns."""
     texts, _ = encode_split(method, data)
     unc = method.text_uncertainty_from(texts)
     check_finite(method, "uncertainty", unc, "caption", data)
@@ -171,6 +172,7 @@ def caption_scores(method: Method, data: SplitTensors) -> pa.Table:
 
     columns = {
         "caption_id": pa.array(data.split.caption_ids, pa.string()),
+        "text": pa.array(data.split.texts, pa.string()),
         "kappa": column(texts.get("kappa")),
         "uncertainty": column(unc),
     }

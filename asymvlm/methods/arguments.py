@@ -4,6 +4,7 @@ validation: unknown keys refused, values converted to the declared types (docs/m
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
@@ -17,10 +18,9 @@ RESERVED = ("dim", "protocol", "hidden_dim", "depth")
 _PASSED_ON = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
-def method_arguments(method: str | type[Method]) -> dict[str, inspect.Parameter]:
-    """The user keys of a method's constructor, through ``**kwargs`` handed to a base class:
-    name -> parameter (annotation evaluated; :data:`RESERVED` left out)."""
-    cls = METHODS[check_method_name(method)] if isinstance(method, str) else method
+def _parameters(cls: type[Method]) -> dict[str, inspect.Parameter]:
+    """A method's constructor parameters, through ``**kwargs`` handed to a base class (but
+    ``self``; annotations evaluated)."""
     out: dict[str, inspect.Parameter] = {}
     for klass in cls.__mro__:
         if klass is Method or not issubclass(klass, Method):
@@ -29,11 +29,26 @@ def method_arguments(method: str | type[Method]) -> dict[str, inspect.Parameter]
             continue
         params = inspect.signature(vars(klass)["__init__"], eval_str=True).parameters
         for name, p in list(params.items())[1:]:
-            if name not in RESERVED and p.kind not in _PASSED_ON:
+            if p.kind not in _PASSED_ON:
                 out.setdefault(name, p)
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             break
     return out
+
+
+def method_arguments(method: str | type[Method]) -> dict[str, inspect.Parameter]:
+    """The user keys of a method's constructor: name -> parameter (:data:`RESERVED` left out)."""
+    cls = METHODS[check_method_name(method)] if isinstance(method, str) else method
+    return {k: p for k, p in _parameters(cls).items() if k not in RESERVED}
+
+
+def adapter_size(method: str, protocol: str, given: Mapping[str, Any]) -> dict[str, int]:
+    """The ``hidden_dim`` and ``depth`` of the adapter that ``build_method`` builds for
+    ``method`` under ``protocol`` with the arguments ``given`` (empty: it has no adapter MLP)."""
+    cls = METHODS[check_method_name(method)]
+    params, chosen = _parameters(cls), {**cls.PROTOCOL_KWARGS.get(protocol, {}), **given}
+    sizes = {k: chosen.get(k, params[k].default) for k in ("hidden_dim", "depth") if k in params}
+    return sizes if all(isinstance(v, int) for v in sizes.values()) else {}
 
 
 def argument_type(p: inspect.Parameter) -> Any:

@@ -18,7 +18,6 @@ from asymvlm.methods.base import (
     Method,
     Roles,
     info_nce,
-    register,
     sigmoid_pair_loss,
     unit,
 )
@@ -156,7 +155,6 @@ class _Spherical(Method):
         return stats
 
 
-@register("asymvlm-vmf")
 class AsymVLM(_Spherical):
     """Text ~ vMF(mu(t), kappa(t)), images deterministic (Sec. 4)."""
 
@@ -164,7 +162,6 @@ class AsymVLM(_Spherical):
     roles = Roles(claims=True)
 
 
-@register("asymvlm-ps")
 class AsymVLMPS(AsymVLM):
     """Text ~ PowerSpherical(mu(t), kappa(t)) (Sec. 4.2)."""
 
@@ -172,7 +169,6 @@ class AsymVLMPS(AsymVLM):
     uncertainty_doc = "1/kappa of the caption's Power Spherical (Sec. 4.3)"
 
 
-@register("asymvlm-vmf-siglip")
 class AsymVLMSigLIP(AsymVLM):
     """AsymVLM-vMF trained with the SigLIP pairwise loss (App. A.3)."""
 
@@ -180,7 +176,6 @@ class AsymVLMSigLIP(AsymVLM):
     roles = Roles()
 
 
-@register("asymvlm-ps-siglip")
 class AsymVLMPSSigLIP(AsymVLMPS):
     """AsymVLM-PS trained with the SigLIP pairwise loss (App. A.3)."""
 
@@ -188,7 +183,6 @@ class AsymVLMPSSigLIP(AsymVLMPS):
     roles = Roles()
 
 
-@register("asymvlm-image")
 class AsymVLMImage(_Spherical):
     """Ablation (Sec. 5.2): images ~ vMF, texts deterministic; L(m, n) = ln p_{z_I,n}(t_m)."""
 
@@ -197,7 +191,6 @@ class AsymVLMImage(_Spherical):
     roles = Roles(ablation_of="asymvlm-vmf")
 
 
-@register("symvlm")
 class SymVLM(_Spherical):
     """Ablation (Sec. 5.2): both modalities vMF; L = 1/2 [ln p_{z_T}(mu_I) + ln p_{z_I}(mu_T)]."""
 
@@ -206,7 +199,6 @@ class SymVLM(_Spherical):
     roles = Roles(ablation_of="asymvlm-vmf")
 
 
-@register("asymvlm-gauss")
 class AsymVLMGauss(_Spherical):
     """Ablation AsymVLM(G) (Sec. 5.2): caption ~ N(m(t), sigma^2(t) I), then normalised.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from asymvlm.errors import ConfigError
+from asymvlm.methods import BUILTIN, GROUP
 
 if TYPE_CHECKING:
     from asymvlm.splits import SplitTensors
@@ -23,12 +25,12 @@ _log = logging.getLogger(__name__)
 
 
 class _Registry(Mapping[str, "type[Method]"]):
-    """Name -> Method class: the built-ins, then on first read the ``asymvlm.methods`` entry
-    points of the installed distributions (the entry point's name is the method's name)."""
+    """Name -> Method class: on first read the ``builtin`` ones (name -> ``module:Class`` under
+    ``asymvlm.methods``), then the ``asymvlm.methods`` entry points of the installed
+    distributions (the entry point's name is the method's name)."""
 
-    GROUP = "asymvlm.methods"
-
-    def __init__(self) -> None:
+    def __init__(self, builtin: Mapping[str, str] | None = None) -> None:
+        self._builtin = dict(builtin or {})
         self._classes: dict[str, type[Method]] = {}
         #: plugin name -> its distribution's name and version
         self.dists: dict[str, dict[str, str]] = {}
@@ -45,8 +47,11 @@ class _Registry(Mapping[str, "type[Method]"]):
         with self._lock:  # once per process, whichever thread reads first
             if not self._discovered:
                 self._discovered = True
+                for name, target in self._builtin.items():
+                    module, _, cls = target.partition(":")
+                    self.add(name, getattr(importlib.import_module(f"{__package__}.{module}"), cls))
                 try:
-                    for ep in entry_points(group=self.GROUP):
+                    for ep in entry_points(group=GROUP):
                         self._load(ep)
                 except ConfigError as exc:
                     self._broken = exc
@@ -82,7 +87,8 @@ class _Registry(Mapping[str, "type[Method]"]):
 
 
 #: Every method by name, plugins included (discovered when first read).
-METHODS = _Registry()
+METHODS = _Registry(BUILTIN)
+_BUILTIN_NAMES = {target: name for name, target in BUILTIN.items()}
 #: ``official``: the authors' code; ``improved``: this project's fixes (README "Protocols").
 PROTOCOLS = ("improved", "official")
 _BLOCK_ROWS = 65536  # rows per block where a whole split is reduced
@@ -208,6 +214,13 @@ class Method(nn.Module):
     USES_PRE_FEATURES: ClassVar[bool] = False  # split_inputs needs pre-projection features
     protocol: str = "improved"
     calibrate_input: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A built-in method knows its name once defined (a worker unpickling one has not read
+        the registry)."""
+        super().__init_subclass__(**kwargs)
+        target = f"{cls.__module__.removeprefix(__package__ + '.')}:{cls.__qualname__}"
+        cls.name = _BUILTIN_NAMES.get(target, cls.name)
 
     def __init__(self, dim: int) -> None:
         super().__init__()

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from asymvlm.errors import ConfigError
-from asymvlm.methods.base import Encoding, Method, register, unit
+from asymvlm.methods.base import Encoding, Method, unit
 from asymvlm.tables import TableError
 
 if TYPE_CHECKING:
@@ -136,7 +136,6 @@ def _check_pre_features(data: SplitTensors) -> None:
         raise TableError(f"{MISSING_PRE} (this split has no {', '.join(missing)})")
 
 
-@register("bayesvlm")
 class BayesVLM(Method):
     """BayesVLM on cached pre-projection features (module docstring).
 

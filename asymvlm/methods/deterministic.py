@@ -8,10 +8,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from asymvlm.methods.base import Adapter, Encoding, Init, Method, Roles, info_nce, register, unit
+from asymvlm.methods.base import Adapter, Encoding, Init, Method, Roles, info_nce, unit
 
 
-@register("clip")
 class FrozenCLIP(Method):
     """The frozen VLM: cosine scores, nothing to train, no uncertainty."""
 
@@ -23,7 +22,6 @@ class FrozenCLIP(Method):
         super().__init__(dim)
 
 
-@register("determ-ft")
 class DeterministicFT(Method):
     """Deterministic fine-tuning of the text side with the adapter of App. B.1."""
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.distributions import Dirichlet, kl_divergence
 
-from asymvlm.methods.base import Encoding, Init, Method, mlp, register, unit
+from asymvlm.methods.base import Encoding, Init, Method, mlp, unit
 
 MAX_EVIDENCE_LOGIT = 30.0  # cap on tau * cos before exp (e^30 ~ 1e13): overflow safety only
 
@@ -47,7 +47,6 @@ def evidential_loss(alpha: torch.Tensor, y: torch.Tensor, kl_weight: float) -> t
     return risk.mean()
 
 
-@register("elip")
 class ELIP(Method):
     """ELIP on cached embeddings: residual adapters x' = unit(x + mlp(x)) for both modalities.
 

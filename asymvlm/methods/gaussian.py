@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from asymvlm.methods.base import Encoding, Init, Method, mlp, register, sigmoid_pair_loss, unit
+from asymvlm.methods.base import Encoding, Init, Method, mlp, sigmoid_pair_loss, unit
 
 
 def mutual_likelihood_score(
@@ -96,7 +96,6 @@ class _PostHocGaussian(Method):
         return enc["var"].mean(-1)
 
 
-@register("pfe")
 class PFE(_PostHocGaussian):
     """PFE*: sigma^2 = softplus(mlp(x)) per dimension, means frozen.
 
@@ -116,7 +115,6 @@ class PFE(_PostHocGaussian):
         return -(2.0 if self.official else 1.0) * mls.mean()
 
 
-@register("pcmepp")
 class PCMEPP(_PostHocGaussian):
     """PCME++*: ln sigma^2 = mlp(mu), means frozen; probabilistic matching loss.
 
@@ -148,7 +146,6 @@ class PCMEPP(_PostHocGaussian):
         return {"scale": float(self.scale.detach()), "shift": float(self.shift.detach())}
 
 
-@register("prolip")
 class ProLIP(_PostHocGaussian):
     """ProLIP*: the PCME++ heads with ProLIP's objective, means frozen.
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from asymvlm.methods.base import Encoding, Init, Method, mlp, register, unit
+from asymvlm.methods.base import Encoding, Init, Method, mlp, unit
 
 INV_ALPHA_RANGE = (1e-4, 1e4)  # of 1/alpha
 BETA_RANGE = (1e-1, 1e2)  # beta >= 0.1 keeps the variance finite in float32
@@ -81,7 +81,6 @@ class BayesCapAdapter(nn.Module):
         return {"mu_hat": mu_hat, "mu": unit(mu_hat), "inv_alpha": inv_alpha, "beta": beta}
 
 
-@register("probvlm")
 class ProbVLM(Method):
     """ProbVLM: a BayesCap adapter per modality; GGD(mu_hat, alpha, beta) per dimension.
 

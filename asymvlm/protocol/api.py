@@ -11,7 +11,7 @@ import torch
 from asymvlm.checkpoints import is_model_uri, resolve_checkpoint
 from asymvlm.checkpoints import load_checkpoint as load_folder
 from asymvlm.errors import CheckpointError
-from asymvlm.evaluation import caption_scores, registry
+from asymvlm.evaluation import caption_scores, registry, specs
 from asymvlm.methods import Method
 from asymvlm.splits import SplitTensors, load_split
 from asymvlm.tables import Location
@@ -71,7 +71,7 @@ def evaluate(
     """Retrieval and uncertainty metrics (``result["t2i"]``, ``["i2t"]``) of ``checkpoint`` on
     ``embeddings``/``split``; ``options``: the retrieval evaluation's keys (docs/api.md)."""
     values = {"data": Location(embeddings, split), **options}
-    parsed = registry.spec("retrieval", values, "asymvlm.evaluate")
+    parsed = specs.spec("retrieval", values, "asymvlm.evaluate")
     load = {"device": device, "adapter_input": adapter_input, "allow_incomplete": allow_incomplete}
     method, data = load_for_split(checkpoint, embeddings, split, **load, tracking_uri=tracking_uri)
     result = registry.evaluate_split(parsed, method, data, progress=progress)
@@ -88,7 +88,7 @@ def score(
     allow_incomplete: bool = False,
     tracking_uri: str | None = None,
 ) -> pa.Table:
-    """A row per caption of ``embeddings``/``split``: ``caption_id``, ``kappa`` and
+    """A row per caption of ``embeddings``/``split``: ``caption_id``, ``text``, ``kappa`` and
     ``uncertainty`` (null where the method has none) under ``checkpoint``."""
     load = {"device": device, "adapter_input": adapter_input, "allow_incomplete": allow_incomplete}
     method, data = load_for_split(checkpoint, embeddings, split, **load, tracking_uri=tracking_uri)

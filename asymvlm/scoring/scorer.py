@@ -153,7 +153,7 @@ class Scorer:
                 "embedded with; give --encoder to use them anyway"
             )
         try:  # a Hub model neither cached nor to be had: said at once, not after retries
-            check_hub_model(name)
+            check_hub_model(name, "--encoder (encoder= in Python)")
         except ValueError as err:
             raise CheckpointError(f"{source}: the encoder {err}") from None
         if is_random_test_model(files):

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import time
 
-from asymvlm.errors import guarded
+from asymvlm.errors import ArgumentParser, guarded
 from asymvlm.synthetic.classes import ClassificationSpec, write_classification_sets
 from asymvlm.synthetic.knobs import PRESETS, WorldConfig
 from asymvlm.synthetic.world import DEFAULT_SHARD_IMAGES, write_world
 
 #: The :class:`WorldConfig` knobs given as flags: name, type, help.
 KNOBS = (
-    ("dim", int, None),
-    ("seed", int, None),
+    ("dim", int, "embedding width (the preset's, else 64)"),
+    ("seed", int, "the world's random seed (the preset's, else 0)"),
     ("pre_dim", int, "also write pre-projection features of this width (> --dim)"),
     ("block_images", int, "draw each split in blocks of this many images (another world)"),
     ("generic_captions", float, "share of the train split's generic captions ('a picture')"),
@@ -32,11 +32,14 @@ def _level_probs(text: str) -> tuple[float, ...] | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``python -m asymvlm.synthetic``; a knob not given is the preset's."""
-    p = argparse.ArgumentParser(description="Write the synthetic world's embedding tables.")
+    p = ArgumentParser(
+        prog="python -m asymvlm.synthetic",
+        description="Write the synthetic world's embedding tables.",
+    )
     p.add_argument("--output", required=True, help="table root (local path or s3://)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="a named world; flags override it")
-    p.add_argument("--train-images", type=int)
-    p.add_argument("--test-images", type=int, help="val and test images")
+    p.add_argument("--train-images", type=int, help="training images (the preset's, else 8000)")
+    p.add_argument("--test-images", type=int, help="val and test images (the preset's, else 1000)")
     for name, kind, text in KNOBS:
         flag = "--" + name.replace("_", "-")
         if kind is bool:
@@ -50,20 +53,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P0,P1,P2,P3",
         help="probability of each caption level, most general first ('uniform': all equal)",
     )
-    p.add_argument("--shard-images", type=int, default=DEFAULT_SHARD_IMAGES)
+    p.add_argument(
+        "--shard-images",
+        type=int,
+        default=DEFAULT_SHARD_IMAGES,
+        help=f"images per Parquet part (default {DEFAULT_SHARD_IMAGES})",
+    )
     p.add_argument("--classes", action="store_true", help="also write OUTPUT-<role> sets")
     p.add_argument("--only-classes", action="store_true", help="only the sets, for OUTPUT's world")
-    p.add_argument("--class-level", type=int, default=1)
-    p.add_argument("--class-images", type=int, default=1000, help="images per set")
+    p.add_argument(
+        "--class-level",
+        type=int,
+        default=1,
+        help="the concept level whose concepts are the classes (0: the most general; default 1)",
+    )
+    p.add_argument("--class-images", type=int, default=1000, help="images per set (default 1000)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Write the world (and with ``--classes`` its classification sets); bad input is one line
     and exit code 2."""
-    args = build_parser().parse_args(argv)
 
     def run() -> int:
+        args = build_parser().parse_args(argv)
         n = args.class_images
         spec = ClassificationSpec(args.class_level, positives=n, negatives=n, zeroshot=n)
         cfg = None

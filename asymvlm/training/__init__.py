@@ -1,9 +1,30 @@
 """Training an adapter on cached embeddings (App. B.4): :class:`Trainer` (split in memory),
-:class:`StreamingTrainer` (captions streamed), :class:`PackedTrainer` (K runs as one model)."""
+:class:`StreamingTrainer` (captions streamed), :class:`PackedTrainer` (K runs as one model).
 
-from asymvlm.training.packed import PackedTrainer, check_packable
-from asymvlm.training.stream import CaptionStream, StreamingTrainer, open_stream, use_streaming
-from asymvlm.training.trainer import EpochRow, History, TrainConfig, Trainer, resolve_device
+Importing this package (or its :class:`TrainConfig`) imports no torch; the trainers are
+imported on first use."""
 
-__all__ = ["CaptionStream", "EpochRow", "History", "PackedTrainer", "StreamingTrainer", "Trainer"]
-__all__ += ["TrainConfig", "check_packable", "open_stream", "resolve_device", "use_streaming"]
+import importlib
+from typing import Any
+
+#: name -> the module of this package that defines it
+_LAZY = {
+    "TrainConfig": "config",
+    "EpochRow": "trainer",
+    "History": "trainer",
+    "Trainer": "trainer",
+    "resolve_device": "trainer",
+    "CaptionStream": "stream",
+    "StreamingTrainer": "stream",
+    "open_stream": "stream",
+    "use_streaming": "stream",
+    "PackedTrainer": "packed",
+    "check_packable": "packed",
+}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ from asymvlm.data.encoder.names import is_open_clip, local_source, parse_name
 
 _OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 _HINT = (
-    "download it where there is internet and pass its folder, or point HF_HOME at a "
+    "download it where there is internet and give its folder as {flag}, or point HF_HOME at a "
     "Hugging Face cache that holds it"
 )
 
@@ -32,9 +32,10 @@ def hub_files(model: str) -> tuple[str, tuple[str, ...]] | None:
     return (repo, (filename,)) if hub else None
 
 
-def check_hub_model(model: str) -> None:
+def check_hub_model(model: str, flag: str = "--model (model: in a config)") -> None:
     """ValueError saying why ``model`` cannot be had here (not in the Hugging Face cache, and
-    the Hub does not answer or does not have it); nothing for local models."""
+    the Hub does not answer or does not have it), naming the ``flag`` that takes a folder
+    instead; nothing for local models."""
     found = hub_files(model)
     if found is None:
         return
@@ -44,9 +45,9 @@ def check_hub_model(model: str) -> None:
 
     if any(isinstance(try_to_load_from_cache(repo, f), str) for f in files):
         return
-    where = f"the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    where, hint = f"the Hugging Face cache ({constants.HF_HUB_CACHE})", _HINT.format(flag=flag)
     if constants.HF_HUB_OFFLINE:
-        raise ValueError(f"{model!r} is not in {where} and HF_HUB_OFFLINE is set; {_HINT}")
+        raise ValueError(f"{model!r} is not in {where} and HF_HUB_OFFLINE is set; {hint}")
     for filename in files:
         try:
             get_hf_file_metadata(hf_hub_url(repo, filename))
@@ -61,7 +62,7 @@ def check_hub_model(model: str) -> None:
             raise ValueError(f"{model!r}: {why} hf auth login)") from None
         except Exception as err:  # no connection, a proxy, an expired token...
             reason = " ".join(str(err).split())[:300] or type(err).__name__
-            why = f"is not in {where} and the Hub cannot be asked for it ({reason}); {_HINT}"
+            why = f"is not in {where} and the Hub cannot be asked for it ({reason}); {hint}"
             raise ValueError(f"{model!r} {why}") from None
     raise ValueError(
         f"{model!r}: the Hub repository {repo!r} has none of {', '.join(files)} "

@@ -8,13 +8,16 @@ import io
 import posixpath
 import tarfile
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import fsspec
-import pandas as pd
 import pyarrow as pa
 from pydantic import BaseModel, StrictStr, TypeAdapter
 
 from asymvlm import storage
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from .common import (
     Ident,
@@ -180,6 +183,8 @@ def read_cc(req: Request) -> SourceData:
 def read_csv(url: str, columns: tuple[str, ...]) -> pd.DataFrame:
     """A CSV with (at least) ``columns``, every cell a string; row k of the frame is data row
     k + 1 of the file (errors name the file and row)."""
+    import pandas as pd  # the only user of pandas among the readers
+
     try:
         frame = pd.read_csv(io.StringIO(read_text(url)), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
