@@ -31,7 +31,6 @@ from asymvlm.tables.files import (
     check_split,
     fingerprint,
     list_parquet,
-    read_manifest,
 )
 from asymvlm.tables.split import EmbeddingSplit
 
@@ -270,8 +269,7 @@ def read_split(
 ) -> EmbeddingSplit:
     """Read ``ROOT/split``; :class:`TableError` on structural problems and, with ``validate``,
     on non-unit rows (beyond ``norm_atol``), duplicate ids or bad ``norm`` values."""
-    manifest = read_manifest(root)
-    check_split(root, split)
+    manifest = check_split(root, split)
     fs, base = filesystem(root)
     atol = norm_atol if validate else None
     out: dict = {"manifest": manifest}
