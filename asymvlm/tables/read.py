@@ -1,8 +1,8 @@
 """Reading and validating a split, :func:`read_split`: a folder's parquet files give one table of
 their small columns (ids, captions, norms, extra columns), and each list column is streamed
 batch by batch (``ParquetFile.iter_batches``) into one float32 matrix per folder, allocated
-once; every check names the file, row and id of the first violation (the checks of a list
-column run batch by batch, each batch's in the order below)."""
+once. Every check names the file, row and id of the first violation; a list column's checks
+run batch by batch (the first batch with a problem is the one reported)."""
 
 from __future__ import annotations
 
@@ -73,8 +73,8 @@ def _schema_error(shown: str, first: str, a: pa.Schema, b: pa.Schema) -> TableEr
 
 @dataclass
 class _Folder:
-    """The files of one folder: their small columns read as one ``table`` (the list columns,
-    ``matrices``, are streamed by :meth:`matrix`); :meth:`error` names a row's file and id."""
+    """The files of one folder: their small columns read as one ``table`` (a list column is
+    streamed by :meth:`matrix`); :meth:`error` names a row's file and id."""
 
     fs: pafs.FileSystem
     paths: list[str]

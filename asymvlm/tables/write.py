@@ -1,5 +1,6 @@
-"""Writing one part of a split (values are checked when read, by
-:func:`~asymvlm.tables.read_split`)."""
+"""Writing one part of a split: every id and caption given and a table's columns of one length
+(refused here, naming them); the values are checked when read, by
+:func:`~asymvlm.tables.read_split`."""
 
 from __future__ import annotations
 
