@@ -113,6 +113,7 @@ class TrainingRun:
         device: str | torch.device | None = None,
         cache: SplitCache | None = None,
     ) -> None:
+        spec.check_splits()  # a split missing is said before training, not after it
         spec = spec.with_table_input()
         self.spec, cfg = spec, spec.train
         if device is None:
