@@ -168,6 +168,7 @@ class SplitCache:
     ) -> SplitTensors:
         """``load_split(root, split, adapter_input, device)``, read once per process."""
         device = torch.device(device)
+        tables.check_split(root, split)  # a bad root or split: the message every command gives
         key = ("split", split, adapter_input, str(device))
         return self.memo(root, key, lambda: load_split(root, split, adapter_input, device))
 

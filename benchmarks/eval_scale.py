@@ -9,10 +9,11 @@ evaluation's own. It reports:
 
 * ``seconds`` / ``cpu_seconds`` of the evaluation, split into the adapter's encodings, the
   score matrix (``method.score``, timed in place) and the ranking pass (the rest);
-* ``peak_rss_bytes``, ``table_bytes`` (the split's tensors, their encodings and the per-query
-  results: what any evaluation must hold) and ``peak_minus_table_bytes`` (peak RSS minus the
-  interpreter's RSS before the split was made and minus the tables: the chunk's working memory
-  plus allocator slack), against ``chunk_size * n_images * SCORE_WORK_BYTES``;
+* ``peak_rss_bytes``, ``table_bytes`` (the split's tensors, the images' encodings and one block
+  of the captions', and the per-query results: what any evaluation must hold) and
+  ``peak_minus_table_bytes`` (peak RSS minus the interpreter's RSS before the split was made and
+  minus the tables: the chunk's working memory plus allocator slack), against
+  ``chunk_size * n_images * SCORE_WORK_BYTES``;
 * ``score_matmul_flops_per_s``: ``2 n_captions n_images d`` over the time spent in ``score``;
 * ``estimate_1m``: the time of a 1M x 1M evaluation at this machine's measured rates and on one
   GPU at assumed peak rates (named in the JSON): the score matmul at the GPU's fp32 / TF32
@@ -92,6 +93,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from asymvlm.evaluation import evaluate_retrieval
+    from asymvlm.evaluation.retrieval import ENCODE_ROWS
     from asymvlm.methods import build_method
     from asymvlm.metrics import SCORE_WORK_BYTES, chunk_rows
     from asymvlm.splits import SplitTensors
@@ -151,7 +153,8 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     row_bytes = [sum(v.element_size() * v[0].numel() for v in e.values()) for e in probe]
     tensors = (data.text_emb, data.image_emb, data.text_to_image)
     input_bytes = sum(t.element_size() * t.numel() for t in tensors)
-    encoding_bytes = n_text * row_bytes[0] + n_image * row_bytes[1]
+    # the images' encodings whole, the captions' one block at a time (as the rank pass reaches it)
+    encoding_bytes = min(n_text, ENCODE_ROWS) * row_bytes[0] + n_image * row_bytes[1]
     # Ranking / metrics per query: t2i rank, top-1, confidence, uncertainty (8 B each) per
     # caption; i2t top-10 captions (80 B), rank, confidence, has_caption per image.
     result_bytes = n_text * 4 * 8 + n_image * (10 * 8 + 8 + 8 + 1)

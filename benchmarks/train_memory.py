@@ -1,24 +1,32 @@
-"""Peak memory of ``asymvlm train`` and of the synthetic generator on a COCO-sized world.
+"""Peak memory of the synthetic generator and of ``asymvlm train``, ``evaluate`` and ``score`` on a
+COCO-sized world.
 
 Writes a world of MS-COCO 2017's size (``python -m asymvlm.synthetic --preset coco``: 118,287
 training images with 5 captions each -- 591,435, COCO has 591,753 -- and 5,000 val and test
 images, d = 512) into a temporary folder (or ``--root``), then runs, each in a fresh process
-whose peak resident set size is read from the kernel (``os.wait4``'s ``ru_maxrss``):
+whose peak resident set size is read from the kernel (``os.wait4``'s ``ru_maxrss`` of a child
+forked from a small launcher, so that it does not start at this process's size):
 
+* ``import``: ``python -c "import asymvlm.cli, torch"``, the floor under every peak;
 * ``generator``: that preset (drawn in blocks of 2048 images);
-* ``generator_unblocked`` (unless ``--no-unblocked``): the same world without blocks (one
-  stream per split, the draw older worlds use), written to a second folder and deleted;
+* ``generator_unblocked`` (unless ``--no-unblocked``): the default world at the same sizes and
+  width (one stream per split), written to a second folder and deleted;
 * ``train``: ``asymvlm train`` on the training split (``--method``, 1 epoch of
   ``--batch-size``, CPU), the command a user runs;
-* ``import``: ``python -c "import asymvlm.cli, torch"``, the floor under every peak.
+* ``evaluate``: ``asymvlm evaluate`` of that checkpoint on the test split (COCO's 5k);
+* ``score``: ``asymvlm score`` of that checkpoint on the training split.
 
-The table's float32 bytes are those of the training split's embedding matrices
-((images + captions) x d x 4, from the parquet footers). The target of the issue "Sweeps at the
-speed of the math" is ``train`` peak <= 1.5 x table bytes + 1 GiB. ``--scale`` shrinks every
-split (``--scale 0.25``: a quarter of COCO) to check that the generator's peak does not grow with
-the world. One JSON object goes to stdout, progress to stderr::
+A command's table is the float32 bytes of the split it reads ((images + captions) x d x 4,
+from the parquet footers). The targets (issue 42): the generator's peak <= 1 GiB, whatever the
+world's size; train, evaluate and score <= 1.5 x their table + 1 GiB. ``--scale`` shrinks every
+split (``--scale 0.25``: a quarter of COCO) to check that the generator's peak does not grow
+with the world. One JSON object goes to stdout, progress to stderr::
 
     .venv/bin/python benchmarks/train_memory.py [--scale 1.0] [--root DIR] [--keep]
+
+The commands run the code of the checkout this script is in, with this interpreter: to measure
+another commit, copy the script into that checkout and run it with an interpreter whose
+``sys.path`` finds that checkout's ``asymvlm`` first (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -35,8 +43,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from asymvlm.training import TrainConfig
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import cpu_model, loadavg, logger  # noqa: E402
 
@@ -46,22 +52,39 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: MS-COCO 2017: training images, val / test images (Karpathy-style 5k), CLIP ViT-B/32's width.
 COCO_TRAIN, COCO_TEST, COCO_DIM = 118_287, 5_000, 512
 GIB = 2**30
+#: Runs ``python ARGS`` in a child of this small process and prints its exit code and peak RSS
+#: (KiB): a child's ``ru_maxrss`` starts at the size of the process it was forked from.
+LAUNCH = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+_, status, usage = os.wait4(pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
 
 
-def measure(cmd: list[str]) -> dict[str, Any]:
-    """Run ``cmd`` from the repository root (its output to stderr) and return its peak RSS
-    (bytes, ``ru_maxrss`` of that one child) and wall time; a failure raises."""
+def measure(args: list[str]) -> dict[str, Any]:
+    """Run ``python ARGS`` from the repository root (its output to stderr) and return its peak
+    RSS (bytes) and wall time; a failure raises."""
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    log("$ " + " ".join(cmd))
+    log("$ python " + " ".join(args))
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sys.stderr, stderr=sys.stderr)
-    _, status, usage = os.wait4(proc.pid, 0)
+    done = subprocess.run(
+        [sys.executable, "-c", LAUNCH, *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=sys.stderr,
+        text=True,
+        check=True,
+    )
     seconds = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise subprocess.CalledProcessError(proc.returncode, cmd)
-    peak = int(usage.ru_maxrss) * 1024  # KiB on Linux
-    log(f"  peak RSS {peak / GIB:.2f} GiB, {seconds:.1f} s")
+    code, kib = map(int, done.stdout.split()[-2:])
+    if code:
+        raise subprocess.CalledProcessError(code, args)
+    peak = kib * 1024
+    log(f"  peak RSS {peak / GIB:.3f} GiB, {seconds:.1f} s")
     return {
         "peak_rss_bytes": peak,
         "peak_rss_gib": round(peak / GIB, 3),
@@ -83,6 +106,16 @@ def split_float32_bytes(root: str, split: str, dim: int) -> dict[str, int]:
     }
 
 
+def judged(run: dict[str, Any], bound: float, rule: str, table: dict | None = None) -> dict:
+    """``run`` with its bound, whether it is met, and (with a table) the peak over the table."""
+    out = dict(run)
+    if table is not None:
+        out["peak_over_table"] = round(run["peak_rss_bytes"] / table["float32_bytes"], 3)
+    out["bound_gib"], out["rule"] = round(bound / GIB, 3), rule
+    out["met"] = run["peak_rss_bytes"] <= bound
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", type=float, default=1.0, help="fraction of COCO's size")
@@ -95,93 +128,61 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not 0 < args.scale <= 1:
         p.error(f"--scale must be in (0, 1], got {args.scale}")
     train_images = max(1, round(COCO_TRAIN * args.scale))
-    test_images = max(1, round(COCO_TEST * args.scale))
-    py = sys.executable
+    test_images = max(10, round(COCO_TEST * args.scale))  # 10 uncertainty bins of images
     work = tempfile.mkdtemp(prefix="train_memory-")
     root = args.root or os.path.join(work, "world")
+    ckpt = os.path.join(work, "checkpoint")
     sizes = ["--train-images", str(train_images), "--test-images", str(test_images)]
     batch = [] if args.batch_size is None else ["--batch-size", str(args.batch_size)]
+    on = ["--embeddings", root, "--device", "cpu", "--quiet"]
     load_before = loadavg()
+    runs: dict[str, Any] = {}
     try:
-        result: dict[str, Any] = {"import": measure([py, "-c", "import asymvlm.cli, torch"])}
+        runs["import"] = measure(["-c", "import asymvlm.cli, torch"])
         log(f"writing the coco preset ({train_images} train images) to {root}")
-        result["generator"] = measure(
-            [py, "-m", "asymvlm.synthetic", "--preset", "coco", *sizes, "--output", root]
-        )
-        table = split_float32_bytes(root, "train", COCO_DIM)
+        synthetic = ["-m", "asymvlm.synthetic", *sizes]
+        runs["generator"] = measure([*synthetic, "--preset", "coco", "--output", root])
         if not args.no_unblocked:
             other = os.path.join(work, "unblocked")
-            result["generator_unblocked"] = measure(
-                [
-                    py,
-                    "-m",
-                    "asymvlm.synthetic",
-                    "--dim",
-                    str(COCO_DIM),
-                    "--caption-words",
-                    *sizes,
-                    "--output",
-                    other,
-                ]
+            runs["generator_unblocked"] = measure(
+                [*synthetic, "--dim", str(COCO_DIM), "--output", other]
             )
             shutil.rmtree(other, ignore_errors=True)
-        result["train"] = measure(
-            [
-                py,
-                "-m",
-                "asymvlm.cli",
-                "train",
-                "--embeddings",
-                root,
-                "--split",
-                "train",
-                "--method",
-                args.method,
-                "--epochs",
-                "1",
-                *batch,
-                "--device",
-                "cpu",
-                "--quiet",
-                "--output",
-                os.path.join(work, "checkpoint"),
-            ]
-        )
+        cli = ["-m", "asymvlm.cli"]
+        train = ["--split", "train", "--method", args.method, "--epochs", "1", *batch]
+        runs["train"] = measure([*cli, "train", *on, *train, "--output", ckpt])
+        scored = ["--checkpoint", ckpt, "--output"]
+        evaluate = [*cli, "evaluate", *on, "--split", "test", *scored, f"{work}/metrics.json"]
+        runs["evaluate"] = measure(evaluate)
+        score = [*cli, "score", *on, "--split", "train", *scored, f"{work}/scores.parquet"]
+        runs["score"] = measure(score)
+        splits = {s: split_float32_bytes(root, s, COCO_DIM) for s in ("train", "test")}
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if args.root and not args.keep:
             shutil.rmtree(args.root, ignore_errors=True)
     load_after = loadavg()
 
-    nbytes = table["float32_bytes"]
-    bound = 1.5 * nbytes + GIB
-    for key in ("generator", "generator_unblocked", "train"):
-        if key in result:
-            result[key]["peak_over_table"] = round(result[key]["peak_rss_bytes"] / nbytes, 3)
-    train_peak = result["train"]["peak_rss_bytes"]
+    for key in ("generator", "generator_unblocked"):
+        if key in runs:
+            runs[key] = judged(runs[key], GIB, "peak <= 1 GiB")
+    for key, split in (("train", "train"), ("evaluate", "test"), ("score", "train")):
+        table = splits[split]
+        bound = 1.5 * table["float32_bytes"] + GIB
+        runs[key] = judged(runs[key], bound, f"peak <= 1.5 x {split} table + 1 GiB", table)
+        runs[key]["split"] = split
     out = {
-        "world": {
-            "preset": "coco",
-            "scale": args.scale,
-            "dim": COCO_DIM,
-            "train_images": table["images"],
-            "train_captions": table["captions"],
-            "val_test_images": test_images,
+        "world": {"preset": "coco", "scale": args.scale, "dim": COCO_DIM},
+        "tables": {
+            split: {**rows, "float32_gib": round(rows["float32_bytes"] / GIB, 3)}
+            for split, rows in splits.items()
         },
-        "table_float32_bytes": nbytes,
-        "table_float32_gib": round(nbytes / GIB, 3),
-        **result,
-        "train_peak_over_table": round(train_peak / nbytes, 3),
-        "target": {
-            "bound_bytes": int(bound),
-            "bound_gib": round(bound / GIB, 3),
-            "rule": "train peak <= 1.5 x table float32 bytes + 1 GiB",
-            "met": train_peak <= bound,
-        },
+        **runs,
+        "all_met": all(run.get("met", True) for run in runs.values()),
         "config": {
             "method": args.method,
             "epochs": 1,
-            "batch_size": args.batch_size or TrainConfig().batch_size,
+            "batch_size": args.batch_size or "asymvlm train's default",
             "device": "cpu",
         },
         "loadavg_1min_before_after": [load_before, load_after],

@@ -16,7 +16,7 @@ from asymvlm.errors import ArgumentParser, ConfigError, guarded, require  # noqa
 
 require("ray", "tracking")
 
-from asymvlm import config, tables  # noqa: E402
+from asymvlm import config  # noqa: E402
 from asymvlm.methods import method_names  # noqa: E402
 from asymvlm.protocol import RunSpec  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         for split in ("val_split", "test_split"):  # "" switches a split off
             doc[split] = getattr(args, split) or None
         spec = config.validate(RunSpec, doc, "pipelines/train.py", flags=True)
-        tables.read_manifest(spec.embeddings)  # a missing table fails before Ray starts
+        spec.check_splits()  # a missing table or split fails before Ray starts
         cfg = spec.train
         with RaySession(eager=True):
             out = run_training(

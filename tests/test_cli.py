@@ -284,6 +284,18 @@ def test_text_table_without_norm_trains_and_records_unit(small_world, tmp_path, 
         f"warning: {world}/train/texts has no `norm` column: training on unit text "
         "embeddings (adapter_input unit, recorded in the checkpoint)"
     ]
+    assert _train(str(world), str(tmp_path / "ckpt")) == 2  # another error: no warning first
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'ckpt'} already holds")
+    from asymvlm.synthetic import write_world
+    from tests.conftest import small_world_config
+
+    other, narrow = write_world(str(tmp_path / "w8"), small_world_config(dim=8)), tmp_path / "c8"
+    assert main(["train", "--embeddings", other, "--method", "clip", "--output", str(narrow)]) == 0
+    capsys.readouterr()
+    args = ["--embeddings", str(world), "--split", "train", "--adapter-input", "raw"]
+    assert main(["score", *args, "--checkpoint", str(narrow), "--output", "s.parquet"]) == 2
+    want = f"error: checkpoint {narrow} expects dim 8, but {world}/train has dim 16\n"
+    assert capsys.readouterr().err == want
     from pipelines.schema.load import sweep_config  # the pipeline's runs decide the same
 
     doc = {"embeddings": str(world), "methods": ["clip"], "lr": [0.1], "seeds": [0]}
@@ -329,6 +341,45 @@ def test_mlflow_uris_without_a_store_are_refused_before_anything_is_made(
     assert capsys.readouterr().err == want and not os.path.exists("o.parquet")
 
 
+def test_a_bad_table_root_is_one_message_whichever_command(small_world, tmp_path, capsys):
+    """No such folder, no manifest, no such split: the same line from train, evaluate, score,
+    analyze and the sweep's check; a sweep without its val split is told of val_fraction."""
+    from pipelines.schema.load import sweep_config
+    from pipelines.tuning.sweep import check_tables
+
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    assert main(["train", "--embeddings", small_world, "--method", "clip", "--output", ckpt]) == 0
+    capsys.readouterr()
+    bare = shutil.copytree(small_world, tmp_path / "bare")
+    os.remove(bare / "manifest.json")
+    for root, split, message in (
+        (f"{tmp_path}/no", "train", f"{tmp_path}/no: no such folder"),
+        (str(bare), "train", f"{bare}/manifest.json: manifest not found"),
+        (small_world, "nope", f"{small_world}: no split 'nope' (splits there: test, train, val)"),
+    ):
+        where = ["--embeddings", root, "--split", split]
+        for argv in (
+            ["train", *where, "--method", "clip", "--output", out],
+            ["evaluate", *where, "--checkpoint", ckpt, "--output", f"{out}.json"],
+            ["score", *where, "--checkpoint", ckpt, "--output", f"{out}.parquet"],
+            ["analyze", "retrieval", "--data", f"{root}:{split}", "--checkpoint", ckpt],
+        ):
+            assert main(argv) == 2
+            assert capsys.readouterr().err == f"error: {message}\n", argv
+        doc = {"embeddings": root, "train_split": split, "methods": ["clip"], "lr": [0.1]}
+        with pytest.raises(tables.TableError) as refused:
+            check_tables(sweep_config({**doc, "seeds": [0], "output": out}))
+        assert str(refused.value) == message
+    assert sorted(os.listdir(tmp_path)) == ["bare", "ckpt"]
+    no_val = shutil.copytree(small_world, tmp_path / "no-val", ignore=shutil.ignore_patterns("val"))
+    doc = {"embeddings": str(no_val), "methods": ["clip"], "lr": [0.1, 0.2], "seeds": [0]}
+    with pytest.raises(tables.TableError, match=r"no split 'val' \(splits there: test, train\): "):
+        check_tables(sweep_config({**doc, "output": out}))
+    with pytest.raises(tables.TableError, match="set val_fraction to hold out that share"):
+        check_tables(sweep_config({**doc, "output": out}))
+    check_tables(sweep_config({**doc, "output": out, "val_fraction": 0.1}))
+
+
 def test_wrong_names_are_one_line_each_and_nothing_is_written(small_world, tmp_path, capsys):
     """A split, method, flag or table root that is not there: one line naming it, exit 2."""
     out, bare = str(tmp_path / "out"), shutil.copytree(small_world, tmp_path / "bare")
@@ -340,7 +391,7 @@ def test_wrong_names_are_one_line_each_and_nothing_is_written(small_world, tmp_p
         (["train", *data, "--method", "nosuch"], "asymvlm train: argument --method: invalid"),
         (["score", *data, "--checkpoint", out, "--no-such-flag"], "unrecognized arguments"),
         (["score", *data, "--checkpoint", small_world], "--output " + out + ": write a .parquet"),
-        (["train", "--embeddings", str(tmp_path), "--method", "clip", "--output", out], "none"),
+        (["train", "--embeddings", str(tmp_path), "--method", "clip", "--output", out], "manifest"),
         (["train", "--embeddings", f"{tmp_path}/no", "--method", "clip", "--output", out], "such"),
         (["train", "--embeddings", str(bare), "--method", "clip", "--output", out], "manifest"),
     ):

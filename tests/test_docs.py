@@ -91,28 +91,42 @@ def test_readme_is_short_and_links_to_pages_that_exist() -> None:
         assert os.path.exists(os.path.join(REPO, link)), link
 
 
-def test_the_clip_retrieval_example_of_the_tables_page_converts(tmp_path, monkeypatch) -> None:
-    """docs/tables.md's converter, run on a clip-retrieval-style folder of two shards."""
-    from asymvlm.tables import read_split
-
-    with open(os.path.join(REPO, "docs", "tables.md"), encoding="utf-8") as fh:
-        code = fh.read().split("```python\n")[1].split("```")[0]
-    src = tmp_path / "clip-inference-output"
-    rng, ids, sizes = np.random.default_rng(0), [], (30, 25)
+def _clip_retrieval_folder(src, sizes: tuple[int, ...], short: int = 0) -> list[str]:
+    """clip-retrieval's output: shards of float16 embeddings and metadata (the last ``short``
+    rows short); shard 0's rows 3 and 7 have no caption (None, NaN). Returns the image ids."""
+    rng, ids = np.random.default_rng(0), []
     for i, n in enumerate(sizes):
         for kind in ("img", "text"):
             (src / f"{kind}_emb").mkdir(parents=True, exist_ok=True)
             x = rng.normal(size=(n, 8))
             np.save(src / f"{kind}_emb" / f"{kind}_emb_{i}.npy", (x / 3).astype(np.float16))
         names = [f"images/{i}/{k}.jpg" for k in range(n)]
+        captions = [f"a photo {s}" for s in names]
+        if i == 0:
+            captions[3], captions[7] = None, float("nan")
         ids += names
         (src / "metadata").mkdir(exist_ok=True)
-        meta = pd.DataFrame({"image_path": names, "caption": [f"a photo {s}" for s in names]})
-        meta.to_parquet(src / "metadata" / f"metadata_{i}.parquet")
+        meta = pd.DataFrame({"image_path": names, "caption": captions})
+        meta.iloc[: n - short if i == len(sizes) - 1 else n].to_parquet(
+            src / "metadata" / f"metadata_{i}.parquet"
+        )
+    return ids
+
+
+def test_the_clip_retrieval_example_of_the_tables_page_converts(tmp_path, monkeypatch) -> None:
+    """docs/tables.md's converter, run on a clip-retrieval-style folder of two shards: pairs
+    without a caption are left out; a shard whose metadata is short is refused in one line."""
+    from asymvlm.tables import read_split
+
+    with open(os.path.join(REPO, "docs", "tables.md"), encoding="utf-8") as fh:
+        code = compile(fh.read().split("```python\n")[1].split("```")[0], "docs/tables.md", "exec")
+    src = tmp_path / "clip-inference-output"
+    ids = _clip_retrieval_folder(src, (30, 25))
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "docs/tables.md", "exec"), {})
+    exec(code, {})
     splits = {s: read_split("tables/my-data", s) for s in ("train", "test")}
-    assert sorted(splits["train"].image_ids + splits["test"].image_ids) == sorted(ids)
+    captioned = sorted(set(ids) - {"images/0/3.jpg", "images/0/7.jpg"})
+    assert sorted(splits["train"].image_ids + splits["test"].image_ids) == captioned
     assert 0 < len(splits["test"].image_ids) < len(splits["train"].image_ids)
     test = splits["test"]
     assert test.manifest.dim == 8 and test.text_norms is None
@@ -120,3 +134,8 @@ def test_the_clip_retrieval_example_of_the_tables_page_converts(tmp_path, monkey
     shard, row = (int(p) for p in re.findall(r"\d+", test.image_ids[0]))
     raw = np.load(src / "text_emb" / f"text_emb_{shard}.npy")[row].astype(np.float32)
     np.testing.assert_allclose(test.text_embeddings[0], raw / np.linalg.norm(raw), atol=1e-6)
+    (tmp_path / "short").mkdir()
+    _clip_retrieval_folder(tmp_path / "short" / "clip-inference-output", (30, 25), short=3)
+    monkeypatch.chdir(tmp_path / "short")
+    with pytest.raises(SystemExit, match="^shard 1: 25 img embeddings, 22 metadata rows$"):
+        exec(code, {})

@@ -30,6 +30,7 @@ from asymvlm.synthetic import (
     write_classification_sets,
     write_world,
 )
+from asymvlm.synthetic import world as world_module
 from asymvlm.synthetic.captions import GENERIC_TEXTS
 from asymvlm.synthetic.classes import concept_roots
 from asymvlm.synthetic.world import GENERIC_LEVEL, _unit
@@ -184,17 +185,40 @@ def test_a_blocked_world_is_written_in_whole_blocks_per_part(tmp_path) -> None:
     assert tables.read_split(unblocked, "train").n_images == 500
 
 
-def test_writing_a_blocked_world_bounds_peak_memory(tmp_path) -> None:
-    """tracemalloc: drawn in blocks, the writer's peak does not grow with the split."""
+@pytest.mark.parametrize("block_images", [250, None])
+def test_writing_a_world_bounds_peak_memory(block_images, tmp_path, monkeypatch) -> None:
+    """tracemalloc: drawn in blocks or in windows, the writer's peak does not grow with the
+    split (beyond the whole split's small draws, ~100 bytes an image)."""
+    monkeypatch.setattr(world_module, "WINDOW_IMAGES", 250)
     write_world(str(tmp_path / "warm"), WorldConfig(dim=64, splits={"train": 300}))  # imports
     peaks = {}
     for n in (1500, 3000):
-        cfg = WorldConfig(dim=64, splits={"train": n}, block_images=250)
+        cfg = WorldConfig(dim=64, splits={"train": n}, block_images=block_images)
         tracemalloc.start()
         write_world(str(tmp_path / f"{n}"), cfg, shard_images=500)
         peaks[n] = tracemalloc.get_traced_memory()[1] / 2**20
         tracemalloc.stop()
-    assert peaks[3000] < 1.3 * peaks[1500] and peaks[3000] < 12, peaks
+    assert peaks[3000] < 1.1 * peaks[1500] and peaks[3000] < 6, peaks
+
+
+@pytest.mark.parametrize("block_images", [None, 40])
+def test_a_split_drawn_window_by_window_is_the_one_piece_draw(block_images, monkeypatch) -> None:
+    """Every phase of every stream (pre-projection, words, generic captions, domains) gives the
+    same numbers drawn in windows of 7 images as in one piece."""
+    knobs = dict(pre_dim=24, caption_words=True, generic_captions=0.2, finetune_roots=4)
+    knobs |= dict(domain_misalignment=0.5, level_probs=COCO_LEVEL_PROBS)
+    cfg = small_world_config(splits={"train": 100}, block_images=block_images, **knobs)
+    whole = SyntheticWorld(cfg).sample_split("train", 100)
+    monkeypatch.setattr(world_module, "WINDOW_IMAGES", 7)
+    windows = SyntheticWorld(cfg).sample_split("train", 100)
+    levels = whole.pop("extra_text_columns")["level"]
+    assert (levels == GENERIC_LEVEL).any()
+    np.testing.assert_array_equal(windows.pop("extra_text_columns")["level"], levels)
+    for key, value in whole.items():
+        if isinstance(value, np.ndarray):
+            np.testing.assert_allclose(windows[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+        else:
+            assert windows[key] == value, key
 
 
 def test_word_counts_follow_the_level_with_noise() -> None:

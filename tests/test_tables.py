@@ -9,6 +9,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -131,12 +132,16 @@ def test_manifest_errors_and_listing(tmp_path: Path) -> None:
     r = str(tmp_path / "m")
     with pytest.raises(TableError, match="manifest not found"):
         read_manifest(r)
+    for split, message in (("test", f"{r}: no such folder"), ("x", "manifest not found")):
+        with pytest.raises(TableError, match=message):  # the root first, then its manifest
+            tables.check_split(r, split)
+        os.makedirs(r, exist_ok=True)
     os.makedirs(os.path.join(r, "junk"))  # a folder that is not a split
     assert list_splits(r) == []
     path = os.path.join(r, "manifest.json")
     for bad, msg in [
-        ({"model": "x"}, "'dim'"),
-        ({"dim": 4}, "'model'"),
+        ({"model": "x"}, r"manifest has no 'dim' \(a positive int: the embeddings' width\)$"),
+        ({"dim": 4}, r"manifest has no 'model' \(a string: the embedding model\)$"),
         ({"dim": "4", "model": "x"}, "positive int"),
         ({"dim": 2, "model": "m", "pre_dim": [3]}, "'pre_dim' must be"),
     ]:
@@ -234,6 +239,31 @@ def test_what_validation_refuses_and_what_no_validation_reads(root: str) -> None
         write_split(root, "test", **{**D, "extra_text_columns": {"norm": np.ones(12)}})
     with pytest.raises(ValueError, match="invalid part name"):
         write_split(root, "test", **D, part=".hidden")
+
+
+def test_write_split_refuses_missing_strings_and_columns_of_other_lengths(root: str) -> None:
+    """A missing id or caption is not written as the text 'None' or 'nan'; nothing is written."""
+    for name, row, missing in (
+        ("texts", 4, None),
+        ("texts", 2, float("nan")),
+        ("caption_ids", 0, pd.NA),
+        ("image_ids", 1, None),
+    ):
+        values = list(D[name])
+        values[row] = missing
+        with pytest.raises(TableError, match=rf"^write_split: {name} row {row} is missing \("):
+            write_split(root, "test", **{**D, name: values})
+    short = {**D, "texts": D["texts"][:11]}
+    lengths = "caption_ids 12, caption_image_ids 12, texts 11, text_embeddings 12, text_norms 12"
+    with pytest.raises(TableError, match=f"^write_split: one row per caption .*, got {lengths},"):
+        write_split(root, "test", **short)
+    label = {"label": np.arange(4)}
+    with pytest.raises(TableError, match="got image_ids 5, .*, label 4$"):
+        write_split(root, "test", **{**D, "extra_image_columns": label})
+    assert not os.path.exists(os.path.join(root, "test"))
+    numbered = dict(image_ids=np.arange(5), caption_image_ids=[(3 * j + 1) % 5 for j in range(12)])
+    write_split(root, "test", **{**D, **numbered})  # numbers as ids: their text
+    assert read_split(root, "test").image_ids == ["0", "1", "2", "3", "4"]
 
 
 def test_writes_are_atomic(root: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -131,7 +131,7 @@ def with_frozen(
     if dim is None:
         first = next(v for v in dict(parsed).values() if isinstance(v, Location | dict))
         where = next(iter(first.values())) if isinstance(first, dict) else first
-        dim = int(tables.read_manifest(where.root).dim)
+        dim = int(tables.check_split(where.root, where.split).dim)
     frozen = METHODS["clip"](dim=dim)
     frozen.adapter_input = "unit"
     return {**methods, "clip": frozen}

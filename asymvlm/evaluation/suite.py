@@ -56,6 +56,8 @@ class ClassificationSet:
         images = tables.read_parts(root, split, tables.IMAGES_DIR)
         prompts = tables.read_parts(root, split, "prompts")
         if images is None or prompts is None or "label" not in images.column_names:
+            if images is None:  # a bad root or split: said as every command says it
+                tables.check_split(root, split)
             raise tables.TableError(
                 f"{root}/{split}: not a classification split (needs images with 'label' and "
                 "prompts/ -- embed CIFAR/STL/ImageNet with `asymvlm embed`)"

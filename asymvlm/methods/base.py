@@ -91,7 +91,7 @@ METHODS = _Registry(BUILTIN)
 _BUILTIN_NAMES = {target: name for name, target in BUILTIN.items()}
 #: ``official``: the authors' code; ``improved``: this project's fixes (README "Protocols").
 PROTOCOLS = ("improved", "official")
-_BLOCK_ROWS = 65536  # rows per block where a whole split is reduced
+_BLOCK_ROWS = 8192  # rows per block where a whole split is reduced (16 MiB at d = 512)
 
 
 def register(name: str) -> Callable[[type[Method]], type[Method]]:
@@ -160,7 +160,9 @@ class Adapter(nn.Module):
 
     @torch.no_grad()
     def calibrate(self, x: torch.Tensor) -> None:
-        mean_sq = torch.cat([b.float().pow(2).sum(-1) for b in x.split(_BLOCK_ROWS)])
+        square = torch.empty(min(len(x), _BLOCK_ROWS), x.shape[-1], device=x.device)  # reused
+        blocks = x.split(_BLOCK_ROWS)
+        mean_sq = torch.cat([torch.pow(b.float(), 2, out=square[: len(b)]).sum(-1) for b in blocks])
         mean_sq = mean_sq.mean().clamp_min(1e-12)
         self.input_scale.fill_(float(torch.sqrt(x.shape[-1] / mean_sq)))
 

@@ -14,7 +14,7 @@ from asymvlm.errors import CheckpointError
 from asymvlm.evaluation import caption_scores, registry, specs
 from asymvlm.methods import Method
 from asymvlm.splits import SplitTensors, load_split
-from asymvlm.tables import Location
+from asymvlm.tables import Location, check_split
 from asymvlm.training import resolve_device
 
 
@@ -47,13 +47,13 @@ def load_for_split(
     load = {"allow_incomplete": allow_incomplete, "tracking_uri": tracking_uri}
     method, meta = load_checkpoint(checkpoint, device, **load)
     method.adapter_input = adapter_input or meta.get("adapter_input", "raw")
-    data = load_split(embeddings, split, method.adapter_input, resolve_device(device))
-    if data.dim != meta["dim"]:
+    dim = check_split(embeddings, split).dim  # before the split is read (and warned about)
+    if dim != meta["dim"]:
         raise CheckpointError(
             f"checkpoint {checkpoint} expects dim {meta['dim']}, "
-            f"but {embeddings}/{split} has dim {data.dim}"
+            f"but {embeddings}/{split} has dim {dim}"
         )
-    return method, data
+    return method, load_split(embeddings, split, method.adapter_input, resolve_device(device))
 
 
 def evaluate(

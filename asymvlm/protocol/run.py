@@ -113,6 +113,7 @@ class TrainingRun:
         device: str | torch.device | None = None,
         cache: SplitCache | None = None,
     ) -> None:
+        spec.check_splits()  # a split missing is said before training, not after it
         spec = spec.with_table_input()
         self.spec, cfg = spec, spec.train
         if device is None:
@@ -242,6 +243,22 @@ class RunSpec(BaseModel):
         splits = tables.list_splits(self.embeddings) if self.val_fraction else []
         return bool(self.val_fraction) and self.val_split not in splits
 
+    def check_splits(self) -> None:
+        """Refuse tables that lack a split this run reads, before it starts (the message of
+        :func:`~asymvlm.tables.check_split`; a missing validation split says how to hold out
+        one)."""
+        tables.check_split(self.embeddings, self.train_split)
+        if self.val_split and not self.val_fraction:
+            try:
+                tables.check_split(self.embeddings, self.val_split)
+            except tables.TableError as exc:
+                raise tables.TableError(
+                    f"{exc}: write one, or set val_fraction to hold out that share of the "
+                    "training images (with their captions) for validation, e.g. 0.1"
+                ) from None
+        if self.test_split:
+            tables.check_split(self.test_embeddings or self.embeddings, self.test_split)
+
     def checkpoint_due(self, epoch: int) -> bool:
         every = self.checkpoint_every
         return epoch == self.train.epochs or (every is not None and epoch % every == 0)
@@ -263,23 +280,22 @@ def train(
     ``checkpoint_every`` epochs, complete at the end). Returns (method, history)."""
     if not isinstance(cfg, TrainConfig):
         cfg = validate(TrainConfig, dict(cfg or {}), "asymvlm.train")
-    cfg = table_input(cfg, embeddings, split)  # before a resume compares it to the checkpoint's
     if checkpoint_every is not None and checkpoint_every < 1:
         raise ConfigError(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
-    previous = None
+    previous = None  # an output that is taken: said before the tables are looked at
     if output is not None:
         previous = checkpoint_to_resume(output, resume=resume, overwrite=overwrite)
-        if previous is not None:
-            check_resumable(output, previous, cfg, embeddings, split)
-            epoch = previous.get("epoch")
-            where = "" if epoch is None else f" (epoch {epoch} of {previous.get('epochs')})"
-            if previous["complete"]:
-                logger.info(
-                    "%s already holds a complete checkpoint%s; nothing to do", output, where
-                )
-                method, _ = load_checkpoint(output, resolve_device(cfg.device))
-                return method, read_history(output)
-            logger.info("resuming %s%s", output, where)
+    cfg = table_input(cfg, embeddings, split)  # before a resume compares it to the checkpoint's
+    if previous is not None:
+        assert output is not None
+        check_resumable(output, previous, cfg, embeddings, split)
+        epoch = previous.get("epoch")
+        where = "" if epoch is None else f" (epoch {epoch} of {previous.get('epochs')})"
+        if previous["complete"]:
+            logger.info("%s already holds a complete checkpoint%s; nothing to do", output, where)
+            method, _ = load_checkpoint(output, resolve_device(cfg.device))
+            return method, read_history(output)
+        logger.info("resuming %s%s", output, where)
     what = f"{cfg.epochs} epochs, {cfg.optimizer} lr={cfg.lr:g}, batch {cfg.batch_size}"
     if not METHODS[cfg.method].trainable:  # fitted post hoc (bayesvlm) or used as is (clip)
         what = "no training"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ from asymvlm.synthetic.knobs import WorldConfig
 
 #: Images per part file when writing.
 DEFAULT_SHARD_IMAGES = 16384
+#: Images per window of a draw (the memory a split's draw holds at once).
+WINDOW_IMAGES = 2048
 #: Second entry of a split's generators, ``default_rng([split_seed, TAG, *block])``, by role.
 _TAGS = {"pre": 1, "block": 2, "words": 3, "generic": 6}
 _DOMAIN_STREAM = 5
@@ -33,6 +36,17 @@ def _toward(centers: np.ndarray, scale: float, noise: np.ndarray) -> np.ndarray:
 
 def _offset(rng: np.random.Generator, centers: np.ndarray, scale: float) -> np.ndarray:
     return _toward(centers, scale, rng.standard_normal(centers.shape))
+
+
+def _fork(rng: np.random.Generator, rows: int, width: int) -> np.random.Generator:
+    """A generator giving the next ``rows`` x ``width`` standard normals of ``rng``, in row
+    chunks of any size (numpy draws the same normals at once or in consecutive calls);
+    ``rng`` is moved past them by drawing them once in chunks."""
+    fork = copy.deepcopy(rng)
+    chunk = np.empty((max(1, min(rows, 2**16 // width)), width))
+    for done in range(0, rows, len(chunk)):
+        rng.standard_normal(out=chunk[: rows - done])
+    return fork
 
 
 def _orthonormal_rows(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -134,100 +148,129 @@ class SyntheticWorld:
         objects = _offset(rng, self.concepts[-1][leaves], cfg.object_spread)
         return objects, _offset(rng, objects, cfg.image_noise)
 
-    def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> dict:
+    def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> Iterator[dict]:
         """Images ``start .. start+n_images`` of a split and their captions, drawn from the
-        split's streams (``block == ()``, the whole split) or from block ``block[0]``'s."""
-        seed = self._split_seeds[name]
+        split's streams (``block == ()``, the whole split) or from block ``block[0]``'s, in
+        windows of :data:`WINDOW_IMAGES` images: each stream's small draws whole and in order,
+        each big normal matrix from a fork of its stream (:func:`_fork`), window by window."""
+        seed, cfg = self._split_seeds[name], self.config
         rng = {
             role: np.random.default_rng([seed, _TAGS[role], *block])
             for role in ("words", "generic", "pre")
         }
         main = np.random.default_rng([seed, _TAGS["block"], *block] if block else seed)
-        cfg = self.config
+        n_cap, dim = cfg.captions_per_image, cfg.dim
+        n_captions = n_images * n_cap
         leaf_root = self.ancestors(np.arange(len(self.concepts[-1])))[0]
         pool = np.nonzero(self.root_domain[leaf_root] == 0)[0]  # the fine-tuning domain's leaves
         leaves = pool[main.integers(0, len(pool), n_images)]
-        objects, images = self.draw_views(main, leaves)
-        path = self.ancestors(leaves)
-
-        n_cap = cfg.captions_per_image
-        cap_image = np.repeat(np.arange(n_images), n_cap)
+        objects, views = _fork(main, n_images, dim), _fork(main, n_images, dim)
         if cfg.level_probs is None:
-            levels = main.integers(0, self.n_levels, n_images * n_cap)
+            levels = main.integers(0, self.n_levels, n_captions)
         else:
-            levels = main.choice(self.n_levels, n_images * n_cap, p=np.asarray(cfg.level_probs))
-        targets = np.empty((len(cap_image), cfg.dim))
-        for level in range(self.n_levels):
-            rows = levels == level
-            if level < len(self.concepts):
-                targets[rows] = self.concepts[level][path[level][cap_image[rows]]]
-            else:
-                targets[rows] = objects[cap_image[rows]]
-        noise = main.standard_normal((len(cap_image), cfg.dim))
-        true_text = _toward(targets, cfg.caption_noise, noise)
-        del targets
-        domain = self.root_domain[path[0]][cap_image]
+            levels = main.choice(self.n_levels, n_captions, p=np.asarray(cfg.level_probs))
+        paraphrases = _fork(main, n_captions, dim)
+        norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * main.standard_normal(n_captions))
         generic = None
         if name == GENERIC_SPLIT and cfg.generic_captions > 0:  # U: the root, paraphrased
-            choice = rng["generic"].integers(0, len(GENERIC_TEXTS), len(true_text))
-            generic = rng["generic"].random(len(true_text)) < cfg.generic_captions
-            noise = rng["generic"].standard_normal((int(generic.sum()), cfg.dim))
-            roots = np.broadcast_to(self.generic, noise.shape)
-            true_text[generic] = _toward(roots, cfg.caption_noise, noise)
-            generic_texts = [GENERIC_TEXTS[c] for c in choice[generic]]
-            domain = np.where(generic, -1, domain)  # generic texts: the shared error only (D)
-        text = self.encode_text(true_text, domain)  # the frozen text encoder's error
-        del true_text
-        norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * main.standard_normal(len(text)))
-
-        image_ids = [f"{name}-img{start + i:06d}" for i in range(n_images)]
-        caption_ids = [f"{image_ids[i]}-c{j}" for i in range(n_images) for j in range(n_cap)]
+            choice = rng["generic"].integers(0, len(GENERIC_TEXTS), n_captions)
+            generic = rng["generic"].random(n_captions) < cfg.generic_captions
         words = None
         if cfg.caption_words:
-            opener = rng["words"].integers(0, len(OPENERS), len(levels))
-            n_fill = rng["words"].poisson(cfg.filler_words, len(levels))
-            words = (opener, n_fill, rng["words"].integers(0, len(FILLERS), int(n_fill.sum())))
-        names = caption_texts(path, cap_image, levels, start, words)
-        if generic is not None:
-            for row, caption in zip(np.flatnonzero(generic), generic_texts, strict=True):
-                names[row] = caption
-            levels = np.where(generic, GENERIC_LEVEL, levels)
-        out = {
-            "image_ids": image_ids,
-            "image_embeddings": images.astype(np.float32),
-            "caption_ids": caption_ids,
-            "caption_image_ids": [image_ids[i] for i in cap_image],
-            "texts": names,
-            "text_embeddings": text.astype(np.float32),
-            "text_norms": norms.astype(np.float32),
-            "extra_text_columns": {"level": levels.astype(np.int64)},
-        }
-        if self.projections:
-            out.update(self._pre_projection(rng["pre"], out))
-        return out
+            opener = rng["words"].integers(0, len(OPENERS), n_captions)
+            n_fill = rng["words"].poisson(cfg.filler_words, n_captions)
+            fill = rng["words"].integers(0, len(FILLERS), int(n_fill.sum()))
+            words, fill_ends = (opener, n_fill, fill), np.concatenate([[0], np.cumsum(n_fill)])
+        if self.projections:  # image norms, image noise, then the text noise from rng["pre"]
+            pre_norms = rng["pre"].standard_normal(n_images)
+            pre_images = _fork(rng["pre"], n_images, cfg.pre_dim)
+        path = self.ancestors(leaves)
 
-    def iter_blocks(self, name: str, n_images: int) -> Iterator[dict]:
-        """The split whole (without ``block_images``) or block by block."""
+        for lo in range(0, max(n_images, 1), WINDOW_IMAGES):  # an empty split: one empty piece
+            hi = min(lo + WINDOW_IMAGES, n_images)
+            c0, c1 = lo * n_cap, hi * n_cap  # the window's captions
+            here = [p[lo:hi] for p in path]
+            object_at = _offset(objects, self.concepts[-1][leaves[lo:hi]], cfg.object_spread)
+            images = _offset(views, object_at, cfg.image_noise)
+            cap_image = np.repeat(np.arange(hi - lo), n_cap)
+            window_levels = levels[c0:c1]
+            targets = np.empty((len(cap_image), dim))
+            for level in range(self.n_levels):
+                rows = window_levels == level
+                if level < len(self.concepts):
+                    targets[rows] = self.concepts[level][here[level][cap_image[rows]]]
+                else:
+                    targets[rows] = object_at[cap_image[rows]]
+            true_text = _offset(paraphrases, targets, cfg.caption_noise)
+            del targets
+            domain = self.root_domain[here[0]][cap_image]
+            if generic is not None:
+                mask = generic[c0:c1]
+                noise = rng["generic"].standard_normal((int(mask.sum()), dim))
+                roots = np.broadcast_to(self.generic, noise.shape)
+                true_text[mask] = _toward(roots, cfg.caption_noise, noise)
+                domain = np.where(mask, -1, domain)  # generic texts: the shared error only (D)
+            text = self.encode_text(true_text, domain)  # the frozen text encoder's error
+            del true_text
+
+            image_ids = [f"{name}-img{start + i:06d}" for i in range(lo, hi)]
+            caption_ids = [f"{image_ids[i]}-c{j}" for i in range(hi - lo) for j in range(n_cap)]
+            window_words = None
+            if words is not None:
+                f0, f1 = fill_ends[c0], fill_ends[c1]
+                window_words = (opener[c0:c1], n_fill[c0:c1], fill[f0:f1])
+            names = caption_texts(here, cap_image, window_levels, start + lo, window_words)
+            if generic is not None:
+                for row in np.flatnonzero(mask):
+                    names[row] = GENERIC_TEXTS[choice[c0 + row]]
+                window_levels = np.where(mask, GENERIC_LEVEL, window_levels)
+            out = {
+                "image_ids": image_ids,
+                "image_embeddings": images.astype(np.float32),
+                "caption_ids": caption_ids,
+                "caption_image_ids": [image_ids[i] for i in cap_image],
+                "texts": names,
+                "text_embeddings": text.astype(np.float32),
+                "text_norms": norms[c0:c1].astype(np.float32),
+                "extra_text_columns": {"level": window_levels.astype(np.int64)},
+            }
+            if self.projections:
+                out.update(self._pre_projection(out, pre_norms[lo:hi], pre_images, rng["pre"]))
+            yield out
+
+    def _blocks(self, n_images: int) -> list[tuple[int, int, tuple[int, ...]]]:
+        """``(start, images, block)`` of each draw of a split: the whole (without
+        ``block_images``) or its blocks."""
         size = self.config.block_images
         if size is None:
-            yield self._draw(name, 0, n_images, ())
-            return
-        for b, start in enumerate(range(0, n_images, size)):
-            yield self._draw(name, start, min(size, n_images - start), (b,))
+            return [(0, n_images, ())]
+        starts = range(0, n_images, size)
+        return [(start, min(size, n_images - start), (b,)) for b, start in enumerate(starts)]
+
+    def iter_blocks(self, name: str, n_images: int) -> Iterator[dict]:
+        """The split piece by piece: windows of the whole split's draw or of each block's."""
+        for start, n, block in self._blocks(n_images):
+            yield from self._draw(name, start, n, block)
 
     def sample_split(self, name: str, n_images: int) -> dict:
         """Draw images, objects and captions for one split (deterministic per split name)."""
         return concat_splits(list(self.iter_blocks(name, n_images)))
 
-    def _pre_projection(self, rng: np.random.Generator, split: dict) -> dict[str, np.ndarray]:
-        """Image norms and the pre-projection features of a split (assumption P)."""
+    def _pre_projection(
+        self,
+        split: dict,
+        normal_norms: np.ndarray,
+        image_noise: np.random.Generator,
+        text_noise: np.random.Generator,
+    ) -> dict[str, np.ndarray]:
+        """Image norms and the pre-projection features of a piece (assumption P)."""
         cfg = self.config
         image_emb = split["image_embeddings"].astype(np.float64)
-        image_norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * rng.standard_normal(len(image_emb)))
+        image_norms = cfg.norm_mean * np.exp(cfg.norm_log_sd * normal_norms)
         out: dict[str, np.ndarray] = {"image_norms": image_norms.astype(np.float32)}
-        for kind, emb, norms in (
-            ("image", image_emb, image_norms),
-            ("text", split["text_embeddings"].astype(np.float64), split["text_norms"]),
+        for kind, emb, norms, rng in (
+            ("image", image_emb, image_norms, image_noise),
+            ("text", split["text_embeddings"].astype(np.float64), split["text_norms"], text_noise),
         ):
             w = self.projections[kind]
             noise = rng.standard_normal((len(emb), cfg.pre_dim))
@@ -238,7 +281,7 @@ class SyntheticWorld:
         return out
 
     def write(self, root: str, shard_images: int = DEFAULT_SHARD_IMAGES) -> str:
-        """Write ``ROOT/manifest.json`` and every split, a block per row group and whole blocks
+        """Write ``ROOT/manifest.json`` and every split, a window per row group and whole blocks
         of about ``shard_images`` images per part file (an unblocked split: one part)."""
         cfg = self.config
         manifest = {
@@ -255,9 +298,9 @@ class SyntheticWorld:
             tables.write_projection(root, **self.projections)
         for name, n_images in cfg.splits.items():
             per_part = max(1, shard_images // (cfg.block_images or max(n_images, 1)))
-            blocks = enumerate(self.iter_blocks(name, n_images))
+            blocks = enumerate(self._blocks(n_images))
             for k, run in itertools.groupby(blocks, key=lambda block: block[0] // per_part):
-                pieces = (piece for _, piece in run)
+                pieces = (piece for _, draw in run for piece in self._draw(name, *draw))
                 tables.write_split_pieces(root, name, pieces, part=f"part-{k:05d}")
         return root
 

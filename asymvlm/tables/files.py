@@ -71,10 +71,12 @@ class Manifest:
             and all(map(_positive_int, pre_dim.values()))
         )
         for key, ok, want in (
-            ("dim", _positive_int(data.get("dim")), "a positive int"),
-            ("model", isinstance(data.get("model"), str), "a string"),
+            ("dim", _positive_int(data.get("dim")), "a positive int: the embeddings' width"),
+            ("model", isinstance(data.get("model"), str), "a string: the embedding model"),
             ("pre_dim", pre_ok, "a map of 'image' and/or 'text' to positive ints"),
         ):
+            if key not in data and key != "pre_dim":
+                raise TableError(f"{source}: manifest has no {key!r} ({want})")
             if not ok:
                 raise TableError(
                     f"{source}: manifest {key!r} must be {want}, got {data.get(key)!r}"
@@ -210,11 +212,17 @@ def list_splits(root: str) -> list[str]:
     return sorted(posixpath.basename(folder) for folder in found)
 
 
-def check_split(root: str, split: str) -> None:
-    """Refuse a ``split`` that ``root`` does not hold, naming those it does."""
-    if split in (splits := list_splits(root)):
-        return
-    fs, base = filesystem(root)
-    if not splits and fs.get_file_info(base).type == pafs.FileType.NotFound:
-        raise TableError(f"{root}: no such folder")
-    raise TableError(f"{root}: no split {split!r} (splits there: {', '.join(splits) or 'none'})")
+def check_split(root: str, split: str) -> Manifest:
+    """The manifest of table root ``root`` when it holds ``split``, else one
+    :class:`TableError`, the same whichever command asks: no such folder, no manifest, or no
+    such split (naming those there)."""
+    splits = list_splits(root)
+    if not splits:
+        fs, base = filesystem(root)
+        if fs.get_file_info(base).type == pafs.FileType.NotFound:
+            raise TableError(f"{root}: no such folder")
+    manifest = read_manifest(root)
+    if split not in splits:
+        there = ", ".join(splits) or "none"
+        raise TableError(f"{root}: no split {split!r} (splits there: {there})")
+    return manifest

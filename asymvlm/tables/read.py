@@ -1,8 +1,13 @@
-"""Reading and validating a split, :func:`read_split`: every check runs once over a folder's
-concatenated parquet files and names the file, row and id of the first violation."""
+"""Reading and validating a split, :func:`read_split`: a folder's parquet files give one table of
+their small columns (ids, captions, norms, extra columns), and each list column is streamed
+batch by batch (``ParquetFile.iter_batches``) into one float32 matrix per folder, allocated
+once. Every check names the file, row and id of the first violation; a list column's checks
+run batch by batch (the first batch with a problem is the one reported)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +31,6 @@ from asymvlm.tables.files import (
     check_split,
     fingerprint,
     list_parquet,
-    read_manifest,
 )
 from asymvlm.tables.split import EmbeddingSplit
 
@@ -47,6 +51,12 @@ def _is_string(typ: pa.DataType) -> bool:
     return pa.types.is_string(typ) or pa.types.is_large_string(typ)
 
 
+#: About this many bytes of values per batch read from a list column.
+_BATCH_BYTES = 1 << 22
+#: Buffered reads of a column chunk (not the whole chunk in memory at once).
+_BUFFER = 1 << 22
+
+
 def _schema_error(shown: str, first: str, a: pa.Schema, b: pa.Schema) -> TableError:
     """The first column where file ``shown`` (schema ``b``) differs from ``first`` (``a``)."""
     for name in [*a.names, *b.names]:
@@ -63,10 +73,14 @@ def _schema_error(shown: str, first: str, a: pa.Schema, b: pa.Schema) -> TableEr
 
 @dataclass
 class _Folder:
-    """The files of one folder read as one table; :meth:`error` names a row's file and id."""
+    """The files of one folder: their small columns read as one ``table`` (a list column is
+    streamed by :meth:`matrix`); :meth:`error` names a row's file and id."""
 
-    table: pa.Table
+    fs: pafs.FileSystem
+    paths: list[str]
     files: list[str]
+    schema: pa.Schema
+    table: pa.Table
     offsets: np.ndarray
     id_name: str
     ids: pa.Array | None = None
@@ -105,35 +119,52 @@ class _Folder:
         return arr
 
     def matrix(self, name: str, width: int, what: str, atol: float | None) -> np.ndarray:
-        """A list column as one writable ``[n, width]`` float32 matrix: no null row, every row of
-        length ``width`` (``what`` names it), finite; rows of norm 1 within ``atol`` if given."""
-        col = self.table.column(name)
-        if not _is_list(col.type):
+        """A list column as one writable ``[n, width]`` float32 matrix, read batch by batch:
+        no null row, every row of length ``width`` (``what`` names it), finite; rows of norm 1
+        within ``atol`` if given."""
+        typ = self.schema.field(name).type
+        if not _is_list(typ):
             raise TableError(
-                f"{self.files[0]}: column {name!r} has type {col.type}, expected list<float32>"
+                f"{self.files[0]}: column {name!r} has type {typ}, expected list<float32>"
             )
+        out = np.empty((int(self.offsets[-1]), width), np.float32)
+        for start, col in self._batches(name, max(1, _BATCH_BYTES // (4 * width))):
+            self._fill(out[start : start + len(col)], start, col, name, what, atol)
+        return out
+
+    def _batches(self, name: str, rows: int) -> Iterator[tuple[int, pa.Array]]:
+        """``(first row, values)`` of column ``name`` in batches of ``rows``, file by file."""
+        for path, shown, start in zip(self.paths, self.files, self.offsets, strict=False):
+            with _reading(shown), _open(self.fs, path) as pf:
+                for batch in pf.iter_batches(rows, columns=[name], use_threads=False):
+                    yield int(start), batch.column(0)
+                    start += batch.num_rows
+
+    def _fill(
+        self, out: np.ndarray, start: int, col: pa.Array, name: str, what: str, atol: float | None
+    ) -> None:
+        """Check one batch of a list column (its rows from ``start`` on) and copy it to ``out``."""
+        width = out.shape[1]
         if col.null_count:
-            raise self.error(_first(col.is_null().to_numpy()), f"{name} is null")
+            bad = _first(col.is_null().to_numpy(zero_copy_only=False))
+            raise self.error(start + bad, f"{name} is null")
         lengths = pc.list_value_length(col).to_numpy()
         bad = _first(lengths != width)
         if bad is not None:
-            raise self.error(bad, f"{name} has length {lengths[bad]}, {what} is {width}")
-        values = [chunk.flatten() for chunk in col.chunks]  # views, copied once below
-        nulls = [v.is_null().to_numpy(zero_copy_only=False) for v in values]
-        bad = _first(np.concatenate(nulls)) if any(v.null_count for v in values) else None
-        if bad is not None:
-            raise self.error(bad // width, f"{name} has null values")
-        blocks = [v.to_numpy(zero_copy_only=False) for v in values] or [np.zeros(0)]
-        out = np.concatenate(blocks, dtype=np.float32, casting="unsafe").reshape(-1, width)
+            raise self.error(start + bad, f"{name} has length {lengths[bad]}, {what} is {width}")
+        values = col.flatten()
+        if values.null_count:
+            bad = _first(values.is_null().to_numpy(zero_copy_only=False))
+            raise self.error(start + bad // width, f"{name} has null values")
+        out.reshape(-1)[:] = values.to_numpy(zero_copy_only=False)
         square = np.einsum("ij,ij->i", out, out, dtype=np.float64)
         bad = _first(~np.isfinite(square))
         if bad is not None:
-            raise self.error(bad, f"{name} has NaN/inf")
+            raise self.error(start + bad, f"{name} has NaN/inf")
         bad = None if atol is None else _first(np.abs(np.sqrt(square) - 1.0) > atol)
         if bad is not None:
             norm = np.sqrt(square[bad])
-            raise self.error(bad, f"{name} norm is {norm:.6g}, expected 1 within {atol:g}")
-        return out
+            raise self.error(start + bad, f"{name} norm is {norm:.6g}, expected 1 within {atol:g}")
 
     def norms(self, validate: bool) -> np.ndarray | None:
         """The raw projection norms (None without a ``norm`` column); ``validate``: finite, > 0,
@@ -171,31 +202,55 @@ class _Folder:
         raise self.error(row, msg)
 
 
-def _read_folder(fs: pafs.FileSystem, root: str, folder: str, required, id_name: str) -> _Folder:
-    """Every parquet file of ``folder`` in name order as one table."""
+@contextmanager
+def _reading(shown: str) -> Iterator[None]:
+    """A file that cannot be read is a :class:`TableError` naming it (lacking memory is not)."""
+    try:
+        yield
+    except pa.ArrowMemoryError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise TableError(f"{shown}: cannot read parquet file ({exc})") from exc
+
+
+def _open(fs: pafs.FileSystem, path: str) -> pq.ParquetFile:
+    """A parquet file read a column chunk at a time (not every row group's at once)."""
+    return pq.ParquetFile(path, filesystem=fs, buffer_size=_BUFFER, pre_buffer=False)
+
+
+def _schema(pf: pq.ParquetFile) -> pa.Schema:
+    """A file's schema, fixed-size lists as lists (a folder may mix both)."""
+    schema = pf.schema_arrow
+    for i, field in enumerate(schema):
+        if _is_list(field.type) and pa.types.is_fixed_size_list(field.type):
+            schema = schema.set(i, field.with_type(pa.list_(field.type.value_type)))
+    return schema
+
+
+def _read_folder(
+    fs: pafs.FileSystem, root: str, folder: str, required, id_name: str, matrices: set[str]
+) -> _Folder:
+    """Every parquet file of ``folder`` in name order: one schema, and one table of the
+    columns other than ``matrices`` (those are read by :meth:`_Folder.matrix`)."""
     files = list_parquet(fs, folder)
     if not files:
         raise TableError(f"{display(root, folder)}: no parquet files in this folder")
-    shown, parts = [], []
+    shown, parts, schema = [], [], None
     for path in files:
         name = display(root, path)
-        try:
-            table = pq.read_table(path, filesystem=fs)
-        except (OSError, pa.ArrowException) as exc:
-            raise TableError(f"{name}: cannot read parquet file ({exc})") from exc
-        missing = [c for c in required if c not in table.column_names]
-        if missing:
-            raise TableError(f"{name}: missing required column(s) {', '.join(map(repr, missing))}")
-        for i, field in enumerate(table.schema):  # fixed-size or variable lists: one type
-            if _is_list(field.type) and pa.types.is_fixed_size_list(field.type):
-                table = table.set_column(
-                    i, field.name, table[i].cast(pa.list_(field.type.value_type))
-                )
-        if parts:
-            same = set(table.column_names) == set(parts[0].column_names)
-            table = table.select(parts[0].column_names) if same else table
-            if not table.schema.equals(parts[0].schema):
-                raise _schema_error(name, shown[0], parts[0].schema, table.schema)
+        with _reading(name), _open(fs, path) as pf:
+            here = _schema(pf)
+            missing = [c for c in required if c not in here.names]
+            if missing:
+                listed = ", ".join(map(repr, missing))
+                raise TableError(f"{name}: missing required column(s) {listed}")
+            if schema is not None and set(here.names) == set(schema.names):
+                here = pa.schema([here.field(c) for c in schema.names])
+            if schema is not None and not here.equals(schema):
+                raise _schema_error(name, shown[0], schema, here)
+            small = [c for c in here.names if c not in matrices]
+            table = pf.read(columns=small, use_threads=False).select(small)
+        schema = schema or here
         shown.append(name)
         parts.append(table)
     table = pa.concat_tables(parts)
@@ -204,7 +259,7 @@ def _read_folder(fs: pafs.FileSystem, root: str, folder: str, required, id_name:
             f"{display(root, folder)}: no rows ({len(parts)} parquet file(s), all empty)"
         )
     offsets = np.cumsum([0] + [t.num_rows for t in parts])
-    out = _Folder(table, shown, offsets, id_name)
+    out = _Folder(fs, files, shown, schema, table, offsets, id_name)
     out.ids = out.strings(id_name)
     return out
 
@@ -214,8 +269,7 @@ def read_split(
 ) -> EmbeddingSplit:
     """Read ``ROOT/split``; :class:`TableError` on structural problems and, with ``validate``,
     on non-unit rows (beyond ``norm_atol``), duplicate ids or bad ``norm`` values."""
-    manifest = read_manifest(root)
-    check_split(root, split)
+    manifest = check_split(root, split)
     fs, base = filesystem(root)
     atol = norm_atol if validate else None
     out: dict = {"manifest": manifest}
@@ -224,7 +278,10 @@ def read_split(
         ("image", IMAGES_DIR, IMAGE_COLUMNS, "image_id", IMAGE_RESERVED),
         ("text", TEXTS_DIR, TEXT_COLUMNS, "caption_id", TEXT_RESERVED),
     ):
-        f = folders[modality] = _read_folder(fs, root, join(base, split, sub), required, id_name)
+        pre, folder = PRE_COLUMNS[modality], join(base, split, sub)
+        f = folders[modality] = _read_folder(
+            fs, root, folder, required, id_name, {"embedding", pre}
+        )
         if validate:
             f.unique(f.ids)
         out[f"{modality}_embeddings"] = f.matrix("embedding", manifest.dim, "manifest dim", atol)
@@ -236,9 +293,8 @@ def read_split(
             )
             for c in names
         }
-        pre = PRE_COLUMNS[modality]
         out[pre] = None
-        if pre in f.table.column_names:
+        if pre in f.schema.names:
             width = manifest.pre_dim.get(modality)
             if width is None:
                 raise TableError(

@@ -1,5 +1,6 @@
-"""Writing one part of a split (values are checked when read, by
-:func:`~asymvlm.tables.read_split`)."""
+"""Writing one part of a split: every id and caption given and a table's columns of one length
+(refused here, naming them); the values are checked when read, by
+:func:`~asymvlm.tables.read_split`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from asymvlm.tables.files import (
     TEXT_PRE,
     TEXT_RESERVED,
     TEXTS_DIR,
+    TableError,
 )
 
 
@@ -29,8 +31,25 @@ def _matrix(values: Any) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
 
 
-def _strings(values: Any) -> pa.Array:
-    return pa.array([str(v) for v in values], pa.string())
+def _strings(name: str, values: Any) -> pa.Array:
+    """``values`` as strings (numbers written out); a missing one (None, NaN, pandas' NA) is
+    refused, naming its row, rather than written as the text 'None' or 'nan'."""
+    try:
+        array = pa.array(values, from_pandas=True)  # missing values: nulls
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types: each one's own text
+        array = pa.array([str(v) for v in values], pa.string())
+    if array.null_count:
+        row = array.is_null().to_numpy(zero_copy_only=False).argmax()
+        raise TableError(f"write_split: {name} row {row} is missing (None, NaN or NA)")
+    return array if pa.types.is_string(array.type) else array.cast(pa.string())
+
+
+def _one_length(kind: str, columns: dict[str, Any]) -> None:
+    """Refuse the columns of one table (``kind``: image or caption) when their lengths differ."""
+    lengths = {name: len(values) for name, values in columns.items() if values is not None}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{name} {n}" for name, n in lengths.items())
+        raise TableError(f"write_split: one row per {kind} in every {kind} column, got {listed}")
 
 
 def _columns(
@@ -67,11 +86,27 @@ def _tables(
     extra_image_columns: dict[str, Any] | None = None,
 ) -> tuple[pa.Table, pa.Table]:
     """The images and texts tables of a piece."""
-    images = {"image_id": _strings(image_ids), "embedding": _matrix(image_embeddings)}
+    image_columns = dict(
+        image_ids=image_ids,
+        image_embeddings=image_embeddings,
+        image_norms=image_norms,
+        image_features_pre=image_features_pre,
+    )
+    _one_length("image", image_columns | (extra_image_columns or {}))
+    caption_columns = dict(
+        caption_ids=caption_ids,
+        caption_image_ids=caption_image_ids,
+        texts=texts,
+        text_embeddings=text_embeddings,
+        text_norms=text_norms,
+        text_features_pre=text_features_pre,
+    )
+    _one_length("caption", caption_columns | (extra_text_columns or {}))
+    images = {"image_id": _strings("image_ids", image_ids), "embedding": _matrix(image_embeddings)}
     captions = {
-        "caption_id": _strings(caption_ids),
-        "image_id": _strings(caption_image_ids),
-        "text": _strings(texts),
+        "caption_id": _strings("caption_ids", caption_ids),
+        "image_id": _strings("caption_image_ids", caption_image_ids),
+        "text": _strings("texts", texts),
         "embedding": _matrix(text_embeddings),
     }
     return (

@@ -43,7 +43,8 @@ def _dataset(root: str, split: str, kind: str) -> ds.FileSystemDataset:
 def table_input(cfg: TrainConfig, root: str, split: str) -> TrainConfig:
     """``cfg`` with the adapter input ``ROOT/<split>`` can give: a text table without ``norm``
     trains (and is recorded) as ``unit``, said at WARNING; an explicit ``raw`` is refused."""
-    texts = _dataset(root, split, tables.TEXTS_DIR)  # a split that is not there: said here
+    tables.check_split(root, split)  # a bad root or split: said here, before any warning
+    texts = _dataset(root, split, tables.TEXTS_DIR)
     if cfg.adapter_input == "unit" or "norm" in texts.schema.names:
         return cfg
     where = display(root, join(filesystem(root)[1], split, tables.TEXTS_DIR))

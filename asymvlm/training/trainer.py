@@ -79,8 +79,10 @@ def make_optimizer(method: Method, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def non_finite(x: torch.Tensor) -> int:
-    """The first row of ``x`` holding a non-finite value, -1 when none does."""
-    bad = (~torch.isfinite(x.reshape(len(x), -1))).any(dim=1).nonzero()
+    """The first row of ``x`` holding a non-finite value, -1 when none does (a row's minimum
+    and maximum are finite when all its values are: no temporary the size of ``x``)."""
+    low, high = torch.aminmax(x.reshape(len(x), -1), dim=1)
+    bad = (~(low.isfinite() & high.isfinite())).nonzero()
     return int(bad[0, 0]) if len(bad) else -1
 
 

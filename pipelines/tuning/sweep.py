@@ -70,15 +70,7 @@ def failures_markdown(failed: list[dict[str, Any]]) -> str:
 
 def check_tables(sweep: SweepConfig) -> None:
     """Fail before any trial starts when the tables or splits the sweep needs are missing."""
-    needs = [(sweep.embeddings, sweep.train_split)]
-    if sweep.test_split:
-        needs.append((sweep.test_embeddings or sweep.embeddings, sweep.test_split))
-    if sweep.val_split and not sweep.val_fraction:
-        needs.append((sweep.embeddings, sweep.val_split))
-    for root, split in needs:
-        tables.read_manifest(root)  # raises TableError naming the missing manifest
-        if split not in (found := tables.list_splits(root)):
-            raise tables.TableError(f"{root}: no split {split!r} (found {found})")
+    sweep.run_spec(sweep.methods[0], sweep.lr[0], sweep.seeds[0]).check_splits()
     if len(sweep.lr) > 1 and not sweep.val_split and not sweep.val_fraction:
         raise ConfigError(
             f"{len(sweep.lr)} learning rates but no validation data to choose among them: "
