@@ -138,6 +138,16 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     )
     assert got == pytest.approx(bayes.data.metrics["t2i_recall_at_1"], abs=1e-9)
 
+    # Every logged model is the adapter's folder loaded by the installed package: no pickle,
+    # no code of its own.
+    models = list((tmp_path / "sweep" / "mlartifacts").rglob("MLmodel"))
+    assert len(models) == len(children)  # one adapter model per trial
+    for mlmodel in models:
+        text, files = mlmodel.read_text(), {p.name for p in mlmodel.parent.rglob("*")}
+        assert "loader_module: asymvlm.scoring.models" in text and "pickle" not in text
+        assert {"config.json", "model.safetensors"} <= files and "code" not in files
+        assert not [f for f in files if f.endswith((".pkl", ".pt", ".bin"))]
+
     # The sweep left every seed-stage adapter as a checkpoint folder: the weights logged.
     assert {m: sorted(s) for m, s in out["adapters"].items()} == {m: ["0", "1"] for m in METHODS}
     where = out["adapters"]["asymvlm-vmf"]["1"]

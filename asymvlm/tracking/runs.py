@@ -19,7 +19,7 @@ from typing import Any
 from asymvlm.tracking import writer as writers
 from asymvlm.tracking.store import git_commit
 
-_REPO = os.path.dirname(writers.PACKAGE)
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def source_name() -> str:
@@ -117,9 +117,12 @@ class Run:
     def log_json(self, name: str, payload: Any, artifact_path: str | None = None) -> None:
         self.log_text(name, json.dumps(payload, indent=2, default=_json_default), artifact_path)
 
-    def log_pyfunc(self, name: str, python_model: Any, **options: Any) -> None:
-        """Log ``python_model`` as pyfunc model ``name``, this package as its code."""
-        self._write("log_pyfunc", name=name, model=python_model, options=options)
+    def log_model(self, name: str, loader_module: str, data_path: str, **options: Any) -> None:
+        """Log pyfunc model ``name``: the files of ``data_path`` (a copy waits while the store is
+        away), loaded by the installed module ``loader_module``'s ``_load_pyfunc`` (no pickle,
+        no code in the model); ``options`` of ``mlflow.pyfunc.log_model``."""
+        path = os.path.abspath(data_path)
+        self._write("log_model", name=name, loader=loader_module, path=path, options=options)
 
     def end(self, status: str = "FINISHED", reason: str | None = None) -> None:
         """FINISHED, FAILED (``reason`` tagged ``failure_reason``) or KILLED; once only."""
