@@ -108,7 +108,8 @@ class CaptionTextModel:
 
 def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
     """Log ``checkpoint_dir`` on ``run`` as ``adapter`` and, with an encoder, ``text-adapter``:
-    each the adapter's folder and this module as its loader, no code or pickle of its own."""
+    each the adapter's folder and this module as its loader, no code or pickle of its own. No
+    input example: MLflow would load each model (and its encoder) to check it while logging."""
     meta = read_checkpoint_meta(checkpoint_dir) or {}
     dim = int(meta["dim"])
     example = pd.DataFrame({"embedding": [[1.0] + [0.0] * (dim - 1)], "norm": [1.0]})
@@ -120,7 +121,6 @@ def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
             adapter,
             pip_requirements=pinned_requirements(*REQUIREMENTS),
             signature=signature(example, pd.DataFrame({"uncertainty": [1.0], "kappa": [1.0]})),
-            input_example=example,
         )
         logged = ["adapter"]
         model = (meta.get("encoder") or {}).get("model")
@@ -136,7 +136,6 @@ def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
                 signature=signature(
                     texts, pd.DataFrame({"uncertainty": [1.0, 1.0], "kappa": [1.0, 1.0]})
                 ),
-                input_example=texts,
             )
             logged.append("text-adapter")
     return logged
