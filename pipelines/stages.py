@@ -17,7 +17,7 @@ from asymvlm.evaluation import registry
 from pipelines.embedding import run_embed
 from pipelines.schema import PipelineConfig, check_shared_output
 from pipelines.session import RaySession
-from pipelines.tuning.sweep import SWEEP_RECORD, run_sweep
+from pipelines.tuning.sweep import SWEEP_RECORD, check_rerun, run_sweep
 
 STAGES = ("embed", "sweep", "evaluate", "report")
 
@@ -56,6 +56,7 @@ def stage_prepare(cfg: PipelineConfig) -> None:
 
 def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
     for sweep in cfg.sweeps:
+        check_rerun(sweep)  # a finished sweep with other settings is refused, not skipped
         if storage.exists(storage.uri_join(sweep.output, SWEEP_RECORD)):
             logger.info("sweep %s: done already", sweep.name)
             continue
