@@ -210,3 +210,26 @@ def test_trial_actors_carry_no_runtime_env(monkeypatch) -> None:
     keep_credentials_on_nodes()
     after = class_cache._ActorClassCache().get(type("Other", (), {}))
     assert not (after._default_options.get("runtime_env") or {}).get("env_vars")
+
+
+def test_a_new_local_store_is_a_copy_of_an_empty_one(tmp_path, monkeypatch) -> None:
+    """A new SQLite store starts as a copy of the empty store this MLflow made once in the
+    cache (not its schema migrations again), and holds what a store MLflow made holds."""
+    import sqlite3
+
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("ASYMVLM_CACHE", str(tmp_path / "cache"))
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        uri = tracking.default_tracking_uri(str(tmp_path / name))
+        with tracking.run(uri, "e", "r", kind="trial", params={"lr": 0.1}) as run:
+            run.log_metrics({"loss": 1.0}, step=1)
+    (empty,) = (tmp_path / "cache").glob("mlflow-*-empty.db")
+    with sqlite3.connect(empty) as db:
+        assert db.execute("SELECT count(*) FROM experiments").fetchone() == (0,)
+    client = MlflowClient(uri)
+    assert sorted(e.name for e in client.search_experiments()) == ["Default", "e"]
+    (got,) = client.search_runs([client.get_experiment_by_name("e").experiment_id])
+    assert got.data.params == {"lr": "0.1"} and got.data.metrics == {"loss": 1.0}
+    assert got.info.status == "FINISHED"

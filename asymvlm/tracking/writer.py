@@ -19,7 +19,7 @@ from typing import Any
 
 from asymvlm.config import redact
 from asymvlm.errors import one_line
-from asymvlm.tracking.store import experiment_id, global_tracking_uri
+from asymvlm.tracking.store import experiment_id, global_tracking_uri, seed_new_store
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class Writer:
     def __init__(self, tracking_uri: str) -> None:
         from mlflow import MlflowClient
 
+        seed_new_store(tracking_uri)
         self.tracking_uri, self.client = tracking_uri, MlflowClient(tracking_uri)
         self.ids: dict[str, str] = {}
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
