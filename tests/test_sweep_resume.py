@@ -176,6 +176,7 @@ def test_a_retried_trial_and_a_reopened_run_log_each_epoch_once(tmp_path) -> Non
     again.on_trial_start(0, [], trial)
     for epoch in (4, 5, 6):
         again.on_trial_result(0, [], trial, {"epoch": epoch, "lr": 0.1, "train_loss": 10.0})
+    again.on_experiment_end([])
     assert [r.id for r in again.runs.values()] == [run_id]
     steps = sorted(m.step for m in client.get_metric_history(run_id, "train_loss"))
     assert steps == [1, 2, 3, 4, 5, 6]

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -91,9 +91,13 @@ class Run:
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
         """Finite numbers only (None, NaN and non-numbers are left out)."""
-        now = int(1000 * time.time())
+        self.log_steps([(metrics, step, time.time())])
+
+    def log_steps(self, rows: Iterable[tuple[Mapping[str, Any], int, float]]) -> None:
+        """The metrics of several steps in one request: (metrics, step, when in seconds) each."""
         items = [
-            [str(k), float(v), now, int(step)]
+            [str(k), float(v), int(1000 * at), int(step)]
+            for metrics, step, at in rows
             for k, v in metrics.items()
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
         ]
