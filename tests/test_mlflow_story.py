@@ -19,6 +19,7 @@ from asymvlm import config, tracking
 from asymvlm.errors import ConfigError
 from asymvlm.tables import read_split
 from pipelines import schema
+from tests.helpers import library_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 2
@@ -150,6 +151,7 @@ def test_the_console_is_short_and_no_credential_reaches_outputs_mlflow_or_logs(s
     text = story["stderr"]
     lines = text.splitlines()
     assert len(lines) <= 40 and not [ln for ln in lines if "arning" in ln], text
+    assert not library_lines(text), text  # Ray's, Tune's and MLflow's lines go to the log file
     assert text.count("trial asymvlm-vmf") == 3  # one line per finished trial
     assert f"asymvlm ui {story['output']}" in text
     assert os.path.isfile(os.path.join(story["output"], "logs", "pipeline.log"))
