@@ -56,7 +56,8 @@ class MlflowTrialLogger(tune.Callback):
         self.earlier: dict[str, str] | None = None  # trial label -> an earlier attempt's run
         # A trial waits at each report until Tune's loop takes it: the writes go on one thread,
         # in order, and the loop on; a trial's epochs wait to go out together (one request a
-        # second, not one an epoch: each costs the driver's CPU, which the trials share).
+        # second, not one an epoch: each costs the driver's CPU, which the trials share), and
+        # at the latest with its next checkpoint.
         self.writes, self.written = ThreadPoolExecutor(1, "mlflow-trials"), []
         self.epochs: dict[str, list[tuple[dict[str, Any], int, float]]] = {}  # key -> waiting
         self.sent: dict[str, float] = {}  # key -> when its epochs last went out
@@ -137,6 +138,13 @@ class MlflowTrialLogger(tune.Callback):
                     self.sent[key] = now
                     self._later(self._send_epochs, key)
                 self.logged[key] = step
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info) -> None:
+        """A checkpoint a restored sweep may go on from: its epochs are in MLflow before Tune
+        records it (the restored trial reports only the epochs after it)."""
+        for key, _ in self._members(trial):
+            self._later(self._send_epochs, key)
+        self.written[-1].result()
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         members = self._members(trial)
