@@ -67,7 +67,7 @@ class MlflowTrialLogger(tune.Callback):
         self.written.append(self.writes.submit(write, *args))
 
     def _send_epochs(self, key: str) -> None:
-        """Write ``key``'s waiting epochs now (on the writes' thread: after what came before)."""
+        """Write ``key``'s waiting epochs now."""
         with self.lock:
             rows = self.epochs.pop(key, [])
         if rows:
@@ -141,10 +141,10 @@ class MlflowTrialLogger(tune.Callback):
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info) -> None:
         """A checkpoint a restored sweep may go on from: its epochs are in MLflow before Tune
-        records it (the restored trial reports only the epochs after it)."""
+        records it (the restored trial reports only the epochs after it); written here, not
+        behind the slower writes waiting on the thread."""
         for key, _ in self._members(trial):
-            self._later(self._send_epochs, key)
-        self.written[-1].result()
+            self._send_epochs(key)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         members = self._members(trial)
