@@ -57,7 +57,7 @@ class MlflowTrialLogger(tune.Callback):
         # A trial waits at each report until Tune's loop takes it: the writes go on one thread,
         # in order, and the loop on; a trial's epochs wait to go out together (one request a
         # second, not one an epoch: each costs the driver's CPU, which the trials share), and
-        # at the latest with its next checkpoint.
+        # at the latest when Tune saves its state (get_state).
         self.writes, self.written = ThreadPoolExecutor(1, "mlflow-trials"), []
         self.epochs: dict[str, list[tuple[dict[str, Any], int, float]]] = {}  # key -> waiting
         self.sent: dict[str, float] = {}  # key -> when its epochs last went out
@@ -73,12 +73,22 @@ class MlflowTrialLogger(tune.Callback):
         if rows:
             self.runs[key].log_steps(rows)
 
-    def on_experiment_end(self, trials, **info) -> None:
+    def _drain(self) -> None:
+        """Every write so far done, the waiting epochs with them."""
         for key in list(self.epochs):
             self._later(self._send_epochs, key)
-        self.writes.shutdown()
         for write in self.written:
             write.result()
+        self.written.clear()
+
+    def get_state(self) -> None:
+        """Called by Tune as it saves the experiment's state (which a restored sweep goes on
+        from, its trials from their checkpoints): MLflow holds what that state holds first."""
+        self._drain()
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self._drain()
+        self.writes.shutdown()
 
     def _members(self, trial) -> list[tuple[str, dict[str, Any]]]:
         return [(f"{trial.trial_id}#{k}", t) for k, t in enumerate(trial.config["members"])]
@@ -138,13 +148,6 @@ class MlflowTrialLogger(tune.Callback):
                     self.sent[key] = now
                     self._later(self._send_epochs, key)
                 self.logged[key] = step
-
-    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info) -> None:
-        """A checkpoint a restored sweep may go on from: its epochs are in MLflow before Tune
-        records it (the restored trial reports only the epochs after it); written here, not
-        behind the slower writes waiting on the thread."""
-        for key, _ in self._members(trial):
-            self._send_epochs(key)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         members = self._members(trial)
