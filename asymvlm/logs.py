@@ -49,6 +49,8 @@ def log_file_for(output: str | None, name: str) -> str:
 
 def configure(verbose: bool = False, log_file: str | None = None) -> None:
     """Console and file handlers on the root logger (a second call replaces them)."""
+    # MLflow, imported later, would put its own console handler back on its loggers.
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, "_asymvlm", False)]:
         root.removeHandler(handler)
@@ -81,7 +83,7 @@ def verbose() -> bool:
 
 def quiet_third_party() -> None:
     """Send Ray's and MLflow's records to our handlers instead of theirs (again after
-    ``ray.init``)."""
+    ``ray.init``; an MLflow imported after :func:`configure` adds none)."""
     for name in _THIRD_PARTY:
         lg = logging.getLogger(name)
         for handler in list(lg.handlers):

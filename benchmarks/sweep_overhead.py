@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     import mlflow  # noqa: F401  (imported before the timing, as torch is for the loop)
     import torch
 
-    from asymvlm import config, logs, tables
+    from asymvlm import logs, tables
     from asymvlm.synthetic import PRESETS, write_world
-    from pipelines.schema import sweep_config
+    from pipelines.schema import load_sweep
     from pipelines.session import RaySession
     from pipelines.tuning.sweep import run_sweep
 
@@ -61,14 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(
         prefix="sweep-overhead-", ignore_cleanup_errors=True
     ) as scratch:
-        doc = config.apply_overrides(config.load_yaml(args.config), args.set)
-        doc["embeddings"] = os.path.abspath(args.tables or doc["embeddings"])
+        where = [f"output={os.path.join(scratch, 'sweep')}", "mlflow.tracking_uri=null"]
+        where += [f"embeddings={os.path.abspath(args.tables)}"] if args.tables else []
+        cfg = load_sweep(args.config, [*args.set, *where])
         try:
-            tables.read_manifest(doc["embeddings"])
+            tables.read_manifest(cfg.embeddings)
         except Exception:  # not there: the demo world
-            doc["embeddings"] = write_world(os.path.join(scratch, "world"), PRESETS["demo"])
-        doc["mlflow"] = {**(doc.get("mlflow") or {}), "tracking_uri": None}
-        cfg = sweep_config({**doc, "output": os.path.join(scratch, "sweep")})
+            world = write_world(os.path.join(scratch, "world"), PRESETS["demo"])
+            cfg = load_sweep(args.config, [*args.set, *where, f"embeddings={world}"])
         RaySession().require()  # started before any timing, left to the process's end
         load_before = loadavg()
         log("sweep ...")

@@ -21,7 +21,7 @@ require("ray", "tracking", "report")
 from asymvlm import config, logs, tracking  # noqa: E402
 from pipelines.schema import load_pipeline  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
-from pipelines.stages import STAGES, final_tables, run_pipeline  # noqa: E402
+from pipelines.stages import STAGES, check_reruns, final_tables, run_pipeline  # noqa: E402
 
 DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.yaml"
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--stages: {what}; choose from {list(STAGES)}")
         overrides = list(args.set) + ([f"output={args.output}"] if args.output else [])
         cfg = load_pipeline(args.config, overrides)  # everything validated before Ray starts
+        check_reruns(cfg)  # and the output's finished parts made with these settings
         log_file = logs.log_file_for(cfg.output, "pipeline")
         logs.configure(verbose=args.verbose, log_file=log_file)
         logger.info("pipeline %s: stages %s -> %s", cfg.name, ",".join(stages), cfg.output)

@@ -8,20 +8,42 @@ import logging
 import os
 import tempfile
 import time
+from dataclasses import asdict
 from typing import Any
 
 import yaml
 
 from asymvlm import storage, tracking
+from asymvlm.errors import ConfigError
 from asymvlm.evaluation import registry
 from pipelines.embedding import run_embed
 from pipelines.schema import PipelineConfig, check_shared_output
 from pipelines.session import RaySession
-from pipelines.tuning.sweep import SWEEP_RECORD, run_sweep
+from pipelines.tuning.sweep import SWEEP_RECORD, check_rerun, run_sweep
 
 STAGES = ("embed", "sweep", "evaluate", "report")
 
 logger = logging.getLogger("pipelines.full")
+
+
+def check_reruns(cfg: PipelineConfig) -> None:
+    """Refuse an output whose parts were made with other settings, naming them (before Ray
+    starts): the synthetic world's knobs, each sweep's settings (:func:`check_rerun`)."""
+    syn = cfg.prepare.synthetic
+    if syn and storage.exists(storage.uri_join(syn.output, "manifest.json")):
+        from asymvlm.synthetic import WorldConfig
+
+        then, now = asdict(WorldConfig.from_manifest(syn.output)), asdict(syn.world_config())
+        if diffs := [
+            f"{k} {then[k]!r} (then) vs {v!r} (now)" for k, v in now.items() if then[k] != v
+        ]:
+            raise ConfigError(
+                f"prepare.synthetic: {syn.output} holds a world made with other knobs: "
+                f"{'; '.join(diffs)}. Run with those to go on, or give these another output "
+                f"folder (or delete {syn.output})"
+            )
+    for sweep in cfg.sweeps:
+        check_rerun(sweep)
 
 
 def stage_prepare(cfg: PipelineConfig) -> None:
@@ -56,6 +78,7 @@ def stage_prepare(cfg: PipelineConfig) -> None:
 
 def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
     for sweep in cfg.sweeps:
+        check_rerun(sweep)  # a finished sweep with other settings is refused, not skipped
         if storage.exists(storage.uri_join(sweep.output, SWEEP_RECORD)):
             logger.info("sweep %s: done already", sweep.name)
             continue

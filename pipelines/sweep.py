@@ -21,7 +21,7 @@ require("ray", "tracking", "report")
 from asymvlm import config, logs, tracking  # noqa: E402
 from pipelines.schema import load_sweep  # noqa: E402
 from pipelines.session import RaySession  # noqa: E402
-from pipelines.tuning.sweep import ADAPTERS_DIR, check_tables, run_sweep  # noqa: E402
+from pipelines.tuning.sweep import ADAPTERS_DIR, check_rerun, check_tables, run_sweep  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
 
@@ -46,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         logs.configure(verbose=args.verbose)
         sweep = load_sweep(args.config, args.set)  # validated before Ray starts
-        logs.configure(verbose=args.verbose, log_file=logs.log_file_for(sweep.output, "sweep"))
         check_tables(sweep)
+        check_rerun(sweep)  # nothing is written before the config is known to be good
+        logs.configure(verbose=args.verbose, log_file=logs.log_file_for(sweep.output, "sweep"))
         with tracking.outage_queue(), RaySession(eager=True, init=sweep.ray.init_kwargs()):
             out = run_sweep(sweep)
         logger.info("\n%s", out["markdown"])

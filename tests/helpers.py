@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -9,6 +10,18 @@ import pytest
 import torch
 
 from asymvlm.methods.base import unit
+
+#: A line a library wrote to the console: a level word, a timestamp, a Ray worker's prefix, a C++
+#: log line (ours are bare, or start "warning: " / "error: ").
+_LIBRARY_LINE = re.compile(
+    r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|^\s*\[?\d{4}[-/]\d\d[-/]\d\d|\(\w*\s?pid=\d+|"
+    r"\.(cc|h):\d+\]?:|Traceback|Warning:"
+)
+
+
+def library_lines(console: str) -> list[str]:
+    """The lines of ``console`` that a library wrote (which belong in the log file)."""
+    return [line for line in console.splitlines() if _LIBRARY_LINE.search(line)]
 
 
 def free_port() -> int:

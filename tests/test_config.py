@@ -153,6 +153,80 @@ def test_pipeline_fails_in_seconds_before_ray(
     assert started == [] and not never.exists()
 
 
+def test_relative_paths_in_a_config_file_are_relative_to_its_folder(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """Wherever a sweep, pipeline, embedding or Serve YAML is run from, its relative paths are
+    relative to its folder (model names and URIs stay names); ``--set`` values are relative
+    to the working directory, as on the command line. A sweep refused for its config writes
+    nothing."""
+    from pipelines import sweep as sweep_script
+
+    folder, here = tmp_path / "configs", tmp_path / "elsewhere"
+    (folder / "models" / "clip").mkdir(parents=True)
+    (folder / "dist").mkdir()
+    (folder / "dist" / "p-1.whl").write_text("")
+    here.mkdir()
+    monkeypatch.chdir(here)
+    path = folder / "sweep.yaml"
+    env = "{working_dir: src, py_modules: [mods], pip: [numpy==2.0, dist/p-1.whl]}"
+    path.write_text(
+        "embeddings: ../tables\noutput: out\nmethods: [clip]\nlr: [0.1]\nseeds: [0]\n"
+        f"ray: {{runtime_env: {env}}}\n"
+    )
+    cfg = schema.load_sweep(str(path))
+    assert (cfg.embeddings, cfg.output) == (str(tmp_path / "tables"), str(folder / "out"))
+    assert cfg.mlflow.tracking_uri == f"sqlite:///{folder / 'out' / 'mlflow.db'}"
+    runtime = cfg.ray.runtime_env
+    assert (runtime.working_dir, runtime.py_modules) == (
+        str(folder / "src"),
+        [str(folder / "mods")],
+    )
+    assert runtime.pip == ["numpy==2.0", str(folder / "dist" / "p-1.whl")]
+    cfg = schema.load_sweep(str(path), ["output=mine", "embeddings=tables"])
+    assert (cfg.embeddings, cfg.output) == (str(here / "tables"), str(here / "mine"))
+
+    (folder / "a.json").write_text("{}")
+    (folder / "img").mkdir()
+    path = folder / "pipeline.yaml"
+    sweep = "{name: s, embeddings: t, methods: [clip], lr: [0.1], seeds: [0]}"
+    job = "{dataset: coco, annotations: a.json, images: img, split: test, output: t}"
+    path.write_text(
+        f"name: p\noutput: ../runs/p\nsweeps: [{sweep}]\nreport: {{output: r}}\n"
+        f"embed: {{defaults: {{model: models/clip}}, jobs: [{job}]}}\n"
+        "evaluations: [{kind: hierarcaps, sweep: s, data: 't:test'}]\n"
+    )
+    pipeline = schema.load_pipeline(str(path))
+    (job,), (evaluation,) = pipeline.embed.jobs, pipeline.evaluations
+    assert (pipeline.output, pipeline.report.output) == (
+        str(tmp_path / "runs" / "p"),
+        f"{folder}/r",
+    )
+    assert (job.annotations, job.images, job.output) == (
+        f"{folder}/a.json",
+        f"{folder}/img",
+        f"{folder}/t",
+    )
+    assert job.model == f"{folder}/models/clip"  # a folder that is there, not a Hub id
+    assert pipeline.sweep("s").embeddings == str(evaluation.data.root) == f"{folder}/t"
+    path.write_text("{dataset: coco, model: org/hub-id, split: test, output: t}")
+    assert schema.load_embed_jobs(str(path))[0].model == "org/hub-id"
+
+    path = folder / "serve.yaml"
+    path.write_text("checkpoint: models/clip\nencoder: org/hub-id\n")
+    assert schema.load_serve(str(path), [], None).checkpoint == f"{folder}/models/clip"
+    path.write_text("checkpoint: runs:/0123/adapter\n")
+    assert schema.load_serve(str(path), [], None).checkpoint == "runs:/0123/adapter"
+
+    # no tables there: one line, exit 2, and no output folder (no logs/sweep.log) made
+    path = folder / "sweep.yaml"
+    path.write_text("embeddings: ../tables\noutput: out\nmethods: [clip]\nlr: [0.1]\nseeds: [0]\n")
+    assert sweep_script.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and str(tmp_path / "tables") in err
+    assert not (folder / "out").exists()
+
+
 TRAIN = "train --embeddings {world} --method asymvlm-vmf --quiet --output {tmp}/"
 EVALUATE = "evaluate --embeddings {world} --checkpoint {tmp} --output {tmp}/out "
 

@@ -21,7 +21,7 @@ from asymvlm.data.embed import DUMMY_PROMPTS, EmbedConfig
 from asymvlm.data.encoder import files_sha256, load_encoder
 from asymvlm.errors import ConfigError, LockError
 from pipelines.embedding import JOB, SUCCESS, run_embed
-from tests.helpers import hierarcaps_subset, requires_hierarcaps, tiny_encoders
+from tests.helpers import hierarcaps_subset, library_lines, requires_hierarcaps, tiny_encoders
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = dict(dataset="hierarcaps", split="test")
@@ -405,6 +405,7 @@ def _run(command: list[str], **kw) -> subprocess.CompletedProcess:
         command, cwd=REPO, capture_output=True, text=True, timeout=300, start_new_session=True, **kw
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    assert not library_lines(run.stderr), run.stderr  # Ray Data's and Ray's lines: the log file
     return run
 
 

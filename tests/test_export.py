@@ -6,7 +6,6 @@ import json
 import math
 import os
 import shutil
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -20,7 +19,7 @@ from asymvlm.cli import main as cli_main
 from asymvlm.errors import CheckpointError
 from asymvlm.protocol import train
 from asymvlm.scoring import Scorer, TableEncoder
-from asymvlm.scoring.models import CaptionUncertaintyModel
+from asymvlm.scoring.models import CaptionUncertaintyModel, _load_pyfunc
 from asymvlm.training import TrainConfig
 from tests.conftest import small_world_config
 from tests.hub_server import serve_hub
@@ -218,9 +217,7 @@ UNIT = [1.0] + [0.0] * 15  # the world's dim is 16
 
 
 def _adapter(folder: str) -> CaptionUncertaintyModel:
-    model = CaptionUncertaintyModel()
-    model.load_context(SimpleNamespace(artifacts={"checkpoint": folder}))
-    return model
+    return _load_pyfunc(folder)  # as MLflow loads a logged adapter
 
 
 @pytest.mark.parametrize(
@@ -236,14 +233,14 @@ def _adapter(folder: str) -> CaptionUncertaintyModel:
 def test_a_bad_row_is_an_invalid_parameter_naming_it(vmf, embedding, norm, message) -> None:
     frame = pd.DataFrame({"embedding": [UNIT, embedding], "norm": [8.0, norm]})
     with pytest.raises(MlflowException) as err:
-        _adapter(vmf).predict(None, frame)
+        _adapter(vmf).predict(frame)
     assert err.value.error_code == "INVALID_PARAMETER_VALUE" and err.value.message == message
     assert err.value.get_http_status_code() == 400
 
 
 def test_the_embedding_model_answers_finite_numbers_or_null(vmf, world, tmp_path) -> None:
     model = _adapter(vmf)
-    rows = model.predict(None, pd.DataFrame({"embedding": [UNIT, UNIT[::-1]], "norm": [8.0, 7.5]}))
+    rows = model.predict(pd.DataFrame({"embedding": [UNIT, UNIT[::-1]], "norm": [8.0, 7.5]}))
     assert (rows["kappa"] > 0).all() and np.isfinite(rows["kappa"]).all()
     np.testing.assert_allclose(rows["uncertainty"], 1.0 / rows["kappa"], rtol=1e-5)
     for frame, message in (
@@ -252,8 +249,8 @@ def test_the_embedding_model_answers_finite_numbers_or_null(vmf, world, tmp_path
         (pd.DataFrame({"embedding": [], "norm": []}), "input has no rows"),
     ):
         with pytest.raises(MlflowException, match=message):
-            model.predict(None, frame)
+            model.predict(frame)
     clip = str(tmp_path / "clip")  # a method without kappa: null, not NaN
     train(world, "train", TrainConfig(method="clip"), output=clip, progress=False)
-    result = _adapter(clip).predict(None, pd.DataFrame({"embedding": [UNIT], "norm": [8.0]}))
+    result = _adapter(clip).predict(pd.DataFrame({"embedding": [UNIT], "norm": [8.0]}))
     assert result.to_dict("records") == [{"uncertainty": None, "kappa": None}]

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from asymvlm.errors import ConfigError
 from pipelines import full, schema, stages
 from tests.helpers import free_port
 
@@ -156,9 +157,8 @@ def test_prepare_writes_the_preset_world_and_its_classification_sets(tmp_path, c
     )
     sizes = "train_images: 120, val_images: 20, test_images: 40, seed: 2"
     classes = "classes: {positives: 60, negatives: 50, zeroshot: 30}"
-    cfg = schema.load_pipeline(
-        _prepare_config(tmp_path, f"preset: demo, {sizes}, {classes}", evals)
-    )
+    path = _prepare_config(tmp_path, f"preset: demo, {sizes}, {classes}", evals)
+    cfg = schema.load_pipeline(path)
     caplog.set_level("INFO", logger="pipelines.full")
     stages.stage_prepare(cfg)
     out = tmp_path / "out"
@@ -173,6 +173,11 @@ def test_prepare_writes_the_preset_world_and_its_classification_sets(tmp_path, c
     stages.stage_prepare(cfg)  # resumed: everything is there
     assert not any("prepare:" in r.getMessage() for r in caplog.records)
     assert stamps == {p: p.stat().st_mtime_ns for p in out.rglob("*.parquet")}
+    # the same output with other knobs: refused naming them (the old world was used silently)
+    stages.check_reruns(cfg)
+    again = schema.load_pipeline(path, ["prepare.synthetic.seed=3"])
+    with pytest.raises(ConfigError, match=r"other knobs: seed 2 \(then\) vs 3 \(now\)\. Run"):
+        stages.check_reruns(again)
 
 
 def test_prepare_without_classes_or_domains_writes_no_sets(tmp_path) -> None:

@@ -20,7 +20,7 @@ from asymvlm import config, tracking
 from asymvlm.errors import ConfigError
 from asymvlm.tables import read_split
 from pipelines import schema
-from tests.helpers import free_port
+from tests.helpers import free_port, library_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 2
@@ -155,6 +155,7 @@ def test_the_console_is_short_and_no_credential_reaches_outputs_mlflow_or_logs(s
     text = story["stderr"]
     lines = text.splitlines()
     assert len(lines) <= 40 and not [ln for ln in lines if "arning" in ln], text
+    assert not library_lines(text), text  # Ray's, Tune's and MLflow's lines go to the log file
     assert text.count("trial asymvlm-vmf") == 3  # one line per finished trial
     assert f"asymvlm ui {story['output']}" in text
     assert os.path.isfile(os.path.join(story["output"], "logs", "pipeline.log"))
@@ -215,3 +216,26 @@ def test_trial_actors_carry_no_runtime_env(monkeypatch) -> None:
     keep_credentials_on_nodes()
     after = class_cache._ActorClassCache().get(type("Other", (), {}))
     assert not (after._default_options.get("runtime_env") or {}).get("env_vars")
+
+
+def test_a_new_local_store_is_a_copy_of_an_empty_one(tmp_path, monkeypatch) -> None:
+    """A new SQLite store starts as a copy of the empty store this MLflow made once in the
+    cache (not its schema migrations again), and holds what a store MLflow made holds."""
+    import sqlite3
+
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("ASYMVLM_CACHE", str(tmp_path / "cache"))
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        uri = tracking.default_tracking_uri(str(tmp_path / name))
+        with tracking.run(uri, "e", "r", kind="trial", params={"lr": 0.1}) as run:
+            run.log_metrics({"loss": 1.0}, step=1)
+    (empty,) = (tmp_path / "cache").glob("mlflow-*-empty.db")
+    with sqlite3.connect(empty) as db:
+        assert db.execute("SELECT count(*) FROM experiments").fetchone() == (0,)
+    client = MlflowClient(uri)
+    assert sorted(e.name for e in client.search_experiments()) == ["Default", "e"]
+    (got,) = client.search_runs([client.get_experiment_by_name("e").experiment_id])
+    assert got.data.params == {"lr": "0.1"} and got.data.metrics == {"loss": 1.0}
+    assert got.info.status == "FINISHED"

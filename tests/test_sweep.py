@@ -53,7 +53,7 @@ def test_killed_worker_resumes_to_the_same_result(ray_session, world, tmp_path) 
 
 @pytest.mark.slow
 def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
-    ray_session, world, tmp_path
+    ray_session, world, tmp_path, capsys
 ) -> None:
     """Trained (asymvlm-vmf), post hoc (bayesvlm) and frozen (clip) methods: nested runs with
     their metrics and adapters, lr chosen on validation, the summary, the report, and the seed
@@ -69,7 +69,8 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     space = {"methods": list(METHODS), "lr": [1e-3, 1e-2], "seeds": [0, 1], "epochs": EPOCHS}
     sizes = {"batch_size": 128, "optimizer": "adamw", "hidden_dim": 32, "checkpoint_every": 2}
     where = {"embeddings": world, "output": str(tmp_path / "sweep")}
-    out = run_sweep(sweep_config({**space, **sizes, **where, "mlflow": {"experiment": "ci-sweep"}}))
+    doc = {**space, **sizes, **where, "mlflow": {"experiment": "ci-sweep"}}
+    out = run_sweep(sweep_config(doc))
     assert not out["failed"]
     assert out["tracking_uri"] == "sqlite:///" + str(tmp_path / "sweep" / "mlflow.db")
     client = MlflowClient(out["tracking_uri"])
@@ -138,6 +139,16 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     )
     assert got == pytest.approx(bayes.data.metrics["t2i_recall_at_1"], abs=1e-9)
 
+    # Every logged model is the adapter's folder loaded by the installed package: no pickle,
+    # no code of its own.
+    models = list((tmp_path / "sweep" / "mlartifacts").rglob("MLmodel"))
+    assert len(models) == len(children)  # one adapter model per trial
+    for mlmodel in models:
+        text, files = mlmodel.read_text(), {p.name for p in mlmodel.parent.rglob("*")}
+        assert "loader_module: asymvlm.scoring.models" in text and "pickle" not in text
+        assert {"config.json", "model.safetensors"} <= files and "code" not in files
+        assert not [f for f in files if f.endswith((".pkl", ".pt", ".bin"))]
+
     # The sweep left every seed-stage adapter as a checkpoint folder: the weights logged.
     assert {m: sorted(s) for m, s in out["adapters"].items()} == {m: ["0", "1"] for m in METHODS}
     where = out["adapters"]["asymvlm-vmf"]["1"]
@@ -147,6 +158,23 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     logged = adapters["asymvlm-vmf/seed1"].state_dict()
     for name, value in exported.state_dict().items():
         torch.testing.assert_close(value, logged[name].cpu(), rtol=0, atol=0)
+
+    # The same output again with other settings: refused in one line naming them, before
+    # anything is written (the MLflow runs and the adapters would mix two trainings).
+    from pipelines import sweep as sweep_script
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(json.dumps(doc))
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "sweep").rglob("*") if p.is_file()}
+    capsys.readouterr()  # the sweep's own output so far
+    assert sweep_script.main(["--config", str(path), "--set", f"epochs={EPOCHS + 1}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"epochs {EPOCHS} (then) vs {EPOCHS + 1} (now)" in err, err
+    assert "Run it with those settings to go on" in err
+    assert stamps == {
+        p: p.stat().st_mtime_ns for p in (tmp_path / "sweep").rglob("*") if p.is_file()
+    }
+    assert len(tracking.child_runs(out["tracking_uri"], out["parent_run_id"])) == len(children)
 
 
 def test_a_seed_run_without_an_adapter_is_left_out_with_a_warning(tmp_path, caplog) -> None:

@@ -59,12 +59,16 @@ def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
 
 
-class Doubler(tracking.PythonModel):  # its input times the factor in its artifact
-    def load_context(self, context) -> None:
-        self.factor = float(Path(context.artifacts["factor"]).read_text())
+class Doubler:  # its input times the factor in its file
+    def __init__(self, path: str) -> None:
+        self.factor = float(Path(path).read_text())
 
-    def predict(self, context, model_input, params=None):
+    def predict(self, model_input, params=None):
         return model_input * self.factor
+
+
+def _load_pyfunc(data_path: str) -> Doubler:  # this module is the logged model's loader
+    return Doubler(data_path)
 
 
 def test_failures_of_the_store_are_told_from_wrong_writes() -> None:
@@ -131,7 +135,7 @@ def test_an_outage_longer_than_the_retries_is_bridged(server, tmp_path) -> None:
     trial.log_text("notes.txt", "written during the outage")
     factor = tmp_path / "factor.txt"
     factor.write_text("3")
-    trial.log_pyfunc("adapter", Doubler(), artifacts={"factor": str(factor)}, pip_requirements=[])
+    trial.log_model("adapter", __name__, str(factor), pip_requirements=[])
     factor.unlink()  # a copy waits
     late = tracking.open_run(server.uri, "outage", "late", kind="trial", parent=sweep)
     for run in (trial, late, sweep):

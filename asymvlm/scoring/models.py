@@ -1,5 +1,10 @@
 """A trained adapter as MLflow pyfunc models, logged for every trial of a sweep and served by
-``mlflow models serve``: ``adapter`` (text embeddings in) and ``text-adapter`` (captions in)."""
+``mlflow models serve``: ``adapter`` (text embeddings in) and ``text-adapter`` (captions in).
+
+A logged model holds the adapter's checkpoint folder (``config.json``, ``model.safetensors``) and
+an ``MLmodel`` that names this module as its loader (pyfunc's ``loader_module``): loading it
+imports the installed ``asymvlm`` and reads the folder, running no code and no pickle that came
+with the model (docs/sharing.md)."""
 
 from __future__ import annotations
 
@@ -13,10 +18,19 @@ import pandas as pd
 from asymvlm.checkpoints import copy_adapter, load_checkpoint, read_checkpoint_meta
 from asymvlm.data.encoder.names import is_open_clip
 from asymvlm.scoring.scorer import Scorer, ScoringInputError
-from asymvlm.tracking import PythonModel, Run, invalid_input, pinned_requirements, signature
+from asymvlm.tracking import Run, invalid_input, pinned_requirements, signature
 
 #: The libraries every logged model needs (pinned to the versions installed here).
-REQUIREMENTS = ("torch", "numpy", "pandas", "scipy", "pyarrow", "mlflow")
+REQUIREMENTS = ("asymvlm", "torch", "numpy", "pandas", "scipy", "pyarrow", "safetensors", "mlflow")
+#: The ``model_config`` of the captions-in model (the embeddings-in model has none).
+TEXT_INPUT = {"input": "text"}
+
+
+def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> Any:
+    """MLflow's entry to a logged model: ``data_path`` is its checkpoint folder."""
+    if (model_config or {}).get("input") == TEXT_INPUT["input"]:
+        return CaptionTextModel(data_path)
+    return CaptionUncertaintyModel(data_path)
 
 
 def _answer(index: pd.Index, uncertainty: Any, kappa: Any) -> pd.DataFrame:
@@ -29,14 +43,14 @@ def _answer(index: pd.Index, uncertainty: Any, kappa: Any) -> pd.DataFrame:
     )
 
 
-class CaptionUncertaintyModel(PythonModel):
+class CaptionUncertaintyModel:
     """Text embeddings in (``embedding``, and ``norm`` for adapters on raw features),
     ``uncertainty`` and ``kappa`` out; bad input is an invalid-input error (HTTP 400)."""
 
-    def load_context(self, context) -> None:
-        self.method, self.meta = load_checkpoint(context.artifacts["checkpoint"])
+    def __init__(self, checkpoint: str) -> None:
+        self.method, self.meta = load_checkpoint(checkpoint)
 
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+    def predict(self, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         import torch
 
         invalid, frame, dim = invalid_input, pd.DataFrame(model_input), int(self.meta["dim"])
@@ -75,13 +89,13 @@ class CaptionUncertaintyModel(PythonModel):
         return _answer(frame.index, unc, texts.get("kappa"))
 
 
-class CaptionTextModel(PythonModel):
+class CaptionTextModel:
     """Captions in (``text``), the numbers of ``asymvlm score-text`` out (:class:`Scorer`)."""
 
-    def load_context(self, context) -> None:
-        self.scorer = Scorer.from_checkpoint(context.artifacts["checkpoint"], device="cpu")
+    def __init__(self, checkpoint: str) -> None:
+        self.scorer = Scorer.from_checkpoint(checkpoint, device="cpu")
 
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+    def predict(self, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         frame = pd.DataFrame(model_input)
         if "text" not in frame:
             raise invalid_input("input needs a 'text' column (one caption a row)")
@@ -93,16 +107,18 @@ class CaptionTextModel(PythonModel):
 
 
 def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
-    """Log ``checkpoint_dir`` on ``run`` as ``adapter`` and, with an encoder, ``text-adapter``."""
+    """Log ``checkpoint_dir`` on ``run`` as ``adapter`` and, with an encoder, ``text-adapter``:
+    each the adapter's folder and this module as its loader, no code or pickle of its own. No
+    input example: MLflow would load each model (and its encoder) to check it while logging."""
     meta = read_checkpoint_meta(checkpoint_dir) or {}
     dim = int(meta["dim"])
     example = pd.DataFrame({"embedding": [[1.0] + [0.0] * (dim - 1)], "norm": [1.0]})
     with tempfile.TemporaryDirectory() as tmp:
         adapter = copy_adapter(checkpoint_dir, os.path.join(tmp, "checkpoint"))
-        run.log_pyfunc(
+        run.log_model(
             "adapter",
-            CaptionUncertaintyModel(),
-            artifacts={"checkpoint": adapter},
+            __name__,
+            adapter,
             pip_requirements=pinned_requirements(*REQUIREMENTS),
             signature=signature(example, pd.DataFrame({"uncertainty": [1.0], "kappa": [1.0]})),
         )
@@ -111,15 +127,15 @@ def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
         if model:
             texts = pd.DataFrame({"text": ["a dog", "a golden retriever catching a red frisbee"]})
             library = "open_clip_torch" if is_open_clip(model) else "transformers"
-            run.log_pyfunc(
+            run.log_model(
                 "text-adapter",
-                CaptionTextModel(),
-                artifacts={"checkpoint": adapter},
+                __name__,
+                adapter,
+                model_config=TEXT_INPUT,
                 pip_requirements=[*pinned_requirements(*REQUIREMENTS), library, "pillow"],
                 signature=signature(
                     texts, pd.DataFrame({"uncertainty": [1.0, 1.0], "kappa": [1.0, 1.0]})
                 ),
-                input_example=texts,
             )
             logged.append("text-adapter")
     return logged

@@ -2,8 +2,6 @@
 (:mod:`.runs`), writes that wait while the store is away (:mod:`.writer`), reads (:mod:`.queries`).
 The pipeline run is the root; its sweeps, trials, evaluations and report are nested under it."""
 
-from typing import Any
-
 from asymvlm.tracking.queries import (
     child_runs,
     download,
@@ -25,18 +23,8 @@ from asymvlm.tracking.store import (
 )
 from asymvlm.tracking.writer import drain, outage_queue, pending
 
-__all__ = ["PythonModel", "Run", "child_runs", "default_tracking_uri", "download", "drain"]
+__all__ = ["Run", "child_runs", "default_tracking_uri", "download", "drain"]
 __all__ += ["ended", "existing_run", "experiment_id", "experiment_runs", "git_commit"]
 __all__ += ["global_tracking_uri", "invalid_input", "json_artifact", "last_step", "model_run"]
 __all__ += ["open_run", "outage_queue", "pending", "pinned_requirements", "relocate_local_store"]
 __all__ += ["resume_run", "run", "signature"]
-
-
-def __getattr__(name: str) -> Any:
-    """``PythonModel``, imported from MLflow on first use: importing this package (as every
-    sweep trial does, through the config schema) does not import MLflow."""
-    if name == "PythonModel":
-        from mlflow.pyfunc import PythonModel
-
-        return PythonModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,14 +12,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from asymvlm.tracking import writer as writers
 from asymvlm.tracking.store import git_commit
 
-_REPO = os.path.dirname(writers.PACKAGE)
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def source_name() -> str:
@@ -91,9 +91,13 @@ class Run:
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
         """Finite numbers only (None, NaN and non-numbers are left out)."""
-        now = int(1000 * time.time())
+        self.log_steps([(metrics, step, time.time())])
+
+    def log_steps(self, rows: Iterable[tuple[Mapping[str, Any], int, float]]) -> None:
+        """The metrics of several steps in one request: (metrics, step, when in seconds) each."""
         items = [
-            [str(k), float(v), now, int(step)]
+            [str(k), float(v), int(1000 * at), int(step)]
+            for metrics, step, at in rows
             for k, v in metrics.items()
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
         ]
@@ -117,9 +121,12 @@ class Run:
     def log_json(self, name: str, payload: Any, artifact_path: str | None = None) -> None:
         self.log_text(name, json.dumps(payload, indent=2, default=_json_default), artifact_path)
 
-    def log_pyfunc(self, name: str, python_model: Any, **options: Any) -> None:
-        """Log ``python_model`` as pyfunc model ``name``, this package as its code."""
-        self._write("log_pyfunc", name=name, model=python_model, options=options)
+    def log_model(self, name: str, loader_module: str, data_path: str, **options: Any) -> None:
+        """Log pyfunc model ``name``: the files of ``data_path`` (a copy waits while the store is
+        away), loaded by the installed module ``loader_module``'s ``_load_pyfunc`` (no pickle,
+        no code in the model); ``options`` of ``mlflow.pyfunc.log_model``."""
+        path = os.path.abspath(data_path)
+        self._write("log_model", name=name, loader=loader_module, path=path, options=options)
 
     def end(self, status: str = "FINISHED", reason: str | None = None) -> None:
         """FINISHED, FAILED (``reason`` tagged ``failure_reason``) or KILLED; once only."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sqlite3
 import subprocess
 from collections.abc import Iterator
@@ -28,6 +29,55 @@ _LOCATION_COLUMNS = (
 def default_tracking_uri(output: str) -> str:
     """A local SQLite store beside the outputs (MLflow >= 3.13 refuses a bare ./mlruns)."""
     return "sqlite:///" + os.path.join(os.path.abspath(output), "mlflow.db")
+
+
+def _empty_store() -> str | None:
+    """An empty SQLite store of this MLflow (its schema, no rows), made once in the cache folder
+    (``$ASYMVLM_CACHE``, else ``~/.cache/asymvlm``); None when it cannot be made there."""
+    import mlflow
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    folder = os.path.expanduser(os.environ.get("ASYMVLM_CACHE") or "~/.cache/asymvlm")
+    path = os.path.join(folder, f"mlflow-{mlflow.__version__}-empty.db")
+    if os.path.isfile(path):
+        return path
+    part = f"{path}.{os.getpid()}.part"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        engine = sqlalchemy.create_engine(f"sqlite:///{part}")
+        try:
+            _initialize_tables(engine)
+        finally:
+            engine.dispose()
+        os.replace(part, path)
+    except Exception as exc:  # a read-only home, another MLflow: MLflow makes the store itself
+        logger.debug("no empty MLflow store in %s: %s", folder, exc)
+        return None
+    finally:
+        if os.path.exists(part):
+            os.remove(part)
+    return path
+
+
+def seed_new_store(tracking_uri: str) -> None:
+    """A SQLite store that is not there yet starts as a copy of :func:`_empty_store`: MLflow
+    would build it by running its schema migrations, ~5 s of a sweep's start on a disk that
+    syncs each (MLflow adds its default experiment, as to a store it made)."""
+    database = os.path.abspath(tracking_uri.removeprefix("sqlite:///"))
+    if not tracking_uri.startswith("sqlite:///") or os.path.exists(database):
+        return
+    if not os.path.isdir(os.path.dirname(database)) or not (empty := _empty_store()):
+        return  # MLflow says what is wrong with the place
+    part = f"{database}.{os.getpid()}.part"
+    try:
+        shutil.copyfile(empty, part)
+        os.link(part, database)  # unless another process made it meanwhile
+    except OSError:
+        pass
+    finally:
+        if os.path.exists(part):
+            os.remove(part)
 
 
 def _artifacts_beside(tracking_uri: str) -> str | None:

@@ -19,12 +19,10 @@ from typing import Any
 
 from asymvlm.config import redact
 from asymvlm.errors import one_line
-from asymvlm.tracking.store import experiment_id, global_tracking_uri
+from asymvlm.tracking.store import experiment_id, global_tracking_uri, seed_new_store
 
 logger = logging.getLogger(__name__)
 
-#: The package that travels with a logged model (its ``code_paths``): asymvlm itself.
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRST_RETRY_S, MAX_RETRY_S = 5.0, 60.0
 _DATABASE_DOWN = re.compile(
     r"database is locked|could not connect|connection refused|server closed|timed? ?out", re.I
@@ -58,6 +56,7 @@ class Writer:
     def __init__(self, tracking_uri: str) -> None:
         from mlflow import MlflowClient
 
+        seed_new_store(tracking_uri)
         self.tracking_uri, self.client = tracking_uri, MlflowClient(tracking_uri)
         self.ids: dict[str, str] = {}
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
@@ -99,13 +98,12 @@ class Writer:
             client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
         elif kind == "log_artifact":
             client.log_artifact(run_id, op["path"], op.get("artifact_path"))
-        elif kind == "log_pyfunc":
+        elif kind == "log_model":
             import mlflow
 
+            model = {"name": op["name"], "loader_module": op["loader"], "data_path": op["path"]}
             with global_tracking_uri(self.tracking_uri), mlflow.start_run(run_id=run_id):
-                mlflow.pyfunc.log_model(
-                    name=op["name"], python_model=op["model"], code_paths=[PACKAGE], **op["options"]
-                )
+                mlflow.pyfunc.log_model(**model, **op["options"])
             client.update_run(run_id, status="RUNNING")  # leaving start_run ended it
         elif kind == "set_terminated":
             client.set_terminated(run_id, op["status"], op["end_time"])
@@ -137,12 +135,7 @@ class Writer:
 
 def _kept(op: dict[str, Any]) -> dict[str, Any]:
     """``op`` as it waits: its files copied (the caller may delete them)."""
-    if op["op"] == "log_artifact":
-        return {**op, "path": _copy(op["path"])}
-    if op["op"] == "log_pyfunc":
-        files = {k: _copy(v) for k, v in op["options"].get("artifacts", {}).items()}
-        return {**op, "options": {**op["options"], "artifacts": files}}
-    return op
+    return {**op, "path": _copy(op["path"])} if op["op"] in ("log_artifact", "log_model") else op
 
 
 def _copy(path: str) -> str:

@@ -25,6 +25,10 @@ def _encode(cfg: EmbedConfig, ds: ray.data.Dataset) -> pa.Table:
             "pre_projection": cfg.pre_projection,
         },
         compute=ray.data.ActorPoolStrategy(size=cfg.num_actors),
+        # Not restarted by Ray: Ray Data passes every pool actor object-store arguments, and
+        # Ray core prints an ERROR for each restartable one (ray-project/ray#57733). A lost
+        # actor ends the job; the same command resumes it from its written shards.
+        max_restarts=0,
         num_gpus=1 if gpu else 0,
         num_cpus=cfg.actor_cpus,
         batch_size=cfg.batch_size,

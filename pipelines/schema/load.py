@@ -6,15 +6,18 @@ import copy
 import functools
 import logging
 import os
-from typing import Any
+import types
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from asymvlm import config, storage
+from asymvlm.checkpoints import is_model_uri
 from asymvlm.data.embed import EmbedConfig
+from asymvlm.data.encoder.names import looks_like_path
 from asymvlm.errors import ConfigError
-from asymvlm.tables import Location
+from asymvlm.tables import Location, parse_location
 from pipelines.schema.pipeline import EmbedSection, PipelineConfig
 from pipelines.schema.serve import ServeConfig
-from pipelines.schema.sweep import SweepConfig
+from pipelines.schema.sweep import RuntimeEnv, SweepConfig
 
 logger = logging.getLogger("pipelines.full")
 
@@ -23,8 +26,88 @@ logger = logging.getLogger("pipelines.full")
 OPTIONAL_DATA = ("hierarcaps",)
 
 
-def _document(path: str, overrides: list[str] | None) -> dict[str, Any]:
-    doc = config.apply_overrides(config.load_yaml(path), overrides or [])
+#: Keys typed as plain strings that hold a local path, or a name or a folder (a folder, or a local
+#: wheel, when one is there or it reads as a path); an embedding section's ``defaults`` holds a
+#: job's keys.
+_UNTYPED_PATHS = {EmbedConfig: ("output", "annotations", "images", "id_list")}
+_NAME_OR_FOLDER = {
+    EmbedConfig: ("model",),
+    ServeConfig: ("checkpoint", "encoder"),
+    RuntimeEnv: ("pip",),
+}
+_KEYS_OF = {(EmbedSection, "defaults"): EmbedConfig}
+
+
+def _under(folder: str, value: Any, name_or_folder: bool = False) -> Any:
+    """A relative local path ``value`` (or each of a list) joined to ``folder``; anything else as
+    it is (URIs, model names, absolute paths, ``${VAR}`` values left to ``expand_env``)."""
+    if isinstance(value, list):
+        return [_under(folder, v, name_or_folder) for v in value]
+    if not isinstance(value, str) or not value or value.startswith(("$", "~")):
+        return value
+    if os.path.isabs(value) or storage.is_remote(value) or is_model_uri(value):
+        return value
+    joined = os.path.normpath(os.path.join(folder, value))
+    if name_or_folder and not (looks_like_path(value) or os.path.exists(joined)):
+        return value  # a model name
+    return joined
+
+
+def _from_file(value: Any, schema: Any, folder: str) -> Any:
+    """``value`` as a config file in ``folder`` wrote it for ``schema``, its relative local paths
+    (the values of a ``storage.absolute`` field, a ``ROOT:SPLIT`` root, the keys above) made
+    relative to ``folder``."""
+    origin, args = get_origin(schema), get_args(schema)
+    if origin is Annotated:
+        if any(getattr(m, "func", None) is storage.absolute for m in args[1:]):
+            return _under(folder, value)
+        if args[0] is Location and isinstance(value, str):
+            try:
+                root, split = parse_location(value)
+            except ValueError:  # said when the config is validated
+                return value
+            return f"{_under(folder, root)}:{split}"
+        tag = next((m.discriminator for m in args[1:] if getattr(m, "discriminator", None)), None)
+        if tag and isinstance(value, dict):  # the member of a tagged union named by the value
+            kinds = get_args(args[0])
+            member = [
+                k for k in kinds if value.get(tag) in get_args(k.model_fields[tag].annotation)
+            ]
+            return _from_file(value, member[0], folder) if member else value
+        return _from_file(value, args[0], folder)
+    if origin in (Union, types.UnionType):
+        for member in args:
+            value = _from_file(value, member, folder)
+        return value
+    if origin in (list, tuple) and isinstance(value, list):
+        return [_from_file(v, args[0], folder) for v in value]
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return {k: _from_file(v, args[1], folder) for k, v in value.items()}
+    fields = getattr(schema, "__pydantic_fields__", None)
+    if not fields or not isinstance(value, dict):
+        return value
+    out = dict(value)
+    for key, item in value.items():
+        if (schema, key) in _KEYS_OF:
+            out[key] = _from_file(item, _KEYS_OF[schema, key], folder)
+        elif key in _UNTYPED_PATHS.get(schema, ()) or key in _NAME_OR_FOLDER.get(schema, ()):
+            out[key] = _under(folder, item, key in _NAME_OR_FOLDER.get(schema, ()))
+        elif key in fields:
+            info = fields[key]
+            typed = (
+                Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+            )
+            out[key] = _from_file(item, typed, folder)
+    return out
+
+
+def _document(path: str, overrides: list[str] | None, schema: Any) -> dict[str, Any]:
+    """The config file ``path`` (its relative paths relative to its folder), then ``--set``
+    overrides (their relative paths relative to the working directory, as on the command line)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    doc = config.apply_overrides(
+        _from_file(config.load_yaml(path), schema, folder), overrides or []
+    )
     config.check_no_credentials(doc, path)
     return doc
 
@@ -37,20 +120,22 @@ def sweep_config(doc: dict[str, Any], source: str = "<sweep>") -> SweepConfig:
 
 def load_sweep(path: str, overrides: list[str] | None = None) -> SweepConfig:
     """A sweep file (``tune_spaces/*.yaml``) with ``--set`` overrides, validated."""
-    return sweep_config(_document(path, overrides), path)
+    return sweep_config(_document(path, overrides, SweepConfig), path)
 
 
 def load_embed_jobs(path: str, overrides: list[str] | None = None) -> list[EmbedConfig]:
     """The embedding jobs of ``path``: one job at the top level, or ``defaults`` + ``jobs``."""
-    doc = config.expand_env(_document(path, overrides), path)
-    if "jobs" in doc or "defaults" in doc:
+    raw = config.load_yaml(path)
+    schema = EmbedSection if "jobs" in raw or "defaults" in raw else EmbedConfig
+    doc = config.expand_env(_document(path, overrides, schema), path)
+    if schema is EmbedSection:
         return config.validate(EmbedSection, doc, path).jobs
     return [config.validate(EmbedConfig, doc, path)] if doc else []
 
 
 def load_serve(path: str | None, overrides: list[str], checkpoint: str | None) -> ServeConfig:
     """Serve's settings: an optional YAML, ``--set`` overrides and ``--checkpoint``."""
-    doc = config.apply_overrides(config.load_yaml(path) if path else {}, overrides)
+    doc = _document(path, overrides, ServeConfig) if path else config.apply_overrides({}, overrides)
     if checkpoint:
         doc["checkpoint"] = checkpoint
     return config.validate(ServeConfig, doc, path or "serve options")
@@ -101,7 +186,7 @@ def drop_unavailable(doc: dict[str, Any], source: str) -> tuple[dict[str, Any], 
 
 def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConfig:
     """The whole pipeline validated, every input path checked, before Ray starts."""
-    doc, dropped = drop_unavailable(_document(path, overrides), path)
+    doc, dropped = drop_unavailable(_document(path, overrides, PipelineConfig), path)
     if dropped:
         logger.warning(
             "without HierarCaps, these parts of %s are left out: %s", path, ", ".join(dropped)

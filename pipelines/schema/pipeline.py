@@ -124,7 +124,7 @@ class SyntheticPrepare(StrictModel):
 class HierarCapsCifarPrepare(StrictModel):
     """``prepare.hierarcaps_cifar``: a small classification set cut from HierarCaps images."""
 
-    hierarcaps: str = Field(description="the HierarCaps folder (csv and images)")
+    hierarcaps: Absolute = Field(description="the HierarCaps folder (csv and images)")
     output: Absolute = Field(description="the folder the set's images and annotations go to")
     n_classes: Annotated[int, Field(ge=2)] = Field(5, description="classes of the set")
 
@@ -158,7 +158,9 @@ class EmbedSection(StrictModel):
 class ReportConfig(StrictModel):
     """``report``: where the report goes."""
 
-    output: str | None = Field(None, description="the report's folder (default: OUTPUT/report)")
+    output: Absolute | None = Field(
+        None, description="the report's folder (default: OUTPUT/report)"
+    )
 
 
 class PipelineConfig(StrictModel):

@@ -24,7 +24,8 @@ from asymvlm.training import TrainConfig
 MethodName = Annotated[str, AfterValidator(check_method_name)]
 PositiveInt = Annotated[int, Field(ge=1)]
 Finite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-#: A location in one spelling (:func:`asymvlm.storage.absolute`).
+#: A location in one spelling (:func:`asymvlm.storage.absolute`); written relative in a config
+#: file, it is relative to the file's folder (:mod:`pipelines.schema.load`).
 Absolute = Annotated[str, AfterValidator(storage.absolute)]
 #: The environment variable of a drill (:class:`FaultInjection`) in a submitted job.
 FAULT_ENV = "ASYMVLM_FAULT_INJECTION"
@@ -40,8 +41,8 @@ class RuntimeEnv(StrictModel):
     """The part of Ray's ``runtime_env`` a config may set, e.g. a method plugin for workers."""
 
     pip: list[str] | None = Field(None, description="pip requirements (a wheel, NAME==VERSION)")
-    py_modules: list[str] | None = Field(None, description="local modules or wheels to upload")
-    working_dir: str | None = Field(None, description="a local folder each worker starts in")
+    py_modules: list[Absolute] | None = Field(None, description="local modules or wheels to upload")
+    working_dir: Absolute | None = Field(None, description="a local folder each worker starts in")
     env_vars: dict[str, str] | None = Field(None, description="environment variables")
 
 

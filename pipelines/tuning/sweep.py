@@ -24,6 +24,7 @@ from ray.tune.search import Searcher
 
 from asymvlm import config, results, storage, tables, tracking
 from asymvlm.checkpoints import copy_adapter
+from asymvlm.checkpoints.folder import RESUME_MAY_DIFFER
 from asymvlm.errors import AsymVLMError, ConfigError, Unfinished, one_line
 from asymvlm.methods import METHODS
 from pipelines.schema import SweepConfig, check_shared_output
@@ -37,6 +38,12 @@ SWEEP_RECORD = "sweep.json"  # written last: a sweep with it is done
 ADAPTERS_DIR = "adapters"  # <output>/adapters/<method>/seed<k>: the seed stage's adapters
 KEEP_CHECKPOINTS = 2  # per trial, the latest
 _RUN_ID = "mlflow_run.json"  # in <output>/tune: the sweep's MLflow run, reopened by a rerun
+_SETTINGS = "settings.json"  # in <output>/tune: what the sweep there trains, for a rerun to match
+#: What a rerun may change: where and how the trials run, not what they train.
+RERUN_MAY_DIFFER = RESUME_MAY_DIFFER | set(
+    "name note output mlflow storage ray max_failures node_wait_s cpus_per_worker gpus_per_worker "
+    "fault_injection".split()
+)
 
 
 class NoResults(AsymVLMError):
@@ -75,6 +82,27 @@ def check_tables(sweep: SweepConfig) -> None:
         raise ConfigError(
             f"{len(sweep.lr)} learning rates but no validation data to choose among them: "
             "set val_split or val_fraction (the test split never takes part in the choice)"
+        )
+
+
+def _settings(sweep: SweepConfig) -> dict[str, Any]:
+    return {k: v for k, v in sweep.model_dump(mode="json").items() if k not in RERUN_MAY_DIFFER}
+
+
+def check_rerun(sweep: SweepConfig) -> None:
+    """Refuse a sweep into an output whose sweep was run with other settings, naming them: its
+    MLflow runs and adapters would mix two trainings (a rerun with the same settings goes on)."""
+    then = storage.read_json(storage.uri_join(sweep.output, "tune"), _SETTINGS)
+    if then is None:
+        return
+    now = _settings(sweep)
+    keys = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
+    if keys:
+        diffs = "; ".join(f"{k} {then.get(k)!r} (then) vs {now.get(k)!r} (now)" for k in keys)
+        raise ConfigError(
+            f"sweep {sweep.label}: {sweep.output} holds a sweep run with other settings: {diffs}. "
+            "Run it with those settings to go on, or give these settings another output "
+            f"folder (or delete {sweep.output} to start over)"
         )
 
 
@@ -289,9 +317,11 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
     """Stage 1 -> lr chosen on validation -> stage 2 -> summary; its MLflow run under ``parent``."""
     require_ray("a sweep")
     check_tables(sweep)
+    check_rerun(sweep)
     if not storage.is_remote(sweep.output):
         os.makedirs(sweep.output, exist_ok=True)
     check_shared_output(sweep.output, sweep.storage.shared_filesystem)
+    storage.write_json(storage.uri_join(sweep.output, "tune"), _SETTINGS, _settings(sweep))
     base = _base_params(sweep)
     # A new SQLite store takes a second or two: the sweep's run opens while Tune starts the
     # trials. Its key is the same in a rerun, where Tune's pickled callback finds the run by it.

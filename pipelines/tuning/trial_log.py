@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from pipelines.tuning.trials import SELECTION_METRIC, failure_reason
 logger = logging.getLogger("pipelines.sweep")
 
 _NOT_METRICS = frozenset(AUTO_RESULT_KEYS) | {"checkpoint_path", "epoch", "trial_id", "done"}
+EPOCHS_EVERY_S = 1.0  # a trial's epoch metrics go to MLflow at most this often (then together)
 
 
 def trial_label(stage: str, trial: dict[str, Any]) -> str:
@@ -37,8 +39,9 @@ def shown(trial: dict[str, Any]) -> str:
 
 class MlflowTrialLogger(tune.Callback):
     """Every member of a trial is a run under the sweep's ``parent`` (an earlier attempt's,
-    reopened): each epoch once (step = epoch), its outcome, FINISHED or FAILED with the reason;
-    Tune's first event waits for the sweep's run still ``opening`` (by its key) as Tune starts."""
+    reopened): each epoch once (step = epoch, at the time it was reported), its outcome, FINISHED
+    or FAILED with the reason; Tune's first event waits for the sweep's run still ``opening`` (by
+    its key) as Tune starts."""
 
     opening: ClassVar[weakref.WeakValueDictionary[str, Future]] = weakref.WeakValueDictionary()
 
@@ -51,17 +54,41 @@ class MlflowTrialLogger(tune.Callback):
         self.logged: dict[str, int] = {}  # run key -> the last epoch in its run
         self.started: dict[str, float] = {}
         self.earlier: dict[str, str] | None = None  # trial label -> an earlier attempt's run
-        # A trial waits at each report until Tune's loop takes it: the slow writes (a model,
-        # a plot) go on one thread, in order, and the loop on.
+        # A trial waits at each report until Tune's loop takes it: the writes go on one thread,
+        # in order, and the loop on; a trial's epochs wait to go out together (one request a
+        # second, not one an epoch: each costs the driver's CPU, which the trials share), and
+        # at the latest when Tune saves its state (get_state).
         self.writes, self.written = ThreadPoolExecutor(1, "mlflow-trials"), []
+        self.epochs: dict[str, list[tuple[dict[str, Any], int, float]]] = {}  # key -> waiting
+        self.sent: dict[str, float] = {}  # key -> when its epochs last went out
+        self.lock = threading.Lock()
 
     def _later(self, write: Callable[..., Any], *args: Any) -> None:
         self.written.append(self.writes.submit(write, *args))
 
-    def on_experiment_end(self, trials, **info) -> None:
-        self.writes.shutdown()
+    def _send_epochs(self, key: str) -> None:
+        """Write ``key``'s waiting epochs now."""
+        with self.lock:
+            rows = self.epochs.pop(key, [])
+        if rows:
+            self.runs[key].log_steps(rows)
+
+    def _drain(self) -> None:
+        """Every write so far done, the waiting epochs with them."""
+        for key in list(self.epochs):
+            self._later(self._send_epochs, key)
         for write in self.written:
             write.result()
+        self.written.clear()
+
+    def get_state(self) -> None:
+        """Called by Tune as it saves the experiment's state (which a restored sweep goes on
+        from, its trials from their checkpoints): MLflow holds what that state holds first."""
+        self._drain()
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self._drain()
+        self.writes.shutdown()
 
     def _members(self, trial) -> list[tuple[str, dict[str, Any]]]:
         return [(f"{trial.trial_id}#{k}", t) for k, t in enumerate(trial.config["members"])]
@@ -107,12 +134,19 @@ class MlflowTrialLogger(tune.Callback):
         for k, ((key, member), row) in enumerate(zip(members, outcomes, strict=True)):
             if "outcome" in row:
                 run = self._run(key, stage, member)
+                self._later(self._send_epochs, key)
                 self._later(log_outcome, run, row, trial.checkpoint, k, len(members))
         if "epoch" in result:
             key, member = members[int(result.get("member", 0))]
             if (step := int(result["epoch"])) > self.logged.get(key, 0):  # a retry repeats some
                 metrics = {k: v for k, v in result.items() if k not in _NOT_METRICS | {"member"}}
-                self._run(key, stage, member).log_metrics(metrics, step=step)
+                self._run(key, stage, member)
+                now = time.time()
+                with self.lock:
+                    self.epochs.setdefault(key, []).append((metrics, step, now))
+                if now - self.sent.get(key, 0.0) >= EPOCHS_EVERY_S:
+                    self.sent[key] = now
+                    self._later(self._send_epochs, key)
                 self.logged[key] = step
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
@@ -128,9 +162,9 @@ class MlflowTrialLogger(tune.Callback):
             self._end(key, trial.config["stage"], member, reason)
 
     def _end(self, key: str, stage: str, trial: dict[str, Any], reason: str) -> None:
-        self._later(
-            self._run(key, stage, trial).end, "FAILED" if reason else "FINISHED", reason or None
-        )
+        run = self._run(key, stage, trial)
+        self._later(self._send_epochs, key)
+        self._later(run.end, "FAILED" if reason else "FINISHED", reason or None)
         if reason:
             logger.warning("trial %s FAILED: %s", shown(trial), reason)
         else:
