@@ -1,6 +1,6 @@
-"""The console and the log file: this project's messages (loggers ``asymvlm``, ``pipelines``) at
-INFO on the console, one line each; every other library's (Ray, MLflow, warnings) at WARNING and
-above into a log file; ``verbose``: everything, on the console too."""
+"""The console and the log file: this project's messages (loggers ``asymvlm``, ``asymvlm_ray``,
+``pipelines``) at INFO on the console, one line each; every other library's (Ray, MLflow,
+warnings) at WARNING and above into a log file; ``verbose``: everything, on the console too."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import tempfile
 import warnings
 
-OURS = ("asymvlm", "pipelines")
+OURS = ("asymvlm", "asymvlm_ray", "pipelines")
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _THIRD_PARTY = ("ray", "ray.data", "ray.tune", "ray.train", "ray.serve", "mlflow", "alembic")
 _THIRD_PARTY += ("urllib3", "filelock", "py.warnings")

@@ -4,7 +4,7 @@ Both sides embed the same HierarCaps images *and* their captions (4 per image) w
 local CLIP checkpoint and the same batch size, and write the embeddings to a fresh temporary
 folder:
 
-* **stage** -- ``pipelines.embedding.run_embed`` (one Ray Data pass: decode/preprocess ->
+* **stage** -- ``asymvlm_ray.embedding.run_embed`` (one Ray Data pass: decode/preprocess ->
   encoder actor pool that embeds each batch's images and their captions -> sharded parquet);
 * **plain** -- one process: ``read_source`` (the same image/caption list), ``load_encoder(model)``,
   then per batch ``PIL.Image.open`` + ``Encoder.preprocess_images`` + ``Encoder.encode_pixels``,

@@ -4,7 +4,7 @@ Writes a synthetic world (default d = 512, 8000 training images x 5 captions), t
 interleaved (single, ray, single, ray, ...):
 
 * **single** -- ``python -m asymvlm.cli train`` in a fresh process (what a user runs);
-* **ray** -- ``pipelines/ray_train.py``'s ``run_training`` with one worker (``TorchTrainer``,
+* **ray** -- ``asymvlm_ray/ray_train.py``'s ``run_training`` with one worker (``TorchTrainer``,
   gloo, ``resources_per_worker`` = all cores so both sides use the same torch threads),
   against a Ray cluster started once before any timing.
 
@@ -80,7 +80,7 @@ def run_single(args: argparse.Namespace, world: str, out: str) -> dict[str, Any]
 def run_ray(args: argparse.Namespace, world: str, out: str, cpus: int) -> dict[str, Any]:
     from asymvlm.protocol import RunSpec
     from asymvlm.training import TrainConfig
-    from pipelines.ray_train import run_training
+    from asymvlm_ray.ray_train import run_training
 
     train = TrainConfig(
         method=args.method,

@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     from asymvlm import Scorer, logs
-    from pipelines.schema import ServeConfig
-    from pipelines.serving import deploy
-    from pipelines.session import RaySession
+    from asymvlm_ray.schema import ServeConfig
+    from asymvlm_ray.serving import deploy
+    from asymvlm_ray.session import RaySession
 
     logs.configure(verbose=False)
     # stdout carries the JSON alone: Ray prints some of its workers' messages (Serve's

@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from asymvlm import logs, tables
     from asymvlm.synthetic import PRESETS, write_world
-    from pipelines.schema import load_sweep
-    from pipelines.session import RaySession
-    from pipelines.tuning.sweep import run_sweep
+    from asymvlm_ray.schema import load_sweep
+    from asymvlm_ray.session import RaySession
+    from asymvlm_ray.tuning.sweep import run_sweep
 
     logs.configure(verbose=False)
     with tempfile.TemporaryDirectory(

@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
-if __package__ in (None, ""):  # run as a script: make `pipelines` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from asymvlm.errors import ArgumentParser, guarded, require  # noqa: E402
+from asymvlm.errors import ArgumentParser, guarded, require
 
 require("ray", "embed")
 
 from asymvlm import logs  # noqa: E402
-from pipelines.embedding import run_embed  # noqa: E402
-from pipelines.schema import load_embed_jobs  # noqa: E402
-from pipelines.session import RaySession  # noqa: E402
+from asymvlm_ray.embedding import run_embed  # noqa: E402
+from asymvlm_ray.schema import load_embed_jobs  # noqa: E402
+from asymvlm_ray.session import RaySession  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """The whole pipeline on Ray: prepare -> embed -> sweep -> evaluate -> report (one YAML).
 
-Stages: :mod:`pipelines.stages` (each resumable); keys: :class:`pipelines.schema.PipelineConfig`."""
+Stages: :mod:`asymvlm_ray.stages` (each resumable); keys:
+:class:`asymvlm_ray.schema.PipelineConfig`."""
 
 from __future__ import annotations
 
@@ -9,19 +10,15 @@ import json
 import logging
 import os
 import shlex
-import sys
 
-if __package__ in (None, ""):  # run as a script: make `pipelines` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from asymvlm.errors import ArgumentParser, ConfigError, guarded, require  # noqa: E402
+from asymvlm.errors import ArgumentParser, ConfigError, guarded, require
 
 require("ray", "tracking", "report")
 
 from asymvlm import config, logs, tracking  # noqa: E402
-from pipelines.schema import load_pipeline  # noqa: E402
-from pipelines.session import RaySession  # noqa: E402
-from pipelines.stages import STAGES, check_reruns, final_tables, run_pipeline  # noqa: E402
+from asymvlm_ray.schema import load_pipeline  # noqa: E402
+from asymvlm_ray.session import RaySession  # noqa: E402
+from asymvlm_ray.stages import STAGES, check_reruns, final_tables, run_pipeline  # noqa: E402
 
 DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.yaml"

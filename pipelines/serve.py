@@ -1,27 +1,24 @@
 """Caption uncertainty over HTTP: an asymvlm Scorer behind Ray Serve.
 
-Keys: :class:`pipelines.schema.ServeConfig`; runs until Ctrl-C or SIGTERM, then deletes its app."""
+Keys: :class:`asymvlm_ray.schema.ServeConfig`; runs until Ctrl-C or SIGTERM, then deletes its
+app."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import time
 
-if __package__ in (None, ""):  # run as a script: make `pipelines` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from asymvlm.errors import ArgumentParser, guarded, require  # noqa: E402
+from asymvlm.errors import ArgumentParser, guarded, require
 
 require("ray", "tracking")
 
 from asymvlm import logs  # noqa: E402
-from pipelines.schema import load_serve  # noqa: E402
-from pipelines.serving import check, deploy  # noqa: E402
-from pipelines.session import RaySession  # noqa: E402
+from asymvlm_ray.schema import load_serve  # noqa: E402
+from asymvlm_ray.serving import check, deploy  # noqa: E402
+from asymvlm_ray.session import RaySession  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

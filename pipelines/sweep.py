@@ -1,27 +1,22 @@
 """Ray Tune sweep of the paper's protocol (App. B.4), tracked in MLflow.
 
-The stages: :mod:`pipelines.tuning.sweep`; the keys: :class:`pipelines.schema.SweepConfig`."""
+The stages: :mod:`asymvlm_ray.tuning.sweep`; the keys: :class:`asymvlm_ray.schema.SweepConfig`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import os
 import shlex
-import sys
 
-if __package__ in (None, ""):  # run as a script: make `pipelines` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from asymvlm.errors import ArgumentParser, guarded, require  # noqa: E402
+from asymvlm.errors import ArgumentParser, guarded, require
 
 require("ray", "tracking", "report")
 
 from asymvlm import config, logs, tracking  # noqa: E402
-from pipelines.schema import load_sweep  # noqa: E402
-from pipelines.session import RaySession  # noqa: E402
-from pipelines.tuning.sweep import ADAPTERS_DIR, check_rerun, check_tables, run_sweep  # noqa: E402
+from asymvlm_ray.schema import load_sweep  # noqa: E402
+from asymvlm_ray.session import RaySession  # noqa: E402
+from asymvlm_ray.tuning.sweep import ADAPTERS_DIR, check_rerun, check_tables, run_sweep  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
 

@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-if __package__ in (None, ""):  # run as a script: make `pipelines` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from asymvlm.errors import ArgumentParser, ConfigError, guarded, require  # noqa: E402
+from asymvlm.errors import ArgumentParser, ConfigError, guarded, require
 
 require("ray", "tracking")
 
@@ -20,8 +16,8 @@ from asymvlm import config  # noqa: E402
 from asymvlm.methods import method_names  # noqa: E402
 from asymvlm.protocol import RunSpec  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
-from pipelines.ray_train import run_training  # noqa: E402
-from pipelines.session import RaySession  # noqa: E402
+from asymvlm_ray.ray_train import run_training  # noqa: E402
+from asymvlm_ray.session import RaySession  # noqa: E402
 
 #: The training flags (the others are --set keys).
 TRAIN_FLAGS = "method protocol epochs lr optimizer batch_size hidden_dim seed".split()

@@ -134,8 +134,8 @@ def config_roots() -> list[tuple[str, Any, str]]:
     """The schemas the configuration reference documents, with where each is used."""
     from asymvlm.data.embed import EmbedConfig
     from asymvlm.protocol import RunSpec
-    from pipelines.schema import PipelineConfig, ServeConfig, SweepConfig
-    from pipelines.schema.pipeline import EVALUATION_ITEMS
+    from asymvlm_ray.schema import PipelineConfig, ServeConfig, SweepConfig
+    from asymvlm_ray.schema.pipeline import EVALUATION_ITEMS
 
     return [
         (

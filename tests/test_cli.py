@@ -296,7 +296,7 @@ def test_text_table_without_norm_trains_and_records_unit(small_world, tmp_path, 
     assert main(["score", *args, "--checkpoint", str(narrow), "--output", "s.parquet"]) == 2
     want = f"error: checkpoint {narrow} expects dim 8, but {world}/train has dim 16\n"
     assert capsys.readouterr().err == want
-    from pipelines.schema.load import sweep_config  # the pipeline's runs decide the same
+    from asymvlm_ray.schema.load import sweep_config  # the pipeline's runs decide the same
 
     doc = {"embeddings": str(world), "methods": ["clip"], "lr": [0.1], "seeds": [0]}
     doc["output"] = str(tmp_path / "sweep")
@@ -344,8 +344,8 @@ def test_mlflow_uris_without_a_store_are_refused_before_anything_is_made(
 def test_a_bad_table_root_is_one_message_whichever_command(small_world, tmp_path, capsys):
     """No such folder, no manifest, no such split: the same line from train, evaluate, score,
     analyze and the sweep's check; a sweep without its val split is told of val_fraction."""
-    from pipelines.schema.load import sweep_config
-    from pipelines.tuning.sweep import check_tables
+    from asymvlm_ray.schema.load import sweep_config
+    from asymvlm_ray.tuning.sweep import check_tables
 
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     assert main(["train", "--embeddings", small_world, "--method", "clip", "--output", ckpt]) == 0

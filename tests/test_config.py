@@ -12,7 +12,8 @@ import torch
 from asymvlm import config
 from asymvlm.cli import main as cli_main
 from asymvlm.errors import ConfigError
-from pipelines import full, schema
+from asymvlm_ray import schema
+from pipelines import full
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.yaml")
@@ -139,12 +140,12 @@ def test_pipeline_fails_in_seconds_before_ray(
 ) -> None:
     import ray
 
-    import pipelines.session
+    import asymvlm_ray.session
 
     never = tmp_path / "never-written"
     # Any start of Ray is recorded (a Ray session of earlier tests may be up in this process).
     started: list[str] = []
-    monkeypatch.setattr(pipelines.session, "_init_ray", lambda: started.append("init_ray"))
+    monkeypatch.setattr(asymvlm_ray.session, "_init_ray", lambda: started.append("init_ray"))
     monkeypatch.setattr(ray, "init", lambda *a, **k: started.append("ray.init"))
     code = full.main(["--config", DEMO, "--set", override, "--output", str(never)])
     err = capsys.readouterr().err

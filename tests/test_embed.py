@@ -20,7 +20,7 @@ from asymvlm.cli import main as cli_main
 from asymvlm.data.embed import DUMMY_PROMPTS, EmbedConfig
 from asymvlm.data.encoder import files_sha256, load_encoder
 from asymvlm.errors import ConfigError, LockError
-from pipelines.embedding import JOB, SUCCESS, run_embed
+from asymvlm_ray.embedding import JOB, SUCCESS, run_embed
 from tests.helpers import hierarcaps_subset, library_lines, requires_hierarcaps, tiny_encoders
 
 REPO = Path(__file__).resolve().parent.parent
@@ -250,7 +250,7 @@ def test_embed_config_is_validated_on_construction(key, value) -> None:
 
 
 def test_missing_local_inputs_are_named_before_anything_is_written(small, hub_cache) -> None:
-    from pipelines.schema import load_embed_jobs
+    from asymvlm_ray.schema import load_embed_jobs
 
     for key in ("annotations", "images", "id_list", "model"):
         cfg = EmbedConfig(**BASE, **{**small, key: small["images"] + "-missing"})
@@ -303,7 +303,7 @@ def test_job_record_comes_first_and_another_jobs_output_is_refused(small) -> Non
 
 
 def test_spellings_of_one_location_are_one_job(small, tmp_path, monkeypatch) -> None:
-    from pipelines.embedding.shards import check_manifest
+    from asymvlm_ray.embedding.shards import check_manifest
 
     monkeypatch.chdir(tmp_path)
     relative = {k: os.path.relpath(v) for k, v in small.items()}

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from asymvlm.errors import ConfigError
-from pipelines import full, schema, stages
+from asymvlm_ray import schema, stages
+from pipelines import full
 from tests.helpers import free_port
 
 DEMO = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.yaml")

@@ -305,7 +305,7 @@ def test_bf16_autocast_loss_matches_fp32_at_d512(name: str) -> None:
 def test_methods_all_expands_to_the_registry(tmp_path, add_method) -> None:
     """A sweep's ``methods: all`` is every registered method in registry order, plugins too."""
     from asymvlm.methods.asymvlm import AsymVLM
-    from pipelines import schema
+    from asymvlm_ray import schema
 
     add_method("plugin-vmf", type("Plugin", (AsymVLM,), {}))
     doc = {"embeddings": str(tmp_path), "methods": "all", "lr": [1e-3], "seeds": [0]}

@@ -19,7 +19,7 @@ import torch
 from asymvlm import config, tracking
 from asymvlm.errors import ConfigError
 from asymvlm.tables import read_split
-from pipelines import schema
+from asymvlm_ray import schema
 from tests.helpers import free_port, library_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -205,7 +205,7 @@ def test_trial_actors_carry_no_runtime_env(monkeypatch) -> None:
     actor's runtime_env, shown in Ray's logs; after :func:`keep_credentials_on_nodes` nothing."""
     from ray.tune.execution import class_cache
 
-    from pipelines.session import keep_credentials_on_nodes
+    from asymvlm_ray.session import keep_credentials_on_nodes
 
     monkeypatch.setattr(class_cache, "DEFAULT_ENV_VARS", {"PL_DISABLE_FORK": "1"})
     monkeypatch.setattr(class_cache, "ENV_VARS_TO_PROPAGATE", {"AWS_SECRET_ACCESS_KEY"})

@@ -72,7 +72,7 @@ class Harness:
         import torch
 
         from asymvlm.protocol import run_protocol
-        from pipelines.schema import load_sweep
+        from asymvlm_ray.schema import load_sweep
 
         where = [f"embeddings={self.results / 'tables'}", f"output={self.results / 'reference'}"]
         sweep, before = load_sweep(SWEEP, where), torch.get_num_threads()

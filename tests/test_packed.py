@@ -184,7 +184,7 @@ def test_a_pack_resumed_from_its_state_ends_as_the_uninterrupted_pack(small_worl
 
 def test_a_pack_never_streams_it_says_so(small_world, tmp_path) -> None:
     """A pack holds its split in memory: streaming is refused."""
-    from pipelines.schema import sweep_config
+    from asymvlm_ray.schema import sweep_config
 
     doc = dict(embeddings=small_world, methods=["asymvlm-vmf"], lr=[1e-3, 1e-2], seeds=[0])
     doc.update(output=str(tmp_path / "o"), pack=2, stream="always")

@@ -149,8 +149,8 @@ def test_an_installed_plugin_trains_evaluates_and_exports(plugin_env, small_worl
 def test_a_config_runtime_env_reaches_ray_init(monkeypatch, tmp_path) -> None:
     import ray
 
-    from pipelines import session
-    from pipelines.schema import PipelineConfig
+    from asymvlm_ray import session
+    from asymvlm_ray.schema import PipelineConfig
 
     calls: list[dict] = []
     monkeypatch.setattr(session, "keep_credentials_on_nodes", lambda: None)

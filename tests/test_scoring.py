@@ -262,8 +262,8 @@ def served(trained):
     """The adapter deployed with Ray Serve on 127.0.0.1 (batching on); (url, port)."""
     from ray import serve
 
-    from pipelines.schema import ServeConfig
-    from pipelines.serving import check, deploy
+    from asymvlm_ray.schema import ServeConfig
+    from asymvlm_ray.serving import check, deploy
 
     port = free_port()
     limits = dict(max_caption_chars=200, max_captions=50, max_batch_size=8)

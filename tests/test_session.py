@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from asymvlm.errors import ConfigError
-from pipelines.session import cluster_address
+from asymvlm_ray.session import cluster_address
 from tests.helpers import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

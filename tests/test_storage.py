@@ -12,7 +12,7 @@ import pytest
 from asymvlm import storage, tables, tracking
 from asymvlm.errors import ConfigError
 from asymvlm.synthetic import write_world
-from pipelines import schema
+from asymvlm_ray import schema
 from tests.conftest import small_world_config
 from tests.faults import FlakyProxy
 
@@ -140,8 +140,8 @@ def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, bucket, tmp_pa
     import mlflow
     import pandas as pd
 
-    from pipelines.schema import sweep_config
-    from pipelines.tuning.sweep import run_sweep
+    from asymvlm_ray.schema import sweep_config
+    from asymvlm_ray.tuning.sweep import run_sweep
 
     world = write_world("s3://bucket/tables", small_world_config())
     uri = "sqlite:///" + str(tmp_path / "mlflow.db")

@@ -16,7 +16,7 @@ from asymvlm.splits import hold_out_images, load_split
 from asymvlm.synthetic import write_world
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
-from pipelines.schema import FaultInjection, sweep_config
+from asymvlm_ray.schema import FaultInjection, sweep_config
 from tests.conftest import small_world_config
 
 EPOCHS = 3
@@ -33,7 +33,7 @@ def world(tmp_path_factory) -> str:
 @pytest.mark.slow
 def test_killed_worker_resumes_to_the_same_result(ray_session, world, tmp_path) -> None:
     from asymvlm.protocol import RunSpec
-    from pipelines.ray_train import run_training
+    from asymvlm_ray.ray_train import run_training
 
     train = TrainConfig(method="asymvlm-vmf", epochs=EPOCHS, lr=5e-3, batch_size=128, seed=3)
     spec = RunSpec(embeddings=world, train=train, checkpoint_every=2)
@@ -64,7 +64,7 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     from asymvlm.evaluation import evaluate_retrieval
     from asymvlm.evaluation.suite import evaluate_hierarcaps
     from asymvlm.report import build_report
-    from pipelines.tuning.sweep import run_sweep
+    from asymvlm_ray.tuning.sweep import run_sweep
 
     space = {"methods": list(METHODS), "lr": [1e-3, 1e-2], "seeds": [0, 1], "epochs": EPOCHS}
     sizes = {"batch_size": 128, "optimizer": "adamw", "hidden_dim": 32, "checkpoint_every": 2}
@@ -207,8 +207,8 @@ def test_hold_out_images_keeps_captions_with_their_image(small_world) -> None:
 
 
 def test_lr_selection_and_summary_numbers() -> None:
-    from pipelines.tuning.sweep import failures_markdown, select_lr
-    from pipelines.tuning.trials import SELECTION_METRIC as S
+    from asymvlm_ray.tuning.sweep import failures_markdown, select_lr
+    from asymvlm_ray.tuning.trials import SELECTION_METRIC as S
 
     grid = [
         {"method": "a", "lr": 1e-3, S: 0.2},
@@ -252,7 +252,7 @@ def test_a_sweep_that_cannot_go_on_stops_with_the_reason(ray_session, world, tmp
     stops the sweep, no trial trains to its end); every trial failing (one lr, a table cut
     short): one error naming the cause, no sweep record."""
     from asymvlm.errors import ConfigError
-    from pipelines.tuning.sweep import SWEEP_RECORD, NoResults, run_sweep
+    from asymvlm_ray.tuning.sweep import SWEEP_RECORD, NoResults, run_sweep
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")
@@ -277,7 +277,7 @@ def test_failure_reasons_dig_through_ray_wrappers() -> None:
     from ray.exceptions import RayTaskError
 
     from asymvlm.errors import TrialFailed
-    from pipelines.tuning.trials import failure_reason
+    from asymvlm_ray.tuning.trials import failure_reason
 
     task = RayTaskError("sweep_trial", "Traceback ...", TrialFailed("worker  died\ntwice"))
     assert failure_reason(task) == "worker died twice"

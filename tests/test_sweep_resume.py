@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 
 from asymvlm import errors, tracking
 from asymvlm.synthetic import write_world
-from pipelines.schema import sweep_config
+from asymvlm_ray.schema import sweep_config
 from tests.conftest import small_world_config
 from tests.helpers import library_lines
 
@@ -54,7 +54,7 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
     the same command restores the sweep and lands what a sweep that never stopped would: equal
     results per trial, one MLflow run per trial with every epoch once."""
     from asymvlm.protocol import run_protocol
-    from pipelines.tuning.sweep import select_lr
+    from asymvlm_ray.tuning.sweep import select_lr
 
     output = str(tmp_path / "out")
     path = tmp_path / "sweep.yaml"
@@ -123,7 +123,7 @@ def test_trials_that_wait_too_long_for_a_node_end_the_sweep_naming_them(
 ) -> None:
     """A trial no node can take (4 CPUs asked on a 2-CPU cluster) waits; after node_wait_s the
     sweep ends with Unfinished (exit code 75), naming it; its MLflow run is KILLED."""
-    from pipelines.tuning.sweep import run_sweep
+    from asymvlm_ray.tuning.sweep import run_sweep
 
     doc = _sweep_doc(world, str(tmp_path / "out"), lr=[1e-3], seeds=[0], node_wait_s=3)
     sweep = sweep_config({**doc, "cpus_per_worker": 4})
@@ -141,7 +141,7 @@ def test_a_retried_trial_and_a_reopened_run_log_each_epoch_once(tmp_path) -> Non
     """Tune's retry reports the epochs after the checkpoint again; a rerun reopens the trial's
     run, which has epochs already: MLflow gets each epoch once, the first value kept. A trial
     that errs is a FAILED run with the reason Tune kept."""
-    from pipelines.tuning.trial_log import MlflowTrialLogger
+    from asymvlm_ray.tuning.trial_log import MlflowTrialLogger
 
     uri = tracking.default_tracking_uri(str(tmp_path))
     doc = _sweep_doc(str(tmp_path), str(tmp_path / "o"), lr=[0.5])

@@ -68,8 +68,8 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
     from mlflow import MlflowClient
 
     from asymvlm.evaluation.adapters import sweep_adapters
-    from pipelines.schema import sweep_config
-    from pipelines.tuning.sweep import KEEP_CHECKPOINTS, run_sweep
+    from asymvlm_ray.schema import sweep_config
+    from asymvlm_ray.tuning.sweep import KEEP_CHECKPOINTS, run_sweep
 
     space = {"methods": ["asymvlm-vmf"], "lr": [5e-3, 100.0], "seeds": [0, 1, 2], "epochs": 3}
     sizes = {"optimizer": "sgd", "batch_size": 64, "hidden_dim": 16, "val_fraction": 0.2}
@@ -120,7 +120,7 @@ def test_a_trainer_state_is_read_on_the_cpu_whatever_the_device(world, tmp_path)
     from asymvlm.checkpoints import read_run_state
     from asymvlm.methods import build_method
     from asymvlm.training import Trainer
-    from pipelines.ray_train import checkpoint_folder
+    from asymvlm_ray.ray_train import checkpoint_folder
 
     data = load_split(world, "train", "raw", "cpu")
     cfg = TrainConfig(method="asymvlm-vmf", epochs=2, batch_size=64, hidden_dim=16, device="cpu")

@@ -14,8 +14,8 @@ COMMANDS = {"embed": "embed a data set into tables with a frozen CLIP/SigLIP (Ra
 def cmd_embed(args: argparse.Namespace) -> int:
     """The embedding stage on the local or joined Ray cluster."""
     from asymvlm.data.embed import EmbedConfig
-    from pipelines.embedding import run_embed
-    from pipelines.session import RaySession
+    from asymvlm_ray.embedding import run_embed
+    from asymvlm_ray.session import RaySession
 
     cfg = validate(EmbedConfig, model_values(args, args.embed_keys), "asymvlm embed", flags=True)
     with RaySession() as session:

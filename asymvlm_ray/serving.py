@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from ray import serve
 
 from asymvlm.scoring import ScoringInputError
-from pipelines.schema import ServeConfig
-from pipelines.session import require_ray
+from asymvlm_ray.schema import ServeConfig
+from asymvlm_ray.session import require_ray
 
 app = FastAPI(title="asymvlm scorer", description="caption uncertainty of a trained adapter")
 

@@ -1,5 +1,5 @@
 """``run_embed``: one split of one data set -> embedding tables, under the output's lock, shard
-group by shard group (see :mod:`pipelines.embedding`)."""
+group by shard group (see :mod:`asymvlm_ray.embedding`)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from asymvlm import storage, tables
 from asymvlm.data.embed import EmbedConfig
 from asymvlm.data.encode import perturb_captions
 from asymvlm.data.sources import read_source
-from pipelines.embedding.ray_data import embed_images_and_captions, embed_texts
-from pipelines.embedding.shards import (
+from asymvlm_ray.embedding.ray_data import embed_images_and_captions, embed_texts
+from asymvlm_ray.embedding.shards import (
     ERROR_SCHEMA,
     ERRORS_DIR,
     PARTS_DIR,
@@ -32,7 +32,7 @@ from pipelines.embedding.shards import (
     split_totals,
     write_manifest_once,
 )
-from pipelines.session import RaySession, require_ray
+from asymvlm_ray.session import RaySession, require_ray
 
 log = logging.getLogger(__name__)
 _SOURCE_IMAGE_COLUMNS = frozenset({"image_id", "path", "offset", "length", "data", "shard"})

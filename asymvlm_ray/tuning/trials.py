@@ -15,8 +15,8 @@ from asymvlm.checkpoints import read_pack_state, read_run_state, save_pack_check
 from asymvlm.errors import AsymVLMError, TrialFailed, one_line
 from asymvlm.protocol import run_packed_protocol, run_protocol
 from asymvlm.splits import PROCESS_CACHE
-from pipelines.ray_train import checkpoint_folder, maybe_inject_failure, worker_logging
-from pipelines.schema import SweepConfig
+from asymvlm_ray.ray_train import checkpoint_folder, maybe_inject_failure, worker_logging
+from asymvlm_ray.schema import SweepConfig
 
 SELECTION_METRIC = "val_mean_recall_at_1"
 

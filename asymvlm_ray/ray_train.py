@@ -18,8 +18,8 @@ from asymvlm.checkpoints import read_run_state, save_run_checkpoint
 from asymvlm.errors import NonFiniteError
 from asymvlm.protocol import RunSpec, run_protocol
 from asymvlm.training import EpochRow, History, Trainer
-from pipelines.schema import FaultInjection
-from pipelines.session import require_ray
+from asymvlm_ray.schema import FaultInjection
+from asymvlm_ray.session import require_ray
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def checkpoint_folder(trainer: Trainer, history: History) -> Iterator[str]:
 
 
 def maybe_inject_failure(fault: FaultInjection | None, epoch: int, rank: int) -> None:
-    """A drill (:class:`~pipelines.schema.FaultInjection`, else from the environment)."""
+    """A drill (:class:`~asymvlm_ray.schema.FaultInjection`, else from the environment)."""
     fault = fault or FaultInjection.from_environment()
     if fault is None or epoch != fault.epoch or rank != fault.rank:
         return

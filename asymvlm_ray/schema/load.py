@@ -15,11 +15,11 @@ from asymvlm.data.embed import EmbedConfig
 from asymvlm.data.encoder.names import looks_like_path
 from asymvlm.errors import ConfigError
 from asymvlm.tables import Location, parse_location
-from pipelines.schema.pipeline import EmbedSection, PipelineConfig
-from pipelines.schema.serve import ServeConfig
-from pipelines.schema.sweep import RuntimeEnv, SweepConfig
+from asymvlm_ray.schema.pipeline import EmbedSection, PipelineConfig
+from asymvlm_ray.schema.serve import ServeConfig
+from asymvlm_ray.schema.sweep import RuntimeEnv, SweepConfig
 
-logger = logging.getLogger("pipelines.full")
+logger = logging.getLogger(__name__)
 
 #: Data sets a pipeline item may declare with ``requires: [name]``: without them the item is
 #: left out (the demo's HierarCaps part, when there is neither a copy nor network).

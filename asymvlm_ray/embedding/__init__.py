@@ -3,7 +3,7 @@ embeddings cached once); resumable shards and job identity as in docs/data.md.""
 
 from __future__ import annotations
 
-from pipelines.embedding.shards import JOB, SUCCESS
-from pipelines.embedding.stage import run_embed
+from asymvlm_ray.embedding.shards import JOB, SUCCESS
+from asymvlm_ray.embedding.stage import run_embed
 
 __all__ = ["JOB", "SUCCESS", "run_embed"]

@@ -18,10 +18,10 @@ from ray.tune.result import AUTO_RESULT_KEYS
 
 from asymvlm import results, tracking
 from asymvlm.checkpoints import MEMBER_FOLDER
-from pipelines.schema import SweepConfig
-from pipelines.tuning.trials import SELECTION_METRIC, failure_reason
+from asymvlm_ray.schema import SweepConfig
+from asymvlm_ray.tuning.trials import SELECTION_METRIC, failure_reason
 
-logger = logging.getLogger("pipelines.sweep")
+logger = logging.getLogger(__name__)
 
 _NOT_METRICS = frozenset(AUTO_RESULT_KEYS) | {"checkpoint_path", "epoch", "trial_id", "done"}
 EPOCHS_EVERY_S = 1.0  # a trial's epoch metrics go to MLflow at most this often (then together)

@@ -27,12 +27,12 @@ from asymvlm.checkpoints import copy_adapter
 from asymvlm.checkpoints.folder import RESUME_MAY_DIFFER
 from asymvlm.errors import AsymVLMError, ConfigError, Unfinished, one_line
 from asymvlm.methods import METHODS
-from pipelines.schema import SweepConfig, check_shared_output
-from pipelines.session import require_ray
-from pipelines.tuning.trial_log import MlflowTrialLogger, adapter_directory, shown, trial_label
-from pipelines.tuning.trials import SELECTION_METRIC, failure_reason, sweep_trial
+from asymvlm_ray.schema import SweepConfig, check_shared_output
+from asymvlm_ray.session import require_ray
+from asymvlm_ray.tuning.trial_log import MlflowTrialLogger, adapter_directory, shown, trial_label
+from asymvlm_ray.tuning.trials import SELECTION_METRIC, failure_reason, sweep_trial
 
-logger = logging.getLogger("pipelines.sweep")
+logger = logging.getLogger(__name__)
 
 SWEEP_RECORD = "sweep.json"  # written last: a sweep with it is done
 ADAPTERS_DIR = "adapters"  # <output>/adapters/<method>/seed<k>: the seed stage's adapters

@@ -16,14 +16,14 @@ import yaml
 from asymvlm import storage, tracking
 from asymvlm.errors import ConfigError
 from asymvlm.evaluation import registry
-from pipelines.embedding import run_embed
-from pipelines.schema import PipelineConfig, check_shared_output
-from pipelines.session import RaySession
-from pipelines.tuning.sweep import SWEEP_RECORD, check_rerun, run_sweep
+from asymvlm_ray.embedding import run_embed
+from asymvlm_ray.schema import PipelineConfig, check_shared_output
+from asymvlm_ray.session import RaySession
+from asymvlm_ray.tuning.sweep import SWEEP_RECORD, check_rerun, run_sweep
 
 STAGES = ("embed", "sweep", "evaluate", "report")
 
-logger = logging.getLogger("pipelines.full")
+logger = logging.getLogger(__name__)
 
 
 def check_reruns(cfg: PipelineConfig) -> None:

@@ -25,7 +25,7 @@ MethodName = Annotated[str, AfterValidator(check_method_name)]
 PositiveInt = Annotated[int, Field(ge=1)]
 Finite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 #: A location in one spelling (:func:`asymvlm.storage.absolute`); written relative in a config
-#: file, it is relative to the file's folder (:mod:`pipelines.schema.load`).
+#: file, it is relative to the file's folder (:mod:`asymvlm_ray.schema.load`).
 Absolute = Annotated[str, AfterValidator(storage.absolute)]
 #: The environment variable of a drill (:class:`FaultInjection`) in a submitted job.
 FAULT_ENV = "ASYMVLM_FAULT_INJECTION"

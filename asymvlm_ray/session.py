@@ -31,7 +31,7 @@ def require_ray(what: str) -> None:
     import ray
 
     if not ray.is_initialized():
-        raise RuntimeError(f"{what} needs a running Ray (pipelines.session.RaySession)")
+        raise RuntimeError(f"{what} needs a running Ray (asymvlm_ray.session.RaySession)")
 
 
 #: How long a named cluster's head may take to accept a connection (one that is starting up).
