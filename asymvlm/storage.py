@@ -11,6 +11,7 @@ import logging
 import os
 import posixpath
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -43,15 +44,22 @@ def attempts() -> int:
 
 @contextmanager
 def named_failures(uri: str) -> Iterator[None]:
-    """A request's final failure as a :class:`StorageError` naming ``uri`` (not a missing file)."""
+    """A request's final failure as a :class:`StorageError` naming ``uri`` (not a missing file);
+    botocore's own errors (no credentials, an endpoint that does not answer) included."""
     try:
         yield
     except (FileNotFoundError, StorageError):
         raise
-    except OSError as exc:
-        retried = f" (after {attempts()} attempts)" if is_remote(uri) else ""
+    except Exception as exc:
+        botocore = sys.modules.get("botocore.exceptions")  # loaded if s3fs made the request
+        if not isinstance(exc, (OSError, *((botocore.BotoCoreError,) if botocore else ()))):
+            raise
         detail = " ".join(str(exc).split()) or type(exc).__name__
-        raise StorageError(f"{uri}: {detail}{retried}") from exc
+        if botocore and isinstance(exc, botocore.NoCredentialsError):  # not retried
+            detail += " (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+        elif is_remote(uri):
+            detail += f" (after {attempts()} attempts)"
+        raise StorageError(f"{uri}: {detail}") from exc
 
 
 def is_remote(root: str) -> bool:

@@ -136,8 +136,8 @@ def test_rayjob_entrypoint_resolves_on_the_head(monkeypatch, hub_cache) -> None:
     monkeypatch.chdir(ROOT)  # the image's working directory is the project
     for repo in ("openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"):
         hub_cache(repo, "config.json")  # the head has them (or the Hub)
-    capture = mock.Mock(side_effect=KeyboardInterrupt)  # stops it before any work
-    monkeypatch.setattr(full, "run_pipeline", capture)
+    capture = mock.Mock(side_effect=KeyboardInterrupt)  # stops it at its first look at the bucket
+    monkeypatch.setattr(full, "check_reruns", capture)
     assert full.main(argv[2:]) == 130
     cfg = capture.call_args.args[0]
     assert cfg.mlflow.tracking_uri == tracking_uri and cfg.output.startswith("s3://")

@@ -108,6 +108,32 @@ def test_a_request_that_keeps_failing_names_its_uri(flaky, bucket, monkeypatch) 
     assert not [k for k in bucket.find("bucket") if k.startswith("bucket/run")]
 
 
+def test_a_bucket_without_credentials_is_one_line_naming_it(tmp_path, monkeypatch) -> None:
+    """botocore's NoCredentialsError (not an OSError) reaches the user as the storage layer's
+    one-line error naming the URI and what to set, from the CLI too (exit 2, no traceback)."""
+    import subprocess
+    import sys
+
+    import s3fs
+
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance to ask either
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(storage.StorageError) as caught:
+        storage.read_json("s3://bucket/run", "tune/settings.json")
+    assert str(caught.value).startswith("s3://bucket/run/tune/settings.json: Unable to locate")
+    assert "AWS_ACCESS_KEY_ID" in str(caught.value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    command = ["-m", "asymvlm.cli", "train", "--embeddings", "s3://bucket/tables", "--split"]
+    command += ["train", "--method", "asymvlm-vmf", "--output", str(tmp_path / "ckpt")]
+    done = subprocess.run([sys.executable, *command], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "Unable to locate credentials" in done.stderr
+
+
 def test_an_object_store_output_needs_a_tracking_server_and_shared_storage(
     tmp_path, monkeypatch
 ) -> None:

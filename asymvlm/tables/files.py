@@ -15,7 +15,15 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from asymvlm.errors import AsymVLMError
-from asymvlm.storage import absolute, atomic_path, filesystem, join, uri_join, write_bytes
+from asymvlm.storage import (
+    absolute,
+    atomic_path,
+    filesystem,
+    join,
+    named_failures,
+    uri_join,
+    write_bytes,
+)
 from asymvlm.storage import read_bytes as read_uri
 
 MANIFEST_NAME = "manifest.json"
@@ -215,11 +223,11 @@ def list_splits(root: str) -> list[str]:
 def check_split(root: str, split: str) -> Manifest:
     """The manifest of table root ``root`` when it holds ``split``, else one
     :class:`TableError`, the same whichever command asks: no such folder, no manifest, or no
-    such split (naming those there)."""
-    splits = list_splits(root)
-    if not splits:
+    such split (naming those there); a store that cannot be listed is a StorageError naming it."""
+    with named_failures(root):
+        splits = list_splits(root)
         fs, base = filesystem(root)
-        if fs.get_file_info(base).type == pafs.FileType.NotFound:
+        if not splits and fs.get_file_info(base).type == pafs.FileType.NotFound:
             raise TableError(f"{root}: no such folder")
     manifest = read_manifest(root)
     if split not in splits:
