@@ -154,6 +154,9 @@ def test_the_launcher_the_image_and_the_setup_install_the_pins() -> None:
     docker = _read("cluster", "Dockerfile")
     assert f"ARG RAY_IMAGE=rayproject/ray:{ray_pin}-py311-gpu\n" in docker
     assert "pip install --no-cache-dir -c constraints.txt ." in docker
+    wheel = tomllib.loads(_read("pyproject.toml"))["tool"]["setuptools"]["packages"]["find"]
+    for package in {name.split(".")[0] for name in wheel["include"]}:  # the image installs all
+        assert f"COPY --chown=ray:users {package} ./{package}\n" in docker, package
     setup = [ln for ln in _read("scripts", "setup.sh").splitlines() if "pip install" in ln]
     assert setup and all("pip install -c constraints.txt" in ln for ln in setup), setup
 
