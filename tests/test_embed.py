@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from asymvlm import storage, tables
+from asymvlm import output_lock, storage, tables
 from asymvlm.cli import main as cli_main
 from asymvlm.data.embed import DUMMY_PROMPTS, EmbedConfig
 from asymvlm.data.encoder import files_sha256, load_encoder
@@ -281,7 +281,7 @@ def test_job_record_comes_first_and_another_jobs_output_is_refused(small) -> Non
         run_embed(theirs, SimpleNamespace(require=no_ray))  # the entry point's Ray session
     fingerprint = storage.read_json(theirs.output, f"test/{JOB}")["fingerprint"]
     assert fingerprint["text_perturbation"] == "typos:3" and fingerprint["n_images"] == 6
-    assert sorted(os.listdir(os.path.join(theirs.output, "test"))) == [JOB, storage.LOCK_NAME]
+    assert sorted(os.listdir(os.path.join(theirs.output, "test"))) == [JOB, output_lock.LOCK_NAME]
     for what in ("was written by another job", "holds a finished embedding"):
         with pytest.raises(tables.TableError) as exc:
             run_embed(EmbedConfig(**BASE, **small))
@@ -320,7 +320,7 @@ def test_spellings_of_one_location_are_one_job(small, tmp_path, monkeypatch) -> 
 # -- one writer at a time ---------------------------------------------------------------------
 _HOLDER = """
 import sys, time
-from asymvlm.storage import OutputLock
+from asymvlm.output_lock import OutputLock
 OutputLock(sys.argv[1], sys.argv[2]).acquire()
 print("held", flush=True)
 time.sleep(600)
@@ -334,12 +334,12 @@ def test_local_lock_excludes_other_processes_and_dies_with_its_holder(small, cap
     try:
         assert child.stdout.readline().strip() == "held"
         with pytest.raises(LockError) as exc:
-            storage.OutputLock(root, "test").acquire()
+            output_lock.OutputLock(root, "test").acquire()
         assert str(exc.value).startswith(
             f"{root}/test is being written by another job (pid {child.pid} on "
         )
         assert "wait for it to finish or choose another --output" in str(exc.value)
-        with storage.OutputLock(root, "train"):  # other splits are free
+        with output_lock.OutputLock(root, "train"):  # other splits are free
             pass
         assert cli_main(["embed", *_args(small, small["model"], root)]) == 2
         err = capsys.readouterr().err.strip()
@@ -350,16 +350,16 @@ def test_local_lock_excludes_other_processes_and_dies_with_its_holder(small, cap
         child.kill()
         child.wait()
         child.stdout.close()
-    with storage.OutputLock(root, "test"):  # SIGKILL leaves no stale lock
+    with output_lock.OutputLock(root, "test"):  # SIGKILL leaves no stale lock
         pass
 
 
-def _lease(**kw) -> storage.OutputLock:
-    return storage.OutputLock("s3://bucket/out", "test", settle=0.05, **kw)
+def _lease(**kw) -> output_lock.OutputLock:
+    return output_lock.OutputLock("s3://bucket/out", "test", settle=0.05, **kw)
 
 
 def test_object_store_lease_refuses_renews_expires_and_is_lost_loudly(bucket) -> None:
-    path, logs = "test/" + storage.LEASE_NAME, []
+    path, logs = "test/" + output_lock.LEASE_NAME, []
     first = _lease(ttl=1.0, renew_every=0.2).acquire()
     try:
         held = storage.read_json("s3://bucket/out", path)

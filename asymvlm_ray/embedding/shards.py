@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from asymvlm import storage, tables
 from asymvlm.data.embed import EmbedConfig, normalised_model
+from asymvlm.output_lock import OutputLock
 
 SUCCESS, JOB = "_SUCCESS.json", "_JOB.json"
 PARTS_DIR, ERRORS_DIR, PROMPTS_DIR = "_parts", "errors", "prompts"
@@ -28,16 +29,14 @@ def part_name(shard: int) -> str:
     return f"part-{shard:05d}"
 
 
-def manifest_lock(cfg: EmbedConfig) -> storage.OutputLock:
+def manifest_lock(cfg: EmbedConfig) -> OutputLock:
     """A short lock on ``ROOT/manifest.json``, which the splits share (read-modify-write)."""
-    return storage.OutputLock(
+    return OutputLock(
         cfg.output, "", name="manifest", wait=60.0, ttl=30.0, renew_every=10.0, log=log.warning
     )
 
 
-def claim(
-    cfg: EmbedConfig, fingerprint: dict[str, Any], lock: storage.OutputLock
-) -> dict[str, Any] | None:
+def claim(cfg: EmbedConfig, fingerprint: dict[str, Any], lock: OutputLock) -> dict[str, Any] | None:
     """Refuse another job's output, record this job in ``_JOB.json``; ``_SUCCESS.json`` if done."""
     shown = f"{cfg.output.rstrip('/')}/{cfg.split}"
     for name, what in (

@@ -19,6 +19,7 @@ from asymvlm import storage, tables
 from asymvlm.data.embed import EmbedConfig
 from asymvlm.data.encode import perturb_captions
 from asymvlm.data.sources import read_source
+from asymvlm.output_lock import OutputLock
 from asymvlm_ray.embedding.ray_data import embed_images_and_captions, embed_texts
 from asymvlm_ray.embedding.shards import (
     ERROR_SCHEMA,
@@ -44,7 +45,7 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> dict[str, 
     t0 = time.perf_counter()
     cfg.check_inputs()
     need_ray = session.require if session is not None else lambda: require_ray("embedding")
-    with storage.OutputLock(cfg.output, cfg.split, log=log.warning) as lock:
+    with OutputLock(cfg.output, cfg.split, log=log.warning) as lock:
         keys = ("annotations", "images", "split", "sample", "seed", "id_list")
         source = read_source(cfg.dataset, **{k: getattr(cfg, k) for k in keys})
         fingerprint = cfg.fingerprint(source)
@@ -89,7 +90,7 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> dict[str, 
 
 
 def _embed_prompts(
-    cfg: EmbedConfig, prompts: pa.Table, lock: storage.OutputLock, need_ray: Callable[[], None]
+    cfg: EmbedConfig, prompts: pa.Table, lock: OutputLock, need_ray: Callable[[], None]
 ) -> None:
     """Class-name prompts and the none-of-the-above ones (Table 2, class -1) -> ``prompts/``."""
     if tables.read_parts(cfg.output, cfg.split, PROMPTS_DIR) is not None:
@@ -115,7 +116,7 @@ def _embed_group(
     captions: pa.Table,
     group: list[int],
     info: Callable[[], dict[str, Any]],
-    lock: storage.OutputLock,
+    lock: OutputLock,
 ) -> None:
     """Embed the images and captions of some shards and write them (marker last)."""
     todo = images.filter(pc.is_in(images["shard"], pa.array(group, pa.int64())))
