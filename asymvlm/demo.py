@@ -12,7 +12,7 @@ import time
 import pandas as pd
 
 from asymvlm import logs
-from asymvlm.errors import ArgumentParser, guarded
+from asymvlm.entry import ArgumentParser, guarded
 from asymvlm.evaluation.registry import evaluate_split
 from asymvlm.metrics import spearman_uncertainty
 from asymvlm.plots import plot_binned_recall

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from asymvlm.errors import ArgumentParser, guarded, require
+from asymvlm.entry import ArgumentParser, guarded, require
 
 require("ray", "embed")
 

@@ -11,7 +11,8 @@ import logging
 import os
 import shlex
 
-from asymvlm.errors import ArgumentParser, ConfigError, guarded, require
+from asymvlm.entry import ArgumentParser, guarded, require
+from asymvlm.errors import ConfigError
 
 require("ray", "tracking", "report")
 

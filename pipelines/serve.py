@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 
-from asymvlm.errors import ArgumentParser, guarded, require
+from asymvlm.entry import ArgumentParser, guarded, require
 
 require("ray", "tracking")
 

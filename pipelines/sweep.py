@@ -9,7 +9,7 @@ import json
 import logging
 import shlex
 
-from asymvlm.errors import ArgumentParser, guarded, require
+from asymvlm.entry import ArgumentParser, guarded, require
 
 require("ray", "tracking", "report")
 

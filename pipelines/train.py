@@ -8,7 +8,8 @@ import argparse
 import json
 import sys
 
-from asymvlm.errors import ArgumentParser, ConfigError, guarded, require
+from asymvlm.entry import ArgumentParser, guarded, require
+from asymvlm.errors import ConfigError
 
 require("ray", "tracking")
 

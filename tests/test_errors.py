@@ -8,7 +8,8 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from asymvlm.data.sources import SourceError
-from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError, Unfinished, guarded
+from asymvlm.entry import guarded
+from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError, Unfinished
 from asymvlm.tables import TableError
 
 

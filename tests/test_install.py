@@ -10,7 +10,8 @@ import tomllib
 
 import pytest
 
-from asymvlm.errors import EXTRAS, exit_code, missing_extra, require
+from asymvlm.entry import exit_code, require
+from asymvlm.extras import EXTRAS, missing_extra
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

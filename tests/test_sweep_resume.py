@@ -16,7 +16,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from asymvlm import errors, tracking
+from asymvlm import entry, errors, tracking
 from asymvlm.synthetic import write_world
 from asymvlm_ray.schema import sweep_config
 from tests.conftest import small_world_config
@@ -132,7 +132,7 @@ def test_trials_that_wait_too_long_for_a_node_end_the_sweep_naming_them(
     message = str(caught.value)
     assert "no node could run its trials for 3 s" in message
     assert "asymvlm-vmf lr=0.001 seed=0" in message and "run the same command again" in message
-    assert errors.exit_code(caught.value) == errors.EXIT_UNFINISHED == 75
+    assert entry.exit_code(caught.value) == errors.EXIT_UNFINISHED == 75
     _, runs = tracking.experiment_runs(sweep.mlflow.tracking_uri, "rs")
     assert {r.data.tags["kind"]: r.info.status for r in runs} == {"sweep": "KILLED"}
 

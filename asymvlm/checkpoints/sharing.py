@@ -25,7 +25,8 @@ from asymvlm.checkpoints.folder import (
 )
 from asymvlm.config import redact
 from asymvlm.data.encoder.names import local_source
-from asymvlm.errors import AsymVLMError, CheckpointError, ConfigError, check_extras
+from asymvlm.errors import AsymVLMError, CheckpointError, ConfigError
+from asymvlm.extras import check_extras
 from asymvlm.methods import METHODS
 from asymvlm.results import DIRECTION_MEANINGS, METRIC_MEANINGS
 from asymvlm.tracking.queries import STORE_URIS

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from asymvlm import __version__
 from asymvlm.cli import embed, evaluation, export, runs, text, training
 from asymvlm.cli.common import table_location
-from asymvlm.errors import ArgumentParser, guarded
+from asymvlm.entry import ArgumentParser, guarded
 
 __all__ = ["build_parser", "main"]
 

@@ -8,7 +8,8 @@ import os
 import sys
 
 from asymvlm.cli.common import Help, add_tracking_uri
-from asymvlm.errors import ConfigError, check_extras
+from asymvlm.errors import ConfigError
+from asymvlm.extras import check_extras
 
 logger = logging.getLogger("asymvlm.cli")
 #: What MLflow's server prints at import (its FastAPI app wraps Flask in Starlette's WSGI shim).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from asymvlm.errors import ArgumentParser, guarded
+from asymvlm.entry import ArgumentParser, guarded
 from asymvlm.synthetic.classes import ClassificationSpec, write_classification_sets
 from asymvlm.synthetic.knobs import PRESETS, WorldConfig
 from asymvlm.synthetic.world import DEFAULT_SHARD_IMAGES, write_world
