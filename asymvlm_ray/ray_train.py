@@ -91,9 +91,10 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def worker_logging(rank: int, label: str = "train rank") -> None:
-    """``asymvlm.*`` records (INFO and up) to the worker's stderr as ``[train rank N] message``."""
+    """``asymvlm.*`` and ``asymvlm_ray.*`` records (INFO and up) to the worker's stderr as
+    ``[train rank N] message``."""
     formatter = logging.Formatter(f"[{label} {rank}] %(message)s")
-    for log in (logging.getLogger("asymvlm"), logger):
+    for log in (logging.getLogger("asymvlm"), logging.getLogger("asymvlm_ray")):
         for old in [h for h in log.handlers if getattr(h, "worker_handler", False)]:
             log.removeHandler(old)
         handler = _StderrHandler()

@@ -17,7 +17,7 @@ from asymvlm.cli.common import (
 )
 from asymvlm.errors import ConfigError
 
-logger = logging.getLogger("asymvlm.cli")
+logger = logging.getLogger(__name__)
 COMMANDS = {
     "evaluate": "retrieval + uncertainty metrics of a checkpoint",
     "score": "per-caption kappa and uncertainty",

@@ -9,7 +9,7 @@ import shlex
 
 from asymvlm.cli.common import Help, add_tracking_uri
 
-logger = logging.getLogger("asymvlm.cli")
+logger = logging.getLogger(__name__)
 COMMANDS = {"export": "write an adapter as a Hugging Face model folder (safetensors + model card)"}
 
 

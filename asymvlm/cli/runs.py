@@ -11,7 +11,7 @@ from asymvlm.cli.common import Help, add_tracking_uri
 from asymvlm.errors import ConfigError
 from asymvlm.extras import check_extras
 
-logger = logging.getLogger("asymvlm.cli")
+logger = logging.getLogger(__name__)
 #: What MLflow's server prints at import (its FastAPI app wraps Flask in Starlette's WSGI shim).
 STARLETTE_WSGI_WARNING = "starlette.middleware.wsgi is deprecated"
 COMMANDS = {

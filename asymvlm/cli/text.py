@@ -9,7 +9,7 @@ import logging
 from asymvlm.cli.common import Help, add_output_file, add_tracking_uri, check_output_file
 from asymvlm.errors import ConfigError
 
-logger = logging.getLogger("asymvlm.cli")
+logger = logging.getLogger(__name__)
 COMMANDS = {
     "score-text": "kappa and uncertainty of new captions (text in: the adapter's own encoder)"
 }

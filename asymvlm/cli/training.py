@@ -12,7 +12,7 @@ from asymvlm.errors import CheckpointError, ConfigError
 from asymvlm.methods import method_names
 from asymvlm.training import TrainConfig
 
-logger = logging.getLogger("asymvlm.cli")
+logger = logging.getLogger(__name__)
 OVERWRITE = "replace a checkpoint already in --output"
 COMMANDS = {
     "train": "train a method on cached embeddings",
