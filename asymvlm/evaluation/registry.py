@@ -61,63 +61,84 @@ def _retrieval_on_split(
     )
 
 
+def _retrieval(
+    methods: Mapping[str, Method], spec: RetrievalSpec, load: suite.SplitLoader
+) -> dict[str, Any]:
+    """Recall@K, the uncertainty bins and the calibration of each method on one split."""
+    return {
+        name: _retrieval_on_split(m, load(spec.data, suite.adapter_input(m)), spec)
+        for name, m in methods.items()
+    }
+
+
+def _retrieval_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    for name, per_direction in result.items():
+        for direction in ("t2i", "i2t"):
+            for key in RETRIEVAL_HEADLINE:
+                yield f"{name}/{direction}_{key}", per_direction[direction].get(key)
+
+
+def _zeroshot(
+    methods: Mapping[str, Method], spec: ZeroshotSpec, load: suite.SplitLoader
+) -> dict[str, Any]:
+    """Zero-shot classification accuracy of each method on each set of classes."""
+    return suite.evaluate_zero_shot(methods, spec.sets, spec.template_aggregation)
+
+
+def _zeroshot_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    for name, per_set in result.items():
+        for set_name, accuracy in per_set.items():
+            yield f"{name}/{set_name}", accuracy
+
+
+def _nota(methods: Mapping[str, Method], spec: NotaSpec, load: suite.SplitLoader) -> dict[str, Any]:
+    """The none-of-the-above application: dummy prompts and rejection by uncertainty."""
+    return suite.evaluate_none_of_the_above(
+        methods, spec.positives, spec.negatives, spec.far_negatives, spec.template_aggregation
+    )
+
+
+def _nota_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    for per_method in result["dummy"].values():  # over the dummy prompts too
+        for name, cell in per_method.items():
+            for key in NOTA_HEADLINE:
+                yield f"{name}/{key}", cell.get(key)
+    for rule, cell in result.get("rejection", {}).items():
+        for key in NOTA_HEADLINE:
+            yield f"{rule}-based/{key}", cell.get(key)
+
+
+def _hierarcaps(
+    methods: Mapping[str, Method], spec: HierarcapsSpec, load: suite.SplitLoader
+) -> dict[str, Any]:
+    """HierarCaps: how uncertainty follows a caption's level of generality."""
+    return suite.evaluate_hierarcaps(methods, spec.data, load)
+
+
+def _hierarcaps_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    for name, per_method in result.items():
+        for key in HIERARCAPS_HEADLINE:
+            yield f"{name}/{key}", per_method.get(key)
+
+
+def _ood(methods: Mapping[str, Method], spec: OodSpec, load: suite.SplitLoader) -> dict[str, Any]:
+    """Robustness: retrieval and uncertainty on perturbed copies of a split."""
+    return suite.evaluate_ood(methods, spec.data, spec.perturbed, load)
+
+
+def _ood_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    for name, per_perturbation in result.items():
+        for perturbation, cell in per_perturbation.items():
+            for key in OOD_HEADLINE:
+                yield f"{name}/{perturbation}/{key}", cell.get(key)
+
+
 EVALUATIONS: dict[str, Evaluation] = {
-    "retrieval": Evaluation(
-        RetrievalSpec,
-        lambda methods, spec, load: {
-            name: _retrieval_on_split(m, load(spec.data, suite.adapter_input(m)), spec)
-            for name, m in methods.items()
-        },
-        lambda res: (
-            (f"{name}/{d}_{k}", r[d].get(k))
-            for name, r in res.items()
-            for d in ("t2i", "i2t")
-            for k in RETRIEVAL_HEADLINE
-        ),
-    ),
-    "zeroshot": Evaluation(
-        ZeroshotSpec,
-        lambda methods, spec, load: suite.evaluate_zero_shot(
-            methods, spec.sets, spec.template_aggregation
-        ),
-        lambda res: ((f"{name}/{s}", v) for name, r in res.items() for s, v in r.items()),
-    ),
-    "nota": Evaluation(
-        NotaSpec,
-        lambda methods, spec, load: suite.evaluate_none_of_the_above(
-            methods, spec.positives, spec.negatives, spec.far_negatives, spec.template_aggregation
-        ),
-        lambda res: (  # over the dummy prompts too
-            *(
-                (f"{name}/{k}", cell.get(k))
-                for per_method in res["dummy"].values()
-                for name, cell in per_method.items()
-                for k in NOTA_HEADLINE
-            ),
-            *(
-                (f"{rule}-based/{k}", cell.get(k))
-                for rule, cell in res.get("rejection", {}).items()
-                for k in NOTA_HEADLINE
-            ),
-        ),
-    ),
-    "hierarcaps": Evaluation(
-        HierarcapsSpec,
-        lambda methods, spec, load: suite.evaluate_hierarcaps(methods, spec.data, load),
-        lambda res: (
-            (f"{name}/{k}", r.get(k)) for name, r in res.items() for k in HIERARCAPS_HEADLINE
-        ),
-    ),
-    "ood": Evaluation(
-        OodSpec,
-        lambda methods, spec, load: suite.evaluate_ood(methods, spec.data, spec.perturbed, load),
-        lambda res: (
-            (f"{name}/{p}/{k}", r.get(k))
-            for name, per in res.items()
-            for p, r in per.items()
-            for k in OOD_HEADLINE
-        ),
-    ),
+    "retrieval": Evaluation(RetrievalSpec, _retrieval, _retrieval_headline),
+    "zeroshot": Evaluation(ZeroshotSpec, _zeroshot, _zeroshot_headline),
+    "nota": Evaluation(NotaSpec, _nota, _nota_headline),
+    "hierarcaps": Evaluation(HierarcapsSpec, _hierarcaps, _hierarcaps_headline),
+    "ood": Evaluation(OodSpec, _ood, _ood_headline),
 }
 
 
