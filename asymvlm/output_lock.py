@@ -51,19 +51,26 @@ class OutputLock:
         settle: float = 1.0,
         log=None,
     ) -> None:
-        self.root, self.wait, self.ttl = root, wait, ttl
-        self.renew_every, self.settle = renew_every, settle
+        self.root = root
+        self.wait = wait
+        self.ttl = ttl
+        self.renew_every = renew_every
+        self.settle = settle
         self.fs, base = filesystem(root)
         self.dir = join(base, folder) if folder else base
         self.local = not is_remote(root)
         suffix = f".{name}" if name else ""
         self.path = join(self.dir, f"{LOCK_NAME}{suffix}" if self.local else f"_LEASE{suffix}.json")
-        self.shown, self.uri = display(root, self.dir), display(root, self.path)
-        self.owner, self._log = uuid.uuid4().hex, log or logger.warning
-        self._fd: int | None = None
-        self._stop, self._thread = threading.Event(), None
+        self.shown = display(root, self.dir)  # the folder and the lock file, as messages name them
+        self.uri = display(root, self.path)
+        self.owner = uuid.uuid4().hex
+        self._log = log or logger.warning
+        self._fd: int | None = None  # the flock's descriptor (local)
+        self._stop = threading.Event()  # the lease's renewal thread (object stores)
+        self._thread: threading.Thread | None = None
         self._lost: str | None = None
-        self._expires = self._since = 0.0
+        self._expires = 0.0
+        self._since = 0.0
 
     def _busy(self, info: dict[str, Any] | None, detail: str = "; ") -> LockError:
         return LockError(

@@ -27,13 +27,27 @@ from asymvlm.results import DIRECTIONS, markdown, mean_std, seed_stats, stats_ta
 from asymvlm.results import retrieval_metric_names as metric_names
 
 #: How the names of an uncertainty's numbers and curves end (``t2i_spearman``, ``i2t_e_aurc``).
-UNCERTAINTY_METRICS = ("spearman", "r2", "auroc", "aupr", "fpr_at_95tpr", "aurc")
-UNCERTAINTY_METRICS += ("binned_recall@1", "risk_coverage")
+UNCERTAINTY_METRICS = (
+    "spearman",
+    "r2",
+    "auroc",
+    "aupr",
+    "fpr_at_95tpr",
+    "aurc",
+    "binned_recall@1",
+    "risk_coverage",
+)
 #: Table 1 cells per direction: (MLflow name without the direction, heading, scale, digits).
-TABLE1_CELLS = [("recall_at_1", "R@1 (%)", 100.0, 2), ("spearman", "S", 1.0, 2)]
-TABLE1_CELLS += [("r2", "R²", 1.0, 2), ("auroc", "AUROC", 1.0, 3), ("aupr", "AUPR", 1.0, 3)]
-TABLE1_CELLS += [(n, h, 1.0, 3) for n, h in (("fpr_at_95tpr", "FPR@95"), ("aurc", "AURC"))]
-TABLE1_CELLS += [("ece", "ECE", 1.0, 3)]
+TABLE1_CELLS = [
+    ("recall_at_1", "R@1 (%)", 100.0, 2),
+    ("spearman", "S", 1.0, 2),
+    ("r2", "R²", 1.0, 2),
+    ("auroc", "AUROC", 1.0, 3),
+    ("aupr", "AUPR", 1.0, 3),
+    ("fpr_at_95tpr", "FPR@95", 1.0, 3),
+    ("aurc", "AURC", 1.0, 3),
+    ("ece", "ECE", 1.0, 3),
+]
 PROTOCOL_LABELS = {
     "official": "Protocol: official (the authors' code)",
     "improved": "Protocol: improved (this project's defaults; see README 'Protocols')",

@@ -165,8 +165,14 @@ class BayesVLM(Method):
         """:func:`fit_projection_posterior`'s options; ``hidden_dim`` and ``depth`` are ignored."""
         super().__init__(dim)
         self.logit_scale = float(logit_scale)
-        self.fit_kwargs = dict(logit_scale=self.logit_scale, class_batch=class_batch, fisher=fisher)
-        self.fit_kwargs |= dict(mc_samples=mc_samples, prior_steps=prior_steps, seed=seed)
+        self.fit_kwargs = {
+            "logit_scale": self.logit_scale,
+            "class_batch": class_batch,
+            "fisher": fisher,
+            "mc_samples": mc_samples,
+            "prior_steps": prior_steps,
+            "seed": seed,
+        }
         for modality in MODALITIES:
             self.register_buffer(f"{modality}_projection", torch.empty(dim, 0))
             self.register_buffer(f"{modality}_a_inv", torch.empty(0, 0))

@@ -23,8 +23,28 @@ from asymvlm.tracking.store import (
 )
 from asymvlm.tracking.writer import drain, outage_queue, pending
 
-__all__ = ["Run", "child_runs", "default_tracking_uri", "download", "drain"]
-__all__ += ["ended", "existing_run", "experiment_id", "experiment_runs", "git_commit"]
-__all__ += ["global_tracking_uri", "invalid_input", "json_artifact", "last_step", "model_run"]
-__all__ += ["open_run", "outage_queue", "pending", "pinned_requirements", "relocate_local_store"]
-__all__ += ["resume_run", "run", "signature"]
+__all__ = [
+    "Run",
+    "child_runs",
+    "default_tracking_uri",
+    "download",
+    "drain",
+    "ended",
+    "existing_run",
+    "experiment_id",
+    "experiment_runs",
+    "git_commit",
+    "global_tracking_uri",
+    "invalid_input",
+    "json_artifact",
+    "last_step",
+    "model_run",
+    "open_run",
+    "outage_queue",
+    "pending",
+    "pinned_requirements",
+    "relocate_local_store",
+    "resume_run",
+    "run",
+    "signature",
+]
