@@ -147,15 +147,19 @@ class StagedSearch(Searcher):
 
     def __init__(self, sweep: SweepConfig, grid: list[dict[str, Any]]) -> None:
         super().__init__()
-        self.sweep, self.grid, self.live = sweep, bool(grid), {}  # live: id -> (stage, method)
+        self.sweep = sweep
+        self.selects_lr = bool(grid)  # several lrs: the grid's trials choose each method's
+        self.live: dict[str, tuple[str, str]] = {}  # trial id -> (stage, method)
         self.queue = [("grid", p) for p in _packs(sweep, grid)]
         self.waiting = Counter(members[0]["method"] for _, members in self.queue)
         self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)  # grid rows per method
-        for method in [] if grid else sweep.methods:  # one lr: every seed at once
-            self._release(method)
+        if not self.selects_lr:  # one lr: every seed of every method at once
+            for method in sweep.methods:
+                self._release(method)
 
     def _release(self, method: str) -> None:
-        if not self.grid:
+        """Queue ``method``'s seed trials at its chosen lr (at the only lr: every seed)."""
+        if not self.selects_lr:
             lr, seeds = self.sweep.lr[0], self.sweep.seeds
         elif pick := select_lr(self.rows[method]).get(method):
             lr, seeds = pick["lr"], self.sweep.seeds[1:]
@@ -350,27 +354,33 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> dict[str, Any]:
 
 
 def _stages(sweep: SweepConfig, opening: Future, callback, base: dict) -> dict[str, Any]:
-    first = sweep.seeds[0]
-    grid = [{"method": m, "lr": lr, "seed": first} for m in sweep.methods for lr in sweep.lr]
+    """The paper's two stages (the lr grid at the first seed, then the other seeds at each
+    method's chosen lr) as one Tune experiment, then the sweep's run: the selection, the
+    mean ± std over seeds, the failures."""
+    first_seed = sweep.seeds[0]
+    grid = [{"method": m, "lr": lr, "seed": first_seed} for m in sweep.methods for lr in sweep.lr]
     grid = grid if len(sweep.lr) > 1 else []  # one lr: nothing to select
     rows, failed = _fit(sweep, grid, callback)
     run: tracking.Run = opening.result()
-    done = [r for r in rows if r["stage"] == "grid"]
-    more = [r for r in rows if r["stage"] == "seeds"]
-    one = {m: {"lr": sweep.lr[0], "score": None, "scores_by_lr": {}} for m in sweep.methods}
-    picks = select_lr(done) if grid else one
+    grid_rows = [r for r in rows if r["stage"] == "grid"]
+    seed_rows = [r for r in rows if r["stage"] == "seeds"]
+    if grid:
+        picks = select_lr(grid_rows)
+    else:
+        picks = {m: {"lr": sweep.lr[0], "score": None, "scores_by_lr": {}} for m in sweep.methods}
     selection = {m: picks[m] for m in sweep.methods if m in picks}  # config order
     if not selection or not rows:
         raise NoResults(f"sweep {sweep.label}: every trial failed; first: {failed[0]['reason']}")
     for method in sorted(set(sweep.methods) - set(selection)):
         logger.warning("sweep %s: %s failed at every lr; left out of stage 2", sweep.label, method)
     run.log_params({f"best_lr/{m}": p["lr"] for m, p in selection.items()})
-    reused = [r for r in done if r["lr"] == selection.get(r["method"], {}).get("lr")]
-    ids = _trial_runs(run)  # the grid trial at the chosen lr is its method's first seed
-    for label in (trial_label("grid", r) for r in reused):
+    # the grid trial at the chosen lr is its method's first seed
+    first_seeds = [r for r in grid_rows if r["lr"] == selection.get(r["method"], {}).get("lr")]
+    ids = _trial_runs(run)
+    for label in (trial_label("grid", r) for r in first_seeds):
         if label in ids:
             tracking.existing_run(run.tracking_uri, ids[label]).set_tags({"seed_stage": "true"})
-    repeats = reused + more
+    repeats = first_seeds + seed_rows
     test = [(r, results.retrieval_metric_names(r["outcome"].get("test", {}))) for r in repeats]
     summary = results.seed_summary(
         [{"method": r["method"], "seed": r["seed"], **m} for r, m in test]
@@ -400,7 +410,9 @@ def _stages(sweep: SweepConfig, opening: Future, callback, base: dict) -> dict[s
         "failed": failed,
         "adapters": _export_adapters(sweep, repeats),
         "markdown": markdown,
-        "trials": [{k: v for k, v in r.items() if k != "_checkpoint"} for r in done + more],
+        "trials": [
+            {k: v for k, v in r.items() if k != "_checkpoint"} for r in grid_rows + seed_rows
+        ],
     }
 
 
