@@ -185,7 +185,7 @@ CORRUPTIONS = [
     ("images", "image_id", 2, None, ": image_id is null"),
     ("images", "image_id", 3, "img1", " (image_id 'img1'): duplicate image_id, first seen in"),
     ("texts", "image_id", 5, "ghost", " (caption_id 'c5'): unknown image_id 'ghost'"),
-    ("texts", "norm", 6, 0.0, " (caption_id 'c6'): norm is np.float64(0.0), must be finite"),
+    ("texts", "norm", 6, 0.0, " (caption_id 'c6'): norm is 0, must be finite"),
     ("images", "norm", 3, 1e9, " (image_id 'img3'): norm is 1e+09, outside ["),
     ("texts", "text", 4, BAD, " (caption_id 'c4'): column 'text' is not valid UTF-8 (invalid"),
     ("texts", "caption_id", 4, BAD, ": column 'caption_id' is not valid UTF-8"),

@@ -180,7 +180,7 @@ class _Folder:
         if validate:
             bad = _first(~(np.isfinite(vals) & (vals > 0)))
             if bad is not None:
-                raise self.error(bad, f"norm is {vals[bad]!r}, must be finite and > 0")
+                raise self.error(bad, f"norm is {vals[bad]:.6g}, must be finite and > 0")
             median = float(np.median(vals)) if vals.size else 1.0
             low, high = median / NORM_SPREAD, min(median * NORM_SPREAD, NORM_MAX)
             bad = _first((vals < low) | (vals > high))

@@ -85,7 +85,11 @@ def run_embed(cfg: EmbedConfig, session: RaySession | None = None) -> dict[str, 
         storage.write_json(
             cfg.output, f"{cfg.split}/{SUCCESS}", dict(fingerprint=fingerprint, summary=summary)
         )
-        log.info(f"done: {totals} -> {cfg.output}/{cfg.split}")
+        log.info(
+            f"done: {totals['n_images']} images, {totals['n_captions']} captions "
+            f"({totals['n_image_errors']} image and {totals['n_caption_errors']} caption errors) "
+            f"-> {cfg.output}/{cfg.split}"
+        )
         return summary
 
 
