@@ -53,7 +53,6 @@ import tempfile
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import cpu_model, loadavg, logger  # noqa: E402
 
 from asymvlm.data.demo_sets import find_hierarcaps  # noqa: E402

@@ -25,19 +25,16 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from typing import Any
 
 import torch
+from _common import cpu_model, loadavg, logger  # noqa: E402
+from train_throughput import random_split, sync  # noqa: E402
 
 from asymvlm.methods import build_method
 from asymvlm.splits import SplitTensors
 from asymvlm.training import PackedTrainer, TrainConfig, Trainer
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import cpu_model, loadavg, logger  # noqa: E402
-from train_throughput import random_split, sync  # noqa: E402
 
 log = logger("packed_trials")
 

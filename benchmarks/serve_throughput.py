@@ -35,9 +35,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import loadavg, logger, machine  # noqa: E402
 
 log = logger("serve_throughput")

@@ -42,8 +42,6 @@ import time
 from typing import Any
 
 import pyarrow.parquet as pq
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import cpu_model, loadavg, logger  # noqa: E402
 
 log = logger("train_memory")

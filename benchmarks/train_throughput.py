@@ -24,21 +24,18 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from _common import cpu_model, logger  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset
 
 from asymvlm.methods import Method, build_method
 from asymvlm.splits import SplitTensors
 from asymvlm.training import TrainConfig, Trainer
 from asymvlm.training.trainer import make_optimizer
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import cpu_model, logger  # noqa: E402
 
 log = logger("train_throughput")
 

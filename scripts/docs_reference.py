@@ -20,8 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # the hook runs from mkdocs, the checkout need not be on the path
-    sys.path.insert(0, ROOT)
 
 #: The scripts of pipelines/ whose parsers the CLI reference documents, in this order.
 PIPELINE_SCRIPTS = ("full", "sweep", "train", "embed", "serve")
