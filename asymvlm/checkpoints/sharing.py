@@ -7,7 +7,9 @@ import logging
 import math
 import os
 import re
+import string
 from collections.abc import Mapping
+from importlib import resources
 from importlib.metadata import version
 from typing import Any
 
@@ -37,19 +39,8 @@ logger = logging.getLogger(__name__)
 _NO_ENCODER = "synthetic-world"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _METRIC = re.compile(r"(?:(val|test)_)?(?:(?:t2i|i2t)_)?(.*)")
-_USE = """\
-Research on uncertainty in vision-language retrieval: ranking captions by how specific they \
-are, flagging queries whose retrieval is likely wrong, abstaining (risk-coverage), \
-none-of-the-above decisions. Not for decisions about people.
-
-## Limits
-
-* The adapter only makes sense on embeddings of the exact frozen encoder named above (its \
-revision and file hash are recorded); any other encoder gives meaningless numbers.
-* The uncertainty ranks captions within the training domain; on other data it is \
-uncalibrated and its meaning is not guaranteed.
-* Numbers above come from the run's own tables, not from a public benchmark unless those \
-tables are one."""
+#: The exported README.md, filled by :func:`model_card` (``string.Template``).
+_CARD = "model_card.md"
 
 
 HUB_PREFIX = "hf-hub:"
@@ -207,6 +198,7 @@ def model_card(
     calibration = ", ".join(
         f"{k} = {v:.6g}" for k, v in (config.get("input_calibration") or {}).items()
     )
+    epochs = (config.get("epoch"), config.get("epochs"))
     rows = [
         ("embedding width", config.get("dim")),
         ("frozen encoder", _label(name) if name else None),
@@ -218,81 +210,55 @@ def model_card(
         ("protocol", config.get("protocol") or train.get("protocol")),
         ("adapter input", config.get("adapter_input")),
         ("input calibration", calibration or None),
-        ("epochs", f"{config.get('epoch')} of {config.get('epochs')}"),
-        *((k, train.get(k)) for k in ("optimizer", "lr", "batch_size", "weight_decay")),
+        ("epochs", "{} of {}".format(*epochs) if None not in epochs else None),
+        ("optimizer", train.get("optimizer")),
+        ("lr", train.get("lr")),
+        ("batch_size", train.get("batch_size")),
+        ("weight_decay", train.get("weight_decay")),
         ("adapter width x depth", f"{size['hidden_dim']} x {size['depth']}" if size else None),
         ("seed", train.get("seed")),
         ("trained with", trained_with),
         ("git commit", config.get("git_commit")),
     ]
-    table = "\n".join(f"| {k} | `{v}` |" for k, v in rows if v not in (None, "", "None of None"))
     where = f"hf-hub:{repo}" if repo else "FOLDER"
     if name and name != _NO_ENCODER:
-        use = f"""asymvlm score-text --checkpoint {where} "a dog" "a golden retriever catching a \
-red frisbee"
-```
-
-```python
-from asymvlm import Scorer
-
-scorer = Scorer.from_pretrained("{where}")
-scorer.caption_uncertainty(["a dog"])  # kappa, uncertainty, mu"""
+        usage = (
+            f'asymvlm score-text --checkpoint {where} "a dog" "a golden retriever catching a red '
+            f'frisbee"\n```\n\n```python\nfrom asymvlm import Scorer\n\n'
+            f'scorer = Scorer.from_pretrained("{where}")\n'
+            'scorer.caption_uncertainty(["a dog"])  # kappa, uncertainty, mu'
+        )
     else:
-        use = f"asymvlm evaluate --checkpoint {where} --embeddings TABLES --split test --output \
-metrics.json"
+        usage = (
+            f"asymvlm evaluate --checkpoint {where} --embeddings TABLES --split test "
+            "--output metrics.json"
+        )
     limits = ""
     if name == _NO_ENCODER:
-        limits = """
-* Trained on a **synthetic world** (toy embeddings with known uncertainty): for learning and \
-testing the method, not for real images or text."""
+        limits = (
+            "\n* Trained on a **synthetic world** (toy embeddings with known uncertainty): for "
+            "learning and testing the method, not for real images or text."
+        )
     elif name and _local(name):
-        limits = f"""
-* The encoder is a local folder (`{_label(name)}`, its path in `config.json`): on another \
-machine give its copy with `--encoder` (`encoder=`); a copy with other files is refused."""
-    return f"""---
-{data.to_yaml()}
----
-
-# {method} adapter{f" for {_label(name)}" if name else ""}
-
-A probabilistic adapter for a frozen vision-language model, exported by the `asymvlm` package \
-{version("asymvlm")} (AsymVLM, Ju et al., NeurIPS 2025, and its baselines): it turns a caption's \
-embedding into a distribution whose spread is the caption's uncertainty.
-
-## Method
-
-`{method}`{f" (from the package `{plugin}`)" if plugin else ""}: \
-{summary or "(not a registered method here)"}
-
-Its uncertainty (higher = more uncertain): {cls.uncertainty_doc if cls else "see the method"}.
-
-## Training data and protocol
-
-Trained on cached embeddings of a frozen vision-language model; only the adapter is here, the \
-encoder is referenced, not copied.
-
-| setting | value |
-|---|---|
-{table}
-
-## Evaluation
-
-{_evaluation(metrics or {}, source)}
-
-## How to use
-
-```bash
-pip install asymvlm{" " + plugin if plugin else ""}
-
-{use}
-```
-
-Publish a folder with `hf upload ORG/REPO FOLDER` (the folder holds no pickle).
-
-## Intended use
-
-{_USE}{limits}
-"""
+        limits = (
+            f"\n* The encoder is a local folder (`{_label(name)}`, its path in `config.json`): on "
+            "another machine give its copy with `--encoder` (`encoder=`); a copy with other "
+            "files is refused."
+        )
+    origin = f" (from the package `{plugin}`)" if plugin else ""
+    template = resources.files(__package__).joinpath(_CARD).read_text(encoding="utf-8")
+    return string.Template(template).substitute(
+        card_data=data.to_yaml(),
+        title=f"{method} adapter" + (f" for {_label(name)}" if name else ""),
+        asymvlm_version=version("asymvlm"),
+        method_line=f"`{method}`{origin}: {summary or '(not a registered method here)'}",
+        uncertainty=cls.uncertainty_doc if cls else "see the method",
+        settings="\n".join(f"| {k} | `{v}` |" for k, v in rows if v not in (None, "")),
+        evaluation=_evaluation(metrics or {}, source),
+        install="asymvlm" + (f" {plugin}" if plugin else ""),
+        usage=usage,
+        limits=limits,
+    )
 
 
 def _check_target(output: str, source_folder: str, overwrite: bool) -> None:
