@@ -122,35 +122,31 @@ def _embed_group(
     info: Callable[[], dict[str, Any]],
     lock: OutputLock,
 ) -> None:
-    """Embed the images and captions of some shards and write them (marker last)."""
+    """Embed the images and captions of some shards and write them, shard by shard (marker
+    last): the group's rows, their embeddings on Ray Data, the failures as error rows."""
     todo = images.filter(pc.is_in(images["shard"], pa.array(group, pa.int64())))
-    caps = captions.filter(pc.is_in(captions["image_id"], todo["image_id"]))
-    caps = caps.append_column(
-        "shard", todo["shard"].take(pc.index_in(caps["image_id"], todo["image_id"]))
-    )
-    empty = pc.equal(pc.utf8_trim_whitespace(pc.fill_null(caps["text"], "")), "")
-    errors = [_errors(caps.filter(empty), "caption", "caption_id", "empty caption")]
-    caps = caps.filter(pc.invert(empty))
-    attached: dict[str, list[list[str]]] = defaultdict(list)  # captions ride with their image
-    for cid, iid, text in zip(*(caps[c].to_pylist() for c in CAPTION_KEYS), strict=True):
-        attached[iid].append([cid, text])
-    payload = [json.dumps(attached[i], ensure_ascii=False) for i in todo["image_id"].to_pylist()]
+    captions, empty = _group_captions(captions, todo)
     log.info(
         f"shards {group[0]}..{group[-1]}: embedding {todo.num_rows} images and "
-        f"{caps.num_rows} captions"
+        f"{captions.num_rows} captions"
     )
-    out = embed_images_and_captions(cfg, todo.append_column("captions", pa.array(payload)))
-    img = out.filter(pc.equal(out["kind"], "image"))
-    txt = out.filter(pc.equal(out["kind"], "caption"))
-    failed = img.filter(pc.not_equal(img["error"], ""))
-    img = img.filter(pc.equal(img["error"], "")).sort_by("image_id")
-    lost = pc.is_in(caps["image_id"], failed["image_id"])
-    errors.append(_errors(failed, "image", "image_id", failed["error"], failed["path"]))
-    reasons = pc.binary_join_element_wise("image ", caps.filter(lost)["image_id"], " failed", "")
-    errors.append(_errors(caps.filter(lost), "caption", "caption_id", reasons))
-    errors_all = pa.concat_tables(errors).sort_by([("kind", "descending"), ("id", "ascending")])
-    caps = caps.filter(pc.invert(lost))
-    if failed.num_rows and not img.num_rows:
+    out = embed_images_and_captions(cfg, todo.append_column("captions", _attached(captions, todo)))
+    embedded_images = out.filter(pc.equal(out["kind"], "image"))
+    embedded_texts = out.filter(pc.equal(out["kind"], "caption"))
+    failed = embedded_images.filter(pc.not_equal(embedded_images["error"], ""))
+    embedded_images = embedded_images.filter(pc.equal(embedded_images["error"], ""))
+    lost = pc.is_in(captions["image_id"], failed["image_id"])  # captions of failed images
+    lost_ids = captions.filter(lost)["image_id"]
+    reasons = pc.binary_join_element_wise("image ", lost_ids, " failed", "")
+    errors = pa.concat_tables(
+        [
+            _errors(empty, "caption", "caption_id", "empty caption"),
+            _errors(failed, "image", "image_id", failed["error"], failed["path"]),
+            _errors(captions.filter(lost), "caption", "caption_id", reasons),
+        ]
+    ).sort_by([("kind", "descending"), ("id", "ascending")])
+    captions = captions.filter(pc.invert(lost))
+    if failed.num_rows and not embedded_images.num_rows:
         log.warning(
             f"every image of shards {group[0]}..{group[-1]} failed to load, e.g. "
             f"{failed['path'][0].as_py()}: {failed['error'][0].as_py()} "
@@ -159,47 +155,89 @@ def _embed_group(
     dim = int(info()["dim"])
     lock.check()
     write_manifest_once(cfg, dim, info)
-    pre_dim = tables.read_manifest(cfg.output).pre_dim if cfg.pre_projection else {}
-    carried = [c for c in todo.column_names if c not in _SOURCE_IMAGE_COLUMNS]
-    extra_text = [c for c in caps.column_names if c not in (*CAPTION_KEYS, "shard")]
-
-    def matrix(rows: pa.Table, column: str, width: int) -> np.ndarray:
-        empty = np.zeros((0, width), np.float32)
-        return tables.column_matrix(rows[column]) if rows.num_rows else empty
-
-    def pre(rows: pa.Table, kind: str) -> np.ndarray | None:
-        return matrix(rows, f"{kind}_pre", pre_dim[kind]) if cfg.pre_projection else None
-
+    widths = {"embedding": dim}
+    if cfg.pre_projection:
+        pre_dim = tables.read_manifest(cfg.output).pre_dim
+        widths |= {"image_pre": pre_dim["image"], "text_pre": pre_dim["text"]}
+    embedded_images = embedded_images.sort_by("image_id")
     for shard in group:
-        im = img.filter(pc.equal(img["shard"], shard))
-        cp = caps.filter(pc.equal(caps["shard"], shard))
-        tx = txt.take(pc.index_in(cp["caption_id"], txt["id"]))
-        source = todo.take(pc.index_in(im["image_id"], todo["image_id"]))
-        shard_errors = errors_all.filter(pc.equal(errors_all["shard"], shard))
-        part = part_name(shard)
         lock.check()
-        tables.write_part(
-            cfg.output, cfg.split, ERRORS_DIR, part, shard_errors.drop_columns(["shard"])
+        _write_shard(
+            cfg,
+            shard,
+            todo,
+            embedded_images.filter(pc.equal(embedded_images["shard"], shard)),
+            captions.filter(pc.equal(captions["shard"], shard)),
+            embedded_texts,
+            errors.filter(pc.equal(errors["shard"], shard)),
+            widths,
         )
-        tables.write_split(
-            cfg.output,
-            cfg.split,
-            image_ids=im["image_id"].to_pylist(),
-            image_embeddings=matrix(im, "embedding", dim),
-            image_norms=im["norm"].to_numpy(),
-            extra_image_columns={c: source[c].to_numpy(zero_copy_only=False) for c in carried},
-            caption_ids=cp["caption_id"].to_pylist(),
-            caption_image_ids=cp["image_id"].to_pylist(),
-            texts=cp["text"].to_pylist(),
-            text_embeddings=matrix(tx, "embedding", dim),
-            text_norms=tx["norm"].to_numpy(),
-            image_features_pre=pre(im, "image"),
-            text_features_pre=pre(tx, "text"),
-            extra_text_columns={c: cp[c].to_numpy(zero_copy_only=False) for c in extra_text},
-            part=part,
-        )
-        counts = {"images": im.num_rows, "captions": cp.num_rows, "errors": shard_errors.num_rows}
-        storage.write_json(cfg.output, f"{cfg.split}/{PARTS_DIR}/{part}.json", counts)
+
+
+def _group_captions(captions: pa.Table, todo: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """The captions of the images ``todo``, each with its image's shard, and apart the empty
+    ones (they are not embedded)."""
+    captions = captions.filter(pc.is_in(captions["image_id"], todo["image_id"]))
+    shards = todo["shard"].take(pc.index_in(captions["image_id"], todo["image_id"]))
+    captions = captions.append_column("shard", shards)
+    empty = pc.equal(pc.utf8_trim_whitespace(pc.fill_null(captions["text"], "")), "")
+    return captions.filter(pc.invert(empty)), captions.filter(empty)
+
+
+def _attached(captions: pa.Table, todo: pa.Table) -> pa.Array:
+    """Per image of ``todo``, its captions ``[[caption_id, text], ...]`` as JSON: the captions
+    ride with their image through Ray Data."""
+    attached: dict[str, list[list[str]]] = defaultdict(list)
+    for cid, iid, text in zip(*(captions[c].to_pylist() for c in CAPTION_KEYS), strict=True):
+        attached[iid].append([cid, text])
+    return pa.array(
+        [json.dumps(attached[i], ensure_ascii=False) for i in todo["image_id"].to_pylist()]
+    )
+
+
+def _write_shard(
+    cfg: EmbedConfig,
+    shard: int,
+    todo: pa.Table,
+    images: pa.Table,
+    captions: pa.Table,
+    texts: pa.Table,
+    errors: pa.Table,
+    widths: dict[str, int],
+) -> None:
+    """One shard's part: its error rows, its images and captions with their embeddings (the
+    source's other columns carried along), then its marker."""
+
+    def matrix(rows: pa.Table, column: str) -> np.ndarray:
+        if not rows.num_rows:
+            return np.zeros((0, widths[column]), np.float32)
+        return tables.column_matrix(rows[column])
+
+    texts = texts.take(pc.index_in(captions["caption_id"], texts["id"]))
+    source = todo.take(pc.index_in(images["image_id"], todo["image_id"]))
+    carried = [c for c in todo.column_names if c not in _SOURCE_IMAGE_COLUMNS]
+    extra_text = [c for c in captions.column_names if c not in (*CAPTION_KEYS, "shard")]
+    part = part_name(shard)
+    tables.write_part(cfg.output, cfg.split, ERRORS_DIR, part, errors.drop_columns(["shard"]))
+    tables.write_split(
+        cfg.output,
+        cfg.split,
+        image_ids=images["image_id"].to_pylist(),
+        image_embeddings=matrix(images, "embedding"),
+        image_norms=images["norm"].to_numpy(),
+        extra_image_columns={c: source[c].to_numpy(zero_copy_only=False) for c in carried},
+        caption_ids=captions["caption_id"].to_pylist(),
+        caption_image_ids=captions["image_id"].to_pylist(),
+        texts=captions["text"].to_pylist(),
+        text_embeddings=matrix(texts, "embedding"),
+        text_norms=texts["norm"].to_numpy(),
+        image_features_pre=matrix(images, "image_pre") if cfg.pre_projection else None,
+        text_features_pre=matrix(texts, "text_pre") if cfg.pre_projection else None,
+        extra_text_columns={c: captions[c].to_numpy(zero_copy_only=False) for c in extra_text},
+        part=part,
+    )
+    counts = {"images": images.num_rows, "captions": captions.num_rows, "errors": errors.num_rows}
+    storage.write_json(cfg.output, f"{cfg.split}/{PARTS_DIR}/{part}.json", counts)
 
 
 def _errors(rows: pa.Table, kind: str, id_column: str, reason, path=None) -> pa.Table:
