@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -111,9 +113,6 @@ def test_a_request_that_keeps_failing_names_its_uri(flaky, bucket, monkeypatch) 
 def test_a_bucket_without_credentials_is_one_line_naming_it(tmp_path, monkeypatch) -> None:
     """botocore's NoCredentialsError (not an OSError) reaches the user as the storage layer's
     one-line error naming the URI and what to set, from the CLI too (exit 2, no traceback)."""
-    import subprocess
-    import sys
-
     import s3fs
 
     for key in [k for k in os.environ if k.startswith("AWS_")]:

@@ -226,9 +226,10 @@ def check_split(root: str, split: str) -> Manifest:
     such split (naming those there); a store that cannot be listed is a StorageError naming it."""
     with named_failures(root):
         splits = list_splits(root)
-        fs, base = filesystem(root)
-        if not splits and fs.get_file_info(base).type == pafs.FileType.NotFound:
-            raise TableError(f"{root}: no such folder")
+        if not splits:
+            fs, base = filesystem(root)
+            if fs.get_file_info(base).type == pafs.FileType.NotFound:
+                raise TableError(f"{root}: no such folder")
     manifest = read_manifest(root)
     if split not in splits:
         there = ", ".join(splits) or "none"
