@@ -3,9 +3,9 @@
 The science lives here and runs without Ray: spherical distributions (:mod:`asymvlm.distributions`),
 every method of the paper behind one registry (:mod:`asymvlm.methods`), the paper's metrics
 (:mod:`asymvlm.metrics`), the embedding-table contract (:mod:`asymvlm.tables`), a synthetic world
-(:mod:`asymvlm.synthetic`), the trainers (:mod:`asymvlm.training`), the protocol of a run
-(:mod:`asymvlm.protocol`), its evaluations (:mod:`asymvlm.evaluation`) and checkpoints
-(:mod:`asymvlm.checkpoints`). The Ray layer is ``pipelines/``; docs/development.md ("Layout")
+(:mod:`asymvlm.synthetic`), the trainers (:mod:`asymvlm.training`), one training run
+(:mod:`asymvlm.runner`), its evaluations (:mod:`asymvlm.evaluation`) and checkpoints
+(:mod:`asymvlm.checkpoints`). The Ray layer is :mod:`asymvlm_ray`; docs/development.md ("Layout")
 gives the layers, which ``lint-imports`` holds.
 """
 
@@ -14,10 +14,10 @@ __version__ = "0.1.0"
 #: The public API (``docs/api.md``): name -> the module that defines it, imported on first use
 #: so that ``import asymvlm`` stays light.
 _API = {
-    "train": "asymvlm.protocol.run",
-    "evaluate": "asymvlm.protocol.api",
-    "score": "asymvlm.protocol.api",
-    "load_checkpoint": "asymvlm.protocol.api",
+    "train": "asymvlm.runner.single",
+    "evaluate": "asymvlm.api",
+    "score": "asymvlm.api",
+    "load_checkpoint": "asymvlm.api",
     "TrainConfig": "asymvlm.training",
     "Scorer": "asymvlm.scoring",
     "CaptionScores": "asymvlm.scoring",

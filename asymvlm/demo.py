@@ -16,8 +16,8 @@ from asymvlm.entry import ArgumentParser, guarded
 from asymvlm.evaluation.registry import evaluate_split
 from asymvlm.metrics import spearman_uncertainty
 from asymvlm.plots import plot_binned_recall
-from asymvlm.protocol import train
 from asymvlm.results import markdown
+from asymvlm.runner import train
 from asymvlm.splits import load_split
 from asymvlm.synthetic import WorldConfig, write_world
 from asymvlm.training import TrainConfig

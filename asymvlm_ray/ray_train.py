@@ -1,5 +1,6 @@
-"""Ray Train: :func:`asymvlm.protocol.run_protocol` as a ``TorchTrainer`` (DDP); rank 0 reports a
-checkpoint when one is due, from which ``FailureConfig`` resumes a run whose worker died."""
+"""Ray Train: :func:`asymvlm.runner.train_and_evaluate` as a ``TorchTrainer`` (DDP); rank 0
+reports a checkpoint when one is due, from which ``FailureConfig`` resumes a run whose worker
+died."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 from asymvlm import storage
 from asymvlm.checkpoints import read_run_state, save_run_checkpoint
 from asymvlm.errors import NonFiniteError
-from asymvlm.protocol import RunSpec, run_protocol
+from asymvlm.runner import RunSpec, train_and_evaluate
 from asymvlm.training import EpochRow, History, Trainer
 from asymvlm_ray.schema import FaultInjection
 from asymvlm_ray.session import require_ray
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
-    """:func:`run_protocol` on this worker, continued from the run's latest checkpoint."""
+    """:func:`train_and_evaluate` on this worker, continued from the run's latest checkpoint."""
     import ray.train
     import ray.train.torch
 
@@ -47,7 +48,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
             ray.train.report(row)
         maybe_inject_failure(fault, trainer.epoch, rank)
 
-    return run_protocol(
+    return train_and_evaluate(
         spec,
         rank=rank,
         world_size=world_size,

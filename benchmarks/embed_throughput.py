@@ -211,8 +211,8 @@ def run_plain(
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from asymvlm.data.encoder import load_encoder
     from asymvlm.data.sources import read_source
+    from asymvlm.embedding.encoders import load_encoder
 
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -246,7 +246,7 @@ def run_plain(
     t3 = time.perf_counter()
     txt_emb, txt_norm = [], []
     if sort_captions:  # the stage's own caption batching: length-sorted chunks
-        from asymvlm.data.encode import encode_texts_by_length
+        from asymvlm.embedding.encoding import encode_texts_by_length
 
         emb, norm = encode_texts_by_length(enc, texts, bs)
         txt_emb.append(emb)

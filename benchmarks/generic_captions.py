@@ -36,7 +36,7 @@ from _common import loadavg, logger, machine
 from asymvlm.evaluation.kappa_groups import kappa_by_group
 from asymvlm.evaluation.suite import evaluate_none_of_the_above, evaluate_zero_shot
 from asymvlm.methods import Method, build_method
-from asymvlm.protocol import train
+from asymvlm.runner import train
 from asymvlm.synthetic import (
     DUMMY_PROMPTS,
     PRESETS,

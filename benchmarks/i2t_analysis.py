@@ -51,7 +51,7 @@ from asymvlm import tables
 from asymvlm.evaluation.retrieval import encode_split, evaluate_retrieval
 from asymvlm.methods import Method
 from asymvlm.metrics import binned_recall, curve_statistics
-from asymvlm.protocol import train
+from asymvlm.runner import train
 from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import SyntheticWorld, WorldConfig, write_world
 from asymvlm.training import TrainConfig

@@ -25,7 +25,7 @@ import time
 from asymvlm.errors import NonFiniteError
 from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.metrics import spearman_uncertainty
-from asymvlm.protocol import train
+from asymvlm.runner import train
 from asymvlm.splits import load_split
 from asymvlm.synthetic import WorldConfig, write_world
 from asymvlm.training import TrainConfig

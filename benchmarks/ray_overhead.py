@@ -77,7 +77,7 @@ def run_single(args: argparse.Namespace, world: str, out: str) -> dict[str, Any]
 
 
 def run_ray(args: argparse.Namespace, world: str, out: str, cpus: int) -> dict[str, Any]:
-    from asymvlm.protocol import RunSpec
+    from asymvlm.runner import RunSpec
     from asymvlm.training import TrainConfig
     from asymvlm_ray.ray_train import run_training
 

@@ -57,8 +57,8 @@ def _untrained_checkpoint(folder: str) -> str:
     of tables that CLIP embedded (the manifest the embedding stage would write)."""
     from asymvlm import tables
     from asymvlm.checkpoints import provenance, save_checkpoint
-    from asymvlm.data.encoder import load_encoder
     from asymvlm.data.tiny import save_tiny_clip
+    from asymvlm.embedding.encoders import load_encoder
     from asymvlm.methods import build_method
     from asymvlm.training import TrainConfig
 

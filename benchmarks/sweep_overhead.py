@@ -1,5 +1,5 @@
 """What a Tune sweep costs over running the same trials one after another in plain Python:
-``run_sweep`` on the trials of ``--config`` against a loop of ``run_protocol`` (the faster of
+``run_sweep`` on the trials of ``--config`` against a loop of ``train_and_evaluate`` (the faster of
 torch's default threads and one). Prints one JSON object; see benchmarks/README.md.
 """
 
@@ -26,13 +26,13 @@ def _timed(fn, *args):
 def _loop(cfg, trials: list[tuple[str, float, int]], threads: int) -> None:
     import torch
 
-    from asymvlm.protocol import run_protocol
+    from asymvlm.runner import train_and_evaluate
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         for method, lr, seed in trials:
-            out = run_protocol(cfg.run_spec(method, lr, seed), device="cpu")
+            out = train_and_evaluate(cfg.run_spec(method, lr, seed), device="cpu")
             assert out is not None and not out.get("diverged"), out
     finally:
         torch.set_num_threads(before)

@@ -15,7 +15,7 @@ require("ray", "tracking")
 
 from asymvlm import config  # noqa: E402
 from asymvlm.methods import method_names  # noqa: E402
-from asymvlm.protocol import RunSpec  # noqa: E402
+from asymvlm.runner import RunSpec  # noqa: E402
 from asymvlm.training import TrainConfig  # noqa: E402
 from asymvlm_ray.ray_train import run_training  # noqa: E402
 from asymvlm_ray.session import RaySession  # noqa: E402

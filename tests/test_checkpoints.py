@@ -18,7 +18,7 @@ from asymvlm import tables
 from asymvlm.cli import main
 from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
 from asymvlm.methods import build_method
-from asymvlm.protocol import train
+from asymvlm.runner import train
 from asymvlm.tables import read_split
 from asymvlm.tracking import git_commit
 from asymvlm.training import TrainConfig, Trainer

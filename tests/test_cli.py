@@ -122,7 +122,7 @@ def test_a_new_users_slips_get_a_line_that_says_what_to_do(
 
 def test_the_python_m_commands_name_themselves_and_explain_every_flag(capsys) -> None:
     from asymvlm import demo
-    from asymvlm.synthetic import cli
+    from asymvlm.synthetic import command_line as cli
 
     assert all(action.help for action in cli.build_parser()._actions)
     for name, command in (("asymvlm.synthetic", cli.main), ("asymvlm.demo", demo.main)):

@@ -80,8 +80,8 @@ def inputs(tmp_path_factory) -> Path:
 
     from asymvlm import tables
     from asymvlm.checkpoints import provenance, save_checkpoint
-    from asymvlm.data.encoder import load_encoder
     from asymvlm.data.tiny import save_tiny_clip
+    from asymvlm.embedding.encoders import load_encoder
     from asymvlm.methods import build_method
     from asymvlm.synthetic import WorldConfig, write_world
     from asymvlm.training import TrainConfig
@@ -107,7 +107,7 @@ def inputs(tmp_path_factory) -> Path:
 def run(command: str, capsys: pytest.CaptureFixture) -> tuple[int, str]:
     """Exit code and output of one documented command, run in the current folder."""
     from asymvlm.cli import main as asymvlm
-    from asymvlm.synthetic.cli import main as synthetic
+    from asymvlm.synthetic.command_line import main as synthetic
 
     words = shlex.split(command, comments=True)
     program, shell = os.path.basename(words[0]), any(set(w) & set("|<>;&$`") for w in words)

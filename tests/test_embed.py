@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from asymvlm import output_lock, storage, tables
 from asymvlm.cli import main as cli_main
-from asymvlm.data.embed import DUMMY_PROMPTS, EmbedConfig
-from asymvlm.data.encoder import files_sha256, load_encoder
+from asymvlm.embedding.embed_config import DUMMY_PROMPTS, EmbedConfig
+from asymvlm.embedding.encoders import files_sha256, load_encoder
 from asymvlm.errors import ConfigError, LockError
 from asymvlm_ray.embedding import JOB, SUCCESS, run_embed
 from tests.helpers import hierarcaps_subset, library_lines, requires_hierarcaps, tiny_encoders
@@ -180,7 +180,7 @@ def test_open_clip_tables_and_the_scorer_that_reloads_the_model(
     import pyarrow.parquet as pq
 
     from asymvlm import Scorer, tracking
-    from asymvlm.data.encoder.names import parse_name
+    from asymvlm.embedding.encoders.names import parse_name
     from asymvlm.scoring.models import log_adapter_models
 
     name, out = models["open_clip"], str(tmp_path / "tables")

@@ -13,10 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from asymvlm.data.encode import decode_batch, encode_texts_by_length, perturb_captions
-from asymvlm.data.encoder import files_sha256, load_encoder
-from asymvlm.data.encoder.names import parse_name
 from asymvlm.data.tiny import save_tiny_clip
+from asymvlm.embedding.encoders import files_sha256, load_encoder
+from asymvlm.embedding.encoders.names import parse_name
+from asymvlm.embedding.encoding import decode_batch, encode_texts_by_length, perturb_captions
 from tests.helpers import HIERARCAPS, requires_hierarcaps, tiny_encoders
 
 pytestmark = requires_hierarcaps

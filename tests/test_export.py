@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from asymvlm.checkpoints import export_adapter, load_checkpoint, resolve_checkpoint
 from asymvlm.cli import main as cli_main
 from asymvlm.errors import CheckpointError
-from asymvlm.protocol import train
+from asymvlm.runner import train
 from asymvlm.scoring import Scorer, TableEncoder
 from asymvlm.scoring.models import CaptionUncertaintyModel, _load_pyfunc
 from asymvlm.training import TrainConfig

@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from asymvlm.data.embed import EmbedConfig, check_model
-from asymvlm.data.encoder.hub import check_hub_model, hub_files
+from asymvlm.embedding.embed_config import EmbedConfig, check_model
+from asymvlm.embedding.encoders.hub import check_hub_model, hub_files
 from asymvlm.errors import ConfigError
 from tests.hub_server import serve_hub
 

@@ -71,14 +71,14 @@ class Harness:
     def reference(self, seed: int) -> dict:
         import torch
 
-        from asymvlm.protocol import run_protocol
+        from asymvlm.runner import train_and_evaluate
         from asymvlm_ray.schema import load_sweep
 
         where = [f"embeddings={self.results / 'tables'}", f"output={self.results / 'reference'}"]
         sweep, before = load_sweep(SWEEP, where), torch.get_num_threads()
         torch.set_num_threads(1)  # as the trial (cpus_per_worker: 1)
         try:
-            out = run_protocol(sweep.run_spec(sweep.methods[0], sweep.lr[0], seed))
+            out = train_and_evaluate(sweep.run_spec(sweep.methods[0], sweep.lr[0], seed))
         finally:
             torch.set_num_threads(before)
         return json.loads(json.dumps({split: out[split] for split in ("val", "test")}))

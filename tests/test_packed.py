@@ -11,7 +11,7 @@ import torch
 
 from asymvlm.errors import ConfigError
 from asymvlm.methods import build_method
-from asymvlm.protocol import RunSpec, run_packed_protocol, run_protocol
+from asymvlm.runner import RunSpec, train_and_evaluate, train_and_evaluate_packed
 from asymvlm.splits import load_split
 from asymvlm.training import PackedTrainer, TrainConfig, Trainer, check_packable
 from tests.world_fingerprint import flatten
@@ -58,8 +58,8 @@ def test_the_packed_protocol_equals_three_unpacked_runs(small_world, one_thread)
     alone, with the unpacked run's message and history."""
     members = ((1e-2, 1), (1e6, 2), (5e-3, 3))
     specs = _specs(small_world, "asymvlm-vmf", members=members, optimizer="sgd")
-    packed = run_packed_protocol(specs)
-    alone = [run_protocol(spec) for spec in specs]
+    packed = train_and_evaluate_packed(specs)
+    alone = [train_and_evaluate(spec) for spec in specs]
     where = r"at epoch \d+ of 3, step \d+ of 14 \(asymvlm-vmf, sgd lr 1e\+06\)"
     assert re.match(rf"non-finite .* {where}", alone[1]["diverged"])
     assert packed[1] == alone[1]  # the same message, the same history before it
@@ -95,9 +95,9 @@ def test_packed_members_end_with_the_parameters_of_their_unpacked_runs(
 
 def test_the_frozen_reference_packs_as_its_own_runs(small_world, one_thread) -> None:
     specs = _specs(small_world, "clip", members=((1e-2, 0), (1e-2, 1)))
-    packed = run_packed_protocol(specs)
+    packed = train_and_evaluate_packed(specs)
     for p, spec in zip(packed, specs, strict=True):
-        alone = run_protocol(spec)
+        alone = train_and_evaluate(spec)
         assert p["history"] == alone["history"] == []
         _assert_close(p["test"], alone["test"])
 
@@ -120,16 +120,16 @@ def test_configurations_differing_in_more_than_lr_and_seed_are_refused(small_wor
     with pytest.raises(ConfigError, match=field):
         PackedTrainer(cfgs, data)
     with pytest.raises(ConfigError, match=field):
-        run_packed_protocol([RunSpec(embeddings=small_world, train=c) for c in cfgs])
+        train_and_evaluate_packed([RunSpec(embeddings=small_world, train=c) for c in cfgs])
 
 
 def test_runs_on_other_data_are_refused(small_world) -> None:
     specs = _specs(small_world, "asymvlm-vmf", members=((1e-2, 0), (1e-2, 1)))
     specs[1] = specs[1].model_copy(update={"test_split": None})
     with pytest.raises(ConfigError, match=r"run 1 differs from run 0 in test_split"):
-        run_packed_protocol(specs)
+        train_and_evaluate_packed(specs)
     with pytest.raises(ConfigError, match="at least one"):
-        run_packed_protocol([])
+        train_and_evaluate_packed([])
 
 
 # -- resuming ------------------------------------------------------------------------------------
@@ -196,4 +196,4 @@ def test_a_pack_never_streams_it_says_so(small_world, tmp_path) -> None:
         check_packable(always)
     tight = [_cfg("asymvlm-vmf", lr, 0, stream_memory_bytes=1) for lr in (1e-3, 1e-2)]
     with pytest.raises(ConfigError, match="larger than the memory budget .* set pack: 1"):
-        run_packed_protocol([RunSpec(embeddings=small_world, train=c) for c in tight])
+        train_and_evaluate_packed([RunSpec(embeddings=small_world, train=c) for c in tight])

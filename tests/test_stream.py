@@ -8,7 +8,7 @@ import pytest
 from asymvlm import tables
 from asymvlm.errors import ConfigError
 from asymvlm.methods import Method
-from asymvlm.protocol import RunSpec, TrainingRun, run_protocol
+from asymvlm.runner import RunSpec, TrainingRun, train_and_evaluate
 from asymvlm.synthetic import write_world
 from asymvlm.training import TrainConfig
 from asymvlm.training.stream import CaptionStream, StreamingTrainer, split_bytes, use_streaming
@@ -98,7 +98,9 @@ def test_auto_streams_above_the_threshold_only(parted_world):
 
 def _run(root: str, stream: str) -> dict:
     cfg = dict(batch_size=60, hidden_dim=64, depth=2, device="cpu", shuffle_buffer=60)
-    out = run_protocol(RunSpec(embeddings=root, train=TrainConfig(epochs=20, stream=stream, **cfg)))
+    out = train_and_evaluate(
+        RunSpec(embeddings=root, train=TrainConfig(epochs=20, stream=stream, **cfg))
+    )
     assert out is not None and "diverged" not in out
     return out
 

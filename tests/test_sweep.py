@@ -32,7 +32,7 @@ def world(tmp_path_factory) -> str:
 
 @pytest.mark.slow
 def test_killed_worker_resumes_to_the_same_result(ray_session, world, tmp_path) -> None:
-    from asymvlm.protocol import RunSpec
+    from asymvlm.runner import RunSpec
     from asymvlm_ray.ray_train import run_training
 
     train = TrainConfig(method="asymvlm-vmf", epochs=EPOCHS, lr=5e-3, batch_size=128, seed=3)

@@ -53,7 +53,7 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
     """The driver and its Ray killed with one grid trial done and the other held after epoch 2;
     the same command restores the sweep and lands what a sweep that never stopped would: equal
     results per trial, one MLflow run per trial with every epoch once."""
-    from asymvlm.protocol import run_protocol
+    from asymvlm.runner import train_and_evaluate
     from asymvlm_ray.tuning.sweep import select_lr
 
     output = str(tmp_path / "out")
@@ -110,7 +110,7 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
     # Each trial's results are those of its run straight through; the selection is made of them.
     sweep = sweep_config(_sweep_doc(world, output))
     for row in record["trials"]:
-        straight = run_protocol(sweep.run_spec(row["method"], row["lr"], row["seed"]))
+        straight = train_and_evaluate(sweep.run_spec(row["method"], row["lr"], row["seed"]))
         assert {s: row["outcome"][s] for s in ("val", "test")} == json.loads(
             json.dumps({s: straight[s] for s in ("val", "test")})
         )

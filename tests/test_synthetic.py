@@ -10,7 +10,7 @@ from scipy import stats
 from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.methods import build_method
 from asymvlm.metrics import spearman_uncertainty
-from asymvlm.protocol import train
+from asymvlm.runner import train
 from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import SyntheticWorld, WorldConfig, write_world
 from asymvlm.training import TrainConfig

@@ -17,7 +17,7 @@ from asymvlm.evaluation.kappa_groups import kappa_by_group
 from asymvlm.evaluation.suite import load_classification
 from asymvlm.evaluation.zeroshot import ClassPrompts, zero_shot_accuracy
 from asymvlm.methods import build_method
-from asymvlm.protocol import train
+from asymvlm.runner import train
 from asymvlm.synthetic import (
     COCO_LEVEL_PROBS,
     DUMMY_PROMPTS,
@@ -31,8 +31,8 @@ from asymvlm.synthetic import (
     write_world,
 )
 from asymvlm.synthetic import world as world_module
-from asymvlm.synthetic.captions import GENERIC_TEXTS
-from asymvlm.synthetic.classes import concept_roots
+from asymvlm.synthetic.caption_texts import GENERIC_TEXTS
+from asymvlm.synthetic.classification_sets import concept_roots
 from asymvlm.synthetic.world import GENERIC_LEVEL, _unit
 from asymvlm.training import TrainConfig
 from tests.conftest import small_world_config

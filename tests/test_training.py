@@ -10,7 +10,7 @@ from asymvlm.checkpoints import load_checkpoint, save_checkpoint
 from asymvlm.evaluation.registry import evaluate_split
 from asymvlm.methods import Method, build_method
 from asymvlm.methods.base import info_nce
-from asymvlm.protocol import RunSpec, run_protocol, train
+from asymvlm.runner import RunSpec, train, train_and_evaluate
 from asymvlm.splits import SplitTensors, hold_out_images, load_split
 from asymvlm.training import TrainConfig, Trainer
 from asymvlm.training.trainer import steps_per_epoch
@@ -112,7 +112,7 @@ def test_the_protocol_reports_every_epoch_with_a_checkpoint_when_due(
         rows.append(dict(row))
 
     spec = RunSpec(embeddings=small_world, train=cfg, checkpoint_every=2)
-    out = run_protocol(spec, on_epoch=on_epoch)
+    out = train_and_evaluate(spec, on_epoch=on_epoch)
     assert sorted(out) == ["dim", "epochs_run", "history", "test", "val"]
     assert calls == [(e, e, e, d) for e, d in zip(epochs, due, strict=True)]
     if method == "clip":
@@ -129,14 +129,14 @@ def test_the_protocol_holds_out_validation_images_when_the_tables_have_none(smal
         shards.append(len(trainer.data.text_emb))
 
     spec = _spec(small_world, epochs=1, val_split="nope", val_fraction=0.2, test_split=None)
-    out = run_protocol(spec, on_epoch=on_epoch)
+    out = train_and_evaluate(spec, on_epoch=on_epoch)
     rest, held = hold_out_images(load_split(small_world, "train"), 0.2, seed=0)
     assert shards == [rest.split.n_texts] and "test" not in out
     assert out["val"]["n_image"] == held.split.n_images
     assert out["val"]["n_text"] == held.split.n_texts
     # With a validation split in the tables the fraction is not used.
     spec = _spec(small_world, epochs=1, val_fraction=0.2, test_split=None)
-    out = run_protocol(spec, on_epoch=on_epoch)
+    out = train_and_evaluate(spec, on_epoch=on_epoch)
     assert shards[1] == load_split(small_world, "train").split.n_texts
     assert out["val"]["n_image"] == 60
 
@@ -151,7 +151,7 @@ def test_a_diverged_protocol_run_returns_the_reason_and_history(small_world, mon
         return loss * float("nan") if epoch >= 1 else loss  # from the second epoch on
 
     monkeypatch.setattr(GlobalBatchLoss, "forward", forward)
-    out = run_protocol(_spec(small_world, epochs=3))
+    out = train_and_evaluate(_spec(small_world, epochs=3))
     assert sorted(out) == ["diverged", "history"]
     assert out["diverged"].startswith("non-finite loss and gradient at epoch 2 of 3, step 1 ")
     assert [row["epoch"] for row in out["history"]] == [1]

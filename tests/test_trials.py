@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from asymvlm.protocol import RunSpec, run_protocol
+from asymvlm.runner import RunSpec, train_and_evaluate
 from asymvlm.splits import SplitCache, load_split
 from asymvlm.synthetic import write_world
 from asymvlm.training import TrainConfig
@@ -49,7 +49,7 @@ def test_runs_on_cached_splits_equal_runs_that_read_their_own(world) -> None:
             method="asymvlm-vmf", epochs=2, lr=lr, batch_size=64, hidden_dim=16, seed=seed
         )
         spec = RunSpec(embeddings=world, train=train, val_split=None, val_fraction=0.2)
-        plain, cached = run_protocol(spec), run_protocol(spec, cache=cache)
+        plain, cached = train_and_evaluate(spec), train_and_evaluate(spec, cache=cache)
         for row in plain["history"] + cached["history"]:  # the clock times differ
             row.pop("epoch_seconds")
         for key in ("history", "val", "test"):

@@ -26,7 +26,7 @@ from asymvlm.checkpoints.folder import (
     write_weights,
 )
 from asymvlm.config import redact
-from asymvlm.data.encoder.names import local_source
+from asymvlm.embedding.encoders.names import local_source
 from asymvlm.errors import AsymVLMError, CheckpointError, ConfigError
 from asymvlm.extras import check_extras
 from asymvlm.methods import METHODS

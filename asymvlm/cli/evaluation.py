@@ -8,7 +8,7 @@ import argparse
 import json
 import logging
 
-from asymvlm.cli.common import (
+from asymvlm.cli.flags import (
     Help,
     add_data_args,
     add_output_file,
@@ -26,7 +26,7 @@ COMMANDS = {
 
 
 def _loading(args: argparse.Namespace) -> dict[str, object]:
-    """How :mod:`asymvlm.protocol.api` loads the checkpoint and the split."""
+    """How :mod:`asymvlm.api` loads the checkpoint and the split."""
     keys = ("checkpoint", "embeddings", "split", "device", "adapter_input", "allow_incomplete")
     keys += ("tracking_uri",)
     return {k: getattr(args, k) for k in keys}
@@ -35,9 +35,8 @@ def _loading(args: argparse.Namespace) -> dict[str, object]:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`):
     its headline numbers printed, every number in ``--output`` when given."""
-    from asymvlm import storage
+    from asymvlm import api, storage
     from asymvlm.evaluation.specs import spec
-    from asymvlm.protocol import api
     from asymvlm.tables import Location
 
     keys = ("levels", "fold_size", "chunk_size", "memory_budget")
@@ -69,8 +68,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     """A row per caption (:func:`asymvlm.score`) written as parquet."""
     import pyarrow.parquet as pq
 
-    from asymvlm import storage
-    from asymvlm.protocol import api
+    from asymvlm import api, storage
 
     if not args.output.endswith(".parquet"):
         raise ConfigError(f"--output {args.output}: write a .parquet file")

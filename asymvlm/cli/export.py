@@ -7,7 +7,7 @@ import argparse
 import logging
 import shlex
 
-from asymvlm.cli.common import Help, add_tracking_uri
+from asymvlm.cli.flags import Help, add_tracking_uri
 
 logger = logging.getLogger(__name__)
 COMMANDS = {"export": "write an adapter as a Hugging Face model folder (safetensors + model card)"}

@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 
-from asymvlm.cli.common import Help, add_output_file, add_tracking_uri, check_output_file
+from asymvlm.cli.flags import Help, add_output_file, add_tracking_uri, check_output_file
 from asymvlm.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from asymvlm.cli.common import Help, add_data_args, parse_kv
+from asymvlm.cli.flags import Help, add_data_args, parse_kv
 from asymvlm.config import add_model_flags, model_values, validate
 from asymvlm.errors import CheckpointError, ConfigError
 from asymvlm.methods import method_names
@@ -22,7 +22,7 @@ COMMANDS = {
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from asymvlm.protocol import train
+    from asymvlm.runner import train
 
     doc = {
         **model_values(args, args.train_keys),

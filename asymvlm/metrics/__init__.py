@@ -1,7 +1,7 @@
 """Retrieval and uncertainty metrics of the paper (Ju et al., NeurIPS 2025, App. B) and the
 numbers the field reports beside them (docs/metrics.md)."""
 
-from asymvlm.metrics.retrieval import (
+from asymvlm.metrics.recall import (
     DEFAULT_MEMORY_BUDGET,
     SCORE_WORK_BYTES,
     average_folds,

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from asymvlm.checkpoints import copy_adapter, load_checkpoint, read_checkpoint_meta
-from asymvlm.data.encoder.names import is_open_clip
+from asymvlm.embedding.encoders.names import is_open_clip
 from asymvlm.scoring.scorer import Scorer, ScoringInputError
 from asymvlm.tracking import Run, invalid_input, pinned_requirements, signature
 

@@ -16,9 +16,9 @@ import torch
 
 from asymvlm import logs
 from asymvlm.checkpoints import load_checkpoint, resolve_checkpoint
-from asymvlm.data.encoder import files_sha256, load_encoder, local_source
-from asymvlm.data.encoder.hub import check_hub_model
 from asymvlm.data.tiny import is_random_test_model
+from asymvlm.embedding.encoders import files_sha256, load_encoder, local_source
+from asymvlm.embedding.encoders.hub import check_hub_model
 from asymvlm.errors import AsymVLMError, CheckpointError
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import read_split
@@ -264,7 +264,7 @@ def _open_image(image: Any, index: int):
     """A PIL image from a PIL image, a path or bytes, decoded as the embedding stage decodes."""
     from PIL import Image
 
-    from asymvlm.data.encode import load_image
+    from asymvlm.embedding.encoding import load_image
 
     if isinstance(image, Image.Image):
         return image.convert("RGB")

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from asymvlm import tables
-from asymvlm.synthetic.captions import FILLERS, GENERIC_TEXTS, OPENERS, caption_texts
+from asymvlm.synthetic.caption_texts import FILLERS, GENERIC_TEXTS, OPENERS, caption_texts
 from asymvlm.synthetic.knobs import WorldConfig
 
 #: Images per part file when writing.

@@ -9,7 +9,7 @@ from typing import Any
 
 #: name -> the module of this package that defines it
 _LAZY = {
-    "TrainConfig": "config",
+    "TrainConfig": "train_config",
     "EpochRow": "trainer",
     "History": "trainer",
     "Trainer": "trainer",
@@ -18,8 +18,8 @@ _LAZY = {
     "StreamingTrainer": "stream",
     "open_stream": "stream",
     "use_streaming": "stream",
-    "PackedTrainer": "packed",
-    "check_packable": "packed",
+    "PackedTrainer": "packed_trainer",
+    "check_packable": "packed_trainer",
 }
 __all__ = list(_LAZY)
 

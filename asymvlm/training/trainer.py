@@ -17,7 +17,7 @@ from asymvlm.distributed import GlobalBatchLoss, epoch_generator, shard_rows
 from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
 from asymvlm.methods import Method
 from asymvlm.splits import SplitTensors
-from asymvlm.training.config import DEVICE, TrainConfig
+from asymvlm.training.train_config import DEVICE, TrainConfig
 
 
 def resolve_device(device: str = "auto") -> torch.device:

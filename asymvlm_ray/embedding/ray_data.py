@@ -6,8 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 import ray
 
-from asymvlm.data.embed import EmbedConfig
-from asymvlm.data.encode import EncoderActor, decode_batch
+from asymvlm.embedding.embed_config import EmbedConfig
+from asymvlm.embedding.encoding import EncoderActor, decode_batch
 
 
 def _encode(cfg: EmbedConfig, ds: ray.data.Dataset) -> pa.Table:

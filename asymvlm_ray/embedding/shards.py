@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from asymvlm import storage, tables
-from asymvlm.data.embed import EmbedConfig, normalised_model
+from asymvlm.embedding.embed_config import EmbedConfig, normalised_model
 from asymvlm.output_lock import OutputLock
 
 SUCCESS, JOB = "_SUCCESS.json", "_JOB.json"
@@ -102,7 +102,7 @@ def write_manifest_once(cfg: EmbedConfig, dim: int, info: Callable[[], dict[str,
         manifest.pre_dim and tables.read_projection(cfg.output, manifest) is not None
     ):
         return
-    from asymvlm.data.encoder import load_encoder
+    from asymvlm.embedding.encoders import load_encoder
 
     encoder = load_encoder(cfg.model, device="cpu", dtype="fp32")
     with manifest_lock(cfg):

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from asymvlm import storage, tables
-from asymvlm.data.embed import EmbedConfig
-from asymvlm.data.encode import perturb_captions
 from asymvlm.data.sources import read_source
+from asymvlm.embedding.embed_config import EmbedConfig
+from asymvlm.embedding.encoding import perturb_captions
 from asymvlm.output_lock import OutputLock
 from asymvlm_ray.embedding.ray_data import embed_images_and_captions, embed_texts
 from asymvlm_ray.embedding.shards import (
@@ -254,6 +254,6 @@ def _errors(rows: pa.Table, kind: str, id_column: str, reason, path=None) -> pa.
 
 
 def _encoder_info(model: str) -> dict[str, Any]:
-    from asymvlm.data.encoder import load_encoder
+    from asymvlm.embedding.encoders import load_encoder
 
     return vars(load_encoder(model, device="cpu", load_model=False).info)

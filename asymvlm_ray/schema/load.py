@@ -11,8 +11,8 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from asymvlm import config, storage
 from asymvlm.checkpoints import is_model_uri
-from asymvlm.data.embed import EmbedConfig
-from asymvlm.data.encoder.names import looks_like_path
+from asymvlm.embedding.embed_config import EmbedConfig
+from asymvlm.embedding.encoders.names import looks_like_path
 from asymvlm.errors import ConfigError
 from asymvlm.tables import Location, parse_location
 from asymvlm_ray.schema.pipeline import EmbedSection, PipelineConfig
@@ -201,8 +201,8 @@ def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConf
 
 def check_inputs(cfg: PipelineConfig, source: str) -> None:
     """Every local input exists or is written by a stage; every non-local model can be had."""
-    from asymvlm.data.embed import check_model
-    from asymvlm.data.encoder import local_source
+    from asymvlm.embedding.embed_config import check_model
+    from asymvlm.embedding.encoders import local_source
 
     prep = cfg.prepare
     made = [prep.tiny_clip, *(job.output for job in cfg.embed.jobs)]

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field, create_model, field_validator, model_val
 
 from asymvlm import storage
 from asymvlm.config import StrictModel
-from asymvlm.data.embed import EmbedConfig
+from asymvlm.embedding.embed_config import EmbedConfig
 from asymvlm.evaluation.registry import EVALUATIONS
 from asymvlm_ray.schema.sweep import (
     Absolute,

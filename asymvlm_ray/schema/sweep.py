@@ -18,7 +18,7 @@ from asymvlm import config, storage, tracking
 from asymvlm.config import StrictModel
 from asymvlm.methods import METHODS, check_method_name
 from asymvlm.methods.arguments import arguments_model
-from asymvlm.protocol import RunSpec
+from asymvlm.runner import RunSpec
 from asymvlm.training import TrainConfig
 
 MethodName = Annotated[str, AfterValidator(check_method_name)]
@@ -214,5 +214,5 @@ SweepConfig = create_model(  # the RunSpec and TrainConfig fields, with their ty
 )
 SweepConfig.__doc__ = """A two-stage Tune sweep (``pipelines/sweep.py``, ``tune_spaces/*.yaml``):
 ``methods x lr`` with the first seed, the best lr per method on validation, then every seed.
-Every :class:`~asymvlm.protocol.RunSpec` field (the tables and splits) and every
+Every :class:`~asymvlm.runner.RunSpec` field (the tables and splits) and every
 :class:`~asymvlm.training.TrainConfig` field but method/lr/seed is a key too."""

@@ -1,5 +1,5 @@
-"""A sweep trial, :func:`sweep_trial`: the protocol (App. B.4) for its ``members`` in the Tune
-trial's process (several as one batched model), resumed from Tune's checkpoint."""
+"""A sweep trial, :func:`sweep_trial`: its ``members`` trained and evaluated (App. B.4) in the
+Tune trial's process (several as one batched model), resumed from Tune's checkpoint."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ray import tune
 from asymvlm import results
 from asymvlm.checkpoints import read_pack_state, read_run_state, save_pack_checkpoint
 from asymvlm.errors import AsymVLMError, TrialFailed, one_line
-from asymvlm.protocol import run_packed_protocol, run_protocol
+from asymvlm.runner import train_and_evaluate, train_and_evaluate_packed
 from asymvlm.splits import PROCESS_CACHE
 from asymvlm_ray.ray_train import checkpoint_folder, maybe_inject_failure, worker_logging
 from asymvlm_ray.schema import SweepConfig
@@ -74,7 +74,9 @@ def _in_place(sweep: SweepConfig, specs: list, device: torch.device) -> list[dic
 
     state = _state(read_run_state)
     return [
-        run_protocol(specs[0], device=device, state=state, on_epoch=on_epoch, cache=PROCESS_CACHE)
+        train_and_evaluate(
+            specs[0], device=device, state=state, on_epoch=on_epoch, cache=PROCESS_CACHE
+        )
     ]
 
 
@@ -97,7 +99,7 @@ def _packed(sweep: SweepConfig, specs: list, device: torch.device) -> list[dict[
             tune.report(last)
         maybe_inject_failure(sweep.fault_injection, epoch, 0)
 
-    return run_packed_protocol(
+    return train_and_evaluate_packed(
         specs,
         device=device,
         on_epoch=lambda k, row, trainer, history: rows.append({"member": k, **row}),

@@ -19,7 +19,7 @@ from asymvlm import storage
 if TYPE_CHECKING:
     import pandas as pd
 
-from .common import (
+from .reading import (
     Ident,
     Request,
     SourceData,

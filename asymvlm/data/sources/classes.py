@@ -16,7 +16,7 @@ import numpy as np
 from asymvlm import storage
 from asymvlm.data.templates import imagenet_class_names
 
-from .common import (
+from .reading import (
     Request,
     SourceData,
     SourceError,

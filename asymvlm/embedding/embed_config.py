@@ -12,9 +12,9 @@ from pydantic import ConfigDict, Field, NonNegativeInt, ValidationInfo, field_va
 from pydantic.dataclasses import dataclass
 
 from asymvlm import storage
-from asymvlm.data.encoder.names import is_open_clip, local_source, parse_name
 from asymvlm.data.sources import READERS, SourceData
 from asymvlm.data.templates import DUMMY_PROMPTS
+from asymvlm.embedding.encoders.names import is_open_clip, local_source, parse_name
 from asymvlm.errors import ConfigError
 
 _FINGERPRINT_KEYS = (
@@ -96,7 +96,7 @@ class EmbedConfig:
             elif not os.path.exists(path):
                 raise ConfigError(f"{key} {value!r}: no such file or directory")
         if self.pre_projection:  # transformers CLIP only
-            from asymvlm.data.encoder import load_encoder
+            from asymvlm.embedding.encoders import load_encoder
 
             try:
                 load_encoder(self.model, device="cpu", load_model=False).pre_dims()
@@ -129,7 +129,7 @@ class EmbedConfig:
 def check_model(model: str) -> None:
     """:class:`ConfigError` when the encoder of ``model`` cannot be had here (a malformed
     ``open_clip:`` name, missing local files, or a Hub model neither cached nor served)."""
-    from asymvlm.data.encoder.hub import check_hub_model
+    from asymvlm.embedding.encoders.hub import check_hub_model
 
     try:
         local = local_source(model)

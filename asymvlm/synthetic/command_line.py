@@ -6,7 +6,7 @@ import argparse
 import time
 
 from asymvlm.entry import ArgumentParser, guarded
-from asymvlm.synthetic.classes import ClassificationSpec, write_classification_sets
+from asymvlm.synthetic.classification_sets import ClassificationSpec, write_classification_sets
 from asymvlm.synthetic.knobs import PRESETS, WorldConfig
 from asymvlm.synthetic.world import DEFAULT_SHARD_IMAGES, write_world
 

@@ -16,7 +16,7 @@ from asymvlm.data.sources import open_fs
 @functools.lru_cache(maxsize=4)
 def _preprocessor(model: str):
     """Processor-only encoder (no weights), cached per worker process."""
-    from asymvlm.data.encoder import load_encoder
+    from asymvlm.embedding.encoders import load_encoder
 
     return load_encoder(model, device="cpu", load_model=False)
 
@@ -83,7 +83,7 @@ class EncoderActor:
     ) -> None:
         import torch
 
-        from asymvlm.data.encoder import load_encoder
+        from asymvlm.embedding.encoders import load_encoder
 
         if threads:  # Ray pins OMP threads to the actor's num_cpus; on CPU-only nodes use the node
             torch.set_num_threads(threads)

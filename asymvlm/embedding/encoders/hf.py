@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asymvlm.data.encoder.base import Encoder, files_sha256, unit_and_norm
-from asymvlm.data.encoder.names import looks_like_path
+from asymvlm.embedding.encoders.encoder import Encoder, files_sha256, unit_and_norm
+from asymvlm.embedding.encoders.names import looks_like_path
 
 
 def _hub_commit(model: str, revision: str | None) -> str | None:

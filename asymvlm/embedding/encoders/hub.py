@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from asymvlm.data.encoder.names import is_open_clip, local_source, parse_name
+from asymvlm.embedding.encoders.names import is_open_clip, local_source, parse_name
 
 _OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 _HINT = (

@@ -1,5 +1,6 @@
-"""The paper's protocol (App. B.4) for one (method, lr, seed) run, without Ray: train and
-evaluate a :class:`RunSpec` (:func:`run_protocol`), or train into a checkpoint (:func:`train`)."""
+"""One (method, lr, seed) training run as the paper trains (App. B.4), without Ray: train and
+evaluate a :class:`RunSpec` (:func:`train_and_evaluate`), or train into a checkpoint
+(:func:`train`)."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def eval_splits(
     return out
 
 
-def results(
+def run_outcome(
     method: Method, history: History, epochs_run: int, dim: int, splits: dict[str, SplitTensors]
 ) -> dict[str, Any]:
     """A run's outcome: ``history``, ``dim``, ``epochs_run`` and retrieval on each split."""
@@ -102,7 +103,7 @@ def results(
 class TrainingRun:
     """One run: construction seeds torch, loads the data and builds the method and its trainer
     (streaming when :func:`~asymvlm.training.use_streaming`); then :meth:`resume`, :meth:`fit`,
-    :meth:`results`. A given ``device`` replaces ``spec.train.device``."""
+    :meth:`outcome`. A given ``device`` replaces ``spec.train.device``."""
 
     def __init__(
         self,
@@ -161,13 +162,13 @@ class TrainingRun:
         trainer.fit(progress=progress, on_epoch_end=after_epoch)
         return self.history
 
-    def results(self) -> dict[str, Any]:
+    def outcome(self) -> dict[str, Any]:
         """``history``, ``dim``, ``epochs_run`` and retrieval on the spec's ``val`` and ``test``."""
         splits = eval_splits(self.spec, self.held_out, self.device, self.cache)
-        return results(self.method, self.history, self.trainer.epoch, self.dim, splits)
+        return run_outcome(self.method, self.history, self.trainer.epoch, self.dim, splits)
 
 
-def run_protocol(
+def train_and_evaluate(
     spec: RunSpec,
     *,
     rank: int = 0,
@@ -178,8 +179,8 @@ def run_protocol(
     progress: bool = False,
     cache: SplitCache | None = None,
 ) -> dict[str, Any] | None:
-    """The paper's protocol for one run (App. B.4) on this worker of ``world_size``: rank 0
-    returns :meth:`TrainingRun.results` or ``{"diverged": reason, "history"}``, other ranks None.
+    """One run trained and evaluated (App. B.4) on this worker of ``world_size``: rank 0
+    returns :meth:`TrainingRun.outcome` or ``{"diverged": reason, "history"}``, other ranks None.
     A method not trained by SGD reports once, ``{"epoch": 0}`` with a checkpoint due."""
     run = TrainingRun(spec, rank=rank, world_size=world_size, device=device, cache=cache)
     if state is not None:
@@ -188,7 +189,7 @@ def run_protocol(
         run.fit(on_epoch, progress=progress)
         if on_epoch is not None and not run.method.trainable:
             on_epoch({"epoch": 0}, run.trainer, run.history, True)
-        return run.results() if rank == 0 else None
+        return run.outcome() if rank == 0 else None
     except NonFiniteError as exc:
         logger.warning("%s", exc)
         return {"diverged": str(exc), "history": run.history} if rank == 0 else None

@@ -1,4 +1,4 @@
-"""The protocol for K runs at once, trained packed (:class:`asymvlm.training.PackedTrainer`)."""
+"""K training runs at once, trained packed (:class:`asymvlm.training.PackedTrainer`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from asymvlm.errors import ConfigError
-from asymvlm.protocol.run import RunSpec, eval_splits, log_epoch, results, training_data
+from asymvlm.runner.single import RunSpec, eval_splits, log_epoch, run_outcome, training_data
 from asymvlm.splits import SplitCache
 from asymvlm.training import (
     EpochRow,
@@ -19,7 +19,7 @@ from asymvlm.training import (
     resolve_device,
     use_streaming,
 )
-from asymvlm.training.packed import require_alike
+from asymvlm.training.packed_trainer import require_alike
 
 
 def check_packable_specs(specs: Sequence[RunSpec]) -> None:
@@ -39,7 +39,7 @@ def check_packable_specs(specs: Sequence[RunSpec]) -> None:
         )
 
 
-def run_packed_protocol(
+def train_and_evaluate_packed(
     specs: Sequence[RunSpec],
     *,
     device: str | torch.device | None = None,
@@ -49,7 +49,7 @@ def run_packed_protocol(
     state: Mapping[str, Any] | None = None,
     on_state: Callable[[PackedTrainer], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """:func:`~asymvlm.protocol.run_protocol` (App. B.4) for K specs differing only in
+    """:func:`~asymvlm.runner.train_and_evaluate` (App. B.4) for K specs differing only in
     ``train.lr`` / ``train.seed``, trained as one :class:`PackedTrainer` (``state`` resumes it;
     ``on_state(pack)`` follows each epoch, the place to checkpoint), each member evaluated as
     its own run; one result per spec, in order."""
@@ -77,5 +77,7 @@ def run_packed_protocol(
             out.append({"diverged": pack.errors[k], "history": pack.histories[k]})
             continue
         with pack.member_rng(k):
-            out.append(results(method, pack.histories[k], pack.trainers[k].epoch, data.dim, splits))
+            out.append(
+                run_outcome(method, pack.histories[k], pack.trainers[k].epoch, data.dim, splits)
+            )
     return out

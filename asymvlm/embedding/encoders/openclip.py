@@ -11,8 +11,8 @@ import open_clip
 import torch
 from open_clip.transform import PreprocessCfg, image_transform_v2
 
-from asymvlm.data.encoder.base import Encoder, files_sha256, unit_and_norm
-from asymvlm.data.encoder.names import parse_name
+from asymvlm.embedding.encoders.encoder import Encoder, files_sha256, unit_and_norm
+from asymvlm.embedding.encoders.names import parse_name
 
 
 class OpenClipEncoder(Encoder):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from asymvlm.cli.common import Help
+from asymvlm.cli.flags import Help
 from asymvlm.config import add_model_flags, model_values, validate
 
 COMMANDS = {"embed": "embed a data set into tables with a frozen CLIP/SigLIP (Ray Data)"}
@@ -13,7 +13,7 @@ COMMANDS = {"embed": "embed a data set into tables with a frozen CLIP/SigLIP (Ra
 
 def cmd_embed(args: argparse.Namespace) -> int:
     """The embedding stage on the local or joined Ray cluster."""
-    from asymvlm.data.embed import EmbedConfig
+    from asymvlm.embedding.embed_config import EmbedConfig
     from asymvlm_ray.embedding import run_embed
     from asymvlm_ray.session import RaySession
 
@@ -25,7 +25,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from asymvlm.data.embed import EmbedConfig
+    from asymvlm.embedding.embed_config import EmbedConfig
 
     p = sub.add_parser(
         "embed",

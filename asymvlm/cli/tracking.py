@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from asymvlm.cli.common import Help, add_tracking_uri
+from asymvlm.cli.flags import Help, add_tracking_uri
 from asymvlm.errors import ConfigError
 from asymvlm.extras import check_extras
 
