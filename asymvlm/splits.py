@@ -142,7 +142,9 @@ class SplitCache:
     keyed by the tables' manifest too; at most ``max_entries``, ``hits``/``misses`` counted."""
 
     def __init__(self, max_entries: int = 6) -> None:
-        self.max_entries, self.hits, self.misses = max_entries, 0, 0
+        self.max_entries = max_entries
+        self.hits = 0
+        self.misses = 0
         self._entries: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
 

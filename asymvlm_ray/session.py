@@ -80,7 +80,9 @@ class RaySession:
     its runtime_env)."""
 
     def __init__(self, *, eager: bool = False, init: dict[str, Any] | None = None) -> None:
-        self.started, self._eager, self._init = False, eager, init or {}
+        self.started = False
+        self._eager = eager
+        self._init = init or {}
 
     def __enter__(self) -> RaySession:
         if self._eager:

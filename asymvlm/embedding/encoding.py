@@ -88,7 +88,8 @@ class EncoderActor:
         if threads:  # Ray pins OMP threads to the actor's num_cpus; on CPU-only nodes use the node
             torch.set_num_threads(threads)
         self.encoder = load_encoder(model, device=device, dtype=dtype)
-        self.text_batch_size, self.pre = text_batch_size, pre_projection
+        self.text_batch_size = text_batch_size
+        self.pre = pre_projection
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "pixel_values" not in batch:

@@ -91,7 +91,8 @@ class _Spherical(Method):
         exact_scores: bool = True,
     ) -> None:
         super().__init__(dim)
-        self.calibrate_input, self.exact_scores = calibrate_input, exact_scores
+        self.calibrate_input = calibrate_input
+        self.exact_scores = exact_scores
         self.temperature = nn.Parameter(torch.tensor(float(init_temperature)))
         if self.objective == "siglip":
             self.bias = nn.Parameter(torch.tensor(float(init_bias)))

@@ -34,7 +34,8 @@ class _Registry(Mapping[str, "type[Method]"]):
         self._classes: dict[str, type[Method]] = {}
         #: plugin name -> its distribution's name and version
         self.dists: dict[str, dict[str, str]] = {}
-        self._discovered, self._lock = False, threading.RLock()
+        self._discovered = False
+        self._lock = threading.RLock()
         self._broken: ConfigError | None = None  # a plugin that does not load fails every read
 
     def add(self, name: str, cls: type[Method]) -> None:

@@ -122,9 +122,12 @@ class TrainingRun:
         else:
             self.device = torch.device(device)
             cfg = cfg.model_copy(update={"device": str(self.device)})
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
         torch.manual_seed(cfg.seed)
-        self.cache, self.history = cache, []
+        self.cache = cache
+        self.history = []
         where = (spec.embeddings, spec.train_split)
         stream = open_stream(cfg, *where, rank=rank, world_size=world_size, device=self.device)
         if stream is not None and spec.holds_out():

@@ -31,7 +31,9 @@ class ScoringInputError(AsymVLMError, ValueError):
 
     def __init__(self, kind: str, index: int, problem: str) -> None:
         super().__init__(f"{kind} {index}: {problem}")
-        self.kind, self.index, self.problem = kind, index, problem
+        self.kind = kind
+        self.index = index
+        self.problem = problem
 
 
 @dataclass
@@ -97,7 +99,9 @@ class Scorer:
                 f"the encoder {encoder.info.model!r} embeds in {encoder.dim} dimensions, the "
                 f"adapter ({meta['method']}) takes {meta['dim']}"
             )
-        self.method, self.meta, self.encoder = method.eval(), meta, encoder
+        self.method = method.eval()
+        self.meta = meta
+        self.encoder = encoder
         self.batch_size = int(batch_size)
         self.device = encoder.device
         self.method.to(self.device)

@@ -52,7 +52,9 @@ class Run:
     number can be open at once). ``id``: None while its creation waits for the store."""
 
     def __init__(self, run_id: str | None, tracking_uri: str, key: str | None = None) -> None:
-        self.tracking_uri, self.key, self.ended = tracking_uri, key or uuid.uuid4().hex, False
+        self.tracking_uri = tracking_uri
+        self.key = key or uuid.uuid4().hex
+        self.ended = False
         if run_id is not None:
             self._writer.ids[self.key] = run_id
 

@@ -57,11 +57,13 @@ class Writer:
         from mlflow import MlflowClient
 
         seed_new_store(tracking_uri)
-        self.tracking_uri, self.client = tracking_uri, MlflowClient(tracking_uri)
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri)
         self.ids: dict[str, str] = {}
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
         self.lock = threading.RLock()
-        self.retry_at, self._wait = 0.0, FIRST_RETRY_S
+        self.retry_at = 0.0
+        self._wait = FIRST_RETRY_S
 
     def write(self, op: dict[str, Any]) -> None:
         """Apply ``op`` now, or queue it behind the waiting writes."""
@@ -128,7 +130,8 @@ class Writer:
                     logger.warning("tracking store %s refused a waiting write (%s): %s", *what)
                 self.queue.popleft()
                 if not self.queue:
-                    self.retry_at, self._wait = 0.0, FIRST_RETRY_S
+                    self.retry_at = 0.0
+                    self._wait = FIRST_RETRY_S
                     logger.info("tracking store %s is back", redact(self.tracking_uri))
             return len(self.queue)
 

@@ -69,7 +69,8 @@ class PackedTrainer:
 
     def __init__(self, cfgs: Sequence[TrainConfig], data: SplitTensors) -> None:
         check_packable(cfgs)
-        self.cfgs, self.device = list(cfgs), data.image_emb.device
+        self.cfgs = list(cfgs)
+        self.device = data.image_emb.device
         self.methods: list[Method] = []
         self._rng: list[list[torch.Tensor]] = []  # each member's global RNG stream
         outer = _rng_state(self.device)
@@ -152,9 +153,11 @@ class PackedTrainer:
         for trainer, trainer_state in zip(self.trainers, state["trainers"], strict=True):
             trainer.load_state_dict(trainer_state)
         _set_rng_state(outer, self.device)
-        self._rng, self.errors = list(state["rng"]), list(state["errors"])
+        self._rng = list(state["rng"])
+        self.errors = list(state["errors"])
         self.histories = [[dict(row) for row in history] for history in state["histories"]]
-        self.epoch, self._started = int(state["epoch"]), True
+        self.epoch = int(state["epoch"])
+        self._started = True
 
     # -- one epoch ----------------------------------------------------------------------------
     def _names(self, kind: str) -> list[str]:

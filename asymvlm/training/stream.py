@@ -112,8 +112,12 @@ class CaptionStream:
         world_size: int = 1,
         device: str | torch.device = "cpu",
     ) -> None:
-        self.root, self.split, self.seed = root, split, cfg.seed
-        self.rank, self.world_size, self.shuffle_buffer = rank, world_size, cfg.shuffle_buffer
+        self.root = root
+        self.split = split
+        self.seed = cfg.seed
+        self.rank = rank
+        self.world_size = world_size
+        self.shuffle_buffer = cfg.shuffle_buffer
         self.device = torch.device(device)
         self.manifest = tables.read_manifest(root)
         self.dim = self.manifest.dim

@@ -105,7 +105,10 @@ class Trainer:
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        self.method, self.cfg, self.rank, self.world_size = method, cfg, rank, world_size
+        self.method = method
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
         self.device = data.image_emb.device
         method.to(self.device)
         n_text, n_image = data.text_emb.shape[0], data.image_emb.shape[0]

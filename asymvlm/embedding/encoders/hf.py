@@ -51,7 +51,8 @@ class TransformersEncoder(Encoder):
             raise ValueError(f"encoder model {model!r} is a {family!r}, not clip or siglip")
         self.config = config
         processor = transformers.AutoProcessor.from_pretrained(model, revision=revision)
-        self.tokenizer, self.image_processor = processor.tokenizer, processor.image_processor
+        self.tokenizer = processor.tokenizer
+        self.image_processor = processor.image_processor
         self.model = None
         if load_model:
             cls = transformers.CLIPModel if family == "clip" else transformers.SiglipModel
