@@ -182,15 +182,13 @@ def test_a_sweep_ships_the_plugin_to_its_workers_by_runtime_env(plugin_env, smal
         **{"methods": ["vmf-const", "asymvlm-vmf"], "lr": [1e-2], "seeds": [0], "epochs": 1},
         **{"batch_size": 128, "hidden_dim": 32, "embeddings": small_world, "output": output},
         "mlflow": {"experiment": "plug"},
-        "ray": {"runtime_env": {"pip": [str(wheel)]}},
+        # the workers' path without the driver's copy of the plugin: they install the wheel
+        "ray": {"runtime_env": {"pip": [str(wheel)], "env_vars": {"PYTHONPATH": REPO}}},
     }
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(doc))
-    site = plugin_env["PYTHONPATH"].split(os.pathsep)[0]
-    driver = f"import runpy, sys; sys.path.insert(0, {site!r}); sys.argv.pop(0)\n"
-    driver += "runpy.run_path(sys.argv[0], run_name='__main__')"
-    command = [sys.executable, "-c", driver, "pipelines/sweep.py", "--config", str(path)]
-    env = {**plugin_env, "PYTHONPATH": REPO}  # not inherited by the workers: runtime_env only
+    command = [sys.executable, "pipelines/sweep.py", "--config", str(path)]
+    env = dict(plugin_env)
     with tempfile.TemporaryDirectory(prefix="ray") as ray_tmp:  # Ray's copy of the venv: ~2 GB
         env["RAY_TMPDIR"] = ray_tmp
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
