@@ -13,8 +13,18 @@ import warnings
 
 OURS = ("asymvlm", "asymvlm_ray", "pipelines")
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_THIRD_PARTY = ("ray", "ray.data", "ray.tune", "ray.train", "ray.serve", "mlflow", "alembic")
-_THIRD_PARTY += ("urllib3", "filelock", "py.warnings")
+_THIRD_PARTY = (
+    "ray",
+    "ray.data",
+    "ray.tune",
+    "ray.train",
+    "ray.serve",
+    "mlflow",
+    "alembic",
+    "urllib3",
+    "filelock",
+    "py.warnings",
+)
 _state = {"verbose": False}
 
 

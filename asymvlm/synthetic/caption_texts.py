@@ -7,8 +7,13 @@ import numpy as np
 #: Opening phrases of a word caption (1 to 4 words), equally likely.
 OPENERS = ("a", "a photo of", "there is a", "this picture shows a", "an image of a")
 #: Texts of the generic training captions (assumption U): other words than the dummy prompts.
-GENERIC_TEXTS = ("a picture", "an image", "a picture of something", "an image of things")
-GENERIC_TEXTS += ("a view of a scene",)
+GENERIC_TEXTS = (
+    "a picture",
+    "an image",
+    "a picture of something",
+    "an image of things",
+    "a view of a scene",
+)
 #: Style words: adjectives that do not narrow a caption's objects.
 FILLERS = ("small", "nice", "old", "little", "big", "some", "very", "bright", "dark", "pretty")
 
