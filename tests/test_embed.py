@@ -21,7 +21,15 @@ from asymvlm.data.embed import DUMMY_PROMPTS, EmbedConfig
 from asymvlm.data.encoder import files_sha256, load_encoder
 from asymvlm.errors import ConfigError, LockError
 from asymvlm_ray.embedding import JOB, SUCCESS, run_embed
-from tests.helpers import hierarcaps_subset, library_lines, requires_hierarcaps, tiny_encoders
+from tests.helpers import (
+    cifar_rows,
+    dump,
+    hierarcaps_subset,
+    library_lines,
+    requires_hierarcaps,
+    tiny_encoders,
+    write_shards,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = dict(dataset="hierarcaps", split="test")
@@ -140,7 +148,6 @@ def test_webdataset_shards_with_siglip_and_cifar_with_class_prompts(
     ray_session, models, tmp_path
 ) -> None:
     from asymvlm.data.templates import templates_for
-    from tests.test_sources import cifar_rows, dump, write_shards
 
     expected, out = write_shards(tmp_path / "shards"), str(tmp_path / "cc")
     paths = {"annotations": str(tmp_path / "shards"), "output": out}

@@ -11,26 +11,17 @@ from asymvlm import tables
 from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.evaluation import caption_scores, evaluate_retrieval
 from asymvlm.methods import build_method
-from asymvlm.metrics import retrieval_metrics
 from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import WorldConfig, write_world
 from asymvlm.training import Trainer
 from asymvlm.training.trainer import steps_per_epoch
-from tests.test_metrics import PAIRS, SCORES
-from tests.test_training import _cfg, _toy_split
+from tests.helpers import PAIRS, SCORES, retrieval, toy_config, toy_split
 
 NAN, INF = float("nan"), float("inf")
 
-# The hand example of test_metrics: 3 images, captions 0,1 -> img0; 2,3 -> img1; 4,5 -> img2.
+# The hand example (tests.helpers): 3 images, captions 0,1 -> img0; 2,3 -> img1; 4,5 -> img2.
 # Finite: t2i R@1 4/6, R@2 5/6, R@5 1; i2t R@1 2/3, R@2 1, R@5 1.
 KS = (1, 2, 5)
-
-
-def _metrics(scores: torch.Tensor, chunk_size: int = 4):
-    n_text, n_image = scores.shape
-    return retrieval_metrics(
-        lambda a, b: scores[a:b], n_text, n_image, PAIRS, ks=KS, chunk_size=chunk_size
-    )
 
 
 def _recalls(res: dict) -> dict[str, list[float]]:
@@ -44,7 +35,7 @@ def test_non_finite_pairs_are_misses(value, everywhere) -> None:
     scores = torch.full((6, 3), value) if everywhere else SCORES.clone()
     scores[torch.arange(6), PAIRS] = value
     for chunk_size in (1, 4, 100):  # K=5 exceeds the gallery: only finite pairs may count
-        res = _metrics(scores, chunk_size=chunk_size)
+        res = retrieval(scores, chunk_size=chunk_size)
         assert _recalls(res) == {"t2i": [0.0, 0.0, 0.0], "i2t": [0.0, 0.0, 0.0]}
 
 
@@ -118,7 +109,9 @@ def test_no_registered_method_raises_a_false_alarm(test_split) -> None:
 # -- training stops at the end of the epoch of the first non-finite step -----------------------
 def _trainer() -> Trainer:
     torch.manual_seed(0)  # 100 captions, batch 32: 3 steps per epoch
-    return Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), _toy_split())
+    return Trainer(
+        build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), toy_config(), toy_split()
+    )
 
 
 def test_the_first_bad_step_is_named_and_its_epoch_dropped() -> None:
@@ -156,10 +149,10 @@ def test_a_non_finite_gradient_with_a_finite_loss() -> None:
 
 
 def test_a_nan_embedding_given_to_the_trainer_is_named() -> None:
-    data = _toy_split()
+    data = toy_split()
     data.text_emb[17, 2] = NAN
     with pytest.raises(NonFiniteError, match="non-finite caption embedding for caption row 17 "):
-        Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), data)
+        Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), toy_config(), data)
 
 
 # -- empty splits -------------------------------------------------------------------------------
@@ -171,6 +164,6 @@ def test_an_empty_split_is_named_instead_of_dividing_by_zero(tmp_path) -> None:
     no_rows = torch.zeros(0, 8)
     empty = SplitTensors(no_rows, no_rows, torch.zeros(0, dtype=torch.long), split=None)
     with pytest.raises(ConfigError, match="empty split"):
-        Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), empty)
+        Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), toy_config(), empty)
     with pytest.raises(ValueError, match="at least one item"):
         steps_per_epoch(0, 32)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import pickle
 import re
 import tarfile
 from pathlib import Path
@@ -19,7 +18,7 @@ from asymvlm.data.sources import CAPTION_SCHEMA, IMAGE_SCHEMA, READERS, SourceEr
 from asymvlm.data.templates import GENERIC_TEMPLATES, TEMPLATES, imagenet_class_names
 from asymvlm.data.templates import templates_for as tf
 from asymvlm.storage import StorageError
-from tests.helpers import HIERARCAPS, hierarcaps_subset
+from tests.helpers import HIERARCAPS, add_member, cifar_rows, dump, hierarcaps_subset, write_shards
 
 
 def read(dataset, annotations=None, images=None, split="test", **kw):
@@ -185,43 +184,6 @@ def test_cc_tsv(tmp_path):
     assert "s3://b/cc/images/0.jpg" in column(data, "path")
 
 
-def encoded(color, fmt: str) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 6), color).save(buffer, format=fmt)
-    return buffer.getvalue()
-
-
-def add_member(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(payload)
-    tar.addfile(info, io.BytesIO(payload))
-
-
-def write_shards(folder: Path) -> dict[str, tuple[bytes, str]]:
-    """Two img2dataset-style shards; returns key -> (image bytes, caption)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    expected = {}
-    for shard in range(2):
-        with tarfile.open(folder / f"{shard:05d}.tar", "w") as tar:
-            for i in range(3):
-                key = f"{shard:05d}{i:04d}"
-                fmt = "PNG" if i == 1 else "JPEG"
-                image = encoded((40 * i, 100 * shard, 7), fmt)
-                caption = f" shard {shard} sample {i} "
-                add_member(tar, f"{key}.{'png' if fmt == 'PNG' else 'jpg'}", image)
-                add_member(tar, f"{key}.txt", caption.encode())
-                add_member(tar, f"{key}.json", json.dumps({"key": key}).encode())
-                expected[key] = (image, caption.strip())
-            # a long file name goes through a GNU long-name header: offsets must still be right
-            key = f"{shard:05d}9999_" + "x" * 120
-            image = encoded((1, 2, 3), "JPEG")
-            add_member(tar, f"{key}.jpg", image)
-            add_member(tar, f"{key}.txt", b"long")
-            expected[key] = (image, "long")
-    (folder / "readme.md").write_text("not a shard")
-    return expected
-
-
 @pytest.mark.parametrize("form", ["shards", "shards/*.tar", "shards/00001.tar"])
 def test_cc_webdataset(tmp_path, form):
     expected = write_shards(tmp_path / "shards")
@@ -298,19 +260,6 @@ def test_hierarcaps_real_and_its_cifar_stand_ins(tmp_path):
     roots = write_hierarcaps_cifar(str(tmp_path / "hc"), str(tmp_path / "out"), n_classes=2)
     pos, neg = (read(d, images=roots[d]).description["classes"] for d in ("cifar10", "cifar100"))
     assert len(pos) == len(neg) == 2 and not set(pos) & set(neg)
-
-
-def cifar_rows(rng, n):
-    hwc = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
-    return hwc, hwc.transpose(0, 3, 1, 2).reshape(n, 3072)  # rows are CHW, as the real files
-
-
-def dump(path: Path, obj, protocol=2, numpy1=False) -> None:
-    raw = pickle.dumps(obj, protocol=protocol)
-    if numpy1:  # the real (2009, numpy 1) files name numpy.core, not numpy._core
-        raw = raw.replace(b"numpy._core.multiarray\n", b"numpy.core.multiarray\n")
-        assert b"numpy.core.multiarray" in raw
-    path.write_bytes(raw)
 
 
 def pixels(data) -> list[np.ndarray]:
