@@ -41,7 +41,8 @@ def test_non_finite_pairs_are_misses(value, everywhere) -> None:
 
 # -- evaluation refuses a broken adapter ------------------------------------------------------
 @pytest.fixture(scope="module")
-def test_split(tmp_path_factory) -> SplitTensors:
+def eval_split(tmp_path_factory) -> SplitTensors:
+    """A synthetic test split to evaluate on: 12 images, 24 captions."""
     root = tmp_path_factory.mktemp("nf-world") / "tables"
     write_world(str(root), WorldConfig(dim=8, splits={"test": 12}, captions_per_image=2))
     return load_split(str(root), "test")
@@ -54,7 +55,7 @@ def test_split(tmp_path_factory) -> SplitTensors:
         ("symvlm", "encode_images", "mu", 5, "image"),
     ],
 )
-def test_a_non_finite_encoding_names_its_caption_or_image(test_split, name, attr, key, row, kind):
+def test_a_non_finite_encoding_names_its_caption_or_image(eval_split, name, attr, key, row, kind):
     method = build_method(name, 8, hidden_dim=8, depth=1)
     original = getattr(method, attr)
 
@@ -64,17 +65,17 @@ def test_a_non_finite_encoding_names_its_caption_or_image(test_split, name, attr
         return out
 
     setattr(method, attr, broken)
-    ident = getattr(test_split.split, f"{kind}_ids")[row]
+    ident = getattr(eval_split.split, f"{kind}_ids")[row]
     expected = f"{name}: non-finite {key} for {kind} '{ident}' (row {row})"
     for evaluate in (
         (evaluate_retrieval, caption_scores) if kind == "caption" else (evaluate_retrieval,)
     ):
         with pytest.raises(NonFiniteError) as err:
-            evaluate(method, test_split)
+            evaluate(method, eval_split)
         assert str(err.value) == expected
 
 
-def test_non_finite_score_names_caption_and_image(test_split) -> None:
+def test_non_finite_score_names_caption_and_image(eval_split) -> None:
     method = build_method("clip", 8)
     original = method.score
 
@@ -84,15 +85,15 @@ def test_non_finite_score_names_caption_and_image(test_split) -> None:
         return out
 
     method.score = score
-    caption, image = test_split.split.caption_ids[9], test_split.split.image_ids[3]
+    caption, image = eval_split.split.caption_ids[9], eval_split.split.image_ids[3]
     with pytest.raises(NonFiniteError) as err:
-        evaluate_retrieval(method, test_split, chunk_size=10)
+        evaluate_retrieval(method, eval_split, chunk_size=10)
     assert str(err.value) == (
         f"clip: non-finite score for caption '{caption}' (row 9) against image '{image}' (row 3)"
     )
 
 
-def test_no_registered_method_raises_a_false_alarm(test_split) -> None:
+def test_no_registered_method_raises_a_false_alarm(eval_split) -> None:
     from asymvlm.methods import METHODS
 
     for name in sorted(METHODS):
@@ -100,10 +101,10 @@ def test_no_registered_method_raises_a_false_alarm(test_split) -> None:
             continue
         torch.manual_seed(0)
         method = build_method(name, 8, hidden_dim=8, depth=1)
-        method.fit_start(test_split.image_emb, test_split.text_emb)
-        res = evaluate_retrieval(method, test_split)
+        method.fit_start(eval_split.image_emb, eval_split.text_emb)
+        res = evaluate_retrieval(method, eval_split)
         assert 0.0 <= res["t2i"]["recall@1"] <= 1.0 and res["n_text"] == 24, name
-        assert caption_scores(method, test_split).num_rows == 24
+        assert caption_scores(method, eval_split).num_rows == 24
 
 
 # -- training stops at the end of the epoch of the first non-finite step -----------------------
