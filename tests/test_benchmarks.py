@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -39,9 +40,46 @@ SMOKE: dict[str, list] = {
 }
 
 
+def positive(value) -> bool:
+    return value > 0
+
+
+def fraction(value) -> bool:
+    return 0 <= value <= 1
+
+
+#: What each script's JSON says after its tiny run: a dotted key -> the value, or a check of it.
+EXPECTED: dict[str, dict[str, Any]] = {
+    "eval_scale": {"n_captions": 200, "n_images": 50, "d": 16, "largest_score_block": [200, 50]},
+    "train_throughput": {"config.samples_per_epoch": 256, "trainer_samples_per_s": positive},
+    # the packed trials end where the same trials trained one after another end
+    "packed_trials": {"config.lrs": [0.005, 0.02], "max_rel_loss_diff": lambda d: d < 1e-4},
+    "train_memory": {"world.scale": 0.001, "config.epochs": 1, "all_met": True},
+    "ray_overhead": {"config.epochs": 2, "config.captions": 500, "ray_init_seconds": positive},
+    "i2t_analysis": {"epochs": [1], "default_world.1.world_test.n_images": 40},
+    "protocols": {"epochs": 1, "results.asymvlm-vmf/improved.t2i_recall@1": fraction},
+    "generic_captions": {"methods": ["determ-ft"], "curve.0.mean.determ-ft.pos_acc": fraction},
+    "serve_throughput": {"requests": 4, "serve_batched.captions_per_second": positive},
+    "sweep_overhead": {"trials": 1, "selection": {"determ-ft": 0.001}},
+    # `asymvlm --help` answers without importing torch, Ray, MLflow or pyarrow
+    "cli_startup": {"repeats": 1, "commands.asymvlm --help.heavy_imports": []},
+    "embed_throughput": {"stage_summary.n_images": 4, "stage_summary.n_image_errors": 0},
+}
+
+
+def at(result, path: str):
+    """The value at a dotted ``path`` of a benchmark's JSON ('<missing>' where there is none)."""
+    for key in path.split("."):
+        try:
+            result = result[int(key) if isinstance(result, list) else key]
+        except (KeyError, IndexError, TypeError):
+            return "<missing>"
+    return result
+
+
 def test_every_benchmark_has_a_smoke_run() -> None:
     scripts = {n[:-3] for n in os.listdir(os.path.join(ROOT, "benchmarks")) if n.endswith(".py")}
-    assert scripts - {"_common"} == set(SMOKE)
+    assert scripts - {"_common"} == set(SMOKE) == set(EXPECTED)
 
 
 @pytest.mark.parametrize(
@@ -59,4 +97,10 @@ def test_benchmark_smoke_run(name: str, small_world: str, tmp_path) -> None:
     done = subprocess.run([sys.executable, script, *argv], **run)
     assert done.returncode == 0, done.stderr[-3000:]
     result, _ = json.JSONDecoder().raw_decode(done.stdout[done.stdout.index("{") :])
-    assert result
+    got = {path: at(result, path) for path in EXPECTED[name]}
+    wrong = {
+        path: value
+        for (path, value), want in zip(got.items(), EXPECTED[name].values(), strict=True)
+        if not (want(value) if callable(want) else value == want)
+    }
+    assert not wrong, f"{name}: its JSON holds what its tiny run cannot have given: {wrong}"
