@@ -21,15 +21,7 @@ from asymvlm.data.embed import DUMMY_PROMPTS, EmbedConfig
 from asymvlm.data.encoder import files_sha256, load_encoder
 from asymvlm.errors import ConfigError, LockError
 from asymvlm_ray.embedding import JOB, SUCCESS, run_embed
-from tests.helpers import (
-    cifar_rows,
-    dump,
-    hierarcaps_subset,
-    library_lines,
-    requires_hierarcaps,
-    tiny_encoders,
-    write_shards,
-)
+from tests.helpers import hierarcaps_subset, library_lines, requires_hierarcaps, tiny_encoders
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = dict(dataset="hierarcaps", split="test")
@@ -144,10 +136,8 @@ def test_finished_job_is_skipped_and_a_lost_shard_restored(embedded, models, hc,
     np.testing.assert_allclose(resumed.text_embeddings, complete.text_embeddings, atol=1e-6)
 
 
-def test_webdataset_shards_with_siglip_and_cifar_with_class_prompts(
-    ray_session, models, tmp_path
-) -> None:
-    from asymvlm.data.templates import templates_for
+def test_webdataset_shards_embedded_with_siglip(ray_session, models, tmp_path) -> None:
+    from tests.helpers import write_shards
 
     expected, out = write_shards(tmp_path / "shards"), str(tmp_path / "cc")
     paths = {"annotations": str(tmp_path / "shards"), "output": out}
@@ -157,6 +147,11 @@ def test_webdataset_shards_with_siglip_and_cifar_with_class_prompts(
     assert sorted(split.image_ids) == sorted(expected)
     assert sorted(split.texts) == sorted(caption for _, caption in expected.values())
     assert manifest.dim == 32 and manifest.extra["family"] == "siglip"
+
+
+def test_cifar_embedded_with_a_prompt_per_class_and_template(ray_session, models, tmp_path):
+    from asymvlm.data.templates import templates_for
+    from tests.helpers import cifar_rows, dump
 
     root = tmp_path / "cifar" / "cifar-10-batches-py"
     root.mkdir(parents=True)
