@@ -17,6 +17,7 @@ import torch
 from asymvlm.methods.asymvlm import AsymVLM, spherical_head
 from asymvlm.methods.base import unit
 from asymvlm.splits import SplitTensors
+from asymvlm.synthetic import WorldConfig
 from asymvlm.training import TrainConfig
 
 #: A line a library wrote to the console: a level word, a timestamp, a Ray worker's prefix, a C++
@@ -37,6 +38,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def small_world_config(**overrides) -> WorldConfig:
+    """A world small enough for unit tests (seconds on a CPU)."""
+    base = dict(dim=16, splits={"train": 300, "val": 60, "test": 60}, captions_per_image=3)
+    base.update(overrides)
+    return WorldConfig(**base)
 
 
 def rotated_pairs(

@@ -20,7 +20,7 @@ from asymvlm.methods.base import unit
 from asymvlm.methods.bayesvlm import embedding_trace, expected_norm_unit, fit_projection_posterior
 from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import write_world
-from tests.conftest import small_world_config
+from tests.helpers import small_world_config
 
 pytest.importorskip("laplace")
 

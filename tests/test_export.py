@@ -22,7 +22,7 @@ from asymvlm.protocol import train
 from asymvlm.scoring import Scorer, TableEncoder
 from asymvlm.scoring.models import CaptionUncertaintyModel, _load_pyfunc
 from asymvlm.training import TrainConfig
-from tests.conftest import small_world_config
+from tests.helpers import small_world_config
 from tests.hub_server import serve_hub
 
 

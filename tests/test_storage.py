@@ -15,8 +15,8 @@ from asymvlm import storage, tables, tracking
 from asymvlm.errors import ConfigError
 from asymvlm.synthetic import write_world
 from asymvlm_ray import schema
-from tests.conftest import small_world_config
 from tests.faults import FlakyProxy
+from tests.helpers import small_world_config
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from asymvlm.protocol import RunSpec, TrainingRun, run_protocol
 from asymvlm.synthetic import write_world
 from asymvlm.training import TrainConfig
 from asymvlm.training.stream import CaptionStream, StreamingTrainer, split_bytes, use_streaming
-from tests.conftest import small_world_config
+from tests.helpers import small_world_config
 
 
 @pytest.fixture(scope="module")
