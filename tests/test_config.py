@@ -180,10 +180,7 @@ def test_a_sweep_files_paths_and_runtime_env_are_relative_to_its_folder(configs,
     assert (cfg.embeddings, cfg.output) == (str(tmp_path / "tables"), str(configs / "out"))
     assert cfg.mlflow.tracking_uri == f"sqlite:///{configs / 'out' / 'mlflow.db'}"
     runtime = cfg.ray.runtime_env
-    assert (runtime.working_dir, runtime.py_modules) == (
-        str(configs / "src"),
-        [str(configs / "mods")],
-    )
+    assert runtime.working_dir == str(configs / "src") and runtime.py_modules == [f"{configs}/mods"]
     assert runtime.pip == ["numpy==2.0", str(configs / "dist" / "p-1.whl")]  # a name stays
 
 
@@ -207,15 +204,9 @@ def test_a_pipeline_files_paths_are_relative_to_its_folder(configs, tmp_path):
     )
     pipeline = schema.load_pipeline(str(path))
     (job,), (evaluation,) = pipeline.embed.jobs, pipeline.evaluations
-    assert (pipeline.output, pipeline.report.output) == (
-        str(tmp_path / "runs" / "p"),
-        f"{configs}/r",
-    )
-    assert (job.annotations, job.images, job.output) == (
-        f"{configs}/a.json",
-        f"{configs}/img",
-        f"{configs}/t",
-    )
+    assert (pipeline.output, pipeline.report.output) == (f"{tmp_path}/runs/p", f"{configs}/r")
+    inputs = [job.annotations, job.images, job.output]
+    assert inputs == [f"{configs}/{name}" for name in ("a.json", "img", "t")]
     assert job.model == f"{configs}/models/clip"  # a folder that is there, not a Hub id
     assert pipeline.sweep("s").embeddings == str(evaluation.data.root) == f"{configs}/t"
 
