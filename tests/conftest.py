@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from asymvlm.synthetic import WorldConfig, write_world
-from tests.helpers import free_port
+from asymvlm.synthetic import write_world
+from tests.helpers import free_port, small_world_config
 
 
 def pytest_configure(config) -> None:
@@ -16,13 +16,6 @@ def pytest_configure(config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         torch.set_num_threads(1)
-
-
-def small_world_config(**overrides) -> WorldConfig:
-    """A world small enough for unit tests (seconds on a CPU)."""
-    base = dict(dim=16, splits={"train": 300, "val": 60, "test": 60}, captions_per_image=3)
-    base.update(overrides)
-    return WorldConfig(**base)
 
 
 @pytest.fixture

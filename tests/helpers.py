@@ -1,15 +1,24 @@
-"""Small data makers shared by the method tests."""
+"""Small data makers and stand-ins shared by several test modules (no test module imports
+another's helpers)."""
 
 from __future__ import annotations
 
+import io
+import pickle
 import re
 import socket
+import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from asymvlm.methods.asymvlm import AsymVLM, spherical_head
 from asymvlm.methods.base import unit
+from asymvlm.splits import SplitTensors
+from asymvlm.synthetic import WorldConfig
+from asymvlm.training import TrainConfig
 
 #: A line a library wrote to the console: a level word, a timestamp, a Ray worker's prefix, a C++
 #: log line (ours are bare, or start "warning: " / "error: ").
@@ -29,6 +38,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def small_world_config(**overrides) -> WorldConfig:
+    """A world small enough for unit tests (seconds on a CPU)."""
+    base = dict(dim=16, splits={"train": 300, "val": 60, "test": 60}, captions_per_image=3)
+    base.update(overrides)
+    return WorldConfig(**base)
 
 
 def rotated_pairs(
@@ -80,3 +96,128 @@ def tiny_encoders(folder: Path) -> dict[str, str]:
         "siglip": save_tiny_siglip(str(folder / "siglip")),
         "open_clip": save_tiny_open_clip(str(folder / "open_clip")),
     }
+
+
+# -- retrieval: a hand example and toy training data ---------------------------------------------
+
+# 3 images, 6 captions; captions 0,1 -> image 0; 2,3 -> image 1; 4,5 -> image 2.
+#
+#            img0  img1  img2     t2i ranking         paired  rank  hit@1 hit@2
+# c0       [ 0.9,  0.1,  0.0 ]   0, 1, 2              0       0     1     1
+# c1       [ 0.2,  0.8,  0.1 ]   1, 0, 2              0       1     0     1
+# c2       [ 0.1,  0.7,  0.3 ]   1, 2, 0              1       0     1     1
+# c3       [ 0.6,  0.2,  0.5 ]   0, 2, 1              1       2     0     0
+# c4       [ 0.0,  0.3,  0.4 ]   2, 1, 0              2       0     1     1
+# c5       [ 0.5,  0.4,  0.7 ]   2, 0, 1              2       0     1     1
+# t2i: R@1 = 4/6, R@2 = 5/6, R@5 = 6/6.
+#
+# i2t (columns):
+# img0: c0 .9, c3 .6, c5 .5, c1 .2, ...   top1 c0 (img0)            -> rank 0
+# img1: c1 .8, c2 .7, c5 .4, ...          top1 c1 (img0), c2 (img1) -> rank 1
+# img2: c5 .7, c3 .5, c4 .4, ...          top1 c5 = second caption  -> rank 0
+# i2t: R@1 = 2/3, R@2 = 3/3, R@5 = 3/3.
+SCORES = torch.tensor(
+    [0.9, 0.1, 0, 0.2, 0.8, 0.1, 0.1, 0.7, 0.3, 0.6, 0.2, 0.5, 0, 0.3, 0.4, 0.5, 0.4, 0.7]
+).view(6, 3)
+PAIRS = torch.tensor([0, 0, 1, 1, 2, 2])
+
+
+def retrieval(scores: torch.Tensor = SCORES, pairs: torch.Tensor = PAIRS, **kw) -> dict:
+    """``retrieval_metrics`` of a whole score matrix (the hand example by default; ks 1, 2, 5)."""
+    from asymvlm.metrics import retrieval_metrics
+
+    kw.setdefault("ks", (1, 2, 5))
+    n_text, n_image = scores.shape
+    return retrieval_metrics(lambda a, b: scores[a:b], n_text, n_image, pairs, **kw)
+
+
+def toy_split(n_image: int = 40, n_text: int = 100, dim: int = 8, seed: int = 0) -> SplitTensors:
+    """Unit images and their captions: 5 x (the image + noise), paired at random."""
+    g = torch.Generator().manual_seed(seed)
+    images = torch.nn.functional.normalize(torch.randn(n_image, dim, generator=g), dim=-1)
+    t2i = torch.randint(0, n_image, (n_text,), generator=g)
+    texts = 5.0 * (images[t2i] + 0.3 * torch.randn(n_text, dim, generator=g))
+    return SplitTensors(image_emb=images, text_emb=texts, text_to_image=t2i, split=None)
+
+
+def toy_config(**kw) -> TrainConfig:
+    """4 epochs of SGD at lr 0.01 in batches of 32; adapters 16 wide and 2 deep."""
+    base = dict(epochs=4, lr=1e-2, batch_size=32, hidden_dim=16, depth=2, optimizer="sgd")
+    return TrainConfig(**{**base, **kw})
+
+
+def save_adapter(folder, method: str = "symvlm", dim: int = 8, **kw) -> None:
+    """An untrained ``method`` adapter (8 wide, 1 deep) saved as a checkpoint folder."""
+    from asymvlm.checkpoints import save_checkpoint
+    from asymvlm.methods import build_method
+
+    base = dict(epochs=4, lr=1e-3, optimizer="adamw", batch_size=128, seed=0)
+    cfg = TrainConfig(method=method, hidden_dim=8, depth=1, **base)
+    save_checkpoint(str(folder), build_method(method, dim, **cfg.method_args()), cfg, dim, **kw)
+
+
+class IdentityVMF(AsymVLM):
+    """AsymVLM whose adapter is the identity: eta = the prompt feature (kappa = its norm)."""
+
+    def encode_texts(self, text_emb: torch.Tensor):
+        return spherical_head(text_emb)
+
+
+# -- data set files in their real formats -------------------------------------------------------
+
+
+def encoded(color, fmt: str) -> bytes:
+    """An 8x6 image of one ``color`` encoded as ``fmt`` (JPEG, PNG)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 6), color).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def add_member(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(payload)
+    tar.addfile(info, io.BytesIO(payload))
+
+
+def write_shards(folder: Path) -> dict[str, tuple[bytes, str]]:
+    """Two img2dataset-style shards; returns key -> (image bytes, caption)."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    expected = {}
+    for shard in range(2):
+        with tarfile.open(folder / f"{shard:05d}.tar", "w") as tar:
+            for i in range(3):
+                key = f"{shard:05d}{i:04d}"
+                fmt = "PNG" if i == 1 else "JPEG"
+                image = encoded((40 * i, 100 * shard, 7), fmt)
+                caption = f" shard {shard} sample {i} "
+                add_member(tar, f"{key}.{'png' if fmt == 'PNG' else 'jpg'}", image)
+                add_member(tar, f"{key}.txt", caption.encode())
+                add_member(tar, f"{key}.json", json.dumps({"key": key}).encode())
+                expected[key] = (image, caption.strip())
+            # a long file name goes through a GNU long-name header: offsets must still be right
+            key = f"{shard:05d}9999_" + "x" * 120
+            image = encoded((1, 2, 3), "JPEG")
+            add_member(tar, f"{key}.jpg", image)
+            add_member(tar, f"{key}.txt", b"long")
+            expected[key] = (image, "long")
+    (folder / "readme.md").write_text("not a shard")
+    return expected
+
+
+def cifar_rows(rng, n):
+    """``n`` random 32x32 images: (HWC pixels, the CHW rows of the real files)."""
+    hwc = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
+    return hwc, hwc.transpose(0, 3, 1, 2).reshape(n, 3072)
+
+
+def dump(path: Path, obj, protocol=2, numpy1=False) -> None:
+    """``obj`` pickled as the CIFAR files are (``numpy1``: naming numpy.core, as the 2009 ones)."""
+    raw = pickle.dumps(obj, protocol=protocol)
+    if numpy1:
+        raw = raw.replace(b"numpy._core.multiarray\n", b"numpy.core.multiarray\n")
+        assert b"numpy.core.multiarray" in raw, "the pickle names numpy.core as numpy 1's did"
+    path.write_bytes(raw)

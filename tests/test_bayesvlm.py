@@ -11,12 +11,16 @@ import pytest
 import torch
 
 from asymvlm import tables
+from asymvlm.checkpoints import load_checkpoint
 from asymvlm.cli import main
+from asymvlm.errors import ConfigError
+from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.methods import build_method
 from asymvlm.methods.base import unit
 from asymvlm.methods.bayesvlm import embedding_trace, expected_norm_unit, fit_projection_posterior
+from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import write_world
-from tests.conftest import small_world_config
+from tests.helpers import small_world_config
 
 pytest.importorskip("laplace")
 
@@ -125,46 +129,61 @@ def test_missing_pre_projection_columns_exit_2(small_world, tmp_path, capsys) ->
     assert "Traceback" not in err and not os.path.exists(os.path.join(out, "model.safetensors"))
 
 
-def test_train_evaluate_score_end_to_end(pre_world, tmp_path, capsys) -> None:
-    """Fitted through the CLI; evaluate and score read it; tables without pre-projection refused."""
-    from asymvlm.checkpoints import load_checkpoint
-    from asymvlm.errors import ConfigError
-    from asymvlm.evaluation import evaluate_retrieval
-    from asymvlm.splits import SplitTensors, load_split
-
+def test_a_misspelled_method_argument_is_refused() -> None:
     with pytest.raises(TypeError, match="class_bach"):
         build_method("bayesvlm", 16, class_bach=8)
-    ckpt = str(tmp_path / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def fitted(pre_world, tmp_path_factory):
+    """bayesvlm fitted through the CLI on the pre-projection world: (its checkpoint folder, the
+    method loaded from it, the test split)."""
+    ckpt = str(tmp_path_factory.mktemp("bayesvlm") / "ckpt")
     argv = f"train --embeddings {pre_world} --method bayesvlm --output {ckpt} --quiet"
     args = ["--method-arg", "class_batch=256", "--method-arg", "prior_steps=50"]
     assert main([*argv.split(), *args]) == 0
-    method, meta = load_checkpoint(ckpt)
+    return ckpt, load_checkpoint(ckpt)[0], load_split(pre_world, "test")
+
+
+def test_the_checkpoint_holds_the_posterior_over_the_tables_projection(pre_world, fitted):
+    ckpt, method, _ = fitted
+    meta = load_checkpoint(ckpt)[1]
     assert meta["method"] == "bayesvlm" and meta["complete"]
     assert method.text_a_inv.shape == (40, 40) and method.image_projection.shape == (16, 40)
     projection = tables.read_projection(pre_world)["text"]
     np.testing.assert_array_equal(method.text_projection.numpy(), projection)
     assert float(method.text_prior_precision) > 0 and float(method.image_prior_precision) > 0
 
+
+def test_evaluate_gives_the_fitted_methods_recall_above_chance(pre_world, fitted, tmp_path):
+    (ckpt, method, test), metrics = fitted, tmp_path / "metrics.json"
     args = ["--embeddings", pre_world, "--split", "test", "--checkpoint", ckpt, "--quiet"]
-    metrics = tmp_path / "metrics.json"
     assert main(["evaluate", *args, "--output", str(metrics)]) == 0
-    result = json.loads(metrics.read_text())
-    test = load_split(pre_world, "test")
-    again = evaluate_retrieval(method, test)
+    result, again = json.loads(metrics.read_text()), evaluate_retrieval(method, test)
     for direction in ("t2i", "i2t"):
         assert result[direction]["recall@1"] == again[direction]["recall@1"] > 5 / 60  # chance 1/60
-    scores = str(tmp_path / "scores.parquet")
+
+
+def test_score_writes_each_captions_trace_as_its_uncertainty(pre_world, fitted, tmp_path):
+    (ckpt, method, test), scores = fitted, str(tmp_path / "scores.parquet")
+    args = ["--embeddings", pre_world, "--split", "test", "--checkpoint", ckpt, "--quiet"]
     assert main(["score", *args, "--output", scores]) == 0
     trace = method.encode_texts(method.split_inputs(test)[1])["trace"]
     unc = pq.read_table(scores).column("uncertainty").to_numpy()
     np.testing.assert_allclose(unc, trace.numpy(), rtol=1e-6)
 
+
+def test_inputs_without_pre_projection_features_are_refused(fitted) -> None:
+    _, method, test = fitted
     plain = SplitTensors(test.image_emb, test.text_emb, test.text_to_image, test.split)
     with pytest.raises(tables.TableError, match="--pre-projection"):
         method.split_inputs(plain)
     with pytest.raises(ConfigError, match="cannot be scored"):
         method.encode_texts(test.text_emb)  # embeddings alone, as class prompts are
-    capsys.readouterr()
-    assert main(["analyze", "hierarcaps", "--checkpoint", ckpt, "--data", f"{pre_world}:test"]) == 0
+
+
+def test_the_hierarcaps_analysis_reads_the_checkpoint(pre_world, fitted, capsys) -> None:
+    argv = ["analyze", "hierarcaps", "--checkpoint", fitted[0], "--data", f"{pre_world}:test"]
+    assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert np.isfinite(report["bayesvlm/seed0"]["spearman_level_uncertainty"])

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -39,9 +40,36 @@ SMOKE: dict[str, list] = {
 }
 
 
+POSITIVE, FRACTION = (lambda v: v > 0), (lambda v: 0 <= v <= 1)
+#: What each script's JSON says after its tiny run: a dotted key -> the value, or a check of it.
+EXPECTED: dict[str, dict[str, Any]] = {
+    "eval_scale": {"n_captions": 200, "n_images": 50, "d": 16, "largest_score_block": [200, 50]},
+    "train_throughput": {"config.samples_per_epoch": 256, "trainer_samples_per_s": POSITIVE},
+    # the packed trials end where the same trials trained one after another end
+    "packed_trials": {"config.lrs": [0.005, 0.02], "max_rel_loss_diff": lambda d: d < 1e-4},
+    "train_memory": {"world.scale": 0.001, "config.epochs": 1, "all_met": True},
+    "ray_overhead": {"config.epochs": 2, "config.captions": 500, "ray_init_seconds": POSITIVE},
+    "i2t_analysis": {"epochs": [1], "default_world.1.world_test.n_images": 40},
+    "protocols": {"epochs": 1, "results.asymvlm-vmf/improved.t2i_recall@1": FRACTION},
+    "generic_captions": {"methods": ["determ-ft"], "curve.0.mean.determ-ft.pos_acc": FRACTION},
+    "serve_throughput": {"requests": 4, "serve_batched.captions_per_second": POSITIVE},
+    "sweep_overhead": {"trials": 1, "selection": {"determ-ft": 0.001}},
+    # `asymvlm --help` answers without importing torch, Ray, MLflow or pyarrow
+    "cli_startup": {"repeats": 1, "commands.asymvlm --help.heavy_imports": []},
+    "embed_throughput": {"stage_summary.n_images": 4, "stage_summary.n_image_errors": 0},
+}
+
+
+def at(result, path: str):
+    """The value at a dotted ``path`` of a benchmark's JSON."""
+    for key in path.split("."):
+        result = result[int(key) if isinstance(result, list) else key]
+    return result
+
+
 def test_every_benchmark_has_a_smoke_run() -> None:
     scripts = {n[:-3] for n in os.listdir(os.path.join(ROOT, "benchmarks")) if n.endswith(".py")}
-    assert scripts - {"_common"} == set(SMOKE)
+    assert scripts - {"_common"} == set(SMOKE) == set(EXPECTED)
 
 
 @pytest.mark.parametrize(
@@ -59,4 +87,6 @@ def test_benchmark_smoke_run(name: str, small_world: str, tmp_path) -> None:
     done = subprocess.run([sys.executable, script, *argv], **run)
     assert done.returncode == 0, done.stderr[-3000:]
     result, _ = json.JSONDecoder().raw_decode(done.stdout[done.stdout.index("{") :])
-    assert result
+    for path, want in EXPECTED[name].items():  # a missing key: KeyError, naming it
+        value = at(result, path)
+        assert want(value) if callable(want) else value == want, f"{name}: {path} = {value!r}"

@@ -17,11 +17,11 @@ import asymvlm.checkpoints as ck
 from asymvlm import tables
 from asymvlm.cli import main
 from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
-from asymvlm.methods import build_method
 from asymvlm.runner import train
 from asymvlm.tables import read_split
 from asymvlm.tracking import git_commit
 from asymvlm.training import TrainConfig, Trainer
+from tests.helpers import save_adapter
 
 
 def _cfg(**kw) -> TrainConfig:
@@ -33,14 +33,9 @@ def _meta(folder) -> dict:
     return ck.read_checkpoint_meta(str(folder)) or {}
 
 
-def _save(folder, method: str = "symvlm", dim: int = 8, **kw) -> None:
-    cfg = _cfg(method=method, hidden_dim=8, depth=1)
-    ck.save_checkpoint(str(folder), build_method(method, dim, **cfg.method_args()), cfg, dim, **kw)
-
-
 def test_a_killed_write_leaves_or_recovers_the_old_checkpoint(tmp_path) -> None:
     folder = tmp_path / "ckpt"
-    _save(folder)
+    save_adapter(folder)
     before = {name: (folder / name).read_bytes() for name in os.listdir(folder)}
 
     def dies_halfway(staging: str) -> None:
@@ -60,7 +55,7 @@ def test_a_killed_write_leaves_or_recovers_the_old_checkpoint(tmp_path) -> None:
 
 def test_unloadable_checkpoints_are_named(tmp_path) -> None:
     folder = tmp_path / "ckpt"
-    _save(folder, epoch=2)
+    save_adapter(folder, epoch=2)
     assert (_meta(folder)["complete"], _meta(folder)["epochs"]) == (False, 4)
     with pytest.raises(CheckpointError, match=r"incomplete checkpoint \(epoch 2 of 4\)"):
         ck.load_checkpoint(str(folder))
@@ -220,7 +215,7 @@ def test_the_cli_refuses_existing_and_incomplete_checkpoints(small_world, tmp_pa
     )
     assert main([*argv, "--overwrite", "--seed", "3"]) == 0
     assert _meta(out)["train_config"]["seed"] == 3
-    _save(out, "asymvlm-vmf", dim=16, epoch=1)
+    save_adapter(out, "asymvlm-vmf", dim=16, epoch=1)
     metrics = str(tmp_path / "m.json")
     args = ["evaluate", "--embeddings", small_world, "--checkpoint", out, "--output", metrics]
     args.append("--quiet")

@@ -17,6 +17,7 @@ import pytest
 from asymvlm import tables
 from asymvlm.cli import main
 from asymvlm.errors import ConfigError
+from tests.helpers import save_adapter
 
 
 def _train(world: str, out: str, method: str = "asymvlm-vmf", *extra: str) -> int:
@@ -25,13 +26,20 @@ def _train(world: str, out: str, method: str = "asymvlm-vmf", *extra: str) -> in
     return main(["train", *args, *flags.split(), "--output", out, "--quiet", *extra])
 
 
-def test_train_evaluate_score(small_world, tmp_path, monkeypatch, capsys) -> None:
-    """evaluate prints the metrics (JSON only with --output); score writes a row per caption
-    with its text; ROOT:SPLIT reads the same tables as --embeddings ROOT --split SPLIT."""
+@pytest.fixture(scope="module")
+def ckpt(small_world, tmp_path_factory) -> str:
+    """An asymvlm-vmf checkpoint trained by `asymvlm train` on the small world."""
+    out = str(tmp_path_factory.mktemp("cli") / "ckpt")
+    assert _train(small_world, out) == 0
+    return out
+
+
+def test_evaluate_prints_the_metrics_and_writes_json_only_with_output(
+    small_world, ckpt, tmp_path, monkeypatch, capsys
+) -> None:
     monkeypatch.chdir(tmp_path)
-    assert _train(small_world, "ckpt") == 0
-    test = ["--embeddings", f"{small_world}:test", "--checkpoint", "ckpt", "--quiet"]
-    assert main(["evaluate", *test]) == 0 and os.listdir() == ["ckpt"]
+    test = ["--embeddings", f"{small_world}:test", "--checkpoint", ckpt, "--quiet"]
+    assert main(["evaluate", *test]) == 0 and os.listdir() == []
     printed = capsys.readouterr().out
     assert main(["evaluate", *test, "--levels", "10", "--output", "metrics.json"]) == 0
     assert capsys.readouterr().out == printed
@@ -42,11 +50,13 @@ def test_train_evaluate_score(small_world, tmp_path, monkeypatch, capsys) -> Non
         assert 0.0 <= r["recall@1"] <= r["recall@5"] <= r["recall@10"] <= 1.0
         assert f"{direction}: R@1 {r['recall@1']:.4f}  R@5 {r['recall@5']:.4f}" in printed
         assert f"S {r['spearman']:+.3f}  R2 {r['r2']:.3f}" in printed
-    assert main(["score", *test, "--output", "s.parquet"]) == 0
-    by_flags = ["--embeddings", small_world, "--split", "test", "--checkpoint", "ckpt"]
-    assert main(["score", *by_flags, "--output", "t.parquet"]) == 0
-    table, split = pq.read_table("s.parquet"), tables.read_split(small_world, "test")
-    assert table.equals(pq.read_table("t.parquet"))
+
+
+def test_score_writes_a_row_per_caption_with_its_text_kappa_and_level(small_world, ckpt, tmp_path):
+    out = str(tmp_path / "s.parquet")
+    argv = ["--embeddings", f"{small_world}:test", "--checkpoint", ckpt, "--quiet"]
+    assert main(["score", *argv, "--output", out]) == 0
+    table, split = pq.read_table(out), tables.read_split(small_world, "test")
     assert table.column_names[:4] == ["caption_id", "text", "kappa", "uncertainty"]
     assert table.column("caption_id").to_pylist() == split.caption_ids
     assert table.column("text").to_pylist() == list(split.texts)
@@ -54,6 +64,14 @@ def test_train_evaluate_score(small_world, tmp_path, monkeypatch, capsys) -> Non
     assert np.all(kappa > 0)
     np.testing.assert_allclose(table.column("uncertainty").to_numpy(), 1.0 / kappa, rtol=1e-5)
     assert table.column("level").to_pylist() == split.extra_text_columns["level"].tolist()
+
+
+def test_root_colon_split_reads_what_embeddings_and_split_read(small_world, ckpt, tmp_path):
+    located = ["--embeddings", f"{small_world}:test", "--checkpoint", ckpt, "--quiet"]
+    by_flags = ["--embeddings", small_world, "--split", "test", "--checkpoint", ckpt, "--quiet"]
+    for name, argv in (("s", located), ("t", by_flags)):
+        assert main(["score", *argv, "--output", str(tmp_path / f"{name}.parquet")]) == 0
+    assert pq.read_table(tmp_path / "s.parquet").equals(pq.read_table(tmp_path / "t.parquet"))
 
 
 def test_a_location_is_root_colon_split_unless_a_folder_has_that_name(
@@ -70,27 +88,30 @@ def test_a_location_is_root_colon_split_unless_a_folder_has_that_name(
     assert err == f"error: --embeddings {small_world}:test names split test, --split train\n"
 
 
-def test_an_output_file_is_kept_unless_overwrite(small_world, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "argv",
+    [
+        "score --embeddings {world}:test --checkpoint ckpt --output o.parquet",
+        "evaluate --embeddings {world}:test --checkpoint ckpt --output o.json",
+        "analyze retrieval --data {world}:test --checkpoint ckpt",
+        "score-text --checkpoint ckpt dog --output t.parquet",
+    ],
+)
+def test_an_output_file_is_kept_unless_overwrite(small_world, argv, tmp_path, monkeypatch, capsys):
     """As train and export keep a checkpoint: one line, exit 2, the file as it was."""
     monkeypatch.chdir(tmp_path)
     assert _train(small_world, "ckpt", "clip") == 0
-    data = ["--embeddings", f"{small_world}:test", "--checkpoint", "ckpt", "--output"]
-    for argv in (
-        ["score", *data, "o.parquet"],
-        ["evaluate", *data, "o.json"],
-        ["analyze", "retrieval", "--data", f"{small_world}:test", "--checkpoint", "ckpt"],
-        ["score-text", "--checkpoint", "ckpt", "a dog", "--output", "t.parquet"],
-    ):
-        out = argv[argv.index("--output") + 1] if "--output" in argv else "a.json"
-        argv += [] if "--output" in argv else ["--output", out]
-        Path(out).write_text("earlier")
-        capsys.readouterr()
-        assert main(argv) == 2
-        err = capsys.readouterr().err
-        assert err == f"error: --output {out} already exists; pass --overwrite to replace it\n"
-        assert Path(out).read_text() == "earlier"
-        if argv[0] != "score-text":  # a synthetic world has no encoder to score new text with
-            assert main([*argv, "--overwrite"]) == 0 and Path(out).read_bytes()[:4] != b"earl"
+    argv = argv.format(world=small_world).split()
+    out = argv[argv.index("--output") + 1] if "--output" in argv else "a.json"
+    argv += [] if "--output" in argv else ["--output", out]
+    Path(out).write_text("earlier")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --output {out} already exists; pass --overwrite to replace it\n"
+    assert Path(out).read_text() == "earlier"
+    if argv[0] != "score-text":  # a synthetic world has no encoder to score new text with
+        assert main([*argv, "--overwrite"]) == 0 and Path(out).read_bytes()[:4] != b"earl"
 
 
 def test_a_new_users_slips_get_a_line_that_says_what_to_do(
@@ -267,38 +288,52 @@ def test_official_protocol_from_the_cli(small_world, tmp_path, method, optimizer
         assert len(model.text_adapter.backbone) == 2 * depth + 1
 
 
-def test_text_table_without_norm_trains_and_records_unit(small_world, tmp_path, capsys) -> None:
-    """No `norm`: trained as unit, recorded as unit, said at WARNING; explicit raw: exit 2."""
-    world = shutil.copytree(small_world, tmp_path / "bare")
+@pytest.fixture(scope="module")
+def bare_world(small_world, tmp_path_factory) -> str:
+    """The small world without the `norm` column of its train texts."""
+    world = shutil.copytree(small_world, tmp_path_factory.mktemp("bare") / "tables")
     for path in (world / "train" / "texts").glob("*.parquet"):
         pq.write_table(pq.read_table(path).drop_columns(["norm"]), path)
-    assert _train(str(world), str(tmp_path / "raw"), "asymvlm-vmf", "--adapter-input", "raw") == 2
+    return str(world)
+
+
+def test_raw_adapter_input_without_norm_exits_2_and_makes_nothing(bare_world, tmp_path, capsys):
+    assert _train(bare_world, str(tmp_path / "raw"), "asymvlm-vmf", "--adapter-input", "raw") == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "texts: no `norm` column" in err and "\n" not in err
     assert not (tmp_path / "raw").exists()
-    assert _train(str(world), str(tmp_path / "ckpt")) == 0
+
+
+def test_a_table_without_norm_trains_as_unit_said_at_warning(bare_world, tmp_path, capsys):
+    assert _train(bare_world, str(tmp_path / "ckpt")) == 0
     meta = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert meta["adapter_input"] == meta["train_config"]["adapter_input"] == "unit"
     warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert warned == [
-        f"warning: {world}/train/texts has no `norm` column: training on unit text "
+        f"warning: {bare_world}/train/texts has no `norm` column: training on unit text "
         "embeddings (adapter_input unit, recorded in the checkpoint)"
     ]
-    assert _train(str(world), str(tmp_path / "ckpt")) == 2  # another error: no warning first
+
+
+def test_another_error_comes_without_the_no_norm_warning_first(bare_world, tmp_path, capsys):
+    save_adapter(tmp_path / "ckpt", dim=16)
+    assert _train(bare_world, str(tmp_path / "ckpt")) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'ckpt'} already holds")
-    from asymvlm.synthetic import write_world
-    from tests.conftest import small_world_config
 
-    other, narrow = write_world(str(tmp_path / "w8"), small_world_config(dim=8)), tmp_path / "c8"
-    assert main(["train", "--embeddings", other, "--method", "clip", "--output", str(narrow)]) == 0
-    capsys.readouterr()
-    args = ["--embeddings", str(world), "--split", "train", "--adapter-input", "raw"]
-    assert main(["score", *args, "--checkpoint", str(narrow), "--output", "s.parquet"]) == 2
-    want = f"error: checkpoint {narrow} expects dim 8, but {world}/train has dim 16\n"
+
+def test_a_checkpoint_of_another_dim_is_refused_naming_both(bare_world, tmp_path, capsys):
+    narrow, scores = tmp_path / "c8", str(tmp_path / "s.parquet")
+    save_adapter(narrow, "clip", dim=8)
+    args = ["--embeddings", bare_world, "--split", "train", "--adapter-input", "raw"]
+    assert main(["score", *args, "--checkpoint", str(narrow), "--output", scores]) == 2
+    want = f"error: checkpoint {narrow} expects dim 8, but {bare_world}/train has dim 16\n"
     assert capsys.readouterr().err == want
-    from asymvlm_ray.schema.load import sweep_config  # the pipeline's runs decide the same
 
-    doc = {"embeddings": str(world), "methods": ["clip"], "lr": [0.1], "seeds": [0]}
+
+def test_the_pipelines_runs_take_unit_input_without_norm_as_train_does(bare_world, tmp_path):
+    from asymvlm_ray.schema.load import sweep_config
+
+    doc = {"embeddings": bare_world, "methods": ["clip"], "lr": [0.1], "seeds": [0]}
     doc["output"] = str(tmp_path / "sweep")
     spec = sweep_config(doc).run_spec("clip", 0.1, 0).with_table_input()
     assert spec.train.adapter_input == "unit"

@@ -154,42 +154,47 @@ def test_pipeline_fails_in_seconds_before_ray(
     assert started == [] and not never.exists()
 
 
-def test_relative_paths_in_a_config_file_are_relative_to_its_folder(
-    tmp_path, monkeypatch, capsys
-) -> None:
-    """Wherever a sweep, pipeline, embedding or Serve YAML is run from, its relative paths are
-    relative to its folder (model names and URIs stay names); ``--set`` values are relative
-    to the working directory, as on the command line. A sweep refused for its config writes
-    nothing."""
-    from pipelines import sweep as sweep_script
+# Wherever a sweep, pipeline, embedding or Serve YAML is run from, its relative paths are relative
+# to its folder (model names and URIs stay names); ``--set`` values are relative to the working
+# directory, as on the command line.
+SWEEP_YAML = "embeddings: ../tables\noutput: out\nmethods: [clip]\nlr: [0.1]\nseeds: [0]\n"
 
+
+@pytest.fixture
+def configs(tmp_path, monkeypatch):
+    """A folder of config files (with models/clip and dist/p-1.whl), run from another folder."""
     folder, here = tmp_path / "configs", tmp_path / "elsewhere"
     (folder / "models" / "clip").mkdir(parents=True)
     (folder / "dist").mkdir()
     (folder / "dist" / "p-1.whl").write_text("")
     here.mkdir()
     monkeypatch.chdir(here)
-    path = folder / "sweep.yaml"
+    return folder
+
+
+def test_a_sweep_files_paths_and_runtime_env_are_relative_to_its_folder(configs, tmp_path):
+    path = configs / "sweep.yaml"
     env = "{working_dir: src, py_modules: [mods], pip: [numpy==2.0, dist/p-1.whl]}"
-    path.write_text(
-        "embeddings: ../tables\noutput: out\nmethods: [clip]\nlr: [0.1]\nseeds: [0]\n"
-        f"ray: {{runtime_env: {env}}}\n"
-    )
+    path.write_text(SWEEP_YAML + f"ray: {{runtime_env: {env}}}\n")
     cfg = schema.load_sweep(str(path))
-    assert (cfg.embeddings, cfg.output) == (str(tmp_path / "tables"), str(folder / "out"))
-    assert cfg.mlflow.tracking_uri == f"sqlite:///{folder / 'out' / 'mlflow.db'}"
+    assert (cfg.embeddings, cfg.output) == (str(tmp_path / "tables"), str(configs / "out"))
+    assert cfg.mlflow.tracking_uri == f"sqlite:///{configs / 'out' / 'mlflow.db'}"
     runtime = cfg.ray.runtime_env
-    assert (runtime.working_dir, runtime.py_modules) == (
-        str(folder / "src"),
-        [str(folder / "mods")],
-    )
-    assert runtime.pip == ["numpy==2.0", str(folder / "dist" / "p-1.whl")]
-    cfg = schema.load_sweep(str(path), ["output=mine", "embeddings=tables"])
+    assert runtime.working_dir == str(configs / "src") and runtime.py_modules == [f"{configs}/mods"]
+    assert runtime.pip == ["numpy==2.0", str(configs / "dist" / "p-1.whl")]  # a name stays
+
+
+def test_set_values_are_relative_to_the_working_directory(configs, tmp_path):
+    (configs / "sweep.yaml").write_text(SWEEP_YAML)
+    cfg = schema.load_sweep(str(configs / "sweep.yaml"), ["output=mine", "embeddings=tables"])
+    here = tmp_path / "elsewhere"
     assert (cfg.embeddings, cfg.output) == (str(here / "tables"), str(here / "mine"))
 
-    (folder / "a.json").write_text("{}")
-    (folder / "img").mkdir()
-    path = folder / "pipeline.yaml"
+
+def test_a_pipeline_files_paths_are_relative_to_its_folder(configs, tmp_path):
+    (configs / "a.json").write_text("{}")
+    (configs / "img").mkdir()
+    path = configs / "pipeline.yaml"
     sweep = "{name: s, embeddings: t, methods: [clip], lr: [0.1], seeds: [0]}"
     job = "{dataset: coco, annotations: a.json, images: img, split: test, output: t}"
     path.write_text(
@@ -199,33 +204,39 @@ def test_relative_paths_in_a_config_file_are_relative_to_its_folder(
     )
     pipeline = schema.load_pipeline(str(path))
     (job,), (evaluation,) = pipeline.embed.jobs, pipeline.evaluations
-    assert (pipeline.output, pipeline.report.output) == (
-        str(tmp_path / "runs" / "p"),
-        f"{folder}/r",
-    )
-    assert (job.annotations, job.images, job.output) == (
-        f"{folder}/a.json",
-        f"{folder}/img",
-        f"{folder}/t",
-    )
-    assert job.model == f"{folder}/models/clip"  # a folder that is there, not a Hub id
-    assert pipeline.sweep("s").embeddings == str(evaluation.data.root) == f"{folder}/t"
+    assert (pipeline.output, pipeline.report.output) == (f"{tmp_path}/runs/p", f"{configs}/r")
+    inputs = [job.annotations, job.images, job.output]
+    assert inputs == [f"{configs}/{name}" for name in ("a.json", "img", "t")]
+    assert job.model == f"{configs}/models/clip"  # a folder that is there, not a Hub id
+    assert pipeline.sweep("s").embeddings == str(evaluation.data.root) == f"{configs}/t"
+
+
+def test_a_model_name_that_is_no_folder_stays_a_hub_id(configs):
+    path = configs / "embed.yaml"
     path.write_text("{dataset: coco, model: org/hub-id, split: test, output: t}")
-    assert schema.load_embed_jobs(str(path))[0].model == "org/hub-id"
+    (job,) = schema.load_embed_jobs(str(path))
+    assert (job.model, job.output) == ("org/hub-id", f"{configs}/t")
 
-    path = folder / "serve.yaml"
-    path.write_text("checkpoint: models/clip\nencoder: org/hub-id\n")
-    assert schema.load_serve(str(path), [], None).checkpoint == f"{folder}/models/clip"
-    path.write_text("checkpoint: runs:/0123/adapter\n")
-    assert schema.load_serve(str(path), [], None).checkpoint == "runs:/0123/adapter"
 
-    # no tables there: one line, exit 2, and no output folder (no logs/sweep.log) made
-    path = folder / "sweep.yaml"
-    path.write_text("embeddings: ../tables\noutput: out\nmethods: [clip]\nlr: [0.1]\nseeds: [0]\n")
-    assert sweep_script.main(["--config", str(path)]) == 2
+@pytest.mark.parametrize(
+    ("checkpoint", "resolved"),
+    [("models/clip", "{configs}/models/clip"), ("runs:/0123/adapter", "runs:/0123/adapter")],
+)
+def test_a_serve_files_checkpoint_is_relative_to_it_unless_a_uri(configs, checkpoint, resolved):
+    path = configs / "serve.yaml"
+    path.write_text(f"checkpoint: {checkpoint}\nencoder: org/hub-id\n")
+    assert schema.load_serve(str(path), [], None).checkpoint == resolved.format(configs=configs)
+
+
+def test_a_sweep_refused_for_its_config_writes_nothing(configs, tmp_path, capsys) -> None:
+    """No tables there: one line, exit 2, and no output folder (no logs/sweep.log) made."""
+    from pipelines import sweep as sweep_script
+
+    (configs / "sweep.yaml").write_text(SWEEP_YAML)
+    assert sweep_script.main(["--config", str(configs / "sweep.yaml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and str(tmp_path / "tables") in err
-    assert not (folder / "out").exists()
+    assert not (configs / "out").exists()
 
 
 TRAIN = "train --embeddings {world} --method asymvlm-vmf --quiet --output {tmp}/"

@@ -136,11 +136,8 @@ def test_finished_job_is_skipped_and_a_lost_shard_restored(embedded, models, hc,
     np.testing.assert_allclose(resumed.text_embeddings, complete.text_embeddings, atol=1e-6)
 
 
-def test_webdataset_shards_with_siglip_and_cifar_with_class_prompts(
-    ray_session, models, tmp_path
-) -> None:
-    from asymvlm.data.templates import templates_for
-    from tests.test_sources import cifar_rows, dump, write_shards
+def test_webdataset_shards_embedded_with_siglip(ray_session, models, tmp_path) -> None:
+    from tests.helpers import write_shards
 
     expected, out = write_shards(tmp_path / "shards"), str(tmp_path / "cc")
     paths = {"annotations": str(tmp_path / "shards"), "output": out}
@@ -150,6 +147,11 @@ def test_webdataset_shards_with_siglip_and_cifar_with_class_prompts(
     assert sorted(split.image_ids) == sorted(expected)
     assert sorted(split.texts) == sorted(caption for _, caption in expected.values())
     assert manifest.dim == 32 and manifest.extra["family"] == "siglip"
+
+
+def test_cifar_embedded_with_a_prompt_per_class_and_template(ray_session, models, tmp_path):
+    from asymvlm.data.templates import templates_for
+    from tests.helpers import cifar_rows, dump
 
     root = tmp_path / "cifar" / "cifar-10-batches-py"
     root.mkdir(parents=True)

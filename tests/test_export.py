@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+from importlib.metadata import version
 
 import numpy as np
 import pandas as pd
@@ -21,7 +22,7 @@ from asymvlm.runner import train
 from asymvlm.scoring import Scorer, TableEncoder
 from asymvlm.scoring.models import CaptionUncertaintyModel, _load_pyfunc
 from asymvlm.training import TrainConfig
-from tests.conftest import small_world_config
+from tests.helpers import small_world_config
 from tests.hub_server import serve_hub
 
 
@@ -68,7 +69,8 @@ def test_the_folder_has_the_hub_layout_and_a_card(vmf, tmp_path) -> None:
     scale = float(load_file(os.path.join(vmf, "model.safetensors"))["text_adapter.input_scale"])
     assert config["input_calibration"] == {"text_adapter.input_scale": pytest.approx(scale)}
     assert config["embeddings"] == "tables"  # no path of this machine in a published folder
-    assert config["torch_version"] == torch.__version__ and config["asymvlm_version"]
+    versions = (config["torch_version"], config["asymvlm_version"])
+    assert versions == (torch.__version__, version("asymvlm"))
     assert config["tables_fingerprint"].startswith("sha256:")
     card = ModelCard((out / "README.md").read_text())
     settings = (

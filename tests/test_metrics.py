@@ -20,7 +20,6 @@ from asymvlm.metrics import (
     curve_statistics,
     distinct_levels,
     rank_pass,
-    retrieval_metrics,
     rsum,
     spearman_uncertainty,
 )
@@ -28,53 +27,30 @@ from asymvlm.metrics.uncertainty import aurc, error_aupr, error_auroc, fpr_at_tp
 from asymvlm.metrics.uncertainty import expected_calibration_error as ece
 from asymvlm.results import retrieval_metric_names
 from asymvlm.splits import SplitTensors, load_split
+from tests.helpers import PAIRS, SCORES, retrieval
 
 NAN, INF = float("nan"), float("inf")
 
-# 3 images, 6 captions; captions 0,1 -> image 0; 2,3 -> image 1; 4,5 -> image 2.
-#
-#            img0  img1  img2     t2i ranking         paired  rank  hit@1 hit@2
-# c0       [ 0.9,  0.1,  0.0 ]   0, 1, 2              0       0     1     1
-# c1       [ 0.2,  0.8,  0.1 ]   1, 0, 2              0       1     0     1
-# c2       [ 0.1,  0.7,  0.3 ]   1, 2, 0              1       0     1     1
-# c3       [ 0.6,  0.2,  0.5 ]   0, 2, 1              1       2     0     0
-# c4       [ 0.0,  0.3,  0.4 ]   2, 1, 0              2       0     1     1
-# c5       [ 0.5,  0.4,  0.7 ]   2, 0, 1              2       0     1     1
-# t2i: R@1 = 4/6, R@2 = 5/6, R@5 = 6/6.
-#
-# i2t (columns):
-# img0: c0 .9, c3 .6, c5 .5, c1 .2, ...   top1 c0 (img0)            -> rank 0
-# img1: c1 .8, c2 .7, c5 .4, ...          top1 c1 (img0), c2 (img1) -> rank 1
-# img2: c5 .7, c3 .5, c4 .4, ...          top1 c5 = second caption  -> rank 0
-# i2t: R@1 = 2/3, R@2 = 3/3, R@5 = 3/3.
-SCORES = torch.tensor(
-    [0.9, 0.1, 0, 0.2, 0.8, 0.1, 0.1, 0.7, 0.3, 0.6, 0.2, 0.5, 0, 0.3, 0.4, 0.5, 0.4, 0.7]
-).view(6, 3)
-PAIRS = torch.tensor([0, 0, 1, 1, 2, 2])
+# The hand example (tests.helpers.SCORES, PAIRS): t2i R@1 4/6, R@2 5/6, R@5 1; i2t R@1 2/3,
+# R@2 1, R@5 1.
 TEXT_UNC = torch.tensor([0.5, 0.1, 0.9, 0.3, 0.2, 0.7])
 
 
-def run(scores: torch.Tensor = SCORES, pairs: torch.Tensor = PAIRS, **kw):
-    kw.setdefault("ks", (1, 2, 5))
-    n_text, n_image = scores.shape
-    return retrieval_metrics(lambda a, b: scores[a:b], n_text, n_image, pairs, **kw)
-
-
 def test_hand_computed_recall_and_rsum():
-    res = run(chunk_size=4)
+    res = retrieval(chunk_size=4)
     recalls = [res[d][f"recall@{k}"] for d in ("t2i", "i2t") for k in (1, 2, 5)]
     assert recalls == pytest.approx([4 / 6, 5 / 6, 1, 2 / 3, 1, 1])
     for d in ("t2i", "i2t"):
         for key in ("binned_recall@1", "spearman", "auroc", "risk_coverage", "uncertainty_source"):
             assert res[d][key] is None
     assert res["rsum"] is None  # no R@10
-    res = run(ks=(1, 5, 10))  # K beyond the gallery: every query hits
+    res = retrieval(ks=(1, 5, 10))  # K beyond the gallery: every query hits
     assert res["t2i"]["recall@10"] == res["i2t"]["recall@10"] == 1.0
     assert res["rsum"] == pytest.approx(100 * (4 / 6 + 1 + 1 + 2 / 3 + 1 + 1)) == rsum(res)
 
 
 def test_captions_bin_t2i_by_their_own_and_i2t_by_the_retrieved_captions_uncertainty():
-    res = run(text_uncertainty=TEXT_UNC, n_bins=3)
+    res = retrieval(text_uncertainty=TEXT_UNC, n_bins=3)
     # t2i hits@1 [1,0,1,0,1,1]; sorted by own uncertainty:
     # c1 .1 (0), c4 .2 (1) | c3 .3 (0), c0 .5 (1) | c5 .7 (1), c2 .9 (1) -> [.5, .5, 1]
     assert res["t2i"]["uncertainty_source"] == "text"
@@ -87,14 +63,14 @@ def test_captions_bin_t2i_by_their_own_and_i2t_by_the_retrieved_captions_uncerta
     assert res["i2t"]["uncertainty_source"] == "retrieved_text"
     assert res["i2t"]["binned_recall@1"] == [0.0, 1.0, 1.0]
     assert res["i2t"]["spearman"] == pytest.approx(np.sqrt(3) / 2)
-    both = run(text_uncertainty=TEXT_UNC, image_uncertainty=torch.zeros(3), n_bins=3)
+    both = retrieval(text_uncertainty=TEXT_UNC, image_uncertainty=torch.zeros(3), n_bins=3)
     assert both["i2t"] == res["i2t"]  # the text's uncertainty takes precedence
 
 
 def test_image_uncertainty_bins_t2i_by_the_retrieved_image():
     # 2 images; c0, c1 -> img0; c2, c3 -> img1. t2i top-1: 0, 1, 1, 1; hits 1, 0, 1, 1.
     scores = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.3, 0.7], [0.1, 0.6]])
-    res = run(
+    res = retrieval(
         scores, torch.tensor([0, 0, 1, 1]), image_uncertainty=torch.tensor([0.9, 0.1]), n_bins=2
     )
     # t2i: retrieved-image uncertainties [.9, .1, .1, .1] -> stable order c1, c2, c3, c0
@@ -107,7 +83,8 @@ def test_image_uncertainty_bins_t2i_by_the_retrieved_image():
 
 
 def test_a_constant_curve_or_uncertainty_has_no_statistics():
-    all_hits = run(torch.eye(3).repeat_interleave(2, dim=0), text_uncertainty=TEXT_UNC, n_bins=3)
+    hits = torch.eye(3).repeat_interleave(2, dim=0)
+    all_hits = retrieval(hits, text_uncertainty=TEXT_UNC, n_bins=3)
     assert all_hits["t2i"]["binned_recall@1"] == [1.0, 1.0, 1.0]
     assert all_hits["t2i"]["spearman"] is None and all_hits["t2i"]["r2"] is None
     assert "NaN" not in json.dumps(all_hits)
@@ -115,12 +92,13 @@ def test_a_constant_curve_or_uncertainty_has_no_statistics():
     undefined += ("e_aurc", "risk_coverage", "uncertainty_source")
     # A constant uncertainty, exactly or up to float noise, and one of 2 levels for 3 bins.
     noisy = 0.25 + 1e-9 * torch.randn(6, generator=torch.Generator().manual_seed(0))
+    plain = retrieval()
     for unc in (torch.ones(6), noisy, torch.tensor([0.1, 0.1, 0.1, 0.9, 0.9, 0.9])):
-        blind = run(text_uncertainty=unc, n_bins=3)
+        blind = retrieval(text_uncertainty=unc, n_bins=3)
         for d in ("t2i", "i2t"):
             assert {k: blind[d][k] for k in undefined} == dict.fromkeys(undefined)
-            assert blind[d]["recall@1"] == run()[d]["recall@1"] and blind[d]["ece"] is not None
-        assert retrieval_metric_names(blind).keys() == retrieval_metric_names(run()).keys()
+            assert blind[d]["recall@1"] == plain[d]["recall@1"] and blind[d]["ece"] is not None
+        assert retrieval_metric_names(blind).keys() == retrieval_metric_names(plain).keys()
     assert [distinct_levels(u) for u in (torch.ones(6), noisy, TEXT_UNC)] == [1, 1, 6]
     assert distinct_levels(torch.tensor([0.0, NAN, INF])) == 1
 
@@ -200,7 +178,7 @@ def test_ece_by_hand_and_against_scikit_learn() -> None:
 
 def test_each_direction_reports_the_detectors_of_its_top1_errors() -> None:
     unc = torch.tensor([0.5, 0.1, 0.9, 0.3, 0.7, 0.2])
-    t2i = run(n_bins=2, text_uncertainty=unc)["t2i"]
+    t2i = retrieval(n_bins=2, text_uncertainty=unc)["t2i"]
     error = np.asarray(SCORES).argmax(axis=1) != np.asarray(PAIRS)
     assert t2i["auroc"] == error_auroc(unc, error) and t2i["aupr"] == error_aupr(unc, error)
     assert t2i["fpr@95tpr"] == fpr_at_tpr(unc, error)
@@ -212,11 +190,12 @@ def test_retrieval_ece_by_hand() -> None:
     # With scale ln 3 a row (1, 0) has softmax (3/4, 1/4): t2i confidence 3/4 twice, one hit.
     # i2t: img0's column (1, 1) -> top-1 c0, its own; img1's (0, 0) -> c0 again, a miss.
     scores, pairs = torch.tensor([[1.0, 0.0], [1.0, 0.0]]), torch.tensor([0, 1])
-    res = run(scores, pairs, ks=(1,), n_bins=1, scale=float(np.log(3.0)))
+    res = retrieval(scores, pairs, ks=(1,), n_bins=1, scale=float(np.log(3.0)))
     assert res["t2i"]["ece"] == pytest.approx(0.25)
     assert res["i2t"]["ece"] == pytest.approx(0.0, abs=1e-12)
     # A query without finite scores has the uniform distribution.
-    res = run(torch.tensor([[NAN, NAN], [0.0, 1.0]]), torch.tensor([0, 1]), ks=(1,), n_bins=1)
+    scores = torch.tensor([[NAN, NAN], [0.0, 1.0]])
+    res = retrieval(scores, torch.tensor([0, 1]), ks=(1,), n_bins=1)
     assert res["t2i"]["ece"] == pytest.approx(0.5 / 2 + (1 - 1 / (1 + np.exp(-100.0))) / 2)
 
 
@@ -235,7 +214,7 @@ def test_evaluate_uses_the_methods_calibration_scale() -> None:
     res = evaluate_retrieval(method, data)
     scores = unit(data.text_emb) @ data.image_emb.T
     for scale in (5.0, 100.0):  # the method's scale, not the default 100
-        ref = run(scores, data.text_to_image, ks=(1, 5, 10), scale=scale)
+        ref = retrieval(scores, data.text_to_image, ks=(1, 5, 10), scale=scale)
         for direction in ("t2i", "i2t"):
             same = res[direction]["ece"] == pytest.approx(ref[direction]["ece"], abs=1e-6)
             assert same == (scale == 5.0), (scale, direction)
@@ -352,7 +331,7 @@ def test_folds_average_the_metrics_of_consecutive_images(small_world) -> None:
     for start in range(0, 60, 20):
         rows = torch.nonzero((data.text_to_image >= start) & (data.text_to_image < start + 20))
         scores = text[rows[:, 0]] @ image[start : start + 20].T
-        per_fold.append(run(scores, data.text_to_image[rows[:, 0]] - start, ks=(1, 5, 10)))
+        per_fold.append(retrieval(scores, data.text_to_image[rows[:, 0]] - start, ks=(1, 5, 10)))
     assert folds["n_folds"] == 3 and folds["fold_size"] == 20
     for direction in ("t2i", "i2t"):
         for key in ("recall@1", "recall@5", "recall@10", "ece"):
@@ -367,7 +346,7 @@ def test_folds_average_the_metrics_of_consecutive_images(small_world) -> None:
 
 
 def test_metric_names_flatten_every_scalar_and_leave_undefined_out() -> None:
-    res = run(ks=(1, 5, 10), n_bins=2, text_uncertainty=torch.arange(6.0))
+    res = retrieval(ks=(1, 5, 10), n_bins=2, text_uncertainty=torch.arange(6.0))
     names = retrieval_metric_names(res)
     for direction in ("t2i", "i2t"):
         for key, value in res[direction].items():

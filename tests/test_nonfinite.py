@@ -10,27 +10,18 @@ import torch
 from asymvlm import tables
 from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.evaluation import caption_scores, evaluate_retrieval
-from asymvlm.methods import build_method
-from asymvlm.metrics import retrieval_metrics
+from asymvlm.methods import METHODS, build_method
 from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import WorldConfig, write_world
 from asymvlm.training import Trainer
 from asymvlm.training.trainer import steps_per_epoch
-from tests.test_metrics import PAIRS, SCORES
-from tests.test_training import _cfg, _toy_split
+from tests.helpers import PAIRS, SCORES, retrieval, toy_config, toy_split
 
 NAN, INF = float("nan"), float("inf")
 
-# The hand example of test_metrics: 3 images, captions 0,1 -> img0; 2,3 -> img1; 4,5 -> img2.
+# The hand example (tests.helpers): 3 images, captions 0,1 -> img0; 2,3 -> img1; 4,5 -> img2.
 # Finite: t2i R@1 4/6, R@2 5/6, R@5 1; i2t R@1 2/3, R@2 1, R@5 1.
 KS = (1, 2, 5)
-
-
-def _metrics(scores: torch.Tensor, chunk_size: int = 4):
-    n_text, n_image = scores.shape
-    return retrieval_metrics(
-        lambda a, b: scores[a:b], n_text, n_image, PAIRS, ks=KS, chunk_size=chunk_size
-    )
 
 
 def _recalls(res: dict) -> dict[str, list[float]]:
@@ -44,13 +35,14 @@ def test_non_finite_pairs_are_misses(value, everywhere) -> None:
     scores = torch.full((6, 3), value) if everywhere else SCORES.clone()
     scores[torch.arange(6), PAIRS] = value
     for chunk_size in (1, 4, 100):  # K=5 exceeds the gallery: only finite pairs may count
-        res = _metrics(scores, chunk_size=chunk_size)
+        res = retrieval(scores, chunk_size=chunk_size)
         assert _recalls(res) == {"t2i": [0.0, 0.0, 0.0], "i2t": [0.0, 0.0, 0.0]}
 
 
 # -- evaluation refuses a broken adapter ------------------------------------------------------
 @pytest.fixture(scope="module")
-def test_split(tmp_path_factory) -> SplitTensors:
+def eval_split(tmp_path_factory) -> SplitTensors:
+    """A synthetic test split to evaluate on: 12 images, 24 captions."""
     root = tmp_path_factory.mktemp("nf-world") / "tables"
     write_world(str(root), WorldConfig(dim=8, splits={"test": 12}, captions_per_image=2))
     return load_split(str(root), "test")
@@ -63,7 +55,7 @@ def test_split(tmp_path_factory) -> SplitTensors:
         ("symvlm", "encode_images", "mu", 5, "image"),
     ],
 )
-def test_a_non_finite_encoding_names_its_caption_or_image(test_split, name, attr, key, row, kind):
+def test_a_non_finite_encoding_names_its_caption_or_image(eval_split, name, attr, key, row, kind):
     method = build_method(name, 8, hidden_dim=8, depth=1)
     original = getattr(method, attr)
 
@@ -73,17 +65,17 @@ def test_a_non_finite_encoding_names_its_caption_or_image(test_split, name, attr
         return out
 
     setattr(method, attr, broken)
-    ident = getattr(test_split.split, f"{kind}_ids")[row]
+    ident = getattr(eval_split.split, f"{kind}_ids")[row]
     expected = f"{name}: non-finite {key} for {kind} '{ident}' (row {row})"
     for evaluate in (
         (evaluate_retrieval, caption_scores) if kind == "caption" else (evaluate_retrieval,)
     ):
         with pytest.raises(NonFiniteError) as err:
-            evaluate(method, test_split)
+            evaluate(method, eval_split)
         assert str(err.value) == expected
 
 
-def test_non_finite_score_names_caption_and_image(test_split) -> None:
+def test_non_finite_score_names_caption_and_image(eval_split) -> None:
     method = build_method("clip", 8)
     original = method.score
 
@@ -93,32 +85,31 @@ def test_non_finite_score_names_caption_and_image(test_split) -> None:
         return out
 
     method.score = score
-    caption, image = test_split.split.caption_ids[9], test_split.split.image_ids[3]
+    caption, image = eval_split.split.caption_ids[9], eval_split.split.image_ids[3]
     with pytest.raises(NonFiniteError) as err:
-        evaluate_retrieval(method, test_split, chunk_size=10)
+        evaluate_retrieval(method, eval_split, chunk_size=10)
     assert str(err.value) == (
         f"clip: non-finite score for caption '{caption}' (row 9) against image '{image}' (row 3)"
     )
 
 
-def test_no_registered_method_raises_a_false_alarm(test_split) -> None:
-    from asymvlm.methods import METHODS
-
-    for name in sorted(METHODS):
-        if name == "bayesvlm":  # fitted post hoc on pre-projection features (test_bayesvlm.py)
-            continue
-        torch.manual_seed(0)
-        method = build_method(name, 8, hidden_dim=8, depth=1)
-        method.fit_start(test_split.image_emb, test_split.text_emb)
-        res = evaluate_retrieval(method, test_split)
-        assert 0.0 <= res["t2i"]["recall@1"] <= 1.0 and res["n_text"] == 24, name
-        assert caption_scores(method, test_split).num_rows == 24
+# bayesvlm is fitted post hoc on pre-projection features (test_bayesvlm.py)
+@pytest.mark.parametrize("name", sorted(set(METHODS) - {"bayesvlm"}))
+def test_no_registered_method_raises_a_false_alarm(eval_split, name) -> None:
+    torch.manual_seed(0)
+    method = build_method(name, 8, hidden_dim=8, depth=1)
+    method.fit_start(eval_split.image_emb, eval_split.text_emb)
+    res = evaluate_retrieval(method, eval_split)
+    assert 0.0 <= res["t2i"]["recall@1"] <= 1.0 and res["n_text"] == 24
+    assert caption_scores(method, eval_split).num_rows == 24
 
 
 # -- training stops at the end of the epoch of the first non-finite step -----------------------
 def _trainer() -> Trainer:
     torch.manual_seed(0)  # 100 captions, batch 32: 3 steps per epoch
-    return Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), _toy_split())
+    return Trainer(
+        build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), toy_config(), toy_split()
+    )
 
 
 def test_the_first_bad_step_is_named_and_its_epoch_dropped() -> None:
@@ -156,21 +147,24 @@ def test_a_non_finite_gradient_with_a_finite_loss() -> None:
 
 
 def test_a_nan_embedding_given_to_the_trainer_is_named() -> None:
-    data = _toy_split()
+    data = toy_split()
     data.text_emb[17, 2] = NAN
     with pytest.raises(NonFiniteError, match="non-finite caption embedding for caption row 17 "):
-        Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), data)
+        Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), toy_config(), data)
 
 
 # -- empty splits -------------------------------------------------------------------------------
-def test_an_empty_split_is_named_instead_of_dividing_by_zero(tmp_path) -> None:
+def test_an_empty_split_table_is_named_when_loaded(tmp_path) -> None:
     root = str(tmp_path / "tables")
     write_world(root, WorldConfig(dim=8, splits={"train": 0, "test": 4}, captions_per_image=2))
     with pytest.raises(tables.TableError, match=re.escape(f"{root}/train")):
         load_split(root, "train")
+
+
+def test_the_trainer_refuses_an_empty_split_instead_of_dividing_by_zero() -> None:
     no_rows = torch.zeros(0, 8)
     empty = SplitTensors(no_rows, no_rows, torch.zeros(0, dtype=torch.long), split=None)
     with pytest.raises(ConfigError, match="empty split"):
-        Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), empty)
-    with pytest.raises(ValueError, match="at least one item"):
+        Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), toy_config(), empty)
+    with pytest.raises(ValueError, match="at least one item"):  # nor counts steps of nothing
         steps_per_epoch(0, 32)

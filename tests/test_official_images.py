@@ -12,7 +12,7 @@ from asymvlm.methods import METHODS, build_method
 from asymvlm.splits import load_split
 from asymvlm.synthetic import write_world
 from asymvlm.training import TrainConfig, Trainer
-from tests.conftest import small_world_config
+from tests.helpers import small_world_config
 
 RAW = {"pfe", "probvlm"}
 SMALL = {"hidden_dim": 8, "depth": 1}

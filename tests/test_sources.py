@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import pickle
 import re
 import tarfile
 from pathlib import Path
@@ -19,7 +18,7 @@ from asymvlm.data.sources import CAPTION_SCHEMA, IMAGE_SCHEMA, READERS, SourceEr
 from asymvlm.data.templates import GENERIC_TEMPLATES, TEMPLATES, imagenet_class_names
 from asymvlm.data.templates import templates_for as tf
 from asymvlm.storage import StorageError
-from tests.helpers import HIERARCAPS, hierarcaps_subset
+from tests.helpers import HIERARCAPS, add_member, cifar_rows, dump, hierarcaps_subset, write_shards
 
 
 def read(dataset, annotations=None, images=None, split="test", **kw):
@@ -185,43 +184,6 @@ def test_cc_tsv(tmp_path):
     assert "s3://b/cc/images/0.jpg" in column(data, "path")
 
 
-def encoded(color, fmt: str) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 6), color).save(buffer, format=fmt)
-    return buffer.getvalue()
-
-
-def add_member(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(payload)
-    tar.addfile(info, io.BytesIO(payload))
-
-
-def write_shards(folder: Path) -> dict[str, tuple[bytes, str]]:
-    """Two img2dataset-style shards; returns key -> (image bytes, caption)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    expected = {}
-    for shard in range(2):
-        with tarfile.open(folder / f"{shard:05d}.tar", "w") as tar:
-            for i in range(3):
-                key = f"{shard:05d}{i:04d}"
-                fmt = "PNG" if i == 1 else "JPEG"
-                image = encoded((40 * i, 100 * shard, 7), fmt)
-                caption = f" shard {shard} sample {i} "
-                add_member(tar, f"{key}.{'png' if fmt == 'PNG' else 'jpg'}", image)
-                add_member(tar, f"{key}.txt", caption.encode())
-                add_member(tar, f"{key}.json", json.dumps({"key": key}).encode())
-                expected[key] = (image, caption.strip())
-            # a long file name goes through a GNU long-name header: offsets must still be right
-            key = f"{shard:05d}9999_" + "x" * 120
-            image = encoded((1, 2, 3), "JPEG")
-            add_member(tar, f"{key}.jpg", image)
-            add_member(tar, f"{key}.txt", b"long")
-            expected[key] = (image, "long")
-    (folder / "readme.md").write_text("not a shard")
-    return expected
-
-
 @pytest.mark.parametrize("form", ["shards", "shards/*.tar", "shards/00001.tar"])
 def test_cc_webdataset(tmp_path, form):
     expected = write_shards(tmp_path / "shards")
@@ -300,24 +262,13 @@ def test_hierarcaps_real_and_its_cifar_stand_ins(tmp_path):
     assert len(pos) == len(neg) == 2 and not set(pos) & set(neg)
 
 
-def cifar_rows(rng, n):
-    hwc = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
-    return hwc, hwc.transpose(0, 3, 1, 2).reshape(n, 3072)  # rows are CHW, as the real files
-
-
-def dump(path: Path, obj, protocol=2, numpy1=False) -> None:
-    raw = pickle.dumps(obj, protocol=protocol)
-    if numpy1:  # the real (2009, numpy 1) files name numpy.core, not numpy._core
-        raw = raw.replace(b"numpy._core.multiarray\n", b"numpy.core.multiarray\n")
-        assert b"numpy.core.multiarray" in raw
-    path.write_bytes(raw)
-
-
 def pixels(data) -> list[np.ndarray]:
     return [np.asarray(Image.open(io.BytesIO(png))) for png in column(data, "data")]
 
 
-def test_cifar(tmp_path):
+@pytest.fixture
+def cifar10(tmp_path):
+    """CIFAR-10: 5 train batches of 2 (numpy 1's pickle, protocol 5 last), a test batch of 4."""
     root = tmp_path / "cifar-10-batches-py"
     root.mkdir()
     rng = np.random.default_rng(0)
@@ -332,11 +283,15 @@ def test_cifar(tmp_path):
         train_labels += labels
     hwc, flat = cifar_rows(rng, 4)
     dump(root / "test_batch", {b"labels": [2, 1, 0, 2], b"data": flat})
+    return root, np.concatenate(train_hwc), train_labels, hwc
 
+
+def test_cifar10_train_images_labels_and_class_prompts(cifar10, tmp_path):
+    _, train_hwc, train_labels, _ = cifar10
     data = read("cifar10", images=str(tmp_path), split="train")  # the parent folder works too
     assert column(data, "image_id") == [f"cifar10-train-{i:05d}" for i in range(10)]
     assert column(data, "label") == train_labels
-    np.testing.assert_array_equal(pixels(data), np.concatenate(train_hwc))
+    np.testing.assert_array_equal(pixels(data), train_hwc)
     assert data.captions.num_rows == 0 and data.prompts.num_rows == 3 * 18
     assert data.prompts.to_pylist()[18] == {
         "class_index": 1,
@@ -344,31 +299,44 @@ def test_cifar(tmp_path):
         "template": tf("cifar10")[0],
         "text": "a photo of a automobile.",
     }
+
+
+def test_a_cifar10_test_sample_with_its_own_templates(cifar10):
+    root, _, _, hwc = cifar10
     test = read("cifar10", str(root), split="test", templates=["a {}", "{} art"], sample=2)
     index = [int(i.rsplit("-", 1)[1]) for i in column(test, "image_id")]
     np.testing.assert_array_equal(pixels(test), hwc[index])
     assert column(test, "text", "prompts")[:3] == ["a airplane", "airplane art", "a automobile"]
 
-    class Evil:
-        def __reduce__(self):
-            return (print, ("pwned",))
 
-    for name, obj, message in [
-        ("test_batch", {b"labels": [0, 1, 5, 2], b"data": flat}, r"labels\[2\] = 5 outside 0\.\.2"),
-        ("test_batch", {b"labels": [0, 1], b"data": flat}, "2 labels for 4 images"),
-        ("test_batch", {b"labels": [0], b"data": flat[:, :10]}, "b'data': expected uint8"),
+class Evil:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+FLAT = np.zeros((4, 3072), dtype=np.uint8)  # the rows of four images
+
+
+@pytest.mark.parametrize(
+    ("name", "obj", "message"),
+    [
+        ("test_batch", {b"labels": [0, 1, 5, 2], b"data": FLAT}, r"labels\[2\] = 5 outside 0\.\.2"),
+        ("test_batch", {b"labels": [0, 1], b"data": FLAT}, "2 labels for 4 images"),
+        ("test_batch", {b"labels": [0], b"data": FLAT[:, :10]}, "b'data': expected uint8"),
         ("test_batch", {b"labels": [0, 1, 1, 2]}, "missing key b'data'"),
         ("test_batch", [1], "expected a pickled dict, got list"),
         ("batches.meta", {b"label_names": [b"cat", b"d\xf6g"]}, "label_names: .*can't decode"),
         ("batches.meta", {b"label_names": []}, "label_names: not a list of class names"),
         ("batches.meta", {b"label_names": [b"a"], b"x": Evil()}, "refusing to load .*print"),
-    ]:
-        dump(root / name, obj)
-        with pytest.raises(SourceError, match=rf"{name}: .*{message}"):
-            read("cifar10", images=str(root))
+    ],
+)
+def test_a_bad_cifar_file_is_named_with_what_is_wrong(cifar10, name, obj, message):
+    dump(cifar10[0] / name, obj)
+    with pytest.raises(SourceError, match=rf"{name}: .*{message}"):
+        read("cifar10", images=str(cifar10[0]))
 
 
-def test_cifar100_and_stl10(tmp_path):
+def test_cifar100_fine_labels_and_class_names(tmp_path):
     root = tmp_path / "cifar-100-python"
     root.mkdir()
     dump(root / "meta", {b"fine_label_names": [b"class_0", b"aquarium_fish"]})
@@ -378,6 +346,10 @@ def test_cifar100_and_stl10(tmp_path):
     assert column(data, "label") == [1, 0] and column(data, "image_id")[-1] == "cifar100-test-00001"
     assert column(data, "text", "prompts")[18] == "a photo of a aquarium fish."
 
+
+@pytest.fixture
+def stl10(tmp_path):
+    """STL-10 binaries of 3 test images (labels 1..3 on disk); (their folder, HWC pixels)."""
     folder = tmp_path / "stl10_binary"
     folder.mkdir()
     hwc = np.random.default_rng(2).integers(0, 256, size=(3, 96, 96, 3), dtype=np.uint8)
@@ -385,17 +357,32 @@ def test_cifar100_and_stl10(tmp_path):
     (folder / "class_names.txt").write_text("airplane\nbird\ncar\n")
     (folder / "test_X.bin").write_bytes(hwc.transpose(0, 3, 2, 1).tobytes())  # (C, W, H) order
     (folder / "test_y.bin").write_bytes(bytes([1, 3, 2]))
+    return folder, hwc
+
+
+def test_stl10_images_in_their_column_major_order_and_labels_from_0(stl10, tmp_path):
     data = read("stl10", images=str(tmp_path))
     assert column(data, "label") == [0, 2, 1] and data.description["classes"][1] == "bird"
-    np.testing.assert_array_equal(pixels(data), hwc)
+    np.testing.assert_array_equal(pixels(data), stl10[1])
+
+
+def test_stl10_unlabeled_images_have_no_label(stl10):
+    folder, hwc = stl10
     (folder / "unlabeled_X.bin").write_bytes(hwc.transpose(0, 3, 2, 1).tobytes())
     assert column(read("stl10", str(folder), split="unlabeled"), "label") == [None] * 3
-    (folder / "test_y.bin").write_bytes(bytes([1, 3, 4]))
-    with pytest.raises(SourceError, match=r"test_y\.bin: byte\[2\] = 4 outside 1\.\.3"):
-        read("stl10", images=str(folder))
-    (folder / "test_X.bin").write_bytes(b"\0" * 1000)
-    with pytest.raises(SourceError, match=r"test_X\.bin: 1000 bytes is not a multiple of 27648"):
-        read("stl10", images=str(folder))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("test_y.bin", bytes([1, 3, 4]), r"test_y\.bin: byte\[2\] = 4 outside 1\.\.3"),
+        ("test_X.bin", b"\0" * 1000, r"test_X\.bin: 1000 bytes is not a multiple of 27648"),
+    ],
+)
+def test_a_bad_stl10_file_is_named_with_what_is_wrong(stl10, name, content, message):
+    (stl10[0] / name).write_bytes(content)
+    with pytest.raises(SourceError, match=message):
+        read("stl10", images=str(stl10[0]))
 
 
 def test_imagenet(tmp_path):

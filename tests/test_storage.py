@@ -15,8 +15,8 @@ from asymvlm import storage, tables, tracking
 from asymvlm.errors import ConfigError
 from asymvlm.synthetic import write_world
 from asymvlm_ray import schema
-from tests.conftest import small_world_config
 from tests.faults import FlakyProxy
+from tests.helpers import small_world_config
 
 
 @pytest.fixture
@@ -193,13 +193,13 @@ def test_an_adapter_on_s3_loads_whatever_tracking_store_is_set(bucket, tmp_path,
     """An object-store adapter folder reads no MLflow store; a store set for a block is unset
     after it (MLflow mirrors it in $MLFLOW_TRACKING_URI, which later reads would follow)."""
     from asymvlm.evaluation.adapters import checkpoint_adapters
-    from tests.test_checkpoints import _save
+    from tests.helpers import save_adapter
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with tracking.global_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db"):
         pass
     assert "MLFLOW_TRACKING_URI" not in os.environ
-    _save(tmp_path / "a")
+    save_adapter(tmp_path / "a")
     uri = storage.upload_dir(str(tmp_path / "a"), "s3://bucket/run/adapters/symvlm/seed0")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/absent/mlflow.db")
     assert list(checkpoint_adapters([uri])) == ["symvlm/seed0"]

@@ -35,7 +35,7 @@ from asymvlm.synthetic.caption_texts import GENERIC_TEXTS
 from asymvlm.synthetic.classification_sets import concept_roots
 from asymvlm.synthetic.world import GENERIC_LEVEL, _unit
 from asymvlm.training import TrainConfig
-from tests.conftest import small_world_config
+from tests.helpers import small_world_config
 from tests.world_fingerprint import OLD_WORLDS, RECORDED, compare, fingerprint_world
 
 

@@ -14,27 +14,15 @@ from asymvlm.runner import RunSpec, train, train_and_evaluate
 from asymvlm.splits import SplitTensors, hold_out_images, load_split
 from asymvlm.training import TrainConfig, Trainer
 from asymvlm.training.trainer import steps_per_epoch
-
-
-def _toy_split(n_image: int = 40, n_text: int = 100, dim: int = 8, seed: int = 0) -> SplitTensors:
-    g = torch.Generator().manual_seed(seed)
-    images = torch.nn.functional.normalize(torch.randn(n_image, dim, generator=g), dim=-1)
-    t2i = torch.randint(0, n_image, (n_text,), generator=g)
-    texts = 5.0 * (images[t2i] + 0.3 * torch.randn(n_text, dim, generator=g))
-    return SplitTensors(image_emb=images, text_emb=texts, text_to_image=t2i, split=None)
-
-
-def _cfg(**kw) -> TrainConfig:
-    base = dict(epochs=4, lr=1e-2, batch_size=32, hidden_dim=16, depth=2, optimizer="sgd")
-    return TrainConfig(**{**base, **kw})
+from tests.helpers import toy_config, toy_split
 
 
 def test_each_epoch_visits_distinct_captions_with_their_images() -> None:
-    data, seen = _toy_split(), []
+    data, seen = toy_split(), []
     method = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2)
     original = method.loss_features
     method.loss_features = lambda i, t: seen.append((i, t)) or original(i, t)  # type: ignore
-    trainer = Trainer(method, _cfg(), data)
+    trainer = Trainer(method, toy_config(), data)
     trainer.train_epoch()
     assert steps_per_epoch(100, 32) == steps_per_epoch(96, 32) == 3  # the ragged tail dropped
     assert steps_per_epoch(10, 32) == 1  # unless it is the only batch
@@ -53,7 +41,7 @@ def test_each_epoch_visits_distinct_captions_with_their_images() -> None:
 def test_loss_falls_lr_follows_the_cosine_and_stats_are_logged() -> None:
     torch.manual_seed(0)
     method = build_method("asymvlm-vmf", 8, hidden_dim=32, depth=2)
-    trainer = Trainer(method, _cfg(epochs=12, optimizer="adamw", lr=1e-2), _toy_split())
+    trainer = Trainer(method, toy_config(epochs=12, optimizer="adamw", lr=1e-2), toy_split())
     history = trainer.fit(progress=False)
     assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"]
     lrs = [row["lr"] for row in history]
@@ -73,13 +61,13 @@ def test_frozen_reference_needs_no_training(small_world, tmp_path) -> None:
 
 def test_fit_start_calibrates_the_adapter_input_scale(tmp_path) -> None:
     """Unit RMS per coordinate at the first layer, kept in the checkpoint; 1 when switched off."""
-    data = _toy_split()
-    trainer = Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), _cfg(), data)
+    data = toy_split()
+    trainer = Trainer(build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), toy_config(), data)
     assert float(trainer.method.text_adapter.input_scale) == 1.0
     trainer.start()
     expected = (8 / data.text_emb.pow(2).sum(-1).mean()).sqrt()
     torch.testing.assert_close(trainer.method.text_adapter.input_scale, expected)
-    save_checkpoint(str(tmp_path), trainer.method, _cfg(), dim=8)
+    save_checkpoint(str(tmp_path), trainer.method, toy_config(), dim=8)
     torch.testing.assert_close(load_checkpoint(str(tmp_path))[0].text_adapter.input_scale, expected)
     off = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2, calibrate_input=False)
     off.fit_start(data.image_emb, data.text_emb)
@@ -215,7 +203,7 @@ def test_a_method_sees_the_same_per_caption_inputs_in_training_and_evaluation(sm
         counts = torch.tensor([float(len(c.split())) for c in data.captions])
         method.seen.clear()
         if split == "train":
-            Trainer(method, _cfg(epochs=1, batch_size=64), data).train_epoch()
+            Trainer(method, toy_config(epochs=1, batch_size=64), data).train_epoch()
         else:
             evaluate_split("retrieval", method, data)
         rows = torch.cat(method.seen)
