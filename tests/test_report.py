@@ -15,7 +15,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from asymvlm import claims, report, tables, tracking
+from asymvlm import claims, tables, tracking
 from asymvlm.checkpoints import save_checkpoint
 from asymvlm.cli import main
 from asymvlm.evaluation.registry import log_evaluation
@@ -23,7 +23,7 @@ from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
 from asymvlm.methods import Roles, build_method
 from asymvlm.methods.asymvlm import AsymVLM
 from asymvlm.metrics import retrieval_metrics
-from asymvlm.report import build_report
+from asymvlm.report import build_report, sweep_sections
 from asymvlm.results import retrieval_metric_names
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
@@ -409,7 +409,7 @@ def test_a_constant_uncertainty_is_undefined_in_table1_and_not_judged(plugin) ->
     paired = lambda seed, s: -s.diagonal()  # noqa: E731 -- uncertain where the pair scores low
     rows = _seed_rows("asymvlm-vmf", paired) + _seed_rows("vmf-const", lambda *_: torch.ones(60))
     rows += _seed_rows("no-roles", paired, seeds=1)
-    text = report._table1(rows, "T", {})
+    text = sweep_sections.table1(rows, "T", {})
     const = cells(text, "vmf-const")
     for d in ("i2t", "t2i"):
         for h in ("S", "R²", "AUROC", "AUPR", "FPR@95", "AURC"):
@@ -443,7 +443,7 @@ def test_an_undefined_seed_value_is_left_out_of_mean_and_std() -> None:
     """NaN and None in one seed's cell: mean ± std over the other seeds, and judged on them."""
     rows = [{"method": "asymvlm-vmf", "t2i_spearman": v} for v in (-0.9, math.nan, None, -0.7)]
     rows.append({"method": "determ-ft", "t2i_spearman": math.nan})
-    text = report._table1(rows, "T", {})
+    text = sweep_sections.table1(rows, "T", {})
     assert cells(text, "asymvlm-vmf")["t2i S"] == "-0.80 ± 0.14"
     assert cells(text, "determ-ft")["t2i S"] == "–"
     (verdict,) = claims.table1_verdicts(rows)
@@ -453,8 +453,8 @@ def test_an_undefined_seed_value_is_left_out_of_mean_and_std() -> None:
 def test_methods_enter_the_ablation_figure_and_claims_by_their_roles(plugin) -> None:
     """Fig. 4 and the claims by ``Roles``; a plugin without paper numbers gets "–"."""
     results = dict.fromkeys(["determ-ft", "symvlm", "asymvlm-vmf", "vmf-const", "unknown", "clip"])
-    assert list(report._ablations(results)) == ["symvlm", "asymvlm-vmf", "vmf-const"]
-    assert list(report._ablations({"determ-ft": 0, "unknown": 0})) == []
+    assert list(sweep_sections.ablations(results)) == ["symvlm", "asymvlm-vmf", "vmf-const"]
+    assert list(sweep_sections.ablations({"determ-ft": 0, "unknown": 0})) == []
     nota = _nota_result()
     for cells in nota["dummy"].values():
         cells |= {f"vmf-const/seed{s}": cells[f"asymvlm-vmf/seed{s}"] for s in range(3)}
@@ -469,12 +469,12 @@ def test_methods_enter_the_ablation_figure_and_claims_by_their_roles(plugin) -> 
 def test_a_method_declaring_no_uncertainty_shows_none(monkeypatch, add_method) -> None:
     """``Roles(uncertainty=False)``: the report blanks the numbers its uncertainty gave."""
     t2i = {"recall@1": 0.5, "spearman": -0.5, "e_aurc": 0.1, "binned_recall@1": [0.6, 0.4]}
-    monkeypatch.setattr(report.tracking, "json_artifact", lambda *_: {"test": {"t2i": t2i}})
+    monkeypatch.setattr(sweep_sections.tracking, "json_artifact", lambda *_: {"test": {"t2i": t2i}})
     flat = type("Flat", (AsymVLM,), {"roles": Roles(uncertainty=False)})
     add_method("flat", flat)
     ns = types.SimpleNamespace
     got = {
-        m: report._trial("", ns(info=ns(run_id=""), data=ns(params={"method": m})))
+        m: sweep_sections.seed_row("", ns(info=ns(run_id=""), data=ns(params={"method": m})))
         for m in ("flat", "asymvlm-vmf")
     }
     vmf = [got["asymvlm-vmf"][f"t2i_{k}"] for k in ("spearman", "e_aurc", "binned_recall@1")]
