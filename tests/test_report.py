@@ -1,4 +1,4 @@
-"""MLflow evaluation runs -> report.md: the paper's tables, figures and claims (asymvlm.claims)."""
+"""MLflow runs -> report.md: the paper's tables, figures and claims (asymvlm.report)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from asymvlm import claims, tables, tracking
+from asymvlm import tables, tracking
 from asymvlm.checkpoints import save_checkpoint
 from asymvlm.cli import main
 from asymvlm.evaluation.registry import log_evaluation
@@ -23,7 +23,7 @@ from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
 from asymvlm.methods import Roles, build_method
 from asymvlm.methods.asymvlm import AsymVLM
 from asymvlm.metrics import retrieval_metrics
-from asymvlm.report import build_report, sweep_sections
+from asymvlm.report import build_report, claims, sweep_sections
 from asymvlm.results import retrieval_metric_names
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
@@ -280,7 +280,7 @@ def _ms(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
     return f"{np.mean(vals):.{digits}f} ± {np.std(vals, ddof=1):.{digits}f}"
 
 
-# -- the paper's claims, judged by their rule (asymvlm.claims) -----------------------------------
+# -- the paper's claims, judged by their rule (asymvlm.report.claims) ---------------------------
 @pytest.mark.parametrize(
     ("a", "b", "direction", "verdict"),
     [

@@ -10,8 +10,9 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from asymvlm import claims, tracking
+from asymvlm import tracking
 from asymvlm.config import redact
+from asymvlm.report import claims
 from asymvlm.report.evaluation_sections import hierarcaps_section, ood_section, table2, table3
 from asymvlm.report.sweep_sections import sweep_section
 

@@ -9,11 +9,10 @@ from collections import defaultdict
 
 import pandas as pd
 
-from asymvlm import paper_numbers
 from asymvlm.evaluation.hierarcaps import plot_hierarchy
 from asymvlm.evaluation.ood import plot_severity
 from asymvlm.evaluation.zeroshot import aggregation_note
-from asymvlm.paper_numbers import TABLE2, TABLE3
+from asymvlm.report import paper_numbers
 from asymvlm.report.columns import (
     HIERARCAPS_COLUMNS,
     OOD_COLUMNS,
@@ -23,6 +22,7 @@ from asymvlm.report.columns import (
     TABLE2_FAR_COLUMNS,
     TABLE2_SETS,
 )
+from asymvlm.report.paper_numbers import TABLE2, TABLE3
 from asymvlm.results import markdown, mean_std, seed_stats
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from asymvlm import claims, paper_numbers, tracking
+from asymvlm import tracking
 from asymvlm.plots import plot_binned_recall, plot_risk_coverage
+from asymvlm.report import claims, paper_numbers
 from asymvlm.report.columns import (
     PAPER_TABLE1_CELLS,
     PROTOCOL_LABELS,

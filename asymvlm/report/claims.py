@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from asymvlm.methods import METHODS, Roles
-from asymvlm.paper_numbers import TABLE2, TABLE3
+from asymvlm.report.paper_numbers import TABLE2, TABLE3
 from asymvlm.results import markdown
 
 #: Standard errors, and the least absolute difference, a difference must exceed to count.
