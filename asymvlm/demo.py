@@ -17,7 +17,7 @@ from asymvlm.evaluation.registry import evaluate_split
 from asymvlm.metrics import spearman_uncertainty
 from asymvlm.plots import plot_binned_recall
 from asymvlm.protocol import train
-from asymvlm.results import markdown
+from asymvlm.report.seed_tables import markdown
 from asymvlm.splits import load_split
 from asymvlm.synthetic import WorldConfig, write_world
 from asymvlm.training import TrainConfig

@@ -23,8 +23,8 @@ from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
 from asymvlm.methods import Roles, build_method
 from asymvlm.methods.asymvlm import AsymVLM
 from asymvlm.metrics import retrieval_metrics
+from asymvlm.metrics.glossary import retrieval_metric_names
 from asymvlm.report import build_report, claims, sweep_sections
-from asymvlm.results import retrieval_metric_names
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
 from tests.helpers import free_port

@@ -13,7 +13,7 @@ import pandas as pd
 
 from asymvlm.methods import METHODS, Roles
 from asymvlm.report.paper_numbers import TABLE2, TABLE3
-from asymvlm.results import markdown
+from asymvlm.report.seed_tables import markdown
 
 #: Standard errors, and the least absolute difference, a difference must exceed to count.
 Z = 2.0

@@ -23,7 +23,7 @@ from asymvlm.report.columns import (
     TABLE2_SETS,
 )
 from asymvlm.report.paper_numbers import TABLE2, TABLE3
-from asymvlm.results import markdown, mean_std, seed_stats
+from asymvlm.report.seed_tables import markdown, mean_std, seed_stats
 
 
 def _base(name: str) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from asymvlm import tracking
+from asymvlm.metrics.glossary import DIRECTIONS, retrieval_metric_names
 from asymvlm.plots import plot_binned_recall, plot_risk_coverage
 from asymvlm.report import claims, paper_numbers
 from asymvlm.report.columns import (
@@ -22,8 +23,7 @@ from asymvlm.report.columns import (
     TABLE1_CELLS,
     UNCERTAINTY_METRICS,
 )
-from asymvlm.results import DIRECTIONS, markdown, seed_stats, stats_table
-from asymvlm.results import retrieval_metric_names as metric_names
+from asymvlm.report.seed_tables import markdown, seed_stats, stats_table
 
 
 def table1(rows: Sequence[Mapping[str, Any]], title: str, params: Mapping[str, str]) -> str:
@@ -46,7 +46,7 @@ def seed_row(uri: str, child) -> dict[str, Any]:
     method = child.data.params["method"]
     curves = ("binned_recall@1", "risk_coverage")
     row = {f"{d}_{k}": (test.get(d) or {}).get(k) for d in DIRECTIONS for k in curves}
-    row = {"method": method, **metric_names(test), **row}
+    row = {"method": method, **retrieval_metric_names(test), **row}
     if claims.roles(method).uncertainty:
         return row
     return {k: None if k.endswith(UNCERTAINTY_METRICS) else v for k, v in row.items()}
