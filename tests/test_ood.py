@@ -14,8 +14,9 @@ from asymvlm.data.perturb import (
     perturb_caption,
     perturb_image,
 )
-from asymvlm.evaluation.ood import align, mmi, ood_retrieval, plot_severity, uncertainty_auroc
+from asymvlm.evaluation.ood import align, mmi, ood_retrieval, uncertainty_auroc
 from asymvlm.methods import build_method
+from asymvlm.report.figures import plot_severity
 from asymvlm.splits import SplitTensors, load_split
 from tests.test_zeroshot import IdentityVMF
 

@@ -9,8 +9,6 @@ from collections import defaultdict
 
 import pandas as pd
 
-from asymvlm.evaluation.hierarcaps import plot_hierarchy
-from asymvlm.evaluation.ood import plot_severity
 from asymvlm.evaluation.zeroshot import aggregation_note
 from asymvlm.report import paper_numbers
 from asymvlm.report.columns import (
@@ -22,6 +20,7 @@ from asymvlm.report.columns import (
     TABLE2_FAR_COLUMNS,
     TABLE2_SETS,
 )
+from asymvlm.report.figures import plot_hierarchy, plot_severity
 from asymvlm.report.paper_numbers import TABLE2, TABLE3
 from asymvlm.report.seed_tables import markdown, mean_std, seed_stats
 

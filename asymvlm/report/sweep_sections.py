@@ -15,7 +15,6 @@ import pandas as pd
 
 from asymvlm import tracking
 from asymvlm.metrics.glossary import DIRECTIONS, retrieval_metric_names
-from asymvlm.plots import plot_binned_recall, plot_risk_coverage
 from asymvlm.report import claims, paper_numbers
 from asymvlm.report.columns import (
     PAPER_TABLE1_CELLS,
@@ -23,6 +22,7 @@ from asymvlm.report.columns import (
     TABLE1_CELLS,
     UNCERTAINTY_METRICS,
 )
+from asymvlm.report.figures import plot_binned_recall, plot_risk_coverage
 from asymvlm.report.seed_tables import markdown, seed_stats, stats_table
 
 

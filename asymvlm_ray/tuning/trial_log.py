@@ -189,7 +189,7 @@ def _error(trial) -> BaseException | str | None:
 def log_outcome(run: tracking.Run, row: dict[str, Any], *checkpoint: Any) -> None:
     """A finished member's final metrics, binned Recall@1 curves (JSON + PNG), every number of
     its evaluation (results.json) and its adapter (``checkpoint``: :func:`adapter_directory`)."""
-    from asymvlm.plots import plot_binned_recall
+    from asymvlm.report.figures import plot_binned_recall
     from asymvlm.scoring.models import log_adapter_models
 
     out = row["outcome"]
