@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from asymvlm.evaluation.registry import EvaluationResult
 from asymvlm.methods import METHODS, Roles
 from asymvlm.report.paper_numbers import TABLE2, TABLE3
 from asymvlm.report.seed_tables import markdown
@@ -167,10 +168,10 @@ def table1_verdicts(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> list[Ve
     return out
 
 
-def world_of(nota_runs: Sequence[tuple[Mapping[str, Any], Any]]) -> dict | None:
+def world_of(nota: Sequence[EvaluationResult]) -> dict | None:
     """The synthetic world's knobs of the first none-of-the-above result on one, or None."""
-    for res, _ in nota_runs:
-        world = ((res.get("settings") or {}).get("positives") or {}).get("world")
+    for result in nota:
+        world = ((result.numbers.get("settings") or {}).get("positives") or {}).get("world")
         if isinstance(world, dict):
             return world
     return None

@@ -7,11 +7,11 @@ import base64
 import html
 import os
 import re
-from collections import defaultdict
 from pathlib import Path
 
 from asymvlm import tracking
 from asymvlm.config import redact
+from asymvlm.evaluation.registry import logged_evaluations
 from asymvlm.report import claims
 from asymvlm.report.evaluation_sections import hierarcaps_section, ood_section, table2, table3
 from asymvlm.report.sweep_sections import sweep_section
@@ -44,31 +44,24 @@ def build_report(
         if "plumbing only" not in sweep.data.tags.get("note", "").lower():
             name = sweep.info.run_name or sweep.info.run_id
             judged += [(name, v) for v in claims.table1_verdicts(rows)]
-    evals: dict[str, list] = defaultdict(list)
-    for run in runs:
-        kind = run.data.tags.get("kind", "")
-        if kind.startswith("eval-") and run.info.status == "FINISHED":
-            result = tracking.json_artifact(tracking_uri, run.info.run_id, "results.json")
-            evals[kind].append((result, run.data.params))
-    lines += table2(evals["eval-nota"]) + table3(evals["eval-zeroshot"])
-    verdicts = {"eval-nota": claims.table2_verdicts, "eval-zeroshot": claims.table3_verdicts}
-    for kind, judge in verdicts.items():
-        for res, params in evals[kind]:
-            if "plumbing only" not in (params.get("note") or "").lower():
-                source = f"{kind[5:]} ({params.get('sweep') or '–'})"
-                judged += [(source, v) for v in judge(res)]
+    evaluations = logged_evaluations(tracking_uri, runs)
+    lines += table2(evaluations["nota"]) + table3(evaluations["zeroshot"])
+    for kind, judge in (("nota", claims.table2_verdicts), ("zeroshot", claims.table3_verdicts)):
+        for result in evaluations[kind]:
+            if not result.plumbing_only:
+                judged += [(f"{kind} ({result.sweep or '–'})", v) for v in judge(result.numbers)]
     lines += claims.claims_markdown(judged)
-    for kind, section_fn, prefix in (
-        ("eval-hierarcaps", hierarcaps_section, "hierarcaps"),
-        ("eval-ood", ood_section, ""),
+    for kind, section_of, prefix in (
+        ("hierarcaps", hierarcaps_section, "hierarcaps"),
+        ("ood", ood_section, ""),
     ):
-        of_kind = evals[kind]
-        for k, (res, params) in enumerate(of_kind):
-            tag = prefix if len(of_kind) == 1 else f"{prefix}_{params.get('sweep') or k}"
-            section, figs = section_fn(res, output, params, tag)
+        of_kind = evaluations[kind]
+        for k, result in enumerate(of_kind):
+            tag = prefix if len(of_kind) == 1 else f"{prefix}_{result.sweep or k}"
+            section, figs = section_of(result, output, tag)
             lines += section
             figures.update(figs)
-    world = claims.world_of(evals["eval-nota"])
+    world = claims.world_of(evaluations["nota"])
     if len(lines) <= 5:
         lines.append("*No sweeps or evaluations in this experiment yet.*")
     elif judged or world:

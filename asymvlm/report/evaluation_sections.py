@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 
 import pandas as pd
 
+from asymvlm.evaluation.registry import EvaluationResult
 from asymvlm.evaluation.zeroshot import aggregation_note
 from asymvlm.report import paper_numbers
 from asymvlm.report.columns import (
@@ -29,8 +31,8 @@ def _base(name: str) -> str:
     return name.split("/", 1)[0]  # "asymvlm-vmf/seed1" -> "asymvlm-vmf"
 
 
-def _heading(params: dict) -> str:
-    parts = [p for p in (params.get("sweep"), params.get("note")) if p]
+def _heading(result: EvaluationResult) -> str:
+    parts = [p for p in (result.sweep, result.note) if p]
     return f" — {', '.join(parts)}" if parts else ""
 
 
@@ -38,11 +40,11 @@ def _pair(paper: tuple[float, float] | None) -> str:
     return f"{paper[0]:.3f}, {paper[1]:.3f}" if paper else "–"
 
 
-def table2(runs: list[tuple[dict, dict]]) -> list[str]:
+def table2(runs: Sequence[EvaluationResult]) -> list[str]:
     """Table 2 analogue per none-of-the-above run, the paper's numbers beside ours."""
     lines: list[str] = []
-    for res, params in runs:
-        settings = res.get("settings") or {}
+    for result in runs:
+        settings = result.numbers.get("settings") or {}
         roles = ("positives", "negatives", "far_negatives")
         pos, neg, far = (
             (settings.get(r) or {}).get("name") or s
@@ -52,7 +54,7 @@ def table2(runs: list[tuple[dict, dict]]) -> list[str]:
         keys = TABLE2_FAR_COLUMNS if far else TABLE2_COLUMNS
         cells = [
             {**cell, "dummy": dummy, "method": _base(name)}
-            for dummy, per_method in res["dummy"].items()
+            for dummy, per_method in result.numbers["dummy"].items()
             for name, cell in per_method.items()
         ]
         stats = seed_stats(cells, ["dummy", "method"], list(keys))
@@ -62,12 +64,12 @@ def table2(runs: list[tuple[dict, dict]]) -> list[str]:
         for key, head in keys.items():
             table[head] = mean_std(stats, key, bare=True)
         table["paper (pos., neg.)"] = [_pair(TABLE2.get(d, {}).get(m)) for d, m in stats.index]
-        for name, cell in res.get("rejection", {}).items():
+        for name, cell in result.numbers.get("rejection", {}).items():
             values = ["–" if cell.get(k) is None else f"{cell[k]:.3f}" for k in keys]
             paper = _pair(TABLE2["(none)"].get(name))
             table.loc[len(table)] = ["(none)", f"{name}-based (frozen)", "1", *values, paper]
         lines += [
-            f"### Table 2 analogue — none-of-the-above ({sets}){_heading(params)}",
+            f"### Table 2 analogue — none-of-the-above ({sets}){_heading(result)}",
             "",
             markdown(table),
             "",
@@ -87,16 +89,16 @@ def table2(runs: list[tuple[dict, dict]]) -> list[str]:
     return lines
 
 
-def table3(runs: list[tuple[dict, dict]]) -> list[str]:
+def table3(runs: Sequence[EvaluationResult]) -> list[str]:
     """Table 3 analogue per zero-shot run, the paper's numbers beside ours (its COCO rows
     unless the set-up is the paper's)."""
     lines: list[str] = []
-    for res, params in runs:
-        ft = params.get("fine_tuned_on", "?")
-        sets = sorted({s for cells in res.values() for s in cells})
-        matched = paper_numbers.matches_paper(params.get("embedding_model"), ft)
+    for result in runs:
+        ft = result.fine_tuned_on
+        sets = sorted({s for cells in result.numbers.values() for s in cells})
+        matched = paper_numbers.matches_paper(result.embedding_model, ft)
         setup = PAPER_TABLE3_SETUP.replace("COCO", ft) if matched else PAPER_TABLE3_SETUP
-        rows = [{**cells, "method": _base(name)} for name, cells in res.items()]
+        rows = [{**cells, "method": _base(name)} for name, cells in result.numbers.items()]
         stats = seed_stats(rows, "method", sets)
         table = pd.DataFrame(
             {"fine-tuned on": ["– (frozen)" if m == "clip" else ft for m in stats.index]}
@@ -109,7 +111,7 @@ def table3(runs: list[tuple[dict, dict]]) -> list[str]:
             " / ".join(f"{v:.3f}" for v in p.values()) if p else "–" for p in paper
         ]
         lines += [
-            f"### Table 3 analogue — zero-shot accuracy after fine-tuning{_heading(params)}",
+            f"### Table 3 analogue — zero-shot accuracy after fine-tuning{_heading(result)}",
             "",
             markdown(table),
             "",
@@ -117,23 +119,26 @@ def table3(runs: list[tuple[dict, dict]]) -> list[str]:
             f"column: Ju et al. 2025, Table 3 — {setup} (the frozen CLIP's row: no fine-tuning); "
             "other sets than ours, not produced here.*",
             "",
-            f"*{aggregation_note(params.get('template_aggregation') or 'mean')}*",
+            f"*{aggregation_note(result.template_aggregation)}*",
             "",
         ]
     return lines
 
 
-def hierarcaps_section(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dict]:
+def hierarcaps_section(result: EvaluationResult, output: str, tag: str) -> tuple[list[str], dict]:
     """The HierarCaps table and the Fig. 5 analogue of each method's first model."""
-    keys = HIERARCAPS_COLUMNS
-    stats = seed_stats([{**c, "method": _base(n)} for n, c in res.items()], "method", list(keys))
-    table = pd.DataFrame(
-        {"method": stats.index} | {h: mean_std(stats, k, bare=True) for k, h in keys.items()}
+    models = result.numbers
+    stats = seed_stats(
+        [{**c, "method": _base(n)} for n, c in models.items()], "method", list(HIERARCAPS_COLUMNS)
     )
-    first = {m: next(c for n, c in res.items() if _base(n) == m) for m in map(_base, res)}
+    table = pd.DataFrame(
+        {"method": stats.index}
+        | {h: mean_std(stats, k, bare=True) for k, h in HIERARCAPS_COLUMNS.items()}
+    )
+    first = {m: next(c for n, c in models.items() if _base(n) == m) for m in map(_base, models)}
     path = plot_hierarchy(first, os.path.join(output, f"fig5_{tag}.png"))
     return [
-        f"### HierarCaps analysis (Fig. 5 analogue){_heading(params)}\n",
+        f"### HierarCaps analysis (Fig. 5 analogue){_heading(result)}\n",
         markdown(table),
         "",
         "![Fig. 5 analogue — uncertainty and paired score per caption level]"
@@ -142,22 +147,24 @@ def hierarcaps_section(res: dict, output: str, params: dict, tag: str) -> tuple[
     ], {path: "fig5"}
 
 
-def ood_section(res: dict, output: str, params: dict, tag: str) -> tuple[list[str], dict]:
+def ood_section(result: EvaluationResult, output: str, tag: str) -> tuple[list[str], dict]:
     """The OOD table per method and perturbation, and t2i Recall@1 against severity."""
-    keys = OOD_COLUMNS
-    order = {m: k for k, m in enumerate(dict.fromkeys(_base(n) for n in res))}
-    cells = [{**c, "method": _base(n), "spec": s} for n, per in res.items() for s, c in per.items()]
+    models = result.numbers
+    order = {m: k for k, m in enumerate(dict.fromkeys(_base(n) for n in models))}
+    cells = [
+        {**c, "method": _base(n), "spec": s} for n, per in models.items() for s, c in per.items()
+    ]
     cells.sort(key=lambda c: (order[c["method"]], c["spec"]))
-    stats = seed_stats(cells, ["method", "spec"], [*keys, "clean_t2i_recall_at_1"])
+    stats = seed_stats(cells, ["method", "spec"], [*OOD_COLUMNS, "clean_t2i_recall_at_1"])
     table = stats.index.to_frame(index=False, name=["method", "perturbation"])
-    for key, head in keys.items():
+    for key, head in OOD_COLUMNS.items():
         table[head] = mean_std(stats, key, bare=True)
     curves: dict[str, dict[str, dict[int, float]]] = defaultdict(dict)
     for (method, spec), row in stats.iterrows():
         kind, severity = spec.split(":")
         curve = curves[kind].setdefault(method, {0: row["clean_t2i_recall_at_1_mean"]})
         curve[int(severity)] = row["t2i_recall_at_1_mean"]
-    lines = [f"### OOD robustness (beyond the paper){_heading(params)}", "", markdown(table)]
+    lines = [f"### OOD robustness (beyond the paper){_heading(result)}", "", markdown(table)]
     figures = {}
     for kind, per_method in curves.items():
         name = f"fig_ood_{kind}{tag}.png"
