@@ -5,7 +5,7 @@ once the evaluation logs it (retrieval: named and explained in :mod:`asymvlm.met
 from __future__ import annotations
 
 #: Table 1 cells per direction: (MLflow name without the direction, heading, scale, digits).
-TABLE1_CELLS = [
+TABLE1 = [
     ("recall_at_1", "R@1 (%)", 100.0, 2),
     ("spearman", "S", 1.0, 2),
     ("r2", "R²", 1.0, 2),
@@ -15,8 +15,9 @@ TABLE1_CELLS = [
     ("aurc", "AURC", 1.0, 3),
     ("ece", "ECE", 1.0, 3),
 ]
+TABLE1_BOTH_WAYS = [("rsum", "RSUM", 1.0, 2)]  # after the directions' cells
 #: Beside the paper's Table 1 rows, as the paper prints them.
-PAPER_TABLE1_CELLS = [
+PAPER_TABLE1 = [
     ("recall_at_1", "R@1 (%)", 100, 1),
     ("spearman", "S", 1, 3),
     ("r2", "R²", 1, 3),
@@ -31,20 +32,20 @@ PROTOCOL_LABELS = {
     "improved": "Protocol: improved (this project's defaults; see README 'Protocols')",
 }
 #: Table 2 (none-of-the-above); with far negatives the negatives are the sibling ones.
-TABLE2_COLUMNS = {"pos_acc": "pos. acc.", "neg_acc": "neg. acc."}
-TABLE2_FAR_COLUMNS = {
+TABLE2 = {"pos_acc": "pos. acc.", "neg_acc": "neg. acc."}
+TABLE2_FAR = {
     "pos_acc": "pos. acc.",
     "neg_acc": "sibling neg. rejected",
     "far_neg_acc": "far neg. rejected",
 }
 TABLE2_SETS = ("CIFAR-10", "CIFAR-100", None)  # the sets' names where a run logs none
-#: Table 3's columns are its evaluation sets, one per set the run evaluated.
-HIERARCAPS_COLUMNS = {
+#: (Table 3: a column per evaluation set of the run.) The HierarCaps and OOD tables:
+HIERARCAPS = {
     "spearman_level_uncertainty": "S(level, uncertainty)",
     "spearman_words_uncertainty": "S(words, uncertainty)",
     "monotone_fraction": "monotone hierarchies",
 }
-OOD_COLUMNS = {
+OOD = {
     "t2i_recall_at_1": "t2i R@1",
     "i2t_recall_at_1": "i2t R@1",
     "t2i_mmi": "t2i MMI",

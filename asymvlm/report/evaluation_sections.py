@@ -12,16 +12,7 @@ import pandas as pd
 
 from asymvlm.evaluation.registry import EvaluationResult
 from asymvlm.evaluation.zeroshot import aggregation_note
-from asymvlm.report import paper_numbers
-from asymvlm.report.columns import (
-    HIERARCAPS_COLUMNS,
-    OOD_COLUMNS,
-    PAPER_TABLE2_SETUP,
-    PAPER_TABLE3_SETUP,
-    TABLE2_COLUMNS,
-    TABLE2_FAR_COLUMNS,
-    TABLE2_SETS,
-)
+from asymvlm.report import columns, paper_numbers
 from asymvlm.report.figures import plot_hierarchy, plot_severity
 from asymvlm.report.paper_numbers import TABLE2, TABLE3
 from asymvlm.report.seed_tables import markdown, mean_std, seed_stats
@@ -48,10 +39,10 @@ def table2(runs: Sequence[EvaluationResult]) -> list[str]:
         roles = ("positives", "negatives", "far_negatives")
         pos, neg, far = (
             (settings.get(r) or {}).get("name") or s
-            for r, s in zip(roles, TABLE2_SETS, strict=True)
+            for r, s in zip(roles, columns.TABLE2_SETS, strict=True)
         )
         sets = f"positives: {pos}, negatives: {neg}" + (f", far negatives: {far}" if far else "")
-        keys = TABLE2_FAR_COLUMNS if far else TABLE2_COLUMNS
+        keys = columns.TABLE2_FAR if far else columns.TABLE2
         cells = [
             {**cell, "dummy": dummy, "method": _base(name)}
             for dummy, per_method in result.numbers["dummy"].items()
@@ -74,7 +65,7 @@ def table2(runs: Sequence[EvaluationResult]) -> list[str]:
             markdown(table),
             "",
             "*Ours: mean ± std over the sweep's seeds (one value for the frozen model). Paper "
-            f"column: Ju et al. 2025, Table 2 — {PAPER_TABLE2_SETUP}; not produced here.*",
+            f"column: Ju et al. 2025, Table 2 — {columns.PAPER_TABLE2_SETUP}; not produced here.*",
             "",
         ]
         if far:
@@ -97,7 +88,7 @@ def table3(runs: Sequence[EvaluationResult]) -> list[str]:
         ft = result.fine_tuned_on
         sets = sorted({s for cells in result.numbers.values() for s in cells})
         matched = paper_numbers.matches_paper(result.embedding_model, ft)
-        setup = PAPER_TABLE3_SETUP.replace("COCO", ft) if matched else PAPER_TABLE3_SETUP
+        setup = columns.PAPER_TABLE3_SETUP.replace("COCO", ft if matched else "COCO")
         rows = [{**cells, "method": _base(name)} for name, cells in result.numbers.items()]
         stats = seed_stats(rows, "method", sets)
         table = pd.DataFrame(
@@ -128,12 +119,11 @@ def table3(runs: Sequence[EvaluationResult]) -> list[str]:
 def hierarcaps_section(result: EvaluationResult, output: str, tag: str) -> tuple[list[str], dict]:
     """The HierarCaps table and the Fig. 5 analogue of each method's first model."""
     models = result.numbers
-    stats = seed_stats(
-        [{**c, "method": _base(n)} for n, c in models.items()], "method", list(HIERARCAPS_COLUMNS)
-    )
+    rows = [{**cells, "method": _base(name)} for name, cells in models.items()]
+    stats = seed_stats(rows, "method", list(columns.HIERARCAPS))
     table = pd.DataFrame(
         {"method": stats.index}
-        | {h: mean_std(stats, k, bare=True) for k, h in HIERARCAPS_COLUMNS.items()}
+        | {h: mean_std(stats, k, bare=True) for k, h in columns.HIERARCAPS.items()}
     )
     first = {m: next(c for n, c in models.items() if _base(n) == m) for m in map(_base, models)}
     path = plot_hierarchy(first, os.path.join(output, f"fig5_{tag}.png"))
@@ -155,9 +145,9 @@ def ood_section(result: EvaluationResult, output: str, tag: str) -> tuple[list[s
         {**c, "method": _base(n), "spec": s} for n, per in models.items() for s, c in per.items()
     ]
     cells.sort(key=lambda c: (order[c["method"]], c["spec"]))
-    stats = seed_stats(cells, ["method", "spec"], [*OOD_COLUMNS, "clean_t2i_recall_at_1"])
+    stats = seed_stats(cells, ["method", "spec"], [*columns.OOD, "clean_t2i_recall_at_1"])
     table = stats.index.to_frame(index=False, name=["method", "perturbation"])
-    for key, head in OOD_COLUMNS.items():
+    for key, head in columns.OOD.items():
         table[head] = mean_std(stats, key, bare=True)
     curves: dict[str, dict[str, dict[int, float]]] = defaultdict(dict)
     for (method, spec), row in stats.iterrows():

@@ -15,24 +15,18 @@ import pandas as pd
 
 from asymvlm import tracking
 from asymvlm.metrics.glossary import DIRECTIONS, retrieval_metric_names
-from asymvlm.report import claims, paper_numbers
-from asymvlm.report.columns import (
-    PAPER_TABLE1_CELLS,
-    PROTOCOL_LABELS,
-    TABLE1_CELLS,
-    UNCERTAINTY_METRICS,
-)
+from asymvlm.report import claims, columns, paper_numbers
 from asymvlm.report.figures import plot_binned_recall, plot_risk_coverage
 from asymvlm.report.seed_tables import markdown, seed_stats, stats_table
 
 
 def table1(rows: Sequence[Mapping[str, Any]], title: str, params: Mapping[str, str]) -> str:
-    """Table 1 analogue: mean ± std over seeds (``rows``) of :data:`TABLE1_CELLS` both ways."""
-    cells = [(f"{d}_{c[0]}", f"{d} {c[1]}", *c[2:]) for d in ("i2t", "t2i") for c in TABLE1_CELLS]
-    cells.append(("rsum", "RSUM", 1.0, 2))
+    """Table 1 analogue: mean ± std over seeds (``rows``) of :data:`columns.TABLE1` both ways."""
+    cells = [(f"{d}_{c[0]}", f"{d} {c[1]}", *c[2:]) for d in ("i2t", "t2i") for c in columns.TABLE1]
+    cells += columns.TABLE1_BOTH_WAYS
     table = stats_table(seed_stats(rows, "method", [c[0] for c in cells]), cells)
     protocol = str(params.get("protocol") or "improved").strip().strip('"') or "improved"
-    caption = PROTOCOL_LABELS.get(protocol, f"Protocol: {protocol}")
+    caption = columns.PROTOCOL_LABELS.get(protocol, f"Protocol: {protocol}")
     return f"### {title}\n\n*{caption}.*\n\n{table}\n"
 
 
@@ -49,7 +43,7 @@ def seed_row(uri: str, child) -> dict[str, Any]:
     row = {"method": method, **retrieval_metric_names(test), **row}
     if claims.roles(method).uncertainty:
         return row
-    return {k: None if k.endswith(UNCERTAINTY_METRICS) else v for k, v in row.items()}
+    return {k: None if k.endswith(columns.UNCERTAINTY_METRICS) else v for k, v in row.items()}
 
 
 def _seed_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
@@ -91,7 +85,7 @@ def _paper_table1(dataset: str | None, model: str | None) -> list[str]:
         | {
             f"{d} {head}": f"{scale * v[f'{d}_{name}']:.{digits}f}"
             for d in ("i2t", "t2i")
-            for name, head, scale, digits in PAPER_TABLE1_CELLS
+            for name, head, scale, digits in columns.PAPER_TABLE1
         }
         for method, v in paper.items()
     )
