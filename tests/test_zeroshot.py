@@ -16,17 +16,10 @@ from asymvlm.evaluation.zeroshot import (
     zero_shot_accuracy,
 )
 from asymvlm.methods import build_method
-from asymvlm.methods.asymvlm import AsymVLM, spherical_head
 from asymvlm.methods.base import unit
+from tests.helpers import IdentityVMF
 
 D = 8
-
-
-class IdentityVMF(AsymVLM):
-    """AsymVLM whose adapter is the identity: eta = the prompt feature (kappa = its norm)."""
-
-    def encode_texts(self, text_emb: torch.Tensor):
-        return spherical_head(text_emb)
 
 
 def _world(seed: int = 0):
