@@ -11,7 +11,6 @@ from collections.abc import Sequence
 import pandas as pd
 
 from asymvlm.evaluation.registry import EvaluationResult
-from asymvlm.evaluation.zeroshot import aggregation_note
 from asymvlm.report import columns, paper_numbers
 from asymvlm.report.figures import plot_hierarchy, plot_severity
 from asymvlm.report.paper_numbers import TABLE2, TABLE3
@@ -29,6 +28,20 @@ def _heading(result: EvaluationResult) -> str:
 
 def _pair(paper: tuple[float, float] | None) -> str:
     return f"{paper[0]:.3f}, {paper[1]:.3f}" if paper else "–"
+
+
+def _aggregation_note(aggregation: str) -> str:
+    """How a likelihood method's class score combined the prompts, in one sentence."""
+    text = {
+        "mean": "the mean of the log-likelihoods over the class's prompt templates",
+        "logmeanexp": "the log of the mean likelihood over the class's prompt templates",
+    }
+    return (
+        f"A likelihood method's class score: {text.get(aggregation, aggregation)} "
+        f"(`template_aggregation: {aggregation}`; the paper leaves this open, the other "
+        "option is documented in `asymvlm.evaluation.zeroshot`). Cosine methods use CLIP's "
+        "prompt ensemble."
+    )
 
 
 def table2(runs: Sequence[EvaluationResult]) -> list[str]:
@@ -76,7 +89,7 @@ def table2(runs: Sequence[EvaluationResult]) -> list[str]:
                 "",
             ]
         if how := settings.get("template_aggregation"):
-            lines += [f"*{aggregation_note(how)}*", ""]
+            lines += [f"*{_aggregation_note(how)}*", ""]
     return lines
 
 
@@ -110,7 +123,7 @@ def table3(runs: Sequence[EvaluationResult]) -> list[str]:
             f"column: Ju et al. 2025, Table 3 — {setup} (the frozen CLIP's row: no fine-tuning); "
             "other sets than ours, not produced here.*",
             "",
-            f"*{aggregation_note(result.template_aggregation)}*",
+            f"*{_aggregation_note(result.template_aggregation)}*",
             "",
         ]
     return lines
