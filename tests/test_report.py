@@ -455,11 +455,14 @@ def _seed_rows(method: str, uncertainty, seeds: int = 2) -> list[dict]:
     return rows
 
 
+def _paired(seed: int, scores: torch.Tensor) -> torch.Tensor:
+    return -scores.diagonal()  # uncertain where the pair scores low
+
+
 def test_a_constant_uncertainty_is_undefined_in_table1_and_not_judged(plugin) -> None:
     """A constant uncertainty's columns show "–" and enter no claim; R@1 and ECE stay."""
-    paired = lambda seed, s: -s.diagonal()  # noqa: E731 -- uncertain where the pair scores low
-    rows = _seed_rows("asymvlm-vmf", paired) + _seed_rows("vmf-const", lambda *_: torch.ones(60))
-    rows += _seed_rows("no-roles", paired, seeds=1)
+    rows = _seed_rows("asymvlm-vmf", _paired) + _seed_rows("vmf-const", lambda *_: torch.ones(60))
+    rows += _seed_rows("no-roles", _paired, seeds=1)
     text = sweep_sections.table1(rows, "T", {})
     const = cells(text, "vmf-const")
     for d in ("i2t", "t2i"):

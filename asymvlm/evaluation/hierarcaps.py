@@ -64,7 +64,7 @@ def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "
         out["spearman_level_uncertainty"] = float(stats.spearmanr(levels, unc).statistic)
         out["spearman_words_uncertainty"] = float(stats.spearmanr(words, unc).statistic)
         fraction, n = _monotone_fraction(owner.cpu().numpy(), levels, unc)
-        out["monotone_fraction"], out["n_hierarchies"] = fraction, n
+        out |= {"monotone_fraction": fraction, "n_hierarchies": n}
     return out
 
 

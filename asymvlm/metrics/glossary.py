@@ -67,6 +67,6 @@ def retrieval_metric_names(evaluation: Mapping[str, Any], prefix: str = "") -> d
     for direction, scores in (evaluation.get("eccv") or {}).items():
         for key, value in (scores or {}).items():  # eccv_map_at_r -> eccv_<direction>_map_at_r
             group, name = key.split("_", 1)
-            if (value := _number(value)) is not None:
-                out[f"{prefix}{group}_{direction}_{name}"] = value
+            if _number(value) is not None:
+                out[f"{prefix}{group}_{direction}_{name}"] = _number(value)
     return out

@@ -82,7 +82,8 @@ def judge(a: Sequence[float], b: Sequence[float], direction: int = 1) -> tuple[f
     se = math.sqrt(sum(statistics.variance(x) / len(x) for x in (a, b) if len(x) > 1))
     if len(a) < 2 and len(b) < 2:
         return diff, se, "undetermined (no seeds to estimate an error)"
-    signed, bar = direction * diff, max(Z * se, MIN_EFFECT)
+    signed = direction * diff
+    bar = max(Z * se, MIN_EFFECT)
     if signed > bar:
         return diff, se, "supports"
     if signed < -bar:
@@ -160,7 +161,8 @@ def table1_verdicts(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> list[Ve
     out: list[Verdict] = []
     for method in _judged(frame.get("name", [])):
         for d in ("i2t", "t2i"):
-            if values := tuple(map(float, _per_seed(frame, f"{d}_spearman", method))):
+            values = tuple(map(float, _per_seed(frame, f"{d}_spearman", method)))
+            if values:
                 claim = f"Recall@1 falls as {method}'s uncertainty rises (S < 0)"
                 paper = "S ≈ −0.99 to −1.00 (COCO, both directions)"
                 judged = judge(values, (0.0,), -1)
@@ -238,7 +240,8 @@ def closing_note(
         lines.append("")
     if world is None:
         return lines
-    p, mis = float(world.get("generic_captions", 0.0)), float(world.get("misalignment", 1.0))
+    p = float(world.get("generic_captions", 0.0))
+    mis = float(world.get("misalignment", 1.0))
     table3 = (
         "the world is in the forgetting regime (assumption F): fine-tuning can only cost "
         "zero-shot accuracy, and the world encodes **no mechanism** by which one adapter forgets "

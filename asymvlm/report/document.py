@@ -67,7 +67,8 @@ def build_report(
     elif judged or world:
         lines += claims.closing_note(judged, world)
     text = "\n".join(lines) + "\n"
-    path, page = os.path.join(output, "report.md"), os.path.join(output, "report.html")
+    path = os.path.join(output, "report.md")
+    page = os.path.join(output, "report.html")
     Path(path).write_text(text)
     Path(page).write_text(_html(text, output, title=f"AsymVLM report — {experiment}"))
     about = f"Tables and figures of experiment {experiment}"

@@ -88,8 +88,8 @@ def table2(runs: Sequence[EvaluationResult]) -> list[str]:
                 "baselines' cut is calibrated on the sibling negatives.*",
                 "",
             ]
-        if how := settings.get("template_aggregation"):
-            lines += [f"*{_aggregation_note(how)}*", ""]
+        if settings.get("template_aggregation"):
+            lines += [f"*{_aggregation_note(settings['template_aggregation'])}*", ""]
     return lines
 
 

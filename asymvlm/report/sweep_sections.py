@@ -102,7 +102,8 @@ def sweep_section(
     if not children:
         return [], {}, []
     params = children[0].data.params
-    dataset, model = params.get("dataset"), params.get("embedding_model")
+    dataset = params.get("dataset")
+    model = params.get("embedding_model")
     order = json.loads(parent.data.params.get("methods") or "[]")  # Table 1 in config order
     rows = sorted(
         (seed_row(uri, child) for child in children),
@@ -112,7 +113,8 @@ def sweep_section(
     lines = [table1(rows, title, {**params, **parent.data.params})]
     if parent.data.tags.get("note"):
         lines.append(f"> {parent.data.tags['note']}\n")
-    if n_failed := int(parent.data.metrics.get("failed_trials", 0)):
+    n_failed = int(parent.data.metrics.get("failed_trials", 0))
+    if n_failed:
         lines.append(
             f"> {n_failed} trial(s) of this sweep failed (e.g. a diverged learning "
             "rate) and are left out; the sweep's `summary.md` lists them with the reason.\n"
