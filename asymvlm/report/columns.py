@@ -33,11 +33,7 @@ PROTOCOL_LABELS = {
 }
 #: Table 2 (none-of-the-above); with far negatives the negatives are the sibling ones.
 TABLE2 = {"pos_acc": "pos. acc.", "neg_acc": "neg. acc."}
-TABLE2_FAR = {
-    "pos_acc": "pos. acc.",
-    "neg_acc": "sibling neg. rejected",
-    "far_neg_acc": "far neg. rejected",
-}
+TABLE2_FAR = {**TABLE2, "neg_acc": "sibling neg. rejected", "far_neg_acc": "far neg. rejected"}
 TABLE2_SETS = ("CIFAR-10", "CIFAR-100", None)  # the sets' names where a run logs none
 #: (Table 3: a column per evaluation set of the run.) The HierarCaps and OOD tables:
 HIERARCAPS = {
