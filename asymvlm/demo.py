@@ -15,8 +15,8 @@ from asymvlm import logs
 from asymvlm.entry import ArgumentParser, guarded
 from asymvlm.evaluation.registry import evaluate_split
 from asymvlm.metrics import spearman_uncertainty
-from asymvlm.plots import plot_binned_recall
-from asymvlm.results import markdown
+from asymvlm.report.figures import plot_binned_recall
+from asymvlm.report.seed_tables import markdown
 from asymvlm.runner import train
 from asymvlm.splits import load_split
 from asymvlm.synthetic import WorldConfig, write_world

@@ -192,7 +192,7 @@ def methods_table() -> str:
 
 def metrics_table() -> str:
     """Every final metric's MLflow name and meaning."""
-    from asymvlm.results import DIRECTION_MEANINGS, METRIC_MEANINGS
+    from asymvlm.metrics.glossary import DIRECTION_MEANINGS, METRIC_MEANINGS
 
     lines = ["| MLflow name | what it says |", "|---|---|"]
     for name, meaning in METRIC_MEANINGS.items():

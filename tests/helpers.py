@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
+from asymvlm import tables
 from asymvlm.methods.asymvlm import AsymVLM, spherical_head
 from asymvlm.methods.base import unit
-from asymvlm.splits import SplitTensors
+from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import WorldConfig
 from asymvlm.training import TrainConfig
 
@@ -221,3 +222,49 @@ def dump(path: Path, obj, protocol=2, numpy1=False) -> None:
         raw = raw.replace(b"numpy._core.multiarray\n", b"numpy.core.multiarray\n")
         assert b"numpy.core.multiarray" in raw, "the pickle names numpy.core as numpy 1's did"
     path.write_bytes(raw)
+
+
+def write_hierarchies(root: str, kappas: np.ndarray, dim: int = 8) -> None:
+    """One image per row of ``kappas``; caption (image i, level l) points at image i with
+    concentration kappas[i, l] and has l + 1 words."""
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((len(kappas), dim))
+    images /= np.linalg.norm(images, axis=1, keepdims=True)
+    ids = [f"img{i}" for i in range(len(kappas))]
+    caps = [(i, level) for i in range(len(kappas)) for level in range(4)]
+    texts = images[[i for i, _ in caps]] + 0.05 * rng.standard_normal((len(caps), dim))
+    texts /= np.linalg.norm(texts, axis=1, keepdims=True)
+    tables.write_manifest(root, {"dim": dim, "model": "hand-built"})
+    tables.write_split(
+        root,
+        "test",
+        image_ids=ids,
+        image_embeddings=images,
+        caption_ids=[f"c{i}-{level}" for i, level in caps],
+        caption_image_ids=[ids[i] for i, _ in caps],
+        texts=[" ".join(["word"] * (level + 1)) for _, level in caps],
+        text_embeddings=texts,
+        text_norms=np.array([kappas[i, level] for i, level in caps]),
+        extra_text_columns={"level": np.array([level for _, level in caps])},
+    )
+
+
+def write_perturbed_pair(
+    folder: Path, noise: float, kappa_scale: float = 1.0
+) -> tuple[SplitTensors, SplitTensors]:
+    """Tables ``clean`` and a caption-perturbed copy ``typos`` (noisier directions, kappa scaled
+    by ``kappa_scale``) in ``folder``, and their test splits."""
+    rng = np.random.default_rng(0)
+    n, d = 40, 16
+    images = rng.standard_normal((n, d))
+    images /= np.linalg.norm(images, axis=1, keepdims=True)
+    ids = [f"i{k}" for k in range(n)]
+    for name, eps, scale in (("clean", 0.05, 1.0), ("typos", noise, kappa_scale)):
+        texts = images + eps * rng.standard_normal((n, d))
+        texts /= np.linalg.norm(texts, axis=1, keepdims=True)
+        root = str(folder / name)
+        tables.write_manifest(root, {"dim": d, "model": "hand-built"})
+        captions = dict(caption_ids=[f"c{k}" for k in range(n)], caption_image_ids=ids)
+        text = dict(texts=["x"] * n, text_embeddings=texts, text_norms=np.full(n, 20.0 * scale))
+        tables.write_split(root, "test", image_ids=ids, image_embeddings=images, **captions, **text)
+    return load_split(str(folder / "clean"), "test"), load_split(str(folder / "typos"), "test")

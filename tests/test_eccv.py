@@ -15,7 +15,7 @@ from asymvlm.evaluation import evaluate_retrieval
 from asymvlm.evaluation.retrieval import coco_karpathy_test
 from asymvlm.methods.base import Method
 from asymvlm.metrics import eccv
-from asymvlm.results import retrieval_metric_names
+from asymvlm.metrics.glossary import retrieval_metric_names
 from asymvlm.splits import SplitTensors
 
 GT = eccv._ground_truth()

@@ -9,43 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from asymvlm import tables
 from asymvlm.evaluation.hierarcaps import _monotone_fraction, hierarchy_analysis
 from asymvlm.methods import build_method
 from asymvlm.splits import load_split
-from tests.test_zeroshot import IdentityVMF
+from tests.helpers import IdentityVMF, write_hierarchies
 
 D, N_IMAGES = 8, 6
 
 
-def _write(root: str, kappas: np.ndarray) -> None:
-    """N_IMAGES images; caption (image i, level l) points at image i with concentration
-    kappas[i, l] and has l + 1 words."""
-    rng = np.random.default_rng(0)
-    images = rng.standard_normal((N_IMAGES, D))
-    images /= np.linalg.norm(images, axis=1, keepdims=True)
-    ids = [f"img{i}" for i in range(N_IMAGES)]
-    caps = [(i, level) for i in range(N_IMAGES) for level in range(4)]
-    texts = images[[i for i, _ in caps]] + 0.05 * rng.standard_normal((len(caps), D))
-    texts /= np.linalg.norm(texts, axis=1, keepdims=True)
-    tables.write_manifest(root, {"dim": D, "model": "hand-built"})
-    tables.write_split(
-        root,
-        "test",
-        image_ids=ids,
-        image_embeddings=images,
-        caption_ids=[f"c{i}-{level}" for i, level in caps],
-        caption_image_ids=[ids[i] for i, _ in caps],
-        texts=[" ".join(["word"] * (level + 1)) for _, level in caps],
-        text_embeddings=texts,
-        text_norms=np.array([kappas[i, level] for i, level in caps]),
-        extra_text_columns={"level": np.array([level for _, level in caps])},
-    )
-
-
 def test_uncertainty_falling_with_level_is_recognised(tmp_path) -> None:
     kappas = np.tile([2.0, 5.0, 12.0, 30.0], (N_IMAGES, 1))  # detailed = concentrated
-    _write(str(tmp_path), kappas)
+    write_hierarchies(str(tmp_path), kappas)
     data = load_split(str(tmp_path), "test", adapter_input="raw")
     res = hierarchy_analysis(IdentityVMF(D), data)
     assert res["monotone_fraction"] == 1.0 and res["n_hierarchies"] == N_IMAGES
@@ -62,7 +36,7 @@ def test_uncertainty_falling_with_level_is_recognised(tmp_path) -> None:
 
 
 def test_methods_without_uncertainty_and_missing_levels(tmp_path) -> None:
-    _write(str(tmp_path), np.ones((N_IMAGES, 4)))
+    write_hierarchies(str(tmp_path), np.ones((N_IMAGES, 4)))
     data = load_split(str(tmp_path), "test")
     res = hierarchy_analysis(build_method("clip", D), data)
     assert res["monotone_fraction"] is None and res["spearman_level_uncertainty"] is None

@@ -23,9 +23,9 @@ from asymvlm.metrics import (
     rsum,
     spearman_uncertainty,
 )
+from asymvlm.metrics.glossary import retrieval_metric_names
 from asymvlm.metrics.uncertainty import aurc, error_aupr, error_auroc, fpr_at_tpr, risk_coverage
 from asymvlm.metrics.uncertainty import expected_calibration_error as ece
-from asymvlm.results import retrieval_metric_names
 from asymvlm.splits import SplitTensors, load_split
 from tests.helpers import PAIRS, SCORES, retrieval
 

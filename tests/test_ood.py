@@ -7,17 +7,16 @@ import pytest
 import torch
 from PIL import Image
 
-from asymvlm import tables
 from asymvlm.data.perturb import (
     CAPTION_PERTURBATIONS,
     IMAGE_PERTURBATIONS,
     perturb_caption,
     perturb_image,
 )
-from asymvlm.evaluation.ood import align, mmi, ood_retrieval, plot_severity, uncertainty_auroc
+from asymvlm.evaluation.ood import align, mmi, ood_retrieval, uncertainty_auroc
 from asymvlm.methods import build_method
-from asymvlm.splits import SplitTensors, load_split
-from tests.test_zeroshot import IdentityVMF
+from asymvlm.splits import SplitTensors
+from tests.helpers import IdentityVMF, write_perturbed_pair
 
 CAPTION = "A young man riding a bike next to a large white dog on the street."
 
@@ -60,26 +59,8 @@ def test_caption_perturbations_keep_what_they_should() -> None:
         perturb_caption(CAPTION, "typos:6", seed=0)
 
 
-def _pair(tmp_path, noise: float, kappa_scale: float = 1.0):
-    """A clean split and a caption-perturbed copy (noisier directions, lower kappa)."""
-    rng = np.random.default_rng(0)
-    n, d = 40, 16
-    images = rng.standard_normal((n, d))
-    images /= np.linalg.norm(images, axis=1, keepdims=True)
-    ids = [f"i{k}" for k in range(n)]
-    for name, eps, scale in (("clean", 0.05, 1.0), ("typos", noise, kappa_scale)):
-        texts = images + eps * rng.standard_normal((n, d))
-        texts /= np.linalg.norm(texts, axis=1, keepdims=True)
-        root = str(tmp_path / name)
-        tables.write_manifest(root, {"dim": d, "model": "hand-built"})
-        captions = dict(caption_ids=[f"c{k}" for k in range(n)], caption_image_ids=ids)
-        text = dict(texts=["x"] * n, text_embeddings=texts, text_norms=np.full(n, 20.0 * scale))
-        tables.write_split(root, "test", image_ids=ids, image_embeddings=images, **captions, **text)
-    return load_split(str(tmp_path / "clean"), "test"), load_split(str(tmp_path / "typos"), "test")
-
-
 def test_mmi_and_auroc_see_the_damage(tmp_path) -> None:
-    clean, noisy = _pair(tmp_path, noise=3.0, kappa_scale=0.2)
+    clean, noisy = write_perturbed_pair(tmp_path, noise=3.0, kappa_scale=0.2)
     out = ood_retrieval(IdentityVMF(16), clean, noisy, image=False)
     assert out["clean_t2i_recall_at_1"] == 1.0
     assert out["t2i_mmi_at_1"] > 0.5  # most captions lost their image
@@ -87,7 +68,7 @@ def test_mmi_and_auroc_see_the_damage(tmp_path) -> None:
 
 
 def test_identical_copies_have_no_impact(tmp_path) -> None:
-    clean, _ = _pair(tmp_path, noise=0.05)
+    clean, _ = write_perturbed_pair(tmp_path, noise=0.05)
     for image in (True, False):
         out = ood_retrieval(build_method("clip", 16), clean, clean, image=image)
         assert out["t2i_mmi"] == 0.0 and out["i2t_mmi"] == 0.0
@@ -95,18 +76,17 @@ def test_identical_copies_have_no_impact(tmp_path) -> None:
     assert uncertainty_auroc(IdentityVMF(16), clean, clean) is None  # one kappa: undefined
 
 
-def test_mmi_by_hand_and_the_severity_plot(tmp_path) -> None:
+def test_mmi_by_hand() -> None:
+    """MMI at K: the relative drop of Recall@K; MMI: their mean over K = 1, 5, 10."""
     clean = {d: {"recall@1": 0.5, "recall@5": 0.8, "recall@10": 1.0} for d in ("t2i", "i2t")}
     ood = {d: {"recall@1": 0.25, "recall@5": 0.8, "recall@10": 0.5} for d in ("t2i", "i2t")}
     got = mmi(clean, ood)
     assert got["t2i_mmi_at_1"] == 0.5 and got["t2i_mmi_at_5"] == 0.0
     assert got["t2i_mmi"] == pytest.approx((0.5 + 0.0 + 0.5) / 3)
-    png = plot_severity({"a": {0: 0.5, 1: 0.4, 3: 0.2}}, str(tmp_path / "ood.png"))
-    assert open(png, "rb").read(4) == b"\x89PNG"
 
 
 def test_alignment_drops_what_the_perturbation_lost(tmp_path) -> None:
-    clean, noisy = _pair(tmp_path, noise=0.05)
+    clean, noisy = write_perturbed_pair(tmp_path, noise=0.05)
     keep = np.arange(1, 40)
     fewer = noisy.split.subset(keep, keep)
     noisy = SplitTensors(

@@ -1,4 +1,4 @@
-"""MLflow evaluation runs -> report.md: the paper's tables, figures and claims (asymvlm.claims)."""
+"""MLflow runs -> report.md: the paper's tables, figures and claims (asymvlm.report)."""
 
 from __future__ import annotations
 
@@ -15,22 +15,19 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from asymvlm import claims, report, tables, tracking
+from asymvlm import tables, tracking
 from asymvlm.checkpoints import save_checkpoint
 from asymvlm.cli import main
-from asymvlm.evaluation.registry import log_evaluation
+from asymvlm.evaluation.registry import EvaluationResult, log_evaluation, logged_evaluations
 from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
 from asymvlm.methods import Roles, build_method
 from asymvlm.methods.asymvlm import AsymVLM
 from asymvlm.metrics import retrieval_metrics
-from asymvlm.report import build_report
-from asymvlm.results import retrieval_metric_names
+from asymvlm.metrics.glossary import retrieval_metric_names
+from asymvlm.report import build_report, claims, sweep_sections
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
-from tests.helpers import free_port
-from tests.test_hierarchy import _write as write_hierarchy
-from tests.test_ood import _pair
-from tests.test_zeroshot import IdentityVMF
+from tests.helpers import IdentityVMF, free_port, write_hierarchies, write_perturbed_pair
 
 COVERAGE = [(k + 1) / 20 for k in range(20)]
 RETRIEVAL_KEYS = ("recall@1", "spearman", "r2", "auroc", "aupr", "fpr@95tpr", "aurc", "ece")
@@ -52,17 +49,19 @@ def row(text: str, *first: str) -> list[str]:
     raise AssertionError(f"no table row {first}")
 
 
-def test_report_gathers_tables_figures_claims_and_paper_numbers(store, tmp_path) -> None:
-    """One experiment with two sweeps and every evaluation kind -> one report."""
-    uri, exp = store, "report-test"
+@pytest.fixture(scope="module")
+def built(store, tmp_path_factory) -> types.SimpleNamespace:
+    """One experiment with two sweeps and every evaluation kind, reported once: the report's
+    text, folder and experiment, and the seed runs' test results of the first sweep."""
+    tmp, exp = tmp_path_factory.mktemp("runs"), "report-test"
     vmf = [_test_results(0.30, 0.70, 0.40, 0.10, 2.1), _test_results(0.34, 0.76, 0.36, 0.14, 2.4)]
     ft = [_test_results(0.40, 0.5, 0.5, 0.2, 3.0), _test_results(0.44, 0.5, 0.5, 0.3, 3.2)]
     for test in ft:  # no uncertainty: no binned curve, S, detectors or risk-coverage
         for d in ("t2i", "i2t"):
             test[d] = {k: v for k, v in test[d].items() if k in ("recall@1", "ece")}
     trials = [("asymvlm-vmf", vmf[0]), ("determ-ft", ft[0]), ("asymvlm-vmf", vmf[1])]
-    _log_sweep(uri, exp, "official", trials, "official")
-    _log_sweep(uri, exp, "second", [("determ-ft", t) for t in ft], protocol=None)
+    _log_sweep(store, exp, "official", trials, "official")
+    _log_sweep(store, exp, "second", [("determ-ft", t) for t in ft], protocol=None)
     nota = _nota_result()
     nota["rejection"] = {"threshold": {"pos_acc": 0.7, "neg_acc": 0.5, "cut": 0.3}}
     nota["settings"] = {
@@ -71,72 +70,92 @@ def test_report_gathers_tables_figures_claims_and_paper_numbers(store, tmp_path)
         "negatives": {"name": "w-negatives"},
         "far_negatives": {"name": "w-far-negatives"},
     }
-    log_evaluation(uri, exp, "nota", nota, params={"sweep": "synthetic"})
+    log_evaluation(store, exp, "nota", nota, params={"sweep": "synthetic"})
     zero = {f"asymvlm-vmf/seed{s}": {"zeroshot": 0.75 + 0.01 * s} for s in range(3)}
     zero |= {f"determ-ft/seed{s}": {"zeroshot": 0.74 + 0.01 * s} for s in range(3)}
     zero["clip"] = {"zeroshot": 0.2}
-    params = {"sweep": "synthetic", "fine_tuned_on": "synthetic"}
-    log_evaluation(uri, exp, "zeroshot", zero, params=params)
+    log_evaluation(store, exp, "zeroshot", zero, params={"sweep": "synthetic", **SYNTHETIC})
     zero = {f"asymvlm-vmf/seed{s}": {"cifar10": 0.5 + 0.2 * s, "stl10": 0.9} for s in range(2)}
-    params = {"fine_tuned_on": "coco", "embedding_model": "openai/clip-vit-base-patch32"}
-    log_evaluation(uri, exp, "zeroshot", zero, params={**params, "note": "plumbing only"})
-    write_hierarchy(str(tmp_path / "hc"), np.tile([2.0, 5.0, 12.0, 30.0], (6, 1)))
-    hier = evaluate_hierarcaps(
-        {"identity/seed0": _with_input(IdentityVMF(8))}, Location(str(tmp_path / "hc"), "test")
+    log_evaluation(store, exp, "zeroshot", zero, params={**PAPERS, "note": "plumbing only"})
+    write_hierarchies(str(tmp / "hc"), np.tile([2.0, 5.0, 12.0, 30.0], (6, 1)))
+    identity = {"identity/seed0": IdentityVMF(8)}
+    hier = evaluate_hierarcaps(identity, Location(str(tmp / "hc"), "test"))
+    log_evaluation(store, exp, "hierarcaps", hier)
+    write_perturbed_pair(tmp, noise=3.0, kappa_scale=0.2)
+    perturbed = {"typos:3": Location(str(tmp / "typos"), "test")}
+    identity = {"identity/seed0": IdentityVMF(16)}
+    log_evaluation(
+        store, exp, "ood", evaluate_ood(identity, Location(str(tmp / "clean"), "test"), perturbed)
     )
-    log_evaluation(uri, exp, "hierarcaps", hier)
-    _pair(tmp_path, noise=3.0, kappa_scale=0.2)
-    ood = evaluate_ood(
-        {"identity/seed0": _with_input(IdentityVMF(16))},
-        Location(str(tmp_path / "clean"), "test"),
-        {"typos:3": Location(str(tmp_path / "typos"), "test")},
-    )
-    log_evaluation(uri, exp, "ood", ood)
+    folder = tmp_path_factory.mktemp("report")
+    text = open(build_report(store, exp, str(folder))).read()
+    return types.SimpleNamespace(text=text, folder=folder, experiment=exp, vmf=vmf, ft=ft)
 
-    out = tmp_path / "report"
-    text = open(build_report(uri, exp, str(out))).read()
-    # Table 1 analogues: protocol captions, selective columns, config order, undefined cells.
-    first = "### Table 1 analogue — sweep official: synthetic (tiny)"
-    second = "### Table 1 analogue — sweep second: synthetic (tiny)"
-    lines = text.splitlines()
-    assert lines[lines.index(first) + 2] == "*Protocol: official (the authors' code).*"
-    assert lines[lines.index(second) + 2] == (
+
+SYNTHETIC = {"fine_tuned_on": "synthetic"}
+PAPERS = {"fine_tuned_on": "coco", "embedding_model": "openai/clip-vit-base-patch32"}
+FIRST = "### Table 1 analogue — sweep official: synthetic (tiny)"
+SECOND = "### Table 1 analogue — sweep second: synthetic (tiny)"
+HEADS = ["R@1 (%)", "S", "R²", "AUROC", "AUPR", "FPR@95", "AURC", "ECE"]
+FIGURES = ["fig3_synthetic.png", "fig_risk_coverage_synthetic.png", "fig5_hierarcaps.png"]
+KINDS = {"nota": 1, "zeroshot": 2, "hierarcaps": 1, "ood": 1}  # evaluation runs of each kind
+
+
+def test_table1_names_the_protocol_of_each_sweep(built) -> None:
+    lines = built.text.splitlines()
+    assert lines[lines.index(FIRST) + 2] == "*Protocol: official (the authors' code).*"
+    # a sweep logging no protocol ran this project's defaults
+    assert lines[lines.index(SECOND) + 2] == (
         "*Protocol: improved (this project's defaults; see README 'Protocols').*"
     )
-    heads = ["R@1 (%)", "S", "R²", "AUROC", "AUPR", "FPR@95", "AURC", "ECE"]
-    head = row(text, "Method")
-    assert head == ["Method", "seeds", *(f"{d} {h}" for d in ("i2t", "t2i") for h in heads), "RSUM"]
-    official = text[text.index(first) : text.index(second)]
-    assert official.index("| determ-ft") < official.index("| asymvlm-vmf")  # config order
+
+
+def test_table1_is_mean_and_std_over_seeds_in_config_order(built) -> None:
+    head = row(built.text, "Method")
+    assert head == ["Method", "seeds", *(f"{d} {h}" for d in ("i2t", "t2i") for h in HEADS), "RSUM"]
+    official = built.text[built.text.index(FIRST) : built.text.index(SECOND)]
+    assert official.index("| determ-ft") < official.index("| asymvlm-vmf")  # the config's order
     cells = dict(zip(head, row(official, "asymvlm-vmf"), strict=True))
     assert cells["seeds"] == "2"
     for d in ("i2t", "t2i"):
-        assert cells[f"{d} R@1 (%)"] == _ms([t[d]["recall@1"] for t in vmf], 100, 2)
-        for key, name in zip(RETRIEVAL_KEYS[1:], heads[1:], strict=True):
+        assert cells[f"{d} R@1 (%)"] == _ms([t[d]["recall@1"] for t in built.vmf], 100, 2)
+        for key, name in zip(RETRIEVAL_KEYS[1:], HEADS[1:], strict=True):
             digits = 2 if key in ("spearman", "r2") else 3
-            assert cells[f"{d} {name}"] == _ms([t[d][key] for t in vmf], digits=digits)
-    assert cells["RSUM"] == _ms([t["rsum"] for t in vmf], digits=2)
-    cells = dict(zip(head, row(text[text.index(second) :], "determ-ft"), strict=True))
-    assert cells["t2i ECE"] == _ms([t["t2i"]["ece"] for t in ft])
-    assert cells["t2i AUROC"] == cells["i2t S"] == "–"  # undefined without an uncertainty
-    # Table 2: named and default sets, seeds, the frozen model bare, the paper beside them.
+            assert cells[f"{d} {name}"] == _ms([t[d][key] for t in built.vmf], digits=digits)
+    assert cells["RSUM"] == _ms([t["rsum"] for t in built.vmf], digits=2)
+
+
+def test_table1_leaves_the_uncertainty_cells_of_a_method_without_one_undefined(built) -> None:
+    head = row(built.text, "Method")
+    cells = dict(zip(head, row(built.text[built.text.index(SECOND) :], "determ-ft"), strict=True))
+    assert cells["t2i ECE"] == _ms([t["t2i"]["ece"] for t in built.ft])  # R@1 and ECE stay
+    assert cells["t2i AUROC"] == cells["i2t S"] == "–"
+
+
+def test_table2_names_its_sets_and_shows_the_papers_numbers_beside_ours(built) -> None:
+    text = built.text
+    # sets named by the run where it names them, CIFAR-10 (the paper's) where it does not
     assert "(positives: CIFAR-10, negatives: w-negatives, far negatives: w-far-negatives)" in text
     assert row(text, '"a photo"', "asymvlm-vmf")[2:] == [
         *("3", "0.900 ± 0.000", "0.510 ± 0.010", "0.300 ± 0.000", "0.857, 0.587")
     ]
+    # the frozen model: one value, bare; the rejection baselines as rows of their own
     assert row(text, '"a photo"', "clip")[2:] == ["1", "0.950", "0.100", "0.600", "0.888, 0.009"]
     assert row(text, "(none)")[1:] == [
         *("threshold-based (frozen)", "1", "0.700", "0.500", "–", "0.646, 0.560")
     ]
     assert "CLIP ViT-B/32 on real data: CIFAR-10 positives, CIFAR-100 negatives" in text
     assert "the mean of the log-likelihoods over the class's prompt templates" in text
-    # Table 3: the paper's numbers of the set-up when it is theirs, else of COCO, labelled.
-    assert row(text, "coco", "asymvlm-vmf")[2:] == [
+
+
+def test_table3_shows_the_papers_numbers_of_our_setup_or_else_of_coco(built) -> None:
+    text = built.text
+    assert row(text, "coco", "asymvlm-vmf")[2:] == [  # the paper's set-up: its coco rows
         *("2", "0.600 ± 0.141", "0.900 ± 0.000", "0.837 / 0.477 / 0.940 / 0.507")
     ]
     assert "CLIP ViT-B/32 fine-tuned on coco, real data" in text
     synthetic = text[text.index("fine-tuning — synthetic") :]
-    assert row(synthetic, "fine-tuned on")[3:] == [
+    assert row(synthetic, "fine-tuned on")[3:] == [  # another set-up: COCO's, labelled so
         "zeroshot",
         "paper (CLIP ViT-B/32 fine-tuned on COCO, real data: "
         "CIFAR-10 / CIFAR-100 / STL-10 / ImageNet)",
@@ -147,11 +166,19 @@ def test_report_gathers_tables_figures_claims_and_paper_numbers(store, tmp_path)
     assert row(synthetic, "– (frozen)", "clip")[2:] == [
         *("1", "0.200", "0.888 / 0.642 / 0.974 / 0.632")
     ]
-    # HierarCaps and OOD tables.
-    hierarchy = row(text, "identity")
-    assert hierarchy[1].startswith("-0.9") and hierarchy[3] == "1.000"  # uncertainty falls
-    assert row(text, "identity", "typos:3")
-    # The claims, judged by rule (plumbing-only runs left out), and the closing note.
+
+
+def test_the_hierarcaps_table_shows_uncertainty_falling_with_the_level(built) -> None:
+    hierarchy = row(built.text, "identity")
+    assert hierarchy[1].startswith("-0.9") and hierarchy[3] == "1.000"
+
+
+def test_the_ood_table_has_a_row_per_method_and_perturbation(built) -> None:
+    assert row(built.text, "identity", "typos:3")
+
+
+def test_claims_are_judged_by_rule_leaving_plumbing_runs_out(built) -> None:
+    text = built.text
     assert "## The paper's claims, judged by rule" in text and claims.RULE in text
     claim = "Table 2: asymvlm-vmf rejects more negatives than Determ. FT"
     cells = row(text, "nota (synthetic)", claim, "sibling negatives")
@@ -159,36 +186,53 @@ def test_report_gathers_tables_figures_claims_and_paper_numbers(store, tmp_path)
     assert row(
         text, "sweep official", "Table 1: Recall@1 falls as asymvlm-vmf's uncertainty rises (S < 0)"
     )
-    closing = text.split("## Closing note", 1)[1]
+    assert "| zeroshot (–) |" not in text  # the plumbing-only zero-shot run: shown, not judged
+
+
+def test_the_closing_note_lists_unsupported_claims_and_what_the_world_shows(built) -> None:
+    closing = built.text.split("## Closing note", 1)[1]
     assert "5 of 8 judged claims are supported by their rule." in closing
     assert (
         "- Table 3, asymvlm-vmf keeps more zero-shot accuracy after fine-tuning than "
         "Determ. FT, on zeroshot (zeroshot (synthetic)): +0.010 ± 0.008 — not "
         "supported."
     ) in closing
-    assert "p = 0.004" in closing and row(closing, "0.02")[1] == "6.8 / 15.6"
+    assert "p = 0.004" in closing and row(closing, "0.02")[1] == "6.8 / 15.6"  # the p curve
     assert "forgetting regime" in closing and "**no mechanism**" in closing
-    # Figures: risk-coverage only where a sweep has curves; a second sweep of the same data set
-    # gets its own names; all inlined in the HTML page and logged with the report run.
-    figures = ["fig3_synthetic.png", "fig_risk_coverage_synthetic.png", "fig5_hierarcaps.png"]
-    for name in [*figures, "fig_ood_typos.png", "fig3_synthetic_sweep_second.png"]:
-        assert (out / name).read_bytes()[:4] == b"\x89PNG"
-        assert f"]({name})" in text
-    assert not (out / "fig_risk_coverage_synthetic_sweep_second.png").exists()
-    page = (out / "report.html").read_text()
+
+
+def test_figures_are_drawn_named_per_sweep_and_inlined_in_the_page(built) -> None:
+    names = [*FIGURES, "fig_ood_typos.png", "fig3_synthetic_sweep_second.png"]
+    for name in names:  # a second sweep of the same data set gets names of its own
+        assert (built.folder / name).read_bytes()[:4] == b"\x89PNG"
+        assert f"]({name})" in built.text
+    # risk-coverage only where a sweep has the curves
+    assert not (built.folder / "fig_risk_coverage_synthetic_sweep_second.png").exists()
+    page = (built.folder / "report.html").read_text()
     assert "fig_risk_coverage_synthetic.png" not in page  # inlined as a data URI
-    assert page.count('<img src="data:image/png;base64,') == text.count("![")
+    assert page.count('<img src="data:image/png;base64,') == built.text.count("![")
     assert "Protocol: official (the authors" in page
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(exp)
+
+
+def test_the_report_is_logged_as_a_run_with_its_figures(built, store) -> None:
+    client = MlflowClient(store)
+    experiment = client.get_experiment_by_name(built.experiment)
     reports = client.search_runs([experiment.experiment_id], "tags.kind = 'report'")
     logged = {a.path for a in client.list_artifacts(reports[0].info.run_id)}
-    assert {"report.md", "report.html", *figures} <= logged
+    assert {"report.md", "report.html", *FIGURES} <= logged
 
 
-def _with_input(method, adapter_input: str = "raw"):
-    method.adapter_input = adapter_input
-    return method
+def test_evaluation_runs_are_read_back_as_records(built, store) -> None:
+    """The report reads each evaluation run as an EvaluationResult: its numbers, what ran it."""
+    got = logged_evaluations(store, tracking.experiment_runs(store, built.experiment)[1])
+    assert {kind: len(results) for kind, results in got.items()} == KINDS
+    plumbing = next(r for r in got["zeroshot"] if r.note)
+    assert plumbing == EvaluationResult(
+        "zeroshot", plumbing.numbers, note="plumbing only", **PAPERS
+    )
+    assert plumbing.plumbing_only and plumbing.numbers["asymvlm-vmf/seed1"]["stl10"] == 0.9
+    (hierarcaps,) = got["hierarcaps"]  # nothing logged beside it: the defaults
+    assert hierarcaps == EvaluationResult("hierarcaps", hierarcaps.numbers)
 
 
 def _classification(root: str, offset: int, seed: int) -> None:
@@ -225,23 +269,28 @@ def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys, mo
     assert out["dummy"]["a photo"]["clip"]["pos_acc"] == 1.0  # positives sit on their class
     zeroshot = ["--set", f"cifar10={pos}:test", "--fine-tuned-on", "coco"]
     assert main(["analyze", "zeroshot", *zeroshot, *log]) == 0
-    capsys.readouterr()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)  # asymvlm report honours it
     assert main(["report", "--experiment", "cli", "--output", str(tmp_path / "rep")]) == 0
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "Table 2 analogue" in text and "Table 3 analogue" in text
     page = (tmp_path / "rep" / "report.html").read_text()
     assert "<table>" in page and "Table 2 analogue" in page
-    capsys.readouterr()
-    assert main(["report", "--experiment", "nope", "--output", str(tmp_path / "r2")]) == 2
+
+
+def test_the_report_of_an_unknown_experiment_fails_in_one_line(store, tmp_path, capsys) -> None:
+    out = ["--output", str(tmp_path / "r2")]
+    assert main(["report", "--tracking-uri", store, "--experiment", "nope", *out]) == 2
     assert capsys.readouterr().err == f"error: no MLflow experiment 'nope' at {store}\n"
-    assert not (tmp_path / "r2").exists()
-    assert main(["analyze", "nota", "--positives", "nowhere", "--negatives", f"{neg}:test"]) == 2
+    assert not (tmp_path / "r2").exists()  # nothing written
+
+
+def test_analyze_names_a_bad_or_missing_set_in_one_line(capsys) -> None:
+    assert main(["analyze", "nota", "--positives", "nowhere", "--negatives", "n:test"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: asymvlm analyze nota: --positives = 'nowhere': expected ROOT:SPLIT (a table root "
         "and a split name)"
     )
-    assert main(["analyze", "nota", "--positives", f"{pos}:test"]) == 2  # argparse's, one line
+    assert main(["analyze", "nota", "--positives", "p:test"]) == 2  # argparse's, in one line
     err = capsys.readouterr().err
     assert err.startswith("error: asymvlm analyze nota: ") and "--negatives" in err
     assert err.count("\n") == 1
@@ -280,7 +329,7 @@ def _ms(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
     return f"{np.mean(vals):.{digits}f} ± {np.std(vals, ddof=1):.{digits}f}"
 
 
-# -- the paper's claims, judged by their rule (asymvlm.claims) -----------------------------------
+# -- the paper's claims, judged by their rule (asymvlm.report.claims) ---------------------------
 @pytest.mark.parametrize(
     ("a", "b", "direction", "verdict"),
     [
@@ -337,8 +386,7 @@ def test_an_evaluation_run_holds_the_headline_numbers_and_the_rest_in_its_json(s
     )
 
 
-def test_table2_and_table3_claims_per_seed() -> None:
-    """Table 2: per seed the mean over the dummy prompts; Table 3: per evaluation set."""
+def test_table2_claims_are_judged_on_each_seeds_mean_over_the_dummy_prompts() -> None:
     verdicts = {(v.claim, v.where): v for v in claims.table2_verdicts(_nota_result())}
     sib = verdicts["asymvlm-vmf rejects more negatives than Determ. FT", "sibling negatives"]
     assert sib.a == pytest.approx((0.51, 0.52, 0.53)) and sib.b == pytest.approx((0.2, 0.21, 0.22))
@@ -350,6 +398,9 @@ def test_table2_and_table3_claims_per_seed() -> None:
     pos = verdicts["asymvlm-vmf keeps more positives than Determ. FT", "positives"]
     assert pos.verdict == "supports"
     assert not any("asymvlm-ps" in claim for claim, _ in verdicts)  # not evaluated: not judged
+
+
+def test_table3_claims_are_judged_per_evaluation_set() -> None:
     res = {f"asymvlm-vmf/seed{s}": {"zs": 0.75 + 0.01 * s, "pos": 0.99} for s in range(5)}
     res |= {f"determ-ft/seed{s}": {"zs": 0.70 + 0.01 * s, "pos": 0.99} for s in range(5)}
     res["clip"] = {"zs": 0.96, "pos": 0.99}
@@ -404,12 +455,15 @@ def _seed_rows(method: str, uncertainty, seeds: int = 2) -> list[dict]:
     return rows
 
 
+def _paired(seed: int, scores: torch.Tensor) -> torch.Tensor:
+    return -scores.diagonal()  # uncertain where the pair scores low
+
+
 def test_a_constant_uncertainty_is_undefined_in_table1_and_not_judged(plugin) -> None:
     """A constant uncertainty's columns show "–" and enter no claim; R@1 and ECE stay."""
-    paired = lambda seed, s: -s.diagonal()  # noqa: E731 -- uncertain where the pair scores low
-    rows = _seed_rows("asymvlm-vmf", paired) + _seed_rows("vmf-const", lambda *_: torch.ones(60))
-    rows += _seed_rows("no-roles", paired, seeds=1)
-    text = report._table1(rows, "T", {})
+    rows = _seed_rows("asymvlm-vmf", _paired) + _seed_rows("vmf-const", lambda *_: torch.ones(60))
+    rows += _seed_rows("no-roles", _paired, seeds=1)
+    text = sweep_sections.table1(rows, "T", {})
     const = cells(text, "vmf-const")
     for d in ("i2t", "t2i"):
         for h in ("S", "R²", "AUROC", "AUPR", "FPR@95", "AURC"):
@@ -443,18 +497,21 @@ def test_an_undefined_seed_value_is_left_out_of_mean_and_std() -> None:
     """NaN and None in one seed's cell: mean ± std over the other seeds, and judged on them."""
     rows = [{"method": "asymvlm-vmf", "t2i_spearman": v} for v in (-0.9, math.nan, None, -0.7)]
     rows.append({"method": "determ-ft", "t2i_spearman": math.nan})
-    text = report._table1(rows, "T", {})
+    text = sweep_sections.table1(rows, "T", {})
     assert cells(text, "asymvlm-vmf")["t2i S"] == "-0.80 ± 0.14"
     assert cells(text, "determ-ft")["t2i S"] == "–"
     (verdict,) = claims.table1_verdicts(rows)
     assert verdict.a == (-0.9, -0.7) and verdict.ours().startswith("S -0.800 ± 0.141 (n=2)")
 
 
-def test_methods_enter_the_ablation_figure_and_claims_by_their_roles(plugin) -> None:
-    """Fig. 4 and the claims by ``Roles``; a plugin without paper numbers gets "–"."""
+def test_the_ablation_figure_takes_the_ablations_and_what_they_ablate(plugin) -> None:
+    """Fig. 4's methods by their ``Roles(ablation_of=...)``, a plugin's too; none: no figure."""
     results = dict.fromkeys(["determ-ft", "symvlm", "asymvlm-vmf", "vmf-const", "unknown", "clip"])
-    assert list(report._ablations(results)) == ["symvlm", "asymvlm-vmf", "vmf-const"]
-    assert list(report._ablations({"determ-ft": 0, "unknown": 0})) == []
+    assert list(sweep_sections.ablations(results)) == ["symvlm", "asymvlm-vmf", "vmf-const"]
+    assert list(sweep_sections.ablations({"determ-ft": 0, "unknown": 0})) == []
+
+
+def test_a_plugin_with_the_claims_role_is_judged_without_paper_numbers(plugin) -> None:
     nota = _nota_result()
     for cells in nota["dummy"].values():
         cells |= {f"vmf-const/seed{s}": cells[f"asymvlm-vmf/seed{s}"] for s in range(3)}
@@ -469,12 +526,12 @@ def test_methods_enter_the_ablation_figure_and_claims_by_their_roles(plugin) -> 
 def test_a_method_declaring_no_uncertainty_shows_none(monkeypatch, add_method) -> None:
     """``Roles(uncertainty=False)``: the report blanks the numbers its uncertainty gave."""
     t2i = {"recall@1": 0.5, "spearman": -0.5, "e_aurc": 0.1, "binned_recall@1": [0.6, 0.4]}
-    monkeypatch.setattr(report.tracking, "json_artifact", lambda *_: {"test": {"t2i": t2i}})
+    monkeypatch.setattr(sweep_sections.tracking, "json_artifact", lambda *_: {"test": {"t2i": t2i}})
     flat = type("Flat", (AsymVLM,), {"roles": Roles(uncertainty=False)})
     add_method("flat", flat)
     ns = types.SimpleNamespace
     got = {
-        m: report._trial("", ns(info=ns(run_id=""), data=ns(params={"method": m})))
+        m: sweep_sections.seed_row("", ns(info=ns(run_id=""), data=ns(params={"method": m})))
         for m in ("flat", "asymvlm-vmf")
     }
     vmf = [got["asymvlm-vmf"][f"t2i_{k}"] for k in ("spearman", "e_aurc", "binned_recall@1")]

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from asymvlm import results, tracking
+from asymvlm import tracking
 from asymvlm.evaluation.adapters import sweep_adapters
+from asymvlm.report import seed_tables
 from asymvlm.splits import hold_out_images, load_split
 from asymvlm.synthetic import write_world
 from asymvlm.tables import Location
@@ -225,14 +226,14 @@ def test_lr_selection_and_summary_numbers() -> None:
     text = failures_markdown(failed)
     assert "| grid | b | 0.001 | 0 | nan \\| x |" in text and "1 trial(s) failed" in text
     assert failures_markdown([]) == ""
-    summary = results.seed_summary(
+    summary = seed_tables.seed_summary(
         [{"method": "a", "t2i_recall_at_1": v, "i2t_recall_at_1": 0.5} for v in (0.1, 0.2, 0.6)]
     )
-    md = results.summary_markdown(summary)
+    md = seed_tables.summary_markdown(summary)
     row = next(line for line in md.splitlines() if line.startswith("| a "))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells == ["a", "3", "50.00 ± 0.00", "–", "–", "30.00 ± 26.46", "–", "–"]
-    assert results.summary_csv(summary).startswith("method,n_seeds,i2t_recall_at_1_mean")
+    assert seed_tables.summary_csv(summary).startswith("method,n_seeds,i2t_recall_at_1_mean")
 
 
 def test_the_sweep_command_fails_in_one_line(tmp_path, capsys) -> None:

@@ -30,7 +30,7 @@ from asymvlm.embedding.encoders.names import local_source
 from asymvlm.errors import AsymVLMError, CheckpointError, ConfigError
 from asymvlm.extras import check_extras
 from asymvlm.methods import METHODS
-from asymvlm.results import DIRECTION_MEANINGS, METRIC_MEANINGS
+from asymvlm.metrics.glossary import DIRECTION_MEANINGS, METRIC_MEANINGS
 from asymvlm.tracking.queries import STORE_URIS
 
 logger = logging.getLogger(__name__)

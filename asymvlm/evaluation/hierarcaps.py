@@ -64,7 +64,7 @@ def hierarchy_analysis(method: Method, data: SplitTensors, level_column: str = "
         out["spearman_level_uncertainty"] = float(stats.spearmanr(levels, unc).statistic)
         out["spearman_words_uncertainty"] = float(stats.spearmanr(words, unc).statistic)
         fraction, n = _monotone_fraction(owner.cpu().numpy(), levels, unc)
-        out["monotone_fraction"], out["n_hierarchies"] = fraction, n
+        out |= {"monotone_fraction": fraction, "n_hierarchies": n}
     return out
 
 
@@ -86,36 +86,3 @@ def _monotone_fraction(owner: np.ndarray, levels: np.ndarray, unc: np.ndarray) -
     falls = groups["u"].agg(lambda u: bool(np.all(np.diff(u.to_numpy()) < 0)))
     total = int(counted.sum())
     return (int((counted & falls).sum()) / total if total else float("nan")), total
-
-
-def plot_hierarchy(results: dict[str, dict], path: str, title: str = "") -> str:
-    """Fig. 5 style: uncertainty per level, paired log-likelihood per level, per method."""
-    import matplotlib.ticker
-
-    from asymvlm.plots import plt, save_figure
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for k, (name, res) in enumerate(results.items()):
-        color = colors[k % len(colors)]  # the same method has the same colour in both panels
-        levels = sorted(res["per_level"], key=int)
-        x = [int(level) for level in levels]
-        cells = [res["per_level"][level] for level in levels]
-        if "uncertainty_median" in cells[0]:
-            med = [c["uncertainty_median"] for c in cells]
-            lo = [c["uncertainty_median"] - c["uncertainty_q25"] for c in cells]
-            hi = [c["uncertainty_q75"] - c["uncertainty_median"] for c in cells]
-            frac = res.get("monotone_fraction")
-            label = f"{name} (monotone {frac:.0%})" if frac is not None else name
-            axes[0].errorbar(x, med, yerr=[lo, hi], marker="o", capsize=3, label=label, color=color)
-        axes[1].plot(
-            x, [c["paired_log_likelihood_mean"] for c in cells], marker="o", label=name, color=color
-        )
-    axes[0].set_title(f"caption uncertainty by level {title}".strip())
-    axes[0].set_ylabel("uncertainty (median, IQR)")
-    axes[1].set_title("score of the paired image by level")
-    axes[1].set_ylabel("mean log-likelihood / score")
-    for ax in axes:
-        ax.set_xlabel("level (0 = general, 3 = detailed)")
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    return save_figure(fig, axes, path)

@@ -91,19 +91,3 @@ def uncertainty_auroc(method: Method, clean: SplitTensors, perturbed: SplitTenso
     if distinct_levels(np.concatenate([a, b])) < 2:
         return None
     return float(stats.mannwhitneyu(a, b).statistic / (len(a) * len(b)))
-
-
-def plot_severity(
-    curves: dict[str, dict[int, float]], path: str, ylabel: str = "Recall@1", title: str = ""
-) -> str:
-    """One line per method: a metric against perturbation severity (0 = clean)."""
-    from asymvlm.plots import plt, save_figure
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for name, curve in curves.items():
-        xs = sorted(curve)
-        ax.plot(xs, [curve[x] for x in xs], marker="o", label=name)
-    ax.set_xlabel("severity (0 = clean)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    return save_figure(fig, [ax], path)

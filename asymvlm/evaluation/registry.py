@@ -1,6 +1,13 @@
 """One registry of the paper's evaluations for the CLI, the pipeline and the protocol: a kind
 (the config's ``kind``, ``asymvlm analyze <kind>``, the MLflow tag ``eval-<kind>``) names its
-typed spec (:mod:`.specs`) and the function computing it (:mod:`asymvlm.evaluation.suite`)."""
+typed spec (:mod:`.specs`) and the function computing it (:mod:`asymvlm.evaluation.suite`).
+One evaluation's result is logged by :func:`log_evaluation` and read back, for the report, as
+an :class:`EvaluationResult`.
+
+To add an evaluation kind: its spec in :mod:`.specs` (and ``SPECS``: the CLI's flags, the
+pipeline's config), its computation in :mod:`.suite`, an :class:`EvaluationKind` in
+:data:`EVALUATIONS` here, and its section of the report in
+:mod:`asymvlm.report.evaluation_sections` (placed by :mod:`asymvlm.report.document`)."""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -37,7 +45,9 @@ NOTA_HEADLINE = ("pos_acc", "neg_acc", "far_neg_acc")
 OOD_HEADLINE = ("t2i_recall_at_1", "i2t_recall_at_1", "t2i_mmi", "i2t_mmi", "uncertainty_auroc")
 
 
-class Evaluation(NamedTuple):
+class EvaluationKind(NamedTuple):
+    """One kind: its typed spec, the function computing it and its result's headline numbers."""
+
     spec_model: type[EvaluationSpec]
     compute: Compute
     headline: Headline
@@ -133,12 +143,12 @@ def _ood_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
                 yield f"{name}/{perturbation}/{key}", cell.get(key)
 
 
-EVALUATIONS: dict[str, Evaluation] = {
-    "retrieval": Evaluation(RetrievalSpec, _retrieval, _retrieval_headline),
-    "zeroshot": Evaluation(ZeroshotSpec, _zeroshot, _zeroshot_headline),
-    "nota": Evaluation(NotaSpec, _nota, _nota_headline),
-    "hierarcaps": Evaluation(HierarcapsSpec, _hierarcaps, _hierarcaps_headline),
-    "ood": Evaluation(OodSpec, _ood, _ood_headline),
+EVALUATIONS: dict[str, EvaluationKind] = {
+    "retrieval": EvaluationKind(RetrievalSpec, _retrieval, _retrieval_headline),
+    "zeroshot": EvaluationKind(ZeroshotSpec, _zeroshot, _zeroshot_headline),
+    "nota": EvaluationKind(NotaSpec, _nota, _nota_headline),
+    "hierarcaps": EvaluationKind(HierarcapsSpec, _hierarcaps, _hierarcaps_headline),
+    "ood": EvaluationKind(OodSpec, _ood, _ood_headline),
 }
 
 
@@ -204,7 +214,7 @@ def log_evaluation(
     figures: Mapping[str, str] | None = None,
 ) -> str:
     """One MLflow run ``kind=eval-<kind>``: the :func:`headline_metrics`, every number in
-    ``results.json``, the figures."""
+    ``results.json``, the figures; the report reads it back (:func:`logged_evaluations`)."""
     from asymvlm import tracking
 
     title = EVALUATIONS[kind].title
@@ -222,3 +232,41 @@ def log_evaluation(
         for path in (figures or {}).values():
             run.log_artifact(path)
     return run.id
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """One evaluation's result as its MLflow run holds it: the numbers :func:`evaluate`
+    returned (``results.json``; adapters named ``method/seed<k>``) and the params naming what
+    was evaluated."""
+
+    kind: str
+    numbers: dict[str, Any]
+    sweep: str = ""  # the sweep whose adapters were evaluated
+    note: str = ""
+    fine_tuned_on: str = "?"  # zeroshot: the adapters' training data
+    embedding_model: str = ""
+    template_aggregation: str = "mean"
+
+    @property
+    def plumbing_only(self) -> bool:
+        """A run checking the wiring only (its note says so): shown, never judged."""
+        return "plumbing only" in self.note.lower()
+
+
+_LOGGED_FIELDS = ("sweep", "note", "fine_tuned_on", "embedding_model", "template_aggregation")
+
+
+def logged_evaluations(tracking_uri: str, runs: Iterable[Any]) -> dict[str, list[EvaluationResult]]:
+    """The finished evaluation runs among ``runs`` (MLflow's), per kind in their order."""
+    from asymvlm import tracking
+
+    out: dict[str, list[EvaluationResult]] = defaultdict(list)
+    for run in runs:
+        tag = run.data.tags.get("kind", "")
+        if tag.startswith("eval-") and run.info.status == "FINISHED":
+            kind = tag.removeprefix("eval-")
+            numbers = tracking.json_artifact(tracking_uri, run.info.run_id, "results.json")
+            logged = {k: v for k, v in run.data.params.items() if k in _LOGGED_FIELDS and v}
+            out[kind].append(EvaluationResult(kind, numbers, **logged))
+    return out

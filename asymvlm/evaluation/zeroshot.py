@@ -19,27 +19,12 @@ from asymvlm.tables import TableError
 
 __all__ = [
     "ClassPrompts",
-    "aggregation_note",
     "class_scores",
     "none_of_the_above",
     "prompt_ensemble",
     "rejection_baselines",
     "zero_shot_accuracy",
 ]
-
-
-def aggregation_note(aggregation: str) -> str:
-    """One sentence for reports: how a likelihood method's class score combined the prompts."""
-    text = {
-        "mean": "the mean of the log-likelihoods over the class's prompt templates",
-        "logmeanexp": "the log of the mean likelihood over the class's prompt templates",
-    }
-    return (
-        f"A likelihood method's class score: {text.get(aggregation, aggregation)} "
-        f"(`template_aggregation: {aggregation}`; the paper leaves this open, the other "
-        "option is documented in `asymvlm.evaluation.zeroshot`). Cosine methods use CLIP's "
-        "prompt ensemble."
-    )
 
 
 @dataclass

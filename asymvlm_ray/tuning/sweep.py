@@ -22,11 +22,13 @@ import yaml
 from ray import tune
 from ray.tune.search import Searcher
 
-from asymvlm import config, results, storage, tables, tracking
+from asymvlm import config, storage, tables, tracking
 from asymvlm.checkpoints import copy_adapter
 from asymvlm.checkpoints.folder import RESUME_MAY_DIFFER
 from asymvlm.errors import AsymVLMError, ConfigError, Unfinished, one_line
 from asymvlm.methods import METHODS
+from asymvlm.metrics import glossary
+from asymvlm.report import seed_tables
 from asymvlm_ray.schema import SweepConfig, check_shared_output
 from asymvlm_ray.session import require_ray
 from asymvlm_ray.tuning.trial_log import MlflowTrialLogger, adapter_directory, shown, trial_label
@@ -381,16 +383,16 @@ def _stages(sweep: SweepConfig, opening: Future, callback, base: dict) -> dict[s
         if label in ids:
             tracking.existing_run(run.tracking_uri, ids[label]).set_tags({"seed_stage": "true"})
     repeats = first_seeds + seed_rows
-    test = [(r, results.retrieval_metric_names(r["outcome"].get("test", {}))) for r in repeats]
-    summary = results.seed_summary(
+    test = [(r, glossary.retrieval_metric_names(r["outcome"].get("test", {}))) for r in repeats]
+    summary = seed_tables.seed_summary(
         [{"method": r["method"], "seed": r["seed"], **m} for r, m in test]
     )
     title = f"{base['dataset']} ({base['embedding_model']}), mean ± std over seeds"
-    markdown = results.summary_markdown(summary, title=title) + failures_markdown(failed)
+    markdown = seed_tables.summary_markdown(summary, title=title) + failures_markdown(failed)
     storage.write_text(storage.uri_join(sweep.output, "summary.md"), markdown)
     run.set_tags({"failed_trials": str(len(failed))})
     run.log_text("summary.md", markdown)
-    run.log_text("summary.csv", results.summary_csv(summary))
+    run.log_text("summary.csv", seed_tables.summary_csv(summary))
     run.log_json("selection.json", selection)
     run.log_json("failures.json", failed)
     stats = {

@@ -16,8 +16,9 @@ from typing import Any, ClassVar
 from ray import tune
 from ray.tune.result import AUTO_RESULT_KEYS
 
-from asymvlm import results, tracking
+from asymvlm import tracking
 from asymvlm.checkpoints import MEMBER_FOLDER
+from asymvlm.metrics import glossary
 from asymvlm_ray.schema import SweepConfig
 from asymvlm_ray.tuning.trials import SELECTION_METRIC, failure_reason
 
@@ -188,15 +189,15 @@ def _error(trial) -> BaseException | str | None:
 def log_outcome(run: tracking.Run, row: dict[str, Any], *checkpoint: Any) -> None:
     """A finished member's final metrics, binned Recall@1 curves (JSON + PNG), every number of
     its evaluation (results.json) and its adapter (``checkpoint``: :func:`adapter_directory`)."""
-    from asymvlm.plots import plot_binned_recall
+    from asymvlm.report.figures import plot_binned_recall
     from asymvlm.scoring.models import log_adapter_models
 
     out = row["outcome"]
-    metrics = results.retrieval_metric_names(out.get("test", {}))
-    metrics |= results.retrieval_metric_names(out.get("val", {}), prefix="val_")
+    metrics = glossary.retrieval_metric_names(out.get("test", {}))
+    metrics |= glossary.retrieval_metric_names(out.get("val", {}), prefix="val_")
     run.log_metrics({**metrics, SELECTION_METRIC: row[SELECTION_METRIC]})
     splits = [split for split in ("val", "test") if split in out]
-    curves = {s: {d: out[s][d].get("binned_recall@1") for d in results.DIRECTIONS} for s in splits}
+    curves = {s: {d: out[s][d].get("binned_recall@1") for d in glossary.DIRECTIONS} for s in splits}
     run.log_json("binned_recall.json", curves)
     run.log_json("results.json", {split: out[split] for split in splits})
     if plotted := out.get("test") or out.get("val"):

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from ray import tune
 
-from asymvlm import results
 from asymvlm.checkpoints import read_pack_state, read_run_state, save_pack_checkpoint
 from asymvlm.errors import AsymVLMError, TrialFailed, one_line
+from asymvlm.metrics import glossary
 from asymvlm.runner import train_and_evaluate, train_and_evaluate_packed
 from asymvlm.splits import PROCESS_CACHE
 from asymvlm_ray.ray_train import checkpoint_folder, maybe_inject_failure, worker_logging
@@ -23,7 +23,7 @@ SELECTION_METRIC = "val_mean_recall_at_1"
 
 def final_report(trial: dict[str, Any], stage: str, out: dict[str, Any]) -> dict[str, Any]:
     """A member's last row: its outcome and score (mean validation Recall@1 of both directions)."""
-    val = results.retrieval_metric_names(out.get("val", {}), prefix="val_")
+    val = glossary.retrieval_metric_names(out.get("val", {}), prefix="val_")
     score = [val[k] for k in ("val_t2i_recall_at_1", "val_i2t_recall_at_1") if k in val]
     mean = sum(score) / len(score) if score else float("nan")
     return {SELECTION_METRIC: mean, **trial, "stage": stage, "outcome": out}

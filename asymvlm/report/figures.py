@@ -1,4 +1,6 @@
-"""Figures in the paper's style (matplotlib, headless)."""
+"""Every figure, in the paper's style (matplotlib, headless): Recall@1 per uncertainty level
+(Figs. 3-4: the report, the demo, each trial's run), risk-coverage, uncertainty per caption level
+(Fig. 5) and a metric against perturbation severity (OOD)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def plot_binned_recall(results: Mapping[str, Mapping[str, Any]], path: str, title: str = "") -> str:
@@ -50,6 +53,49 @@ def plot_risk_coverage(results: Mapping[str, Mapping[str, Any]], path: str, titl
         ax.set_ylabel("top-1 risk (error rate)")
         ax.set_title(f"{direction} {title}".strip())
     return save_figure(fig, axes, path)
+
+
+def plot_hierarchy(results: dict[str, dict], path: str, title: str = "") -> str:
+    """Fig. 5 style: uncertainty per level, paired log-likelihood per level, per method."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, (name, res) in enumerate(results.items()):
+        color = colors[k % len(colors)]  # the same method has the same colour in both panels
+        levels = sorted(res["per_level"], key=int)
+        x = [int(level) for level in levels]
+        cells = [res["per_level"][level] for level in levels]
+        if "uncertainty_median" in cells[0]:
+            med = [c["uncertainty_median"] for c in cells]
+            lo = [c["uncertainty_median"] - c["uncertainty_q25"] for c in cells]
+            hi = [c["uncertainty_q75"] - c["uncertainty_median"] for c in cells]
+            frac = res.get("monotone_fraction")
+            label = f"{name} (monotone {frac:.0%})" if frac is not None else name
+            axes[0].errorbar(x, med, yerr=[lo, hi], marker="o", capsize=3, label=label, color=color)
+        axes[1].plot(
+            x, [c["paired_log_likelihood_mean"] for c in cells], marker="o", label=name, color=color
+        )
+    axes[0].set_title(f"caption uncertainty by level {title}".strip())
+    axes[0].set_ylabel("uncertainty (median, IQR)")
+    axes[1].set_title("score of the paired image by level")
+    axes[1].set_ylabel("mean log-likelihood / score")
+    for ax in axes:
+        ax.set_xlabel("level (0 = general, 3 = detailed)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return save_figure(fig, axes, path)
+
+
+def plot_severity(
+    curves: dict[str, dict[int, float]], path: str, ylabel: str = "Recall@1", title: str = ""
+) -> str:
+    """One line per method: a metric against perturbation severity (0 = clean)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for name, curve in curves.items():
+        xs = sorted(curve)
+        ax.plot(xs, [curve[x] for x in xs], marker="o", label=name)
+    ax.set_xlabel("severity (0 = clean)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return save_figure(fig, [ax], path)
 
 
 def _flat(ax, name: str, x: float, y: float) -> None:

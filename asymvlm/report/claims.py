@@ -11,9 +11,10 @@ from typing import Any
 
 import pandas as pd
 
+from asymvlm.evaluation.registry import EvaluationResult
 from asymvlm.methods import METHODS, Roles
-from asymvlm.paper_numbers import TABLE2, TABLE3
-from asymvlm.results import markdown
+from asymvlm.report.paper_numbers import TABLE2, TABLE3
+from asymvlm.report.seed_tables import markdown
 
 #: Standard errors, and the least absolute difference, a difference must exceed to count.
 Z = 2.0
@@ -81,7 +82,8 @@ def judge(a: Sequence[float], b: Sequence[float], direction: int = 1) -> tuple[f
     se = math.sqrt(sum(statistics.variance(x) / len(x) for x in (a, b) if len(x) > 1))
     if len(a) < 2 and len(b) < 2:
         return diff, se, "undetermined (no seeds to estimate an error)"
-    signed, bar = direction * diff, max(Z * se, MIN_EFFECT)
+    signed = direction * diff
+    bar = max(Z * se, MIN_EFFECT)
     if signed > bar:
         return diff, se, "supports"
     if signed < -bar:
@@ -159,7 +161,8 @@ def table1_verdicts(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> list[Ve
     out: list[Verdict] = []
     for method in _judged(frame.get("name", [])):
         for d in ("i2t", "t2i"):
-            if values := tuple(map(float, _per_seed(frame, f"{d}_spearman", method))):
+            values = tuple(map(float, _per_seed(frame, f"{d}_spearman", method)))
+            if values:
                 claim = f"Recall@1 falls as {method}'s uncertainty rises (S < 0)"
                 paper = "S ≈ −0.99 to −1.00 (COCO, both directions)"
                 judged = judge(values, (0.0,), -1)
@@ -167,10 +170,10 @@ def table1_verdicts(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> list[Ve
     return out
 
 
-def world_of(nota_runs: Sequence[tuple[Mapping[str, Any], Any]]) -> dict | None:
+def world_of(nota: Sequence[EvaluationResult]) -> dict | None:
     """The synthetic world's knobs of the first none-of-the-above result on one, or None."""
-    for res, _ in nota_runs:
-        world = ((res.get("settings") or {}).get("positives") or {}).get("world")
+    for result in nota:
+        world = ((result.numbers.get("settings") or {}).get("positives") or {}).get("world")
         if isinstance(world, dict):
             return world
     return None
@@ -237,7 +240,8 @@ def closing_note(
         lines.append("")
     if world is None:
         return lines
-    p, mis = float(world.get("generic_captions", 0.0)), float(world.get("misalignment", 1.0))
+    p = float(world.get("generic_captions", 0.0))
+    mis = float(world.get("misalignment", 1.0))
     table3 = (
         "the world is in the forgetting regime (assumption F): fine-tuning can only cost "
         "zero-shot accuracy, and the world encodes **no mechanism** by which one adapter forgets "
