@@ -64,17 +64,17 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     from asymvlm.evaluation import evaluate_retrieval
     from asymvlm.evaluation.suite import evaluate_hierarcaps
     from asymvlm.report import build_report
-    from asymvlm_ray.tuning.sweep import run_sweep
+    from asymvlm_ray.tuning.sweep_driver import run_sweep
 
     space = {"methods": list(METHODS), "lr": [1e-3, 1e-2], "seeds": [0, 1], "epochs": EPOCHS}
     sizes = {"batch_size": 128, "optimizer": "adamw", "hidden_dim": 32, "checkpoint_every": 2}
     where = {"embeddings": world, "output": str(tmp_path / "sweep")}
     doc = {**space, **sizes, **where, "mlflow": {"experiment": "ci-sweep"}}
     out = run_sweep(sweep_config(doc))
-    assert not out["failed"]
-    assert out["tracking_uri"] == "sqlite:///" + str(tmp_path / "sweep" / "mlflow.db")
-    client = MlflowClient(out["tracking_uri"])
-    children = [client.get_run(i) for i in out["child_run_ids"]]
+    assert not out.failed
+    assert out.tracking_uri == "sqlite:///" + str(tmp_path / "sweep" / "mlflow.db")
+    client = MlflowClient(out.tracking_uri)
+    children = [client.get_run(i) for i in out.child_run_ids]
     # 3 methods x 2 lrs (seed 0) + 3 methods x seed 1: stage 2 reuses seed 0 at the best lr
     assert len(children) == 9
     members = [c for c in children if c.data.tags.get("seed_stage") == "true"]
@@ -82,7 +82,7 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
         (m, s) for m in METHODS for s in ("0", "1")
     ]
     for c in members:  # the reused stage-1 trial is the one at the chosen lr
-        assert float(c.data.params["lr"]) == out["selection"][c.data.params["method"]]["lr"]
+        assert float(c.data.params["lr"]) == out.selection[c.data.params["method"]].lr
     names = [f"{d}_recall_at_{k}" for d in ("t2i", "i2t") for k in (1, 5, 10)]
     for child in children:
         metrics, params = child.data.metrics, child.data.params
@@ -95,38 +95,38 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
             for key in ("kappa_mean", "train_loss"):  # every epoch once
                 steps = [m.step for m in client.get_metric_history(child.info.run_id, key)]
                 assert steps == [1, 2, 3]
-    parent = client.get_run(out["parent_run_id"])
-    artifacts = {a.path for a in client.list_artifacts(out["parent_run_id"])}
+    parent = client.get_run(out.parent_run_id)
+    artifacts = {a.path for a in client.list_artifacts(out.parent_run_id)}
     assert {"summary.md", "summary.csv", "selection.json", "config.yaml"} <= artifacts
-    for method, pick in out["selection"].items():  # chosen on validation
+    for method, pick in out.selection.items():  # chosen on validation
         scores = {
             float(c.data.params["lr"]): c.data.metrics["val_mean_recall_at_1"]
             for c in children
             if c.data.tags["stage"] == "grid" and c.data.params["method"] == method
         }
-        assert pick["lr"] == max(scores, key=lambda lr: (scores[lr], -lr))
-        assert parent.data.params[f"best_lr/{method}"] == str(pick["lr"])
+        assert pick.lr == max(scores, key=lambda lr: (scores[lr], -lr))
+        assert parent.data.params[f"best_lr/{method}"] == str(pick.lr)
     # The summary is the mean ± std of the seed runs' test metrics.
     for method in METHODS:
         values = [
             c.data.metrics["t2i_recall_at_1"] for c in members if c.data.params["method"] == method
         ]
-        got = out["summary"][method]["t2i_recall_at_1"]
+        got = out.summary[method]["t2i_recall_at_1"]
         assert got["mean"] == pytest.approx(np.mean(values))
         assert got["std"] == pytest.approx(np.std(values, ddof=1))
         assert parent.data.metrics[f"{method}/t2i_recall_at_1_mean"] == pytest.approx(got["mean"])
     record = json.load(open(tmp_path / "sweep" / "sweep.json"))
-    assert record["parent_run_id"] == out["parent_run_id"] and record["adapters"] == out["adapters"]
+    assert record["parent_run_id"] == out.parent_run_id and record["adapters"] == out.adapters
     assert "±" in (tmp_path / "sweep" / "summary.md").read_text()
 
-    report = open(build_report(out["tracking_uri"], "ci-sweep", str(tmp_path / "report"))).read()
+    report = open(build_report(out.tracking_uri, "ci-sweep", str(tmp_path / "report"))).read()
     assert "Table 1 analogue" in report
     assert re.search(r"\|\s*asymvlm-vmf\s*\|\s*2\s*\|", report)  # two seeds
     assert len(list((tmp_path / "report").glob("fig3_*.png"))) == 1
 
     # The seed adapters come back from MLflow for the evaluations; the loaded BayesVLM is the
     # fitted one (its test Recall@1 is the trial's).
-    adapters = sweep_adapters(out["tracking_uri"], out["parent_run_id"])
+    adapters = sweep_adapters(out.tracking_uri, out.parent_run_id)
     assert set(adapters) == {f"{m}/seed{s}" for m in METHODS for s in (0, 1)}
     hier = evaluate_hierarcaps(adapters, Location(world, "test"))
     assert hier["asymvlm-vmf/seed0"]["monotone_fraction"] is not None
@@ -150,8 +150,8 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
         assert not [f for f in files if f.endswith((".pkl", ".pt", ".bin"))]
 
     # The sweep left every seed-stage adapter as a checkpoint folder: the weights logged.
-    assert {m: sorted(s) for m, s in out["adapters"].items()} == {m: ["0", "1"] for m in METHODS}
-    where = out["adapters"]["asymvlm-vmf"]["1"]
+    assert {m: sorted(s) for m, s in out.adapters.items()} == {m: ["0", "1"] for m in METHODS}
+    where = out.adapters["asymvlm-vmf"]["1"]
     assert where == str(tmp_path / "sweep" / "adapters" / "asymvlm-vmf" / "seed1")
     exported, meta = load_checkpoint(where, "cpu")
     assert meta["train_config"]["seed"] == 1 and meta["embedding_model"] == "synthetic-world"
@@ -174,7 +174,7 @@ def test_sweep_lands_nested_runs_with_metrics_artifacts_and_summary(
     assert stamps == {
         p: p.stat().st_mtime_ns for p in (tmp_path / "sweep").rglob("*") if p.is_file()
     }
-    assert len(tracking.child_runs(out["tracking_uri"], out["parent_run_id"])) == len(children)
+    assert len(tracking.child_runs(out.tracking_uri, out.parent_run_id)) == len(children)
 
 
 def test_a_seed_run_without_an_adapter_is_left_out_with_a_warning(tmp_path, caplog) -> None:
@@ -207,21 +207,20 @@ def test_hold_out_images_keeps_captions_with_their_image(small_world) -> None:
 
 
 def test_lr_selection_and_summary_numbers() -> None:
-    from asymvlm_ray.tuning.sweep import failures_markdown, select_lr
-    from asymvlm_ray.tuning.trials import SELECTION_METRIC as S
+    from asymvlm_ray.tuning.lr_selection import select_lr
+    from asymvlm_ray.tuning.records import FailedTrial, LrSelection, TrialOutcome
+    from asymvlm_ray.tuning.sweep_driver import failures_markdown
 
+    rows = [("a", 1e-3, 0.2), ("a", 1e-2, 0.3), ("b", 1e-2, 0.5), ("b", 1e-3, 0.5)]
+    rows += [("a", 0.5, float("nan")), ("c", 1e-3, float("inf"))]  # failed: never selected
     grid = [
-        {"method": "a", "lr": 1e-3, S: 0.2},
-        {"method": "a", "lr": 1e-2, S: 0.3},
-        {"method": "a", "lr": 0.5, S: float("nan")},  # failed trials are never selected
-        {"method": "b", "lr": 1e-3, S: 0.5},
-        {"method": "b", "lr": 1e-2, S: 0.5},  # tie: the smaller lr
-        {"method": "c", "lr": 1e-3, S: float("inf")},
+        TrialOutcome(method=m, lr=lr, seed=0, stage="grid", val_mean_recall_at_1=v, outcome={})
+        for m, lr, v in rows
     ]
     picks = select_lr(grid)
-    assert picks["a"] == {"lr": 1e-2, "score": 0.3, "scores_by_lr": {"0.001": 0.2, "0.01": 0.3}}
-    assert picks["b"]["lr"] == 1e-3 and "c" not in picks
-    failed = [{"stage": "grid", "method": "b", "lr": 1e-3, "seed": 0, "reason": "nan | x"}]
+    assert picks["a"] == LrSelection(lr=1e-2, score=0.3, scores_by_lr={"0.001": 0.2, "0.01": 0.3})
+    assert picks["b"].lr == 1e-3 and "c" not in picks  # a tie: the smaller lr
+    failed = [FailedTrial(stage="grid", method="b", lr=1e-3, seed=0, reason="nan | x")]
     text = failures_markdown(failed)
     assert "| grid | b | 0.001 | 0 | nan \\| x |" in text and "1 trial(s) failed" in text
     assert failures_markdown([]) == ""
@@ -252,7 +251,7 @@ def test_a_sweep_that_cannot_go_on_stops_with_the_reason(ray_session, world, tmp
     stops the sweep, no trial trains to its end); every trial failing (one lr, a table cut
     short): one error naming the cause, no sweep record."""
     from asymvlm.errors import ConfigError
-    from asymvlm_ray.tuning.sweep import SWEEP_RECORD, NoResults, run_sweep
+    from asymvlm_ray.tuning.sweep_driver import SWEEP_RECORD, NoResults, run_sweep
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")
