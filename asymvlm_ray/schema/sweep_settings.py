@@ -253,5 +253,6 @@ class SweepConfig(StrictModel):
 
 _TRAIN_KEYS = [k for k in TrainConfig.model_fields if k not in SWEPT]
 _RUN_KEYS = [k for k in RunSpec.model_fields if k != "train"]
-if missing := sorted(set(_TRAIN_KEYS + _RUN_KEYS) - set(SweepConfig.model_fields)):
-    raise TypeError(f"SweepConfig lacks the RunSpec/TrainConfig keys {missing}: add them")
+_MISSING = sorted(set(_TRAIN_KEYS + _RUN_KEYS) - set(SweepConfig.model_fields))
+if _MISSING:
+    raise TypeError(f"SweepConfig lacks the RunSpec/TrainConfig keys {_MISSING}: add them")
