@@ -77,6 +77,7 @@ def stage_prepare(cfg: PipelineConfig) -> None:
 
 
 def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
+    """Every sweep not done already (its ``sweep.json``), its MLflow run under ``parent``."""
     for sweep in cfg.sweeps:
         check_rerun(sweep)  # a finished sweep with other settings is refused, not skipped
         if storage.exists(storage.uri_join(sweep.output, SWEEP_RECORD)):
@@ -126,6 +127,7 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
 
 
 def stage_report(cfg: PipelineConfig, parent: str | None = None) -> str:
+    """The report of the pipeline's MLflow runs, in its output folder; where it is."""
     from asymvlm.report import build_report
 
     uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment

@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the sweep of ``--config``; the exit code (:func:`asymvlm.entry.guarded`)."""
+
     def run() -> int:
         args = build_parser().parse_args(argv)
         logs.configure(verbose=args.verbose)

@@ -20,8 +20,6 @@ Stage = Literal["grid", "seeds"]
 
 
 class Record(BaseModel):
-    """A frozen record that refuses unknown keys."""
-
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -42,8 +40,7 @@ class SweepPoint(Record):
 
 
 class TrialConfig(Record):
-    """A Tune trial's config (what :class:`~.staged_search.StagedSearch` suggests): its stage
-    and its members, the points it trains (several: as one packed model)."""
+    """A Tune trial's config: its stage and the points it trains (several: one packed model)."""
 
     stage: Stage
     members: list[SweepPoint]
@@ -51,8 +48,7 @@ class TrialConfig(Record):
 
 @dataclass(frozen=True)
 class MemberCheckpoint:
-    """Where a finished member's adapter is: Tune's ``checkpoint`` of its trial (member
-    ``member``'s folder in it when the trial was a pack of ``pack_size``)."""
+    """Where a member's adapter is: its trial's Tune checkpoint (its folder there in a pack)."""
 
     checkpoint: tune.Checkpoint | None
     member: int = 0
@@ -70,9 +66,8 @@ class MemberCheckpoint:
 
 
 class TrialOutcome(SweepPoint):
-    """A member that finished: its stage, its validation score (what the lr is chosen by,
-    :func:`~.lr_selection.validation_score`), the protocol's results, and, on the driver, where
-    its adapter is (never on the wire nor in ``sweep.json``)."""
+    """A member that finished: its stage, validation score (what the lr is chosen by), results
+    and, on the driver, where its adapter is (not on Tune's wire, not in ``sweep.json``)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     stage: Stage
@@ -82,16 +77,14 @@ class TrialOutcome(SweepPoint):
 
 
 class FailedTrial(SweepPoint):
-    """A member that failed (diverged, raised, never started): left out of the selection and
-    the summary, listed under it with the reason."""
+    """A member that failed (diverged, raised, never started), and why."""
 
     stage: Stage
     reason: str
 
 
 class TrialReport(Record):
-    """A trial's last report (``tune.report``): per member, its outcome or why it failed (a
-    member of a pack that diverged while the others trained on)."""
+    """A trial's last report (``tune.report``): each member's outcome, or why it failed."""
 
     outcomes: list[TrialOutcome | FailedTrial]
 
@@ -99,8 +92,7 @@ class TrialReport(Record):
     def of(
         cls, result: dict[str, Any] | None, size: int
     ) -> list[TrialOutcome | FailedTrial | None]:
-        """Per member of a trial of ``size``, what its Tune ``result`` says (None: the result
-        is not the last report, or there is none)."""
+        """What a Tune ``result`` says of each member (None: not the trial's last report)."""
         if not result or "outcomes" not in result:
             return [None] * size
         return list(cls.model_validate({"outcomes": result["outcomes"]}).outcomes)
@@ -129,7 +121,6 @@ class SweepRecord(Record):
 
 
 class SweepResult(SweepRecord):
-    """What :func:`~.sweep_driver.run_sweep` returns: the record with the store's URI as given
-    and the trials' MLflow runs."""
+    """What ``run_sweep`` returns: the record, the store's URI as given, the trials' runs."""
 
     child_run_ids: list[str]

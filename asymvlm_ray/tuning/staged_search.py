@@ -72,6 +72,7 @@ class StagedSearch(Searcher):
                 self._queue_seeds(method, sweep.lr[0], sweep.seeds)
 
     def _queue_seeds(self, method: str, lr: float, seeds: list[int]) -> None:
+        """``method``'s trials at ``lr`` with ``seeds``, after those queued."""
         points = [SweepPoint(method=method, lr=lr, seed=s) for s in seeds]
         self.queue += packed(self.sweep, "seeds", points)
 
@@ -120,6 +121,7 @@ class NodeWait(tune.Callback):
         self.since: float | None = None  # since when trials wait and none runs
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        """After each step of Tune's loop: how long trials have waited while none ran."""
         statuses = {t.status for t in trials}
         if "RUNNING" in statuses or "PENDING" not in statuses:
             self.since = None

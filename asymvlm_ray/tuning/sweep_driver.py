@@ -73,6 +73,7 @@ def check_tables(sweep: SweepConfig) -> None:
 
 
 def _settings(sweep: SweepConfig) -> dict[str, Any]:
+    """What the sweep trains: its settings but those a rerun may change."""
     return {k: v for k, v in sweep.model_dump(mode="json").items() if k not in RERUN_MAY_DIFFER}
 
 

@@ -167,6 +167,7 @@ class MlflowTrialLogger(tune.Callback):
         self.logged[key] = step
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        """Each member's run FINISHED, or FAILED when it diverged in a pack or never reported."""
         stage, members = self._members(trial)
         reported = TrialReport.of(trial.last_result, len(members))
         for (key, point), got in zip(members, reported, strict=True):
@@ -178,6 +179,7 @@ class MlflowTrialLogger(tune.Callback):
             self._end(key, stage, point, reason)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        """Each member's run FAILED with the trial's reason."""
         reason = failure_reason(_error(trial))
         stage, members = self._members(trial)
         for key, point in members:

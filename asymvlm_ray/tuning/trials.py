@@ -31,6 +31,7 @@ def _state(read):
 
 
 def _diverged(out: dict[str, Any]) -> str | None:
+    """Why a run's results say it diverged, on one line; None when it did not."""
     return " ".join(str(out["diverged"]).split()) if out.get("diverged") else None
 
 
@@ -62,6 +63,8 @@ def sweep_trial(config: dict[str, Any], sweep: SweepConfig) -> None:
 
 
 def _in_place(sweep: SweepConfig, specs: list, device: torch.device) -> list[dict[str, Any]]:
+    """One run, each epoch reported (with a checkpoint when one is due)."""
+
     def on_epoch(row, trainer, history, due: bool) -> None:
         if due:
             with checkpoint_folder(trainer, history) as folder:
