@@ -19,7 +19,7 @@ from asymvlm.evaluation import registry
 from asymvlm_ray.embedding import run_embed
 from asymvlm_ray.schema import PipelineConfig, check_shared_output
 from asymvlm_ray.session import RaySession
-from asymvlm_ray.tuning.sweep import SWEEP_RECORD, check_rerun, run_sweep
+from asymvlm_ray.tuning.sweep_driver import SWEEP_RECORD, check_rerun, read_record, run_sweep
 
 STAGES = ("embed", "sweep", "evaluate", "report")
 
@@ -77,6 +77,7 @@ def stage_prepare(cfg: PipelineConfig) -> None:
 
 
 def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
+    """Every sweep not done already (its ``sweep.json``), its MLflow run under ``parent``."""
     for sweep in cfg.sweeps:
         check_rerun(sweep)  # a finished sweep with other settings is refused, not skipped
         if storage.exists(storage.uri_join(sweep.output, SWEEP_RECORD)):
@@ -85,7 +86,7 @@ def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
         sizes = len(sweep.methods), len(sweep.lr), len(sweep.seeds)
         logger.info("sweep %s: %d methods x %d lrs x %d seeds", sweep.name, *sizes)
         out = run_sweep(sweep, parent=parent)
-        logger.info("sweep %s: done, %d trial(s) failed", sweep.name, len(out["failed"]))
+        logger.info("sweep %s: done, %d trial(s) failed", sweep.name, len(out.failed))
 
 
 def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
@@ -102,8 +103,7 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
         t0 = time.perf_counter()
         methods: dict[str, Any] = {}
         if ev.sweep:
-            where = storage.uri_join(cfg.sweep(ev.sweep).output, SWEEP_RECORD)
-            copies = json.loads(storage.read_text(where))["adapters"]
+            copies = read_record(cfg.sweep(ev.sweep).output).adapters
             methods = checkpoint_adapters(
                 seeds[s] for _, seeds in sorted(copies.items()) for s in sorted(seeds, key=int)
             )
@@ -127,6 +127,7 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
 
 
 def stage_report(cfg: PipelineConfig, parent: str | None = None) -> str:
+    """The report of the pipeline's MLflow runs, in its output folder; where it is."""
     from asymvlm.report import build_report
 
     uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment

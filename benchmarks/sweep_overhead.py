@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from asymvlm.synthetic import PRESETS, write_world
     from asymvlm_ray.schema import load_sweep
     from asymvlm_ray.session import RaySession
-    from asymvlm_ray.tuning.sweep import run_sweep
+    from asymvlm_ray.tuning.sweep_driver import run_sweep
 
     logs.configure(verbose=False)
     with tempfile.TemporaryDirectory(
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         load_before = loadavg()
         log("sweep ...")
         sweep_seconds, out = _timed(run_sweep, cfg)
-        trials = [(r["method"], r["lr"], r["seed"]) for r in out["trials"]]
+        trials = [(t.method, t.lr, t.seed) for t in out.trials]
         log(f"sweep: {sweep_seconds} s for {len(trials)} trials; the plain loops ...")
         threads = sorted({torch.get_num_threads(), 1})
         by_threads = {n: _timed(_loop, cfg, trials, n)[0] for n in threads}
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             "sequential_seconds": sequential,
             "sequential_seconds_by_threads": by_threads,
             "overhead_ratio": round(sweep_seconds / sequential, 3),
-            "selection": {m: p["lr"] for m, p in out["selection"].items()},
+            "selection": {m: pick.lr for m, pick in out.selection.items()},
         }
         print(json.dumps({**result, **machine(load_before)}, indent=2))
         return 0

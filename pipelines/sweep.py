@@ -1,6 +1,7 @@
 """Ray Tune sweep of the paper's protocol (App. B.4), tracked in MLflow.
 
-The stages: :mod:`asymvlm_ray.tuning.sweep`; the keys: :class:`asymvlm_ray.schema.SweepConfig`."""
+The sweep: :mod:`asymvlm_ray.tuning.sweep_driver`; its keys:
+:class:`asymvlm_ray.schema.SweepConfig`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ require("ray", "tracking", "report")
 from asymvlm import config, logs, tracking  # noqa: E402
 from asymvlm_ray.schema import load_sweep  # noqa: E402
 from asymvlm_ray.session import RaySession  # noqa: E402
-from asymvlm_ray.tuning.sweep import ADAPTERS_DIR, check_rerun, check_tables, run_sweep  # noqa: E402
+from asymvlm_ray.tuning.sweep_driver import ADAPTERS_DIR, check_rerun, check_tables, run_sweep  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
 
@@ -37,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the sweep of ``--config``; the exit code (:func:`asymvlm.entry.guarded`)."""
+
     def run() -> int:
         args = build_parser().parse_args(argv)
         logs.configure(verbose=args.verbose)
@@ -46,15 +49,15 @@ def main(argv: list[str] | None = None) -> int:
         logs.configure(verbose=args.verbose, log_file=logs.log_file_for(sweep.output, "sweep"))
         with tracking.outage_queue(), RaySession(eager=True, init=sweep.ray.init_kwargs()):
             out = run_sweep(sweep)
-        logger.info("\n%s", out["markdown"])
+        logger.info("\n%s", out.markdown)
         logger.info(
             "runs: asymvlm ui %s; adapters: %s/<method>/seed<k>",
             shlex.quote(sweep.output),
             ADAPTERS_DIR,
         )
-        shown = {k: out[k] for k in ("parent_run_id", "selection")}
-        uri = config.redact(out["tracking_uri"])
-        print(json.dumps({**shown, "tracking_uri": uri, "failed_trials": len(out["failed"])}))
+        shown = out.model_dump(include={"parent_run_id", "selection"})
+        uri = config.redact(out.tracking_uri)
+        print(json.dumps({**shown, "tracking_uri": uri, "failed_trials": len(out.failed)}))
         return 0
 
     return guarded(run)

@@ -133,7 +133,7 @@ def config_roots() -> list[tuple[str, Any, str]]:
     from asymvlm.embedding.embed_config import EmbedConfig
     from asymvlm.runner import RunSpec
     from asymvlm_ray.schema import PipelineConfig, ServeConfig, SweepConfig
-    from asymvlm_ray.schema.pipeline import EVALUATION_ITEMS
+    from asymvlm_ray.schema.pipeline_config import EVALUATION_ITEMS
 
     return [
         (

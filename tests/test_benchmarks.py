@@ -34,6 +34,8 @@ SMOKE: dict[str, list] = {
     "sweep_overhead": ["--tables", "{world}", "--set", "epochs=1"]
     + ["--set", "methods=[determ-ft]", "--set", "lr=[0.001]", "--set", "seeds=[0]"]
     + ["--set", "hidden_dim=16", "--set", "batch_size=64"],
+    "sweep_stages": ["--tables", "{world}", "--rounds", "1", "--set", "epochs=1"]
+    + ["--set", "methods=[determ-ft]", "--set", "hidden_dim=16", "--set", "batch_size=64"],
     "cli_startup": ["--repeats", "1"],
     "embed_throughput": ["--data", str(HIERARCAPS), "--n-images", "4", "--repeats", "1"]
     + ["--threads", "1", "--no-sorted"],

@@ -380,7 +380,7 @@ def test_a_bad_table_root_is_one_message_whichever_command(small_world, tmp_path
     """No such folder, no manifest, no such split: the same line from train, evaluate, score,
     analyze and the sweep's check; a sweep without its val split is told of val_fraction."""
     from asymvlm_ray.schema.load import sweep_config
-    from asymvlm_ray.tuning.sweep import check_tables
+    from asymvlm_ray.tuning.sweep_driver import check_tables
 
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     assert main(["train", "--embeddings", small_world, "--method", "clip", "--output", ckpt]) == 0

@@ -166,7 +166,7 @@ def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, bucket, tmp_pa
     import pandas as pd
 
     from asymvlm_ray.schema import sweep_config
-    from asymvlm_ray.tuning.sweep import run_sweep
+    from asymvlm_ray.tuning.sweep_driver import run_sweep
 
     world = write_world("s3://bucket/tables", small_world_config())
     uri = "sqlite:///" + str(tmp_path / "mlflow.db")
@@ -182,8 +182,8 @@ def test_a_sweep_writes_everything_to_the_bucket(ray_on_s3_nodes, bucket, tmp_pa
         k.startswith("bucket/run/sweep/tune/trials/") and k.endswith("trainer.pt") for k in keys
     )
     record = storage.read_json("s3://bucket/run/sweep", "sweep.json")
-    assert record["parent_run_id"] == out["parent_run_id"]
-    (child,) = tracking.child_runs(uri, out["parent_run_id"])
+    assert record["parent_run_id"] == out.parent_run_id
+    (child,) = tracking.child_runs(uri, out.parent_run_id)
     model = mlflow.pyfunc.load_model(tracking.download(f"runs:/{child.info.run_id}/adapter", uri))
     pred = model.predict(pd.DataFrame({"embedding": [[1.0] + [0.0] * 15], "norm": [8.0]}))
     assert pred["kappa"].iloc[0] > 0 and pred["uncertainty"].iloc[0] > 0

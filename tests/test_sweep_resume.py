@@ -19,8 +19,7 @@ from mlflow import MlflowClient
 from asymvlm import entry, errors, tracking
 from asymvlm.synthetic import write_world
 from asymvlm_ray.schema import sweep_config
-from tests.conftest import small_world_config
-from tests.helpers import library_lines
+from tests.helpers import library_lines, small_world_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,7 +53,8 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
     the same command restores the sweep and lands what a sweep that never stopped would: equal
     results per trial, one MLflow run per trial with every epoch once."""
     from asymvlm.runner import train_and_evaluate
-    from asymvlm_ray.tuning.sweep import select_lr
+    from asymvlm_ray.tuning.lr_selection import select_lr
+    from asymvlm_ray.tuning.sweep_driver import read_record
 
     output = str(tmp_path / "out")
     path = tmp_path / "sweep.yaml"
@@ -89,12 +89,11 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "goes on where it stopped" in again.stderr and not library_lines(again.stderr)
-    with open(os.path.join(output, "sweep.json")) as fh:
-        record = json.load(fh)
+    record = read_record(output)
 
     client = MlflowClient(tracking.default_tracking_uri(output))
     runs = _trial_runs(output)
-    chosen = record["selection"]["asymvlm-vmf"]["lr"]
+    chosen = record.selection["asymvlm-vmf"].lr
     assert sorted(r.data.tags["trial"] for r in runs) == [
         "grid-asymvlm-vmf-lr0.001-seed0",
         "grid-asymvlm-vmf-lr0.01-seed0",
@@ -102,20 +101,19 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
     ]
     for run in runs:
         assert run.info.status == "FINISHED"
-        assert run.data.tags["mlflow.parentRunId"] == record["parent_run_id"]
+        assert run.data.tags["mlflow.parentRunId"] == record.parent_run_id
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
         assert sorted(steps) == [1, 2, 3], (run.data.tags["trial"], steps)
     sweeps = client.search_runs([runs[0].info.experiment_id], "tags.kind = 'sweep'")
     assert [r.info.status for r in sweeps] == ["FINISHED"]
     # Each trial's results are those of its run straight through; the selection is made of them.
     sweep = sweep_config(_sweep_doc(world, output))
-    for row in record["trials"]:
-        straight = train_and_evaluate(sweep.run_spec(row["method"], row["lr"], row["seed"]))
-        assert {s: row["outcome"][s] for s in ("val", "test")} == json.loads(
+    for trial in record.trials:
+        straight = train_and_evaluate(sweep.run_spec(trial.method, trial.lr, trial.seed))
+        assert {s: trial.outcome[s] for s in ("val", "test")} == json.loads(
             json.dumps({s: straight[s] for s in ("val", "test")})
         )
-    grid = [r for r in record["trials"] if r["stage"] == "grid"]
-    assert record["selection"] == json.loads(json.dumps(select_lr(grid)))
+    assert record.selection == select_lr([t for t in record.trials if t.stage == "grid"])
 
 
 def test_trials_that_wait_too_long_for_a_node_end_the_sweep_naming_them(
@@ -123,7 +121,7 @@ def test_trials_that_wait_too_long_for_a_node_end_the_sweep_naming_them(
 ) -> None:
     """A trial no node can take (4 CPUs asked on a 2-CPU cluster) waits; after node_wait_s the
     sweep ends with Unfinished (exit code 75), naming it; its MLflow run is KILLED."""
-    from asymvlm_ray.tuning.sweep import run_sweep
+    from asymvlm_ray.tuning.sweep_driver import run_sweep
 
     doc = _sweep_doc(world, str(tmp_path / "out"), lr=[1e-3], seeds=[0], node_wait_s=3)
     sweep = sweep_config({**doc, "cpus_per_worker": 4})

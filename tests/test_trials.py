@@ -12,7 +12,7 @@ from asymvlm.runner import RunSpec, train_and_evaluate
 from asymvlm.splits import SplitCache, load_split
 from asymvlm.synthetic import write_world
 from asymvlm.training import TrainConfig
-from tests.conftest import small_world_config
+from tests.helpers import small_world_config
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,8 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
 
     from asymvlm.evaluation.adapters import sweep_adapters
     from asymvlm_ray.schema import sweep_config
-    from asymvlm_ray.tuning.sweep import KEEP_CHECKPOINTS, run_sweep
+    from asymvlm_ray.tuning.staged_search import KEEP_CHECKPOINTS
+    from asymvlm_ray.tuning.sweep_driver import run_sweep
 
     space = {"methods": ["asymvlm-vmf"], "lr": [5e-3, 100.0], "seeds": [0, 1, 2], "epochs": 3}
     sizes = {"optimizer": "sgd", "batch_size": 64, "hidden_dim": 16, "val_fraction": 0.2}
@@ -81,32 +82,32 @@ def test_packed_trials_give_the_results_of_single_trials(ray_session, world, tmp
     packed = run_sweep(sweep_config({**doc, **outputs["2"], "pack": 2, "fault_injection": drill}))
     assert marker.exists(), "the failure was injected"
     for out in (single, packed):
-        assert [(f["stage"], f["lr"]) for f in out["failed"]] == [("grid", 100.0)]
-        assert "non-finite" in out["failed"][0]["reason"]
-    assert packed["selection"] == single["selection"]
-    assert single["summary"]["asymvlm-vmf"]["n_seeds"] == 3
-    for metric, cell in single["summary"]["asymvlm-vmf"].items():
+        assert [(f.stage, f.lr) for f in out.failed] == [("grid", 100.0)]
+        assert "non-finite" in out.failed[0].reason
+    assert packed.selection == single.selection
+    assert single.summary["asymvlm-vmf"]["n_seeds"] == 3
+    for metric, cell in single.summary["asymvlm-vmf"].items():
         if isinstance(cell, dict):
-            got = packed["summary"]["asymvlm-vmf"][metric]["mean"]
+            got = packed.summary["asymvlm-vmf"][metric]["mean"]
             assert got == pytest.approx(cell["mean"], abs=1e-6), metric
 
     summary = (tmp_path / "1" / "summary.md").read_text()
     assert "1 trial(s) failed" in summary and "non-finite" in summary
     assert "nan" not in summary.lower().replace("non-finite", "")
-    client = MlflowClient(single["tracking_uri"])
-    assert client.get_run(single["parent_run_id"]).data.metrics["failed_trials"] == 1
-    single_runs = [client.get_run(i) for i in single["child_run_ids"]]
+    client = MlflowClient(single.tracking_uri)
+    assert client.get_run(single.parent_run_id).data.metrics["failed_trials"] == 1
+    single_runs = [client.get_run(i) for i in single.child_run_ids]
     (failed,) = [r for r in single_runs if r.info.status == "FAILED"]
     assert failed.data.params["lr"] == "100.0" and failed.data.tags["stage"] == "grid"
     assert "non-finite" in failed.data.tags["failure_reason"]
 
-    client = MlflowClient(packed["tracking_uri"])
-    runs = [client.get_run(i) for i in packed["child_run_ids"]]
+    client = MlflowClient(packed.tracking_uri)
+    runs = [client.get_run(i) for i in packed.child_run_ids]
     assert sorted(r.info.status for r in runs) == ["FAILED"] + ["FINISHED"] * 3
     for run in runs:  # every member has its own epochs, once each
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss"))
         assert steps == [1, 2, 3] or (run.info.status == "FAILED" and len(steps) < 3)
-    adapters = sweep_adapters(packed["tracking_uri"], packed["parent_run_id"])
+    adapters = sweep_adapters(packed.tracking_uri, packed.parent_run_id)
     assert set(adapters) == {f"asymvlm-vmf/seed{s}" for s in (0, 1, 2)}
     for trial in glob.glob(str(tmp_path / "2" / "tune" / "trials" / "*" / "sweep_trial_*")):
         kept = glob.glob(os.path.join(trial, "checkpoint_*"))

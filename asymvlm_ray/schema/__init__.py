@@ -6,8 +6,8 @@ from asymvlm_ray.schema.load import load_pipeline as load_pipeline
 from asymvlm_ray.schema.load import load_serve as load_serve
 from asymvlm_ray.schema.load import load_sweep as load_sweep
 from asymvlm_ray.schema.load import sweep_config as sweep_config
-from asymvlm_ray.schema.pipeline import PipelineConfig as PipelineConfig
-from asymvlm_ray.schema.pipeline import SyntheticPrepare as SyntheticPrepare
-from asymvlm_ray.schema.serve import ServeConfig as ServeConfig
-from asymvlm_ray.schema.sweep import FaultInjection as FaultInjection
-from asymvlm_ray.schema.sweep import SweepConfig as SweepConfig
+from asymvlm_ray.schema.pipeline_config import PipelineConfig as PipelineConfig
+from asymvlm_ray.schema.pipeline_config import SyntheticPrepare as SyntheticPrepare
+from asymvlm_ray.schema.serve_config import ServeConfig as ServeConfig
+from asymvlm_ray.schema.sweep_settings import FaultInjection as FaultInjection
+from asymvlm_ray.schema.sweep_settings import SweepConfig as SweepConfig

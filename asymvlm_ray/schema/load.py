@@ -15,9 +15,9 @@ from asymvlm.embedding.embed_config import EmbedConfig
 from asymvlm.embedding.encoders.names import looks_like_path
 from asymvlm.errors import ConfigError
 from asymvlm.tables import Location, parse_location
-from asymvlm_ray.schema.pipeline import EmbedSection, PipelineConfig
-from asymvlm_ray.schema.serve import ServeConfig
-from asymvlm_ray.schema.sweep import RuntimeEnv, SweepConfig
+from asymvlm_ray.schema.pipeline_config import EmbedSection, PipelineConfig
+from asymvlm_ray.schema.serve_config import ServeConfig
+from asymvlm_ray.schema.sweep_settings import RuntimeEnv, SweepConfig
 
 logger = logging.getLogger(__name__)
 

@@ -1,15 +1,15 @@
-"""A sweep's trials in MLflow: :class:`MlflowTrialLogger` (a Tune callback), :func:`log_outcome`."""
+"""A sweep's trials in MLflow: :class:`MlflowTrialLogger` (a Tune callback) and each finished
+member's metrics and adapter (:func:`log_outcome`)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -17,10 +17,19 @@ from ray import tune
 from ray.tune.result import AUTO_RESULT_KEYS
 
 from asymvlm import tracking
-from asymvlm.checkpoints import MEMBER_FOLDER
 from asymvlm.metrics import glossary
 from asymvlm_ray.schema import SweepConfig
-from asymvlm_ray.tuning.trials import SELECTION_METRIC, failure_reason
+from asymvlm_ray.tuning.lr_selection import SELECTION_METRIC
+from asymvlm_ray.tuning.records import (
+    FailedTrial,
+    MemberCheckpoint,
+    Stage,
+    SweepPoint,
+    TrialConfig,
+    TrialOutcome,
+    TrialReport,
+)
+from asymvlm_ray.tuning.trials import failure_reason
 
 logger = logging.getLogger(__name__)
 
@@ -28,14 +37,10 @@ _NOT_METRICS = frozenset(AUTO_RESULT_KEYS) | {"checkpoint_path", "epoch", "trial
 EPOCHS_EVERY_S = 1.0  # a trial's epoch metrics go to MLflow at most this often (then together)
 
 
-def trial_label(stage: str, trial: dict[str, Any]) -> str:
-    """A trial's ``trial`` tag in MLflow: ``grid-asymvlm-vmf-lr0.002-seed0``."""
-    return f"{stage}-{trial['method']}-lr{float(trial['lr'])!r}-seed{int(trial['seed'])}"
-
-
-def shown(trial: dict[str, Any]) -> str:
-    """``asymvlm-vmf lr=0.002 seed=0``."""
-    return f"{trial['method']} lr={trial['lr']:g} seed={trial['seed']}"
+def trial_runs(uri: str, sweep_run: str | None) -> dict[str, str]:
+    """Trial label (:meth:`SweepPoint.label`) -> its MLflow run under the sweep's run."""
+    children = tracking.child_runs(uri, sweep_run, status="") if sweep_run else []
+    return {c.data.tags["trial"]: c.info.run_id for c in children if "trial" in c.data.tags}
 
 
 class MlflowTrialLogger(tune.Callback):
@@ -47,7 +52,9 @@ class MlflowTrialLogger(tune.Callback):
     opening: ClassVar[weakref.WeakValueDictionary[str, Future]] = weakref.WeakValueDictionary()
 
     def __init__(self, sweep: SweepConfig, parent: tracking.Run, base_params: dict[str, Any]):
-        self.sweep, self.parent, self.base_params = sweep, parent, base_params
+        self.sweep = sweep
+        self.parent = parent
+        self.base_params = base_params
 
     def setup(self, **info: Any) -> None:
         """Called by Tune as each run of the experiment starts."""
@@ -59,7 +66,8 @@ class MlflowTrialLogger(tune.Callback):
         # in order, and the loop on; a trial's epochs wait to go out together (one request a
         # second, not one an epoch: each costs the driver's CPU, which the trials share), and
         # at the latest when Tune saves its state (get_state).
-        self.writes, self.written = ThreadPoolExecutor(1, "mlflow-trials"), []
+        self.writes = ThreadPoolExecutor(1, "mlflow-trials")
+        self.written: list[Future] = []
         self.epochs: dict[str, list[tuple[dict[str, Any], int, float]]] = {}  # key -> waiting
         self.sent: dict[str, float] = {}  # key -> when its epochs last went out
         self.lock = threading.Lock()
@@ -91,86 +99,103 @@ class MlflowTrialLogger(tune.Callback):
         self._drain()
         self.writes.shutdown()
 
-    def _members(self, trial) -> list[tuple[str, dict[str, Any]]]:
-        return [(f"{trial.trial_id}#{k}", t) for k, t in enumerate(trial.config["members"])]
+    def _members(self, trial) -> tuple[Stage, list[tuple[str, SweepPoint]]]:
+        """A Tune trial's stage and members, each with its run's key (trial id#member)."""
+        config = TrialConfig.model_validate(trial.config)
+        return config.stage, [(f"{trial.trial_id}#{k}", p) for k, p in enumerate(config.members)]
 
-    def _run(self, key: str, stage: str, trial: dict[str, Any]) -> tracking.Run:
+    def _run(self, key: str, stage: Stage, point: SweepPoint) -> tracking.Run:
+        """The MLflow run of a member: its own, an earlier attempt's (reopened), else new."""
         if key in self.runs:
             return self.runs[key]
-        uri, label = self.sweep.mlflow.tracking_uri, trial_label(stage, trial)
+        uri = self.sweep.mlflow.tracking_uri
+        label = point.label(stage)
         if self.earlier is None:  # the first event: the sweep's run, and the runs earlier left
-            if (opening := self.opening.get(self.parent.key)) is not None:
+            opening = self.opening.get(self.parent.key)
+            if opening is not None:
                 opening.result()
-            children = tracking.child_runs(uri, self.parent.id, status="") if self.parent.id else []
-            self.earlier = {
-                c.data.tags["trial"]: c.info.run_id for c in children if "trial" in c.data.tags
-            }
+            self.earlier = trial_runs(uri, self.parent.id)
         if label in self.earlier:
             self.runs[key] = tracking.resume_run(uri, self.earlier[label])
             self.logged[key] = tracking.last_step(uri, self.earlier[label], "lr")  # every epoch's
             return self.runs[key]
-        optimizer = str(self.sweep.train_config(trial["method"]).optimizer)
+        optimizer = str(self.sweep.train_config(point.method).optimizer)
+        params = {**self.base_params, **point.model_dump(), "stage": stage, "optimizer": optimizer}
         self.runs[key] = tracking.open_run(
             uri,
             self.sweep.mlflow.experiment,
-            shown(trial),
+            point.shown(),
             kind="trial",
             parent=self.parent,
-            params={**self.base_params, **trial, "stage": stage, "optimizer": optimizer},
-            tags={"stage": stage, "method": trial["method"], "trial": label}
+            params=params,
+            tags={"stage": stage, "method": point.method, "trial": label}
             | ({"seed_stage": "true"} if stage == "seeds" else {}),
-            description=f"{stage} trial: {shown(trial)}",
+            description=f"{stage} trial: {point.shown()}",
             start_time=self.started.get(key),
         )
         return self.runs[key]
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        for key, member in self._members(trial):
+        stage, members = self._members(trial)
+        for key, point in members:
             self.started.setdefault(key, time.time())
-            self._run(key, trial.config["stage"], member)
+            self._run(key, stage, point)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        members, stage = self._members(trial), trial.config["stage"]
-        outcomes = result.get("outcomes") or [{}] * len(members)
-        for k, ((key, member), row) in enumerate(zip(members, outcomes, strict=True)):
-            if "outcome" in row:
-                run = self._run(key, stage, member)
+        """An epoch's metrics (one member's, in a pack) or the trial's last report."""
+        stage, members = self._members(trial)
+        reported = TrialReport.of(result, len(members))
+        for k, ((key, point), got) in enumerate(zip(members, reported, strict=True)):
+            if isinstance(got, TrialOutcome):
+                run = self._run(key, stage, point)
                 self._later(self._send_epochs, key)
-                self._later(log_outcome, run, row, trial.checkpoint, k, len(members))
-        if "epoch" in result:
-            key, member = members[int(result.get("member", 0))]
-            if (step := int(result["epoch"])) > self.logged.get(key, 0):  # a retry repeats some
-                metrics = {k: v for k, v in result.items() if k not in _NOT_METRICS | {"member"}}
-                self._run(key, stage, member)
-                now = time.time()
-                with self.lock:
-                    self.epochs.setdefault(key, []).append((metrics, step, now))
-                if now - self.sent.get(key, 0.0) >= EPOCHS_EVERY_S:
-                    self.sent[key] = now
-                    self._later(self._send_epochs, key)
-                self.logged[key] = step
+                where = MemberCheckpoint(trial.checkpoint, k, len(members))
+                self._later(log_outcome, run, got.model_copy(update={"adapter": where}))
+        if "epoch" not in result:
+            return
+        key, point = members[int(result.get("member", 0))]
+        step = int(result["epoch"])
+        if step <= self.logged.get(key, 0):  # a retry repeats the epochs after its checkpoint
+            return
+        metrics = {k: v for k, v in result.items() if k not in _NOT_METRICS | {"member"}}
+        self._run(key, stage, point)
+        now = time.time()
+        with self.lock:
+            self.epochs.setdefault(key, []).append((metrics, step, now))
+        if now - self.sent.get(key, 0.0) >= EPOCHS_EVERY_S:
+            self.sent[key] = now
+            self._later(self._send_epochs, key)
+        self.logged[key] = step
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        members = self._members(trial)
-        outcomes = (trial.last_result or {}).get("outcomes") or [{}] * len(members)
-        for (key, member), row in zip(members, outcomes, strict=True):
-            reason = row.get("failed", "" if "outcome" in row else "ended without a result")
-            self._end(key, trial.config["stage"], member, reason)
+        """Each member's run FINISHED, or FAILED when it diverged in a pack or never reported."""
+        stage, members = self._members(trial)
+        reported = TrialReport.of(trial.last_result, len(members))
+        for (key, point), got in zip(members, reported, strict=True):
+            reason = ""
+            if isinstance(got, FailedTrial):
+                reason = got.reason
+            elif got is None:
+                reason = "ended without a result"
+            self._end(key, stage, point, reason)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        """Each member's run FAILED with the trial's reason."""
         reason = failure_reason(_error(trial))
-        for key, member in self._members(trial):
-            self._end(key, trial.config["stage"], member, reason)
+        stage, members = self._members(trial)
+        for key, point in members:
+            self._end(key, stage, point, reason)
 
-    def _end(self, key: str, stage: str, trial: dict[str, Any], reason: str) -> None:
-        run = self._run(key, stage, trial)
+    def _end(self, key: str, stage: Stage, point: SweepPoint, reason: str) -> None:
+        """A member's run FINISHED, or FAILED with ``reason``."""
+        run = self._run(key, stage, point)
         self._later(self._send_epochs, key)
         self._later(run.end, "FAILED" if reason else "FINISHED", reason or None)
         if reason:
-            logger.warning("trial %s FAILED: %s", shown(trial), reason)
+            logger.warning("trial %s FAILED: %s", point.shown(), reason)
         else:
             seconds = time.time() - self.started.get(key, time.time())
-            logger.info("trial %s FINISHED in %.0f s", shown(trial), seconds)
+            logger.info("trial %s FINISHED in %.0f s", point.shown(), seconds)
 
 
 def _error(trial) -> BaseException | str | None:
@@ -186,35 +211,25 @@ def _error(trial) -> BaseException | str | None:
     return None
 
 
-def log_outcome(run: tracking.Run, row: dict[str, Any], *checkpoint: Any) -> None:
+def log_outcome(run: tracking.Run, trial: TrialOutcome) -> None:
     """A finished member's final metrics, binned Recall@1 curves (JSON + PNG), every number of
-    its evaluation (results.json) and its adapter (``checkpoint``: :func:`adapter_directory`)."""
+    its evaluation (results.json) and its adapter (as an MLflow model)."""
     from asymvlm.report.figures import plot_binned_recall
     from asymvlm.scoring.models import log_adapter_models
 
-    out = row["outcome"]
+    out = trial.outcome
     metrics = glossary.retrieval_metric_names(out.get("test", {}))
     metrics |= glossary.retrieval_metric_names(out.get("val", {}), prefix="val_")
-    run.log_metrics({**metrics, SELECTION_METRIC: row[SELECTION_METRIC]})
+    run.log_metrics({**metrics, SELECTION_METRIC: trial.val_mean_recall_at_1})
     splits = [split for split in ("val", "test") if split in out]
     curves = {s: {d: out[s][d].get("binned_recall@1") for d in glossary.DIRECTIONS} for s in splits}
     run.log_json("binned_recall.json", curves)
     run.log_json("results.json", {split: out[split] for split in splits})
-    if plotted := out.get("test") or out.get("val"):
+    plotted = out.get("test") or out.get("val")
+    if plotted:
         with tempfile.TemporaryDirectory() as tmp:
             png = os.path.join(tmp, "binned_recall.png")
-            run.log_artifact(plot_binned_recall({row["method"]: plotted}, png, title=shown(row)))
-    with adapter_directory(*checkpoint) as model:
+            run.log_artifact(plot_binned_recall({trial.method: plotted}, png, title=trial.shown()))
+    with trial.adapter.adapter_folder() as model:
         if model is not None:
             log_adapter_models(run, model)
-
-
-@contextlib.contextmanager
-def adapter_directory(checkpoint=None, k: int = 0, size: int = 1) -> Iterator[str | None]:
-    """A local folder holding a finished member's adapter for the block: in Tune's
-    ``checkpoint`` (member ``k``'s folder in a pack of ``size``); None without one."""
-    if checkpoint is None:
-        yield None
-        return
-    with checkpoint.as_directory() as directory:
-        yield os.path.join(directory, MEMBER_FOLDER.format(k=k)) if size > 1 else directory

@@ -1,5 +1,6 @@
-"""A sweep trial, :func:`sweep_trial`: its ``members`` trained and evaluated (App. B.4) in the
-Tune trial's process (several as one batched model), resumed from Tune's checkpoint."""
+"""A sweep trial, :func:`sweep_trial`: its members trained and evaluated (App. B.4) in the Tune
+trial's process (several as one batched model), resumed from Tune's checkpoint; why one failed
+(:func:`failure_reason`)."""
 
 from __future__ import annotations
 
@@ -12,58 +13,58 @@ from ray import tune
 
 from asymvlm.checkpoints import read_pack_state, read_run_state, save_pack_checkpoint
 from asymvlm.errors import AsymVLMError, TrialFailed, one_line
-from asymvlm.metrics import glossary
 from asymvlm.runner import train_and_evaluate, train_and_evaluate_packed
 from asymvlm.splits import PROCESS_CACHE
 from asymvlm_ray.ray_train import checkpoint_folder, maybe_inject_failure, worker_logging
 from asymvlm_ray.schema import SweepConfig
-
-SELECTION_METRIC = "val_mean_recall_at_1"
-
-
-def final_report(trial: dict[str, Any], stage: str, out: dict[str, Any]) -> dict[str, Any]:
-    """A member's last row: its outcome and score (mean validation Recall@1 of both directions)."""
-    val = glossary.retrieval_metric_names(out.get("val", {}), prefix="val_")
-    score = [val[k] for k in ("val_t2i_recall_at_1", "val_i2t_recall_at_1") if k in val]
-    mean = sum(score) / len(score) if score else float("nan")
-    return {SELECTION_METRIC: mean, **trial, "stage": stage, "outcome": out}
+from asymvlm_ray.tuning.lr_selection import validation_score
+from asymvlm_ray.tuning.records import FailedTrial, TrialConfig, TrialOutcome, TrialReport
 
 
 def _state(read):
     """``read`` of Tune's checkpoint of this trial (a retry, a restored sweep), else None."""
-    if (checkpoint := tune.get_checkpoint()) is None:
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
         return None
     with checkpoint.as_directory() as directory:
         return read(directory)
 
 
 def _diverged(out: dict[str, Any]) -> str | None:
+    """Why a run's results say it diverged, on one line; None when it did not."""
     return " ".join(str(out["diverged"]).split()) if out.get("diverged") else None
 
 
-def sweep_trial(config: dict[str, Any]) -> None:
-    """The trial ``config`` (``sweep``, ``stage``, ``members``); a member that diverged (or
-    fails) alone fails the trial, one of a pack ends ``{"failed": reason}``."""
-    sweep: SweepConfig = config["sweep"]
-    stage, members = config["stage"], config["members"]
-    specs = [sweep.run_spec(t["method"], t["lr"], t["seed"]) for t in members]
+def sweep_trial(config: dict[str, Any], sweep: SweepConfig) -> None:
+    """The Tune trial of ``config`` (a :class:`TrialConfig`) in ``sweep`` (given by
+    ``tune.with_parameters``): its last report a :class:`TrialReport`. A member that diverged
+    (or fails) alone fails the trial; one of a pack is a :class:`FailedTrial`."""
+    trial = TrialConfig.model_validate(config)
+    specs = [sweep.run_spec(p.method, p.lr, p.seed) for p in trial.members]
     worker_logging(0, label="trial")
     torch.set_num_threads(max(1, int(sweep.cpus_per_worker)))  # the CPUs the trial reserved
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        outs = (_in_place if len(members) == 1 else _packed)(sweep, specs, device)
+        outs = (_in_place if len(specs) == 1 else _packed)(sweep, specs, device)
     except Exception as exc:  # the trial fails (Tune error state) with a readable reason
         raise TrialFailed(failure_reason(exc)) from None
-    if len(members) == 1 and (reason := _diverged(outs[0])):
-        raise TrialFailed(reason)
-    outcomes = [
-        {"failed": reason} if (reason := _diverged(out)) else final_report(t, stage, out)
-        for t, out in zip(members, outs, strict=True)
-    ]
-    tune.report({"outcomes": outcomes})
+    reasons = [_diverged(out) for out in outs]
+    if len(specs) == 1 and reasons[0]:
+        raise TrialFailed(reasons[0])
+    outcomes: list[TrialOutcome | FailedTrial] = []
+    for point, out, reason in zip(trial.members, outs, reasons, strict=True):
+        member = {**point.model_dump(), "stage": trial.stage}
+        if reason:
+            outcomes.append(FailedTrial(**member, reason=reason))
+        else:
+            score = validation_score(out)
+            outcomes.append(TrialOutcome(**member, val_mean_recall_at_1=score, outcome=out))
+    tune.report(TrialReport(outcomes=outcomes).model_dump())
 
 
 def _in_place(sweep: SweepConfig, specs: list, device: torch.device) -> list[dict[str, Any]]:
+    """One run, each epoch reported (with a checkpoint when one is due)."""
+
     def on_epoch(row, trainer, history, due: bool) -> None:
         if due:
             with checkpoint_folder(trainer, history) as folder:
@@ -91,7 +92,8 @@ def _packed(sweep: SweepConfig, specs: list, device: torch.device) -> list[dict[
         rows.clear()
         for row in before:
             tune.report(row)
-        if specs[0].checkpoint_due(epoch := int(last["epoch"])):
+        epoch = int(last["epoch"])
+        if specs[0].checkpoint_due(epoch):
             with tempfile.TemporaryDirectory() as directory:
                 save_pack_checkpoint(directory, pack)
                 tune.report(last, checkpoint=tune.Checkpoint.from_directory(directory))
@@ -99,10 +101,13 @@ def _packed(sweep: SweepConfig, specs: list, device: torch.device) -> list[dict[
             tune.report(last)
         maybe_inject_failure(sweep.fault_injection, epoch, 0)
 
+    def on_epoch(k: int, row: dict[str, Any], trainer, history) -> None:
+        rows.append({"member": k, **row})
+
     return train_and_evaluate_packed(
         specs,
         device=device,
-        on_epoch=lambda k, row, trainer, history: rows.append({"member": k, **row}),
+        on_epoch=on_epoch,
         on_state=on_state,
         cache=PROCESS_CACHE,
         state=_state(read_pack_state),

@@ -12,7 +12,7 @@ from asymvlm import storage
 from asymvlm.config import StrictModel
 from asymvlm.embedding.embed_config import EmbedConfig
 from asymvlm.evaluation.registry import EVALUATIONS
-from asymvlm_ray.schema.sweep import (
+from asymvlm_ray.schema.sweep_settings import (
     Absolute,
     MlflowSettings,
     PositiveInt,

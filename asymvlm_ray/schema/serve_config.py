@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field
 
 from asymvlm.config import StrictModel
-from asymvlm_ray.schema.sweep import PositiveInt, RaySettings
+from asymvlm_ray.schema.sweep_settings import PositiveInt, RaySettings
 
 
 class ServeConfig(StrictModel):

@@ -1,7 +1,9 @@
-"""A sweep's config: :class:`SweepConfig`, and the sections it shares with the pipeline."""
+"""A sweep's config: :class:`SweepConfig`, and the sections it shares with the pipeline and
+Serve configs (where the output lives, the Ray session, the MLflow store, a drill)."""
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Annotated, Any, Literal
 
@@ -20,9 +22,10 @@ from asymvlm.methods import METHODS, check_method_name
 from asymvlm.methods.arguments import arguments_model
 from asymvlm.runner import RunSpec
 from asymvlm.training import TrainConfig
+from asymvlm.training.train_config import DEVICE, Count, NonNegativeFloat
 
-MethodName = Annotated[str, AfterValidator(check_method_name)]
 PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
 Finite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 #: A location in one spelling (:func:`asymvlm.storage.absolute`); written relative in a config
 #: file, it is relative to the file's folder (:mod:`asymvlm_ray.schema.load`).
@@ -78,14 +81,16 @@ class FaultInjection(StrictModel):
     ``epoch``, once per ``marker``; a job reads ``$ASYMVLM_FAULT_INJECTION`` (``epoch=2``)."""
 
     epoch: PositiveInt = Field(description="the epoch after whose checkpoint the worker dies")
-    rank: Annotated[int, Field(ge=0)] = Field(0, description="the worker that dies")
+    rank: NonNegativeInt = Field(0, description="the worker that dies")
     marker: str | None = Field(None, description="a file written first: the drill runs once")
     action: Literal["kill", "pause"] = Field("kill", description="kill the worker, or pause it")
     seconds: Finite = Field(120.0, description="how long a pause lasts")
 
     @classmethod
     def from_environment(cls) -> FaultInjection | None:
-        if not (raw := os.environ.get(FAULT_ENV)):
+        """The drill ``$ASYMVLM_FAULT_INJECTION`` describes (``epoch=2,rank=1``), if any."""
+        raw = os.environ.get(FAULT_ENV)
+        if not raw:
             return None
         items = dict(item.split("=", 1) for item in raw.split(",") if "=" in item)
         return config.validate(cls, items, f"${FAULT_ENV}")
@@ -95,7 +100,8 @@ def default_store(doc: dict[str, Any], experiment: str) -> None:
     """Fill ``mlflow.experiment`` and ``mlflow.tracking_uri`` (SQLite beside ``output``)."""
     mlflow = {**(doc.get("mlflow") or {})}
     mlflow["experiment"] = mlflow.get("experiment") or experiment
-    if storage.is_remote(output := doc["output"]) and not mlflow.get("tracking_uri"):
+    output = doc["output"]
+    if storage.is_remote(output) and not mlflow.get("tracking_uri"):
         raise ValueError(
             f"output {output} is on an object store, where MLflow's default SQLite store "
             "cannot live: set mlflow.tracking_uri to a tracking server (http(s)://...; its "
@@ -105,16 +111,9 @@ def default_store(doc: dict[str, Any], experiment: str) -> None:
     doc["mlflow"] = mlflow
 
 
-# -- the sweep: every TrainConfig field but the swept ones, every RunSpec field but train ------
-_TRAIN_FIELDS = {
-    name: (info.annotation, info)
-    for name, info in TrainConfig.model_fields.items()
-    if name not in ("method", "lr", "seed", "method_kwargs")
-}
-_RUN_FIELDS = {n: (i.annotation, i) for n, i in RunSpec.model_fields.items() if n != "train"}
-_RUN_FIELDS["embeddings"] = (Absolute, RunSpec.model_fields["embeddings"])  # trials run elsewhere
-_RUN_FIELDS["test_embeddings"] = (Absolute | None, RunSpec.model_fields["test_embeddings"])
-_RUN_FIELDS["checkpoint_every"] = (PositiveInt, Field(5, description="epochs between checkpoints"))
+MethodName = Annotated[str, AfterValidator(check_method_name)]
+#: TrainConfig's fields a sweep sets per trial (method_kwargs: per method, below).
+SWEPT = ("method", "lr", "seed", "method_kwargs")
 
 
 def _unique(values: list) -> list:
@@ -127,19 +126,30 @@ def _grid(item: Any) -> Any:
     return Annotated[list[item], Field(min_length=1), AfterValidator(_unique)]
 
 
-class _SweepBase(StrictModel):
+def _as_in(model: type, name: str) -> Any:
+    """``model``'s field ``name`` (its default, description and bounds) for the same key here."""
+    return copy.copy(model.model_fields[name])
+
+
+class SweepConfig(StrictModel):
+    """A two-stage Tune sweep (``pipelines/sweep.py``, ``tune_spaces/*.yaml``):
+    ``methods x lr`` with the first seed, the best lr per method on validation, then every seed.
+    Every :class:`~asymvlm.runner.RunSpec` field (the tables and splits) and every
+    :class:`~asymvlm.training.TrainConfig` field but method/lr/seed is a key too."""
+
+    # -- the sweep ---------------------------------------------------------------------------
     name: str | None = Field(None, description="the sweep's name (required in a pipeline)")
     note: str | None = Field(None, description="a note shown in MLflow and the report")
     methods: _grid(MethodName) = Field(
         description="methods to sweep (`asymvlm methods`), or `all`: every registered method"
     )
     lr: _grid(Finite) = Field(description="the learning-rate grid")
-    seeds: _grid(Annotated[int, Field(ge=0)]) = Field(description="the seeds of stage 2")
+    seeds: _grid(NonNegativeInt) = Field(description="the seeds of stage 2")
     mlflow: MlflowSettings = Field(MlflowSettings(), description="the tracking store, experiment")
     output: Absolute = Field(description="the sweep's folder (default: runs/<experiment>)")
     storage: StorageSettings = Field(StorageSettings(), description="how nodes share the output")
     ray: RaySettings = Field(RaySettings(), description="the Ray session (runtime_env)")
-    max_failures: Annotated[int, Field(ge=0)] = Field(1, description="retries of a failed trial")
+    max_failures: NonNegativeInt = Field(1, description="retries of a failed trial")
     node_wait_s: Finite = Field(
         600.0, description="seconds trials may wait for a node while none runs; then it stops"
     )
@@ -154,6 +164,30 @@ class _SweepBase(StrictModel):
         1, description="trials of one method and stage trained in one process as one model"
     )
     fault_injection: FaultInjection | None = Field(None, description="a drill (tests)")
+    # -- each trial's RunSpec: the tables and splits (the embeddings absolute: trials run elsewhere)
+    embeddings: Absolute = _as_in(RunSpec, "embeddings")
+    train_split: str = _as_in(RunSpec, "train_split")
+    val_split: str | None = _as_in(RunSpec, "val_split")
+    test_split: str | None = _as_in(RunSpec, "test_split")
+    val_fraction: Annotated[Finite, Field(lt=1)] | None = _as_in(RunSpec, "val_fraction")
+    test_embeddings: Absolute | None = _as_in(RunSpec, "test_embeddings")
+    checkpoint_every: PositiveInt = Field(5, description="epochs between checkpoints")
+    # -- each trial's TrainConfig but the swept method, lr and seed -----------------------------
+    protocol: Literal["improved", "official"] = _as_in(TrainConfig, "protocol")
+    epochs: Count = _as_in(TrainConfig, "epochs")
+    optimizer: Literal["sgd", "adamw"] | None = _as_in(TrainConfig, "optimizer")
+    momentum: Annotated[NonNegativeFloat, Field(lt=1)] | None = _as_in(TrainConfig, "momentum")
+    weight_decay: NonNegativeFloat | None = _as_in(TrainConfig, "weight_decay")
+    batch_size: Count = _as_in(TrainConfig, "batch_size")
+    min_lr: NonNegativeFloat = _as_in(TrainConfig, "min_lr")
+    hidden_dim: Count | None = _as_in(TrainConfig, "hidden_dim")
+    depth: Count | None = _as_in(TrainConfig, "depth")
+    adapter_input: Literal["raw", "unit"] = _as_in(TrainConfig, "adapter_input")
+    device: Annotated[str, Field(pattern=DEVICE.pattern)] = _as_in(TrainConfig, "device")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = _as_in(TrainConfig, "precision")
+    stream: Literal["auto", "always", "never"] = _as_in(TrainConfig, "stream")
+    stream_memory_bytes: NonNegativeInt | None = _as_in(TrainConfig, "stream_memory_bytes")
+    shuffle_buffer: NonNegativeInt = _as_in(TrainConfig, "shuffle_buffer")
     _specs: dict[str, RunSpec] = PrivateAttr({})  # each method's validated run at lr[0], seeds[0]
 
     @model_validator(mode="before")
@@ -178,16 +212,18 @@ class _SweepBase(StrictModel):
         return each.model_validate(value).model_dump(exclude_unset=True)
 
     @model_validator(mode="after")
-    def _consistent(self) -> _SweepBase:
+    def _consistent(self) -> SweepConfig:
+        """Refuse what cannot run together; each method's run validated once (:meth:`run_spec`)."""
         if self.pack > 1 and self.stream == "always":
             raise ValueError(
                 "pack > 1 holds the training split in memory and cannot stream it: "
                 "with stream: always, set pack: 1"
             )
-        if extra := sorted(set(self.method_kwargs) - set(self.methods)):
+        extra = sorted(set(self.method_kwargs) - set(self.methods))
+        if extra:
             raise ValueError(f"method_kwargs names methods that are not swept: {extra}")
-        train = {k: getattr(self, k) for k in _TRAIN_FIELDS if k in self.model_fields_set}
-        run = {k: getattr(self, k) for k in _RUN_FIELDS}
+        train = {k: getattr(self, k) for k in _TRAIN_KEYS if k in self.model_fields_set}
+        run = {k: getattr(self, k) for k in _RUN_KEYS}
         for m in self.methods:
             kwargs = self.method_kwargs.get(m, {})
             cfg = TrainConfig(
@@ -205,14 +241,18 @@ class _SweepBase(StrictModel):
         return self._specs[method].variant(lr=lr, seed=seed)
 
     @property
+    def selects_lr(self) -> bool:
+        """Several lrs: the grid's trials choose each method's on validation (one: it is used)."""
+        return len(self.lr) > 1
+
+    @property
     def label(self) -> str:
+        """The sweep's name in messages."""
         return self.name or "sweep"
 
 
-SweepConfig = create_model(  # the RunSpec and TrainConfig fields, with their types and defaults
-    "SweepConfig", __base__=_SweepBase, **_RUN_FIELDS, **_TRAIN_FIELDS
-)
-SweepConfig.__doc__ = """A two-stage Tune sweep (``pipelines/sweep.py``, ``tune_spaces/*.yaml``):
-``methods x lr`` with the first seed, the best lr per method on validation, then every seed.
-Every :class:`~asymvlm.runner.RunSpec` field (the tables and splits) and every
-:class:`~asymvlm.training.TrainConfig` field but method/lr/seed is a key too."""
+_TRAIN_KEYS = [k for k in TrainConfig.model_fields if k not in SWEPT]
+_RUN_KEYS = [k for k in RunSpec.model_fields if k != "train"]
+_MISSING = sorted(set(_TRAIN_KEYS + _RUN_KEYS) - set(SweepConfig.model_fields))
+if _MISSING:
+    raise TypeError(f"SweepConfig lacks the RunSpec/TrainConfig keys {_MISSING}: add them")
