@@ -61,9 +61,8 @@ def _empty_store() -> str | None:
 
 
 def seed_new_store(tracking_uri: str) -> None:
-    """A SQLite store that is not there yet starts as a copy of :func:`_empty_store`: MLflow
-    would build it by running its schema migrations, ~5 s of a sweep's start on a disk that
-    syncs each (MLflow adds its default experiment, as to a store it made)."""
+    """A SQLite store not there yet starts as a copy of :func:`_empty_store`: MLflow's schema
+    migrations take ~5 s of a sweep's start (MLflow adds its default experiment as usual)."""
     database = os.path.abspath(tracking_uri.removeprefix("sqlite:///"))
     if not tracking_uri.startswith("sqlite:///") or os.path.exists(database):
         return
@@ -129,10 +128,8 @@ def relocate_local_store(tracking_uri: str) -> int:
     return moved
 
 
-@cache
-def relocate_once(tracking_uri: str) -> int:
-    """:func:`relocate_local_store`, once per store and process."""
-    return relocate_local_store(tracking_uri)
+#: :func:`relocate_local_store`, once per store and process.
+relocate_once = cache(relocate_local_store)
 
 
 @cache
