@@ -14,6 +14,7 @@ from asymvlm.cli.flags import (
     add_output_file,
     add_tracking_uri,
     check_output_file,
+    parse_kv,
 )
 from asymvlm.errors import ConfigError
 
@@ -27,14 +28,12 @@ COMMANDS = {
 
 def _loading(args: argparse.Namespace) -> dict[str, object]:
     """How :mod:`asymvlm.api` loads the checkpoint and the split."""
-    keys = ("checkpoint", "embeddings", "split", "device", "adapter_input", "allow_incomplete")
-    keys += ("tracking_uri",)
+    keys = "checkpoint embeddings split device adapter_input allow_incomplete tracking_uri".split()
     return {k: getattr(args, k) for k in keys}
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`):
-    its headline numbers printed, every number in ``--output`` when given."""
+    """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`)."""
     from asymvlm import api, storage
     from asymvlm.evaluation.specs import spec
     from asymvlm.tables import Location
@@ -97,10 +96,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     for key in SPECS[args.kind].model_fields:
         value = getattr(args, key, None)
         if isinstance(value, list):  # NAME=ROOT:SPLIT, repeated
-            pairs = [item.partition("=") for item in value]
-            if bad := [f"{a}{eq}{b}" for a, eq, b in pairs if not eq]:
-                raise ConfigError(f"{_flag(key)} expects {METAVARS[key]}, got {bad[0]!r}")
-            value = {name: where for name, _, where in pairs}
+            value = parse_kv(value, _flag(key), METAVARS[key])
         values[key] = value
     parsed = spec(args.kind, values, f"asymvlm analyze {args.kind}", flags=True)
     check_output_file(args)

@@ -23,13 +23,13 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def parse_kv(items: Sequence[str], flag: str = "--method-arg") -> dict[str, str]:
-    """``key=value`` pairs as strings; the schema that takes them converts the values."""
+def parse_kv(items: Sequence[str], flag: str, form: str = "key=value") -> dict[str, str]:
+    """``key=value`` pairs of ``flag`` as strings (the schema that takes them converts them)."""
     out: dict[str, str] = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq:
-            raise ConfigError(f"{flag} expects key=value, got {item!r}")
+            raise ConfigError(f"{flag} expects {form}, got {item!r}")
         out[key] = value
     return out
 
@@ -74,8 +74,7 @@ def add_output_file(p: argparse.ArgumentParser, metavar: str, help: str, **kwarg
 
 
 def check_output_file(args: argparse.Namespace) -> None:
-    """Refuse a file already at ``--output`` unless ``--overwrite``, before any work (nothing
-    written is lost; train and export refuse their folders the same way)."""
+    """Refuse a file already at ``--output`` unless ``--overwrite``, before any work is done."""
     from asymvlm import storage
 
     if args.output and not args.overwrite and storage.exists(args.output):

@@ -58,11 +58,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "report",
-        help=COMMANDS["report"],
-        formatter_class=Help,
-    )
+    p = sub.add_parser("report", help=COMMANDS["report"], formatter_class=Help)
     add_tracking_uri(p, "(e.g. sqlite:///runs/demo/mlflow.db) the runs are read from")
     p.add_argument("--experiment", required=True, help="MLflow experiment to gather")
     p.add_argument("--output", required=True, help="folder for report.md and the figures")

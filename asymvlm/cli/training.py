@@ -27,7 +27,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     doc = {
         **model_values(args, args.train_keys),
         "device": args.device,
-        "method_kwargs": parse_kv(args.method_arg),
+        "method_kwargs": parse_kv(args.method_arg, "--method-arg"),
     }
     cfg = validate(TrainConfig, doc, "asymvlm train", flags=True)
     _, history = train(
@@ -166,11 +166,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     p.set_defaults(func=cmd_import_official)
 
-    p = sub.add_parser(
-        "methods",
-        help=COMMANDS["methods"],
-        formatter_class=Help,
-    )
+    p = sub.add_parser("methods", help=COMMANDS["methods"], formatter_class=Help)
     p.add_argument(
         "name",
         nargs="?",
