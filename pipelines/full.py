@@ -1,7 +1,6 @@
 """The whole pipeline on Ray: prepare -> embed -> sweep -> evaluate -> report (one YAML).
 
-Stages: :mod:`asymvlm_ray.stages` (each resumable); keys:
-:class:`asymvlm_ray.schema.PipelineConfig`."""
+Stages: :mod:`asymvlm_ray.stages` (resumable); keys: :class:`asymvlm_ray.schema.PipelineConfig`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Ray Tune sweep of the paper's protocol (App. B.4), tracked in MLflow.
 
-The sweep: :mod:`asymvlm_ray.tuning.sweep_driver`; its keys:
-:class:`asymvlm_ray.schema.SweepConfig`."""
+The sweep: :mod:`asymvlm_ray.tuning.sweep_driver`; keys: :class:`asymvlm_ray.schema.SweepConfig`."""
 
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ logger = logging.getLogger("pipelines.sweep")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``pipelines/sweep.py`` (also documented from it)."""
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--config",
@@ -38,8 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the sweep of ``--config``; the exit code (:func:`asymvlm.entry.guarded`)."""
-
     def run() -> int:
         args = build_parser().parse_args(argv)
         logs.configure(verbose=args.verbose)

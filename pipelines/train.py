@@ -25,7 +25,6 @@ TRAIN_FLAGS = "method protocol epochs lr optimizer batch_size hidden_dim seed".s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``pipelines/train.py`` (also documented from it)."""
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     run_keys = config.add_model_flags(parser, RunSpec, exclude=("train",), required=("embeddings",))
     train_keys = config.add_model_flags(
