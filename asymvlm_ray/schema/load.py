@@ -93,11 +93,7 @@ def _from_file(value: Any, schema: Any, folder: str) -> Any:
         elif key in _UNTYPED_PATHS.get(schema, ()) or key in _NAME_OR_FOLDER.get(schema, ()):
             out[key] = _under(folder, item, key in _NAME_OR_FOLDER.get(schema, ()))
         elif key in fields:
-            info = fields[key]
-            typed = (
-                Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
-            )
-            out[key] = _from_file(item, typed, folder)
+            out[key] = _from_file(item, fields[key].rebuild_annotation(), folder)
     return out
 
 
