@@ -43,8 +43,7 @@ def check_finite(
     data: SplitTensors,
     start: int = 0,
 ) -> None:
-    """:class:`NonFiniteError` when ``value`` (a row per caption/image, from row ``start`` on)
-    has a NaN/inf."""
+    """:class:`NonFiniteError` naming the first row (from ``start``) of ``value`` with a NaN/inf."""
     if not torch.is_tensor(value) or not value.is_floating_point() or not value.numel():
         return
     if _finite(value):
@@ -58,8 +57,7 @@ def check_finite(
 def encode_rows(
     method: Method, kind: str, rows: torch.Tensor, data: SplitTensors, start: int, stop: int
 ) -> Encoding:
-    """The encoding of the caption or image inputs ``rows[start:stop]`` (``kind``), checked
-    finite."""
+    """The encoding of the ``kind`` inputs ``rows[start:stop]``, checked finite."""
     encode = method.encode_texts if kind == "caption" else method.encode_images
     encoding = encode(rows[start:stop])
     for name, value in encoding.items():
@@ -231,8 +229,7 @@ def evaluate_retrieval(
 @torch.no_grad()
 def caption_scores(method: Method, data: SplitTensors, chunk_size: int = ENCODE_ROWS) -> pa.Table:
     """Per caption: ``caption_id``, ``text``, ``kappa`` and ``uncertainty`` (null where
-    undefined), then the split's other caption columns; the captions are encoded chunk by
-    chunk (only these numbers are kept)."""
+    undefined), then the split's other caption columns; encoded chunk by chunk."""
     method.eval()
     _, text_rows = method.split_inputs(data)
     n = len(text_rows)

@@ -54,8 +54,7 @@ class Ranking:
 
 
 def chunk_rows(n_columns: int, memory_budget: int | None = None) -> int:
-    """Captions per chunk so that ``rows * n_columns * SCORE_WORK_BYTES <= memory_budget``
-    (:data:`DEFAULT_MEMORY_BUDGET` when None); at least 1."""
+    """Captions per chunk within ``memory_budget`` (None: :data:`DEFAULT_MEMORY_BUDGET`), >= 1."""
     budget = memory_budget or DEFAULT_MEMORY_BUDGET
     return max(1, budget // (SCORE_WORK_BYTES * max(1, n_columns)))
 

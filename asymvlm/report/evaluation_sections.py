@@ -94,8 +94,7 @@ def table2(runs: Sequence[EvaluationResult]) -> list[str]:
 
 
 def table3(runs: Sequence[EvaluationResult]) -> list[str]:
-    """Table 3 analogue per zero-shot run, the paper's numbers beside ours (its COCO rows
-    unless the set-up is the paper's)."""
+    """Table 3 analogue per zero-shot run, the paper's numbers (COCO's unless ours) beside ours."""
     lines: list[str] = []
     for result in runs:
         ft = result.fine_tuned_on

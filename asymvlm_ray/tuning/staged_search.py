@@ -51,9 +51,8 @@ def packed(sweep: SweepConfig, stage: Stage, points: list[SweepPoint]) -> list[T
 
 
 class StagedSearch(Searcher):
-    """Tune's searcher of a sweep: the grid's trials first (with one lr, every seed at once),
-    each method's other seeds at its chosen lr (:func:`~.lr_selection.select_lr`) once its
-    grid trials have all ended."""
+    """Tune's searcher of a sweep: the grid's trials first (with one lr, every seed at once), each
+    method's other seeds at its chosen lr (:func:`~.lr_selection.select_lr`) once its grid ended."""
 
     def __init__(self, sweep: SweepConfig) -> None:
         super().__init__()

@@ -91,8 +91,7 @@ class MlflowTrialLogger(tune.Callback):
         self.written.clear()
 
     def get_state(self) -> None:
-        """Called by Tune as it saves the experiment's state (which a restored sweep goes on
-        from, its trials from their checkpoints): MLflow holds what that state holds first."""
+        """Called by Tune as it saves the experiment's state: MLflow holds what it holds first."""
         self._drain()
 
     def on_experiment_end(self, trials, **info) -> None:
