@@ -133,16 +133,10 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
         "store: --tracking-uri) or hf-hub:ORG/REPO[@REVISION]",
     )
     add_tracking_uri(p)
-    p.add_argument(
-        "--adapter-input",
-        choices=["raw", "unit"],
-        help="override what the checkpoint says it reads",
-    )
-    p.add_argument(
-        "--allow-incomplete",
-        action="store_true",
-        help="accept an incomplete checkpoint (a run in progress, killed or diverged)",
-    )
+    reads = "override what the checkpoint says it reads"
+    p.add_argument("--adapter-input", choices=["raw", "unit"], help=reads)
+    incomplete = "accept an incomplete checkpoint (a run in progress, killed or diverged)"
+    p.add_argument("--allow-incomplete", action="store_true", help=incomplete)
 
 
 METAVARS = {
@@ -214,13 +208,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             formatter_class=Help,
         )
         _add_inputs(k, kind)
-        k.add_argument(
-            "--checkpoint",
-            action="append",
-            default=[],
-            metavar="DIR|URI",
-            help="adapter folder, MLflow model URI or hf-hub:ORG/REPO (repeat)",
-        )
+        each = "adapter folder, MLflow model URI or hf-hub:ORG/REPO (repeat)"
+        k.add_argument("--checkpoint", action="append", default=[], metavar="DIR|URI", help=each)
         k.add_argument("--sweep", default=None, help="a sweep's MLflow run id: its seed adapters")
         k.add_argument("--frozen", action="store_true", help="also the frozen model (clip)")
         add_output_file(k, "FILE.json", "write the JSON here too")

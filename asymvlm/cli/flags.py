@@ -37,12 +37,8 @@ def parse_kv(items: Sequence[str], flag: str, form: str = "key=value") -> dict[s
 def add_data_args(p: argparse.ArgumentParser, split_default: str) -> None:
     """``--embeddings ROOT[:SPLIT]``, ``--split`` (see :func:`table_location`), ``--device``,
     ``--quiet``."""
-    p.add_argument(
-        "--embeddings",
-        required=True,
-        metavar="ROOT[:SPLIT]",
-        help="embedding table root, or ROOT:SPLIT",
-    )
+    root = "embedding table root, or ROOT:SPLIT"
+    p.add_argument("--embeddings", required=True, metavar="ROOT[:SPLIT]", help=root)
     p.add_argument("--split", help=f"split of the tables (default: {split_default})")
     p.set_defaults(default_split=split_default)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... or auto")
