@@ -22,13 +22,10 @@ from asymvlm_ray.session import RaySession  # noqa: E402
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--config",
-        help="a YAML of ServeConfig keys (each listed in the docs' Configuration reference)",
-    )
-    parser.add_argument(
-        "--checkpoint", help="a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO"
-    )
+    keys = "a YAML of ServeConfig keys (each listed in the docs' Configuration reference)"
+    parser.add_argument("--config", help=keys)
+    model = "a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO"
+    parser.add_argument("--checkpoint", help=model)
     override = "override a ServeConfig key"
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
     parser.add_argument("--no-block", action="store_true", help="deploy and return")

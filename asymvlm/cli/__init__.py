@@ -28,9 +28,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Probabilistic adapters for frozen VLM embeddings (AsymVLM and baselines).",
     )
     parser.add_argument("--version", action="version", version=f"asymvlm {__version__}")
-    parser.add_argument(
-        "--verbose", action="store_true", help="show every library's messages (Ray, MLflow...) too"
-    )
+    verbose = "show every library's messages (Ray, MLflow...) too"
+    parser.add_argument("--verbose", action="store_true", help=verbose)
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         if command is None or command in group.COMMANDS:

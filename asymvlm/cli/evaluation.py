@@ -125,13 +125,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="DIR|URI",
-        help="a checkpoint or model folder, an MLflow model URI (runs:/.., models:/..; "
-        "store: --tracking-uri) or hf-hub:ORG/REPO[@REVISION]",
+    where = (
+        "a checkpoint or model folder, an MLflow model URI (runs:/.., models:/..; "
+        "store: --tracking-uri) or hf-hub:ORG/REPO[@REVISION]"
     )
+    p.add_argument("--checkpoint", required=True, metavar="DIR|URI", help=where)
     add_tracking_uri(p)
     reads = "override what the checkpoint says it reads"
     p.add_argument("--adapter-input", choices=["raw", "unit"], help=reads)

@@ -42,9 +42,8 @@ def add_data_args(p: argparse.ArgumentParser, split_default: str) -> None:
     p.add_argument("--split", help=f"split of the tables (default: {split_default})")
     p.set_defaults(default_split=split_default)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... or auto")
-    p.add_argument(
-        "--quiet", action="store_true", help="no progress bars (none either off a terminal)"
-    )
+    quiet = "no progress bars (none either off a terminal)"
+    p.add_argument("--quiet", action="store_true", help=quiet)
 
 
 def table_location(args: argparse.Namespace) -> None:

@@ -30,16 +30,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         "method_kwargs": parse_kv(args.method_arg, "--method-arg"),
     }
     cfg = validate(TrainConfig, doc, "asymvlm train", flags=True)
-    _, history = train(
-        args.embeddings,
-        args.split,
-        cfg,
-        output=args.output,
-        progress=not args.quiet,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        overwrite=args.overwrite,
-    )
+    flags = {k: getattr(args, k) for k in ("output", "checkpoint_every", "resume", "overwrite")}
+    _, history = train(args.embeddings, args.split, cfg, progress=not args.quiet, **flags)
     if history:
         logger.info("final train_loss %.4f", history[-1]["train_loss"])
     logger.info("checkpoint in %s", args.output)
