@@ -56,15 +56,8 @@ class EvaluationKind(NamedTuple):
 def _retrieval_on_split(
     method: Method, data: SplitTensors, spec: Any, progress: bool = False
 ) -> dict[str, Any]:
-    return evaluate_retrieval(
-        method,
-        data,
-        n_bins=spec.levels,
-        chunk_size=spec.chunk_size,
-        fold_size=spec.fold_size,
-        memory_budget=spec.memory_budget,
-        progress=progress,
-    )
+    options = spec.model_dump(include={"chunk_size", "fold_size", "memory_budget"})
+    return evaluate_retrieval(method, data, n_bins=spec.levels, progress=progress, **options)
 
 
 def _retrieval(methods: Methods, spec: RetrievalSpec, load: suite.SplitLoader) -> dict[str, Any]:
