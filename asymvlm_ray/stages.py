@@ -128,7 +128,7 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
 
 def stage_report(cfg: PipelineConfig, parent: str | None = None) -> str:
     """The report of the pipeline's MLflow runs, in its output folder; where it is."""
-    from asymvlm.report import build_report
+    from asymvlm.report.document import build_report
 
     uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
     out = cfg.report.output or storage.uri_join(cfg.output, "report")

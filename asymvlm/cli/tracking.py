@@ -23,7 +23,7 @@ COMMANDS = {
 def cmd_report(args: argparse.Namespace) -> int:
     check_extras("tracking")  # it reads MLflow runs: that extra is named first
     from asymvlm.checkpoints.sharing import NO_STORE
-    from asymvlm.report import build_report
+    from asymvlm.report.document import build_report
 
     if not args.tracking_uri:
         raise ConfigError(f"report: {NO_STORE}")
