@@ -105,9 +105,8 @@ class Run:
         self._batches("metrics", items, 1000)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self._batches(
-            "tags", [[str(k), str(v)[:5000]] for k, v in tags.items() if v is not None], 100
-        )
+        items = [[str(k), str(v)[:5000]] for k, v in tags.items() if v is not None]
+        self._batches("tags", items, 100)
 
     def log_artifact(self, path: str) -> None:
         """Upload file or folder ``path`` (a copy waits while the store is away)."""

@@ -9,7 +9,7 @@ import shutil
 import sqlite3
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import cache
 
 logger = logging.getLogger(__name__)
@@ -69,14 +69,11 @@ def seed_new_store(tracking_uri: str) -> None:
     if not os.path.isdir(os.path.dirname(database)) or not (empty := _empty_store()):
         return  # MLflow says what is wrong with the place
     part = f"{database}.{os.getpid()}.part"
-    try:
+    with suppress(OSError):
         shutil.copyfile(empty, part)
         os.link(part, database)  # unless another process made it meanwhile
-    except OSError:
-        pass
-    finally:
-        if os.path.exists(part):
-            os.remove(part)
+    if os.path.exists(part):
+        os.remove(part)
 
 
 def _artifacts_beside(tracking_uri: str) -> str | None:

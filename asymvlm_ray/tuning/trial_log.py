@@ -168,12 +168,8 @@ class MlflowTrialLogger(tune.Callback):
         stage, members = self._members(trial)
         reported = TrialReport.of(trial.last_result, len(members))
         for (key, point), got in zip(members, reported, strict=True):
-            reason = ""
-            if isinstance(got, FailedTrial):
-                reason = got.reason
-            elif got is None:
-                reason = "ended without a result"
-            self._end(key, stage, point, reason)
+            reason = got.reason if isinstance(got, FailedTrial) else ""
+            self._end(key, stage, point, "ended without a result" if got is None else reason)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         """Each member's run FAILED with the trial's reason."""
