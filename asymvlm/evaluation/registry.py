@@ -46,7 +46,8 @@ OOD_HEADLINE = ("t2i_recall_at_1", "i2t_recall_at_1", "t2i_mmi", "i2t_mmi", "unc
 
 
 class EvaluationKind(NamedTuple):
-    """One kind: its typed spec, the function computing it and its result's headline numbers."""
+    """One kind: its typed spec (its ``title`` says what it is), the function computing it and its
+    result's headline numbers."""
 
     spec_model: type[EvaluationSpec]
     compute: Compute
@@ -61,7 +62,6 @@ def _retrieval_on_split(
 
 
 def _retrieval(methods: Methods, spec: RetrievalSpec, load: suite.SplitLoader) -> dict[str, Any]:
-    """Recall@K, the uncertainty bins and the calibration of each method on one split."""
     return {
         name: _retrieval_on_split(m, load(spec.data, suite.adapter_input(m)), spec)
         for name, m in methods.items()
@@ -76,7 +76,6 @@ def _retrieval_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
 
 
 def _zeroshot(methods: Methods, spec: ZeroshotSpec, load: suite.SplitLoader) -> dict[str, Any]:
-    """Zero-shot classification accuracy of each method on each set of classes."""
     return suite.evaluate_zero_shot(methods, spec.sets, spec.template_aggregation)
 
 
@@ -87,7 +86,6 @@ def _zeroshot_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
 
 
 def _nota(methods: Methods, spec: NotaSpec, load: suite.SplitLoader) -> dict[str, Any]:
-    """The none-of-the-above application: dummy prompts and rejection by uncertainty."""
     return suite.evaluate_none_of_the_above(
         methods, spec.positives, spec.negatives, spec.far_negatives, spec.template_aggregation
     )
@@ -104,7 +102,6 @@ def _nota_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
 
 
 def _hierarcaps(methods: Methods, spec: HierarcapsSpec, load: suite.SplitLoader) -> dict[str, Any]:
-    """HierarCaps: how uncertainty follows a caption's level of generality."""
     return suite.evaluate_hierarcaps(methods, spec.data, load)
 
 
@@ -115,7 +112,6 @@ def _hierarcaps_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]
 
 
 def _ood(methods: Methods, spec: OodSpec, load: suite.SplitLoader) -> dict[str, Any]:
-    """Robustness: retrieval and uncertainty on perturbed copies of a split."""
     return suite.evaluate_ood(methods, spec.data, spec.perturbed, load)
 
 
