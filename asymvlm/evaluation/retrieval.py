@@ -124,8 +124,7 @@ class _CaptionBlocks:
 
 
 def coco_karpathy_test(data: SplitTensors) -> eccv_caption.KarpathyTest | None:
-    """The ECCV Caption row maps when the manifest says ``data`` is the COCO Karpathy 5k test
-    split and its ids are that split's."""
+    """The ECCV Caption row maps when ``data`` is COCO's Karpathy 5k test split (manifest, ids)."""
     split = data.split
     described = getattr(getattr(split, "manifest", None), "extra", {}).get("splits")
     if not isinstance(described, dict) or not any(
@@ -207,8 +206,7 @@ def evaluate_retrieval(
             folds = list(karpathy.folds)
         else:
             owner = data.text_to_image.cpu().numpy()
-            starts = range(0, n_image, fold_size)
-            rows = [np.arange(s, s + fold_size) for s in starts]
+            rows = np.arange(n_image).reshape(-1, fold_size)  # n_image is a multiple of it
             folds = [(r, np.flatnonzero(np.isin(owner, r))) for r in rows]
         per_fold = [
             evaluate_retrieval(
