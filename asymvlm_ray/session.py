@@ -39,10 +39,9 @@ ANSWER_WAIT_S = 5.0
 
 
 def cluster_address(configured: str | None = None) -> str:
-    """The Ray an entry point runs on: the cluster named by the config's ``ray.address`` or
-    ``$RAY_ADDRESS``, once its head answers (else a :class:`ConfigError` saying what to do);
-    without either ``"local"``, a new local Ray, whatever address an earlier cluster left in
-    Ray's temp folder (Ray itself would join that one, dead or alive)."""
+    """The Ray an entry point runs on: the cluster of the config's ``ray.address`` or
+    ``$RAY_ADDRESS`` once its head answers (else a :class:`ConfigError` saying what to do); without
+    either ``"local"``: a new local Ray, not one an earlier cluster left in Ray's temp folder."""
     source = "ray.address" if configured else "RAY_ADDRESS"
     address = configured or os.environ.get("RAY_ADDRESS") or "local"
     if address in ("local", "auto"):  # auto: Ray's own search, asked for by name

@@ -1,7 +1,6 @@
 """The ``asymvlm`` command line on cached embedding tables (one process), a module per group of
-sub-commands (its ``COMMANDS``: name -> one-line help, its ``register``: their flags). Building
-the parser imports no torch, Ray or MLflow, and :func:`main` builds the flags of the command
-given only (every ``--help`` is quick); a command imports what it needs when it runs."""
+sub-commands (its ``COMMANDS``: name -> one-line help, its ``register``: their flags). :func:`main`
+builds the given command's flags only, importing no torch, Ray or MLflow; a command imports them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""``asymvlm evaluate``, ``asymvlm score`` and ``asymvlm analyze <kind>``: the evaluation
-registry (:mod:`asymvlm.evaluation.registry`) on the command line, its flags made from the
-evaluations' specs (:mod:`asymvlm.evaluation.specs`)."""
+"""``asymvlm evaluate``, ``score`` and ``analyze <kind>``: :mod:`asymvlm.evaluation.registry` on the
+command line, its flags made from the evaluations' specs (:mod:`asymvlm.evaluation.specs`)."""
 
 from __future__ import annotations
 

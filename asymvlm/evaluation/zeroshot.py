@@ -1,8 +1,7 @@
 """Zero-shot classification (paper Sec. 5.4, Tables 2 and 3): cosine methods use CLIP's
 :func:`prompt_ensemble`; likelihood methods combine a class's prompt log-likelihoods by their
 mean (default) or, ``"logmeanexp"``, the log of the mean likelihood (the class as a mixture of
-its prompts; never below the mean, by Jensen: a dummy class has one prompt, real classes many).
-"""
+its prompts; never below the mean, by Jensen: a dummy class has one prompt, real classes many)."""
 
 from __future__ import annotations
 

@@ -88,8 +88,7 @@ class StagedSearch(Searcher):
         return trial.model_dump()
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error=False) -> None:
-        """A grid trial ended: the last of its method's queues the method's other seeds at the
-        lr its grid chose (none when every lr failed)."""
+        """A grid trial ended: the method's last queues its other seeds at the lr its grid chose."""
         trial = self.live.pop(trial_id)
         if trial.stage != "grid":
             return

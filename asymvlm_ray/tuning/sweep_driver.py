@@ -165,8 +165,7 @@ def _opened(opening: Future) -> tracking.Run | None:
 
 
 def run_sweep(sweep: SweepConfig, parent: str | None = None) -> SweepResult:
-    """The sweep, its MLflow run under ``parent``: the trials of both stages, each method's lr
-    chosen on validation, the summary and ``sweep.json``."""
+    """The sweep under ``parent``: both stages' trials, each method's lr, summary and sweep.json."""
     require_ray("a sweep")
     check_tables(sweep)
     check_rerun(sweep)
