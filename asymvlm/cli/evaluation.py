@@ -210,8 +210,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         k.add_argument("--sweep", default=None, help="a sweep's MLflow run id: its seed adapters")
         k.add_argument("--frozen", action="store_true", help="also the frozen model (clip)")
         add_output_file(k, "FILE.json", "write the JSON here too")
-        add_tracking_uri(
-            k, "runs:/, --sweep are read from and the result logged to (none: not logged)"
-        )
+        logged = "runs:/, --sweep are read from and the result logged to (none: not logged)"
+        add_tracking_uri(k, logged)
         k.add_argument("--experiment", default="asymvlm", help="MLflow experiment")
         k.set_defaults(func=cmd_analyze)

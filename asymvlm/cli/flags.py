@@ -80,9 +80,6 @@ def add_tracking_uri(
     p: argparse.ArgumentParser, what: str = "runs:/ and models:/ are read"
 ) -> None:
     """``--tracking-uri``, the one name of the MLflow store on every sub-command."""
-    p.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        metavar="URI",
-        help=f"the MLflow store {what} (default: $MLFLOW_TRACKING_URI)",
-    )
+    store = f"the MLflow store {what} (default: $MLFLOW_TRACKING_URI)"
+    default = os.environ.get("MLFLOW_TRACKING_URI")
+    p.add_argument("--tracking-uri", default=default, metavar="URI", help=store)
