@@ -34,6 +34,8 @@ from asymvlm_ray.tuning.trials import failure_reason, sweep_trial
 logger = logging.getLogger(__name__)
 
 KEEP_CHECKPOINTS = 2  # per trial, the latest
+#: The members that finished (each with its adapter's checkpoint), and those that failed.
+Results = tuple[list[TrialOutcome], list[FailedTrial]]
 
 
 def packed(sweep: SweepConfig, stage: Stage, points: list[SweepPoint]) -> list[TrialConfig]:
@@ -146,9 +148,7 @@ def experiment_name(sweep: SweepConfig) -> str:
     return "sweep-" + hashlib.sha1(json.dumps(specs, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def run_trials(
-    sweep: SweepConfig, callback: tune.Callback
-) -> tuple[list[TrialOutcome], list[FailedTrial]]:
+def run_trials(sweep: SweepConfig, callback: tune.Callback) -> Results:
     """Every trial of the sweep (both stages), ``callback`` told of each event: the members
     that finished (each with its adapter's checkpoint), those that failed with the reason."""
     import ray
@@ -187,9 +187,7 @@ def run_trials(
     return _read_results(tuner.fit(), path, fs)
 
 
-def _read_results(
-    result_grid: tune.ResultGrid, path: str, fs: Any
-) -> tuple[list[TrialOutcome], list[FailedTrial]]:
+def _read_results(result_grid: tune.ResultGrid, path: str, fs: Any) -> Results:
     """The members of the experiment at ``path``: those that finished, those that failed."""
     done: list[TrialOutcome] = []
     failed: list[FailedTrial] = []
