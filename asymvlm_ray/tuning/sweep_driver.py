@@ -180,9 +180,8 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> SweepResult:
     with ThreadPoolExecutor(1) as pool, contextlib.redirect_stdout(sys.stderr):
         opening = pool.submit(_sweep_run, sweep, base, parent, key)
         MlflowTrialLogger.opening[key] = opening
-        callback = MlflowTrialLogger(
-            sweep, tracking.Run(None, sweep.mlflow.tracking_uri, key), base
-        )
+        sweep_run = tracking.Run(None, sweep.mlflow.tracking_uri, key)  # its id once it opened
+        callback = MlflowTrialLogger(sweep, sweep_run, base)
         with tracking.ended(functools.partial(_opened, opening)):
             try:
                 done, failed = run_trials(sweep, callback)
