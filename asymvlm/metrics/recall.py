@@ -30,8 +30,7 @@ DEFAULT_MEMORY_BUDGET = 512 * 2**20
 #: softmax temporary and the allocator's slack (``benchmarks/eval_scale.py``).
 SCORE_WORK_BYTES = 40
 
-#: ``score_fn(start, stop) -> [stop - start, n_image]``: scores of captions ``start..stop-1``
-#: against all images, higher = a better match.
+#: ``score_fn(start, stop)``: captions ``start..stop-1`` x all images, higher = a better match.
 ScoreFn = Callable[[int, int], torch.Tensor]
 
 DIRECTIONS = ("t2i", "i2t")

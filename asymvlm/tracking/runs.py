@@ -1,6 +1,5 @@
-"""MLflow runs, written through their store's writer (:mod:`asymvlm.tracking.writer`), each with
-MLflow's standard tags: :func:`run` (a block), :func:`open_run` (ended later), :func:`resume_run`
-(RUNNING again), :class:`Run` of an id (as it is)."""
+"""MLflow runs through their store's writer, with MLflow's standard tags: :func:`run` (a block),
+:func:`open_run` (ended later), :func:`resume_run` (RUNNING again), :class:`Run` of an id."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Every write to a tracking store, in order: straight to the store or -- inside
-:func:`outage_queue`, while the store is unreachable after MLflow's own retries -- queued in
-memory (its files copied) and sent when the store is back."""
+"""Every write to a tracking store, in order: straight to it or, inside :func:`outage_queue` while
+it is unreachable after MLflow's own retries, queued in memory (files copied) until it is back."""
 
 from __future__ import annotations
 
