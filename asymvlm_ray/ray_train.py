@@ -1,6 +1,5 @@
 """Ray Train: :func:`asymvlm.runner.train_and_evaluate` as a ``TorchTrainer`` (DDP); rank 0
-reports a checkpoint when one is due, from which ``FailureConfig`` resumes a run whose worker
-died."""
+reports each checkpoint due, from which ``FailureConfig`` resumes a run whose worker died."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def worker_logging(rank: int, label: str = "train rank") -> None:
-    """``asymvlm.*`` and ``asymvlm_ray.*`` records (INFO and up) to the worker's stderr as
-    ``[train rank N] message``."""
+    """``asymvlm.*``, ``asymvlm_ray.*`` records (INFO+) to stderr: ``[train rank N] message``."""
     formatter = logging.Formatter(f"[{label} {rank}] %(message)s")
     for log in (logging.getLogger("asymvlm"), logging.getLogger("asymvlm_ray")):
         for old in [h for h in log.handlers if getattr(h, "worker_handler", False)]:
@@ -111,12 +109,9 @@ def run_training(
     name: str,
     storage_path: str,
     num_workers: int = 1,
-    use_gpu: bool | None = None,
     cpus_per_worker: float = 1.0,
-    gpus_per_worker: float = 1.0,
     max_failures: int = 0,
     fault: FaultInjection | None = None,
-    callbacks: list | None = None,
 ) -> dict[str, Any]:
     """``spec`` as a TorchTrainer (NCCL on GPUs, else gloo); rank 0's results, ``checkpoint``."""
     import ray
@@ -124,10 +119,9 @@ def run_training(
     from ray.train.torch import TorchConfig, TorchTrainer
 
     require_ray("a Ray Train run")
-    if use_gpu is None:
-        use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     storage_path, storage_filesystem = storage.ray_storage(storage_path)
-    resources = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if use_gpu else {})}
+    resources = {"CPU": cpus_per_worker, **({"GPU": 1.0} if use_gpu else {})}
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"spec": spec, "fault": fault},
@@ -141,7 +135,6 @@ def run_training(
             storage_filesystem=storage_filesystem,
             failure_config=FailureConfig(max_failures=max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
-            callbacks=callbacks,
         ),
     )
     result = trainer.fit()

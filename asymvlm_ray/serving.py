@@ -63,13 +63,12 @@ class ScorerDeployment:
             raise _bad("no captions")
         if len(captions) > self.cfg.max_captions:
             raise _bad(f"{len(captions)} captions; at most {self.cfg.max_captions} a request")
+        most = self.cfg.max_caption_chars
         for i, text in enumerate(captions):
             if not text.strip():
                 raise _bad(f"caption {i}: empty")
-            if len(text) > self.cfg.max_caption_chars:
-                raise _bad(
-                    f"caption {i}: {len(text)} characters; at most {self.cfg.max_caption_chars}"
-                )
+            if len(text) > most:
+                raise _bad(f"caption {i}: {len(text)} characters; at most {most}")
         return captions
 
     def _images(self, images: list[str]) -> list[bytes]:

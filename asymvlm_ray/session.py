@@ -39,10 +39,9 @@ ANSWER_WAIT_S = 5.0
 
 
 def cluster_address(configured: str | None = None) -> str:
-    """The Ray an entry point runs on: the cluster named by the config's ``ray.address`` or
-    ``$RAY_ADDRESS``, once its head answers (else a :class:`ConfigError` saying what to do);
-    without either ``"local"``, a new local Ray, whatever address an earlier cluster left in
-    Ray's temp folder (Ray itself would join that one, dead or alive)."""
+    """The Ray an entry point runs on: the cluster of the config's ``ray.address`` or
+    ``$RAY_ADDRESS`` once its head answers (else a :class:`ConfigError` saying what to do); without
+    either ``"local"``: a new local Ray, not one an earlier cluster left in Ray's temp folder."""
     source = "ray.address" if configured else "RAY_ADDRESS"
     address = configured or os.environ.get("RAY_ADDRESS") or "local"
     if address in ("local", "auto"):  # auto: Ray's own search, asked for by name
@@ -76,8 +75,7 @@ def cluster_address(configured: str | None = None) -> str:
 class RaySession:
     """Ray for one entry point: joined (:func:`cluster_address`) or started on first
     :meth:`require` (or at once with ``eager``), shut down at the end if this session started
-    it; ``init``: more arguments of ``ray.init`` (a config's ``ray`` section: its address,
-    its runtime_env)."""
+    it; ``init``: more arguments of ``ray.init`` (a config's ``ray`` section)."""
 
     def __init__(self, *, eager: bool = False, init: dict[str, Any] | None = None) -> None:
         self.started = False
@@ -90,7 +88,26 @@ class RaySession:
         return self
 
     def require(self) -> None:
-        self.started |= _init_ray(self._init)
+        """Join or start Ray, quiet unless ``--verbose``."""
+        import ray
+        from ray.data import DataContext
+
+        from asymvlm import logs
+
+        keep_credentials_on_nodes()
+        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        if ray.is_initialized():
+            return
+        verbose = logs.verbose()
+        level = logging.INFO if verbose else logging.WARNING
+        init = dict(self._init)
+        address = cluster_address(init.pop("address", None))
+        quiet = {"include_dashboard": False, "log_to_driver": verbose, "logging_level": level}
+        ray.init(address=address, **quiet, **init)
+        self.started = True
+        logs.quiet_third_party()
+        DataContext.get_current().enable_progress_bars = verbose
 
     def __exit__(self, *exc: object) -> None:
         import ray
@@ -98,26 +115,3 @@ class RaySession:
         if self.started:
             ray.shutdown()
         self.started = False
-
-
-def _init_ray(init: dict[str, Any]) -> bool:
-    """Join or start Ray with ``init``, quiet unless ``--verbose``; True when this call did."""
-    import ray
-    from ray.data import DataContext
-
-    from asymvlm import logs
-
-    keep_credentials_on_nodes()
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    if ray.is_initialized():
-        return False
-    verbose = logs.verbose()
-    level = logging.INFO if verbose else logging.WARNING
-    init = dict(init)
-    address = cluster_address(init.pop("address", None))
-    quiet = {"include_dashboard": False, "log_to_driver": verbose, "logging_level": level}
-    ray.init(address=address, **quiet, **init)
-    logs.quiet_third_party()
-    DataContext.get_current().enable_progress_bars = verbose
-    return True

@@ -110,10 +110,9 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
         if ev.frozen:
             methods = registry.with_frozen(methods, ev, dim=ev.dim)
         result = registry.evaluate(ev, methods)
-        inputs = ev.model_dump(mode="json", exclude={"kind"})
-        keys = ("fine_tuned_on", "embedding_model", "positives", "negatives")
+        named = {"fine_tuned_on", "embedding_model", "positives", "negatives"}
         params = {"sweep": ev.sweep or "", "note": ev.note or "", "models": len(methods)}
-        params |= {k: inputs[k] for k in keys if inputs.get(k)}
+        params |= {k: v for k, v in ev.model_dump(mode="json", include=named).items() if v}
         if ev.kind == "zeroshot":
             params.setdefault("fine_tuned_on", ev.sweep or "?")
         uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
@@ -121,14 +120,13 @@ def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
             uri, experiment, ev.kind, result, params=params, parent=parent, name=f"eval {label}"
         )
         storage.write_text(marker, json.dumps(result, indent=2, default=float))
-        logger.info(
-            "evaluation %s: %d models, %.0f s", label, len(methods), time.perf_counter() - t0
-        )
+        seconds = time.perf_counter() - t0
+        logger.info("evaluation %s: %d models, %.0f s", label, len(methods), seconds)
 
 
 def stage_report(cfg: PipelineConfig, parent: str | None = None) -> str:
     """The report of the pipeline's MLflow runs, in its output folder; where it is."""
-    from asymvlm.report import build_report
+    from asymvlm.report.document import build_report
 
     uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
     out = cfg.report.output or storage.uri_join(cfg.output, "report")

@@ -17,12 +17,11 @@ from asymvlm_ray.session import RaySession  # noqa: E402
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--config",
-        required=True,
-        help="YAML file with the embedding job(s); its EmbedConfig keys: the docs' "
-        "Configuration reference",
+    keys = (
+        "YAML file with the embedding job(s); its EmbedConfig keys: the docs' "
+        "Configuration reference"
     )
+    parser.add_argument("--config", required=True, help=keys)
     override = "override a key (YAML value; dots and list indices: jobs.0.split=val)"
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
     parser.add_argument("--verbose", action="store_true", help="everything on the console")

@@ -1,7 +1,6 @@
 """The whole pipeline on Ray: prepare -> embed -> sweep -> evaluate -> report (one YAML).
 
-Stages: :mod:`asymvlm_ray.stages` (each resumable); keys:
-:class:`asymvlm_ray.schema.PipelineConfig`."""
+Stages: :mod:`asymvlm_ray.stages` (resumable); keys: :class:`asymvlm_ray.schema.PipelineConfig`."""
 
 from __future__ import annotations
 
@@ -30,12 +29,11 @@ logger = logging.getLogger("pipelines.full")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--config",
-        default=DEFAULT_CONFIG,
-        help="pipeline YAML (default: the demo); its keys: PipelineConfig in the docs' "
-        "Configuration reference",
+    keys = (
+        "pipeline YAML (default: the demo); its keys: PipelineConfig in the docs' "
+        "Configuration reference"
     )
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help=keys)
     subset = f"comma-separated subset of {','.join(STAGES)}"
     parser.add_argument("--stages", default=",".join(STAGES), help=subset)
     parser.add_argument("--output", default=None, help="override the config's output folder")

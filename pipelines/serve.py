@@ -1,7 +1,6 @@
 """Caption uncertainty over HTTP: an asymvlm Scorer behind Ray Serve.
 
-Keys: :class:`asymvlm_ray.schema.ServeConfig`; runs until Ctrl-C or SIGTERM, then deletes its
-app."""
+Keys: :class:`asymvlm_ray.schema.ServeConfig`; until Ctrl-C or SIGTERM, which delete its app."""
 
 from __future__ import annotations
 
@@ -22,18 +21,13 @@ from asymvlm_ray.session import RaySession  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``pipelines/serve.py`` (also documented from it)."""
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--config",
-        help="a YAML of ServeConfig keys (each listed in the docs' Configuration reference)",
-    )
-    parser.add_argument(
-        "--checkpoint", help="a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO"
-    )
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a ServeConfig key"
-    )
+    keys = "a YAML of ServeConfig keys (each listed in the docs' Configuration reference)"
+    parser.add_argument("--config", help=keys)
+    model = "a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO"
+    parser.add_argument("--checkpoint", help=model)
+    override = "override a ServeConfig key"
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
     parser.add_argument("--no-block", action="store_true", help="deploy and return")
     parser.add_argument("--verbose", action="store_true")
     return parser

@@ -1,7 +1,6 @@
 """Ray Tune sweep of the paper's protocol (App. B.4), tracked in MLflow.
 
-The sweep: :mod:`asymvlm_ray.tuning.sweep_driver`; its keys:
-:class:`asymvlm_ray.schema.SweepConfig`."""
+The sweep: :mod:`asymvlm_ray.tuning.sweep_driver`; keys: :class:`asymvlm_ray.schema.SweepConfig`."""
 
 from __future__ import annotations
 
@@ -23,13 +22,9 @@ logger = logging.getLogger("pipelines.sweep")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``pipelines/sweep.py`` (also documented from it)."""
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--config",
-        required=True,
-        help="a YAML of tune_spaces/; its SweepConfig keys: the docs' Configuration reference",
-    )
+    keys = "a YAML of tune_spaces/; its SweepConfig keys: the docs' Configuration reference"
+    parser.add_argument("--config", required=True, help=keys)
     override = "override a key (YAML value; dots for nesting: mlflow.experiment=x)"
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
     verbose = "everything on the console (Ray, Tune, MLflow)"
@@ -38,8 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the sweep of ``--config``; the exit code (:func:`asymvlm.entry.guarded`)."""
-
     def run() -> int:
         args = build_parser().parse_args(argv)
         logs.configure(verbose=args.verbose)
@@ -50,11 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         with tracking.outage_queue(), RaySession(eager=True, init=sweep.ray.init_kwargs()):
             out = run_sweep(sweep)
         logger.info("\n%s", out.markdown)
-        logger.info(
-            "runs: asymvlm ui %s; adapters: %s/<method>/seed<k>",
-            shlex.quote(sweep.output),
-            ADAPTERS_DIR,
-        )
+        where = "runs: asymvlm ui %s; adapters: %s/<method>/seed<k>"
+        logger.info(where, shlex.quote(sweep.output), ADAPTERS_DIR)
         shown = out.model_dump(include={"parent_run_id", "selection"})
         uri = config.redact(out.tracking_uri)
         print(json.dumps({**shown, "tracking_uri": uri, "failed_trials": len(out.failed)}))

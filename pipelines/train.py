@@ -25,7 +25,6 @@ TRAIN_FLAGS = "method protocol epochs lr optimizer batch_size hidden_dim seed".s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``pipelines/train.py`` (also documented from it)."""
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     run_keys = config.add_model_flags(parser, RunSpec, exclude=("train",), required=("embeddings",))
     train_keys = config.add_model_flags(
@@ -59,15 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         spec = config.validate(RunSpec, doc, "pipelines/train.py", flags=True)
         spec.check_splits()  # a missing table or split fails before Ray starts
         cfg = spec.train
+        name = args.name or f"{cfg.method}-lr{cfg.lr:g}-seed{cfg.seed}"
+        workers = {k: getattr(args, k) for k in ("num_workers", "cpus_per_worker", "max_failures")}
         with RaySession(eager=True):
-            out = run_training(
-                spec,
-                name=args.name or f"{cfg.method}-lr{cfg.lr:g}-seed{cfg.seed}",
-                storage_path=args.output,
-                num_workers=args.num_workers,
-                cpus_per_worker=args.cpus_per_worker,
-                max_failures=args.max_failures,
-            )
+            out = run_training(spec, name=name, storage_path=args.output, **workers)
         out.pop("history", None)
         sys.stdout.write(json.dumps(out, indent=2, default=str) + "\n")
         return 0

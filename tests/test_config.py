@@ -140,12 +140,12 @@ def test_pipeline_fails_in_seconds_before_ray(
 ) -> None:
     import ray
 
-    import asymvlm_ray.session
+    from asymvlm_ray.session import RaySession
 
     never = tmp_path / "never-written"
     # Any start of Ray is recorded (a Ray session of earlier tests may be up in this process).
     started: list[str] = []
-    monkeypatch.setattr(asymvlm_ray.session, "_init_ray", lambda: started.append("init_ray"))
+    monkeypatch.setattr(RaySession, "require", lambda self: started.append("require"))
     monkeypatch.setattr(ray, "init", lambda *a, **k: started.append("ray.init"))
     code = full.main(["--config", DEMO, "--set", override, "--output", str(never)])
     err = capsys.readouterr().err

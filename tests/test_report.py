@@ -24,7 +24,7 @@ from asymvlm.methods import Roles, build_method
 from asymvlm.methods.asymvlm import AsymVLM
 from asymvlm.metrics import retrieval_metrics
 from asymvlm.metrics.glossary import retrieval_metric_names
-from asymvlm.report import build_report, claims, sweep_sections
+from asymvlm.report import claims, document, sweep_sections
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
 from tests.helpers import IdentityVMF, free_port, write_hierarchies, write_perturbed_pair
@@ -88,7 +88,7 @@ def built(store, tmp_path_factory) -> types.SimpleNamespace:
         store, exp, "ood", evaluate_ood(identity, Location(str(tmp / "clean"), "test"), perturbed)
     )
     folder = tmp_path_factory.mktemp("report")
-    text = open(build_report(store, exp, str(folder))).read()
+    text = open(document.build_report(store, exp, str(folder))).read()
     return types.SimpleNamespace(text=text, folder=folder, experiment=exp, vmf=vmf, ft=ft)
 
 

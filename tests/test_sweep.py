@@ -137,7 +137,7 @@ def test_the_summary_is_the_mean_and_std_of_the_seed_runs(swept) -> None:
 
 @pytest.mark.slow
 def test_the_report_has_the_sweeps_table_and_figure(swept, tmp_path) -> None:
-    from asymvlm.report import build_report
+    from asymvlm.report.document import build_report
 
     report = open(build_report(swept.out.tracking_uri, "ci-sweep", str(tmp_path))).read()
     assert "Table 1 analogue" in report

@@ -1,7 +1,6 @@
 """The ``asymvlm`` command line on cached embedding tables (one process), a module per group of
-sub-commands (its ``COMMANDS``: name -> one-line help, its ``register``: their flags). Building
-the parser imports no torch, Ray or MLflow, and :func:`main` builds the flags of the command
-given only (every ``--help`` is quick); a command imports what it needs when it runs."""
+sub-commands (its ``COMMANDS``: name -> one-line help, its ``register``: their flags). :func:`main`
+builds the given command's flags only, importing no torch, Ray or MLflow; a command imports them."""
 
 from __future__ import annotations
 
@@ -28,9 +27,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Probabilistic adapters for frozen VLM embeddings (AsymVLM and baselines).",
     )
     parser.add_argument("--version", action="version", version=f"asymvlm {__version__}")
-    parser.add_argument(
-        "--verbose", action="store_true", help="show every library's messages (Ray, MLflow...) too"
-    )
+    verbose = "show every library's messages (Ray, MLflow...) too"
+    parser.add_argument("--verbose", action="store_true", help=verbose)
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         if command is None or command in group.COMMANDS:

@@ -1,6 +1,5 @@
-"""``asymvlm evaluate``, ``asymvlm score`` and ``asymvlm analyze <kind>``: the evaluation
-registry (:mod:`asymvlm.evaluation.registry`) on the command line, its flags made from the
-evaluations' specs (:mod:`asymvlm.evaluation.specs`)."""
+"""``asymvlm evaluate``, ``score`` and ``analyze <kind>``: :mod:`asymvlm.evaluation.registry` on the
+command line, its flags made from the evaluations' specs (:mod:`asymvlm.evaluation.specs`)."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from asymvlm.cli.flags import (
     add_output_file,
     add_tracking_uri,
     check_output_file,
+    parse_kv,
 )
 from asymvlm.errors import ConfigError
 
@@ -27,14 +27,12 @@ COMMANDS = {
 
 def _loading(args: argparse.Namespace) -> dict[str, object]:
     """How :mod:`asymvlm.api` loads the checkpoint and the split."""
-    keys = ("checkpoint", "embeddings", "split", "device", "adapter_input", "allow_incomplete")
-    keys += ("tracking_uri",)
+    keys = "checkpoint embeddings split device adapter_input allow_incomplete tracking_uri".split()
     return {k: getattr(args, k) for k in keys}
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`):
-    its headline numbers printed, every number in ``--output`` when given."""
+    """The registry's ``retrieval`` of one checkpoint on one split (:func:`asymvlm.evaluate`)."""
     from asymvlm import api, storage
     from asymvlm.evaluation.specs import spec
     from asymvlm.tables import Location
@@ -97,10 +95,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     for key in SPECS[args.kind].model_fields:
         value = getattr(args, key, None)
         if isinstance(value, list):  # NAME=ROOT:SPLIT, repeated
-            pairs = [item.partition("=") for item in value]
-            if bad := [f"{a}{eq}{b}" for a, eq, b in pairs if not eq]:
-                raise ConfigError(f"{_flag(key)} expects {METAVARS[key]}, got {bad[0]!r}")
-            value = {name: where for name, _, where in pairs}
+            value = parse_kv(value, _flag(key), METAVARS[key])
         values[key] = value
     parsed = spec(args.kind, values, f"asymvlm analyze {args.kind}", flags=True)
     check_output_file(args)
@@ -129,24 +124,16 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="DIR|URI",
-        help="a checkpoint or model folder, an MLflow model URI (runs:/.., models:/..; "
-        "store: --tracking-uri) or hf-hub:ORG/REPO[@REVISION]",
+    where = (
+        "a checkpoint or model folder, an MLflow model URI (runs:/.., models:/..; "
+        "store: --tracking-uri) or hf-hub:ORG/REPO[@REVISION]"
     )
+    p.add_argument("--checkpoint", required=True, metavar="DIR|URI", help=where)
     add_tracking_uri(p)
-    p.add_argument(
-        "--adapter-input",
-        choices=["raw", "unit"],
-        help="override what the checkpoint says it reads",
-    )
-    p.add_argument(
-        "--allow-incomplete",
-        action="store_true",
-        help="accept an incomplete checkpoint (a run in progress, killed or diverged)",
-    )
+    reads = "override what the checkpoint says it reads"
+    p.add_argument("--adapter-input", choices=["raw", "unit"], help=reads)
+    incomplete = "accept an incomplete checkpoint (a run in progress, killed or diverged)"
+    p.add_argument("--allow-incomplete", action="store_true", help=incomplete)
 
 
 METAVARS = {
@@ -218,18 +205,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             formatter_class=Help,
         )
         _add_inputs(k, kind)
-        k.add_argument(
-            "--checkpoint",
-            action="append",
-            default=[],
-            metavar="DIR|URI",
-            help="adapter folder, MLflow model URI or hf-hub:ORG/REPO (repeat)",
-        )
+        each = "adapter folder, MLflow model URI or hf-hub:ORG/REPO (repeat)"
+        k.add_argument("--checkpoint", action="append", default=[], metavar="DIR|URI", help=each)
         k.add_argument("--sweep", default=None, help="a sweep's MLflow run id: its seed adapters")
         k.add_argument("--frozen", action="store_true", help="also the frozen model (clip)")
         add_output_file(k, "FILE.json", "write the JSON here too")
-        add_tracking_uri(
-            k, "runs:/, --sweep are read from and the result logged to (none: not logged)"
-        )
+        logged = "runs:/, --sweep are read from and the result logged to (none: not logged)"
+        add_tracking_uri(k, logged)
         k.add_argument("--experiment", default="asymvlm", help="MLflow experiment")
         k.set_defaults(func=cmd_analyze)

@@ -16,14 +16,8 @@ COMMANDS = {"export": "write an adapter as a Hugging Face model folder (safetens
 def cmd_export(args: argparse.Namespace) -> int:
     from asymvlm.checkpoints import export_adapter
 
-    export_adapter(
-        args.checkpoint,
-        args.output,
-        tracking_uri=args.tracking_uri,
-        repo=args.repo,
-        license=args.license,
-        overwrite=args.overwrite,
-    )
+    options = {k: getattr(args, k) for k in ("tracking_uri", "repo", "license", "overwrite")}
+    export_adapter(args.checkpoint, args.output, **options)
     repo = shlex.quote(args.repo) if args.repo else "ORG/REPO"
     logger.info("publish it with: hf upload %s %s", repo, shlex.quote(args.output))
     return 0

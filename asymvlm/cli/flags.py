@@ -23,13 +23,13 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def parse_kv(items: Sequence[str], flag: str = "--method-arg") -> dict[str, str]:
-    """``key=value`` pairs as strings; the schema that takes them converts the values."""
+def parse_kv(items: Sequence[str], flag: str, form: str = "key=value") -> dict[str, str]:
+    """``key=value`` pairs of ``flag`` as strings (the schema that takes them converts them)."""
     out: dict[str, str] = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq:
-            raise ConfigError(f"{flag} expects key=value, got {item!r}")
+            raise ConfigError(f"{flag} expects {form}, got {item!r}")
         out[key] = value
     return out
 
@@ -37,18 +37,13 @@ def parse_kv(items: Sequence[str], flag: str = "--method-arg") -> dict[str, str]
 def add_data_args(p: argparse.ArgumentParser, split_default: str) -> None:
     """``--embeddings ROOT[:SPLIT]``, ``--split`` (see :func:`table_location`), ``--device``,
     ``--quiet``."""
-    p.add_argument(
-        "--embeddings",
-        required=True,
-        metavar="ROOT[:SPLIT]",
-        help="embedding table root, or ROOT:SPLIT",
-    )
+    root = "embedding table root, or ROOT:SPLIT"
+    p.add_argument("--embeddings", required=True, metavar="ROOT[:SPLIT]", help=root)
     p.add_argument("--split", help=f"split of the tables (default: {split_default})")
     p.set_defaults(default_split=split_default)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... or auto")
-    p.add_argument(
-        "--quiet", action="store_true", help="no progress bars (none either off a terminal)"
-    )
+    quiet = "no progress bars (none either off a terminal)"
+    p.add_argument("--quiet", action="store_true", help=quiet)
 
 
 def table_location(args: argparse.Namespace) -> None:
@@ -74,8 +69,7 @@ def add_output_file(p: argparse.ArgumentParser, metavar: str, help: str, **kwarg
 
 
 def check_output_file(args: argparse.Namespace) -> None:
-    """Refuse a file already at ``--output`` unless ``--overwrite``, before any work (nothing
-    written is lost; train and export refuse their folders the same way)."""
+    """Refuse a file already at ``--output`` unless ``--overwrite``, before any work is done."""
     from asymvlm import storage
 
     if args.output and not args.overwrite and storage.exists(args.output):
@@ -86,9 +80,6 @@ def add_tracking_uri(
     p: argparse.ArgumentParser, what: str = "runs:/ and models:/ are read"
 ) -> None:
     """``--tracking-uri``, the one name of the MLflow store on every sub-command."""
-    p.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        metavar="URI",
-        help=f"the MLflow store {what} (default: $MLFLOW_TRACKING_URI)",
-    )
+    store = f"the MLflow store {what} (default: $MLFLOW_TRACKING_URI)"
+    default = os.environ.get("MLFLOW_TRACKING_URI")
+    p.add_argument("--tracking-uri", default=default, metavar="URI", help=store)

@@ -61,13 +61,8 @@ def cmd_score_text(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
     check_output_file(args)
     captions = list(args.captions) or read_captions(args.input, args.column)
-    scorer = Scorer.from_checkpoint(
-        args.checkpoint,
-        encoder=args.encoder,
-        device=args.device,
-        batch_size=args.batch_size,
-        tracking_uri=args.tracking_uri,
-    )
+    options = {k: getattr(args, k) for k in ("encoder", "device", "batch_size", "tracking_uri")}
+    scorer = Scorer.from_checkpoint(args.checkpoint, **options)
     result = scorer.caption_uncertainty(captions)
     if not args.output:
         for record in result.records():

@@ -23,7 +23,7 @@ COMMANDS = {
 def cmd_report(args: argparse.Namespace) -> int:
     check_extras("tracking")  # it reads MLflow runs: that extra is named first
     from asymvlm.checkpoints.sharing import NO_STORE
-    from asymvlm.report import build_report
+    from asymvlm.report.document import build_report
 
     if not args.tracking_uri:
         raise ConfigError(f"report: {NO_STORE}")
@@ -58,11 +58,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "report",
-        help=COMMANDS["report"],
-        formatter_class=Help,
-    )
+    p = sub.add_parser("report", help=COMMANDS["report"], formatter_class=Help)
     add_tracking_uri(p, "(e.g. sqlite:///runs/demo/mlflow.db) the runs are read from")
     p.add_argument("--experiment", required=True, help="MLflow experiment to gather")
     p.add_argument("--output", required=True, help="folder for report.md and the figures")

@@ -27,19 +27,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     doc = {
         **model_values(args, args.train_keys),
         "device": args.device,
-        "method_kwargs": parse_kv(args.method_arg),
+        "method_kwargs": parse_kv(args.method_arg, "--method-arg"),
     }
     cfg = validate(TrainConfig, doc, "asymvlm train", flags=True)
-    _, history = train(
-        args.embeddings,
-        args.split,
-        cfg,
-        output=args.output,
-        progress=not args.quiet,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        overwrite=args.overwrite,
-    )
+    flags = {k: getattr(args, k) for k in ("output", "checkpoint_every", "resume", "overwrite")}
+    _, history = train(args.embeddings, args.split, cfg, progress=not args.quiet, **flags)
     if history:
         logger.info("final train_loss %.4f", history[-1]["train_loss"])
     logger.info("checkpoint in %s", args.output)
@@ -120,31 +112,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices={"method": method_names()},
         metavars={"stream_memory_bytes": "BYTES", "shuffle_buffer": "ROWS"},
     )
-    p.add_argument(
-        "--method-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="the method's own argument (repeatable; `asymvlm methods NAME` lists them)",
-    )
-    p.add_argument(
-        "--output",
-        required=True,
-        metavar="DIR",
-        help="checkpoint folder (config.json, model.safetensors, history.jsonl)",
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        metavar="N",
-        help="also write a checkpoint every N epochs to --resume from (default: the final only)",
-    )
+    own = "the method's own argument (repeatable; `asymvlm methods NAME` lists them)"
+    p.add_argument("--method-arg", action="append", default=[], metavar="KEY=VALUE", help=own)
+    folder = "checkpoint folder (config.json, model.safetensors, history.jsonl)"
+    p.add_argument("--output", required=True, metavar="DIR", help=folder)
+    every = "also write a checkpoint every N epochs to --resume from (default: the final only)"
+    p.add_argument("--checkpoint-every", type=int, metavar="N", help=every)
     again = p.add_mutually_exclusive_group()
-    again.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the checkpoint in --output (same flags); a complete one is left as it is",
-    )
+    resume = "continue the checkpoint in --output (same flags); a complete one is left as it is"
+    again.add_argument("--resume", action="store_true", help=resume)
     again.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     p.set_defaults(func=cmd_train, train_keys=keys, adapter_input=None)  # None: the tables say
 
@@ -156,27 +132,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=Help,
     )
     p.add_argument("--method", required=True, help="the official --method key or this project's")
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="FILE",
-        help="the official .pt (checkpoints/DATA/SEED/METHOD.pt)",
-    )
+    official = "the official .pt (checkpoints/DATA/SEED/METHOD.pt)"
+    p.add_argument("--checkpoint", required=True, metavar="FILE", help=official)
     p.add_argument("--output", required=True, metavar="DIR", help="checkpoint folder to write")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     p.set_defaults(func=cmd_import_official)
 
-    p = sub.add_parser(
-        "methods",
-        help=COMMANDS["methods"],
-        formatter_class=Help,
-    )
-    p.add_argument(
-        "name",
-        nargs="?",
-        choices=method_names(),
-        metavar="NAME",
-        help="this method and its arguments",
-    )
+    p = sub.add_parser("methods", help=COMMANDS["methods"], formatter_class=Help)
+    name = "this method and its arguments"
+    p.add_argument("name", nargs="?", choices=method_names(), metavar="NAME", help=name)
     p.add_argument("--verbose", action="store_true", help="every method's arguments (--method-arg)")
     p.set_defaults(func=cmd_methods)

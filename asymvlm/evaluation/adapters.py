@@ -28,8 +28,7 @@ def checkpoint_adapters(
     allow_incomplete: bool = False,
     tracking_uri: str | None = None,
 ) -> dict[str, Method]:
-    """The adapters of checkpoint folders (or MLflow model URIs in ``tracking_uri``), by
-    ``method/seed<k>``."""
+    """The adapters of checkpoint folders or MLflow model URIs, by ``method/seed<k>``."""
     local = (resolve_checkpoint(f, tracking_uri) if is_model_uri(f) else f for f in folders)
     return dict(
         _named(*load_checkpoint(f, device, allow_incomplete=allow_incomplete)) for f in local

@@ -18,8 +18,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import torch
-
 from asymvlm import tables
 from asymvlm.errors import ConfigError
 from asymvlm.evaluation import suite
@@ -36,7 +34,9 @@ from asymvlm.methods import METHODS, Method
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import Location
 
-Compute = Callable[[Mapping[str, Method], Any, suite.SplitLoader], dict[str, Any]]
+#: The methods an evaluation takes, by name (``method/seed<k>``).
+Methods = Mapping[str, Method]
+Compute = Callable[[Methods, Any, suite.SplitLoader], dict[str, Any]]
 #: ``(metric path, value)`` of the numbers of a result that matter, adapters named ``m/seed<k>``.
 Headline = Callable[[Mapping[str, Any]], Iterable[tuple[str, Any]]]
 RETRIEVAL_HEADLINE = ("recall@1", "recall@5", "recall@10", "spearman", "r2", "auroc")
@@ -46,35 +46,22 @@ OOD_HEADLINE = ("t2i_recall_at_1", "i2t_recall_at_1", "t2i_mmi", "i2t_mmi", "unc
 
 
 class EvaluationKind(NamedTuple):
-    """One kind: its typed spec, the function computing it and its result's headline numbers."""
+    """One kind: its typed spec (its ``title`` says what it is), the function computing it and its
+    result's headline numbers."""
 
     spec_model: type[EvaluationSpec]
     compute: Compute
     headline: Headline
 
-    @property
-    def title(self) -> str:
-        return self.spec_model.title
-
 
 def _retrieval_on_split(
     method: Method, data: SplitTensors, spec: Any, progress: bool = False
 ) -> dict[str, Any]:
-    return evaluate_retrieval(
-        method,
-        data,
-        n_bins=spec.levels,
-        chunk_size=spec.chunk_size,
-        fold_size=spec.fold_size,
-        memory_budget=spec.memory_budget,
-        progress=progress,
-    )
+    options = spec.model_dump(include={"chunk_size", "fold_size", "memory_budget"})
+    return evaluate_retrieval(method, data, n_bins=spec.levels, progress=progress, **options)
 
 
-def _retrieval(
-    methods: Mapping[str, Method], spec: RetrievalSpec, load: suite.SplitLoader
-) -> dict[str, Any]:
-    """Recall@K, the uncertainty bins and the calibration of each method on one split."""
+def _retrieval(methods: Methods, spec: RetrievalSpec, load: suite.SplitLoader) -> dict[str, Any]:
     return {
         name: _retrieval_on_split(m, load(spec.data, suite.adapter_input(m)), spec)
         for name, m in methods.items()
@@ -88,10 +75,7 @@ def _retrieval_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
                 yield f"{name}/{direction}_{key}", per_direction[direction].get(key)
 
 
-def _zeroshot(
-    methods: Mapping[str, Method], spec: ZeroshotSpec, load: suite.SplitLoader
-) -> dict[str, Any]:
-    """Zero-shot classification accuracy of each method on each set of classes."""
+def _zeroshot(methods: Methods, spec: ZeroshotSpec, load: suite.SplitLoader) -> dict[str, Any]:
     return suite.evaluate_zero_shot(methods, spec.sets, spec.template_aggregation)
 
 
@@ -101,8 +85,7 @@ def _zeroshot_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
             yield f"{name}/{set_name}", accuracy
 
 
-def _nota(methods: Mapping[str, Method], spec: NotaSpec, load: suite.SplitLoader) -> dict[str, Any]:
-    """The none-of-the-above application: dummy prompts and rejection by uncertainty."""
+def _nota(methods: Methods, spec: NotaSpec, load: suite.SplitLoader) -> dict[str, Any]:
     return suite.evaluate_none_of_the_above(
         methods, spec.positives, spec.negatives, spec.far_negatives, spec.template_aggregation
     )
@@ -118,10 +101,7 @@ def _nota_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
             yield f"{rule}-based/{key}", cell.get(key)
 
 
-def _hierarcaps(
-    methods: Mapping[str, Method], spec: HierarcapsSpec, load: suite.SplitLoader
-) -> dict[str, Any]:
-    """HierarCaps: how uncertainty follows a caption's level of generality."""
+def _hierarcaps(methods: Methods, spec: HierarcapsSpec, load: suite.SplitLoader) -> dict[str, Any]:
     return suite.evaluate_hierarcaps(methods, spec.data, load)
 
 
@@ -131,8 +111,7 @@ def _hierarcaps_headline(result: Mapping[str, Any]) -> Iterable[tuple[str, Any]]
             yield f"{name}/{key}", per_method.get(key)
 
 
-def _ood(methods: Mapping[str, Method], spec: OodSpec, load: suite.SplitLoader) -> dict[str, Any]:
-    """Robustness: retrieval and uncertainty on perturbed copies of a split."""
+def _ood(methods: Methods, spec: OodSpec, load: suite.SplitLoader) -> dict[str, Any]:
     return suite.evaluate_ood(methods, spec.data, spec.perturbed, load)
 
 
@@ -153,7 +132,7 @@ EVALUATIONS: dict[str, EvaluationKind] = {
 
 
 def with_frozen(
-    methods: Mapping[str, Method], parsed: EvaluationSpec, dim: int | None = None
+    methods: Methods, parsed: EvaluationSpec, dim: int | None = None
 ) -> dict[str, Method]:
     """``methods`` plus the frozen model (``clip``: cosine scores, no uncertainty); its width
     that of the methods, else ``dim``, else that of the spec's first tables."""
@@ -168,17 +147,14 @@ def with_frozen(
     return {**methods, "clip": frozen}
 
 
-def evaluate(
-    parsed: EvaluationSpec, methods: Mapping[str, Method], *, device: str | torch.device = "cpu"
-) -> dict[str, Any]:
-    """Run the evaluation ``parsed`` (:func:`spec`) for ``methods``, splits read onto
-    ``device``."""
+def evaluate(parsed: EvaluationSpec, methods: Methods) -> dict[str, Any]:
+    """Run the evaluation ``parsed`` (:func:`~.specs.spec`) for ``methods``, on the CPU."""
     kind = parsed.kind  # type: ignore[attr-defined]
     if not methods:
         raise ConfigError(
             f"{kind}: no adapters to evaluate (give a sweep or checkpoints, or the frozen model)"
         )
-    return EVALUATIONS[kind].compute(methods, parsed, suite.split_loader(device))
+    return EVALUATIONS[kind].compute(methods, parsed, suite.split_loader())
 
 
 def evaluate_split(
@@ -211,13 +187,12 @@ def log_evaluation(
     params: Mapping[str, Any] | None = None,
     parent: str | None = None,
     name: str | None = None,
-    figures: Mapping[str, str] | None = None,
 ) -> str:
-    """One MLflow run ``kind=eval-<kind>``: the :func:`headline_metrics`, every number in
-    ``results.json``, the figures; the report reads it back (:func:`logged_evaluations`)."""
+    """One MLflow run ``kind=eval-<kind>``: the :func:`headline_metrics` and every number in
+    ``results.json``; the report reads it back (:func:`logged_evaluations`)."""
     from asymvlm import tracking
 
-    title = EVALUATIONS[kind].title
+    title = EVALUATIONS[kind].spec_model.title
     with tracking.run(
         tracking_uri,
         experiment,
@@ -229,16 +204,13 @@ def log_evaluation(
     ) as run:
         run.log_metrics(headline_metrics(kind, result))
         run.log_json("results.json", result)
-        for path in (figures or {}).values():
-            run.log_artifact(path)
     return run.id
 
 
 @dataclass(frozen=True)
 class EvaluationResult:
-    """One evaluation's result as its MLflow run holds it: the numbers :func:`evaluate`
-    returned (``results.json``; adapters named ``method/seed<k>``) and the params naming what
-    was evaluated."""
+    """One evaluation's result as its MLflow run holds it: the numbers :func:`evaluate` returned
+    (``results.json``; adapters named ``method/seed<k>``), the params naming what it evaluated."""
 
     kind: str
     numbers: dict[str, Any]

@@ -43,8 +43,7 @@ def check_finite(
     data: SplitTensors,
     start: int = 0,
 ) -> None:
-    """:class:`NonFiniteError` when ``value`` (a row per caption/image, from row ``start`` on)
-    has a NaN/inf."""
+    """:class:`NonFiniteError` naming the first row (from ``start``) of ``value`` with a NaN/inf."""
     if not torch.is_tensor(value) or not value.is_floating_point() or not value.numel():
         return
     if _finite(value):
@@ -58,8 +57,7 @@ def check_finite(
 def encode_rows(
     method: Method, kind: str, rows: torch.Tensor, data: SplitTensors, start: int, stop: int
 ) -> Encoding:
-    """The encoding of the caption or image inputs ``rows[start:stop]`` (``kind``), checked
-    finite."""
+    """The encoding of the ``kind`` inputs ``rows[start:stop]``, checked finite."""
     encode = method.encode_texts if kind == "caption" else method.encode_images
     encoding = encode(rows[start:stop])
     for name, value in encoding.items():
@@ -126,8 +124,7 @@ class _CaptionBlocks:
 
 
 def coco_karpathy_test(data: SplitTensors) -> eccv_caption.KarpathyTest | None:
-    """The ECCV Caption row maps when the manifest says ``data`` is the COCO Karpathy 5k test
-    split and its ids are that split's."""
+    """The ECCV Caption row maps when ``data`` is COCO's Karpathy 5k test split (manifest, ids)."""
     split = data.split
     described = getattr(getattr(split, "manifest", None), "extra", {}).get("splits")
     if not isinstance(described, dict) or not any(
@@ -209,8 +206,7 @@ def evaluate_retrieval(
             folds = list(karpathy.folds)
         else:
             owner = data.text_to_image.cpu().numpy()
-            starts = range(0, n_image, fold_size)
-            rows = [np.arange(s, s + fold_size) for s in starts]
+            rows = np.arange(n_image).reshape(-1, fold_size)  # n_image is a multiple of it
             folds = [(r, np.flatnonzero(np.isin(owner, r))) for r in rows]
         per_fold = [
             evaluate_retrieval(
@@ -231,8 +227,7 @@ def evaluate_retrieval(
 @torch.no_grad()
 def caption_scores(method: Method, data: SplitTensors, chunk_size: int = ENCODE_ROWS) -> pa.Table:
     """Per caption: ``caption_id``, ``text``, ``kappa`` and ``uncertainty`` (null where
-    undefined), then the split's other caption columns; the captions are encoded chunk by
-    chunk (only these numbers are kept)."""
+    undefined), then the split's other caption columns; encoded chunk by chunk."""
     method.eval()
     _, text_rows = method.split_inputs(data)
     n = len(text_rows)

@@ -1,6 +1,5 @@
-"""The typed spec of each evaluation kind (the config's ``kind``, ``asymvlm analyze <kind>``):
-what it reads and its options, validated by :func:`spec`. No torch here, so that the command
-line builds its flags from them quickly; :mod:`.registry` computes them."""
+"""The typed spec of each evaluation kind (the config's ``kind``, ``asymvlm analyze <kind>``),
+validated by :func:`spec`; no torch here: the CLI builds its flags from them quickly."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The paper's evaluations on embedding tables for trained methods (name -> :class:`Method`,
-e.g. "asymvlm-vmf/seed1"), each returning plain dicts; named by
-:mod:`asymvlm.evaluation.registry`."""
+e.g. "asymvlm-vmf/seed1"), each returning plain dicts; named by :mod:`.registry`."""
 
 from __future__ import annotations
 

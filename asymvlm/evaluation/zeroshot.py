@@ -1,8 +1,7 @@
 """Zero-shot classification (paper Sec. 5.4, Tables 2 and 3): cosine methods use CLIP's
 :func:`prompt_ensemble`; likelihood methods combine a class's prompt log-likelihoods by their
 mean (default) or, ``"logmeanexp"``, the log of the mean likelihood (the class as a mixture of
-its prompts; never below the mean, by Jensen: a dummy class has one prompt, real classes many).
-"""
+its prompts; never below the mean, by Jensen: a dummy class has one prompt, real classes many)."""
 
 from __future__ import annotations
 
@@ -168,21 +167,19 @@ def rejection_baselines(
     prompts: ClassPrompts,
     *,
     temperature: float = 100.0,
-    calibration_fraction: float = 0.5,
-    seed: int = 0,
     far_negatives: torch.Tensor | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The frozen model's threshold (max softmax probability) and margin (top-1 minus top-2)
     rejection (Table 2, "None"): the cut-off maximises the mean of positive and negative
-    accuracy on a seeded ``calibration_fraction``; accuracies are reported on the rest."""
+    accuracy on a seeded half of the images; accuracies are reported on the other half."""
     sets = {"pos": positives, "neg": negatives, "far": far_negatives}
     got = {
         k: _softmax_stats(method, x, prompts, temperature) for k, x in sets.items() if x is not None
     }
     correct = got["pos"][0] == labels.numpy()
-    rng = np.random.default_rng(seed)
-    cal_p = rng.random(len(correct)) < calibration_fraction
-    cal_n = rng.random(len(got["neg"][0])) < calibration_fraction
+    rng = np.random.default_rng(0)
+    cal_p = rng.random(len(correct)) < 0.5
+    cal_n = rng.random(len(got["neg"][0])) < 0.5
     out: dict[str, dict[str, Any]] = {}
     for k, name in ((1, "threshold"), (2, "margin")):
         sp, sn = got["pos"][k], got["neg"][k]

@@ -1,6 +1,5 @@
-"""The final numbers of a retrieval evaluation by name: their MLflow names (``t2i_recall_at_1``,
-``rsum``, ``coco1k_...``, ``eccv_...``) and what each means, for Tune's trials, the report, model
-cards and the documentation."""
+"""The final numbers of a retrieval evaluation: their MLflow names (``t2i_recall_at_1``, ``rsum``,
+``coco1k_...``, ``eccv_...``) and meanings, for Tune's trials, the report, model cards and docs."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from typing import Any
 DIRECTIONS = ("t2i", "i2t")
 #: The final numbers of a direction; MLflow names spell "@" as "_at_".
 _FINAL_KEYS = "recall@1 recall@5 recall@10 spearman r2 auroc aupr fpr@95tpr aurc e_aurc ece".split()
-#: What each final retrieval metric says, by its MLflow name without the direction
-#: (``t2i_``/``i2t_``) or split (``val_``) prefix: for model cards and the documentation.
+#: Each final retrieval metric's meaning, by its MLflow name without ``t2i_``/``i2t_``/``val_``.
 METRIC_MEANINGS = {
     "recall_at_1": "Recall@1: the share of queries whose best match is a right one",
     "recall_at_5": "Recall@5: the share of queries with a right match among the best 5",

@@ -30,8 +30,7 @@ DEFAULT_MEMORY_BUDGET = 512 * 2**20
 #: softmax temporary and the allocator's slack (``benchmarks/eval_scale.py``).
 SCORE_WORK_BYTES = 40
 
-#: ``score_fn(start, stop) -> [stop - start, n_image]``: scores of captions ``start..stop-1``
-#: against all images, higher = a better match.
+#: ``score_fn(start, stop)``: captions ``start..stop-1`` x all images, higher = a better match.
 ScoreFn = Callable[[int, int], torch.Tensor]
 
 DIRECTIONS = ("t2i", "i2t")
@@ -54,8 +53,7 @@ class Ranking:
 
 
 def chunk_rows(n_columns: int, memory_budget: int | None = None) -> int:
-    """Captions per chunk so that ``rows * n_columns * SCORE_WORK_BYTES <= memory_budget``
-    (:data:`DEFAULT_MEMORY_BUDGET` when None); at least 1."""
+    """Captions per chunk within ``memory_budget`` (None: :data:`DEFAULT_MEMORY_BUDGET`), >= 1."""
     budget = memory_budget or DEFAULT_MEMORY_BUDGET
     return max(1, budget // (SCORE_WORK_BYTES * max(1, n_columns)))
 

@@ -109,8 +109,7 @@ def _per_seed(frame: pd.DataFrame, key: str, method: str) -> list[float]:
 
 
 def _paper_table2(a: str, b: str, index: int, where: str) -> str:
-    """The paper's Table 2 values of ``a`` and ``b`` (0: positives, 1: negatives), means over
-    its dummy prompts, or "–"."""
+    """The paper's Table 2 values of ``a`` and ``b`` (0: positives, 1: negatives), or "–"."""
     cells = [[v[m][index] for d, v in TABLE2.items() if m in v and d != "(none)"] for m in (a, b)]
     if not all(cells):
         return "–"
@@ -144,11 +143,9 @@ def table3_verdicts(res: Mapping[str, Any]) -> list[Verdict]:
     out: list[Verdict] = []
     for m in _judged(frame.get("name", [])):
         paper, base = (TABLE3["coco"].get(k, {}).get("cifar10") for k in (m, BASELINE))
-        text = (
-            f"{paper:.3f} vs {base:.3f} (CIFAR-10; all four sets this way)"
-            if paper is not None
-            else "–"
-        )
+        text = "–"
+        if paper is not None:
+            text = f"{paper:.3f} vs {base:.3f} (CIFAR-10; all four sets this way)"
         claim = f"{m} keeps more zero-shot accuracy after fine-tuning than Determ. FT"
         for s in sorted(c for c in frame.columns if c != "name"):
             out += _verdicts("Table 3", claim, frame, s, m, BASELINE, text)

@@ -1,6 +1,5 @@
-"""The report's part of each evaluation run (:mod:`asymvlm.evaluation.registry`): the Table 2
-and Table 3 analogues with the paper's numbers beside ours, the HierarCaps table with the Fig. 5
-analogue and the OOD table with its severity curves."""
+"""The report's part of each evaluation run: the Table 2 and 3 analogues with the paper's numbers
+beside ours, the HierarCaps table with the Fig. 5 analogue, the OOD table with severity curves."""
 
 from __future__ import annotations
 
@@ -94,8 +93,7 @@ def table2(runs: Sequence[EvaluationResult]) -> list[str]:
 
 
 def table3(runs: Sequence[EvaluationResult]) -> list[str]:
-    """Table 3 analogue per zero-shot run, the paper's numbers beside ours (its COCO rows
-    unless the set-up is the paper's)."""
+    """Table 3 analogue per zero-shot run, the paper's numbers (COCO's unless ours) beside ours."""
     lines: list[str] = []
     for result in runs:
         ft = result.fine_tuned_on

@@ -1,6 +1,5 @@
-"""Every figure, in the paper's style (matplotlib, headless): Recall@1 per uncertainty level
-(Figs. 3-4: the report, the demo, each trial's run), risk-coverage, uncertainty per caption level
-(Fig. 5) and a metric against perturbation severity (OOD)."""
+"""Every figure, in the paper's style (matplotlib, headless): Recall@1 per uncertainty level (Figs.
+3-4), risk-coverage, uncertainty per caption level (Fig. 5), a metric against severity (OOD)."""
 
 from __future__ import annotations
 

@@ -33,15 +33,15 @@ def mean_std(
 ) -> list[str]:
     """The cells ``mean ± std`` of :func:`seed_stats`' ``column``, scaled ("–": no value;
     ``bare``: a single value without "± 0")."""
-    return [
-        "–"
-        if not n > 0
-        else f"{scale * mean:.{digits}f}"
-        + ("" if bare and n == 1 else f" ± {scale * std:.{digits}f}")
-        for mean, std, n in zip(
-            *(stats[f"{column}_{k}"] for k in ("mean", "std", "n")), strict=True
-        )
-    ]
+
+    def cell(mean: float, std: float, n: int) -> str:
+        if not n > 0:
+            return "–"
+        shown = f"{scale * mean:.{digits}f}"
+        return shown if bare and n == 1 else f"{shown} ± {scale * std:.{digits}f}"
+
+    values = (stats[f"{column}_{k}"] for k in ("mean", "std", "n"))
+    return [cell(*cells) for cells in zip(*values, strict=True)]
 
 
 def markdown(frame: pd.DataFrame) -> str:
@@ -50,8 +50,7 @@ def markdown(frame: pd.DataFrame) -> str:
 
 
 def seed_summary(runs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per method: ``n_seeds`` and the mean, std and n over seeds (``runs``) of each summary
-    column that has a value."""
+    """Per method: ``n_seeds`` and the mean, std and n over seeds of each summary column."""
     stats = seed_stats(runs, "method", SUMMARY_COLUMNS)
     return {
         method: {

@@ -96,8 +96,7 @@ def _paper_table1(dataset: str | None, model: str | None) -> list[str]:
 def sweep_section(
     uri: str, parent, output: str, used: set[str]
 ) -> tuple[list[str], dict, list[dict]]:
-    """One sweep's Table 1 analogue, paper rows, Figs. 3/4 and risk-coverage analogues; also
-    its rows (one per seed run) for the claims."""
+    """One sweep's Table 1 analogue, paper rows and figures; its rows (a seed run each) too."""
     children = tracking.child_runs(uri, parent.info.run_id, stage="seeds")
     if not children:
         return [], {}, []

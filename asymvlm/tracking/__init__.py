@@ -13,10 +13,9 @@ from asymvlm.tracking.queries import (
     pinned_requirements,
     signature,
 )
-from asymvlm.tracking.runs import Run, ended, existing_run, open_run, resume_run, run
+from asymvlm.tracking.runs import Run, ended, open_run, resume_run, run
 from asymvlm.tracking.store import (
     default_tracking_uri,
-    experiment_id,
     git_commit,
     global_tracking_uri,
     relocate_local_store,
@@ -30,8 +29,6 @@ __all__ = [
     "download",
     "drain",
     "ended",
-    "existing_run",
-    "experiment_id",
     "experiment_runs",
     "git_commit",
     "global_tracking_uri",

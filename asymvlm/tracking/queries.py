@@ -75,9 +75,8 @@ def json_artifact(tracking_uri: str, run_id: str, path: str) -> Any:
 
 
 def download(uri: str, tracking_uri: str | None = None) -> str:
-    """A local copy of the artifacts or model at ``uri`` (``runs:/``, ``models:/``,
-    ``mlflow-artifacts:/``) through the store ``tracking_uri`` (default
-    ``$MLFLOW_TRACKING_URI``); its local path."""
+    """The path of a local copy of ``uri`` (``runs:/``, ``models:/``, ``mlflow-artifacts:/``),
+    read through the store ``tracking_uri`` (default ``$MLFLOW_TRACKING_URI``)."""
     import mlflow
 
     if uri.startswith(STORE_URIS):

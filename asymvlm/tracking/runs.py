@@ -1,6 +1,5 @@
-"""MLflow runs, written through their store's writer (:mod:`asymvlm.tracking.writer`), each with
-MLflow's standard tags: :func:`run` (a block), :func:`open_run` (ended later), :func:`resume_run`
-(RUNNING again), :func:`existing_run` (as it is)."""
+"""MLflow runs through their store's writer, with MLflow's standard tags: :func:`run` (a block),
+:func:`open_run` (ended later), :func:`resume_run` (RUNNING again), :class:`Run` of an id."""
 
 from __future__ import annotations
 
@@ -68,8 +67,7 @@ class Run:
         return self._writer.ids.get(self.key)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled (Tune saves its callbacks) by its key: its id is the one this process's
-        writer holds for the key (a restored sweep opens its run again under the same key)."""
+        """Pickled (Tune saves its callbacks) by its key: unpickled, its id is the writer's."""
         return {"uri": self.tracking_uri, "key": self.key, "ended": self.ended}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -106,27 +104,25 @@ class Run:
         self._batches("metrics", items, 1000)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self._batches(
-            "tags", [[str(k), str(v)[:5000]] for k, v in tags.items() if v is not None], 100
-        )
+        items = [[str(k), str(v)[:5000]] for k, v in tags.items() if v is not None]
+        self._batches("tags", items, 100)
 
-    def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
+    def log_artifact(self, path: str) -> None:
         """Upload file or folder ``path`` (a copy waits while the store is away)."""
-        self._write("log_artifact", path=os.path.abspath(path), artifact_path=artifact_path)
+        self._write("log_artifact", path=os.path.abspath(path))
 
-    def log_text(self, name: str, text: str, artifact_path: str | None = None) -> None:
+    def log_text(self, name: str, text: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             with open(os.path.join(tmp, name), "w", encoding="utf-8") as fh:
                 fh.write(text)
-            self.log_artifact(os.path.join(tmp, name), artifact_path)
+            self.log_artifact(os.path.join(tmp, name))
 
-    def log_json(self, name: str, payload: Any, artifact_path: str | None = None) -> None:
-        self.log_text(name, json.dumps(payload, indent=2, default=_json_default), artifact_path)
+    def log_json(self, name: str, payload: Any) -> None:
+        self.log_text(name, json.dumps(payload, indent=2, default=_json_default))
 
     def log_model(self, name: str, loader_module: str, data_path: str, **options: Any) -> None:
-        """Log pyfunc model ``name``: the files of ``data_path`` (a copy waits while the store is
-        away), loaded by the installed module ``loader_module``'s ``_load_pyfunc`` (no pickle,
-        no code in the model); ``options`` of ``mlflow.pyfunc.log_model``."""
+        """Pyfunc model ``name``: the files of ``data_path``, loaded by the installed module
+        ``loader_module``'s ``_load_pyfunc`` (no pickle); ``options`` of its ``log_model``."""
         path = os.path.abspath(data_path)
         self._write("log_model", name=name, loader=loader_module, path=path, options=options)
 
@@ -185,13 +181,6 @@ def resume_run(tracking_uri: str, run_id: str, key: str | None = None) -> Run:
     """The existing run ``run_id``, RUNNING again (a resumed sweep goes on writing to it)."""
     out = Run(run_id, tracking_uri, key)
     out._write("update_run", status="RUNNING")
-    return out
-
-
-def existing_run(tracking_uri: str, run_id: str) -> Run:
-    """An existing run as it is (ended: only tags and metrics are added to it)."""
-    out = Run(run_id, tracking_uri)
-    out.ended = True
     return out
 
 

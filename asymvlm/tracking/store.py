@@ -9,7 +9,7 @@ import shutil
 import sqlite3
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import cache
 
 logger = logging.getLogger(__name__)
@@ -61,23 +61,19 @@ def _empty_store() -> str | None:
 
 
 def seed_new_store(tracking_uri: str) -> None:
-    """A SQLite store that is not there yet starts as a copy of :func:`_empty_store`: MLflow
-    would build it by running its schema migrations, ~5 s of a sweep's start on a disk that
-    syncs each (MLflow adds its default experiment, as to a store it made)."""
+    """A SQLite store not there yet starts as a copy of :func:`_empty_store`: MLflow's schema
+    migrations take ~5 s of a sweep's start (MLflow adds its default experiment as usual)."""
     database = os.path.abspath(tracking_uri.removeprefix("sqlite:///"))
     if not tracking_uri.startswith("sqlite:///") or os.path.exists(database):
         return
     if not os.path.isdir(os.path.dirname(database)) or not (empty := _empty_store()):
         return  # MLflow says what is wrong with the place
     part = f"{database}.{os.getpid()}.part"
-    try:
+    with suppress(OSError):
         shutil.copyfile(empty, part)
         os.link(part, database)  # unless another process made it meanwhile
-    except OSError:
-        pass
-    finally:
-        if os.path.exists(part):
-            os.remove(part)
+    if os.path.exists(part):
+        os.remove(part)
 
 
 def _artifacts_beside(tracking_uri: str) -> str | None:
@@ -129,10 +125,8 @@ def relocate_local_store(tracking_uri: str) -> int:
     return moved
 
 
-@cache
-def relocate_once(tracking_uri: str) -> int:
-    """:func:`relocate_local_store`, once per store and process."""
-    return relocate_local_store(tracking_uri)
+#: :func:`relocate_local_store`, once per store and process.
+relocate_once = cache(relocate_local_store)
 
 
 @cache

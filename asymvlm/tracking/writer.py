@@ -1,6 +1,5 @@
-"""Every write to a tracking store, in order: straight to the store or -- inside
-:func:`outage_queue`, while the store is unreachable after MLflow's own retries -- queued in
-memory (its files copied) and sent when the store is back."""
+"""Every write to a tracking store, in order: straight to it or, inside :func:`outage_queue` while
+it is unreachable after MLflow's own retries, queued in memory (files copied) until it is back."""
 
 from __future__ import annotations
 
@@ -99,7 +98,7 @@ class Writer:
             tags = [RunTag(*t) for t in op.get("tags", [])]
             client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
         elif kind == "log_artifact":
-            client.log_artifact(run_id, op["path"], op.get("artifact_path"))
+            client.log_artifact(run_id, op["path"])
         elif kind == "log_model":
             import mlflow
 
@@ -138,14 +137,12 @@ class Writer:
 
 def _kept(op: dict[str, Any]) -> dict[str, Any]:
     """``op`` as it waits: its files copied (the caller may delete them)."""
-    return {**op, "path": _copy(op["path"])} if op["op"] in ("log_artifact", "log_model") else op
-
-
-def _copy(path: str) -> str:
-    target = os.path.join(_state["folder"], uuid.uuid4().hex, os.path.basename(path))
+    if op["op"] not in ("log_artifact", "log_model"):
+        return op
+    target = os.path.join(_state["folder"], uuid.uuid4().hex, os.path.basename(op["path"]))
     os.makedirs(os.path.dirname(target))
-    (shutil.copytree if os.path.isdir(path) else shutil.copyfile)(path, target)
-    return target
+    (shutil.copytree if os.path.isdir(op["path"]) else shutil.copyfile)(op["path"], target)
+    return {**op, "path": target}
 
 
 def writer(tracking_uri: str) -> Writer:

@@ -122,8 +122,7 @@ def _embed_group(
     info: Callable[[], dict[str, Any]],
     lock: OutputLock,
 ) -> None:
-    """Embed the images and captions of some shards and write them, shard by shard (marker
-    last): the group's rows, their embeddings on Ray Data, the failures as error rows."""
+    """Embed some shards' images and captions on Ray Data; write them by shard, marker last."""
     todo = images.filter(pc.is_in(images["shard"], pa.array(group, pa.int64())))
     captions, empty = _group_captions(captions, todo)
     log.info(
@@ -175,8 +174,7 @@ def _embed_group(
 
 
 def _group_captions(captions: pa.Table, todo: pa.Table) -> tuple[pa.Table, pa.Table]:
-    """The captions of the images ``todo``, each with its image's shard, and apart the empty
-    ones (they are not embedded)."""
+    """The captions of the images ``todo`` with their shard; apart, the empty (not embedded)."""
     captions = captions.filter(pc.is_in(captions["image_id"], todo["image_id"]))
     shards = todo["shard"].take(pc.index_in(captions["image_id"], todo["image_id"]))
     captions = captions.append_column("shard", shards)
@@ -185,8 +183,7 @@ def _group_captions(captions: pa.Table, todo: pa.Table) -> tuple[pa.Table, pa.Ta
 
 
 def _attached(captions: pa.Table, todo: pa.Table) -> pa.Array:
-    """Per image of ``todo``, its captions ``[[caption_id, text], ...]`` as JSON: the captions
-    ride with their image through Ray Data."""
+    """Per image of ``todo``, its captions ``[[caption_id, text], ...]`` as JSON, riding with it."""
     attached: dict[str, list[list[str]]] = defaultdict(list)
     for cid, iid, text in zip(*(captions[c].to_pylist() for c in CAPTION_KEYS), strict=True):
         attached[iid].append([cid, text])
@@ -205,8 +202,7 @@ def _write_shard(
     errors: pa.Table,
     widths: dict[str, int],
 ) -> None:
-    """One shard's part: its error rows, its images and captions with their embeddings (the
-    source's other columns carried along), then its marker."""
+    """One shard's part: its error rows, images and captions with embeddings, then its marker."""
 
     def matrix(rows: pa.Table, column: str) -> np.ndarray:
         if not rows.num_rows:

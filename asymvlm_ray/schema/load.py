@@ -26,9 +26,8 @@ logger = logging.getLogger(__name__)
 OPTIONAL_DATA = ("hierarcaps",)
 
 
-#: Keys typed as plain strings that hold a local path, or a name or a folder (a folder, or a local
-#: wheel, when one is there or it reads as a path); an embedding section's ``defaults`` holds a
-#: job's keys.
+#: Plain-string keys holding a local path, or a name or a folder (a folder or a local wheel when
+#: one is there or it reads as a path); an embedding section's ``defaults`` holds a job's keys.
 _UNTYPED_PATHS = {EmbedConfig: ("output", "annotations", "images", "id_list")}
 _NAME_OR_FOLDER = {
     EmbedConfig: ("model",),
@@ -93,11 +92,7 @@ def _from_file(value: Any, schema: Any, folder: str) -> Any:
         elif key in _UNTYPED_PATHS.get(schema, ()) or key in _NAME_OR_FOLDER.get(schema, ()):
             out[key] = _under(folder, item, key in _NAME_OR_FOLDER.get(schema, ()))
         elif key in fields:
-            info = fields[key]
-            typed = (
-                Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
-            )
-            out[key] = _from_file(item, typed, folder)
+            out[key] = _from_file(item, fields[key].rebuild_annotation(), folder)
     return out
 
 
@@ -188,9 +183,8 @@ def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConf
     """The whole pipeline validated, every input path checked, before Ray starts."""
     doc, dropped = drop_unavailable(_document(path, overrides, PipelineConfig), path)
     if dropped:
-        logger.warning(
-            "without HierarCaps, these parts of %s are left out: %s", path, ", ".join(dropped)
-        )
+        left_out = ", ".join(dropped)
+        logger.warning("without HierarCaps, these parts of %s are left out: %s", path, left_out)
     name = doc.get("name") or os.path.splitext(os.path.basename(path))[0]
     output = storage.absolute(config.expand_env(doc.get("output") or f"runs/{name}", path))
     doc = config.expand_env(doc, path, extra={"output": output})

@@ -27,7 +27,6 @@ from asymvlm_ray.schema.sweep_settings import (
 class _EvaluationItem(StrictModel):
     """What the pipeline adds to an evaluation's spec: whose adapters it evaluates."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     sweep: str | None = Field(None, description="the sweep whose seed adapters are evaluated")
     frozen: bool = Field(False, description="also the frozen model (clip)")
     dim: PositiveInt | None = Field(None, description="the width of a frozen-only evaluation")

@@ -60,11 +60,8 @@ class RaySettings(StrictModel):
     runtime_env: RuntimeEnv | None = Field(None, description="the job's runtime_env (ray.init)")
 
     def init_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``ray.init``."""
-        kwargs: dict[str, Any] = {"address": self.address} if self.address else {}
-        if self.runtime_env:
-            kwargs["runtime_env"] = self.runtime_env.model_dump(exclude_none=True)
-        return kwargs
+        """Keyword arguments of ``ray.init``: the keys set."""
+        return self.model_dump(exclude_none=True)
 
 
 class MlflowSettings(StrictModel):

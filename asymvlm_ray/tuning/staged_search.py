@@ -34,6 +34,8 @@ from asymvlm_ray.tuning.trials import failure_reason, sweep_trial
 logger = logging.getLogger(__name__)
 
 KEEP_CHECKPOINTS = 2  # per trial, the latest
+#: The members that finished (each with its adapter's checkpoint), and those that failed.
+Results = tuple[list[TrialOutcome], list[FailedTrial]]
 
 
 def packed(sweep: SweepConfig, stage: Stage, points: list[SweepPoint]) -> list[TrialConfig]:
@@ -51,9 +53,8 @@ def packed(sweep: SweepConfig, stage: Stage, points: list[SweepPoint]) -> list[T
 
 
 class StagedSearch(Searcher):
-    """Tune's searcher of a sweep: the grid's trials first (with one lr, every seed at once),
-    each method's other seeds at its chosen lr (:func:`~.lr_selection.select_lr`) once its
-    grid trials have all ended."""
+    """Tune's searcher of a sweep: the grid's trials first (with one lr, every seed at once), each
+    method's other seeds at its chosen lr (:func:`~.lr_selection.select_lr`) once its grid ended."""
 
     def __init__(self, sweep: SweepConfig) -> None:
         super().__init__()
@@ -89,8 +90,7 @@ class StagedSearch(Searcher):
         return trial.model_dump()
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error=False) -> None:
-        """A grid trial ended: the last of its method's queues the method's other seeds at the
-        lr its grid chose (none when every lr failed)."""
+        """A grid trial ended: the method's last queues its other seeds at the lr its grid chose."""
         trial = self.live.pop(trial_id)
         if trial.stage != "grid":
             return
@@ -148,9 +148,7 @@ def experiment_name(sweep: SweepConfig) -> str:
     return "sweep-" + hashlib.sha1(json.dumps(specs, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def run_trials(
-    sweep: SweepConfig, callback: tune.Callback
-) -> tuple[list[TrialOutcome], list[FailedTrial]]:
+def run_trials(sweep: SweepConfig, callback: tune.Callback) -> Results:
     """Every trial of the sweep (both stages), ``callback`` told of each event: the members
     that finished (each with its adapter's checkpoint), those that failed with the reason."""
     import ray
@@ -189,9 +187,7 @@ def run_trials(
     return _read_results(tuner.fit(), path, fs)
 
 
-def _read_results(
-    result_grid: tune.ResultGrid, path: str, fs: Any
-) -> tuple[list[TrialOutcome], list[FailedTrial]]:
+def _read_results(result_grid: tune.ResultGrid, path: str, fs: Any) -> Results:
     """The members of the experiment at ``path``: those that finished, those that failed."""
     done: list[TrialOutcome] = []
     failed: list[FailedTrial] = []

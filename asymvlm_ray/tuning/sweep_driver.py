@@ -115,8 +115,7 @@ def _base_params(sweep: SweepConfig) -> dict[str, Any]:
 def _sweep_run(
     sweep: SweepConfig, base: dict[str, Any], parent: str | None, key: str
 ) -> tracking.Run:
-    """The sweep's MLflow run (:class:`tracking.Run` ``key``): an earlier attempt's, RUNNING
-    again, else a new one."""
+    """The sweep's MLflow run (``key``): an earlier attempt's, RUNNING again, else a new one."""
     uri = sweep.mlflow.tracking_uri
     folder = storage.uri_join(sweep.output, "tune")
     earlier = (storage.read_json(folder, _RUN_ID) or {}).get("run_id")
@@ -166,8 +165,7 @@ def _opened(opening: Future) -> tracking.Run | None:
 
 
 def run_sweep(sweep: SweepConfig, parent: str | None = None) -> SweepResult:
-    """The sweep, its MLflow run under ``parent``: the trials of both stages, each method's lr
-    chosen on validation, the summary and ``sweep.json``."""
+    """The sweep under ``parent``: both stages' trials, each method's lr, summary and sweep.json."""
     require_ray("a sweep")
     check_tables(sweep)
     check_rerun(sweep)
@@ -182,9 +180,8 @@ def run_sweep(sweep: SweepConfig, parent: str | None = None) -> SweepResult:
     with ThreadPoolExecutor(1) as pool, contextlib.redirect_stdout(sys.stderr):
         opening = pool.submit(_sweep_run, sweep, base, parent, key)
         MlflowTrialLogger.opening[key] = opening
-        callback = MlflowTrialLogger(
-            sweep, tracking.Run(None, sweep.mlflow.tracking_uri, key), base
-        )
+        sweep_run = tracking.Run(None, sweep.mlflow.tracking_uri, key)  # its id once it opened
+        callback = MlflowTrialLogger(sweep, sweep_run, base)
         with tracking.ended(functools.partial(_opened, opening)):
             try:
                 done, failed = run_trials(sweep, callback)
@@ -209,9 +206,8 @@ def _conclude(
     done: list[TrialOutcome],
     failed: list[FailedTrial],
 ) -> SweepRecord:
-    """The sweep's ending, from its finished and failed members: each method's lr, the seed
-    runs (a method's grid trial at its lr is its first seed), the mean ± std over them, the
-    failures; all in the sweep's MLflow run and its record."""
+    """The sweep's ending: each method's lr, the seed runs (a method's grid trial at its lr is its
+    first seed), the mean ± std over them and the failures, in its MLflow run and its record."""
     grid = [t for t in done if t.stage == "grid"]
     chosen = selection(sweep, grid)
     if not chosen or not done:
@@ -223,7 +219,7 @@ def _conclude(
     ids = _trial_runs(run)
     for label in (t.label("grid") for t in first_seeds):
         if label in ids:
-            tracking.existing_run(run.tracking_uri, ids[label]).set_tags({"seed_stage": "true"})
+            tracking.Run(ids[label], run.tracking_uri).set_tags({"seed_stage": "true"})
     repeats = first_seeds + [t for t in done if t.stage == "seeds"]
     test = [(t, glossary.retrieval_metric_names(t.outcome.get("test", {}))) for t in repeats]
     summary = seed_tables.seed_summary([{"method": t.method, "seed": t.seed, **m} for t, m in test])

@@ -45,9 +45,8 @@ def trial_runs(uri: str, sweep_run: str | None) -> dict[str, str]:
 
 class MlflowTrialLogger(tune.Callback):
     """Every member of a trial is a run under the sweep's ``parent`` (an earlier attempt's,
-    reopened): each epoch once (step = epoch, at the time it was reported), its outcome, FINISHED
-    or FAILED with the reason; Tune's first event waits for the sweep's run still ``opening`` (by
-    its key) as Tune starts."""
+    reopened): each epoch once (step = epoch, when reported), its outcome, FINISHED or FAILED with
+    the reason; Tune's first event waits for the sweep's run still ``opening`` (by its key)."""
 
     opening: ClassVar[weakref.WeakValueDictionary[str, Future]] = weakref.WeakValueDictionary()
 
@@ -62,10 +61,8 @@ class MlflowTrialLogger(tune.Callback):
         self.logged: dict[str, int] = {}  # run key -> the last epoch in its run
         self.started: dict[str, float] = {}
         self.earlier: dict[str, str] | None = None  # trial label -> an earlier attempt's run
-        # A trial waits at each report until Tune's loop takes it: the writes go on one thread,
-        # in order, and the loop on; a trial's epochs wait to go out together (one request a
-        # second, not one an epoch: each costs the driver's CPU, which the trials share), and
-        # at the latest when Tune saves its state (get_state).
+        # The writes go on one thread, in order, while Tune's loop goes on; a trial's epochs go out
+        # together at most once a second (each request costs the driver's CPU) and on get_state.
         self.writes = ThreadPoolExecutor(1, "mlflow-trials")
         self.written: list[Future] = []
         self.epochs: dict[str, list[tuple[dict[str, Any], int, float]]] = {}  # key -> waiting
@@ -91,8 +88,7 @@ class MlflowTrialLogger(tune.Callback):
         self.written.clear()
 
     def get_state(self) -> None:
-        """Called by Tune as it saves the experiment's state (which a restored sweep goes on
-        from, its trials from their checkpoints): MLflow holds what that state holds first."""
+        """Called by Tune as it saves the experiment's state: MLflow holds what it holds first."""
         self._drain()
 
     def on_experiment_end(self, trials, **info) -> None:
@@ -172,12 +168,8 @@ class MlflowTrialLogger(tune.Callback):
         stage, members = self._members(trial)
         reported = TrialReport.of(trial.last_result, len(members))
         for (key, point), got in zip(members, reported, strict=True):
-            reason = ""
-            if isinstance(got, FailedTrial):
-                reason = got.reason
-            elif got is None:
-                reason = "ended without a result"
-            self._end(key, stage, point, reason)
+            reason = got.reason if isinstance(got, FailedTrial) else ""
+            self._end(key, stage, point, "ended without a result" if got is None else reason)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         """Each member's run FAILED with the trial's reason."""
