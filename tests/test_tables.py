@@ -26,6 +26,7 @@ from asymvlm.tables import (
     write_manifest,
     write_split,
 )
+from tests.helpers import captioned_images, write_table
 
 DIM = 8
 PRE = {"image": 6, "text": 5}
@@ -322,22 +323,9 @@ def test_load_split_makes_raw_inputs_in_place_and_views_the_arrays(root: str, ca
 
 def test_reading_allocates_the_matrices_about_once(tmp_path: Path) -> None:
     """tracemalloc while ``load_split`` reads a table: the float32 matrices once, plus strings."""
-    rng = np.random.default_rng(2)
-    dim, n_img, n_cap = 128, 2000, 5
-    root = str(tmp_path / "mid")
-    tables.write_manifest(root, {"dim": dim, "model": "m"})
-    ids, n_txt = [f"i{i}" for i in range(n_img)], n_img * n_cap
-    texts = [f"t{j}" for j in range(n_txt)]
-    owners = [ids[j // n_cap] for j in range(n_txt)]
-    images = dict(image_ids=ids, image_embeddings=_unit(rng, n_img, dim))
-    captions = dict(caption_ids=texts, caption_image_ids=owners, texts=texts)
-    text = dict(text_embeddings=_unit(rng, n_txt, dim), text_norms=rng.uniform(5, 9, n_txt))
-    tables.write_split(root, "s", **images, **captions, **text)
-    captions["caption_image_ids"] = [ids[j // n_cap] for j in range(n_txt)]
-    captions |= dict(text_embeddings=_unit(rng, n_txt, dim), text_norms=rng.uniform(5, 9, n_txt))
-    tables.write_split(
-        root, "s", image_ids=ids, image_embeddings=_unit(rng, n_img, dim), **captions
-    )
+    dim, n_img, n_cap, root = 128, 2000, 5, str(tmp_path / "mid")
+    captioned = captioned_images(np.random.default_rng(2), n_img, n_cap, dim, 1.0, np.float32)
+    write_table(root, *captioned, "s")
     matrices = (n_img + n_img * n_cap) * dim * 4  # 6.1 MB
     load_split(root, "s")  # imports and first-call caches
     tracemalloc.start()
