@@ -32,17 +32,9 @@ def stale_ray_tmpdir():
 
 
 def _sweep(small_world: str, tmp_path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    doc = {
-        "name": "session",
-        "embeddings": small_world,
-        "output": str(tmp_path / "out"),
-        "methods": ["asymvlm-vmf"],
-        "lr": [1e-3],
-        "seeds": [0],
-        "epochs": 1,
-        "batch_size": 64,
-        "hidden_dim": 16,
-    }
+    doc = {"name": "session", "embeddings": small_world, "output": str(tmp_path / "out")}
+    doc |= {"methods": ["asymvlm-vmf"], "lr": [1e-3], "seeds": [0], "epochs": 1}
+    doc |= {"batch_size": 64, "hidden_dim": 16}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(doc))
     command = [sys.executable, "pipelines/sweep.py", "--config", str(path)]
