@@ -4,10 +4,15 @@ another's helpers)."""
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
+import shutil
 import socket
 import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +26,8 @@ from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import WorldConfig
 from asymvlm.training import TrainConfig
 
+#: The repository's root folder.
+REPO = str(Path(__file__).resolve().parent.parent)
 #: A line a library wrote to the console: a level word, a timestamp, a Ray worker's prefix, a C++
 #: log line (ours are bare, or start "warning: " / "error: ").
 _LIBRARY_LINE = re.compile(
@@ -39,6 +46,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def dead_cluster_ray_tmpdir() -> Iterator[str]:
+    """Ray's temp folder (short: its socket paths) naming a cluster that is gone, as a killed
+    head leaves it (``ray_current_cluster``); removed afterwards."""
+    folder = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+    os.makedirs(os.path.join(folder, "ray"))
+    with open(os.path.join(folder, "ray", "ray_current_cluster"), "w") as fh:
+        fh.write(f"127.0.0.1:{free_port()}")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def small_world_config(**overrides) -> WorldConfig:
@@ -147,12 +168,12 @@ def toy_config(**kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
-def save_adapter(folder, method: str = "symvlm", dim: int = 8, **kw) -> None:
+def save_adapter(folder, method: str = "symvlm", dim: int = 8, seed: int = 0, **kw) -> None:
     """An untrained ``method`` adapter (8 wide, 1 deep) saved as a checkpoint folder."""
     from asymvlm.checkpoints import save_checkpoint
     from asymvlm.methods import build_method
 
-    base = dict(epochs=4, lr=1e-3, optimizer="adamw", batch_size=128, seed=0)
+    base = dict(epochs=4, lr=1e-3, optimizer="adamw", batch_size=128, seed=seed)
     cfg = TrainConfig(method=method, hidden_dim=8, depth=1, **base)
     save_checkpoint(str(folder), build_method(method, dim, **cfg.method_args()), cfg, dim, **kw)
 

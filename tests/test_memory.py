@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import captioned_images, write_table
+from tests.helpers import REPO, captioned_images, write_table
 
 GIB = 2**30
 DIM = 512
@@ -45,10 +45,9 @@ print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
 
 def _peak(*args: str) -> int:
     """Peak RSS in bytes of ``python ARGS`` run from the repository root (it must succeed)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the tiny adapter trains fastest on one
     run = [sys.executable, "-c", _LAUNCH, *args]
-    done = subprocess.run(run, cwd=root, env=env, capture_output=True, text=True)
+    done = subprocess.run(run, cwd=REPO, env=env, capture_output=True, text=True)
     code, kib = map(int, done.stdout.split()[-2:])
     assert code == 0, done.stderr[-2000:]
     return kib * 1024

@@ -18,9 +18,7 @@ from mlflow import MlflowClient
 
 from asymvlm import entry, errors, tracking
 from asymvlm_ray.schema import sweep_config
-from tests.helpers import library_lines
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import REPO, library_lines
 
 
 def _sweep_doc(world: str, output: str, **extra) -> dict:
