@@ -108,8 +108,6 @@ def test_prob_cosine_matches_monte_carlo_over_the_posterior() -> None:
 
 
 # -- the synthetic world and the command line ---------------------------------------------------
-
-
 def test_missing_pre_projection_columns_exit_2(small_world, tmp_path, capsys) -> None:
     out = str(tmp_path / "ckpt")
     code = main(

@@ -110,23 +110,17 @@ def test_the_checkpoint_records_the_sizes_built_and_every_file_is_readable(pre_w
 
     umask = os.umask(0o022)
     try:
-        out, exported = tmp_path / "ckpt", tmp_path / "exported"
+        out, exported, trained = tmp_path / "ckpt", tmp_path / "exported", tmp_path / "trained"
         cfg = TrainConfig(method="probvlm", protocol="official")
         save_checkpoint(str(out), build_method("probvlm", 16, **cfg.method_args()), cfg, 16)
         export_adapter(str(out), str(exported))
-        train(
-            pre_world,
-            "train",
-            _cfg("asymvlm-vmf"),
-            output=str(tmp_path / "trained"),
-            progress=False,
-        )
+        train(pre_world, "train", _cfg("asymvlm-vmf"), output=str(trained), progress=False)
     finally:
         os.umask(umask)
     meta = json.loads((out / "config.json").read_text())
     assert meta["adapter_size"] == {"hidden_dim": 1024, "depth": 2}
     assert meta["train_config"]["hidden_dim"] is None  # what was asked: the method's default
-    for folder in (out, exported, tmp_path / "trained"):
+    for folder in (out, exported, trained):
         modes = {f.name: oct(f.stat().st_mode & 0o777) for f in folder.iterdir()}
         assert set(modes.values()) == {"0o644"}, modes
     assert "| adapter width x depth | `1024 x 2` |" in (exported / "README.md").read_text()

@@ -40,26 +40,19 @@ def _unit(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
 def _data(seed: int = 0, n_img: int = 5, n_txt: int = 12, pre: bool = True, tag: str = "") -> dict:
     rng = np.random.default_rng(seed)
     image_ids = [f"img{tag}{i}" for i in range(n_img)]
-    d = dict(
-        image_ids=image_ids,
-        image_embeddings=_unit(rng, n_img),
-        caption_ids=[f"c{tag}{j}" for j in range(n_txt)],
-        caption_image_ids=[image_ids[(3 * j + 1) % n_img] for j in range(n_txt)],
-        texts=[f"a photo number {j} — é" for j in range(n_txt)],
-        text_embeddings=_unit(rng, n_txt),
-        text_norms=rng.uniform(5.0, 15.0, n_txt).astype(np.float32),
-        extra_text_columns={
-            "level": np.arange(n_txt) % 3,
-            "source": [f"s{j % 2}" for j in range(n_txt)],
-        },
-    )
+    d = {"image_ids": image_ids, "image_embeddings": _unit(rng, n_img)}
+    d["caption_ids"] = [f"c{tag}{j}" for j in range(n_txt)]
+    d["caption_image_ids"] = [image_ids[(3 * j + 1) % n_img] for j in range(n_txt)]
+    d["texts"] = [f"a photo number {j} — é" for j in range(n_txt)]
+    d["text_embeddings"] = _unit(rng, n_txt)
+    d["text_norms"] = rng.uniform(5.0, 15.0, n_txt).astype(np.float32)
+    sources = [f"s{j % 2}" for j in range(n_txt)]
+    d["extra_text_columns"] = {"level": np.arange(n_txt) % 3, "source": sources}
     if pre:
-        d.update(
-            image_norms=rng.uniform(5.0, 15.0, n_img).astype(np.float32),
-            image_features_pre=rng.standard_normal((n_img, PRE["image"])).astype(np.float32),
-            text_features_pre=rng.standard_normal((n_txt, PRE["text"])).astype(np.float32),
-            extra_image_columns={"label": np.arange(n_img) % 4},
-        )
+        d["image_norms"] = rng.uniform(5.0, 15.0, n_img).astype(np.float32)
+        d["image_features_pre"] = rng.standard_normal((n_img, PRE["image"])).astype(np.float32)
+        d["text_features_pre"] = rng.standard_normal((n_txt, PRE["text"])).astype(np.float32)
+        d["extra_image_columns"] = {"label": np.arange(n_img) % 4}
     return d
 
 

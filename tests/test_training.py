@@ -75,8 +75,6 @@ def test_fit_start_calibrates_the_adapter_input_scale(tmp_path) -> None:
 
 
 # -- the protocol: one run of the paper's protocol, without Ray ---------------------------------
-
-
 def _spec(root: str, epochs: int = 4, **kw) -> RunSpec:
     train = dict(epochs=epochs, lr=5e-3, optimizer="adamw", batch_size=64, hidden_dim=16, depth=2)
     return RunSpec(embeddings=root, train=TrainConfig(**train, seed=3, device="cpu"), **kw)
