@@ -205,30 +205,26 @@ def test_a_half_written_part_is_one_line_naming_it(small_world, tmp_path, capsys
         assert err.count("\n") == 1 and not (tmp_path / "ckpt").exists()
 
 
-@pytest.mark.parametrize(
-    "sub", [[], ["train"], ["evaluate"], ["score"], ["methods"], ["embed"], ["analyze", "ood"]]
-)
-def test_help_everywhere(sub, capsys) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main([*sub, "--help"])
-    assert exit_info.value.code == 0 and "usage: asymvlm" in capsys.readouterr().out
-
-
 _HELPS = """import contextlib, io, sys
 from asymvlm.cli import build_parser, main
 build_parser()  # every command's flags, as the docs' reference has them
 for argv in sys.argv[1:]:
-    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
-        main(argv.split())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main(argv.split())
+        except SystemExit as stop:
+            assert stop.code == 0, (argv, stop.code)
+    assert argv == "--version" or out.getvalue().startswith("usage: asymvlm"), argv
 print(*sorted({"torch", "ray", "mlflow", "pipelines"} & set(sys.modules)))
 """
 
 
 def test_every_help_and_the_version_import_no_torch_ray_mlflow_or_pipelines() -> None:
-    """The parser is built from light modules, so --help is quick (timed in
-    benchmarks/cli_startup.py); a command imports its libraries when it runs (what lint-imports
-    cannot see). Without a command only the sub-commands' names and help are made, as the whole
-    parser shows them."""
+    """Every --help exits 0 with its usage. The parser is built from light modules, so --help is
+    quick (timed in benchmarks/cli_startup.py); a command imports its libraries when it runs
+    (what lint-imports cannot see). Without a command only the sub-commands' names and help are
+    made, as the whole parser shows them."""
     from asymvlm.cli import build_parser
     from asymvlm.evaluation.specs import SPECS
 
