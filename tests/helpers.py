@@ -168,6 +168,19 @@ def toy_config(**kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
+def nan_losses_from(monkeypatch, epoch: int) -> None:
+    """Every training loss from (0-based) ``epoch`` on is NaN: the run diverges there."""
+    from asymvlm.distributed import GlobalBatchLoss
+
+    original = GlobalBatchLoss.forward
+
+    def forward(self, image_emb, text_emb, e=0):
+        loss = original(self, image_emb, text_emb, e)
+        return loss * float("nan") if e >= epoch else loss
+
+    monkeypatch.setattr(GlobalBatchLoss, "forward", forward)
+
+
 def save_adapter(folder, method: str = "symvlm", dim: int = 8, seed: int = 0, **kw) -> None:
     """An untrained ``method`` adapter (8 wide, 1 deep) saved as a checkpoint folder."""
     from asymvlm.checkpoints import save_checkpoint
