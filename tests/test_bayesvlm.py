@@ -110,10 +110,8 @@ def test_prob_cosine_matches_monte_carlo_over_the_posterior() -> None:
 # -- the synthetic world and the command line ---------------------------------------------------
 def test_missing_pre_projection_columns_exit_2(small_world, tmp_path, capsys) -> None:
     out = str(tmp_path / "ckpt")
-    code = main(
-        ["train", "--embeddings", small_world, "--method", "bayesvlm", "--output", out, "--quiet"]
-    )
-    assert code == 2
+    argv = f"train --embeddings {small_world} --method bayesvlm --output {out} --quiet"
+    assert main(argv.split()) == 2
     err = capsys.readouterr().err
     assert "image_features_pre/text_features_pre" in err and "--pre-projection" in err
     assert "Traceback" not in err and not os.path.exists(os.path.join(out, "model.safetensors"))

@@ -94,10 +94,8 @@ def test_the_card_names_the_encoder_and_the_adapter_that_was_built(encoder, labe
     config = {"method": "probvlm", "train_config": cfg.model_dump(), "embedding_model": encoder}
     config["adapter_size"] = {"hidden_dim": 1024, "depth": 2}
     card = model_card(config)
-    assert (
-        f"| frozen encoder | `{label}` |" in card
-        and "| adapter width x depth | `1024 x 2` |" in card
-    )
+    assert f"| frozen encoder | `{label}` |" in card
+    assert "| adapter width x depth | `1024 x 2` |" in card
     assert ("a local folder (" in card) == local and ("its path in `config.json`" in card) == local
     assert "None" not in card
 

@@ -112,9 +112,8 @@ def test_shipped_pipeline_configs_resolve(name, tmp_path, hierarcaps_standin, hu
 
     for repo in ("openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"):
         hub_cache(repo, "config.json")  # downloaded (the check asks the cache, then the Hub)
-    cfg = schema.load_pipeline(
-        os.path.join(os.path.dirname(DEMO), f"{name}.yaml"), [f"output={tmp_path}"]
-    )
+    path = os.path.join(os.path.dirname(DEMO), f"{name}.yaml")
+    cfg = schema.load_pipeline(path, [f"output={tmp_path}"])
     if name == "synthetic-full":
         (scfg,) = cfg.sweeps
         assert scfg.methods == list(METHODS)  # `methods: all`, in registry order

@@ -31,9 +31,8 @@ def test_only_official_pfe_and_probvlm_take_raw_images(pre_world, small_world, c
     with caplog.at_level(logging.WARNING, logger="asymvlm.methods.base"):
         assert method.split_inputs(data)[0] is data.image_emb
         method.split_inputs(data)
-    (warning,) = [
-        r.getMessage() for r in caplog.records if "no image `norm` column" in r.getMessage()
-    ]
+    messages = [r.getMessage() for r in caplog.records]
+    (warning,) = [m for m in messages if "no image `norm` column" in m]
     assert "pfe" in warning
 
 
@@ -43,9 +42,8 @@ def test_training_and_evaluation_see_the_raw_images(name, pre_world, tmp_path) -
     from asymvlm.evaluation.retrieval import encode_split
 
     data = load_split(pre_world, "train")
-    cfg = TrainConfig(
-        method=name, protocol="official", epochs=1, batch_size=64, device="cpu", **SMALL
-    )
+    run = dict(epochs=1, batch_size=64, device="cpu", **SMALL)
+    cfg = TrainConfig(method=name, protocol="official", **run)
     torch.manual_seed(0)
     method = build_method(name, 16, protocol="official", **SMALL)
     trainer = Trainer(method, cfg, data)

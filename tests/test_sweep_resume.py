@@ -52,11 +52,8 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(pre_world, tmp_path, o
     path.write_text(yaml.safe_dump(_sweep_doc(pre_world, output)))
     command = [sys.executable, os.path.join(REPO, "pipelines", "sweep.py"), "--config", str(path)]
     marker = tmp_path / "paused"
-    env = {
-        **os.environ,
-        "ASYMVLM_FAULT_INJECTION": f"epoch=2,action=pause,seconds=600,marker={marker}",
-        "TUNE_GLOBAL_CHECKPOINT_S": "0",  # Tune's state saved at every step
-    }
+    env = dict(os.environ, TUNE_GLOBAL_CHECKPOINT_S="0")  # Tune's state saved at every step
+    env["ASYMVLM_FAULT_INJECTION"] = f"epoch=2,action=pause,seconds=600,marker={marker}"
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True

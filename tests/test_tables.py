@@ -220,9 +220,8 @@ def test_what_validation_refuses_and_what_no_validation_reads(root: str) -> None
     assert str(exc.value) == f"{root}/empty/texts: no rows (1 parquet file(s), all empty)"
     write_split(root, "two", **D)
     write_split(root, "two", **_data(pre=False, tag="b"), part="part-00001")
-    with pytest.raises(
-        TableError, match="part-00001.parquet: missing column 'norm' present in .*part-00000"
-    ):
+    missing = "part-00001.parquet: missing column 'norm' present in .*part-00000"
+    with pytest.raises(TableError, match=missing):
         read_split(root, "two")
     bare = str(Path(root).parent / "bare")  # pre-projection columns need the manifest's pre_dim
     write_manifest(bare, {"dim": DIM, "model": "m"})
