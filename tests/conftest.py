@@ -18,17 +18,20 @@ def pytest_configure(config) -> None:
         torch.set_num_threads(1)
 
 
-@pytest.fixture
-def world_config():
-    """Factory for small world configurations: ``world_config(seed=1)``."""
-    return small_world_config
-
-
 @pytest.fixture(scope="session")
 def small_world(tmp_path_factory) -> str:
     """Root of a tiny synthetic embedding table (train/val/test)."""
     root = tmp_path_factory.mktemp("world") / "tables"
     return write_world(str(root), small_world_config())
+
+
+@pytest.fixture(scope="session")
+def pre_world(tmp_path_factory) -> str:
+    """A small world (400 / 80 / 80 images) with pre-projection features and image norms: every
+    method trains on it, bayesvlm too."""
+    root = tmp_path_factory.mktemp("pre-world") / "tables"
+    cfg = small_world_config(pre_dim=24, splits={"train": 400, "val": 80, "test": 80})
+    return write_world(str(root), cfg)
 
 
 @pytest.fixture

@@ -4,10 +4,15 @@ another's helpers)."""
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
+import shutil
 import socket
 import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +26,8 @@ from asymvlm.splits import SplitTensors, load_split
 from asymvlm.synthetic import WorldConfig
 from asymvlm.training import TrainConfig
 
+#: The repository's root folder.
+REPO = str(Path(__file__).resolve().parent.parent)
 #: A line a library wrote to the console: a level word, a timestamp, a Ray worker's prefix, a C++
 #: log line (ours are bare, or start "warning: " / "error: ").
 _LIBRARY_LINE = re.compile(
@@ -39,6 +46,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def dead_cluster_ray_tmpdir() -> Iterator[str]:
+    """Ray's temp folder (short: its socket paths) naming a cluster that is gone, as a killed
+    head leaves it (``ray_current_cluster``); removed afterwards."""
+    folder = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+    os.makedirs(os.path.join(folder, "ray"))
+    with open(os.path.join(folder, "ray", "ray_current_cluster"), "w") as fh:
+        fh.write(f"127.0.0.1:{free_port()}")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def small_world_config(**overrides) -> WorldConfig:
@@ -147,12 +168,25 @@ def toy_config(**kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
-def save_adapter(folder, method: str = "symvlm", dim: int = 8, **kw) -> None:
+def nan_losses_from(monkeypatch, epoch: int) -> None:
+    """Every training loss from (0-based) ``epoch`` on is NaN: the run diverges there."""
+    from asymvlm.distributed import GlobalBatchLoss
+
+    original = GlobalBatchLoss.forward
+
+    def forward(self, image_emb, text_emb, e=0):
+        loss = original(self, image_emb, text_emb, e)
+        return loss * float("nan") if e >= epoch else loss
+
+    monkeypatch.setattr(GlobalBatchLoss, "forward", forward)
+
+
+def save_adapter(folder, method: str = "symvlm", dim: int = 8, seed: int = 0, **kw) -> None:
     """An untrained ``method`` adapter (8 wide, 1 deep) saved as a checkpoint folder."""
     from asymvlm.checkpoints import save_checkpoint
     from asymvlm.methods import build_method
 
-    base = dict(epochs=4, lr=1e-3, optimizer="adamw", batch_size=128, seed=0)
+    base = dict(epochs=4, lr=1e-3, optimizer="adamw", batch_size=128, seed=seed)
     cfg = TrainConfig(method=method, hidden_dim=8, depth=1, **base)
     save_checkpoint(str(folder), build_method(method, dim, **cfg.method_args()), cfg, dim, **kw)
 
@@ -224,29 +258,44 @@ def dump(path: Path, obj, protocol=2, numpy1=False) -> None:
     path.write_bytes(raw)
 
 
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Each row of ``x`` divided by its norm."""
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def captioned_images(rng, n_images: int, per_image: int, dim: int, noise: float, dtype=np.float64):
+    """Unit images, ``per_image`` captions of each (its image + ``noise`` x Gaussian noise, not
+    normalised) and the image row of each caption."""
+    images = unit_rows(rng.standard_normal((n_images, dim), dtype=dtype))
+    owner = np.repeat(np.arange(n_images), per_image)
+    texts = images[owner] + noise * rng.standard_normal((len(owner), dim), dtype=dtype)
+    return images, texts, owner
+
+
+def write_table(root, image_emb, text_emb, owner, split="test", *, part="", norms=None, **columns):
+    """A manifest and a split (or a ``part`` of it, whose ids start with its name) of the unit rows
+    of ``image_emb`` and of ``text_emb``, caption j of image ``owner[j]``: raw norms ``norms``
+    (default the rows' own), text "caption j" unless ``columns`` give ``texts``."""
+    ids = [f"{part}i{i}" for i in range(len(image_emb))]
+    tables.write_manifest(root, {"dim": image_emb.shape[1], "model": "hand-built"})
+    columns.setdefault("texts", [f"caption {j}" for j in range(len(text_emb))])
+    columns["caption_ids"] = [f"{part}c{j}" for j in range(len(text_emb))]
+    columns["caption_image_ids"] = [ids[i] for i in owner]
+    columns["text_norms"] = np.linalg.norm(text_emb, axis=1) if norms is None else norms
+    images = {"image_ids": ids, "image_embeddings": unit_rows(image_emb)}
+    texts = {"text_embeddings": unit_rows(text_emb), **columns}
+    tables.write_split(root, split, part=part or "part-00000", **images, **texts)
+
+
 def write_hierarchies(root: str, kappas: np.ndarray, dim: int = 8) -> None:
     """One image per row of ``kappas``; caption (image i, level l) points at image i with
     concentration kappas[i, l] and has l + 1 words."""
     rng = np.random.default_rng(0)
-    images = rng.standard_normal((len(kappas), dim))
-    images /= np.linalg.norm(images, axis=1, keepdims=True)
-    ids = [f"img{i}" for i in range(len(kappas))]
-    caps = [(i, level) for i in range(len(kappas)) for level in range(4)]
-    texts = images[[i for i, _ in caps]] + 0.05 * rng.standard_normal((len(caps), dim))
-    texts /= np.linalg.norm(texts, axis=1, keepdims=True)
-    tables.write_manifest(root, {"dim": dim, "model": "hand-built"})
-    tables.write_split(
-        root,
-        "test",
-        image_ids=ids,
-        image_embeddings=images,
-        caption_ids=[f"c{i}-{level}" for i, level in caps],
-        caption_image_ids=[ids[i] for i, _ in caps],
-        texts=[" ".join(["word"] * (level + 1)) for _, level in caps],
-        text_embeddings=texts,
-        text_norms=np.array([kappas[i, level] for i, level in caps]),
-        extra_text_columns={"level": np.array([level for _, level in caps])},
-    )
+    images, texts, owner = captioned_images(rng, len(kappas), 4, dim, noise=0.05)
+    levels = np.tile(np.arange(4), len(kappas))
+    words = [" ".join(["word"] * (level + 1)) for level in levels]
+    extra = {"texts": words, "extra_text_columns": {"level": levels}}
+    write_table(root, images, texts, owner, norms=kappas.ravel(), **extra)
 
 
 def write_perturbed_pair(
@@ -255,16 +304,8 @@ def write_perturbed_pair(
     """Tables ``clean`` and a caption-perturbed copy ``typos`` (noisier directions, kappa scaled
     by ``kappa_scale``) in ``folder``, and their test splits."""
     rng = np.random.default_rng(0)
-    n, d = 40, 16
-    images = rng.standard_normal((n, d))
-    images /= np.linalg.norm(images, axis=1, keepdims=True)
-    ids = [f"i{k}" for k in range(n)]
-    for name, eps, scale in (("clean", 0.05, 1.0), ("typos", noise, kappa_scale)):
-        texts = images + eps * rng.standard_normal((n, d))
-        texts /= np.linalg.norm(texts, axis=1, keepdims=True)
-        root = str(folder / name)
-        tables.write_manifest(root, {"dim": d, "model": "hand-built"})
-        captions = dict(caption_ids=[f"c{k}" for k in range(n)], caption_image_ids=ids)
-        text = dict(texts=["x"] * n, text_embeddings=texts, text_norms=np.full(n, 20.0 * scale))
-        tables.write_split(root, "test", image_ids=ids, image_embeddings=images, **captions, **text)
+    images, clean, owner = captioned_images(rng, 40, 1, 16, noise=0.05)
+    typos = images + noise * rng.standard_normal(images.shape)
+    write_table(str(folder / "clean"), images, clean, owner, norms=np.full(40, 20.0))
+    write_table(str(folder / "typos"), images, typos, owner, norms=np.full(40, 20.0 * kappa_scale))
     return load_split(str(folder / "clean"), "test"), load_split(str(folder / "typos"), "test")

@@ -54,8 +54,6 @@ def _gaussians(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # -- formulas --------------------------------------------------------------------------------
-
-
 def test_ggd_nll_and_variance_match_scipy_gennorm() -> None:
     cases = [(0.3, 0.1, 0.5, 2.0), (-1.2, 0.4, 0.2, 1.0), (0.05, 0.0, 1.7, 0.7), (2.0, -0.5, 3, 5)]
     x, mu, alpha, beta = (torch.tensor(c, dtype=F64) for c in zip(*cases, strict=True))
@@ -143,8 +141,6 @@ def test_evidential_loss_is_bayes_risk_plus_weighted_kl() -> None:
 
 
 # -- the baselines' uncertainties ------------------------------------------------------------
-
-
 @pytest.mark.parametrize(
     ("name", "ratio", "kwargs"), [("pfe", 5.0, {}), ("probvlm", 1.15, {"cross_weight": 1.0})]
 )

@@ -21,7 +21,7 @@ from asymvlm.runner import train
 from asymvlm.tables import read_split
 from asymvlm.tracking import git_commit
 from asymvlm.training import TrainConfig, Trainer
-from tests.helpers import save_adapter
+from tests.helpers import nan_losses_from, save_adapter
 
 
 def _cfg(**kw) -> TrainConfig:
@@ -173,15 +173,8 @@ def test_resume_starts_fresh_or_with_the_same_settings_only(small_world, tmp_pat
 
 
 def test_a_diverged_run_marks_nothing_complete(small_world, tmp_path, monkeypatch) -> None:
-    from asymvlm.distributed import GlobalBatchLoss
-
-    original, out, fresh = GlobalBatchLoss.forward, str(tmp_path / "ckpt"), str(tmp_path / "new")
-
-    def nan_from_epoch_3(self, image_emb, text_emb, e=0):
-        loss = original(self, image_emb, text_emb, e)
-        return loss * float("nan") if e >= 2 else loss
-
-    monkeypatch.setattr(GlobalBatchLoss, "forward", nan_from_epoch_3)
+    out, fresh = str(tmp_path / "ckpt"), str(tmp_path / "new")
+    nan_losses_from(monkeypatch, epoch=2)  # from epoch 3 on
     with pytest.raises(NonFiniteError) as err:
         train(small_world, "train", _cfg(), output=out, progress=False, checkpoint_every=1)
     assert str(err.value).startswith(
@@ -210,9 +203,8 @@ def test_the_cli_refuses_existing_and_incomplete_checkpoints(small_world, tmp_pa
         "--overwrite to replace it\n"
     )
     assert main([*argv, "--resume"]) == 0
-    assert "already holds a complete checkpoint (epoch 2 of 2); nothing to do" in (
-        capsys.readouterr().err
-    )
+    err = capsys.readouterr().err
+    assert "already holds a complete checkpoint (epoch 2 of 2); nothing to do" in err
     assert main([*argv, "--overwrite", "--seed", "3"]) == 0
     assert _meta(out)["train_config"]["seed"] == 3
     save_adapter(out, "asymvlm-vmf", dim=16, epoch=1)

@@ -50,9 +50,8 @@ def _losses_and_grads(rank: int) -> dict:
         ddp = DistributedDataParallel(GlobalBatchLoss(method))
         loss = ddp(img[rows], txt[rows], 3)
         loss.backward()
-        grads = {
-            k: p.grad.numpy().copy() for k, p in method.named_parameters() if p.grad is not None
-        }
+        params = method.named_parameters()
+        grads = {k: p.grad.numpy().copy() for k, p in params if p.grad is not None}
         out[name] = (loss.item(), grads)  # plain arrays: no shared memory to outlive us
     return out
 

@@ -91,9 +91,8 @@ def inputs(tmp_path_factory) -> Path:
     write_world(str(base / "tables" / "my-data"), world)
     model = save_tiny_clip(str(tmp_path_factory.mktemp("docs-encoder") / "tiny-clip"))
     info = load_encoder(model, device="cpu", load_model=False).info
-    split = SimpleNamespace(
-        manifest=tables.Manifest(dim=info.dim, model=model, extra=vars(info)), fingerprint=None
-    )
+    manifest = tables.Manifest(dim=info.dim, model=model, extra=vars(info))
+    split = SimpleNamespace(manifest=manifest, fingerprint=None)
     cfg = TrainConfig(method="asymvlm-vmf", hidden_dim=32, epochs=1)
     method = build_method("asymvlm-vmf", info.dim, **cfg.method_args())
     save_checkpoint(str(base / "CKPT"), method, cfg, info.dim, provenance(split), complete=True)

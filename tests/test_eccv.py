@@ -140,13 +140,11 @@ def _fold_top10(test: eccv.KarpathyTest, bonus: float):
     for images, captions in test.folds:
         rows, cols = torch.from_numpy(captions), torch.from_numpy(images)
         s = TABLE.scores(rows, cols, bonus)
-        for r, top in zip(
-            captions.tolist(), cols[torch.topk(s, 10, dim=1).indices].tolist(), strict=True
-        ):
+        best_images = cols[torch.topk(s, 10, dim=1).indices].tolist()
+        for r, top in zip(captions.tolist(), best_images, strict=True):
             t2i[int(TABLE.caption_ids[r])] = [int(TABLE.image_ids[i]) for i in top]
-        for i, top in zip(
-            images.tolist(), rows[torch.topk(s, 10, dim=0).indices].T.tolist(), strict=True
-        ):
+        best_captions = rows[torch.topk(s, 10, dim=0).indices].T.tolist()
+        for i, top in zip(images.tolist(), best_captions, strict=True):
             i2t[int(TABLE.image_ids[i])] = [int(TABLE.caption_ids[c]) for c in top]
     return {"i2t": i2t, "t2i": t2i}
 

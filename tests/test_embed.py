@@ -21,9 +21,8 @@ from asymvlm.embedding.embed_config import DUMMY_PROMPTS, EmbedConfig
 from asymvlm.embedding.encoders import files_sha256, load_encoder
 from asymvlm.errors import ConfigError, LockError
 from asymvlm_ray.embedding import JOB, SUCCESS, run_embed
-from tests.helpers import hierarcaps_subset, library_lines, requires_hierarcaps, tiny_encoders
+from tests.helpers import REPO, hierarcaps_subset, library_lines, requires_hierarcaps, tiny_encoders
 
-REPO = Path(__file__).resolve().parent.parent
 BASE = dict(dataset="hierarcaps", split="test")
 
 
@@ -233,18 +232,11 @@ def _record(cfg: EmbedConfig, name: str, **extra) -> None:
     storage.write_json(cfg.output, f"{cfg.split}/{name}", payload)
 
 
-@pytest.mark.parametrize(
-    "key, value",
-    [
-        ("batch_size", 0),
-        ("actor_cpus", float("nan")),
-        ("device", "tpu"),
-        ("dataset", "hierarcapz"),
-        ("split", "../test"),
-        ("text_perturbation", "typos:9"),
-        ("batchsize", 8),
-    ],
-)
+BAD = dict(batch_size=0, actor_cpus=float("nan"), device="tpu", dataset="hierarcapz")
+BAD |= dict(split="../test", text_perturbation="typos:9", batchsize=8)
+
+
+@pytest.mark.parametrize(("key", "value"), BAD.items())
 def test_embed_config_is_validated_on_construction(key, value) -> None:
     with pytest.raises(ValidationError) as exc:
         EmbedConfig(**{**BASE, "model": "m", "output": "o", key: value})

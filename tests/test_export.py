@@ -22,7 +22,6 @@ from asymvlm.runner import train
 from asymvlm.scoring import Scorer, TableEncoder
 from asymvlm.scoring.models import CaptionUncertaintyModel, _load_pyfunc
 from asymvlm.training import TrainConfig
-from tests.helpers import small_world_config
 from tests.hub_server import serve_hub
 
 
@@ -31,25 +30,16 @@ def _cfg(method: str, **kw) -> TrainConfig:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> str:
-    """A small world with pre-projection features, so that every method trains on it."""
-    from asymvlm.synthetic import write_world
-
-    root = tmp_path_factory.mktemp("export-world") / "tables"
-    return write_world(str(root), small_world_config(pre_dim=24))
-
-
-@pytest.fixture(scope="module")
-def vmf(world, tmp_path_factory) -> str:
+def vmf(pre_world, tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("vmf") / "ckpt")
-    train(world, "train", _cfg("asymvlm-vmf", epochs=2), output=out, progress=False)
+    train(pre_world, "train", _cfg("asymvlm-vmf", epochs=2), output=out, progress=False)
     return out
 
 
 @pytest.mark.parametrize("name", ["asymvlm-ps", "elip"])  # fitted buffers too
-def test_export_then_load_gives_the_checkpoints_numbers(name, world, tmp_path) -> None:
+def test_export_then_load_gives_the_checkpoints_numbers(name, pre_world, tmp_path) -> None:
     checkpoint, exported = str(tmp_path / "ckpt"), str(tmp_path / "exported")
-    train(world, "train", _cfg(name), output=checkpoint, progress=False)
+    train(pre_world, "train", _cfg(name), output=checkpoint, progress=False)
     method, _ = load_checkpoint(checkpoint)
     export_adapter(checkpoint, exported)
     assert sorted(os.listdir(exported)) == ["README.md", "config.json", "model.safetensors"]
@@ -104,15 +94,13 @@ def test_the_card_names_the_encoder_and_the_adapter_that_was_built(encoder, labe
     config = {"method": "probvlm", "train_config": cfg.model_dump(), "embedding_model": encoder}
     config["adapter_size"] = {"hidden_dim": 1024, "depth": 2}
     card = model_card(config)
-    assert (
-        f"| frozen encoder | `{label}` |" in card
-        and "| adapter width x depth | `1024 x 2` |" in card
-    )
+    assert f"| frozen encoder | `{label}` |" in card
+    assert "| adapter width x depth | `1024 x 2` |" in card
     assert ("a local folder (" in card) == local and ("its path in `config.json`" in card) == local
     assert "None" not in card
 
 
-def test_the_checkpoint_records_the_sizes_built_and_every_file_is_readable(world, tmp_path):
+def test_the_checkpoint_records_the_sizes_built_and_every_file_is_readable(pre_world, tmp_path):
     """model.safetensors is written with the umask's mode like config.json (safetensors' own
     writer makes it 0600: unreadable to a colleague on a shared disk)."""
     from asymvlm.checkpoints import save_checkpoint
@@ -120,17 +108,17 @@ def test_the_checkpoint_records_the_sizes_built_and_every_file_is_readable(world
 
     umask = os.umask(0o022)
     try:
-        out, exported = tmp_path / "ckpt", tmp_path / "exported"
+        out, exported, trained = tmp_path / "ckpt", tmp_path / "exported", tmp_path / "trained"
         cfg = TrainConfig(method="probvlm", protocol="official")
         save_checkpoint(str(out), build_method("probvlm", 16, **cfg.method_args()), cfg, 16)
         export_adapter(str(out), str(exported))
-        train(world, "train", _cfg("asymvlm-vmf"), output=str(tmp_path / "trained"), progress=False)
+        train(pre_world, "train", _cfg("asymvlm-vmf"), output=str(trained), progress=False)
     finally:
         os.umask(umask)
     meta = json.loads((out / "config.json").read_text())
     assert meta["adapter_size"] == {"hidden_dim": 1024, "depth": 2}
     assert meta["train_config"]["hidden_dim"] is None  # what was asked: the method's default
-    for folder in (out, exported, tmp_path / "trained"):
+    for folder in (out, exported, trained):
         modes = {f.name: oct(f.stat().st_mode & 0o777) for f in folder.iterdir()}
         assert set(modes.values()) == {"0o644"}, modes
     assert "| adapter width x depth | `1024 x 2` |" in (exported / "README.md").read_text()
@@ -165,17 +153,17 @@ def hub(hub_cache, monkeypatch):
 
 
 def test_hub_names_resolve_with_revisions_cache_and_offline_mode(
-    vmf, world, hub, tmp_path, monkeypatch
+    vmf, pre_world, hub, tmp_path, monkeypatch
 ) -> None:
     from huggingface_hub import constants
 
     first, second, other = tmp_path / "v1", tmp_path / "v2", str(tmp_path / "ckpt2")
     export_adapter(vmf, str(first))
     commit = hub.add("someone/adapter", str(first), branch="v1")
-    train(world, "train", _cfg("asymvlm-vmf", seed=1), output=other, progress=False)
+    train(pre_world, "train", _cfg("asymvlm-vmf", seed=1), output=other, progress=False)
     export_adapter(other, str(second))
     hub.add("someone/adapter", str(second), branch="main")
-    encoder = TableEncoder(world, ["test"])
+    encoder = TableEncoder(pre_world, ["test"])
     captions = encoder.captions()[:12]
 
     def kappa(source: str, load=Scorer.from_checkpoint) -> np.ndarray:
@@ -202,7 +190,7 @@ def test_hub_names_resolve_with_revisions_cache_and_offline_mode(
     results = []  # `asymvlm evaluate` takes folders, model folders and Hub names alike
     for source in (vmf, str(first), "hf-hub:someone/adapter@v1"):
         out = tmp_path / f"m{len(results)}.json"
-        args = ["evaluate", "--embeddings", world, "--split", "test", "--checkpoint", source]
+        args = ["evaluate", "--embeddings", pre_world, "--split", "test", "--checkpoint", source]
         assert cli_main([*args, "--quiet", "--output", str(out)]) == 0
         results.append({d: json.loads(out.read_text())[d] for d in ("t2i", "i2t")})
     assert results[0] == results[1] == results[2] and results[0]["t2i"]["aupr"] is not None
@@ -240,7 +228,7 @@ def test_a_bad_row_is_an_invalid_parameter_naming_it(vmf, embedding, norm, messa
     assert err.value.get_http_status_code() == 400
 
 
-def test_the_embedding_model_answers_finite_numbers_or_null(vmf, world, tmp_path) -> None:
+def test_the_embedding_model_answers_finite_numbers_or_null(vmf, pre_world, tmp_path) -> None:
     model = _adapter(vmf)
     rows = model.predict(pd.DataFrame({"embedding": [UNIT, UNIT[::-1]], "norm": [8.0, 7.5]}))
     assert (rows["kappa"] > 0).all() and np.isfinite(rows["kappa"]).all()
@@ -253,6 +241,6 @@ def test_the_embedding_model_answers_finite_numbers_or_null(vmf, world, tmp_path
         with pytest.raises(MlflowException, match=message):
             model.predict(frame)
     clip = str(tmp_path / "clip")  # a method without kappa: null, not NaN
-    train(world, "train", TrainConfig(method="clip"), output=clip, progress=False)
+    train(pre_world, "train", TrainConfig(method="clip"), output=clip, progress=False)
     result = _adapter(clip).predict(pd.DataFrame({"embedding": [UNIT], "norm": [8.0]}))
     assert result.to_dict("records") == [{"uncertainty": None, "kappa": None}]

@@ -12,6 +12,7 @@ from asymvlm.errors import ConfigError
 from tests.hub_server import serve_hub
 
 LAION = "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
+CLIP = "openai/clip-vit-base-patch32"
 
 
 @pytest.fixture
@@ -30,8 +31,8 @@ def hub(hub_cache, monkeypatch, tmp_path) -> Iterator[Callable[..., None]]:
 
 
 def test_which_files_a_name_is_fetched_by(tmp_path) -> None:
-    clip, siglip = "openai/clip-vit-base-patch32", "timm/ViT-B-16-SigLIP"
-    assert hub_files(clip) == (clip, ("config.json",))
+    siglip = "timm/ViT-B-16-SigLIP"
+    assert hub_files(CLIP) == (CLIP, ("config.json",))
     weights = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
     assert hub_files("open_clip:ViT-B-32/laion2b_s34b_b79k") == (LAION, weights)
     assert hub_files(f"open_clip:hf-hub:{siglip}") == (siglip, ("open_clip_config.json",))
@@ -45,13 +46,11 @@ def test_the_cache_answers_when_the_hub_cannot(hub_cache, monkeypatch) -> None:
     """The Hub is a closed port: only the cache can answer, or the error says why not."""
     from huggingface_hub import constants
 
-    message = r"'openai/clip-vit-base-patch32' is not in the Hugging Face cache \(.*hf-cache\) and "
-    with pytest.raises(
-        ValueError, match=message + r"the Hub cannot be asked for it \(.*\); download"
-    ):
-        check_hub_model("openai/clip-vit-base-patch32")
-    hub_cache("openai/clip-vit-base-patch32", "config.json")
-    check_hub_model("openai/clip-vit-base-patch32")
+    message = rf"'{CLIP}' is not in the Hugging Face cache \(.*hf-cache\) and the Hub cannot be "
+    with pytest.raises(ValueError, match=message + r"asked for it \(.*\); download"):
+        check_hub_model(CLIP)
+    hub_cache(CLIP, "config.json")
+    check_hub_model(CLIP)
     hub_cache(LAION, "open_clip_pytorch_model.bin")  # either weights file will do
     check_hub_model("open_clip:ViT-B-32/laion2b_s34b_b79k")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -60,8 +59,8 @@ def test_the_cache_answers_when_the_hub_cannot(hub_cache, monkeypatch) -> None:
 
 
 def test_the_hub_says_whether_it_has_the_model(hub) -> None:
-    hub("openai/clip-vit-base-patch32", "config.json")
-    check_hub_model("openai/clip-vit-base-patch32")
+    hub(CLIP, "config.json")
+    check_hub_model(CLIP)
     hub(LAION, "open_clip_pytorch_model.bin")  # the second name open_clip tries
     check_hub_model("open_clip:ViT-B-32/laion2b_s34b_b79k")
     with pytest.raises(ValueError, match=r"the Hub has no repository 'someone/no-such-model'"):
@@ -80,10 +79,8 @@ def test_embed_names_the_model_with_exit_2_and_writes_nothing(
     from asymvlm.cli import main as cli_main
 
     out = tmp_path / "tables"
-    cfg = EmbedConfig(
-        dataset="hierarcaps", split="test", model="openai/clip-vit-base-patch32", output=str(out)
-    )
-    with pytest.raises(ConfigError, match=r"^model 'openai/clip-vit-base-patch32' is not in"):
+    cfg = EmbedConfig(dataset="hierarcaps", split="test", model=CLIP, output=str(out))
+    with pytest.raises(ConfigError, match=rf"^model '{CLIP}' is not in"):
         cfg.check_inputs()
     with pytest.raises(ConfigError, match=r"^model: 'open_clip:ViT-B-32' names no weights"):
         check_model("open_clip:ViT-B-32")
@@ -91,9 +88,9 @@ def test_embed_names_the_model_with_exit_2_and_writes_nothing(
     annotations.write_text("caption\n")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     args = ["--dataset", "hierarcaps", "--annotations", str(annotations), "--images"]
-    args += [str(tmp_path), "--split", "test", "--model", "openai/clip-vit-base-patch32"]
+    args += [str(tmp_path), "--split", "test", "--model", CLIP]
     assert cli_main(["embed", *args, "--output", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: model 'openai/clip-vit-base-patch32' is not in the Hugging Face")
+    assert err.startswith(f"error: model '{CLIP}' is not in the Hugging Face")
     assert "HF_HUB_OFFLINE is set" in err and "\n" not in err
     assert not out.exists()

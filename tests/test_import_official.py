@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from asymvlm import tables
 from asymvlm.checkpoints import load_checkpoint
 from asymvlm.cli import main
 from tests import conformance
+from tests.helpers import write_table
 
 SEED0 = [c for c in conformance.cases() if c[1] == 0]
 pytestmark = pytest.mark.skipif(not SEED0, reason="conformance vectors not found")
@@ -31,15 +31,7 @@ def _test_table(root: str, inputs) -> None:
     """The test set as a table without image norms (unit images, as the authors evaluate)."""
     images = inputs["input/test_image_emb"].astype(np.float32)
     texts = inputs["input/test_text_emb"].astype(np.float64)
-    norms = np.linalg.norm(texts, axis=1)
-    tables.write_manifest(root, {"dim": 512, "model": "conformance"})
-    ids = {"image_ids": [f"i{i}" for i in range(len(images))], "texts": ["x"] * len(texts)}
-    ids |= {"caption_ids": [f"c{i}" for i in range(len(texts))]}
-    ids["caption_image_ids"] = [f"i{i}" for i in inputs["input/test_caption_image_index"]]
-    ids["image_embeddings"] = images / np.linalg.norm(images, axis=1, keepdims=True)
-    tables.write_split(
-        root, "test", **ids, text_embeddings=texts / norms[:, None], text_norms=norms
-    )
+    write_table(root, images, texts, inputs["input/test_caption_image_index"])
 
 
 @pytest.mark.parametrize("method", ["asymvlm-ps", "probvlm", "pcmepp"])

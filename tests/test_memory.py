@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from asymvlm import tables
+from tests.helpers import REPO, captioned_images, write_table
 
 GIB = 2**30
 DIM = 512
@@ -45,10 +45,9 @@ print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
 
 def _peak(*args: str) -> int:
     """Peak RSS in bytes of ``python ARGS`` run from the repository root (it must succeed)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the tiny adapter trains fastest on one
     run = [sys.executable, "-c", _LAUNCH, *args]
-    done = subprocess.run(run, cwd=root, env=env, capture_output=True, text=True)
+    done = subprocess.run(run, cwd=REPO, env=env, capture_output=True, text=True)
     code, kib = map(int, done.stdout.split()[-2:])
     assert code == 0, done.stderr[-2000:]
     return kib * 1024
@@ -56,26 +55,10 @@ def _peak(*args: str) -> int:
 
 def _write_table(root: str) -> int:
     """Captions scattered around their image, with raw norms; returns the float32 bytes."""
-    rng = np.random.default_rng(0)
-    tables.write_manifest(root, {"dim": DIM, "model": "random"})
-    images = rng.standard_normal((IMAGES, DIM), dtype=np.float32)
-    images /= np.linalg.norm(images, axis=1, keepdims=True)
-    owner = np.repeat(np.arange(IMAGES), CAPTIONS_PER_IMAGE)
-    texts = images[owner] + rng.standard_normal((len(owner), DIM), dtype=np.float32) / 16
-    texts /= np.linalg.norm(texts, axis=1, keepdims=True)
-    ids = [f"img{i}" for i in range(IMAGES)]
-    tables.write_split(
-        root,
-        "test",
-        image_ids=ids,
-        image_embeddings=images,
-        caption_ids=[f"cap{j}" for j in range(len(owner))],
-        caption_image_ids=[ids[i] for i in owner],
-        texts=[f"caption {j}" for j in range(len(owner))],
-        text_embeddings=texts,
-        text_norms=rng.uniform(6.0, 10.0, len(owner)).astype(np.float32),
-    )
-    return (IMAGES + len(owner)) * DIM * 4
+    rng, n_captions = np.random.default_rng(0), IMAGES * CAPTIONS_PER_IMAGE
+    captioned = captioned_images(rng, IMAGES, CAPTIONS_PER_IMAGE, DIM, 1 / 16, np.float32)
+    write_table(root, *captioned, norms=rng.uniform(6.0, 10.0, n_captions).astype(np.float32))
+    return (IMAGES + n_captions) * DIM * 4
 
 
 @pytest.fixture(scope="module")

@@ -158,8 +158,6 @@ def test_every_method_keeps_the_interface_and_trains(name: str) -> None:
 
 
 # -- kernels (Sec. 4.2) ------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("d", [16, 512])
 def test_spherical_kernels_equal_the_distributions(d: int) -> None:
     """All-pairs kernels against the distributions' log_prob; ``scale`` multiplies; F_d in
@@ -183,8 +181,6 @@ def test_spherical_kernels_equal_the_distributions(d: int) -> None:
 
 
 # -- AsymVLM and its ablations (Sec. 4, 5.2, App. A) ---------------------------------------------
-
-
 @pytest.mark.parametrize("name", SPHERICAL)
 def test_spherical_methods_by_hand(name: str) -> None:
     """On each probabilistic side kappa mu = g(x) and the uncertainty is 1/kappa (the other

@@ -31,8 +31,6 @@ from tests.helpers import PAIRS, SCORES, retrieval
 
 NAN, INF = float("nan"), float("inf")
 
-# The hand example (tests.helpers.SCORES, PAIRS): t2i R@1 4/6, R@2 5/6, R@5 1; i2t R@1 2/3,
-# R@2 1, R@5 1.
 TEXT_UNC = torch.tensor([0.5, 0.1, 0.9, 0.3, 0.2, 0.7])
 
 

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from importlib.metadata import version
 
 import pytest
@@ -20,9 +19,8 @@ from asymvlm import config, tracking
 from asymvlm.errors import ConfigError
 from asymvlm.tables import read_split
 from asymvlm_ray import schema
-from tests.helpers import free_port, library_lines
+from tests.helpers import REPO, dead_cluster_ray_tmpdir, library_lines
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 2
 FAKE = {
     "AWS_ACCESS_KEY_ID": "AKIAFAKEKEYID1234567",
@@ -67,13 +65,9 @@ def story(tmp_path_factory):
     path = folder / "story.yaml"
     path.write_text(CONFIG)
     output = folder / "out"
-    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths
-    os.makedirs(os.path.join(ray_tmp, "ray"))  # a cluster that is gone, as a killed head left it
-    with open(os.path.join(ray_tmp, "ray", "ray_current_cluster"), "w") as fh:
-        fh.write(f"127.0.0.1:{free_port()}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    env.update(FAKE, RAY_TMPDIR=ray_tmp)
-    try:
+    with dead_cluster_ray_tmpdir() as ray_tmp:
+        env.update(FAKE, RAY_TMPDIR=ray_tmp)
         command = [sys.executable, "pipelines/full.py", "--config", str(path), "--output"]
         done = subprocess.run(
             [*command, str(output)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
@@ -83,8 +77,6 @@ def story(tmp_path_factory):
         needles = list(FAKE.values())
         leaks = _grep(str(output), needles) + _grep(ray_tmp, needles)
         leaks += [f"console: {n[:6]}..." for n in needles if n in done.stdout + done.stderr]
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
     from mlflow import MlflowClient
 
     uri = tracking.default_tracking_uri(str(output))

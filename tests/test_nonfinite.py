@@ -19,8 +19,6 @@ from tests.helpers import PAIRS, SCORES, retrieval, toy_config, toy_split
 
 NAN, INF = float("nan"), float("inf")
 
-# The hand example (tests.helpers): 3 images, captions 0,1 -> img0; 2,3 -> img1; 4,5 -> img2.
-# Finite: t2i R@1 4/6, R@2 5/6, R@5 1; i2t R@1 2/3, R@2 1, R@5 1.
 KS = (1, 2, 5)
 
 
@@ -107,9 +105,8 @@ def test_no_registered_method_raises_a_false_alarm(eval_split, name) -> None:
 # -- training stops at the end of the epoch of the first non-finite step -----------------------
 def _trainer() -> Trainer:
     torch.manual_seed(0)  # 100 captions, batch 32: 3 steps per epoch
-    return Trainer(
-        build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2), toy_config(), toy_split()
-    )
+    method = build_method("asymvlm-vmf", 8, hidden_dim=16, depth=2)
+    return Trainer(method, toy_config(), toy_split())
 
 
 def test_the_first_bad_step_is_named_and_its_epoch_dropped() -> None:

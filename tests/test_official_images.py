@@ -10,23 +10,14 @@ import torch
 from asymvlm.checkpoints import load_checkpoint, save_checkpoint
 from asymvlm.methods import METHODS, build_method
 from asymvlm.splits import load_split
-from asymvlm.synthetic import write_world
 from asymvlm.training import TrainConfig, Trainer
-from tests.helpers import small_world_config
 
 RAW = {"pfe", "probvlm"}
 SMALL = {"hidden_dim": 8, "depth": 1}
 
 
-@pytest.fixture(scope="module")
-def normed_world(tmp_path_factory) -> str:
-    """The small world with image norms (written with pre-projection features)."""
-    root = tmp_path_factory.mktemp("normed") / "tables"
-    return write_world(str(root), small_world_config(pre_dim=20))
-
-
-def test_only_official_pfe_and_probvlm_take_raw_images(normed_world, small_world, caplog) -> None:
-    data = load_split(normed_world, "test")
+def test_only_official_pfe_and_probvlm_take_raw_images(pre_world, small_world, caplog) -> None:
+    data = load_split(pre_world, "test")
     assert data.image_norm is not None and float(data.image_norm.std()) > 0
     raw = data.image_emb * data.image_norm[:, None]
     for name in sorted(set(METHODS) - {"bayesvlm"}):  # bayesvlm: [embedding | pre-projection]
@@ -40,21 +31,19 @@ def test_only_official_pfe_and_probvlm_take_raw_images(normed_world, small_world
     with caplog.at_level(logging.WARNING, logger="asymvlm.methods.base"):
         assert method.split_inputs(data)[0] is data.image_emb
         method.split_inputs(data)
-    (warning,) = [
-        r.getMessage() for r in caplog.records if "no image `norm` column" in r.getMessage()
-    ]
+    messages = [r.getMessage() for r in caplog.records]
+    (warning,) = [m for m in messages if "no image `norm` column" in m]
     assert "pfe" in warning
 
 
 @pytest.mark.parametrize("name", sorted(RAW))
-def test_training_and_evaluation_see_the_raw_images(name, normed_world, tmp_path) -> None:
+def test_training_and_evaluation_see_the_raw_images(name, pre_world, tmp_path) -> None:
     """Trained and saved on the raw image rows; the checkpoint comes back official."""
     from asymvlm.evaluation.retrieval import encode_split
 
-    data = load_split(normed_world, "train")
-    cfg = TrainConfig(
-        method=name, protocol="official", epochs=1, batch_size=64, device="cpu", **SMALL
-    )
+    data = load_split(pre_world, "train")
+    run = dict(epochs=1, batch_size=64, device="cpu", **SMALL)
+    cfg = TrainConfig(method=name, protocol="official", **run)
     torch.manual_seed(0)
     method = build_method(name, 16, protocol="official", **SMALL)
     trainer = Trainer(method, cfg, data)
@@ -68,7 +57,7 @@ def test_training_and_evaluation_see_the_raw_images(name, normed_world, tmp_path
     save_checkpoint(str(tmp_path / "ckpt"), method, cfg, 16)
     loaded, _ = load_checkpoint(str(tmp_path / "ckpt"))
     assert loaded.protocol == "official" and loaded.raw_image_input
-    test = load_split(normed_world, "test")
+    test = load_split(pre_world, "test")
     _, images = encode_split(loaded, test)
     with torch.no_grad():
         expected = loaded.encode_images(test.image_emb * test.image_norm[:, None])

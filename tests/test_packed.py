@@ -108,10 +108,7 @@ def test_the_frozen_reference_packs_as_its_own_runs(small_world, one_thread) -> 
     [{"epochs": 4}, {"method": "asymvlm-ps"}, {"method_kwargs": {"init_temperature": 2.0}}],
 )
 def test_configurations_differing_in_more_than_lr_and_seed_are_refused(small_world, change):
-    cfgs = [
-        _cfg("asymvlm-vmf", 1e-2, 0, optimizer="adamw"),
-        _cfg("asymvlm-vmf", 2e-2, 1, optimizer="adamw"),
-    ]
+    cfgs = [_cfg("asymvlm-vmf", lr, seed, optimizer="adamw") for lr, seed in ((1e-2, 0), (2e-2, 1))]
     cfgs[1] = TrainConfig(**{**cfgs[1].model_dump(), **change})
     field = next(iter(change))
     with pytest.raises(ConfigError, match=rf"configuration 1 differs .* in {field} "):

@@ -16,17 +16,15 @@ import torch
 from mlflow import MlflowClient
 
 from asymvlm import tables, tracking
-from asymvlm.checkpoints import save_checkpoint
 from asymvlm.cli import main
 from asymvlm.evaluation.registry import EvaluationResult, log_evaluation, logged_evaluations
 from asymvlm.evaluation.suite import evaluate_hierarcaps, evaluate_ood
-from asymvlm.methods import Roles, build_method
+from asymvlm.methods import Roles
 from asymvlm.methods.asymvlm import AsymVLM
 from asymvlm.metrics import retrieval_metrics
 from asymvlm.metrics.glossary import retrieval_metric_names
 from asymvlm.report import claims, document, sweep_sections
 from asymvlm.tables import Location
-from asymvlm.training import TrainConfig
 from tests.helpers import IdentityVMF, free_port, write_hierarchies, write_perturbed_pair
 
 COVERAGE = [(k + 1) / 20 for k in range(20)]
@@ -255,12 +253,13 @@ def _classification(root: str, offset: int, seed: int) -> None:
 
 
 def test_cli_analyze_logs_runs_that_the_report_shows(store, tmp_path, capsys, monkeypatch) -> None:
+    from tests.helpers import save_adapter
+
     pos, neg = str(tmp_path / "cifar10"), str(tmp_path / "cifar100")
     _classification(pos, offset=0, seed=0)
     _classification(neg, offset=4, seed=1)  # images near none of the classes
     ckpt = str(tmp_path / "ckpt")
-    method = build_method("asymvlm-vmf", 8, hidden_dim=16)
-    save_checkpoint(ckpt, method, TrainConfig(method="asymvlm-vmf", hidden_dim=16, seed=3), 8)
+    save_adapter(ckpt, "asymvlm-vmf", seed=3)
     log = ["--checkpoint", ckpt, "--tracking-uri", store, "--experiment", "cli"]
     sets = ["--positives", f"{pos}:test", "--negatives", f"{neg}:test"]
     assert main(["analyze", "nota", "--frozen", *sets, *log]) == 0

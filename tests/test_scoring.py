@@ -81,9 +81,8 @@ def test_scorer_scores_images_against_captions_as_the_tables_do(trained) -> None
     paths = [os.path.join(trained["images"], files[i]) for i in split.image_ids]
     got = trained["scorer"].score(paths, trained["texts"])
     method, meta = load_checkpoint(trained["checkpoint"], "cpu")
-    images, texts = method.split_inputs(
-        load_split(trained["tables"], "test", meta["adapter_input"])
-    )
+    data = load_split(trained["tables"], "test", meta["adapter_input"])
+    images, texts = method.split_inputs(data)
     with torch.no_grad():
         want = method.score(method.encode_texts(texts), method.encode_images(images)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)

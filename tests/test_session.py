@@ -4,45 +4,21 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import yaml
 
 from asymvlm.errors import ConfigError
 from asymvlm_ray.session import cluster_address
-from tests.helpers import free_port
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def stale_ray_tmpdir():
-    """Ray's temp folder (short: its socket paths) naming a cluster that is gone, as a killed
-    head leaves it (``ray_current_cluster``)."""
-    folder = tempfile.mkdtemp(prefix="rs", dir="/tmp")
-    os.makedirs(os.path.join(folder, "ray"))
-    with open(os.path.join(folder, "ray", "ray_current_cluster"), "w") as fh:
-        fh.write(f"127.0.0.1:{free_port()}")
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+from tests.helpers import REPO, dead_cluster_ray_tmpdir, free_port
 
 
 def _sweep(small_world: str, tmp_path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    doc = {
-        "name": "session",
-        "embeddings": small_world,
-        "output": str(tmp_path / "out"),
-        "methods": ["asymvlm-vmf"],
-        "lr": [1e-3],
-        "seeds": [0],
-        "epochs": 1,
-        "batch_size": 64,
-        "hidden_dim": 16,
-    }
+    doc = {"name": "session", "embeddings": small_world, "output": str(tmp_path / "out")}
+    doc |= {"methods": ["asymvlm-vmf"], "lr": [1e-3], "seeds": [0], "epochs": 1}
+    doc |= {"batch_size": 64, "hidden_dim": 16}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(doc))
     command = [sys.executable, "pipelines/sweep.py", "--config", str(path)]
@@ -53,10 +29,9 @@ def _sweep(small_world: str, tmp_path, env: dict[str, str]) -> subprocess.Comple
 
 
 @pytest.mark.slow
-def test_a_sweep_runs_on_a_new_local_ray_when_a_dead_cluster_is_remembered(
-    small_world, tmp_path, stale_ray_tmpdir
-) -> None:
-    done = _sweep(small_world, tmp_path, {"RAY_TMPDIR": stale_ray_tmpdir})
+def test_a_sweep_runs_on_a_new_local_ray_when_a_dead_cluster_is_remembered(small_world, tmp_path):
+    with dead_cluster_ray_tmpdir() as ray_tmp:
+        done = _sweep(small_world, tmp_path, {"RAY_TMPDIR": ray_tmp})
     assert done.returncode == 0, done.stderr[-3000:]
     assert '"failed_trials": 0' in done.stdout
     assert "Failed to connect to GCS" not in done.stderr

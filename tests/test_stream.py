@@ -12,7 +12,7 @@ from asymvlm.runner import RunSpec, TrainingRun, train_and_evaluate
 from asymvlm.synthetic import write_world
 from asymvlm.training import TrainConfig
 from asymvlm.training.stream import CaptionStream, StreamingTrainer, split_bytes, use_streaming
-from tests.helpers import small_world_config
+from tests.helpers import captioned_images, small_world_config, write_table
 
 
 @pytest.fixture(scope="module")
@@ -118,20 +118,10 @@ def test_streaming_run_learns_like_the_in_memory_run(parted_world, one_thread):
 
 def _write_big(root: str, parts: int = 50, images: int = 200, per_image: int = 10) -> None:
     """About 920 MB of float32 (100,000 captions and 10,000 images at d = 2048) in 50 parts."""
-    rng, dim = np.random.default_rng(0), 2048
-    tables.write_manifest(root, {"dim": dim, "model": "random"})
+    rng, norms = np.random.default_rng(0), np.full(images * per_image, 8.0, np.float32)
     for k in range(parts):
-        img = rng.standard_normal((images, dim), dtype=np.float32)
-        img /= np.linalg.norm(img, axis=1, keepdims=True)
-        ids = [f"i{k}-{j}" for j in range(images)]
-        owner = np.repeat(np.arange(images), per_image)
-        txt = img[owner] + rng.standard_normal((len(owner), dim), dtype=np.float32) / 64
-        txt /= np.linalg.norm(txt, axis=1, keepdims=True)
-        n, captions = len(owner), [f"c{k}-{j}" for j in range(len(owner))]
-        columns = dict(image_ids=ids, image_embeddings=img, texts=[""] * n, text_embeddings=txt)
-        columns |= dict(caption_ids=captions, caption_image_ids=[ids[o] for o in owner])
-        columns["text_norms"] = np.full(n, 8.0, np.float32)
-        tables.write_split(root, "train", part=f"p{k}", **columns)
+        captioned = captioned_images(rng, images, per_image, 2048, 1 / 64, np.float32)
+        write_table(root, *captioned, "train", part=f"p{k}", norms=norms)
 
 
 #: The hard cap (RLIMIT_DATA) of the memory test: the process baseline (imports) is about

@@ -15,30 +15,21 @@ from asymvlm import tracking
 from asymvlm.evaluation.adapters import sweep_adapters
 from asymvlm.report import seed_tables
 from asymvlm.splits import hold_out_images, load_split
-from asymvlm.synthetic import write_world
 from asymvlm.tables import Location
 from asymvlm.training import TrainConfig
 from asymvlm_ray.schema import FaultInjection, sweep_config
-from tests.helpers import small_world_config
 
 EPOCHS = 3
 METHODS = ("asymvlm-vmf", "bayesvlm", "clip")
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> str:
-    root = tmp_path_factory.mktemp("sweep-world") / "tables"
-    cfg = small_world_config(pre_dim=24, splits={"train": 400, "val": 80, "test": 80})
-    return write_world(str(root), cfg)
-
-
 @pytest.mark.slow
-def test_killed_worker_resumes_to_the_same_result(ray_session, world, tmp_path) -> None:
+def test_killed_worker_resumes_to_the_same_result(ray_session, pre_world, tmp_path) -> None:
     from asymvlm.runner import RunSpec
     from asymvlm_ray.ray_train import run_training
 
     train = TrainConfig(method="asymvlm-vmf", epochs=EPOCHS, lr=5e-3, batch_size=128, seed=3)
-    spec = RunSpec(embeddings=world, train=train, checkpoint_every=2)
+    spec = RunSpec(embeddings=pre_world, train=train, checkpoint_every=2)
     workers = {"storage_path": str(tmp_path / "ray"), "num_workers": 2}
     plain = run_training(spec, name="plain", **workers)
     marker = tmp_path / "killed.txt"
@@ -54,7 +45,7 @@ def test_killed_worker_resumes_to_the_same_result(ray_session, world, tmp_path) 
 
 
 @pytest.fixture(scope="module")
-def swept(ray_session, world, tmp_path_factory) -> SimpleNamespace:
+def swept(ray_session, pre_world, tmp_path_factory) -> SimpleNamespace:
     """One sweep of a trained (asymvlm-vmf), a post hoc (bayesvlm) and a frozen (clip) method at
     2 lrs and 2 seeds: its result, its trial runs and those of the seed stage."""
     from mlflow import MlflowClient
@@ -64,7 +55,7 @@ def swept(ray_session, world, tmp_path_factory) -> SimpleNamespace:
     folder = tmp_path_factory.mktemp("swept")
     space = {"methods": list(METHODS), "lr": [1e-3, 1e-2], "seeds": [0, 1], "epochs": EPOCHS}
     sizes = {"batch_size": 128, "optimizer": "adamw", "hidden_dim": 32, "checkpoint_every": 2}
-    where = {"embeddings": world, "output": str(folder / "sweep")}
+    where = {"embeddings": pre_world, "output": str(folder / "sweep")}
     doc = {**space, **sizes, **where, "mlflow": {"experiment": "ci-sweep"}}
     out = run_sweep(sweep_config(doc))
     client = MlflowClient(out.tracking_uri)
@@ -146,18 +137,18 @@ def test_the_report_has_the_sweeps_table_and_figure(swept, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_the_seed_adapters_come_back_from_mlflow_for_the_evaluations(swept, world) -> None:
+def test_the_seed_adapters_come_back_from_mlflow_for_the_evaluations(swept, pre_world) -> None:
     """The loaded BayesVLM is the fitted one: its test Recall@1 is the trial's."""
     from asymvlm.evaluation import evaluate_retrieval
     from asymvlm.evaluation.suite import evaluate_hierarcaps
 
     adapters = sweep_adapters(swept.out.tracking_uri, swept.out.parent_run_id)
     assert set(adapters) == {f"{m}/seed{s}" for m in METHODS for s in (0, 1)}
-    hier = evaluate_hierarcaps(adapters, Location(world, "test"))
+    hier = evaluate_hierarcaps(adapters, Location(pre_world, "test"))
     assert hier["asymvlm-vmf/seed0"]["monotone_fraction"] is not None
     assert hier["bayesvlm/seed0"]["monotone_fraction"] is not None
     assert hier["clip/seed0"]["monotone_fraction"] is None
-    test = load_split(world, "test", adapters["bayesvlm/seed0"].adapter_input)
+    test = load_split(pre_world, "test", adapters["bayesvlm/seed0"].adapter_input)
     got = evaluate_retrieval(adapters["bayesvlm/seed0"], test)["t2i"]["recall@1"]
     (bayes,) = [
         c
@@ -288,7 +279,7 @@ def _one_lr(world: str, **extra) -> dict:
 
 
 def test_a_store_that_cannot_open_stops_the_sweep_before_a_trial_ends(
-    ray_session, world, tmp_path
+    ray_session, pre_world, tmp_path
 ) -> None:
     """The run opens while Tune starts the trials: Tune's first event stops the sweep with the
     reason, no trial trains to its end, no sweep record."""
@@ -298,7 +289,7 @@ def test_a_store_that_cannot_open_stops_the_sweep_before_a_trial_ends(
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")
     mlflow = {"experiment": "no-store", "tracking_uri": f"sqlite:///{blocker}/mlflow.db"}
-    doc = _one_lr(world, epochs=300, checkpoint_every=300, mlflow=mlflow)
+    doc = _one_lr(pre_world, epochs=300, checkpoint_every=300, mlflow=mlflow)
     with pytest.raises(ConfigError, match=r"mlflow.tracking_uri: cannot open the MLflow store"):
         run_sweep(sweep_config({**doc, "output": str(tmp_path / "sweep")}))
     assert not list((tmp_path / "sweep").rglob("checkpoint_0*"))  # its only one: after 300
@@ -306,12 +297,12 @@ def test_a_store_that_cannot_open_stops_the_sweep_before_a_trial_ends(
 
 
 def test_a_sweep_whose_every_trial_fails_stops_naming_the_cause(
-    ray_session, world, tmp_path
+    ray_session, pre_world, tmp_path
 ) -> None:
     """Every trial failing (a table cut short): one error naming the cause, no sweep record."""
     from asymvlm_ray.tuning.sweep_driver import SWEEP_RECORD, NoResults, run_sweep
 
-    tables = shutil.copytree(world, tmp_path / "tables")
+    tables = shutil.copytree(pre_world, tmp_path / "tables")
     (part,) = (tables / "train" / "texts").glob("*.parquet")
     part.write_bytes(part.read_bytes()[:300])  # a half-written file
     doc = _one_lr(str(tables), seeds=[0, 1], epochs=1, max_failures=0)

@@ -17,17 +17,8 @@ import yaml
 from mlflow import MlflowClient
 
 from asymvlm import entry, errors, tracking
-from asymvlm.synthetic import write_world
 from asymvlm_ray.schema import sweep_config
-from tests.helpers import library_lines, small_world_config
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> str:
-    root = tmp_path_factory.mktemp("resume-world") / "tables"
-    return write_world(str(root), small_world_config(splits={"train": 400, "val": 80, "test": 80}))
+from tests.helpers import REPO, library_lines
 
 
 def _sweep_doc(world: str, output: str, **extra) -> dict:
@@ -48,7 +39,7 @@ def _trial_runs(output: str) -> list:
 
 
 @pytest.mark.slow
-def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_thread) -> None:
+def test_a_sweep_killed_part_way_goes_on_where_it_stopped(pre_world, tmp_path, one_thread) -> None:
     """The driver and its Ray killed with one grid trial done and the other held after epoch 2;
     the same command restores the sweep and lands what a sweep that never stopped would: equal
     results per trial, one MLflow run per trial with every epoch once."""
@@ -58,14 +49,11 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
 
     output = str(tmp_path / "out")
     path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump(_sweep_doc(world, output)))
+    path.write_text(yaml.safe_dump(_sweep_doc(pre_world, output)))
     command = [sys.executable, os.path.join(REPO, "pipelines", "sweep.py"), "--config", str(path)]
     marker = tmp_path / "paused"
-    env = {
-        **os.environ,
-        "ASYMVLM_FAULT_INJECTION": f"epoch=2,action=pause,seconds=600,marker={marker}",
-        "TUNE_GLOBAL_CHECKPOINT_S": "0",  # Tune's state saved at every step
-    }
+    env = dict(os.environ, TUNE_GLOBAL_CHECKPOINT_S="0")  # Tune's state saved at every step
+    env["ASYMVLM_FAULT_INJECTION"] = f"epoch=2,action=pause,seconds=600,marker={marker}"
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True
@@ -107,7 +95,7 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
     sweeps = client.search_runs([runs[0].info.experiment_id], "tags.kind = 'sweep'")
     assert [r.info.status for r in sweeps] == ["FINISHED"]
     # Each trial's results are those of its run straight through; the selection is made of them.
-    sweep = sweep_config(_sweep_doc(world, output))
+    sweep = sweep_config(_sweep_doc(pre_world, output))
     for trial in record.trials:
         straight = train_and_evaluate(sweep.run_spec(trial.method, trial.lr, trial.seed))
         assert {s: trial.outcome[s] for s in ("val", "test")} == json.loads(
@@ -117,13 +105,13 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(world, tmp_path, one_t
 
 
 def test_trials_that_wait_too_long_for_a_node_end_the_sweep_naming_them(
-    ray_session, world, tmp_path
+    ray_session, pre_world, tmp_path
 ) -> None:
     """A trial no node can take (4 CPUs asked on a 2-CPU cluster) waits; after node_wait_s the
     sweep ends with Unfinished (exit code 75), naming it; its MLflow run is KILLED."""
     from asymvlm_ray.tuning.sweep_driver import run_sweep
 
-    doc = _sweep_doc(world, str(tmp_path / "out"), lr=[1e-3], seeds=[0], node_wait_s=3)
+    doc = _sweep_doc(pre_world, str(tmp_path / "out"), lr=[1e-3], seeds=[0], node_wait_s=3)
     sweep = sweep_config({**doc, "cpus_per_worker": 4})
     with pytest.raises(errors.Unfinished) as caught:
         run_sweep(sweep)

@@ -62,10 +62,8 @@ def test_generic_captions_replace_a_share_of_the_train_captions() -> None:
     assert meaning[generic].min() > 0.95 and np.median(meaning[~generic]) < 0.6
     for key in ("image_embeddings", "text_norms"):
         np.testing.assert_array_equal(got[key], plain[key])
-    np.testing.assert_array_equal(
-        got["text_embeddings"][~generic], plain["text_embeddings"][~generic]
-    )
-    assert np.array(got["texts"])[~generic].tolist() == np.array(plain["texts"])[~generic].tolist()
+    for key in ("text_embeddings", "texts"):  # the other captions as they were
+        np.testing.assert_array_equal(np.array(got[key])[~generic], np.array(plain[key])[~generic])
 
 
 def test_knobs_are_recorded_when_set_and_later_ones_leave_the_world_alone(tmp_path) -> None:
@@ -116,13 +114,10 @@ def test_the_presets_frozen_encoder_is_well_aligned_on_the_zeroshot_domain(tmp_p
     for mis in (0.0, 1.0):
         cfg = replace(PRESETS["demo"], splits={"train": 10}, misalignment=mis)
         spec = ClassificationSpec(positives=20, negatives=20, zeroshot=300)
-        data = load_classification(
-            write_classification_sets(str(tmp_path / f"m{mis}"), cfg, spec)["zeroshot"], "test"
-        )
-        prompts = data.class_prompts("unit")
-        accuracy[mis] = zero_shot_accuracy(
-            build_method("clip", 32), data.image_emb, data.labels, prompts
-        )
+        sets = write_classification_sets(str(tmp_path / f"m{mis}"), cfg, spec)
+        data = load_classification(sets["zeroshot"], "test")
+        clip, prompts = build_method("clip", 32), data.class_prompts("unit")
+        accuracy[mis] = zero_shot_accuracy(clip, data.image_emb, data.labels, prompts)
     assert accuracy[0.0] > 0.9 and accuracy[1.0] < 0.5, accuracy
 
 

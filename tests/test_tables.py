@@ -26,6 +26,7 @@ from asymvlm.tables import (
     write_manifest,
     write_split,
 )
+from tests.helpers import captioned_images, write_table
 
 DIM = 8
 PRE = {"image": 6, "text": 5}
@@ -39,26 +40,19 @@ def _unit(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
 def _data(seed: int = 0, n_img: int = 5, n_txt: int = 12, pre: bool = True, tag: str = "") -> dict:
     rng = np.random.default_rng(seed)
     image_ids = [f"img{tag}{i}" for i in range(n_img)]
-    d = dict(
-        image_ids=image_ids,
-        image_embeddings=_unit(rng, n_img),
-        caption_ids=[f"c{tag}{j}" for j in range(n_txt)],
-        caption_image_ids=[image_ids[(3 * j + 1) % n_img] for j in range(n_txt)],
-        texts=[f"a photo number {j} — é" for j in range(n_txt)],
-        text_embeddings=_unit(rng, n_txt),
-        text_norms=rng.uniform(5.0, 15.0, n_txt).astype(np.float32),
-        extra_text_columns={
-            "level": np.arange(n_txt) % 3,
-            "source": [f"s{j % 2}" for j in range(n_txt)],
-        },
-    )
+    d = {"image_ids": image_ids, "image_embeddings": _unit(rng, n_img)}
+    d["caption_ids"] = [f"c{tag}{j}" for j in range(n_txt)]
+    d["caption_image_ids"] = [image_ids[(3 * j + 1) % n_img] for j in range(n_txt)]
+    d["texts"] = [f"a photo number {j} — é" for j in range(n_txt)]
+    d["text_embeddings"] = _unit(rng, n_txt)
+    d["text_norms"] = rng.uniform(5.0, 15.0, n_txt).astype(np.float32)
+    sources = [f"s{j % 2}" for j in range(n_txt)]
+    d["extra_text_columns"] = {"level": np.arange(n_txt) % 3, "source": sources}
     if pre:
-        d.update(
-            image_norms=rng.uniform(5.0, 15.0, n_img).astype(np.float32),
-            image_features_pre=rng.standard_normal((n_img, PRE["image"])).astype(np.float32),
-            text_features_pre=rng.standard_normal((n_txt, PRE["text"])).astype(np.float32),
-            extra_image_columns={"label": np.arange(n_img) % 4},
-        )
+        d["image_norms"] = rng.uniform(5.0, 15.0, n_img).astype(np.float32)
+        d["image_features_pre"] = rng.standard_normal((n_img, PRE["image"])).astype(np.float32)
+        d["text_features_pre"] = rng.standard_normal((n_txt, PRE["text"])).astype(np.float32)
+        d["extra_image_columns"] = {"label": np.arange(n_img) % 4}
     return d
 
 
@@ -226,9 +220,8 @@ def test_what_validation_refuses_and_what_no_validation_reads(root: str) -> None
     assert str(exc.value) == f"{root}/empty/texts: no rows (1 parquet file(s), all empty)"
     write_split(root, "two", **D)
     write_split(root, "two", **_data(pre=False, tag="b"), part="part-00001")
-    with pytest.raises(
-        TableError, match="part-00001.parquet: missing column 'norm' present in .*part-00000"
-    ):
+    missing = "part-00001.parquet: missing column 'norm' present in .*part-00000"
+    with pytest.raises(TableError, match=missing):
         read_split(root, "two")
     bare = str(Path(root).parent / "bare")  # pre-projection columns need the manifest's pre_dim
     write_manifest(bare, {"dim": DIM, "model": "m"})
@@ -322,22 +315,9 @@ def test_load_split_makes_raw_inputs_in_place_and_views_the_arrays(root: str, ca
 
 def test_reading_allocates_the_matrices_about_once(tmp_path: Path) -> None:
     """tracemalloc while ``load_split`` reads a table: the float32 matrices once, plus strings."""
-    rng = np.random.default_rng(2)
-    dim, n_img, n_cap = 128, 2000, 5
-    root = str(tmp_path / "mid")
-    tables.write_manifest(root, {"dim": dim, "model": "m"})
-    ids, n_txt = [f"i{i}" for i in range(n_img)], n_img * n_cap
-    texts = [f"t{j}" for j in range(n_txt)]
-    owners = [ids[j // n_cap] for j in range(n_txt)]
-    images = dict(image_ids=ids, image_embeddings=_unit(rng, n_img, dim))
-    captions = dict(caption_ids=texts, caption_image_ids=owners, texts=texts)
-    text = dict(text_embeddings=_unit(rng, n_txt, dim), text_norms=rng.uniform(5, 9, n_txt))
-    tables.write_split(root, "s", **images, **captions, **text)
-    captions["caption_image_ids"] = [ids[j // n_cap] for j in range(n_txt)]
-    captions |= dict(text_embeddings=_unit(rng, n_txt, dim), text_norms=rng.uniform(5, 9, n_txt))
-    tables.write_split(
-        root, "s", image_ids=ids, image_embeddings=_unit(rng, n_img, dim), **captions
-    )
+    dim, n_img, n_cap, root = 128, 2000, 5, str(tmp_path / "mid")
+    captioned = captioned_images(np.random.default_rng(2), n_img, n_cap, dim, 1.0, np.float32)
+    write_table(root, *captioned, "s")
     matrices = (n_img + n_img * n_cap) * dim * 4  # 6.1 MB
     load_split(root, "s")  # imports and first-call caches
     tracemalloc.start()

@@ -14,7 +14,7 @@ from asymvlm.runner import RunSpec, train, train_and_evaluate
 from asymvlm.splits import SplitTensors, hold_out_images, load_split
 from asymvlm.training import TrainConfig, Trainer
 from asymvlm.training.trainer import steps_per_epoch
-from tests.helpers import toy_config, toy_split
+from tests.helpers import nan_losses_from, toy_config, toy_split
 
 
 def test_each_epoch_visits_distinct_captions_with_their_images() -> None:
@@ -75,8 +75,6 @@ def test_fit_start_calibrates_the_adapter_input_scale(tmp_path) -> None:
 
 
 # -- the protocol: one run of the paper's protocol, without Ray ---------------------------------
-
-
 def _spec(root: str, epochs: int = 4, **kw) -> RunSpec:
     train = dict(epochs=epochs, lr=5e-3, optimizer="adamw", batch_size=64, hidden_dim=16, depth=2)
     return RunSpec(embeddings=root, train=TrainConfig(**train, seed=3, device="cpu"), **kw)
@@ -130,15 +128,7 @@ def test_the_protocol_holds_out_validation_images_when_the_tables_have_none(smal
 
 
 def test_a_diverged_protocol_run_returns_the_reason_and_history(small_world, monkeypatch) -> None:
-    from asymvlm.distributed import GlobalBatchLoss
-
-    original = GlobalBatchLoss.forward
-
-    def forward(self, image_emb, text_emb, epoch=0):
-        loss = original(self, image_emb, text_emb, epoch)
-        return loss * float("nan") if epoch >= 1 else loss  # from the second epoch on
-
-    monkeypatch.setattr(GlobalBatchLoss, "forward", forward)
+    nan_losses_from(monkeypatch, epoch=1)  # from the second epoch on
     out = train_and_evaluate(_spec(small_world, epochs=3))
     assert sorted(out) == ["diverged", "history"]
     assert out["diverged"].startswith("non-finite loss and gradient at epoch 2 of 3, step 1 ")

@@ -49,11 +49,10 @@ def test_cosine_methods_score_against_clips_prompt_ensemble() -> None:
     for c in range(2):  # as CLIP's notebook: normalise, mean, normalise
         mean = unit_prompts[prompts.class_index == c].mean(0)
         weights.append(mean / mean.norm())
-    want = image @ torch.stack(weights).T
+    weights = torch.stack(weights)
+    want = image @ weights.T
     torch.testing.assert_close(class_scores(clip, image, prompts), want)
-    torch.testing.assert_close(
-        prompt_ensemble(unit_prompts, prompts.class_index, 2), torch.stack(weights)
-    )
+    torch.testing.assert_close(prompt_ensemble(unit_prompts, prompts.class_index, 2), weights)
     # Not the mean of the cosines: a class whose prompts disagree is not penalised for it.
     mean_cos = torch.stack(
         [(image @ unit_prompts[prompts.class_index == c].T).mean(1) for c in range(2)], 1
