@@ -79,11 +79,9 @@ class SyntheticWorld:
     def __init__(self, config: WorldConfig | None = None) -> None:
         self.config = cfg = config or WorldConfig()
         rng = np.random.default_rng(cfg.seed)
-        self.concepts: list[np.ndarray] = []  # per level: [n_concepts, dim]
-        self.parents: list[np.ndarray] = []  # per level: parent index in the level above
-        centers = _unit(rng.standard_normal((cfg.branching[0], cfg.dim)))
-        self.concepts.append(centers)
-        self.parents.append(np.zeros(cfg.branching[0], dtype=np.int64))
+        # per level: the concepts [n_concepts, dim] and each one's parent in the level above
+        self.concepts = [_unit(rng.standard_normal((cfg.branching[0], cfg.dim)))]
+        self.parents = [np.zeros(cfg.branching[0], dtype=np.int64)]
         for level in range(1, len(cfg.branching)):
             parent = np.repeat(np.arange(len(self.concepts[-1])), cfg.branching[level])
             self.concepts.append(_offset(rng, self.concepts[-1][parent], cfg.spread[level]))
@@ -129,8 +127,7 @@ class SyntheticWorld:
         return self.text_rotation @ self.domain_rotations[domain]
 
     def encode_text(self, true_text: np.ndarray, domain: np.ndarray | int) -> np.ndarray:
-        """The frozen text encoder: unit rows of ``text_map(domain) @ true`` (one domain per row,
-        or one for all)."""
+        """The frozen text encoder: unit rows of ``text_map(domain) @ true`` (a domain per row)."""
         if not self.domain_rotations:
             return _unit(true_text @ self.text_rotation.T)
         domain = np.broadcast_to(np.asarray(domain), (len(true_text),))
@@ -239,22 +236,17 @@ class SyntheticWorld:
             yield out
 
     def _blocks(self, n_images: int) -> list[tuple[int, int, tuple[int, ...]]]:
-        """``(start, images, block)`` of each draw of a split: the whole (without
-        ``block_images``) or its blocks."""
+        """``(start, images, block)`` of each draw of a split: the whole, or its blocks."""
         size = self.config.block_images
         if size is None:
             return [(0, n_images, ())]
         starts = range(0, n_images, size)
         return [(start, min(size, n_images - start), (b,)) for b, start in enumerate(starts)]
 
-    def iter_blocks(self, name: str, n_images: int) -> Iterator[dict]:
-        """The split piece by piece: windows of the whole split's draw or of each block's."""
-        for start, n, block in self._blocks(n_images):
-            yield from self._draw(name, start, n, block)
-
     def sample_split(self, name: str, n_images: int) -> dict:
         """Draw images, objects and captions for one split (deterministic per split name)."""
-        return concat_splits(list(self.iter_blocks(name, n_images)))
+        draws = self._blocks(n_images)
+        return concat_splits([piece for draw in draws for piece in self._draw(name, *draw)])
 
     def _pre_projection(
         self,
