@@ -144,8 +144,7 @@ def check_model(model: str) -> None:
 
 
 def normalised_model(model: str) -> str:
-    """A model name in one spelling: local folders absolute and normalised, open_clip names
-    canonical, hub ids as they are."""
+    """A model name in one spelling: local folders absolute, open_clip names canonical, hub ids."""
     if is_open_clip(model):
         return parse_name(model).name
     local = local_source(model)

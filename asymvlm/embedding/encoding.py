@@ -129,8 +129,7 @@ class EncoderActor:
 def encode_texts_by_length(
     encoder, texts: list[str], batch_size: int, pre: bool = False
 ) -> tuple[np.ndarray, ...]:
-    """``encoder.encode_texts`` over chunks of captions sorted by token count (less padding),
-    returned in input order."""
+    """``encoder.encode_texts`` over chunks sorted by token count (less padding), in input order."""
     lengths = encoder.token_lengths(texts) if texts else []
     order = np.argsort(np.asarray(lengths, np.int64), kind="stable")
     chunks = [

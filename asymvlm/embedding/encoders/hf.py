@@ -68,9 +68,9 @@ class TransformersEncoder(Encoder):
             c.__name__ for c in type(self.image_processor).__mro__ if "Backend" in c.__name__
         ]
         self.info = self._info(
-            model,
-            family,
-            int(dim or text.hidden_size),
+            model=model,
+            family=family,
+            dim=int(dim or text.hidden_size),
             revision=None if local else _hub_commit(model, revision),
             files_sha256=files_sha256(model) if local else None,
             preprocessing={
