@@ -71,16 +71,14 @@ class PackedTrainer:
         check_packable(cfgs)
         self.cfgs = list(cfgs)
         self.device = data.image_emb.device
+        self._cuda = [self.device] if self.device.type == "cuda" else []  # for torch's fork_rng
         self.methods: list[Method] = []
         self._rng: list[list[torch.Tensor]] = []  # each member's global RNG stream
-        outer = _rng_state(self.device)
-        try:
+        with torch.random.fork_rng(self._cuda):
             for cfg in cfgs:
                 torch.manual_seed(cfg.seed)
                 self.methods.append(build_method(cfg.method, data.dim, **cfg.method_args()))
                 self._rng.append(_rng_state(self.device))
-        finally:
-            _set_rng_state(outer, self.device)
         self.trainers = [Trainer(m, cfg, data) for m, cfg in zip(self.methods, cfgs, strict=True)]
         self.histories: list[History] = [[] for _ in cfgs]
         self.errors: list[str | None] = [None] * len(cfgs)
@@ -94,13 +92,12 @@ class PackedTrainer:
     @contextmanager
     def member_rng(self, k: int) -> Iterator[None]:
         """Member ``k``'s global RNG stream for the duration."""
-        outer = _rng_state(self.device)
-        _set_rng_state(self._rng[k], self.device)
-        try:
-            yield
-        finally:
-            self._rng[k] = _rng_state(self.device)
-            _set_rng_state(outer, self.device)
+        with torch.random.fork_rng(self._cuda):
+            _set_rng_state(self._rng[k], self.device)
+            try:
+                yield
+            finally:
+                self._rng[k] = _rng_state(self.device)
 
     def fit(
         self,
@@ -149,10 +146,9 @@ class PackedTrainer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict` of this pack."""
-        outer = _rng_state(self.device)
-        for trainer, trainer_state in zip(self.trainers, state["trainers"], strict=True):
-            trainer.load_state_dict(trainer_state)
-        _set_rng_state(outer, self.device)
+        with torch.random.fork_rng(self._cuda):  # each trainer sets the global RNG state
+            for trainer, trainer_state in zip(self.trainers, state["trainers"], strict=True):
+                trainer.load_state_dict(trainer_state)
         self._rng = list(state["rng"])
         self.errors = list(state["errors"])
         self.histories = [[dict(row) for row in history] for history in state["histories"]]
