@@ -182,12 +182,10 @@ def model_card(
     enc = {"model": config.get("embedding_model"), **(config.get("encoder") or {})}
     name = enc["model"] if isinstance(enc["model"], str) and enc["model"] else None
     base = name if name and not _local(name) and _HUB_ID.fullmatch(name) else None
-    tags = ["asymvlm", "probabilistic-embeddings", "uncertainty", "vision-language"]
+    tags = ["asymvlm", "probabilistic-embeddings", "uncertainty", "vision-language", "clip-adapter"]
     data = ModelCardData(
-        library_name="asymvlm", license=license, tags=[*tags, "clip-adapter", method]
+        library_name="asymvlm", license=license, tags=[*tags, method], base_model=base
     )
-    if base:
-        data.base_model = base
     cls = METHODS.get(method)
     summary = (cls.__doc__ or "").strip().splitlines()[0] if cls and cls.__doc__ else None
     package = config.get("method_package") or {}  # a method from an installed plugin
