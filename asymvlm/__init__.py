@@ -6,8 +6,7 @@ every method of the paper behind one registry (:mod:`asymvlm.methods`), the pape
 (:mod:`asymvlm.synthetic`), the trainers (:mod:`asymvlm.training`), one training run
 (:mod:`asymvlm.runner`), its evaluations (:mod:`asymvlm.evaluation`) and checkpoints
 (:mod:`asymvlm.checkpoints`). The Ray layer is :mod:`asymvlm_ray`; docs/development.md ("Layout")
-gives the layers, which ``lint-imports`` holds.
-"""
+gives the layers, which ``lint-imports`` holds."""
 
 __version__ = "0.1.0"
 

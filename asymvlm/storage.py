@@ -1,7 +1,6 @@
 """One storage layer: local paths and URIs (``file://``, ``s3://`` ...) through fsspec, wrapped
 as a pyarrow filesystem for Arrow and Ray, and atomic writes (:func:`atomic_path`); one writer per
-output folder is :mod:`asymvlm.output_lock`. A request that fails for good is a
-:class:`StorageError`."""
+output folder is :mod:`asymvlm.output_lock`. A request failing for good: :class:`StorageError`."""
 
 from __future__ import annotations
 

@@ -219,8 +219,7 @@ class Method(nn.Module):
     calibrate_input: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A built-in method knows its name once defined (a worker unpickling one has not read
-        the registry)."""
+        """A built-in method knows its name once defined (before a worker reads the registry)."""
         super().__init_subclass__(**kwargs)
         target = f"{cls.__module__.removeprefix(__package__ + '.')}:{cls.__qualname__}"
         cls.name = _BUILTIN_NAMES.get(target, cls.name)

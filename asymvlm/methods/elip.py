@@ -1,7 +1,6 @@
 """ELIP (evidential retrieval) on cached embeddings: residual adapters on both modalities,
 Dirichlet evidence e = exp(tau * cos) over a gallery, the evidential loss (ELIP Eq. 6-10) and
-u = K / S (Eq. 4). The authors' code has no ELIP; ``official`` only uses the default init.
-"""
+u = K / S (Eq. 4). The authors' code has no ELIP; ``official`` only uses the default init."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""One (method, lr, seed) training run as the paper trains (App. B.4), without Ray: train and
-evaluate a :class:`RunSpec` (:func:`train_and_evaluate`), or train into a checkpoint
-(:func:`train`)."""
+"""One (method, lr, seed) training run (App. B.4), without Ray: a :class:`RunSpec` trained and
+evaluated (:func:`train_and_evaluate`), or trained into a checkpoint (:func:`train`)."""
 
 from __future__ import annotations
 
@@ -66,10 +65,9 @@ def log_epoch(cfg: TrainConfig, row: EpochRow, note: str = "") -> None:
     """Log the loss after the first epoch and every tenth of the run."""
     epoch = int(row["epoch"])
     if epoch % max(1, cfg.epochs // 10) == 0 or epoch == 1:
-        loss = row["train_loss"]
         logger.info(
             f"{cfg.method} lr={cfg.lr:g} seed={cfg.seed} epoch {epoch}/{cfg.epochs} "
-            f"loss {loss:.4f}{note}"
+            f"loss {row['train_loss']:.4f}{note}"
         )
 
 
@@ -249,8 +247,7 @@ class RunSpec(BaseModel):
 
     def check_splits(self) -> None:
         """Refuse tables that lack a split this run reads, before it starts (the message of
-        :func:`~asymvlm.tables.check_split`; a missing validation split says how to hold out
-        one)."""
+        :func:`~asymvlm.tables.check_split`; a missing val split says how to hold one out)."""
         tables.check_split(self.embeddings, self.train_split)
         if self.val_split and not self.val_fraction:
             try:
@@ -317,9 +314,8 @@ def train(
     last_good: str | None = None
     if previous is not None:
         assert output is not None
-        if previous.get("tables_fingerprint", trainer.data.split.fingerprint) != (
-            trainer.data.split.fingerprint
-        ):
+        fingerprint = trainer.data.split.fingerprint
+        if previous.get("tables_fingerprint", fingerprint) != fingerprint:
             raise CheckpointError(
                 f"{output}: cannot resume: {embeddings}/{split} changed since the checkpoint "
                 "(its tables' fingerprint differs); pass --overwrite to start over"

@@ -1,5 +1,4 @@
-"""Readers: an image-caption data set in its annotation format -> image, caption and prompt
-tables (the contract: docs/data.md)."""
+"""Readers: a data set's annotation files -> image, caption and prompt tables (docs/data.md)."""
 
 from __future__ import annotations
 
