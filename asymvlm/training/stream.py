@@ -19,7 +19,7 @@ from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import METHODS, Method
 from asymvlm.splits import SplitTensors
 from asymvlm.storage import display, filesystem, join
-from asymvlm.training.trainer import TrainConfig, Trainer, layout, non_finite
+from asymvlm.training.trainer import TrainConfig, Trainer, layout
 
 logger = logging.getLogger(__name__)
 
@@ -158,13 +158,8 @@ class CaptionStream:
         return np.ascontiguousarray(text, dtype=np.float32), rows.to_numpy().astype(np.int64)
 
     def _validate_and_sample(self, size: int) -> SplitTensors:
-        """One pass: image ids known, embeddings finite; the resident images with a seeded
-        sample of about ``size`` captions (``fit_start`` and the kappa probe see it)."""
-        if (row := non_finite(self.image_emb)) >= 0:
-            raise NonFiniteError(
-                f"non-finite image embedding for image {self.image_ids[row].as_py()!r} (row "
-                f"{row}) of the training data: fix the input, it is not a training problem"
-            )
+        """One pass over the captions: image ids known, embeddings finite (the trainer checks
+        the images); the resident images with a seeded sample of about ``size`` captions."""
         rng = np.random.default_rng([self.seed, 0x5A4D])
         keep = min(1.0, size / self.n_text)
         texts, owners, ids = [], [], []
