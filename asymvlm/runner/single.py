@@ -326,14 +326,10 @@ def train(
         discard_checkpoint(output)  # the replaced run's checkpoint goes before training starts
     where = {"embeddings": spec.embeddings, "split": split}
 
-    def write(complete: bool) -> None:
-        assert output is not None
-        save_run_checkpoint(output, trainer, run.history, where, complete=complete)
-
     def on_epoch(row: EpochRow, trainer: Trainer, history: History, due: bool) -> None:
         nonlocal last_good
         if output is not None and due and trainer.epoch < cfg.epochs:
-            write(complete=False)
+            save_run_checkpoint(output, trainer, history, where, complete=False)
             last_good = f"epoch {trainer.epoch} of {cfg.epochs}"
 
     try:
@@ -349,5 +345,5 @@ def train(
         raise NonFiniteError(f"{exc}; {kept}") from exc
     method.eval()
     if output is not None:
-        write(complete=True)
+        save_run_checkpoint(output, trainer, run.history, where, complete=True)
     return method, run.history
