@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
+import pkgutil
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -49,8 +49,7 @@ class _Registry(Mapping[str, "type[Method]"]):
             if not self._discovered:
                 self._discovered = True
                 for name, target in self._builtin.items():
-                    module, _, cls = target.partition(":")
-                    self.add(name, getattr(importlib.import_module(f"{__package__}.{module}"), cls))
+                    self.add(name, pkgutil.resolve_name(f"{__package__}.{target}"))
                 try:
                     for ep in entry_points(group=GROUP):
                         self._load(ep)
