@@ -206,9 +206,7 @@ class Scorer:
         if not captions:
             empty = np.zeros((0, int(self.meta["dim"])), np.float32)
             return CaptionScores([], None, None, empty)
-        _, text_rows = self.method.split_inputs(
-            self._split(self._embed_captions(captions), captions=captions)
-        )
+        _, text_rows = self.method.split_inputs(self._split(captions))
         with torch.no_grad():
             texts = self.method.encode_texts(text_rows)
             unc = self.method.text_uncertainty_from(texts)
@@ -228,36 +226,32 @@ class Scorer:
         images = list(images)
         if not captions or not images:
             return np.zeros((len(captions), len(images)), np.float32)
-        data = self._split(
-            self._embed_captions(captions), self._embed_images(images), captions=captions
-        )
-        image_rows, text_rows = self.method.split_inputs(data)
+        image_rows, text_rows = self.method.split_inputs(self._split(captions, images))
         with torch.no_grad():
             scores = self.method.score(
                 self.method.encode_texts(text_rows), self.method.encode_images(image_rows)
             )
         return scores.float().cpu().numpy()
 
-    def _split(
-        self,
-        texts: dict[str, torch.Tensor],
-        images: dict[str, torch.Tensor] | None = None,
-        captions: Sequence[str] | None = None,
-    ):
-        """These inputs as a split, from which each method takes its rows (``split_inputs``)."""
+    def _split(self, captions: list[str], images: list | None = None) -> SplitTensors:
+        """The captions (and images) embedded as a split, from which each method takes its rows
+        (``split_inputs``)."""
+        texts = self._embed_captions(captions)
         if images is None:  # captions only
-            images = {"unit": torch.zeros(0, int(self.meta["dim"]), device=self.device)}
-            images["norm"] = torch.zeros(0, device=self.device)
+            image = {"unit": torch.zeros(0, int(self.meta["dim"]), device=self.device)}
+            image["norm"] = torch.zeros(0, device=self.device)
             if self.uses_pre:
-                images["pre"] = torch.zeros(0, self.encoder.pre_dims()["image"], device=self.device)
+                image["pre"] = torch.zeros(0, self.encoder.pre_dims()["image"], device=self.device)
+        else:
+            image = self._embed_images(images)
         n_text = texts["unit"].shape[0]
         return SplitTensors(
-            image_emb=images["unit"],
+            image_emb=image["unit"],
             text_emb=texts["unit"] * texts["norm"][:, None] if self.raw_text else texts["unit"],
             text_to_image=torch.zeros(n_text, dtype=torch.long, device=self.device),
             split=None,
-            image_norm=images["norm"],
-            image_pre=images.get("pre"),
+            image_norm=image["norm"],
+            image_pre=image.get("pre"),
             text_pre=texts.get("pre"),
             captions=captions,
             **self.projections,
