@@ -172,12 +172,11 @@ class SyntheticWorld:
         if name == GENERIC_SPLIT and cfg.generic_captions > 0:  # U: the root, paraphrased
             choice = rng["generic"].integers(0, len(GENERIC_TEXTS), n_captions)
             generic = rng["generic"].random(n_captions) < cfg.generic_captions
-        words = None
         if cfg.caption_words:
             opener = rng["words"].integers(0, len(OPENERS), n_captions)
             n_fill = rng["words"].poisson(cfg.filler_words, n_captions)
             fill = rng["words"].integers(0, len(FILLERS), int(n_fill.sum()))
-            words, fill_ends = (opener, n_fill, fill), np.concatenate([[0], np.cumsum(n_fill)])
+            fill_ends = np.concatenate([[0], np.cumsum(n_fill)])
         if self.projections:  # image norms, image noise, then the text noise from rng["pre"]
             pre_norms = rng["pre"].standard_normal(n_images)
             pre_images = _fork(rng["pre"], n_images, cfg.pre_dim)
@@ -213,9 +212,8 @@ class SyntheticWorld:
             image_ids = [f"{name}-img{start + i:06d}" for i in range(lo, hi)]
             caption_ids = [f"{image_ids[i]}-c{j}" for i in range(hi - lo) for j in range(n_cap)]
             window_words = None
-            if words is not None:
-                f0, f1 = fill_ends[c0], fill_ends[c1]
-                window_words = (opener[c0:c1], n_fill[c0:c1], fill[f0:f1])
+            if cfg.caption_words:
+                window_words = (opener[c0:c1], n_fill[c0:c1], fill[fill_ends[c0] : fill_ends[c1]])
             names = caption_texts(here, cap_image, window_levels, start + lo, window_words)
             if generic is not None:
                 for row in np.flatnonzero(mask):
