@@ -12,13 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from asymvlm.storage import atomic_path, uri_join
-from asymvlm.tables.files import (
-    IMAGE_PRE,
-    IMAGES_DIR,
-    TEXT_PRE,
-    TEXTS_DIR,
-    TableError,
-)
+from asymvlm.tables.files import IMAGE_PRE, IMAGES_DIR, TEXT_PRE, TEXTS_DIR, TableError
 
 
 def _matrix(values: Any) -> pa.FixedSizeListArray:
