@@ -122,7 +122,6 @@ class TrainingRun:
             cfg = cfg.model_copy(update={"device": str(self.device)})
         self.cfg = cfg
         self.rank = rank
-        self.world_size = world_size
         torch.manual_seed(cfg.seed)
         self.cache = cache
         self.history = []
