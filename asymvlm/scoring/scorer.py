@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -188,9 +189,6 @@ class Scorer:
         ]
         return dict(zip(("unit", "norm", "pre"), columns, strict=False))
 
-    def _embed_captions(self, captions: list[str]) -> dict[str, torch.Tensor]:
-        return self._embed(captions, lambda b: self.encoder.encode_texts(b, pre=self.uses_pre))
-
     def _embed_images(self, images: list) -> dict[str, torch.Tensor]:
         def encode(batch: list) -> tuple[np.ndarray, ...]:
             pixels = self.encoder.preprocess_images(
@@ -236,7 +234,7 @@ class Scorer:
     def _split(self, captions: list[str], images: list | None = None) -> SplitTensors:
         """The captions (and images) embedded as a split, from which each method takes its rows
         (``split_inputs``)."""
-        texts = self._embed_captions(captions)
+        texts = self._embed(captions, partial(self.encoder.encode_texts, pre=self.uses_pre))
         if images is None:  # captions only
             image = {"unit": torch.zeros(0, int(self.meta["dim"]), device=self.device)}
             image["norm"] = torch.zeros(0, device=self.device)
