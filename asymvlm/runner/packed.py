@@ -32,10 +32,9 @@ def check_packable_specs(specs: Sequence[RunSpec]) -> None:
     lead = specs[0]
     if use_streaming(lead.train, lead.embeddings, lead.train_split):
         raise ConfigError(
-            f"{lead.embeddings}/{lead.train_split} is larger than the memory budget "
-            "(stream: auto would stream it), and packed trials hold the training split in "
-            "memory: set pack: 1 (each trial then streams on its own) or raise "
-            "stream_memory_bytes"
+            f"{lead.embeddings}/{lead.train_split} is larger than the memory budget (stream: auto "
+            "would stream it), and packed trials hold the training split in memory: set pack: 1 "
+            "(each trial then streams on its own) or raise stream_memory_bytes"
         )
 
 
