@@ -43,7 +43,6 @@ def train_and_evaluate_packed(
     *,
     device: str | torch.device | None = None,
     on_epoch: Callable[[int, EpochRow, Trainer, History], None] | None = None,
-    progress: bool = False,
     cache: SplitCache | None = None,
     state: Mapping[str, Any] | None = None,
     on_state: Callable[[PackedTrainer], None] | None = None,
@@ -68,7 +67,7 @@ def train_and_evaluate_packed(
         if on_epoch is not None:
             on_epoch(k, row, pack.trainers[k], pack.histories[k])
 
-    pack.fit(progress=progress, on_epoch_end=after_epoch, on_state=on_state)
+    pack.fit(on_epoch_end=after_epoch, on_state=on_state)
     splits = eval_splits(runs[0], held_out, dev, cache)
     out: list[dict[str, Any]] = []
     for k, method in enumerate(pack.methods):

@@ -176,7 +176,6 @@ def train_and_evaluate(
     device: str | torch.device | None = None,
     state: RunState | None = None,
     on_epoch: EpochHook | None = None,
-    progress: bool = False,
     cache: SplitCache | None = None,
 ) -> dict[str, Any] | None:
     """One run trained and evaluated (App. B.4) on this worker of ``world_size``: rank 0
@@ -186,7 +185,7 @@ def train_and_evaluate(
     if state is not None:
         run.resume(state)
     try:
-        run.fit(on_epoch, progress=progress)
+        run.fit(on_epoch)
         if on_epoch is not None and not run.method.trainable:
             on_epoch({"epoch": 0}, run.trainer, run.history, True)
         return run.outcome() if rank == 0 else None

@@ -101,7 +101,6 @@ class PackedTrainer:
 
     def fit(
         self,
-        progress: bool = False,
         on_epoch_end: Callable[[int, EpochRow], None] | None = None,
         on_state: Callable[[PackedTrainer], None] | None = None,
     ) -> list[History]:
@@ -119,10 +118,7 @@ class PackedTrainer:
             for k, trainer in enumerate(self.trainers):
                 with self.member_rng(k):
                     trainer.start()
-        from tqdm.auto import tqdm
-
-        epochs = range(self.epoch, self.cfgs[0].epochs)
-        for _ in tqdm(epochs, desc=f"train {len(self)} x", disable=not progress):
+        for _ in range(self.epoch, self.cfgs[0].epochs):
             if all(error is not None for error in self.errors):
                 break
             rows = self._packed_epoch()
