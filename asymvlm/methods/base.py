@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import pkgutil
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -92,16 +92,6 @@ _BUILTIN_NAMES = {target: name for name, target in BUILTIN.items()}
 #: ``official``: the authors' code; ``improved``: this project's fixes (README "Protocols").
 PROTOCOLS = ("improved", "official")
 _BLOCK_ROWS = 8192  # rows per block where a whole split is reduced (16 MiB at d = 512)
-
-
-def register(name: str) -> Callable[[type[Method]], type[Method]]:
-    """Class decorator: make a method available as ``build_method(name, ...)``."""
-
-    def deco(cls: type[Method]) -> type[Method]:
-        METHODS.add(name, cls)
-        return cls
-
-    return deco
 
 
 def method_distribution(name: str) -> dict[str, str] | None:
