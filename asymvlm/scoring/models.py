@@ -1,10 +1,6 @@
 """A trained adapter as MLflow pyfunc models, logged for every trial of a sweep and served by
 ``mlflow models serve``: ``adapter`` (text embeddings in) and ``text-adapter`` (captions in).
-
-A logged model holds the adapter's checkpoint folder (``config.json``, ``model.safetensors``) and
-an ``MLmodel`` that names this module as its loader (pyfunc's ``loader_module``): loading it
-imports the installed ``asymvlm`` and reads the folder, running no code and no pickle that came
-with the model (docs/sharing.md)."""
+This module is their ``loader_module``: no code or pickle comes with a model (docs/sharing.md)."""
 
 from __future__ import annotations
 
