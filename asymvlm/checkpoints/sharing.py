@@ -110,8 +110,7 @@ def resolve_checkpoint(
         except Exception as exc:  # any failure of the store or the URI: one line naming it
             where = f" from {redact(store)}" if store else ""
             raise CheckpointError(f"{source}: cannot download the model{where}: {exc}") from None
-        found = [d for d, _, files in sorted(os.walk(local)) if CONFIG_FILE in files]
-        folder = found[0] if found else local
+        folder = next((d for d, _, files in sorted(os.walk(local)) if CONFIG_FILE in files), local)
     if pretrained:
         check_no_pickle(folder, source)
     if read_checkpoint_meta(folder) is None:
