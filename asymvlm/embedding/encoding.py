@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from asymvlm.data.perturb import item_seed, perturb_caption, perturb_image
 from asymvlm.data.sources import open_fs
+from asymvlm.embedding.encoders import load_encoder
 
 
 @functools.lru_cache(maxsize=4)
 def _preprocessor(model: str):
     """Processor-only encoder (no weights), cached per worker process."""
-    from asymvlm.embedding.encoders import load_encoder
-
     return load_encoder(model, device="cpu", load_model=False)
 
 
@@ -41,8 +41,6 @@ def decode_batch(
     batch: pa.Table, model: str, perturbation: str | None = None, seed: int = 0
 ) -> dict[str, np.ndarray]:
     """Read, decode (perturb) and preprocess image rows; failures become ``error`` strings."""
-    from asymvlm.data.perturb import item_seed, perturb_image
-
     preprocessor = _preprocessor(model)
     rows = batch.to_pylist()
     images, errors = [], []
@@ -82,8 +80,6 @@ class EncoderActor:
         pre_projection: bool = False,
     ) -> None:
         import torch
-
-        from asymvlm.embedding.encoders import load_encoder
 
         if threads:  # Ray pins OMP threads to the actor's num_cpus; on CPU-only nodes use the node
             torch.set_num_threads(threads)
@@ -142,8 +138,6 @@ def encode_texts_by_length(
 
 def perturb_captions(captions: pa.Table, spec: str, seed: int) -> pa.Table:
     """``text`` replaced by its perturbed version; the original is kept as ``clean_text``."""
-    from asymvlm.data.perturb import item_seed, perturb_caption
-
     clean = captions["text"].to_pylist()
     noisy = [
         perturb_caption(text or "", spec, item_seed(seed, cid))

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from asymvlm.checkpoints import copy_adapter, load_checkpoint, read_checkpoint_meta
 from asymvlm.embedding.encoders.names import is_open_clip
@@ -47,8 +48,6 @@ class CaptionUncertaintyModel:
         self.method, self.meta = load_checkpoint(checkpoint)
 
     def predict(self, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        import torch
-
         invalid, frame, dim = invalid_input, pd.DataFrame(model_input), int(self.meta["dim"])
         raw = self.meta.get("adapter_input", "raw") == "raw"
         for column in ("embedding", "norm") if raw else ("embedding",):

@@ -20,6 +20,7 @@ from asymvlm.checkpoints import load_checkpoint, resolve_checkpoint
 from asymvlm.data.tiny import is_random_test_model
 from asymvlm.embedding.encoders import files_sha256, load_encoder, local_source
 from asymvlm.embedding.encoders.hub import check_hub_model
+from asymvlm.embedding.encoding import load_image
 from asymvlm.errors import AsymVLMError, CheckpointError
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import read_split
@@ -259,8 +260,6 @@ class Scorer:
 def _open_image(image: Any, index: int):
     """A PIL image from a PIL image, a path or bytes, decoded as the embedding stage decodes."""
     from PIL import Image
-
-    from asymvlm.embedding.encoding import load_image
 
     if isinstance(image, Image.Image):
         return image.convert("RGB")

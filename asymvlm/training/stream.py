@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -87,8 +88,6 @@ def use_streaming(
         return cfg.stream == "always"
     budget = cfg.stream_memory_bytes
     if budget is None:
-        import psutil
-
         budget = psutil.virtual_memory().available // 4
         if (device := torch.device(device)).type == "cuda" and torch.cuda.is_available():
             budget = min(budget, torch.cuda.mem_get_info(device)[0] // 2)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from huggingface_hub import try_to_load_from_cache
 
 from asymvlm.embedding.encoders.encoder import Encoder, files_sha256, unit_and_norm
 from asymvlm.embedding.encoders.names import looks_like_path
@@ -17,8 +18,6 @@ def _hub_commit(model: str, revision: str | None) -> str | None:
     """The commit of the cached hub snapshot the files were loaded from, if any."""
     if re.fullmatch(r"[0-9a-fA-F]{40}", revision or ""):
         return revision
-    from huggingface_hub import try_to_load_from_cache
-
     found = try_to_load_from_cache(model, "config.json", revision=revision)
     return Path(found).parent.name if isinstance(found, str) else None
 
