@@ -188,11 +188,9 @@ class Roles:
 
 
 class Method(nn.Module):
-    """An ``nn.Module`` on cached frozen embeddings [n, d]: encodings (dicts of tensors), scores
-    [n_text, n_image] (the log-likelihood for probabilistic methods, App. A.2), a per-item
-    uncertainty (higher = more uncertain, or None) and a batch loss ``pair_loss(*loss_features(
-    ...))``, split so that data-parallel training gathers the global batch in between. The base:
-    the frozen model's cosine, no uncertainty, no loss."""
+    """An ``nn.Module`` on cached frozen embeddings [n, d] (docs/adding-a-method.md): encodings,
+    scores [n_text, n_image] (the log-likelihood for probabilistic methods, App. A.2), a per-item
+    uncertainty and a batch loss. The base: the frozen model's cosine, no uncertainty, no loss."""
 
     name: ClassVar[str] = "base"
     trainable: ClassVar[bool] = True  # False: nothing to train, or fitted post hoc
@@ -312,9 +310,7 @@ class Method(nn.Module):
 
     def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
         """(image rows, text rows) of a split for :meth:`encode_images` / :meth:`encode_texts`:
-        the one input contract of training, evaluation and scoring (a row per image / caption;
-        per-caption inputs such as ``data.captions`` or ``data.split.extra_text_columns`` join
-        the text rows as columns, ``docs/api.md``)."""
+        the one input contract of training, evaluation and scoring (docs/api.md)."""
         return self.image_rows(data.image_emb, data.image_norm), data.text_emb
 
     def training_stats(self) -> dict[str, float]:
