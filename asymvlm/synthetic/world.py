@@ -146,10 +146,8 @@ class SyntheticWorld:
         return objects, _offset(rng, objects, cfg.image_noise)
 
     def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> Iterator[dict]:
-        """Images ``start .. start+n_images`` of a split and their captions, drawn from the
-        split's streams (``block == ()``, the whole split) or from block ``block[0]``'s, in
-        windows of :data:`WINDOW_IMAGES` images: each stream's small draws whole and in order,
-        each big normal matrix from a fork of its stream (:func:`_fork`), window by window."""
+        """Images ``start .. start+n_images`` of a split and their captions from the split's (or
+        block ``block[0]``'s) streams, window by window (docs/synthetic.md, "Random streams")."""
         seed, cfg = self._split_seeds[name], self.config
         rng = {
             role: np.random.default_rng([seed, _TAGS[role], *block])

@@ -75,9 +75,8 @@ def split_bytes(root: str, split: str) -> int:
 def use_streaming(
     cfg: TrainConfig, root: str, split: str, device: str | torch.device = "cpu"
 ) -> bool:
-    """Whether a run of ``cfg`` streams ``ROOT/<split>`` (``stream``: always, never, or auto:
-    above ``stream_memory_bytes``, by default a quarter of the free host memory and at most
-    half the free CUDA memory). Methods not trained by SGD never stream."""
+    """Whether a run of ``cfg`` streams ``ROOT/<split>`` (``stream``: always, never, or auto: above
+    ``stream_memory_bytes``, docs/streaming.md); methods not trained by SGD never stream."""
     trainable = METHODS[cfg.method].trainable
     if cfg.stream == "always" and not trainable:
         raise ConfigError(
