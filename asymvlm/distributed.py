@@ -14,11 +14,6 @@ from torch.distributed.nn.functional import all_gather
 from asymvlm.methods import Method
 
 
-def is_distributed() -> bool:
-    """True inside an initialised process group of more than one worker."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 class GlobalBatchLoss(nn.Module):
     """``method``'s loss over the global batch: local encodings, all-gathered (every worker's
     rows in rank order; each worker's gradient reaches its own rows), then the objective. A
@@ -32,7 +27,7 @@ class GlobalBatchLoss(nn.Module):
         self, image_emb: torch.Tensor, text_emb: torch.Tensor, epoch: int = 0
     ) -> torch.Tensor:
         images, texts = self.method.loss_features(image_emb, text_emb)
-        if is_distributed():
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             images, texts = (
                 {key: torch.cat(all_gather(value), dim=0) for key, value in enc.items()}
                 for enc in (images, texts)
