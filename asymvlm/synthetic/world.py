@@ -82,6 +82,7 @@ class SyntheticWorld:
         # per level: the concepts [n_concepts, dim] and each one's parent in the level above
         self.concepts = [_unit(rng.standard_normal((cfg.branching[0], cfg.dim)))]
         self.parents = [np.zeros(cfg.branching[0], dtype=np.int64)]
+        self.n_levels = len(cfg.branching) + 1  # of captions: the concepts' and the objects'
         for level in range(1, len(cfg.branching)):
             parent = np.repeat(np.arange(len(self.concepts[-1])), cfg.branching[level])
             self.concepts.append(_offset(rng, self.concepts[-1][parent], cfg.spread[level]))
@@ -107,10 +108,6 @@ class SyntheticWorld:
             self.domain_rotations = [
                 _rotation(dom_rng, cfg.dim, cfg.domain_misalignment) for _ in range(2)
             ]
-
-    @property
-    def n_levels(self) -> int:
-        return len(self.config.branching) + 1
 
     def ancestors(self, ids: np.ndarray, level: int = -1) -> list[np.ndarray]:
         """Concept ids at levels 0..``level`` of level-``level`` concept ids (default: leaves)."""
