@@ -87,8 +87,7 @@ class ELIP(Method):
     def fit_start(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> None:
         """Draw the fixed reference galleries (raw embeddings, adapted when used)."""
         for name, emb in zip(self.FITTED_BUFFERS, (image_emb, text_emb), strict=True):
-            n = emb.shape[0]
-            idx = torch.randperm(n, device=emb.device)[: min(self.gallery_size, n)]
+            idx = torch.randperm(emb.shape[0], device=emb.device)[: self.gallery_size]
             buf = getattr(self, name)
             setattr(self, name, emb[idx].detach().to(device=buf.device, dtype=buf.dtype).clone())
 
