@@ -1,7 +1,6 @@
-"""Data-parallel training over the global batch (Eq. 2, App. A.3): each worker encodes its rows,
-all-gathers the encodings (autograd-aware) and evaluates the objective on the global batch, as
-open_clip's distributed loss; with DDP's gradient averaging N workers x b rows equal one process
-with batch N * b. The Ray Train wiring lives in ``pipelines/``."""
+"""Data-parallel training over the global batch (Eq. 2, App. A.3), as open_clip's distributed loss:
+each worker's encodings all-gathered (autograd-aware), so that with DDP's gradient averaging N
+workers x b rows equal one process with batch N * b (Ray Train: ``asymvlm_ray.ray_train``)."""
 
 from __future__ import annotations
 

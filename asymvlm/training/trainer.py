@@ -1,6 +1,5 @@
-"""One training run (paper App. B.4): the :class:`Trainer` of a :class:`TrainConfig`
-(:mod:`.config`): SGD-momentum (or AdamW), cosine per iteration to ``min_lr``, one fresh
-permutation of the captions per epoch; the split lives on the device."""
+"""One training run (App. B.4), the :class:`Trainer` of a :class:`TrainConfig` (the split on the
+device): SGD-momentum or AdamW, cosine per step to ``min_lr``, a caption permutation per epoch."""
 
 from __future__ import annotations
 
