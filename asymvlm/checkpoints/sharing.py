@@ -259,8 +259,7 @@ def model_card(
 
 
 def _check_target(output: str, source_folder: str, overwrite: bool) -> None:
-    """Refuse the checkpoint's own folder, a folder holding anything but an earlier export, and
-    an earlier export unless ``overwrite``."""
+    """Refuse the checkpoint's own folder, one holding other files, an export without overwrite."""
     target = sibling_paths(output)[0]
     if target == os.path.realpath(source_folder):
         raise CheckpointError(f"{output}: the checkpoint's own folder; export to a new folder")

@@ -233,8 +233,7 @@ class Scorer:
         return scores.float().cpu().numpy()
 
     def _split(self, captions: list[str], images: list | None = None) -> SplitTensors:
-        """The captions (and images) embedded as a split, from which each method takes its rows
-        (``split_inputs``)."""
+        """The captions (and images) embedded as a split, whose rows each method takes."""
         texts = self._embed(captions, partial(self.encoder.encode_texts, pre=self.uses_pre))
         if images is None:  # captions only
             image = {"unit": torch.zeros(0, int(self.meta["dim"]), device=self.device)}
