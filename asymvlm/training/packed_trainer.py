@@ -86,9 +86,6 @@ class PackedTrainer:
         self._started = False
         self._template = GlobalBatchLoss(self.methods[0])  # functional_call swaps its tensors
 
-    def __len__(self) -> int:
-        return len(self.methods)
-
     @contextmanager
     def member_rng(self, k: int) -> Iterator[None]:
         """Member ``k``'s global RNG stream for the duration."""
@@ -193,7 +190,7 @@ class PackedTrainer:
         member that diverged in an earlier epoch keeps its row in the batch, without updates."""
         t0 = time.perf_counter()
         alive = [k for k, error in enumerate(self.errors) if error is None]
-        lead, n_members = self.trainers[0], len(self)
+        lead, n_members = self.trainers[0], len(self.methods)
         data, batch = lead.data, lead.batch_size
         for trainer in self.trainers:
             trainer.begin_epoch()
