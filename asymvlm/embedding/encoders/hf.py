@@ -132,10 +132,5 @@ class TransformersEncoder(Encoder):
         """The final projections as float32 ``{"image": [d, pre_dims.image], "text": [d,
         pre_dims.text]}`` (bias-free ``nn.Linear`` weights: raw projection = matrix @ x)."""
         self.pre_dims()
-        return {
-            kind: layer.weight.detach().float().cpu().numpy()
-            for kind, layer in (
-                ("image", self.model.visual_projection),
-                ("text", self.model.text_projection),
-            )
-        }
+        layers = {"image": self.model.visual_projection, "text": self.model.text_projection}
+        return {kind: layer.weight.detach().float().cpu().numpy() for kind, layer in layers.items()}
