@@ -106,8 +106,8 @@ def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
     each the adapter's folder and this module as its loader, no code or pickle of its own. No
     input example: MLflow would load each model (and its encoder) to check it while logging."""
     meta = read_checkpoint_meta(checkpoint_dir) or {}
-    dim = int(meta["dim"])
-    example = pd.DataFrame({"embedding": [[1.0] + [0.0] * (dim - 1)], "norm": [1.0]})
+    example = pd.DataFrame({"embedding": [[1.0] + [0.0] * (int(meta["dim"]) - 1)], "norm": [1.0]})
+    output = pd.DataFrame({"uncertainty": [1.0], "kappa": [1.0]})  # a schema: any rows will do
     with tempfile.TemporaryDirectory() as tmp:
         adapter = copy_adapter(checkpoint_dir, os.path.join(tmp, "checkpoint"))
         run.log_model(
@@ -115,7 +115,7 @@ def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
             __name__,
             adapter,
             pip_requirements=pinned_requirements(*REQUIREMENTS),
-            signature=signature(example, pd.DataFrame({"uncertainty": [1.0], "kappa": [1.0]})),
+            signature=signature(example, output),
         )
         logged = ["adapter"]
         model = (meta.get("encoder") or {}).get("model")
@@ -128,9 +128,7 @@ def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
                 adapter,
                 model_config=TEXT_INPUT,
                 pip_requirements=[*pinned_requirements(*REQUIREMENTS), library, "pillow"],
-                signature=signature(
-                    texts, pd.DataFrame({"uncertainty": [1.0, 1.0], "kappa": [1.0, 1.0]})
-                ),
+                signature=signature(texts, output),
             )
             logged.append("text-adapter")
     return logged
