@@ -71,11 +71,10 @@ def train_and_evaluate_packed(
     splits = eval_splits(runs[0], held_out, dev, cache)
     out: list[dict[str, Any]] = []
     for k, method in enumerate(pack.methods):
+        history = pack.histories[k]
         if pack.errors[k] is not None:
-            out.append({"diverged": pack.errors[k], "history": pack.histories[k]})
+            out.append({"diverged": pack.errors[k], "history": history})
             continue
         with pack.member_rng(k):
-            out.append(
-                run_outcome(method, pack.histories[k], pack.trainers[k].epoch, data.dim, splits)
-            )
+            out.append(run_outcome(method, history, pack.trainers[k].epoch, data.dim, splits))
     return out
