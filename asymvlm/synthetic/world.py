@@ -90,12 +90,9 @@ class SyntheticWorld:
         self.text_rotation = _rotation(rng, cfg.dim, cfg.misalignment)
         seeds = rng.integers(0, 2**31, len(cfg.splits)).tolist()
         self._split_seeds = dict(zip(cfg.splits, seeds, strict=True))
-        self.projections: dict[str, np.ndarray] = {}
-        if cfg.pre_dim is not None:
-            pre_rng = np.random.default_rng([cfg.seed, 1])  # not the world's stream
-            self.projections = {
-                kind: _orthonormal_rows(pre_rng, cfg.dim, cfg.pre_dim) for kind in ("image", "text")
-            }
+        pre_rng = np.random.default_rng([cfg.seed, 1])  # not the world's stream
+        sides = ("image", "text") if cfg.pre_dim is not None else ()  # pre-projection features
+        self.projections = {s: _orthonormal_rows(pre_rng, cfg.dim, cfg.pre_dim) for s in sides}
         # G: the most general text's meaning is the level-0 concepts' mean direction (the root)
         self.generic = _unit(self.concepts[0].mean(axis=0))
         # D: domains of the level-0 concepts and their text-encoder errors
