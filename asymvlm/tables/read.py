@@ -283,13 +283,12 @@ def read_split(
             f.unique(f.ids)
         out[f"{modality}_embeddings"] = f.matrix("embedding", manifest.dim, "manifest dim", atol)
         out[f"{modality}_norms"] = f.norms(validate)
-        names = [c for c in f.table.column_names if c not in {*required, "norm", pre}]
-        out[f"extra_{modality}_columns"] = {
-            c: (f.strings(c, nulls=True) if _is_string(f.table[c].type) else f.table[c]).to_numpy(
-                zero_copy_only=False
-            )
-            for c in names
-        }
+        extra = {}
+        for c in f.table.column_names:
+            if c not in {*required, "norm", pre}:
+                col = f.strings(c, nulls=True) if _is_string(f.table[c].type) else f.table[c]
+                extra[c] = col.to_numpy(zero_copy_only=False)
+        out[f"extra_{modality}_columns"] = extra
         out[pre] = None
         if pre in f.schema.names:
             width = manifest.pre_dim.get(modality)
