@@ -192,9 +192,8 @@ class Scorer:
 
     def _embed_images(self, images: list) -> dict[str, torch.Tensor]:
         def encode(batch: list) -> tuple[np.ndarray, ...]:
-            pixels = self.encoder.preprocess_images(
-                [_open_image(im, i) for i, im in enumerate(batch)]
-            )
+            opened = [_open_image(im, i) for i, im in enumerate(batch)]
+            pixels = self.encoder.preprocess_images(opened)
             return self.encoder.encode_pixels(pixels, pre=self.uses_pre)
 
         return self._embed(images, encode)
@@ -227,9 +226,8 @@ class Scorer:
             return np.zeros((len(captions), len(images)), np.float32)
         image_rows, text_rows = self.method.split_inputs(self._split(captions, images))
         with torch.no_grad():
-            scores = self.method.score(
-                self.method.encode_texts(text_rows), self.method.encode_images(image_rows)
-            )
+            texts = self.method.encode_texts(text_rows)
+            scores = self.method.score(texts, self.method.encode_images(image_rows))
         return scores.float().cpu().numpy()
 
     def _split(self, captions: list[str], images: list | None = None) -> SplitTensors:
