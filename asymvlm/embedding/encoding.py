@@ -143,7 +143,6 @@ def perturb_captions(captions: pa.Table, spec: str, seed: int) -> pa.Table:
         perturb_caption(text or "", spec, item_seed(seed, cid))
         for text, cid in zip(clean, captions["caption_id"].to_pylist(), strict=True)
     ]
-    captions = captions.set_column(
-        captions.column_names.index("text"), "text", pa.array(noisy, pa.string())
-    )
+    text = captions.column_names.index("text")
+    captions = captions.set_column(text, "text", pa.array(noisy, pa.string()))
     return captions.append_column("clean_text", pa.array(clean, pa.string()))
