@@ -63,9 +63,7 @@ class TransformersEncoder(Encoder):
         self._padding = True if family == "clip" else "max_length"
         text = config.text_config
         dim = config.projection_dim if family == "clip" else text.projection_size
-        backend = [
-            c.__name__ for c in type(self.image_processor).__mro__ if "Backend" in c.__name__
-        ]
+        backend = [c.__name__ for c in type(self.image_processor).mro() if "Backend" in c.__name__]
         self.info = self._info(
             model=model,
             family=family,
