@@ -1,13 +1,8 @@
 """AsymVLM: asymmetric probabilistic adaptation of vision-language models (Ju et al., NeurIPS 2025).
 
-The science lives here and runs without Ray: spherical distributions (:mod:`asymvlm.distributions`),
-every method of the paper behind one registry (:mod:`asymvlm.methods`), the paper's metrics
-(:mod:`asymvlm.metrics`), the embedding-table contract (:mod:`asymvlm.tables`), a synthetic world
-(:mod:`asymvlm.synthetic`), the trainers (:mod:`asymvlm.training`), one training run
-(:mod:`asymvlm.runner`), its evaluations (:mod:`asymvlm.evaluation`) and checkpoints
-(:mod:`asymvlm.checkpoints`). The Ray layer is :mod:`asymvlm_ray`; docs/development.md ("Layout")
-gives the layers, which ``lint-imports`` holds.
-"""
+The science lives here and runs without Ray: distributions, methods, metrics, tables, the
+synthetic world, training, evaluation and checkpoints; the Ray layer is :mod:`asymvlm_ray`.
+docs/development.md ("Layout") gives the layers, which ``lint-imports`` holds."""
 
 __version__ = "0.1.0"
 

@@ -1,8 +1,6 @@
-"""Data-parallel training over the global batch (Eq. 2, App. A.3): each worker encodes its rows,
-all-gathers the encodings (autograd-aware) and evaluates the objective on the global batch, as
-open_clip's distributed loss; with DDP's gradient averaging N workers x b rows equal one process
-with batch N * b. The Ray Train wiring lives in ``pipelines/``.
-"""
+"""Data-parallel training over the global batch (Eq. 2, App. A.3), as open_clip's distributed loss:
+each worker's encodings all-gathered (autograd-aware), so that with DDP's gradient averaging N
+workers x b rows equal one process with batch N * b (Ray Train: ``asymvlm_ray.ray_train``)."""
 
 from __future__ import annotations
 
@@ -13,13 +11,6 @@ from torch import nn
 from torch.distributed.nn.functional import all_gather
 
 from asymvlm.methods import Method
-
-__all__ = ["GlobalBatchLoss", "epoch_generator", "is_distributed", "shard_rows"]
-
-
-def is_distributed() -> bool:
-    """True inside an initialised process group of more than one worker."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 class GlobalBatchLoss(nn.Module):
@@ -35,7 +26,7 @@ class GlobalBatchLoss(nn.Module):
         self, image_emb: torch.Tensor, text_emb: torch.Tensor, epoch: int = 0
     ) -> torch.Tensor:
         images, texts = self.method.loss_features(image_emb, text_emb)
-        if is_distributed():
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             images, texts = (
                 {key: torch.cat(all_gather(value), dim=0) for key, value in enc.items()}
                 for enc in (images, texts)
@@ -44,11 +35,8 @@ class GlobalBatchLoss(nn.Module):
 
 
 def shard_rows(n: int, rank: int, world_size: int, seed: int) -> torch.Tensor:
-    """The rows worker ``rank`` trains on: every ``world_size``-th row of a seeded permutation.
-
-    Shards are disjoint, cover all n rows and differ in size by at most one; with one worker the
-    shard is ``arange(n)`` in order.
-    """
+    """The rows worker ``rank`` trains on: every ``world_size``-th row of a seeded permutation
+    (disjoint shards, covering the n rows, sizes within one; one worker's is ``arange(n)``)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside a world of {world_size}")
     if world_size == 1:

@@ -10,15 +10,6 @@ import math
 import torch
 from torch.distributions import Distribution, constraints
 
-__all__ = [
-    "PowerSpherical",
-    "VonMisesFisher",
-    "log_bessel_iv",
-    "ps_log_normalizer",
-    "vmf_log_normalizer",
-    "vmf_log_normalizer_approx",
-]
-
 _DEBYE_MIN_ORDER = 30.0  # lower orders: Debye at v + n, then n steps of backward recurrence
 _KAPPA_FLOOR = 1e-30
 

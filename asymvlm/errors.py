@@ -1,6 +1,5 @@
 """The project's error types and the exit code of each (:func:`asymvlm.entry.guarded` shows
-them); a leaf: imports no project module. Other layers subclass :class:`AsymVLMError` where they
-live."""
+them); a leaf: imports no project module. Other layers subclass :class:`AsymVLMError`."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ class TrialFailed(AsymVLMError, RuntimeError):
 
 
 class Unfinished(AsymVLMError, RuntimeError):
-    """Work the cluster could not finish; what finished is kept, and the same command run again
-    goes on from there."""
+    """Work the cluster could not finish; what finished is kept, the same command goes on."""
 
 
 def one_line(exc: BaseException) -> str:

@@ -14,17 +14,8 @@ import warnings
 OURS = ("asymvlm", "asymvlm_ray", "pipelines")
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _THIRD_PARTY = (
-    "ray",
-    "ray.data",
-    "ray.tune",
-    "ray.train",
-    "ray.serve",
-    "mlflow",
-    "alembic",
-    "urllib3",
-    "filelock",
-    "py.warnings",
-)
+    "ray ray.data ray.tune ray.train ray.serve mlflow alembic urllib3 filelock py.warnings"
+).split()
 _state = {"verbose": False}
 
 

@@ -51,7 +51,6 @@ class OutputLock:
         settle: float = 1.0,
         log=None,
     ) -> None:
-        self.root = root
         self.wait = wait
         self.ttl = ttl
         self.renew_every = renew_every

@@ -131,9 +131,7 @@ def hold_out_images(
     held = np.zeros(n_image, dtype=bool)
     held[order[: max(1, int(round(fraction * n_image)))]] = True
     owner = data.text_to_image.cpu().numpy()
-    rest, out = (
-        data.subset(np.flatnonzero(keep), np.flatnonzero(keep[owner])) for keep in (~held, held)
-    )
+    rest, out = (data.subset(np.flatnonzero(k), np.flatnonzero(k[owner])) for k in (~held, held))
     return rest, out
 
 

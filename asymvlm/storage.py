@@ -1,7 +1,6 @@
 """One storage layer: local paths and URIs (``file://``, ``s3://`` ...) through fsspec, wrapped
 as a pyarrow filesystem for Arrow and Ray, and atomic writes (:func:`atomic_path`); one writer per
-output folder is :mod:`asymvlm.output_lock`. A request that fails for good is a
-:class:`StorageError`."""
+output folder is :mod:`asymvlm.output_lock`. A request failing for good: :class:`StorageError`."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -199,9 +199,7 @@ def upload_dir(local: str, uri: str) -> str:
     """Copy the files of the local folder ``local`` to ``uri``; returns ``uri``."""
     if not is_remote(uri) and os.path.abspath(uri) == os.path.abspath(local):
         return uri
-    for folder, _, files in os.walk(local):
-        for name in files:
-            rel = os.path.relpath(os.path.join(folder, name), local)
-            with open(os.path.join(folder, name), "rb") as fh:
-                write_bytes(uri_join(uri, *rel.split(os.sep)), fh.read())
+    for path in Path(local).rglob("*"):
+        if path.is_file():
+            write_bytes(uri_join(uri, *path.relative_to(local).parts), path.read_bytes())
     return uri

@@ -10,6 +10,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -117,13 +118,11 @@ def write_weights(state: dict[str, torch.Tensor], folder: str) -> None:
     """``state`` as ``model.safetensors`` in ``folder`` (contiguous CPU copies), readable as the
     other files are (safetensors' own ``save_file`` writes mode 0600 whatever the umask)."""
     weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
-    with open(os.path.join(folder, WEIGHTS_FILE), "wb") as fh:
-        fh.write(save(weights, metadata={"format": "pt"}))
+    Path(folder, WEIGHTS_FILE).write_bytes(save(weights, metadata={"format": "pt"}))
 
 
 def write_config(config: dict[str, Any], folder: str) -> None:
-    with open(os.path.join(folder, CONFIG_FILE), "w") as fh:
-        fh.write(json.dumps(config, indent=2, allow_nan=False) + "\n")
+    Path(folder, CONFIG_FILE).write_text(json.dumps(config, indent=2, allow_nan=False) + "\n")
 
 
 def save_checkpoint(
@@ -167,8 +166,7 @@ def save_checkpoint(
         if trainer_state is not None:
             torch.save(trainer_state, os.path.join(folder, TRAINER_FILE))
         if history is not None:
-            with open(os.path.join(folder, HISTORY_FILE), "w") as fh:
-                fh.write(rows)
+            Path(folder, HISTORY_FILE).write_text(rows)
         write_config(meta, folder)
 
     publish_folder(directory, write)
@@ -246,8 +244,7 @@ def read_checkpoint_meta(directory: str) -> dict[str, Any] | None:
     if not os.path.isfile(path):
         return None
     try:
-        with open(path) as fh:
-            meta = json.load(fh)
+        meta = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{directory}: unreadable {CONFIG_FILE} ({exc})") from exc
     if not isinstance(meta, dict) or not {"method", "dim", "complete"} <= meta.keys():
@@ -260,11 +257,10 @@ def read_history(directory: str) -> History:
     path = os.path.join(directory, HISTORY_FILE)
     if not os.path.isfile(path):
         return []
-    with open(path) as fh:
-        try:
-            return [json.loads(line) for line in fh if line.strip()]
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{path}: not JSON lines ({exc.msg})") from exc
+    try:
+        return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not JSON lines ({exc.msg})") from exc
 
 
 def load_checkpoint(

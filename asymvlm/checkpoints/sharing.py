@@ -110,8 +110,7 @@ def resolve_checkpoint(
         except Exception as exc:  # any failure of the store or the URI: one line naming it
             where = f" from {redact(store)}" if store else ""
             raise CheckpointError(f"{source}: cannot download the model{where}: {exc}") from None
-        found = [d for d, _, files in sorted(os.walk(local)) if CONFIG_FILE in files]
-        folder = found[0] if found else local
+        folder = next((d for d, _, files in sorted(os.walk(local)) if CONFIG_FILE in files), local)
     if pretrained:
         check_no_pickle(folder, source)
     if read_checkpoint_meta(folder) is None:
@@ -182,12 +181,10 @@ def model_card(
     enc = {"model": config.get("embedding_model"), **(config.get("encoder") or {})}
     name = enc["model"] if isinstance(enc["model"], str) and enc["model"] else None
     base = name if name and not _local(name) and _HUB_ID.fullmatch(name) else None
-    tags = ["asymvlm", "probabilistic-embeddings", "uncertainty", "vision-language"]
+    tags = ["asymvlm", "probabilistic-embeddings", "uncertainty", "vision-language", "clip-adapter"]
     data = ModelCardData(
-        library_name="asymvlm", license=license, tags=[*tags, "clip-adapter", method]
+        library_name="asymvlm", license=license, tags=[*tags, method], base_model=base
     )
-    if base:
-        data.base_model = base
     cls = METHODS.get(method)
     summary = (cls.__doc__ or "").strip().splitlines()[0] if cls and cls.__doc__ else None
     package = config.get("method_package") or {}  # a method from an installed plugin
@@ -262,8 +259,7 @@ def model_card(
 
 
 def _check_target(output: str, source_folder: str, overwrite: bool) -> None:
-    """Refuse the checkpoint's own folder, a folder holding anything but an earlier export, and
-    an earlier export unless ``overwrite``."""
+    """Refuse the checkpoint's own folder, one holding other files, an export without overwrite."""
     target = sibling_paths(output)[0]
     if target == os.path.realpath(source_folder):
         raise CheckpointError(f"{output}: the checkpoint's own folder; export to a new folder")

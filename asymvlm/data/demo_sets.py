@@ -1,5 +1,4 @@
-"""Offline CIFAR-format stand-ins for the zero-shot sets, made from the HierarCaps images
-(docs/data.md)."""
+"""Offline CIFAR-format stand-ins for the zero-shot sets, from HierarCaps images (docs/data.md)."""
 
 from __future__ import annotations
 

@@ -3,10 +3,12 @@ deterministic in ``seed`` (for tests and the offline demo: their numbers mean no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import string
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -153,9 +155,6 @@ def save_tiny_open_clip(directory: str | os.PathLike, seed: int = 0) -> str:
 def is_random_test_model(files: str | None) -> bool:
     """Whether the model folder ``files`` is one of these random models (its config says so)."""
     for name in ("config.json", "open_clip_config.json") if files else ():
-        try:
-            with open(os.path.join(files, name)) as fh:
-                return json.load(fh).get(RANDOM_MARK) is True
-        except (OSError, ValueError, AttributeError):
-            continue
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            return json.loads(Path(files, name).read_text()).get(RANDOM_MARK) is True
     return False

@@ -12,8 +12,11 @@ from pydantic import ConfigDict, Field, NonNegativeInt, ValidationInfo, field_va
 from pydantic.dataclasses import dataclass
 
 from asymvlm import storage
+from asymvlm.data import perturb
 from asymvlm.data.sources import READERS, SourceData
 from asymvlm.data.templates import DUMMY_PROMPTS
+from asymvlm.embedding.encoders import load_encoder
+from asymvlm.embedding.encoders.hub import check_hub_model
 from asymvlm.embedding.encoders.names import is_open_clip, local_source, parse_name
 from asymvlm.errors import ConfigError
 
@@ -73,8 +76,6 @@ class EmbedConfig:
     @field_validator("image_perturbation", "text_perturbation")
     @classmethod
     def _perturbation(cls, value: str | None, info: ValidationInfo) -> str | None:
-        from asymvlm.data import perturb
-
         if value:
             image = info.field_name == "image_perturbation"
             kinds = perturb.IMAGE_PERTURBATIONS if image else perturb.CAPTION_PERTURBATIONS
@@ -96,8 +97,6 @@ class EmbedConfig:
             elif not os.path.exists(path):
                 raise ConfigError(f"{key} {value!r}: no such file or directory")
         if self.pre_projection:  # transformers CLIP only
-            from asymvlm.embedding.encoders import load_encoder
-
             try:
                 load_encoder(self.model, device="cpu", load_model=False).pre_dims()
             except ValueError as err:
@@ -129,8 +128,6 @@ class EmbedConfig:
 def check_model(model: str) -> None:
     """:class:`ConfigError` when the encoder of ``model`` cannot be had here (a malformed
     ``open_clip:`` name, missing local files, or a Hub model neither cached nor served)."""
-    from asymvlm.embedding.encoders.hub import check_hub_model
-
     try:
         local = local_source(model)
     except ValueError as err:  # a malformed open_clip name
@@ -144,8 +141,7 @@ def check_model(model: str) -> None:
 
 
 def normalised_model(model: str) -> str:
-    """A model name in one spelling: local folders absolute and normalised, open_clip names
-    canonical, hub ids as they are."""
+    """A model name in one spelling: local folders absolute, open_clip names canonical, hub ids."""
     if is_open_clip(model):
         return parse_name(model).name
     local = local_source(model)

@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from asymvlm.data.perturb import item_seed, perturb_caption, perturb_image
 from asymvlm.data.sources import open_fs
+from asymvlm.embedding.encoders import load_encoder
 
 
 @functools.lru_cache(maxsize=4)
 def _preprocessor(model: str):
     """Processor-only encoder (no weights), cached per worker process."""
-    from asymvlm.embedding.encoders import load_encoder
-
     return load_encoder(model, device="cpu", load_model=False)
 
 
@@ -41,8 +41,6 @@ def decode_batch(
     batch: pa.Table, model: str, perturbation: str | None = None, seed: int = 0
 ) -> dict[str, np.ndarray]:
     """Read, decode (perturb) and preprocess image rows; failures become ``error`` strings."""
-    from asymvlm.data.perturb import item_seed, perturb_image
-
     preprocessor = _preprocessor(model)
     rows = batch.to_pylist()
     images, errors = [], []
@@ -82,8 +80,6 @@ class EncoderActor:
         pre_projection: bool = False,
     ) -> None:
         import torch
-
-        from asymvlm.embedding.encoders import load_encoder
 
         if threads:  # Ray pins OMP threads to the actor's num_cpus; on CPU-only nodes use the node
             torch.set_num_threads(threads)
@@ -129,8 +125,7 @@ class EncoderActor:
 def encode_texts_by_length(
     encoder, texts: list[str], batch_size: int, pre: bool = False
 ) -> tuple[np.ndarray, ...]:
-    """``encoder.encode_texts`` over chunks of captions sorted by token count (less padding),
-    returned in input order."""
+    """``encoder.encode_texts`` over chunks sorted by token count (less padding), in input order."""
     lengths = encoder.token_lengths(texts) if texts else []
     order = np.argsort(np.asarray(lengths, np.int64), kind="stable")
     chunks = [
@@ -143,14 +138,11 @@ def encode_texts_by_length(
 
 def perturb_captions(captions: pa.Table, spec: str, seed: int) -> pa.Table:
     """``text`` replaced by its perturbed version; the original is kept as ``clean_text``."""
-    from asymvlm.data.perturb import item_seed, perturb_caption
-
     clean = captions["text"].to_pylist()
     noisy = [
         perturb_caption(text or "", spec, item_seed(seed, cid))
         for text, cid in zip(clean, captions["caption_id"].to_pylist(), strict=True)
     ]
-    captions = captions.set_column(
-        captions.column_names.index("text"), "text", pa.array(noisy, pa.string())
-    )
+    text = captions.column_names.index("text")
+    captions = captions.set_column(text, "text", pa.array(noisy, pa.string()))
     return captions.append_column("clean_text", pa.array(clean, pa.string()))

@@ -41,7 +41,6 @@ _LAZY = {
     "build_method": "base",
     "check_method_name": "base",
     "method_distribution": "base",
-    "register": "base",
     "check_method_kwargs": "arguments",
     "method_arguments": "arguments",
 }

@@ -19,8 +19,7 @@ _PASSED_ON = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 def _parameters(cls: type[Method]) -> dict[str, inspect.Parameter]:
-    """A method's constructor parameters, through ``**kwargs`` handed to a base class (but
-    ``self``; annotations evaluated)."""
+    """A method's constructor parameters but ``self``, through ``**kwargs`` handed to a base."""
     out: dict[str, inspect.Parameter] = {}
     for klass in cls.__mro__:
         if klass is Method or not issubclass(klass, Method):

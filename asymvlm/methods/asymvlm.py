@@ -68,8 +68,7 @@ def gaussian_log_likelihood(mean: torch.Tensor, var: torch.Tensor, z: torch.Tens
 
 class _Spherical(Method):
     """Spherical distributions on the ``probabilistic`` sides, a trained temperature tau, and
-    InfoNCE or SigLIP over tau * L. ``official``: default init, unscaled inputs, retrieval
-    with the training kernel; ``improved``: He init, calibrated inputs, the exact kernel."""
+    InfoNCE or SigLIP over tau * L (``official`` and ``improved``: docs/protocols.md)."""
 
     PROTOCOL_KWARGS: ClassVar[dict[str, dict]] = {
         "official": {"init": "default", "calibrate_input": False, "exact_scores": False},

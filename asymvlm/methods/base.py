@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
+import pkgutil
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -49,8 +49,7 @@ class _Registry(Mapping[str, "type[Method]"]):
             if not self._discovered:
                 self._discovered = True
                 for name, target in self._builtin.items():
-                    module, _, cls = target.partition(":")
-                    self.add(name, getattr(importlib.import_module(f"{__package__}.{module}"), cls))
+                    self.add(name, pkgutil.resolve_name(f"{__package__}.{target}"))
                 try:
                     for ep in entry_points(group=GROUP):
                         self._load(ep)
@@ -93,16 +92,6 @@ _BUILTIN_NAMES = {target: name for name, target in BUILTIN.items()}
 #: ``official``: the authors' code; ``improved``: this project's fixes (README "Protocols").
 PROTOCOLS = ("improved", "official")
 _BLOCK_ROWS = 8192  # rows per block where a whole split is reduced (16 MiB at d = 512)
-
-
-def register(name: str) -> Callable[[type[Method]], type[Method]]:
-    """Class decorator: make a method available as ``build_method(name, ...)``."""
-
-    def deco(cls: type[Method]) -> type[Method]:
-        METHODS.add(name, cls)
-        return cls
-
-    return deco
 
 
 def method_distribution(name: str) -> dict[str, str] | None:
@@ -199,11 +188,9 @@ class Roles:
 
 
 class Method(nn.Module):
-    """An ``nn.Module`` on cached frozen embeddings [n, d]: encodings (dicts of tensors), scores
-    [n_text, n_image] (the log-likelihood for probabilistic methods, App. A.2), a per-item
-    uncertainty (higher = more uncertain, or None) and a batch loss ``pair_loss(*loss_features(
-    ...))``, split so that data-parallel training gathers the global batch in between. The base:
-    the frozen model's cosine, no uncertainty, no loss."""
+    """An ``nn.Module`` on cached frozen embeddings [n, d] (docs/adding-a-method.md): encodings,
+    scores [n_text, n_image] (the log-likelihood for probabilistic methods, App. A.2), a per-item
+    uncertainty and a batch loss. The base: the frozen model's cosine, no uncertainty, no loss."""
 
     name: ClassVar[str] = "base"
     trainable: ClassVar[bool] = True  # False: nothing to train, or fitted post hoc
@@ -219,8 +206,7 @@ class Method(nn.Module):
     calibrate_input: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A built-in method knows its name once defined (a worker unpickling one has not read
-        the registry)."""
+        """A built-in method knows its name once defined (before a worker reads the registry)."""
         super().__init_subclass__(**kwargs)
         target = f"{cls.__module__.removeprefix(__package__ + '.')}:{cls.__qualname__}"
         cls.name = _BUILTIN_NAMES.get(target, cls.name)
@@ -324,9 +310,7 @@ class Method(nn.Module):
 
     def split_inputs(self, data: SplitTensors) -> tuple[torch.Tensor, torch.Tensor]:
         """(image rows, text rows) of a split for :meth:`encode_images` / :meth:`encode_texts`:
-        the one input contract of training, evaluation and scoring (a row per image / caption;
-        per-caption inputs such as ``data.captions`` or ``data.split.extra_text_columns`` join
-        the text rows as columns, ``docs/api.md``)."""
+        the one input contract of training, evaluation and scoring (docs/api.md)."""
         return self.image_rows(data.image_emb, data.image_norm), data.text_emb
 
     def training_stats(self) -> dict[str, float]:

@@ -1,7 +1,6 @@
 """ELIP (evidential retrieval) on cached embeddings: residual adapters on both modalities,
 Dirichlet evidence e = exp(tau * cos) over a gallery, the evidential loss (ELIP Eq. 6-10) and
-u = K / S (Eq. 4). The authors' code has no ELIP; ``official`` only uses the default init.
-"""
+u = K / S (Eq. 4). The authors' code has no ELIP; ``official`` only uses the default init."""
 
 from __future__ import annotations
 
@@ -88,8 +87,7 @@ class ELIP(Method):
     def fit_start(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> None:
         """Draw the fixed reference galleries (raw embeddings, adapted when used)."""
         for name, emb in zip(self.FITTED_BUFFERS, (image_emb, text_emb), strict=True):
-            n = emb.shape[0]
-            idx = torch.randperm(n, device=emb.device)[: min(self.gallery_size, n)]
+            idx = torch.randperm(emb.shape[0], device=emb.device)[: self.gallery_size]
             buf = getattr(self, name)
             setattr(self, name, emb[idx].detach().to(device=buf.device, dtype=buf.dtype).clone())
 

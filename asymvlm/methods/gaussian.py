@@ -17,8 +17,7 @@ from asymvlm.methods.base import Encoding, Init, Method, mlp, sigmoid_pair_loss,
 def mutual_likelihood_score(
     mu1: torch.Tensor, var1: torch.Tensor, mu2: torch.Tensor, var2: torch.Tensor
 ) -> torch.Tensor:
-    """PFE's MLS, -1/2 sum_l [(mu1 - mu2)^2 / (s1^2 + s2^2) + ln(s1^2 + s2^2)] (no constant),
-    row by row."""
+    """PFE's MLS, -1/2 sum_l [(mu1 - mu2)^2 / (s1^2 + s2^2) + ln(s1^2 + s2^2)] (no constant)."""
     var = var1 + var2
     return -0.5 * ((mu1 - mu2) ** 2 / var + torch.log(var)).sum(-1)
 

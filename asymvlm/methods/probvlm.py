@@ -49,8 +49,7 @@ def official_ggd_term(
 
 
 def official_precision(inv_alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """The port's "uncertainty": 1 / mean_d GGD variance with its guards on alpha and beta, a
-    precision (larger = more certain)."""
+    """The port's "uncertainty", 1 / mean_d GGD variance (guarded alpha, beta): a precision."""
     alpha = (1.0 / (inv_alpha + OFFICIAL_ALPHA_EPS)).clamp(*OFFICIAL_ALPHA_RANGE)
     beta = (beta + OFFICIAL_BETA_SHIFT).clamp(*OFFICIAL_BETA_RANGE)
     return 1.0 / ggd_variance(1.0 / alpha, beta).mean(-1)

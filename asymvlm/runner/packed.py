@@ -32,10 +32,9 @@ def check_packable_specs(specs: Sequence[RunSpec]) -> None:
     lead = specs[0]
     if use_streaming(lead.train, lead.embeddings, lead.train_split):
         raise ConfigError(
-            f"{lead.embeddings}/{lead.train_split} is larger than the memory budget "
-            "(stream: auto would stream it), and packed trials hold the training split in "
-            "memory: set pack: 1 (each trial then streams on its own) or raise "
-            "stream_memory_bytes"
+            f"{lead.embeddings}/{lead.train_split} is larger than the memory budget (stream: auto "
+            "would stream it), and packed trials hold the training split in memory: set pack: 1 "
+            "(each trial then streams on its own) or raise stream_memory_bytes"
         )
 
 
@@ -44,7 +43,6 @@ def train_and_evaluate_packed(
     *,
     device: str | torch.device | None = None,
     on_epoch: Callable[[int, EpochRow, Trainer, History], None] | None = None,
-    progress: bool = False,
     cache: SplitCache | None = None,
     state: Mapping[str, Any] | None = None,
     on_state: Callable[[PackedTrainer], None] | None = None,
@@ -69,15 +67,14 @@ def train_and_evaluate_packed(
         if on_epoch is not None:
             on_epoch(k, row, pack.trainers[k], pack.histories[k])
 
-    pack.fit(progress=progress, on_epoch_end=after_epoch, on_state=on_state)
+    pack.fit(on_epoch_end=after_epoch, on_state=on_state)
     splits = eval_splits(runs[0], held_out, dev, cache)
     out: list[dict[str, Any]] = []
     for k, method in enumerate(pack.methods):
+        history = pack.histories[k]
         if pack.errors[k] is not None:
-            out.append({"diverged": pack.errors[k], "history": pack.histories[k]})
+            out.append({"diverged": pack.errors[k], "history": history})
             continue
         with pack.member_rng(k):
-            out.append(
-                run_outcome(method, pack.histories[k], pack.trainers[k].epoch, data.dim, splits)
-            )
+            out.append(run_outcome(method, history, pack.trainers[k].epoch, data.dim, splits))
     return out

@@ -1,6 +1,5 @@
-"""One (method, lr, seed) training run as the paper trains (App. B.4), without Ray: train and
-evaluate a :class:`RunSpec` (:func:`train_and_evaluate`), or train into a checkpoint
-(:func:`train`)."""
+"""One (method, lr, seed) training run (App. B.4), without Ray: a :class:`RunSpec` trained and
+evaluated (:func:`train_and_evaluate`), or trained into a checkpoint (:func:`train`)."""
 
 from __future__ import annotations
 
@@ -66,10 +65,9 @@ def log_epoch(cfg: TrainConfig, row: EpochRow, note: str = "") -> None:
     """Log the loss after the first epoch and every tenth of the run."""
     epoch = int(row["epoch"])
     if epoch % max(1, cfg.epochs // 10) == 0 or epoch == 1:
-        loss = row["train_loss"]
         logger.info(
             f"{cfg.method} lr={cfg.lr:g} seed={cfg.seed} epoch {epoch}/{cfg.epochs} "
-            f"loss {loss:.4f}{note}"
+            f"loss {row['train_loss']:.4f}{note}"
         )
 
 
@@ -124,7 +122,6 @@ class TrainingRun:
             cfg = cfg.model_copy(update={"device": str(self.device)})
         self.cfg = cfg
         self.rank = rank
-        self.world_size = world_size
         torch.manual_seed(cfg.seed)
         self.cache = cache
         self.history = []
@@ -179,7 +176,6 @@ def train_and_evaluate(
     device: str | torch.device | None = None,
     state: RunState | None = None,
     on_epoch: EpochHook | None = None,
-    progress: bool = False,
     cache: SplitCache | None = None,
 ) -> dict[str, Any] | None:
     """One run trained and evaluated (App. B.4) on this worker of ``world_size``: rank 0
@@ -189,7 +185,7 @@ def train_and_evaluate(
     if state is not None:
         run.resume(state)
     try:
-        run.fit(on_epoch, progress=progress)
+        run.fit(on_epoch)
         if on_epoch is not None and not run.method.trainable:
             on_epoch({"epoch": 0}, run.trainer, run.history, True)
         return run.outcome() if rank == 0 else None
@@ -249,8 +245,7 @@ class RunSpec(BaseModel):
 
     def check_splits(self) -> None:
         """Refuse tables that lack a split this run reads, before it starts (the message of
-        :func:`~asymvlm.tables.check_split`; a missing validation split says how to hold out
-        one)."""
+        :func:`~asymvlm.tables.check_split`; a missing val split says how to hold one out)."""
         tables.check_split(self.embeddings, self.train_split)
         if self.val_split and not self.val_fraction:
             try:
@@ -317,9 +312,8 @@ def train(
     last_good: str | None = None
     if previous is not None:
         assert output is not None
-        if previous.get("tables_fingerprint", trainer.data.split.fingerprint) != (
-            trainer.data.split.fingerprint
-        ):
+        fingerprint = trainer.data.split.fingerprint
+        if previous.get("tables_fingerprint", fingerprint) != fingerprint:
             raise CheckpointError(
                 f"{output}: cannot resume: {embeddings}/{split} changed since the checkpoint "
                 "(its tables' fingerprint differs); pass --overwrite to start over"
@@ -330,14 +324,10 @@ def train(
         discard_checkpoint(output)  # the replaced run's checkpoint goes before training starts
     where = {"embeddings": spec.embeddings, "split": split}
 
-    def write(complete: bool) -> None:
-        assert output is not None
-        save_run_checkpoint(output, trainer, run.history, where, complete=complete)
-
     def on_epoch(row: EpochRow, trainer: Trainer, history: History, due: bool) -> None:
         nonlocal last_good
         if output is not None and due and trainer.epoch < cfg.epochs:
-            write(complete=False)
+            save_run_checkpoint(output, trainer, history, where, complete=False)
             last_good = f"epoch {trainer.epoch} of {cfg.epochs}"
 
     try:
@@ -353,5 +343,5 @@ def train(
         raise NonFiniteError(f"{exc}; {kept}") from exc
     method.eval()
     if output is not None:
-        write(complete=True)
+        save_run_checkpoint(output, trainer, run.history, where, complete=True)
     return method, run.history

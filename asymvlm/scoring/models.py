@@ -1,10 +1,6 @@
 """A trained adapter as MLflow pyfunc models, logged for every trial of a sweep and served by
 ``mlflow models serve``: ``adapter`` (text embeddings in) and ``text-adapter`` (captions in).
-
-A logged model holds the adapter's checkpoint folder (``config.json``, ``model.safetensors``) and
-an ``MLmodel`` that names this module as its loader (pyfunc's ``loader_module``): loading it
-imports the installed ``asymvlm`` and reads the folder, running no code and no pickle that came
-with the model (docs/sharing.md)."""
+This module is their ``loader_module``: no code or pickle comes with a model (docs/sharing.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from asymvlm.checkpoints import copy_adapter, load_checkpoint, read_checkpoint_meta
 from asymvlm.embedding.encoders.names import is_open_clip
@@ -51,8 +48,6 @@ class CaptionUncertaintyModel:
         self.method, self.meta = load_checkpoint(checkpoint)
 
     def predict(self, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        import torch
-
         invalid, frame, dim = invalid_input, pd.DataFrame(model_input), int(self.meta["dim"])
         raw = self.meta.get("adapter_input", "raw") == "raw"
         for column in ("embedding", "norm") if raw else ("embedding",):
@@ -111,8 +106,8 @@ def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
     each the adapter's folder and this module as its loader, no code or pickle of its own. No
     input example: MLflow would load each model (and its encoder) to check it while logging."""
     meta = read_checkpoint_meta(checkpoint_dir) or {}
-    dim = int(meta["dim"])
-    example = pd.DataFrame({"embedding": [[1.0] + [0.0] * (dim - 1)], "norm": [1.0]})
+    example = pd.DataFrame({"embedding": [[1.0] + [0.0] * (int(meta["dim"]) - 1)], "norm": [1.0]})
+    output = pd.DataFrame({"uncertainty": [1.0], "kappa": [1.0]})  # a schema: any rows will do
     with tempfile.TemporaryDirectory() as tmp:
         adapter = copy_adapter(checkpoint_dir, os.path.join(tmp, "checkpoint"))
         run.log_model(
@@ -120,7 +115,7 @@ def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
             __name__,
             adapter,
             pip_requirements=pinned_requirements(*REQUIREMENTS),
-            signature=signature(example, pd.DataFrame({"uncertainty": [1.0], "kappa": [1.0]})),
+            signature=signature(example, output),
         )
         logged = ["adapter"]
         model = (meta.get("encoder") or {}).get("model")
@@ -133,9 +128,7 @@ def log_adapter_models(run: Run, checkpoint_dir: str) -> list[str]:
                 adapter,
                 model_config=TEXT_INPUT,
                 pip_requirements=[*pinned_requirements(*REQUIREMENTS), library, "pillow"],
-                signature=signature(
-                    texts, pd.DataFrame({"uncertainty": [1.0, 1.0], "kappa": [1.0, 1.0]})
-                ),
+                signature=signature(texts, output),
             )
             logged.append("text-adapter")
     return logged

@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +20,7 @@ from asymvlm.checkpoints import load_checkpoint, resolve_checkpoint
 from asymvlm.data.tiny import is_random_test_model
 from asymvlm.embedding.encoders import files_sha256, load_encoder, local_source
 from asymvlm.embedding.encoders.hub import check_hub_model
+from asymvlm.embedding.encoding import load_image
 from asymvlm.errors import AsymVLMError, CheckpointError
 from asymvlm.splits import SplitTensors
 from asymvlm.tables import read_split
@@ -188,14 +190,10 @@ class Scorer:
         ]
         return dict(zip(("unit", "norm", "pre"), columns, strict=False))
 
-    def _embed_captions(self, captions: list[str]) -> dict[str, torch.Tensor]:
-        return self._embed(captions, lambda b: self.encoder.encode_texts(b, pre=self.uses_pre))
-
     def _embed_images(self, images: list) -> dict[str, torch.Tensor]:
         def encode(batch: list) -> tuple[np.ndarray, ...]:
-            pixels = self.encoder.preprocess_images(
-                [_open_image(im, i) for i, im in enumerate(batch)]
-            )
+            opened = [_open_image(im, i) for i, im in enumerate(batch)]
+            pixels = self.encoder.preprocess_images(opened)
             return self.encoder.encode_pixels(pixels, pre=self.uses_pre)
 
         return self._embed(images, encode)
@@ -206,9 +204,7 @@ class Scorer:
         if not captions:
             empty = np.zeros((0, int(self.meta["dim"])), np.float32)
             return CaptionScores([], None, None, empty)
-        _, text_rows = self.method.split_inputs(
-            self._split(self._embed_captions(captions), captions=captions)
-        )
+        _, text_rows = self.method.split_inputs(self._split(captions))
         with torch.no_grad():
             texts = self.method.encode_texts(text_rows)
             unc = self.method.text_uncertainty_from(texts)
@@ -228,36 +224,30 @@ class Scorer:
         images = list(images)
         if not captions or not images:
             return np.zeros((len(captions), len(images)), np.float32)
-        data = self._split(
-            self._embed_captions(captions), self._embed_images(images), captions=captions
-        )
-        image_rows, text_rows = self.method.split_inputs(data)
+        image_rows, text_rows = self.method.split_inputs(self._split(captions, images))
         with torch.no_grad():
-            scores = self.method.score(
-                self.method.encode_texts(text_rows), self.method.encode_images(image_rows)
-            )
+            texts = self.method.encode_texts(text_rows)
+            scores = self.method.score(texts, self.method.encode_images(image_rows))
         return scores.float().cpu().numpy()
 
-    def _split(
-        self,
-        texts: dict[str, torch.Tensor],
-        images: dict[str, torch.Tensor] | None = None,
-        captions: Sequence[str] | None = None,
-    ):
-        """These inputs as a split, from which each method takes its rows (``split_inputs``)."""
+    def _split(self, captions: list[str], images: list | None = None) -> SplitTensors:
+        """The captions (and images) embedded as a split, whose rows each method takes."""
+        texts = self._embed(captions, partial(self.encoder.encode_texts, pre=self.uses_pre))
         if images is None:  # captions only
-            images = {"unit": torch.zeros(0, int(self.meta["dim"]), device=self.device)}
-            images["norm"] = torch.zeros(0, device=self.device)
+            image = {"unit": torch.zeros(0, int(self.meta["dim"]), device=self.device)}
+            image["norm"] = torch.zeros(0, device=self.device)
             if self.uses_pre:
-                images["pre"] = torch.zeros(0, self.encoder.pre_dims()["image"], device=self.device)
+                image["pre"] = torch.zeros(0, self.encoder.pre_dims()["image"], device=self.device)
+        else:
+            image = self._embed_images(images)
         n_text = texts["unit"].shape[0]
         return SplitTensors(
-            image_emb=images["unit"],
+            image_emb=image["unit"],
             text_emb=texts["unit"] * texts["norm"][:, None] if self.raw_text else texts["unit"],
             text_to_image=torch.zeros(n_text, dtype=torch.long, device=self.device),
             split=None,
-            image_norm=images["norm"],
-            image_pre=images.get("pre"),
+            image_norm=image["norm"],
+            image_pre=image.get("pre"),
             text_pre=texts.get("pre"),
             captions=captions,
             **self.projections,
@@ -267,8 +257,6 @@ class Scorer:
 def _open_image(image: Any, index: int):
     """A PIL image from a PIL image, a path or bytes, decoded as the embedding stage decodes."""
     from PIL import Image
-
-    from asymvlm.embedding.encoding import load_image
 
     if isinstance(image, Image.Image):
         return image.convert("RGB")

@@ -72,8 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the world (and with ``--classes`` its classification sets); bad input is one line
-    and exit code 2."""
+    """Write the world (with ``--classes`` its classification sets); bad input: one line, exit 2."""
 
     def run() -> int:
         args = build_parser().parse_args(argv)

@@ -12,14 +12,9 @@ from asymvlm.errors import ConfigError
 
 #: Knobs left out of the manifest at their defaults (recorded worlds' manifests stay the same).
 _LATER_KNOBS = (
-    "block_images",
-    "caption_words",
-    "filler_words",
-    "finetune_roots",
-    "domain_misalignment",
-    "level_probs",
-    "generic_captions",
-)
+    "block_images caption_words filler_words finetune_roots domain_misalignment level_probs "
+    "generic_captions"
+).split()
 #: The COCO-like caption-level mix of levels 0-3 (docs/i2t-analysis.md).
 COCO_LEVEL_PROBS: tuple[float, float, float, float] = (0.05, 0.15, 0.30, 0.50)
 

@@ -79,11 +79,10 @@ class SyntheticWorld:
     def __init__(self, config: WorldConfig | None = None) -> None:
         self.config = cfg = config or WorldConfig()
         rng = np.random.default_rng(cfg.seed)
-        self.concepts: list[np.ndarray] = []  # per level: [n_concepts, dim]
-        self.parents: list[np.ndarray] = []  # per level: parent index in the level above
-        centers = _unit(rng.standard_normal((cfg.branching[0], cfg.dim)))
-        self.concepts.append(centers)
-        self.parents.append(np.zeros(cfg.branching[0], dtype=np.int64))
+        # per level: the concepts [n_concepts, dim] and each one's parent in the level above
+        self.concepts = [_unit(rng.standard_normal((cfg.branching[0], cfg.dim)))]
+        self.parents = [np.zeros(cfg.branching[0], dtype=np.int64)]
+        self.n_levels = len(cfg.branching) + 1  # of captions: the concepts' and the objects'
         for level in range(1, len(cfg.branching)):
             parent = np.repeat(np.arange(len(self.concepts[-1])), cfg.branching[level])
             self.concepts.append(_offset(rng, self.concepts[-1][parent], cfg.spread[level]))
@@ -91,12 +90,9 @@ class SyntheticWorld:
         self.text_rotation = _rotation(rng, cfg.dim, cfg.misalignment)
         seeds = rng.integers(0, 2**31, len(cfg.splits)).tolist()
         self._split_seeds = dict(zip(cfg.splits, seeds, strict=True))
-        self.projections: dict[str, np.ndarray] = {}
-        if cfg.pre_dim is not None:
-            pre_rng = np.random.default_rng([cfg.seed, 1])  # not the world's stream
-            self.projections = {
-                kind: _orthonormal_rows(pre_rng, cfg.dim, cfg.pre_dim) for kind in ("image", "text")
-            }
+        pre_rng = np.random.default_rng([cfg.seed, 1])  # not the world's stream
+        sides = ("image", "text") if cfg.pre_dim is not None else ()  # pre-projection features
+        self.projections = {s: _orthonormal_rows(pre_rng, cfg.dim, cfg.pre_dim) for s in sides}
         # G: the most general text's meaning is the level-0 concepts' mean direction (the root)
         self.generic = _unit(self.concepts[0].mean(axis=0))
         # D: domains of the level-0 concepts and their text-encoder errors
@@ -109,10 +105,6 @@ class SyntheticWorld:
             self.domain_rotations = [
                 _rotation(dom_rng, cfg.dim, cfg.domain_misalignment) for _ in range(2)
             ]
-
-    @property
-    def n_levels(self) -> int:
-        return len(self.config.branching) + 1
 
     def ancestors(self, ids: np.ndarray, level: int = -1) -> list[np.ndarray]:
         """Concept ids at levels 0..``level`` of level-``level`` concept ids (default: leaves)."""
@@ -129,8 +121,7 @@ class SyntheticWorld:
         return self.text_rotation @ self.domain_rotations[domain]
 
     def encode_text(self, true_text: np.ndarray, domain: np.ndarray | int) -> np.ndarray:
-        """The frozen text encoder: unit rows of ``text_map(domain) @ true`` (one domain per row,
-        or one for all)."""
+        """The frozen text encoder: unit rows of ``text_map(domain) @ true`` (a domain per row)."""
         if not self.domain_rotations:
             return _unit(true_text @ self.text_rotation.T)
         domain = np.broadcast_to(np.asarray(domain), (len(true_text),))
@@ -149,10 +140,8 @@ class SyntheticWorld:
         return objects, _offset(rng, objects, cfg.image_noise)
 
     def _draw(self, name: str, start: int, n_images: int, block: tuple[int, ...]) -> Iterator[dict]:
-        """Images ``start .. start+n_images`` of a split and their captions, drawn from the
-        split's streams (``block == ()``, the whole split) or from block ``block[0]``'s, in
-        windows of :data:`WINDOW_IMAGES` images: each stream's small draws whole and in order,
-        each big normal matrix from a fork of its stream (:func:`_fork`), window by window."""
+        """Images ``start .. start+n_images`` of a split and their captions from the split's (or
+        block ``block[0]``'s) streams, window by window (docs/synthetic.md, "Random streams")."""
         seed, cfg = self._split_seeds[name], self.config
         rng = {
             role: np.random.default_rng([seed, _TAGS[role], *block])
@@ -175,12 +164,11 @@ class SyntheticWorld:
         if name == GENERIC_SPLIT and cfg.generic_captions > 0:  # U: the root, paraphrased
             choice = rng["generic"].integers(0, len(GENERIC_TEXTS), n_captions)
             generic = rng["generic"].random(n_captions) < cfg.generic_captions
-        words = None
         if cfg.caption_words:
             opener = rng["words"].integers(0, len(OPENERS), n_captions)
             n_fill = rng["words"].poisson(cfg.filler_words, n_captions)
             fill = rng["words"].integers(0, len(FILLERS), int(n_fill.sum()))
-            words, fill_ends = (opener, n_fill, fill), np.concatenate([[0], np.cumsum(n_fill)])
+            fill_ends = np.concatenate([[0], np.cumsum(n_fill)])
         if self.projections:  # image norms, image noise, then the text noise from rng["pre"]
             pre_norms = rng["pre"].standard_normal(n_images)
             pre_images = _fork(rng["pre"], n_images, cfg.pre_dim)
@@ -216,9 +204,8 @@ class SyntheticWorld:
             image_ids = [f"{name}-img{start + i:06d}" for i in range(lo, hi)]
             caption_ids = [f"{image_ids[i]}-c{j}" for i in range(hi - lo) for j in range(n_cap)]
             window_words = None
-            if words is not None:
-                f0, f1 = fill_ends[c0], fill_ends[c1]
-                window_words = (opener[c0:c1], n_fill[c0:c1], fill[f0:f1])
+            if cfg.caption_words:
+                window_words = (opener[c0:c1], n_fill[c0:c1], fill[fill_ends[c0] : fill_ends[c1]])
             names = caption_texts(here, cap_image, window_levels, start + lo, window_words)
             if generic is not None:
                 for row in np.flatnonzero(mask):
@@ -239,22 +226,17 @@ class SyntheticWorld:
             yield out
 
     def _blocks(self, n_images: int) -> list[tuple[int, int, tuple[int, ...]]]:
-        """``(start, images, block)`` of each draw of a split: the whole (without
-        ``block_images``) or its blocks."""
+        """``(start, images, block)`` of each draw of a split: the whole, or its blocks."""
         size = self.config.block_images
         if size is None:
             return [(0, n_images, ())]
         starts = range(0, n_images, size)
         return [(start, min(size, n_images - start), (b,)) for b, start in enumerate(starts)]
 
-    def iter_blocks(self, name: str, n_images: int) -> Iterator[dict]:
-        """The split piece by piece: windows of the whole split's draw or of each block's."""
-        for start, n, block in self._blocks(n_images):
-            yield from self._draw(name, start, n, block)
-
     def sample_split(self, name: str, n_images: int) -> dict:
         """Draw images, objects and captions for one split (deterministic per split name)."""
-        return concat_splits(list(self.iter_blocks(name, n_images)))
+        draws = self._blocks(n_images)
+        return concat_splits([piece for draw in draws for piece in self._draw(name, *draw)])
 
     def _pre_projection(
         self,

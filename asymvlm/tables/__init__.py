@@ -1,5 +1,4 @@
-"""The embedding-table contract shared by every pipeline stage (layout and checks:
-docs/data.md, "Embedding tables")."""
+"""The embedding-table contract every stage shares (docs/data.md, "Embedding tables")."""
 
 from __future__ import annotations
 

@@ -35,8 +35,6 @@ TEXT_COLUMNS = ("caption_id", "image_id", "text", "embedding")
 IMAGE_PRE = "image_features_pre"
 TEXT_PRE = "text_features_pre"
 PRE_COLUMNS = {"image": IMAGE_PRE, "text": TEXT_PRE}
-TEXT_RESERVED = frozenset(TEXT_COLUMNS) | {"norm", TEXT_PRE}
-IMAGE_RESERVED = frozenset(IMAGE_COLUMNS) | {"norm", IMAGE_PRE}
 NORM_SPREAD = 1e4
 NORM_MAX = 1e6
 

@@ -8,8 +8,7 @@ from pydantic import BeforeValidator, PlainSerializer
 
 
 class Location(NamedTuple):
-    """A split of embedding tables: its tables ``root`` (a folder or an object-store URI) and
-    the ``split`` name (``ROOT/<split>``)."""
+    """A split of embedding tables: its ``root`` (a folder or object-store URI) and ``split``."""
 
     root: str
     split: str

@@ -19,13 +19,11 @@ import pyarrow.parquet as pq
 from asymvlm.storage import display, filesystem, join
 from asymvlm.tables.files import (
     IMAGE_COLUMNS,
-    IMAGE_RESERVED,
     IMAGES_DIR,
     NORM_MAX,
     NORM_SPREAD,
     PRE_COLUMNS,
     TEXT_COLUMNS,
-    TEXT_RESERVED,
     TEXTS_DIR,
     TableError,
     check_split,
@@ -119,9 +117,8 @@ class _Folder:
         return arr
 
     def matrix(self, name: str, width: int, what: str, atol: float | None) -> np.ndarray:
-        """A list column as one writable ``[n, width]`` float32 matrix, read batch by batch:
-        no null row, every row of length ``width`` (``what`` names it), finite; rows of norm 1
-        within ``atol`` if given."""
+        """A list column as one writable ``[n, width]`` float32 matrix, read batch by batch: no
+        null, rows of length ``width`` (``what`` names it), finite, of norm 1 within ``atol``."""
         typ = self.schema.field(name).type
         if not _is_list(typ):
             raise TableError(
@@ -274,9 +271,9 @@ def read_split(
     atol = norm_atol if validate else None
     out: dict = {"manifest": manifest}
     folders = {}
-    for modality, sub, required, id_name, reserved in (
-        ("image", IMAGES_DIR, IMAGE_COLUMNS, "image_id", IMAGE_RESERVED),
-        ("text", TEXTS_DIR, TEXT_COLUMNS, "caption_id", TEXT_RESERVED),
+    for modality, sub, required, id_name in (
+        ("image", IMAGES_DIR, IMAGE_COLUMNS, "image_id"),
+        ("text", TEXTS_DIR, TEXT_COLUMNS, "caption_id"),
     ):
         pre, folder = PRE_COLUMNS[modality], join(base, split, sub)
         f = folders[modality] = _read_folder(
@@ -286,13 +283,12 @@ def read_split(
             f.unique(f.ids)
         out[f"{modality}_embeddings"] = f.matrix("embedding", manifest.dim, "manifest dim", atol)
         out[f"{modality}_norms"] = f.norms(validate)
-        names = [c for c in f.table.column_names if c not in reserved]
-        out[f"extra_{modality}_columns"] = {
-            c: (f.strings(c, nulls=True) if _is_string(f.table[c].type) else f.table[c]).to_numpy(
-                zero_copy_only=False
-            )
-            for c in names
-        }
+        extra = {}
+        for c in f.table.column_names:
+            if c not in {*required, "norm", pre}:
+                col = f.strings(c, nulls=True) if _is_string(f.table[c].type) else f.table[c]
+                extra[c] = col.to_numpy(zero_copy_only=False)
+        out[f"extra_{modality}_columns"] = extra
         out[pre] = None
         if pre in f.schema.names:
             width = manifest.pre_dim.get(modality)

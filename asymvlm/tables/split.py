@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -58,7 +58,8 @@ class EmbeddingSplit:
         def rows(values: np.ndarray | None, at: np.ndarray) -> np.ndarray | None:
             return None if values is None else values[at]
 
-        return EmbeddingSplit(
+        return replace(
+            self,
             image_ids=[self.image_ids[i] for i in images],
             image_embeddings=self.image_embeddings[images],
             caption_ids=[self.caption_ids[t] for t in texts],
@@ -67,13 +68,10 @@ class EmbeddingSplit:
             text_embeddings=self.text_matrix[texts],
             text_norms=rows(self.text_norms, texts),
             extra_text_columns={k: v[texts] for k, v in self.extra_text_columns.items()},
-            manifest=self.manifest,
             extra_image_columns={k: v[images] for k, v in self.extra_image_columns.items()},
             image_norms=rows(self.image_norms, images),
             image_features_pre=rows(self.image_features_pre, images),
             text_features_pre=rows(self.text_features_pre, texts),
-            text_is_raw=self.text_is_raw,
-            fingerprint=self.fingerprint,
         )
 
     def raw_text(self) -> np.ndarray:

@@ -1,6 +1,5 @@
 """Writing one part of a split: every id and caption given and a table's columns of one length
-(refused here, naming them); the values are checked when read, by
-:func:`~asymvlm.tables.read_split`."""
+(refused here, naming them); :func:`~asymvlm.tables.read_split` checks the values."""
 
 from __future__ import annotations
 
@@ -13,15 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from asymvlm.storage import atomic_path, uri_join
-from asymvlm.tables.files import (
-    IMAGE_PRE,
-    IMAGE_RESERVED,
-    IMAGES_DIR,
-    TEXT_PRE,
-    TEXT_RESERVED,
-    TEXTS_DIR,
-    TableError,
-)
+from asymvlm.tables.files import IMAGE_PRE, IMAGES_DIR, TEXT_PRE, TEXTS_DIR, TableError
 
 
 def _matrix(values: Any) -> pa.FixedSizeListArray:
@@ -52,22 +43,20 @@ def _one_length(kind: str, columns: dict[str, Any]) -> None:
         raise TableError(f"write_split: one row per {kind} in every {kind} column, got {listed}")
 
 
-def _columns(
-    base: dict[str, pa.Array],
-    norms: Any,
-    pre: tuple[str, Any],
-    extra: dict[str, Any] | None,
-    reserved: frozenset[str],
+def _table(
+    columns: dict[str, pa.Array], norms: Any, pre: str, features: Any, extra: dict[str, Any] | None
 ) -> pa.Table:
+    """``columns`` with the ``norm``, pre-projection and extra columns given (None: none)."""
+    reserved = {*columns, "norm", pre}
     if norms is not None:
-        base["norm"] = pa.array(np.asarray(norms, dtype=np.float32).reshape(-1))
-    if pre[1] is not None:
-        base[pre[0]] = _matrix(pre[1])
+        columns["norm"] = pa.array(np.asarray(norms, dtype=np.float32).reshape(-1))
+    if features is not None:
+        columns[pre] = _matrix(features)
     for name, values in (extra or {}).items():
         if name in reserved:
             raise ValueError(f"column name {name!r} is reserved")
-        base[name] = values if isinstance(values, pa.Array) else pa.array(np.asarray(values))
-    return pa.table(base)
+        columns[name] = values if isinstance(values, pa.Array) else pa.array(np.asarray(values))
+    return pa.table(columns)
 
 
 def _tables(
@@ -110,16 +99,8 @@ def _tables(
         "embedding": _matrix(text_embeddings),
     }
     return (
-        _columns(
-            images,
-            image_norms,
-            (IMAGE_PRE, image_features_pre),
-            extra_image_columns,
-            IMAGE_RESERVED,
-        ),
-        _columns(
-            captions, text_norms, (TEXT_PRE, text_features_pre), extra_text_columns, TEXT_RESERVED
-        ),
+        _table(images, image_norms, IMAGE_PRE, image_features_pre, extra_image_columns),
+        _table(captions, text_norms, TEXT_PRE, text_features_pre, extra_text_columns),
     )
 
 

@@ -14,7 +14,6 @@ _LAZY = {
     "History": "trainer",
     "Trainer": "trainer",
     "resolve_device": "trainer",
-    "CaptionStream": "stream",
     "StreamingTrainer": "stream",
     "open_stream": "stream",
     "use_streaming": "stream",

@@ -71,16 +71,14 @@ class PackedTrainer:
         check_packable(cfgs)
         self.cfgs = list(cfgs)
         self.device = data.image_emb.device
+        self._cuda = [self.device] if self.device.type == "cuda" else []  # for torch's fork_rng
         self.methods: list[Method] = []
         self._rng: list[list[torch.Tensor]] = []  # each member's global RNG stream
-        outer = _rng_state(self.device)
-        try:
+        with torch.random.fork_rng(self._cuda):
             for cfg in cfgs:
                 torch.manual_seed(cfg.seed)
                 self.methods.append(build_method(cfg.method, data.dim, **cfg.method_args()))
                 self._rng.append(_rng_state(self.device))
-        finally:
-            _set_rng_state(outer, self.device)
         self.trainers = [Trainer(m, cfg, data) for m, cfg in zip(self.methods, cfgs, strict=True)]
         self.histories: list[History] = [[] for _ in cfgs]
         self.errors: list[str | None] = [None] * len(cfgs)
@@ -88,23 +86,18 @@ class PackedTrainer:
         self._started = False
         self._template = GlobalBatchLoss(self.methods[0])  # functional_call swaps its tensors
 
-    def __len__(self) -> int:
-        return len(self.methods)
-
     @contextmanager
     def member_rng(self, k: int) -> Iterator[None]:
         """Member ``k``'s global RNG stream for the duration."""
-        outer = _rng_state(self.device)
-        _set_rng_state(self._rng[k], self.device)
-        try:
-            yield
-        finally:
-            self._rng[k] = _rng_state(self.device)
-            _set_rng_state(outer, self.device)
+        with torch.random.fork_rng(self._cuda):
+            _set_rng_state(self._rng[k], self.device)
+            try:
+                yield
+            finally:
+                self._rng[k] = _rng_state(self.device)
 
     def fit(
         self,
-        progress: bool = False,
         on_epoch_end: Callable[[int, EpochRow], None] | None = None,
         on_state: Callable[[PackedTrainer], None] | None = None,
     ) -> list[History]:
@@ -122,10 +115,7 @@ class PackedTrainer:
             for k, trainer in enumerate(self.trainers):
                 with self.member_rng(k):
                     trainer.start()
-        from tqdm.auto import tqdm
-
-        epochs = range(self.epoch, self.cfgs[0].epochs)
-        for _ in tqdm(epochs, desc=f"train {len(self)} x", disable=not progress):
+        for _ in range(self.epoch, self.cfgs[0].epochs):
             if all(error is not None for error in self.errors):
                 break
             rows = self._packed_epoch()
@@ -149,10 +139,9 @@ class PackedTrainer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict` of this pack."""
-        outer = _rng_state(self.device)
-        for trainer, trainer_state in zip(self.trainers, state["trainers"], strict=True):
-            trainer.load_state_dict(trainer_state)
-        _set_rng_state(outer, self.device)
+        with torch.random.fork_rng(self._cuda):  # each trainer sets the global RNG state
+            for trainer, trainer_state in zip(self.trainers, state["trainers"], strict=True):
+                trainer.load_state_dict(trainer_state)
         self._rng = list(state["rng"])
         self.errors = list(state["errors"])
         self.histories = [[dict(row) for row in history] for history in state["histories"]]
@@ -201,7 +190,7 @@ class PackedTrainer:
         member that diverged in an earlier epoch keeps its row in the batch, without updates."""
         t0 = time.perf_counter()
         alive = [k for k, error in enumerate(self.errors) if error is None]
-        lead, n_members = self.trainers[0], len(self)
+        lead, n_members = self.trainers[0], len(self.methods)
         data, batch = lead.data, lead.batch_size
         for trainer in self.trainers:
             trainer.begin_epoch()

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -19,7 +20,7 @@ from asymvlm.errors import ConfigError, NonFiniteError
 from asymvlm.methods import METHODS, Method
 from asymvlm.splits import SplitTensors
 from asymvlm.storage import display, filesystem, join
-from asymvlm.training.trainer import TrainConfig, Trainer, layout, non_finite
+from asymvlm.training.trainer import TrainConfig, Trainer, layout
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +75,8 @@ def split_bytes(root: str, split: str) -> int:
 def use_streaming(
     cfg: TrainConfig, root: str, split: str, device: str | torch.device = "cpu"
 ) -> bool:
-    """Whether a run of ``cfg`` streams ``ROOT/<split>`` (``stream``: always, never, or auto:
-    above ``stream_memory_bytes``, by default a quarter of the free host memory and at most
-    half the free CUDA memory). Methods not trained by SGD never stream."""
+    """Whether a run of ``cfg`` streams ``ROOT/<split>`` (``stream``: always, never, or auto: above
+    ``stream_memory_bytes``, docs/streaming.md); methods not trained by SGD never stream."""
     trainable = METHODS[cfg.method].trainable
     if cfg.stream == "always" and not trainable:
         raise ConfigError(
@@ -87,8 +87,6 @@ def use_streaming(
         return cfg.stream == "always"
     budget = cfg.stream_memory_bytes
     if budget is None:
-        import psutil
-
         budget = psutil.virtual_memory().available // 4
         if (device := torch.device(device)).type == "cuda" and torch.cuda.is_available():
             budget = min(budget, torch.cuda.mem_get_info(device)[0] // 2)
@@ -158,13 +156,8 @@ class CaptionStream:
         return np.ascontiguousarray(text, dtype=np.float32), rows.to_numpy().astype(np.int64)
 
     def _validate_and_sample(self, size: int) -> SplitTensors:
-        """One pass: image ids known, embeddings finite; the resident images with a seeded
-        sample of about ``size`` captions (``fit_start`` and the kappa probe see it)."""
-        if (row := non_finite(self.image_emb)) >= 0:
-            raise NonFiniteError(
-                f"non-finite image embedding for image {self.image_ids[row].as_py()!r} (row "
-                f"{row}) of the training data: fix the input, it is not a training problem"
-            )
+        """One pass over the captions: image ids known, embeddings finite (the trainer checks
+        the images); the resident images with a seeded sample of about ``size`` captions."""
         rng = np.random.default_rng([self.seed, 0x5A4D])
         keep = min(1.0, size / self.n_text)
         texts, owners, ids = [], [], []

@@ -1,6 +1,5 @@
 """A training run's hyper-parameters (paper App. B.4, Table A.1): :class:`TrainConfig`. No
-torch here, so that the command line builds its flags from it quickly; the validators load the
-method registry."""
+torch here, so the command line builds its flags from it quickly; validators load the registry."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""One training run (paper App. B.4): the :class:`Trainer` of a :class:`TrainConfig`
-(:mod:`.config`): SGD-momentum (or AdamW), cosine per iteration to ``min_lr``, one fresh
-permutation of the captions per epoch; the split lives on the device."""
+"""One training run (App. B.4), the :class:`Trainer` of a :class:`TrainConfig` (the split on the
+device): SGD-momentum or AdamW, cosine per step to ``min_lr``, a caption permutation per epoch."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from asymvlm.distributed import GlobalBatchLoss, epoch_generator, shard_rows
@@ -176,8 +176,6 @@ class Trainer:
     def begin_epoch(self) -> None:
         """Before an epoch's steps: the whole split dropped, the loss wrapped for DDP (once)."""
         if self._whole is not None and self.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.loss_module = DistributedDataParallel(self.loss_module, device_ids=ids)
         self._whole = None

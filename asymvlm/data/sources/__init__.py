@@ -1,5 +1,4 @@
-"""Readers: an image-caption data set in its annotation format -> image, caption and prompt
-tables (the contract: docs/data.md)."""
+"""Readers: a data set's annotation files -> image, caption and prompt tables (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -14,12 +13,11 @@ from asymvlm.storage import fsspec_filesystem as open_fs
 
 from .captions import read_cc, read_coco, read_hierarcaps, read_karpathy
 from .classes import CIFAR10, CIFAR100, read_cifar, read_imagenet, read_stl10
-from .reading import CAPTION_SCHEMA, IMAGE_SCHEMA, PROMPT_SCHEMA, Request, SourceData, SourceError
+from .reading import CAPTION_SCHEMA, IMAGE_SCHEMA, Request, SourceData, SourceError
 
 __all__ = [
     "CAPTION_SCHEMA",
     "IMAGE_SCHEMA",
-    "PROMPT_SCHEMA",
     "READERS",
     "SourceData",
     "SourceError",

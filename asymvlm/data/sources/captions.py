@@ -1,5 +1,4 @@
-"""Image-caption readers: COCO, COCO-Karpathy, Flickr30k, Conceptual Captions, HierarCaps
-(formats: docs/data.md)."""
+"""Readers: COCO, COCO-Karpathy, Flickr30k, Conceptual Captions, HierarCaps (docs/data.md)."""
 
 from __future__ import annotations
 

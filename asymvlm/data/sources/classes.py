@@ -1,5 +1,4 @@
-"""Classification readers (images + labels + zero-shot prompts): ImageNet folders, CIFAR, STL-10
-(formats: docs/data.md)."""
+"""Classification sets (images, labels, prompts): ImageNet folders, CIFAR, STL-10 (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -127,8 +126,7 @@ def _pixel_set(
 
 
 def _find_root(req: Request, marker: str, folder: str) -> str:
-    """The data folder (``images``, else ``annotations``), or its ``folder`` (the archive's top
-    folder) when it lacks ``marker``."""
+    """The data folder (``images``, else ``annotations``), or the archive's top ``folder`` in it."""
     base = req.images or req.need("annotations")
     return base if storage.exists(join_url(base, marker)) else join_url(base, folder)
 

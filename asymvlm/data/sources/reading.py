@@ -80,10 +80,9 @@ def parse_json(url: str, adapter: TypeAdapter[Any]) -> Any:
 
 def images_table(image_id: Sequence[str], **columns: Any) -> pa.Table:
     arrays = {f.name: pa.nulls(len(image_id), f.type) for f in IMAGE_SCHEMA}
-    arrays.update(
-        {k: pa.array(v, IMAGE_SCHEMA.field(k).type) for k, v in columns.items() if v is not None}
-    )
-    arrays["image_id"] = pa.array(image_id, _STR)
+    for name, values in {"image_id": image_id, **columns}.items():
+        if values is not None:
+            arrays[name] = pa.array(values, IMAGE_SCHEMA.field(name).type)
     return pa.table(arrays, schema=IMAGE_SCHEMA)
 
 

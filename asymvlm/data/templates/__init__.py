@@ -4,8 +4,7 @@ Data (MIT License): OpenAI CLIP's ``data/prompts.md`` and ImageNet prompt-engine
 Copyright (c) 2021 OpenAI; the same lists as LAION-AI CLIP_benchmark's
 ``en_zeroshot_classification_templates.json`` and ``en_classnames.json``, Copyright (c) 2022
 Mehdi Cherti. ``templates.json``: data set -> templates ("generic" for any other data set);
-``imagenet_classes.txt``: "<synset id> <class name>" in class-index order (sorted synsets).
-"""
+``imagenet_classes.txt``: "<synset id> <class name>" in class-index order (sorted synsets)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ IMAGENET_CLASSES: dict[str, str] = dict(
 
 
 def templates_for(dataset: str) -> tuple[str, ...]:
-    """The templates of ``dataset`` (case-insensitive; CLIP_benchmark's ImageNet names too),
-    else :data:`GENERIC_TEMPLATES`."""
+    """The templates of ``dataset`` (case-insensitive, CLIP_benchmark's names too), else generic."""
     key = dataset.lower()
     key = "imagenet" if key in ("imagenet1k", "imagenet-1k") else key
     return TEMPLATES.get(key, GENERIC_TEMPLATES)

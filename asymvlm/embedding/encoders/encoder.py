@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,24 +20,16 @@ DTYPES |= {str(t).removeprefix("torch."): t for t in list(DTYPES.values())}
 def files_sha256(location: str | os.PathLike) -> str:
     """SHA-256 over (name, length, bytes) of a weights file or of a model folder's top-level
     weight/config/tokenizer files, sorted by name."""
-    location = os.fspath(location)
-    if os.path.isfile(location):
-        folder, names = os.path.split(location)
-        names = [names]
+    path = Path(location)
+    if path.is_file():
+        files = [path]
     else:
-        folder = location
-        names = sorted(
-            n
-            for n in os.listdir(folder)
-            if not n.startswith(".")
-            and n.endswith(_HASHED_SUFFIXES)
-            and os.path.isfile(os.path.join(folder, n))
-        )
+        hashed = (f for f in path.iterdir() if f.name.endswith(_HASHED_SUFFIXES) and f.is_file())
+        files = sorted(f for f in hashed if not f.name.startswith("."))
     digest = hashlib.sha256()
-    for name in names:
-        path = os.path.join(folder, name)
-        digest.update(name.encode("utf-8") + b"\0" + os.path.getsize(path).to_bytes(8, "little"))
-        with open(path, "rb") as handle:
+    for file in files:
+        digest.update(file.name.encode("utf-8") + b"\0" + file.stat().st_size.to_bytes(8, "little"))
+        with file.open("rb") as handle:
             while chunk := handle.read(1 << 20):
                 digest.update(chunk)
     return digest.hexdigest()
@@ -74,18 +67,11 @@ class Encoder:
     def dim(self) -> int:
         return self.info.dim
 
-    def _info(self, model: str, family: str, dim: int, **kw: Any) -> SimpleNamespace:
-        """Provenance of the embeddings (stored beside the tables)."""
-        return SimpleNamespace(
-            model=model,
-            revision=kw.get("revision"),
-            files_sha256=kw.get("files_sha256"),
-            family=family,
-            dim=dim,
-            dtype=str(self.dtype).removeprefix("torch."),
-            device=str(self.device),
-            preprocessing=kw.get("preprocessing", {}),
-        )
+    def _info(self, **provenance: Any) -> SimpleNamespace:
+        """The embeddings' provenance, stored beside the tables: ``provenance`` (model, family,
+        dim, revision, files_sha256, preprocessing), the dtype and the device."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return SimpleNamespace(**provenance, dtype=dtype, device=str(self.device))
 
     def pre_dims(self) -> dict[str, int]:
         """Widths of the pre-projection features (transformers CLIP only)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from huggingface_hub import try_to_load_from_cache
 
 from asymvlm.embedding.encoders.encoder import Encoder, files_sha256, unit_and_norm
 from asymvlm.embedding.encoders.names import looks_like_path
@@ -17,8 +18,6 @@ def _hub_commit(model: str, revision: str | None) -> str | None:
     """The commit of the cached hub snapshot the files were loaded from, if any."""
     if re.fullmatch(r"[0-9a-fA-F]{40}", revision or ""):
         return revision
-    from huggingface_hub import try_to_load_from_cache
-
     found = try_to_load_from_cache(model, "config.json", revision=revision)
     return Path(found).parent.name if isinstance(found, str) else None
 
@@ -64,13 +63,11 @@ class TransformersEncoder(Encoder):
         self._padding = True if family == "clip" else "max_length"
         text = config.text_config
         dim = config.projection_dim if family == "clip" else text.projection_size
-        backend = [
-            c.__name__ for c in type(self.image_processor).__mro__ if "Backend" in c.__name__
-        ]
+        backend = [c.__name__ for c in type(self.image_processor).mro() if "Backend" in c.__name__]
         self.info = self._info(
-            model,
-            family,
-            int(dim or text.hidden_size),
+            model=model,
+            family=family,
+            dim=int(dim or text.hidden_size),
             revision=None if local else _hub_commit(model, revision),
             files_sha256=files_sha256(model) if local else None,
             preprocessing={
@@ -133,10 +130,5 @@ class TransformersEncoder(Encoder):
         """The final projections as float32 ``{"image": [d, pre_dims.image], "text": [d,
         pre_dims.text]}`` (bias-free ``nn.Linear`` weights: raw projection = matrix @ x)."""
         self.pre_dims()
-        return {
-            kind: layer.weight.detach().float().cpu().numpy()
-            for kind, layer in (
-                ("image", self.model.visual_projection),
-                ("text", self.model.text_projection),
-            )
-        }
+        layers = {"image": self.model.visual_projection, "text": self.model.text_projection}
+        return {kind: layer.weight.detach().float().cpu().numpy() for kind, layer in layers.items()}

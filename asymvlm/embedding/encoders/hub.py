@@ -33,9 +33,8 @@ def hub_files(model: str) -> tuple[str, tuple[str, ...]] | None:
 
 
 def check_hub_model(model: str, flag: str = "--model (model: in a config)") -> None:
-    """ValueError saying why ``model`` cannot be had here (not in the Hugging Face cache, and
-    the Hub does not answer or does not have it), naming the ``flag`` that takes a folder
-    instead; nothing for local models."""
+    """ValueError saying why ``model`` cannot be had here (not in the Hugging Face cache, and the
+    Hub does not answer or have it), naming the ``flag`` that takes a folder; none if local."""
     found = hub_files(model)
     if found is None:
         return

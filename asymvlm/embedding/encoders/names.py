@@ -8,9 +8,8 @@ from typing import NamedTuple
 OPEN_CLIP_PREFIX = "open_clip:"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".npz")
 _USAGE = (
-    "use open_clip:ARCH/TAG (a pretrained tag, open_clip.list_pretrained()), "
-    "open_clip:ARCH/path/to/weights, open_clip:hf-hub:org/repo or "
-    "open_clip:local-dir:path/to/folder"
+    "use open_clip:ARCH/TAG (a pretrained tag, open_clip.list_pretrained()), open_clip:ARCH/path/"
+    "to/weights, open_clip:hf-hub:org/repo or open_clip:local-dir:path/to/folder"
 )
 
 

@@ -68,9 +68,9 @@ class OpenClipEncoder(Encoder):
             with torch.inference_mode():
                 dim = net.encode_text(self.tokenizer(["a"]).to(self.device)).shape[-1]
         self.info = self._info(
-            name.name,
-            "open_clip",
-            int(dim),
+            model=name.name,
+            family="open_clip",
+            dim=int(dim),
             revision=None,
             files_sha256=files_sha256(name.local) if name.local else None,
             preprocessing={
