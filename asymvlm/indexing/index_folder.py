@@ -18,12 +18,12 @@ import torch
 
 from asymvlm.checkpoints import load_checkpoint
 from asymvlm.errors import ConfigError
+from asymvlm.indexing import kinds
+from asymvlm.indexing.decision import TOO_VAGUE
+from asymvlm.indexing.forms import cap_cosine, inner_product_form
+from asymvlm.indexing.records import FORMAT, Direction, Hit, IndexManifest, SearchResult
+from asymvlm.indexing.validation import widened_k
 from asymvlm.methods import Encoding
-from asymvlm.search import kinds
-from asymvlm.search.decision import TOO_VAGUE
-from asymvlm.search.forms import cap_cosine, inner_product_form
-from asymvlm.search.records import FORMAT, Direction, Hit, IndexManifest, SearchResult
-from asymvlm.search.validation import widened_k
 from asymvlm.storage import fsspec_filesystem, is_remote, read_text
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class IndexError_(ConfigError):
 
 
 class Index:
-    """An index folder (:func:`asymvlm.search.build.build_index`) opened for search."""
+    """An index folder (:func:`asymvlm.indexing.build.build_index`) opened for search."""
 
     def __init__(self, folder: str, manifest: IndexManifest, encoder: Any = None) -> None:
         self.folder, self.manifest = folder, manifest
@@ -62,13 +62,17 @@ class Index:
     def open(cls, location: str, *, encoder: Any = None) -> Index:
         """Open an index folder, local or an object-store URI (copied to a temporary folder)."""
         try:
-            manifest = IndexManifest.model_validate_json(read_text(_join(location, "manifest.json")))
+            manifest = IndexManifest.model_validate_json(
+                read_text(_join(location, "manifest.json"))
+            )
         except FileNotFoundError:
             raise IndexError_(f"{location}: not an index folder (no manifest.json)") from None
         except ValueError as exc:
             raise IndexError_(f"{location}/manifest.json: {exc}") from None
         if manifest.format != FORMAT:
-            raise IndexError_(f"{location}: index format {manifest.format}; this asymvlm reads {FORMAT}")
+            raise IndexError_(
+                f"{location}: index format {manifest.format}; this asymvlm reads {FORMAT}"
+            )
         folder = location
         if is_remote(location):
             fs, path = fsspec_filesystem(location)
@@ -88,7 +92,9 @@ class Index:
             if encoder is None and self.manifest.encoder is None:  # synthetic tables
                 encoder = TableEncoder(self.manifest.tables, (self.manifest.split,))
             self._scorer = Scorer.from_checkpoint(
-                os.path.join(self.folder, "adapter"), encoder=encoder or self.manifest.encoder, device="cpu"
+                os.path.join(self.folder, "adapter"),
+                encoder=encoder or self.manifest.encoder,
+                device="cpu",
             )
         return self._scorer
 
@@ -101,19 +107,28 @@ class Index:
             encoding = self.method.encode_texts(rows)
         return self.search_encoded_texts(encoding, texts, k)
 
-    def search_encoded_texts(self, encoding: Encoding, queries: Sequence[str], k: int = 10) -> list[SearchResult]:
+    def search_encoded_texts(
+        self, encoding: Encoding, queries: Sequence[str], k: int = 10
+    ) -> list[SearchResult]:
         """Text -> image for captions already encoded by the adapter."""
         policy = self.manifest.policies.get("t2i")
         kappa = encoding.get("kappa")
         wide = np.full(len(queries), k)
         if kappa is not None and policy is not None and policy.widen:
             threshold = cap_cosine(self.form.family, kappa, self.method.dim).float().numpy()
-            wide = widened_k(self._cap_counts(self.form.text_queries(encoding), threshold), k, self.manifest.widen_max)
+            wide = widened_k(
+                self._cap_counts(self.form.text_queries(encoding), threshold),
+                k,
+                self.manifest.widen_max,
+            )
         decisions = [
             "answer" if kappa is None or policy is None else policy.decide(float(kp))
             for kp in (kappa if kappa is not None else [None] * len(queries))
         ]
-        depth = [w if d == "widen" else (0 if d == "abstain" else k) for d, w in zip(decisions, wide, strict=True)]
+        depth = [
+            w if d == "widen" else (0 if d == "abstain" else k)
+            for d, w in zip(decisions, wide, strict=True)
+        ]
         hits = self.ranked("t2i", encoding, int(max(depth, default=0)))
         return [
             self._result("t2i", q, i, encoding, decisions[i], k, hits[i][: depth[i]], policy)
@@ -129,7 +144,9 @@ class Index:
             encoding = self.method.encode_images(rows)
         return self.search_encoded_images(encoding, [f"image {i}" for i in range(len(images))], k)
 
-    def search_encoded_images(self, encoding: Encoding, queries: Sequence[str], k: int = 10) -> list[SearchResult]:
+    def search_encoded_images(
+        self, encoding: Encoding, queries: Sequence[str], k: int = 10
+    ) -> list[SearchResult]:
         """Image -> text for images already encoded by the adapter."""
         policy = self.manifest.policies.get("i2t")
         hits = self.ranked("i2t", encoding, k)
@@ -138,7 +155,19 @@ class Index:
             first = hits[i][0].kappa if hits[i] else None
             decision = "answer" if policy is None or first is None else policy.decide(first)
             shown = hits[i] if decision != "abstain" else []
-            out.append(self._result("i2t", query, i, {"kappa": torch.tensor([first])} if first else {}, decision, k, shown, policy, index=0))
+            out.append(
+                self._result(
+                    "i2t",
+                    query,
+                    i,
+                    {"kappa": torch.tensor([first])} if first else {},
+                    decision,
+                    k,
+                    shown,
+                    policy,
+                    index=0,
+                )
+            )
         return out
 
     # -- ranking ------------------------------------------------------------------------
@@ -176,10 +205,17 @@ class Index:
                 if len(order) == k and scores[order[-1]] > bounds[0][-1]:
                     break
                 depth = int(min(index.ntotal, 4 * depth))
-            out.append([self._hit(direction, r + 1, int(rows[j]), float(scores[j])) for r, j in enumerate(order)])
+            out.append(
+                [
+                    self._hit(direction, r + 1, int(rows[j]), float(scores[j]))
+                    for r, j in enumerate(order)
+                ]
+            )
         return out
 
-    def _exact(self, direction: Direction, encoding: Encoding, i: int, rows: np.ndarray) -> np.ndarray:
+    def _exact(
+        self, direction: Direction, encoding: Encoding, i: int, rows: np.ndarray
+    ) -> np.ndarray:
         """The method's scores of query ``i`` against item ``rows``."""
         with torch.no_grad():
             if direction == "t2i":
@@ -195,7 +231,9 @@ class Index:
     def _hit(self, direction: Direction, rank: int, row: int, score: float) -> Hit:
         if direction == "t2i":
             image = self.images.slice(row, 1).to_pylist()[0]
-            return Hit(rank=rank, row=row, score=score, image_id=image["image_id"], path=image["path"])
+            return Hit(
+                rank=rank, row=row, score=score, image_id=image["image_id"], path=image["path"]
+            )
         caption = self.captions.slice(row, 1).to_pylist()[0]
         return Hit(
             rank=rank,
@@ -207,7 +245,9 @@ class Index:
             kappa=caption["kappa"],
         )
 
-    def _result(self, direction, query, i, encoding, decision, k, hits, policy, index=None) -> SearchResult:
+    def _result(
+        self, direction, query, i, encoding, decision, k, hits, policy, index=None
+    ) -> SearchResult:
         kappa = encoding.get("kappa")
         value = None if kappa is None else float(kappa[i if index is None else index])
         confidence = None if policy is None or value is None else float(policy.confidence(value))

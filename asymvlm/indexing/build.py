@@ -33,13 +33,22 @@ from asymvlm.checkpoints import copy_adapter, load_checkpoint, resolve_checkpoin
 from asymvlm.data.tiny import is_random_test_model
 from asymvlm.embedding.encoders import local_source
 from asymvlm.errors import CheckpointError, NonFiniteError
+from asymvlm.indexing import kinds
+from asymvlm.indexing.forms import InnerProductForm, inner_product_form
+from asymvlm.indexing.records import CollectionRecord, IndexManifest
+from asymvlm.indexing.settings import IndexSettings
+from asymvlm.indexing.validation import fit_policies
 from asymvlm.methods import Encoding, Method
-from asymvlm.search import kinds
-from asymvlm.search.forms import InnerProductForm, inner_product_form
-from asymvlm.search.records import CollectionRecord, IndexManifest
-from asymvlm.search.validation import fit_policies
-from asymvlm.storage import absolute, display, filesystem, is_remote, join, upload_dir
-from asymvlm.tables import IMAGES_DIR, TEXTS_DIR, check_split, column_matrix, fingerprint, list_parquet
+from asymvlm.storage import absolute, filesystem, is_remote, join, upload_dir
+from asymvlm.tables import (
+    IMAGES_DIR,
+    TEXTS_DIR,
+    check_split,
+    column_matrix,
+    fingerprint,
+    list_parquet,
+    list_splits,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +87,9 @@ def _finite(method: Method, kind: str, encoding: Encoding, first_row: int) -> En
 @torch.no_grad()
 def encode_image_batch(method: Method, batch: pa.RecordBatch, first_row: int) -> Encoding:
     """The adapter's encoding of a batch of image rows (as :meth:`Method.split_inputs` feeds it)."""
-    emb = torch.from_numpy(column_matrix(batch.column("embedding")))
+    emb = torch.tensor(column_matrix(batch.column("embedding")))
     names = batch.schema.names
-    norm = torch.from_numpy(batch.column("norm").to_numpy()) if "norm" in names else None
+    norm = torch.tensor(batch.column("norm").to_numpy()) if "norm" in names else None
     return _finite(method, "image", method.encode_images(method.image_rows(emb, norm)), first_row)
 
 
@@ -112,7 +121,9 @@ class _Collection:
     def add(self, vectors: torch.Tensor) -> None:
         block = np.ascontiguousarray(vectors.float().numpy())
         ids = np.arange(self.rows, self.rows + len(block), dtype=np.int64)
-        self.heap.add_result(self.queries @ block.T, np.broadcast_to(ids, (len(self.queries), len(ids))))
+        self.heap.add_result(
+            self.queries @ block.T, np.broadcast_to(ids, (len(self.queries), len(ids)))
+        )
         self.rows += len(block)
         self.pending.append(block)
         if self.index.is_trained or sum(map(len, self.pending)) >= self.spec.training_rows():
@@ -153,12 +164,20 @@ def _image_paths(tables: str, split: str, described: dict | None) -> dict[str, s
 
     keys = ("annotations", "images", "sample", "seed", "id_list")
     try:
-        source = read_source(described["dataset"], split=described.get("split", split), **{k: described.get(k) for k in keys})
+        source = read_source(
+            described["dataset"],
+            split=described.get("split", split),
+            **{k: described.get(k) for k in keys},
+        )
     except (OSError, ValueError) as exc:
         logger.warning("%s/%s: no image paths (%s)", tables, split, exc)
         return {}
     images = source.images
-    return {i: p for i, p in zip(images["image_id"].to_pylist(), images["path"].to_pylist(), strict=True) if p}
+    return {
+        i: p
+        for i, p in zip(images["image_id"].to_pylist(), images["path"].to_pylist(), strict=True)
+        if p
+    }
 
 
 def build_index(
@@ -166,16 +185,15 @@ def build_index(
     split: str,
     checkpoint: str,
     output: str,
+    settings: IndexSettings | None = None,
     *,
-    kind: str = "auto",
-    memory_bytes: float | None = None,
-    validation: str | None = "val",
-    target_risk: float = 0.2,
-    widen_max: int = 100,
     tracking_uri: str | None = None,
 ) -> IndexManifest:
     """Index ``tables``/``split`` under the adapter ``checkpoint`` into the folder ``output``
-    (local or an object-store URI); decisions fitted on ``validation`` where the tables hold it."""
+    (local or an object-store URI); the decisions are fitted on ``settings.validation`` where
+    the tables hold that split."""
+    settings = settings or IndexSettings()
+    memory = None if settings.memory_gib is None else settings.memory_gib * 2**30
     table_manifest = check_split(tables, split)
     folder = resolve_checkpoint(checkpoint, tracking_uri)
     method, meta = load_checkpoint(folder, "cpu")
@@ -183,18 +201,29 @@ def build_index(
     form = inner_product_form(method)
     if int(meta["dim"]) != table_manifest.dim:
         raise CheckpointError(
-            f"{checkpoint}: the adapter takes {meta['dim']} dimensions, {tables}/{split} has {table_manifest.dim}"
+            f"{checkpoint}: the adapter takes {meta['dim']} dimensions, "
+            f"{tables}/{split} has {table_manifest.dim}"
         )
     n_images, n_captions = _count(tables, split, IMAGES_DIR), _count(tables, split, TEXTS_DIR)
     work = tempfile.mkdtemp(prefix="asymvlm-index-") if is_remote(output) else absolute(output)
     os.makedirs(work, exist_ok=True)
     try:
-        record = _write(tables, split, method, form, work, n_images, n_captions, kind, memory_bytes)
+        record = _write(
+            tables, split, method, form, work, n_images, n_captions, settings.kind, memory
+        )
         model = table_manifest.model if table_manifest.model != "synthetic-world" else None
         files = local_source(model) if model else None
-        policies = {}
-        if validation and validation != split and validation in _splits(tables):
-            policies = fit_policies(method, form, tables, validation, target_risk, widen_max)
+        policies, validation = {}, settings.validation
+        if validation and validation != split and validation in list_splits(tables):
+            policies = fit_policies(
+                method, form, tables, validation, settings.target_risk, settings.widen_max
+            )
+        elif form.family != "cosine":
+            logger.warning(
+                "%s: no split %r to fit the decisions on: every query is answered",
+                tables,
+                validation,
+            )
         manifest = IndexManifest(
             tables=tables,
             split=split,
@@ -205,7 +234,7 @@ def build_index(
             dim=table_manifest.dim,
             policies=policies,
             random_encoder=is_random_test_model(files),
-            widen_max=widen_max,
+            widen_max=settings.widen_max,
             **record,
         )
         copy_adapter(folder, os.path.join(work, "adapter"))
@@ -217,12 +246,6 @@ def build_index(
         if is_remote(output):
             shutil.rmtree(work, ignore_errors=True)
     return manifest
-
-
-def _splits(tables: str) -> list[str]:
-    from asymvlm.tables import list_splits
-
-    return list_splits(tables)
 
 
 def _write(
@@ -238,18 +261,29 @@ def _write(
 ) -> dict[str, CollectionRecord]:
     """Stream the images, then the captions, into their indexes and files."""
     first_images = next(_batches(tables, split, IMAGES_DIR, IMAGE_COLUMNS)).slice(0, SAMPLE_QUERIES)
-    first_captions = next(_batches(tables, split, TEXTS_DIR, CAPTION_COLUMNS)).slice(0, SAMPLE_QUERIES)
+    first_captions = next(_batches(tables, split, TEXTS_DIR, CAPTION_COLUMNS)).slice(
+        0, SAMPLE_QUERIES
+    )
     text_queries = form.text_queries(encode_caption_batch(method, first_captions, 0))
     image_queries = form.image_queries(encode_image_batch(method, first_images, 0))
     budget = None if memory_bytes is None else memory_bytes / 2  # shared by the two indexes
     out = {}
 
     images = _Collection(
-        kinds.choose_spec(n_images, form.image_items({"mu": torch.zeros(1, method.dim)}).shape[1], kind=kind, memory_bytes=budget),
+        kinds.choose_spec(
+            n_images,
+            form.image_items({"mu": torch.zeros(1, method.dim)}).shape[1],
+            kind=kind,
+            memory_bytes=budget,
+        ),
         text_queries.float().numpy(),
     )
-    paths = _image_paths(tables, split, (check_split(tables, split).extra.get("splits") or {}).get(split))
-    image_mu = np.lib.format.open_memmap(os.path.join(work, "image_mu.npy"), "w+", np.float32, (n_images, method.dim))
+    paths = _image_paths(
+        tables, split, (check_split(tables, split).extra.get("splits") or {}).get(split)
+    )
+    image_mu = np.lib.format.open_memmap(
+        os.path.join(work, "image_mu.npy"), "w+", np.float32, (n_images, method.dim)
+    )
     schema = pa.schema([("image_id", pa.string()), ("path", pa.string())])
     with pq.ParquetWriter(os.path.join(work, "images.parquet"), schema) as writer:
         for batch in _batches(tables, split, IMAGES_DIR, IMAGE_COLUMNS):
@@ -258,29 +292,55 @@ def _write(
             image_mu[start : start + batch.num_rows] = encoding["mu"].float().numpy()
             images.add(form.image_items(encoding))
             ids = batch.column("image_id").to_pylist()
-            writer.write_table(pa.table({"image_id": ids, "path": [paths.get(i) for i in ids]}, schema=schema))
+            writer.write_table(
+                pa.table({"image_id": ids, "path": [paths.get(i) for i in ids]}, schema=schema)
+            )
     image_mu.flush()
     out["images"] = images.finish(os.path.join(work, "images.faiss"))
 
     captions = None
-    caption_mu = np.lib.format.open_memmap(os.path.join(work, "caption_mu.npy"), "w+", np.float32, (n_captions, method.dim))
-    schema = pa.schema([("caption_id", pa.string()), ("image_id", pa.string()), ("text", pa.string()), ("kappa", pa.float32()), ("uncertainty", pa.float32())])
+    caption_mu = np.lib.format.open_memmap(
+        os.path.join(work, "caption_mu.npy"), "w+", np.float32, (n_captions, method.dim)
+    )
+    schema = pa.schema(
+        [
+            ("caption_id", pa.string()),
+            ("image_id", pa.string()),
+            ("text", pa.string()),
+            ("kappa", pa.float32()),
+            ("uncertainty", pa.float32()),
+        ]
+    )
     with pq.ParquetWriter(os.path.join(work, "captions.parquet"), schema) as writer:
         for batch in _batches(tables, split, TEXTS_DIR, CAPTION_COLUMNS):
             encoding = encode_caption_batch(method, batch, captions.rows if captions else 0)
             vectors = form.caption_items(encoding)
             if captions is None:
-                spec = kinds.choose_spec(n_captions, vectors.shape[1], kind=kind, memory_bytes=budget)
+                spec = kinds.choose_spec(
+                    n_captions, vectors.shape[1], kind=kind, memory_bytes=budget
+                )
                 captions = _Collection(spec, image_queries.float().numpy())
             start = captions.rows
             caption_mu[start : start + batch.num_rows] = encoding["mu"].float().numpy()
             captions.add(vectors)
             unc = method.text_uncertainty_from(encoding)
             numbers = {
-                name: pa.array(None if value is None else value.float().numpy(), pa.float32()) if value is not None else pa.nulls(batch.num_rows, pa.float32())
+                name: pa.array(None if value is None else value.float().numpy(), pa.float32())
+                if value is not None
+                else pa.nulls(batch.num_rows, pa.float32())
                 for name, value in (("kappa", encoding.get("kappa")), ("uncertainty", unc))
             }
-            writer.write_table(pa.table({"caption_id": batch.column("caption_id"), "image_id": batch.column("image_id"), "text": batch.column("text"), **numbers}, schema=schema))
+            writer.write_table(
+                pa.table(
+                    {
+                        "caption_id": batch.column("caption_id"),
+                        "image_id": batch.column("image_id"),
+                        "text": batch.column("text"),
+                        **numbers,
+                    },
+                    schema=schema,
+                )
+            )
     caption_mu.flush()
     out["captions"] = captions.finish(os.path.join(work, "captions.faiss"))
     return out

@@ -23,8 +23,8 @@ class DecisionPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     target_risk: float  # the highest share of wrong answers among those given
-    answer_kappa: float  # kappa >= this: the first k results
-    abstain_kappa: float  # kappa < this: no results; in between: widened results
+    answer_kappa: float | None  # kappa >= this: the first k results (None: no kappa is enough)
+    abstain_kappa: float | None  # kappa < this: no results; in between: widened results
     widen: bool  # whether this direction widens (text -> image) or only answers and abstains
     log_kappa: list[float]  # isotonic knots: ln kappa ...
     confidence_at: list[float]  # ... and the probability that the first result is right
@@ -36,16 +36,22 @@ class DecisionPolicy(BaseModel):
 
     def decide(self, kappa: float) -> Literal["answer", "widen", "abstain"]:
         """The decision for one query of this kappa."""
-        if kappa >= self.answer_kappa:
+        if self.answer_kappa is not None and kappa >= self.answer_kappa:
             return "answer"
-        return "widen" if kappa >= self.abstain_kappa else "abstain"
+        if self.abstain_kappa is not None and kappa >= self.abstain_kappa:
+            return "widen"
+        return "abstain"
 
 
 def _boundary(kappa_desc: np.ndarray, ok: np.ndarray) -> float:
     """The kappa above which the longest prefix of queries (by kappa, descending) is ``ok``
-    (inf: none is)."""
+    (inf: no prefix is)."""
     good = np.flatnonzero(ok)
     return float(kappa_desc[good[-1]]) if len(good) else float("inf")
+
+
+def _threshold(kappa: float) -> float | None:
+    return None if np.isinf(kappa) else kappa
 
 
 def fit_policy(
@@ -76,8 +82,8 @@ def fit_policy(
     given = k_desc >= abstain_kappa
     return DecisionPolicy(
         target_risk=target_risk,
-        answer_kappa=answer_kappa,
-        abstain_kappa=abstain_kappa,
+        answer_kappa=_threshold(answer_kappa),
+        abstain_kappa=_threshold(abstain_kappa),
         widen=hit_widened is not None,
         log_kappa=isotonic.X_thresholds_.tolist(),
         confidence_at=isotonic.y_thresholds_.tolist(),

@@ -76,26 +76,15 @@ class InnerProductForm:
         return vectors.to(mu.dtype)
 
 
-#: A widened answer holds the images within this many standard deviations of the caption's
-#: mean cosine (:func:`cap_cosine`).
-CAP_SIGMAS = 2.0
-
-
 def cap_cosine(family: str, kappa: torch.Tensor, dim: int) -> torch.Tensor:
-    """The cosine mu^T z above which the caption's distribution puts most of its images: its
-    mean minus :data:`CAP_SIGMAS` standard deviations (vMF: E[(mu^T x)^2] = 1 - (d-1) A_d / kappa;
-    PS: (1 + mu^T x) / 2 ~ Beta(a, b)). A vague caption (small kappa) has a wide cap."""
+    """The caption's mean cosine E[mu^T x] (vMF: A_d(kappa); PS: kappa / (kappa + d - 1)): a
+    widened answer holds the images at least this close to mu, as close as a typical image of
+    the caption's own distribution. A vague caption (small kappa) has a low one, so many images."""
     kappa = kappa.to(torch.float64)
     pole = torch.zeros(len(kappa), dim, dtype=torch.float64)
     pole[:, 0] = 1.0
-    if family == "vmf":
-        mean = VonMisesFisher(pole, kappa).mean_resultant_length()
-        var = 1.0 - (dim - 1) * mean / kappa - mean**2
-    else:
-        mean = PowerSpherical(pole, kappa).mean_resultant_length()
-        a, b = (dim - 1) / 2.0 + kappa, (dim - 1) / 2.0
-        var = 4.0 * a * b / ((a + b) ** 2 * (a + b + 1.0))
-    return mean - CAP_SIGMAS * var.clamp_min(0.0).sqrt()
+    distribution = VonMisesFisher if family == "vmf" else PowerSpherical
+    return distribution(pole, kappa).mean_resultant_length()
 
 
 def inner_product_form(method: Method) -> InnerProductForm:

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from asymvlm.search.decision import DecisionPolicy
-from asymvlm.search.kinds import IndexSpec
+from asymvlm.indexing.decision import DecisionPolicy
+from asymvlm.indexing.kinds import IndexSpec
 
 #: The index folder's format; an index of another format is refused, naming both.
 FORMAT = 1
