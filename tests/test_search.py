@@ -14,7 +14,7 @@ import asymvlm
 from asymvlm.cli import main
 from asymvlm.errors import ConfigError
 from asymvlm.evaluation.retrieval import encode_split
-from asymvlm.indexing import Index, build_index, kinds
+from asymvlm.indexing import Index, IndexSettings, build_index, kinds
 from asymvlm.indexing.decision import fit_policy
 from asymvlm.indexing.forms import NotIndexable
 from asymvlm.splits import load_split
@@ -106,10 +106,41 @@ def test_the_manifest_names_what_the_index_serves(world: str, indexes: dict[str,
     manifest = Index.open(indexes["asymvlm-vmf"]).manifest
     assert (manifest.method, manifest.split, manifest.dim) == ("asymvlm-vmf", "test", 64)
     assert manifest.fingerprint.startswith("sha256:")
-    assert (manifest.images.rows, manifest.captions.rows) == (200, 1000)
-    assert manifest.images.spec.kind == "flat" and manifest.images.recall_at_10 == 1.0
-    assert manifest.captions.spec.dim == 65  # [kappa mu, ln C]: d + 1
+    assert (manifest.images, manifest.captions) == (200, 1000)
+    (shard,) = manifest.shards
+    assert shard.images.spec.kind == "flat" and shard.images.recall_at_10 == 1.0
+    assert shard.captions.spec.dim == 65  # [kappa mu, ln C]: d + 1
     assert set(manifest.policies) == {"t2i", "i2t"}
+
+
+def test_two_shards_give_the_top_k_of_one_index(world, checkpoints, indexes, tmp_path) -> None:
+    settings = IndexSettings(shards=2)
+    sharded = str(tmp_path / "sharded")
+    build_index(world, "test", checkpoints["asymvlm-ps"], sharded, settings)
+    one, two = Index.open(indexes["asymvlm-ps"]), Index.open(sharded)
+    assert [s.images.rows for s in two.manifest.shards] == [100, 100]
+    data = load_split(world, "test", one.method.adapter_input)
+    texts, images = encode_split(one.method, data)
+    for direction, encoding in (("t2i", texts), ("i2t", images)):
+        assert two.ranked(direction, encoding, 10) == one.ranked(direction, encoding, 10)
+    captions = list(data.captions[:20])
+    assert two.search_text(captions, 5) == one.search_text(captions, 5)
+
+
+def test_an_index_or_a_folder_already_there_is_kept(world, checkpoints, indexes, tmp_path, capsys):
+    argv = ["index", "--embeddings", world, "--checkpoint", checkpoints["asymvlm-vmf"]]
+    before = os.path.getmtime(os.path.join(indexes["asymvlm-vmf"], "manifest.json"))
+    assert main([*argv, "--output", indexes["asymvlm-vmf"]]) == 2
+    assert "an index is there already (--overwrite replaces it)" in capsys.readouterr().err
+    assert os.path.getmtime(os.path.join(indexes["asymvlm-vmf"], "manifest.json")) == before
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main([*argv, "--output", str(tmp_path)]) == 2
+    assert "a folder with other files in it" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    again = str(tmp_path / "again")
+    assert main([*argv, "--output", again]) == 0
+    assert main([*argv, "--output", again, "--overwrite"]) == 0
+    assert sorted(os.listdir(again)) == ["adapter", "manifest.json", "shard-00000"]
 
 
 @pytest.mark.parametrize("kind", ["hnsw", "ivf"])

@@ -25,26 +25,22 @@ def cmd_index(args: argparse.Namespace) -> int:
     values = model_values(args, args.index_keys)
     settings = validate(IndexSettings, values, "asymvlm index", flags=True)
     where = (args.embeddings, args.split, args.checkpoint, args.output)
-    manifest = build_index(*where, settings, tracking_uri=args.tracking_uri)
-    for name, record in (("images", manifest.images), ("captions", manifest.captions)):
-        logger.info(
-            "%s: %s index of %d rows in %.1f s, recall@10 %.3f against exact search",
-            name,
-            record.spec.kind,
-            record.rows,
-            record.seconds,
-            record.recall_at_10,
-        )
-    print(
-        json.dumps(
-            {
-                "index": args.output,
-                "method": manifest.method,
-                "images": manifest.images.rows,
-                "captions": manifest.captions.rows,
-            }
-        )
+    manifest = build_index(
+        *where, settings, tracking_uri=args.tracking_uri, overwrite=args.overwrite
     )
+    for shard in manifest.shards:
+        for name, record in (("images", shard.images), ("captions", shard.captions)):
+            logger.info(
+                "%s %s: a %s index of %d rows in %.1f s, recall@10 %.3f against exact search",
+                shard.folder,
+                name,
+                record.spec.kind,
+                record.rows,
+                record.seconds,
+                record.recall_at_10,
+            )
+    counts = {"images": manifest.images, "captions": manifest.captions}
+    print(json.dumps({"index": args.output, "method": manifest.method, **counts}))
     return 0
 
 
@@ -76,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True, metavar="DIR|URI", help="folder, URI, hf-hub:")
     p.add_argument("--output", required=True, metavar="DIR|URI", help="the index folder")
     keys = add_model_flags(p, IndexSettings, metavars={"memory_gib": "GIB", "validation": "SPLIT"})
+    p.add_argument("--overwrite", action="store_true", help="replace an index at --output")
     add_tracking_uri(p)
     p.set_defaults(func=cmd_index, index_keys=keys)
 

@@ -1,16 +1,12 @@
 """Building an index folder from a split's tables and an adapter (docs/search.md): the tables'
 parquet parts are streamed batch by batch through the adapter into FAISS, so a split larger than
-memory can be indexed; what a person needs to see (ids, captions, image paths) goes beside it.
+memory can be indexed, and cut into shards of contiguous rows (one Serve replica each).
 
 Folder layout::
 
-    manifest.json      IndexManifest: tables, fingerprint, encoder, adapter, kinds, policies
-    images.faiss       text -> image: the images' z (App. A.2: the ranking of one caption)
-    captions.faiss     image -> text: the captions' inner-product vectors (forms.py)
-    images.parquet     row -> image_id, path
-    captions.parquet   row -> caption_id, image_id, text, kappa, uncertainty
-    image_mu.npy       [images, d] z and caption_mu.npy [captions, d] mu: the exact re-ranking
+    manifest.json      IndexManifest: tables, fingerprint, encoder, adapter, shards, decisions
     adapter/           a copy of the adapter's files
+    shard-00000/ ...   the shards (shard_builder.py)
 """
 
 from __future__ import annotations
@@ -19,27 +15,40 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-import faiss
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
 
 from asymvlm.checkpoints import copy_adapter, load_checkpoint, resolve_checkpoint
 from asymvlm.data.tiny import is_random_test_model
 from asymvlm.embedding.encoders import local_source
-from asymvlm.errors import CheckpointError, NonFiniteError
+from asymvlm.errors import CheckpointError, ConfigError, NonFiniteError
 from asymvlm.indexing import kinds
 from asymvlm.indexing.forms import InnerProductForm, inner_product_form
-from asymvlm.indexing.records import CollectionRecord, IndexManifest
+from asymvlm.indexing.records import IndexManifest
 from asymvlm.indexing.settings import IndexSettings
+from asymvlm.indexing.shard_builder import (
+    CAPTION_SCHEMA,
+    IMAGE_SCHEMA,
+    CollectionBuilder,
+    ShardBuilder,
+)
 from asymvlm.indexing.validation import fit_policies
 from asymvlm.methods import Encoding, Method
-from asymvlm.storage import absolute, filesystem, is_remote, join, upload_dir
+from asymvlm.storage import (
+    absolute,
+    exists,
+    filesystem,
+    is_remote,
+    join,
+    list_names,
+    upload_dir,
+    uri_join,
+)
 from asymvlm.tables import (
     IMAGES_DIR,
     TEXTS_DIR,
@@ -61,7 +70,7 @@ CAPTION_COLUMNS = ["caption_id", "image_id", "text", "embedding", "norm"]
 
 
 def _batches(root: str, split: str, kind: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    """The batches of ``ROOT/split/kind`` in file-name order (the rows' order when read)."""
+    """The batches of ``ROOT/split/kind`` in file-name order (the order ``read_split`` reads)."""
     fs, base = filesystem(root)
     for path in list_parquet(fs, join(base, split, kind)):
         pf = pq.ParquetFile(path, filesystem=fs)
@@ -76,6 +85,7 @@ def _count(root: str, split: str, kind: str) -> int:
 
 
 def _finite(method: Method, kind: str, encoding: Encoding, first_row: int) -> Encoding:
+    """``encoding``, or a :class:`NonFiniteError` naming the first row with a NaN or inf."""
     for name, value in encoding.items():
         bad = ~torch.isfinite(value.reshape(len(value), -1)).all(dim=1)
         if bad.any():
@@ -86,7 +96,7 @@ def _finite(method: Method, kind: str, encoding: Encoding, first_row: int) -> En
 
 @torch.no_grad()
 def encode_image_batch(method: Method, batch: pa.RecordBatch, first_row: int) -> Encoding:
-    """The adapter's encoding of a batch of image rows (as :meth:`Method.split_inputs` feeds it)."""
+    """The adapter's encoding of image rows, fed as :meth:`Method.split_inputs` feeds them."""
     emb = torch.tensor(column_matrix(batch.column("embedding")))
     names = batch.schema.names
     norm = torch.tensor(batch.column("norm").to_numpy()) if "norm" in names else None
@@ -95,69 +105,17 @@ def encode_image_batch(method: Method, batch: pa.RecordBatch, first_row: int) ->
 
 @torch.no_grad()
 def encode_caption_batch(method: Method, batch: pa.RecordBatch, first_row: int) -> Encoding:
-    """The adapter's encoding of a batch of caption rows (raw inputs ``embedding * norm`` for an
-    adapter on raw features, as :func:`asymvlm.splits.load_split` makes them)."""
+    """The adapter's encoding of caption rows: raw inputs ``embedding * norm`` for an adapter
+    on raw features, as :func:`asymvlm.splits.load_split` makes them."""
     emb = column_matrix(batch.column("embedding"))
     if method.adapter_input == "raw" and "norm" in batch.schema.names:
         emb = np.multiply(emb, batch.column("norm").to_numpy(zero_copy_only=False)[:, None])
     return _finite(method, "caption", method.encode_texts(torch.from_numpy(emb)), first_row)
 
 
-@dataclass
-class _Collection:
-    """One collection being built: its FAISS index (trained on its first rows) and the exact
-    top 10 of the sample queries, kept as the rows stream by."""
-
-    spec: kinds.IndexSpec
-    queries: np.ndarray
-    rows: int = 0
-
-    def __post_init__(self) -> None:
-        self.index = self.spec.create()
-        self.heap = faiss.ResultHeap(len(self.queries), 10, keep_max=True)
-        self.pending: list[np.ndarray] = []
-        self.started = time.perf_counter()
-
-    def add(self, vectors: torch.Tensor) -> None:
-        block = np.ascontiguousarray(vectors.float().numpy())
-        ids = np.arange(self.rows, self.rows + len(block), dtype=np.int64)
-        self.heap.add_result(
-            self.queries @ block.T, np.broadcast_to(ids, (len(self.queries), len(ids)))
-        )
-        self.rows += len(block)
-        self.pending.append(block)
-        if self.index.is_trained or sum(map(len, self.pending)) >= self.spec.training_rows():
-            self.flush()
-
-    def flush(self) -> None:
-        """Train on the rows so far if the kind trains, and add them."""
-        if self.pending:
-            block = np.concatenate(self.pending)
-            self.pending = []
-            if not self.index.is_trained:
-                self.index.train(block)
-            self.index.add(block)
-
-    def finish(self, path: str) -> CollectionRecord:
-        """Tune the search depth on the sample queries, write the index, return its record."""
-        self.flush()
-        self.heap.finalize()
-        exact = self.heap.I[:, : min(10, self.rows)]
-        depth, recall = kinds.tune_depth(self.index, self.spec, self.queries, exact)
-        spec = self.spec.model_copy(update={"depth": depth})
-        faiss.write_index(self.index, path)
-        return CollectionRecord(
-            spec=spec,
-            rows=self.rows,
-            seconds=round(time.perf_counter() - self.started, 3),
-            recall_at_10=round(recall, 4),
-            sample_queries=len(self.queries),
-        )
-
-
-def _image_paths(tables: str, split: str, described: dict | None) -> dict[str, str]:
-    """image_id -> file or URL, read from the source the tables' manifest describes (its
-    annotations only; no image is opened). Empty when there is none or it is not here."""
+def image_paths(tables: str, split: str, described: dict | None) -> dict[str, str]:
+    """image_id -> file or URL from the source the tables' manifest describes (its annotations
+    only; no image is opened); empty where there is none or it is not here."""
     if not described or not described.get("dataset"):
         return {}
     from asymvlm.data.sources import read_source
@@ -167,17 +125,130 @@ def _image_paths(tables: str, split: str, described: dict | None) -> dict[str, s
         source = read_source(
             described["dataset"],
             split=described.get("split", split),
-            **{k: described.get(k) for k in keys},
+            **{key: described.get(key) for key in keys},
         )
     except (OSError, ValueError) as exc:
-        logger.warning("%s/%s: no image paths (%s)", tables, split, exc)
+        logger.warning("%s/%s: the images' files are not known (%s)", tables, split, exc)
         return {}
-    images = source.images
-    return {
-        i: p
-        for i, p in zip(images["image_id"].to_pylist(), images["path"].to_pylist(), strict=True)
-        if p
-    }
+    ids, paths = source.images["image_id"].to_pylist(), source.images["path"].to_pylist()
+    return {i: p for i, p in zip(ids, paths, strict=True) if p}
+
+
+def _ranges(n: int, shards: int) -> list[tuple[int, int]]:
+    """``shards`` contiguous (start, stop) row ranges of ``n`` rows, as even as can be."""
+    bounds = np.linspace(0, n, shards + 1).round().astype(int)
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+
+
+def _route(ranges: list[tuple[int, int]], start: int, rows: int) -> Iterator[tuple[int, slice]]:
+    """(shard, the batch's rows in it) of a batch of ``rows`` rows from row ``start``."""
+    for shard, (lo, hi) in enumerate(ranges):
+        first, last = max(lo, start), min(hi, start + rows)
+        if first < last:
+            yield shard, slice(first - start, last - start)
+
+
+class _Build:
+    """One build: the shards' builders, fed the images, then the captions, in table order."""
+
+    def __init__(self, tables: str, split: str, method: Method, form: InnerProductForm) -> None:
+        self.tables, self.split, self.method, self.form = tables, split, method, form
+        self.n_images = _count(tables, split, IMAGES_DIR)
+        self.n_captions = _count(tables, split, TEXTS_DIR)
+
+    def sample_queries(self) -> tuple[np.ndarray, np.ndarray]:
+        """(text -> image, image -> text) queries of the recall@10 measurement: the first rows."""
+        first = {
+            kind: next(_batches(self.tables, self.split, kind, columns)).slice(0, SAMPLE_QUERIES)
+            for kind, columns in ((IMAGES_DIR, IMAGE_COLUMNS), (TEXTS_DIR, CAPTION_COLUMNS))
+        }
+        texts = encode_caption_batch(self.method, first[TEXTS_DIR], 0)
+        images = encode_image_batch(self.method, first[IMAGES_DIR], 0)
+        text_queries = self.form.text_queries(texts).float().numpy()
+        return text_queries, self.form.image_queries(images).float().numpy()
+
+    def shards(self, folder: str, settings: IndexSettings) -> list[ShardBuilder]:
+        image_ranges = _ranges(self.n_images, settings.shards)
+        caption_ranges = _ranges(self.n_captions, settings.shards)
+        if min(hi - lo for lo, hi in [*image_ranges, *caption_ranges]) == 0:
+            raise ConfigError(
+                f"{settings.shards} shards of {self.n_images} images and {self.n_captions} "
+                "captions: a shard would be empty"
+            )
+        budget = None if settings.memory_gib is None else settings.memory_gib * 2**30
+        budget = None if budget is None else budget / (2 * settings.shards)  # per index
+        text_queries, image_queries = self.sample_queries()
+        widths = (self.method.dim, self.form.caption_width(self.method.dim))
+        out = []
+        for shard, (images, captions) in enumerate(zip(image_ranges, caption_ranges, strict=True)):
+            builders = tuple(
+                CollectionBuilder(
+                    kinds.choose_spec(hi - lo, width, kind=settings.kind, memory_bytes=budget),
+                    queries,
+                )
+                for (lo, hi), width, queries in zip(
+                    (images, captions), widths, (text_queries, image_queries), strict=True
+                )
+            )
+            rows = (images[1] - images[0], captions[1] - captions[0])
+            starts = (images[0], captions[0])
+            out.append(
+                ShardBuilder(folder, f"shard-{shard:05d}", starts, rows, builders, self.method.dim)
+            )
+        self.image_ranges, self.caption_ranges = image_ranges, caption_ranges
+        return out
+
+    def stream(self, shards: list[ShardBuilder]) -> None:
+        described = (check_split(self.tables, self.split).extra.get("splits") or {}).get(self.split)
+        paths = image_paths(self.tables, self.split, described)
+        start = 0
+        for batch in _batches(self.tables, self.split, IMAGES_DIR, IMAGE_COLUMNS):
+            encoding = encode_image_batch(self.method, batch, start)
+            ids = batch.column("image_id").to_pylist()
+            rows = pa.table({"image_id": ids, "path": [paths.get(i) for i in ids]}, IMAGE_SCHEMA)
+            vectors = self.form.image_items(encoding)
+            for shard, part in _route(self.image_ranges, start, batch.num_rows):
+                shards[shard].add_images(rows[part], encoding["mu"][part], vectors[part])
+            start += batch.num_rows
+        start = 0
+        for batch in _batches(self.tables, self.split, TEXTS_DIR, CAPTION_COLUMNS):
+            encoding = encode_caption_batch(self.method, batch, start)
+            rows = self.caption_rows(batch, encoding)
+            vectors = self.form.caption_items(encoding)
+            for shard, part in _route(self.caption_ranges, start, batch.num_rows):
+                shards[shard].add_captions(rows[part], encoding["mu"][part], vectors[part])
+            start += batch.num_rows
+
+    def caption_rows(self, batch: pa.RecordBatch, encoding: Encoding) -> pa.Table:
+        """The rows a person sees: ids, text, kappa and uncertainty (null where undefined)."""
+        numbers = {
+            "kappa": encoding.get("kappa"),
+            "uncertainty": self.method.text_uncertainty_from(encoding),
+        }
+        columns = {name: batch.column(name) for name in ("caption_id", "image_id", "text")}
+        for name, value in numbers.items():
+            columns[name] = (
+                pa.nulls(batch.num_rows, pa.float32())
+                if value is None
+                else pa.array(value.float().numpy(), pa.float32())
+            )
+        return pa.table(columns, CAPTION_SCHEMA)
+
+
+def _check_output(output: str, overwrite: bool) -> None:
+    """An index already at ``output`` is replaced only with ``overwrite``; a folder holding
+    anything else is never written into."""
+    if exists(uri_join(output, "manifest.json")):
+        if not overwrite:
+            raise ConfigError(f"{output}: an index is there already (--overwrite replaces it)")
+    elif exists(output) and list_names(output) + _folders(output):
+        raise ConfigError(f"{output}: a folder with other files in it; give a new folder")
+
+
+def _folders(location: str) -> list[str]:
+    fs, path = filesystem(location)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return [i.path for i in infos if i.type == pafs.FileType.Directory]
 
 
 def build_index(
@@ -188,13 +259,14 @@ def build_index(
     settings: IndexSettings | None = None,
     *,
     tracking_uri: str | None = None,
+    overwrite: bool = False,
 ) -> IndexManifest:
     """Index ``tables``/``split`` under the adapter ``checkpoint`` into the folder ``output``
     (local or an object-store URI); the decisions are fitted on ``settings.validation`` where
-    the tables hold that split."""
+    the tables hold that split. An index already at ``output`` is kept unless ``overwrite``."""
     settings = settings or IndexSettings()
-    memory = None if settings.memory_gib is None else settings.memory_gib * 2**30
     table_manifest = check_split(tables, split)
+    _check_output(output, overwrite)
     folder = resolve_checkpoint(checkpoint, tracking_uri)
     method, meta = load_checkpoint(folder, "cpu")
     method.adapter_input = meta.get("adapter_input", "raw")
@@ -204,15 +276,16 @@ def build_index(
             f"{checkpoint}: the adapter takes {meta['dim']} dimensions, "
             f"{tables}/{split} has {table_manifest.dim}"
         )
-    n_images, n_captions = _count(tables, split, IMAGES_DIR), _count(tables, split, TEXTS_DIR)
-    work = tempfile.mkdtemp(prefix="asymvlm-index-") if is_remote(output) else absolute(output)
-    os.makedirs(work, exist_ok=True)
+    build = _Build(tables, split, method, form)
+    beside = None  # a local index is written beside its place, then moved there at once
+    if not is_remote(output):
+        beside = os.path.dirname(absolute(output))
+        os.makedirs(beside, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=".asymvlm-index-", dir=beside)
     try:
-        record = _write(
-            tables, split, method, form, work, n_images, n_captions, settings.kind, memory
-        )
-        model = table_manifest.model if table_manifest.model != "synthetic-world" else None
-        files = local_source(model) if model else None
+        shards = build.shards(work, settings)
+        build.stream(shards)
+        records = [shard.finish() for shard in shards]
         policies, validation = {}, settings.validation
         if validation and validation != split and validation in list_splits(tables):
             policies = fit_policies(
@@ -224,123 +297,33 @@ def build_index(
                 tables,
                 validation,
             )
+        model = table_manifest.model if table_manifest.model != "synthetic-world" else None
         manifest = IndexManifest(
             tables=tables,
             split=split,
-            fingerprint=fingerprint(tables, split, table_manifest, n_images, n_captions),
+            fingerprint=fingerprint(
+                tables, split, table_manifest, build.n_images, build.n_captions
+            ),
             encoder=model,
             method=method.name,
             adapter=checkpoint,
             dim=table_manifest.dim,
+            images=build.n_images,
+            captions=build.n_captions,
+            shards=records,
             policies=policies,
-            random_encoder=is_random_test_model(files),
             widen_max=settings.widen_max,
-            **record,
+            random_encoder=is_random_test_model(local_source(model) if model else None),
         )
         copy_adapter(folder, os.path.join(work, "adapter"))
         with open(os.path.join(work, "manifest.json"), "w") as out:
             out.write(manifest.model_dump_json(indent=2))
         if is_remote(output):
             upload_dir(work, output)
+        else:
+            if os.path.exists(absolute(output)):  # an index, with overwrite (_check_output)
+                shutil.rmtree(absolute(output))
+            os.replace(work, absolute(output))
     finally:
-        if is_remote(output):
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     return manifest
-
-
-def _write(
-    tables: str,
-    split: str,
-    method: Method,
-    form: InnerProductForm,
-    work: str,
-    n_images: int,
-    n_captions: int,
-    kind: str,
-    memory_bytes: float | None,
-) -> dict[str, CollectionRecord]:
-    """Stream the images, then the captions, into their indexes and files."""
-    first_images = next(_batches(tables, split, IMAGES_DIR, IMAGE_COLUMNS)).slice(0, SAMPLE_QUERIES)
-    first_captions = next(_batches(tables, split, TEXTS_DIR, CAPTION_COLUMNS)).slice(
-        0, SAMPLE_QUERIES
-    )
-    text_queries = form.text_queries(encode_caption_batch(method, first_captions, 0))
-    image_queries = form.image_queries(encode_image_batch(method, first_images, 0))
-    budget = None if memory_bytes is None else memory_bytes / 2  # shared by the two indexes
-    out = {}
-
-    images = _Collection(
-        kinds.choose_spec(
-            n_images,
-            form.image_items({"mu": torch.zeros(1, method.dim)}).shape[1],
-            kind=kind,
-            memory_bytes=budget,
-        ),
-        text_queries.float().numpy(),
-    )
-    paths = _image_paths(
-        tables, split, (check_split(tables, split).extra.get("splits") or {}).get(split)
-    )
-    image_mu = np.lib.format.open_memmap(
-        os.path.join(work, "image_mu.npy"), "w+", np.float32, (n_images, method.dim)
-    )
-    schema = pa.schema([("image_id", pa.string()), ("path", pa.string())])
-    with pq.ParquetWriter(os.path.join(work, "images.parquet"), schema) as writer:
-        for batch in _batches(tables, split, IMAGES_DIR, IMAGE_COLUMNS):
-            start = images.rows
-            encoding = encode_image_batch(method, batch, start)
-            image_mu[start : start + batch.num_rows] = encoding["mu"].float().numpy()
-            images.add(form.image_items(encoding))
-            ids = batch.column("image_id").to_pylist()
-            writer.write_table(
-                pa.table({"image_id": ids, "path": [paths.get(i) for i in ids]}, schema=schema)
-            )
-    image_mu.flush()
-    out["images"] = images.finish(os.path.join(work, "images.faiss"))
-
-    captions = None
-    caption_mu = np.lib.format.open_memmap(
-        os.path.join(work, "caption_mu.npy"), "w+", np.float32, (n_captions, method.dim)
-    )
-    schema = pa.schema(
-        [
-            ("caption_id", pa.string()),
-            ("image_id", pa.string()),
-            ("text", pa.string()),
-            ("kappa", pa.float32()),
-            ("uncertainty", pa.float32()),
-        ]
-    )
-    with pq.ParquetWriter(os.path.join(work, "captions.parquet"), schema) as writer:
-        for batch in _batches(tables, split, TEXTS_DIR, CAPTION_COLUMNS):
-            encoding = encode_caption_batch(method, batch, captions.rows if captions else 0)
-            vectors = form.caption_items(encoding)
-            if captions is None:
-                spec = kinds.choose_spec(
-                    n_captions, vectors.shape[1], kind=kind, memory_bytes=budget
-                )
-                captions = _Collection(spec, image_queries.float().numpy())
-            start = captions.rows
-            caption_mu[start : start + batch.num_rows] = encoding["mu"].float().numpy()
-            captions.add(vectors)
-            unc = method.text_uncertainty_from(encoding)
-            numbers = {
-                name: pa.array(None if value is None else value.float().numpy(), pa.float32())
-                if value is not None
-                else pa.nulls(batch.num_rows, pa.float32())
-                for name, value in (("kappa", encoding.get("kappa")), ("uncertainty", unc))
-            }
-            writer.write_table(
-                pa.table(
-                    {
-                        "caption_id": batch.column("caption_id"),
-                        "image_id": batch.column("image_id"),
-                        "text": batch.column("text"),
-                        **numbers,
-                    },
-                    schema=schema,
-                )
-            )
-    caption_mu.flush()
-    out["captions"] = captions.finish(os.path.join(work, "captions.faiss"))
-    return out

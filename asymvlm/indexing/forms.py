@@ -43,6 +43,10 @@ class InnerProductForm:
     #: The image -> text inner product is an upper bound of the score (PS), not the score.
     bound_i2t: bool = False
 
+    def caption_width(self, dim: int) -> int:
+        """Width of the caption vectors: d, or d + 1 with the normaliser's coordinate."""
+        return dim if self.family == "cosine" else dim + 1
+
     def text_queries(self, texts: Encoding) -> torch.Tensor:
         """Text -> image query vectors: the captions' mu."""
         return texts["mu"]

@@ -1,268 +1,205 @@
-"""An index folder opened for search (:class:`Index`): a query is encoded by the adapter, FAISS
-finds candidates by the inner-product form of the method's score, the method's own score
-re-ranks them (ties: the lower row, as ``asymvlm evaluate`` ranks), and the query's kappa
-decides whether to answer, widen or abstain (docs/search.md)."""
+"""An index folder opened for search (:class:`Index`): a query is encoded by the adapter, its
+kappa decides whether to answer, widen or abstain, every shard ranks its rows by the method's
+own score (:class:`~asymvlm.indexing.shard.Shard`) and the shards' best are merged
+(docs/search.md). Ray Serve runs the same steps with a shard per replica."""
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-import faiss
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 
 from asymvlm.checkpoints import load_checkpoint
 from asymvlm.errors import ConfigError
-from asymvlm.indexing import kinds
-from asymvlm.indexing.decision import TOO_VAGUE
+from asymvlm.indexing.decision import TOO_VAGUE, DecisionPolicy
 from asymvlm.indexing.forms import cap_cosine, inner_product_form
 from asymvlm.indexing.records import FORMAT, Direction, Hit, IndexManifest, SearchResult
+from asymvlm.indexing.shard import Shard
 from asymvlm.indexing.validation import widened_k
 from asymvlm.methods import Encoding
-from asymvlm.storage import fsspec_filesystem, is_remote, read_text
-
-logger = logging.getLogger(__name__)
-
-#: Candidates FAISS returns per query beyond k, re-ranked by the exact score.
-MARGIN = 16
+from asymvlm.storage import fsspec_filesystem, is_remote, read_text, uri_join
 
 
-class IndexError_(ConfigError):
-    """An index folder that cannot be opened (missing, another format, damaged)."""
+class IndexFolderError(ConfigError):
+    """An index folder that cannot be opened: not one, or of another format."""
+
+
+class Ranker(Protocol):
+    """What the merge needs of a shard: a local :class:`Shard` or a Serve replica's handle."""
+
+    def ranked(self, direction: Direction, encoding: Encoding, k: int) -> list[list[Hit]]: ...
+
+    def cap_counts(self, queries: np.ndarray, cosines: np.ndarray) -> np.ndarray: ...
+
+
+def read_manifest(location: str) -> IndexManifest:
+    """The :class:`IndexManifest` of an index folder, local or an object-store URI."""
+    try:
+        text = read_text(uri_join(location, "manifest.json"))
+    except FileNotFoundError:
+        raise IndexFolderError(f"{location}: not an index folder (no manifest.json)") from None
+    try:
+        manifest = IndexManifest.model_validate_json(text)
+    except ValueError as exc:
+        first = str(exc).splitlines()[1:2] or [str(exc)]
+        raise IndexFolderError(f"{location}/manifest.json: {first[0]}") from None
+    if manifest.format != FORMAT:
+        raise IndexFolderError(
+            f"{location}: an index of format {manifest.format}; this asymvlm reads {FORMAT}"
+        )
+    return manifest
+
+
+def local_folder(location: str) -> str:
+    """``location`` itself when local; an object-store folder copied to a temporary folder."""
+    if not is_remote(location):
+        return location
+    fs, path = fsspec_filesystem(location)
+    folder = tempfile.mkdtemp(prefix="asymvlm-index-")
+    fs.get(path.rstrip("/") + "/", folder, recursive=True)
+    return folder
+
+
+def merge(per_shard: list[list[list[Hit]]], k: int) -> list[list[Hit]]:
+    """Each query's best ``k`` over the shards: by score, ties by row (one index's order)."""
+    merged = []
+    for hits in zip(*per_shard, strict=True):
+        every = [hit for shard in hits for hit in shard]
+        merged.append(sorted(every, key=lambda hit: (-hit.score, hit.row))[:k])
+    return merged
 
 
 class Index:
-    """An index folder (:func:`asymvlm.indexing.build.build_index`) opened for search."""
+    """An index folder (``asymvlm index``, :func:`asymvlm.build_index`) opened for search."""
 
-    def __init__(self, folder: str, manifest: IndexManifest, encoder: Any = None) -> None:
+    def __init__(self, folder: str, manifest: IndexManifest, *, encoder: Any = None) -> None:
         self.folder, self.manifest = folder, manifest
         self.method, self.meta = load_checkpoint(os.path.join(folder, "adapter"), "cpu")
         self.method.adapter_input = self.meta.get("adapter_input", "raw")
         self.form = inner_product_form(self.method)
-        self.indexes = {}
-        for name, record in (("images", manifest.images), ("captions", manifest.captions)):
-            index = faiss.read_index(os.path.join(folder, f"{name}.faiss"), faiss.IO_FLAG_MMAP)
-            if record.spec.depth is not None:
-                kinds.set_depth(index, record.spec, record.spec.depth)
-            self.indexes[name] = index
-        self.images = pq.read_table(os.path.join(folder, "images.parquet"))
-        self.captions = pq.read_table(os.path.join(folder, "captions.parquet"))
-        self.image_mu = np.load(os.path.join(folder, "image_mu.npy"), mmap_mode="r")
-        self.caption_mu = np.load(os.path.join(folder, "caption_mu.npy"), mmap_mode="r")
-        self.caption_kappa = self.captions.column("kappa").to_numpy(zero_copy_only=False)
-        self._encoder = encoder
+        self.encoder = encoder
         self._scorer = None
+        self.shards: list[Ranker] = []
 
     @classmethod
     def open(cls, location: str, *, encoder: Any = None) -> Index:
-        """Open an index folder, local or an object-store URI (copied to a temporary folder)."""
-        try:
-            manifest = IndexManifest.model_validate_json(
-                read_text(_join(location, "manifest.json"))
-            )
-        except FileNotFoundError:
-            raise IndexError_(f"{location}: not an index folder (no manifest.json)") from None
-        except ValueError as exc:
-            raise IndexError_(f"{location}/manifest.json: {exc}") from None
-        if manifest.format != FORMAT:
-            raise IndexError_(
-                f"{location}: index format {manifest.format}; this asymvlm reads {FORMAT}"
-            )
-        folder = location
-        if is_remote(location):
-            fs, path = fsspec_filesystem(location)
-            folder = tempfile.mkdtemp(prefix="asymvlm-index-")
-            fs.get(path.rstrip("/") + "/", folder, recursive=True)
-        return cls(folder, manifest, encoder)
+        """Open an index folder with every shard in this process."""
+        manifest = read_manifest(location)
+        index = cls(local_folder(location), manifest, encoder=encoder)
+        index.shards = [Shard(index.folder, s, index.method, index.form) for s in manifest.shards]
+        return index
 
-    # -- queries -------------------------------------------------------------------------
+    # -- encoding the queries ----------------------------------------------------------------
 
     def scorer(self) -> Any:
-        """The adapter with its text encoder, loaded on the first text query."""
+        """The adapter with its frozen encoder (the tables themselves for synthetic tables)."""
         if self._scorer is None:
             from asymvlm.scoring import Scorer
             from asymvlm.scoring.scorer import TableEncoder
 
-            encoder = self._encoder
-            if encoder is None and self.manifest.encoder is None:  # synthetic tables
+            encoder = self.encoder or self.manifest.encoder
+            if encoder is None:
                 encoder = TableEncoder(self.manifest.tables, (self.manifest.split,))
-            self._scorer = Scorer.from_checkpoint(
-                os.path.join(self.folder, "adapter"),
-                encoder=encoder or self.manifest.encoder,
-                device="cpu",
-            )
+            adapter = os.path.join(self.folder, "adapter")
+            self._scorer = Scorer.from_checkpoint(adapter, encoder=encoder, device="cpu")
         return self._scorer
+
+    @torch.no_grad()
+    def encode_texts(self, texts: Sequence[str]) -> Encoding:
+        """The adapter's encoding of captions embedded by the frozen encoder."""
+        scorer = self.scorer()
+        split = scorer._split(scorer._check_captions(list(texts)))
+        return self.method.encode_texts(self.method.split_inputs(split)[1])
+
+    @torch.no_grad()
+    def encode_images(self, images: Sequence[Any]) -> Encoding:
+        """The adapter's encoding of images (PIL images, paths or bytes)."""
+        embedded = self.scorer()._embed_images(list(images))
+        return self.method.encode_images(self.method.image_rows(embedded["unit"], embedded["norm"]))
+
+    # -- searching -------------------------------------------------------------------------
 
     def search_text(self, texts: str | Sequence[str], k: int = 10) -> list[SearchResult]:
         """Text -> image: the images each caption describes, with its kappa and decision."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        scorer = self.scorer()
-        _, rows = self.method.split_inputs(scorer._split(scorer._check_captions(texts)))
-        with torch.no_grad():
-            encoding = self.method.encode_texts(rows)
-        return self.search_encoded_texts(encoding, texts, k)
+        return self.search_encoded_texts(self.encode_texts(texts), texts, k)
+
+    def search_images(self, images: Sequence[Any], k: int = 10) -> list[SearchResult]:
+        """Image -> text: the captions of each image (a PIL image, a path or bytes)."""
+        names = [img if isinstance(img, str) else f"image {i}" for i, img in enumerate(images)]
+        return self.search_encoded_images(self.encode_images(images), names, k)
+
+    def ranked(self, direction: Direction, encoding: Encoding, k: int) -> list[list[Hit]]:
+        """Each query's best ``k`` over every shard, by the method's score."""
+        return merge([shard.ranked(direction, encoding, k) for shard in self.shards], k)
+
+    def widened(self, encoding: Encoding, k: int) -> np.ndarray:
+        """Results of a widened answer per caption: the images in the caption's cap, counted
+        over every shard (:func:`~asymvlm.indexing.forms.cap_cosine`), within [k, widen_max]."""
+        queries = self.form.text_queries(encoding).float().numpy()
+        cosines = cap_cosine(self.form.family, encoding["kappa"], self.method.dim).numpy()
+        counts = sum(shard.cap_counts(queries, cosines) for shard in self.shards)
+        return widened_k(counts, k, self.manifest.widen_max)
 
     def search_encoded_texts(
         self, encoding: Encoding, queries: Sequence[str], k: int = 10
     ) -> list[SearchResult]:
-        """Text -> image for captions already encoded by the adapter."""
+        """Text -> image for captions the adapter has encoded."""
         policy = self.manifest.policies.get("t2i")
         kappa = encoding.get("kappa")
-        wide = np.full(len(queries), k)
-        if kappa is not None and policy is not None and policy.widen:
-            threshold = cap_cosine(self.form.family, kappa, self.method.dim).float().numpy()
-            wide = widened_k(
-                self._cap_counts(self.form.text_queries(encoding), threshold),
-                k,
-                self.manifest.widen_max,
-            )
-        decisions = [
-            "answer" if kappa is None or policy is None else policy.decide(float(kp))
-            for kp in (kappa if kappa is not None else [None] * len(queries))
-        ]
-        depth = [
-            w if d == "widen" else (0 if d == "abstain" else k)
-            for d, w in zip(decisions, wide, strict=True)
-        ]
-        hits = self.ranked("t2i", encoding, int(max(depth, default=0)))
+        if kappa is None or policy is None:
+            decisions, depth = ["answer"] * len(queries), np.full(len(queries), k)
+        else:
+            decisions = [policy.decide(float(value)) for value in kappa]
+            wide = self.widened(encoding, k) if "widen" in decisions else np.full(len(queries), k)
+            shown = {"answer": k, "abstain": 0}
+            depth = np.array([shown.get(d, w) for d, w in zip(decisions, wide, strict=True)])
+        found = self.ranked("t2i", encoding, int(depth.max(initial=0)))
         return [
-            self._result("t2i", q, i, encoding, decisions[i], k, hits[i][: depth[i]], policy)
-            for i, q in enumerate(queries)
+            _result("t2i", query, kappa, i, policy, decisions[i], k, found[i][: depth[i]])
+            for i, query in enumerate(queries)
         ]
-
-    def search_images(self, images: Sequence[Any], k: int = 10) -> list[SearchResult]:
-        """Image -> text: the captions that describe each image (a PIL image, path or bytes)."""
-        scorer = self.scorer()
-        unit = scorer._embed_images(list(images))
-        rows = self.method.image_rows(unit["unit"], unit["norm"])
-        with torch.no_grad():
-            encoding = self.method.encode_images(rows)
-        return self.search_encoded_images(encoding, [f"image {i}" for i in range(len(images))], k)
 
     def search_encoded_images(
         self, encoding: Encoding, queries: Sequence[str], k: int = 10
     ) -> list[SearchResult]:
-        """Image -> text for images already encoded by the adapter."""
+        """Image -> text for images the adapter has encoded; the decision reads the kappa of
+        the first caption found."""
         policy = self.manifest.policies.get("i2t")
-        hits = self.ranked("i2t", encoding, k)
         out = []
-        for i, query in enumerate(queries):
-            first = hits[i][0].kappa if hits[i] else None
-            decision = "answer" if policy is None or first is None else policy.decide(first)
-            shown = hits[i] if decision != "abstain" else []
-            out.append(
-                self._result(
-                    "i2t",
-                    query,
-                    i,
-                    {"kappa": torch.tensor([first])} if first else {},
-                    decision,
-                    k,
-                    shown,
-                    policy,
-                    index=0,
-                )
-            )
+        for i, hits in enumerate(self.ranked("i2t", encoding, k)):
+            first = torch.tensor([hits[0].kappa]) if hits and hits[0].kappa is not None else None
+            decision = "answer" if first is None or policy is None else policy.decide(hits[0].kappa)
+            shown = [] if decision == "abstain" else hits
+            out.append(_result("i2t", queries[i], first, 0, policy, decision, k, shown))
         return out
 
-    # -- ranking ------------------------------------------------------------------------
 
-    def _cap_counts(self, queries: torch.Tensor, threshold: np.ndarray) -> np.ndarray:
-        """Images with mu^T z >= each query's cap cosine (FAISS range search)."""
-        index = self.indexes["images"]
-        counts = np.empty(len(queries), np.int64)
-        for i, (q, t) in enumerate(zip(queries.float().numpy(), threshold, strict=True)):
-            lims, _, _ = index.range_search(np.ascontiguousarray(q[None]), float(t))
-            counts[i] = lims[1]
-        return counts
-
-    def ranked(self, direction: Direction, encoding: Encoding, k: int) -> list[list[Hit]]:
-        """Each query's best ``k`` by the method's score, from FAISS's candidates."""
-        if k <= 0:
-            return [[] for _ in range(len(next(iter(encoding.values()))))]
-        if direction == "t2i":
-            index, queries = self.indexes["images"], self.form.text_queries(encoding)
-        else:
-            index, queries = self.indexes["captions"], self.form.image_queries(encoding)
-        queries = np.ascontiguousarray(queries.float().numpy())
-        out = []
-        for i in range(len(queries)):
-            depth = int(min(index.ntotal, k + MARGIN))
-            while True:
-                bounds, rows = index.search(queries[i : i + 1], depth)
-                rows = rows[0][rows[0] >= 0]
-                scores = self._exact(direction, encoding, i, rows)
-                order = np.lexsort((rows, -scores))[:k]
-                # a score bound (PS) may leave a better row unseen: search deeper until the
-                # k-th exact score beats every bound not searched
-                if not self.form.bound_i2t or direction == "t2i" or depth >= index.ntotal:
-                    break
-                if len(order) == k and scores[order[-1]] > bounds[0][-1]:
-                    break
-                depth = int(min(index.ntotal, 4 * depth))
-            out.append(
-                [
-                    self._hit(direction, r + 1, int(rows[j]), float(scores[j]))
-                    for r, j in enumerate(order)
-                ]
-            )
-        return out
-
-    def _exact(
-        self, direction: Direction, encoding: Encoding, i: int, rows: np.ndarray
-    ) -> np.ndarray:
-        """The method's scores of query ``i`` against item ``rows``."""
-        with torch.no_grad():
-            if direction == "t2i":
-                query = {name: value[i : i + 1] for name, value in encoding.items()}
-                items = {"mu": torch.from_numpy(np.asarray(self.image_mu[rows]))}
-                return self.method.score(query, items)[0].double().numpy()
-            query = {name: value[i : i + 1] for name, value in encoding.items()}
-            items = {"mu": torch.from_numpy(np.asarray(self.caption_mu[rows]))}
-            if not np.isnan(self.caption_kappa[rows]).all():
-                items["kappa"] = torch.from_numpy(np.asarray(self.caption_kappa[rows], np.float32))
-            return self.method.score(items, query)[:, 0].double().numpy()
-
-    def _hit(self, direction: Direction, rank: int, row: int, score: float) -> Hit:
-        if direction == "t2i":
-            image = self.images.slice(row, 1).to_pylist()[0]
-            return Hit(
-                rank=rank, row=row, score=score, image_id=image["image_id"], path=image["path"]
-            )
-        caption = self.captions.slice(row, 1).to_pylist()[0]
-        return Hit(
-            rank=rank,
-            row=row,
-            score=score,
-            image_id=caption["image_id"],
-            caption_id=caption["caption_id"],
-            text=caption["text"],
-            kappa=caption["kappa"],
-        )
-
-    def _result(
-        self, direction, query, i, encoding, decision, k, hits, policy, index=None
-    ) -> SearchResult:
-        kappa = encoding.get("kappa")
-        value = None if kappa is None else float(kappa[i if index is None else index])
-        confidence = None if policy is None or value is None else float(policy.confidence(value))
-        return SearchResult(
-            direction=direction,
-            query=query,
-            kappa=value,
-            uncertainty=None if value is None else 1.0 / value,
-            confidence=confidence,
-            decision=decision,
-            k=k,
-            results=hits,
-            message=TOO_VAGUE if decision == "abstain" else None,
-        )
-
-
-def _join(location: str, name: str) -> str:
-    return location.rstrip("/") + "/" + name
+def _result(
+    direction: Direction,
+    query: str,
+    kappa: torch.Tensor | None,
+    row: int,
+    policy: DecisionPolicy | None,
+    decision: str,
+    k: int,
+    hits: list[Hit],
+) -> SearchResult:
+    """One query's :class:`SearchResult` (kappa: the query's, or its first caption's)."""
+    value = None if kappa is None else float(kappa[row])
+    confidence = None if policy is None or value is None else float(policy.confidence(value))
+    return SearchResult(
+        direction=direction,
+        query=query,
+        kappa=value,
+        uncertainty=None if value is None else 1.0 / value,
+        confidence=confidence,
+        decision=decision,
+        k=k,
+        results=hits,
+        message=TOO_VAGUE if decision == "abstain" else None,
+    )

@@ -30,6 +30,16 @@ class CollectionRecord(_Record):
     sample_queries: int
 
 
+class ShardRecord(_Record):
+    """One shard: a folder holding a contiguous range of the images and of the captions."""
+
+    folder: str  # relative to the index folder
+    image_start: int
+    caption_start: int
+    images: CollectionRecord
+    captions: CollectionRecord
+
+
 class IndexManifest(_Record):
     """``manifest.json`` of an index folder: the tables, encoder and adapter it serves."""
 
@@ -41,8 +51,9 @@ class IndexManifest(_Record):
     method: str
     adapter: str  # the checkpoint as given to the build (a copy is in adapter/)
     dim: int
-    images: CollectionRecord
-    captions: CollectionRecord
+    images: int  # rows, over all shards
+    captions: int
+    shards: list[ShardRecord]
     #: Text -> image and image -> text decisions, fitted on a validation split (None: none).
     policies: dict[Direction, DecisionPolicy] = {}
     widen_max: int = 100  # results of a widened answer at most
@@ -52,7 +63,6 @@ class IndexManifest(_Record):
 class Hit(_Record):
     """One result: its row in the collection, the model's score and what a person needs."""
 
-    rank: int
     row: int
     score: float  # the method's retrieval score (the log-likelihood for AsymVLM)
     image_id: str
@@ -73,5 +83,5 @@ class SearchResult(_Record):
     confidence: float | None
     decision: Decision
     k: int  # results asked for; widened queries get more
-    results: list[Hit]
+    results: list[Hit]  # best first
     message: str | None = None

@@ -28,3 +28,6 @@ class IndexSettings(StrictModel):
         0.5, gt=0, lt=1, description="the highest share of wrong first results among answers given"
     )
     widen_max: int = Field(100, ge=1, description="results of a widened answer at most")
+    shards: int = Field(
+        1, ge=1, description="shards of contiguous rows (Ray Serve: one replica each)"
+    )
