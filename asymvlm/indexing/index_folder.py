@@ -8,9 +8,12 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from asymvlm.checkpoints import load_checkpoint
@@ -83,6 +86,7 @@ class Index:
         self.form = inner_product_form(self.method)
         self.encoder = encoder
         self._scorer = None
+        self._paths: pa.ChunkedArray | None = None
         self.shards: list[Ranker] = []
 
     @classmethod
@@ -134,8 +138,24 @@ class Index:
         return self.search_encoded_images(self.encode_images(images), names, k)
 
     def ranked(self, direction: Direction, encoding: Encoding, k: int) -> list[list[Hit]]:
-        """Each query's best ``k`` over every shard, by the method's score."""
-        return merge([shard.ranked(direction, encoding, k) for shard in self.shards], k)
+        """Each query's best ``k`` over every shard (side by side), by the method's score."""
+        if len(self.shards) == 1:
+            return self.shards[0].ranked(direction, encoding, k)
+        with ThreadPoolExecutor(len(self.shards)) as pool:
+            found = pool.map(lambda shard: shard.ranked(direction, encoding, k), self.shards)
+            return merge(list(found), k)
+
+    def image_path(self, row: int) -> str | None:
+        """The file or URL of the image in ``row`` (None: not known)."""
+        if self._paths is None:
+            tables = [
+                pq.read_table(
+                    os.path.join(self.folder, s.folder, "images.parquet"), columns=["path"]
+                )
+                for s in self.manifest.shards
+            ]
+            self._paths = pa.concat_tables(tables).column("path")
+        return self._paths[row].as_py() if 0 <= row < len(self._paths) else None
 
     def widened(self, encoding: Encoding, k: int) -> np.ndarray:
         """Results of a widened answer per caption: the images in the caption's cap, counted

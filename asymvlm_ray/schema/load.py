@@ -16,7 +16,7 @@ from asymvlm.embedding.encoders.names import looks_like_path
 from asymvlm.errors import ConfigError
 from asymvlm.tables import Location, parse_location
 from asymvlm_ray.schema.pipeline_config import EmbedSection, PipelineConfig
-from asymvlm_ray.schema.serve_config import ServeConfig
+from asymvlm_ray.schema.serve_config import SearchConfig, ServeConfig
 from asymvlm_ray.schema.sweep_settings import RuntimeEnv, SweepConfig
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ _UNTYPED_PATHS = {EmbedConfig: ("output", "annotations", "images", "id_list")}
 _NAME_OR_FOLDER = {
     EmbedConfig: ("model",),
     ServeConfig: ("checkpoint", "encoder"),
+    SearchConfig: ("index", "encoder"),
     RuntimeEnv: ("pip",),
 }
 _KEYS_OF = {(EmbedSection, "defaults"): EmbedConfig}
@@ -134,6 +135,16 @@ def load_serve(path: str | None, overrides: list[str], checkpoint: str | None) -
     if checkpoint:
         doc["checkpoint"] = checkpoint
     return config.validate(ServeConfig, doc, path or "serve options")
+
+
+def load_search(path: str | None, overrides: list[str], index: str | None) -> SearchConfig:
+    """The search app's settings: an optional YAML, ``--set`` overrides and ``--index``."""
+    doc = (
+        _document(path, overrides, SearchConfig) if path else config.apply_overrides({}, overrides)
+    )
+    if index:
+        doc["index"] = index
+    return config.validate(SearchConfig, doc, path or "search options")
 
 
 def _hierarcaps_found(_: str) -> bool:
