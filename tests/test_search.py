@@ -234,3 +234,20 @@ def test_a_folder_without_an_index_is_named(tmp_path, capsys) -> None:
         capsys.readouterr().err.strip()
         == f"error: {tmp_path}: not an index folder (no manifest.json)"
     )
+
+
+def test_the_build_is_logged_to_mlflow(world, checkpoints, tmp_path) -> None:
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    argv = ["index", "--embeddings", world, "--checkpoint", checkpoints["asymvlm-vmf"]]
+    assert main([*argv, "--output", str(tmp_path / "index"), "--tracking-uri", uri]) == 0
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("asymvlm-index").experiment_id])
+    assert run.data.params["shard-00000.images.kind"] == "flat"
+    assert run.data.metrics["shard-00000.images.recall_at_10"] == 1.0
+    assert run.data.metrics["shard-00000.captions.rows"] == 1000
+    from asymvlm.tracking import json_artifact
+
+    manifest = json_artifact(uri, run.info.run_id, "index-manifest.json")
+    assert manifest["method"] == "asymvlm-vmf" and run.info.status == "FINISHED"
