@@ -131,8 +131,8 @@ def schema_markdown(title: str, model: Any, intro: str, done: set[str]) -> list[
 def config_roots() -> list[tuple[str, Any, str]]:
     """The schemas the configuration reference documents, with where each is used."""
     from asymvlm.embedding.embed_config import EmbedConfig
-    from asymvlm.runner import RunSpec
     from asymvlm.indexing import IndexSettings
+    from asymvlm.runner import RunSpec
     from asymvlm_ray.schema import PipelineConfig, SearchConfig, ServeConfig, SweepConfig
     from asymvlm_ray.schema.pipeline_config import EVALUATION_ITEMS
 

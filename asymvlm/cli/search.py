@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from typing import Any
 
 from asymvlm.cli.flags import Help, add_tracking_uri
 from asymvlm.config import add_model_flags, model_values, validate
@@ -41,33 +40,15 @@ def cmd_index(args: argparse.Namespace) -> int:
                 record.recall_at_10,
             )
     if args.tracking_uri:
-        log_build(args.tracking_uri, args.experiment, args.output, manifest)
+        from asymvlm import tracking
+        from asymvlm.indexing.build import log_build
+
+        name = f"index {manifest.method}"
+        with tracking.run(args.tracking_uri, args.experiment, name, kind="index") as run:
+            log_build(run, args.output, manifest)
     counts = {"images": manifest.images, "captions": manifest.captions}
     print(json.dumps({"index": args.output, "method": manifest.method, **counts}))
     return 0
-
-
-def log_build(tracking_uri: str, experiment: str, output: str, manifest: Any) -> None:
-    """One MLflow run of the build: per shard and collection its kind, rows, seconds and
-    recall@10 against exact search; the manifest as an artifact."""
-    from asymvlm import tracking
-
-    params = {"index": output, "tables": manifest.tables, "split": manifest.split}
-    params |= {
-        "method": manifest.method,
-        "adapter": manifest.adapter,
-        "shards": len(manifest.shards),
-    }
-    with tracking.run(tracking_uri, experiment, f"index {manifest.method}", kind="index") as run:
-        run.log_params(params)
-        for shard in manifest.shards:
-            for name, record in (("images", shard.images), ("captions", shard.captions)):
-                key = f"{shard.folder}.{name}"
-                run.log_params({f"{key}.kind": record.spec.kind, f"{key}.depth": record.spec.depth})
-                numbers = {"rows": record.rows, "seconds": record.seconds}
-                numbers["recall_at_10"] = record.recall_at_10
-                run.log_metrics({f"{key}.{n}": v for n, v in numbers.items()})
-        run.log_json("index-manifest.json", manifest.model_dump())
 
 
 def cmd_search(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -287,7 +288,9 @@ def build_index(
         build.stream(shards)
         records = [shard.finish() for shard in shards]
         policies, validation = {}, settings.validation
-        if validation and validation != split and validation in list_splits(tables):
+        if validation and validation in list_splits(tables):
+            if validation == split:
+                logger.warning("%s: the decisions are fitted on the split indexed", tables)
             policies = fit_policies(
                 method, form, tables, validation, settings.target_risk, settings.widen_max
             )
@@ -327,3 +330,19 @@ def build_index(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return manifest
+
+
+def log_build(run: Any, output: str, manifest: IndexManifest) -> None:
+    """Log a build on an MLflow run (:class:`asymvlm.tracking.Run`): per shard and collection
+    its kind, search depth, rows, seconds and recall@10 against exact search; the manifest."""
+    params = {"index": output, "tables": manifest.tables, "split": manifest.split}
+    params |= {"method": manifest.method, "adapter": manifest.adapter}
+    run.log_params({**params, "shards": len(manifest.shards)})
+    for shard in manifest.shards:
+        for name, record in (("images", shard.images), ("captions", shard.captions)):
+            key = f"{shard.folder}.{name}"
+            run.log_params({f"{key}.kind": record.spec.kind, f"{key}.depth": record.spec.depth})
+            numbers = {"rows": record.rows, "seconds": record.seconds}
+            numbers["recall_at_10"] = record.recall_at_10
+            run.log_metrics({f"{key}.{n}": v for n, v in numbers.items()})
+    run.log_json("index-manifest.json", manifest.model_dump())

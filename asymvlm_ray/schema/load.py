@@ -178,7 +178,7 @@ def drop_unavailable(doc: dict[str, Any], source: str) -> tuple[dict[str, Any], 
     prepare = doc.get("prepare") or {}
     for key in [k for k, item in prepare.items() if not keep(f"prepare.{k}", item)]:
         del prepare[key]
-    lists = [("sweeps", doc), ("evaluations", doc), ("jobs", doc.get("embed"))]
+    lists = [("sweeps", doc), ("evaluations", doc), ("indexes", doc), ("jobs", doc.get("embed"))]
     for key, parent in lists:
         if isinstance(parent, dict) and isinstance(parent.get(key), list):
             label = "embed.jobs" if key == "jobs" else key
