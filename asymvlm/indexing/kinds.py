@@ -53,8 +53,9 @@ class IndexSpec(BaseModel):
         return faiss.IndexIVFPQ(quantizer, self.dim, self.lists, self.pq_bytes, 8, ip)
 
     def training_rows(self) -> int:
-        """Rows the kind trains on before any is added (0: no training)."""
-        return 0 if self.lists is None else min(256 * self.lists, 64 * self.lists + 100_000)
+        """Rows the kind trains on before any is added (0: no training): 64 per list, k-means'
+        sample (FAISS warns below 39)."""
+        return 0 if self.lists is None else 64 * self.lists
 
 
 def bytes_per_vector(kind: Kind, dim: int, pq_bytes: int | None = None) -> float:
@@ -79,7 +80,7 @@ def choose_spec(
     """The :class:`IndexSpec` for ``n`` vectors of ``dim``: ``kind``, or with ``"auto"`` exact
     up to :data:`EXACT_MAX`, HNSW up to :data:`HNSW_MAX`, then IVF, IVF-PQ where ``memory_bytes``
     holds no full vectors; a ConfigError when nothing fits."""
-    lists = max(1, min(65536, 2 ** round(math.log2(4 * math.sqrt(max(n, 1))))))
+    lists = max(1, min(65536, 2 ** round(math.log2(math.sqrt(max(n, 1))))))  # 1,024 for 1M
     budget = math.inf if memory_bytes is None else memory_bytes / max(n, 1)
     if kind == "auto":
         if n <= EXACT_MAX and bytes_per_vector("flat", dim) <= budget:
