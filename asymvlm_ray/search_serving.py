@@ -11,6 +11,7 @@ decides, one deployment per shard that ranks its rows, the page at ``/`` and cli
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the annotations at runtime.
+import asyncio
 import base64
 import binascii
 import itertools
@@ -80,7 +81,8 @@ class ShardDeployment:
 
 
 class _ShardHandle:
-    """A shard replica as the index's merge sees a local shard (a blocking call)."""
+    """A shard replica as the index's merge sees a local shard: a blocking call, made from a
+    worker thread (``asyncio.to_thread``), never on the replica's event loop."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
@@ -140,7 +142,8 @@ class SearchDeployment:
         out: list[list[dict]] = []
         for k, group in itertools.groupby(requests, key=lambda request: request[1]):
             captions = [request[0] for request in group]
-            found = iter(self.index.search_text([c for cs in captions for c in cs], k))
+            every = [caption for group in captions for caption in group]
+            found = iter(await asyncio.to_thread(self.index.search_text, every, k))
             out += [[r.model_dump() for r in itertools.islice(found, len(cs))] for cs in captions]
         return out
 
@@ -158,9 +161,11 @@ class SearchDeployment:
             if self.cfg.batching:
                 results += await self._batched((captions, k))
             else:
-                results += [r.model_dump() for r in self.index.search_text(captions, k)]
+                found = await asyncio.to_thread(self.index.search_text, captions, k)
+                results += [r.model_dump() for r in found]
         if images:
-            results += [r.model_dump() for r in self.index.search_images(images, k)]
+            found = await asyncio.to_thread(self.index.search_images, images, k)
+            results += [r.model_dump() for r in found]
         return {"results": results}
 
     @app.post("/knn-service")
@@ -169,14 +174,15 @@ class SearchDeployment:
         if request.text and request.image:
             raise _bad("give text or image, not both")
         if request.text and request.modality == "image":
-            (result,) = self.index.search_text(self._captions([request.text]), k)
+            search, queries = self.index.search_text, self._captions([request.text])
         elif request.image and request.modality == "text":
-            (result,) = self.index.search_images(self._images([request.image]), k)
+            search, queries = self.index.search_images, self._images([request.image])
         else:
             raise _bad(
                 "this index answers text -> image (text, modality image) and image -> text "
                 "(image, modality text); not image_url, embedding_input or one modality to itself"
             )
+        (result,) = await asyncio.to_thread(search, queries, k)  # the shards are waited on
         return [
             {
                 "id": hit.row,

@@ -73,6 +73,18 @@ def served(indexed):
         serve.shutdown()
 
 
+def _same(served: Any, here: Any) -> bool:
+    """The same answers: ids, texts and decisions exactly, numbers to float32's precision (a
+    replica's torch runs on other threads, which changes the last bits of a sum)."""
+    if isinstance(here, dict):
+        return served.keys() == here.keys() and all(_same(served[k], here[k]) for k in here)
+    if isinstance(here, list):
+        return len(served) == len(here) and all(map(_same, served, here))
+    if isinstance(here, float):
+        return served == pytest.approx(here, rel=1e-5)
+    return served == here
+
+
 def _captions(indexed) -> list[str]:
     from asymvlm import tables
 
@@ -84,13 +96,13 @@ def test_served_answers_are_the_indexs_answers(indexed, served) -> None:
     local = Index.open(indexed["one"])
     status, body = _post(served + "/search", {"captions": captions, "k": 4})
     assert status == 200
-    assert body["results"] == [r.model_dump() for r in local.search_text(captions, 4)]
+    assert _same(body["results"], [r.model_dump() for r in local.search_text(captions, 4)])
     names = sorted(os.listdir(indexed["images"]))[:2]
     raw = [open(os.path.join(indexed["images"], n), "rb").read() for n in names]
     payload = {"images": [base64.b64encode(b).decode() for b in raw], "k": 3}
     status, body = _post(served + "/search", payload)
     want = [r.model_dump() for r in local.search_images(raw, 3)]
-    assert status == 200 and body["results"] == want
+    assert status == 200 and _same(body["results"], want)
     assert all(hit["text"] and hit["kappa"] > 0 for r in body["results"] for hit in r["results"])
 
 
@@ -108,7 +120,8 @@ def test_clip_retrievals_client_request_is_answered(indexed, served) -> None:
     status, body = _post(served + "/knn-service", request)
     (want,) = Index.open(indexed["one"]).search_text([caption], 5)
     assert status == 200
-    assert [(r["id"], r["similarity"]) for r in body] == [(h.row, h.score) for h in want.results]
+    assert [r["id"] for r in body] == [h.row for h in want.results]
+    assert _same([r["similarity"] for r in body], [h.score for h in want.results])
     assert {r["decision"] for r in body} <= {want.decision} and all(r["url"] for r in body)
 
 
