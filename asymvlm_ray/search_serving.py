@@ -103,9 +103,12 @@ class SearchDeployment:
         from asymvlm.indexing.index_folder import Index, local_folder, read_manifest
 
         self.cfg = SearchConfig.model_validate(settings)
-        manifest = read_manifest(self.cfg.index)
-        self.index = Index(local_folder(self.cfg.index), manifest, encoder=self.cfg.encoder)
-        self.index.shards = [_ShardHandle(handle) for handle in shards]
+        if shards:  # a replica per shard, merged here
+            manifest = read_manifest(self.cfg.index)
+            self.index = Index(local_folder(self.cfg.index), manifest, encoder=self.cfg.encoder)
+            self.index.shards = [_ShardHandle(handle) for handle in shards]
+        else:  # one shard: searched here, without a hop
+            self.index = Index.open(self.cfg.index, encoder=self.cfg.encoder)
         self.index.scorer()  # the encoder loads now, not on the first query
         self._batched.set_max_batch_size(self.cfg.max_batch_size)
         self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
@@ -235,7 +238,8 @@ def check(cfg: SearchConfig) -> Any:
 
 
 def deploy(cfg: SearchConfig) -> str:
-    """Start Serve's HTTP proxy on ``host:port``; deploy a replica per shard and the ingress."""
+    """Start Serve's HTTP proxy on ``host:port``; deploy the ingress and, for an index of
+    several shards, a replica per shard."""
     require_ray("Serve")
     manifest = check(cfg)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
@@ -243,6 +247,7 @@ def deploy(cfg: SearchConfig) -> str:
     shards = [
         ShardDeployment.options(name=f"shard-{i}", ray_actor_options=options).bind(cfg.index, i)
         for i in range(len(manifest.shards))
+        if len(manifest.shards) > 1
     ]
     ingress = SearchDeployment.options(ray_actor_options=options).bind(cfg.model_dump(), shards)
     serve.run(ingress, name=cfg.name, route_prefix=cfg.route_prefix, blocking=False)
