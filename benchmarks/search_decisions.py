@@ -61,9 +61,9 @@ def relevant_counts(texts: list[str], image_of_caption: np.ndarray) -> np.ndarra
     return counts
 
 
-def measure(root: str, method_name: str, seed: int, target_risk: float) -> dict:
+def measure(root: str, method_name: str, seed: int, target_risk: float, epochs: int) -> dict:
     checkpoint = os.path.join(root, f"ck-{method_name}")
-    cfg = {**TRAIN, "method": method_name, "seed": seed}
+    cfg = {**TRAIN, "method": method_name, "seed": seed, "epochs": epochs}
     method, _ = train(root, "train", cfg, output=checkpoint, overwrite=True, progress=False)
     method.adapter_input = "raw"
     form = inner_product_form(method)
@@ -125,19 +125,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="asymvlm-vmf,asymvlm-ps")
     parser.add_argument("--target-risk", type=float, default=0.5)
     parser.add_argument("--images", default="4000,1000,1000", help="train,val,test images")
+    parser.add_argument("--epochs", type=int, default=TRAIN["epochs"])
     args = parser.parse_args(argv)
     sizes = dict(zip(("train", "val", "test"), map(int, args.images.split(",")), strict=True))
     seeds = [int(s) for s in args.seeds.split(",")]
-    result: dict = {
-        "config": {"seeds": seeds, "train": TRAIN, "images": sizes, "target_risk": args.target_risk}
-    }
+    train = {**TRAIN, "epochs": args.epochs}
+    config = {"seeds": seeds, "train": train, "images": sizes, "target_risk": args.target_risk}
+    result: dict = {"config": config}
     started = time.perf_counter()
     for method in args.methods.split(","):
         rows = []
         for seed in seeds:
             with tempfile.TemporaryDirectory() as root:
                 write_world(root, WorldConfig(splits=sizes, seed=seed))
-                rows.append(measure(root, method, seed, args.target_risk))
+                rows.append(measure(root, method, seed, args.target_risk, args.epochs))
             print(
                 f"[search_decisions] {method} seed {seed}: {json.dumps(rows[-1])}", file=sys.stderr
             )
