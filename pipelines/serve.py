@@ -6,28 +6,20 @@ from __future__ import annotations
 
 import argparse
 
-from asymvlm.entry import ArgumentParser, guarded, require
+from asymvlm.entry import guarded, require
 
 require("ray", "tracking")
 
 from asymvlm import logs  # noqa: E402
 from asymvlm_ray.schema import load_serve  # noqa: E402
-from asymvlm_ray.serve_until_stopped import serve_until_stopped  # noqa: E402
+from asymvlm_ray.serve_app import app_parser, serve_until_stopped  # noqa: E402
 from asymvlm_ray.serving import check, deploy  # noqa: E402
 from asymvlm_ray.session import RaySession  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(description=__doc__.splitlines()[0])
-    keys = "a YAML of ServeConfig keys (each listed in the docs' Configuration reference)"
-    parser.add_argument("--config", help=keys)
-    model = "a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO"
-    parser.add_argument("--checkpoint", help=model)
-    override = "override a ServeConfig key"
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
-    parser.add_argument("--no-block", action="store_true", help="deploy and return")
-    parser.add_argument("--verbose", action="store_true")
-    return parser
+    what = "a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO"
+    return app_parser(__doc__.splitlines()[0], "ServeConfig", "checkpoint", what)
 
 
 def main(argv: list[str] | None = None) -> int:

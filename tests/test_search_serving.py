@@ -5,31 +5,17 @@ real headless browser (Debian's chromium)."""
 from __future__ import annotations
 
 import base64
-import json
 import os
 import shutil
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
 
 from asymvlm.cli import main as cli_main
 from asymvlm.indexing import Index, IndexSettings, build_index
-from tests.helpers import free_port, hierarcaps_subset, requires_hierarcaps
+from tests.helpers import free_port, hierarcaps_subset, post_json, requires_hierarcaps
 
 pytestmark = [requires_hierarcaps, pytest.mark.slow]
-
-
-def _post(url: str, payload: Any) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        url, json.dumps(payload).encode(), {"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
 
 
 @pytest.fixture(scope="module")
@@ -94,13 +80,13 @@ def _captions(indexed) -> list[str]:
 def test_served_answers_are_the_indexs_answers(indexed, served) -> None:
     captions = _captions(indexed)
     local = Index.open(indexed["one"])
-    status, body = _post(served + "/search", {"captions": captions, "k": 4})
+    status, body = post_json(served + "/search", {"captions": captions, "k": 4})
     assert status == 200
     assert _same(body["results"], [r.model_dump() for r in local.search_text(captions, 4)])
     names = sorted(os.listdir(indexed["images"]))[:2]
     raw = [open(os.path.join(indexed["images"], n), "rb").read() for n in names]
     payload = {"images": [base64.b64encode(b).decode() for b in raw], "k": 3}
-    status, body = _post(served + "/search", payload)
+    status, body = post_json(served + "/search", payload)
     want = [r.model_dump() for r in local.search_images(raw, 3)]
     assert status == 200 and _same(body["results"], want)
     assert all(hit["text"] and hit["kappa"] > 0 for r in body["results"] for hit in r["results"])
@@ -117,7 +103,7 @@ def test_clip_retrievals_client_request_is_answered(indexed, served) -> None:
         "use_safety_model": True,
         "aesthetic_score": 9,
     }
-    status, body = _post(served + "/knn-service", request)
+    status, body = post_json(served + "/knn-service", request)
     (want,) = Index.open(indexed["one"]).search_text([caption], 5)
     assert status == 200
     assert [r["id"] for r in body] == [h.row for h in want.results]
@@ -136,7 +122,7 @@ def test_clip_retrievals_client_request_is_answered(indexed, served) -> None:
     ],
 )
 def test_a_bad_request_is_a_400_with_its_reason(served, route, payload, message) -> None:
-    status, body = _post(f"{served}/{route}", payload)
+    status, body = post_json(f"{served}/{route}", payload)
     assert status == 400 and body["detail"].startswith(message)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import faiss
 import numpy as np
@@ -83,6 +84,15 @@ class CollectionBuilder:
         )
 
 
+def _npy_writer(path: str, shape: tuple[int, int]) -> Any:
+    """An open ``.npy`` file of float32 ``shape`` whose rows are then written in order (a write,
+    not a memory map: the rows written do not stay in this process's memory)."""
+    out = open(path, "wb")  # noqa: SIM115 - closed by ShardBuilder.finish
+    header = {"descr": "<f4", "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(out, header)
+    return out
+
+
 class ShardBuilder:
     """The files of one shard: ``images`` and ``captions`` rows in the order they come."""
 
@@ -106,29 +116,27 @@ class ShardBuilder:
             ),
         }
         self.mu = {
-            kind: np.lib.format.open_memmap(
-                os.path.join(self.path, f"{kind}_mu.npy"), "w+", np.float32, (n, dim)
-            )
+            kind: _npy_writer(os.path.join(self.path, f"{kind}_mu.npy"), (n, dim))
             for kind, n in zip(("image", "caption"), rows, strict=True)
         }
 
     def add_images(self, rows: pa.Table, mu: torch.Tensor, vectors: torch.Tensor) -> None:
         """Image rows (``image_id``, ``path``), their z and their index vectors."""
-        self.mu["image"][self.images.rows : self.images.rows + len(mu)] = mu.float().numpy()
+        self.mu["image"].write(np.ascontiguousarray(mu.float().numpy()).tobytes())
         self.images.add(vectors)
         self.writers["images"].write_table(rows)
 
     def add_captions(self, rows: pa.Table, mu: torch.Tensor, vectors: torch.Tensor) -> None:
         """Caption rows (ids, text, kappa, uncertainty), their mu and their index vectors."""
-        self.mu["caption"][self.captions.rows : self.captions.rows + len(mu)] = mu.float().numpy()
+        self.mu["caption"].write(np.ascontiguousarray(mu.float().numpy()).tobytes())
         self.captions.add(vectors)
         self.writers["captions"].write_table(rows)
 
     def finish(self) -> ShardRecord:
         for writer in self.writers.values():
             writer.close()
-        for matrix in self.mu.values():
-            matrix.flush()
+        for out in self.mu.values():
+            out.close()
         return ShardRecord(
             folder=self.name,
             image_start=self.image_start,

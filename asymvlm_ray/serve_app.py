@@ -1,5 +1,6 @@
-"""Running a Serve application from an entry point until Ctrl-C or SIGTERM, which delete it
-(``pipelines/serve.py``, ``pipelines/search.py``)."""
+"""What the entry points of the Serve applications share (``pipelines/serve.py``,
+``pipelines/search.py``): their flags, and running the application until Ctrl-C or SIGTERM,
+which delete it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,22 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from asymvlm.entry import ArgumentParser
+
+
+def app_parser(description: str, schema: str, source: str, source_help: str) -> ArgumentParser:
+    """``--config`` (a YAML of ``schema``'s keys), ``--SOURCE``, ``--set``, ``--no-block``,
+    ``--verbose``."""
+    parser = ArgumentParser(description=description)
+    keys = f"a YAML of {schema} keys (each listed in the docs' Configuration reference)"
+    parser.add_argument("--config", help=keys)
+    parser.add_argument(f"--{source}", help=source_help)
+    override = f"override a {schema} key"
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
+    parser.add_argument("--no-block", action="store_true", help="deploy and return")
+    parser.add_argument("--verbose", action="store_true")
+    return parser
 
 
 def serve_until_stopped(
