@@ -135,16 +135,16 @@ def image_paths(tables: str, split: str, described: dict | None) -> dict[str, st
     return {i: p for i, p in zip(ids, paths, strict=True) if p}
 
 
-def _ranges(n: int, shards: int) -> list[tuple[int, int]]:
-    """``shards`` contiguous (start, stop) row ranges of ``n`` rows, as even as can be."""
-    bounds = np.linspace(0, n, shards + 1).round().astype(int)
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+def _ranges(n: int, shards: int) -> list[range]:
+    """``shards`` contiguous ranges of ``n`` rows, as even as can be."""
+    bounds = np.linspace(0, n, shards + 1).round().astype(int).tolist()
+    return [range(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def _route(ranges: list[tuple[int, int]], start: int, rows: int) -> Iterator[tuple[int, slice]]:
+def _route(ranges: list[range], start: int, rows: int) -> Iterator[tuple[int, slice]]:
     """(shard, the batch's rows in it) of a batch of ``rows`` rows from row ``start``."""
-    for shard, (lo, hi) in enumerate(ranges):
-        first, last = max(lo, start), min(hi, start + rows)
+    for shard, within in enumerate(ranges):
+        first, last = max(within.start, start), min(within.stop, start + rows)
         if first < last:
             yield shard, slice(first - start, last - start)
 
@@ -153,7 +153,10 @@ class _Build:
     """One build: the shards' builders, fed the images, then the captions, in table order."""
 
     def __init__(self, tables: str, split: str, method: Method, form: InnerProductForm) -> None:
-        self.tables, self.split, self.method, self.form = tables, split, method, form
+        self.tables = tables
+        self.split = split
+        self.method = method
+        self.form = form
         self.n_images = _count(tables, split, IMAGES_DIR)
         self.n_captions = _count(tables, split, TEXTS_DIR)
 
@@ -169,35 +172,35 @@ class _Build:
         return text_queries, self.form.image_queries(images).float().numpy()
 
     def shards(self, folder: str, settings: IndexSettings) -> list[ShardBuilder]:
-        image_ranges = _ranges(self.n_images, settings.shards)
-        caption_ranges = _ranges(self.n_captions, settings.shards)
-        if min(hi - lo for lo, hi in [*image_ranges, *caption_ranges]) == 0:
+        """A builder per shard of contiguous rows, each collection's kind chosen for its size
+        and its share of the memory budget."""
+        self.image_ranges = _ranges(self.n_images, settings.shards)
+        self.caption_ranges = _ranges(self.n_captions, settings.shards)
+        if any(len(rows) == 0 for rows in [*self.image_ranges, *self.caption_ranges]):
             raise ConfigError(
                 f"{settings.shards} shards of {self.n_images} images and {self.n_captions} "
                 "captions: a shard would be empty"
             )
-        budget = None if settings.memory_gib is None else settings.memory_gib * 2**30
-        budget = None if budget is None else budget / (2 * settings.shards)  # per index
+        budget = settings.memory_gib and settings.memory_gib * 2**30 / (2 * settings.shards)
         text_queries, image_queries = self.sample_queries()
-        widths = (self.method.dim, self.form.caption_width(self.method.dim))
-        out = []
-        for shard, (images, captions) in enumerate(zip(image_ranges, caption_ranges, strict=True)):
-            builders = tuple(
-                CollectionBuilder(
-                    kinds.choose_spec(hi - lo, width, kind=settings.kind, memory_bytes=budget),
-                    queries,
-                )
-                for (lo, hi), width, queries in zip(
-                    (images, captions), widths, (text_queries, image_queries), strict=True
-                )
+
+        def collection(rows: range, width: int, queries: np.ndarray) -> CollectionBuilder:
+            spec = kinds.choose_spec(len(rows), width, kind=settings.kind, memory_bytes=budget)
+            return CollectionBuilder(spec, queries)
+
+        dim, caption_width = self.method.dim, self.form.caption_width(self.method.dim)
+        return [
+            ShardBuilder(
+                os.path.join(folder, f"shard-{shard:05d}"),
+                images,
+                captions,
+                collection(images, dim, text_queries),
+                collection(captions, caption_width, image_queries),
             )
-            rows = (images[1] - images[0], captions[1] - captions[0])
-            starts = (images[0], captions[0])
-            out.append(
-                ShardBuilder(folder, f"shard-{shard:05d}", starts, rows, builders, self.method.dim)
+            for shard, (images, captions) in enumerate(
+                zip(self.image_ranges, self.caption_ranges, strict=True)
             )
-        self.image_ranges, self.caption_ranges = image_ranges, caption_ranges
-        return out
+        ]
 
     def stream(self, shards: list[ShardBuilder]) -> None:
         described = (check_split(self.tables, self.split).extra.get("splits") or {}).get(self.split)

@@ -80,7 +80,8 @@ class Index:
     """An index folder (``asymvlm index``, :func:`asymvlm.build_index`) opened for search."""
 
     def __init__(self, folder: str, manifest: IndexManifest, *, encoder: Any = None) -> None:
-        self.folder, self.manifest = folder, manifest
+        self.folder = folder
+        self.manifest = manifest
         self.method, self.meta = load_checkpoint(os.path.join(folder, "adapter"), "cpu")
         self.method.adapter_input = self.meta.get("adapter_input", "raw")
         self.form = inner_product_form(self.method)

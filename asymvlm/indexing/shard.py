@@ -24,7 +24,9 @@ class Shard:
     """The rows of one shard folder, searched by ``method``'s score in its inner-product form."""
 
     def __init__(self, folder: str, record: ShardRecord, method: Method, form: InnerProductForm):
-        self.record, self.method, self.form = record, method, form
+        self.record = record
+        self.method = method
+        self.form = form
         path = os.path.join(folder, record.folder)
         self.indexes = {}
         for name, collection in (("images", record.images), ("captions", record.captions)):

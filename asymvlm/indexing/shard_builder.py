@@ -42,7 +42,9 @@ class CollectionBuilder:
     """One collection's FAISS index and the exact top 10 of ``queries`` over its rows."""
 
     def __init__(self, spec: kinds.IndexSpec, queries: np.ndarray) -> None:
-        self.spec, self.queries, self.rows = spec, queries, 0
+        self.spec = spec
+        self.queries = queries
+        self.rows = 0
         self.index = spec.create()
         self.exact = faiss.ResultHeap(len(queries), 10, keep_max=True)
         self.pending: list[np.ndarray] = []
@@ -94,30 +96,31 @@ def _npy_writer(path: str, shape: tuple[int, int]) -> Any:
 
 
 class ShardBuilder:
-    """The files of one shard: ``images`` and ``captions`` rows in the order they come."""
+    """The files of one shard, its ``images`` and ``captions`` rows (ranges of the whole
+    index's rows) added in order."""
 
     def __init__(
         self,
-        folder: str,
-        name: str,
-        starts: tuple[int, int],
-        rows: tuple[int, int],
-        builders: tuple[CollectionBuilder, CollectionBuilder],
-        dim: int,
+        path: str,
+        images: range,
+        captions: range,
+        image_index: CollectionBuilder,
+        caption_index: CollectionBuilder,
     ) -> None:
-        self.path, self.name = os.path.join(folder, name), name
-        os.makedirs(self.path, exist_ok=True)
-        self.image_start, self.caption_start = starts
-        self.images, self.captions = builders
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.image_start = images.start
+        self.caption_start = captions.start
+        self.images = image_index
+        self.captions = caption_index
         self.writers = {
-            "images": pq.ParquetWriter(os.path.join(self.path, "images.parquet"), IMAGE_SCHEMA),
-            "captions": pq.ParquetWriter(
-                os.path.join(self.path, "captions.parquet"), CAPTION_SCHEMA
-            ),
+            "images": pq.ParquetWriter(os.path.join(path, "images.parquet"), IMAGE_SCHEMA),
+            "captions": pq.ParquetWriter(os.path.join(path, "captions.parquet"), CAPTION_SCHEMA),
         }
+        dim = image_index.spec.dim  # the images' z: the width of every mu
         self.mu = {
-            kind: _npy_writer(os.path.join(self.path, f"{kind}_mu.npy"), (n, dim))
-            for kind, n in zip(("image", "caption"), rows, strict=True)
+            kind: _npy_writer(os.path.join(path, f"{kind}_mu.npy"), (len(rows), dim))
+            for kind, rows in (("image", images), ("caption", captions))
         }
 
     def add_images(self, rows: pa.Table, mu: torch.Tensor, vectors: torch.Tensor) -> None:
@@ -138,7 +141,7 @@ class ShardBuilder:
         for out in self.mu.values():
             out.close()
         return ShardRecord(
-            folder=self.name,
+            folder=os.path.basename(self.path),
             image_start=self.image_start,
             caption_start=self.caption_start,
             images=self.images.finish(os.path.join(self.path, "images.faiss")),
