@@ -11,10 +11,10 @@ random CLIP whose projection is d wide, and measures, side by side in one run:
 * **build**: ``asymvlm index`` in a child process (its seconds and peak RSS), the kind chosen,
   the search depth tuned and its recall@10 against exact search;
 * **recall**: recall@10 of the index against exact search (numpy, every image) on ``--queries``
-  text queries of its own;
+  of the tables' captions after the build's sample, encoded by the adapter;
 * **faiss_alone**: per query, FAISS's ``search`` of the same index at the same depth (k = 10);
-* **in_process**: per query, :meth:`Index.search_encoded_texts` (kappa, the decision, FAISS and
-  the exact re-ranking) on queries already encoded, and the text tower's encoding apart;
+* **in_process**: per query (the same captions), :meth:`Index.search_encoded_texts` (kappa, the
+  decision, FAISS and the exact re-ranking), and each text tower's encoding of a caption apart;
 * **served**: ``--clients`` client threads for ``--seconds`` each sending ``POST /search`` of
   one caption (k = 10) to ``pipelines/search.py``'s app on 127.0.0.1, one request at a time
   each (a bounded load); p50/p95 latency, client side. With the tiny text tower and (unless
@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -64,7 +65,7 @@ def write_tables(
         n = min(PART_ROWS, n_images - start)
         concept = rng.integers(0, len(centers), n)
         noise = rng.standard_normal((n, dim)).astype(np.float32)
-        images = unit(centers[concept] + 0.06 * noise)
+        images = unit(centers[concept] + 0.02 * noise)  # cosine 0.9 to its concept
         ids = [f"img{start + i:07d}" for i in range(n)]
         image_rows = pa.table({"image_id": ids, "embedding": vectors(images)})
         tables.write_part(root, split, tables.IMAGES_DIR, f"part-{part:05d}", image_rows)
@@ -138,7 +139,19 @@ def percentiles(seconds: list[float]) -> dict[str, float]:
     return {f"p{q}_ms": round(float(np.percentile(ms, q)), 3) for q in (50, 95, 99)}
 
 
-def in_process(index_dir: str, queries: list[str], towers: dict[str, str]) -> dict:
+def table_queries(root: str, index: Any, n: int) -> dict:
+    """The adapter's encoding of ``n`` test captions after the build's sample (their stored
+    embeddings): queries that land where a trained adapter puts real captions."""
+    import pyarrow.parquet as pq
+
+    from asymvlm.indexing.build import SAMPLE_QUERIES, encode_caption_batch
+
+    part = pq.read_table(f"{root}/test/texts/part-00000.parquet")
+    rows = part.slice(SAMPLE_QUERIES, n).to_batches()[0]
+    return encode_caption_batch(index.method, rows, SAMPLE_QUERIES)
+
+
+def in_process(index_dir: str, root: str, queries: list[str], towers: dict[str, str]) -> dict:
     """FAISS alone, the whole search on encoded queries, and each text tower, per query."""
     import torch
 
@@ -147,7 +160,7 @@ def in_process(index_dir: str, queries: list[str], towers: dict[str, str]) -> di
 
     index = Index.open(index_dir)
     shard = index.shards[0]
-    encoded = index.encode_texts(queries)
+    encoded = table_queries(root, index, len(queries))
     mu = index.form.text_queries(encoded).float().numpy()
     faiss_alone, ours = [], []
     for i in range(len(queries)):
@@ -156,7 +169,7 @@ def in_process(index_dir: str, queries: list[str], towers: dict[str, str]) -> di
         shard.indexes["images"].search(np.ascontiguousarray(mu[i : i + 1]), 10)
         faiss_alone.append(time.perf_counter() - t)
         t = time.perf_counter()
-        index.search_encoded_texts(one, [queries[i]], 10)
+        index.search_encoded_texts(one, [f"caption {i}"], 10)
         ours.append(time.perf_counter() - t)
     encode = {}
     for name, tower in towers.items():
@@ -171,7 +184,8 @@ def in_process(index_dir: str, queries: list[str], towers: dict[str, str]) -> di
         encode[name] = percentiles(times)
     exact = exact_top10(shard.image_mu, mu)
     found = shard.indexes["images"].search(np.ascontiguousarray(mu), 10)[1]
-    decisions = [r.decision for r in index.search_encoded_texts(encoded, queries, 10)]
+    names = [f"caption {i}" for i in range(len(queries))]
+    decisions = [r.decision for r in index.search_encoded_texts(encoded, names, 10)]
     return {
         "recall_at_10": round(recall_at(found, exact), 4),
         "faiss_alone": percentiles(faiss_alone),
@@ -224,7 +238,7 @@ def served(index_dir: str, encoder: str, queries: list[str], clients: int, secon
         thread.start()
     for thread in threads:
         thread.join()
-    serve.delete(cfg.name)
+    serve.shutdown()  # the next app starts its own proxy on its own port
     return {
         "requests": len(latencies),
         "requests_per_second": round(len(latencies) / seconds, 1),
@@ -270,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         log("building the index")
         out["build"] = build(f"{tmp}/tables", adapter, f"{tmp}/index")
         log(f"build: {out['build']}")
-        out["in_process"] = in_process(f"{tmp}/index", queries, towers)
+        out["in_process"] = in_process(f"{tmp}/index", root, queries, towers)
         log(f"in process: {out['in_process']}")
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False)
         try:

@@ -62,20 +62,22 @@ class Shard:
             index, queries = self.indexes["captions"], self.form.image_queries(encoding)
         queries = np.ascontiguousarray(queries.float().numpy())
         bounded = self.form.bound_i2t and direction == "i2t"
+        first_depth = min(index.ntotal, k + MARGIN)
+        all_bounds, all_rows = index.search(queries, first_depth)  # every query in one call
         out = []
         for i in range(n):
-            depth = min(index.ntotal, k + MARGIN)
+            depth, bounds, rows = first_depth, all_bounds[i], all_rows[i]
+            query = {name: value[i : i + 1] for name, value in encoding.items()}
             while True:
-                bounds, rows = index.search(queries[i : i + 1], depth)
-                rows = rows[0][rows[0] >= 0]
-                scores = self._scores(
-                    direction, {n: v[i : i + 1] for n, v in encoding.items()}, rows
-                )
+                rows = rows[rows >= 0]
+                scores = self._scores(direction, query, rows)
                 order = np.lexsort((rows, -scores))[:k]
-                done = len(order) == k and scores[order[-1]] > bounds[0][-1]
+                done = len(order) == k and scores[order[-1]] > bounds[-1]
                 if not bounded or done or depth >= index.ntotal:
                     break
                 depth = min(index.ntotal, 4 * depth)
+                found_bounds, found_rows = index.search(queries[i : i + 1], depth)
+                bounds, rows = found_bounds[0], found_rows[0]
             out.append([self._hit(direction, int(rows[j]), float(scores[j])) for j in order])
         return out
 

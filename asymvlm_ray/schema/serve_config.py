@@ -59,4 +59,7 @@ class SearchConfig(_HttpApp):
     encoder: str | None = Field(None, description="instead of the encoder the index names")
     name: str = Field("asymvlm-search", description="the Serve application")
     k: PositiveInt = Field(10, description="results per query unless a request asks for more")
+    batch_wait_timeout_s: Annotated[float, Field(ge=0)] = Field(
+        0.002, description="how long a request waits for others (a search is quick)"
+    )
     max_k: PositiveInt = Field(1000, description="results a request may ask for, at most")
