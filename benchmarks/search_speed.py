@@ -191,7 +191,7 @@ def in_process(index_dir: str, root: str, queries: list[str], towers: dict[str, 
         "faiss_alone": percentiles(faiss_alone),
         "search": percentiles(ours),
         "kappa_and_decision_over_faiss_ms": round(
-            1000 * (np.median(ours) - np.median(faiss_alone)), 3
+            1000 * float(np.median(ours) - np.median(faiss_alone)), 3
         ),
         "encode_one_caption": encode,
         "decisions": {d: decisions.count(d) for d in sorted(set(decisions))},
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"build: {out['build']}")
         out["in_process"] = in_process(f"{tmp}/index", root, queries, towers)
         log(f"in process: {out['in_process']}")
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False)
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
         try:
             out["served"] = {}
             for name, tower in towers.items():
