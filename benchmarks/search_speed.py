@@ -147,8 +147,9 @@ def table_queries(root: str, index: Any, n: int) -> dict:
     from asymvlm.indexing.build import SAMPLE_QUERIES, encode_caption_batch
 
     part = pq.read_table(f"{root}/test/texts/part-00000.parquet")
-    rows = part.slice(SAMPLE_QUERIES, n).to_batches()[0]
-    return encode_caption_batch(index.method, rows, SAMPLE_QUERIES)
+    first = SAMPLE_QUERIES if part.num_rows >= SAMPLE_QUERIES + n else 0  # a tiny run: any
+    rows = part.slice(first, n).combine_chunks().to_batches()[0]
+    return encode_caption_batch(index.method, rows, first)
 
 
 def in_process(index_dir: str, root: str, queries: list[str], towers: dict[str, str]) -> dict:
@@ -161,6 +162,7 @@ def in_process(index_dir: str, root: str, queries: list[str], towers: dict[str, 
     index = Index.open(index_dir)
     shard = index.shards[0]
     encoded = table_queries(root, index, len(queries))
+    queries = queries[: len(encoded["mu"])]
     mu = index.form.text_queries(encoded).float().numpy()
     faiss_alone, ours = [], []
     for i in range(len(queries)):
