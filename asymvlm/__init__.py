@@ -16,6 +16,9 @@ _API = {
     "TrainConfig": "asymvlm.training",
     "Scorer": "asymvlm.scoring",
     "CaptionScores": "asymvlm.scoring",
+    "Index": "asymvlm.indexing",
+    "build_index": "asymvlm.indexing",
+    "search": "asymvlm.api",
 }
 
 __all__ = [*_API, "__version__"]

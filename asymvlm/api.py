@@ -1,8 +1,9 @@
-"""``asymvlm.evaluate``, ``score`` and ``load_checkpoint``: the functions behind the command
-line, exported at the package's top level (docs/api.md)."""
+"""``asymvlm.evaluate``, ``score``, ``search`` and ``load_checkpoint``: the functions behind the
+command line, exported at the package's top level (docs/api.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -93,3 +94,21 @@ def score(
     load = {"device": device, "adapter_input": adapter_input, "allow_incomplete": allow_incomplete}
     method, data = load_for_split(checkpoint, embeddings, split, **load, tracking_uri=tracking_uri)
     return caption_scores(method, data)
+
+
+def search(
+    index: str,
+    captions: Sequence[str] = (),
+    images: Sequence[Any] = (),
+    *,
+    k: int = 10,
+    encoder: Any = None,
+) -> list[Any]:
+    """``asymvlm search``: each caption's images, then each image's captions (a path, bytes or a
+    PIL image), from the index folder ``index``: :class:`asymvlm.indexing.SearchResult` records
+    with the query's kappa, confidence, decision and results."""
+    from asymvlm.indexing import Index
+
+    opened = Index.open(index, encoder=encoder)
+    found = opened.search_text(captions, k) if captions else []
+    return found + (opened.search_images(images, k) if images else [])

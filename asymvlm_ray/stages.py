@@ -16,12 +16,13 @@ import yaml
 from asymvlm import storage, tracking
 from asymvlm.errors import ConfigError
 from asymvlm.evaluation import registry
+from asymvlm.indexing.settings import IndexSettings
 from asymvlm_ray.embedding import run_embed
 from asymvlm_ray.schema import PipelineConfig, check_shared_output
 from asymvlm_ray.session import RaySession
 from asymvlm_ray.tuning.sweep_driver import SWEEP_RECORD, check_rerun, read_record, run_sweep
 
-STAGES = ("embed", "sweep", "evaluate", "report")
+STAGES = ("embed", "sweep", "index", "evaluate", "report")
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,37 @@ def stage_sweep(cfg: PipelineConfig, parent: str | None = None) -> None:
         logger.info("sweep %s: %d methods x %d lrs x %d seeds", sweep.name, *sizes)
         out = run_sweep(sweep, parent=parent)
         logger.info("sweep %s: done, %d trial(s) failed", sweep.name, len(out.failed))
+
+
+def stage_index(cfg: PipelineConfig, parent: str | None = None) -> None:
+    """Every search index not built already (its ``manifest.json``): a sweep's adapter over a
+    split of tables (docs/search.md), its MLflow run under ``parent``."""
+    from asymvlm.indexing import build_index
+    from asymvlm.indexing.build import log_build
+
+    for item in cfg.indexes:
+        if storage.exists(storage.uri_join(item.output, "manifest.json")):
+            logger.info("index %s: done already", item.name)
+            continue
+        adapter = read_record(cfg.sweep(item.sweep).output).adapters[item.method][str(item.seed)]
+        settings = IndexSettings.model_validate(
+            item.model_dump(include=set(IndexSettings.model_fields))
+        )
+        uri, experiment = cfg.mlflow.tracking_uri, cfg.mlflow.experiment
+        with tracking.run(
+            uri, experiment, f"index {item.name}", kind="index", parent=parent
+        ) as run:
+            manifest = build_index(item.data.root, item.data.split, adapter, item.output, settings)
+            log_build(run, item.output, manifest)
+        logger.info(
+            "index %s: %d images, %d captions -> %s; search it: python pipelines/search.py "
+            "--index %s, then open http://127.0.0.1:8000/",
+            item.name,
+            manifest.images,
+            manifest.captions,
+            item.output,
+            item.output,
+        )
 
 
 def stage_evaluate(cfg: PipelineConfig, parent: str | None = None) -> None:
@@ -170,6 +202,8 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str], session: RaySession) ->
                 run_embed(job, session)
         if "sweep" in stages:
             stage_sweep(cfg, parent=root.id)
+        if "index" in stages:
+            stage_index(cfg, parent=root.id)
         if "evaluate" in stages:
             stage_evaluate(cfg, parent=root.id)
         if "report" in stages:

@@ -5,66 +5,32 @@ Keys: :class:`asymvlm_ray.schema.ServeConfig`; until Ctrl-C or SIGTERM, which de
 from __future__ import annotations
 
 import argparse
-import json
-import signal
-import sys
-import time
 
-from asymvlm.entry import ArgumentParser, guarded, require
+from asymvlm.entry import guarded, require
 
 require("ray", "tracking")
 
 from asymvlm import logs  # noqa: E402
 from asymvlm_ray.schema import load_serve  # noqa: E402
+from asymvlm_ray.serve_app import app_parser, serve_until_stopped  # noqa: E402
 from asymvlm_ray.serving import check, deploy  # noqa: E402
 from asymvlm_ray.session import RaySession  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(description=__doc__.splitlines()[0])
-    keys = "a YAML of ServeConfig keys (each listed in the docs' Configuration reference)"
-    parser.add_argument("--config", help=keys)
-    model = "a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO"
-    parser.add_argument("--checkpoint", help=model)
-    override = "override a ServeConfig key"
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
-    parser.add_argument("--no-block", action="store_true", help="deploy and return")
-    parser.add_argument("--verbose", action="store_true")
-    return parser
+    what = "a checkpoint or model folder, an MLflow model URI or hf-hub:ORG/REPO"
+    return app_parser(__doc__.splitlines()[0], "ServeConfig", "checkpoint", what)
 
 
 def main(argv: list[str] | None = None) -> int:
     def run() -> int:
         args = build_parser().parse_args(argv)
         logs.configure(verbose=args.verbose)
-        import ray
-        from ray import serve
-
         cfg = load_serve(args.config, args.set, args.checkpoint)
-        meta = check(cfg)
+        summary = {"method": check(cfg)["method"]}  # a bad checkpoint fails here, before Ray starts
         with RaySession(eager=True, init=cfg.ray.init_kwargs()):
-            # Ctrl-C and SIGTERM: the app is taken down, exit 130 with one line (our handlers
-            # after ray.init's); during the deployment the signal is noted, acted on after.
-            stop: list[int] = []
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda signum, frame: stop.append(signum))
-            try:
-                url = deploy(cfg)
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    signal.signal(sig, signal.default_int_handler)  # KeyboardInterrupt
-                if stop:
-                    raise KeyboardInterrupt
-                print(
-                    json.dumps({"url": url, "method": meta["method"], "name": cfg.name}), flush=True
-                )
-                print(f"serving at {url} (POST /uncertainty, /score; GET /health)", file=sys.stderr)
-                while not args.no_block:  # --no-block: the app stays up once deployed
-                    time.sleep(3600)
-                return 0
-            except BaseException:
-                if ray.is_initialized():  # this app only: Serve may host others on the cluster
-                    serve.delete(cfg.name)
-                raise
+            routes = "POST /uncertainty, /score; GET /health"
+            return serve_until_stopped(cfg, deploy, summary, routes, not args.no_block)
 
     return guarded(run)
 

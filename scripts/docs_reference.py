@@ -22,7 +22,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: The scripts of pipelines/ whose parsers the CLI reference documents, in this order.
-PIPELINE_SCRIPTS = ("full", "sweep", "train", "embed", "serve")
+PIPELINE_SCRIPTS = ("full", "sweep", "train", "embed", "serve", "search")
 
 
 def cell(text: Any) -> str:
@@ -131,8 +131,9 @@ def schema_markdown(title: str, model: Any, intro: str, done: set[str]) -> list[
 def config_roots() -> list[tuple[str, Any, str]]:
     """The schemas the configuration reference documents, with where each is used."""
     from asymvlm.embedding.embed_config import EmbedConfig
+    from asymvlm.indexing import IndexSettings
     from asymvlm.runner import RunSpec
-    from asymvlm_ray.schema import PipelineConfig, ServeConfig, SweepConfig
+    from asymvlm_ray.schema import PipelineConfig, SearchConfig, ServeConfig, SweepConfig
     from asymvlm_ray.schema.pipeline_config import EVALUATION_ITEMS
 
     return [
@@ -150,6 +151,8 @@ def config_roots() -> list[tuple[str, Any, str]]:
             for kind, model in EVALUATION_ITEMS.items()
         ],
         ("Serve", ServeConfig, "`pipelines/serve.py --config FILE.yaml` and its flags."),
+        ("An index", IndexSettings, "`asymvlm index` and `asymvlm.build_index`."),
+        ("Search on Serve", SearchConfig, "`pipelines/search.py --config FILE.yaml`."),
     ]
 
 

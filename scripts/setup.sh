@@ -51,4 +51,20 @@ fi
 echo "[setup] installing the bayesvlm extra (laplace-torch)"
 pip_install --no-deps laplace-torch backpack-for-pytorch curvlinops-for-pytorch asdfghjkl \
   torchmetrics lightning-utilities opt-einsum einops einconv linear_operator unfoldNd
+# The search page is tested in a real headless browser: Debian's chromium and its driver, where
+# they are missing and apt-get can install them (as root, or through sudo without a password).
+if ! command -v chromedriver >/dev/null 2>&1; then
+  APT=""
+  if [ "$(id -u)" = 0 ]; then APT="apt-get"; elif sudo -n true 2>/dev/null; then APT="sudo -n apt-get"; fi
+  if [ -n "$APT" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing chromium and chromium-driver (the search page's browser tests)"
+    if ! { $APT update -q && DEBIAN_FRONTEND=noninteractive $APT install -y -q chromium chromium-driver; } >>"$LOG" 2>&1; then
+      echo "[setup] apt-get could not install chromium; last lines of $LOG:" >&2
+      tail -n 10 "$LOG" >&2
+      exit 1
+    fi
+  else
+    echo "[setup] no chromium here and no apt-get to install it: the browser test will fail" >&2
+  fi
+fi
 "$VPY" -c "import asymvlm, torch, ray, open_clip; print(f'[setup] ok: asymvlm {asymvlm.__version__}, torch {torch.__version__}, ray {ray.__version__}, open_clip {open_clip.__version__}')"

@@ -4,6 +4,7 @@ another's helpers)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import re
@@ -11,9 +12,12 @@ import shutil
 import socket
 import tarfile
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,6 +43,17 @@ _LIBRARY_LINE = re.compile(
 def library_lines(console: str) -> list[str]:
     """The lines of ``console`` that a library wrote (which belong in the log file)."""
     return [line for line in console.splitlines() if _LIBRARY_LINE.search(line)]
+
+
+def post_json(url: str, payload: Any) -> tuple[int, Any]:
+    """(HTTP status, parsed JSON body) of POSTing ``payload`` as JSON to ``url``."""
+    body = json.dumps(payload).encode()
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
 
 
 def free_port() -> int:

@@ -40,6 +40,10 @@ SMOKE: dict[str, list] = {
     "cli_startup": ["--repeats", "1"],
     "embed_throughput": ["--data", str(HIERARCAPS), "--n-images", "4", "--repeats", "1"]
     + ["--threads", "1", "--no-sorted"],
+    "search_decisions": ["--seeds", "0", "--methods", "asymvlm-vmf", "--images", "300,100,100"]
+    + ["--epochs", "2"],
+    "search_speed": ["--images", "2000", "--dim", "32", "--queries", "10", "--seconds", "1"]
+    + ["--clients", "2", "--no-vit"],
 }
 
 
@@ -62,6 +66,18 @@ EXPECTED: dict[str, dict[str, Any]] = {
     # `asymvlm --help` answers without importing torch, Ray, MLflow or pyarrow
     "cli_startup": {"repeats": 1, "commands.asymvlm --help.heavy_imports": []},
     "embed_throughput": {"stage_summary.n_images": 4, "stage_summary.n_image_errors": 0},
+    # abstention by kappa measured against the other orders, on the synthetic world's test split
+    "search_decisions": {
+        "asymvlm-vmf.seeds.0.t2i.aurc_kappa": FRACTION,
+        "asymvlm-vmf.seeds.0.t2i.aurc_random": FRACTION,
+        "asymvlm-vmf.summary.t2i.ece.std": 0.0,
+    },
+    # exact search at this size: the index finds what numpy finds, and Serve answered
+    "search_speed": {
+        "build.kind": "flat",
+        "in_process.recall_at_10": 1.0,
+        "served.tiny.requests": POSITIVE,
+    },
 }
 
 

@@ -47,10 +47,16 @@ def test_demo_config_resolves_and_its_finished_stages_are_skipped(
     (tmp_path / "evaluations").mkdir()
     for i, ev in enumerate(cfg.evaluations):
         (tmp_path / "evaluations" / f"{i:02d}-{ev.kind}.json").write_text("{}")
+    (index,) = cfg.indexes  # the HierarCaps adapter's search index, under the output too
+    assert (index.output, index.sweep) == (str(tmp_path / "indexes" / "hierarcaps"), scfg.name)
+    os.makedirs(index.output)
+    open(os.path.join(index.output, "manifest.json"), "w").write("{}")
     caplog.set_level("INFO")
     stages.stage_sweep(cfg)
+    stages.stage_index(cfg)
     stages.stage_evaluate(cfg)
-    assert caplog.text.count("done already") == len(cfg.sweeps) + len(cfg.evaluations)
+    done = len(cfg.sweeps) + len(cfg.indexes) + len(cfg.evaluations)
+    assert caplog.text.count("done already") == done
 
 
 def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypatch, caplog):
@@ -69,7 +75,7 @@ def test_the_demo_without_hierarcaps_runs_its_synthetic_part(tmp_path, monkeypat
     assert [(e.kind, e.sweep) for e in cfg.evaluations] == [
         (kind, "synthetic") for kind in ("hierarcaps", "nota", "zeroshot")
     ]
-    assert cfg.embed.jobs == [] and not cfg.prepare.hierarcaps_cifar
+    assert cfg.embed.jobs == [] and not cfg.prepare.hierarcaps_cifar and cfg.indexes == []
     assert cfg.prepare.synthetic.output == str(tmp_path / "out" / "tables" / "synthetic")
     left_out = [r.getMessage() for r in caplog.records if "are left out" in r.getMessage()]
     assert len(left_out) == 1 and "sweeps[hierarcaps-tiny]" in left_out[0]
@@ -89,6 +95,16 @@ def test_bad_configs_fail_naming_the_problem(tmp_path, capsys) -> None:
     )
     with pytest.raises(ValueError, match="unknown sweep 'b'"):
         schema.load_pipeline(str(path))
+    index = f"{{name: i, data: '{tmp_path}:test', sweep: a"
+    for item, problem in (
+        (f"{index}, method: pfe}}", "sweep 'a' trains no 'pfe'"),
+        (f"{index[:-1]}b}}", "unknown sweep 'b'"),
+    ):
+        path.write_text(f"sweeps: [{sweep}, name: a}}]\nindexes: [{item}]\n")
+        with pytest.raises(
+            ValueError, match=f"indexes\\[0\\]: {problem}|indexes\\[0\\] names {problem}"
+        ):
+            schema.load_pipeline(str(path))
     path.write_text("evaluations: [{kind: tables}]\n")
     with pytest.raises(ValueError, match="evaluations\\[0\\].kind = 'tables': must be one of"):
         schema.load_pipeline(str(path))
@@ -99,7 +115,7 @@ def test_bad_configs_fail_naming_the_problem(tmp_path, capsys) -> None:
     assert "unknown stages ['dance']" in capsys.readouterr().err
     assert full.main(["--config", DEMO, "--stages", " ,"]) == 2
     assert "--stages: no stage given; choose from" in capsys.readouterr().err
-    for entry in ("full", "embed", "serve", "sweep", "train"):  # a misspelt flag: one line
+    for entry in ("full", "embed", "serve", "search", "sweep", "train"):  # a misspelt flag
         assert importlib.import_module(f"pipelines.{entry}").main(["--confg", "c.yaml"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1, entry

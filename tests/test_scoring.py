@@ -26,7 +26,7 @@ from asymvlm.checkpoints import export_adapter, load_checkpoint
 from asymvlm.cli import main as cli_main
 from asymvlm.errors import CheckpointError
 from asymvlm.scoring import ScoringInputError
-from tests.helpers import free_port, hierarcaps_subset, requires_hierarcaps
+from tests.helpers import free_port, hierarcaps_subset, post_json, requires_hierarcaps
 from tests.hub_server import serve_hub
 
 pytestmark = [requires_hierarcaps, pytest.mark.slow]
@@ -246,16 +246,6 @@ def test_score_text_from_the_exported_folder_and_the_hub(
     assert len(err) == 1 and "hf-hub:someone/missing: cannot download the model" in err[0]
 
 
-def _post(url: str, payload: Any) -> tuple[int, Any]:
-    body = json.dumps(payload).encode()
-    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
-
-
 @pytest.fixture(scope="module")
 def served(trained):
     """The adapter deployed with Ray Serve on 127.0.0.1 (batching on); (url, port)."""
@@ -283,7 +273,7 @@ def test_serve_answers_the_numbers_of_the_scorer_over_http(trained, served) -> N
     # concurrent requests are batched together and each gets its own answers back
     many = [CAPTIONS] + [[f"caption number {i}", f"another caption {i}"] for i in range(11)]
     with ThreadPoolExecutor(12) as pool:
-        answers = list(pool.map(lambda c: _post(url + "/uncertainty", {"captions": c}), many))
+        answers = list(pool.map(lambda c: post_json(url + "/uncertainty", {"captions": c}), many))
     for sent, (status, body) in zip(many, answers, strict=True):
         assert status == 200 and [r["text"] for r in body["results"]] == sent
         want = scorer.caption_uncertainty(sent)
@@ -293,7 +283,7 @@ def test_serve_answers_the_numbers_of_the_scorer_over_http(trained, served) -> N
     names = sorted(os.listdir(trained["images"]))[:2]
     raw = [open(os.path.join(trained["images"], n), "rb").read() for n in names]
     images = [base64.b64encode(b).decode() for b in raw]
-    status, body = _post(url + "/score", {"captions": CAPTIONS[:2], "images": images})
+    status, body = post_json(url + "/score", {"captions": CAPTIONS[:2], "images": images})
     assert status == 200
     np.testing.assert_allclose(body["scores"], scorer.score(raw, CAPTIONS[:2]), rtol=1e-4)
 
@@ -310,7 +300,7 @@ def test_serve_refuses_bad_requests_with_a_4xx_and_the_reason(served) -> None:
         ("score", {"captions": ["a"], "images": [not_an_image]}, 400, "image 0: cannot be decoded"),
         ("score", {"captions": ["a dog"], "images": ["%%%"]}, 400, "image 0: not base64"),
     ]:
-        status, body = _post(f"{served[0]}/{route}", payload)
+        status, body = post_json(f"{served[0]}/{route}", payload)
         assert status == code and reason in json.dumps(body), (payload, body)
 
 
@@ -340,7 +330,7 @@ def test_serve_stops_its_own_app_on_sigterm(trained, served, ray_session, tmp_pa
         # the signal comes as soon as the app answers: that can be before serve.run has
         # returned (the deployment still being watched), and it must end the same way there
         deadline = time.monotonic() + 120
-        while _post(f"{url}/sigterm/uncertainty", {"captions": ["a dog"]})[0] != 200:
+        while post_json(f"{url}/sigterm/uncertainty", {"captions": ["a dog"]})[0] != 200:
             assert proc.poll() is None and time.monotonic() < deadline, "the app never answered"
             time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
@@ -355,4 +345,4 @@ def test_serve_stops_its_own_app_on_sigterm(trained, served, ray_session, tmp_pa
     assert len(printed) <= 1  # printed once deployed, if the signal came after that
     for line in printed:
         assert json.loads(line) == dict(url=f"{url}/sigterm", method="asymvlm-vmf", name="sigterm")
-    assert _post(f"{url}/uncertainty", {"captions": ["a dog"]})[0] == 200  # the other app
+    assert post_json(f"{url}/uncertainty", {"captions": ["a dog"]})[0] == 200  # the other app

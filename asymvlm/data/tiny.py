@@ -116,10 +116,24 @@ def _save(directory, seed: int, family: str, max_length: int, images: dict, **co
 _SIZE = {"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE}
 
 
-def save_tiny_clip(directory: str | os.PathLike, seed: int = 0) -> str:
-    """Write a tiny random CLIP (hidden 32, 2 layers, 64 px, patch 16) and its processor."""
+#: The text tower of CLIP ViT-B/32 (its shape; the weights of these models are random).
+VIT_B32_TEXT = dict(
+    hidden_size=512, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=8
+)
+
+
+def save_tiny_clip(
+    directory: str | os.PathLike,
+    seed: int = 0,
+    *,
+    projection_dim: int = 24,
+    text_tower: dict[str, int] | None = None,
+) -> str:
+    """Write a tiny random CLIP (hidden 32, 2 layers, 64 px, patch 16) and its processor;
+    ``text_tower``: another text tower's shape (:data:`VIT_B32_TEXT`)."""
     images = {"size": {"shortest_edge": TINY_IMAGE_SIZE}, "crop_size": _SIZE}
-    return _save(directory, seed, "clip", 77, images, projection_dim=24)
+    text = {"text": text_tower} if text_tower else {}
+    return _save(directory, seed, "clip", 77, images, projection_dim=projection_dim, **text)
 
 
 def save_tiny_siglip(directory: str | os.PathLike, seed: int = 0) -> str:

@@ -16,7 +16,7 @@ from asymvlm.embedding.encoders.names import looks_like_path
 from asymvlm.errors import ConfigError
 from asymvlm.tables import Location, parse_location
 from asymvlm_ray.schema.pipeline_config import EmbedSection, PipelineConfig
-from asymvlm_ray.schema.serve_config import ServeConfig
+from asymvlm_ray.schema.serve_config import SearchConfig, ServeConfig
 from asymvlm_ray.schema.sweep_settings import RuntimeEnv, SweepConfig
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ _UNTYPED_PATHS = {EmbedConfig: ("output", "annotations", "images", "id_list")}
 _NAME_OR_FOLDER = {
     EmbedConfig: ("model",),
     ServeConfig: ("checkpoint", "encoder"),
+    SearchConfig: ("index", "encoder"),
     RuntimeEnv: ("pip",),
 }
 _KEYS_OF = {(EmbedSection, "defaults"): EmbedConfig}
@@ -136,6 +137,16 @@ def load_serve(path: str | None, overrides: list[str], checkpoint: str | None) -
     return config.validate(ServeConfig, doc, path or "serve options")
 
 
+def load_search(path: str | None, overrides: list[str], index: str | None) -> SearchConfig:
+    """The search app's settings: an optional YAML, ``--set`` overrides and ``--index``."""
+    doc = (
+        _document(path, overrides, SearchConfig) if path else config.apply_overrides({}, overrides)
+    )
+    if index:
+        doc["index"] = index
+    return config.validate(SearchConfig, doc, path or "search options")
+
+
 def _hierarcaps_found(_: str) -> bool:
     from asymvlm.data.hierarcaps_fetch import locate_hierarcaps
 
@@ -167,7 +178,7 @@ def drop_unavailable(doc: dict[str, Any], source: str) -> tuple[dict[str, Any], 
     prepare = doc.get("prepare") or {}
     for key in [k for k, item in prepare.items() if not keep(f"prepare.{k}", item)]:
         del prepare[key]
-    lists = [("sweeps", doc), ("evaluations", doc), ("jobs", doc.get("embed"))]
+    lists = [("sweeps", doc), ("evaluations", doc), ("indexes", doc), ("jobs", doc.get("embed"))]
     for key, parent in lists:
         if isinstance(parent, dict) and isinstance(parent.get(key), list):
             label = "embed.jobs" if key == "jobs" else key

@@ -12,6 +12,8 @@ from asymvlm import storage
 from asymvlm.config import StrictModel
 from asymvlm.embedding.embed_config import EmbedConfig
 from asymvlm.evaluation.registry import EVALUATIONS
+from asymvlm.indexing.settings import IndexSettings
+from asymvlm.tables import LocationField
 from asymvlm_ray.schema.sweep_settings import (
     Absolute,
     MlflowSettings,
@@ -45,6 +47,19 @@ Evaluation = Annotated[
     Union[tuple(EVALUATION_ITEMS.values())],  # noqa: UP007 - a union of the registry's kinds
     Field(discriminator="kind"),
 ]
+
+
+# -- indexes ------------------------------------------------------------------------------------
+class IndexItem(IndexSettings):
+    """An item of ``indexes``: a sweep's adapter over a split of tables, as ``asymvlm index``
+    builds it (docs/search.md), into ``OUTPUT/indexes/<name>`` unless ``output`` says."""
+
+    name: str = Field(description="the index's name")
+    data: LocationField = Field(description="the tables and split to index (ROOT:SPLIT)")
+    sweep: str = Field(description="the sweep whose adapter is indexed")
+    method: str = Field("asymvlm-vmf", description="the sweep's method whose adapter is indexed")
+    seed: int = Field(0, description="its seed")
+    output: Absolute | None = Field(None, description="the index folder")
 
 
 # -- prepare ------------------------------------------------------------------------------------
@@ -175,6 +190,7 @@ class PipelineConfig(StrictModel):
     embed: EmbedSection = Field(EmbedSection(), description="the embedding stage's jobs")
     sweeps: list[SweepConfig] = Field([], description="the Tune sweeps (each needs a name)")  # type: ignore[valid-type]
     evaluations: list[Evaluation] = Field([], description="the paper's evaluations, by kind")  # type: ignore[valid-type]
+    indexes: list[IndexItem] = Field([], description="search indexes of the sweeps' adapters")
     report: ReportConfig = Field(ReportConfig(), description="the report")
 
     @model_validator(mode="before")
@@ -193,6 +209,11 @@ class PipelineConfig(StrictModel):
                     raise ValueError(f"sweeps[{i}] needs a name")
                 where = storage.uri_join(doc["output"], "sweeps", sweep["name"])
                 sweeps[i] = {**sweep, **shared, "output": sweep.get("output") or where}
+        doc["indexes"] = indexes = list(doc.get("indexes") or [])
+        for i, item in enumerate(indexes):
+            if isinstance(item, dict) and item.get("name") and not item.get("output"):
+                where = storage.uri_join(doc["output"], "indexes", item["name"])
+                indexes[i] = {**item, "output": where}
         return doc
 
     @model_validator(mode="after")
@@ -205,6 +226,11 @@ class PipelineConfig(StrictModel):
                 raise ValueError(f"evaluations[{i}] names unknown sweep {ev.sweep!r}")
             if ev.frozen and not ev.sweep and ev.dim is None:
                 raise ValueError(f"evaluations[{i}]: a frozen-only evaluation needs dim")
+        for i, item in enumerate(self.indexes):
+            if item.sweep not in names:
+                raise ValueError(f"indexes[{i}] names unknown sweep {item.sweep!r}")
+            if item.method not in self.sweep(item.sweep).methods:
+                raise ValueError(f"indexes[{i}]: sweep {item.sweep!r} trains no {item.method!r}")
         for key in ("tiny_clip", "hierarcaps_cifar"):
             where = getattr(self.prepare, key)
             if (where := getattr(where, "output", where)) and storage.is_remote(where):
