@@ -54,11 +54,14 @@ pip_install --no-deps laplace-torch backpack-for-pytorch curvlinops-for-pytorch 
 # The search page is tested in a real headless browser: Debian's chromium and its driver, where
 # they are missing and apt-get can install them (as root, or through sudo without a password).
 if ! command -v chromedriver >/dev/null 2>&1; then
-  APT=""
-  if [ "$(id -u)" = 0 ]; then APT="apt-get"; elif sudo -n true 2>/dev/null; then APT="sudo -n apt-get"; fi
-  if [ -n "$APT" ] && command -v apt-get >/dev/null 2>&1; then
+  AS_ROOT=()
+  if [ "$(id -u)" != 0 ]; then
+    if sudo -n true 2>/dev/null; then AS_ROOT=(sudo -n); else AS_ROOT=(none); fi
+  fi
+  if [ "${AS_ROOT[*]}" != none ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing chromium and chromium-driver (the search page's browser tests)"
-    if ! { $APT update -q && DEBIAN_FRONTEND=noninteractive $APT install -y -q chromium chromium-driver; } >>"$LOG" 2>&1; then
+    APT=("${AS_ROOT[@]}" env DEBIAN_FRONTEND=noninteractive apt-get)
+    if ! { "${APT[@]}" update -q && "${APT[@]}" install -y -q chromium chromium-driver; } >>"$LOG" 2>&1; then
       echo "[setup] apt-get could not install chromium; last lines of $LOG:" >&2
       tail -n 10 "$LOG" >&2
       exit 1
