@@ -95,6 +95,7 @@ def stage_index(cfg: PipelineConfig, parent: str | None = None) -> None:
     split of tables (docs/search.md), its MLflow run under ``parent``."""
     from asymvlm.indexing import build_index
     from asymvlm.indexing.build import log_build
+    from asymvlm_ray.index_build import encoded_on_ray
 
     for item in cfg.indexes:
         if storage.exists(storage.uri_join(item.output, "manifest.json")):
@@ -108,7 +109,8 @@ def stage_index(cfg: PipelineConfig, parent: str | None = None) -> None:
         with tracking.run(
             uri, experiment, f"index {item.name}", kind="index", parent=parent
         ) as run:
-            manifest = build_index(item.data.root, item.data.split, adapter, item.output, settings)
+            where = (item.data.root, item.data.split, adapter, item.output)
+            manifest = build_index(*where, settings, encoded=encoded_on_ray)
             log_build(run, item.output, manifest)
         logger.info(
             "index %s: %d images, %d captions -> %s; search it: python pipelines/search.py "

@@ -127,6 +127,23 @@ def test_two_shards_give_the_top_k_of_one_index(world, checkpoints, indexes, tmp
     assert two.search_text(captions, 5) == one.search_text(captions, 5)
 
 
+def test_an_index_built_on_ray_data_is_the_index_built_here(
+    world, checkpoints, indexes, ray_session, tmp_path
+) -> None:
+    from asymvlm_ray.index_build import encoded_on_ray
+
+    on_ray = str(tmp_path / "on-ray")
+    build_index(world, "test", checkpoints["asymvlm-vmf"], on_ray, encoded=encoded_on_ray)
+    here, there = Index.open(indexes["asymvlm-vmf"]), Index.open(on_ray)
+    for name in ("image_mu.npy", "caption_mu.npy", "images.parquet", "captions.parquet"):
+        a, b = (os.path.join(i.folder, "shard-00000", name) for i in (here, there))
+        assert open(a, "rb").read() == open(b, "rb").read(), name
+    assert there.manifest.policies == here.manifest.policies
+    data = load_split(world, "test")
+    captions = list(data.captions[:30])
+    assert there.search_text(captions, 5) == here.search_text(captions, 5)
+
+
 def test_an_index_or_a_folder_already_there_is_kept(world, checkpoints, indexes, tmp_path, capsys):
     argv = ["index", "--embeddings", world, "--checkpoint", checkpoints["asymvlm-vmf"]]
     before = os.path.getmtime(os.path.join(indexes["asymvlm-vmf"], "manifest.json"))

@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -66,8 +66,11 @@ logger = logging.getLogger(__name__)
 BATCH_ROWS = 16384
 #: Queries of the build's recall@10 measurement (the other collection's first rows).
 SAMPLE_QUERIES = 1000
-IMAGE_COLUMNS = ["image_id", "embedding", "norm"]
-CAPTION_COLUMNS = ["caption_id", "image_id", "text", "embedding", "norm"]
+#: The columns an index reads of each kind of table (``norm`` where there is one).
+COLUMNS = {
+    IMAGES_DIR: ["image_id", "embedding", "norm"],
+    TEXTS_DIR: ["caption_id", "image_id", "text", "embedding", "norm"],
+}
 
 
 def _batches(root: str, split: str, kind: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
@@ -112,6 +115,22 @@ def encode_caption_batch(method: Method, batch: pa.RecordBatch, first_row: int) 
     if method.adapter_input == "raw" and "norm" in batch.schema.names:
         emb = np.multiply(emb, batch.column("norm").to_numpy(zero_copy_only=False)[:, None])
     return _finite(method, "caption", method.encode_texts(torch.from_numpy(emb)), first_row)
+
+
+#: A split's rows of one kind in table order, batch by batch, each with the adapter's encoding.
+EncodedBatches = Iterator[tuple[pa.RecordBatch, Encoding]]
+#: What encodes them: (tables, split, kind, method) -> the batches (:func:`encoded_here`, or
+#: on Ray Data ``asymvlm_ray.index_build.encoded_on_ray``).
+EncodedRows = Callable[[str, str, str, Method], EncodedBatches]
+
+
+def encoded_here(tables: str, split: str, kind: str, method: Method) -> EncodedBatches:
+    """The batches of ``ROOT/split/kind`` (``images`` or ``texts``) encoded in this process."""
+    encode = encode_image_batch if kind == IMAGES_DIR else encode_caption_batch
+    start = 0
+    for batch in _batches(tables, split, kind, COLUMNS[kind]):
+        yield batch, encode(method, batch, start)
+        start += batch.num_rows
 
 
 def image_paths(tables: str, split: str, described: dict | None) -> dict[str, str]:
@@ -163,8 +182,10 @@ class _Build:
     def sample_queries(self) -> tuple[np.ndarray, np.ndarray]:
         """(text -> image, image -> text) queries of the recall@10 measurement: the first rows."""
         first = {
-            kind: next(_batches(self.tables, self.split, kind, columns)).slice(0, SAMPLE_QUERIES)
-            for kind, columns in ((IMAGES_DIR, IMAGE_COLUMNS), (TEXTS_DIR, CAPTION_COLUMNS))
+            kind: next(_batches(self.tables, self.split, kind, COLUMNS[kind])).slice(
+                0, SAMPLE_QUERIES
+            )
+            for kind in (IMAGES_DIR, TEXTS_DIR)
         }
         texts = encode_caption_batch(self.method, first[TEXTS_DIR], 0)
         images = encode_image_batch(self.method, first[IMAGES_DIR], 0)
@@ -202,12 +223,12 @@ class _Build:
             )
         ]
 
-    def stream(self, shards: list[ShardBuilder]) -> None:
+    def stream(self, shards: list[ShardBuilder], encoded: EncodedRows) -> None:
+        """The images, then the captions, ``encoded`` batch by batch, into their shards."""
         described = (check_split(self.tables, self.split).extra.get("splits") or {}).get(self.split)
         paths = image_paths(self.tables, self.split, described)
         start = 0
-        for batch in _batches(self.tables, self.split, IMAGES_DIR, IMAGE_COLUMNS):
-            encoding = encode_image_batch(self.method, batch, start)
+        for batch, encoding in encoded(self.tables, self.split, IMAGES_DIR, self.method):
             ids = batch.column("image_id").to_pylist()
             rows = pa.table({"image_id": ids, "path": [paths.get(i) for i in ids]}, IMAGE_SCHEMA)
             vectors = self.form.image_items(encoding)
@@ -215,8 +236,7 @@ class _Build:
                 shards[shard].add_images(rows[part], encoding["mu"][part], vectors[part])
             start += batch.num_rows
         start = 0
-        for batch in _batches(self.tables, self.split, TEXTS_DIR, CAPTION_COLUMNS):
-            encoding = encode_caption_batch(self.method, batch, start)
+        for batch, encoding in encoded(self.tables, self.split, TEXTS_DIR, self.method):
             rows = self.caption_rows(batch, encoding)
             vectors = self.form.caption_items(encoding)
             for shard, part in _route(self.caption_ranges, start, batch.num_rows):
@@ -264,10 +284,12 @@ def build_index(
     *,
     tracking_uri: str | None = None,
     overwrite: bool = False,
+    encoded: EncodedRows = encoded_here,
 ) -> IndexManifest:
     """Index ``tables``/``split`` under the adapter ``checkpoint`` into the folder ``output``
     (local or an object-store URI); the decisions are fitted on ``settings.validation`` where
-    the tables hold that split. An index already at ``output`` is kept unless ``overwrite``."""
+    the tables hold that split. An index already at ``output`` is kept unless ``overwrite``;
+    ``encoded``: where the rows are encoded (here, or on Ray Data)."""
     settings = settings or IndexSettings()
     table_manifest = check_split(tables, split)
     _check_output(output, overwrite)
@@ -288,7 +310,7 @@ def build_index(
     work = tempfile.mkdtemp(prefix=".asymvlm-index-", dir=beside)
     try:
         shards = build.shards(work, settings)
-        build.stream(shards)
+        build.stream(shards, encoded)
         records = [shard.finish() for shard in shards]
         policies, validation = {}, settings.validation
         if validation and validation in list_splits(tables):
