@@ -30,12 +30,15 @@ ENCODED = "encoded."
 
 
 class _EncodeRows:
-    """A Ray Data actor: the adapter (shipped with the task) on its device, encoding batches of
-    one kind of row into the same rows plus one column per encoding (``encoded.mu`` ...)."""
+    """A Ray Data actor: the adapter, loaded where it is given (a folder every node sees, an
+    object-store, MLflow or Hub URI) on its device, encoding batches of one kind of row into
+    the same rows plus one column per encoding (``encoded.mu`` ...)."""
 
-    def __init__(self, method: Method, kind: str) -> None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.method = method.to(device).eval()
+    def __init__(self, adapter: str, adapter_input: str, kind: str) -> None:
+        from asymvlm.api import load_checkpoint
+
+        self.method, _ = load_checkpoint(adapter, "cuda" if torch.cuda.is_available() else "cpu")
+        self.method.adapter_input = adapter_input
         self.encode = encode_image_batch if kind == IMAGES_DIR else encode_caption_batch
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -54,7 +57,9 @@ class _EncodeRows:
         return out
 
 
-def encoded_on_ray(tables: str, split: str, kind: str, method: Method) -> EncodedBatches:
+def encoded_on_ray(
+    tables: str, split: str, kind: str, method: Method, adapter: str
+) -> EncodedBatches:
     """The batches of ``ROOT/split/kind`` encoded by a Ray Data actor pool, in table order
     (the running Ray session's; :func:`asymvlm.indexing.build.encoded_here`'s contract)."""
     import ray
@@ -71,7 +76,7 @@ def encoded_on_ray(tables: str, split: str, kind: str, method: Method) -> Encode
     )
     encoded = dataset.map_batches(
         _EncodeRows,
-        fn_constructor_args=(method.cpu(), kind),
+        fn_constructor_args=(adapter, method.adapter_input, kind),
         batch_size=BATCH_ROWS,
         batch_format="pyarrow",
         concurrency=(1, 4),

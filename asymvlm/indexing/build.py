@@ -119,12 +119,14 @@ def encode_caption_batch(method: Method, batch: pa.RecordBatch, first_row: int) 
 
 #: A split's rows of one kind in table order, batch by batch, each with the adapter's encoding.
 EncodedBatches = Iterator[tuple[pa.RecordBatch, Encoding]]
-#: What encodes them: (tables, split, kind, method) -> the batches (:func:`encoded_here`, or
-#: on Ray Data ``asymvlm_ray.index_build.encoded_on_ray``).
-EncodedRows = Callable[[str, str, str, Method], EncodedBatches]
+#: What encodes them: (tables, split, kind, the adapter loaded, the adapter as given) -> the
+#: batches (:func:`encoded_here`, or on Ray Data ``asymvlm_ray.index_build.encoded_on_ray``).
+EncodedRows = Callable[[str, str, str, Method, str], EncodedBatches]
 
 
-def encoded_here(tables: str, split: str, kind: str, method: Method) -> EncodedBatches:
+def encoded_here(
+    tables: str, split: str, kind: str, method: Method, adapter: str = ""
+) -> EncodedBatches:
     """The batches of ``ROOT/split/kind`` (``images`` or ``texts``) encoded in this process."""
     encode = encode_image_batch if kind == IMAGES_DIR else encode_caption_batch
     start = 0
@@ -171,11 +173,14 @@ def _route(ranges: list[range], start: int, rows: int) -> Iterator[tuple[int, sl
 class _Build:
     """One build: the shards' builders, fed the images, then the captions, in table order."""
 
-    def __init__(self, tables: str, split: str, method: Method, form: InnerProductForm) -> None:
+    def __init__(
+        self, tables: str, split: str, method: Method, form: InnerProductForm, adapter: str
+    ) -> None:
         self.tables = tables
         self.split = split
         self.method = method
         self.form = form
+        self.adapter = adapter
         self.n_images = _count(tables, split, IMAGES_DIR)
         self.n_captions = _count(tables, split, TEXTS_DIR)
 
@@ -228,7 +233,9 @@ class _Build:
         described = (check_split(self.tables, self.split).extra.get("splits") or {}).get(self.split)
         paths = image_paths(self.tables, self.split, described)
         start = 0
-        for batch, encoding in encoded(self.tables, self.split, IMAGES_DIR, self.method):
+        for batch, encoding in encoded(
+            self.tables, self.split, IMAGES_DIR, self.method, self.adapter
+        ):
             ids = batch.column("image_id").to_pylist()
             rows = pa.table({"image_id": ids, "path": [paths.get(i) for i in ids]}, IMAGE_SCHEMA)
             vectors = self.form.image_items(encoding)
@@ -236,7 +243,9 @@ class _Build:
                 shards[shard].add_images(rows[part], encoding["mu"][part], vectors[part])
             start += batch.num_rows
         start = 0
-        for batch, encoding in encoded(self.tables, self.split, TEXTS_DIR, self.method):
+        for batch, encoding in encoded(
+            self.tables, self.split, TEXTS_DIR, self.method, self.adapter
+        ):
             rows = self.caption_rows(batch, encoding)
             vectors = self.form.caption_items(encoding)
             for shard, part in _route(self.caption_ranges, start, batch.num_rows):
@@ -302,7 +311,7 @@ def build_index(
             f"{checkpoint}: the adapter takes {meta['dim']} dimensions, "
             f"{tables}/{split} has {table_manifest.dim}"
         )
-    build = _Build(tables, split, method, form)
+    build = _Build(tables, split, method, form, checkpoint)
     beside = None  # a local index is written beside its place, then moved there at once
     if not is_remote(output):
         beside = os.path.dirname(absolute(output))
