@@ -80,6 +80,10 @@ def encoded_on_ray(
         batch_size=BATCH_ROWS,
         batch_format="pyarrow",
         concurrency=(1, 4),
+        # Not restarted by Ray (as the embedding stage's pool): Ray core prints an ERROR for
+        # each restartable actor given object-store arguments (ray-project/ray#57733); a lost
+        # actor ends the build, which writes nothing until it is whole.
+        max_restarts=0,
         num_gpus=1 if torch.cuda.is_available() else 0,
     )
     for block in encoded.iter_batches(batch_size=BATCH_ROWS, batch_format="pyarrow"):
