@@ -81,8 +81,13 @@ def test_every_extra_named_is_declared_and_the_core_has_none_of_them() -> None:
 
 
 @pytest.mark.slow
-def test_the_core_trains_evaluates_and_scores_without_the_extras(small_world, tmp_path) -> None:
+def test_the_core_trains_evaluates_scores_and_searches_without_the_extras(
+    small_world, tmp_path
+) -> None:
+    from asymvlm.tables import read_split
+
     ckpt, metrics, scores = tmp_path / "ckpt", tmp_path / "m.json", tmp_path / "s.parquet"
+    index, caption = tmp_path / "index", read_split(small_world, "test").texts[0]
     common = ["--device", "cpu", "--quiet"]
     commands = [
         ["train", "--embeddings", small_world, "--method", "asymvlm-vmf", "--epochs", "1"]
@@ -91,6 +96,8 @@ def test_the_core_trains_evaluates_and_scores_without_the_extras(small_world, tm
         + ["--output", str(metrics), *common],
         ["score", "--embeddings", small_world, "--checkpoint", str(ckpt)]
         + ["--output", str(scores), *common],
+        ["index", "--embeddings", small_world, "--checkpoint", str(ckpt), "--output", str(index)],
+        ["search", "--index", str(index), caption],
         ["evaluate", "--embeddings", small_world, "--checkpoint", "runs:/0123/model"]
         + ["--output", str(tmp_path / "x.json"), *common],
         ["train", "--embeddings", "s3://bucket/world", "--method", "asymvlm-vmf"]
@@ -102,8 +109,10 @@ def test_the_core_trains_evaluates_and_scores_without_the_extras(small_world, tm
     commands = "\n".join(map(json.dumps, commands))
     proc = subprocess.run([sys.executable, "-c", DRIVER, blocked], input=commands, **run)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (train, _), (evaluate, _), (score, _), *missing = json.loads(proc.stdout.splitlines()[-1])
-    assert (train, evaluate, score) == (0, 0, 0), proc.stdout[-3000:]
+    results = json.loads(proc.stdout.splitlines()[-1])
+    done, missing = results[:5], results[5:]
+    assert [code for code, _ in done] == [0, 0, 0, 0, 0], proc.stdout[-3000:]
+    assert (index / "manifest.json").exists()
     assert 0 <= json.loads(metrics.read_text())["t2i"]["recall@1"] <= 1 and scores.stat().st_size
     assert [(code, err.splitlines()[-1]) for code, err in missing] == [
         (2, "error: mlflow is not installed: pip install 'asymvlm[tracking]'"),

@@ -144,6 +144,19 @@ def test_an_index_built_on_ray_data_is_the_index_built_here(
     assert there.search_text(captions, 5) == here.search_text(captions, 5)
 
 
+def test_an_index_on_s3_is_built_and_searched_as_a_local_one(
+    world, checkpoints, indexes, bucket
+) -> None:
+    build_index(world, "test", checkpoints["asymvlm-ps"], "s3://bucket/index")
+    assert bucket.exists("bucket/index/manifest.json")
+    assert bucket.exists("bucket/index/shard-00000/images.faiss")
+    captions = list(load_split(world, "test").captions[:10])
+    remote, local = Index.open("s3://bucket/index"), Index.open(indexes["asymvlm-ps"])
+    assert remote.search_text(captions, 5) == local.search_text(captions, 5)
+    with pytest.raises(ConfigError, match="an index is there already"):
+        build_index(world, "test", checkpoints["asymvlm-ps"], "s3://bucket/index")
+
+
 def test_an_index_or_a_folder_already_there_is_kept(world, checkpoints, indexes, tmp_path, capsys):
     argv = ["index", "--embeddings", world, "--checkpoint", checkpoints["asymvlm-vmf"]]
     before = os.path.getmtime(os.path.join(indexes["asymvlm-vmf"], "manifest.json"))
