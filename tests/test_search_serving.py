@@ -60,8 +60,8 @@ def served(indexed):
 
 
 def _same(served: Any, here: Any) -> bool:
-    """The same answers: ids, texts and decisions exactly, numbers to float32's precision (a
-    replica's torch runs on other threads, which changes the last bits of a sum)."""
+    """The same answers: ids, texts and decisions exactly, numbers to float32's precision (the
+    replica's encodings differ from this process's in their last bits)."""
     if isinstance(here, dict):
         return served.keys() == here.keys() and all(_same(served[k], here[k]) for k in here)
     if isinstance(here, list):
