@@ -16,6 +16,7 @@ import base64
 import binascii
 import itertools
 import mimetypes
+import operator
 import os
 from importlib.resources import files
 from typing import Any
@@ -143,7 +144,7 @@ class SearchDeployment:
     async def _batched(self, requests: list[tuple[list[str], int]]) -> list[list[dict]]:
         """The captions of requests that came together (of one k), encoded and searched as one."""
         out: list[list[dict]] = []
-        for k, group in itertools.groupby(requests, key=lambda request: request[1]):
+        for k, group in itertools.groupby(requests, key=operator.itemgetter(1)):
             captions = [request[0] for request in group]
             every = [caption for group in captions for caption in group]
             found = iter(await asyncio.to_thread(self.index.search_text, every, k))

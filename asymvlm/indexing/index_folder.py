@@ -143,8 +143,8 @@ class Index:
         if len(self.shards) == 1:
             return self.shards[0].ranked(direction, encoding, k)
         with ThreadPoolExecutor(len(self.shards)) as pool:
-            found = pool.map(lambda shard: shard.ranked(direction, encoding, k), self.shards)
-            return merge(list(found), k)
+            asked = [pool.submit(shard.ranked, direction, encoding, k) for shard in self.shards]
+            return merge([answer.result() for answer in asked], k)
 
     def image_path(self, row: int) -> str | None:
         """The file or URL of the image in ``row`` (None: not known)."""
