@@ -11,8 +11,9 @@ For AsymVLM (captions vMF(mu, kappa) or PS(mu, kappa), images points z; App. A.2
   tangent at the caption's mean cosine c_t is an inner product that bounds it from above; the
   index searches the bound and the exact score re-ranks (:attr:`InnerProductForm.bound_i2t`).
 
-Methods that score by the cosine of their encodings (CLIP, Determ. FT, ELIP) are inner products
-as they are; any other score is refused (:class:`NotIndexable`).
+Methods that score by the cosine of their encodings' mu (:meth:`Method.score` itself: CLIP,
+Determ. FT, ELIP and the Gaussian baselines) are inner products as they are; any other score is
+refused (:class:`NotIndexable`).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class InnerProductForm:
         if self.family == "vmf":
             slope, offset = kappa, vmf_log_normalizer(kappa, dim)
         else:
-            c = PowerSpherical(mu.to(torch.float64), kappa).mean_resultant_length()
+            c = cap_cosine(self.family, kappa, dim)
             slope = kappa / (1.0 + c)
             offset = kappa * (torch.log1p(c) - c / (1.0 + c)) + ps_log_normalizer(kappa, dim)
         vectors = torch.cat([slope[:, None] * mu.to(torch.float64), offset[:, None]], dim=1)
@@ -103,5 +104,5 @@ def inner_product_form(method: Method) -> InnerProductForm:
     raise NotIndexable(
         f"{method.name}: its retrieval score is not an inner product of a query and an item "
         "vector, so no index can rank by it (indexable: the asymvlm-vmf/-ps families with "
-        "deterministic images, and the cosine methods clip, determ-ft, elip)"
+        "deterministic images, and methods that score by the cosine of their encodings)"
     )
