@@ -12,8 +12,6 @@ decides, one deployment per shard that ranks its rows, the page at ``/`` and cli
 
 # No ``from __future__ import annotations``: FastAPI reads the annotations at runtime.
 import asyncio
-import base64
-import binascii
 import itertools
 import mimetypes
 import operator
@@ -29,6 +27,7 @@ from ray import serve
 from asymvlm.indexing.records import Hit
 from asymvlm.scoring import ScoringInputError
 from asymvlm_ray.schema import SearchConfig
+from asymvlm_ray.serve_app import bad_request, checked_captions, decoded_images
 from asymvlm_ray.session import require_ray
 
 app = FastAPI(title="asymvlm search", description="a kappa-aware index of images and captions")
@@ -51,10 +50,6 @@ class KnnRequest(BaseModel):
     modality: str = "image"
     num_images: int = 40
     indice_name: str | None = None
-
-
-def _bad(message: str) -> HTTPException:
-    return HTTPException(status_code=400, detail=message)
 
 
 @app.exception_handler(ScoringInputError)
@@ -117,28 +112,8 @@ class SearchDeployment:
     def _k(self, k: int | None) -> int:
         k = self.cfg.k if k is None else k
         if not 1 <= k <= self.cfg.max_k:
-            raise _bad(f"k = {k}: give 1 to {self.cfg.max_k}")
+            raise bad_request(f"k = {k}: give 1 to {self.cfg.max_k}")
         return k
-
-    def _captions(self, captions: list[str]) -> list[str]:
-        if len(captions) > self.cfg.max_captions:
-            raise _bad(f"{len(captions)} captions; at most {self.cfg.max_captions} a request")
-        for i, text in enumerate(captions):
-            if not text.strip():
-                raise _bad(f"caption {i}: empty")
-            if len(text) > self.cfg.max_caption_chars:
-                raise _bad(
-                    f"caption {i}: {len(text)} characters; at most {self.cfg.max_caption_chars}"
-                )
-        return captions
-
-    def _images(self, images: list[str]) -> list[bytes]:
-        if len(images) > self.cfg.max_images:
-            raise _bad(f"{len(images)} images; at most {self.cfg.max_images} a request")
-        try:
-            return [base64.b64decode(text, validate=True) for text in images]
-        except (binascii.Error, ValueError):
-            raise _bad("an image is not base64") from None
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
     async def _batched(self, requests: list[tuple[list[str], int]]) -> list[list[dict]]:
@@ -154,12 +129,12 @@ class SearchDeployment:
     @app.post("/search")
     async def search(self, request: SearchRequest) -> dict[str, Any]:
         captions, images, k = (
-            self._captions(request.captions),
-            self._images(request.images),
+            checked_captions(self.cfg, request.captions),
+            decoded_images(self.cfg, request.images),
             self._k(request.k),
         )
         if not captions and not images:
-            raise _bad("nothing to search: give captions or images")
+            raise bad_request("nothing to search: give captions or images")
         results = []
         if captions:
             if self.cfg.batching:
@@ -176,13 +151,13 @@ class SearchDeployment:
     async def knn_service(self, request: KnnRequest) -> list[dict[str, Any]]:
         k = self._k(request.num_images)
         if request.text and request.image:
-            raise _bad("give text or image, not both")
+            raise bad_request("give text or image, not both")
         if request.text and request.modality == "image":
-            search, queries = self.index.search_text, self._captions([request.text])
+            search, queries = self.index.search_text, checked_captions(self.cfg, [request.text])
         elif request.image and request.modality == "text":
-            search, queries = self.index.search_images, self._images([request.image])
+            search, queries = self.index.search_images, decoded_images(self.cfg, [request.image])
         else:
-            raise _bad(
+            raise bad_request(
                 "this index answers text -> image (text, modality image) and image -> text "
                 "(image, modality text); not image_url, embedding_input or one modality to itself"
             )

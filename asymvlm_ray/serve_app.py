@@ -1,9 +1,11 @@
-"""What the entry points of the Serve applications share (``pipelines/serve.py``,
-``pipelines/search.py``): their flags, and running the application until Ctrl-C or SIGTERM,
-which delete it."""
+"""What the Serve applications share (``pipelines/serve.py``, ``pipelines/search.py``): their
+flags, running the application until Ctrl-C or SIGTERM, which delete it, and the checks of a
+request's captions and images (a 400 naming the first one at fault)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import signal
 import sys
@@ -11,7 +13,40 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fastapi import HTTPException
+
 from asymvlm.entry import ArgumentParser
+
+
+def bad_request(message: str) -> HTTPException:
+    """A 400 with ``message`` as its detail."""
+    return HTTPException(status_code=400, detail=message)
+
+
+def checked_captions(cfg: Any, captions: list[str]) -> list[str]:
+    """``captions`` within ``cfg``'s limits (count, characters), none empty."""
+    if len(captions) > cfg.max_captions:
+        raise bad_request(f"{len(captions)} captions; at most {cfg.max_captions} a request")
+    most = cfg.max_caption_chars
+    for i, text in enumerate(captions):
+        if not text.strip():
+            raise bad_request(f"caption {i}: empty")
+        if len(text) > most:
+            raise bad_request(f"caption {i}: {len(text)} characters; at most {most}")
+    return captions
+
+
+def decoded_images(cfg: Any, images: list[str]) -> list[bytes]:
+    """The bytes of base64 ``images``, within ``cfg``'s limit on their count."""
+    if len(images) > cfg.max_images:
+        raise bad_request(f"{len(images)} images; at most {cfg.max_images} a request")
+    out = []
+    for i, text in enumerate(images):
+        try:
+            out.append(base64.b64decode(text, validate=True))
+        except (binascii.Error, ValueError):
+            raise bad_request(f"image {i}: not base64") from None
+    return out
 
 
 def app_parser(description: str, schema: str, source: str, source_help: str) -> ArgumentParser:

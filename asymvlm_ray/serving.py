@@ -3,18 +3,17 @@
 ``{"captions", "images": [base64]}`` -> ``{"scores"}``; ``GET /health``; bad input: a 400."""
 
 # No ``from __future__ import annotations``: FastAPI reads the annotations at runtime.
-import base64
-import binascii
 import itertools
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from ray import serve
 
 from asymvlm.scoring import ScoringInputError
 from asymvlm_ray.schema import ServeConfig
+from asymvlm_ray.serve_app import bad_request, checked_captions, decoded_images
 from asymvlm_ray.session import require_ray
 
 app = FastAPI(title="asymvlm scorer", description="caption uncertainty of a trained adapter")
@@ -27,10 +26,6 @@ class UncertaintyRequest(BaseModel):
 class ScoreRequest(BaseModel):
     captions: list[str]
     images: list[str]  # base64 of encoded images (JPEG, PNG, ...)
-
-
-def _bad(message: str) -> HTTPException:
-    return HTTPException(status_code=400, detail=message)
 
 
 @app.exception_handler(ScoringInputError)
@@ -60,29 +55,13 @@ class ScorerDeployment:
 
     def _captions(self, captions: list[str]) -> list[str]:
         if not captions:
-            raise _bad("no captions")
-        if len(captions) > self.cfg.max_captions:
-            raise _bad(f"{len(captions)} captions; at most {self.cfg.max_captions} a request")
-        most = self.cfg.max_caption_chars
-        for i, text in enumerate(captions):
-            if not text.strip():
-                raise _bad(f"caption {i}: empty")
-            if len(text) > most:
-                raise _bad(f"caption {i}: {len(text)} characters; at most {most}")
-        return captions
+            raise bad_request("no captions")
+        return checked_captions(self.cfg, captions)
 
     def _images(self, images: list[str]) -> list[bytes]:
         if not images:
-            raise _bad("no images")
-        if len(images) > self.cfg.max_images:
-            raise _bad(f"{len(images)} images; at most {self.cfg.max_images} a request")
-        out = []
-        for i, text in enumerate(images):
-            try:
-                out.append(base64.b64decode(text, validate=True))
-            except (binascii.Error, ValueError):
-                raise _bad(f"image {i}: not base64") from None
-        return out
+            raise bad_request("no images")
+        return decoded_images(self.cfg, images)
 
     @app.get("/health")
     def health(self) -> dict[str, Any]:

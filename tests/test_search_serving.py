@@ -117,7 +117,7 @@ def test_clip_retrievals_client_request_is_answered(indexed, served) -> None:
         ("search", {"captions": ["a dog"], "k": 0}, "k = 0: give 1 to 1000"),
         ("search", {}, "nothing to search: give captions or images"),
         ("search", {"captions": [" "]}, "caption 0: empty"),
-        ("search", {"images": ["not base64!"]}, "an image is not base64"),
+        ("search", {"images": ["not base64!"]}, "image 0: not base64"),
         ("knn-service", {"text": "a dog", "modality": "text"}, "this index answers text -> image"),
     ],
 )
