@@ -195,6 +195,21 @@ def list_names(uri: str) -> list[str]:
     return sorted(n for n in names if not n.startswith("."))
 
 
+def is_empty_folder(uri: str) -> bool:
+    """Whether ``uri`` holds nothing (no file, no folder; a missing folder holds nothing)."""
+    fs, path = filesystem(uri)
+    with named_failures(uri):
+        return not fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+
+
+def download_dir(uri: str, local: str) -> str:
+    """Copy the files under folder ``uri`` into the local folder ``local``; returns ``local``."""
+    fs, path = fsspec_filesystem(uri)
+    with named_failures(uri):
+        fs.get(path.rstrip("/") + "/", local, recursive=True)
+    return local
+
+
 def upload_dir(local: str, uri: str) -> str:
     """Copy the files of the local folder ``local`` to ``uri``; returns ``uri``."""
     if not is_remote(uri) and os.path.abspath(uri) == os.path.abspath(local):

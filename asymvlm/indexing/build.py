@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
 
@@ -44,9 +43,9 @@ from asymvlm.storage import (
     absolute,
     exists,
     filesystem,
+    is_empty_folder,
     is_remote,
     join,
-    list_names,
     upload_dir,
     uri_join,
 )
@@ -274,14 +273,8 @@ def _check_output(output: str, overwrite: bool) -> None:
     if exists(uri_join(output, "manifest.json")):
         if not overwrite:
             raise ConfigError(f"{output}: an index is there already (--overwrite replaces it)")
-    elif exists(output) and list_names(output) + _folders(output):
+    elif not is_empty_folder(output):
         raise ConfigError(f"{output}: a folder with other files in it; give a new folder")
-
-
-def _folders(location: str) -> list[str]:
-    fs, path = filesystem(location)
-    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-    return [i.path for i in infos if i.type == pafs.FileType.Directory]
 
 
 def build_index(

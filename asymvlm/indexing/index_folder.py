@@ -24,7 +24,7 @@ from asymvlm.indexing.records import FORMAT, Direction, Hit, IndexManifest, Sear
 from asymvlm.indexing.shard import Shard
 from asymvlm.indexing.validation import widened_k
 from asymvlm.methods import Encoding
-from asymvlm.storage import fsspec_filesystem, is_remote, read_text, uri_join
+from asymvlm.storage import download_dir, is_remote, read_text, uri_join
 
 
 class IndexFolderError(ConfigError):
@@ -61,10 +61,7 @@ def local_folder(location: str) -> str:
     """``location`` itself when local; an object-store folder copied to a temporary folder."""
     if not is_remote(location):
         return location
-    fs, path = fsspec_filesystem(location)
-    folder = tempfile.mkdtemp(prefix="asymvlm-index-")
-    fs.get(path.rstrip("/") + "/", folder, recursive=True)
-    return folder
+    return download_dir(location, tempfile.mkdtemp(prefix="asymvlm-index-"))
 
 
 def merge(per_shard: list[list[list[Hit]]], k: int) -> list[list[Hit]]:
