@@ -206,8 +206,8 @@ def test_open_clip_tables_and_the_scorer_that_reloads_the_model(
     run = tracking.open_run(tracking.default_tracking_uri(str(tmp_path)), "e", "t", kind="trial")
     log_adapter_models(run, checkpoint)  # the MLflow text model requires open_clip
     run.end()
-    mlflow.set_tracking_uri(tracking.default_tracking_uri(str(tmp_path)))
-    requirements = mlflow.pyfunc.get_model_dependencies(f"runs:/{run.id}/text-adapter")
+    with tracking.global_tracking_uri(tracking.default_tracking_uri(str(tmp_path))):
+        requirements = mlflow.pyfunc.get_model_dependencies(f"runs:/{run.id}/text-adapter")
     assert "open_clip_torch" in Path(requirements).read_text()
 
 

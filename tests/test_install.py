@@ -103,9 +103,12 @@ def test_the_core_trains_evaluates_scores_and_searches_without_the_extras(
         ["train", "--embeddings", "s3://bucket/world", "--method", "asymvlm-vmf"]
         + ["--output", str(tmp_path / "y"), *common],
         ["report", "--experiment", "x", "--output", str(tmp_path / "report")],
+        ["index", "--embeddings", small_world, "--checkpoint", str(ckpt)]
+        + ["--output", str(tmp_path / "logged"), "--tracking-uri", "sqlite:///x.db"],
     ]
     blocked = ",".join(sorted(set(EXTRAS) | {"timm", "torchvision"}))
-    run = dict(capture_output=True, text=True, cwd=ROOT, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # no store here
+    run = dict(capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     commands = "\n".join(map(json.dumps, commands))
     proc = subprocess.run([sys.executable, "-c", DRIVER, blocked], input=commands, **run)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -118,4 +121,6 @@ def test_the_core_trains_evaluates_scores_and_searches_without_the_extras(
         (2, "error: mlflow is not installed: pip install 'asymvlm[tracking]'"),
         (2, "error: s3fs is not installed: pip install 'asymvlm[s3]'"),
         (2, "error: mlflow is not installed: pip install 'asymvlm[tracking]'"),
+        (2, "error: mlflow is not installed: pip install 'asymvlm[tracking]'"),
     ]
+    assert not (tmp_path / "logged").exists(), "the index is refused before it is built"

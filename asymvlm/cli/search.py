@@ -20,8 +20,11 @@ COMMANDS = {
 
 
 def cmd_index(args: argparse.Namespace) -> int:
+    from asymvlm.extras import check_extras
     from asymvlm.indexing import build_index
 
+    if args.tracking_uri:
+        check_extras("tracking")  # before the build, not after it
     values = model_values(args, args.index_keys)
     settings = validate(IndexSettings, values, "asymvlm index", flags=True)
     where = (args.embeddings, args.split, args.checkpoint, args.output)
