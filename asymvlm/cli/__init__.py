@@ -9,14 +9,14 @@ import sys
 from collections.abc import Sequence
 
 from asymvlm import __version__
-from asymvlm.cli import embedding, evaluation, export, search, text, tracking, training
+from asymvlm.cli import curating, embedding, evaluation, export, search, text, tracking, training
 from asymvlm.cli.flags import table_location
 from asymvlm.entry import ArgumentParser, guarded
 
 __all__ = ["build_parser", "main"]
 
 
-GROUPS = (training, evaluation, text, search, export, embedding, tracking)
+GROUPS = (training, evaluation, text, search, export, embedding, curating, tracking)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

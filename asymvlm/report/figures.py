@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -94,6 +95,23 @@ def plot_severity(
     ax.set_xlabel("severity (0 = clean)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
+    return save_figure(fig, [ax], path)
+
+
+def plot_kappa_cuts(
+    histogram: Mapping[str, list[float]], cuts: Mapping[str, float], path: str
+) -> str:
+    """The distribution of a pool's ln κ (``edges``, ``counts``) and where each selection
+    rule's κ threshold cuts it (a dashed line per rule)."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    edges, counts = histogram["edges"], histogram["counts"]
+    if counts:
+        ax.stairs(counts, edges, fill=True, alpha=0.6, label="captions")
+    for (name, kappa), color in zip(cuts.items(), plt.cm.tab10.colors, strict=False):
+        ax.axvline(math.log(kappa), color=color, linestyle="--", label=f"{name}: κ ≥ {kappa:.4g}")
+    ax.set_xlabel("ln κ (right: more specific)")
+    ax.set_ylabel("captions")
+    ax.set_title("κ of the pool's captions and where each rule cuts")
     return save_figure(fig, [ax], path)
 
 

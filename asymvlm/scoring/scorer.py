@@ -92,6 +92,22 @@ class TableEncoder:
         return {}
 
 
+class GivenEmbeddings:
+    """The encoder of captions that come embedded (a pool's text embeddings): the adapter's
+    dimension, on a device; it embeds nothing itself."""
+
+    def __init__(self, dim: int, device: str = "cpu") -> None:
+        self.dim = int(dim)
+        self.device = torch.device(device)
+        self.info = SimpleNamespace(model="given embeddings")
+
+    def encode_texts(self, texts: list[str], pre: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        raise CheckpointError("these captions come embedded: there is no encoder to embed text")
+
+    def projections(self) -> dict[str, np.ndarray]:
+        return {}
+
+
 class Scorer:
     """A trained adapter with its frozen encoder, on its device (:meth:`from_checkpoint`)."""
 
@@ -204,11 +220,32 @@ class Scorer:
         if not captions:
             empty = np.zeros((0, int(self.meta["dim"])), np.float32)
             return CaptionScores([], None, None, empty)
-        _, text_rows = self.method.split_inputs(self._split(captions))
+        texts = self._embed(captions, partial(self.encoder.encode_texts, pre=self.uses_pre))
+        return self._caption_scores(captions, texts)
+
+    def embedding_uncertainty(
+        self, unit: np.ndarray, norm: np.ndarray | None = None, captions: Sequence[str] = ()
+    ) -> CaptionScores:
+        """:meth:`caption_uncertainty` of captions embedded already: their unit embeddings
+        [n, d] and the encoder's raw norms [n] (1 where not given)."""
+        unit_rows = torch.from_numpy(np.asarray(unit, np.float32)).to(self.device)
+        if unit_rows.ndim != 2 or unit_rows.shape[1] != int(self.meta["dim"]):
+            raise CheckpointError(
+                f"embeddings of shape {tuple(unit_rows.shape)}: the adapter "
+                f"({self.meta['method']}) takes {self.meta['dim']} dimensions"
+            )
+        norms = np.ones(len(unit_rows), np.float32) if norm is None else norm
+        texts = {"unit": unit_rows, "norm": torch.from_numpy(np.asarray(norms, np.float32))}
+        texts["norm"] = texts["norm"].to(self.device)
+        return self._caption_scores(list(captions) or [""] * len(unit_rows), texts)
+
+    def _caption_scores(self, captions: list[str], texts: dict[str, torch.Tensor]) -> CaptionScores:
+        """The adapter on embedded captions (``unit``, ``norm``[, ``pre``])."""
+        _, text_rows = self.method.split_inputs(self._split(captions, texts))
         with torch.no_grad():
-            texts = self.method.encode_texts(text_rows)
-            unc = self.method.text_uncertainty_from(texts)
-        numbers = {"uncertainty": unc, "kappa": texts.get("kappa")}
+            encoded = self.method.encode_texts(text_rows)
+            unc = self.method.text_uncertainty_from(encoded)
+        numbers = {"uncertainty": unc, "kappa": encoded.get("kappa")}
         for name, value in numbers.items():
             numbers[name] = None if value is None else value.float().cpu().numpy()
             if value is not None and not torch.isfinite(value).all():
@@ -216,7 +253,7 @@ class Scorer:
                 raise ScoringInputError(
                     "caption", bad, f"the adapter gives a non-finite {name} for {captions[bad]!r}"
                 )
-        return CaptionScores(captions, mu=texts["mu"].float().cpu().numpy(), **numbers)
+        return CaptionScores(captions, mu=encoded["mu"].float().cpu().numpy(), **numbers)
 
     def score(self, images: Sequence[Any], captions: Sequence[str]) -> np.ndarray:
         """[n_captions, n_images] retrieval scores (the log-likelihood for AsymVLM, App. A.2)."""
@@ -224,15 +261,17 @@ class Scorer:
         images = list(images)
         if not captions or not images:
             return np.zeros((len(captions), len(images)), np.float32)
-        image_rows, text_rows = self.method.split_inputs(self._split(captions, images))
+        texts = self._embed(captions, partial(self.encoder.encode_texts, pre=self.uses_pre))
+        image_rows, text_rows = self.method.split_inputs(self._split(captions, texts, images))
         with torch.no_grad():
             texts = self.method.encode_texts(text_rows)
             scores = self.method.score(texts, self.method.encode_images(image_rows))
         return scores.float().cpu().numpy()
 
-    def _split(self, captions: list[str], images: list | None = None) -> SplitTensors:
-        """The captions (and images) embedded as a split, whose rows each method takes."""
-        texts = self._embed(captions, partial(self.encoder.encode_texts, pre=self.uses_pre))
+    def _split(
+        self, captions: list[str], texts: dict[str, torch.Tensor], images: list | None = None
+    ) -> SplitTensors:
+        """The embedded captions (and the images) as a split, whose rows each method takes."""
         if images is None:  # captions only
             image = {"unit": torch.zeros(0, int(self.meta["dim"]), device=self.device)}
             image["norm"] = torch.zeros(0, device=self.device)

@@ -1,6 +1,7 @@
 """The Ray layer's configs, validated into typed objects (:mod:`~asymvlm_ray.schema.load`) first."""
 
 from asymvlm_ray.schema.load import check_shared_output as check_shared_output
+from asymvlm_ray.schema.load import load_curate as load_curate
 from asymvlm_ray.schema.load import load_embed_jobs as load_embed_jobs
 from asymvlm_ray.schema.load import load_pipeline as load_pipeline
 from asymvlm_ray.schema.load import load_search as load_search

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from asymvlm import config, storage
 from asymvlm.checkpoints import is_model_uri
+from asymvlm.curation import CurateConfig
 from asymvlm.embedding.embed_config import EmbedConfig
 from asymvlm.embedding.encoders.names import looks_like_path
 from asymvlm.errors import ConfigError
@@ -127,6 +128,12 @@ def load_embed_jobs(path: str, overrides: list[str] | None = None) -> list[Embed
     if schema is EmbedSection:
         return config.validate(EmbedSection, doc, path).jobs
     return [config.validate(EmbedConfig, doc, path)] if doc else []
+
+
+def load_curate(path: str, overrides: list[str] | None = None) -> CurateConfig:
+    """A curation job (:class:`CurateConfig` keys at the top level), validated before it starts."""
+    doc = config.expand_env(_document(path, overrides, CurateConfig), path)
+    return config.validate(CurateConfig, doc, path)
 
 
 def load_serve(path: str | None, overrides: list[str], checkpoint: str | None) -> ServeConfig:

@@ -1,0 +1,168 @@
+"""The selections of a scored pool: where each :class:`SelectionRule` cuts (fractions found on
+fine histograms, in bounded memory), the kept rows as Parquet and, where rows have DataComp
+uids, DataComp's selection file (a sorted ``.npy`` of uint64 uid pairs)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel
+
+from asymvlm import storage
+from asymvlm.curation.curate_config import SelectionRule
+from asymvlm.curation.shard_scores import scores_uri
+
+SELECTIONS_DIR = "selections"
+#: ln κ in bins 0.001 wide (κ to 0.1 %), CLIP score in bins 1e-4 wide.
+LOG_KAPPA_EDGES = np.linspace(-10.0, 25.0, 35_001)
+CLIP_EDGES = np.linspace(-1.0, 1.0, 20_001)
+
+
+@dataclass
+class Histogram:
+    """Counts of values on fixed ``edges`` (values outside go to the end bins)."""
+
+    edges: np.ndarray
+    counts: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.counts = np.zeros(len(self.edges) - 1, np.int64)
+
+    def add(self, values: np.ndarray) -> None:
+        bins = np.clip(
+            np.searchsorted(self.edges, values, side="right") - 1, 0, len(self.counts) - 1
+        )
+        self.counts += np.bincount(bins, minlength=len(self.counts))
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def top_fraction_cut(self, fraction: float) -> float:
+        """The lowest edge above which at least ``fraction`` of the values lie."""
+        above = np.cumsum(self.counts[::-1])[::-1]  # values in this bin and above
+        enough = np.nonzero(above >= fraction * self.total)[0]
+        return float(self.edges[enough[-1]]) if len(enough) else float(self.edges[0])
+
+    def coarse(self, bins: int = 100) -> dict[str, list[float]]:
+        """The occupied range in ``bins`` bins, for people: ``edges``, ``counts``."""
+        used = np.nonzero(self.counts)[0]
+        if not len(used):
+            return {"edges": [], "counts": []}
+        lo, hi = used[0], used[-1] + 1
+        groups = np.array_split(np.arange(lo, hi), min(bins, hi - lo))
+        edges = [float(self.edges[g[0]]) for g in groups] + [float(self.edges[hi])]
+        return {"edges": edges, "counts": [int(self.counts[g].sum()) for g in groups]}
+
+
+class RuleOutcome(BaseModel):
+    """Where a rule cut (κ and CLIP-score thresholds, None: not used) and what it kept."""
+
+    name: str
+    kappa_min: float | None
+    clip_min: float | None
+    kept: int
+    scored: int
+    fraction: float
+    files: list[str]
+
+
+def _read(output: str, shard: str, columns: list[str]) -> pa.Table:
+    fs, path = storage.fsspec_filesystem(scores_uri(output, shard))
+    with storage.named_failures(path), fs.open(path, "rb") as f:
+        return pq.read_table(f, columns=columns)
+
+
+def histograms(output: str, shards: Sequence[str]) -> tuple[Histogram, Histogram]:
+    """(ln κ, CLIP score) histograms of the scored rows of ``shards``."""
+    kappa, clip = Histogram(LOG_KAPPA_EDGES), Histogram(CLIP_EDGES)
+    for shard in shards:
+        table = _read(output, shard, ["kappa", "clip_score"])
+        kappa.add(np.log(table["kappa"].drop_null().to_numpy()))
+        clip.add(table["clip_score"].drop_null().to_numpy())
+    return kappa, clip
+
+
+def thresholds(rule: SelectionRule, kappa: Histogram, clip: Histogram) -> tuple[float | None, ...]:
+    """The rule's (κ, CLIP score) thresholds: its own, or where its fractions cut."""
+    kappa_min = rule.kappa_min
+    if rule.most_specific is not None:
+        cut = float(np.exp(kappa.top_fraction_cut(rule.most_specific)))
+        kappa_min = cut if kappa_min is None else max(kappa_min, cut)
+    clip_min = rule.clip_min
+    if rule.clip_top is not None:
+        cut = clip.top_fraction_cut(rule.clip_top)
+        clip_min = cut if clip_min is None else max(clip_min, cut)
+    return kappa_min, clip_min
+
+
+def datacomp_uids(uids: Sequence[str]) -> np.ndarray:
+    """DataComp's selection: each 128-bit hex uid as two uint64, sorted."""
+    pairs = np.array([(int(u[:16], 16), int(u[16:32], 16)) for u in uids], np.dtype("u8,u8"))
+    pairs.sort()
+    return pairs
+
+
+def write_selections(
+    output: str, shards: Sequence[str], rules: Sequence[SelectionRule], uid: bool
+) -> tuple[list[RuleOutcome], Histogram]:
+    """Each rule's kept rows as ``selections/RULE.parquet`` (shard, row, key[, uid], κ, CLIP
+    score) and, with ``uid``, ``selections/RULE.npy``; the ln κ histogram."""
+    kappa, clip = histograms(output, shards)
+    cuts = {rule.name: thresholds(rule, kappa, clip) for rule in rules}
+    columns = ["row", "key", *(["uid"] if uid else []), "kappa", "clip_score"]
+    kept: dict[str, list[str]] = {rule.name: [] for rule in rules}
+    counts = dict.fromkeys(kept, 0)
+    writers: dict[str, pq.ParquetWriter] = {}
+    outs = []
+    try:
+        for shard in shards:
+            table = _read(output, shard, columns)
+            table = table.add_column(0, "shard", pa.array([shard] * table.num_rows, pa.string()))
+            for name, (kappa_min, clip_min) in cuts.items():
+                mask = pc.is_valid(table["kappa"])
+                if kappa_min is not None:
+                    mask = pc.and_(mask, pc.greater_equal(table["kappa"], kappa_min))
+                if clip_min is not None:
+                    mask = pc.and_(mask, pc.greater_equal(table["clip_score"], clip_min))
+                chosen = table.filter(pc.fill_null(mask, False))
+                if name not in writers:
+                    uri = storage.uri_join(output, SELECTIONS_DIR, f"{name}.parquet")
+                    fs, path = storage.fsspec_filesystem(uri)
+                    fs.makedirs(storage.uri_join(output, SELECTIONS_DIR), exist_ok=True)
+                    outs.append(fs.open(path, "wb"))
+                    writers[name] = pq.ParquetWriter(outs[-1], chosen.schema)
+                writers[name].write_table(chosen)
+                counts[name] += chosen.num_rows
+                if uid:
+                    kept[name] += chosen["uid"].to_pylist()
+    finally:
+        for writer in writers.values():
+            writer.close()
+        for out in outs:
+            out.close()
+    results = []
+    for rule in rules:
+        files = [storage.uri_join(output, SELECTIONS_DIR, f"{rule.name}.parquet")]
+        if uid:
+            files.append(storage.uri_join(output, SELECTIONS_DIR, f"{rule.name}.npy"))
+            with storage.atomic_path(files[-1]) as (fs, tmp), fs.open_output_stream(tmp) as f:
+                np.save(f, datacomp_uids(kept[rule.name]))
+        kappa_min, clip_min = cuts[rule.name]
+        results.append(
+            RuleOutcome(
+                name=rule.name,
+                kappa_min=kappa_min,
+                clip_min=clip_min,
+                kept=counts[rule.name],
+                scored=kappa.total,
+                fraction=counts[rule.name] / max(kappa.total, 1),
+                files=files,
+            )
+        )
+    return results, kappa
