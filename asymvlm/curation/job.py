@@ -26,7 +26,13 @@ from asymvlm.curation.pools import (
     parquet_rows,
 )
 from asymvlm.curation.selection import RuleOutcome, write_selections
-from asymvlm.curation.shard_scores import SCORES_DIR, ShardOutcome, ShardScorer, scores_uri
+from asymvlm.curation.shard_scores import (
+    SCORES_DIR,
+    ShardOutcome,
+    ShardScorer,
+    scores_uri,
+    uncaptioned,
+)
 from asymvlm.errors import ConfigError
 from asymvlm.extras import missing_extra
 
@@ -128,6 +134,12 @@ def plan_job(cfg: CurateConfig) -> CurationPlan:
         raise ConfigError(
             f"{where}: text embeddings of {pool_dim} dimensions, the adapter "
             f"({meta['method']}) takes {dim}"
+        )
+    recorded = (meta.get("encoder") or {}).get("model") or meta.get("embedding_model")
+    if pool_dim is None and not cfg.encoder and recorded in (None, "synthetic-world"):
+        raise ConfigError(
+            f"{cfg.pool}: its captions are to be embedded, and the adapter names no encoder "
+            "(it was trained on tables without one): give --encoder"
         )
     if pool_dim is not None and getattr(method, "USES_PRE_FEATURES", False):
         raise ConfigError(f"{meta['method']} needs pre-projection features, which {where} lacks")
@@ -259,10 +271,11 @@ def curate(
     failed = [o for o in ordered if o.error]
     scored = [o.shard for o in ordered if not o.error]
     uid = plan.format == "datacomp"
-    rules, histogram = write_selections(cfg.output, scored, cfg.rules, uid)
+    captioned = sum(o.rows - o.null_captions for o in ordered if not o.error)
+    rules, histogram = write_selections(cfg.output, scored, cfg.rules, uid, captioned)
     for rule in rules:
         if not rule.kept:
-            logger.warning("rule %s kept nothing of %d scored captions", rule.name, rule.scored)
+            logger.warning("rule %s kept nothing of %d captions", rule.name, rule.scored)
     summary = CurationSummary(
         pool=cfg.pool,
         format=plan.format,
@@ -283,8 +296,8 @@ def curate(
 
 
 def _scored_outcome(output: str, shard: str) -> ShardOutcome:
-    """The outcome of a shard scored by an earlier run, from its κ column."""
+    """The outcome of a shard scored by an earlier run, from its file."""
     fs, path = storage.fsspec_filesystem(scores_uri(output, shard))
     with storage.named_failures(path), fs.open(path, "rb") as f:
-        table = pq.read_table(f, columns=["kappa"])
-    return ShardOutcome(shard=shard, rows=table.num_rows, null_captions=table["kappa"].null_count)
+        captions = pq.read_table(f, columns=["has_caption"])["has_caption"]
+    return ShardOutcome(shard=shard, rows=len(captions), null_captions=uncaptioned(captions))

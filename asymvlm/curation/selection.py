@@ -61,7 +61,8 @@ class Histogram:
 
 
 class RuleOutcome(BaseModel):
-    """Where a rule cut (κ and CLIP-score thresholds, None: not used) and what it kept."""
+    """Where a rule cut (κ and CLIP-score thresholds, None: not used) and what it kept of the
+    ``scored`` captions."""
 
     name: str
     kappa_min: float | None
@@ -109,10 +110,11 @@ def datacomp_uids(uids: Sequence[str]) -> np.ndarray:
 
 
 def write_selections(
-    output: str, shards: Sequence[str], rules: Sequence[SelectionRule], uid: bool
+    output: str, shards: Sequence[str], rules: Sequence[SelectionRule], uid: bool, captioned: int
 ) -> tuple[list[RuleOutcome], Histogram]:
     """Each rule's kept rows as ``selections/RULE.parquet`` (shard, row, key[, uid], κ, CLIP
-    score) and, with ``uid``, ``selections/RULE.npy``; the ln κ histogram."""
+    score) and, with ``uid``, ``selections/RULE.npy``; the ln κ histogram. ``captioned``: the
+    rows with a caption, of which each rule keeps a fraction."""
     kappa, clip = histograms(output, shards)
     cuts = {rule.name: thresholds(rule, kappa, clip) for rule in rules}
     columns = ["row", "key", *(["uid"] if uid else []), "kappa", "clip_score"]
@@ -125,7 +127,7 @@ def write_selections(
             table = _read(output, shard, columns)
             table = table.add_column(0, "shard", pa.array([shard] * table.num_rows, pa.string()))
             for name, (kappa_min, clip_min) in cuts.items():
-                mask = pc.is_valid(table["kappa"])
+                mask = pa.array(np.ones(table.num_rows, bool))  # a null value meets no condition
                 if kappa_min is not None:
                     mask = pc.and_(mask, pc.greater_equal(table["kappa"], kappa_min))
                 if clip_min is not None:
@@ -160,8 +162,8 @@ def write_selections(
                 kappa_min=kappa_min,
                 clip_min=clip_min,
                 kept=counts[rule.name],
-                scored=kappa.total,
-                fraction=counts[rule.name] / max(kappa.total, 1),
+                scored=captioned,
+                fraction=counts[rule.name] / max(captioned, 1),
                 files=files,
             )
         )

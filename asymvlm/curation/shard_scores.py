@@ -40,11 +40,14 @@ def scores_uri(output: str, shard: str) -> str:
 
 
 def score_schema(dim: int, uid: bool, mu: bool) -> pa.Schema:
-    """The columns of a shard's scores: its row, key[, uid], κ, uncertainty, CLIP score[, μ]."""
+    """The columns of a shard's scores: its row, key[, uid], whether it has a caption, κ,
+    uncertainty, CLIP score[, μ]."""
     fields = [pa.field("row", pa.int64()), pa.field("key", pa.string())]
     fields += [pa.field("uid", pa.string())] if uid else []
+    fields += [pa.field("has_caption", pa.bool_())]
     fields += [pa.field(n, pa.float32()) for n in ("kappa", "uncertainty", "clip_score")]
-    fields += [pa.field("mu", pa.list_(pa.float32(), dim))] if mu else []
+    # a list, not a fixed-size list: Parquet reads a null fixed-size list back as an empty one
+    fields += [pa.field("mu", pa.list_(pa.float32()))] if mu else []
     return pa.schema(fields)
 
 
@@ -54,6 +57,11 @@ def captioned(rows: Rows) -> np.ndarray:
         return np.ones(len(rows), bool)
     blank = pc.equal(pc.utf8_trim_whitespace(rows.text), "")
     return ~pc.fill_null(blank, True).to_numpy(zero_copy_only=False)
+
+
+def uncaptioned(has_caption: pa.Array | pa.ChunkedArray) -> int:
+    """The rows of a ``has_caption`` column without a caption."""
+    return len(has_caption) - (pc.sum(has_caption).as_py() or 0)
 
 
 def clip_scores(text: np.ndarray, image: np.ndarray) -> np.ndarray:
@@ -120,14 +128,16 @@ class ShardScorer:
         columns: dict[str, Any] = {"row": pa.array(rows.row, pa.int64()), "key": rows.key}
         if uid:
             columns["uid"] = rows.uid
+        columns["has_caption"] = pa.array(keep)
         columns["kappa"] = _masked(scores.kappa, keep, n)
         columns["uncertainty"] = _masked(scores.uncertainty, keep, n)
         columns["clip_score"] = _masked(clip, keep, n)
         if self.write_mu:
             mu = np.zeros((n, self.dim), np.float32)
             mu[keep] = scores.mu
+            offsets = pa.array(np.arange(0, (n + 1) * self.dim, self.dim, dtype=np.int32))
             flat = pa.array(mu.reshape(-1), pa.float32())
-            columns["mu"] = pa.FixedSizeListArray.from_arrays(flat, self.dim, mask=pa.array(~keep))
+            columns["mu"] = pa.ListArray.from_arrays(offsets, flat, mask=pa.array(~keep))
         return pa.table(columns, schema=score_schema(self.dim, uid, self.write_mu))
 
     def __call__(self, shard: PoolShard) -> ShardOutcome:
@@ -143,7 +153,7 @@ class ShardScorer:
                         table = self.score_rows(rows, uid)
                         writer.write_table(table)
                         outcome.rows += table.num_rows
-                        outcome.null_captions += table["kappa"].null_count
+                        outcome.null_captions += uncaptioned(table["has_caption"])
         except (AsymVLMError, pa.ArrowException, OSError, ValueError, KeyError) as err:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             return ShardOutcome(shard=shard.name, error=reason)
