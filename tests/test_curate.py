@@ -326,3 +326,32 @@ def test_a_killed_driver_goes_on_and_every_row_is_written_once(world, tmp_path) 
     want = pa.concat_tables(pq.read_table(f) for f in sorted(Path(pool).glob("*.parquet")))
     assert keys == want["key"].to_pylist() and len(set(keys)) == len(keys) == 178 * 20
     assert third["rows"] == 178 * 20 and not third["failed"]
+
+
+def test_a_pool_on_s3_is_scored_to_s3_as_here_and_logged_to_mlflow(world, tmp_path, bucket):
+    import mlflow
+
+    from asymvlm.tracking import json_artifact
+
+    local = clip_retrieval_pool(tmp_path / "pool", world["split"], world["texts"])
+    bucket.put(local + "/", "bucket/pool/", recursive=True)
+    here = run_job(local, world, tmp_path / "here", rules=RULES)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    there = run_job("s3://bucket/pool", world, "s3://bucket/out", rules=RULES, tracking_uri=uri)
+    assert [r["kept"] for r in there["rules"]] == [r["kept"] for r in here["rules"]]
+    for shard in ("metadata_0", "metadata_1"):
+        with bucket.open(f"bucket/out/scores/{shard}.parquet", "rb") as f:
+            remote = pq.read_table(f)
+        assert remote.equals(pq.read_table(tmp_path / "here" / "scores" / f"{shard}.parquet"))
+    assert bucket.exists("bucket/out/selections/clip-30.parquet")
+    assert bucket.exists("bucket/out/kappa.png") and bucket.exists("bucket/out/curation.json")
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("curate").experiment_id])
+    assert run.data.metrics["rows"] == 180 and run.data.metrics["null_captions"] == 2
+    assert run.data.metrics["kept_fraction.clip-30"] == there["rules"][1]["fraction"]
+    shards = json_artifact(uri, run.info.run_id, "shards.json")
+    assert [(s["shard"], s["rows"]) for s in shards] == [("metadata_0", 90), ("metadata_1", 90)]
+    histogram = json_artifact(uri, run.info.run_id, "kappa_histogram.json")
+    assert sum(histogram["counts"]) == 178
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "kappa.png" in names and run.info.status == "FINISHED"

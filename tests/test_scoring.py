@@ -346,3 +346,23 @@ def test_serve_stops_its_own_app_on_sigterm(trained, served, ray_session, tmp_pa
     for line in printed:
         assert json.loads(line) == dict(url=f"{url}/sigterm", method="asymvlm-vmf", name="sigterm")
     assert post_json(f"{url}/uncertainty", {"captions": ["a dog"]})[0] == 200  # the other app
+
+
+def test_curation_gives_the_kappa_of_the_scorer_score_and_serve(trained, served, tmp_path) -> None:
+    """κ of a pool's captions (embedded by the job) equals the other three ways to 1e-6."""
+    from asymvlm.curation import CurateConfig, curate
+
+    texts = trained["texts"]
+    (tmp_path / "pool").mkdir()
+    pool = pa.table({"key": [str(i) for i in range(len(texts))], "caption": texts})
+    pq.write_table(pool, tmp_path / "pool" / "00000.parquet")
+    cfg = CurateConfig(
+        pool=str(tmp_path / "pool"), checkpoint=trained["checkpoint"], output=str(tmp_path / "out")
+    )
+    assert curate(cfg).rows == len(texts)
+    kappa = pq.read_table(tmp_path / "out" / "scores" / "00000.parquet")["kappa"].to_numpy()
+    status, body = post_json(served[0] + "/uncertainty", {"captions": texts})
+    assert status == 200
+    np.testing.assert_allclose(kappa, trained["scorer"].caption_uncertainty(texts).kappa, rtol=1e-6)
+    np.testing.assert_allclose(kappa, trained["scores"]["kappa"].to_numpy(), rtol=1e-6)
+    np.testing.assert_allclose(kappa, [r["kappa"] for r in body["results"]], rtol=1e-6)

@@ -5,6 +5,7 @@ pipeline), the selections, the figure, ``curation.json`` and one MLflow run."""
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -182,21 +183,15 @@ def score_here(plan: CurationPlan) -> Executor:
     return run
 
 
-def _figure(output: str, summary: CurationSummary) -> str | None:
+def _figure(summary: CurationSummary, folder: str) -> str | None:
+    """The figure of κ and each rule's cut, drawn in ``folder`` (None without matplotlib)."""
     try:
         from asymvlm.report.figures import plot_kappa_cuts
     except ImportError as err:
         logger.info("no figure of κ: %s", missing_extra(err) or err)
         return None
     cuts = {r.name: r.kappa_min for r in summary.rules if r.kappa_min is not None}
-    local = storage.uri_join(output, FIGURE_FILE)
-    if storage.is_remote(output):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = plot_kappa_cuts(summary.kappa_histogram, cuts, f"{tmp}/{FIGURE_FILE}")
-            with open(path, "rb") as f:
-                storage.write_bytes(local, f.read())
-        return local
-    return plot_kappa_cuts(summary.kappa_histogram, cuts, local)
+    return plot_kappa_cuts(summary.kappa_histogram, cuts, os.path.join(folder, FIGURE_FILE))
 
 
 def _log(cfg: CurateConfig, summary: CurationSummary, figure: str | None) -> None:
@@ -227,7 +222,7 @@ def _log(cfg: CurateConfig, summary: CurationSummary, figure: str | None) -> Non
         run.log_metrics(numbers | {f"kept_fraction.{r.name}": r.fraction for r in summary.rules})
         run.log_json("shards.json", [s.model_dump() for s in summary.shards])
         run.log_json("kappa_histogram.json", summary.kappa_histogram)
-        if figure and not storage.is_remote(figure):
+        if figure:
             run.log_artifact(figure)
 
 
@@ -288,10 +283,14 @@ def curate(
         kappa_histogram=histogram.coarse(),
         seconds=round(time.perf_counter() - started, 3),
     )
-    figure = _figure(cfg.output, summary)
     storage.write_json(cfg.output, SUMMARY_FILE, summary.model_dump())
-    if cfg.tracking_uri:
-        _log(cfg, summary, figure)
+    with tempfile.TemporaryDirectory() as folder:
+        figure = _figure(summary, folder)
+        if figure:
+            with open(figure, "rb") as f:
+                storage.write_bytes(storage.uri_join(cfg.output, FIGURE_FILE), f.read())
+        if cfg.tracking_uri:
+            _log(cfg, summary, figure)
     return summary
 
 
