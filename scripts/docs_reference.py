@@ -130,6 +130,7 @@ def schema_markdown(title: str, model: Any, intro: str, done: set[str]) -> list[
 
 def config_roots() -> list[tuple[str, Any, str]]:
     """The schemas the configuration reference documents, with where each is used."""
+    from asymvlm.curation import CurateConfig
     from asymvlm.embedding.embed_config import EmbedConfig
     from asymvlm.indexing import IndexSettings
     from asymvlm.runner import RunSpec
@@ -153,6 +154,12 @@ def config_roots() -> list[tuple[str, Any, str]]:
         ("Serve", ServeConfig, "`pipelines/serve.py --config FILE.yaml` and its flags."),
         ("An index", IndexSettings, "`asymvlm index` and `asymvlm.build_index`."),
         ("Search on Serve", SearchConfig, "`pipelines/search.py --config FILE.yaml`."),
+        (
+            "A curation job",
+            CurateConfig,
+            "`asymvlm curate` and `pipelines/curate.py --config FILE.yaml` "
+            "(`configs/curate.yaml`); its `rules` are `SelectionRule`s.",
+        ),
     ]
 
 

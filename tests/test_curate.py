@@ -309,7 +309,11 @@ def test_a_killed_driver_goes_on_and_every_row_is_written_once(world, tmp_path) 
         first.communicate()
     before = written(out)
     assert 1 <= len(before) < 23, "killed mid-run"
-    second = subprocess.run(command, capture_output=True, timeout=300, **run)
+    config = tmp_path / "curate.yaml"  # the same job through the cluster's entry point
+    job = {"pool": pool, "output": str(out), "checkpoint": world["checkpoint"]}
+    config.write_text(json.dumps({**job, "encoder": world["clip"]}))
+    script = [sys.executable, "pipelines/curate.py", "--config", str(config)]
+    second = subprocess.run(script, capture_output=True, timeout=300, **run)
     lines = second.stderr.strip().splitlines()
     assert second.returncode == 2, second.stderr[-3000:]
     assert lines[-1].startswith("error: 1 shard(s) left out, run again to retry: 00003 (")

@@ -144,6 +144,12 @@ def plan_job(cfg: CurateConfig) -> CurationPlan:
         )
     if pool_dim is not None and getattr(method, "USES_PRE_FEATURES", False):
         raise ConfigError(f"{meta['method']} needs pre-projection features, which {where} lacks")
+    if pool_dim is not None and format != "tables" and meta.get("adapter_input") == "raw":
+        logger.warning(
+            "%s was trained on raw text embeddings; the pool's are unit vectors: its κ is the "
+            "κ of the unit vectors, not of the raw ones the encoder gives",
+            meta["method"],
+        )
     _check_lengths(shards)
     has_kappa = method.kappa(torch.zeros(1, dim)) is not None
     has_images = any(
