@@ -14,6 +14,8 @@ import torch
 from asymvlm.curation.job import CurationPlan, Executor
 from asymvlm.curation.pools import PoolShard
 from asymvlm.curation.shard_scores import ShardOutcome, ShardScorer
+from asymvlm.errors import Unfinished
+from asymvlm_ray.schema import FaultInjection
 from asymvlm_ray.session import RaySession
 
 
@@ -23,12 +25,17 @@ class _ScoreShards:
     def __init__(self, options: dict) -> None:
         device = "cuda" if options.pop("gpu") and torch.cuda.is_available() else "cpu"
         self.scorer = ShardScorer(**options, device=device)
+        self.fault = FaultInjection.from_environment()  # a drill: after this actor's N-th shard
+        self.scored = 0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         outcomes = []
         for row in batch.to_pylist():
             shard = PoolShard(row["name"], row["format"], json.loads(row["files"]))
             outcomes.append(self.scorer(shard).model_dump())
+            self.scored += 1
+            if self.fault is not None and self.fault.shards == self.scored:
+                self.fault.fire("a curation actor", f"{self.scored} shards")
         return pa.Table.from_pylist(outcomes)
 
 
@@ -64,7 +71,14 @@ def score_on_ray(plan: CurationPlan, session: RaySession) -> Executor:
             num_gpus=1 if gpu else 0,
             num_cpus=1,
         )
-        for row in outcomes.iter_rows():
-            yield ShardOutcome(**row)
+        try:
+            for row in outcomes.iter_rows():
+                yield ShardOutcome(**row)
+        except ray.exceptions.RayError as err:  # an actor or its node lost
+            what = " ".join(str(err).split())[:300]
+            raise Unfinished(
+                f"the scoring stopped ({type(err).__name__}: {what}); the shards written are "
+                "kept: run the same command again to go on"
+            ) from None
 
     return run

@@ -6,10 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,19 +66,8 @@ def checkpoint_folder(trainer: Trainer, history: History) -> Iterator[str]:
 def maybe_inject_failure(fault: FaultInjection | None, epoch: int, rank: int) -> None:
     """A drill (:class:`~asymvlm_ray.schema.FaultInjection`, else from the environment)."""
     fault = fault or FaultInjection.from_environment()
-    if fault is None or epoch != fault.epoch or rank != fault.rank:
-        return
-    if fault.marker and not os.path.exists(fault.marker):
-        with open(fault.marker, "w") as fh:
-            fh.write(f"worker {rank}: {fault.action} after epoch {epoch}\n")
-        if fault.action == "pause":
-            logger.warning(
-                f"injected pause: worker {rank} holds for {fault.seconds:.0f} s after epoch {epoch}"
-            )
-            time.sleep(fault.seconds)
-        else:
-            logger.warning(f"injected failure: worker {rank} is killed after epoch {epoch}")
-            os.kill(os.getpid(), signal.SIGKILL)
+    if fault is not None and epoch == fault.epoch and rank == fault.rank:
+        fault.fire(f"worker {rank}", f"epoch {epoch}")
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -149,6 +149,27 @@ def test_a_worker_node_lost_mid_trial_the_sweep_ends_as_if_never_stopped(harness
     assert record["failed"] == [] and set(record["adapters"]["asymvlm-vmf"]) == {"0"}
 
 
+def test_a_worker_node_lost_mid_curation_every_row_is_written_once(harness) -> None:
+    """The curation job's actor holds after its third shard when its node goes: the job stops
+    with one line; submitted again, it scores the rest; every row of the pool once."""
+    lost = harness.read("job-curate-lost.log")
+    assert harness.read("job-curate-lost.rc").strip() not in ("", "0"), lost[-3000:]
+    assert "injected pause: a curation actor holds for 300 s after 3 shards" in lost, lost[-6000:]
+    assert "the shards written are kept: run the same command again to go on" in lost
+    again = harness.succeeded("curate")
+    assert "12 clip-retrieval shards, 3 scored already, 9 to score" in again, again[-6000:]
+    before = json.loads(harness.read("curated-before.json"))
+    after = json.loads(harness.read("curated-after.json"))
+    assert len(before) == 3 and {k: after[k] for k in before} == before  # not written again
+    curation = harness.found["curation"]
+    pool = [key for keys in curation["pool"].values() for key in keys]
+    scored = [key for keys in curation["scores"].values() for key in keys]
+    assert len(curation["scores"]) == 12 and sorted(scored) == sorted(pool)
+    assert len(set(scored)) == len(scored) == 600  # every row of the pool, once
+    (run,) = harness.runs("drill-curate", "curate")
+    assert run["status"] == "FINISHED" and run["metrics"]["rows"] == 600, run
+
+
 def test_a_tracking_server_outage_longer_than_the_client_retries_loses_nothing(harness) -> None:
     log, times = harness.succeeded("outage"), harness.times
     assert {"mlflow-stopped", "mlflow-started"} <= set(times), harness.stderr[-3000:]

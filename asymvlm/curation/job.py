@@ -4,6 +4,7 @@ pipeline), the selections, the figure, ``curation.json`` and one MLflow run."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import tempfile
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 
 from asymvlm import storage, tables
 from asymvlm.checkpoints import load_checkpoint, resolve_checkpoint
+from asymvlm.checkpoints.folder import WEIGHTS_FILE
 from asymvlm.curation.curate_config import CurateConfig
 from asymvlm.curation.pools import (
     DATACOMP_FEATURES,
@@ -36,6 +38,7 @@ from asymvlm.curation.shard_scores import (
 )
 from asymvlm.errors import ConfigError
 from asymvlm.extras import missing_extra
+from asymvlm.methods import Method
 
 logger = logging.getLogger(__name__)
 JOB_FILE, SUMMARY_FILE, FIGURE_FILE = "_JOB.json", "curation.json", "kappa.png"
@@ -100,9 +103,9 @@ def _check_lengths(shards: list[PoolShard]) -> None:
                     )
 
 
-def _claim(cfg: CurateConfig, format: str, folder: str) -> None:
+def _claim(cfg: CurateConfig, format: str, adapter_sha256: str) -> None:
     """Refuse an output written by another job; record this one."""
-    job = {"pool": storage.absolute(cfg.pool), "format": format, "checkpoint": folder}
+    job = {"pool": storage.absolute(cfg.pool), "format": format, "adapter": adapter_sha256}
     job |= {"write_mu": cfg.write_mu, "features": cfg.features, "split": cfg.split}
     theirs = storage.read_json(cfg.output, JOB_FILE)
     if theirs is not None and theirs != job:
@@ -118,23 +121,14 @@ def _claim(cfg: CurateConfig, format: str, folder: str) -> None:
         storage.write_json(cfg.output, JOB_FILE, job)
 
 
-def plan_job(cfg: CurateConfig) -> CurationPlan:
-    """Every check that needs no scoring, each a :class:`ConfigError` (one line) before work."""
-    format = detect_format(cfg.pool) if cfg.format == "auto" else cfg.format
-    shards = find_shards(cfg.pool, format, cfg.split)
-    if not shards:
-        raise ConfigError(f"{cfg.pool}: no {format} shards found")
-    folder = resolve_checkpoint(cfg.checkpoint, cfg.tracking_uri)
-    method, meta = load_checkpoint(folder, "cpu")
-    dim = int(meta["dim"])
-    features = cfg.features
-    if features == "auto":
-        features = next((k for k, d in DATACOMP_FEATURES.items() if d == dim), "b32")
-    pool_dim, where = _pool_dim(shards[0], features)
+def _check_adapter(
+    cfg: CurateConfig, method: Method, meta: dict, pool_dim: int | None, where: str
+) -> None:
+    """The adapter takes the pool's embeddings, or has an encoder for its captions."""
+    name, dim = meta["method"], int(meta["dim"])
     if pool_dim is not None and pool_dim != dim:
         raise ConfigError(
-            f"{where}: text embeddings of {pool_dim} dimensions, the adapter "
-            f"({meta['method']}) takes {dim}"
+            f"{where}: text embeddings of {pool_dim} dimensions, the adapter ({name}) takes {dim}"
         )
     recorded = (meta.get("encoder") or {}).get("model") or meta.get("embedding_model")
     if pool_dim is None and not cfg.encoder and recorded in (None, "synthetic-world"):
@@ -143,27 +137,49 @@ def plan_job(cfg: CurateConfig) -> CurationPlan:
             "(it was trained on tables without one): give --encoder"
         )
     if pool_dim is not None and getattr(method, "USES_PRE_FEATURES", False):
-        raise ConfigError(f"{meta['method']} needs pre-projection features, which {where} lacks")
-    if pool_dim is not None and format != "tables" and meta.get("adapter_input") == "raw":
-        logger.warning(
-            "%s was trained on raw text embeddings; the pool's are unit vectors: its κ is the "
-            "κ of the unit vectors, not of the raw ones the encoder gives",
-            meta["method"],
-        )
-    _check_lengths(shards)
-    has_kappa = method.kappa(torch.zeros(1, dim)) is not None
-    has_images = any(
-        "img_emb" in s.files or "npz" in s.files or s.format == "tables" for s in shards
-    )
+        raise ConfigError(f"{name} needs pre-projection features, which {where} lacks")
+
+
+def _check_rules(cfg: CurateConfig, method: Method, name: str, has_images: bool) -> None:
+    """No rule keeps nothing for want of κ or of a CLIP score."""
+    has_kappa = method.kappa(torch.zeros(1, method.dim)) is not None
     for rule in cfg.rules:
         if rule.uses_kappa and not has_kappa:
-            raise ConfigError(f"rule {rule.name!r} keeps nothing: {meta['method']} has no κ")
+            raise ConfigError(f"rule {rule.name!r} keeps nothing: {name} has no κ")
         if rule.uses_clip and not has_images:
             raise ConfigError(
                 f"rule {rule.name!r} keeps nothing: the pool has no image embeddings, "
                 "hence no CLIP score"
             )
-    _claim(cfg, format, folder)
+
+
+def plan_job(cfg: CurateConfig) -> CurationPlan:
+    """Every check that needs no scoring, each a :class:`ConfigError` (one line) before work;
+    then the job's output claimed and the shards it has scored already found."""
+    format = detect_format(cfg.pool) if cfg.format == "auto" else cfg.format
+    shards = find_shards(cfg.pool, format, cfg.split)
+    if not shards:
+        raise ConfigError(f"{cfg.pool}: no {format} shards found")
+    folder = resolve_checkpoint(cfg.checkpoint, cfg.tracking_uri)
+    method, meta = load_checkpoint(folder, "cpu")
+    features = cfg.features
+    if features == "auto":
+        features = next((k for k, d in DATACOMP_FEATURES.items() if d == method.dim), "b32")
+    pool_dim, where = _pool_dim(shards[0], features)
+    _check_adapter(cfg, method, meta, pool_dim, where)
+    _check_lengths(shards)
+    has_images = any(
+        "img_emb" in s.files or "npz" in s.files or s.format == "tables" for s in shards
+    )
+    _check_rules(cfg, method, meta["method"], has_images)
+    if pool_dim is not None and format != "tables" and meta.get("adapter_input") == "raw":
+        logger.warning(
+            "%s was trained on raw text embeddings; the pool's are unit vectors: its κ is "
+            "the κ of the unit vectors, not of the raw ones the encoder gives",
+            meta["method"],
+        )
+    with open(os.path.join(folder, WEIGHTS_FILE), "rb") as f:
+        _claim(cfg, format, hashlib.file_digest(f, "sha256").hexdigest())
     scored = storage.list_names(storage.uri_join(cfg.output, SCORES_DIR))
     done = [s.name for s in shards if f"{s.name}.parquet" in scored]
     return CurationPlan(cfg, format, shards, done, features, has_images)

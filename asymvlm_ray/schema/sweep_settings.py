@@ -4,7 +4,10 @@ Serve configs (where the output lives, the Ray session, the MLflow store, a dril
 from __future__ import annotations
 
 import copy
+import logging
 import os
+import signal
+import time
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -23,6 +26,8 @@ from asymvlm.methods.arguments import arguments_model
 from asymvlm.runner import RunSpec
 from asymvlm.training import TrainConfig
 from asymvlm.training.train_config import DEVICE, Count, NonNegativeFloat
+
+logger = logging.getLogger(__name__)
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -74,14 +79,35 @@ class MlflowSettings(StrictModel):
 
 
 class FaultInjection(StrictModel):
-    """A drill: worker ``rank`` SIGKILLs itself or pauses after reporting the checkpoint of
-    ``epoch``, once per ``marker``; a job reads ``$ASYMVLM_FAULT_INJECTION`` (``epoch=2``)."""
+    """A drill, once per ``marker``: training worker ``rank`` SIGKILLs itself or pauses after
+    reporting the checkpoint of ``epoch``, or a curation actor after writing its ``shards``-th
+    shard; a job reads ``$ASYMVLM_FAULT_INJECTION`` (``epoch=2``, ``shards=3``)."""
 
-    epoch: PositiveInt = Field(description="the epoch after whose checkpoint the worker dies")
+    epoch: PositiveInt | None = Field(None, description="the epoch after whose checkpoint")
+    shards: PositiveInt | None = Field(None, description="a curation actor: after this many shards")
     rank: NonNegativeInt = Field(0, description="the worker that dies")
     marker: str | None = Field(None, description="a file written first: the drill runs once")
     action: Literal["kill", "pause"] = Field("kill", description="kill the worker, or pause it")
     seconds: Finite = Field(120.0, description="how long a pause lasts")
+
+    @model_validator(mode="after")
+    def _one_moment(self) -> FaultInjection:
+        if (self.epoch is None) == (self.shards is None):
+            raise ValueError("a drill gives either epoch (training) or shards (curation)")
+        return self
+
+    def fire(self, who: str, after: str) -> None:
+        """The drill, in this process, unless its marker says it ran: pause, or SIGKILL."""
+        if not self.marker or os.path.exists(self.marker):
+            return
+        with open(self.marker, "w") as fh:
+            fh.write(f"{who}: {self.action} after {after}\n")
+        if self.action == "pause":
+            logger.warning(f"injected pause: {who} holds for {self.seconds:.0f} s after {after}")
+            time.sleep(self.seconds)
+        else:
+            logger.warning(f"injected failure: {who} is killed after {after}")
+            os.kill(os.getpid(), signal.SIGKILL)
 
     @classmethod
     def from_environment(cls) -> FaultInjection | None:

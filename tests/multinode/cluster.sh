@@ -21,6 +21,8 @@
 #      the job's start (table reads, checkpoints, Tune's state);
 #   4. node: a sweep whose trial holds after its checkpoint of epoch 2, when the worker node is
 #      killed whole (its PID namespace ended, its tmpfs gone); a new worker node is started;
+#      beside it a curation job (pipelines/curate.py), whose actor holds after its third shard
+#      when the node goes; it is submitted again once the new node is up;
 #   5. outage (submitted once the new node is up): a sweep during which the MLflow server is
 #      stopped for longer than the client's (shortened) retries, then started again.
 # Usage (from the repository root):
@@ -116,18 +118,28 @@ else:
 print(ray.cluster_resources(), file=sys.stderr)
 PYEOF
 }
-wait_glob() {  # PATTERN [SETTLE]: until an object matches PATTERN in the bucket, then SETTLE s
-    "$PY" - "$1" "${2:-0}" <<'PYEOF'
+wait_glob() {  # PATTERN [SETTLE] [COUNT]: until COUNT (1) objects match PATTERN, then SETTLE s
+    "$PY" - "$1" "${2:-0}" "${3:-1}" <<'PYEOF'
 import sys, time
 import s3fs
 fs = s3fs.S3FileSystem()
 for _ in range(720):
     fs.invalidate_cache()
-    if fs.glob(sys.argv[1]):
+    if len(fs.glob(sys.argv[1])) >= int(sys.argv[3]):
         time.sleep(float(sys.argv[2]))  # a checkpoint: the rest of its folder, and its report
         sys.exit(0)
     time.sleep(0.5)
 sys.exit(f"nothing ever matched {sys.argv[1]}")
+PYEOF
+}
+listing() {  # PATTERN: each matching object's ETag and time, as JSON (a rewritten one changes)
+    "$PY" - "$1" <<'PYEOF'
+import json, sys
+import s3fs
+fs = s3fs.S3FileSystem()
+fs.invalidate_cache()
+found = {k: fs.info(k) for k in fs.glob(sys.argv[1])}
+print(json.dumps({k: [i["ETag"], str(i["LastModified"])] for k, i in found.items()}))
 PYEOF
 }
 checkpoint() {  # OUTPUT EPOCH: a trial's checkpoint of EPOCH (Tune numbers them from 0)
@@ -220,13 +232,43 @@ ray.init(address=f"127.0.0.1:{sys.argv[1]}", logging_level="ERROR")
 print(json.dumps([n["NodeID"] for n in ray.nodes()]))  # every node that ever registered
 PYEOF
 
-log "job 4: the worker node is lost mid-trial"
+log "a pool in the bucket (clip-retrieval's layout) from the pipeline's tables, to curate"
+"$PY" - <<'PYEOF' || exit 7
+import io
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq, s3fs
+from asymvlm.tables import read_split
+split = read_split("s3://bucket/run/tables/synthetic", "train")
+fs = s3fs.S3FileSystem()
+image = split.image_embeddings[np.asarray(split.text_image_index)]
+for i, rows in enumerate(np.array_split(np.arange(len(split.texts)), 12)):
+    for kind, array in (("text_emb", split.text_embeddings), ("img_emb", image)):
+        buffer = io.BytesIO()
+        np.save(buffer, array[rows].astype(np.float16))
+        fs.pipe(f"bucket/pool/{kind}/{kind}_{i}.npy", buffer.getvalue())
+    meta = pa.table({"key": [split.caption_ids[r] for r in rows], "caption": [split.texts[r] for r in rows]})
+    with fs.open(f"bucket/pool/metadata/metadata_{i}.parquet", "wb") as out:
+        pq.write_table(meta, out)
+PYEOF
+curate() {  # LOGFILE [--runtime-env-json JSON]: the curation job of tests/multinode/curate.yaml
+    local logfile="$1"
+    shift
+    ray job submit --address "http://127.0.0.1:$DASH" --working-dir . "$@" -- \
+        python pipelines/curate.py --config tests/multinode/curate.yaml \
+        --set "tracking_uri=http://127.0.0.1:$MLF" >"$logfile" 2>&1
+}
+
+log "job 4: the worker node is lost mid-trial, and mid-curation"
 start=$(date +%s)
+# The curation job's actor holds after writing its third shard, when the node goes.
+HOLD_CURATE="{\"env_vars\": {\"ASYMVLM_FAULT_INJECTION\": \"shards=3,action=pause,seconds=300,marker=$T/wk/held-curate\"}}"
+curate "$RESULTS/job-curate-lost.log" --runtime-env-json "$HOLD_CURATE" &
+curate_lost=$!
 HOLD="{\"env_vars\": {\"ASYMVLM_FAULT_INJECTION\": \"epoch=2,action=pause,seconds=120,marker=$T/wk/held\"}}"
 submit "${DRILL[@]}" s3://bucket/node "$RESULTS/job-node.log" --runtime-env-json "$HOLD" \
     --set mlflow.experiment=drill-node &
 node_job=$!
-if wait_glob "$(checkpoint node 2)" 3; then
+if wait_glob "$(checkpoint node 2)" 3 && wait_glob "bucket/curated/scores/*.parquet" 1 3; then
+    listing "bucket/curated/scores/*.parquet" >"$RESULTS/curated-before.json"
     stamp node-killed
     log "the worker node goes"
     stop_worker
@@ -235,6 +277,10 @@ if wait_glob "$(checkpoint node 2)" 3; then
     start_worker worker2
     wait_nodes 2 && stamp node-joined
 fi
+finish curate-lost $curate_lost "$start"
+log "the curation job again, once the new node is up"
+curate "$RESULTS/job-curate.log" &
+curate_again=$!
 
 log "job 5: the tracking server goes away mid-sweep"
 start5=$(date +%s)
@@ -253,6 +299,8 @@ if wait_glob "$(checkpoint outage 1)" 3; then
 fi
 finish node $node_job "$start"
 finish outage $outage_job "$start5"
+finish curate $curate_again "$start5"
+listing "bucket/curated/scores/*.parquet" >"$RESULTS/curated-after.json"
 ray list jobs --address "http://127.0.0.1:$DASH" --format json >"$RESULTS/jobs.json" 2>/dev/null
 
 log "collect"

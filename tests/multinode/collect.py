@@ -35,6 +35,11 @@ def _readable(fs: s3fs.S3FileSystem, key: str) -> str | None:
     return None
 
 
+def _keys(fs: s3fs.S3FileSystem, key: str) -> list[str]:
+    with fs.open(key, "rb") as fh:
+        return pq.read_table(fh, columns=["key"])["key"].to_pylist()
+
+
 def _run(client: MlflowClient, experiment, run) -> dict:
     row = {"experiment": experiment.name, "status": run.info.status, "tags": dict(run.data.tags)}
     row |= {"artifact_uri": run.info.artifact_uri, "metrics": dict(run.data.metrics)}
@@ -63,6 +68,13 @@ def main(out: str, uri: str, proxy: str) -> None:
             folder, _, rest = k.partition("/checkpoint_")
             number, _, name = rest.partition("/")
             found["checkpoints"].setdefault(f"{folder}/checkpoint_{number}", []).append(name)
+    found["curation"] = {  # every key of the pool, and of the curation's scores, shard by shard
+        what: {k.rsplit("/", 1)[-1]: _keys(fs, k) for k in sorted(fs.glob(pattern))}
+        for what, pattern in (
+            ("pool", "bucket/pool/metadata/*.parquet"),
+            ("scores", "bucket/curated/scores/*.parquet"),
+        )
+    }
     client = MlflowClient(uri)
     found["runs"] = [
         _run(client, exp, run)
