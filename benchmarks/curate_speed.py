@@ -2,7 +2,8 @@
 
     python benchmarks/curate_speed.py [--rows 2000000] [--small-rows 200000]
                                       [--shard-rows 100000] [--actors 1,2]
-                                      [--captions 20000] [--vit-captions 2000] [--no-vit]
+                                      [--captions 100000] [--vit-captions 2000] [--no-vit]
+                                      [--no-fixes] [--quiet-cores 0.5] [--quiet-wait 120]
 
 Writes a pool in clip-retrieval's format (``text_emb/text_emb_{i}.npy`` and
 ``img_emb/img_emb_{i}.npy``: float16 unit vectors, d = ``--dim``; ``metadata/metadata_{i}.parquet``
@@ -16,7 +17,8 @@ small synthetic world of d = ``--dim``. Then, side by side in one run:
   pyarrow's batches of the metadata (``--rows-per-batch``), the adapter's κ and uncertainty
   (``load_checkpoint``, ``encode_texts``, ``text_uncertainty_from``: what
   ``Scorer.embedding_uncertainty`` computes) and the CLIP score, one parquet per shard with the
-  job's columns (row, key, kappa, uncertainty, clip_score). Its κ are checked against the job's;
+  job's columns (``score_schema``: row, key, has_caption, κ, uncertainty, CLIP score); its κ
+  are checked against the job's;
 * **job**: ``asymvlm curate --pool POOL --checkpoint CK --output OUT --num-actors N`` in a child
   process (a local Ray started by it; ``$RAY_ADDRESS`` and ``$MLFLOW_TRACKING_URI`` unset), for
   each N of ``--actors``, on the large pool and on the small one: its wall time (Ray's start,
@@ -24,14 +26,19 @@ small synthetic world of d = ``--dim``. Then, side by side in one run:
   when the first scoring actor appeared, the actors' own scoring time (curation.json), the
   peak RSS (``VmHWM``) of the driver and of the scoring actors (sampled from /proc every
   ``--sample-seconds`` over the job's process tree), and the peaks' ratio large / small pool;
-* **captions**: an img2dataset-style parquet pool (key, caption, url) of ``--captions``
-  captions through the job with a tiny random CLIP text tower and of ``--vit-captions`` with a
-  ViT-B/32-shaped random one (``--encoder``; d = ``--dim``), ``--caption-actors`` actors:
-  captions/s over the job's wall and over the actors' scoring time, beside
-  ``Scorer.caption_uncertainty`` in this process on a sample;
+* **captions**: an img2dataset-style parquet pool (key, caption, url; ``--caption-shards``
+  shards) of ``--captions`` captions through the job with a tiny random CLIP text tower and of
+  ``--vit-captions`` with a ViT-B/32-shaped random one (``--encoder``; d = ``--dim``),
+  ``--caption-actors`` actors: captions/s over the job's wall and over the actors' scoring
+  time, beside ``Scorer.caption_uncertainty`` in this process on a sample (2,000 / 300);
 * **fixes** (unless ``--no-fixes``): the large pool through the job with one actor again, the
   actor given every core (``num_cpus`` = the cluster's CPUs / actors, patched into the driver's
   ``map_batches`` call; Ray sets an actor's torch threads to its ``num_cpus``).
+
+Before each timed child process the script waits (at most ``--quiet-wait`` s) until other
+processes use fewer than ``--quiet-cores`` cores, and reports the cores the other processes
+used during each run (``/proc/stat`` less the child's own CPU time): on a shared 2-core machine
+that is the figure that says whether a timing can be trusted.
 
 Prints one JSON object (progress to stderr).
 """
@@ -238,9 +245,13 @@ class Measured:
 
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self.t0
-        ours = children_cpu_seconds() - self.c0
-        self.other_cores = max(0.0, (busy_seconds() - self.b0 - ours) / self.wall)
-        self.ours_cores = ours / self.wall
+        self.busy = busy_seconds() - self.b0
+        self.ours(children_cpu_seconds() - self.c0)
+
+    def ours(self, cpu_seconds: float) -> None:
+        """The child's CPU seconds (a process tree's: as sampled)."""
+        self.other_cores = max(0.0, (self.busy - cpu_seconds) / self.wall)
+        self.ours_cores = cpu_seconds / self.wall
 
     def figures(self) -> dict:
         return {
@@ -264,6 +275,7 @@ class TreeSampler(threading.Thread):
         self.actors: dict[int, int] = {}
         self.workers: dict[int, int] = {}
         self.first_actor_s: float | None = None
+        self.cpu: dict[int, float] = {}  # CPU seconds of each process of the tree, last seen
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -276,6 +288,12 @@ class TreeSampler(threading.Thread):
                 children = root.children(recursive=True)
             except psutil.Error:
                 children = []
+            for proc in (root, *children):
+                try:
+                    times = proc.cpu_times()
+                    self.cpu[proc.pid] = times.user + times.system
+                except psutil.Error:
+                    pass
             for child in children:
                 try:
                     cmd = " ".join(child.cmdline())
@@ -337,6 +355,7 @@ def run_job(
         child.communicate()
     wall = measured.wall
     memory = sampler.stop()
+    measured.ours(sum(sampler.cpu.values()))  # the driver, Ray's processes and its workers
     if child.returncode:
         tail = open(f"{output}.log").read()[-3000:]
         raise SystemExit(f"asymvlm curate failed ({child.returncode}):\n{tail}")
@@ -404,6 +423,16 @@ def in_process_captions(checkpoint: str, encoder: str, texts: list[str]) -> dict
     }
 
 
+def code_measured() -> dict:
+    """Which asymvlm was measured (its folder) and the repository's commit."""
+    import asymvlm
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    git = ["git", "-C", here, "rev-parse", "--short", "HEAD"]
+    commit = subprocess.run(git, capture_output=True, text=True).stdout.strip() or None
+    return {"asymvlm": os.path.dirname(asymvlm.__file__), "commit": commit}
+
+
 def ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else float("nan")
 
@@ -424,9 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--actors", default="1,2", help="--num-actors of the job, each run")
     parser.add_argument("--rows-per-batch", type=int, default=8192)
-    parser.add_argument("--captions", type=int, default=20_000)
+    parser.add_argument("--captions", type=int, default=100_000)
     parser.add_argument("--vit-captions", type=int, default=2_000)
-    parser.add_argument("--caption-shard-rows", type=int, default=5_000)
+    parser.add_argument("--caption-shards", type=int, default=8, help="shards of each caption pool")
     parser.add_argument("--caption-actors", type=int, default=2)
     parser.add_argument("--no-vit", action="store_true", help="the tiny text tower only")
     parser.add_argument("--no-fixes", action="store_true", help="no patched job runs")
@@ -554,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         out["captions"] = {}
         for name, (tower, n) in towers.items():
             pool = f"{tmp}/captions-{name}"
-            write_img2dataset(pool, n, args.caption_shard_rows)
+            write_img2dataset(pool, n, -(-n // args.caption_shards))
             log(f"asymvlm curate, {n} captions to embed, {name} text tower")
             result = run_job(
                 pool,
@@ -569,11 +598,12 @@ def main(argv: list[str] | None = None) -> int:
             result["captions_per_second_per_actor_scoring"] = result.pop(
                 "rows_per_second_per_actor_scoring"
             )
-            texts = captions(np.random.default_rng(7), min(n, 2000))
+            texts = captions(np.random.default_rng(7), min(n, 2000 if name == "tiny" else 300))
             result["in_process_scorer"] = in_process_captions(adapter, tower, texts)
             out["captions"][name] = result
             log(f"{name}: {result}")
     out["benchmark_seconds"] = round(time.perf_counter() - started, 1)
+    out["code"] = code_measured()
     out["machine"] = machine(load)
     print(json.dumps(out, indent=2))
     return 0

@@ -359,3 +359,42 @@ def test_a_pool_on_s3_is_scored_to_s3_as_here_and_logged_to_mlflow(world, tmp_pa
     assert sum(histogram["counts"]) == 178
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "kappa.png" in names and run.info.status == "FINISHED"
+
+
+def test_tables_without_norms_are_scored_on_their_unit_vectors(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    unit = rng.standard_normal((64, 8))
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    root = str(tmp_path / "tables")
+    tables.write_manifest(root, {"dim": 8, "model": "toy", "dtype": "float32"})
+    ids = [f"i{k}" for k in range(64)]
+    texts = dict(caption_ids=[f"c{k}" for k in range(64)], caption_image_ids=ids)
+    tables.write_split(
+        root,
+        "train",
+        image_ids=ids,
+        image_embeddings=unit,
+        texts=["a"] * 64,
+        text_embeddings=unit[::-1],
+        **texts,
+    )
+    checkpoint = str(tmp_path / "adapter")
+    cfg = {"method": "asymvlm-vmf", "epochs": 1, "batch_size": 32, "hidden_dim": 16}
+    train(root, "train", cfg, output=checkpoint, progress=False)
+    out = CurateConfig(pool=root, checkpoint=checkpoint, output=str(tmp_path / "out"))
+    summary = curate(out)
+    assert summary.rows == 64 and not summary.failed
+    want = Scorer(*load_checkpoint(checkpoint, "cpu"), GivenEmbeddings(8))
+    kappa = want.embedding_uncertainty(unit[::-1].astype(np.float32)).kappa
+    np.testing.assert_allclose(scores(str(tmp_path / "out"))["kappa"].to_numpy(), kappa, rtol=1e-6)
+
+
+def test_a_fraction_of_one_keeps_every_caption_however_small_its_kappa() -> None:
+    from asymvlm.curation.selection import LOG_KAPPA_EDGES, Histogram, thresholds
+
+    kappa = Histogram(LOG_KAPPA_EDGES)
+    kappa.add(np.log([1e-30, 1e-6, 1.0, 2.0]))
+    rule = SelectionRule(name="all", most_specific=1.0)
+    assert thresholds(rule, kappa, Histogram(LOG_KAPPA_EDGES))[0] == 0.0  # κ >= 0: all kept
+    half = SelectionRule(name="half", most_specific=0.5)
+    assert 1e-6 < thresholds(half, kappa, Histogram(LOG_KAPPA_EDGES))[0] <= 1.0

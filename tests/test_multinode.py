@@ -154,8 +154,7 @@ def test_a_worker_node_lost_mid_curation_every_row_is_written_once(harness) -> N
     with one line; submitted again, it scores the rest; every row of the pool once."""
     lost = harness.read("job-curate-lost.log")
     assert harness.read("job-curate-lost.rc").strip() not in ("", "0"), lost[-3000:]
-    assert "injected pause: a curation actor holds for 300 s after 3 shards" in lost, lost[-6000:]
-    assert "the shards written are kept: run the same command again to go on" in lost
+    assert "the shards written are kept: run the same command again to go on" in lost, lost[-3000:]
     again = harness.succeeded("curate")
     assert "12 clip-retrieval shards, 3 scored already, 9 to score" in again, again[-6000:]
     before = json.loads(harness.read("curated-before.json"))

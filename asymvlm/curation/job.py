@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-import pyarrow.parquet as pq
 import torch
 from pydantic import BaseModel
 
@@ -28,12 +27,11 @@ from asymvlm.curation.pools import (
     npy_header,
     parquet_rows,
 )
-from asymvlm.curation.selection import RuleOutcome, write_selections
+from asymvlm.curation.selection import RuleOutcome, read_scores, write_selections
 from asymvlm.curation.shard_scores import (
     SCORES_DIR,
     ShardOutcome,
     ShardScorer,
-    scores_uri,
     uncaptioned,
 )
 from asymvlm.errors import ConfigError
@@ -318,7 +316,5 @@ def curate(
 
 def _scored_outcome(output: str, shard: str) -> ShardOutcome:
     """The outcome of a shard scored by an earlier run, from its file."""
-    fs, path = storage.fsspec_filesystem(scores_uri(output, shard))
-    with storage.named_failures(path), fs.open(path, "rb") as f:
-        captions = pq.read_table(f, columns=["has_caption"])["has_caption"]
+    captions = read_scores(output, shard, ["has_caption"])["has_caption"]
     return ShardOutcome(shard=shard, rows=len(captions), null_captions=uncaptioned(captions))

@@ -78,6 +78,12 @@ def _parquet_columns(uri: str) -> list[str]:
         return pq.ParquetFile(f).schema_arrow.names
 
 
+def _number(uri: str) -> tuple[int, str]:
+    """clip-retrieval's shards in the order of their numbers (``metadata_10`` after ``_9``)."""
+    stem = posixpath.basename(uri).removesuffix(".parquet").rpartition("_")[2]
+    return (int(stem), uri) if stem.isdigit() else (-1, uri)
+
+
 def detect_format(pool: str) -> str:
     """The pool's format from its files (:class:`PoolError` when none fits)."""
     names = set(storage.list_names(pool))
@@ -114,7 +120,7 @@ def find_shards(pool: str, format: str, split: str = "train") -> list[PoolShard]
     format = detect_format(pool) if format == "auto" else format
     if format == "clip-retrieval":
         shards = []
-        for meta in _files(storage.uri_join(pool, "metadata"), ".parquet"):
+        for meta in sorted(_files(storage.uri_join(pool, "metadata"), ".parquet"), key=_number):
             index = posixpath.basename(meta).removesuffix(".parquet").rpartition("_")[2]
             files = {"rows": meta}
             for kind in ("text_emb", "img_emb"):
@@ -245,7 +251,9 @@ def _tables(shard: PoolShard, rows: int) -> Iterator[Rows]:
     images = tables.read_parts(shard.files["root"], shard.files["split"], tables.IMAGES_DIR)
     where = {i: n for n, i in enumerate(images["image_id"].to_pylist())}
     image_matrix = tables.column_matrix(images["embedding"])
-    columns = ["caption_id", "image_id", "text", "embedding", "norm"]
+    columns = ["caption_id", "image_id", "text", "embedding"]
+    if "norm" in _parquet_columns(shard.files["rows"]):  # raw norms, where the tables keep them
+        columns.append("norm")
     done = 0
     for batch in _parquet_batches(shard.files["rows"], rows, columns):
         row = np.arange(done, done + batch.num_rows)
@@ -259,7 +267,7 @@ def _tables(shard: PoolShard, rows: int) -> Iterator[Rows]:
             _strings(batch["caption_id"]),
             text=batch["text"],
             text_emb=tables.column_matrix(batch["embedding"]),
-            text_norm=batch["norm"].to_numpy().astype(np.float32),
+            text_norm=batch["norm"].to_numpy().astype(np.float32) if "norm" in columns else None,
             image_emb=image_matrix[owners],
         )
 

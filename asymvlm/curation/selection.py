@@ -4,6 +4,7 @@ uids, DataComp's selection file (a sorted ``.npy`` of uint64 uid pairs)."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from pydantic import BaseModel
 from asymvlm import storage
 from asymvlm.curation.curate_config import SelectionRule
 from asymvlm.curation.shard_scores import scores_uri
+from asymvlm.storage import StorageError
 
 SELECTIONS_DIR = "selections"
 #: ln κ in bins 0.001 wide (κ to 0.1 %), CLIP score in bins 1e-4 wide.
@@ -44,10 +46,12 @@ class Histogram:
         return int(self.counts.sum())
 
     def top_fraction_cut(self, fraction: float) -> float:
-        """The lowest edge above which at least ``fraction`` of the values lie."""
+        """The lowest edge above which at least ``fraction`` of the values lie (-inf: the first
+        bin's, which also holds the values below the edges)."""
         above = np.cumsum(self.counts[::-1])[::-1]  # values in this bin and above
         enough = np.nonzero(above >= fraction * self.total)[0]
-        return float(self.edges[enough[-1]]) if len(enough) else float(self.edges[0])
+        last = enough[-1] if len(enough) else 0
+        return float(self.edges[last]) if last > 0 else -np.inf
 
     def coarse(self, bins: int = 100) -> dict[str, list[float]]:
         """The occupied range in ``bins`` bins, for people: ``edges``, ``counts``."""
@@ -73,17 +77,20 @@ class RuleOutcome(BaseModel):
     files: list[str]
 
 
-def _read(output: str, shard: str, columns: list[str]) -> pa.Table:
-    fs, path = storage.fsspec_filesystem(scores_uri(output, shard))
-    with storage.named_failures(path), fs.open(path, "rb") as f:
-        return pq.read_table(f, columns=columns)
+def read_scores(output: str, shard: str, columns: list[str]) -> pa.Table:
+    """``columns`` of a shard's scores, read afresh (another process may have just written)."""
+    uri = scores_uri(output, shard)
+    data = storage.read_bytes(uri)
+    if data is None:
+        raise StorageError(f"{uri}: the scores of shard {shard} are gone")
+    return pq.read_table(io.BytesIO(data), columns=columns)
 
 
 def histograms(output: str, shards: Sequence[str]) -> tuple[Histogram, Histogram]:
     """(ln κ, CLIP score) histograms of the scored rows of ``shards``."""
     kappa, clip = Histogram(LOG_KAPPA_EDGES), Histogram(CLIP_EDGES)
     for shard in shards:
-        table = _read(output, shard, ["kappa", "clip_score"])
+        table = read_scores(output, shard, ["kappa", "clip_score"])
         kappa.add(np.log(table["kappa"].drop_null().to_numpy()))
         clip.add(table["clip_score"].drop_null().to_numpy())
     return kappa, clip
@@ -124,7 +131,7 @@ def write_selections(
     outs = []
     try:
         for shard in shards:
-            table = _read(output, shard, columns)
+            table = read_scores(output, shard, columns)
             table = table.add_column(0, "shard", pa.array([shard] * table.num_rows, pa.string()))
             for name, (kappa_min, clip_min) in cuts.items():
                 mask = pa.array(np.ones(table.num_rows, bool))  # a null value meets no condition
