@@ -1,7 +1,7 @@
 """How fast is the curation job (``asymvlm curate`` on Ray Data), beside a plain loop?
 
     python benchmarks/curate_speed.py [--rows 2000000] [--small-rows 200000]
-                                      [--shard-rows 100000] [--actors 1,2]
+                                      [--shard-rows 100000] [--actors 2,1]
                                       [--captions 100000] [--vit-captions 2000] [--no-vit]
                                       [--no-fixes] [--quiet-cores 0.5] [--quiet-wait 120]
 
@@ -50,6 +50,7 @@ import glob
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -352,7 +353,15 @@ def run_job(
         sampler = TreeSampler(child.pid, every)
         sampler.started_at = measured.t0
         sampler.start()
-        child.communicate()
+        try:
+            child.communicate()
+        finally:  # this script stopped (timeout's SIGTERM): the job stops too, Ray with it
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+                try:
+                    child.wait(60)
+                except subprocess.TimeoutExpired:
+                    child.kill()
     wall = measured.wall
     memory = sampler.stop()
     measured.ours(sum(sampler.cpu.values()))  # the driver, Ray's processes and its workers
@@ -451,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-rows", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--actors", default="1,2", help="--num-actors of the job, each run")
+    parser.add_argument("--actors", default="2,1", help="--num-actors of the job, each run")
     parser.add_argument("--rows-per-batch", type=int, default=8192)
     parser.add_argument("--captions", type=int, default=100_000)
     parser.add_argument("--vit-captions", type=int, default=2_000)
@@ -472,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.small_rows % args.shard_rows or args.rows % args.shard_rows:
         parser.error("--rows and --small-rows must be multiples of --shard-rows")
+    # timeout's SIGTERM: unwind, so that the job in flight and the temporary pools go too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load = loadavg()
     started = time.perf_counter()
     actor_counts = [int(a) for a in args.actors.split(",")]
@@ -517,11 +528,11 @@ def main(argv: list[str] | None = None) -> int:
         out["plain"] = plain
         log(f"plain: {plain}")
 
-        # 2. the job, each actor count, on the large then the small pool
-        out["job"] = {}
-        for n in actor_counts:
-            figures = {}
-            for size in ("large", "small"):
+        # 2. the job, each actor count: the large pool (right after the plain loop), then the
+        # small one
+        out["job"] = {f"actors_{n}": {} for n in actor_counts}
+        for size in ("large", "small"):
+            for n in actor_counts:
                 log(f"asymvlm curate --num-actors {n}, {size} pool")
                 result = run_job(
                     f"{tmp}/pool-{size}",
@@ -531,8 +542,9 @@ def main(argv: list[str] | None = None) -> int:
                     args.sample_seconds,
                     quiet,
                 )
-                figures[size] = result
+                out["job"][f"actors_{n}"][size] = result
                 log(f"{size}: {result}")
+        for figures in out["job"].values():
             large, small = figures["large"], figures["small"]
             figures["ratio_rows_per_second_job_over_plain"] = ratio(
                 large["rows_per_second"], plain["rows_per_second"]
@@ -541,7 +553,6 @@ def main(argv: list[str] | None = None) -> int:
                 "driver": ratio(large["driver_peak_rss_gib"], small["driver_peak_rss_gib"]),
                 "actor": ratio(large["actor_peak_rss_gib"], small["actor_peak_rss_gib"]),
             }
-            out["job"][f"actors_{n}"] = figures
         # the job's κ are the plain loop's
         first = os.path.basename(sorted(glob.glob(f"{tmp}/plain/scores/*.parquet"))[0])
         ours = pq.read_table(f"{tmp}/plain/scores/{first}")

@@ -60,14 +60,14 @@ def served(indexed):
 
 
 def _same(served: Any, here: Any) -> bool:
-    """The same answers: ids, texts and decisions exactly, numbers to float32's precision (the
+    """The same answers: ids, texts and decisions exactly, numbers to 1e-6 (the
     replica's encodings differ from this process's in their last bits)."""
     if isinstance(here, dict):
         return served.keys() == here.keys() and all(_same(served[k], here[k]) for k in here)
     if isinstance(here, list):
         return len(served) == len(here) and all(map(_same, served, here))
     if isinstance(here, float):
-        return served == pytest.approx(here, rel=1e-5)
+        return served == pytest.approx(here, rel=1e-6)
     return served == here
 
 

@@ -113,14 +113,13 @@ class Index:
     @torch.no_grad()
     def encode_texts(self, texts: Sequence[str]) -> Encoding:
         """The adapter's encoding of captions embedded by the frozen encoder."""
-        scorer = self.scorer()
-        split = scorer._split(scorer._check_captions(list(texts)))
+        split = self.scorer().caption_split(list(texts))
         return self.method.encode_texts(self.method.split_inputs(split)[1])
 
     @torch.no_grad()
     def encode_images(self, images: Sequence[Any]) -> Encoding:
         """The adapter's encoding of images (PIL images, paths or bytes)."""
-        embedded = self.scorer()._embed_images(list(images))
+        embedded = self.scorer().embed_images(list(images))
         return self.method.encode_images(self.method.image_rows(embedded["unit"], embedded["norm"]))
 
     # -- searching -------------------------------------------------------------------------

@@ -206,7 +206,10 @@ class Scorer:
         ]
         return dict(zip(("unit", "norm", "pre"), columns, strict=False))
 
-    def _embed_images(self, images: list) -> dict[str, torch.Tensor]:
+    def embed_images(self, images: list) -> dict[str, torch.Tensor]:
+        """Images (PIL images, paths or bytes) embedded by the frozen encoder: ``unit``,
+        ``norm`` (and ``pre``) on the device."""
+
         def encode(batch: list) -> tuple[np.ndarray, ...]:
             opened = [_open_image(im, i) for i, im in enumerate(batch)]
             pixels = self.encoder.preprocess_images(opened)
@@ -220,8 +223,16 @@ class Scorer:
         if not captions:
             empty = np.zeros((0, int(self.meta["dim"])), np.float32)
             return CaptionScores([], None, None, empty)
-        texts = self._embed(captions, partial(self.encoder.encode_texts, pre=self.uses_pre))
-        return self._caption_scores(captions, texts)
+        return self._caption_scores(captions, self._embed_captions(captions))
+
+    def caption_split(self, captions: Sequence[str]) -> SplitTensors:
+        """The captions embedded by the frozen encoder, as a split whose rows each method
+        takes (``method.split_inputs``)."""
+        captions = self._check_captions(captions)
+        return self._split(captions, self._embed_captions(captions))
+
+    def _embed_captions(self, captions: list[str]) -> dict[str, torch.Tensor]:
+        return self._embed(captions, partial(self.encoder.encode_texts, pre=self.uses_pre))
 
     def embedding_uncertainty(
         self, unit: np.ndarray, norm: np.ndarray | None = None, captions: Sequence[str] = ()
@@ -261,8 +272,8 @@ class Scorer:
         images = list(images)
         if not captions or not images:
             return np.zeros((len(captions), len(images)), np.float32)
-        texts = self._embed(captions, partial(self.encoder.encode_texts, pre=self.uses_pre))
-        image_rows, text_rows = self.method.split_inputs(self._split(captions, texts, images))
+        split = self._split(captions, self._embed_captions(captions), images)
+        image_rows, text_rows = self.method.split_inputs(split)
         with torch.no_grad():
             texts = self.method.encode_texts(text_rows)
             scores = self.method.score(texts, self.method.encode_images(image_rows))
@@ -278,7 +289,7 @@ class Scorer:
             if self.uses_pre:
                 image["pre"] = torch.zeros(0, self.encoder.pre_dims()["image"], device=self.device)
         else:
-            image = self._embed_images(images)
+            image = self.embed_images(images)
         n_text = texts["unit"].shape[0]
         return SplitTensors(
             image_emb=image["unit"],
