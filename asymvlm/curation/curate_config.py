@@ -72,7 +72,9 @@ class CurateConfig:
     """One curation job, validated on construction; the pool is read when the job starts."""
 
     pool: NonEmpty = Field(description="the pool's folder (or s3://...)")
-    checkpoint: NonEmpty = Field(description="the adapter: folder, runs:/, models:/ or hf-hub:")
+    checkpoint: NonEmpty = Field(
+        description="the adapter: folder, s3://, runs:/, models:/ or hf-hub:"
+    )
     output: NonEmpty = Field(description="the output folder (or s3://...)")
     format: Literal[FORMATS] = Field("auto", description="the pool's format (auto: detected)")
     split: str = Field("train", description="tables: the split to score")

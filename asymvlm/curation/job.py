@@ -35,7 +35,7 @@ from asymvlm.curation.shard_scores import (
     uncaptioned,
 )
 from asymvlm.errors import ConfigError
-from asymvlm.extras import missing_extra
+from asymvlm.extras import check_extras, missing_extra
 from asymvlm.methods import Method
 
 logger = logging.getLogger(__name__)
@@ -154,6 +154,8 @@ def _check_rules(cfg: CurateConfig, method: Method, name: str, has_images: bool)
 def plan_job(cfg: CurateConfig) -> CurationPlan:
     """Every check that needs no scoring, each a :class:`ConfigError` (one line) before work;
     then the job's output claimed and the shards it has scored already found."""
+    if cfg.tracking_uri:
+        check_extras("tracking")  # before the work it would log, not after it
     format = detect_format(cfg.pool) if cfg.format == "auto" else cfg.format
     shards = find_shards(cfg.pool, format, cfg.split)
     if not shards:
