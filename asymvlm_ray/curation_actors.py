@@ -22,8 +22,10 @@ from asymvlm_ray.session import RaySession
 class _ScoreShards:
     """A Ray Data actor: a :class:`ShardScorer` on the node's device, a shard per row."""
 
-    def __init__(self, options: dict) -> None:
+    def __init__(self, options: dict, threads: int | None) -> None:
         device = "cuda" if options.pop("gpu") and torch.cuda.is_available() else "cpu"
+        if threads:  # Ray pins an actor's threads to its num_cpus: the node's share instead
+            torch.set_num_threads(threads)
         self.scorer = ShardScorer(**options, device=device)
         self.fault = FaultInjection.from_environment()  # a drill: after this actor's N-th shard
         self.scored = 0
@@ -54,6 +56,8 @@ def score_on_ray(plan: CurationPlan, session: RaySession) -> Executor:
         "tracking_uri": cfg.tracking_uri,
         "gpu": gpu,
     }
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    threads = None if gpu else max(1, cpus // cfg.num_actors)
 
     def run(shards: list[PoolShard]) -> Iterator[ShardOutcome]:
         if not shards:
@@ -61,7 +65,7 @@ def score_on_ray(plan: CurationPlan, session: RaySession) -> Executor:
         items = [{"name": s.name, "format": s.format, "files": json.dumps(s.files)} for s in shards]
         outcomes = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
             _ScoreShards,
-            fn_constructor_args=(options,),
+            fn_constructor_args=(options, threads),
             batch_size=1,
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=cfg.num_actors),
