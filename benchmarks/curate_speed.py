@@ -33,7 +33,9 @@ small synthetic world of d = ``--dim``. Then, side by side in one run:
   time, beside ``Scorer.caption_uncertainty`` in this process on a sample (2,000 / 300);
 * **fixes** (unless ``--no-fixes``): the large pool through the job with one actor again, the
   actor given every core (``num_cpus`` = the cluster's CPUs / actors, patched into the driver's
-  ``map_batches`` call; Ray sets an actor's torch threads to its ``num_cpus``).
+  ``map_batches`` call; Ray sets an actor's torch threads to its ``num_cpus``); and both pools
+  with the first of ``--actors`` and ``--rows-per-batch`` ``--fix-rows-per-batch`` (the job's
+  flag), whose actors' peak RSS no longer creeps up shard after shard.
 
 Before each timed child process the script waits (at most ``--quiet-wait`` s) until other
 processes use fewer than ``--quiet-cores`` cores, and reports the cores the other processes
@@ -461,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--actors", default="2,1", help="--num-actors of the job, each run")
-    parser.add_argument("--rows-per-batch", type=int, default=8192)
+    parser.add_argument("--rows-per-batch", type=int, default=8192, help="the plain loop's")
+    parser.add_argument("--fix-rows-per-batch", type=int, default=2048, help="the fix's run")
     parser.add_argument("--captions", type=int, default=100_000)
     parser.add_argument("--vit-captions", type=int, default=2_000)
     parser.add_argument("--caption-shards", type=int, default=8, help="shards of each caption pool")
@@ -472,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quiet-cores",
         type=float,
-        default=0.3,
+        default=0.5,
         help="before each run, wait until the other "
         "processes use fewer cores than this (other work skews every timing)",
     )
@@ -585,6 +588,32 @@ def main(argv: list[str] | None = None) -> int:
             )
             out["fix_actor_cpus"] = {"actors_1": fixed}
             log(f"fix: {fixed}")
+            # smaller batches: the actors' peak RSS no longer creeps up shard after shard
+            rows = args.fix_rows_per_batch
+            figures = {}
+            for size in ("large", "small"):
+                log(
+                    f"asymvlm curate --num-actors {actor_counts[0]} --rows-per-batch {rows}, {size}"
+                )
+                figures[size] = run_job(
+                    f"{tmp}/pool-{size}",
+                    adapter,
+                    f"{tmp}/job-batch-{size}",
+                    actor_counts[0],
+                    args.sample_seconds,
+                    quiet,
+                    extra=["--rows-per-batch", str(rows)],
+                )
+                log(f"{size}: {figures[size]}")
+            large, small = figures["large"], figures["small"]
+            figures["ratio_rows_per_second_job_over_plain"] = ratio(
+                large["rows_per_second"], plain["rows_per_second"]
+            )
+            figures["peak_rss_large_over_small"] = {
+                "driver": ratio(large["driver_peak_rss_gib"], small["driver_peak_rss_gib"]),
+                "actor": ratio(large["actor_peak_rss_gib"], small["actor_peak_rss_gib"]),
+            }
+            out[f"fix_rows_per_batch_{rows}"] = {f"actors_{actor_counts[0]}": figures}
 
         # 4. captions to embed
         towers = {"tiny": (save_tiny_clip(f"{tmp}/tiny", projection_dim=args.dim), args.captions)}
