@@ -44,6 +44,7 @@ SMOKE: dict[str, list] = {
     + ["--epochs", "2"],
     "search_speed": ["--images", "2000", "--dim", "32", "--queries", "10", "--seconds", "1"]
     + ["--clients", "2", "--no-vit"],
+    "curate_filter": ["--seeds", "0", "--images", "300,100,100", "--epochs", "1", "--drops", "30"],
 }
 
 
@@ -77,6 +78,12 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "build.kind": "flat",
         "in_process.recall_at_10": 1.0,
         "served.tiny.requests": POSITIVE,
+    },
+    # the job's kappa is the adapter's, and each rule kept its fraction of the pool
+    "curate_filter": {
+        "seeds.0.job_kappa_vs_caption_scores_max_rel_diff": 0.0,
+        "seeds.0.kept_fraction.clip-top-30": 0.3,
+        "seeds.0.retrained.all.t2i_recall@1": FRACTION,
     },
 }
 
