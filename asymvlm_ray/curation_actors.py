@@ -56,8 +56,9 @@ def score_on_ray(plan: CurationPlan, session: RaySession) -> Executor:
         "tracking_uri": cfg.tracking_uri,
         "gpu": gpu,
     }
-    cpus = int(ray.cluster_resources().get("CPU", 1))
-    threads = None if gpu else max(1, cpus // cfg.num_actors)
+    nodes = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]]
+    share = int(ray.cluster_resources().get("CPU", 1)) // cfg.num_actors  # one node's at most
+    threads = None if gpu else max(1, min(share, int(max(nodes, default=1))))
 
     def run(shards: list[PoolShard]) -> Iterator[ShardOutcome]:
         if not shards:

@@ -32,10 +32,11 @@ small synthetic world of d = ``--dim``. Then, side by side in one run:
   ``--caption-actors`` actors: captions/s over the job's wall and over the actors' scoring
   time, beside ``Scorer.caption_uncertainty`` in this process on a sample (2,000 / 300);
 * **fixes** (unless ``--no-fixes``): the large pool through the job with one actor again, the
-  actor given every core (``num_cpus`` = the cluster's CPUs / actors, patched into the driver's
-  ``map_batches`` call; Ray sets an actor's torch threads to its ``num_cpus``); and both pools
-  with the first of ``--actors`` and ``--rows-per-batch`` ``--fix-rows-per-batch`` (the job's
-  flag), whose actors' peak RSS no longer creeps up shard after shard.
+  actor reserving its share of the cores in Ray (``num_cpus`` = the cluster's CPUs / actors,
+  patched into the driver's ``map_batches`` call; Ray sets an actor's torch threads to its
+  ``num_cpus``, which the job, since f604d79, overrides with ``torch.set_num_threads``); and
+  both pools with the first of ``--actors`` and ``--rows-per-batch`` ``--fix-rows-per-batch``
+  (the job's flag), whose actors' peak RSS no longer creeps up shard after shard.
 
 Before each timed child process the script waits (at most ``--quiet-wait`` s) until other
 processes use fewer than ``--quiet-cores`` cores, and reports the cores the other processes

@@ -45,6 +45,9 @@ SMOKE: dict[str, list] = {
     "search_speed": ["--images", "2000", "--dim", "32", "--queries", "10", "--seconds", "1"]
     + ["--clients", "2", "--no-vit"],
     "curate_filter": ["--seeds", "0", "--images", "300,100,100", "--epochs", "1", "--drops", "30"],
+    "curate_speed": ["--rows", "4000", "--small-rows", "2000", "--shard-rows", "1000"]
+    + ["--captions", "300", "--no-vit", "--epochs", "1", "--actors", "1", "--no-fixes"]
+    + ["--quiet-wait", "0"],
 }
 
 
@@ -78,6 +81,13 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "build.kind": "flat",
         "in_process.recall_at_10": 1.0,
         "served.tiny.requests": POSITIVE,
+    },
+    # the job scored every row with the plain loop's kappa, and the captions to embed
+    "curate_speed": {
+        "pools.large.rows": 4000,
+        "job.actors_1.large.rows": 4000,
+        "plain_vs_job_max_rel_kappa_diff": 0.0,
+        "captions.tiny.rows": 300,
     },
     # the job's kappa is the adapter's, and each rule kept its fraction of the pool
     "curate_filter": {

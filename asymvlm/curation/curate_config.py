@@ -85,7 +85,8 @@ class CurateConfig:
         "auto", description="DataComp .npz features (auto: the adapter's dimension)"
     )
     write_mu: bool = Field(False, description="write each caption's mu too")
-    rows_per_batch: PositiveInt = Field(8192, description="rows through the adapter at once")
+    # 2048: an actor's peak memory stays flat shard after shard (benchmarks/README.md)
+    rows_per_batch: PositiveInt = Field(2048, description="rows through the adapter at once")
     num_actors: PositiveInt = Field(1, description="scoring actors (one GPU each on GPUs)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: a GPU if any")
     tracking_uri: str | None = Field(None, description="the MLflow store the job is logged to")
