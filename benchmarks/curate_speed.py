@@ -449,6 +449,19 @@ def ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else float("nan")
 
 
+def beside_plain(figures: dict, plain: dict) -> None:
+    """Add to a large and a small pool's job runs their speed over the plain loop's and their
+    peak memory's growth from the small pool to the large."""
+    large, small = figures["large"], figures["small"]
+    figures["ratio_rows_per_second_job_over_plain"] = ratio(
+        large["rows_per_second"], plain["rows_per_second"]
+    )
+    figures["peak_rss_large_over_small"] = {
+        "driver": ratio(large["driver_peak_rss_gib"], small["driver_peak_rss_gib"]),
+        "actor": ratio(large["actor_peak_rss_gib"], small["actor_peak_rss_gib"]),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--plain-job"]:
@@ -549,14 +562,7 @@ def main(argv: list[str] | None = None) -> int:
                 out["job"][f"actors_{n}"][size] = result
                 log(f"{size}: {result}")
         for figures in out["job"].values():
-            large, small = figures["large"], figures["small"]
-            figures["ratio_rows_per_second_job_over_plain"] = ratio(
-                large["rows_per_second"], plain["rows_per_second"]
-            )
-            figures["peak_rss_large_over_small"] = {
-                "driver": ratio(large["driver_peak_rss_gib"], small["driver_peak_rss_gib"]),
-                "actor": ratio(large["actor_peak_rss_gib"], small["actor_peak_rss_gib"]),
-            }
+            beside_plain(figures, plain)
         # the job's κ are the plain loop's
         first = os.path.basename(sorted(glob.glob(f"{tmp}/plain/scores/*.parquet"))[0])
         ours = pq.read_table(f"{tmp}/plain/scores/{first}")
@@ -606,14 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                     extra=["--rows-per-batch", str(rows)],
                 )
                 log(f"{size}: {figures[size]}")
-            large, small = figures["large"], figures["small"]
-            figures["ratio_rows_per_second_job_over_plain"] = ratio(
-                large["rows_per_second"], plain["rows_per_second"]
-            )
-            figures["peak_rss_large_over_small"] = {
-                "driver": ratio(large["driver_peak_rss_gib"], small["driver_peak_rss_gib"]),
-                "actor": ratio(large["actor_peak_rss_gib"], small["actor_peak_rss_gib"]),
-            }
+            beside_plain(figures, plain)
             out[f"fix_rows_per_batch_{rows}"] = {f"actors_{actor_counts[0]}": figures}
 
         # 4. captions to embed
