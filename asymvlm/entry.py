@@ -31,6 +31,17 @@ class ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message}")
 
 
+def job_parser(description: str, keys: str, example: str) -> ArgumentParser:
+    """A job script's flags: ``--config FILE`` (``keys``: what the file holds), ``--set
+    KEY=VALUE`` overrides (``example``: one) and ``--verbose``."""
+    parser = ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help=keys)
+    override = f"override a key (YAML value; dots and list indices: {example})"
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
+    parser.add_argument("--verbose", action="store_true", help="everything on the console")
+    return parser
+
+
 def _validation_line(exc: BaseException) -> str | None:
     """A pydantic ``ValidationError`` that escaped the config boundary, on one line (else None)."""
     from pydantic import ValidationError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from asymvlm.entry import ArgumentParser, guarded, require
+from asymvlm.entry import guarded, job_parser, require
 
 require("ray")
 
@@ -14,13 +14,8 @@ from asymvlm_ray.schema import load_curate  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(description=__doc__.splitlines()[0])
     keys = "YAML file with the job's CurateConfig keys (the docs' Configuration reference)"
-    parser.add_argument("--config", required=True, help=keys)
-    override = "override a key (YAML value; dots and list indices: rules.0.most_specific=0.5)"
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
-    parser.add_argument("--verbose", action="store_true", help="everything on the console")
-    return parser
+    return job_parser(__doc__.splitlines()[0], keys, "rules.0.most_specific=0.5")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from asymvlm.entry import ArgumentParser, guarded, require
+from asymvlm.entry import guarded, job_parser, require
 
 require("ray", "embed")
 
@@ -16,16 +16,11 @@ from asymvlm_ray.session import RaySession  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(description=__doc__.splitlines()[0])
     keys = (
         "YAML file with the embedding job(s); its EmbedConfig keys: the docs' "
         "Configuration reference"
     )
-    parser.add_argument("--config", required=True, help=keys)
-    override = "override a key (YAML value; dots and list indices: jobs.0.split=val)"
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=override)
-    parser.add_argument("--verbose", action="store_true", help="everything on the console")
-    return parser
+    return job_parser(__doc__.splitlines()[0], keys, "jobs.0.split=val")
 
 
 def main(argv: list[str] | None = None) -> int:
