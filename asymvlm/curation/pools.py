@@ -9,7 +9,9 @@ import json
 import posixpath
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +49,6 @@ class Rows:
     text_emb: np.ndarray | None = None
     text_norm: np.ndarray | None = None
     image_emb: np.ndarray | None = None
-    extra: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.row)
@@ -72,9 +73,16 @@ def _name(root: str, uri: str) -> str:
     return relative.rsplit(".", 1)[0].replace("/", "__")
 
 
-def _parquet_columns(uri: str) -> list[str]:
+@contextmanager
+def _open(uri: str) -> Iterator[BinaryIO]:
+    """``uri`` opened for reading, its store's failures named."""
     fs, path = storage.fsspec_filesystem(uri)
     with storage.named_failures(uri), fs.open(path, "rb") as f:
+        yield f
+
+
+def _parquet_columns(uri: str) -> list[str]:
+    with _open(uri) as f:
         return pq.ParquetFile(f).schema_arrow.names
 
 
@@ -147,8 +155,7 @@ def find_shards(pool: str, format: str, split: str = "train") -> list[PoolShard]
 # -- reading one shard ----------------------------------------------------------------------
 def npy_header(uri: str) -> tuple[tuple[int, ...], np.dtype, int]:
     """(shape, dtype, data offset) of a C-ordered .npy file, from its header alone."""
-    fs, path = storage.fsspec_filesystem(uri)
-    with storage.named_failures(uri), fs.open(path, "rb") as f:
+    with _open(uri) as f:
         try:
             version = np.lib.format.read_magic(f)
             read = np.lib.format.read_array_header_1_0
@@ -166,16 +173,14 @@ def npy_rows(uri: str, start: int, stop: int) -> np.ndarray:
     """Rows ``start:stop`` of a 2-d .npy file, read alone (local or object store)."""
     shape, dtype, offset = npy_header(uri)
     width = int(np.prod(shape[1:]))
-    fs, path = storage.fsspec_filesystem(uri)
-    with storage.named_failures(uri), fs.open(path, "rb") as f:
+    with _open(uri) as f:
         f.seek(offset + start * width * dtype.itemsize)
         data = f.read((stop - start) * width * dtype.itemsize)
     return np.frombuffer(data, dtype).reshape(stop - start, width).astype(np.float32)
 
 
 def _parquet_batches(uri: str, rows: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    fs, path = storage.fsspec_filesystem(uri)
-    with storage.named_failures(uri), fs.open(path, "rb") as f:
+    with _open(uri) as f:
         pf = pq.ParquetFile(f)
         missing = sorted(set(columns) - set(pf.schema_arrow.names))
         if missing:
@@ -185,8 +190,7 @@ def _parquet_batches(uri: str, rows: int, columns: list[str]) -> Iterator[pa.Rec
 
 def parquet_rows(uri: str) -> int:
     """The rows of a parquet file, from its footer."""
-    fs, path = storage.fsspec_filesystem(uri)
-    with storage.named_failures(uri), fs.open(path, "rb") as f:
+    with _open(uri) as f:
         return pq.ParquetFile(f).metadata.num_rows
 
 
@@ -276,11 +280,10 @@ def _webdataset(shard: PoolShard, rows: int) -> Iterator[Rows]:
     """A tar's samples (consecutive members of one key) with the caption of ``KEY.txt``, or
     else of ``KEY.json`` (img2dataset writes both); a sample with neither has none."""
     uri = shard.files["rows"]
-    fs, path = storage.fsspec_filesystem(uri)
     keys: list[str] = []
     texts: list[str | None] = []
     done = 0
-    with storage.named_failures(uri), fs.open(path, "rb") as f:
+    with _open(uri) as f:
         try:
             with tarfile.open(fileobj=f, mode="r|") as tar:
                 for member in tar:

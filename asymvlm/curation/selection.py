@@ -4,7 +4,9 @@ uids, DataComp's selection file (a sorted ``.npy`` of uint64 uid pairs)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -16,7 +18,7 @@ from pydantic import BaseModel
 
 from asymvlm import storage
 from asymvlm.curation.curate_config import SelectionRule
-from asymvlm.curation.shard_scores import scores_uri
+from asymvlm.curation.shard_scores import score_schema, scores_uri
 from asymvlm.storage import StorageError
 
 SELECTIONS_DIR = "selections"
@@ -125,11 +127,18 @@ def write_selections(
     kappa, clip = histograms(output, shards)
     cuts = {rule.name: thresholds(rule, kappa, clip) for rule in rules}
     columns = ["row", "key", *(["uid"] if uid else []), "kappa", "clip_score"]
+    scored = score_schema(0, uid, mu=False)
+    schema = pa.schema([pa.field("shard", pa.string()), *(scored.field(c) for c in columns)])
     kept: dict[str, list[str]] = {rule.name: [] for rule in rules}
     counts = dict.fromkeys(kept, 0)
-    writers: dict[str, pq.ParquetWriter] = {}
-    outs = []
-    try:
+    with contextlib.ExitStack() as stack:  # each writer closed before its file
+        writers = {}
+        for rule in rules:
+            uri = storage.uri_join(output, SELECTIONS_DIR, f"{rule.name}.parquet")
+            fs, path = storage.fsspec_filesystem(uri)
+            fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            out = stack.enter_context(fs.open(path, "wb"))
+            writers[rule.name] = stack.enter_context(pq.ParquetWriter(out, schema))
         for shard in shards:
             table = read_scores(output, shard, columns)
             table = table.add_column(0, "shard", pa.array([shard] * table.num_rows, pa.string()))
@@ -140,21 +149,10 @@ def write_selections(
                 if clip_min is not None:
                     mask = pc.and_(mask, pc.greater_equal(table["clip_score"], clip_min))
                 chosen = table.filter(pc.fill_null(mask, False))
-                if name not in writers:
-                    uri = storage.uri_join(output, SELECTIONS_DIR, f"{name}.parquet")
-                    fs, path = storage.fsspec_filesystem(uri)
-                    fs.makedirs(storage.uri_join(output, SELECTIONS_DIR), exist_ok=True)
-                    outs.append(fs.open(path, "wb"))
-                    writers[name] = pq.ParquetWriter(outs[-1], chosen.schema)
                 writers[name].write_table(chosen)
                 counts[name] += chosen.num_rows
                 if uid:
                     kept[name] += chosen["uid"].to_pylist()
-    finally:
-        for writer in writers.values():
-            writer.close()
-        for out in outs:
-            out.close()
     results = []
     for rule in rules:
         files = [storage.uri_join(output, SELECTIONS_DIR, f"{rule.name}.parquet")]
