@@ -3,7 +3,7 @@
     python benchmarks/curate_speed.py [--rows 2000000] [--small-rows 200000]
                                       [--shard-rows 100000] [--actors 2,1]
                                       [--captions 100000] [--vit-captions 2000] [--no-vit]
-                                      [--no-fixes] [--quiet-cores 0.5] [--quiet-wait 120]
+                                      [--quiet-cores 0.5] [--quiet-wait 120]
 
 Writes a pool in clip-retrieval's format (``text_emb/text_emb_{i}.npy`` and
 ``img_emb/img_emb_{i}.npy``: float16 unit vectors, d = ``--dim``; ``metadata/metadata_{i}.parquet``
@@ -31,12 +31,6 @@ small synthetic world of d = ``--dim``. Then, side by side in one run:
   ``--vit-captions`` with a ViT-B/32-shaped random one (``--encoder``; d = ``--dim``),
   ``--caption-actors`` actors: captions/s over the job's wall and over the actors' scoring
   time, beside ``Scorer.caption_uncertainty`` in this process on a sample (2,000 / 300);
-* **fixes** (unless ``--no-fixes``): the large pool through the job with one actor again, the
-  actor reserving its share of the cores in Ray (``num_cpus`` = the cluster's CPUs / actors,
-  patched into the driver's ``map_batches`` call; Ray sets an actor's torch threads to its
-  ``num_cpus``, which the job, since f604d79, overrides with ``torch.set_num_threads``); and
-  both pools with the first of ``--actors`` and ``--rows-per-batch`` ``--fix-rows-per-batch``
-  (the job's flag), whose actors' peak RSS no longer creeps up shard after shard.
 
 Before each timed child process the script waits (at most ``--quiet-wait`` s) until other
 processes use fewer than ``--quiet-cores`` cores, and reports the cores the other processes
@@ -341,16 +335,11 @@ def run_job(
     every: float,
     quiet: tuple[float, float],
     extra: Sequence[str] = (),
-    patch: str | None = None,
 ) -> dict:
-    """``asymvlm curate`` in a child process (or, with ``patch``, this script applying it first
-    and then running the same command line): wall, rows/s, phases, peak RSS."""
+    """``asymvlm curate`` in a child process: wall, rows/s, phases, peak RSS."""
     args = ["curate", "--pool", pool, "--checkpoint", checkpoint, "--output", output]
     args += ["--num-actors", str(actors), *extra]
-    if patch:
-        command = [sys.executable, os.path.abspath(__file__), "--patched-cli", patch, "--", *args]
-    else:
-        command = [sys.executable, "-m", "asymvlm.cli", *args]
+    command = [sys.executable, "-m", "asymvlm.cli", *args]
     with open(f"{output}.log", "w") as err, Measured(quiet) as measured:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, env=child_env())
         sampler = TreeSampler(child.pid, every)
@@ -389,30 +378,6 @@ def run_job(
         **memory,
         **measured.figures(),
     }
-
-
-def patched_cli(patch: str, argv: list[str]) -> int:
-    """``asymvlm <argv>`` with ``patch`` applied in this (the driver) process first."""
-    if patch == "actor-cpus":  # an actor takes the cluster's CPUs / actors, not 1
-        import ray
-        from ray.data import Dataset
-
-        original = Dataset.map_batches
-
-        def map_batches(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-            if getattr(fn, "__name__", "") == "_ScoreShards" and not kwargs.get("num_gpus"):
-                size = kwargs["compute"].max_size if kwargs.get("compute") else 1
-                cpus = int(ray.cluster_resources().get("CPU", 1))
-                kwargs["num_cpus"] = max(1, cpus // max(size, 1))
-                print(f"[patch] scoring actors take num_cpus={kwargs['num_cpus']}", file=sys.stderr)
-            return original(self, fn, *args, **kwargs)
-
-        Dataset.map_batches = map_batches
-    else:
-        raise SystemExit(f"unknown patch {patch!r}")
-    from asymvlm.cli import main as cli_main
-
-    return cli_main(argv)
 
 
 # -- captions to embed -----------------------------------------------------------------------
@@ -468,8 +433,6 @@ def main(argv: list[str] | None = None) -> int:
         pool, checkpoint, output, rows_per_batch = argv[1:5]
         print(json.dumps(plain_job(pool, checkpoint, output, int(rows_per_batch))))
         return 0
-    if argv[:1] == ["--patched-cli"]:
-        return patched_cli(argv[1], argv[3:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--small-rows", type=int, default=200_000)
@@ -478,13 +441,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--actors", default="2,1", help="--num-actors of the job, each run")
     parser.add_argument("--rows-per-batch", type=int, default=8192, help="the plain loop's")
-    parser.add_argument("--fix-rows-per-batch", type=int, default=2048, help="the fix's run")
     parser.add_argument("--captions", type=int, default=100_000)
     parser.add_argument("--vit-captions", type=int, default=2_000)
     parser.add_argument("--caption-shards", type=int, default=8, help="shards of each caption pool")
     parser.add_argument("--caption-actors", type=int, default=2)
     parser.add_argument("--no-vit", action="store_true", help="the tiny text tower only")
-    parser.add_argument("--no-fixes", action="store_true", help="no patched job runs")
     parser.add_argument("--sample-seconds", type=float, default=0.5)
     parser.add_argument(
         "--quiet-cores",
@@ -578,44 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             np.max(np.abs(a[keep] - b[keep]) / np.abs(b[keep]))
         )
 
-        # 3. one actor given every core (the fix proposed for --num-actors 1)
-        if not args.no_fixes:
-            log("asymvlm curate --num-actors 1, the actor given every core (patched)")
-            fixed = run_job(
-                f"{tmp}/pool-large",
-                adapter,
-                f"{tmp}/job-fix-large",
-                1,
-                args.sample_seconds,
-                quiet,
-                patch="actor-cpus",
-            )
-            fixed["ratio_rows_per_second_job_over_plain"] = ratio(
-                fixed["rows_per_second"], plain["rows_per_second"]
-            )
-            out["fix_actor_cpus"] = {"actors_1": fixed}
-            log(f"fix: {fixed}")
-            # smaller batches: the actors' peak RSS no longer creeps up shard after shard
-            rows = args.fix_rows_per_batch
-            figures = {}
-            for size in ("large", "small"):
-                log(
-                    f"asymvlm curate --num-actors {actor_counts[0]} --rows-per-batch {rows}, {size}"
-                )
-                figures[size] = run_job(
-                    f"{tmp}/pool-{size}",
-                    adapter,
-                    f"{tmp}/job-batch-{size}",
-                    actor_counts[0],
-                    args.sample_seconds,
-                    quiet,
-                    extra=["--rows-per-batch", str(rows)],
-                )
-                log(f"{size}: {figures[size]}")
-            beside_plain(figures, plain)
-            out[f"fix_rows_per_batch_{rows}"] = {f"actors_{actor_counts[0]}": figures}
-
-        # 4. captions to embed
+        # 3. captions to embed
         towers = {"tiny": (save_tiny_clip(f"{tmp}/tiny", projection_dim=args.dim), args.captions)}
         if not args.no_vit:
             vit = save_tiny_clip(f"{tmp}/vit", projection_dim=args.dim, text_tower=VIT_B32_TEXT)
