@@ -9,12 +9,15 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import socket
+import subprocess
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -75,6 +78,39 @@ def dead_cluster_ray_tmpdir() -> Iterator[str]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def sigkill_when(
+    command: Sequence[str],
+    ready: Callable[[], bool],
+    env: dict | None = None,
+    seconds: float = 180,
+    every: float = 0.02,
+) -> None:
+    """Run ``command`` from the repository in a session of its own and SIGKILL the whole session
+    (the driver and the local Ray it started) as soon as ``ready()`` holds; fail if the command
+    exits first or nothing is ready in ``seconds`` (asked every ``every`` s)."""
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + seconds
+            while not ready():
+                if proc.poll() is not None:
+                    stderr.seek(0)
+                    raise AssertionError(f"exited before the kill: {stderr.read()[-3000:]}")
+                assert time.monotonic() < deadline, f"not ready in {seconds} s"
+                time.sleep(every)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def small_world_config(**overrides) -> WorldConfig:

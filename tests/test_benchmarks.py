@@ -46,7 +46,7 @@ SMOKE: dict[str, list] = {
     + ["--clients", "2", "--no-vit"],
     "curate_filter": ["--seeds", "0", "--images", "300,100,100", "--epochs", "1", "--drops", "30"],
     "curate_speed": ["--rows", "4000", "--small-rows", "2000", "--shard-rows", "1000"]
-    + ["--captions", "300", "--no-vit", "--epochs", "1", "--actors", "1", "--no-fixes"]
+    + ["--captions", "300", "--no-vit", "--epochs", "1", "--actors", "1"]
     + ["--quiet-wait", "0"],
 }
 

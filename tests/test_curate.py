@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +23,8 @@ from asymvlm.curation import CurateConfig, SelectionRule, curate
 from asymvlm.runner import train
 from asymvlm.scoring.scorer import GivenEmbeddings
 from asymvlm.synthetic import write_world
-from tests.helpers import add_member, small_world_config
+from tests.helpers import REPO, add_member, sigkill_when, small_world_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULES = [
     SelectionRule(name="specific-70", most_specific=0.7),
     SelectionRule(name="clip-30", clip_top=0.3),
@@ -296,24 +293,14 @@ def test_a_killed_driver_goes_on_and_every_row_is_written_once(world, tmp_path) 
     out = tmp_path / "out"
     command = curate_command(pool, world, out)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    run = dict(cwd=REPO, env=env, start_new_session=True, text=True)
-    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **run)
-    try:
-        deadline = time.monotonic() + 180
-        while not written(out):
-            assert first.poll() is None, f"exited before the kill: {first.stderr.read()}"
-            assert time.monotonic() < deadline, "no shard written in 180 s"
-            time.sleep(0.02)
-    finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the driver and the local Ray it started
-        first.communicate()
+    sigkill_when(command, lambda: bool(written(out)), env=env)
     before = written(out)
     assert 1 <= len(before) < 23, "killed mid-run"
     config = tmp_path / "curate.yaml"  # the same job through the cluster's entry point
     job = {"pool": pool, "output": str(out), "checkpoint": world["checkpoint"]}
     config.write_text(json.dumps({**job, "encoder": world["clip"]}))
     script = [sys.executable, "pipelines/curate.py", "--config", str(config)]
-    second = subprocess.run(script, capture_output=True, timeout=300, **run)
+    second = subprocess.run(script, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     lines = second.stderr.strip().splitlines()
     assert second.returncode == 2, second.stderr[-3000:]
     assert lines[-1].startswith("error: 1 shard(s) left out, run again to retry: 00003 (")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,14 @@ from asymvlm.embedding.embed_config import DUMMY_PROMPTS, EmbedConfig
 from asymvlm.embedding.encoders import files_sha256, load_encoder
 from asymvlm.errors import ConfigError, LockError
 from asymvlm_ray.embedding import JOB, SUCCESS, run_embed
-from tests.helpers import REPO, hierarcaps_subset, library_lines, requires_hierarcaps, tiny_encoders
+from tests.helpers import (
+    REPO,
+    hierarcaps_subset,
+    library_lines,
+    requires_hierarcaps,
+    sigkill_when,
+    tiny_encoders,
+)
 
 BASE = dict(dataset="hierarcaps", split="test")
 
@@ -408,21 +414,8 @@ def _run(command: list[str], **kw) -> subprocess.CompletedProcess:
 def test_sigkilled_embed_resumes_to_the_uninterrupted_result(embedded, models, hc, tmp_path):
     out = str(tmp_path / "out")
     command = _embed_command(hc, models["clip"], out)
-    err = tmp_path / "embed.err"
-    with open(err, "w") as stderr:
-        proc = subprocess.Popen(
-            command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
-        )
     markers = Path(out) / "test" / "_parts"
-    try:
-        deadline = time.monotonic() + 180
-        while not list(markers.glob("part-*.json")):
-            assert proc.poll() is None, f"embed exited before its first shard: {err.read_text()}"
-            assert time.monotonic() < deadline, "no shard written in 180 s"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
-        proc.wait()
+    sigkill_when(command, lambda: bool(list(markers.glob("part-*.json"))))
     assert not (Path(out) / "test" / SUCCESS).exists(), "the job finished before the kill"
     assert len(list(markers.glob("part-*.json"))) == 1  # of 2
     assert "(1 already written)" in _run(command).stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from mlflow import MlflowClient
 
 from asymvlm import entry, errors, tracking
 from asymvlm_ray.schema import sweep_config
-from tests.helpers import REPO, library_lines
+from tests.helpers import REPO, library_lines, sigkill_when
 
 
 def _sweep_doc(world: str, output: str, **extra) -> dict:
@@ -54,24 +53,15 @@ def test_a_sweep_killed_part_way_goes_on_where_it_stopped(pre_world, tmp_path, o
     marker = tmp_path / "paused"
     env = dict(os.environ, TUNE_GLOBAL_CHECKPOINT_S="0")  # Tune's state saved at every step
     env["ASYMVLM_FAULT_INJECTION"] = f"epoch=2,action=pause,seconds=600,marker={marker}"
-    with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True
-        )
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            runs = _trial_runs(output) if marker.exists() else []
-            if [r.info.status for r in runs].count("FINISHED") == 1 and len(runs) == 2:
-                time.sleep(2)  # the paused trial's checkpoint of epoch 2 in Tune's state
-                break
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            time.sleep(1)
-        else:
-            pytest.fail("the first run never got there: " + (tmp_path / "first.log").read_text())
-    finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the driver and the Ray it started
-        first.wait()
+
+    def one_finished_one_paused() -> bool:
+        runs = _trial_runs(output) if marker.exists() else []
+        if [r.info.status for r in runs].count("FINISHED") == 1 and len(runs) == 2:
+            time.sleep(2)  # the paused trial's checkpoint of epoch 2 in Tune's state
+            return True
+        return False
+
+    sigkill_when(command, one_finished_one_paused, env=env, seconds=300, every=1)
     assert not os.path.exists(os.path.join(output, "sweep.json"))
 
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
