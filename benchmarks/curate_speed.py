@@ -8,7 +8,8 @@
 Writes a pool in clip-retrieval's format (``text_emb/text_emb_{i}.npy`` and
 ``img_emb/img_emb_{i}.npy``: float16 unit vectors, d = ``--dim``; ``metadata/metadata_{i}.parquet``
 with key, caption (one in 200 null) and url) of ``--rows`` rows in shards of ``--shard-rows``,
-a pool of its first ``--small-rows`` rows (the same shard files, hard-linked), and an
+a pool of its first ``--small-rows`` rows (the same shard files, hard-linked; 0: none, and no
+memory ratio), and an
 asymvlm-vmf adapter (the project's defaults: width 1024, depth 3) trained ``--epochs`` on a
 small synthetic world of d = ``--dim``. Then, side by side in one run:
 
@@ -216,16 +217,16 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def wait_quiet(max_busy: float, max_wait: float) -> float:
-    """Wait (at most ``max_wait`` s) until the other processes use under ``max_busy`` cores
-    (3 s windows): other work on the 2 cores skews every timing. The cores they last used."""
+def wait_quiet(max_busy: float, max_wait: float) -> None:
+    """Wait (at most ``max_wait`` s; not at all for 0) until the other processes use under
+    ``max_busy`` cores (3 s windows): other work on the 2 cores skews every timing."""
     deadline = time.perf_counter() + max_wait
-    while True:
+    while max_wait > 0:
         b0 = busy_seconds()
         time.sleep(3.0)
         used = (busy_seconds() - b0) / 3.0
         if used < max_busy or time.perf_counter() > deadline:
-            return round(used, 2)
+            return
         log(f"waiting for a quiet machine: other processes use {used:.1f} cores")
 
 
@@ -236,7 +237,7 @@ class Measured:
         self.quiet = quiet
 
     def __enter__(self) -> Measured:
-        self.busy_before = wait_quiet(*self.quiet)
+        wait_quiet(*self.quiet)
         self.load = loadavg()
         self.b0, self.c0, self.t0 = busy_seconds(), children_cpu_seconds(), time.perf_counter()
         return self
@@ -415,16 +416,17 @@ def ratio(a: float, b: float) -> float:
 
 
 def beside_plain(figures: dict, plain: dict) -> None:
-    """Add to a large and a small pool's job runs their speed over the plain loop's and their
-    peak memory's growth from the small pool to the large."""
-    large, small = figures["large"], figures["small"]
+    """Add to a large (and a small) pool's job runs their speed over the plain loop's (and
+    their peak memory's growth from the small pool to the large)."""
+    large, small = figures["large"], figures.get("small")
     figures["ratio_rows_per_second_job_over_plain"] = ratio(
         large["rows_per_second"], plain["rows_per_second"]
     )
-    figures["peak_rss_large_over_small"] = {
-        "driver": ratio(large["driver_peak_rss_gib"], small["driver_peak_rss_gib"]),
-        "actor": ratio(large["actor_peak_rss_gib"], small["actor_peak_rss_gib"]),
-    }
+    if small:
+        figures["peak_rss_large_over_small"] = {
+            "driver": ratio(large["driver_peak_rss_gib"], small["driver_peak_rss_gib"]),
+            "actor": ratio(large["actor_peak_rss_gib"], small["actor_peak_rss_gib"]),
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -475,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"adapter trained in {out['train_adapter_seconds']} s; writing the pools")
         t = time.perf_counter()
         indices = write_clip_retrieval(f"{tmp}/pool-large", args.rows, args.shard_rows, args.dim)
+        sizes = ("large", "small") if args.small_rows else ("large",)
         link_pool(
             f"{tmp}/pool-large", f"{tmp}/pool-small", indices[: args.small_rows // args.shard_rows]
         )
@@ -509,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         # 2. the job, each actor count: the large pool (right after the plain loop), then the
         # small one
         out["job"] = {f"actors_{n}": {} for n in actor_counts}
-        for size in ("large", "small"):
+        for size in sizes:
             for n in actor_counts:
                 log(f"asymvlm curate --num-actors {n}, {size} pool")
                 result = run_job(

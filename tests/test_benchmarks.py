@@ -45,8 +45,9 @@ SMOKE: dict[str, list] = {
     "search_speed": ["--images", "2000", "--dim", "32", "--queries", "10", "--seconds", "1"]
     + ["--clients", "2", "--no-vit"],
     "curate_filter": ["--seeds", "0", "--images", "300,100,100", "--epochs", "1", "--drops", "30"],
-    "curate_speed": ["--rows", "4000", "--small-rows", "2000", "--shard-rows", "1000"]
-    + ["--captions", "300", "--no-vit", "--epochs", "1", "--actors", "1"]
+    "curate_speed": ["--rows", "4000", "--shard-rows", "1000"]
+    + ["--captions", "300", "--no-vit", "--epochs", "1", "--actors", "1", "--small-rows", "0"]
+    + ["--caption-shards", "2", "--caption-actors", "1"]
     + ["--quiet-wait", "0"],
 }
 
