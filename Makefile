@@ -16,8 +16,8 @@ quick-demo: setup
 # The import contracts (pyproject.toml [tool.importlinter]) first: a broken layer fails at once;
 # then formatting and lint; then the suite on two workers of one thread each (tests/conftest.py),
 # a test file per worker (its module-scoped runs made once; tests/multinode's fixed ports used by
-# one worker at a time).
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+# one worker at a time), handed out longest first (tests/conftest.py's LONGEST_FIRST).
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 test: setup
 	.venv/bin/lint-imports
 	$(PY) -m ruff format --check .

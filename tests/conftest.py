@@ -18,6 +18,22 @@ def pytest_configure(config) -> None:
         torch.set_num_threads(1)
 
 
+#: The two longest modules (the two-node harness, ~6 min; the benchmarks' smoke runs, ~5 min):
+#: run first, one per worker, while the other modules fill in around them (the Makefile's
+#: ``--dist loadfile --no-loadscope-reorder`` hands modules out in this order).
+LONGEST_FIRST = ("tests/test_multinode.py", "tests/test_benchmarks.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules of :data:`LONGEST_FIRST` first, the others in collection order."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each module's tests keep their order
+
+
 @pytest.fixture(scope="session")
 def small_world(tmp_path_factory) -> str:
     """Root of a tiny synthetic embedding table (train/val/test)."""
