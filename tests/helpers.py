@@ -3,6 +3,7 @@ another's helpers)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -109,7 +110,8 @@ def sigkill_when(
                 assert time.monotonic() < deadline, f"not ready in {seconds} s"
                 time.sleep(every)
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # nothing of the session left
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 

@@ -293,7 +293,11 @@ def test_a_killed_driver_goes_on_and_every_row_is_written_once(world, tmp_path) 
     out = tmp_path / "out"
     command = curate_command(pool, world, out)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    sigkill_when(command, lambda: bool(written(out)), env=env)
+
+    def a_shard_written() -> bool:
+        return bool(written(out))
+
+    sigkill_when(command, a_shard_written, env=env)
     before = written(out)
     assert 1 <= len(before) < 23, "killed mid-run"
     config = tmp_path / "curate.yaml"  # the same job through the cluster's entry point
