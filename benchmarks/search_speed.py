@@ -26,6 +26,7 @@ Prints one JSON object (progress to stderr).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -288,18 +289,21 @@ def main(argv: list[str] | None = None) -> int:
         log(f"build: {out['build']}")
         out["in_process"] = in_process(f"{tmp}/index", root, queries, towers)
         log(f"in process: {out['in_process']}")
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-        try:
-            out["served"] = {}
-            for name, tower in towers.items():
-                log(f"serving with the {name} text tower for {args.seconds:.0f} s")
-                figures = served(f"{tmp}/index", tower, queries, args.clients, args.seconds)
-                encode = out["in_process"]["encode_one_caption"][name]["p50_ms"]
-                figures["encoder_share_of_p50"] = round(encode / figures["p50_ms"], 3)
-                out["served"][name] = figures
-                log(f"{name}: {figures}")
-        finally:
-            ray.shutdown()
+        # stdout carries the JSON alone: Ray prints some of its workers' messages (Serve's
+        # shutdown) to the driver's stdout, so they go to stderr meanwhile
+        with contextlib.redirect_stdout(sys.stderr):
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+            try:
+                out["served"] = {}
+                for name, tower in towers.items():
+                    log(f"serving with the {name} text tower for {args.seconds:.0f} s")
+                    figures = served(f"{tmp}/index", tower, queries, args.clients, args.seconds)
+                    encode = out["in_process"]["encode_one_caption"][name]["p50_ms"]
+                    figures["encoder_share_of_p50"] = round(encode / figures["p50_ms"], 3)
+                    out["served"][name] = figures
+                    log(f"{name}: {figures}")
+            finally:
+                ray.shutdown()
     out["machine"] = machine(load)
     print(json.dumps(out, indent=2))
     return 0
