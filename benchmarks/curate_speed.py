@@ -478,9 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         indices = write_clip_retrieval(f"{tmp}/pool-large", args.rows, args.shard_rows, args.dim)
         sizes = ("large", "small") if args.small_rows else ("large",)
-        link_pool(
-            f"{tmp}/pool-large", f"{tmp}/pool-small", indices[: args.small_rows // args.shard_rows]
-        )
+        if args.small_rows:
+            small = indices[: args.small_rows // args.shard_rows]
+            link_pool(f"{tmp}/pool-large", f"{tmp}/pool-small", small)
         out["write_pool_seconds"] = round(time.perf_counter() - t, 1)
         out["pools"] = {
             "format": "clip-retrieval",

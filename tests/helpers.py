@@ -101,13 +101,18 @@ def sigkill_when(
             start_new_session=True,
             text=True,
         )
+
+        def failed(why: str) -> AssertionError:
+            stderr.seek(0)
+            return AssertionError(f"{why}: {stderr.read()[-3000:]}")
+
         try:
             deadline = time.monotonic() + seconds
             while not ready():
                 if proc.poll() is not None:
-                    stderr.seek(0)
-                    raise AssertionError(f"exited before the kill: {stderr.read()[-3000:]}")
-                assert time.monotonic() < deadline, f"not ready in {seconds} s"
+                    raise failed("exited before the kill")
+                if time.monotonic() > deadline:
+                    raise failed(f"not ready in {seconds} s")
                 time.sleep(every)
         finally:
             with contextlib.suppress(ProcessLookupError):  # nothing of the session left
